@@ -1,0 +1,42 @@
+# kvindex developer tasks. Tools (buf, protoc-gen-go, protoc-gen-go-grpc)
+# are pinned in tools/go.mod and run with `go tool`; libzmq comes from the
+# system (scripts/deps.sh installs it on Debian/Ubuntu when missing).
+
+GO   ?= go
+TOOL := $(GO) tool -modfile=tools/go.mod
+
+.PHONY: deps build test demo bench fuzz proto lint
+
+# deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
+deps:
+	@scripts/deps.sh
+
+# build compiles every binary under cmd/ into ./bin.
+build: deps
+	$(GO) build -o bin/ ./cmd/...
+
+# test checks formatting and vet, then runs every test (fuzz seed corpora
+# included) with the race detector.
+test: deps
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+# demo runs the real daemon with simulated vLLM engines over ZMQ and gRPC.
+demo: deps
+	$(GO) run ./cmd/kvindex demo
+
+# bench runs the benchmarks.
+bench: deps
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+# fuzz runs the decoder fuzzer for FUZZTIME (default 60s).
+FUZZTIME ?= 60s
+fuzz: deps
+	$(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./events
+
+# proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
+proto:
+	$(TOOL) buf lint
+	$(TOOL) buf generate

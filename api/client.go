@@ -1,0 +1,85 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// Client is a kvindex client for Go routers and tools: a thin wrapper over
+// a grpc.ClientConn. Errors say which call on which server failed and keep
+// their gRPC status: status.Code(err) tells InvalidArgument from
+// Unavailable, and ServerStatus(err) gives the server's own message.
+type Client struct {
+	addr string
+	conn *grpc.ClientConn
+	rpc  kvindexv1.IndexServiceClient
+}
+
+// Dial returns a client of the kvindex server at addr ("host:port" or any
+// gRPC target). Connections use insecure (plaintext) credentials unless opts
+// give others; later options override earlier ones. Like grpc.NewClient it
+// does not wait for a connection: the first call connects. ctx is checked
+// before anything is set up.
+func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("kvindex: dial %s: %w", addr, err)
+	}
+	all := make([]grpc.DialOption, 0, len(opts)+1)
+	all = append(all, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	all = append(all, opts...)
+	conn, err := grpc.NewClient(addr, all...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: dial %s: %w", addr, err)
+	}
+	return &Client{addr: addr, conn: conn, rpc: kvindexv1.NewIndexServiceClient(conn)}, nil
+}
+
+// Score asks for each worker's resident prefix of a prompt (see
+// kvindexv1.ScoreRequest).
+func (c *Client) Score(ctx context.Context, req *kvindexv1.ScoreRequest, opts ...grpc.CallOption) (*kvindexv1.ScoreResponse, error) {
+	resp, err := c.rpc.Score(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: Score at %s (model %q): %w", c.addr, req.GetModel(), err)
+	}
+	return resp, nil
+}
+
+// ListWorkers lists the workers and their counters, optionally of one
+// model (see kvindexv1.ListWorkersRequest).
+func (c *Client) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequest, opts ...grpc.CallOption) (*kvindexv1.ListWorkersResponse, error) {
+	resp, err := c.rpc.ListWorkers(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: ListWorkers at %s: %w", c.addr, err)
+	}
+	return resp, nil
+}
+
+// Conn returns the underlying connection, e.g. to query the health service.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// Close closes the connection; calls in flight fail.
+func (c *Client) Close() error {
+	if err := c.conn.Close(); err != nil {
+		return fmt.Errorf("kvindex: close connection to %s: %w", c.addr, err)
+	}
+	return nil
+}
+
+// ServerStatus returns the gRPC status inside err, with the server's own
+// message (status.FromError would return the whole wrapped text instead),
+// and false when err carries no status.
+func ServerStatus(err error) (*status.Status, bool) {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return nil, false
+	}
+	st := se.GRPCStatus()
+	return st, st != nil
+}

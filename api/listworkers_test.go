@@ -1,0 +1,115 @@
+package api_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// fakeStats is a fixed events.StatsSource.
+type fakeStats []events.WorkerStats
+
+func (f fakeStats) WorkerStats() []events.WorkerStats { return f }
+
+func TestListWorkers(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	mustModel(t, ix, "m")
+	mustModel(t, ix, "m2")
+	b := mustWorker(t, ix, "m", "pod-b", 0)
+	a := mustWorker(t, ix, "m", "pod-a", 1)
+	c := mustWorker(t, ix, "m2", "pod-c", 0)
+
+	p := prompt(1, 8)
+	apply(t, a, stored(100, p, 0, 8))
+	apply(t, a, events.Event{Kind: events.KindBlockStored, BlockHashes: hashes(100, 0, 3), Medium: events.MediumCPU})
+	apply(t, a, removed(100, 6, 8, events.MediumGPU))
+	// Problems are counted, not fatal: an orphan, an unknown removal and a
+	// block size mismatch.
+	orphan := stored(200, p, 4, 5)
+	_ = a.ApplyBatch(&events.Batch{Events: []events.Event{orphan}})
+	_ = a.ApplyBatch(&events.Batch{Events: []events.Event{removed(300, 0, 2, events.MediumGPU)}})
+	bad := stored(400, p, 0, 1)
+	bad.BlockSize = 32
+	_ = a.ApplyBatch(&events.Batch{Events: []events.Event{bad}})
+	apply(t, b, stored(500, p, 0, 2), events.Event{Kind: events.KindAllBlocksCleared})
+	apply(t, c, stored(600, p, 0, 1))
+
+	seen := time.Date(2026, 11, 29, 7, 0, 0, 0, time.UTC)
+	stats := fakeStats{
+		{
+			Worker: events.WorkerRef{Pod: "pod-a", DPRank: 1}, Endpoint: "tcp://10.0.0.1:5557", Topic: "kv@pod-a",
+			Batches: 7, Events: 9, LastSeq: 41, HasSeq: true, LastMessage: seen,
+			Gaps: 1, MissedBatches: 3, Restarts: 2, DecodeErrors: 4, ApplyErrors: 3, LastError: "boom",
+		},
+		{Worker: events.WorkerRef{Pod: "ghost", DPRank: 0}, Endpoint: "tcp://ghost:5557", DecodeErrors: 1},
+	}
+	f := serve(t, ix, stats, api.Options{})
+
+	resp, err := f.client.ListWorkers(context.Background(), &kvindexv1.ListWorkersRequest{})
+	if err != nil {
+		t.Fatalf("ListWorkers: %v", err)
+	}
+	var pods []string
+	for _, w := range resp.GetWorkers() {
+		pods = append(pods, w.GetWorker().GetPod())
+	}
+	if got := strings.Join(pods, ","); got != "ghost,pod-a,pod-b,pod-c" {
+		t.Fatalf("workers %s, want ghost,pod-a,pod-b,pod-c (sorted)", got)
+	}
+
+	gotA := resp.GetWorkers()[1]
+	if gotA.GetLastEventTime().AsTime() != seen {
+		t.Errorf("pod-a last event %v, want %v", gotA.GetLastEventTime().AsTime(), seen)
+	}
+	wantA := &kvindexv1.WorkerStatus{
+		Worker: ref("pod-a", 1), Model: "m", Endpoint: "tcp://10.0.0.1:5557", Topic: "kv@pod-a",
+		LastSeq: 41, HasSeq: true, LastEventTime: timestamppb.New(seen), Batches: 7, Events: 9,
+		// 6 of the 8 blocks stay resident (2 evicted), plus 1 orphan.
+		ResidentBlocks: 7,
+		ResidentByMedium: []*kvindexv1.MediumCount{
+			{Medium: "GPU", Blocks: 7},
+			{Medium: "CPU", Blocks: 3},
+		},
+		BlocksStored: 9, BlocksRemoved: 2,
+		Gaps: 1, MissedBatches: 3, Restarts: 2, DecodeErrors: 4, ApplyErrors: 3,
+		Orphans: 1, UnknownBlocks: 2, BlockSizeMismatches: 1, LastError: "boom",
+	}
+	if !proto.Equal(gotA, wantA) {
+		t.Errorf("pod-a\n got %s\nwant %s", protojson.Format(gotA), protojson.Format(wantA))
+	}
+
+	gotB := resp.GetWorkers()[2]
+	if gotB.GetResidentBlocks() != 0 || gotB.GetBlocksStored() != 2 || gotB.GetClears() != 1 ||
+		gotB.GetEndpoint() != "tcp://pod-b:5557" || gotB.GetHasSeq() || gotB.GetLastEventTime() == nil {
+		t.Errorf("pod-b (index only, cleared): %s", protojson.Format(gotB))
+	}
+	ghost := resp.GetWorkers()[0]
+	if ghost.GetModel() != "" || ghost.GetDecodeErrors() != 1 || ghost.GetEndpoint() != "tcp://ghost:5557" {
+		t.Errorf("ghost (subscriber only): %s", protojson.Format(ghost))
+	}
+
+	resp, err = f.client.ListWorkers(context.Background(), &kvindexv1.ListWorkersRequest{Model: "m2"})
+	if err != nil {
+		t.Fatalf("ListWorkers(m2): %v", err)
+	}
+	if len(resp.GetWorkers()) != 1 || resp.GetWorkers()[0].GetWorker().GetPod() != "pod-c" || resp.GetWorkers()[0].GetResidentBlocks() != 1 {
+		t.Errorf("ListWorkers(m2): %s", protojson.Format(resp))
+	}
+
+	_, err = f.client.ListWorkers(context.Background(), &kvindexv1.ListWorkersRequest{Model: "nope"})
+	if st, _ := api.ServerStatus(err); status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(st.Message(), `model: unknown model "nope"`) {
+		t.Errorf("ListWorkers(nope): %v", err)
+	}
+}

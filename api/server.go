@@ -1,0 +1,537 @@
+package api
+
+import (
+	"cmp"
+	"context"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// Default limits of Options.
+const (
+	// DefaultMaxTokens bounds ScoreRequest.token_ids (1 Mi tokens).
+	DefaultMaxTokens = 1 << 20
+	// DefaultMaxBlockKeys bounds ScoreRequest.block_keys.
+	DefaultMaxBlockKeys = 65536
+	// DefaultMaxCandidates bounds ScoreRequest.workers.
+	DefaultMaxCandidates = 4096
+)
+
+// Options configures a Server. The zero value is usable.
+type Options struct {
+	// MaxTokens is the largest token_ids a Score accepts; 0 means
+	// DefaultMaxTokens.
+	MaxTokens int
+	// MaxBlockKeys is the largest block_keys a Score accepts; 0 means
+	// DefaultMaxBlockKeys.
+	MaxBlockKeys int
+	// MaxCandidates is the largest candidate worker list a Score accepts;
+	// 0 means DefaultMaxCandidates.
+	MaxCandidates int
+	// Registerer, when not nil, receives the Score metrics
+	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
+	Registerer prometheus.Registerer
+}
+
+// Server implements kvindexv1.IndexServiceServer over an index and, when
+// available, the subscriber's per-worker stream statistics.
+//
+// # Memory
+//
+// A Score allocates only its response (a fixed number of slabs whatever the
+// number of workers); key and match scratch is pooled and reused.
+type Server struct {
+	kvindexv1.UnimplementedIndexServiceServer
+
+	ix      *indexer.Index
+	stats   events.StatsSource // may be nil
+	opts    Options
+	metrics *metrics // nil without Options.Registerer
+	health  *health.Server
+
+	// table caches the index's workers by id and by ref. Workers are only
+	// ever appended to an Index, so a cached table is stale exactly when
+	// the index has a worker with id len(table.refs).
+	table   atomic.Pointer[workerTable]
+	scratch sync.Pool // *scoreScratch
+}
+
+// workerTable is an immutable snapshot of an index's workers.
+type workerTable struct {
+	refs   []events.WorkerRef // by WorkerID
+	models []*indexer.Model   // by WorkerID
+	byRef  map[events.WorkerRef]indexer.WorkerID
+}
+
+// NewServer returns a Server over ix. stats may be nil, in which case
+// ListWorkers reports only the index's counters. It panics if
+// opts.Registerer rejects the metrics for a reason other than their being
+// registered already (as prometheus.MustRegister does); already registered
+// metrics are shared.
+func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Server {
+	if opts.MaxTokens <= 0 {
+		opts.MaxTokens = DefaultMaxTokens
+	}
+	if opts.MaxBlockKeys <= 0 {
+		opts.MaxBlockKeys = DefaultMaxBlockKeys
+	}
+	if opts.MaxCandidates <= 0 {
+		opts.MaxCandidates = DefaultMaxCandidates
+	}
+	s := &Server{
+		ix:     ix,
+		stats:  stats,
+		opts:   opts,
+		health: health.NewServer(),
+	}
+	if opts.Registerer != nil {
+		s.metrics = newMetrics(opts.Registerer)
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(kvindexv1.IndexService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return s
+}
+
+// Register registers the IndexService, the standard health service
+// (SERVING for "" and "kvindex.v1.IndexService") and server reflection on g.
+// Call it before g.Serve.
+func (s *Server) Register(g *grpc.Server) {
+	kvindexv1.RegisterIndexServiceServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+	reflection.Register(g)
+}
+
+// Health returns the health service Register installs, so that the daemon
+// can report NOT_SERVING while it drains (health.Server.Shutdown).
+func (s *Server) Health() *health.Server { return s.health }
+
+// workerTable returns a table that holds every worker added to the index
+// before the call. Cost: one index read lock when the cached table is
+// current; O(workers) and a few allocations when a worker was added.
+func (s *Server) workerTable() *workerTable {
+	t := s.table.Load()
+	if t != nil && s.ix.Worker(indexer.WorkerID(len(t.refs))) == nil {
+		return t
+	}
+	ws := s.ix.Workers()
+	t = &workerTable{
+		refs:   make([]events.WorkerRef, len(ws)),
+		models: make([]*indexer.Model, len(ws)),
+		byRef:  make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
+	}
+	for _, w := range ws {
+		id := w.ID()
+		t.refs[id] = w.Info().Ref
+		t.models[id] = w.Model()
+		t.byRef[t.refs[id]] = id
+	}
+	s.table.Store(t)
+	return t
+}
+
+// candidate states in scoreScratch.state.
+const (
+	notCandidate uint8 = iota
+	candidate
+	candidateMatched
+)
+
+// scoreScratch is one Score's reusable working memory. It lives in
+// Server.scratch between requests; nothing in it outlives a request.
+type scoreScratch struct {
+	keys    []indexer.Key
+	matches []indexer.Match
+	extras  indexer.PromptExtras
+	// state is indexed by WorkerID: whether the worker is a candidate of
+	// this request. All zero between requests.
+	state []uint8
+	cands []indexer.WorkerID // ids whose state is set, to reset them
+
+	// Set per request, read by allow and compare.
+	model    *indexer.Model
+	tab      *workerTable
+	filtered bool
+
+	// Method values bound once, so that passing them allocates nothing.
+	allowFn   func(indexer.WorkerID) bool
+	compareFn func(a, b indexer.Match) int
+}
+
+func (s *Server) getScratch() *scoreScratch {
+	if sc, ok := s.scratch.Get().(*scoreScratch); ok {
+		return sc
+	}
+	sc := &scoreScratch{}
+	sc.allowFn = sc.allow
+	sc.compareFn = sc.compare
+	return sc
+}
+
+// putScratch resets sc and returns it to the pool. Scratch grown for a
+// huge prompt is dropped rather than pinned in the pool.
+func (s *Server) putScratch(sc *scoreScratch) {
+	for _, id := range sc.cands {
+		sc.state[id] = notCandidate
+	}
+	sc.cands = sc.cands[:0]
+	sc.extras = indexer.PromptExtras{}
+	sc.model, sc.tab, sc.filtered = nil, nil, false
+	if cap(sc.keys) > 1<<16 {
+		sc.keys = nil
+	}
+	s.scratch.Put(sc)
+}
+
+// allow is the Match filter: a worker of the request's model, or one of its
+// candidates. Workers added after the table was taken are skipped.
+func (sc *scoreScratch) allow(id indexer.WorkerID) bool {
+	if int(id) >= len(sc.tab.models) {
+		return false
+	}
+	if sc.filtered {
+		return sc.state[id] != notCandidate
+	}
+	return sc.tab.models[id] == sc.model
+}
+
+// compare orders matches by blocks, highest first, then by worker.
+func (sc *scoreScratch) compare(a, b indexer.Match) int {
+	if a.Blocks != b.Blocks {
+		return cmp.Compare(b.Blocks, a.Blocks)
+	}
+	return compareRefs(sc.tab.refs[a.Worker], sc.tab.refs[b.Worker])
+}
+
+func compareRefs(a, b events.WorkerRef) int {
+	if c := strings.Compare(a.Pod, b.Pod); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.DPRank, b.DPRank)
+}
+
+// Score implements kvindexv1.IndexServiceServer: each worker's longest
+// consecutive resident prefix of the prompt.
+//
+// Cost: O(tokens) hashing for token_ids (about 10 ns per 16-token block),
+// then one shard read lock and map probe per matched block (see
+// indexer.Index.Match), then O(w log w) to sort w matched workers. It
+// allocates only the response: six slabs whatever w is, nothing per block.
+func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
+	start := time.Now()
+	resp, err := s.score(req)
+	s.metrics.observe(start, err)
+	return resp, err
+}
+
+func (s *Server) score(req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
+	model, err := s.checkScoreRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+	sc.model = model
+	sc.tab = s.workerTable()
+	if err := s.markCandidates(sc, req.GetWorkers()); err != nil {
+		return nil, err
+	}
+
+	if len(req.GetTokenIds()) > 0 {
+		var extras *indexer.PromptExtras
+		if req.GetLoraName() != "" || req.GetCacheSalt() != "" {
+			sc.extras = indexer.PromptExtras{LoRAName: req.GetLoraName(), CacheSalt: req.GetCacheSalt()}
+			extras = &sc.extras
+		}
+		sc.keys = indexer.PromptKeys(model.Name, model.BlockSize, req.GetTokenIds(), extras, sc.keys[:0])
+	} else {
+		sc.keys = slices.Grow(sc.keys[:0], len(req.GetBlockKeys()))
+		for _, k := range req.GetBlockKeys() {
+			sc.keys = append(sc.keys, indexer.Key(k))
+		}
+	}
+
+	sc.matches = s.ix.Match(sc.keys, sc.allowFn, sc.matches[:0])
+	if sc.filtered {
+		// Every candidate appears, matched or not.
+		for _, m := range sc.matches {
+			sc.state[m.Worker] = candidateMatched
+		}
+		for _, id := range sc.cands {
+			if sc.state[id] == candidate {
+				sc.matches = append(sc.matches, indexer.Match{Worker: id})
+			}
+		}
+	}
+	slices.SortFunc(sc.matches, sc.compareFn)
+	return buildScoreResponse(sc, model.BlockSize), nil
+}
+
+// checkScoreRequest validates everything that needs no worker table and
+// returns the request's model.
+func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model, error) {
+	name := req.GetModel()
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "model: required")
+	}
+	model, ok := s.ix.Model(name)
+	if !ok {
+		return nil, s.unknownModel(name)
+	}
+	nTok, nKeys := len(req.GetTokenIds()), len(req.GetBlockKeys())
+	switch {
+	case nTok > 0 && nKeys > 0:
+		return nil, status.Error(codes.InvalidArgument, "token_ids, block_keys: give exactly one")
+	case nTok == 0 && nKeys == 0:
+		return nil, status.Error(codes.InvalidArgument, "token_ids: required (or block_keys)")
+	case nTok > s.opts.MaxTokens:
+		return nil, status.Errorf(codes.InvalidArgument, "token_ids: %d tokens exceed the limit of %d", nTok, s.opts.MaxTokens)
+	case nKeys > s.opts.MaxBlockKeys:
+		return nil, status.Errorf(codes.InvalidArgument, "block_keys: %d keys exceed the limit of %d", nKeys, s.opts.MaxBlockKeys)
+	}
+	if n := len(req.GetWorkers()); n > s.opts.MaxCandidates {
+		return nil, status.Errorf(codes.InvalidArgument, "workers: %d candidates exceed the limit of %d", n, s.opts.MaxCandidates)
+	}
+	if nKeys > 0 {
+		if req.GetLoraName() != "" {
+			return nil, status.Error(codes.InvalidArgument, "lora_name: not allowed with block_keys (the keys already encode the adapter)")
+		}
+		if req.GetCacheSalt() != "" {
+			return nil, status.Error(codes.InvalidArgument, "cache_salt: not allowed with block_keys (the keys already encode the salt)")
+		}
+	}
+	return model, nil
+}
+
+// unknownModel is the InvalidArgument error for a model the index lacks.
+func (s *Server) unknownModel(name string) error {
+	ms := s.ix.Models()
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name
+	}
+	sort.Strings(names)
+	known := strings.Join(names, ", ")
+	if known == "" {
+		known = "none"
+	}
+	return status.Errorf(codes.InvalidArgument, "model: unknown model %q; known: %s", name, known)
+}
+
+// markCandidates records the request's candidate workers in sc, checking
+// that each is a worker of sc.model. Duplicates are kept once.
+func (s *Server) markCandidates(sc *scoreScratch, refs []*kvindexv1.WorkerRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	sc.filtered = true
+	if n := len(sc.tab.refs); len(sc.state) < n {
+		sc.state = append(sc.state, make([]uint8, n-len(sc.state))...)
+	}
+	for i, r := range refs {
+		if r.GetPod() == "" {
+			return status.Errorf(codes.InvalidArgument, "workers[%d].pod: required", i)
+		}
+		if r.GetDpRank() > math.MaxInt32 {
+			return status.Errorf(codes.InvalidArgument, "workers[%d].dp_rank: %d is out of range", i, r.GetDpRank())
+		}
+		ref := events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}
+		id, ok := sc.tab.byRef[ref]
+		if !ok {
+			return status.Errorf(codes.InvalidArgument, "workers[%d]: unknown worker %s for model %q", i, ref, sc.model.Name)
+		}
+		if m := sc.tab.models[id]; m != sc.model {
+			return status.Errorf(codes.InvalidArgument, "workers[%d]: unknown worker %s for model %q (it serves %q)", i, ref, sc.model.Name, m.Name)
+		}
+		if sc.state[id] == notCandidate {
+			sc.state[id] = candidate
+			sc.cands = append(sc.cands, id)
+		}
+	}
+	return nil
+}
+
+// buildScoreResponse turns sc.matches, sorted, into the response. All
+// messages of one kind share one slab: six allocations in all.
+func buildScoreResponse(sc *scoreScratch, blockSize int) *kvindexv1.ScoreResponse {
+	n := len(sc.matches)
+	nMedia := 0
+	for i := range sc.matches {
+		for _, b := range sc.matches[i].ByMedium {
+			if b > 0 {
+				nMedia++
+			}
+		}
+	}
+	scores := make([]kvindexv1.WorkerScore, n)
+	refs := make([]kvindexv1.WorkerRef, n)
+	out := make([]*kvindexv1.WorkerScore, n)
+	media := make([]kvindexv1.MediumMatch, nMedia)
+	mediaOut := make([]*kvindexv1.MediumMatch, nMedia)
+	next := 0
+	for i := range sc.matches {
+		m := &sc.matches[i]
+		ref := sc.tab.refs[m.Worker]
+		refs[i].Pod = ref.Pod
+		refs[i].DpRank = uint32(ref.DPRank)
+		ws := &scores[i]
+		ws.Worker = &refs[i]
+		ws.MatchedBlocks = clampU32(m.Blocks)
+		ws.MatchedTokens = clampU32(m.Blocks * blockSize)
+		first := next
+		for med, b := range m.ByMedium {
+			if b == 0 {
+				continue
+			}
+			mm := &media[next]
+			mm.Medium = events.Medium(med).String()
+			mm.Blocks = clampU32(b)
+			mm.Tokens = clampU32(b * blockSize)
+			mediaOut[next] = mm
+			next++
+		}
+		if next > first {
+			ws.ByMedium = mediaOut[first:next:next]
+		}
+		out[i] = ws
+	}
+	return &kvindexv1.ScoreResponse{
+		BlockSize:    clampU32(blockSize),
+		PromptBlocks: clampU32(len(sc.keys)),
+		Workers:      out,
+	}
+}
+
+// clampU32 converts a non-negative count to uint32, saturating.
+func clampU32(n int) uint32 {
+	if n < 0 {
+		return 0
+	}
+	if uint64(n) > math.MaxUint32 {
+		return math.MaxUint32
+	}
+	return uint32(n)
+}
+
+// clampU64 converts a counter to uint64; a negative value (never expected)
+// reads as 0.
+func clampU64(n int64) uint64 {
+	if n < 0 {
+		return 0
+	}
+	return uint64(n)
+}
+
+// ListWorkers implements kvindexv1.IndexServiceServer: every worker known
+// to the index or to the subscriber, with both sides' counters merged by
+// WorkerRef. Cost: O(workers log workers) and allocations per worker; it is
+// an operator's call, not a router's.
+func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequest) (*kvindexv1.ListWorkersResponse, error) {
+	filter := req.GetModel()
+	if filter != "" {
+		if _, ok := s.ix.Model(filter); !ok {
+			return nil, s.unknownModel(filter)
+		}
+	}
+	byRef := make(map[events.WorkerRef]*kvindexv1.WorkerStatus)
+	refs := make([]events.WorkerRef, 0)
+	for _, w := range s.ix.Workers() {
+		info := w.Info()
+		if filter != "" && info.Model != filter {
+			continue
+		}
+		st := w.Stats()
+		ws := &kvindexv1.WorkerStatus{
+			Worker:              toRef(info.Ref),
+			Model:               info.Model,
+			Endpoint:            info.Endpoint,
+			ResidentBlocks:      clampU64(st.ResidentBlocks),
+			BlocksStored:        clampU64(st.BlocksStored),
+			BlocksRemoved:       clampU64(st.BlocksRemoved),
+			Orphans:             clampU64(st.Orphans),
+			UnknownBlocks:       clampU64(st.UnknownBlocks),
+			BlockSizeMismatches: clampU64(st.BlockSizeMismatches),
+			InvalidEvents:       clampU64(st.InvalidEvents),
+			SkippedGroupEvents:  clampU64(st.SkippedGroupEvents),
+			Clears:              clampU64(st.Clears),
+			Resets:              clampU64(st.Resets),
+			LastReset:           st.LastReset,
+		}
+		for m, n := range st.ResidentByMedium {
+			if n > 0 {
+				ws.ResidentByMedium = append(ws.ResidentByMedium, &kvindexv1.MediumCount{
+					Medium: events.Medium(m).String(),
+					Blocks: uint64(n),
+				})
+			}
+		}
+		if !st.LastApply.IsZero() {
+			ws.LastEventTime = timestamppb.New(st.LastApply)
+		}
+		byRef[info.Ref] = ws
+		refs = append(refs, info.Ref)
+	}
+	if s.stats != nil {
+		for _, st := range s.stats.WorkerStats() {
+			ws, ok := byRef[st.Worker]
+			if !ok {
+				if filter != "" {
+					continue // the index does not know its model
+				}
+				ws = &kvindexv1.WorkerStatus{Worker: toRef(st.Worker)}
+				byRef[st.Worker] = ws
+				refs = append(refs, st.Worker)
+			}
+			mergeStreamStats(ws, &st)
+		}
+	}
+	slices.SortFunc(refs, compareRefs)
+	resp := &kvindexv1.ListWorkersResponse{Workers: make([]*kvindexv1.WorkerStatus, len(refs))}
+	for i, r := range refs {
+		resp.Workers[i] = byRef[r]
+	}
+	return resp, nil
+}
+
+// mergeStreamStats copies the subscriber's side of a worker into ws.
+func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
+	if st.Endpoint != "" {
+		ws.Endpoint = st.Endpoint
+	}
+	ws.Topic = st.Topic
+	ws.LastSeq = st.LastSeq
+	ws.HasSeq = st.HasSeq
+	if !st.LastMessage.IsZero() {
+		ws.LastEventTime = timestamppb.New(st.LastMessage)
+	}
+	ws.Batches = clampU64(st.Batches)
+	ws.Events = clampU64(st.Events)
+	ws.Gaps = clampU64(st.Gaps)
+	ws.MissedBatches = clampU64(st.MissedBatches)
+	ws.Restarts = clampU64(st.Restarts)
+	ws.DecodeErrors = clampU64(st.DecodeErrors)
+	ws.ApplyErrors = clampU64(st.ApplyErrors)
+	ws.LastError = st.LastError
+}
+
+func toRef(r events.WorkerRef) *kvindexv1.WorkerRef {
+	return &kvindexv1.WorkerRef{Pod: r.Pod, DpRank: uint32(r.DPRank)}
+}

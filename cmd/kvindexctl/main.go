@@ -1,0 +1,104 @@
+// Command kvindexctl is kvindex's debug CLI: it lists the workers a kvindex
+// server indexes, with the health of their event streams, and explains a
+// routing decision by scoring a prompt against every worker.
+//
+//	kvindexctl workers [--model M]
+//	kvindexctl score --model M --tokens 1,2,3 [--lora L] [--cache-salt S] [--worker pod/rank ...]
+//
+// Global flags: --addr (default localhost:50051), --timeout, --json.
+// The logic lives in internal/ctl; this file only wires flags to it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvindex/kvindex/internal/ctl"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes kvindexctl with args and returns the process exit code:
+// 0 on success, 1 on any error (printed to stderr with the server's gRPC
+// code and message).
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRoot(stdin)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "kvindexctl:", err)
+		return 1
+	}
+	return 0
+}
+
+func newRoot(stdin io.Reader) *cobra.Command {
+	cfg := ctl.Config{Stdin: stdin}
+	root := &cobra.Command{
+		Use:           "kvindexctl",
+		Short:         "Inspect a kvindex server: its workers and how it scores a prompt",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&cfg.Addr, "addr", ctl.DefaultAddr, "kvindex gRPC address (host:port)")
+	pf.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "deadline for the call (0 for none)")
+	pf.BoolVar(&cfg.JSON, "json", false, "print the server's answer as protojson")
+	root.AddCommand(newWorkers(&cfg), newScore(&cfg))
+	return root
+}
+
+func newWorkers(cfg *ctl.Config) *cobra.Command {
+	var model string
+	cmd := &cobra.Command{
+		Use:   "workers",
+		Short: "List workers with their event-stream and index health",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Workers(cmd.Context(), c, model)
+		},
+	}
+	cmd.Flags().StringVar(&model, "model", "", "list only the workers of this model")
+	return cmd
+}
+
+func newScore(cfg *ctl.Config) *cobra.Command {
+	var a ctl.ScoreArgs
+	cmd := &cobra.Command{
+		Use:   "score",
+		Short: "Show how long a prefix of a prompt each worker holds",
+		Example: "  kvindexctl score --model llama --tokens 1,2,3,4\n" +
+			"  kvindexctl score --model llama --tokens-file prompt.json --worker pod-a/0 --worker pod-b/0\n" +
+			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Score(cmd.Context(), c, a)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.Model, "model", "", "served model name (required)")
+	f.StringVar(&a.Tokens, "tokens", "", "prompt token ids, comma or space separated")
+	f.StringVar(&a.TokensFile, "tokens-file", "", "file of token ids (separated, or a JSON array); - for stdin")
+	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
+	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
+	f.StringArrayVar(&a.Workers, "worker", nil, "candidate worker pod/rank (repeatable); every candidate is listed")
+	_ = cmd.MarkFlagRequired("model")
+	return cmd
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// serveIndex serves an index over gRPC on loopback: model "llama" (block
+// size 4) with pod-a/0 holding the 3 blocks of tokens 1..12 on GPU and the
+// first 2 also on CPU, and pod-b/0 holding the first block.
+func serveIndex(t *testing.T) string {
+	t.Helper()
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel("llama", 4); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	for _, w := range []struct {
+		pod    string
+		blocks int
+	}{{"pod-a", 3}, {"pod-b", 1}} {
+		wk, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: w.pod}, Model: "llama", Endpoint: "tcp://" + w.pod + ":5557"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes := []uint64{11, 12, 13}[:w.blocks]
+		evs := []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: tokens[:4*w.blocks], BlockSize: 4}}
+		if w.pod == "pod-a" {
+			evs = append(evs, events.Event{Kind: events.KindBlockStored, BlockHashes: hashes[:2], Medium: events.MediumCPU})
+		}
+		if err := wk.ApplyBatch(&events.Batch{Events: evs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	api.NewServer(ix, nil, api.Options{}).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
+// kvindexctl runs the CLI in-process and returns its exit code and output.
+func kvindexctl(stdin string, args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, strings.NewReader(stdin), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// squash collapses runs of spaces so that assertions ignore column widths.
+func squash(s string) string {
+	var ls []string
+	for _, l := range strings.Split(s, "\n") {
+		ls = append(ls, strings.Join(strings.Fields(l), " "))
+	}
+	return strings.Join(ls, "\n")
+}
+
+func TestKvindexctlAgainstServer(t *testing.T) {
+	addr := serveIndex(t)
+
+	code, out, errOut := kvindexctl("", "--addr", addr, "score", "--model", "llama", "--tokens", "1,2,3,4,5,6,7,8,9,10,11,12,13")
+	if code != 0 {
+		t.Fatalf("score exited %d: %s", code, errOut)
+	}
+	t.Logf("kvindexctl score:\n%s", out)
+	for _, want := range []string{
+		"model: llama",
+		"block size: 4 tokens",
+		"prompt blocks: 3 (12 of 13 tokens in full blocks)",
+		"WORKER MATCHED BLOCKS MATCHED TOKENS % OF PROMPT BY MEDIUM",
+		"pod-a/0 3 12 100.0% GPU 3, CPU 2",
+		"pod-b/0 1 4 33.3% GPU 1",
+	} {
+		if !strings.Contains(squash(out), want) {
+			t.Errorf("score output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// Candidates from stdin tokens; the JSON form is protojson.
+	code, out, errOut = kvindexctl("[1,2,3,4]", "--addr", addr, "--json", "score", "--model", "llama", "--tokens-file", "-", "--worker", "pod-b/0")
+	if code != 0 {
+		t.Fatalf("score --json exited %d: %s", code, errOut)
+	}
+	var resp struct {
+		PromptBlocks int `json:"promptBlocks"`
+		Workers      []struct {
+			Worker        struct{ Pod string }
+			MatchedBlocks int `json:"matchedBlocks"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatalf("score --json output is not JSON: %v\n%s", err, out)
+	}
+	if resp.PromptBlocks != 1 || len(resp.Workers) != 1 || resp.Workers[0].Worker.Pod != "pod-b" || resp.Workers[0].MatchedBlocks != 1 {
+		t.Errorf("score --json: %s", out)
+	}
+
+	code, out, errOut = kvindexctl("", "--addr", addr, "workers")
+	if code != 0 {
+		t.Fatalf("workers exited %d: %s", code, errOut)
+	}
+	t.Logf("kvindexctl workers:\n%s", out)
+	for _, want := range []string{
+		"WORKER MODEL ENDPOINT SEQ LAST EVENT RESIDENT GAPS RESTARTS ERRORS ORPHANS",
+		"pod-a/0 llama tcp://pod-a:5557 - just now 3 (GPU 3, CPU 2) 0 0 0 0",
+		"pod-b/0 llama tcp://pod-b:5557 - just now 1 0 0 0 0",
+	} {
+		if !strings.Contains(squash(out), want) {
+			t.Errorf("workers output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// Server errors print the code and the server's message; exit code 1.
+	code, out, errOut = kvindexctl("", "--addr", addr, "score", "--model", "gpt", "--tokens", "1")
+	if code != 1 || out != "" {
+		t.Errorf("score of an unknown model exited %d with output %q", code, out)
+	}
+	if want := "kvindexctl: score at " + addr + `: InvalidArgument: model: unknown model "gpt"; known: llama`; strings.TrimSpace(errOut) != want {
+		t.Errorf("stderr %q, want %q", errOut, want)
+	}
+	code, _, errOut = kvindexctl("", "--addr", addr, "score", "--model", "llama", "--tokens", "1", "--worker", "pod-z/0")
+	if code != 1 || !strings.Contains(errOut, `InvalidArgument: workers[0]: unknown worker pod-z/0`) {
+		t.Errorf("unknown candidate: exit %d, stderr %q", code, errOut)
+	}
+}

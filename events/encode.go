@@ -1,0 +1,514 @@
+package events
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Encoding selects how AppendPayload writes events, as vLLM did in its two
+// eras.
+type Encoding uint8
+
+const (
+	// EncodingArray writes each event as a tagged positional array with
+	// every field present (trailing nils included), as vLLM did before
+	// PR #42892. EncodeOptions.ArrayFields picks the release.
+	EncodingArray Encoding = iota
+	// EncodingMap writes each event as a map whose "type" key holds the
+	// tag, as vLLM does since PR #42892; keys that have a default are left
+	// out when nil.
+	EncodingMap
+)
+
+// String returns the encoding's name for test and log output.
+func (e Encoding) String() string {
+	switch e {
+	case EncodingArray:
+		return "array"
+	case EncodingMap:
+		return "map"
+	}
+	return "Encoding(" + strconv.Itoa(int(e)) + ")"
+}
+
+// HashForm selects how AppendPayload writes block hashes.
+type HashForm uint8
+
+const (
+	// HashUint64 writes hashes as unsigned integers (vLLM >= 0.10.2).
+	HashUint64 HashForm = iota
+	// HashInt64 writes int64(hash) as a signed integer (vLLM < 0.10.2,
+	// SGLang).
+	HashInt64
+	// HashBin32 writes a 32-byte bin whose last 8 bytes are the hash
+	// big-endian (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0); the first 24 bytes
+	// are a deterministic filler derived from the hash.
+	HashBin32
+)
+
+// String returns the hash form's name for test and log output.
+func (h HashForm) String() string {
+	switch h {
+	case HashUint64:
+		return "uint64"
+	case HashInt64:
+		return "int64"
+	case HashBin32:
+		return "bin32"
+	}
+	return "HashForm(" + strconv.Itoa(int(h)) + ")"
+}
+
+// Envelope selects the shape of the batch around the events.
+type Envelope uint8
+
+const (
+	// EnvelopeArray3 writes [ts, events, data_parallel_rank] (rank nil when
+	// the batch has none), as every vLLM release since 0.9.1 does.
+	EnvelopeArray3 Envelope = iota
+	// EnvelopeArray2 writes [ts, events] without a rank, as vLLM 0.9.0 did.
+	EnvelopeArray2
+	// EnvelopeMap writes {"ts", "events", "data_parallel_rank"}, as a vLLM
+	// development branch did.
+	EnvelopeMap
+)
+
+// String returns the envelope's name for test and log output.
+func (e Envelope) String() string {
+	switch e {
+	case EnvelopeArray3:
+		return "array3"
+	case EnvelopeArray2:
+		return "array2"
+	case EnvelopeMap:
+		return "map"
+	}
+	return "Envelope(" + strconv.Itoa(int(e)) + ")"
+}
+
+// EncodeOptions says which vLLM release AppendPayload imitates. The zero
+// value is the last array-era release: positional arrays of 11 fields,
+// uint64 hashes, a 3-element envelope.
+type EncodeOptions struct {
+	// Encoding is positional arrays or tagged maps.
+	Encoding Encoding
+	// ArrayFields is, for EncodingArray, how many fields follow
+	// BlockStored's tag: 5 (v0.9), 6 (+medium), 7 (+lora_name),
+	// 8 (+extra_keys), 9 (+group_idx) or 11 (+kv_cache_spec_kind,
+	// kv_cache_spec_sliding_window); 0 means 11. BlockRemoved follows the
+	// same release: 1 field for 5, 2 for 6 to 8, 3 from 9. Fields the
+	// release has no slot for are not written.
+	ArrayFields int
+	// HashForm is how block hashes and parent hashes are written.
+	HashForm HashForm
+	// Envelope is the shape around the events.
+	Envelope Envelope
+}
+
+// errEncode is wrapped by every AppendPayload error.
+var errEncode = errors.New("events: cannot encode")
+
+// AppendPayload appends b encoded as the msgpack payload vLLM's msgspec
+// publisher sends, byte for byte (smallest integer forms, float64
+// timestamps, msgspec's string and container forms), and returns the
+// extended slice. It is meant for test publishers and simulators.
+//
+// Strings the model keeps as "" for nil (MediumName, LoRAName, SpecKind) are
+// written as nil; a MediumName of "" with a non-GPU Medium is written as
+// Medium.String(). AppendPayload does not validate what the decoder
+// validates (e.g. len(ExtraKeys) == len(BlockHashes)), so it can produce
+// such payloads for tests. On error it returns dst unchanged.
+func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
+	orig := dst
+	fail := func(format string, args ...any) ([]byte, error) {
+		return orig, fmt.Errorf("%w: "+format, append([]any{errEncode}, args...)...)
+	}
+	stored := opt.ArrayFields
+	switch stored {
+	case 0:
+		stored = 11
+	case 5, 6, 7, 8, 9, 11:
+	default:
+		return fail("ArrayFields %d is no vLLM release (want 5, 6, 7, 8, 9 or 11)", opt.ArrayFields)
+	}
+	if opt.Encoding > EncodingMap {
+		return fail("unknown %v", opt.Encoding)
+	}
+	if opt.HashForm > HashBin32 {
+		return fail("unknown %v", opt.HashForm)
+	}
+	if opt.Envelope > EnvelopeMap {
+		return fail("unknown %v", opt.Envelope)
+	}
+	e := encoder{opt: opt, stored: stored, removed: 3}
+	switch {
+	case stored == 5:
+		e.removed = 1
+	case stored < 9:
+		e.removed = 2
+	}
+
+	switch opt.Envelope {
+	case EnvelopeArray3:
+		dst = append(dst, 0x93)
+	case EnvelopeArray2:
+		dst = append(dst, 0x92)
+	case EnvelopeMap:
+		dst = appendStr(append(dst, 0x83), "ts")
+	}
+	dst = appendFloat64(dst, b.Timestamp)
+	if opt.Envelope == EnvelopeMap {
+		dst = appendStr(dst, "events")
+	}
+	dst = appendArrayLen(dst, len(b.Events))
+	for i := range b.Events {
+		var err error
+		if dst, err = e.appendEvent(dst, &b.Events[i]); err != nil {
+			return fail("event %d (%s): %w", i, b.Events[i].Kind, err)
+		}
+	}
+	if opt.Envelope == EnvelopeMap {
+		dst = appendStr(dst, "data_parallel_rank")
+	}
+	if opt.Envelope != EnvelopeArray2 {
+		if b.HasDPRank {
+			dst = appendInt(dst, int64(b.DPRank))
+		} else {
+			dst = appendNil(dst)
+		}
+	}
+	return dst, nil
+}
+
+type encoder struct {
+	opt             EncodeOptions
+	stored, removed int // positional fields after the tag
+}
+
+func (e *encoder) appendEvent(dst []byte, ev *Event) ([]byte, error) {
+	switch ev.Kind {
+	case KindBlockStored, KindBlockRemoved, KindAllBlocksCleared:
+	default:
+		return dst, fmt.Errorf("unknown kind %v", ev.Kind)
+	}
+	if e.opt.Encoding == EncodingMap {
+		return e.appendMapEvent(dst, ev)
+	}
+	var order []field
+	switch ev.Kind {
+	case KindBlockStored:
+		order = storedOrder[:e.stored]
+	case KindBlockRemoved:
+		order = removedOrder[:e.removed]
+	}
+	dst = appendArrayLen(dst, 1+len(order))
+	dst = appendStr(dst, ev.Kind.String())
+	for _, f := range order {
+		var err error
+		if dst, err = e.appendField(dst, ev, f); err != nil {
+			return dst, err
+		}
+	}
+	return dst, nil
+}
+
+// appendMapEvent writes the map era's event: the tag, then the fields in
+// declaration order, leaving out nil fields that have a default.
+func (e *encoder) appendMapEvent(dst []byte, ev *Event) ([]byte, error) {
+	var fields [numFields]field
+	n := 0
+	add := func(f field, present bool) {
+		if present {
+			fields[n] = f
+			n++
+		}
+	}
+	switch ev.Kind {
+	case KindBlockStored:
+		add(fBlockHashes, true)
+		add(fParent, true)
+		add(fTokenIDs, true)
+		add(fBlockSize, true)
+		add(fLoRAID, true)
+		add(fMedium, true)
+		add(fLoRAName, true)
+		add(fExtraKeys, ev.ExtraKeys != nil)
+		add(fGroupIdx, ev.HasGroupIdx)
+		add(fSpecKind, ev.SpecKind != "")
+		add(fSlidingWindow, ev.HasSlidingWindow)
+	case KindBlockRemoved:
+		add(fBlockHashes, true)
+		add(fMedium, true)
+		add(fGroupIdx, ev.HasGroupIdx)
+	}
+	dst = appendMapLen(dst, 1+n)
+	dst = appendStr(dst, "type")
+	dst = appendStr(dst, ev.Kind.String())
+	for _, f := range fields[:n] {
+		dst = appendStr(dst, fieldNames[f])
+		var err error
+		if dst, err = e.appendField(dst, ev, f); err != nil {
+			return dst, err
+		}
+	}
+	return dst, nil
+}
+
+func (e *encoder) appendField(dst []byte, ev *Event, f field) ([]byte, error) {
+	switch f {
+	case fBlockHashes:
+		dst = appendArrayLen(dst, len(ev.BlockHashes))
+		for _, h := range ev.BlockHashes {
+			dst = e.appendHash(dst, h)
+		}
+	case fParent:
+		if !ev.HasParent {
+			return appendNil(dst), nil
+		}
+		dst = e.appendHash(dst, ev.ParentHash)
+	case fTokenIDs:
+		dst = appendArrayLen(dst, len(ev.TokenIDs))
+		for _, t := range ev.TokenIDs {
+			dst = appendUint(dst, uint64(t))
+		}
+	case fBlockSize:
+		dst = appendInt(dst, int64(ev.BlockSize))
+	case fLoRAID:
+		if !ev.HasLoRAID {
+			return appendNil(dst), nil
+		}
+		dst = appendInt(dst, ev.LoRAID)
+	case fMedium:
+		name := ev.MediumName
+		if name == "" && ev.Medium != MediumGPU {
+			name = ev.Medium.String()
+		}
+		dst = appendStrOrNil(dst, name)
+	case fLoRAName:
+		dst = appendStrOrNil(dst, ev.LoRAName)
+	case fExtraKeys:
+		if ev.ExtraKeys == nil {
+			return appendNil(dst), nil
+		}
+		dst = appendArrayLen(dst, len(ev.ExtraKeys))
+		for i, k := range ev.ExtraKeys {
+			var err error
+			if dst, err = appendExtraKeys(dst, k); err != nil {
+				return dst, fmt.Errorf("extra_keys[%d]: %w", i, err)
+			}
+		}
+	case fGroupIdx:
+		if !ev.HasGroupIdx {
+			return appendNil(dst), nil
+		}
+		dst = appendInt(dst, int64(ev.GroupIdx))
+	case fSpecKind:
+		dst = appendStrOrNil(dst, ev.SpecKind)
+	case fSlidingWindow:
+		if !ev.HasSlidingWindow {
+			return appendNil(dst), nil
+		}
+		dst = appendInt(dst, int64(ev.SlidingWindow))
+	}
+	return dst, nil
+}
+
+func (e *encoder) appendHash(dst []byte, h uint64) []byte {
+	switch e.opt.HashForm {
+	case HashInt64:
+		return appendInt(dst, int64(h))
+	case HashBin32:
+		dst = append(dst, 0xc4, 32)
+		x := h
+		for range 3 {
+			x = splitmix64(x)
+			dst = binary.BigEndian.AppendUint64(dst, x)
+		}
+		return binary.BigEndian.AppendUint64(dst, h)
+	}
+	return appendUint(dst, h)
+}
+
+// splitmix64 is one step of the SplitMix64 generator: a cheap, fixed filler
+// for the digest bytes a folded hash no longer has.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// appendExtraKeys writes one block's canonical extra keys back as the
+// msgpack msgspec makes of the Python value: nil, or an array (tuple).
+func appendExtraKeys(dst []byte, k ExtraKeys) ([]byte, error) {
+	if k == nil {
+		return appendNil(dst), nil
+	}
+	if len(k) == 0 || k[0] != 't' {
+		return dst, fmt.Errorf("%w: top level is not a tuple", ErrExtraKeys)
+	}
+	dst, rest, err := appendExtraMsgpack(dst, k, 0)
+	if err != nil {
+		return dst, err
+	}
+	if len(rest) != 0 {
+		return dst, fmt.Errorf("%w: %d trailing bytes", ErrExtraKeys, len(rest))
+	}
+	return dst, nil
+}
+
+// appendExtraMsgpack converts the canonical value at the start of b to
+// msgpack and returns the rest of b.
+func appendExtraMsgpack(dst, b []byte, depth int) ([]byte, []byte, error) {
+	if depth > maxExtraDepth {
+		return dst, nil, fmt.Errorf("%w: nested deeper than %d", ErrExtraKeys, maxExtraDepth)
+	}
+	if len(b) == 0 {
+		return dst, nil, fmt.Errorf("%w: truncated", ErrExtraKeys)
+	}
+	tag, b := b[0], b[1:]
+	switch tag {
+	case 'n':
+		return appendNil(dst), b, nil
+	case 'T':
+		return append(dst, 0xc3), b, nil
+	case 'F':
+		return append(dst, 0xc2), b, nil
+	case 'i', 'u', 'f':
+		if len(b) < 8 {
+			return dst, nil, fmt.Errorf("%w: truncated number", ErrExtraKeys)
+		}
+		v := binary.BigEndian.Uint64(b)
+		switch tag {
+		case 'i':
+			dst = appendInt(dst, int64(v))
+		case 'u':
+			dst = appendUint(dst, v)
+		default:
+			dst = appendFloat64(dst, math.Float64frombits(v))
+		}
+		return dst, b[8:], nil
+	case 's', 'b', 't':
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > uint64(len(b)-k) {
+			return dst, nil, fmt.Errorf("%w: bad length", ErrExtraKeys)
+		}
+		b = b[k:]
+		switch tag {
+		case 's':
+			return appendStrBytes(dst, b[:n]), b[n:], nil
+		case 'b':
+			return appendBin(dst, b[:n]), b[n:], nil
+		}
+		dst = appendArrayLen(dst, int(n))
+		for range n {
+			var err error
+			if dst, b, err = appendExtraMsgpack(dst, b, depth+1); err != nil {
+				return dst, nil, err
+			}
+		}
+		return dst, b, nil
+	}
+	return dst, nil, fmt.Errorf("%w: unknown tag 0x%02x", ErrExtraKeys, tag)
+}
+
+// The append* helpers below write msgpack in the forms msgspec chooses (the
+// smallest that holds the value). vmihailenco's Encoder picks the same forms
+// in EncodeUint, EncodeInt, EncodeString, EncodeBytesLen, EncodeArrayLen,
+// EncodeMapLen and EncodeFloat64 (but EncodeUint64 and EncodeInt64 always
+// write 9 bytes); the tests check the two agree. They are hand-written so
+// that AppendPayload can append to a caller's slice without an io.Writer.
+
+func appendNil(dst []byte) []byte { return append(dst, 0xc0) }
+
+func appendUint(dst []byte, v uint64) []byte {
+	switch {
+	case v <= 0x7f:
+		return append(dst, byte(v))
+	case v <= math.MaxUint8:
+		return append(dst, 0xcc, byte(v))
+	case v <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(v))
+	case v <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xcf), v)
+}
+
+func appendInt(dst []byte, v int64) []byte {
+	switch {
+	case v >= 0:
+		return appendUint(dst, uint64(v))
+	case v >= -32:
+		return append(dst, byte(v))
+	case v >= math.MinInt8:
+		return append(dst, 0xd0, byte(v))
+	case v >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
+	case v >= math.MinInt32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
+}
+
+func appendFloat64(dst []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
+}
+
+func appendStrLen(dst []byte, n int) []byte {
+	switch {
+	case n < 32:
+		return append(dst, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		return append(dst, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
+}
+
+func appendStr(dst []byte, s string) []byte { return append(appendStrLen(dst, len(s)), s...) }
+
+func appendStrBytes(dst, s []byte) []byte { return append(appendStrLen(dst, len(s)), s...) }
+
+func appendStrOrNil(dst []byte, s string) []byte {
+	if s == "" {
+		return appendNil(dst)
+	}
+	return appendStr(dst, s)
+}
+
+func appendBin(dst, b []byte) []byte {
+	switch n := len(b); {
+	case n <= math.MaxUint8:
+		dst = append(dst, 0xc4, byte(n))
+	case n <= math.MaxUint16:
+		dst = binary.BigEndian.AppendUint16(append(dst, 0xc5), uint16(n))
+	default:
+		dst = binary.BigEndian.AppendUint32(append(dst, 0xc6), uint32(n))
+	}
+	return append(dst, b...)
+}
+
+func appendArrayLen(dst []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(dst, 0x90|byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xdc), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(dst, 0xdd), uint32(n))
+}
+
+func appendMapLen(dst []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(dst, 0x80|byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xde), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
+}

@@ -1,0 +1,211 @@
+package events
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// ExtraKeys is one block's extra hash inputs (vLLM's per-block extra_keys
+// tuple: LoRA name, multimodal identifiers, cache_salt, ...) in a canonical
+// byte encoding, so that equal Python values give equal bytes whichever
+// msgpack types carried them. nil means None (no extra keys).
+//
+// The encoding is a tag byte per value:
+//
+//	't' uvarint(n) value*n   tuple / list
+//	's' uvarint(len) bytes   string
+//	'b' uvarint(len) bytes   bytes
+//	'i' 8 bytes BE           integer in int64 range
+//	'u' 8 bytes BE           integer above the int64 range
+//	'f' 8 bytes BE           float64 bits
+//	'T' | 'F'                bool
+//	'n'                      None
+//
+// A block's ExtraKeys is always one encoded tuple. Build one with
+// AppendTuple and the Append* helpers; read it back with Values or String.
+type ExtraKeys []byte
+
+// ErrExtraKeys reports a malformed canonical extra-keys encoding.
+var ErrExtraKeys = errors.New("events: malformed extra keys")
+
+// AppendTuple starts a tuple of n values; append exactly n values after it.
+func AppendTuple(dst []byte, n int) []byte {
+	return binary.AppendUvarint(append(dst, 't'), uint64(n))
+}
+
+// AppendString appends a string value.
+func AppendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(append(dst, 's'), uint64(len(s)))
+	return append(dst, s...)
+}
+
+// AppendBytes appends a bytes value.
+func AppendBytes(dst []byte, b []byte) []byte {
+	dst = binary.AppendUvarint(append(dst, 'b'), uint64(len(b)))
+	return append(dst, b...)
+}
+
+// AppendInt appends an integer value.
+func AppendInt(dst []byte, v int64) []byte {
+	return binary.BigEndian.AppendUint64(append(dst, 'i'), uint64(v))
+}
+
+// AppendUint appends a non-negative integer value; values that fit int64
+// encode exactly as AppendInt does.
+func AppendUint(dst []byte, v uint64) []byte {
+	if v <= math.MaxInt64 {
+		return AppendInt(dst, int64(v))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 'u'), v)
+}
+
+// AppendFloat appends a float value.
+func AppendFloat(dst []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(append(dst, 'f'), math.Float64bits(f))
+}
+
+// AppendBool appends a bool value.
+func AppendBool(dst []byte, v bool) []byte {
+	if v {
+		return append(dst, 'T')
+	}
+	return append(dst, 'F')
+}
+
+// AppendNone appends Python's None.
+func AppendNone(dst []byte) []byte { return append(dst, 'n') }
+
+// Values decodes the extra keys into Go values: string, []byte, int64,
+// uint64, float64, bool, nil and []any for tuples. It is meant for tests and
+// debugging output, not the hot path.
+func (e ExtraKeys) Values() ([]any, error) {
+	if e == nil {
+		return nil, nil
+	}
+	v, rest, err := decodeExtra(e, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(rest) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrExtraKeys, len(rest))
+	}
+	t, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: top level is %T, want a tuple", ErrExtraKeys, v)
+	}
+	return t, nil
+}
+
+// String renders the extra keys as a Python tuple literal, e.g.
+// ('my-lora', ('mm-uuid-A', 0)), or "None".
+func (e ExtraKeys) String() string {
+	if e == nil {
+		return "None"
+	}
+	v, _, err := decodeExtra(e, 0)
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	var sb strings.Builder
+	writePy(&sb, v)
+	return sb.String()
+}
+
+const maxExtraDepth = 32
+
+func decodeExtra(b []byte, depth int) (any, []byte, error) {
+	if depth > maxExtraDepth {
+		return nil, nil, fmt.Errorf("%w: nested deeper than %d", ErrExtraKeys, maxExtraDepth)
+	}
+	if len(b) == 0 {
+		return nil, nil, fmt.Errorf("%w: truncated", ErrExtraKeys)
+	}
+	tag, b := b[0], b[1:]
+	switch tag {
+	case 'n':
+		return nil, b, nil
+	case 'T':
+		return true, b, nil
+	case 'F':
+		return false, b, nil
+	case 'i', 'u', 'f':
+		if len(b) < 8 {
+			return nil, nil, fmt.Errorf("%w: truncated number", ErrExtraKeys)
+		}
+		u := binary.BigEndian.Uint64(b)
+		switch tag {
+		case 'i':
+			return int64(u), b[8:], nil
+		case 'u':
+			return u, b[8:], nil
+		}
+		return math.Float64frombits(u), b[8:], nil
+	case 's', 'b':
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > uint64(len(b)-k) {
+			return nil, nil, fmt.Errorf("%w: bad length", ErrExtraKeys)
+		}
+		raw := b[k : k+int(n)]
+		if tag == 's' {
+			return string(raw), b[k+int(n):], nil
+		}
+		return append([]byte(nil), raw...), b[k+int(n):], nil
+	case 't':
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > uint64(len(b)-k) {
+			return nil, nil, fmt.Errorf("%w: bad tuple length", ErrExtraKeys)
+		}
+		b = b[k:]
+		out := make([]any, 0, n)
+		for i := uint64(0); i < n; i++ {
+			var v any
+			var err error
+			v, b, err = decodeExtra(b, depth+1)
+			if err != nil {
+				return nil, nil, err
+			}
+			out = append(out, v)
+		}
+		return out, b, nil
+	}
+	return nil, nil, fmt.Errorf("%w: unknown tag 0x%02x", ErrExtraKeys, tag)
+}
+
+func writePy(sb *strings.Builder, v any) {
+	switch x := v.(type) {
+	case nil:
+		sb.WriteString("None")
+	case bool:
+		if x {
+			sb.WriteString("True")
+		} else {
+			sb.WriteString("False")
+		}
+	case string:
+		sb.WriteString(strconv.Quote(x))
+	case []byte:
+		sb.WriteString("b" + strconv.Quote(string(x)))
+	case int64:
+		sb.WriteString(strconv.FormatInt(x, 10))
+	case uint64:
+		sb.WriteString(strconv.FormatUint(x, 10))
+	case float64:
+		sb.WriteString(strconv.FormatFloat(x, 'g', -1, 64))
+	case []any:
+		sb.WriteByte('(')
+		for i, e := range x {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			writePy(sb, e)
+		}
+		if len(x) == 1 {
+			sb.WriteByte(',')
+		}
+		sb.WriteByte(')')
+	}
+}

@@ -1,0 +1,83 @@
+package events
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// FuzzDecode checks that Decode never panics, that every error wraps
+// ErrMalformed, and that whatever decodes survives re-encoding: in the map
+// era and in the array era, Decode(AppendPayload(b)) equals b.
+func FuzzDecode(f *testing.F) {
+	for _, name := range payloadFixtureFiles {
+		raw, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		var fx payloadFixture
+		if err := json.Unmarshal(raw, &fx); err != nil {
+			f.Fatal(err)
+		}
+		for _, m := range fx.Messages {
+			p, err := hex.DecodeString(m.PayloadHex)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(p)
+		}
+	}
+	for _, v := range specVectors {
+		f.Add(hx(v.hex))
+	}
+	for _, m := range malformedVectors {
+		f.Add(hx(m.hex))
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, opt := range allOptions() {
+		p, err := AppendPayload(nil, genBatch(r, opt), opt)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(p)
+	}
+	p, err := AppendPayload(nil, benchBatch(), EncodeOptions{Encoding: EncodingMap})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(p)
+
+	d := NewDecoder()
+	var b, again Batch
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		if err := d.Decode(payload, &b); err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error does not wrap ErrMalformed: %v", err)
+			}
+			return
+		}
+		want, err := Decode(payload)
+		if err != nil {
+			t.Fatalf("Decode: %v, but Decoder.Decode into a reused Batch succeeded", err)
+		}
+		if diff := diffBatch(&b, want); diff != "" {
+			t.Fatalf("reused Batch differs from a fresh one: %s", diff)
+		}
+		for _, opt := range []EncodeOptions{{Encoding: EncodingMap}, {Encoding: EncodingArray}} {
+			enc, err := AppendPayload(nil, want, opt)
+			if err != nil {
+				t.Fatalf("%v: re-encoding a decoded batch: %v", opt.Encoding, err)
+			}
+			if err := d.Decode(enc, &again); err != nil {
+				t.Fatalf("%v: decoding the re-encoded batch: %v\n%x", opt.Encoding, err, enc)
+			}
+			if diff := diffBatch(&again, want); diff != "" {
+				t.Fatalf("%v: round trip: %s\n%x", opt.Encoding, diff, enc)
+			}
+		}
+	})
+}

@@ -1,0 +1,340 @@
+package indexer
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvindex/kvindex/events"
+)
+
+const testModel = "m"
+
+func seqTokens(start, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(start + i)
+	}
+	return t
+}
+
+func stored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32) events.Event {
+	return events.Event{Kind: events.KindBlockStored, BlockHashes: hashes, ParentHash: parent, HasParent: hasParent, TokenIDs: tokens, BlockSize: 4}
+}
+
+func removed(m events.Medium, hashes ...uint64) events.Event {
+	return events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes, Medium: m}
+}
+
+func newTestIndex(t *testing.T, workers ...string) (*Index, []*Worker) {
+	t.Helper()
+	ix := New(Config{Shards: 4})
+	if _, err := ix.AddModel(testModel, 4); err != nil {
+		t.Fatal(err)
+	}
+	var ws []*Worker
+	for _, p := range workers {
+		w, err := ix.AddWorker(WorkerInfo{Ref: events.WorkerRef{Pod: p}, Model: testModel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	return ix, ws
+}
+
+func apply(t *testing.T, w *Worker, evs ...events.Event) error {
+	t.Helper()
+	return w.ApplyBatch(&events.Batch{Events: evs})
+}
+
+// matchOf returns worker w's match for the prompt, or a zero Match.
+func matchOf(ix *Index, tokens []uint32, extras *PromptExtras, w *Worker) Match {
+	keys := PromptKeys(testModel, 4, tokens, extras, nil)
+	for _, m := range ix.Match(keys, nil, nil) {
+		if m.Worker == w.ID() {
+			return m
+		}
+	}
+	return Match{Worker: w.ID()}
+}
+
+func TestStoreChainsAcrossEvents(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	// Blocks 0-1 in one event, block 2 in a later one naming its parent.
+	if err := apply(t, w, stored(0, false, []uint64{11, 12}, seqTokens(0, 8))); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(t, w, stored(12, true, []uint64{13}, seqTokens(8, 4))); err != nil {
+		t.Fatal(err)
+	}
+	prompt := seqTokens(0, 14) // 3 full blocks + 2 tokens
+	m := matchOf(ix, prompt, nil, w)
+	if m.Blocks != 3 || m.ByMedium[events.MediumGPU] != 3 || m.ByMedium[events.MediumCPU] != 0 {
+		t.Fatalf("match = %+v, want 3 GPU blocks", m)
+	}
+	// A prompt that diverges in block 1 matches one block.
+	other := seqTokens(0, 12)
+	other[5] = 999
+	if m := matchOf(ix, other, nil, w); m.Blocks != 1 {
+		t.Fatalf("diverging prompt matched %d blocks, want 1", m.Blocks)
+	}
+	if s := w.Stats(); s.ResidentBlocks != 3 || s.BlocksStored != 3 {
+		t.Fatalf("stats = %+v", s)
+	}
+}
+
+func TestRemoveMiddleShortensPrefix(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	apply(t, w, stored(0, false, []uint64{1, 2, 3, 4}, seqTokens(0, 16)))
+	if err := apply(t, w, removed(events.MediumGPU, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if m := matchOf(ix, seqTokens(0, 16), nil, w); m.Blocks != 1 {
+		t.Fatalf("after removing block 1, matched %d, want 1", m.Blocks)
+	}
+	if s := w.Stats(); s.ResidentBlocks != 3 || s.BlocksRemoved != 1 {
+		t.Fatalf("stats = %+v", s)
+	}
+}
+
+func TestStoredTwiceNeedsTwoRemovals(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	ev := stored(0, false, []uint64{1}, seqTokens(0, 4))
+	apply(t, w, ev)
+	apply(t, w, ev)
+	apply(t, w, removed(events.MediumGPU, 1))
+	if m := matchOf(ix, seqTokens(0, 4), nil, w); m.Blocks != 1 {
+		t.Fatalf("after one of two removals matched %d, want 1", m.Blocks)
+	}
+	apply(t, w, removed(events.MediumGPU, 1))
+	if m := matchOf(ix, seqTokens(0, 4), nil, w); m.Blocks != 0 {
+		t.Fatalf("after both removals matched %d, want 0", m.Blocks)
+	}
+	err := apply(t, w, removed(events.MediumGPU, 1))
+	if !errors.Is(err, ErrUnknownBlock) {
+		t.Fatalf("third removal: err = %v, want ErrUnknownBlock", err)
+	}
+	if s := w.Stats(); s.ResidentBlocks != 0 || s.UnknownBlocks != 1 {
+		t.Fatalf("stats = %+v", s)
+	}
+}
+
+func TestClearAndReset(t *testing.T) {
+	ix, ws := newTestIndex(t, "a", "b")
+	for _, w := range ws {
+		apply(t, w, stored(0, false, []uint64{1, 2}, seqTokens(0, 8)))
+	}
+	apply(t, ws[0], events.Event{Kind: events.KindAllBlocksCleared})
+	ws[1].Reset("test restart")
+	for _, w := range ws {
+		if m := matchOf(ix, seqTokens(0, 8), nil, w); m.Blocks != 0 {
+			t.Fatalf("worker %d still matches %d blocks", w.ID(), m.Blocks)
+		}
+		if s := w.Stats(); s.ResidentBlocks != 0 {
+			t.Fatalf("worker %d resident = %d", w.ID(), s.ResidentBlocks)
+		}
+	}
+	if s := ws[0].Stats(); s.Clears != 1 {
+		t.Fatalf("clears = %d", s.Clears)
+	}
+	if s := ws[1].Stats(); s.Resets != 1 || s.LastReset != "test restart" {
+		t.Fatalf("resets = %d %q", s.Resets, s.LastReset)
+	}
+	// A cleared worker learns again from scratch.
+	apply(t, ws[0], stored(0, false, []uint64{1}, seqTokens(0, 4)))
+	if m := matchOf(ix, seqTokens(0, 8), nil, ws[0]); m.Blocks != 1 {
+		t.Fatalf("after re-store matched %d", m.Blocks)
+	}
+}
+
+func TestTwoWorkersDifferentPrefixes(t *testing.T) {
+	ix, ws := newTestIndex(t, "a", "b", "c")
+	apply(t, ws[0], stored(0, false, []uint64{1, 2, 3}, seqTokens(0, 12)))
+	apply(t, ws[1], stored(0, false, []uint64{7}, seqTokens(0, 4)))
+	keys := PromptKeys(testModel, 4, seqTokens(0, 16), nil, nil)
+	got := ix.Match(keys, nil, nil)
+	if len(got) != 2 {
+		t.Fatalf("got %d matches, want 2: %+v", len(got), got)
+	}
+	want := map[WorkerID]int{ws[0].ID(): 3, ws[1].ID(): 1}
+	for _, m := range got {
+		if want[m.Worker] != m.Blocks {
+			t.Fatalf("worker %d matched %d, want %d", m.Worker, m.Blocks, want[m.Worker])
+		}
+	}
+	// The filter leaves out worker a.
+	got = ix.Match(keys, func(id WorkerID) bool { return id != ws[0].ID() }, nil)
+	if len(got) != 1 || got[0].Worker != ws[1].ID() {
+		t.Fatalf("filtered = %+v", got)
+	}
+}
+
+func TestMediaAndOffload(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	apply(t, w, stored(0, false, []uint64{1, 2, 3}, seqTokens(0, 12)))
+	// Offload blocks 1 and 2 to CPU: empty token_ids, known hashes.
+	off := events.Event{Kind: events.KindBlockStored, BlockHashes: []uint64{1, 2}, Medium: events.MediumCPU}
+	if err := apply(t, w, off); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, w, removed(events.MediumGPU, 2))
+	m := matchOf(ix, seqTokens(0, 12), nil, w)
+	if m.Blocks != 3 || m.ByMedium[events.MediumGPU] != 1 || m.ByMedium[events.MediumCPU] != 2 {
+		t.Fatalf("match = %+v, want any 3 (block 1 only on CPU), GPU 1, CPU 2", m)
+	}
+	s := w.Stats()
+	if s.ResidentBlocks != 3 || s.ResidentByMedium[events.MediumGPU] != 2 || s.ResidentByMedium[events.MediumCPU] != 2 {
+		t.Fatalf("stats = %+v", s)
+	}
+	// Offload of a block never stored is counted, not applied.
+	err := apply(t, w, events.Event{Kind: events.KindBlockStored, BlockHashes: []uint64{99}, Medium: events.MediumCPU})
+	if !errors.Is(err, ErrUnknownBlock) || w.Stats().UnknownBlocks != 1 {
+		t.Fatalf("err = %v, unknown = %d", err, w.Stats().UnknownBlocks)
+	}
+}
+
+func TestLoRAAndSaltDoNotMix(t *testing.T) {
+	ix, ws := newTestIndex(t, "base", "lora")
+	tokens := seqTokens(0, 8)
+	apply(t, ws[0], stored(0, false, []uint64{1, 2}, tokens))
+	lora := stored(0, false, []uint64{1, 2}, tokens)
+	lora.LoRAName = "my-lora"
+	lora.ExtraKeys = []events.ExtraKeys{
+		events.AppendString(events.AppendTuple(nil, 1), "my-lora"),
+		events.AppendString(events.AppendTuple(nil, 1), "my-lora"),
+	}
+	apply(t, ws[1], lora)
+
+	if m := matchOf(ix, tokens, nil, ws[0]); m.Blocks != 2 {
+		t.Fatalf("base prompt on base worker: %d", m.Blocks)
+	}
+	if m := matchOf(ix, tokens, nil, ws[1]); m.Blocks != 0 {
+		t.Fatalf("base prompt on lora worker: %d, want 0", m.Blocks)
+	}
+	loraReq := &PromptExtras{LoRAName: "my-lora"}
+	if m := matchOf(ix, tokens, loraReq, ws[1]); m.Blocks != 2 {
+		t.Fatalf("lora prompt on lora worker: %d, want 2", m.Blocks)
+	}
+	if m := matchOf(ix, tokens, loraReq, ws[0]); m.Blocks != 0 {
+		t.Fatalf("lora prompt on base worker: %d, want 0", m.Blocks)
+	}
+	// Without extra_keys on the wire, lora_name alone keys the same way.
+	ix2, ws2 := newTestIndex(t, "lora")
+	bare := stored(0, false, []uint64{1, 2}, tokens)
+	bare.LoRAName = "my-lora"
+	apply(t, ws2[0], bare)
+	if m := matchOf(ix2, tokens, loraReq, ws2[0]); m.Blocks != 2 {
+		t.Fatalf("lora_name-only event: %d, want 2", m.Blocks)
+	}
+
+	// cache_salt sits in block 0's extra keys only.
+	ix3, ws3 := newTestIndex(t, "salted")
+	salted := stored(0, false, []uint64{1, 2}, tokens)
+	salted.ExtraKeys = []events.ExtraKeys{events.AppendString(events.AppendTuple(nil, 1), "s3cret"), nil}
+	apply(t, ws3[0], salted)
+	if m := matchOf(ix3, tokens, &PromptExtras{CacheSalt: "s3cret"}, ws3[0]); m.Blocks != 2 {
+		t.Fatalf("salted prompt: %d, want 2", m.Blocks)
+	}
+	if m := matchOf(ix3, tokens, nil, ws3[0]); m.Blocks != 0 {
+		t.Fatalf("unsalted prompt on salted blocks: %d, want 0", m.Blocks)
+	}
+	if m := matchOf(ix3, tokens, &PromptExtras{CacheSalt: "other"}, ws3[0]); m.Blocks != 0 {
+		t.Fatalf("other salt: %d, want 0", m.Blocks)
+	}
+}
+
+func TestModelsDoNotMix(t *testing.T) {
+	ix := New(Config{})
+	ix.AddModel("m1", 4)
+	ix.AddModel("m2", 4)
+	w1, _ := ix.AddWorker(WorkerInfo{Ref: events.WorkerRef{Pod: "p1"}, Model: "m1"})
+	apply(t, w1, stored(0, false, []uint64{1}, seqTokens(0, 4)))
+	if got := ix.Match(PromptKeys("m2", 4, seqTokens(0, 4), nil, nil), nil, nil); len(got) != 0 {
+		t.Fatalf("m2 prompt matched m1 blocks: %+v", got)
+	}
+	if got := ix.Match(PromptKeys("m1", 4, seqTokens(0, 4), nil, nil), nil, nil); len(got) != 1 {
+		t.Fatalf("m1 prompt: %+v", got)
+	}
+	if _, err := ix.AddWorker(WorkerInfo{Ref: events.WorkerRef{Pod: "p1"}, Model: "m1"}); !errors.Is(err, ErrDuplicateWorker) {
+		t.Fatalf("duplicate worker: %v", err)
+	}
+	if _, err := ix.AddWorker(WorkerInfo{Ref: events.WorkerRef{Pod: "p9"}, Model: "nope"}); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("unknown model: %v", err)
+	}
+	if _, err := ix.AddModel("m1", 16); !errors.Is(err, ErrBlockSize) {
+		t.Fatalf("block size change: %v", err)
+	}
+}
+
+func TestBadEventsAreCountedAndSkipped(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	wrongSize := stored(0, false, []uint64{1}, seqTokens(0, 16))
+	wrongSize.BlockSize = 16
+	short := stored(0, false, []uint64{5, 6}, seqTokens(0, 5))
+	good := stored(0, false, []uint64{1}, seqTokens(0, 4))
+	err := apply(t, w, wrongSize, short, good)
+	if !errors.Is(err, ErrBlockSize) || !errors.Is(err, ErrTokenCount) {
+		t.Fatalf("err = %v", err)
+	}
+	if m := matchOf(ix, seqTokens(0, 4), nil, w); m.Blocks != 1 {
+		t.Fatalf("the good event after bad ones was not applied: %d", m.Blocks)
+	}
+	s := w.Stats()
+	if s.BlockSizeMismatches != 1 || s.InvalidEvents != 1 || s.ResidentBlocks != 1 {
+		t.Fatalf("stats = %+v", s)
+	}
+}
+
+func TestOrphansAreCountedAndNeverMatch(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	err := apply(t, w, stored(777, true, []uint64{2, 3}, seqTokens(4, 8)))
+	if !errors.Is(err, ErrOrphan) {
+		t.Fatalf("err = %v", err)
+	}
+	// A descendant of the orphan resolves through the engine map.
+	if err := apply(t, w, stored(3, true, []uint64{4}, seqTokens(12, 4))); err != nil {
+		t.Fatalf("descendant: %v", err)
+	}
+	s := w.Stats()
+	if s.Orphans != 2 || s.ResidentBlocks != 3 {
+		t.Fatalf("stats = %+v", s)
+	}
+	if got := ix.Match(PromptKeys(testModel, 4, seqTokens(0, 16), nil, nil), nil, nil); len(got) != 0 {
+		t.Fatalf("orphans matched a prompt: %+v", got)
+	}
+	// Removals of orphans work.
+	if err := apply(t, w, removed(events.MediumGPU, 2, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if w.Stats().ResidentBlocks != 0 {
+		t.Fatalf("resident = %d", w.Stats().ResidentBlocks)
+	}
+}
+
+func TestSlidingWindowGroupIgnored(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	full := stored(0, false, []uint64{1, 2}, seqTokens(0, 8))
+	full.SpecKind, full.GroupIdx, full.HasGroupIdx = "full_attention", 0, true
+	sw := stored(0, false, []uint64{1, 2}, seqTokens(0, 8))
+	sw.SpecKind, sw.GroupIdx, sw.HasGroupIdx = "sliding_window", 1, true
+	apply(t, w, full, sw)
+	rmSW := removed(events.MediumGPU, 1)
+	rmSW.GroupIdx, rmSW.HasGroupIdx = 1, true
+	if err := apply(t, w, rmSW); err != nil {
+		t.Fatal(err)
+	}
+	if m := matchOf(ix, seqTokens(0, 8), nil, w); m.Blocks != 2 {
+		t.Fatalf("sliding-window removal touched full-attention residency: %d", m.Blocks)
+	}
+	s := w.Stats()
+	if s.ResidentBlocks != 2 || s.SkippedGroupEvents != 2 {
+		t.Fatalf("stats = %+v", s)
+	}
+}

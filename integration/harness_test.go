@@ -1,0 +1,297 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/daemon"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+const (
+	model     = "test/model"
+	blockSize = 16
+)
+
+// freePorts returns the first of n consecutive free loopback TCP ports.
+func freePorts(t *testing.T, n int) int {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := l.Addr().(*net.TCPAddr).Port
+		ls := []net.Listener{l}
+		ok := true
+		for i := 1; i < n; i++ {
+			li, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			ls = append(ls, li)
+		}
+		for _, li := range ls {
+			li.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free consecutive ports")
+	return 0
+}
+
+// pod is a simulated vLLM pod: one publisher per DP rank.
+type pod struct {
+	name string
+	pubs []*events.Publisher
+}
+
+// fleet is a running daemon plus its simulated engines and a gRPC client.
+type fleet struct {
+	t      *testing.T
+	d      *daemon.Daemon
+	client *api.Client
+	pods   map[string]*pod
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// podSpec describes a simulated pod.
+type podSpec struct {
+	name   string
+	dpSize int
+	model  string
+	enc    events.EncodeOptions
+}
+
+// startFleet starts simulated engines for specs, a daemon subscribed to
+// them, and waits until every subscription reached its engine.
+func startFleet(t *testing.T, specs ...podSpec) *fleet {
+	t.Helper()
+	f := &fleet{t: t, pods: map[string]*pod{}, done: make(chan error, 1)}
+	var yaml strings.Builder
+	fmt.Fprintf(&yaml, "grpc_listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nmodels:\n  - name: %s\n    block_size: %d\n  - name: other/model\n    block_size: %d\npods:\n", model, blockSize, blockSize)
+	for _, s := range specs {
+		if s.dpSize == 0 {
+			s.dpSize = 1
+		}
+		if s.model == "" {
+			s.model = model
+		}
+		base := freePorts(t, s.dpSize)
+		p := &pod{name: s.name}
+		for r := 0; r < s.dpSize; r++ {
+			pub, err := events.NewPublisher(events.PublisherConfig{
+				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r),
+				Topic:    "kv@" + s.name + "@" + s.model,
+				Encoding: s.enc,
+				Bind:     true,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { pub.Close() })
+			p.pubs = append(p.pubs, pub)
+		}
+		f.pods[s.name] = p
+		fmt.Fprintf(&yaml, "  - {name: %s, model: %s, endpoint: 'tcp://127.0.0.1:%d', dp_size: %d}\n", s.name, s.model, base, s.dpSize)
+	}
+	cfg, err := config.Parse([]byte(yaml.String()))
+	if err != nil {
+		t.Fatalf("config: %v\n%s", err, yaml.String())
+	}
+	f.d, err = daemon.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	go func() { f.done <- f.d.Run(ctx) }()
+	t.Cleanup(f.stop)
+
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	for _, p := range f.pods {
+		for _, pub := range p.pubs {
+			if err := pub.WaitForSubscribers(wctx, 1); err != nil {
+				t.Fatalf("pod %s: %v", p.name, err)
+			}
+		}
+	}
+	f.client, err = api.Dial(wctx, f.d.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fleet) stop() {
+	if f.client != nil {
+		f.client.Close()
+	}
+	f.cancel()
+	select {
+	case err := <-f.done:
+		if err != nil {
+			f.t.Errorf("daemon stopped with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		f.t.Errorf("daemon did not stop within 10s")
+	}
+}
+
+// publish sends events as one batch from pod's rank and waits until the
+// daemon has processed it.
+func (f *fleet) publish(podName string, rank int, evs ...events.Event) {
+	f.t.Helper()
+	f.send(podName, rank, func(pub *events.Publisher) (uint64, error) {
+		return pub.Publish(&events.Batch{Timestamp: float64(time.Now().UnixNano()) / 1e9, Events: evs, DPRank: rank, HasDPRank: true})
+	})
+}
+
+// send runs one publishing call for pod's rank and waits until the daemon
+// has processed the message it sent (decoded or counted as bad).
+func (f *fleet) send(podName string, rank int, do func(*events.Publisher) (uint64, error)) {
+	f.t.Helper()
+	ref := events.WorkerRef{Pod: podName, DPRank: rank}
+	before := f.received(ref)
+	seq, err := do(f.pods[podName].pubs[rank])
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if f.received(ref) > before {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	f.t.Fatalf("worker %s never processed seq %d", ref, seq)
+}
+
+// received counts the messages the daemon has processed from a worker.
+func (f *fleet) received(ref events.WorkerRef) int64 {
+	for _, s := range f.d.Subscriber().WorkerStats() {
+		if s.Worker == ref {
+			return s.Batches + s.DecodeErrors
+		}
+	}
+	return 0
+}
+
+// score asks the daemon over gRPC.
+func (f *fleet) score(req *kvindexv1.ScoreRequest) *kvindexv1.ScoreResponse {
+	f.t.Helper()
+	if req.Model == "" {
+		req.Model = model
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := f.client.Score(ctx, req)
+	if err != nil {
+		f.t.Fatalf("Score: %v", err)
+	}
+	return resp
+}
+
+// matched returns worker pod/rank's matched blocks (0 when absent) and its
+// by-medium split.
+func matched(resp *kvindexv1.ScoreResponse, podName string, rank int) (int, map[string]int) {
+	for _, w := range resp.GetWorkers() {
+		if w.GetWorker().GetPod() == podName && int(w.GetWorker().GetDpRank()) == rank {
+			by := map[string]int{}
+			for _, m := range w.GetByMedium() {
+				by[m.GetMedium()] = int(m.GetBlocks())
+				if int(m.GetTokens()) != int(m.GetBlocks())*blockSize {
+					panic("medium tokens != blocks * block size")
+				}
+			}
+			if int(w.GetMatchedTokens()) != int(w.GetMatchedBlocks())*blockSize {
+				panic("matched tokens != blocks * block size")
+			}
+			return int(w.GetMatchedBlocks()), by
+		}
+	}
+	return 0, nil
+}
+
+// metrics fetches the daemon's /metrics text.
+func (f *fleet) metrics() string {
+	f.t.Helper()
+	resp, err := http.Get("http://" + f.d.MetricsAddr() + "/metrics")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// tokens returns n deterministic token ids for a named text.
+func tokens(text string, n int) []uint32 {
+	var h uint32 = 2166136261
+	for i := 0; i < len(text); i++ {
+		h = (h ^ uint32(text[i])) * 16777619
+	}
+	out := make([]uint32, n)
+	for i := range out {
+		h = h*1664525 + 1013904223
+		out[i] = h % 128000
+	}
+	return out
+}
+
+func concat(parts ...[]uint32) []uint32 {
+	var out []uint32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// engine tracks one simulated engine's block hashes so tests can send
+// realistic chained events.
+type engine struct {
+	next uint64
+}
+
+// store builds a BlockStored event for the full blocks of toks after
+// parent (0 = none), returning the event and the blocks' engine hashes.
+func (e *engine) store(parent uint64, toks []uint32) (events.Event, []uint64) {
+	n := len(toks) / blockSize
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		e.next++
+		hashes[i] = e.next*0x9e3779b97f4a7c15 | 1<<63 // exercise the uint64 >= 2^63 range
+	}
+	return events.Event{
+		Kind:        events.KindBlockStored,
+		BlockHashes: hashes,
+		ParentHash:  parent,
+		HasParent:   parent != 0,
+		TokenIDs:    toks[:n*blockSize],
+		BlockSize:   blockSize,
+		MediumName:  "GPU",
+	}, hashes
+}
+
+func removed(hashes ...uint64) events.Event {
+	return events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes, MediumName: "GPU"}
+}
+
+var cleared = events.Event{Kind: events.KindAllBlocksCleared}

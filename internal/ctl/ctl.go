@@ -1,0 +1,168 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// DefaultAddr is the kvindex gRPC address kvindexctl talks to by default.
+const DefaultAddr = "localhost:50051"
+
+// Config is what every kvindexctl command shares: where the server is, how
+// long to wait, and how to print.
+type Config struct {
+	// Addr is the kvindex gRPC address (host:port).
+	Addr string
+	// Timeout bounds each command's call; 0 means no limit beyond ctx.
+	Timeout time.Duration
+	// JSON prints the server's answer as protojson instead of a table.
+	JSON bool
+	// Out receives the command's output.
+	Out io.Writer
+	// Stdin is read for --tokens-file -.
+	Stdin io.Reader
+	// Now is the clock for ages like "3s ago"; nil means time.Now.
+	Now func() time.Time
+}
+
+// CallError is a failed call to the server: which call, on which server,
+// and the server's status. Its message is what kvindexctl prints.
+type CallError struct {
+	// Call is the command that failed ("workers", "score").
+	Call string
+	// Addr is the server's address.
+	Addr string
+	// Status is the gRPC status; its code and message are the server's own.
+	Status *status.Status
+	err    error
+}
+
+// Error renders "score at host:port: InvalidArgument: model: required".
+func (e *CallError) Error() string {
+	return fmt.Sprintf("%s at %s: %s: %s", e.Call, e.Addr, e.Status.Code(), e.Status.Message())
+}
+
+// Unwrap returns the client's error.
+func (e *CallError) Unwrap() error { return e.err }
+
+// GRPCStatus lets status.Code and status.FromError see the server's status.
+func (e *CallError) GRPCStatus() *status.Status { return e.Status }
+
+// callError wraps a failed call of the client.
+func callError(call, addr string, err error) error {
+	st, ok := api.ServerStatus(err)
+	if !ok {
+		st = status.Convert(err)
+	}
+	return &CallError{Call: call, Addr: addr, Status: st, err: err}
+}
+
+// withClient dials cfg.Addr, runs f under cfg.Timeout, and closes the client.
+func withClient(ctx context.Context, cfg Config, f func(context.Context, *api.Client) error) error {
+	if cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+		defer cancel()
+	}
+	c, err := api.Dial(ctx, cfg.Addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(ctx, c)
+}
+
+func (cfg Config) now() time.Time {
+	if cfg.Now != nil {
+		return cfg.Now()
+	}
+	return time.Now()
+}
+
+// Workers lists the server's workers (of model, when not empty) on cfg.Out.
+func Workers(ctx context.Context, cfg Config, model string) error {
+	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
+		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model})
+		if err != nil {
+			return callError("workers", cfg.Addr, err)
+		}
+		if cfg.JSON {
+			return WriteJSON(cfg.Out, resp)
+		}
+		return RenderWorkers(cfg.Out, resp, cfg.now())
+	})
+}
+
+// ScoreArgs are kvindexctl score's own arguments.
+type ScoreArgs struct {
+	// Model is the served model name.
+	Model string
+	// Tokens is an inline token list ("1,2,3"); give it or TokensFile.
+	Tokens string
+	// TokensFile is a file of tokens, "-" for cfg.Stdin (see ParseTokens).
+	TokensFile string
+	// LoRA is the adapter name, "" for the base model.
+	LoRA string
+	// CacheSalt is the request's cache_salt, "" for none.
+	CacheSalt string
+	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
+	Workers []string
+}
+
+// Request builds the ScoreRequest that args describe, reading the tokens
+// file if one is named.
+func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
+	var tokens []uint32
+	var err error
+	switch {
+	case a.Tokens != "" && a.TokensFile != "":
+		return nil, fmt.Errorf("--tokens, --tokens-file: give exactly one")
+	case a.Tokens != "":
+		if tokens, err = ParseTokens(a.Tokens); err != nil {
+			return nil, fmt.Errorf("--tokens: %w", err)
+		}
+	case a.TokensFile != "":
+		if tokens, err = ReadTokensFile(a.TokensFile, stdin); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("--tokens or --tokens-file: required")
+	}
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("no tokens given")
+	}
+	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, LoraName: a.LoRA, CacheSalt: a.CacheSalt}
+	for _, s := range a.Workers {
+		r, err := ParseWorker(s)
+		if err != nil {
+			return nil, fmt.Errorf("--worker: %w", err)
+		}
+		req.Workers = append(req.Workers, r)
+	}
+	return req, nil
+}
+
+// Score scores one prompt and prints each worker's match on cfg.Out.
+func Score(ctx context.Context, cfg Config, args ScoreArgs) error {
+	req, err := args.Request(cfg.Stdin)
+	if err != nil {
+		return err
+	}
+	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
+		resp, err := c.Score(ctx, req)
+		if err != nil {
+			return callError("score", cfg.Addr, err)
+		}
+		if cfg.JSON {
+			return WriteJSON(cfg.Out, resp)
+		}
+		return RenderScore(cfg.Out, req, resp)
+	})
+}

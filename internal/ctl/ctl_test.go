@@ -1,0 +1,259 @@
+package ctl_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kvindex/kvindex/internal/ctl"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+func TestParseTokens(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []uint32
+	}{
+		{"1,2,3", []uint32{1, 2, 3}},
+		{" 1, 2 ,3\n4\t5 ", []uint32{1, 2, 3, 4, 5}},
+		{"1,,2", []uint32{1, 2}},
+		{"[1, 2, 4294967295]", []uint32{1, 2, 4294967295}},
+		{"\n [7]\n", []uint32{7}},
+		{"", []uint32{}},
+	} {
+		got, err := ctl.ParseTokens(tc.in)
+		if err != nil {
+			t.Errorf("ParseTokens(%q): %v", tc.in, err)
+			continue
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("ParseTokens(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"1,x,3", `token 1 "x"`},
+		{"1 -2", `token 1 "-2"`},
+		{"4294967296", `token 0 "4294967296"`},
+		{"[1, -2]", "JSON array"},
+		{"[1, 2", "JSON array"},
+	} {
+		_, err := ctl.ParseTokens(tc.in)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseTokens(%q) error %v, want one mentioning %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+func TestReadTokensFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "prompt.json")
+	if err := os.WriteFile(path, []byte("[10, 20,\n 30]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ctl.ReadTokensFile(path, nil)
+	if err != nil || !reflect.DeepEqual(got, []uint32{10, 20, 30}) {
+		t.Errorf("ReadTokensFile(json) = %v, %v", got, err)
+	}
+	got, err = ctl.ReadTokensFile("-", strings.NewReader("5 6\n7,8\n"))
+	if err != nil || !reflect.DeepEqual(got, []uint32{5, 6, 7, 8}) {
+		t.Errorf("ReadTokensFile(-) = %v, %v", got, err)
+	}
+	_, err = ctl.ReadTokensFile(filepath.Join(dir, "missing"), nil)
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("ReadTokensFile(missing) error %v, want ErrNotExist naming the file", err)
+	}
+}
+
+func TestParseWorker(t *testing.T) {
+	for in, want := range map[string]*kvindexv1.WorkerRef{
+		"pod-a/3":          {Pod: "pod-a", DpRank: 3},
+		"pod-a":            {Pod: "pod-a"},
+		"ns/pod-a/1":       {Pod: "ns/pod-a", DpRank: 1},
+		"10.0.0.1:5557/0":  {Pod: "10.0.0.1:5557"},
+		"tcp://h:5557/2":   {Pod: "tcp://h:5557", DpRank: 2},
+		"pod-b/0000000001": {Pod: "pod-b", DpRank: 1},
+	} {
+		got, err := ctl.ParseWorker(in)
+		if err != nil || got.GetPod() != want.GetPod() || got.GetDpRank() != want.GetDpRank() {
+			t.Errorf("ParseWorker(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "/1", "pod/x", "pod/-1", "pod/"} {
+		if _, err := ctl.ParseWorker(in); err == nil {
+			t.Errorf("ParseWorker(%q) succeeded", in)
+		}
+	}
+}
+
+func TestScoreArgsRequest(t *testing.T) {
+	req, err := ctl.ScoreArgs{Model: "m", Tokens: "1,2", LoRA: "l", CacheSalt: "s", Workers: []string{"a/1", "b"}}.Request(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.GetModel() != "m" || len(req.GetTokenIds()) != 2 || req.GetLoraName() != "l" || req.GetCacheSalt() != "s" ||
+		len(req.GetWorkers()) != 2 || req.GetWorkers()[1].GetPod() != "b" {
+		t.Errorf("request %v", req)
+	}
+	for _, tc := range []struct {
+		args ctl.ScoreArgs
+		want string
+	}{
+		{ctl.ScoreArgs{Model: "m"}, "--tokens or --tokens-file: required"},
+		{ctl.ScoreArgs{Model: "m", Tokens: "1", TokensFile: "f"}, "--tokens, --tokens-file: give exactly one"},
+		{ctl.ScoreArgs{Model: "m", Tokens: " , "}, "no tokens"},
+		{ctl.ScoreArgs{Model: "m", Tokens: "1", Workers: []string{"p/x"}}, "--worker"},
+	} {
+		if _, err := tc.args.Request(nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestAge(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		-time.Hour:                  "in the future",
+		-500 * time.Millisecond:     "just now",
+		0:                           "just now",
+		3 * time.Second:             "3s ago",
+		59 * time.Second:            "59s ago",
+		4*time.Minute + time.Second: "4m ago",
+		2 * time.Hour:               "2h ago",
+		72 * time.Hour:              "3d ago",
+	} {
+		if got := ctl.Age(d); got != want {
+			t.Errorf("Age(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// lines splits output into lines with runs of spaces collapsed, so that
+// tests do not depend on column widths.
+func lines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		out = append(out, strings.Join(strings.Fields(l), " "))
+	}
+	return out
+}
+
+func TestRenderWorkers(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	resp := &kvindexv1.ListWorkersResponse{Workers: []*kvindexv1.WorkerStatus{
+		{
+			Worker: &kvindexv1.WorkerRef{Pod: "pod-a", DpRank: 0}, Model: "llama", Endpoint: "tcp://10.0.0.1:5557",
+			HasSeq: true, LastSeq: 1234, LastEventTime: timestamppb.New(now.Add(-3 * time.Second)),
+			ResidentBlocks: 120, ResidentByMedium: []*kvindexv1.MediumCount{{Medium: "GPU", Blocks: 100}, {Medium: "CPU", Blocks: 40}},
+			Gaps: 2, Restarts: 1, DecodeErrors: 1, ApplyErrors: 2, Orphans: 5, LastError: "bad msgpack",
+		},
+		{
+			Worker: &kvindexv1.WorkerRef{Pod: "pod-b", DpRank: 1}, Model: "llama", Endpoint: "tcp://10.0.0.2:5557",
+			ResidentBlocks: 7, ResidentByMedium: []*kvindexv1.MediumCount{{Medium: "GPU", Blocks: 7}},
+		},
+	}}
+	var buf bytes.Buffer
+	if err := ctl.RenderWorkers(&buf, resp, now); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"WORKER MODEL ENDPOINT SEQ LAST EVENT RESIDENT GAPS RESTARTS ERRORS ORPHANS",
+		"pod-a/0 llama tcp://10.0.0.1:5557 1234 3s ago 120 (GPU 100, CPU 40) 2 1 3 5",
+		"pod-b/1 llama tcp://10.0.0.2:5557 - never 7 0 0 0 0",
+		"pod-a/0: last error: bad msgpack",
+	}
+	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {
+		t.Errorf("RenderWorkers:\n%s\nwant rows:\n%s", buf.String(), strings.Join(want, "\n"))
+	}
+	// Columns line up: every row starts its ENDPOINT at the same offset.
+	rows := strings.Split(buf.String(), "\n")
+	col := strings.Index(rows[0], "ENDPOINT")
+	for _, r := range rows[1:3] {
+		if !strings.HasPrefix(r[col:], "tcp://") {
+			t.Errorf("row %q: ENDPOINT not at column %d", r, col)
+		}
+	}
+
+	buf.Reset()
+	if err := ctl.RenderWorkers(&buf, &kvindexv1.ListWorkersResponse{}, now); err != nil || buf.String() != "no workers\n" {
+		t.Errorf("RenderWorkers(empty) = %q, %v", buf.String(), err)
+	}
+}
+
+func TestRenderScore(t *testing.T) {
+	req := &kvindexv1.ScoreRequest{Model: "llama", TokenIds: make([]uint32, 130)}
+	resp := &kvindexv1.ScoreResponse{BlockSize: 16, PromptBlocks: 8, Workers: []*kvindexv1.WorkerScore{
+		{Worker: &kvindexv1.WorkerRef{Pod: "pod-a"}, MatchedBlocks: 6, MatchedTokens: 96, ByMedium: []*kvindexv1.MediumMatch{
+			{Medium: "GPU", Blocks: 4, Tokens: 64}, {Medium: "CPU", Blocks: 6, Tokens: 96}}},
+		{Worker: &kvindexv1.WorkerRef{Pod: "pod-b", DpRank: 1}, MatchedBlocks: 4, MatchedTokens: 64, ByMedium: []*kvindexv1.MediumMatch{
+			{Medium: "GPU", Blocks: 4, Tokens: 64}}},
+		{Worker: &kvindexv1.WorkerRef{Pod: "pod-c"}},
+	}}
+	var buf bytes.Buffer
+	if err := ctl.RenderScore(&buf, req, resp); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"model: llama",
+		"block size: 16 tokens",
+		"prompt blocks: 8 (128 of 130 tokens in full blocks)",
+		"",
+		"WORKER MATCHED BLOCKS MATCHED TOKENS % OF PROMPT BY MEDIUM",
+		"pod-a/0 6 96 75.0% GPU 4, CPU 6",
+		"pod-b/1 4 64 50.0% GPU 4",
+		"pod-c/0 0 0 0.0% -",
+	}
+	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {
+		t.Errorf("RenderScore:\n%s\nwant rows:\n%s", buf.String(), strings.Join(want, "\n"))
+	}
+
+	buf.Reset()
+	if err := ctl.RenderScore(&buf, req, &kvindexv1.ScoreResponse{BlockSize: 16, PromptBlocks: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "no worker holds the first block of this prompt") {
+		t.Errorf("RenderScore(no workers):\n%s", buf.String())
+	}
+}
+
+func TestWriteJSON(t *testing.T) {
+	var buf bytes.Buffer
+	resp := &kvindexv1.ScoreResponse{BlockSize: 16, PromptBlocks: 2, Workers: []*kvindexv1.WorkerScore{
+		{Worker: &kvindexv1.WorkerRef{Pod: "pod-a"}}}}
+	if err := ctl.WriteJSON(&buf, resp); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		BlockSize    int `json:"blockSize"`
+		PromptBlocks int `json:"promptBlocks"`
+		Workers      []struct {
+			Worker        struct{ Pod string }
+			MatchedBlocks *int `json:"matchedBlocks"`
+		}
+	}
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, buf.String())
+	}
+	if got.BlockSize != 16 || got.PromptBlocks != 2 || len(got.Workers) != 1 || got.Workers[0].Worker.Pod != "pod-a" ||
+		got.Workers[0].MatchedBlocks == nil {
+		t.Errorf("JSON %s decoded to %+v (zero fields must be present)", buf.String(), got)
+	}
+}
+
+func TestCallError(t *testing.T) {
+	err := &ctl.CallError{Call: "score", Addr: "h:1", Status: status.New(codes.InvalidArgument, "model: required")}
+	if got, want := err.Error(), "score at h:1: InvalidArgument: model: required"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("status.Code = %v", status.Code(err))
+	}
+}

@@ -1,0 +1,162 @@
+package ctl
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// WriteJSON prints msg as indented protojson, zero fields included so that
+// scripts see every field.
+func WriteJSON(w io.Writer, msg proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true}.Marshal(msg)
+	if err != nil {
+		return fmt.Errorf("render %s as JSON: %w", msg.ProtoReflect().Descriptor().FullName(), err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+}
+
+// WorkerName renders a worker as "pod/rank".
+func WorkerName(r *kvindexv1.WorkerRef) string {
+	return r.GetPod() + "/" + strconv.FormatUint(uint64(r.GetDpRank()), 10)
+}
+
+// RenderWorkers prints one row per worker: WORKER, MODEL, ENDPOINT, SEQ,
+// LAST EVENT (as an age relative to now), RESIDENT, GAPS, RESTARTS, ERRORS
+// (decode + apply) and ORPHANS, then each worker's last error and last
+// reset, if any.
+func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Time) error {
+	if len(resp.GetWorkers()) == 0 {
+		_, err := fmt.Fprintln(w, "no workers")
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "WORKER\tMODEL\tENDPOINT\tSEQ\tLAST EVENT\tRESIDENT\tGAPS\tRESTARTS\tERRORS\tORPHANS")
+	var notes []string
+	for _, ws := range resp.GetWorkers() {
+		seq := "-"
+		if ws.GetHasSeq() {
+			seq = strconv.FormatUint(ws.GetLastSeq(), 10)
+		}
+		last := "never"
+		if ws.GetLastEventTime() != nil {
+			last = Age(now.Sub(ws.GetLastEventTime().AsTime()))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n",
+			WorkerName(ws.GetWorker()), orDash(ws.GetModel()), orDash(ws.GetEndpoint()), seq, last,
+			resident(ws), ws.GetGaps(), ws.GetRestarts(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans())
+		if e := ws.GetLastError(); e != "" {
+			notes = append(notes, fmt.Sprintf("%s: last error: %s", WorkerName(ws.GetWorker()), e))
+		}
+		if r := ws.GetLastReset(); r != "" {
+			notes = append(notes, fmt.Sprintf("%s: last reset: %s", WorkerName(ws.GetWorker()), r))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write workers table: %w", err)
+	}
+	for _, n := range notes {
+		if _, err := fmt.Fprintln(w, n); err != nil {
+			return fmt.Errorf("write workers notes: %w", err)
+		}
+	}
+	return nil
+}
+
+// resident renders resident blocks, split by medium when more than GPU
+// holds them: "120 (GPU 100, CPU 40)".
+func resident(ws *kvindexv1.WorkerStatus) string {
+	total := strconv.FormatUint(ws.GetResidentBlocks(), 10)
+	media := ws.GetResidentByMedium()
+	if len(media) == 0 || (len(media) == 1 && media[0].GetMedium() == "GPU") {
+		return total
+	}
+	parts := make([]string, len(media))
+	for i, m := range media {
+		parts[i] = m.GetMedium() + " " + strconv.FormatUint(m.GetBlocks(), 10)
+	}
+	return total + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// RenderScore prints a Score answer: the model, block size and prompt
+// blocks, then one row per worker: WORKER, MATCHED BLOCKS, MATCHED TOKENS,
+// % OF PROMPT and BY MEDIUM ("GPU 12, CPU 20").
+func RenderScore(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.ScoreResponse) error {
+	tw := newTable(w)
+	fmt.Fprintf(tw, "model:\t%s\n", req.GetModel())
+	if l := req.GetLoraName(); l != "" {
+		fmt.Fprintf(tw, "lora:\t%s\n", l)
+	}
+	fmt.Fprintf(tw, "block size:\t%d tokens\n", resp.GetBlockSize())
+	blocks := fmt.Sprint(resp.GetPromptBlocks())
+	if n := len(req.GetTokenIds()); n > 0 {
+		blocks += fmt.Sprintf(" (%d of %d tokens in full blocks)", uint64(resp.GetPromptBlocks())*uint64(resp.GetBlockSize()), n)
+	}
+	fmt.Fprintf(tw, "prompt blocks:\t%s\n", blocks)
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write score header: %w", err)
+	}
+	if len(resp.GetWorkers()) == 0 {
+		_, err := fmt.Fprintln(w, "\nno worker holds the first block of this prompt")
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "WORKER\tMATCHED BLOCKS\tMATCHED TOKENS\t% OF PROMPT\tBY MEDIUM")
+	for _, s := range resp.GetWorkers() {
+		pct := "-"
+		if pb := resp.GetPromptBlocks(); pb > 0 {
+			pct = fmt.Sprintf("%.1f%%", 100*float64(s.GetMatchedBlocks())/float64(pb))
+		}
+		media := make([]string, len(s.GetByMedium()))
+		for i, m := range s.GetByMedium() {
+			media[i] = fmt.Sprintf("%s %d", m.GetMedium(), m.GetBlocks())
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", WorkerName(s.GetWorker()), s.GetMatchedBlocks(), s.GetMatchedTokens(), pct, orDash(strings.Join(media, ", ")))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write score table: %w", err)
+	}
+	return nil
+}
+
+// Age renders how long ago something happened, coarsely: "3s ago",
+// "4m ago", "2h ago", "5d ago"; "just now" within a second either way and
+// "in the future" beyond that (clock skew).
+func Age(d time.Duration) string {
+	switch {
+	case d <= -time.Second:
+		return "in the future"
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd ago", int(d/(24*time.Hour)))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

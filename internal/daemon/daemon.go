@@ -1,0 +1,187 @@
+// Package daemon assembles the kvindex service from its parts: the index,
+// the ZMQ subscriber that feeds it, the gRPC API over it and the Prometheus
+// endpoint. cmd/kvindex and the demo only turn configuration into a Daemon.
+//
+// A Daemon is built once, run once, and safe to query (addresses, index)
+// from any goroutine while it runs.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/metrics"
+)
+
+// Daemon is a configured, listening kvindex service.
+type Daemon struct {
+	cfg *config.Config
+	log *slog.Logger
+
+	ix       *indexer.Index
+	sub      *events.Subscriber
+	grpc     *grpc.Server
+	grpcLis  net.Listener
+	httpSrv  *http.Server
+	httpLis  net.Listener
+	registry *prometheus.Registry
+}
+
+// New builds the index and its workers from cfg and opens the gRPC and
+// metrics listeners (so that ":0" addresses are resolved before Run).
+// Nothing is received or served until Run.
+func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{})}
+	for _, m := range cfg.Models {
+		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
+			return nil, fmt.Errorf("daemon: model %q: %w", m.Name, err)
+		}
+	}
+	var eps []events.Endpoint
+	for _, we := range cfg.Workers() {
+		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
+		if err != nil {
+			return nil, fmt.Errorf("daemon: worker %s: %w", we.Worker, err)
+		}
+		eps = append(eps, events.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, Sink: w})
+	}
+	sub, err := events.NewSubscriber(events.SubscriberOptions{Logger: log, LogEvery: cfg.Log.ProblemInterval}, eps...)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	d.sub = sub
+
+	d.registry = prometheus.NewRegistry()
+	d.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		metrics.NewCollector(d.ix, sub),
+	)
+	srv := api.NewServer(d.ix, sub, api.Options{
+		MaxTokens:     cfg.Limits.MaxTokens,
+		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
+		MaxCandidates: cfg.Limits.MaxCandidates,
+		Registerer:    d.registry,
+	})
+	d.grpc = grpc.NewServer()
+	srv.Register(d.grpc)
+
+	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
+		return nil, fmt.Errorf("daemon: gRPC listen on %s: %w", cfg.GRPCListen, err)
+	}
+	if cfg.MetricsListen != "off" {
+		if d.httpLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			d.grpcLis.Close()
+			return nil, fmt.Errorf("daemon: metrics listen on %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+	return d, nil
+}
+
+// GRPCAddr is the address the gRPC server listens on.
+func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
+
+// MetricsAddr is the address of /metrics, "" when disabled.
+func (d *Daemon) MetricsAddr() string {
+	if d.httpLis == nil {
+		return ""
+	}
+	return d.httpLis.Addr().String()
+}
+
+// Index is the daemon's index.
+func (d *Daemon) Index() *indexer.Index { return d.ix }
+
+// Subscriber is the daemon's event subscriber.
+func (d *Daemon) Subscriber() *events.Subscriber { return d.sub }
+
+// Run receives events and serves gRPC and metrics until ctx is done, then
+// stops gracefully (in-flight RPCs finish, sockets close). It returns nil
+// on a clean shutdown, or the first error that stopped a part.
+func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := d.sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			errc <- fmt.Errorf("daemon: subscriber: %w", err)
+			cancel()
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := d.grpc.Serve(d.grpcLis); err != nil {
+			errc <- fmt.Errorf("daemon: gRPC serve: %w", err)
+			cancel()
+		}
+	}()
+	if d.httpSrv != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.httpSrv.Serve(d.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("daemon: metrics serve: %w", err)
+				cancel()
+			}
+		}()
+	}
+	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "metrics", d.MetricsAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
+	<-ctx.Done()
+	d.log.Info("kvindex shutting down")
+	stopped := make(chan struct{})
+	go func() { d.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		d.grpc.Stop()
+	}
+	if d.httpSrv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = d.httpSrv.Shutdown(sctx)
+		scancel()
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// NewLogger builds the slog logger the config asks for, writing to w.
+func NewLogger(c config.Log, w interface{ Write([]byte) (int, error) }) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

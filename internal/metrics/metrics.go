@@ -1,0 +1,113 @@
+// Package metrics exports kvindex's per-worker health as Prometheus metrics.
+//
+// It reads the index's and the subscriber's counters at scrape time (a
+// prometheus.Collector), so ingest pays nothing for metrics and the two
+// views can never disagree. Collect is safe for concurrent use.
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// Collector is a prometheus.Collector over an index and its subscriber.
+type Collector struct {
+	ix    *indexer.Index
+	stats events.StatsSource
+
+	batches, evs, decodeErrs, applyErrs, gaps, missed, restarts, lastMsg *prometheus.Desc
+	stored, removed, resident, orphans, unknown, bsMismatch, invalid      *prometheus.Desc
+	skippedGroup, clears, resets                                          *prometheus.Desc
+}
+
+var workerLabels = []string{"pod", "dp_rank", "model"}
+
+// NewCollector returns a collector; stats may be nil.
+func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
+	d := func(name, help string, extra ...string) *prometheus.Desc {
+		return prometheus.NewDesc("kvindex_"+name, help, append(append([]string(nil), workerLabels...), extra...), nil)
+	}
+	return &Collector{
+		ix:           ix,
+		stats:        stats,
+		batches:      d("batches_total", "Event batches (ZMQ messages) decoded per worker."),
+		evs:          d("events_total", "KV events decoded per worker."),
+		decodeErrs:   d("decode_errors_total", "Messages that could not be decoded and were skipped."),
+		applyErrs:    d("apply_errors_total", "Batches with at least one event the index could not apply."),
+		gaps:         d("seq_gaps_total", "Forward jumps in seq: lost event batches."),
+		missed:       d("missed_batches_total", "Batches lost in seq gaps."),
+		restarts:     d("engine_restarts_total", "Seqs that went backwards (engine restarts); each reset the worker."),
+		lastMsg:      d("last_event_timestamp_seconds", "Unix time of the last message from the worker."),
+		stored:       d("blocks_stored_total", "Blocks stored (ingested) per worker."),
+		removed:      d("blocks_removed_total", "Block removals applied per worker."),
+		resident:     d("resident_blocks", "Blocks the worker currently holds, per medium.", "medium"),
+		orphans:      d("orphan_blocks_total", "Stored blocks whose parent was never announced (cannot match prompts)."),
+		unknown:      d("unknown_blocks_total", "Removals or offloads naming blocks the worker did not hold."),
+		bsMismatch:   d("block_size_mismatches_total", "Events whose block_size differs from the model's."),
+		invalid:      d("invalid_events_total", "Other events that could not be applied."),
+		skippedGroup: d("skipped_group_events_total", "Events of KV-cache groups that do not decide prefix reuse."),
+		clears:       d("clears_total", "AllBlocksCleared events applied."),
+		resets:       d("resets_total", "Forced resets of the worker (engine restarts)."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
+		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. Cost: O(workers), no locks held
+// across workers.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	models := map[events.WorkerRef]string{}
+	for _, w := range c.ix.Workers() {
+		info := w.Info()
+		models[info.Ref] = info.Model
+		lv := []string{info.Ref.Pod, strconv.Itoa(info.Ref.DPRank), info.Model}
+		s := w.Stats()
+		counter := func(d *prometheus.Desc, v int64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+		}
+		counter(c.stored, s.BlocksStored)
+		counter(c.removed, s.BlocksRemoved)
+		counter(c.orphans, s.Orphans)
+		counter(c.unknown, s.UnknownBlocks)
+		counter(c.bsMismatch, s.BlockSizeMismatches)
+		counter(c.invalid, s.InvalidEvents)
+		counter(c.skippedGroup, s.SkippedGroupEvents)
+		counter(c.clears, s.Clears)
+		counter(c.resets, s.Resets)
+		for m, n := range s.ResidentByMedium {
+			if n == 0 && events.Medium(m) != events.MediumGPU {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(c.resident, prometheus.GaugeValue, float64(n), append(lv, events.Medium(m).String())...)
+		}
+	}
+	if c.stats == nil {
+		return
+	}
+	for _, s := range c.stats.WorkerStats() {
+		lv := []string{s.Worker.Pod, strconv.Itoa(s.Worker.DPRank), models[s.Worker]}
+		counter := func(d *prometheus.Desc, v int64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+		}
+		counter(c.batches, s.Batches)
+		counter(c.evs, s.Events)
+		counter(c.decodeErrs, s.DecodeErrors)
+		counter(c.applyErrs, s.ApplyErrors)
+		counter(c.gaps, s.Gaps)
+		counter(c.missed, s.MissedBatches)
+		counter(c.restarts, s.Restarts)
+		if !s.LastMessage.IsZero() {
+			ch <- prometheus.MustNewConstMetric(c.lastMsg, prometheus.GaugeValue, float64(s.LastMessage.UnixNano())/1e9, lv...)
+		}
+	}
+}
