@@ -106,4 +106,3 @@ func newDemo() *cobra.Command {
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show the daemon's logs")
 	return cmd
 }
-

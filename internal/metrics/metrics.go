@@ -20,8 +20,8 @@ type Collector struct {
 	stats events.StatsSource
 
 	batches, evs, decodeErrs, applyErrs, gaps, missed, restarts, lastMsg *prometheus.Desc
-	stored, removed, resident, orphans, unknown, bsMismatch, invalid      *prometheus.Desc
-	skippedGroup, clears, resets                                          *prometheus.Desc
+	stored, removed, resident, orphans, unknown, bsMismatch, invalid     *prometheus.Desc
+	skippedGroup, clears, resets                                         *prometheus.Desc
 }
 
 var workerLabels = []string{"pod", "dp_rank", "model"}
