@@ -1,7 +1,6 @@
 package api
 
 import (
-	"cmp"
 	"context"
 	"math"
 	"slices"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/scoring"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -173,6 +173,7 @@ type scoreScratch struct {
 
 	// Method values bound once, so that passing them allocates nothing.
 	allowFn   func(indexer.WorkerID) bool
+	ranker    scoring.Ranker
 	compareFn func(a, b indexer.Match) int
 }
 
@@ -182,7 +183,7 @@ func (s *Server) getScratch() *scoreScratch {
 	}
 	sc := &scoreScratch{}
 	sc.allowFn = sc.allow
-	sc.compareFn = sc.compare
+	sc.compareFn = sc.ranker.Compare
 	return sc
 }
 
@@ -195,6 +196,7 @@ func (s *Server) putScratch(sc *scoreScratch) {
 	sc.cands = sc.cands[:0]
 	sc.extras = indexer.PromptExtras{}
 	sc.model, sc.tab, sc.filtered = nil, nil, false
+	sc.ranker.Names = nil
 	if cap(sc.keys) > 1<<16 {
 		sc.keys = nil
 	}
@@ -211,21 +213,6 @@ func (sc *scoreScratch) allow(id indexer.WorkerID) bool {
 		return sc.state[id] != notCandidate
 	}
 	return sc.tab.models[id] == sc.model
-}
-
-// compare orders matches by blocks, highest first, then by worker.
-func (sc *scoreScratch) compare(a, b indexer.Match) int {
-	if a.Blocks != b.Blocks {
-		return cmp.Compare(b.Blocks, a.Blocks)
-	}
-	return compareRefs(sc.tab.refs[a.Worker], sc.tab.refs[b.Worker])
-}
-
-func compareRefs(a, b events.WorkerRef) int {
-	if c := strings.Compare(a.Pod, b.Pod); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.DPRank, b.DPRank)
 }
 
 // Score implements kvindexv1.IndexServiceServer: each worker's longest
@@ -281,6 +268,7 @@ func (s *Server) score(req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, e
 			}
 		}
 	}
+	sc.ranker.Names = sc.tab.refs
 	slices.SortFunc(sc.matches, sc.compareFn)
 	return buildScoreResponse(sc, model.BlockSize), nil
 }
@@ -503,7 +491,7 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 			mergeStreamStats(ws, &st)
 		}
 	}
-	slices.SortFunc(refs, compareRefs)
+	slices.SortFunc(refs, scoring.CompareRefs)
 	resp := &kvindexv1.ListWorkersResponse{Workers: make([]*kvindexv1.WorkerStatus, len(refs))}
 	for i, r := range refs {
 		resp.Workers[i] = byRef[r]
