@@ -22,8 +22,8 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/scoring"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // Default limits of Options.
