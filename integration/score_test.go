@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -337,4 +338,53 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestSubscriberReconnectsAfterEngineRestart: the engine's socket closes and
+// a new engine process binds the same port with seq starting again at 0;
+// the subscriber reconnects by itself, counts the restart, and the index
+// holds only what the new engine announced.
+func TestSubscriberReconnectsAfterEngineRestart(t *testing.T) {
+	f := startFleet(t, podSpec{name: "a"})
+	var eng engine
+	before := tokens("before restart", 3*blockSize)
+	ev, _ := eng.store(0, before)
+	f.publish("a", 0, ev)
+	f.publish("a", 0, ev) // seq 1, so that the new engine's seq 0 goes back
+
+	old := f.pods["a"].pubs[0]
+	endpoint := f.d.Index().LookupWorker(events.WorkerRef{Pod: "a"}).Info().Endpoint
+	old.Close()
+	var pub *events.Publisher
+	var err error
+	for i := 0; i < 100; i++ { // the port may take a moment to free
+		if pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: endpoint, Topic: "kv@a@" + model, Bind: true}); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	f.pods["a"].pubs[0] = pub
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	if err := pub.WaitForSubscribers(ctx, 1); err != nil {
+		t.Fatalf("subscriber did not reconnect: %v", err)
+	}
+	after := tokens("after restart", 2*blockSize)
+	ev2, _ := eng.store(0, after)
+	f.publish("a", 0, ev2)
+
+	if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: before}), "a", 0); n != 0 {
+		t.Fatalf("blocks from before the restart still match: %d", n)
+	}
+	if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: after}), "a", 0); n != 2 {
+		t.Fatalf("after restart: %d, want 2", n)
+	}
+	st := f.d.Index().LookupWorker(events.WorkerRef{Pod: "a"}).Stats()
+	if st.Resets != 1 || st.ResidentBlocks != 2 {
+		t.Fatalf("index stats after restart: %+v", st)
+	}
 }
