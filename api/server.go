@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -47,6 +48,10 @@ type Options struct {
 	// MaxCandidates is the largest candidate worker list a Score accepts;
 	// 0 means DefaultMaxCandidates.
 	MaxCandidates int
+	// IncludeStale keeps stale workers in Score answers, flagged
+	// WORKER_HEALTH_STALE; by default they are left out unless the request
+	// names them as candidates.
+	IncludeStale bool
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -77,8 +82,9 @@ type Server struct {
 
 // workerTable is an immutable snapshot of an index's workers.
 type workerTable struct {
-	refs   []events.WorkerRef // by WorkerID
-	models []*indexer.Model   // by WorkerID
+	refs   []events.WorkerRef   // by WorkerID
+	models []*indexer.Model     // by WorkerID
+	health []*events.HealthCell // by WorkerID; nil cells read as unknown
 	byRef  map[events.WorkerRef]indexer.WorkerID
 }
 
@@ -136,13 +142,18 @@ func (s *Server) workerTable() *workerTable {
 	t = &workerTable{
 		refs:   make([]events.WorkerRef, len(ws)),
 		models: make([]*indexer.Model, len(ws)),
+		health: make([]*events.HealthCell, len(ws)),
 		byRef:  make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
 	}
+	hs, _ := s.stats.(events.HealthSource)
 	for _, w := range ws {
 		id := w.ID()
 		t.refs[id] = w.Info().Ref
 		t.models[id] = w.Model()
 		t.byRef[t.refs[id]] = id
+		if hs != nil {
+			t.health[id] = hs.Health(t.refs[id])
+		}
 	}
 	s.table.Store(t)
 	return t
@@ -167,9 +178,10 @@ type scoreScratch struct {
 	cands []indexer.WorkerID // ids whose state is set, to reset them
 
 	// Set per request, read by allow and compare.
-	model    *indexer.Model
-	tab      *workerTable
-	filtered bool
+	model        *indexer.Model
+	tab          *workerTable
+	filtered     bool
+	includeStale bool
 
 	// Method values bound once, so that passing them allocates nothing.
 	allowFn   func(indexer.WorkerID) bool
@@ -195,7 +207,7 @@ func (s *Server) putScratch(sc *scoreScratch) {
 	}
 	sc.cands = sc.cands[:0]
 	sc.extras = indexer.PromptExtras{}
-	sc.model, sc.tab, sc.filtered = nil, nil, false
+	sc.model, sc.tab, sc.filtered, sc.includeStale = nil, nil, false, false
 	sc.ranker.Names = nil
 	if cap(sc.keys) > 1<<16 {
 		sc.keys = nil
@@ -211,6 +223,9 @@ func (sc *scoreScratch) allow(id indexer.WorkerID) bool {
 	}
 	if sc.filtered {
 		return sc.state[id] != notCandidate
+	}
+	if !sc.includeStale && sc.tab.health[id].Load() == events.HealthStale {
+		return false
 	}
 	return sc.tab.models[id] == sc.model
 }
@@ -238,14 +253,22 @@ func (s *Server) score(req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, e
 	defer s.putScratch(sc)
 	sc.model = model
 	sc.tab = s.workerTable()
+	sc.includeStale = s.opts.IncludeStale
 	if err := s.markCandidates(sc, req.GetWorkers()); err != nil {
 		return nil, err
 	}
 
 	if len(req.GetTokenIds()) > 0 {
 		var extras *indexer.PromptExtras
-		if req.GetLoraName() != "" || req.GetCacheSalt() != "" {
+		if req.GetLoraName() != "" || req.GetCacheSalt() != "" || len(req.GetBlockExtraKeys()) > 0 {
 			sc.extras = indexer.PromptExtras{LoRAName: req.GetLoraName(), CacheSalt: req.GetCacheSalt()}
+			if len(req.GetBlockExtraKeys()) > 0 {
+				bx, err := blockExtras(req.GetBlockExtraKeys())
+				if err != nil {
+					return nil, err
+				}
+				sc.extras.BlockExtras = bx
+			}
 			extras = &sc.extras
 		}
 		sc.keys = indexer.PromptKeys(model.Name, model.BlockSize, req.GetTokenIds(), extras, sc.keys[:0])
@@ -298,6 +321,9 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 	if n := len(req.GetWorkers()); n > s.opts.MaxCandidates {
 		return nil, status.Errorf(codes.InvalidArgument, "workers: %d candidates exceed the limit of %d", n, s.opts.MaxCandidates)
 	}
+	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize {
+		return nil, status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize)
+	}
 	if nKeys > 0 {
 		if req.GetLoraName() != "" {
 			return nil, status.Error(codes.InvalidArgument, "lora_name: not allowed with block_keys (the keys already encode the adapter)")
@@ -307,6 +333,51 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		}
 	}
 	return model, nil
+}
+
+// maxExtraDepth bounds the nesting of block_extra_keys tuples.
+const maxExtraDepth = 8
+
+// blockExtras converts the request's per-block extra keys to the canonical
+// encoding the index hashes. It allocates; only multimodal requests pay it.
+func blockExtras(in []*kvindexv1.ExtraKeys) ([]events.ExtraKeys, error) {
+	out := make([]events.ExtraKeys, len(in))
+	for i, ek := range in {
+		if len(ek.GetValues()) == 0 {
+			continue // None
+		}
+		b, err := appendExtraTuple(nil, ek, 0)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "block_extra_keys[%d]: %v", i, err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+func appendExtraTuple(dst []byte, ek *kvindexv1.ExtraKeys, depth int) ([]byte, error) {
+	if depth > maxExtraDepth {
+		return nil, fmt.Errorf("tuples nested deeper than %d", maxExtraDepth)
+	}
+	dst = events.AppendTuple(dst, len(ek.GetValues()))
+	for j, v := range ek.GetValues() {
+		switch k := v.GetKind().(type) {
+		case *kvindexv1.ExtraValue_Str:
+			dst = events.AppendString(dst, k.Str)
+		case *kvindexv1.ExtraValue_Int:
+			dst = events.AppendInt(dst, k.Int)
+		case *kvindexv1.ExtraValue_Raw:
+			dst = events.AppendBytes(dst, k.Raw)
+		case *kvindexv1.ExtraValue_Tuple:
+			var err error
+			if dst, err = appendExtraTuple(dst, k.Tuple, depth+1); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("values[%d]: empty value", j)
+		}
+	}
+	return dst, nil
 }
 
 // unknownModel is the InvalidArgument error for a model the index lacks.
@@ -383,6 +454,7 @@ func buildScoreResponse(sc *scoreScratch, blockSize int) *kvindexv1.ScoreRespons
 		ws := &scores[i]
 		ws.Worker = &refs[i]
 		ws.MatchedBlocks = clampU32(m.Blocks)
+		ws.Health = toHealth(sc.tab.health[m.Worker].Load())
 		ws.MatchedTokens = clampU32(m.Blocks * blockSize)
 		first := next
 		for med, b := range m.ByMedium {
@@ -499,6 +571,21 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 	return resp, nil
 }
 
+// toHealth maps a worker's health to the wire enum.
+func toHealth(h events.Health) kvindexv1.WorkerHealth {
+	switch h {
+	case events.HealthOK:
+		return kvindexv1.WorkerHealth_WORKER_HEALTH_OK
+	case events.HealthRecovering:
+		return kvindexv1.WorkerHealth_WORKER_HEALTH_RECOVERING
+	case events.HealthUnsynced:
+		return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED
+	case events.HealthStale:
+		return kvindexv1.WorkerHealth_WORKER_HEALTH_STALE
+	}
+	return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSPECIFIED
+}
+
 // mergeStreamStats copies the subscriber's side of a worker into ws.
 func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
 	if st.Endpoint != "" {
@@ -518,6 +605,20 @@ func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
 	ws.DecodeErrors = clampU64(st.DecodeErrors)
 	ws.ApplyErrors = clampU64(st.ApplyErrors)
 	ws.LastError = st.LastError
+	ws.ReplayEndpoint = st.ReplayEndpoint
+	ws.Health = toHealth(st.Health)
+	ws.Connected = st.Connected
+	if !st.StaleSince.IsZero() {
+		ws.StaleSince = timestamppb.New(st.StaleSince)
+	}
+	ws.StaleTransitions = clampU64(st.StaleTransitions)
+	ws.Replays = clampU64(st.Replays)
+	ws.ReplayedBatches = clampU64(st.ReplayedBatches)
+	ws.ReplayFailures = clampU64(st.ReplayFailures)
+	ws.UnrecoveredGaps = clampU64(st.UnrecoveredGaps)
+	ws.JoinedAtSeq = st.JoinedAtSeq
+	ws.Dropped = clampU64(st.Dropped)
+	ws.Backlog = uint64(max(0, st.Backlog))
 }
 
 func toRef(r events.WorkerRef) *kvindexv1.WorkerRef {

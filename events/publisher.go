@@ -22,6 +22,15 @@ type PublisherConfig struct {
 	// rule: bind when the endpoint contains "*" or "::" or is ipc:// or
 	// inproc://, connect otherwise (push mode).
 	Bind bool
+	// ReplayEndpoint, when set, binds a ROUTER that serves replay requests
+	// the way vLLM's replay_endpoint does.
+	ReplayEndpoint string
+	// ReplayFrames is the reply form: 4 (["", topic, seq, payload], vLLM
+	// v0.26+, the default) or 3 (["", seq, payload], older vLLM).
+	ReplayFrames int
+	// BufferSteps is how many recent batches replay can serve (vLLM's
+	// buffer_steps); 0 means 10,000.
+	BufferSteps int
 }
 
 // Publisher is the sending half of vLLM's ZMQ event stream: it sends
@@ -37,7 +46,7 @@ type PublisherConfig struct {
 //
 // All methods may be called from several goroutines; sends are serialised.
 type Publisher struct {
-	mu    sync.Mutex // guards sock, seq, buf, subs
+	mu    sync.Mutex // guards sock, seq, buf, subs, ring
 	zctx  *zmq.Context
 	sock  *zmq.Socket
 	topic string
@@ -45,6 +54,19 @@ type Publisher struct {
 	seq   uint64
 	buf   []byte
 	subs  int
+
+	// ring holds the last BufferSteps batches for replay, oldest first.
+	ring      []bufferedBatch
+	ringSize  int
+	frames    int
+	replayEnd chan struct{} // closed by Close to stop the replay server
+	replayWG  sync.WaitGroup
+}
+
+// bufferedBatch is one sent (or dropped) batch kept for replay.
+type bufferedBatch struct {
+	seq     uint64
+	payload []byte
 }
 
 // NewPublisher opens the socket described by cfg.
@@ -71,7 +93,101 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		zctx.Term()
 		return nil, fmt.Errorf("events: publisher on %s: %w", cfg.Endpoint, err)
 	}
-	return &Publisher{zctx: zctx, sock: sock, topic: cfg.Topic, opts: cfg.Encoding}, nil
+	p := &Publisher{zctx: zctx, sock: sock, topic: cfg.Topic, opts: cfg.Encoding, ringSize: cfg.BufferSteps, frames: cfg.ReplayFrames}
+	if p.ringSize <= 0 {
+		p.ringSize = 10_000
+	}
+	if p.frames == 0 {
+		p.frames = 4
+	}
+	if p.frames != 3 && p.frames != 4 {
+		sock.Close()
+		zctx.Term()
+		return nil, fmt.Errorf("events: publisher replay frames %d: want 3 or 4", p.frames)
+	}
+	if cfg.ReplayEndpoint != "" {
+		router, err := zctx.NewSocket(zmq.ROUTER)
+		if err == nil {
+			_ = router.SetLinger(0)
+			err = router.Bind(cfg.ReplayEndpoint)
+			if err != nil {
+				router.Close()
+			}
+		}
+		if err != nil {
+			sock.Close()
+			zctx.Term()
+			return nil, fmt.Errorf("events: publisher replay socket on %s: %w", cfg.ReplayEndpoint, err)
+		}
+		p.replayEnd = make(chan struct{})
+		p.replayWG.Add(1)
+		go p.serveReplay(router)
+	}
+	return p, nil
+}
+
+// serveReplay answers replay requests until Close; it owns router.
+func (p *Publisher) serveReplay(router *zmq.Socket) {
+	defer p.replayWG.Done()
+	defer router.Close()
+	poller := zmq.NewPoller()
+	poller.Add(router, zmq.POLLIN)
+	for {
+		select {
+		case <-p.replayEnd:
+			return
+		default:
+		}
+		polled, err := poller.Poll(20 * time.Millisecond)
+		if err != nil || len(polled) == 0 {
+			continue
+		}
+		frames, err := router.RecvMessageBytes(0)
+		if err != nil || len(frames) != 3 || len(frames[2]) != 8 {
+			continue // not a replay request
+		}
+		id := frames[0]
+		start := binary.BigEndian.Uint64(frames[2])
+		p.mu.Lock()
+		var out []bufferedBatch
+		for _, b := range p.ring {
+			if b.seq >= start {
+				out = append(out, b)
+			}
+		}
+		topic := p.topic
+		p.mu.Unlock()
+		for _, b := range out {
+			var seqb [8]byte
+			binary.BigEndian.PutUint64(seqb[:], b.seq)
+			if p.frames == 4 {
+				_, err = router.SendMessage(id, []byte{}, topic, seqb[:], b.payload)
+			} else {
+				_, err = router.SendMessage(id, []byte{}, seqb[:], b.payload)
+			}
+			if err != nil {
+				break
+			}
+		}
+		end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+		if p.frames == 4 {
+			_, _ = router.SendMessage(id, []byte{}, []byte{}, end, []byte{})
+		} else {
+			_, _ = router.SendMessage(id, []byte{}, end, []byte{})
+		}
+	}
+}
+
+// keepLocked stores a sent batch for replay. Callers hold p.mu.
+func (p *Publisher) keepLocked(seq uint64, payload []byte) {
+	if p.replayEnd == nil {
+		return
+	}
+	if len(p.ring) >= p.ringSize {
+		copy(p.ring, p.ring[1:])
+		p.ring = p.ring[:len(p.ring)-1]
+	}
+	p.ring = append(p.ring, bufferedBatch{seq: seq, payload: append([]byte(nil), payload...)})
 }
 
 // BindsEndpoint reports whether vLLM binds (rather than connects) its PUB
@@ -127,8 +243,38 @@ func (p *Publisher) Publish(b *Batch) (uint64, error) {
 	if err := p.sendLocked(seq, p.buf); err != nil {
 		return 0, err
 	}
+	p.keepLocked(seq, p.buf)
 	p.seq++
 	return seq, nil
+}
+
+// PublishLost encodes b and takes the next seq for it, keeps it for replay,
+// but does not send it: a message lost between PUB and SUB, as a full
+// high-water mark loses it.
+func (p *Publisher) PublishLost(b *Batch) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var err error
+	p.buf, err = AppendPayload(p.buf[:0], b, p.opts)
+	if err != nil {
+		return 0, fmt.Errorf("events: publish seq %d: %w", p.seq, err)
+	}
+	seq := p.seq
+	p.keepLocked(seq, p.buf)
+	p.seq++
+	return seq, nil
+}
+
+// ForgetReplay drops every buffered batch with seq < before, as an engine
+// whose replay buffer has moved past them would.
+func (p *Publisher) ForgetReplay(before uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := 0
+	for i < len(p.ring) && p.ring[i].seq < before {
+		i++
+	}
+	p.ring = append(p.ring[:0], p.ring[i:]...)
 }
 
 // PublishRaw sends payload as is with the next seq, e.g. a malformed
@@ -140,6 +286,7 @@ func (p *Publisher) PublishRaw(payload []byte) (uint64, error) {
 	if err := p.sendLocked(seq, payload); err != nil {
 		return 0, err
 	}
+	p.keepLocked(seq, payload)
 	p.seq++
 	return seq, nil
 }
@@ -153,16 +300,24 @@ func (p *Publisher) sendLocked(seq uint64, payload []byte) error {
 	return nil
 }
 
-// SetSeq sets the seq of the next message: 0 simulates an engine restart,
-// skipping ahead simulates lost messages.
+// SetSeq sets the seq of the next message: 0 simulates an engine restart
+// (and empties the replay buffer, as a new process has none), skipping
+// ahead simulates messages lost beyond replay.
 func (p *Publisher) SetSeq(seq uint64) {
 	p.mu.Lock()
+	if seq < p.seq {
+		p.ring = p.ring[:0]
+	}
 	p.seq = seq
 	p.mu.Unlock()
 }
 
 // Close closes the socket.
 func (p *Publisher) Close() error {
+	if p.replayEnd != nil {
+		close(p.replayEnd)
+		p.replayWG.Wait()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	err := p.sock.Close()

@@ -13,9 +13,20 @@ type WorkerStats struct {
 	Endpoint string
 	// Topic is the ZMQ topic of the worker's messages.
 	Topic string
-	// Batches and Events count decoded messages and the events in them.
+	// ReplayEndpoint is the engine's replay socket, "" for none.
+	ReplayEndpoint string
+	// Health is the worker's current health.
+	Health Health
+	// Connected reports whether the pull-mode socket has a connection to
+	// the engine (always false in push mode, where it is not known).
+	Connected bool
+	// StaleSince is when the worker last became stale (zero if it is not).
+	StaleSince time.Time
+	// StaleTransitions counts times the worker became stale.
+	StaleTransitions int64
+	// Batches and Events count applied messages and the events in them.
 	Batches, Events int64
-	// LastSeq is the last seq seen; valid when HasSeq.
+	// LastSeq is the last seq applied; valid when HasSeq.
 	LastSeq uint64
 	HasSeq  bool
 	// LastMessage is when the last message arrived (zero if never).
@@ -23,6 +34,16 @@ type WorkerStats struct {
 	// Gaps counts seq jumps forward (lost messages); MissedBatches is the
 	// total number of seqs skipped by them.
 	Gaps, MissedBatches int64
+	// Replays counts replay requests; ReplayedBatches the batches they
+	// applied; ReplayFailures the requests that failed or timed out.
+	Replays, ReplayedBatches, ReplayFailures int64
+	// UnrecoveredGaps counts gaps that replay could not fill, each handled
+	// by the gap policy.
+	UnrecoveredGaps int64
+	// JoinedAtSeq is the first seq known for the current engine process
+	// when kvindex joined late and could not replay what came before it
+	// (0 when nothing was missed).
+	JoinedAtSeq uint64
 	// Restarts counts seqs that went backwards (engine restarts), each of
 	// which reset the worker.
 	Restarts int64
@@ -30,6 +51,10 @@ type WorkerStats struct {
 	DecodeErrors int64
 	// ApplyErrors counts batches in which the index could not apply some event.
 	ApplyErrors int64
+	// Dropped counts messages dropped because the worker's queue was full.
+	Dropped int64
+	// Backlog is the number of batches waiting in the worker's queue.
+	Backlog int
 	// LastError is the most recent decode or apply problem, "" if none.
 	LastError string
 }
@@ -38,4 +63,11 @@ type WorkerStats struct {
 type StatsSource interface {
 	// WorkerStats returns one entry per known worker.
 	WorkerStats() []WorkerStats
+}
+
+// HealthSource gives lock-free access to each worker's health; the
+// subscriber implements it.
+type HealthSource interface {
+	// Health returns the worker's cell, or nil for an unknown worker.
+	Health(WorkerRef) *HealthCell
 }

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,9 +28,29 @@ type Endpoint struct {
 	Address string
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
+	// ReplayEndpoint is the engine's replay ROUTER socket for this worker
+	// ("" for none): gaps are filled from it, and on start the subscriber
+	// asks it for every batch still buffered.
+	ReplayEndpoint string
 	// Sink receives the worker's batches in seq order.
 	Sink Sink
 }
+
+// PushListener is one bound SUB socket that many engines connect to (push
+// mode: vLLM started with endpoint tcp://<kvindex>:5557). Engines are told
+// apart by topic: explicit Routes first, then llm-d's "kv@<pod>@<model>"
+// convention; the DP rank comes from each payload.
+type PushListener struct {
+	// Address is where to bind, e.g. tcp://*:5557.
+	Address string
+	// Topic is the subscription prefix; "" receives every topic.
+	Topic string
+	// Routes maps exact topics to pods.
+	Routes map[string]TopicRoute
+}
+
+// NewWorkerFunc creates the Sink of a worker first seen on a push listener.
+type NewWorkerFunc func(ref WorkerRef, model, replayEndpoint string) (Sink, error)
 
 // SubscriberOptions tune a Subscriber. The zero value is usable.
 type SubscriberOptions struct {
@@ -46,59 +69,113 @@ type SubscriberOptions struct {
 	// problem is logged at once, then at most one line per interval with
 	// the number suppressed; 0 means one minute.
 	LogEvery time.Duration
+	// QueueSize is each worker's queue of decoded batches waiting to be
+	// applied; a full queue drops (and counts) the message, which the seq
+	// gap then recovers. 0 means 4,096.
+	QueueSize int
+
+	// Push lists bound SUB sockets for push-mode engines.
+	Push []PushListener
+	// NewWorker creates the Sink of a worker first seen on a push listener;
+	// required with Push.
+	NewWorker NewWorkerFunc
+
+	// ReplayTimeout bounds one replay exchange; 0 means 3 s (vLLM serves
+	// replay between queue reads, up to ~100 ms late).
+	ReplayTimeout time.Duration
+	// ReplayConcurrency bounds replays in flight across all workers; 0 means 4.
+	ReplayConcurrency int
+	// ReplayMaxBatches bounds one replay's size; 0 means 100,000.
+	ReplayMaxBatches int
+	// ReplayBackoff is the first wait after a failed replay before the
+	// worker's next one (doubling to 30 s); gaps meanwhile go straight to
+	// the GapPolicy. 0 means 1 s.
+	ReplayBackoff time.Duration
+	// MaxPending bounds live batches held while a replay runs; 0 means 10,000.
+	MaxPending int
+	// GapPolicy is what an unfillable gap does to the worker's blocks.
+	GapPolicy GapPolicy
+
+	// StaleAfterDisconnect marks a pull-mode worker stale when its endpoint
+	// has had no connection for this long (or never had one); 0 means 5 s,
+	// negative disables.
+	StaleAfterDisconnect time.Duration
+	// StaleAfterSilence marks a worker stale when it has sent nothing for
+	// this long; 0 disables it (vLLM sends nothing while idle, so only set
+	// it where engines are never idle that long).
+	StaleAfterSilence time.Duration
 }
 
 func (o *SubscriberOptions) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.PollInterval <= 0 {
-		o.PollInterval = 100 * time.Millisecond
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
 	}
-	if o.ReconnectInterval <= 0 {
-		o.ReconnectInterval = 100 * time.Millisecond
+	set(&o.PollInterval, 100*time.Millisecond)
+	set(&o.ReconnectInterval, 100*time.Millisecond)
+	set(&o.ReconnectMax, 5*time.Second)
+	set(&o.LogEvery, time.Minute)
+	set(&o.ReplayTimeout, 3*time.Second)
+	set(&o.ReplayBackoff, time.Second)
+	set(&o.StaleAfterDisconnect, 5*time.Second)
+	seti := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
 	}
-	if o.ReconnectMax <= 0 {
-		o.ReconnectMax = 5 * time.Second
-	}
-	if o.RcvHWM <= 0 {
-		o.RcvHWM = 100_000
-	}
-	if o.LogEvery <= 0 {
-		o.LogEvery = time.Minute
-	}
+	seti(&o.RcvHWM, 100_000)
+	seti(&o.QueueSize, 4096)
+	seti(&o.ReplayConcurrency, 4)
+	seti(&o.ReplayMaxBatches, 100_000)
+	seti(&o.MaxPending, 10_000)
 }
 
-// Subscriber receives vLLM KV events over ZMQ SUB sockets, tracks each
-// worker's seq, decodes each message and hands the batch to the worker's
-// Sink. It implements StatsSource.
+// Subscriber receives vLLM KV events over ZMQ SUB sockets, in pull mode
+// (one connected socket per engine endpoint), push mode (bound sockets that
+// engines connect to), or both. Each worker's messages go, in order, to
+// that worker's stream, which tracks seq, fills gaps through the engine's
+// replay socket, applies the gap policy, and hands batches to the worker's
+// Sink. A health checker marks workers stale when their endpoint stops
+// answering. It implements StatsSource and HealthSource.
 //
 // # Concurrency
 //
-// Run starts one goroutine per endpoint; each owns its socket, decoder and
-// batch, so one worker's batches are decoded and applied in seq order by a
-// single goroutine. WorkerStats may be called from any goroutine.
+// Run starts one receiver goroutine per socket (it owns the socket and a
+// decoder), one goroutine per worker stream (it alone applies that worker's
+// batches, so a worker's order is kept), replay fetches bounded by
+// ReplayConcurrency, and one health checker. Streams are registered under
+// mu; WorkerStats and Health may be called from any goroutine.
 type Subscriber struct {
-	opts    SubscriberOptions
+	opts SubscriberOptions
+	pull []pullSource
+
+	zctx        *zmq.Context
+	replaySlots chan struct{}
+	batches     sync.Pool // *Batch
+	unroutable  atomic.Int64
+
+	mu      sync.RWMutex // guards streams, byRef, runCtx
 	streams []*stream
+	byRef   map[WorkerRef]*stream
+	runCtx  context.Context
+	wg      sync.WaitGroup
 }
 
-// stream is one endpoint's receive state.
-type stream struct {
-	ep  Endpoint
-	dec *Decoder
-
-	mu    sync.Mutex // guards stats and the log limiter
-	stats WorkerStats
-	log   limiter
+// pullSource is one pull-mode endpoint and its stream.
+type pullSource struct {
+	ep Endpoint
+	st *stream
 }
 
-// NewSubscriber checks the endpoints and returns a subscriber for them.
+// NewSubscriber checks the endpoints and options and returns a subscriber.
 // Nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
-	s := &Subscriber{opts: opts}
-	seen := make(map[WorkerRef]bool, len(eps))
+	s := &Subscriber{opts: opts, byRef: make(map[WorkerRef]*stream)}
 	for i, ep := range eps {
 		if ep.Address == "" {
 			return nil, fmt.Errorf("events: endpoint %d (%s): empty address", i, ep.Worker)
@@ -106,199 +183,450 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 		if ep.Sink == nil {
 			return nil, fmt.Errorf("events: endpoint %d (%s): nil sink", i, ep.Worker)
 		}
-		if seen[ep.Worker] {
+		if s.byRef[ep.Worker] != nil {
 			return nil, fmt.Errorf("events: endpoint %d: worker %s configured twice", i, ep.Worker)
 		}
-		seen[ep.Worker] = true
-		s.streams = append(s.streams, &stream{
-			ep:    ep,
-			dec:   NewDecoder(),
-			stats: WorkerStats{Worker: ep.Worker, Endpoint: ep.Address, Topic: ep.Topic},
-		})
+		st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
+		s.pull = append(s.pull, pullSource{ep: ep, st: st})
+		s.streams = append(s.streams, st)
+		s.byRef[ep.Worker] = st
+	}
+	for i, pl := range opts.Push {
+		if pl.Address == "" {
+			return nil, fmt.Errorf("events: push listener %d: empty address", i)
+		}
+		if opts.NewWorker == nil {
+			return nil, fmt.Errorf("events: push listener %s: NewWorker is required", pl.Address)
+		}
 	}
 	return s, nil
 }
 
-// Run connects every endpoint and receives until ctx is done. It returns
-// ctx's error after every socket is closed, or the first setup error.
+// Run connects and binds every socket and receives until ctx is done. It
+// returns nil after a clean shutdown, or the first error that stopped it.
 func (s *Subscriber) Run(ctx context.Context) error {
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return fmt.Errorf("events: create zmq context: %w", err)
 	}
-	defer zctx.Term()
+	s.zctx = zctx
+	s.replaySlots = make(chan struct{}, s.opts.ReplayConcurrency)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, len(s.streams))
-	var wg sync.WaitGroup
+	s.mu.Lock()
+	s.runCtx = ctx
 	for _, st := range s.streams {
-		sock, err := s.connect(zctx, st.ep)
+		s.startStreamLocked(ctx, st)
+	}
+	s.mu.Unlock()
+
+	errc := make(chan error, len(s.pull)+len(s.opts.Push))
+	fail := func(err error) {
+		errc <- err
+		cancel()
+	}
+	for i, p := range s.pull {
+		sock, mon, err := s.connect(p.ep, i)
 		if err != nil {
-			cancel()
-			wg.Wait()
-			return err
+			fail(err)
+			break
 		}
-		wg.Add(1)
+		s.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			if err := s.receive(ctx, sock, st); err != nil {
-				errc <- err
-				cancel()
+			defer s.wg.Done()
+			if err := s.receive(ctx, sock, mon, p.st, nil); err != nil {
+				fail(err)
 			}
 		}()
 	}
-	wg.Wait()
+	for _, pl := range s.opts.Push {
+		if ctx.Err() != nil {
+			break
+		}
+		sock, err := s.bind(pl)
+		if err != nil {
+			fail(err)
+			break
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.receive(ctx, sock, nil, nil, &pl); err != nil {
+				fail(err)
+			}
+		}()
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.checkHealth(ctx)
+	}()
+	<-ctx.Done()
+	s.wg.Wait()
+	zctx.Term()
 	select {
 	case err := <-errc:
 		return err
 	default:
+		return nil
 	}
-	return ctx.Err()
 }
 
-// connect opens a SUB socket to ep with the subscriber's options.
-func (s *Subscriber) connect(zctx *zmq.Context, ep Endpoint) (*zmq.Socket, error) {
-	sock, err := zctx.NewSocket(zmq.SUB)
-	if err != nil {
-		return nil, fmt.Errorf("events: new SUB socket for %s: %w", ep.Worker, err)
-	}
+// startStreamLocked starts st's goroutine. Callers hold s.mu.
+func (s *Subscriber) startStreamLocked(ctx context.Context, st *stream) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		st.run(ctx)
+	}()
+}
+
+func (s *Subscriber) setSockopts(sock *zmq.Socket, topic string) error {
 	for _, set := range []func() error{
 		func() error { return sock.SetLinger(0) },
 		func() error { return sock.SetRcvhwm(s.opts.RcvHWM) },
 		func() error { return sock.SetReconnectIvl(s.opts.ReconnectInterval) },
 		func() error { return sock.SetReconnectIvlMax(s.opts.ReconnectMax) },
-		func() error { return sock.SetSubscribe(ep.Topic) },
-		func() error { return sock.Connect(ep.Address) },
+		func() error { return sock.SetSubscribe(topic) },
 	} {
 		if err := set(); err != nil {
-			sock.Close()
-			return nil, fmt.Errorf("events: SUB socket for %s at %s: %w", ep.Worker, ep.Address, err)
-		}
-	}
-	return sock, nil
-}
-
-// receive is one endpoint's loop; it owns sock and closes it.
-func (s *Subscriber) receive(ctx context.Context, sock *zmq.Socket, st *stream) error {
-	defer sock.Close()
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
-	var batch Batch
-	for ctx.Err() == nil {
-		polled, err := poller.Poll(s.opts.PollInterval)
-		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(zmq.ETERM) {
-				return nil
-			}
-			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
-				continue
-			}
-			return fmt.Errorf("events: poll %s: %w", st.ep.Address, err)
-		}
-		if len(polled) == 0 {
-			continue
-		}
-		// Drain what is queued before polling again.
-		for ctx.Err() == nil {
-			frames, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-			if err != nil {
-				if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) { // queue drained
-					break
-				}
-				if zmq.AsErrno(err) == zmq.Errno(zmq.ETERM) {
-					return nil
-				}
-				return fmt.Errorf("events: receive from %s: %w", st.ep.Address, err)
-			}
-			s.handle(st, frames, &batch)
+			return err
 		}
 	}
 	return nil
 }
 
-// handle processes one message: seq tracking, decoding and applying.
-func (s *Subscriber) handle(st *stream, frames [][]byte, batch *Batch) {
+// connect opens a pull-mode SUB socket to ep, with a monitor socket that
+// reports its connection state.
+func (s *Subscriber) connect(ep Endpoint, i int) (*zmq.Socket, *zmq.Socket, error) {
+	sock, err := s.zctx.NewSocket(zmq.SUB)
+	if err != nil {
+		return nil, nil, fmt.Errorf("events: new SUB socket for %s: %w", ep.Worker, err)
+	}
+	fail := func(err error) (*zmq.Socket, *zmq.Socket, error) {
+		sock.Close()
+		return nil, nil, fmt.Errorf("events: SUB socket for %s at %s: %w", ep.Worker, ep.Address, err)
+	}
+	if err := s.setSockopts(sock, ep.Topic); err != nil {
+		return fail(err)
+	}
+	monAddr := "inproc://kvindex-monitor-" + strconv.Itoa(i)
+	if err := sock.Monitor(monAddr, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED|zmq.EVENT_CLOSED); err != nil {
+		return fail(err)
+	}
+	mon, err := s.zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		return fail(err)
+	}
+	_ = mon.SetLinger(0)
+	if err := mon.Connect(monAddr); err != nil {
+		mon.Close()
+		return fail(err)
+	}
+	if err := sock.Connect(ep.Address); err != nil {
+		mon.Close()
+		return fail(err)
+	}
+	return sock, mon, nil
+}
+
+// bind opens a push-mode SUB socket. It is polled from the moment it is
+// bound, so engines' subscriptions are exchanged as they connect (a bound
+// SUB that nobody polls drops everything: libzmq #1594).
+func (s *Subscriber) bind(pl PushListener) (*zmq.Socket, error) {
+	sock, err := s.zctx.NewSocket(zmq.SUB)
+	if err != nil {
+		return nil, fmt.Errorf("events: new SUB socket for push listener %s: %w", pl.Address, err)
+	}
+	if err := s.setSockopts(sock, pl.Topic); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("events: push listener %s: %w", pl.Address, err)
+	}
+	if err := sock.Bind(pl.Address); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("events: push listener bind %s: %w", pl.Address, err)
+	}
+	return sock, nil
+}
+
+// receive is one socket's loop; it owns sock (and mon) and closes them.
+// Pull mode passes the endpoint's stream; push mode passes the listener.
+func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq.Socket, st *stream, pl *PushListener) error {
+	defer sock.Close()
+	poller := zmq.NewPoller()
+	poller.Add(sock, zmq.POLLIN)
+	if mon != nil {
+		defer mon.Close()
+		poller.Add(mon, zmq.POLLIN)
+	}
+	r := receiver{sub: s, dec: NewDecoder(), st: st, pl: pl}
+	for ctx.Err() == nil {
+		polled, err := poller.Poll(s.opts.PollInterval)
+		if err != nil {
+			switch zmq.AsErrno(err) {
+			case zmq.ETERM:
+				return nil
+			case zmq.Errno(syscall.EINTR):
+				continue
+			}
+			return fmt.Errorf("events: poll: %w", err)
+		}
+		for _, p := range polled {
+			if p.Socket == mon {
+				r.monitorEvent(mon)
+				continue
+			}
+			// Drain what is queued before polling again.
+			for ctx.Err() == nil {
+				frames, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					switch zmq.AsErrno(err) {
+					case zmq.Errno(syscall.EAGAIN):
+					case zmq.ETERM:
+						return nil
+					default:
+						return fmt.Errorf("events: receive: %w", err)
+					}
+					break
+				}
+				r.handle(ctx, frames)
+			}
+		}
+	}
+	return nil
+}
+
+// receiver is one socket's decoding and routing state.
+type receiver struct {
+	sub *Subscriber
+	dec *Decoder
+	st  *stream       // pull mode: the endpoint's stream
+	pl  *PushListener // push mode
+	// push mode caches, owned by the receiver goroutine
+	routes  map[string]TopicRoute
+	streams map[WorkerRef]*stream
+}
+
+// monitorEvent updates the pull stream's connection state.
+func (r *receiver) monitorEvent(mon *zmq.Socket) {
+	ev, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
+	if err != nil {
+		return
+	}
+	switch ev {
+	case zmq.EVENT_CONNECTED:
+		r.st.connected.Store(true)
+		r.st.disconnected.Store(0)
+	case zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED:
+		r.st.connected.Store(false)
+		r.st.disconnected.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
+// handle decodes one message and hands it to its worker's stream.
+func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 	now := time.Now()
 	if len(frames) != 3 || len(frames[1]) != 8 {
-		err := fmt.Errorf("%w from %s: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, st.ep.Address, len(frames), frameLen(frames, 1))
-		s.problem(st, now, "frames", err, true)
+		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), frameLen(frames, 1))
+		if st := r.streamForTopic(ctx, frames, nil); st != nil {
+			st.problem(err, true)
+		}
 		return
 	}
-	seq := binary.BigEndian.Uint64(frames[1])
-	st.mu.Lock()
-	prev, had := st.stats.LastSeq, st.stats.HasSeq
-	st.stats.LastSeq, st.stats.HasSeq = seq, true
-	st.stats.LastMessage = now
-	if st.stats.Topic != string(frames[0]) { // compared without allocating
-		st.stats.Topic = string(frames[0])
-	}
-	var gap uint64
-	restart := false
-	switch {
-	case !had:
-	case seq == prev+1:
-	case seq > prev+1:
-		gap = seq - prev - 1
-		st.stats.Gaps++
-		st.stats.MissedBatches += int64(gap)
-	default:
-		restart = true
-		st.stats.Restarts++
-	}
-	st.mu.Unlock()
-	if gap > 0 {
-		s.opts.Logger.Warn("kv events lost: seq gap", "worker", st.ep.Worker.String(), "from", prev, "to", seq, "missed", gap)
-	}
-	if restart {
-		reason := fmt.Sprintf("seq went back from %d to %d: engine restarted", prev, seq)
-		st.ep.Sink.Reset(reason)
-		s.opts.Logger.Warn("engine restart detected; worker cleared", "worker", st.ep.Worker.String(), "reason", reason)
-	}
-	if err := st.dec.Decode(frames[2], batch); err != nil {
-		s.problem(st, now, "decode", fmt.Errorf("seq %d: %w", seq, err), true)
-		return
-	}
-	st.mu.Lock()
-	st.stats.Batches++
-	st.stats.Events += int64(len(batch.Events))
-	st.mu.Unlock()
-	if err := st.ep.Sink.ApplyBatch(batch); err != nil {
-		s.problem(st, now, "apply", fmt.Errorf("seq %d: %w", seq, err), false)
-	}
-}
-
-// problem counts and logs (rate-limited per worker) a skipped message or event.
-func (s *Subscriber) problem(st *stream, now time.Time, kind string, err error, decode bool) {
-	st.mu.Lock()
-	if decode {
-		st.stats.DecodeErrors++
+	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now}
+	b := r.sub.getBatch()
+	if err := r.dec.Decode(frames[2], b); err != nil {
+		r.sub.putBatch(b)
+		m.decodeErr = err
 	} else {
-		st.stats.ApplyErrors++
+		m.batch = b
 	}
-	st.stats.LastError = err.Error()
-	emit, suppressed := st.log.allow(now, s.opts.LogEvery)
-	st.mu.Unlock()
-	if emit {
-		s.opts.Logger.Warn("kv event skipped", "worker", st.ep.Worker.String(), "kind", kind, "err", err, "suppressed", suppressed)
+	st := r.st
+	if st == nil {
+		st = r.streamForTopic(ctx, frames, m.batch)
+		if st == nil {
+			r.sub.putBatch(m.batch)
+			return
+		}
+	}
+	if st.stats.Topic == "" || st.stats.Topic != string(frames[0]) { // compared without allocating
+		st.mu.Lock()
+		st.stats.Topic = string(frames[0])
+		st.mu.Unlock()
+	}
+	st.enqueue(m)
+}
+
+// streamForTopic finds (or creates) the push-mode stream for a message's
+// topic and DP rank. A topic that maps to no pod is counted and logged.
+func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *Batch) *stream {
+	if r.pl == nil {
+		return r.st
+	}
+	if len(frames) == 0 {
+		r.sub.unroutable.Add(1)
+		return nil
+	}
+	topic := frames[0]
+	route, ok := r.routes[string(topic)]
+	if !ok {
+		route, ok = r.pl.Routes[string(topic)]
+		if !ok {
+			var pod, model string
+			if pod, model, ok = ParseLLMDTopic(string(topic)); ok {
+				route = TopicRoute{Pod: pod, Model: model}
+			}
+		}
+		if !ok {
+			if n := r.sub.unroutable.Add(1); n == 1 || n%1000 == 0 {
+				r.sub.opts.Logger.Warn("push message with an unknown topic dropped: map it under push.routes or use kv@<pod>@<model>", "listener", r.pl.Address, "topic", string(topic), "dropped_so_far", n)
+			}
+			return nil
+		}
+		if r.routes == nil {
+			r.routes = make(map[string]TopicRoute)
+		}
+		r.routes[string(topic)] = route
+	}
+	ref := WorkerRef{Pod: route.Pod}
+	if b != nil && b.HasDPRank {
+		ref.DPRank = b.DPRank
+	}
+	if st := r.streams[ref]; st != nil {
+		return st
+	}
+	st, err := r.sub.pushStream(ref, route, r.pl.Address)
+	if err != nil {
+		if n := r.sub.unroutable.Add(1); n == 1 || n%1000 == 0 {
+			r.sub.opts.Logger.Warn("push message dropped: cannot add its worker", "worker", ref.String(), "err", err)
+		}
+		return nil
+	}
+	if r.streams == nil {
+		r.streams = make(map[WorkerRef]*stream)
+	}
+	r.streams[ref] = st
+	return st
+}
+
+// pushStream returns the stream of a push-mode worker, creating the worker
+// and starting its stream the first time.
+func (s *Subscriber) pushStream(ref WorkerRef, route TopicRoute, listener string) (*stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.byRef[ref]; st != nil {
+		return st, nil
+	}
+	replay := ""
+	if route.ReplayEndpoint != "" {
+		var err error
+		if replay, err = OffsetEndpoint(route.ReplayEndpoint, ref.DPRank); err != nil {
+			return nil, err
+		}
+	}
+	// Register the stream (and so its health cell) before the worker
+	// exists in the index, so that nobody sees the worker without it.
+	st := newStream(s, ref, listener, "", replay, nil, false)
+	s.byRef[ref] = st
+	sink, err := s.opts.NewWorker(ref, route.Model, replay)
+	if err != nil {
+		delete(s.byRef, ref)
+		return nil, fmt.Errorf("events: new push worker %s (model %q): %w", ref, route.Model, err)
+	}
+	st.sink = sink
+	s.streams = append(s.streams, st)
+	if s.runCtx != nil {
+		s.startStreamLocked(s.runCtx, st)
+	}
+	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", listener)
+	return st, nil
+}
+
+// checkHealth re-evaluates every worker's health until ctx is done.
+func (s *Subscriber) checkHealth(ctx context.Context) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			s.mu.RLock()
+			streams := s.streams
+			s.mu.RUnlock()
+			for _, st := range streams {
+				st.setHealth(st.evalHealth(now, &s.opts), now)
+			}
+		}
 	}
 }
 
-// WorkerStats returns a snapshot per endpoint (StatsSource).
+func (s *Subscriber) getBatch() *Batch {
+	if b, ok := s.batches.Get().(*Batch); ok {
+		return b
+	}
+	return new(Batch)
+}
+
+func (s *Subscriber) putBatch(b *Batch) {
+	if b != nil {
+		s.batches.Put(b)
+	}
+}
+
+// WorkerStats returns a snapshot per worker (StatsSource).
 func (s *Subscriber) WorkerStats() []WorkerStats {
-	out := make([]WorkerStats, 0, len(s.streams))
-	for _, st := range s.streams {
-		st.mu.Lock()
-		out = append(out, st.stats)
-		st.mu.Unlock()
+	s.mu.RLock()
+	streams := s.streams
+	s.mu.RUnlock()
+	out := make([]WorkerStats, 0, len(streams))
+	for _, st := range streams {
+		out = append(out, st.snapshot())
 	}
 	return out
 }
+
+// Health returns the worker's health cell, or nil for an unknown worker
+// (HealthSource).
+func (s *Subscriber) Health(ref WorkerRef) *HealthCell {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if st := s.byRef[ref]; st != nil {
+		return &st.health
+	}
+	return nil
+}
+
+// Unroutable counts push-mode messages dropped because their topic maps to
+// no pod (or their worker could not be added).
+func (s *Subscriber) Unroutable() int64 { return s.unroutable.Load() }
 
 func frameLen(frames [][]byte, i int) int {
 	if i < len(frames) {
 		return len(frames[i])
 	}
 	return -1
+}
+
+// OffsetEndpoint returns the endpoint DP rank r uses, the way vLLM offsets
+// it: tcp port + r, and "_dp<r>" appended to ipc:// and inproc:// paths
+// (rank 0 keeps the endpoint as is).
+func OffsetEndpoint(endpoint string, r int) (string, error) {
+	if r == 0 {
+		return endpoint, nil
+	}
+	if strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://") {
+		return endpoint + "_dp" + strconv.Itoa(r), nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	if i < 0 {
+		return "", fmt.Errorf("events: endpoint %q has no port", endpoint)
+	}
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil || port <= 0 || port+r > 65535 {
+		return "", fmt.Errorf("events: endpoint %q: port %q cannot be offset by rank %d", endpoint, endpoint[i+1:], r)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+r), nil
 }
 
 // limiter lets the first report through, then one per interval, counting

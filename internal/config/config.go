@@ -38,6 +38,12 @@ type Config struct {
 	Models []Model `yaml:"models"`
 	// Pods are the vLLM engines to subscribe to.
 	Pods []Pod `yaml:"pods"`
+	// Push lists bound sockets that push-mode engines connect to.
+	Push []Push `yaml:"push"`
+	// Events tunes ingest: replay, gap policy, staleness.
+	Events Events `yaml:"events"`
+	// Score tunes answers.
+	Score Score `yaml:"score"`
 	// Limits bound what one Score request may ask.
 	Limits Limits `yaml:"limits"`
 	// Log sets up logging.
@@ -65,6 +71,62 @@ type Pod struct {
 	DPSize int `yaml:"dp_size"`
 	// Topic is the subscription prefix (default "", every topic).
 	Topic string `yaml:"topic"`
+	// ReplayEndpoint is the pod's vLLM replay_endpoint for DP rank 0, e.g.
+	// tcp://10.0.0.5:5567 (rank r: port+r); "" for none. With it, lost
+	// events are replayed and a late start learns what is already cached.
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+}
+
+// Push is one bound SUB socket for push-mode engines (vLLM started with
+// endpoint tcp://<kvindex>:<port>). Topics name the pod: llm-d's
+// kv@<pod>@<model> works as is; other topics are mapped in Routes.
+type Push struct {
+	// Listen is the bind address, e.g. tcp://*:5557.
+	Listen string `yaml:"listen"`
+	// Topic is the subscription prefix (default "", every topic).
+	Topic string `yaml:"topic"`
+	// Routes maps topics that do not follow kv@<pod>@<model>.
+	Routes []Route `yaml:"routes"`
+}
+
+// Route maps one push-mode topic to a pod.
+type Route struct {
+	// Topic is the engine's configured topic, matched exactly.
+	Topic string `yaml:"topic"`
+	// Pod names the engine.
+	Pod string `yaml:"pod"`
+	// Model is the model it serves.
+	Model string `yaml:"model"`
+	// ReplayEndpoint is its replay socket for rank 0 ("" for none).
+	ReplayEndpoint string `yaml:"replay_endpoint"`
+}
+
+// Events tunes ingest.
+type Events struct {
+	// GapPolicy is what lost events that replay cannot recover do to a
+	// worker: reset (default: forget its blocks, relearn) or keep (keep
+	// them, flag the worker UNSYNCED in every answer).
+	GapPolicy string `yaml:"gap_policy"`
+	// ReplayTimeout bounds one replay (default 3s).
+	ReplayTimeout time.Duration `yaml:"replay_timeout"`
+	// ReplayConcurrency bounds replays in flight (default 4).
+	ReplayConcurrency int `yaml:"replay_concurrency"`
+	// StaleAfterDisconnect marks a pull-mode worker stale after its
+	// endpoint has been unreachable this long (default 5s; negative: never).
+	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect"`
+	// StaleAfterSilence marks a worker stale after sending nothing this
+	// long (default 0: off, since idle engines send nothing).
+	StaleAfterSilence time.Duration `yaml:"stale_after_silence"`
+	// QueueSize is each worker's queue of batches waiting to be applied
+	// (default 4096).
+	QueueSize int `yaml:"queue_size"`
+}
+
+// Score tunes answers.
+type Score struct {
+	// IncludeStale keeps stale workers in Score answers (flagged STALE);
+	// by default they are left out unless named as candidates.
+	IncludeStale bool `yaml:"include_stale"`
 }
 
 // Limits bound Score requests.
@@ -137,6 +199,9 @@ func (c *Config) applyDefaults() {
 	if c.Log.Format == "" {
 		c.Log.Format = "text"
 	}
+	if c.Events.GapPolicy == "" {
+		c.Events.GapPolicy = "reset"
+	}
 	if c.Log.ProblemInterval == 0 {
 		c.Log.ProblemInterval = time.Minute
 	}
@@ -150,10 +215,18 @@ func (c *Config) applyDefaults() {
 			c.Pods[i].DPSize = 1
 		}
 	}
-	// Models named only by pods get the default block size.
+	// Models named only by pods or routes get the default block size.
+	named := func(m string) {
+		if m != "" && c.model(m) == nil {
+			c.Models = append(c.Models, Model{Name: m, BlockSize: DefaultBlockSize})
+		}
+	}
 	for _, p := range c.Pods {
-		if p.Model != "" && c.model(p.Model) == nil {
-			c.Models = append(c.Models, Model{Name: p.Model, BlockSize: DefaultBlockSize})
+		named(p.Model)
+	}
+	for _, pl := range c.Push {
+		for _, r := range pl.Routes {
+			named(r.Model)
 		}
 	}
 }
@@ -191,6 +264,12 @@ func (c *Config) Validate() error {
 	if c.Log.Format != "text" && c.Log.Format != "json" {
 		return bad("log.format", "%q is not text or json", c.Log.Format)
 	}
+	if _, err := events.ParseGapPolicy(c.Events.GapPolicy); err != nil {
+		return bad("events.gap_policy", "%q is not reset or keep", c.Events.GapPolicy)
+	}
+	if c.Events.ReplayTimeout < 0 || c.Events.ReplayConcurrency < 0 || c.Events.QueueSize < 0 || c.Events.StaleAfterSilence < 0 {
+		return bad("events", "durations and sizes must not be negative (stale_after_disconnect may be, to disable it)")
+	}
 	seenModel := map[string]bool{}
 	for i, m := range c.Models {
 		f := fmt.Sprintf("models[%d]", i)
@@ -226,14 +305,53 @@ func (c *Config) Validate() error {
 			return bad(f+".endpoint", "%v", err)
 		}
 		for r := 0; r < p.DPSize; r++ {
-			ep, err := RankEndpoint(p.Endpoint, r)
+			ep, err := events.OffsetEndpoint(p.Endpoint, r)
 			if err != nil {
 				return bad(f+".endpoint", "%v", err)
+			}
+			if p.ReplayEndpoint != "" {
+				if err := checkEndpoint(p.ReplayEndpoint); err != nil {
+					return bad(f+".replay_endpoint", "%v", err)
+				}
+				rep, err := events.OffsetEndpoint(p.ReplayEndpoint, r)
+				if err != nil {
+					return bad(f+".replay_endpoint", "%v", err)
+				}
+				if other, dup := seenEndpoint[rep]; dup {
+					return bad(f+".replay_endpoint", "%s (rank %d) is also used by %s: leave a gap of dp_size between the event and replay ports", rep, r, other)
+				}
+				seenEndpoint[rep] = fmt.Sprintf("pod %s replay", p.Name)
 			}
 			if other, dup := seenEndpoint[ep]; dup {
 				return bad(f+".endpoint", "%s (rank %d) is also used by %s", ep, r, other)
 			}
 			seenEndpoint[ep] = fmt.Sprintf("pod %s", p.Name)
+		}
+	}
+	for i, pl := range c.Push {
+		f := fmt.Sprintf("push[%d]", i)
+		if err := checkEndpoint(pl.Listen); err != nil {
+			return bad(f+".listen", "%v", err)
+		}
+		seenTopic := map[string]bool{}
+		for j, r := range pl.Routes {
+			rf := fmt.Sprintf("%s.routes[%d]", f, j)
+			switch {
+			case seenTopic[r.Topic]:
+				return bad(rf+".topic", "topic %q mapped twice", r.Topic)
+			case r.Pod == "":
+				return bad(rf+".pod", "required")
+			case r.Model == "":
+				return bad(rf+".model", "required")
+			case seenPod[r.Pod]:
+				return bad(rf+".pod", "pod %q is also a pull-mode pod", r.Pod)
+			}
+			seenTopic[r.Topic] = true
+			if r.ReplayEndpoint != "" {
+				if err := checkEndpoint(r.ReplayEndpoint); err != nil {
+					return bad(rf+".replay_endpoint", "%v", err)
+				}
+			}
 		}
 	}
 	return nil
@@ -259,38 +377,22 @@ func checkEndpoint(ep string) error {
 	return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
 }
 
-// RankEndpoint returns the endpoint DP rank r of a pod publishes on, the way
-// vLLM offsets it: tcp port + r, and "_dp<r>" appended to ipc:// and
-// inproc:// paths (rank 0 keeps the endpoint as is).
-func RankEndpoint(endpoint string, r int) (string, error) {
-	if r == 0 {
-		return endpoint, nil
-	}
-	if strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://") {
-		return endpoint + "_dp" + strconv.Itoa(r), nil
-	}
-	i := strings.LastIndexByte(endpoint, ':')
-	if i < 0 {
-		return "", fmt.Errorf("endpoint %q has no port", endpoint)
-	}
-	port, err := strconv.Atoi(endpoint[i+1:])
-	if err != nil || port <= 0 || port+r > 65535 {
-		return "", fmt.Errorf("endpoint %q: port %q cannot be offset by rank %d", endpoint, endpoint[i+1:], r)
-	}
-	return endpoint[:i+1] + strconv.Itoa(port+r), nil
-}
-
 // Workers expands the pods into one endpoint per (pod, DP rank), in config order.
 func (c *Config) Workers() []WorkerEndpoint {
 	var out []WorkerEndpoint
 	for _, p := range c.Pods {
 		for r := 0; r < p.DPSize; r++ {
-			ep, _ := RankEndpoint(p.Endpoint, r) // checked by Validate
+			ep, _ := events.OffsetEndpoint(p.Endpoint, r) // checked by Validate
+			var rep string
+			if p.ReplayEndpoint != "" {
+				rep, _ = events.OffsetEndpoint(p.ReplayEndpoint, r)
+			}
 			out = append(out, WorkerEndpoint{
-				Worker:   events.WorkerRef{Pod: p.Name, DPRank: r},
-				Model:    p.Model,
-				Endpoint: ep,
-				Topic:    p.Topic,
+				Worker:         events.WorkerRef{Pod: p.Name, DPRank: r},
+				Model:          p.Model,
+				Endpoint:       ep,
+				Topic:          p.Topic,
+				ReplayEndpoint: rep,
 			})
 		}
 	}
@@ -307,6 +409,8 @@ type WorkerEndpoint struct {
 	Endpoint string
 	// Topic is the subscription prefix.
 	Topic string
+	// ReplayEndpoint is this rank's replay socket, "" for none.
+	ReplayEndpoint string
 }
 
 // DefaultYAML is the embedded default configuration `kvindex serve` runs

@@ -61,9 +61,31 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		if err != nil {
 			return nil, fmt.Errorf("daemon: worker %s: %w", we.Worker, err)
 		}
-		eps = append(eps, events.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, Sink: w})
+		eps = append(eps, events.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w})
 	}
-	sub, err := events.NewSubscriber(events.SubscriberOptions{Logger: log, LogEvery: cfg.Log.ProblemInterval}, eps...)
+	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	opts := events.SubscriberOptions{
+		Logger:               log,
+		LogEvery:             cfg.Log.ProblemInterval,
+		QueueSize:            cfg.Events.QueueSize,
+		ReplayTimeout:        cfg.Events.ReplayTimeout,
+		ReplayConcurrency:    cfg.Events.ReplayConcurrency,
+		GapPolicy:            policy,
+		StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
+		StaleAfterSilence:    cfg.Events.StaleAfterSilence,
+		NewWorker:            d.newPushWorker,
+	}
+	for _, pl := range cfg.Push {
+		l := events.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}}
+		for _, r := range pl.Routes {
+			l.Routes[r.Topic] = events.TopicRoute{Pod: r.Pod, Model: r.Model, ReplayEndpoint: r.ReplayEndpoint}
+		}
+		opts.Push = append(opts.Push, l)
+	}
+	sub, err := events.NewSubscriber(opts, eps...)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -76,6 +98,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		metrics.NewCollector(d.ix, sub),
 	)
 	srv := api.NewServer(d.ix, sub, api.Options{
+		IncludeStale:  cfg.Score.IncludeStale,
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
 		MaxCandidates: cfg.Limits.MaxCandidates,
@@ -98,6 +121,23 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 	return d, nil
+}
+
+// newPushWorker adds a worker first seen on a push listener. A model the
+// configuration does not list is added with the default block size; a
+// mismatch then shows as block-size errors on the worker.
+func (d *Daemon) newPushWorker(ref events.WorkerRef, model, replay string) (events.Sink, error) {
+	if _, ok := d.ix.Model(model); !ok {
+		if _, err := d.ix.AddModel(model, config.DefaultBlockSize); err != nil {
+			return nil, err
+		}
+		d.log.Warn("push-mode worker serves a model not in the configuration; assuming the default block size", "worker", ref.String(), "model", model, "block_size", config.DefaultBlockSize)
+	}
+	w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: ref, Model: model, Endpoint: "push"})
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 // GRPCAddr is the address the gRPC server listens on.

@@ -27,6 +27,72 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WorkerHealth says whether a worker's index entry can be trusted now.
+type WorkerHealth int32
+
+const (
+	// WORKER_HEALTH_UNSPECIFIED: not heard from yet.
+	WorkerHealth_WORKER_HEALTH_UNSPECIFIED WorkerHealth = 0
+	// WORKER_HEALTH_OK: connected and in sequence.
+	WorkerHealth_WORKER_HEALTH_OK WorkerHealth = 1
+	// WORKER_HEALTH_RECOVERING: a replay is filling lost events; the match
+	// may miss their effect for up to the replay timeout.
+	WorkerHealth_WORKER_HEALTH_RECOVERING WorkerHealth = 2
+	// WORKER_HEALTH_UNSYNCED: events were lost beyond replay and the gap
+	// policy kept the worker's blocks: the match may be wrong either way
+	// until the worker's next clear or restart.
+	WorkerHealth_WORKER_HEALTH_UNSYNCED WorkerHealth = 3
+	// WORKER_HEALTH_STALE: the endpoint stopped answering or the worker went
+	// silent; stale workers are left out of Score answers unless named as
+	// candidates (or the server includes them by configuration).
+	WorkerHealth_WORKER_HEALTH_STALE WorkerHealth = 4
+)
+
+// Enum value maps for WorkerHealth.
+var (
+	WorkerHealth_name = map[int32]string{
+		0: "WORKER_HEALTH_UNSPECIFIED",
+		1: "WORKER_HEALTH_OK",
+		2: "WORKER_HEALTH_RECOVERING",
+		3: "WORKER_HEALTH_UNSYNCED",
+		4: "WORKER_HEALTH_STALE",
+	}
+	WorkerHealth_value = map[string]int32{
+		"WORKER_HEALTH_UNSPECIFIED": 0,
+		"WORKER_HEALTH_OK":          1,
+		"WORKER_HEALTH_RECOVERING":  2,
+		"WORKER_HEALTH_UNSYNCED":    3,
+		"WORKER_HEALTH_STALE":       4,
+	}
+)
+
+func (x WorkerHealth) Enum() *WorkerHealth {
+	p := new(WorkerHealth)
+	*p = x
+	return p
+}
+
+func (x WorkerHealth) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WorkerHealth) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvindex_v1_index_proto_enumTypes[0].Descriptor()
+}
+
+func (WorkerHealth) Type() protoreflect.EnumType {
+	return &file_kvindex_v1_index_proto_enumTypes[0]
+}
+
+func (x WorkerHealth) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WorkerHealth.Descriptor instead.
+func (WorkerHealth) EnumDescriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{0}
+}
+
 // WorkerRef names one KV cache: an engine pod and its data-parallel rank.
 // A pod running with data parallelism N publishes N independent caches.
 type WorkerRef struct {
@@ -109,9 +175,17 @@ type ScoreRequest struct {
 	// workers, when not empty, restricts scoring to these candidate workers
 	// of the model; every candidate then appears in the response, with zero
 	// matched blocks if it holds none. Duplicates are scored once.
-	Workers       []*WorkerRef `protobuf:"bytes,6,rep,name=workers,proto3" json:"workers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Workers []*WorkerRef `protobuf:"bytes,6,rep,name=workers,proto3" json:"workers,omitempty"`
+	// block_extra_keys, when set with token_ids, gives each block's complete
+	// extra keys exactly as vLLM hashes them (its extra_keys tuple: the LoRA
+	// name, multimodal (identifier, offset) pairs, cache_salt on block 0,
+	// ...), one entry per block from the first; blocks past its end have
+	// none, and an entry with no values means None. It replaces the extra
+	// keys kvindex would derive from lora_name and cache_salt (lora_name
+	// still selects the adapter).
+	BlockExtraKeys []*ExtraKeys `protobuf:"bytes,7,rep,name=block_extra_keys,json=blockExtraKeys,proto3" json:"block_extra_keys,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ScoreRequest) Reset() {
@@ -186,6 +260,180 @@ func (x *ScoreRequest) GetWorkers() []*WorkerRef {
 	return nil
 }
 
+func (x *ScoreRequest) GetBlockExtraKeys() []*ExtraKeys {
+	if x != nil {
+		return x.BlockExtraKeys
+	}
+	return nil
+}
+
+// ExtraKeys is one block's extra hash inputs: a tuple of values.
+type ExtraKeys struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// values are the tuple's elements, in order.
+	Values        []*ExtraValue `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtraKeys) Reset() {
+	*x = ExtraKeys{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtraKeys) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtraKeys) ProtoMessage() {}
+
+func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtraKeys.ProtoReflect.Descriptor instead.
+func (*ExtraKeys) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExtraKeys) GetValues() []*ExtraValue {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+// ExtraValue is one element of an extra-keys tuple.
+type ExtraValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is the element's value.
+	//
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*ExtraValue_Str
+	//	*ExtraValue_Int
+	//	*ExtraValue_Raw
+	//	*ExtraValue_Tuple
+	Kind          isExtraValue_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtraValue) Reset() {
+	*x = ExtraValue{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtraValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtraValue) ProtoMessage() {}
+
+func (x *ExtraValue) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtraValue.ProtoReflect.Descriptor instead.
+func (*ExtraValue) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ExtraValue) GetKind() isExtraValue_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *ExtraValue) GetStr() string {
+	if x != nil {
+		if x, ok := x.Kind.(*ExtraValue_Str); ok {
+			return x.Str
+		}
+	}
+	return ""
+}
+
+func (x *ExtraValue) GetInt() int64 {
+	if x != nil {
+		if x, ok := x.Kind.(*ExtraValue_Int); ok {
+			return x.Int
+		}
+	}
+	return 0
+}
+
+func (x *ExtraValue) GetRaw() []byte {
+	if x != nil {
+		if x, ok := x.Kind.(*ExtraValue_Raw); ok {
+			return x.Raw
+		}
+	}
+	return nil
+}
+
+func (x *ExtraValue) GetTuple() *ExtraKeys {
+	if x != nil {
+		if x, ok := x.Kind.(*ExtraValue_Tuple); ok {
+			return x.Tuple
+		}
+	}
+	return nil
+}
+
+type isExtraValue_Kind interface {
+	isExtraValue_Kind()
+}
+
+type ExtraValue_Str struct {
+	// str is a string (identifiers, LoRA names, salts).
+	Str string `protobuf:"bytes,1,opt,name=str,proto3,oneof"`
+}
+
+type ExtraValue_Int struct {
+	// int is an integer (offsets).
+	Int int64 `protobuf:"varint,2,opt,name=int,proto3,oneof"`
+}
+
+type ExtraValue_Raw struct {
+	// raw is a bytes value (digests).
+	Raw []byte `protobuf:"bytes,3,opt,name=raw,proto3,oneof"`
+}
+
+type ExtraValue_Tuple struct {
+	// tuple is a nested tuple, e.g. (identifier, offset).
+	Tuple *ExtraKeys `protobuf:"bytes,4,opt,name=tuple,proto3,oneof"`
+}
+
+func (*ExtraValue_Str) isExtraValue_Kind() {}
+
+func (*ExtraValue_Int) isExtraValue_Kind() {}
+
+func (*ExtraValue_Raw) isExtraValue_Kind() {}
+
+func (*ExtraValue_Tuple) isExtraValue_Kind() {}
+
 // ScoreResponse reports each worker's resident prefix of the prompt.
 type ScoreResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -204,7 +452,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	mi := &file_kvindex_v1_index_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +464,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	mi := &file_kvindex_v1_index_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +477,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{2}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ScoreResponse) GetBlockSize() uint32 {
@@ -268,14 +516,16 @@ type WorkerScore struct {
 	// longest consecutive prefix held in that medium alone. Only media with
 	// a nonzero match appear, in the order GPU, CPU, STORAGE, DISK, EXTERNAL,
 	// OTHER.
-	ByMedium      []*MediumMatch `protobuf:"bytes,4,rep,name=by_medium,json=byMedium,proto3" json:"by_medium,omitempty"`
+	ByMedium []*MediumMatch `protobuf:"bytes,4,rep,name=by_medium,json=byMedium,proto3" json:"by_medium,omitempty"`
+	// health is the worker's health when the answer was computed.
+	Health        WorkerHealth `protobuf:"varint,5,opt,name=health,proto3,enum=kvindex.v1.WorkerHealth" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerScore) Reset() {
 	*x = WorkerScore{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	mi := &file_kvindex_v1_index_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -287,7 +537,7 @@ func (x *WorkerScore) String() string {
 func (*WorkerScore) ProtoMessage() {}
 
 func (x *WorkerScore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	mi := &file_kvindex_v1_index_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -300,7 +550,7 @@ func (x *WorkerScore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerScore.ProtoReflect.Descriptor instead.
 func (*WorkerScore) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{3}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorkerScore) GetWorker() *WorkerRef {
@@ -331,6 +581,13 @@ func (x *WorkerScore) GetByMedium() []*MediumMatch {
 	return nil
 }
 
+func (x *WorkerScore) GetHealth() WorkerHealth {
+	if x != nil {
+		return x.Health
+	}
+	return WorkerHealth_WORKER_HEALTH_UNSPECIFIED
+}
+
 // MediumMatch is a worker's prefix match within one storage medium.
 type MediumMatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -347,7 +604,7 @@ type MediumMatch struct {
 
 func (x *MediumMatch) Reset() {
 	*x = MediumMatch{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[4]
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +616,7 @@ func (x *MediumMatch) String() string {
 func (*MediumMatch) ProtoMessage() {}
 
 func (x *MediumMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[4]
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +629,7 @@ func (x *MediumMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumMatch.ProtoReflect.Descriptor instead.
 func (*MediumMatch) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{4}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MediumMatch) GetMedium() string {
@@ -408,7 +665,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[5]
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +677,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[5]
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +690,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{5}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListWorkersRequest) GetModel() string {
@@ -454,7 +711,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +723,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +736,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerStatus {
@@ -559,14 +816,45 @@ type WorkerStatus struct {
 	// decide prefix reuse (sliding window, mamba) and are not indexed.
 	SkippedGroupEvents uint64 `protobuf:"varint,26,opt,name=skipped_group_events,json=skippedGroupEvents,proto3" json:"skipped_group_events,omitempty"`
 	// last_reset says why the worker's blocks were last reset; empty if never.
-	LastReset     string `protobuf:"bytes,27,opt,name=last_reset,json=lastReset,proto3" json:"last_reset,omitempty"`
+	LastReset string `protobuf:"bytes,27,opt,name=last_reset,json=lastReset,proto3" json:"last_reset,omitempty"`
+	// replay_endpoint is the engine's replay socket; empty for none.
+	ReplayEndpoint string `protobuf:"bytes,28,opt,name=replay_endpoint,json=replayEndpoint,proto3" json:"replay_endpoint,omitempty"`
+	// health is the worker's current health.
+	Health WorkerHealth `protobuf:"varint,29,opt,name=health,proto3,enum=kvindex.v1.WorkerHealth" json:"health,omitempty"`
+	// connected reports whether kvindex has a connection to the engine's
+	// event socket (pull mode only; false in push mode, where it is unknown).
+	Connected bool `protobuf:"varint,30,opt,name=connected,proto3" json:"connected,omitempty"`
+	// stale_since is when the worker became stale; unset when it is not.
+	StaleSince *timestamppb.Timestamp `protobuf:"bytes,31,opt,name=stale_since,json=staleSince,proto3" json:"stale_since,omitempty"`
+	// stale_transitions counts times the worker became stale.
+	StaleTransitions uint64 `protobuf:"varint,32,opt,name=stale_transitions,json=staleTransitions,proto3" json:"stale_transitions,omitempty"`
+	// replays counts replay requests (gaps, late joins, restarts).
+	Replays uint64 `protobuf:"varint,33,opt,name=replays,proto3" json:"replays,omitempty"`
+	// replayed_batches counts batches applied from replays.
+	ReplayedBatches uint64 `protobuf:"varint,34,opt,name=replayed_batches,json=replayedBatches,proto3" json:"replayed_batches,omitempty"`
+	// replay_failures counts replays that failed or timed out.
+	ReplayFailures uint64 `protobuf:"varint,35,opt,name=replay_failures,json=replayFailures,proto3" json:"replay_failures,omitempty"`
+	// unrecovered_gaps counts losses that replay could not fill, each handled
+	// by the gap policy (reset or keep-and-flag).
+	UnrecoveredGaps uint64 `protobuf:"varint,36,opt,name=unrecovered_gaps,json=unrecoveredGaps,proto3" json:"unrecovered_gaps,omitempty"`
+	// joined_at_seq is the first seq known of the current engine process
+	// when kvindex joined late and the engine no longer buffered what came
+	// before (blocks stored earlier are unknown); 0 when nothing was missed.
+	JoinedAtSeq uint64 `protobuf:"varint,37,opt,name=joined_at_seq,json=joinedAtSeq,proto3" json:"joined_at_seq,omitempty"`
+	// dropped counts messages dropped because the worker's queue was full
+	// (each then recovered as a gap).
+	Dropped uint64 `protobuf:"varint,38,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// backlog is the number of batches waiting to be applied.
+	Backlog uint64 `protobuf:"varint,39,opt,name=backlog,proto3" json:"backlog,omitempty"`
+	// evictions counts blocks evicted by kvindex's memory bounds.
+	Evictions     uint64 `protobuf:"varint,40,opt,name=evictions,proto3" json:"evictions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +866,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +879,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WorkerStatus) GetWorker() *WorkerRef {
@@ -783,6 +1071,97 @@ func (x *WorkerStatus) GetLastReset() string {
 	return ""
 }
 
+func (x *WorkerStatus) GetReplayEndpoint() string {
+	if x != nil {
+		return x.ReplayEndpoint
+	}
+	return ""
+}
+
+func (x *WorkerStatus) GetHealth() WorkerHealth {
+	if x != nil {
+		return x.Health
+	}
+	return WorkerHealth_WORKER_HEALTH_UNSPECIFIED
+}
+
+func (x *WorkerStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *WorkerStatus) GetStaleSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StaleSince
+	}
+	return nil
+}
+
+func (x *WorkerStatus) GetStaleTransitions() uint64 {
+	if x != nil {
+		return x.StaleTransitions
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetReplays() uint64 {
+	if x != nil {
+		return x.Replays
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetReplayedBatches() uint64 {
+	if x != nil {
+		return x.ReplayedBatches
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetReplayFailures() uint64 {
+	if x != nil {
+		return x.ReplayFailures
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetUnrecoveredGaps() uint64 {
+	if x != nil {
+		return x.UnrecoveredGaps
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetJoinedAtSeq() uint64 {
+	if x != nil {
+		return x.JoinedAtSeq
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetBacklog() uint64 {
+	if x != nil {
+		return x.Backlog
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -796,7 +1175,7 @@ type MediumCount struct {
 
 func (x *MediumCount) Reset() {
 	*x = MediumCount{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +1187,7 @@ func (x *MediumCount) String() string {
 func (*MediumCount) ProtoMessage() {}
 
 func (x *MediumCount) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +1200,7 @@ func (x *MediumCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumCount.ProtoReflect.Descriptor instead.
 func (*MediumCount) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MediumCount) GetMedium() string {
@@ -846,7 +1225,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"kvindex.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n" +
 	"\tWorkerRef\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
-	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\xcd\x01\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\x8e\x02\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -855,17 +1234,28 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x1d\n" +
 	"\n" +
 	"cache_salt\x18\x05 \x01(\tR\tcacheSalt\x12/\n" +
-	"\aworkers\x18\x06 \x03(\v2\x15.kvindex.v1.WorkerRefR\aworkers\"\x86\x01\n" +
+	"\aworkers\x18\x06 \x03(\v2\x15.kvindex.v1.WorkerRefR\aworkers\x12?\n" +
+	"\x10block_extra_keys\x18\a \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\";\n" +
+	"\tExtraKeys\x12.\n" +
+	"\x06values\x18\x01 \x03(\v2\x16.kvindex.v1.ExtraValueR\x06values\"\x7f\n" +
+	"\n" +
+	"ExtraValue\x12\x12\n" +
+	"\x03str\x18\x01 \x01(\tH\x00R\x03str\x12\x12\n" +
+	"\x03int\x18\x02 \x01(\x03H\x00R\x03int\x12\x12\n" +
+	"\x03raw\x18\x03 \x01(\fH\x00R\x03raw\x12-\n" +
+	"\x05tuple\x18\x04 \x01(\v2\x15.kvindex.v1.ExtraKeysH\x00R\x05tupleB\x06\n" +
+	"\x04kind\"\x86\x01\n" +
 	"\rScoreResponse\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x12#\n" +
 	"\rprompt_blocks\x18\x02 \x01(\rR\fpromptBlocks\x121\n" +
-	"\aworkers\x18\x03 \x03(\v2\x17.kvindex.v1.WorkerScoreR\aworkers\"\xc0\x01\n" +
+	"\aworkers\x18\x03 \x03(\v2\x17.kvindex.v1.WorkerScoreR\aworkers\"\xf2\x01\n" +
 	"\vWorkerScore\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12%\n" +
 	"\x0ematched_blocks\x18\x02 \x01(\rR\rmatchedBlocks\x12%\n" +
 	"\x0ematched_tokens\x18\x03 \x01(\rR\rmatchedTokens\x124\n" +
-	"\tby_medium\x18\x04 \x03(\v2\x17.kvindex.v1.MediumMatchR\bbyMedium\"U\n" +
+	"\tby_medium\x18\x04 \x03(\v2\x17.kvindex.v1.MediumMatchR\bbyMedium\x120\n" +
+	"\x06health\x18\x05 \x01(\x0e2\x18.kvindex.v1.WorkerHealthR\x06health\"U\n" +
 	"\vMediumMatch\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x16\n" +
@@ -873,7 +1263,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xc6\a\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xb8\v\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -904,10 +1294,30 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x0einvalid_events\x18\x19 \x01(\x04R\rinvalidEvents\x120\n" +
 	"\x14skipped_group_events\x18\x1a \x01(\x04R\x12skippedGroupEvents\x12\x1d\n" +
 	"\n" +
-	"last_reset\x18\x1b \x01(\tR\tlastReset\"=\n" +
+	"last_reset\x18\x1b \x01(\tR\tlastReset\x12'\n" +
+	"\x0freplay_endpoint\x18\x1c \x01(\tR\x0ereplayEndpoint\x120\n" +
+	"\x06health\x18\x1d \x01(\x0e2\x18.kvindex.v1.WorkerHealthR\x06health\x12\x1c\n" +
+	"\tconnected\x18\x1e \x01(\bR\tconnected\x12;\n" +
+	"\vstale_since\x18\x1f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"staleSince\x12+\n" +
+	"\x11stale_transitions\x18  \x01(\x04R\x10staleTransitions\x12\x18\n" +
+	"\areplays\x18! \x01(\x04R\areplays\x12)\n" +
+	"\x10replayed_batches\x18\" \x01(\x04R\x0freplayedBatches\x12'\n" +
+	"\x0freplay_failures\x18# \x01(\x04R\x0ereplayFailures\x12)\n" +
+	"\x10unrecovered_gaps\x18$ \x01(\x04R\x0funrecoveredGaps\x12\"\n" +
+	"\rjoined_at_seq\x18% \x01(\x04R\vjoinedAtSeq\x12\x18\n" +
+	"\adropped\x18& \x01(\x04R\adropped\x12\x18\n" +
+	"\abacklog\x18' \x01(\x04R\abacklog\x12\x1c\n" +
+	"\tevictions\x18( \x01(\x04R\tevictions\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x04R\x06blocks2\x9c\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\x96\x01\n" +
+	"\fWorkerHealth\x12\x1d\n" +
+	"\x19WORKER_HEALTH_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10WORKER_HEALTH_OK\x10\x01\x12\x1c\n" +
+	"\x18WORKER_HEALTH_RECOVERING\x10\x02\x12\x1a\n" +
+	"\x16WORKER_HEALTH_UNSYNCED\x10\x03\x12\x17\n" +
+	"\x13WORKER_HEALTH_STALE\x10\x042\x9c\x01\n" +
 	"\fIndexService\x12<\n" +
 	"\x05Score\x12\x18.kvindex.v1.ScoreRequest\x1a\x19.kvindex.v1.ScoreResponse\x12N\n" +
 	"\vListWorkers\x12\x1e.kvindex.v1.ListWorkersRequest\x1a\x1f.kvindex.v1.ListWorkersResponseB7Z5github.com/kvindex/kvindex/proto/kvindex/v1;kvindexv1b\x06proto3"
@@ -924,37 +1334,47 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 	return file_kvindex_v1_index_proto_rawDescData
 }
 
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_kvindex_v1_index_proto_goTypes = []any{
-	(*WorkerRef)(nil),             // 0: kvindex.v1.WorkerRef
-	(*ScoreRequest)(nil),          // 1: kvindex.v1.ScoreRequest
-	(*ScoreResponse)(nil),         // 2: kvindex.v1.ScoreResponse
-	(*WorkerScore)(nil),           // 3: kvindex.v1.WorkerScore
-	(*MediumMatch)(nil),           // 4: kvindex.v1.MediumMatch
-	(*ListWorkersRequest)(nil),    // 5: kvindex.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 6: kvindex.v1.ListWorkersResponse
-	(*WorkerStatus)(nil),          // 7: kvindex.v1.WorkerStatus
-	(*MediumCount)(nil),           // 8: kvindex.v1.MediumCount
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
+	(*WorkerRef)(nil),             // 1: kvindex.v1.WorkerRef
+	(*ScoreRequest)(nil),          // 2: kvindex.v1.ScoreRequest
+	(*ExtraKeys)(nil),             // 3: kvindex.v1.ExtraKeys
+	(*ExtraValue)(nil),            // 4: kvindex.v1.ExtraValue
+	(*ScoreResponse)(nil),         // 5: kvindex.v1.ScoreResponse
+	(*WorkerScore)(nil),           // 6: kvindex.v1.WorkerScore
+	(*MediumMatch)(nil),           // 7: kvindex.v1.MediumMatch
+	(*ListWorkersRequest)(nil),    // 8: kvindex.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 9: kvindex.v1.ListWorkersResponse
+	(*WorkerStatus)(nil),          // 10: kvindex.v1.WorkerStatus
+	(*MediumCount)(nil),           // 11: kvindex.v1.MediumCount
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
-	0,  // 0: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
-	3,  // 1: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
-	0,  // 2: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
-	4,  // 3: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
-	7,  // 4: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	0,  // 5: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	9,  // 6: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	8,  // 7: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	1,  // 8: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	5,  // 9: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	2,  // 10: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	6,  // 11: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 0: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
+	3,  // 1: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	4,  // 2: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
+	3,  // 3: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
+	6,  // 4: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
+	1,  // 5: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
+	7,  // 6: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
+	0,  // 7: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
+	10, // 8: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	1,  // 9: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	12, // 10: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	11, // 11: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 12: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	12, // 13: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	2,  // 14: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	8,  // 15: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	5,  // 16: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	9,  // 17: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	16, // [16:18] is the sub-list for method output_type
+	14, // [14:16] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -962,18 +1382,25 @@ func file_kvindex_v1_index_proto_init() {
 	if File_kvindex_v1_index_proto != nil {
 		return
 	}
+	file_kvindex_v1_index_proto_msgTypes[3].OneofWrappers = []any{
+		(*ExtraValue_Str)(nil),
+		(*ExtraValue_Int)(nil),
+		(*ExtraValue_Raw)(nil),
+		(*ExtraValue_Tuple)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   9,
+			NumEnums:      1,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_kvindex_v1_index_proto_goTypes,
 		DependencyIndexes: file_kvindex_v1_index_proto_depIdxs,
+		EnumInfos:         file_kvindex_v1_index_proto_enumTypes,
 		MessageInfos:      file_kvindex_v1_index_proto_msgTypes,
 	}.Build()
 	File_kvindex_v1_index_proto = out.File

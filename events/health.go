@@ -1,0 +1,48 @@
+package events
+
+import "sync/atomic"
+
+// Health is what kvindex currently knows about whether a worker's index
+// entry can be trusted.
+type Health uint32
+
+const (
+	// HealthUnknown: the worker has not been heard from yet.
+	HealthUnknown Health = iota
+	// HealthOK: the stream is connected and in sequence.
+	HealthOK
+	// HealthRecovering: a replay is filling a seq gap; the index may lack
+	// the gap's events for up to the replay timeout.
+	HealthRecovering
+	// HealthUnsynced: events were lost and could not be replayed, and the
+	// gap policy kept the worker's blocks; answers may name blocks it no
+	// longer holds (or miss some it does) until its next clear or restart.
+	HealthUnsynced
+	// HealthStale: the endpoint stopped answering, or the worker sent
+	// nothing for longer than the silence limit.
+	HealthStale
+)
+
+var healthNames = [...]string{"UNKNOWN", "OK", "RECOVERING", "UNSYNCED", "STALE"}
+
+// String returns the upper-case name of the health state.
+func (h Health) String() string {
+	if int(h) < len(healthNames) {
+		return healthNames[h]
+	}
+	return "Health(?)"
+}
+
+// HealthCell holds one worker's current Health. It is updated by the
+// subscriber and read lock-free by Score (one atomic load).
+type HealthCell struct{ v atomic.Uint32 }
+
+// Load returns the current health.
+func (c *HealthCell) Load() Health {
+	if c == nil {
+		return HealthUnknown
+	}
+	return Health(c.v.Load())
+}
+
+func (c *HealthCell) store(h Health) { c.v.Store(uint32(h)) }

@@ -1,0 +1,123 @@
+package events
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// ErrReplay reports a replay request that failed or returned something
+// other than vLLM's replay replies.
+var ErrReplay = errors.New("events: replay failed")
+
+// replayEnd is the seq of vLLM's end-of-replay marker.
+const replayEnd = ^uint64(0)
+
+// replayedBatch is one batch returned by an engine's replay socket.
+type replayedBatch struct {
+	seq     uint64
+	payload []byte
+}
+
+// replayReply is one parsed reply of a replay socket.
+type replayReply struct {
+	seq     uint64
+	payload []byte
+	end     bool
+}
+
+// parseReplayReply reads one reply as a DEALER receives it: the empty
+// delimiter, then either [seq, payload] (vLLM before v0.26) or [topic, seq,
+// payload] (v0.26+); the end marker has seq ff..ff and an empty payload
+// (and an empty topic in the 4-frame form). The two forms are told apart by
+// frame count.
+func parseReplayReply(frames [][]byte) (replayReply, error) {
+	var seqFrame, payload []byte
+	switch len(frames) {
+	case 3:
+		seqFrame, payload = frames[1], frames[2]
+	case 4:
+		seqFrame, payload = frames[2], frames[3]
+	default:
+		return replayReply{}, fmt.Errorf("%w: reply has %d frames, want 3 ([\"\", seq, payload]) or 4 ([\"\", topic, seq, payload])", ErrReplay, len(frames))
+	}
+	if len(frames[0]) != 0 {
+		return replayReply{}, fmt.Errorf("%w: reply's first frame is %d bytes, want the empty delimiter", ErrReplay, len(frames[0]))
+	}
+	if len(seqFrame) != 8 {
+		return replayReply{}, fmt.Errorf("%w: reply's seq frame is %d bytes, want 8", ErrReplay, len(seqFrame))
+	}
+	seq := binary.BigEndian.Uint64(seqFrame)
+	if seq == replayEnd {
+		return replayReply{end: true}, nil
+	}
+	return replayReply{seq: seq, payload: payload}, nil
+}
+
+// fetchReplay asks an engine's replay socket (a ROUTER) for every batch
+// with seq >= start and collects them until the end marker. It gives up
+// after timeout (the whole exchange), after maxBatches batches, or when ctx
+// is done. It owns its DEALER socket for the call.
+func fetchReplay(ctx context.Context, zctx *zmq.Context, endpoint string, start uint64, timeout time.Duration, maxBatches int) ([]replayedBatch, error) {
+	sock, err := zctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		return nil, fmt.Errorf("%w: DEALER socket for %s: %w", ErrReplay, endpoint, err)
+	}
+	defer sock.Close()
+	_ = sock.SetLinger(0)
+	_ = sock.SetRcvhwm(0) // a replay is bounded by maxBatches, not by the HWM
+	if err := sock.Connect(endpoint); err != nil {
+		return nil, fmt.Errorf("%w: connect %s: %w", ErrReplay, endpoint, err)
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], start)
+	if _, err := sock.SendMessage([]byte{}, req[:]); err != nil {
+		return nil, fmt.Errorf("%w: send request to %s: %w", ErrReplay, endpoint, err)
+	}
+	deadline := time.Now().Add(timeout)
+	poller := zmq.NewPoller()
+	poller.Add(sock, zmq.POLLIN)
+	var out []replayedBatch
+	for {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return out, fmt.Errorf("%w: %s sent %d batches from seq %d but no end marker within %v", ErrReplay, endpoint, len(out), start, timeout)
+		}
+		polled, err := poller.Poll(min(left, 100*time.Millisecond))
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
+				continue
+			}
+			return out, fmt.Errorf("%w: poll %s: %w", ErrReplay, endpoint, err)
+		}
+		if len(polled) == 0 {
+			continue
+		}
+		frames, err := sock.RecvMessageBytes(0)
+		if err != nil {
+			return out, fmt.Errorf("%w: receive from %s: %w", ErrReplay, endpoint, err)
+		}
+		r, err := parseReplayReply(frames)
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", endpoint, err)
+		}
+		if r.end {
+			return out, nil
+		}
+		if len(out) > 0 && r.seq <= out[len(out)-1].seq {
+			return out, fmt.Errorf("%w: %s replayed seq %d after %d", ErrReplay, endpoint, r.seq, out[len(out)-1].seq)
+		}
+		out = append(out, replayedBatch{seq: r.seq, payload: r.payload})
+		if len(out) >= maxBatches {
+			return out, fmt.Errorf("%w: %s replayed more than %d batches", ErrReplay, endpoint, maxBatches)
+		}
+	}
+}

@@ -1,0 +1,483 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// GapPolicy says what happens to a worker's blocks when events were lost
+// and replay could not fill the gap. Lost BlockRemoved events leave blocks
+// in the index that the engine no longer holds, and lost BlockStored events
+// hide blocks it does hold; neither can be told apart afterwards.
+type GapPolicy uint8
+
+const (
+	// GapReset (the default) forgets everything the worker was known to
+	// hold and relearns from the next events: answers can only under-state
+	// its cache, never route to blocks it evicted. Counted as a reset.
+	GapReset GapPolicy = iota
+	// GapKeep keeps the worker's blocks but marks it HealthUnsynced until
+	// its next clear or restart, so every answer naming it says it may be
+	// wrong.
+	GapKeep
+)
+
+// String returns the policy's configuration name.
+func (p GapPolicy) String() string {
+	if p == GapKeep {
+		return "keep"
+	}
+	return "reset"
+}
+
+// ParseGapPolicy reads "reset" or "keep".
+func ParseGapPolicy(s string) (GapPolicy, error) {
+	switch s {
+	case "", "reset":
+		return GapReset, nil
+	case "keep":
+		return GapKeep, nil
+	}
+	return GapReset, fmt.Errorf("events: gap policy %q: want reset or keep", s)
+}
+
+// message is one received event message on its way to its worker's stream.
+type message struct {
+	seq       uint64
+	batch     *Batch // nil when decodeErr is set
+	decodeErr error
+	at        time.Time
+}
+
+// replayResult is what a replay fetch hands back to its stream.
+type replayResult struct {
+	from    uint64
+	batches []replayedBatch
+	err     error
+}
+
+// stream is one worker's ordered event pipeline: it receives decoded
+// messages from a receiver, tracks seq, fills gaps by replay, and applies
+// batches to the worker's Sink.
+//
+// # Concurrency
+//
+// The fields under "owned by run" are touched only by the stream's run
+// goroutine. mu guards stats. The atomics are written by their owners
+// (receiver, run) and read by the health checker and Score.
+type stream struct {
+	sub    *Subscriber
+	ref    WorkerRef
+	sink   Sink
+	replay string // replay endpoint, "" for none
+
+	in         chan message
+	replayDone chan replayResult
+	health     HealthCell
+
+	// owned by run
+	expected     uint64
+	hasExpected  bool
+	recovering   bool
+	recoverFrom  uint64
+	pending      []message
+	backoffUntil time.Time
+	backoff      time.Duration
+	joinTried    bool
+	dec          *Decoder
+	replayBatch  Batch
+
+	connected     atomic.Bool  // pull mode: the SUB socket has a connection
+	disconnected  atomic.Int64 // unix ns since when not connected (0 = connected)
+	lastMessage   atomic.Int64 // unix ns of the last message
+	isRecovering  atomic.Bool
+	unsynced      atomic.Bool
+	monitored     bool // pull mode: connection state is known
+	rankMismatches atomic.Int64
+
+	mu    sync.Mutex // guards stats and log
+	stats WorkerStats
+	log   limiter
+}
+
+func newStream(sub *Subscriber, ref WorkerRef, endpoint, topic, replay string, sink Sink, monitored bool) *stream {
+	st := &stream{
+		sub:        sub,
+		ref:        ref,
+		sink:       sink,
+		replay:     replay,
+		in:         make(chan message, sub.opts.QueueSize),
+		replayDone: make(chan replayResult, 1),
+		monitored:  monitored,
+		stats:      WorkerStats{Worker: ref, Endpoint: endpoint, Topic: topic, ReplayEndpoint: replay},
+	}
+	st.disconnected.Store(time.Now().UnixNano())
+	return st
+}
+
+// run is the stream's goroutine.
+func (st *stream) run(ctx context.Context) {
+	if st.replay != "" {
+		// Joining while the engine already runs: learn what it cached
+		// from the oldest batch it still buffers.
+		st.startRecovery(ctx, 0, nil, "join")
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			st.releasePending()
+			return
+		case m := <-st.in:
+			st.onMessage(ctx, m)
+		case r := <-st.replayDone:
+			st.onReplay(ctx, r)
+		}
+	}
+}
+
+// enqueue hands a message to the stream without blocking the receiver. A
+// full queue drops the message and counts it; the seq gap it leaves is
+// then recovered like any other.
+func (st *stream) enqueue(m message) {
+	select {
+	case st.in <- m:
+	default:
+		st.sub.putBatch(m.batch)
+		st.mu.Lock()
+		st.stats.Dropped++
+		st.mu.Unlock()
+	}
+}
+
+func (st *stream) onMessage(ctx context.Context, m message) {
+	st.lastMessage.Store(m.at.UnixNano())
+	st.mu.Lock()
+	st.stats.LastMessage = m.at
+	st.mu.Unlock()
+	if st.recovering {
+		if len(st.pending) >= st.sub.opts.MaxPending {
+			st.problem(fmt.Errorf("replay from seq %d still running with %d batches waiting: giving up on it", st.recoverFrom, len(st.pending)), false)
+			st.recovering = false
+			st.isRecovering.Store(false)
+			st.unrecoverable(st.recoverFrom, st.pending[0].seq, "replay too slow")
+			st.drain(ctx, append(st.pending, m))
+			return
+		}
+		st.pending = append(st.pending, m)
+		return
+	}
+	st.process(ctx, m)
+}
+
+// process applies one live message in seq order, starting a replay when it
+// reveals a gap. Callers are the run goroutine, not recovering.
+func (st *stream) process(ctx context.Context, m message) {
+	switch {
+	case !st.hasExpected:
+		if m.seq > 0 && st.replay != "" && !st.joinTried && time.Now().After(st.backoffUntil) {
+			// Joined late (or the join replay failed): fetch what came before.
+			st.startRecovery(ctx, 0, []message{m}, "late join")
+			return
+		}
+		if m.seq > 0 {
+			st.mu.Lock()
+			st.stats.JoinedAtSeq = m.seq
+			st.mu.Unlock()
+		}
+	case m.seq == st.expected:
+	case m.seq > st.expected:
+		missed := m.seq - st.expected
+		st.mu.Lock()
+		st.stats.Gaps++
+		st.stats.MissedBatches += int64(missed)
+		st.mu.Unlock()
+		if st.replay != "" && time.Now().After(st.backoffUntil) {
+			st.sub.opts.Logger.Info("kv events lost: replaying", "worker", st.ref.String(), "from", st.expected, "to", m.seq-1)
+			st.startRecovery(ctx, st.expected, []message{m}, "gap")
+			return
+		}
+		reason := "no replay endpoint"
+		if st.replay != "" {
+			reason = "replay backing off after a failure"
+		}
+		st.unrecoverable(st.expected, m.seq, reason)
+	default: // seq went backwards: a new engine process
+		st.restart(fmt.Sprintf("seq went back from %d to %d: engine restarted", st.expected-1, m.seq))
+		if m.seq > 0 && st.replay != "" && time.Now().After(st.backoffUntil) {
+			st.startRecovery(ctx, 0, []message{m}, "restart")
+			return
+		}
+	}
+	st.apply(m)
+}
+
+// restart resets the worker after its engine restarted.
+func (st *stream) restart(reason string) {
+	st.mu.Lock()
+	st.stats.Restarts++
+	st.mu.Unlock()
+	st.sink.Reset(reason)
+	st.unsynced.Store(false)
+	st.hasExpected = false
+	st.sub.opts.Logger.Warn("engine restart detected; worker cleared", "worker", st.ref.String(), "reason", reason)
+}
+
+// apply applies a decoded (or undecodable) message and advances expected.
+func (st *stream) apply(m message) {
+	st.expected, st.hasExpected = m.seq+1, true
+	st.mu.Lock()
+	st.stats.LastSeq, st.stats.HasSeq = m.seq, true
+	st.mu.Unlock()
+	if m.decodeErr != nil {
+		st.problem(fmt.Errorf("seq %d: %w", m.seq, m.decodeErr), true)
+		return
+	}
+	st.applyBatch(m.seq, m.batch)
+	st.sub.putBatch(m.batch)
+}
+
+func (st *stream) applyBatch(seq uint64, b *Batch) {
+	if b.HasDPRank && b.DPRank != st.ref.DPRank && st.monitored {
+		st.rankMismatches.Add(1)
+		st.problem(fmt.Errorf("seq %d: batch from data_parallel_rank %d on the endpoint configured for rank %d", seq, b.DPRank, st.ref.DPRank), false)
+	}
+	for i := range b.Events {
+		if b.Events[i].Kind == KindAllBlocksCleared {
+			st.unsynced.Store(false)
+		}
+	}
+	st.mu.Lock()
+	st.stats.Batches++
+	st.stats.Events += int64(len(b.Events))
+	st.mu.Unlock()
+	if err := st.sink.ApplyBatch(b); err != nil {
+		st.problem(fmt.Errorf("seq %d: %w", seq, err), false)
+	}
+}
+
+// startRecovery fetches batches from seq from on, holding pending (live
+// messages that arrived after the gap) until the replay answers.
+func (st *stream) startRecovery(ctx context.Context, from uint64, pending []message, why string) {
+	st.recovering, st.recoverFrom, st.pending = true, from, pending
+	if why == "join" || why == "late join" {
+		st.joinTried = true
+	}
+	st.isRecovering.Store(true)
+	st.mu.Lock()
+	st.stats.Replays++
+	st.mu.Unlock()
+	endpoint := st.replay
+	go func() {
+		res := replayResult{from: from}
+		select {
+		case st.sub.replaySlots <- struct{}{}:
+			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayMaxBatches)
+			<-st.sub.replaySlots
+		case <-ctx.Done():
+			res.err = ctx.Err()
+		}
+		if res.err != nil && ctx.Err() == nil {
+			res.err = fmt.Errorf("%s replay from seq %d: %w", why, from, res.err)
+		}
+		st.replayDone <- res
+	}()
+}
+
+// onReplay applies a replay's batches that precede the pending live
+// messages, applies the gap policy to whatever it could not fill, then
+// drains the pending messages.
+func (st *stream) onReplay(ctx context.Context, r replayResult) {
+	if !st.recovering || r.from != st.recoverFrom {
+		return // abandoned recovery
+	}
+	st.recovering = false
+	st.isRecovering.Store(false)
+	pending := st.pending
+	st.pending = nil
+	limit := ^uint64(0)
+	if len(pending) > 0 {
+		limit = pending[0].seq
+	}
+	if r.err != nil {
+		if ctx.Err() != nil {
+			st.drain(ctx, pending)
+			return
+		}
+		st.mu.Lock()
+		st.stats.ReplayFailures++
+		st.mu.Unlock()
+		st.backoff = min(max(2*st.backoff, st.sub.opts.ReplayBackoff), 30*time.Second)
+		st.backoffUntil = time.Now().Add(st.backoff)
+		st.problem(r.err, false)
+	} else {
+		st.backoff = 0
+	}
+	next := r.from
+	joining := !st.hasExpected
+	for _, b := range r.batches {
+		if b.seq < next {
+			continue
+		}
+		if b.seq >= limit {
+			break
+		}
+		if b.seq > next {
+			if joining && next == r.from {
+				// The engine no longer buffers its oldest history.
+				st.mu.Lock()
+				st.stats.JoinedAtSeq = b.seq
+				st.mu.Unlock()
+			} else {
+				st.unrecoverable(next, b.seq, "replay buffer no longer holds them")
+			}
+		}
+		m := message{seq: b.seq, at: time.Now()}
+		if st.dec == nil {
+			st.dec = NewDecoder()
+		}
+		if err := st.dec.Decode(b.payload, &st.replayBatch); err != nil {
+			m.decodeErr = err
+			st.apply(m)
+		} else {
+			st.expected, st.hasExpected = b.seq+1, true
+			st.mu.Lock()
+			st.stats.LastSeq, st.stats.HasSeq = b.seq, true
+			st.stats.ReplayedBatches++
+			st.mu.Unlock()
+			st.applyBatch(b.seq, &st.replayBatch)
+		}
+		next = b.seq + 1
+	}
+	if limit != ^uint64(0) && next < limit && st.hasExpected {
+		reason := "replay did not reach the live stream"
+		if r.err != nil {
+			reason = "replay failed"
+		}
+		st.unrecoverable(next, limit, reason)
+		st.expected = limit
+	} else if limit != ^uint64(0) && !st.hasExpected {
+		// Nothing was learned before the first live message.
+		st.mu.Lock()
+		if limit > 0 && st.stats.JoinedAtSeq == 0 {
+			st.stats.JoinedAtSeq = limit
+		}
+		st.mu.Unlock()
+	}
+	st.drain(ctx, pending)
+}
+
+// drain processes held live messages in order, re-holding the rest if one
+// of them starts another recovery.
+func (st *stream) drain(ctx context.Context, msgs []message) {
+	for i, m := range msgs {
+		if st.recovering {
+			st.pending = append(st.pending, msgs[i:]...)
+			return
+		}
+		st.process(ctx, m)
+	}
+}
+
+// unrecoverable applies the gap policy to the lost seqs [from, to).
+func (st *stream) unrecoverable(from, to uint64, reason string) {
+	st.mu.Lock()
+	st.stats.UnrecoveredGaps++
+	st.mu.Unlock()
+	msg := fmt.Sprintf("lost batches %d..%d (%s)", from, to-1, reason)
+	switch st.sub.opts.GapPolicy {
+	case GapKeep:
+		st.unsynced.Store(true)
+		st.sub.opts.Logger.Warn("kv events lost and not replayed; worker marked unsynced", "worker", st.ref.String(), "detail", msg)
+	default:
+		st.sink.Reset(msg)
+		st.unsynced.Store(false)
+		st.sub.opts.Logger.Warn("kv events lost and not replayed; worker reset", "worker", st.ref.String(), "detail", msg)
+	}
+}
+
+// releasePending returns held batches to the pool at shutdown.
+func (st *stream) releasePending() {
+	for _, m := range st.pending {
+		st.sub.putBatch(m.batch)
+	}
+	st.pending = nil
+}
+
+// problem counts and logs (rate-limited) a skipped message or event.
+func (st *stream) problem(err error, decode bool) {
+	now := time.Now()
+	st.mu.Lock()
+	if decode {
+		st.stats.DecodeErrors++
+	} else {
+		st.stats.ApplyErrors++
+	}
+	st.stats.LastError = err.Error()
+	emit, suppressed := st.log.allow(now, st.sub.opts.LogEvery)
+	st.mu.Unlock()
+	if emit {
+		st.sub.opts.Logger.Warn("kv event problem", "worker", st.ref.String(), "err", err, "suppressed", suppressed)
+	}
+}
+
+// evalHealth recomputes the stream's health at now and returns it.
+func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) Health {
+	stale := false
+	if st.monitored && !st.connected.Load() && o.StaleAfterDisconnect > 0 {
+		if since := st.disconnected.Load(); since != 0 && now.Sub(time.Unix(0, since)) >= o.StaleAfterDisconnect {
+			stale = true
+		}
+	}
+	last := st.lastMessage.Load()
+	if o.StaleAfterSilence > 0 && last != 0 && now.Sub(time.Unix(0, last)) >= o.StaleAfterSilence {
+		stale = true
+	}
+	switch {
+	case stale:
+		return HealthStale
+	case st.isRecovering.Load():
+		return HealthRecovering
+	case st.unsynced.Load():
+		return HealthUnsynced
+	case last != 0 || (st.monitored && st.connected.Load()):
+		return HealthOK
+	}
+	return HealthUnknown
+}
+
+// setHealth stores h, counting and logging transitions into and out of STALE.
+func (st *stream) setHealth(h Health, now time.Time) {
+	old := st.health.Load()
+	if old == h {
+		return
+	}
+	st.health.store(h)
+	st.mu.Lock()
+	st.stats.Health = h
+	if h == HealthStale {
+		st.stats.StaleSince = now
+		st.stats.StaleTransitions++
+	} else if old == HealthStale {
+		st.stats.StaleSince = time.Time{}
+	}
+	st.mu.Unlock()
+	if h == HealthStale {
+		st.sub.opts.Logger.Warn("worker stale: left out of Score answers", "worker", st.ref.String())
+	} else if old == HealthStale {
+		st.sub.opts.Logger.Info("worker back from stale", "worker", st.ref.String(), "health", h.String())
+	}
+}
+
+// snapshot returns the stream's stats.
+func (st *stream) snapshot() WorkerStats {
+	st.mu.Lock()
+	s := st.stats
+	st.mu.Unlock()
+	s.Backlog = len(st.in)
+	s.Connected = st.connected.Load()
+	s.Health = st.health.Load()
+	return s
+}
