@@ -125,6 +125,7 @@ func (st *stream) run(ctx context.Context) {
 		// from the oldest batch it still buffers.
 		st.startRecovery(ctx, 0, nil, "join")
 	}
+	st.refreshHealth()
 	for {
 		select {
 		case <-ctx.Done():
@@ -135,6 +136,7 @@ func (st *stream) run(ctx context.Context) {
 		case r := <-st.replayDone:
 			st.onReplay(ctx, r)
 		}
+		st.refreshHealth()
 	}
 }
 
@@ -321,18 +323,20 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		if b.seq < next {
 			continue
 		}
-		if b.seq >= limit {
-			break
-		}
 		if b.seq > next {
+			// The engine's buffer starts after what we asked for.
+			end := min(b.seq, limit)
 			if joining && next == r.from {
-				// The engine no longer buffers its oldest history.
 				st.mu.Lock()
-				st.stats.JoinedAtSeq = b.seq
+				st.stats.JoinedAtSeq = end
 				st.mu.Unlock()
 			} else {
-				st.unrecoverable(next, b.seq, "replay buffer no longer holds them")
+				st.unrecoverable(next, end, "the engine's replay buffer no longer holds them")
 			}
+			next = end
+		}
+		if b.seq >= limit {
+			break
 		}
 		m := message{seq: b.seq, at: time.Now()}
 		if st.dec == nil {
@@ -351,20 +355,24 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		}
 		next = b.seq + 1
 	}
-	if limit != ^uint64(0) && next < limit && st.hasExpected {
-		reason := "replay did not reach the live stream"
-		if r.err != nil {
-			reason = "replay failed"
-		}
-		st.unrecoverable(next, limit, reason)
-		st.expected = limit
-	} else if limit != ^uint64(0) && !st.hasExpected {
-		// Nothing was learned before the first live message.
-		st.mu.Lock()
-		if limit > 0 && st.stats.JoinedAtSeq == 0 {
+	if limit != ^uint64(0) {
+		switch {
+		case next < limit && st.hasExpected:
+			reason := "replay did not reach the live stream"
+			if r.err != nil {
+				reason = "replay failed"
+			}
+			st.unrecoverable(next, limit, reason)
+			st.expected = limit
+		case next < limit && limit > 0:
+			// Nothing of this process was learned before the first live
+			// message: a late join whose history is gone.
+			st.mu.Lock()
 			st.stats.JoinedAtSeq = limit
+			st.mu.Unlock()
+		case st.hasExpected:
+			st.expected = limit
 		}
-		st.mu.Unlock()
 	}
 	st.drain(ctx, pending)
 }
@@ -448,15 +456,24 @@ func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) Health {
 	return HealthUnknown
 }
 
-// setHealth stores h, counting and logging transitions into and out of STALE.
+// refreshHealth re-evaluates health now; the stream and the receiver call
+// it on every change they make, the health checker on a timer.
+func (st *stream) refreshHealth() {
+	now := time.Now()
+	st.setHealth(st.evalHealth(now, &st.sub.opts), now)
+}
+
+// setHealth stores h, counting and logging transitions into and out of
+// STALE. Several goroutines call it; mu orders them.
 func (st *stream) setHealth(h Health, now time.Time) {
-	old := st.health.Load()
+	st.mu.Lock()
+	old := st.stats.Health
 	if old == h {
+		st.mu.Unlock()
 		return
 	}
-	st.health.store(h)
-	st.mu.Lock()
 	st.stats.Health = h
+	st.health.store(h)
 	if h == HealthStale {
 		st.stats.StaleSince = now
 		st.stats.StaleTransitions++
@@ -478,6 +495,5 @@ func (st *stream) snapshot() WorkerStats {
 	st.mu.Unlock()
 	s.Backlog = len(st.in)
 	s.Connected = st.connected.Load()
-	s.Health = st.health.Load()
 	return s
 }

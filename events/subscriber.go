@@ -421,6 +421,7 @@ func (r *receiver) monitorEvent(mon *zmq.Socket) {
 		r.st.connected.Store(false)
 		r.st.disconnected.CompareAndSwap(0, time.Now().UnixNano())
 	}
+	r.st.refreshHealth()
 }
 
 // handle decodes one message and hands it to its worker's stream.

@@ -64,8 +64,11 @@ type fleet struct {
 	d      *daemon.Daemon
 	client *api.Client
 	pods   map[string]*pod
+	yaml   string
 	cancel context.CancelFunc
 	done   chan error
+	// pushAddr is the daemon's push listener ("" without push pods).
+	pushAddr string
 }
 
 // podSpec describes a simulated pod.
@@ -74,15 +77,39 @@ type podSpec struct {
 	dpSize int
 	model  string
 	enc    events.EncodeOptions
+	// replayFrames, when not zero, gives the pod a replay socket answering
+	// in vLLM's 3- or 4-frame form.
+	replayFrames int
+	// push makes the pod connect to the daemon's push listener with topic
+	// (default kv@<name>@<model>) instead of binding.
+	push  bool
+	topic string
+}
+
+// fleetOptions add configuration to a fleet.
+type fleetOptions struct {
+	// yaml is appended to the daemon's configuration (events:, score:, ...).
+	yaml string
+	// routes are push-mode topic routes, as YAML list items.
+	routes string
 }
 
 // startFleet starts simulated engines for specs, a daemon subscribed to
 // them, and waits until every subscription reached its engine.
 func startFleet(t *testing.T, specs ...podSpec) *fleet {
 	t.Helper()
+	f := newFleet(t, fleetOptions{}, specs...)
+	f.start()
+	return f
+}
+
+// newFleet starts the simulated engines and writes the daemon's
+// configuration, without starting the daemon (see start).
+func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
+	t.Helper()
 	f := &fleet{t: t, pods: map[string]*pod{}, done: make(chan error, 1)}
-	var yaml strings.Builder
-	fmt.Fprintf(&yaml, "grpc_listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nmodels:\n  - name: %s\n    block_size: %d\n  - name: other/model\n    block_size: %d\npods:\n", model, blockSize, blockSize)
+	var yaml, pods strings.Builder
+	fmt.Fprintf(&yaml, "grpc_listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nmodels:\n  - name: %s\n    block_size: %d\n  - name: other/model\n    block_size: %d\n", model, blockSize, blockSize)
 	for _, s := range specs {
 		if s.dpSize == 0 {
 			s.dpSize = 1
@@ -90,15 +117,33 @@ func startFleet(t *testing.T, specs ...podSpec) *fleet {
 		if s.model == "" {
 			s.model = model
 		}
+		if s.topic == "" {
+			s.topic = "kv@" + s.name + "@" + s.model
+		}
+		if s.push && f.pushAddr == "" {
+			f.pushAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePorts(t, 1))
+		}
 		base := freePorts(t, s.dpSize)
+		replayBase := 0
+		if s.replayFrames != 0 {
+			replayBase = freePorts(t, s.dpSize)
+		}
 		p := &pod{name: s.name}
 		for r := 0; r < s.dpSize; r++ {
-			pub, err := events.NewPublisher(events.PublisherConfig{
+			cfg := events.PublisherConfig{
 				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r),
-				Topic:    "kv@" + s.name + "@" + s.model,
+				Topic:    s.topic,
 				Encoding: s.enc,
 				Bind:     true,
-			})
+			}
+			if s.push {
+				cfg.Endpoint, cfg.Bind = f.pushAddr, false
+			}
+			if replayBase != 0 {
+				cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", replayBase+r)
+				cfg.ReplayFrames = s.replayFrames
+			}
+			pub, err := events.NewPublisher(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,11 +151,36 @@ func startFleet(t *testing.T, specs ...podSpec) *fleet {
 			p.pubs = append(p.pubs, pub)
 		}
 		f.pods[s.name] = p
-		fmt.Fprintf(&yaml, "  - {name: %s, model: %s, endpoint: 'tcp://127.0.0.1:%d', dp_size: %d}\n", s.name, s.model, base, s.dpSize)
+		if s.push {
+			continue
+		}
+		fmt.Fprintf(&pods, "  - {name: %s, model: %s, endpoint: 'tcp://127.0.0.1:%d', dp_size: %d", s.name, s.model, base, s.dpSize)
+		if replayBase != 0 {
+			fmt.Fprintf(&pods, ", replay_endpoint: 'tcp://127.0.0.1:%d'", replayBase)
+		}
+		pods.WriteString("}\n")
 	}
-	cfg, err := config.Parse([]byte(yaml.String()))
+	if pods.Len() > 0 {
+		yaml.WriteString("pods:\n" + pods.String())
+	}
+	if f.pushAddr != "" {
+		fmt.Fprintf(&yaml, "push:\n  - listen: '%s'\n", f.pushAddr)
+		if opts.routes != "" {
+			yaml.WriteString("    routes:\n" + opts.routes)
+		}
+	}
+	yaml.WriteString(opts.yaml)
+	f.yaml = yaml.String()
+	return f
+}
+
+// start starts the daemon and waits until every engine has its subscriber.
+func (f *fleet) start() {
+	t := f.t
+	t.Helper()
+	cfg, err := config.Parse([]byte(f.yaml))
 	if err != nil {
-		t.Fatalf("config: %v\n%s", err, yaml.String())
+		t.Fatalf("config: %v\n%s", err, f.yaml)
 	}
 	f.d, err = daemon.New(cfg, nil)
 	if err != nil {
@@ -134,12 +204,14 @@ func startFleet(t *testing.T, specs ...podSpec) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return f
 }
 
 func (f *fleet) stop() {
 	if f.client != nil {
 		f.client.Close()
+	}
+	if f.cancel == nil {
+		return
 	}
 	f.cancel()
 	select {
@@ -171,24 +243,55 @@ func (f *fleet) send(podName string, rank int, do func(*events.Publisher) (uint6
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if f.received(ref) > before {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	f.t.Fatalf("worker %s never processed seq %d", ref, seq)
+	f.waitFor(func() bool {
+		n, last, ok := f.receivedSeq(ref)
+		return n > before && ok && last == seq
+	}, fmt.Sprintf("worker %s to process seq %d", ref, seq))
 }
 
 // received counts the messages the daemon has processed from a worker.
 func (f *fleet) received(ref events.WorkerRef) int64 {
+	n, _, _ := f.receivedSeq(ref)
+	return n
+}
+
+// receivedSeq returns the messages processed from a worker and the last seq.
+func (f *fleet) receivedSeq(ref events.WorkerRef) (n int64, last uint64, ok bool) {
 	for _, s := range f.d.Subscriber().WorkerStats() {
 		if s.Worker == ref {
-			return s.Batches + s.DecodeErrors
+			return s.Batches + s.DecodeErrors, s.LastSeq, s.HasSeq
 		}
 	}
-	return 0
+	return 0, 0, false
+}
+
+// waitFor polls cond for up to 10 s.
+func (f *fleet) waitFor(cond func() bool, what string) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	f.t.Fatalf("timed out waiting for %s", what)
+}
+
+// status returns a worker's ListWorkers entry.
+func (f *fleet) status(podName string, rank int) *kvindexv1.WorkerStatus {
+	f.t.Helper()
+	resp, err := f.client.ListWorkers(context.Background(), &kvindexv1.ListWorkersRequest{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, w := range resp.GetWorkers() {
+		if w.GetWorker().GetPod() == podName && int(w.GetWorker().GetDpRank()) == rank {
+			return w
+		}
+	}
+	f.t.Fatalf("ListWorkers has no %s/%d", podName, rank)
+	return nil
 }
 
 // score asks the daemon over gRPC.

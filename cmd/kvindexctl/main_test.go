@@ -115,9 +115,9 @@ func TestKvindexctlAgainstServer(t *testing.T) {
 	}
 	t.Logf("kvindexctl workers:\n%s", out)
 	for _, want := range []string{
-		"WORKER MODEL ENDPOINT SEQ LAST EVENT RESIDENT GAPS RESTARTS ERRORS ORPHANS",
-		"pod-a/0 llama tcp://pod-a:5557 - just now 3 (GPU 3, CPU 2) 0 0 0 0",
-		"pod-b/0 llama tcp://pod-b:5557 - just now 1 0 0 0 0",
+		"WORKER MODEL ENDPOINT HEALTH SEQ LAST EVENT RESIDENT GAPS REPLAYS RESTARTS CLEARS ERRORS ORPHANS",
+		"pod-a/0 llama tcp://pod-a:5557 UNKNOWN - just now 3 (GPU 3, CPU 2) 0 - 0 0 0 0",
+		"pod-b/0 llama tcp://pod-b:5557 UNKNOWN - just now 1 0 - 0 0 0 0",
 	} {
 		if !strings.Contains(squash(out), want) {
 			t.Errorf("workers output lacks %q:\n%s", want, out)

@@ -154,10 +154,14 @@ func TestRenderWorkers(t *testing.T) {
 			HasSeq: true, LastSeq: 1234, LastEventTime: timestamppb.New(now.Add(-3 * time.Second)),
 			ResidentBlocks: 120, ResidentByMedium: []*kvindexv1.MediumCount{{Medium: "GPU", Blocks: 100}, {Medium: "CPU", Blocks: 40}},
 			Gaps: 2, Restarts: 1, DecodeErrors: 1, ApplyErrors: 2, Orphans: 5, LastError: "bad msgpack",
+			Health: kvindexv1.WorkerHealth_WORKER_HEALTH_STALE, StaleSince: timestamppb.New(now.Add(-12 * time.Second)),
+			UnrecoveredGaps: 1, ReplayEndpoint: "tcp://10.0.0.1:5567", Replays: 3, ReplayedBatches: 14, ReplayFailures: 1,
+			Clears: 4, JoinedAtSeq: 90,
 		},
 		{
 			Worker: &kvindexv1.WorkerRef{Pod: "pod-b", DpRank: 1}, Model: "llama", Endpoint: "tcp://10.0.0.2:5557",
 			ResidentBlocks: 7, ResidentByMedium: []*kvindexv1.MediumCount{{Medium: "GPU", Blocks: 7}},
+			Health: kvindexv1.WorkerHealth_WORKER_HEALTH_OK,
 		},
 	}}
 	var buf bytes.Buffer
@@ -165,9 +169,10 @@ func TestRenderWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"WORKER MODEL ENDPOINT SEQ LAST EVENT RESIDENT GAPS RESTARTS ERRORS ORPHANS",
-		"pod-a/0 llama tcp://10.0.0.1:5557 1234 3s ago 120 (GPU 100, CPU 40) 2 1 3 5",
-		"pod-b/1 llama tcp://10.0.0.2:5557 - never 7 0 0 0 0",
+		"WORKER MODEL ENDPOINT HEALTH SEQ LAST EVENT RESIDENT GAPS REPLAYS RESTARTS CLEARS ERRORS ORPHANS",
+		"pod-a/0 llama tcp://10.0.0.1:5557 STALE 12s 1234 3s ago 120 (GPU 100, CPU 40) 2 (1 lost) 3/14 (1 failed) 1 4 3 5",
+		"pod-b/1 llama tcp://10.0.0.2:5557 OK - never 7 0 - 0 0 0 0",
+		"pod-a/0: joined late at seq 90: blocks stored before it are unknown",
 		"pod-a/0: last error: bad msgpack",
 	}
 	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {

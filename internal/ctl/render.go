@@ -37,16 +37,17 @@ func WorkerName(r *kvindexv1.WorkerRef) string {
 }
 
 // RenderWorkers prints one row per worker: WORKER, MODEL, ENDPOINT, SEQ,
-// LAST EVENT (as an age relative to now), RESIDENT, GAPS, RESTARTS, ERRORS
-// (decode + apply) and ORPHANS, then each worker's last error and last
-// reset, if any.
+// HEALTH, SEQ, LAST EVENT (as an age relative to now), RESIDENT, GAPS (and
+// how many were lost beyond replay), REPLAYS (requests/batches applied),
+// RESTARTS, CLEARS, ERRORS (decode + apply) and ORPHANS, then notes on
+// anything that makes the worker's answers less than exact.
 func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Time) error {
 	if len(resp.GetWorkers()) == 0 {
 		_, err := fmt.Fprintln(w, "no workers")
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "WORKER\tMODEL\tENDPOINT\tSEQ\tLAST EVENT\tRESIDENT\tGAPS\tRESTARTS\tERRORS\tORPHANS")
+	fmt.Fprintln(tw, "WORKER\tMODEL\tENDPOINT\tHEALTH\tSEQ\tLAST EVENT\tRESIDENT\tGAPS\tREPLAYS\tRESTARTS\tCLEARS\tERRORS\tORPHANS")
 	var notes []string
 	for _, ws := range resp.GetWorkers() {
 		seq := "-"
@@ -57,9 +58,25 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		if ws.GetLastEventTime() != nil {
 			last = Age(now.Sub(ws.GetLastEventTime().AsTime()))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n",
-			WorkerName(ws.GetWorker()), orDash(ws.GetModel()), orDash(ws.GetEndpoint()), seq, last,
-			resident(ws), ws.GetGaps(), ws.GetRestarts(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n",
+			WorkerName(ws.GetWorker()), orDash(ws.GetModel()), orDash(ws.GetEndpoint()), health(ws, now), seq, last,
+			resident(ws), gaps(ws), replays(ws), ws.GetRestarts(), ws.GetClears(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans())
+		name := WorkerName(ws.GetWorker())
+		if n := ws.GetJoinedAtSeq(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: joined late at seq %d: blocks stored before it are unknown", name, n))
+		}
+		if n := ws.GetDropped(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d messages dropped on a full queue (backlog now %d)", name, n, ws.GetBacklog()))
+		}
+		if n := ws.GetEvictions(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d blocks evicted by kvindex's memory bounds", name, n))
+		}
+		if n := ws.GetBlockSizeMismatches(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d events with a block size other than the model's", name, n))
+		}
+		if n := ws.GetUnknownBlocks(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d removals or offloads of blocks it never stored", name, n))
+		}
 		if e := ws.GetLastError(); e != "" {
 			notes = append(notes, fmt.Sprintf("%s: last error: %s", WorkerName(ws.GetWorker()), e))
 		}
@@ -76,6 +93,40 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		}
 	}
 	return nil
+}
+
+// health renders the worker's health, with the age of a stale state.
+func health(ws *kvindexv1.WorkerStatus, now time.Time) string {
+	h := strings.TrimPrefix(ws.GetHealth().String(), "WORKER_HEALTH_")
+	switch {
+	case h == "UNSPECIFIED":
+		return "UNKNOWN"
+	case h == "STALE" && ws.GetStaleSince() != nil:
+		return "STALE " + strings.TrimSuffix(Age(now.Sub(ws.GetStaleSince().AsTime())), " ago")
+	}
+	return h
+}
+
+// gaps renders seq gaps, with how many replay could not fill: "3 (1 lost)".
+func gaps(ws *kvindexv1.WorkerStatus) string {
+	g := strconv.FormatUint(ws.GetGaps(), 10)
+	if n := ws.GetUnrecoveredGaps(); n > 0 {
+		g += " (" + strconv.FormatUint(n, 10) + " lost)"
+	}
+	return g
+}
+
+// replays renders replay requests with the batches they applied and their
+// failures: "2/14" or "3/14 (1 failed)"; "-" without a replay endpoint.
+func replays(ws *kvindexv1.WorkerStatus) string {
+	if ws.GetReplayEndpoint() == "" && ws.GetReplays() == 0 {
+		return "-"
+	}
+	r := strconv.FormatUint(ws.GetReplays(), 10) + "/" + strconv.FormatUint(ws.GetReplayedBatches(), 10)
+	if n := ws.GetReplayFailures(); n > 0 {
+		r += " (" + strconv.FormatUint(n, 10) + " failed)"
+	}
+	return r
 }
 
 // resident renders resident blocks, split by medium when more than GPU

@@ -22,6 +22,9 @@ type Collector struct {
 	batches, evs, decodeErrs, applyErrs, gaps, missed, restarts, lastMsg *prometheus.Desc
 	stored, removed, resident, orphans, unknown, bsMismatch, invalid     *prometheus.Desc
 	skippedGroup, clears, resets                                         *prometheus.Desc
+	replays, replayed, replayFailures, unrecovered, staleTransitions     *prometheus.Desc
+	health, dropped, backlog, unroutable                                 *prometheus.Desc
+	unroutableSrc                                                        interface{ Unroutable() int64 }
 }
 
 var workerLabels = []string{"pod", "dp_rank", "model"}
@@ -31,7 +34,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 	d := func(name, help string, extra ...string) *prometheus.Desc {
 		return prometheus.NewDesc("kvindex_"+name, help, append(append([]string(nil), workerLabels...), extra...), nil)
 	}
-	return &Collector{
+	c := &Collector{
 		ix:           ix,
 		stats:        stats,
 		batches:      d("batches_total", "Event batches (ZMQ messages) decoded per worker."),
@@ -51,14 +54,29 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		invalid:      d("invalid_events_total", "Other events that could not be applied."),
 		skippedGroup: d("skipped_group_events_total", "Events of KV-cache groups that do not decide prefix reuse."),
 		clears:       d("clears_total", "AllBlocksCleared events applied."),
-		resets:       d("resets_total", "Forced resets of the worker (engine restarts)."),
+		resets:       d("resets_total", "Forced resets of the worker (engine restarts, unrecoverable gaps)."),
+
+		replays:          d("replays_total", "Replay requests to the engine's replay socket (gaps, late joins, restarts)."),
+		replayed:         d("replayed_batches_total", "Batches applied from replays."),
+		replayFailures:   d("replay_failures_total", "Replays that failed or timed out."),
+		unrecovered:      d("unrecovered_gaps_total", "Lost batches replay could not fill, each handled by the gap policy."),
+		staleTransitions: d("stale_transitions_total", "Times the worker became stale."),
+		health:           d("worker_health", "1 for the worker's current health state, by state.", "state"),
+		dropped:          d("dropped_batches_total", "Messages dropped on a full worker queue."),
+		backlog:          d("queue_backlog", "Batches waiting in the worker's queue."),
+		unroutable:       prometheus.NewDesc("kvindex_unroutable_messages_total", "Push-mode messages whose topic maps to no pod.", nil, nil),
 	}
+	if u, ok := stats.(interface{ Unroutable() int64 }); ok {
+		c.unroutableSrc = u
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
-		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets} {
+		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets,
+		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable} {
 		ch <- d
 	}
 }
@@ -106,8 +124,25 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.gaps, s.Gaps)
 		counter(c.missed, s.MissedBatches)
 		counter(c.restarts, s.Restarts)
+		counter(c.replays, s.Replays)
+		counter(c.replayed, s.ReplayedBatches)
+		counter(c.replayFailures, s.ReplayFailures)
+		counter(c.unrecovered, s.UnrecoveredGaps)
+		counter(c.staleTransitions, s.StaleTransitions)
+		counter(c.dropped, s.Dropped)
+		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(s.Backlog), lv...)
+		for h := events.HealthUnknown; h <= events.HealthStale; h++ {
+			v := 0.0
+			if s.Health == h {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.health, prometheus.GaugeValue, v, append(lv, h.String())...)
+		}
 		if !s.LastMessage.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.lastMsg, prometheus.GaugeValue, float64(s.LastMessage.UnixNano())/1e9, lv...)
 		}
+	}
+	if c.unroutableSrc != nil {
+		ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.CounterValue, float64(c.unroutableSrc.Unroutable()))
 	}
 }
