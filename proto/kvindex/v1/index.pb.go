@@ -93,6 +93,219 @@ func (WorkerHealth) EnumDescriptor() ([]byte, []int) {
 	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{0}
 }
 
+// RouteRequest is a Score request plus the routing decision to record.
+type RouteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// score is the prompt and how to rank; as for Score.
+	Score *ScoreRequest `protobuf:"bytes,1,opt,name=score,proto3" json:"score,omitempty"`
+	// request_id identifies the request for Release; required, unique per
+	// request while it is in flight.
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// pick, when set, records the router's own choice instead of kvindex's
+	// first-ranked worker; it must be a worker of the model.
+	Pick          *WorkerRef `protobuf:"bytes,3,opt,name=pick,proto3" json:"pick,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteRequest) Reset() {
+	*x = RouteRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteRequest) ProtoMessage() {}
+
+func (x *RouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteRequest.ProtoReflect.Descriptor instead.
+func (*RouteRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RouteRequest) GetScore() *ScoreRequest {
+	if x != nil {
+		return x.Score
+	}
+	return nil
+}
+
+func (x *RouteRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RouteRequest) GetPick() *WorkerRef {
+	if x != nil {
+		return x.Pick
+	}
+	return nil
+}
+
+// RouteResponse is the ranking and the worker chosen.
+type RouteResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// chosen is the worker the request was recorded against.
+	Chosen *WorkerRef `protobuf:"bytes,1,opt,name=chosen,proto3" json:"chosen,omitempty"`
+	// ranking is the Score answer the choice was made from.
+	Ranking       *ScoreResponse `protobuf:"bytes,2,opt,name=ranking,proto3" json:"ranking,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteResponse) Reset() {
+	*x = RouteResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteResponse) ProtoMessage() {}
+
+func (x *RouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
+func (*RouteResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RouteResponse) GetChosen() *WorkerRef {
+	if x != nil {
+		return x.Chosen
+	}
+	return nil
+}
+
+func (x *RouteResponse) GetRanking() *ScoreResponse {
+	if x != nil {
+		return x.Ranking
+	}
+	return nil
+}
+
+// ReleaseRequest ends a routed request.
+type ReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_id is the id given to Route.
+	RequestId     string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReleaseRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// ReleaseResponse says whether the request was still in flight.
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released is false when the id was unknown or had already expired.
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 // WorkerRef names one KV cache: an engine pod and its data-parallel rank.
 // A pod running with data parallelism N publishes N independent caches.
 type WorkerRef struct {
@@ -108,7 +321,7 @@ type WorkerRef struct {
 
 func (x *WorkerRef) Reset() {
 	*x = WorkerRef{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[0]
+	mi := &file_kvindex_v1_index_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -120,7 +333,7 @@ func (x *WorkerRef) String() string {
 func (*WorkerRef) ProtoMessage() {}
 
 func (x *WorkerRef) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[0]
+	mi := &file_kvindex_v1_index_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -133,7 +346,7 @@ func (x *WorkerRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRef.ProtoReflect.Descriptor instead.
 func (*WorkerRef) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{0}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WorkerRef) GetPod() string {
@@ -184,13 +397,19 @@ type ScoreRequest struct {
 	// keys kvindex would derive from lora_name and cache_salt (lora_name
 	// still selects the adapter).
 	BlockExtraKeys []*ExtraKeys `protobuf:"bytes,7,rep,name=block_extra_keys,json=blockExtraKeys,proto3" json:"block_extra_keys,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// loads gives the caller's view of workers' load; it takes precedence
+	// over what kvindex scraped or tracked for the workers it names.
+	Loads []*WorkerLoad `protobuf:"bytes,8,rep,name=loads,proto3" json:"loads,omitempty"`
+	// policy selects and tunes the ranking; unset means the server's default
+	// (cache_aware with its configured weights).
+	Policy        *ScorePolicy `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[1]
+	mi := &file_kvindex_v1_index_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +421,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[1]
+	mi := &file_kvindex_v1_index_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +434,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{1}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ScoreRequest) GetModel() string {
@@ -267,6 +486,210 @@ func (x *ScoreRequest) GetBlockExtraKeys() []*ExtraKeys {
 	return nil
 }
 
+func (x *ScoreRequest) GetLoads() []*WorkerLoad {
+	if x != nil {
+		return x.Loads
+	}
+	return nil
+}
+
+func (x *ScoreRequest) GetPolicy() *ScorePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+// WorkerLoad is one worker's load as the caller sees it.
+type WorkerLoad struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// worker is the worker the load is for.
+	Worker *WorkerRef `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// running is the number of requests running on the worker.
+	Running uint32 `protobuf:"varint,2,opt,name=running,proto3" json:"running,omitempty"`
+	// waiting is the number of requests queued on the worker.
+	Waiting uint32 `protobuf:"varint,3,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// kv_cache_usage is the fraction of the worker's KV cache in use, 0..1.
+	KvCacheUsage float64 `protobuf:"fixed64,4,opt,name=kv_cache_usage,json=kvCacheUsage,proto3" json:"kv_cache_usage,omitempty"`
+	// queued_prefill_tokens is prompt tokens admitted but not yet
+	// prefilled; 0 if unknown (kvindex then estimates it from waiting).
+	QueuedPrefillTokens uint64 `protobuf:"varint,5,opt,name=queued_prefill_tokens,json=queuedPrefillTokens,proto3" json:"queued_prefill_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *WorkerLoad) Reset() {
+	*x = WorkerLoad{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerLoad) ProtoMessage() {}
+
+func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
+func (*WorkerLoad) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WorkerLoad) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *WorkerLoad) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *WorkerLoad) GetWaiting() uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *WorkerLoad) GetKvCacheUsage() float64 {
+	if x != nil {
+		return x.KvCacheUsage
+	}
+	return 0
+}
+
+func (x *WorkerLoad) GetQueuedPrefillTokens() uint64 {
+	if x != nil {
+		return x.QueuedPrefillTokens
+	}
+	return 0
+}
+
+// ScorePolicy selects and tunes the ranking. Zero fields keep the server's
+// defaults.
+type ScorePolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is "longest_prefix" (most consecutive cached blocks first, ties
+	// by load) or "cache_aware" (the default: least estimated prefill work,
+	// counting what is cached, what is queued, and the hotspot guard).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// gpu_weight, cpu_weight and storage_weight weigh a cached block by
+	// where it is (defaults 1.0, 0.8, 0.5; DISK and EXTERNAL use
+	// storage_weight, OTHER zero).
+	GpuWeight     float64 `protobuf:"fixed64,2,opt,name=gpu_weight,json=gpuWeight,proto3" json:"gpu_weight,omitempty"`
+	CpuWeight     float64 `protobuf:"fixed64,3,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
+	StorageWeight float64 `protobuf:"fixed64,4,opt,name=storage_weight,json=storageWeight,proto3" json:"storage_weight,omitempty"`
+	// load_weight scales queued prefill tokens against the request's own
+	// uncached tokens in cache_aware (default 1.0).
+	LoadWeight float64 `protobuf:"fixed64,5,opt,name=load_weight,json=loadWeight,proto3" json:"load_weight,omitempty"`
+	// guard is the hotspot guard: "cost" (default: divert when a worker's
+	// queued work exceeds what the request would recompute elsewhere), "static"
+	// (divert when in-flight requests exceed static_k times the median), or
+	// "off".
+	Guard string `protobuf:"bytes,6,opt,name=guard,proto3" json:"guard,omitempty"`
+	// static_k is the static guard's multiple of the median (default 2.0).
+	StaticK       float64 `protobuf:"fixed64,7,opt,name=static_k,json=staticK,proto3" json:"static_k,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScorePolicy) Reset() {
+	*x = ScorePolicy{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScorePolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScorePolicy) ProtoMessage() {}
+
+func (x *ScorePolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScorePolicy.ProtoReflect.Descriptor instead.
+func (*ScorePolicy) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ScorePolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ScorePolicy) GetGpuWeight() float64 {
+	if x != nil {
+		return x.GpuWeight
+	}
+	return 0
+}
+
+func (x *ScorePolicy) GetCpuWeight() float64 {
+	if x != nil {
+		return x.CpuWeight
+	}
+	return 0
+}
+
+func (x *ScorePolicy) GetStorageWeight() float64 {
+	if x != nil {
+		return x.StorageWeight
+	}
+	return 0
+}
+
+func (x *ScorePolicy) GetLoadWeight() float64 {
+	if x != nil {
+		return x.LoadWeight
+	}
+	return 0
+}
+
+func (x *ScorePolicy) GetGuard() string {
+	if x != nil {
+		return x.Guard
+	}
+	return ""
+}
+
+func (x *ScorePolicy) GetStaticK() float64 {
+	if x != nil {
+		return x.StaticK
+	}
+	return 0
+}
+
 // ExtraKeys is one block's extra hash inputs: a tuple of values.
 type ExtraKeys struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -278,7 +701,7 @@ type ExtraKeys struct {
 
 func (x *ExtraKeys) Reset() {
 	*x = ExtraKeys{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +713,7 @@ func (x *ExtraKeys) String() string {
 func (*ExtraKeys) ProtoMessage() {}
 
 func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[2]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +726,7 @@ func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraKeys.ProtoReflect.Descriptor instead.
 func (*ExtraKeys) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{2}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExtraKeys) GetValues() []*ExtraValue {
@@ -331,7 +754,7 @@ type ExtraValue struct {
 
 func (x *ExtraValue) Reset() {
 	*x = ExtraValue{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +766,7 @@ func (x *ExtraValue) String() string {
 func (*ExtraValue) ProtoMessage() {}
 
 func (x *ExtraValue) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[3]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +779,7 @@ func (x *ExtraValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraValue.ProtoReflect.Descriptor instead.
 func (*ExtraValue) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{3}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExtraValue) GetKind() isExtraValue_Kind {
@@ -445,14 +868,16 @@ type ScoreResponse struct {
 	// workers has one entry per worker that holds at least the first block,
 	// or one per candidate when the request named candidates. Sorted by
 	// matched_blocks, highest first, then by worker (pod, dp_rank).
-	Workers       []*WorkerScore `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
+	Workers []*WorkerScore `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
+	// policy is the policy that ranked the workers.
+	Policy        string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[4]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +889,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[4]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +902,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{4}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ScoreResponse) GetBlockSize() uint32 {
@@ -501,6 +926,13 @@ func (x *ScoreResponse) GetWorkers() []*WorkerScore {
 	return nil
 }
 
+func (x *ScoreResponse) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
 // WorkerScore is one worker's match of the prompt.
 type WorkerScore struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -518,14 +950,32 @@ type WorkerScore struct {
 	// OTHER.
 	ByMedium []*MediumMatch `protobuf:"bytes,4,rep,name=by_medium,json=byMedium,proto3" json:"by_medium,omitempty"`
 	// health is the worker's health when the answer was computed.
-	Health        WorkerHealth `protobuf:"varint,5,opt,name=health,proto3,enum=kvindex.v1.WorkerHealth" json:"health,omitempty"`
+	Health WorkerHealth `protobuf:"varint,5,opt,name=health,proto3,enum=kvindex.v1.WorkerHealth" json:"health,omitempty"`
+	// speculative_blocks is how many of matched_blocks are only expected to
+	// be cached: a recent Route sent a request with this prefix to the
+	// worker, and its BlockStored events have not arrived yet.
+	SpeculativeBlocks uint32 `protobuf:"varint,6,opt,name=speculative_blocks,json=speculativeBlocks,proto3" json:"speculative_blocks,omitempty"`
+	// overlap is the tier-weighted cached fraction of the prompt, 0..1.
+	Overlap float64 `protobuf:"fixed64,7,opt,name=overlap,proto3" json:"overlap,omitempty"`
+	// load is the worker's load as the ranking saw it.
+	Load *LoadDetail `protobuf:"bytes,8,opt,name=load,proto3" json:"load,omitempty"`
+	// penalty is what the hotspot guard added to the worker's cost, in
+	// tokens (0 when not diverted).
+	Penalty float64 `protobuf:"fixed64,9,opt,name=penalty,proto3" json:"penalty,omitempty"`
+	// score is the ranking value: higher is better. For cache_aware it is
+	// minus the estimated prefill tokens (own uncached work plus weighted
+	// queue plus penalty); for longest_prefix it is the weighted overlap.
+	Score float64 `protobuf:"fixed64,10,opt,name=score,proto3" json:"score,omitempty"`
+	// reason explains the worker's place in a sentence, for kvindexctl
+	// score --explain.
+	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerScore) Reset() {
 	*x = WorkerScore{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[5]
+	mi := &file_kvindex_v1_index_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +987,7 @@ func (x *WorkerScore) String() string {
 func (*WorkerScore) ProtoMessage() {}
 
 func (x *WorkerScore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[5]
+	mi := &file_kvindex_v1_index_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +1000,7 @@ func (x *WorkerScore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerScore.ProtoReflect.Descriptor instead.
 func (*WorkerScore) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{5}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WorkerScore) GetWorker() *WorkerRef {
@@ -588,6 +1038,148 @@ func (x *WorkerScore) GetHealth() WorkerHealth {
 	return WorkerHealth_WORKER_HEALTH_UNSPECIFIED
 }
 
+func (x *WorkerScore) GetSpeculativeBlocks() uint32 {
+	if x != nil {
+		return x.SpeculativeBlocks
+	}
+	return 0
+}
+
+func (x *WorkerScore) GetOverlap() float64 {
+	if x != nil {
+		return x.Overlap
+	}
+	return 0
+}
+
+func (x *WorkerScore) GetLoad() *LoadDetail {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+func (x *WorkerScore) GetPenalty() float64 {
+	if x != nil {
+		return x.Penalty
+	}
+	return 0
+}
+
+func (x *WorkerScore) GetScore() float64 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
+func (x *WorkerScore) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// LoadDetail is a worker's load and where each part came from.
+type LoadDetail struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// running and waiting are requests running and queued on the engine.
+	Running uint32 `protobuf:"varint,1,opt,name=running,proto3" json:"running,omitempty"`
+	Waiting uint32 `protobuf:"varint,2,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// kv_cache_usage is the fraction of the KV cache in use, 0..1.
+	KvCacheUsage float64 `protobuf:"fixed64,3,opt,name=kv_cache_usage,json=kvCacheUsage,proto3" json:"kv_cache_usage,omitempty"`
+	// inflight_requests and inflight_prefill_tokens are what kvindex routed
+	// to the worker (Route) and has not seen released or expired.
+	InflightRequests      uint32 `protobuf:"varint,4,opt,name=inflight_requests,json=inflightRequests,proto3" json:"inflight_requests,omitempty"`
+	InflightPrefillTokens uint64 `protobuf:"varint,5,opt,name=inflight_prefill_tokens,json=inflightPrefillTokens,proto3" json:"inflight_prefill_tokens,omitempty"`
+	// queued_prefill_tokens is the estimate the ranking used.
+	QueuedPrefillTokens uint64 `protobuf:"varint,6,opt,name=queued_prefill_tokens,json=queuedPrefillTokens,proto3" json:"queued_prefill_tokens,omitempty"`
+	// source says where running/waiting came from: "request", "scrape",
+	// "none".
+	Source        string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadDetail) Reset() {
+	*x = LoadDetail{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadDetail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadDetail) ProtoMessage() {}
+
+func (x *LoadDetail) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadDetail.ProtoReflect.Descriptor instead.
+func (*LoadDetail) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LoadDetail) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *LoadDetail) GetWaiting() uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *LoadDetail) GetKvCacheUsage() float64 {
+	if x != nil {
+		return x.KvCacheUsage
+	}
+	return 0
+}
+
+func (x *LoadDetail) GetInflightRequests() uint32 {
+	if x != nil {
+		return x.InflightRequests
+	}
+	return 0
+}
+
+func (x *LoadDetail) GetInflightPrefillTokens() uint64 {
+	if x != nil {
+		return x.InflightPrefillTokens
+	}
+	return 0
+}
+
+func (x *LoadDetail) GetQueuedPrefillTokens() uint64 {
+	if x != nil {
+		return x.QueuedPrefillTokens
+	}
+	return 0
+}
+
+func (x *LoadDetail) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 // MediumMatch is a worker's prefix match within one storage medium.
 type MediumMatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -604,7 +1196,7 @@ type MediumMatch struct {
 
 func (x *MediumMatch) Reset() {
 	*x = MediumMatch{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +1208,7 @@ func (x *MediumMatch) String() string {
 func (*MediumMatch) ProtoMessage() {}
 
 func (x *MediumMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +1221,7 @@ func (x *MediumMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumMatch.ProtoReflect.Descriptor instead.
 func (*MediumMatch) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MediumMatch) GetMedium() string {
@@ -665,7 +1257,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +1269,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +1282,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListWorkersRequest) GetModel() string {
@@ -711,7 +1303,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +1315,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +1328,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerStatus {
@@ -854,7 +1446,7 @@ type WorkerStatus struct {
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[9]
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +1458,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[9]
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +1471,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorkerStatus) GetWorker() *WorkerRef {
@@ -1175,7 +1767,7 @@ type MediumCount struct {
 
 func (x *MediumCount) Reset() {
 	*x = MediumCount{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[10]
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1779,7 @@ func (x *MediumCount) String() string {
 func (*MediumCount) ProtoMessage() {}
 
 func (x *MediumCount) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[10]
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1792,7 @@ func (x *MediumCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumCount.ProtoReflect.Descriptor instead.
 func (*MediumCount) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MediumCount) GetMedium() string {
@@ -1222,10 +1814,23 @@ var File_kvindex_v1_index_proto protoreflect.FileDescriptor
 const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"\x16kvindex/v1/index.proto\x12\n" +
-	"kvindex.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n" +
+	"kvindex.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x01\n" +
+	"\fRouteRequest\x12.\n" +
+	"\x05score\x18\x01 \x01(\v2\x18.kvindex.v1.ScoreRequestR\x05score\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12)\n" +
+	"\x04pick\x18\x03 \x01(\v2\x15.kvindex.v1.WorkerRefR\x04pick\"s\n" +
+	"\rRouteResponse\x12-\n" +
+	"\x06chosen\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06chosen\x123\n" +
+	"\aranking\x18\x02 \x01(\v2\x19.kvindex.v1.ScoreResponseR\aranking\"/\n" +
+	"\x0eReleaseRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\"-\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"6\n" +
 	"\tWorkerRef\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
-	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\x8e\x02\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\xed\x02\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -1235,7 +1840,27 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"cache_salt\x18\x05 \x01(\tR\tcacheSalt\x12/\n" +
 	"\aworkers\x18\x06 \x03(\v2\x15.kvindex.v1.WorkerRefR\aworkers\x12?\n" +
-	"\x10block_extra_keys\x18\a \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\";\n" +
+	"\x10block_extra_keys\x18\a \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\x12,\n" +
+	"\x05loads\x18\b \x03(\v2\x16.kvindex.v1.WorkerLoadR\x05loads\x12/\n" +
+	"\x06policy\x18\t \x01(\v2\x17.kvindex.v1.ScorePolicyR\x06policy\"\xc9\x01\n" +
+	"\n" +
+	"WorkerLoad\x12-\n" +
+	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x18\n" +
+	"\arunning\x18\x02 \x01(\rR\arunning\x12\x18\n" +
+	"\awaiting\x18\x03 \x01(\rR\awaiting\x12$\n" +
+	"\x0ekv_cache_usage\x18\x04 \x01(\x01R\fkvCacheUsage\x122\n" +
+	"\x15queued_prefill_tokens\x18\x05 \x01(\x04R\x13queuedPrefillTokens\"\xd8\x01\n" +
+	"\vScorePolicy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"gpu_weight\x18\x02 \x01(\x01R\tgpuWeight\x12\x1d\n" +
+	"\n" +
+	"cpu_weight\x18\x03 \x01(\x01R\tcpuWeight\x12%\n" +
+	"\x0estorage_weight\x18\x04 \x01(\x01R\rstorageWeight\x12\x1f\n" +
+	"\vload_weight\x18\x05 \x01(\x01R\n" +
+	"loadWeight\x12\x14\n" +
+	"\x05guard\x18\x06 \x01(\tR\x05guard\x12\x19\n" +
+	"\bstatic_k\x18\a \x01(\x01R\astaticK\";\n" +
 	"\tExtraKeys\x12.\n" +
 	"\x06values\x18\x01 \x03(\v2\x16.kvindex.v1.ExtraValueR\x06values\"\x7f\n" +
 	"\n" +
@@ -1244,18 +1869,35 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x03int\x18\x02 \x01(\x03H\x00R\x03int\x12\x12\n" +
 	"\x03raw\x18\x03 \x01(\fH\x00R\x03raw\x12-\n" +
 	"\x05tuple\x18\x04 \x01(\v2\x15.kvindex.v1.ExtraKeysH\x00R\x05tupleB\x06\n" +
-	"\x04kind\"\x86\x01\n" +
+	"\x04kind\"\x9e\x01\n" +
 	"\rScoreResponse\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x12#\n" +
 	"\rprompt_blocks\x18\x02 \x01(\rR\fpromptBlocks\x121\n" +
-	"\aworkers\x18\x03 \x03(\v2\x17.kvindex.v1.WorkerScoreR\aworkers\"\xf2\x01\n" +
+	"\aworkers\x18\x03 \x03(\v2\x17.kvindex.v1.WorkerScoreR\aworkers\x12\x16\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\"\xaf\x03\n" +
 	"\vWorkerScore\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12%\n" +
 	"\x0ematched_blocks\x18\x02 \x01(\rR\rmatchedBlocks\x12%\n" +
 	"\x0ematched_tokens\x18\x03 \x01(\rR\rmatchedTokens\x124\n" +
 	"\tby_medium\x18\x04 \x03(\v2\x17.kvindex.v1.MediumMatchR\bbyMedium\x120\n" +
-	"\x06health\x18\x05 \x01(\x0e2\x18.kvindex.v1.WorkerHealthR\x06health\"U\n" +
+	"\x06health\x18\x05 \x01(\x0e2\x18.kvindex.v1.WorkerHealthR\x06health\x12-\n" +
+	"\x12speculative_blocks\x18\x06 \x01(\rR\x11speculativeBlocks\x12\x18\n" +
+	"\aoverlap\x18\a \x01(\x01R\aoverlap\x12*\n" +
+	"\x04load\x18\b \x01(\v2\x16.kvindex.v1.LoadDetailR\x04load\x12\x18\n" +
+	"\apenalty\x18\t \x01(\x01R\apenalty\x12\x14\n" +
+	"\x05score\x18\n" +
+	" \x01(\x01R\x05score\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\"\x97\x02\n" +
+	"\n" +
+	"LoadDetail\x12\x18\n" +
+	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
+	"\awaiting\x18\x02 \x01(\rR\awaiting\x12$\n" +
+	"\x0ekv_cache_usage\x18\x03 \x01(\x01R\fkvCacheUsage\x12+\n" +
+	"\x11inflight_requests\x18\x04 \x01(\rR\x10inflightRequests\x126\n" +
+	"\x17inflight_prefill_tokens\x18\x05 \x01(\x04R\x15inflightPrefillTokens\x122\n" +
+	"\x15queued_prefill_tokens\x18\x06 \x01(\x04R\x13queuedPrefillTokens\x12\x16\n" +
+	"\x06source\x18\a \x01(\tR\x06source\"U\n" +
 	"\vMediumMatch\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x16\n" +
@@ -1317,10 +1959,12 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x10WORKER_HEALTH_OK\x10\x01\x12\x1c\n" +
 	"\x18WORKER_HEALTH_RECOVERING\x10\x02\x12\x1a\n" +
 	"\x16WORKER_HEALTH_UNSYNCED\x10\x03\x12\x17\n" +
-	"\x13WORKER_HEALTH_STALE\x10\x042\x9c\x01\n" +
+	"\x13WORKER_HEALTH_STALE\x10\x042\x9e\x02\n" +
 	"\fIndexService\x12<\n" +
 	"\x05Score\x12\x18.kvindex.v1.ScoreRequest\x1a\x19.kvindex.v1.ScoreResponse\x12N\n" +
-	"\vListWorkers\x12\x1e.kvindex.v1.ListWorkersRequest\x1a\x1f.kvindex.v1.ListWorkersResponseB7Z5github.com/kvindex/kvindex/proto/kvindex/v1;kvindexv1b\x06proto3"
+	"\vListWorkers\x12\x1e.kvindex.v1.ListWorkersRequest\x1a\x1f.kvindex.v1.ListWorkersResponse\x12<\n" +
+	"\x05Route\x12\x18.kvindex.v1.RouteRequest\x1a\x19.kvindex.v1.RouteResponse\x12B\n" +
+	"\aRelease\x12\x1a.kvindex.v1.ReleaseRequest\x1a\x1b.kvindex.v1.ReleaseResponseB7Z5github.com/kvindex/kvindex/proto/kvindex/v1;kvindexv1b\x06proto3"
 
 var (
 	file_kvindex_v1_index_proto_rawDescOnce sync.Once
@@ -1335,46 +1979,65 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
-	(*WorkerRef)(nil),             // 1: kvindex.v1.WorkerRef
-	(*ScoreRequest)(nil),          // 2: kvindex.v1.ScoreRequest
-	(*ExtraKeys)(nil),             // 3: kvindex.v1.ExtraKeys
-	(*ExtraValue)(nil),            // 4: kvindex.v1.ExtraValue
-	(*ScoreResponse)(nil),         // 5: kvindex.v1.ScoreResponse
-	(*WorkerScore)(nil),           // 6: kvindex.v1.WorkerScore
-	(*MediumMatch)(nil),           // 7: kvindex.v1.MediumMatch
-	(*ListWorkersRequest)(nil),    // 8: kvindex.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 9: kvindex.v1.ListWorkersResponse
-	(*WorkerStatus)(nil),          // 10: kvindex.v1.WorkerStatus
-	(*MediumCount)(nil),           // 11: kvindex.v1.MediumCount
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*RouteRequest)(nil),          // 1: kvindex.v1.RouteRequest
+	(*RouteResponse)(nil),         // 2: kvindex.v1.RouteResponse
+	(*ReleaseRequest)(nil),        // 3: kvindex.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 4: kvindex.v1.ReleaseResponse
+	(*WorkerRef)(nil),             // 5: kvindex.v1.WorkerRef
+	(*ScoreRequest)(nil),          // 6: kvindex.v1.ScoreRequest
+	(*WorkerLoad)(nil),            // 7: kvindex.v1.WorkerLoad
+	(*ScorePolicy)(nil),           // 8: kvindex.v1.ScorePolicy
+	(*ExtraKeys)(nil),             // 9: kvindex.v1.ExtraKeys
+	(*ExtraValue)(nil),            // 10: kvindex.v1.ExtraValue
+	(*ScoreResponse)(nil),         // 11: kvindex.v1.ScoreResponse
+	(*WorkerScore)(nil),           // 12: kvindex.v1.WorkerScore
+	(*LoadDetail)(nil),            // 13: kvindex.v1.LoadDetail
+	(*MediumMatch)(nil),           // 14: kvindex.v1.MediumMatch
+	(*ListWorkersRequest)(nil),    // 15: kvindex.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 16: kvindex.v1.ListWorkersResponse
+	(*WorkerStatus)(nil),          // 17: kvindex.v1.WorkerStatus
+	(*MediumCount)(nil),           // 18: kvindex.v1.MediumCount
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
-	1,  // 0: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
-	3,  // 1: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	4,  // 2: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
-	3,  // 3: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
-	6,  // 4: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
-	1,  // 5: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
-	7,  // 6: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
-	0,  // 7: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
-	10, // 8: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	1,  // 9: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	12, // 10: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	11, // 11: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	0,  // 12: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
-	12, // 13: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
-	2,  // 14: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	8,  // 15: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	5,  // 16: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	9,  // 17: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	16, // [16:18] is the sub-list for method output_type
-	14, // [14:16] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	6,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
+	5,  // 1: kvindex.v1.RouteRequest.pick:type_name -> kvindex.v1.WorkerRef
+	5,  // 2: kvindex.v1.RouteResponse.chosen:type_name -> kvindex.v1.WorkerRef
+	11, // 3: kvindex.v1.RouteResponse.ranking:type_name -> kvindex.v1.ScoreResponse
+	5,  // 4: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
+	9,  // 5: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	7,  // 6: kvindex.v1.ScoreRequest.loads:type_name -> kvindex.v1.WorkerLoad
+	8,  // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
+	5,  // 8: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
+	10, // 9: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
+	9,  // 10: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
+	12, // 11: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
+	5,  // 12: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
+	14, // 13: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
+	0,  // 14: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
+	13, // 15: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
+	17, // 16: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	5,  // 17: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	19, // 18: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	18, // 19: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 20: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	19, // 21: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	6,  // 22: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	15, // 23: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	1,  // 24: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	3,  // 25: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	11, // 26: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	16, // 27: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	2,  // 28: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	4,  // 29: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	26, // [26:30] is the sub-list for method output_type
+	22, // [22:26] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -1382,7 +2045,7 @@ func file_kvindex_v1_index_proto_init() {
 	if File_kvindex_v1_index_proto != nil {
 		return
 	}
-	file_kvindex_v1_index_proto_msgTypes[3].OneofWrappers = []any{
+	file_kvindex_v1_index_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExtraValue_Str)(nil),
 		(*ExtraValue_Int)(nil),
 		(*ExtraValue_Raw)(nil),
@@ -1394,7 +2057,7 @@ func file_kvindex_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

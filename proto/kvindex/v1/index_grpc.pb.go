@@ -26,6 +26,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	IndexService_Score_FullMethodName       = "/kvindex.v1.IndexService/Score"
 	IndexService_ListWorkers_FullMethodName = "/kvindex.v1.IndexService/ListWorkers"
+	IndexService_Route_FullMethodName       = "/kvindex.v1.IndexService/Route"
+	IndexService_Release_FullMethodName     = "/kvindex.v1.IndexService/Release"
 )
 
 // IndexServiceClient is the client API for IndexService service.
@@ -45,6 +47,16 @@ type IndexServiceClient interface {
 	// ListWorkers returns every known worker with its event-stream and index
 	// counters, sorted by worker (pod, then dp_rank).
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
+	// Route ranks the workers for a request like Score, picks one (the best,
+	// or the caller's own pick), and records the decision: the request's
+	// blocks count as speculatively cached on that worker for a short time,
+	// until its BlockStored events confirm them, and its uncached prefill
+	// tokens count as that worker's in-flight load until Release (or expiry).
+	// So a burst of requests sharing a new prefix lands together.
+	Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error)
+	// Release ends a routed request's in-flight accounting (call it when the
+	// request's prefill is done or it failed).
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type indexServiceClient struct {
@@ -75,6 +87,26 @@ func (c *indexServiceClient) ListWorkers(ctx context.Context, in *ListWorkersReq
 	return out, nil
 }
 
+func (c *indexServiceClient) Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RouteResponse)
+	err := c.cc.Invoke(ctx, IndexService_Route_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *indexServiceClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, IndexService_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IndexServiceServer is the server API for IndexService service.
 // All implementations must embed UnimplementedIndexServiceServer
 // for forward compatibility.
@@ -92,6 +124,16 @@ type IndexServiceServer interface {
 	// ListWorkers returns every known worker with its event-stream and index
 	// counters, sorted by worker (pod, then dp_rank).
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
+	// Route ranks the workers for a request like Score, picks one (the best,
+	// or the caller's own pick), and records the decision: the request's
+	// blocks count as speculatively cached on that worker for a short time,
+	// until its BlockStored events confirm them, and its uncached prefill
+	// tokens count as that worker's in-flight load until Release (or expiry).
+	// So a burst of requests sharing a new prefix lands together.
+	Route(context.Context, *RouteRequest) (*RouteResponse, error)
+	// Release ends a routed request's in-flight accounting (call it when the
+	// request's prefill is done or it failed).
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedIndexServiceServer()
 }
 
@@ -107,6 +149,12 @@ func (UnimplementedIndexServiceServer) Score(context.Context, *ScoreRequest) (*S
 }
 func (UnimplementedIndexServiceServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
+}
+func (UnimplementedIndexServiceServer) Route(context.Context, *RouteRequest) (*RouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Route not implemented")
+}
+func (UnimplementedIndexServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedIndexServiceServer) mustEmbedUnimplementedIndexServiceServer() {}
 func (UnimplementedIndexServiceServer) testEmbeddedByValue()                      {}
@@ -165,6 +213,42 @@ func _IndexService_ListWorkers_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _IndexService_Route_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).Route(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_Route_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).Route(ctx, req.(*RouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _IndexService_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // IndexService_ServiceDesc is the grpc.ServiceDesc for IndexService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -179,6 +263,14 @@ var IndexService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWorkers",
 			Handler:    _IndexService_ListWorkers_Handler,
+		},
+		{
+			MethodName: "Route",
+			Handler:    _IndexService_Route_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _IndexService_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
