@@ -402,7 +402,10 @@ type ScoreRequest struct {
 	Loads []*WorkerLoad `protobuf:"bytes,8,rep,name=loads,proto3" json:"loads,omitempty"`
 	// policy selects and tunes the ranking; unset means the server's default
 	// (cache_aware with its configured weights).
-	Policy        *ScorePolicy `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy *ScorePolicy `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
+	// explain asks for each worker's reason (WorkerScore.reason); it costs a
+	// few allocations per worker, so routers leave it off.
+	Explain       bool `protobuf:"varint,10,opt,name=explain,proto3" json:"explain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -498,6 +501,13 @@ func (x *ScoreRequest) GetPolicy() *ScorePolicy {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *ScoreRequest) GetExplain() bool {
+	if x != nil {
+		return x.Explain
+	}
+	return false
 }
 
 // WorkerLoad is one worker's load as the caller sees it.
@@ -866,8 +876,12 @@ type ScoreResponse struct {
 	// of block keys scored).
 	PromptBlocks uint32 `protobuf:"varint,2,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
 	// workers has one entry per worker that holds at least the first block,
-	// or one per candidate when the request named candidates. Sorted by
-	// matched_blocks, highest first, then by worker (pod, dp_rank).
+	// or one per candidate when the request named candidates; when the
+	// request sets a policy (and always for Route), every worker of the model
+	// that is not stale is ranked, since an idle worker with nothing cached
+	// can be the best choice. Ranked best first (the chosen worker): by
+	// score, then by more GPU blocks, then by worker (pod, dp_rank). Without
+	// load, cache_aware ranks exactly as matched_blocks, highest first.
 	Workers []*WorkerScore `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
 	// policy is the policy that ranked the workers.
 	Policy        string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
@@ -1830,7 +1844,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"6\n" +
 	"\tWorkerRef\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
-	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\xed\x02\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\x87\x03\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -1842,7 +1856,9 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\aworkers\x18\x06 \x03(\v2\x15.kvindex.v1.WorkerRefR\aworkers\x12?\n" +
 	"\x10block_extra_keys\x18\a \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\x12,\n" +
 	"\x05loads\x18\b \x03(\v2\x16.kvindex.v1.WorkerLoadR\x05loads\x12/\n" +
-	"\x06policy\x18\t \x01(\v2\x17.kvindex.v1.ScorePolicyR\x06policy\"\xc9\x01\n" +
+	"\x06policy\x18\t \x01(\v2\x17.kvindex.v1.ScorePolicyR\x06policy\x12\x18\n" +
+	"\aexplain\x18\n" +
+	" \x01(\bR\aexplain\"\xc9\x01\n" +
 	"\n" +
 	"WorkerLoad\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x18\n" +
