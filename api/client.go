@@ -51,6 +51,26 @@ func (c *Client) Score(ctx context.Context, req *kvindexv1.ScoreRequest, opts ..
 	return resp, nil
 }
 
+// Route ranks the workers for a request, picks one and records the choice
+// (see kvindexv1.RouteRequest); call Release when the request's prefill is
+// done.
+func (c *Client) Route(ctx context.Context, req *kvindexv1.RouteRequest, opts ...grpc.CallOption) (*kvindexv1.RouteResponse, error) {
+	resp, err := c.rpc.Route(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: Route at %s (request %q): %w", c.addr, req.GetRequestId(), err)
+	}
+	return resp, nil
+}
+
+// Release ends a routed request's in-flight accounting.
+func (c *Client) Release(ctx context.Context, requestID string, opts ...grpc.CallOption) (bool, error) {
+	resp, err := c.rpc.Release(ctx, &kvindexv1.ReleaseRequest{RequestId: requestID}, opts...)
+	if err != nil {
+		return false, fmt.Errorf("kvindex: Release at %s (request %q): %w", c.addr, requestID, err)
+	}
+	return resp.GetReleased(), nil
+}
+
 // ListWorkers lists the workers and their counters, optionally of one
 // model (see kvindexv1.ListWorkersRequest).
 func (c *Client) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequest, opts ...grpc.CallOption) (*kvindexv1.ListWorkersResponse, error) {

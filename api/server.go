@@ -52,6 +52,15 @@ type Options struct {
 	// WORKER_HEALTH_STALE; by default they are left out unless the request
 	// names them as candidates.
 	IncludeStale bool
+	// Policy is the ranking policy requests start from; the zero value
+	// means scoring.DefaultPolicy() (cache_aware, cost guard).
+	Policy *scoring.Policy
+	// Tracker records Route decisions (speculative blocks, in-flight
+	// load); nil means a tracker with default TTLs that nothing sweeps but
+	// Release and Record (the daemon passes one it sweeps).
+	Tracker *scoring.Tracker
+	// Loads holds scraped engine load; nil means none.
+	Loads *scoring.LoadBoard
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -78,6 +87,12 @@ type Server struct {
 	// the index has a worker with id len(table.refs).
 	table   atomic.Pointer[workerTable]
 	scratch sync.Pool // *scoreScratch
+
+	policy  scoring.Policy
+	tracker *scoring.Tracker
+	// avgPrompt is a moving average of prompt tokens (float64 bits), the
+	// size assumed for one waiting request of unknown length.
+	avgPrompt atomic.Uint64
 }
 
 // workerTable is an immutable snapshot of an index's workers.
@@ -104,11 +119,20 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 		opts.MaxCandidates = DefaultMaxCandidates
 	}
 	s := &Server{
-		ix:     ix,
-		stats:  stats,
-		opts:   opts,
-		health: health.NewServer(),
+		ix:      ix,
+		stats:   stats,
+		opts:    opts,
+		health:  health.NewServer(),
+		policy:  scoring.DefaultPolicy(),
+		tracker: opts.Tracker,
 	}
+	if opts.Policy != nil {
+		s.policy = *opts.Policy
+	}
+	if s.tracker == nil {
+		s.tracker = scoring.NewTracker(0, 0, nil)
+	}
+	s.avgPrompt.Store(math.Float64bits(2048))
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
 	}
@@ -176,6 +200,12 @@ type scoreScratch struct {
 	// this request. All zero between requests.
 	state []uint8
 	cands []indexer.WorkerID // ids whose state is set, to reset them
+	// listed is indexed by WorkerID: whether the worker is already among
+	// ranked. All false between requests.
+	listed []bool
+	ranked []scoring.Candidate
+	specs  []spec
+	loads  map[events.WorkerRef]*kvindexv1.WorkerLoad
 
 	// Set per request, read by allow and compare.
 	model        *indexer.Model
@@ -184,9 +214,19 @@ type scoreScratch struct {
 	includeStale bool
 
 	// Method values bound once, so that passing them allocates nothing.
-	allowFn   func(indexer.WorkerID) bool
-	ranker    scoring.Ranker
-	compareFn func(a, b indexer.Match) int
+	allowFn func(indexer.WorkerID) bool
+	specFn  func(indexer.WorkerID, int)
+}
+
+// spec is one worker's speculative prefix of the prompt.
+type spec struct {
+	w      indexer.WorkerID
+	blocks int
+}
+
+// visitSpec collects the tracker's speculative prefixes.
+func (sc *scoreScratch) visitSpec(w indexer.WorkerID, blocks int) {
+	sc.specs = append(sc.specs, spec{w, blocks})
 }
 
 func (s *Server) getScratch() *scoreScratch {
@@ -195,7 +235,7 @@ func (s *Server) getScratch() *scoreScratch {
 	}
 	sc := &scoreScratch{}
 	sc.allowFn = sc.allow
-	sc.compareFn = sc.ranker.Compare
+	sc.specFn = sc.visitSpec
 	return sc
 }
 
@@ -206,9 +246,12 @@ func (s *Server) putScratch(sc *scoreScratch) {
 		sc.state[id] = notCandidate
 	}
 	sc.cands = sc.cands[:0]
+	for i := range sc.ranked {
+		sc.listed[sc.ranked[i].Match.Worker] = false
+	}
+	sc.ranked, sc.specs, sc.loads = sc.ranked[:0], sc.specs[:0], nil
 	sc.extras = indexer.PromptExtras{}
 	sc.model, sc.tab, sc.filtered, sc.includeStale = nil, nil, false, false
-	sc.ranker.Names = nil
 	if cap(sc.keys) > 1<<16 {
 		sc.keys = nil
 	}
@@ -231,31 +274,56 @@ func (sc *scoreScratch) allow(id indexer.WorkerID) bool {
 }
 
 // Score implements kvindexv1.IndexServiceServer: each worker's longest
-// consecutive resident prefix of the prompt.
+// consecutive resident prefix of the prompt, ranked by the policy.
 //
 // Cost: O(tokens) hashing for token_ids (about 10 ns per 16-token block),
-// then one shard read lock and map probe per matched block (see
-// indexer.Index.Match), then O(w log w) to sort w matched workers. It
-// allocates only the response: six slabs whatever w is, nothing per block.
+// then indexer.Index.Match (grows with the matched prefix), one tracker
+// probe for speculative prefixes, and O(w log w) to rank w workers. It
+// allocates only the response (a fixed number of slabs whatever w is,
+// nothing per block), plus the reasons when explain is set.
 func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
 	start := time.Now()
-	resp, err := s.score(req)
-	s.metrics.observe(start, err)
-	return resp, err
-}
-
-func (s *Server) score(req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
-	model, err := s.checkScoreRequest(req)
+	sc, pol, err := s.rank(req, req.GetPolicy() != nil)
 	if err != nil {
+		s.metrics.observe(start, err)
 		return nil, err
 	}
+	resp := s.buildScoreResponse(sc, &pol, req)
+	s.putScratch(sc)
+	s.metrics.observe(start, nil)
+	return resp, nil
+}
+
+// rank validates req, matches its prompt and ranks the workers into
+// sc.ranked, best first. With all set (a policy was given, or Route), every
+// allowed worker of the model is ranked, matched or not. The caller owns
+// the returned scratch and must putScratch it.
+func (s *Server) rank(req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, scoring.Policy, error) {
+	model, err := s.checkScoreRequest(req)
+	if err != nil {
+		return nil, scoring.Policy{}, err
+	}
+	pol := s.policy
+	if p := req.GetPolicy(); p != nil {
+		pol, err = scoring.Override{
+			Name: p.GetName(), GPUWeight: p.GetGpuWeight(), CPUWeight: p.GetCpuWeight(), StorageWeight: p.GetStorageWeight(),
+			LoadWeight: p.GetLoadWeight(), Guard: p.GetGuard(), StaticK: p.GetStaticK(),
+		}.Apply(s.policy)
+		if err != nil {
+			return nil, pol, status.Error(codes.InvalidArgument, "policy."+err.Error())
+		}
+	}
 	sc := s.getScratch()
-	defer s.putScratch(sc)
 	sc.model = model
 	sc.tab = s.workerTable()
 	sc.includeStale = s.opts.IncludeStale
 	if err := s.markCandidates(sc, req.GetWorkers()); err != nil {
-		return nil, err
+		s.putScratch(sc)
+		return nil, pol, err
+	}
+	if err := s.markLoads(sc, req.GetLoads()); err != nil {
+		s.putScratch(sc)
+		return nil, pol, err
 	}
 
 	if len(req.GetTokenIds()) > 0 {
@@ -265,13 +333,15 @@ func (s *Server) score(req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, e
 			if len(req.GetBlockExtraKeys()) > 0 {
 				bx, err := blockExtras(req.GetBlockExtraKeys())
 				if err != nil {
-					return nil, err
+					s.putScratch(sc)
+					return nil, pol, err
 				}
 				sc.extras.BlockExtras = bx
 			}
 			extras = &sc.extras
 		}
 		sc.keys = indexer.PromptKeys(model.Name, model.BlockSize, req.GetTokenIds(), extras, sc.keys[:0])
+		s.notePrompt(len(req.GetTokenIds()))
 	} else {
 		sc.keys = slices.Grow(sc.keys[:0], len(req.GetBlockKeys()))
 		for _, k := range req.GetBlockKeys() {
@@ -280,20 +350,178 @@ func (s *Server) score(req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, e
 	}
 
 	sc.matches = s.ix.Match(sc.keys, sc.allowFn, sc.matches[:0])
-	if sc.filtered {
-		// Every candidate appears, matched or not.
-		for _, m := range sc.matches {
-			sc.state[m.Worker] = candidateMatched
+	if n := len(sc.tab.refs); len(sc.listed) < n {
+		sc.listed = append(sc.listed, make([]bool, n-len(sc.listed))...)
+	}
+	for _, m := range sc.matches {
+		sc.add(m, 0)
+	}
+	// Speculative prefixes from recent routes extend (or add) matches.
+	s.tracker.Speculative(sc.keys, sc.specFn)
+	for _, sp := range sc.specs {
+		if int(sp.w) >= len(sc.listed) || !sc.allow(sp.w) {
+			continue
 		}
+		if !sc.listed[sp.w] {
+			var m indexer.Match
+			m.Worker = sp.w
+			sc.add(m, 0)
+		}
+		for i := range sc.ranked {
+			c := &sc.ranked[i]
+			if c.Match.Worker != sp.w || sp.blocks <= c.Match.Blocks {
+				continue
+			}
+			c.Speculative = sp.blocks - c.Match.Blocks
+			c.Match.Blocks = sp.blocks
+			c.Match.ByMedium[events.MediumGPU] = max(c.Match.ByMedium[events.MediumGPU], sp.blocks)
+		}
+	}
+	switch {
+	case sc.filtered:
+		// Every candidate appears, matched or not.
 		for _, id := range sc.cands {
-			if sc.state[id] == candidate {
-				sc.matches = append(sc.matches, indexer.Match{Worker: id})
+			if !sc.listed[id] {
+				sc.add(indexer.Match{Worker: id}, 0)
+			}
+		}
+	case all:
+		for id, m := range sc.tab.models {
+			if m == model && !sc.listed[id] && sc.allow(indexer.WorkerID(id)) {
+				sc.add(indexer.Match{Worker: indexer.WorkerID(id)}, 0)
 			}
 		}
 	}
-	sc.ranker.Names = sc.tab.refs
-	slices.SortFunc(sc.matches, sc.compareFn)
-	return buildScoreResponse(sc, model.BlockSize), nil
+	now := time.Now()
+	for i := range sc.ranked {
+		s.loadOf(sc, &sc.ranked[i], now)
+	}
+	pol.Rank(s.prompt(sc, req), sc.ranked, sc.tab.refs)
+	return sc, pol, nil
+}
+
+// add lists a worker for ranking once.
+func (sc *scoreScratch) add(m indexer.Match, speculative int) {
+	sc.listed[m.Worker] = true
+	sc.ranked = append(sc.ranked, scoring.Candidate{Match: m, Speculative: speculative})
+}
+
+// prompt describes the request for the policy.
+func (s *Server) prompt(sc *scoreScratch, req *kvindexv1.ScoreRequest) scoring.Prompt {
+	return scoring.Prompt{
+		Blocks:          len(sc.keys),
+		Tokens:          max(len(req.GetTokenIds()), len(sc.keys)*sc.model.BlockSize),
+		BlockSize:       sc.model.BlockSize,
+		AvgPromptTokens: math.Float64frombits(s.avgPrompt.Load()),
+	}
+}
+
+// notePrompt folds a prompt length into the moving average (weight 1/64).
+func (s *Server) notePrompt(tokens int) {
+	for {
+		old := s.avgPrompt.Load()
+		avg := math.Float64frombits(old)
+		next := avg + (float64(tokens)-avg)/64
+		if s.avgPrompt.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// loadOf fills a candidate's load: the request's own figures first, then a
+// fresh scrape, plus kvindex's in-flight accounting.
+func (s *Server) loadOf(sc *scoreScratch, c *scoring.Candidate, now time.Time) {
+	ref := sc.tab.refs[c.Match.Worker]
+	l := &c.Load
+	if wl := sc.loads[ref]; wl != nil {
+		l.Running, l.Waiting, l.KVUsage, l.QueuedPrefillTokens = wl.GetRunning(), wl.GetWaiting(), wl.GetKvCacheUsage(), wl.GetQueuedPrefillTokens()
+		l.Source = "request"
+	} else if sl, ok := s.opts.Loads.Get(ref, now); ok {
+		l.Running, l.Waiting, l.KVUsage = sl.Running, sl.Waiting, sl.KVUsage
+		l.Source = "scrape"
+	}
+	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(c.Match.Worker)
+}
+
+// markLoads indexes the request's worker loads, checking each names a
+// worker of the model.
+func (s *Server) markLoads(sc *scoreScratch, loads []*kvindexv1.WorkerLoad) error {
+	if len(loads) == 0 {
+		return nil
+	}
+	sc.loads = make(map[events.WorkerRef]*kvindexv1.WorkerLoad, len(loads))
+	for i, wl := range loads {
+		r := wl.GetWorker()
+		ref := events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}
+		if id, ok := sc.tab.byRef[ref]; !ok || sc.tab.models[id] != sc.model {
+			return status.Errorf(codes.InvalidArgument, "loads[%d].worker: unknown worker %s for model %q", i, ref, sc.model.Name)
+		}
+		if u := wl.GetKvCacheUsage(); u < 0 || u > 1 || math.IsNaN(u) {
+			return status.Errorf(codes.InvalidArgument, "loads[%d].kv_cache_usage: %v is not in [0, 1]", i, u)
+		}
+		sc.loads[ref] = wl
+	}
+	return nil
+}
+
+// Route implements kvindexv1.IndexServiceServer: rank like Score (every
+// worker of the model), choose the best (or the caller's pick), and record
+// the choice so that the request's blocks count as speculatively cached
+// there and its uncached prefill as in-flight load.
+func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
+	if req.GetRequestId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "request_id: required")
+	}
+	if req.GetScore() == nil {
+		return nil, status.Error(codes.InvalidArgument, "score: required")
+	}
+	sc, pol, err := s.rank(req.GetScore(), true)
+	if err != nil {
+		return nil, err
+	}
+	defer s.putScratch(sc)
+	chosen := -1
+	if p := req.GetPick(); p != nil {
+		ref := events.WorkerRef{Pod: p.GetPod(), DPRank: int(p.GetDpRank())}
+		id, ok := sc.tab.byRef[ref]
+		if !ok || sc.tab.models[id] != sc.model {
+			return nil, status.Errorf(codes.InvalidArgument, "pick: unknown worker %s for model %q", ref, sc.model.Name)
+		}
+		for i := range sc.ranked {
+			if sc.ranked[i].Match.Worker == id {
+				chosen = i
+			}
+		}
+		if chosen < 0 { // a stale or filtered-out worker the router chose anyway
+			sc.add(indexer.Match{Worker: id}, 0)
+			s.loadOf(sc, &sc.ranked[len(sc.ranked)-1], time.Now())
+			pol.Rank(s.prompt(sc, req.GetScore()), sc.ranked, sc.tab.refs)
+			for i := range sc.ranked {
+				if sc.ranked[i].Match.Worker == id {
+					chosen = i
+				}
+			}
+		}
+	} else if len(sc.ranked) > 0 {
+		chosen = 0
+	}
+	if chosen < 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "score.model: no worker of model %q is available (all stale or none configured)", sc.model.Name)
+	}
+	c := &sc.ranked[chosen]
+	if err := s.tracker.Record(req.GetRequestId(), c.Match.Worker, sc.keys, uint64(c.Own)); err != nil {
+		return nil, status.Errorf(codes.AlreadyExists, "request_id: %v", err)
+	}
+	resp := s.buildScoreResponse(sc, &pol, req.GetScore())
+	return &kvindexv1.RouteResponse{Chosen: resp.Workers[chosen].GetWorker(), Ranking: resp}, nil
+}
+
+// Release implements kvindexv1.IndexServiceServer.
+func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
+	if req.GetRequestId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "request_id: required")
+	}
+	return &kvindexv1.ReleaseResponse{Released: s.tracker.Release(req.GetRequestId())}, nil
 }
 
 // checkScoreRequest validates everything that needs no worker table and
@@ -428,13 +656,15 @@ func (s *Server) markCandidates(sc *scoreScratch, refs []*kvindexv1.WorkerRef) e
 	return nil
 }
 
-// buildScoreResponse turns sc.matches, sorted, into the response. All
-// messages of one kind share one slab: six allocations in all.
-func buildScoreResponse(sc *scoreScratch, blockSize int) *kvindexv1.ScoreResponse {
-	n := len(sc.matches)
+// buildScoreResponse turns sc.ranked into the response. All messages of
+// one kind share one slab: eight allocations in all (plus one string per
+// worker with explain).
+func (s *Server) buildScoreResponse(sc *scoreScratch, pol *scoring.Policy, req *kvindexv1.ScoreRequest) *kvindexv1.ScoreResponse {
+	blockSize := sc.model.BlockSize
+	n := len(sc.ranked)
 	nMedia := 0
-	for i := range sc.matches {
-		for _, b := range sc.matches[i].ByMedium {
+	for i := range sc.ranked {
+		for _, b := range sc.ranked[i].Match.ByMedium {
 			if b > 0 {
 				nMedia++
 			}
@@ -442,20 +672,37 @@ func buildScoreResponse(sc *scoreScratch, blockSize int) *kvindexv1.ScoreRespons
 	}
 	scores := make([]kvindexv1.WorkerScore, n)
 	refs := make([]kvindexv1.WorkerRef, n)
+	loads := make([]kvindexv1.LoadDetail, n)
 	out := make([]*kvindexv1.WorkerScore, n)
 	media := make([]kvindexv1.MediumMatch, nMedia)
 	mediaOut := make([]*kvindexv1.MediumMatch, nMedia)
+	pr := s.prompt(sc, req)
 	next := 0
-	for i := range sc.matches {
-		m := &sc.matches[i]
+	for i := range sc.ranked {
+		c := &sc.ranked[i]
+		m := &c.Match
 		ref := sc.tab.refs[m.Worker]
 		refs[i].Pod = ref.Pod
 		refs[i].DpRank = uint32(ref.DPRank)
 		ws := &scores[i]
 		ws.Worker = &refs[i]
 		ws.MatchedBlocks = clampU32(m.Blocks)
-		ws.Health = toHealth(sc.tab.health[m.Worker].Load())
 		ws.MatchedTokens = clampU32(m.Blocks * blockSize)
+		ws.SpeculativeBlocks = clampU32(c.Speculative)
+		ws.Health = toHealth(sc.tab.health[m.Worker].Load())
+		ws.Overlap, ws.Penalty, ws.Score = c.Overlap, c.Penalty, c.Score
+		ld := &loads[i]
+		ld.Running, ld.Waiting, ld.KvCacheUsage = c.Load.Running, c.Load.Waiting, c.Load.KVUsage
+		ld.InflightRequests, ld.InflightPrefillTokens = c.Load.InflightRequests, c.Load.InflightPrefillTokens
+		ld.QueuedPrefillTokens = uint64(c.Queue)
+		ld.Source = c.Load.Source
+		if ld.Source == "" {
+			ld.Source = "none"
+		}
+		ws.Load = ld
+		if req.GetExplain() {
+			ws.Reason = pol.Explain(pr, c)
+		}
 		first := next
 		for med, b := range m.ByMedium {
 			if b == 0 {
@@ -477,6 +724,7 @@ func buildScoreResponse(sc *scoreScratch, blockSize int) *kvindexv1.ScoreRespons
 		BlockSize:    clampU32(blockSize),
 		PromptBlocks: clampU32(len(sc.keys)),
 		Workers:      out,
+		Policy:       pol.Name.String(),
 	}
 }
 

@@ -90,12 +90,12 @@ type stream struct {
 	dec          *Decoder
 	replayBatch  Batch
 
-	connected     atomic.Bool  // pull mode: the SUB socket has a connection
-	disconnected  atomic.Int64 // unix ns since when not connected (0 = connected)
-	lastMessage   atomic.Int64 // unix ns of the last message
-	isRecovering  atomic.Bool
-	unsynced      atomic.Bool
-	monitored     bool // pull mode: connection state is known
+	connected      atomic.Bool  // pull mode: the SUB socket has a connection
+	disconnected   atomic.Int64 // unix ns since when not connected (0 = connected)
+	lastMessage    atomic.Int64 // unix ns of the last message
+	isRecovering   atomic.Bool
+	unsynced       atomic.Bool
+	monitored      bool // pull mode: connection state is known
 	rankMismatches atomic.Int64
 
 	mu    sync.Mutex // guards stats and log

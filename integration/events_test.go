@@ -248,6 +248,11 @@ func TestStaleEndpoint(t *testing.T) {
 	if !strings.Contains(f.metrics(), `kvindex_worker_health{dp_rank="0",model="test/model",pod="a",state="STALE"} 1`) {
 		t.Fatal("/metrics does not show a as STALE")
 	}
+	// Route never chooses a stale worker, even the one holding the most.
+	r, rerr := f.client.Route(t.Context(), &kvindexv1.RouteRequest{RequestId: "r1", Score: &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt}})
+	if rerr != nil || r.GetChosen().GetPod() != "b" {
+		t.Fatalf("Route with a stale: chose %v (%v), want b", r.GetChosen(), rerr)
+	}
 
 	// The engine comes back on the same endpoint.
 	var pub *events.Publisher

@@ -84,7 +84,8 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 		Short: "Show how long a prefix of a prompt each worker holds",
 		Example: "  kvindexctl score --model llama --tokens 1,2,3,4\n" +
 			"  kvindexctl score --model llama --tokens-file prompt.json --worker pod-a/0 --worker pod-b/0\n" +
-			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -",
+			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -\n" +
+			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := *cfg
@@ -99,6 +100,9 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
 	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
 	f.StringArrayVar(&a.Workers, "worker", nil, "candidate worker pod/rank (repeatable); every candidate is listed")
+	f.BoolVar(&a.Explain, "explain", false, "show the ranking breakdown per worker (overlap, load, penalty, score, reason)")
+	f.StringVar(&a.Policy, "policy", "", "ranking policy: cache_aware or longest_prefix (ranks every worker of the model)")
+	f.StringVar(&a.Guard, "guard", "", "hotspot guard of cache_aware: cost, static or off")
 	_ = cmd.MarkFlagRequired("model")
 	return cmd
 }

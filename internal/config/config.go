@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // ErrInvalid reports a configuration that cannot run; it is wrapped with
@@ -44,6 +45,8 @@ type Config struct {
 	Events Events `yaml:"events"`
 	// Score tunes answers.
 	Score Score `yaml:"score"`
+	// Scoring sets the ranking policy and load sources.
+	Scoring Scoring `yaml:"scoring"`
 	// Limits bound what one Score request may ask.
 	Limits Limits `yaml:"limits"`
 	// Log sets up logging.
@@ -75,6 +78,38 @@ type Pod struct {
 	// tcp://10.0.0.5:5567 (rank r: port+r); "" for none. With it, lost
 	// events are replayed and a late start learns what is already cached.
 	ReplayEndpoint string `yaml:"replay_endpoint"`
+	// MetricsURL is the pod's vLLM Prometheus endpoint, e.g.
+	// http://10.0.0.5:8000/metrics; "" for none. Scraped for running and
+	// waiting requests and KV cache usage, used by load-aware ranking.
+	MetricsURL string `yaml:"metrics_url"`
+}
+
+// Scoring sets the default ranking policy (requests may override it) and
+// how long routing decisions count.
+type Scoring struct {
+	// Policy is cache_aware (default) or longest_prefix.
+	Policy string `yaml:"policy"`
+	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier
+	// (defaults 1.0, 0.8, 0.5).
+	GPUWeight     float64 `yaml:"gpu_weight"`
+	CPUWeight     float64 `yaml:"cpu_weight"`
+	StorageWeight float64 `yaml:"storage_weight"`
+	// LoadWeight weighs a queued prefill token against an uncached one
+	// (default 1/3).
+	LoadWeight float64 `yaml:"load_weight"`
+	// Guard is the hotspot guard: cost (default), static or off.
+	Guard string `yaml:"guard"`
+	// StaticK is the static guard's multiple of the median (default 2).
+	StaticK float64 `yaml:"static_k"`
+	// SpeculativeTTL is how long a routed request's blocks count as cached
+	// before events confirm them (default 10s).
+	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	// InflightTTL is how long a routed request counts as load without a
+	// Release (default 2m).
+	InflightTTL time.Duration `yaml:"inflight_ttl"`
+	// ScrapeInterval is how often pods' metrics_url are read (default 1s);
+	// a scrape older than 3 intervals is ignored.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 }
 
 // Push is one bound SUB socket for push-mode engines (vLLM started with
@@ -199,6 +234,9 @@ func (c *Config) applyDefaults() {
 	if c.Log.Format == "" {
 		c.Log.Format = "text"
 	}
+	if c.Scoring.ScrapeInterval == 0 {
+		c.Scoring.ScrapeInterval = time.Second
+	}
 	if c.Events.GapPolicy == "" {
 		c.Events.GapPolicy = "reset"
 	}
@@ -270,6 +308,12 @@ func (c *Config) Validate() error {
 	if c.Events.ReplayTimeout < 0 || c.Events.ReplayConcurrency < 0 || c.Events.QueueSize < 0 || c.Events.StaleAfterSilence < 0 {
 		return bad("events", "durations and sizes must not be negative (stale_after_disconnect may be, to disable it)")
 	}
+	if _, err := c.Policy(); err != nil {
+		return bad("scoring", "%v", err)
+	}
+	if c.Scoring.SpeculativeTTL < 0 || c.Scoring.InflightTTL < 0 || c.Scoring.ScrapeInterval < 0 {
+		return bad("scoring", "durations must not be negative")
+	}
 	seenModel := map[string]bool{}
 	for i, m := range c.Models {
 		f := fmt.Sprintf("models[%d]", i)
@@ -308,6 +352,9 @@ func (c *Config) Validate() error {
 			ep, err := events.OffsetEndpoint(p.Endpoint, r)
 			if err != nil {
 				return bad(f+".endpoint", "%v", err)
+			}
+			if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
+				return bad(f+".metrics_url", "%q is not an http(s) URL", p.MetricsURL)
 			}
 			if p.ReplayEndpoint != "" {
 				if err := checkEndpoint(p.ReplayEndpoint); err != nil {
@@ -355,6 +402,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// Policy is the configured default ranking policy.
+func (c *Config) Policy() (scoring.Policy, error) {
+	sc := c.Scoring
+	return scoring.Override{
+		Name: sc.Policy, GPUWeight: sc.GPUWeight, CPUWeight: sc.CPUWeight, StorageWeight: sc.StorageWeight,
+		LoadWeight: sc.LoadWeight, Guard: sc.Guard, StaticK: sc.StaticK,
+	}.Apply(scoring.DefaultPolicy())
 }
 
 // checkEndpoint accepts tcp://host:port, ipc://path and inproc://name.

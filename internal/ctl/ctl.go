@@ -114,6 +114,11 @@ type ScoreArgs struct {
 	CacheSalt string
 	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
 	Workers []string
+	// Explain asks for the ranking breakdown per worker.
+	Explain bool
+	// Policy and Guard select the ranking ("" for the server's default);
+	// setting either ranks every worker of the model.
+	Policy, Guard string
 }
 
 // Request builds the ScoreRequest that args describe, reading the tokens
@@ -138,7 +143,10 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	if len(tokens) == 0 {
 		return nil, fmt.Errorf("no tokens given")
 	}
-	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, LoraName: a.LoRA, CacheSalt: a.CacheSalt}
+	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, LoraName: a.LoRA, CacheSalt: a.CacheSalt, Explain: a.Explain}
+	if a.Policy != "" || a.Guard != "" {
+		req.Policy = &kvindexv1.ScorePolicy{Name: a.Policy, Guard: a.Guard}
+	}
 	for _, s := range a.Workers {
 		r, err := ParseWorker(s)
 		if err != nil {
@@ -162,6 +170,9 @@ func Score(ctx context.Context, cfg Config, args ScoreArgs) error {
 		}
 		if cfg.JSON {
 			return WriteJSON(cfg.Out, resp)
+		}
+		if args.Explain {
+			return RenderExplain(cfg.Out, req, resp)
 		}
 		return RenderScore(cfg.Out, req, resp)
 	})

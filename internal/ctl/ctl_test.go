@@ -262,3 +262,34 @@ func TestCallError(t *testing.T) {
 		t.Errorf("status.Code = %v", status.Code(err))
 	}
 }
+
+func TestRenderExplain(t *testing.T) {
+	req := &kvindexv1.ScoreRequest{Model: "llama", TokenIds: make([]uint32, 64)}
+	resp := &kvindexv1.ScoreResponse{BlockSize: 16, PromptBlocks: 4, Policy: "cache_aware", Workers: []*kvindexv1.WorkerScore{
+		{
+			Worker: &kvindexv1.WorkerRef{Pod: "pod-b"}, MatchedBlocks: 4, SpeculativeBlocks: 1, Overlap: 1, Score: -10,
+			Health: kvindexv1.WorkerHealth_WORKER_HEALTH_OK,
+			Load:   &kvindexv1.LoadDetail{Running: 2, Waiting: 1, Source: "scrape", InflightRequests: 3, QueuedPrefillTokens: 30},
+			Reason: "4/4 blocks cached (GPU 4; 1 expected from recent routes); cost = 0 own prefill + 0.3 x 30 queued = 10 tokens",
+		},
+		{Worker: &kvindexv1.WorkerRef{Pod: "pod-a"}, Score: -64, Load: &kvindexv1.LoadDetail{Source: "none"}, Health: kvindexv1.WorkerHealth_WORKER_HEALTH_STALE},
+	}}
+	var buf bytes.Buffer
+	if err := ctl.RenderExplain(&buf, req, resp); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"model: llama",
+		"policy: cache_aware",
+		"prompt blocks: 4 blocks of 16 tokens",
+		"",
+		"RANK WORKER HEALTH MATCHED OVERLAP RUNNING/WAITING IN FLIGHT QUEUED TOKENS PENALTY SCORE",
+		"1 pod-b/0 OK 4 (1 spec.) 1.00 2/1 (scrape) 3 30 0 -10",
+		"2 pod-a/0 STALE 0 0.00 - 0 0 0 -64",
+		"",
+		"pod-b/0: 4/4 blocks cached (GPU 4; 1 expected from recent routes); cost = 0 own prefill + 0.3 x 30 queued = 10 tokens",
+	}
+	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {
+		t.Errorf("RenderExplain:\n%s\nwant:\n%s", buf.String(), strings.Join(want, "\n"))
+	}
+}

@@ -186,6 +186,51 @@ func RenderScore(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.Score
 	return nil
 }
 
+// RenderExplain prints a Score answer with the ranking breakdown: the
+// RenderScore header, then per worker in rank order its match (with
+// speculative blocks), weighted overlap, load and where it came from,
+// penalty, final score and the server's one-line reason.
+func RenderExplain(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.ScoreResponse) error {
+	tw := newTable(w)
+	fmt.Fprintf(tw, "model:\t%s\n", req.GetModel())
+	fmt.Fprintf(tw, "policy:\t%s\n", resp.GetPolicy())
+	fmt.Fprintf(tw, "prompt blocks:\t%d blocks of %d tokens\n", resp.GetPromptBlocks(), resp.GetBlockSize())
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write explain header: %w", err)
+	}
+	if len(resp.GetWorkers()) == 0 {
+		_, err := fmt.Fprintln(w, "\nno worker to rank")
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "RANK\tWORKER\tHEALTH\tMATCHED\tOVERLAP\tRUNNING/WAITING\tIN FLIGHT\tQUEUED TOKENS\tPENALTY\tSCORE")
+	for i, s := range resp.GetWorkers() {
+		l := s.GetLoad()
+		matched := strconv.FormatUint(uint64(s.GetMatchedBlocks()), 10)
+		if n := s.GetSpeculativeBlocks(); n > 0 {
+			matched += fmt.Sprintf(" (%d spec.)", n)
+		}
+		rw := "-"
+		if l.GetSource() != "none" && l.GetSource() != "" {
+			rw = fmt.Sprintf("%d/%d (%s)", l.GetRunning(), l.GetWaiting(), l.GetSource())
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.2f\t%s\t%d\t%d\t%.0f\t%.0f\n", i+1, WorkerName(s.GetWorker()),
+			strings.TrimPrefix(s.GetHealth().String(), "WORKER_HEALTH_"), matched, s.GetOverlap(), rw,
+			l.GetInflightRequests(), l.GetQueuedPrefillTokens(), s.GetPenalty(), s.GetScore())
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write explain table: %w", err)
+	}
+	fmt.Fprintln(w)
+	for _, s := range resp.GetWorkers() {
+		if r := s.GetReason(); r != "" {
+			fmt.Fprintf(w, "%s: %s\n", WorkerName(s.GetWorker()), r)
+		}
+	}
+	return nil
+}
+
 // Age renders how long ago something happened, coarsely: "3s ago",
 // "4m ago", "2h ago", "5d ago"; "just now" within a second either way and
 // "in the future" beyond that (clock skew).

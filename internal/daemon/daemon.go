@@ -26,6 +26,8 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/metrics"
+	"github.com/kvindex/kvindex/internal/scrape"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // Daemon is a configured, listening kvindex service.
@@ -35,6 +37,8 @@ type Daemon struct {
 
 	ix       *indexer.Index
 	sub      *events.Subscriber
+	tracker  *scoring.Tracker
+	scraper  *scrape.Scraper
 	grpc     *grpc.Server
 	grpcLis  net.Listener
 	httpSrv  *http.Server
@@ -97,7 +101,29 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		metrics.NewCollector(d.ix, sub),
 	)
+	pol, err := cfg.Policy()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	d.tracker = scoring.NewTracker(cfg.Scoring.SpeculativeTTL, cfg.Scoring.InflightTTL, nil)
+	loads := scoring.NewLoadBoard(3 * cfg.Scoring.ScrapeInterval)
+	var targets []scrape.Target
+	for _, p := range cfg.Pods {
+		if p.MetricsURL != "" {
+			targets = append(targets, scrape.Target{Pod: p.Name, DPSize: p.DPSize, URL: p.MetricsURL})
+		}
+	}
+	d.scraper = scrape.New(targets, loads, cfg.Scoring.ScrapeInterval, log)
+	d.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
+			func() float64 { return float64(d.tracker.InFlight()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
+			func() float64 { return float64(d.scraper.Failures()) }),
+	)
 	srv := api.NewServer(d.ix, sub, api.Options{
+		Policy:        &pol,
+		Tracker:       d.tracker,
+		Loads:         loads,
 		IncludeStale:  cfg.Score.IncludeStale,
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
@@ -181,6 +207,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			cancel()
 		}
 	}()
+	wg.Add(2)
+	go func() { defer wg.Done(); d.tracker.Run(ctx, time.Second) }()
+	go func() { defer wg.Done(); d.scraper.Run(ctx) }()
 	if d.httpSrv != nil {
 		wg.Add(1)
 		go func() {

@@ -1,0 +1,193 @@
+// Package scrape reads vLLM engines' Prometheus /metrics endpoints for the
+// load figures kvindex's ranking uses (requests running and waiting, KV
+// cache usage) and posts them on a scoring.LoadBoard.
+//
+// One goroutine per pod scrapes at a fixed interval; a failed scrape is
+// counted and logged (rate-limited) and leaves the board to expire the
+// pod's last figures.
+package scrape
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/scoring"
+)
+
+// vLLM's metric names. Older releases called KV usage gpu_cache_usage_perc.
+const (
+	metricRunning   = "vllm:num_requests_running"
+	metricWaiting   = "vllm:num_requests_waiting"
+	metricKVUsage   = "vllm:kv_cache_usage_perc"
+	metricKVUsageV0 = "vllm:gpu_cache_usage_perc"
+)
+
+// Target is one pod's metrics endpoint.
+type Target struct {
+	// Pod is the pod's name; DPSize its data-parallel size.
+	Pod    string
+	DPSize int
+	// URL is the metrics endpoint, e.g. http://10.0.0.5:8000/metrics.
+	URL string
+}
+
+// Scraper scrapes targets onto a board.
+type Scraper struct {
+	targets  []Target
+	board    *scoring.LoadBoard
+	interval time.Duration
+	client   *http.Client
+	log      *slog.Logger
+
+	failures atomic.Int64
+	mu       sync.Mutex // guards lastErr
+	lastErr  map[string]string
+}
+
+// New returns a scraper; interval 0 means 1 s.
+func New(targets []Target, board *scoring.LoadBoard, interval time.Duration, log *slog.Logger) *Scraper {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Scraper{
+		targets: targets, board: board, interval: interval, log: log,
+		client:  &http.Client{Timeout: interval},
+		lastErr: make(map[string]string),
+	}
+}
+
+// Failures counts failed scrapes.
+func (s *Scraper) Failures() int64 { return s.failures.Load() }
+
+// Run scrapes every target every interval until ctx is done.
+func (s *Scraper) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, t := range s.targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(s.interval)
+			defer tick.Stop()
+			for {
+				if err := s.Once(ctx, t); err != nil && ctx.Err() == nil {
+					s.failures.Add(1)
+					s.mu.Lock()
+					first := s.lastErr[t.Pod] != err.Error()
+					s.lastErr[t.Pod] = err.Error()
+					s.mu.Unlock()
+					if first {
+						s.log.Warn("scraping vLLM metrics failed; the pod's load is unknown until it recovers", "pod", t.Pod, "err", err)
+					}
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Once scrapes one target and posts every rank's load.
+func (s *Scraper) Once(ctx context.Context, t Target) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	if err != nil {
+		return fmt.Errorf("scrape %s: %w", t.URL, err)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("scrape %s: %w", t.URL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("scrape %s: HTTP %s", t.URL, resp.Status)
+	}
+	loads, err := Parse(io.LimitReader(resp.Body, 16<<20), t.DPSize)
+	if err != nil {
+		return fmt.Errorf("scrape %s: %w", t.URL, err)
+	}
+	now := time.Now()
+	for rank, l := range loads {
+		l.At = now
+		s.board.Set(events.WorkerRef{Pod: t.Pod, DPRank: rank}, l)
+	}
+	return nil
+}
+
+// Parse reads vLLM's metrics text and returns the load per DP rank (index
+// = rank, dpSize entries). vLLM labels each engine core's series with
+// engine="<rank>"; series without it belong to rank 0. Several series of
+// one rank (e.g. per model_name) are summed, usage is their maximum.
+func Parse(r io.Reader, dpSize int) ([]scoring.Scraped, error) {
+	if dpSize < 1 {
+		dpSize = 1
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	out := make([]scoring.Scraped, dpSize)
+	found := false
+	each := func(name string, f func(rank int, v float64)) {
+		fam := fams[name]
+		if fam == nil {
+			return
+		}
+		found = true
+		for _, m := range fam.GetMetric() {
+			rank := 0
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "engine" {
+					if n, err := strconv.Atoi(lp.GetValue()); err == nil {
+						rank = n
+					}
+				}
+			}
+			if rank < 0 || rank >= dpSize {
+				continue
+			}
+			f(rank, value(m))
+		}
+	}
+	each(metricRunning, func(r int, v float64) { out[r].Running += uint32(max(v, 0)) })
+	each(metricWaiting, func(r int, v float64) { out[r].Waiting += uint32(max(v, 0)) })
+	usage := metricKVUsage
+	if fams[usage] == nil {
+		usage = metricKVUsageV0
+	}
+	each(usage, func(r int, v float64) { out[r].KVUsage = max(out[r].KVUsage, v) })
+	if !found {
+		return nil, fmt.Errorf("parse metrics: none of %s, %s, %s present", metricRunning, metricWaiting, metricKVUsage)
+	}
+	return out, nil
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}

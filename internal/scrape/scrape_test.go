@@ -1,0 +1,95 @@
+package scrape
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/scoring"
+)
+
+// vllmMetrics is an excerpt in the shape vLLM's /metrics serves, with two
+// engine cores (DP ranks) and unrelated series around them.
+const vllmMetrics = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
+vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.93
+vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.41
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.2e+06
+`
+
+func TestParseRanks(t *testing.T) {
+	got, err := Parse(strings.NewReader(vllmMetrics), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []scoring.Scraped{{Running: 7, Waiting: 12, KVUsage: 0.93}, {Running: 2, Waiting: 0, KVUsage: 0.41}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("rank %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	// Without engine labels (one engine) and with v0's usage name.
+	old := "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.5\n"
+	got, err = Parse(strings.NewReader(old), 1)
+	if err != nil || got[0] != (scoring.Scraped{Running: 3, Waiting: 1, KVUsage: 0.5}) {
+		t.Fatalf("v0 names: %+v %v", got, err)
+	}
+	if _, err := Parse(strings.NewReader("up 1\n"), 1); err == nil || !strings.Contains(err.Error(), "none of") {
+		t.Fatalf("no vLLM series: %v", err)
+	}
+	if _, err := Parse(strings.NewReader("vllm:num_requests_running{ 1\n"), 1); err == nil {
+		t.Fatal("malformed text accepted")
+	}
+}
+
+// TestScrapeOverHTTP scrapes a real HTTP endpoint onto a board; a scrape
+// older than the board's limit is ignored, and failures are counted.
+func TestScrapeOverHTTP(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write([]byte(vllmMetrics))
+	}))
+	defer srv.Close()
+	board := scoring.NewLoadBoard(200 * time.Millisecond)
+	s := New([]Target{{Pod: "p", DPSize: 2, URL: srv.URL + "/metrics"}}, board, 50*time.Millisecond, nil)
+	if err := s.Once(context.Background(), Target{Pod: "p", DPSize: 2, URL: srv.URL + "/metrics"}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := board.Get(events.WorkerRef{Pod: "p", DPRank: 1}, time.Now())
+	if !ok || got.Running != 2 || got.KVUsage != 0.41 {
+		t.Fatalf("rank 1: %+v %v", got, ok)
+	}
+	if _, ok := board.Get(events.WorkerRef{Pod: "p", DPRank: 1}, time.Now().Add(time.Second)); ok {
+		t.Fatal("stale scrape used")
+	}
+	if err := s.Once(context.Background(), Target{Pod: "q", URL: srv.URL + "/nope"}); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("404: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	bad := New([]Target{{Pod: "q", URL: srv.URL + "/nope"}}, board, 20*time.Millisecond, nil)
+	done := make(chan struct{})
+	go func() { bad.Run(ctx); close(done) }()
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	<-done
+	if bad.Failures() < 2 {
+		t.Fatalf("failures %d", bad.Failures())
+	}
+}
