@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -83,5 +84,28 @@ func TestInvalidNamesTheField(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: err = %v, want ErrInvalid naming %s", tc.yaml, err, tc.field)
 		}
+	}
+}
+
+// TestREADMEExampleParses keeps the README's configuration example valid.
+func TestREADMEExampleParses(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n")
+	if !ok {
+		t.Fatal("README has no yaml block")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	c, err := Parse([]byte(block))
+	if err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	if len(c.Workers()) != 3 || c.Workers()[0].ReplayEndpoint != "tcp://10.0.0.5:5567" || len(c.Push) != 1 {
+		t.Fatalf("README example parsed to %+v", c)
+	}
+	if p, _ := c.Policy(); p.Guard.String() != "cost" {
+		t.Fatalf("policy %+v", p)
 	}
 }
