@@ -1,0 +1,106 @@
+package integration
+
+import (
+	"testing"
+
+	"github.com/kvindex/kvindex/events"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// TestExtraKeysMediaAndGroups: blocks whose extra keys carry a cache_salt
+// or multimodal identifiers match only prompts that give the same inputs;
+// CPU-offload events (empty token_ids) add a tier to known blocks; events
+// of a sliding-window group do not inflate residency. Over real ZMQ, in
+// both event encodings.
+func TestExtraKeysMediaAndGroups(t *testing.T) {
+	for _, e := range encodings {
+		t.Run(e.name, func(t *testing.T) {
+			f := startFleet(t, podSpec{name: "a", enc: e.enc})
+			var eng engine
+			tup := func(vals ...any) events.ExtraKeys {
+				b := events.AppendTuple(nil, len(vals))
+				for _, v := range vals {
+					switch x := v.(type) {
+					case string:
+						b = events.AppendString(b, x)
+					case int:
+						b = events.AppendInt(b, int64(x))
+					case events.ExtraKeys:
+						b = append(b, x...)
+					}
+				}
+				return b
+			}
+
+			// A salted prompt: cache_salt in block 0's extra keys only.
+			salted := tokens("salted", 3*blockSize)
+			ev, _ := eng.store(0, salted)
+			ev.ExtraKeys = []events.ExtraKeys{tup("tenant-7-salt"), nil, nil}
+			f.publish("a", 0, ev)
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: salted, CacheSalt: "tenant-7-salt"}), "a", 0); n != 3 {
+				t.Fatalf("same salt: %d, want 3", n)
+			}
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: salted}), "a", 0); n != 0 {
+				t.Fatalf("unsalted prompt matched salted blocks: %d", n)
+			}
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: salted, CacheSalt: "tenant-8-salt"}), "a", 0); n != 0 {
+				t.Fatalf("other salt matched: %d", n)
+			}
+			unsalted := tokens("unsalted", 2*blockSize)
+			ev, _ = eng.store(0, unsalted)
+			f.publish("a", 0, ev)
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: unsalted, CacheSalt: "x"}), "a", 0); n != 0 {
+				t.Fatalf("salted prompt matched unsalted blocks: %d", n)
+			}
+
+			// A multimodal prompt: an image's (identifier, offset) in the
+			// extra keys of the blocks it covers.
+			mm := tokens("image placeholder tokens", 4*blockSize)
+			ev, _ = eng.store(0, mm)
+			ev.ExtraKeys = []events.ExtraKeys{nil, tup(tup("mm-uuid-A", 0)), tup(tup("mm-uuid-A", 0)), nil}
+			f.publish("a", 0, ev)
+			img := func(id string) *kvindexv1.ExtraKeys {
+				return &kvindexv1.ExtraKeys{Values: []*kvindexv1.ExtraValue{{Kind: &kvindexv1.ExtraValue_Tuple{Tuple: &kvindexv1.ExtraKeys{Values: []*kvindexv1.ExtraValue{
+					{Kind: &kvindexv1.ExtraValue_Str{Str: id}}, {Kind: &kvindexv1.ExtraValue_Int{Int: 0}},
+				}}}}}}
+			}
+			same := []*kvindexv1.ExtraKeys{{}, img("mm-uuid-A"), img("mm-uuid-A"), {}}
+			other := []*kvindexv1.ExtraKeys{{}, img("mm-uuid-B"), img("mm-uuid-B"), {}}
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: mm, BlockExtraKeys: same}), "a", 0); n != 4 {
+				t.Fatalf("same image: %d, want 4", n)
+			}
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: mm, BlockExtraKeys: other}), "a", 0); n != 1 {
+				t.Fatalf("another image with the same placeholder tokens: %d, want 1 (the text block before it)", n)
+			}
+
+			// CPU offload of the unsalted prompt's blocks, then GPU eviction.
+			var hashes []uint64
+			evU, hs := eng.store(0, unsalted)
+			f.publish("a", 0, evU)
+			hashes = hs
+			f.publish("a", 0, events.Event{Kind: events.KindBlockStored, BlockHashes: hashes, MediumName: "cpu"}) // LMCache's lower case
+			f.publish("a", 0, events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes[1:], MediumName: "GPU"})
+			_, by := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: unsalted}), "a", 0)
+			if by["CPU"] != 2 || by["GPU"] != 2 {
+				// GPU still holds both blocks of the first store (two stores, one removal).
+				t.Fatalf("by medium %v, want GPU 2 CPU 2", by)
+			}
+
+			// A hybrid model's sliding-window group: learned from its spec
+			// kind, its stores and removals never touch residency.
+			sw := tokens("sliding", 2*blockSize)
+			full, fh := eng.store(0, sw)
+			full.SpecKind, full.GroupIdx, full.HasGroupIdx = "full_attention", 0, true
+			win := full
+			win.SpecKind, win.GroupIdx, win.SlidingWindow, win.HasSlidingWindow = "sliding_window", 1, 4096, true
+			f.publish("a", 0, full, win)
+			f.publish("a", 0, events.Event{Kind: events.KindBlockRemoved, BlockHashes: fh, MediumName: "GPU", GroupIdx: 1, HasGroupIdx: true})
+			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: sw}), "a", 0); n != 2 {
+				t.Fatalf("sliding-window removal changed residency: %d, want 2", n)
+			}
+			if w := f.status("a", 0); w.GetSkippedGroupEvents() != 2 {
+				t.Fatalf("skipped group events %d, want 2", w.GetSkippedGroupEvents())
+			}
+		})
+	}
+}
