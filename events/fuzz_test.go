@@ -11,8 +11,10 @@ import (
 )
 
 // FuzzDecode checks that Decode never panics, that every error wraps
-// ErrMalformed, and that whatever decodes survives re-encoding: in the map
-// era and in the array era, Decode(AppendPayload(b)) equals b.
+// ErrMalformed, that the hand-written Decoder and the library-based oracle
+// refDecode accept exactly the same payloads and decode them to the same
+// Batch, and that whatever decodes survives re-encoding: in the map era and
+// in the array era, Decode(AppendPayload(b)) equals b.
 func FuzzDecode(f *testing.F) {
 	for _, name := range payloadFixtureFiles {
 		raw, err := os.ReadFile(filepath.Join("testdata", name))
@@ -54,7 +56,20 @@ func FuzzDecode(f *testing.F) {
 	d := NewDecoder()
 	var b, again Batch
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		if err := d.Decode(payload, &b); err != nil {
+		err := d.Decode(payload, &b)
+		ref, refErr := refDecode(payload)
+		switch {
+		case errors.Is(refErr, errRefTooDeep):
+		case err != nil && refErr == nil:
+			t.Fatalf("Decoder rejects what the reference decoder accepts: %v\n%x", err, payload)
+		case err == nil && refErr != nil:
+			t.Fatalf("Decoder accepts what the reference decoder rejects: %v\n%x", refErr, payload)
+		case err == nil:
+			if diff := diffBatch(&b, ref); diff != "" {
+				t.Fatalf("Decoder and reference decoder differ: %s\n%x", diff, payload)
+			}
+		}
+		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error does not wrap ErrMalformed: %v", err)
 			}
