@@ -1,0 +1,69 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvindex/kvindex/api"
+)
+
+// Options is one kvbench run.
+type Options struct {
+	// Addr is a running kvindex's gRPC address; ignored with Embedded.
+	Addr string
+	// Embedded starts an in-process index loaded with Shape instead.
+	Embedded bool
+	// Shape is the fleet (Embedded) and the prompts (always).
+	Shape Shape
+	// Load is the rate, duration and concurrency of the measured run.
+	Load Config
+	// Warmup runs the same load for this long first, unmeasured, so that
+	// connections are up and the server is warm; 0 skips it.
+	Warmup Config
+}
+
+// Bench runs a whole kvbench session: start the embedded server or dial
+// Addr, open one connection per sender, warm up, run the measured load,
+// and return its report.
+func Bench(ctx context.Context, opts Options) (*Report, error) {
+	if err := opts.Shape.Validate(); err != nil {
+		return nil, err
+	}
+	addr := opts.Addr
+	if opts.Embedded {
+		e, err := StartEmbedded(ctx, opts.Shape)
+		if err != nil {
+			return nil, err
+		}
+		defer e.Close()
+		addr = e.Addr
+	} else if addr == "" {
+		return nil, errors.New("loadgen: no target: give an address or use the embedded server")
+	}
+	clients := make([]*api.Client, max(opts.Load.Concurrency, 1))
+	for i := range clients {
+		c, err := api.Dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+	do := ScoreDo(opts.Shape, clients, opts.Embedded)
+	if opts.Warmup.Duration > 0 {
+		r, err := Run(ctx, opts.Warmup, do)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: warm-up: %w", err)
+		}
+		if r.Errors == r.Sent && r.Sent > 0 {
+			return nil, fmt.Errorf("loadgen: warm-up: every request to %s failed, first: %s", addr, r.FirstError)
+		}
+	}
+	r, err := Run(ctx, opts.Load, do)
+	if err != nil {
+		return nil, err
+	}
+	rep := NewReport(addr, opts.Embedded, opts.Shape, opts.Load, r)
+	return &rep, nil
+}

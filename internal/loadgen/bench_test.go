@@ -1,0 +1,121 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/indexer"
+)
+
+func TestShapeValidate(t *testing.T) {
+	if err := DefaultShape().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, mut := range []func(*Shape){
+		func(s *Shape) { s.Model = "" },
+		func(s *Shape) { s.BlockSize = 0 },
+		func(s *Shape) { s.Workers = 0 },
+		func(s *Shape) { s.PromptBlocks = 0 },
+		func(s *Shape) { s.SharedBlocks = s.PromptBlocks + 1 },
+		func(s *Shape) { s.TailHolders = s.Workers + 1 },
+		func(s *Shape) { s.Prompts = 0 },
+	} {
+		s := DefaultShape()
+		mut(&s)
+		if s.Validate() == nil {
+			t.Errorf("%+v accepted", s)
+		}
+	}
+}
+
+func TestShapeLoadAndPrompts(t *testing.T) {
+	s := Shape{Model: "m", BlockSize: 4, Workers: 5, PromptBlocks: 6, SharedBlocks: 2, TailHolders: 2, Prompts: 7}
+	p0, p1 := s.Prompt(0), s.Prompt(1)
+	if len(p0) != 24 || !equal(p0[:8], p1[:8]) || equal(p0[8:], p1[8:]) {
+		t.Fatalf("prompts must share exactly the 2-block prefix: %v %v", p0, p1)
+	}
+	if !equal(p0, s.Prompt(0)) {
+		t.Fatal("Prompt is not deterministic")
+	}
+	ix := indexer.New(indexer.Config{})
+	if err := s.Load(ix); err != nil {
+		t.Fatal(err)
+	}
+	var resident int64
+	for _, w := range ix.Workers() {
+		if st := w.Stats(); st.Orphans != 0 || st.InvalidEvents != 0 {
+			t.Fatalf("worker %s: %+v", w.Info().Ref, st)
+		}
+		resident += w.Stats().ResidentBlocks
+	}
+	// 5 workers x 2 shared blocks + 7 tails x 4 blocks x 2 holders.
+	if resident != 5*2+7*4*2 {
+		t.Errorf("%d residencies, want %d", resident, 5*2+7*4*2)
+	}
+}
+
+func equal(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestBenchEmbedded is a short real run: 200 req/s for 1 s over real gRPC
+// against the embedded server, every answer checked against the shape.
+func TestBenchEmbedded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1 s real run")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shape := Shape{Model: "m", BlockSize: 16, Workers: 4, PromptBlocks: 32, SharedBlocks: 8, TailHolders: 1, Prompts: 16}
+	rep, err := Bench(ctx, Options{
+		Embedded: true,
+		Shape:    shape,
+		Load:     Config{Rate: 200, Duration: time.Second, Concurrency: 2, Timeout: 5 * time.Second},
+		Warmup:   Config{Rate: 200, Duration: 100 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Sent != 200 || rep.Errors != 0 {
+		t.Fatalf("sent %d, errors %d (first: %s), want 200 and 0", rep.Sent, rep.Errors, rep.FirstError)
+	}
+	if rep.Achieved < 170 || rep.Achieved > 210 {
+		t.Errorf("achieved %.1f req/s, want ~200", rep.Achieved)
+	}
+	if !(rep.P50 > 0 && rep.P50 <= rep.P99 && rep.P99 <= rep.Max) {
+		t.Errorf("latency p50 %d p99 %d max %d not ordered", rep.P50, rep.P99, rep.Max)
+	}
+	var text, js bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "p99") || !strings.Contains(text.String(), "embedded kvindex") {
+		t.Errorf("text report:\n%s", text.String())
+	}
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back["p99_ns"] == nil || back["achieved_rps"] == nil {
+		t.Errorf("JSON report %s: %v", js.String(), err)
+	}
+}
+
+func TestBenchNeedsATarget(t *testing.T) {
+	_, err := Bench(context.Background(), Options{Shape: DefaultShape(), Load: Config{Rate: 1, Duration: time.Second, Concurrency: 1}})
+	if err == nil {
+		t.Fatal("Bench without address or embedded server succeeded")
+	}
+}

@@ -1,0 +1,30 @@
+// Package loadgen drives kvindex's Score RPC at a fixed, open-loop rate and
+// reports the latency distribution a router would see. It is the logic
+// behind cmd/kvbench and the gRPC row of `make bench`.
+//
+// # Open loop
+//
+// Request k is due at start + k/rate whatever happened to earlier requests,
+// and its latency is measured from that due time, not from when it was
+// actually sent. A closed-loop client that waits for each reply before
+// sending the next one stops sending while the server stalls, and so hides
+// the stall from its own statistics ("coordinated omission"); measuring from
+// the schedule charges a stall to every request it delayed, as wrk2 does.
+// Requests are spread over Config.Concurrency sender goroutines, each with
+// its own gRPC connection; if all of them are busy, later requests go out
+// late and that lateness is part of their latency.
+//
+// # Shapes
+//
+// A Shape describes a fleet (workers, prompt length, a prefix every worker
+// holds, tails held by a few) and the prompts sent to it. With Embedded, an
+// in-process index is loaded with the shape and served over real gRPC on a
+// loopback TCP port; against a running kvindex the shape only generates the
+// prompts, and what the remote index holds decides the answers.
+//
+// # Concurrency
+//
+// Run is safe to call from one goroutine at a time per Config; Histogram
+// is not safe for concurrent use (Run gives each sender its own and merges
+// them).
+package loadgen

@@ -1,0 +1,100 @@
+package loadgen
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Report is a Run's outcome with what it ran against, in the form kvbench
+// prints. JSON field names are stable: scripts/bench.sh reads p99_ns.
+type Report struct {
+	Target   string  `json:"target"`
+	Embedded bool    `json:"embedded"`
+	Shape    string  `json:"shape"`
+	Rate     float64 `json:"rate"`
+	Duration string  `json:"duration"`
+	Conns    int     `json:"concurrency"`
+
+	Scheduled  int64   `json:"scheduled"`
+	Sent       int64   `json:"sent"`
+	Errors     int64   `json:"errors"`
+	FirstError string  `json:"first_error,omitempty"`
+	Achieved   float64 `json:"achieved_rps"`
+
+	P50  int64 `json:"p50_ns"`
+	P90  int64 `json:"p90_ns"`
+	P99  int64 `json:"p99_ns"`
+	P999 int64 `json:"p999_ns"`
+	Max  int64 `json:"max_ns"`
+
+	// LagP99 and LagMax are the generator's own lateness (see Result.Lag).
+	LagP99 int64 `json:"lag_p99_ns"`
+	LagMax int64 `json:"lag_max_ns"`
+}
+
+// NewReport summarises r.
+func NewReport(target string, embedded bool, shape Shape, cfg Config, r *Result) Report {
+	return Report{
+		Target: target, Embedded: embedded, Shape: shape.String(),
+		Rate: cfg.Rate, Duration: cfg.Duration.String(), Conns: cfg.Concurrency,
+		Scheduled: r.Scheduled, Sent: r.Sent, Errors: r.Errors, FirstError: r.FirstError,
+		Achieved: r.Achieved(),
+		P50:      int64(r.Latency.Quantile(0.50)),
+		P90:      int64(r.Latency.Quantile(0.90)),
+		P99:      int64(r.Latency.Quantile(0.99)),
+		P999:     int64(r.Latency.Quantile(0.999)),
+		Max:      int64(r.Latency.Max()),
+		LagP99:   int64(r.Lag.Quantile(0.99)),
+		LagMax:   int64(r.Lag.Max()),
+	}
+}
+
+// WriteJSON writes the report as one indented JSON object.
+func (rep Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(rep); err != nil {
+		return fmt.Errorf("loadgen: write report: %w", err)
+	}
+	return nil
+}
+
+// WriteText writes the report for people.
+func (rep Report) WriteText(w io.Writer) error {
+	kind := "remote kvindex"
+	if rep.Embedded {
+		kind = "embedded kvindex"
+	}
+	d := func(ns int64) string { return fmtDur(time.Duration(ns)) }
+	_, err := fmt.Fprintf(w, `target    %s (%s)
+shape     %s
+load      %.0f req/s open loop for %s over %d connections
+requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved
+latency   p50 %s  p90 %s  p99 %s  p99.9 %s  max %s
+generator lag p99 %s  max %s (already counted in latency)
+`,
+		rep.Target, kind, rep.Shape, rep.Rate, rep.Duration, rep.Conns,
+		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved,
+		d(rep.P50), d(rep.P90), d(rep.P99), d(rep.P999), d(rep.Max),
+		d(rep.LagP99), d(rep.LagMax))
+	if err == nil && rep.FirstError != "" {
+		_, err = fmt.Fprintf(w, "first error: %s\n", rep.FirstError)
+	}
+	if err != nil {
+		return fmt.Errorf("loadgen: write report: %w", err)
+	}
+	return nil
+}
+
+// fmtDur prints a latency with 3 significant digits in µs or ms.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	}
+	return d.Round(time.Millisecond).String()
+}

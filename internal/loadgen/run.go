@@ -1,0 +1,165 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Config is the load: how many requests per second, for how long, from how
+// many senders.
+type Config struct {
+	// Rate is requests per second, spread evenly over time (open loop).
+	Rate float64
+	// Duration is how long requests are scheduled for.
+	Duration time.Duration
+	// Concurrency is the number of sender goroutines, each with its own
+	// connection; at most Concurrency requests are in flight.
+	Concurrency int
+	// Timeout bounds each request; 0 means no bound beyond ctx.
+	Timeout time.Duration
+}
+
+func (c Config) validate() error {
+	switch {
+	case !(c.Rate > 0) || c.Rate > 1e7:
+		return fmt.Errorf("loadgen: rate %v requests/s must be in (0, 1e7]", c.Rate)
+	case c.Duration <= 0:
+		return fmt.Errorf("loadgen: duration %v must be positive", c.Duration)
+	case c.Concurrency <= 0:
+		return fmt.Errorf("loadgen: concurrency %d must be positive", c.Concurrency)
+	case c.Timeout < 0:
+		return fmt.Errorf("loadgen: timeout %v must not be negative", c.Timeout)
+	}
+	return nil
+}
+
+// pacer is the open-loop schedule: request k is due at start + k*interval,
+// and sender g of c sends requests g, g+c, g+2c, ...
+type pacer struct {
+	start    time.Time
+	interval time.Duration
+	total    int64 // requests in the schedule
+}
+
+func newPacer(start time.Time, rate float64, d time.Duration) pacer {
+	interval := time.Duration(float64(time.Second) / rate)
+	total := int64(d.Seconds() * rate)
+	return pacer{start: start, interval: max(interval, 1), total: total}
+}
+
+// due returns when request k is due.
+func (p pacer) due(k int64) time.Time { return p.start.Add(time.Duration(k) * p.interval) }
+
+// Do sends one request. sender is the goroutine's index in [0, Concurrency)
+// (to pick its connection) and k the request's index in the schedule (to
+// pick its prompt). It must be safe for concurrent use by distinct senders.
+type Do func(ctx context.Context, sender int, k int64) error
+
+// Result is what a Run measured.
+type Result struct {
+	// Scheduled is the number of requests in the schedule (Rate*Duration);
+	// Sent those actually sent before ctx ended.
+	Scheduled, Sent int64
+	// Errors counts failed requests; FirstError is the first one's text.
+	Errors     int64
+	FirstError string
+	// Elapsed is from the first due time to the last reply.
+	Elapsed time.Duration
+	// Latency is from each request's due time to its reply, errors
+	// included.
+	Latency Histogram
+	// Lag is how late each request left the sender after its due time: the
+	// generator's own delay (sleep wake-up, a busy sender), already part of
+	// Latency. A large lag means the generator, not the server, limited
+	// the run.
+	Lag Histogram
+}
+
+// Achieved returns the rate requests were completed at.
+func (r *Result) Achieved() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Sent) / r.Elapsed.Seconds()
+}
+
+// Run sends the requests of cfg's schedule through do and measures them.
+// It returns when every scheduled request has been answered or ctx is
+// done (then with the requests measured so far and ctx's error).
+func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	p := newPacer(time.Now().Add(10*time.Millisecond), cfg.Rate, cfg.Duration)
+	parts := make([]*Result, cfg.Concurrency)
+	var wg sync.WaitGroup
+	for g := range cfg.Concurrency {
+		parts[g] = new(Result)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			send(ctx, cfg, p, g, do, parts[g])
+		}()
+	}
+	wg.Wait()
+	end := time.Now()
+	r := &Result{Scheduled: p.total, Elapsed: end.Sub(p.start)}
+	for _, part := range parts {
+		r.Sent += part.Sent
+		r.Errors += part.Errors
+		if r.FirstError == "" {
+			r.FirstError = part.FirstError
+		}
+		r.Latency.Merge(&part.Latency)
+		r.Lag.Merge(&part.Lag)
+	}
+	if err := ctx.Err(); err != nil {
+		return r, fmt.Errorf("loadgen: run stopped after %d of %d requests: %w", r.Sent, r.Scheduled, err)
+	}
+	return r, nil
+}
+
+// send is sender g's loop over its share of the schedule.
+func send(ctx context.Context, cfg Config, p pacer, g int, do Do, r *Result) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for k := int64(g); k < p.total; k += int64(cfg.Concurrency) {
+		due := p.due(k)
+		if wait := time.Until(due); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		} else if ctx.Err() != nil {
+			return
+		}
+		sent := time.Now()
+		r.Lag.Record(sent.Sub(due))
+		err := call(ctx, cfg.Timeout, do, g, k)
+		r.Latency.Record(time.Since(due))
+		r.Sent++
+		if err != nil {
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				return
+			}
+			r.Errors++
+			if r.FirstError == "" {
+				r.FirstError = err.Error()
+			}
+		}
+	}
+}
+
+func call(ctx context.Context, timeout time.Duration, do Do, g int, k int64) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	return do(ctx, g, k)
+}

@@ -1,0 +1,243 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// Shape is a fleet and the prompts sent to it. Every prompt starts with
+// the same SharedBlocks blocks (a system prompt), which every worker holds;
+// the rest of each prompt (its tail) is unique to it and is held, in full,
+// by TailHolders workers.
+type Shape struct {
+	// Model is the served model name; BlockSize its tokens per block.
+	Model     string
+	BlockSize int
+	// Workers is the number of workers (pods) in the fleet.
+	Workers int
+	// PromptBlocks is the length of every prompt, in blocks.
+	PromptBlocks int
+	// SharedBlocks is the prefix every worker holds (<= PromptBlocks).
+	SharedBlocks int
+	// TailHolders is how many workers hold each prompt's tail (<= Workers).
+	TailHolders int
+	// Prompts is the number of distinct prompts sent in turn.
+	Prompts int
+}
+
+// DefaultShape is the `make bench` gRPC row's fleet: the 128-block,
+// 8-worker Score of the in-process rows, with a 32-block shared prefix and
+// each tail held by 2 workers, over 256 prompts.
+func DefaultShape() Shape {
+	return Shape{Model: "bench", BlockSize: 16, Workers: 8, PromptBlocks: 128, SharedBlocks: 32, TailHolders: 2, Prompts: 256}
+}
+
+// Validate reports the first field that makes no sense.
+func (s Shape) Validate() error {
+	switch {
+	case s.Model == "":
+		return errors.New("loadgen: shape: empty model name")
+	case s.BlockSize <= 0:
+		return fmt.Errorf("loadgen: shape: block size %d must be positive", s.BlockSize)
+	case s.Workers <= 0:
+		return fmt.Errorf("loadgen: shape: %d workers, want at least 1", s.Workers)
+	case s.PromptBlocks <= 0:
+		return fmt.Errorf("loadgen: shape: %d prompt blocks, want at least 1", s.PromptBlocks)
+	case s.SharedBlocks < 0 || s.SharedBlocks > s.PromptBlocks:
+		return fmt.Errorf("loadgen: shape: shared prefix of %d blocks must be in [0, %d]", s.SharedBlocks, s.PromptBlocks)
+	case s.TailHolders < 0 || s.TailHolders > s.Workers:
+		return fmt.Errorf("loadgen: shape: %d tail holders must be in [0, %d workers]", s.TailHolders, s.Workers)
+	case s.Prompts <= 0:
+		return fmt.Errorf("loadgen: shape: %d prompts, want at least 1", s.Prompts)
+	}
+	return nil
+}
+
+// String describes the shape in one line.
+func (s Shape) String() string {
+	return fmt.Sprintf("%d workers, %d-block prompts (%d tokens), %d-block prefix held by all, tails held by %d, %d prompts",
+		s.Workers, s.PromptBlocks, s.PromptBlocks*s.BlockSize, s.SharedBlocks, s.TailHolders, s.Prompts)
+}
+
+// Prompt returns prompt i's token ids; the same i always gives the same
+// tokens, so that a remote index loaded by another process with the same
+// shape matches them.
+func (s Shape) Prompt(i int) []uint32 {
+	toks := make([]uint32, 0, s.PromptBlocks*s.BlockSize)
+	for b := range s.PromptBlocks {
+		toks = append(toks, s.blockTokens(i, b)...)
+	}
+	return toks
+}
+
+// blockTokens returns the tokens of block b of prompt i: shared blocks
+// are the same for every prompt.
+func (s Shape) blockTokens(i, b int) []uint32 {
+	seed := uint64(b)<<32 | uint64(i+1)
+	if b < s.SharedBlocks {
+		seed = uint64(b) << 32
+	}
+	toks := make([]uint32, s.BlockSize)
+	for t := range toks {
+		seed = seed*6364136223846793005 + 1442695040888963407
+		toks[t] = uint32(seed>>33) % 151000
+	}
+	return toks
+}
+
+// holders returns the workers that hold prompt i's tail.
+func (s Shape) holders(i int) []int {
+	out := make([]int, s.TailHolders)
+	for j := range out {
+		out[j] = (i*s.TailHolders + j) % s.Workers
+	}
+	return out
+}
+
+// Load adds the shape's model and workers to ix and stores what each
+// worker holds: the shared prefix on every worker, each prompt's tail on
+// its holders. Engine hashes are made up, unique per block.
+func (s Shape) Load(ix *indexer.Index) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if _, err := ix.AddModel(s.Model, s.BlockSize); err != nil {
+		return fmt.Errorf("loadgen: load shape: %w", err)
+	}
+	ws := make([]*indexer.Worker, s.Workers)
+	for w := range ws {
+		var err error
+		ws[w], err = ix.AddWorker(indexer.WorkerInfo{
+			Ref:   events.WorkerRef{Pod: fmt.Sprintf("bench-%d", w)},
+			Model: s.Model,
+		})
+		if err != nil {
+			return fmt.Errorf("loadgen: load shape: %w", err)
+		}
+	}
+	hash := func(i, b int) uint64 { // engine hash of block b of prompt i
+		if b < s.SharedBlocks {
+			return 1<<63 | uint64(b)
+		}
+		return uint64(i+1)<<32 | uint64(b)
+	}
+	stored := func(i, from, to int) events.Event {
+		ev := events.Event{Kind: events.KindBlockStored, BlockSize: s.BlockSize}
+		if from > 0 {
+			ev.ParentHash, ev.HasParent = hash(i, from-1), true
+		}
+		for b := from; b < to; b++ {
+			ev.BlockHashes = append(ev.BlockHashes, hash(i, b))
+			ev.TokenIDs = append(ev.TokenIDs, s.blockTokens(i, b)...)
+		}
+		return ev
+	}
+	apply := func(w int, ev events.Event) error {
+		if err := ws[w].ApplyBatch(&events.Batch{Events: []events.Event{ev}}); err != nil {
+			return fmt.Errorf("loadgen: load shape: worker %d: %w", w, err)
+		}
+		return nil
+	}
+	if s.SharedBlocks > 0 {
+		for w := range ws {
+			if err := apply(w, stored(0, 0, s.SharedBlocks)); err != nil {
+				return err
+			}
+		}
+	}
+	if s.SharedBlocks < s.PromptBlocks {
+		for i := range s.Prompts {
+			for _, w := range s.holders(i) {
+				if err := apply(w, stored(i, s.SharedBlocks, s.PromptBlocks)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Embedded is an in-process kvindex: an index loaded with a shape, served
+// by api.Server over real gRPC on a loopback TCP port.
+type Embedded struct {
+	// Addr is the server's host:port.
+	Addr string
+
+	g    *grpc.Server
+	done chan struct{}
+	once sync.Once
+}
+
+// StartEmbedded loads an index with shape and serves it on 127.0.0.1.
+// Close stops it.
+func StartEmbedded(ctx context.Context, shape Shape) (*Embedded, error) {
+	ix := indexer.New(indexer.Config{})
+	if err := shape.Load(ix); err != nil {
+		return nil, err
+	}
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: embedded server: %w", err)
+	}
+	g := grpc.NewServer()
+	api.NewServer(ix, nil, api.Options{}).Register(g)
+	e := &Embedded{Addr: lis.Addr().String(), g: g, done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		_ = g.Serve(lis) // returns when Close stops g
+	}()
+	return e, nil
+}
+
+// Close stops the server, ending calls in flight, and waits for it.
+func (e *Embedded) Close() {
+	e.once.Do(func() {
+		e.g.Stop()
+		<-e.done
+	})
+}
+
+// ScoreDo returns a Do that sends Score for the shape's prompts, request k
+// asking about prompt k mod Prompts, sender g over clients[g mod
+// len(clients)]. With check set (for an index loaded by Shape.Load), a
+// reply whose longest match is not what the shape stored counts as an
+// error.
+func ScoreDo(shape Shape, clients []*api.Client, check bool) Do {
+	want := uint32(shape.SharedBlocks)
+	if shape.TailHolders > 0 {
+		want = uint32(shape.PromptBlocks)
+	}
+	reqs := make([]*kvindexv1.ScoreRequest, shape.Prompts)
+	for i := range reqs {
+		reqs[i] = &kvindexv1.ScoreRequest{Model: shape.Model, TokenIds: shape.Prompt(i)}
+	}
+	return func(ctx context.Context, g int, k int64) error {
+		resp, err := clients[g%len(clients)].Score(ctx, reqs[k%int64(len(reqs))])
+		if err != nil {
+			return err
+		}
+		if !check {
+			return nil
+		}
+		best := uint32(0)
+		for _, w := range resp.GetWorkers() {
+			best = max(best, w.GetMatchedBlocks())
+		}
+		if best != want {
+			return fmt.Errorf("loadgen: Score of prompt %d: longest match %d blocks, the shape stored %d",
+				k%int64(len(reqs)), best, want)
+		}
+		return nil
+	}
+}
