@@ -3,11 +3,13 @@ package indexer
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
 // Errors the index returns, wrapped with the worker, event and values at fault.
@@ -52,55 +54,84 @@ type Model struct {
 
 // Config sets up an Index.
 type Config struct {
-	// Shards is the number of key shards, rounded up to a power of two;
-	// 0 means 64.
+	// Shards is the number of shards of the node index (heads), rounded up
+	// to a power of two; 0 means 64.
 	Shards int
+	// WorkerCapacity bounds the blocks one worker may hold in all media
+	// together; beyond it the worker's least recently stored blocks are
+	// evicted and counted (Stats.Evictions). It exists for removals that
+	// were lost: an engine never holds more blocks than its cache has. 0
+	// learns each worker's capacity from its events (see
+	// Worker.SetCapacity); negative means unbounded.
+	WorkerCapacity int
+	// MemoryBudget bounds the index's estimated memory in bytes (engine
+	// maps and residency, EstimatedBytesPerBlock per resident block); when
+	// it is exceeded, blocks are evicted from the workers holding the most,
+	// and counted (Stats.BudgetEvictions). 0 means unbounded.
+	MemoryBudget int64
 }
 
+// EstimatedBytesPerBlock is what the memory budget charges per resident
+// (block, worker): the engine-map entry (about 56 bytes, map and slab) plus
+// the residency index's share, which is 8 to 16 bytes without sharing and
+// less with it (BenchmarkMemory10M; see docs/benchmarks.md).
+const EstimatedBytesPerBlock = 80
+
 // Index is the live residency index: which worker holds which content key
-// on which medium, with reference counts, plus each worker's map from
-// engine block hash to content key.
+// on which medium, plus each worker's map from engine block hash to its
+// place in the index.
+//
+// # Structure
+//
+// The keys form a tree (every key is chained from one parent), stored
+// path-compressed: a node holds a run of consecutive keys, and a list of
+// segments that give each stretch of the run its holder set (worker, media
+// bitmask), shared by all its keys. A branch is a child node attached at
+// any key of its parent's run; heads, a map sharded by key, finds a node by
+// its first key. Reference counts (vLLM may store a block twice, and each
+// store needs its own removal) live in the workers' engine maps; the tree
+// only records which media each worker holds a key in.
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use. Residency is sharded by key, one
-// RWMutex per shard; Match takes only read locks, and holds one shard lock
-// at a time, so a Score never waits on ingest of keys in other shards. Each
-// worker's events are applied under that worker's own mutex; lock order is
-// worker.mu, then a shard's mu (never two shards at once). Registration
-// (models, workers) is guarded by Index.mu.
+// All methods are safe for concurrent use. Match takes no lock on the
+// tree: nodes publish immutable views through atomic pointers, and holder
+// sets are immutable. The only lock a Match takes is one heads shard's read
+// lock per node it enters (the first, and each branch it follows), held for
+// one map probe; it waits only while a writer inserts or deletes a node
+// head in that shard, an O(1) critical section. It never waits on a
+// worker's batch, and no recency is recorded on the read path.
+//
+// Each worker's events are applied under that worker's mutex (its events
+// are ordered anyway); writers share nodes through per-node mutexes. The
+// lock order is Worker.mu, then node locks from the root down (at most a
+// node and its child), then one heads shard; registration (models,
+// workers) is guarded by Index.mu, which is never held with the others.
+// A batch's changes become visible to Match no later than the return of
+// its ApplyBatch, node by node (readers may see part of a batch earlier).
+//
+// # Memory
+//
+// See the package documentation for the measured costs, the per-worker
+// capacity and the memory budget.
 type Index struct {
-	shards []shard
-	mask   uint64
+	heads []headShard
+	mask  uint64
 
-	mu      sync.RWMutex // guards models and workers
-	models  map[string]*Model
-	workers []*Worker
+	mu     sync.RWMutex // guards models and adding workers
+	models map[string]*Model
+	// workers is the worker table by id, copied on AddWorker so that
+	// readers load it without a lock.
+	workers atomic.Pointer[[]*Worker]
 
-	positions sync.Pool // *[]int32 scratch for Match, indexed by WorkerID
-}
+	cfg          Config
+	budgetBlocks int64        // MemoryBudget / EstimatedBytesPerBlock, 0 without a budget
+	resident     atomic.Int64 // resident blocks over all workers
+	budgetMu     sync.Mutex   // one budget enforcer at a time (TryLock)
+	collisions   atomic.Int64 // 64-bit key collisions met (kept out of heads)
 
-// shard holds the residency of keys whose hash falls into it.
-type shard struct {
-	mu sync.RWMutex // guards m
-	m  map[Key][]holder
-	_  [40]byte // keep neighbouring shards' locks off one cache line
-}
-
-// holder is one worker's residency of a key, counted per medium: vLLM may
-// store the same block twice, and each store needs its own removal.
-type holder struct {
-	w    WorkerID
-	refs [events.NumMedia]uint32
-}
-
-func (h *holder) empty() bool {
-	for _, r := range h.refs {
-		if r != 0 {
-			return false
-		}
-	}
-	return true
+	singleFn holders.Singletons // ix.single, bound once
+	scratch  sync.Pool          // *matchScratch
 }
 
 // New returns an empty index.
@@ -113,19 +144,34 @@ func New(cfg Config) *Index {
 		}
 	}
 	ix := &Index{
-		shards: make([]shard, n),
+		heads:  make([]headShard, n),
 		mask:   uint64(n - 1),
 		models: make(map[string]*Model),
+		cfg:    cfg,
 	}
-	for i := range ix.shards {
-		ix.shards[i].m = make(map[Key][]holder)
+	if cfg.MemoryBudget > 0 {
+		ix.budgetBlocks = max(cfg.MemoryBudget/EstimatedBytesPerBlock, 1)
 	}
+	for i := range ix.heads {
+		ix.heads[i].m = make(map[Key]*node)
+	}
+	ix.workers.Store(new([]*Worker))
+	ix.singleFn = ix.single
 	return ix
 }
 
-func (ix *Index) shardOf(k Key) *shard {
-	// Keys are xxh3 outputs, so their low bits are uniform already.
-	return &ix.shards[uint64(k)&ix.mask]
+// single returns the interned one-worker holder set of (w, media).
+func (ix *Index) single(w uint32, media uint8) *holders.Set {
+	wk := (*ix.workers.Load())[w]
+	p := &wk.singles[media&(1<<events.NumMedia-1)]
+	if s := p.Load(); s != nil {
+		return s
+	}
+	s := holders.New([]holders.Entry{holders.MakeEntry(w, media)})
+	if p.CompareAndSwap(nil, s) {
+		return s
+	}
+	return p.Load()
 }
 
 // AddModel registers a model namespace with its block size. Adding the
@@ -178,37 +224,45 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q for worker %s", ErrUnknownModel, info.Model, info.Ref)
 	}
-	for _, w := range ix.workers {
+	ws := *ix.workers.Load()
+	for _, w := range ws {
 		if w.info.Ref == info.Ref {
 			return nil, fmt.Errorf("%w: %s", ErrDuplicateWorker, info.Ref)
 		}
 	}
-	w := &Worker{
-		id:     WorkerID(len(ix.workers)),
-		info:   info,
-		model:  m,
-		ix:     ix,
-		engine: make(map[uint64]*engineEntry),
+	if len(ws) > holders.MaxWorker {
+		return nil, fmt.Errorf("indexer: add worker %s: the index holds its maximum of %d workers", info.Ref, holders.MaxWorker+1)
 	}
-	ix.workers = append(ix.workers, w)
+	w := &Worker{
+		id:    WorkerID(len(ws)),
+		info:  info,
+		model: m,
+		ix:    ix,
+	}
+	w.cur.ix = ix
+	if ix.cfg.WorkerCapacity != 0 {
+		w.capConfigured = int64(max(ix.cfg.WorkerCapacity, -1))
+	}
+	w.c.capacity.Store(w.capacityLocked())
+	nws := make([]*Worker, len(ws)+1, len(ws)+1)
+	copy(nws, ws)
+	nws[len(ws)] = w
+	ix.workers.Store(&nws)
 	return w, nil
 }
 
 // Worker returns the worker with the given id, or nil.
 func (ix *Index) Worker(id WorkerID) *Worker {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	if int(id) < len(ix.workers) {
-		return ix.workers[id]
+	ws := *ix.workers.Load()
+	if int(id) < len(ws) {
+		return ws[id]
 	}
 	return nil
 }
 
-// LookupWorker returns the worker named ref, or nil.
+// LookupWorker returns the worker named ref, or nil. Cost: O(workers).
 func (ix *Index) LookupWorker(ref events.WorkerRef) *Worker {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	for _, w := range ix.workers {
+	for _, w := range *ix.workers.Load() {
 		if w.info.Ref == ref {
 			return w
 		}
@@ -218,58 +272,12 @@ func (ix *Index) LookupWorker(ref events.WorkerRef) *Worker {
 
 // Workers returns every worker in id order.
 func (ix *Index) Workers() []*Worker {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	return append([]*Worker(nil), ix.workers...)
+	return append([]*Worker(nil), *ix.workers.Load()...)
 }
 
-// addResidency counts one more store of key on worker w in medium m.
-func (ix *Index) addResidency(k Key, w WorkerID, m events.Medium) {
-	sh := ix.shardOf(k)
-	sh.mu.Lock()
-	hs := sh.m[k]
-	for i := range hs {
-		if hs[i].w == w {
-			hs[i].refs[m]++
-			sh.mu.Unlock()
-			return
-		}
-	}
-	h := holder{w: w}
-	h.refs[m] = 1
-	sh.m[k] = append(hs, h)
-	sh.mu.Unlock()
-}
-
-// dropResidency removes n stores of key on worker w in medium m (all of
-// them when n is 0).
-func (ix *Index) dropResidency(k Key, w WorkerID, m events.Medium, n uint32) {
-	sh := ix.shardOf(k)
-	sh.mu.Lock()
-	hs := sh.m[k]
-	for i := range hs {
-		if hs[i].w != w {
-			continue
-		}
-		if n == 0 || hs[i].refs[m] <= n {
-			hs[i].refs[m] = 0
-		} else {
-			hs[i].refs[m] -= n
-		}
-		if hs[i].empty() {
-			last := len(hs) - 1
-			hs[i] = hs[last]
-			hs = hs[:last]
-			if len(hs) == 0 {
-				delete(sh.m, k)
-			} else {
-				sh.m[k] = hs
-			}
-		}
-		break
-	}
-	sh.mu.Unlock()
-}
+// NumWorkers returns the number of workers added so far; their ids are 0
+// to NumWorkers()-1. Cost: one atomic load.
+func (ix *Index) NumWorkers() int { return len(*ix.workers.Load()) }
 
 // Match is one worker's longest resident prefix of a prompt.
 type Match struct {
@@ -285,83 +293,214 @@ type Match struct {
 
 // Match appends to dst, for every worker that allow accepts (nil accepts
 // all) and that holds at least the first key, its longest consecutive
-// resident prefix of keys. Workers appear in the order they were first met.
+// resident prefix of keys. keys are a prompt's keys from its first block,
+// as PromptKeys computes them. Workers appear in the order they were first
+// met (by worker id, as it happens); workers added after the call began may
+// be left out.
 //
-// Cost: one shard read-lock and map probe per block of the matched prefix,
-// plus O(holders) per block; the walk stops at the first block that no
-// still-matching worker holds. No allocation when dst has capacity.
+// allow is called once per holder of the first key, with no lock held; it
+// may be slow or block without holding up anything but this call, but it
+// should not call Match recursively on a hot path (that costs a second
+// scratch).
+//
+// Cost: the walk compares keys against the runs of the tree sequentially,
+// looks at a holder set only where one changes (skipping pointer-equal
+// sets at no cost), and pays a heads probe (one shard read lock) only per
+// node entered; it stops at the first key that no still-matching worker
+// holds. A change of holder set costs O(min(h, a log h)) for h holders and
+// a still-matching workers. So a Match costs O(matched keys + holders of
+// the first key + holder-set changes), not O(keys x workers). No
+// allocation when dst has capacity (scratch is pooled).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
 	if len(keys) == 0 {
 		return dst
 	}
-	base := len(dst)
-	ix.mu.RLock()
-	nworkers := len(ix.workers)
-	ix.mu.RUnlock()
-	pp, _ := ix.positions.Get().(*[]int32)
-	if pp == nil {
-		pp = new([]int32)
+	n := ix.head(keys[0])
+	if n == nil || n.parent != nil {
+		return dst
 	}
-	pos := *pp
-	if len(pos) < nworkers {
-		pos = make([]int32, nworkers+nworkers/4+8)
-		for i := range pos {
-			pos[i] = -1
-		}
+	sc, _ := ix.scratch.Get().(*matchScratch)
+	if sc == nil {
+		sc = new(matchScratch)
 	}
-	active := 0
-	for i, k := range keys {
-		sh := ix.shardOf(k)
-		sh.mu.RLock()
-		hs := sh.m[k]
-		extended := false
-		for j := range hs {
-			h := &hs[j]
-			if int(h.w) >= len(pos) {
-				continue // a worker added after this call began
-			}
-			if i == 0 {
-				if allow != nil && !allow(h.w) {
-					continue
-				}
-				mt := Match{Worker: h.w, Blocks: 1}
-				for m, r := range h.refs {
-					if r > 0 {
-						mt.ByMedium[m] = 1
-					}
-				}
-				pos[h.w] = int32(len(dst))
-				dst = append(dst, mt)
-				extended = true
-				continue
-			}
-			p := pos[h.w]
-			if p < 0 || dst[p].Blocks != i {
-				continue
-			}
-			mt := &dst[p]
-			mt.Blocks = i + 1
-			for m, r := range h.refs {
-				if r > 0 && mt.ByMedium[m] == i {
-					mt.ByMedium[m] = i + 1
-				}
-			}
-			extended = true
-		}
-		sh.mu.RUnlock()
-		if i == 0 {
-			active = len(dst) - base
-		}
-		if !extended || active == 0 {
+	sc.grow(ix.NumWorkers())
+	m := matcher{sc: sc, dst: dst, allow: allow}
+	i := 0
+	var off int32
+walk:
+	for {
+		v := n.view.Load()
+		if v == nil {
 			break
 		}
+		vk := v.keys
+		j := int(off)
+		start := i
+		for j < len(vk) && i < len(keys) && vk[j] == keys[i] {
+			i++
+			j++
+		}
+		if i == start {
+			break
+		}
+		// The holder sets of offsets [off, j), which are blocks [start, i).
+		segs := v.segs
+		for s := segIndex(segs, off); s < len(segs) && int(segs[s].start) < j; s++ {
+			b := start + max(int(segs[s].start)-int(off), 0)
+			if !m.at(b, segs[s].set) {
+				break walk
+			}
+		}
+		if i == len(keys) {
+			break
+		}
+		c := ix.head(keys[i])
+		if c == nil || c.parent != n || int(c.attach) != j-1 {
+			break
+		}
+		n, off = c, 0
 	}
-	for _, mt := range dst[base:] {
-		pos[mt.Worker] = -1
-	}
-	*pp = pos
-	ix.positions.Put(pp)
+	dst = m.finish(i)
+	ix.scratch.Put(sc)
 	return dst
+}
+
+// matchScratch is one Match's working memory, pooled between calls.
+type matchScratch struct {
+	// pos[w] is worker w's index in act, -1 when it is not matching; all
+	// -1 between calls.
+	pos []int32
+	act []active
+}
+
+// active is a worker still matching: its Match in dst, the media it has
+// held every block in so far, and the set change it was last seen at.
+type active struct {
+	di    int32
+	media uint8
+	next  uint8
+	seen  uint32
+}
+
+func (sc *matchScratch) grow(n int) {
+	for len(sc.pos) < n {
+		sc.pos = append(sc.pos, -1)
+	}
+}
+
+// matcher follows the holder sets along a prompt's matched keys.
+type matcher struct {
+	sc     *matchScratch
+	dst    []Match
+	base   int
+	allow  func(WorkerID) bool
+	cur    *holders.Set
+	inited bool
+	epoch  uint32
+}
+
+// at records that block b and the blocks after it (until the next call)
+// are held by set s, and reports whether any worker still matches.
+func (m *matcher) at(b int, s *holders.Set) bool {
+	if !m.inited {
+		m.inited = true
+		m.base = len(m.dst)
+		m.cur = s
+		pos := m.sc.pos
+		for _, e := range s.Entries() {
+			w := e.Worker()
+			if int(w) >= len(pos) || m.allow != nil && !m.allow(WorkerID(w)) {
+				continue
+			}
+			pos[w] = int32(len(m.sc.act))
+			m.sc.act = append(m.sc.act, active{di: int32(len(m.dst)), media: e.Media()})
+			m.dst = append(m.dst, Match{Worker: WorkerID(w)})
+		}
+		return len(m.sc.act) > 0
+	}
+	if s == m.cur || holders.Equal(s, m.cur) {
+		return true
+	}
+	m.cur = s
+	act, pos := m.sc.act, m.sc.pos
+	ents := s.Entries()
+	keep := 0
+	if len(act)*8 < len(ents) {
+		// Few still match among many holders: look each one up.
+		for _, a := range act {
+			w := m.dst[a.di].Worker
+			if !m.keep(&a, s.Media(uint32(w)), b) {
+				pos[w] = -1
+				continue
+			}
+			act[keep] = a
+			pos[w] = int32(keep)
+			keep++
+		}
+	} else {
+		m.epoch++
+		for _, e := range ents {
+			if w := e.Worker(); int(w) < len(pos) {
+				if p := pos[w]; p >= 0 {
+					act[p].seen, act[p].next = m.epoch, e.Media()
+				}
+			}
+		}
+		for _, a := range act {
+			w := m.dst[a.di].Worker
+			var media uint8
+			if a.seen == m.epoch {
+				media = a.next
+			}
+			if !m.keep(&a, media, b) {
+				pos[w] = -1
+				continue
+			}
+			act[keep] = a
+			pos[w] = int32(keep)
+			keep++
+		}
+	}
+	m.sc.act = act[:keep]
+	return keep > 0
+}
+
+// keep applies a worker's media at block b: a worker that holds b in no
+// medium ends its match at b; a medium it no longer holds ends there.
+func (m *matcher) keep(a *active, media uint8, b int) bool {
+	d := &m.dst[a.di]
+	if media == 0 {
+		d.Blocks = b
+		setMedia(d, a.media, b)
+		return false
+	}
+	if lost := a.media &^ media; lost != 0 {
+		setMedia(d, lost, b)
+		a.media &= media
+	}
+	return true
+}
+
+// setMedia sets d.ByMedium[m] = b for every medium m in mask.
+func setMedia(d *Match, mask uint8, b int) {
+	for mask != 0 {
+		i := bits.TrailingZeros8(mask)
+		d.ByMedium[i] = b
+		mask &= mask - 1
+	}
+}
+
+// finish ends the matches still running at block b, resets the scratch
+// and returns dst.
+func (m *matcher) finish(b int) []Match {
+	for _, a := range m.sc.act {
+		d := &m.dst[a.di]
+		d.Blocks = b
+		setMedia(d, a.media, b)
+		m.sc.pos[d.Worker] = -1
+	}
+	m.sc.act = m.sc.act[:0]
+	return m.dst
 }
 
 // Stats are one worker's index-side counters, read by ListWorkers and
@@ -388,6 +527,14 @@ type Stats struct {
 	// Clears counts AllBlocksCleared events; Resets counts forced resets
 	// (engine restarts).
 	Clears, Resets int64
+	// Evictions counts blocks the index dropped without a removal event:
+	// beyond the worker's capacity (removals were lost) or, of those,
+	// BudgetEvictions for the index's memory budget.
+	Evictions, BudgetEvictions int64
+	// Capacity is the most blocks the worker may hold before its least
+	// recently stored ones are evicted: configured, or learned (see
+	// Worker.SetCapacity); 0 while unbounded.
+	Capacity int64
 	// LastReset is why the worker was last reset, "" if never.
 	LastReset string
 	// LastApply is when a batch was last applied (zero if never).
@@ -402,5 +549,47 @@ type counters struct {
 	orphans, unknown          atomic.Int64
 	blockSize, invalid, group atomic.Int64
 	clears, resets            atomic.Int64
+	evictions, budgetEvict    atomic.Int64
+	capacity                  atomic.Int64
 	lastApply                 atomic.Int64 // unix nanoseconds
+}
+
+// checkBudget evicts blocks, from the workers holding the most first,
+// while the index's estimated memory exceeds Config.MemoryBudget (down to
+// 31/32 of it, so that it does not run on every batch). One goroutine
+// enforces at a time; others skip. It holds no lock but budgetMu while it
+// chooses, and one worker's mu while it evicts from that worker.
+func (ix *Index) checkBudget() {
+	if ix.budgetBlocks == 0 || ix.resident.Load() <= ix.budgetBlocks {
+		return
+	}
+	if !ix.budgetMu.TryLock() {
+		return
+	}
+	defer ix.budgetMu.Unlock()
+	target := ix.budgetBlocks - ix.budgetBlocks/32
+	for {
+		over := ix.resident.Load() - target
+		if over <= 0 {
+			return
+		}
+		var big *Worker
+		var first, second int64
+		for _, w := range *ix.workers.Load() {
+			switch r := w.c.resident.Load(); {
+			case r > first:
+				big, first, second = w, r, first
+			case r > second:
+				second = r
+			}
+		}
+		if big == nil {
+			return
+		}
+		// Bring the largest down to the runner-up, in chunks so that its
+		// own events are not held up for long.
+		if big.evictForBudget(min(over, max(first-second, 1), 4096)) == 0 {
+			return
+		}
+	}
 }

@@ -1,0 +1,411 @@
+package indexer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// A universe of documents (token sequences) that share prefixes, for
+// randomised event sequences whose keys meet across workers.
+type universe struct {
+	bs   int
+	run  int // most blocks one store event carries
+	docs [][]uint32
+	lora []bool // the document is keyed under the "lora1" adapter
+	keys [][]Key
+}
+
+const propModel = "m"
+
+func newUniverse(r *rand.Rand, n, maxBlocks, bs int) *universe {
+	u := &universe{bs: bs, run: max(4, maxBlocks/3)}
+	for d := range n {
+		nb := 1 + r.IntN(maxBlocks)
+		var toks []uint32
+		if d > 0 && r.IntN(3) > 0 {
+			p := u.docs[r.IntN(d)]
+			share := r.IntN(len(p)/bs + 1)
+			toks = append(toks, p[:min(share, nb)*bs]...)
+		}
+		for len(toks) < nb*bs {
+			toks = append(toks, uint32(r.IntN(8))) // a small vocabulary, so contents repeat
+		}
+		u.docs = append(u.docs, toks)
+		lora := r.IntN(6) == 0
+		u.lora = append(u.lora, lora)
+		u.keys = append(u.keys, PromptKeys(propModel, bs, toks, u.extras(d), nil))
+	}
+	return u
+}
+
+func (u *universe) extras(d int) *PromptExtras {
+	if u.lora[d] {
+		return &PromptExtras{LoRAName: "lora1"}
+	}
+	return nil
+}
+
+// engineHash is a worker's engine hash of block b of document d: content
+// based, as vLLM's are, so shared prefixes share hashes.
+func (u *universe) engineHash(d, b int) uint64 {
+	return uint64(u.keys[d][b])*0x9e3779b97f4a7c15 | 1
+}
+
+// gen makes random batches for one worker of a reference model, looking at
+// the worker's reference state to pick removals of blocks it holds.
+type gen struct {
+	r *rand.Rand
+	u *universe
+}
+
+func (g *gen) heldHashes(w *refWorker, n int) []uint64 {
+	var out []uint64
+	for h := range w.engine {
+		out = append(out, h)
+	}
+	slices.Sort(out)
+	g.r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out[:min(n, len(out))]
+}
+
+var media = []events.Medium{events.MediumGPU, events.MediumGPU, events.MediumGPU, events.MediumCPU, events.MediumDisk, events.MediumOther}
+
+func (g *gen) event(w *refWorker) events.Event {
+	r, u := g.r, g.u
+	switch x := r.IntN(100); {
+	case x < 45: // store a run of a document, usually chained to its parent
+		d := r.IntN(len(u.docs))
+		nb := len(u.keys[d])
+		a := r.IntN(nb)
+		if r.IntN(3) > 0 {
+			a = 0
+		}
+		b := a + 1 + r.IntN(min(u.run, nb-a))
+		ev := events.Event{Kind: events.KindBlockStored, BlockSize: u.bs, Medium: media[r.IntN(len(media))]}
+		if ev.Medium == events.MediumOther {
+			ev.MediumName = "weird"
+		}
+		if a > 0 {
+			ev.HasParent, ev.ParentHash = true, u.engineHash(d, a-1)
+			if r.IntN(20) == 0 {
+				ev.ParentHash ^= 0xdead // an unknown parent: an orphan
+			}
+		}
+		for i := a; i < b; i++ {
+			ev.BlockHashes = append(ev.BlockHashes, u.engineHash(d, i))
+		}
+		if r.IntN(25) == 0 && len(w.engine) > 0 {
+			// The engine reuses a hash it holds for this content.
+			ev.BlockHashes[0] = g.heldHashes(w, 1)[0]
+		}
+		ev.TokenIDs = u.docs[d][a*u.bs : b*u.bs]
+		if u.lora[d] {
+			ev.LoRAName = "lora1"
+			if r.IntN(2) == 0 {
+				ev.ExtraKeys = make([]events.ExtraKeys, b-a)
+				for i := range ev.ExtraKeys {
+					ev.ExtraKeys[i] = events.AppendString(events.AppendTuple(nil, 1), "lora1")
+				}
+			}
+		}
+		switch r.IntN(40) {
+		case 0:
+			ev.BlockSize = u.bs * 2
+		case 1:
+			ev.TokenIDs = ev.TokenIDs[:len(ev.TokenIDs)-1]
+		case 2:
+			ev.SpecKind, ev.GroupIdx, ev.HasGroupIdx = "sliding_window", 1, true
+		}
+		return ev
+	case x < 55: // offload held blocks to another medium
+		ev := events.Event{Kind: events.KindBlockStored, Medium: media[3+r.IntN(2)]}
+		ev.BlockHashes = g.heldHashes(w, 1+r.IntN(3))
+		if r.IntN(8) == 0 {
+			ev.BlockHashes = append(ev.BlockHashes, 12345)
+		}
+		return ev
+	case x < 65: // evict a document's tail, last block first, as vLLM does
+		d := r.IntN(len(u.docs))
+		nb := len(u.keys[d])
+		ev := events.Event{Kind: events.KindBlockRemoved, Medium: media[r.IntN(3)]}
+		for b := nb - 1; b >= r.IntN(nb); b-- {
+			if w.engine[u.engineHash(d, b)] != nil {
+				ev.BlockHashes = append(ev.BlockHashes, u.engineHash(d, b))
+			}
+		}
+		return ev
+	case x < 95: // remove held blocks from a medium, sometimes one they are not in
+		ev := events.Event{Kind: events.KindBlockRemoved, Medium: media[r.IntN(len(media))]}
+		ev.BlockHashes = g.heldHashes(w, 1+r.IntN(3))
+		if u.run > 4 && r.IntN(3) == 0 {
+			ev.BlockHashes = g.heldHashes(w, 1+r.IntN(u.run))
+		}
+		if r.IntN(4) > 0 && len(ev.BlockHashes) > 0 {
+			// Mostly remove from a medium the first block is in.
+			ref := w.engine[ev.BlockHashes[0]].refs
+			for m, n := range ref {
+				if n > 0 {
+					ev.Medium = events.Medium(m)
+					break
+				}
+			}
+		}
+		if r.IntN(30) == 0 {
+			ev.GroupIdx, ev.HasGroupIdx = 1, true
+		}
+		return ev
+	case x < 97:
+		return events.Event{Kind: events.KindAllBlocksCleared}
+	default:
+		return events.Event{Kind: events.Kind(9)}
+	}
+}
+
+func (g *gen) batch(w *refWorker) *events.Batch {
+	b := &events.Batch{}
+	for range 1 + g.r.IntN(6) {
+		b.Events = append(b.Events, g.event(w))
+	}
+	return b
+}
+
+// prompts returns key sequences to match: every document, its prefixes and
+// extensions.
+func (u *universe) prompts() [][]Key {
+	var out [][]Key
+	for d, k := range u.keys {
+		out = append(out, k)
+		if len(k) > 1 {
+			out = append(out, k[:len(k)/2])
+		}
+		ext := PromptKeys(propModel, u.bs, append(append([]uint32(nil), u.docs[d]...), 1, 2, 3, 4), u.extras(d), nil)
+		out = append(out, ext)
+	}
+	return out
+}
+
+// comparableStats drops the fields the reference does not model.
+func comparableStats(s Stats) Stats {
+	s.LastApply, s.LastReset, s.Capacity = time.Time{}, "", 0
+	s.Evictions, s.BudgetEvictions = 0, 0
+	return s
+}
+
+func checkAgainstRef(t *testing.T, ix *Index, ref *refIndex, u *universe, r *rand.Rand, step int) {
+	t.Helper()
+	if step%10 == 9 {
+		checkInvariants(t, ix)
+	}
+	for i, w := range ix.Workers() {
+		rw := ref.workers[i]
+		if w.engine.Len() != len(rw.engine) {
+			t.Fatalf("step %d worker %d: %d engine entries, reference %d", step, i, w.engine.Len(), len(rw.engine))
+		}
+		for h, re := range rw.engine {
+			slot, ok := w.engine.Get(h)
+			if !ok {
+				t.Fatalf("step %d worker %d: no engine entry %x", step, i, h)
+			}
+			e := w.engine.At(slot)
+			if k := e.n.keys[e.off]; k != re.key {
+				t.Fatalf("step %d worker %d: engine entry %x at key %x, reference %x", step, i, h, k, re.key)
+			}
+			for m, r := range re.refs {
+				if uint32(e.refs[m]) != r {
+					t.Fatalf("step %d worker %d: engine entry %x refs %v, reference %v", step, i, h, e.refs, re.refs)
+				}
+			}
+		}
+	}
+	allow := func(id WorkerID) bool { return id%3 != 1 }
+	for pi, keys := range u.prompts() {
+		var f func(WorkerID) bool
+		if pi%4 == 3 {
+			f = allow
+		}
+		got := sortMatches(ix.Match(keys, f, nil))
+		want := ref.match(keys, f)
+		if len(got) == 0 && len(want) == 0 {
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d prompt %d (%d keys): Match = %+v, reference %+v", step, pi, len(keys), got, want)
+		}
+	}
+	for i, w := range ix.Workers() {
+		got, want := comparableStats(w.Stats()), comparableStats(ref.workers[i].stats)
+		if got != want {
+			t.Fatalf("step %d worker %d: stats\n got %+v\nwant %+v", step, i, got, want)
+		}
+	}
+}
+
+// TestMatchesReferenceModel applies random event sequences (stores with
+// parents, duplicate stores, removals across media, offloads with empty
+// token_ids, orphans, hash reuse, LoRA, sliding-window groups, invalid
+// events, clears and resets) to several workers and checks every Match
+// and every worker's counters against the reference model after each
+// batch, and the tree's invariants.
+func TestMatchesReferenceModel(t *testing.T) {
+	seeds, steps := 24, 250
+	if testing.Short() {
+		seeds = 6
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(seed), 7))
+			u := newUniverse(r, 12, 10, 4)
+			if seed%2 == 1 {
+				// Long documents: long runs, compaction of dead tails.
+				u = newUniverse(r, 8, 100, 2)
+			}
+			ix := New(Config{Shards: 4})
+			ix.AddModel(propModel, u.bs)
+			ref := newRefIndex()
+			ref.addModel(propModel, u.bs)
+			var ws []*Worker
+			for i := range 4 {
+				w, err := ix.AddWorker(WorkerInfo{Ref: events.WorkerRef{Pod: fmt.Sprint("p", i)}, Model: propModel})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ws = append(ws, w)
+				ref.addWorker(propModel)
+			}
+			g := &gen{r: r, u: u}
+			for step := range steps {
+				i := r.IntN(len(ws))
+				if r.IntN(100) == 0 {
+					ws[i].Reset("test")
+					ref.workers[i].reset()
+				} else {
+					b := g.batch(ref.workers[i])
+					_ = ws[i].ApplyBatch(b)
+					ref.workers[i].apply(b)
+				}
+				checkAgainstRef(t, ix, ref, u, r, step)
+			}
+		})
+	}
+}
+
+// checkInvariants walks the whole tree and every engine map: the node and
+// segment invariants of node, published views equal to the writer state
+// (no batch is running), every engine entry in a live node whose holder
+// set has the worker in exactly the media its counts say, and no holder
+// the engine maps do not explain.
+func checkInvariants(t *testing.T, ix *Index) {
+	t.Helper()
+	type wk struct {
+		n   *node
+		off int32
+		w   uint32
+	}
+	holds := map[wk]uint8{}
+	seen := map[*node]bool{}
+	var walk func(n *node)
+	walk = func(n *node) {
+		if seen[n] {
+			t.Fatalf("node %p reached twice", n)
+		}
+		seen[n] = true
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if n.dead.Load() {
+			t.Fatalf("dead node %p still in the tree", n)
+		}
+		if n.deadLocked() {
+			t.Fatalf("node %p holds nothing and has no children but is not retired", n)
+		}
+		v := n.view.Load()
+		if v == nil || !reflect.DeepEqual(v.keys, n.keys) || !reflect.DeepEqual(v.segs, n.segs) {
+			t.Fatalf("node %p: published view differs from its state", n)
+		}
+		if n.keys[0] != n.first || len(n.segs) == 0 || n.segs[0].start != 0 {
+			t.Fatalf("node %p: bad first key or segments %+v", n, n.segs)
+		}
+		for i, s := range n.segs {
+			end := int32(len(n.keys))
+			if i+1 < len(n.segs) {
+				end = n.segs[i+1].start
+				if holders.Equal(s.set, n.segs[i+1].set) {
+					t.Fatalf("node %p: adjacent equal segments %d,%d", n, i, i+1)
+				}
+			}
+			if end <= s.start {
+				t.Fatalf("node %p: empty segment %d", n, i)
+			}
+			for off := s.start; off < end; off++ {
+				for _, e := range s.set.Entries() {
+					holds[wk{n, off, e.Worker()}] = e.Media()
+				}
+			}
+		}
+		for i, c := range n.children {
+			if c.parent != n || int(c.cidx) != i || c.attach > n.maxAttach || int(c.attach) >= len(n.keys) {
+				t.Fatalf("node %p: bad child %d (attach %d, maxAttach %d, len %d)", n, i, c.attach, n.maxAttach, len(n.keys))
+			}
+			if h := ix.head(c.first); h != c {
+				t.Fatalf("child %p of %p is not in heads", c, n)
+			}
+			walk(c)
+		}
+	}
+	for i := range ix.heads {
+		sh := &ix.heads[i]
+		sh.mu.RLock()
+		var tops []*node
+		for _, n := range sh.m {
+			if n.parent == nil {
+				tops = append(tops, n)
+			}
+		}
+		sh.mu.RUnlock()
+		for _, n := range tops {
+			walk(n)
+		}
+	}
+	for _, w := range ix.Workers() {
+		w.mu.Lock()
+		want := map[wk]uint8{}
+		entries := map[loc]int{}
+		for slot, ok := w.engine.Oldest(); ok; slot, ok = w.engine.Next(slot) {
+			e := w.engine.At(slot)
+			if e.media() == 0 {
+				t.Fatalf("worker %d: engine entry with no references", w.id)
+			}
+			if !seen[e.n] {
+				t.Fatalf("worker %d: engine entry in node %p, which is not in the tree", w.id, e.n)
+			}
+			want[wk{e.n, e.off, uint32(w.id)}] |= e.media()
+			entries[e.loc()]++
+		}
+		for k, m := range want {
+			if got, ok := holds[k]; !ok || got != m {
+				t.Fatalf("worker %d: tree has media %b at %p+%d, engine counts say %b", w.id, got, k.n, k.off, m)
+			}
+			delete(holds, k)
+		}
+		for l, a := range w.aliases {
+			if entries[l] != a.entries || a.entries < 2 {
+				t.Fatalf("worker %d: alias at %p+%d counts %d entries, engine map has %d", w.id, l.n, l.off, a.entries, entries[l])
+			}
+		}
+		for l, n := range entries {
+			if n > 1 && w.aliases[l] == nil {
+				t.Fatalf("worker %d: %d entries at %p+%d but no alias", w.id, n, l.n, l.off)
+			}
+		}
+		w.mu.Unlock()
+	}
+	for k, m := range holds {
+		t.Fatalf("tree says worker %d holds %p+%d in %b, its engine map does not", k.w, k.n, k.off, m)
+	}
+}

@@ -1,0 +1,548 @@
+package indexer
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// The residency index is a tree of content keys. Every key has exactly one
+// parent (the key it was chained from, or a root), so the keys of all
+// workers form a forest; the tree stores it path-compressed, radix style:
+// a node holds a run of consecutive keys (a chain without branches in
+// between), and a branch is a child node that attaches to any key of its
+// parent's run. Which workers hold the keys is a list of segments per node:
+// a segment is a stretch of the run whose keys all have the same holder set.
+//
+// So a prompt is matched by comparing its keys against a node's run one
+// after the other (sequential memory, no hashing) and looking at a holder
+// set only where a segment starts, and a hash probe (heads) is paid only
+// where the prompt leaves a node. A hot prefix of 512 blocks held by 1,000
+// workers is one node, one segment and one Set of 4,000 bytes.
+
+// node is a run of consecutive content keys.
+//
+// # Concurrency
+//
+// Readers (Match) use only the immutable fields and the published view,
+// with no lock. Writers (ApplyBatch of any worker) change a node's
+// writer-side state under mu and publish it as a new view when their batch
+// ends (cursor.finish), so a batch's changes become visible no later than
+// the return of its ApplyBatch, and readers may see them earlier.
+//
+// A writer holds at most two node locks, and then only a node and one of
+// its children, taken parent first; heads shard locks are taken under node
+// locks and nothing is taken under a heads shard lock. Worker.mu is taken
+// before any node lock. So the lock order is Worker.mu, then node locks from
+// the root down, then a heads shard.
+//
+// # Invariants
+//
+//   - keys[0] == first; once a key is written into a keys array at an
+//     index below a published view's length, that slot is never written
+//     again (writers only append past len(keys), and compaction copies to a
+//     new array), so readers may read published keys without a lock.
+//   - segs is sorted by start, segs[0].start == 0, adjacent segments have
+//     unequal sets, and every segment is non-empty.
+//   - A node with no children and only the nil set is dead: it is marked
+//     dead, removed from heads and from its parent, and never used again.
+//     An engine entry only points into a node where its worker holds the
+//     key, so no engine entry points into a dead node.
+//   - Every child's attach offset is <= maxAttach < len(keys).
+type node struct {
+	// Set at creation, then immutable.
+	parent *node // nil for a top-level node (its first key's parent is a root)
+	attach int32 // offset in parent of this node's first key's parent; -1 at top level
+	first  Key
+
+	view atomic.Pointer[view] // the run as readers see it; nil until published
+	dead atomic.Bool          // set under mu; readable without it
+
+	mu         sync.Mutex // guards the fields below
+	keys       []Key
+	segs       []seg
+	segsShared bool    // segs is referenced by a published view: copy before writing
+	dirty      bool    // changed since the last publish
+	listedBy   *cursor // the cursor whose dirty list has it last
+	children   []*node
+	maxAttach  int32 // >= every child's attach; -1 with no children
+	cidx       int32 // index in parent.children, -1 when unlinked; guarded by parent.mu
+}
+
+// view is an immutable snapshot of a node's run and segments.
+type view struct {
+	keys []Key
+	segs []seg
+}
+
+// seg says that the keys from start to the next segment's start (or the end
+// of the run) are held by set (nil: by no worker).
+type seg struct {
+	start int32
+	set   *holders.Set
+}
+
+// headShard indexes the nodes whose first key falls into it.
+type headShard struct {
+	mu sync.RWMutex // guards m; readers take it shared for one probe
+	m  map[Key]*node
+	_  [32]byte // keep neighbouring shards' locks off one cache line
+}
+
+// head returns the node whose first key is k, or nil. Cost: one shard
+// read lock and one map probe.
+func (ix *Index) head(k Key) *node {
+	sh := ix.shardOf(k)
+	sh.mu.RLock()
+	n := sh.m[k]
+	sh.mu.RUnlock()
+	return n
+}
+
+func (ix *Index) shardOf(k Key) *headShard {
+	// Keys are xxh3 outputs, so their low bits are uniform already.
+	return &ix.heads[uint64(k)&ix.mask]
+}
+
+// newNode returns a node holding the single key k with holder set s.
+func newNode(parent *node, attach int32, k Key, s *holders.Set) *node {
+	n := &node{parent: parent, attach: attach, first: k, maxAttach: -1, cidx: -1}
+	n.keys = make([]Key, 1, 8)
+	n.keys[0] = k
+	n.segs = []seg{{0, s}}
+	n.dirty = true
+	return n
+}
+
+// deadLocked reports whether n holds nothing and has no children.
+// Callers hold n.mu.
+func (n *node) deadLocked() bool {
+	return len(n.children) == 0 && len(n.segs) == 1 && n.segs[0].set == nil
+}
+
+// publishLocked makes n's writer-side state what readers see. Callers hold
+// n.mu. Cost: one 48-byte allocation.
+func (n *node) publishLocked() {
+	l := len(n.keys)
+	n.view.Store(&view{keys: n.keys[:l:l], segs: n.segs})
+	n.segsShared = true
+	n.dirty = false
+}
+
+// segIndex returns the index of the segment that contains offset off.
+func segIndex(segs []seg, off int32) int {
+	lo, hi := 0, len(segs)
+	for hi-lo > 1 {
+		m := int(uint(lo+hi) >> 1)
+		if segs[m].start <= off {
+			lo = m
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+// appendSeg appends the segment (start, s) to segs, merging it into the
+// last one when their sets are equal.
+func appendSeg(segs []seg, start int32, s *holders.Set) []seg {
+	if l := len(segs); l > 0 && holders.Equal(segs[l-1].set, s) {
+		return segs
+	}
+	return append(segs, seg{start, s})
+}
+
+// Compaction: a node whose trailing keys nobody holds keeps them (they
+// cost 8 bytes each) until the dead tail is at least compactMin keys and
+// half the run, then copies the live part to a new array.
+const compactMin = 32
+
+// loc is a key's position in the tree.
+type loc struct {
+	n   *node
+	off int32
+}
+
+// cursor is a worker's writer-side access to the tree. It holds at most one
+// node lock at a time (two, parent then child, while stepping down), batches
+// consecutive holder-set changes on the held node into one segment rewrite,
+// and collects the nodes to publish when the batch ends. A cursor belongs to
+// one Worker and is used under its mu.
+type cursor struct {
+	ix   *Index
+	held *node
+
+	// The pending change: op on offsets [lo, hi) of held.
+	pending bool
+	lo, hi  int32
+	op      holders.Op
+
+	// memo of the last set transition, for runs of segments with one set.
+	memoOK       bool
+	memoOp       holders.Op
+	memoFrom, to *holders.Set
+
+	tmp   []seg   // scratch for segment rewrites
+	dirty []*node // nodes to publish at finish
+}
+
+// lock makes n the held node, releasing the previously held one. When n is
+// a child of the held node it is locked before the parent is released
+// (parent first, as the lock order requires).
+func (c *cursor) lock(n *node) {
+	if c.held == n {
+		return
+	}
+	if c.held != nil && n.parent == c.held {
+		n.mu.Lock()
+		c.releaseAlive()
+	} else {
+		c.release()
+		n.mu.Lock()
+	}
+	c.held = n
+}
+
+// releaseAlive releases the held node, which has a child and so cannot be
+// dead.
+func (c *cursor) releaseAlive() {
+	n := c.held
+	c.flushLocked()
+	c.noteDirtyLocked(n)
+	n.mu.Unlock()
+	c.held = nil
+}
+
+// release releases the held node, retiring it from the tree if it died.
+func (c *cursor) release() {
+	n := c.held
+	if n == nil {
+		return
+	}
+	c.flushLocked()
+	c.held = nil
+	if n.deadLocked() {
+		n.publishLocked() // readers that still reach it see it empty
+		n.dead.Store(true)
+		n.mu.Unlock()
+		c.ix.retire(n)
+		return
+	}
+	c.compactLocked(n)
+	c.noteDirtyLocked(n)
+	n.mu.Unlock()
+}
+
+func (c *cursor) noteDirtyLocked(n *node) {
+	if n.dirty && n.listedBy != c {
+		n.listedBy = c
+		c.dirty = append(c.dirty, n)
+	}
+}
+
+// finish releases the held node and publishes every node the cursor
+// changed. Called at the end of each batch.
+func (c *cursor) finish() {
+	c.release()
+	for i, n := range c.dirty {
+		n.mu.Lock()
+		if n.listedBy == c {
+			n.listedBy = nil
+		}
+		if n.dirty && !n.dead.Load() {
+			n.publishLocked()
+		}
+		n.mu.Unlock()
+		c.dirty[i] = nil
+	}
+	c.dirty = c.dirty[:0]
+	c.memoOK = false
+}
+
+// retire removes the dead node n from heads and from its parent, and
+// retires the parent too if that left it dead. It holds no lock on entry
+// and takes one node lock at a time, going up.
+func (ix *Index) retire(n *node) {
+	for {
+		sh := ix.shardOf(n.first)
+		sh.mu.Lock()
+		if sh.m[n.first] == n {
+			delete(sh.m, n.first)
+		}
+		sh.mu.Unlock()
+		p := n.parent
+		if p == nil {
+			return
+		}
+		p.mu.Lock()
+		unlinkChildLocked(p, n)
+		if !p.deadLocked() {
+			p.mu.Unlock()
+			return
+		}
+		p.publishLocked()
+		p.dead.Store(true)
+		p.mu.Unlock()
+		n = p
+	}
+}
+
+// unlinkChildLocked removes c from p's children if it is still there.
+// Callers hold p.mu.
+func unlinkChildLocked(p, c *node) {
+	i := c.cidx
+	if i < 0 || int(i) >= len(p.children) || p.children[i] != c {
+		return
+	}
+	last := len(p.children) - 1
+	p.children[i] = p.children[last]
+	p.children[i].cidx = i
+	p.children[last] = nil
+	p.children = p.children[:last]
+	c.cidx = -1
+	if last == 0 {
+		p.maxAttach = -1
+	}
+}
+
+// keyAt returns the key at l, locking l.n.
+func (c *cursor) keyAt(l loc) Key {
+	c.lock(l.n)
+	return l.n.keys[l.off]
+}
+
+// top returns the position of the top-level key k (one whose parent is a
+// root), creating a node for it with holder set s if there is none; fresh
+// reports the creation. The returned node is held.
+func (c *cursor) top(k Key, s *holders.Set) (l loc, fresh bool) {
+	sh := c.ix.shardOf(k)
+	for {
+		sh.mu.RLock()
+		t := sh.m[k]
+		sh.mu.RUnlock()
+		if t != nil && t.parent == nil && !t.dead.Load() {
+			c.lock(t)
+			if !t.dead.Load() {
+				return loc{t, 0}, false
+			}
+			continue // it died meanwhile: look again
+		}
+		nt := newNode(nil, -1, k, s)
+		sh.mu.Lock()
+		switch cur := sh.m[k]; {
+		case cur != t:
+			sh.mu.Unlock()
+			continue // changed since we looked: look again
+		case cur == nil || cur.dead.Load():
+			sh.m[k] = nt
+		default:
+			// A 64-bit collision with a key deeper in the tree: keep this
+			// node out of heads, where no prompt can reach it.
+			c.ix.collisions.Add(1)
+		}
+		sh.mu.Unlock()
+		c.lock(nt)
+		return loc{nt, 0}, true
+	}
+}
+
+// next returns the position of key k whose parent key is at p, creating it
+// with holder set s if it is not in the tree; fresh reports the creation.
+// The returned node is held. A new key extends p's run when p is the last
+// key of its node, and otherwise starts a child node attached at p.
+//
+// Cost: O(1) when k follows p in its run or extends it; one heads probe
+// when p's node has children attached at p; one heads insert and a node
+// allocation for a new branch.
+func (c *cursor) next(p loc, k Key, s *holders.Set) (l loc, fresh bool) {
+	n := p.n
+	c.lock(n)
+	last := int32(len(n.keys)) - 1
+	if p.off < last && n.keys[p.off+1] == k {
+		return loc{n, p.off + 1}, false
+	}
+	if len(n.children) > 0 && n.maxAttach >= p.off {
+		sh := c.ix.shardOf(k)
+		sh.mu.RLock()
+		ch := sh.m[k]
+		sh.mu.RUnlock()
+		if ch != nil && ch.parent == n && ch.attach == p.off {
+			c.lock(ch)
+			if !ch.dead.Load() {
+				return loc{ch, 0}, false
+			}
+			// It died after we looked; releasing it retires it (from
+			// heads and from n) before we take n again.
+			c.lock(n)
+		}
+	}
+	if p.off == last {
+		c.appendLocked(n, k, s)
+		return loc{n, last + 1}, true
+	}
+	ch := newNode(n, p.off, k, s)
+	sh := c.ix.shardOf(k)
+	sh.mu.Lock()
+	if cur := sh.m[k]; cur == nil || cur.dead.Load() {
+		sh.m[k] = ch
+	} else {
+		c.ix.collisions.Add(1) // see top
+	}
+	sh.mu.Unlock()
+	ch.cidx = int32(len(n.children))
+	n.children = append(n.children, ch)
+	n.maxAttach = max(n.maxAttach, p.off)
+	c.lock(ch)
+	return loc{ch, 0}, true
+}
+
+// appendLocked extends n's run with key k held by s. Callers hold n.mu.
+// Cost: amortised O(1); it writes only past len(n.keys), which no
+// published view covers.
+func (c *cursor) appendLocked(n *node, k Key, s *holders.Set) {
+	off := int32(len(n.keys))
+	n.keys = append(n.keys, k)
+	if !holders.Equal(n.segs[len(n.segs)-1].set, s) {
+		c.ownSegsLocked(n, len(n.segs)+1)
+		n.segs = append(n.segs, seg{off, s})
+	}
+	n.dirty = true
+}
+
+// ownSegsLocked makes n.segs private to the writer (copying it if a view
+// shares it) with room for want segments.
+func (c *cursor) ownSegsLocked(n *node, want int) {
+	if n.segsShared || cap(n.segs) < want {
+		ns := make([]seg, len(n.segs), max(want, 2))
+		copy(ns, n.segs)
+		n.segs = ns
+		n.segsShared = false
+	}
+}
+
+// mediaOf returns worker w's media at l, counting the pending change.
+func (c *cursor) mediaOf(l loc, w uint32) uint8 {
+	c.lock(l.n)
+	s := l.n.segs[segIndex(l.n.segs, l.off)].set
+	if c.pending && l.off >= c.lo && l.off < c.hi {
+		s = c.transform(s, c.op)
+	}
+	return s.Media(w)
+}
+
+// change applies op to the key at l (whose node the caller has just
+// locked through the cursor), batching it with the pending change when it
+// extends it.
+func (c *cursor) change(l loc, op holders.Op) {
+	c.lock(l.n)
+	if c.pending && c.op == op {
+		switch l.off {
+		case c.hi:
+			c.hi++
+			return
+		case c.lo - 1:
+			c.lo--
+			return
+		}
+		if l.off >= c.lo && l.off < c.hi {
+			return // ops are idempotent
+		}
+	}
+	c.flushLocked()
+	c.pending, c.lo, c.hi, c.op = true, l.off, l.off+1, op
+}
+
+// flushLocked applies the pending change to the held node.
+func (c *cursor) flushLocked() {
+	if !c.pending {
+		return
+	}
+	c.pending = false
+	c.applyLocked(c.held, c.lo, c.hi, c.op)
+}
+
+// transform returns s changed by op, remembering the last answer.
+func (c *cursor) transform(s *holders.Set, op holders.Op) *holders.Set {
+	if c.memoOK && c.memoOp == op && c.memoFrom == s {
+		return c.to
+	}
+	t := op.Apply(s, c.ix.singleFn)
+	c.memoOK, c.memoOp, c.memoFrom, c.to = true, op, s, t
+	return t
+}
+
+// applyLocked changes the holder sets of offsets [lo, hi) of n by op.
+// Callers hold n.mu. Cost: O(log segments) when nothing changes, else
+// O(segments) plus one holders.Op.Apply per distinct set in the range.
+func (c *cursor) applyLocked(n *node, lo, hi int32, op holders.Op) {
+	segs := n.segs
+	end := int32(len(n.keys))
+	j := segIndex(segs, lo)
+	if j+1 < len(segs) {
+		end = segs[j+1].start
+	}
+	if hi <= end && c.transform(segs[j].set, op) == segs[j].set {
+		return
+	}
+	tmp := append(c.tmp[:0], segs[:j]...)
+	l := int32(len(n.keys))
+	for k := j; k < len(segs); k++ {
+		s := segs[k]
+		e := l
+		if k+1 < len(segs) {
+			e = segs[k+1].start
+		}
+		if s.start >= hi {
+			tmp = appendSeg(tmp, s.start, s.set)
+			continue
+		}
+		if s.start < lo {
+			tmp = appendSeg(tmp, s.start, s.set)
+		}
+		tmp = appendSeg(tmp, max(s.start, lo), c.transform(s.set, op))
+		if e > hi {
+			tmp = appendSeg(tmp, hi, s.set)
+		}
+	}
+	c.tmp = tmp
+	if n.segsShared || cap(n.segs) < len(tmp) {
+		n.segs = make([]seg, len(tmp), len(tmp)+1)
+		n.segsShared = false
+	} else {
+		n.segs = n.segs[:len(tmp)]
+	}
+	copy(n.segs, tmp)
+	clear(c.tmp[:len(tmp)]) // drop set pointers from the scratch
+	n.dirty = true
+}
+
+// compactLocked drops n's dead tail (trailing keys nobody holds) when it is
+// at least compactMin keys and half the run, keeping every key a child
+// attaches to. Callers hold n.mu.
+func (c *cursor) compactLocked(n *node) {
+	ls := n.segs[len(n.segs)-1]
+	l := int32(len(n.keys))
+	if ls.set != nil || l-ls.start < compactMin || 2*(l-ls.start) < l {
+		return
+	}
+	keep := ls.start
+	if len(n.children) > 0 {
+		n.maxAttach = -1
+		for _, ch := range n.children {
+			n.maxAttach = max(n.maxAttach, ch.attach)
+		}
+		keep = max(keep, n.maxAttach+1)
+	}
+	if keep >= l || l-keep < compactMin {
+		return
+	}
+	keys := make([]Key, keep, keep+keep/8+1)
+	copy(keys, n.keys)
+	n.keys = keys
+	if ls.start >= keep {
+		c.ownSegsLocked(n, len(n.segs))
+		n.segs = n.segs[:len(n.segs)-1]
+	}
+	n.dirty = true
+}
