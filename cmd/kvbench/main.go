@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -31,15 +32,15 @@ func main() {
 
 func newRoot() *cobra.Command {
 	var (
-		opts    loadgen.Options
-		warmup  time.Duration
-		asJSON  bool
-		shape   = loadgen.DefaultShape()
-		load    = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 16, Timeout: time.Second}
-		cmdName = "kvbench"
+		opts       loadgen.Options
+		warmup     time.Duration
+		asJSON     bool
+		cpuprofile string
+		shape      = loadgen.DefaultShape()
+		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 16, Timeout: time.Second}
 	)
 	cmd := &cobra.Command{
-		Use:   cmdName + " (--embedded | --addr host:port)",
+		Use:   "kvbench (--embedded | --addr host:port)",
 		Short: "Open-loop gRPC load generator for kvindex's Score",
 		Long: "kvbench sends Score requests at a fixed rate (open loop: latency is measured from each\n" +
 			"request's scheduled time, so server stalls are not hidden) and prints achieved rate,\n" +
@@ -58,6 +59,13 @@ func newRoot() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if cpuprofile != "" {
+				stopProfile, err := startCPUProfile(cpuprofile)
+				if err != nil {
+					return err
+				}
+				defer stopProfile()
+			}
 			rep, err := loadgen.Bench(ctx, opts)
 			if err != nil {
 				return err
@@ -77,6 +85,7 @@ func newRoot() *cobra.Command {
 	f.DurationVar(&load.Timeout, "timeout", load.Timeout, "per-request deadline (0: none)")
 	f.DurationVar(&warmup, "warmup", time.Second, "unmeasured run at the same rate first (0: none)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server) to this file")
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
 	f.IntVar(&shape.Workers, "workers", shape.Workers, "workers in the embedded fleet")
@@ -85,4 +94,21 @@ func newRoot() *cobra.Command {
 	f.IntVar(&shape.TailHolders, "tail-holders", shape.TailHolders, "workers holding each prompt's tail")
 	f.IntVar(&shape.Prompts, "prompts", shape.Prompts, "distinct prompts sent in turn")
 	return cmd
+}
+
+// startCPUProfile starts profiling into path and returns the function that
+// stops it and closes the file.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }

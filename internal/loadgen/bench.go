@@ -50,7 +50,10 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		defer c.Close()
 		clients[i] = c
 	}
-	do := ScoreDo(opts.Shape, clients, opts.Embedded)
+	do, err := ScoreDo(opts.Shape, clients, opts.Embedded)
+	if err != nil {
+		return nil, err
+	}
 	if opts.Warmup.Duration > 0 {
 		r, err := Run(ctx, opts.Warmup, do)
 		if err != nil {
