@@ -27,9 +27,11 @@ test: deps
 demo: deps
 	$(GO) run ./cmd/kvindex demo
 
-# bench runs the benchmarks.
+# bench runs the benchmarks behind the performance targets and the gRPC
+# load generator, and prints target vs measured (COUNT, BENCHTIME, RPS,
+# DURATION override; raw output in bench-out/). See docs/benchmarks.md.
 bench: deps
-	$(GO) test -run='^$$' -bench=. -benchmem ./...
+	scripts/bench.sh
 
 # fuzz runs the decoder fuzzer for FUZZTIME (default 60s).
 FUZZTIME ?= 60s
