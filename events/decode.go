@@ -33,6 +33,7 @@ const (
 	fGroupIdx
 	fSpecKind
 	fSlidingWindow
+	fCacheSalt // SGLang's map events only
 	numFields
 	fType    // the map era's tag key
 	fUnknown // a key kvindex does not know: skipped
@@ -41,7 +42,7 @@ const (
 var fieldNames = [numFields]string{
 	"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
 	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-	"kv_cache_spec_sliding_window",
+	"kv_cache_spec_sliding_window", "cache_salt",
 }
 
 // storedOrder and removedOrder are the positional fields after the tag in the
@@ -101,6 +102,8 @@ func fieldByName(key []byte) field {
 		return fSpecKind
 	case "kv_cache_spec_sliding_window":
 		return fSlidingWindow
+	case "cache_salt":
+		return fCacheSalt
 	}
 	return fUnknown
 }
@@ -573,6 +576,14 @@ func (d *Decoder) decodeField(e *Event, f field) error {
 			var v int64
 			v, err = d.readInt(math.MinInt, math.MaxInt)
 			e.SlidingWindow, e.HasSlidingWindow = int(v), err == nil
+		}
+	case fCacheSalt:
+		e.CacheSalt = ""
+		if !isNil {
+			var s []byte
+			if s, err = d.readStr(); err == nil {
+				e.CacheSalt = string(s)
+			}
 		}
 	}
 	return err

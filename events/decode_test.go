@@ -338,6 +338,8 @@ func diffEvent(g, w *Event) string {
 		return fmt.Sprintf("SpecKind = %q, want %q", g.SpecKind, w.SpecKind)
 	case g.HasSlidingWindow != w.HasSlidingWindow || g.SlidingWindow != w.SlidingWindow:
 		return fmt.Sprintf("SlidingWindow = %d (has %v), want %d (has %v)", g.SlidingWindow, g.HasSlidingWindow, w.SlidingWindow, w.HasSlidingWindow)
+	case g.CacheSalt != w.CacheSalt:
+		return fmt.Sprintf("CacheSalt = %q, want %q", g.CacheSalt, w.CacheSalt)
 	}
 	for j := range g.ExtraKeys {
 		if (g.ExtraKeys[j] == nil) != (w.ExtraKeys[j] == nil) || !bytes.Equal(g.ExtraKeys[j], w.ExtraKeys[j]) {

@@ -239,6 +239,7 @@ func (e *encoder) appendMapEvent(dst []byte, ev *Event) ([]byte, error) {
 		add(fGroupIdx, ev.HasGroupIdx)
 		add(fSpecKind, ev.SpecKind != "")
 		add(fSlidingWindow, ev.HasSlidingWindow)
+		add(fCacheSalt, ev.CacheSalt != "")
 	case KindBlockRemoved:
 		add(fBlockHashes, true)
 		add(fMedium, true)
@@ -312,6 +313,8 @@ func (e *encoder) appendField(dst []byte, ev *Event, f field) ([]byte, error) {
 			return appendNil(dst), nil
 		}
 		dst = appendInt(dst, int64(ev.SlidingWindow))
+	case fCacheSalt:
+		dst = appendStrOrNil(dst, ev.CacheSalt)
 	}
 	return dst, nil
 }

@@ -122,6 +122,10 @@ type Event struct {
 	// SlidingWindow is kv_cache_spec_sliding_window; valid when HasSlidingWindow.
 	SlidingWindow    int
 	HasSlidingWindow bool
+	// CacheSalt is the event-level cache_salt SGLang's map events carry ("" when
+	// absent); vLLM puts its salt in ExtraKeys instead. The array era has no
+	// slot for it.
+	CacheSalt string
 }
 
 // Batch is one ZMQ message's payload: the events of one engine step.

@@ -236,6 +236,11 @@ func refEvent(e *Event, v any) error {
 		}
 		for _, kv := range x {
 			name := kv.k.(string)
+			if name == "cache_salt" && e.Kind == KindBlockStored { // map era only (SGLang)
+				if err := refField(e, name, kv.v); err != nil {
+					return err
+				}
+			}
 			for _, f := range refFieldsOf[e.Kind] {
 				if f == name {
 					if err := refField(e, name, kv.v); err != nil {
@@ -370,6 +375,11 @@ func refField(e *Event, name string, v any) error {
 			var i int64
 			i, err = refIntIn(v, math.MinInt, math.MaxInt)
 			e.SlidingWindow, e.HasSlidingWindow = int(i), true
+		}
+	case "cache_salt":
+		e.CacheSalt = ""
+		if v != nil {
+			e.CacheSalt, err = refStr(v)
 		}
 	}
 	return err
