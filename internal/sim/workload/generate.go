@@ -1,0 +1,217 @@
+package workload
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Tags that keep the content ids of different generators apart.
+const (
+	prefixTag  = 0x7072656669780000 // "prefix"
+	suffixTag  = 0x7375666669780000 // "suffix"
+	contextTag = 0x636f6e7465787400 // "context"
+	queryTag   = 0x7175657279000000 // "query"
+)
+
+// PrefixesConfig describes the shared-prefix generator: every request is
+// one of Prefixes shared prefixes, chosen with Zipf-skewed popularity, then
+// a suffix unique to the request; arrivals are Poisson at QPS.
+type PrefixesConfig struct {
+	// Requests is the number of requests (default 2,000).
+	Requests int
+	// Prefixes is the number of distinct shared prefixes (default 40).
+	Prefixes int
+	// PrefixTokens and SuffixTokens are the lengths of the shared and the
+	// unique part (defaults 2,048 and 256).
+	PrefixTokens, SuffixTokens int
+	// OutputTokens is every request's output length (default 128).
+	OutputTokens int
+	// ZipfS is the popularity exponent: prefix k (0-based) has weight
+	// 1/(k+1)^s (default 1.1; 0 is uniform).
+	ZipfS float64
+	// QPS is the Poisson arrival rate (default 20).
+	QPS float64
+	// Engines is the fleet size the workload is meant for (default 4).
+	Engines int
+	// Seed makes the draw reproducible.
+	Seed uint64
+}
+
+func (c *PrefixesConfig) defaults() {
+	setDefault(&c.Requests, 2000)
+	setDefault(&c.Prefixes, 40)
+	setDefault(&c.PrefixTokens, 2048)
+	setDefault(&c.SuffixTokens, 256)
+	setDefault(&c.OutputTokens, 128)
+	setDefault(&c.Engines, 4)
+	if c.ZipfS == 0 {
+		c.ZipfS = 1.1
+	}
+	if c.QPS == 0 {
+		c.QPS = 20
+	}
+}
+
+// Prefixes generates the shared-prefix workload.
+func Prefixes(c PrefixesConfig) (*Workload, error) {
+	c.defaults()
+	if c.Requests < 0 || c.Prefixes <= 0 || c.PrefixTokens <= 0 || c.SuffixTokens < 0 || c.OutputTokens <= 0 || c.QPS <= 0 || c.ZipfS < 0 {
+		return nil, fmt.Errorf("workload: prefixes: invalid parameters %+v", c)
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, prefixTag))
+	cdf := zipfCDF(c.Prefixes, c.ZipfS)
+	w := &Workload{Name: "prefixes", Engines: c.Engines, Requests: make([]Request, c.Requests)}
+	var t float64
+	for i := range w.Requests {
+		t += rng.ExpFloat64() / c.QPS
+		k := sort.SearchFloat64s(cdf, rng.Float64())
+		k = min(k, c.Prefixes-1)
+		segs := []Segment{{ID: mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
+		if c.SuffixTokens > 0 {
+			segs = append(segs, Segment{ID: mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
+		}
+		w.Requests[i] = Request{
+			ID:        i,
+			Arrival:   time.Duration(t * float64(time.Second)),
+			Prompt:    segs,
+			PromptLen: c.PrefixTokens + c.SuffixTokens,
+			OutputLen: c.OutputTokens,
+			Group:     "prefix-" + strconv.Itoa(k),
+		}
+	}
+	return w, nil
+}
+
+// zipfCDF returns the cumulative distribution of n ranks with weights
+// 1/(k+1)^s.
+func zipfCDF(n int, s float64) []float64 {
+	cdf := make([]float64, n)
+	var sum float64
+	for k := range cdf {
+		sum += 1 / math.Pow(float64(k+1), s)
+		cdf[k] = sum
+	}
+	for k := range cdf {
+		cdf[k] /= sum
+	}
+	return cdf
+}
+
+// TenantsConfig describes the multi-tenant generator: Tenants tenants each
+// own a shared context of ContextTokens; each tenant has UsersPerTenant
+// users, each with a fixed question of QueryTokens, so a prompt is the
+// tenant's context followed by one user's question (the shape of
+// inference-perf's shared_prefix data: num_groups x num_prompts_per_group
+// prompts, each a group's system prompt plus a question). Arrivals are
+// Poisson with a rate that ramps linearly from StartQPS to EndQPS over the
+// run; each arrival picks a tenant and user uniformly.
+type TenantsConfig struct {
+	// Requests is the number of requests (default 6,000).
+	Requests int
+	// Tenants is the number of tenants (default 150).
+	Tenants int
+	// ContextTokens is each tenant's shared context (default 6,000).
+	ContextTokens int
+	// UsersPerTenant is the number of users per tenant (default 5).
+	UsersPerTenant int
+	// QueryTokens is the length of each user's question (default 1,200).
+	QueryTokens int
+	// OutputTokens is every request's output length (default 256).
+	OutputTokens int
+	// StartQPS and EndQPS bound the linear ramp of the arrival rate
+	// (defaults 3 and 60). The ramp lasts 2*Requests/(StartQPS+EndQPS)
+	// seconds, so that Requests arrive over it on average.
+	StartQPS, EndQPS float64
+	// Engines is the fleet size the workload is meant for (default 8).
+	Engines int
+	// Seed makes the draw reproducible.
+	Seed uint64
+}
+
+func (c *TenantsConfig) defaults() {
+	setDefault(&c.Requests, 6000)
+	setDefault(&c.Tenants, 150)
+	setDefault(&c.ContextTokens, 6000)
+	setDefault(&c.UsersPerTenant, 5)
+	setDefault(&c.QueryTokens, 1200)
+	setDefault(&c.OutputTokens, 256)
+	setDefault(&c.Engines, 8)
+	if c.StartQPS == 0 {
+		c.StartQPS = 3
+	}
+	if c.EndQPS == 0 {
+		c.EndQPS = 60
+	}
+}
+
+// Tenants generates the multi-tenant workload.
+func Tenants(c TenantsConfig) (*Workload, error) {
+	c.defaults()
+	if c.Requests < 0 || c.Tenants <= 0 || c.ContextTokens <= 0 || c.UsersPerTenant <= 0 || c.QueryTokens < 0 || c.OutputTokens <= 0 || c.StartQPS <= 0 || c.EndQPS <= 0 {
+		return nil, fmt.Errorf("workload: tenants: invalid parameters %+v", c)
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, contextTag))
+	ramp := newRamp(c.StartQPS, c.EndQPS, float64(c.Requests))
+	w := &Workload{Name: "tenants", Engines: c.Engines, Requests: make([]Request, c.Requests)}
+	var lambda float64
+	for i := range w.Requests {
+		lambda += rng.ExpFloat64()
+		tenant := rng.IntN(c.Tenants)
+		user := rng.IntN(c.UsersPerTenant)
+		segs := []Segment{{ID: mix64(contextTag ^ c.Seed ^ uint64(tenant)), Len: c.ContextTokens}}
+		if c.QueryTokens > 0 {
+			segs = append(segs, Segment{ID: mix64(queryTag ^ c.Seed ^ uint64(tenant)<<20 ^ uint64(user)), Len: c.QueryTokens})
+		}
+		w.Requests[i] = Request{
+			ID:        i,
+			Arrival:   time.Duration(ramp.at(lambda) * float64(time.Second)),
+			Prompt:    segs,
+			PromptLen: c.ContextTokens + c.QueryTokens,
+			OutputLen: c.OutputTokens,
+			Group:     "tenant-" + strconv.Itoa(tenant),
+		}
+	}
+	return w, nil
+}
+
+// ramp is a Poisson process whose rate grows linearly from r0 to r1 over
+// [0, T] and stays at r1 after; at inverts its cumulative intensity.
+type ramp struct{ r0, r1, T, a float64 }
+
+func newRamp(r0, r1, n float64) ramp {
+	T := 2 * n / (r0 + r1)
+	return ramp{r0: r0, r1: r1, T: T, a: (r1 - r0) / (2 * T)}
+}
+
+// at returns the time t at which the cumulative intensity
+// r0*t + a*t^2 reaches lambda.
+func (r ramp) at(lambda float64) float64 {
+	end := r.r0*r.T + r.a*r.T*r.T
+	if lambda >= end {
+		return r.T + (lambda-end)/r.r1
+	}
+	if math.Abs(r.a) < 1e-12 {
+		return lambda / r.r0
+	}
+	return (-r.r0 + math.Sqrt(r.r0*r.r0+4*r.a*lambda)) / (2 * r.a)
+}
+
+// QPSAt returns the ramp's arrival rate at t seconds, for tests and charts.
+func (c TenantsConfig) QPSAt(t float64) float64 {
+	c.defaults()
+	r := newRamp(c.StartQPS, c.EndQPS, float64(c.Requests))
+	if t >= r.T {
+		return r.r1
+	}
+	return r.r0 + 2*r.a*t
+}
+
+func setDefault(p *int, v int) {
+	if *p == 0 {
+		*p = v
+	}
+}

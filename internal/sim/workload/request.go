@@ -1,0 +1,221 @@
+package workload
+
+import (
+	"fmt"
+	"time"
+)
+
+// Vocab is the size of the token-id range derived tokens fall into
+// (Llama 3's vocabulary, 128,256 ids).
+const Vocab = 128256
+
+// Segment is a run of Len tokens whose content is named by ID: token i of
+// the run is Token(ID, i).
+type Segment struct {
+	// ID names the content; equal ids mean equal tokens.
+	ID uint64
+	// Len is the number of tokens used from the start of the content.
+	Len int
+}
+
+// Request is one inference request to replay.
+type Request struct {
+	// ID is the request's index in its workload, 0-based and dense.
+	ID int
+	// Arrival is when the request arrives, from the start of the workload.
+	Arrival time.Duration
+	// Prompt is the prompt as segments, in order.
+	Prompt []Segment
+	// PromptLen is the prompt's length in tokens (the sum of segment lengths).
+	PromptLen int
+	// OutputLen is the number of tokens the request generates (at least 1).
+	OutputLen int
+	// Group names what the request shares with others (a tenant, a prefix,
+	// a conversation's first block), for reports; may be empty.
+	Group string
+}
+
+// Workload is a named, arrival-ordered list of requests.
+type Workload struct {
+	// Name describes the workload in reports ("mooncake", "prefixes", ...).
+	Name string
+	// Requests are sorted by Arrival; Requests[i].ID == i.
+	Requests []Request
+	// Engines is the fleet size the workload was designed for (0: no opinion).
+	Engines int
+}
+
+// Token returns token off of the content named id: a pure function, so
+// equal (id, off) give equal tokens everywhere.
+func Token(id uint64, off int) uint32 {
+	return uint32(mix64(id^uint64(off)*0x9e3779b97f4a7c15) % Vocab)
+}
+
+// outputTag separates the ids of generated output from prompt content.
+const outputTag = 0x6f75747075740000 // "output\0\0"
+
+// OutputSegment is the content the request generates: unique to the
+// request, so that blocks of generated tokens are cached (as vLLM caches
+// them) but never matched by another request. Traces give no output text;
+// a later turn that repeats an answer names it with its own prompt ids.
+func (r *Request) OutputSegment(workloadSeed uint64) Segment {
+	return Segment{ID: mix64(outputTag ^ workloadSeed ^ uint64(r.ID)*0xbf58476d1ce4e5b9), Len: r.OutputLen}
+}
+
+// AppendTokens appends the prompt's tokens [start, end) to dst. Cost: one
+// mix per token (about 1 ns); used only where real token ids are needed.
+func (r *Request) AppendTokens(dst []uint32, start, end int) []uint32 {
+	return appendSegmentTokens(dst, r.Prompt, start, end)
+}
+
+// AppendSequenceTokens is AppendTokens over the prompt followed by out
+// (the request's OutputSegment), for blocks that hold generated tokens.
+func (r *Request) AppendSequenceTokens(dst []uint32, out Segment, start, end int) []uint32 {
+	if end <= r.PromptLen {
+		return appendSegmentTokens(dst, r.Prompt, start, end)
+	}
+	if start < r.PromptLen {
+		dst = appendSegmentTokens(dst, r.Prompt, start, r.PromptLen)
+		start = r.PromptLen
+	}
+	for i := start - r.PromptLen; i < end-r.PromptLen; i++ {
+		dst = append(dst, Token(out.ID, i))
+	}
+	return dst
+}
+
+func appendSegmentTokens(dst []uint32, segs []Segment, start, end int) []uint32 {
+	pos := 0
+	for _, s := range segs {
+		if pos >= end {
+			break
+		}
+		lo, hi := max(start, pos), min(end, pos+s.Len)
+		for t := lo; t < hi; t++ {
+			dst = append(dst, Token(s.ID, t-pos))
+		}
+		pos += s.Len
+	}
+	return dst
+}
+
+// blockSeed starts every block's content hash.
+const blockSeed = 0x243f6a8885a308d3
+
+// AppendBlockContent appends one content id per full block of blockSize
+// tokens of the prompt followed by out (pass Segment{} for the prompt
+// alone). The id hashes the block's pieces (segment id, offset, length),
+// so two blocks have equal ids exactly when their tokens are equal by
+// construction. It is not chained: callers chain ids into prefix hashes.
+//
+// Cost: O(blocks + segments) mixes, no token is generated.
+func (r *Request) AppendBlockContent(dst []uint64, blockSize int, out Segment) []uint64 {
+	if blockSize <= 0 {
+		return dst
+	}
+	h := uint64(blockSeed)
+	need := blockSize
+	add := func(s Segment) {
+		for off := 0; off < s.Len; {
+			take := min(need, s.Len-off)
+			h = mix64(h ^ mix64(s.ID^mix64(uint64(off)<<32|uint64(take))))
+			off += take
+			need -= take
+			if need == 0 {
+				dst = append(dst, h)
+				h, need = blockSeed, blockSize
+			}
+		}
+	}
+	for _, s := range r.Prompt {
+		add(s)
+	}
+	if out.Len > 0 {
+		add(out)
+	}
+	return dst
+}
+
+// Validate checks the invariants the simulator relies on.
+func (w *Workload) Validate() error {
+	var last time.Duration
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if r.ID != i {
+			return fmt.Errorf("workload %s: request %d has id %d", w.Name, i, r.ID)
+		}
+		if r.Arrival < last {
+			return fmt.Errorf("workload %s: request %d arrives at %v, before request %d at %v", w.Name, i, r.Arrival, i-1, last)
+		}
+		last = r.Arrival
+		n := 0
+		for _, s := range r.Prompt {
+			if s.Len <= 0 {
+				return fmt.Errorf("workload %s: request %d has an empty segment", w.Name, i)
+			}
+			n += s.Len
+		}
+		if n != r.PromptLen || n == 0 {
+			return fmt.Errorf("workload %s: request %d has prompt length %d but segments of %d tokens", w.Name, i, r.PromptLen, n)
+		}
+		if r.OutputLen < 1 {
+			return fmt.Errorf("workload %s: request %d generates %d tokens (want >= 1)", w.Name, i, r.OutputLen)
+		}
+	}
+	return nil
+}
+
+// Head returns a workload of the first n requests (all when n <= 0 or
+// n >= len), sharing the request values.
+func (w *Workload) Head(n int) *Workload {
+	out := *w
+	if n > 0 && n < len(w.Requests) {
+		out.Requests = w.Requests[:n]
+	}
+	return &out
+}
+
+// Scale returns a copy whose arrivals are divided by factor: 2 replays the
+// workload twice as fast (double the request rate). Requests are copied;
+// prompts are shared.
+func (w *Workload) Scale(factor float64) *Workload {
+	out := *w
+	out.Requests = make([]Request, len(w.Requests))
+	for i, r := range w.Requests {
+		r.Arrival = time.Duration(float64(r.Arrival) / factor)
+		out.Requests[i] = r
+	}
+	return &out
+}
+
+// Stats summarises a workload for reports.
+type Stats struct {
+	Requests                   int
+	PromptTokens, OutputTokens int64
+	Duration                   time.Duration
+}
+
+// Stats returns the workload's totals.
+func (w *Workload) Stats() Stats {
+	s := Stats{Requests: len(w.Requests)}
+	for i := range w.Requests {
+		s.PromptTokens += int64(w.Requests[i].PromptLen)
+		s.OutputTokens += int64(w.Requests[i].OutputLen)
+	}
+	if n := len(w.Requests); n > 0 {
+		s.Duration = w.Requests[n-1].Arrival - w.Requests[0].Arrival
+	}
+	return s
+}
+
+// mix64 is SplitMix64's finaliser: a cheap, well-mixing bijection.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// Mix64 exposes mix64 to the simulator's other packages, so that every
+// derived id uses one mixing function.
+func Mix64(x uint64) uint64 { return mix64(x) }
