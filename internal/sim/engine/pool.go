@@ -1,0 +1,161 @@
+package engine
+
+import "github.com/kvindex/kvindex/events"
+
+// none marks an absent block index in the pool's links.
+const none = -1
+
+// block is one KV block of the pool.
+type block struct {
+	hash uint64
+	// prev and next link the block into the free queue while free.
+	prev, next int32
+	// dup links the cached blocks that share a hash.
+	dup    int32
+	ref    int32
+	cached bool
+	free   bool
+}
+
+// pool is vLLM's BlockPool: fixed blocks, a free queue in eviction order
+// (least recently freed first) and a map from hash to cached blocks.
+//
+// # Invariants
+//
+//   - A block is in the free queue exactly when ref == 0.
+//   - A block is in cached[hash]'s dup chain exactly when cached.
+//   - numFree is the length of the free queue.
+type pool struct {
+	blocks             []block
+	freeHead, freeTail int32
+	numFree            int
+	cached             *table
+
+	// onEvict, when set, is told of every evicted cached block.
+	onEvict func(hash uint64)
+	// evictions counts evicted cached blocks.
+	evictions int64
+}
+
+func newPool(n int) *pool {
+	p := &pool{blocks: make([]block, n), freeHead: none, freeTail: none, cached: newTable(n)}
+	for i := range p.blocks {
+		p.blocks[i] = block{prev: none, next: none, dup: none}
+		p.pushFree(int32(i))
+	}
+	return p
+}
+
+// pushFree appends b to the tail of the free queue (most recently freed).
+func (p *pool) pushFree(b int32) {
+	blk := &p.blocks[b]
+	blk.free = true
+	blk.prev, blk.next = p.freeTail, none
+	if p.freeTail != none {
+		p.blocks[p.freeTail].next = b
+	} else {
+		p.freeHead = b
+	}
+	p.freeTail = b
+	p.numFree++
+}
+
+// removeFree unlinks b from the free queue.
+func (p *pool) removeFree(b int32) {
+	blk := &p.blocks[b]
+	if blk.prev != none {
+		p.blocks[blk.prev].next = blk.next
+	} else {
+		p.freeHead = blk.next
+	}
+	if blk.next != none {
+		p.blocks[blk.next].prev = blk.prev
+	} else {
+		p.freeTail = blk.prev
+	}
+	blk.prev, blk.next, blk.free = none, none, false
+	p.numFree--
+}
+
+// lookup returns a cached block with the hash, or none. It changes nothing.
+func (p *pool) lookup(h uint64) int32 {
+	return p.cached.get(h)
+}
+
+// touch takes a reference on a cached block (a prefix-cache hit), taking
+// it off the free queue if it was free.
+func (p *pool) touch(b int32) {
+	if p.blocks[b].ref == 0 {
+		p.removeFree(b)
+	}
+	p.blocks[b].ref++
+}
+
+// allocate takes the least recently freed block, evicting its hash if it
+// was cached. Callers check numFree > 0.
+func (p *pool) allocate() int32 {
+	b := p.freeHead
+	if b == none {
+		panic("engine: allocate from an empty free queue")
+	}
+	p.removeFree(b)
+	blk := &p.blocks[b]
+	if blk.cached {
+		p.uncache(b)
+		p.evictions++
+		if p.onEvict != nil {
+			p.onEvict(blk.hash)
+		}
+	}
+	blk.ref = 1
+	return b
+}
+
+// uncache removes b from its hash's dup chain.
+func (p *pool) uncache(b int32) {
+	blk := &p.blocks[b]
+	h := blk.hash
+	head := p.cached.get(h)
+	if head == b {
+		if blk.dup == none {
+			p.cached.del(h)
+		} else {
+			p.cached.set(h, blk.dup)
+		}
+	} else {
+		for cur := head; cur != none; cur = p.blocks[cur].dup {
+			if p.blocks[cur].dup == b {
+				p.blocks[cur].dup = blk.dup
+				break
+			}
+		}
+	}
+	blk.dup, blk.cached = none, false
+}
+
+// cache gives a full block its hash and makes it hittable. A hash already
+// cached gets a second block (vLLM does not deduplicate).
+func (p *pool) cache(b int32, h uint64) {
+	blk := &p.blocks[b]
+	blk.hash, blk.cached = h, true
+	blk.dup = p.cached.get(h)
+	p.cached.set(h, b)
+}
+
+// release drops one reference; a block with none left joins the free
+// queue's tail and keeps its hash until reused.
+func (p *pool) release(b int32) {
+	blk := &p.blocks[b]
+	blk.ref--
+	if blk.ref == 0 {
+		p.pushFree(b)
+	}
+}
+
+// inUse is the number of blocks with a reference.
+func (p *pool) inUse() int { return len(p.blocks) - p.numFree }
+
+// removedEvent is the BlockRemoved vLLM emits for one evicted block.
+func removedEvent(hashes []uint64) events.Event {
+	return events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes, MediumName: "GPU"}
+}
