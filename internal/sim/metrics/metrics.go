@@ -1,0 +1,185 @@
+package metrics
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Recorder collects one simulation's per-request outcomes.
+type Recorder struct {
+	engines    int
+	firstAt    time.Duration
+	lastDone   time.Duration
+	started    bool
+	ttft       []time.Duration
+	perEngine  []EngineResult
+	res        Result
+	arrival    map[int]time.Duration
+	outputDone int64
+}
+
+// NewRecorder returns a recorder for a fleet of n engines.
+func NewRecorder(n int) *Recorder {
+	return &Recorder{engines: n, perEngine: make([]EngineResult, n), arrival: make(map[int]time.Duration)}
+}
+
+// Arrived records a request's arrival.
+func (r *Recorder) Arrived(id int, at time.Duration) {
+	if !r.started || at < r.firstAt {
+		r.firstAt, r.started = at, true
+	}
+	r.arrival[id] = at
+	r.res.Requests++
+}
+
+// Routed records that a request went to engine i.
+func (r *Recorder) Routed(i int) { r.perEngine[i].Requests++ }
+
+// Rejected records a request the engine refused (it could never fit).
+func (r *Recorder) Rejected(id int) {
+	r.res.Rejected++
+	delete(r.arrival, id)
+}
+
+// FirstToken records a request's first token at t, with the prompt tokens
+// it hit when first scheduled.
+func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
+	r.ttft = append(r.ttft, t-r.arrival[id])
+	r.res.PromptTokens += int64(promptLen)
+	r.res.CachedTokens += int64(cached)
+	if cached > 0 {
+		r.res.HitRequests++
+	}
+	r.res.Scheduled++
+}
+
+// Finished records a request's completion at t with its output length.
+func (r *Recorder) Finished(id int, t time.Duration, outputLen int) {
+	r.res.Completed++
+	r.outputDone += int64(outputLen)
+	r.lastDone = max(r.lastDone, t)
+	delete(r.arrival, id)
+}
+
+// Result reduces the record. prefill[i] and busy[i] are engine i's prefill
+// tokens computed and busy time; preemptions sums the fleet's.
+func (r *Recorder) Result(router string, prefill []int64, busy []time.Duration, preemptions int) Result {
+	res := r.res
+	res.Router = router
+	res.Preemptions = preemptions
+	slices.Sort(r.ttft)
+	res.TTFT = r.ttft
+	res.TTFTP50 = Percentile(r.ttft, 50)
+	res.TTFTP90 = Percentile(r.ttft, 90)
+	res.TTFTP99 = Percentile(r.ttft, 99)
+	var sum time.Duration
+	for _, d := range r.ttft {
+		sum += d
+	}
+	if len(r.ttft) > 0 {
+		res.TTFTMean = sum / time.Duration(len(r.ttft))
+	}
+	if r.started && r.lastDone > r.firstAt {
+		res.Makespan = r.lastDone - r.firstAt
+		res.Throughput = float64(res.Completed) / res.Makespan.Seconds()
+		res.OutputTokensPerSec = float64(r.outputDone) / res.Makespan.Seconds()
+	}
+	res.PerEngine = slices.Clone(r.perEngine)
+	pf := make([]float64, len(res.PerEngine))
+	rq := make([]float64, len(res.PerEngine))
+	for i := range res.PerEngine {
+		if i < len(prefill) {
+			res.PerEngine[i].PrefillTokens = prefill[i]
+			res.PrefillTokens += prefill[i]
+		}
+		if i < len(busy) {
+			res.PerEngine[i].Busy = busy[i]
+		}
+		pf[i] = float64(res.PerEngine[i].PrefillTokens)
+		rq[i] = float64(res.PerEngine[i].Requests)
+	}
+	res.LoadSkew = Skew(pf)
+	res.RequestSkew = Skew(rq)
+	return res
+}
+
+// EngineResult is one engine's share of the work.
+type EngineResult struct {
+	// Requests routed to the engine.
+	Requests int
+	// PrefillTokens computed by the engine.
+	PrefillTokens int64
+	// Busy is the time the engine spent in steps.
+	Busy time.Duration
+}
+
+// Result is one router's outcome on one workload (see the package doc for
+// the definitions).
+type Result struct {
+	// Router is the router's name; Note what the report must say about it.
+	Router, Note string
+	// Requests arrived; Scheduled got their first step; Completed finished;
+	// Rejected could never fit an engine.
+	Requests, Scheduled, Completed, Rejected int
+	// PromptTokens of scheduled requests, CachedTokens of them hit, and
+	// PrefillTokens computed (recomputation included).
+	PromptTokens, CachedTokens, PrefillTokens int64
+	// HitRequests hit at least one block.
+	HitRequests int
+	// TTFT holds every time to first token, sorted; the rest summarise it.
+	TTFT                                []time.Duration
+	TTFTP50, TTFTP90, TTFTP99, TTFTMean time.Duration
+	Makespan                            time.Duration
+	Throughput, OutputTokensPerSec      float64
+	PerEngine                           []EngineResult
+	LoadSkew, RequestSkew               float64
+	Preemptions                         int
+	// IndexProblems counts events kvindex could not apply exactly (0 when
+	// the engines and the index agree); -1 when no index was used.
+	IndexProblems int64
+	// Wall is how long the simulation took to run.
+	Wall time.Duration
+}
+
+// TokenHitRate is CachedTokens / PromptTokens (0 when nothing ran).
+func (r *Result) TokenHitRate() float64 {
+	return ratio(float64(r.CachedTokens), float64(r.PromptTokens))
+}
+
+// RequestHitRate is HitRequests / Scheduled.
+func (r *Result) RequestHitRate() float64 { return ratio(float64(r.HitRequests), float64(r.Scheduled)) }
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// Percentile returns the nearest-rank p-th percentile of sorted values
+// (0 when empty).
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	k := int(math.Ceil(p / 100 * float64(n)))
+	return sorted[min(max(k, 1), n)-1]
+}
+
+// Skew returns max/mean of xs (1 for all equal; 0 when the mean is 0).
+func Skew(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var sum, top float64
+	for _, x := range xs {
+		sum += x
+		top = max(top, x)
+	}
+	if sum == 0 {
+		return 0
+	}
+	return top / (sum / float64(len(xs)))
+}

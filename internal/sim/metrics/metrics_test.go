@@ -1,0 +1,70 @@
+package metrics
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestPercentileNearestRank(t *testing.T) {
+	s := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for p, want := range map[float64]time.Duration{50: 5, 90: 9, 99: 10, 100: 10, 10: 1, 0: 1, 15: 2} {
+		if got := Percentile(s, p); got != want {
+			t.Errorf("p%v = %v, want %v", p, got, want)
+		}
+	}
+	if Percentile(nil, 50) != 0 {
+		t.Error("empty")
+	}
+}
+
+func TestSkew(t *testing.T) {
+	if got := Skew([]float64{1, 1, 1, 1}); got != 1 {
+		t.Errorf("even: %v", got)
+	}
+	if got := Skew([]float64{4, 0, 0, 0}); got != 4 {
+		t.Errorf("all on one of four: %v", got)
+	}
+	if got := Skew([]float64{3, 1}); got != 1.5 {
+		t.Errorf("3,1: %v", got)
+	}
+	if Skew([]float64{0, 0}) != 0 || Skew(nil) != 0 {
+		t.Error("zero")
+	}
+}
+
+func TestRecorder(t *testing.T) {
+	r := NewRecorder(2)
+	s := time.Second
+	// Three requests: two hit (100 and 0 of 400 and 200 tokens), one rejected.
+	r.Arrived(0, 1*s)
+	r.Arrived(1, 2*s)
+	r.Arrived(2, 3*s)
+	r.Routed(0)
+	r.Routed(1)
+	r.Rejected(2)
+	r.FirstToken(0, 1500*time.Millisecond, 400, 100)
+	r.FirstToken(1, 4*s, 200, 0)
+	r.Finished(0, 3*s, 10)
+	r.Finished(1, 11*s, 30)
+	res := r.Result("x", []int64{300, 100}, []time.Duration{s, 2 * s}, 1)
+	if res.Requests != 3 || res.Scheduled != 2 || res.Completed != 2 || res.Rejected != 1 {
+		t.Fatalf("counts %+v", res)
+	}
+	if got := res.TokenHitRate(); math.Abs(got-100.0/600) > 1e-12 {
+		t.Errorf("token hit rate %v", got)
+	}
+	if res.RequestHitRate() != 0.5 {
+		t.Errorf("request hit rate %v", res.RequestHitRate())
+	}
+	if res.TTFTP50 != 500*time.Millisecond || res.TTFTP99 != 2*s || res.TTFTMean != 1250*time.Millisecond {
+		t.Errorf("ttft p50 %v p99 %v mean %v", res.TTFTP50, res.TTFTP99, res.TTFTMean)
+	}
+	// Makespan 1 s .. 11 s: 2 requests and 40 tokens in 10 s.
+	if res.Makespan != 10*s || res.Throughput != 0.2 || res.OutputTokensPerSec != 4 {
+		t.Errorf("makespan %v throughput %v tok/s %v", res.Makespan, res.Throughput, res.OutputTokensPerSec)
+	}
+	if res.PrefillTokens != 400 || res.LoadSkew != 1.5 || res.RequestSkew != 1 || res.Preemptions != 1 {
+		t.Errorf("prefill %d skew %v req skew %v", res.PrefillTokens, res.LoadSkew, res.RequestSkew)
+	}
+}

@@ -1,0 +1,178 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/internal/sim/workload"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// precise asks kvindex. As "precise" it takes the longest match, ties by
+// load; as "precise+load" it asks Route and Releases on prefill done, or
+// (ModeClient, or when kvindex answers Route with Unimplemented) computes
+// a load-aware cost client-side from Score.
+type precise struct {
+	name  string
+	f     Fleet
+	kv    RouteScorer
+	model string
+	names []string
+	byPod map[string]int
+	bs    int
+	lw    float64
+	next  int
+
+	// fallback is set once kvindex answered Route with Unimplemented.
+	fallback bool
+	note     string
+	// inflight[i] is the uncached prefill tokens routed to engine i and
+	// not yet prefilled (the fallback's own route feedback), and
+	// pending[id] what request id added.
+	inflight []int64
+	pending  map[int]pendingRoute
+
+	tokens  []uint32
+	matched []int
+	loads   []*kvindexv1.WorkerLoad
+	refs    []kvindexv1.WorkerRef
+	wl      []kvindexv1.WorkerLoad
+}
+
+type pendingRoute struct {
+	engine int
+	tokens int64
+}
+
+func newPrecise(name string, cfg Config) *precise {
+	n := cfg.Fleet.Engines()
+	p := &precise{
+		name: name, f: cfg.Fleet, kv: cfg.Scorer, model: cfg.Model, names: cfg.Names, bs: cfg.BlockSize,
+		lw: cfg.LoadWeight, byPod: make(map[string]int, n), inflight: make([]int64, n),
+		pending: make(map[int]pendingRoute), matched: make([]int, n),
+		refs: make([]kvindexv1.WorkerRef, n), wl: make([]kvindexv1.WorkerLoad, n), loads: make([]*kvindexv1.WorkerLoad, n),
+	}
+	if p.lw == 0 {
+		p.lw = 1
+	}
+	if name == PreciseLoad && cfg.PreciseLoadMode == ModeClient {
+		p.fallback = true
+		p.note = "client-side cost: Score + the router's own in-flight prefill, ties by load (kvindex Route not used)"
+	}
+	for i, pod := range cfg.Names {
+		p.byPod[pod] = i
+		p.refs[i] = kvindexv1.WorkerRef{Pod: pod}
+		p.wl[i].Worker = &p.refs[i]
+		p.loads[i] = &p.wl[i]
+	}
+	return p
+}
+
+func (p *precise) Name() string { return p.name }
+
+func (p *precise) Note() string { return p.note }
+
+func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
+	p.tokens = req.AppendTokens(p.tokens[:0], 0, req.PromptLen)
+	sreq := &kvindexv1.ScoreRequest{Model: p.model, TokenIds: p.tokens}
+	if p.name == PreciseLoad && !p.fallback {
+		i, err := p.route(ctx, req, sreq)
+		if status.Code(err) != codes.Unimplemented {
+			return i, err
+		}
+		p.fallback = true
+		p.note = "kvindex Route is unimplemented: fell back to Score + client-side load cost"
+	}
+	resp, err := p.kv.Score(ctx, sreq)
+	if err != nil {
+		return 0, fmt.Errorf("router %s: request %d: %w", p.name, req.ID, err)
+	}
+	clear(p.matched)
+	for _, ws := range resp.GetWorkers() {
+		i, ok := p.byPod[ws.GetWorker().GetPod()]
+		if !ok {
+			return 0, fmt.Errorf("router %s: kvindex scored unknown worker %q", p.name, ws.GetWorker().GetPod())
+		}
+		p.matched[i] = int(ws.GetMatchedTokens())
+	}
+	if p.name == Precise {
+		return p.longest(), nil
+	}
+	return p.cheapest(req), nil
+}
+
+// longest picks the longest match, ties by least load, then in turn.
+func (p *precise) longest() int {
+	top := 0
+	for _, m := range p.matched {
+		top = max(top, m)
+	}
+	i := pickLeastLoaded(p.f, p.next, func(i int) bool { return p.matched[i] == top })
+	p.next = (i + 1) % len(p.matched)
+	return i
+}
+
+// cheapest is the fallback's cost: the request's uncached tokens on the
+// engine plus LoadWeight times the router's in-flight prefill tokens
+// there; ties by least load, then in turn. It records the choice.
+func (p *precise) cheapest(req *Request) int {
+	n := len(p.matched)
+	best, bestCost := -1, 0.0
+	cost := func(i int) float64 {
+		return float64(req.PromptLen-p.matched[i]) + p.lw*float64(p.inflight[i])
+	}
+	for k := range n {
+		i := (p.next + k) % n
+		if c := cost(i); best < 0 || c < bestCost {
+			best, bestCost = i, c
+		}
+	}
+	i := pickLeastLoaded(p.f, p.next, func(i int) bool { return cost(i) == bestCost })
+	p.next = (i + 1) % n
+	t := int64(req.PromptLen - p.matched[i])
+	p.inflight[i] += t
+	p.pending[req.ID] = pendingRoute{engine: i, tokens: t}
+	return i
+}
+
+// route asks kvindex's Route with the engines' loads as a router would
+// scrape them (running, waiting, KV usage).
+func (p *precise) route(ctx context.Context, req *Request, sreq *kvindexv1.ScoreRequest) (int, error) {
+	for i := range p.wl {
+		l := p.f.Load(i)
+		p.wl[i].Running, p.wl[i].Waiting, p.wl[i].KvCacheUsage = uint32(l.Running), uint32(l.Waiting), l.KVUsage
+	}
+	sreq.Loads = p.loads
+	resp, err := p.kv.Route(ctx, &kvindexv1.RouteRequest{Score: sreq, RequestId: requestID(req.Request)})
+	if err != nil {
+		return 0, fmt.Errorf("router %s: request %d: %w", p.name, req.ID, err)
+	}
+	i, ok := p.byPod[resp.GetChosen().GetPod()]
+	if !ok {
+		return 0, fmt.Errorf("router %s: kvindex chose unknown worker %q", p.name, resp.GetChosen().GetPod())
+	}
+	return i, nil
+}
+
+func (p *precise) PrefillDone(ctx context.Context, req *workload.Request, _ int) error {
+	if p.name != PreciseLoad {
+		return nil
+	}
+	if p.fallback {
+		if pr, ok := p.pending[req.ID]; ok {
+			p.inflight[pr.engine] -= pr.tokens
+			delete(p.pending, req.ID)
+		}
+		return nil
+	}
+	if _, err := p.kv.Release(ctx, &kvindexv1.ReleaseRequest{RequestId: requestID(req)}); err != nil {
+		return fmt.Errorf("router %s: release request %d: %w", p.name, req.ID, err)
+	}
+	return nil
+}
+
+func requestID(r *workload.Request) string { return "req-" + strconv.Itoa(r.ID) }

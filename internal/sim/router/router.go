@@ -1,0 +1,317 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/internal/sim/engine"
+	"github.com/kvindex/kvindex/internal/sim/workload"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// Router names, as accepted by New and printed in reports.
+const (
+	RoundRobin   = "round-robin"
+	LeastLoaded  = "least-loaded"
+	PrefixHash   = "prefix-hash"
+	Approximate  = "approximate"
+	Precise      = "precise"
+	PreciseLoad  = "precise+load"
+	Oracle       = "oracle"
+	defaultAffin = 1024
+)
+
+// precise+load modes (Config.PreciseLoadMode).
+const (
+	ModeRoute  = "route"
+	ModeClient = "client"
+)
+
+// Names lists every router, in report order.
+var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, Oracle}
+
+// ErrUnknown is wrapped by New for an unknown router name.
+var ErrUnknown = errors.New("router: unknown router")
+
+// Request is a request as a router sees it.
+type Request struct {
+	*workload.Request
+	// Content holds the request's block content ids at the fleet's block
+	// size (prompt, then output; see workload.Request.AppendBlockContent).
+	// Content[:PromptBlocks] are the prompt's full blocks. Valid only
+	// during Route.
+	Content      []uint64
+	PromptBlocks int
+	// Now is the time of the decision.
+	Now time.Duration
+}
+
+// Fleet is what routers may see of the engines, each by index 0..Engines()-1.
+type Fleet interface {
+	// Engines is the number of engines.
+	Engines() int
+	// Load is engine i's current load.
+	Load(i int) engine.Load
+	// CachedTokens is how many prompt tokens of req engine i would hit if
+	// it scheduled req now: its exact cache at this instant, including
+	// blocks of steps still running whose events are not yet published.
+	// Only the oracle may call it.
+	CachedTokens(i int, req *Request) int
+}
+
+// Scorer is kvindex's Score call: *api.Server in process, or a gRPC client.
+type Scorer interface {
+	Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error)
+}
+
+// RouteScorer adds kvindex's Route and Release calls.
+type RouteScorer interface {
+	Scorer
+	Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error)
+	Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error)
+}
+
+// Router picks an engine for each request.
+type Router interface {
+	// Name is the router's name (one of Names).
+	Name() string
+	// Route picks the engine for req.
+	Route(ctx context.Context, req *Request) (int, error)
+	// PrefillDone tells the router that req's prefill finished on engine i
+	// (the moment a router releases its in-flight accounting).
+	PrefillDone(ctx context.Context, req *workload.Request, i int) error
+	// Note says anything the report must mention (a fallback taken), or "".
+	Note() string
+}
+
+// Config sets up routers.
+type Config struct {
+	// Fleet is the engines' view; required.
+	Fleet Fleet
+	// BlockSize is the engines' block size; required.
+	BlockSize int
+	// Names are the engines' pod names in kvindex (engine i is
+	// WorkerRef{Pod: Names[i]}); required for the precise routers.
+	Names []string
+	// Model is the model name the precise routers ask kvindex about.
+	Model string
+	// Scorer is kvindex for the precise routers.
+	Scorer RouteScorer
+	// AffinityTokens is how much of the prompt prefix-hash hashes
+	// (default 1,024 tokens).
+	AffinityTokens int
+	// Approx tunes the approximate router.
+	Approx ApproxConfig
+	// PreciseLoadMode is how precise+load ranks: ModeRoute (default) asks
+	// kvindex's Route; ModeClient computes the cost client-side from Score
+	// (the fallback used when Route is unimplemented), for comparison.
+	PreciseLoadMode string
+	// LoadWeight scales in-flight prefill tokens against a request's own
+	// uncached tokens in precise+load's client-side cost (default 1).
+	LoadWeight float64
+	// Seed seeds the random tie-breaks.
+	Seed uint64
+}
+
+// New returns the router called name.
+func New(name string, cfg Config) (Router, error) {
+	if cfg.Fleet == nil || cfg.BlockSize <= 0 {
+		return nil, fmt.Errorf("router %s: a fleet and a block size are required", name)
+	}
+	n := cfg.Fleet.Engines()
+	switch name {
+	case RoundRobin:
+		return &roundRobin{n: n}, nil
+	case LeastLoaded:
+		return &leastLoaded{f: cfg.Fleet}, nil
+	case PrefixHash:
+		toks := cfg.AffinityTokens
+		if toks <= 0 {
+			toks = defaultAffin
+		}
+		return newPrefixHash(n, max(1, toks/cfg.BlockSize)), nil
+	case Approximate:
+		return newApproximate(cfg), nil
+	case Precise, PreciseLoad:
+		if cfg.Scorer == nil || len(cfg.Names) != n || cfg.Model == "" {
+			return nil, fmt.Errorf("router %s: kvindex, the model and one pod name per engine are required", name)
+		}
+		if m := cfg.PreciseLoadMode; m != "" && m != ModeRoute && m != ModeClient {
+			return nil, fmt.Errorf("router %s: mode %q (want %s or %s)", name, m, ModeRoute, ModeClient)
+		}
+		return newPrecise(name, cfg), nil
+	case Oracle:
+		return &oracle{f: cfg.Fleet, bs: cfg.BlockSize}, nil
+	}
+	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(Names, ", "))
+}
+
+// Parse splits a comma-separated list of router names ("all" for every
+// router) and checks each.
+func Parse(list string) ([]string, error) {
+	if list == "" || list == "all" {
+		return slices.Clone(Names), nil
+	}
+	var out []string
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(Names, n) {
+			return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, n, strings.Join(Names, ", "))
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// NeedsIndex reports whether the router asks kvindex.
+func NeedsIndex(name string) bool { return name == Precise || name == PreciseLoad }
+
+// base implements the optional parts of Router.
+type base struct{}
+
+func (base) PrefillDone(context.Context, *workload.Request, int) error { return nil }
+func (base) Note() string                                              { return "" }
+
+// roundRobin sends requests to engines in turn.
+type roundRobin struct {
+	base
+	n, next int
+}
+
+func (r *roundRobin) Name() string { return RoundRobin }
+
+func (r *roundRobin) Route(context.Context, *Request) (int, error) {
+	i := r.next
+	r.next = (r.next + 1) % r.n
+	return i, nil
+}
+
+// leastLoaded picks the engine with the fewest running + waiting requests.
+type leastLoaded struct {
+	base
+	f    Fleet
+	next int
+}
+
+func (r *leastLoaded) Name() string { return LeastLoaded }
+
+func (r *leastLoaded) Route(context.Context, *Request) (int, error) {
+	i := pickLeastLoaded(r.f, r.next, nil)
+	r.next = (i + 1) % r.f.Engines()
+	return i, nil
+}
+
+// pickLeastLoaded returns, among the engines ok accepts (nil: all), the
+// one with the fewest running + waiting requests, then the lowest KV
+// usage, scanning from start so that ties rotate.
+func pickLeastLoaded(f Fleet, start int, ok func(int) bool) int {
+	n := f.Engines()
+	best, bestReqs, bestKV := -1, 0, 0.0
+	for k := range n {
+		i := (start + k) % n
+		if ok != nil && !ok(i) {
+			continue
+		}
+		l := f.Load(i)
+		reqs := l.Running + l.Waiting
+		if best < 0 || reqs < bestReqs || (reqs == bestReqs && l.KVUsage < bestKV) {
+			best, bestReqs, bestKV = i, reqs, l.KVUsage
+		}
+	}
+	return best
+}
+
+// prefixHash maps the hash of the prompt's first blocks onto a consistent
+// hash ring of engines.
+type prefixHash struct {
+	base
+	blocks int
+	ring   []ringPoint
+}
+
+type ringPoint struct {
+	pos    uint64
+	engine int
+}
+
+// vnodes is the number of ring points per engine.
+const vnodes = 128
+
+func newPrefixHash(n, blocks int) *prefixHash {
+	r := &prefixHash{blocks: blocks, ring: make([]ringPoint, 0, n*vnodes)}
+	for e := range n {
+		for v := range vnodes {
+			r.ring = append(r.ring, ringPoint{pos: workload.Mix64(uint64(e)<<32 | uint64(v)), engine: e})
+		}
+	}
+	sort.Slice(r.ring, func(i, j int) bool { return r.ring[i].pos < r.ring[j].pos })
+	return r
+}
+
+func (r *prefixHash) Name() string { return PrefixHash }
+
+func (r *prefixHash) Route(_ context.Context, req *Request) (int, error) {
+	k := min(r.blocks, len(req.Content))
+	h := uint64(0x70726566)
+	for _, c := range req.Content[:k] {
+		h = workload.Mix64(h ^ c)
+	}
+	i := sort.Search(len(r.ring), func(i int) bool { return r.ring[i].pos >= h })
+	if i == len(r.ring) {
+		i = 0
+	}
+	return r.ring[i].engine, nil
+}
+
+// oracle knows every engine's cache and queue.
+type oracle struct {
+	base
+	f    Fleet
+	bs   int
+	next int
+}
+
+func (r *oracle) Name() string { return Oracle }
+
+// Route picks the least estimated time to first token with perfect,
+// instantaneous knowledge: the engine's exact queued prefill tokens (no
+// engine exports them) plus this request's uncached tokens there (its exact
+// cache now, with no event delay), in tokens since every engine prefills
+// at the same rate; ties by the longer hit, then fewer requests, then in
+// turn.
+//
+// It is the reference for what greedy routing could reach, not a strict
+// bound: a router that ignores load can hit more (precise), and no greedy
+// rule is optimal. A hit-maximising oracle is worse than useless here: the
+// engine caches a prompt's blocks when it schedules them, so on Mooncake
+// (every request starts with the same 512 tokens) the first engine to run
+// anything holds the only copy of that block and takes the whole trace.
+func (r *oracle) Route(_ context.Context, req *Request) (int, error) {
+	n := r.f.Engines()
+	best, bestCost, bestHit, bestReqs := -1, int64(0), 0, 0
+	for k := range n {
+		i := (r.next + k) % n
+		l := r.f.Load(i)
+		hit := r.f.CachedTokens(i, req)
+		cost := l.QueuedPrefill + int64(req.PromptLen-hit)
+		reqs := l.Running + l.Waiting
+		if best < 0 || cost < bestCost || (cost == bestCost && (hit > bestHit || (hit == bestHit && reqs < bestReqs))) {
+			best, bestCost, bestHit, bestReqs = i, cost, hit, reqs
+		}
+	}
+	r.next = (best + 1) % n
+	return best, nil
+}
+
+// newRand returns the routers' seeded random source.
+func newRand(seed uint64, stream uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, stream))
+}
