@@ -1,0 +1,220 @@
+// Command kvsim is kvindex's fleet simulator: it replays a request trace
+// (Mooncake format) or a generated workload through simulated vLLM engines
+// and compares routers side by side on the same arrivals: round-robin,
+// least-loaded, prefix-hash, approximate, precise (kvindex Score),
+// precise+load (kvindex Route) and an oracle.
+//
+//	kvsim run                                   # the Mooncake trace, virtual time
+//	kvsim run --workload tenants --charts docs/img
+//	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
+//	kvsim live --workload prefixes --requests 300 --speedup 2
+//	kvsim demo                                  # what `make demo` runs
+//
+// The simulator itself lives in internal/sim; this file only turns flags
+// into its configuration.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/sim"
+	"github.com/kvindex/kvindex/internal/sim/engine"
+	"github.com/kvindex/kvindex/internal/sim/router"
+)
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvsim:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kvsim",
+		Short:         "Fleet simulator: replay traffic through simulated vLLM engines and compare routers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newRun(), newLive(), newDemo())
+	return root
+}
+
+// flags holds every flag shared by run and live.
+type flags struct {
+	rc                   sim.RunConfig
+	routers, sweep, wire string
+	verbose              bool
+	prefixesQPS, zipf    float64
+	startQPS, endQPS     float64
+	outputTokens         int
+}
+
+func (f *flags) register(fs *pflag.FlagSet) {
+	rc := &f.rc
+	fs.StringVar(&rc.Workload.Kind, "workload", sim.KindMooncake, "mooncake, prefixes, tenants, or the path of a Mooncake-format JSONL file")
+	fs.StringVar(&rc.Workload.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
+	fs.IntVar(&rc.Workload.Requests, "requests", 0, "first N requests of a trace, or a generator's request count (0: all / the generator's default)")
+	fs.Float64Var(&rc.Workload.RateScale, "rate-scale", 1, "multiply the arrival rate (2 = arrivals twice as dense)")
+	fs.Uint64Var(&rc.Workload.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
+	fs.IntVar(&rc.Workload.Prefixes.Prefixes, "prefixes", 0, "prefixes: distinct shared prefixes (default 40)")
+	fs.IntVar(&rc.Workload.Prefixes.PrefixTokens, "prefix-tokens", 0, "prefixes: shared prefix length (default 2048)")
+	fs.IntVar(&rc.Workload.Prefixes.SuffixTokens, "suffix-tokens", 0, "prefixes: unique suffix length (default 256)")
+	fs.Float64Var(&f.zipf, "zipf", 0, "prefixes: Zipf exponent of prefix popularity (default 1.1)")
+	fs.Float64Var(&f.prefixesQPS, "qps", 0, "prefixes: Poisson arrival rate (default 20)")
+	fs.IntVar(&rc.Workload.Tenants.Tenants, "tenants", 0, "tenants: number of tenants (default 150)")
+	fs.IntVar(&rc.Workload.Tenants.ContextTokens, "context-tokens", 0, "tenants: shared context per tenant (default 6000)")
+	fs.IntVar(&rc.Workload.Tenants.UsersPerTenant, "users", 0, "tenants: users per tenant (default 5)")
+	fs.IntVar(&rc.Workload.Tenants.QueryTokens, "query-tokens", 0, "tenants: each user's question (default 1200)")
+	fs.Float64Var(&f.startQPS, "start-qps", 0, "tenants: arrival rate at the start of the ramp (default 3)")
+	fs.Float64Var(&f.endQPS, "end-qps", 0, "tenants: arrival rate at the end of the ramp (default 60)")
+	fs.IntVar(&f.outputTokens, "output-tokens", 0, "generators: output tokens per request (defaults: prefixes 128, tenants 256)")
+
+	o := &rc.Options
+	fs.IntVar(&o.Engines, "engines", 0, "number of engines (default: the workload's: 8, or 4 for prefixes)")
+	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
+	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16; must divide 512 for Mooncake)")
+	fs.IntVar(&o.Engine.MaxNumSeqs, "max-num-seqs", 0, "running requests per engine (default 256)")
+	fs.IntVar(&o.Engine.MaxBatchedTokens, "max-batched-tokens", 0, "token budget per step (default 8192)")
+	tm := &o.Engine.Time
+	*tm = engine.DefaultTimeModel()
+	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine")
+	fs.DurationVar(&tm.StepOverhead, "step-overhead", tm.StepOverhead, "fixed cost of a step")
+	fs.DurationVar(&tm.DecodePerSeq, "decode-per-seq", tm.DecodePerSeq, "cost of each decoding request in a step")
+	fs.DurationVar(&tm.DecodePerContextToken, "decode-per-ctx-token", tm.DecodePerContextToken, "cost of each context token of a decoding request")
+	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+joined(router.Names))
+	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
+	fs.StringVar(&f.wire, "wire", "map", "vLLM event encoding: map (v0.26+) or array (older releases)")
+	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
+	fs.IntVar(&o.AffinityTokens, "affinity-tokens", 0, "prefix-hash: prompt tokens hashed (default 1024)")
+	fs.IntVar(&o.Approx.LRUBlocks, "approx-lru-blocks", 0, "approximate: router-side LRU per engine in blocks (default: --cache-blocks)")
+	fs.IntVar(&o.Approx.MaxBlocks, "approx-max-blocks", 0, "approximate: leading blocks matched (default 256)")
+	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
+	fs.IntVar(&o.Parallel, "parallel", 0, "simulations at once (default GOMAXPROCS)")
+	fs.StringVar(&f.sweep, "sweep-cache", "", "also sweep cache sizes (blocks per engine, e.g. 4k,8k,16k,32k)")
+	fs.StringVar(&rc.CSVDir, "csv", "", "write CSV files into this directory")
+	fs.StringVar(&rc.ChartsDir, "charts", "", "write SVG charts into this directory")
+	fs.StringVar(&rc.Prefix, "chart-prefix", "", "prefix of chart file names")
+	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log progress to stderr")
+}
+
+// config turns the parsed flags into the run configuration.
+func (f *flags) config() (sim.RunConfig, error) {
+	rc := f.rc
+	var err error
+	if rc.Options.Routers, err = router.Parse(f.routers); err != nil {
+		return rc, err
+	}
+	if f.sweep != "" {
+		if rc.SweepSizes, err = sim.ParseSizes(f.sweep); err != nil {
+			return rc, err
+		}
+	}
+	switch f.wire {
+	case "map":
+		rc.Options.Wire = events.EncodeOptions{Encoding: events.EncodingMap}
+	case "array":
+		rc.Options.Wire = events.EncodeOptions{Encoding: events.EncodingArray}
+	default:
+		return rc, fmt.Errorf("--wire %q: want map or array", f.wire)
+	}
+	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.QPS = f.zipf, f.prefixesQPS
+	rc.Workload.Tenants.StartQPS, rc.Workload.Tenants.EndQPS = f.startQPS, f.endQPS
+	rc.Workload.Prefixes.OutputTokens, rc.Workload.Tenants.OutputTokens = f.outputTokens, f.outputTokens
+	rc.Options.Seed = rc.Workload.Seed
+	if f.verbose {
+		rc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return rc, nil
+}
+
+func newRun() *cobra.Command {
+	f := &flags{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Replay a workload in virtual time (fast, in process, through kvindex's real decoder, index and ranking)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rc, err := f.config()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return sim.Main(ctx, rc, cmd.OutOrStdout())
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func newLive() *cobra.Command {
+	f := &flags{}
+	lo := &sim.LiveOptions{}
+	cmd := &cobra.Command{
+		Use:   "live",
+		Short: "Replay a workload on the wall clock: engines publish over real ZMQ to a real kvindex, routers ask over gRPC",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rc, err := f.config()
+			if err != nil {
+				return err
+			}
+			rc.Live = lo
+			lo.DaemonLog = f.verbose
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return sim.Main(ctx, rc, cmd.OutOrStdout())
+		},
+	}
+	f.register(cmd.Flags())
+	registerLive(cmd.Flags(), lo, &f.rc.PrintConfig)
+	return cmd
+}
+
+func registerLive(fs *pflag.FlagSet, lo *sim.LiveOptions, printConfig *bool) {
+	fs.Float64Var(&lo.Speedup, "speedup", 1, "virtual seconds per wall-clock second")
+	fs.StringVar(&lo.Addr, "addr", "", "an external kvindex's gRPC address (default: start the daemon in process)")
+	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
+	fs.StringVar(&lo.Host, "host", "127.0.0.1", "address the engines bind")
+	fs.BoolVar(printConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
+}
+
+func newDemo() *cobra.Command {
+	rc := sim.DemoConfig()
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "A short live run: the real daemon, simulated engines over ZMQ, every router, the table",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if verbose {
+				rc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+				rc.Live.DaemonLog = true
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return sim.Main(ctx, rc, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().IntVar(&rc.Workload.Requests, "requests", rc.Workload.Requests, "requests to replay")
+	cmd.Flags().Float64Var(&rc.Live.Speedup, "speedup", rc.Live.Speedup, "virtual seconds per wall-clock second")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress and the daemon to stderr")
+	return cmd
+}
+
+func joined(names []string) string {
+	out := ""
+	for i, n := range names {
+		if i > 0 {
+			out += ", "
+		}
+		out += n
+	}
+	return out
+}

@@ -1,0 +1,360 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/sim/metrics"
+	"github.com/kvindex/kvindex/internal/sim/router"
+	"github.com/kvindex/kvindex/internal/sim/workload"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// LiveOptions configure live mode.
+type LiveOptions struct {
+	// Speedup is virtual seconds per wall-clock second (default 1): 4 runs
+	// a 60 s workload in 15 s. The engines' time model and TTFTs stay in
+	// virtual seconds; only the pacing (and so kvindex's real event lag,
+	// measured in virtual time) scales.
+	Speedup float64
+	// Addr is an external kvindex's gRPC address; "" starts the real
+	// daemon (internal/daemon) in process on loopback ports.
+	Addr string
+	// BasePort is the first ZMQ port the engines bind with an external
+	// daemon (default 5557; each indexed router's fleet takes Engines
+	// consecutive ports). With the in-process daemon, free ports are picked.
+	BasePort int
+	// Host is the address engines bind (default 127.0.0.1).
+	Host string
+	// DaemonLog receives the in-process daemon's logs (nil: discard).
+	DaemonLog bool
+}
+
+// liveFleet is the ZMQ identity of one indexed router's engines.
+type liveFleet struct {
+	router string
+	model  string
+	pods   []string
+	ports  []int
+}
+
+func liveFleets(o *Options, lo *LiveOptions, ports []int) []liveFleet {
+	var out []liveFleet
+	k := 0
+	for _, name := range o.Routers {
+		if !router.NeedsIndex(name) {
+			continue
+		}
+		f := liveFleet{router: name, model: o.Model + "@" + name}
+		for i := range o.Engines {
+			f.pods = append(f.pods, name+"-"+podName(i))
+			if ports != nil {
+				f.ports = append(f.ports, ports[k])
+			} else {
+				f.ports = append(f.ports, lo.BasePort+k)
+			}
+			k++
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// LiveConfig returns the kvindex YAML configuration an external daemon
+// needs for a live run with these options: one model per indexed router,
+// one pod per engine at the ports the engines will bind.
+func LiveConfig(w *workload.Workload, o Options, lo LiveOptions) (string, error) {
+	o, err := o.withDefaults(w.Engines)
+	if err != nil {
+		return "", err
+	}
+	lo.defaults()
+	return daemonYAML(&o, &lo, liveFleets(&o, &lo, nil), ":50051", ":9400"), nil
+}
+
+func (lo *LiveOptions) defaults() {
+	if lo.Speedup <= 0 {
+		lo.Speedup = 1
+	}
+	if lo.BasePort == 0 {
+		lo.BasePort = 5557
+	}
+	if lo.Host == "" {
+		lo.Host = "127.0.0.1"
+	}
+}
+
+func daemonYAML(o *Options, lo *LiveOptions, fleets []liveFleet, grpcListen, metricsListen string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "grpc_listen: %q\nmetrics_listen: %q\nmodels:\n", grpcListen, metricsListen)
+	for _, f := range fleets {
+		fmt.Fprintf(&b, "  - {name: %q, block_size: %d}\n", f.model, o.Engine.BlockSize)
+	}
+	b.WriteString("pods:\n")
+	for _, f := range fleets {
+		for i, pod := range f.pods {
+			fmt.Fprintf(&b, "  - {name: %q, model: %q, endpoint: \"tcp://%s:%d\"}\n", pod, f.model, lo.Host, f.ports[i])
+		}
+	}
+	return b.String()
+}
+
+// grpcScorer adapts api.Client to router.RouteScorer.
+type grpcScorer struct{ c *api.Client }
+
+func (g grpcScorer) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
+	return g.c.Score(ctx, req)
+}
+
+func (g grpcScorer) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
+	return g.c.Route(ctx, req)
+}
+
+func (g grpcScorer) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
+	ok, err := g.c.Release(ctx, req.GetRequestId())
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.ReleaseResponse{Released: ok}, nil
+}
+
+// Live replays w on wall-clock time (scaled by lo.Speedup): simulated
+// engines publish their KV events over real ZeroMQ sockets
+// (events.Publisher, vLLM's wire format) to a real kvindex daemon, and the
+// precise routers ask it over real gRPC (api.Client). Every router runs at
+// once, each with its own fleet, on the same arrivals. Results are in
+// o.Routers order; IndexProblems counts what kvindex reported it could not
+// apply (gaps, decode or apply errors, orphans, unknown blocks) plus
+// workers whose resident blocks differ from their engine's cache at the end.
+func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) ([]metrics.Result, error) {
+	o, err := o.withDefaults(w.Engines)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Validate(); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	lo.defaults()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	nIndexed := 0
+	for _, name := range o.Routers {
+		if router.NeedsIndex(name) {
+			nIndexed++
+		}
+	}
+	var ports []int
+	if lo.Addr == "" && nIndexed > 0 {
+		if ports, err = freePorts(nIndexed * o.Engines); err != nil {
+			return nil, err
+		}
+	}
+	fleets := liveFleets(&o, &lo, ports)
+
+	// Engines bind first, as vLLM's publishers do. sent counts each
+	// engine's published batches (written by its router's loop only).
+	pubs := map[string][]*events.Publisher{}
+	sent := map[string][]uint64{}
+	defer func() {
+		for _, ps := range pubs {
+			for _, p := range ps {
+				p.Close()
+			}
+		}
+	}()
+	for _, f := range fleets {
+		for i, pod := range f.pods {
+			p, err := events.NewPublisher(events.PublisherConfig{
+				Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i]),
+				Topic:    "kv@" + pod + "@" + f.model,
+				Encoding: o.Wire,
+				Bind:     true,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("sim: live: engine %s: %w", pod, err)
+			}
+			pubs[f.router] = append(pubs[f.router], p)
+		}
+		sent[f.router] = make([]uint64, len(f.pods))
+	}
+
+	addr := lo.Addr
+	var d *daemon.Daemon
+	daemonDone := make(chan error, 1)
+	if nIndexed > 0 && addr == "" {
+		cfg, err := config.Parse([]byte(daemonYAML(&o, &lo, fleets, "127.0.0.1:0", "off")))
+		if err != nil {
+			return nil, fmt.Errorf("sim: live: daemon config: %w", err)
+		}
+		log := o.Logger
+		if !lo.DaemonLog {
+			log = nil
+		}
+		if d, err = daemon.New(cfg, log); err != nil {
+			return nil, fmt.Errorf("sim: live: %w", err)
+		}
+		dctx, dstop := context.WithCancel(context.Background())
+		go func() { daemonDone <- d.Run(dctx) }()
+		defer func() { dstop(); <-daemonDone }()
+		addr = d.GRPCAddr()
+	}
+	var client *api.Client
+	if nIndexed > 0 {
+		for _, ps := range pubs {
+			for _, p := range ps {
+				wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+				err := p.WaitForSubscribers(wctx, 1)
+				wcancel()
+				if err != nil {
+					return nil, fmt.Errorf("sim: live: kvindex at %s never subscribed: %w", addr, err)
+				}
+			}
+		}
+		if client, err = api.Dial(ctx, addr); err != nil {
+			return nil, fmt.Errorf("sim: live: %w", err)
+		}
+		defer client.Close()
+		o.Logger.Info("live: kvindex subscribed", "addr", addr, "fleets", len(fleets))
+	}
+
+	start := time.Now()
+	wait := func(ctx context.Context, t time.Duration) error {
+		due := start.Add(time.Duration(float64(t) / lo.Speedup))
+		if d := time.Until(due); d > 0 {
+			timer := time.NewTimer(d)
+			defer timer.Stop()
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("sim: live: %w", ctx.Err())
+			case <-timer.C:
+			}
+		}
+		return nil
+	}
+	out := make([]metrics.Result, len(o.Routers))
+	loops := make([]*loop, len(o.Routers))
+	err = runJobs(ctx, len(o.Routers), len(o.Routers), func(ctx context.Context, k int) error {
+		name := o.Routers[k]
+		f, err := newFleet(&o, router.NeedsIndex(name))
+		if err != nil {
+			return err
+		}
+		l := &loop{w: w, o: &o, fleet: f, rec: metrics.NewRecorder(o.Engines), wait: wait}
+		rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
+			Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, Seed: o.Seed}
+		if router.NeedsIndex(name) {
+			for _, lf := range fleets {
+				if lf.router == name {
+					rcfg.Model, rcfg.Names = lf.model, lf.pods
+				}
+			}
+			rcfg.Scorer = grpcScorer{client}
+			ps, n := pubs[name], sent[name]
+			l.publish = func(i int, b *events.Batch, _ time.Duration) error {
+				b.Timestamp = float64(time.Now().UnixNano()) / 1e9
+				if _, err := ps[i].Publish(b); err != nil {
+					return fmt.Errorf("sim: live: engine %d: %w", i, err)
+				}
+				n[i]++
+				return nil
+			}
+		}
+		if l.router, err = router.New(name, rcfg); err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		t0 := time.Now()
+		if err := l.run(ctx); err != nil {
+			return err
+		}
+		res := l.result()
+		res.Wall = time.Since(t0)
+		res.IndexProblems = -1
+		out[k] = res
+		loops[k] = l
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for k, name := range o.Routers {
+		if !router.NeedsIndex(name) {
+			continue
+		}
+		for _, lf := range fleets {
+			if lf.router == name {
+				n, err := checkLive(ctx, client, lf, sent[name], loops[k].fleet)
+				if err != nil {
+					return nil, err
+				}
+				out[k].IndexProblems = n
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkLive waits (up to 10 s) until kvindex has received every batch the
+// fleet published, then counts what it could not apply exactly.
+func checkLive(ctx context.Context, c *api.Client, lf liveFleet, sent []uint64, f *fleet) (int64, error) {
+	want := map[string]uint64{}
+	for i, n := range sent {
+		want[lf.pods[i]] = n
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: lf.model})
+		if err != nil {
+			return 0, fmt.Errorf("sim: live: %w", err)
+		}
+		caught := true
+		var problems int64
+		for _, ws := range resp.GetWorkers() {
+			pod := ws.GetWorker().GetPod()
+			if ws.GetBatches() < want[pod] {
+				caught = false
+			}
+			problems += int64(ws.GetGaps() + ws.GetDecodeErrors() + ws.GetApplyErrors() + ws.GetOrphans() + ws.GetUnknownBlocks() +
+				ws.GetBlockSizeMismatches() + ws.GetInvalidEvents() + ws.GetRestarts())
+			for i, p := range lf.pods {
+				if p == pod && int64(ws.GetResidentBlocks()) != int64(f.engines[i].CachedBlocks()) {
+					problems++
+				}
+			}
+		}
+		if caught || time.Now().After(deadline) {
+			if !caught {
+				problems++
+			}
+			return problems, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freePorts returns n free loopback TCP ports (each was free when asked).
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("sim: live: free port: %w", err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}

@@ -1,0 +1,264 @@
+package sim
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvindex/kvindex/internal/sim/chart"
+	"github.com/kvindex/kvindex/internal/sim/metrics"
+	"github.com/kvindex/kvindex/internal/sim/router"
+	"github.com/kvindex/kvindex/internal/sim/workload"
+)
+
+// Describe is a one-line description of a run's setup for reports.
+func Describe(w *workload.Workload, o Options) string {
+	o, _ = o.withDefaults(w.Engines)
+	st := w.Stats()
+	return fmt.Sprintf("%s: %d requests, %s prompt tokens, %s output tokens over %s; %d engines x %d blocks of %d tokens",
+		w.Name, st.Requests, human(float64(st.PromptTokens)), human(float64(st.OutputTokens)), st.Duration.Round(time.Second),
+		o.Engines, o.Engine.CacheBlocks, o.Engine.BlockSize)
+}
+
+// WriteTable prints one row per router.
+func WriteTable(w io.Writer, results []metrics.Result) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "router\thit tok\thit req\tprefill tok\tTTFT p50\tp90\tp99\treq/s\tout tok/s\tskew\treq skew\tpreempt\trejected\twall\t")
+	var notes []string
+	for i := range results {
+		r := &results[i]
+		name := r.Router
+		if r.Note != "" {
+			notes = append(notes, fmt.Sprintf("[%d] %s: %s", len(notes)+1, r.Router, r.Note))
+			name += fmt.Sprintf(" [%d]", len(notes))
+		}
+		if r.IndexProblems > 0 {
+			notes = append(notes, fmt.Sprintf("[%d] %s: kvindex could not apply %d events exactly", len(notes)+1, r.Router, r.IndexProblems))
+			name += fmt.Sprintf(" [%d]", len(notes))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%d\t%d\t%s\t\n", name,
+			pct(r.TokenHitRate()), pct(r.RequestHitRate()), human(float64(r.PrefillTokens)),
+			secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), r.Throughput, human(r.OutputTokensPerSec),
+			r.LoadSkew, r.RequestSkew, r.Preemptions, r.Rejected, r.Wall.Round(10*time.Millisecond))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+	return nil
+}
+
+// WriteSweepTable prints token hit rate per cache size (rows) and router
+// (columns).
+func WriteSweepTable(w io.Writer, points []SweepPoint) error {
+	if len(points) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "blocks/engine\t")
+	for _, r := range points[0].Results {
+		fmt.Fprintf(tw, "%s\t", r.Router)
+	}
+	fmt.Fprintln(tw)
+	for _, p := range points {
+		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
+		for i := range p.Results {
+			fmt.Fprintf(tw, "%s\t", pct(p.Results[i].TokenHitRate()))
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// WriteCSV writes results.csv (one row per router) into dir.
+func WriteCSV(dir string, results []metrics.Result) error {
+	rows := [][]string{{"router", "requests", "scheduled", "completed", "rejected", "prompt_tokens", "cached_tokens", "token_hit_rate",
+		"request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "makespan_s", "throughput_rps",
+		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "wall_s", "note"}}
+	for i := range results {
+		r := &results[i]
+		rows = append(rows, []string{r.Router, itoa(r.Requests), itoa(r.Scheduled), itoa(r.Completed), itoa(r.Rejected),
+			i64(r.PromptTokens), i64(r.CachedTokens), fl(r.TokenHitRate()), fl(r.RequestHitRate()), i64(r.PrefillTokens),
+			fl(r.TTFTP50.Seconds()), fl(r.TTFTP90.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.TTFTMean.Seconds()), fl(r.Makespan.Seconds()),
+			fl(r.Throughput), fl(r.OutputTokensPerSec), fl(r.LoadSkew), fl(r.RequestSkew), itoa(r.Preemptions), i64(r.IndexProblems),
+			fl(r.Wall.Seconds()), r.Note})
+	}
+	return writeCSV(filepath.Join(dir, "results.csv"), rows)
+}
+
+// WriteCDFCSV writes ttft_cdf.csv: each router's TTFT at every percentile
+// 1..100 (nearest rank).
+func WriteCDFCSV(dir string, results []metrics.Result) error {
+	rows := [][]string{{"router", "percentile", "ttft_s"}}
+	for i := range results {
+		for p := 1; p <= 100; p++ {
+			rows = append(rows, []string{results[i].Router, itoa(p), fl(metrics.Percentile(results[i].TTFT, float64(p)).Seconds())})
+		}
+	}
+	return writeCSV(filepath.Join(dir, "ttft_cdf.csv"), rows)
+}
+
+// WriteSweepCSV writes sweep.csv: one row per cache size and router.
+func WriteSweepCSV(dir string, points []SweepPoint) error {
+	rows := [][]string{{"cache_blocks", "router", "token_hit_rate", "request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p99_s", "load_skew", "rejected"}}
+	for _, p := range points {
+		for i := range p.Results {
+			r := &p.Results[i]
+			rows = append(rows, []string{itoa(p.CacheBlocks), r.Router, fl(r.TokenHitRate()), fl(r.RequestHitRate()), i64(r.PrefillTokens),
+				fl(r.TTFTP50.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.LoadSkew), itoa(r.Rejected)})
+		}
+	}
+	return writeCSV(filepath.Join(dir, "sweep.csv"), rows)
+}
+
+func writeCSV(path string, rows [][]string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	cw := csv.NewWriter(f)
+	if err := cw.WriteAll(rows); err != nil {
+		f.Close()
+		return fmt.Errorf("sim: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sim: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteCharts writes ttft_cdf.svg and hit_ttft.svg for results into dir,
+// prefixing file names with prefix.
+func WriteCharts(dir, prefix, subtitle string, results []metrics.Result) error {
+	cdf := chart.LineChart{
+		Title:    "Time to first token, CDF per router",
+		Subtitle: subtitle,
+		X:        chart.Axis{Label: "TTFT (seconds, log scale)", Log: true},
+		Y:        chart.Axis{Label: "fraction of requests", Min: 0, Max: 1},
+	}
+	for i := range results {
+		r := &results[i]
+		s := chart.Series{Name: r.Router, Dashed: r.Router == router.Oracle}
+		for p := 1; p <= 1000; p++ {
+			v := metrics.Percentile(r.TTFT, float64(p)/10).Seconds()
+			s.Points = append(s.Points, chart.Point{X: math.Max(v, 1e-3), Y: float64(p) / 1000})
+		}
+		cdf.Series = append(cdf.Series, s)
+	}
+	if err := writeSVG(filepath.Join(dir, prefix+"ttft_cdf.svg"), cdf.WriteSVG); err != nil {
+		return err
+	}
+	bars := chart.BarChart{
+		Title:    "Token hit rate and TTFT p99 per router",
+		Subtitle: subtitle,
+		Series:   []string{"token hit rate (%)", "TTFT p99 (s)"},
+		Values:   [][]float64{make([]float64, len(results)), make([]float64, len(results))},
+		Labels:   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
+		Width:    900,
+	}
+	for i := range results {
+		bars.Categories = append(bars.Categories, results[i].Router)
+		bars.Values[0][i] = 100 * results[i].TokenHitRate()
+		bars.Values[1][i] = results[i].TTFTP99.Seconds()
+	}
+	return writeSVG(filepath.Join(dir, prefix+"hit_p99.svg"), bars.WriteSVG)
+}
+
+// WriteSweepChart writes hit_vs_cache.svg into dir.
+func WriteSweepChart(dir, prefix, subtitle string, points []SweepPoint) error {
+	if len(points) == 0 {
+		return nil
+	}
+	c := chart.LineChart{
+		Title:    "Token hit rate against cache size",
+		Subtitle: subtitle,
+		X:        chart.Axis{Label: "KV cache per engine (blocks, log scale)", Log: true},
+		Y:        chart.Axis{Label: "token hit rate (%)", Min: 0},
+	}
+	top := 0.0
+	for ri := range points[0].Results {
+		s := chart.Series{Name: points[0].Results[ri].Router, Markers: true, Dashed: points[0].Results[ri].Router == router.Oracle}
+		for _, p := range points {
+			v := 100 * p.Results[ri].TokenHitRate()
+			top = math.Max(top, v)
+			s.Points = append(s.Points, chart.Point{X: float64(p.CacheBlocks), Y: v})
+		}
+		c.Series = append(c.Series, s)
+	}
+	c.Y.Max = math.Ceil(top/10) * 10
+	if c.Y.Max == 0 {
+		c.Y.Max = 10
+	}
+	return writeSVG(filepath.Join(dir, prefix+"hit_vs_cache.svg"), c.WriteSVG)
+}
+
+func writeSVG(path string, write func(io.Writer) error) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("sim: chart %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sim: chart %s: %w", path, err)
+	}
+	return nil
+}
+
+func pct(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" }
+
+func secs(d time.Duration) string {
+	s := d.Seconds()
+	switch {
+	case s >= 100:
+		return strconv.FormatFloat(s, 'f', 0, 64) + "s"
+	case s >= 10:
+		return strconv.FormatFloat(s, 'f', 1, 64) + "s"
+	}
+	return strconv.FormatFloat(s, 'f', 2, 64) + "s"
+}
+
+func human(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 1e9:
+		return strconv.FormatFloat(v/1e9, 'f', 2, 64) + "G"
+	case a >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'f', 1, 64) + "M"
+	case a >= 1e4:
+		return strconv.FormatFloat(v/1e3, 'f', 0, 64) + "k"
+	case a >= 1e3:
+		return strconv.FormatFloat(v/1e3, 'f', 1, 64) + "k"
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
+}
+
+func itoa(n int) string   { return strconv.Itoa(n) }
+func i64(n int64) string  { return strconv.FormatInt(n, 10) }
+func fl(f float64) string { return strconv.FormatFloat(f, 'g', 6, 64) }
+
+// joinNames lists router names for messages.
+func joinNames(rs []metrics.Result) string {
+	names := make([]string, len(rs))
+	for i := range rs {
+		names[i] = rs[i].Router
+	}
+	return strings.Join(names, ", ")
+}
