@@ -54,6 +54,15 @@ func WriteTable(w io.Writer, results []metrics.Result) error {
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
 	}
+	var agreed []string
+	for i := range results {
+		if results[i].IndexProblems == 0 {
+			agreed = append(agreed, results[i].Router)
+		}
+	}
+	if len(agreed) > 0 {
+		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each worker's resident blocks equal its engine's cache\n", strings.Join(agreed, ", "))
+	}
 	return nil
 }
 
@@ -253,12 +262,3 @@ func human(v float64) string {
 func itoa(n int) string   { return strconv.Itoa(n) }
 func i64(n int64) string  { return strconv.FormatInt(n, 10) }
 func fl(f float64) string { return strconv.FormatFloat(f, 'g', 6, 64) }
-
-// joinNames lists router names for messages.
-func joinNames(rs []metrics.Result) string {
-	names := make([]string, len(rs))
-	for i := range rs {
-		names[i] = rs[i].Router
-	}
-	return strings.Join(names, ", ")
-}

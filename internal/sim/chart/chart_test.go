@@ -40,7 +40,7 @@ func TestLineChart(t *testing.T) {
 	}
 	wellFormed(t, b.Bytes())
 	s := b.String()
-	for _, want := range []string{"&lt;CDF&gt; &amp; more", ">oracle<", "stroke-dasharray", ">0.01<", ">100<"} {
+	for _, want := range []string{"&lt;CDF&gt; &amp; more", ">oracle<", "stroke-dasharray", ">0.01<", ">10<"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("SVG lacks %q", want)
 		}

@@ -50,7 +50,7 @@ type LineChart struct {
 var ErrNoData = errors.New("chart: no data")
 
 const (
-	marginLeft, marginRight, marginTop, marginBottom = 70, 180, 56, 56
+	marginLeft, marginRight, marginTop, marginBottom = 70, 180, 70, 56
 )
 
 // WriteSVG writes c as a standalone SVG document.
@@ -207,18 +207,51 @@ func header(b *strings.Builder, W, H int, title, subtitle string) {
 	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="white"/>`+"\n", W, H)
 	fmt.Fprintf(b, `<defs><clipPath id="plot"><rect x="%d" y="%d" width="%d" height="%d"/></clipPath></defs>`+"\n", marginLeft, marginTop-2, W-marginLeft-marginRight, H-marginTop-marginBottom+4)
 	fmt.Fprintf(b, `<text x="%d" y="24" font-size="17" font-weight="bold">%s</text>`+"\n", marginLeft, esc(title))
-	if subtitle != "" {
-		fmt.Fprintf(b, `<text x="%d" y="42" font-size="12" fill="#555">%s</text>`+"\n", marginLeft, esc(subtitle))
+	// Wrap the subtitle to the chart's width (about 7.2 px per character).
+	maxChars := max(20, (W-marginLeft-10)*10/72)
+	for i, line := range wrap(subtitle, maxChars) {
+		if i == 2 {
+			break
+		}
+		fmt.Fprintf(b, `<text x="%d" y="%d" font-size="12" fill="#555">%s</text>`+"\n", marginLeft, 40+14*i, esc(line))
 	}
+}
+
+// wrap splits s into lines of at most n characters at spaces.
+func wrap(s string, n int) []string {
+	var lines []string
+	for len(s) > n {
+		cut := strings.LastIndex(s[:n], " ")
+		if cut <= 0 {
+			cut = n
+		}
+		lines = append(lines, s[:cut])
+		s = strings.TrimLeft(s[cut:], " ")
+	}
+	if s != "" {
+		lines = append(lines, s)
+	}
+	return lines
 }
 
 func grid(b *strings.Builder, xs, ys *scale, W, H int) {
 	left, right := float64(marginLeft), float64(W-marginRight)
 	top, bottom := float64(marginTop), float64(H-marginBottom)
+	lastLabel := math.Inf(-1)
 	for _, t := range xs.ticks() {
 		x := xs.px(t)
 		fmt.Fprintf(b, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e4e4e4"/>`+"\n", ff(x), ff(top), ff(x), ff(bottom))
-		fmt.Fprintf(b, `<text x="%s" y="%s" font-size="12" text-anchor="middle">%s</text>`+"\n", ff(x), ff(bottom+18), esc(xs.format(t)))
+		// Label a tick when it has room: 1-2-5 ticks of a log axis crowd
+		// each other in narrow decades, so decades come first.
+		label := xs.format(t)
+		if xs.axis.Log && !isDecade(t) && xs.px(t*10)-xs.px(t) < 150 {
+			continue
+		}
+		if x-lastLabel < float64(len(label))*7+6 {
+			continue
+		}
+		lastLabel = x
+		fmt.Fprintf(b, `<text x="%s" y="%s" font-size="12" text-anchor="middle">%s</text>`+"\n", ff(x), ff(bottom+18), esc(label))
 	}
 	for _, t := range ys.ticks() {
 		y := ys.px(t)
@@ -319,6 +352,12 @@ func (s *scale) format(v float64) string {
 		return s.axis.Format(v)
 	}
 	return Compact(v)
+}
+
+// isDecade reports whether v is a power of ten.
+func isDecade(v float64) bool {
+	l := math.Log10(v)
+	return math.Abs(l-math.Round(l)) < 1e-9
 }
 
 // niceStep rounds a raw step up to 1, 2 or 5 times a power of ten.
