@@ -23,9 +23,12 @@ test: deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
-# demo runs the real daemon with simulated vLLM engines over ZMQ and gRPC.
+# demo is a short live kvsim run (about 10 s): the real daemon, simulated
+# vLLM engines publishing KV events over ZMQ, every router side by side
+# (precise ones over gRPC), the table printed. The scripted walkthrough of
+# the index alone is `go run ./cmd/kvindex demo`.
 demo: deps
-	$(GO) run ./cmd/kvindex demo
+	$(GO) run ./cmd/kvsim demo
 
 # bench runs the benchmarks behind the performance targets and the gRPC
 # load generator, and prints target vs measured (COUNT, BENCHTIME, RPS,
