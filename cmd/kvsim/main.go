@@ -28,6 +28,7 @@ import (
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
 func main() {
@@ -52,6 +53,8 @@ func newRoot() *cobra.Command {
 type flags struct {
 	rc                   sim.RunConfig
 	routers, sweep, wire string
+	policy, guard        string
+	loadWeight           float64
 	verbose              bool
 	prefixesQPS, zipf    float64
 	startQPS, endQPS     float64
@@ -98,6 +101,9 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Approx.LRUBlocks, "approx-lru-blocks", 0, "approximate: router-side LRU per engine in blocks (default: --cache-blocks)")
 	fs.IntVar(&o.Approx.MaxBlocks, "approx-max-blocks", 0, "approximate: leading blocks matched (default 256)")
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
+	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
+	fs.StringVar(&f.guard, "route-guard", "", "precise+load: kvindex hotspot guard sent with Route: cost, static or off")
+	fs.Float64Var(&f.loadWeight, "route-load-weight", 0, "precise+load: kvindex load_weight sent with Route, and the client mode's weight")
 	fs.IntVar(&o.Parallel, "parallel", 0, "simulations at once (default GOMAXPROCS)")
 	fs.StringVar(&f.sweep, "sweep-cache", "", "also sweep cache sizes (blocks per engine, e.g. 4k,8k,16k,32k)")
 	fs.StringVar(&rc.CSVDir, "csv", "", "write CSV files into this directory")
@@ -130,6 +136,10 @@ func (f *flags) config() (sim.RunConfig, error) {
 	rc.Workload.Tenants.StartQPS, rc.Workload.Tenants.EndQPS = f.startQPS, f.endQPS
 	rc.Workload.Prefixes.OutputTokens, rc.Workload.Tenants.OutputTokens = f.outputTokens, f.outputTokens
 	rc.Options.Seed = rc.Workload.Seed
+	if f.policy != "" || f.guard != "" || f.loadWeight != 0 {
+		rc.Options.RoutePolicy = &kvindexv1.ScorePolicy{Name: f.policy, Guard: f.guard, LoadWeight: f.loadWeight}
+	}
+	rc.Options.LoadWeight = f.loadWeight
 	if f.verbose {
 		rc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}

@@ -249,7 +249,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		}
 		l := &loop{w: w, o: &o, fleet: f, rec: metrics.NewRecorder(o.Engines), wait: wait}
 		rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-			Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, Seed: o.Seed}
+			Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
 		if router.NeedsIndex(name) {
 			for _, lf := range fleets {
 				if lf.router == name {

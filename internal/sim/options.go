@@ -9,6 +9,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
 // DefaultModel is the model name the simulated fleet serves.
@@ -39,6 +40,9 @@ type Options struct {
 	PreciseLoadMode string
 	// LoadWeight tunes precise+load's client-side cost (default 1).
 	LoadWeight float64
+	// RoutePolicy is sent with precise+load's Route requests (nil: the
+	// server's default policy).
+	RoutePolicy *kvindexv1.ScorePolicy
 	// Seed seeds engines' hashes, output ids and routers' tie-breaks.
 	Seed uint64
 	// Parallel bounds simulations run at once (default GOMAXPROCS).

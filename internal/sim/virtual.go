@@ -101,7 +101,7 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 	l := &loop{w: w, o: o, fleet: f, rec: metrics.NewRecorder(o.Engines)}
 	rcfg := router.Config{
 		Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, Seed: o.Seed,
+		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed,
 	}
 	var p *pipeline
 	if needsIndex {

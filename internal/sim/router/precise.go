@@ -30,6 +30,7 @@ type precise struct {
 	// fallback is set once kvindex answered Route with Unimplemented.
 	fallback bool
 	note     string
+	policy   *kvindexv1.ScorePolicy
 	// inflight[i] is the uncached prefill tokens routed to engine i and
 	// not yet prefilled (the fallback's own route feedback), and
 	// pending[id] what request id added.
@@ -53,7 +54,7 @@ func newPrecise(name string, cfg Config) *precise {
 	p := &precise{
 		name: name, f: cfg.Fleet, kv: cfg.Scorer, model: cfg.Model, names: cfg.Names, bs: cfg.BlockSize,
 		lw: cfg.LoadWeight, byPod: make(map[string]int, n), inflight: make([]int64, n),
-		pending: make(map[int]pendingRoute), matched: make([]int, n),
+		pending: make(map[int]pendingRoute), matched: make([]int, n), policy: cfg.RoutePolicy,
 		refs: make([]kvindexv1.WorkerRef, n), wl: make([]kvindexv1.WorkerLoad, n), loads: make([]*kvindexv1.WorkerLoad, n),
 	}
 	if p.lw == 0 {
@@ -147,6 +148,7 @@ func (p *precise) route(ctx context.Context, req *Request, sreq *kvindexv1.Score
 		p.wl[i].Running, p.wl[i].Waiting, p.wl[i].KvCacheUsage = uint32(l.Running), uint32(l.Waiting), l.KVUsage
 	}
 	sreq.Loads = p.loads
+	sreq.Policy = p.policy
 	resp, err := p.kv.Route(ctx, &kvindexv1.RouteRequest{Score: sreq, RequestId: requestID(req.Request)})
 	if err != nil {
 		return 0, fmt.Errorf("router %s: request %d: %w", p.name, req.ID, err)

@@ -115,6 +115,10 @@ type Config struct {
 	// LoadWeight scales in-flight prefill tokens against a request's own
 	// uncached tokens in precise+load's client-side cost (default 1).
 	LoadWeight float64
+	// RoutePolicy, when not nil, is sent with every Route request
+	// (ScoreRequest.policy): kvindex's policy name, guard and weights; nil
+	// keeps the server's default.
+	RoutePolicy *kvindexv1.ScorePolicy
 	// Seed seeds the random tie-breaks.
 	Seed uint64
 }

@@ -246,6 +246,14 @@ func TestPreciseLoadUsesRouteAndRelease(t *testing.T) {
 	if r.Note() != "" {
 		t.Fatalf("note %q", r.Note())
 	}
+	// A policy given in the config travels with every Route.
+	cfg := preciseCfg(f, kv)
+	cfg.RoutePolicy = &kvindexv1.ScorePolicy{Guard: "static"}
+	r = mustNew(t, PreciseLoad, cfg)
+	routeAll(t, r, request(8, 1))
+	if g := kv.routeReqs[len(kv.routeReqs)-1].GetScore().GetPolicy().GetGuard(); g != "static" {
+		t.Fatalf("policy guard %q", g)
+	}
 }
 
 func TestPreciseLoadFallsBackWhenRouteIsUnimplemented(t *testing.T) {
