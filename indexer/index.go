@@ -333,7 +333,7 @@ walk:
 		if v == nil {
 			break
 		}
-		vk := v.keys
+		vk := v.keys[:v.n.Load()]
 		j := int(off)
 		start := i
 		for j < len(vk) && i < len(keys) && vk[j] == keys[i] {

@@ -325,7 +325,7 @@ func checkInvariants(t *testing.T, ix *Index) {
 			t.Fatalf("node %p holds nothing and has no children but is not retired", n)
 		}
 		v := n.view.Load()
-		if v == nil || !reflect.DeepEqual(v.keys, n.keys) || !reflect.DeepEqual(v.segs, n.segs) {
+		if vis := n.visibleLocked(); v == nil || !slices.Equal(v.keys[:v.n.Load()], n.keys[:vis]) || !segsAgree(v.segs, n.segs, vis) {
 			t.Fatalf("node %p: published view differs from its state", n)
 		}
 		if n.keys[0] != n.first || len(n.segs) == 0 || n.segs[0].start != 0 {

@@ -61,20 +61,40 @@ type node struct {
 
 	mu         sync.Mutex // guards the fields below
 	keys       []Key
-	segs       []seg
-	segsShared bool    // segs is referenced by a published view: copy before writing
-	dirty      bool    // changed since the last publish
-	listedBy   *cursor // the cursor whose dirty list has it last
+	segs       []seg // in segs0 while it fits
+	segs0      [viewSegs]seg
+	segsShared bool // segs is referenced by a published view: copy before writing
+	dirty      bool // changed since the last publish
+	view0      view // the first view, allocated with the node
 	children   []*node
 	maxAttach  int32 // >= every child's attach; -1 with no children
 	cidx       int32 // index in parent.children, -1 when unlinked; guarded by parent.mu
 }
 
-// view is an immutable snapshot of a node's run and segments.
+// view is what readers see of a node: its key array and segments, which
+// are immutable, and the visible length n of the run, which is atomic.
+//
+// A writer publishes a change by storing a new n into the current view
+// when the view's array and segments still describe the run up to the new
+// length (keys appended with the run's last holder set, or keys whose last
+// holder left, which hide the rest of the run: see visibleLocked); only a
+// change of holders inside the visible run, or a new array, costs a new
+// view. In BenchmarkApply's stream (chains that grow at their end and
+// die from their tail) that made publishing nearly allocation-free: 42
+// allocations per batch with a new view per changed node and segments
+// shared copy-on-write, 24 with segments copied into each view, 8 with
+// atomic lengths.
+//
+// Up to viewSegs segments are copied into the view itself, so that the
+// writer edits its own (common, short) segment list in place.
 type view struct {
-	keys []Key
-	segs []seg
+	keys  []Key // to the array's capacity; readers use keys[:n]
+	n     atomic.Int32
+	segs  []seg
+	segs0 [viewSegs]seg
 }
+
+const viewSegs = 2
 
 // seg says that the keys from start to the next segment's start (or the end
 // of the run) are held by set (nil: by no worker).
@@ -105,14 +125,47 @@ func (ix *Index) shardOf(k Key) *headShard {
 	return &ix.heads[uint64(k)&ix.mask]
 }
 
-// newNode returns a node holding the single key k with holder set s.
-func newNode(parent *node, attach int32, k Key, s *holders.Set) *node {
+// newNode returns a node holding the single key k with holder set s, with
+// room for capHint keys.
+func newNode(parent *node, attach int32, k Key, s *holders.Set, capHint int) *node {
 	n := &node{parent: parent, attach: attach, first: k, maxAttach: -1, cidx: -1}
-	n.keys = make([]Key, 1, 8)
+	n.keys = make([]Key, 1, max(capHint, 4))
 	n.keys[0] = k
-	n.segs = []seg{{0, s}}
+	n.segs0[0] = seg{0, s}
+	n.segs = n.segs0[:1]
 	n.dirty = true
 	return n
+}
+
+// visibleLocked is the length of the run before its first key that no
+// worker holds. A Match enters a node at its first key and stops at a key
+// nobody holds, so nothing from there on can extend a match, and readers
+// need not see it. Callers hold n.mu.
+func (n *node) visibleLocked() int32 {
+	for _, s := range n.segs {
+		if s.set == nil {
+			return s.start
+		}
+	}
+	return int32(len(n.keys))
+}
+
+// segsAgree reports whether the published segments vs and the writer's ws
+// say the same about offsets below vis.
+func segsAgree(vs, ws []seg, vis int32) bool {
+	for i := 0; ; i++ {
+		va := i < len(vs) && vs[i].start < vis
+		wa := i < len(ws) && ws[i].start < vis
+		if va != wa {
+			return false
+		}
+		if !va {
+			return true
+		}
+		if vs[i] != ws[i] {
+			return false
+		}
+	}
 }
 
 // deadLocked reports whether n holds nothing and has no children.
@@ -122,11 +175,30 @@ func (n *node) deadLocked() bool {
 }
 
 // publishLocked makes n's writer-side state what readers see. Callers hold
-// n.mu. Cost: one 48-byte allocation.
+// n.mu. Cost: one atomic store when the published view still describes
+// the run (see view), else a new 96-byte view.
 func (n *node) publishLocked() {
-	l := len(n.keys)
-	n.view.Store(&view{keys: n.keys[:l:l], segs: n.segs})
-	n.segsShared = true
+	vis := n.visibleLocked()
+	old := n.view.Load()
+	if old != nil && len(old.keys) > 0 && cap(n.keys) > 0 && &old.keys[0] == &n.keys[:1][0] &&
+		int(vis) <= len(old.keys) && segsAgree(old.segs, n.segs, vis) {
+		old.n.Store(vis)
+		n.dirty = false
+		return
+	}
+	v := &n.view0
+	if old != nil {
+		v = new(view)
+	}
+	v.keys = n.keys[:cap(n.keys)]
+	if len(n.segs) <= viewSegs {
+		v.segs = v.segs0[:copy(v.segs0[:], n.segs)]
+	} else {
+		v.segs = n.segs
+		n.segsShared = true
+	}
+	v.n.Store(vis)
+	n.view.Store(v)
 	n.dirty = false
 }
 
@@ -167,8 +239,8 @@ type loc struct {
 // cursor is a worker's writer-side access to the tree. It holds at most one
 // node lock at a time (two, parent then child, while stepping down), batches
 // consecutive holder-set changes on the held node into one segment rewrite,
-// and collects the nodes to publish when the batch ends. A cursor belongs to
-// one Worker and is used under its mu.
+// and publishes a node when it releases it. A cursor belongs to one Worker
+// and is used under its mu.
 type cursor struct {
 	ix   *Index
 	held *node
@@ -183,8 +255,7 @@ type cursor struct {
 	memoOp       holders.Op
 	memoFrom, to *holders.Set
 
-	tmp   []seg   // scratch for segment rewrites
-	dirty []*node // nodes to publish at finish
+	tmp []seg // scratch for segment rewrites
 }
 
 // lock makes n the held node, releasing the previously held one. When n is
@@ -209,12 +280,15 @@ func (c *cursor) lock(n *node) {
 func (c *cursor) releaseAlive() {
 	n := c.held
 	c.flushLocked()
-	c.noteDirtyLocked(n)
+	if n.dirty {
+		n.publishLocked()
+	}
 	n.mu.Unlock()
 	c.held = nil
 }
 
-// release releases the held node, retiring it from the tree if it died.
+// release publishes and releases the held node, or retires it from the
+// tree if it died.
 func (c *cursor) release() {
 	n := c.held
 	if n == nil {
@@ -223,40 +297,25 @@ func (c *cursor) release() {
 	c.flushLocked()
 	c.held = nil
 	if n.deadLocked() {
-		n.publishLocked() // readers that still reach it see it empty
+		// Not published: a Match that still reaches n found it in heads
+		// before this batch retired it, so every holder its last view
+		// shows that is gone now left during that Match.
 		n.dead.Store(true)
 		n.mu.Unlock()
 		c.ix.retire(n)
 		return
 	}
 	c.compactLocked(n)
-	c.noteDirtyLocked(n)
+	if n.dirty {
+		n.publishLocked()
+	}
 	n.mu.Unlock()
 }
 
-func (c *cursor) noteDirtyLocked(n *node) {
-	if n.dirty && n.listedBy != c {
-		n.listedBy = c
-		c.dirty = append(c.dirty, n)
-	}
-}
-
-// finish releases the held node and publishes every node the cursor
-// changed. Called at the end of each batch.
+// finish releases (and so publishes) the held node. Called at the end of
+// each batch, so that a batch's changes are visible when it returns.
 func (c *cursor) finish() {
 	c.release()
-	for i, n := range c.dirty {
-		n.mu.Lock()
-		if n.listedBy == c {
-			n.listedBy = nil
-		}
-		if n.dirty && !n.dead.Load() {
-			n.publishLocked()
-		}
-		n.mu.Unlock()
-		c.dirty[i] = nil
-	}
-	c.dirty = c.dirty[:0]
 	c.memoOK = false
 }
 
@@ -281,7 +340,6 @@ func (ix *Index) retire(n *node) {
 			p.mu.Unlock()
 			return
 		}
-		p.publishLocked()
 		p.dead.Store(true)
 		p.mu.Unlock()
 		n = p
@@ -314,36 +372,40 @@ func (c *cursor) keyAt(l loc) Key {
 
 // top returns the position of the top-level key k (one whose parent is a
 // root), creating a node for it with holder set s if there is none; fresh
-// reports the creation. The returned node is held.
-func (c *cursor) top(k Key, s *holders.Set) (l loc, fresh bool) {
+// reports the creation, made with room for capHint keys. The returned node
+// is held.
+func (c *cursor) top(k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	sh := c.ix.shardOf(k)
 	for {
-		sh.mu.RLock()
+		// One write-lock round trip for the lookup and the insert: a new
+		// sequence is the common case, and each atomic costs (it drains
+		// the store buffer; BenchmarkApply spent 5% in heads locks with a
+		// read-locked lookup first).
+		sh.mu.Lock()
 		t := sh.m[k]
-		sh.mu.RUnlock()
-		if t != nil && t.parent == nil && !t.dead.Load() {
+		switch {
+		case t != nil && t.parent == nil && !t.dead.Load():
+			sh.mu.Unlock()
 			c.lock(t)
 			if !t.dead.Load() {
 				return loc{t, 0}, false
 			}
 			continue // it died meanwhile: look again
-		}
-		nt := newNode(nil, -1, k, s)
-		sh.mu.Lock()
-		switch cur := sh.m[k]; {
-		case cur != t:
-			sh.mu.Unlock()
-			continue // changed since we looked: look again
-		case cur == nil || cur.dead.Load():
+		case t == nil || t.dead.Load():
+			nt := newNode(nil, -1, k, s, capHint)
 			sh.m[k] = nt
+			sh.mu.Unlock()
+			c.lock(nt)
+			return loc{nt, 0}, true
 		default:
 			// A 64-bit collision with a key deeper in the tree: keep this
 			// node out of heads, where no prompt can reach it.
+			sh.mu.Unlock()
 			c.ix.collisions.Add(1)
+			nt := newNode(nil, -1, k, s, capHint)
+			c.lock(nt)
+			return loc{nt, 0}, true
 		}
-		sh.mu.Unlock()
-		c.lock(nt)
-		return loc{nt, 0}, true
 	}
 }
 
@@ -355,7 +417,7 @@ func (c *cursor) top(k Key, s *holders.Set) (l loc, fresh bool) {
 // Cost: O(1) when k follows p in its run or extends it; one heads probe
 // when p's node has children attached at p; one heads insert and a node
 // allocation for a new branch.
-func (c *cursor) next(p loc, k Key, s *holders.Set) (l loc, fresh bool) {
+func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	n := p.n
 	c.lock(n)
 	last := int32(len(n.keys)) - 1
@@ -381,7 +443,7 @@ func (c *cursor) next(p loc, k Key, s *holders.Set) (l loc, fresh bool) {
 		c.appendLocked(n, k, s)
 		return loc{n, last + 1}, true
 	}
-	ch := newNode(n, p.off, k, s)
+	ch := newNode(n, p.off, k, s, capHint)
 	sh := c.ix.shardOf(k)
 	sh.mu.Lock()
 	if cur := sh.m[k]; cur == nil || cur.dead.Load() {
@@ -413,8 +475,15 @@ func (c *cursor) appendLocked(n *node, k Key, s *holders.Set) {
 // ownSegsLocked makes n.segs private to the writer (copying it if a view
 // shares it) with room for want segments.
 func (c *cursor) ownSegsLocked(n *node, want int) {
+	if want <= viewSegs {
+		if &n.segs[0] != &n.segs0[0] {
+			n.segs = n.segs0[:copy(n.segs0[:], n.segs)]
+			n.segsShared = false
+		}
+		return
+	}
 	if n.segsShared || cap(n.segs) < want {
-		ns := make([]seg, len(n.segs), max(want, 2))
+		ns := make([]seg, len(n.segs), want+2)
 		copy(ns, n.segs)
 		n.segs = ns
 		n.segsShared = false
@@ -506,10 +575,14 @@ func (c *cursor) applyLocked(n *node, lo, hi int32, op holders.Op) {
 		}
 	}
 	c.tmp = tmp
-	if n.segsShared || cap(n.segs) < len(tmp) {
-		n.segs = make([]seg, len(tmp), len(tmp)+1)
+	switch {
+	case len(tmp) <= viewSegs:
+		n.segs = n.segs0[:len(tmp)]
 		n.segsShared = false
-	} else {
+	case n.segsShared || cap(n.segs) < len(tmp):
+		n.segs = make([]seg, len(tmp), len(tmp)+2)
+		n.segsShared = false
+	default:
 		n.segs = n.segs[:len(tmp)]
 	}
 	copy(n.segs, tmp)

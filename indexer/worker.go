@@ -55,9 +55,11 @@ type Worker struct {
 	// decide prefix reuse; learned from BlockStored's kv_cache_spec_kind.
 	ignoredGroups map[int]struct{}
 	lastReset     string
-	// res and resBy count resident blocks; published to c at batch end.
-	res   int64
-	resBy [events.NumMedia]int64
+	// res and resBy count resident blocks, stored and removed blocks
+	// stored and removed; published to c at batch end.
+	res             int64
+	resBy           [events.NumMedia]int64
+	stored, removed int64
 	// capConfigured is the configured capacity: > 0 bounds, -1 unbounded,
 	// 0 learns from learned.
 	capConfigured int64
@@ -228,6 +230,8 @@ func (w *Worker) evictForBudget(n int64) int64 {
 // counts. Callers hold w.mu.
 func (w *Worker) endLocked() {
 	w.cur.finish()
+	w.c.stored.Store(w.stored)
+	w.c.removed.Store(w.removed)
 	w.c.resident.Store(w.res)
 	for m, n := range w.resBy {
 		w.c.residentByMedium[m].Store(n)
@@ -417,9 +421,9 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		var l loc
 		var fresh bool
 		if parent.n == nil {
-			l, fresh = c.top(k, single)
+			l, fresh = c.top(k, single, n-i)
 		} else {
-			l, fresh = c.next(parent, k, single)
+			l, fresh = c.next(parent, k, single, n-i)
 		}
 		if known {
 			*w.engine.At(slot) = engineEntry{n: l.n, off: l.off}
@@ -438,7 +442,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		}
 		parent, parentKey = l, k
 	}
-	w.c.stored.Add(int64(n))
+	w.stored += int64(n)
 	return errors.Join(err, mediumErr)
 }
 
@@ -470,8 +474,10 @@ func (w *Worker) addRefLocked(slot uint32, m events.Medium) {
 	}
 	if e.refs[m] == 0 {
 		w.resBy[m]++
-		if a := w.aliases[e.loc()]; a != nil {
-			a.media[m]++
+		if w.aliases != nil {
+			if a := w.aliases[e.loc()]; a != nil {
+				a.media[m]++
+			}
 		}
 		w.cur.change(e.loc(), holders.Op{Worker: uint32(w.id), Set: 1 << m})
 	}
@@ -503,7 +509,10 @@ func (w *Worker) dropEntryLocked(slot uint32) {
 // residency off the tree in each medium no other entry at l still holds.
 // Callers hold w.mu.
 func (w *Worker) releaseLocked(l loc, mask uint8, leave bool) {
-	a := w.aliases[l]
+	var a *alias
+	if w.aliases != nil {
+		a = w.aliases[l]
+	}
 	switch {
 	case a != nil:
 		for m := range a.media {
@@ -565,7 +574,7 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 	}
 	unknown, removed := 0, 0
 	for _, h := range ev.BlockHashes {
-		slot, ok := w.engine.Get(h)
+		slot, pos, ok := w.engine.Find(h)
 		if !ok || w.engine.At(slot).refs[m] == 0 {
 			unknown++
 			continue
@@ -580,12 +589,12 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 			w.releaseLocked(e.loc(), 1<<m, gone)
 			if gone {
 				w.res--
-				w.engine.Delete(slot)
+				w.engine.RemoveAt(pos, slot)
 			}
 		}
 		removed++
 	}
-	w.c.removed.Add(int64(removed))
+	w.removed += int64(removed)
 	if unknown > 0 {
 		w.c.unknown.Add(int64(unknown))
 		return fmt.Errorf("%w: %d of %d blocks removed from %s were not held there", ErrUnknownBlock, unknown, len(ev.BlockHashes), m)

@@ -2,27 +2,37 @@
 // small value, with the entries linked in the order they were last touched
 // so that the least recently touched one can be evicted in O(1).
 //
-// It is golang-lru's simplelru reduced to what a worker needs, laid out to
-// cost less: entries live by value in one slab and link to each other by
-// 32-bit slab index (an intrusive list), and the hash index is a
-// map[uint64]uint32. golang-lru/v2 v2.0.7 allocates one list element per
-// entry (value, key, two links, the list pointer, an expiry time and bucket)
-// and indexes it with a map of pointers; for the index's 24-byte value that
-// measured 167 bytes and 1 allocation per entry and 138 ns per
-// insert-evict cycle, against 56 bytes, 0 allocations and 57 ns here
-// (BenchmarkLRU in this package; numbers in docs/benchmarks.md).
+// It is golang-lru's simplelru reduced to what a worker needs and laid out
+// for the cache: one open-addressing table whose entries hold the hash,
+// the value and the two list links inline, and a separate array of one
+// control byte per entry (empty, deleted, or 7 bits of the hash). A probe
+// scans the control bytes, which for a 100 k-block worker are 128 KB and
+// stay in L2, and touches an entry only on a tag match, so a lookup costs
+// one cache miss. Deletion leaves a tombstone, so entries never move and
+// the list links (entry indices) stay valid; a rehash, when tombstones and
+// entries fill 7/8 of the table, rebuilds the list in order.
+//
+// Measured (BenchmarkLRU in this package, 80 k entries, an insert and a
+// removal of the oldest per operation): this layout, golang-lru/v2
+// v2.0.7's simplelru, and the previous layout of this package (a map of
+// hash to slab index plus a slab with the links), see docs/benchmarks.md.
 //
 // A Map is not safe for concurrent use; the indexer guards each worker's
 // with the worker's mutex.
 package blockmap
 
+import "math/bits"
+
 // Map maps engine block hashes to values of type V in touch order.
 type Map[V any] struct {
-	index map[uint64]uint32
-	// slab[0] is the sentinel of the circular touch-order list: its next
-	// is the least recently touched entry, its prev the most recent.
-	slab []entry[V]
-	free uint32 // head of the free-slot list through next, 0 when none
+	ctrl  []uint8
+	ents  []entry[V]
+	shift uint // 64 - log2(len(ctrl))
+	n     int  // live entries
+	dead  int  // tombstones
+	// head and tail are the least and most recently touched entries, nil
+	// when empty.
+	head, tail uint32
 }
 
 type entry[V any] struct {
@@ -31,65 +41,137 @@ type entry[V any] struct {
 	val        V
 }
 
-// freeMark is the prev of a free slot.
-const freeMark = ^uint32(0)
+const (
+	ctrlEmpty   = 0
+	ctrlDeleted = 1
+	// live control bytes are 0x80 | 7 bits of the hash.
+	nilSlot  = ^uint32(0)
+	minTable = 16
+)
+
+// tag is hash h's control byte.
+func tag(h uint64) uint8 { return 0x80 | uint8(h>>57) }
+
+// home is the slot where hash h's probe sequence starts: Fibonacci hashing
+// of h (engine hashes are uniform already; the multiply guards against
+// sequential ones).
+func (m *Map[V]) home(h uint64) int {
+	return int((h ^ h>>31) * 0x9e3779b97f4a7c15 >> m.shift)
+}
 
 // Len returns the number of entries.
-func (m *Map[V]) Len() int { return len(m.index) }
+func (m *Map[V]) Len() int { return m.n }
 
-func (m *Map[V]) init() {
-	if m.slab == nil {
-		m.index = make(map[uint64]uint32)
-		m.slab = make([]entry[V], 1, 64)
+// Find returns the slot of hash h. pos is the same slot (kept for
+// callers written against an index with moving entries). Cost: a scan of
+// control bytes and one entry per tag match, about one cache miss.
+func (m *Map[V]) Find(h uint64) (slot uint32, pos int, ok bool) {
+	if m.n == 0 {
+		return 0, 0, false
+	}
+	t := tag(h)
+	mask := len(m.ctrl) - 1
+	for i := m.home(h); ; i = (i + 1) & mask {
+		switch c := m.ctrl[i]; {
+		case c == ctrlEmpty:
+			return 0, 0, false
+		case c == t && m.ents[i].hash == h:
+			return uint32(i), i, true
+		}
 	}
 }
 
-// Get returns the slot of hash h. Cost: one map probe.
+// Get returns the slot of hash h.
 func (m *Map[V]) Get(h uint64) (uint32, bool) {
-	i, ok := m.index[h]
-	return i, ok
+	s, _, ok := m.Find(h)
+	return s, ok
 }
 
 // At returns the value in slot i. The pointer is valid until the next
-// Insert, which may move the slab.
-func (m *Map[V]) At(i uint32) *V { return &m.slab[i].val }
+// Insert, which may rehash.
+func (m *Map[V]) At(i uint32) *V { return &m.ents[i].val }
 
 // Hash returns the hash of the entry in slot i.
-func (m *Map[V]) Hash(i uint32) uint64 { return m.slab[i].hash }
+func (m *Map[V]) Hash(i uint32) uint64 { return m.ents[i].hash }
 
 // Insert adds hash h, which must be absent, with value v as the most
-// recently touched entry, and returns its slot. Cost: one map insert;
-// amortised O(1) slab growth, no other allocation.
+// recently touched entry, and returns its slot. Slots returned earlier
+// are invalid after an Insert. Cost: one probe; amortised O(1) rehash.
 func (m *Map[V]) Insert(h uint64, v V) uint32 {
-	m.init()
-	var i uint32
-	if m.free != 0 {
-		i = m.free
-		m.free = m.slab[i].next
-	} else {
-		m.slab = append(m.slab, entry[V]{})
-		i = uint32(len(m.slab) - 1)
+	if (m.n+m.dead+1)*8 > len(m.ctrl)*7 {
+		m.rehash()
 	}
-	m.slab[i] = entry[V]{hash: h, val: v}
-	m.linkNewest(i)
-	m.index[h] = i
-	return i
+	mask := len(m.ctrl) - 1
+	i := m.home(h)
+	for m.ctrl[i] >= 0x80 {
+		i = (i + 1) & mask
+	}
+	if m.ctrl[i] == ctrlDeleted {
+		m.dead--
+	}
+	m.ctrl[i] = tag(h)
+	m.ents[i] = entry[V]{hash: h, val: v}
+	m.n++
+	m.linkNewest(uint32(i))
+	return uint32(i)
+}
+
+// rehash rebuilds the table without tombstones, twice as large when it is
+// more than half full of entries, keeping the touch order.
+func (m *Map[V]) rehash() {
+	size := max(minTable, len(m.ctrl))
+	if (m.n+1)*2 > size {
+		size *= 2
+	}
+	old, oldCtrl, oldHead := m.ents, m.ctrl, m.head
+	*m = Map[V]{
+		ctrl:  make([]uint8, size),
+		ents:  make([]entry[V], size),
+		shift: uint(64 - bits.TrailingZeros(uint(size))),
+		head:  nilSlot,
+		tail:  nilSlot,
+	}
+	mask := size - 1
+	for i := oldHead; oldCtrl != nil && i != nilSlot; i = old[i].next {
+		e := &old[i]
+		j := m.home(e.hash)
+		for m.ctrl[j] != ctrlEmpty {
+			j = (j + 1) & mask
+		}
+		m.ctrl[j] = tag(e.hash)
+		m.ents[j] = entry[V]{hash: e.hash, val: e.val}
+		m.n++
+		m.linkNewest(uint32(j))
+	}
 }
 
 // Delete removes the entry in slot i.
-func (m *Map[V]) Delete(i uint32) {
-	e := &m.slab[i]
-	delete(m.index, e.hash)
+func (m *Map[V]) Delete(i uint32) { m.RemoveAt(int(i), i) }
+
+// RemoveAt removes the entry in slot i (pos is ignored; see Find).
+func (m *Map[V]) RemoveAt(_ int, i uint32) {
 	m.unlink(i)
-	var zero V
-	e.val = zero
-	e.prev, e.next = freeMark, m.free
-	m.free = i
+	var zero entry[V]
+	m.ents[i] = zero
+	m.n--
+	// A slot followed by an empty one ends every probe sequence through
+	// it, so it (and the tombstones before it) can be empty again.
+	mask := len(m.ctrl) - 1
+	if m.ctrl[(int(i)+1)&mask] != ctrlEmpty {
+		m.ctrl[i] = ctrlDeleted
+		m.dead++
+		return
+	}
+	m.ctrl[i] = ctrlEmpty
+	for j := (int(i) - 1) & mask; m.ctrl[j] == ctrlDeleted; j = (j - 1) & mask {
+		m.ctrl[j] = ctrlEmpty
+		m.dead--
+	}
 }
 
 // Touch makes the entry in slot i the most recently touched. Cost: O(1).
 func (m *Map[V]) Touch(i uint32) {
-	if m.slab[0].prev == i {
+	if m.tail == i {
 		return
 	}
 	m.unlink(i)
@@ -98,31 +180,43 @@ func (m *Map[V]) Touch(i uint32) {
 
 // Oldest returns the slot of the least recently touched entry.
 func (m *Map[V]) Oldest() (uint32, bool) {
-	if len(m.index) == 0 {
+	if m.n == 0 {
 		return 0, false
 	}
-	return m.slab[0].next, true
+	return m.head, true
 }
 
 // Next returns the slot touched after slot i, for iterating from Oldest;
 // ok is false after the newest.
 func (m *Map[V]) Next(i uint32) (uint32, bool) {
-	n := m.slab[i].next
-	return n, n != 0
+	n := m.ents[i].next
+	return n, n != nilSlot
 }
 
 // Reset removes every entry and releases the memory.
 func (m *Map[V]) Reset() { *m = Map[V]{} }
 
 func (m *Map[V]) unlink(i uint32) {
-	e := &m.slab[i]
-	m.slab[e.prev].next = e.next
-	m.slab[e.next].prev = e.prev
+	e := &m.ents[i]
+	if e.prev == nilSlot {
+		m.head = e.next
+	} else {
+		m.ents[e.prev].next = e.next
+	}
+	if e.next == nilSlot {
+		m.tail = e.prev
+	} else {
+		m.ents[e.next].prev = e.prev
+	}
 }
 
 func (m *Map[V]) linkNewest(i uint32) {
-	last := m.slab[0].prev
-	m.slab[i].prev, m.slab[i].next = last, 0
-	m.slab[last].next = i
-	m.slab[0].prev = i
+	e := &m.ents[i]
+	e.prev, e.next = m.tail, nilSlot
+	if m.tail == nilSlot {
+		m.head = i
+	} else {
+		m.ents[m.tail].next = i
+	}
+	m.tail = i
 }
