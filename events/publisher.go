@@ -232,35 +232,41 @@ func (p *Publisher) WaitForSubscribers(ctx context.Context, n int) error {
 
 // Publish encodes b and sends it with the next seq, which it returns.
 func (p *Publisher) Publish(b *Batch) (uint64, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var err error
-	p.buf, err = AppendPayload(p.buf[:0], b, p.opts)
-	if err != nil {
-		return 0, fmt.Errorf("events: publish seq %d: %w", p.seq, err)
-	}
-	seq := p.seq
-	if err := p.sendLocked(seq, p.buf); err != nil {
-		return 0, err
-	}
-	p.keepLocked(seq, p.buf)
-	p.seq++
-	return seq, nil
+	return p.publish(b, nil, true)
 }
 
 // PublishLost encodes b and takes the next seq for it, keeps it for replay,
 // but does not send it: a message lost between PUB and SUB, as a full
 // high-water mark loses it.
 func (p *Publisher) PublishLost(b *Batch) (uint64, error) {
+	return p.publish(b, nil, false)
+}
+
+// PublishRaw sends payload as is with the next seq, e.g. a malformed
+// payload in a test.
+func (p *Publisher) PublishRaw(payload []byte) (uint64, error) {
+	return p.publish(nil, payload, true)
+}
+
+// publish takes the next seq for b (encoded) or payload (as is), keeps it
+// for replay, and sends it unless lost.
+func (p *Publisher) publish(b *Batch, payload []byte, send bool) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var err error
-	p.buf, err = AppendPayload(p.buf[:0], b, p.opts)
-	if err != nil {
-		return 0, fmt.Errorf("events: publish seq %d: %w", p.seq, err)
-	}
 	seq := p.seq
-	p.keepLocked(seq, p.buf)
+	if b != nil {
+		var err error
+		if p.buf, err = AppendPayload(p.buf[:0], b, p.opts); err != nil {
+			return 0, fmt.Errorf("events: publish seq %d: %w", seq, err)
+		}
+		payload = p.buf
+	}
+	if send {
+		if err := p.sendLocked(seq, payload); err != nil {
+			return 0, err
+		}
+	}
+	p.keepLocked(seq, payload)
 	p.seq++
 	return seq, nil
 }
@@ -275,20 +281,6 @@ func (p *Publisher) ForgetReplay(before uint64) {
 		i++
 	}
 	p.ring = append(p.ring[:0], p.ring[i:]...)
-}
-
-// PublishRaw sends payload as is with the next seq, e.g. a malformed
-// payload in a test.
-func (p *Publisher) PublishRaw(payload []byte) (uint64, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	seq := p.seq
-	if err := p.sendLocked(seq, payload); err != nil {
-		return 0, err
-	}
-	p.keepLocked(seq, payload)
-	p.seq++
-	return seq, nil
 }
 
 func (p *Publisher) sendLocked(seq uint64, payload []byte) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/netutil"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -25,31 +25,11 @@ const (
 // freePorts returns the first of n consecutive free loopback TCP ports.
 func freePorts(t *testing.T, n int) int {
 	t.Helper()
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := l.Addr().(*net.TCPAddr).Port
-		ls := []net.Listener{l}
-		ok := true
-		for i := 1; i < n; i++ {
-			li, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, li)
-		}
-		for _, li := range ls {
-			li.Close()
-		}
-		if ok {
-			return base
-		}
+	base, err := netutil.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free consecutive ports")
-	return 0
+	return base
 }
 
 // pod is a simulated vLLM pod: one publisher per DP rank.

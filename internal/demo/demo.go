@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/netutil"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -42,7 +42,7 @@ const (
 func Run(ctx context.Context, w io.Writer, opts Options) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	base, err := freePorts(4)
+	base, err := netutil.FreePorts(4)
 	if err != nil {
 		return err
 	}
@@ -336,32 +336,4 @@ func tokens(text string, n int) []uint32 {
 		out[i] = h % 128000
 	}
 	return out
-}
-
-// freePorts finds n consecutive free loopback TCP ports.
-func freePorts(n int) (int, error) {
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		base := l.Addr().(*net.TCPAddr).Port
-		ls := []net.Listener{l}
-		ok := true
-		for i := 1; i < n && ok; i++ {
-			li, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				ok = false
-				continue
-			}
-			ls = append(ls, li)
-		}
-		for _, li := range ls {
-			li.Close()
-		}
-		if ok {
-			return base, nil
-		}
-	}
-	return 0, fmt.Errorf("demo: no %d consecutive free loopback ports", n)
 }
