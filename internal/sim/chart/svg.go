@@ -304,8 +304,7 @@ func (s *scale) finish(p0, p1 float64) {
 		s.lo, s.hi = s.axis.Min, s.axis.Max
 	}
 	if s.axis.Log {
-		s.lo = math.Pow(10, math.Floor(math.Log10(s.lo)))
-		s.hi = math.Pow(10, math.Ceil(math.Log10(s.hi)))
+		s.lo, s.hi = logStep(s.lo, false), logStep(s.hi, true)
 		if s.hi <= s.lo {
 			s.hi = s.lo * 10
 		}
@@ -331,7 +330,7 @@ func (s *scale) px(v float64) float64 {
 func (s *scale) ticks() []float64 {
 	var out []float64
 	if s.axis.Log {
-		for d := s.lo; d <= s.hi*1.0001; d *= 10 {
+		for d := math.Pow(10, math.Floor(math.Log10(s.lo)+1e-9)); d <= s.hi*1.0001; d *= 10 {
 			for _, m := range []float64{1, 2, 5} {
 				if v := d * m; v >= s.lo*0.9999 && v <= s.hi*1.0001 {
 					out = append(out, v)
@@ -352,6 +351,26 @@ func (s *scale) format(v float64) string {
 		return s.axis.Format(v)
 	}
 	return Compact(v)
+}
+
+// logStep rounds v down (or up) to the nearest 1, 2 or 5 times a power
+// of ten, the ends of a log axis.
+func logStep(v float64, up bool) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	steps := []float64{1, 2, 5, 10}
+	if up {
+		for _, m := range steps {
+			if m*p >= v*(1-1e-9) {
+				return m * p
+			}
+		}
+	}
+	for i := len(steps) - 2; i >= 0; i-- {
+		if steps[i]*p <= v*(1+1e-9) {
+			return steps[i] * p
+		}
+	}
+	return p
 }
 
 // isDecade reports whether v is a power of ten.
