@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/internal/sim/metrics"
 	"github.com/kvindex/kvindex/internal/sim/router"
 	"github.com/kvindex/kvindex/internal/sim/workload"
@@ -153,8 +153,12 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	}
 	var ports []int
 	if lo.Addr == "" && nIndexed > 0 {
-		if ports, err = freePorts(nIndexed * o.Engines); err != nil {
-			return nil, err
+		base, err := netutil.FreePorts(nIndexed * o.Engines)
+		if err != nil {
+			return nil, fmt.Errorf("sim: live: %w", err)
+		}
+		for i := range nIndexed * o.Engines {
+			ports = append(ports, base+i)
 		}
 	}
 	fleets := liveFleets(&o, &lo, ports)
@@ -337,24 +341,4 @@ func checkLive(ctx context.Context, c *api.Client, lf liveFleet, sent []uint64, 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freePorts returns n free loopback TCP ports (each was free when asked).
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("sim: live: free port: %w", err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
