@@ -29,10 +29,14 @@ func newFleet(o *Options, events bool) (*fleet, error) {
 	return f, nil
 }
 
+// Engines implements router.Fleet.
 func (f *fleet) Engines() int { return len(f.engines) }
 
+// Load implements router.Fleet.
 func (f *fleet) Load(i int) engine.Load { return f.engines[i].Load() }
 
+// CachedTokens implements router.Fleet: engine i's exact cached prefix
+// of req now. Cost: one hash per prompt block, one probe per cached block.
 func (f *fleet) CachedTokens(i int, req *router.Request) int {
 	e := f.engines[i]
 	f.scratch = e.BlockHashes(f.scratch[:0], req.Content[:req.PromptBlocks])

@@ -109,14 +109,17 @@ func daemonYAML(o *Options, lo *LiveOptions, fleets []liveFleet, grpcListen, met
 // grpcScorer adapts api.Client to router.RouteScorer.
 type grpcScorer struct{ c *api.Client }
 
+// Score implements router.Scorer over gRPC.
 func (g grpcScorer) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
 	return g.c.Score(ctx, req)
 }
 
+// Route implements router.RouteScorer over gRPC.
 func (g grpcScorer) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
 	return g.c.Route(ctx, req)
 }
 
+// Release implements router.RouteScorer over gRPC.
 func (g grpcScorer) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
 	ok, err := g.c.Release(ctx, req.GetRequestId())
 	if err != nil {

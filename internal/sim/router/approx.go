@@ -60,8 +60,12 @@ func newApproximate(cfg Config) *approximate {
 	return r
 }
 
+// Name implements Router.
 func (r *approximate) Name() string { return Approximate }
 
+// Route scores every engine (prefix match in the router's own memory,
+// normalised waiting queue, free KV cache), picks the best (ties at
+// random) and remembers the request's blocks on it.
 func (r *approximate) Route(_ context.Context, req *Request) (int, error) {
 	n := r.f.Engines()
 	k := min(req.PromptBlocks, r.cfg.MaxBlocks)

@@ -73,10 +73,14 @@ func newPrecise(name string, cfg Config) *precise {
 	return p
 }
 
+// Name implements Router.
 func (p *precise) Name() string { return p.name }
 
+// Note implements Router: set when the client-side cost is in use.
 func (p *precise) Note() string { return p.note }
 
+// Route asks kvindex for the request's prompt tokens and picks as the
+// router's kind says (see the type doc).
 func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
 	p.tokens = req.AppendTokens(p.tokens[:0], 0, req.PromptLen)
 	sreq := &kvindexv1.ScoreRequest{Model: p.model, TokenIds: p.tokens}
@@ -160,6 +164,8 @@ func (p *precise) route(ctx context.Context, req *Request, sreq *kvindexv1.Score
 	return i, nil
 }
 
+// PrefillDone releases the request's in-flight accounting: kvindex's
+// Release, or the client-side tally.
 func (p *precise) PrefillDone(ctx context.Context, req *workload.Request, _ int) error {
 	if p.name != PreciseLoad {
 		return nil

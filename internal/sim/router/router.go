@@ -181,8 +181,11 @@ func NeedsIndex(name string) bool { return name == Precise || name == PreciseLoa
 // base implements the optional parts of Router.
 type base struct{}
 
+// PrefillDone implements Router; most routers keep no in-flight state.
 func (base) PrefillDone(context.Context, *workload.Request, int) error { return nil }
-func (base) Note() string                                              { return "" }
+
+// Note implements Router.
+func (base) Note() string { return "" }
 
 // roundRobin sends requests to engines in turn.
 type roundRobin struct {
@@ -190,8 +193,10 @@ type roundRobin struct {
 	n, next int
 }
 
+// Name implements Router.
 func (r *roundRobin) Name() string { return RoundRobin }
 
+// Route picks the next engine in turn.
 func (r *roundRobin) Route(context.Context, *Request) (int, error) {
 	i := r.next
 	r.next = (r.next + 1) % r.n
@@ -205,8 +210,10 @@ type leastLoaded struct {
 	next int
 }
 
+// Name implements Router.
 func (r *leastLoaded) Name() string { return LeastLoaded }
 
+// Route picks the engine with the fewest running + waiting requests.
 func (r *leastLoaded) Route(context.Context, *Request) (int, error) {
 	i := pickLeastLoaded(r.f, r.next, nil)
 	r.next = (i + 1) % r.f.Engines()
@@ -260,8 +267,10 @@ func newPrefixHash(n, blocks int) *prefixHash {
 	return r
 }
 
+// Name implements Router.
 func (r *prefixHash) Name() string { return PrefixHash }
 
+// Route hashes the prompt's first blocks onto the ring.
 func (r *prefixHash) Route(_ context.Context, req *Request) (int, error) {
 	k := min(r.blocks, len(req.Content))
 	h := uint64(0x70726566)
@@ -283,6 +292,7 @@ type oracle struct {
 	next int
 }
 
+// Name implements Router.
 func (r *oracle) Name() string { return Oracle }
 
 // Route picks the least estimated time to first token with perfect,
