@@ -21,8 +21,10 @@ import (
 type LiveOptions struct {
 	// Speedup is virtual seconds per wall-clock second (default 1): 4 runs
 	// a 60 s workload in 15 s. The engines' time model and TTFTs stay in
-	// virtual seconds; only the pacing (and so kvindex's real event lag,
-	// measured in virtual time) scales.
+	// virtual seconds; only the pacing scales, and with it everything
+	// kvindex measures on its own wall clock: the real event lag and its
+	// route tracker's TTLs (10 s of speculative residency lasts 40 virtual
+	// seconds at 4x).
 	Speedup float64
 	// Addr is an external kvindex's gRPC address; "" starts the real
 	// daemon (internal/daemon) in process on loopback ports.
