@@ -84,7 +84,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	o := &rc.Options
 	fs.IntVar(&o.Engines, "engines", 0, "number of engines (default: the workload's: 8, or 4 for prefixes)")
 	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
-	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16; must divide 512 for Mooncake)")
+	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
 	fs.IntVar(&o.Engine.MaxNumSeqs, "max-num-seqs", 0, "running requests per engine (default 256)")
 	fs.IntVar(&o.Engine.MaxBatchedTokens, "max-batched-tokens", 0, "token budget per step (default 8192)")
 	tm := &o.Engine.Time
