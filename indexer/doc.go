@@ -12,10 +12,25 @@
 // from a request's tokens, so a prompt and the engine's blocks meet on equal
 // keys, and different models or adapters never mix.
 //
-// Each Worker keeps a map from engine hash to content key, which resolves
-// BlockRemoved events and parent_block_hash (both name engine hashes only).
-// Stores are reference counted per (key, worker, medium): vLLM may store a
-// block twice, and each store needs its own removal.
+// # Structure
+//
+// Because every key is chained from one parent, the keys of all workers
+// form a tree. The index stores it path-compressed, radix style: a node
+// holds a run of consecutive keys, and segments that give each stretch of
+// the run its holder set, a sorted list of (worker, media bitmask) shared,
+// immutably, by every key of the stretch. A branch is a child node attached
+// at any key of its parent's run; heads, a map sharded by key, finds a node
+// by its first key. A prompt is matched by comparing its keys with a run
+// one after another, looking at a holder set only where it changes, and
+// probing heads only where the prompt leaves a node; so Match costs
+// O(matched keys + holders of the first key + holder-set changes), not one
+// hash probe and O(holders) per block, and a prefix of 512 blocks held by
+// 1,000 workers is one node, one segment and one 4,000-byte set.
+//
+// Each Worker keeps a map from engine hash to the block's place in the
+// tree and its per-medium store counts: vLLM may store a block twice, and
+// each store needs its own removal. The tree records only which media a
+// worker holds a key in, so that holder sets stay shareable.
 //
 // # Events that cannot be applied exactly
 //
@@ -26,9 +41,36 @@
 // blocks, removals of blocks never stored and unknown media are counted per
 // worker and reported to the caller. Events of KV-cache groups that do not
 // decide prefix reuse (sliding window, mamba) are counted and not indexed.
+// Blocks dropped for the capacity or the memory budget are counted as
+// evictions.
 //
 // # Concurrency
 //
-// Index and Worker are safe for concurrent use; see Index for the locking
-// and its cost.
+// Index and Worker are safe for concurrent use. Match takes no lock on the
+// tree and records no recency: nodes publish immutable views through
+// atomic pointers (and an atomic visible length), holder sets are
+// immutable, and the only lock a Match takes is one heads shard's read
+// lock per node it enters, held for one map probe. So a Score waits only
+// while a writer inserts or deletes a node head in the same shard, an
+// O(1) critical section, never on a batch being applied. Each worker's
+// events apply under that worker's mutex; writers share nodes through
+// per-node mutexes. Lock order: Worker.mu, then node locks from the root
+// down (at most a node and its child), then one heads shard. See Index.
+//
+// # Memory
+//
+// Measured with BenchmarkMemory10M (heap after GC, 10 M (block, worker)
+// residencies: 1,000 workers x 10,000 blocks): the residency index costs
+// 6.2 bytes per residency in a realistic fleet (shared system prompts,
+// conversations on one or two workers) and 11.3 bytes when no block is
+// shared at all (8 per key plus room to grow runs); the workers' engine
+// maps cost 67 bytes per block on top (blockmap: 40-byte entries inline
+// in an open-addressing table, plus a control byte each).
+//
+// Memory is bounded twice. Each worker holds at most its capacity of
+// blocks (configured, or learned from the engine's first removals; see
+// Worker), which bounds what lost removals can leave behind; and
+// Config.MemoryBudget bounds the estimated total, evicting from the
+// workers that hold the most. Evictions are counted per worker; no cap
+// limits how many workers may hold one block.
 package indexer

@@ -6,8 +6,7 @@ import (
 	"testing"
 )
 
-// TestAgainstModel applies random inserts, removals (by Find/RemoveAt and
-// by Delete), touches and resets, and checks contents and touch order
+// TestAgainstModel applies random inserts, removals, touches and resets, and checks contents and touch order
 // against a map and a slice after each step.
 func TestAgainstModel(t *testing.T) {
 	for seed := range 20 {
@@ -34,11 +33,11 @@ func TestAgainstModel(t *testing.T) {
 				model[h] = step
 				order = append(order, h)
 			case x < 7 && in:
-				s, pos, ok := m.Find(h)
+				s, ok := m.Get(h)
 				if !ok || m.Hash(s) != h {
-					t.Fatalf("seed %d step %d: Find(%x) = %d, %v", seed, step, h, s, ok)
+					t.Fatalf("seed %d step %d: Get(%x) = %d, %v", seed, step, h, s, ok)
 				}
-				m.RemoveAt(pos, s)
+				m.Delete(s)
 				delete(model, h)
 				order = slices.DeleteFunc(order, func(x uint64) bool { return x == h })
 			case x < 8 && in:

@@ -8,8 +8,8 @@
 //
 // # Memory
 //
-// An Entry is 4 bytes: a Set of n workers costs 4n bytes plus a 40-byte
-// header. Callers intern one-worker sets (the common case of a block held
+// An Entry is 4 bytes: a Set of n workers costs 4n bytes (rounded up to
+// an allocation size) plus a 32-byte header. Callers intern one-worker sets (the common case of a block held
 // by a single worker) so that they cost nothing per block.
 package holders
 
