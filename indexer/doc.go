@@ -64,8 +64,8 @@
 // 6.2 bytes per residency in a realistic fleet (shared system prompts,
 // conversations on one or two workers) and 11.3 bytes when no block is
 // shared at all (8 per key plus room to grow runs); the workers' engine
-// maps cost 67 bytes per block on top (blockmap: 40-byte entries inline
-// in an open-addressing table, plus a control byte each).
+// maps cost 54 bytes per block on top (blockmap: a 40-byte entry in a
+// slab, and an open-addressing index of 5 bytes per position).
 //
 // Memory is bounded twice. Each worker holds at most its capacity of
 // blocks (configured, or learned from the engine's first removals; see

@@ -72,9 +72,9 @@ type Config struct {
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): the engine-map entry (67 bytes measured) plus the
-// residency index's share (6 to 11 bytes measured), rounded up
-// (BenchmarkMemory10M).
+// (block, worker): the engine-map entry (54 bytes measured) plus the
+// residency index's share (6 to 11 bytes measured), with room for the
+// slab's growth and dead keys kept in runs (BenchmarkMemory10M).
 const EstimatedBytesPerBlock = 80
 
 // Index is the live residency index: which worker holds which content key

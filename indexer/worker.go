@@ -85,8 +85,8 @@ const minLearnedCapacity = 4096
 // 65,535, far beyond what an engine does: vLLM stores a block at most a few
 // times before removing it).
 //
-// Cost: 24 bytes, 40 in blockmap's table with the hash and the list links,
-// 67 per block at the table's usual load (BenchmarkMemory10M).
+// Cost: 24 bytes, 40 in blockmap's slab with the hash and the list links,
+// 54 per block with its index (BenchmarkMemory10M).
 type engineEntry struct {
 	n    *node
 	off  int32
