@@ -280,6 +280,14 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 		if c := cmp.Compare(a.Queue, b.Queue); c != 0 {
 			return c
 		}
+		// Equal work: the less busy worker, so that prompts cached nowhere
+		// spread over the fleet instead of piling onto the first names.
+		if c := cmp.Compare(busy(&a.Load), busy(&b.Load)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Load.KVUsage, b.Load.KVUsage); c != 0 {
+			return c
+		}
 		return r.Compare(a.Match, b.Match)
 	})
 }
@@ -292,8 +300,10 @@ func queueTokens(l *Load, avgPrompt float64) float64 {
 	return math.Max(float64(l.InflightPrefillTokens), float64(l.Waiting)*avgPrompt)
 }
 
-// inflight is the request count the static guard compares.
-func inflight(l *Load) uint32 { return max(l.InflightRequests, l.Running+l.Waiting) }
+// busy counts a worker's requests: what the engine reports running and
+// waiting, or what kvindex routed there, whichever is larger. The static
+// guard compares it with the median; ties in cost are broken by it.
+func busy(l *Load) uint32 { return max(l.InflightRequests, l.Running+l.Waiting) }
 
 // divert applies the static guard: workers with more than StaticK times
 // the median in-flight requests are moved back, penalised by the whole
@@ -302,8 +312,8 @@ func (p *Policy) divert(cs []Candidate, tokens float64) {
 	if len(cs) < 2 {
 		return
 	}
-	// Median of in-flight counts without allocating: a small fixed buffer
-	// covers common fleets; larger ones fall back to a selection by counting.
+	// Median of in-flight counts: a fixed buffer covers fleets of up to 256
+	// candidates without allocating.
 	var buf [256]uint32
 	var counts []uint32
 	if len(cs) <= len(buf) {
@@ -312,13 +322,13 @@ func (p *Policy) divert(cs []Candidate, tokens float64) {
 		counts = make([]uint32, len(cs))
 	}
 	for i := range cs {
-		counts[i] = inflight(&cs[i].Load)
+		counts[i] = busy(&cs[i].Load)
 	}
 	slices.Sort(counts)
 	median := float64(counts[len(counts)/2])
 	limit := p.StaticK * math.Max(median, 1)
 	for i := range cs {
-		if n := float64(inflight(&cs[i].Load)); n > limit {
+		if n := float64(busy(&cs[i].Load)); n > limit {
 			cs[i].Diverted, cs[i].Penalty = true, tokens
 		}
 	}
@@ -350,7 +360,7 @@ func (p *Policy) Explain(pr Prompt, c *Candidate) string {
 		fmt.Fprintf(&sb, "; cost = %.0f own prefill tokens", c.Own)
 	}
 	if c.Diverted {
-		fmt.Fprintf(&sb, "; diverted: %d in flight > %.1f x median", inflight(&c.Load), p.StaticK)
+		fmt.Fprintf(&sb, "; diverted: %d in flight > %.1f x median", busy(&c.Load), p.StaticK)
 	}
 	return sb.String()
 }
