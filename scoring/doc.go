@@ -36,13 +36,19 @@
 // by queue_w. Every policy breaks remaining ties by more GPU blocks, then by
 // worker name, so equal answers are stable.
 //
-// Which guard is the default was measured (guard_test.go): on steady
-// Zipf-skewed traffic both guards cut p99 TTFT 6-25x against affinity
-// alone and stay within 20% of each other (static ahead with very small or
-// very large caches); on a burst sharing a new prefix the static rule
-// scatters the burst after two requests and recomputes the prefix, while
-// the cost rule keeps it on one worker. The cost rule never scatters a
-// shared prefix while a worker has room, so it is the default.
+// Which guard is the default was measured (guard_test.go, and kvsim in
+// docs/results.md): on steady Zipf-skewed traffic both guards cut p99 TTFT
+// 6-25x against affinity alone and stay within 15% of each other (static
+// ahead with very small or very large caches); on a burst sharing a new
+// prefix the static rule scatters the burst after two requests and
+// recomputes the prefix, while the cost rule keeps it on one worker; on
+// the Mooncake trace the static rule diverts constantly (6.5% of tokens
+// cached, p99 TTFT 7.9 s) where the cost rule keeps 13.5% and 5.4 s. The
+// cost rule is the default.
+//
+// Ties in cost (a prompt cached nowhere) go to the less busy worker:
+// running + waiting requests as the engine reports them, or the requests
+// kvindex routed there, whichever is larger; then lower KV cache usage.
 //
 // # Load sources
 //
