@@ -338,3 +338,28 @@ func TestSlidingWindowGroupIgnored(t *testing.T) {
 		t.Fatalf("stats = %+v", s)
 	}
 }
+
+// TestSGLangCacheSalt: SGLang carries cache_salt on the event instead of in
+// extra_keys; its blocks match only prompts with the same salt, and events
+// continuing a salted sequence inherit the salt through their parent.
+func TestSGLangCacheSalt(t *testing.T) {
+	ix, ws := newTestIndex(t, "sglang")
+	w := ws[0]
+	first := stored(0, false, []uint64{1, 2}, seqTokens(0, 8))
+	first.CacheSalt = "tenant-a"
+	next := stored(2, true, []uint64{3}, seqTokens(8, 4))
+	next.CacheSalt = "tenant-a"
+	if err := apply(t, w, first, next); err != nil {
+		t.Fatal(err)
+	}
+	prompt := seqTokens(0, 12)
+	if m := matchOf(ix, prompt, &PromptExtras{CacheSalt: "tenant-a"}, w); m.Blocks != 3 {
+		t.Fatalf("same salt: %d, want 3", m.Blocks)
+	}
+	if m := matchOf(ix, prompt, nil, w); m.Blocks != 0 {
+		t.Fatalf("unsalted prompt: %d, want 0", m.Blocks)
+	}
+	if m := matchOf(ix, prompt, &PromptExtras{CacheSalt: "tenant-b"}, w); m.Blocks != 0 {
+		t.Fatalf("other salt: %d, want 0", m.Blocks)
+	}
+}

@@ -401,11 +401,16 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		switch {
 		case ev.ExtraKeys != nil:
 			extra = ev.ExtraKeys[i]
-		case ev.LoRAName != "":
-			// Engines that send lora_name without extra_keys still hashed
-			// the adapter as vLLM's first extra key; rebuild it.
-			scratch = events.AppendString(events.AppendTuple(scratch[:0], 1), ev.LoRAName)
-			extra = scratch
+		case ev.LoRAName != "" || ev.CacheSalt != "":
+			// Engines that send lora_name (or SGLang's event-level
+			// cache_salt) without extra_keys: key the blocks exactly as a
+			// prompt with that adapter and salt is keyed, the adapter on
+			// every block and the salt on the first block of a sequence.
+			px := PromptExtras{LoRAName: ev.LoRAName}
+			if !ev.HasParent {
+				px.CacheSalt = ev.CacheSalt
+			}
+			extra, scratch = px.blockExtras(i, scratch)
 		}
 		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
 		slot, known := w.engine.Get(h)
