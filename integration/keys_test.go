@@ -104,3 +104,26 @@ func TestExtraKeysMediaAndGroups(t *testing.T) {
 		})
 	}
 }
+
+// TestSGLangEngine: an engine speaking SGLang's variant (map events with
+// signed int64 hashes, attention-DP rank in the envelope, cache_salt on the
+// event) is indexed like vLLM's, salt included.
+func TestSGLangEngine(t *testing.T) {
+	f := startFleet(t, podSpec{name: "sgl", dpSize: 2, enc: events.EncodeOptions{Encoding: events.EncodingMap, HashForm: events.HashInt64}})
+	var eng engine
+	p := tokens("sglang prompt", 4*blockSize)
+	ev, h := eng.store(0, p[:2*blockSize])
+	ev.CacheSalt = "s1"
+	ev2, _ := eng.store(h[1], p[2*blockSize:])
+	ev2.MediumName = "CPU_PINNED"
+	f.publish("sgl", 1, ev, ev2)
+	// Blocks 0-1 on GPU, 2-3 in pinned host memory: 4 in any medium, a
+	// GPU prefix of 2, and no CPU prefix (block 0 is not on CPU).
+	n, by := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: p, CacheSalt: "s1"}), "sgl", 1)
+	if n != 4 || by["GPU"] != 2 || by["CPU"] != 0 {
+		t.Fatalf("salted SGLang prompt: %d %v, want 4 (GPU 2, CPU 0)", n, by)
+	}
+	if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: p}), "sgl", 1); n != 0 {
+		t.Fatalf("unsalted prompt matched SGLang's salted blocks: %d", n)
+	}
+}
