@@ -3,6 +3,7 @@
 //
 //	kvbench --embedded --rps 10000 --duration 10s
 //	kvbench --addr localhost:50051 --model my-model --rps 2000 --json
+//	kvbench --embedded --serve --listen 127.0.0.1:7070   # server only
 //
 // With --embedded it starts an in-process index loaded with the shape
 // (--workers, --prompt-blocks, --shared-blocks, --tail-holders) behind a
@@ -11,6 +12,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -36,6 +38,8 @@ func newRoot() *cobra.Command {
 		warmup     time.Duration
 		asJSON     bool
 		cpuprofile string
+		serve      bool
+		listen     string
 		shape      = loadgen.DefaultShape()
 		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 16, Timeout: time.Second}
 	)
@@ -52,6 +56,9 @@ func newRoot() *cobra.Command {
 			if opts.Embedded == (opts.Addr != "") {
 				return fmt.Errorf("give exactly one of --embedded and --addr")
 			}
+			if serve && !opts.Embedded {
+				return fmt.Errorf("--serve needs --embedded")
+			}
 			opts.Shape, opts.Load = shape, load
 			if warmup > 0 {
 				opts.Warmup = load
@@ -65,6 +72,9 @@ func newRoot() *cobra.Command {
 					return err
 				}
 				defer stopProfile()
+			}
+			if serve {
+				return serveOnly(ctx, cmd, shape, listen)
 			}
 			rep, err := loadgen.Bench(ctx, opts)
 			if err != nil {
@@ -85,6 +95,8 @@ func newRoot() *cobra.Command {
 	f.DurationVar(&load.Timeout, "timeout", load.Timeout, "per-request deadline (0: none)")
 	f.DurationVar(&warmup, "warmup", time.Second, "unmeasured run at the same rate first (0: none)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
+	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server) to this file")
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
@@ -94,6 +106,18 @@ func newRoot() *cobra.Command {
 	f.IntVar(&shape.TailHolders, "tail-holders", shape.TailHolders, "workers holding each prompt's tail")
 	f.IntVar(&shape.Prompts, "prompts", shape.Prompts, "distinct prompts sent in turn")
 	return cmd
+}
+
+// serveOnly serves an embedded index loaded with shape until ctx ends.
+func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen string) error {
+	e, err := loadgen.StartEmbedded(ctx, shape, listen)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s\n", shape, e.Addr)
+	e.Wait(ctx)
+	return nil
 }
 
 // startCPUProfile starts profiling into path and returns the function that

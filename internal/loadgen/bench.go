@@ -32,7 +32,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	}
 	addr := opts.Addr
 	if opts.Embedded {
-		e, err := StartEmbedded(ctx, opts.Shape)
+		e, err := StartEmbedded(ctx, opts.Shape, "")
 		if err != nil {
 			return nil, err
 		}

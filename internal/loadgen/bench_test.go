@@ -91,7 +91,9 @@ func TestBenchEmbedded(t *testing.T) {
 	if rep.Sent != 200 || rep.Errors != 0 {
 		t.Fatalf("sent %d, errors %d (first: %s), want 200 and 0", rep.Sent, rep.Errors, rep.FirstError)
 	}
-	if rep.Achieved < 170 || rep.Achieved > 210 {
+	// Open loop: 200 requests take the 1 s schedule, no less; the upper
+	// bound on time is loose because the test machine may be busy.
+	if rep.Achieved < 100 || rep.Achieved > 205 {
 		t.Errorf("achieved %.1f req/s, want ~200", rep.Achieved)
 	}
 	if !(rep.P50 > 0 && rep.P50 <= rep.P99 && rep.P99 <= rep.Max) {

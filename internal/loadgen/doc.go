@@ -10,9 +10,11 @@
 // sending the next one stops sending while the server stalls, and so hides
 // the stall from its own statistics ("coordinated omission"); measuring from
 // the schedule charges a stall to every request it delayed, as wrk2 does.
-// Requests are spread over Config.Concurrency sender goroutines, each with
-// its own gRPC connection; if all of them are busy, later requests go out
-// late and that lateness is part of their latency.
+// A pacer releases each request at its due time to Config.Concurrency
+// sender goroutines, each with its own gRPC connection; if all of them are
+// busy, due requests wait and that wait is part of their latency. On Linux
+// the pacer sleeps on a timerfd: Go's timers wake an idle process up to
+// 1 ms late, which the open loop would otherwise charge to the server.
 //
 // # Shapes
 //

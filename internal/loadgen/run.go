@@ -36,8 +36,7 @@ func (c Config) validate() error {
 	return nil
 }
 
-// pacer is the open-loop schedule: request k is due at start + k*interval,
-// and sender g of c sends requests g, g+c, g+2c, ...
+// pacer is the open-loop schedule: request k is due at start + k*interval.
 type pacer struct {
 	start    time.Time
 	interval time.Duration
@@ -53,9 +52,10 @@ func newPacer(start time.Time, rate float64, d time.Duration) pacer {
 // due returns when request k is due.
 func (p pacer) due(k int64) time.Time { return p.start.Add(time.Duration(k) * p.interval) }
 
-// Do sends one request. sender is the goroutine's index in [0, Concurrency)
-// (to pick its connection) and k the request's index in the schedule (to
-// pick its prompt). It must be safe for concurrent use by distinct senders.
+// Do sends one request. sender is the sending goroutine's index in
+// [0, Concurrency) (to pick its connection) and k the request's index in
+// the schedule (to pick its prompt). It must be safe for concurrent use by
+// distinct senders.
 type Do func(ctx context.Context, sender int, k int64) error
 
 // Result is what a Run measured.
@@ -71,10 +71,10 @@ type Result struct {
 	// Latency is from each request's due time to its reply, errors
 	// included.
 	Latency Histogram
-	// Lag is how late each request left the sender after its due time: the
-	// generator's own delay (sleep wake-up, a busy sender), already part of
-	// Latency. A large lag means the generator, not the server, limited
-	// the run.
+	// Lag is how late each request left a sender after its due time: the
+	// pacer's wake-up, the hand-off to a sender and the wait for a free
+	// one; already part of Latency. A large lag with idle senders means the
+	// generator, not the server, limited the run.
 	Lag Histogram
 }
 
@@ -89,11 +89,22 @@ func (r *Result) Achieved() float64 {
 // Run sends the requests of cfg's schedule through do and measures them.
 // It returns when every scheduled request has been answered or ctx is
 // done (then with the requests measured so far and ctx's error).
+//
+// One pacer goroutine releases each request at its due time (see
+// sleeper) into a queue that the Concurrency senders take from; when all
+// senders are busy, due requests wait in the queue and their wait counts
+// in their latency.
 func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	sl, err := newSleeper()
+	if err != nil {
+		return nil, err
+	}
+	defer sl.close()
 	p := newPacer(time.Now().Add(10*time.Millisecond), cfg.Rate, cfg.Duration)
+	queue := make(chan int64, min(p.total, 1<<16))
 	parts := make([]*Result, cfg.Concurrency)
 	var wg sync.WaitGroup
 	for g := range cfg.Concurrency {
@@ -101,9 +112,10 @@ func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			send(ctx, cfg, p, g, do, parts[g])
+			send(ctx, cfg.Timeout, p, g, queue, do, parts[g])
 		}()
 	}
+	paceErr := pace(ctx, p, sl, queue)
 	wg.Wait()
 	end := time.Now()
 	r := &Result{Scheduled: p.total, Elapsed: end.Sub(p.start)}
@@ -119,34 +131,44 @@ func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return r, fmt.Errorf("loadgen: run stopped after %d of %d requests: %w", r.Sent, r.Scheduled, err)
 	}
+	if paceErr != nil {
+		return r, fmt.Errorf("loadgen: run stopped after %d of %d requests: %w", r.Sent, r.Scheduled, paceErr)
+	}
 	return r, nil
 }
 
-// send is sender g's loop over its share of the schedule.
-func send(ctx context.Context, cfg Config, p pacer, g int, do Do, r *Result) {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for k := int64(g); k < p.total; k += int64(cfg.Concurrency) {
-		due := p.due(k)
-		if wait := time.Until(due); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-ctx.Done():
-				return
-			case <-timer.C:
-			}
-		} else if ctx.Err() != nil {
-			return
+// pace puts each request of p into queue at its due time, then closes
+// queue.
+func pace(ctx context.Context, p pacer, sl *sleeper, queue chan<- int64) error {
+	defer close(queue)
+	for k := range p.total {
+		if ctx.Err() != nil {
+			return nil
 		}
-		sent := time.Now()
-		r.Lag.Record(sent.Sub(due))
-		err := call(ctx, cfg.Timeout, do, g, k)
+		if err := sl.sleepUntil(p.due(k)); err != nil {
+			return err
+		}
+		select {
+		case queue <- k:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	return nil
+}
+
+// send is sender g's loop: take due requests from queue until it closes.
+func send(ctx context.Context, timeout time.Duration, p pacer, g int, queue <-chan int64, do Do, r *Result) {
+	for k := range queue {
+		if ctx.Err() != nil {
+			continue // drain without sending
+		}
+		due := p.due(k)
+		r.Lag.Record(time.Since(due))
+		err := call(ctx, timeout, do, g, k)
 		r.Latency.Record(time.Since(due))
 		r.Sent++
-		if err != nil {
-			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-				return
-			}
+		if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() != nil) {
 			r.Errors++
 			if r.FirstError == "" {
 				r.FirstError = err.Error()

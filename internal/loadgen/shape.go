@@ -179,15 +179,18 @@ type Embedded struct {
 	once sync.Once
 }
 
-// StartEmbedded loads an index with shape and serves it on 127.0.0.1.
-// Close stops it.
-func StartEmbedded(ctx context.Context, shape Shape) (*Embedded, error) {
+// StartEmbedded loads an index with shape and serves it on listen
+// ("host:port"; "" means a free loopback port). Close stops it.
+func StartEmbedded(ctx context.Context, shape Shape, listen string) (*Embedded, error) {
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
 	ix := indexer.New(indexer.Config{})
 	if err := shape.Load(ix); err != nil {
 		return nil, err
 	}
 	var lc net.ListenConfig
-	lis, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	lis, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: embedded server: %w", err)
 	}
@@ -199,6 +202,14 @@ func StartEmbedded(ctx context.Context, shape Shape) (*Embedded, error) {
 		_ = g.Serve(lis) // returns when Close stops g
 	}()
 	return e, nil
+}
+
+// Wait blocks until the server stops (Close) or ctx is done.
+func (e *Embedded) Wait(ctx context.Context) {
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+	}
 }
 
 // Close stops the server, ending calls in flight, and waits for it.
