@@ -98,6 +98,7 @@ func newRoot() *cobra.Command {
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server) to this file")
+	f.BoolVar(&opts.BlockKeys, "block-keys", false, "send content keys (block_keys, computed client-side) instead of token ids")
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
 	f.IntVar(&shape.Workers, "workers", shape.Workers, "workers in the embedded fleet")

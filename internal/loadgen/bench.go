@@ -16,6 +16,8 @@ type Options struct {
 	Embedded bool
 	// Shape is the fleet (Embedded) and the prompts (always).
 	Shape Shape
+	// BlockKeys sends the prompts' content keys instead of token ids.
+	BlockKeys bool
 	// Load is the rate, duration and concurrency of the measured run.
 	Load Config
 	// Warmup runs the same load for this long first, unmeasured, so that
@@ -50,7 +52,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		defer c.Close()
 		clients[i] = c
 	}
-	do, err := ScoreDo(opts.Shape, clients, opts.Embedded)
+	do, err := ScoreDo(opts.Shape, clients, opts.BlockKeys, opts.Embedded)
 	if err != nil {
 		return nil, err
 	}
@@ -67,6 +69,6 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := NewReport(addr, opts.Embedded, opts.Shape, opts.Load, r)
+	rep := NewReport(addr, opts.Embedded, opts.Shape, opts.BlockKeys, opts.Load, r)
 	return &rep, nil
 }

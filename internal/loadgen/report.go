@@ -13,6 +13,7 @@ type Report struct {
 	Target   string  `json:"target"`
 	Embedded bool    `json:"embedded"`
 	Shape    string  `json:"shape"`
+	Request  string  `json:"request"`
 	Rate     float64 `json:"rate"`
 	Duration string  `json:"duration"`
 	Conns    int     `json:"concurrency"`
@@ -34,10 +35,14 @@ type Report struct {
 	LagMax int64 `json:"lag_max_ns"`
 }
 
-// NewReport summarises r.
-func NewReport(target string, embedded bool, shape Shape, cfg Config, r *Result) Report {
+// NewReport summarises r. blockKeys says what the requests carried.
+func NewReport(target string, embedded bool, shape Shape, blockKeys bool, cfg Config, r *Result) Report {
+	req := fmt.Sprintf("token_ids (%d per prompt)", shape.PromptBlocks*shape.BlockSize)
+	if blockKeys {
+		req = fmt.Sprintf("block_keys (%d per prompt)", shape.PromptBlocks)
+	}
 	return Report{
-		Target: target, Embedded: embedded, Shape: shape.String(),
+		Target: target, Embedded: embedded, Shape: shape.String(), Request: req,
 		Rate: cfg.Rate, Duration: cfg.Duration.String(), Conns: cfg.Concurrency,
 		Scheduled: r.Scheduled, Sent: r.Sent, Errors: r.Errors, FirstError: r.FirstError,
 		Achieved: r.Achieved(),
@@ -70,12 +75,13 @@ func (rep Report) WriteText(w io.Writer) error {
 	d := func(ns int64) string { return fmtDur(time.Duration(ns)) }
 	_, err := fmt.Fprintf(w, `target    %s (%s)
 shape     %s
+payload   %s
 load      %.0f req/s open loop for %s over %d connections
 requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved
 latency   p50 %s  p90 %s  p99 %s  p99.9 %s  max %s
 generator lag p99 %s  max %s (already counted in latency)
 `,
-		rep.Target, kind, rep.Shape, rep.Rate, rep.Duration, rep.Conns,
+		rep.Target, kind, rep.Shape, rep.Request, rep.Rate, rep.Duration, rep.Conns,
 		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved,
 		d(rep.P50), d(rep.P90), d(rep.P99), d(rep.P999), d(rep.Max),
 		d(rep.LagP99), d(rep.LagMax))

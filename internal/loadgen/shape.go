@@ -222,23 +222,31 @@ func (e *Embedded) Close() {
 
 // ScoreDo returns a Do that sends Score for the shape's prompts, request k
 // asking about prompt k mod Prompts, sender g over clients[g mod
-// len(clients)]. With check set (for an index loaded by Shape.Load), a
-// reply whose longest match is not what the shape stored counts as an
-// error.
+// len(clients)]. With keys set, requests carry the prompts' content keys
+// (block_keys, computed here as a router would) instead of token ids. With
+// check set (for an index loaded by Shape.Load), a reply whose longest
+// match is not what the shape stored counts as an error.
 //
 // Requests are marshalled once, here: re-encoding the same 2,048 token ids
 // for every send cost the generator ~16% of the CPU of a whole embedded
 // run (profiled at 5 k req/s), CPU an embedded server on the same cores
 // then lacks, and that a real router spends on its own machine. Replies
 // are decoded as usual.
-func ScoreDo(shape Shape, clients []*api.Client, check bool) (Do, error) {
+func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
 	want := uint32(shape.SharedBlocks)
 	if shape.TailHolders > 0 {
 		want = uint32(shape.PromptBlocks)
 	}
 	reqs := make([]preEncoded, shape.Prompts)
 	for i := range reqs {
-		b, err := proto.Marshal(&kvindexv1.ScoreRequest{Model: shape.Model, TokenIds: shape.Prompt(i)})
+		req := &kvindexv1.ScoreRequest{Model: shape.Model, TokenIds: shape.Prompt(i)}
+		if keys {
+			for _, k := range indexer.PromptKeys(shape.Model, shape.BlockSize, req.TokenIds, nil, nil) {
+				req.BlockKeys = append(req.BlockKeys, uint64(k))
+			}
+			req.TokenIds = nil
+		}
+		b, err := proto.Marshal(req)
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: marshal prompt %d: %w", i, err)
 		}
