@@ -27,9 +27,10 @@ import (
 //
 // Readers (Match) use only the immutable fields and the published view,
 // with no lock. Writers (ApplyBatch of any worker) change a node's
-// writer-side state under mu and publish it as a new view when their batch
-// ends (cursor.finish), so a batch's changes become visible no later than
-// the return of its ApplyBatch, and readers may see them earlier.
+// writer-side state under mu and publish it when their cursor releases the
+// node (see view), at the latest when their batch ends (cursor.finish): so
+// a batch's changes become visible no later than the return of its
+// ApplyBatch, node by node, and readers may see some of them earlier.
 //
 // A writer holds at most two node locks, and then only a node and one of
 // its children, taken parent first; heads shard locks are taken under node

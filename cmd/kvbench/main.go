@@ -106,6 +106,7 @@ func newRoot() *cobra.Command {
 	f.IntVar(&shape.SharedBlocks, "shared-blocks", shape.SharedBlocks, "prefix held by every worker, in blocks")
 	f.IntVar(&shape.TailHolders, "tail-holders", shape.TailHolders, "workers holding each prompt's tail")
 	f.IntVar(&shape.Prompts, "prompts", shape.Prompts, "distinct prompts sent in turn")
+	f.IntVar(&shape.FillerBlocks, "filler-blocks", shape.FillerBlocks, "other blocks each embedded worker holds (index and heap of production size)")
 	return cmd
 }
 

@@ -23,6 +23,7 @@ func TestShapeValidate(t *testing.T) {
 		func(s *Shape) { s.SharedBlocks = s.PromptBlocks + 1 },
 		func(s *Shape) { s.TailHolders = s.Workers + 1 },
 		func(s *Shape) { s.Prompts = 0 },
+		func(s *Shape) { s.FillerBlocks = -1 },
 	} {
 		s := DefaultShape()
 		mut(&s)
@@ -33,7 +34,7 @@ func TestShapeValidate(t *testing.T) {
 }
 
 func TestShapeLoadAndPrompts(t *testing.T) {
-	s := Shape{Model: "m", BlockSize: 4, Workers: 5, PromptBlocks: 6, SharedBlocks: 2, TailHolders: 2, Prompts: 7}
+	s := Shape{Model: "m", BlockSize: 4, Workers: 5, PromptBlocks: 6, SharedBlocks: 2, TailHolders: 2, Prompts: 7, FillerBlocks: 100}
 	p0, p1 := s.Prompt(0), s.Prompt(1)
 	if len(p0) != 24 || !equal(p0[:8], p1[:8]) || equal(p0[8:], p1[8:]) {
 		t.Fatalf("prompts must share exactly the 2-block prefix: %v %v", p0, p1)
@@ -52,9 +53,10 @@ func TestShapeLoadAndPrompts(t *testing.T) {
 		}
 		resident += w.Stats().ResidentBlocks
 	}
-	// 5 workers x 2 shared blocks + 7 tails x 4 blocks x 2 holders.
-	if resident != 5*2+7*4*2 {
-		t.Errorf("%d residencies, want %d", resident, 5*2+7*4*2)
+	// 5 workers x 2 shared blocks + 7 tails x 4 blocks x 2 holders + 5 x
+	// 100 filler blocks.
+	if want := int64(5*2 + 7*4*2 + 5*100); resident != want {
+		t.Errorf("%d residencies, want %d", resident, want)
 	}
 }
 
