@@ -8,10 +8,10 @@
 # runs with: go run golang.org/x/perf/cmd/benchstat@latest old.txt new.txt
 #
 # Environment overrides:
-#   COUNT      runs of each benchmark (default 5; benchstat wants >= 5 for p-values)
+#   COUNT      runs of each benchmark (default 6: benchstat wants >= 6 for confidence intervals)
 #   BENCHTIME  -benchtime per run (default 1s)
 #   RPS        kvbench rate (default 10000), DURATION (default 10s),
-#   CONNS      kvbench connections (default 16)
+#   CONNS      kvbench connections (default 8)
 #   OUT        output directory (default bench-out)
 #   SKIP_GRPC  set to 1 to skip the load generator
 #   CPUPROFILE set to 1 to also write a CPU profile per package into $OUT
@@ -22,11 +22,11 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-COUNT=${COUNT:-5}
+COUNT=${COUNT:-6}
 BENCHTIME=${BENCHTIME:-1s}
 RPS=${RPS:-10000}
 DURATION=${DURATION:-10s}
-CONNS=${CONNS:-16}
+CONNS=${CONNS:-8}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 raw="$OUT/latest.txt"

@@ -41,7 +41,7 @@ func newRoot() *cobra.Command {
 		serve      bool
 		listen     string
 		shape      = loadgen.DefaultShape()
-		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 16, Timeout: time.Second}
+		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 8, Timeout: time.Second}
 	)
 	cmd := &cobra.Command{
 		Use:   "kvbench (--embedded | --addr host:port)",
