@@ -796,11 +796,14 @@ func (d *Decoder) peek(off int) (byte, error) {
 	return d.p[off], nil
 }
 
-// takeNil consumes a nil if one is next.
+// takeNil consumes a nil if one is next. Small enough to inline: it runs
+// once per field.
 func (d *Decoder) takeNil() (bool, error) {
-	c, err := d.peek(d.pos)
-	if err != nil || c != 0xc0 {
-		return false, err
+	if d.pos >= len(d.p) {
+		return false, d.errorf(d.pos, "unexpected end of payload")
+	}
+	if d.p[d.pos] != 0xc0 {
+		return false, nil
 	}
 	d.pos++
 	return true, nil
@@ -933,8 +936,16 @@ func (d *Decoder) readRawFloat(off int, c byte) (float64, error) {
 }
 
 // readStr reads a str and returns its bytes, which alias the payload.
+// Map keys, tags and media are fixstrs, read here without further calls.
 func (d *Decoder) readStr() ([]byte, error) {
-	off := d.pos
+	off, p := d.pos, d.p
+	if off < len(p) && p[off]&0xe0 == 0xa0 { // fixstr
+		start := off + 1
+		if end := start + int(p[off]&0x1f); end <= len(p) {
+			d.pos = end
+			return p[start:end:end], nil
+		}
+	}
 	c, err := d.peek(off)
 	if err != nil {
 		return nil, err
@@ -984,7 +995,13 @@ func (d *Decoder) readBody(off int, c byte) ([]byte, error) {
 // readArrayLen reads an array header whose elements take at least minElem
 // bytes each.
 func (d *Decoder) readArrayLen(minElem int) (int, error) {
-	off := d.pos
+	off, p := d.pos, d.p
+	if off < len(p) && p[off]&0xf0 == 0x90 { // fixarray
+		if n := int(p[off] & 0x0f); n <= (len(p)-off-1)/minElem {
+			d.pos = off + 1
+			return n, nil
+		}
+	}
 	c, err := d.peek(off)
 	if err != nil {
 		return 0, err
