@@ -117,6 +117,7 @@ const EstimatedBytesPerBlock = 80
 type Index struct {
 	heads []headShard
 	mask  uint64
+	nodes nodeTable
 
 	mu     sync.RWMutex // guards models and adding workers
 	models map[string]*Model

@@ -116,6 +116,8 @@ func (g *gen) event(w *refWorker) events.Event {
 			}
 		}
 		switch r.IntN(40) {
+		case 3:
+			ev.CacheSalt = "salt" // SGLang's event-level cache_salt
 		case 0:
 			ev.BlockSize = u.bs * 2
 		case 1:
@@ -214,7 +216,8 @@ func checkAgainstRef(t *testing.T, ix *Index, ref *refIndex, u *universe, r *ran
 				t.Fatalf("step %d worker %d: no engine entry %x", step, i, h)
 			}
 			e := w.engine.At(slot)
-			if k := e.n.keys[e.off]; k != re.key {
+			if l := w.locOf(slot); l.n.keys[l.off] != re.key {
+				k := l.n.keys[l.off]
 				t.Fatalf("step %d worker %d: engine entry %x at key %x, reference %x", step, i, h, k, re.key)
 			}
 			for m, r := range re.refs {
@@ -254,7 +257,7 @@ func checkAgainstRef(t *testing.T, ix *Index, ref *refIndex, u *universe, r *ran
 // and every worker's counters against the reference model after each
 // batch, and the tree's invariants.
 func TestMatchesReferenceModel(t *testing.T) {
-	seeds, steps := 24, 250
+	seeds, steps := 16, 250
 	if testing.Short() {
 		seeds = 6
 	}
@@ -381,11 +384,12 @@ func checkInvariants(t *testing.T, ix *Index) {
 			if e.media() == 0 {
 				t.Fatalf("worker %d: engine entry with no references", w.id)
 			}
-			if !seen[e.n] {
-				t.Fatalf("worker %d: engine entry in node %p, which is not in the tree", w.id, e.n)
+			l := w.locOf(slot)
+			if !seen[l.n] || l.n.id != e.node {
+				t.Fatalf("worker %d: engine entry in node %p, which is not in the tree", w.id, l.n)
 			}
-			want[wk{e.n, e.off, uint32(w.id)}] |= e.media()
-			entries[e.loc()]++
+			want[wk{l.n, e.off, uint32(w.id)}] |= e.media()
+			entries[l]++
 		}
 		for k, m := range want {
 			if got, ok := holds[k]; !ok || got != m {
@@ -407,5 +411,50 @@ func checkInvariants(t *testing.T, ix *Index) {
 	}
 	for k, m := range holds {
 		t.Fatalf("tree says worker %d holds %p+%d in %b, its engine map does not", k.w, k.n, k.off, m)
+	}
+}
+
+// TestBoundedKeepsInvariants applies random event sequences under a tight
+// per-worker capacity and memory budget (so that evictions, of aliases
+// too, interleave with everything else), changing a capacity now and then,
+// and checks the tree's invariants after every batch. (Evictions make the
+// index diverge from the reference model on purpose; answers are checked
+// against it in TestMatchesReferenceModel.)
+func TestBoundedKeepsInvariants(t *testing.T) {
+	seeds := 15
+	if testing.Short() {
+		seeds = 5
+	}
+	for seed := range seeds {
+		r := rand.New(rand.NewPCG(uint64(seed), 5))
+		u := newUniverse(r, 24, 48, 4)
+		ix := New(Config{Shards: 8, WorkerCapacity: 60, MemoryBudget: 150 * EstimatedBytesPerBlock})
+		ix.AddModel(propModel, u.bs)
+		var ws []*Worker
+		var refs []*refWorker
+		for i := range 5 {
+			w, err := ix.AddWorker(WorkerInfo{Ref: events.WorkerRef{Pod: fmt.Sprint("p", i)}, Model: propModel})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws = append(ws, w)
+			ref := newRefIndex()
+			ref.addModel(propModel, u.bs)
+			refs = append(refs, ref.addWorker(propModel)) // steers the choice of events only
+		}
+		g := &gen{r: r, u: u}
+		for step := range 300 {
+			i := r.IntN(len(ws))
+			b := g.batch(refs[i])
+			_ = ws[i].ApplyBatch(b)
+			refs[i].apply(b)
+			if r.IntN(50) == 0 {
+				ws[i].SetCapacity(r.IntN(100) - 10)
+			}
+			checkInvariants(t, ix)
+			if t.Failed() {
+				t.Fatalf("seed %d step %d", seed, step)
+			}
+		}
 	}
 }

@@ -199,8 +199,12 @@ func (w *refWorker) applyLocked(ev *events.Event) {
 		switch {
 		case ev.ExtraKeys != nil:
 			extra = ev.ExtraKeys[i]
-		case ev.LoRAName != "":
-			extra = events.AppendString(events.AppendTuple(nil, 1), ev.LoRAName)
+		case ev.LoRAName != "" || ev.CacheSalt != "":
+			px := PromptExtras{LoRAName: ev.LoRAName}
+			if !ev.HasParent {
+				px.CacheSalt = ev.CacheSalt
+			}
+			extra, _ = px.blockExtras(i, nil)
 		}
 		k := BlockKey(parent, ev.TokenIDs[i*w.bs:(i+1)*w.bs], extra)
 		e := w.engine[h]

@@ -81,19 +81,34 @@ type Worker struct {
 const minLearnedCapacity = 4096
 
 // engineEntry is one engine block of a worker: where its content key is in
-// the tree, and how many times it was stored per medium (saturating at
-// 65,535, far beyond what an engine does: vLLM stores a block at most a few
-// times before removing it).
+// the tree (node id and offset), and how many times it was stored per
+// medium, saturating at 255 (vLLM stores a block in a medium at most a few
+// times before removing it; a saturated count takes 255 removals).
 //
-// Cost: 24 bytes, 40 in blockmap's slab with the hash and the list links,
-// 54 per block with its index (BenchmarkMemory10M).
+// Cost: 16 bytes, 32 in blockmap's slab with the hash and the list links,
+// and no pointer, so the garbage collector skips the engine maps (see
+// nodeTable).
 type engineEntry struct {
-	n    *node
+	node uint32
 	off  int32
-	refs [events.NumMedia]uint16
+	refs [events.NumMedia]uint8
 }
 
-func (e *engineEntry) loc() loc { return loc{e.n, e.off} }
+// locOf returns the tree position of the block in slot.
+func (w *Worker) locOf(slot uint32) loc {
+	e := w.engine.At(slot)
+	n := w.ix.nodes.get(e.node)
+	if n == nil {
+		brokenInvariant("engine entry in a retired node")
+	}
+	return loc{n, e.off}
+}
+
+// brokenInvariant is the one place the indexer panics: on a state its
+// invariants (see node) rule out, which no input can cause.
+func brokenInvariant(what string) {
+	panic("indexer: broken invariant: " + what)
+}
 
 // media returns the mask of media e has stores in.
 func (e *engineEntry) media() uint8 {
@@ -381,7 +396,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	if ev.HasParent {
 		if slot, ok := w.engine.Get(ev.ParentHash); ok {
 			w.engine.Touch(slot)
-			parent = w.engine.At(slot).loc()
+			parent = w.locOf(slot)
 			parentKey = c.keyAt(parent)
 		} else {
 			// The chain above this block is unknown, so its key cannot
@@ -415,7 +430,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
 		slot, known := w.engine.Get(h)
 		if known {
-			l := w.engine.At(slot).loc()
+			l := w.locOf(slot)
 			if c.keyAt(l) == k {
 				// Stored again: one more reference.
 				w.engine.Touch(slot)
@@ -435,10 +450,10 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 			l, fresh = c.next(parent, k, single, n-i)
 		}
 		if known {
-			*w.engine.At(slot) = engineEntry{n: l.n, off: l.off}
+			*w.engine.At(slot) = engineEntry{node: l.n.id, off: l.off}
 			w.engine.Touch(slot)
 		} else {
-			slot = w.engine.Insert(h, engineEntry{n: l.n, off: l.off})
+			slot = w.engine.Insert(h, engineEntry{node: l.n.id, off: l.off})
 		}
 		if fresh {
 			// The new key was created with this worker as its holder.
@@ -478,19 +493,21 @@ func orphanRoot(w WorkerID, parentHash uint64) Key {
 // Callers hold w.mu.
 func (w *Worker) addRefLocked(slot uint32, m events.Medium) {
 	e := w.engine.At(slot)
-	if e.refs == ([events.NumMedia]uint16{}) {
+	if e.refs == ([events.NumMedia]uint8{}) {
 		w.res++
 	}
 	if e.refs[m] == 0 {
 		w.resBy[m]++
+		l := w.locOf(slot)
 		if w.aliases != nil {
-			if a := w.aliases[e.loc()]; a != nil {
+			if a := w.aliases[l]; a != nil {
 				a.media[m]++
 			}
 		}
-		w.cur.change(e.loc(), holders.Op{Worker: uint32(w.id), Set: 1 << m})
+		w.cur.change(l, holders.Op{Worker: uint32(w.id), Set: 1 << m})
+		e = w.engine.At(slot)
 	}
-	if e.refs[m] < math.MaxUint16 {
+	if e.refs[m] < math.MaxUint8 {
 		e.refs[m]++
 	}
 }
@@ -509,8 +526,8 @@ func (w *Worker) dropEntryLocked(slot uint32) {
 	if mask != 0 {
 		w.res--
 	}
-	e.refs = [events.NumMedia]uint16{}
-	w.releaseLocked(e.loc(), mask, true)
+	e.refs = [events.NumMedia]uint8{}
+	w.releaseLocked(w.locOf(slot), mask, true)
 }
 
 // releaseLocked ends one engine entry's residency of the key at l in the
@@ -594,8 +611,8 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 		e := w.engine.At(slot)
 		if e.refs[m]--; e.refs[m] == 0 {
 			w.resBy[m]--
-			gone := e.refs == ([events.NumMedia]uint16{})
-			w.releaseLocked(e.loc(), 1<<m, gone)
+			gone := e.refs == ([events.NumMedia]uint8{})
+			w.releaseLocked(w.locOf(slot), 1<<m, gone)
 			if gone {
 				w.res--
 				w.engine.Delete(slot)
@@ -615,9 +632,11 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 // Cost: O(blocks); the blocks are visited in store order, so runs of one
 // node become one holder-set change each.
 func (w *Worker) clearLocked() {
-	op := holders.Op{Worker: uint32(w.id), Clear: allMedia}
 	for slot, ok := w.engine.Oldest(); ok; slot, ok = w.engine.Next(slot) {
-		w.cur.change(w.engine.At(slot).loc(), op)
+		// Through releaseLocked, so that a key several entries resolve to
+		// (an alias) is left only with the last of them, and its node is
+		// not retired while a later entry still points into it.
+		w.releaseLocked(w.locOf(slot), w.engine.At(slot).media(), true)
 	}
 	w.engine.Reset()
 	w.aliases = nil
