@@ -72,10 +72,10 @@ type Config struct {
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): the engine-map entry (54 bytes measured) plus the
+// (block, worker): the engine-map entry (42 bytes measured) plus the
 // residency index's share (6 to 11 bytes measured), with room for the
 // slab's growth and dead keys kept in runs (BenchmarkMemory10M).
-const EstimatedBytesPerBlock = 80
+const EstimatedBytesPerBlock = 64
 
 // Index is the live residency index: which worker holds which content key
 // on which medium, plus each worker's map from engine block hash to its

@@ -115,7 +115,7 @@ type headShard struct {
 
 // nodeTable gives nodes 32-bit ids, so that engine entries refer to their
 // node without a pointer: the workers' engine maps, the index's largest
-// structure (54 bytes per resident block), are then pointer-free, and the
+// structure (42 bytes per resident block), are then pointer-free, and the
 // garbage collector neither scans them nor runs write barriers on them.
 // With a pointer per entry, a collection during BenchmarkScoreUnderIngest
 // (1,000 workers) marked 26 MB more, and its mark phase, which takes a

@@ -24,9 +24,12 @@
 //	entries inline behind control bytes          60       0        82
 //	this layout                                  58       0        51
 //
+// with a 24-byte value holding a pointer (the indexer's entry then). With
+// its current entry (16 bytes, no pointer), in one later run: golang-lru
+// 296 ns, 1 allocation, 116 bytes per entry; this layout 61 ns, none, 48.
 // golang-lru allocates an element per entry (key, value, two links, the
 // list, an expiry time) behind a map of pointers. In the indexer's
-// BenchmarkMemory10M (10 k blocks per worker) this layout costs 54 bytes
+// BenchmarkMemory10M (10 k blocks per worker) this layout costs 42 bytes
 // per block.
 //
 // A Map is not safe for concurrent use; the indexer guards each worker's

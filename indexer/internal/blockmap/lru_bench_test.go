@@ -7,12 +7,12 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
-// val has the size and shape of the indexer's engine entry (24 bytes, one
+// val has the size and shape of the indexer's engine entry (16 bytes, no
 // pointer).
 type val struct {
-	p    *int
+	node uint32
 	off  int32
-	refs [6]uint16
+	refs [6]uint8
 }
 
 // lruOps is what a worker does per block, in the steady state of
