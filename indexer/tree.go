@@ -495,45 +495,50 @@ func (c *cursor) top(k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 // allocation for a new branch.
 func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	n := p.n
-	c.lock(n)
-	last := int32(len(n.keys)) - 1
-	if p.off < last && n.keys[p.off+1] == k {
-		return loc{n, p.off + 1}, false
-	}
-	if len(n.children) > 0 && n.maxAttach >= p.off {
-		sh := c.ix.shardOf(k)
-		sh.mu.RLock()
-		ch := sh.m[k]
-		sh.mu.RUnlock()
-		if ch != nil && ch.parent == n && ch.attach == p.off {
-			c.lock(ch)
-			if !ch.dead.Load() {
-				return loc{ch, 0}, false
-			}
-			// It died after we looked; releasing it retires it (from
-			// heads and from n) before we take n again.
-			c.lock(n)
+	for {
+		c.lock(n)
+		last := int32(len(n.keys)) - 1
+		if p.off < last && n.keys[p.off+1] == k {
+			return loc{n, p.off + 1}, false
 		}
+		if len(n.children) > 0 && n.maxAttach >= p.off {
+			sh := c.ix.shardOf(k)
+			sh.mu.RLock()
+			ch := sh.m[k]
+			sh.mu.RUnlock()
+			// A child marked dead is as good as absent: a new one replaces
+			// it in heads, and its retirer unlinks it from n.
+			if ch != nil && ch.parent == n && ch.attach == p.off && !ch.dead.Load() {
+				c.lock(ch) // parent first, then the parent is released
+				if !ch.dead.Load() {
+					return loc{ch, 0}, false
+				}
+				// It died after we looked. Releasing it retires it (from
+				// heads and from n); n may have changed meanwhile, so
+				// look again.
+				continue
+			}
+		}
+		if p.off == last {
+			c.appendLocked(n, k, s)
+			return loc{n, last + 1}, true
+		}
+		ch := newNode(n, p.off, k, s, capHint)
+		c.ix.nodes.add(ch)
+		sh := c.ix.shardOf(k)
+		sh.mu.Lock()
+		if cur := sh.m[k]; cur == nil || cur.dead.Load() {
+			sh.m[k] = ch
+		} else {
+			c.ix.collisions.Add(1) // see top
+		}
+		sh.mu.Unlock()
+		ch.cidx = int32(len(n.children))
+		n.children = append(n.children, ch)
+		n.maxAttach = max(n.maxAttach, p.off)
+		c.lock(ch)
+		return loc{ch, 0}, true
 	}
-	if p.off == last {
-		c.appendLocked(n, k, s)
-		return loc{n, last + 1}, true
-	}
-	ch := newNode(n, p.off, k, s, capHint)
-	c.ix.nodes.add(ch)
-	sh := c.ix.shardOf(k)
-	sh.mu.Lock()
-	if cur := sh.m[k]; cur == nil || cur.dead.Load() {
-		sh.m[k] = ch
-	} else {
-		c.ix.collisions.Add(1) // see top
-	}
-	sh.mu.Unlock()
-	ch.cidx = int32(len(n.children))
-	n.children = append(n.children, ch)
-	n.maxAttach = max(n.maxAttach, p.off)
-	c.lock(ch)
-	return loc{ch, 0}, true
 }
 
 // appendLocked extends n's run with key k held by s. Callers hold n.mu.
