@@ -264,11 +264,13 @@ const fullAttention = "full_attention"
 // changes are visible to Match when ApplyBatch returns.
 //
 // Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 190 ns per stored block, its later removal included (5.3 M blocks/s on
-// a quiet machine), and 12 allocations per batch of about 80 blocks: a
-// node and its key array per new branch, and a view when a run's array
-// grows or its holders change inside it. The map+mutex baseline
-// (BenchmarkNaiveApply) does 1.1 M blocks/s with 320 allocations.
+// 200 ns per stored block, its later removal included (5.05 M blocks/s,
+// median of 5 on a quiet machine; 4.8 M with another process busy), and
+// 11 allocations per batch of about 80 blocks: a node and its key array
+// per new branch, and a view when a run's array grows or its holders
+// change inside it. A quarter of the time is the removal's one cache miss
+// on an entry stored long before. The map+mutex baseline
+// (BenchmarkNaiveApply) does 1.17 M blocks/s with 318 allocations.
 func (w *Worker) ApplyBatch(b *events.Batch) error {
 	w.mu.Lock()
 	before := w.res
