@@ -782,6 +782,9 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 			Clears:              clampU64(st.Clears),
 			Resets:              clampU64(st.Resets),
 			LastReset:           st.LastReset,
+			Evictions:           clampU64(st.Evictions),
+			BudgetEvictions:     clampU64(st.BudgetEvictions),
+			Capacity:            clampU64(st.Capacity),
 		}
 		for m, n := range st.ResidentByMedium {
 			if n > 0 {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/kvindex/kvindex/events"
@@ -125,5 +126,34 @@ func TestSGLangEngine(t *testing.T) {
 	}
 	if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: p}), "sgl", 1); n != 0 {
 		t.Fatalf("unsalted prompt matched SGLang's salted blocks: %d", n)
+	}
+}
+
+// TestCapacityBoundsLostRemovals: a worker configured with a capacity of
+// 4 blocks that is told of 6 (its engine's removals were lost) keeps the 4
+// stored most recently, and says so.
+func TestCapacityBoundsLostRemovals(t *testing.T) {
+	f := newFleet(t, fleetOptions{}, podSpec{name: "a"})
+	f.yaml = strings.Replace(f.yaml, "dp_size: 1}", "dp_size: 1, capacity_blocks: 4}", 1)
+	f.start()
+	var eng engine
+	old := tokens("old", 2*blockSize)
+	fresh := tokens("fresh", 4*blockSize)
+	ev, _ := eng.store(0, old)
+	f.publish("a", 0, ev)
+	ev, _ = eng.store(0, fresh)
+	f.publish("a", 0, ev)
+	if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: fresh}), "a", 0); n != 4 {
+		t.Fatalf("fresh: %d, want 4", n)
+	}
+	if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: old}), "a", 0); n != 0 {
+		t.Fatalf("old blocks beyond capacity still match: %d", n)
+	}
+	w := f.status("a", 0)
+	if w.GetEvictions() != 2 || w.GetCapacity() != 4 || w.GetResidentBlocks() != 4 {
+		t.Fatalf("status %v", w)
+	}
+	if !strings.Contains(f.metrics(), `kvindex_evictions_total{dp_rank="0",model="test/model",pod="a",reason="capacity"} 2`) {
+		t.Fatal("/metrics lacks the capacity evictions")
 	}
 }

@@ -47,6 +47,8 @@ type Config struct {
 	Score Score `yaml:"score"`
 	// Scoring sets the ranking policy and load sources.
 	Scoring Scoring `yaml:"scoring"`
+	// Index bounds the index's memory.
+	Index Index `yaml:"index"`
 	// Limits bound what one Score request may ask.
 	Limits Limits `yaml:"limits"`
 	// Log sets up logging.
@@ -82,6 +84,21 @@ type Pod struct {
 	// http://10.0.0.5:8000/metrics; "" for none. Scraped for running and
 	// waiting requests and KV cache usage, used by load-aware ranking.
 	MetricsURL string `yaml:"metrics_url"`
+	// CapacityBlocks is the most blocks each of the pod's workers may hold,
+	// e.g. vLLM's num_gpu_blocks (plus offload tiers); 0 uses
+	// index.worker_capacity.
+	CapacityBlocks int `yaml:"capacity_blocks"`
+}
+
+// Index bounds what missed removals can leave behind.
+type Index struct {
+	// WorkerCapacity is the most blocks one worker may hold in all media
+	// (0: learned from each worker's events; negative: unbounded). A pod's
+	// capacity_blocks overrides it.
+	WorkerCapacity int `yaml:"worker_capacity"`
+	// MemoryBudgetMiB bounds the index's estimated memory; beyond it blocks
+	// are evicted from the workers holding the most (0: unbounded).
+	MemoryBudgetMiB int64 `yaml:"memory_budget_mib"`
 }
 
 // Scoring sets the default ranking policy (requests may override it) and
@@ -311,6 +328,9 @@ func (c *Config) Validate() error {
 	if _, err := c.Policy(); err != nil {
 		return bad("scoring", "%v", err)
 	}
+	if c.Index.MemoryBudgetMiB < 0 {
+		return bad("index.memory_budget_mib", "%d must not be negative", c.Index.MemoryBudgetMiB)
+	}
 	if c.Scoring.SpeculativeTTL < 0 || c.Scoring.InflightTTL < 0 || c.Scoring.ScrapeInterval < 0 {
 		return bad("scoring", "durations must not be negative")
 	}
@@ -352,6 +372,9 @@ func (c *Config) Validate() error {
 			ep, err := events.OffsetEndpoint(p.Endpoint, r)
 			if err != nil {
 				return bad(f+".endpoint", "%v", err)
+			}
+			if p.CapacityBlocks < 0 {
+				return bad(f+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
 			}
 			if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
 				return bad(f+".metrics_url", "%q is not an http(s) URL", p.MetricsURL)
@@ -449,6 +472,7 @@ func (c *Config) Workers() []WorkerEndpoint {
 				Endpoint:       ep,
 				Topic:          p.Topic,
 				ReplayEndpoint: rep,
+				CapacityBlocks: p.CapacityBlocks,
 			})
 		}
 	}
@@ -467,6 +491,8 @@ type WorkerEndpoint struct {
 	Topic string
 	// ReplayEndpoint is this rank's replay socket, "" for none.
 	ReplayEndpoint string
+	// CapacityBlocks bounds the worker's blocks (0: the index default).
+	CapacityBlocks int
 }
 
 // DefaultYAML is the embedded default configuration `kvindex serve` runs

@@ -40,10 +40,10 @@ pods:
 	}
 	got := c.Workers()
 	want := []WorkerEndpoint{
-		{events.WorkerRef{Pod: "a", DPRank: 0}, "llama", "tcp://10.0.0.5:5557", "", ""},
-		{events.WorkerRef{Pod: "a", DPRank: 1}, "llama", "tcp://10.0.0.5:5558", "", ""},
-		{events.WorkerRef{Pod: "b", DPRank: 0}, "qwen", "ipc:///tmp/kv", "kv@b@qwen", ""},
-		{events.WorkerRef{Pod: "b", DPRank: 1}, "qwen", "ipc:///tmp/kv_dp1", "kv@b@qwen", ""},
+		{events.WorkerRef{Pod: "a", DPRank: 0}, "llama", "tcp://10.0.0.5:5557", "", "", 0},
+		{events.WorkerRef{Pod: "a", DPRank: 1}, "llama", "tcp://10.0.0.5:5558", "", "", 0},
+		{events.WorkerRef{Pod: "b", DPRank: 0}, "qwen", "ipc:///tmp/kv", "kv@b@qwen", "", 0},
+		{events.WorkerRef{Pod: "b", DPRank: 1}, "qwen", "ipc:///tmp/kv_dp1", "kv@b@qwen", "", 0},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("workers = %+v", got)

@@ -69,7 +69,10 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 			notes = append(notes, fmt.Sprintf("%s: %d messages dropped on a full queue (backlog now %d)", name, n, ws.GetBacklog()))
 		}
 		if n := ws.GetEvictions(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d blocks evicted by kvindex's memory bounds", name, n))
+			notes = append(notes, fmt.Sprintf("%s: %d blocks evicted beyond its capacity of %d (removals were lost)", name, n, ws.GetCapacity()))
+		}
+		if n := ws.GetBudgetEvictions(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d blocks evicted for kvindex's memory budget", name, n))
 		}
 		if n := ws.GetBlockSizeMismatches(); n > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %d events with a block size other than the model's", name, n))

@@ -53,7 +53,10 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{})}
+	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{
+		WorkerCapacity: cfg.Index.WorkerCapacity,
+		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
+	})}
 	for _, m := range cfg.Models {
 		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
 			return nil, fmt.Errorf("daemon: model %q: %w", m.Name, err)
@@ -64,6 +67,9 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
 		if err != nil {
 			return nil, fmt.Errorf("daemon: worker %s: %w", we.Worker, err)
+		}
+		if we.CapacityBlocks > 0 {
+			w.SetCapacity(we.CapacityBlocks)
 		}
 		eps = append(eps, events.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w})
 	}

@@ -24,6 +24,7 @@ type Collector struct {
 	skippedGroup, clears, resets                                         *prometheus.Desc
 	replays, replayed, replayFailures, unrecovered, staleTransitions     *prometheus.Desc
 	health, dropped, backlog, unroutable                                 *prometheus.Desc
+	evictions, capacity                                                  *prometheus.Desc
 	unroutableSrc                                                        interface{ Unroutable() int64 }
 }
 
@@ -64,6 +65,8 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		health:           d("worker_health", "1 for the worker's current health state, by state.", "state"),
 		dropped:          d("dropped_batches_total", "Messages dropped on a full worker queue."),
 		backlog:          d("queue_backlog", "Batches waiting in the worker's queue."),
+		evictions:        d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
+		capacity:         d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
 		unroutable:       prometheus.NewDesc("kvindex_unroutable_messages_total", "Push-mode messages whose topic maps to no pod.", nil, nil),
 	}
 	if u, ok := stats.(interface{ Unroutable() int64 }); ok {
@@ -76,7 +79,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
 		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets,
-		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable} {
+		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
 		ch <- d
 	}
 }
@@ -102,6 +105,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.skippedGroup, s.SkippedGroupEvents)
 		counter(c.clears, s.Clears)
 		counter(c.resets, s.Resets)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.Evictions), append(lv, "capacity")...)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.BudgetEvictions), append(lv, "budget")...)
+		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(s.Capacity), lv...)
 		for m, n := range s.ResidentByMedium {
 			if n == 0 && events.Medium(m) != events.MediumGPU {
 				continue

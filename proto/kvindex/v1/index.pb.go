@@ -1452,8 +1452,14 @@ type WorkerStatus struct {
 	Dropped uint64 `protobuf:"varint,38,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// backlog is the number of batches waiting to be applied.
 	Backlog uint64 `protobuf:"varint,39,opt,name=backlog,proto3" json:"backlog,omitempty"`
-	// evictions counts blocks evicted by kvindex's memory bounds.
-	Evictions     uint64 `protobuf:"varint,40,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	// evictions counts blocks evicted because the worker held more than its
+	// capacity (which only happens after removals were lost).
+	Evictions uint64 `protobuf:"varint,40,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	// budget_evictions counts blocks evicted for the index's memory budget.
+	BudgetEvictions uint64 `protobuf:"varint,41,opt,name=budget_evictions,json=budgetEvictions,proto3" json:"budget_evictions,omitempty"`
+	// capacity is the most blocks the worker may hold (configured or
+	// learned); 0 while unbounded.
+	Capacity      uint64 `protobuf:"varint,42,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1768,6 +1774,20 @@ func (x *WorkerStatus) GetEvictions() uint64 {
 	return 0
 }
 
+func (x *WorkerStatus) GetBudgetEvictions() uint64 {
+	if x != nil {
+		return x.BudgetEvictions
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetCapacity() uint64 {
+	if x != nil {
+		return x.Capacity
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1921,7 +1941,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xb8\v\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xff\v\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -1966,7 +1986,9 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\rjoined_at_seq\x18% \x01(\x04R\vjoinedAtSeq\x12\x18\n" +
 	"\adropped\x18& \x01(\x04R\adropped\x12\x18\n" +
 	"\abacklog\x18' \x01(\x04R\abacklog\x12\x1c\n" +
-	"\tevictions\x18( \x01(\x04R\tevictions\"=\n" +
+	"\tevictions\x18( \x01(\x04R\tevictions\x12)\n" +
+	"\x10budget_evictions\x18) \x01(\x04R\x0fbudgetEvictions\x12\x1a\n" +
+	"\bcapacity\x18* \x01(\x04R\bcapacity\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\x96\x01\n" +
