@@ -24,15 +24,22 @@ type Client struct {
 
 // Dial returns a client of the kvindex server at addr ("host:port" or any
 // gRPC target). Connections use insecure (plaintext) credentials unless opts
-// give others; later options override earlier ones. Like grpc.NewClient it
+// give others, kvindex's Codec (generated marshalling; the wire format is
+// standard protobuf) and the server's fixed flow-control windows; later
+// options override earlier ones. Like grpc.NewClient it
 // does not wait for a connection: the first call connects. ctx is checked
 // before anything is set up.
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvindex: dial %s: %w", addr, err)
 	}
-	all := make([]grpc.DialOption, 0, len(opts)+1)
-	all = append(all, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	all := make([]grpc.DialOption, 0, len(opts)+4)
+	all = append(all,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(NewCodec())),
+		grpc.WithInitialWindowSize(streamWindow),
+		grpc.WithInitialConnWindowSize(connWindow),
+	)
 	all = append(all, opts...)
 	conn, err := grpc.NewClient(addr, all...)
 	if err != nil {

@@ -33,8 +33,8 @@ func serve(tb testing.TB, ix *indexer.Index, stats events.StatsSource, opts api.
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
 	}
-	g := grpc.NewServer()
 	srv := api.NewServer(ix, stats, opts)
+	g := grpc.NewServer(srv.GRPCOptions()...)
 	srv.Register(g)
 	done := make(chan struct{})
 	go func() {

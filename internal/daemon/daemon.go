@@ -136,7 +136,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MaxCandidates: cfg.Limits.MaxCandidates,
 		Registerer:    d.registry,
 	})
-	d.grpc = grpc.NewServer()
+	d.grpc = grpc.NewServer(srv.GRPCOptions()...)
 	srv.Register(d.grpc)
 
 	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCListen); err != nil {

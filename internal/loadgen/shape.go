@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api"
@@ -234,8 +235,9 @@ func StartEmbedded(ctx context.Context, shape Shape, listen string) (*Embedded, 
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: embedded server: %w", err)
 	}
-	g := grpc.NewServer()
-	api.NewServer(ix, nil, api.Options{}).Register(g)
+	srv := api.NewServer(ix, nil, api.Options{})
+	g := grpc.NewServer(srv.GRPCOptions()...)
+	srv.Register(g)
 	e := &Embedded{Addr: lis.Addr().String(), g: g, done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
@@ -292,7 +294,7 @@ func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
 		}
 		reqs[i] = b
 	}
-	codec := grpc.ForceCodec(preCodec{})
+	codec := grpc.ForceCodecV2(preCodec{api.NewCodec()})
 	return func(ctx context.Context, g int, k int64) error {
 		i := k % int64(len(reqs))
 		var resp kvindexv1.ScoreResponse
@@ -317,28 +319,15 @@ func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
 // preEncoded is a request marshalled ahead of time.
 type preEncoded []byte
 
-// preCodec sends preEncoded requests as they are and decodes replies with
-// protobuf; its name is "proto" so the server sees an ordinary call. The
-// same bytes may be sent by several senders at once: gRPC only reads them.
-type preCodec struct{}
+// preCodec sends preEncoded requests as they are and handles everything
+// else with api.Codec, as api.Dial's clients do; its name is "proto" so
+// the server sees an ordinary call. The same bytes may be sent by several
+// senders at once: gRPC only reads them.
+type preCodec struct{ *api.Codec }
 
-func (preCodec) Marshal(v any) ([]byte, error) {
+func (c preCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b, ok := v.(preEncoded); ok {
-		return b, nil
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 	}
-	m, ok := v.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("loadgen: cannot marshal %T", v)
-	}
-	return proto.Marshal(m)
+	return c.Codec.Marshal(v)
 }
-
-func (preCodec) Unmarshal(data []byte, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return fmt.Errorf("loadgen: cannot unmarshal into %T", v)
-	}
-	return proto.Unmarshal(data, m)
-}
-
-func (preCodec) Name() string { return "proto" }

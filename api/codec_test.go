@@ -1,0 +1,277 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/indexer"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// tokenSample has token ids of every varint length from 1 to 5 bytes,
+// including the 32-bit extremes.
+var tokenSample = []uint32{0, 1, 127, 128, 300, 16383, 16384, 151_643, 2_097_151, 2_097_152, 1 << 28, math.MaxUint32}
+
+// rawTokens encodes token ids as unpacked varint fields.
+func rawTokens(ids ...uint64) []byte {
+	var b []byte
+	for _, id := range ids {
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, id)
+	}
+	return b
+}
+
+// packedTokens encodes token ids as one packed field.
+func packedTokens(ids ...uint64) []byte {
+	var v []byte
+	for _, id := range ids {
+		v = protowire.AppendVarint(v, id)
+	}
+	b := protowire.AppendTag(nil, 2, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+func mustMarshal(t testing.TB, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatalf("marshal: %v", err)
+	}
+	return b
+}
+
+// TestUnmarshalScoreRequest decodes requests in every shape a protobuf
+// encoder may send and compares with protobuf-go's result field by field.
+func TestUnmarshalScoreRequest(t *testing.T) {
+	full := &kvindexv1.ScoreRequest{
+		Model:     "llama",
+		TokenIds:  tokenSample,
+		BlockKeys: []uint64{1, math.MaxUint64},
+		LoraName:  "adapter",
+		CacheSalt: "salt",
+		Workers:   []*kvindexv1.WorkerRef{{Pod: "pod-1", DpRank: 3}},
+		Explain:   true,
+	}
+	model := mustMarshal(t, &kvindexv1.ScoreRequest{Model: "m"})
+	lora := mustMarshal(t, &kvindexv1.ScoreRequest{LoraName: "l"})
+	cases := []struct {
+		name string
+		in   []byte
+		want []uint32 // token ids; the other fields are checked against protobuf-go
+	}{
+		{"protobuf-go encoding of every field", mustMarshal(t, full), tokenSample},
+		{"no tokens", model, nil},
+		{"empty message", nil, nil},
+		{"unpacked", rawTokens(5, 600, 70000), []uint32{5, 600, 70000}},
+		{"packed then unpacked then packed", slices.Concat(packedTokens(1, 2), rawTokens(3), packedTokens(4)), []uint32{1, 2, 3, 4}},
+		{"fields around and between token runs", slices.Concat(model, packedTokens(9, 8), lora, packedTokens(7), model), []uint32{9, 8, 7}},
+		{"ids wider than 32 bits are truncated", packedTokens(1<<32|5, math.MaxUint64), []uint32{5, math.MaxUint32}},
+		{"empty packed run", packedTokens(), nil},
+		// protobuf-go keeps a field of the wrong wire type as unknown.
+		{"token_ids as fixed32", protowire.AppendFixed32(protowire.AppendTag(nil, 2, protowire.Fixed32Type), 7), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got, want kvindexv1.ScoreRequest
+			if err := api.UnmarshalScoreRequest(tc.in, &got); err != nil {
+				t.Fatalf("UnmarshalScoreRequest: %v", err)
+			}
+			if err := proto.Unmarshal(tc.in, &want); err != nil {
+				t.Fatalf("proto.Unmarshal: %v", err)
+			}
+			if !slices.Equal(got.GetTokenIds(), tc.want) {
+				t.Errorf("token ids %v, want %v", got.GetTokenIds(), tc.want)
+			}
+			if !proto.Equal(&got, &want) {
+				t.Errorf("decoded %v, protobuf-go decoded %v", &got, &want)
+			}
+		})
+	}
+}
+
+// TestUnmarshalScoreRequestAppends checks merge semantics: ids are
+// appended to what the request holds, into its capacity.
+func TestUnmarshalScoreRequestAppends(t *testing.T) {
+	backing := make([]uint32, 1, 64)
+	backing[0] = 42
+	req := &kvindexv1.ScoreRequest{TokenIds: backing}
+	if err := api.UnmarshalScoreRequest(packedTokens(1, 2, 3), req); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(req.GetTokenIds(), []uint32{42, 1, 2, 3}) {
+		t.Fatalf("token ids %v, want [42 1 2 3]", req.GetTokenIds())
+	}
+	if &req.TokenIds[0] != &backing[0] {
+		t.Error("decoding reallocated a slice with room to spare")
+	}
+}
+
+// TestUnmarshalScoreRequestErrors checks that malformed input is rejected
+// with an error that says what was wrong, as protobuf-go rejects it.
+func TestUnmarshalScoreRequestErrors(t *testing.T) {
+	good := packedTokens(300, 70000)
+	cases := []struct {
+		name, in, want string
+	}{
+		{"truncated packed run", string(good[:len(good)-1]), "token_ids"},
+		{"varint cut inside the run", string(protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), []byte{0x80, 0x80})), "token_ids"},
+		{"unpacked id cut short", string(protowire.AppendTag(nil, 2, protowire.VarintType)) + "\x80", "token_ids"},
+		{"bad tag", "\x80", "ScoreRequest"},
+		{"field 0", "\x00\x01", "ScoreRequest"},
+		{"model cut short", "\x0a\x05ab", "field 1"},
+		{"model not UTF-8", "\x0a\x02\xff\xfe", "ScoreRequest"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var req kvindexv1.ScoreRequest
+			err := api.UnmarshalScoreRequest([]byte(tc.in), &req)
+			if err == nil {
+				t.Fatalf("accepted %q", tc.in)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name %q", err, tc.want)
+			}
+			if proto.Unmarshal([]byte(tc.in), new(kvindexv1.ScoreRequest)) == nil {
+				t.Errorf("protobuf-go accepts %q, the codec does not", tc.in)
+			}
+		})
+	}
+}
+
+// FuzzUnmarshalScoreRequest checks the hand-written decoder against
+// protobuf-go on arbitrary input: the same verdict and, when both accept,
+// the same message. It must never panic.
+func FuzzUnmarshalScoreRequest(f *testing.F) {
+	f.Add(mustMarshal(f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokenSample, LoraName: "l"}))
+	f.Add(slices.Concat(packedTokens(1, 1<<40), rawTokens(3, math.MaxUint64)))
+	f.Add(mustMarshal(f, &kvindexv1.ScoreRequest{Workers: []*kvindexv1.WorkerRef{{Pod: "p"}}, BlockKeys: []uint64{1, 2}}))
+	f.Add([]byte{0x12, 0x03, 0x80, 0x80, 0x01})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var got, want kvindexv1.ScoreRequest
+		gerr := api.UnmarshalScoreRequest(in, &got)
+		werr := proto.Unmarshal(in, &want)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("codec error %v, protobuf-go error %v on %x", gerr, werr, in)
+		}
+		if gerr == nil && !proto.Equal(&got, &want) {
+			t.Fatalf("codec decoded %v, protobuf-go %v from %x", &got, &want, in)
+		}
+	})
+}
+
+// TestCodecPoolsTokensOverGRPC sends concurrent Scores for different
+// prompts through a server whose codec reuses token memory: every answer
+// must be the one for its own prompt, so no call ever sees another's
+// tokens (run under -race too).
+func TestCodecPoolsTokensOverGRPC(t *testing.T) {
+	ix, _ := newFleet(t)
+	f := serve(t, ix, nil, api.Options{})
+	const callers, calls = 8, 60
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				n := 1 + (c*calls+i)%benchBlocks // a prefix of 1..128 blocks
+				p := fleetPrompt[:n*blockSize]
+				resp, err := f.client.Score(context.Background(), &kvindexv1.ScoreRequest{Model: "m", TokenIds: p})
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, w := range resp.GetWorkers() {
+					if want := min(uint32(n), fleetHeld(w.GetWorker().GetPod())); w.GetMatchedBlocks() != want {
+						errs <- fmt.Errorf("prompt of %d blocks: %s matched %d, want %d", n, w.GetWorker().GetPod(), w.GetMatchedBlocks(), want)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// fleetPrompt is newFleet's 128-block prompt.
+var fleetPrompt = prompt(1, benchBlocks)
+
+// newFleet is the benchmark fleet: pod-i holds the first 16*(i+1) blocks
+// of fleetPrompt.
+func newFleet(tb testing.TB) (*indexer.Index, []uint32) {
+	tb.Helper()
+	ix := indexer.New(indexer.Config{})
+	mustModel(tb, ix, "m")
+	for i := range benchWorkers {
+		w := mustWorker(tb, ix, "m", fmt.Sprintf("pod-%d", i), 0)
+		apply(tb, w, stored(uint64(i)<<32, fleetPrompt, 0, int(fleetHeld(fmt.Sprintf("pod-%d", i)))))
+	}
+	return ix, fleetPrompt
+}
+
+// fleetHeld is how many blocks of fleetPrompt pod holds in newFleet.
+func fleetHeld(pod string) uint32 {
+	var i int
+	fmt.Sscanf(pod, "pod-%d", &i)
+	return uint32(benchBlocks * (i + 1) / benchWorkers)
+}
+
+// BenchmarkCodec compares decoding a 2,048-token ScoreRequest with
+// protobuf-go and with the hand path (into a reused slice, as the server
+// does with its pool).
+func BenchmarkCodec(b *testing.B) {
+	in := mustMarshal(b, &kvindexv1.ScoreRequest{Model: "bench", TokenIds: realisticTokens(2048)})
+	b.Run("protobuf-go", func(b *testing.B) {
+		b.SetBytes(int64(len(in)))
+		b.ReportAllocs()
+		for b.Loop() {
+			var req kvindexv1.ScoreRequest
+			if err := proto.Unmarshal(in, &req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("kvindex", func(b *testing.B) {
+		c := api.NewCodec()
+		data := mem.BufferSlice{mem.SliceBuffer(in)}
+		var tokens []uint32
+		b.SetBytes(int64(len(in)))
+		b.ReportAllocs()
+		for b.Loop() {
+			req := kvindexv1.ScoreRequest{TokenIds: tokens[:0]}
+			if err := c.Unmarshal(data, &req); err != nil {
+				b.Fatal(err)
+			}
+			tokens = req.TokenIds
+		}
+	})
+}
+
+// realisticTokens returns n ids spread over a 152 K vocabulary (Qwen's
+// size), mostly 3-byte varints, as real prompts are.
+func realisticTokens(n int) []uint32 {
+	t := make([]uint32, n)
+	x := uint32(2463534242)
+	for i := range t {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		t[i] = x % 151_936
+	}
+	return t
+}
