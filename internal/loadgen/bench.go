@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kvindex/kvindex/api"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
 // Options is one kvbench run.
@@ -18,6 +19,13 @@ type Options struct {
 	Shape Shape
 	// BlockKeys sends the prompts' content keys instead of token ids.
 	BlockKeys bool
+	// Client is "h2" (default: H2Conn, a lean HTTP/2 gRPC client that
+	// leaves the cores to the server) or "grpc" (api.Client, grpc-go: a Go
+	// router's view, at several times the client CPU per call).
+	Client string
+	// Connections is how many connections the senders share, in turn;
+	// 0 means one per sender.
+	Connections int
 	// Load is the rate, duration and concurrency of the measured run.
 	Load Config
 	// Warmup runs the same load for this long first, unmeasured, so that
@@ -43,18 +51,43 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	} else if addr == "" {
 		return nil, errors.New("loadgen: no target: give an address or use the embedded server")
 	}
-	clients := make([]*api.Client, max(opts.Load.Concurrency, 1))
-	for i := range clients {
-		c, err := api.Dial(ctx, addr)
-		if err != nil {
+	nconn := opts.Connections
+	if nconn <= 0 {
+		nconn = max(opts.Load.Concurrency, 1)
+	}
+	var do Do
+	switch opts.Client {
+	case "", "h2":
+		opts.Client = "h2"
+		conns := make([]*H2Conn, nconn)
+		for i := range conns {
+			c, err := DialH2(ctx, addr, kvindexv1.IndexService_Score_FullMethodName)
+			if err != nil {
+				return nil, err
+			}
+			defer c.Close()
+			conns[i] = c
+		}
+		var err error
+		if do, err = H2ScoreDo(opts.Shape, conns, opts.BlockKeys, opts.Embedded); err != nil {
 			return nil, err
 		}
-		defer c.Close()
-		clients[i] = c
-	}
-	do, err := ScoreDo(opts.Shape, clients, opts.BlockKeys, opts.Embedded)
-	if err != nil {
-		return nil, err
+	case "grpc":
+		clients := make([]*api.Client, nconn)
+		for i := range clients {
+			c, err := api.Dial(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			defer c.Close()
+			clients[i] = c
+		}
+		var err error
+		if do, err = ScoreDo(opts.Shape, clients, opts.BlockKeys, opts.Embedded); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("loadgen: client %q: want h2 or grpc", opts.Client)
 	}
 	if opts.Warmup.Duration > 0 {
 		r, err := Run(ctx, opts.Warmup, do)
@@ -70,5 +103,6 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep := NewReport(addr, opts.Embedded, opts.Shape, opts.BlockKeys, opts.Load, r)
+	rep.Client, rep.Connections = opts.Client, nconn
 	return &rep, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -72,23 +73,44 @@ func equal(a, b []uint32) bool {
 	return true
 }
 
-// TestBenchEmbedded is a short real run: 200 req/s for 1 s over real gRPC
-// against the embedded server, every answer checked against the shape.
+// TestBenchEmbedded is a short real run with each client: 200 req/s for
+// 1 s over real gRPC against the embedded server, every answer checked
+// against the shape.
 func TestBenchEmbedded(t *testing.T) {
 	if testing.Short() {
-		t.Skip("1 s real run")
+		t.Skip("1 s real runs")
 	}
+	for _, tc := range []struct {
+		client string
+		conns  int
+	}{{"h2", 0}, {"h2", 1}, {"grpc", 0}} {
+		t.Run(fmt.Sprintf("%s/%d", tc.client, tc.conns), func(t *testing.T) {
+			benchEmbedded(t, tc.client, tc.conns)
+		})
+	}
+}
+
+func benchEmbedded(t *testing.T, client string, conns int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	shape := Shape{Model: "m", BlockSize: 16, Workers: 4, PromptBlocks: 32, SharedBlocks: 8, TailHolders: 1, Prompts: 16}
 	rep, err := Bench(ctx, Options{
-		Embedded: true,
-		Shape:    shape,
-		Load:     Config{Rate: 200, Duration: time.Second, Concurrency: 2, Timeout: 5 * time.Second},
-		Warmup:   Config{Rate: 200, Duration: 100 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second},
+		Embedded:    true,
+		Shape:       shape,
+		Client:      client,
+		Connections: conns,
+		Load:        Config{Rate: 200, Duration: time.Second, Concurrency: 2, Timeout: 5 * time.Second},
+		Warmup:      Config{Rate: 200, Duration: 100 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	wantConns := conns
+	if conns == 0 {
+		wantConns = 2 // one per sender
+	}
+	if rep.Client != client || rep.Connections != wantConns {
+		t.Errorf("report says client %q over %d connections, want %q over %d", rep.Client, rep.Connections, client, wantConns)
 	}
 	if rep.Sent != 200 || rep.Errors != 0 {
 		t.Fatalf("sent %d, errors %d (first: %s), want 200 and 0", rep.Sent, rep.Errors, rep.FirstError)

@@ -17,6 +17,10 @@ type Report struct {
 	Rate     float64 `json:"rate"`
 	Duration string  `json:"duration"`
 	Conns    int     `json:"concurrency"`
+	// Client is the generator's client: "h2" (H2Conn) or "grpc" (api.Client).
+	Client string `json:"client"`
+	// Connections is the number of connections the senders shared.
+	Connections int `json:"connections"`
 
 	Scheduled  int64   `json:"scheduled"`
 	Sent       int64   `json:"sent"`
@@ -37,6 +41,7 @@ type Report struct {
 
 // NewReport summarises r. blockKeys says what the requests carried.
 func NewReport(target string, embedded bool, shape Shape, blockKeys bool, cfg Config, r *Result) Report {
+
 	req := fmt.Sprintf("token_ids (%d per prompt)", shape.PromptBlocks*shape.BlockSize)
 	if blockKeys {
 		req = fmt.Sprintf("block_keys (%d per prompt)", shape.PromptBlocks)
@@ -76,12 +81,12 @@ func (rep Report) WriteText(w io.Writer) error {
 	_, err := fmt.Fprintf(w, `target    %s (%s)
 shape     %s
 payload   %s
-load      %.0f req/s open loop for %s over %d connections
+load      %.0f req/s open loop for %s, %d senders over %d %s connections
 requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved
 latency   p50 %s  p90 %s  p99 %s  p99.9 %s  max %s
 generator lag p99 %s  max %s (already counted in latency)
 `,
-		rep.Target, kind, rep.Shape, rep.Request, rep.Rate, rep.Duration, rep.Conns,
+		rep.Target, kind, rep.Shape, rep.Request, rep.Rate, rep.Duration, rep.Conns, rep.Connections, rep.Client,
 		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved,
 		d(rep.P50), d(rep.P90), d(rep.P99), d(rep.P999), d(rep.Max),
 		d(rep.LagP99), d(rep.LagMax))

@@ -138,20 +138,33 @@ func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 }
 
 // pace puts each request of p into queue at its due time, then closes
-// queue.
+// queue. A periodic timer paces it: each wake-up releases every request
+// that has come due (usually one), with no timer to re-arm in between.
 func pace(ctx context.Context, p pacer, sl *sleeper, queue chan<- int64) error {
 	defer close(queue)
-	for k := range p.total {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err := sl.sleepUntil(p.due(k)); err != nil {
+	if err := sl.every(time.Until(p.start), p.interval); err != nil {
+		return err
+	}
+	for k := int64(0); k < p.total; {
+		n, err := sl.ticks()
+		if err != nil {
 			return err
 		}
-		select {
-		case queue <- k:
-		case <-ctx.Done():
-			return nil
+		for ; n > 0 && k < p.total; n-- {
+			if ctx.Err() != nil {
+				return nil
+			}
+			// The timer was armed after its start time was computed, so it
+			// expires no earlier than the schedule; this guards the rest.
+			if err := sl.sleepUntil(p.due(k)); err != nil {
+				return err
+			}
+			select {
+			case queue <- k:
+			case <-ctx.Done():
+				return nil
+			}
+			k++
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"time"
@@ -46,6 +47,29 @@ func (s *sleeper) sleepUntil(t time.Time) error {
 		return fmt.Errorf("loadgen: wait on timerfd: %w", err)
 	}
 	return nil
+}
+
+// every arms the timer to expire first after first, then every interval.
+func (s *sleeper) every(first, interval time.Duration) error {
+	spec := unix.ItimerSpec{
+		Value:    unix.NsecToTimespec(max(int64(first), 1)), // 0 would disarm it
+		Interval: unix.NsecToTimespec(int64(interval)),
+	}
+	if err := unix.TimerfdSettime(s.fd, 0, &spec, nil); err != nil {
+		return fmt.Errorf("loadgen: arm timerfd: %w", err)
+	}
+	return nil
+}
+
+// ticks waits for the timer armed by every to expire and returns how many
+// times it has since the last call (more than 1 when the caller was late).
+// Cost: one read(2) when an expiration is pending, else a park in the
+// netpoller and a second read; nothing to re-arm.
+func (s *sleeper) ticks() (uint64, error) {
+	if _, err := s.f.Read(s.buf[:]); err != nil {
+		return 0, fmt.Errorf("loadgen: wait on timerfd: %w", err)
+	}
+	return binary.NativeEndian.Uint64(s.buf[:]), nil
 }
 
 func (s *sleeper) close() { _ = s.f.Close() }
