@@ -125,6 +125,7 @@ BenchmarkScore128x8|p50-ns|max|5000|Score 128 blocks x 8 workers, full hit, p50
 BenchmarkScore128x8|allocs/op|max|0|Score 128x8 heap allocations beyond the response
 BenchmarkScore4096x1000|p99-ns|max|100000|Score 4096 blocks x 1000 workers, p99
 BenchmarkScoreUnderIngest|ratio|max|2|Score p99 under 1 M blocks/s ingest / idle p99
+BenchmarkScoreUnderIngest|busy-switches/kop|imax|0|(scoring thread switched out, per 1,000 Scores)
 BenchmarkMemory10M|bytes/residency|max|32|memory per (block, worker) residency
 BenchmarkMemory10M|engine-bytes/block|imax|0|(engine-hash maps, per block)'
 
