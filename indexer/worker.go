@@ -264,8 +264,8 @@ const fullAttention = "full_attention"
 // changes are visible to Match when ApplyBatch returns.
 //
 // Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 200 ns per stored block, its later removal included (5.05 M blocks/s,
-// median of 5 on a quiet machine; 4.8 M with another process busy), and
+// 200 ns per stored block, its later removal included (4.8-5.3 M blocks/s
+// on the benchmark machine, whose speed drifts by ~7% over a day), and
 // 11 allocations per batch of about 80 blocks: a node and its key array
 // per new branch, and a view when a run's array grows or its holders
 // change inside it. A quarter of the time is the removal's one cache miss
