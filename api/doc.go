@@ -8,6 +8,16 @@
 // reflection, so that grpcurl and Kubernetes probes work out of the box.
 // Client wraps a grpc.ClientConn for routers and for kvindexctl.
 //
+// # Serving fast
+//
+// Build the grpc.Server with Server.GRPCOptions. They install Codec, which
+// decodes a ScoreRequest's token ids (nearly all of its bytes) by hand into
+// pooled memory, about 3x faster than protobuf-go and without an 8 KB
+// allocation per call, plus a fixed pool of stream workers and fixed
+// flow-control windows. Dial sets up clients the same way. The wire format
+// is standard protobuf either way: routers in any language need nothing
+// special.
+//
 // # Concurrency
 //
 // Server and Client are safe for concurrent use by any number of

@@ -11,10 +11,21 @@
 // the stall from its own statistics ("coordinated omission"); measuring from
 // the schedule charges a stall to every request it delayed, as wrk2 does.
 // A pacer releases each request at its due time to Config.Concurrency
-// sender goroutines, each with its own gRPC connection; if all of them are
-// busy, due requests wait and that wait is part of their latency. On Linux
-// the pacer sleeps on a timerfd: Go's timers wake an idle process up to
-// 1 ms late, which the open loop would otherwise charge to the server.
+// sender goroutines, which share the connections in turn (one each by
+// default); if all of them are busy, due requests wait and that wait is
+// part of their latency. On Linux the pacer waits on a periodic timerfd:
+// Go's timers wake an idle process up to 1 ms late, which the open loop
+// would otherwise charge to the server.
+//
+// # Clients
+//
+// H2Conn, the default, is a minimal gRPC client over HTTP/2 in the manner
+// of h2load. Requests are pre-encoded, a call is one write, and one reader
+// goroutine completes the calls. On a small machine, where the generator
+// shares the server's cores, it leaves them to the server: grpc-go's
+// client costs about as much CPU per call as the server it measures. The
+// grpc-go path (kvindex's api.Client) stays available as a Go router's
+// view.
 //
 // # Shapes
 //
