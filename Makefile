@@ -36,10 +36,12 @@ demo: deps
 bench: deps
 	scripts/bench.sh
 
-# fuzz runs the decoder fuzzer for FUZZTIME (default 60s).
+# fuzz runs each decoder fuzzer for FUZZTIME (default 60s): the msgpack event
+# decoder and the gRPC codec's ScoreRequest decoder.
 FUZZTIME ?= 60s
 fuzz: deps
 	$(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./events
+	$(GO) test -run='^$$' -fuzz=FuzzUnmarshalScoreRequest -fuzztime=$(FUZZTIME) ./api
 
 # proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
 proto:
