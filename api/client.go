@@ -24,11 +24,10 @@ type Client struct {
 
 // Dial returns a client of the kvindex server at addr ("host:port" or any
 // gRPC target). Connections use insecure (plaintext) credentials unless opts
-// give others, kvindex's Codec (generated marshalling; the wire format is
-// standard protobuf) and the server's fixed flow-control windows; later
-// options override earlier ones. Like grpc.NewClient it
-// does not wait for a connection: the first call connects. ctx is checked
-// before anything is set up.
+// give others, kvindex's Codec (standard protobuf on the wire) and the
+// server's fixed flow-control windows; later options override earlier ones.
+// Like grpc.NewClient it does not wait for a connection: the first call
+// connects. ctx is checked before anything is set up.
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvindex: dial %s: %w", addr, err)

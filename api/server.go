@@ -165,8 +165,8 @@ const (
 // GRPCOptions returns the options a grpc.Server serving s should be built
 // with (the daemon and kvbench use them):
 //
-//   - Codec: generated marshalling for kvindex.v1 messages, and token ids
-//     decoded into pooled memory that an interceptor takes back when each
+//   - Codec, which decodes a ScoreRequest's token ids by hand into pooled
+//     memory, with an interceptor that takes the memory back when each
 //     Score returns;
 //   - a fixed pool of stream workers (one per core), so that calls run on
 //     goroutines whose stacks have already grown instead of a new goroutine
