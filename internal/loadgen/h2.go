@@ -35,7 +35,7 @@ type H2Conn struct {
 	bw     *bufio.Writer
 	header []byte // HPACK block of every call's request headers
 
-	wmu    sync.Mutex // the write side: fr's writes, bw, nextID
+	wmu    sync.Mutex // the write side: fr's writes, bw, nextID; never held while waiting for mu's cond
 	nextID uint32
 
 	mu       sync.Mutex // below, and cond
@@ -184,27 +184,51 @@ func (c *H2Conn) applySettings(sf *http2.SettingsFrame) error {
 func (c *H2Conn) Call(ctx context.Context, msg []byte) ([]byte, error) {
 	call := &h2Call{status: -1, done: make(chan struct{}, 1)}
 
-	c.wmu.Lock()
+	// Reserve connection window first, without the write lock: the reader
+	// takes that lock to acknowledge SETTINGS and PINGs, and may have to
+	// before it reads the WINDOW_UPDATE this call waits for.
 	c.mu.Lock()
 	if int64(len(msg)) > c.streamW {
 		c.mu.Unlock()
-		c.wmu.Unlock()
 		return nil, fmt.Errorf("loadgen: h2: request of %d bytes is larger than the server's stream window (%d); flow control across frames of one request is not implemented", len(msg), c.streamW)
 	}
-	for c.err == nil && c.connWin < int64(len(msg)) {
-		c.cond.Wait()
+	if c.err == nil && c.connWin < int64(len(msg)) {
+		// Wait for a WINDOW_UPDATE, or for ctx to end.
+		stop := context.AfterFunc(ctx, func() {
+			c.mu.Lock()
+			c.cond.Broadcast()
+			c.mu.Unlock()
+		})
+		for c.err == nil && ctx.Err() == nil && c.connWin < int64(len(msg)) {
+			c.cond.Wait()
+		}
+		stop()
 	}
+	if c.err != nil || ctx.Err() != nil {
+		err := c.err
+		if err == nil {
+			err = ctx.Err()
+		}
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.connWin -= int64(len(msg))
+	maxFrame := c.maxFrame
+	c.mu.Unlock()
+
+	// Stream ids must reach the server in increasing order: take one and
+	// write under the same lock.
+	c.wmu.Lock()
+	id := c.nextID
+	c.nextID += 2
+	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
 		c.wmu.Unlock()
 		return nil, err
 	}
-	c.connWin -= int64(len(msg))
-	id := c.nextID
-	c.nextID += 2
 	c.calls[id] = call
-	maxFrame := c.maxFrame
 	c.mu.Unlock()
 
 	err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.header, EndHeaders: true})

@@ -3,12 +3,16 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/indexer"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -168,5 +172,70 @@ func TestLongestMatch(t *testing.T) {
 				t.Errorf("longestMatch accepted %x, truncated", b[:len(b)-1])
 			}
 		}
+	}
+}
+
+// TestH2ConnFlowControl runs H2Conn against a gRPC server with default
+// settings: a 64 KiB connection window that the server refills as it
+// reads, and bandwidth-delay PINGs that the reader must acknowledge while
+// calls wait for window. 48 concurrent calls of ~120 KB each (far over the
+// window) must all complete.
+func TestH2ConnFlowControl(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ix := indexer.New(indexer.Config{})
+	if err := h2Shape.Load(ix); err != nil {
+		t.Fatal(err)
+	}
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer() // gRPC's defaults, not GRPCOptions
+	api.NewServer(ix, nil, api.Options{}).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+
+	c, err := DialH2(ctx, lis.Addr().String(), kvindexv1.IndexService_Score_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	long := append(append([]uint32(nil), h2Shape.Prompt(1)...), make([]uint32, 40000)...)
+	errs := make(chan error, 48)
+	for range 48 {
+		go func() {
+			r, err := h2Score(ctx, c, &kvindexv1.ScoreRequest{Model: "m", TokenIds: long})
+			if err == nil {
+				err = checkScore(h2Shape, 1, r)
+			}
+			errs <- err
+		}()
+	}
+	for range 48 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestH2ConnWindowWaitEndsWithContext checks that a call waiting for
+// connection window returns when its context ends.
+func TestH2ConnWindowWaitEndsWithContext(t *testing.T) {
+	e, ctx := startH2Server(t)
+	c, err := DialH2(ctx, e.Addr, kvindexv1.IndexService_Score_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.mu.Lock()
+	c.connWin = -1 << 40 // as if the server had granted nothing
+	c.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = c.Call(cctx, NewGRPCMessage([]byte{}))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("call without window: %v, want the context's deadline", err)
 	}
 }
