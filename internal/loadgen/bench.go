@@ -40,6 +40,13 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.Shape.Validate(); err != nil {
 		return nil, err
 	}
+	switch opts.Client {
+	case "":
+		opts.Client = "h2"
+	case "h2", "grpc":
+	default:
+		return nil, fmt.Errorf("loadgen: client %q: want h2 or grpc", opts.Client)
+	}
 	addr := opts.Addr
 	if opts.Embedded {
 		e, err := StartEmbedded(ctx, opts.Shape, "")
@@ -57,8 +64,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	}
 	var do Do
 	switch opts.Client {
-	case "", "h2":
-		opts.Client = "h2"
+	case "h2":
 		conns := make([]*H2Conn, nconn)
 		for i := range conns {
 			c, err := DialH2(ctx, addr, kvindexv1.IndexService_Score_FullMethodName)
@@ -86,8 +92,6 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		if do, err = ScoreDo(opts.Shape, clients, opts.BlockKeys, opts.Embedded); err != nil {
 			return nil, err
 		}
-	default:
-		return nil, fmt.Errorf("loadgen: client %q: want h2 or grpc", opts.Client)
 	}
 	if opts.Warmup.Duration > 0 {
 		r, err := Run(ctx, opts.Warmup, do)

@@ -145,3 +145,10 @@ func TestBenchNeedsATarget(t *testing.T) {
 		t.Fatal("Bench without address or embedded server succeeded")
 	}
 }
+
+func TestBenchRejectsUnknownClient(t *testing.T) {
+	_, err := Bench(context.Background(), Options{Embedded: true, Client: "http3", Shape: DefaultShape(), Load: Config{Rate: 1, Duration: time.Second, Concurrency: 1}})
+	if err == nil || !strings.Contains(err.Error(), `client "http3"`) {
+		t.Fatalf("Bench with client http3: %v, want an error naming the client", err)
+	}
+}
