@@ -12,7 +12,7 @@
 #   BENCHTIME  -benchtime per run (default 1s)
 #   RPS        kvbench rate (default 10000), DURATION (default 10s),
 #   CONNS      kvbench senders, one connection each (default 8)
-#   GRPC_RUNS  kvbench runs with the lean client; the row is their median p99 (default 3)
+#   GRPC_RUNS  kvbench runs with the lean client; the row is their median p99 (default 5)
 #   OUT        output directory (default bench-out)
 #   SKIP_GRPC  set to 1 to skip the load generator
 #   CPUPROFILE set to 1 to also write a CPU profile per package into $OUT
@@ -28,7 +28,7 @@ BENCHTIME=${BENCHTIME:-1s}
 RPS=${RPS:-10000}
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-8}
-GRPC_RUNS=${GRPC_RUNS:-3}
+GRPC_RUNS=${GRPC_RUNS:-5}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 raw="$OUT/latest.txt"
