@@ -15,13 +15,23 @@ deps:
 build: deps
 	$(GO) build -o bin/ ./cmd/...
 
-# test checks formatting and vet, then runs every test (fuzz seed corpora
-# included) with the race detector.
-test: deps
+# test runs lint, then every test (fuzz seed corpora included) with the
+# race detector, then the indexer and end-to-end tests again with the
+# invariant checks compiled in (build tag invariants).
+test: deps lint
+	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -tags invariants ./indexer/... ./integration/...
+
+# lint checks formatting, go vet, staticcheck, that go.mod is tidy, and
+# that everything a router may embed builds without cgo (only the ZeroMQ
+# transport, events/zmq, needs libzmq).
+lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	$(TOOL) staticcheck ./...
+	$(GO) mod tidy -diff
+	CGO_ENABLED=0 $(GO) build ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side

@@ -45,4 +45,6 @@ func (c *HealthCell) Load() Health {
 	return Health(c.v.Load())
 }
 
-func (c *HealthCell) store(h Health) { c.v.Store(uint32(h)) }
+// Store sets the current health; a transport calls it from the one
+// goroutine (or under the lock) that decides the worker's health.
+func (c *HealthCell) Store(h Health) { c.v.Store(uint32(h)) }

@@ -1,6 +1,10 @@
 package events
 
-import "strings"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // TopicRoute says which pod and model a push-mode topic belongs to.
 type TopicRoute struct {
@@ -25,4 +29,25 @@ func ParseLLMDTopic(topic string) (pod, model string, ok bool) {
 		return "", "", false
 	}
 	return pod, model, true
+}
+
+// OffsetEndpoint returns the endpoint DP rank r uses, the way vLLM offsets
+// it: tcp port + r, and "_dp<r>" appended to ipc:// and inproc:// paths
+// (rank 0 keeps the endpoint as is).
+func OffsetEndpoint(endpoint string, r int) (string, error) {
+	if r == 0 {
+		return endpoint, nil
+	}
+	if strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://") {
+		return endpoint + "_dp" + strconv.Itoa(r), nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	if i < 0 {
+		return "", fmt.Errorf("events: endpoint %q has no port", endpoint)
+	}
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil || port <= 0 || port+r > 65535 {
+		return "", fmt.Errorf("events: endpoint %q: port %q cannot be offset by rank %d", endpoint, endpoint[i+1:], r)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+r), nil
 }

@@ -245,7 +245,7 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 		w.capConfigured = int64(max(ix.cfg.WorkerCapacity, -1))
 	}
 	w.c.capacity.Store(w.capacityLocked())
-	nws := make([]*Worker, len(ws)+1, len(ws)+1)
+	nws := make([]*Worker, len(ws)+1)
 	copy(nws, ws)
 	nws[len(ws)] = w
 	ix.workers.Store(&nws)

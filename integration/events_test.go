@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/enginepub"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -255,10 +256,10 @@ func TestStaleEndpoint(t *testing.T) {
 	}
 
 	// The engine comes back on the same endpoint.
-	var pub *events.Publisher
+	var pub *enginepub.Publisher
 	var err error
 	for i := 0; i < 100; i++ {
-		if pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: endpoint, Topic: "kv@a@" + model, Bind: true}); err == nil {
+		if pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: endpoint, Topic: "kv@a@" + model, Bind: true}); err == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -333,7 +334,7 @@ func TestPushModeTopics(t *testing.T) {
 	}
 
 	// A topic that maps to no pod is counted, not guessed.
-	stray, err := events.NewPublisher(events.PublisherConfig{Endpoint: f.pushAddr, Topic: "no-convention"})
+	stray, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: f.pushAddr, Topic: "no-convention"})
 	if err != nil {
 		t.Fatal(err)
 	}

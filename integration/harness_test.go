@@ -13,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/enginepub"
 	"github.com/kvindex/kvindex/internal/netutil"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -35,7 +36,7 @@ func freePorts(t *testing.T, n int) int {
 // pod is a simulated vLLM pod: one publisher per DP rank.
 type pod struct {
 	name string
-	pubs []*events.Publisher
+	pubs []*enginepub.Publisher
 }
 
 // fleet is a running daemon plus its simulated engines and a gRPC client.
@@ -110,7 +111,7 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 		}
 		p := &pod{name: s.name}
 		for r := 0; r < s.dpSize; r++ {
-			cfg := events.PublisherConfig{
+			cfg := enginepub.PublisherConfig{
 				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r),
 				Topic:    s.topic,
 				Encoding: s.enc,
@@ -123,7 +124,7 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 				cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", replayBase+r)
 				cfg.ReplayFrames = s.replayFrames
 			}
-			pub, err := events.NewPublisher(cfg)
+			pub, err := enginepub.NewPublisher(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -208,14 +209,14 @@ func (f *fleet) stop() {
 // daemon has processed it.
 func (f *fleet) publish(podName string, rank int, evs ...events.Event) {
 	f.t.Helper()
-	f.send(podName, rank, func(pub *events.Publisher) (uint64, error) {
+	f.send(podName, rank, func(pub *enginepub.Publisher) (uint64, error) {
 		return pub.Publish(&events.Batch{Timestamp: float64(time.Now().UnixNano()) / 1e9, Events: evs, DPRank: rank, HasDPRank: true})
 	})
 }
 
 // send runs one publishing call for pod's rank and waits until the daemon
 // has processed the message it sent (decoded or counted as bad).
-func (f *fleet) send(podName string, rank int, do func(*events.Publisher) (uint64, error)) {
+func (f *fleet) send(podName string, rank int, do func(*enginepub.Publisher) (uint64, error)) {
 	f.t.Helper()
 	ref := events.WorkerRef{Pod: podName, DPRank: rank}
 	before := f.received(ref)

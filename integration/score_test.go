@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/enginepub"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -217,7 +218,7 @@ func TestBadInputGapsAndRestarts(t *testing.T) {
 	f.publish("b", 0, evB)
 
 	pub := f.pods["a"].pubs[0]
-	f.send("a", 0, func(p *events.Publisher) (uint64, error) {
+	f.send("a", 0, func(p *enginepub.Publisher) (uint64, error) {
 		return p.PublishRaw([]byte{0x93, 0xcb, 0x41}) // truncated envelope
 	})
 	pub.SetSeq(10) // messages 2..9 lost, and a has no replay endpoint
@@ -361,10 +362,10 @@ func TestSubscriberReconnectsAfterEngineRestart(t *testing.T) {
 	old := f.pods["a"].pubs[0]
 	endpoint := f.d.Index().LookupWorker(events.WorkerRef{Pod: "a"}).Info().Endpoint
 	old.Close()
-	var pub *events.Publisher
+	var pub *enginepub.Publisher
 	var err error
 	for i := 0; i < 100; i++ { // the port may take a moment to free
-		if pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: endpoint, Topic: "kv@a@" + model, Bind: true}); err == nil {
+		if pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: endpoint, Topic: "kv@a@" + model, Bind: true}); err == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

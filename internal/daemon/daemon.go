@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/metrics"
@@ -36,7 +37,7 @@ type Daemon struct {
 	log *slog.Logger
 
 	ix       *indexer.Index
-	sub      *events.Subscriber
+	sub      *zmq.Subscriber
 	tracker  *scoring.Tracker
 	scraper  *scrape.Scraper
 	grpc     *grpc.Server
@@ -62,7 +63,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			return nil, fmt.Errorf("daemon: model %q: %w", m.Name, err)
 		}
 	}
-	var eps []events.Endpoint
+	var eps []zmq.Endpoint
 	for _, we := range cfg.Workers() {
 		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
 		if err != nil {
@@ -71,13 +72,13 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		if we.CapacityBlocks > 0 {
 			w.SetCapacity(we.CapacityBlocks)
 		}
-		eps = append(eps, events.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w})
+		eps = append(eps, zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w})
 	}
 	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	opts := events.SubscriberOptions{
+	opts := zmq.SubscriberOptions{
 		Logger:               log,
 		LogEvery:             cfg.Log.ProblemInterval,
 		QueueSize:            cfg.Events.QueueSize,
@@ -89,13 +90,13 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		NewWorker:            d.newPushWorker,
 	}
 	for _, pl := range cfg.Push {
-		l := events.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}}
+		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}}
 		for _, r := range pl.Routes {
 			l.Routes[r.Topic] = events.TopicRoute{Pod: r.Pod, Model: r.Model, ReplayEndpoint: r.ReplayEndpoint}
 		}
 		opts.Push = append(opts.Push, l)
 	}
-	sub, err := events.NewSubscriber(opts, eps...)
+	sub, err := zmq.NewSubscriber(opts, eps...)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -187,7 +188,7 @@ func (d *Daemon) MetricsAddr() string {
 func (d *Daemon) Index() *indexer.Index { return d.ix }
 
 // Subscriber is the daemon's event subscriber.
-func (d *Daemon) Subscriber() *events.Subscriber { return d.sub }
+func (d *Daemon) Subscriber() *zmq.Subscriber { return d.sub }
 
 // Run receives events and serves gRPC and metrics until ctx is done, then
 // stops gracefully (in-flight RPCs finish, sockets close). It returns nil

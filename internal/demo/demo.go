@@ -21,6 +21,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/enginepub"
 	"github.com/kvindex/kvindex/internal/netutil"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -68,7 +69,7 @@ pods:
 	engines := map[string]*engine{}
 	for i, ref := range []events.WorkerRef{{Pod: "vllm-a"}, {Pod: "vllm-b"}, {Pod: "vllm-b", DPRank: 1}, {Pod: "vllm-c"}} {
 		name := ref.String()
-		pub, err := events.NewPublisher(events.PublisherConfig{
+		pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{
 			Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+i),
 			Topic:    "kv@" + name + "@" + model,
 			Encoding: events.EncodeOptions{Encoding: events.EncodingMap},
@@ -258,7 +259,7 @@ func (r *run) score(title string, req *kvindexv1.ScoreRequest, want map[string]i
 type engine struct {
 	name     string
 	ref      events.WorkerRef
-	pub      *events.Publisher
+	pub      *enginepub.Publisher
 	hashBase uint64
 	hashes   []uint64 // every block hash it stored, in order
 }

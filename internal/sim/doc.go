@@ -21,7 +21,7 @@
 //     directly, and kvindex's route tracker runs on the virtual clock.
 //   - Live (Live): the loop waits for the wall clock (scaled by
 //     LiveOptions.Speedup). Engines publish over real ZeroMQ sockets
-//     (events.Publisher) to the real daemon (internal/daemon, started in
+//     (enginepub.Publisher) to the real daemon (internal/daemon, started in
 //     process, or an external one), and the kvindex routers ask it over real
 //     gRPC (api.Client).
 //

@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/enginepub"
 	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/internal/sim/metrics"
 	"github.com/kvindex/kvindex/internal/sim/router"
@@ -132,7 +133,7 @@ func (g grpcScorer) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) 
 
 // Live replays w on wall-clock time (scaled by lo.Speedup): simulated
 // engines publish their KV events over real ZeroMQ sockets
-// (events.Publisher, vLLM's wire format) to a real kvindex daemon, and the
+// (enginepub.Publisher, vLLM's wire format) to a real kvindex daemon, and the
 // precise routers ask it over real gRPC (api.Client). Every router runs at
 // once, each with its own fleet, on the same arrivals. Results are in
 // o.Routers order; IndexProblems counts what kvindex reported it could not
@@ -170,7 +171,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 
 	// Engines bind first, as vLLM's publishers do. sent counts each
 	// engine's published batches (written by its router's loop only).
-	pubs := map[string][]*events.Publisher{}
+	pubs := map[string][]*enginepub.Publisher{}
 	sent := map[string][]uint64{}
 	defer func() {
 		for _, ps := range pubs {
@@ -181,7 +182,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	}()
 	for _, f := range fleets {
 		for i, pod := range f.pods {
-			p, err := events.NewPublisher(events.PublisherConfig{
+			p, err := enginepub.NewPublisher(enginepub.PublisherConfig{
 				Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i]),
 				Topic:    "kv@" + pod + "@" + f.model,
 				Encoding: o.Wire,

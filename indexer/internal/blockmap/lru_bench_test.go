@@ -10,9 +10,9 @@ import (
 // val has the size and shape of the indexer's engine entry (16 bytes, no
 // pointer).
 type val struct {
-	node uint32
-	off  int32
-	refs [6]uint8
+	_   uint32   // node
+	off int32    // offset in the node
+	_   [6]uint8 // store counts
 }
 
 // lruOps is what a worker does per block, in the steady state of

@@ -191,12 +191,11 @@ type Engine struct {
 	stepEnd time.Duration
 
 	// KV events of the current step, in order, and their backing arrays.
-	evs     []events.Event
-	evHash  []uint64
-	evToks  []uint32
-	batch   events.Batch
-	result  StepResult
-	scratch []uint64
+	evs    []events.Event
+	evHash []uint64
+	evToks []uint32
+	batch  events.Batch
+	result StepResult
 
 	stats Stats
 }

@@ -1,4 +1,4 @@
-package events
+package zmq
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
+	zmq4 "github.com/pebbe/zmq4"
 )
 
 // ErrReplay reports a replay request that failed or returned something
@@ -63,8 +63,8 @@ func parseReplayReply(frames [][]byte) (replayReply, error) {
 // with seq >= start and collects them until the end marker. It gives up
 // after timeout (the whole exchange), after maxBatches batches, or when ctx
 // is done. It owns its DEALER socket for the call.
-func fetchReplay(ctx context.Context, zctx *zmq.Context, endpoint string, start uint64, timeout time.Duration, maxBatches int) ([]replayedBatch, error) {
-	sock, err := zctx.NewSocket(zmq.DEALER)
+func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start uint64, timeout time.Duration, maxBatches int) ([]replayedBatch, error) {
+	sock, err := zctx.NewSocket(zmq4.DEALER)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DEALER socket for %s: %w", ErrReplay, endpoint, err)
 	}
@@ -80,8 +80,8 @@ func fetchReplay(ctx context.Context, zctx *zmq.Context, endpoint string, start 
 		return nil, fmt.Errorf("%w: send request to %s: %w", ErrReplay, endpoint, err)
 	}
 	deadline := time.Now().Add(timeout)
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
+	poller := zmq4.NewPoller()
+	poller.Add(sock, zmq4.POLLIN)
 	var out []replayedBatch
 	for {
 		if err := ctx.Err(); err != nil {
@@ -93,7 +93,7 @@ func fetchReplay(ctx context.Context, zctx *zmq.Context, endpoint string, start 
 		}
 		polled, err := poller.Poll(min(left, 100*time.Millisecond))
 		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
+			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EINTR) {
 				continue
 			}
 			return out, fmt.Errorf("%w: poll %s: %w", ErrReplay, endpoint, err)

@@ -1,4 +1,4 @@
-package events
+package zmq
 
 import (
 	"context"
@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
+	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/events"
 )
 
 // ErrFrames reports a ZMQ message that is not vLLM's [topic, seq, payload].
@@ -23,7 +24,7 @@ var ErrFrames = errors.New("events: malformed message frames")
 // binds its PUB socket and the subscriber connects.
 type Endpoint struct {
 	// Worker is the worker whose events arrive here.
-	Worker WorkerRef
+	Worker events.WorkerRef
 	// Address is the ZMQ endpoint to connect to, e.g. tcp://10.0.0.5:5557.
 	Address string
 	// Topic is the subscription prefix; "" receives every topic.
@@ -33,7 +34,7 @@ type Endpoint struct {
 	// asks it for every batch still buffered.
 	ReplayEndpoint string
 	// Sink receives the worker's batches in seq order.
-	Sink Sink
+	Sink events.Sink
 }
 
 // PushListener is one bound SUB socket that many engines connect to (push
@@ -46,11 +47,11 @@ type PushListener struct {
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
 	// Routes maps exact topics to pods.
-	Routes map[string]TopicRoute
+	Routes map[string]events.TopicRoute
 }
 
-// NewWorkerFunc creates the Sink of a worker first seen on a push listener.
-type NewWorkerFunc func(ref WorkerRef, model, replayEndpoint string) (Sink, error)
+// NewWorkerFunc creates the events.Sink of a worker first seen on a push listener.
+type NewWorkerFunc func(ref events.WorkerRef, model, replayEndpoint string) (events.Sink, error)
 
 // SubscriberOptions tune a Subscriber. The zero value is usable.
 type SubscriberOptions struct {
@@ -76,7 +77,7 @@ type SubscriberOptions struct {
 
 	// Push lists bound SUB sockets for push-mode engines.
 	Push []PushListener
-	// NewWorker creates the Sink of a worker first seen on a push listener;
+	// NewWorker creates the events.Sink of a worker first seen on a push listener;
 	// required with Push.
 	NewWorker NewWorkerFunc
 
@@ -89,12 +90,12 @@ type SubscriberOptions struct {
 	ReplayMaxBatches int
 	// ReplayBackoff is the first wait after a failed replay before the
 	// worker's next one (doubling to 30 s); gaps meanwhile go straight to
-	// the GapPolicy. 0 means 1 s.
+	// the events.GapPolicy. 0 means 1 s.
 	ReplayBackoff time.Duration
 	// MaxPending bounds live batches held while a replay runs; 0 means 10,000.
 	MaxPending int
 	// GapPolicy is what an unfillable gap does to the worker's blocks.
-	GapPolicy GapPolicy
+	GapPolicy events.GapPolicy
 
 	// StaleAfterDisconnect marks a pull-mode worker stale when its endpoint
 	// has had no connection for this long (or never had one); 0 means 5 s,
@@ -139,8 +140,8 @@ func (o *SubscriberOptions) defaults() {
 // engines connect to), or both. Each worker's messages go, in order, to
 // that worker's stream, which tracks seq, fills gaps through the engine's
 // replay socket, applies the gap policy, and hands batches to the worker's
-// Sink. A health checker marks workers stale when their endpoint stops
-// answering. It implements StatsSource and HealthSource.
+// events.Sink. A health checker marks workers stale when their endpoint stops
+// answering. It implements events.StatsSource and events.HealthSource.
 //
 // # Concurrency
 //
@@ -153,14 +154,14 @@ type Subscriber struct {
 	opts SubscriberOptions
 	pull []pullSource
 
-	zctx        *zmq.Context
+	zctx        *zmq4.Context
 	replaySlots chan struct{}
-	batches     sync.Pool // *Batch
+	batches     sync.Pool // *events.Batch
 	unroutable  atomic.Int64
 
 	mu      sync.RWMutex // guards streams, byRef, runCtx
 	streams []*stream
-	byRef   map[WorkerRef]*stream
+	byRef   map[events.WorkerRef]*stream
 	runCtx  context.Context
 	wg      sync.WaitGroup
 }
@@ -175,7 +176,7 @@ type pullSource struct {
 // Nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
-	s := &Subscriber{opts: opts, byRef: make(map[WorkerRef]*stream)}
+	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream)}
 	for i, ep := range eps {
 		if ep.Address == "" {
 			return nil, fmt.Errorf("events: endpoint %d (%s): empty address", i, ep.Worker)
@@ -205,7 +206,7 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 // Run connects and binds every socket and receives until ctx is done. It
 // returns nil after a clean shutdown, or the first error that stopped it.
 func (s *Subscriber) Run(ctx context.Context) error {
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq4.NewContext()
 	if err != nil {
 		return fmt.Errorf("events: create zmq context: %w", err)
 	}
@@ -281,7 +282,7 @@ func (s *Subscriber) startStreamLocked(ctx context.Context, st *stream) {
 	}()
 }
 
-func (s *Subscriber) setSockopts(sock *zmq.Socket, topic string) error {
+func (s *Subscriber) setSockopts(sock *zmq4.Socket, topic string) error {
 	for _, set := range []func() error{
 		func() error { return sock.SetLinger(0) },
 		func() error { return sock.SetRcvhwm(s.opts.RcvHWM) },
@@ -298,12 +299,12 @@ func (s *Subscriber) setSockopts(sock *zmq.Socket, topic string) error {
 
 // connect opens a pull-mode SUB socket to ep, with a monitor socket that
 // reports its connection state.
-func (s *Subscriber) connect(ep Endpoint, i int) (*zmq.Socket, *zmq.Socket, error) {
-	sock, err := s.zctx.NewSocket(zmq.SUB)
+func (s *Subscriber) connect(ep Endpoint, i int) (*zmq4.Socket, *zmq4.Socket, error) {
+	sock, err := s.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: new SUB socket for %s: %w", ep.Worker, err)
 	}
-	fail := func(err error) (*zmq.Socket, *zmq.Socket, error) {
+	fail := func(err error) (*zmq4.Socket, *zmq4.Socket, error) {
 		sock.Close()
 		return nil, nil, fmt.Errorf("events: SUB socket for %s at %s: %w", ep.Worker, ep.Address, err)
 	}
@@ -311,10 +312,10 @@ func (s *Subscriber) connect(ep Endpoint, i int) (*zmq.Socket, *zmq.Socket, erro
 		return fail(err)
 	}
 	monAddr := "inproc://kvindex-monitor-" + strconv.Itoa(i)
-	if err := sock.Monitor(monAddr, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED|zmq.EVENT_CLOSED); err != nil {
+	if err := sock.Monitor(monAddr, zmq4.EVENT_CONNECTED|zmq4.EVENT_DISCONNECTED|zmq4.EVENT_CLOSED); err != nil {
 		return fail(err)
 	}
-	mon, err := s.zctx.NewSocket(zmq.PAIR)
+	mon, err := s.zctx.NewSocket(zmq4.PAIR)
 	if err != nil {
 		return fail(err)
 	}
@@ -333,8 +334,8 @@ func (s *Subscriber) connect(ep Endpoint, i int) (*zmq.Socket, *zmq.Socket, erro
 // bind opens a push-mode SUB socket. It is polled from the moment it is
 // bound, so engines' subscriptions are exchanged as they connect (a bound
 // SUB that nobody polls drops everything: libzmq #1594).
-func (s *Subscriber) bind(pl PushListener) (*zmq.Socket, error) {
-	sock, err := s.zctx.NewSocket(zmq.SUB)
+func (s *Subscriber) bind(pl PushListener) (*zmq4.Socket, error) {
+	sock, err := s.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
 		return nil, fmt.Errorf("events: new SUB socket for push listener %s: %w", pl.Address, err)
 	}
@@ -351,22 +352,22 @@ func (s *Subscriber) bind(pl PushListener) (*zmq.Socket, error) {
 
 // receive is one socket's loop; it owns sock (and mon) and closes them.
 // Pull mode passes the endpoint's stream; push mode passes the listener.
-func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq.Socket, st *stream, pl *PushListener) error {
+func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pl *PushListener) error {
 	defer sock.Close()
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
+	poller := zmq4.NewPoller()
+	poller.Add(sock, zmq4.POLLIN)
 	if mon != nil {
 		defer mon.Close()
-		poller.Add(mon, zmq.POLLIN)
+		poller.Add(mon, zmq4.POLLIN)
 	}
-	r := receiver{sub: s, dec: NewDecoder(), st: st, pl: pl}
+	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pl: pl}
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(s.opts.PollInterval)
 		if err != nil {
-			switch zmq.AsErrno(err) {
-			case zmq.ETERM:
+			switch zmq4.AsErrno(err) {
+			case zmq4.ETERM:
 				return nil
-			case zmq.Errno(syscall.EINTR):
+			case zmq4.Errno(syscall.EINTR):
 				continue
 			}
 			return fmt.Errorf("events: poll: %w", err)
@@ -378,11 +379,11 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq.Socket, st *str
 			}
 			// Drain what is queued before polling again.
 			for ctx.Err() == nil {
-				frames, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+				frames, err := sock.RecvMessageBytes(zmq4.DONTWAIT)
 				if err != nil {
-					switch zmq.AsErrno(err) {
-					case zmq.Errno(syscall.EAGAIN):
-					case zmq.ETERM:
+					switch zmq4.AsErrno(err) {
+					case zmq4.Errno(syscall.EAGAIN):
+					case zmq4.ETERM:
 						return nil
 					default:
 						return fmt.Errorf("events: receive: %w", err)
@@ -399,25 +400,25 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq.Socket, st *str
 // receiver is one socket's decoding and routing state.
 type receiver struct {
 	sub *Subscriber
-	dec *Decoder
+	dec *events.Decoder
 	st  *stream       // pull mode: the endpoint's stream
 	pl  *PushListener // push mode
 	// push mode caches, owned by the receiver goroutine
-	routes  map[string]TopicRoute
-	streams map[WorkerRef]*stream
+	routes  map[string]events.TopicRoute
+	streams map[events.WorkerRef]*stream
 }
 
 // monitorEvent updates the pull stream's connection state.
-func (r *receiver) monitorEvent(mon *zmq.Socket) {
-	ev, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
+func (r *receiver) monitorEvent(mon *zmq4.Socket) {
+	ev, _, _, err := mon.RecvEvent(zmq4.DONTWAIT)
 	if err != nil {
 		return
 	}
 	switch ev {
-	case zmq.EVENT_CONNECTED:
+	case zmq4.EVENT_CONNECTED:
 		r.st.connected.Store(true)
 		r.st.disconnected.Store(0)
-	case zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED:
+	case zmq4.EVENT_DISCONNECTED, zmq4.EVENT_CLOSED:
 		r.st.connected.Store(false)
 		r.st.disconnected.CompareAndSwap(0, time.Now().UnixNano())
 	}
@@ -460,7 +461,7 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 
 // streamForTopic finds (or creates) the push-mode stream for a message's
 // topic and DP rank. A topic that maps to no pod is counted and logged.
-func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *Batch) *stream {
+func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *events.Batch) *stream {
 	if r.pl == nil {
 		return r.st
 	}
@@ -474,8 +475,8 @@ func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *Batch
 		route, ok = r.pl.Routes[string(topic)]
 		if !ok {
 			var pod, model string
-			if pod, model, ok = ParseLLMDTopic(string(topic)); ok {
-				route = TopicRoute{Pod: pod, Model: model}
+			if pod, model, ok = events.ParseLLMDTopic(string(topic)); ok {
+				route = events.TopicRoute{Pod: pod, Model: model}
 			}
 		}
 		if !ok {
@@ -485,11 +486,11 @@ func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *Batch
 			return nil
 		}
 		if r.routes == nil {
-			r.routes = make(map[string]TopicRoute)
+			r.routes = make(map[string]events.TopicRoute)
 		}
 		r.routes[string(topic)] = route
 	}
-	ref := WorkerRef{Pod: route.Pod}
+	ref := events.WorkerRef{Pod: route.Pod}
 	if b != nil && b.HasDPRank {
 		ref.DPRank = b.DPRank
 	}
@@ -504,7 +505,7 @@ func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *Batch
 		return nil
 	}
 	if r.streams == nil {
-		r.streams = make(map[WorkerRef]*stream)
+		r.streams = make(map[events.WorkerRef]*stream)
 	}
 	r.streams[ref] = st
 	return st
@@ -512,7 +513,7 @@ func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *Batch
 
 // pushStream returns the stream of a push-mode worker, creating the worker
 // and starting its stream the first time.
-func (s *Subscriber) pushStream(ref WorkerRef, route TopicRoute, listener string) (*stream, error) {
+func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, listener string) (*stream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st := s.byRef[ref]; st != nil {
@@ -521,7 +522,7 @@ func (s *Subscriber) pushStream(ref WorkerRef, route TopicRoute, listener string
 	replay := ""
 	if route.ReplayEndpoint != "" {
 		var err error
-		if replay, err = OffsetEndpoint(route.ReplayEndpoint, ref.DPRank); err != nil {
+		if replay, err = events.OffsetEndpoint(route.ReplayEndpoint, ref.DPRank); err != nil {
 			return nil, err
 		}
 	}
@@ -562,25 +563,25 @@ func (s *Subscriber) checkHealth(ctx context.Context) {
 	}
 }
 
-func (s *Subscriber) getBatch() *Batch {
-	if b, ok := s.batches.Get().(*Batch); ok {
+func (s *Subscriber) getBatch() *events.Batch {
+	if b, ok := s.batches.Get().(*events.Batch); ok {
 		return b
 	}
-	return new(Batch)
+	return new(events.Batch)
 }
 
-func (s *Subscriber) putBatch(b *Batch) {
+func (s *Subscriber) putBatch(b *events.Batch) {
 	if b != nil {
 		s.batches.Put(b)
 	}
 }
 
-// WorkerStats returns a snapshot per worker (StatsSource).
-func (s *Subscriber) WorkerStats() []WorkerStats {
+// WorkerStats returns a snapshot per worker (events.StatsSource).
+func (s *Subscriber) WorkerStats() []events.WorkerStats {
 	s.mu.RLock()
 	streams := s.streams
 	s.mu.RUnlock()
-	out := make([]WorkerStats, 0, len(streams))
+	out := make([]events.WorkerStats, 0, len(streams))
 	for _, st := range streams {
 		out = append(out, st.snapshot())
 	}
@@ -588,8 +589,8 @@ func (s *Subscriber) WorkerStats() []WorkerStats {
 }
 
 // Health returns the worker's health cell, or nil for an unknown worker
-// (HealthSource).
-func (s *Subscriber) Health(ref WorkerRef) *HealthCell {
+// (events.HealthSource).
+func (s *Subscriber) Health(ref events.WorkerRef) *events.HealthCell {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if st := s.byRef[ref]; st != nil {
@@ -607,42 +608,4 @@ func frameLen(frames [][]byte, i int) int {
 		return len(frames[i])
 	}
 	return -1
-}
-
-// OffsetEndpoint returns the endpoint DP rank r uses, the way vLLM offsets
-// it: tcp port + r, and "_dp<r>" appended to ipc:// and inproc:// paths
-// (rank 0 keeps the endpoint as is).
-func OffsetEndpoint(endpoint string, r int) (string, error) {
-	if r == 0 {
-		return endpoint, nil
-	}
-	if strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://") {
-		return endpoint + "_dp" + strconv.Itoa(r), nil
-	}
-	i := strings.LastIndexByte(endpoint, ':')
-	if i < 0 {
-		return "", fmt.Errorf("events: endpoint %q has no port", endpoint)
-	}
-	port, err := strconv.Atoi(endpoint[i+1:])
-	if err != nil || port <= 0 || port+r > 65535 {
-		return "", fmt.Errorf("events: endpoint %q: port %q cannot be offset by rank %d", endpoint, endpoint[i+1:], r)
-	}
-	return endpoint[:i+1] + strconv.Itoa(port+r), nil
-}
-
-// limiter lets the first report through, then one per interval, counting
-// what it held back.
-type limiter struct {
-	last       time.Time
-	suppressed int
-}
-
-func (l *limiter) allow(now time.Time, every time.Duration) (bool, int) {
-	if l.last.IsZero() || now.Sub(l.last) >= every {
-		n := l.suppressed
-		l.last, l.suppressed = now, 0
-		return true, n
-	}
-	l.suppressed++
-	return false, 0
 }

@@ -1,4 +1,4 @@
-package events
+package enginepub
 
 import (
 	"context"
@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
+	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/events"
 )
 
 // PublisherConfig sets up a Publisher.
@@ -17,7 +19,7 @@ type PublisherConfig struct {
 	// Topic is sent as every message's first frame.
 	Topic string
 	// Encoding selects the payload form (array or map era, hash form, envelope).
-	Encoding EncodeOptions
+	Encoding events.EncodeOptions
 	// Bind forces a bind; otherwise the socket binds or connects by vLLM's
 	// rule: bind when the endpoint contains "*" or "::" or is ipc:// or
 	// inproc://, connect otherwise (push mode).
@@ -35,8 +37,7 @@ type PublisherConfig struct {
 
 // Publisher is the sending half of vLLM's ZMQ event stream: it sends
 // [topic, seq, payload] messages exactly as vLLM's ZmqEventPublisher does,
-// seq starting at 0. kvindex uses it for simulated engines, the demo and
-// tests; it is not on the daemon's path.
+// seq starting at 0.
 //
 // The socket is an XPUB, which subscribers cannot tell from vLLM's PUB but
 // which reports subscriptions, so WaitForSubscribers can avoid libzmq's
@@ -47,10 +48,10 @@ type PublisherConfig struct {
 // All methods may be called from several goroutines; sends are serialised.
 type Publisher struct {
 	mu    sync.Mutex // guards sock, seq, buf, subs, ring
-	zctx  *zmq.Context
-	sock  *zmq.Socket
+	zctx  *zmq4.Context
+	sock  *zmq4.Socket
 	topic string
-	opts  EncodeOptions
+	opts  events.EncodeOptions
 	seq   uint64
 	buf   []byte
 	subs  int
@@ -71,14 +72,14 @@ type bufferedBatch struct {
 
 // NewPublisher opens the socket described by cfg.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq4.NewContext()
 	if err != nil {
-		return nil, fmt.Errorf("events: publisher zmq context: %w", err)
+		return nil, fmt.Errorf("enginepub: publisher zmq context: %w", err)
 	}
-	sock, err := zctx.NewSocket(zmq.XPUB)
+	sock, err := zctx.NewSocket(zmq4.XPUB)
 	if err != nil {
 		zctx.Term()
-		return nil, fmt.Errorf("events: publisher socket: %w", err)
+		return nil, fmt.Errorf("enginepub: publisher socket: %w", err)
 	}
 	_ = sock.SetLinger(0)
 	_ = sock.SetSndhwm(100_000)
@@ -91,7 +92,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		sock.Close()
 		zctx.Term()
-		return nil, fmt.Errorf("events: publisher on %s: %w", cfg.Endpoint, err)
+		return nil, fmt.Errorf("enginepub: publisher on %s: %w", cfg.Endpoint, err)
 	}
 	p := &Publisher{zctx: zctx, sock: sock, topic: cfg.Topic, opts: cfg.Encoding, ringSize: cfg.BufferSteps, frames: cfg.ReplayFrames}
 	if p.ringSize <= 0 {
@@ -103,10 +104,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if p.frames != 3 && p.frames != 4 {
 		sock.Close()
 		zctx.Term()
-		return nil, fmt.Errorf("events: publisher replay frames %d: want 3 or 4", p.frames)
+		return nil, fmt.Errorf("enginepub: publisher replay frames %d: want 3 or 4", p.frames)
 	}
 	if cfg.ReplayEndpoint != "" {
-		router, err := zctx.NewSocket(zmq.ROUTER)
+		router, err := zctx.NewSocket(zmq4.ROUTER)
 		if err == nil {
 			_ = router.SetLinger(0)
 			err = router.Bind(cfg.ReplayEndpoint)
@@ -117,7 +118,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		if err != nil {
 			sock.Close()
 			zctx.Term()
-			return nil, fmt.Errorf("events: publisher replay socket on %s: %w", cfg.ReplayEndpoint, err)
+			return nil, fmt.Errorf("enginepub: publisher replay socket on %s: %w", cfg.ReplayEndpoint, err)
 		}
 		p.replayEnd = make(chan struct{})
 		p.replayWG.Add(1)
@@ -127,11 +128,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 }
 
 // serveReplay answers replay requests until Close; it owns router.
-func (p *Publisher) serveReplay(router *zmq.Socket) {
+func (p *Publisher) serveReplay(router *zmq4.Socket) {
 	defer p.replayWG.Done()
 	defer router.Close()
-	poller := zmq.NewPoller()
-	poller.Add(router, zmq.POLLIN)
+	poller := zmq4.NewPoller()
+	poller.Add(router, zmq4.POLLIN)
 	for {
 		select {
 		case <-p.replayEnd:
@@ -209,7 +210,7 @@ func (p *Publisher) WaitForSubscribers(ctx context.Context, n int) error {
 	for {
 		p.mu.Lock()
 		for p.subs < n {
-			msg, err := p.sock.RecvBytes(zmq.DONTWAIT)
+			msg, err := p.sock.RecvBytes(zmq4.DONTWAIT)
 			if err != nil {
 				break
 			}
@@ -224,21 +225,21 @@ func (p *Publisher) WaitForSubscribers(ctx context.Context, n int) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("events: waiting for %d subscribers (have %d): %w", n, got, ctx.Err())
+			return fmt.Errorf("enginepub: waiting for %d subscribers (have %d): %w", n, got, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
 
 // Publish encodes b and sends it with the next seq, which it returns.
-func (p *Publisher) Publish(b *Batch) (uint64, error) {
+func (p *Publisher) Publish(b *events.Batch) (uint64, error) {
 	return p.publish(b, nil, true)
 }
 
 // PublishLost encodes b and takes the next seq for it, keeps it for replay,
 // but does not send it: a message lost between PUB and SUB, as a full
 // high-water mark loses it.
-func (p *Publisher) PublishLost(b *Batch) (uint64, error) {
+func (p *Publisher) PublishLost(b *events.Batch) (uint64, error) {
 	return p.publish(b, nil, false)
 }
 
@@ -250,14 +251,14 @@ func (p *Publisher) PublishRaw(payload []byte) (uint64, error) {
 
 // publish takes the next seq for b (encoded) or payload (as is), keeps it
 // for replay, and sends it unless lost.
-func (p *Publisher) publish(b *Batch, payload []byte, send bool) (uint64, error) {
+func (p *Publisher) publish(b *events.Batch, payload []byte, send bool) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	seq := p.seq
 	if b != nil {
 		var err error
-		if p.buf, err = AppendPayload(p.buf[:0], b, p.opts); err != nil {
-			return 0, fmt.Errorf("events: publish seq %d: %w", seq, err)
+		if p.buf, err = events.AppendPayload(p.buf[:0], b, p.opts); err != nil {
+			return 0, fmt.Errorf("enginepub: publish seq %d: %w", seq, err)
 		}
 		payload = p.buf
 	}
@@ -287,7 +288,7 @@ func (p *Publisher) sendLocked(seq uint64, payload []byte) error {
 	var seqb [8]byte
 	binary.BigEndian.PutUint64(seqb[:], seq)
 	if _, err := p.sock.SendMessage(p.topic, seqb[:], payload); err != nil {
-		return fmt.Errorf("events: publish seq %d: %w", seq, err)
+		return fmt.Errorf("enginepub: publish seq %d: %w", seq, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package events
+package zmq
 
 import (
 	"context"
@@ -6,48 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/lograte"
 )
-
-// GapPolicy says what happens to a worker's blocks when events were lost
-// and replay could not fill the gap. Lost BlockRemoved events leave blocks
-// in the index that the engine no longer holds, and lost BlockStored events
-// hide blocks it does hold; neither can be told apart afterwards.
-type GapPolicy uint8
-
-const (
-	// GapReset (the default) forgets everything the worker was known to
-	// hold and relearns from the next events: answers can only under-state
-	// its cache, never route to blocks it evicted. Counted as a reset.
-	GapReset GapPolicy = iota
-	// GapKeep keeps the worker's blocks but marks it HealthUnsynced until
-	// its next clear or restart, so every answer naming it says it may be
-	// wrong.
-	GapKeep
-)
-
-// String returns the policy's configuration name.
-func (p GapPolicy) String() string {
-	if p == GapKeep {
-		return "keep"
-	}
-	return "reset"
-}
-
-// ParseGapPolicy reads "reset" or "keep".
-func ParseGapPolicy(s string) (GapPolicy, error) {
-	switch s {
-	case "", "reset":
-		return GapReset, nil
-	case "keep":
-		return GapKeep, nil
-	}
-	return GapReset, fmt.Errorf("events: gap policy %q: want reset or keep", s)
-}
 
 // message is one received event message on its way to its worker's stream.
 type message struct {
 	seq       uint64
-	batch     *Batch // nil when decodeErr is set
+	batch     *events.Batch // nil when decodeErr is set
 	decodeErr error
 	at        time.Time
 }
@@ -61,7 +28,7 @@ type replayResult struct {
 
 // stream is one worker's ordered event pipeline: it receives decoded
 // messages from a receiver, tracks seq, fills gaps by replay, and applies
-// batches to the worker's Sink.
+// batches to the worker's events.Sink.
 //
 // # Concurrency
 //
@@ -70,13 +37,13 @@ type replayResult struct {
 // (receiver, run) and read by the health checker and Score.
 type stream struct {
 	sub    *Subscriber
-	ref    WorkerRef
-	sink   Sink
+	ref    events.WorkerRef
+	sink   events.Sink
 	replay string // replay endpoint, "" for none
 
 	in         chan message
 	replayDone chan replayResult
-	health     HealthCell
+	health     events.HealthCell
 
 	// owned by run
 	expected     uint64
@@ -87,8 +54,8 @@ type stream struct {
 	backoffUntil time.Time
 	backoff      time.Duration
 	joinTried    bool
-	dec          *Decoder
-	replayBatch  Batch
+	dec          *events.Decoder
+	replayBatch  events.Batch
 
 	connected      atomic.Bool  // pull mode: the SUB socket has a connection
 	disconnected   atomic.Int64 // unix ns since when not connected (0 = connected)
@@ -99,11 +66,11 @@ type stream struct {
 	rankMismatches atomic.Int64
 
 	mu    sync.Mutex // guards stats and log
-	stats WorkerStats
-	log   limiter
+	stats events.WorkerStats
+	log   lograte.Limiter
 }
 
-func newStream(sub *Subscriber, ref WorkerRef, endpoint, topic, replay string, sink Sink, monitored bool) *stream {
+func newStream(sub *Subscriber, ref events.WorkerRef, endpoint, topic, replay string, sink events.Sink, monitored bool) *stream {
 	st := &stream{
 		sub:        sub,
 		ref:        ref,
@@ -112,7 +79,7 @@ func newStream(sub *Subscriber, ref WorkerRef, endpoint, topic, replay string, s
 		in:         make(chan message, sub.opts.QueueSize),
 		replayDone: make(chan replayResult, 1),
 		monitored:  monitored,
-		stats:      WorkerStats{Worker: ref, Endpoint: endpoint, Topic: topic, ReplayEndpoint: replay},
+		stats:      events.WorkerStats{Worker: ref, Endpoint: endpoint, Topic: topic, ReplayEndpoint: replay},
 	}
 	st.disconnected.Store(time.Now().UnixNano())
 	return st
@@ -241,13 +208,13 @@ func (st *stream) apply(m message) {
 	st.sub.putBatch(m.batch)
 }
 
-func (st *stream) applyBatch(seq uint64, b *Batch) {
+func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 	if b.HasDPRank && b.DPRank != st.ref.DPRank && st.monitored {
 		st.rankMismatches.Add(1)
 		st.problem(fmt.Errorf("seq %d: batch from data_parallel_rank %d on the endpoint configured for rank %d", seq, b.DPRank, st.ref.DPRank), false)
 	}
 	for i := range b.Events {
-		if b.Events[i].Kind == KindAllBlocksCleared {
+		if b.Events[i].Kind == events.KindAllBlocksCleared {
 			st.unsynced.Store(false)
 		}
 	}
@@ -340,7 +307,7 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		}
 		m := message{seq: b.seq, at: time.Now()}
 		if st.dec == nil {
-			st.dec = NewDecoder()
+			st.dec = events.NewDecoder()
 		}
 		if err := st.dec.Decode(b.payload, &st.replayBatch); err != nil {
 			m.decodeErr = err
@@ -396,7 +363,7 @@ func (st *stream) unrecoverable(from, to uint64, reason string) {
 	st.mu.Unlock()
 	msg := fmt.Sprintf("lost batches %d..%d (%s)", from, to-1, reason)
 	switch st.sub.opts.GapPolicy {
-	case GapKeep:
+	case events.GapKeep:
 		st.unsynced.Store(true)
 		st.sub.opts.Logger.Warn("kv events lost and not replayed; worker marked unsynced", "worker", st.ref.String(), "detail", msg)
 	default:
@@ -424,7 +391,7 @@ func (st *stream) problem(err error, decode bool) {
 		st.stats.ApplyErrors++
 	}
 	st.stats.LastError = err.Error()
-	emit, suppressed := st.log.allow(now, st.sub.opts.LogEvery)
+	emit, suppressed := st.log.Allow(now, st.sub.opts.LogEvery)
 	st.mu.Unlock()
 	if emit {
 		st.sub.opts.Logger.Warn("kv event problem", "worker", st.ref.String(), "err", err, "suppressed", suppressed)
@@ -432,7 +399,7 @@ func (st *stream) problem(err error, decode bool) {
 }
 
 // evalHealth recomputes the stream's health at now and returns it.
-func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) Health {
+func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) events.Health {
 	stale := false
 	if st.monitored && !st.connected.Load() && o.StaleAfterDisconnect > 0 {
 		if since := st.disconnected.Load(); since != 0 && now.Sub(time.Unix(0, since)) >= o.StaleAfterDisconnect {
@@ -445,15 +412,15 @@ func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) Health {
 	}
 	switch {
 	case stale:
-		return HealthStale
+		return events.HealthStale
 	case st.isRecovering.Load():
-		return HealthRecovering
+		return events.HealthRecovering
 	case st.unsynced.Load():
-		return HealthUnsynced
+		return events.HealthUnsynced
 	case last != 0 || (st.monitored && st.connected.Load()):
-		return HealthOK
+		return events.HealthOK
 	}
-	return HealthUnknown
+	return events.HealthUnknown
 }
 
 // refreshHealth re-evaluates health now; the stream and the receiver call
@@ -465,7 +432,7 @@ func (st *stream) refreshHealth() {
 
 // setHealth stores h, counting and logging transitions into and out of
 // STALE. Several goroutines call it; mu orders them.
-func (st *stream) setHealth(h Health, now time.Time) {
+func (st *stream) setHealth(h events.Health, now time.Time) {
 	st.mu.Lock()
 	old := st.stats.Health
 	if old == h {
@@ -473,23 +440,23 @@ func (st *stream) setHealth(h Health, now time.Time) {
 		return
 	}
 	st.stats.Health = h
-	st.health.store(h)
-	if h == HealthStale {
+	st.health.Store(h)
+	if h == events.HealthStale {
 		st.stats.StaleSince = now
 		st.stats.StaleTransitions++
-	} else if old == HealthStale {
+	} else if old == events.HealthStale {
 		st.stats.StaleSince = time.Time{}
 	}
 	st.mu.Unlock()
-	if h == HealthStale {
+	if h == events.HealthStale {
 		st.sub.opts.Logger.Warn("worker stale: left out of Score answers", "worker", st.ref.String())
-	} else if old == HealthStale {
+	} else if old == events.HealthStale {
 		st.sub.opts.Logger.Info("worker back from stale", "worker", st.ref.String(), "health", h.String())
 	}
 }
 
 // snapshot returns the stream's stats.
-func (st *stream) snapshot() WorkerStats {
+func (st *stream) snapshot() events.WorkerStats {
 	st.mu.Lock()
 	s := st.stats
 	st.mu.Unlock()

@@ -1,4 +1,4 @@
-package events_test
+package zmq_test
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
+	zmq4 "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/enginepub"
 )
 
 func freePort(t *testing.T) int {
@@ -32,8 +34,8 @@ type slowReplay struct {
 }
 
 func (s *slowReplay) serve(ctx context.Context, t *testing.T, endpoint string, delay time.Duration) {
-	zctx, _ := zmq.NewContext()
-	sock, err := zctx.NewSocket(zmq.ROUTER)
+	zctx, _ := zmq4.NewContext()
+	sock, err := zctx.NewSocket(zmq4.ROUTER)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +51,8 @@ func (s *slowReplay) serve(ctx context.Context, t *testing.T, endpoint string, d
 			due time.Time
 		}
 		var out []pending
-		poller := zmq.NewPoller()
-		poller.Add(sock, zmq.POLLIN)
+		poller := zmq4.NewPoller()
+		poller.Add(sock, zmq4.POLLIN)
 		for ctx.Err() == nil {
 			polled, _ := poller.Poll(5 * time.Millisecond)
 			if len(polled) > 0 {
@@ -85,7 +87,7 @@ func newWorker(t *testing.T, ix *indexer.Index, pod string) *indexer.Worker {
 	return w
 }
 
-func statsOf(s *events.Subscriber, pod string) events.WorkerStats {
+func statsOf(s *zmq.Subscriber, pod string) events.WorkerStats {
 	for _, st := range s.WorkerStats() {
 		if st.Worker.Pod == pod {
 			return st
@@ -116,15 +118,15 @@ func TestReplayBacksOffAfterFailure(t *testing.T) {
 	var rs slowReplay
 	rs.serve(ctx, t, replayEP, -1)
 	pubEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: pubEP, Bind: true})
+	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: pubEP, Bind: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
 	ix := indexer.New(indexer.Config{})
 	w := newWorker(t, ix, "a")
-	sub, err := events.NewSubscriber(events.SubscriberOptions{ReplayTimeout: 200 * time.Millisecond, ReplayBackoff: 5 * time.Second},
-		events.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{ReplayTimeout: 200 * time.Millisecond, ReplayBackoff: 5 * time.Second},
+		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,13 +164,13 @@ func TestReplayConcurrencyIsBounded(t *testing.T) {
 	var rs slowReplay
 	rs.serve(ctx, t, replayEP, 150*time.Millisecond)
 	ix := indexer.New(indexer.Config{})
-	var eps []events.Endpoint
+	var eps []zmq.Endpoint
 	for i := 0; i < 6; i++ {
 		pod := fmt.Sprintf("p%d", i)
 		w := newWorker(t, ix, pod)
-		eps = append(eps, events.Endpoint{Worker: events.WorkerRef{Pod: pod}, Address: fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)), ReplayEndpoint: replayEP, Sink: w})
+		eps = append(eps, zmq.Endpoint{Worker: events.WorkerRef{Pod: pod}, Address: fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)), ReplayEndpoint: replayEP, Sink: w})
 	}
-	sub, err := events.NewSubscriber(events.SubscriberOptions{ReplayConcurrency: 2}, eps...)
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{ReplayConcurrency: 2}, eps...)
 	if err != nil {
 		t.Fatal(err)
 	}
