@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -151,37 +150,6 @@ func (s *Server) Register(g *grpc.Server) {
 	kvindexv1.RegisterIndexServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
-}
-
-// Flow-control windows of GRPCOptions and DialOptions: large enough that
-// a connection carrying thousands of Scores a second never waits for a
-// WINDOW_UPDATE, and fixed, which turns off gRPC's bandwidth-delay probing
-// (a PING round trip per burst).
-const (
-	streamWindow = 1 << 20
-	connWindow   = 16 << 20
-)
-
-// GRPCOptions returns the options a grpc.Server serving s should be built
-// with (the daemon and kvbench use them):
-//
-//   - Codec, which decodes a ScoreRequest's token ids by hand into pooled
-//     memory, with an interceptor that takes the memory back when each
-//     Score returns;
-//   - a fixed pool of stream workers (one per core), so that calls run on
-//     goroutines whose stacks have already grown instead of a new goroutine
-//     each;
-//   - fixed, large flow-control windows.
-//
-// BenchmarkScoreGRPC measures them; docs/benchmarks.md has the numbers.
-func (s *Server) GRPCOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(s.codec),
-		grpc.ChainUnaryInterceptor(s.codec.releaseInterceptor),
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
-	}
 }
 
 // Health returns the health service Register installs, so that the daemon
