@@ -28,9 +28,16 @@ var (
 	ErrUnknownBlock = errors.New("indexer: unknown block")
 	// ErrUnknownMedium: an event names a medium kvindex does not know; it is indexed as OTHER.
 	ErrUnknownMedium = errors.New("indexer: unknown medium")
+	// ErrUnknownWorker: a call names a worker that is not in the index.
+	ErrUnknownWorker = errors.New("indexer: unknown worker")
+	// ErrRemovedWorker: events reached the handle of a worker that was removed.
+	ErrRemovedWorker = errors.New("indexer: worker was removed")
 )
 
 // WorkerID is a worker's dense index in one Index, assigned by AddWorker.
+// The id of a removed worker is reused by a later one, with the next
+// generation (Worker.Gen); (WorkerID, generation) names one worker for
+// the index's lifetime.
 type WorkerID uint32
 
 // WorkerInfo describes a worker when it is added.
@@ -119,11 +126,18 @@ type Index struct {
 	mask  uint64
 	nodes nodeTable
 
-	mu     sync.RWMutex // guards models and adding workers
+	mu     sync.RWMutex // guards models, byRef, gens, freeIDs, and adding and removing workers
 	models map[string]*Model
-	// workers is the worker table by id, copied on AddWorker so that
-	// readers load it without a lock.
+	byRef  map[events.WorkerRef]*Worker
+	// gens[id] is the generation the next worker with that id gets.
+	gens []uint32
+	// freeIDs are ids of removed workers, oldest first.
+	freeIDs []WorkerID
+	// workers is the worker table by id (nil where a removed worker's id
+	// is free), copied on AddWorker and RemoveWorker so that readers load
+	// it without a lock.
 	workers atomic.Pointer[[]*Worker]
+	version atomic.Uint64 // bumped by AddWorker and RemoveWorker
 
 	cfg          Config
 	budgetBlocks int64        // MemoryBudget / EstimatedBytesPerBlock, 0 without a budget
@@ -148,6 +162,7 @@ func New(cfg Config) *Index {
 		heads:  make([]headShard, n),
 		mask:   uint64(n - 1),
 		models: make(map[string]*Model),
+		byRef:  make(map[events.WorkerRef]*Worker),
 		cfg:    cfg,
 	}
 	if cfg.MemoryBudget > 0 {
@@ -217,7 +232,9 @@ func (ix *Index) Models() []*Model {
 }
 
 // AddWorker registers a worker of an added model and returns its handle,
-// which is the events.Sink its subscriber feeds.
+// which is the events.Sink its subscriber feeds. It takes the id of a
+// removed worker when one is free (the longest free first), with the
+// next generation of that id, else the next new id.
 func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -225,17 +242,24 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q for worker %s", ErrUnknownModel, info.Model, info.Ref)
 	}
-	ws := *ix.workers.Load()
-	for _, w := range ws {
-		if w.info.Ref == info.Ref {
-			return nil, fmt.Errorf("%w: %s", ErrDuplicateWorker, info.Ref)
-		}
+	if ix.byRef[info.Ref] != nil {
+		return nil, fmt.Errorf("%w: %s", ErrDuplicateWorker, info.Ref)
 	}
-	if len(ws) > holders.MaxWorker {
-		return nil, fmt.Errorf("indexer: add worker %s: the index holds its maximum of %d workers", info.Ref, holders.MaxWorker+1)
+	ws := *ix.workers.Load()
+	var id WorkerID
+	if len(ix.freeIDs) > 0 {
+		id = ix.freeIDs[0]
+		ix.freeIDs = ix.freeIDs[1:]
+	} else {
+		if len(ws) > holders.MaxWorker {
+			return nil, fmt.Errorf("indexer: add worker %s: the index holds its maximum of %d workers", info.Ref, holders.MaxWorker+1)
+		}
+		id = WorkerID(len(ws))
+		ix.gens = append(ix.gens, 0)
 	}
 	w := &Worker{
-		id:    WorkerID(len(ws)),
+		id:    id,
+		gen:   ix.gens[id],
 		info:  info,
 		model: m,
 		ix:    ix,
@@ -245,14 +269,62 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 		w.capConfigured = int64(max(ix.cfg.WorkerCapacity, -1))
 	}
 	w.c.capacity.Store(w.capacityLocked())
-	nws := make([]*Worker, len(ws)+1)
+	nws := make([]*Worker, max(len(ws), int(id)+1))
 	copy(nws, ws)
-	nws[len(ws)] = w
+	nws[id] = w
+	ix.byRef[info.Ref] = w
 	ix.workers.Store(&nws)
+	ix.version.Add(1)
 	return w, nil
 }
 
-// Worker returns the worker with the given id, or nil.
+// RemoveWorker forgets the worker named ref: its blocks leave the index
+// (as a Reset would), it disappears from Workers and LookupWorker, and its
+// handle refuses further events with ErrRemovedWorker, so a subscriber
+// still feeding it changes nothing. Its id becomes free for a later
+// AddWorker, under the next generation (Worker.Gen), so that whoever
+// cached the old (id, generation) can tell the new worker from the old.
+//
+// An id is reused only after every holder set naming it is gone from the
+// tree (the clear is published before the id is freed), so a Match that
+// starts after RemoveWorker returns cannot report the old worker's blocks
+// under its id. A Match already running may still report the removed
+// worker; callers that resolve ids through a table taken before the
+// Match (as scoring does) then name the removed worker, never its
+// successor. Cost: O(the worker's blocks), like Reset.
+func (ix *Index) RemoveWorker(ref events.WorkerRef) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	w := ix.byRef[ref]
+	if w == nil {
+		return fmt.Errorf("%w: %s", ErrUnknownWorker, ref)
+	}
+	w.retire()
+	ws := *ix.workers.Load()
+	nws := make([]*Worker, len(ws))
+	copy(nws, ws)
+	nws[w.id] = nil
+	delete(ix.byRef, ref)
+	ix.workers.Store(&nws)
+	ix.gens[w.id]++
+	ix.freeIDs = append(ix.freeIDs, w.id)
+	ix.version.Add(1)
+	return nil
+}
+
+// Apply applies a batch to the worker named ref (see Worker.ApplyBatch),
+// for callers that route events by identity rather than holding handles.
+// Cost: one map probe under the registration read lock, then ApplyBatch.
+func (ix *Index) Apply(ref events.WorkerRef, b *events.Batch) error {
+	w := ix.LookupWorker(ref)
+	if w == nil {
+		return fmt.Errorf("%w: %s", ErrUnknownWorker, ref)
+	}
+	return w.ApplyBatch(b)
+}
+
+// Worker returns the worker with the given id, or nil (never added, or
+// removed and not reused).
 func (ix *Index) Worker(id WorkerID) *Worker {
 	ws := *ix.workers.Load()
 	if int(id) < len(ws) {
@@ -261,24 +333,36 @@ func (ix *Index) Worker(id WorkerID) *Worker {
 	return nil
 }
 
-// LookupWorker returns the worker named ref, or nil. Cost: O(workers).
+// LookupWorker returns the worker named ref, or nil. Cost: one map probe
+// under the registration read lock.
 func (ix *Index) LookupWorker(ref events.WorkerRef) *Worker {
-	for _, w := range *ix.workers.Load() {
-		if w.info.Ref == ref {
-			return w
+	ix.mu.RLock()
+	w := ix.byRef[ref]
+	ix.mu.RUnlock()
+	return w
+}
+
+// Workers returns every current worker in id order.
+func (ix *Index) Workers() []*Worker {
+	ws := *ix.workers.Load()
+	out := make([]*Worker, 0, len(ws))
+	for _, w := range ws {
+		if w != nil {
+			out = append(out, w)
 		}
 	}
-	return nil
+	return out
 }
 
-// Workers returns every worker in id order.
-func (ix *Index) Workers() []*Worker {
-	return append([]*Worker(nil), *ix.workers.Load()...)
-}
-
-// NumWorkers returns the number of workers added so far; their ids are 0
-// to NumWorkers()-1. Cost: one atomic load.
+// NumWorkers returns the bound on worker ids: every current worker's id
+// is below it (ids of removed workers are reused before it grows). Cost:
+// one atomic load.
 func (ix *Index) NumWorkers() int { return len(*ix.workers.Load()) }
+
+// Version changes whenever a worker is added or removed, so that a cache
+// of the worker table (names by id, models, health) knows when to
+// rebuild. Cost: one atomic load.
+func (ix *Index) Version() uint64 { return ix.version.Load() }
 
 // Match is one worker's longest resident prefix of a prompt.
 type Match struct {
@@ -581,6 +665,9 @@ func (ix *Index) checkBudget() {
 		var big *Worker
 		var first, second int64
 		for _, w := range *ix.workers.Load() {
+			if w == nil {
+				continue
+			}
 			switch r := w.c.resident.Load(); {
 			case r > first:
 				big, first, second = w, r, first
