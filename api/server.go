@@ -2,13 +2,13 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -67,12 +67,15 @@ type Options struct {
 }
 
 // Server implements kvindexv1.IndexServiceServer over an index and, when
-// available, the subscriber's per-worker stream statistics.
+// available, the subscriber's per-worker stream statistics. It validates
+// requests, converts them to scoring.Request, ranks with a scoring.Scorer
+// (the same entry an in-process router calls) and converts the ranking to
+// the response.
 //
 // # Memory
 //
 // A Score allocates only its response (a fixed number of slabs whatever the
-// number of workers); key and match scratch is pooled and reused.
+// number of workers); the scorer's working memory is pooled and reused.
 type Server struct {
 	kvindexv1.UnimplementedIndexServiceServer
 
@@ -81,27 +84,9 @@ type Server struct {
 	opts    Options
 	metrics *metrics // nil without Options.Registerer
 	health  *health.Server
-
-	// table caches the index's workers by id and by ref. Workers are only
-	// ever appended to an Index, so a cached table is stale exactly when
-	// the index has a worker with id len(table.refs).
-	table   atomic.Pointer[workerTable]
+	scorer  *scoring.Scorer
 	scratch sync.Pool // *scoreScratch
 	codec   *Codec
-
-	policy  scoring.Policy
-	tracker *scoring.Tracker
-	// avgPrompt is a moving average of prompt tokens (float64 bits), the
-	// size assumed for one waiting request of unknown length.
-	avgPrompt atomic.Uint64
-}
-
-// workerTable is an immutable snapshot of an index's workers.
-type workerTable struct {
-	refs   []events.WorkerRef   // by WorkerID
-	models []*indexer.Model     // by WorkerID
-	health []*events.HealthCell // by WorkerID; nil cells read as unknown
-	byRef  map[events.WorkerRef]indexer.WorkerID
 }
 
 // NewServer returns a Server over ix. stats may be nil, in which case
@@ -119,22 +104,21 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	if opts.MaxCandidates <= 0 {
 		opts.MaxCandidates = DefaultMaxCandidates
 	}
+	hs, _ := stats.(events.HealthSource)
 	s := &Server{
-		ix:      ix,
-		stats:   stats,
-		opts:    opts,
-		health:  health.NewServer(),
-		policy:  scoring.DefaultPolicy(),
-		tracker: opts.Tracker,
-		codec:   NewCodec(),
+		ix:     ix,
+		stats:  stats,
+		opts:   opts,
+		health: health.NewServer(),
+		codec:  NewCodec(),
+		scorer: scoring.New(ix, scoring.Options{
+			Policy:       opts.Policy,
+			Tracker:      opts.Tracker,
+			Loads:        opts.Loads,
+			Health:       hs,
+			IncludeStale: opts.IncludeStale,
+		}),
 	}
-	if opts.Policy != nil {
-		s.policy = *opts.Policy
-	}
-	if s.tracker == nil {
-		s.tracker = scoring.NewTracker(0, 0, nil)
-	}
-	s.avgPrompt.Store(math.Float64bits(2048))
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
 	}
@@ -142,6 +126,10 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	s.health.SetServingStatus(kvindexv1.IndexService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return s
 }
+
+// Scorer returns the ranking entry the server answers with, for an
+// in-process router that wants the same answers without gRPC.
+func (s *Server) Scorer() *scoring.Scorer { return s.scorer }
 
 // Register registers the IndexService, the standard health service
 // (SERVING for "" and "kvindex.v1.IndexService") and server reflection on g.
@@ -156,320 +144,157 @@ func (s *Server) Register(g *grpc.Server) {
 // can report NOT_SERVING while it drains (health.Server.Shutdown).
 func (s *Server) Health() *health.Server { return s.health }
 
-// workerTable returns a table that holds every worker added to the index
-// before the call. Cost: one index read lock when the cached table is
-// current; O(workers) and a few allocations when a worker was added.
-func (s *Server) workerTable() *workerTable {
-	t := s.table.Load()
-	if t != nil && s.ix.Worker(indexer.WorkerID(len(t.refs))) == nil {
-		return t
-	}
-	ws := s.ix.Workers()
-	t = &workerTable{
-		refs:   make([]events.WorkerRef, len(ws)),
-		models: make([]*indexer.Model, len(ws)),
-		health: make([]*events.HealthCell, len(ws)),
-		byRef:  make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
-	}
-	hs, _ := s.stats.(events.HealthSource)
-	for _, w := range ws {
-		id := w.ID()
-		t.refs[id] = w.Info().Ref
-		t.models[id] = w.Model()
-		t.byRef[t.refs[id]] = id
-		if hs != nil {
-			t.health[id] = hs.Health(t.refs[id])
-		}
-	}
-	s.table.Store(t)
-	return t
-}
-
-// candidate states in scoreScratch.state.
-const (
-	notCandidate uint8 = iota
-	candidate
-	candidateMatched
-)
-
-// scoreScratch is one Score's reusable working memory. It lives in
-// Server.scratch between requests; nothing in it outlives a request.
+// scoreScratch is one call's reusable working memory: the scorer's Result
+// and the request converted to scoring's types. It lives in Server.scratch
+// between calls; nothing in it outlives a call.
 type scoreScratch struct {
-	keys    []indexer.Key
-	matches []indexer.Match
-	extras  indexer.PromptExtras
-	// state is indexed by WorkerID: whether the worker is a candidate of
-	// this request. All zero between requests.
-	state []uint8
-	cands []indexer.WorkerID // ids whose state is set, to reset them
-	// listed is indexed by WorkerID: whether the worker is already among
-	// ranked. All false between requests.
-	listed []bool
-	ranked []scoring.Candidate
-	specs  []spec
-	loads  map[events.WorkerRef]*kvindexv1.WorkerLoad
-
-	// Set per request, read by allow and compare.
-	model        *indexer.Model
-	tab          *workerTable
-	filtered     bool
-	includeStale bool
-
-	// Method values bound once, so that passing them allocates nothing.
-	allowFn func(indexer.WorkerID) bool
-	specFn  func(indexer.WorkerID, int)
-}
-
-// spec is one worker's speculative prefix of the prompt.
-type spec struct {
-	w      indexer.WorkerID
-	blocks int
-}
-
-// visitSpec collects the tracker's speculative prefixes.
-func (sc *scoreScratch) visitSpec(w indexer.WorkerID, blocks int) {
-	sc.specs = append(sc.specs, spec{w, blocks})
+	res    scoring.Result
+	req    scoring.Request
+	cands  []events.WorkerRef
+	loads  []scoring.RequestLoad
+	extras indexer.PromptExtras
+	keys   []indexer.Key
+	pol    scoring.Policy
 }
 
 func (s *Server) getScratch() *scoreScratch {
 	if sc, ok := s.scratch.Get().(*scoreScratch); ok {
 		return sc
 	}
-	sc := &scoreScratch{}
-	sc.allowFn = sc.allow
-	sc.specFn = sc.visitSpec
-	return sc
+	return &scoreScratch{}
 }
 
-// putScratch resets sc and returns it to the pool. Scratch grown for a
-// huge prompt is dropped rather than pinned in the pool.
+// putScratch returns sc to the pool, dropping references into the request.
+// Scratch grown for a huge prompt is dropped rather than pinned.
 func (s *Server) putScratch(sc *scoreScratch) {
-	for _, id := range sc.cands {
-		sc.state[id] = notCandidate
-	}
-	sc.cands = sc.cands[:0]
-	for i := range sc.ranked {
-		sc.listed[sc.ranked[i].Match.Worker] = false
-	}
-	sc.ranked, sc.specs, sc.loads = sc.ranked[:0], sc.specs[:0], nil
+	clear(sc.cands)
+	clear(sc.loads)
+	sc.req = scoring.Request{}
 	sc.extras = indexer.PromptExtras{}
-	sc.model, sc.tab, sc.filtered, sc.includeStale = nil, nil, false, false
 	if cap(sc.keys) > 1<<16 {
 		sc.keys = nil
 	}
 	s.scratch.Put(sc)
 }
 
-// allow is the Match filter: a worker of the request's model, or one of its
-// candidates. Workers added after the table was taken are skipped.
-func (sc *scoreScratch) allow(id indexer.WorkerID) bool {
-	if int(id) >= len(sc.tab.models) {
-		return false
-	}
-	if sc.filtered {
-		return sc.state[id] != notCandidate
-	}
-	if !sc.includeStale && sc.tab.health[id].Load() == events.HealthStale {
-		return false
-	}
-	return sc.tab.models[id] == sc.model
-}
-
 // Score implements kvindexv1.IndexServiceServer: each worker's longest
 // consecutive resident prefix of the prompt, ranked by the policy.
 //
-// Cost: O(tokens) hashing for token_ids (about 10 ns per 16-token block),
-// then indexer.Index.Match (grows with the matched prefix), one tracker
-// probe for speculative prefixes, and O(w log w) to rank w workers. It
-// allocates only the response (a fixed number of slabs whatever w is,
-// nothing per block), plus the reasons when explain is set.
+// Cost: validation and conversion (no allocation but the response), then
+// scoring.Scorer.Score (see its cost), then the response: a fixed number
+// of slabs whatever the number of workers, plus the reasons when explain
+// is set.
 func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
 	start := time.Now()
-	sc, pol, err := s.rank(req, req.GetPolicy() != nil)
+	sc, err := s.rank(req, req.GetPolicy() != nil)
 	if err != nil {
 		s.metrics.observe(start, err)
 		return nil, err
 	}
-	resp := s.buildScoreResponse(sc, &pol, req)
+	resp := s.buildScoreResponse(sc, req)
 	s.putScratch(sc)
 	s.metrics.observe(start, nil)
 	return resp, nil
 }
 
-// rank validates req, matches its prompt and ranks the workers into
-// sc.ranked, best first. With all set (a policy was given, or Route), every
-// allowed worker of the model is ranked, matched or not. The caller owns
-// the returned scratch and must putScratch it.
-func (s *Server) rank(req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, scoring.Policy, error) {
+// convert validates req and fills sc.req from it. With all set, every
+// allowed worker of the model is to be ranked, matched or not.
+func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch) error {
 	model, err := s.checkScoreRequest(req)
 	if err != nil {
-		return nil, scoring.Policy{}, err
+		return err
 	}
-	pol := s.policy
+	sr := &sc.req
+	*sr = scoring.Request{Model: model, All: all}
 	if p := req.GetPolicy(); p != nil {
-		pol, err = scoring.Override{
+		sc.pol, err = scoring.Override{
 			Name: p.GetName(), GPUWeight: p.GetGpuWeight(), CPUWeight: p.GetCpuWeight(), StorageWeight: p.GetStorageWeight(),
 			LoadWeight: p.GetLoadWeight(), Guard: p.GetGuard(), StaticK: p.GetStaticK(),
-		}.Apply(s.policy)
+		}.Apply(s.scorer.Policy())
 		if err != nil {
-			return nil, pol, status.Error(codes.InvalidArgument, "policy."+err.Error())
+			return status.Error(codes.InvalidArgument, "policy."+err.Error())
 		}
+		sr.Policy = &sc.pol
 	}
-	sc := s.getScratch()
-	sc.model = model
-	sc.tab = s.workerTable()
-	sc.includeStale = s.opts.IncludeStale
-	if err := s.markCandidates(sc, req.GetWorkers()); err != nil {
-		s.putScratch(sc)
-		return nil, pol, err
+	sc.cands = sc.cands[:0]
+	for i, r := range req.GetWorkers() {
+		if r.GetPod() == "" {
+			return status.Errorf(codes.InvalidArgument, "workers[%d].pod: required", i)
+		}
+		if r.GetDpRank() > math.MaxInt32 {
+			return status.Errorf(codes.InvalidArgument, "workers[%d].dp_rank: %d is out of range", i, r.GetDpRank())
+		}
+		sc.cands = append(sc.cands, events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())})
 	}
-	if err := s.markLoads(sc, req.GetLoads()); err != nil {
-		s.putScratch(sc)
-		return nil, pol, err
+	sr.Candidates = sc.cands
+	sc.loads = sc.loads[:0]
+	for _, wl := range req.GetLoads() {
+		r := wl.GetWorker()
+		sc.loads = append(sc.loads, scoring.RequestLoad{
+			Worker:              events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())},
+			Running:             wl.GetRunning(),
+			Waiting:             wl.GetWaiting(),
+			KVUsage:             wl.GetKvCacheUsage(),
+			QueuedPrefillTokens: wl.GetQueuedPrefillTokens(),
+		})
 	}
-
+	sr.Loads = sc.loads
 	if len(req.GetTokenIds()) > 0 {
-		var extras *indexer.PromptExtras
+		sr.Tokens = req.GetTokenIds()
 		if req.GetLoraName() != "" || req.GetCacheSalt() != "" || len(req.GetBlockExtraKeys()) > 0 {
 			sc.extras = indexer.PromptExtras{LoRAName: req.GetLoraName(), CacheSalt: req.GetCacheSalt()}
 			if len(req.GetBlockExtraKeys()) > 0 {
 				bx, err := blockExtras(req.GetBlockExtraKeys())
 				if err != nil {
-					s.putScratch(sc)
-					return nil, pol, err
+					return err
 				}
 				sc.extras.BlockExtras = bx
 			}
-			extras = &sc.extras
+			sr.Extras = &sc.extras
 		}
-		sc.keys = indexer.PromptKeys(model.Name, model.BlockSize, req.GetTokenIds(), extras, sc.keys[:0])
-		s.notePrompt(len(req.GetTokenIds()))
 	} else {
 		sc.keys = slices.Grow(sc.keys[:0], len(req.GetBlockKeys()))
 		for _, k := range req.GetBlockKeys() {
 			sc.keys = append(sc.keys, indexer.Key(k))
 		}
-	}
-
-	sc.matches = s.ix.Match(sc.keys, sc.allowFn, sc.matches[:0])
-	if n := len(sc.tab.refs); len(sc.listed) < n {
-		sc.listed = append(sc.listed, make([]bool, n-len(sc.listed))...)
-	}
-	for _, m := range sc.matches {
-		sc.add(m, 0)
-	}
-	// Speculative prefixes from recent routes extend (or add) matches.
-	s.tracker.Speculative(sc.keys, sc.specFn)
-	for _, sp := range sc.specs {
-		if int(sp.w) >= len(sc.listed) || !sc.allow(sp.w) {
-			continue
-		}
-		if !sc.listed[sp.w] {
-			var m indexer.Match
-			m.Worker = sp.w
-			sc.add(m, 0)
-		}
-		for i := range sc.ranked {
-			c := &sc.ranked[i]
-			if c.Match.Worker != sp.w || sp.blocks <= c.Match.Blocks {
-				continue
-			}
-			c.Speculative = sp.blocks - c.Match.Blocks
-			c.Match.Blocks = sp.blocks
-			c.Match.ByMedium[events.MediumGPU] = max(c.Match.ByMedium[events.MediumGPU], sp.blocks)
-		}
-	}
-	switch {
-	case sc.filtered:
-		// Every candidate appears, matched or not.
-		for _, id := range sc.cands {
-			if !sc.listed[id] {
-				sc.add(indexer.Match{Worker: id}, 0)
-			}
-		}
-	case all:
-		for id, m := range sc.tab.models {
-			if m == model && !sc.listed[id] && sc.allow(indexer.WorkerID(id)) {
-				sc.add(indexer.Match{Worker: indexer.WorkerID(id)}, 0)
-			}
-		}
-	}
-	now := time.Now()
-	for i := range sc.ranked {
-		s.loadOf(sc, &sc.ranked[i], now)
-	}
-	pol.Rank(s.prompt(sc, req), sc.ranked, sc.tab.refs)
-	return sc, pol, nil
-}
-
-// add lists a worker for ranking once.
-func (sc *scoreScratch) add(m indexer.Match, speculative int) {
-	sc.listed[m.Worker] = true
-	sc.ranked = append(sc.ranked, scoring.Candidate{Match: m, Speculative: speculative})
-}
-
-// prompt describes the request for the policy.
-func (s *Server) prompt(sc *scoreScratch, req *kvindexv1.ScoreRequest) scoring.Prompt {
-	return scoring.Prompt{
-		Blocks:          len(sc.keys),
-		Tokens:          max(len(req.GetTokenIds()), len(sc.keys)*sc.model.BlockSize),
-		BlockSize:       sc.model.BlockSize,
-		AvgPromptTokens: math.Float64frombits(s.avgPrompt.Load()),
-	}
-}
-
-// notePrompt folds a prompt length into the moving average (weight 1/64).
-func (s *Server) notePrompt(tokens int) {
-	for {
-		old := s.avgPrompt.Load()
-		avg := math.Float64frombits(old)
-		next := avg + (float64(tokens)-avg)/64
-		if s.avgPrompt.CompareAndSwap(old, math.Float64bits(next)) {
-			return
-		}
-	}
-}
-
-// loadOf fills a candidate's load: the request's own figures first, then a
-// fresh scrape, plus kvindex's in-flight accounting.
-func (s *Server) loadOf(sc *scoreScratch, c *scoring.Candidate, now time.Time) {
-	ref := sc.tab.refs[c.Match.Worker]
-	l := &c.Load
-	if wl := sc.loads[ref]; wl != nil {
-		l.Running, l.Waiting, l.KVUsage, l.QueuedPrefillTokens = wl.GetRunning(), wl.GetWaiting(), wl.GetKvCacheUsage(), wl.GetQueuedPrefillTokens()
-		l.Source = "request"
-	} else if sl, ok := s.opts.Loads.Get(ref, now); ok {
-		l.Running, l.Waiting, l.KVUsage = sl.Running, sl.Waiting, sl.KVUsage
-		l.Source = "scrape"
-	}
-	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(c.Match.Worker)
-}
-
-// markLoads indexes the request's worker loads, checking each names a
-// worker of the model.
-func (s *Server) markLoads(sc *scoreScratch, loads []*kvindexv1.WorkerLoad) error {
-	if len(loads) == 0 {
-		return nil
-	}
-	sc.loads = make(map[events.WorkerRef]*kvindexv1.WorkerLoad, len(loads))
-	for i, wl := range loads {
-		r := wl.GetWorker()
-		ref := events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}
-		if id, ok := sc.tab.byRef[ref]; !ok || sc.tab.models[id] != sc.model {
-			return status.Errorf(codes.InvalidArgument, "loads[%d].worker: unknown worker %s for model %q", i, ref, sc.model.Name)
-		}
-		if u := wl.GetKvCacheUsage(); u < 0 || u > 1 || math.IsNaN(u) {
-			return status.Errorf(codes.InvalidArgument, "loads[%d].kv_cache_usage: %v is not in [0, 1]", i, u)
-		}
-		sc.loads[ref] = wl
+		sr.Keys = sc.keys
 	}
 	return nil
+}
+
+// rank validates and converts req and ranks it into the returned
+// scratch, which the caller must putScratch.
+func (s *Server) rank(req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
+	sc := s.getScratch()
+	if err := s.convert(req, all, sc); err != nil {
+		s.putScratch(sc)
+		return nil, err
+	}
+	if err := s.scorer.Score(&sc.req, &sc.res); err != nil {
+		s.putScratch(sc)
+		return nil, scoringStatus(err)
+	}
+	return sc, nil
+}
+
+// scoringStatus maps a scorer's error to its gRPC status.
+func scoringStatus(err error) error {
+	var re *scoring.RequestError
+	switch {
+	case errors.As(err, &re):
+		return status.Error(codes.InvalidArgument, re.Error())
+	case errors.Is(err, scoring.ErrDuplicateRequest):
+		return status.Errorf(codes.AlreadyExists, "request_id: %v", err)
+	case errors.Is(err, scoring.ErrNoWorker):
+		return status.Errorf(codes.FailedPrecondition, "score.model: %v", err)
+	}
+	return status.Error(codes.Internal, err.Error())
 }
 
 // Route implements kvindexv1.IndexServiceServer: rank like Score (every
 // worker of the model), choose the best (or the caller's pick), and record
 // the choice so that the request's blocks count as speculatively cached
-// there and its uncached prefill as in-flight load.
+// there and its uncached prefill as in-flight load (scoring.Scorer.Route).
 func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
 	if req.GetRequestId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "request_id: required")
@@ -477,44 +302,20 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 	if req.GetScore() == nil {
 		return nil, status.Error(codes.InvalidArgument, "score: required")
 	}
-	sc, pol, err := s.rank(req.GetScore(), true)
-	if err != nil {
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+	if err := s.convert(req.GetScore(), true, sc); err != nil {
 		return nil, err
 	}
-	defer s.putScratch(sc)
-	chosen := -1
+	var pick *events.WorkerRef
 	if p := req.GetPick(); p != nil {
-		ref := events.WorkerRef{Pod: p.GetPod(), DPRank: int(p.GetDpRank())}
-		id, ok := sc.tab.byRef[ref]
-		if !ok || sc.tab.models[id] != sc.model {
-			return nil, status.Errorf(codes.InvalidArgument, "pick: unknown worker %s for model %q", ref, sc.model.Name)
-		}
-		for i := range sc.ranked {
-			if sc.ranked[i].Match.Worker == id {
-				chosen = i
-			}
-		}
-		if chosen < 0 { // a stale or filtered-out worker the router chose anyway
-			sc.add(indexer.Match{Worker: id}, 0)
-			s.loadOf(sc, &sc.ranked[len(sc.ranked)-1], time.Now())
-			pol.Rank(s.prompt(sc, req.GetScore()), sc.ranked, sc.tab.refs)
-			for i := range sc.ranked {
-				if sc.ranked[i].Match.Worker == id {
-					chosen = i
-				}
-			}
-		}
-	} else if len(sc.ranked) > 0 {
-		chosen = 0
+		pick = &events.WorkerRef{Pod: p.GetPod(), DPRank: int(p.GetDpRank())}
 	}
-	if chosen < 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "score.model: no worker of model %q is available (all stale or none configured)", sc.model.Name)
+	chosen, err := s.scorer.Route(req.GetRequestId(), &sc.req, pick, &sc.res)
+	if err != nil {
+		return nil, scoringStatus(err)
 	}
-	c := &sc.ranked[chosen]
-	if err := s.tracker.Record(req.GetRequestId(), c.Match.Worker, sc.keys, uint64(c.Own)); err != nil {
-		return nil, status.Errorf(codes.AlreadyExists, "request_id: %v", err)
-	}
-	resp := s.buildScoreResponse(sc, &pol, req.GetScore())
+	resp := s.buildScoreResponse(sc, req.GetScore())
 	return &kvindexv1.RouteResponse{Chosen: resp.Workers[chosen].GetWorker(), Ranking: resp}, nil
 }
 
@@ -523,7 +324,7 @@ func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*k
 	if req.GetRequestId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "request_id: required")
 	}
-	return &kvindexv1.ReleaseResponse{Released: s.tracker.Release(req.GetRequestId())}, nil
+	return &kvindexv1.ReleaseResponse{Released: s.scorer.Release(req.GetRequestId())}, nil
 }
 
 // checkScoreRequest validates everything that needs no worker table and
@@ -625,48 +426,17 @@ func (s *Server) unknownModel(name string) error {
 	return status.Errorf(codes.InvalidArgument, "model: unknown model %q; known: %s", name, known)
 }
 
-// markCandidates records the request's candidate workers in sc, checking
-// that each is a worker of sc.model. Duplicates are kept once.
-func (s *Server) markCandidates(sc *scoreScratch, refs []*kvindexv1.WorkerRef) error {
-	if len(refs) == 0 {
-		return nil
-	}
-	sc.filtered = true
-	if n := len(sc.tab.refs); len(sc.state) < n {
-		sc.state = append(sc.state, make([]uint8, n-len(sc.state))...)
-	}
-	for i, r := range refs {
-		if r.GetPod() == "" {
-			return status.Errorf(codes.InvalidArgument, "workers[%d].pod: required", i)
-		}
-		if r.GetDpRank() > math.MaxInt32 {
-			return status.Errorf(codes.InvalidArgument, "workers[%d].dp_rank: %d is out of range", i, r.GetDpRank())
-		}
-		ref := events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}
-		id, ok := sc.tab.byRef[ref]
-		if !ok {
-			return status.Errorf(codes.InvalidArgument, "workers[%d]: unknown worker %s for model %q", i, ref, sc.model.Name)
-		}
-		if m := sc.tab.models[id]; m != sc.model {
-			return status.Errorf(codes.InvalidArgument, "workers[%d]: unknown worker %s for model %q (it serves %q)", i, ref, sc.model.Name, m.Name)
-		}
-		if sc.state[id] == notCandidate {
-			sc.state[id] = candidate
-			sc.cands = append(sc.cands, id)
-		}
-	}
-	return nil
-}
-
-// buildScoreResponse turns sc.ranked into the response. All messages of
-// one kind share one slab: eight allocations in all (plus one string per
-// worker with explain).
-func (s *Server) buildScoreResponse(sc *scoreScratch, pol *scoring.Policy, req *kvindexv1.ScoreRequest) *kvindexv1.ScoreResponse {
-	blockSize := sc.model.BlockSize
-	n := len(sc.ranked)
+// buildScoreResponse turns the ranking in sc into the response. All
+// messages of one kind share one slab: eight allocations in all (plus one
+// string per worker with explain).
+func (s *Server) buildScoreResponse(sc *scoreScratch, req *kvindexv1.ScoreRequest) *kvindexv1.ScoreResponse {
+	res := &sc.res
+	pol := &res.Policy
+	blockSize := res.Model.BlockSize
+	n := len(res.Ranked)
 	nMedia := 0
-	for i := range sc.ranked {
-		for _, b := range sc.ranked[i].Match.ByMedium {
+	for i := range res.Ranked {
+		for _, b := range res.Ranked[i].Match.ByMedium {
 			if b > 0 {
 				nMedia++
 			}
@@ -678,20 +448,18 @@ func (s *Server) buildScoreResponse(sc *scoreScratch, pol *scoring.Policy, req *
 	out := make([]*kvindexv1.WorkerScore, n)
 	media := make([]kvindexv1.MediumMatch, nMedia)
 	mediaOut := make([]*kvindexv1.MediumMatch, nMedia)
-	pr := s.prompt(sc, req)
 	next := 0
-	for i := range sc.ranked {
-		c := &sc.ranked[i]
+	for i := range res.Ranked {
+		c := &res.Ranked[i]
 		m := &c.Match
-		ref := sc.tab.refs[m.Worker]
-		refs[i].Pod = ref.Pod
-		refs[i].DpRank = uint32(ref.DPRank)
+		refs[i].Pod = c.Ref.Pod
+		refs[i].DpRank = uint32(c.Ref.DPRank)
 		ws := &scores[i]
 		ws.Worker = &refs[i]
 		ws.MatchedBlocks = clampU32(m.Blocks)
 		ws.MatchedTokens = clampU32(m.Blocks * blockSize)
 		ws.SpeculativeBlocks = clampU32(c.Speculative)
-		ws.Health = toHealth(sc.tab.health[m.Worker].Load())
+		ws.Health = toHealth(c.Health)
 		ws.Overlap, ws.Penalty, ws.Score = c.Overlap, c.Penalty, c.Score
 		ld := &loads[i]
 		ld.Running, ld.Waiting, ld.KvCacheUsage = c.Load.Running, c.Load.Waiting, c.Load.KVUsage
@@ -703,7 +471,7 @@ func (s *Server) buildScoreResponse(sc *scoreScratch, pol *scoring.Policy, req *
 		}
 		ws.Load = ld
 		if req.GetExplain() {
-			ws.Reason = pol.Explain(pr, c)
+			ws.Reason = pol.Explain(res.Prompt, c)
 		}
 		first := next
 		for med, b := range m.ByMedium {
@@ -724,7 +492,7 @@ func (s *Server) buildScoreResponse(sc *scoreScratch, pol *scoring.Policy, req *
 	}
 	return &kvindexv1.ScoreResponse{
 		BlockSize:    clampU32(blockSize),
-		PromptBlocks: clampU32(len(sc.keys)),
+		PromptBlocks: clampU32(len(res.Keys)),
 		Workers:      out,
 		Policy:       pol.Name.String(),
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvindex/kvindex/indexer"
@@ -21,37 +23,85 @@ var ErrDuplicateRequest = errors.New("scoring: request id already in flight")
 // schedules the prefill; without this, a burst of requests sharing a new
 // prefix would scatter before the first event arrives.
 //
+// Workers are named by (WorkerID, generation), so that a removed worker's
+// load and speculative blocks never count for the worker that reuses its
+// id.
+//
 // # Concurrency
 //
-// mu guards everything; reads (Load, Speculative) take it shared, Record,
-// Release and Sweep exclusively. It is never held while calling out.
+// All methods are safe for concurrent use. Reading a worker's in-flight
+// load (Load) is two atomic loads: per-worker counters live in cells that
+// are published through an atomic pointer and only ever added to. Flights
+// are in flightShards maps by request id, each under its own mutex, which
+// Record, Release and Sweep take for one map operation (Sweep: one shard
+// at a time). Speculative entries are in specShards maps by the prompt's
+// first key, each under an RWMutex: Speculative takes one shard's read
+// lock for one probe; Sweep scans a shard under its read lock and takes
+// the write lock only to delete what expired. No lock is held while
+// calling out, and none is held across shards.
 type Tracker struct {
 	specTTL, flightTTL time.Duration
 	now                func() time.Time
+	seed               maphash.Seed
 
-	mu      sync.RWMutex
-	flights map[string]*flight
-	workers []workerFlights // by WorkerID
-	// spec maps a prompt's first block key to, per worker, the longest
-	// recent prompt routed there, so a lookup is one map probe plus a
-	// binary search per worker.
-	spec map[indexer.Key]map[indexer.WorkerID]*specEntry
+	flights [flightShards]flightShard
+	spec    [specShards]specShard
+
+	cellsMu sync.Mutex                   // guards growing cells
+	cells   atomic.Pointer[[]*flightCell] // by WorkerID
+	count   atomic.Int64                  // flights in all shards
 }
 
+// Shard counts: enough that a sweep of one shard (1/64 of 100 k flights)
+// holds its lock for tens of microseconds, few enough that Sweep's walk
+// over them is negligible.
+const (
+	flightShards = 64
+	specShards   = 64
+)
+
+type flightShard struct {
+	mu sync.Mutex // guards m
+	m  map[string]flight
+	_  [40]byte // keep neighbouring shards' locks off one cache line
+}
+
+type specShard struct {
+	mu sync.RWMutex // guards m
+	m  map[indexer.Key][]specEntry
+	_  [40]byte
+}
+
+// flight is one routed request until Release or expiry.
 type flight struct {
-	worker  indexer.WorkerID
+	cell    *flightCell
 	tokens  uint64
 	expires time.Time
 }
 
-type workerFlights struct {
-	requests uint32
-	tokens   uint64
+// flightCell is one worker generation's in-flight totals.
+type flightCell struct {
+	gen      uint32
+	requests atomic.Int64
+	tokens   atomic.Int64
 }
 
+// specEntry is the longest recent prompt (by its first key) routed to one
+// worker generation.
 type specEntry struct {
+	w       indexer.WorkerID
+	gen     uint32
 	keys    []indexer.Key
 	expires time.Time
+}
+
+// Spec is one worker's speculative prefix of a prompt (Tracker.Speculative).
+type Spec struct {
+	// Worker and Gen name the worker the prompt was routed to.
+	Worker indexer.WorkerID
+	Gen    uint32
+	// Blocks is the length of the prefix it shares with the routed prompt.
+	Blocks int
 }
 
 // NewTracker returns a tracker; zero TTLs mean 10 s (speculative blocks)
@@ -66,121 +116,204 @@ func NewTracker(specTTL, flightTTL time.Duration, now func() time.Time) *Tracker
 	if now == nil {
 		now = time.Now
 	}
-	return &Tracker{
-		specTTL: specTTL, flightTTL: flightTTL, now: now,
-		flights: make(map[string]*flight),
-		spec:    make(map[indexer.Key]map[indexer.WorkerID]*specEntry),
+	t := &Tracker{specTTL: specTTL, flightTTL: flightTTL, now: now, seed: maphash.MakeSeed()}
+	for i := range t.flights {
+		t.flights[i].m = make(map[string]flight)
 	}
+	for i := range t.spec {
+		t.spec[i].m = make(map[indexer.Key][]specEntry)
+	}
+	t.cells.Store(new([]*flightCell))
+	return t
 }
 
-// Record notes that request id was sent to worker w with the prompt's block
-// keys and tokens uncached prefill tokens. keys is copied.
-func (t *Tracker) Record(id string, w indexer.WorkerID, keys []indexer.Key, tokens uint64) error {
+func (t *Tracker) flightShard(id string) *flightShard {
+	return &t.flights[maphash.String(t.seed, id)%flightShards]
+}
+
+func (t *Tracker) specShard(k indexer.Key) *specShard {
+	// Keys are xxh3 outputs: their low bits are uniform.
+	return &t.spec[uint64(k)%specShards]
+}
+
+// cell returns worker (w, gen)'s counters, replacing an older
+// generation's. Cost: one atomic load, except the first time a worker
+// generation is seen (a copy of the cell table under cellsMu).
+func (t *Tracker) cell(w indexer.WorkerID, gen uint32) *flightCell {
+	if cs := *t.cells.Load(); int(w) < len(cs) {
+		if c := cs[w]; c != nil && c.gen == gen {
+			return c
+		}
+	}
+	t.cellsMu.Lock()
+	defer t.cellsMu.Unlock()
+	cs := *t.cells.Load()
+	if int(w) < len(cs) {
+		if c := cs[w]; c != nil && c.gen == gen {
+			return c
+		}
+	}
+	ncs := make([]*flightCell, max(len(cs), int(w)+1))
+	copy(ncs, cs)
+	c := &flightCell{gen: gen}
+	ncs[w] = c
+	t.cells.Store(&ncs)
+	return c
+}
+
+// Record notes that request id was sent to worker (w, gen) with the
+// prompt's block keys and tokens uncached prefill tokens. keys is copied.
+func (t *Tracker) Record(id string, w indexer.WorkerID, gen uint32, keys []indexer.Key, tokens uint64) error {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if f, ok := t.flights[id]; ok && now.Before(f.expires) {
-		return fmt.Errorf("%w: %q", ErrDuplicateRequest, id)
-	} else if ok {
-		t.endLocked(id, f)
-	}
-	for int(w) >= len(t.workers) {
-		t.workers = append(t.workers, workerFlights{})
-	}
-	t.flights[id] = &flight{worker: w, tokens: tokens, expires: now.Add(t.flightTTL)}
-	t.workers[w].requests++
-	t.workers[w].tokens += tokens
-	if len(keys) > 0 {
-		byWorker := t.spec[keys[0]]
-		if byWorker == nil {
-			byWorker = make(map[indexer.WorkerID]*specEntry)
-			t.spec[keys[0]] = byWorker
+	c := t.cell(w, gen)
+	sh := t.flightShard(id)
+	sh.mu.Lock()
+	if f, ok := sh.m[id]; ok {
+		if now.Before(f.expires) {
+			sh.mu.Unlock()
+			return fmt.Errorf("%w: %q", ErrDuplicateRequest, id)
 		}
-		e := byWorker[w]
-		if e == nil || !now.Before(e.expires) || len(keys) >= len(e.keys) {
-			byWorker[w] = &specEntry{keys: append([]indexer.Key(nil), keys...), expires: now.Add(t.specTTL)}
-		} else {
-			e.expires = now.Add(t.specTTL)
-		}
+		t.endLocked(sh, id, f)
 	}
+	sh.m[id] = flight{cell: c, tokens: tokens, expires: now.Add(t.flightTTL)}
+	t.count.Add(1)
+	sh.mu.Unlock()
+	c.requests.Add(1)
+	c.tokens.Add(int64(tokens))
+	if len(keys) == 0 {
+		return nil
+	}
+	ss := t.specShard(keys[0])
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	es := ss.m[keys[0]]
+	for i := range es {
+		e := &es[i]
+		if e.w != w || e.gen != gen {
+			continue
+		}
+		if !now.Before(e.expires) || len(keys) >= len(e.keys) {
+			e.keys = append(e.keys[:0:0], keys...)
+		}
+		e.expires = now.Add(t.specTTL)
+		return nil
+	}
+	ss.m[keys[0]] = append(es, specEntry{w: w, gen: gen, keys: append([]indexer.Key(nil), keys...), expires: now.Add(t.specTTL)})
 	return nil
 }
 
 // Release ends request id's in-flight accounting; false if unknown or expired.
 func (t *Tracker) Release(id string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	f, ok := t.flights[id]
+	sh := t.flightShard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	f, ok := sh.m[id]
 	if !ok {
 		return false
 	}
 	live := t.now().Before(f.expires)
-	t.endLocked(id, f)
+	t.endLocked(sh, id, f)
 	return live
 }
 
-func (t *Tracker) endLocked(id string, f *flight) {
-	delete(t.flights, id)
-	wf := &t.workers[f.worker]
-	wf.requests--
-	wf.tokens -= f.tokens
+// endLocked removes flight f (request id) from sh. Callers hold sh.mu.
+func (t *Tracker) endLocked(sh *flightShard, id string, f flight) {
+	delete(sh.m, id)
+	t.count.Add(-1)
+	f.cell.requests.Add(-1)
+	f.cell.tokens.Add(-int64(f.tokens))
 }
 
-// Load returns worker w's in-flight requests and prefill tokens. Expired
-// flights still count until the next Sweep (at most one sweep interval).
-func (t *Tracker) Load(w indexer.WorkerID) (requests uint32, tokens uint64) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if int(w) < len(t.workers) {
-		return t.workers[w].requests, t.workers[w].tokens
+// Load returns worker (w, gen)'s in-flight requests and prefill tokens.
+// Expired flights still count until the next Sweep (at most one sweep
+// interval). Cost: three atomic loads, no lock.
+func (t *Tracker) Load(w indexer.WorkerID, gen uint32) (requests uint32, tokens uint64) {
+	cs := *t.cells.Load()
+	if int(w) >= len(cs) {
+		return 0, 0
 	}
-	return 0, 0
+	c := cs[w]
+	if c == nil || c.gen != gen {
+		return 0, 0
+	}
+	return uint32(max(c.requests.Load(), 0)), uint64(max(c.tokens.Load(), 0))
 }
 
-// Speculative calls visit for each worker recently routed a prompt that
-// shares a prefix with keys, with the length of that shared prefix in
+// Speculative appends to dst, for each worker recently routed a prompt
+// that shares a prefix with keys, the length of that shared prefix in
 // blocks. Content keys are chained, so equal keys at position i mean equal
 // prefixes through i, and the shared length is found by binary search.
-// visit runs under the read lock and must not call the tracker.
-// Cost: one map probe and O(log n) per such worker.
-func (t *Tracker) Speculative(keys []indexer.Key, visit func(w indexer.WorkerID, blocks int)) {
+// Cost: one shard read lock held for one map probe and O(log n) per such
+// worker; no allocation when dst has room.
+func (t *Tracker) Speculative(keys []indexer.Key, dst []Spec) []Spec {
 	if len(keys) == 0 {
-		return
+		return dst
 	}
 	now := t.now()
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	for w, e := range t.spec[keys[0]] {
+	ss := t.specShard(keys[0])
+	ss.mu.RLock()
+	defer ss.mu.RUnlock()
+	for _, e := range ss.m[keys[0]] {
 		if !now.Before(e.expires) {
 			continue
 		}
 		n := min(len(keys), len(e.keys))
 		shared := sort.Search(n, func(i int) bool { return keys[i] != e.keys[i] })
 		if shared > 0 {
-			visit(w, shared)
+			dst = append(dst, Spec{Worker: e.w, Gen: e.gen, Blocks: shared})
 		}
 	}
+	return dst
 }
 
-// Sweep drops expired flights and speculative entries.
+// Sweep drops expired flights and speculative entries, one shard at a
+// time (see the type's concurrency notes).
 func (t *Tracker) Sweep() {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for id, f := range t.flights {
-		if !now.Before(f.expires) {
-			t.endLocked(id, f)
-		}
-	}
-	for k, byWorker := range t.spec {
-		for w, e := range byWorker {
-			if !now.Before(e.expires) {
-				delete(byWorker, w)
+	for i := range t.flights {
+		sh := &t.flights[i]
+		sh.mu.Lock()
+		for id, f := range sh.m {
+			if !now.Before(f.expires) {
+				t.endLocked(sh, id, f)
 			}
 		}
-		if len(byWorker) == 0 {
-			delete(t.spec, k)
+		sh.mu.Unlock()
+	}
+	var expired []indexer.Key
+	for i := range t.spec {
+		ss := &t.spec[i]
+		expired = expired[:0]
+		ss.mu.RLock()
+		for k, es := range ss.m {
+			for _, e := range es {
+				if !now.Before(e.expires) {
+					expired = append(expired, k)
+					break
+				}
+			}
 		}
+		ss.mu.RUnlock()
+		if len(expired) == 0 {
+			continue
+		}
+		ss.mu.Lock()
+		for _, k := range expired {
+			es := ss.m[k]
+			keep := es[:0]
+			for _, e := range es {
+				if now.Before(e.expires) {
+					keep = append(keep, e)
+				}
+			}
+			clear(es[len(keep):])
+			if len(keep) == 0 {
+				delete(ss.m, k)
+			} else {
+				ss.m[k] = keep
+			}
+		}
+		ss.mu.Unlock()
 	}
 }
 
@@ -198,9 +331,6 @@ func (t *Tracker) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// InFlight returns the number of requests in flight, for metrics.
-func (t *Tracker) InFlight() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.flights)
-}
+// InFlight returns the number of requests in flight, for metrics. Cost:
+// one atomic load.
+func (t *Tracker) InFlight() int { return int(t.count.Load()) }

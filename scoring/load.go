@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
@@ -21,26 +22,62 @@ type Scraped struct {
 // older than its staleness limit, so a dead metrics endpoint never keeps
 // steering traffic with old numbers.
 //
+// Each worker's load sits in its own LoadCell, which a Scorer caches in
+// its worker table: reading a worker's load on the Score path is one
+// atomic pointer load, with no lock shared with the scraper or with other
+// Scores.
+//
 // # Concurrency
 //
-// mu guards m; Get takes it shared.
+// All methods are safe for concurrent use. mu guards cells (finding or
+// creating a cell); a cell's value is read and written atomically.
 type LoadBoard struct {
 	staleAfter time.Duration
 
-	mu sync.RWMutex
-	m  map[events.WorkerRef]Scraped
+	mu    sync.Mutex
+	cells map[events.WorkerRef]*LoadCell
+}
+
+// LoadCell is one worker's latest scrape on a LoadBoard.
+type LoadCell struct {
+	staleAfter time.Duration
+	v          atomic.Pointer[Scraped]
 }
 
 // NewLoadBoard returns an empty board whose entries expire after staleAfter.
 func NewLoadBoard(staleAfter time.Duration) *LoadBoard {
-	return &LoadBoard{staleAfter: staleAfter, m: make(map[events.WorkerRef]Scraped)}
+	return &LoadBoard{staleAfter: staleAfter, cells: make(map[events.WorkerRef]*LoadCell)}
 }
 
-// Set records a scrape.
-func (b *LoadBoard) Set(ref events.WorkerRef, s Scraped) {
+// Cell returns the worker's cell, creating an empty one the first time,
+// so that a reader may hold it before the first scrape. nil boards return
+// nil cells, which read as no load.
+func (b *LoadBoard) Cell(ref events.WorkerRef) *LoadCell {
+	if b == nil {
+		return nil
+	}
 	b.mu.Lock()
-	b.m[ref] = s
+	defer b.mu.Unlock()
+	c := b.cells[ref]
+	if c == nil {
+		c = &LoadCell{staleAfter: b.staleAfter}
+		b.cells[ref] = c
+	}
+	return c
+}
+
+// Forget drops the worker's cell (a worker that left the fleet); readers
+// holding it see its last value age out.
+func (b *LoadBoard) Forget(ref events.WorkerRef) {
+	b.mu.Lock()
+	delete(b.cells, ref)
 	b.mu.Unlock()
+}
+
+// Set records a scrape. Cost: the cell lookup under mu and one allocation
+// (the published value), once per worker per scrape interval.
+func (b *LoadBoard) Set(ref events.WorkerRef, s Scraped) {
+	b.Cell(ref).v.Store(&s)
 }
 
 // Get returns the worker's scrape if it is fresh at now.
@@ -48,11 +85,21 @@ func (b *LoadBoard) Get(ref events.WorkerRef, now time.Time) (Scraped, bool) {
 	if b == nil {
 		return Scraped{}, false
 	}
-	b.mu.RLock()
-	s, ok := b.m[ref]
-	b.mu.RUnlock()
-	if !ok || now.Sub(s.At) > b.staleAfter {
+	b.mu.Lock()
+	c := b.cells[ref]
+	b.mu.Unlock()
+	return c.Load(now)
+}
+
+// Load returns the cell's scrape if it is fresh at now. Cost: one atomic
+// load; no lock.
+func (c *LoadCell) Load(now time.Time) (Scraped, bool) {
+	if c == nil {
 		return Scraped{}, false
 	}
-	return s, true
+	s := c.v.Load()
+	if s == nil || now.Sub(s.At) > c.staleAfter {
+		return Scraped{}, false
+	}
+	return *s, true
 }

@@ -170,6 +170,12 @@ type Load struct {
 type Candidate struct {
 	// Match is the worker's prefix match, speculative blocks included.
 	Match indexer.Match
+	// Ref and Gen name the worker (Gen: the generation of Match.Worker's
+	// id, see indexer.WorkerID); Health is its health when it was listed.
+	// Set by Scorer; Rank does not read them.
+	Ref    events.WorkerRef
+	Gen    uint32
+	Health events.Health
 	// Speculative is how many of Match.Blocks are only expected (Route).
 	Speculative int
 	// Load is the worker's load.

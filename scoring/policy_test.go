@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -168,37 +169,107 @@ func TestTrackerSpeculativeAndLoad(t *testing.T) {
 	clock := func() time.Time { return now }
 	tr := NewTracker(5*time.Second, 30*time.Second, clock)
 	keys := []indexer.Key{1, 2, 3, 4, 5}
-	if err := tr.Record("r1", 3, keys, 80); err != nil {
+	if err := tr.Record("r1", 3, 0, keys, 80); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Record("r1", 3, keys, 80); err == nil {
+	if err := tr.Record("r1", 3, 0, keys, 80); err == nil {
 		t.Fatal("duplicate id accepted")
 	}
-	if n, tok := tr.Load(3); n != 1 || tok != 80 {
+	if n, tok := tr.Load(3, 0); n != 1 || tok != 80 {
 		t.Fatalf("load %d %d", n, tok)
 	}
-	got := map[indexer.WorkerID]int{}
+	specs := func(keys []indexer.Key) map[indexer.WorkerID]int {
+		got := map[indexer.WorkerID]int{}
+		for _, s := range tr.Speculative(keys, nil) {
+			got[s.Worker] = s.Blocks
+		}
+		return got
+	}
 	// Shares the first 3 keys (chained keys: equal at 2 means equal before).
-	tr.Speculative([]indexer.Key{1, 2, 3, 9, 9, 9}, func(w indexer.WorkerID, b int) { got[w] = b })
-	if got[3] != 3 || len(got) != 1 {
+	if got := specs([]indexer.Key{1, 2, 3, 9, 9, 9}); got[3] != 3 || len(got) != 1 {
 		t.Fatalf("speculative %v", got)
 	}
 	now = now.Add(6 * time.Second) // speculative entries expire first
-	got = map[indexer.WorkerID]int{}
-	tr.Speculative(keys, func(w indexer.WorkerID, b int) { got[w] = b })
-	if len(got) != 0 {
+	if got := specs(keys); len(got) != 0 {
 		t.Fatalf("expired speculative still visible: %v", got)
 	}
 	if !tr.Release("r1") || tr.Release("r1") {
 		t.Fatal("release")
 	}
-	if n, tok := tr.Load(3); n != 0 || tok != 0 {
+	if n, tok := tr.Load(3, 0); n != 0 || tok != 0 {
 		t.Fatalf("load after release %d %d", n, tok)
 	}
-	tr.Record("r2", 1, keys, 10)
+	tr.Record("r2", 1, 0, keys, 10)
 	now = now.Add(31 * time.Second)
 	tr.Sweep()
-	if n, _ := tr.Load(1); n != 0 || tr.InFlight() != 0 || tr.Release("r2") {
+	if n, _ := tr.Load(1, 0); n != 0 || tr.InFlight() != 0 || tr.Release("r2") {
 		t.Fatal("expired flight not swept")
+	}
+}
+
+// A worker id reused under a new generation starts with no in-flight load
+// and no speculative blocks; releasing the old worker's requests leaves
+// the new worker's load alone.
+func TestTrackerGenerations(t *testing.T) {
+	tr := NewTracker(time.Minute, time.Minute, nil)
+	keys := []indexer.Key{7, 8, 9}
+	if err := tr.Record("old", 2, 0, keys, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n, tok := tr.Load(2, 1); n != 0 || tok != 0 {
+		t.Fatalf("generation 1 sees generation 0's load: %d requests, %d tokens", n, tok)
+	}
+	if err := tr.Record("new", 2, 1, nil, 30); err != nil {
+		t.Fatal(err)
+	}
+	if !tr.Release("old") {
+		t.Fatal("release of the old generation's request failed")
+	}
+	if n, tok := tr.Load(2, 1); n != 1 || tok != 30 {
+		t.Fatalf("generation 1 load after the old release: %d requests, %d tokens, want 1, 30", n, tok)
+	}
+	for _, s := range tr.Speculative(keys, nil) {
+		if s.Gen != 0 {
+			t.Fatalf("speculative entry %+v has a generation that was never routed", s)
+		}
+	}
+}
+
+// Sweep drops only what expired, across shards, and keeps counts exact.
+func TestTrackerSweepKeepsLive(t *testing.T) {
+	now := time.Unix(0, 0)
+	tr := NewTracker(10*time.Second, 10*time.Second, func() time.Time { return now })
+	for i := range 1000 {
+		k := []indexer.Key{indexer.Key(i * 7919), indexer.Key(i)}
+		if err := tr.Record("early-"+strconv.Itoa(i), indexer.WorkerID(i%5), 0, k, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = now.Add(5 * time.Second)
+	for i := range 500 {
+		k := []indexer.Key{indexer.Key(i * 7919), indexer.Key(i)}
+		if err := tr.Record("late-"+strconv.Itoa(i), indexer.WorkerID(i%5), 0, k, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = now.Add(6 * time.Second) // the early ones expired
+	tr.Sweep()
+	if n := tr.InFlight(); n != 500 {
+		t.Fatalf("in flight after sweep: %d, want 500", n)
+	}
+	var reqs, toks uint64
+	for w := range 5 {
+		n, tok := tr.Load(indexer.WorkerID(w), 0)
+		reqs += uint64(n)
+		toks += tok
+	}
+	if reqs != 500 || toks != 1000 {
+		t.Fatalf("loads after sweep: %d requests, %d tokens, want 500, 1000", reqs, toks)
+	}
+	for i := range 1000 {
+		got := tr.Speculative([]indexer.Key{indexer.Key(i * 7919), indexer.Key(i)}, nil)
+		if want := i < 500; (len(got) == 1) != want {
+			t.Fatalf("prompt %d: speculative %v, want present=%v", i, got, want)
+		}
 	}
 }

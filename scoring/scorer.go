@@ -1,0 +1,533 @@
+package scoring
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// Errors of Scorer calls; a *RequestError is a request that cannot be
+// answered as given.
+var (
+	// ErrNoWorker: Route found no worker of the model to choose (all stale,
+	// or none added).
+	ErrNoWorker = errors.New("scoring: no worker available")
+)
+
+// RequestError is a request that names something wrong, with the field at
+// fault ("workers[2]", "loads[0].worker", "pick"), as the gRPC API reports
+// it (InvalidArgument, field first).
+type RequestError struct {
+	// Field is the request field at fault, as a path.
+	Field string
+	// Msg says what is wrong with it.
+	Msg string
+}
+
+// Error returns "field: msg".
+func (e *RequestError) Error() string { return e.Field + ": " + e.Msg }
+
+func badField(field, format string, args ...any) error {
+	return &RequestError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Options configure a Scorer. The zero value is usable.
+type Options struct {
+	// Policy is the ranking policy requests start from; nil means
+	// DefaultPolicy().
+	Policy *Policy
+	// Tracker records Route decisions (speculative blocks, in-flight
+	// load); nil means a tracker with default TTLs that only Release and
+	// Record sweep (a daemon passes one it runs).
+	Tracker *Tracker
+	// Loads holds scraped engine load; nil means none.
+	Loads *LoadBoard
+	// Health gives each worker's transport-side health (a subscriber);
+	// nil reads every worker as HealthUnknown.
+	Health events.HealthSource
+	// IncludeStale keeps stale workers in answers; by default they are
+	// left out unless the request names them as candidates.
+	IncludeStale bool
+}
+
+// Scorer is the ranking entry of kvindex: for a prompt, every worker's
+// longest cached prefix (index matches plus speculative blocks of recent
+// routes), its load (request, scrape, in-flight accounting), and a ranking
+// by the policy. The gRPC API and the simulator call it; an in-process
+// router can call it directly.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. A Score reads the index
+// without blocking writers (see indexer.Index.Match), reads each worker's
+// health, scraped load and in-flight load with atomic loads from cells its
+// worker table caches, and takes one tracker shard's read lock for the
+// speculative probe. The worker table is an immutable snapshot rebuilt
+// when the index's Version changes.
+type Scorer struct {
+	ix      *indexer.Index
+	opts    Options
+	policy  Policy
+	tracker *Tracker
+
+	table atomic.Pointer[workerTable]
+	// avgPrompt is a moving average of prompt tokens (float64 bits), the
+	// size assumed for one waiting request of unknown length.
+	avgPrompt atomic.Uint64
+}
+
+// workerTable is an immutable snapshot of the index's workers, by id.
+// Free ids have a nil model.
+type workerTable struct {
+	version uint64
+	refs    []events.WorkerRef
+	gens    []uint32
+	models  []*indexer.Model
+	health  []*events.HealthCell // nil cells read as unknown
+	loads   []*LoadCell          // nil cells read as no load
+	byRef   map[events.WorkerRef]indexer.WorkerID
+}
+
+// New returns a Scorer over ix.
+func New(ix *indexer.Index, opts Options) *Scorer {
+	s := &Scorer{ix: ix, opts: opts, policy: DefaultPolicy(), tracker: opts.Tracker}
+	if opts.Policy != nil {
+		s.policy = *opts.Policy
+	}
+	if s.tracker == nil {
+		s.tracker = NewTracker(0, 0, nil)
+	}
+	s.avgPrompt.Store(math.Float64bits(2048))
+	return s
+}
+
+// Policy returns the default policy requests start from.
+func (s *Scorer) Policy() Policy { return s.policy }
+
+// Tracker returns the tracker Route records into.
+func (s *Scorer) Tracker() *Tracker { return s.tracker }
+
+// Index returns the index the scorer reads.
+func (s *Scorer) Index() *indexer.Index { return s.ix }
+
+// workers returns a table that holds every worker the index had when the
+// call began. Cost: two atomic loads when the cached table is current;
+// O(workers) and a few allocations after a worker was added or removed.
+func (s *Scorer) workers() *workerTable {
+	v := s.ix.Version()
+	if t := s.table.Load(); t != nil && t.version == v {
+		return t
+	}
+	ws := s.ix.Workers()
+	n := s.ix.NumWorkers()
+	t := &workerTable{
+		version: v,
+		refs:    make([]events.WorkerRef, n),
+		gens:    make([]uint32, n),
+		models:  make([]*indexer.Model, n),
+		health:  make([]*events.HealthCell, n),
+		loads:   make([]*LoadCell, n),
+		byRef:   make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
+	}
+	for _, w := range ws {
+		id := w.ID()
+		if int(id) >= n {
+			continue // added after n was read: the next call sees it
+		}
+		ref := w.Info().Ref
+		t.refs[id], t.gens[id], t.models[id] = ref, w.Gen(), w.Model()
+		t.byRef[ref] = id
+		if s.opts.Health != nil {
+			t.health[id] = s.opts.Health.Health(ref)
+		}
+		t.loads[id] = s.opts.Loads.Cell(ref)
+	}
+	s.table.Store(t)
+	return t
+}
+
+// Request is one prompt to score.
+type Request struct {
+	// Model is the model the prompt is for (Index.Model); required.
+	Model *indexer.Model
+	// Tokens are the prompt's token ids; or Keys, its block keys
+	// (Model.PromptKeys). Exactly one is set.
+	Tokens []uint32
+	Keys   []indexer.Key
+	// Extras are the LoRA adapter, cache salt and per-block extra keys
+	// the prompt's keys are computed with (Tokens only); nil for none.
+	Extras *indexer.PromptExtras
+	// Candidates, when set, restricts the answer to these workers of the
+	// model, each listed whether it holds anything or not, stale ones
+	// included.
+	Candidates []events.WorkerRef
+	// Loads are the caller's figures for some workers; they take
+	// precedence over scraped load.
+	Loads []RequestLoad
+	// Policy overrides the scorer's default policy; nil keeps it.
+	Policy *Policy
+	// All lists every allowed worker of the model, matched or not (a
+	// policy given, or Route); otherwise only workers holding at least the
+	// first block (or speculated to) appear.
+	All bool
+}
+
+// RequestLoad is a caller's view of one worker's load.
+type RequestLoad struct {
+	// Worker is the worker, which must serve the request's model.
+	Worker events.WorkerRef
+	// Running and Waiting are requests on the engine.
+	Running, Waiting uint32
+	// KVUsage is the fraction of KV cache in use, in [0, 1].
+	KVUsage float64
+	// QueuedPrefillTokens is prompt tokens admitted but not prefilled
+	// (0: estimated from Waiting and in-flight).
+	QueuedPrefillTokens uint64
+}
+
+// candidate states in Result.state.
+const (
+	notCandidate uint8 = iota
+	candidate
+)
+
+// Result is a ranking, best first, and the working memory that produced
+// it. Reuse one Result per goroutine (or pool them): after the first
+// calls a Score allocates nothing. A Result is valid until it is passed
+// to the next call.
+type Result struct {
+	// Model is the request's model.
+	Model *indexer.Model
+	// Policy is the policy that ranked.
+	Policy Policy
+	// Prompt describes the prompt as the policy saw it.
+	Prompt Prompt
+	// Keys are the prompt's block keys.
+	Keys []indexer.Key
+	// Ranked are the workers, best first; Ref, Gen and Health are set.
+	Ranked []Candidate
+
+	matches []indexer.Match
+	specs   []Spec
+	tab     *workerTable
+	// state is indexed by WorkerID: whether the worker is a candidate.
+	// All zero between calls.
+	state []uint8
+	cands []indexer.WorkerID // ids whose state is set, to reset them
+	// listed is indexed by WorkerID: whether the worker is in Ranked. All
+	// false between calls.
+	listed []bool
+	// loadAt is indexed by WorkerID: 1 + the index of the worker's entry
+	// in the request's Loads, 0 for none. All zero between calls.
+	loadAt   []int32
+	loaded   []indexer.WorkerID
+	filtered bool
+	model    *indexer.Model
+	allowFn  func(indexer.WorkerID) bool
+	incStale bool
+}
+
+// reset clears the per-call state, keeping capacity. Scratch grown for a
+// huge prompt is dropped rather than pinned.
+func (r *Result) reset() {
+	for _, id := range r.cands {
+		r.state[id] = notCandidate
+	}
+	for _, id := range r.loaded {
+		r.loadAt[id] = 0
+	}
+	for i := range r.Ranked {
+		r.listed[r.Ranked[i].Match.Worker] = false
+	}
+	r.cands, r.loaded = r.cands[:0], r.loaded[:0]
+	r.Ranked, r.specs, r.matches = r.Ranked[:0], r.specs[:0], r.matches[:0]
+	r.filtered, r.tab, r.model, r.Model = false, nil, nil, nil
+	if cap(r.Keys) > 1<<16 {
+		r.Keys = nil
+	}
+	r.Keys = r.Keys[:0]
+}
+
+func grow[T any](s []T, n int) []T {
+	if len(s) < n {
+		s = append(s, make([]T, n-len(s))...)
+	}
+	return s
+}
+
+// allow is the Match filter: a candidate of the request, or else a worker
+// of the request's model that is not stale (unless stale ones are
+// included). Workers added after the table was taken are skipped.
+func (r *Result) allow(id indexer.WorkerID) bool {
+	if int(id) >= len(r.tab.models) {
+		return false
+	}
+	if r.filtered {
+		return r.state[id] != notCandidate
+	}
+	if !r.incStale && r.tab.health[id].Load() == events.HealthStale {
+		return false
+	}
+	return r.tab.models[id] == r.model
+}
+
+// Score ranks the workers for req into res (see Result). It returns a
+// *RequestError when the request names workers that are not the model's
+// or gives values out of range.
+//
+// Cost: O(tokens) hashing for Tokens (about 8 ns per 16-token block), then
+// indexer.Index.Match (grows with the matched prefix, not with the
+// workers), one tracker shard probe for speculative prefixes, atomic loads
+// of each listed worker's health and load, and O(w log w) to rank w
+// workers. No allocation once res has grown to the request's size.
+func (s *Scorer) Score(req *Request, res *Result) error {
+	if err := s.rank(req, res); err != nil {
+		res.reset()
+		return err
+	}
+	return nil
+}
+
+func (s *Scorer) rank(req *Request, res *Result) error {
+	res.reset()
+	if req.Model == nil {
+		return badField("model", "required")
+	}
+	if (len(req.Tokens) > 0) == (len(req.Keys) > 0) {
+		return badField("token_ids", "give exactly one of tokens and block keys")
+	}
+	if res.allowFn == nil {
+		res.allowFn = res.allow
+	}
+	res.Model, res.model = req.Model, req.Model
+	res.Policy = s.policy
+	if req.Policy != nil {
+		res.Policy = *req.Policy
+	}
+	tab := s.workers()
+	res.tab = tab
+	res.incStale = s.opts.IncludeStale
+	n := len(tab.refs)
+	res.state, res.listed, res.loadAt = grow(res.state, n), grow(res.listed, n), grow(res.loadAt, n)
+	if err := res.markCandidates(req.Candidates); err != nil {
+		return err
+	}
+	if err := res.markLoads(req.Loads); err != nil {
+		return err
+	}
+	if len(req.Tokens) > 0 {
+		res.Keys = req.Model.PromptKeys(req.Tokens, req.Extras, res.Keys[:0])
+		s.notePrompt(len(req.Tokens))
+	} else {
+		res.Keys = append(res.Keys[:0], req.Keys...)
+	}
+
+	res.matches = s.ix.Match(res.Keys, res.allowFn, res.matches[:0])
+	for _, m := range res.matches {
+		res.add(m)
+	}
+	// Speculative prefixes from recent routes extend (or add) matches.
+	res.specs = s.tracker.Speculative(res.Keys, res.specs[:0])
+	for _, sp := range res.specs {
+		if int(sp.Worker) >= n || tab.gens[sp.Worker] != sp.Gen || !res.allow(sp.Worker) {
+			continue
+		}
+		if !res.listed[sp.Worker] {
+			res.add(indexer.Match{Worker: sp.Worker})
+		}
+		for i := range res.Ranked {
+			c := &res.Ranked[i]
+			if c.Match.Worker != sp.Worker || sp.Blocks <= c.Match.Blocks {
+				continue
+			}
+			c.Speculative = sp.Blocks - c.Match.Blocks
+			c.Match.Blocks = sp.Blocks
+			c.Match.ByMedium[events.MediumGPU] = max(c.Match.ByMedium[events.MediumGPU], sp.Blocks)
+		}
+	}
+	switch {
+	case res.filtered:
+		// Every candidate appears, matched or not.
+		for _, id := range res.cands {
+			if !res.listed[id] {
+				res.add(indexer.Match{Worker: id})
+			}
+		}
+	case req.All:
+		for id, m := range tab.models {
+			if m == req.Model && !res.listed[id] && res.allow(indexer.WorkerID(id)) {
+				res.add(indexer.Match{Worker: indexer.WorkerID(id)})
+			}
+		}
+	}
+	now := time.Now()
+	for i := range res.Ranked {
+		s.loadOf(req, res, &res.Ranked[i], now)
+	}
+	res.Prompt = s.prompt(req, res)
+	res.Policy.Rank(res.Prompt, res.Ranked, tab.refs)
+	return nil
+}
+
+// add lists a worker for ranking once.
+func (r *Result) add(m indexer.Match) {
+	r.listed[m.Worker] = true
+	id := m.Worker
+	r.Ranked = append(r.Ranked, Candidate{
+		Match:  m,
+		Ref:    r.tab.refs[id],
+		Gen:    r.tab.gens[id],
+		Health: r.tab.health[id].Load(),
+	})
+}
+
+// markCandidates records the request's candidate workers, checking that
+// each is a worker of the model. Duplicates are kept once.
+func (r *Result) markCandidates(refs []events.WorkerRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	r.filtered = true
+	for i, ref := range refs {
+		if ref.Pod == "" {
+			return badField(fmt.Sprintf("workers[%d].pod", i), "required")
+		}
+		id, ok := r.tab.byRef[ref]
+		if !ok {
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %q", ref, r.model.Name)
+		}
+		if m := r.tab.models[id]; m != r.model {
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %q (it serves %q)", ref, r.model.Name, m.Name)
+		}
+		if r.state[id] == notCandidate {
+			r.state[id] = candidate
+			r.cands = append(r.cands, id)
+		}
+	}
+	return nil
+}
+
+// markLoads indexes the request's worker loads, checking each names a
+// worker of the model and a usage in [0, 1].
+func (r *Result) markLoads(loads []RequestLoad) error {
+	for i := range loads {
+		wl := &loads[i]
+		id, ok := r.tab.byRef[wl.Worker]
+		if !ok || r.tab.models[id] != r.model {
+			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %q", wl.Worker, r.model.Name)
+		}
+		if u := wl.KVUsage; u < 0 || u > 1 || math.IsNaN(u) {
+			return badField(fmt.Sprintf("loads[%d].kv_cache_usage", i), "%v is not in [0, 1]", u)
+		}
+		if r.loadAt[id] == 0 {
+			r.loaded = append(r.loaded, id)
+		}
+		r.loadAt[id] = int32(i + 1)
+	}
+	return nil
+}
+
+// loadOf fills a candidate's load: the request's own figures first, then a
+// fresh scrape, plus kvindex's in-flight accounting. Cost: atomic loads
+// only.
+func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) {
+	id := c.Match.Worker
+	l := &c.Load
+	if at := res.loadAt[id]; at > 0 {
+		wl := &req.Loads[at-1]
+		l.Running, l.Waiting, l.KVUsage, l.QueuedPrefillTokens = wl.Running, wl.Waiting, wl.KVUsage, wl.QueuedPrefillTokens
+		l.Source = "request"
+	} else if sl, ok := res.tab.loads[id].Load(now); ok {
+		l.Running, l.Waiting, l.KVUsage = sl.Running, sl.Waiting, sl.KVUsage
+		l.Source = "scrape"
+	}
+	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(id, res.tab.gens[id])
+}
+
+// prompt describes the request for the policy.
+func (s *Scorer) prompt(req *Request, res *Result) Prompt {
+	bs := req.Model.BlockSize
+	return Prompt{
+		Blocks:          len(res.Keys),
+		Tokens:          max(len(req.Tokens), len(res.Keys)*bs),
+		BlockSize:       bs,
+		AvgPromptTokens: math.Float64frombits(s.avgPrompt.Load()),
+	}
+}
+
+// notePrompt folds a prompt length into the moving average (weight 1/64).
+func (s *Scorer) notePrompt(tokens int) {
+	for {
+		old := s.avgPrompt.Load()
+		avg := math.Float64frombits(old)
+		next := avg + (float64(tokens)-avg)/64
+		if s.avgPrompt.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// Route ranks like Score with every allowed worker of the model listed
+// (req.All is implied), chooses the best one, or pick when it is not nil
+// (any worker of the model, even a stale or filtered-out one), and records
+// the choice under request id: the prompt's blocks count as
+// speculatively cached there, and its uncached prefill as in-flight load,
+// until Release. It returns the chosen worker's index in res.Ranked.
+//
+// Errors: a *RequestError for a bad request or pick; ErrNoWorker when no
+// worker can be chosen; ErrDuplicateRequest when id is already in flight.
+func (s *Scorer) Route(id string, req *Request, pick *events.WorkerRef, res *Result) (int, error) {
+	if id == "" {
+		return -1, badField("request_id", "required")
+	}
+	all := req.All
+	req.All = true
+	err := s.rank(req, res)
+	req.All = all
+	if err != nil {
+		res.reset()
+		return -1, err
+	}
+	chosen := -1
+	if pick != nil {
+		wid, ok := res.tab.byRef[*pick]
+		if !ok || res.tab.models[wid] != req.Model {
+			res.reset()
+			return -1, badField("pick", "unknown worker %s for model %q", *pick, req.Model.Name)
+		}
+		chosen = res.indexOf(wid)
+		if chosen < 0 { // a stale or filtered-out worker the router chose anyway
+			res.add(indexer.Match{Worker: wid})
+			s.loadOf(req, res, &res.Ranked[len(res.Ranked)-1], time.Now())
+			res.Policy.Rank(res.Prompt, res.Ranked, res.tab.refs)
+			chosen = res.indexOf(wid)
+		}
+	} else if len(res.Ranked) > 0 {
+		chosen = 0
+	}
+	if chosen < 0 {
+		name := req.Model.Name
+		res.reset()
+		return -1, fmt.Errorf("%w: no worker of model %q is available (all stale or none configured)", ErrNoWorker, name)
+	}
+	c := &res.Ranked[chosen]
+	if err := s.tracker.Record(id, c.Match.Worker, c.Gen, res.Keys, uint64(c.Own)); err != nil {
+		res.reset()
+		return -1, err
+	}
+	return chosen, nil
+}
+
+// indexOf returns worker id's index in r.Ranked, or -1.
+func (r *Result) indexOf(id indexer.WorkerID) int {
+	return slices.IndexFunc(r.Ranked, func(c Candidate) bool { return c.Match.Worker == id })
+}
+
+// Release ends request id's in-flight accounting (see Tracker.Release).
+func (s *Scorer) Release(id string) bool { return s.tracker.Release(id) }
