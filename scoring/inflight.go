@@ -47,7 +47,7 @@ type Tracker struct {
 	flights [flightShards]flightShard
 	spec    [specShards]specShard
 
-	cellsMu sync.Mutex                   // guards growing cells
+	cellsMu sync.Mutex                    // guards growing cells
 	cells   atomic.Pointer[[]*flightCell] // by WorkerID
 	count   atomic.Int64                  // flights in all shards
 }
