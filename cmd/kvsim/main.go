@@ -28,7 +28,7 @@ import (
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 func main() {
@@ -137,7 +137,7 @@ func (f *flags) config() (sim.RunConfig, error) {
 	rc.Workload.Prefixes.OutputTokens, rc.Workload.Tenants.OutputTokens = f.outputTokens, f.outputTokens
 	rc.Options.Seed = rc.Workload.Seed
 	if f.policy != "" || f.guard != "" || f.loadWeight != 0 {
-		rc.Options.RoutePolicy = &kvindexv1.ScorePolicy{Name: f.policy, Guard: f.guard, LoadWeight: f.loadWeight}
+		rc.Options.RoutePolicy = &scoring.Override{Name: f.policy, Guard: f.guard, LoadWeight: f.loadWeight}
 	}
 	rc.Options.LoadWeight = f.loadWeight
 	if f.verbose {

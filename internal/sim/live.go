@@ -109,28 +109,6 @@ func daemonYAML(o *Options, lo *LiveOptions, fleets []liveFleet, grpcListen, met
 	return b.String()
 }
 
-// grpcScorer adapts api.Client to router.RouteScorer.
-type grpcScorer struct{ c *api.Client }
-
-// Score implements router.Scorer over gRPC.
-func (g grpcScorer) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
-	return g.c.Score(ctx, req)
-}
-
-// Route implements router.RouteScorer over gRPC.
-func (g grpcScorer) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
-	return g.c.Route(ctx, req)
-}
-
-// Release implements router.RouteScorer over gRPC.
-func (g grpcScorer) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
-	ok, err := g.c.Release(ctx, req.GetRequestId())
-	if err != nil {
-		return nil, err
-	}
-	return &kvindexv1.ReleaseResponse{Released: ok}, nil
-}
-
 // Live replays w on wall-clock time (scaled by lo.Speedup): simulated
 // engines publish their KV events over real ZeroMQ sockets
 // (enginepub.Publisher, vLLM's wire format) to a real kvindex daemon, and the
@@ -266,7 +244,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 					rcfg.Model, rcfg.Names = lf.model, lf.pods
 				}
 			}
-			rcfg.Scorer = grpcScorer{client}
+			rcfg.KV = &grpcKV{c: client}
 			ps, n := pubs[name], sent[name]
 			l.publish = func(i int, b *events.Batch, _ time.Duration) error {
 				b.Timestamp = float64(time.Now().UnixNano()) / 1e9

@@ -9,7 +9,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // DefaultModel is the model name the simulated fleet serves.
@@ -42,7 +42,7 @@ type Options struct {
 	LoadWeight float64
 	// RoutePolicy is sent with precise+load's Route requests (nil: the
 	// server's default policy).
-	RoutePolicy *kvindexv1.ScorePolicy
+	RoutePolicy *scoring.Override
 	// Seed seeds engines' hashes, output ids and routers' tie-breaks.
 	Seed uint64
 	// Parallel bounds simulations run at once (default GOMAXPROCS).

@@ -4,22 +4,20 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/scoring"
 )
 
-// pipeline is kvindex in process: the real decoder, index and gRPC server
-// value, without sockets. Engines' batches are encoded with
-// events.AppendPayload exactly as vLLM sends them, decoded with
-// events.Decoder and applied with indexer.Worker.ApplyBatch, as the
-// daemon's subscriber does; routers call the server's Score and Route
-// methods directly.
+// pipeline is kvindex in process: the real decoder, index and scorer,
+// without sockets. Engines' batches are encoded with events.AppendPayload
+// exactly as vLLM sends them, decoded with events.Decoder and applied with
+// indexer.Worker.ApplyBatch, as the daemon's subscriber does; routers call
+// scoring.Scorer, the entry the gRPC server answers with.
 type pipeline struct {
 	ix      *indexer.Index
 	workers []*indexer.Worker
-	srv     *api.Server
+	scorer  *scoring.Scorer
 	wire    events.EncodeOptions
 	dec     *events.Decoder
 	batch   events.Batch
@@ -54,7 +52,7 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	if now != nil {
 		clock = func() time.Time { return simEpoch.Add(now()) }
 	}
-	p.srv = api.NewServer(ix, nil, api.Options{Tracker: scoring.NewTracker(0, 0, clock)})
+	p.scorer = scoring.New(ix, scoring.Options{Tracker: scoring.NewTracker(0, 0, clock)})
 	return p, nil
 }
 

@@ -108,7 +108,7 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 		if p, err = newPipeline(o, func() time.Duration { return l.now }); err != nil {
 			return metrics.Result{}, err
 		}
-		rcfg.Scorer = p.srv
+		rcfg.KV = &localKV{s: p.scorer}
 		for i := range o.Engines {
 			rcfg.Names = append(rcfg.Names, podName(i))
 		}

@@ -2,46 +2,42 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/kvindex/kvindex/internal/sim/workload"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // precise asks kvindex. As "precise" it takes the longest match, ties by
 // load; as "precise+load" it asks Route and Releases on prefill done, or
-// (ModeClient, or when kvindex answers Route with Unimplemented) computes
-// a load-aware cost client-side from Score.
+// (ModeClient, or when kvindex has no Route) computes a load-aware cost
+// client-side from Score.
 type precise struct {
 	name  string
 	f     Fleet
-	kv    RouteScorer
+	kv    KV
 	model string
-	names []string
 	byPod map[string]int
-	bs    int
 	lw    float64
 	next  int
 
-	// fallback is set once kvindex answered Route with Unimplemented.
+	// fallback is set once kvindex answered that it has no Route.
 	fallback bool
 	note     string
-	policy   *kvindexv1.ScorePolicy
+	policy   *scoring.Override
 	// inflight[i] is the uncached prefill tokens routed to engine i and
 	// not yet prefilled (the fallback's own route feedback), and
 	// pending[id] what request id added.
 	inflight []int64
 	pending  map[int]pendingRoute
 
-	tokens  []uint32
+	q       Query
 	matched []int
-	loads   []*kvindexv1.WorkerLoad
-	refs    []kvindexv1.WorkerRef
-	wl      []kvindexv1.WorkerLoad
+	loads   []PodLoad
+	visit   func(pod string, tokens int) // p.record, bound once
+	bad     string                       // a pod kvindex named that is not the fleet's
 }
 
 type pendingRoute struct {
@@ -52,10 +48,10 @@ type pendingRoute struct {
 func newPrecise(name string, cfg Config) *precise {
 	n := cfg.Fleet.Engines()
 	p := &precise{
-		name: name, f: cfg.Fleet, kv: cfg.Scorer, model: cfg.Model, names: cfg.Names, bs: cfg.BlockSize,
+		name: name, f: cfg.Fleet, kv: cfg.KV, model: cfg.Model,
 		lw: cfg.LoadWeight, byPod: make(map[string]int, n), inflight: make([]int64, n),
 		pending: make(map[int]pendingRoute), matched: make([]int, n), policy: cfg.RoutePolicy,
-		refs: make([]kvindexv1.WorkerRef, n), wl: make([]kvindexv1.WorkerLoad, n), loads: make([]*kvindexv1.WorkerLoad, n),
+		loads: make([]PodLoad, n),
 	}
 	if p.lw == 0 {
 		p.lw = 1
@@ -66,11 +62,20 @@ func newPrecise(name string, cfg Config) *precise {
 	}
 	for i, pod := range cfg.Names {
 		p.byPod[pod] = i
-		p.refs[i] = kvindexv1.WorkerRef{Pod: pod}
-		p.wl[i].Worker = &p.refs[i]
-		p.loads[i] = &p.wl[i]
+		p.loads[i].Pod = pod
 	}
+	p.visit = p.record
 	return p
+}
+
+// record notes one worker of kvindex's answer.
+func (p *precise) record(pod string, tokens int) {
+	i, ok := p.byPod[pod]
+	if !ok {
+		p.bad = pod
+		return
+	}
+	p.matched[i] = tokens
 }
 
 // Name implements Router.
@@ -82,27 +87,23 @@ func (p *precise) Note() string { return p.note }
 // Route asks kvindex for the request's prompt tokens and picks as the
 // router's kind says (see the type doc).
 func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
-	p.tokens = req.AppendTokens(p.tokens[:0], 0, req.PromptLen)
-	sreq := &kvindexv1.ScoreRequest{Model: p.model, TokenIds: p.tokens}
+	p.q = Query{Model: p.model, Tokens: req.AppendTokens(p.q.Tokens[:0], 0, req.PromptLen)}
 	if p.name == PreciseLoad && !p.fallback {
-		i, err := p.route(ctx, req, sreq)
-		if status.Code(err) != codes.Unimplemented {
+		i, err := p.route(ctx, req)
+		if !errors.Is(err, ErrRouteUnimplemented) {
 			return i, err
 		}
 		p.fallback = true
 		p.note = "kvindex Route is unimplemented: fell back to Score + client-side load cost"
-	}
-	resp, err := p.kv.Score(ctx, sreq)
-	if err != nil {
-		return 0, fmt.Errorf("router %s: request %d: %w", p.name, req.ID, err)
+		p.q.Loads, p.q.Policy = nil, nil
 	}
 	clear(p.matched)
-	for _, ws := range resp.GetWorkers() {
-		i, ok := p.byPod[ws.GetWorker().GetPod()]
-		if !ok {
-			return 0, fmt.Errorf("router %s: kvindex scored unknown worker %q", p.name, ws.GetWorker().GetPod())
-		}
-		p.matched[i] = int(ws.GetMatchedTokens())
+	p.bad = ""
+	if err := p.kv.Score(ctx, &p.q, p.visit); err != nil {
+		return 0, fmt.Errorf("router %s: request %d: %w", p.name, req.ID, err)
+	}
+	if p.bad != "" {
+		return 0, fmt.Errorf("router %s: kvindex scored unknown worker %q", p.name, p.bad)
 	}
 	if p.name == Precise {
 		return p.longest(), nil
@@ -146,20 +147,19 @@ func (p *precise) cheapest(req *Request) int {
 
 // route asks kvindex's Route with the engines' loads as a router would
 // scrape them (running, waiting, KV usage).
-func (p *precise) route(ctx context.Context, req *Request, sreq *kvindexv1.ScoreRequest) (int, error) {
-	for i := range p.wl {
+func (p *precise) route(ctx context.Context, req *Request) (int, error) {
+	for i := range p.loads {
 		l := p.f.Load(i)
-		p.wl[i].Running, p.wl[i].Waiting, p.wl[i].KvCacheUsage = uint32(l.Running), uint32(l.Waiting), l.KVUsage
+		p.loads[i].Running, p.loads[i].Waiting, p.loads[i].KVUsage = uint32(l.Running), uint32(l.Waiting), l.KVUsage
 	}
-	sreq.Loads = p.loads
-	sreq.Policy = p.policy
-	resp, err := p.kv.Route(ctx, &kvindexv1.RouteRequest{Score: sreq, RequestId: requestID(req.Request)})
+	p.q.Loads, p.q.Policy = p.loads, p.policy
+	pod, err := p.kv.Route(ctx, requestID(req.Request), &p.q)
 	if err != nil {
 		return 0, fmt.Errorf("router %s: request %d: %w", p.name, req.ID, err)
 	}
-	i, ok := p.byPod[resp.GetChosen().GetPod()]
+	i, ok := p.byPod[pod]
 	if !ok {
-		return 0, fmt.Errorf("router %s: kvindex chose unknown worker %q", p.name, resp.GetChosen().GetPod())
+		return 0, fmt.Errorf("router %s: kvindex chose unknown worker %q", p.name, pod)
 	}
 	return i, nil
 }
@@ -177,7 +177,7 @@ func (p *precise) PrefillDone(ctx context.Context, req *workload.Request, _ int)
 		}
 		return nil
 	}
-	if _, err := p.kv.Release(ctx, &kvindexv1.ReleaseRequest{RequestId: requestID(req)}); err != nil {
+	if err := p.kv.Release(ctx, requestID(req)); err != nil {
 		return fmt.Errorf("router %s: release request %d: %w", p.name, req.ID, err)
 	}
 	return nil

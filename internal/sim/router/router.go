@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/workload"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // Router names, as accepted by New and printed in reports.
@@ -65,17 +65,44 @@ type Fleet interface {
 	CachedTokens(i int, req *Request) int
 }
 
-// Scorer is kvindex's Score call: *api.Server in process, or a gRPC client.
-type Scorer interface {
-	Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error)
+// KV is kvindex as the precise routers ask it: in process (the
+// scoring.Scorer the gRPC server also answers with) or over gRPC
+// (api.Client). Workers are named by pod, as a router knows them.
+type KV interface {
+	// Score calls visit with the matched prompt tokens of every worker in
+	// kvindex's answer for q.
+	Score(ctx context.Context, q *Query, visit func(pod string, matchedTokens int)) error
+	// Route asks kvindex to choose a worker for request id and to record
+	// the choice; it returns the chosen pod, or an error wrapping
+	// ErrRouteUnimplemented when kvindex does not offer Route.
+	Route(ctx context.Context, id string, q *Query) (string, error)
+	// Release ends request id's in-flight accounting.
+	Release(ctx context.Context, id string) error
 }
 
-// RouteScorer adds kvindex's Route and Release calls.
-type RouteScorer interface {
-	Scorer
-	Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error)
-	Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error)
+// Query is one prompt as a precise router sends it to kvindex.
+type Query struct {
+	// Model is the model name.
+	Model string
+	// Tokens are the prompt's token ids (valid during the call).
+	Tokens []uint32
+	// Loads are the engines' loads as the router scrapes them (Route only).
+	Loads []PodLoad
+	// Policy overrides kvindex's default ranking policy (Route only); nil
+	// keeps it.
+	Policy *scoring.Override
 }
+
+// PodLoad is one engine's load as a router sees it.
+type PodLoad struct {
+	Pod              string
+	Running, Waiting uint32
+	KVUsage          float64
+}
+
+// ErrRouteUnimplemented is wrapped by KV.Route when kvindex answers that
+// it has no Route.
+var ErrRouteUnimplemented = errors.New("router: kvindex does not implement Route")
 
 // Router picks an engine for each request.
 type Router interface {
@@ -101,8 +128,8 @@ type Config struct {
 	Names []string
 	// Model is the model name the precise routers ask kvindex about.
 	Model string
-	// Scorer is kvindex for the precise routers.
-	Scorer RouteScorer
+	// KV is kvindex for the precise routers.
+	KV KV
 	// AffinityTokens is how much of the prompt prefix-hash hashes
 	// (default 1,024 tokens).
 	AffinityTokens int
@@ -115,10 +142,10 @@ type Config struct {
 	// LoadWeight scales in-flight prefill tokens against a request's own
 	// uncached tokens in precise+load's client-side cost (default 1).
 	LoadWeight float64
-	// RoutePolicy, when not nil, is sent with every Route request
-	// (ScoreRequest.policy): kvindex's policy name, guard and weights; nil
-	// keeps the server's default.
-	RoutePolicy *kvindexv1.ScorePolicy
+	// RoutePolicy, when not nil, is sent with every Route request:
+	// kvindex's policy name, guard and weights; nil keeps the server's
+	// default.
+	RoutePolicy *scoring.Override
 	// Seed seeds the random tie-breaks.
 	Seed uint64
 }
@@ -143,7 +170,7 @@ func New(name string, cfg Config) (Router, error) {
 	case Approximate:
 		return newApproximate(cfg), nil
 	case Precise, PreciseLoad:
-		if cfg.Scorer == nil || len(cfg.Names) != n || cfg.Model == "" {
+		if cfg.KV == nil || len(cfg.Names) != n || cfg.Model == "" {
 			return nil, fmt.Errorf("router %s: kvindex, the model and one pod name per engine are required", name)
 		}
 		if m := cfg.PreciseLoadMode; m != "" && m != ModeRoute && m != ModeClient {

@@ -2,15 +2,15 @@ package router
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/workload"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // fakeFleet is a scripted fleet.
@@ -171,38 +171,47 @@ func TestOracle(t *testing.T) {
 // fakeKV is a scripted kvindex.
 type fakeKV struct {
 	matched   map[string]uint32 // pod -> matched tokens
-	route     string            // Route's choice; "" answers Unimplemented
-	routeReqs []*kvindexv1.RouteRequest
+	route     string            // Route's choice; "" answers unimplemented
+	routeReqs []routeReq
 	released  []string
 }
 
-func (k *fakeKV) Score(_ context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
-	if len(req.GetTokenIds()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "token_ids: required")
+// routeReq is one Route call as fakeKV saw it (copied: the router reuses
+// its query).
+type routeReq struct {
+	id     string
+	model  string
+	tokens int
+	loads  []PodLoad
+	policy *scoring.Override
+}
+
+func (k *fakeKV) Score(_ context.Context, q *Query, visit func(string, int)) error {
+	if len(q.Tokens) == 0 {
+		return errors.New("token_ids: required")
 	}
-	resp := &kvindexv1.ScoreResponse{}
 	for pod, m := range k.matched {
-		resp.Workers = append(resp.Workers, &kvindexv1.WorkerScore{Worker: &kvindexv1.WorkerRef{Pod: pod}, MatchedTokens: m, MatchedBlocks: m / 16})
+		visit(pod, int(m))
 	}
-	return resp, nil
+	return nil
 }
 
-func (k *fakeKV) Route(_ context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
+func (k *fakeKV) Route(_ context.Context, id string, q *Query) (string, error) {
 	if k.route == "" {
-		return nil, status.Error(codes.Unimplemented, "method Route not implemented")
+		return "", fmt.Errorf("%w: method Route not implemented", ErrRouteUnimplemented)
 	}
-	k.routeReqs = append(k.routeReqs, req)
-	return &kvindexv1.RouteResponse{Chosen: &kvindexv1.WorkerRef{Pod: k.route}}, nil
+	k.routeReqs = append(k.routeReqs, routeReq{id: id, model: q.Model, tokens: len(q.Tokens), loads: slices.Clone(q.Loads), policy: q.Policy})
+	return k.route, nil
 }
 
-func (k *fakeKV) Release(_ context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
-	k.released = append(k.released, req.GetRequestId())
-	return &kvindexv1.ReleaseResponse{Released: true}, nil
+func (k *fakeKV) Release(_ context.Context, id string) error {
+	k.released = append(k.released, id)
+	return nil
 }
 
 func preciseCfg(f *fakeFleet, kv *fakeKV) Config {
 	names := []string{"p0", "p1", "p2"}
-	return Config{Fleet: f, Scorer: kv, Names: names[:len(f.loads)], Model: "m"}
+	return Config{Fleet: f, KV: kv, Names: names[:len(f.loads)], Model: "m"}
 }
 
 func TestPreciseLongestThenLeastLoaded(t *testing.T) {
@@ -233,12 +242,12 @@ func TestPreciseLoadUsesRouteAndRelease(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 	rr := kv.routeReqs[0]
-	if rr.GetRequestId() != "req-7" || len(rr.GetScore().GetTokenIds()) != 128 || rr.GetScore().GetModel() != "m" {
-		t.Fatalf("Route request %v", rr)
+	if rr.id != "req-7" || rr.tokens != 128 || rr.model != "m" {
+		t.Fatalf("Route request %+v", rr)
 	}
-	l := rr.GetScore().GetLoads()[0]
-	if l.GetWorker().GetPod() != "p0" || l.GetRunning() != 4 || l.GetWaiting() != 2 || l.GetKvCacheUsage() != 0.5 {
-		t.Fatalf("loads %v", rr.GetScore().GetLoads())
+	l := rr.loads[0]
+	if l.Pod != "p0" || l.Running != 4 || l.Waiting != 2 || l.KVUsage != 0.5 {
+		t.Fatalf("loads %+v", rr.loads)
 	}
 	if err := r.PrefillDone(context.Background(), q.Request, 2); err != nil || len(kv.released) != 1 || kv.released[0] != "req-7" {
 		t.Fatalf("release: %v %v", err, kv.released)
@@ -248,10 +257,14 @@ func TestPreciseLoadUsesRouteAndRelease(t *testing.T) {
 	}
 	// A policy given in the config travels with every Route.
 	cfg := preciseCfg(f, kv)
-	cfg.RoutePolicy = &kvindexv1.ScorePolicy{Guard: "static"}
+	cfg.RoutePolicy = &scoring.Override{Guard: "static"}
 	r = mustNew(t, PreciseLoad, cfg)
 	routeAll(t, r, request(8, 1))
-	if g := kv.routeReqs[len(kv.routeReqs)-1].GetScore().GetPolicy().GetGuard(); g != "static" {
+	if pol := kv.routeReqs[len(kv.routeReqs)-1].policy; pol == nil || pol.Guard != "static" {
+		g := ""
+		if pol != nil {
+			g = pol.Guard
+		}
 		t.Fatalf("policy guard %q", g)
 	}
 }
@@ -308,7 +321,7 @@ func TestParseAndNew(t *testing.T) {
 	if _, err := New(Precise, Config{Fleet: f, BlockSize: 16}); err == nil {
 		t.Fatal("precise without kvindex accepted")
 	}
-	if _, err := New(PreciseLoad, Config{Fleet: f, BlockSize: 16, Scorer: &fakeKV{}, Names: []string{"a", "b"}, Model: "m", PreciseLoadMode: "x"}); err == nil {
+	if _, err := New(PreciseLoad, Config{Fleet: f, BlockSize: 16, KV: &fakeKV{}, Names: []string{"a", "b"}, Model: "m", PreciseLoadMode: "x"}); err == nil {
 		t.Fatal("bad mode accepted")
 	}
 }
