@@ -637,6 +637,7 @@ func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
 	ws.ReplayedBatches = clampU64(st.ReplayedBatches)
 	ws.ReplayFailures = clampU64(st.ReplayFailures)
 	ws.UnrecoveredGaps = clampU64(st.UnrecoveredGaps)
+	ws.StaleReplays = clampU64(st.StaleReplays)
 	ws.JoinedAtSeq = st.JoinedAtSeq
 	ws.Dropped = clampU64(st.Dropped)
 	ws.Backlog = uint64(max(0, st.Backlog))

@@ -40,6 +40,9 @@ type WorkerStats struct {
 	// UnrecoveredGaps counts gaps that replay could not fill, each handled
 	// by the gap policy.
 	UnrecoveredGaps int64
+	// StaleReplays counts replay answers that arrived after their replay
+	// was given up (too slow) and were dropped unapplied.
+	StaleReplays int64
 	// JoinedAtSeq is the first seq known for the current engine process
 	// when kvindex joined late and could not replay what came before it
 	// (0 when nothing was missed).

@@ -19,8 +19,13 @@ type message struct {
 	at        time.Time
 }
 
-// replayResult is what a replay fetch hands back to its stream.
+// replayResult is what a replay fetch hands back to its stream. gen is
+// the stream's replay generation when the fetch started: a stream accepts
+// only the result of its current recovery, so a result of one it gave up
+// on (too slow) is dropped and counted, even when a later recovery asked
+// for the same seq.
 type replayResult struct {
+	gen     uint64
 	from    uint64
 	batches []replayedBatch
 	err     error
@@ -50,6 +55,7 @@ type stream struct {
 	hasExpected  bool
 	recovering   bool
 	recoverFrom  uint64
+	replayGen    uint64 // bumped by each startRecovery
 	pending      []message
 	backoffUntil time.Time
 	backoff      time.Duration
@@ -230,6 +236,7 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 // startRecovery fetches batches from seq from on, holding pending (live
 // messages that arrived after the gap) until the replay answers.
 func (st *stream) startRecovery(ctx context.Context, from uint64, pending []message, why string) {
+	st.replayGen++
 	st.recovering, st.recoverFrom, st.pending = true, from, pending
 	if why == "join" || why == "late join" {
 		st.joinTried = true
@@ -238,9 +245,9 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 	st.mu.Lock()
 	st.stats.Replays++
 	st.mu.Unlock()
-	endpoint := st.replay
+	endpoint, gen := st.replay, st.replayGen
 	go func() {
-		res := replayResult{from: from}
+		res := replayResult{gen: gen, from: from}
 		select {
 		case st.sub.replaySlots <- struct{}{}:
 			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayMaxBatches)
@@ -251,7 +258,10 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 		if res.err != nil && ctx.Err() == nil {
 			res.err = fmt.Errorf("%s replay from seq %d: %w", why, from, res.err)
 		}
-		st.replayDone <- res
+		select {
+		case st.replayDone <- res:
+		case <-ctx.Done(): // the stream has stopped reading
+		}
 	}()
 }
 
@@ -259,8 +269,15 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 // messages, applies the gap policy to whatever it could not fill, then
 // drains the pending messages.
 func (st *stream) onReplay(ctx context.Context, r replayResult) {
-	if !st.recovering || r.from != st.recoverFrom {
-		return // abandoned recovery
+	if !st.recovering || r.gen != st.replayGen {
+		st.mu.Lock()
+		st.stats.StaleReplays++
+		st.mu.Unlock()
+		st.problem(fmt.Errorf("replay from seq %d answered after it was given up (replay %d, current %d): %d batches dropped", r.from, r.gen, st.replayGen, len(r.batches)), false)
+		return
+	}
+	if r.from != st.recoverFrom {
+		brokenInvariant(fmt.Sprintf("replay %d answered from seq %d for a recovery from seq %d", r.gen, r.from, st.recoverFrom))
 	}
 	st.recovering = false
 	st.isRecovering.Store(false)
@@ -463,4 +480,10 @@ func (st *stream) snapshot() events.WorkerStats {
 	s.Backlog = len(st.in)
 	s.Connected = st.connected.Load()
 	return s
+}
+
+// brokenInvariant is the one place the transport panics: on a state its
+// invariants rule out, which no input can cause.
+func brokenInvariant(what string) {
+	panic("zmq: broken invariant: " + what)
 }

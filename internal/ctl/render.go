@@ -126,8 +126,15 @@ func replays(ws *kvindexv1.WorkerStatus) string {
 		return "-"
 	}
 	r := strconv.FormatUint(ws.GetReplays(), 10) + "/" + strconv.FormatUint(ws.GetReplayedBatches(), 10)
+	var notes []string
 	if n := ws.GetReplayFailures(); n > 0 {
-		r += " (" + strconv.FormatUint(n, 10) + " failed)"
+		notes = append(notes, strconv.FormatUint(n, 10)+" failed")
+	}
+	if n := ws.GetStaleReplays(); n > 0 {
+		notes = append(notes, strconv.FormatUint(n, 10)+" answered too late")
+	}
+	if len(notes) > 0 {
+		r += " (" + strings.Join(notes, ", ") + ")"
 	}
 	return r
 }

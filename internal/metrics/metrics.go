@@ -23,6 +23,7 @@ type Collector struct {
 	stored, removed, resident, orphans, unknown, bsMismatch, invalid     *prometheus.Desc
 	skippedGroup, clears, resets                                         *prometheus.Desc
 	replays, replayed, replayFailures, unrecovered, staleTransitions     *prometheus.Desc
+	staleReplays                                                         *prometheus.Desc
 	health, dropped, backlog, unroutable                                 *prometheus.Desc
 	evictions, capacity                                                  *prometheus.Desc
 	unroutableSrc                                                        interface{ Unroutable() int64 }
@@ -61,6 +62,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		replayed:         d("replayed_batches_total", "Batches applied from replays."),
 		replayFailures:   d("replay_failures_total", "Replays that failed or timed out."),
 		unrecovered:      d("unrecovered_gaps_total", "Lost batches replay could not fill, each handled by the gap policy."),
+		staleReplays:     d("stale_replays_total", "Replay answers that arrived after their replay was given up, dropped unapplied."),
 		staleTransitions: d("stale_transitions_total", "Times the worker became stale."),
 		health:           d("worker_health", "1 for the worker's current health state, by state.", "state"),
 		dropped:          d("dropped_batches_total", "Messages dropped on a full worker queue."),
@@ -79,7 +81,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
 		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets,
-		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
+		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleReplays, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
 		ch <- d
 	}
 }
@@ -134,6 +136,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.replayed, s.ReplayedBatches)
 		counter(c.replayFailures, s.ReplayFailures)
 		counter(c.unrecovered, s.UnrecoveredGaps)
+		counter(c.staleReplays, s.StaleReplays)
 		counter(c.staleTransitions, s.StaleTransitions)
 		counter(c.dropped, s.Dropped)
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(s.Backlog), lv...)

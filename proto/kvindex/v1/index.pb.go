@@ -1459,7 +1459,10 @@ type WorkerStatus struct {
 	BudgetEvictions uint64 `protobuf:"varint,41,opt,name=budget_evictions,json=budgetEvictions,proto3" json:"budget_evictions,omitempty"`
 	// capacity is the most blocks the worker may hold (configured or
 	// learned); 0 while unbounded.
-	Capacity      uint64 `protobuf:"varint,42,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Capacity uint64 `protobuf:"varint,42,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	// stale_replays counts replay answers that arrived after kvindex had
+	// given up on that replay (too slow) and were dropped unapplied.
+	StaleReplays  uint64 `protobuf:"varint,43,opt,name=stale_replays,json=staleReplays,proto3" json:"stale_replays,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1788,6 +1791,13 @@ func (x *WorkerStatus) GetCapacity() uint64 {
 	return 0
 }
 
+func (x *WorkerStatus) GetStaleReplays() uint64 {
+	if x != nil {
+		return x.StaleReplays
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1941,7 +1951,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xff\v\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xa4\f\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -1988,7 +1998,8 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\abacklog\x18' \x01(\x04R\abacklog\x12\x1c\n" +
 	"\tevictions\x18( \x01(\x04R\tevictions\x12)\n" +
 	"\x10budget_evictions\x18) \x01(\x04R\x0fbudgetEvictions\x12\x1a\n" +
-	"\bcapacity\x18* \x01(\x04R\bcapacity\"=\n" +
+	"\bcapacity\x18* \x01(\x04R\bcapacity\x12#\n" +
+	"\rstale_replays\x18+ \x01(\x04R\fstaleReplays\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\x96\x01\n" +
