@@ -1,11 +1,7 @@
-// Package config loads and checks the kvindex daemon's YAML configuration.
-//
-// It only turns text into a validated Config; nothing here opens sockets.
 package config
 
 import (
 	"bytes"
-	_ "embed"
 	"errors"
 	"fmt"
 	"net"
@@ -24,15 +20,12 @@ import (
 // the field at fault.
 var ErrInvalid = errors.New("config: invalid")
 
-// DefaultBlockSize is vLLM's default tokens per KV block.
-const DefaultBlockSize = 16
-
 // Config is the daemon's configuration.
 type Config struct {
-	// GRPCListen is the gRPC listen address (default ":50051").
+	// GRPCListen is the gRPC listen address (default DefaultGRPCListen).
 	GRPCListen string `yaml:"grpc_listen"`
 	// MetricsListen is the Prometheus /metrics listen address (default
-	// ":9400"); "off" disables it.
+	// DefaultMetricsListen); MetricsOff ("off") disables it.
 	MetricsListen string `yaml:"metrics_listen"`
 	// Models lists model namespaces and their block sizes. Models that pods
 	// name but that are not listed get DefaultBlockSize.
@@ -59,7 +52,8 @@ type Config struct {
 type Model struct {
 	// Name is the model name requests use (vLLM's served model name).
 	Name string `yaml:"name"`
-	// BlockSize is vLLM's --block-size for this model (default 16).
+	// BlockSize is vLLM's --block-size for this model (default
+	// DefaultBlockSize).
 	BlockSize int `yaml:"block_size"`
 }
 
@@ -72,7 +66,7 @@ type Pod struct {
 	// Endpoint is the pod's KV event PUB endpoint for DP rank 0, e.g.
 	// tcp://10.0.0.5:5557; rank r publishes on port+r.
 	Endpoint string `yaml:"endpoint"`
-	// DPSize is the pod's data-parallel size (default 1).
+	// DPSize is the pod's data-parallel size (default DefaultDPSize).
 	DPSize int `yaml:"dp_size"`
 	// Topic is the subscription prefix (default "", every topic).
 	Topic string `yaml:"topic"`
@@ -104,28 +98,29 @@ type Index struct {
 // Scoring sets the default ranking policy (requests may override it) and
 // how long routing decisions count.
 type Scoring struct {
-	// Policy is cache_aware (default) or longest_prefix.
+	// Policy is cache_aware (DefaultScoringPolicy) or longest_prefix.
 	Policy string `yaml:"policy"`
 	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier
-	// (defaults 1.0, 0.8, 0.5).
+	// (defaults DefaultGPUWeight, DefaultCPUWeight, DefaultStorageWeight).
 	GPUWeight     float64 `yaml:"gpu_weight"`
 	CPUWeight     float64 `yaml:"cpu_weight"`
 	StorageWeight float64 `yaml:"storage_weight"`
 	// LoadWeight weighs a queued prefill token against an uncached one
-	// (default 1/3).
+	// (default DefaultLoadWeight, 1/3).
 	LoadWeight float64 `yaml:"load_weight"`
-	// Guard is the hotspot guard: cost (default), static or off.
+	// Guard is the hotspot guard: cost (DefaultGuard), static or off.
 	Guard string `yaml:"guard"`
-	// StaticK is the static guard's multiple of the median (default 2).
+	// StaticK is the static guard's multiple of the median (default
+	// DefaultStaticK).
 	StaticK float64 `yaml:"static_k"`
 	// SpeculativeTTL is how long a routed request's blocks count as cached
-	// before events confirm them (default 10s).
+	// before events confirm them (default DefaultSpeculativeTTL).
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
 	// InflightTTL is how long a routed request counts as load without a
-	// Release (default 2m).
+	// Release (default DefaultInflightTTL).
 	InflightTTL time.Duration `yaml:"inflight_ttl"`
-	// ScrapeInterval is how often pods' metrics_url are read (default 1s);
-	// a scrape older than 3 intervals is ignored.
+	// ScrapeInterval is how often pods' metrics_url are read (default
+	// DefaultScrapeInterval); a scrape older than 3 intervals is ignored.
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 }
 
@@ -156,21 +151,23 @@ type Route struct {
 // Events tunes ingest.
 type Events struct {
 	// GapPolicy is what lost events that replay cannot recover do to a
-	// worker: reset (default: forget its blocks, relearn) or keep (keep
-	// them, flag the worker UNSYNCED in every answer).
+	// worker: reset (DefaultGapPolicy: forget its blocks, relearn) or keep
+	// (keep them, flag the worker UNSYNCED in every answer).
 	GapPolicy string `yaml:"gap_policy"`
-	// ReplayTimeout bounds one replay (default 3s).
+	// ReplayTimeout bounds one replay (default DefaultReplayTimeout).
 	ReplayTimeout time.Duration `yaml:"replay_timeout"`
-	// ReplayConcurrency bounds replays in flight (default 4).
+	// ReplayConcurrency bounds replays in flight (default
+	// DefaultReplayConcurrency).
 	ReplayConcurrency int `yaml:"replay_concurrency"`
 	// StaleAfterDisconnect marks a pull-mode worker stale after its
-	// endpoint has been unreachable this long (default 5s; negative: never).
+	// endpoint has been unreachable this long (default
+	// DefaultStaleAfterDisconnect; negative: never).
 	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect"`
 	// StaleAfterSilence marks a worker stale after sending nothing this
 	// long (default 0: off, since idle engines send nothing).
 	StaleAfterSilence time.Duration `yaml:"stale_after_silence"`
 	// QueueSize is each worker's queue of batches waiting to be applied
-	// (default 4096).
+	// (default DefaultQueueSize).
 	QueueSize int `yaml:"queue_size"`
 }
 
@@ -183,21 +180,25 @@ type Score struct {
 
 // Limits bound Score requests.
 type Limits struct {
-	// MaxTokens is the most token ids one request may carry (default 1,048,576).
+	// MaxTokens is the most token ids one request may carry (default
+	// DefaultMaxTokens).
 	MaxTokens int `yaml:"max_tokens"`
-	// MaxBlockKeys is the most block keys one request may carry (default 65,536).
+	// MaxBlockKeys is the most block keys one request may carry (default
+	// DefaultMaxBlockKeys).
 	MaxBlockKeys int `yaml:"max_block_keys"`
-	// MaxCandidates is the most candidate workers one request may name (default 4,096).
+	// MaxCandidates is the most candidate workers one request may name
+	// (default DefaultMaxCandidates).
 	MaxCandidates int `yaml:"max_candidates"`
 }
 
 // Log sets up log/slog.
 type Log struct {
-	// Level is debug, info, warn or error (default info).
+	// Level is debug, info, warn or error (default DefaultLogLevel).
 	Level string `yaml:"level"`
-	// Format is text or json (default text).
+	// Format is text or json (default DefaultLogFormat).
 	Format string `yaml:"format"`
-	// ProblemInterval rate-limits repeated per-worker problem logs (default 1m).
+	// ProblemInterval rate-limits repeated per-worker problem logs (default
+	// DefaultProblemInterval).
 	ProblemInterval time.Duration `yaml:"problem_interval"`
 }
 
@@ -214,7 +215,8 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes YAML (unknown fields are errors), applies defaults and validates.
+// Parse decodes YAML (unknown fields are errors), then applies SetDefaults
+// and Validate.
 func Parse(data []byte) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -222,68 +224,11 @@ func Parse(data []byte) (*Config, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	c.applyDefaults()
+	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
-}
-
-func (c *Config) applyDefaults() {
-	if c.GRPCListen == "" {
-		c.GRPCListen = ":50051"
-	}
-	if c.MetricsListen == "" {
-		c.MetricsListen = ":9400"
-	}
-	if c.Limits.MaxTokens == 0 {
-		c.Limits.MaxTokens = 1 << 20
-	}
-	if c.Limits.MaxBlockKeys == 0 {
-		c.Limits.MaxBlockKeys = 1 << 16
-	}
-	if c.Limits.MaxCandidates == 0 {
-		c.Limits.MaxCandidates = 4096
-	}
-	if c.Log.Level == "" {
-		c.Log.Level = "info"
-	}
-	if c.Log.Format == "" {
-		c.Log.Format = "text"
-	}
-	if c.Scoring.ScrapeInterval == 0 {
-		c.Scoring.ScrapeInterval = time.Second
-	}
-	if c.Events.GapPolicy == "" {
-		c.Events.GapPolicy = "reset"
-	}
-	if c.Log.ProblemInterval == 0 {
-		c.Log.ProblemInterval = time.Minute
-	}
-	for i := range c.Models {
-		if c.Models[i].BlockSize == 0 {
-			c.Models[i].BlockSize = DefaultBlockSize
-		}
-	}
-	for i := range c.Pods {
-		if c.Pods[i].DPSize == 0 {
-			c.Pods[i].DPSize = 1
-		}
-	}
-	// Models named only by pods or routes get the default block size.
-	named := func(m string) {
-		if m != "" && c.model(m) == nil {
-			c.Models = append(c.Models, Model{Name: m, BlockSize: DefaultBlockSize})
-		}
-	}
-	for _, p := range c.Pods {
-		named(p.Model)
-	}
-	for _, pl := range c.Push {
-		for _, r := range pl.Routes {
-			named(r.Model)
-		}
-	}
 }
 
 func (c *Config) model(name string) *Model {
@@ -303,7 +248,7 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
 		return bad("grpc_listen", "%q is not host:port", c.GRPCListen)
 	}
-	if c.MetricsListen != "off" {
+	if c.MetricsListen != MetricsOff {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			return bad("metrics_listen", "%q is not host:port or off", c.MetricsListen)
 		}
@@ -494,9 +439,3 @@ type WorkerEndpoint struct {
 	// CapacityBlocks bounds the worker's blocks (0: the index default).
 	CapacityBlocks int
 }
-
-// DefaultYAML is the embedded default configuration `kvindex serve` runs
-// without --config: one local engine on tcp://127.0.0.1:5557.
-//
-//go:embed default.yaml
-var DefaultYAML []byte
