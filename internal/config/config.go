@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -240,165 +237,18 @@ func (c *Config) model(name string) *Model {
 	return nil
 }
 
-// Validate reports the first problem, naming the field.
-func (c *Config) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
-	}
-	if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
-		return bad("grpc_listen", "%q is not host:port", c.GRPCListen)
-	}
-	if c.MetricsListen != MetricsOff {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			return bad("metrics_listen", "%q is not host:port or off", c.MetricsListen)
-		}
-	}
-	if c.Limits.MaxTokens < 0 || c.Limits.MaxBlockKeys < 0 || c.Limits.MaxCandidates < 0 {
-		return bad("limits", "limits must not be negative")
-	}
-	switch strings.ToLower(c.Log.Level) {
-	case "debug", "info", "warn", "error":
-	default:
-		return bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
-	}
-	if c.Log.Format != "text" && c.Log.Format != "json" {
-		return bad("log.format", "%q is not text or json", c.Log.Format)
-	}
-	if _, err := events.ParseGapPolicy(c.Events.GapPolicy); err != nil {
-		return bad("events.gap_policy", "%q is not reset or keep", c.Events.GapPolicy)
-	}
-	if c.Events.ReplayTimeout < 0 || c.Events.ReplayConcurrency < 0 || c.Events.QueueSize < 0 || c.Events.StaleAfterSilence < 0 {
-		return bad("events", "durations and sizes must not be negative (stale_after_disconnect may be, to disable it)")
-	}
-	if _, err := c.Policy(); err != nil {
-		return bad("scoring", "%v", err)
-	}
-	if c.Index.MemoryBudgetMiB < 0 {
-		return bad("index.memory_budget_mib", "%d must not be negative", c.Index.MemoryBudgetMiB)
-	}
-	if c.Scoring.SpeculativeTTL < 0 || c.Scoring.InflightTTL < 0 || c.Scoring.ScrapeInterval < 0 {
-		return bad("scoring", "durations must not be negative")
-	}
-	seenModel := map[string]bool{}
-	for i, m := range c.Models {
-		f := fmt.Sprintf("models[%d]", i)
-		if m.Name == "" {
-			return bad(f+".name", "required")
-		}
-		if seenModel[m.Name] {
-			return bad(f+".name", "model %q listed twice", m.Name)
-		}
-		seenModel[m.Name] = true
-		if m.BlockSize <= 0 {
-			return bad(f+".block_size", "%d must be positive", m.BlockSize)
-		}
-	}
-	seenPod := map[string]bool{}
-	seenEndpoint := map[string]string{}
-	for i, p := range c.Pods {
-		f := fmt.Sprintf("pods[%d]", i)
-		if p.Name == "" {
-			return bad(f+".name", "required")
-		}
-		if seenPod[p.Name] {
-			return bad(f+".name", "pod %q listed twice", p.Name)
-		}
-		seenPod[p.Name] = true
-		if p.Model == "" {
-			return bad(f+".model", "required")
-		}
-		if p.DPSize < 1 || p.DPSize > 1024 {
-			return bad(f+".dp_size", "%d must be between 1 and 1024", p.DPSize)
-		}
-		if err := checkEndpoint(p.Endpoint); err != nil {
-			return bad(f+".endpoint", "%v", err)
-		}
-		for r := 0; r < p.DPSize; r++ {
-			ep, err := events.OffsetEndpoint(p.Endpoint, r)
-			if err != nil {
-				return bad(f+".endpoint", "%v", err)
-			}
-			if p.CapacityBlocks < 0 {
-				return bad(f+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
-			}
-			if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
-				return bad(f+".metrics_url", "%q is not an http(s) URL", p.MetricsURL)
-			}
-			if p.ReplayEndpoint != "" {
-				if err := checkEndpoint(p.ReplayEndpoint); err != nil {
-					return bad(f+".replay_endpoint", "%v", err)
-				}
-				rep, err := events.OffsetEndpoint(p.ReplayEndpoint, r)
-				if err != nil {
-					return bad(f+".replay_endpoint", "%v", err)
-				}
-				if other, dup := seenEndpoint[rep]; dup {
-					return bad(f+".replay_endpoint", "%s (rank %d) is also used by %s: leave a gap of dp_size between the event and replay ports", rep, r, other)
-				}
-				seenEndpoint[rep] = fmt.Sprintf("pod %s replay", p.Name)
-			}
-			if other, dup := seenEndpoint[ep]; dup {
-				return bad(f+".endpoint", "%s (rank %d) is also used by %s", ep, r, other)
-			}
-			seenEndpoint[ep] = fmt.Sprintf("pod %s", p.Name)
-		}
-	}
-	for i, pl := range c.Push {
-		f := fmt.Sprintf("push[%d]", i)
-		if err := checkEndpoint(pl.Listen); err != nil {
-			return bad(f+".listen", "%v", err)
-		}
-		seenTopic := map[string]bool{}
-		for j, r := range pl.Routes {
-			rf := fmt.Sprintf("%s.routes[%d]", f, j)
-			switch {
-			case seenTopic[r.Topic]:
-				return bad(rf+".topic", "topic %q mapped twice", r.Topic)
-			case r.Pod == "":
-				return bad(rf+".pod", "required")
-			case r.Model == "":
-				return bad(rf+".model", "required")
-			case seenPod[r.Pod]:
-				return bad(rf+".pod", "pod %q is also a pull-mode pod", r.Pod)
-			}
-			seenTopic[r.Topic] = true
-			if r.ReplayEndpoint != "" {
-				if err := checkEndpoint(r.ReplayEndpoint); err != nil {
-					return bad(rf+".replay_endpoint", "%v", err)
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // Policy is the configured default ranking policy.
 func (c *Config) Policy() (scoring.Policy, error) {
-	sc := c.Scoring
-	return scoring.Override{
-		Name: sc.Policy, GPUWeight: sc.GPUWeight, CPUWeight: sc.CPUWeight, StorageWeight: sc.StorageWeight,
-		LoadWeight: sc.LoadWeight, Guard: sc.Guard, StaticK: sc.StaticK,
-	}.Apply(scoring.DefaultPolicy())
+	return c.Scoring.policy()
 }
 
-// checkEndpoint accepts tcp://host:port, ipc://path and inproc://name.
-func checkEndpoint(ep string) error {
-	switch {
-	case ep == "":
-		return errors.New("required")
-	case strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://"):
-		return nil
-	case strings.HasPrefix(ep, "tcp://"):
-		_, port, err := net.SplitHostPort(ep[len("tcp://"):])
-		if err != nil {
-			return fmt.Errorf("%q is not tcp://host:port", ep)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return fmt.Errorf("%q: bad port %q", ep, port)
-		}
-		return nil
-	}
-	return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
+// policy is scoring.DefaultPolicy with the section's non-zero fields
+// applied.
+func (s *Scoring) policy() (scoring.Policy, error) {
+	return scoring.Override{
+		Name: s.Policy, GPUWeight: s.GPUWeight, CPUWeight: s.CPUWeight, StorageWeight: s.StorageWeight,
+		LoadWeight: s.LoadWeight, Guard: s.Guard, StaticK: s.StaticK,
+	}.Apply(scoring.DefaultPolicy())
 }
 
 // Workers expands the pods into one endpoint per (pod, DP rank), in config order.

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"os"
 	"reflect"
 	"slices"
@@ -158,28 +157,6 @@ func TestDefaultPolicyIsScorings(t *testing.T) {
 	}
 	if g, err := events.ParseGapPolicy(DefaultGapPolicy); err != nil || g != events.GapReset {
 		t.Fatalf("DefaultGapPolicy %q = %v, %v", DefaultGapPolicy, g, err)
-	}
-}
-
-func TestInvalidNamesTheField(t *testing.T) {
-	for _, tc := range []struct{ yaml, field string }{
-		{"pods: [{name: a, model: m}]", "pods[0].endpoint"},
-		{"pods: [{model: m, endpoint: 'tcp://h:1'}]", "pods[0].name"},
-		{"pods: [{name: a, endpoint: 'tcp://h:1'}]", "pods[0].model"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1', dp_size: -1}]", "pods[0].dp_size"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h'}]", "pods[0].endpoint"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:65535', dp_size: 2}]", "pods[0].endpoint"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1', dp_size: 2}, {name: b, model: m, endpoint: 'tcp://h:2'}]", "pods[1].endpoint"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1'}, {name: a, model: m, endpoint: 'tcp://h:2'}]", "pods[1].name"},
-		{"models: [{name: m, block_size: -16}]", "models[0].block_size"},
-		{"grpc_listen: nonsense", "grpc_listen"},
-		{"log: {level: loud}", "log.level"},
-		{"typo_field: 1", "typo_field"},
-	} {
-		_, err := Parse([]byte(tc.yaml))
-		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("%s: err = %v, want ErrInvalid naming %s", tc.yaml, err, tc.field)
-		}
 	}
 }
 
