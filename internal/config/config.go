@@ -20,65 +20,65 @@ var ErrInvalid = errors.New("config: invalid")
 // Config is the daemon's configuration.
 type Config struct {
 	// GRPCListen is the gRPC listen address (default DefaultGRPCListen).
-	GRPCListen string `yaml:"grpc_listen"`
+	GRPCListen string `yaml:"grpc_listen,omitempty"`
 	// MetricsListen is the Prometheus /metrics listen address (default
 	// DefaultMetricsListen); MetricsOff ("off") disables it.
-	MetricsListen string `yaml:"metrics_listen"`
+	MetricsListen string `yaml:"metrics_listen,omitempty"`
 	// Models lists model namespaces and their block sizes. Models that pods
 	// name but that are not listed get DefaultBlockSize.
-	Models []Model `yaml:"models"`
+	Models []Model `yaml:"models,omitempty"`
 	// Pods are the vLLM engines to subscribe to.
-	Pods []Pod `yaml:"pods"`
+	Pods []Pod `yaml:"pods,omitempty"`
 	// Push lists bound sockets that push-mode engines connect to.
-	Push []Push `yaml:"push"`
+	Push []Push `yaml:"push,omitempty"`
 	// Events tunes ingest: replay, gap policy, staleness.
-	Events Events `yaml:"events"`
+	Events Events `yaml:"events,omitempty"`
 	// Score tunes answers.
-	Score Score `yaml:"score"`
+	Score Score `yaml:"score,omitempty"`
 	// Scoring sets the ranking policy and load sources.
-	Scoring Scoring `yaml:"scoring"`
+	Scoring Scoring `yaml:"scoring,omitempty"`
 	// Index bounds the index's memory.
-	Index Index `yaml:"index"`
+	Index Index `yaml:"index,omitempty"`
 	// Limits bound what one Score request may ask.
-	Limits Limits `yaml:"limits"`
+	Limits Limits `yaml:"limits,omitempty"`
 	// Log sets up logging.
-	Log Log `yaml:"log"`
+	Log Log `yaml:"log,omitempty"`
 }
 
 // Model is one served model.
 type Model struct {
 	// Name is the model name requests use (vLLM's served model name).
-	Name string `yaml:"name"`
+	Name string `yaml:"name,omitempty"`
 	// BlockSize is vLLM's --block-size for this model (default
 	// DefaultBlockSize).
-	BlockSize int `yaml:"block_size"`
+	BlockSize int `yaml:"block_size,omitempty"`
 }
 
 // Pod is one vLLM engine (all its data-parallel ranks).
 type Pod struct {
 	// Name identifies the pod in answers and metrics.
-	Name string `yaml:"name"`
+	Name string `yaml:"name,omitempty"`
 	// Model is the model the pod serves.
-	Model string `yaml:"model"`
+	Model string `yaml:"model,omitempty"`
 	// Endpoint is the pod's KV event PUB endpoint for DP rank 0, e.g.
 	// tcp://10.0.0.5:5557; rank r publishes on port+r.
-	Endpoint string `yaml:"endpoint"`
+	Endpoint string `yaml:"endpoint,omitempty"`
 	// DPSize is the pod's data-parallel size (default DefaultDPSize).
-	DPSize int `yaml:"dp_size"`
+	DPSize int `yaml:"dp_size,omitempty"`
 	// Topic is the subscription prefix (default "", every topic).
-	Topic string `yaml:"topic"`
+	Topic string `yaml:"topic,omitempty"`
 	// ReplayEndpoint is the pod's vLLM replay_endpoint for DP rank 0, e.g.
 	// tcp://10.0.0.5:5567 (rank r: port+r); "" for none. With it, lost
 	// events are replayed and a late start learns what is already cached.
-	ReplayEndpoint string `yaml:"replay_endpoint"`
+	ReplayEndpoint string `yaml:"replay_endpoint,omitempty"`
 	// MetricsURL is the pod's vLLM Prometheus endpoint, e.g.
 	// http://10.0.0.5:8000/metrics; "" for none. Scraped for running and
 	// waiting requests and KV cache usage, used by load-aware ranking.
-	MetricsURL string `yaml:"metrics_url"`
+	MetricsURL string `yaml:"metrics_url,omitempty"`
 	// CapacityBlocks is the most blocks each of the pod's workers may hold,
 	// e.g. vLLM's num_gpu_blocks (plus offload tiers); 0 uses
 	// index.worker_capacity.
-	CapacityBlocks int `yaml:"capacity_blocks"`
+	CapacityBlocks int `yaml:"capacity_blocks,omitempty"`
 }
 
 // Index bounds what missed removals can leave behind.
@@ -86,39 +86,39 @@ type Index struct {
 	// WorkerCapacity is the most blocks one worker may hold in all media
 	// (0: learned from each worker's events; negative: unbounded). A pod's
 	// capacity_blocks overrides it.
-	WorkerCapacity int `yaml:"worker_capacity"`
+	WorkerCapacity int `yaml:"worker_capacity,omitempty"`
 	// MemoryBudgetMiB bounds the index's estimated memory; beyond it blocks
 	// are evicted from the workers holding the most (0: unbounded).
-	MemoryBudgetMiB int64 `yaml:"memory_budget_mib"`
+	MemoryBudgetMiB int64 `yaml:"memory_budget_mib,omitempty"`
 }
 
 // Scoring sets the default ranking policy (requests may override it) and
 // how long routing decisions count.
 type Scoring struct {
 	// Policy is cache_aware (DefaultScoringPolicy) or longest_prefix.
-	Policy string `yaml:"policy"`
+	Policy string `yaml:"policy,omitempty"`
 	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier
 	// (defaults DefaultGPUWeight, DefaultCPUWeight, DefaultStorageWeight).
-	GPUWeight     float64 `yaml:"gpu_weight"`
-	CPUWeight     float64 `yaml:"cpu_weight"`
-	StorageWeight float64 `yaml:"storage_weight"`
+	GPUWeight     float64 `yaml:"gpu_weight,omitempty"`
+	CPUWeight     float64 `yaml:"cpu_weight,omitempty"`
+	StorageWeight float64 `yaml:"storage_weight,omitempty"`
 	// LoadWeight weighs a queued prefill token against an uncached one
 	// (default DefaultLoadWeight, 1/3).
-	LoadWeight float64 `yaml:"load_weight"`
+	LoadWeight float64 `yaml:"load_weight,omitempty"`
 	// Guard is the hotspot guard: cost (DefaultGuard), static or off.
-	Guard string `yaml:"guard"`
+	Guard string `yaml:"guard,omitempty"`
 	// StaticK is the static guard's multiple of the median (default
 	// DefaultStaticK).
-	StaticK float64 `yaml:"static_k"`
+	StaticK float64 `yaml:"static_k,omitempty"`
 	// SpeculativeTTL is how long a routed request's blocks count as cached
 	// before events confirm them (default DefaultSpeculativeTTL).
-	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	SpeculativeTTL time.Duration `yaml:"speculative_ttl,omitempty"`
 	// InflightTTL is how long a routed request counts as load without a
 	// Release (default DefaultInflightTTL).
-	InflightTTL time.Duration `yaml:"inflight_ttl"`
+	InflightTTL time.Duration `yaml:"inflight_ttl,omitempty"`
 	// ScrapeInterval is how often pods' metrics_url are read (default
 	// DefaultScrapeInterval); a scrape older than 3 intervals is ignored.
-	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty"`
 }
 
 // Push is one bound SUB socket for push-mode engines (vLLM started with
@@ -126,23 +126,23 @@ type Scoring struct {
 // kv@<pod>@<model> works as is; other topics are mapped in Routes.
 type Push struct {
 	// Listen is the bind address, e.g. tcp://*:5557.
-	Listen string `yaml:"listen"`
+	Listen string `yaml:"listen,omitempty"`
 	// Topic is the subscription prefix (default "", every topic).
-	Topic string `yaml:"topic"`
+	Topic string `yaml:"topic,omitempty"`
 	// Routes maps topics that do not follow kv@<pod>@<model>.
-	Routes []Route `yaml:"routes"`
+	Routes []Route `yaml:"routes,omitempty"`
 }
 
 // Route maps one push-mode topic to a pod.
 type Route struct {
 	// Topic is the engine's configured topic, matched exactly.
-	Topic string `yaml:"topic"`
+	Topic string `yaml:"topic,omitempty"`
 	// Pod names the engine.
-	Pod string `yaml:"pod"`
+	Pod string `yaml:"pod,omitempty"`
 	// Model is the model it serves.
-	Model string `yaml:"model"`
+	Model string `yaml:"model,omitempty"`
 	// ReplayEndpoint is its replay socket for rank 0 ("" for none).
-	ReplayEndpoint string `yaml:"replay_endpoint"`
+	ReplayEndpoint string `yaml:"replay_endpoint,omitempty"`
 }
 
 // Events tunes ingest.
@@ -150,53 +150,53 @@ type Events struct {
 	// GapPolicy is what lost events that replay cannot recover do to a
 	// worker: reset (DefaultGapPolicy: forget its blocks, relearn) or keep
 	// (keep them, flag the worker UNSYNCED in every answer).
-	GapPolicy string `yaml:"gap_policy"`
+	GapPolicy string `yaml:"gap_policy,omitempty"`
 	// ReplayTimeout bounds one replay (default DefaultReplayTimeout).
-	ReplayTimeout time.Duration `yaml:"replay_timeout"`
+	ReplayTimeout time.Duration `yaml:"replay_timeout,omitempty"`
 	// ReplayConcurrency bounds replays in flight (default
 	// DefaultReplayConcurrency).
-	ReplayConcurrency int `yaml:"replay_concurrency"`
+	ReplayConcurrency int `yaml:"replay_concurrency,omitempty"`
 	// StaleAfterDisconnect marks a pull-mode worker stale after its
 	// endpoint has been unreachable this long (default
 	// DefaultStaleAfterDisconnect; negative: never).
-	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect"`
+	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect,omitempty"`
 	// StaleAfterSilence marks a worker stale after sending nothing this
 	// long (default 0: off, since idle engines send nothing).
-	StaleAfterSilence time.Duration `yaml:"stale_after_silence"`
+	StaleAfterSilence time.Duration `yaml:"stale_after_silence,omitempty"`
 	// QueueSize is each worker's queue of batches waiting to be applied
 	// (default DefaultQueueSize).
-	QueueSize int `yaml:"queue_size"`
+	QueueSize int `yaml:"queue_size,omitempty"`
 }
 
 // Score tunes answers.
 type Score struct {
 	// IncludeStale keeps stale workers in Score answers (flagged STALE);
 	// by default they are left out unless named as candidates.
-	IncludeStale bool `yaml:"include_stale"`
+	IncludeStale bool `yaml:"include_stale,omitempty"`
 }
 
 // Limits bound Score requests.
 type Limits struct {
 	// MaxTokens is the most token ids one request may carry (default
 	// DefaultMaxTokens).
-	MaxTokens int `yaml:"max_tokens"`
+	MaxTokens int `yaml:"max_tokens,omitempty"`
 	// MaxBlockKeys is the most block keys one request may carry (default
 	// DefaultMaxBlockKeys).
-	MaxBlockKeys int `yaml:"max_block_keys"`
+	MaxBlockKeys int `yaml:"max_block_keys,omitempty"`
 	// MaxCandidates is the most candidate workers one request may name
 	// (default DefaultMaxCandidates).
-	MaxCandidates int `yaml:"max_candidates"`
+	MaxCandidates int `yaml:"max_candidates,omitempty"`
 }
 
 // Log sets up log/slog.
 type Log struct {
 	// Level is debug, info, warn or error (default DefaultLogLevel).
-	Level string `yaml:"level"`
+	Level string `yaml:"level,omitempty"`
 	// Format is text or json (default DefaultLogFormat).
-	Format string `yaml:"format"`
+	Format string `yaml:"format,omitempty"`
 	// ProblemInterval rate-limits repeated per-worker problem logs (default
 	// DefaultProblemInterval).
-	ProblemInterval time.Duration `yaml:"problem_interval"`
+	ProblemInterval time.Duration `yaml:"problem_interval,omitempty"`
 }
 
 // Load reads and validates a YAML file.
@@ -249,6 +249,22 @@ func (s *Scoring) policy() (scoring.Policy, error) {
 		Name: s.Policy, GPUWeight: s.GPUWeight, CPUWeight: s.CPUWeight, StorageWeight: s.StorageWeight,
 		LoadWeight: s.LoadWeight, Guard: s.Guard, StaticK: s.StaticK,
 	}.Apply(scoring.DefaultPolicy())
+}
+
+// Marshal encodes c as YAML in the keys Parse reads, fields at their zero
+// value left out, so Parse(Marshal(c)) equals c once c.SetDefaults ran; a
+// Config before SetDefaults comes out as short as it was written.
+func Marshal(c *Config) ([]byte, error) {
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("config: marshal: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("config: marshal: %w", err)
+	}
+	return b.Bytes(), nil
 }
 
 // Workers expands the pods into one endpoint per (pod, DP rank), in config order.

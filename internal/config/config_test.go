@@ -162,16 +162,7 @@ func TestDefaultPolicyIsScorings(t *testing.T) {
 
 // TestREADMEExampleParses keeps the README's configuration example valid.
 func TestREADMEExampleParses(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(b), "```yaml\n")
-	if !ok {
-		t.Fatal("README has no yaml block")
-	}
-	block, _, _ := strings.Cut(rest, "```")
-	c, err := Parse([]byte(block))
+	c, err := Parse(readmeYAML(t))
 	if err != nil {
 		t.Fatalf("README example: %v", err)
 	}
@@ -181,4 +172,19 @@ func TestREADMEExampleParses(t *testing.T) {
 	if p, _ := c.Policy(); p.Guard.String() != "cost" {
 		t.Fatalf("policy %+v", p)
 	}
+}
+
+// readmeYAML returns README.md's configuration example.
+func readmeYAML(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n")
+	if !ok {
+		t.Fatal("README has no yaml block")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	return []byte(block)
 }
