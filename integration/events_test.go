@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/enginepub"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -84,7 +85,7 @@ func TestGapFilledByReplay(t *testing.T) {
 func TestGapBeyondReplay(t *testing.T) {
 	for _, policy := range []string{"reset", "keep"} {
 		t.Run(policy, func(t *testing.T) {
-			f := newFleet(t, fleetOptions{yaml: "events:\n  gap_policy: " + policy + "\n"}, podSpec{name: "a", replayFrames: 4})
+			f := newFleet(t, fleetOptions{configure: func(c *config.Config) { c.Events.GapPolicy = policy }}, podSpec{name: "a", replayFrames: 4})
 			f.start()
 			f.waitIdle("a", 0)
 			var eng engine
@@ -219,7 +220,7 @@ func TestRestartWithReplay(t *testing.T) {
 // the configured time and left out of Score answers (still listed, flagged,
 // when named as a candidate); when it comes back, so does the worker.
 func TestStaleEndpoint(t *testing.T) {
-	f := newFleet(t, fleetOptions{yaml: "events:\n  stale_after_disconnect: 300ms\n"}, podSpec{name: "a"}, podSpec{name: "b"})
+	f := newFleet(t, fleetOptions{configure: func(c *config.Config) { c.Events.StaleAfterDisconnect = 300 * time.Millisecond }}, podSpec{name: "a"}, podSpec{name: "b"})
 	f.start()
 	var ea, eb engine
 	prompt := tokens("shared", 4*blockSize)
@@ -277,7 +278,7 @@ func TestStaleEndpoint(t *testing.T) {
 // TestSilentWorkerGoesStale: with stale_after_silence set, a worker that
 // sends nothing for that long is stale until its next message.
 func TestSilentWorkerGoesStale(t *testing.T) {
-	f := newFleet(t, fleetOptions{yaml: "events:\n  stale_after_silence: 300ms\n"}, podSpec{name: "a"})
+	f := newFleet(t, fleetOptions{configure: func(c *config.Config) { c.Events.StaleAfterSilence = 300 * time.Millisecond }}, podSpec{name: "a"})
 	f.start()
 	var eng engine
 	ev, _ := eng.store(0, tokens("x", blockSize))
@@ -295,7 +296,7 @@ func TestSilentWorkerGoesStale(t *testing.T) {
 // ranks by the payload's rank. Engines connect before and after the bind
 // (the slow-joiner case): nothing is lost once their subscription is in.
 func TestPushModeTopics(t *testing.T) {
-	f := newFleet(t, fleetOptions{routes: "      - {topic: my-engine-7, pod: vllm-7, model: " + model + "}\n"},
+	f := newFleet(t, fleetOptions{routes: []config.Route{{Topic: "my-engine-7", Pod: "vllm-7", Model: model}}},
 		podSpec{name: "10.0.0.5:8000", push: true},                                // llm-d topic kv@10.0.0.5:8000@test/model
 		podSpec{name: "vllm-7", push: true, topic: "my-engine-7", dpSize: 2},      // mapped topic, two ranks
 		podSpec{name: "pulled"},                                                   // pull mode beside push

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -45,7 +44,9 @@ type fleet struct {
 	d      *daemon.Daemon
 	client *api.Client
 	pods   map[string]*pod
-	yaml   string
+	// cfg is the daemon's configuration, defaults and checks applied by
+	// start.
+	cfg    *config.Config
 	cancel context.CancelFunc
 	done   chan error
 	// pushAddr is the daemon's push listener ("" without push pods).
@@ -65,14 +66,19 @@ type podSpec struct {
 	// (default kv@<name>@<model>) instead of binding.
 	push  bool
 	topic string
+	// capacity and metricsURL set the pull-mode pod's capacity_blocks and
+	// metrics_url.
+	capacity   int
+	metricsURL string
 }
 
 // fleetOptions add configuration to a fleet.
 type fleetOptions struct {
-	// yaml is appended to the daemon's configuration (events:, score:, ...).
-	yaml string
-	// routes are push-mode topic routes, as YAML list items.
-	routes string
+	// configure, when set, changes the daemon's configuration (events,
+	// scoring, ...) once the pods are in it.
+	configure func(*config.Config)
+	// routes are the push listener's topic routes.
+	routes []config.Route
 }
 
 // startFleet starts simulated engines for specs, a daemon subscribed to
@@ -84,13 +90,16 @@ func startFleet(t *testing.T, specs ...podSpec) *fleet {
 	return f
 }
 
-// newFleet starts the simulated engines and writes the daemon's
+// newFleet starts the simulated engines and builds the daemon's
 // configuration, without starting the daemon (see start).
 func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 	t.Helper()
 	f := &fleet{t: t, pods: map[string]*pod{}, done: make(chan error, 1)}
-	var yaml, pods strings.Builder
-	fmt.Fprintf(&yaml, "grpc_listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nmodels:\n  - name: %s\n    block_size: %d\n  - name: other/model\n    block_size: %d\n", model, blockSize, blockSize)
+	cfg := &config.Config{
+		GRPCListen:    "127.0.0.1:0",
+		MetricsListen: "127.0.0.1:0",
+		Models:        []config.Model{{Name: model, BlockSize: blockSize}, {Name: "other/model", BlockSize: blockSize}},
+	}
 	for _, s := range specs {
 		if s.dpSize == 0 {
 			s.dpSize = 1
@@ -135,23 +144,26 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 		if s.push {
 			continue
 		}
-		fmt.Fprintf(&pods, "  - {name: %s, model: %s, endpoint: 'tcp://127.0.0.1:%d', dp_size: %d", s.name, s.model, base, s.dpSize)
-		if replayBase != 0 {
-			fmt.Fprintf(&pods, ", replay_endpoint: 'tcp://127.0.0.1:%d'", replayBase)
+		pc := config.Pod{
+			Name:           s.name,
+			Model:          s.model,
+			Endpoint:       fmt.Sprintf("tcp://127.0.0.1:%d", base),
+			DPSize:         s.dpSize,
+			MetricsURL:     s.metricsURL,
+			CapacityBlocks: s.capacity,
 		}
-		pods.WriteString("}\n")
-	}
-	if pods.Len() > 0 {
-		yaml.WriteString("pods:\n" + pods.String())
+		if replayBase != 0 {
+			pc.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", replayBase)
+		}
+		cfg.Pods = append(cfg.Pods, pc)
 	}
 	if f.pushAddr != "" {
-		fmt.Fprintf(&yaml, "push:\n  - listen: '%s'\n", f.pushAddr)
-		if opts.routes != "" {
-			yaml.WriteString("    routes:\n" + opts.routes)
-		}
+		cfg.Push = []config.Push{{Listen: f.pushAddr, Routes: opts.routes}}
 	}
-	yaml.WriteString(opts.yaml)
-	f.yaml = yaml.String()
+	if opts.configure != nil {
+		opts.configure(cfg)
+	}
+	f.cfg = cfg
 	return f
 }
 
@@ -159,11 +171,13 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 func (f *fleet) start() {
 	t := f.t
 	t.Helper()
-	cfg, err := config.Parse([]byte(f.yaml))
-	if err != nil {
-		t.Fatalf("config: %v\n%s", err, f.yaml)
+	f.cfg.SetDefaults()
+	if err := f.cfg.Validate(); err != nil {
+		text, _ := config.Marshal(f.cfg)
+		t.Fatalf("config: %v\n%s", err, text)
 	}
-	f.d, err = daemon.New(cfg, nil)
+	var err error
+	f.d, err = daemon.New(f.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

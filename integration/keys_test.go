@@ -133,9 +133,7 @@ func TestSGLangEngine(t *testing.T) {
 // 4 blocks that is told of 6 (its engine's removals were lost) keeps the 4
 // stored most recently, and says so.
 func TestCapacityBoundsLostRemovals(t *testing.T) {
-	f := newFleet(t, fleetOptions{}, podSpec{name: "a"})
-	f.yaml = strings.Replace(f.yaml, "dp_size: 1}", "dp_size: 1, capacity_blocks: 4}", 1)
-	f.start()
+	f := startFleet(t, podSpec{name: "a", capacity: 4})
 	var eng engine
 	old := tokens("old", 2*blockSize)
 	fresh := tokens("fresh", 4*blockSize)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/enginepub"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -292,7 +293,17 @@ func TestDaemonBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	}
 	grpcPort := freePorts(t, 1)
 	cfg := filepath.Join(dir, "kvindex.yaml")
-	os.WriteFile(cfg, []byte("grpc_listen: 127.0.0.1:"+strconv.Itoa(grpcPort)+"\nmetrics_listen: 'off'\npods:\n  - {name: p, model: m, endpoint: 'tcp://127.0.0.1:"+strconv.Itoa(freePorts(t, 1))+"'}\n"), 0o644)
+	text, err := config.Marshal(&config.Config{
+		GRPCListen:    "127.0.0.1:" + strconv.Itoa(grpcPort),
+		MetricsListen: config.MetricsOff,
+		Pods:          []config.Pod{{Name: "p", Model: "m", Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(freePorts(t, 1))}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bin, "serve", "--config", cfg, "--log-format", "json")
 	var logs syncBuffer
 	cmd.Stderr = &logs

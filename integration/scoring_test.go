@@ -7,7 +7,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/kvindex/kvindex/internal/config"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -30,9 +32,8 @@ func TestScrapedLoadSteersRoute(t *testing.T) {
 		fmt.Fprintf(w, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\n")
 	}))
 	defer metrics.Close()
-	f := newFleet(t, fleetOptions{yaml: "scoring:\n  scrape_interval: 50ms\n"}, podSpec{name: "a"}, podSpec{name: "b"})
-	f.yaml = strings.Replace(f.yaml, "dp_size: 1}", "dp_size: 1, metrics_url: '"+metrics.URL+"/a'}", 1)
-	f.yaml = strings.Replace(f.yaml, "name: b, model: test/model, endpoint:", "name: b, metrics_url: '"+metrics.URL+"/b', model: test/model, endpoint:", 1)
+	f := newFleet(t, fleetOptions{configure: func(c *config.Config) { c.Scoring.ScrapeInterval = 50 * time.Millisecond }},
+		podSpec{name: "a", metricsURL: metrics.URL + "/a"}, podSpec{name: "b", metricsURL: metrics.URL + "/b"})
 	f.start()
 	var eng engine
 	prompt := tokens("long shared document", 64*blockSize)

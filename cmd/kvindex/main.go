@@ -39,39 +39,17 @@ func newRoot() *cobra.Command {
 
 func newServe() *cobra.Command {
 	var (
-		path                string
-		grpcListen, metrics string
-		logLevel, logFormat string
+		path      string
+		overrides flagOverrides
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
 		Long: "Run the daemon with the YAML configuration given by --config; without --config it runs the\n" +
-			"embedded default (one local vLLM engine at tcp://127.0.0.1:5557). Flags override the file.",
+			"built-in default (one local vLLM engine at tcp://127.0.0.1:5557). Flags override the file.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var cfg *config.Config
-			var err error
-			if path != "" {
-				cfg, err = config.Load(path)
-			} else {
-				cfg, err = config.Parse(config.DefaultYAML)
-			}
+			cfg, err := serveConfig(path, overrides)
 			if err != nil {
-				return err
-			}
-			if grpcListen != "" {
-				cfg.GRPCListen = grpcListen
-			}
-			if metrics != "" {
-				cfg.MetricsListen = metrics
-			}
-			if logLevel != "" {
-				cfg.Log.Level = logLevel
-			}
-			if logFormat != "" {
-				cfg.Log.Format = logFormat
-			}
-			if err := cfg.Validate(); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -85,11 +63,47 @@ func newServe() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVarP(&path, "config", "c", "", "YAML configuration file")
-	f.StringVar(&grpcListen, "grpc-listen", "", "gRPC listen address (overrides grpc_listen)")
-	f.StringVar(&metrics, "metrics-listen", "", "Prometheus listen address, or off (overrides metrics_listen)")
-	f.StringVar(&logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
-	f.StringVar(&logFormat, "log-format", "", "text or json (overrides log.format)")
+	f.StringVar(&overrides.grpcListen, "grpc-listen", "", "gRPC listen address (overrides grpc_listen)")
+	f.StringVar(&overrides.metricsListen, "metrics-listen", "", "Prometheus listen address, or off (overrides metrics_listen)")
+	f.StringVar(&overrides.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
+	f.StringVar(&overrides.logFormat, "log-format", "", "text or json (overrides log.format)")
 	return cmd
+}
+
+// flagOverrides are serve's flags that override configuration fields;
+// "" leaves the field as configured.
+type flagOverrides struct {
+	grpcListen, metricsListen string
+	logLevel, logFormat       string
+}
+
+// serveConfig reads the configuration file at path, or takes
+// config.Default when path is "", applies the flags and validates the
+// result.
+func serveConfig(path string, o flagOverrides) (*config.Config, error) {
+	cfg := config.Default()
+	if path != "" {
+		var err error
+		if cfg, err = config.Load(path); err != nil {
+			return nil, err
+		}
+	}
+	if o.grpcListen != "" {
+		cfg.GRPCListen = o.grpcListen
+	}
+	if o.metricsListen != "" {
+		cfg.MetricsListen = o.metricsListen
+	}
+	if o.logLevel != "" {
+		cfg.Log.Level = o.logLevel
+	}
+	if o.logFormat != "" {
+		cfg.Log.Format = o.logFormat
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }
 
 func newDemo() *cobra.Command {

@@ -1,17 +1,10 @@
-// Package config loads and checks the kvindex daemon's YAML configuration.
-//
-// It only turns text into a validated Config; nothing here opens sockets.
 package config
 
 import (
 	"bytes"
-	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -24,70 +17,68 @@ import (
 // the field at fault.
 var ErrInvalid = errors.New("config: invalid")
 
-// DefaultBlockSize is vLLM's default tokens per KV block.
-const DefaultBlockSize = 16
-
 // Config is the daemon's configuration.
 type Config struct {
-	// GRPCListen is the gRPC listen address (default ":50051").
-	GRPCListen string `yaml:"grpc_listen"`
+	// GRPCListen is the gRPC listen address (default DefaultGRPCListen).
+	GRPCListen string `yaml:"grpc_listen,omitempty"`
 	// MetricsListen is the Prometheus /metrics listen address (default
-	// ":9400"); "off" disables it.
-	MetricsListen string `yaml:"metrics_listen"`
+	// DefaultMetricsListen); MetricsOff ("off") disables it.
+	MetricsListen string `yaml:"metrics_listen,omitempty"`
 	// Models lists model namespaces and their block sizes. Models that pods
 	// name but that are not listed get DefaultBlockSize.
-	Models []Model `yaml:"models"`
+	Models []Model `yaml:"models,omitempty"`
 	// Pods are the vLLM engines to subscribe to.
-	Pods []Pod `yaml:"pods"`
+	Pods []Pod `yaml:"pods,omitempty"`
 	// Push lists bound sockets that push-mode engines connect to.
-	Push []Push `yaml:"push"`
+	Push []Push `yaml:"push,omitempty"`
 	// Events tunes ingest: replay, gap policy, staleness.
-	Events Events `yaml:"events"`
+	Events Events `yaml:"events,omitempty"`
 	// Score tunes answers.
-	Score Score `yaml:"score"`
+	Score Score `yaml:"score,omitempty"`
 	// Scoring sets the ranking policy and load sources.
-	Scoring Scoring `yaml:"scoring"`
+	Scoring Scoring `yaml:"scoring,omitempty"`
 	// Index bounds the index's memory.
-	Index Index `yaml:"index"`
+	Index Index `yaml:"index,omitempty"`
 	// Limits bound what one Score request may ask.
-	Limits Limits `yaml:"limits"`
+	Limits Limits `yaml:"limits,omitempty"`
 	// Log sets up logging.
-	Log Log `yaml:"log"`
+	Log Log `yaml:"log,omitempty"`
 }
 
 // Model is one served model.
 type Model struct {
 	// Name is the model name requests use (vLLM's served model name).
-	Name string `yaml:"name"`
-	// BlockSize is vLLM's --block-size for this model (default 16).
-	BlockSize int `yaml:"block_size"`
+	Name string `yaml:"name,omitempty"`
+	// BlockSize is vLLM's --block-size for this model (default
+	// DefaultBlockSize).
+	BlockSize int `yaml:"block_size,omitempty"`
 }
 
 // Pod is one vLLM engine (all its data-parallel ranks).
 type Pod struct {
 	// Name identifies the pod in answers and metrics.
-	Name string `yaml:"name"`
+	Name string `yaml:"name,omitempty"`
 	// Model is the model the pod serves.
-	Model string `yaml:"model"`
+	Model string `yaml:"model,omitempty"`
 	// Endpoint is the pod's KV event PUB endpoint for DP rank 0, e.g.
 	// tcp://10.0.0.5:5557; rank r publishes on port+r.
-	Endpoint string `yaml:"endpoint"`
-	// DPSize is the pod's data-parallel size (default 1).
-	DPSize int `yaml:"dp_size"`
+	Endpoint string `yaml:"endpoint,omitempty"`
+	// DPSize is the pod's data-parallel size (default DefaultDPSize).
+	DPSize int `yaml:"dp_size,omitempty"`
 	// Topic is the subscription prefix (default "", every topic).
-	Topic string `yaml:"topic"`
+	Topic string `yaml:"topic,omitempty"`
 	// ReplayEndpoint is the pod's vLLM replay_endpoint for DP rank 0, e.g.
 	// tcp://10.0.0.5:5567 (rank r: port+r); "" for none. With it, lost
 	// events are replayed and a late start learns what is already cached.
-	ReplayEndpoint string `yaml:"replay_endpoint"`
+	ReplayEndpoint string `yaml:"replay_endpoint,omitempty"`
 	// MetricsURL is the pod's vLLM Prometheus endpoint, e.g.
 	// http://10.0.0.5:8000/metrics; "" for none. Scraped for running and
 	// waiting requests and KV cache usage, used by load-aware ranking.
-	MetricsURL string `yaml:"metrics_url"`
+	MetricsURL string `yaml:"metrics_url,omitempty"`
 	// CapacityBlocks is the most blocks each of the pod's workers may hold,
 	// e.g. vLLM's num_gpu_blocks (plus offload tiers); 0 uses
 	// index.worker_capacity.
-	CapacityBlocks int `yaml:"capacity_blocks"`
+	CapacityBlocks int `yaml:"capacity_blocks,omitempty"`
 }
 
 // Index bounds what missed removals can leave behind.
@@ -95,38 +86,39 @@ type Index struct {
 	// WorkerCapacity is the most blocks one worker may hold in all media
 	// (0: learned from each worker's events; negative: unbounded). A pod's
 	// capacity_blocks overrides it.
-	WorkerCapacity int `yaml:"worker_capacity"`
+	WorkerCapacity int `yaml:"worker_capacity,omitempty"`
 	// MemoryBudgetMiB bounds the index's estimated memory; beyond it blocks
 	// are evicted from the workers holding the most (0: unbounded).
-	MemoryBudgetMiB int64 `yaml:"memory_budget_mib"`
+	MemoryBudgetMiB int64 `yaml:"memory_budget_mib,omitempty"`
 }
 
 // Scoring sets the default ranking policy (requests may override it) and
 // how long routing decisions count.
 type Scoring struct {
-	// Policy is cache_aware (default) or longest_prefix.
-	Policy string `yaml:"policy"`
+	// Policy is cache_aware (DefaultScoringPolicy) or longest_prefix.
+	Policy string `yaml:"policy,omitempty"`
 	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier
-	// (defaults 1.0, 0.8, 0.5).
-	GPUWeight     float64 `yaml:"gpu_weight"`
-	CPUWeight     float64 `yaml:"cpu_weight"`
-	StorageWeight float64 `yaml:"storage_weight"`
+	// (defaults DefaultGPUWeight, DefaultCPUWeight, DefaultStorageWeight).
+	GPUWeight     float64 `yaml:"gpu_weight,omitempty"`
+	CPUWeight     float64 `yaml:"cpu_weight,omitempty"`
+	StorageWeight float64 `yaml:"storage_weight,omitempty"`
 	// LoadWeight weighs a queued prefill token against an uncached one
-	// (default 1/3).
-	LoadWeight float64 `yaml:"load_weight"`
-	// Guard is the hotspot guard: cost (default), static or off.
-	Guard string `yaml:"guard"`
-	// StaticK is the static guard's multiple of the median (default 2).
-	StaticK float64 `yaml:"static_k"`
+	// (default DefaultLoadWeight, 1/3).
+	LoadWeight float64 `yaml:"load_weight,omitempty"`
+	// Guard is the hotspot guard: cost (DefaultGuard), static or off.
+	Guard string `yaml:"guard,omitempty"`
+	// StaticK is the static guard's multiple of the median (default
+	// DefaultStaticK).
+	StaticK float64 `yaml:"static_k,omitempty"`
 	// SpeculativeTTL is how long a routed request's blocks count as cached
-	// before events confirm them (default 10s).
-	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	// before events confirm them (default DefaultSpeculativeTTL).
+	SpeculativeTTL time.Duration `yaml:"speculative_ttl,omitempty"`
 	// InflightTTL is how long a routed request counts as load without a
-	// Release (default 2m).
-	InflightTTL time.Duration `yaml:"inflight_ttl"`
-	// ScrapeInterval is how often pods' metrics_url are read (default 1s);
-	// a scrape older than 3 intervals is ignored.
-	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// Release (default DefaultInflightTTL).
+	InflightTTL time.Duration `yaml:"inflight_ttl,omitempty"`
+	// ScrapeInterval is how often pods' metrics_url are read (default
+	// DefaultScrapeInterval); a scrape older than 3 intervals is ignored.
+	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty"`
 }
 
 // Push is one bound SUB socket for push-mode engines (vLLM started with
@@ -134,71 +126,77 @@ type Scoring struct {
 // kv@<pod>@<model> works as is; other topics are mapped in Routes.
 type Push struct {
 	// Listen is the bind address, e.g. tcp://*:5557.
-	Listen string `yaml:"listen"`
+	Listen string `yaml:"listen,omitempty"`
 	// Topic is the subscription prefix (default "", every topic).
-	Topic string `yaml:"topic"`
+	Topic string `yaml:"topic,omitempty"`
 	// Routes maps topics that do not follow kv@<pod>@<model>.
-	Routes []Route `yaml:"routes"`
+	Routes []Route `yaml:"routes,omitempty"`
 }
 
 // Route maps one push-mode topic to a pod.
 type Route struct {
 	// Topic is the engine's configured topic, matched exactly.
-	Topic string `yaml:"topic"`
+	Topic string `yaml:"topic,omitempty"`
 	// Pod names the engine.
-	Pod string `yaml:"pod"`
+	Pod string `yaml:"pod,omitempty"`
 	// Model is the model it serves.
-	Model string `yaml:"model"`
+	Model string `yaml:"model,omitempty"`
 	// ReplayEndpoint is its replay socket for rank 0 ("" for none).
-	ReplayEndpoint string `yaml:"replay_endpoint"`
+	ReplayEndpoint string `yaml:"replay_endpoint,omitempty"`
 }
 
 // Events tunes ingest.
 type Events struct {
 	// GapPolicy is what lost events that replay cannot recover do to a
-	// worker: reset (default: forget its blocks, relearn) or keep (keep
-	// them, flag the worker UNSYNCED in every answer).
-	GapPolicy string `yaml:"gap_policy"`
-	// ReplayTimeout bounds one replay (default 3s).
-	ReplayTimeout time.Duration `yaml:"replay_timeout"`
-	// ReplayConcurrency bounds replays in flight (default 4).
-	ReplayConcurrency int `yaml:"replay_concurrency"`
+	// worker: reset (DefaultGapPolicy: forget its blocks, relearn) or keep
+	// (keep them, flag the worker UNSYNCED in every answer).
+	GapPolicy string `yaml:"gap_policy,omitempty"`
+	// ReplayTimeout bounds one replay (default DefaultReplayTimeout).
+	ReplayTimeout time.Duration `yaml:"replay_timeout,omitempty"`
+	// ReplayConcurrency bounds replays in flight (default
+	// DefaultReplayConcurrency).
+	ReplayConcurrency int `yaml:"replay_concurrency,omitempty"`
 	// StaleAfterDisconnect marks a pull-mode worker stale after its
-	// endpoint has been unreachable this long (default 5s; negative: never).
-	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect"`
+	// endpoint has been unreachable this long (default
+	// DefaultStaleAfterDisconnect; negative: never).
+	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect,omitempty"`
 	// StaleAfterSilence marks a worker stale after sending nothing this
 	// long (default 0: off, since idle engines send nothing).
-	StaleAfterSilence time.Duration `yaml:"stale_after_silence"`
+	StaleAfterSilence time.Duration `yaml:"stale_after_silence,omitempty"`
 	// QueueSize is each worker's queue of batches waiting to be applied
-	// (default 4096).
-	QueueSize int `yaml:"queue_size"`
+	// (default DefaultQueueSize).
+	QueueSize int `yaml:"queue_size,omitempty"`
 }
 
 // Score tunes answers.
 type Score struct {
 	// IncludeStale keeps stale workers in Score answers (flagged STALE);
 	// by default they are left out unless named as candidates.
-	IncludeStale bool `yaml:"include_stale"`
+	IncludeStale bool `yaml:"include_stale,omitempty"`
 }
 
 // Limits bound Score requests.
 type Limits struct {
-	// MaxTokens is the most token ids one request may carry (default 1,048,576).
-	MaxTokens int `yaml:"max_tokens"`
-	// MaxBlockKeys is the most block keys one request may carry (default 65,536).
-	MaxBlockKeys int `yaml:"max_block_keys"`
-	// MaxCandidates is the most candidate workers one request may name (default 4,096).
-	MaxCandidates int `yaml:"max_candidates"`
+	// MaxTokens is the most token ids one request may carry (default
+	// DefaultMaxTokens).
+	MaxTokens int `yaml:"max_tokens,omitempty"`
+	// MaxBlockKeys is the most block keys one request may carry (default
+	// DefaultMaxBlockKeys).
+	MaxBlockKeys int `yaml:"max_block_keys,omitempty"`
+	// MaxCandidates is the most candidate workers one request may name
+	// (default DefaultMaxCandidates).
+	MaxCandidates int `yaml:"max_candidates,omitempty"`
 }
 
 // Log sets up log/slog.
 type Log struct {
-	// Level is debug, info, warn or error (default info).
-	Level string `yaml:"level"`
-	// Format is text or json (default text).
-	Format string `yaml:"format"`
-	// ProblemInterval rate-limits repeated per-worker problem logs (default 1m).
-	ProblemInterval time.Duration `yaml:"problem_interval"`
+	// Level is debug, info, warn or error (default DefaultLogLevel).
+	Level string `yaml:"level,omitempty"`
+	// Format is text or json (default DefaultLogFormat).
+	Format string `yaml:"format,omitempty"`
+	// ProblemInterval rate-limits repeated per-worker problem logs (default
+	// DefaultProblemInterval).
+	ProblemInterval time.Duration `yaml:"problem_interval,omitempty"`
 }
 
 // Load reads and validates a YAML file.
@@ -214,7 +212,8 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes YAML (unknown fields are errors), applies defaults and validates.
+// Parse decodes YAML (unknown fields are errors), then applies SetDefaults
+// and Validate.
 func Parse(data []byte) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -222,68 +221,11 @@ func Parse(data []byte) (*Config, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	c.applyDefaults()
+	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
-}
-
-func (c *Config) applyDefaults() {
-	if c.GRPCListen == "" {
-		c.GRPCListen = ":50051"
-	}
-	if c.MetricsListen == "" {
-		c.MetricsListen = ":9400"
-	}
-	if c.Limits.MaxTokens == 0 {
-		c.Limits.MaxTokens = 1 << 20
-	}
-	if c.Limits.MaxBlockKeys == 0 {
-		c.Limits.MaxBlockKeys = 1 << 16
-	}
-	if c.Limits.MaxCandidates == 0 {
-		c.Limits.MaxCandidates = 4096
-	}
-	if c.Log.Level == "" {
-		c.Log.Level = "info"
-	}
-	if c.Log.Format == "" {
-		c.Log.Format = "text"
-	}
-	if c.Scoring.ScrapeInterval == 0 {
-		c.Scoring.ScrapeInterval = time.Second
-	}
-	if c.Events.GapPolicy == "" {
-		c.Events.GapPolicy = "reset"
-	}
-	if c.Log.ProblemInterval == 0 {
-		c.Log.ProblemInterval = time.Minute
-	}
-	for i := range c.Models {
-		if c.Models[i].BlockSize == 0 {
-			c.Models[i].BlockSize = DefaultBlockSize
-		}
-	}
-	for i := range c.Pods {
-		if c.Pods[i].DPSize == 0 {
-			c.Pods[i].DPSize = 1
-		}
-	}
-	// Models named only by pods or routes get the default block size.
-	named := func(m string) {
-		if m != "" && c.model(m) == nil {
-			c.Models = append(c.Models, Model{Name: m, BlockSize: DefaultBlockSize})
-		}
-	}
-	for _, p := range c.Pods {
-		named(p.Model)
-	}
-	for _, pl := range c.Push {
-		for _, r := range pl.Routes {
-			named(r.Model)
-		}
-	}
 }
 
 func (c *Config) model(name string) *Model {
@@ -295,165 +237,34 @@ func (c *Config) model(name string) *Model {
 	return nil
 }
 
-// Validate reports the first problem, naming the field.
-func (c *Config) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
-	}
-	if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
-		return bad("grpc_listen", "%q is not host:port", c.GRPCListen)
-	}
-	if c.MetricsListen != "off" {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			return bad("metrics_listen", "%q is not host:port or off", c.MetricsListen)
-		}
-	}
-	if c.Limits.MaxTokens < 0 || c.Limits.MaxBlockKeys < 0 || c.Limits.MaxCandidates < 0 {
-		return bad("limits", "limits must not be negative")
-	}
-	switch strings.ToLower(c.Log.Level) {
-	case "debug", "info", "warn", "error":
-	default:
-		return bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
-	}
-	if c.Log.Format != "text" && c.Log.Format != "json" {
-		return bad("log.format", "%q is not text or json", c.Log.Format)
-	}
-	if _, err := events.ParseGapPolicy(c.Events.GapPolicy); err != nil {
-		return bad("events.gap_policy", "%q is not reset or keep", c.Events.GapPolicy)
-	}
-	if c.Events.ReplayTimeout < 0 || c.Events.ReplayConcurrency < 0 || c.Events.QueueSize < 0 || c.Events.StaleAfterSilence < 0 {
-		return bad("events", "durations and sizes must not be negative (stale_after_disconnect may be, to disable it)")
-	}
-	if _, err := c.Policy(); err != nil {
-		return bad("scoring", "%v", err)
-	}
-	if c.Index.MemoryBudgetMiB < 0 {
-		return bad("index.memory_budget_mib", "%d must not be negative", c.Index.MemoryBudgetMiB)
-	}
-	if c.Scoring.SpeculativeTTL < 0 || c.Scoring.InflightTTL < 0 || c.Scoring.ScrapeInterval < 0 {
-		return bad("scoring", "durations must not be negative")
-	}
-	seenModel := map[string]bool{}
-	for i, m := range c.Models {
-		f := fmt.Sprintf("models[%d]", i)
-		if m.Name == "" {
-			return bad(f+".name", "required")
-		}
-		if seenModel[m.Name] {
-			return bad(f+".name", "model %q listed twice", m.Name)
-		}
-		seenModel[m.Name] = true
-		if m.BlockSize <= 0 {
-			return bad(f+".block_size", "%d must be positive", m.BlockSize)
-		}
-	}
-	seenPod := map[string]bool{}
-	seenEndpoint := map[string]string{}
-	for i, p := range c.Pods {
-		f := fmt.Sprintf("pods[%d]", i)
-		if p.Name == "" {
-			return bad(f+".name", "required")
-		}
-		if seenPod[p.Name] {
-			return bad(f+".name", "pod %q listed twice", p.Name)
-		}
-		seenPod[p.Name] = true
-		if p.Model == "" {
-			return bad(f+".model", "required")
-		}
-		if p.DPSize < 1 || p.DPSize > 1024 {
-			return bad(f+".dp_size", "%d must be between 1 and 1024", p.DPSize)
-		}
-		if err := checkEndpoint(p.Endpoint); err != nil {
-			return bad(f+".endpoint", "%v", err)
-		}
-		for r := 0; r < p.DPSize; r++ {
-			ep, err := events.OffsetEndpoint(p.Endpoint, r)
-			if err != nil {
-				return bad(f+".endpoint", "%v", err)
-			}
-			if p.CapacityBlocks < 0 {
-				return bad(f+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
-			}
-			if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
-				return bad(f+".metrics_url", "%q is not an http(s) URL", p.MetricsURL)
-			}
-			if p.ReplayEndpoint != "" {
-				if err := checkEndpoint(p.ReplayEndpoint); err != nil {
-					return bad(f+".replay_endpoint", "%v", err)
-				}
-				rep, err := events.OffsetEndpoint(p.ReplayEndpoint, r)
-				if err != nil {
-					return bad(f+".replay_endpoint", "%v", err)
-				}
-				if other, dup := seenEndpoint[rep]; dup {
-					return bad(f+".replay_endpoint", "%s (rank %d) is also used by %s: leave a gap of dp_size between the event and replay ports", rep, r, other)
-				}
-				seenEndpoint[rep] = fmt.Sprintf("pod %s replay", p.Name)
-			}
-			if other, dup := seenEndpoint[ep]; dup {
-				return bad(f+".endpoint", "%s (rank %d) is also used by %s", ep, r, other)
-			}
-			seenEndpoint[ep] = fmt.Sprintf("pod %s", p.Name)
-		}
-	}
-	for i, pl := range c.Push {
-		f := fmt.Sprintf("push[%d]", i)
-		if err := checkEndpoint(pl.Listen); err != nil {
-			return bad(f+".listen", "%v", err)
-		}
-		seenTopic := map[string]bool{}
-		for j, r := range pl.Routes {
-			rf := fmt.Sprintf("%s.routes[%d]", f, j)
-			switch {
-			case seenTopic[r.Topic]:
-				return bad(rf+".topic", "topic %q mapped twice", r.Topic)
-			case r.Pod == "":
-				return bad(rf+".pod", "required")
-			case r.Model == "":
-				return bad(rf+".model", "required")
-			case seenPod[r.Pod]:
-				return bad(rf+".pod", "pod %q is also a pull-mode pod", r.Pod)
-			}
-			seenTopic[r.Topic] = true
-			if r.ReplayEndpoint != "" {
-				if err := checkEndpoint(r.ReplayEndpoint); err != nil {
-					return bad(rf+".replay_endpoint", "%v", err)
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // Policy is the configured default ranking policy.
 func (c *Config) Policy() (scoring.Policy, error) {
-	sc := c.Scoring
+	return c.Scoring.policy()
+}
+
+// policy is scoring.DefaultPolicy with the section's non-zero fields
+// applied.
+func (s *Scoring) policy() (scoring.Policy, error) {
 	return scoring.Override{
-		Name: sc.Policy, GPUWeight: sc.GPUWeight, CPUWeight: sc.CPUWeight, StorageWeight: sc.StorageWeight,
-		LoadWeight: sc.LoadWeight, Guard: sc.Guard, StaticK: sc.StaticK,
+		Name: s.Policy, GPUWeight: s.GPUWeight, CPUWeight: s.CPUWeight, StorageWeight: s.StorageWeight,
+		LoadWeight: s.LoadWeight, Guard: s.Guard, StaticK: s.StaticK,
 	}.Apply(scoring.DefaultPolicy())
 }
 
-// checkEndpoint accepts tcp://host:port, ipc://path and inproc://name.
-func checkEndpoint(ep string) error {
-	switch {
-	case ep == "":
-		return errors.New("required")
-	case strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://"):
-		return nil
-	case strings.HasPrefix(ep, "tcp://"):
-		_, port, err := net.SplitHostPort(ep[len("tcp://"):])
-		if err != nil {
-			return fmt.Errorf("%q is not tcp://host:port", ep)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return fmt.Errorf("%q: bad port %q", ep, port)
-		}
-		return nil
+// Marshal encodes c as YAML in the keys Parse reads, fields at their zero
+// value left out, so Parse(Marshal(c)) equals c once c.SetDefaults ran; a
+// Config before SetDefaults comes out as short as it was written.
+func Marshal(c *Config) ([]byte, error) {
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("config: marshal: %w", err)
 	}
-	return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("config: marshal: %w", err)
+	}
+	return b.Bytes(), nil
 }
 
 // Workers expands the pods into one endpoint per (pod, DP rank), in config order.
@@ -494,9 +305,3 @@ type WorkerEndpoint struct {
 	// CapacityBlocks bounds the worker's blocks (0: the index default).
 	CapacityBlocks int
 }
-
-// DefaultYAML is the embedded default configuration `kvindex serve` runs
-// without --config: one local engine on tcp://127.0.0.1:5557.
-//
-//go:embed default.yaml
-var DefaultYAML []byte

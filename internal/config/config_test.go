@@ -1,12 +1,16 @@
 package config
 
 import (
-	"errors"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 func TestParseDefaultsAndWorkers(t *testing.T) {
@@ -55,50 +59,110 @@ pods:
 	}
 }
 
-func TestDefaultYAMLIsValid(t *testing.T) {
-	c, err := Parse(DefaultYAML)
-	if err != nil {
+func TestDefault(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	if len(c.Workers()) != 1 || c.Workers()[0].Endpoint != "tcp://127.0.0.1:5557" {
 		t.Fatalf("workers = %+v", c.Workers())
 	}
+	// The same configuration as a file: what README.md says serve runs
+	// without --config.
+	parsed, err := Parse([]byte(`
+grpc_listen: ":50051"
+metrics_listen: ":9400"
+models:
+  - name: default
+    block_size: 16
+pods:
+  - name: vllm-0
+    model: default
+    endpoint: tcp://127.0.0.1:5557
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(parsed, c) {
+		t.Fatalf("Default() = %+v, the same as YAML = %+v", c, parsed)
+	}
+	c.Pods[0].Name = "changed"
+	c.Models = append(c.Models, Model{Name: "x"})
+	if again := Default(); again.Pods[0].Name != DefaultPod || len(again.Models) != 1 {
+		t.Fatalf("Default() shares state between calls: %+v", again)
+	}
 }
 
-func TestInvalidNamesTheField(t *testing.T) {
-	for _, tc := range []struct{ yaml, field string }{
-		{"pods: [{name: a, model: m}]", "pods[0].endpoint"},
-		{"pods: [{model: m, endpoint: 'tcp://h:1'}]", "pods[0].name"},
-		{"pods: [{name: a, endpoint: 'tcp://h:1'}]", "pods[0].model"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1', dp_size: -1}]", "pods[0].dp_size"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h'}]", "pods[0].endpoint"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:65535', dp_size: 2}]", "pods[0].endpoint"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1', dp_size: 2}, {name: b, model: m, endpoint: 'tcp://h:2'}]", "pods[1].endpoint"},
-		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1'}, {name: a, model: m, endpoint: 'tcp://h:2'}]", "pods[1].name"},
-		{"models: [{name: m, block_size: -16}]", "models[0].block_size"},
-		{"grpc_listen: nonsense", "grpc_listen"},
-		{"log: {level: loud}", "log.level"},
-		{"typo_field: 1", "typo_field"},
-	} {
-		_, err := Parse([]byte(tc.yaml))
-		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("%s: err = %v, want ErrInvalid naming %s", tc.yaml, err, tc.field)
-		}
+func TestSetDefaults(t *testing.T) {
+	c := Config{
+		Pods: []Pod{{Name: "a", Model: "m", Endpoint: "tcp://h:1"}},
+		Push: []Push{{Listen: "tcp://*:2", Routes: []Route{{Topic: "t", Pod: "b", Model: "r"}}}},
+	}
+	c.SetDefaults()
+	want := Config{
+		GRPCListen:    DefaultGRPCListen,
+		MetricsListen: DefaultMetricsListen,
+		Models:        []Model{{Name: "m", BlockSize: DefaultBlockSize}, {Name: "r", BlockSize: DefaultBlockSize}},
+		Pods:          []Pod{{Name: "a", Model: "m", Endpoint: "tcp://h:1", DPSize: DefaultDPSize}},
+		Push:          c.Push,
+		Events: Events{
+			GapPolicy: DefaultGapPolicy, ReplayTimeout: DefaultReplayTimeout, ReplayConcurrency: DefaultReplayConcurrency,
+			StaleAfterDisconnect: DefaultStaleAfterDisconnect, QueueSize: DefaultQueueSize,
+		},
+		Scoring: Scoring{
+			Policy: DefaultScoringPolicy, GPUWeight: DefaultGPUWeight, CPUWeight: DefaultCPUWeight, StorageWeight: DefaultStorageWeight,
+			LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
+			SpeculativeTTL: DefaultSpeculativeTTL, InflightTTL: DefaultInflightTTL, ScrapeInterval: DefaultScrapeInterval,
+		},
+		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates},
+		Log:    Log{Level: DefaultLogLevel, Format: DefaultLogFormat, ProblemInterval: DefaultProblemInterval},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("SetDefaults:\n got %+v\nwant %+v", c, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	again := c
+	again.Models = slices.Clone(c.Models)
+	again.SetDefaults()
+	if !reflect.DeepEqual(again, c) {
+		t.Fatalf("SetDefaults twice: %+v", again)
+	}
+
+	set := Config{
+		GRPCListen: "127.0.0.1:1", MetricsListen: MetricsOff,
+		Events:  Events{GapPolicy: "keep", StaleAfterDisconnect: -1},
+		Scoring: Scoring{Policy: "longest_prefix", LoadWeight: 2, ScrapeInterval: time.Hour},
+		Limits:  Limits{MaxTokens: 7},
+		Log:     Log{Level: "debug"},
+	}
+	set.SetDefaults()
+	if set.GRPCListen != "127.0.0.1:1" || set.MetricsListen != MetricsOff || set.Events.GapPolicy != "keep" ||
+		set.Events.StaleAfterDisconnect != -1 || set.Scoring.Policy != "longest_prefix" || set.Scoring.LoadWeight != 2 ||
+		set.Scoring.ScrapeInterval != time.Hour || set.Limits.MaxTokens != 7 || set.Log.Level != "debug" {
+		t.Fatalf("SetDefaults replaced set fields: %+v", set)
+	}
+}
+
+// TestDefaultPolicyIsScorings: the scoring defaults SetDefaults fills in
+// make the same policy as scoring's own default.
+func TestDefaultPolicyIsScorings(t *testing.T) {
+	p, err := Default().Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := scoring.DefaultPolicy(); !reflect.DeepEqual(p, want) {
+		t.Fatalf("Default().Policy() = %+v, scoring.DefaultPolicy() = %+v", p, want)
+	}
+	if g, err := events.ParseGapPolicy(DefaultGapPolicy); err != nil || g != events.GapReset {
+		t.Fatalf("DefaultGapPolicy %q = %v, %v", DefaultGapPolicy, g, err)
 	}
 }
 
 // TestREADMEExampleParses keeps the README's configuration example valid.
 func TestREADMEExampleParses(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(b), "```yaml\n")
-	if !ok {
-		t.Fatal("README has no yaml block")
-	}
-	block, _, _ := strings.Cut(rest, "```")
-	c, err := Parse([]byte(block))
+	c, err := Parse(readmeYAML(t))
 	if err != nil {
 		t.Fatalf("README example: %v", err)
 	}
@@ -108,4 +172,19 @@ func TestREADMEExampleParses(t *testing.T) {
 	if p, _ := c.Policy(); p.Guard.String() != "cost" {
 		t.Fatalf("policy %+v", p)
 	}
+}
+
+// readmeYAML returns README.md's configuration example.
+func readmeYAML(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n")
+	if !ok {
+		t.Fatal("README has no yaml block")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	return []byte(block)
 }

@@ -1,5 +1,5 @@
 // Package demo runs kvindex end to end on one machine: the real daemon (the
-// same code as `kvindex serve`, on an embedded configuration), simulated
+// same code as `kvindex serve`, on a configuration built here), simulated
 // vLLM engines that publish real KV events over ZeroMQ in vLLM's wire
 // format, and a router that asks the daemon over gRPC. It prints what each
 // worker holds and what each prompt matched, then stops.
@@ -47,22 +47,24 @@ func Run(ctx context.Context, w io.Writer, opts Options) error {
 	if err != nil {
 		return err
 	}
-	cfgYAML := fmt.Sprintf(`grpc_listen: 127.0.0.1:0
-metrics_listen: 127.0.0.1:0
-models:
-  - {name: %s, block_size: %d}
-pods:
-  - {name: vllm-a, model: %s, endpoint: "tcp://127.0.0.1:%d"}
-  - {name: vllm-b, model: %s, endpoint: "tcp://127.0.0.1:%d", dp_size: 2}
-  - {name: vllm-c, model: %s, endpoint: "tcp://127.0.0.1:%d"}
-`, model, blockSize, model, base, model, base+1, model, base+3)
-	cfg, err := config.Parse([]byte(cfgYAML))
-	if err != nil {
+	endpoint := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
+	cfg := &config.Config{
+		GRPCListen:    "127.0.0.1:0",
+		MetricsListen: "127.0.0.1:0",
+		Models:        []config.Model{{Name: model, BlockSize: blockSize}},
+		Pods: []config.Pod{
+			{Name: "vllm-a", Model: model, Endpoint: endpoint(base)},
+			{Name: "vllm-b", Model: model, Endpoint: endpoint(base + 1), DPSize: 2},
+			{Name: "vllm-c", Model: model, Endpoint: endpoint(base + 3)},
+		},
+	}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("demo: config: %w", err)
 	}
 	log := slog.New(slog.DiscardHandler)
 	if opts.Verbose {
-		log = daemon.NewLogger(config.Log{Level: "info", Format: "text"}, os.Stderr)
+		log = daemon.NewLogger(cfg.Log, os.Stderr)
 	}
 
 	// Simulated engines bind first, as vLLM's publishers do.
@@ -70,7 +72,7 @@ pods:
 	for i, ref := range []events.WorkerRef{{Pod: "vllm-a"}, {Pod: "vllm-b"}, {Pod: "vllm-b", DPRank: 1}, {Pod: "vllm-c"}} {
 		name := ref.String()
 		pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{
-			Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+i),
+			Endpoint: endpoint(base + i),
 			Topic:    "kv@" + name + "@" + model,
 			Encoding: events.EncodeOptions{Encoding: events.EncodingMap},
 			Bind:     true,

@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -70,16 +69,18 @@ func liveFleets(o *Options, lo *LiveOptions, ports []int) []liveFleet {
 	return out
 }
 
-// LiveConfig returns the kvindex YAML configuration an external daemon
-// needs for a live run with these options: one model per indexed router,
-// one pod per engine at the ports the engines will bind.
-func LiveConfig(w *workload.Workload, o Options, lo LiveOptions) (string, error) {
+// LiveConfig returns the kvindex configuration an external daemon needs
+// for a live run with these options: one model per indexed router, one pod
+// per engine at the ports the engines will bind, the default listeners.
+// Every other field is left zero, for the daemon's defaults
+// (config.SetDefaults), so config.Marshal prints only what matters here.
+func LiveConfig(w *workload.Workload, o Options, lo LiveOptions) (*config.Config, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	lo.defaults()
-	return daemonYAML(&o, &lo, liveFleets(&o, &lo, nil), ":50051", ":9400"), nil
+	return daemonConfig(&o, &lo, liveFleets(&o, &lo, nil), config.DefaultGRPCListen, config.DefaultMetricsListen), nil
 }
 
 func (lo *LiveOptions) defaults() {
@@ -94,19 +95,17 @@ func (lo *LiveOptions) defaults() {
 	}
 }
 
-func daemonYAML(o *Options, lo *LiveOptions, fleets []liveFleet, grpcListen, metricsListen string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "grpc_listen: %q\nmetrics_listen: %q\nmodels:\n", grpcListen, metricsListen)
+// daemonConfig is the configuration that subscribes kvindex to fleets'
+// engines, before config.SetDefaults.
+func daemonConfig(o *Options, lo *LiveOptions, fleets []liveFleet, grpcListen, metricsListen string) *config.Config {
+	c := &config.Config{GRPCListen: grpcListen, MetricsListen: metricsListen}
 	for _, f := range fleets {
-		fmt.Fprintf(&b, "  - {name: %q, block_size: %d}\n", f.model, o.Engine.BlockSize)
-	}
-	b.WriteString("pods:\n")
-	for _, f := range fleets {
+		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {
-			fmt.Fprintf(&b, "  - {name: %q, model: %q, endpoint: \"tcp://%s:%d\"}\n", pod, f.model, lo.Host, f.ports[i])
+			c.Pods = append(c.Pods, config.Pod{Name: pod, Model: f.model, Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i])})
 		}
 	}
-	return b.String()
+	return c
 }
 
 // Live replays w on wall-clock time (scaled by lo.Speedup): simulated
@@ -178,8 +177,9 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	var d *daemon.Daemon
 	daemonDone := make(chan error, 1)
 	if nIndexed > 0 && addr == "" {
-		cfg, err := config.Parse([]byte(daemonYAML(&o, &lo, fleets, "127.0.0.1:0", "off")))
-		if err != nil {
+		cfg := daemonConfig(&o, &lo, fleets, "127.0.0.1:0", config.MetricsOff)
+		cfg.SetDefaults()
+		if err := cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("sim: live: daemon config: %w", err)
 		}
 		log := o.Logger

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/metrics"
 	"github.com/kvindex/kvindex/internal/sim/workload"
@@ -43,11 +44,15 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		if rc.Live == nil {
 			return fmt.Errorf("sim: --print-config is for live mode")
 		}
-		yaml, err := LiveConfig(wl, rc.Options, *rc.Live)
+		cfg, err := LiveConfig(wl, rc.Options, *rc.Live)
 		if err != nil {
 			return err
 		}
-		_, err = io.WriteString(w, yaml)
+		b, err := config.Marshal(cfg)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		_, err = w.Write(b)
 		return err
 	}
 	desc := Describe(wl, rc.Options)

@@ -5,11 +5,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/metrics"
 	"github.com/kvindex/kvindex/internal/sim/router"
@@ -188,17 +190,34 @@ func TestLive(t *testing.T) {
 
 func TestLiveConfigAndTracePath(t *testing.T) {
 	w := small(t, 5)
-	yaml, err := LiveConfig(w, Options{Engines: 2, Routers: []string{router.Precise, router.RoundRobin}}, LiveOptions{BasePort: 6000})
+	cfg, err := LiveConfig(w, Options{Engines: 2, Routers: []string{router.Precise, router.RoundRobin}}, LiveOptions{BasePort: 6000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"precise-vllm-1"`, "tcp://127.0.0.1:6001", `"kvsim/llama-3.1-8b@precise"`} {
+	b, err := config.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml := string(b)
+	for _, want := range []string{"name: precise-vllm-1", "endpoint: tcp://127.0.0.1:6001", "model: kvsim/llama-3.1-8b@precise"} {
 		if !strings.Contains(yaml, want) {
 			t.Errorf("config lacks %s:\n%s", want, yaml)
 		}
 	}
 	if strings.Contains(yaml, "round-robin") {
 		t.Error("round-robin needs no kvindex workers")
+	}
+	if p := cfg.Pods[1]; len(cfg.Pods) != 2 || p.Name != "precise-vllm-1" || p.Endpoint != "tcp://127.0.0.1:6001" || p.Model != "kvsim/llama-3.1-8b@precise" {
+		t.Errorf("pods = %+v", cfg.Pods)
+	}
+	// What --print-config prints is what the daemon runs.
+	parsed, err := config.Parse(b)
+	if err != nil {
+		t.Fatalf("printed config: %v\n%s", err, yaml)
+	}
+	cfg.SetDefaults()
+	if !reflect.DeepEqual(parsed, cfg) {
+		t.Errorf("Parse(Marshal(LiveConfig)) = %+v, want %+v", parsed, cfg)
 	}
 	t.Setenv("KVSIM_TRACE", "/some/trace.jsonl")
 	if p, err := TracePath(""); err != nil || p != "/some/trace.jsonl" {

@@ -1,0 +1,203 @@
+package config
+
+import (
+	"time"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/scoring"
+)
+
+// Defaults SetDefaults gives fields left at their zero value. Fields whose
+// zero value has a meaning of its own (index.worker_capacity 0 learns the
+// capacity, events.stale_after_silence 0 is off, a pod's topic "" takes
+// every topic, ...) have no default here.
+//
+// The daemon passes these values on explicitly, so they, not the fallbacks
+// of the packages it configures, are what it runs with. The limits are
+// the api package's own defaults and the load weight is scoring's, so that
+// a Server or Policy built without a config behaves the same;
+// TestDefaultPolicyIsScorings keeps the other scoring values in step with
+// scoring.DefaultPolicy.
+const (
+	// DefaultGRPCListen is the gRPC listen address (grpc_listen).
+	DefaultGRPCListen = ":50051"
+	// DefaultMetricsListen is the Prometheus /metrics listen address
+	// (metrics_listen).
+	DefaultMetricsListen = ":9400"
+	// MetricsOff as metrics_listen disables the /metrics listener.
+	MetricsOff = "off"
+
+	// DefaultBlockSize is vLLM's default --block-size, the tokens per KV
+	// block (models[].block_size, and the block size of models that only
+	// pods, routes or push-mode topics name).
+	DefaultBlockSize = 16
+	// DefaultDPSize is a pod's data-parallel size (pods[].dp_size).
+	DefaultDPSize = 1
+
+	// DefaultGapPolicy is what lost events replay cannot recover do to a
+	// worker (events.gap_policy): forget its blocks and relearn.
+	DefaultGapPolicy = "reset"
+	// DefaultReplayTimeout bounds one replay (events.replay_timeout); vLLM
+	// serves replay between queue reads, up to ~100 ms late.
+	DefaultReplayTimeout = 3 * time.Second
+	// DefaultReplayConcurrency bounds replays in flight
+	// (events.replay_concurrency).
+	DefaultReplayConcurrency = 4
+	// DefaultStaleAfterDisconnect marks a pull-mode worker stale once its
+	// endpoint has been unreachable this long
+	// (events.stale_after_disconnect).
+	DefaultStaleAfterDisconnect = 5 * time.Second
+	// DefaultQueueSize is each worker's queue of batches waiting to be
+	// applied (events.queue_size); a full queue drops the message, which
+	// the seq gap then recovers.
+	DefaultQueueSize = 4096
+
+	// DefaultScoringPolicy is the ranking policy answers use unless a
+	// request names another (scoring.policy).
+	DefaultScoringPolicy = "cache_aware"
+	// DefaultGPUWeight, DefaultCPUWeight and DefaultStorageWeight weigh a
+	// cached block by tier (scoring.gpu_weight, cpu_weight,
+	// storage_weight; storage_weight also weighs disk and external).
+	DefaultGPUWeight     = 1.0
+	DefaultCPUWeight     = 0.8
+	DefaultStorageWeight = 0.5
+	// DefaultLoadWeight weighs a queued prefill token against an uncached
+	// one (scoring.load_weight).
+	DefaultLoadWeight = scoring.DefaultLoadWeight
+	// DefaultGuard is cache_aware's hotspot guard (scoring.guard).
+	DefaultGuard = "cost"
+	// DefaultStaticK is the static guard's multiple of the median in-flight
+	// count (scoring.static_k).
+	DefaultStaticK = 2.0
+	// DefaultSpeculativeTTL is how long a routed request's blocks count as
+	// cached before events confirm them (scoring.speculative_ttl).
+	DefaultSpeculativeTTL = 10 * time.Second
+	// DefaultInflightTTL is how long a routed request counts as load
+	// without a Release (scoring.inflight_ttl).
+	DefaultInflightTTL = 2 * time.Minute
+	// DefaultScrapeInterval is how often pods' metrics_url are read
+	// (scoring.scrape_interval).
+	DefaultScrapeInterval = time.Second
+
+	// DefaultMaxTokens is the most token ids one Score request may carry
+	// (limits.max_tokens).
+	DefaultMaxTokens = api.DefaultMaxTokens
+	// DefaultMaxBlockKeys is the most block keys one Score request may
+	// carry (limits.max_block_keys).
+	DefaultMaxBlockKeys = api.DefaultMaxBlockKeys
+	// DefaultMaxCandidates is the most candidate workers one Score request
+	// may name (limits.max_candidates).
+	DefaultMaxCandidates = api.DefaultMaxCandidates
+
+	// DefaultLogLevel is the log level (log.level).
+	DefaultLogLevel = "info"
+	// DefaultLogFormat is the log format (log.format).
+	DefaultLogFormat = "text"
+	// DefaultProblemInterval rate-limits repeated per-worker problem logs
+	// (log.problem_interval).
+	DefaultProblemInterval = time.Minute
+)
+
+// The one engine of Default: a local vLLM started with
+//
+//	--kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557"}'
+const (
+	// DefaultModel is the model Default's pod serves.
+	DefaultModel = "default"
+	// DefaultPod is the name of Default's pod.
+	DefaultPod = "vllm-0"
+	// DefaultEndpoint is where Default's pod publishes its KV events.
+	DefaultEndpoint = "tcp://127.0.0.1:5557"
+)
+
+// Default returns the configuration `kvindex serve` runs without --config:
+// one local engine (DefaultPod serving DefaultModel at DefaultEndpoint,
+// DefaultBlockSize-token blocks) and every other field at its default. The
+// value is fresh on every call, for the caller to change.
+func Default() *Config {
+	c := &Config{
+		Models: []Model{{Name: DefaultModel, BlockSize: DefaultBlockSize}},
+		Pods:   []Pod{{Name: DefaultPod, Model: DefaultModel, Endpoint: DefaultEndpoint}},
+	}
+	c.SetDefaults()
+	return c
+}
+
+// SetDefaults gives every field left at its zero value its default (the
+// Default* constants), and lists models that pods or push routes name but
+// Models does not, with DefaultBlockSize. Fields already set are kept, so
+// it is idempotent. Parse calls it; a Config built in Go needs it before
+// Validate.
+func (c *Config) SetDefaults() {
+	set(&c.GRPCListen, DefaultGRPCListen)
+	set(&c.MetricsListen, DefaultMetricsListen)
+	c.Events.SetDefaults()
+	c.Scoring.SetDefaults()
+	c.Limits.SetDefaults()
+	c.Log.SetDefaults()
+	for i := range c.Models {
+		set(&c.Models[i].BlockSize, DefaultBlockSize)
+	}
+	for i := range c.Pods {
+		set(&c.Pods[i].DPSize, DefaultDPSize)
+	}
+	named := func(m string) {
+		if m != "" && c.model(m) == nil {
+			c.Models = append(c.Models, Model{Name: m, BlockSize: DefaultBlockSize})
+		}
+	}
+	for _, p := range c.Pods {
+		named(p.Model)
+	}
+	for _, pl := range c.Push {
+		for _, r := range pl.Routes {
+			named(r.Model)
+		}
+	}
+}
+
+// SetDefaults gives the zero fields of the events section their defaults.
+// StaleAfterSilence has none: 0 is off.
+func (e *Events) SetDefaults() {
+	set(&e.GapPolicy, DefaultGapPolicy)
+	set(&e.ReplayTimeout, DefaultReplayTimeout)
+	set(&e.ReplayConcurrency, DefaultReplayConcurrency)
+	set(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
+	set(&e.QueueSize, DefaultQueueSize)
+}
+
+// SetDefaults gives the zero fields of the scoring section their defaults.
+func (s *Scoring) SetDefaults() {
+	set(&s.Policy, DefaultScoringPolicy)
+	set(&s.GPUWeight, DefaultGPUWeight)
+	set(&s.CPUWeight, DefaultCPUWeight)
+	set(&s.StorageWeight, DefaultStorageWeight)
+	set(&s.LoadWeight, DefaultLoadWeight)
+	set(&s.Guard, DefaultGuard)
+	set(&s.StaticK, DefaultStaticK)
+	set(&s.SpeculativeTTL, DefaultSpeculativeTTL)
+	set(&s.InflightTTL, DefaultInflightTTL)
+	set(&s.ScrapeInterval, DefaultScrapeInterval)
+}
+
+// SetDefaults gives the zero fields of the limits section their defaults.
+func (l *Limits) SetDefaults() {
+	set(&l.MaxTokens, DefaultMaxTokens)
+	set(&l.MaxBlockKeys, DefaultMaxBlockKeys)
+	set(&l.MaxCandidates, DefaultMaxCandidates)
+}
+
+// SetDefaults gives the zero fields of the log section their defaults.
+func (l *Log) SetDefaults() {
+	set(&l.Level, DefaultLogLevel)
+	set(&l.Format, DefaultLogFormat)
+	set(&l.ProblemInterval, DefaultProblemInterval)
+}
+
+// set stores def in *v when *v is the zero value.
+func set[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}

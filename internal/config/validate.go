@@ -1,0 +1,246 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/kvindex/kvindex/events"
+)
+
+// invalid returns an ErrInvalid naming field, its full path in the YAML
+// (e.g. "pods[1].endpoint").
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first problem, naming the field, section by
+// section: the listeners, limits, log, events, scoring, index, models,
+// pods and push. It checks values as they are: zero fields that
+// SetDefaults would fill may be invalid.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
+		return invalid("grpc_listen", "%q is not host:port", c.GRPCListen)
+	}
+	if c.MetricsListen != MetricsOff {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return invalid("metrics_listen", "%q is not host:port or off", c.MetricsListen)
+		}
+	}
+	for _, check := range []func() error{
+		c.Limits.Validate,
+		c.Log.Validate,
+		c.Events.Validate,
+		c.Scoring.Validate,
+		c.Index.Validate,
+		func() error { return validateModels(c.Models) },
+		func() error { return validatePods(c.Pods) },
+		func() error { return validatePush(c.Push, c.Pods) },
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks the limits section ("limits").
+func (l *Limits) Validate() error {
+	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 {
+		return invalid("limits", "limits must not be negative")
+	}
+	return nil
+}
+
+// Validate checks the log section ("log.level", "log.format").
+func (l *Log) Validate() error {
+	switch strings.ToLower(l.Level) {
+	case "debug", "info", "warn", "error":
+	default:
+		return invalid("log.level", "%q is not debug, info, warn or error", l.Level)
+	}
+	if l.Format != "text" && l.Format != "json" {
+		return invalid("log.format", "%q is not text or json", l.Format)
+	}
+	return nil
+}
+
+// Validate checks the events section ("events.gap_policy", "events").
+func (e *Events) Validate() error {
+	if _, err := events.ParseGapPolicy(e.GapPolicy); err != nil {
+		return invalid("events.gap_policy", "%q is not reset or keep", e.GapPolicy)
+	}
+	if e.ReplayTimeout < 0 || e.ReplayConcurrency < 0 || e.QueueSize < 0 || e.StaleAfterSilence < 0 {
+		return invalid("events", "durations and sizes must not be negative (stale_after_disconnect may be, to disable it)")
+	}
+	return nil
+}
+
+// Validate checks the scoring section ("scoring"): the policy it makes
+// and its durations.
+func (s *Scoring) Validate() error {
+	if _, err := s.policy(); err != nil {
+		return invalid("scoring", "%v", err)
+	}
+	if s.SpeculativeTTL < 0 || s.InflightTTL < 0 || s.ScrapeInterval < 0 {
+		return invalid("scoring", "durations must not be negative")
+	}
+	return nil
+}
+
+// Validate checks the index section ("index.memory_budget_mib").
+func (ix *Index) Validate() error {
+	if ix.MemoryBudgetMiB < 0 {
+		return invalid("index.memory_budget_mib", "%d must not be negative", ix.MemoryBudgetMiB)
+	}
+	return nil
+}
+
+// validateModels checks each model and that none is listed twice.
+func validateModels(models []Model) error {
+	seen := map[string]bool{}
+	for i, m := range models {
+		f := fmt.Sprintf("models[%d]", i)
+		if m.Name == "" {
+			return invalid(f+".name", "required")
+		}
+		if seen[m.Name] {
+			return invalid(f+".name", "model %q listed twice", m.Name)
+		}
+		seen[m.Name] = true
+		if m.BlockSize <= 0 {
+			return invalid(f+".block_size", "%d must be positive", m.BlockSize)
+		}
+	}
+	return nil
+}
+
+// validatePods checks each pod, that no name is listed twice, and that no
+// two workers (pod, DP rank) share an event or replay endpoint.
+func validatePods(pods []Pod) error {
+	seenPod := map[string]bool{}
+	seenEndpoint := map[string]string{} // endpoint -> who uses it
+	for i, p := range pods {
+		f := fmt.Sprintf("pods[%d]", i)
+		if p.Name == "" {
+			return invalid(f+".name", "required")
+		}
+		if seenPod[p.Name] {
+			return invalid(f+".name", "pod %q listed twice", p.Name)
+		}
+		seenPod[p.Name] = true
+		if err := p.validate(f); err != nil {
+			return err
+		}
+		for r := 0; r < p.DPSize; r++ {
+			ep, _ := events.OffsetEndpoint(p.Endpoint, r) // checked by validate
+			if p.ReplayEndpoint != "" {
+				rep, _ := events.OffsetEndpoint(p.ReplayEndpoint, r)
+				if other, dup := seenEndpoint[rep]; dup {
+					return invalid(f+".replay_endpoint", "%s (rank %d) is also used by %s: leave a gap of dp_size between the event and replay ports", rep, r, other)
+				}
+				seenEndpoint[rep] = fmt.Sprintf("pod %s replay", p.Name)
+			}
+			if other, dup := seenEndpoint[ep]; dup {
+				return invalid(f+".endpoint", "%s (rank %d) is also used by %s", ep, r, other)
+			}
+			seenEndpoint[ep] = fmt.Sprintf("pod %s", p.Name)
+		}
+	}
+	return nil
+}
+
+// validate checks one pod's own fields (all but its name), field being its
+// path ("pods[1]"): every rank's endpoints must exist, e.g. the last
+// rank's port must not pass 65535.
+func (p *Pod) validate(field string) error {
+	if p.Model == "" {
+		return invalid(field+".model", "required")
+	}
+	if p.DPSize < 1 || p.DPSize > 1024 {
+		return invalid(field+".dp_size", "%d must be between 1 and 1024", p.DPSize)
+	}
+	if err := checkEndpoint(p.Endpoint); err != nil {
+		return invalid(field+".endpoint", "%v", err)
+	}
+	if p.CapacityBlocks < 0 {
+		return invalid(field+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
+	}
+	if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
+		return invalid(field+".metrics_url", "%q is not an http(s) URL", p.MetricsURL)
+	}
+	if p.ReplayEndpoint != "" {
+		if err := checkEndpoint(p.ReplayEndpoint); err != nil {
+			return invalid(field+".replay_endpoint", "%v", err)
+		}
+	}
+	for r := 0; r < p.DPSize; r++ {
+		if _, err := events.OffsetEndpoint(p.Endpoint, r); err != nil {
+			return invalid(field+".endpoint", "%v", err)
+		}
+		if p.ReplayEndpoint != "" {
+			if _, err := events.OffsetEndpoint(p.ReplayEndpoint, r); err != nil {
+				return invalid(field+".replay_endpoint", "%v", err)
+			}
+		}
+	}
+	return nil
+}
+
+// validatePush checks each push listener and its routes; a route may not
+// name a pull-mode pod.
+func validatePush(push []Push, pods []Pod) error {
+	pulled := map[string]bool{}
+	for _, p := range pods {
+		pulled[p.Name] = true
+	}
+	for i, pl := range push {
+		f := fmt.Sprintf("push[%d]", i)
+		if err := checkEndpoint(pl.Listen); err != nil {
+			return invalid(f+".listen", "%v", err)
+		}
+		seenTopic := map[string]bool{}
+		for j, r := range pl.Routes {
+			rf := fmt.Sprintf("%s.routes[%d]", f, j)
+			switch {
+			case seenTopic[r.Topic]:
+				return invalid(rf+".topic", "topic %q mapped twice", r.Topic)
+			case r.Pod == "":
+				return invalid(rf+".pod", "required")
+			case r.Model == "":
+				return invalid(rf+".model", "required")
+			case pulled[r.Pod]:
+				return invalid(rf+".pod", "pod %q is also a pull-mode pod", r.Pod)
+			}
+			seenTopic[r.Topic] = true
+			if r.ReplayEndpoint != "" {
+				if err := checkEndpoint(r.ReplayEndpoint); err != nil {
+					return invalid(rf+".replay_endpoint", "%v", err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkEndpoint accepts tcp://host:port, ipc://path and inproc://name.
+func checkEndpoint(ep string) error {
+	switch {
+	case ep == "":
+		return errors.New("required")
+	case strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://"):
+		return nil
+	case strings.HasPrefix(ep, "tcp://"):
+		_, port, err := net.SplitHostPort(ep[len("tcp://"):])
+		if err != nil {
+			return fmt.Errorf("%q is not tcp://host:port", ep)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return fmt.Errorf("%q: bad port %q", ep, port)
+		}
+		return nil
+	}
+	return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
+}

@@ -1,0 +1,137 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestInvalidNamesTheField(t *testing.T) {
+	for _, tc := range []struct{ yaml, field string }{
+		{"pods: [{name: a, model: m}]", "pods[0].endpoint"},
+		{"pods: [{model: m, endpoint: 'tcp://h:1'}]", "pods[0].name"},
+		{"pods: [{name: a, endpoint: 'tcp://h:1'}]", "pods[0].model"},
+		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1', dp_size: -1}]", "pods[0].dp_size"},
+		{"pods: [{name: a, model: m, endpoint: 'tcp://h'}]", "pods[0].endpoint"},
+		{"pods: [{name: a, model: m, endpoint: 'tcp://h:65535', dp_size: 2}]", "pods[0].endpoint"},
+		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1', dp_size: 2}, {name: b, model: m, endpoint: 'tcp://h:2'}]", "pods[1].endpoint"},
+		{"pods: [{name: a, model: m, endpoint: 'tcp://h:1'}, {name: a, model: m, endpoint: 'tcp://h:2'}]", "pods[1].name"},
+		{"models: [{name: m, block_size: -16}]", "models[0].block_size"},
+		{"grpc_listen: nonsense", "grpc_listen"},
+		{"log: {level: loud}", "log.level"},
+		{"typo_field: 1", "typo_field"},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: err = %v, want ErrInvalid naming %s", tc.yaml, err, tc.field)
+		}
+	}
+}
+
+// TestSectionErrors checks every error Validate reports, each through the
+// check of its section, on an otherwise valid configuration.
+func TestSectionErrors(t *testing.T) {
+	pod := func(name, endpoint string) Pod { return Pod{Name: name, Model: "m", Endpoint: endpoint, DPSize: 1} }
+	for _, tc := range []struct {
+		name        string
+		edit        func(*Config)
+		field, text string
+	}{
+		{"grpc", func(c *Config) { c.GRPCListen = "" }, "grpc_listen", `"" is not host:port`},
+		{"metrics", func(c *Config) { c.MetricsListen = "9400" }, "metrics_listen", `"9400" is not host:port or off`},
+		{"limits", func(c *Config) { c.Limits.MaxCandidates = -1 }, "limits", "limits must not be negative"},
+		{"log level", func(c *Config) { c.Log.Level = "" }, "log.level", `"" is not debug, info, warn or error`},
+		{"log format", func(c *Config) { c.Log.Format = "xml" }, "log.format", `"xml" is not text or json`},
+		{"gap policy", func(c *Config) { c.Events.GapPolicy = "drop" }, "events.gap_policy", `"drop" is not reset or keep`},
+		{"replay timeout", func(c *Config) { c.Events.ReplayTimeout = -time.Second }, "events", "durations and sizes must not be negative"},
+		{"replay concurrency", func(c *Config) { c.Events.ReplayConcurrency = -1 }, "events", "must not be negative"},
+		{"queue size", func(c *Config) { c.Events.QueueSize = -1 }, "events", "must not be negative"},
+		{"silence", func(c *Config) { c.Events.StaleAfterSilence = -1 }, "events", "must not be negative"},
+		{"policy", func(c *Config) { c.Scoring.Policy = "random" }, "scoring", `unknown policy "random"`},
+		{"guard", func(c *Config) { c.Scoring.Guard = "wall" }, "scoring", `unknown guard "wall"`},
+		{"weight", func(c *Config) { c.Scoring.CPUWeight = -1 }, "scoring", "cpu_weight: -1 must be a positive finite number"},
+		{"ttl", func(c *Config) { c.Scoring.InflightTTL = -1 }, "scoring", "durations must not be negative"},
+		{"scrape", func(c *Config) { c.Scoring.ScrapeInterval = -1 }, "scoring", "durations must not be negative"},
+		{"memory", func(c *Config) { c.Index.MemoryBudgetMiB = -1 }, "index.memory_budget_mib", "-1 must not be negative"},
+		{"model name", func(c *Config) { c.Models = append(c.Models, Model{BlockSize: 16}) }, "models[1].name", "required"},
+		{"model twice", func(c *Config) { c.Models = append(c.Models, c.Models[0]) }, "models[1].name", `model "default" listed twice`},
+		{"block size", func(c *Config) { c.Models[0].BlockSize = 0 }, "models[0].block_size", "0 must be positive"},
+		{"pod name", func(c *Config) { c.Pods[0].Name = "" }, "pods[0].name", "required"},
+		{"pod twice", func(c *Config) { c.Pods = append(c.Pods, pod(DefaultPod, "tcp://h:2")) }, "pods[1].name", `pod "vllm-0" listed twice`},
+		{"pod model", func(c *Config) { c.Pods[0].Model = "" }, "pods[0].model", "required"},
+		{"dp size zero", func(c *Config) { c.Pods[0].DPSize = 0 }, "pods[0].dp_size", "0 must be between 1 and 1024"},
+		{"dp size large", func(c *Config) { c.Pods[0].DPSize = 1025 }, "pods[0].dp_size", "1025 must be between 1 and 1024"},
+		{"endpoint", func(c *Config) { c.Pods[0].Endpoint = "" }, "pods[0].endpoint", "required"},
+		{"endpoint scheme", func(c *Config) { c.Pods[0].Endpoint = "udp://h:1" }, "pods[0].endpoint", "want tcp://host:port, ipc://path or inproc://name"},
+		{"endpoint host", func(c *Config) { c.Pods[0].Endpoint = "tcp://h" }, "pods[0].endpoint", `"tcp://h" is not tcp://host:port`},
+		{"endpoint port", func(c *Config) { c.Pods[0].Endpoint = "tcp://h:0" }, "pods[0].endpoint", `bad port "0"`},
+		{"last rank port", func(c *Config) { c.Pods[0].Endpoint, c.Pods[0].DPSize = "tcp://h:65535", 2 }, "pods[0].endpoint", "65535"},
+		{"capacity", func(c *Config) { c.Pods[0].CapacityBlocks = -1 }, "pods[0].capacity_blocks", "-1 must not be negative"},
+		{"metrics url", func(c *Config) { c.Pods[0].MetricsURL = "h:8000/metrics" }, "pods[0].metrics_url", `"h:8000/metrics" is not an http(s) URL`},
+		{"replay", func(c *Config) { c.Pods[0].ReplayEndpoint = "tcp://h" }, "pods[0].replay_endpoint", "is not tcp://host:port"},
+		{"replay last rank", func(c *Config) { c.Pods[0].ReplayEndpoint, c.Pods[0].DPSize = "tcp://h:65535", 2 }, "pods[0].replay_endpoint", "65535"},
+		{"replay overlap", func(c *Config) {
+			c.Pods[0].Endpoint, c.Pods[0].ReplayEndpoint, c.Pods[0].DPSize = "tcp://h:5557", "tcp://h:5558", 2
+		}, "pods[0].endpoint", "tcp://h:5558 (rank 1) is also used by pod vllm-0 replay"},
+		{"replay shared", func(c *Config) {
+			c.Pods[0].ReplayEndpoint = "tcp://h:9"
+			c.Pods = append(c.Pods, pod("b", "tcp://h:2"))
+			c.Pods[1].ReplayEndpoint = "tcp://h:9"
+		}, "pods[1].replay_endpoint", "tcp://h:9 (rank 0) is also used by pod vllm-0 replay: leave a gap of dp_size"},
+		{"endpoint shared", func(c *Config) { c.Pods = append(c.Pods, pod("b", DefaultEndpoint)) }, "pods[1].endpoint", "(rank 0) is also used by pod vllm-0"},
+		{"push listen", func(c *Config) { c.Push = []Push{{Listen: "tcp://*"}} }, "push[0].listen", "is not tcp://host:port"},
+		{"route twice", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a", Model: "m"}, {Topic: "t", Pod: "b", Model: "m"}}}}
+		}, "push[0].routes[1].topic", `topic "t" mapped twice`},
+		{"route pod", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Model: "m"}}}} }, "push[0].routes[0].pod", "required"},
+		{"route model", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a"}}}} }, "push[0].routes[0].model", "required"},
+		{"route pulled", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: DefaultPod, Model: "m"}}}}
+		}, "push[0].routes[0].pod", `pod "vllm-0" is also a pull-mode pod`},
+		{"route replay", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:99999"}}}}
+		}, "push[0].routes[0].replay_endpoint", `bad port "99999"`},
+	} {
+		c := Default()
+		tc.edit(c)
+		err := c.Validate()
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), ": "+tc.field+": ") || !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("%s: err = %v, want ErrInvalid naming %s: ...%s", tc.name, err, tc.field, tc.text)
+		}
+	}
+}
+
+// TestSectionsValidateAlone: each section's check runs without the rest
+// of a Config, on a section SetDefaults completed.
+func TestSectionsValidateAlone(t *testing.T) {
+	var (
+		e Events
+		s Scoring
+		l Limits
+		g Log
+		x Index
+	)
+	e.SetDefaults()
+	s.SetDefaults()
+	l.SetDefaults()
+	g.SetDefaults()
+	for name, err := range map[string]error{"events": e.Validate(), "scoring": s.Validate(), "limits": l.Validate(), "log": g.Validate(), "index": x.Validate()} {
+		if err != nil {
+			t.Errorf("%s with defaults: %v", name, err)
+		}
+	}
+	e.StaleAfterDisconnect = -1 // never stale: allowed
+	if err := e.Validate(); err != nil {
+		t.Errorf("events with stale_after_disconnect < 0: %v", err)
+	}
+	if err := (&Events{}).Validate(); err != nil {
+		t.Errorf("zero events: %v", err) // "" is the default gap policy
+	}
+	if err := (&Log{}).Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "log.level") {
+		t.Errorf("zero log: %v, want log.level invalid until SetDefaults", err)
+	}
+	if err := (&Scoring{Guard: "nope"}).Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "scoring: guard:") {
+		t.Errorf("bad guard: %v", err)
+	}
+}
