@@ -104,14 +104,25 @@ type Spec struct {
 	Blocks int
 }
 
-// NewTracker returns a tracker; zero TTLs mean 10 s (speculative blocks)
-// and 2 min (in-flight load). now may be nil (time.Now).
+// Default TTLs of NewTracker.
+const (
+	// DefaultSpecTTL is how long a routed prompt's blocks count as cached
+	// on its worker before events confirm them: longer than an engine
+	// takes to schedule a queued prefill.
+	DefaultSpecTTL = 10 * time.Second
+	// DefaultFlightTTL is how long a routed request counts as load when
+	// its Release never comes.
+	DefaultFlightTTL = 2 * time.Minute
+)
+
+// NewTracker returns a tracker; zero TTLs mean DefaultSpecTTL and
+// DefaultFlightTTL. now may be nil (time.Now).
 func NewTracker(specTTL, flightTTL time.Duration, now func() time.Time) *Tracker {
 	if specTTL <= 0 {
-		specTTL = 10 * time.Second
+		specTTL = DefaultSpecTTL
 	}
 	if flightTTL <= 0 {
-		flightTTL = 2 * time.Minute
+		flightTTL = DefaultFlightTTL
 	}
 	if now == nil {
 		now = time.Now

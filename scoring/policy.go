@@ -84,14 +84,29 @@ const DefaultLoadWeight = 1.0 / 3
 
 // DefaultPolicy is CacheAware with GuardCost and the default weights.
 func DefaultPolicy() Policy {
-	p := Policy{Name: CacheAware, LoadWeight: DefaultLoadWeight, Guard: GuardCost, StaticK: 2}
-	p.Weights[events.MediumGPU] = 1
-	p.Weights[events.MediumCPU] = 0.8
-	p.Weights[events.MediumStorage] = 0.5
-	p.Weights[events.MediumDisk] = 0.5
-	p.Weights[events.MediumExternal] = 0.5
+	p := Policy{Name: CacheAware, LoadWeight: DefaultLoadWeight, Guard: GuardCost, StaticK: DefaultStaticK}
+	p.Weights[events.MediumGPU] = DefaultGPUWeight
+	p.Weights[events.MediumCPU] = DefaultCPUWeight
+	p.Weights[events.MediumStorage] = DefaultStorageWeight
+	p.Weights[events.MediumDisk] = DefaultStorageWeight
+	p.Weights[events.MediumExternal] = DefaultStorageWeight
 	return p
 }
+
+// Tier weights and the static guard's multiple of DefaultPolicy.
+const (
+	// DefaultGPUWeight weighs a block cached in GPU memory.
+	DefaultGPUWeight = 1.0
+	// DefaultCPUWeight weighs a block offloaded to host memory: loading it
+	// back costs a little, recomputing it costs more.
+	DefaultCPUWeight = 0.8
+	// DefaultStorageWeight weighs a block in a storage, disk or external
+	// tier.
+	DefaultStorageWeight = 0.5
+	// DefaultStaticK is GuardStatic's multiple of the median in-flight
+	// count (the published rule).
+	DefaultStaticK = 2.0
+)
 
 // Override is a request's changes to a policy; zero fields keep the base.
 type Override struct {

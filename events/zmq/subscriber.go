@@ -53,6 +53,20 @@ type PushListener struct {
 // NewWorkerFunc creates the events.Sink of a worker first seen on a push listener.
 type NewWorkerFunc func(ref events.WorkerRef, model, replayEndpoint string) (events.Sink, error)
 
+// Defaults of SubscriberOptions that a daemon's configuration exposes.
+const (
+	// DefaultReplayTimeout bounds one replay exchange: vLLM serves replay
+	// between queue reads, up to ~100 ms late.
+	DefaultReplayTimeout = 3 * time.Second
+	// DefaultReplayConcurrency bounds replays in flight across workers.
+	DefaultReplayConcurrency = 4
+	// DefaultStaleAfterDisconnect is how long a pull-mode endpoint may
+	// have no connection before its worker is stale.
+	DefaultStaleAfterDisconnect = 5 * time.Second
+	// DefaultQueueSize is each worker's queue of decoded batches.
+	DefaultQueueSize = 4096
+)
+
 // SubscriberOptions tune a Subscriber. The zero value is usable.
 type SubscriberOptions struct {
 	// Logger receives problem reports; nil discards them.
@@ -120,17 +134,17 @@ func (o *SubscriberOptions) defaults() {
 	set(&o.ReconnectInterval, 100*time.Millisecond)
 	set(&o.ReconnectMax, 5*time.Second)
 	set(&o.LogEvery, time.Minute)
-	set(&o.ReplayTimeout, 3*time.Second)
+	set(&o.ReplayTimeout, DefaultReplayTimeout)
 	set(&o.ReplayBackoff, time.Second)
-	set(&o.StaleAfterDisconnect, 5*time.Second)
+	set(&o.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
 	seti := func(p *int, v int) {
 		if *p <= 0 {
 			*p = v
 		}
 	}
 	seti(&o.RcvHWM, 100_000)
-	seti(&o.QueueSize, 4096)
-	seti(&o.ReplayConcurrency, 4)
+	seti(&o.QueueSize, DefaultQueueSize)
+	seti(&o.ReplayConcurrency, DefaultReplayConcurrency)
 	seti(&o.ReplayMaxBatches, 100_000)
 	seti(&o.MaxPending, 10_000)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -187,4 +188,22 @@ func readmeYAML(t *testing.T) []byte {
 	}
 	block, _, _ := strings.Cut(rest, "```")
 	return []byte(block)
+}
+
+// The ingest defaults are the ZeroMQ transport's own (config does not
+// import the transport, which needs cgo).
+func TestEventDefaultsAreTheTransports(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"replay_timeout", DefaultReplayTimeout, zmq.DefaultReplayTimeout},
+		{"replay_concurrency", DefaultReplayConcurrency, zmq.DefaultReplayConcurrency},
+		{"stale_after_disconnect", DefaultStaleAfterDisconnect, zmq.DefaultStaleAfterDisconnect},
+		{"queue_size", DefaultQueueSize, zmq.DefaultQueueSize},
+	} {
+		if c.got != c.want {
+			t.Errorf("events.%s default %v, transport's %v", c.name, c.got, c.want)
+		}
+	}
 }

@@ -14,10 +14,11 @@ import (
 //
 // The daemon passes these values on explicitly, so they, not the fallbacks
 // of the packages it configures, are what it runs with. The limits are
-// the api package's own defaults and the load weight is scoring's, so that
-// a Server or Policy built without a config behaves the same;
-// TestDefaultPolicyIsScorings keeps the other scoring values in step with
-// scoring.DefaultPolicy.
+// the api package's own defaults and the scoring values scoring's, so that
+// a Server, Policy or Tracker built without a config behaves the same; the
+// events values equal the ZeroMQ transport's defaults (config does not
+// import the transport, which needs cgo; TestEventDefaultsAreTheTransports
+// keeps them equal).
 const (
 	// DefaultGRPCListen is the gRPC listen address (grpc_listen).
 	DefaultGRPCListen = ":50051"
@@ -58,9 +59,9 @@ const (
 	// DefaultGPUWeight, DefaultCPUWeight and DefaultStorageWeight weigh a
 	// cached block by tier (scoring.gpu_weight, cpu_weight,
 	// storage_weight; storage_weight also weighs disk and external).
-	DefaultGPUWeight     = 1.0
-	DefaultCPUWeight     = 0.8
-	DefaultStorageWeight = 0.5
+	DefaultGPUWeight     = scoring.DefaultGPUWeight
+	DefaultCPUWeight     = scoring.DefaultCPUWeight
+	DefaultStorageWeight = scoring.DefaultStorageWeight
 	// DefaultLoadWeight weighs a queued prefill token against an uncached
 	// one (scoring.load_weight).
 	DefaultLoadWeight = scoring.DefaultLoadWeight
@@ -68,13 +69,13 @@ const (
 	DefaultGuard = "cost"
 	// DefaultStaticK is the static guard's multiple of the median in-flight
 	// count (scoring.static_k).
-	DefaultStaticK = 2.0
+	DefaultStaticK = scoring.DefaultStaticK
 	// DefaultSpeculativeTTL is how long a routed request's blocks count as
 	// cached before events confirm them (scoring.speculative_ttl).
-	DefaultSpeculativeTTL = 10 * time.Second
+	DefaultSpeculativeTTL = scoring.DefaultSpecTTL
 	// DefaultInflightTTL is how long a routed request counts as load
 	// without a Release (scoring.inflight_ttl).
-	DefaultInflightTTL = 2 * time.Minute
+	DefaultInflightTTL = scoring.DefaultFlightTTL
 	// DefaultScrapeInterval is how often pods' metrics_url are read
 	// (scoring.scrape_interval).
 	DefaultScrapeInterval = time.Second
