@@ -140,8 +140,9 @@ func (s *Server) Register(g *grpc.Server) {
 	reflection.Register(g)
 }
 
-// Health returns the health service Register installs, so that the daemon
-// can report NOT_SERVING while it drains (health.Server.Shutdown).
+// Health returns the health service Register installs. The daemon calls
+// its Shutdown when it starts to drain, which reports NOT_SERVING for
+// every service (to Check and to Watch streams) before connections close.
 func (s *Server) Health() *health.Server { return s.health }
 
 // scoreScratch is one call's reusable working memory: the scorer's Result

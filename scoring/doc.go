@@ -1,8 +1,12 @@
 // Package scoring turns per-worker prefix matches from the indexer, and
 // what is known of each worker's load, into a ranking: which worker should
-// take a request. It also keeps the routing decisions themselves (Tracker):
-// speculative residency for blocks a routed request is about to create,
-// and in-flight load until the request is released.
+// take a request. Scorer is the one entry: it matches a prompt in the
+// index, merges the speculative blocks of recent routes, lists cold
+// workers when asked, reads each worker's load and ranks by a Policy; the
+// gRPC API, the simulator and in-process routers all call it. It also
+// keeps the routing decisions themselves (Tracker): speculative residency
+// for blocks a routed request is about to create, and in-flight load until
+// the request is released.
 //
 // # The formula
 //
@@ -61,6 +65,10 @@
 //
 // # Concurrency
 //
-// Policy values and Rank are pure and safe for concurrent use. Tracker and
-// LoadBoard are safe for concurrent use; see their docs for locking.
+// A Policy is a value; Rank reads only the policy and writes only the
+// candidates it is given, so one Policy may rank for many goroutines at
+// once. Scorer, Tracker and LoadBoard are safe for concurrent use; on the
+// Score path, per-worker load and in-flight counts are atomic loads, and
+// the only lock taken is one tracker shard's read lock for the speculative
+// probe (see Scorer and Tracker). A Result belongs to one goroutine.
 package scoring

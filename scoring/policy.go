@@ -37,7 +37,8 @@ type Guard uint8
 const (
 	// GuardCost counts queued prefill tokens in the cost, so a worker is
 	// passed over exactly when its queue outweighs the prefill its cache
-	// would save. Measured better than GuardStatic (see policy_test.go).
+	// would save. Measured better than GuardStatic (see guard_test.go and
+	// the package documentation).
 	GuardCost Guard = iota
 	// GuardStatic ranks by cached work alone but diverts from workers whose
 	// in-flight requests exceed StaticK times the median.

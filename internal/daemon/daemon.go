@@ -41,6 +41,7 @@ type Daemon struct {
 	tracker  *scoring.Tracker
 	scraper  *scrape.Scraper
 	grpc     *grpc.Server
+	api      *api.Server
 	grpcLis  net.Listener
 	httpSrv  *http.Server
 	httpLis  net.Listener
@@ -137,6 +138,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MaxCandidates: cfg.Limits.MaxCandidates,
 		Registerer:    d.registry,
 	})
+	d.api = srv
 	d.grpc = grpc.NewServer(srv.GRPCOptions()...)
 	srv.Register(d.grpc)
 
@@ -231,6 +233,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	<-ctx.Done()
 	d.log.Info("kvindex shutting down")
 	stopped := make(chan struct{})
+	// NOT_SERVING first, so that health watchers (load balancers, probes)
+	// hear of the drain before connections close.
+	d.api.Health().Shutdown()
 	go func() { d.grpc.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
