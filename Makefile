@@ -36,7 +36,7 @@ lint:
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
 # (precise ones over gRPC), the table printed. The scripted walkthrough of
-# the index alone is `go run ./cmd/kvindex demo`.
+# the index alone is `go run ./cmd/kvsim walkthrough`.
 demo: deps
 	$(GO) run ./cmd/kvsim demo
 

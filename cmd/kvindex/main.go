@@ -3,7 +3,6 @@
 // and answers routers over gRPC.
 //
 //	kvindex serve --config kvindex.yaml
-//	kvindex demo
 package main
 
 import (
@@ -16,7 +15,6 @@ import (
 
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
-	"github.com/kvindex/kvindex/internal/demo"
 )
 
 func main() {
@@ -33,7 +31,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDemo())
+	root.AddCommand(newServe())
 	return root
 }
 
@@ -104,19 +102,4 @@ func serveConfig(path string, o flagOverrides) (*config.Config, error) {
 		return nil, err
 	}
 	return cfg, nil
-}
-
-func newDemo() *cobra.Command {
-	var verbose bool
-	cmd := &cobra.Command{
-		Use:   "demo",
-		Short: "Run the daemon with simulated vLLM engines and show what it answers",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return demo.Run(ctx, os.Stdout, demo.Options{Verbose: verbose})
-		},
-	}
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show the daemon's logs")
-	return cmd
 }

@@ -9,6 +9,7 @@
 //	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
+//	kvsim walkthrough                           # a scripted story of one index, answer by answer
 //
 // The simulator itself lives in internal/sim; this file only turns flags
 // into its configuration.
@@ -25,6 +26,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/demo"
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
@@ -45,7 +47,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRun(), newLive(), newDemo())
+	root.AddCommand(newRun(), newLive(), newDemo(), newWalkthrough())
 	return root
 }
 
@@ -215,6 +217,25 @@ func newDemo() *cobra.Command {
 	cmd.Flags().IntVar(&rc.Workload.Requests, "requests", rc.Workload.Requests, "requests to replay")
 	cmd.Flags().Float64Var(&rc.Live.Speedup, "speedup", rc.Live.Speedup, "virtual seconds per wall-clock second")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress and the daemon to stderr")
+	return cmd
+}
+
+func newWalkthrough() *cobra.Command {
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "walkthrough",
+		Short: "A scripted story: the real daemon and three simulated engines, each answer printed and checked",
+		Long: "walkthrough runs the real daemon against three simulated vLLM engines (one with two DP ranks)\n" +
+			"and tells a story event by event: a shared system prompt, a conversation, a LoRA adapter, an\n" +
+			"eviction, an engine restart and a cache reset, printing what each worker holds and what each\n" +
+			"prompt matches. It fails if any answer differs from the story's.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return demo.Run(ctx, cmd.OutOrStdout(), demo.Options{Verbose: verbose})
+		},
+	}
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show the daemon's logs")
 	return cmd
 }
 

@@ -374,9 +374,10 @@ type ScoreRequest struct {
 	// token_ids is the prompt's token ids after the chat template. Only full
 	// blocks count; a trailing partial block is ignored.
 	TokenIds []uint32 `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
-	// block_keys are the prompt's content keys as computed client-side with
-	// kvindex's key function (Go: indexer.PromptKeys), one per full block, in
-	// order. They already encode the LoRA adapter and cache salt, so
+	// block_keys are the prompt's content keys (kvindex's own keys, not the
+	// engine's block hashes) as computed client-side with kvindex's key
+	// function (Go: indexer.Model.PromptKeys, scheme indexer.KeyScheme) at
+	// the model's block_size, one per full block, in order. They already encode the LoRA adapter and cache salt, so
 	// lora_name and cache_salt must be empty when block_keys is set.
 	BlockKeys []uint64 `protobuf:"varint,3,rep,packed,name=block_keys,json=blockKeys,proto3" json:"block_keys,omitempty"`
 	// lora_name is the LoRA adapter the request will run with; empty for the
@@ -608,7 +609,7 @@ type ScorePolicy struct {
 	CpuWeight     float64 `protobuf:"fixed64,3,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
 	StorageWeight float64 `protobuf:"fixed64,4,opt,name=storage_weight,json=storageWeight,proto3" json:"storage_weight,omitempty"`
 	// load_weight scales queued prefill tokens against the request's own
-	// uncached tokens in cache_aware (default 1.0).
+	// uncached tokens in cache_aware (default 1/3).
 	LoadWeight float64 `protobuf:"fixed64,5,opt,name=load_weight,json=loadWeight,proto3" json:"load_weight,omitempty"`
 	// guard is the hotspot guard: "cost" (default: divert when a worker's
 	// queued work exceeds what the request would recompute elsewhere), "static"
