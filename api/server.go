@@ -639,6 +639,7 @@ func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
 	ws.ReplayFailures = clampU64(st.ReplayFailures)
 	ws.UnrecoveredGaps = clampU64(st.UnrecoveredGaps)
 	ws.StaleReplays = clampU64(st.StaleReplays)
+	ws.ReplayContinuations = clampU64(st.ReplayContinuations)
 	ws.JoinedAtSeq = st.JoinedAtSeq
 	ws.Dropped = clampU64(st.Dropped)
 	ws.Backlog = uint64(max(0, st.Backlog))

@@ -40,6 +40,10 @@ type WorkerStats struct {
 	// UnrecoveredGaps counts gaps that replay could not fill, each handled
 	// by the gap policy.
 	UnrecoveredGaps int64
+	// ReplayContinuations counts replay answers that arrived in part (the
+	// engine dropped some at its send limit) and were asked for again
+	// from the first missing seq.
+	ReplayContinuations int64
 	// StaleReplays counts replay answers that arrived after their replay
 	// was given up (too slow) and were dropped unapplied.
 	StaleReplays int64

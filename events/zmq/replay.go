@@ -13,7 +13,13 @@ import (
 
 // ErrReplay reports a replay request that failed or returned something
 // other than vLLM's replay replies.
-var ErrReplay = errors.New("events: replay failed")
+var ErrReplay = errors.New("zmq: replay failed")
+
+// errReplayCut reports an answer that stopped without its end marker after
+// sending batches: the engine's ROUTER dropped the rest at its send
+// high-water mark (libzmq's default is 1,000 messages, and vLLM sets
+// none). What arrived is good; the stream asks again for the rest.
+var errReplayCut = errors.New("zmq: replay answer cut short")
 
 // replayEnd is the seq of vLLM's end-of-replay marker.
 const replayEnd = ^uint64(0)
@@ -62,8 +68,11 @@ func parseReplayReply(frames [][]byte) (replayReply, error) {
 // fetchReplay asks an engine's replay socket (a ROUTER) for every batch
 // with seq >= start and collects them until the end marker. It gives up
 // after timeout (the whole exchange), after maxBatches batches, or when ctx
-// is done. It owns its DEALER socket for the call.
-func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start uint64, timeout time.Duration, maxBatches int) ([]replayedBatch, error) {
+// is done; once batches have arrived, a pause of idle with nothing more
+// ends the answer with errReplayCut (the engine sends its whole answer in
+// one loop, so a pause means the rest was dropped). It owns its DEALER
+// socket for the call.
+func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start uint64, timeout, idle time.Duration, maxBatches int) ([]replayedBatch, error) {
 	sock, err := zctx.NewSocket(zmq4.DEALER)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DEALER socket for %s: %w", ErrReplay, endpoint, err)
@@ -80,6 +89,7 @@ func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start
 		return nil, fmt.Errorf("%w: send request to %s: %w", ErrReplay, endpoint, err)
 	}
 	deadline := time.Now().Add(timeout)
+	last := time.Now()
 	poller := zmq4.NewPoller()
 	poller.Add(sock, zmq4.POLLIN)
 	var out []replayedBatch
@@ -87,11 +97,17 @@ func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
+		if len(out) > 0 && time.Since(last) >= idle {
+			return out, fmt.Errorf("%w: %s sent %d batches from seq %d (last %d), then nothing for %v", errReplayCut, endpoint, len(out), start, out[len(out)-1].seq, idle)
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return out, fmt.Errorf("%w: %s sent %d batches from seq %d but no end marker within %v", ErrReplay, endpoint, len(out), start, timeout)
+			if len(out) > 0 {
+				return out, fmt.Errorf("%w: %s sent %d batches from seq %d but no end marker within %v", errReplayCut, endpoint, len(out), start, timeout)
+			}
+			return out, fmt.Errorf("%w: %s sent nothing for seq %d on within %v", ErrReplay, endpoint, start, timeout)
 		}
-		polled, err := poller.Poll(min(left, 100*time.Millisecond))
+		polled, err := poller.Poll(min(left, 20*time.Millisecond))
 		if err != nil {
 			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EINTR) {
 				continue
@@ -115,6 +131,7 @@ func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start
 		if len(out) > 0 && r.seq <= out[len(out)-1].seq {
 			return out, fmt.Errorf("%w: %s replayed seq %d after %d", ErrReplay, endpoint, r.seq, out[len(out)-1].seq)
 		}
+		last = time.Now()
 		out = append(out, replayedBatch{seq: r.seq, payload: r.payload})
 		if len(out) >= maxBatches {
 			return out, fmt.Errorf("%w: %s replayed more than %d batches", ErrReplay, endpoint, maxBatches)

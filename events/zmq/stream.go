@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ type stream struct {
 	recovering   bool
 	recoverFrom  uint64
 	replayGen    uint64 // bumped by each startRecovery
+	rounds       int    // answers of the current recovery asked again for what they dropped
 	pending      []message
 	backoffUntil time.Time
 	backoff      time.Duration
@@ -237,6 +239,9 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 // messages that arrived after the gap) until the replay answers.
 func (st *stream) startRecovery(ctx context.Context, from uint64, pending []message, why string) {
 	st.replayGen++
+	if why != "continued" {
+		st.rounds = 0
+	}
 	st.recovering, st.recoverFrom, st.pending = true, from, pending
 	if why == "join" || why == "late join" {
 		st.joinTried = true
@@ -250,7 +255,7 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 		res := replayResult{gen: gen, from: from}
 		select {
 		case st.sub.replaySlots <- struct{}{}:
-			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayMaxBatches)
+			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayIdle, st.sub.opts.ReplayMaxBatches)
 			<-st.sub.replaySlots
 		case <-ctx.Done():
 			res.err = ctx.Err()
@@ -287,11 +292,12 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	if len(pending) > 0 {
 		limit = pending[0].seq
 	}
-	if r.err != nil {
-		if ctx.Err() != nil {
-			st.drain(ctx, pending)
-			return
-		}
+	cut := errors.Is(r.err, errReplayCut)
+	if r.err != nil && ctx.Err() != nil {
+		st.drain(ctx, pending)
+		return
+	}
+	if r.err != nil && !cut {
 		st.mu.Lock()
 		st.stats.ReplayFailures++
 		st.mu.Unlock()
@@ -301,42 +307,50 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	} else {
 		st.backoff = 0
 	}
+	// When the answer skipped seqs after it had started, or stopped short,
+	// the engine still held what is missing (its ROUTER dropped messages at
+	// its send high-water mark): apply the contiguous part and ask again
+	// from the first missing seq. Only what the engine no longer buffers,
+	// the seqs before its answer's first, are lost.
+	if n := st.contiguous(r, limit); n > 0 && st.rounds < maxReplayRounds {
+		after := r.batches[n-1].seq + 1
+		hole := n < len(r.batches) && r.batches[n].seq < limit
+		if (hole || cut) && after < limit {
+			next := r.from
+			for _, b := range r.batches[:n] {
+				if b.seq > next { // the engine's buffer starts after what we asked for
+					st.lost(next, b.seq, r.from)
+				}
+				st.applyReplayed(b)
+				next = b.seq + 1
+			}
+			st.rounds++
+			st.mu.Lock()
+			st.stats.ReplayContinuations++
+			st.mu.Unlock()
+			st.startRecovery(ctx, next, pending, "continued")
+			return
+		}
+	}
+	st.rounds = 0
 	next := r.from
-	joining := !st.hasExpected
 	for _, b := range r.batches {
 		if b.seq < next {
 			continue
 		}
 		if b.seq > next {
-			// The engine's buffer starts after what we asked for.
 			end := min(b.seq, limit)
-			if joining && next == r.from {
-				st.mu.Lock()
-				st.stats.JoinedAtSeq = end
-				st.mu.Unlock()
+			if next == r.from {
+				st.lost(next, end, r.from)
 			} else {
-				st.unrecoverable(next, end, "the engine's replay buffer no longer holds them")
+				st.unrecoverable(next, end, "the engine's replay answer skipped them")
 			}
 			next = end
 		}
 		if b.seq >= limit {
 			break
 		}
-		m := message{seq: b.seq, at: time.Now()}
-		if st.dec == nil {
-			st.dec = events.NewDecoder()
-		}
-		if err := st.dec.Decode(b.payload, &st.replayBatch); err != nil {
-			m.decodeErr = err
-			st.apply(m)
-		} else {
-			st.expected, st.hasExpected = b.seq+1, true
-			st.mu.Lock()
-			st.stats.LastSeq, st.stats.HasSeq = b.seq, true
-			st.stats.ReplayedBatches++
-			st.mu.Unlock()
-			st.applyBatch(b.seq, &st.replayBatch)
-		}
+		st.applyReplayed(b)
 		next = b.seq + 1
 	}
 	if limit != ^uint64(0) {
@@ -359,6 +373,57 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		}
 	}
 	st.drain(ctx, pending)
+}
+
+// maxReplayRounds bounds how many times one recovery asks again for what
+// an answer dropped: 64 rounds of libzmq's default 1,000-message send limit
+// cover vLLM's default 10,000-step buffer several times over.
+const maxReplayRounds = 64
+
+// contiguous returns how many of r's batches, from the first, follow each
+// other without a hole and precede limit. A hole before the first batch
+// (the engine's buffer starts later) does not end the run: those seqs are
+// gone, not dropped.
+func (st *stream) contiguous(r replayResult, limit uint64) int {
+	for i, b := range r.batches {
+		if b.seq >= limit || i > 0 && b.seq != r.batches[i-1].seq+1 {
+			return i
+		}
+	}
+	return len(r.batches)
+}
+
+// lost handles seqs [from, to) that the engine's buffer no longer holds, at
+// the start of an answer asked from seq asked: a late join learns the
+// worker's history starts at to; otherwise the gap policy applies.
+func (st *stream) lost(from, to, asked uint64) {
+	if !st.hasExpected && from == asked {
+		st.mu.Lock()
+		st.stats.JoinedAtSeq = to
+		st.mu.Unlock()
+		return
+	}
+	st.unrecoverable(from, to, "the engine's replay buffer no longer holds them")
+}
+
+// applyReplayed decodes and applies one replayed batch and advances
+// expected past it.
+func (st *stream) applyReplayed(b replayedBatch) {
+	m := message{seq: b.seq, at: time.Now()}
+	if st.dec == nil {
+		st.dec = events.NewDecoder()
+	}
+	if err := st.dec.Decode(b.payload, &st.replayBatch); err != nil {
+		m.decodeErr = err
+		st.apply(m)
+		return
+	}
+	st.expected, st.hasExpected = b.seq+1, true
+	st.mu.Lock()
+	st.stats.LastSeq, st.stats.HasSeq = b.seq, true
+	st.stats.ReplayedBatches++
+	st.mu.Unlock()
+	st.applyBatch(b.seq, &st.replayBatch)
 }
 
 // drain processes held live messages in order, re-holding the rest if one

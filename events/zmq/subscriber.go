@@ -98,6 +98,11 @@ type SubscriberOptions struct {
 	// ReplayTimeout bounds one replay exchange; 0 means 3 s (vLLM serves
 	// replay between queue reads, up to ~100 ms late).
 	ReplayTimeout time.Duration
+	// ReplayIdle ends an answer that has started and then paused this
+	// long without its end marker (the engine dropped the rest at its send
+	// high-water mark); the stream applies what came and asks again from
+	// the first missing seq. 0 means 250 ms.
+	ReplayIdle time.Duration
 	// ReplayConcurrency bounds replays in flight across all workers; 0 means 4.
 	ReplayConcurrency int
 	// ReplayMaxBatches bounds one replay's size; 0 means 100,000.
@@ -135,6 +140,7 @@ func (o *SubscriberOptions) defaults() {
 	set(&o.ReconnectMax, 5*time.Second)
 	set(&o.LogEvery, time.Minute)
 	set(&o.ReplayTimeout, DefaultReplayTimeout)
+	set(&o.ReplayIdle, 250*time.Millisecond)
 	set(&o.ReplayBackoff, time.Second)
 	set(&o.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
 	seti := func(p *int, v int) {

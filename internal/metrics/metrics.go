@@ -23,7 +23,7 @@ type Collector struct {
 	stored, removed, resident, orphans, unknown, bsMismatch, invalid     *prometheus.Desc
 	skippedGroup, clears, resets                                         *prometheus.Desc
 	replays, replayed, replayFailures, unrecovered, staleTransitions     *prometheus.Desc
-	staleReplays                                                         *prometheus.Desc
+	staleReplays, replayContinuations                                    *prometheus.Desc
 	health, dropped, backlog, unroutable                                 *prometheus.Desc
 	evictions, capacity                                                  *prometheus.Desc
 	unroutableSrc                                                        interface{ Unroutable() int64 }
@@ -58,18 +58,19 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		clears:       d("clears_total", "AllBlocksCleared events applied."),
 		resets:       d("resets_total", "Forced resets of the worker (engine restarts, unrecoverable gaps)."),
 
-		replays:          d("replays_total", "Replay requests to the engine's replay socket (gaps, late joins, restarts)."),
-		replayed:         d("replayed_batches_total", "Batches applied from replays."),
-		replayFailures:   d("replay_failures_total", "Replays that failed or timed out."),
-		unrecovered:      d("unrecovered_gaps_total", "Lost batches replay could not fill, each handled by the gap policy."),
-		staleReplays:     d("stale_replays_total", "Replay answers that arrived after their replay was given up, dropped unapplied."),
-		staleTransitions: d("stale_transitions_total", "Times the worker became stale."),
-		health:           d("worker_health", "1 for the worker's current health state, by state.", "state"),
-		dropped:          d("dropped_batches_total", "Messages dropped on a full worker queue."),
-		backlog:          d("queue_backlog", "Batches waiting in the worker's queue."),
-		evictions:        d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
-		capacity:         d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
-		unroutable:       prometheus.NewDesc("kvindex_unroutable_messages_total", "Push-mode messages whose topic maps to no pod.", nil, nil),
+		replays:             d("replays_total", "Replay requests to the engine's replay socket (gaps, late joins, restarts)."),
+		replayed:            d("replayed_batches_total", "Batches applied from replays."),
+		replayFailures:      d("replay_failures_total", "Replays that failed or timed out."),
+		unrecovered:         d("unrecovered_gaps_total", "Lost batches replay could not fill, each handled by the gap policy."),
+		staleReplays:        d("stale_replays_total", "Replay answers that arrived after their replay was given up, dropped unapplied."),
+		replayContinuations: d("replay_continuations_total", "Replay answers that arrived in part and were asked for again from the first missing seq."),
+		staleTransitions:    d("stale_transitions_total", "Times the worker became stale."),
+		health:              d("worker_health", "1 for the worker's current health state, by state.", "state"),
+		dropped:             d("dropped_batches_total", "Messages dropped on a full worker queue."),
+		backlog:             d("queue_backlog", "Batches waiting in the worker's queue."),
+		evictions:           d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
+		capacity:            d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
+		unroutable:          prometheus.NewDesc("kvindex_unroutable_messages_total", "Push-mode messages whose topic maps to no pod.", nil, nil),
 	}
 	if u, ok := stats.(interface{ Unroutable() int64 }); ok {
 		c.unroutableSrc = u
@@ -81,7 +82,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
 		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets,
-		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleReplays, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
+		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleReplays, c.replayContinuations, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
 		ch <- d
 	}
 }
@@ -137,6 +138,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.replayFailures, s.ReplayFailures)
 		counter(c.unrecovered, s.UnrecoveredGaps)
 		counter(c.staleReplays, s.StaleReplays)
+		counter(c.replayContinuations, s.ReplayContinuations)
 		counter(c.staleTransitions, s.StaleTransitions)
 		counter(c.dropped, s.Dropped)
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(s.Backlog), lv...)

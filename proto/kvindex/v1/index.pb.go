@@ -1463,9 +1463,13 @@ type WorkerStatus struct {
 	Capacity uint64 `protobuf:"varint,42,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	// stale_replays counts replay answers that arrived after kvindex had
 	// given up on that replay (too slow) and were dropped unapplied.
-	StaleReplays  uint64 `protobuf:"varint,43,opt,name=stale_replays,json=staleReplays,proto3" json:"stale_replays,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StaleReplays uint64 `protobuf:"varint,43,opt,name=stale_replays,json=staleReplays,proto3" json:"stale_replays,omitempty"`
+	// replay_continuations counts replay answers that arrived in part (the
+	// engine's replay socket dropped the rest at its send limit) and were
+	// asked for again from the first missing seq.
+	ReplayContinuations uint64 `protobuf:"varint,44,opt,name=replay_continuations,json=replayContinuations,proto3" json:"replay_continuations,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -1799,6 +1803,13 @@ func (x *WorkerStatus) GetStaleReplays() uint64 {
 	return 0
 }
 
+func (x *WorkerStatus) GetReplayContinuations() uint64 {
+	if x != nil {
+		return x.ReplayContinuations
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1952,7 +1963,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xa4\f\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xd7\f\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -2000,7 +2011,8 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\tevictions\x18( \x01(\x04R\tevictions\x12)\n" +
 	"\x10budget_evictions\x18) \x01(\x04R\x0fbudgetEvictions\x12\x1a\n" +
 	"\bcapacity\x18* \x01(\x04R\bcapacity\x12#\n" +
-	"\rstale_replays\x18+ \x01(\x04R\fstaleReplays\"=\n" +
+	"\rstale_replays\x18+ \x01(\x04R\fstaleReplays\x121\n" +
+	"\x14replay_continuations\x18, \x01(\x04R\x13replayContinuations\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\x96\x01\n" +

@@ -1,0 +1,134 @@
+package zmq_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/zmq"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/enginepub"
+)
+
+// bigBatches is how many batches the engine buffers in these tests: more
+// than five times libzmq's default send high-water mark (1,000), which the
+// publisher's replay ROUTER keeps, as vLLM's does. Each batch stores a new
+// 16-block chain, so every lost batch shows in the resident count.
+const bigBatches, bigBlocks = 6000, 16
+
+func chainBatch(i int) *events.Batch {
+	hs := make([]uint64, bigBlocks)
+	toks := make([]uint32, bigBlocks*16)
+	for j := range hs {
+		hs[j] = uint64(i*bigBlocks + j + 1)
+	}
+	for j := range toks {
+		toks[j] = uint32(i*7919 + j)
+	}
+	return &events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hs, TokenIDs: toks, BlockSize: 16}}}
+}
+
+// bigPublisher is an engine whose replay socket keeps libzmq's default send
+// limit.
+func bigPublisher(t *testing.T) (pub *enginepub.Publisher, pubEP, replayEP string) {
+	t.Helper()
+	pubEP = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replayEP = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: pubEP, Bind: true, ReplayEndpoint: replayEP, BufferSteps: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	return pub, pubEP, replayEP
+}
+
+// checkWhole asserts the worker holds every block of n batches and was
+// never reset for a loss.
+func checkWhole(t *testing.T, sub *zmq.Subscriber, w *indexer.Worker, n int) {
+	t.Helper()
+	want := int64(n * bigBlocks)
+	waitFor(t, "every replayed block", func() bool { return w.Stats().ResidentBlocks == want })
+	st := statsOf(sub, "a")
+	if st.UnrecoveredGaps != 0 || w.Stats().Resets != 0 {
+		t.Fatalf("holes called lost: %d unrecovered gaps, %d resets; stats %+v", st.UnrecoveredGaps, w.Stats().Resets, st)
+	}
+	if st.ReplayedBatches < int64(bigBatches-1) {
+		t.Fatalf("replayed %d batches, want at least %d", st.ReplayedBatches, bigBatches-1)
+	}
+	t.Logf("%d replay requests, %d continued after a dropped tail", st.Replays, st.ReplayContinuations)
+}
+
+// TestReplayRecoversBeyondSendLimit: 6,000 batches lost on the way (as a
+// full high-water mark loses them) are all recovered by replay, though
+// the engine's ROUTER drops most of each answer: the contiguous part is
+// applied and the rest asked for again from the first missing seq.
+func TestReplayRecoversBeyondSendLimit(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub, pubEP, replayEP := bigPublisher(t)
+	ix := indexer.New(indexer.Config{WorkerCapacity: -1})
+	w := newWorker(t, ix, "a")
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{MaxPending: 20_000},
+		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	if err := pub.WaitForSubscribers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(chainBatch(0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first batch", func() bool { st := statsOf(sub, "a"); return st.HasSeq && st.LastSeq == 0 && st.Health == events.HealthOK })
+	for i := 1; i < bigBatches; i++ {
+		if _, err := pub.PublishLost(chainBatch(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pub.Publish(chainBatch(bigBatches)); err != nil { // reveals the gap
+		t.Fatal(err)
+	}
+	checkWhole(t, sub, w, bigBatches+1)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLateJoinRecoversBeyondSendLimit: kvindex starts after an engine has
+// buffered 6,000 batches, and learns all of them.
+func TestLateJoinRecoversBeyondSendLimit(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub, pubEP, replayEP := bigPublisher(t)
+	for i := range bigBatches {
+		if _, err := pub.Publish(chainBatch(i)); err != nil { // nobody subscribed yet
+			t.Fatal(err)
+		}
+	}
+	ix := indexer.New(indexer.Config{WorkerCapacity: -1})
+	w := newWorker(t, ix, "a")
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{},
+		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	checkWhole(t, sub, w, bigBatches)
+	if st := statsOf(sub, "a"); st.JoinedAtSeq != 0 {
+		t.Fatalf("joined at seq %d, want 0 (the engine still buffered everything)", st.JoinedAtSeq)
+	}
+	// A live batch after the join continues the sequence.
+	if _, err := pub.Publish(chainBatch(bigBatches)); err != nil {
+		t.Fatal(err)
+	}
+	checkWhole(t, sub, w, bigBatches+1)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
