@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/zmq"
@@ -127,6 +128,44 @@ func TestLateJoinRecoversBeyondSendLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkWhole(t, sub, w, bigBatches+1)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestJoinWaitsForTheEngine: kvindex starts before the engine. The engine
+// sends its first batch before kvindex's SUB has connected (so the PUB
+// drops it) and then stays idle. The join replay runs once the connection
+// is up, finds the batch, and no spurious replay failure is reported for
+// the time the engine was not there.
+func TestJoinWaitsForTheEngine(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replayEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	ix := indexer.New(indexer.Config{})
+	w := newWorker(t, ix, "a")
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{ReplayTimeout: 300 * time.Millisecond},
+		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	time.Sleep(700 * time.Millisecond) // longer than a replay timeout: no engine yet
+	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: pubEP, Bind: true, ReplayEndpoint: replayEP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if _, err := pub.Publish(chainBatch(0)); err != nil { // before the SUB reconnects
+		t.Fatal(err)
+	}
+	waitFor(t, "the first batch, through the join replay", func() bool { return w.Stats().ResidentBlocks == bigBlocks })
+	if st := statsOf(sub, "a"); st.ReplayFailures != 0 || st.UnrecoveredGaps != 0 || st.LastSeq != 0 || !st.HasSeq {
+		t.Fatalf("stats %+v: want the batch at seq 0 with no replay failure", st)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

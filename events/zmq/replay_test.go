@@ -168,7 +168,14 @@ func TestReplayConcurrencyIsBounded(t *testing.T) {
 	for i := 0; i < 6; i++ {
 		pod := fmt.Sprintf("p%d", i)
 		w := newWorker(t, ix, pod)
-		eps = append(eps, zmq.Endpoint{Worker: events.WorkerRef{Pod: pod}, Address: fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)), ReplayEndpoint: replayEP, Sink: w})
+		// An engine on each endpoint, so that every SUB connects and joins.
+		ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+		pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: ep, Bind: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		eps = append(eps, zmq.Endpoint{Worker: events.WorkerRef{Pod: pod}, Address: ep, ReplayEndpoint: replayEP, Sink: w})
 	}
 	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{ReplayConcurrency: 2}, eps...)
 	if err != nil {
@@ -178,11 +185,11 @@ func TestReplayConcurrencyIsBounded(t *testing.T) {
 	go func() { done <- sub.Run(ctx) }()
 	waitFor(t, "six join replays", func() bool {
 		for _, st := range sub.WorkerStats() {
-			if st.Replays != 1 || st.Health == events.HealthRecovering {
+			if st.Replays < 1 || st.Health == events.HealthRecovering {
 				return false
 			}
 		}
-		return rs.requests.Load() == 6
+		return rs.requests.Load() >= 6
 	})
 	if m := rs.maxOutstanding.Load(); m > 2 {
 		t.Fatalf("%d replays outstanding at once, want <= 2", m)

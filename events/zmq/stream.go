@@ -49,7 +49,9 @@ type stream struct {
 
 	in         chan message
 	replayDone chan replayResult
-	health     events.HealthCell
+	// connectedCh has a value when the pull-mode socket (re)connected.
+	connectedCh chan struct{}
+	health      events.HealthCell
 
 	// owned by run
 	expected     uint64
@@ -62,6 +64,7 @@ type stream struct {
 	backoffUntil time.Time
 	backoff      time.Duration
 	joinTried    bool
+	rejoined     bool // the empty join of this connection was asked again
 	dec          *events.Decoder
 	replayBatch  events.Batch
 
@@ -80,26 +83,37 @@ type stream struct {
 
 func newStream(sub *Subscriber, ref events.WorkerRef, endpoint, topic, replay string, sink events.Sink, monitored bool) *stream {
 	st := &stream{
-		sub:        sub,
-		ref:        ref,
-		sink:       sink,
-		replay:     replay,
-		in:         make(chan message, sub.opts.QueueSize),
-		replayDone: make(chan replayResult, 1),
-		monitored:  monitored,
-		stats:      events.WorkerStats{Worker: ref, Endpoint: endpoint, Topic: topic, ReplayEndpoint: replay},
+		sub:         sub,
+		ref:         ref,
+		sink:        sink,
+		replay:      replay,
+		in:          make(chan message, sub.opts.QueueSize),
+		replayDone:  make(chan replayResult, 1),
+		connectedCh: make(chan struct{}, 1),
+		monitored:   monitored,
+		stats:       events.WorkerStats{Worker: ref, Endpoint: endpoint, Topic: topic, ReplayEndpoint: replay},
 	}
 	st.disconnected.Store(time.Now().UnixNano())
 	return st
 }
 
 // run is the stream's goroutine.
+//
+// Joining while the engine already runs, the stream learns what it cached
+// from the oldest batch it still buffers (a join replay). In pull mode the
+// join waits until the SUB socket is connected, so that an engine started
+// after kvindex is asked once it is up (not answered with a timeout), and
+// a batch the engine sent before the subscription reached it is in the
+// answer; a join that found nothing is asked once more rejoinAfter later,
+// for a batch sent while the subscription was still on its way. In push
+// mode the connection is not visible, and the join runs at once.
 func (st *stream) run(ctx context.Context) {
-	if st.replay != "" {
-		// Joining while the engine already runs: learn what it cached
-		// from the oldest batch it still buffers.
+	if st.replay != "" && !st.monitored {
 		st.startRecovery(ctx, 0, nil, "join")
 	}
+	rejoin := time.NewTimer(time.Hour)
+	rejoin.Stop()
+	defer rejoin.Stop()
 	st.refreshHealth()
 	for {
 		select {
@@ -109,11 +123,29 @@ func (st *stream) run(ctx context.Context) {
 		case m := <-st.in:
 			st.onMessage(ctx, m)
 		case r := <-st.replayDone:
+			join := r.from == 0 && !st.hasExpected && st.recovering && r.gen == st.replayGen
 			st.onReplay(ctx, r)
+			if join && !st.hasExpected && !st.recovering && r.err == nil && !st.rejoined {
+				st.rejoined = true
+				rejoin.Reset(rejoinAfter)
+			}
+		case <-st.connectedCh:
+			if st.replay != "" && !st.hasExpected && !st.recovering {
+				st.rejoined = false
+				st.startRecovery(ctx, 0, nil, "join")
+			}
+		case <-rejoin.C:
+			if !st.hasExpected && !st.recovering {
+				st.startRecovery(ctx, 0, nil, "join")
+			}
 		}
 		st.refreshHealth()
 	}
 }
+
+// rejoinAfter is how long after an empty join replay it is asked once more:
+// longer than a subscription takes to reach a local engine.
+const rejoinAfter = time.Second
 
 // enqueue hands a message to the stream without blocking the receiver. A
 // full queue drops the message and counts it; the seq gap it leaves is

@@ -438,6 +438,10 @@ func (r *receiver) monitorEvent(mon *zmq4.Socket) {
 	case zmq4.EVENT_CONNECTED:
 		r.st.connected.Store(true)
 		r.st.disconnected.Store(0)
+		select {
+		case r.st.connectedCh <- struct{}{}:
+		default: // one is pending already
+		}
 	case zmq4.EVENT_DISCONNECTED, zmq4.EVENT_CLOSED:
 		r.st.connected.Store(false)
 		r.st.disconnected.CompareAndSwap(0, time.Now().UnixNano())
