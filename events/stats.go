@@ -78,3 +78,22 @@ type HealthSource interface {
 	// Health returns the worker's cell, or nil for an unknown worker.
 	Health(WorkerRef) *HealthCell
 }
+
+// Refusal is how many messages (or connections) one source of a transport
+// refused for one reason, e.g. a push listener refusing a topic that names
+// a pull-mode worker.
+type Refusal struct {
+	// Source names where the refused input arrived (a listener's address).
+	Source string
+	// Reason is a short snake_case cause, stable for metrics.
+	Reason string
+	// Count is the number refused so far.
+	Count int64
+}
+
+// RefusalSource lists a transport's refusals; the ZeroMQ subscriber
+// implements it.
+type RefusalSource interface {
+	// Refusals returns the non-zero counts.
+	Refusals() []Refusal
+}

@@ -344,5 +344,7 @@ func TestPushModeTopics(t *testing.T) {
 		t.Fatal(err)
 	}
 	stray.Publish(&events.Batch{Events: []events.Event{ev1}})
-	f.waitFor(func() bool { return strings.Contains(f.metrics(), "kvindex_unroutable_messages_total 1") }, "the stray message to be counted")
+	f.waitFor(func() bool {
+		return strings.Contains(f.metrics(), `kvindex_push_refused_total{listener="`+f.pushAddr+`",reason="unknown_topic"} 1`)
+	}, "the stray message to be counted")
 }

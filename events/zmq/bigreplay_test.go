@@ -83,7 +83,10 @@ func TestReplayRecoversBeyondSendLimit(t *testing.T) {
 	if _, err := pub.Publish(chainBatch(0)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the first batch", func() bool { st := statsOf(sub, "a"); return st.HasSeq && st.LastSeq == 0 && st.Health == events.HealthOK })
+	waitFor(t, "the first batch", func() bool {
+		st := statsOf(sub, "a")
+		return st.HasSeq && st.LastSeq == 0 && st.Health == events.HealthOK
+	})
 	for i := 1; i < bigBatches; i++ {
 		if _, err := pub.PublishLost(chainBatch(i)); err != nil {
 			t.Fatal(err)

@@ -73,7 +73,9 @@ type stream struct {
 	lastMessage    atomic.Int64 // unix ns of the last message
 	isRecovering   atomic.Bool
 	unsynced       atomic.Bool
-	monitored      bool // pull mode: connection state is known
+	monitored      bool   // pull mode: connection state is known
+	listener       int    // push mode: the listener's index; -1 in pull mode
+	model          string // push mode: the model the worker was created for
 	rankMismatches atomic.Int64
 
 	mu    sync.Mutex // guards stats and log

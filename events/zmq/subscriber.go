@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	zmq4 "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/lograte"
 )
 
 // ErrFrames reports a ZMQ message that is not vLLM's [topic, seq, payload].
@@ -41,6 +43,12 @@ type Endpoint struct {
 // mode: vLLM started with endpoint tcp://<kvindex>:5557). Engines are told
 // apart by topic: explicit Routes first, then llm-d's "kv@<pod>@<model>"
 // convention; the DP rank comes from each payload.
+//
+// A push listener is fenced: its messages reach only workers it created
+// itself, for the model their topic names, never a pull-mode worker or a
+// worker another listener created; it creates at most MaxWorkers workers;
+// and with Allow set it accepts connections only from those addresses.
+// Everything refused is counted by reason (Subscriber.Refusals).
 type PushListener struct {
 	// Address is where to bind, e.g. tcp://*:5557.
 	Address string
@@ -48,7 +56,22 @@ type PushListener struct {
 	Topic string
 	// Routes maps exact topics to pods.
 	Routes map[string]events.TopicRoute
+	// MaxWorkers bounds the workers the listener creates (one per pod and
+	// DP rank first seen); 0 means DefaultPushMaxWorkers.
+	MaxWorkers int
+	// Allow, when not empty, lists the IP addresses or CIDR ranges engines
+	// may connect from; other connections are refused at the handshake by
+	// ZeroMQ's ZAP handler and counted.
+	Allow []string
 }
+
+// DefaultPushMaxWorkers is PushListener.MaxWorkers's default: a few pods
+// with data parallelism. Raise it for a large push-mode fleet.
+const DefaultPushMaxWorkers = 32
+
+// MaxDPRank bounds the data_parallel_rank a push message may carry; ranks
+// are below it (vLLM's DP sizes are far smaller).
+const MaxDPRank = 1024
 
 // NewWorkerFunc creates the events.Sink of a worker first seen on a push listener.
 type NewWorkerFunc func(ref events.WorkerRef, model, replayEndpoint string) (events.Sink, error)
@@ -177,13 +200,14 @@ type Subscriber struct {
 	zctx        *zmq4.Context
 	replaySlots chan struct{}
 	batches     sync.Pool // *events.Batch
-	unroutable  atomic.Int64
+	refusals    pushRefusals
 
-	mu      sync.RWMutex // guards streams, byRef, runCtx
-	streams []*stream
-	byRef   map[events.WorkerRef]*stream
-	runCtx  context.Context
-	wg      sync.WaitGroup
+	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers
+	pushWorkers []int        // workers created by each push listener
+	streams     []*stream
+	byRef       map[events.WorkerRef]*stream
+	runCtx      context.Context
+	wg          sync.WaitGroup
 }
 
 // pullSource is one pull-mode endpoint and its stream.
@@ -211,6 +235,15 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 		s.pull = append(s.pull, pullSource{ep: ep, st: st})
 		s.streams = append(s.streams, st)
 		s.byRef[ep.Worker] = st
+	}
+	s.opts.Push = slices.Clone(opts.Push) // MaxWorkers defaults are filled in below
+	s.refusals.counts = make([][numRefusals]atomic.Int64, len(opts.Push))
+	s.refusals.logs = make([][numRefusals]lograte.Limiter, len(opts.Push))
+	s.pushWorkers = make([]int, len(opts.Push))
+	for i := range s.opts.Push {
+		if s.opts.Push[i].MaxWorkers <= 0 {
+			s.opts.Push[i].MaxWorkers = DefaultPushMaxWorkers
+		}
 	}
 	for i, pl := range opts.Push {
 		if pl.Address == "" {
@@ -260,11 +293,11 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	for _, pl := range s.opts.Push {
+	for i := range s.opts.Push {
 		if ctx.Err() != nil {
 			break
 		}
-		sock, err := s.bind(pl)
+		sock, mon, err := s.bind(i)
 		if err != nil {
 			fail(err)
 			break
@@ -272,7 +305,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := s.receive(ctx, sock, nil, nil, &pl); err != nil {
+			if err := s.receive(ctx, sock, mon, nil, &s.opts.Push[i]); err != nil {
 				fail(err)
 			}
 		}()
@@ -351,25 +384,6 @@ func (s *Subscriber) connect(ep Endpoint, i int) (*zmq4.Socket, *zmq4.Socket, er
 	return sock, mon, nil
 }
 
-// bind opens a push-mode SUB socket. It is polled from the moment it is
-// bound, so engines' subscriptions are exchanged as they connect (a bound
-// SUB that nobody polls drops everything: libzmq #1594).
-func (s *Subscriber) bind(pl PushListener) (*zmq4.Socket, error) {
-	sock, err := s.zctx.NewSocket(zmq4.SUB)
-	if err != nil {
-		return nil, fmt.Errorf("events: new SUB socket for push listener %s: %w", pl.Address, err)
-	}
-	if err := s.setSockopts(sock, pl.Topic); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("events: push listener %s: %w", pl.Address, err)
-	}
-	if err := sock.Bind(pl.Address); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("events: push listener bind %s: %w", pl.Address, err)
-	}
-	return sock, nil
-}
-
 // receive is one socket's loop; it owns sock (and mon) and closes them.
 // Pull mode passes the endpoint's stream; push mode passes the listener.
 func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pl *PushListener) error {
@@ -381,6 +395,13 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 		poller.Add(mon, zmq4.POLLIN)
 	}
 	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pl: pl}
+	if pl != nil {
+		for i := range s.opts.Push {
+			if &s.opts.Push[i] == pl {
+				r.pli = i
+			}
+		}
+	}
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(s.opts.PollInterval)
 		if err != nil {
@@ -423,15 +444,23 @@ type receiver struct {
 	dec *events.Decoder
 	st  *stream       // pull mode: the endpoint's stream
 	pl  *PushListener // push mode
-	// push mode caches, owned by the receiver goroutine
-	routes  map[string]events.TopicRoute
-	streams map[events.WorkerRef]*stream
+	pli int           // push mode: pl's index in SubscriberOptions.Push
+	// push mode: the streams this listener's topics reached, by topic and
+	// rank, owned by the receiver goroutine; bounded by the listener's
+	// MaxWorkers times the topics that name each worker.
+	streams map[pushKey]*stream
 }
 
 // monitorEvent updates the pull stream's connection state.
 func (r *receiver) monitorEvent(mon *zmq4.Socket) {
-	ev, _, _, err := mon.RecvEvent(zmq4.DONTWAIT)
+	ev, addr, _, err := mon.RecvEvent(zmq4.DONTWAIT)
 	if err != nil {
+		return
+	}
+	if r.pl != nil {
+		if ev == zmq4.EVENT_HANDSHAKE_FAILED_AUTH {
+			r.sub.refuse(r.pli, refusedAddress, "connection from an address not in push.allow refused", "peer", addr)
+		}
 		return
 	}
 	switch ev {
@@ -454,7 +483,11 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 	now := time.Now()
 	if len(frames) != 3 || len(frames[1]) != 8 {
 		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), frameLen(frames, 1))
-		if st := r.streamForTopic(ctx, frames, nil); st != nil {
+		st := r.st
+		if st == nil {
+			st = r.knownStream(frames)
+		}
+		if st != nil {
 			st.problem(err, true)
 		}
 		return
@@ -469,7 +502,7 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 	}
 	st := r.st
 	if st == nil {
-		st = r.streamForTopic(ctx, frames, m.batch)
+		st = r.streamForTopic(frames[0], m.batch)
 		if st == nil {
 			r.sub.putBatch(m.batch)
 			return
@@ -481,91 +514,6 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		st.mu.Unlock()
 	}
 	st.enqueue(m)
-}
-
-// streamForTopic finds (or creates) the push-mode stream for a message's
-// topic and DP rank. A topic that maps to no pod is counted and logged.
-func (r *receiver) streamForTopic(ctx context.Context, frames [][]byte, b *events.Batch) *stream {
-	if r.pl == nil {
-		return r.st
-	}
-	if len(frames) == 0 {
-		r.sub.unroutable.Add(1)
-		return nil
-	}
-	topic := frames[0]
-	route, ok := r.routes[string(topic)]
-	if !ok {
-		route, ok = r.pl.Routes[string(topic)]
-		if !ok {
-			var pod, model string
-			if pod, model, ok = events.ParseLLMDTopic(string(topic)); ok {
-				route = events.TopicRoute{Pod: pod, Model: model}
-			}
-		}
-		if !ok {
-			if n := r.sub.unroutable.Add(1); n == 1 || n%1000 == 0 {
-				r.sub.opts.Logger.Warn("push message with an unknown topic dropped: map it under push.routes or use kv@<pod>@<model>", "listener", r.pl.Address, "topic", string(topic), "dropped_so_far", n)
-			}
-			return nil
-		}
-		if r.routes == nil {
-			r.routes = make(map[string]events.TopicRoute)
-		}
-		r.routes[string(topic)] = route
-	}
-	ref := events.WorkerRef{Pod: route.Pod}
-	if b != nil && b.HasDPRank {
-		ref.DPRank = b.DPRank
-	}
-	if st := r.streams[ref]; st != nil {
-		return st
-	}
-	st, err := r.sub.pushStream(ref, route, r.pl.Address)
-	if err != nil {
-		if n := r.sub.unroutable.Add(1); n == 1 || n%1000 == 0 {
-			r.sub.opts.Logger.Warn("push message dropped: cannot add its worker", "worker", ref.String(), "err", err)
-		}
-		return nil
-	}
-	if r.streams == nil {
-		r.streams = make(map[events.WorkerRef]*stream)
-	}
-	r.streams[ref] = st
-	return st
-}
-
-// pushStream returns the stream of a push-mode worker, creating the worker
-// and starting its stream the first time.
-func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, listener string) (*stream, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st := s.byRef[ref]; st != nil {
-		return st, nil
-	}
-	replay := ""
-	if route.ReplayEndpoint != "" {
-		var err error
-		if replay, err = events.OffsetEndpoint(route.ReplayEndpoint, ref.DPRank); err != nil {
-			return nil, err
-		}
-	}
-	// Register the stream (and so its health cell) before the worker
-	// exists in the index, so that nobody sees the worker without it.
-	st := newStream(s, ref, listener, "", replay, nil, false)
-	s.byRef[ref] = st
-	sink, err := s.opts.NewWorker(ref, route.Model, replay)
-	if err != nil {
-		delete(s.byRef, ref)
-		return nil, fmt.Errorf("events: new push worker %s (model %q): %w", ref, route.Model, err)
-	}
-	st.sink = sink
-	s.streams = append(s.streams, st)
-	if s.runCtx != nil {
-		s.startStreamLocked(s.runCtx, st)
-	}
-	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", listener)
-	return st, nil
 }
 
 // checkHealth re-evaluates every worker's health until ctx is done.
@@ -622,10 +570,6 @@ func (s *Subscriber) Health(ref events.WorkerRef) *events.HealthCell {
 	}
 	return nil
 }
-
-// Unroutable counts push-mode messages dropped because their topic maps to
-// no pod (or their worker could not be added).
-func (s *Subscriber) Unroutable() int64 { return s.unroutable.Load() }
 
 func frameLen(frames [][]byte, i int) int {
 	if i < len(frames) {

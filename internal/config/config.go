@@ -131,6 +131,14 @@ type Push struct {
 	Topic string `yaml:"topic,omitempty"`
 	// Routes maps topics that do not follow kv@<pod>@<model>.
 	Routes []Route `yaml:"routes,omitempty"`
+	// MaxWorkers bounds the workers the listener creates, one per pod and
+	// DP rank first seen (default 32); messages for more are refused and
+	// counted.
+	MaxWorkers int `yaml:"max_workers,omitempty"`
+	// Allow lists the IP addresses or CIDR ranges engines may connect
+	// from (default: any); other connections are refused at the ZeroMQ
+	// handshake and counted.
+	Allow []string `yaml:"allow,omitempty"`
 }
 
 // Route maps one push-mode topic to a pod.

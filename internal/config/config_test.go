@@ -207,3 +207,9 @@ func TestEventDefaultsAreTheTransports(t *testing.T) {
 		}
 	}
 }
+
+func TestPushDefaultIsTheTransports(t *testing.T) {
+	if DefaultPushMaxWorkers != zmq.DefaultPushMaxWorkers {
+		t.Fatalf("push max_workers default %d, transport's %d", DefaultPushMaxWorkers, zmq.DefaultPushMaxWorkers)
+	}
+}

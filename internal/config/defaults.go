@@ -34,6 +34,9 @@ const (
 	DefaultBlockSize = 16
 	// DefaultDPSize is a pod's data-parallel size (pods[].dp_size).
 	DefaultDPSize = 1
+	// DefaultPushMaxWorkers bounds the workers one push listener creates
+	// (push[].max_workers): a few pods with data parallelism.
+	DefaultPushMaxWorkers = 32
 
 	// DefaultGapPolicy is what lost events replay cannot recover do to a
 	// worker (events.gap_policy): forget its blocks and relearn.
@@ -150,8 +153,9 @@ func (c *Config) SetDefaults() {
 	for _, p := range c.Pods {
 		named(p.Model)
 	}
-	for _, pl := range c.Push {
-		for _, r := range pl.Routes {
+	for i := range c.Push {
+		set(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
+		for _, r := range c.Push[i].Routes {
 			named(r.Model)
 		}
 	}

@@ -189,6 +189,10 @@ func (p *Pod) validate(field string) error {
 	return nil
 }
 
+// maxPushWorkers bounds push[].max_workers: each worker costs a goroutine,
+// a queue and its index entry.
+const maxPushWorkers = 4096
+
 // validatePush checks each push listener and its routes; a route may not
 // name a pull-mode pod.
 func validatePush(push []Push, pods []Pod) error {
@@ -200,6 +204,16 @@ func validatePush(push []Push, pods []Pod) error {
 		f := fmt.Sprintf("push[%d]", i)
 		if err := checkEndpoint(pl.Listen); err != nil {
 			return invalid(f+".listen", "%v", err)
+		}
+		if pl.MaxWorkers < 0 || pl.MaxWorkers > maxPushWorkers {
+			return invalid(f+".max_workers", "%d must be between 1 and %d", pl.MaxWorkers, maxPushWorkers)
+		}
+		for j, a := range pl.Allow {
+			if net.ParseIP(a) == nil {
+				if _, _, err := net.ParseCIDR(a); err != nil {
+					return invalid(fmt.Sprintf("%s.allow[%d]", f, j), "%q is not an IP address or CIDR range", a)
+				}
+			}
 		}
 		seenTopic := map[string]bool{}
 		for j, r := range pl.Routes {

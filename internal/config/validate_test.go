@@ -81,6 +81,8 @@ func TestSectionErrors(t *testing.T) {
 		}, "pods[1].replay_endpoint", "tcp://h:9 (rank 0) is also used by pod vllm-0 replay: leave a gap of dp_size"},
 		{"endpoint shared", func(c *Config) { c.Pods = append(c.Pods, pod("b", DefaultEndpoint)) }, "pods[1].endpoint", "(rank 0) is also used by pod vllm-0"},
 		{"push listen", func(c *Config) { c.Push = []Push{{Listen: "tcp://*"}} }, "push[0].listen", "is not tcp://host:port"},
+		{"push max workers", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", MaxWorkers: 5000}} }, "push[0].max_workers", "must be between 1 and 4096"},
+		{"push allow", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", Allow: []string{"10.0.0.0/8", "nope"}}} }, "push[0].allow[1]", `"nope" is not an IP address or CIDR range`},
 		{"route twice", func(c *Config) {
 			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a", Model: "m"}, {Topic: "t", Pod: "b", Model: "m"}}}}
 		}, "push[0].routes[1].topic", `topic "t" mapped twice`},

@@ -91,7 +91,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		NewWorker:            d.newPushWorker,
 	}
 	for _, pl := range cfg.Push {
-		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}}
+		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}, MaxWorkers: pl.MaxWorkers, Allow: pl.Allow}
 		for _, r := range pl.Routes {
 			l.Routes[r.Topic] = events.TopicRoute{Pod: r.Pod, Model: r.Model, ReplayEndpoint: r.ReplayEndpoint}
 		}

@@ -26,7 +26,7 @@ type Collector struct {
 	staleReplays, replayContinuations                                    *prometheus.Desc
 	health, dropped, backlog, unroutable                                 *prometheus.Desc
 	evictions, capacity                                                  *prometheus.Desc
-	unroutableSrc                                                        interface{ Unroutable() int64 }
+	unroutableSrc                                                        events.RefusalSource
 }
 
 var workerLabels = []string{"pod", "dp_rank", "model"}
@@ -70,9 +70,9 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		backlog:             d("queue_backlog", "Batches waiting in the worker's queue."),
 		evictions:           d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
 		capacity:            d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
-		unroutable:          prometheus.NewDesc("kvindex_unroutable_messages_total", "Push-mode messages whose topic maps to no pod.", nil, nil),
+		unroutable:          prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address.", []string{"listener", "reason"}, nil),
 	}
-	if u, ok := stats.(interface{ Unroutable() int64 }); ok {
+	if u, ok := stats.(events.RefusalSource); ok {
 		c.unroutableSrc = u
 	}
 	return c
@@ -154,6 +154,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if c.unroutableSrc != nil {
-		ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.CounterValue, float64(c.unroutableSrc.Unroutable()))
+		for _, r := range c.unroutableSrc.Refusals() {
+			ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.CounterValue, float64(r.Count), r.Source, r.Reason)
+		}
 	}
 }

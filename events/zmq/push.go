@@ -1,0 +1,270 @@
+package zmq
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq4 "github.com/pebbe/zmq4"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/lograte"
+)
+
+// Reasons a push listener refuses a message (or a connection).
+const (
+	// refusedTopic: the topic is neither routed nor kv@<pod>@<model>.
+	refusedTopic = iota
+	// refusedPullWorker: the topic names a pull-mode worker.
+	refusedPullWorker
+	// refusedOtherModel: the worker exists for another model.
+	refusedOtherModel
+	// refusedOtherListener: another push listener created the worker.
+	refusedOtherListener
+	// refusedMaxWorkers: the listener has created MaxWorkers workers.
+	refusedMaxWorkers
+	// refusedDPRank: data_parallel_rank is outside [0, MaxDPRank).
+	refusedDPRank
+	// refusedUndecodable: an undecodable message for no known worker
+	// (it cannot name one: the rank is in the payload).
+	refusedUndecodable
+	// refusedNoWorker: the index refused to add the worker.
+	refusedNoWorker
+	// refusedAddress: a connection from an address not in Allow.
+	refusedAddress
+	numRefusals
+)
+
+// refusalNames are the reasons as PushRefusals and metrics name them.
+var refusalNames = [numRefusals]string{"unknown_topic", "pull_worker", "other_model", "other_listener", "max_workers", "dp_rank", "undecodable", "no_worker", "address"}
+
+// pushRefusals counts refusals per listener and reason, and rate-limits
+// their logs by time per listener and reason.
+type pushRefusals struct {
+	counts [][numRefusals]atomic.Int64 // by listener
+	mu     sync.Mutex                  // guards logs
+	logs   [][numRefusals]lograte.Limiter
+}
+
+// refuse counts one refusal by listener li and logs it, at most once per
+// LogEvery per listener and reason, with the number held back.
+func (s *Subscriber) refuse(li, reason int, msg string, args ...any) {
+	n := s.refusals.counts[li][reason].Add(1)
+	s.refusals.mu.Lock()
+	ok, held := s.refusals.logs[li][reason].Allow(time.Now(), s.opts.LogEvery)
+	s.refusals.mu.Unlock()
+	if ok {
+		args = append(args, "listener", s.opts.Push[li].Address, "reason", refusalNames[reason], "refused_so_far", n, "suppressed", held)
+		s.opts.Logger.Warn("push message refused: "+msg, args...)
+	}
+}
+
+// Refusals returns the non-zero refusal counts of every push listener
+// (events.RefusalSource); Source is the listener's address and Reason one
+// of unknown_topic, pull_worker, other_model, other_listener,
+// max_workers, dp_rank, undecodable, no_worker, address (a connection).
+func (s *Subscriber) Refusals() []events.Refusal {
+	var out []events.Refusal
+	for li := range s.refusals.counts {
+		for r := range numRefusals {
+			if n := s.refusals.counts[li][r].Load(); n > 0 {
+				out = append(out, events.Refusal{Source: s.opts.Push[li].Address, Reason: refusalNames[r], Count: n})
+			}
+		}
+	}
+	return out
+}
+
+// pushKey is a receiver's cache key: a topic and a rank resolve to one
+// stream.
+type pushKey struct {
+	topic string
+	rank  int
+}
+
+// resolveTopic maps a push topic to its pod and model: the listener's
+// explicit routes first, then llm-d's kv@<pod>@<model>.
+func (r *receiver) resolveTopic(topic []byte) (events.TopicRoute, bool) {
+	if route, ok := r.pl.Routes[string(topic)]; ok {
+		return route, true
+	}
+	if pod, model, ok := events.ParseLLMDTopic(string(topic)); ok {
+		return events.TopicRoute{Pod: pod, Model: model}, true
+	}
+	return events.TopicRoute{}, false
+}
+
+// knownStream returns the stream a malformed message's topic already
+// reached at rank 0, or nil: a message that cannot be decoded never
+// creates a worker.
+func (r *receiver) knownStream(frames [][]byte) *stream {
+	if len(frames) == 0 {
+		r.sub.refuse(r.pli, refusedUndecodable, "a message with no frames")
+		return nil
+	}
+	if st := r.streams[pushKey{string(frames[0]), 0}]; st != nil {
+		return st
+	}
+	r.sub.refuse(r.pli, refusedUndecodable, "an undecodable message for no known worker", "topic", snippet(frames[0]))
+	return nil
+}
+
+// streamForTopic finds (or creates) the push-mode stream for a message's
+// topic and DP rank (b is nil when the payload did not decode). Anything
+// the listener's fence refuses is counted and logged, and nil returned.
+// Cost when the stream is known: one map probe.
+func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
+	rank := 0
+	if b != nil && b.HasDPRank {
+		rank = b.DPRank
+	}
+	if st := r.streams[pushKey{string(topic), rank}]; st != nil { // compiled without allocating
+		return st
+	}
+	if b == nil {
+		r.sub.refuse(r.pli, refusedUndecodable, "an undecodable message for no known worker", "topic", snippet(topic))
+		return nil
+	}
+	route, ok := r.resolveTopic(topic)
+	if !ok {
+		r.sub.refuse(r.pli, refusedTopic, "unknown topic: map it under push.routes or use kv@<pod>@<model>", "topic", snippet(topic))
+		return nil
+	}
+	if rank < 0 || rank >= MaxDPRank {
+		r.sub.refuse(r.pli, refusedDPRank, fmt.Sprintf("data_parallel_rank %d outside [0, %d)", rank, MaxDPRank), "topic", snippet(topic))
+		return nil
+	}
+	ref := events.WorkerRef{Pod: route.Pod, DPRank: rank}
+	st, reason, err := r.sub.pushStream(ref, route, r.pli)
+	if err != nil {
+		r.sub.refuse(r.pli, reason, err.Error(), "worker", ref.String(), "topic", snippet(topic))
+		return nil
+	}
+	if r.streams == nil {
+		r.streams = make(map[pushKey]*stream)
+	}
+	r.streams[pushKey{string(topic), rank}] = st
+	return st
+}
+
+// pushStream returns the stream of push-mode worker ref for listener li,
+// creating the worker and starting its stream the first time, or the
+// reason it is refused: ref is a pull-mode worker, a worker of another
+// model or of another listener, or the listener is at its MaxWorkers.
+func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, li int) (*stream, int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pl := &s.opts.Push[li]
+	if st := s.byRef[ref]; st != nil {
+		switch {
+		case st.monitored:
+			return nil, refusedPullWorker, fmt.Errorf("worker %s is a pull-mode worker", ref)
+		case st.listener != li:
+			return nil, refusedOtherListener, fmt.Errorf("worker %s belongs to push listener %s", ref, s.opts.Push[st.listener].Address)
+		case st.model != route.Model:
+			return nil, refusedOtherModel, fmt.Errorf("worker %s serves model %q, not %q", ref, st.model, route.Model)
+		}
+		return st, 0, nil
+	}
+	if s.pushWorkers[li] >= pl.MaxWorkers {
+		return nil, refusedMaxWorkers, fmt.Errorf("listener has created its maximum of %d workers (push max_workers)", pl.MaxWorkers)
+	}
+	replay := ""
+	if route.ReplayEndpoint != "" {
+		var err error
+		if replay, err = events.OffsetEndpoint(route.ReplayEndpoint, ref.DPRank); err != nil {
+			return nil, refusedNoWorker, err
+		}
+	}
+	// Register the stream (and so its health cell) before the worker
+	// exists in the index, so that nobody sees the worker without it.
+	st := newStream(s, ref, pl.Address, "", replay, nil, false)
+	st.listener, st.model = li, route.Model
+	s.byRef[ref] = st
+	sink, err := s.opts.NewWorker(ref, route.Model, replay)
+	if err != nil {
+		delete(s.byRef, ref)
+		return nil, refusedNoWorker, fmt.Errorf("new push worker %s (model %q): %w", ref, route.Model, err)
+	}
+	st.sink = sink
+	s.pushWorkers[li]++
+	s.streams = append(s.streams, st)
+	if s.runCtx != nil {
+		s.startStreamLocked(s.runCtx, st)
+	}
+	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", pl.Address)
+	return st, 0, nil
+}
+
+// authStart starts pebbe/zmq4's ZAP handler once per process; it serves
+// sockets of zmq4's default context only.
+var authStart = sync.OnceValue(zmq4.AuthStart)
+
+// bind opens push listener li's SUB socket, with a monitor for refused
+// connections. It is polled from the moment it is bound, so engines'
+// subscriptions are exchanged as they connect (a bound SUB that nobody
+// polls drops everything: libzmq #1594).
+//
+// With Allow set the socket lives in zmq4's default context, where its ZAP
+// handler runs, under a ZAP domain of its own whose allowlist is Allow;
+// the NULL mechanism then asks ZAP about every connection.
+func (s *Subscriber) bind(li int) (sock, mon *zmq4.Socket, err error) {
+	pl := &s.opts.Push[li]
+	newSocket := s.zctx.NewSocket
+	if len(pl.Allow) > 0 {
+		if err := authStart(); err != nil {
+			return nil, nil, fmt.Errorf("zmq: push listener %s: start the ZAP handler: %w", pl.Address, err)
+		}
+		newSocket = zmq4.NewSocket
+	}
+	sock, err = newSocket(zmq4.SUB)
+	if err != nil {
+		return nil, nil, fmt.Errorf("zmq: new SUB socket for push listener %s: %w", pl.Address, err)
+	}
+	fail := func(err error) (*zmq4.Socket, *zmq4.Socket, error) {
+		sock.Close()
+		if mon != nil {
+			mon.Close()
+		}
+		return nil, nil, fmt.Errorf("zmq: push listener %s: %w", pl.Address, err)
+	}
+	if err := s.setSockopts(sock, pl.Topic); err != nil {
+		return fail(err)
+	}
+	if len(pl.Allow) > 0 {
+		domain := fmt.Sprintf("kvindex-push-%p-%d", s, li)
+		zmq4.AuthAllow(domain, pl.Allow...)
+		if err := sock.ServerAuthNull(domain); err != nil {
+			return fail(err)
+		}
+	}
+	monAddr := fmt.Sprintf("inproc://kvindex-push-monitor-%p-%d", s, li)
+	if err := sock.Monitor(monAddr, zmq4.EVENT_HANDSHAKE_FAILED_AUTH); err != nil {
+		return fail(err)
+	}
+	if len(pl.Allow) > 0 {
+		mon, err = zmq4.NewSocket(zmq4.PAIR)
+	} else {
+		mon, err = s.zctx.NewSocket(zmq4.PAIR)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	_ = mon.SetLinger(0)
+	if err := mon.Connect(monAddr); err != nil {
+		return fail(err)
+	}
+	if err := sock.Bind(pl.Address); err != nil {
+		return fail(fmt.Errorf("bind: %w", err))
+	}
+	return sock, mon, nil
+}
+
+// snippet quotes at most 64 bytes of a topic for a log line.
+func snippet(b []byte) string {
+	if len(b) > 64 {
+		return fmt.Sprintf("%q... (%d bytes)", b[:64], len(b))
+	}
+	return fmt.Sprintf("%q", b)
+}

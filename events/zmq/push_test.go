@@ -1,0 +1,213 @@
+package zmq_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/zmq"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/enginepub"
+)
+
+// pushRig is a subscriber with one pull-mode worker "a" (model m) and one
+// push listener, over a real index.
+type pushRig struct {
+	t        *testing.T
+	ix       *indexer.Index
+	sub      *zmq.Subscriber
+	pull     *enginepub.Publisher
+	pushAddr string
+	mu       sync.Mutex
+	created  []string
+}
+
+func newPushRig(t *testing.T, pl zmq.PushListener) *pushRig {
+	t.Helper()
+	r := &pushRig{t: t, ix: indexer.New(indexer.Config{})}
+	for _, m := range []string{"m", "m2"} {
+		if _, err := r.ix.AddModel(m, 16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pullEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	var err error
+	if r.pull, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: pullEP, Bind: true, Topic: "kv@a@m"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.pull.Close() })
+	a, err := r.ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: "a"}, Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.pushAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	pl.Address = r.pushAddr
+	opts := zmq.SubscriberOptions{
+		Push: []zmq.PushListener{pl},
+		NewWorker: func(ref events.WorkerRef, model, _ string) (events.Sink, error) {
+			r.mu.Lock()
+			r.created = append(r.created, ref.String()+"@"+model)
+			r.mu.Unlock()
+			return r.ix.AddWorker(indexer.WorkerInfo{Ref: ref, Model: model, Endpoint: "push"})
+		},
+	}
+	if r.sub, err = zmq.NewSubscriber(opts, zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pullEP, Sink: a}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.sub.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	if err := r.pull.WaitForSubscribers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// engine connects a push-mode engine with the given topic.
+func (r *pushRig) engine(topic string) *enginepub.Publisher {
+	r.t.Helper()
+	p, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: r.pushAddr, Topic: topic})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { p.Close() })
+	if err := p.WaitForSubscribers(context.Background(), 1); err != nil {
+		r.t.Fatal(err)
+	}
+	return p
+}
+
+func (r *pushRig) refused(reason string) int64 {
+	for _, x := range r.sub.Refusals() {
+		if x.Source == r.pushAddr && x.Reason == reason {
+			return x.Count
+		}
+	}
+	return 0
+}
+
+func storeBatch(rank int, hashes ...uint64) *events.Batch {
+	toks := make([]uint32, 16*len(hashes))
+	for i := range toks {
+		toks[i] = uint32(hashes[0]) + uint32(i)
+	}
+	return &events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: toks, BlockSize: 16}}, DPRank: rank, HasDPRank: true}
+}
+
+// A push message can never reach a pull-mode worker, whatever model its
+// topic names, nor a worker of another model; topics that name no pod,
+// out-of-range ranks and undecodable messages create nothing.
+func TestPushIsFenced(t *testing.T) {
+	r := newPushRig(t, zmq.PushListener{})
+	if _, err := r.pull.Publish(storeBatch(0, 1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	a := r.ix.LookupWorker(events.WorkerRef{Pod: "a"})
+	waitFor(t, "the pull worker's blocks", func() bool { return a.Stats().ResidentBlocks == 2 })
+
+	// The pull worker's pod, under its own model and another one.
+	for i, topic := range []string{"kv@a@m", "kv@a@m2"} {
+		p := r.engine(topic)
+		p.SetSeq(0) // a seq that would read as a restart of "a"
+		if _, err := p.Publish(storeBatch(0, 100)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the refusal of "+topic, func() bool { return r.refused("pull_worker") == int64(i+1) })
+	}
+	if st := a.Stats(); st.ResidentBlocks != 2 || st.Resets != 0 {
+		t.Fatalf("push messages touched the pull worker: %+v", st)
+	}
+	if st := statsOf(r.sub, "a"); st.Restarts != 0 || st.Batches != 1 {
+		t.Fatalf("pull stream saw push messages: %+v", st)
+	}
+
+	// A push worker of model m, then the same pod under model m2.
+	p := r.engine("kv@p@m")
+	if _, err := p.Publish(storeBatch(0, 7)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "push worker p", func() bool {
+		w := r.ix.LookupWorker(events.WorkerRef{Pod: "p"})
+		return w != nil && w.Stats().ResidentBlocks == 1
+	})
+	q := r.engine("kv@p@m2")
+	if _, err := q.Publish(storeBatch(0, 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the other-model refusal", func() bool { return r.refused("other_model") == 1 })
+
+	// Unknown topic, bad ranks, garbage.
+	u := r.engine("no-convention")
+	if _, err := u.Publish(storeBatch(0, 9)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unknown-topic refusal", func() bool { return r.refused("unknown_topic") == 1 })
+	g := r.engine("kv@g@m")
+	for _, rank := range []int{-5, 1 << 20} {
+		if _, err := g.Publish(storeBatch(rank, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the rank refusals", func() bool { return r.refused("dp_rank") == 2 })
+	if _, err := g.PublishRaw([]byte{0x93, 0xc1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the undecodable refusal", func() bool { return r.refused("undecodable") == 1 })
+	r.mu.Lock()
+	created := append([]string(nil), r.created...)
+	r.mu.Unlock()
+	if len(created) != 1 || created[0] != "p/0@m" {
+		t.Fatalf("push workers created: %v, want only p/0@m", created)
+	}
+}
+
+// A listener creates at most MaxWorkers workers.
+func TestPushMaxWorkers(t *testing.T) {
+	r := newPushRig(t, zmq.PushListener{MaxWorkers: 2})
+	for i := range 3 {
+		p := r.engine(fmt.Sprintf("kv@p%d@m", i))
+		if _, err := p.Publish(storeBatch(0, uint64(10+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the third worker's refusal", func() bool { return r.refused("max_workers") == 1 })
+	if n := len(r.ix.Workers()); n != 3 { // a (pull) and two push workers
+		t.Fatalf("%d workers in the index, want 3", n)
+	}
+}
+
+// With an allowlist, an engine connecting from another address is refused
+// at the handshake and counted; one from an allowed address is served.
+func TestPushAllowlist(t *testing.T) {
+	r := newPushRig(t, zmq.PushListener{Allow: []string{"10.255.255.1"}})
+	p, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: r.pushAddr, Topic: "kv@p@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitFor(t, "the refused connection", func() bool { return r.refused("address") >= 1 })
+	if _, err := p.Publish(storeBatch(0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if w := r.ix.LookupWorker(events.WorkerRef{Pod: "p"}); w != nil {
+		t.Fatalf("an engine from a refused address created worker %v", w.Info())
+	}
+
+	ok := newPushRig(t, zmq.PushListener{Allow: []string{"127.0.0.0/8"}})
+	e := ok.engine("kv@p@m")
+	if _, err := e.Publish(storeBatch(0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the allowed engine's worker", func() bool {
+		w := ok.ix.LookupWorker(events.WorkerRef{Pod: "p"})
+		return w != nil && w.Stats().ResidentBlocks == 1
+	})
+}
