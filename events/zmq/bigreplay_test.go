@@ -174,3 +174,56 @@ func TestJoinWaitsForTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMaxMessageBytes: a message over the limit never reaches the decoder
+// (libzmq drops the connection that sent it, and the engine's replay
+// cannot hand it over either), the loss is handled by the gap policy, and
+// the messages around it apply.
+func TestMaxMessageBytes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub, pubEP, replayEP := bigPublisher(t)
+	ix := indexer.New(indexer.Config{})
+	w := newWorker(t, ix, "a")
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{MaxMessageBytes: 32 << 10, GapPolicy: events.GapKeep, ReconnectInterval: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
+		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	if err := pub.WaitForSubscribers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(chainBatch(0)); err != nil { // ~1.3 KB
+		t.Fatal(err)
+	}
+	waitFor(t, "the first batch", func() bool { return w.Stats().ResidentBlocks == bigBlocks })
+	huge := &events.Batch{}
+	for i := 1; i <= 40; i++ { // ~50 KB: over the 32 KB limit
+		huge.Events = append(huge.Events, chainBatch(i).Events...)
+	}
+	if _, err := pub.Publish(huge); err != nil {
+		t.Fatal(err)
+	}
+	// The engine keeps publishing; the SUB reconnects and the next batch
+	// reveals the gap, which replay cannot fill.
+	waitFor(t, "the next batch after the oversized one", func() bool {
+		if _, err := pub.Publish(chainBatch(100)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		st := statsOf(sub, "a")
+		return st.UnrecoveredGaps >= 1 && w.Stats().ResidentBlocks >= 2*bigBlocks
+	})
+	if got := w.Stats().ResidentBlocks; got%bigBlocks != 0 || got >= 41*bigBlocks {
+		t.Fatalf("resident %d blocks: the oversized batch's blocks were applied", got)
+	}
+	if st := statsOf(sub, "a"); st.Health != events.HealthUnsynced {
+		t.Fatalf("health %v after a loss under gap_policy keep, want UNSYNCED", st.Health)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

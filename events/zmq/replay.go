@@ -70,16 +70,20 @@ func parseReplayReply(frames [][]byte) (replayReply, error) {
 // after timeout (the whole exchange), after maxBatches batches, or when ctx
 // is done; once batches have arrived, a pause of idle with nothing more
 // ends the answer with errReplayCut (the engine sends its whole answer in
-// one loop, so a pause means the rest was dropped). It owns its DEALER
-// socket for the call.
-func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start uint64, timeout, idle time.Duration, maxBatches int) ([]replayedBatch, error) {
+// one loop, so a pause means the rest was dropped), and so does reaching
+// maxBytes of payload (the stream applies what came and asks for the
+// rest). A message over maxMsg bytes ends the DEALER's connection
+// (ZMQ_MAXMSGSIZE), as it does a SUB's. It owns its DEALER socket for
+// the call.
+func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start uint64, timeout, idle time.Duration, maxBatches int, maxBytes, maxMsg int64) ([]replayedBatch, error) {
 	sock, err := zctx.NewSocket(zmq4.DEALER)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DEALER socket for %s: %w", ErrReplay, endpoint, err)
 	}
 	defer sock.Close()
 	_ = sock.SetLinger(0)
-	_ = sock.SetRcvhwm(0) // a replay is bounded by maxBatches, not by the HWM
+	_ = sock.SetRcvhwm(0) // a replay is bounded by maxBatches and maxBytes, not by the HWM
+	_ = sock.SetMaxmsgsize(maxMsg)
 	if err := sock.Connect(endpoint); err != nil {
 		return nil, fmt.Errorf("%w: connect %s: %w", ErrReplay, endpoint, err)
 	}
@@ -93,6 +97,7 @@ func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start
 	poller := zmq4.NewPoller()
 	poller.Add(sock, zmq4.POLLIN)
 	var out []replayedBatch
+	var bytes int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return out, err
@@ -133,6 +138,9 @@ func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start
 		}
 		last = time.Now()
 		out = append(out, replayedBatch{seq: r.seq, payload: r.payload})
+		if bytes += int64(len(r.payload)); bytes >= maxBytes {
+			return out, fmt.Errorf("%w: %s sent %d bytes in %d batches from seq %d, the most one answer may hold", errReplayCut, endpoint, bytes, len(out), start)
+		}
 		if len(out) >= maxBatches {
 			return out, fmt.Errorf("%w: %s replayed more than %d batches", ErrReplay, endpoint, maxBatches)
 		}

@@ -18,6 +18,7 @@ type message struct {
 	batch     *events.Batch // nil when decodeErr is set
 	decodeErr error
 	at        time.Time
+	size      int64 // payload bytes, for the queue's byte bound
 }
 
 // replayResult is what a replay fetch hands back to its stream. gen is
@@ -48,6 +49,7 @@ type stream struct {
 	replay string // replay endpoint, "" for none
 
 	in         chan message
+	queued     atomic.Int64 // payload bytes in in
 	replayDone chan replayResult
 	// connectedCh has a value when the pull-mode socket (re)connected.
 	connectedCh chan struct{}
@@ -61,6 +63,7 @@ type stream struct {
 	replayGen    uint64 // bumped by each startRecovery
 	rounds       int    // answers of the current recovery asked again for what they dropped
 	pending      []message
+	pendingBytes int64 // payload bytes of pending
 	backoffUntil time.Time
 	backoff      time.Duration
 	joinTried    bool
@@ -123,6 +126,7 @@ func (st *stream) run(ctx context.Context) {
 			st.releasePending()
 			return
 		case m := <-st.in:
+			st.queued.Add(-m.size)
 			st.onMessage(ctx, m)
 		case r := <-st.replayDone:
 			join := r.from == 0 && !st.hasExpected && st.recovering && r.gen == st.replayGen
@@ -153,14 +157,18 @@ const rejoinAfter = time.Second
 // full queue drops the message and counts it; the seq gap it leaves is
 // then recovered like any other.
 func (st *stream) enqueue(m message) {
-	select {
-	case st.in <- m:
-	default:
-		st.sub.putBatch(m.batch)
-		st.mu.Lock()
-		st.stats.Dropped++
-		st.mu.Unlock()
+	if st.queued.Add(m.size) <= st.sub.opts.QueueBytes {
+		select {
+		case st.in <- m:
+			return
+		default:
+		}
 	}
+	st.queued.Add(-m.size)
+	st.sub.putBatch(m.batch)
+	st.mu.Lock()
+	st.stats.Dropped++
+	st.mu.Unlock()
 }
 
 func (st *stream) onMessage(ctx context.Context, m message) {
@@ -169,8 +177,8 @@ func (st *stream) onMessage(ctx context.Context, m message) {
 	st.stats.LastMessage = m.at
 	st.mu.Unlock()
 	if st.recovering {
-		if len(st.pending) >= st.sub.opts.MaxPending {
-			st.problem(fmt.Errorf("replay from seq %d still running with %d batches waiting: giving up on it", st.recoverFrom, len(st.pending)), false)
+		if len(st.pending) >= st.sub.opts.MaxPending || st.pendingBytes+m.size > st.sub.opts.QueueBytes {
+			st.problem(fmt.Errorf("replay from seq %d still running with %d batches (%d bytes) waiting: giving up on it", st.recoverFrom, len(st.pending), st.pendingBytes), false)
 			st.recovering = false
 			st.isRecovering.Store(false)
 			st.unrecoverable(st.recoverFrom, st.pending[0].seq, "replay too slow")
@@ -178,6 +186,7 @@ func (st *stream) onMessage(ctx context.Context, m message) {
 			return
 		}
 		st.pending = append(st.pending, m)
+		st.pendingBytes += m.size
 		return
 	}
 	st.process(ctx, m)
@@ -277,6 +286,10 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 		st.rounds = 0
 	}
 	st.recovering, st.recoverFrom, st.pending = true, from, pending
+	st.pendingBytes = 0
+	for _, m := range pending {
+		st.pendingBytes += m.size
+	}
 	if why == "join" || why == "late join" {
 		st.joinTried = true
 	}
@@ -289,7 +302,7 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 		res := replayResult{gen: gen, from: from}
 		select {
 		case st.sub.replaySlots <- struct{}{}:
-			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayIdle, st.sub.opts.ReplayMaxBatches)
+			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayIdle, st.sub.opts.ReplayMaxBatches, st.sub.opts.ReplayMaxBytes, max(st.sub.opts.MaxMessageBytes, -1))
 			<-st.sub.replaySlots
 		case <-ctx.Done():
 			res.err = ctx.Err()
@@ -321,7 +334,7 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	st.recovering = false
 	st.isRecovering.Store(false)
 	pending := st.pending
-	st.pending = nil
+	st.pending, st.pendingBytes = nil, 0
 	limit := ^uint64(0)
 	if len(pending) > 0 {
 		limit = pending[0].seq
@@ -466,6 +479,9 @@ func (st *stream) drain(ctx context.Context, msgs []message) {
 	for i, m := range msgs {
 		if st.recovering {
 			st.pending = append(st.pending, msgs[i:]...)
+			for _, m := range msgs[i:] {
+				st.pendingBytes += m.size
+			}
 			return
 		}
 		st.process(ctx, m)

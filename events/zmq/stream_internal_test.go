@@ -53,3 +53,20 @@ func TestStaleReplayResultIsDropped(t *testing.T) {
 		t.Fatalf("late duplicate answer: %d batches, StaleReplays=%d", sink.batches, st.snapshot().StaleReplays)
 	}
 }
+
+// A worker's queue is bounded in payload bytes as well as in batches: past
+// QueueBytes a message is dropped and counted, whatever room the channel
+// has, and the bytes of dequeued messages are freed.
+func TestQueueBytesBound(t *testing.T) {
+	s, err := NewSubscriber(SubscriberOptions{QueueBytes: 100}, Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: "tcp://127.0.0.1:1", Sink: &recordingSink{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.pull[0].st
+	st.enqueue(message{seq: 0, size: 60})
+	st.enqueue(message{seq: 1, size: 60}) // 120 > 100: dropped
+	st.enqueue(message{seq: 2, size: 40}) // 100: fits
+	if got := st.snapshot(); got.Dropped != 1 || got.Backlog != 2 || st.queued.Load() != 100 {
+		t.Fatalf("dropped %d, backlog %d, queued %d bytes; want 1, 2, 100", got.Dropped, got.Backlog, st.queued.Load())
+	}
+}

@@ -88,6 +88,21 @@ const (
 	DefaultStaleAfterDisconnect = 5 * time.Second
 	// DefaultQueueSize is each worker's queue of decoded batches.
 	DefaultQueueSize = 4096
+	// DefaultMaxMessageBytes is the largest message a SUB socket accepts
+	// (ZMQ_MAXMSGSIZE; libzmq drops the connection that sends a larger
+	// one, and the gap is then replayed). vLLM's largest batch stores one
+	// step's newly full blocks: a 1 M-token prompt prefilled in one step
+	// is ~5 MB of token ids (5 bytes each as msgpack) and ~2 MB of 32-byte
+	// block hashes, so 16 MiB leaves twice that.
+	DefaultMaxMessageBytes = 16 << 20
+	// DefaultQueueBytes bounds the payload bytes of one worker's queued
+	// batches (and, separately, of the live batches it holds while a
+	// replay runs): with the message bound, what one slow worker can pin.
+	DefaultQueueBytes = 64 << 20
+	// DefaultReplayMaxBytes bounds the payload bytes one replay answer may
+	// collect; a longer answer is applied in parts, each asked for from
+	// the first seq the previous part lacked.
+	DefaultReplayMaxBytes = 256 << 20
 )
 
 // SubscriberOptions tune a Subscriber. The zero value is usable.
@@ -111,6 +126,14 @@ type SubscriberOptions struct {
 	// applied; a full queue drops (and counts) the message, which the seq
 	// gap then recovers. 0 means 4,096.
 	QueueSize int
+	// QueueBytes bounds the payload bytes in one worker's queue, and
+	// separately those of the live batches it holds while a replay runs;
+	// past it messages are dropped and counted like a full queue's. 0
+	// means DefaultQueueBytes.
+	QueueBytes int64
+	// MaxMessageBytes is the largest message accepted (ZMQ_MAXMSGSIZE);
+	// 0 means DefaultMaxMessageBytes, negative no limit.
+	MaxMessageBytes int64
 
 	// Push lists bound SUB sockets for push-mode engines.
 	Push []PushListener
@@ -130,6 +153,10 @@ type SubscriberOptions struct {
 	ReplayConcurrency int
 	// ReplayMaxBatches bounds one replay's size; 0 means 100,000.
 	ReplayMaxBatches int
+	// ReplayMaxBytes bounds the payload bytes one replay answer collects
+	// before it is applied and the rest asked for; 0 means
+	// DefaultReplayMaxBytes.
+	ReplayMaxBytes int64
 	// ReplayBackoff is the first wait after a failed replay before the
 	// worker's next one (doubling to 30 s); gaps meanwhile go straight to
 	// the events.GapPolicy. 0 means 1 s.
@@ -176,6 +203,14 @@ func (o *SubscriberOptions) defaults() {
 	seti(&o.ReplayConcurrency, DefaultReplayConcurrency)
 	seti(&o.ReplayMaxBatches, 100_000)
 	seti(&o.MaxPending, 10_000)
+	set64 := func(p *int64, v int64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	set64(&o.QueueBytes, DefaultQueueBytes)
+	set64(&o.MaxMessageBytes, DefaultMaxMessageBytes)
+	set64(&o.ReplayMaxBytes, DefaultReplayMaxBytes)
 }
 
 // Subscriber receives vLLM KV events over ZMQ SUB sockets, in pull mode
@@ -339,6 +374,7 @@ func (s *Subscriber) setSockopts(sock *zmq4.Socket, topic string) error {
 	for _, set := range []func() error{
 		func() error { return sock.SetLinger(0) },
 		func() error { return sock.SetRcvhwm(s.opts.RcvHWM) },
+		func() error { return sock.SetMaxmsgsize(max(s.opts.MaxMessageBytes, -1)) },
 		func() error { return sock.SetReconnectIvl(s.opts.ReconnectInterval) },
 		func() error { return sock.SetReconnectIvlMax(s.opts.ReconnectMax) },
 		func() error { return sock.SetSubscribe(topic) },
@@ -402,6 +438,7 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 			}
 		}
 	}
+	var rearmed time.Time
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(s.opts.PollInterval)
 		if err != nil {
@@ -411,7 +448,10 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 			case zmq4.Errno(syscall.EINTR):
 				continue
 			}
-			return fmt.Errorf("events: poll: %w", err)
+			return fmt.Errorf("zmq: poll: %w", err)
+		}
+		if st != nil {
+			rearmed = s.rearm(sock, st, rearmed)
 		}
 		for _, p := range polled {
 			if p.Socket == mon {
@@ -427,7 +467,7 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 					case zmq4.ETERM:
 						return nil
 					default:
-						return fmt.Errorf("events: receive: %w", err)
+						return fmt.Errorf("zmq: receive: %w", err)
 					}
 					break
 				}
@@ -436,6 +476,35 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 		}
 	}
 	return nil
+}
+
+// rearmAfter is how long a pull-mode socket may stay disconnected before
+// its connection is re-armed: libzmq reconnects after connection errors
+// but gives a connection up for good after a protocol error, which a
+// message over ZMQ_MAXMSGSIZE is. Twice the longest reconnect backoff, so
+// that a plain outage costs at most one extra attempt per interval.
+func (s *Subscriber) rearmAfter() time.Duration { return 2 * s.opts.ReconnectMax }
+
+// rearm disconnects and reconnects st's socket when it has been without a
+// connection for rearmAfter since it lost it (or was last re-armed), and
+// returns when it last did.
+func (s *Subscriber) rearm(sock *zmq4.Socket, st *stream, last time.Time) time.Time {
+	since := st.disconnected.Load()
+	if st.connected.Load() || since == 0 {
+		return last
+	}
+	now := time.Now()
+	if now.Sub(time.Unix(0, since)) < s.rearmAfter() || now.Sub(last) < s.rearmAfter() {
+		return last
+	}
+	addr := st.stats.Endpoint // set at creation, never written again
+	_ = sock.Disconnect(addr)
+	if err := sock.Connect(addr); err != nil {
+		st.problem(fmt.Errorf("reconnect to %s: %w", addr, err), false)
+		return now
+	}
+	s.opts.Logger.Info("engine connection re-armed after it stayed down (libzmq gives a connection up after a protocol error, such as a message over max_message_bytes)", "worker", st.ref.String(), "endpoint", addr)
+	return now
 }
 
 // receiver is one socket's decoding and routing state.
@@ -492,7 +561,7 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		}
 		return
 	}
-	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now}
+	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now, size: int64(len(frames[2]))}
 	b := r.sub.getBatch()
 	if err := r.dec.Decode(frames[2], b); err != nil {
 		r.sub.putBatch(b)

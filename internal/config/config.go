@@ -174,6 +174,16 @@ type Events struct {
 	// QueueSize is each worker's queue of batches waiting to be applied
 	// (default DefaultQueueSize).
 	QueueSize int `yaml:"queue_size,omitempty"`
+	// QueueBytes bounds the payload bytes of one worker's queued batches,
+	// and separately of the live batches held while a replay runs
+	// (default 64 MiB); past it messages are dropped, counted and
+	// recovered as gaps.
+	QueueBytes int64 `yaml:"queue_bytes,omitempty"`
+	// MaxMessageBytes is the largest event message accepted (default
+	// 16 MiB, twice vLLM's largest real batch: a 1 M-token prompt
+	// prefilled in one step); a larger one ends the engine's connection,
+	// which kvindex re-establishes, and its loss is handled as a gap.
+	MaxMessageBytes int64 `yaml:"max_message_bytes,omitempty"`
 }
 
 // Score tunes answers.

@@ -108,7 +108,7 @@ func TestSetDefaults(t *testing.T) {
 		Push:          c.Push,
 		Events: Events{
 			GapPolicy: DefaultGapPolicy, ReplayTimeout: DefaultReplayTimeout, ReplayConcurrency: DefaultReplayConcurrency,
-			StaleAfterDisconnect: DefaultStaleAfterDisconnect, QueueSize: DefaultQueueSize,
+			StaleAfterDisconnect: DefaultStaleAfterDisconnect, QueueSize: DefaultQueueSize, QueueBytes: DefaultQueueBytes, MaxMessageBytes: DefaultMaxMessageBytes,
 		},
 		Scoring: Scoring{
 			Policy: DefaultScoringPolicy, GPUWeight: DefaultGPUWeight, CPUWeight: DefaultCPUWeight, StorageWeight: DefaultStorageWeight,
@@ -201,6 +201,8 @@ func TestEventDefaultsAreTheTransports(t *testing.T) {
 		{"replay_concurrency", DefaultReplayConcurrency, zmq.DefaultReplayConcurrency},
 		{"stale_after_disconnect", DefaultStaleAfterDisconnect, zmq.DefaultStaleAfterDisconnect},
 		{"queue_size", DefaultQueueSize, zmq.DefaultQueueSize},
+		{"queue_bytes", int64(DefaultQueueBytes), int64(zmq.DefaultQueueBytes)},
+		{"max_message_bytes", int64(DefaultMaxMessageBytes), int64(zmq.DefaultMaxMessageBytes)},
 	} {
 		if c.got != c.want {
 			t.Errorf("events.%s default %v, transport's %v", c.name, c.got, c.want)

@@ -55,6 +55,12 @@ const (
 	// applied (events.queue_size); a full queue drops the message, which
 	// the seq gap then recovers.
 	DefaultQueueSize = 4096
+	// DefaultQueueBytes bounds the payload bytes of a worker's queue
+	// (events.queue_bytes).
+	DefaultQueueBytes = 64 << 20
+	// DefaultMaxMessageBytes is the largest event message accepted
+	// (events.max_message_bytes).
+	DefaultMaxMessageBytes = 16 << 20
 
 	// DefaultScoringPolicy is the ranking policy answers use unless a
 	// request names another (scoring.policy).
@@ -169,6 +175,8 @@ func (e *Events) SetDefaults() {
 	set(&e.ReplayConcurrency, DefaultReplayConcurrency)
 	set(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
 	set(&e.QueueSize, DefaultQueueSize)
+	set(&e.QueueBytes, DefaultQueueBytes)
+	set(&e.MaxMessageBytes, DefaultMaxMessageBytes)
 }
 
 // SetDefaults gives the zero fields of the scoring section their defaults.

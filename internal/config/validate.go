@@ -72,7 +72,7 @@ func (e *Events) Validate() error {
 	if _, err := events.ParseGapPolicy(e.GapPolicy); err != nil {
 		return invalid("events.gap_policy", "%q is not reset or keep", e.GapPolicy)
 	}
-	if e.ReplayTimeout < 0 || e.ReplayConcurrency < 0 || e.QueueSize < 0 || e.StaleAfterSilence < 0 {
+	if e.ReplayTimeout < 0 || e.ReplayConcurrency < 0 || e.QueueSize < 0 || e.StaleAfterSilence < 0 || e.QueueBytes < 0 || e.MaxMessageBytes < 0 {
 		return invalid("events", "durations and sizes must not be negative (stale_after_disconnect may be, to disable it)")
 	}
 	return nil

@@ -83,6 +83,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		Logger:               log,
 		LogEvery:             cfg.Log.ProblemInterval,
 		QueueSize:            cfg.Events.QueueSize,
+		QueueBytes:           cfg.Events.QueueBytes,
+		MaxMessageBytes:      cfg.Events.MaxMessageBytes,
 		ReplayTimeout:        cfg.Events.ReplayTimeout,
 		ReplayConcurrency:    cfg.Events.ReplayConcurrency,
 		GapPolicy:            policy,
