@@ -604,6 +604,10 @@ func toHealth(h events.Health) kvindexv1.WorkerHealth {
 		return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED
 	case events.HealthStale:
 		return kvindexv1.WorkerHealth_WORKER_HEALTH_STALE
+	case events.HealthConflict:
+		return kvindexv1.WorkerHealth_WORKER_HEALTH_CONFLICT
+	case events.HealthDegraded:
+		return kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED
 	}
 	return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSPECIFIED
 }
@@ -640,6 +644,9 @@ func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
 	ws.UnrecoveredGaps = clampU64(st.UnrecoveredGaps)
 	ws.StaleReplays = clampU64(st.StaleReplays)
 	ws.ReplayContinuations = clampU64(st.ReplayContinuations)
+	ws.HealthReason = st.HealthReason
+	ws.Duplicates = clampU64(st.Duplicates)
+	ws.Conflicts = clampU64(st.Conflicts)
 	ws.JoinedAtSeq = st.JoinedAtSeq
 	ws.Dropped = clampU64(st.Dropped)
 	ws.Backlog = uint64(max(0, st.Backlog))

@@ -21,13 +21,28 @@ const (
 	// HealthStale: the endpoint stopped answering, or the worker sent
 	// nothing for longer than the silence limit.
 	HealthStale
+	// HealthConflict: two publishers send on the worker's topic (their
+	// seqs interleave); its events cannot be ordered, so none are applied
+	// until one of them stops, and answers leave the worker out.
+	HealthConflict
+	// HealthDegraded: in sequence, but some of the worker's recent events
+	// could not be decoded or applied (see WorkerStats.HealthReason);
+	// answers may miss what those events said.
+	HealthDegraded
+	// NumHealth is the number of Health values.
+	NumHealth = int(HealthDegraded) + 1
 )
 
-var healthNames = [...]string{"UNKNOWN", "OK", "RECOVERING", "UNSYNCED", "STALE"}
+var healthNames = [NumHealth]string{"UNKNOWN", "OK", "RECOVERING", "UNSYNCED", "STALE", "CONFLICT", "DEGRADED"}
+
+// Trusted reports whether answers may name a worker in this state: not
+// stale (its endpoint is gone) and not in conflict (its events cannot be
+// ordered).
+func (h Health) Trusted() bool { return h != HealthStale && h != HealthConflict }
 
 // String returns the upper-case name of the health state.
 func (h Health) String() string {
-	if int(h) < len(healthNames) {
+	if int(h) < NumHealth {
 		return healthNames[h]
 	}
 	return "Health(?)"

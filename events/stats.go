@@ -17,6 +17,8 @@ type WorkerStats struct {
 	ReplayEndpoint string
 	// Health is the worker's current health.
 	Health Health
+	// HealthReason says why Health is not OK, "" when it is.
+	HealthReason string
 	// Connected reports whether the pull-mode socket has a connection to
 	// the engine (always false in push mode, where it is not known).
 	Connected bool
@@ -54,6 +56,15 @@ type WorkerStats struct {
 	// Restarts counts seqs that went backwards (engine restarts), each of
 	// which reset the worker.
 	Restarts int64
+	// Duplicates counts messages whose seq and payload repeat one already
+	// applied; they are dropped.
+	Duplicates int64
+	// Conflicts counts times two publishers were found on the worker's
+	// topic (interleaved seqs).
+	Conflicts int64
+	// ConflictReason describes the last conflict; UnsyncedReason the last
+	// loss the gap policy kept.
+	ConflictReason, UnsyncedReason string
 	// DecodeErrors counts messages that could not be decoded and were skipped.
 	DecodeErrors int64
 	// ApplyErrors counts batches in which the index could not apply some event.

@@ -106,7 +106,10 @@ func TestGapBeyondReplay(t *testing.T) {
 			}
 			switch policy {
 			case "reset":
-				if n != 0 || w.GetResets() != 1 || w.GetResidentBlocks() != 2 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+				// The blocks after the loss are orphans (their parent was
+				// lost): the worker is DEGRADED, with the reason, not OK.
+				if n != 0 || w.GetResets() != 1 || w.GetResidentBlocks() != 2 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED ||
+					!strings.Contains(w.GetHealthReason(), "unknown parent block") {
 					t.Fatalf("reset policy: matched %d, status %v", n, w)
 				}
 				if !strings.Contains(w.GetLastReset(), "lost batches 1..1") {

@@ -262,8 +262,8 @@ func grow[T any](s []T, n int) []T {
 }
 
 // allow is the Match filter: a candidate of the request, or else a worker
-// of the request's model that is not stale (unless stale ones are
-// included). Workers added after the table was taken are skipped.
+// of the request's model whose health is trusted (not stale, not in
+// conflict), unless untrusted ones are included. Workers added after the table was taken are skipped.
 func (r *Result) allow(id indexer.WorkerID) bool {
 	if int(id) >= len(r.tab.models) {
 		return false
@@ -271,7 +271,7 @@ func (r *Result) allow(id indexer.WorkerID) bool {
 	if r.filtered {
 		return r.state[id] != notCandidate
 	}
-	if !r.incStale && r.tab.health[id].Load() == events.HealthStale {
+	if !r.incStale && !r.tab.health[id].Load().Trusted() {
 		return false
 	}
 	return r.tab.models[id] == r.model

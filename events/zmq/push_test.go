@@ -26,6 +26,11 @@ type pushRig struct {
 
 func newPushRig(t *testing.T, pl zmq.PushListener) *pushRig {
 	t.Helper()
+	return newPushRigWith(t, pl, nil)
+}
+
+func newPushRigWith(t *testing.T, pl zmq.PushListener, tune func(*zmq.SubscriberOptions)) *pushRig {
+	t.Helper()
 	r := &pushRig{t: t, ix: indexer.New(indexer.Config{})}
 	for _, m := range []string{"m", "m2"} {
 		if _, err := r.ix.AddModel(m, 16); err != nil {
@@ -52,6 +57,9 @@ func newPushRig(t *testing.T, pl zmq.PushListener) *pushRig {
 			r.mu.Unlock()
 			return r.ix.AddWorker(indexer.WorkerInfo{Ref: ref, Model: model, Endpoint: "push"})
 		},
+	}
+	if tune != nil {
+		tune(&opts)
 	}
 	if r.sub, err = zmq.NewSubscriber(opts, zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pullEP, Sink: a}); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/lograte"
 )
@@ -18,7 +20,8 @@ type message struct {
 	batch     *events.Batch // nil when decodeErr is set
 	decodeErr error
 	at        time.Time
-	size      int64 // payload bytes, for the queue's byte bound
+	size      int64  // payload bytes, for the queue's byte bound
+	sum       uint64 // xxh3 of the payload, to tell a duplicate from a restart
 }
 
 // replayResult is what a replay fetch hands back to its stream. gen is
@@ -56,12 +59,30 @@ type stream struct {
 	health      events.HealthCell
 
 	// owned by run
-	expected     uint64
-	hasExpected  bool
-	recovering   bool
-	recoverFrom  uint64
-	replayGen    uint64 // bumped by each startRecovery
-	rounds       int    // answers of the current recovery asked again for what they dropped
+	expected    uint64
+	hasExpected bool
+	recovering  bool
+	recoverFrom uint64
+	replayGen   uint64 // bumped by each startRecovery
+	rounds      int    // answers of the current recovery asked again for what they dropped
+	// recent are the last applied messages by seq mod len, to recognise a
+	// repeated one.
+	recent [recentSeqs]struct {
+		seq, sum uint64
+		ok       bool
+	}
+	// back is the expected seq before the last time seq went back, and
+	// when: a message that continues it is a second publisher.
+	back   uint64
+	backAt time.Time
+	// backs counts seqs that went back since backFirst.
+	backs     int
+	backFirst time.Time
+	// conflict: two publishers interleave; next and last are each one's
+	// next seq and last message time.
+	conflict     bool
+	next         [2]uint64
+	last         [2]time.Time
 	pending      []message
 	pendingBytes int64 // payload bytes of pending
 	backoffUntil time.Time
@@ -76,9 +97,11 @@ type stream struct {
 	lastMessage    atomic.Int64 // unix ns of the last message
 	isRecovering   atomic.Bool
 	unsynced       atomic.Bool
-	monitored      bool   // pull mode: connection state is known
-	listener       int    // push mode: the listener's index; -1 in pull mode
-	model          string // push mode: the model the worker was created for
+	inConflict     atomic.Bool
+	lastBad        atomic.Int64 // unix ns of the last event that could not be decoded or applied
+	monitored      bool         // pull mode: connection state is known
+	listener       int          // push mode: the listener's index; -1 in pull mode
+	model          string       // push mode: the model the worker was created for
 	rankMismatches atomic.Int64
 
 	mu    sync.Mutex // guards stats and log
@@ -195,6 +218,10 @@ func (st *stream) onMessage(ctx context.Context, m message) {
 // process applies one live message in seq order, starting a replay when it
 // reveals a gap. Callers are the run goroutine, not recovering.
 func (st *stream) process(ctx context.Context, m message) {
+	if st.conflict {
+		st.inConflictMessage(m)
+		return
+	}
 	switch {
 	case !st.hasExpected:
 		if m.seq > 0 && st.replay != "" && !st.joinTried && time.Now().After(st.backoffUntil) {
@@ -208,6 +235,9 @@ func (st *stream) process(ctx context.Context, m message) {
 			st.mu.Unlock()
 		}
 	case m.seq == st.expected:
+	case m.seq > st.expected && st.continuesBack(m.seq, m.at):
+		st.startConflict(m)
+		return
 	case m.seq > st.expected:
 		missed := m.seq - st.expected
 		st.mu.Lock()
@@ -224,6 +254,15 @@ func (st *stream) process(ctx context.Context, m message) {
 			reason = "replay backing off after a failure"
 		}
 		st.unrecoverable(st.expected, m.seq, reason)
+	case st.duplicate(m):
+		st.mu.Lock()
+		st.stats.Duplicates++
+		st.mu.Unlock()
+		st.sub.putBatch(m.batch)
+		return
+	case st.bounces(m.at):
+		st.startConflict(m)
+		return
 	default: // seq went backwards: a new engine process
 		st.restart(fmt.Sprintf("seq went back from %d to %d: engine restarted", st.expected-1, m.seq))
 		if m.seq > 0 && st.replay != "" && time.Now().After(st.backoffUntil) {
@@ -247,11 +286,13 @@ func (st *stream) restart(reason string) {
 
 // apply applies a decoded (or undecodable) message and advances expected.
 func (st *stream) apply(m message) {
+	st.remember(m.seq, m.sum)
 	st.expected, st.hasExpected = m.seq+1, true
 	st.mu.Lock()
 	st.stats.LastSeq, st.stats.HasSeq = m.seq, true
 	st.mu.Unlock()
 	if m.decodeErr != nil {
+		st.lastBad.Store(m.at.UnixNano())
 		st.problem(fmt.Errorf("seq %d: %w", m.seq, m.decodeErr), true)
 		return
 	}
@@ -266,7 +307,10 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 	}
 	for i := range b.Events {
 		if b.Events[i].Kind == events.KindAllBlocksCleared {
+			// The worker starts again from nothing: what was lost or
+			// could not be applied before no longer shows in answers.
 			st.unsynced.Store(false)
+			st.lastBad.Store(0)
 		}
 	}
 	st.mu.Lock()
@@ -274,6 +318,7 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 	st.stats.Events += int64(len(b.Events))
 	st.mu.Unlock()
 	if err := st.sink.ApplyBatch(b); err != nil {
+		st.lastBad.Store(time.Now().UnixNano())
 		st.problem(fmt.Errorf("seq %d: %w", seq, err), false)
 	}
 }
@@ -456,7 +501,7 @@ func (st *stream) lost(from, to, asked uint64) {
 // applyReplayed decodes and applies one replayed batch and advances
 // expected past it.
 func (st *stream) applyReplayed(b replayedBatch) {
-	m := message{seq: b.seq, at: time.Now()}
+	m := message{seq: b.seq, at: time.Now(), sum: xxh3.Hash(b.payload)}
 	if st.dec == nil {
 		st.dec = events.NewDecoder()
 	}
@@ -465,6 +510,7 @@ func (st *stream) applyReplayed(b replayedBatch) {
 		st.apply(m)
 		return
 	}
+	st.remember(b.seq, m.sum)
 	st.expected, st.hasExpected = b.seq+1, true
 	st.mu.Lock()
 	st.stats.LastSeq, st.stats.HasSeq = b.seq, true
@@ -490,10 +536,11 @@ func (st *stream) drain(ctx context.Context, msgs []message) {
 
 // unrecoverable applies the gap policy to the lost seqs [from, to).
 func (st *stream) unrecoverable(from, to uint64, reason string) {
+	msg := fmt.Sprintf("lost batches %d..%d (%s)", from, to-1, reason)
 	st.mu.Lock()
 	st.stats.UnrecoveredGaps++
+	st.stats.UnsyncedReason = msg
 	st.mu.Unlock()
-	msg := fmt.Sprintf("lost batches %d..%d (%s)", from, to-1, reason)
 	switch st.sub.opts.GapPolicy {
 	case events.GapKeep:
 		st.unsynced.Store(true)
@@ -545,10 +592,14 @@ func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) events.Health 
 	switch {
 	case stale:
 		return events.HealthStale
+	case st.inConflict.Load():
+		return events.HealthConflict
 	case st.isRecovering.Load():
 		return events.HealthRecovering
 	case st.unsynced.Load():
 		return events.HealthUnsynced
+	case st.lastBad.Load() != 0 && now.Sub(time.Unix(0, st.lastBad.Load())) < degradedFor:
+		return events.HealthDegraded
 	case last != 0 || (st.monitored && st.connected.Load()):
 		return events.HealthOK
 	}
@@ -594,7 +645,131 @@ func (st *stream) snapshot() events.WorkerStats {
 	st.mu.Unlock()
 	s.Backlog = len(st.in)
 	s.Connected = st.connected.Load()
+	s.HealthReason = st.healthReason(&s, time.Now())
 	return s
+}
+
+// healthReason says, for an operator, why s.Health is not OK.
+func (st *stream) healthReason(s *events.WorkerStats, now time.Time) string {
+	switch s.Health {
+	case events.HealthStale:
+		if st.monitored && !s.Connected {
+			return "no connection to the engine's event socket since " + s.StaleSince.UTC().Format(time.RFC3339)
+		}
+		return "no message since " + s.LastMessage.UTC().Format(time.RFC3339)
+	case events.HealthConflict:
+		return s.ConflictReason
+	case events.HealthRecovering:
+		return "a replay is filling lost events"
+	case events.HealthUnsynced:
+		return "events were lost beyond replay and kept (gap_policy keep): " + s.UnsyncedReason
+	case events.HealthDegraded:
+		return fmt.Sprintf("events failed to decode or apply within the last %v; last: %s", degradedFor, s.LastError)
+	}
+	return ""
+}
+
+// degradedFor is how long after an event that could not be decoded or
+// applied the worker shows as DEGRADED.
+const degradedFor = time.Minute
+
+// recentSeqs is how many applied messages a stream remembers to recognise
+// a repeated one.
+const recentSeqs = 64
+
+// remember records an applied message's seq and payload sum.
+func (st *stream) remember(seq, sum uint64) {
+	r := &st.recent[seq%recentSeqs]
+	r.seq, r.sum, r.ok = seq, sum, true
+}
+
+// duplicate reports whether m repeats a recently applied message: the
+// same seq with the same payload. A seq that went back with another
+// payload is a restart (or a second publisher), not a duplicate.
+func (st *stream) duplicate(m message) bool {
+	if !st.hasExpected || m.seq >= st.expected || st.expected-m.seq > recentSeqs || m.decodeErr != nil {
+		return false
+	}
+	r := &st.recent[m.seq%recentSeqs]
+	return r.ok && r.seq == m.seq && r.sum == m.sum
+}
+
+// Two publishers on one topic interleave their seqs: after one's seq
+// "went back" (read as a restart), the other's next message continues the
+// sequence from before. continuesBack reports such a message: within
+// conflictWindow seqs of where the stream was before it went back, and
+// conflictAfter of it.
+const (
+	conflictWindow = 64
+	conflictAfter  = 10 * time.Second
+)
+
+func (st *stream) continuesBack(seq uint64, at time.Time) bool {
+	return !st.backAt.IsZero() && at.Sub(st.backAt) < conflictAfter &&
+		seq >= st.back && seq < st.back+conflictWindow && seq > st.expected+conflictWindow
+}
+
+// bounces records that the seq went back at at (and where from, for
+// continuesBack), and reports whether it is the third time within
+// conflictAfter: two publishers whose seqs are too close for
+// continuesBack to tell apart, not an engine restarting three times.
+func (st *stream) bounces(at time.Time) bool {
+	st.back, st.backAt = st.expected, at
+	if st.backFirst.IsZero() || at.Sub(st.backFirst) >= conflictAfter {
+		st.backFirst, st.backs = at, 0
+	}
+	st.backs++
+	return st.backs >= 3
+}
+
+// startConflict enters the conflict state on m, the message that showed
+// two publishers: the worker is cleared once (its events cannot be
+// ordered), and nothing is applied until one publisher stops.
+func (st *stream) startConflict(m message) {
+	st.conflict = true
+	st.inConflict.Store(true)
+	st.next = [2]uint64{m.seq + 1, st.expected}
+	st.last = [2]time.Time{m.at, m.at}
+	reason := fmt.Sprintf("two publishers on topic %q: seqs interleave (one near %d, one near %d); nothing is applied until one of them stops for %v", st.stats.Topic, m.seq, st.expected, st.sub.opts.ConflictQuiet)
+	st.mu.Lock()
+	st.stats.Conflicts++
+	st.stats.ConflictReason = reason
+	st.mu.Unlock()
+	st.sink.Reset(reason)
+	st.unsynced.Store(false)
+	st.sub.putBatch(m.batch)
+	st.sub.opts.Logger.Warn("two publishers on one topic: worker cleared and left out of answers", "worker", st.ref.String(), "detail", reason)
+}
+
+// inConflictMessage follows both publishers' seqs and drops m; when one of
+// them has been silent for ConflictQuiet, the stream follows the other
+// from its next message on, as a worker joining late.
+func (st *stream) inConflictMessage(m message) {
+	i := 0
+	if dist(m.seq, st.next[1]) < dist(m.seq, st.next[0]) {
+		i = 1
+	}
+	st.next[i], st.last[i] = m.seq+1, m.at
+	st.sub.putBatch(m.batch)
+	st.mu.Lock()
+	st.stats.Dropped++
+	st.mu.Unlock()
+	if m.at.Sub(st.last[1-i]) < st.sub.opts.ConflictQuiet {
+		return
+	}
+	st.conflict = false
+	st.inConflict.Store(false)
+	st.back, st.backAt, st.backs, st.backFirst = 0, time.Time{}, 0, time.Time{}
+	st.hasExpected, st.joinTried = false, false
+	st.sink.Reset("second publisher stopped: relearning the worker")
+	st.sub.opts.Logger.Info("conflict over: one publisher left on the topic", "worker", st.ref.String(), "seq", m.seq)
+}
+
+func dist(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 // brokenInvariant is the one place the transport panics: on a state its

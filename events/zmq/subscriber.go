@@ -14,6 +14,7 @@ import (
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/lograte"
@@ -170,6 +171,11 @@ type SubscriberOptions struct {
 	// has had no connection for this long (or never had one); 0 means 5 s,
 	// negative disables.
 	StaleAfterDisconnect time.Duration
+	// ConflictQuiet is how long one of two publishers interleaving on a
+	// worker's topic must stay silent for the worker to leave CONFLICT
+	// and follow the other; 0 means 10 s.
+	ConflictQuiet time.Duration
+
 	// StaleAfterSilence marks a worker stale when it has sent nothing for
 	// this long; 0 disables it (vLLM sends nothing while idle, so only set
 	// it where engines are never idle that long).
@@ -191,6 +197,7 @@ func (o *SubscriberOptions) defaults() {
 	set(&o.LogEvery, time.Minute)
 	set(&o.ReplayTimeout, DefaultReplayTimeout)
 	set(&o.ReplayIdle, 250*time.Millisecond)
+	set(&o.ConflictQuiet, 10*time.Second)
 	set(&o.ReplayBackoff, time.Second)
 	set(&o.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
 	seti := func(p *int, v int) {
@@ -561,7 +568,7 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		}
 		return
 	}
-	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now, size: int64(len(frames[2]))}
+	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now, size: int64(len(frames[2])), sum: xxh3.Hash(frames[2])}
 	b := r.sub.getBatch()
 	if err := r.dec.Decode(frames[2], b); err != nil {
 		r.sub.putBatch(b)

@@ -62,6 +62,12 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 			WorkerName(ws.GetWorker()), orDash(ws.GetModel()), orDash(ws.GetEndpoint()), health(ws, now), seq, last,
 			resident(ws), gaps(ws), replays(ws), ws.GetRestarts(), ws.GetClears(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans())
 		name := WorkerName(ws.GetWorker())
+		if r := ws.GetHealthReason(); r != "" {
+			notes = append(notes, fmt.Sprintf("%s: %s: %s", name, health(ws, now), r))
+		}
+		if n := ws.GetDuplicates(); n > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d duplicate messages dropped", name, n))
+		}
 		if n := ws.GetJoinedAtSeq(); n > 0 {
 			notes = append(notes, fmt.Sprintf("%s: joined late at seq %d: blocks stored before it are unknown", name, n))
 		}

@@ -142,7 +142,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.staleTransitions, s.StaleTransitions)
 		counter(c.dropped, s.Dropped)
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(s.Backlog), lv...)
-		for h := events.HealthUnknown; h <= events.HealthStale; h++ {
+		for h := events.HealthUnknown; int(h) < events.NumHealth; h++ {
 			v := 0.0
 			if s.Health == h {
 				v = 1

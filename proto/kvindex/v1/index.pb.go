@@ -46,6 +46,14 @@ const (
 	// silent; stale workers are left out of Score answers unless named as
 	// candidates (or the server includes them by configuration).
 	WorkerHealth_WORKER_HEALTH_STALE WorkerHealth = 4
+	// WORKER_HEALTH_CONFLICT: two publishers send on the worker's topic
+	// (their seqs interleave); nothing is applied until one stops, and the
+	// worker is left out of answers as a stale one is.
+	WorkerHealth_WORKER_HEALTH_CONFLICT WorkerHealth = 5
+	// WORKER_HEALTH_DEGRADED: in sequence, but some of the worker's events
+	// in the last minute could not be decoded or applied (the reason is in
+	// WorkerStatus.health_reason); the match may miss what they said.
+	WorkerHealth_WORKER_HEALTH_DEGRADED WorkerHealth = 6
 )
 
 // Enum value maps for WorkerHealth.
@@ -56,6 +64,8 @@ var (
 		2: "WORKER_HEALTH_RECOVERING",
 		3: "WORKER_HEALTH_UNSYNCED",
 		4: "WORKER_HEALTH_STALE",
+		5: "WORKER_HEALTH_CONFLICT",
+		6: "WORKER_HEALTH_DEGRADED",
 	}
 	WorkerHealth_value = map[string]int32{
 		"WORKER_HEALTH_UNSPECIFIED": 0,
@@ -63,6 +73,8 @@ var (
 		"WORKER_HEALTH_RECOVERING":  2,
 		"WORKER_HEALTH_UNSYNCED":    3,
 		"WORKER_HEALTH_STALE":       4,
+		"WORKER_HEALTH_CONFLICT":    5,
+		"WORKER_HEALTH_DEGRADED":    6,
 	}
 )
 
@@ -1468,8 +1480,16 @@ type WorkerStatus struct {
 	// engine's replay socket dropped the rest at its send limit) and were
 	// asked for again from the first missing seq.
 	ReplayContinuations uint64 `protobuf:"varint,44,opt,name=replay_continuations,json=replayContinuations,proto3" json:"replay_continuations,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// health_reason says why health is not OK; empty when it is.
+	HealthReason string `protobuf:"bytes,45,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	// duplicates counts messages whose seq and payload repeat one already
+	// applied; they are dropped.
+	Duplicates uint64 `protobuf:"varint,46,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
+	// conflicts counts times two publishers were found on the worker's
+	// topic.
+	Conflicts     uint64 `protobuf:"varint,47,opt,name=conflicts,proto3" json:"conflicts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -1810,6 +1830,27 @@ func (x *WorkerStatus) GetReplayContinuations() uint64 {
 	return 0
 }
 
+func (x *WorkerStatus) GetHealthReason() string {
+	if x != nil {
+		return x.HealthReason
+	}
+	return ""
+}
+
+func (x *WorkerStatus) GetDuplicates() uint64 {
+	if x != nil {
+		return x.Duplicates
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetConflicts() uint64 {
+	if x != nil {
+		return x.Conflicts
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1963,7 +2004,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xd7\f\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xba\r\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -2012,16 +2053,23 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x10budget_evictions\x18) \x01(\x04R\x0fbudgetEvictions\x12\x1a\n" +
 	"\bcapacity\x18* \x01(\x04R\bcapacity\x12#\n" +
 	"\rstale_replays\x18+ \x01(\x04R\fstaleReplays\x121\n" +
-	"\x14replay_continuations\x18, \x01(\x04R\x13replayContinuations\"=\n" +
+	"\x14replay_continuations\x18, \x01(\x04R\x13replayContinuations\x12#\n" +
+	"\rhealth_reason\x18- \x01(\tR\fhealthReason\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18. \x01(\x04R\n" +
+	"duplicates\x12\x1c\n" +
+	"\tconflicts\x18/ \x01(\x04R\tconflicts\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\x96\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\xce\x01\n" +
 	"\fWorkerHealth\x12\x1d\n" +
 	"\x19WORKER_HEALTH_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10WORKER_HEALTH_OK\x10\x01\x12\x1c\n" +
 	"\x18WORKER_HEALTH_RECOVERING\x10\x02\x12\x1a\n" +
 	"\x16WORKER_HEALTH_UNSYNCED\x10\x03\x12\x17\n" +
-	"\x13WORKER_HEALTH_STALE\x10\x042\x9e\x02\n" +
+	"\x13WORKER_HEALTH_STALE\x10\x04\x12\x1a\n" +
+	"\x16WORKER_HEALTH_CONFLICT\x10\x05\x12\x1a\n" +
+	"\x16WORKER_HEALTH_DEGRADED\x10\x062\x9e\x02\n" +
 	"\fIndexService\x12<\n" +
 	"\x05Score\x12\x18.kvindex.v1.ScoreRequest\x1a\x19.kvindex.v1.ScoreResponse\x12N\n" +
 	"\vListWorkers\x12\x1e.kvindex.v1.ListWorkersRequest\x1a\x1f.kvindex.v1.ListWorkersResponse\x12<\n" +
