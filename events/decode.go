@@ -34,6 +34,7 @@ const (
 	fSpecKind
 	fSlidingWindow
 	fCacheSalt // SGLang's map events only
+	fMetadata  // SGLang's BlockStoredWithMetadata: {"cache_salt": ...}
 	numFields
 	fType    // the map era's tag key
 	fUnknown // a key kvindex does not know: skipped
@@ -42,7 +43,7 @@ const (
 var fieldNames = [numFields]string{
 	"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
 	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-	"kv_cache_spec_sliding_window", "cache_salt",
+	"kv_cache_spec_sliding_window", "cache_salt", "metadata",
 }
 
 // storedOrder and removedOrder are the positional fields after the tag in the
@@ -104,6 +105,8 @@ func fieldByName(key []byte) field {
 		return fSlidingWindow
 	case "cache_salt":
 		return fCacheSalt
+	case "metadata":
+		return fMetadata
 	}
 	return fUnknown
 }
@@ -544,6 +547,11 @@ func (d *Decoder) decodeField(e *Event, f field) error {
 		}
 	case fLoRAName:
 		e.LoRAName = ""
+		if !isNil && d.pos < len(d.p) && isMap(d.p[d.pos]) {
+			// SGLang's array-form BlockStoredWithMetadata puts its
+			// metadata map where vLLM puts lora_name.
+			return d.decodeMetadata(e)
+		}
 		if !isNil {
 			var s []byte
 			if s, err = d.readStr(); err == nil {
@@ -585,8 +593,59 @@ func (d *Decoder) decodeField(e *Event, f field) error {
 				e.CacheSalt = string(s)
 			}
 		}
+	case fMetadata:
+		if !isNil {
+			return d.decodeMetadata(e)
+		}
 	}
 	return err
+}
+
+// decodeMetadata reads SGLang's BlockStoredMetadata map, {"cache_salt":
+// str} (keys it does not know are skipped), into e.CacheSalt.
+func (d *Decoder) decodeMetadata(e *Event) error {
+	off := d.pos
+	c, err := d.peek(off)
+	if err != nil {
+		return err
+	}
+	if !isMap(c) {
+		return d.typeErr(off, c, "metadata map")
+	}
+	n, err := d.mapLen(off, c)
+	if err != nil {
+		return err
+	}
+	field := d.field
+	for range n {
+		d.field, d.key = field+" (key)", nil
+		key, err := d.readStr()
+		if err != nil {
+			return err
+		}
+		if string(key) != "cache_salt" {
+			d.field, d.key = field, key
+			if err := d.skip(); err != nil {
+				return err
+			}
+			continue
+		}
+		d.field = field + ".cache_salt"
+		isNil, err := d.takeNil()
+		if err != nil {
+			return err
+		}
+		e.CacheSalt = ""
+		if !isNil {
+			s, err := d.readStr()
+			if err != nil {
+				return err
+			}
+			e.CacheSalt = string(s)
+		}
+	}
+	d.field = field
+	return nil
 }
 
 // readTokens reads len(t) token ids, the elements of an array whose header

@@ -236,7 +236,7 @@ func refEvent(e *Event, v any) error {
 		}
 		for _, kv := range x {
 			name := kv.k.(string)
-			if name == "cache_salt" && e.Kind == KindBlockStored { // map era only (SGLang)
+			if (name == "cache_salt" || name == "metadata") && e.Kind == KindBlockStored { // map era only (SGLang)
 				if err := refField(e, name, kv.v); err != nil {
 					return err
 				}
@@ -331,8 +331,19 @@ func refField(e *Event, name string, v any) error {
 		}
 	case "lora_name":
 		e.LoRAName = ""
+		if m, ok := v.(refMap); ok { // SGLang's array-form metadata in lora_name's place
+			return refMetadata(e, m)
+		}
 		if v != nil {
 			e.LoRAName, err = refStr(v)
+		}
+	case "metadata":
+		if v != nil {
+			m, ok := v.(refMap)
+			if !ok {
+				return fmt.Errorf("ref: metadata %T", v)
+			}
+			return refMetadata(e, m)
 		}
 	case "extra_keys":
 		e.ExtraKeys = nil
@@ -383,6 +394,29 @@ func refField(e *Event, name string, v any) error {
 		}
 	}
 	return err
+}
+
+// refMetadata reads SGLang's BlockStoredMetadata: string keys, cache_salt
+// a string or nil, other keys ignored.
+func refMetadata(e *Event, m refMap) error {
+	for _, kv := range m {
+		k, ok := kv.k.(string)
+		if !ok {
+			return fmt.Errorf("ref: metadata key %T", kv.k)
+		}
+		if k != "cache_salt" {
+			continue
+		}
+		e.CacheSalt = ""
+		if kv.v != nil {
+			s, err := refStr(kv.v)
+			if err != nil {
+				return err
+			}
+			e.CacheSalt = s
+		}
+	}
+	return nil
 }
 
 // refInt returns an integer's 64-bit two's complement and whether it is

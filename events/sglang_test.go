@@ -103,3 +103,49 @@ func TestSGLangMapEvents(t *testing.T) {
 		t.Fatalf("round trip: %+v %v", again, err)
 	}
 }
+
+// SGLang's BlockStoredWithMetadata, in the array era, appends its
+// metadata map {"cache_salt": ...} as the 8th element, where vLLM puts
+// lora_name; in the map era it is a "metadata" key. Both carry the salt.
+func TestSGLangStoredWithMetadata(t *testing.T) {
+	arrayEra := "" +
+		"93" + "cb41da4aa6e0200000" + "91" + // [ts, [event], ...
+		"98" + // event array of 8
+		"ab426c6f636b53746f726564" + // "BlockStored"
+		"91" + "07" + // block_hashes [7]
+		"c0" + // parent_block_hash nil
+		"920102" + // token_ids [1, 2]
+		"02" + // block_size 2
+		"c0" + // lora_id nil
+		"c0" + // medium nil
+		"81" + "aa63616368655f73616c74" + "a573616c7431" + // {"cache_salt": "salt1"}
+		"00" // attn_dp_rank 0
+	mapEra := "" +
+		"93" + "cb41da4aa6e0200000" + "91" +
+		"86" + // map of 6
+		"a474797065" + "ab426c6f636b53746f726564" +
+		"ac626c6f636b5f686173686573" + "9107" +
+		"b1706172656e745f626c6f636b5f68617368" + "c0" +
+		"a9746f6b656e5f696473" + "920102" +
+		"aa626c6f636b5f73697a65" + "02" +
+		"a86d65746164617461" + "82" + "a17a" + "c3" + "aa63616368655f73616c74" + "a573616c7432" + // metadata: {"z": true, "cache_salt": "salt2"}
+		"00"
+	for _, tc := range []struct{ name, hex, salt string }{{"array", arrayEra, "salt1"}, {"map", mapEra, "salt2"}} {
+		payload, err := hex.DecodeString(tc.hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Decode(payload)
+		if err != nil {
+			t.Fatalf("%s era: %v", tc.name, err)
+		}
+		e := b.Events[0]
+		if e.Kind != KindBlockStored || e.CacheSalt != tc.salt || e.LoRAName != "" || len(e.TokenIDs) != 2 || e.BlockSize != 2 {
+			t.Fatalf("%s era: event %+v, want salt %q", tc.name, e, tc.salt)
+		}
+		ref, err := refDecode(payload)
+		if err != nil || ref.Events[0].CacheSalt != tc.salt {
+			t.Fatalf("%s era: reference decoder: %v, %+v", tc.name, err, ref)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -50,4 +51,28 @@ func OffsetEndpoint(endpoint string, r int) (string, error) {
 		return "", fmt.Errorf("events: endpoint %q: port %q cannot be offset by rank %d", endpoint, endpoint[i+1:], r)
 	}
 	return endpoint[:i+1] + strconv.Itoa(port+r), nil
+}
+
+// SGLang's topic markers: its live topic is the configured topic followed
+// by "\x00sgl-kv-epoch=<epoch>" (a new epoch per engine process), and a
+// snapshot barrier, a batch with no events that marks where a snapshot
+// stands in the stream, adds "\x00sgl-kv-snapshot=<id>".
+const (
+	sglEpochMarker   = "\x00sgl-kv-epoch="
+	sglBarrierMarker = "\x00sgl-kv-snapshot="
+)
+
+// SplitTopic splits a message topic into the configured topic and
+// SGLang's suffixes: the engine's lifecycle epoch ("" without one) and
+// whether the message is a snapshot barrier. The results alias topic.
+func SplitTopic(topic []byte) (base, epoch []byte, barrier bool) {
+	i := bytes.Index(topic, []byte(sglEpochMarker))
+	if i < 0 {
+		return topic, nil, false
+	}
+	base, epoch = topic[:i], topic[i+len(sglEpochMarker):]
+	if j := bytes.Index(epoch, []byte(sglBarrierMarker)); j >= 0 {
+		epoch, barrier = epoch[:j], true
+	}
+	return base, epoch, barrier
 }

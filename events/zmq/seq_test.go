@@ -107,3 +107,41 @@ func TestTwoPublishersOnOneTopic(t *testing.T) {
 		})
 	}
 }
+
+// SGLang's newest publisher: its live topic carries the engine's epoch,
+// and snapshot barriers (batches with no events) go out on a barrier topic
+// within the live sequence. Barriers are not errors; a new epoch is a
+// restart even when the seq does not go back.
+func TestSGLangEpochsAndBarriers(t *testing.T) {
+	r := newPushRig(t, zmq.PushListener{})
+	live := "kv@p@m\x00sgl-kv-epoch=5b1d"
+	p := r.engine(live)
+	for i := range 3 {
+		if _, err := p.Publish(storeBatch(0, uint64(10+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.PublishOn(live+"\x00sgl-kv-snapshot=barrier-1", &events.Batch{}); err != nil { // seq 3
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(storeBatch(0, 13)); err != nil { // seq 4
+		t.Fatal(err)
+	}
+	waitFor(t, "five batches", func() bool { return statsOf(r.sub, "p").LastSeq == 4 })
+	st := statsOf(r.sub, "p")
+	w := r.ix.LookupWorker(events.WorkerRef{Pod: "p"})
+	if st.DecodeErrors+st.ApplyErrors != 0 || st.Batches != 5 || st.Restarts != 0 || st.Topic != "kv@p@m" || w.Stats().ResidentBlocks != 4 {
+		t.Fatalf("barrier handling: stats %+v, resident %d", st, w.Stats().ResidentBlocks)
+	}
+	if n := len(r.sub.Refusals()); n != 0 {
+		t.Fatalf("refusals %+v: the epoch and barrier topics are the same worker's", r.sub.Refusals())
+	}
+	// A new process: new epoch, and (to show the epoch decides) a seq that
+	// continues upwards.
+	p.SetTopic("kv@p@m\x00sgl-kv-epoch=77e0")
+	if _, err := p.Publish(storeBatch(0, 20)); err != nil { // seq 5
+		t.Fatal(err)
+	}
+	waitFor(t, "the restart", func() bool { return statsOf(r.sub, "p").Restarts == 1 })
+	waitFor(t, "the new epoch's block only", func() bool { return w.Stats().ResidentBlocks == 1 })
+}

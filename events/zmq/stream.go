@@ -22,6 +22,7 @@ type message struct {
 	at        time.Time
 	size      int64  // payload bytes, for the queue's byte bound
 	sum       uint64 // xxh3 of the payload, to tell a duplicate from a restart
+	newEpoch  string // SGLang: the topic names a new engine epoch
 }
 
 // replayResult is what a replay fetch hands back to its stream. gen is
@@ -54,6 +55,9 @@ type stream struct {
 	in         chan message
 	queued     atomic.Int64 // payload bytes in in
 	replayDone chan replayResult
+	// rxEpoch is the last SGLang epoch seen in the worker's topic, owned
+	// by the stream's one receiver.
+	rxEpoch []byte
 	// connectedCh has a value when the pull-mode socket (re)connected.
 	connectedCh chan struct{}
 	health      events.HealthCell
@@ -221,6 +225,9 @@ func (st *stream) process(ctx context.Context, m message) {
 	if st.conflict {
 		st.inConflictMessage(m)
 		return
+	}
+	if m.newEpoch != "" && st.hasExpected {
+		st.restart(fmt.Sprintf("the engine's epoch changed to %q: engine restarted", m.newEpoch))
 	}
 	switch {
 	case !st.hasExpected:

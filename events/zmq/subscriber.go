@@ -576,18 +576,28 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 	} else {
 		m.batch = b
 	}
+	topic, epoch, _ := events.SplitTopic(frames[0])
 	st := r.st
 	if st == nil {
-		st = r.streamForTopic(frames[0], m.batch)
+		st = r.streamForTopic(topic, m.batch)
 		if st == nil {
 			r.sub.putBatch(m.batch)
 			return
 		}
 	}
-	if st.stats.Topic == "" || st.stats.Topic != string(frames[0]) { // compared without allocating
+	if st.stats.Topic == "" || st.stats.Topic != string(topic) { // compared without allocating
 		st.mu.Lock()
-		st.stats.Topic = string(frames[0])
+		st.stats.Topic = string(topic)
 		st.mu.Unlock()
+	}
+	// SGLang names each engine process with an epoch in the topic: a new
+	// one is a restart whatever the seq does. rxEpoch is owned by this
+	// receiver, the only one feeding st.
+	if len(epoch) > 0 && string(epoch) != string(st.rxEpoch) {
+		if st.rxEpoch != nil {
+			m.newEpoch = string(epoch)
+		}
+		st.rxEpoch = append(st.rxEpoch[:0], epoch...)
 	}
 	st.enqueue(m)
 }

@@ -293,6 +293,29 @@ func (p *Publisher) sendLocked(seq uint64, payload []byte) error {
 	return nil
 }
 
+// SetTopic changes the topic of the messages sent from now on, as an
+// engine that names its process in the topic (SGLang's epoch suffix) does
+// on restart; seq and the replay buffer are unchanged.
+func (p *Publisher) SetTopic(topic string) {
+	p.mu.Lock()
+	p.topic = topic
+	p.mu.Unlock()
+}
+
+// PublishOn sends b with the next seq on another topic, once, as SGLang
+// sends a snapshot barrier on a barrier topic within its live sequence.
+func (p *Publisher) PublishOn(topic string, b *events.Batch) (uint64, error) {
+	p.mu.Lock()
+	old := p.topic
+	p.topic = topic
+	p.mu.Unlock()
+	seq, err := p.publish(b, nil, true)
+	p.mu.Lock()
+	p.topic = old
+	p.mu.Unlock()
+	return seq, err
+}
+
 // SetSeq sets the seq of the next message: 0 simulates an engine restart
 // (and empties the replay buffer, as a new process has none), skipping
 // ahead simulates messages lost beyond replay.
