@@ -553,7 +553,7 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 			Clears:              clampU64(st.Clears),
 			Resets:              clampU64(st.Resets),
 			LastReset:           st.LastReset,
-			Evictions:           clampU64(st.Evictions),
+			Evictions:           clampU64(st.Evictions - st.BudgetEvictions), // capacity only: each reason once
 			BudgetEvictions:     clampU64(st.BudgetEvictions),
 			Capacity:            clampU64(st.Capacity),
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/redact"
 )
 
 // invalid returns an ErrInvalid naming field, its full path in the YAML
@@ -169,7 +170,7 @@ func (p *Pod) validate(field string) error {
 		return invalid(field+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
 	}
 	if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
-		return invalid(field+".metrics_url", "%q is not an http(s) URL", p.MetricsURL)
+		return invalid(field+".metrics_url", "%q is not an http(s) URL", redact.URL(p.MetricsURL))
 	}
 	if p.ReplayEndpoint != "" {
 		if err := checkEndpoint(p.ReplayEndpoint); err != nil {

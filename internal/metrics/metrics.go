@@ -108,7 +108,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.skippedGroup, s.SkippedGroupEvents)
 		counter(c.clears, s.Clears)
 		counter(c.resets, s.Resets)
-		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.Evictions), append(lv, "capacity")...)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.Evictions-s.BudgetEvictions), append(lv, "capacity")...)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.BudgetEvictions), append(lv, "budget")...)
 		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(s.Capacity), lv...)
 		for m, n := range s.ResidentByMedium {

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/redact"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -106,22 +107,26 @@ func (s *Scraper) Run(ctx context.Context) {
 }
 
 // Once scrapes one target and posts every rank's load.
+//
+// Errors name the URL with credentials and token-bearing query values
+// masked (internal/redact): they end up in logs.
 func (s *Scraper) Once(ctx context.Context, t Target) error {
+	shown := redact.URL(t.URL)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
 	if err != nil {
-		return fmt.Errorf("scrape %s: %w", t.URL, err)
+		return fmt.Errorf("scrape %s: %w", shown, redact.Err(err))
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("scrape %s: %w", t.URL, err)
+		return fmt.Errorf("scrape %s: %w", shown, redact.Err(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("scrape %s: HTTP %s", t.URL, resp.Status)
+		return fmt.Errorf("scrape %s: HTTP %s", shown, resp.Status)
 	}
 	loads, err := Parse(io.LimitReader(resp.Body, 16<<20), t.DPSize)
 	if err != nil {
-		return fmt.Errorf("scrape %s: %w", t.URL, err)
+		return fmt.Errorf("scrape %s: %w", shown, err)
 	}
 	now := time.Now()
 	for rank, l := range loads {

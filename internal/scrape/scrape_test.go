@@ -93,3 +93,25 @@ func TestScrapeOverHTTP(t *testing.T) {
 		t.Fatalf("failures %d", bad.Failures())
 	}
 }
+
+// A metrics_url with credentials or a token in its query never shows them
+// in an error (which is what gets logged), whether the server answers or
+// not.
+func TestScrapeErrorsRedactCredentials(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	s := New(nil, scoring.NewLoadBoard(time.Second), time.Second, nil)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	for _, u := range []string{
+		"http://admin:hunter2@" + host + "/metrics?token=s3cr3t",
+		"http://admin:hunter2@127.0.0.1:1/metrics?token=s3cr3t", // nothing listens
+	} {
+		err := s.Once(context.Background(), Target{Pod: "p", URL: u})
+		if err == nil {
+			t.Fatalf("%s: no error", u)
+		}
+		if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "s3cr3t") || !strings.Contains(msg, "REDACTED") {
+			t.Fatalf("error shows credentials: %s", msg)
+		}
+	}
+}
