@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/quote"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/scoring"
 )
@@ -424,7 +425,7 @@ func (s *Server) unknownModel(name string) error {
 	if known == "" {
 		known = "none"
 	}
-	return status.Errorf(codes.InvalidArgument, "model: unknown model %q; known: %s", name, known)
+	return status.Errorf(codes.InvalidArgument, "model: unknown model %s; known: %s", quote.Q(name), quote.S(known))
 }
 
 // buildScoreResponse turns the ranking in sc into the response. All

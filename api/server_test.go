@@ -283,6 +283,26 @@ func TestScoreInvalidArgument(t *testing.T) {
 	wantScore(t, got, 2, ws("pod-a", 0, 2, "GPU", 2), ws("pod-b", 1, 2, "GPU", 2), ws("pod-c", 0, 2, "GPU", 2))
 }
 
+// Errors echo what the request sent capped, whatever its size: a 1 MB
+// model, pod or policy name comes back as at most a few hundred bytes.
+func TestErrorsEchoCappedValues(t *testing.T) {
+	f, _ := newScoreFixture(t, api.Options{})
+	huge := strings.Repeat("x", 1<<20)
+	tokens := prompt(1, 2)
+	for _, req := range []*kvindexv1.ScoreRequest{
+		{Model: huge, TokenIds: tokens},
+		{Model: "m", TokenIds: tokens, Workers: []*kvindexv1.WorkerRef{ref(huge, 0)}},
+		{Model: "m", TokenIds: tokens, Loads: []*kvindexv1.WorkerLoad{{Worker: ref(huge, 0)}}},
+		{Model: "m", TokenIds: tokens, Policy: &kvindexv1.ScorePolicy{Name: huge}},
+	} {
+		_, err := f.client.Score(context.Background(), req)
+		st, ok := api.ServerStatus(err)
+		if !ok || st.Code() != codes.InvalidArgument || len(st.Message()) > 400 || !strings.Contains(st.Message(), "... (104857") {
+			t.Fatalf("error of %d bytes: %.200q", len(st.Message()), st.Message())
+		}
+	}
+}
+
 func TestHealthServing(t *testing.T) {
 	f, _ := newScoreFixture(t, api.Options{})
 	hc := healthpb.NewHealthClient(f.client.Conn())

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/quote"
 )
 
 // ErrDuplicateRequest: Route was given a request id already in flight.
@@ -182,7 +183,7 @@ func (t *Tracker) Record(id string, w indexer.WorkerID, gen uint32, keys []index
 	if f, ok := sh.m[id]; ok {
 		if now.Before(f.expires) {
 			sh.mu.Unlock()
-			return fmt.Errorf("%w: %q", ErrDuplicateRequest, id)
+			return fmt.Errorf("%w: %s", ErrDuplicateRequest, quote.Q(id))
 		}
 		t.endLocked(sh, id, f)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/quote"
 )
 
 // Name selects a ranking policy.
@@ -128,7 +129,7 @@ func (o Override) Apply(base Policy) (Policy, error) {
 	case "longest_prefix":
 		p.Name = LongestPrefix
 	default:
-		return p, fmt.Errorf("name: unknown policy %q (want cache_aware or longest_prefix)", o.Name)
+		return p, fmt.Errorf("name: unknown policy %s (want cache_aware or longest_prefix)", quote.Q(o.Name))
 	}
 	switch o.Guard {
 	case "":
@@ -139,7 +140,7 @@ func (o Override) Apply(base Policy) (Policy, error) {
 	case "off":
 		p.Guard = GuardOff
 	default:
-		return p, fmt.Errorf("guard: unknown guard %q (want cost, static or off)", o.Guard)
+		return p, fmt.Errorf("guard: unknown guard %s (want cost, static or off)", quote.Q(o.Guard))
 	}
 	for _, f := range []struct {
 		name string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/quote"
 )
 
 // Errors of Scorer calls; a *RequestError is a request that cannot be
@@ -400,10 +401,10 @@ func (r *Result) markCandidates(refs []events.WorkerRef) error {
 		}
 		id, ok := r.tab.byRef[ref]
 		if !ok {
-			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %q", ref, r.model.Name)
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s", quote.S(ref.String()), quote.Q(r.model.Name))
 		}
 		if m := r.tab.models[id]; m != r.model {
-			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %q (it serves %q)", ref, r.model.Name, m.Name)
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s (it serves %s)", quote.S(ref.String()), quote.Q(r.model.Name), quote.Q(m.Name))
 		}
 		if r.state[id] == notCandidate {
 			r.state[id] = candidate
@@ -420,7 +421,7 @@ func (r *Result) markLoads(loads []RequestLoad) error {
 		wl := &loads[i]
 		id, ok := r.tab.byRef[wl.Worker]
 		if !ok || r.tab.models[id] != r.model {
-			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %q", wl.Worker, r.model.Name)
+			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %s", quote.S(wl.Worker.String()), quote.Q(r.model.Name))
 		}
 		if u := wl.KVUsage; u < 0 || u > 1 || math.IsNaN(u) {
 			return badField(fmt.Sprintf("loads[%d].kv_cache_usage", i), "%v is not in [0, 1]", u)
@@ -499,7 +500,7 @@ func (s *Scorer) Route(id string, req *Request, pick *events.WorkerRef, res *Res
 		wid, ok := res.tab.byRef[*pick]
 		if !ok || res.tab.models[wid] != req.Model {
 			res.reset()
-			return -1, badField("pick", "unknown worker %s for model %q", *pick, req.Model.Name)
+			return -1, badField("pick", "unknown worker %s for model %s", quote.S(pick.String()), quote.Q(req.Model.Name))
 		}
 		chosen = res.indexOf(wid)
 		if chosen < 0 { // a stale or filtered-out worker the router chose anyway
@@ -514,7 +515,7 @@ func (s *Scorer) Route(id string, req *Request, pick *events.WorkerRef, res *Res
 	if chosen < 0 {
 		name := req.Model.Name
 		res.reset()
-		return -1, fmt.Errorf("%w: no worker of model %q is available (all stale or none configured)", ErrNoWorker, name)
+		return -1, fmt.Errorf("%w: no worker of model %s is available (all stale or none configured)", ErrNoWorker, quote.Q(name))
 	}
 	c := &res.Ranked[chosen]
 	if err := s.tracker.Record(id, c.Match.Worker, c.Gen, res.Keys, uint64(c.Own)); err != nil {
