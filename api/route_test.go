@@ -8,10 +8,12 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/indexer"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // newRouteFixture serves n idle workers of model "m" holding nothing.
@@ -191,5 +193,33 @@ func TestScoreWithLoadsAndPolicy(t *testing.T) {
 	// Without a policy, Score lists only matching workers, as it always did.
 	if resp := score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: p}); len(resp.GetWorkers()) != 2 {
 		t.Fatalf("no policy: %v", resp.GetWorkers())
+	}
+}
+
+// Only the client that routed a request may release it; request ids are
+// bounded; a full in-flight table refuses with ResourceExhausted.
+func TestReleaseOwnershipAndBounds(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	mustModel(t, ix, "m")
+	mustWorker(t, ix, "m", "pod-0", 0)
+	srv := api.NewServer(ix, nil, api.Options{Tracker: scoring.NewTracker(scoring.TrackerOptions{MaxFlights: 1})})
+	alice := api.WithIdentity(context.Background(), "alice")
+	bob := api.WithIdentity(context.Background(), "bob")
+	req := &kvindexv1.RouteRequest{RequestId: "r1", Score: &kvindexv1.ScoreRequest{Model: "m", TokenIds: prompt(1, 2)}}
+	if _, err := srv.Route(alice, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Route(alice, &kvindexv1.RouteRequest{RequestId: "r2", Score: req.Score}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("route past max in flight: %v, want ResourceExhausted", err)
+	}
+	if _, err := srv.Release(bob, &kvindexv1.ReleaseRequest{RequestId: "r1"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("release by another client: %v, want PermissionDenied", err)
+	}
+	if resp, err := srv.Release(alice, &kvindexv1.ReleaseRequest{RequestId: "r1"}); err != nil || !resp.GetReleased() {
+		t.Fatalf("release by its owner: %v, %v", resp, err)
+	}
+	long := strings.Repeat("x", api.MaxRequestIDBytes+1)
+	if _, err := srv.Route(alice, &kvindexv1.RouteRequest{RequestId: long, Score: req.Score}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("long request id: %v, want InvalidArgument", err)
 	}
 }

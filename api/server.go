@@ -289,6 +289,10 @@ func scoringStatus(err error) error {
 		return status.Errorf(codes.AlreadyExists, "request_id: %v", err)
 	case errors.Is(err, scoring.ErrNoWorker):
 		return status.Errorf(codes.FailedPrecondition, "score.model: %v", err)
+	case errors.Is(err, scoring.ErrTooManyFlights):
+		return status.Errorf(codes.ResourceExhausted, "request_id: %v", err)
+	case errors.Is(err, scoring.ErrNotOwner):
+		return status.Errorf(codes.PermissionDenied, "request_id: %v", err)
 	}
 	return status.Error(codes.Internal, err.Error())
 }
@@ -298,8 +302,8 @@ func scoringStatus(err error) error {
 // the choice so that the request's blocks count as speculatively cached
 // there and its uncached prefill as in-flight load (scoring.Scorer.Route).
 func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
-	if req.GetRequestId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "request_id: required")
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return nil, err
 	}
 	if req.GetScore() == nil {
 		return nil, status.Error(codes.InvalidArgument, "score: required")
@@ -313,7 +317,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 	if p := req.GetPick(); p != nil {
 		pick = &events.WorkerRef{Pod: p.GetPod(), DPRank: int(p.GetDpRank())}
 	}
-	chosen, err := s.scorer.Route(req.GetRequestId(), &sc.req, pick, &sc.res)
+	chosen, err := s.scorer.Route(req.GetRequestId(), principal(ctx), &sc.req, pick, &sc.res)
 	if err != nil {
 		return nil, scoringStatus(err)
 	}
@@ -323,10 +327,39 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 
 // Release implements kvindexv1.IndexServiceServer.
 func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
-	if req.GetRequestId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "request_id: required")
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return nil, err
 	}
-	return &kvindexv1.ReleaseResponse{Released: s.scorer.Release(req.GetRequestId())}, nil
+	released, err := s.scorer.Release(req.GetRequestId(), principal(ctx))
+	if err != nil {
+		return nil, scoringStatus(err)
+	}
+	return &kvindexv1.ReleaseResponse{Released: released}, nil
+}
+
+// MaxRequestIDBytes bounds Route's and Release's request_id: ids are kept
+// for every request in flight.
+const MaxRequestIDBytes = 256
+
+// checkRequestID validates a request_id.
+func checkRequestID(id string) error {
+	switch {
+	case id == "":
+		return status.Error(codes.InvalidArgument, "request_id: required")
+	case len(id) > MaxRequestIDBytes:
+		return status.Errorf(codes.InvalidArgument, "request_id: %d bytes exceed the limit of %d", len(id), MaxRequestIDBytes)
+	}
+	return nil
+}
+
+// principal names the client of ctx for request ownership: the
+// authenticated identity when authentication is on, else "" (every
+// client the same).
+func principal(ctx context.Context) string {
+	if id, ok := IdentityFrom(ctx); ok {
+		return id
+	}
+	return ""
 }
 
 // checkScoreRequest validates everything that needs no worker table and

@@ -41,7 +41,7 @@ func BenchmarkScoreLoaded(b *testing.B) {
 	f, prompts := loadedFleet(b)
 	idle := New(f.ix, Options{})
 	loads := NewLoadBoard(time.Hour)
-	busy := New(f.ix, Options{Loads: loads, Tracker: NewTracker(time.Hour, time.Hour, nil)})
+	busy := New(f.ix, Options{Loads: loads, Tracker: NewTracker(TrackerOptions{SpecTTL: time.Hour, FlightTTL: time.Hour})})
 	r := rand.New(rand.NewPCG(6, 6))
 	var route Result
 	for i := range 1000 {
@@ -49,7 +49,7 @@ func BenchmarkScoreLoaded(b *testing.B) {
 		if i >= len(prompts) {
 			p = tokens(r, 32*testBS)
 		}
-		if _, err := busy.Route("r"+strconv.Itoa(i), &Request{Model: f.model, Tokens: p}, nil, &route); err != nil {
+		if _, err := busy.Route("r"+strconv.Itoa(i), "", &Request{Model: f.model, Tokens: p}, nil, &route); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -78,10 +78,10 @@ func BenchmarkScoreLoaded(b *testing.B) {
 			setLoads(n)
 			// One route in and one out per tick keeps 1,000 in flight.
 			churn[0] = uint32(next)
-			if _, err := busy.Route("r"+strconv.Itoa(next), &Request{Model: f.model, Tokens: churn}, nil, &res); err != nil {
+			if _, err := busy.Route("r"+strconv.Itoa(next), "", &Request{Model: f.model, Tokens: churn}, nil, &res); err != nil {
 				panic(err)
 			}
-			busy.Release("r" + strconv.Itoa(next-1000+len(prompts)))
+			busy.Release("r"+strconv.Itoa(next-1000+len(prompts)), "")
 			next++
 			if n%10 == 0 {
 				busy.Tracker().Sweep()

@@ -14,8 +14,15 @@ import (
 	"github.com/kvindex/kvindex/internal/quote"
 )
 
-// ErrDuplicateRequest: Route was given a request id already in flight.
-var ErrDuplicateRequest = errors.New("scoring: request id already in flight")
+// Errors of Tracker.Record and Release.
+var (
+	// ErrDuplicateRequest: Route was given a request id already in flight.
+	ErrDuplicateRequest = errors.New("scoring: request id already in flight")
+	// ErrTooManyFlights: the in-flight table is full (TrackerOptions.MaxFlights).
+	ErrTooManyFlights = errors.New("scoring: too many requests in flight")
+	// ErrNotOwner: Release named a request another client routed.
+	ErrNotOwner = errors.New("scoring: request routed by another client")
+)
 
 // Tracker remembers routing decisions (Route): each request's uncached
 // prefill tokens count as its worker's in-flight load until Release or
@@ -42,6 +49,8 @@ var ErrDuplicateRequest = errors.New("scoring: request id already in flight")
 // calling out, and none is held across shards.
 type Tracker struct {
 	specTTL, flightTTL time.Duration
+	maxFlights         int64
+	maxSpecKeys        int64
 	now                func() time.Time
 	seed               maphash.Seed
 
@@ -51,6 +60,10 @@ type Tracker struct {
 	cellsMu sync.Mutex                    // guards growing cells
 	cells   atomic.Pointer[[]*flightCell] // by WorkerID
 	count   atomic.Int64                  // flights in all shards
+	// specKeys is the keys held by speculative entries, bounded by
+	// maxSpecKeys; refused and skipped count what the bounds turned away.
+	specKeys         atomic.Int64
+	refused, skipped atomic.Int64
 }
 
 // Shard counts: enough that a sweep of one shard (1/64 of 100 k flights)
@@ -78,6 +91,7 @@ type flight struct {
 	cell    *flightCell
 	tokens  uint64
 	expires time.Time
+	owner   string // who routed it; only they may release it
 }
 
 // flightCell is one worker generation's in-flight totals.
@@ -105,7 +119,7 @@ type Spec struct {
 	Blocks int
 }
 
-// Default TTLs of NewTracker.
+// Defaults of TrackerOptions.
 const (
 	// DefaultSpecTTL is how long a routed prompt's blocks count as cached
 	// on its worker before events confirm them: longer than an engine
@@ -114,21 +128,51 @@ const (
 	// DefaultFlightTTL is how long a routed request counts as load when
 	// its Release never comes.
 	DefaultFlightTTL = 2 * time.Minute
+	// DefaultMaxFlights bounds the requests in flight: a fleet's running
+	// and queued requests are far fewer. About 100 bytes each.
+	DefaultMaxFlights = 1 << 17
+	// DefaultMaxSpecKeys bounds the block keys speculative entries hold
+	// (8 bytes each: 128 MiB).
+	DefaultMaxSpecKeys = 1 << 24
 )
 
-// NewTracker returns a tracker; zero TTLs mean DefaultSpecTTL and
-// DefaultFlightTTL. now may be nil (time.Now).
-func NewTracker(specTTL, flightTTL time.Duration, now func() time.Time) *Tracker {
-	if specTTL <= 0 {
-		specTTL = DefaultSpecTTL
+// TrackerOptions configure a Tracker. The zero value is usable.
+type TrackerOptions struct {
+	// SpecTTL is how long routed blocks count as speculatively cached; 0
+	// means DefaultSpecTTL.
+	SpecTTL time.Duration
+	// FlightTTL is how long a routed request counts as load without a
+	// Release; 0 means DefaultFlightTTL.
+	FlightTTL time.Duration
+	// MaxFlights bounds the requests in flight; Record refuses more with
+	// ErrTooManyFlights, counted. 0 means DefaultMaxFlights.
+	MaxFlights int
+	// MaxSpecKeys bounds the block keys all speculative entries hold;
+	// past it a route is recorded without its speculative blocks, counted.
+	// 0 means DefaultMaxSpecKeys.
+	MaxSpecKeys int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// NewTracker returns a tracker.
+func NewTracker(o TrackerOptions) *Tracker {
+	if o.SpecTTL <= 0 {
+		o.SpecTTL = DefaultSpecTTL
 	}
-	if flightTTL <= 0 {
-		flightTTL = DefaultFlightTTL
+	if o.FlightTTL <= 0 {
+		o.FlightTTL = DefaultFlightTTL
 	}
-	if now == nil {
-		now = time.Now
+	if o.MaxFlights <= 0 {
+		o.MaxFlights = DefaultMaxFlights
 	}
-	t := &Tracker{specTTL: specTTL, flightTTL: flightTTL, now: now, seed: maphash.MakeSeed()}
+	if o.MaxSpecKeys <= 0 {
+		o.MaxSpecKeys = DefaultMaxSpecKeys
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	t := &Tracker{specTTL: o.SpecTTL, flightTTL: o.FlightTTL, maxFlights: int64(o.MaxFlights), maxSpecKeys: int64(o.MaxSpecKeys), now: o.Now, seed: maphash.MakeSeed()}
 	for i := range t.flights {
 		t.flights[i].m = make(map[string]flight)
 	}
@@ -173,9 +217,11 @@ func (t *Tracker) cell(w indexer.WorkerID, gen uint32) *flightCell {
 	return c
 }
 
-// Record notes that request id was sent to worker (w, gen) with the
-// prompt's block keys and tokens uncached prefill tokens. keys is copied.
-func (t *Tracker) Record(id string, w indexer.WorkerID, gen uint32, keys []indexer.Key, tokens uint64) error {
+// Record notes that request id, routed by owner ("" when clients are not
+// told apart), was sent to worker (w, gen) with the prompt's block keys
+// and tokens uncached prefill tokens. keys is copied. It refuses a full
+// table with ErrTooManyFlights.
+func (t *Tracker) Record(id, owner string, w indexer.WorkerID, gen uint32, keys []indexer.Key, tokens uint64) error {
 	now := t.now()
 	c := t.cell(w, gen)
 	sh := t.flightShard(id)
@@ -187,8 +233,13 @@ func (t *Tracker) Record(id string, w indexer.WorkerID, gen uint32, keys []index
 		}
 		t.endLocked(sh, id, f)
 	}
-	sh.m[id] = flight{cell: c, tokens: tokens, expires: now.Add(t.flightTTL)}
-	t.count.Add(1)
+	if t.count.Add(1) > t.maxFlights {
+		t.count.Add(-1)
+		sh.mu.Unlock()
+		t.refused.Add(1)
+		return fmt.Errorf("%w: %d, the most the table holds (release requests when their prefill is done)", ErrTooManyFlights, t.maxFlights)
+	}
+	sh.m[id] = flight{cell: c, tokens: tokens, expires: now.Add(t.flightTTL), owner: owner}
 	sh.mu.Unlock()
 	c.requests.Add(1)
 	c.tokens.Add(int64(tokens))
@@ -205,27 +256,49 @@ func (t *Tracker) Record(id string, w indexer.WorkerID, gen uint32, keys []index
 			continue
 		}
 		if !now.Before(e.expires) || len(keys) >= len(e.keys) {
+			if !t.holdSpec(len(keys) - len(e.keys)) {
+				return nil
+			}
 			e.keys = append(e.keys[:0:0], keys...)
 		}
 		e.expires = now.Add(t.specTTL)
+		return nil
+	}
+	if !t.holdSpec(len(keys)) {
 		return nil
 	}
 	ss.m[keys[0]] = append(es, specEntry{w: w, gen: gen, keys: append([]indexer.Key(nil), keys...), expires: now.Add(t.specTTL)})
 	return nil
 }
 
-// Release ends request id's in-flight accounting; false if unknown or expired.
-func (t *Tracker) Release(id string) bool {
+// holdSpec accounts n more speculative keys (n may be negative), or
+// reports that they would exceed maxSpecKeys and counts the skip.
+func (t *Tracker) holdSpec(n int) bool {
+	if t.specKeys.Add(int64(n)) > t.maxSpecKeys && n > 0 {
+		t.specKeys.Add(-int64(n))
+		t.skipped.Add(1)
+		return false
+	}
+	return true
+}
+
+// Release ends request id's in-flight accounting, when owner routed it;
+// false if it is unknown or had expired. A request another owner routed
+// is left alone and ErrNotOwner returned.
+func (t *Tracker) Release(id, owner string) (bool, error) {
 	sh := t.flightShard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	f, ok := sh.m[id]
 	if !ok {
-		return false
+		return false, nil
+	}
+	if f.owner != owner {
+		return false, fmt.Errorf("%w: %s", ErrNotOwner, quote.Q(id))
 	}
 	live := t.now().Before(f.expires)
 	t.endLocked(sh, id, f)
-	return live
+	return live, nil
 }
 
 // endLocked removes flight f (request id) from sh. Callers hold sh.mu.
@@ -316,6 +389,8 @@ func (t *Tracker) Sweep() {
 			for _, e := range es {
 				if now.Before(e.expires) {
 					keep = append(keep, e)
+				} else {
+					t.specKeys.Add(-int64(len(e.keys)))
 				}
 			}
 			clear(es[len(keep):])
@@ -346,3 +421,11 @@ func (t *Tracker) Run(ctx context.Context, interval time.Duration) {
 // InFlight returns the number of requests in flight, for metrics. Cost:
 // one atomic load.
 func (t *Tracker) InFlight() int { return int(t.count.Load()) }
+
+// Refused counts routes refused because the in-flight table was full;
+// SpecSkipped those recorded without speculative blocks because the
+// speculative keys were at their bound.
+func (t *Tracker) Refused() int64 { return t.refused.Load() }
+
+// SpecSkipped: see Refused.
+func (t *Tracker) SpecSkipped() int64 { return t.skipped.Load() }

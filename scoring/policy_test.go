@@ -1,6 +1,7 @@
 package scoring
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -167,12 +168,12 @@ func TestOverrideValidates(t *testing.T) {
 func TestTrackerSpeculativeAndLoad(t *testing.T) {
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { return now }
-	tr := NewTracker(5*time.Second, 30*time.Second, clock)
+	tr := NewTracker(TrackerOptions{SpecTTL: 5 * time.Second, FlightTTL: 30 * time.Second, Now: clock})
 	keys := []indexer.Key{1, 2, 3, 4, 5}
-	if err := tr.Record("r1", 3, 0, keys, 80); err != nil {
+	if err := tr.Record("r1", "", 3, 0, keys, 80); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Record("r1", 3, 0, keys, 80); err == nil {
+	if err := tr.Record("r1", "", 3, 0, keys, 80); err == nil {
 		t.Fatal("duplicate id accepted")
 	}
 	if n, tok := tr.Load(3, 0); n != 1 || tok != 80 {
@@ -193,16 +194,23 @@ func TestTrackerSpeculativeAndLoad(t *testing.T) {
 	if got := specs(keys); len(got) != 0 {
 		t.Fatalf("expired speculative still visible: %v", got)
 	}
-	if !tr.Release("r1") || tr.Release("r1") {
+	release := func(id string) bool {
+		ok, err := tr.Release(id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !release("r1") || release("r1") {
 		t.Fatal("release")
 	}
 	if n, tok := tr.Load(3, 0); n != 0 || tok != 0 {
 		t.Fatalf("load after release %d %d", n, tok)
 	}
-	tr.Record("r2", 1, 0, keys, 10)
+	tr.Record("r2", "", 1, 0, keys, 10)
 	now = now.Add(31 * time.Second)
 	tr.Sweep()
-	if n, _ := tr.Load(1, 0); n != 0 || tr.InFlight() != 0 || tr.Release("r2") {
+	if n, _ := tr.Load(1, 0); n != 0 || tr.InFlight() != 0 || release("r2") {
 		t.Fatal("expired flight not swept")
 	}
 }
@@ -211,18 +219,18 @@ func TestTrackerSpeculativeAndLoad(t *testing.T) {
 // and no speculative blocks; releasing the old worker's requests leaves
 // the new worker's load alone.
 func TestTrackerGenerations(t *testing.T) {
-	tr := NewTracker(time.Minute, time.Minute, nil)
+	tr := NewTracker(TrackerOptions{SpecTTL: time.Minute, FlightTTL: time.Minute})
 	keys := []indexer.Key{7, 8, 9}
-	if err := tr.Record("old", 2, 0, keys, 100); err != nil {
+	if err := tr.Record("old", "", 2, 0, keys, 100); err != nil {
 		t.Fatal(err)
 	}
 	if n, tok := tr.Load(2, 1); n != 0 || tok != 0 {
 		t.Fatalf("generation 1 sees generation 0's load: %d requests, %d tokens", n, tok)
 	}
-	if err := tr.Record("new", 2, 1, nil, 30); err != nil {
+	if err := tr.Record("new", "", 2, 1, nil, 30); err != nil {
 		t.Fatal(err)
 	}
-	if !tr.Release("old") {
+	if ok, err := tr.Release("old", ""); !ok || err != nil {
 		t.Fatal("release of the old generation's request failed")
 	}
 	if n, tok := tr.Load(2, 1); n != 1 || tok != 30 {
@@ -238,17 +246,17 @@ func TestTrackerGenerations(t *testing.T) {
 // Sweep drops only what expired, across shards, and keeps counts exact.
 func TestTrackerSweepKeepsLive(t *testing.T) {
 	now := time.Unix(0, 0)
-	tr := NewTracker(10*time.Second, 10*time.Second, func() time.Time { return now })
+	tr := NewTracker(TrackerOptions{SpecTTL: 10 * time.Second, FlightTTL: 10 * time.Second, Now: func() time.Time { return now }})
 	for i := range 1000 {
 		k := []indexer.Key{indexer.Key(i * 7919), indexer.Key(i)}
-		if err := tr.Record("early-"+strconv.Itoa(i), indexer.WorkerID(i%5), 0, k, 1); err != nil {
+		if err := tr.Record("early-"+strconv.Itoa(i), "", indexer.WorkerID(i%5), 0, k, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	now = now.Add(5 * time.Second)
 	for i := range 500 {
 		k := []indexer.Key{indexer.Key(i * 7919), indexer.Key(i)}
-		if err := tr.Record("late-"+strconv.Itoa(i), indexer.WorkerID(i%5), 0, k, 2); err != nil {
+		if err := tr.Record("late-"+strconv.Itoa(i), "", indexer.WorkerID(i%5), 0, k, 2); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -271,5 +279,33 @@ func TestTrackerSweepKeepsLive(t *testing.T) {
 		if want := i < 500; (len(got) == 1) != want {
 			t.Fatalf("prompt %d: speculative %v, want present=%v", i, got, want)
 		}
+	}
+}
+
+// The in-flight table and the speculative keys are bounded; what the
+// bounds turn away is refused (or recorded without speculation) and
+// counted, and a request is released only by the client that routed it.
+func TestTrackerBoundsAndOwners(t *testing.T) {
+	tr := NewTracker(TrackerOptions{MaxFlights: 3, MaxSpecKeys: 5})
+	for i := range 3 {
+		if err := tr.Record("r"+strconv.Itoa(i), "alice", 0, 0, []indexer.Key{indexer.Key(100 + i), 2}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tr.Record("r3", "alice", 0, 0, nil, 1); !errors.Is(err, ErrTooManyFlights) || tr.Refused() != 1 || tr.InFlight() != 3 {
+		t.Fatalf("fourth flight: %v, refused %d, in flight %d", err, tr.Refused(), tr.InFlight())
+	}
+	// 6 keys were offered to a bound of 5: the third route had none.
+	if tr.SpecSkipped() != 1 || len(tr.Speculative([]indexer.Key{102, 2}, nil)) != 0 || len(tr.Speculative([]indexer.Key{101, 2}, nil)) != 1 {
+		t.Fatalf("speculative bound: skipped %d", tr.SpecSkipped())
+	}
+	if ok, err := tr.Release("r0", "mallory"); ok || !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("release by another client: %v, %v", ok, err)
+	}
+	if ok, err := tr.Release("r0", "alice"); !ok || err != nil {
+		t.Fatalf("release by its owner: %v, %v", ok, err)
+	}
+	if err := tr.Record("r3", "alice", 0, 0, nil, 1); err != nil {
+		t.Fatalf("after a release there is room: %v", err)
 	}
 }

@@ -102,7 +102,7 @@ func New(ix *indexer.Index, opts Options) *Scorer {
 		s.policy = *opts.Policy
 	}
 	if s.tracker == nil {
-		s.tracker = NewTracker(0, 0, nil)
+		s.tracker = NewTracker(TrackerOptions{})
 	}
 	s.avgPrompt.Store(math.Float64bits(2048))
 	return s
@@ -477,13 +477,15 @@ func (s *Scorer) notePrompt(tokens int) {
 // Route ranks like Score with every allowed worker of the model listed
 // (req.All is implied), chooses the best one, or pick when it is not nil
 // (any worker of the model, even a stale or filtered-out one), and records
-// the choice under request id: the prompt's blocks count as
+// the choice under request id for owner (the client, "" when clients are
+// not told apart; only owner may release it): the prompt's blocks count as
 // speculatively cached there, and its uncached prefill as in-flight load,
 // until Release. It returns the chosen worker's index in res.Ranked.
 //
 // Errors: a *RequestError for a bad request or pick; ErrNoWorker when no
-// worker can be chosen; ErrDuplicateRequest when id is already in flight.
-func (s *Scorer) Route(id string, req *Request, pick *events.WorkerRef, res *Result) (int, error) {
+// worker can be chosen; ErrDuplicateRequest when id is already in flight;
+// ErrTooManyFlights when the in-flight table is full.
+func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, res *Result) (int, error) {
 	if id == "" {
 		return -1, badField("request_id", "required")
 	}
@@ -518,7 +520,7 @@ func (s *Scorer) Route(id string, req *Request, pick *events.WorkerRef, res *Res
 		return -1, fmt.Errorf("%w: no worker of model %s is available (all stale or none configured)", ErrNoWorker, quote.Q(name))
 	}
 	c := &res.Ranked[chosen]
-	if err := s.tracker.Record(id, c.Match.Worker, c.Gen, res.Keys, uint64(c.Own)); err != nil {
+	if err := s.tracker.Record(id, owner, c.Match.Worker, c.Gen, res.Keys, uint64(c.Own)); err != nil {
 		res.reset()
 		return -1, err
 	}
@@ -530,5 +532,6 @@ func (r *Result) indexOf(id indexer.WorkerID) int {
 	return slices.IndexFunc(r.Ranked, func(c Candidate) bool { return c.Match.Worker == id })
 }
 
-// Release ends request id's in-flight accounting (see Tracker.Release).
-func (s *Scorer) Release(id string) bool { return s.tracker.Release(id) }
+// Release ends request id's in-flight accounting, if owner routed it (see
+// Tracker.Release).
+func (s *Scorer) Release(id, owner string) (bool, error) { return s.tracker.Release(id, owner) }

@@ -138,14 +138,14 @@ func TestScorerRouteAndRemovedWorker(t *testing.T) {
 	s := New(f.ix, Options{})
 	var res Result
 	pick := f.ws[1].Info().Ref
-	i, err := s.Route("r1", &Request{Model: f.model, Tokens: prompt}, &pick, &res)
+	i, err := s.Route("r1", "", &Request{Model: f.model, Tokens: prompt}, &pick, &res)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Ranked[i].Ref != pick {
 		t.Fatalf("chose %s, want the pick %s", res.Ranked[i].Ref, pick)
 	}
-	if _, err := s.Route("r1", &Request{Model: f.model, Tokens: prompt}, nil, &res); !errors.Is(err, ErrDuplicateRequest) {
+	if _, err := s.Route("r1", "", &Request{Model: f.model, Tokens: prompt}, nil, &res); !errors.Is(err, ErrDuplicateRequest) {
 		t.Fatalf("second route with the same id: %v, want ErrDuplicateRequest", err)
 	}
 	if err := s.Score(&Request{Model: f.model, Tokens: prompt}, &res); err != nil {
@@ -176,8 +176,8 @@ func TestScorerRouteAndRemovedWorker(t *testing.T) {
 			t.Fatalf("worker %s inherits the removed worker's route: %+v", c.Ref, c)
 		}
 	}
-	if !s.Release("r1") {
-		t.Fatal("release of the removed worker's request")
+	if ok, err := s.Release("r1", ""); !ok || err != nil {
+		t.Fatalf("release of the removed worker's request: %v, %v", ok, err)
 	}
 	// No worker at all: Route says so.
 	for _, w := range f.ix.Workers() {
@@ -185,7 +185,7 @@ func TestScorerRouteAndRemovedWorker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Route("r2", &Request{Model: f.model, Tokens: prompt}, nil, &res); !errors.Is(err, ErrNoWorker) {
+	if _, err := s.Route("r2", "", &Request{Model: f.model, Tokens: prompt}, nil, &res); !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("route with no workers: %v, want ErrNoWorker", err)
 	}
 }

@@ -204,6 +204,10 @@ type Limits struct {
 	// MaxCandidates is the most candidate workers one request may name
 	// (default DefaultMaxCandidates).
 	MaxCandidates int `yaml:"max_candidates,omitempty"`
+	// MaxInflight is the most routed requests kvindex tracks at once
+	// (default DefaultMaxInflight); Route refuses more with
+	// RESOURCE_EXHAUSTED until some are released or expire.
+	MaxInflight int `yaml:"max_inflight,omitempty"`
 }
 
 // Log sets up log/slog.

@@ -98,6 +98,9 @@ const (
 	// DefaultMaxCandidates is the most candidate workers one Score request
 	// may name (limits.max_candidates).
 	DefaultMaxCandidates = api.DefaultMaxCandidates
+	// DefaultMaxInflight is the most routed requests tracked at once
+	// (limits.max_inflight).
+	DefaultMaxInflight = scoring.DefaultMaxFlights
 
 	// DefaultLogLevel is the log level (log.level).
 	DefaultLogLevel = "info"
@@ -198,6 +201,7 @@ func (l *Limits) SetDefaults() {
 	set(&l.MaxTokens, DefaultMaxTokens)
 	set(&l.MaxBlockKeys, DefaultMaxBlockKeys)
 	set(&l.MaxCandidates, DefaultMaxCandidates)
+	set(&l.MaxInflight, DefaultMaxInflight)
 }
 
 // SetDefaults gives the zero fields of the log section their defaults.

@@ -49,7 +49,7 @@ func (c *Config) Validate() error {
 
 // Validate checks the limits section ("limits").
 func (l *Limits) Validate() error {
-	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 {
+	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 || l.MaxInflight < 0 {
 		return invalid("limits", "limits must not be negative")
 	}
 	return nil

@@ -115,7 +115,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d.tracker = scoring.NewTracker(cfg.Scoring.SpeculativeTTL, cfg.Scoring.InflightTTL, nil)
+	d.tracker = scoring.NewTracker(scoring.TrackerOptions{SpecTTL: cfg.Scoring.SpeculativeTTL, FlightTTL: cfg.Scoring.InflightTTL, MaxFlights: cfg.Limits.MaxInflight})
 	loads := scoring.NewLoadBoard(3 * cfg.Scoring.ScrapeInterval)
 	var targets []scrape.Target
 	for _, p := range cfg.Pods {
@@ -127,6 +127,10 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	d.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
 			func() float64 { return float64(d.tracker.InFlight()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_inflight_refused_total", Help: "Routes refused because limits.max_inflight requests were in flight."},
+			func() float64 { return float64(d.tracker.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_speculative_skipped_total", Help: "Routes recorded without speculative blocks because speculative entries held their most keys."},
+			func() float64 { return float64(d.tracker.SpecSkipped()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
 			func() float64 { return float64(d.scraper.Failures()) }),
 	)

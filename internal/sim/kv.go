@@ -73,7 +73,7 @@ func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, 
 	if err := k.request(q); err != nil {
 		return "", err
 	}
-	i, err := k.s.Route(id, &k.req, nil, &k.res)
+	i, err := k.s.Route(id, "", &k.req, nil, &k.res)
 	if err != nil {
 		return "", err
 	}
@@ -82,8 +82,8 @@ func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, 
 
 // Release implements router.KV.
 func (k *localKV) Release(_ context.Context, id string) error {
-	k.s.Release(id)
-	return nil
+	_, err := k.s.Release(id, "")
+	return err
 }
 
 // grpcKV is kvindex over gRPC for the precise routers (live mode): the

@@ -52,7 +52,7 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	if now != nil {
 		clock = func() time.Time { return simEpoch.Add(now()) }
 	}
-	p.scorer = scoring.New(ix, scoring.Options{Tracker: scoring.NewTracker(0, 0, clock)})
+	p.scorer = scoring.New(ix, scoring.Options{Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock})})
 	return p, nil
 }
 
