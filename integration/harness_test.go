@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -41,6 +42,7 @@ type pod struct {
 // fleet is a running daemon plus its simulated engines and a gRPC client.
 type fleet struct {
 	t      *testing.T
+	log    *slog.Logger
 	d      *daemon.Daemon
 	client *api.Client
 	pods   map[string]*pod
@@ -79,6 +81,8 @@ type fleetOptions struct {
 	configure func(*config.Config)
 	// routes are the push listener's topic routes.
 	routes []config.Route
+	// log receives the daemon's logs (nil: discarded).
+	log *slog.Logger
 }
 
 // startFleet starts simulated engines for specs, a daemon subscribed to
@@ -94,7 +98,7 @@ func startFleet(t *testing.T, specs ...podSpec) *fleet {
 // configuration, without starting the daemon (see start).
 func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 	t.Helper()
-	f := &fleet{t: t, pods: map[string]*pod{}, done: make(chan error, 1)}
+	f := &fleet{t: t, pods: map[string]*pod{}, done: make(chan error, 1), log: opts.log}
 	cfg := &config.Config{
 		GRPCListen:    "127.0.0.1:0",
 		MetricsListen: "127.0.0.1:0",
@@ -177,7 +181,7 @@ func (f *fleet) start() {
 		t.Fatalf("config: %v\n%s", err, text)
 	}
 	var err error
-	f.d, err = daemon.New(f.cfg, nil)
+	f.d, err = daemon.New(f.cfg, f.log)
 	if err != nil {
 		t.Fatal(err)
 	}

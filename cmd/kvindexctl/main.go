@@ -5,7 +5,9 @@
 //	kvindexctl workers [--model M]
 //	kvindexctl score --model M --tokens 1,2,3 [--lora L] [--cache-salt S] [--worker pod/rank ...]
 //
-// Global flags: --addr (default localhost:50051), --timeout, --json.
+// Global flags: --addr (default localhost:50051), --timeout, --json, and
+// for a secured server --tls, --tls-ca, --tls-cert/--tls-key and
+// --token-file (or $KVINDEX_TOKEN).
 // The logic lives in internal/ctl; this file only wires flags to it.
 package main
 
@@ -15,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,8 +60,32 @@ func newRoot(stdin io.Reader) *cobra.Command {
 	pf.StringVar(&cfg.Addr, "addr", ctl.DefaultAddr, "kvindex gRPC address (host:port)")
 	pf.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "deadline for the call (0 for none)")
 	pf.BoolVar(&cfg.JSON, "json", false, "print the server's answer as protojson")
+	pf.BoolVar(&cfg.TLS.On, "tls", false, "connect over TLS (implied by --tls-ca and --tls-cert)")
+	pf.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "PEM bundle that signs the server's certificate (default: system roots)")
+	pf.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "client certificate, for a server that requires one (mTLS)")
+	pf.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "client certificate's key")
+	pf.StringVar(&cfg.TLS.ServerName, "tls-server-name", "", "name to check the server's certificate against (default: the host of --addr)")
+	var tokenFile string
+	pf.StringVar(&tokenFile, "token-file", "", "file holding a bearer token (default: $KVINDEX_TOKEN)")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		tok, err := readToken(tokenFile)
+		cfg.Token = tok
+		return err
+	}
 	root.AddCommand(newWorkers(&cfg), newScore(&cfg))
 	return root
+}
+
+// readToken returns the bearer token from file, or else $KVINDEX_TOKEN.
+func readToken(file string) (string, error) {
+	if file == "" {
+		return os.Getenv("KVINDEX_TOKEN"), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("token: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 func newWorkers(cfg *ctl.Config) *cobra.Command {

@@ -43,6 +43,59 @@ type Config struct {
 	Limits Limits `yaml:"limits,omitempty"`
 	// Log sets up logging.
 	Log Log `yaml:"log,omitempty"`
+	// TLS serves gRPC (and optionally /metrics) over TLS, with client
+	// certificates (mTLS) when a client CA is given.
+	TLS TLS `yaml:"tls,omitempty"`
+	// Auth requires bearer tokens on gRPC calls.
+	Auth Auth `yaml:"auth,omitempty"`
+}
+
+// TLS configures transport security. The files are re-read when they
+// change (checked every second), so certificates rotate without a
+// restart.
+type TLS struct {
+	// CertFile and KeyFile are the server's PEM certificate chain and key;
+	// setting them turns TLS on for gRPC.
+	CertFile string `yaml:"cert_file,omitempty"`
+	KeyFile  string `yaml:"key_file,omitempty"`
+	// ClientCAFile, when set, is the PEM bundle of CAs that sign client
+	// certificates: clients must present one (mTLS).
+	ClientCAFile string `yaml:"client_ca_file,omitempty"`
+	// Metrics serves /metrics over the same TLS (with the same client
+	// certificate requirement).
+	Metrics bool `yaml:"metrics,omitempty"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t *TLS) Enabled() bool { return t.CertFile != "" }
+
+// Auth configures bearer-token authentication of gRPC calls.
+type Auth struct {
+	// Tokens are the accepted tokens; with none, calls need no token.
+	Tokens []Token `yaml:"tokens,omitempty"`
+	// OpenHealth lets health checks through without a token (kubelet's
+	// gRPC probes cannot send one).
+	OpenHealth bool `yaml:"open_health,omitempty"`
+	// CertIdentity accepts a verified client certificate (tls.client_ca_file)
+	// in place of a token, with every scope; the certificate's common name
+	// is the client's identity.
+	CertIdentity bool `yaml:"cert_identity,omitempty"`
+}
+
+// Token is one client's bearer token. Its secret is read from File (its
+// contents, trailing newline trimmed; re-read when it changes) or from the
+// environment variable Env, never from the configuration itself, and is
+// never logged.
+type Token struct {
+	// Name identifies the client in logs, metrics and request ownership.
+	Name string `yaml:"name,omitempty"`
+	// Scopes are read (Score, ListWorkers, health, reflection) and route
+	// (Route, Release).
+	Scopes []string `yaml:"scopes,omitempty"`
+	// File holds the secret.
+	File string `yaml:"file,omitempty"`
+	// Env names the environment variable that holds the secret.
+	Env string `yaml:"env,omitempty"`
 }
 
 // Model is one served model.

@@ -39,10 +39,56 @@ func (c *Config) Validate() error {
 		func() error { return validateModels(c.Models) },
 		func() error { return validatePods(c.Pods) },
 		func() error { return validatePush(c.Push, c.Pods) },
+		c.TLS.Validate,
+		func() error { return c.Auth.Validate(&c.TLS) },
 	} {
 		if err := check(); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// Validate checks the tls section: certificate and key together; a client
+// CA or TLS for metrics only with them.
+func (t *TLS) Validate() error {
+	switch {
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		return invalid("tls.cert_file", "give both cert_file and key_file")
+	case t.ClientCAFile != "" && !t.Enabled():
+		return invalid("tls.client_ca_file", "needs cert_file and key_file")
+	case t.Metrics && !t.Enabled():
+		return invalid("tls.metrics", "needs cert_file and key_file")
+	}
+	return nil
+}
+
+// Validate checks the auth section: each token named once, with known
+// scopes and exactly one of file and env; certificate identities only
+// with a client CA.
+func (a *Auth) Validate(t *TLS) error {
+	seen := map[string]bool{}
+	for i, tok := range a.Tokens {
+		f := fmt.Sprintf("auth.tokens[%d]", i)
+		switch {
+		case tok.Name == "":
+			return invalid(f+".name", "required")
+		case seen[tok.Name]:
+			return invalid(f+".name", "token %q given twice", tok.Name)
+		case len(tok.Scopes) == 0:
+			return invalid(f+".scopes", "required: read, route or both")
+		case (tok.File == "") == (tok.Env == ""):
+			return invalid(f+".file", "give exactly one of file and env")
+		}
+		seen[tok.Name] = true
+		for j, sc := range tok.Scopes {
+			if sc != "read" && sc != "route" {
+				return invalid(fmt.Sprintf("%s.scopes[%d]", f, j), "%q is not read or route", sc)
+			}
+		}
+	}
+	if a.CertIdentity && t.ClientCAFile == "" {
+		return invalid("auth.cert_identity", "needs tls.client_ca_file")
 	}
 	return nil
 }

@@ -81,6 +81,13 @@ func TestSectionErrors(t *testing.T) {
 		}, "pods[1].replay_endpoint", "tcp://h:9 (rank 0) is also used by pod vllm-0 replay: leave a gap of dp_size"},
 		{"endpoint shared", func(c *Config) { c.Pods = append(c.Pods, pod("b", DefaultEndpoint)) }, "pods[1].endpoint", "(rank 0) is also used by pod vllm-0"},
 		{"push listen", func(c *Config) { c.Push = []Push{{Listen: "tcp://*"}} }, "push[0].listen", "is not tcp://host:port"},
+		{"tls half", func(c *Config) { c.TLS = TLS{CertFile: "c"} }, "tls.cert_file", "give both cert_file and key_file"},
+		{"tls ca alone", func(c *Config) { c.TLS = TLS{ClientCAFile: "ca"} }, "tls.client_ca_file", "needs cert_file and key_file"},
+		{"tls metrics alone", func(c *Config) { c.TLS = TLS{Metrics: true} }, "tls.metrics", "needs cert_file and key_file"},
+		{"token name", func(c *Config) { c.Auth.Tokens = []Token{{Scopes: []string{"read"}, File: "f"}} }, "auth.tokens[0].name", "required"},
+		{"token scope", func(c *Config) { c.Auth.Tokens = []Token{{Name: "a", Scopes: []string{"write"}, File: "f"}} }, "auth.tokens[0].scopes[0]", `"write" is not read or route`},
+		{"token source", func(c *Config) { c.Auth.Tokens = []Token{{Name: "a", Scopes: []string{"read"}, File: "f", Env: "E"}} }, "auth.tokens[0].file", "give exactly one of file and env"},
+		{"cert identity", func(c *Config) { c.Auth.CertIdentity = true }, "auth.cert_identity", "needs tls.client_ca_file"},
 		{"push max workers", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", MaxWorkers: 5000}} }, "push[0].max_workers", "must be between 1 and 4096"},
 		{"push allow", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", Allow: []string{"10.0.0.0/8", "nope"}}} }, "push[0].allow[1]", `"nope" is not an IP address or CIDR range`},
 		{"route twice", func(c *Config) {

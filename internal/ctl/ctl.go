@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api"
@@ -30,7 +31,22 @@ type Config struct {
 	Stdin io.Reader
 	// Now is the clock for ages like "3s ago"; nil means time.Now.
 	Now func() time.Time
+	// TLS, when TLS.Enabled, connects over TLS.
+	TLS TLS
+	// Token is a bearer token sent with every call ("" for none).
+	Token string
 }
+
+// TLS are kvindexctl's TLS settings.
+type TLS struct {
+	// On turns TLS on (implied by any file).
+	On bool
+	// CAFile, CertFile, KeyFile and ServerName: see api.ClientTLS.
+	CAFile, CertFile, KeyFile, ServerName string
+}
+
+// Enabled reports whether the connection uses TLS.
+func (t TLS) Enabled() bool { return t.On || t.CAFile != "" || t.CertFile != "" }
 
 // CallError is a failed call to the server: which call, on which server,
 // and the server's status. Its message is what kvindexctl prints.
@@ -71,7 +87,18 @@ func withClient(ctx context.Context, cfg Config, f func(context.Context, *api.Cl
 		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
 		defer cancel()
 	}
-	c, err := api.Dial(ctx, cfg.Addr)
+	var opts []grpc.DialOption
+	if cfg.TLS.Enabled() {
+		o, err := api.ClientTLS{CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ServerName: cfg.TLS.ServerName}.DialOption()
+		if err != nil {
+			return err
+		}
+		opts = append(opts, o)
+	}
+	if cfg.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(api.NewBearerToken(cfg.Token, cfg.TLS.Enabled())))
+	}
+	c, err := api.Dial(ctx, cfg.Addr, opts...)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
@@ -28,6 +29,7 @@ import (
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/metrics"
 	"github.com/kvindex/kvindex/internal/scrape"
+	"github.com/kvindex/kvindex/internal/tlsreload"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -42,6 +44,8 @@ type Daemon struct {
 	scraper  *scrape.Scraper
 	grpc     *grpc.Server
 	api      *api.Server
+	tls      *tlsreload.Reloader // nil without TLS
+	auth     *api.Auth           // nil without authentication
 	grpcLis  net.Listener
 	httpSrv  *http.Server
 	httpLis  net.Listener
@@ -145,7 +149,32 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		Registerer:    d.registry,
 	})
 	d.api = srv
-	d.grpc = grpc.NewServer(srv.GRPCOptions()...)
+	gopts := srv.GRPCOptions()
+	if cfg.TLS.Enabled() {
+		if d.tls, err = tlsreload.New(tlsreload.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile}, log); err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(d.tls.Config())))
+		d.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_tls_reload_failures_total", Help: "Changed TLS files that did not load (the previous ones stayed in use)."},
+			func() float64 { return float64(d.tls.Failures()) }))
+	}
+	if len(cfg.Auth.Tokens) > 0 || cfg.Auth.CertIdentity {
+		toks, err := loadTokens(cfg.Auth.Tokens)
+		if err != nil {
+			return nil, err
+		}
+		if d.auth, err = api.NewAuth(toks, api.AuthOptions{OpenHealth: cfg.Auth.OpenHealth, CertIdentity: cfg.Auth.CertIdentity}); err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		gopts = append(gopts, d.auth.ServerOptions()...)
+		refused := prometheus.NewDesc("kvindex_auth_refused_total", "gRPC calls refused by authentication, by reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"reason"}, nil)
+		d.registry.MustRegister(collectorFunc{refused, func(ch chan<- prometheus.Metric) {
+			u, den := d.auth.Refusals()
+			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(u), "unauthenticated")
+			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(den), "denied")
+		}})
+	}
+	d.grpc = grpc.NewServer(gopts...)
 	srv.Register(d.grpc)
 
 	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
@@ -160,6 +189,9 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 		d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		if cfg.TLS.Metrics {
+			d.httpSrv.TLSConfig = d.tls.Config()
+		}
 	}
 	return d, nil
 }
@@ -222,6 +254,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 			cancel()
 		}
 	}()
+	if d.tls != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.tls.Run(ctx, time.Second) }()
+	}
+	if d.auth != nil && len(d.cfg.Auth.Tokens) > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.watchTokens(ctx, time.Second) }()
+	}
 	wg.Add(2)
 	go func() { defer wg.Done(); d.tracker.Run(ctx, time.Second) }()
 	go func() { defer wg.Done(); d.scraper.Run(ctx) }()
@@ -229,7 +269,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := d.httpSrv.Serve(d.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := d.httpSrv.Serve
+			if d.httpSrv.TLSConfig != nil {
+				serve = func(l net.Listener) error { return d.httpSrv.ServeTLS(l, "", "") }
+			}
+			if err := serve(d.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("daemon: metrics serve: %w", err)
 				cancel()
 			}
@@ -272,3 +316,13 @@ func NewLogger(c config.Log, w interface{ Write([]byte) (int, error) }) *slog.Lo
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// collectorFunc is a prometheus.Collector of one metric family computed at
+// scrape time.
+type collectorFunc struct {
+	desc    *prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -1,0 +1,272 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Scope is a set of permissions a client's token grants.
+type Scope uint8
+
+const (
+	// ScopeRead allows Score, ListWorkers, health checks and reflection.
+	ScopeRead Scope = 1 << iota
+	// ScopeRoute allows Route and Release.
+	ScopeRoute
+)
+
+// ParseScope reads "read" or "route".
+func ParseScope(s string) (Scope, error) {
+	switch s {
+	case "read":
+		return ScopeRead, nil
+	case "route":
+		return ScopeRoute, nil
+	}
+	return 0, fmt.Errorf("scope %q: want read or route", s)
+}
+
+// String lists the scopes, "read,route".
+func (s Scope) String() string {
+	var out []string
+	if s&ScopeRead != 0 {
+		out = append(out, "read")
+	}
+	if s&ScopeRoute != 0 {
+		out = append(out, "route")
+	}
+	return strings.Join(out, ",")
+}
+
+// methodScopes are the scopes each method needs; a method not listed
+// needs ScopeRead.
+var methodScopes = map[string]Scope{
+	"/kvindex.v1.IndexService/Route":   ScopeRoute,
+	"/kvindex.v1.IndexService/Release": ScopeRoute,
+}
+
+// Token is one client's bearer token: its name (the client's identity in
+// logs and for request ownership), the secret, and its scopes.
+type Token struct {
+	Name   string
+	Secret string
+	Scopes Scope
+}
+
+// AuthOptions tune an Auth.
+type AuthOptions struct {
+	// OpenHealth lets health checks through without a token (kubelet's
+	// gRPC probes cannot send one).
+	OpenHealth bool
+	// CertIdentity accepts a verified TLS client certificate (mTLS) as
+	// the identity, with every scope, when a call carries no token.
+	CertIdentity bool
+}
+
+// Auth checks every call's credentials: an "authorization: Bearer <token>"
+// header against the configured tokens (compared in constant time, by
+// their SHA-256), or a verified client certificate. It puts the caller's
+// identity in the call's context (IdentityFrom) and refuses a missing or
+// unknown credential with Unauthenticated and a missing scope with
+// PermissionDenied, counting each. Secrets never appear in errors or
+// logs.
+//
+// # Concurrency
+//
+// Safe for concurrent use; SetTokens swaps the token table atomically (a
+// rotation takes effect on the next call).
+type Auth struct {
+	opts   AuthOptions
+	tokens atomic.Pointer[[]hashedToken]
+	// Refusals by reason.
+	unauthenticated, denied atomic.Int64
+}
+
+type hashedToken struct {
+	name   string
+	sum    [sha256.Size]byte
+	scopes Scope
+}
+
+// NewAuth returns an Auth over tokens.
+func NewAuth(tokens []Token, opts AuthOptions) (*Auth, error) {
+	a := &Auth{opts: opts}
+	if err := a.SetTokens(tokens); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// SetTokens replaces the token table. Names must be unique and secrets
+// non-empty and distinct.
+func (a *Auth) SetTokens(tokens []Token) error {
+	out := make([]hashedToken, 0, len(tokens))
+	seen := map[string]bool{}
+	sums := map[[sha256.Size]byte]string{}
+	for i, t := range tokens {
+		switch {
+		case t.Name == "":
+			return fmt.Errorf("api: token %d: empty name", i)
+		case seen[t.Name]:
+			return fmt.Errorf("api: token %q given twice", t.Name)
+		case t.Secret == "":
+			return fmt.Errorf("api: token %q: empty secret", t.Name)
+		case t.Scopes == 0:
+			return fmt.Errorf("api: token %q: no scopes", t.Name)
+		}
+		seen[t.Name] = true
+		sum := sha256.Sum256([]byte(t.Secret))
+		if other, dup := sums[sum]; dup {
+			return fmt.Errorf("api: tokens %q and %q have the same secret", other, t.Name)
+		}
+		sums[sum] = t.Name
+		out = append(out, hashedToken{name: t.Name, sum: sum, scopes: t.Scopes})
+	}
+	a.tokens.Store(&out)
+	return nil
+}
+
+// Refusals returns the calls refused for a missing or unknown credential
+// and for a missing scope.
+func (a *Auth) Refusals() (unauthenticated, denied int64) {
+	return a.unauthenticated.Load(), a.denied.Load()
+}
+
+// ServerOptions returns the interceptors that enforce a on every unary and
+// streaming call; add them to the grpc.Server's options.
+func (a *Auth) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			ctx, err := a.check(ctx, info.FullMethod)
+			if err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			ctx, err := a.check(ss.Context(), info.FullMethod)
+			if err != nil {
+				return err
+			}
+			return h(srv, &identityStream{ServerStream: ss, ctx: ctx})
+		}),
+	}
+}
+
+// identityStream is a ServerStream whose context carries the identity.
+type identityStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *identityStream) Context() context.Context { return s.ctx }
+
+// errNoCredential and errUnknownToken are the two Unauthenticated causes.
+var (
+	errNoCredential = errors.New("no credential: send \"authorization: Bearer <token>\"")
+	errUnknownToken = errors.New("unknown token")
+)
+
+// check authenticates the call and authorises method, returning ctx with
+// the caller's identity.
+func (a *Auth) check(ctx context.Context, method string) (context.Context, error) {
+	if a.opts.OpenHealth && strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+		return ctx, nil
+	}
+	need, ok := methodScopes[method]
+	if !ok {
+		need = ScopeRead
+	}
+	name, scopes, err := a.identify(ctx)
+	if err != nil {
+		a.unauthenticated.Add(1)
+		return ctx, status.Errorf(codes.Unauthenticated, "%s: %v", method, err)
+	}
+	if scopes&need != need {
+		a.denied.Add(1)
+		return ctx, status.Errorf(codes.PermissionDenied, "%s: client %q has scopes %q, the call needs %q", method, name, scopes.String(), need.String())
+	}
+	return WithIdentity(ctx, name), nil
+}
+
+// identify returns the caller's name and scopes from its bearer token, or
+// from its verified client certificate when CertIdentity is on.
+func (a *Auth) identify(ctx context.Context) (string, Scope, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	if len(vals) == 0 {
+		if a.opts.CertIdentity {
+			if name, ok := certIdentity(ctx); ok {
+				return name, ScopeRead | ScopeRoute, nil
+			}
+		}
+		return "", 0, errNoCredential
+	}
+	secret, ok := strings.CutPrefix(vals[0], "Bearer ")
+	if !ok || len(vals) > 1 {
+		return "", 0, errUnknownToken
+	}
+	sum := sha256.Sum256([]byte(secret))
+	var found *hashedToken
+	ts := *a.tokens.Load()
+	for i := range ts {
+		// Every token is compared, so the time taken says nothing about
+		// which (or whether one) matched.
+		if subtle.ConstantTimeCompare(sum[:], ts[i].sum[:]) == 1 {
+			found = &ts[i]
+		}
+	}
+	if found == nil {
+		return "", 0, errUnknownToken
+	}
+	return found.name, found.scopes, nil
+}
+
+// certIdentity returns the subject common name of the caller's verified
+// TLS client certificate.
+func certIdentity(ctx context.Context) (string, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", false
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	cn := ti.State.VerifiedChains[0][0].Subject.CommonName
+	return "cert:" + cn, cn != ""
+}
+
+// BearerToken is a client's per-call credential: it sends "authorization:
+// Bearer <token>". With requireTLS the connection must be TLS, so the
+// token never crosses the network in clear.
+type BearerToken struct {
+	token      string
+	requireTLS bool
+}
+
+// NewBearerToken returns the credential for api.Dial's
+// grpc.WithPerRPCCredentials.
+func NewBearerToken(token string, requireTLS bool) BearerToken {
+	return BearerToken{token: token, requireTLS: requireTLS}
+}
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (b BearerToken) RequireTransportSecurity() bool { return b.requireTLS }
