@@ -46,12 +46,11 @@ demo: deps
 bench: deps
 	scripts/bench.sh
 
-# fuzz runs each decoder fuzzer for FUZZTIME (default 60s): the msgpack event
-# decoder and the gRPC codec's ScoreRequest decoder.
+# fuzz runs every fuzz target in the module for FUZZTIME each (default
+# 60s): the msgpack event decoder, the gRPC codec and the config loader.
 FUZZTIME ?= 60s
 fuzz: deps
-	$(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./events
-	$(GO) test -run='^$$' -fuzz=FuzzUnmarshalScoreRequest -fuzztime=$(FUZZTIME) ./api
+	FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 # proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
 proto:
