@@ -33,6 +33,11 @@ func serve(tb testing.TB, ix *indexer.Index, stats events.StatsSource, opts api.
 	if err != nil {
 		tb.Fatalf("listen: %v", err)
 	}
+	if opts.Admission == (api.AdmissionOptions{}) {
+		// Bursts of tens of calls must all be served here, also under the
+		// race detector (~10x slower); admission control has its own tests.
+		opts.Admission = api.AdmissionOptions{Target: time.Second, MaxQueueDelay: 10 * time.Second, MaxPending: 4096}
+	}
 	srv := api.NewServer(ix, stats, opts)
 	g := grpc.NewServer(srv.GRPCOptions()...)
 	srv.Register(g)

@@ -2,8 +2,10 @@ package api
 
 import (
 	"runtime"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // Flow-control windows of GRPCOptions and DialOptions: large enough that
@@ -24,15 +26,50 @@ const (
 //   - a fixed pool of stream workers (one per core), so that calls run on
 //     goroutines whose stacks have already grown instead of a new goroutine
 //     each;
-//   - fixed, large flow-control windows.
+//   - fixed, large flow-control windows;
+//   - bounds: the largest message the limits allow (MaxRecvMsgSize), the
+//     calls one connection may run at once (MaxConcurrentStreams),
+//     keepalive enforcement, and admission control of Score and Route
+//     (AdmissionOptions).
 //
 // BenchmarkScoreGRPC measures them; docs/benchmarks.md has the numbers.
 func (s *Server) GRPCOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	opts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(s.codec),
 		grpc.ChainUnaryInterceptor(s.codec.releaseInterceptor),
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
+		grpc.MaxRecvMsgSize(s.MaxRecvMsgSize()),
+		grpc.MaxConcurrentStreams(s.maxStreams()),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: s.keepaliveMin(), PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
 	}
+	if s.admission != nil {
+		opts = append(opts, s.admission.options()...)
+	}
+	return opts
+}
+
+// MaxRecvMsgSize is the largest request the server reads: the largest
+// ScoreRequest the limits allow (token ids are varints of at most 5 bytes,
+// block keys of at most 10) plus 1 MiB for candidates, loads and extra
+// keys. A larger message is refused by gRPC (ResourceExhausted) before it
+// is buffered whole.
+func (s *Server) MaxRecvMsgSize() int {
+	return 5*s.opts.MaxTokens + 10*s.opts.MaxBlockKeys + 1<<20
+}
+
+func (s *Server) maxStreams() uint32 {
+	if s.opts.MaxConcurrentStreams > 0 {
+		return s.opts.MaxConcurrentStreams
+	}
+	return 256
+}
+
+func (s *Server) keepaliveMin() time.Duration {
+	if s.opts.KeepaliveMinTime > 0 {
+		return s.opts.KeepaliveMinTime
+	}
+	return 10 * time.Second
 }

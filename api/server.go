@@ -62,6 +62,16 @@ type Options struct {
 	Tracker *scoring.Tracker
 	// Loads holds scraped engine load; nil means none.
 	Loads *scoring.LoadBoard
+	// Admission bounds the Score and Route work taken on (see
+	// AdmissionOptions); the zero value is on with defaults.
+	Admission AdmissionOptions
+	// KeepaliveMinTime is the shortest interval between client keepalive
+	// pings the server tolerates (more often and the connection is closed,
+	// as grpc-go's enforcement does); 0 means 10 s.
+	KeepaliveMinTime time.Duration
+	// MaxConcurrentStreams bounds each connection's concurrent calls
+	// (HTTP/2 SETTINGS); 0 means 256.
+	MaxConcurrentStreams uint32
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -88,6 +98,8 @@ type Server struct {
 	scorer  *scoring.Scorer
 	scratch sync.Pool // *scoreScratch
 	codec   *Codec
+	// admission is nil when Options.Admission.Off.
+	admission *admission
 }
 
 // NewServer returns a Server over ix. stats may be nil, in which case
@@ -122,6 +134,9 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	}
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
+	}
+	if !opts.Admission.Off {
+		s.admission = newAdmission(opts.Admission, nil)
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(kvindexv1.IndexService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

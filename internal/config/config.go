@@ -261,6 +261,26 @@ type Limits struct {
 	// (default DefaultMaxInflight); Route refuses more with
 	// RESOURCE_EXHAUSTED until some are released or expire.
 	MaxInflight int `yaml:"max_inflight,omitempty"`
+	// MaxPending bounds Score and Route calls received and not finished
+	// (default 128); more are refused with RESOURCE_EXHAUSTED before their
+	// body is read. With max_tokens it bounds a burst's memory: about
+	// max_pending x 9 bytes x max_tokens.
+	MaxPending int `yaml:"max_pending,omitempty"`
+	// MaxConcurrent bounds Score and Route calls executing at once
+	// (default 8 per core).
+	MaxConcurrent int `yaml:"max_concurrent,omitempty"`
+	// QueueTarget is the queueing delay admission control keeps calls
+	// under (default 1ms): a standing queue longer than it lowers the
+	// number of calls taken on.
+	QueueTarget time.Duration `yaml:"queue_target,omitempty"`
+	// MaxQueueDelay refuses a call that queued longer before it could run
+	// (default 50ms).
+	MaxQueueDelay time.Duration `yaml:"max_queue_delay,omitempty"`
+	// MaxConnections bounds open gRPC connections (default 1024); more
+	// wait in the listen backlog.
+	MaxConnections int `yaml:"max_connections,omitempty"`
+	// AdmissionOff turns admission control off (not recommended).
+	AdmissionOff bool `yaml:"admission_off,omitempty"`
 }
 
 // Log sets up log/slog.

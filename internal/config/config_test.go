@@ -115,7 +115,7 @@ func TestSetDefaults(t *testing.T) {
 			LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
 			SpeculativeTTL: DefaultSpeculativeTTL, InflightTTL: DefaultInflightTTL, ScrapeInterval: DefaultScrapeInterval,
 		},
-		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights},
+		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections},
 		Log:    Log{Level: DefaultLogLevel, Format: DefaultLogFormat, ProblemInterval: DefaultProblemInterval},
 	}
 	if !reflect.DeepEqual(c, want) {

@@ -101,6 +101,18 @@ const (
 	// DefaultMaxInflight is the most routed requests tracked at once
 	// (limits.max_inflight).
 	DefaultMaxInflight = scoring.DefaultMaxFlights
+	// DefaultMaxPending bounds Score and Route calls received and not
+	// finished (limits.max_pending).
+	DefaultMaxPending = api.DefaultMaxPending
+	// DefaultQueueTarget is admission control's queueing target
+	// (limits.queue_target).
+	DefaultQueueTarget = api.DefaultQueueTarget
+	// DefaultMaxQueueDelay refuses calls that queued longer
+	// (limits.max_queue_delay).
+	DefaultMaxQueueDelay = api.DefaultMaxQueueDelay
+	// DefaultMaxConnections bounds open gRPC connections
+	// (limits.max_connections).
+	DefaultMaxConnections = 1024
 
 	// DefaultLogLevel is the log level (log.level).
 	DefaultLogLevel = "info"
@@ -202,6 +214,10 @@ func (l *Limits) SetDefaults() {
 	set(&l.MaxBlockKeys, DefaultMaxBlockKeys)
 	set(&l.MaxCandidates, DefaultMaxCandidates)
 	set(&l.MaxInflight, DefaultMaxInflight)
+	set(&l.MaxPending, DefaultMaxPending)
+	set(&l.QueueTarget, DefaultQueueTarget)
+	set(&l.MaxQueueDelay, DefaultMaxQueueDelay)
+	set(&l.MaxConnections, DefaultMaxConnections)
 }
 
 // SetDefaults gives the zero fields of the log section their defaults.

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	xnetutil "golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -147,6 +148,13 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
 		MaxCandidates: cfg.Limits.MaxCandidates,
 		Registerer:    d.registry,
+		Admission: api.AdmissionOptions{
+			Off:           cfg.Limits.AdmissionOff,
+			MaxConcurrent: cfg.Limits.MaxConcurrent,
+			MaxPending:    cfg.Limits.MaxPending,
+			Target:        cfg.Limits.QueueTarget,
+			MaxQueueDelay: cfg.Limits.MaxQueueDelay,
+		},
 	})
 	d.api = srv
 	gopts := srv.GRPCOptions()
@@ -172,7 +180,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			u, den := d.auth.Refusals()
 			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(u), "unauthenticated")
 			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(den), "denied")
-		}})
+		}, nil})
 	}
 	d.grpc = grpc.NewServer(gopts...)
 	srv.Register(d.grpc)
@@ -180,6 +188,22 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
 		return nil, fmt.Errorf("daemon: gRPC listen on %s: %w", cfg.GRPCListen, err)
 	}
+	if cfg.Limits.MaxConnections > 0 {
+		d.grpcLis = xnetutil.LimitListener(d.grpcLis, cfg.Limits.MaxConnections)
+	}
+	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Score and Route calls refused by admission control, by reason: overload (the adaptive bound on pending calls), pending (limits.max_pending), queued (waited past limits.max_queue_delay).", []string{"reason"}, nil)
+	admGauges := []*prometheus.Desc{
+		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
+		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
+	}
+	d.registry.MustRegister(collectorFunc{adm, func(ch chan<- prometheus.Metric) {
+		st := srv.AdmissionStats()
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
+		ch <- prometheus.MustNewConstMetric(admGauges[0], prometheus.GaugeValue, float64(st.Pending))
+		ch <- prometheus.MustNewConstMetric(admGauges[1], prometheus.GaugeValue, float64(st.Limit))
+	}, admGauges})
 	if cfg.MetricsListen != "off" {
 		if d.httpLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			d.grpcLis.Close()
@@ -317,12 +341,18 @@ func NewLogger(c config.Log, w interface{ Write([]byte) (int, error) }) *slog.Lo
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// collectorFunc is a prometheus.Collector of one metric family computed at
+// collectorFunc is a prometheus.Collector of metric families computed at
 // scrape time.
 type collectorFunc struct {
 	desc    *prometheus.Desc
 	collect func(chan<- prometheus.Metric)
+	more    []*prometheus.Desc
 }
 
-func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	for _, d := range c.more {
+		ch <- d
+	}
+}
 func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -1,0 +1,327 @@
+package api
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+)
+
+// AdmissionOptions bound the Score and Route work the server takes on, so
+// that overload is refused fast instead of queueing without limit. Other
+// calls (Release, ListWorkers, health) are never refused: Release is what
+// relieves load.
+type AdmissionOptions struct {
+	// Off disables admission control.
+	Off bool
+	// MaxConcurrent bounds Score and Route calls executing at once; a call
+	// waits for a slot within its queueing budget. 0 means 8 per core.
+	MaxConcurrent int
+	// Target is the queueing delay (from a call's headers arriving to its
+	// handler starting) the server keeps calls under. When even the least
+	// delayed call of an Interval waited longer, a standing queue has
+	// formed: the bound on pending calls is cut by a quarter, so new calls
+	// are refused at once, before their body is read or decoded. Each
+	// Interval under Target that met the bound raises it again by an
+	// eighth (up to MaxPending). 0 means 1 ms.
+	Target time.Duration
+	// Interval is the window Target is judged over; 0 means 50 ms.
+	Interval time.Duration
+	// MaxQueueDelay refuses a call that waited longer than this before it
+	// could run: a bound on an accepted call's queueing while the bound on
+	// pending calls adapts. 0 means 50 ms.
+	MaxQueueDelay time.Duration
+	// MaxPending bounds Score and Route calls started (headers received)
+	// and not finished; more are refused at once, before their body is
+	// read. It bounds the memory a burst of large requests can take: each
+	// pending call holds at most its message (Server's MaxRecvMsgSize)
+	// and its decoded token ids. 0 means 128: a burst of 128
+	// maximum-size requests (1 Mi tokens each) holds about 1.2 GB.
+	MaxPending int
+}
+
+// Defaults of AdmissionOptions.
+const (
+	// DefaultQueueTarget is AdmissionOptions.Target's default.
+	DefaultQueueTarget = time.Millisecond
+	// DefaultQueueInterval is AdmissionOptions.Interval's default.
+	DefaultQueueInterval = 50 * time.Millisecond
+	// DefaultMaxQueueDelay is AdmissionOptions.MaxQueueDelay's default.
+	DefaultMaxQueueDelay = 50 * time.Millisecond
+	// DefaultMaxPending is AdmissionOptions.MaxPending's default.
+	DefaultMaxPending = 128
+)
+
+func (o *AdmissionOptions) defaults() {
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = 8 * runtime.GOMAXPROCS(0)
+	}
+	if o.Target <= 0 {
+		o.Target = DefaultQueueTarget
+	}
+	if o.Interval <= 0 {
+		o.Interval = DefaultQueueInterval
+	}
+	if o.MaxQueueDelay <= 0 {
+		o.MaxQueueDelay = DefaultMaxQueueDelay
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = DefaultMaxPending
+	}
+}
+
+// admitted names the methods admission control applies to.
+var admitted = map[string]bool{
+	"/kvindex.v1.IndexService/Score": true,
+	"/kvindex.v1.IndexService/Route": true,
+}
+
+// Reasons a call is refused, as counted.
+const (
+	// refusedOverload: refused at the stream's start because the adaptive
+	// bound on pending calls was reached.
+	refusedOverload = iota
+	// refusedQueued: waited longer than MaxQueueDelay.
+	refusedQueued
+	// refusedPending: MaxPending calls were already pending.
+	refusedPending
+	numAdmissionRefusals
+)
+
+// admission is a server's admission controller: an adaptive bound on
+// pending calls, cut when a standing queue forms (CoDel's test: the least
+// queueing delay of an interval above a target) and raised while there is
+// none, enforced in the transport (the tap handle: refusing costs no body
+// read and no decode); a bound on calls executing; and a bound on the
+// delay an accepted call may have queued.
+//
+// # Concurrency
+//
+// tap runs on the transports' reader goroutines, the interceptor on call
+// goroutines; state is atomics, except the interval's minimum delay,
+// which mu guards.
+type admission struct {
+	o     AdmissionOptions
+	slots chan struct{}
+	now   func() time.Time
+
+	overloaded atomic.Bool  // the last interval ended with a standing queue
+	limit      atomic.Int64 // the adaptive bound on pending calls
+	hitLimit   atomic.Bool  // the tap refused for the limit this interval
+	pending    atomic.Int64 // calls the tap let through and the stats handler has not seen end
+	refused    [numAdmissionRefusals]atomic.Int64
+	admittedN  atomic.Int64
+
+	mu          sync.Mutex // guards intervalEnd, minDelay
+	intervalEnd time.Time
+	minDelay    time.Duration // least queueing delay seen this interval; -1 for none
+}
+
+func newAdmission(o AdmissionOptions, now func() time.Time) *admission {
+	o.defaults()
+	if now == nil {
+		now = time.Now
+	}
+	a := &admission{o: o, slots: make(chan struct{}, o.MaxConcurrent), now: now, minDelay: -1}
+	a.limit.Store(int64(o.MaxPending))
+	return a
+}
+
+// minLimit is the least the adaptive bound goes to: enough calls to keep
+// every core busy.
+func (a *admission) minLimit() int64 { return int64(max(runtime.GOMAXPROCS(0), 2)) }
+
+// arrivalKey is the context key of a call's *callState; its presence also
+// marks a call counted in pending.
+type arrivalKey struct{}
+
+// callState is what admission knows of one call: when its headers arrived
+// (set by the tap) and its message's size on the wire (set by the stats
+// handler once the message is read, before the interceptor runs).
+type callState struct {
+	arrived time.Time
+	wire    atomic.Int64
+}
+
+// bigMessage is the wire size from which a call's delay before its handler
+// is taken to be mostly the time to receive its body, not queueing: such
+// calls are neither measured for overload nor refused for their delay
+// (MaxPending bounds them).
+const bigMessage = 256 << 10
+
+// tap is the transport's handle for a new stream: it stamps the arrival
+// time and refuses Score and Route while the server is overloaded. It
+// must not block (it runs on a connection's reader goroutine).
+func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if !admitted[info.FullMethodName] {
+		return ctx, nil
+	}
+	now := a.now()
+	a.roll(now)
+	limit := a.limit.Load()
+	if n := a.pending.Add(1); n > limit {
+		a.pending.Add(-1)
+		if limit < int64(a.o.MaxPending) {
+			a.hitLimit.Store(true)
+			a.refused[refusedOverload].Add(1)
+			return ctx, status.Errorf(codes.ResourceExhausted, "overloaded: calls are queueing; %d pending, the most the server takes now; retry with backoff", limit)
+		}
+		a.refused[refusedPending].Add(1)
+		return ctx, status.Errorf(codes.ResourceExhausted, "overloaded: %d Score and Route calls already pending; retry with backoff", a.o.MaxPending)
+	}
+	return context.WithValue(ctx, arrivalKey{}, &callState{arrived: now}), nil
+}
+
+// admissionStats is the stats.Handler that ends a pending call: it sees
+// the end of every call the tap let through, whether its handler ran or
+// not (a client that cancels before sending its body included).
+type admissionStats struct{ a *admission }
+
+func (h admissionStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (h admissionStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	cs, counted := ctx.Value(arrivalKey{}).(*callState)
+	if !counted {
+		return
+	}
+	switch s := s.(type) {
+	case *stats.InPayload:
+		cs.wire.Store(int64(s.WireLength))
+	case *stats.End:
+		h.a.pending.Add(-1)
+	}
+}
+func (h admissionStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (h admissionStats) HandleConn(context.Context, stats.ConnStats) {}
+
+// options returns the server options that install a.
+func (a *admission) options() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InTapHandle(a.tap),
+		grpc.StatsHandler(admissionStats{a}),
+		grpc.ChainUnaryInterceptor(a.interceptor),
+	}
+}
+
+// roll ends the interval when it is over. A standing queue (its least
+// delayed call waited more than Target) cuts the bound on pending calls to
+// three quarters of what was pending; an interval without one that met
+// the bound raises it by an eighth, up to MaxPending.
+func (a *admission) roll(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now.Before(a.intervalEnd) {
+		return
+	}
+	standing := a.minDelay > a.o.Target
+	a.overloaded.Store(standing)
+	limit := a.limit.Load()
+	switch {
+	case standing:
+		limit = max(min(limit, a.pending.Load())*3/4, a.minLimit())
+	case a.hitLimit.Load():
+		limit = min(limit+max(limit/8, 1), int64(a.o.MaxPending))
+	}
+	a.limit.Store(limit)
+	a.hitLimit.Store(false)
+	a.intervalEnd, a.minDelay = now.Add(a.o.Interval), -1
+}
+
+// observe records one admitted call's queueing delay.
+func (a *admission) observe(d time.Duration) {
+	a.mu.Lock()
+	if a.minDelay < 0 || d < a.minDelay {
+		a.minDelay = d
+	}
+	a.mu.Unlock()
+}
+
+// interceptor runs Score and Route within the concurrency bound and the
+// queueing budget, measuring each call's queueing delay.
+func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	cs, ok := ctx.Value(arrivalKey{}).(*callState)
+	if !ok {
+		return h(ctx, req)
+	}
+	arrived, big := cs.arrived, cs.wire.Load() >= bigMessage
+	deadline := arrived.Add(a.o.MaxQueueDelay)
+	if big {
+		deadline = a.now().Add(a.o.MaxQueueDelay) // its delay so far was its body arriving
+	}
+	select {
+	case a.slots <- struct{}{}:
+	default:
+		wait := deadline.Sub(a.now())
+		if wait <= 0 {
+			return nil, a.refuseQueued()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case a.slots <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			return nil, a.refuseQueued()
+		case <-ctx.Done():
+			t.Stop()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	defer func() { <-a.slots }()
+	if !big {
+		d := a.now().Sub(arrived)
+		a.observe(d)
+		if d > a.o.MaxQueueDelay {
+			return nil, a.refuseQueued()
+		}
+	}
+	a.admittedN.Add(1)
+	return h(ctx, req)
+}
+
+func (a *admission) refuseQueued() error {
+	a.refused[refusedQueued].Add(1)
+	return status.Errorf(codes.ResourceExhausted, "overloaded: the call queued longer than %v; retry with backoff", a.o.MaxQueueDelay)
+}
+
+// AdmissionStats are the admission controller's counters.
+type AdmissionStats struct {
+	// Admitted counts Score and Route calls that ran.
+	Admitted int64
+	// RefusedOverload counts calls refused at their start while the
+	// server was overloaded; RefusedQueued those that queued longer than
+	// MaxQueueDelay; RefusedPending those refused at their start because
+	// MaxPending calls were pending.
+	RefusedOverload, RefusedQueued, RefusedPending int64
+	// Pending is the Score and Route calls started and not finished.
+	Pending int64
+	// Overloaded reports whether the last interval ended with a standing
+	// queue; Limit is the bound on pending calls now.
+	Overloaded bool
+	Limit      int64
+}
+
+// AdmissionStats returns the admission controller's counters (zero when
+// admission control is off).
+func (s *Server) AdmissionStats() AdmissionStats {
+	a := s.admission
+	if a == nil {
+		return AdmissionStats{}
+	}
+	return AdmissionStats{
+		Admitted:        a.admittedN.Load(),
+		RefusedOverload: a.refused[refusedOverload].Load(),
+		RefusedQueued:   a.refused[refusedQueued].Load(),
+		RefusedPending:  a.refused[refusedPending].Load(),
+		Pending:         a.pending.Load(),
+		Overloaded:      a.overloaded.Load(),
+		Limit:           a.limit.Load(),
+	}
+}
