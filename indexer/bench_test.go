@@ -4,10 +4,14 @@ package indexer
 // runs them by these names and prints target vs measured. Custom metrics:
 // blocks/s (stored blocks applied per second, their removals included),
 // p50-ns/p99-ns (per-call latency percentiles collected here), ratio,
-// bytes/residency and engine-bytes/block. The naive map+mutex baseline
-// (refIndex) runs beside the real thing as BenchmarkNaive*:
+// bytes/residency, engine-bytes/block and all-bytes/residency. The naive
+// map+mutex baseline (refIndex) runs beside the real thing as
+// BenchmarkNaive*:
 //
 //	go test -run '^$' -bench 'Naive' ./indexer
+//
+// and the hashing floor runs call by call beside PromptKeys and Score in
+// bench_floor_test.go.
 
 import (
 	"fmt"
@@ -627,7 +631,8 @@ func underIngest(b *testing.B, f *fleet, ingest []*Worker, parent uint64, score 
 // workers x 10,000 blocks, and measures the heap after GC: bytes/residency
 // is the residency index (tree, holder sets, heads) over residencies,
 // engine-bytes/block the workers' engine maps (measured by dropping them)
-// over resident blocks.
+// over resident blocks, and all-bytes/residency both together (one engine
+// entry per residency) over residencies.
 //
 //   - shared: a realistic fleet behind a prefix-aware router. 40 system
 //     prompts of 16 to 512 blocks; each worker holds 12 of them (about
@@ -744,6 +749,7 @@ func memory10M(b *testing.B, shared bool) {
 	index := heap() - base
 	b.ReportMetric(float64(index)/float64(resident), "bytes/residency")
 	b.ReportMetric(float64(total-index)/float64(resident), "engine-bytes/block")
+	b.ReportMetric(float64(total)/float64(resident), "all-bytes/residency")
 	b.ReportMetric(float64(resident), "residencies")
 	b.ReportMetric(float64(resident)/build.Seconds(), "build-blocks/s")
 	runtime.KeepAlive(f)
