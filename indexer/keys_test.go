@@ -1,7 +1,12 @@
 package indexer
 
 import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvindex/kvindex/events"
 )
@@ -73,5 +78,34 @@ func TestKeysAreStable(t *testing.T) {
 	}
 	if got := orphanRoot(3, 0x1234); got != 0x2cf656459a45055c {
 		t.Errorf("orphanRoot = %#016x", uint64(got))
+	}
+}
+
+// TestHashTokensIsXXH3 checks hashTokens, and its token-id forms of
+// xxh3's 17-128-byte path (hash16, hashMid), against xxh3.HashSeed of the
+// tokens' little-endian bytes, for every token count up to 80 and random
+// tokens and seeds.
+func TestHashTokensIsXXH3(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	seeds := []uint64{0, 1, math.MaxUint64, 1 << 63}
+	for range 200 {
+		seeds = append(seeds, r.Uint64())
+	}
+	for n := range 81 {
+		toks := make([]uint32, n)
+		var b []byte
+		for _, seed := range seeds {
+			b = b[:0]
+			for i := range toks {
+				toks[i] = r.Uint32()
+				if n%3 == 0 {
+					toks[i] %= 151000 // vocabulary-sized ids too
+				}
+				b = binary.LittleEndian.AppendUint32(b, toks[i])
+			}
+			if got, want := hashTokens(toks, seed), xxh3.HashSeed(b, seed); got != want {
+				t.Fatalf("%d tokens, seed %#x: %#016x, xxh3 %#016x", n, seed, got, want)
+			}
+		}
 	}
 }
