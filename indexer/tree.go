@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -56,7 +57,8 @@ type node struct {
 	parent *node // nil for a top-level node (its first key's parent is a root)
 	attach int32 // offset in parent of this node's first key's parent; -1 at top level
 	first  Key
-	id     uint32 // in Index.nodes, for engine entries
+	id     uint32  // in Index.nodes, for engine entries
+	gen    nodeGen // of id's slot while n holds it (see nodeTable)
 
 	view    atomic.Pointer[view] // the run as readers see it; nil until published
 	dead    atomic.Bool          // set under mu; readable without it
@@ -115,22 +117,42 @@ type headShard struct {
 
 // nodeTable gives nodes 32-bit ids, so that engine entries refer to their
 // node without a pointer: the workers' engine maps, the index's largest
-// structure (42 bytes per resident block), are then pointer-free, and the
-// garbage collector neither scans them nor runs write barriers on them.
-// With a pointer per entry, a collection during BenchmarkScoreUnderIngest
-// (1,000 workers) marked 26 MB more, and its mark phase, which takes a
-// quarter of the CPU, overlapped enough Scores to raise their p99 7x in
-// one run of three; at 10 M residencies it would be 400 MB per cycle.
+// structure, are then pointer-free, and the garbage collector neither
+// scans them nor runs write barriers on them. With a pointer per entry, a
+// collection during BenchmarkScoreUnderIngest (1,000 workers) marked 26 MB
+// more, and its mark phase, which takes a quarter of the CPU, overlapped
+// enough Scores to raise their p99 several-fold (docs/benchmarks.md); at
+// 10 M residencies it would be 400 MB per cycle.
+//
+// Freed ids are reused last in, first out. So that an id that outlived its
+// node (which the invariants rule out) cannot silently name the next node
+// in its slot, each slot has a generation, bumped when its node is
+// removed; engine entries keep the generation they were made with, and
+// get panics (brokenInvariant) on a mismatch. It wraps after 256 reuses of
+// a slot, so a stale id goes unnoticed only if its slot was reused a
+// multiple of 256 times since.
 type nodeTable struct {
 	mu     sync.Mutex // guards free and next, and growing chunks
-	chunks atomic.Pointer[[]*[nodeChunk]*node]
+	chunks atomic.Pointer[[]*nodeChunk]
 	free   []uint32
 	next   uint32
 }
 
-const nodeChunk = 1024
+// nodeGen is a node id slot's generation.
+type nodeGen uint8
 
-// add gives n an id. Cost: O(1) under the table's mutex, once per node.
+// nodeChunk is nodeChunkLen slots of a nodeTable: the nodes, and their
+// generations. A slot is written only under the table's mutex, and only
+// while no engine entry names it.
+type nodeChunk struct {
+	nodes [nodeChunkLen]*node
+	gens  [nodeChunkLen]nodeGen
+}
+
+const nodeChunkLen = 1024
+
+// add gives n an id and its slot's generation. Cost: O(1) under the
+// table's mutex, once per node.
 func (t *nodeTable) add(n *node) {
 	t.mu.Lock()
 	if l := len(t.free); l > 0 {
@@ -141,30 +163,45 @@ func (t *nodeTable) add(n *node) {
 		t.next++
 	}
 	cs := t.chunks.Load()
-	if cs == nil || int(n.id/nodeChunk) >= len(*cs) {
-		var grown []*[nodeChunk]*node
+	if cs == nil || int(n.id/nodeChunkLen) >= len(*cs) {
+		var grown []*nodeChunk
 		if cs != nil {
 			grown = append(grown, *cs...)
 		}
-		grown = append(grown, new([nodeChunk]*node))
+		grown = append(grown, new(nodeChunk))
 		t.chunks.Store(&grown)
 		cs = &grown
 	}
-	(*cs)[n.id/nodeChunk][n.id%nodeChunk] = n
+	c := (*cs)[n.id/nodeChunkLen]
+	c.nodes[n.id%nodeChunkLen] = n
+	n.gen = c.gens[n.id%nodeChunkLen]
 	t.mu.Unlock()
 }
 
-// get returns the node with id id, which must be alive. A worker reads
-// only ids of nodes where it holds a key (so alive), and learnt each id
-// after the node was added.
-func (t *nodeTable) get(id uint32) *node {
-	return (*t.chunks.Load())[id/nodeChunk][id%nodeChunk]
+// get returns the node with id id, which must be alive and of generation
+// gen: a worker reads only ids of nodes where it holds a key (so alive),
+// and learnt each id, with its generation, after the node was added. It
+// panics on an id out of range, free, or of another generation.
+func (t *nodeTable) get(id uint32, gen nodeGen) *node {
+	cs := *t.chunks.Load()
+	if int(id/nodeChunkLen) >= len(cs) {
+		brokenInvariant(fmt.Sprintf("node id %d out of range", id))
+	}
+	c := cs[id/nodeChunkLen]
+	n := c.nodes[id%nodeChunkLen]
+	if g := c.gens[id%nodeChunkLen]; n == nil || g != gen {
+		brokenInvariant(fmt.Sprintf("stale node id %d of generation %d: its slot is at generation %d (node %p)", id, gen, g, n))
+	}
+	return n
 }
 
-// remove frees n's id; n is dead, so no engine entry refers to it.
+// remove frees n's id and bumps its slot's generation; n is dead, so no
+// engine entry refers to it.
 func (t *nodeTable) remove(n *node) {
 	t.mu.Lock()
-	(*t.chunks.Load())[n.id/nodeChunk][n.id%nodeChunk] = nil
+	c := (*t.chunks.Load())[n.id/nodeChunkLen]
+	c.nodes[n.id%nodeChunkLen] = nil
+	c.gens[n.id%nodeChunkLen]++
 	t.free = append(t.free, n.id)
 	t.mu.Unlock()
 }

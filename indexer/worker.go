@@ -92,16 +92,19 @@ type engineEntry struct {
 	node uint32
 	off  int32
 	refs [events.NumMedia]uint8
+	gen  nodeGen // node's generation (see nodeTable), in what was padding
 }
 
-// locOf returns the tree position of the block in slot.
+// entryAt returns the engine entry of a block at l.
+func entryAt(l loc) engineEntry {
+	return engineEntry{node: l.n.id, off: l.off, gen: l.n.gen}
+}
+
+// locOf returns the tree position of the block in slot. It panics
+// (brokenInvariant) if the entry's node id is stale (see nodeTable).
 func (w *Worker) locOf(slot uint32) loc {
 	e := w.engine.At(slot)
-	n := w.ix.nodes.get(e.node)
-	if n == nil {
-		brokenInvariant("engine entry in a retired node")
-	}
-	return loc{n, e.off}
+	return loc{w.ix.nodes.get(e.node, e.gen), e.off}
 }
 
 // brokenInvariant is the one place the indexer panics: on a state its
@@ -452,10 +455,10 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 			l, fresh = c.next(parent, k, single, n-i)
 		}
 		if known {
-			*w.engine.At(slot) = engineEntry{node: l.n.id, off: l.off}
+			*w.engine.At(slot) = entryAt(l)
 			w.engine.Touch(slot)
 		} else {
-			slot = w.engine.Insert(h, engineEntry{node: l.n.id, off: l.off})
+			slot = w.engine.Insert(h, entryAt(l))
 		}
 		if fresh {
 			// The new key was created with this worker as its holder.
