@@ -52,6 +52,10 @@ import (
 //     An engine entry only points into a node where its worker holds the
 //     key, so no engine entry points into a dead node.
 //   - Every child's attach offset is <= maxAttach < len(keys).
+//
+// Built with the tag invariants, every batch, Reset, SetCapacity and
+// eviction of a worker ends by checking these for the nodes it held, and
+// its engine map against the tree (Worker.assertInvariantsLocked).
 type node struct {
 	// Set at creation, then immutable.
 	parent *node // nil for a top-level node (its first key's parent is a root)
@@ -361,6 +365,10 @@ type cursor struct {
 	memoFrom, to *holders.Set
 
 	tmp []seg // scratch for segment rewrites
+
+	// With invariant checks on (invariantsOn), the nodes the cursor held
+	// and the ones it retired since the last check.
+	touched, retired []*node
 }
 
 // lock makes n the held node, releasing the previously held one. When n is
@@ -378,6 +386,9 @@ func (c *cursor) lock(n *node) {
 		n.mu.Lock()
 	}
 	c.held = n
+	if invariantsOn {
+		c.touched = append(c.touched, n)
+	}
 }
 
 // releaseAlive releases the held node, which has a child and so cannot be
@@ -407,7 +418,11 @@ func (c *cursor) release() {
 		// shows that is gone now left during that Match.
 		n.dead.Store(true)
 		n.mu.Unlock()
-		c.ix.retire(n)
+		var log *[]*node
+		if invariantsOn {
+			log = &c.retired
+		}
+		c.ix.retire(n, log)
 		return
 	}
 	c.compactLocked(n)
@@ -425,14 +440,18 @@ func (c *cursor) finish() {
 }
 
 // retire removes the dead node n from heads and from its parent, and
-// retires the parent too if that left it dead. It holds no lock on entry
-// and takes one node lock at a time, going up.
-func (ix *Index) retire(n *node) {
+// retires the parent too if that left it dead, appending the nodes it
+// retired to log when log is not nil. It holds no lock on entry and takes
+// one node lock at a time, going up.
+func (ix *Index) retire(n *node, log *[]*node) {
 	for {
 		// Both the writer that killed n and one that found it dead (see
 		// next) may retire it; the first does.
 		if !n.retired.CompareAndSwap(false, true) {
 			return
+		}
+		if log != nil {
+			*log = append(*log, n)
 		}
 		ix.nodes.remove(n)
 		sh := ix.shardOf(n.first)

@@ -246,9 +246,13 @@ func (w *Worker) evictForBudget(n int64) int64 {
 }
 
 // endLocked ends a batch: publishes the changed nodes and the resident
-// counts. Callers hold w.mu.
+// counts, after checking the invariants when they are compiled in (build
+// tag invariants). Callers hold w.mu.
 func (w *Worker) endLocked() {
 	w.cur.finish()
+	if invariantsOn {
+		w.assertInvariantsLocked()
+	}
 	w.c.stored.Store(w.stored)
 	w.c.removed.Store(w.removed)
 	w.c.resident.Store(w.res)
