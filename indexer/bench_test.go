@@ -744,7 +744,7 @@ func memory10M(b *testing.B, shared bool) {
 	}
 	total := heap() - base
 	for _, w := range f.ws {
-		w.engine = blockmap.Map[engineEntry]{}
+		w.engine, w.dups = blockmap.Map{}, nil
 	}
 	index := heap() - base
 	b.ReportMetric(float64(index)/float64(resident), "bytes/residency")

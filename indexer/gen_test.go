@@ -15,15 +15,15 @@ func TestStaleNodeIDFailsLoudly(t *testing.T) {
 	w := ws[0]
 	apply(t, w, chain(1, 0, 0, 2))
 	slot, _ := w.engine.Get(1)
-	stale := *w.engine.At(slot)
+	stale := w.entry(slot)
 	apply(t, w, removed(events.MediumGPU, 2, 1)) // the node dies, its id is freed
 	apply(t, w, chain(100, 1, 0, 2))             // a new node takes the id
 	fresh := ix.head(PromptKeys(testModel, 4, chainTokens(1, 1), nil, nil)[0])
-	if fresh == nil || fresh.id != stale.node || fresh.gen == stale.gen {
+	if fresh == nil || fresh.id != stale.node() || fresh.gen == stale.gen() {
 		t.Fatalf("setup: new node %+v, stale entry %+v", fresh, stale)
 	}
 	w.mu.Lock()
-	w.engine.Insert(1, stale)
+	w.engine.Insert(1, uint64(stale))
 	w.mu.Unlock()
 	defer func() {
 		msg, _ := recover().(string)

@@ -73,9 +73,11 @@ type Config struct {
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): the engine-map entry (42 bytes measured) plus the
-// residency index's share (6 to 11 bytes measured), with room for the
-// slab's growth and dead keys kept in runs (BenchmarkMemory10M).
+// (block, worker): the engine-map entry (18 bytes measured) plus the
+// residency index's share (6 to 12 bytes measured), 24 to 30 bytes in all
+// (BenchmarkMemory10M), with room for engine maps just grown, dead keys
+// kept in runs, and holder sets of fleets that share more: a budget bounds
+// the index's memory with a wide margin.
 const EstimatedBytesPerBlock = 64
 
 // Index is the live residency index: which worker holds which content key

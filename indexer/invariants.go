@@ -50,16 +50,30 @@ func (w *Worker) assertInvariantsLocked() {
 	locs := map[loc]*locTally{}
 	var res int64
 	var resBy [events.NumMedia]int64
-	for slot, ok := w.engine.Oldest(); ok; slot, ok = w.engine.Next(slot) {
-		e := w.engine.At(slot)
+	dups := 0
+	for slot := range w.engine.All() {
+		e := w.entry(slot)
 		h := w.engine.Hash(slot)
 		m := e.media()
 		if m == 0 {
 			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x holds no medium", w.info.Ref, h))
 		}
-		l := w.locOf(slot) // panics on a stale node id
+		if r := w.dups[h]; e.dup() != (r != nil) {
+			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x has dup %v, store counts %v", w.info.Ref, h, e.dup(), r))
+		} else if r != nil {
+			dups++
+			for i, n := range r {
+				if (n != 0) != (m&(1<<i) != 0) {
+					brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x in media %06b has store counts %v", w.info.Ref, h, m, *r))
+				}
+			}
+			if !anyAbove1(r) {
+				brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x has store counts %v, none over 1", w.info.Ref, h, *r))
+			}
+		}
+		l := w.locOf(e) // panics on a stale node id
 		if l.n.dead.Load() {
-			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x in dead node %p (id %d)", w.info.Ref, h, l.n, e.node))
+			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x in dead node %p (id %d)", w.info.Ref, h, l.n, e.node()))
 		}
 		a := locs[l]
 		if a == nil {
@@ -69,12 +83,15 @@ func (w *Worker) assertInvariantsLocked() {
 		a.entries++
 		a.media |= m
 		res++
-		for i, r := range e.refs {
-			if r != 0 {
+		for i := range events.NumMedia {
+			if m&(1<<i) != 0 {
 				a.by[i]++
 				resBy[i]++
 			}
 		}
+	}
+	if dups != len(w.dups) {
+		brokenInvariant(fmt.Sprintf("worker %s: %d store counts kept for %d entries stored more than once", w.info.Ref, len(w.dups), dups))
 	}
 	if res != w.res || resBy != w.resBy {
 		brokenInvariant(fmt.Sprintf("worker %s: resident counts %d %v, engine entries say %d %v", w.info.Ref, w.res, w.resBy, res, resBy))

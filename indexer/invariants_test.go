@@ -116,7 +116,7 @@ func TestInvariantsCatchCorruption(t *testing.T) {
 	t.Run("engine entry past the run", func(t *testing.T) {
 		_, w, _ := corrupted(t)
 		slot, _ := w.engine.Get(3) // the batch reads block 8's entry itself
-		w.engine.At(slot).off = 50
+		w.engine.SetVal(slot, w.engine.Val(slot)&^(maxRun-1)|50)
 		mustBreak(t, "+50, past the run", touch(w))
 	})
 	t.Run("resident count", func(t *testing.T) {
