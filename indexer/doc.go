@@ -60,11 +60,11 @@
 // # Memory
 //
 // Measured with BenchmarkMemory10M (heap after GC, 10 M (block, worker)
-// residencies: 1,000 workers x 10,000 blocks), all in, 24.4 bytes per
+// residencies: 1,000 workers x 10,000 blocks), all in, 23.4 bytes per
 // residency in a realistic fleet (shared system prompts, conversations on
-// one or two workers) and 29.5 bytes when no block is shared at all. Of
-// that, the residency index costs 6.4 and 11.5 bytes (8 per key, shared by
-// the key's holders, plus room to grow runs); the workers''
+// one or two workers) and 27.8 bytes when no block is shared at all. Of
+// that, the residency index costs 5.4 and 9.7 bytes (8 per key, shared by
+// the key's holders, and runs grown by an eighth at a time); the workers'
 // engine maps cost 18 bytes per block (blockmap: a 16-byte slot in a
 // cuckoo table kept 83-94% full, the entry packed into 7 bytes of it), and
 // hold no pointers, so the garbage collector does not scan them.

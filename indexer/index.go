@@ -74,7 +74,7 @@ type Config struct {
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
 // (block, worker): the engine-map entry (18 bytes measured) plus the
-// residency index's share (6 to 12 bytes measured), 24 to 30 bytes in all
+// residency index's share (5 to 10 bytes measured), 23 to 28 bytes in all
 // (BenchmarkMemory10M), with room for engine maps just grown, dead keys
 // kept in runs, and holder sets of fleets that share more: a budget bounds
 // the index's memory with a wide margin.
