@@ -244,7 +244,10 @@ func (m *Map) place(e entry) (int, entry) {
 	z := m.zeros > 0 || e.hash == 0
 	f1, f2 := p.free(z), q.free(z)
 	switch {
-	case f1 >= 0 && (f2 < 0 || p.used() <= q.used()):
+	case f1 >= 0 && f2 < 0:
+		p.hash[f1], p.meta[f1] = e.hash, e.meta
+		return int(b1)*ways + f1, entry{}
+	case f1 >= 0 && p.used() <= q.used():
 		p.hash[f1], p.meta[f1] = e.hash, e.meta
 		return int(b1)*ways + f1, entry{}
 	case f2 >= 0:
