@@ -319,7 +319,7 @@ type Match struct {
 // pooled). Measured (BenchmarkScoreFloor, docs/benchmarks.md): with
 // PromptKeys, within 1.3x of hashing the prompt alone from 128 to 15,000
 // blocks; 4,096 blocks with 1,000 workers holding the first 512 take about
-// 13 us for Match, which is mostly writing the 1,000 results
+// 14 us for Match, which is mostly writing the 1,000 results
 // (BenchmarkScore4096x1000; the map+mutex baseline takes 8.4 ms).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
 	if len(keys) == 0 {
@@ -453,8 +453,9 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	ents := s.Entries()
 	keep := 0
 	// An active is copied down only once a worker before it has ended:
-	// rewriting each in place measured 4x slower (a store the next load
-	// of the 12-byte array overlaps, which the CPU does not forward).
+	// rewriting each in place took BenchmarkScoreFloor/15000x96's Match
+	// from 24 to 44 us (the profile put it on that store, which the next
+	// load of the 12-byte records overlaps).
 	if len(act)*8 < len(ents) {
 		// Few still match among many holders: look each one up.
 		for i := range act {

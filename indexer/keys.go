@@ -41,7 +41,7 @@ func RootKey(model, loraName string) Key {
 // canonical extra keys (nil for none); a block with extra keys never has
 // the key of the same tokens without them.
 //
-// Cost: one xxh3 pass over 4 bytes per token (about 5 ns for a 16-token
+// Cost: one xxh3 pass over 4 bytes per token (about 6 ns for a 16-token
 // block, docs/benchmarks.md), no allocation.
 func BlockKey(parent Key, tokens []uint32, extra events.ExtraKeys) Key {
 	h := hashTokens(tokens, uint64(parent))
@@ -111,10 +111,11 @@ const (
 
 // hash16 is xxh3.HashSeed of the 64 little-endian bytes of a 16-token
 // block, computed from the token ids: XXH3's 17-128-byte path, whose
-// 8-byte reads are pairs of token ids. It inlines into its callers and
-// costs no bounds checks, which makes a chain of keys cheaper than a chain
-// of xxh3.HashSeed calls (BenchmarkPromptKeysFloor, docs/benchmarks.md);
-// TestHashTokensIsXXH3 checks it against xxh3 for every seed it draws.
+// 8-byte reads are pairs of token ids (each pair one load), with no byte
+// view, length switch or bounds check: a chain of keys then costs within
+// 4% of a chain of xxh3.HashSeed calls, which is latency-bound
+// (BenchmarkPromptKeysFloor, docs/benchmarks.md). TestHashTokensIsXXH3
+// checks it against xxh3 for every seed it draws.
 func hash16(t *[16]uint32, seed uint64) uint64 {
 	acc := uint64(0x8dde6c617af2a1c0) // 64 * xxPrime64, wrapped
 	acc += mulFold(pair(t[4], t[5])^(secret032+seed), pair(t[6], t[7])^(secret040-seed))
@@ -222,8 +223,8 @@ func (p *PromptExtras) blockExtras(i int, scratch []byte) (events.ExtraKeys, []b
 // block keys instead of token ids.
 //
 // Cost: one BlockKey per block, and nothing else per block without extra
-// keys or with a LoRA adapter alone (about 5 ns per 16-token block, at or
-// below a chain of xxh3.HashSeed calls: BenchmarkPromptKeysFloor);
+// keys or with a LoRA adapter alone (about 6 ns per 16-token block, within
+// 4% of a chain of xxh3.HashSeed calls: BenchmarkPromptKeysFloor);
 // allocation-free when dst has capacity and the extras are empty or fit in
 // 128 bytes.
 func PromptKeys(model string, blockSize int, tokens []uint32, extras *PromptExtras, dst []Key) []Key {

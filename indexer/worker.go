@@ -325,13 +325,14 @@ const fullAttention = "full_attention"
 // changes are visible to Match when ApplyBatch returns.
 //
 // Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 200 ns per stored block, its later removal included (4.8-5.3 M blocks/s
-// on the benchmark machine, whose speed drifts by ~7% over a day), and
-// 11 allocations per batch of about 80 blocks: a node and its key array
-// per new branch, and a view when a run's array grows or its holders
-// change inside it. A quarter of the time is the removal's one cache miss
-// on an entry stored long before. The map+mutex baseline
-// (BenchmarkNaiveApply) does 1.17 M blocks/s with 318 allocations.
+// 230 ns per stored block, its later removal included (4.1-4.4 M blocks/s
+// on the benchmark machine of docs/benchmarks.md), and 13 allocations per
+// batch of about 80 blocks: a node and its key array per new branch, and
+// a view when a run's array grows or its holders change inside it. With
+// everything in cache (BenchmarkApplyCached) it is 5 M blocks/s: cache
+// misses are a fifth of the time, the engine map's work two fifths. The
+// map+mutex baseline (BenchmarkNaiveApply) does 1.0 M blocks/s with 318
+// allocations.
 func (w *Worker) ApplyBatch(b *events.Batch) error {
 	w.mu.Lock()
 	before := w.res
