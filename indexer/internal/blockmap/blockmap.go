@@ -110,8 +110,7 @@ type Map struct {
 
 	zeros int // entries of hash 0 (whose slots look empty by hash alone)
 
-	walk  uint64 // state of the cuckoo walk's random choices
-	kicks int    // cuckoo walk steps taken, for tests
+	walk uint64 // state of the cuckoo walk's random choices
 }
 
 // bucket is ways slots: their hashes, and their metas (epoch<<epochShift
@@ -281,7 +280,6 @@ func (m *Map) place(e entry) (int, entry) {
 		j := int(m.walk >> (64 - waysLog))
 		d := &m.b[b]
 		e, d.hash[j], d.meta[j] = entry{d.hash[j], d.meta[j]}, e.hash, e.meta
-		m.kicks++
 		c1, c2 := m.buckets(e.hash)
 		if c1 == b {
 			b = c2
