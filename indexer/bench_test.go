@@ -4,10 +4,14 @@ package indexer
 // runs them by these names and prints target vs measured. Custom metrics:
 // blocks/s (stored blocks applied per second, their removals included),
 // p50-ns/p99-ns (per-call latency percentiles collected here), ratio,
-// bytes/residency and engine-bytes/block. The naive map+mutex baseline
-// (refIndex) runs beside the real thing as BenchmarkNaive*:
+// bytes/residency, engine-bytes/block and all-bytes/residency. The naive
+// map+mutex baseline (refIndex) runs beside the real thing as
+// BenchmarkNaive*:
 //
 //	go test -run '^$' -bench 'Naive' ./indexer
+//
+// and the hashing floor runs call by call beside PromptKeys and Score in
+// bench_floor_test.go.
 
 import (
 	"fmt"
@@ -207,8 +211,15 @@ func newApplyStream(seed uint64, n, window int, parent uint64, hasParent bool) *
 // that the garbage collector shares it). blocks/s counts stored blocks;
 // their removals are applied in the same time, and so is filling the
 // reused Batch (fill).
-func BenchmarkApply(b *testing.B) {
-	const ring, window = 1280, 1024
+func BenchmarkApply(b *testing.B) { benchApply(b, 1024) }
+
+// BenchmarkApplyCached is BenchmarkApply with a window of 16 batches: the
+// worker holds about 1,300 blocks, and its engine map and nodes stay in
+// cache, so that this is apply's cost without the cache misses.
+func BenchmarkApplyCached(b *testing.B) { benchApply(b, 16) }
+
+func benchApply(b *testing.B, window int) {
+	const ring = 1280
 	s := newApplyStream(1, ring, window, 0, false)
 	f := newFleet(b, 1, Config{})
 	w := f.ws[0]
@@ -627,7 +638,8 @@ func underIngest(b *testing.B, f *fleet, ingest []*Worker, parent uint64, score 
 // workers x 10,000 blocks, and measures the heap after GC: bytes/residency
 // is the residency index (tree, holder sets, heads) over residencies,
 // engine-bytes/block the workers' engine maps (measured by dropping them)
-// over resident blocks.
+// over resident blocks, and all-bytes/residency both together (one engine
+// entry per residency) over residencies.
 //
 //   - shared: a realistic fleet behind a prefix-aware router. 40 system
 //     prompts of 16 to 512 blocks; each worker holds 12 of them (about
@@ -739,11 +751,12 @@ func memory10M(b *testing.B, shared bool) {
 	}
 	total := heap() - base
 	for _, w := range f.ws {
-		w.engine = blockmap.Map[engineEntry]{}
+		w.engine, w.dups = blockmap.Map{}, nil
 	}
 	index := heap() - base
 	b.ReportMetric(float64(index)/float64(resident), "bytes/residency")
 	b.ReportMetric(float64(total-index)/float64(resident), "engine-bytes/block")
+	b.ReportMetric(float64(total)/float64(resident), "all-bytes/residency")
 	b.ReportMetric(float64(resident), "residencies")
 	b.ReportMetric(float64(resident)/build.Seconds(), "build-blocks/s")
 	runtime.KeepAlive(f)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,9 +80,11 @@ type Config struct {
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): the engine-map entry (42 bytes measured) plus the
-// residency index's share (6 to 11 bytes measured), with room for the
-// slab's growth and dead keys kept in runs (BenchmarkMemory10M).
+// (block, worker): the engine-map entry (18 bytes measured) plus the
+// residency index's share (5 to 10 bytes measured), 23 to 28 bytes in all
+// (BenchmarkMemory10M), with room for engine maps just grown, dead keys
+// kept in runs, and holder sets of fleets that share more: a budget bounds
+// the index's memory with a wide margin.
 const EstimatedBytesPerBlock = 64
 
 // Index is the live residency index: which worker holds which content key
@@ -389,17 +392,19 @@ type Match struct {
 // scratch).
 //
 // Cost: the walk compares keys against the runs of the tree sequentially,
-// looks at a holder set only where one changes (skipping pointer-equal
-// sets at no cost), and pays a heads probe (one shard read lock) only per
-// node entered; it stops at the first key that no still-matching worker
-// holds. A change of holder set costs O(min(h, a log h)) for h holders and
-// a still-matching workers. So a Match costs O(matched keys + holders of
-// the first key + holder-set changes), not O(keys x workers). No
-// allocation when dst has capacity (scratch is pooled). Measured: 128
-// blocks held by 8 workers, with PromptKeys, 1.2 us p50 (BenchmarkScore128x8;
-// the map+mutex baseline takes 11.5 us); 4,096 blocks with 1,000 workers
-// holding the first 512, 13 us p50 for Match, which is mostly writing the
-// 1,000 results (BenchmarkScore4096x1000; the baseline takes 8.4 ms).
+// four at a time, looks at a holder set only where one changes (skipping
+// pointer-equal sets at no cost), and pays a heads probe (one shard read
+// lock) only per node entered; it stops at the first key that no
+// still-matching worker holds. A change of holder set costs one merge of
+// the still-matching workers with the new set, O(a + h) for a of them and
+// h holders, or O(a log h) when a is under h/8. So a Match costs
+// O(matched keys + holders of the first key + holder-set changes), not
+// O(keys x workers). No allocation when dst has capacity (scratch is
+// pooled). Measured (BenchmarkScoreFloor, docs/benchmarks.md): with
+// PromptKeys, within 1.3x of hashing the prompt alone from 128 to 15,000
+// blocks; 4,096 blocks with 1,000 workers holding the first 512 take about
+// 14 us for Match, which is mostly writing the 1,000 results
+// (BenchmarkScore4096x1000; the map+mutex baseline takes 8.4 ms).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
 	if len(keys) == 0 {
 		return dst
@@ -408,12 +413,12 @@ func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Mat
 	if n == nil || n.parent != nil {
 		return dst
 	}
-	sc, _ := ix.scratch.Get().(*matchScratch)
-	if sc == nil {
-		sc = new(matchScratch)
-	}
-	sc.grow(ix.NumWorkers())
-	m := matcher{sc: sc, dst: dst, allow: allow}
+	// The still-matching workers are in small (in this frame) or in a
+	// pooled matchScratch; they are kept out of m, whose dst is returned
+	// (escape analysis does not tell fields apart).
+	var small [matchSmall]active
+	act := small[:0]
+	m := matcher{ix: ix, dst: dst, allow: allow}
 	i := 0
 	var off int32
 walk:
@@ -425,10 +430,7 @@ walk:
 		vk := v.keys[:v.n.Load()]
 		j := int(off)
 		start := i
-		for j < len(vk) && i < len(keys) && vk[j] == keys[i] {
-			i++
-			j++
-		}
+		i, j = matchRun(keys, i, vk, j)
 		if i == start {
 			break
 		}
@@ -436,7 +438,8 @@ walk:
 		segs := v.segs
 		for s := segIndex(segs, off); s < len(segs) && int(segs[s].start) < j; s++ {
 			b := start + max(int(segs[s].start)-int(off), 0)
-			if !m.at(b, segs[s].set) {
+			var more bool
+			if act, more = m.at(act, b, segs[s].set); !more {
 				break walk
 			}
 		}
@@ -449,114 +452,144 @@ walk:
 		}
 		n, off = c, 0
 	}
-	dst = m.finish(i)
-	ix.scratch.Put(sc)
-	return dst
+	return m.finish(act, i)
 }
 
-// matchScratch is one Match's working memory, pooled between calls.
+// matchRun advances i in keys and j in run while their keys are equal,
+// and returns both. Cost: about a cycle per key: four are compared per
+// branch (the prompt and the run are both sequential in memory).
+func matchRun(keys []Key, i int, run []Key, j int) (int, int) {
+	for i+4 <= len(keys) && j+4 <= len(run) {
+		a, b := keys[i:i+4:i+4], run[j:j+4:j+4]
+		if (a[0]^b[0])|(a[1]^b[1])|(a[2]^b[2])|(a[3]^b[3]) != 0 {
+			break
+		}
+		i, j = i+4, j+4
+	}
+	for i < len(keys) && j < len(run) && keys[i] == run[j] {
+		i, j = i+1, j+1
+	}
+	return i, j
+}
+
+// matchScratch is the working memory of a Match whose first key has more
+// than matchSmall holders, pooled between calls.
 type matchScratch struct {
-	// pos[w] is worker w's index in act, -1 when it is not matching; all
-	// -1 between calls.
-	pos []int32
 	act []active
 }
 
-// active is a worker still matching: its Match in dst, the media it has
-// held every block in so far, and the set change it was last seen at.
+// matchSmall is how many still-matching workers a Match tracks in its own
+// frame; beyond it, it takes a matchScratch from the pool (which costs a
+// pool round trip, about 15 ns: BenchmarkScoreFloor/128x8).
+const matchSmall = 16
+
+// active is a worker still matching: its entry in holder sets with the
+// media bits clear (so that entries of lower workers sort below it), its
+// Match in dst, and the media it has held every block in so far.
 type active struct {
+	key   holders.Entry
 	di    int32
 	media uint8
-	next  uint8
-	seen  uint32
 }
 
-func (sc *matchScratch) grow(n int) {
-	for len(sc.pos) < n {
-		sc.pos = append(sc.pos, -1)
-	}
-}
-
-// matcher follows the holder sets along a prompt's matched keys.
+// matcher follows the holder sets along a prompt's matched keys. Its
+// still-matching workers (act, passed in and out) stay sorted by worker,
+// as sets are.
 type matcher struct {
-	sc     *matchScratch
+	ix     *Index
 	dst    []Match
-	base   int
 	allow  func(WorkerID) bool
 	cur    *holders.Set
 	inited bool
-	epoch  uint32
+	sc     *matchScratch // when the first set has over matchSmall holders
 }
 
 // at records that block b and the blocks after it (until the next call)
-// are held by set s, and reports whether any worker still matches.
-func (m *matcher) at(b int, s *holders.Set) bool {
+// are held by set s, and returns the workers still matching and whether
+// there are any.
+func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	if !m.inited {
 		m.inited = true
-		m.base = len(m.dst)
 		m.cur = s
-		pos := m.sc.pos
-		for _, e := range s.Entries() {
+		ents := s.Entries()
+		if len(ents) > cap(act) {
+			m.sc, _ = m.ix.scratch.Get().(*matchScratch)
+			if m.sc == nil {
+				m.sc = new(matchScratch)
+			}
+			m.sc.act = slices.Grow(m.sc.act[:0], len(ents))
+			act = m.sc.act
+		}
+		for _, e := range ents {
 			w := e.Worker()
-			if int(w) >= len(pos) || m.allow != nil && !m.allow(WorkerID(w)) {
+			if m.allow != nil && !m.allow(WorkerID(w)) {
 				continue
 			}
-			pos[w] = int32(len(m.sc.act))
-			m.sc.act = append(m.sc.act, active{di: int32(len(m.dst)), media: e.Media()})
+			act = append(act, active{key: holders.MakeEntry(w, 0), di: int32(len(m.dst)), media: e.Media()})
 			m.dst = append(m.dst, Match{Worker: WorkerID(w)})
 		}
-		return len(m.sc.act) > 0
+		return act, len(act) > 0
 	}
 	if s == m.cur || holders.Equal(s, m.cur) {
-		return true
+		return act, true
 	}
 	m.cur = s
-	act, pos := m.sc.act, m.sc.pos
 	ents := s.Entries()
 	keep := 0
+	// An active is copied down only once a worker before it has ended:
+	// rewriting each in place took BenchmarkScoreFloor/15000x96's Match
+	// from 24 to 44 us (the profile put it on that store, which the next
+	// load of the 12-byte records overlaps).
 	if len(act)*8 < len(ents) {
 		// Few still match among many holders: look each one up.
-		for _, a := range act {
-			w := m.dst[a.di].Worker
-			if !m.keep(&a, s.Media(uint32(w)), b) {
-				pos[w] = -1
-				continue
+		for i := range act {
+			a := &act[i]
+			if m.keep(a, s.Media(a.key.Worker()), b) {
+				if keep != i {
+					act[keep] = *a
+				}
+				keep++
 			}
-			act[keep] = a
-			pos[w] = int32(keep)
-			keep++
 		}
 	} else {
-		m.epoch++
-		for _, e := range ents {
-			if w := e.Worker(); int(w) < len(pos) {
-				if p := pos[w]; p >= 0 {
-					act[p].seen, act[p].next = m.epoch, e.Media()
+		// Merge: both are sorted by worker.
+		k := 0
+		for i := range act {
+			a := &act[i]
+			for k < len(ents) && ents[k] < a.key {
+				k++
+			}
+			var media uint8
+			if k < len(ents) && ents[k]&^0xff == a.key {
+				media = ents[k].Media()
+				k++
+				if media == a.media {
+					// The common case, inline: nothing changes.
+					if keep != i {
+						act[keep] = *a
+					}
+					keep++
+					continue
 				}
 			}
-		}
-		for _, a := range act {
-			w := m.dst[a.di].Worker
-			var media uint8
-			if a.seen == m.epoch {
-				media = a.next
+			if m.keep(a, media, b) {
+				if keep != i {
+					act[keep] = *a
+				}
+				keep++
 			}
-			if !m.keep(&a, media, b) {
-				pos[w] = -1
-				continue
-			}
-			act[keep] = a
-			pos[w] = int32(keep)
-			keep++
 		}
 	}
-	m.sc.act = act[:keep]
-	return keep > 0
+	return act[:keep], keep > 0
 }
 
-// keep applies a worker's media at block b: a worker that holds b in no
-// medium ends its match at b; a medium it no longer holds ends there.
+// keep applies a worker's media at block b, and reports whether it still
+// matches: a worker that holds b in no medium ends its match at b; a
+// medium it no longer holds ends there.
 func (m *matcher) keep(a *active, media uint8, b int) bool {
+	if media == a.media && media != 0 {
+		return true
+	}
 	d := &m.dst[a.di]
 	if media == 0 {
 		d.Blocks = b
@@ -579,16 +612,17 @@ func setMedia(d *Match, mask uint8, b int) {
 	}
 }
 
-// finish ends the matches still running at block b, resets the scratch
-// and returns dst.
-func (m *matcher) finish(b int) []Match {
-	for _, a := range m.sc.act {
+// finish ends the matches of act, still running at block b, returns the
+// scratch and returns dst.
+func (m *matcher) finish(act []active, b int) []Match {
+	for _, a := range act {
 		d := &m.dst[a.di]
 		d.Blocks = b
 		setMedia(d, a.media, b)
-		m.sc.pos[d.Worker] = -1
 	}
-	m.sc.act = m.sc.act[:0]
+	if m.sc != nil {
+		m.ix.scratch.Put(m.sc)
+	}
 	return m.dst
 }
 

@@ -2,6 +2,8 @@ package indexer
 
 import (
 	"encoding/binary"
+	"math/bits"
+	"slices"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -39,8 +41,8 @@ func RootKey(model, loraName string) Key {
 // canonical extra keys (nil for none); a block with extra keys never has
 // the key of the same tokens without them.
 //
-// Cost: one xxh3 pass over 4 bytes per token (about 10 ns for a 16-token
-// block on this machine), no allocation.
+// Cost: one xxh3 pass over 4 bytes per token (about 6 ns for a 16-token
+// block, docs/benchmarks.md), no allocation.
 func BlockKey(parent Key, tokens []uint32, extra events.ExtraKeys) Key {
 	h := hashTokens(tokens, uint64(parent))
 	if extra != nil {
@@ -56,10 +58,18 @@ const extraMix = 0x9e3779b97f4a7c15
 // little-endian byte order that keys are defined over.
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
-// hashTokens hashes tokens as little-endian uint32s. On little-endian
-// machines it views the slice's memory directly (no copy).
+// hashTokens hashes tokens as little-endian uint32s: xxh3.HashSeed of
+// their bytes. Blocks of 5 to 32 tokens (17 to 128 bytes, vLLM's default
+// 16 among them) take hashMid, the same function computed from the token
+// ids; others view the slice's memory directly on little-endian machines
+// (no copy), and copy it to little-endian bytes elsewhere.
 func hashTokens(tokens []uint32, seed uint64) uint64 {
-	if len(tokens) == 0 {
+	switch n := len(tokens); {
+	case n == 16:
+		return hash16((*[16]uint32)(tokens), seed)
+	case n >= 5 && n <= 32:
+		return hashMid(tokens, seed)
+	case n == 0:
 		return xxh3.HashSeed(nil, seed)
 	}
 	if littleEndian {
@@ -75,6 +85,84 @@ func hashTokens(tokens []uint32, seed uint64) uint64 {
 		b = binary.LittleEndian.AppendUint32(b, t)
 	}
 	return xxh3.HashSeed(b, seed)
+}
+
+// The words of XXH3's default secret that its 17-128-byte path reads
+// (xxh3.HashSeed uses the same secret), and XXH64's first prime.
+const (
+	secret000 = 0xbe4ba423396cfeb8
+	secret008 = 0x1cad21f72c81017c
+	secret016 = 0xdb979083e96dd4de
+	secret024 = 0x1f67b3b7a4a44072
+	secret032 = 0x78e5c0cc4ee679cb
+	secret040 = 0x2172ffcc7dd05a82
+	secret048 = 0x8e2443f7744608b8
+	secret056 = 0x4c263a81e69035e0
+	secret064 = 0xcb00c391bb52283c
+	secret072 = 0xa32e531b8b65d088
+	secret080 = 0x4ef90da297486471
+	secret088 = 0xd8acdea946ef1938
+	secret096 = 0x3f349ce33f76faa8
+	secret104 = 0x1d4f0bc7c7bbdcf9
+	secret112 = 0x3159b4cd4be0518a
+	secret120 = 0x647378d9c97e9fc8
+	xxPrime64 = 11400714785074694791
+)
+
+// hash16 is xxh3.HashSeed of the 64 little-endian bytes of a 16-token
+// block, computed from the token ids: XXH3's 17-128-byte path, whose
+// 8-byte reads are pairs of token ids (each pair one load), with no byte
+// view, length switch or bounds check: a chain of keys then costs within
+// 4% of a chain of xxh3.HashSeed calls, which is latency-bound
+// (BenchmarkPromptKeysFloor, docs/benchmarks.md). TestHashTokensIsXXH3
+// checks it against xxh3 for every seed it draws.
+func hash16(t *[16]uint32, seed uint64) uint64 {
+	acc := uint64(0x8dde6c617af2a1c0) // 64 * xxPrime64, wrapped
+	acc += mulFold(pair(t[4], t[5])^(secret032+seed), pair(t[6], t[7])^(secret040-seed))
+	acc += mulFold(pair(t[8], t[9])^(secret048+seed), pair(t[10], t[11])^(secret056-seed))
+	acc += mulFold(pair(t[0], t[1])^(secret000+seed), pair(t[2], t[3])^(secret008-seed))
+	acc += mulFold(pair(t[12], t[13])^(secret016+seed), pair(t[14], t[15])^(secret024-seed))
+	return avalanche(acc)
+}
+
+// hashMid is xxh3.HashSeed of the little-endian bytes of 5 to 32 tokens
+// (17 to 128 bytes), computed from the token ids as hash16 is.
+func hashMid(t []uint32, seed uint64) uint64 {
+	n := len(t)
+	acc := uint64(n*4) * xxPrime64
+	mix := func(j int, s1, s2 uint64) uint64 {
+		return mulFold(pair(t[j], t[j+1])^(s1+seed), pair(t[j+2], t[j+3])^(s2-seed))
+	}
+	if n > 8 {
+		if n > 16 {
+			if n > 24 {
+				acc += mix(12, secret096, secret104)
+				acc += mix(n-16, secret112, secret120)
+			}
+			acc += mix(8, secret064, secret072)
+			acc += mix(n-12, secret080, secret088)
+		}
+		acc += mix(4, secret032, secret040)
+		acc += mix(n-8, secret048, secret056)
+	}
+	acc += mix(0, secret000, secret008)
+	acc += mix(n-4, secret016, secret024)
+	return avalanche(acc)
+}
+
+// pair is the little-endian 8 bytes of tokens a, b as one word.
+func pair(a, b uint32) uint64 { return uint64(a) | uint64(b)<<32 }
+
+func mulFold(x, y uint64) uint64 {
+	hi, lo := bits.Mul64(x, y)
+	return hi ^ lo
+}
+
+// avalanche is XXH3's final mix of the 17-128-byte path.
+func avalanche(x uint64) uint64 {
+	x ^= x >> 37
+	x *= 0x165667919e3779f9
+	return x ^ x>>32
 }
 
 // PromptExtras are the request-side inputs that vLLM mixes into block
@@ -134,8 +222,11 @@ func (p *PromptExtras) blockExtras(i int, scratch []byte) (events.ExtraKeys, []b
 // events, and it is what a router-side client computes when it sends
 // block keys instead of token ids.
 //
-// Cost: one BlockKey per block; allocation-free when dst has capacity and
-// the extras are empty or fit in 128 bytes.
+// Cost: one BlockKey per block, and nothing else per block without extra
+// keys or with a LoRA adapter alone (about 6 ns per 16-token block, within
+// 4% of a chain of xxh3.HashSeed calls: BenchmarkPromptKeysFloor);
+// allocation-free when dst has capacity and the extras are empty or fit in
+// 128 bytes.
 func PromptKeys(model string, blockSize int, tokens []uint32, extras *PromptExtras, dst []Key) []Key {
 	if blockSize <= 0 {
 		return dst
@@ -145,13 +236,44 @@ func PromptKeys(model string, blockSize int, tokens []uint32, extras *PromptExtr
 		lora = extras.LoRAName
 	}
 	k := RootKey(model, lora)
+	n := len(tokens) / blockSize
 	var stack [128]byte
+	switch {
+	case extras == nil || extras.BlockExtras == nil && extras.LoRAName == "" && extras.CacheSalt == "":
+		return chainKeys(k, blockSize, tokens, nil, dst)
+	case extras.BlockExtras == nil && extras.CacheSalt == "":
+		// The adapter's extra keys are the same for every block.
+		ex, _ := extras.blockExtras(0, stack[:0])
+		return chainKeys(k, blockSize, tokens, ex, dst)
+	}
 	scratch := stack[:0]
 	var ex events.ExtraKeys
-	for i := 0; (i+1)*blockSize <= len(tokens); i++ {
+	for i := range n {
 		ex, scratch = extras.blockExtras(i, scratch)
 		k = BlockKey(k, tokens[i*blockSize:(i+1)*blockSize], ex)
 		dst = append(dst, k)
+	}
+	return dst
+}
+
+// chainKeys appends the keys of every full block of tokens chained from
+// k, each block with the extra keys ex.
+func chainKeys(k Key, blockSize int, tokens []uint32, ex events.ExtraKeys, dst []Key) []Key {
+	n := len(tokens) / blockSize
+	l := len(dst)
+	dst = slices.Grow(dst, n)[:l+n]
+	out := dst[l:]
+	if blockSize == 16 && ex == nil {
+		h := uint64(k)
+		for i := range out {
+			h = hash16((*[16]uint32)(tokens[i*16:]), h)
+			out[i] = Key(h)
+		}
+		return dst
+	}
+	for i := range out {
+		k = BlockKey(k, tokens[i*blockSize:(i+1)*blockSize], ex)
+		out[i] = k
 	}
 	return dst
 }

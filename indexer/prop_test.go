@@ -215,14 +215,14 @@ func checkAgainstRef(t *testing.T, ix *Index, ref *refIndex, u *universe, r *ran
 			if !ok {
 				t.Fatalf("step %d worker %d: no engine entry %x", step, i, h)
 			}
-			e := w.engine.At(slot)
-			if l := w.locOf(slot); l.n.keys[l.off] != re.key {
+			if l := w.locOf(w.entry(slot)); l.n.keys[l.off] != re.key {
 				k := l.n.keys[l.off]
 				t.Fatalf("step %d worker %d: engine entry %x at key %x, reference %x", step, i, h, k, re.key)
 			}
+			refs := w.refsOf(slot)
 			for m, r := range re.refs {
-				if uint32(e.refs[m]) != r {
-					t.Fatalf("step %d worker %d: engine entry %x refs %v, reference %v", step, i, h, e.refs, re.refs)
+				if uint32(refs[m]) != r {
+					t.Fatalf("step %d worker %d: engine entry %x refs %v, reference %v", step, i, h, refs, re.refs)
 				}
 			}
 		}
@@ -379,16 +379,16 @@ func checkInvariants(t *testing.T, ix *Index) {
 		w.mu.Lock()
 		want := map[wk]uint8{}
 		entries := map[loc]int{}
-		for slot, ok := w.engine.Oldest(); ok; slot, ok = w.engine.Next(slot) {
-			e := w.engine.At(slot)
+		for slot := range w.engine.All() {
+			e := w.entry(slot)
 			if e.media() == 0 {
 				t.Fatalf("worker %d: engine entry with no references", w.id)
 			}
-			l := w.locOf(slot)
-			if !seen[l.n] || l.n.id != e.node {
+			l := w.locOf(e)
+			if !seen[l.n] || l.n.id != e.node() {
 				t.Fatalf("worker %d: engine entry in node %p, which is not in the tree", w.id, l.n)
 			}
-			want[wk{l.n, e.off, uint32(w.id)}] |= e.media()
+			want[wk{l.n, e.off(), uint32(w.id)}] |= e.media()
 			entries[l]++
 		}
 		for k, m := range want {

@@ -1,6 +1,8 @@
 package indexer
 
 import (
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -51,12 +53,17 @@ import (
 //     An engine entry only points into a node where its worker holds the
 //     key, so no engine entry points into a dead node.
 //   - Every child's attach offset is <= maxAttach < len(keys).
+//
+// Built with the tag invariants, every batch, Reset, SetCapacity and
+// eviction of a worker ends by checking these for the nodes it held, and
+// its engine map against the tree (Worker.assertInvariantsLocked).
 type node struct {
 	// Set at creation, then immutable.
 	parent *node // nil for a top-level node (its first key's parent is a root)
 	attach int32 // offset in parent of this node's first key's parent; -1 at top level
 	first  Key
-	id     uint32 // in Index.nodes, for engine entries
+	id     uint32  // in Index.nodes, for engine entries
+	gen    nodeGen // of id's slot while n holds it (see nodeTable)
 
 	view    atomic.Pointer[view] // the run as readers see it; nil until published
 	dead    atomic.Bool          // set under mu; readable without it
@@ -115,56 +122,96 @@ type headShard struct {
 
 // nodeTable gives nodes 32-bit ids, so that engine entries refer to their
 // node without a pointer: the workers' engine maps, the index's largest
-// structure (42 bytes per resident block), are then pointer-free, and the
-// garbage collector neither scans them nor runs write barriers on them.
-// With a pointer per entry, a collection during BenchmarkScoreUnderIngest
-// (1,000 workers) marked 26 MB more, and its mark phase, which takes a
-// quarter of the CPU, overlapped enough Scores to raise their p99 7x in
-// one run of three; at 10 M residencies it would be 400 MB per cycle.
+// structure, are then pointer-free, and the garbage collector neither
+// scans them nor runs write barriers on them. With a pointer per entry, a
+// collection during BenchmarkScoreUnderIngest (1,000 workers) marked 26 MB
+// more, and its mark phase, which takes a quarter of the CPU, overlapped
+// enough Scores to raise their p99 several-fold (docs/benchmarks.md); at
+// 10 M residencies it would be 400 MB per cycle.
+//
+// Freed ids are reused last in, first out. So that an id that outlived its
+// node (which the invariants rule out) cannot silently name the next node
+// in its slot, each slot has a generation, bumped when its node is
+// removed; engine entries keep the generation they were made with, and
+// get panics (brokenInvariant) on a mismatch. It is 6 bits (what an
+// engineEntry has room for) and wraps after 64 reuses of a slot, so a
+// stale id goes unnoticed only if its slot was reused a multiple of 64
+// times since.
 type nodeTable struct {
 	mu     sync.Mutex // guards free and next, and growing chunks
-	chunks atomic.Pointer[[]*[nodeChunk]*node]
+	chunks atomic.Pointer[[]*nodeChunk]
 	free   []uint32
 	next   uint32
 }
 
-const nodeChunk = 1024
+// nodeGen is a node id slot's generation.
+type nodeGen uint8
 
-// add gives n an id. Cost: O(1) under the table's mutex, once per node.
+// nodeChunk is nodeChunkLen slots of a nodeTable: the nodes, and their
+// generations. A slot is written only under the table's mutex, and only
+// while no engine entry names it.
+type nodeChunk struct {
+	nodes [nodeChunkLen]*node
+	gens  [nodeChunkLen]nodeGen
+}
+
+const nodeChunkLen = 1024
+
+// add gives n an id and its slot's generation. Cost: O(1) under the
+// table's mutex, once per node.
 func (t *nodeTable) add(n *node) {
 	t.mu.Lock()
 	if l := len(t.free); l > 0 {
 		n.id = t.free[l-1]
 		t.free = t.free[:l-1]
 	} else {
+		if t.next == maxNodes {
+			t.mu.Unlock()
+			panic(fmt.Sprintf("indexer: the index holds its maximum of %d tree nodes", maxNodes))
+		}
 		n.id = t.next
 		t.next++
 	}
 	cs := t.chunks.Load()
-	if cs == nil || int(n.id/nodeChunk) >= len(*cs) {
-		var grown []*[nodeChunk]*node
+	if cs == nil || int(n.id/nodeChunkLen) >= len(*cs) {
+		var grown []*nodeChunk
 		if cs != nil {
 			grown = append(grown, *cs...)
 		}
-		grown = append(grown, new([nodeChunk]*node))
+		grown = append(grown, new(nodeChunk))
 		t.chunks.Store(&grown)
 		cs = &grown
 	}
-	(*cs)[n.id/nodeChunk][n.id%nodeChunk] = n
+	c := (*cs)[n.id/nodeChunkLen]
+	c.nodes[n.id%nodeChunkLen] = n
+	n.gen = c.gens[n.id%nodeChunkLen]
 	t.mu.Unlock()
 }
 
-// get returns the node with id id, which must be alive. A worker reads
-// only ids of nodes where it holds a key (so alive), and learnt each id
-// after the node was added.
-func (t *nodeTable) get(id uint32) *node {
-	return (*t.chunks.Load())[id/nodeChunk][id%nodeChunk]
+// get returns the node with id id, which must be alive and of generation
+// gen: a worker reads only ids of nodes where it holds a key (so alive),
+// and learnt each id, with its generation, after the node was added. It
+// panics on an id out of range, free, or of another generation.
+func (t *nodeTable) get(id uint32, gen nodeGen) *node {
+	cs := *t.chunks.Load()
+	if int(id/nodeChunkLen) >= len(cs) {
+		brokenInvariant(fmt.Sprintf("node id %d out of range", id))
+	}
+	c := cs[id/nodeChunkLen]
+	n := c.nodes[id%nodeChunkLen]
+	if g := c.gens[id%nodeChunkLen]; n == nil || g != gen {
+		brokenInvariant(fmt.Sprintf("stale node id %d of generation %d: its slot is at generation %d (node %p)", id, gen, g, n))
+	}
+	return n
 }
 
-// remove frees n's id; n is dead, so no engine entry refers to it.
+// remove frees n's id and bumps its slot's generation; n is dead, so no
+// engine entry refers to it.
 func (t *nodeTable) remove(n *node) {
 	t.mu.Lock()
-	(*t.chunks.Load())[n.id/nodeChunk][n.id%nodeChunk] = nil
+	c := (*t.chunks.Load())[n.id/nodeChunkLen]
+	c.nodes[n.id%nodeChunkLen] = nil
+	c.gens[n.id%nodeChunkLen] = (c.gens[n.id%nodeChunkLen] + 1) & genMask
 	t.free = append(t.free, n.id)
 	t.mu.Unlock()
 }
@@ -188,17 +235,29 @@ func (ix *Index) shardOf(k Key) *headShard {
 // (at least 8): a request's chain grows over several events (a prefill,
 // then a block per 16 decoded tokens), and each reallocation also costs a
 // new view. In BenchmarkApply's stream (chains of 20 blocks on average)
-// that is 12 allocations per batch, against 15 with room for the event's
-// blocks only and 9 with a flat 32 (which would cost 256 bytes for every
-// one-block branch).
+// room for the event's blocks only took 3 more allocations per batch, and
+// a flat 32 3 fewer (at 256 bytes for every one-block branch).
 const minKeys = 8
+
+// A full run grows by the rest of the keys of the event that fills it, or
+// by 1/keysGrowth of its length if that is more (at least minKeys), not by
+// doubling as append does: in BenchmarkMemory10M runs then hold 4-7% more
+// keys than they use, not 25-30%, which saves 1.1 to 2 bytes per
+// residency; BenchmarkApply's stream takes 13 allocations per batch
+// instead of 11.
+const keysGrowth = 8
+
+// newKeys returns an empty key array with room for at least c keys: as
+// many as the allocation's size class holds (which make would waste).
+func newKeys(c int) []Key {
+	return slices.Grow([]Key(nil), c)
+}
 
 // newNode returns a node holding the single key k with holder set s,
 // which its first event follows with capHint-1 more.
 func newNode(parent *node, attach int32, k Key, s *holders.Set, capHint int) *node {
 	n := &node{parent: parent, attach: attach, first: k, maxAttach: -1, cidx: -1}
-	n.keys = make([]Key, 1, max(2*capHint, minKeys))
-	n.keys[0] = k
+	n.keys = append(newKeys(min(max(2*capHint, minKeys), maxRun)), k)
 	n.segs0[0] = seg{0, s}
 	n.segs = n.segs0[:1]
 	n.dirty = true
@@ -324,6 +383,10 @@ type cursor struct {
 	memoFrom, to *holders.Set
 
 	tmp []seg // scratch for segment rewrites
+
+	// With invariant checks on (invariantsOn), the nodes the cursor held
+	// and the ones it retired since the last check.
+	touched, retired []*node
 }
 
 // lock makes n the held node, releasing the previously held one. When n is
@@ -341,6 +404,9 @@ func (c *cursor) lock(n *node) {
 		n.mu.Lock()
 	}
 	c.held = n
+	if invariantsOn {
+		c.touched = append(c.touched, n)
+	}
 }
 
 // releaseAlive releases the held node, which has a child and so cannot be
@@ -370,7 +436,11 @@ func (c *cursor) release() {
 		// shows that is gone now left during that Match.
 		n.dead.Store(true)
 		n.mu.Unlock()
-		c.ix.retire(n)
+		var log *[]*node
+		if invariantsOn {
+			log = &c.retired
+		}
+		c.ix.retire(n, log)
 		return
 	}
 	c.compactLocked(n)
@@ -388,14 +458,18 @@ func (c *cursor) finish() {
 }
 
 // retire removes the dead node n from heads and from its parent, and
-// retires the parent too if that left it dead. It holds no lock on entry
-// and takes one node lock at a time, going up.
-func (ix *Index) retire(n *node) {
+// retires the parent too if that left it dead, appending the nodes it
+// retired to log when log is not nil. It holds no lock on entry and takes
+// one node lock at a time, going up.
+func (ix *Index) retire(n *node, log *[]*node) {
 	for {
 		// Both the writer that killed n and one that found it dead (see
 		// next) may retire it; the first does.
 		if !n.retired.CompareAndSwap(false, true) {
 			return
+		}
+		if log != nil {
+			*log = append(*log, n)
 		}
 		ix.nodes.remove(n)
 		sh := ix.shardOf(n.first)
@@ -488,7 +562,8 @@ func (c *cursor) top(k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 // next returns the position of key k whose parent key is at p, creating it
 // with holder set s if it is not in the tree; fresh reports the creation.
 // The returned node is held. A new key extends p's run when p is the last
-// key of its node, and otherwise starts a child node attached at p.
+// key of its node (and the run has fewer than maxRun keys), and otherwise
+// starts a child node attached at p.
 //
 // Cost: O(1) when k follows p in its run or extends it; one heads probe
 // when p's node has children attached at p; one heads insert and a node
@@ -519,8 +594,8 @@ func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh b
 				continue
 			}
 		}
-		if p.off == last {
-			c.appendLocked(n, k, s)
+		if p.off == last && last+1 < maxRun {
+			c.appendLocked(n, k, s, capHint)
 			return loc{n, last + 1}, true
 		}
 		ch := newNode(n, p.off, k, s, capHint)
@@ -544,8 +619,13 @@ func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh b
 // appendLocked extends n's run with key k held by s. Callers hold n.mu.
 // Cost: amortised O(1); it writes only past len(n.keys), which no
 // published view covers.
-func (c *cursor) appendLocked(n *node, k Key, s *holders.Set) {
+func (c *cursor) appendLocked(n *node, k Key, s *holders.Set, capHint int) {
 	off := int32(len(n.keys))
+	if l := len(n.keys); l == cap(n.keys) {
+		keys := newKeys(l + min(max(capHint, l/keysGrowth, minKeys), maxRun-l))[:l]
+		copy(keys, n.keys)
+		n.keys = keys
+	}
 	n.keys = append(n.keys, k)
 	if !holders.Equal(n.segs[len(n.segs)-1].set, s) {
 		c.ownSegsLocked(n, len(n.segs)+1)

@@ -1,9 +1,11 @@
 package indexer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +28,10 @@ import (
 // A worker holds at most its capacity of blocks (all media together);
 // beyond it, the blocks stored least recently (a store, a duplicate store,
 // an offload or being named as a parent all count; a Match never does) are
-// evicted from the index and counted in Stats.Evictions. The bound exists
+// evicted from the index and counted in Stats.Evictions. The order is
+// exact for workers of under 64 blocks, and kept to within 1/64 of the
+// worker's blocks otherwise (recency epochs rather than a list: see
+// blockmap). The bound exists
 // for removals that were lost, since an engine never holds more blocks than
 // its cache has room for. The capacity is Config.WorkerCapacity or
 // SetCapacity's, or else learned: vLLM removes a cached block only to reuse
@@ -48,10 +53,17 @@ type Worker struct {
 
 	mu sync.Mutex // guards everything below, and cur's use of the tree
 	// engine maps the engine's block hash to the block's place in the
-	// tree and its per-medium store counts, in store order. It resolves
-	// BlockRemoved and parent_block_hash, which name engine hashes only.
-	engine blockmap.Map[engineEntry]
-	cur    cursor
+	// tree and the media it is stored in (an engineEntry), with its store
+	// recency. It resolves BlockRemoved and parent_block_hash, which name
+	// engine hashes only.
+	engine blockmap.Map
+	// dups has the per-medium store counts of the blocks stored more than
+	// once in some medium (their entries' dup bit), by engine hash; vLLM
+	// does that rarely, and each store needs its own removal.
+	dups map[uint64]*[events.NumMedia]uint8
+	cur  cursor
+	// evict is scratch for clears.
+	evict []uint64
 	// ignoredGroups are KV-cache groups (hybrid models) whose events do not
 	// decide prefix reuse; learned from BlockStored's kv_cache_spec_kind.
 	ignoredGroups map[int]struct{}
@@ -83,45 +95,86 @@ type Worker struct {
 // practice).
 const minLearnedCapacity = 4096
 
-// engineEntry is one engine block of a worker: where its content key is in
-// the tree (node id and offset), and how many times it was stored per
-// medium, saturating at 255 (vLLM stores a block in a medium at most a few
-// times before removing it; a saturated count takes 255 removals).
+// engineEntry is one engine block of a worker, packed into the 56-bit
+// value of its engine map slot: where its content key is in the tree
+// (offset, node id and the node id's generation), the media it is stored
+// in, and whether it was stored more than once in some medium (dup: its
+// counts are in Worker.dups). From bit 0:
 //
-// Cost: 16 bytes, 32 in blockmap's slab with the hash and the list links,
-// 42 per block with blockmap's index (BenchmarkMemory10M), and no pointer,
-// so the garbage collector skips the engine maps (see nodeTable).
-type engineEntry struct {
-	node uint32
-	off  int32
-	refs [events.NumMedia]uint8
+//	offset 16 | node id 27 | generation 6 | media 6 | dup 1
+//
+// So a node's run holds at most 1<<16 keys (longer chains continue in a
+// child node, see maxRun) and the index at most 1<<27 nodes at once
+// (134 M; at 300 bytes or more each, 40 GB of nodes). The offset is in the
+// low bits, so that entries sort by (node, offset) as numbers.
+//
+// Cost: 7 bytes of a 16-byte slot (blockmap), no pointer, so the garbage
+// collector skips the engine maps (see nodeTable); 17 to 19 bytes per
+// block with the table's free slots (BenchmarkMemory10M).
+type engineEntry uint64
+
+const (
+	entryOffBits   = 16
+	entryNodeBits  = 27
+	entryGenBits   = 6
+	entryNodeShift = entryOffBits
+	entryGenShift  = entryNodeShift + entryNodeBits
+	entryMedShift  = entryGenShift + entryGenBits
+	entryDup       = engineEntry(1) << (entryMedShift + events.NumMedia)
+	entryPosMask   = engineEntry(1)<<entryGenShift - 1 // offset and node id
+
+	// maxRun is the most keys a node's run holds.
+	maxRun = 1 << entryOffBits
+	// maxNodes is the most nodes the index holds at once.
+	maxNodes = 1 << entryNodeBits
+	// genMask keeps a node id slot's generation to the bits an entry has.
+	genMask = 1<<entryGenBits - 1
+)
+
+// newEntry returns the entry of a block at l stored in media.
+func newEntry(l loc, media uint8) engineEntry {
+	return engineEntry(l.off) | engineEntry(l.n.id)<<entryNodeShift |
+		engineEntry(l.n.gen)<<entryGenShift | engineEntry(media)<<entryMedShift
 }
 
-// locOf returns the tree position of the block in slot.
-func (w *Worker) locOf(slot uint32) loc {
-	e := w.engine.At(slot)
-	n := w.ix.nodes.get(e.node)
-	if n == nil {
-		brokenInvariant("engine entry in a retired node")
+func (e engineEntry) off() int32   { return int32(e & (maxRun - 1)) }
+func (e engineEntry) node() uint32 { return uint32(e>>entryNodeShift) & (maxNodes - 1) }
+func (e engineEntry) gen() nodeGen { return nodeGen(e>>entryGenShift) & genMask }
+func (e engineEntry) media() uint8 { return uint8(e>>entryMedShift) & (1<<events.NumMedia - 1) }
+func (e engineEntry) dup() bool    { return e&entryDup != 0 }
+func (e engineEntry) pos() uint64  { return uint64(e & entryPosMask) }
+func (e engineEntry) with(m uint8) engineEntry {
+	return e&^(engineEntry(1<<events.NumMedia-1)<<entryMedShift) | engineEntry(m)<<entryMedShift
+}
+
+// entry returns the engine entry in slot.
+func (w *Worker) entry(slot int) engineEntry { return engineEntry(w.engine.Val(slot)) }
+
+// locOf returns the tree position of e. It panics (brokenInvariant) if
+// e's node id is stale (see nodeTable).
+func (w *Worker) locOf(e engineEntry) loc {
+	return loc{w.ix.nodes.get(e.node(), e.gen()), e.off()}
+}
+
+// refsOf returns the store counts per medium of the entry in slot.
+func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
+	e := w.entry(slot)
+	if e.dup() {
+		return *w.dups[w.engine.Hash(slot)]
 	}
-	return loc{n, e.off}
+	var r [events.NumMedia]uint8
+	for m := range r {
+		if e.media()&(1<<m) != 0 {
+			r[m] = 1
+		}
+	}
+	return r
 }
 
 // brokenInvariant is the one place the indexer panics: on a state its
 // invariants (see node) rule out, which no input can cause.
 func brokenInvariant(what string) {
 	panic("indexer: broken invariant: " + what)
-}
-
-// media returns the mask of media e has stores in.
-func (e *engineEntry) media() uint8 {
-	var m uint8
-	for i, r := range e.refs {
-		if r != 0 {
-			m |= 1 << i
-		}
-	}
-	return m
 }
 
 // alias is a key that several engine blocks of one worker resolve to.
@@ -225,13 +278,17 @@ func (w *Worker) enforceCapacityLocked() {
 // returns how many it dropped. Callers hold w.mu.
 func (w *Worker) evictLocked(n int64) int64 {
 	var done int64
-	for ; done < n; done++ {
-		slot, ok := w.engine.Oldest()
-		if !ok {
-			break
+	for done < n && w.engine.Len() > 0 {
+		// In chunks, each in tree order, so that runs of a node become one
+		// holder-set change each.
+		var slots [256]int
+		got := w.engine.Oldest(int(min(n-done, int64(len(slots)))), slots[:0])
+		slices.SortFunc(got, func(a, b int) int { return cmp.Compare(w.entry(a).pos(), w.entry(b).pos()) })
+		for _, slot := range got {
+			w.dropEntryLocked(slot)
+			w.engine.Delete(slot)
 		}
-		w.dropEntryLocked(slot)
-		w.engine.Delete(slot)
+		done += int64(len(got))
 	}
 	return done
 }
@@ -250,9 +307,13 @@ func (w *Worker) evictForBudget(n int64) int64 {
 }
 
 // endLocked ends a batch: publishes the changed nodes and the resident
-// counts. Callers hold w.mu.
+// counts, after checking the invariants when they are compiled in (build
+// tag invariants). Callers hold w.mu.
 func (w *Worker) endLocked() {
 	w.cur.finish()
+	if invariantsOn {
+		w.assertInvariantsLocked()
+	}
 	w.c.stored.Store(w.stored)
 	w.c.removed.Store(w.removed)
 	w.c.resident.Store(w.res)
@@ -271,13 +332,14 @@ const fullAttention = "full_attention"
 // changes are visible to Match when ApplyBatch returns.
 //
 // Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 200 ns per stored block, its later removal included (4.8-5.3 M blocks/s
-// on the benchmark machine, whose speed drifts by ~7% over a day), and
-// 11 allocations per batch of about 80 blocks: a node and its key array
-// per new branch, and a view when a run's array grows or its holders
-// change inside it. A quarter of the time is the removal's one cache miss
-// on an entry stored long before. The map+mutex baseline
-// (BenchmarkNaiveApply) does 1.17 M blocks/s with 318 allocations.
+// 230 ns per stored block, its later removal included (4.1-4.4 M blocks/s
+// on the benchmark machine of docs/benchmarks.md), and 13 allocations per
+// batch of about 80 blocks: a node and its key array per new branch, and
+// a view when a run's array grows or its holders change inside it. With
+// everything in cache (BenchmarkApplyCached) it is 5 M blocks/s: cache
+// misses are a fifth of the time, the engine map's work two fifths. The
+// map+mutex baseline (BenchmarkNaiveApply) does 1.0 M blocks/s with 318
+// allocations.
 func (w *Worker) ApplyBatch(b *events.Batch) error {
 	w.mu.Lock()
 	if w.gone {
@@ -384,7 +446,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 				continue
 			}
 			w.engine.Touch(slot)
-			w.addRefLocked(slot, medium)
+			w.engine.SetVal(slot, uint64(w.addRefLocked(h, w.entry(slot), medium)))
 		}
 		if unknown > 0 {
 			w.c.unknown.Add(int64(unknown))
@@ -413,7 +475,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	if ev.HasParent {
 		if slot, ok := w.engine.Get(ev.ParentHash); ok {
 			w.engine.Touch(slot)
-			parent = w.locOf(slot)
+			parent = w.locOf(w.entry(slot))
 			parentKey = c.keyAt(parent)
 		} else {
 			// The chain above this block is unknown, so its key cannot
@@ -447,11 +509,12 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
 		slot, known := w.engine.Get(h)
 		if known {
-			l := w.locOf(slot)
+			e := w.entry(slot)
+			l := w.locOf(e)
 			if c.keyAt(l) == k {
 				// Stored again: one more reference.
 				w.engine.Touch(slot)
-				w.addRefLocked(slot, medium)
+				w.engine.SetVal(slot, uint64(w.addRefLocked(h, e, medium)))
 				parent, parentKey = l, k
 				continue
 			}
@@ -466,20 +529,21 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		} else {
 			l, fresh = c.next(parent, k, single, n-i)
 		}
-		if known {
-			*w.engine.At(slot) = engineEntry{node: l.n.id, off: l.off}
-			w.engine.Touch(slot)
-		} else {
-			slot = w.engine.Insert(h, engineEntry{node: l.n.id, off: l.off})
-		}
+		var e engineEntry
 		if fresh {
 			// The new key was created with this worker as its holder.
-			w.engine.At(slot).refs[medium] = 1
+			e = newEntry(l, 1<<medium)
 			w.res++
 			w.resBy[medium]++
 		} else {
 			w.joinLocked(l)
-			w.addRefLocked(slot, medium)
+			e = w.addRefLocked(h, newEntry(l, 0), medium)
+		}
+		if known {
+			w.engine.SetVal(slot, uint64(e))
+			w.engine.Touch(slot)
+		} else {
+			w.engine.Insert(h, uint64(e))
 		}
 		parent, parentKey = l, k
 	}
@@ -505,46 +569,70 @@ func orphanRoot(w WorkerID, parentHash uint64) Key {
 	return BlockKey(RootKey("\x00orphan", ""), nil, b[:])
 }
 
-// addRefLocked counts one more store of the block in slot in medium m,
-// adding the medium to the worker's residency of its key on the first.
+// addRefLocked counts one more store in medium m of the block of engine
+// hash h with entry e (media 0 for a block not yet stored anywhere),
+// adding the medium to the worker's residency of its key on the first,
+// and returns the entry updated; the caller writes it to the engine map.
 // Callers hold w.mu.
-func (w *Worker) addRefLocked(slot uint32, m events.Medium) {
-	e := w.engine.At(slot)
-	if e.refs == ([events.NumMedia]uint8{}) {
+func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) engineEntry {
+	bit := uint8(1) << m
+	if e.media() == 0 {
 		w.res++
 	}
-	if e.refs[m] == 0 {
+	if e.media()&bit == 0 {
 		w.resBy[m]++
-		l := w.locOf(slot)
+		l := w.locOf(e)
 		if w.aliases != nil {
 			if a := w.aliases[l]; a != nil {
 				a.media[m]++
 			}
 		}
-		w.cur.change(l, holders.Op{Worker: uint32(w.id), Set: 1 << m})
-		e = w.engine.At(slot)
+		w.cur.change(l, holders.Op{Worker: uint32(w.id), Set: bit})
+		if e.dup() {
+			w.dups[h][m] = 1
+		}
+		return e.with(e.media() | bit)
 	}
-	if e.refs[m] < math.MaxUint8 {
-		e.refs[m]++
+	// Stored again in m: the counts move to dups (saturating at 255: a
+	// saturated count takes 255 removals).
+	if e.dup() {
+		if r := w.dups[h]; r[m] < math.MaxUint8 {
+			r[m]++
+		}
+		return e
 	}
+	r := new([events.NumMedia]uint8)
+	for i := range r {
+		if e.media()&(1<<i) != 0 {
+			r[i] = 1
+		}
+	}
+	r[m] = 2
+	if w.dups == nil {
+		w.dups = make(map[uint64]*[events.NumMedia]uint8)
+	}
+	w.dups[h] = r
+	return e | entryDup
 }
 
-// dropEntryLocked removes all of the block's residency from the index,
-// zeroes its counts and detaches it from its key, without deleting it from
-// the engine map. Callers hold w.mu.
-func (w *Worker) dropEntryLocked(slot uint32) {
-	e := w.engine.At(slot)
+// dropEntryLocked removes all of the residency of the block in slot from
+// the index and its counts, without deleting it from the engine map (the
+// caller deletes it, or points it at another key). Callers hold w.mu.
+func (w *Worker) dropEntryLocked(slot int) {
+	e := w.entry(slot)
 	mask := e.media()
-	for m, r := range e.refs {
-		if r != 0 {
+	for m := range events.NumMedia {
+		if mask&(1<<m) != 0 {
 			w.resBy[m]--
 		}
 	}
 	if mask != 0 {
 		w.res--
 	}
-	e.refs = [events.NumMedia]uint8{}
-	w.releaseLocked(w.locOf(slot), mask, true)
+	if e.dup() {
+		delete(w.dups, w.engine.Hash(slot))
+	}
+	w.releaseLocked(w.locOf(e), mask, true)
 }
 
 // releaseLocked ends one engine entry's residency of the key at l in the
@@ -616,26 +704,44 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, m)
 	}
 	unknown, removed := 0, 0
+	bit := uint8(1) << m
 	for _, h := range ev.BlockHashes {
 		slot, ok := w.engine.Get(h)
-		if !ok || w.engine.At(slot).refs[m] == 0 {
+		var e engineEntry
+		if ok {
+			e = w.entry(slot)
+		}
+		if e.media()&bit == 0 {
 			unknown++
 			continue
 		}
 		if w.learned[m] == 0 {
 			w.learned[m] = w.resBy[m]
 		}
-		e := w.engine.At(slot)
-		if e.refs[m]--; e.refs[m] == 0 {
-			w.resBy[m]--
-			gone := e.refs == ([events.NumMedia]uint8{})
-			w.releaseLocked(w.locOf(slot), 1<<m, gone)
-			if gone {
-				w.res--
-				w.engine.Delete(slot)
-			}
-		}
 		removed++
+		if e.dup() {
+			r := w.dups[h]
+			if r[m] > 1 {
+				// One of several stores in m: the block stays.
+				r[m]--
+				if !anyAbove1(r) {
+					delete(w.dups, h)
+					w.engine.SetVal(slot, uint64(e&^entryDup))
+				}
+				continue
+			}
+			r[m] = 0
+		}
+		w.resBy[m]--
+		e = e.with(e.media() &^ bit)
+		gone := e.media() == 0
+		w.releaseLocked(w.locOf(e), bit, gone)
+		if gone {
+			w.res--
+			w.engine.Delete(slot)
+		} else {
+			w.engine.SetVal(slot, uint64(e))
+		}
 	}
 	w.removed += int64(removed)
 	if unknown > 0 {
@@ -645,17 +751,35 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 	return nil
 }
 
+// anyAbove1 reports whether some medium has two stores or more in r.
+func anyAbove1(r *[events.NumMedia]uint8) bool {
+	for _, n := range r {
+		if n > 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // clearLocked forgets every block of the worker. Callers hold w.mu.
-// Cost: O(blocks); the blocks are visited in store order, so runs of one
-// node become one holder-set change each.
+// Cost: O(blocks log blocks); the blocks are released in tree order, so
+// runs of one node become one holder-set change each.
 func (w *Worker) clearLocked() {
-	for slot, ok := w.engine.Oldest(); ok; slot, ok = w.engine.Next(slot) {
+	w.evict = w.evict[:0]
+	for slot := range w.engine.All() {
+		w.evict = append(w.evict, uint64(w.entry(slot)))
+	}
+	slices.SortFunc(w.evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
+	for _, x := range w.evict {
 		// Through releaseLocked, so that a key several entries resolve to
 		// (an alias) is left only with the last of them, and its node is
 		// not retired while a later entry still points into it.
-		w.releaseLocked(w.locOf(slot), w.engine.At(slot).media(), true)
+		e := engineEntry(x)
+		w.releaseLocked(w.locOf(e), e.media(), true)
 	}
 	w.engine.Reset()
+	w.evict = nil
+	w.dups = nil
 	w.aliases = nil
 	w.res = 0
 	w.resBy = [events.NumMedia]int64{}

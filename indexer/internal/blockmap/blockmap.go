@@ -1,246 +1,449 @@
 // Package blockmap is a worker's engine-block map: engine block hash to a
-// small value, with the entries linked in the order they were last touched
-// so that the least recently touched one can be evicted in O(1).
+// 56-bit value, with the entries' store recency kept well enough to evict
+// the least recently stored ones first.
 //
-// It is golang-lru's simplelru reduced to what a worker needs and laid out
-// for the cache. Entries (hash, value, two list links) live in a slab and
-// link to each other by slot number (an intrusive list); freed slots are
-// reused last-in first-out, so an insert writes to an entry a removal has
-// just touched. The hash index is open addressing over a control byte
-// (empty, deleted, or 7 bits of the hash) and a 4-byte slot number per
-// position: 640 KB for a 100 k-block worker, which stays in L2, so a
-// lookup misses the cache about once (on the entry) and an insert not at
-// all. Deletion leaves a tombstone in the index; slots never move.
+// # Layout
+//
+// Entries live inline in a bucketized cuckoo hash table. A bucket is 8
+// entries in two cache lines, the 8 hashes in one and the 8 values (each
+// with its recency epoch in the top 8 bits) in the next, and every hash
+// has two candidate buckets. So a lookup of an absent hash, which every
+// stored block makes, reads two lines of hashes; a lookup that finds its
+// entry reads one or two lines of hashes and the line of values beside
+// one of them. An insert that finds both buckets full moves an entry of
+// one to its other bucket (trying the 16 in turn, then a cuckoo walk).
+// Deletion clears the slot: no tombstones. The number of buckets is any
+// integer (a hash picks its buckets by multiplying, not masking, so that
+// the table grows by an eighth at a time) and, for large tables, a whole
+// number of allocator pages; the table grows when it is 15/16 full, so it
+// is 83-94% full in the steady state: 16 bytes per slot, 17 to 19 per
+// entry. Nothing in it is a pointer, so the garbage collector does not
+// scan it.
 //
 // Measured with BenchmarkLRU (this package: 80 k entries; per block a
 // lookup of the new hash, its insert, a touch of its parent, and later the
-// lookup and removal of the block; same run, on the project's 2-core
-// benchmark machine, a Xeon under KVM, Go 1.26), and bytes per entry at
-// 1 Mi entries:
+// lookup and removal of the block) and bytes per entry at 1 Mi entries,
+// alternated in one session on the benchmark machine (docs/benchmarks.md):
 //
 //	                                          ns/block  allocs  bytes/entry
-//	golang-lru/v2 v2.0.7 simplelru              280       1       132
-//	map[uint64]uint32 index + slab list          80       0        65
-//	entries inline behind control bytes          60       0        82
-//	this layout                                  58       0        51
+//	golang-lru/v2 v2.0.7 simplelru              240       1       116
+//	slab with LRU links + 5-byte index           63       0        48
+//	this layout                                  98       0        18.5
 //
-// with a 24-byte value holding a pointer (the indexer's entry then). With
-// its current entry (16 bytes, no pointer), in one later run: golang-lru
-// 296 ns, 1 allocation, 116 bytes per entry; this layout 61 ns, none, 48.
-// golang-lru allocates an element per entry (key, value, two links, the
-// list, an expiry time) behind a map of pointers. In the indexer's
-// BenchmarkMemory10M (10 k blocks per worker) this layout costs 42 bytes
-// per block.
+// The slab (entries of hash, value and list links in a slab, behind an
+// open-addressing index of a control byte and a slot number per
+// position) answers absent hashes from its control bytes, which stay in
+// L2; this layout reads two lines of hashes. In the indexer, where the
+// rest of a batch's work overlaps those loads, both apply 4.4 M blocks/s
+// (BenchmarkApply, alternated), and this layout costs 18 bytes per block
+// against 42 (BenchmarkMemory10M). Other layouts measured, and loading a
+// batch's buckets ahead (no gain), are in docs/benchmarks.md.
+//
+// # Recency
+//
+// Instead of a list in touch order (8 bytes of links per entry), every
+// Insert and Touch stamps the entry with the current epoch, and the epoch
+// advances every max(1, Len/64) stamps, so that the resident entries span
+// some 64 epochs or more. Oldest returns entries of the oldest epoch
+// first, in table order within an epoch: the order of stamps, to within
+// 1/64 of the entries, and exactly for maps of under 64 entries. It finds
+// them with a scan of the table that resumes where the last one stopped,
+// about 64 slots per entry returned. Epochs are 8 bits, a ring of 255 and
+// one for the ancient: when the epoch about to be reused still has
+// entries (not stamped for 255 epochs, which takes at least 4 x Len
+// stamps), a scan makes every entry of the older half of the ring
+// ancient, older than all others, in no order among themselves; so a scan
+// runs at most once per 127 advances.
 //
 // A Map is not safe for concurrent use; the indexer guards each worker's
 // with the worker's mutex.
 package blockmap
 
-import "math/bits"
-
-// Map maps engine block hashes to values of type V in touch order.
-type Map[V any] struct {
-	// The index: a control byte (empty, deleted, or 0x80 | 7 bits of the
-	// hash) and a slab slot per position, open addressing with linear
-	// probing, at most 3/4 full of entries and tombstones. (Tombstones do
-	// not end a probe, so a lookup of an absent hash, which every stored
-	// block makes, walks further as they pile up: at 7/8 BenchmarkApply
-	// in the indexer measured 8% slower.)
-	ctrl  []uint8
-	idx   []uint32
-	shift uint // 64 - log2(len(ctrl))
-	n     int  // live entries
-	dead  int  // tombstones
-	// slab holds the entries; free slots form a stack through next, so an
-	// insert reuses the slot a removal has just touched.
-	slab []entry[V]
-	free uint32
-	// head and tail are the least and most recently touched entries.
-	head, tail uint32
-}
-
-type entry[V any] struct {
-	hash       uint64
-	prev, next uint32
-	val        V
-}
-
-const (
-	ctrlEmpty   = 0
-	ctrlDeleted = 1
-	nilSlot     = ^uint32(0)
-	minTable    = 16
+import (
+	"iter"
+	"math/bits"
 )
 
-// tag is hash h's control byte.
-func tag(h uint64) uint8 { return 0x80 | uint8(h>>57) }
+// ValueBits is the width of a value; values must be non-zero (an empty
+// slot is a zero value).
+const ValueBits = 56
 
-// home is the position where hash h's probe sequence starts: Fibonacci
-// hashing of h (engine hashes are uniform already; the multiply guards
-// against sequential ones).
-func (m *Map[V]) home(h uint64) int {
-	return int((h ^ h>>31) * 0x9e3779b97f4a7c15 >> m.shift)
+const (
+	ways       = 8 // slots per bucket: a cache line of hashes, one of values
+	waysLog    = 3
+	valueMask  = 1<<ValueBits - 1
+	epochs     = 1 << (64 - ValueBits)
+	epochShift = ValueBits
+	ring       = epochs - 1 // epochs the ring cycles through
+	ancient    = ring       // the epoch of entries not stamped for ring/2 epochs or more
+	epochsSpan = 64         // resident entries span about this many epochs
+	minBuckets = 1
+	maxKicks   = 256 // cuckoo walk steps before the table grows
+	loadNum    = 15  // the table grows when more than loadNum/loadDen
+	loadDen    = 16  // of its slots are full
+	growNum    = 9   // and then to growNum/growDen of its buckets
+	growDen    = 8
+	noScan     = -1
+	noSlot     = -1
+	// pageBuckets buckets fill an allocator page (8 KB): an allocation
+	// larger than a few pages is a whole number of them.
+	pageBuckets = 8192 / (ways * 16)
+	mulBucket1  = 0x9e3779b97f4a7c15
+	mulBucket2  = 0xc2b2ae3d27d4eb4f
+	walkMul     = 6364136223846793005 // a 64-bit LCG for the walk's choices
+	walkIncr    = 1442695040888963407
+)
+
+// Map maps engine block hashes to values.
+type Map struct {
+	b  []bucket
+	nb uint64 // len(b)
+	n  int    // live entries
+
+	// Recency: the current epoch, live entries per epoch, stamps since the
+	// epoch last advanced, and where the scan for the oldest entries is.
+	epoch   uint8
+	count   [epochs]int32
+	stamps  int
+	scanAt  int
+	scanFor int // the epoch the scan looks for, or noScan
+
+	zeros int // entries of hash 0 (whose slots look empty by hash alone)
+
+	walk uint64 // state of the cuckoo walk's random choices
+}
+
+// bucket is ways slots: their hashes, and their metas (epoch<<epochShift
+// | value; 0 when the slot is empty, whose hash is 0 too). Slot i is
+// b[i/ways] at i%ways.
+type bucket struct {
+	hash [ways]uint64
+	meta [ways]uint64
+}
+
+// buckets returns hash h's two buckets. Engine hashes are uniform, but a
+// multiply guards against sequential ones; the bucket is the high word of
+// the product with nb (Lemire's range reduction), so nb may be any number.
+func (m *Map) buckets(h uint64) (uint64, uint64) {
+	x := h ^ h>>31
+	b1, _ := bits.Mul64(x*mulBucket1, m.nb)
+	b2, _ := bits.Mul64((x^x>>29)*mulBucket2, m.nb)
+	return b1, b2
+}
+
+// find returns the position of h in bucket b, or -1. It reads the line of
+// hashes only, unless h is 0 (the hash of empty slots too).
+func (b *bucket) find(h uint64) int {
+	for i := range b.hash {
+		if b.hash[i] == h && (h != 0 || b.meta[i] != 0) {
+			return i
+		}
+	}
+	return -1
+}
+
+// free returns a free position of bucket b, or -1. It reads the line of
+// hashes only, unless zero (the table holds an entry of hash 0).
+func (b *bucket) free(zero bool) int {
+	for i := range b.hash {
+		if b.hash[i] == 0 && (!zero || b.meta[i] == 0) {
+			return i
+		}
+	}
+	return -1
+}
+
+// used returns the number of full slots of b, reading its hashes (an
+// entry of hash 0 counts as free: a tie-break only).
+func (b *bucket) used() int {
+	n := 0
+	for _, h := range b.hash {
+		if h != 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // Len returns the number of entries.
-func (m *Map[V]) Len() int { return m.n }
+func (m *Map) Len() int { return m.n }
 
-// Get returns the slot of hash h. Cost: a scan of control bytes and slot
-// indices (which stay in L2), and one entry per tag match (1 in 128 for
-// another hash): about one cache miss.
-func (m *Map[V]) Get(h uint64) (uint32, bool) {
+// Get returns the slot of hash h. Cost: two cache lines of hashes at most,
+// whose loads the CPU overlaps, and the line of the entry's value when it
+// is found; no allocation.
+func (m *Map) Get(h uint64) (int, bool) {
 	if m.n == 0 {
-		return 0, false
+		return noSlot, false
 	}
-	t := tag(h)
-	mask := len(m.ctrl) - 1
-	for i := m.home(h); ; i = (i + 1) & mask {
-		switch c := m.ctrl[i]; {
-		case c == ctrlEmpty:
-			return 0, false
-		case c == t:
-			if s := m.idx[i]; m.slab[s].hash == h {
-				return s, true
+	b1, b2 := m.buckets(h)
+	if i := m.b[b1].find(h); i >= 0 {
+		return int(b1)*ways + i, true
+	}
+	if i := m.b[b2].find(h); i >= 0 {
+		return int(b2)*ways + i, true
+	}
+	return noSlot, false
+}
+
+// Val returns the value in slot i.
+func (m *Map) Val(i int) uint64 { return m.b[i/ways].meta[i%ways] & valueMask }
+
+// SetVal replaces the value in slot i with v (non-zero, ValueBits wide),
+// keeping its recency.
+func (m *Map) SetVal(i int, v uint64) {
+	p := &m.b[i/ways].meta[i%ways]
+	*p = *p&^valueMask | v
+}
+
+// Hash returns the hash of the entry in slot i.
+func (m *Map) Hash(i int) uint64 { return m.b[i/ways].hash[i%ways] }
+
+// Insert adds hash h, which must be absent, with value v (non-zero,
+// ValueBits wide) as the most recently stored entry, and returns its
+// slot. Slots of other entries may change (an insert moves entries to
+// their other bucket): a slot stays valid until the next Insert or Reset.
+// Cost: the two buckets of h, and for a fifth of inserts or fewer (at
+// 90% full) one or two more; no allocation but the table's growth.
+func (m *Map) Insert(h, v uint64) int {
+	if v == 0 || v > valueMask {
+		panic("blockmap: value out of range")
+	}
+	if (m.n+1)*loadDen > len(m.b)*ways*loadNum {
+		m.grow(entry{})
+	}
+	e := entry{h, uint64(m.epoch)<<epochShift | v}
+	i, left := m.place(e)
+	if left.meta != 0 {
+		m.grow(left)
+	}
+	if i == noSlot {
+		i, _ = m.Get(h)
+	}
+	m.n++
+	if h == 0 {
+		m.zeros++
+	}
+	m.count[m.epoch]++
+	m.stamped()
+	return i
+}
+
+// entry is a slot's contents, on its way into the table.
+type entry struct{ hash, meta uint64 }
+
+// place puts e into one of its buckets, moving other entries to their
+// other bucket if both are full, and returns its slot. When that fails
+// (rarely, at the table's highest load) it returns the entry left without
+// a slot, e or one it displaced, for the caller to grow the table with.
+func (m *Map) place(e entry) (int, entry) {
+	b1, b2 := m.buckets(e.hash)
+	p, q := &m.b[b1], &m.b[b2]
+	// The emptier bucket: balanced buckets leave fewer inserts with both
+	// full.
+	z := m.zeros > 0 || e.hash == 0
+	f1, f2 := p.free(z), q.free(z)
+	switch {
+	case f1 >= 0 && f2 < 0:
+		p.hash[f1], p.meta[f1] = e.hash, e.meta
+		return int(b1)*ways + f1, entry{}
+	case f1 >= 0 && p.used() <= q.used():
+		p.hash[f1], p.meta[f1] = e.hash, e.meta
+		return int(b1)*ways + f1, entry{}
+	case f2 >= 0:
+		q.hash[f2], q.meta[f2] = e.hash, e.meta
+		return int(b2)*ways + f2, entry{}
+	}
+	// Both full: move one of their entries to its other bucket, trying
+	// them in turn (at 90% full, each has room there most of the time).
+	for k := range 2 * ways {
+		b, d := b1, p
+		if k >= ways {
+			b, d = b2, q
+		}
+		j := k % ways
+		c1, c2 := m.buckets(d.hash[j])
+		a := c1
+		if c1 == b {
+			a = c2
+		}
+		o := &m.b[a]
+		if f := o.free(z); f >= 0 {
+			o.hash[f], o.meta[f] = d.hash[j], d.meta[j]
+			d.hash[j], d.meta[j] = e.hash, e.meta
+			return int(b)*ways + j, entry{}
+		}
+	}
+	// A cuckoo walk: displace a random entry, and carry it on.
+	b := b1
+	for range maxKicks {
+		m.walk = m.walk*walkMul + walkIncr
+		j := int(m.walk >> (64 - waysLog))
+		d := &m.b[b]
+		e, d.hash[j], d.meta[j] = entry{d.hash[j], d.meta[j]}, e.hash, e.meta
+		c1, c2 := m.buckets(e.hash)
+		if c1 == b {
+			b = c2
+		} else {
+			b = c1
+		}
+		if f := m.b[b].free(z); f >= 0 {
+			m.b[b].hash[f], m.b[b].meta[f] = e.hash, e.meta
+			return noSlot, entry{} // the caller finds its entry again
+		}
+	}
+	return noSlot, e
+}
+
+// grow rebuilds the table with growNum/growDen as many buckets (more if
+// placing the entries fails meanwhile), with every entry and extra
+// (unless it is the zero entry), each keeping its value and epoch.
+func (m *Map) grow(extra entry) {
+	old := m.b
+	nb := m.nb
+	for {
+		nb = max(minBuckets, nb*growNum/growDen+1)
+		if nb > 4*pageBuckets {
+			nb = (nb + pageBuckets - 1) / pageBuckets * pageBuckets
+		}
+		m.b, m.nb = make([]bucket, nb), nb
+		ok := true
+		if extra.meta != 0 {
+			_, left := m.place(extra)
+			ok = left.meta == 0
+		}
+		for i := 0; ok && i < len(old)*ways; i++ {
+			if o := &old[i/ways]; o.meta[i%ways] != 0 {
+				_, left := m.place(entry{o.hash[i%ways], o.meta[i%ways]})
+				ok = left.meta == 0
+			}
+		}
+		if ok {
+			break
+		}
+	}
+	m.scanFor = noScan
+}
+
+// Delete removes the entry in slot i. Other slots stay valid.
+func (m *Map) Delete(i int) {
+	b := &m.b[i/ways]
+	m.count[b.meta[i%ways]>>epochShift]--
+	if b.hash[i%ways] == 0 {
+		m.zeros--
+	}
+	b.hash[i%ways], b.meta[i%ways] = 0, 0
+	m.n--
+}
+
+// Touch makes the entry in slot i the most recently stored. Cost: O(1).
+func (m *Map) Touch(i int) {
+	p := &m.b[i/ways].meta[i%ways]
+	if e := uint8(*p >> epochShift); e != m.epoch {
+		m.count[e]--
+		m.count[m.epoch]++
+		*p = *p&valueMask | uint64(m.epoch)<<epochShift
+	}
+	m.stamped()
+}
+
+// stamped counts a stamp, and advances the epoch every max(1,
+// Len/epochsSpan) of them.
+func (m *Map) stamped() {
+	if m.stamps++; m.stamps < max(1, m.n/epochsSpan) {
+		return
+	}
+	m.stamps = 0
+	next := m.epoch + 1
+	if next == ancient {
+		next = 0
+	}
+	if m.count[next] > 0 {
+		// next still has entries, stamped ring epochs ago. Make every
+		// entry of the older half of the ring ancient, so that the next
+		// ring/2 advances need no scan.
+		for i := range m.b {
+			for j, meta := range m.b[i].meta {
+				if e := uint8(meta >> epochShift); meta != 0 && e != ancient && m.age(e) >= ring/2 {
+					m.count[e]--
+					m.count[ancient]++
+					m.b[i].meta[j] = meta&valueMask | ancient<<epochShift
+				}
+			}
+		}
+		if m.scanFor != noScan && m.scanFor != ancient && m.age(uint8(m.scanFor)) >= ring/2 {
+			m.scanFor = noScan
+		}
+	}
+	m.epoch = next
+}
+
+// age returns how many advances ago epoch e was current.
+func (m *Map) age(e uint8) int { return (int(m.epoch) - int(e) + ring) % ring }
+
+// Oldest appends to dst up to n slots of the least recently stored
+// entries, oldest epoch first, and returns it. The slots stay valid until
+// the next Insert, so that the caller can Delete each (and must, before
+// calling Oldest again). Cost: a scan of the table, resumed where the
+// previous call stopped, of about epochsSpan slots per entry returned.
+func (m *Map) Oldest(n int, dst []int) []int {
+	start := len(dst)
+	want := min(n, m.n)
+	// Entries returned count in their epoch until the caller deletes
+	// them: taken tracks those of this call.
+	var taken [epochs]int32
+	slots := len(m.b) * ways
+	for len(dst)-start < want {
+		e := m.oldestEpoch(&taken)
+		if m.scanFor != int(e) {
+			// Every entry of e before the scan position was returned by
+			// an earlier call (and deleted since), unless an insert moved
+			// it there: then the scan wraps around to find it.
+			m.scanFor, m.scanAt = int(e), 0
+		}
+		from, wrapped := m.scanAt, false
+		for len(dst)-start < want && taken[e] < m.count[e] {
+			if m.scanAt == slots {
+				m.scanAt, wrapped = 0, true
+			}
+			if wrapped && m.scanAt == from {
+				panic("blockmap: epoch counts disagree with the table")
+			}
+			if meta := m.b[m.scanAt/ways].meta[m.scanAt%ways]; meta != 0 && uint8(meta>>epochShift) == e {
+				dst = append(dst, m.scanAt)
+				taken[e]++
+			}
+			m.scanAt++
+		}
+	}
+	return dst
+}
+
+// oldestEpoch returns the oldest epoch with entries not yet taken.
+func (m *Map) oldestEpoch(taken *[epochs]int32) uint8 {
+	if m.count[ancient] > taken[ancient] {
+		return ancient
+	}
+	for a := ring - 1; a >= 0; a-- {
+		e := uint8((int(m.epoch) - a + ring) % ring)
+		if m.count[e] > taken[e] {
+			return e
+		}
+	}
+	panic("blockmap: no entries left to return")
+}
+
+// All yields the slot of every entry, in table order.
+func (m *Map) All() iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for i := range m.b {
+			for j, meta := range m.b[i].meta {
+				if meta != 0 && !yield(i*ways+j) {
+					return
+				}
 			}
 		}
 	}
 }
 
-// At returns the value in slot i. The pointer is valid until the next
-// Insert, which may move the slab; slot numbers stay valid until Delete.
-func (m *Map[V]) At(i uint32) *V { return &m.slab[i].val }
-
-// Hash returns the hash of the entry in slot i.
-func (m *Map[V]) Hash(i uint32) uint64 { return m.slab[i].hash }
-
-// Insert adds hash h, which must be absent, with value v as the most
-// recently touched entry, and returns its slot. Cost: a probe of the
-// index; no allocation but amortised growth.
-func (m *Map[V]) Insert(h uint64, v V) uint32 {
-	if (m.n+m.dead+1)*4 > len(m.ctrl)*3 {
-		m.rehash()
-	}
-	var s uint32
-	if m.free != nilSlot {
-		s = m.free
-		m.free = m.slab[s].next
-	} else {
-		s = uint32(len(m.slab))
-		m.slab = append(m.slab, entry[V]{})
-	}
-	m.slab[s] = entry[V]{hash: h, val: v}
-	m.put(h, s)
-	m.n++
-	m.linkNewest(s)
-	return s
-}
-
-func (m *Map[V]) put(h uint64, s uint32) {
-	mask := len(m.ctrl) - 1
-	i := m.home(h)
-	for m.ctrl[i] >= 0x80 {
-		i = (i + 1) & mask
-	}
-	if m.ctrl[i] == ctrlDeleted {
-		m.dead--
-	}
-	m.ctrl[i], m.idx[i] = tag(h), s
-}
-
-// rehash rebuilds the index without tombstones, twice as large when it is
-// more than half full of entries.
-func (m *Map[V]) rehash() {
-	if m.slab == nil {
-		m.free, m.head, m.tail = nilSlot, nilSlot, nilSlot
-	}
-	size := max(minTable, len(m.ctrl))
-	if (m.n+1)*2 > size {
-		size *= 2
-	}
-	m.ctrl, m.idx = make([]uint8, size), make([]uint32, size)
-	m.shift = uint(64 - bits.TrailingZeros(uint(size)))
-	m.dead = 0
-	for s := m.head; s != nilSlot; s = m.slab[s].next {
-		m.put(m.slab[s].hash, s)
-	}
-}
-
-// Delete removes the entry in slot i. Other slots stay valid.
-func (m *Map[V]) Delete(i uint32) {
-	h := m.slab[i].hash
-	mask := len(m.ctrl) - 1
-	p := m.home(h)
-	for m.ctrl[p] == ctrlEmpty || m.idx[p] != i || m.ctrl[p] == ctrlDeleted {
-		p = (p + 1) & mask
-	}
-	m.unlink(i)
-	var zero V
-	m.slab[i].val = zero
-	m.slab[i].next = m.free
-	m.free = i
-	m.n--
-	// A position followed by an empty one ends every probe sequence
-	// through it, so it (and the tombstones before it) can be empty again.
-	if m.ctrl[(p+1)&mask] != ctrlEmpty {
-		m.ctrl[p] = ctrlDeleted
-		m.dead++
-		return
-	}
-	m.ctrl[p] = ctrlEmpty
-	for j := (p - 1) & mask; m.ctrl[j] == ctrlDeleted; j = (j - 1) & mask {
-		m.ctrl[j] = ctrlEmpty
-		m.dead--
-	}
-}
-
-// Touch makes the entry in slot i the most recently touched. Cost: O(1).
-func (m *Map[V]) Touch(i uint32) {
-	if m.tail == i {
-		return
-	}
-	m.unlink(i)
-	m.linkNewest(i)
-}
-
-// Oldest returns the slot of the least recently touched entry.
-func (m *Map[V]) Oldest() (uint32, bool) {
-	if m.n == 0 {
-		return 0, false
-	}
-	return m.head, true
-}
-
-// Next returns the slot touched after slot i, for iterating from Oldest;
-// ok is false after the newest.
-func (m *Map[V]) Next(i uint32) (uint32, bool) {
-	n := m.slab[i].next
-	return n, n != nilSlot
-}
-
 // Reset removes every entry and releases the memory.
-func (m *Map[V]) Reset() { *m = Map[V]{} }
-
-func (m *Map[V]) unlink(i uint32) {
-	e := &m.slab[i]
-	if e.prev == nilSlot {
-		m.head = e.next
-	} else {
-		m.slab[e.prev].next = e.next
-	}
-	if e.next == nilSlot {
-		m.tail = e.prev
-	} else {
-		m.slab[e.next].prev = e.prev
-	}
-}
-
-func (m *Map[V]) linkNewest(i uint32) {
-	e := &m.slab[i]
-	e.prev, e.next = m.tail, nilSlot
-	if m.tail == nilSlot {
-		m.head = i
-	} else {
-		m.slab[m.tail].next = i
-	}
-	m.tail = i
-}
+func (m *Map) Reset() { *m = Map{} }

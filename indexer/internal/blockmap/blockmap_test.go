@@ -6,70 +6,237 @@ import (
 	"testing"
 )
 
-// TestAgainstModel applies random inserts, removals, touches and resets, and checks contents and touch order
-// against a map and a slice after each step.
+// check verifies the map's own invariants: entries in one of their two
+// buckets, counts per epoch, Len.
+func (m *Map) check(t *testing.T) {
+	t.Helper()
+	var count [epochs]int32
+	n := 0
+	for i := range m.b {
+		for j, meta := range m.b[i].meta {
+			h := m.b[i].hash[j]
+			if meta == 0 {
+				if h != 0 {
+					t.Fatalf("empty slot %d has hash %x", i*ways+j, h)
+				}
+				continue
+			}
+			n++
+			count[meta>>epochShift]++
+			b1, b2 := m.buckets(h)
+			if b := uint64(i); b != b1 && b != b2 {
+				t.Fatalf("entry %x in bucket %d, not in its %d or %d", h, b, b1, b2)
+			}
+		}
+	}
+	if n != m.n || count != m.count {
+		t.Fatalf("%d entries (Len %d), epoch counts %v, recorded %v", n, m.n, count, m.count)
+	}
+}
+
+// TestAgainstModel applies random inserts, removals, value changes,
+// touches, evictions and resets, with hashes from small and clustered
+// spaces, and checks the contents against a map after each step.
 func TestAgainstModel(t *testing.T) {
 	for seed := range 20 {
 		r := rand.New(rand.NewPCG(uint64(seed), 1))
-		var m Map[int]
-		model := map[uint64]int{}
-		var order []uint64 // least recently touched first
-		// Hashes from a small space, some clustered, so probe runs wrap
-		// and collide.
+		var m Map
+		model := map[uint64]uint64{}
 		hashOf := func() uint64 {
-			if r.IntN(2) == 0 {
-				return uint64(r.IntN(64)) << 58
+			switch r.IntN(3) {
+			case 0:
+				return uint64(r.IntN(64)) << 58 // clustered high bits
+			case 1:
+				return uint64(r.IntN(2000)) // sequential
 			}
-			return uint64(r.IntN(500))
+			return r.Uint64() | 1<<63
 		}
-		for step := range 3000 {
+		var dst []int
+		for step := range 6000 {
 			h := hashOf()
 			_, in := model[h]
-			switch x := r.IntN(10); {
-			case x < 5 && !in:
-				if s := m.Insert(h, step); m.Hash(s) != h || *m.At(s) != step {
+			v := uint64(step+1) | uint64(r.IntN(256))<<48
+			switch x := r.IntN(20); {
+			case x < 10 && !in:
+				if s := m.Insert(h, v); m.Hash(s) != h || m.Val(s) != v {
 					t.Fatalf("seed %d step %d: Insert returned a wrong slot", seed, step)
 				}
-				model[h] = step
-				order = append(order, h)
-			case x < 7 && in:
+				model[h] = v
+			case x < 13 && in:
 				s, ok := m.Get(h)
 				if !ok || m.Hash(s) != h {
 					t.Fatalf("seed %d step %d: Get(%x) = %d, %v", seed, step, h, s, ok)
 				}
 				m.Delete(s)
 				delete(model, h)
-				order = slices.DeleteFunc(order, func(x uint64) bool { return x == h })
-			case x < 8 && in:
+			case x < 15 && in:
 				s, _ := m.Get(h)
-				m.Delete(s)
-				delete(model, h)
-				order = slices.DeleteFunc(order, func(x uint64) bool { return x == h })
-			case x < 9 && in:
+				m.SetVal(s, v)
+				model[h] = v
+			case x < 17 && in:
 				s, _ := m.Get(h)
 				m.Touch(s)
-				order = append(slices.DeleteFunc(order, func(x uint64) bool { return x == h }), h)
-			case step%997 == 0:
+			case x < 18:
+				dst = m.Oldest(r.IntN(5), dst[:0])
+				seen := map[int]bool{}
+				for _, s := range dst {
+					if seen[s] || m.b[s/ways].meta[s%ways] == 0 {
+						t.Fatalf("seed %d step %d: Oldest returned slot %d twice or empty", seed, step, s)
+					}
+					seen[s] = true
+					delete(model, m.Hash(s))
+				}
+				for _, s := range dst {
+					m.Delete(s)
+				}
+			case step%1999 == 0:
 				m.Reset()
 				clear(model)
-				order = order[:0]
 			}
 			if m.Len() != len(model) {
 				t.Fatalf("seed %d step %d: Len %d, want %d", seed, step, m.Len(), len(model))
 			}
-			for h, v := range model {
-				s, ok := m.Get(h)
-				if !ok || *m.At(s) != v || m.Hash(s) != h {
-					t.Fatalf("seed %d step %d: Get(%x) = %d %v", seed, step, h, s, ok)
+			if _, ok := m.Get(hashOf()); ok && len(model) == 0 {
+				t.Fatalf("seed %d step %d: Get found an entry in an empty map", seed, step)
+			}
+			if step%100 == 0 || len(model) < 20 {
+				for h, v := range model {
+					if s, ok := m.Get(h); !ok || m.Val(s) != v || m.Hash(s) != h {
+						t.Fatalf("seed %d step %d: Get(%x) = %d %v", seed, step, h, s, ok)
+					}
 				}
+				n := 0
+				for s := range m.All() {
+					if model[m.Hash(s)] != m.Val(s) {
+						t.Fatalf("seed %d step %d: All yields %x=%x", seed, step, m.Hash(s), m.Val(s))
+					}
+					n++
+				}
+				if n != len(model) {
+					t.Fatalf("seed %d step %d: All yields %d entries, want %d", seed, step, n, len(model))
+				}
+				m.check(t)
 			}
-			var got []uint64
-			for s, ok := m.Oldest(); ok; s, ok = m.Next(s) {
-				got = append(got, m.Hash(s))
+		}
+	}
+}
+
+// TestOldestIsExactForSmallMaps: under 64 entries and 256 stamps, every
+// stamp has an epoch of its own, so Oldest follows the order of stamps
+// exactly.
+func TestOldestIsExactForSmallMaps(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	for range 50 {
+		var m Map
+		var order []uint64 // least recently stamped first
+		for range 60 + r.IntN(150) {
+			if len(order) > 0 && (len(order) >= 60 || r.IntN(3) == 0) {
+				h := order[r.IntN(len(order))]
+				s, _ := m.Get(h)
+				m.Touch(s)
+				order = append(slices.DeleteFunc(order, func(x uint64) bool { return x == h }), h)
+				continue
 			}
-			if !slices.Equal(got, order) {
-				t.Fatalf("seed %d step %d: order %x, want %x", seed, step, got, order)
+			h := r.Uint64()
+			m.Insert(h, 1)
+			order = append(order, h)
+		}
+		got := m.Oldest(len(order), nil)
+		if len(got) != len(order) {
+			t.Fatalf("Oldest returned %d of %d entries", len(got), len(order))
+		}
+		for i, s := range got {
+			if m.Hash(s) != order[i] {
+				t.Fatalf("Oldest %d is %x, want %x", i, m.Hash(s), order[i])
 			}
+		}
+	}
+}
+
+// TestOldestFollowsStamps: in a large map, what Oldest returns is older
+// than what it leaves, to within one epoch (Len/64 stamps), while no entry
+// went unstamped for 256 epochs.
+func TestOldestFollowsStamps(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	var m Map
+	stamp := map[uint64]int{}
+	clock := 0
+	var hs []uint64
+	const n = 5000
+	for range n {
+		h := r.Uint64()
+		m.Insert(h, 1)
+		stamp[h] = clock
+		clock++
+		hs = append(hs, h)
+	}
+	// Growing from empty wraps the epochs (the first entries, not touched
+	// for 256 epochs, merge into one); stamp every entry again so that
+	// the rounds start from distinct epochs.
+	for _, i := range r.Perm(len(hs)) {
+		s, _ := m.Get(hs[i])
+		m.Touch(s)
+		stamp[hs[i]] = clock
+		clock++
+	}
+	var dst []int
+	maxLen := m.Len()
+	for round := range 200 {
+		// Touch some, insert some, then evict some.
+		for range 100 {
+			h := hs[r.IntN(len(hs))]
+			if s, ok := m.Get(h); ok {
+				m.Touch(s)
+				stamp[h] = clock
+				clock++
+			}
+		}
+		for range 20 {
+			h := r.Uint64()
+			m.Insert(h, 1)
+			stamp[h] = clock
+			clock++
+			hs = append(hs, h)
+		}
+		dst = m.Oldest(1+r.IntN(40), dst[:0])
+		newest := -1
+		for _, s := range dst {
+			newest = max(newest, stamp[m.Hash(s)])
+		}
+		for _, s := range dst {
+			delete(stamp, m.Hash(s))
+			m.Delete(s)
+		}
+		oldest := clock
+		for _, c := range stamp {
+			oldest = min(oldest, c)
+		}
+		maxLen = max(maxLen, m.Len()+len(dst))
+		if slack := max(1, maxLen/epochsSpan) + 1; newest >= oldest+slack {
+			t.Fatalf("round %d: returned an entry stamped at %d, left one stamped at %d (slack %d)", round, newest, oldest, slack)
+		}
+		m.check(t)
+	}
+}
+
+// TestEpochsWrap stamps far more than 256 epochs' worth while some
+// entries are never touched: they stay the oldest.
+func TestEpochsWrap(t *testing.T) {
+	var m Map
+	for h := range uint64(10) {
+		m.Insert(h|1<<40, 1) // the ones never touched
+	}
+	for h := range uint64(100) {
+		m.Insert(h|2<<40, 1)
+	}
+	for i := range 100000 {
+		s, _ := m.Get(uint64(i%100) | 2<<40)
+		m.Touch(s)
+	}
+	m.check(t)
+	for _, s := range m.Oldest(10, nil) {
+		if m.Hash(s)>>40 != 1 {
+			t.Fatalf("Oldest returned %x, touched since the untouched ones were stored", m.Hash(s))
 		}
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
-// val has the size and shape of the indexer's engine entry (16 bytes, no
-// pointer).
+// val has the size and shape of the indexer's engine entry before it was
+// packed into a word (16 bytes, no pointer), for golang-lru.
 type val struct {
 	_   uint32   // node
 	off int32    // offset in the node
@@ -23,11 +23,11 @@ type lruOps interface {
 	remove(h uint64)
 }
 
-type blockmapOps struct{ m Map[val] }
+type blockmapOps struct{ m Map }
 
 func (b *blockmapOps) store(h, parent uint64) {
 	if _, ok := b.m.Get(h); !ok {
-		b.m.Insert(h, val{off: 1})
+		b.m.Insert(h, 1)
 	}
 	if s, ok := b.m.Get(parent); ok {
 		b.m.Touch(s)

@@ -14,6 +14,7 @@
 package holders
 
 import (
+	"fmt"
 	"slices"
 	"unsafe"
 
@@ -100,6 +101,31 @@ func (s *Set) search(w uint32) (int, bool) {
 		}
 	}
 	return lo, lo < len(s.ents) && s.ents[lo].Worker() == w
+}
+
+// Broken describes the first way in which s is not a valid Set (entries
+// sorted by worker, one per worker, none with an empty media mask, and
+// the hash of its entries), or returns "" when it is. The nil Set is
+// valid. It is for invariant checks; cost O(n).
+func (s *Set) Broken() string {
+	if s == nil {
+		return ""
+	}
+	if len(s.ents) == 0 {
+		return "empty non-nil set"
+	}
+	for i, e := range s.ents {
+		if e.Media() == 0 {
+			return fmt.Sprintf("entry %d (worker %d) has no medium", i, e.Worker())
+		}
+		if i > 0 && s.ents[i-1].Worker() >= e.Worker() {
+			return fmt.Sprintf("entries %d and %d (workers %d, %d) out of order", i-1, i, s.ents[i-1].Worker(), e.Worker())
+		}
+	}
+	if h := hashEntries(s.ents); h != s.hash {
+		return fmt.Sprintf("hash %#x, entries hash to %#x", s.hash, h)
+	}
+	return ""
 }
 
 // Equal reports whether a and b hold the same entries. Cost: O(1) when they

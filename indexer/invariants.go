@@ -1,0 +1,274 @@
+package indexer
+
+import (
+	"fmt"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// The invariant checks. They compile away unless the build tag invariants
+// sets invariantsOn (every call is behind it); `make test` runs the
+// indexer and end-to-end tests with them on. A broken invariant panics
+// through brokenInvariant, naming what is broken where.
+
+// assertInvariantsLocked checks, at the end of a batch, Reset,
+// SetCapacity or eviction of w:
+//
+//   - the nodes w retired since the last check: out of heads, out of their
+//     parent's children, and out of the node table;
+//   - every node w held since the last check that is still alive: the
+//     node invariants (see node and assertNodeLocked), and that w holds a
+//     key of it exactly where w's engine map says so;
+//   - w's engine map: every entry names a live node of its generation, at
+//     an offset inside the run, where the tree has w holding the key in
+//     exactly the media of the entries there; aliases count exactly the
+//     keys two or more entries resolve to, and their entries' media; the
+//     resident counts are the sums over the entries.
+//
+// Callers hold w.mu and no node lock. Cost: O(w's engine entries + keys
+// of the nodes checked), with allocation: for tests only.
+func (w *Worker) assertInvariantsLocked() {
+	c := &w.cur
+	for _, n := range c.retired {
+		w.ix.assertRetired(n)
+	}
+	seen := map[*node]bool{}
+	var live []*node
+	for _, n := range c.touched {
+		if seen[n] {
+			continue
+		}
+		seen[n] = true
+		n.mu.Lock()
+		if !n.dead.Load() {
+			w.ix.assertNodeLocked(n)
+			live = append(live, n)
+		}
+		n.mu.Unlock()
+	}
+	locs := map[loc]*locTally{}
+	var res int64
+	var resBy [events.NumMedia]int64
+	dups := 0
+	for slot := range w.engine.All() {
+		e := w.entry(slot)
+		h := w.engine.Hash(slot)
+		m := e.media()
+		if m == 0 {
+			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x holds no medium", w.info.Ref, h))
+		}
+		if r := w.dups[h]; e.dup() != (r != nil) {
+			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x has dup %v, store counts %v", w.info.Ref, h, e.dup(), r))
+		} else if r != nil {
+			dups++
+			for i, n := range r {
+				if (n != 0) != (m&(1<<i) != 0) {
+					brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x in media %06b has store counts %v", w.info.Ref, h, m, *r))
+				}
+			}
+			if !anyAbove1(r) {
+				brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x has store counts %v, none over 1", w.info.Ref, h, *r))
+			}
+		}
+		l := w.locOf(e) // panics on a stale node id
+		if l.n.dead.Load() {
+			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x in dead node %p (id %d)", w.info.Ref, h, l.n, e.node()))
+		}
+		a := locs[l]
+		if a == nil {
+			a = new(locTally)
+			locs[l] = a
+		}
+		a.entries++
+		a.media |= m
+		res++
+		for i := range events.NumMedia {
+			if m&(1<<i) != 0 {
+				a.by[i]++
+				resBy[i]++
+			}
+		}
+	}
+	if dups != len(w.dups) {
+		brokenInvariant(fmt.Sprintf("worker %s: %d store counts kept for %d entries stored more than once", w.info.Ref, len(w.dups), dups))
+	}
+	if res != w.res || resBy != w.resBy {
+		brokenInvariant(fmt.Sprintf("worker %s: resident counts %d %v, engine entries say %d %v", w.info.Ref, w.res, w.resBy, res, resBy))
+	}
+	for l, a := range w.aliases {
+		at := locs[l]
+		if at == nil || at.entries != a.entries || a.entries < 2 {
+			brokenInvariant(fmt.Sprintf("worker %s: alias at %p+%d counts %d entries, the engine map has %d there", w.info.Ref, l.n, l.off, a.entries, at.entriesOrZero()))
+		}
+		for m, k := range a.media {
+			if int(k) != at.by[m] {
+				brokenInvariant(fmt.Sprintf("worker %s: alias at %p+%d counts %d entries in %s, the engine map has %d", w.info.Ref, l.n, l.off, k, events.Medium(m), at.by[m]))
+			}
+		}
+	}
+	for l, a := range locs {
+		if a.entries > 1 && w.aliases[l] == nil {
+			brokenInvariant(fmt.Sprintf("worker %s: %d engine entries at %p+%d but no alias", w.info.Ref, a.entries, l.n, l.off))
+		}
+		l.n.mu.Lock()
+		if int(l.off) >= len(l.n.keys) || l.off < 0 {
+			brokenInvariant(fmt.Sprintf("worker %s: engine entry at %p+%d, past the run's %d keys", w.info.Ref, l.n, l.off, len(l.n.keys)))
+		}
+		got := l.n.segs[segIndex(l.n.segs, l.off)].set.Media(uint32(w.id))
+		l.n.mu.Unlock()
+		if got != a.media {
+			brokenInvariant(fmt.Sprintf("worker %s: tree has media %06b at %p+%d, engine entries say %06b", w.info.Ref, got, l.n, l.off, a.media))
+		}
+	}
+	// No residency of w in the nodes it held that its engine map does not
+	// explain.
+	for _, n := range live {
+		n.mu.Lock()
+		if !n.dead.Load() {
+			for i, s := range n.segs {
+				m := s.set.Media(uint32(w.id))
+				if m == 0 {
+					continue
+				}
+				end := int32(len(n.keys))
+				if i+1 < len(n.segs) {
+					end = n.segs[i+1].start
+				}
+				for off := s.start; off < end; off++ {
+					if a := locs[loc{n, off}]; a == nil || a.media != m {
+						brokenInvariant(fmt.Sprintf("worker %s: tree has media %06b at %p+%d, engine entries say %06b", w.info.Ref, m, n, off, a.mediaOrZero()))
+					}
+				}
+			}
+		}
+		n.mu.Unlock()
+	}
+	clear(c.touched)
+	clear(c.retired)
+	c.touched, c.retired = c.touched[:0], c.retired[:0]
+}
+
+// locTally is what a worker's engine entries at one key add up to.
+type locTally struct {
+	entries int                  // entries at the key
+	media   uint8                // the union of their media
+	by      [events.NumMedia]int // entries with a store in each medium
+}
+
+// entriesOrZero and mediaOrZero read a possibly missing tally.
+func (a *locTally) entriesOrZero() int {
+	if a == nil {
+		return 0
+	}
+	return a.entries
+}
+
+func (a *locTally) mediaOrZero() uint8 {
+	if a == nil {
+		return 0
+	}
+	return a.media
+}
+
+// assertNodeLocked checks the invariants of the live node n (see node):
+// keys[0] == first; segments sorted, non-empty, starting at 0, adjacent
+// ones unequal, each set valid; children linked back, attached at or
+// before maxAttach, inside the run; not dead by content; published and
+// its view equal to the writer's state; in heads (unless a key collision
+// kept a node out) and in the node table. Callers hold n.mu.
+func (ix *Index) assertNodeLocked(n *node) {
+	broken := func(format string, args ...any) {
+		brokenInvariant(fmt.Sprintf("node %p (id %d, first key %#016x): ", n, n.id, uint64(n.first)) + fmt.Sprintf(format, args...))
+	}
+	if len(n.keys) == 0 || n.keys[0] != n.first {
+		broken("run of %d keys does not start with the node's first key", len(n.keys))
+	}
+	if len(n.segs) == 0 || n.segs[0].start != 0 {
+		broken("segments %v do not start at offset 0", n.segs)
+	}
+	for i, s := range n.segs {
+		if s.start >= int32(len(n.keys)) {
+			broken("segment %d starts at %d, past the run's %d keys", i, s.start, len(n.keys))
+		}
+		if i > 0 && s.start <= n.segs[i-1].start {
+			broken("segment %d starts at %d, segment %d at %d", i-1, n.segs[i-1].start, i, s.start)
+		}
+		if i > 0 && holders.Equal(s.set, n.segs[i-1].set) {
+			broken("segments %d and %d have equal sets", i-1, i)
+		}
+		if why := s.set.Broken(); why != "" {
+			broken("segment %d's set: %s", i, why)
+		}
+	}
+	for i, ch := range n.children {
+		if ch.dead.Load() {
+			continue // its retirer is about to unlink it
+		}
+		if ch.parent != n || int(ch.cidx) != i {
+			broken("child %d (%p) links to parent %p at index %d", i, ch, ch.parent, ch.cidx)
+		}
+		if ch.attach < 0 || ch.attach > n.maxAttach || int(n.maxAttach) >= len(n.keys) {
+			broken("child %d (%p) attaches at %d, maxAttach %d, run of %d keys", i, ch, ch.attach, n.maxAttach, len(n.keys))
+		}
+	}
+	if n.deadLocked() {
+		broken("holds nothing and has no children, but is not dead")
+	}
+	if n.dirty {
+		broken("changed but not published after its writer released it")
+	}
+	vis := n.visibleLocked()
+	v := n.view.Load()
+	switch {
+	case v == nil:
+		broken("never published")
+	case v.n.Load() != vis:
+		broken("view shows %d keys, the run's visible length is %d", v.n.Load(), vis)
+	case int(vis) > len(v.keys):
+		broken("view's array of %d keys is shorter than its length %d", len(v.keys), vis)
+	case !segsAgree(v.segs, n.segs, vis):
+		broken("view's segments %v differ from the writer's %v below %d", v.segs, n.segs, vis)
+	}
+	for i := range vis {
+		if v.keys[i] != n.keys[i] {
+			broken("view's key %d is %#016x, the run's %#016x", i, uint64(v.keys[i]), uint64(n.keys[i]))
+		}
+	}
+	if ix.collisions.Load() == 0 {
+		if h := ix.head(n.first); h != n {
+			broken("heads has %p for its first key", h)
+		}
+	}
+	if got := ix.nodes.get(n.id, n.gen); got != n {
+		broken("node table has %p for its id", got)
+	}
+}
+
+// assertRetired checks that the retired node n is out of heads, out of its
+// parent's children and out of the node table. Callers hold no node lock.
+func (ix *Index) assertRetired(n *node) {
+	if !n.dead.Load() {
+		brokenInvariant(fmt.Sprintf("retired node %p (id %d) is not dead", n, n.id))
+	}
+	if h := ix.head(n.first); h == n {
+		brokenInvariant(fmt.Sprintf("retired node %p (id %d) is still in heads", n, n.id))
+	}
+	if p := n.parent; p != nil {
+		p.mu.Lock()
+		for i, ch := range p.children {
+			if ch == n {
+				p.mu.Unlock()
+				brokenInvariant(fmt.Sprintf("retired node %p (id %d) is still child %d of %p", n, n.id, i, p))
+			}
+		}
+		p.mu.Unlock()
+	}
+	ix.nodes.mu.Lock()
+	cs := *ix.nodes.chunks.Load()
+	still := cs[n.id/nodeChunkLen].nodes[n.id%nodeChunkLen] == n
+	ix.nodes.mu.Unlock()
+	if still {
+		brokenInvariant(fmt.Sprintf("retired node %p (id %d) is still in the node table", n, n.id))
+	}
+}
