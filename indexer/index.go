@@ -82,10 +82,9 @@ type Config struct {
 // EstimatedBytesPerBlock is what the memory budget charges per resident
 // (block, worker): the engine-map entry (18 bytes measured) plus the
 // residency index's share (5 to 10 bytes measured), 23 to 28 bytes in all
-// (BenchmarkMemory10M), with room for engine maps just grown, dead keys
-// kept in runs, and holder sets of fleets that share more: a budget bounds
-// the index's memory with a wide margin.
-const EstimatedBytesPerBlock = 64
+// (BenchmarkMemory10M), with room for an engine map just grown (tables
+// grow by an eighth) and dead keys kept in runs.
+const EstimatedBytesPerBlock = 32
 
 // Index is the live residency index: which worker holds which content key
 // on which medium, plus each worker's map from engine block hash to its
