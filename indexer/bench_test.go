@@ -1,6 +1,6 @@
 package indexer
 
-// Benchmarks behind issue 4's index targets; scripts/bench.sh (make bench)
+// Benchmarks behind the index's performance targets; scripts/bench.sh (make bench)
 // runs them by these names and prints target vs measured. Custom metrics:
 // blocks/s (stored blocks applied per second, their removals included),
 // p50-ns/p99-ns (per-call latency percentiles collected here), ratio,

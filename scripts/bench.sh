@@ -36,9 +36,9 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 
 # The benchmarks behind the targets. BenchmarkMemory10M builds a 10 M
 # residency index: it runs once, apart from the timed ones.
-timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyCached|BenchmarkNaiveApply|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkScoreUnderIngest)$'
+timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyCached|BenchmarkNaiveApply|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkScoreUnderIngest|BenchmarkScoreLoaded)$'
 memory='^BenchmarkMemory10M$'
-pkgs=(./indexer ./events ./internal/benchsuite ./api)
+pkgs=(./indexer ./events ./internal/benchsuite ./api ./scoring)
 
 status=0
 run() { # run <label> <go test args...>: append to $raw, note failures
@@ -130,6 +130,7 @@ BenchmarkScore128x8|allocs/op|max|0|Score 128x8 heap allocations beyond the resp
 BenchmarkScore4096x1000|p99-ns|max|100000|Score 4096 blocks x 1000 workers, p99
 BenchmarkScoreUnderIngest|ratio|max|2|Score p99 under 1 M blocks/s ingest / idle p99
 BenchmarkScoreUnderIngest|busy-switches/kop|imax|0|(scoring thread switched out, per 1,000 Scores)
+BenchmarkScoreLoaded|ratio|max|1.1|Scorer.Score with 1,000 routes in flight and live scrapes / without, mean
 BenchmarkMemory10M|all-bytes/residency|max|24|memory per (block, worker) residency, engine maps included
 BenchmarkMemory10M|bytes/residency|imax|0|(of which the residency index)
 BenchmarkMemory10M|engine-bytes/block|imax|0|(of which the engine-hash maps, per block)'
