@@ -1,0 +1,382 @@
+package nats
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/events"
+	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
+)
+
+// LocalWorker is an agent's view of one of its workers: the agent's own
+// index worker, which its engine's events feed.
+type LocalWorker interface {
+	// Snapshot emits the worker's resident set as segments (see
+	// events.SnapshotSegment), consistent with the last delta published.
+	Snapshot(emit func(*events.SnapshotSegment) error) error
+	// Resident and Capacity are the worker's block counts for its
+	// registration (capacity 0: unknown).
+	Resident() int64
+	Capacity() int64
+	// Health is the engine stream's health and why it is not OK.
+	Health() (events.Health, string)
+}
+
+// AgentOptions configure an Agent.
+type AgentOptions struct {
+	// Bucket is the agents' key-value bucket; "" means DefaultBucket.
+	Bucket string
+	// TTL is how long a registration lives without a heartbeat; 0 means
+	// 10 s. Heartbeat is how often it is refreshed; 0 means TTL / 4.
+	TTL, Heartbeat time.Duration
+	// Model, BlockSize and KeyScheme describe what the pod serves and how
+	// the agent computes content keys.
+	Model     string
+	BlockSize int
+	KeyScheme string
+	// Pod names the pod; its workers are its DP ranks.
+	Pod string
+	// Version is the agent's build, for the registration.
+	Version string
+	// ChunkKeys bounds the keys of one snapshot chunk; 0 means 16,384
+	// (about 250 KB a chunk, well under NATS's default 1 MB payload).
+	ChunkKeys int
+	// Logger receives problem reports; nil discards them.
+	Logger *slog.Logger
+}
+
+// Agent publishes one pod's workers on NATS: each worker's deltas on its
+// delta subject, numbered per worker within the agent's epoch; its
+// snapshots on request; and its registration in the agents' bucket,
+// refreshed by heartbeat so that a dead agent's workers expire.
+//
+// # Concurrency
+//
+// Publish and the snapshot responder serialise on each worker's mutex, so
+// a snapshot is the worker's state after exactly the seq it states: a
+// caller applies a batch and fills its delta inside Publish's callback.
+// Other methods may be called from any goroutine.
+type Agent struct {
+	nc    *natsgo.Conn
+	kv    jetstream.KeyValue
+	o     AgentOptions
+	epoch uint64
+	log   *slog.Logger
+
+	workers map[int]*agentWorker
+
+	published, bytes atomic.Int64
+	snapshots        atomic.Int64
+}
+
+// agentWorker is one worker's publishing state.
+type agentWorker struct {
+	ref      events.WorkerRef
+	local    LocalWorker
+	deltaSub string
+	snapSub  string
+	key      string
+	sub      *natsgo.Subscription
+
+	mu       sync.Mutex // guards seq, msg, partial and the apply-publish pairing
+	seq      uint64
+	msg      fleetv1.Delta
+	buf      []byte
+	delta    events.Delta
+	partial  bool
+	engSeq   uint64
+	engSeqOK bool
+}
+
+// NewAgent registers the pod's workers (ranks → their local workers),
+// starts serving their snapshots, and returns the agent; Run keeps the
+// registrations alive. The agent's epoch is random and new each time.
+func NewAgent(ctx context.Context, nc *natsgo.Conn, o AgentOptions, workers map[int]LocalWorker) (*Agent, error) {
+	if o.Bucket == "" {
+		o.Bucket = DefaultBucket
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Second
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = o.TTL / 4
+	}
+	if o.ChunkKeys <= 0 {
+		o.ChunkKeys = 16384
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Model == "" || o.Pod == "" || o.BlockSize <= 0 {
+		return nil, fmt.Errorf("nats: agent: model, pod and block size are required")
+	}
+	kv, err := Bucket(ctx, nc, o.Bucket, o.TTL)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{nc: nc, kv: kv, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}}
+	for rank, lw := range workers {
+		ref := events.WorkerRef{Pod: o.Pod, DPRank: rank}
+		w := &agentWorker{ref: ref, local: lw, deltaSub: DeltaSubject(o.Model, ref), snapSub: SnapshotSubject(o.Model, ref), key: WorkerKey(o.Model, ref)}
+		if w.sub, err = nc.Subscribe(w.snapSub, func(m *natsgo.Msg) { a.serveSnapshot(w, m) }); err != nil {
+			a.Close(ctx)
+			return nil, fmt.Errorf("nats: agent: subscribe %s: %w", w.snapSub, err)
+		}
+		a.workers[rank] = w
+	}
+	if err := nc.Flush(); err != nil {
+		a.Close(ctx)
+		return nil, fmt.Errorf("nats: agent: flush subscriptions: %w", err)
+	}
+	for _, w := range a.workers {
+		if err := a.register(ctx, w); err != nil {
+			a.Close(ctx)
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Bucket opens (creating when missing) the agents' key-value bucket with
+// entries living ttl, with delete markers on expiry so that watchers hear
+// of it.
+func Bucket(ctx context.Context, nc *natsgo.Conn, name string, ttl time.Duration) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("nats: JetStream: %w", err)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         name,
+		Description:    "kvindex agents: one entry per worker, refreshed by heartbeat",
+		TTL:            ttl,
+		LimitMarkerTTL: max(ttl, time.Second),
+		History:        1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: key-value bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+// newEpoch returns a random, non-zero epoch.
+func newEpoch() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if e := binary.BigEndian.Uint64(b[:]); e != 0 {
+			return e
+		}
+	}
+}
+
+// Epoch returns the agent's epoch.
+func (a *Agent) Epoch() uint64 { return a.epoch }
+
+// ErrUnknownRank: Publish named a rank the agent does not serve.
+var ErrUnknownRank = errors.New("nats: agent: unknown dp rank")
+
+// Publish applies one batch to worker rank and publishes its effects:
+// apply is called with a reset delta to fill (the agent's index applies
+// the batch and records its effects), under the worker's lock, so that no
+// snapshot falls between the state change and its seq. A delta with no
+// entries is not published. engineSeq and engineTime are the batch's seq
+// and time at the engine.
+func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply func(d *events.Delta) error) error {
+	w := a.workers[rank]
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownRank, rank)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.delta.Reset()
+	err := apply(&w.delta)
+	w.engSeq, w.engSeqOK = engineSeq, true
+	if len(w.delta.Entries) == 0 {
+		return err
+	}
+	w.seq++
+	encodeDelta(&w.msg, deltaHeader{epoch: a.epoch, seq: w.seq, engineSeq: engineSeq, engineTime: engineTime}, &w.delta)
+	w.buf, _ = proto.MarshalOptions{}.MarshalAppend(w.buf[:0], &w.msg)
+	if perr := a.nc.Publish(w.deltaSub, w.buf); perr != nil {
+		// The replicas see the seq jump and resync.
+		a.log.Warn("publishing a delta failed; replicas will resync", "worker", w.ref.String(), "seq", w.seq, "err", perr)
+		return errors.Join(err, fmt.Errorf("nats: publish delta %d of %s: %w", w.seq, w.ref, perr))
+	}
+	a.published.Add(1)
+	a.bytes.Add(int64(len(w.buf)))
+	return err
+}
+
+// SetPartial marks worker rank's state as known to lack part of its
+// engine's history (a restore whose replay left a hole), for its
+// registration.
+func (a *Agent) SetPartial(rank int, partial bool) {
+	if w := a.workers[rank]; w != nil {
+		w.mu.Lock()
+		w.partial = partial
+		w.mu.Unlock()
+	}
+}
+
+// EngineSeq returns the last engine seq worker rank published, for the
+// agent's checkpoint.
+func (a *Agent) EngineSeq(rank int) (uint64, bool) {
+	w := a.workers[rank]
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.engSeq, w.engSeqOK
+}
+
+// WithWorker runs f under worker rank's lock, so that what f reads of the
+// local worker is consistent with the engine seq it is given (for a
+// checkpoint).
+func (a *Agent) WithWorker(rank int, f func(engineSeq uint64, hasSeq bool) error) error {
+	w := a.workers[rank]
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownRank, rank)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return f(w.engSeq, w.engSeqOK)
+}
+
+// AgentStats are an agent's counters.
+type AgentStats struct {
+	// Deltas and Bytes count published deltas and their bytes; Snapshots
+	// the snapshots served.
+	Deltas, Bytes, Snapshots int64
+}
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() AgentStats {
+	return AgentStats{Deltas: a.published.Load(), Bytes: a.bytes.Load(), Snapshots: a.snapshots.Load()}
+}
+
+// serveSnapshot answers one snapshot request: the worker's state, taken
+// under its lock with the seq it is after, sent in chunks of at most
+// ChunkKeys keys to the reply subject.
+func (a *Agent) serveSnapshot(w *agentWorker, m *natsgo.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	var segs []*events.SnapshotSegment
+	w.mu.Lock()
+	seq := w.seq
+	err := w.local.Snapshot(func(s *events.SnapshotSegment) error {
+		c := &events.SnapshotSegment{Parent: s.Parent, HasParent: s.HasParent, Keys: append([]uint64(nil), s.Keys...), Refs: append([][events.NumMedia]uint8(nil), s.Refs...)}
+		segs = append(segs, c)
+		return nil
+	})
+	w.mu.Unlock()
+	send := func(c *fleetv1.SnapshotChunk) bool {
+		b, merr := proto.Marshal(c)
+		if merr == nil {
+			merr = a.nc.Publish(m.Reply, b)
+		}
+		if merr != nil {
+			a.log.Warn("sending a snapshot chunk failed", "worker", w.ref.String(), "err", merr)
+			return false
+		}
+		return true
+	}
+	if err != nil {
+		send(&fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Last: true, Error: err.Error()})
+		return
+	}
+	var blocks uint64
+	for _, s := range segs {
+		for _, r := range s.Refs {
+			if r != ([events.NumMedia]uint8{}) {
+				blocks++
+			}
+		}
+	}
+	chunk := &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Blocks: blocks}
+	keys := 0
+	for _, s := range segs {
+		var fs fleetv1.Segment
+		encodeSegment(&fs, s)
+		chunk.Segments = append(chunk.Segments, &fs)
+		if keys += len(s.Keys); keys >= a.o.ChunkKeys {
+			if !send(chunk) {
+				return
+			}
+			chunk = &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Index: chunk.Index + 1, Blocks: blocks}
+			keys = 0
+		}
+	}
+	chunk.Last = true
+	if send(chunk) {
+		a.snapshots.Add(1)
+	}
+}
+
+// register writes worker w's registration.
+func (a *Agent) register(ctx context.Context, w *agentWorker) error {
+	h, reason := w.local.Health()
+	w.mu.Lock()
+	reg := &fleetv1.Registration{
+		Model: a.o.Model, BlockSize: uint32(a.o.BlockSize), KeyScheme: a.o.KeyScheme,
+		Pod: w.ref.Pod, DpRank: uint32(w.ref.DPRank), Epoch: a.epoch, Seq: w.seq,
+		DeltaSubject: w.deltaSub, SnapshotSubject: w.snapSub,
+		Health: h.String(), HealthReason: reason,
+		Capacity: uint64(max(w.local.Capacity(), 0)), Resident: uint64(max(w.local.Resident(), 0)),
+		AgentVersion: a.o.Version, HeartbeatUnixMs: time.Now().UnixMilli(), Partial: w.partial,
+	}
+	w.mu.Unlock()
+	b, err := proto.Marshal(reg)
+	if err != nil {
+		return fmt.Errorf("nats: agent: registration of %s: %w", w.ref, err)
+	}
+	if _, err := a.kv.Put(ctx, w.key, b); err != nil {
+		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
+	}
+	return nil
+}
+
+// Run refreshes the registrations every Heartbeat until ctx is done, then
+// removes them.
+func (a *Agent) Run(ctx context.Context) {
+	t := time.NewTicker(a.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			a.Close(cctx)
+			cancel()
+			return
+		case <-t.C:
+			for _, w := range a.workers {
+				if err := a.register(ctx, w); err != nil && ctx.Err() == nil {
+					a.log.Warn("agent heartbeat failed", "worker", w.ref.String(), "err", err)
+				}
+			}
+		}
+	}
+}
+
+// Close stops serving snapshots and deletes the registrations, so that
+// replicas drop the workers at once rather than at the TTL.
+func (a *Agent) Close(ctx context.Context) {
+	for _, w := range a.workers {
+		if w.sub != nil {
+			_ = w.sub.Unsubscribe()
+		}
+		_ = a.kv.Delete(ctx, w.key)
+	}
+}

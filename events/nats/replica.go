@@ -1,0 +1,639 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/lograte"
+	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
+)
+
+// KeyedSink is a replica's worker, fed with keyed deltas and snapshots:
+// the index implements it.
+type KeyedSink interface {
+	// ApplyDelta applies one delta's entries in order; an entry that does
+	// not fit the worker's state is an error (the source resyncs).
+	ApplyDelta(d *events.Delta) error
+	// Restore replaces the worker's state with a snapshot's segments;
+	// next returns io.EOF after the last.
+	Restore(next func() (*events.SnapshotSegment, error)) error
+	// Reset forgets everything the worker holds.
+	Reset(reason string)
+}
+
+// WorkerSet adds and removes a replica's workers as agents register and
+// expire.
+type WorkerSet interface {
+	// AddWorker returns the sink of a newly registered worker.
+	AddWorker(ref events.WorkerRef, reg *fleetv1.Registration) (KeyedSink, error)
+	// RemoveWorker forgets a worker whose registration is gone.
+	RemoveWorker(ref events.WorkerRef)
+}
+
+// SourceOptions configure a Source.
+type SourceOptions struct {
+	// Bucket is the agents' key-value bucket; "" means DefaultBucket.
+	Bucket string
+	// TTL is the bucket's entry lifetime when the source creates it; 0
+	// means 10 s.
+	TTL time.Duration
+	// Models, when not empty, restricts the replica to these models (a
+	// replica shard).
+	Models []string
+	// SnapshotTimeout bounds one snapshot transfer; 0 means 10 s.
+	SnapshotTimeout time.Duration
+	// QueueSize bounds each worker's deltas waiting to be applied (and
+	// buffered while a snapshot loads); past it the worker resyncs. 0
+	// means 65,536.
+	QueueSize int
+	// ResyncBackoff is the wait before retrying a failed resync, doubling
+	// to 10 s; 0 means 200 ms.
+	ResyncBackoff time.Duration
+	// LogEvery rate-limits repeated problem logs per worker; 0 means 1 min.
+	LogEvery time.Duration
+	// Logger receives problem reports; nil discards them.
+	Logger *slog.Logger
+}
+
+func (o *SourceOptions) defaults() {
+	if o.Bucket == "" {
+		o.Bucket = DefaultBucket
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Second
+	}
+	if o.SnapshotTimeout <= 0 {
+		o.SnapshotTimeout = 10 * time.Second
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 1 << 16
+	}
+	if o.ResyncBackoff <= 0 {
+		o.ResyncBackoff = 200 * time.Millisecond
+	}
+	if o.LogEvery <= 0 {
+		o.LogEvery = time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Source is a replica's fleet input: it watches the agents' bucket, and
+// for each registered worker (of its models) subscribes to the worker's
+// deltas, buffers them, loads a snapshot from the agent, applies the
+// deltas after the snapshot's seq, and then follows the stream. A seq gap,
+// a new epoch, a delta that does not fit, a full queue or a NATS
+// reconnection resyncs the worker from a fresh snapshot; while it
+// resyncs the worker is RECOVERING. It implements events.StatsSource and
+// events.HealthSource.
+//
+// # Concurrency
+//
+// Run watches the bucket on its goroutine and runs one goroutine per
+// worker, which alone applies that worker's snapshots and deltas. NATS
+// delivers deltas on its own goroutines into the worker's bounded queue.
+// mu guards the worker table; Stats and Health may be called from any
+// goroutine.
+type Source struct {
+	nc  *natsgo.Conn
+	o   SourceOptions
+	set WorkerSet
+	log *slog.Logger
+
+	mu      sync.RWMutex // guards workers
+	workers map[string]*replicaWorker
+	wg      sync.WaitGroup
+
+	reconnects atomic.Int64
+	foreign    atomic.Int64 // registrations that do not parse or do not match their key
+}
+
+// NewSource returns a source over nc feeding set. Nothing happens until
+// Run.
+func NewSource(nc *natsgo.Conn, set WorkerSet, o SourceOptions) *Source {
+	o.defaults()
+	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}}
+}
+
+// replicaWorker is one worker's sync state.
+type replicaWorker struct {
+	src  *Source
+	key  string
+	ref  events.WorkerRef
+	sink KeyedSink
+
+	in     chan *natsgo.Msg
+	resync chan struct{} // a value asks the worker's goroutine to resync
+	cancel context.CancelFunc
+	sub    *natsgo.Subscription
+	health events.HealthCell
+
+	regMu sync.Mutex // guards reg
+	reg   *fleetv1.Registration
+
+	live atomic.Bool // synced and following the stream
+
+	// owned by the worker's goroutine
+	epoch, seq uint64
+	fresh      bool // no delta applied since the last snapshot
+	msg        fleetv1.Delta
+	delta      events.Delta
+
+	mu    sync.Mutex // guards stats and log
+	stats events.WorkerStats
+	logl  lograte.Limiter
+}
+
+// Run watches the bucket and syncs the workers until ctx is done.
+func (s *Source) Run(ctx context.Context) error {
+	kv, err := Bucket(ctx, s.nc, s.o.Bucket, s.o.TTL)
+	if err != nil {
+		return err
+	}
+	var filters []string
+	for _, m := range s.o.Models {
+		filters = append(filters, Token(m)+".>")
+	}
+	var w jetstream.KeyWatcher
+	if len(filters) == 0 {
+		w, err = kv.WatchAll(ctx)
+	} else {
+		w, err = kv.WatchFiltered(ctx, filters)
+	}
+	if err != nil {
+		return fmt.Errorf("nats: watch bucket %s: %w", s.o.Bucket, err)
+	}
+	defer w.Stop()
+	prevReconnect := s.nc.Opts.ReconnectedCB
+	s.nc.SetReconnectHandler(func(nc *natsgo.Conn) {
+		s.reconnects.Add(1)
+		s.resyncAll("NATS reconnected: deltas may have been lost")
+		if prevReconnect != nil {
+			prevReconnect(nc)
+		}
+	})
+	s.nc.SetDisconnectErrHandler(func(*natsgo.Conn, error) {
+		s.flagAll("NATS connection lost")
+	})
+	for {
+		select {
+		case <-ctx.Done():
+			s.stopAll()
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				s.stopAll()
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("nats: watch of bucket %s ended", s.o.Bucket)
+			}
+			if e == nil {
+				continue // the initial values are all delivered
+			}
+			s.onEntry(ctx, e)
+		}
+	}
+}
+
+// onEntry adds, updates or removes the worker of one bucket entry.
+func (s *Source) onEntry(ctx context.Context, e jetstream.KeyValueEntry) {
+	key := e.Key()
+	if e.Operation() != jetstream.KeyValuePut {
+		s.remove(key)
+		return
+	}
+	model, ref, ok := ParseWorkerKey(key)
+	reg := &fleetv1.Registration{}
+	if !ok || proto.Unmarshal(e.Value(), reg) != nil || reg.GetModel() != model || reg.GetPod() != ref.Pod || int(reg.GetDpRank()) != ref.DPRank {
+		if n := s.foreign.Add(1); n == 1 || n%1000 == 0 {
+			s.log.Warn("agent registration ignored: it does not parse or does not match its key", "key", key, "ignored_so_far", n)
+		}
+		return
+	}
+	s.mu.Lock()
+	w := s.workers[key]
+	s.mu.Unlock()
+	if w != nil {
+		w.update(reg)
+		return
+	}
+	sink, err := s.set.AddWorker(ref, reg)
+	if err != nil {
+		s.log.Warn("cannot add a registered worker", "worker", ref.String(), "model", model, "err", err)
+		return
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w = &replicaWorker{src: s, key: key, ref: ref, sink: sink, cancel: cancel,
+		in: make(chan *natsgo.Msg, s.o.QueueSize), resync: make(chan struct{}, 1), reg: reg,
+		stats: events.WorkerStats{Worker: ref, Endpoint: "nats:" + reg.GetDeltaSubject(), Topic: reg.GetDeltaSubject()}}
+	w.health.Store(events.HealthRecovering)
+	w.sub, err = s.nc.Subscribe(reg.GetDeltaSubject(), w.enqueue)
+	if err != nil {
+		cancel()
+		s.set.RemoveWorker(ref)
+		s.log.Warn("cannot subscribe to a worker's deltas", "worker", ref.String(), "err", err)
+		return
+	}
+	_ = w.sub.SetPendingLimits(-1, -1) // the worker's own queue bounds it
+	s.mu.Lock()
+	s.workers[key] = w
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		w.run(wctx)
+	}()
+	s.log.Info("fleet worker discovered", "worker", ref.String(), "model", model, "epoch", reg.GetEpoch())
+}
+
+// remove stops and forgets the worker of key.
+func (s *Source) remove(key string) {
+	s.mu.Lock()
+	w := s.workers[key]
+	delete(s.workers, key)
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	w.stop()
+	s.set.RemoveWorker(w.ref)
+	s.log.Info("fleet worker gone: its registration expired or was removed", "worker", w.ref.String())
+}
+
+func (s *Source) stopAll() {
+	s.mu.Lock()
+	ws := s.workers
+	s.workers = map[string]*replicaWorker{}
+	s.mu.Unlock()
+	for _, w := range ws {
+		w.stop()
+	}
+	s.wg.Wait()
+}
+
+func (s *Source) each(f func(*replicaWorker)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, w := range s.workers {
+		f(w)
+	}
+}
+
+func (s *Source) resyncAll(why string) {
+	s.each(func(w *replicaWorker) { w.askResync(why) })
+}
+
+func (s *Source) flagAll(why string) {
+	s.each(func(w *replicaWorker) {
+		w.live.Store(false)
+		w.health.Store(events.HealthRecovering)
+		w.note(why)
+	})
+}
+
+// Reconnects counts NATS reconnections (each resynced every worker).
+func (s *Source) Reconnects() int64 { return s.reconnects.Load() }
+
+// WorkerStats implements events.StatsSource.
+func (s *Source) WorkerStats() []events.WorkerStats {
+	var out []events.WorkerStats
+	s.each(func(w *replicaWorker) { out = append(out, w.snapshotStats()) })
+	return out
+}
+
+// Health implements events.HealthSource.
+func (s *Source) Health(ref events.WorkerRef) *events.HealthCell {
+	var cell *events.HealthCell
+	s.each(func(w *replicaWorker) {
+		if w.ref == ref {
+			cell = &w.health
+		}
+	})
+	return cell
+}
+
+// enqueue hands a delta to the worker's goroutine; a full queue asks for a
+// resync (the dropped delta is recovered by the snapshot).
+func (w *replicaWorker) enqueue(m *natsgo.Msg) {
+	select {
+	case w.in <- m:
+	default:
+		w.mu.Lock()
+		w.stats.Dropped++
+		w.mu.Unlock()
+		w.askResync("delta queue full")
+	}
+}
+
+func (w *replicaWorker) askResync(why string) {
+	w.note(why)
+	select {
+	case w.resync <- struct{}{}:
+	default:
+	}
+}
+
+func (w *replicaWorker) stop() {
+	if w.sub != nil {
+		_ = w.sub.Unsubscribe()
+	}
+	w.cancel()
+}
+
+// update takes a refreshed registration: a new epoch resyncs, and the
+// agent's view of the engine decides health when the replica is live.
+func (w *replicaWorker) update(reg *fleetv1.Registration) {
+	w.regMu.Lock()
+	old := w.reg
+	w.reg = reg
+	w.regMu.Unlock()
+	if old.GetEpoch() != reg.GetEpoch() {
+		w.askResync(fmt.Sprintf("agent epoch changed from %d to %d (the agent restarted)", old.GetEpoch(), reg.GetEpoch()))
+		return
+	}
+	w.refreshHealth()
+}
+
+// registration returns the worker's latest registration.
+func (w *replicaWorker) registration() *fleetv1.Registration {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	return w.reg
+}
+
+// run is the worker's goroutine: sync from a snapshot, then follow.
+func (w *replicaWorker) run(ctx context.Context) {
+	backoff := w.src.o.ResyncBackoff
+	for ctx.Err() == nil {
+		if err := w.sync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.problem(err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+			continue
+		}
+		backoff = w.src.o.ResyncBackoff
+		w.follow(ctx)
+	}
+}
+
+// sync loads a snapshot and applies the deltas buffered meanwhile.
+func (w *replicaWorker) sync(ctx context.Context) error {
+	w.live.Store(false)
+	w.health.Store(events.HealthRecovering)
+	w.mu.Lock()
+	w.stats.Replays++
+	w.mu.Unlock()
+	select { // a resync asked before this one started is this one
+	case <-w.resync:
+	default:
+	}
+	reg := w.registration()
+	epoch, seq, err := w.loadSnapshot(ctx, reg)
+	if err != nil {
+		w.mu.Lock()
+		w.stats.ReplayFailures++
+		w.mu.Unlock()
+		return err
+	}
+	w.epoch, w.seq, w.fresh = epoch, seq, true
+	w.live.Store(true)
+	w.mu.Lock()
+	w.stats.LastSeq, w.stats.HasSeq = seq, true
+	w.mu.Unlock()
+	w.refreshHealth()
+	return nil
+}
+
+// loadSnapshot asks the agent for the worker's snapshot and restores the
+// sink from it, streaming chunks as they arrive.
+func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registration) (epoch, seq uint64, err error) {
+	inbox := w.src.nc.NewRespInbox()
+	sub, err := w.src.nc.SubscribeSync(inbox)
+	if err != nil {
+		return 0, 0, fmt.Errorf("snapshot inbox: %w", err)
+	}
+	defer sub.Unsubscribe()
+	_ = sub.SetPendingLimits(-1, -1)
+	req, _ := proto.Marshal(&fleetv1.SnapshotRequest{DpRank: uint32(w.ref.DPRank)})
+	if err := w.src.nc.PublishRequest(reg.GetSnapshotSubject(), inbox, req); err != nil {
+		return 0, 0, fmt.Errorf("snapshot request to %s: %w", reg.GetSnapshotSubject(), err)
+	}
+	deadline := time.Now().Add(w.src.o.SnapshotTimeout)
+	var chunk fleetv1.SnapshotChunk
+	var segs []*fleetv1.Segment
+	var seg events.SnapshotSegment
+	index := uint32(0)
+	first := true
+	done := false
+	next := func() (*events.SnapshotSegment, error) {
+		for len(segs) == 0 {
+			if done {
+				return nil, io.EOF
+			}
+			left := time.Until(deadline)
+			if left <= 0 {
+				return nil, fmt.Errorf("snapshot from %s: no last chunk within %v", reg.GetSnapshotSubject(), w.src.o.SnapshotTimeout)
+			}
+			mctx, cancel := context.WithTimeout(ctx, left)
+			m, err := sub.NextMsgWithContext(mctx)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("snapshot from %s: %w", reg.GetSnapshotSubject(), err)
+			}
+			chunk.Reset()
+			if err := proto.Unmarshal(m.Data, &chunk); err != nil {
+				return nil, fmt.Errorf("%w: snapshot chunk: %w", ErrMalformed, err)
+			}
+			if chunk.GetError() != "" {
+				return nil, fmt.Errorf("agent cannot serve the snapshot: %s", chunk.GetError())
+			}
+			if first {
+				epoch, seq, first = chunk.GetEpoch(), chunk.GetSeq(), false
+			} else if chunk.GetEpoch() != epoch || chunk.GetSeq() != seq {
+				return nil, fmt.Errorf("%w: snapshot chunk %d of epoch %d seq %d in a snapshot of epoch %d seq %d", ErrMalformed, chunk.GetIndex(), chunk.GetEpoch(), chunk.GetSeq(), epoch, seq)
+			}
+			if chunk.GetIndex() != index {
+				return nil, fmt.Errorf("%w: snapshot chunk %d, want %d", ErrMalformed, chunk.GetIndex(), index)
+			}
+			index++
+			segs, done = chunk.GetSegments(), chunk.GetLast()
+		}
+		s := segs[0]
+		segs = segs[1:]
+		if err := decodeSegment(s, &seg); err != nil {
+			return nil, err
+		}
+		return &seg, nil
+	}
+	if err := w.sink.Restore(next); err != nil {
+		w.sink.Reset("snapshot failed: " + err.Error())
+		return 0, 0, err
+	}
+	if first {
+		return 0, 0, fmt.Errorf("snapshot from %s: no chunk", reg.GetSnapshotSubject())
+	}
+	return epoch, seq, nil
+}
+
+// follow applies deltas in order until a resync is needed.
+func (w *replicaWorker) follow(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.resync:
+			return
+		case m := <-w.in:
+			if !w.onDelta(m) {
+				return
+			}
+		}
+	}
+}
+
+// onDelta applies one delta message and reports whether the worker is
+// still in sync.
+func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
+	now := time.Now()
+	if err := unmarshalDelta(m.Data, &w.msg); err != nil {
+		w.decodeProblem(err)
+		return false // its effects are unknown: resync
+	}
+	switch {
+	case w.msg.Epoch != w.epoch:
+		if w.msg.Epoch != w.registration().GetEpoch() {
+			return true // from an epoch that is neither the synced one nor the agent's current one
+		}
+		w.note(fmt.Sprintf("deltas of a new agent epoch %d", w.msg.Epoch))
+		return false
+	case w.msg.Seq <= w.seq:
+		if !w.fresh { // repeated; before the first after a snapshot, the snapshot covers it
+			w.mu.Lock()
+			w.stats.Duplicates++
+			w.mu.Unlock()
+		}
+		return true
+	case w.msg.Seq > w.seq+1:
+		w.mu.Lock()
+		w.stats.Gaps++
+		w.stats.MissedBatches += int64(w.msg.Seq - w.seq - 1)
+		w.mu.Unlock()
+		w.note(fmt.Sprintf("deltas %d..%d lost", w.seq+1, w.msg.Seq-1))
+		return false
+	}
+	if err := decodeDelta(&w.msg, &w.delta); err != nil {
+		w.decodeProblem(err)
+		return false
+	}
+	w.seq, w.fresh = w.msg.Seq, false
+	err := w.sink.ApplyDelta(&w.delta)
+	w.mu.Lock()
+	w.stats.Batches++
+	w.stats.Events += int64(len(w.delta.Entries))
+	w.stats.LastSeq, w.stats.HasSeq = w.seq, true
+	w.stats.LastMessage = now
+	if err != nil {
+		w.stats.ApplyErrors++
+	}
+	w.mu.Unlock()
+	if err != nil {
+		w.problem(fmt.Errorf("delta %d: %w", w.seq, err))
+		return false // the replica diverged from the agent: resync
+	}
+	w.refreshHealth()
+	return true
+}
+
+// refreshHealth sets the worker's health: RECOVERING while not live,
+// otherwise what the agent reports of its engine.
+func (w *replicaWorker) refreshHealth() {
+	if !w.live.Load() {
+		w.health.Store(events.HealthRecovering)
+		return
+	}
+	h := parseHealth(w.registration().GetHealth())
+	if h == events.HealthUnknown {
+		h = events.HealthOK
+	}
+	w.health.Store(h)
+}
+
+// parseHealth reads a Health's name.
+func parseHealth(s string) events.Health {
+	for h := events.HealthUnknown; int(h) < events.NumHealth; h++ {
+		if h.String() == s {
+			return h
+		}
+	}
+	return events.HealthUnknown
+}
+
+func (w *replicaWorker) decodeProblem(err error) {
+	w.mu.Lock()
+	w.stats.DecodeErrors++
+	w.mu.Unlock()
+	w.problem(err)
+}
+
+// problem records err and logs it, rate-limited by time per worker.
+func (w *replicaWorker) problem(err error) {
+	now := time.Now()
+	w.mu.Lock()
+	w.stats.LastError = err.Error()
+	ok, held := w.logl.Allow(now, w.src.o.LogEvery)
+	w.mu.Unlock()
+	if ok {
+		w.src.log.Warn("fleet worker problem; resyncing", "worker", w.ref.String(), "err", err, "suppressed", held)
+	}
+}
+
+// note records why the worker resyncs.
+func (w *replicaWorker) note(why string) {
+	w.mu.Lock()
+	w.stats.HealthReason = why
+	w.mu.Unlock()
+}
+
+func (w *replicaWorker) snapshotStats() events.WorkerStats {
+	w.mu.Lock()
+	s := w.stats
+	w.mu.Unlock()
+	s.Health = w.health.Load()
+	s.Backlog = len(w.in)
+	s.Connected = w.src.nc.IsConnected()
+	reg := w.registration()
+	switch {
+	case s.Health == events.HealthRecovering:
+		if s.HealthReason == "" {
+			s.HealthReason = "loading a snapshot from the agent"
+		}
+	case s.Health != events.HealthOK:
+		s.HealthReason = "the agent reports " + reg.GetHealth() + ": " + reg.GetHealthReason()
+	default:
+		s.HealthReason = ""
+	}
+	if reg.GetPartial() {
+		s.HealthReason = strings.TrimPrefix(s.HealthReason+"; ", "; ") + "the agent's state lacks part of the engine's history"
+	}
+	return s
+}
