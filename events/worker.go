@@ -27,3 +27,12 @@ type Sink interface {
 	// engine restart; reason says why, for logs and counters.
 	Reset(reason string)
 }
+
+// SeqSink is a Sink that wants each batch with the engine seq it carried,
+// e.g. an agent that checkpoints its state with the seq to resume from.
+// A transport that knows seqs calls ApplyBatchAt instead of ApplyBatch.
+type SeqSink interface {
+	Sink
+	// ApplyBatchAt applies b, the engine's batch seq; as ApplyBatch.
+	ApplyBatchAt(seq uint64, b *Batch) error
+}

@@ -3,6 +3,7 @@ package zmq_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,5 +226,69 @@ func TestMaxMessageBytes(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// seqSink records the engine seqs of the batches it is given.
+type seqSink struct {
+	mu   sync.Mutex
+	seqs []uint64
+}
+
+func (s *seqSink) ApplyBatch(*events.Batch) error { panic("ApplyBatchAt expected") }
+func (s *seqSink) Reset(string)                   {}
+func (s *seqSink) ApplyBatchAt(seq uint64, _ *events.Batch) error {
+	s.mu.Lock()
+	s.seqs = append(s.seqs, seq)
+	s.mu.Unlock()
+	return nil
+}
+func (s *seqSink) got() []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]uint64(nil), s.seqs...)
+}
+
+// TestResumeAfterCheckpoint: a sink restored up to seq 59 (an agent's
+// checkpoint) resumes at 60 from the engine's replay buffer, even with
+// the engine idle; when the buffer no longer reaches back to 60, the loss
+// is counted, not hidden.
+func TestResumeAfterCheckpoint(t *testing.T) {
+	for _, forget := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		pub, pubEP, replayEP := bigPublisher(t)
+		for i := range 100 {
+			if _, err := pub.Publish(chainBatch(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if forget {
+			pub.ForgetReplay(80)
+		}
+		sink := &seqSink{}
+		sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{GapPolicy: events.GapKeep},
+			zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: sink, Resume: true, ResumeAfter: 59})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- sub.Run(ctx) }()
+		first := uint64(60)
+		if forget {
+			first = 80
+		}
+		waitFor(t, "the batches after the checkpoint", func() bool { g := sink.got(); return len(g) == int(100-first) })
+		g := sink.got()
+		if g[0] != first || g[len(g)-1] != 99 {
+			t.Fatalf("forget=%v: applied seqs %d..%d, want %d..99", forget, g[0], g[len(g)-1], first)
+		}
+		st := statsOf(sub, "a")
+		if forget != (st.UnrecoveredGaps == 1) || st.JoinedAtSeq != 0 {
+			t.Fatalf("forget=%v: %+v", forget, st)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

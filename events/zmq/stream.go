@@ -93,6 +93,7 @@ type stream struct {
 	backoff      time.Duration
 	joinTried    bool
 	rejoined     bool // the empty join of this connection was asked again
+	resuming     bool // restored from a checkpoint; the first connection replays from expected
 	dec          *events.Decoder
 	replayBatch  events.Batch
 
@@ -163,9 +164,15 @@ func (st *stream) run(ctx context.Context) {
 				rejoin.Reset(rejoinAfter)
 			}
 		case <-st.connectedCh:
-			if st.replay != "" && !st.hasExpected && !st.recovering {
+			switch {
+			case st.replay == "" || st.recovering:
+			case !st.hasExpected:
 				st.rejoined = false
 				st.startRecovery(ctx, 0, nil, "join")
+			case st.resuming:
+				// Restored from a checkpoint: fetch what came since.
+				st.resuming = false
+				st.startRecovery(ctx, st.expected, nil, "resume")
 			}
 		case <-rejoin.C:
 			if !st.hasExpected && !st.recovering {
@@ -324,7 +331,13 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 	st.stats.Batches++
 	st.stats.Events += int64(len(b.Events))
 	st.mu.Unlock()
-	if err := st.sink.ApplyBatch(b); err != nil {
+	var err error
+	if ss, ok := st.sink.(events.SeqSink); ok {
+		err = ss.ApplyBatchAt(seq, b)
+	} else {
+		err = st.sink.ApplyBatch(b)
+	}
+	if err != nil {
 		st.lastBad.Store(time.Now().UnixNano())
 		st.problem(fmt.Errorf("seq %d: %w", seq, err), false)
 	}

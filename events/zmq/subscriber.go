@@ -38,6 +38,12 @@ type Endpoint struct {
 	ReplayEndpoint string
 	// Sink receives the worker's batches in seq order.
 	Sink events.Sink
+	// Resume, with ResumeAfter, says the sink already holds the engine's
+	// batches up to seq ResumeAfter (an agent restored from its
+	// checkpoint): the stream continues after it, and once connected asks
+	// the replay socket for what came since.
+	Resume      bool
+	ResumeAfter uint64
 }
 
 // PushListener is one bound SUB socket that many engines connect to (push
@@ -274,6 +280,10 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 			return nil, fmt.Errorf("events: endpoint %d: worker %s configured twice", i, ep.Worker)
 		}
 		st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
+		if ep.Resume {
+			st.expected, st.hasExpected, st.joinTried, st.resuming = ep.ResumeAfter+1, true, true, true
+			st.stats.LastSeq, st.stats.HasSeq = ep.ResumeAfter, true
+		}
 		s.pull = append(s.pull, pullSource{ep: ep, st: st})
 		s.streams = append(s.streams, st)
 		s.byRef[ep.Worker] = st
