@@ -48,6 +48,47 @@ type Config struct {
 	TLS TLS `yaml:"tls,omitempty"`
 	// Auth requires bearer tokens on gRPC calls.
 	Auth Auth `yaml:"auth,omitempty"`
+	// NATS connects fleet mode: kvindex agent publishes on it, kvindex
+	// serve discovers agents and follows their deltas on it.
+	NATS NATS `yaml:"nats,omitempty"`
+	// Agent configures kvindex agent, the sidecar beside one pod.
+	Agent Agent `yaml:"agent,omitempty"`
+}
+
+// NATS is the fleet's NATS connection (docs/fleet.md).
+type NATS struct {
+	// URL is the NATS server, e.g. nats://nats:4222 (a comma-separated
+	// list for a cluster); "" turns fleet mode off for kvindex serve.
+	URL string `yaml:"url,omitempty"`
+	// Bucket is the agents' JetStream key-value bucket (default
+	// kvindex_agents).
+	Bucket string `yaml:"bucket,omitempty"`
+	// RegistrationTTL is how long an agent's registration lives without a
+	// heartbeat (default 10s): a dead agent's workers leave replicas'
+	// answers after it.
+	RegistrationTTL time.Duration `yaml:"registration_ttl,omitempty"`
+	// Models, for kvindex serve, restricts the replica to these models'
+	// workers (a shard); empty: every model.
+	Models []string `yaml:"models,omitempty"`
+	// CredsFile is a NATS credentials file (JWT and seed); "" for none.
+	CredsFile string `yaml:"creds_file,omitempty"`
+}
+
+// Enabled reports whether fleet mode is configured.
+func (n *NATS) Enabled() bool { return n.URL != "" }
+
+// Agent configures kvindex agent.
+type Agent struct {
+	// Pod names the pod of pods[] the agent sits beside (default: the
+	// only one).
+	Pod string `yaml:"pod,omitempty"`
+	// Checkpoint is the file the agent writes its state to (atomically),
+	// so that a restarted agent recovers without its engine's replay
+	// buffer having to reach back to the engine's start; "" for none.
+	Checkpoint string `yaml:"checkpoint,omitempty"`
+	// CheckpointInterval is how often the checkpoint is written (default
+	// 10s).
+	CheckpointInterval time.Duration `yaml:"checkpoint_interval,omitempty"`
 }
 
 // TLS configures transport security. The files are re-read when they

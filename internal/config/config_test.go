@@ -215,3 +215,31 @@ func TestPushDefaultIsTheTransports(t *testing.T) {
 		t.Fatalf("push max_workers default %d, transport's %d", DefaultPushMaxWorkers, zmq.DefaultPushMaxWorkers)
 	}
 }
+
+func TestValidateAgent(t *testing.T) {
+	c := Default()
+	if _, err := c.ValidateAgent(); err == nil || !strings.Contains(err.Error(), "nats.url") {
+		t.Fatalf("agent without nats: %v", err)
+	}
+	c.NATS.URL = "nats://127.0.0.1:4222"
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.ValidateAgent()
+	if err != nil || p.Name != DefaultPod || c.NATS.Bucket != DefaultNATSBucket || c.NATS.RegistrationTTL != DefaultRegistrationTTL {
+		t.Fatalf("agent: %v, %v, %+v", p, err, c.NATS)
+	}
+	c.Pods = append(c.Pods, Pod{Name: "other", Model: DefaultModel, Endpoint: "tcp://127.0.0.1:6000"})
+	if _, err := c.ValidateAgent(); err == nil || !strings.Contains(err.Error(), "agent.pod") {
+		t.Fatalf("two pods, none named: %v", err)
+	}
+	c.Agent.Pod = "other"
+	if p, err := c.ValidateAgent(); err != nil || p.Name != "other" {
+		t.Fatalf("named pod: %v, %v", p, err)
+	}
+	c.Agent.Pod = "nope"
+	if _, err := c.ValidateAgent(); err == nil {
+		t.Fatal("unknown pod accepted")
+	}
+}

@@ -110,6 +110,12 @@ const (
 	// DefaultMaxQueueDelay refuses calls that queued longer
 	// (limits.max_queue_delay).
 	DefaultMaxQueueDelay = api.DefaultMaxQueueDelay
+	// DefaultNATSBucket is the agents' key-value bucket (nats.bucket).
+	DefaultNATSBucket = "kvindex_agents"
+	// DefaultRegistrationTTL is nats.registration_ttl's default.
+	DefaultRegistrationTTL = 10 * time.Second
+	// DefaultCheckpointInterval is agent.checkpoint_interval's default.
+	DefaultCheckpointInterval = 10 * time.Second
 	// DefaultMaxConnections bounds open gRPC connections
 	// (limits.max_connections).
 	DefaultMaxConnections = 1024
@@ -160,6 +166,13 @@ func (c *Config) SetDefaults() {
 	c.Scoring.SetDefaults()
 	c.Limits.SetDefaults()
 	c.Log.SetDefaults()
+	if c.NATS.Enabled() {
+		set(&c.NATS.Bucket, DefaultNATSBucket)
+		set(&c.NATS.RegistrationTTL, DefaultRegistrationTTL)
+	}
+	if c.Agent.Checkpoint != "" {
+		set(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
+	}
 	for i := range c.Models {
 		set(&c.Models[i].BlockSize, DefaultBlockSize)
 	}

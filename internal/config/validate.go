@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/redact"
@@ -41,6 +42,7 @@ func (c *Config) Validate() error {
 		func() error { return validatePush(c.Push, c.Pods) },
 		c.TLS.Validate,
 		func() error { return c.Auth.Validate(&c.TLS) },
+		c.NATS.Validate,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -91,6 +93,58 @@ func (a *Auth) Validate(t *TLS) error {
 		return invalid("auth.cert_identity", "needs tls.client_ca_file")
 	}
 	return nil
+}
+
+// Validate checks the nats section: server URLs, a TTL of a second or
+// more, named models.
+func (n *NATS) Validate() error {
+	if !n.Enabled() {
+		if n.Bucket != "" || len(n.Models) > 0 || n.CredsFile != "" {
+			return invalid("nats.url", "required with the other nats settings")
+		}
+		return nil
+	}
+	for _, u := range strings.Split(n.URL, ",") {
+		u = strings.TrimSpace(u)
+		if !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
+			return invalid("nats.url", "%s: want nats://host:port or tls://host:port", redact.URL(u))
+		}
+		if _, _, err := net.SplitHostPort(u[strings.Index(u, "://")+3:]); err != nil {
+			return invalid("nats.url", "%s is not host:port", redact.URL(u))
+		}
+	}
+	if n.RegistrationTTL < time.Second {
+		return invalid("nats.registration_ttl", "%v: at least 1s", n.RegistrationTTL)
+	}
+	for i, m := range n.Models {
+		if m == "" {
+			return invalid(fmt.Sprintf("nats.models[%d]", i), "empty")
+		}
+	}
+	return nil
+}
+
+// ValidateAgent checks what kvindex agent needs beyond Validate: a NATS
+// server, and the one pod it sits beside.
+func (c *Config) ValidateAgent() (*Pod, error) {
+	if !c.NATS.Enabled() {
+		return nil, invalid("nats.url", "required by kvindex agent")
+	}
+	if c.Agent.CheckpointInterval < 0 {
+		return nil, invalid("agent.checkpoint_interval", "must not be negative")
+	}
+	if c.Agent.Pod == "" {
+		if len(c.Pods) != 1 {
+			return nil, invalid("agent.pod", "required when pods lists %d pods", len(c.Pods))
+		}
+		return &c.Pods[0], nil
+	}
+	for i := range c.Pods {
+		if c.Pods[i].Name == c.Agent.Pod {
+			return &c.Pods[i], nil
+		}
+	}
+	return nil, invalid("agent.pod", "%q is not in pods", c.Agent.Pod)
 }
 
 // Validate checks the limits section ("limits").

@@ -88,6 +88,10 @@ func TestSectionErrors(t *testing.T) {
 		{"token scope", func(c *Config) { c.Auth.Tokens = []Token{{Name: "a", Scopes: []string{"write"}, File: "f"}} }, "auth.tokens[0].scopes[0]", `"write" is not read or route`},
 		{"token source", func(c *Config) { c.Auth.Tokens = []Token{{Name: "a", Scopes: []string{"read"}, File: "f", Env: "E"}} }, "auth.tokens[0].file", "give exactly one of file and env"},
 		{"cert identity", func(c *Config) { c.Auth.CertIdentity = true }, "auth.cert_identity", "needs tls.client_ca_file"},
+		{"nats url", func(c *Config) { c.NATS = NATS{URL: "http://x:4222", RegistrationTTL: time.Second} }, "nats.url", "want nats://host:port"},
+		{"nats port", func(c *Config) { c.NATS = NATS{URL: "nats://x", RegistrationTTL: time.Second} }, "nats.url", "is not host:port"},
+		{"nats ttl", func(c *Config) { c.NATS = NATS{URL: "nats://x:4222", RegistrationTTL: time.Millisecond} }, "nats.registration_ttl", "at least 1s"},
+		{"nats without url", func(c *Config) { c.NATS = NATS{Models: []string{"m"}} }, "nats.url", "required with the other nats settings"},
 		{"push max workers", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", MaxWorkers: 5000}} }, "push[0].max_workers", "must be between 1 and 4096"},
 		{"push allow", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", Allow: []string{"10.0.0.0/8", "nope"}}} }, "push[0].allow[1]", `"nope" is not an IP address or CIDR range`},
 		{"route twice", func(c *Config) {
