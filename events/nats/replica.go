@@ -230,27 +230,35 @@ func (s *Source) onEntry(ctx context.Context, e jetstream.KeyValueEntry) {
 		w.update(reg)
 		return
 	}
-	sink, err := s.set.AddWorker(ref, reg)
-	if err != nil {
-		s.log.Warn("cannot add a registered worker", "worker", ref.String(), "model", model, "err", err)
-		return
-	}
 	wctx, cancel := context.WithCancel(ctx)
-	w = &replicaWorker{src: s, key: key, ref: ref, sink: sink, cancel: cancel,
+	w = &replicaWorker{src: s, key: key, ref: ref, cancel: cancel,
 		in: make(chan *natsgo.Msg, s.o.QueueSize), resync: make(chan struct{}, 1), reg: reg,
 		stats: events.WorkerStats{Worker: ref, Endpoint: "nats:" + reg.GetDeltaSubject(), Topic: reg.GetDeltaSubject()}}
 	w.health.Store(events.HealthRecovering)
-	w.sub, err = s.nc.Subscribe(reg.GetDeltaSubject(), w.enqueue)
-	if err != nil {
-		cancel()
-		s.set.RemoveWorker(ref)
-		s.log.Warn("cannot subscribe to a worker's deltas", "worker", ref.String(), "err", err)
-		return
-	}
-	_ = w.sub.SetPendingLimits(-1, -1) // the worker's own queue bounds it
+	// Register the worker (and so its health cell) before it exists in
+	// the index, so that nobody sees the worker without its health.
 	s.mu.Lock()
 	s.workers[key] = w
 	s.mu.Unlock()
+	fail := func(what string, err error) {
+		cancel()
+		s.mu.Lock()
+		delete(s.workers, key)
+		s.mu.Unlock()
+		s.log.Warn(what, "worker", ref.String(), "model", model, "err", err)
+	}
+	sink, err := s.set.AddWorker(ref, reg)
+	if err != nil {
+		fail("cannot add a registered worker", err)
+		return
+	}
+	w.sink = sink
+	if w.sub, err = s.nc.Subscribe(reg.GetDeltaSubject(), w.enqueue); err != nil {
+		s.set.RemoveWorker(ref)
+		fail("cannot subscribe to a worker's deltas", err)
+		return
+	}
+	_ = w.sub.SetPendingLimits(-1, -1) // the worker's own queue bounds it
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
