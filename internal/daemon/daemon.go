@@ -40,6 +40,7 @@ type Daemon struct {
 	log *slog.Logger
 
 	ix       *indexer.Index
+	srcs     sources // every event source, for the API and metrics
 	sub      *zmq.Subscriber
 	tracker  *scoring.Tracker
 	scraper  *scrape.Scraper
@@ -109,12 +110,13 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	d.sub = sub
+	d.srcs = sources{sub}
 
 	d.registry = prometheus.NewRegistry()
 	d.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		metrics.NewCollector(d.ix, sub),
+		metrics.NewCollector(d.ix, d.srcs),
 	)
 	pol, err := cfg.Policy()
 	if err != nil {
@@ -139,7 +141,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
 			func() float64 { return float64(d.scraper.Failures()) }),
 	)
-	srv := api.NewServer(d.ix, sub, api.Options{
+	srv := api.NewServer(d.ix, d.srcs, api.Options{
 		Policy:        &pol,
 		Tracker:       d.tracker,
 		Loads:         loads,
