@@ -3,9 +3,9 @@ package events
 // The keyed model: what an agent (a sidecar beside one engine pod) tells
 // the replicas about a worker. Blocks are named by kvindex's content keys,
 // already resolved from the engine's hashes and tokens, so a replica needs
-// neither; an agent's index records the effects of each batch (Delta) and
-// serves the worker's whole resident set (SnapshotSegment) to a replica
-// that joins or resyncs.
+// neither; an agent's index records the effects of each batch (Delta).
+// A worker's whole resident set travels as snapshot segments in the
+// index's own binary encoding, which transports carry as they are.
 
 // DeltaOp is one kind of change to a worker's resident set.
 type DeltaOp uint8
@@ -53,6 +53,11 @@ type DeltaEntry struct {
 	Medium Medium
 	// Refs are the references DeltaDrop removes, per medium.
 	Refs [NumMedia]uint8
+	// BlockEdge says a DeltaStore starts one of the source's blocks (an
+	// engine block, of which a key may have several), or a DeltaRemove
+	// ends one; MediumEdge that it starts or ends its block's residency in
+	// Medium (implied by BlockEdge). Replicas count blocks by them.
+	BlockEdge, MediumEdge bool
 }
 
 // Delta is the effect of one batch on one worker's resident set, in order.
@@ -64,15 +69,3 @@ type Delta struct {
 
 // Reset empties d, keeping its capacity.
 func (d *Delta) Reset() { d.Entries = d.Entries[:0] }
-
-// SnapshotSegment is a run of consecutive keys of one chain of a worker's
-// snapshot: Keys[0] attaches under Parent (HasParent) or at the top level,
-// each next key under the one before it. Refs has one per-medium count per
-// key; a key with no references is not held by the worker and is in the
-// segment for its place in the tree (an ancestor of keys the worker holds).
-type SnapshotSegment struct {
-	Parent    uint64
-	HasParent bool
-	Keys      []uint64
-	Refs      [][NumMedia]uint8
-}

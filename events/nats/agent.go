@@ -22,9 +22,11 @@ import (
 // LocalWorker is an agent's view of one of its workers: the agent's own
 // index worker, which its engine's events feed.
 type LocalWorker interface {
-	// Snapshot emits the worker's resident set as segments (see
-	// events.SnapshotSegment), consistent with the last delta published.
-	Snapshot(emit func(*events.SnapshotSegment) error) error
+	// Snapshot emits the worker's resident set as segments in the
+	// index's binary encoding (emit owns nothing: it copies what it
+	// keeps), consistent with the last delta published; blocks is the
+	// number of keys with references.
+	Snapshot(emit func(segment []byte) error) (blocks uint64, err error)
 	// Resident and Capacity are the worker's block counts for its
 	// registration (capacity 0: unknown).
 	Resident() int64
@@ -49,9 +51,10 @@ type AgentOptions struct {
 	Pod string
 	// Version is the agent's build, for the registration.
 	Version string
-	// ChunkKeys bounds the keys of one snapshot chunk; 0 means 16,384
-	// (about 250 KB a chunk, well under NATS's default 1 MB payload).
-	ChunkKeys int
+	// ChunkBytes is the size from which a snapshot chunk is sent (it
+	// holds whole segments); 0 means 256 KiB, well under NATS's default
+	// 1 MiB payload with the index's segments of at most ~40 KB.
+	ChunkBytes int
 	// Logger receives problem reports; nil discards them.
 	Logger *slog.Logger
 }
@@ -112,8 +115,8 @@ func NewAgent(ctx context.Context, nc *natsgo.Conn, o AgentOptions, workers map[
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = o.TTL / 4
 	}
-	if o.ChunkKeys <= 0 {
-		o.ChunkKeys = 16384
+	if o.ChunkBytes <= 0 {
+		o.ChunkBytes = 256 << 10
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -267,18 +270,17 @@ func (a *Agent) Stats() AgentStats {
 }
 
 // serveSnapshot answers one snapshot request: the worker's state, taken
-// under its lock with the seq it is after, sent in chunks of at most
-// ChunkKeys keys to the reply subject.
+// under its lock with the seq it is after, sent in chunks of about
+// ChunkBytes to the reply subject.
 func (a *Agent) serveSnapshot(w *agentWorker, m *natsgo.Msg) {
 	if m.Reply == "" {
 		return
 	}
-	var segs []*events.SnapshotSegment
+	var segs [][]byte
 	w.mu.Lock()
 	seq := w.seq
-	err := w.local.Snapshot(func(s *events.SnapshotSegment) error {
-		c := &events.SnapshotSegment{Parent: s.Parent, HasParent: s.HasParent, Keys: append([]uint64(nil), s.Keys...), Refs: append([][events.NumMedia]uint8(nil), s.Refs...)}
-		segs = append(segs, c)
+	blocks, err := w.local.Snapshot(func(seg []byte) error {
+		segs = append(segs, append([]byte(nil), seg...))
 		return nil
 	})
 	w.mu.Unlock()
@@ -297,26 +299,16 @@ func (a *Agent) serveSnapshot(w *agentWorker, m *natsgo.Msg) {
 		send(&fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Last: true, Error: err.Error()})
 		return
 	}
-	var blocks uint64
-	for _, s := range segs {
-		for _, r := range s.Refs {
-			if r != ([events.NumMedia]uint8{}) {
-				blocks++
-			}
-		}
-	}
 	chunk := &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Blocks: blocks}
-	keys := 0
-	for _, s := range segs {
-		var fs fleetv1.Segment
-		encodeSegment(&fs, s)
-		chunk.Segments = append(chunk.Segments, &fs)
-		if keys += len(s.Keys); keys >= a.o.ChunkKeys {
+	size := 0
+	for _, seg := range segs {
+		chunk.Segments = append(chunk.Segments, seg)
+		if size += len(seg); size >= a.o.ChunkBytes {
 			if !send(chunk) {
 				return
 			}
 			chunk = &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Index: chunk.Index + 1, Blocks: blocks}
-			keys = 0
+			size = 0
 		}
 	}
 	chunk.Last = true

@@ -2,6 +2,7 @@ package nats
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"maps"
@@ -79,32 +80,37 @@ func (m *setModel) ApplyDelta(d *events.Delta) error {
 	return nil
 }
 
-func (m *setModel) Snapshot(emit func(*events.SnapshotSegment) error) error {
+// Snapshot emits one segment per key: the key, then its refs.
+func (m *setModel) Snapshot(emit func([]byte) error) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, k := range slices.Sorted(maps.Keys(m.refs)) {
-		if err := emit(&events.SnapshotSegment{Keys: []uint64{k}, Refs: [][events.NumMedia]uint8{m.refs[k]}}); err != nil {
-			return err
+		r := m.refs[k]
+		if err := emit(append(binary.LittleEndian.AppendUint64(nil, k), r[:]...)); err != nil {
+			return 0, err
 		}
 	}
-	return nil
+	return uint64(len(m.refs)), nil
 }
 
-func (m *setModel) Restore(next func() (*events.SnapshotSegment, error)) error {
+func (m *setModel) Restore(next func() ([]byte, error)) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	clear(m.refs)
 	for {
-		s, err := next()
+		b, err := next()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		for i, k := range s.Keys {
-			m.refs[k] = s.Refs[i]
+		if len(b) != 8+events.NumMedia {
+			return fmt.Errorf("segment of %d bytes", len(b))
 		}
+		var r [events.NumMedia]uint8
+		copy(r[:], b[8:])
+		m.refs[binary.LittleEndian.Uint64(b)] = r
 	}
 }
 

@@ -25,9 +25,10 @@ type KeyedSink interface {
 	// ApplyDelta applies one delta's entries in order; an entry that does
 	// not fit the worker's state is an error (the source resyncs).
 	ApplyDelta(d *events.Delta) error
-	// Restore replaces the worker's state with a snapshot's segments;
+	// Restore replaces the worker's state with a snapshot's segments (in
+	// the index's binary encoding, valid until the next call of next);
 	// next returns io.EOF after the last.
-	Restore(next func() (*events.SnapshotSegment, error)) error
+	Restore(next func() ([]byte, error)) error
 	// Reset forgets everything the worker holds.
 	Reset(reason string)
 }
@@ -448,12 +449,11 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 	}
 	deadline := time.Now().Add(w.src.o.SnapshotTimeout)
 	var chunk fleetv1.SnapshotChunk
-	var segs []*fleetv1.Segment
-	var seg events.SnapshotSegment
+	var segs [][]byte
 	index := uint32(0)
 	first := true
 	done := false
-	next := func() (*events.SnapshotSegment, error) {
+	next := func() ([]byte, error) {
 		for len(segs) == 0 {
 			if done {
 				return nil, io.EOF
@@ -488,10 +488,7 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 		}
 		s := segs[0]
 		segs = segs[1:]
-		if err := decodeSegment(s, &seg); err != nil {
-			return nil, err
-		}
-		return &seg, nil
+		return s, nil
 	}
 	if err := w.sink.Restore(next); err != nil {
 		w.sink.Reset("snapshot failed: " + err.Error())

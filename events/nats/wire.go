@@ -36,10 +36,22 @@ type deltaHeader struct {
 func encodeDelta(m *fleetv1.Delta, h deltaHeader, d *events.Delta) {
 	m.Epoch, m.Seq, m.EngineSeq, m.EngineTime = h.epoch, h.seq, h.engineSeq, h.engineTime
 	m.Ops, m.Keys, m.Parents, m.Refs = m.Ops[:0], m.Keys[:0], m.Parents[:0], m.Refs[:0]
+	m.Edges = m.Edges[:0]
 	var prev uint64
 	havePrev := false
 	for i := range d.Entries {
 		e := &d.Entries[i]
+		if i%4 == 0 {
+			m.Edges = append(m.Edges, 0)
+		}
+		var edge byte
+		if e.BlockEdge {
+			edge |= 1
+		}
+		if e.MediumEdge {
+			edge |= 2
+		}
+		m.Edges[len(m.Edges)-1] |= edge << (2 * (i % 4))
 		op := byte(e.Op) | byte(e.Medium)<<mediumShift&mediumMask
 		switch e.Op {
 		case events.DeltaStore:
@@ -67,11 +79,15 @@ func encodeDelta(m *fleetv1.Delta, h deltaHeader, d *events.Delta) {
 // decodeDelta fills d from m, checking that the columns agree.
 func decodeDelta(m *fleetv1.Delta, d *events.Delta) error {
 	d.Reset()
+	if want := (len(m.Ops) + 3) / 4; len(m.Edges) != want {
+		return fmt.Errorf("%w: %d edge bytes for %d entries, want %d", ErrMalformed, len(m.Edges), len(m.Ops), want)
+	}
 	ki, pi, ri := 0, 0, 0
 	var prev uint64
 	havePrev := false
 	for i, op := range m.Ops {
-		e := events.DeltaEntry{Op: events.DeltaOp(op & opMask), Medium: events.Medium((op & mediumMask) >> mediumShift)}
+		edge := m.Edges[i/4] >> (2 * (i % 4))
+		e := events.DeltaEntry{Op: events.DeltaOp(op & opMask), Medium: events.Medium((op & mediumMask) >> mediumShift), BlockEdge: edge&1 != 0, MediumEdge: edge&2 != 0}
 		if e.Op < events.DeltaStore || e.Op > events.DeltaClear {
 			return fmt.Errorf("%w: entry %d: op %d", ErrMalformed, i, op&opMask)
 		}
@@ -122,39 +138,10 @@ func decodeDelta(m *fleetv1.Delta, d *events.Delta) error {
 
 // unmarshalDelta decodes a Delta message into m, reusing m's slices.
 func unmarshalDelta(b []byte, m *fleetv1.Delta) error {
-	m.Ops, m.Keys, m.Parents, m.Refs = m.Ops[:0], m.Keys[:0], m.Parents[:0], m.Refs[:0]
+	m.Ops, m.Keys, m.Parents, m.Refs, m.Edges = m.Ops[:0], m.Keys[:0], m.Parents[:0], m.Refs[:0], m.Edges[:0]
 	m.Epoch, m.Seq, m.EngineSeq, m.EngineTime = 0, 0, 0, 0
 	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b, m); err != nil {
 		return fmt.Errorf("%w: delta: %w", ErrMalformed, err)
-	}
-	return nil
-}
-
-// encodeSegment fills s from seg.
-func encodeSegment(s *fleetv1.Segment, seg *events.SnapshotSegment) {
-	s.Parent, s.HasParent = seg.Parent, seg.HasParent
-	s.Keys = append(s.Keys[:0], seg.Keys...)
-	s.Refs = s.Refs[:0]
-	for i := range seg.Refs {
-		s.Refs = append(s.Refs, seg.Refs[i][:]...)
-	}
-}
-
-// decodeSegment fills seg from s, checking that keys and refs agree.
-func decodeSegment(s *fleetv1.Segment, seg *events.SnapshotSegment) error {
-	if len(s.Refs) != len(s.Keys)*events.NumMedia {
-		return fmt.Errorf("%w: segment of %d keys with %d ref bytes", ErrMalformed, len(s.Keys), len(s.Refs))
-	}
-	if len(s.Keys) == 0 {
-		return fmt.Errorf("%w: empty segment", ErrMalformed)
-	}
-	seg.Parent, seg.HasParent = s.Parent, s.HasParent
-	seg.Keys = append(seg.Keys[:0], s.Keys...)
-	seg.Refs = seg.Refs[:0]
-	for i := range s.Keys {
-		var r [events.NumMedia]uint8
-		copy(r[:], s.Refs[i*events.NumMedia:])
-		seg.Refs = append(seg.Refs, r)
 	}
 	return nil
 }

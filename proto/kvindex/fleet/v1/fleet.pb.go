@@ -44,7 +44,11 @@ const (
 // at the top level), and bit 7 set when that parent is the previous
 // entry's key, which a chain of stores needs no bytes for. keys has one
 // key per entry but CLEAR; parents one per STORE with bit 6 set and bit 7
-// clear; refs six bytes (a count per medium) per DROP.
+// clear; refs six bytes (a count per medium) per DROP; edges two bits per
+// entry, four entries a byte from the low bits: bit 0 a block edge (a
+// STORE that starts one of the agent's blocks, a REMOVE that ends one),
+// bit 1 a medium edge (the block's first store in the medium, or its last
+// removal there), so that replicas count blocks as the agent does.
 type Delta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// epoch is the agent's epoch: it changes whenever the agent restarts.
@@ -63,7 +67,9 @@ type Delta struct {
 	// refs are six per-medium counts per DROP entry.
 	Refs []byte `protobuf:"bytes,7,opt,name=refs,proto3" json:"refs,omitempty"`
 	// engine_seq is the engine's seq of the batch.
-	EngineSeq     uint64 `protobuf:"varint,8,opt,name=engine_seq,json=engineSeq,proto3" json:"engine_seq,omitempty"`
+	EngineSeq uint64 `protobuf:"varint,8,opt,name=engine_seq,json=engineSeq,proto3" json:"engine_seq,omitempty"`
+	// edges are the entries' block and medium edges (see the message's doc).
+	Edges         []byte `protobuf:"bytes,9,opt,name=edges,proto3" json:"edges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,6 +160,13 @@ func (x *Delta) GetEngineSeq() uint64 {
 	return 0
 }
 
+func (x *Delta) GetEdges() []byte {
+	if x != nil {
+		return x.Edges
+	}
+	return nil
+}
+
 // SnapshotRequest asks an agent for one worker's resident set, on the
 // worker's snapshot subject; the agent answers on the reply subject with
 // SnapshotChunk messages, the last with last set.
@@ -214,8 +227,9 @@ type SnapshotChunk struct {
 	Index uint32 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
 	// last is set on the final chunk.
 	Last bool `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
-	// segments, in order, rebuild the worker's part of the tree.
-	Segments []*Segment `protobuf:"bytes,5,rep,name=segments,proto3" json:"segments,omitempty"`
+	// segments, in order, rebuild the worker's part of the tree: each is a
+	// snapshot segment in the index's binary encoding (docs/fleet.md).
+	Segments [][]byte `protobuf:"bytes,5,rep,name=segments,proto3" json:"segments,omitempty"`
 	// error, when set, says why the agent cannot serve the snapshot (the
 	// chunk is then the last).
 	Error string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
@@ -283,7 +297,7 @@ func (x *SnapshotChunk) GetLast() bool {
 	return false
 }
 
-func (x *SnapshotChunk) GetSegments() []*Segment {
+func (x *SnapshotChunk) GetSegments() [][]byte {
 	if x != nil {
 		return x.Segments
 	}
@@ -302,79 +316,6 @@ func (x *SnapshotChunk) GetBlocks() uint64 {
 		return x.Blocks
 	}
 	return 0
-}
-
-// Segment is a run of consecutive keys of one chain: keys[0] attaches
-// under parent (or at the top level without has_parent), each next key
-// under the one before. refs has six per-medium counts per key, all zero
-// for a key the worker does not hold (an ancestor kept for its place in
-// the tree).
-type Segment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Parent        uint64                 `protobuf:"fixed64,1,opt,name=parent,proto3" json:"parent,omitempty"`
-	HasParent     bool                   `protobuf:"varint,2,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
-	Keys          []uint64               `protobuf:"fixed64,3,rep,packed,name=keys,proto3" json:"keys,omitempty"`
-	Refs          []byte                 `protobuf:"bytes,4,opt,name=refs,proto3" json:"refs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Segment) Reset() {
-	*x = Segment{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Segment) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Segment) ProtoMessage() {}
-
-func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Segment.ProtoReflect.Descriptor instead.
-func (*Segment) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
-}
-
-func (x *Segment) GetParent() uint64 {
-	if x != nil {
-		return x.Parent
-	}
-	return 0
-}
-
-func (x *Segment) GetHasParent() bool {
-	if x != nil {
-		return x.HasParent
-	}
-	return false
-}
-
-func (x *Segment) GetKeys() []uint64 {
-	if x != nil {
-		return x.Keys
-	}
-	return nil
-}
-
-func (x *Segment) GetRefs() []byte {
-	if x != nil {
-		return x.Refs
-	}
-	return nil
 }
 
 // Registration is an agent's entry in the agents' key-value bucket, one
@@ -421,7 +362,7 @@ type Registration struct {
 
 func (x *Registration) Reset() {
 	*x = Registration{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +374,7 @@ func (x *Registration) String() string {
 func (*Registration) ProtoMessage() {}
 
 func (x *Registration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +387,7 @@ func (x *Registration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registration.ProtoReflect.Descriptor instead.
 func (*Registration) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Registration) GetModel() string {
@@ -580,7 +521,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +533,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +546,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Checkpoint) GetPod() string {
@@ -651,8 +592,9 @@ type WorkerCheckpoint struct {
 	// is false when none was applied.
 	EngineSeq    uint64 `protobuf:"varint,2,opt,name=engine_seq,json=engineSeq,proto3" json:"engine_seq,omitempty"`
 	HasEngineSeq bool   `protobuf:"varint,3,opt,name=has_engine_seq,json=hasEngineSeq,proto3" json:"has_engine_seq,omitempty"`
-	// segments restore the worker's resident set (as in SnapshotChunk).
-	Segments []*Segment `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	// segments restore the worker's resident set, in the index's
+	// checkpoint encoding (engine block hashes included).
+	Segments [][]byte `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
 	// blocks is the number of keys with references.
 	Blocks uint64 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
 	// partial: the state was already incomplete when checkpointed.
@@ -663,7 +605,7 @@ type WorkerCheckpoint struct {
 
 func (x *WorkerCheckpoint) Reset() {
 	*x = WorkerCheckpoint{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +617,7 @@ func (x *WorkerCheckpoint) String() string {
 func (*WorkerCheckpoint) ProtoMessage() {}
 
 func (x *WorkerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +630,7 @@ func (x *WorkerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerCheckpoint.ProtoReflect.Descriptor instead.
 func (*WorkerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorkerCheckpoint) GetDpRank() uint32 {
@@ -712,7 +654,7 @@ func (x *WorkerCheckpoint) GetHasEngineSeq() bool {
 	return false
 }
 
-func (x *WorkerCheckpoint) GetSegments() []*Segment {
+func (x *WorkerCheckpoint) GetSegments() [][]byte {
 	if x != nil {
 		return x.Segments
 	}
@@ -737,7 +679,7 @@ var File_kvindex_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1ckvindex/fleet/v1/fleet.proto\x12\x10kvindex.fleet.v1\"\xc3\x01\n" +
+	"\x1ckvindex/fleet/v1/fleet.proto\x12\x10kvindex.fleet.v1\"\xd9\x01\n" +
 	"\x05Delta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1f\n" +
@@ -748,23 +690,18 @@ const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\aparents\x18\x06 \x03(\x06R\aparents\x12\x12\n" +
 	"\x04refs\x18\a \x01(\fR\x04refs\x12\x1d\n" +
 	"\n" +
-	"engine_seq\x18\b \x01(\x04R\tengineSeq\"*\n" +
+	"engine_seq\x18\b \x01(\x04R\tengineSeq\x12\x14\n" +
+	"\x05edges\x18\t \x01(\fR\x05edges\"*\n" +
 	"\x0fSnapshotRequest\x12\x17\n" +
-	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\"\xc6\x01\n" +
+	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\"\xab\x01\n" +
 	"\rSnapshotChunk\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\rR\x05index\x12\x12\n" +
-	"\x04last\x18\x04 \x01(\bR\x04last\x125\n" +
-	"\bsegments\x18\x05 \x03(\v2\x19.kvindex.fleet.v1.SegmentR\bsegments\x12\x14\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\x12\x1a\n" +
+	"\bsegments\x18\x05 \x03(\fR\bsegments\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x16\n" +
-	"\x06blocks\x18\a \x01(\x04R\x06blocks\"h\n" +
-	"\aSegment\x12\x16\n" +
-	"\x06parent\x18\x01 \x01(\x06R\x06parent\x12\x1d\n" +
-	"\n" +
-	"has_parent\x18\x02 \x01(\bR\thasParent\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\x06R\x04keys\x12\x12\n" +
-	"\x04refs\x18\x04 \x01(\fR\x04refs\"\xe5\x03\n" +
+	"\x06blocks\x18\a \x01(\x04R\x06blocks\"\xe5\x03\n" +
 	"\fRegistration\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1d\n" +
 	"\n" +
@@ -792,13 +729,13 @@ const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
 	"key_scheme\x18\x03 \x01(\tR\tkeyScheme\x12&\n" +
 	"\x0fwritten_unix_ms\x18\x04 \x01(\x03R\rwrittenUnixMs\x12<\n" +
-	"\aworkers\x18\x05 \x03(\v2\".kvindex.fleet.v1.WorkerCheckpointR\aworkers\"\xd9\x01\n" +
+	"\aworkers\x18\x05 \x03(\v2\".kvindex.fleet.v1.WorkerCheckpointR\aworkers\"\xbe\x01\n" +
 	"\x10WorkerCheckpoint\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1d\n" +
 	"\n" +
 	"engine_seq\x18\x02 \x01(\x04R\tengineSeq\x12$\n" +
-	"\x0ehas_engine_seq\x18\x03 \x01(\bR\fhasEngineSeq\x125\n" +
-	"\bsegments\x18\x04 \x03(\v2\x19.kvindex.fleet.v1.SegmentR\bsegments\x12\x16\n" +
+	"\x0ehas_engine_seq\x18\x03 \x01(\bR\fhasEngineSeq\x12\x1a\n" +
+	"\bsegments\x18\x04 \x03(\fR\bsegments\x12\x16\n" +
 	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\x18\n" +
 	"\apartial\x18\x06 \x01(\bR\apartialB;Z9github.com/kvindex/kvindex/proto/kvindex/fleet/v1;fleetv1b\x06proto3"
 
@@ -814,25 +751,22 @@ func file_kvindex_fleet_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_kvindex_fleet_v1_fleet_proto_rawDescData
 }
 
-var file_kvindex_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_kvindex_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_kvindex_fleet_v1_fleet_proto_goTypes = []any{
 	(*Delta)(nil),            // 0: kvindex.fleet.v1.Delta
 	(*SnapshotRequest)(nil),  // 1: kvindex.fleet.v1.SnapshotRequest
 	(*SnapshotChunk)(nil),    // 2: kvindex.fleet.v1.SnapshotChunk
-	(*Segment)(nil),          // 3: kvindex.fleet.v1.Segment
-	(*Registration)(nil),     // 4: kvindex.fleet.v1.Registration
-	(*Checkpoint)(nil),       // 5: kvindex.fleet.v1.Checkpoint
-	(*WorkerCheckpoint)(nil), // 6: kvindex.fleet.v1.WorkerCheckpoint
+	(*Registration)(nil),     // 3: kvindex.fleet.v1.Registration
+	(*Checkpoint)(nil),       // 4: kvindex.fleet.v1.Checkpoint
+	(*WorkerCheckpoint)(nil), // 5: kvindex.fleet.v1.WorkerCheckpoint
 }
 var file_kvindex_fleet_v1_fleet_proto_depIdxs = []int32{
-	3, // 0: kvindex.fleet.v1.SnapshotChunk.segments:type_name -> kvindex.fleet.v1.Segment
-	6, // 1: kvindex.fleet.v1.Checkpoint.workers:type_name -> kvindex.fleet.v1.WorkerCheckpoint
-	3, // 2: kvindex.fleet.v1.WorkerCheckpoint.segments:type_name -> kvindex.fleet.v1.Segment
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	5, // 0: kvindex.fleet.v1.Checkpoint.workers:type_name -> kvindex.fleet.v1.WorkerCheckpoint
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_fleet_v1_fleet_proto_init() }
@@ -846,7 +780,7 @@ func file_kvindex_fleet_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_fleet_v1_fleet_proto_rawDesc), len(file_kvindex_fleet_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
