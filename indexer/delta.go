@@ -11,8 +11,9 @@ import (
 
 // Replication. A worker fed engine events (the source) can record what
 // each batch did to its resident set, resolved to content keys, as a
-// Delta; a keyed worker (WorkerInfo.Keyed) of another index that applies
-// those deltas in order (ApplyDelta) holds what the source holds: the same keys in the same media at the same places in the
+// Delta; a keyed worker (WorkerInfo.Keyed) of another index applies those
+// deltas (ApplyDelta) after restoring a Snapshot, and then holds what the
+// source holds: the same keys in the same media at the same places in the
 // tree (so Match gives the same answers for it), the same resident block
 // counts, and the same Digest. The replica never sees engine hashes or
 // token ids.
@@ -89,7 +90,9 @@ type DeltaEntry struct {
 // reused: Reset keeps its memory.
 type Delta struct {
 	// Seq is the caller's sequence number of the delta. A worker that
-	// records or applies the delta remembers it (Worker.DeltaSeq).
+	// records or applies the delta remembers it, and its snapshots carry
+	// the Seq of the last one (see Worker.Snapshot), so that a replica
+	// restored from one knows which deltas follow it.
 	Seq uint64
 	// Entries are the effects.
 	Entries []DeltaEntry
@@ -131,7 +134,7 @@ func (w *Worker) ResetDelta(reason string, d *Delta) { w.reset(reason, d) }
 func (w *Worker) SetCapacityDelta(blocks int, d *Delta) { w.setCapacity(blocks, d) }
 
 // DeltaSeq returns the Seq of the last delta the worker recorded or
-// applied; 0 if none.
+// applied, or of the snapshot it was restored from; 0 if none.
 func (w *Worker) DeltaSeq() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -314,8 +317,8 @@ func (w *Worker) dropKeyLocked(slot int) {
 // than held, counts that would become inconsistent) is skipped and
 // counted in Stats.DeltaMismatches; the others still apply, and the
 // returned error wraps ErrDeltaMismatch, with how many were skipped and
-// the first of them: the worker has diverged from its source. A worker
-// fed engine events refuses deltas
+// the first of them: the worker has diverged from its source and needs a
+// new snapshot (Restore). A worker fed engine events refuses deltas
 // (ErrWorkerKind).
 //
 // The worker runs no capacity eviction or learning of its own (the

@@ -3,21 +3,25 @@ package indexer
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"reflect"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/events"
 )
 
-// fleetIndexes are a source index and a replica index of it, each with
+// fleetIndexes are a source index and two replica indexes of it, each with
 // nw workers added in the same order: worker 0 is the replicated one
-// (fed engine events in the source, keyed in the replica), and the
-// others are ordinary workers fed the same events in both, so that their
-// chains overlap the replicated worker's in every index.
+// (fed engine events in the source, keyed in the replicas), and the
+// others are ordinary workers fed the same events in all three, so that
+// their chains overlap the replicated worker's in every index.
 type fleetIndexes struct {
-	src, fed     *Index
-	srcWs, fedWs []*Worker
+	src, fed, rst       *Index
+	srcWs, fedWs, rstWs []*Worker
 }
 
 func newFleetIndexes(t *testing.T, bs, nw int, cfg Config) *fleetIndexes {
@@ -40,7 +44,53 @@ func newFleetIndexes(t *testing.T, bs, nw int, cfg Config) *fleetIndexes {
 	f := &fleetIndexes{}
 	f.src, f.srcWs = mk(false)
 	f.fed, f.fedWs = mk(true)
+	f.rst, f.rstWs = mk(true)
 	return f
+}
+
+// takeSnapshot takes w's snapshot through the segments' encoding, checking
+// that each segment survives it.
+func takeSnapshot(w *Worker) ([]*SnapshotSegment, error) {
+	var segs []*SnapshotSegment
+	err := w.Snapshot(func(s *SnapshotSegment) error {
+		b, err := s.AppendBinary(nil)
+		if err != nil {
+			return err
+		}
+		var got SnapshotSegment
+		if err := got.UnmarshalBinary(b); err != nil {
+			return err
+		}
+		if !reflect.DeepEqual(&got, s) && !(len(got.Keys) == 0 && len(s.Keys) == 0) {
+			return fmt.Errorf("segment %d does not survive its encoding:\n got %+v\nwant %+v", s.Part, got, *s)
+		}
+		segs = append(segs, &got)
+		return nil
+	})
+	return segs, err
+}
+
+// snapshotOf is takeSnapshot, failing t on an error.
+func snapshotOf(t *testing.T, w *Worker) []*SnapshotSegment {
+	t.Helper()
+	segs, err := takeSnapshot(w)
+	if err != nil {
+		t.Fatalf("snapshot of %s: %v", w.Info().Ref, err)
+	}
+	return segs
+}
+
+// segmentsOf returns a next function for Restore that returns segs, then
+// io.EOF.
+func segmentsOf(segs []*SnapshotSegment) func() (*SnapshotSegment, error) {
+	i := 0
+	return func() (*SnapshotSegment, error) {
+		if i == len(segs) {
+			return nil, io.EOF
+		}
+		i++
+		return segs[i-1], nil
+	}
 }
 
 // residentOf returns the resident counts of a worker's Stats.
@@ -139,9 +189,11 @@ func (u *universe) randomPrompts(r *rand.Rand, n int) [][]Key {
 // clears, resets, capacity evictions and capacity changes) to a source
 // worker with ApplyBatchDelta, beside other workers holding overlapping
 // chains, and checks after every step that a keyed replica fed the deltas
-// (ApplyDelta) has the source's digest and resident counts, no
-// mismatches, and that its index answers every prompt as the source
-// index does; and the trees' invariants.
+// (ApplyDelta), and one restored from a snapshot (of the source, or of the
+// fed replica) at random points and fed the deltas after it, have the
+// source's digest and resident counts, no mismatches, and that their
+// indexes answer every prompt as the source index does; and the trees'
+// invariants.
 func TestReplicasMatchSource(t *testing.T) {
 	seeds, steps := 16, 300
 	if testing.Short() {
@@ -171,6 +223,7 @@ func TestReplicasMatchSource(t *testing.T) {
 			g := &gen{r: r, u: u}
 			prompts := u.prompts()
 			var d Delta
+			restored := false
 			for step := range steps {
 				i := r.IntN(nw)
 				d.Reset()
@@ -187,7 +240,7 @@ func TestReplicasMatchSource(t *testing.T) {
 					steer[0].apply(b)
 				default:
 					b := g.batch(steer[i])
-					for _, ws := range [][]*Worker{f.srcWs, f.fedWs} {
+					for _, ws := range [][]*Worker{f.srcWs, f.fedWs, f.rstWs} {
 						_ = ws[i].ApplyBatch(b)
 					}
 					steer[i].apply(b)
@@ -196,16 +249,38 @@ func TestReplicasMatchSource(t *testing.T) {
 					if err := f.fedWs[0].ApplyDelta(&d); err != nil {
 						t.Fatalf("step %d: fed replica: %v", step, err)
 					}
+					if restored {
+						if err := f.rstWs[0].ApplyDelta(&d); err != nil {
+							t.Fatalf("step %d: restored replica: %v", step, err)
+						}
+					}
+				}
+				if r.IntN(20) == 0 {
+					from := f.srcWs[0]
+					if r.IntN(3) == 0 {
+						from = f.fedWs[0]
+					}
+					if err := f.rstWs[0].Restore(segmentsOf(snapshotOf(t, from))); err != nil {
+						t.Fatalf("step %d: restore: %v", step, err)
+					}
+					if got, want := f.rstWs[0].DeltaSeq(), f.srcWs[0].DeltaSeq(); got != want {
+						t.Fatalf("step %d: restored at seq %d, source at %d", step, got, want)
+					}
+					restored = true
 				}
 				ps := append(prompts, u.randomPrompts(r, 8)...)
 				checkReplica(t, f.src, f.fed, f.srcWs[0], f.fedWs[0], ps, fmt.Sprintf("step %d fed", step))
+				if restored {
+					checkReplica(t, f.src, f.rst, f.srcWs[0], f.rstWs[0], ps, fmt.Sprintf("step %d restored", step))
+				}
 				if step%10 == 9 {
 					checkInvariants(t, f.src)
 					checkInvariants(t, f.fed)
+					checkInvariants(t, f.rst)
 				}
 			}
-			if f.src.collisions.Load() != 0 || f.fed.collisions.Load() != 0 {
-				t.Fatalf("key collisions: source %d, fed %d", f.src.collisions.Load(), f.fed.collisions.Load())
+			if f.src.collisions.Load() != 0 || f.fed.collisions.Load() != 0 || f.rst.collisions.Load() != 0 {
+				t.Fatalf("key collisions: source %d, fed %d, restored %d", f.src.collisions.Load(), f.fed.collisions.Load(), f.rst.collisions.Load())
 			}
 		})
 	}
@@ -213,8 +288,9 @@ func TestReplicasMatchSource(t *testing.T) {
 
 // TestLostDeltaIsDetected drops one random delta on its way to a replica:
 // every later ApplyDelta that returns an error wraps ErrDeltaMismatch and
-// raises Stats.DeltaMismatches, one that returns none leaves it, and the
-// divergence shows (an error or unequal digests).
+// raises Stats.DeltaMismatches, one that returns none leaves it, the
+// divergence shows (an error or unequal digests), and a restore from a
+// snapshot of the source brings the replica back to the source's state.
 func TestLostDeltaIsDetected(t *testing.T) {
 	for seed := range 8 {
 		r := rand.New(rand.NewPCG(uint64(seed), 3))
@@ -263,6 +339,164 @@ func TestLostDeltaIsDetected(t *testing.T) {
 				t.Fatalf("seed %d: digests differ (%#x, %#x) but nothing reported", seed, a, b)
 			}
 		}
+		if err := rep.Restore(segmentsOf(snapshotOf(t, src))); err != nil {
+			t.Fatalf("seed %d: restore: %v", seed, err)
+		}
+		if a, b := src.Digest(), rep.Digest(); a != b {
+			t.Fatalf("seed %d: after restore digest %#x, source %#x", seed, b, a)
+		}
+		sb, sm := residentOf(src)
+		rb, rm := residentOf(rep)
+		if sb != rb || sm != rm {
+			t.Fatalf("seed %d: after restore resident %d %v, source %d %v", seed, rb, rm, sb, sm)
+		}
 		checkInvariants(t, f.fed)
 	}
+}
+
+// TestReplicationConcurrent runs replication as a fleet does, everything
+// at once: the source applies batches with ApplyBatchDelta (numbered by
+// Seq) while its snapshots are taken and other workers of both indexes
+// ingest the same overlapping chains; the replica applies the deltas in
+// order, now and then restores the latest snapshot and replays the
+// deltas after its Seq, while Match runs on its index. Then every answer,
+// digest and count must equal the source's.
+func TestReplicationConcurrent(t *testing.T) {
+	steps := 3000
+	if testing.Short() {
+		steps = 600
+	}
+	r0 := rand.New(rand.NewPCG(9, 9))
+	u := newUniverse(r0, 24, 24, 4)
+	f := newFleetIndexes(t, u.bs, 3, Config{Shards: 8, WorkerCapacity: 80})
+	prompts := u.prompts()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex // guards latest
+		latest   []*SnapshotSegment
+		failed   = make(chan error, 8)
+		deltas   = make(chan Delta, steps)
+		done     = make(chan struct{})
+		stopOnce sync.Once
+	)
+	fail := func(err error) {
+		select {
+		case failed <- err:
+		default:
+		}
+	}
+	stop := func() { stopOnce.Do(func() { close(done) }) }
+	ingest := func(seed uint64, i int, body func(g *gen, steer *refWorker)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ref := newRefIndex()
+			ref.addModel(propModel, u.bs)
+			steer := ref.addWorker(propModel)
+			steer.id = f.srcWs[i].ID()
+			body(&gen{r: rand.New(rand.NewPCG(seed, 1)), u: u}, steer)
+		}()
+	}
+	// The source.
+	ingest(1, 0, func(g *gen, steer *refWorker) {
+		defer close(deltas)
+		for step := range steps {
+			d := Delta{Seq: uint64(step + 1)}
+			b := g.batch(steer)
+			_ = f.srcWs[0].ApplyBatchDelta(b, &d)
+			steer.apply(b)
+			deltas <- d
+		}
+	})
+	// The other workers, the same events in both indexes.
+	for i := 1; i < 3; i++ {
+		ingest(uint64(10+i), i, func(g *gen, steer *refWorker) {
+			for step := 0; step < steps; step++ {
+				b := g.batch(steer)
+				_ = f.srcWs[i].ApplyBatch(b)
+				_ = f.fedWs[i].ApplyBatch(b)
+				steer.apply(b)
+			}
+		})
+	}
+	// Snapshots of the source.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			segs, err := takeSnapshot(f.srcWs[0])
+			if err != nil {
+				fail(err)
+				return
+			}
+			mu.Lock()
+			latest = segs
+			mu.Unlock()
+		}
+	}()
+	// Scores on the replica's index.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var dst []Match
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			dst = f.fed.Match(prompts[i%len(prompts)], nil, dst[:0])
+		}
+	}()
+	// The replica.
+	rep := f.fedWs[0]
+	var history []Delta // by Seq-1
+	restores := 0
+	r := rand.New(rand.NewPCG(5, 5))
+	for d := range deltas {
+		history = append(history, Delta{Seq: d.Seq, Entries: slices.Clone(d.Entries)})
+		if d.Seq <= rep.DeltaSeq() {
+			continue // the snapshot restored already has it
+		}
+		if err := rep.ApplyDelta(&d); err != nil {
+			t.Fatalf("delta %d: %v", d.Seq, err)
+		}
+		if r.IntN(30) != 0 {
+			continue
+		}
+		mu.Lock()
+		segs := latest
+		mu.Unlock()
+		if segs == nil {
+			continue
+		}
+		if err := rep.Restore(segmentsOf(segs)); err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+		restores++
+		// The deltas after the snapshot that the replica has received.
+		for s := rep.DeltaSeq(); s < d.Seq; s++ {
+			if err := rep.ApplyDelta(&history[s]); err != nil {
+				t.Fatalf("replayed delta %d after a snapshot at %d: %v", s+1, rep.DeltaSeq(), err)
+			}
+		}
+	}
+	stop()
+	wg.Wait()
+	select {
+	case err := <-failed:
+		t.Fatal(err)
+	default:
+	}
+	if restores == 0 {
+		t.Fatal("no restore ran")
+	}
+	checkReplica(t, f.src, f.fed, f.srcWs[0], rep, append(prompts, u.randomPrompts(r, 50)...), "at the end")
+	checkInvariants(t, f.src)
+	checkInvariants(t, f.fed)
 }

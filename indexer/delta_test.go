@@ -133,8 +133,9 @@ func TestDeltaRecordsEffects(t *testing.T) {
 
 // TestReplicaSumsAliasesAndDups builds a key held by two blocks of the
 // source (an alias), one of them stored twice, and checks that the
-// replica's one entry has the summed counts and that removals then end
-// the key exactly when the source's last block there goes.
+// replica's one entry has the summed counts (as its snapshot shows) and
+// that removals then end the key exactly when the source's last block
+// there goes.
 func TestReplicaSumsAliasesAndDups(t *testing.T) {
 	ix, ws := newTestIndex(t, "a")
 	w := ws[0]
@@ -153,12 +154,13 @@ func TestReplicaSumsAliasesAndDups(t *testing.T) {
 		checkReplica(t, ix, rix, w, rep, [][]Key{{k}}, what)
 	}
 	step("stores", chain(1, 0, 0, 1), chain(1, 0, 0, 1), stored(0, false, []uint64{7}, seqTokens(0, 4)), offload(cpu, 7))
-	rep.mu.Lock()
-	slot, _ := rep.engine.Get(uint64(k))
-	kc := rep.countsLocked(slot)
-	rep.mu.Unlock()
-	if want := (keyCounts{blocks: 2, in: [events.NumMedia]uint32{gpu: 2, cpu: 1}, refs: [events.NumMedia]uint32{gpu: 3, cpu: 1}}); kc != want {
-		t.Fatalf("replica's counts %+v, want %+v", kc, want)
+	segs := snapshotOf(t, rep)
+	want := SnapshotKey{Key: k, Blocks: 2, BlocksIn: [events.NumMedia]uint32{gpu: 2, cpu: 1}, Refs: [events.NumMedia]uint32{gpu: 3, cpu: 1}}
+	if len(segs) != 1 || len(segs[0].Keys) != 1 || segs[0].Keys[0] != want {
+		t.Fatalf("replica's snapshot %+v, want the one key %+v", segs, want)
+	}
+	if src := snapshotOf(t, w); !reflect.DeepEqual(src, segs) {
+		t.Fatalf("source's snapshot %+v, replica's %+v", src, segs)
 	}
 	step("one store of two", removed(gpu, 1))
 	step("the alias's GPU store", removed(gpu, 7))
@@ -224,12 +226,16 @@ func TestApplyDeltaMismatches(t *testing.T) {
 	if got, want := sortMatches(rix.Match(k, nil, nil)), sortMatches(ix.Match(k, nil, nil)); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Match %+v, source's %+v", got, want)
 	}
+	seg := snapshotOf(t, rep)[0]
+	if got := seg.Keys[0]; got.Key != k[0] || got.Refs[gpu] != 2 || got.Blocks != 1 {
+		t.Fatalf("replica's first key %+v: want k[0], one block stored twice in GPU", got)
+	}
 	checkInvariants(t, rix)
 }
 
 // TestWorkerKinds checks that keyed workers refuse engine events and
-// workers fed engine events refuse deltas, with ErrWorkerKind, changing
-// nothing.
+// workers fed engine events refuse deltas and snapshots, with
+// ErrWorkerKind, changing nothing.
 func TestWorkerKinds(t *testing.T) {
 	_, ws := newTestIndex(t, "a")
 	_, rep := newKeyedIndex(t, Config{})
@@ -243,6 +249,9 @@ func TestWorkerKinds(t *testing.T) {
 	d.Entries = []DeltaEntry{{Op: OpClear}}
 	if err := ws[0].ApplyDelta(&d); !errors.Is(err, ErrWorkerKind) {
 		t.Fatalf("ApplyDelta on a worker fed engine events: %v", err)
+	}
+	if err := ws[0].Restore(segmentsOf(nil)); !errors.Is(err, ErrWorkerKind) {
+		t.Fatalf("Restore on a worker fed engine events: %v", err)
 	}
 	if rep.Stats().ResidentBlocks != 0 || rep.Stats().DeltaMismatches != 0 || rep.DeltaSeq() != 0 {
 		t.Fatalf("keyed worker changed: %+v", rep.Stats())

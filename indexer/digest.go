@@ -3,8 +3,8 @@ package indexer
 // Digest returns an order-independent digest of the worker's resident
 // set, the (content key, media mask) pairs of the keys it holds (a key's
 // mask is the union over its blocks): the sum, modulo 2^64, of a 64-bit
-// mix of each pair. A source worker and every replica fed from it (see
-// Delta) have equal digests when they hold the same keys in
+// mix of each pair. A source worker and every replica restored or fed
+// from it (see Delta) have equal digests when they hold the same keys in
 // the same media; when they do not, the digests differ but for a chance
 // of about 2^-64 (keys are hashes, and the mix is a bijection of the key
 // for each mask). Store and block counts are not part of it. An empty

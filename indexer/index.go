@@ -33,14 +33,17 @@ var (
 	ErrUnknownWorker = errors.New("indexer: unknown worker")
 	// ErrRemovedWorker: events reached the handle of a worker that was removed.
 	ErrRemovedWorker = errors.New("indexer: worker was removed")
-	// ErrWorkerKind: a call for keyed workers (ApplyDelta) reached
+	// ErrWorkerKind: a call for keyed workers (ApplyDelta, Restore) reached
 	// a worker fed engine events, or engine events reached a keyed worker
 	// (see WorkerInfo.Keyed).
 	ErrWorkerKind = errors.New("indexer: wrong kind of worker")
 	// ErrDeltaMismatch: effects of a delta did not fit the keyed worker's
-	// state and were skipped (see Worker.ApplyDelta); the worker has
-	// diverged from its source.
+	// state and were skipped (see Worker.ApplyDelta); the worker needs a
+	// new snapshot.
 	ErrDeltaMismatch = errors.New("indexer: delta does not fit the worker")
+	// ErrBadSnapshot: a snapshot is incomplete, out of order or
+	// inconsistent (see Worker.Restore); nothing of it was applied.
+	ErrBadSnapshot = errors.New("indexer: bad snapshot")
 )
 
 // WorkerID is a worker's dense index in one Index, assigned by AddWorker.
@@ -59,7 +62,7 @@ type WorkerInfo struct {
 	Endpoint string
 	// Keyed makes the worker a replica of a worker of another index (see
 	// Delta): it is fed that worker's effects keyed by content key
-	// (Worker.ApplyDelta) instead of engine events, which
+	// (Worker.ApplyDelta, Worker.Restore) instead of engine events, which
 	// it refuses with ErrWorkerKind. Its engine map is keyed by content
 	// key, one entry per key, whose store counts are the sums over the
 	// source worker's blocks at the key; it has no capacity of its own

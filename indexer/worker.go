@@ -21,14 +21,15 @@ import (
 // # Concurrency
 //
 // ApplyBatch, Reset and SetCapacity (and their recording variants),
-// ApplyDelta and Digest serialise on mu; Stats reads atomics (and lastReset under mu) and may run at any
+// ApplyDelta, Restore, Snapshot's gathering of keys and Digest serialise
+// on mu; Stats reads atomics (and lastReset under mu) and may run at any
 // time.
 //
 // # Kinds
 //
 // A worker is fed engine events (ApplyBatch, or ApplyBatchDelta to record
 // them for replicas: see Delta), or, when added with WorkerInfo.Keyed, is
-// a replica fed keyed effects (ApplyDelta), whose engine map is
+// a replica fed keyed effects (ApplyDelta, Restore), whose engine map is
 // keyed by content key with per-key counts (keyCounts) in place of dups
 // and aliases. Each kind refuses the other's calls (ErrWorkerKind).
 //
@@ -103,7 +104,8 @@ type Worker struct {
 	// rec is the delta that the call being applied records its effects
 	// in (ApplyBatchDelta, ResetDelta, SetCapacityDelta), nil otherwise.
 	rec *Delta
-	// deltaSeq is the Seq of the last delta recorded or applied.
+	// deltaSeq is the Seq of the last delta recorded or applied, or of the
+	// snapshot restored (see Snapshot).
 	deltaSeq uint64
 
 	c counters
