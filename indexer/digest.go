@@ -11,11 +11,12 @@ package indexer
 // worker's digest is 0.
 //
 // It is taken under the worker's mutex, so it is the digest of the state
-// after some batch. Cost (BenchmarkDigest, docs/benchmarks.md): O(blocks)
-// and no allocation; a keyed worker's engine map holds the keys
-// themselves, while a worker fed engine events reads each block's key in
-// the tree, taking a node lock where the block's node differs from the
-// previous one's (most blocks: the engine map is in hash order).
+// after some batch. Cost: O(blocks) and no allocation; a keyed worker's
+// engine map holds the keys themselves, while a worker fed engine events
+// reads each block's key in the tree, taking a node lock where the
+// block's node differs from the previous one's (most blocks: the engine
+// map is in hash order). BenchmarkDigest (docs/benchmarks.md): 20 ns per
+// block fed engine events, 3.3 ns keyed.
 func (w *Worker) Digest() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()

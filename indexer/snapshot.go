@@ -93,10 +93,11 @@ func (sk *SnapshotKey) counts() keyCounts {
 // workers fed engine events and keyed workers alike; an empty worker's
 // snapshot is one empty segment.
 //
-// Cost (BenchmarkSnapshot, docs/benchmarks.md): O(blocks log blocks)
-// under the mutex (the blocks sorted by position, one node lock per node
-// run, a binary search per parent), plus the placeholders; memory for the
-// keys (72 bytes each) until it returns.
+// Cost: O(blocks log blocks) under the mutex (the blocks sorted by
+// position, a node lock per run of keys in one node, a binary search per
+// parent in another node), plus the placeholders; memory for the keys
+// (72 bytes each) until it returns. BenchmarkSnapshot (docs/benchmarks.md):
+// 8.5 ms for 30,000 blocks, encoding included.
 func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
 	keys, seq, digest, err := w.snapshotKeys()
 	if err != nil {
@@ -287,9 +288,11 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 // when Restore returns (readers may see part of it earlier, as with a
 // batch). A worker fed engine events refuses snapshots (ErrWorkerKind).
 //
-// Cost (BenchmarkRestore, docs/benchmarks.md): O(keys) map operations to
-// check the snapshot, then a clear (O(blocks log blocks)) and per key the
-// tree work of a store; memory for the keys until it returns.
+// Cost: O(keys) map operations to check the snapshot, then a clear of
+// what the worker held (O(blocks log blocks)) and per key the tree work
+// of a store; memory for the keys until it returns. BenchmarkRestore
+// (docs/benchmarks.md): 12.9 ms for 30,000 blocks, a third each for the
+// checks, the clear and the tree.
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
