@@ -44,6 +44,25 @@
 // Blocks dropped for the capacity or the memory budget are counted as
 // evictions.
 //
+// # Replication
+//
+// A worker's resident set can be replicated into another index, which
+// sees only content keys. The source applies its events with
+// Worker.ApplyBatchDelta, which records what each batch did as a Delta:
+// stores and removals of references to keys, drops of whole blocks and
+// clears, each saying whether it starts or ends one of the source's
+// blocks (engine entries) or its residency in a medium, and where a new
+// key attaches in the tree. A keyed worker (WorkerInfo.Keyed) is built
+// from a Snapshot (every held key with its counts summed over the
+// source's blocks at the key, in tree order, with the unheld ancestors a
+// key needs to be placed under its true parent) by Worker.Restore, and
+// then applies the deltas after it with Worker.ApplyDelta. It then holds
+// the same keys in the same media at the same places in the tree, so
+// Match answers for it as the source's index does, with the same
+// resident counts; Worker.Digest proves the resident sets equal. An
+// effect that does not fit a keyed worker's state is counted and
+// reported (ErrDeltaMismatch), for the caller to restore it anew.
+//
 // # Concurrency
 //
 // Index and Worker are safe for concurrent use. Match takes no lock on the

@@ -33,6 +33,17 @@ var (
 	ErrUnknownWorker = errors.New("indexer: unknown worker")
 	// ErrRemovedWorker: events reached the handle of a worker that was removed.
 	ErrRemovedWorker = errors.New("indexer: worker was removed")
+	// ErrWorkerKind: a call for keyed workers (ApplyDelta, Restore) reached
+	// a worker fed engine events, or engine events reached a keyed worker
+	// (see WorkerInfo.Keyed).
+	ErrWorkerKind = errors.New("indexer: wrong kind of worker")
+	// ErrDeltaMismatch: effects of a delta did not fit the keyed worker's
+	// state and were skipped (see Worker.ApplyDelta); the worker needs a
+	// new snapshot.
+	ErrDeltaMismatch = errors.New("indexer: delta does not fit the worker")
+	// ErrBadSnapshot: a snapshot is incomplete, out of order or
+	// inconsistent (see Worker.Restore); nothing of it was applied.
+	ErrBadSnapshot = errors.New("indexer: bad snapshot")
 )
 
 // WorkerID is a worker's dense index in one Index, assigned by AddWorker.
@@ -49,6 +60,15 @@ type WorkerInfo struct {
 	Model string
 	// Endpoint is where its events come from, for display.
 	Endpoint string
+	// Keyed makes the worker a replica of a worker of another index (see
+	// Delta): it is fed that worker's effects keyed by content key
+	// (Worker.ApplyDelta, Worker.Restore) instead of engine events, which
+	// it refuses with ErrWorkerKind. Its engine map is keyed by content
+	// key, one entry per key, whose store counts are the sums over the
+	// source worker's blocks at the key; it has no capacity of its own
+	// (the source applied its capacity), and the memory budget evicts
+	// from it as from any worker.
+	Keyed bool
 }
 
 // Model is one model namespace of the index.
@@ -653,6 +673,9 @@ type Stats struct {
 	// beyond the worker's capacity (removals were lost) or, of those,
 	// BudgetEvictions for the index's memory budget.
 	Evictions, BudgetEvictions int64
+	// DeltaMismatches counts effects of deltas that did not fit a keyed
+	// worker's state and were skipped (see Worker.ApplyDelta).
+	DeltaMismatches int64
 	// Capacity is the most blocks the worker may hold before its least
 	// recently stored ones are evicted: configured, or learned (see
 	// Worker.SetCapacity); 0 while unbounded.
@@ -672,6 +695,7 @@ type counters struct {
 	blockSize, invalid, group atomic.Int64
 	clears, resets            atomic.Int64
 	evictions, budgetEvict    atomic.Int64
+	deltaMismatches           atomic.Int64
 	capacity                  atomic.Int64
 	lastApply                 atomic.Int64 // unix nanoseconds
 }

@@ -24,7 +24,11 @@ import (
 //     an offset inside the run, where the tree has w holding the key in
 //     exactly the media of the entries there; aliases count exactly the
 //     keys two or more entries resolve to, and their entries' media; the
-//     resident counts are the sums over the entries.
+//     resident counts are the sums over the entries;
+//   - for a keyed worker, in place of dups and aliases: an entry has
+//     keyCounts exactly when its dup bit is set, and they are valid, not
+//     simple and hold the entry's media; the resident counts are the sums
+//     of the counts.
 //
 // Callers hold w.mu and no node lock. Cost: O(w's engine entries + keys
 // of the nodes checked), with allocation: for tests only.
@@ -58,7 +62,16 @@ func (w *Worker) assertInvariantsLocked() {
 		if m == 0 {
 			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x holds no medium", w.info.Ref, h))
 		}
-		if r := w.dups[h]; e.dup() != (r != nil) {
+		if w.info.Keyed {
+			if kc := w.keyed[h]; e.dup() != (kc != nil) {
+				brokenInvariant(fmt.Sprintf("worker %s: keyed entry %#x has dup %v, counts %v", w.info.Ref, h, e.dup(), kc))
+			} else if kc != nil {
+				dups++
+				if !kc.valid() || kc.simple() || kc.media() != m {
+					brokenInvariant(fmt.Sprintf("worker %s: keyed entry %#x in media %06b has counts %+v", w.info.Ref, h, m, *kc))
+				}
+			}
+		} else if r := w.dups[h]; e.dup() != (r != nil) {
 			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x has dup %v, store counts %v", w.info.Ref, h, e.dup(), r))
 		} else if r != nil {
 			dups++
@@ -82,16 +95,37 @@ func (w *Worker) assertInvariantsLocked() {
 		}
 		a.entries++
 		a.media |= m
-		res++
 		for i := range events.NumMedia {
 			if m&(1<<i) != 0 {
 				a.by[i]++
+			}
+		}
+		if w.info.Keyed {
+			kc := w.countsLocked(slot)
+			res += int64(kc.blocks)
+			for i, n := range kc.in {
+				resBy[i] += int64(n)
+			}
+			continue
+		}
+		res++
+		for i := range events.NumMedia {
+			if m&(1<<i) != 0 {
 				resBy[i]++
 			}
 		}
 	}
-	if dups != len(w.dups) {
-		brokenInvariant(fmt.Sprintf("worker %s: %d store counts kept for %d entries stored more than once", w.info.Ref, len(w.dups), dups))
+	sides := len(w.dups)
+	if w.info.Keyed {
+		sides = len(w.keyed)
+		if len(w.dups) != 0 || len(w.aliases) != 0 {
+			brokenInvariant(fmt.Sprintf("worker %s: keyed, with %d store counts and %d aliases of engine entries", w.info.Ref, len(w.dups), len(w.aliases)))
+		}
+	} else if len(w.keyed) != 0 {
+		brokenInvariant(fmt.Sprintf("worker %s: fed engine events, with %d keyed counts", w.info.Ref, len(w.keyed)))
+	}
+	if dups != sides {
+		brokenInvariant(fmt.Sprintf("worker %s: %d store counts kept for %d entries stored more than once", w.info.Ref, sides, dups))
 	}
 	if res != w.res || resBy != w.resBy {
 		brokenInvariant(fmt.Sprintf("worker %s: resident counts %d %v, engine entries say %d %v", w.info.Ref, w.res, w.resBy, res, resBy))

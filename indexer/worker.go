@@ -20,8 +20,18 @@ import (
 //
 // # Concurrency
 //
-// ApplyBatch, Reset and SetCapacity serialise on mu; Stats reads atomics
-// (and lastReset under mu) and may run at any time.
+// ApplyBatch, Reset and SetCapacity (and their recording variants),
+// ApplyDelta, Restore, Snapshot's gathering of keys and Digest serialise
+// on mu; Stats reads atomics (and lastReset under mu) and may run at any
+// time.
+//
+// # Kinds
+//
+// A worker is fed engine events (ApplyBatch, or ApplyBatchDelta to record
+// them for replicas: see Delta), or, when added with WorkerInfo.Keyed, is
+// a replica fed keyed effects (ApplyDelta, Restore), whose engine map is
+// keyed by content key with per-key counts (keyCounts) in place of dups
+// and aliases. Each kind refuses the other's calls (ErrWorkerKind).
 //
 // # Capacity
 //
@@ -86,6 +96,17 @@ type Worker struct {
 	// medium, so that the worker's residency of the key ends with the last
 	// one. nil when there are none.
 	aliases map[loc]*alias
+	// keyed has, for a keyed worker (WorkerInfo.Keyed), the counts of the
+	// keys that are not one block with one store per medium (their
+	// entries' dup bit), by key. nil when there are none, and always for
+	// workers fed engine events.
+	keyed map[uint64]*keyCounts
+	// rec is the delta that the call being applied records its effects
+	// in (ApplyBatchDelta, ResetDelta, SetCapacityDelta), nil otherwise.
+	rec *Delta
+	// deltaSeq is the Seq of the last delta recorded or applied, or of the
+	// snapshot restored (see Snapshot).
+	deltaSeq uint64
 
 	c counters
 }
@@ -156,7 +177,8 @@ func (w *Worker) locOf(e engineEntry) loc {
 	return loc{w.ix.nodes.get(e.node(), e.gen()), e.off()}
 }
 
-// refsOf returns the store counts per medium of the entry in slot.
+// refsOf returns the store counts per medium of the entry in slot, of a
+// worker fed engine events (a keyed worker's are its keyCounts).
 func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	e := w.entry(slot)
 	if e.dup() {
@@ -211,6 +233,7 @@ func (w *Worker) Stats() Stats {
 		Resets:              w.c.resets.Load(),
 		Evictions:           w.c.evictions.Load(),
 		BudgetEvictions:     w.c.budgetEvict.Load(),
+		DeltaMismatches:     w.c.deltaMismatches.Load(),
 		Capacity:            w.c.capacity.Load(),
 	}
 	for m := range s.ResidentByMedium {
@@ -228,8 +251,13 @@ func (w *Worker) Stats() Stats {
 // SetCapacity sets the most blocks the worker may hold in all media
 // together, e.g. vLLM's num_gpu_blocks plus its offload tiers' sizes when
 // they are known: blocks > 0 bounds it (evicting at once if the worker
-// holds more), 0 returns to learning it, < 0 makes it unbounded.
-func (w *Worker) SetCapacity(blocks int) {
+// holds more), 0 returns to learning it, < 0 makes it unbounded. A keyed
+// worker has no capacity of its own; it keeps the setting and ignores it.
+func (w *Worker) SetCapacity(blocks int) { w.setCapacity(blocks, nil) }
+
+// setCapacity is SetCapacity, recording its evictions in d when d is not
+// nil (SetCapacityDelta).
+func (w *Worker) setCapacity(blocks int, d *Delta) {
 	w.mu.Lock()
 	if w.gone {
 		w.mu.Unlock()
@@ -237,7 +265,9 @@ func (w *Worker) SetCapacity(blocks int) {
 	}
 	before := w.res
 	w.capConfigured = int64(max(blocks, -1))
+	w.rec = d
 	w.enforceCapacityLocked()
+	w.endRecordLocked(d)
 	w.endLocked()
 	delta := w.res - before
 	w.mu.Unlock()
@@ -248,6 +278,8 @@ func (w *Worker) SetCapacity(blocks int) {
 // hold w.mu.
 func (w *Worker) capacityLocked() int64 {
 	switch {
+	case w.info.Keyed:
+		return 0
 	case w.capConfigured > 0:
 		return w.capConfigured
 	case w.capConfigured < 0:
@@ -297,10 +329,12 @@ func (w *Worker) evictLocked(n int64) int64 {
 // returns how many it evicted.
 func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
+	before := w.res
 	done := w.evictLocked(n)
 	w.endLocked()
+	delta := w.res - before // -done, but for keys of several blocks of a keyed worker
 	w.mu.Unlock()
-	w.ix.resident.Add(-done)
+	w.ix.resident.Add(delta)
 	w.c.evictions.Add(done)
 	w.c.budgetEvict.Add(done)
 	return done
@@ -329,7 +363,8 @@ const fullAttention = "full_attention"
 // ApplyBatch applies b's events in order (events.Sink). An event that cannot
 // be applied is counted and skipped; the others still apply. The returned
 // error joins one error per problem, each naming the event. The batch's
-// changes are visible to Match when ApplyBatch returns.
+// changes are visible to Match when ApplyBatch returns. A keyed worker
+// refuses engine events (ErrWorkerKind).
 //
 // Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
 // 230 ns per stored block, its later removal included (4.1-4.4 M blocks/s
@@ -340,13 +375,21 @@ const fullAttention = "full_attention"
 // misses are a fifth of the time, the engine map's work two fifths. The
 // map+mutex baseline (BenchmarkNaiveApply) does 1.0 M blocks/s with 318
 // allocations.
-func (w *Worker) ApplyBatch(b *events.Batch) error {
+func (w *Worker) ApplyBatch(b *events.Batch) error { return w.applyBatch(b, nil) }
+
+// applyBatch is ApplyBatch, recording the batch's effects in d when d is
+// not nil (ApplyBatchDelta).
+func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
+	if w.info.Keyed {
+		return fmt.Errorf("%w: worker %s is keyed (batch of %d engine events not applied)", ErrWorkerKind, w.info.Ref, len(b.Events))
+	}
 	w.mu.Lock()
 	if w.gone {
 		w.mu.Unlock()
 		return fmt.Errorf("%w: %s (batch of %d events not applied)", ErrRemovedWorker, w.info.Ref, len(b.Events))
 	}
 	before := w.res
+	w.rec = d
 	var errs []error
 	for i := range b.Events {
 		if err := w.applyLocked(&b.Events[i]); err != nil {
@@ -354,6 +397,7 @@ func (w *Worker) ApplyBatch(b *events.Batch) error {
 		}
 	}
 	w.enforceCapacityLocked()
+	w.endRecordLocked(d)
 	w.endLocked()
 	delta := w.res - before
 	w.mu.Unlock()
@@ -365,15 +409,21 @@ func (w *Worker) ApplyBatch(b *events.Batch) error {
 
 // Reset forgets every block of the worker (events.Sink), e.g. after an
 // engine restart.
-func (w *Worker) Reset(reason string) {
+func (w *Worker) Reset(reason string) { w.reset(reason, nil) }
+
+// reset is Reset, recording its effect in d when d is not nil
+// (ResetDelta).
+func (w *Worker) reset(reason string, d *Delta) {
 	w.mu.Lock()
 	if w.gone {
 		w.mu.Unlock()
 		return
 	}
 	before := w.res
+	w.rec = d
 	w.clearLocked()
 	w.lastReset = reason
+	w.endRecordLocked(d)
 	w.endLocked()
 	w.mu.Unlock()
 	w.ix.resident.Add(-before)
@@ -446,7 +496,15 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 				continue
 			}
 			w.engine.Touch(slot)
-			w.engine.SetVal(slot, uint64(w.addRefLocked(h, w.entry(slot), medium)))
+			e := w.entry(slot)
+			ne, counted := w.addRefLocked(h, e, medium)
+			w.engine.SetVal(slot, uint64(ne))
+			if counted && w.rec != nil {
+				l := w.locOf(e)
+				k := w.cur.keyAt(l)
+				p, hasParent := w.parentOfLocked(l)
+				w.recStore(k, p, hasParent, medium, false, e.media()&(1<<medium) == 0)
+			}
 		}
 		if unknown > 0 {
 			w.c.unknown.Add(int64(unknown))
@@ -514,7 +572,11 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 			if c.keyAt(l) == k {
 				// Stored again: one more reference.
 				w.engine.Touch(slot)
-				w.engine.SetVal(slot, uint64(w.addRefLocked(h, e, medium)))
+				ne, counted := w.addRefLocked(h, e, medium)
+				w.engine.SetVal(slot, uint64(ne))
+				if counted && w.rec != nil {
+					w.recStore(k, parentKey, parent.n != nil, medium, false, e.media()&(1<<medium) == 0)
+				}
 				parent, parentKey = l, k
 				continue
 			}
@@ -537,7 +599,19 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 			w.resBy[medium]++
 		} else {
 			w.joinLocked(l)
-			e = w.addRefLocked(h, newEntry(l, 0), medium)
+			e, _ = w.addRefLocked(h, newEntry(l, 0), medium)
+		}
+		if w.rec != nil {
+			w.recStore(k, parentKey, parent.n != nil, medium, true, true)
+			if known {
+				// The entry's old key was dropped first, and may be the
+				// parent (the engine reused its parent's hash, or one hash
+				// twice in an event). The two effects commute on counts;
+				// recorded store first, a replica still holds the parent
+				// when it creates the key under it.
+				es := w.rec.Entries
+				es[len(es)-2], es[len(es)-1] = es[len(es)-1], es[len(es)-2]
+			}
 		}
 		if known {
 			w.engine.SetVal(slot, uint64(e))
@@ -572,9 +646,10 @@ func orphanRoot(w WorkerID, parentHash uint64) Key {
 // addRefLocked counts one more store in medium m of the block of engine
 // hash h with entry e (media 0 for a block not yet stored anywhere),
 // adding the medium to the worker's residency of its key on the first,
-// and returns the entry updated; the caller writes it to the engine map.
+// and returns the entry updated, which the caller writes to the engine
+// map, and whether the store counted (not when the count was saturated).
 // Callers hold w.mu.
-func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) engineEntry {
+func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) (engineEntry, bool) {
 	bit := uint8(1) << m
 	if e.media() == 0 {
 		w.res++
@@ -591,15 +666,17 @@ func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) engineEn
 		if e.dup() {
 			w.dups[h][m] = 1
 		}
-		return e.with(e.media() | bit)
+		return e.with(e.media() | bit), true
 	}
 	// Stored again in m: the counts move to dups (saturating at 255: a
 	// saturated count takes 255 removals).
 	if e.dup() {
-		if r := w.dups[h]; r[m] < math.MaxUint8 {
-			r[m]++
+		r := w.dups[h]
+		if r[m] == math.MaxUint8 {
+			return e, false
 		}
-		return e
+		r[m]++
+		return e, true
 	}
 	r := new([events.NumMedia]uint8)
 	for i := range r {
@@ -612,14 +689,21 @@ func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) engineEn
 		w.dups = make(map[uint64]*[events.NumMedia]uint8)
 	}
 	w.dups[h] = r
-	return e | entryDup
+	return e | entryDup, true
 }
 
 // dropEntryLocked removes all of the residency of the block in slot from
 // the index and its counts, without deleting it from the engine map (the
 // caller deletes it, or points it at another key). Callers hold w.mu.
 func (w *Worker) dropEntryLocked(slot int) {
+	if w.info.Keyed {
+		w.dropKeyLocked(slot)
+		return
+	}
 	e := w.entry(slot)
+	if w.rec != nil {
+		w.recDrop(w.cur.keyAt(w.locOf(e)), w.refsOf(slot))
+	}
 	mask := e.media()
 	for m := range events.NumMedia {
 		if mask&(1<<m) != 0 {
@@ -728,6 +812,9 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 					delete(w.dups, h)
 					w.engine.SetVal(slot, uint64(e&^entryDup))
 				}
+				if w.rec != nil {
+					w.recRemove(w.cur.keyAt(w.locOf(e)), m, false, false)
+				}
 				continue
 			}
 			r[m] = 0
@@ -735,7 +822,11 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 		w.resBy[m]--
 		e = e.with(e.media() &^ bit)
 		gone := e.media() == 0
-		w.releaseLocked(w.locOf(e), bit, gone)
+		l := w.locOf(e)
+		w.releaseLocked(l, bit, gone)
+		if w.rec != nil {
+			w.recRemove(w.cur.keyAt(l), m, gone, true)
+		}
 		if gone {
 			w.res--
 			w.engine.Delete(slot)
@@ -765,6 +856,9 @@ func anyAbove1(r *[events.NumMedia]uint8) bool {
 // Cost: O(blocks log blocks); the blocks are released in tree order, so
 // runs of one node become one holder-set change each.
 func (w *Worker) clearLocked() {
+	if w.rec != nil {
+		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpClear})
+	}
 	w.evict = w.evict[:0]
 	for slot := range w.engine.All() {
 		w.evict = append(w.evict, uint64(w.entry(slot)))
@@ -781,6 +875,7 @@ func (w *Worker) clearLocked() {
 	w.evict = nil
 	w.dups = nil
 	w.aliases = nil
+	w.keyed = nil
 	w.res = 0
 	w.resBy = [events.NumMedia]int64{}
 }

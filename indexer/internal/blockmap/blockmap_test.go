@@ -240,3 +240,39 @@ func TestEpochsWrap(t *testing.T) {
 		}
 	}
 }
+
+// TestReserve checks that a map with room reserved for n entries takes
+// them without growing, keeps what it held, and that reserving less than
+// it has room for changes nothing.
+func TestReserve(t *testing.T) {
+	var m Map
+	for h := uint64(1); h <= 100; h++ {
+		m.Insert(h, h)
+	}
+	const n = 100000
+	m.Reserve(n)
+	nb := m.nb
+	m.Reserve(10)
+	if m.nb != nb {
+		t.Fatalf("Reserve(10) changed the table from %d to %d buckets", nb, m.nb)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for m.Len() < n {
+		h := r.Uint64()
+		if _, ok := m.Get(h); !ok {
+			m.Insert(h, h&valueMask|1)
+		}
+	}
+	if m.nb != nb {
+		t.Fatalf("%d inserts after Reserve(%d) grew the table from %d to %d buckets", n-100, n, nb, m.nb)
+	}
+	if full := float64(m.Len()) / float64(len(m.b)*ways); full < 0.85 {
+		t.Fatalf("the reserved table is %.2f full at %d entries", full, n)
+	}
+	for h := uint64(1); h <= 100; h++ {
+		if i, ok := m.Get(h); !ok || m.Val(i) != h {
+			t.Fatalf("entry %d lost by Reserve", h)
+		}
+	}
+	m.check(t)
+}

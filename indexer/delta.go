@@ -1,0 +1,619 @@
+package indexer
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// Replication. A worker fed engine events (the source) can record what
+// each batch did to its resident set, resolved to content keys, as a
+// Delta; a keyed worker (WorkerInfo.Keyed) of another index applies those
+// deltas (ApplyDelta) after restoring a Snapshot, and then holds what the
+// source holds: the same keys in the same media at the same places in the
+// tree (so Match gives the same answers for it), the same resident block
+// counts, and the same Digest. The replica never sees engine hashes or
+// token ids.
+//
+// The source's resident set is its engine entries (blocks): each resolves
+// to a key and holds store counts per medium; several entries may resolve
+// to one key (aliases), and a block may be stored more than once in a
+// medium (dups). The replica keeps one entry per key whose counts are the
+// sums over the source's blocks at the key: blocks, blocks per medium and
+// stores per medium. Effects say which of those they change, so that the
+// sums stay exact.
+
+// DeltaOp is what a DeltaEntry does.
+type DeltaOp uint8
+
+// The effects a batch can have on a worker's resident set. The zero
+// DeltaOp is invalid.
+const (
+	// OpStore is one more store of Key in Medium. BlockEdge says it is the
+	// first store of one of the source's blocks (an engine entry: a new
+	// resident block, or a new alias of the key); MediumEdge that it is the
+	// first store of its block in Medium (implied by BlockEdge). Parent and
+	// HasParent say where the key attaches in the tree: under the key
+	// Parent, or at top level when HasParent is false (as blocks of a
+	// model or adapter root and orphans are); a replica uses them only
+	// when it creates the key.
+	OpStore DeltaOp = iota + 1
+	// OpRemove is one store less of Key in Medium. MediumEdge says it was
+	// its block's last store in Medium, BlockEdge that it was its block's
+	// last store at all (the block is no longer resident; implies
+	// MediumEdge).
+	OpRemove
+	// OpDrop is one of the source's blocks at Key leaving with all its
+	// stores, Refs of them in each medium: a capacity eviction, or an
+	// engine hash moved to other content.
+	OpDrop
+	// OpClear is every block leaving (AllBlocksCleared, Reset).
+	OpClear
+)
+
+var deltaOpNames = [...]string{"invalid", "store", "remove", "drop", "clear"}
+
+// String returns the op's name.
+func (op DeltaOp) String() string {
+	if int(op) < len(deltaOpNames) {
+		return deltaOpNames[op]
+	}
+	return fmt.Sprintf("op(%d)", uint8(op))
+}
+
+// DeltaEntry is one effect on a worker's resident set (see DeltaOp for
+// what each field means for each op). It is 32 bytes.
+type DeltaEntry struct {
+	// Key is the content key the effect is on (unused by OpClear).
+	Key Key
+	// Parent is the key Key attaches under when HasParent (OpStore).
+	Parent Key
+	// Op is the effect.
+	Op DeltaOp
+	// Medium is the medium of an OpStore or OpRemove.
+	Medium events.Medium
+	// HasParent says Key attaches under Parent rather than at top level.
+	HasParent bool
+	// BlockEdge and MediumEdge say an OpStore or OpRemove starts or ends
+	// one of the source's blocks, and its block's residency in Medium.
+	BlockEdge, MediumEdge bool
+	// Refs is, for OpDrop, the stores per medium of the block dropped.
+	Refs [events.NumMedia]uint8
+}
+
+// Delta is a sequence of effects on one worker's resident set, in the
+// order they happened: what ApplyBatchDelta, ResetDelta and
+// SetCapacityDelta append and ApplyDelta applies. It is meant to be
+// reused: Reset keeps its memory.
+type Delta struct {
+	// Seq is the caller's sequence number of the delta. A worker that
+	// records or applies the delta remembers it, and its snapshots carry
+	// the Seq of the last one (see Worker.Snapshot), so that a replica
+	// restored from one knows which deltas follow it.
+	Seq uint64
+	// Entries are the effects.
+	Entries []DeltaEntry
+}
+
+// Reset empties d, keeping the memory of its entries.
+func (d *Delta) Reset() {
+	d.Seq = 0
+	d.Entries = d.Entries[:0]
+}
+
+// ApplyBatchDelta is ApplyBatch that also appends to d the effects the
+// batch had on the worker's resident set, resolved to content keys (see
+// DeltaOp), and remembers d.Seq as the worker's delta seq. A replica fed
+// these deltas in order (ApplyDelta) holds what this worker holds.
+//
+// A replica sees only what ApplyBatchDelta, ResetDelta and
+// SetCapacityDelta record: the worker's source must call them instead of
+// ApplyBatch, Reset and SetCapacity, and its index must have no
+// Config.MemoryBudget (budget evictions happen outside any batch and are
+// not recorded; the digests would then differ).
+//
+// Cost: one DeltaEntry append per stored, removed or dropped block, and
+// a node lock when the effect's key is not in the node the batch holds
+// (a removal of a block stored more than once; an offload also locks the
+// parent key's node for a block that starts its node). No allocation when
+// d's entries have room, as they do when d is reused. Measured
+// (BenchmarkApplyBatchDelta, docs/benchmarks.md): 5% over ApplyBatch,
+// mostly each removed block's key, read from its node.
+func (w *Worker) ApplyBatchDelta(b *events.Batch, d *Delta) error {
+	return w.applyBatch(b, d)
+}
+
+// ResetDelta is Reset that also appends an OpClear to d and remembers
+// d.Seq as the worker's delta seq.
+func (w *Worker) ResetDelta(reason string, d *Delta) { w.reset(reason, d) }
+
+// SetCapacityDelta is SetCapacity that also appends to d the evictions
+// it causes and remembers d.Seq as the worker's delta seq.
+func (w *Worker) SetCapacityDelta(blocks int, d *Delta) { w.setCapacity(blocks, d) }
+
+// DeltaSeq returns the Seq of the last delta the worker recorded or
+// applied, or of the snapshot it was restored from; 0 if none.
+func (w *Worker) DeltaSeq() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.deltaSeq
+}
+
+// endRecordLocked ends the recording of a call into d (nil: none).
+// Callers hold w.mu.
+func (w *Worker) endRecordLocked(d *Delta) {
+	w.rec = nil
+	if d != nil {
+		w.deltaSeq = d.Seq
+	}
+}
+
+// recStore records an OpStore. Callers hold w.mu and w.rec is not nil.
+func (w *Worker) recStore(k, parent Key, hasParent bool, m events.Medium, blockEdge, mediumEdge bool) {
+	if !hasParent {
+		parent = 0
+	}
+	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpStore, Key: k, Parent: parent, HasParent: hasParent,
+		Medium: m, BlockEdge: blockEdge, MediumEdge: mediumEdge})
+}
+
+// recRemove records an OpRemove. Callers hold w.mu and w.rec is not nil.
+func (w *Worker) recRemove(k Key, m events.Medium, blockEdge, mediumEdge bool) {
+	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpRemove, Key: k, Medium: m, BlockEdge: blockEdge, MediumEdge: mediumEdge})
+}
+
+// recDrop records an OpDrop. Callers hold w.mu and w.rec is not nil.
+func (w *Worker) recDrop(k Key, refs [events.NumMedia]uint8) {
+	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpDrop, Key: k, Refs: refs})
+}
+
+// parentLoc returns the position of the tree parent of the key at l, and
+// false when the key is at top level. It reads only immutable fields, so
+// it needs no lock.
+func parentLoc(l loc) (loc, bool) {
+	switch {
+	case l.off > 0:
+		return loc{l.n, l.off - 1}, true
+	case l.n.parent != nil:
+		return loc{l.n.parent, l.n.attach}, true
+	}
+	return loc{}, false
+}
+
+// parentOfLocked returns the key the key at l attaches under, and false
+// at top level. Callers hold w.mu. Cost: O(1); a node lock when l starts
+// its node.
+func (w *Worker) parentOfLocked(l loc) (Key, bool) {
+	p, ok := parentLoc(l)
+	if !ok {
+		return 0, false
+	}
+	return w.cur.keyAt(p), true
+}
+
+// keyCounts is what a keyed worker holds of one key: the source's blocks
+// at the key, and of those how many are in each medium, and the stores
+// in each medium summed over them. A key held as one block with one store
+// in each of its media has no keyCounts (its entry's media say it all).
+//
+// A state is valid when for each medium stores >= blocks in it >= 0,
+// stores > 0 exactly when blocks in it > 0, no medium has more blocks
+// than the key, and every block is in some medium (blocks <= the sum over
+// media); all zero is the key not held.
+type keyCounts struct {
+	blocks uint32
+	in     [events.NumMedia]uint32
+	refs   [events.NumMedia]uint32
+}
+
+// media returns the mask of the media the key is held in.
+func (kc *keyCounts) media() uint8 {
+	var m uint8
+	for i, r := range kc.refs {
+		if r > 0 {
+			m |= 1 << i
+		}
+	}
+	return m
+}
+
+// simple reports whether the counts are what an entry's media alone say.
+func (kc *keyCounts) simple() bool {
+	if kc.blocks != 1 {
+		return false
+	}
+	for i := range kc.refs {
+		if kc.refs[i] > 1 || kc.in[i] != kc.refs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// valid reports whether the counts are a valid state (see keyCounts).
+func (kc *keyCounts) valid() bool {
+	var sum uint64
+	for i := range kc.refs {
+		in, r := kc.in[i], kc.refs[i]
+		if in > r || (r == 0) != (in == 0) || in > kc.blocks {
+			return false
+		}
+		sum += uint64(in)
+	}
+	return uint64(kc.blocks) <= sum
+}
+
+// simpleCounts returns the counts of an entry without keyCounts.
+func simpleCounts(media uint8) keyCounts {
+	kc := keyCounts{blocks: 1}
+	for i := range kc.refs {
+		if media&(1<<i) != 0 {
+			kc.in[i], kc.refs[i] = 1, 1
+		}
+	}
+	return kc
+}
+
+// countsLocked returns the counts of the keyed worker's entry in slot.
+// Callers hold w.mu.
+func (w *Worker) countsLocked(slot int) keyCounts {
+	e := w.entry(slot)
+	if e.dup() {
+		return *w.keyed[w.engine.Hash(slot)]
+	}
+	return simpleCounts(e.media())
+}
+
+// setCountsLocked makes kc (valid, not all zero) the counts of the keyed
+// worker's entry e of key h, and returns the entry updated, which the
+// caller writes to the engine map. Callers hold w.mu. Cost: a map write
+// for keys that are not simple; a keyCounts allocation when a key becomes
+// so.
+func (w *Worker) setCountsLocked(h uint64, e engineEntry, kc *keyCounts) engineEntry {
+	e = e.with(kc.media())
+	if kc.simple() {
+		if e.dup() {
+			delete(w.keyed, h)
+		}
+		return e &^ entryDup
+	}
+	if e.dup() {
+		*w.keyed[h] = *kc
+		return e
+	}
+	if w.keyed == nil {
+		w.keyed = make(map[uint64]*keyCounts)
+	}
+	c := *kc
+	w.keyed[h] = &c
+	return e | entryDup
+}
+
+// dropKeyLocked removes the keyed worker's key in slot from the tree and
+// its counts, without deleting it from the engine map (the caller does).
+// Callers hold w.mu.
+func (w *Worker) dropKeyLocked(slot int) {
+	kc := w.countsLocked(slot)
+	e := w.entry(slot)
+	w.res -= int64(kc.blocks)
+	for m, n := range kc.in {
+		w.resBy[m] -= int64(n)
+	}
+	if e.dup() {
+		delete(w.keyed, w.engine.Hash(slot))
+	}
+	w.cur.change(w.locOf(e), holders.Op{Worker: uint32(w.id), Clear: allMedia})
+}
+
+// ApplyDelta applies d's effects in order to the keyed worker and
+// remembers d.Seq as its delta seq (see Delta). The worker's engine map
+// is keyed by content key, one entry per key with the source's summed
+// counts (see keyCounts). An effect that does not fit the worker's state
+// (a store that creates a key under a parent the worker does not hold, a
+// store that is not its block's first of a key it does not hold, a
+// removal of a store it does not have, a drop of more stores or blocks
+// than held, counts that would become inconsistent) is skipped and
+// counted in Stats.DeltaMismatches; the others still apply, and the
+// returned error wraps ErrDeltaMismatch, with how many were skipped and
+// the first of them: the worker has diverged from its source and needs a
+// new snapshot (Restore). A worker fed engine events refuses deltas
+// (ErrWorkerKind).
+//
+// The worker runs no capacity eviction or learning of its own (the
+// source did); the memory budget may evict from it, as from any worker,
+// after which effects on the evicted keys do not fit. The changes are
+// visible to Match when ApplyDelta returns.
+//
+// Cost: per stored key an engine-map probe and insert and the tree work
+// of ApplyBatch's stores, less the content keys (and the parent's probe
+// when it is the previous effect's key, as it is along a chain); per
+// removed key a probe and the holder-set change. BenchmarkApplyDelta
+// (docs/benchmarks.md): 4.6 M stored blocks/s on one core, their
+// removals included. No allocation in the steady state but the tree's
+// (nodes and views, as for ApplyBatch) and keys that become aliased or
+// stored more than once; a mismatch allocates its error.
+func (w *Worker) ApplyDelta(d *Delta) error {
+	if !w.info.Keyed {
+		return fmt.Errorf("%w: worker %s is fed engine events (delta %d of %d effects not applied)", ErrWorkerKind, w.info.Ref, d.Seq, len(d.Entries))
+	}
+	w.mu.Lock()
+	if w.gone {
+		w.mu.Unlock()
+		return fmt.Errorf("%w: %s (delta %d of %d effects not applied)", ErrRemovedWorker, w.info.Ref, d.Seq, len(d.Entries))
+	}
+	before := w.res
+	a := deltaApplier{w: w, d: d}
+	bad := 0
+	var first error
+	for i := range d.Entries {
+		if why := a.apply(i); why != "" {
+			if bad == 0 {
+				de := &d.Entries[i]
+				first = fmt.Errorf("effect %d (%s of key %#016x in %s): %s", i, de.Op, uint64(de.Key), de.Medium, why)
+			}
+			bad++
+		}
+	}
+	w.deltaSeq = d.Seq
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	w.c.lastApply.Store(time.Now().UnixNano())
+	w.ix.resident.Add(delta)
+	w.ix.checkBudget()
+	if bad > 0 {
+		w.c.deltaMismatches.Add(int64(bad))
+		return fmt.Errorf("%w: worker %s, delta %d: %d of %d effects skipped; the first: %w", ErrDeltaMismatch, w.info.Ref, d.Seq, bad, len(d.Entries), first)
+	}
+	return nil
+}
+
+// deltaApplier is the state of one ApplyDelta: the last stored key's
+// position (a chain's next key attaches there, with no probe for its
+// parent), and the end of the chain of stores being applied, whose length
+// sizes the nodes it creates.
+type deltaApplier struct {
+	w        *Worker
+	d        *Delta
+	prev     Key
+	prevLoc  loc
+	prevOK   bool
+	chainEnd int
+}
+
+// Reasons an effect does not fit (no allocation: constants).
+const (
+	whyMedium     = "unknown medium"
+	whyEdges      = "a block's first or last store is also its first or last in its medium"
+	whyNotHeld    = "the worker does not hold the key"
+	whyNotFirst   = "the worker does not hold the key, and the store is not a new block's"
+	whyParent     = "the worker does not hold the parent key"
+	whyNoStore    = "the worker holds no store of the key in the medium"
+	whyCounts     = "the key's counts would become inconsistent"
+	whyDropNone   = "a drop of no stores"
+	whyDropMore   = "a drop of more stores or blocks than the worker holds"
+	whyOp         = "unknown op"
+	whySaturation = "a count would overflow"
+)
+
+// apply applies effect i, returning why it does not fit ("" when it
+// applied). Callers hold w.mu.
+func (a *deltaApplier) apply(i int) string {
+	w := a.w
+	de := &a.d.Entries[i]
+	if de.Op != OpStore {
+		// Removals may retire the node the last stored key is in.
+		a.prevOK = false
+	}
+	switch de.Op {
+	case OpStore:
+		return a.store(i, de)
+	case OpRemove:
+		return a.remove(de)
+	case OpDrop:
+		return a.drop(de)
+	case OpClear:
+		w.clearLocked()
+		w.c.clears.Add(1)
+		return ""
+	}
+	return whyOp
+}
+
+// store applies an OpStore.
+func (a *deltaApplier) store(i int, de *DeltaEntry) string {
+	w := a.w
+	m := de.Medium
+	if int(m) >= events.NumMedia {
+		return whyMedium
+	}
+	if de.BlockEdge && !de.MediumEdge {
+		return whyEdges
+	}
+	bit := uint8(1) << m
+	h := uint64(de.Key)
+	slot, held := w.engine.Get(h)
+	if !held {
+		if !de.BlockEdge {
+			return whyNotFirst
+		}
+		var l loc
+		var fresh bool
+		single := w.ix.single(uint32(w.id), bit)
+		if de.HasParent {
+			var p loc
+			if a.prevOK && a.prev == de.Parent {
+				p = a.prevLoc
+			} else if ps, ok := w.engine.Get(uint64(de.Parent)); ok {
+				p = w.locOf(w.entry(ps))
+			} else {
+				return whyParent
+			}
+			l, fresh = w.cur.next(p, de.Key, single, a.chain(i))
+		} else {
+			l, fresh = w.cur.top(de.Key, single, a.chain(i))
+		}
+		if !fresh {
+			w.cur.change(l, holders.Op{Worker: uint32(w.id), Set: bit})
+		}
+		w.engine.Insert(h, uint64(newEntry(l, bit)))
+		w.res++
+		w.resBy[m]++
+		w.stored++
+		a.prev, a.prevLoc, a.prevOK = de.Key, l, true
+		return ""
+	}
+	e := w.entry(slot)
+	kc := w.countsLocked(slot)
+	if kc.refs[m] == math.MaxUint32 || kc.blocks == math.MaxUint32 {
+		return whySaturation
+	}
+	kc.refs[m]++
+	if de.MediumEdge {
+		kc.in[m]++
+	}
+	if de.BlockEdge {
+		kc.blocks++
+	}
+	if !kc.valid() {
+		return whyCounts
+	}
+	l := w.locOf(e)
+	if e.media()&bit == 0 {
+		w.cur.change(l, holders.Op{Worker: uint32(w.id), Set: bit})
+	}
+	w.engine.SetVal(slot, uint64(w.setCountsLocked(h, e, &kc)))
+	w.engine.Touch(slot)
+	if de.BlockEdge {
+		w.res++
+	}
+	if de.MediumEdge {
+		w.resBy[m]++
+	}
+	w.stored++
+	a.prev, a.prevLoc, a.prevOK = de.Key, l, true
+	return ""
+}
+
+// chain returns the number of stores from effect i on that form a chain
+// (each attached under the previous one's key), at least 1: what the
+// nodes they create are sized for. Cost: O(1) amortised, each effect is
+// scanned once.
+func (a *deltaApplier) chain(i int) int {
+	if i >= a.chainEnd {
+		es := a.d.Entries
+		j := i + 1
+		for j < len(es) && es[j].Op == OpStore && es[j].HasParent && es[j].Parent == es[j-1].Key {
+			j++
+		}
+		a.chainEnd = j
+	}
+	return a.chainEnd - i
+}
+
+// remove applies an OpRemove.
+func (a *deltaApplier) remove(de *DeltaEntry) string {
+	w := a.w
+	m := de.Medium
+	if int(m) >= events.NumMedia {
+		return whyMedium
+	}
+	if de.BlockEdge && !de.MediumEdge {
+		return whyEdges
+	}
+	slot, held := w.engine.Get(uint64(de.Key))
+	if !held {
+		return whyNotHeld
+	}
+	kc := w.countsLocked(slot)
+	if kc.refs[m] == 0 {
+		return whyNoStore
+	}
+	kc.refs[m]--
+	if de.MediumEdge {
+		if kc.in[m] == 0 {
+			return whyCounts
+		}
+		kc.in[m]--
+	}
+	if de.BlockEdge {
+		if kc.blocks == 0 {
+			return whyCounts
+		}
+		kc.blocks--
+	}
+	if !kc.valid() {
+		return whyCounts
+	}
+	if de.BlockEdge {
+		w.res--
+	}
+	if de.MediumEdge {
+		w.resBy[m]--
+	}
+	w.removed++
+	a.setOrDelete(slot, &kc)
+	return ""
+}
+
+// drop applies an OpDrop.
+func (a *deltaApplier) drop(de *DeltaEntry) string {
+	w := a.w
+	slot, held := w.engine.Get(uint64(de.Key))
+	if !held {
+		return whyNotHeld
+	}
+	if de.Refs == ([events.NumMedia]uint8{}) {
+		return whyDropNone
+	}
+	kc := w.countsLocked(slot)
+	if kc.blocks == 0 {
+		return whyDropMore
+	}
+	kc.blocks--
+	for m, r := range de.Refs {
+		if r == 0 {
+			continue
+		}
+		if kc.refs[m] < uint32(r) || kc.in[m] == 0 {
+			return whyDropMore
+		}
+		kc.refs[m] -= uint32(r)
+		kc.in[m]--
+	}
+	if !kc.valid() {
+		return whyCounts
+	}
+	w.res--
+	for m, r := range de.Refs {
+		if r != 0 {
+			w.resBy[m]--
+		}
+	}
+	a.setOrDelete(slot, &kc)
+	return ""
+}
+
+// setOrDelete makes kc (valid) the counts of the keyed worker's entry in
+// slot after a removal, taking the media it no longer holds off the tree
+// and deleting the entry when it holds nothing.
+func (a *deltaApplier) setOrDelete(slot int, kc *keyCounts) {
+	w := a.w
+	e := w.entry(slot)
+	h := w.engine.Hash(slot)
+	if kc.blocks == 0 {
+		if e.dup() {
+			delete(w.keyed, h)
+		}
+		w.cur.change(w.locOf(e), holders.Op{Worker: uint32(w.id), Clear: allMedia})
+		w.engine.Delete(slot)
+		return
+	}
+	if lost := e.media() &^ kc.media(); lost != 0 {
+		w.cur.change(w.locOf(e), holders.Op{Worker: uint32(w.id), Clear: lost})
+	}
+	w.engine.SetVal(slot, uint64(w.setCountsLocked(h, e, kc)))
+}

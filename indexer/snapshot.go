@@ -1,0 +1,706 @@
+package indexer
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// Snapshots. A snapshot is a worker's resident set as a list of keys, each
+// with where it attaches in the tree (its parent key, or top level) and
+// its counts summed over the worker's blocks at the key, in an order where
+// every key's parent comes before it; Restore makes a keyed worker hold
+// exactly that, then ApplyDelta continues from the snapshot's Seq.
+//
+// A restore must put every key where it is in the source's tree, or a
+// prompt could not reach it, and later stores of its true chain (by any
+// worker) would create a second node for it that heads cannot hold (see
+// cursor.top and cursor.next). A key's parent is not always held by the
+// worker: the engine may evict a parent before its child. So a snapshot
+// includes the ancestors a held key needs, from its parent up to the
+// nearest key the worker holds or the top-level key, as placeholders
+// (keys with no blocks); a restore creates them held by nobody, as they
+// are in the source's tree. A placeholder is always followed at once by a
+// key under it (it lies on the way to a held key), which Restore checks:
+// a node holding only placeholders would otherwise die before the key
+// that keeps it alive arrives.
+
+// SnapshotSegmentKeys is the most keys one SnapshotSegment holds: about
+// 40 KB in AppendBinary's encoding, whose key held as one block with one
+// store per medium costs 10 bytes (18 when its parent is not the key
+// before it).
+const SnapshotSegmentKeys = 4096
+
+// SnapshotSegment is one part of a worker's snapshot (see Worker.Snapshot).
+type SnapshotSegment struct {
+	// Seq is the worker's delta seq when the snapshot was taken (see
+	// Delta.Seq): a replica restored from it applies the deltas after it.
+	// The same in every segment of a snapshot.
+	Seq uint64
+	// Part numbers the segments of a snapshot from 0.
+	Part uint32
+	// Total is the number of keys in the whole snapshot, the same in every
+	// segment, so that a restore sizes its memory once.
+	Total uint64
+	// Last marks the snapshot's last segment.
+	Last bool
+	// Digest is, in the last segment, the worker's Digest when the
+	// snapshot was taken; Restore checks the keys against it.
+	Digest uint64
+	// Keys are at most SnapshotSegmentKeys keys, each after its parent
+	// (in this segment or an earlier one).
+	Keys []SnapshotKey
+}
+
+// SnapshotKey is one key of a snapshot: where it attaches in the tree, and
+// what the worker holds of it, summed over its blocks at the key (several
+// for an alias). A placeholder (an ancestor of held keys that the worker
+// does not hold) has all counts zero.
+type SnapshotKey struct {
+	// Key is the content key.
+	Key Key
+	// Parent is the key Key attaches under, when HasParent; otherwise Key
+	// is at top level.
+	Parent    Key
+	HasParent bool
+	// Blocks is how many of the worker's blocks resolve to Key, and
+	// BlocksIn[m] how many of them are in medium m.
+	Blocks   uint32
+	BlocksIn [events.NumMedia]uint32
+	// Refs[m] is the stores in medium m, summed over those blocks.
+	Refs [events.NumMedia]uint32
+}
+
+// counts returns the key's counts.
+func (sk *SnapshotKey) counts() keyCounts {
+	return keyCounts{blocks: sk.Blocks, in: sk.BlocksIn, refs: sk.Refs}
+}
+
+// Snapshot calls emit with the worker's snapshot, segment by segment, in
+// order (see SnapshotSegment). It is consistent: the keys are gathered
+// under the worker's mutex, as they are after some batch, and then
+// emitted with no lock held, so emit may be slow, or call into the index.
+// emit must not keep the segment after it returns (it is reused); an
+// error from emit ends the snapshot and is returned, wrapped. Works for
+// workers fed engine events and keyed workers alike; an empty worker's
+// snapshot is one empty segment.
+//
+// Cost: O(blocks log blocks) under the mutex (the blocks sorted by
+// position, a node lock per run of keys in one node, a binary search per
+// parent in another node), plus the placeholders; memory for the keys
+// (72 bytes each) until it returns. BenchmarkSnapshot (docs/benchmarks.md):
+// 8.5 ms for 30,000 blocks, encoding included.
+func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
+	keys, seq, digest, err := w.snapshotKeys()
+	if err != nil {
+		return err
+	}
+	seg := SnapshotSegment{Seq: seq, Total: uint64(len(keys))}
+	for part := uint32(0); ; part++ {
+		n := min(len(keys), SnapshotSegmentKeys)
+		seg.Part, seg.Keys, keys = part, keys[:n:n], keys[n:]
+		seg.Last = len(keys) == 0
+		if seg.Last {
+			seg.Digest = digest
+		}
+		if err := emit(&seg); err != nil {
+			return fmt.Errorf("indexer: snapshot of worker %s: segment %d: %w", w.info.Ref, part, err)
+		}
+		if seg.Last {
+			return nil
+		}
+	}
+}
+
+// snapHeld is a key the snapshot's worker holds: its position (see
+// engineEntry.pos), its entries slots[lo:] up to the next key's, and once
+// it is out, its index in the snapshot's keys (-1 before).
+type snapHeld struct {
+	pos uint64
+	lo  int32
+	out int32
+}
+
+// snapStep is a key on the way up from a held key: held[idx], or a
+// placeholder (idx -1), at l.
+type snapStep struct {
+	idx int32
+	l   loc
+}
+
+// posOf returns the position of l as engineEntry.pos has it.
+func posOf(l loc) uint64 { return uint64(l.off) | uint64(l.n.id)<<entryNodeShift }
+
+// Positions are 43 bits (entryGenShift), so a position and an index of up
+// to 21 bits pack into one integer, and an engine map of fewer entries is
+// sorted by position as integers (three times faster than by a function).
+const snapIndexBits = 64 - entryGenShift
+
+// snapshotKeys gathers the worker's snapshot under its mutex: the keys in
+// an order where parents come first, the delta seq and the digest.
+func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gone {
+		return nil, 0, 0, fmt.Errorf("%w: %s (no snapshot)", ErrRemovedWorker, w.info.Ref)
+	}
+	// The entries' slots, sorted by position.
+	n := w.engine.Len()
+	slots := make([]int, 0, n)
+	for slot := range w.engine.All() {
+		slots = append(slots, slot)
+	}
+	if n < 1<<snapIndexBits {
+		packed := make([]uint64, n)
+		for i, slot := range slots {
+			packed[i] = w.entry(slot).pos()<<snapIndexBits | uint64(i)
+		}
+		slices.Sort(packed)
+		sorted := make([]int, n)
+		for i, x := range packed {
+			sorted[i] = slots[x&(1<<snapIndexBits-1)]
+		}
+		slots = sorted
+	} else {
+		slices.SortFunc(slots, func(a, b int) int { return cmp.Compare(w.entry(a).pos(), w.entry(b).pos()) })
+	}
+	held := make([]snapHeld, 0, n)
+	for i, slot := range slots {
+		if pos := w.entry(slot).pos(); len(held) == 0 || held[len(held)-1].pos != pos {
+			held = append(held, snapHeld{pos: pos, lo: int32(i), out: -1})
+		}
+	}
+	entriesOf := func(i int) []int {
+		if i+1 < len(held) {
+			return slots[held[i].lo:held[i+1].lo]
+		}
+		return slots[held[i].lo:]
+	}
+	// find returns the index in held of position pos, looking first at
+	// next-1 (where a key's parent is when it is in the same node).
+	find := func(pos uint64, next int) (int, bool) {
+		if next > 0 && held[next-1].pos == pos {
+			return next - 1, true
+		}
+		return slices.BinarySearchFunc(held, pos, func(h snapHeld, p uint64) int { return cmp.Compare(h.pos, p) })
+	}
+	var placeholders map[uint64]Key // by position
+	out := make([]SnapshotKey, 0, len(held))
+	var digest uint64
+	var path []snapStep
+	for i := range held {
+		if held[i].out >= 0 {
+			continue
+		}
+		// Up from held[i] to a key already out, or to the top level: the
+		// held keys not yet out and the placeholders on the way.
+		l := w.locOf(w.entry(slots[held[i].lo]))
+		path = append(path[:0], snapStep{int32(i), l})
+		var parent Key
+		hasParent := false
+		for at := i; ; {
+			p, ok := parentLoc(l)
+			if !ok {
+				break
+			}
+			pos := posOf(p)
+			if j, ok := find(pos, at); ok {
+				if o := held[j].out; o >= 0 {
+					parent, hasParent = out[o].Key, true
+					break
+				}
+				path = append(path, snapStep{int32(j), p})
+				at = j
+			} else if k, ok := placeholders[pos]; ok {
+				parent, hasParent = k, true
+				break
+			} else {
+				path = append(path, snapStep{-1, p})
+				at = 0
+			}
+			l = p
+		}
+		// Out from the top down, each under the one before.
+		for s := len(path) - 1; s >= 0; s-- {
+			st := path[s]
+			sk := SnapshotKey{Key: w.cur.keyAt(st.l), Parent: parent, HasParent: hasParent}
+			if st.idx < 0 {
+				if placeholders == nil {
+					placeholders = make(map[uint64]Key)
+				}
+				placeholders[posOf(st.l)] = sk.Key
+			} else {
+				held[st.idx].out = int32(len(out))
+				w.snapCountsLocked(&sk, entriesOf(int(st.idx)))
+				kc := sk.counts()
+				digest += digestTerm(sk.Key, kc.media())
+			}
+			out = append(out, sk)
+			parent, hasParent = sk.Key, true
+		}
+	}
+	w.endLocked()
+	return out, w.deltaSeq, digest, nil
+}
+
+// snapCountsLocked sets sk's counts from the worker's entries at its key.
+// Callers hold w.mu.
+func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
+	if w.info.Keyed {
+		kc := w.countsLocked(slots[0])
+		sk.Blocks, sk.BlocksIn, sk.Refs = kc.blocks, kc.in, kc.refs
+		return
+	}
+	for _, slot := range slots {
+		sk.Blocks++
+		for m, r := range w.refsOf(slot) {
+			if r > 0 {
+				sk.BlocksIn[m]++
+				sk.Refs[m] += uint32(r)
+			}
+		}
+	}
+}
+
+// Restore replaces the keyed worker's state with the snapshot that next
+// returns segment by segment, until it returns io.EOF (any other error
+// ends the restore and is returned, wrapped), and makes the snapshot's
+// Seq the worker's delta seq. Every key is created where the snapshot
+// says it attaches, placeholders held by nobody (see the comment on
+// snapshots above), so the worker holds what the snapshot's worker held,
+// at the same places in the tree.
+//
+// The segments are read and checked first, with no lock held: in order
+// (Part from 0, one Seq, one Last, at most SnapshotSegmentKeys keys
+// each, as many in all as Total says), no key twice, every parent before its key, every placeholder
+// followed at once by a key under it, counts valid, and the keys'
+// digest equal to the last segment's. A snapshot that fails a check is
+// ErrBadSnapshot, and the worker is left as it was. Then the worker's
+// state is replaced under its mutex; the new state is visible to Match
+// when Restore returns (readers may see part of it earlier, as with a
+// batch). A worker fed engine events refuses snapshots (ErrWorkerKind).
+//
+// Cost: O(keys) map operations to check the snapshot, then a clear of
+// what the worker held (O(blocks log blocks)) and per key the tree work
+// of a store; memory for the keys until it returns. BenchmarkRestore
+// (docs/benchmarks.md): 12.9 ms for 30,000 blocks, a third each for the
+// checks, the clear and the tree.
+func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
+	if !w.info.Keyed {
+		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
+	}
+	st, err := readSnapshot(next)
+	if err != nil {
+		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
+	}
+	w.mu.Lock()
+	if w.gone {
+		w.mu.Unlock()
+		return fmt.Errorf("%w: %s (snapshot of %d keys not restored)", ErrRemovedWorker, w.info.Ref, len(st.keys))
+	}
+	before := w.res
+	w.clearLocked()
+	st.buildLocked(w)
+	w.deltaSeq = st.seq
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	w.c.lastApply.Store(time.Now().UnixNano())
+	w.ix.resident.Add(delta)
+	w.ix.checkBudget()
+	return nil
+}
+
+// restoreState is a snapshot read and checked: its keys, each key's
+// parent's index in keys (-1 at top level), and its Seq.
+type restoreState struct {
+	seq    uint64
+	total  uint64
+	keys   []SnapshotKey
+	parent []int32
+	held   int // keys that are not placeholders
+}
+
+// restoreReserve bounds the keys a restore makes room for at once.
+const restoreReserve = 1 << 20
+
+// readSnapshot reads and checks the segments next returns (see Restore).
+func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) {
+	st := &restoreState{}
+	var index map[Key]int32
+	var digest, want uint64
+	last := false
+	for part := uint32(0); ; part++ {
+		seg, err := next()
+		if errors.Is(err, io.EOF) {
+			if !last {
+				return nil, fmt.Errorf("%w: it ends after %d segments, none of them the last", ErrBadSnapshot, part)
+			}
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading snapshot segment %d: %w", part, err)
+		}
+		switch {
+		case last:
+			return nil, fmt.Errorf("%w: segment %d follows the last", ErrBadSnapshot, part)
+		case seg == nil:
+			return nil, fmt.Errorf("%w: segment %d is nil", ErrBadSnapshot, part)
+		case seg.Part != part:
+			return nil, fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadSnapshot, seg.Part, part)
+		case part > 0 && seg.Seq != st.seq:
+			return nil, fmt.Errorf("%w: segment %d has seq %d, segment 0 seq %d", ErrBadSnapshot, part, seg.Seq, st.seq)
+		case part > 0 && seg.Total != st.total:
+			return nil, fmt.Errorf("%w: segment %d says %d keys in all, segment 0 %d", ErrBadSnapshot, part, seg.Total, st.total)
+		case len(seg.Keys) > SnapshotSegmentKeys:
+			return nil, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, part, len(seg.Keys), SnapshotSegmentKeys)
+		}
+		if part == 0 {
+			st.seq, st.total = seg.Seq, seg.Total
+			// Sized once, up to a bound: Total is the sender's word.
+			n := int(min(seg.Total, restoreReserve))
+			index = make(map[Key]int32, n)
+			st.keys = make([]SnapshotKey, 0, n)
+			st.parent = make([]int32, 0, n)
+		}
+		if uint64(len(st.keys)+len(seg.Keys)) > st.total {
+			return nil, fmt.Errorf("%w: segment %d brings its keys over the %d it says", ErrBadSnapshot, part, st.total)
+		}
+		for j := range seg.Keys {
+			sk := &seg.Keys[j]
+			i := int32(len(st.keys))
+			bad := func(why string) error {
+				return fmt.Errorf("%w: segment %d key %d (%#016x): %s", ErrBadSnapshot, part, j, uint64(sk.Key), why)
+			}
+			kc := sk.counts()
+			if !kc.valid() {
+				return nil, bad(fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs))
+			}
+			p := int32(-1)
+			switch {
+			case !sk.HasParent:
+			case i > 0 && st.keys[i-1].Key == sk.Parent:
+				p = i - 1 // along a chain: no probe
+			default:
+				pi, ok := index[sk.Parent]
+				if !ok {
+					return nil, bad(fmt.Sprintf("its parent %#016x is not before it", uint64(sk.Parent)))
+				}
+				p = pi
+			}
+			if i > 0 && st.keys[i-1].Blocks == 0 && p != i-1 {
+				return nil, bad("it follows a placeholder but is not under it")
+			}
+			n := len(index)
+			index[sk.Key] = i // one map operation: the length tells a new key
+			if len(index) == n {
+				return nil, bad("the key is in the snapshot twice")
+			}
+			st.keys = append(st.keys, *sk)
+			st.parent = append(st.parent, p)
+			if sk.Blocks > 0 {
+				st.held++
+				digest += digestTerm(sk.Key, kc.media())
+			}
+		}
+		if seg.Last {
+			last, want = true, seg.Digest
+		}
+	}
+	if uint64(len(st.keys)) != st.total {
+		return nil, fmt.Errorf("%w: %d keys, its segments say %d", ErrBadSnapshot, len(st.keys), st.total)
+	}
+	if n := len(st.keys); n > 0 && st.keys[n-1].Blocks == 0 {
+		return nil, fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(st.keys[n-1].Key))
+	}
+	if digest != want {
+		return nil, fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadSnapshot, digest, want)
+	}
+	return st, nil
+}
+
+// buildLocked adds the snapshot's keys to the worker, which holds none.
+// Callers hold w.mu.
+func (st *restoreState) buildLocked(w *Worker) {
+	c := &w.cur
+	id := uint32(w.id)
+	w.engine.Reserve(st.held)
+	locs := make([]loc, len(st.keys))
+	chainEnd := 0
+	for i := range st.keys {
+		sk := &st.keys[i]
+		kc := sk.counts()
+		media := kc.media()
+		var set *holders.Set
+		if media != 0 {
+			set = w.ix.single(id, media)
+		}
+		if i >= chainEnd {
+			// The chain from i (each key under the one before), whose
+			// length sizes the nodes it creates.
+			j := i + 1
+			for j < len(st.keys) && st.parent[j] == int32(j-1) {
+				j++
+			}
+			chainEnd = j
+		}
+		var l loc
+		var fresh bool
+		if p := st.parent[i]; p < 0 {
+			l, fresh = c.top(sk.Key, set, chainEnd-i)
+		} else {
+			l, fresh = c.next(locs[p], sk.Key, set, chainEnd-i)
+		}
+		locs[i] = l
+		if media == 0 {
+			continue // a placeholder: the next key keeps its node alive
+		}
+		if !fresh {
+			c.change(l, holders.Op{Worker: id, Set: media})
+		}
+		h := uint64(sk.Key)
+		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
+		w.res += int64(kc.blocks)
+		for m, n := range kc.in {
+			w.resBy[m] += int64(n)
+		}
+	}
+}
+
+// The encoding of a segment (AppendBinary), little-endian:
+//
+//	version 1 | seq uvarint | part uvarint | total uvarint | last 0 or 1 | [digest 8 if last] | keys uvarint | key...
+//
+// and of a key: a tag byte (bits 0-1: where it attaches, 0 under the
+// previous key of the segment, 1 at top level, 2 under the parent key
+// that follows the key; bits 2-3: its counts, 0 one block with one store
+// in each medium of a media byte that follows, 1 none (a placeholder), 2
+// a media byte, then blocks uvarint and per medium in the media byte its
+// blocks and stores, uvarints), the key (8 bytes), and then the parent
+// (8 bytes) and counts the tag says. So a chain's key held once costs 10
+// bytes; counts are exact, up to 2^32-1 each.
+const (
+	segVersion     = 1
+	tagParentPrev  = 0
+	tagParentNone  = 1
+	tagParentKey   = 2
+	tagParentMask  = 3
+	tagSimple      = 0 << 2
+	tagPlaceholder = 1 << 2
+	tagCounted     = 2 << 2
+	tagFormMask    = 3 << 2
+)
+
+// AppendBinary appends the segment's encoding to b (encoding.BinaryAppender).
+// It fails only for a segment of more than SnapshotSegmentKeys keys. A
+// key's Parent is encoded only when HasParent. Cost: O(keys), no
+// allocation beyond b's growth.
+func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
+	if len(s.Keys) > SnapshotSegmentKeys {
+		return b, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, s.Part, len(s.Keys), SnapshotSegmentKeys)
+	}
+	b = append(b, segVersion)
+	b = binary.AppendUvarint(b, s.Seq)
+	b = binary.AppendUvarint(b, uint64(s.Part))
+	b = binary.AppendUvarint(b, s.Total)
+	if s.Last {
+		b = append(b, 1)
+		b = binary.LittleEndian.AppendUint64(b, s.Digest)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.Keys)))
+	for i := range s.Keys {
+		sk := &s.Keys[i]
+		var tag byte
+		switch {
+		case !sk.HasParent:
+			tag = tagParentNone
+		case i > 0 && s.Keys[i-1].Key == sk.Parent:
+			tag = tagParentPrev
+		default:
+			tag = tagParentKey
+		}
+		kc := sk.counts()
+		var media uint8
+		for m := range kc.refs {
+			if kc.in[m] != 0 || kc.refs[m] != 0 {
+				media |= 1 << m
+			}
+		}
+		switch {
+		case kc == keyCounts{}:
+			tag |= tagPlaceholder
+		case kc.simple() && media != 0:
+			tag |= tagSimple
+		default:
+			tag |= tagCounted
+		}
+		b = append(b, tag)
+		b = binary.LittleEndian.AppendUint64(b, uint64(sk.Key))
+		if tag&tagParentMask == tagParentKey {
+			b = binary.LittleEndian.AppendUint64(b, uint64(sk.Parent))
+		}
+		switch tag & tagFormMask {
+		case tagSimple:
+			b = append(b, media)
+		case tagCounted:
+			b = append(b, media)
+			b = binary.AppendUvarint(b, uint64(kc.blocks))
+			for m := range kc.refs {
+				if media&(1<<m) != 0 {
+					b = binary.AppendUvarint(b, uint64(kc.in[m]))
+					b = binary.AppendUvarint(b, uint64(kc.refs[m]))
+				}
+			}
+		}
+	}
+	return b, nil
+}
+
+// UnmarshalBinary decodes a segment that AppendBinary encoded into s,
+// reusing the memory of s.Keys (encoding.BinaryUnmarshaler). Input that
+// is not such an encoding, truncated or with bytes after it is
+// ErrBadSnapshot, naming the offset; it never panics. It checks the
+// encoding only: Restore checks what the keys say.
+func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
+	d := segDecoder{b: data}
+	if v := d.byte(); d.err == nil && v != segVersion {
+		return fmt.Errorf("%w: encoding version %d, want %d", ErrBadSnapshot, v, segVersion)
+	}
+	seq := d.uvarint(math.MaxUint64)
+	part := d.uvarint(math.MaxUint32)
+	total := d.uvarint(math.MaxUint64)
+	last := d.byte()
+	if d.err == nil && last > 1 {
+		d.fail("last flag %d", last)
+	}
+	var digest uint64
+	if last == 1 {
+		digest = d.uint64()
+	}
+	n := int(d.uvarint(SnapshotSegmentKeys))
+	if d.err != nil {
+		return d.err
+	}
+	keys := slices.Grow(s.Keys[:0], n)
+	for i := 0; i < n && d.err == nil; i++ {
+		tag := d.byte()
+		if d.err == nil && (tag&^(tagParentMask|tagFormMask) != 0 || tag&tagParentMask == 3 || tag&tagFormMask == 3<<2 ||
+			tag&tagParentMask == tagParentPrev && i == 0) {
+			d.fail("key %d: tag %#02x", i, tag)
+		}
+		sk := SnapshotKey{Key: Key(d.uint64())}
+		switch tag & tagParentMask {
+		case tagParentPrev:
+			if i > 0 {
+				sk.Parent, sk.HasParent = keys[i-1].Key, true
+			}
+		case tagParentKey:
+			sk.Parent, sk.HasParent = Key(d.uint64()), true
+		}
+		switch tag & tagFormMask {
+		case tagSimple:
+			media := d.media(i)
+			if d.err == nil && media == 0 {
+				d.fail("key %d: no media", i)
+			}
+			sk.Blocks = 1
+			for m := range sk.Refs {
+				if media&(1<<m) != 0 {
+					sk.BlocksIn[m], sk.Refs[m] = 1, 1
+				}
+			}
+		case tagCounted:
+			media := d.media(i)
+			sk.Blocks = uint32(d.uvarint(math.MaxUint32))
+			for m := range sk.Refs {
+				if media&(1<<m) != 0 {
+					sk.BlocksIn[m] = uint32(d.uvarint(math.MaxUint32))
+					sk.Refs[m] = uint32(d.uvarint(math.MaxUint32))
+				}
+			}
+		}
+		keys = append(keys, sk)
+	}
+	if d.err == nil && len(d.b) > d.off {
+		d.fail("%d bytes after the segment", len(d.b)-d.off)
+	}
+	if d.err != nil {
+		return d.err
+	}
+	*s = SnapshotSegment{Seq: seq, Part: uint32(part), Total: total, Last: last == 1, Digest: digest, Keys: keys}
+	return nil
+}
+
+// segDecoder reads a segment's encoding, remembering the first error.
+type segDecoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *segDecoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: segment encoding at byte %d: %s", ErrBadSnapshot, d.off, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *segDecoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if d.off >= len(d.b) {
+		d.fail("truncated")
+		return 0
+	}
+	d.off++
+	return d.b[d.off-1]
+}
+
+func (d *segDecoder) uint64() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b)-d.off < 8 {
+		d.fail("truncated")
+		return 0
+	}
+	d.off += 8
+	return binary.LittleEndian.Uint64(d.b[d.off-8:])
+}
+
+// uvarint reads a uvarint of at most max.
+func (d *segDecoder) uvarint(max uint64) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("bad or truncated varint")
+		return 0
+	}
+	if v > max {
+		d.fail("value %d over %d", v, max)
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+// media reads key i's media byte.
+func (d *segDecoder) media(i int) uint8 {
+	m := d.byte()
+	if d.err == nil && m >= 1<<events.NumMedia {
+		d.fail("key %d: media %#02x", i, m)
+	}
+	return m
+}
