@@ -208,11 +208,13 @@ func (f *fleet) start() {
 func (f *fleet) stop() {
 	if f.client != nil {
 		f.client.Close()
+		f.client = nil
 	}
 	if f.cancel == nil {
 		return
 	}
 	f.cancel()
+	f.cancel = nil
 	select {
 	case err := <-f.done:
 		if err != nil {

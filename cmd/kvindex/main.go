@@ -3,18 +3,28 @@
 // and answers routers over gRPC.
 //
 //	kvindex serve --config kvindex.yaml
+//	kvindex agent --config agent.yaml   (fleet mode: the sidecar beside one vLLM pod)
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
+	"github.com/kvindex/kvindex/internal/fleet"
 )
 
 func main() {
@@ -31,7 +41,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe())
+	root.AddCommand(newServe(), newAgent())
 	return root
 }
 
@@ -102,4 +112,85 @@ func serveConfig(path string, o flagOverrides) (*config.Config, error) {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+func newAgent() *cobra.Command {
+	var (
+		path      string
+		natsURL   string
+		pod       string
+		overrides flagOverrides
+	)
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the fleet sidecar beside one vLLM pod",
+		Long: "Run kvindex agent: it indexes one pod's workers from the engine's KV events over local ZeroMQ\n" +
+			"and publishes their deltas and snapshots on NATS for the replicas (kvindex serve with nats.url).\n" +
+			"The configuration names the pod (pods[], agent.pod) and NATS (nats.url). See docs/fleet.md.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := serveConfig(path, overrides)
+			if err != nil {
+				return err
+			}
+			if natsURL != "" {
+				cfg.NATS.URL = natsURL
+			}
+			if pod != "" {
+				cfg.Agent.Pod = pod
+			}
+			if !cfg.NATS.Enabled() {
+				return errors.New("agent: nats.url (or --nats-url) is required")
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runAgent(ctx, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&path, "config", "c", "", "YAML configuration file")
+	f.StringVar(&natsURL, "nats-url", "", "NATS server URL (overrides nats.url)")
+	f.StringVar(&pod, "pod", "", "the pod of pods[] this agent sits beside (overrides agent.pod)")
+	f.StringVar(&overrides.metricsListen, "metrics-listen", "", "Prometheus listen address, or off (overrides metrics_listen)")
+	f.StringVar(&overrides.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
+	f.StringVar(&overrides.logFormat, "log-format", "", "text or json (overrides log.format)")
+	return cmd
+}
+
+// runAgent runs the agent of cfg with its metrics endpoint until ctx ends.
+func runAgent(ctx context.Context, cfg *config.Config) error {
+	log := daemon.NewLogger(cfg.Log, os.Stderr)
+	nc, err := fleet.Connect(cfg.NATS, "kvindex agent", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	a, err := fleet.NewAgent(ctx, cfg, nc, log)
+	if err != nil {
+		return err
+	}
+	if cfg.MetricsListen != "off" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(a.Collectors()...)
+		lis, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("agent: metrics listen on %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(lis) }()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		log.Info("kvindex agent metrics", "addr", lis.Addr().String())
+	}
+	log.Info("kvindex agent running", "pod", cfg.Agent.Pod, "nats", cfg.NATS.URL != "")
+	return a.Run(ctx)
 }

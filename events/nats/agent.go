@@ -72,7 +72,8 @@ type AgentOptions struct {
 // Other methods may be called from any goroutine.
 type Agent struct {
 	nc    *natsgo.Conn
-	kv    jetstream.KeyValue
+	kvMu  sync.Mutex         // guards kv
+	kv    jetstream.KeyValue // nil until the bucket is first opened
 	o     AgentOptions
 	epoch uint64
 	log   *slog.Logger
@@ -124,11 +125,8 @@ func NewAgent(ctx context.Context, nc *natsgo.Conn, o AgentOptions, workers map[
 	if o.Model == "" || o.Pod == "" || o.BlockSize <= 0 {
 		return nil, fmt.Errorf("nats: agent: model, pod and block size are required")
 	}
-	kv, err := Bucket(ctx, nc, o.Bucket, o.TTL)
-	if err != nil {
-		return nil, err
-	}
-	a := &Agent{nc: nc, kv: kv, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}}
+	a := &Agent{nc: nc, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}}
+	var err error
 	for rank, lw := range workers {
 		ref := events.WorkerRef{Pod: o.Pod, DPRank: rank}
 		w := &agentWorker{ref: ref, local: lw, deltaSub: DeltaSubject(o.Model, ref), snapSub: SnapshotSubject(o.Model, ref), key: WorkerKey(o.Model, ref)}
@@ -138,17 +136,34 @@ func NewAgent(ctx context.Context, nc *natsgo.Conn, o AgentOptions, workers map[
 		}
 		a.workers[rank] = w
 	}
-	if err := nc.Flush(); err != nil {
-		a.Close(ctx)
-		return nil, fmt.Errorf("nats: agent: flush subscriptions: %w", err)
-	}
-	for _, w := range a.workers {
-		if err := a.register(ctx, w); err != nil {
-			a.Close(ctx)
-			return nil, err
+	// NATS may not be reachable yet (the connection retries): the first
+	// registrations are tried once, and the heartbeat retries them; the
+	// engine's events are indexed meanwhile and reach replicas by snapshot.
+	if nc.IsConnected() {
+		if err := nc.FlushTimeout(time.Second); err != nil {
+			a.log.Warn("agent: NATS does not answer yet; registering on the next heartbeat", "err", err)
+		}
+		for _, w := range a.workers {
+			if err := a.register(ctx, w); err != nil {
+				a.log.Warn("agent: first registration failed; retrying on the heartbeat", "worker", w.ref.String(), "err", err)
+			}
 		}
 	}
 	return a, nil
+}
+
+// bucket returns the agents' bucket, opening it on first use.
+func (a *Agent) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	a.kvMu.Lock()
+	defer a.kvMu.Unlock()
+	if a.kv == nil {
+		kv, err := Bucket(ctx, a.nc, a.o.Bucket, a.o.TTL)
+		if err != nil {
+			return nil, err
+		}
+		a.kv = kv
+	}
+	return a.kv, nil
 }
 
 // Bucket opens (creating when missing) the agents' key-value bucket with
@@ -190,12 +205,12 @@ func (a *Agent) Epoch() uint64 { return a.epoch }
 var ErrUnknownRank = errors.New("nats: agent: unknown dp rank")
 
 // Publish applies one batch to worker rank and publishes its effects:
-// apply is called with a reset delta to fill (the agent's index applies
-// the batch and records its effects), under the worker's lock, so that no
-// snapshot falls between the state change and its seq. A delta with no
-// entries is not published. engineSeq and engineTime are the batch's seq
-// and time at the engine.
-func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply func(d *events.Delta) error) error {
+// apply is called with the seq the delta gets and a reset delta to fill
+// (the agent's index applies the batch and records its effects), under
+// the worker's lock, so that no snapshot falls between the state change
+// and its seq. A delta with no entries is not published and takes no seq.
+// engineSeq and engineTime are the batch's seq and time at the engine.
+func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply func(seq uint64, d *events.Delta) error) error {
 	w := a.workers[rank]
 	if w == nil {
 		return fmt.Errorf("%w %d", ErrUnknownRank, rank)
@@ -203,7 +218,7 @@ func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply fu
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.delta.Reset()
-	err := apply(&w.delta)
+	err := apply(w.seq+1, &w.delta)
 	w.engSeq, w.engSeqOK = engineSeq, true
 	if len(w.delta.Entries) == 0 {
 		return err
@@ -334,7 +349,11 @@ func (a *Agent) register(ctx context.Context, w *agentWorker) error {
 	if err != nil {
 		return fmt.Errorf("nats: agent: registration of %s: %w", w.ref, err)
 	}
-	if _, err := a.kv.Put(ctx, w.key, b); err != nil {
+	kv, err := a.bucket(ctx)
+	if err != nil {
+		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
+	}
+	if _, err := kv.Put(ctx, w.key, b); err != nil {
 		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
 	}
 	return nil
@@ -365,10 +384,15 @@ func (a *Agent) Run(ctx context.Context) {
 // Close stops serving snapshots and deletes the registrations, so that
 // replicas drop the workers at once rather than at the TTL.
 func (a *Agent) Close(ctx context.Context) {
+	a.kvMu.Lock()
+	kv := a.kv
+	a.kvMu.Unlock()
 	for _, w := range a.workers {
 		if w.sub != nil {
 			_ = w.sub.Unsubscribe()
 		}
-		_ = a.kv.Delete(ctx, w.key)
+		if kv != nil {
+			_ = kv.Delete(ctx, w.key)
+		}
 	}
 }

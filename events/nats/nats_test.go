@@ -54,7 +54,7 @@ type setModel struct {
 
 func newSetModel() *setModel { return &setModel{refs: map[uint64][events.NumMedia]uint8{}} }
 
-func (m *setModel) ApplyDelta(d *events.Delta) error {
+func (m *setModel) ApplyDelta(_ uint64, d *events.Delta) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range d.Entries {
@@ -172,11 +172,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // store publishes a delta storing keys on the agent's worker model.
 func store(t *testing.T, a *Agent, m *setModel, rank int, keys ...uint64) {
 	t.Helper()
-	err := a.Publish(rank, 0, 0, func(d *events.Delta) error {
+	err := a.Publish(rank, 0, 0, func(_ uint64, d *events.Delta) error {
 		for _, k := range keys {
 			d.Entries = append(d.Entries, events.DeltaEntry{Op: events.DeltaStore, Key: k})
 		}
-		return m.ApplyDelta(d)
+		return m.ApplyDelta(0, d)
 	})
 	if err != nil {
 		t.Fatal(err)

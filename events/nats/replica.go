@@ -22,9 +22,9 @@ import (
 // KeyedSink is a replica's worker, fed with keyed deltas and snapshots:
 // the index implements it.
 type KeyedSink interface {
-	// ApplyDelta applies one delta's entries in order; an entry that does
+	// ApplyDelta applies delta seq's entries in order; an entry that does
 	// not fit the worker's state is an error (the source resyncs).
-	ApplyDelta(d *events.Delta) error
+	ApplyDelta(seq uint64, d *events.Delta) error
 	// Restore replaces the worker's state with a snapshot's segments (in
 	// the index's binary encoding, valid until the next call of next);
 	// next returns io.EOF after the last.
@@ -117,8 +117,12 @@ type Source struct {
 	workers map[string]*replicaWorker
 	wg      sync.WaitGroup
 
-	reconnects atomic.Int64
-	foreign    atomic.Int64 // registrations that do not parse or do not match their key
+	reconnects    atomic.Int64
+	watchRestarts atomic.Int64
+	foreign       atomic.Int64 // registrations that do not parse or do not match their key
+
+	logMu sync.Mutex // guards logl
+	logl  lograte.Limiter
 }
 
 // NewSource returns a source over nc feeding set. Nothing happens until
@@ -157,8 +161,52 @@ type replicaWorker struct {
 	logl  lograte.Limiter
 }
 
-// Run watches the bucket and syncs the workers until ctx is done.
+// Run watches the bucket and syncs the workers until ctx is done. NATS
+// being unreachable, JetStream not answering or the watch ending do not
+// stop it: it retries (with backoff to 10 s, counted in WatchRestarts)
+// while the workers it knows keep their state and their health says why.
 func (s *Source) Run(ctx context.Context) error {
+	prevReconnect := s.nc.Opts.ReconnectedCB
+	s.nc.SetReconnectHandler(func(nc *natsgo.Conn) {
+		s.reconnects.Add(1)
+		s.resyncAll("NATS reconnected: deltas may have been lost")
+		if prevReconnect != nil {
+			prevReconnect(nc)
+		}
+	})
+	prevDisconnect := s.nc.Opts.DisconnectedErrCB
+	s.nc.SetDisconnectErrHandler(func(nc *natsgo.Conn, err error) {
+		s.flagAll("NATS connection lost")
+		if prevDisconnect != nil {
+			prevDisconnect(nc, err)
+		}
+	})
+	defer s.stopAll()
+	backoff := s.o.ResyncBackoff
+	for {
+		err := s.watch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.watchRestarts.Add(1)
+		now := time.Now()
+		s.logMu.Lock()
+		ok, held := s.logl.Allow(now, s.o.LogEvery)
+		s.logMu.Unlock()
+		if ok {
+			s.log.Warn("watching the agents' bucket failed; retrying", "bucket", s.o.Bucket, "err", err, "suppressed", held)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// watch opens the bucket and follows its entries until the watch ends.
+func (s *Source) watch(ctx context.Context) error {
 	kv, err := Bucket(ctx, s.nc, s.o.Bucket, s.o.TTL)
 	if err != nil {
 		return err
@@ -176,38 +224,50 @@ func (s *Source) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("nats: watch bucket %s: %w", s.o.Bucket, err)
 	}
-	defer w.Stop()
-	prevReconnect := s.nc.Opts.ReconnectedCB
-	s.nc.SetReconnectHandler(func(nc *natsgo.Conn) {
-		s.reconnects.Add(1)
-		s.resyncAll("NATS reconnected: deltas may have been lost")
-		if prevReconnect != nil {
-			prevReconnect(nc)
-		}
-	})
-	s.nc.SetDisconnectErrHandler(func(*natsgo.Conn, error) {
-		s.flagAll("NATS connection lost")
-	})
+	defer func() { _ = w.Stop() }()
+	seen := map[string]bool{}
+	initial := true
 	for {
 		select {
 		case <-ctx.Done():
-			s.stopAll()
-			return nil
+			return ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				s.stopAll()
-				if ctx.Err() != nil {
-					return nil
-				}
 				return fmt.Errorf("nats: watch of bucket %s ended", s.o.Bucket)
 			}
 			if e == nil {
-				continue // the initial values are all delivered
+				// The initial values are all delivered: a worker known
+				// from an earlier watch and not among them is gone.
+				if initial {
+					initial = false
+					s.dropUnseen(seen)
+				}
+				continue
+			}
+			if initial {
+				seen[e.Key()] = true
 			}
 			s.onEntry(ctx, e)
 		}
 	}
 }
+
+// dropUnseen removes the workers whose keys a fresh watch did not list.
+func (s *Source) dropUnseen(seen map[string]bool) {
+	var gone []string
+	s.each(func(w *replicaWorker) {
+		if !seen[w.key] {
+			gone = append(gone, w.key)
+		}
+	})
+	for _, k := range gone {
+		s.remove(k)
+	}
+}
+
+// WatchRestarts counts restarts of the bucket watch (NATS or JetStream
+// unreachable, the watch ended).
+func (s *Source) WatchRestarts() int64 { return s.watchRestarts.Load() }
 
 // onEntry adds, updates or removes the worker of one bucket entry.
 func (s *Source) onEntry(ctx context.Context, e jetstream.KeyValueEntry) {
@@ -312,6 +372,10 @@ func (s *Source) flagAll(why string) {
 		w.note(why)
 	})
 }
+
+// Foreign counts bucket entries ignored because they do not parse or do
+// not match their key.
+func (s *Source) Foreign() int64 { return s.foreign.Load() }
 
 // Reconnects counts NATS reconnections (each resynced every worker).
 func (s *Source) Reconnects() int64 { return s.reconnects.Load() }
@@ -551,7 +615,7 @@ func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
 		return false
 	}
 	w.seq, w.fresh = w.msg.Seq, false
-	err := w.sink.ApplyDelta(&w.delta)
+	err := w.sink.ApplyDelta(w.seq, &w.delta)
 	w.mu.Lock()
 	w.stats.Batches++
 	w.stats.Events += int64(len(w.delta.Entries))

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -25,9 +26,11 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
+	kvnats "github.com/kvindex/kvindex/events/nats"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/fleet"
 	"github.com/kvindex/kvindex/internal/metrics"
 	"github.com/kvindex/kvindex/internal/scrape"
 	"github.com/kvindex/kvindex/internal/tlsreload"
@@ -42,6 +45,8 @@ type Daemon struct {
 	ix       *indexer.Index
 	srcs     sources // every event source, for the API and metrics
 	sub      *zmq.Subscriber
+	nc       *natsgo.Conn   // nil without fleet mode
+	fleet    *kvnats.Source // nil without fleet mode
 	tracker  *scoring.Tracker
 	scraper  *scrape.Scraper
 	grpc     *grpc.Server
@@ -111,6 +116,16 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.sub = sub
 	d.srcs = sources{sub}
+	if cfg.NATS.Enabled() {
+		if d.nc, err = fleet.Connect(cfg.NATS, "kvindex serve", log); err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		d.fleet = kvnats.NewSource(d.nc, fleet.NewReplicas(d.ix, log), kvnats.SourceOptions{
+			Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Models: cfg.NATS.Models,
+			LogEvery: cfg.Log.ProblemInterval, Logger: log,
+		})
+		d.srcs = append(d.srcs, d.fleet)
+	}
 
 	d.registry = prometheus.NewRegistry()
 	d.registry.MustRegister(
@@ -118,6 +133,16 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		metrics.NewCollector(d.ix, d.srcs),
 	)
+	if d.fleet != nil {
+		d.registry.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_reconnects_total", Help: "NATS reconnections (each resynced every fleet worker from a snapshot)."},
+				func() float64 { return float64(d.fleet.Reconnects()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_watch_restarts_total", Help: "Restarts of the watch of the agents' bucket (NATS or JetStream unreachable, the watch ended)."},
+				func() float64 { return float64(d.fleet.WatchRestarts()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_foreign_registrations_total", Help: "Entries of the agents' bucket ignored: they do not parse or do not match their key."},
+				func() float64 { return float64(d.fleet.Foreign()) }),
+		)
+	}
 	pol, err := cfg.Policy()
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
@@ -253,6 +278,9 @@ func (d *Daemon) MetricsAddr() string {
 // Index is the daemon's index.
 func (d *Daemon) Index() *indexer.Index { return d.ix }
 
+// Fleet is the daemon's NATS source, nil without fleet mode.
+func (d *Daemon) Fleet() *kvnats.Source { return d.fleet }
+
 // Subscriber is the daemon's event subscriber.
 func (d *Daemon) Subscriber() *zmq.Subscriber { return d.sub }
 
@@ -263,7 +291,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -272,6 +300,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 			cancel()
 		}
 	}()
+	if d.fleet != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.fleet.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("daemon: fleet: %w", err)
+				cancel()
+			}
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -324,6 +362,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		scancel()
 	}
 	wg.Wait()
+	if d.nc != nil {
+		d.nc.Close()
+	}
 	select {
 	case err := <-errc:
 		return err

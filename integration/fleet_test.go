@@ -1,0 +1,497 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
+	kvfleet "github.com/kvindex/kvindex/internal/fleet"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// These tests run fleet mode with every part real: simulated engines
+// speaking vLLM's ZeroMQ wire format (with replay), one kvindex agent per
+// pod subscribed to them, a NATS server in process with JetStream on
+// (nats-server/v2, the server a deployment runs), and kvindex serve
+// replicas following the agents over NATS. A daemon subscribed to the
+// same engines directly is the control: a replica must answer as it does.
+
+// natsServer is an in-process NATS server with JetStream; its store dir
+// survives Restart.
+type natsServer struct {
+	t    *testing.T
+	dir  string
+	port int
+	s    *server.Server
+}
+
+func startNATS(t *testing.T) *natsServer {
+	t.Helper()
+	n := &natsServer{t: t, dir: t.TempDir(), port: freePorts(t, 1)}
+	n.start()
+	t.Cleanup(func() { n.s.Shutdown() })
+	return n
+}
+
+func (n *natsServer) start() {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, StoreDir: n.dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		n.t.Fatal("nats server not ready")
+	}
+	n.s = s
+}
+
+
+func (n *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
+
+// agentProc is one running kvindex agent.
+type agentProc struct {
+	a      *kvfleet.Agent
+	nc     *natsgo.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startAgent runs the agent of pod podName of base's configuration.
+func startAgent(t *testing.T, base *config.Config, podName, natsURL string) *agentProc {
+	t.Helper()
+	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "off", Models: base.Models, Events: base.Events}
+	for _, p := range base.Pods {
+		if p.Name == podName {
+			cfg.Pods = append(cfg.Pods, p)
+		}
+	}
+	cfg.NATS = config.NATS{URL: natsURL, RegistrationTTL: 3 * time.Second}
+	cfg.Agent.Pod = podName
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := kvfleet.Connect(cfg.NATS, "test agent "+podName, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := kvfleet.NewAgent(ctx, cfg, nc, nil)
+	if err != nil {
+		cancel()
+		nc.Close()
+		t.Fatal(err)
+	}
+	p := &agentProc{a: a, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- a.Run(ctx) }()
+	t.Cleanup(func() { p.stop(t) })
+	return p
+}
+
+// stop ends the agent cleanly (its registrations are deleted).
+func (p *agentProc) stop(t *testing.T) {
+	if p.cancel == nil {
+		return
+	}
+	p.cancel()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("agent stopped with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("agent did not stop within 10s")
+	}
+	p.nc.Close()
+	p.cancel = nil
+}
+
+// startReplica runs kvindex serve in fleet mode, with no engines of its
+// own.
+func startReplica(t *testing.T, natsURL string) *fleet {
+	t.Helper()
+	r := newFleet(t, fleetOptions{configure: func(c *config.Config) {
+		c.NATS = config.NATS{URL: natsURL, RegistrationTTL: 3 * time.Second}
+	}})
+	r.start()
+	return r
+}
+
+// fleetRig is the whole fleet: engines, agents, replicas and the control.
+type fleetRig struct {
+	t        *testing.T
+	nats     *natsServer
+	direct   *fleet // the control, subscribed to the engines directly
+	agents   map[string]*agentProc
+	replicas []*fleet
+}
+
+func startFleetRig(t *testing.T, replicas int, specs ...podSpec) *fleetRig {
+	t.Helper()
+	for i := range specs {
+		if specs[i].replayFrames == 0 {
+			specs[i].replayFrames = 4
+		}
+	}
+	rig := &fleetRig{t: t, nats: startNATS(t), agents: map[string]*agentProc{}}
+	rig.direct = newFleet(t, fleetOptions{}, specs...)
+	rig.direct.cfg.SetDefaults()
+	for _, s := range specs {
+		rig.agents[s.name] = startAgent(t, rig.direct.cfg, s.name, rig.nats.url())
+	}
+	rig.direct.start()
+	rig.waitSubscribers(2)
+	for range replicas {
+		rig.replicas = append(rig.replicas, startReplica(t, rig.nats.url()))
+	}
+	return rig
+}
+
+// waitSubscribers waits until every engine has n subscribers (the control
+// and the pod's agent).
+func (r *fleetRig) waitSubscribers(n int) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for name, p := range r.direct.pods {
+		for _, pub := range p.pubs {
+			if err := pub.WaitForSubscribers(ctx, n); err != nil {
+				r.t.Fatalf("pod %s: %v", name, err)
+			}
+		}
+	}
+}
+
+// refs lists every worker of the engines.
+func (r *fleetRig) refs() []events.WorkerRef {
+	var out []events.WorkerRef
+	for name, p := range r.direct.pods {
+		for rank := range p.pubs {
+			out = append(out, events.WorkerRef{Pod: name, DPRank: rank})
+		}
+	}
+	return out
+}
+
+// converged reports whether every replica holds, for every worker, what
+// the worker's agent and the control hold (equal digests), and says what
+// differs when not.
+func (r *fleetRig) converged(replicas []*fleet) (bool, string) {
+	for _, ref := range r.refs() {
+		dw := r.direct.d.Index().LookupWorker(ref)
+		aw := r.agents[ref.Pod].a.Index().LookupWorker(ref)
+		if dw == nil || aw == nil {
+			return false, fmt.Sprintf("%s missing in the control or the agent", ref)
+		}
+		want := dw.Digest()
+		if got := aw.Digest(); got != want {
+			return false, fmt.Sprintf("%s: agent digest %x, control %x", ref, got, want)
+		}
+		for i, rep := range replicas {
+			rw := rep.d.Index().LookupWorker(ref)
+			if rw == nil {
+				return false, fmt.Sprintf("replica %d has no %s", i, ref)
+			}
+			if got := rw.Digest(); got != want {
+				return false, fmt.Sprintf("replica %d: %s digest %x, control %x", i, ref, got, want)
+			}
+		}
+	}
+	return true, ""
+}
+
+// waitConverged waits up to within for every replica to converge.
+func (r *fleetRig) waitConverged(within time.Duration, replicas ...*fleet) time.Duration {
+	r.t.Helper()
+	if len(replicas) == 0 {
+		replicas = r.replicas
+	}
+	start := time.Now()
+	var why string
+	for time.Since(start) < within {
+		var ok bool
+		if ok, why = r.converged(replicas); ok {
+			return time.Since(start)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.t.Fatalf("replicas did not converge within %v: %s", within, why)
+	return 0
+}
+
+// sameScores checks that every replica answers Score for each prompt as
+// the control does: the same workers with the same matched blocks and
+// media.
+func (r *fleetRig) sameScores(prompts [][]uint32) {
+	r.t.Helper()
+	for _, p := range prompts {
+		want := scoreMap(r.direct.score(&kvindexv1.ScoreRequest{TokenIds: p}))
+		for i, rep := range r.replicas {
+			got := scoreMap(rep.score(&kvindexv1.ScoreRequest{TokenIds: p}))
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				r.t.Fatalf("replica %d scores a %d-token prompt %v, the control %v", i, len(p), got, want)
+			}
+		}
+	}
+}
+
+// scoreMap is a Score answer as worker -> matched blocks and media.
+func scoreMap(resp *kvindexv1.ScoreResponse) map[string]string {
+	out := map[string]string{}
+	for _, w := range resp.GetWorkers() {
+		var media string
+		for _, m := range w.GetByMedium() {
+			media += fmt.Sprintf(" %s:%d", m.GetMedium(), m.GetBlocks())
+		}
+		out[fmt.Sprintf("%s/%d", w.GetWorker().GetPod(), w.GetWorker().GetDpRank())] = fmt.Sprintf("%d%s", w.GetMatchedBlocks(), media)
+	}
+	return out
+}
+
+// workload drives the engines with a random but realistic stream: prompts
+// sharing a few system prefixes, extended turn by turn (children of a
+// stored block), offloaded to CPU, evicted block by block, and now and
+// then cleared.
+type workload struct {
+	rig     *fleetRig
+	rng     *rand.Rand
+	engines map[events.WorkerRef]*engine
+	// held is each worker's stored chains: block hashes and their tokens.
+	held    map[events.WorkerRef][]chain
+	prompts [][]uint32
+}
+
+type chain struct {
+	hashes []uint64
+	toks   []uint32
+	medium string
+}
+
+func newWorkload(rig *fleetRig, seed uint64) *workload {
+	w := &workload{rig: rig, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), engines: map[events.WorkerRef]*engine{}, held: map[events.WorkerRef][]chain{}}
+	for i, ref := range rig.refs() {
+		w.engines[ref] = &engine{next: uint64(i) << 32}
+	}
+	return w
+}
+
+// step sends one batch to a random worker.
+func (w *workload) step() {
+	refs := w.rig.refs()
+	ref := refs[w.rng.IntN(len(refs))]
+	eng := w.engines[ref]
+	var evs []events.Event
+	switch op := w.rng.IntN(100); {
+	case op < 1:
+		evs = append(evs, cleared)
+		w.held[ref] = nil
+	case op < 35 && len(w.held[ref]) > 0:
+		// Evict a few blocks of one chain, from its tail (as vLLM's LRU
+		// does) or anywhere.
+		cs := w.held[ref]
+		i := w.rng.IntN(len(cs))
+		c := cs[i]
+		n := 1 + w.rng.IntN(len(c.hashes))
+		ev := removed(c.hashes[len(c.hashes)-n:]...)
+		ev.MediumName = c.medium
+		evs = append(evs, ev)
+		if c.hashes = c.hashes[:len(c.hashes)-n]; len(c.hashes) == 0 {
+			cs[i] = cs[len(cs)-1]
+			w.held[ref] = cs[:len(cs)-1]
+		} else {
+			c.toks = c.toks[:len(c.hashes)*blockSize]
+			cs[i] = c
+		}
+	case op < 60 && len(w.held[ref]) > 0:
+		// The next turn of a conversation: a child of a stored block.
+		cs := w.held[ref]
+		i := w.rng.IntN(len(cs))
+		c := cs[i]
+		more := tokens(fmt.Sprintf("turn %d", w.rng.Uint64()), (1+w.rng.IntN(4))*blockSize)
+		ev, hs := eng.store(c.hashes[len(c.hashes)-1], more)
+		ev.MediumName = c.medium
+		evs = append(evs, ev)
+		c.hashes = append(c.hashes[:len(c.hashes):len(c.hashes)], hs...)
+		c.toks = append(c.toks[:len(c.toks):len(c.toks)], more...)
+		cs[i] = c
+		w.prompts = append(w.prompts, c.toks)
+	default:
+		// A new request: one of five system prompts, then its own text.
+		sys := tokens(fmt.Sprintf("system %d", w.rng.IntN(5)), 4*blockSize)
+		toks := concat(sys, tokens(fmt.Sprintf("user %d", w.rng.Uint64()), (1+w.rng.IntN(6))*blockSize))
+		ev, hs := eng.store(0, toks)
+		medium := "GPU"
+		if w.rng.IntN(5) == 0 {
+			medium = "CPU"
+		}
+		ev.MediumName = medium
+		evs = append(evs, ev)
+		w.held[ref] = append(w.held[ref], chain{hashes: hs, toks: toks, medium: medium})
+		w.prompts = append(w.prompts, toks)
+	}
+	w.rig.direct.publish(ref.Pod, ref.DPRank, evs...)
+}
+
+// samplePrompts returns up to n prompts seen, the latest first.
+func (w *workload) samplePrompts(n int) [][]uint32 {
+	var out [][]uint32
+	for i := len(w.prompts) - 1; i >= 0 && len(out) < n; i-- {
+		out = append(out, w.prompts[i])
+	}
+	return out
+}
+
+// TestFleetReplicasMatchControl: two replicas follow three workers (a
+// pod with DP=2 and a single-rank pod) through a random stream of
+// stores, extensions, offloads, evictions and clears; after every 25
+// batches each replica holds exactly what the control holds (digests)
+// and answers Score as it does.
+func TestFleetReplicasMatchControl(t *testing.T) {
+	rig := startFleetRig(t, 2, podSpec{name: "p0", dpSize: 2}, podSpec{name: "p1"})
+	w := newWorkload(rig, 1)
+	for i := 1; i <= 300; i++ {
+		w.step()
+		if i%25 == 0 {
+			rig.waitConverged(10 * time.Second)
+			rig.sameScores(w.samplePrompts(20))
+		}
+	}
+	// The replicas' worker list names the fleet as their source.
+	st := rig.replicas[0].status("p0", 1)
+	if st.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+		t.Fatalf("replica's p0/1 health %v (%s), want OK", st.GetHealth(), st.GetHealthReason())
+	}
+	if got := st.GetEndpoint(); got == "" || got[:5] != "nats:" {
+		t.Fatalf("replica's p0/1 endpoint %q, want nats:<subject>", got)
+	}
+}
+
+// TestFleetReplicaJoinsLate: a replica started after the engines have
+// state loads it by snapshot and then follows.
+func TestFleetReplicaJoinsLate(t *testing.T) {
+	rig := startFleetRig(t, 0, podSpec{name: "p0", dpSize: 2})
+	w := newWorkload(rig, 2)
+	for range 150 {
+		w.step()
+	}
+	rig.replicas = append(rig.replicas, startReplica(t, rig.nats.url()))
+	rig.waitConverged(10 * time.Second)
+	rig.sameScores(w.samplePrompts(30))
+	for range 50 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.sameScores(w.samplePrompts(30))
+}
+
+// crash ends the agent as a killed process would: its NATS connection
+// drops first, so its registrations stay until their TTL.
+func (p *agentProc) crash(t *testing.T) {
+	p.nc.Close()
+	p.stop(t)
+}
+
+// TestFleetReplicaRestart: a replica stopped and replaced by a new one
+// (a pod rescheduled) converges from snapshots while the engines keep
+// going.
+func TestFleetReplicaRestart(t *testing.T) {
+	rig := startFleetRig(t, 1, podSpec{name: "p0", dpSize: 2}, podSpec{name: "p1"})
+	w := newWorkload(rig, 3)
+	for range 100 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.replicas[0].stop()
+	for range 50 {
+		w.step()
+	}
+	rig.replicas[0] = startReplica(t, rig.nats.url())
+	took := rig.waitConverged(10 * time.Second)
+	t.Logf("replacement replica converged %v after it started", took)
+	rig.sameScores(w.samplePrompts(30))
+}
+
+// TestFleetAgentRestart: an agent that stops cleanly (its workers leave
+// the replicas at once) or is killed (its registrations outlive it until
+// their TTL) comes back with a new epoch, rebuilds its pod from the
+// engines' replay buffers, and the replicas resync from it.
+func TestFleetAgentRestart(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clean", true: "killed"}[kill], func(t *testing.T) {
+			rig := startFleetRig(t, 1, podSpec{name: "p0", dpSize: 2}, podSpec{name: "p1"})
+			w := newWorkload(rig, 4)
+			for range 100 {
+				w.step()
+			}
+			rig.waitConverged(10 * time.Second)
+			epoch := rig.agents["p0"].a.NATS().Epoch()
+			if kill {
+				rig.agents["p0"].crash(t)
+			} else {
+				rig.agents["p0"].stop(t)
+				// A clean stop deletes the registrations: the replica
+				// drops p0's workers rather than serve a frozen copy.
+				rig.replicas[0].waitFor(func() bool {
+					return rig.replicas[0].d.Index().LookupWorker(events.WorkerRef{Pod: "p0", DPRank: 1}) == nil
+				}, "the replica to drop p0's workers")
+			}
+			for range 30 {
+				w.step() // p0's events reach only the control meanwhile
+			}
+			rig.agents["p0"] = startAgent(t, rig.direct.cfg, "p0", rig.nats.url())
+			if rig.agents["p0"].a.NATS().Epoch() == epoch {
+				t.Fatal("the restarted agent kept its epoch")
+			}
+			rig.waitConverged(15 * time.Second)
+			rig.sameScores(w.samplePrompts(30))
+			for range 30 {
+				w.step()
+			}
+			rig.waitConverged(10 * time.Second)
+		})
+	}
+}
+
+// TestFleetNATSRestart: the NATS server goes away for a second (a
+// restart, or a partition between it and everyone); the engines keep
+// producing, the agents keep indexing, and once NATS is back every
+// replica resyncs and converges. While it is down the replica's workers
+// say why they may be behind.
+func TestFleetNATSRestart(t *testing.T) {
+	rig := startFleetRig(t, 1, podSpec{name: "p0", dpSize: 2})
+	w := newWorkload(rig, 5)
+	for range 80 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.nats.s.Shutdown()
+	rig.nats.s.WaitForShutdown()
+	rig.replicas[0].waitFor(func() bool {
+		return rig.replicas[0].status("p0", 0).GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_RECOVERING
+	}, "the replica to flag its fleet workers while NATS is down")
+	for range 60 {
+		w.step()
+	}
+	time.Sleep(time.Second)
+	rig.nats.start()
+	took := rig.waitConverged(20 * time.Second)
+	t.Logf("converged %v after NATS came back", took)
+	rig.sameScores(w.samplePrompts(30))
+	if n := rig.replicas[0].d.Fleet().Reconnects(); n < 1 {
+		t.Fatalf("replica counted %d reconnections, want >= 1", n)
+	}
+	for range 30 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	if h := rig.replicas[0].status("p0", 1).GetHealth(); h != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+		t.Fatalf("after NATS is back, p0/1 health %v, want OK", h)
+	}
+}
