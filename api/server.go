@@ -617,6 +617,9 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 		if !st.LastApply.IsZero() {
 			ws.LastEventTime = timestamppb.New(st.LastApply)
 		}
+		if req.GetDigests() {
+			ws.Digest, ws.HasDigest = w.Digest(), true
+		}
 		byRef[info.Ref] = ws
 		refs = append(refs, info.Ref)
 	}

@@ -363,6 +363,31 @@ func TestFleetReplicasMatchControl(t *testing.T) {
 			rig.sameScores(w.samplePrompts(20))
 		}
 	}
+	// ListWorkers shows the digests (when asked): equal on the control and
+	// both replicas, and not computed unless asked.
+	digests := func(f *fleet, ask bool) map[string]string {
+		resp, err := f.client.ListWorkers(context.Background(), &kvindexv1.ListWorkersRequest{Digests: ask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, ws := range resp.GetWorkers() {
+			out[fmt.Sprintf("%s/%d", ws.GetWorker().GetPod(), ws.GetWorker().GetDpRank())] = fmt.Sprintf("%v:%x", ws.GetHasDigest(), ws.GetDigest())
+		}
+		return out
+	}
+	want := digests(rig.direct, true)
+	if len(want) != 3 || want["p0/0"] == "true:0" || want["p0/0"] == want["p0/1"] {
+		t.Fatalf("control's digests %v: want three distinct non-empty workers", want)
+	}
+	for i, rep := range rig.replicas {
+		if got := digests(rep, true); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("replica %d's ListWorkers digests %v, the control's %v", i, got, want)
+		}
+	}
+	if got := digests(rig.replicas[0], false); got["p0/0"] != "false:0" {
+		t.Fatalf("digest without asking: %v", got)
+	}
 	// The replicas' worker list names the fleet as their source.
 	st := rig.replicas[0].status("p0", 1)
 	if st.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {

@@ -116,7 +116,7 @@ func (cfg Config) now() time.Time {
 // Workers lists the server's workers (of model, when not empty) on cfg.Out.
 func Workers(ctx context.Context, cfg Config, model string) error {
 	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model})
+		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model, Digests: true})
 		if err != nil {
 			return callError("workers", cfg.Addr, err)
 		}

@@ -156,7 +156,7 @@ func TestRenderWorkers(t *testing.T) {
 			Gaps: 2, Restarts: 1, DecodeErrors: 1, ApplyErrors: 2, Orphans: 5, LastError: "bad msgpack",
 			Health: kvindexv1.WorkerHealth_WORKER_HEALTH_STALE, StaleSince: timestamppb.New(now.Add(-12 * time.Second)),
 			UnrecoveredGaps: 1, ReplayEndpoint: "tcp://10.0.0.1:5567", Replays: 3, ReplayedBatches: 14, ReplayFailures: 1,
-			Clears: 4, JoinedAtSeq: 90,
+			Clears: 4, JoinedAtSeq: 90, Digest: 0x00ab_cdef_0123_4567, HasDigest: true,
 		},
 		{
 			Worker: &kvindexv1.WorkerRef{Pod: "pod-b", DpRank: 1}, Model: "llama", Endpoint: "tcp://10.0.0.2:5557",
@@ -169,9 +169,9 @@ func TestRenderWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"WORKER MODEL ENDPOINT HEALTH SEQ LAST EVENT RESIDENT GAPS REPLAYS RESTARTS CLEARS ERRORS ORPHANS",
-		"pod-a/0 llama tcp://10.0.0.1:5557 STALE 12s 1234 3s ago 120 (GPU 100, CPU 40) 2 (1 lost) 3/14 (1 failed) 1 4 3 5",
-		"pod-b/1 llama tcp://10.0.0.2:5557 OK - never 7 0 - 0 0 0 0",
+		"WORKER MODEL ENDPOINT HEALTH SEQ LAST EVENT RESIDENT GAPS REPLAYS RESTARTS CLEARS ERRORS ORPHANS DIGEST",
+		"pod-a/0 llama tcp://10.0.0.1:5557 STALE 12s 1234 3s ago 120 (GPU 100, CPU 40) 2 (1 lost) 3/14 (1 failed) 1 4 3 5 00abcdef01234567",
+		"pod-b/1 llama tcp://10.0.0.2:5557 OK - never 7 0 - 0 0 0 0 -",
 		"pod-a/0: joined late at seq 90: blocks stored before it are unknown",
 		"pod-a/0: last error: bad msgpack",
 	}

@@ -39,7 +39,8 @@ func WorkerName(r *kvindexv1.WorkerRef) string {
 // RenderWorkers prints one row per worker: WORKER, MODEL, ENDPOINT, SEQ,
 // HEALTH, SEQ, LAST EVENT (as an age relative to now), RESIDENT, GAPS (and
 // how many were lost beyond replay), REPLAYS (requests/batches applied),
-// RESTARTS, CLEARS, ERRORS (decode + apply) and ORPHANS, then notes on
+// RESTARTS, CLEARS, ERRORS (decode + apply), ORPHANS and DIGEST (of the
+// resident set: equal on every replica that holds the same), then notes on
 // anything that makes the worker's answers less than exact.
 func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Time) error {
 	if len(resp.GetWorkers()) == 0 {
@@ -47,7 +48,7 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "WORKER\tMODEL\tENDPOINT\tHEALTH\tSEQ\tLAST EVENT\tRESIDENT\tGAPS\tREPLAYS\tRESTARTS\tCLEARS\tERRORS\tORPHANS")
+	fmt.Fprintln(tw, "WORKER\tMODEL\tENDPOINT\tHEALTH\tSEQ\tLAST EVENT\tRESIDENT\tGAPS\tREPLAYS\tRESTARTS\tCLEARS\tERRORS\tORPHANS\tDIGEST")
 	var notes []string
 	for _, ws := range resp.GetWorkers() {
 		seq := "-"
@@ -58,9 +59,13 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		if ws.GetLastEventTime() != nil {
 			last = Age(now.Sub(ws.GetLastEventTime().AsTime()))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n",
+		digest := "-"
+		if ws.GetHasDigest() {
+			digest = fmt.Sprintf("%016x", ws.GetDigest())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n",
 			WorkerName(ws.GetWorker()), orDash(ws.GetModel()), orDash(ws.GetEndpoint()), health(ws, now), seq, last,
-			resident(ws), gaps(ws), replays(ws), ws.GetRestarts(), ws.GetClears(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans())
+			resident(ws), gaps(ws), replays(ws), ws.GetRestarts(), ws.GetClears(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans(), digest)
 		name := WorkerName(ws.GetWorker())
 		if r := ws.GetHealthReason(); r != "" {
 			notes = append(notes, fmt.Sprintf("%s: %s: %s", name, health(ws, now), r))

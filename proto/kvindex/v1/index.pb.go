@@ -1277,7 +1277,11 @@ type ListWorkersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// model, when set, lists only the workers of that model; it must be one
 	// kvindex indexes.
-	Model         string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// digests asks for each worker's digest (WorkerStatus.digest). It costs
+	// a pass over the worker's blocks (about 20 ns a block fed engine
+	// events, 3 ns a fleet worker), so it is off unless asked.
+	Digests       bool `protobuf:"varint,2,opt,name=digests,proto3" json:"digests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1317,6 +1321,13 @@ func (x *ListWorkersRequest) GetModel() string {
 		return x.Model
 	}
 	return ""
+}
+
+func (x *ListWorkersRequest) GetDigests() bool {
+	if x != nil {
+		return x.Digests
+	}
+	return false
 }
 
 // ListWorkersResponse lists workers with their health counters.
@@ -1487,7 +1498,16 @@ type WorkerStatus struct {
 	Duplicates uint64 `protobuf:"varint,46,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
 	// conflicts counts times two publishers were found on the worker's
 	// topic.
-	Conflicts     uint64 `protobuf:"varint,47,opt,name=conflicts,proto3" json:"conflicts,omitempty"`
+	Conflicts uint64 `protobuf:"varint,47,opt,name=conflicts,proto3" json:"conflicts,omitempty"`
+	// digest is an order-independent digest of the worker's resident set
+	// (its content keys and the media each is held in), when the request
+	// asked for digests. Two indexes holding the same keys in the same media
+	// for a worker have equal digests, whatever fed them (the engine's
+	// events directly, or a fleet agent's deltas and snapshots); different
+	// sets differ but for a chance of about 2^-64. An empty worker's is 0.
+	Digest uint64 `protobuf:"fixed64,48,opt,name=digest,proto3" json:"digest,omitempty"`
+	// has_digest is true when digest was computed.
+	HasDigest     bool `protobuf:"varint,49,opt,name=has_digest,json=hasDigest,proto3" json:"has_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1851,6 +1871,20 @@ func (x *WorkerStatus) GetConflicts() uint64 {
 	return 0
 }
 
+func (x *WorkerStatus) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetHasDigest() bool {
+	if x != nil {
+		return x.HasDigest
+	}
+	return false
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2000,11 +2034,12 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\vMediumMatch\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x16\n" +
-	"\x06tokens\x18\x03 \x01(\rR\x06tokens\"*\n" +
+	"\x06tokens\x18\x03 \x01(\rR\x06tokens\"D\n" +
 	"\x12ListWorkersRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"I\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\adigests\x18\x02 \x01(\bR\adigests\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xba\r\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xf1\r\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -2058,7 +2093,10 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"duplicates\x18. \x01(\x04R\n" +
 	"duplicates\x12\x1c\n" +
-	"\tconflicts\x18/ \x01(\x04R\tconflicts\"=\n" +
+	"\tconflicts\x18/ \x01(\x04R\tconflicts\x12\x16\n" +
+	"\x06digest\x180 \x01(\x06R\x06digest\x12\x1d\n" +
+	"\n" +
+	"has_digest\x181 \x01(\bR\thasDigest\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\xce\x01\n" +
