@@ -4,15 +4,27 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
+	kvnats "github.com/kvindex/kvindex/events/nats"
 	"github.com/kvindex/kvindex/internal/config"
 	kvfleet "github.com/kvindex/kvindex/internal/fleet"
+	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -519,4 +531,450 @@ func TestFleetNATSRestart(t *testing.T) {
 	if h := rig.replicas[0].status("p0", 1).GetHealth(); h != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
 		t.Fatalf("after NATS is back, p0/1 health %v, want OK", h)
 	}
+}
+
+// TestFleetEngineRestart: the engine restarts under a running agent (its
+// seq returns to 0, its cache is empty); the agent clears the worker and
+// publishes the clear, and the replicas follow the new process.
+func TestFleetEngineRestart(t *testing.T) {
+	rig := startFleetRig(t, 1, podSpec{name: "p0", dpSize: 2})
+	w := newWorkload(rig, 6)
+	for range 80 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	ref := events.WorkerRef{Pod: "p0", DPRank: 1}
+	if rig.replicas[0].d.Index().LookupWorker(ref).Stats().ResidentBlocks == 0 {
+		t.Fatal("p0/1 holds nothing before the restart; the test needs state to lose")
+	}
+	rig.direct.pods["p0"].pubs[1].SetSeq(0) // a new engine process
+	w.held[ref] = nil
+	w.step() // the restart shows with the next batch
+	for range 40 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.sameScores(w.samplePrompts(30))
+	if st := rig.agents["p0"].a.Subscriber().WorkerStats(); len(st) == 0 {
+		t.Fatal("agent has no stream stats")
+	}
+	var restarts int64
+	for _, st := range rig.agents["p0"].a.Subscriber().WorkerStats() {
+		if st.Worker == ref {
+			restarts = st.Restarts
+		}
+	}
+	if restarts == 0 {
+		t.Fatal("the agent did not see the engine restart")
+	}
+}
+
+// forge publishes a delta message for ref on its subject, as copied from
+// the agent's last one with another seq (a stand-in for messages the
+// replica never got: it sees the seq jump).
+func forgeGap(t *testing.T, nc *natsgo.Conn, subject string, last *natsgo.Msg, skip uint64) {
+	t.Helper()
+	var d fleetv1.Delta
+	if err := proto.Unmarshal(last.Data, &d); err != nil {
+		t.Fatal(err)
+	}
+	d.Seq += skip
+	b, err := proto.Marshal(&d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(subject, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFleetDuplicatedAndDroppedDeltas: every delta of a worker arrives
+// twice (a republisher on its subject), and then the replica misses some
+// (a message with a seq past the next); duplicates are counted and
+// dropped, the gap resyncs the worker from a snapshot, first clearing
+// what it held (answers must not name blocks it may no longer hold while
+// the snapshot loads), and the replica converges.
+func TestFleetDuplicatedAndDroppedDeltas(t *testing.T) {
+	rig := startFleetRig(t, 1, podSpec{name: "p0"})
+	w := newWorkload(rig, 7)
+	for range 20 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	subject := kvnats.DeltaSubject(model, events.WorkerRef{Pod: "p0"})
+	nc, err := natsgo.Connect(rig.nats.url(), natsgo.NoEcho()) // not its own republished copies
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	var last *natsgo.Msg
+	dup, err := nc.Subscribe(subject, func(m *natsgo.Msg) {
+		mu.Lock()
+		last = m
+		mu.Unlock()
+		_ = nc.Publish(subject, m.Data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 60 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.sameScores(w.samplePrompts(20))
+	st := rig.replicas[0].status("p0", 0)
+	if st.GetDuplicates() < 50 || st.GetDuplicates() > 60 {
+		t.Fatalf("replica counted %d duplicates of 60 republished deltas (a few may fall within a resync)", st.GetDuplicates())
+	}
+	_ = dup.Unsubscribe()
+	resetsBefore := st.GetResets()
+
+	mu.Lock()
+	m := last
+	mu.Unlock()
+	forgeGap(t, nc, subject, m, 3)
+	rig.replicas[0].waitFor(func() bool { return rig.replicas[0].status("p0", 0).GetGaps() >= 1 }, "the replica to count the gap")
+	for range 20 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.sameScores(w.samplePrompts(20))
+	st = rig.replicas[0].status("p0", 0)
+	if st.GetResets() != resetsBefore+1 || !strings.HasPrefix(st.GetLastReset(), "fleet resync: deltas") {
+		t.Fatalf("after the gap: resets %d (was %d), last reset %q; want one more, for the resync", st.GetResets(), resetsBefore, st.GetLastReset())
+	}
+	if st.GetMissedBatches() < 2 {
+		t.Fatalf("missed batches %d, want >= 2", st.GetMissedBatches())
+	}
+}
+
+// TestFleetAgentGoesSilent: a killed agent that does not come back. Its
+// registration is not refreshed, so after half its TTL the replica marks
+// its workers STALE (left out of answers, saying why), and when the entry
+// expires the replica drops them.
+func TestFleetAgentGoesSilent(t *testing.T) {
+	rig := startFleetRig(t, 1, podSpec{name: "p0"}, podSpec{name: "p1"})
+	w := newWorkload(rig, 8)
+	for range 40 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	rig.agents["p1"].crash(t)
+	killed := time.Now()
+	rep := rig.replicas[0]
+	rep.waitFor(func() bool {
+		return rep.status("p1", 0).GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_STALE
+	}, "the replica to mark the silent agent's worker STALE")
+	if took := time.Since(killed); took > 3*time.Second {
+		t.Fatalf("STALE after %v, want within the 3 s TTL", took)
+	}
+	if r := rep.status("p1", 0).GetHealthReason(); !strings.Contains(r, "has not refreshed its registration") {
+		t.Fatalf("STALE reason %q", r)
+	}
+	if h := rep.status("p0", 0).GetHealth(); h != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+		t.Fatalf("the live agent's worker is %v", h)
+	}
+	for _, p := range w.samplePrompts(20) {
+		if n, _ := matched(rep.score(&kvindexv1.ScoreRequest{TokenIds: p}), "p1", 0); n != 0 {
+			t.Fatalf("a STALE worker is named with %d blocks", n)
+		}
+	}
+	rep.waitFor(func() bool {
+		return rep.d.Index().LookupWorker(events.WorkerRef{Pod: "p1"}) == nil
+	}, "the expired registration to remove the worker")
+}
+
+// blackhole is a TCP proxy that can stop passing bytes without closing
+// anything, as a network partition does.
+type blackhole struct {
+	t      *testing.T
+	lis    net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{t: t, lis: lis, target: target}
+	t.Cleanup(func() { lis.Close(); b.closeAll() })
+	go b.accept()
+	return b
+}
+
+func (b *blackhole) url() string { return "nats://" + b.lis.Addr().String() }
+
+func (b *blackhole) accept() {
+	for {
+		c, err := b.lis.Accept()
+		if err != nil {
+			return
+		}
+		b.mu.Lock()
+		cut := b.cut
+		b.conns = append(b.conns, c)
+		b.mu.Unlock()
+		if cut {
+			continue // held open, silent: a connection attempt into the partition
+		}
+		up, err := net.Dial("tcp", b.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		b.mu.Lock()
+		b.conns = append(b.conns, up)
+		b.mu.Unlock()
+		go b.pipe(c, up)
+		go b.pipe(up, c)
+	}
+}
+
+// pipe copies while the proxy is not cut; once cut, bytes stop (they are
+// held, as a partitioned network's are, and then the connection is
+// dropped when the partition heals).
+func (b *blackhole) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			dst.Close()
+			return
+		}
+		for {
+			b.mu.Lock()
+			cut := b.cut
+			b.mu.Unlock()
+			if !cut {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			src.Close()
+			return
+		}
+	}
+}
+
+// partition stops all traffic; heal drops the connections that were open
+// across it (the server has long since timed them out) and lets new ones
+// through.
+func (b *blackhole) partition() { b.mu.Lock(); b.cut = true; b.mu.Unlock() }
+
+func (b *blackhole) heal() {
+	b.closeAll()
+	b.mu.Lock()
+	b.cut = false
+	b.mu.Unlock()
+}
+
+func (b *blackhole) closeAll() {
+	b.mu.Lock()
+	cs := b.conns
+	b.conns = nil
+	b.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// TestFleetReplicaPartitioned: one replica is cut off from NATS for 10 s
+// by a partition (no bytes, nothing closed). The other replica is not
+// disturbed; the cut one stops trusting its copy (STALE within the
+// registration's half-TTL, as no heartbeat reaches it), and once the
+// network heals it reconnects, resyncs and converges.
+func TestFleetReplicaPartitioned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 10 s partition")
+	}
+	rig := startFleetRig(t, 1, podSpec{name: "p0", dpSize: 2})
+	bh := newBlackhole(t, fmt.Sprintf("127.0.0.1:%d", rig.nats.port))
+	cutRep := startReplica(t, bh.url())
+	w := newWorkload(rig, 9)
+	for range 60 {
+		w.step()
+	}
+	rig.waitConverged(10*time.Second, rig.replicas[0], cutRep)
+	bh.partition()
+	start := time.Now()
+	cutRep.waitFor(func() bool {
+		return cutRep.status("p0", 0).GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_STALE
+	}, "the partitioned replica to mark its workers STALE")
+	t.Logf("partitioned replica STALE after %v (%s)", time.Since(start).Round(time.Millisecond), cutRep.status("p0", 0).GetHealthReason())
+	for time.Since(start) < 10*time.Second {
+		w.step()
+		time.Sleep(50 * time.Millisecond)
+	}
+	rig.waitConverged(5*time.Second, rig.replicas[0]) // the other replica followed throughout
+	bh.heal()
+	took := rig.waitConverged(20*time.Second, cutRep)
+	t.Logf("converged %v after the partition healed", took)
+	rig.replicas = append(rig.replicas, cutRep)
+	rig.sameScores(w.samplePrompts(30))
+	cutRep.waitFor(func() bool {
+		return cutRep.status("p0", 1).GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_OK
+	}, "the healed replica's workers to be OK")
+}
+
+// proc is a kvindex binary run as a child process.
+type proc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan error
+}
+
+func startProc(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, cmd: exec.Command(bin, args...), logs: &syncBuffer{}, done: make(chan error, 1)}
+	p.cmd.Stderr = p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+// kill ends the process with SIGKILL: no cleanup of any kind runs.
+func (p *proc) kill() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.t.Errorf("process %s did not die on SIGKILL", p.cmd.Path)
+	}
+}
+
+// writeConfig writes c as YAML in dir and returns its path.
+func writeConfig(t *testing.T, dir, name string, c *config.Config) string {
+	t.Helper()
+	text, err := config.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// remoteDigests asks a kvindex at addr for its workers' digests.
+func remoteDigests(addr string) (map[events.WorkerRef]uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := api.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Digests: true})
+	if err != nil {
+		return nil, err
+	}
+	out := map[events.WorkerRef]uint64{}
+	for _, ws := range resp.GetWorkers() {
+		if ws.GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+			out[events.WorkerRef{Pod: ws.GetWorker().GetPod(), DPRank: int(ws.GetWorker().GetDpRank())}] = ws.GetDigest()
+		}
+	}
+	return out, nil
+}
+
+// waitRemoteConverged waits until the kvindex at addr lists every worker
+// OK with the control's digest.
+func (r *fleetRig) waitRemoteConverged(addr string, within time.Duration, logs *syncBuffer) time.Duration {
+	r.t.Helper()
+	start := time.Now()
+	var why string
+	for time.Since(start) < within {
+		got, err := remoteDigests(addr)
+		if err != nil {
+			why = err.Error()
+		} else {
+			why = ""
+			for _, ref := range r.refs() {
+				if want := r.direct.d.Index().LookupWorker(ref).Digest(); got[ref] != want {
+					why = fmt.Sprintf("%s: digest %x, control %x (OK workers: %d)", ref, got[ref], want, len(got))
+					break
+				}
+			}
+			if why == "" {
+				return time.Since(start)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.t.Fatalf("kvindex at %s did not converge within %v: %s\nits logs:\n%s", addr, within, why, logs.String())
+	return 0
+}
+
+// TestFleetBinariesKill9 runs the real binaries, kvindex agent beside
+// each pod and kvindex serve as a replica, and kills each with SIGKILL:
+// the replica comes back empty and converges from the agents' snapshots;
+// the agent comes back with a new epoch (its old registration left behind
+// until replaced), rebuilds from the engine's replay buffer and the
+// replica resyncs from it.
+func TestFleetBinariesKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kvindex")
+	if b, err := exec.Command("go", "build", "-o", bin, "../cmd/kvindex").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, b)
+	}
+	rig := &fleetRig{t: t, nats: startNATS(t), agents: map[string]*agentProc{}}
+	rig.direct = newFleet(t, fleetOptions{}, podSpec{name: "p0", dpSize: 2, replayFrames: 4})
+	rig.direct.cfg.SetDefaults()
+	rig.direct.start()
+	nats := config.NATS{URL: rig.nats.url(), RegistrationTTL: 3 * time.Second}
+	agentCfg := writeConfig(t, dir, "agent.yaml", &config.Config{MetricsListen: config.MetricsOff, Models: rig.direct.cfg.Models, Pods: rig.direct.cfg.Pods, NATS: nats})
+	replicaAddr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1))
+	replicaCfg := writeConfig(t, dir, "replica.yaml", &config.Config{GRPCListen: replicaAddr, MetricsListen: config.MetricsOff, NATS: nats})
+
+	agent := startProc(t, bin, "agent", "--config", agentCfg, "--log-format", "json")
+	rig.waitSubscribers(2)
+	replica := startProc(t, bin, "serve", "--config", replicaCfg, "--log-format", "json")
+	w := newWorkload(rig, 10)
+	for range 80 {
+		w.step()
+	}
+	rig.waitRemoteConverged(replicaAddr, 15*time.Second, replica.logs)
+
+	replica.kill()
+	for range 30 {
+		w.step()
+	}
+	replica = startProc(t, bin, "serve", "--config", replicaCfg, "--log-format", "json")
+	took := rig.waitRemoteConverged(replicaAddr, 15*time.Second, replica.logs)
+	t.Logf("replica restarted after kill -9 converged in %v (process start included)", took)
+
+	agent.kill()
+	for range 30 {
+		w.step() // within the engines' replay buffers
+	}
+	agent = startProc(t, bin, "agent", "--config", agentCfg, "--log-format", "json")
+	took = rig.waitRemoteConverged(replicaAddr, 15*time.Second, agent.logs)
+	t.Logf("after the agent's kill -9 and restart the replica converged in %v", took)
+	for range 30 {
+		w.step()
+	}
+	rig.waitRemoteConverged(replicaAddr, 10*time.Second, replica.logs)
 }

@@ -61,6 +61,11 @@ type SourceOptions struct {
 	// ResyncBackoff is the wait before retrying a failed resync, doubling
 	// to 10 s; 0 means 200 ms.
 	ResyncBackoff time.Duration
+	// StaleAfterDisconnect marks every worker STALE (left out of answers)
+	// once NATS has been unreachable this long: its state is then too old
+	// to route by. Until then the workers are RECOVERING. 0 means 5 s;
+	// negative, never.
+	StaleAfterDisconnect time.Duration
 	// LogEvery rate-limits repeated problem logs per worker; 0 means 1 min.
 	LogEvery time.Duration
 	// Logger receives problem reports; nil discards them.
@@ -85,6 +90,9 @@ func (o *SourceOptions) defaults() {
 	}
 	if o.LogEvery <= 0 {
 		o.LogEvery = time.Minute
+	}
+	if o.StaleAfterDisconnect == 0 {
+		o.StaleAfterDisconnect = 5 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -119,6 +127,7 @@ type Source struct {
 
 	reconnects    atomic.Int64
 	watchRestarts atomic.Int64
+	downSince     atomic.Int64 // unix ns NATS was lost at; 0 while connected
 	foreign       atomic.Int64 // registrations that do not parse or do not match their key
 
 	logMu sync.Mutex // guards logl
@@ -145,10 +154,17 @@ type replicaWorker struct {
 	sub    *natsgo.Subscription
 	health events.HealthCell
 
-	regMu sync.Mutex // guards reg
-	reg   *fleetv1.Registration
+	regMu  sync.Mutex // guards reg and regRev
+	reg    *fleetv1.Registration
+	regRev uint64 // the bucket revision of reg
 
-	live atomic.Bool // synced and following the stream
+	live  atomic.Bool  // synced and following the stream
+	regAt atomic.Int64 // unix ns the registration was last written (as received here)
+
+	// synced: the worker has been live once, so a resync replaces a state
+	// that may name blocks the worker no longer holds (owned by the
+	// worker's goroutine).
+	synced bool
 
 	// owned by the worker's goroutine
 	epoch, seq uint64
@@ -156,8 +172,9 @@ type replicaWorker struct {
 	msg        fleetv1.Delta
 	delta      events.Delta
 
-	mu    sync.Mutex // guards stats and log
-	stats events.WorkerStats
+	mu       sync.Mutex // guards stats, staleWhy and log
+	stats    events.WorkerStats
+	staleWhy string // why the worker is STALE, "" when it is not
 	logl  lograte.Limiter
 }
 
@@ -168,6 +185,7 @@ type replicaWorker struct {
 func (s *Source) Run(ctx context.Context) error {
 	prevReconnect := s.nc.Opts.ReconnectedCB
 	s.nc.SetReconnectHandler(func(nc *natsgo.Conn) {
+		s.downSince.Store(0)
 		s.reconnects.Add(1)
 		s.resyncAll("NATS reconnected: deltas may have been lost")
 		if prevReconnect != nil {
@@ -176,12 +194,16 @@ func (s *Source) Run(ctx context.Context) error {
 	})
 	prevDisconnect := s.nc.Opts.DisconnectedErrCB
 	s.nc.SetDisconnectErrHandler(func(nc *natsgo.Conn, err error) {
+		s.downSince.CompareAndSwap(0, time.Now().UnixNano())
 		s.flagAll("NATS connection lost")
 		if prevDisconnect != nil {
 			prevDisconnect(nc, err)
 		}
 	})
 	defer s.stopAll()
+	wdone := make(chan struct{})
+	defer func() { <-wdone }()
+	go func() { defer close(wdone); s.watchdog(ctx) }()
 	backoff := s.o.ResyncBackoff
 	for {
 		err := s.watch(ctx)
@@ -265,6 +287,40 @@ func (s *Source) dropUnseen(seen map[string]bool) {
 	}
 }
 
+// watchdog re-derives every worker's health a few times a second, so that
+// time alone (NATS down too long, an agent gone silent) turns workers
+// STALE without an event to trigger it.
+func (s *Source) watchdog(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.each(func(w *replicaWorker) { w.refreshHealth() })
+		}
+	}
+}
+
+// staleReason says why a worker's state is too old to route by, "" when
+// it is not: NATS unreachable past StaleAfterDisconnect, or the agent's
+// registration not refreshed for half its TTL (two heartbeats missed:
+// the agent is dead or cut off, and its entry will expire).
+func (w *replicaWorker) staleReason(now time.Time) string {
+	if d := w.src.downSince.Load(); d != 0 && w.src.o.StaleAfterDisconnect > 0 {
+		if down := now.Sub(time.Unix(0, d)); down >= w.src.o.StaleAfterDisconnect {
+			return fmt.Sprintf("NATS unreachable for %v", down.Round(time.Millisecond))
+		}
+	}
+	if at := w.regAt.Load(); at != 0 {
+		if quiet := now.Sub(time.Unix(0, at)); quiet >= w.src.o.TTL/2 {
+			return fmt.Sprintf("the agent has not refreshed its registration for %v", quiet.Round(time.Millisecond))
+		}
+	}
+	return ""
+}
+
 // WatchRestarts counts restarts of the bucket watch (NATS or JetStream
 // unreachable, the watch ended).
 func (s *Source) WatchRestarts() int64 { return s.watchRestarts.Load() }
@@ -288,14 +344,15 @@ func (s *Source) onEntry(ctx context.Context, e jetstream.KeyValueEntry) {
 	w := s.workers[key]
 	s.mu.Unlock()
 	if w != nil {
-		w.update(reg)
+		w.update(reg, e.Revision())
 		return
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	w = &replicaWorker{src: s, key: key, ref: ref, cancel: cancel,
-		in: make(chan *natsgo.Msg, s.o.QueueSize), resync: make(chan struct{}, 1), reg: reg,
+		in: make(chan *natsgo.Msg, s.o.QueueSize), resync: make(chan struct{}, 1), reg: reg, regRev: e.Revision(),
 		stats: events.WorkerStats{Worker: ref, Endpoint: "nats:" + reg.GetDeltaSubject(), Topic: reg.GetDeltaSubject()}}
 	w.health.Store(events.HealthRecovering)
+	w.regAt.Store(time.Now().UnixNano())
 	// Register the worker (and so its health cell) before it exists in
 	// the index, so that nobody sees the worker without its health.
 	s.mu.Lock()
@@ -428,11 +485,16 @@ func (w *replicaWorker) stop() {
 
 // update takes a refreshed registration: a new epoch resyncs, and the
 // agent's view of the engine decides health when the replica is live.
-func (w *replicaWorker) update(reg *fleetv1.Registration) {
+func (w *replicaWorker) update(reg *fleetv1.Registration, rev uint64) {
 	w.regMu.Lock()
 	old := w.reg
 	w.reg = reg
+	fresh := rev > w.regRev
+	w.regRev = max(w.regRev, rev)
 	w.regMu.Unlock()
+	if fresh { // a restarted watch delivers the entry it already had
+		w.regAt.Store(time.Now().UnixNano())
+	}
 	if old.GetEpoch() != reg.GetEpoch() {
 		w.askResync(fmt.Sprintf("agent epoch changed from %d to %d (the agent restarted)", old.GetEpoch(), reg.GetEpoch()))
 		return
@@ -480,6 +542,16 @@ func (w *replicaWorker) sync(ctx context.Context) error {
 	case <-w.resync:
 	default:
 	}
+	if w.synced {
+		// The state may name blocks the worker no longer holds (the
+		// deltas that removed them are what was lost): answers must not
+		// name them while the snapshot loads.
+		w.mu.Lock()
+		why := w.stats.HealthReason
+		w.mu.Unlock()
+		w.sink.Reset("fleet resync: " + why)
+		w.synced = false
+	}
 	reg := w.registration()
 	epoch, seq, err := w.loadSnapshot(ctx, reg)
 	if err != nil {
@@ -489,6 +561,8 @@ func (w *replicaWorker) sync(ctx context.Context) error {
 		return err
 	}
 	w.epoch, w.seq, w.fresh = epoch, seq, true
+	w.synced = true
+	w.regAt.Store(time.Now().UnixNano()) // the agent answered: it is alive
 	w.live.Store(true)
 	w.mu.Lock()
 	w.stats.LastSeq, w.stats.HasSeq = seq, true
@@ -591,7 +665,17 @@ func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
 	switch {
 	case w.msg.Epoch != w.epoch:
 		if w.msg.Epoch != w.registration().GetEpoch() {
-			return true // from an epoch that is neither the synced one nor the agent's current one
+			// Neither the synced epoch nor the registered agent's: another
+			// publisher on the worker's subject (a second agent for the
+			// pod, an old one still running). Counted and ignored.
+			w.mu.Lock()
+			w.stats.Conflicts++
+			n := w.stats.Conflicts
+			w.mu.Unlock()
+			if n == 1 || n%1000 == 0 {
+				w.src.log.Warn("delta of an unknown agent epoch ignored: another publisher on the worker's subject", "worker", w.ref.String(), "epoch", w.msg.Epoch, "registered_epoch", w.registration().GetEpoch(), "ignored_so_far", n)
+			}
+			return true
 		}
 		w.note(fmt.Sprintf("deltas of a new agent epoch %d", w.msg.Epoch))
 		return false
@@ -636,6 +720,14 @@ func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
 // refreshHealth sets the worker's health: RECOVERING while not live,
 // otherwise what the agent reports of its engine.
 func (w *replicaWorker) refreshHealth() {
+	r := w.staleReason(time.Now())
+	w.mu.Lock()
+	w.staleWhy = r
+	w.mu.Unlock()
+	if r != "" {
+		w.health.Store(events.HealthStale)
+		return
+	}
 	if !w.live.Load() {
 		w.health.Store(events.HealthRecovering)
 		return
@@ -686,6 +778,7 @@ func (w *replicaWorker) note(why string) {
 func (w *replicaWorker) snapshotStats() events.WorkerStats {
 	w.mu.Lock()
 	s := w.stats
+	staleWhy := w.staleWhy
 	w.mu.Unlock()
 	s.Health = w.health.Load()
 	s.Backlog = len(w.in)
@@ -696,6 +789,8 @@ func (w *replicaWorker) snapshotStats() events.WorkerStats {
 		if s.HealthReason == "" {
 			s.HealthReason = "loading a snapshot from the agent"
 		}
+	case s.Health == events.HealthStale && staleWhy != "":
+		s.HealthReason = staleWhy
 	case s.Health != events.HealthOK:
 		s.HealthReason = "the agent reports " + reg.GetHealth() + ": " + reg.GetHealthReason()
 	default:

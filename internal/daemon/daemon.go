@@ -122,7 +122,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 		d.fleet = kvnats.NewSource(d.nc, fleet.NewReplicas(d.ix, log), kvnats.SourceOptions{
 			Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Models: cfg.NATS.Models,
-			LogEvery: cfg.Log.ProblemInterval, Logger: log,
+			StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
+			LogEvery:             cfg.Log.ProblemInterval, Logger: log,
 		})
 		d.srcs = append(d.srcs, d.fleet)
 	}
