@@ -64,7 +64,6 @@ func (n *natsServer) start() {
 	n.s = s
 }
 
-
 func (n *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
 
 // agentProc is one running kvindex agent.

@@ -175,7 +175,7 @@ type replicaWorker struct {
 	mu       sync.Mutex // guards stats, staleWhy and log
 	stats    events.WorkerStats
 	staleWhy string // why the worker is STALE, "" when it is not
-	logl  lograte.Limiter
+	logl     lograte.Limiter
 }
 
 // Run watches the bucket and syncs the workers until ctx is done. NATS

@@ -29,7 +29,7 @@ func Connect(c config.NATS, name string, log *slog.Logger) (*natsgo.Conn, error)
 		// A partition closes nothing: pings find a dead connection in
 		// 10-15 s rather than nats.go's 4 min (replicas meanwhile stop
 		// trusting workers whose registrations stop arriving).
-		natsgo.PingInterval(5*time.Second),
+		natsgo.PingInterval(5 * time.Second),
 		natsgo.MaxPingsOutstanding(2),
 		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			log.Warn("NATS disconnected", "url", url, "err", err)
