@@ -5,7 +5,7 @@
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test demo bench fuzz proto lint
+.PHONY: deps build test demo demo-fleet bench fuzz proto lint
 
 # deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
 deps:
@@ -39,6 +39,13 @@ lint:
 # the index alone is `go run ./cmd/kvsim walkthrough`.
 demo: deps
 	$(GO) run ./cmd/kvsim demo
+
+# demo-fleet is the same run in fleet mode: an embedded NATS server, a
+# kvindex agent beside each simulated engine, two kvindex replicas the
+# routers ask in turn; the same table, and both replicas checked equal to
+# the engines' caches (docs/fleet.md).
+demo-fleet: deps
+	$(GO) run ./cmd/kvsim demo --fleet
 
 # bench runs the benchmarks behind the performance targets and the gRPC
 # load generator, and prints target vs measured (COUNT, BENCHTIME, RPS,

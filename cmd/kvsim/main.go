@@ -196,6 +196,8 @@ func registerLive(fs *pflag.FlagSet, lo *sim.LiveOptions, printConfig *bool) {
 	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
 	fs.StringVar(&lo.Host, "host", "127.0.0.1", "address the engines bind")
 	fs.BoolVar(printConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
+	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
+	fs.IntVar(&lo.Replicas, "replicas", 2, "replicas in fleet mode")
 }
 
 func newDemo() *cobra.Command {
@@ -217,6 +219,8 @@ func newDemo() *cobra.Command {
 	cmd.Flags().IntVar(&rc.Workload.Requests, "requests", rc.Workload.Requests, "requests to replay")
 	cmd.Flags().Float64Var(&rc.Live.Speedup, "speedup", rc.Live.Speedup, "virtual seconds per wall-clock second")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress and the daemon to stderr")
+	cmd.Flags().BoolVar(&rc.Live.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, two replicas the routers ask in turn")
+	cmd.Flags().IntVar(&rc.Live.Replicas, "replicas", 2, "replicas with --fleet")
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -37,6 +38,13 @@ type LiveOptions struct {
 	Host string
 	// DaemonLog receives the in-process daemon's logs (nil: discard).
 	DaemonLog bool
+	// Fleet runs fleet mode instead of one daemon: an embedded NATS
+	// server, a kvindex agent beside each engine and Replicas kvindex
+	// serve replicas following the agents; the routers ask the replicas
+	// in turn. Not with Addr.
+	Fleet bool
+	// Replicas is fleet mode's replica count (default 2).
+	Replicas int
 }
 
 // liveFleet is the ZMQ identity of one indexed router's engines.
@@ -93,6 +101,9 @@ func (lo *LiveOptions) defaults() {
 	if lo.Host == "" {
 		lo.Host = "127.0.0.1"
 	}
+	if lo.Replicas <= 0 {
+		lo.Replicas = 2
+	}
 }
 
 // daemonConfig is the configuration that subscribes kvindex to fleets'
@@ -125,6 +136,9 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	lo.defaults()
+	if lo.Fleet && lo.Addr != "" {
+		return nil, errors.New("sim: live: fleet mode starts its own replicas; it takes no --addr")
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -175,8 +189,15 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 
 	addr := lo.Addr
 	var d *daemon.Daemon
+	var rig *fleetRig
 	daemonDone := make(chan error, 1)
-	if nIndexed > 0 && addr == "" {
+	if nIndexed > 0 && lo.Fleet {
+		if rig, err = startFleetRig(&o, &lo, fleets, lo.Replicas); err != nil {
+			return nil, err
+		}
+		defer rig.stop()
+		addr = rig.addrs[0]
+	} else if nIndexed > 0 && addr == "" {
 		cfg := daemonConfig(&o, &lo, fleets, "127.0.0.1:0", config.MetricsOff)
 		cfg.SetDefaults()
 		if err := cfg.Validate(); err != nil {
@@ -195,6 +216,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		addr = d.GRPCAddr()
 	}
 	var client *api.Client
+	var clients []*api.Client // the routers' servers, in turn: the replicas in fleet mode
 	if nIndexed > 0 {
 		for _, ps := range pubs {
 			for _, p := range ps {
@@ -206,11 +228,27 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 				}
 			}
 		}
-		if client, err = api.Dial(ctx, addr); err != nil {
-			return nil, fmt.Errorf("sim: live: %w", err)
+		addrs := []string{addr}
+		if rig != nil {
+			addrs = rig.addrs
 		}
-		defer client.Close()
-		o.Logger.Info("live: kvindex subscribed", "addr", addr, "fleets", len(fleets))
+		for _, a := range addrs {
+			c, err := api.Dial(ctx, a)
+			if err != nil {
+				return nil, fmt.Errorf("sim: live: %w", err)
+			}
+			defer c.Close()
+			clients = append(clients, c)
+		}
+		client = clients[0]
+		if rig != nil {
+			if err := rig.waitDiscovered(ctx, clients, fleets); err != nil {
+				return nil, err
+			}
+			o.Logger.Info("live: fleet mode: agents registered, replicas synced", "replicas", addrs, "fleets", len(fleets))
+		} else {
+			o.Logger.Info("live: kvindex subscribed", "addr", addr, "fleets", len(fleets))
+		}
 	}
 
 	start := time.Now()
@@ -245,6 +283,9 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 				}
 			}
 			rcfg.KV = &grpcKV{c: client}
+			if len(clients) > 1 {
+				rcfg.KV = &grpcKV{c: clients[k%len(clients)]}
+			}
 			ps, n := pubs[name], sent[name]
 			l.publish = func(i int, b *events.Batch, _ time.Duration) error {
 				b.Timestamp = float64(time.Now().UnixNano()) / 1e9
@@ -278,7 +319,11 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		}
 		for _, lf := range fleets {
 			if lf.router == name {
-				n, err := checkLive(ctx, client, lf, sent[name], loops[k].fleet)
+				check := func() (int64, error) { return checkLive(ctx, client, lf, sent[name], loops[k].fleet) }
+				if rig != nil {
+					check = func() (int64, error) { return checkFleet(ctx, clients, lf, loops[k].fleet) }
+				}
+				n, err := check()
 				if err != nil {
 					return nil, err
 				}

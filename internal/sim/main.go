@@ -56,11 +56,15 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		return err
 	}
 	desc := Describe(wl, rc.Options)
-	mode := "virtual time"
+	mode, agreeNote := "virtual time", ""
 	if rc.Live != nil {
 		lo := *rc.Live
 		lo.defaults()
 		mode = fmt.Sprintf("live: real ZMQ + gRPC, wall clock x%g", lo.Speedup)
+		if lo.Fleet {
+			mode = fmt.Sprintf("live fleet: engines -ZMQ-> an agent each -NATS-> %d replicas -gRPC-> routers, wall clock x%g", lo.Replicas, lo.Speedup)
+			agreeNote = fmt.Sprintf(", on all %d replicas with equal digests", lo.Replicas)
+		}
 	}
 	fmt.Fprintf(w, "kvsim (%s): %s\n\n", mode, desc)
 	start := time.Now()
@@ -73,7 +77,7 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := WriteTable(w, results); err != nil {
+	if err := writeTable(w, results, agreeNote); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), time.Since(start).Round(10*time.Millisecond))

@@ -28,7 +28,11 @@ func Describe(w *workload.Workload, o Options) string {
 }
 
 // WriteTable prints one row per router.
-func WriteTable(w io.Writer, results []metrics.Result) error {
+func WriteTable(w io.Writer, results []metrics.Result) error { return writeTable(w, results, "") }
+
+// writeTable is WriteTable with a note on what agreed (fleet mode: on
+// every replica, with equal digests).
+func writeTable(w io.Writer, results []metrics.Result, agreeNote string) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "router\thit tok\thit req\tprefill tok\tTTFT p50\tp90\tp99\treq/s\tout tok/s\tskew\treq skew\tpreempt\trejected\twall\t")
 	var notes []string
@@ -61,7 +65,7 @@ func WriteTable(w io.Writer, results []metrics.Result) error {
 		}
 	}
 	if len(agreed) > 0 {
-		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each worker's resident blocks equal its engine's cache\n", strings.Join(agreed, ", "))
+		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each worker's resident blocks equal its engine's cache%s\n", strings.Join(agreed, ", "), agreeNote)
 	}
 	return nil
 }

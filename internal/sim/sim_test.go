@@ -162,6 +162,20 @@ func TestLive(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live mode opens sockets")
 	}
+	testLive(t, LiveOptions{Speedup: 4})
+}
+
+// TestLiveFleet runs the fleet shape: engines over ZeroMQ to an agent
+// each, an embedded NATS server, two replicas the routers ask in turn;
+// both replicas must end equal to the engines' caches (checkFleet).
+func TestLiveFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live mode opens sockets")
+	}
+	testLive(t, LiveOptions{Speedup: 4, Fleet: true})
+}
+
+func testLive(t *testing.T, lo LiveOptions) {
 	w, err := workload.Prefixes(workload.PrefixesConfig{Requests: 40, PrefixTokens: 512, SuffixTokens: 64, OutputTokens: 8, QPS: 40, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +183,7 @@ func TestLive(t *testing.T) {
 	o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 512}, Routers: []string{router.RoundRobin, router.Precise, router.PreciseLoad}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	res, err := Live(ctx, w, o, LiveOptions{Speedup: 4})
+	res, err := Live(ctx, w, o, lo)
 	if err != nil {
 		t.Fatal(err)
 	}
