@@ -175,6 +175,48 @@ func TestREADMEExampleParses(t *testing.T) {
 	}
 }
 
+// TestREADMEFleetExamplesParse keeps the README's fleet configurations
+// valid: the agent's names its pod and NATS, the replica's only NATS.
+func TestREADMEFleetExamplesParse(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	for rest := string(b); ; {
+		var ok bool
+		if _, rest, ok = strings.Cut(rest, "```yaml\n"); !ok {
+			break
+		}
+		var block string
+		block, rest, _ = strings.Cut(rest, "```")
+		blocks = append(blocks, block)
+	}
+	var agent, replica *Config
+	for _, blk := range blocks {
+		switch {
+		case strings.HasPrefix(blk, "# agent.yaml"):
+			if agent, err = Parse([]byte(blk)); err != nil {
+				t.Fatalf("README agent.yaml: %v", err)
+			}
+		case strings.HasPrefix(blk, "# replica.yaml"):
+			if replica, err = Parse([]byte(blk)); err != nil {
+				t.Fatalf("README replica.yaml: %v", err)
+			}
+		}
+	}
+	if agent == nil || replica == nil {
+		t.Fatalf("README lacks the agent.yaml or replica.yaml example (%d yaml blocks)", len(blocks))
+	}
+	pod, err := agent.ValidateAgent()
+	if err != nil || pod.Name != "vllm-0" || agent.NATS.URL != "nats://nats:4222" || agent.Agent.Checkpoint == "" {
+		t.Fatalf("agent.yaml: pod %+v, err %v, config %+v", pod, err, agent)
+	}
+	if !replica.NATS.Enabled() || len(replica.Pods) != 0 {
+		t.Fatalf("replica.yaml: %+v", replica)
+	}
+}
+
 // readmeYAML returns README.md's configuration example.
 func readmeYAML(t *testing.T) []byte {
 	t.Helper()
