@@ -1,0 +1,33 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// Options that cannot run are refused before anything starts, naming the
+// flag.
+func TestRefusesBadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--duration", "0s"}, "duration"},
+		{[]string{"--score-rps", "-1"}, "score-rps"},
+		{[]string{"--daemon-restarts", "-2"}, "daemon-restarts"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"stray"}, "unknown command"},
+	} {
+		code := 0
+		cmd := newRoot(&code)
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(tc.args)
+		err := cmd.Execute()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one naming %q", tc.args, err, tc.want)
+		}
+	}
+}
