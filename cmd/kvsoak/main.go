@@ -16,9 +16,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/internal/soak"
 )
@@ -64,6 +66,7 @@ func newRoot(code *int) *cobra.Command {
 			if err := opts.Validate(); err != nil {
 				return err
 			}
+			opts.Command = commandLine(cmd)
 			if opts.Dir == "" {
 				dir, err := os.MkdirTemp("", "kvsoak-")
 				if err != nil {
@@ -116,4 +119,29 @@ func newRoot(code *int) *cobra.Command {
 	f.BoolVar(&opts.KnownGaps, "known-gaps", false, "also send the probes of the fencing gaps docs/reliability.md lists (the run then fails)")
 	f.StringVar(&logLevel, "log-level", "info", "progress log level: debug, info, warn, error")
 	return cmd
+}
+
+// commandLine returns the command that reproduces the run: kvsoak with
+// the seed and every flag that changes what runs (output and work
+// directory flags left out).
+func commandLine(cmd *cobra.Command) string {
+	parts := []string{"kvsoak"}
+	seed := false
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "json", "dir", "keep", "kvindex", "go", "log-level":
+			return
+		case "seed":
+			seed = true
+		}
+		if f.Value.Type() == "bool" {
+			parts = append(parts, "--"+f.Name)
+			return
+		}
+		parts = append(parts, "--"+f.Name, f.Value.String())
+	})
+	if !seed {
+		parts = append(parts, "--seed", cmd.Flags().Lookup("seed").Value.String())
+	}
+	return strings.Join(parts, " ")
 }

@@ -308,7 +308,9 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
 	resp, err := r.client.Score(cctx, req)
 	if err != nil {
-		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+		if ctx.Err() == nil { // not the end of the run
+			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+		}
 		return
 	}
 	r.check(name, from, model, pc, "token ids", req, resp)
@@ -317,7 +319,7 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	}
 	if kresp, err := ScoreByKeys(cctx, r.client, model, pc.tokens); err == nil {
 		r.check(name, from, model, pc, "block keys", &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, resp.GetPromptBlocks())}, kresp)
-	} else if len(pc.tokens) >= BlockSizeOf(model) {
+	} else if len(pc.tokens) >= BlockSizeOf(model) && ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
 	}
 	creq := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
@@ -326,7 +328,7 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	}
 	if cresp, err := r.client.Score(cctx, creq); err == nil {
 		r.check(name, from, model, pc, "candidates", creq, cresp)
-	} else {
+	} else if ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
 	}
 }

@@ -67,6 +67,9 @@ type Options struct {
 	Engine EngineOptions
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
+	// Command is the command line that reproduces the run, for the
+	// summary ("" gives one from Duration and Seed).
+	Command string
 }
 
 // DefaultOptions are the soak's defaults: two minutes of six engines at
@@ -802,9 +805,9 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 		Garbage: r.garbage.Counts(), Refusals: map[string]int64{},
 		Load: r.load.Stats(),
 	}
-	s.Command = fmt.Sprintf("kvsoak --duration %v --seed %d", r.opts.Duration, r.opts.Seed)
-	if r.opts.KnownGaps {
-		s.Command += " --known-gaps"
+	s.Command = r.opts.Command
+	if s.Command == "" {
+		s.Command = fmt.Sprintf("kvsoak --duration %v --seed %d", r.opts.Duration, r.opts.Seed)
 	}
 	s.Engines.Count = len(r.engines)
 	for _, e := range r.engines {
