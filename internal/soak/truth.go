@@ -226,6 +226,46 @@ func (c *Cache) Chain(rng *rand.Rand) []uint32 {
 	return out
 }
 
+// Holes returns, for a worker that should hold exactly this cache, the
+// chains to probe it with: the chain of every cached block whose chain
+// is cached in full, at most limit, each with how many of its blocks are
+// cached in more than one physical block (in the order of the free
+// queue, so deterministic).
+func (c *Cache) Holes(limit int) (chains [][]uint32, multi []int) {
+	seen := map[*entry]bool{}
+	for _, p := range c.freeAt {
+		if len(chains) >= limit {
+			break
+		}
+		if seen[p.e] {
+			continue
+		}
+		seen[p.e] = true
+		var rev []*entry
+		for e := p.e; e != nil; {
+			rev = append(rev, e)
+			if !e.hasParent {
+				break
+			}
+			if e = c.held[e.parent]; e == nil {
+				rev = nil
+			}
+		}
+		if rev == nil {
+			continue
+		}
+		out, m := make([]uint32, 0, len(rev)*c.blockSize), 0
+		for i := len(rev) - 1; i >= 0; i-- {
+			out = append(out, rev[i].tokens...)
+			if len(rev[i].copies) > 1 {
+				m++
+			}
+		}
+		chains, multi = append(chains, out), append(multi, m)
+	}
+	return chains, multi
+}
+
 // victim returns the free block to evict: the LRU one, or with
 // probability randomEvict a random one.
 func (c *Cache) victim() *phys {
