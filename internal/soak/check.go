@@ -154,6 +154,7 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 	for _, w := range ws {
 		if e := r.byRef[refOf(w)]; e != nil {
 			r.checkCounters(name, w, e, restarts[refOf(w)])
+			r.checkFlow(name, w, e)
 		}
 	}
 	before, failed := r.comparisons.Load(), r.fail.Count()
@@ -233,6 +234,38 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	if over("restarts", w.GetRestarts(), uint64(restarts)) || w.GetRestarts() < uint64(restarts) ||
 		over("resets", w.GetResets(), w.GetRestarts()+r.reportedOf(ref, "unrecovered_gaps")) {
 		bad("restarts %d resets %d, want %d each: the engine restarted %d times during this daemon process (last_reset %q)", w.GetRestarts(), w.GetResets(), restarts, restarts, w.GetLastReset())
+	}
+}
+
+// blockFlow is what one worker's engine had sent and its index had
+// applied at a checkpoint: blocks in BlockStored events, and blocks in
+// BlockRemoved events.
+type blockFlow struct {
+	sentStored, sentRemoved       int64
+	appliedStored, appliedRemoved uint64
+}
+
+// checkFlow compares, between two checkpoints of one daemon process, the
+// blocks the engine sent in BlockStored and BlockRemoved events with the
+// blocks the index applied (blocks_stored, blocks_removed): every batch
+// is applied once, and every removal names a block the index holds. A
+// difference places a divergence between the two checkpoints, and says
+// whether stores or removals went astray.
+func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
+	ref := e.Spec().Worker
+	st := e.StatsLocked()
+	now := blockFlow{st.Stored, st.Removed, w.GetBlocksStored(), w.GetBlocksRemoved()}
+	r.mu.Lock()
+	prev, ok := r.flow[ref]
+	r.flow[ref] = now
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	ds, dr := now.sentStored-prev.sentStored, now.sentRemoved-prev.sentRemoved
+	as, ar := int64(now.appliedStored-prev.appliedStored), int64(now.appliedRemoved-prev.appliedRemoved)
+	if ds != as || dr != ar {
+		r.fail.Add("block_flow", "checkpoint %s worker %s: since the last checkpoint the engine sent %d stored and %d removed blocks, the index applied %d and %d", name, ref, ds, dr, as, ar)
 	}
 }
 

@@ -325,6 +325,9 @@ func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 	return nil
 }
 
+// StatsLocked returns the engine's counters. The caller holds Lock.
+func (e *Engine) StatsLocked() EngineStats { return e.stats }
+
 // Stats returns the engine's counters.
 func (e *Engine) Stats() EngineStats {
 	e.mu.Lock()

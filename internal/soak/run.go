@@ -154,7 +154,10 @@ type runner struct {
 	// reported is, per worker of the current process, each counter's
 	// excess already reported as a failure, so that one failure is
 	// reported once and later checkpoints judge what follows it.
-	reported    map[events.WorkerRef]map[string]uint64
+	reported map[events.WorkerRef]map[string]uint64
+	// flow is, per worker, the blocks its engine had sent and the index
+	// had applied at the last checkpoint that compared them.
+	flow        map[events.WorkerRef]blockFlow
 	listed      map[int]map[listing]bool          // by process: the push workers ListWorkers has shown
 	lastWorkers map[int][]*kvindexv1.WorkerStatus // each process's last ListWorkers
 	lastMetrics map[int][]Sample                  // each process's last /metrics
@@ -187,7 +190,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	r := &runner{
 		opts: opts, log: opts.Logger, byRef: map[events.WorkerRef]*Engine{},
 		http:     &http.Client{Timeout: 3 * time.Second},
-		restarts: map[events.WorkerRef]int{}, reported: map[events.WorkerRef]map[string]uint64{}, listed: map[int]map[listing]bool{},
+		restarts: map[events.WorkerRef]int{}, reported: map[events.WorkerRef]map[string]uint64{}, flow: map[events.WorkerRef]blockFlow{}, listed: map[int]map[listing]bool{},
 		lastWorkers: map[int][]*kvindexv1.WorkerStatus{}, lastMetrics: map[int][]Sample{},
 		settled: map[int]bool{}, cpu: map[int]float64{},
 	}
@@ -373,6 +376,7 @@ func (r *runner) startDaemon(_ context.Context) error {
 	r.child, r.process = c, n
 	clear(r.restarts)
 	clear(r.reported)
+	clear(r.flow)
 	r.mu.Unlock()
 	go func() {
 		<-c.Done()
