@@ -849,6 +849,7 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 			x.Gaps += w.GetGaps()
 			x.MissedBatches += w.GetMissedBatches()
 			x.UnrecoveredGaps += w.GetUnrecoveredGaps()
+			x.Duplicates += w.GetDuplicates()
 			x.Restarts += w.GetRestarts()
 			x.Resets += w.GetResets()
 			x.Clears += w.GetClears()

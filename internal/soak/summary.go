@@ -86,6 +86,7 @@ type IndexSummary struct {
 	Gaps                uint64 `json:"gaps"`
 	MissedBatches       uint64 `json:"missed_batches"`
 	UnrecoveredGaps     uint64 `json:"unrecovered_gaps"`
+	Duplicates          uint64 `json:"duplicates"`
 	Restarts            uint64 `json:"restarts"`
 	Resets              uint64 `json:"resets"`
 	Clears              uint64 `json:"clears"`
@@ -148,7 +149,7 @@ func (s *Summary) WriteText(w io.Writer) error {
 	x := s.Index
 	fmt.Fprintf(&b, "  index (ListWorkers) %d batches, %d events; %d replays (%d batches, %d continuations, %d failed, %d stale); %d gaps (%d batches, %d unrecovered); %d late joins\n",
 		x.Batches, x.Events, x.Replays, x.ReplayedBatches, x.ReplayContinuations, x.ReplayFailures, x.StaleReplays, x.Gaps, x.MissedBatches, x.UnrecoveredGaps, x.LateJoins)
-	fmt.Fprintf(&b, "                     %d restarts, %d resets, %d clears, %d orphans, %d unknown blocks, %d apply errors\n", x.Restarts, x.Resets, x.Clears, x.Orphans, x.UnknownBlocks, x.ApplyErrors)
+	fmt.Fprintf(&b, "                     %d restarts, %d resets, %d clears, %d duplicates, %d orphans, %d unknown blocks, %d apply errors\n", x.Restarts, x.Resets, x.Clears, x.Duplicates, x.Orphans, x.UnknownBlocks, x.ApplyErrors)
 	c := s.Checks
 	fmt.Fprintf(&b, "  checkpoints        %d: %d scores checked exactly, %d worker comparisons, %d wrong; %d resident counts compared\n", c.Checkpoints, c.ScoresChecked, c.Comparisons, c.WrongAnswers, c.ResidentChecks)
 	l := s.Load
