@@ -165,8 +165,9 @@ func (e *Engine) startLocked(ctx context.Context, gen int) error {
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		e.pub, err = enginepub.NewPublisher(cfg)
+		pub, err := enginepub.NewPublisher(cfg)
 		if err == nil {
+			e.pub = pub
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -216,6 +217,9 @@ func (e *Engine) stepLocked(mayLose bool) error {
 			e.burst--
 			lose = true
 		}
+	}
+	if e.pub == nil {
+		return fmt.Errorf("soak: engine %s: no publisher (its restart failed)", e.spec.Worker)
 	}
 	b := &events.Batch{Timestamp: float64(time.Now().UnixNano()) / 1e9, Events: e.evs, DPRank: e.spec.Worker.DPRank, HasDPRank: true}
 	var seq uint64
@@ -306,7 +310,9 @@ func (e *Engine) SinceRestartLocked() int { return e.sinceRestart }
 // done), so that the first message is not lost to the slow joiner. The
 // caller holds Lock; down is how long the engine stays down.
 func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
-	if err := e.pub.Close(); err != nil {
+	pub := e.pub
+	e.pub = nil // until the next process's publisher is up
+	if err := pub.Close(); err != nil {
 		return fmt.Errorf("soak: engine %s: close process %d: %w", e.spec.Worker, e.gen, err)
 	}
 	select {
@@ -350,5 +356,10 @@ func (e *Engine) Prompt(rng *rand.Rand) []uint32 {
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.pub.Close()
+	if e.pub == nil {
+		return nil
+	}
+	err := e.pub.Close()
+	e.pub = nil
+	return err
 }

@@ -200,7 +200,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := r.setup(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.startDaemon(ctx); err != nil {
+	if err := r.startDaemon(); err != nil {
 		return nil, err
 	}
 	defer r.killDaemon()
@@ -364,7 +364,7 @@ func (r *runner) isAborted() bool {
 
 // startDaemon starts the next daemon process and watches it: an exit the
 // soak did not ask for is a failure that ends the run.
-func (r *runner) startDaemon(_ context.Context) error {
+func (r *runner) startDaemon() error {
 	r.mu.Lock()
 	n := r.process + 1
 	r.mu.Unlock()
@@ -596,7 +596,7 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 		r.terminated++
 	}
 	r.mu.Unlock()
-	if err := r.startDaemon(ctx); err != nil {
+	if err := r.startDaemon(); err != nil {
 		r.fail.Add("daemon_start", "%v", err)
 		r.abort()
 		return
