@@ -5,7 +5,7 @@
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test demo demo-fleet bench fuzz proto lint
+.PHONY: deps build test demo demo-fleet bench fuzz proto lint soak
 
 # deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
 deps:
@@ -58,6 +58,15 @@ bench: deps
 FUZZTIME ?= 60s
 fuzz: deps
 	FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+
+# soak runs the daemon binary for SOAK_DURATION (default 2m, loopback
+# only) under engine and daemon restarts, hostile input and gRPC load, and
+# fails naming any wrong answer, unexpected error, counter moved by
+# garbage, or growth of its RSS or goroutines (docs/reliability.md).
+# SOAK_FLAGS adds kvsoak flags, e.g. SOAK_FLAGS="--seed 7 --json".
+SOAK_DURATION ?= 2m
+soak: deps
+	$(GO) run ./cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)
 
 # proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
 proto:

@@ -1,0 +1,480 @@
+package soak
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// refOf returns a WorkerStatus's worker.
+func refOf(w interface {
+	GetWorker() *kvindexv1.WorkerRef
+}) events.WorkerRef {
+	return events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}
+}
+
+// waitApplied polls ListWorkers until every worker in want has applied
+// the seq given (last_seq), has nothing queued and is healthy, and
+// returns the last listing; on timeout the error names each worker that
+// was not there yet.
+//
+// The stream sets last_seq (and counts the batch) before it hands the
+// batch to the index, so a listing can show the engine's last seq while
+// that batch's blocks are still being applied. The engines are paused:
+// a listing is taken as settled when the next one, 50 ms later, shows
+// every worker's seq, blocks stored and removed and resident blocks
+// unchanged.
+func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint64, timeout time.Duration) ([]*kvindexv1.WorkerStatus, error) {
+	deadline := time.Now().Add(timeout)
+	var ready map[events.WorkerRef]settledState // the previous poll's, when it was ready
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		resp, err := r.client.ListWorkers(cctx, &kvindexv1.ListWorkersRequest{})
+		cancel()
+		var behind []string
+		if err != nil {
+			behind = append(behind, err.Error())
+		} else {
+			got := map[events.WorkerRef]*kvindexv1.WorkerStatus{}
+			for _, w := range resp.GetWorkers() {
+				got[refOf(w)] = w
+			}
+			for ref, seq := range want {
+				w := got[ref]
+				switch {
+				case w != nil && w.GetHasSeq() && w.GetLastSeq() == seq && w.GetBacklog() == 0 && r.excess(ref, "unrecovered_gaps", w.GetUnrecoveredGaps(), 0) > 0:
+					// The daemon gave up on some of this worker's events:
+					// it is as caught up as it will get, and its health
+					// stays DEGRADED or UNSYNCED for a while.
+				case w == nil:
+					behind = append(behind, fmt.Sprintf("%s: not listed", ref))
+				case w.GetEndpoint() != r.endpointOf(ref):
+					// Another listener owns the worker: it will never catch up.
+					return nil, fmt.Errorf("%s is served from %s, not its configured %s", ref, w.GetEndpoint(), r.endpointOf(ref))
+				case !w.GetHasSeq() || w.GetLastSeq() != seq || w.GetBacklog() != 0 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK || w.GetModel() == "":
+					behind = append(behind, fmt.Sprintf("%s: last_seq %d (has_seq %v), engine's %d, backlog %d, health %v %q", ref, w.GetLastSeq(), w.GetHasSeq(), seq, w.GetBacklog(), w.GetHealth(), w.GetHealthReason()))
+				}
+			}
+			if len(behind) == 0 {
+				now := map[events.WorkerRef]settledState{}
+				for ref := range want {
+					w := got[ref]
+					now[ref] = settledState{w.GetLastSeq(), w.GetBlocksStored(), w.GetBlocksRemoved(), w.GetResidentBlocks()}
+				}
+				if maps.Equal(now, ready) {
+					return resp.GetWorkers(), nil
+				}
+				ready = now
+			} else {
+				ready = nil
+			}
+		}
+		if time.Now().After(deadline) {
+			sort.Strings(behind)
+			return nil, fmt.Errorf("not applied within %v: %s", timeout, strings.Join(behind, "; "))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// settledState is what of a worker's ListWorkers entry must stay the
+// same between two polls for its last batch to count as applied.
+type settledState struct {
+	seq, stored, removed, resident uint64
+}
+
+// endpointOf returns where a soak worker's events come from as
+// ListWorkers reports it: its engine's endpoint, or for the push pod its
+// listener's.
+func (r *runner) endpointOf(ref events.WorkerRef) string {
+	spec := r.byRef[ref].Spec()
+	if spec.Push {
+		return r.fleet.AllowPushAddr()
+	}
+	return spec.Endpoint
+}
+
+// checkWorkerList checks a ListWorkers answer as a whole: the served
+// models have only the configured workers, the open listener created at
+// most its max_workers (all of the garbage model), and the allowlisted
+// listener only the push pod.
+func (r *runner) checkWorkerList(ws []*kvindexv1.WorkerStatus, when string) {
+	open, allow := r.fleet.OpenPushAddr(), r.fleet.AllowPushAddr()
+	nOpen := 0
+	for _, w := range ws {
+		ref := refOf(w)
+		_, legit := r.byRef[ref]
+		switch {
+		case w.GetModel() == "" && w.GetEndpoint() == open:
+			// A worker being created: the subscriber lists it before the
+			// index does (ListWorkers says so with an empty model).
+			nOpen++
+		case (w.GetModel() == ModelA || w.GetModel() == ModelB) && !legit:
+			r.fail.Add("injected_worker", "%s: ListWorkers lists %s (model %s, endpoint %s), which the configuration does not have: a push message created it", when, ref, w.GetModel(), w.GetEndpoint())
+		case w.GetEndpoint() == open:
+			nOpen++
+			if w.GetModel() != GarbageModel {
+				r.fail.Add("injected_worker", "%s: the open listener created %s for model %s", when, ref, w.GetModel())
+			}
+		case w.GetEndpoint() == allow && ref.Pod != PushPod:
+			r.fail.Add("injected_worker", "%s: the allowlisted listener created %s", when, ref)
+		}
+	}
+	if nOpen > OpenMaxWorkers {
+		r.fail.Add("max_workers", "%s: the open listener created %d workers, more than its max_workers %d", when, nOpen, OpenMaxWorkers)
+	}
+}
+
+// checkpoint pauses every engine, waits until the daemon has applied
+// everything they sent, and compares the index with the engines' true
+// caches: each worker's counters and resident blocks, and every worker's
+// answer to prompts built from every engine's cache. The caller holds
+// chaos.
+func (r *runner) checkpoint(ctx context.Context, name string) {
+	for _, e := range r.engines {
+		e.Lock()
+	}
+	defer func() {
+		for _, e := range r.engines {
+			e.Unlock()
+		}
+	}()
+	want := map[events.WorkerRef]uint64{}
+	for _, e := range r.engines {
+		if err := e.FlushLocked(); err != nil {
+			r.fail.Add("engine_error", "%v", err)
+			return
+		}
+		seq, _ := e.LastSeqLocked()
+		want[e.Spec().Worker] = seq
+	}
+	t0 := time.Now()
+	ws, err := r.waitApplied(ctx, want, 30*time.Second)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.fail.Add("not_applied", "checkpoint %s: %v", name, err)
+		}
+		return
+	}
+	caughtUp := time.Since(t0)
+	_, process := r.currentChild()
+	r.record(process, ws, nil)
+	r.checkWorkerList(ws, "checkpoint "+name)
+	r.mu.Lock()
+	restarts := make(map[events.WorkerRef]int, len(r.restarts))
+	for k, v := range r.restarts {
+		restarts[k] = v
+	}
+	r.mu.Unlock()
+	for _, w := range ws {
+		if e := r.byRef[refOf(w)]; e != nil {
+			r.checkCounters(name, w, e, restarts[refOf(w)])
+			r.checkFlow(name, w, e)
+		}
+	}
+	before, failed := r.comparisons.Load(), r.fail.Count()
+	r.checkAnswers(ctx, name)
+	r.checkpoints.Add(1)
+	if r.fail.Count() == failed {
+		r.mu.Lock()
+		r.settled[process] = true
+		r.mu.Unlock()
+	}
+	r.log.Info("checkpoint", "name", name, "daemon_process", process, "caught_up_in", caughtUp.Round(time.Millisecond), "comparisons", r.comparisons.Load()-before, "failures", r.fail.Count())
+}
+
+// checkCounters checks one worker's ListWorkers entry against its
+// engine: served where configured, the engine's resident block count,
+// and counters that only the soak's own actions may move.
+func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine, restarts int) {
+	spec := e.Spec()
+	ref := spec.Worker
+	endpoint := r.endpointOf(ref)
+	bad := func(format string, args ...any) {
+		r.fail.Add("worker_state", "checkpoint %s worker %s: %s", name, ref, fmt.Sprintf(format, args...))
+	}
+	// over reports a counter above want (plus what was already reported
+	// in this daemon process) once, and says whether it did.
+	over := func(counter string, got, want uint64) bool {
+		x := r.excess(ref, counter, got, want)
+		if x == 0 {
+			return false
+		}
+		r.mu.Lock()
+		if r.reported[ref] == nil {
+			r.reported[ref] = map[string]uint64{}
+		}
+		r.reported[ref][counter] += x
+		r.mu.Unlock()
+		return true
+	}
+	if w.GetModel() != spec.Model || w.GetEndpoint() != endpoint {
+		bad("model %q endpoint %q, want %q and %q", w.GetModel(), w.GetEndpoint(), spec.Model, endpoint)
+	}
+	r.residentChecks.Add(1)
+	if res := e.CacheLocked().Resident(); w.GetResidentBlocks() != uint64(res) {
+		bad("resident_blocks %d, the engine holds %d (physical %d); index stored %d removed %d unknown %d orphans %d apply_errors %d evictions %d clears %d resets %d batches %d replayed %d gaps %d; engine process %d steps; %s",
+			w.GetResidentBlocks(), res, e.CacheLocked().Physical(), w.GetBlocksStored(), w.GetBlocksRemoved(), w.GetUnknownBlocks(), w.GetOrphans(), w.GetApplyErrors(), w.GetEvictions(), w.GetClears(), w.GetResets(),
+			w.GetBatches(), w.GetReplayedBatches(), w.GetGaps(), e.SinceRestartLocked(), r.diagnose(name, e))
+	}
+	for _, m := range w.GetResidentByMedium() {
+		if m.GetMedium() != "GPU" || m.GetBlocks() != w.GetResidentBlocks() {
+			bad("resident %d blocks in %s (engines store on GPU only, %d resident)", m.GetBlocks(), m.GetMedium(), w.GetResidentBlocks())
+		}
+	}
+	if over("unrecovered_gaps", w.GetUnrecoveredGaps(), 0) {
+		if strings.Contains(w.GetLastReset(), "replay answer skipped them") {
+			r.fail.Add("replay_hole_reset", "checkpoint %s worker %s: the daemon reset the worker for seqs its engine still buffered (last_reset %q): a replay answer that lost messages at the engine's send limit and then delivered seqs at or past the first live message held was taken for a loss, not asked again", name, ref, w.GetLastReset())
+		} else {
+			bad("unrecovered_gaps %d, want 0: every loss of the soak's engines is still in their replay buffers (last_reset %q, last_error %q)", w.GetUnrecoveredGaps(), w.GetLastReset(), w.GetLastError())
+		}
+		// Make the engine clear its cache, so that the worker is exact
+		// again from the next checkpoint on.
+		e.ResyncLocked()
+	}
+	for _, c := range []struct {
+		name string
+		v    uint64
+	}{
+		// duplicates are left out: a live message that arrives after the
+		// replay answer that already held it is one, and is dropped.
+		{"conflicts", w.GetConflicts()}, {"decode_errors", w.GetDecodeErrors()},
+		{"evictions", w.GetEvictions()}, {"budget_evictions", w.GetBudgetEvictions()},
+		{"stale_transitions", w.GetStaleTransitions()}, {"dropped", w.GetDropped()}, {"block_size_mismatches", w.GetBlockSizeMismatches()},
+		{"invalid_events", w.GetInvalidEvents()},
+	} {
+		if over(c.name, c.v, 0) {
+			bad("%s %d, want 0 (last_error %q, last_reset %q)", c.name, c.v, w.GetLastError(), w.GetLastReset())
+		}
+	}
+	// Resets beyond the restarts are the losses reported above.
+	if over("restarts", w.GetRestarts(), uint64(restarts)) || w.GetRestarts() < uint64(restarts) ||
+		over("resets", w.GetResets(), w.GetRestarts()+r.reportedOf(ref, "unrecovered_gaps")) {
+		bad("restarts %d resets %d, want %d each: the engine restarted %d times during this daemon process (last_reset %q)", w.GetRestarts(), w.GetResets(), restarts, restarts, w.GetLastReset())
+	}
+}
+
+// blockFlow is what one worker's engine had sent and its index had
+// applied at a checkpoint: blocks in BlockStored events, and blocks in
+// BlockRemoved events.
+type blockFlow struct {
+	sentStored, sentRemoved       int64
+	appliedStored, appliedRemoved uint64
+}
+
+// checkFlow compares, between two checkpoints of one daemon process, the
+// blocks the engine sent in BlockStored and BlockRemoved events with the
+// blocks the index applied (blocks_stored, blocks_removed): every batch
+// is applied once, and every removal names a block the index holds. A
+// difference places a divergence between the two checkpoints, and says
+// whether stores or removals went astray.
+func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
+	ref := e.Spec().Worker
+	st := e.StatsLocked()
+	now := blockFlow{st.Stored, st.Removed, w.GetBlocksStored(), w.GetBlocksRemoved()}
+	r.mu.Lock()
+	prev, ok := r.flow[ref]
+	r.flow[ref] = now
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	ds, dr := now.sentStored-prev.sentStored, now.sentRemoved-prev.sentRemoved
+	as, ar := int64(now.appliedStored-prev.appliedStored), int64(now.appliedRemoved-prev.appliedRemoved)
+	if ds != as || dr != ar {
+		r.fail.Add("block_flow", "checkpoint %s worker %s: since the last checkpoint the engine sent %d stored and %d removed blocks, the index applied %d and %d", name, ref, ds, dr, as, ar)
+	}
+}
+
+// excess returns how far counter's value got is above want plus what
+// was already reported for the worker in this daemon process.
+func (r *runner) excess(ref events.WorkerRef, counter string, got, want uint64) uint64 {
+	limit := want + r.reportedOf(ref, counter)
+	if got <= limit {
+		return 0
+	}
+	return got - limit
+}
+
+// reportedOf returns the excess of counter already reported for ref in
+// this daemon process.
+func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reported[ref][counter]
+}
+
+// diagnose probes a worker whose resident count differs from its
+// engine's with the chain of every block the engine holds in a full
+// chain, and describes the first chains its answer falls short of.
+func (r *runner) diagnose(name string, e *Engine) string {
+	ref := e.Spec().Worker
+	chains, multi := e.CacheLocked().Holes(3000)
+	var out []string
+	short := 0
+	for i, p := range chains {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := r.client.Score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
+		cancel()
+		if err != nil {
+			return fmt.Sprintf("probe failed: %v", err)
+		}
+		var got uint32
+		for _, w := range resp.GetWorkers() {
+			got = w.GetMatchedBlocks() - w.GetSpeculativeBlocks()
+		}
+		if want := len(p) / e.Spec().BlockSize; int(got) != want {
+			short++
+			if len(out) < 3 {
+				file := r.saveWrong(name+" diagnosis", e, e.Spec().Model, promptCase{"held chain", p}, ref, got, 0, want)
+				out = append(out, fmt.Sprintf("a held chain of %d blocks (%d held twice) matches %d (%s)", want, multi[i], got, file))
+			}
+		}
+	}
+	return fmt.Sprintf("%d of %d held chains fall short: %s", short, len(chains), strings.Join(out, "; "))
+}
+
+// checkAnswers scores prompts built from every engine's true cache and
+// compares, for every worker of the prompt's model, its match with the
+// longest prefix its engine holds. The caller holds every engine's lock.
+func (r *runner) checkAnswers(ctx context.Context, name string) {
+	rng := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("checkpoint "+name)))
+	for _, e := range r.engines {
+		model := e.Spec().Model
+		var prompts []promptCase
+		recent := e.RecentLocked()
+		rng.Shuffle(len(recent), func(i, j int) { recent[i], recent[j] = recent[j], recent[i] })
+		for _, p := range recent[:min(6, len(recent))] {
+			prompts = append(prompts, promptCase{"recent", p})
+		}
+		for range 6 {
+			if p := e.CacheLocked().Chain(rng); p != nil {
+				prompts = append(prompts, promptCase{"cached chain", p})
+			}
+		}
+		n := len(prompts)
+		for i := 0; i < n && i < 6; i++ {
+			p := prompts[rng.IntN(n)].tokens
+			switch i % 3 {
+			case 0:
+				prompts = append(prompts, promptCase{"cut", p[:1+rng.IntN(len(p))]})
+			case 1:
+				prompts = append(prompts, promptCase{"extended", append(append([]uint32(nil), p...), randomTokens(rng, 1+rng.IntN(300))...)})
+			default:
+				q := append([]uint32(nil), p...)
+				q[rng.IntN(len(q))] ^= 1
+				prompts = append(prompts, promptCase{"changed", q})
+			}
+		}
+		for i, pc := range prompts {
+			if ctx.Err() != nil {
+				return
+			}
+			r.compare(ctx, name, e, model, pc, i)
+		}
+	}
+}
+
+// promptCase is a checkpoint prompt and how it was made.
+type promptCase struct {
+	source string
+	tokens []uint32
+}
+
+// compare scores one prompt (by token ids; every fourth also by block
+// keys and with every worker as a candidate) and checks each worker's
+// index match (matched minus speculative blocks) exactly.
+func (r *runner) compare(ctx context.Context, name string, from *Engine, model string, pc promptCase, i int) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
+	resp, err := r.client.Score(cctx, req)
+	if err != nil {
+		if ctx.Err() == nil { // not the end of the run
+			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+		}
+		return
+	}
+	r.check(name, from, model, pc, "token ids", req, resp)
+	if i%4 != 0 {
+		return
+	}
+	if kresp, err := ScoreByKeys(cctx, r.client, model, pc.tokens); err == nil {
+		r.check(name, from, model, pc, "block keys", &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, resp.GetPromptBlocks())}, kresp)
+	} else if len(pc.tokens) >= BlockSizeOf(model) && ctx.Err() == nil {
+		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+	}
+	creq := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
+	for _, w := range r.models[model] {
+		creq.Workers = append(creq.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
+	}
+	if cresp, err := r.client.Score(cctx, creq); err == nil {
+		r.check(name, from, model, pc, "candidates", creq, cresp)
+	} else if ctx.Err() == nil {
+		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+	}
+}
+
+// check compares one answer with the truth.
+func (r *runner) check(name string, from *Engine, model string, pc promptCase, how string, req *kvindexv1.ScoreRequest, resp *kvindexv1.ScoreResponse) {
+	r.scoresChecked.Add(1)
+	r.load.checkScore("checkpoint "+name+" "+how, req, resp)
+	got := map[events.WorkerRef]*kvindexv1.WorkerScore{}
+	for _, w := range resp.GetWorkers() {
+		got[refOf(w)] = w
+		if w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+			r.fail.Add("worker_state", "checkpoint %s: Score names %s with health %v", name, refOf(w), w.GetHealth())
+		}
+	}
+	for _, ref := range r.models[model] {
+		want := r.byRef[ref].CacheLocked().LongestPrefix(pc.tokens)
+		var matched, spec uint32
+		if w := got[ref]; w != nil {
+			matched, spec = w.GetMatchedBlocks(), w.GetSpeculativeBlocks()
+		}
+		r.comparisons.Add(1)
+		if int(matched-spec) == want {
+			continue
+		}
+		r.wrong.Add(1)
+		file := r.saveWrong(name, from, model, pc, ref, matched, spec, want)
+		r.fail.Add("wrong_answer", "checkpoint %s, %s prompt of %d tokens from %s's %s, scored by %s: worker %s matched %d blocks (%d speculative), its engine holds %d; prompt in %s",
+			name, pc.source, len(pc.tokens), from.Spec().Worker, "cache", how, ref, matched, spec, want, file)
+	}
+}
+
+// saveWrong writes a wrong answer's prompt and figures to the work
+// directory, for a reproducer; it returns the file's path.
+func (r *runner) saveWrong(name string, from *Engine, model string, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
+	n := r.wrongFiles.Add(1)
+	if n > MaxKept {
+		return "(not saved: only the first few are)"
+	}
+	path := filepath.Join(r.opts.Dir, fmt.Sprintf("wrong-%d.json", n))
+	rec := map[string]any{
+		"checkpoint": name, "model": model, "source": pc.source, "from_engine": from.Spec().Worker.String(),
+		"worker": ref.String(), "matched_blocks": matched, "speculative_blocks": spec, "engine_holds": want, "token_ids": pc.tokens,
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return "(not saved: " + err.Error() + ")"
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return "(not saved: " + err.Error() + ")"
+	}
+	return path
+}

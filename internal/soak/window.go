@@ -1,0 +1,116 @@
+package soak
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Window tracks when the daemon is being restarted: from just before the
+// signal until the new process answers and the client has had time to
+// reconnect. Calls that overlap a window may fail with the codes a
+// restart causes; any other failure is a soak failure.
+//
+// # Concurrency
+//
+// All methods may be called from any goroutine.
+type Window struct {
+	open atomic.Bool
+	// gen is bumped when a window opens and when it closes, so that a call
+	// that spans one is recognised even if it ended after it closed.
+	gen atomic.Uint64
+}
+
+// Begin opens the window.
+func (w *Window) Begin() { w.open.Store(true); w.gen.Add(1) }
+
+// End closes the window.
+func (w *Window) End() { w.gen.Add(1); w.open.Store(false) }
+
+// Mark returns a token for the start of a call.
+func (w *Window) Mark() uint64 {
+	g := w.gen.Load()
+	if w.open.Load() {
+		return g | 1<<63
+	}
+	return g
+}
+
+// Overlaps reports whether a call started at mark overlapped a window.
+func (w *Window) Overlaps(mark uint64) bool {
+	return mark&(1<<63) != 0 || w.open.Load() || w.gen.Load() != mark
+}
+
+// Failures collects soak failures: every one is counted, the first
+// MaxKept of each kind are kept with their detail.
+//
+// # Concurrency
+//
+// All methods may be called from any goroutine.
+type Failures struct {
+	mu     sync.Mutex
+	counts map[string]int
+	kept   []string
+}
+
+// MaxKept is how many failures of one kind are kept in detail.
+const MaxKept = 5
+
+// Add records a failure of kind (a short stable name) with its detail.
+func (f *Failures) Add(kind, format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.counts == nil {
+		f.counts = map[string]int{}
+	}
+	f.counts[kind]++
+	if f.counts[kind] <= MaxKept {
+		f.kept = append(f.kept, kind+": "+fmt.Sprintf(format, args...))
+	}
+}
+
+// Count returns the number of failures recorded.
+func (f *Failures) Count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.counts {
+		n += c
+	}
+	return n
+}
+
+// Counts returns the failures by kind.
+func (f *Failures) Counts() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]int, len(f.counts))
+	for k, v := range f.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// Kept returns the kept details, in the order recorded.
+func (f *Failures) Kept() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.kept...)
+}
+
+// String lists the failure counts by kind.
+func (f *Failures) String() string {
+	c := f.Counts()
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, c[k])
+	}
+	return strings.Join(parts, " ")
+}
