@@ -426,7 +426,10 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	// the seqs before its answer's first, are lost.
 	if n := st.contiguous(r, limit); n > 0 && st.rounds < maxReplayRounds {
 		after := r.batches[n-1].seq + 1
-		hole := n < len(r.batches) && r.batches[n].seq < limit
+		// A skip right after the contiguous part is a hole even when
+		// the answer resumes at or past limit: the engine still holds
+		// [after, limit), since it went on to publish limit.
+		hole := n < len(r.batches) && r.batches[n].seq != after
 		if (hole || cut) && after < limit {
 			next := r.from
 			for _, b := range r.batches[:n] {
@@ -450,17 +453,17 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		if b.seq < next {
 			continue
 		}
+		if b.seq >= limit {
+			break // the live stream takes over; what is missing before it is below
+		}
 		if b.seq > next {
-			end := min(b.seq, limit)
+			end := b.seq
 			if next == r.from {
 				st.lost(next, end, r.from)
 			} else {
 				st.unrecoverable(next, end, "the engine's replay answer skipped them")
 			}
 			next = end
-		}
-		if b.seq >= limit {
-			break
 		}
 		st.applyReplayed(b)
 		next = b.seq + 1
