@@ -120,13 +120,14 @@ func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
 	}
 }
 
-// snapHeld is a key the snapshot's worker holds: its position (see
-// engineEntry.pos), its entries slots[lo:] up to the next key's, and once
-// it is out, its index in the snapshot's keys (-1 before).
+// snapHeld is a key the walk's worker holds: its position (see
+// engineEntry.pos), its entries slots[lo:] up to the next key's, and
+// once it is out, its key.
 type snapHeld struct {
 	pos uint64
 	lo  int32
-	out int32
+	out bool
+	key Key
 }
 
 // snapStep is a key on the way up from a held key: held[idx], or a
@@ -152,6 +153,34 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 	if w.gone {
 		return nil, 0, 0, fmt.Errorf("%w: %s (no snapshot)", ErrRemovedWorker, w.info.Ref)
 	}
+	out := make([]SnapshotKey, 0, w.engine.Len())
+	var digest uint64
+	w.treeOrderLocked(func(k, parent Key, hasParent bool, slots []int) {
+		sk := SnapshotKey{Key: k, Parent: parent, HasParent: hasParent}
+		if slots != nil {
+			w.snapCountsLocked(&sk, slots)
+			kc := sk.counts()
+			digest += digestTerm(sk.Key, kc.media())
+		}
+		out = append(out, sk)
+	})
+	return out, w.deltaSeq, digest, nil
+}
+
+// treeOrderLocked calls visit for every key the worker holds, and every
+// placeholder its held keys need (see the comment on snapshots above),
+// in an order where each key's parent comes before it and a placeholder
+// is followed at once by a key under it: with the key, where it attaches
+// (under parent when hasParent, else at top level), and the slots of the
+// worker's entries at the key (nil for a placeholder; valid until the
+// worker next changes). Callers hold w.mu; visit must not change the
+// worker or lock tree nodes.
+//
+// Cost: O(blocks log blocks): the entries sorted by position, a node
+// lock per run of keys in one node, a binary search per parent in
+// another node, plus the placeholders; 24 bytes per block of memory
+// until it returns.
+func (w *Worker) treeOrderLocked(visit func(k, parent Key, hasParent bool, slots []int)) {
 	// The entries' slots, sorted by position.
 	n := w.engine.Len()
 	slots := make([]int, 0, n)
@@ -175,12 +204,12 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 	held := make([]snapHeld, 0, n)
 	for i, slot := range slots {
 		if pos := w.entry(slot).pos(); len(held) == 0 || held[len(held)-1].pos != pos {
-			held = append(held, snapHeld{pos: pos, lo: int32(i), out: -1})
+			held = append(held, snapHeld{pos: pos, lo: int32(i)})
 		}
 	}
 	entriesOf := func(i int) []int {
 		if i+1 < len(held) {
-			return slots[held[i].lo:held[i+1].lo]
+			return slots[held[i].lo:held[i+1].lo:held[i+1].lo]
 		}
 		return slots[held[i].lo:]
 	}
@@ -193,11 +222,9 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 		return slices.BinarySearchFunc(held, pos, func(h snapHeld, p uint64) int { return cmp.Compare(h.pos, p) })
 	}
 	var placeholders map[uint64]Key // by position
-	out := make([]SnapshotKey, 0, len(held))
-	var digest uint64
 	var path []snapStep
 	for i := range held {
-		if held[i].out >= 0 {
+		if held[i].out {
 			continue
 		}
 		// Up from held[i] to a key already out, or to the top level: the
@@ -213,8 +240,8 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 			}
 			pos := posOf(p)
 			if j, ok := find(pos, at); ok {
-				if o := held[j].out; o >= 0 {
-					parent, hasParent = out[o].Key, true
+				if held[j].out {
+					parent, hasParent = held[j].key, true
 					break
 				}
 				path = append(path, snapStep{int32(j), p})
@@ -231,24 +258,21 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 		// Out from the top down, each under the one before.
 		for s := len(path) - 1; s >= 0; s-- {
 			st := path[s]
-			sk := SnapshotKey{Key: w.cur.keyAt(st.l), Parent: parent, HasParent: hasParent}
+			k := w.cur.keyAt(st.l)
 			if st.idx < 0 {
 				if placeholders == nil {
 					placeholders = make(map[uint64]Key)
 				}
-				placeholders[posOf(st.l)] = sk.Key
+				placeholders[posOf(st.l)] = k
+				visit(k, parent, hasParent, nil)
 			} else {
-				held[st.idx].out = int32(len(out))
-				w.snapCountsLocked(&sk, entriesOf(int(st.idx)))
-				kc := sk.counts()
-				digest += digestTerm(sk.Key, kc.media())
+				held[st.idx].out, held[st.idx].key = true, k
+				visit(k, parent, hasParent, entriesOf(int(st.idx)))
 			}
-			out = append(out, sk)
-			parent, hasParent = sk.Key, true
+			parent, hasParent = k, true
 		}
 	}
 	w.endLocked()
-	return out, w.deltaSeq, digest, nil
 }
 
 // snapCountsLocked sets sk's counts from the worker's entries at its key.
@@ -641,17 +665,58 @@ func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
 	return nil
 }
 
-// segDecoder reads a segment's encoding, remembering the first error.
+// segDecoder reads a segment's encoding (of a snapshot or a checkpoint),
+// remembering the first error.
 type segDecoder struct {
 	b   []byte
 	off int
 	err error
+	// bad is the sentinel errors wrap; nil means ErrBadSnapshot.
+	bad error
 }
 
 func (d *segDecoder) fail(format string, args ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: segment encoding at byte %d: %s", ErrBadSnapshot, d.off, fmt.Sprintf(format, args...))
+		bad := d.bad
+		if bad == nil {
+			bad = ErrBadSnapshot
+		}
+		d.err = fmt.Errorf("%w: segment encoding at byte %d: %s", bad, d.off, fmt.Sprintf(format, args...))
 	}
+}
+
+// left returns how many bytes are left to read.
+func (d *segDecoder) left() int { return len(d.b) - d.off }
+
+// bytes reads n bytes, which alias the input.
+func (d *segDecoder) bytes(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > d.left() {
+		d.fail("truncated")
+		return nil
+	}
+	d.off += n
+	return d.b[d.off-n : d.off]
+}
+
+// varint reads a zig-zag varint in [lo, hi].
+func (d *segDecoder) varint(lo, hi int64) int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("bad or truncated varint")
+		return 0
+	}
+	if v < lo || v > hi {
+		d.fail("value %d outside [%d, %d]", v, lo, hi)
+		return 0
+	}
+	d.off += n
+	return v
 }
 
 func (d *segDecoder) byte() byte {
