@@ -79,6 +79,9 @@ type Agent struct {
 	log   *slog.Logger
 
 	workers map[int]*agentWorker
+	// kick has a value when a registration changed between heartbeats
+	// (SetPartial) and Run should rewrite the registrations now.
+	kick chan struct{}
 
 	published, bytes atomic.Int64
 	snapshots        atomic.Int64
@@ -125,7 +128,7 @@ func NewAgent(ctx context.Context, nc *natsgo.Conn, o AgentOptions, workers map[
 	if o.Model == "" || o.Pod == "" || o.BlockSize <= 0 {
 		return nil, fmt.Errorf("nats: agent: model, pod and block size are required")
 	}
-	a := &Agent{nc: nc, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}}
+	a := &Agent{nc: nc, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}, kick: make(chan struct{}, 1)}
 	var err error
 	for rank, lw := range workers {
 		ref := events.WorkerRef{Pod: o.Pod, DPRank: rank}
@@ -237,14 +240,36 @@ func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply fu
 }
 
 // SetPartial marks worker rank's state as known to lack part of its
-// engine's history (a restore whose replay left a hole), for its
-// registration.
+// engine's history (a restore whose replay left a hole), or as whole
+// again, for its registration; a change is registered at once (by Run)
+// rather than at the next heartbeat. It must not be called from inside
+// Publish's apply or WithWorker's f (it takes the worker's lock).
 func (a *Agent) SetPartial(rank int, partial bool) {
-	if w := a.workers[rank]; w != nil {
-		w.mu.Lock()
-		w.partial = partial
-		w.mu.Unlock()
+	w := a.workers[rank]
+	if w == nil {
+		return
 	}
+	w.mu.Lock()
+	changed := w.partial != partial
+	w.partial = partial
+	w.mu.Unlock()
+	if changed {
+		select {
+		case a.kick <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+}
+
+// Partial reports whether worker rank is marked partial (SetPartial).
+func (a *Agent) Partial(rank int) bool {
+	w := a.workers[rank]
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.partial
 }
 
 // EngineSeq returns the last engine seq worker rank published, for the
@@ -359,8 +384,8 @@ func (a *Agent) register(ctx context.Context, w *agentWorker) error {
 	return nil
 }
 
-// Run refreshes the registrations every Heartbeat until ctx is done, then
-// removes them.
+// Run refreshes the registrations every Heartbeat, and at once when one
+// changed (SetPartial), until ctx is done, then removes them.
 func (a *Agent) Run(ctx context.Context) {
 	t := time.NewTicker(a.o.Heartbeat)
 	defer t.Stop()
@@ -372,10 +397,11 @@ func (a *Agent) Run(ctx context.Context) {
 			cancel()
 			return
 		case <-t.C:
-			for _, w := range a.workers {
-				if err := a.register(ctx, w); err != nil && ctx.Err() == nil {
-					a.log.Warn("agent heartbeat failed", "worker", w.ref.String(), "err", err)
-				}
+		case <-a.kick:
+		}
+		for _, w := range a.workers {
+			if err := a.register(ctx, w); err != nil && ctx.Err() == nil {
+				a.log.Warn("agent heartbeat failed", "worker", w.ref.String(), "err", err)
 			}
 		}
 	}

@@ -718,7 +718,9 @@ func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
 }
 
 // refreshHealth sets the worker's health: RECOVERING while not live,
-// otherwise what the agent reports of its engine.
+// otherwise what the agent reports of its engine, and at best UNSYNCED
+// when the agent marks its state partial (answers may miss blocks the
+// engine holds).
 func (w *replicaWorker) refreshHealth() {
 	r := w.staleReason(time.Now())
 	w.mu.Lock()
@@ -732,9 +734,13 @@ func (w *replicaWorker) refreshHealth() {
 		w.health.Store(events.HealthRecovering)
 		return
 	}
-	h := parseHealth(w.registration().GetHealth())
+	reg := w.registration()
+	h := parseHealth(reg.GetHealth())
 	if h == events.HealthUnknown {
 		h = events.HealthOK
+	}
+	if reg.GetPartial() && h == events.HealthOK {
+		h = events.HealthUnsynced
 	}
 	w.health.Store(h)
 }
@@ -791,6 +797,10 @@ func (w *replicaWorker) snapshotStats() events.WorkerStats {
 		}
 	case s.Health == events.HealthStale && staleWhy != "":
 		s.HealthReason = staleWhy
+	case reg.GetPartial() && (reg.GetHealth() == events.HealthOK.String() || reg.GetHealth() == events.HealthUnsynced.String()):
+		// The agent's reason is the partial state's (or says nothing).
+		s.HealthReason = strings.TrimSuffix("the agent's state lacks part of the engine's history: "+reg.GetHealthReason(), ": ")
+		return s
 	case s.Health != events.HealthOK:
 		s.HealthReason = "the agent reports " + reg.GetHealth() + ": " + reg.GetHealthReason()
 	default:
