@@ -224,10 +224,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.na.Run(ctx)
 	}()
 	if a.ck != nil {
+		interval := a.cfg.Agent.CheckpointInterval
+		if interval <= 0 { // SetDefaults sets it; a config built without it gets the default
+			interval = config.DefaultCheckpointInterval
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.checkpointEvery(ctx, a.cfg.Agent.CheckpointInterval)
+			a.checkpointEvery(ctx, interval)
 		}()
 	}
 	err := a.sub.Run(ctx)
