@@ -155,8 +155,8 @@ const maxResetReason = 1024
 //
 // Cost: Snapshot's walk, O(blocks log blocks) under the mutex, and
 // memory for the keys (32 bytes each) and blocks (16 bytes each) until it
-// returns. BenchmarkCheckpoint (docs/benchmarks.md) measures a
-// 30,000-block worker.
+// returns. BenchmarkCheckpoint (docs/benchmarks.md): 6.7 ms for 30,000
+// blocks, encoding included (18 bytes a block).
 func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint: take a snapshot)", ErrWorkerKind, w.info.Ref)
@@ -248,7 +248,8 @@ func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, Checkpoint
 // clear of what the worker held and per key the tree work of a store,
 // per block an engine-map insert (the map sized once); memory for the
 // keys and blocks until it returns. BenchmarkRestoreCheckpoint
-// (docs/benchmarks.md) measures a 30,000-block worker.
+// (docs/benchmarks.md): 13.6 ms for 30,000 blocks, decoding included,
+// into a worker that held as many.
 func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint restore: restore a snapshot)", ErrWorkerKind, w.info.Ref)
