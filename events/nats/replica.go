@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,16 @@ type SourceOptions struct {
 	Models []string
 	// SnapshotTimeout bounds one snapshot transfer; 0 means 10 s.
 	SnapshotTimeout time.Duration
+	// SnapshotConcurrency bounds the snapshots loading at once (the
+	// others wait their turn, RECOVERING); 0 means 2 x GOMAXPROCS.
+	// Unbounded, a replica that discovers a fleet asks every agent at
+	// once, and the answers (300 MB for 1,000 workers of 30,000 blocks)
+	// overflow what nats-server buffers for one client (64 MiB by
+	// default): it cuts the replica off as a slow consumer, and every
+	// worker resyncs, again and again. Two loads a core keep every core
+	// restoring while the next snapshot is on the wire
+	// (docs/benchmarks.md, "Fleet").
+	SnapshotConcurrency int
 	// QueueSize bounds each worker's deltas waiting to be applied (and
 	// buffered while a snapshot loads); past it the worker resyncs. 0
 	// means 65,536.
@@ -70,6 +81,24 @@ type SourceOptions struct {
 	LogEvery time.Duration
 	// Logger receives problem reports; nil discards them.
 	Logger *slog.Logger
+	// Applied, when set, is called on a worker's goroutine after each of
+	// its deltas has been applied (not after one that did not fit), with
+	// the delta's header: e.g. to measure the lag from the engine's batch
+	// to the replica (cmd/kvfleetbench). The worker's next delta waits for
+	// it, so it must return quickly.
+	Applied func(ref events.WorkerRef, d AppliedDelta)
+}
+
+// AppliedDelta describes a delta a Source has applied (see
+// SourceOptions.Applied).
+type AppliedDelta struct {
+	// Seq is the delta's seq within the agent's epoch; EngineSeq and
+	// EngineTime are the seq and time (seconds since the epoch, by the
+	// engine's clock; 0 when unknown) of the engine batch it records.
+	Seq, EngineSeq uint64
+	EngineTime     float64
+	// Entries is the number of effects applied.
+	Entries int
 }
 
 func (o *SourceOptions) defaults() {
@@ -81,6 +110,9 @@ func (o *SourceOptions) defaults() {
 	}
 	if o.SnapshotTimeout <= 0 {
 		o.SnapshotTimeout = 10 * time.Second
+	}
+	if o.SnapshotConcurrency <= 0 {
+		o.SnapshotConcurrency = 2 * runtime.GOMAXPROCS(0)
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = 1 << 16
@@ -125,6 +157,10 @@ type Source struct {
 	workers map[string]*replicaWorker
 	wg      sync.WaitGroup
 
+	// loading holds a token per snapshot being loaded
+	// (SnapshotConcurrency).
+	loading chan struct{}
+
 	reconnects    atomic.Int64
 	watchRestarts atomic.Int64
 	downSince     atomic.Int64 // unix ns NATS was lost at; 0 while connected
@@ -138,7 +174,7 @@ type Source struct {
 // Run.
 func NewSource(nc *natsgo.Conn, set WorkerSet, o SourceOptions) *Source {
 	o.defaults()
-	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}}
+	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}, loading: make(chan struct{}, o.SnapshotConcurrency)}
 }
 
 // replicaWorker is one worker's sync state.
@@ -552,8 +588,14 @@ func (w *replicaWorker) sync(ctx context.Context) error {
 		w.sink.Reset("fleet resync: " + why)
 		w.synced = false
 	}
+	select { // wait for a turn (SnapshotConcurrency)
+	case w.src.loading <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	reg := w.registration()
 	epoch, seq, err := w.loadSnapshot(ctx, reg)
+	<-w.src.loading
 	if err != nil {
 		w.mu.Lock()
 		w.stats.ReplayFailures++
@@ -712,6 +754,9 @@ func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
 	if err != nil {
 		w.problem(fmt.Errorf("delta %d: %w", w.seq, err))
 		return false // the replica diverged from the agent: resync
+	}
+	if f := w.src.o.Applied; f != nil {
+		f(w.ref, AppliedDelta{Seq: w.seq, EngineSeq: w.msg.EngineSeq, EngineTime: w.msg.EngineTime, Entries: len(w.delta.Entries)})
 	}
 	w.refreshHealth()
 	return true
