@@ -426,7 +426,7 @@ func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 		default:
 			if part == 0 {
 				// Sized once, up to a bound: Total is the sender's word.
-				w.engine.Reserve(int(min(seg.Total+seg.Total/8, restoreReserve)))
+				w.engine.Reserve(int(min(seg.Total, restoreReserve)))
 			}
 			before := w.res
 			err = rs.segmentLocked(part, seg)
@@ -569,10 +569,13 @@ func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 		}
 		var l loc
 		var fresh bool
+		// A node the restore creates holds the rest of its chain: sized for
+		// it (newNode doubles its hint, for a chain that grows), not twice.
+		hint := (chainEnd - i + 1) / 2
 		if !sk.HasParent {
-			l, fresh = c.top(sk.Key, set, chainEnd-i)
+			l, fresh = c.top(sk.Key, set, hint)
 		} else {
-			l, fresh = c.next(under, sk.Key, set, chainEnd-i)
+			l, fresh = c.next(under, sk.Key, set, hint)
 		}
 		rs.prev, rs.prevLoc, rs.havePrev, rs.prevHole = sk.Key, l, true, media == 0
 		rs.keys++
