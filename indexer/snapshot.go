@@ -447,6 +447,8 @@ func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 		return fmt.Errorf("%w: %d keys, its segments say %d", ErrBadSnapshot, rs.received, rs.total)
 	case len(rs.carry) > 0:
 		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.carry[len(rs.carry)-1].Key))
+	case rs.prevHole:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.prev))
 	case rs.digest != rs.want:
 		return fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadSnapshot, rs.digest, rs.want)
 	}

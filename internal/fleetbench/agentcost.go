@@ -56,8 +56,9 @@ type AgentResult struct {
 	Floor float64 `json:"floor_cores"`
 	Ratio float64 `json:"ratio"`
 	// OtherCPU is what other processes used meanwhile, in cores.
-	OtherCPU              float64 `json:"other_cores"`
-	LoadBefore, LoadAfter float64
+	OtherCPU   float64 `json:"other_cores"`
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
 }
 
 type enginesGenOpts struct {

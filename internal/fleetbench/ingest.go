@@ -35,7 +35,9 @@ type IngestResult struct {
 	// block; each delta also removes about as many, and offloads and
 	// evicts from CPU a quarter as many), Entries every effect, Deltas the
 	// messages.
-	Blocks, Entries, Deltas int64
+	Blocks  int64 `json:"blocks"`
+	Entries int64 `json:"entries"`
+	Deltas  int64 `json:"deltas"`
 	// ReplicaCPU is the replica process's CPU from its first delta to its
 	// last; Wall the time between them.
 	ReplicaCPU time.Duration `json:"replica_cpu_ns"`
@@ -61,9 +63,11 @@ type IngestResult struct {
 	Published float64 `json:"published_blocks_per_s"`
 	// Problems counts gaps, drops, decode or apply errors and resyncs in
 	// the replica while it ingested; SlowConsumers the nats-server's.
-	Problems, SlowConsumers int64
-	DigestsOK               bool `json:"digests_ok"`
-	LoadBefore, LoadAfter   float64
+	Problems      int64   `json:"problems"`
+	SlowConsumers int64   `json:"slow_consumers"`
+	DigestsOK     bool    `json:"digests_ok"`
+	LoadBefore    float64 `json:"load_before"`
+	LoadAfter     float64 `json:"load_after"`
 }
 
 type ingestGenOpts struct {

@@ -44,18 +44,26 @@ type LagResult struct {
 	Pods int `json:"pods"`
 	// Deltas are the deltas the replica applied while measuring, Blocks
 	// their new blocks; Rate the new blocks a second the engines sent.
-	Deltas, Blocks int64
-	Rate           float64
+	Deltas int64   `json:"deltas"`
+	Blocks int64   `json:"blocks"`
+	Rate   float64 `json:"rate"`
 	// The lag distribution, and the fraction of deltas over 5 ms.
-	P50, P90, P99, P999, Max time.Duration
-	Late                     float64
+	P50  time.Duration `json:"p50_ns"`
+	P90  time.Duration `json:"p90_ns"`
+	P99  time.Duration `json:"p99_ns"`
+	P999 time.Duration `json:"p999_ns"`
+	Max  time.Duration `json:"max_ns"`
+	Late float64       `json:"late_fraction"`
 	// ReplicaCPU and GeneratorCPU are the two processes' CPU while the
 	// engines churned (the generator's: engines, agents and nats-server);
 	// OtherCPU other processes' meanwhile.
-	ReplicaCPU, GeneratorCPU, OtherCPU time.Duration
-	Problems                           int64
-	DigestsOK                          bool
-	LoadBefore, LoadAfter              float64
+	ReplicaCPU   time.Duration `json:"replica_cpu_ns"`
+	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
+	OtherCPU     time.Duration `json:"other_cpu_ns"`
+	Problems     int64         `json:"problems"`
+	DigestsOK    bool          `json:"digests_ok"`
+	LoadBefore   float64       `json:"load_before"`
+	LoadAfter    float64       `json:"load_after"`
 }
 
 type lagGenOpts struct {

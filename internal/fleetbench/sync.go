@@ -61,7 +61,8 @@ type SyncResult struct {
 	HeapInuse int64 `json:"heap_inuse"`
 	// Replays counts the replica's snapshot loads, ReplayFailures the
 	// failed ones (a load retried after a failure is counted again).
-	Replays, ReplayFailures int64
+	Replays        int64 `json:"replays"`
+	ReplayFailures int64 `json:"replay_failures"`
 	// DigestsOK says every worker's digest equals its agent's.
 	DigestsOK bool `json:"digests_ok"`
 	// Floor is restoring the same snapshots from their encoding into a
@@ -72,7 +73,8 @@ type SyncResult struct {
 	FloorCPU time.Duration `json:"floor_cpu_ns"`
 	// LoadBefore and LoadAfter are the 1-minute load average around the
 	// run.
-	LoadBefore, LoadAfter float64
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
 }
 
 // syncGenOpts configure the sync generator role.

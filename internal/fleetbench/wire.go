@@ -18,19 +18,22 @@ type WireCase struct {
 	// (every batch N new GPU blocks in chains of up to 16, each request
 	// continuing its chain half of the time, and N removals; no offload).
 	Name string `json:"name"`
-	// Mixed is the whole batches' deltas: payload bytes per delta and per
-	// new block (removals, offloads and all).
-	DeltaBytes, MixedPerBlock float64
+	// DeltaBytes and MixedPerBlock are the whole batches' deltas: payload
+	// bytes per delta and per new block (removals, offloads and all).
+	DeltaBytes    float64 `json:"delta_bytes"`
+	MixedPerBlock float64 `json:"mixed_per_block"`
 	// PerStore and PerRemove are the payload bytes per stored and per
 	// removed block, from the same batches split into their stores
 	// (offloads included) and their removals, one delta each, the
 	// header's bytes shared out over the entries. WirePerStore and
 	// WirePerRemove add NATS's framing of each message from the agent
 	// ("PUB <subject> <size>\r\n" and "\r\n").
-	PerStore, PerRemove         float64
-	WirePerStore, WirePerRemove float64
+	PerStore      float64 `json:"per_store"`
+	PerRemove     float64 `json:"per_remove"`
+	WirePerStore  float64 `json:"wire_per_store"`
+	WirePerRemove float64 `json:"wire_per_remove"`
 	// Deltas are the deltas measured.
-	Deltas int
+	Deltas int `json:"deltas"`
 }
 
 // WireResult is what the wire benchmark measured.
