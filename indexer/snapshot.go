@@ -302,24 +302,48 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 // snapshots above), so the worker holds what the snapshot's worker held,
 // at the same places in the tree.
 //
-// The segments are read and checked first, with no lock held: in order
-// (Part from 0, one Seq, one Last, at most SnapshotSegmentKeys keys
-// each, as many in all as Total says), no key twice, every parent before its key, every placeholder
-// followed at once by a key under it, counts valid, and the keys'
-// digest equal to the last segment's. A snapshot that fails a check is
-// ErrBadSnapshot, and the worker is left as it was. Then the worker's
-// state is replaced under its mutex; the new state is visible to Match
-// when Restore returns (readers may see part of it earlier, as with a
-// batch). A worker fed engine events refuses snapshots (ErrWorkerKind).
+// The segments must be in order (Part from 0, one Seq, one Last, at most
+// SnapshotSegmentKeys keys each, as many in all as Total says), with no
+// key twice, every parent before its key, every placeholder followed at
+// once by a key under it, valid counts, and the keys' digest equal to the
+// last segment's. A snapshot that fails a check is ErrBadSnapshot, and
+// the worker is left as it was. The new state is visible to Match when
+// Restore returns (readers may see part of it earlier, as with a batch).
+// A worker fed engine events refuses snapshots (ErrWorkerKind).
 //
-// Cost: O(keys) map operations to check the snapshot, then a clear of
-// what the worker held (O(blocks log blocks)) and per key the tree work
-// of a store; memory for the keys until it returns. BenchmarkRestore
-// (docs/benchmarks.md): 12.9 ms for 30,000 blocks, a third each for the
-// checks, the clear and the tree.
+// A worker that holds blocks is replaced in two passes: the segments are
+// read and checked first with no lock held (their keys kept, with a map
+// of them), and then, under the worker's mutex, what it held is cleared
+// and the keys are built. An empty worker, which is what a replica
+// restores into (its first sync, and every resync, which resets the
+// worker first), is built in one pass instead: each segment is checked
+// and built as it arrives, under the mutex, which is released while the
+// next one is read; the engine map finds repeated keys and named parents
+// as it is filled, so no key is copied or mapped; a check that fails
+// clears what was built, leaving the worker empty, as it was.
+// Placeholders at a segment's end are built with the next segment, with
+// the key under them. A budget eviction or another call changing the
+// worker between two segments ends the restore with an error (not
+// ErrBadSnapshot), the worker cleared.
+//
+// Cost: the one-pass restore of a 30,000-block worker's snapshot, per
+// key, the tree work of a store (a top-level key probes the heads, a
+// branch creates a node) and an engine-map insert, and 7 allocations per
+// 1,000 keys; the two-pass one adds a map of the keys, a copy of each,
+// and the clear of what the worker held (O(blocks log blocks)).
+// BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
+	}
+	w.mu.Lock()
+	gone, empty := w.gone, w.engine.Len() == 0
+	w.mu.Unlock()
+	if gone {
+		return fmt.Errorf("%w: %s (no restore)", ErrRemovedWorker, w.info.Ref)
+	}
+	if empty {
+		return w.restoreEmpty(next)
 	}
 	st, err := readSnapshot(next)
 	if err != nil {
@@ -340,6 +364,265 @@ func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	w.c.lastApply.Store(time.Now().UnixNano())
 	w.ix.resident.Add(delta)
 	w.ix.checkBudget()
+	return nil
+}
+
+// errRestoreChanged: the worker changed between two segments of a
+// one-pass restore.
+var errRestoreChanged = errors.New("the worker changed during the restore (a budget eviction, or another call)")
+
+// restoreEmpty is Restore into a worker that holds nothing, in one pass
+// (see Restore).
+func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
+	rs := restoreStream{w: w}
+	err := rs.run(next)
+	w.mu.Lock()
+	if err == nil && w.gone {
+		err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
+	}
+	before := w.res
+	if err == nil {
+		w.deltaSeq = rs.seq
+	} else if !w.gone {
+		w.clearLocked() // back to empty, as it was
+	}
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	w.ix.resident.Add(delta)
+	if err != nil {
+		if errors.Is(err, ErrRemovedWorker) {
+			return err
+		}
+		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
+	}
+	w.c.lastApply.Store(time.Now().UnixNano())
+	w.ix.checkBudget()
+	return nil
+}
+
+// restoreStream is the state of a one-pass restore between segments.
+type restoreStream struct {
+	w          *Worker
+	seq, total uint64
+	received   uint64 // keys in the segments read so far
+	keys       int    // keys built
+	last       bool
+	want       uint64 // the last segment's digest
+	digest     uint64 // of the keys built
+	// prev is the last key built and its place: a key under it (the next
+	// key of a chain) attaches with no probe. prevHole says it is a
+	// placeholder (the key after it must be under it).
+	prev      Key
+	prevLoc   loc
+	havePrev  bool
+	prevHole  bool
+	holes     map[Key]loc // placeholders built (held keys are in the engine map)
+	carry     []SnapshotKey
+	scratch   []SnapshotKey
+	entries   int   // the engine map's length when the mutex was last released
+	evictions int64 // the worker's evictions then
+}
+
+// run reads, checks and builds every segment, and reports the first
+// problem; the caller clears the worker if there is one.
+func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
+	w := rs.w
+	rs.evictions = w.c.evictions.Load()
+	for part := uint32(0); ; part++ {
+		seg, err := next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("reading snapshot segment %d: %w", part, err)
+		}
+		if err := rs.header(part, seg); err != nil {
+			return err
+		}
+		w.mu.Lock()
+		var res int64
+		switch {
+		case w.gone:
+			err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
+		case w.engine.Len() != rs.entries || w.c.evictions.Load() != rs.evictions:
+			err = errRestoreChanged
+		default:
+			if part == 0 {
+				// Sized once, up to a bound: Total is the sender's word.
+				w.engine.Reserve(int(min(seg.Total, restoreReserve)))
+			}
+			before := w.res
+			err = rs.segmentLocked(part, seg)
+			w.endLocked() // publishes the segment's nodes and releases them
+			res = w.res - before
+			rs.entries = w.engine.Len()
+		}
+		w.mu.Unlock()
+		w.ix.resident.Add(res)
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case !rs.last:
+		return fmt.Errorf("%w: it ends before its last segment", ErrBadSnapshot)
+	case rs.received != rs.total:
+		return fmt.Errorf("%w: %d keys, its segments say %d", ErrBadSnapshot, rs.received, rs.total)
+	case len(rs.carry) > 0:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.carry[len(rs.carry)-1].Key))
+	case rs.prevHole:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.prev))
+	case rs.digest != rs.want:
+		return fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadSnapshot, rs.digest, rs.want)
+	}
+	return nil
+}
+
+// header checks segment part's place in the snapshot (as readSnapshot).
+func (rs *restoreStream) header(part uint32, seg *SnapshotSegment) error {
+	switch {
+	case rs.last:
+		return fmt.Errorf("%w: segment %d follows the last", ErrBadSnapshot, part)
+	case seg == nil:
+		return fmt.Errorf("%w: segment %d is nil", ErrBadSnapshot, part)
+	case seg.Part != part:
+		return fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadSnapshot, seg.Part, part)
+	case part > 0 && seg.Seq != rs.seq:
+		return fmt.Errorf("%w: segment %d has seq %d, segment 0 seq %d", ErrBadSnapshot, part, seg.Seq, rs.seq)
+	case part > 0 && seg.Total != rs.total:
+		return fmt.Errorf("%w: segment %d says %d keys in all, segment 0 %d", ErrBadSnapshot, part, seg.Total, rs.total)
+	case len(seg.Keys) > SnapshotSegmentKeys:
+		return fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, part, len(seg.Keys), SnapshotSegmentKeys)
+	}
+	if part == 0 {
+		rs.seq, rs.total = seg.Seq, seg.Total
+	}
+	if rs.received += uint64(len(seg.Keys)); rs.received > rs.total {
+		return fmt.Errorf("%w: segment %d brings its keys over the %d it says", ErrBadSnapshot, part, rs.total)
+	}
+	if seg.Last {
+		rs.last, rs.want = true, seg.Digest
+	}
+	return nil
+}
+
+// segmentLocked checks and builds one segment's keys, after the
+// placeholders carried from the segment before, and carries its own
+// trailing placeholders to the next (unless it is the last). Callers hold
+// w.mu.
+func (rs *restoreStream) segmentLocked(part uint32, seg *SnapshotSegment) error {
+	keys := seg.Keys
+	end := len(keys)
+	if !seg.Last {
+		for end > 0 && keys[end-1].Blocks == 0 {
+			end--
+		}
+	}
+	if end == 0 && !seg.Last {
+		rs.carry = append(rs.carry, keys...)
+		return nil
+	}
+	run := keys[:end]
+	if len(rs.carry) > 0 {
+		rs.scratch = append(append(rs.scratch[:0], rs.carry...), run...)
+		run = rs.scratch
+	}
+	if err := rs.buildLocked(part, run); err != nil {
+		return err
+	}
+	rs.carry = append(rs.carry[:0], keys[end:]...)
+	return nil
+}
+
+// buildLocked checks and builds run, the keys of segment part (after
+// any carried from the one before). Callers hold w.mu.
+func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
+	w := rs.w
+	c := &w.cur
+	id := uint32(w.id)
+	chainEnd := 0
+	for i := range run {
+		sk := &run[i]
+		bad := func(why string) error {
+			// rs.keys is the key's index in the snapshot: every key before
+			// it is built.
+			return fmt.Errorf("%w: key %d (%#016x), in segment %d or the one before: %s", ErrBadSnapshot, rs.keys, uint64(sk.Key), part, why)
+		}
+		kc := sk.counts()
+		if !kc.valid() {
+			return bad(fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs))
+		}
+		// Where it attaches: under the key before it (a chain, no probe),
+		// under a held key or a placeholder built before, or at top level.
+		var under loc
+		underPrev := sk.HasParent && rs.havePrev && rs.prev == sk.Parent
+		switch {
+		case !sk.HasParent:
+		case underPrev:
+			under = rs.prevLoc
+		default:
+			if slot, ok := w.engine.Get(uint64(sk.Parent)); ok {
+				under = w.locOf(w.entry(slot))
+			} else if l, ok := rs.holes[sk.Parent]; ok {
+				under = l
+			} else {
+				return bad(fmt.Sprintf("its parent %#016x is not before it", uint64(sk.Parent)))
+			}
+		}
+		if rs.prevHole && !underPrev {
+			return bad("it follows a placeholder but is not under it")
+		}
+		if _, ok := w.engine.Get(uint64(sk.Key)); ok {
+			return bad("the key is in the snapshot twice")
+		}
+		if _, ok := rs.holes[sk.Key]; ok {
+			return bad("the key is in the snapshot twice")
+		}
+		if i >= chainEnd {
+			// The chain from i (each key under the one before), whose
+			// length sizes the nodes it creates.
+			j := i + 1
+			for j < len(run) && run[j].HasParent && run[j].Parent == run[j-1].Key {
+				j++
+			}
+			chainEnd = j
+		}
+		media := kc.media()
+		var set *holders.Set
+		if media != 0 {
+			set = w.ix.single(id, media)
+		}
+		var l loc
+		var fresh bool
+		// A node the restore creates holds the rest of its chain: sized for
+		// it (newNode doubles its hint, for a chain that grows), not twice.
+		hint := (chainEnd - i + 1) / 2
+		if !sk.HasParent {
+			l, fresh = c.top(sk.Key, set, hint)
+		} else {
+			l, fresh = c.next(under, sk.Key, set, hint)
+		}
+		rs.prev, rs.prevLoc, rs.havePrev, rs.prevHole = sk.Key, l, true, media == 0
+		rs.keys++
+		if media == 0 {
+			if rs.holes == nil {
+				rs.holes = make(map[Key]loc)
+			}
+			rs.holes[sk.Key] = l
+			continue
+		}
+		if !fresh {
+			c.change(l, holders.Op{Worker: id, Set: media})
+		}
+		h := uint64(sk.Key)
+		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
+		w.res += int64(kc.blocks)
+		for m, n := range kc.in {
+			w.resBy[m] += int64(n)
+		}
+		rs.digest += digestTerm(sk.Key, media)
+	}
 	return nil
 }
 

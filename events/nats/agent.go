@@ -311,50 +311,52 @@ func (a *Agent) Stats() AgentStats {
 
 // serveSnapshot answers one snapshot request: the worker's state, taken
 // under its lock with the seq it is after, sent in chunks of about
-// ChunkBytes to the reply subject.
+// ChunkBytes to the reply subject. Each segment is copied once, into the
+// chunk that carries it (appendChunkSegment); the chunks' headers, which
+// need the snapshot's block count, are appended once the snapshot is
+// taken, and the chunks sent with no lock held.
 func (a *Agent) serveSnapshot(w *agentWorker, m *natsgo.Msg) {
 	if m.Reply == "" {
 		return
 	}
-	var segs [][]byte
+	var chunks [][]byte
+	var cur []byte
 	w.mu.Lock()
 	seq := w.seq
 	blocks, err := w.local.Snapshot(func(seg []byte) error {
-		segs = append(segs, append([]byte(nil), seg...))
+		if cur == nil {
+			// Room for the chunk (it ends past ChunkBytes by its last
+			// segment), unless the segments are small.
+			cur = make([]byte, 0, min(a.o.ChunkBytes, 16*len(seg))+len(seg)+64)
+		}
+		cur = appendChunkSegment(cur, seg)
+		if len(cur) >= a.o.ChunkBytes {
+			chunks, cur = append(chunks, cur), nil
+		}
 		return nil
 	})
 	w.mu.Unlock()
-	send := func(c *fleetv1.SnapshotChunk) bool {
-		b, merr := proto.Marshal(c)
-		if merr == nil {
-			merr = a.nc.Publish(m.Reply, b)
-		}
-		if merr != nil {
-			a.log.Warn("sending a snapshot chunk failed", "worker", w.ref.String(), "err", merr)
+	if cur != nil || len(chunks) == 0 {
+		chunks = append(chunks, cur)
+	}
+	send := func(b []byte) bool {
+		if err := a.nc.Publish(m.Reply, b); err != nil {
+			a.log.Warn("sending a snapshot chunk failed", "worker", w.ref.String(), "err", err)
 			return false
 		}
 		return true
 	}
 	if err != nil {
-		send(&fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Last: true, Error: err.Error()})
+		send(appendChunkHeader(nil, chunkHeader{epoch: a.epoch, seq: seq, last: true, err: err.Error()}))
 		return
 	}
-	chunk := &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Blocks: blocks}
-	size := 0
-	for _, seg := range segs {
-		chunk.Segments = append(chunk.Segments, seg)
-		if size += len(seg); size >= a.o.ChunkBytes {
-			if !send(chunk) {
-				return
-			}
-			chunk = &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Index: chunk.Index + 1, Blocks: blocks}
-			size = 0
+	for i, c := range chunks {
+		last := i == len(chunks)-1
+		if !send(appendChunkHeader(c, chunkHeader{epoch: a.epoch, seq: seq, index: uint32(i), blocks: blocks, last: last})) {
+			return
 		}
 	}
-	chunk.Last = true
-	if send(chunk) {
-		a.snapshots.Add(1)
-	}
+	a.snapshots.Add(1)
 }
 
 // register writes worker w's registration.
