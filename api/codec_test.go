@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // the codec BenchmarkCodecMarshal compares with
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -170,6 +172,99 @@ func FuzzUnmarshalScoreRequest(f *testing.F) {
 	})
 }
 
+// marshalCodec encodes m with kvindex's Codec and returns the bytes.
+func marshalCodec(t testing.TB, m any) ([]byte, error) {
+	t.Helper()
+	data, err := api.NewCodec().Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	defer data.Free()
+	return data.Materialize(), nil
+}
+
+// TestMarshalScoreRequest checks that the codec encodes ScoreRequests in
+// every shape byte for byte as protobuf-go does, below and above gRPC's
+// buffer pooling threshold, and rejects what protobuf-go rejects.
+func TestMarshalScoreRequest(t *testing.T) {
+	withUnknown := &kvindexv1.ScoreRequest{Model: "m", TokenIds: []uint32{1, 2}}
+	withUnknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 7))
+	cases := []struct {
+		name string
+		req  *kvindexv1.ScoreRequest
+	}{
+		{"empty", &kvindexv1.ScoreRequest{}},
+		{"model only", &kvindexv1.ScoreRequest{Model: "llama"}},
+		{"every varint length", &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokenSample}},
+		{"a prompt above the pooling threshold", &kvindexv1.ScoreRequest{Model: "bench", TokenIds: realisticTokens(2048)}},
+		{"a long prompt (2-byte length prefix and more)", &kvindexv1.ScoreRequest{Model: "m", TokenIds: realisticTokens(40_000)}},
+		{"block keys", &kvindexv1.ScoreRequest{Model: "m", BlockKeys: []uint64{0, 1, 1 << 40, math.MaxUint64}}},
+		{"every field", &kvindexv1.ScoreRequest{
+			Model:     "llama",
+			TokenIds:  tokenSample,
+			BlockKeys: []uint64{1, math.MaxUint64},
+			LoraName:  "adapter",
+			CacheSalt: "salt",
+			Workers:   []*kvindexv1.WorkerRef{{Pod: "pod-1", DpRank: 3}, {Pod: "pod-2"}, nil},
+			BlockExtraKeys: []*kvindexv1.ExtraKeys{{Values: []*kvindexv1.ExtraValue{
+				{Kind: &kvindexv1.ExtraValue_Str{Str: "img"}}, {Kind: &kvindexv1.ExtraValue_Int{Int: -3}},
+			}}, {}},
+			Loads:   []*kvindexv1.WorkerLoad{{Worker: ref("pod-1", 0), Running: 2, Waiting: 1, KvCacheUsage: 0.5, QueuedPrefillTokens: 900}},
+			Policy:  &kvindexv1.ScorePolicy{Name: "cache_aware", GpuWeight: 1, LoadWeight: math.Copysign(0, -1)},
+			Explain: true,
+		}},
+		{"unknown fields", withUnknown},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := marshalCodec(t, tc.req)
+			if err != nil {
+				t.Fatalf("codec: %v", err)
+			}
+			want := mustMarshal(t, tc.req)
+			if !slices.Equal(got, want) {
+				t.Fatalf("codec wrote %d bytes %x\nprotobuf-go %d bytes %x", len(got), got[:min(len(got), 64)], len(want), want[:min(len(want), 64)])
+			}
+		})
+	}
+	for _, bad := range []*kvindexv1.ScoreRequest{
+		{Model: "\xff", TokenIds: tokenSample},
+		{Model: "m", LoraName: "\xfe"},
+		{Model: "m", CacheSalt: "\xc0"},
+		{Model: "m", TokenIds: realisticTokens(2048), Workers: []*kvindexv1.WorkerRef{{Pod: "\xff"}}},
+	} {
+		if _, err := marshalCodec(t, bad); err == nil {
+			t.Errorf("codec encoded %v, which protobuf-go rejects", bad)
+		} else if _, perr := proto.Marshal(bad); perr == nil {
+			t.Errorf("protobuf-go accepts %v, the codec does not: %v", bad, err)
+		}
+	}
+}
+
+// FuzzMarshalScoreRequest checks the hand-written encoder against
+// protobuf-go on every ScoreRequest that protobuf-go decodes from
+// arbitrary input: the same verdict and the same bytes.
+func FuzzMarshalScoreRequest(f *testing.F) {
+	f.Add(mustMarshal(f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokenSample, LoraName: "l", Explain: true}))
+	f.Add(mustMarshal(f, &kvindexv1.ScoreRequest{Workers: []*kvindexv1.WorkerRef{{Pod: "p"}}, BlockKeys: []uint64{1, 2}, Policy: &kvindexv1.ScorePolicy{Name: "x"}}))
+	f.Add(slices.Concat(packedTokens(1, 1<<40), rawTokens(3, math.MaxUint64)))
+	f.Add([]byte{0x0a, 0x01, 0xff}) // a model that is not UTF-8: protobuf-go decodes and re-encodes nothing
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var req kvindexv1.ScoreRequest
+		if proto.Unmarshal(in, &req) != nil {
+			return
+		}
+		got, gerr := marshalCodec(t, &req)
+		want, werr := proto.Marshal(&req)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("codec error %v, protobuf-go error %v on %v", gerr, werr, &req)
+		}
+		if gerr == nil && !slices.Equal(got, want) {
+			t.Fatalf("codec wrote %x, protobuf-go %x for %v", got, want, &req)
+		}
+	})
+}
+
 // TestCodecPoolsTokensOverGRPC sends concurrent Scores for different
 // prompts through a server whose codec reuses token memory: every answer
 // must be the one for its own prompt, so no call ever sees another's
@@ -260,6 +355,29 @@ func BenchmarkCodec(b *testing.B) {
 			tokens = req.TokenIds
 		}
 	})
+}
+
+// BenchmarkCodecMarshal compares encoding a 2,048-token ScoreRequest
+// with gRPC's protobuf codec and with the hand path (both into gRPC's
+// buffer pool, returned after each call as gRPC does once it has written
+// the bytes).
+func BenchmarkCodecMarshal(b *testing.B) {
+	req := &kvindexv1.ScoreRequest{Model: "bench", TokenIds: realisticTokens(2048)}
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"protobuf-go", encoding.GetCodecV2("proto")}, {"kvindex", api.NewCodec()}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				data, err := c.codec.Marshal(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				data.Free()
+			}
+		})
+	}
 }
 
 // realisticTokens returns n ids spread over a 152 K vocabulary (Qwen's
