@@ -4,6 +4,7 @@
 //	kvbench --embedded --rps 10000 --duration 10s
 //	kvbench --addr localhost:50051 --model my-model --rps 2000 --json
 //	kvbench --embedded --serve --listen 127.0.0.1:7070   # server only
+//	kvbench --addr 127.0.0.1:7070 --check --client grpc   # its generator
 //
 // With --embedded it starts an in-process index loaded with the shape
 // (--workers, --prompt-blocks, --shared-blocks, --tail-holders) behind a
@@ -66,15 +67,15 @@ func newRoot() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if serve {
+				return serveOnly(ctx, cmd, shape, listen, cpuprofile)
+			}
 			if cpuprofile != "" {
 				stopProfile, err := startCPUProfile(cpuprofile)
 				if err != nil {
 					return err
 				}
 				defer stopProfile()
-			}
-			if serve {
-				return serveOnly(ctx, cmd, shape, listen)
 			}
 			rep, err := loadgen.Bench(ctx, opts)
 			if err != nil {
@@ -99,7 +100,8 @@ func newRoot() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
-	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server) to this file")
+	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server; with --serve, of serving once the index is loaded) to this file")
+	f.BoolVar(&opts.Check, "check", false, "with --addr: check every reply against the shape (the server is kvbench --embedded --serve with the same shape flags); --embedded always checks")
 	f.BoolVar(&opts.BlockKeys, "block-keys", false, "send content keys (block_keys, computed client-side) instead of token ids")
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
@@ -112,13 +114,22 @@ func newRoot() *cobra.Command {
 	return cmd
 }
 
-// serveOnly serves an embedded index loaded with shape until ctx ends.
-func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen string) error {
+// serveOnly serves an embedded index loaded with shape until ctx ends,
+// with a CPU profile into cpuprofile (if not "") from when the index is
+// loaded, so that the profile is of serving alone.
+func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string) error {
 	e, err := loadgen.StartEmbedded(ctx, shape, listen)
 	if err != nil {
 		return err
 	}
 	defer e.Close()
+	if cpuprofile != "" {
+		stopProfile, err := startCPUProfile(cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s\n", shape, e.Addr)
 	e.Wait(ctx)
 	return nil

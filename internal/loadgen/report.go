@@ -21,6 +21,9 @@ type Report struct {
 	Client string `json:"client"`
 	// Connections is the number of connections the senders shared.
 	Connections int `json:"connections"`
+	// Checked says whether every reply was checked against the shape
+	// (a failed check counts as an error).
+	Checked bool `json:"checked"`
 
 	Scheduled  int64   `json:"scheduled"`
 	Sent       int64   `json:"sent"`
@@ -78,16 +81,20 @@ func (rep Report) WriteText(w io.Writer) error {
 		kind = "embedded kvindex"
 	}
 	d := func(ns int64) string { return fmtDur(time.Duration(ns)) }
+	checked := ", replies not checked"
+	if rep.Checked {
+		checked = ", every reply checked"
+	}
 	_, err := fmt.Fprintf(w, `target    %s (%s)
 shape     %s
 payload   %s
 load      %.0f req/s open loop for %s, %d senders over %d %s connections
-requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved
+requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved%s
 latency   p50 %s  p90 %s  p99 %s  p99.9 %s  max %s
 generator lag p99 %s  max %s (already counted in latency)
 `,
 		rep.Target, kind, rep.Shape, rep.Request, rep.Rate, rep.Duration, rep.Conns, rep.Connections, rep.Client,
-		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved,
+		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved, checked,
 		d(rep.P50), d(rep.P90), d(rep.P99), d(rep.P999), d(rep.Max),
 		d(rep.LagP99), d(rep.LagMax))
 	if err == nil && rep.FirstError != "" {
