@@ -15,8 +15,10 @@
 #   GRPC_RUNS  generator runs against the separate server process (the headline
 #              gRPC row, their median p99; default 5)
 #   GRPC_H2_RUNS in-process runs with the lean h2 generator (the second row; default 3)
-#   SERVER_FLAGS, GEN_FLAGS  kvbench runtime flags of the server and generator
-#              processes (defaults in docs/benchmarks.md, "gRPC Score at 10 k req/s")
+#   SERVER_FLAGS, GEN_FLAGS  kvbench flags of the server and generator processes
+#              (defaults below; why in docs/benchmarks.md, "gRPC Score at 10 k req/s")
+#   SERVER_CPU, GEN_CPU  the CPU each process is pinned to (default 0 and 1; set
+#              both empty to let the kernel place them)
 #   OUT        output directory (default bench-out)
 #   SKIP_GRPC  set to 1 to skip the load generator
 #   CPUPROFILE set to 1 to also write a CPU profile per package into $OUT
@@ -34,8 +36,16 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-8}
 GRPC_RUNS=${GRPC_RUNS:-5}
 GRPC_H2_RUNS=${GRPC_H2_RUNS:-3}
-SERVER_FLAGS=${SERVER_FLAGS-}
-GEN_FLAGS=${GEN_FLAGS-}
+# The split rows' processes: each on a CPU of its own with GOMAXPROCS 1, as
+# a router and kvindex are on machines of their own; collections kept
+# short (a small GOGC), because at GOMAXPROCS 1 Go's background sweeper
+# keeps the network unpolled until it has swept what the last cycle left;
+# the generator's senders share one connection, as a router's one
+# api.Client does.
+SERVER_FLAGS=${SERVER_FLAGS---gomaxprocs 1 --gogc 25}
+GEN_FLAGS=${GEN_FLAGS---gomaxprocs 1 --gogc 50 --connections 1}
+SERVER_CPU=${SERVER_CPU-0}
+GEN_CPU=${GEN_CPU-1}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 raw="$OUT/latest.txt"
@@ -105,16 +115,21 @@ if [[ ${SKIP_GRPC:-0} != 1 ]]; then
 	busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat 2>/dev/null || echo 0; }
 	ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 	load=(--rps "$RPS" --duration "$DURATION" --concurrency "$CONNS" --json)
-	# kvrun <name> <server pid or 0> <kvbench args...>: one generator run
-	# into $OUT/<name>.json, its CPU and everyone else's into kvbench.cpu.
+	# kvrun <name> <server pid or 0> [taskset -c N] <kvbench args...>: one
+	# generator run into $OUT/<name>.json, its CPU and everyone else's into
+	# kvbench.cpu.
 	kvrun() {
-		local name=$1 spid=$2 b1 b2 s1 s2 u s r
+		local name=$1 spid=$2 b1 b2 s1 s2 u s r pre=()
 		shift 2
-		echo "== $name: kvbench $*" >&2
+		if [[ $1 == taskset ]]; then
+			pre=("$1" "$2" "$3")
+			shift 3
+		fi
+		echo "== $name: ${pre[*]} kvbench $*" >&2
 		b1=$(busy) s1=0 s2=0
 		((spid)) && s1=$(ticks "$spid")
 		TIMEFORMAT='%U %S %R'
-		if { time "$OUT/kvbench" "$@" >"$OUT/$name.json.tmp"; } 2>"$OUT/kvbench.time"; then
+		if { time "${pre[@]}" "$OUT/kvbench" "$@" >"$OUT/$name.json.tmp"; } 2>"$OUT/kvbench.time"; then
 			b2=$(busy)
 			((spid)) && s2=$(ticks "$spid")
 			mv "$OUT/$name.json.tmp" "$OUT/$name.json"
@@ -131,10 +146,20 @@ if [[ ${SKIP_GRPC:-0} != 1 ]]; then
 			status=1
 		fi
 	}
+	# pin <cpu>: the command prefix that runs a process on that CPU, none
+	# when no CPU is given or taskset is missing.
+	pin() {
+		if [[ -n $1 ]] && command -v taskset >/dev/null; then
+			echo "taskset -c $1"
+		elif [[ -n $1 ]]; then
+			echo "bench.sh: no taskset; the split rows' processes are not pinned" >&2
+		fi
+	}
+	spin=$(pin "$SERVER_CPU") gpin=$(pin "$GEN_CPU")
 	if "$GO" build -o "$OUT/kvbench" ./cmd/kvbench; then
-		echo "== server: kvbench --embedded --serve --listen 127.0.0.1:0 $SERVER_FLAGS" >&2
-		# shellcheck disable=SC2086 # the flags are words
-		"$OUT/kvbench" --embedded --serve --listen 127.0.0.1:0 $SERVER_FLAGS >"$OUT/kvbench-server.log" 2>&1 &
+		echo "== server: $spin kvbench --embedded --serve --listen 127.0.0.1:0 $SERVER_FLAGS" >&2
+		# shellcheck disable=SC2086 # the prefix and flags are words
+		$spin "$OUT/kvbench" --embedded --serve --listen 127.0.0.1:0 $SERVER_FLAGS >"$OUT/kvbench-server.log" 2>&1 &
 		spid=$! addr=
 		for _ in $(seq 600); do # loading the index takes a few seconds
 			addr=$(sed -n 's/^serving .* on \([^ ]*\) (.*/\1/p' "$OUT/kvbench-server.log")
@@ -143,9 +168,10 @@ if [[ ${SKIP_GRPC:-0} != 1 ]]; then
 			sleep 0.1
 		done
 		if [[ -n $addr ]]; then
+			echo "split runs: server ${spin:+($spin) }kvbench --embedded --serve $SERVER_FLAGS; generator ${gpin:+($gpin) }kvbench --addr --check --client grpc $GEN_FLAGS" >>"$OUT/kvbench.cpu"
 			for i in $(seq "$GRPC_RUNS"); do
 				# shellcheck disable=SC2086
-				kvrun "kvbench-split-$i" "$spid" --addr "$addr" --check --client grpc "${load[@]}" $GEN_FLAGS
+				kvrun "kvbench-split-$i" "$spid" $gpin --addr "$addr" --check --client grpc "${load[@]}" $GEN_FLAGS
 				[[ -f $OUT/kvbench-split-$i.json ]] && splitruns+=("$OUT/kvbench-split-$i.json")
 			done
 		else
@@ -267,7 +293,7 @@ grpcrow "(same, lean h2 generator in the server process)" "" "${h2runs[@]}"
 
 echo
 echo "$table" | tee "$OUT/table.txt"
-[[ -f $OUT/kvbench.cpu ]] && sed 's/^/gRPC run /' "$OUT/kvbench.cpu" | tee -a "$OUT/table.txt"
+[[ -f $OUT/kvbench.cpu ]] && sed 's/^/gRPC /' "$OUT/kvbench.cpu" | tee -a "$OUT/table.txt"
 echo
 echo "raw benchmark output: $raw; load generator reports: $OUT/kvbench-*.json"
 exit $status
