@@ -48,11 +48,22 @@ const scoreTokensField protowire.Number = 2
 type Codec struct {
 	fallback encoding.CodecV2
 	tokens   sync.Pool // *[]uint32 with len 0
+	// malformed, set only in a server's codec (NewServer), notes the
+	// requests that fail to decode instead of failing them (malformed.go).
+	malformed *malformedSet
 }
 
 // NewCodec returns a Codec with an empty token pool.
 func NewCodec() *Codec {
 	return &Codec{fallback: encoding.GetCodecV2(grpcproto.Name)}
+}
+
+// newServerCodec returns a server's Codec: one that notes the requests
+// it cannot decode for the interceptors to refuse (malformed.go).
+func newServerCodec() *Codec {
+	c := NewCodec()
+	c.malformed = &malformedSet{}
+	return c
 }
 
 // Name returns "proto": peers see gRPC's standard content subtype.
@@ -84,7 +95,7 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 				m.TokenIds = *p
 			}
 		}
-		return withBytes(data, func(b []byte) error { return UnmarshalScoreRequest(b, m) })
+		return withBytes(data, func(b []byte) error { return c.noted(m, b, UnmarshalScoreRequest(b, m)) })
 	case *kvindexv1.ScoreResponse:
 		return withBytes(data, func(b []byte) error {
 			if unmarshalScoreResponse(b, m) {
@@ -93,7 +104,22 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 			return proto.Unmarshal(b, m)
 		})
 	}
-	return c.fallback.Unmarshal(data, v)
+	err := c.fallback.Unmarshal(data, v)
+	if m, ok := v.(proto.Message); ok && err != nil && c.malformed != nil {
+		return withBytes(data, func(b []byte) error { return c.noted(m, b, err) })
+	}
+	return err
+}
+
+// noted returns err, or, in a server's codec, notes m as malformed (with
+// the InvalidArgument status naming the field of its encoding b) and
+// returns nil; the interceptors answer with that status.
+func (c *Codec) noted(m proto.Message, b []byte, err error) error {
+	if err == nil || c.malformed == nil {
+		return err
+	}
+	c.malformed.add(m, malformedStatus(m, b, err))
+	return nil
 }
 
 // withBytes calls f with data's bytes, gathered into one pooled buffer
@@ -118,15 +144,45 @@ func (c *Codec) release(req *kvindexv1.ScoreRequest) {
 	c.tokens.Put(&req.TokenIds)
 }
 
-// releaseInterceptor gives each Score's pooled token slice back once the
-// handler has answered. It relies on the handler not keeping the request
-// or its token ids, which holds for Server.
+// releaseInterceptor answers a request the codec could not decode with
+// its InvalidArgument status before any handler sees it, and gives each
+// Score's pooled token slice back once the handler has answered. It relies
+// on the handler not keeping the request or its token ids, which holds for
+// Server.
 func (c *Codec) releaseInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := c.malformed.take(req); err != nil {
+		if r, ok := req.(*kvindexv1.ScoreRequest); ok {
+			c.release(r)
+		}
+		return nil, err
+	}
 	resp, err := handler(ctx, req)
 	if r, ok := req.(*kvindexv1.ScoreRequest); ok {
 		c.release(r)
 	}
 	return resp, err
+}
+
+// streamInterceptor gives a streaming handler the InvalidArgument status
+// of a message the codec could not decode, from RecvMsg, instead of the
+// message.
+func (c *Codec) streamInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &checkedStream{ServerStream: ss, set: c.malformed})
+}
+
+// checkedStream is a grpc.ServerStream whose RecvMsg reports messages the
+// codec noted as malformed.
+type checkedStream struct {
+	grpc.ServerStream
+	set *malformedSet
+}
+
+// RecvMsg receives m, failing with InvalidArgument when m was malformed.
+func (s *checkedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.set.take(m)
 }
 
 // UnmarshalScoreRequest decodes a protobuf-encoded ScoreRequest into req,

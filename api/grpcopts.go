@@ -48,6 +48,7 @@ func (s *Server) GRPCOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(s.codec),
 		grpc.ChainUnaryInterceptor(s.codec.releaseInterceptor),
+		grpc.ChainStreamInterceptor(s.codec.streamInterceptor),
 		grpc.NumStreamWorkers(streamWorkers()),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),

@@ -123,7 +123,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 		stats:  stats,
 		opts:   opts,
 		health: health.NewServer(),
-		codec:  NewCodec(),
+		codec:  newServerCodec(),
 		scorer: scoring.New(ix, scoring.Options{
 			Policy:       opts.Policy,
 			Tracker:      opts.Tracker,
