@@ -29,9 +29,12 @@ type Report struct {
 	// (a failed check counts as an error).
 	Checked bool `json:"checked"`
 
-	Scheduled  int64   `json:"scheduled"`
-	Sent       int64   `json:"sent"`
-	Errors     int64   `json:"errors"`
+	Scheduled int64 `json:"scheduled"`
+	Sent      int64 `json:"sent"`
+	Errors    int64 `json:"errors"`
+	// Refused counts ResourceExhausted answers (admission control), not
+	// in Errors.
+	Refused    int64   `json:"refused"`
 	FirstError string  `json:"first_error,omitempty"`
 	Achieved   float64 `json:"achieved_rps"`
 
@@ -40,6 +43,14 @@ type Report struct {
 	P99  int64 `json:"p99_ns"`
 	P999 int64 `json:"p999_ns"`
 	Max  int64 `json:"max_ns"`
+
+	// The latency of the accepted (OK) and the refused requests apart.
+	AcceptedP50  int64 `json:"accepted_p50_ns"`
+	AcceptedP99  int64 `json:"accepted_p99_ns"`
+	AcceptedP999 int64 `json:"accepted_p999_ns"`
+	RefusedP50   int64 `json:"refused_p50_ns"`
+	RefusedP99   int64 `json:"refused_p99_ns"`
+	RefusedMax   int64 `json:"refused_max_ns"`
 
 	// LagP99 and LagMax are the generator's own lateness (see Result.Lag).
 	LagP99 int64 `json:"lag_p99_ns"`
@@ -89,14 +100,21 @@ func NewReport(target string, embedded bool, shape Shape, blockKeys bool, cfg Co
 		Target: target, Embedded: embedded, Shape: shape.String(), Request: req,
 		Rate: cfg.Rate, Duration: cfg.Duration.String(), Conns: cfg.Concurrency,
 		Scheduled: r.Scheduled, Sent: r.Sent, Errors: r.Errors, FirstError: r.FirstError,
-		Achieved: r.Achieved(),
-		P50:      int64(r.Latency.Quantile(0.50)),
-		P90:      int64(r.Latency.Quantile(0.90)),
-		P99:      int64(r.Latency.Quantile(0.99)),
-		P999:     int64(r.Latency.Quantile(0.999)),
-		Max:      int64(r.Latency.Max()),
-		LagP99:   int64(r.Lag.Quantile(0.99)),
-		LagMax:   int64(r.Lag.Max()),
+		Achieved:     r.Achieved(),
+		P50:          int64(r.Latency.Quantile(0.50)),
+		P90:          int64(r.Latency.Quantile(0.90)),
+		P99:          int64(r.Latency.Quantile(0.99)),
+		P999:         int64(r.Latency.Quantile(0.999)),
+		Max:          int64(r.Latency.Max()),
+		AcceptedP50:  int64(r.Accepted.Quantile(0.50)),
+		AcceptedP99:  int64(r.Accepted.Quantile(0.99)),
+		AcceptedP999: int64(r.Accepted.Quantile(0.999)),
+		RefusedP50:   int64(r.Rejected.Quantile(0.50)),
+		RefusedP99:   int64(r.Rejected.Quantile(0.99)),
+		RefusedMax:   int64(r.Rejected.Max()),
+		Refused:      r.Refused,
+		LagP99:       int64(r.Lag.Quantile(0.99)),
+		LagMax:       int64(r.Lag.Max()),
 	}
 }
 
@@ -125,14 +143,16 @@ func (rep Report) WriteText(w io.Writer) error {
 shape     %s
 payload   %s
 load      %.0f req/s open loop for %s, %d senders over %d %s connections
-requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved%s
+requests  %d scheduled, %d sent, %d errors, %d refused, %.1f req/s achieved%s
 latency   p50 %s  p90 %s  p99 %s  p99.9 %s  max %s
+accepted  p50 %s  p99 %s  p99.9 %s; refused p50 %s  p99 %s  max %s
 generator lag p99 %s  max %s (already counted in latency)
 runtime   %s
 `,
 		rep.Target, kind, rep.Shape, rep.Request, rep.Rate, rep.Duration, rep.Conns, rep.Connections, rep.Client,
-		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved, checked,
+		rep.Scheduled, rep.Sent, rep.Errors, rep.Refused, rep.Achieved, checked,
 		d(rep.P50), d(rep.P90), d(rep.P99), d(rep.P999), d(rep.Max),
+		d(rep.AcceptedP50), d(rep.AcceptedP99), d(rep.AcceptedP999), d(rep.RefusedP50), d(rep.RefusedP99), d(rep.RefusedMax),
 		d(rep.LagP99), d(rep.LagMax), rep.Runtime)
 	if err == nil && rep.FirstError != "" {
 		_, err = fmt.Fprintf(w, "first error: %s\n", rep.FirstError)
