@@ -60,9 +60,6 @@ type Options struct {
 	WarmupSteps int
 	// SampleEvery is the time between RSS and goroutine samples.
 	SampleEvery time.Duration
-	// KnownGaps adds the probes of the fencing gaps listed in
-	// docs/reliability.md; with them the run is expected to fail.
-	KnownGaps bool
 	// Engine tunes the simulated engines.
 	Engine EngineOptions
 	// Logger receives progress; nil discards it.
@@ -216,7 +213,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := r.waitReady(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
-	r.garbage, err = NewGarbage(r.fleet, opts.Seed, opts.KnownGaps, r)
+	r.garbage, err = NewGarbage(r.fleet, opts.Seed, r)
 	if err != nil {
 		return nil, err
 	}
@@ -580,14 +577,18 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	r.snapshot(sctx)
 	cancel()
-	var push *Engine
-	if r.opts.KnownGaps {
-		// Keep the push engine quiet until a squatter has claimed its pod
-		// name on the open listener.
-		push = r.byRef[events.WorkerRef{Pod: PushPod}]
-		push.Lock()
-		defer push.Unlock()
+	// Keep the push engine quiet until a squatter has tried to claim its
+	// pod name on the open listener.
+	push := r.byRef[events.WorkerRef{Pod: PushPod}]
+	push.Lock()
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			push.Unlock()
+			unlocked = true
+		}
 	}
+	defer unlock()
 	r.stopDaemon(sig)
 	r.mu.Lock()
 	if sig == syscall.SIGKILL {
@@ -608,9 +609,8 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 		}
 		return
 	}
-	if push != nil {
-		r.squat(ctx)
-	}
+	r.squat(ctx)
+	unlock()
 	r.log.Info("daemon restarted", "signal", sig.String(), "process", r.currentProcess())
 	// Time for the client to reconnect before errors count again.
 	select {
@@ -618,9 +618,6 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	case <-ctx.Done():
 	}
 	end()
-	if push != nil {
-		return // the squatted pod never catches up
-	}
 	// The new process must have relearned every cache exactly.
 	r.checkpoint(ctx, fmt.Sprintf("after restart %d", r.currentProcess()-1))
 }
@@ -631,8 +628,10 @@ func (r *runner) abort() {
 	r.mu.Unlock()
 }
 
-// squat claims PushPod's name on the open listener before its engine
-// sends (a known gap: the first listener to hear of a pod owns it).
+// squat tries to claim PushPod's name on the open listener before its
+// engine sends: the open listener must refuse it (other_listener), since
+// only the allowlisted listener that routes PushPod may create it, and the
+// next checkpoint finds the push worker exact.
 func (r *runner) squat(ctx context.Context) {
 	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: r.fleet.OpenPushAddr(), Topic: "kv@" + PushPod + "@" + ModelA})
 	if err != nil {
