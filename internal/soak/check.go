@@ -307,7 +307,11 @@ func (r *runner) diagnose(name string, e *Engine) string {
 	short := 0
 	for i, p := range chains {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := r.client.Score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
+		var resp *kvindexv1.ScoreResponse
+		err := r.load.retryOverloaded(cctx, func() (err error) {
+			resp, err = r.client.Score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
+			return err
+		})
 		cancel()
 		if err != nil {
 			return fmt.Sprintf("probe failed: %v", err)
@@ -381,7 +385,11 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
-	resp, err := r.client.Score(cctx, req)
+	var resp *kvindexv1.ScoreResponse
+	err := r.load.retryOverloaded(cctx, func() (err error) {
+		resp, err = r.client.Score(cctx, req)
+		return err
+	})
 	if err != nil {
 		if ctx.Err() == nil { // not the end of the run
 			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
@@ -392,7 +400,11 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	if i%4 != 0 {
 		return
 	}
-	if kresp, err := ScoreByKeys(cctx, r.client, model, pc.tokens); err == nil {
+	var kresp *kvindexv1.ScoreResponse
+	if err := r.load.retryOverloaded(cctx, func() (err error) {
+		kresp, err = ScoreByKeys(cctx, r.client, model, pc.tokens)
+		return err
+	}); err == nil {
 		r.check(name, from, model, pc, "block keys", &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, resp.GetPromptBlocks())}, kresp)
 	} else if len(pc.tokens) >= BlockSizeOf(model) && ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
@@ -401,7 +413,11 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	for _, w := range r.models[model] {
 		creq.Workers = append(creq.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
 	}
-	if cresp, err := r.client.Score(cctx, creq); err == nil {
+	var cresp *kvindexv1.ScoreResponse
+	if err := r.load.retryOverloaded(cctx, func() (err error) {
+		cresp, err = r.client.Score(cctx, creq)
+		return err
+	}); err == nil {
 		r.check(name, from, model, pc, "candidates", creq, cresp)
 	} else if ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
