@@ -283,7 +283,7 @@ func TestPushFencesPullPodsAtEveryRank(t *testing.T) {
 // its engine has sent anything) is refused (other_listener), and so is a
 // kv@ topic naming it on its own listener (routed_pod); the routed engine
 // then creates and feeds its worker. A dynamic name is owned by the
-// listener that heard it first, at every rank.
+// listener that heard it first, at every rank and for one model.
 func TestPushRoutedPodOnlyOnItsListener(t *testing.T) {
 	routedAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	r := newPushRigWith(t, zmq.PushListener{}, func(o *zmq.SubscriberOptions) {
@@ -341,12 +341,18 @@ func TestPushRoutedPodOnlyOnItsListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the routed listener's refusal of q/1", func() bool { return r.refusedOn(routedAddr, "other_listener") == 1 })
+	// Nor may another model take q at another rank.
+	q3 := r.engineOn(open, "kv@q@m2")
+	if _, err := q3.Publish(storeBatch(2, 11)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the open listener's refusal of q/2 for m2", func() bool { return r.refusedOn(open, "other_model") == 1 })
 	got := r.createdWorkers()
 	slices.Sort(got)
 	if want := []string{"p/0@m", "q/0@m"}; !slices.Equal(got, want) {
 		t.Fatalf("push workers created: %v, want %v", got, want)
 	}
-	for _, reason := range []string{"pull_worker", "other_model", "max_workers", "no_worker"} {
+	for _, reason := range []string{"pull_worker", "max_workers", "no_worker"} {
 		if n := r.refusedOn(open, reason) + r.refusedOn(routedAddr, reason); n != 0 {
 			t.Errorf("%d refusals for %s, want 0", n, reason)
 		}
