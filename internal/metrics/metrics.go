@@ -70,7 +70,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		backlog:             d("queue_backlog", "Batches waiting in the worker's queue."),
 		evictions:           d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
 		capacity:            d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
-		unroutable:          prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address.", []string{"listener", "reason"}, nil),
+		unroutable:          prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod.", []string{"listener", "reason"}, nil),
 	}
 	if u, ok := stats.(events.RefusalSource); ok {
 		c.unroutableSrc = u
