@@ -22,6 +22,10 @@
 #   OUT        output directory (default bench-out)
 #   SKIP_GRPC  set to 1 to skip the load generator
 #   SKIP_GO    set to 1 to skip the Go benchmarks (only the generator rows)
+#   SKIP_FLEET set to 1 to skip the fleet rows (kvfleetbench: ingest, sync,
+#              lag, wire bytes, agent cost); FLEET_SYNC_WORKERS agents in the
+#              sync row (default 1000 x 30,000 blocks; snapshots cached in
+#              $OUT/fleet-cache between runs)
 #   SKIP_OVERLOAD set to 1 to skip the overload rows (admission control at 3x
 #              the server's capacity)
 #   OVERLOAD_SHAPE shape flags of the overload rows' server and generator
@@ -236,6 +240,37 @@ if [[ ${SKIP_GRPC:-0} != 1 ]]; then
 	fi
 fi
 
+# Fleet mode (docs/fleet.md): kvfleetbench runs each benchmark with the
+# replica in a process of its own and the generator (engines, agents, an
+# embedded nats-server) in another; each prints one JSON report.
+fleet=()
+if [[ ${SKIP_FLEET:-0} != 1 ]]; then
+	if "$GO" build -o "$OUT/" ./cmd/kvfleetbench ./cmd/kvindex; then
+		frun() { # frun <name> <kvfleetbench args...>
+			local name=$1
+			shift
+			echo "== fleet $name: kvfleetbench $*" >&2
+			if "$OUT/kvfleetbench" "$@" >"$OUT/fleet-$name.json.tmp" 2>"$OUT/fleet-$name.log"; then
+				mv "$OUT/fleet-$name.json.tmp" "$OUT/fleet-$name.json"
+				fleet+=("$name")
+			else
+				echo "bench.sh: kvfleetbench $name failed (see $OUT/fleet-$name.log)" >&2
+				rm -f "$OUT/fleet-$name.json.tmp"
+				status=1
+			fi
+		}
+		mkdir -p "$OUT/fleet-cache"
+		frun ingest ingest
+		frun sync sync --workers "${FLEET_SYNC_WORKERS:-1000}" --cache-dir "$OUT/fleet-cache"
+		frun lag lag
+		frun wire wire
+		frun agent agent --kvindex "$OUT/kvindex"
+	else
+		echo "bench.sh: kvfleetbench does not build; the fleet rows are not run" >&2
+		status=1
+	fi
+fi
+
 # The table. Each row: benchmark name (sub-benchmarks included), unit,
 # direction (min: at least the target; max: at most; a leading i marks a
 # row reported without a target), target, label. With -count > 1 a
@@ -342,6 +377,33 @@ grpcrow() {
 }
 grpcrow "gRPC Score p99 at $RPS req/s, grpc-go, 2 processes" "<= 1.00 ms" "${splitruns[@]}"
 grpcrow "(same, lean h2 generator in the server process)" "" "${h2runs[@]}"
+# The fleet rows.
+fget() { jget "$OUT/fleet-$1.json" "$2"; }
+frow() { # frow <label> <goal text> <value text> <ok 0/1, or "" for info>
+	local st=info
+	[[ -n $4 ]] && { ((${4})) && st=met || st=MISSED; }
+	table+=$'\n'$(row "$1" "$2" "$3" "$st")
+}
+if [[ -f $OUT/fleet-ingest.json ]]; then
+	v=$(fget ingest blocks_per_cpu_s) b=$(fget ingest baseline_blocks_per_cpu_s)
+	frow "fleet ingest, agent -> NATS -> replica, per replica core" ">= 2.00 M/s" "$(awk -v v="$v" -v b="$b" 'BEGIN { printf "%.2f M/s (%.2fx the apply-only baseline)", v / 1e6, v / b }')" "$(awk -v v="$v" -v p="$(fget ingest problems)" 'BEGIN { print (v >= 2e6 && p == 0) ? 1 : 0 }')"
+fi
+if [[ -f $OUT/fleet-sync.json ]]; then
+	v=$(fget sync ready_ns)
+	frow "fleet sync, $(fget sync workers) agents, $(fget sync keys) blocks, ready" "<= 5.00 s" "$(awk -v v="$v" -v f="$(fget sync floor_ns)" 'BEGIN { printf "%.2f s (restore floor %.2f s)", v / 1e9, f / 1e9 }')" "$(awk -v v="$v" -v w="$(fget sync workers)" 'BEGIN { print (v <= 5e9 && w >= 1000) ? 1 : 0 }')"
+	frow "(fleet sync peak RSS)" "(reported)" "$(awk -v v="$(fget sync peak_rss)" 'BEGIN { printf "%.0f MiB", v / 1048576 }')" ""
+fi
+if [[ -f $OUT/fleet-lag.json ]]; then
+	v=$(fget lag p99_ns)
+	frow "fleet lag engine -> replica p99 at $(awk -v r="$(fget lag rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s" "<= 5.00 ms" "$(fmtms "$v")" "$(awk -v v="$v" -v r="$(fget lag rate)" 'BEGIN { print (v <= 5e6 && r >= 1e5) ? 1 : 0 }')"
+fi
+if [[ -f $OUT/fleet-wire.json ]]; then
+	frow "(NATS bytes per block stored / removed, realistic)" "(reported)" "$(awk -v s="$(fget wire wire_per_store)" -v r="$(fget wire wire_per_remove)" 'BEGIN { printf "%.1f B / %.1f B", s, r }')" ""
+fi
+if [[ -f $OUT/fleet-agent.json ]]; then
+	frow "(agent CPU and RSS, one pod at $(fget agent rate) blocks/s)" "(reported)" "$(awk -v c="$(fget agent cpu_cores)" -v r="$(fget agent rss)" 'BEGIN { printf "%.3f cores, %.0f MiB", c, r / 1048576 }')" ""
+fi
+
 # The overload rows: accepted p99 <= 5 ms and refusals p99 <= 1 ms at 3x
 # capacity, with no other errors and the generator keeping the rate (its
 # lag p99 under 1 ms).

@@ -112,8 +112,10 @@ func benchEmbedded(t *testing.T, client string, conns int) {
 	if rep.Client != client || rep.Connections != wantConns {
 		t.Errorf("report says client %q over %d connections, want %q over %d", rep.Client, rep.Connections, client, wantConns)
 	}
-	if rep.Sent != 200 || rep.Errors != 0 {
-		t.Fatalf("sent %d, errors %d (first: %s), want 200 and 0", rep.Sent, rep.Errors, rep.FirstError)
+	// Admission control may refuse a few calls when the test machine is
+	// busy (they are not errors); most must be answered.
+	if rep.Sent != 200 || rep.Errors != 0 || rep.Refused > 20 {
+		t.Fatalf("sent %d, errors %d (first: %s), refused %d, want 200, 0 and few", rep.Sent, rep.Errors, rep.FirstError, rep.Refused)
 	}
 	// Open loop: 200 requests take the 1 s schedule, no less; the upper
 	// bound on time is loose because the test machine may be busy.
