@@ -104,9 +104,9 @@ type Client struct {
 	http    *http.Client
 	log     *slog.Logger
 	cache   *lru.Cache[xxh3.Uint128, []uint32] // nil without a cache
-	slots   chan struct{}                       // one per round trip in flight
-	metrics *metrics                            // nil without a Registerer
-	next    atomic.Uint64                       // the endpoint to start at
+	slots   chan struct{}                      // one per round trip in flight
+	metrics *metrics                           // nil without a Registerer
+	next    atomic.Uint64                      // the endpoint to start at
 
 	mu      sync.Mutex
 	flights map[xxh3.Uint128]*flight // guarded by mu
