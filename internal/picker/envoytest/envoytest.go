@@ -234,3 +234,19 @@ func (s *Stream) Close() error {
 // Cancel resets the stream, as Envoy does when the client goes away or
 // the upstream fails mid-request.
 func (s *Stream) Cancel() { s.cancel() }
+
+// Begin sends the request headers and the first part of a body that has
+// more to come, without waiting for an answer (in full-duplex mode the
+// picker answers once the body is complete): a client that goes away
+// mid-upload is then Cancel.
+func (s *Stream) Begin(path string, part []byte) error {
+	if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: headers(":method", "POST", ":path", path, "content-type", "application/json"),
+	}}}); err != nil {
+		return fmt.Errorf("envoytest: send request headers: %w", err)
+	}
+	if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: part}}}); err != nil {
+		return fmt.Errorf("envoytest: send request body: %w", err)
+	}
+	return nil
+}
