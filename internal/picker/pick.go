@@ -29,9 +29,12 @@ var loadOnly = []uint32{0}
 // prompt fills sr's prompt from the request body. ok is false when the
 // body has no prompt the picker can use.
 func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
-	var b body
-	if len(trimBody(raw)) == 0 || json.Unmarshal(raw, &b) != nil {
-		return "", false
+	b, scanned := scanBody(raw)
+	if !scanned {
+		b = body{}
+		if len(trimBody(raw)) == 0 || json.Unmarshal(raw, &b) != nil {
+			return "", false
+		}
 	}
 	switch {
 	case b.Messages != nil:

@@ -47,6 +47,7 @@ type rig struct {
 	client  extprocv3.ExternalProcessorClient
 	mode    picker.BodyMode
 	next    uint64
+	tok     *tokenize.Client
 }
 
 var addrs = map[string]string{"a/0": "10.0.0.1:8000", "b/0": "10.0.0.2:8000", "c/0": "10.0.0.3:8000", "c/1": "10.0.0.3:8000"}
@@ -74,6 +75,7 @@ func newRig(t *testing.T, mode picker.BodyMode, opts picker.Options) *rig {
 		r.health[w].Store(events.HealthOK)
 		opts.Endpoints = append(opts.Endpoints, picker.Endpoint{Address: addrs[w.String()], Worker: w, Model: model, RankHeader: w.Pod == "c"})
 	}
+	r.tok = tk
 	srv := api.NewServer(r.ix, nil, api.Options{Tokenizer: tk, Tracker: r.tracker})
 	opts.Health, opts.BodyMode = r.health, mode
 	r.picker, err = picker.New(srv, opts)

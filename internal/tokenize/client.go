@@ -3,6 +3,7 @@ package tokenize
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -172,9 +173,8 @@ func (c *Client) Stats() Stats {
 // of its own to the model's endpoints. The result is shared: do not modify
 // it.
 //
-// Cost: a cache hit is one hash of the request's JSON (~0.1 ns a byte
-// with xxh3, plus encoding it: ~1 µs for 16 KiB of text) and no
-// allocation beyond the encoding; a miss is one HTTP round trip.
+// Cost: a cache hit is one hash of the request's text (cacheKey); a miss
+// adds encoding it as JSON and one HTTP round trip.
 func (c *Client) Tokenize(ctx context.Context, req Request) ([]uint32, error) {
 	toks, err := c.tokenize(ctx, &req)
 	if err != nil {
@@ -196,11 +196,7 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	if n > c.opts.MaxPromptBytes {
 		return nil, fmt.Errorf("%w: model %q: prompt of %d bytes exceeds %d", ErrTooLarge, req.Model, n, c.opts.MaxPromptBytes)
 	}
-	body, err := json.Marshal(wireRequest(req))
-	if err != nil {
-		return nil, fmt.Errorf("tokenize: model %q: encode: %w", req.Model, err)
-	}
-	key := xxh3.Hash128(body)
+	key := cacheKey(req)
 	if c.cache != nil {
 		if toks, ok := c.cache.Get(key); ok {
 			c.hits.Add(1)
@@ -235,7 +231,11 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	go func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
 		start := time.Now()
-		f.tokens, f.err = c.roundTrip(rctx, req.Model, eps, body)
+		if body, err := json.Marshal(wireRequest(req)); err != nil {
+			f.err = fmt.Errorf("tokenize: model %q: encode: %w", req.Model, err)
+		} else {
+			f.tokens, f.err = c.roundTrip(rctx, req.Model, eps, body)
+		}
 		cancel()
 		c.metrics.observe(time.Since(start))
 		if f.err == nil && c.cache != nil {
@@ -253,6 +253,33 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("tokenize: model %q: %w", req.Model, ctx.Err())
 	}
+}
+
+// cacheKey is the cache and single-flight key of req: a 128-bit hash of
+// its model, its kind and its text, each length-prefixed so that no two
+// requests share an input. It costs a pass over the text (xxh3: ~0.1 ns
+// a byte, 3 µs for a 4,096-token chat) and no allocation beyond the
+// hasher's.
+func cacheKey(req *Request) xxh3.Uint128 {
+	h := xxh3.New()
+	var n [8]byte
+	str := func(s string) {
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		_, _ = h.Write(n[:])
+		_, _ = h.WriteString(s)
+	}
+	str(req.Model)
+	if req.Messages == nil {
+		str("prompt")
+		str(req.Prompt)
+	} else {
+		str("chat")
+		for _, m := range req.Messages {
+			str(m.Role)
+			str(m.Content)
+		}
+	}
+	return h.Sum128()
 }
 
 // roundTrip posts body to the model's endpoints in turn until one answers.

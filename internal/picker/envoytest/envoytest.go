@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -36,6 +37,10 @@ type Decision struct {
 	Header, Metadata string
 	// Rank is the x-data-parallel-rank header, "" when not set.
 	Rank string
+	// Elapsed is the decision's latency as the filter sees it: from
+	// sending the request's last message (headers or body chunk) to the
+	// answer carrying the destination.
+	Elapsed time.Duration
 }
 
 // Stream is one HTTP request's ext_proc stream.
@@ -87,7 +92,7 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 		return Decision{}, fmt.Errorf("envoytest: send request headers: %w", err)
 	}
 	if len(body) == 0 {
-		return s.decision()
+		return s.decision(time.Now())
 	}
 	if s.mode == picker.Buffered {
 		// Envoy waits for the headers' answer before it buffers the body.
@@ -106,15 +111,17 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 	if chunk <= 0 {
 		chunk = len(body)
 	}
+	var last time.Time
 	for off := 0; off < len(body); off += chunk {
 		end := min(off+chunk, len(body))
+		last = time.Now()
 		if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
 			Body: body[off:end], EndOfStream: end == len(body),
 		}}}); err != nil {
 			return Decision{}, fmt.Errorf("envoytest: send request body: %w", err)
 		}
 	}
-	d, err := s.decision()
+	d, err := s.decision(last)
 	if err != nil || d.Status != 0 || s.mode == picker.Buffered {
 		return d, err
 	}
@@ -141,14 +148,15 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 }
 
 // decision reads the answer carrying the destination (or an immediate
-// response).
-func (s *Stream) decision() (Decision, error) {
+// response) to the message sent at sent.
+func (s *Stream) decision(sent time.Time) (Decision, error) {
 	r, err := s.s.Recv()
 	if err != nil {
 		return Decision{}, fmt.Errorf("envoytest: decision: %w", err)
 	}
+	elapsed := time.Since(sent)
 	if ir := r.GetImmediateResponse(); ir != nil {
-		return Decision{Status: int(ir.GetStatus().GetCode())}, nil
+		return Decision{Status: int(ir.GetStatus().GetCode()), Elapsed: elapsed}, nil
 	}
 	var common *extprocv3.CommonResponse
 	switch {
@@ -159,7 +167,7 @@ func (s *Stream) decision() (Decision, error) {
 	default:
 		return Decision{}, fmt.Errorf("envoytest: answered %T, want the destination", r.GetResponse())
 	}
-	var d Decision
+	d := Decision{Elapsed: elapsed}
 	for _, h := range common.GetHeaderMutation().GetSetHeaders() {
 		switch h.GetHeader().GetKey() {
 		case picker.DestinationHeader:
