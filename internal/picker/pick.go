@@ -131,6 +131,7 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 	}
 	chosen := p.endpoint(resp.GetChosen())
 	dest, rank = chosen.Address, -1
+	st.chosen = chosen.Address
 	if chosen.RankHeader {
 		rank = chosen.Worker.DPRank
 	}

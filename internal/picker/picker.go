@@ -42,6 +42,10 @@ const (
 	// filter metadata.
 	SubsetNamespace = "envoy.lb.subset_hint"
 	SubsetKey       = "x-gateway-destination-endpoint-subset"
+	// ServedKey is where the gateway reports, in the response's metadata
+	// context under MetadataNamespace, the endpoint that served the
+	// request (a fallback when the chosen one failed).
+	ServedKey = "x-gateway-destination-endpoint-served"
 	// RankHeader names the chosen data-parallel rank to a vLLM server that
 	// serves all its ranks behind one address (Endpoint.RankHeader).
 	RankHeader = "x-data-parallel-rank"
@@ -194,6 +198,7 @@ type stream struct {
 	body     []byte
 	subset   []string // the gateway's subset hint; nil without one
 	id       string   // the request id given to Route; "" until routed
+	chosen   string   // the chosen endpoint's address
 	released bool
 	picked   bool // the destination was sent
 	chunks   [][]byte
@@ -281,6 +286,11 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 		}
 		return st.srv.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if served := servedBy(req.GetMetadataContext()); served != "" && st.chosen != "" && served != st.chosen {
+			// A fallback served it: its load was counted on the chosen
+			// worker until now (released below at the latest).
+			p.counter.decisions[decisionServedFallback].Add(1)
+		}
 		code, _ := strconv.Atoi(header(m.ResponseHeaders.GetHeaders(), ":status"))
 		switch {
 		case code >= 400:
@@ -391,6 +401,12 @@ func header(hs *corev3.HeaderMap, key string) string {
 		}
 	}
 	return ""
+}
+
+// servedBy returns the endpoint the gateway reports served the request,
+// "" when it does not say.
+func servedBy(md *corev3.Metadata) string {
+	return md.GetFilterMetadata()[MetadataNamespace].GetFields()[ServedKey].GetStringValue()
 }
 
 // subset returns the gateway's subset hint, nil without one.

@@ -210,7 +210,7 @@ func TestReleaseOnErrorAndCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitInFlight(1)
-	if err := s.ResponseHeaders(503, false); err != nil {
+	if err := s.ResponseHeadersServed(503, false, "10.0.0.9:8000"); err != nil {
 		t.Fatal(err)
 	}
 	r.waitInFlight(0)
@@ -228,7 +228,7 @@ func TestReleaseOnErrorAndCancel(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	st := r.picker.Stats()
-	if st.Releases["error_status"] != 1 || st.Releases["stream_closed"] != 1 || st.Active != 0 {
+	if st.Releases["error_status"] != 1 || st.Releases["stream_closed"] != 1 || st.Active != 0 || st.Decisions["served_fallback"] != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

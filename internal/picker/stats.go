@@ -14,16 +14,17 @@ import (
 type decision int
 
 const (
-	decisionRouted     decision = iota // routed on its prompt
-	decisionLoadOnly                   // no usable prompt, or its scoring failed: routed by load
-	decisionNoEndpoint                 // answered 503
-	decisionBusy                       // answered 429
-	decisionTooLarge                   // answered 413
-	decisionStaleOnly                  // only untrusted endpoints were eligible (also counted as routed)
+	decisionRouted         decision = iota // routed on its prompt
+	decisionLoadOnly                       // no usable prompt, or its scoring failed: routed by load
+	decisionNoEndpoint                     // answered 503
+	decisionBusy                           // answered 429
+	decisionTooLarge                       // answered 413
+	decisionStaleOnly                      // only untrusted endpoints were eligible (also counted as routed)
+	decisionServedFallback                 // the gateway reports a fallback served it
 	numDecisions
 )
 
-var decisionNames = [numDecisions]string{"routed", "load_only", "no_endpoint", "busy", "too_large", "stale_only"}
+var decisionNames = [numDecisions]string{"routed", "load_only", "no_endpoint", "busy", "too_large", "stale_only", "served_fallback"}
 
 // releaseReason is why a request's in-flight accounting ended.
 type releaseReason int
@@ -57,7 +58,8 @@ func (c *counters) observe(d time.Duration) {
 // Stats are a Picker's counters since it was made.
 type Stats struct {
 	// Decisions counts requests by what was done: routed, load_only,
-	// no_endpoint (503), busy (429), too_large (413), stale_only.
+	// no_endpoint (503), busy (429), too_large (413), stale_only,
+	// served_fallback.
 	Decisions map[string]int64
 	// Releases counts releases by reason: first_chunk, error_status,
 	// end_of_stream, stream_closed.
@@ -96,7 +98,7 @@ func refOf(r *kvindexv1.WorkerRef) events.WorkerRef {
 func (p *Picker) Collector() prometheus.Collector { return collector{p} }
 
 var (
-	descRequests = prometheus.NewDesc("kvindex_gateway_requests_total", "Requests the endpoint picker answered, by decision: routed (on its prompt), load_only (no usable prompt, or it could not be scored: routed by load), no_endpoint (503), busy (429: gateway.max_requests or kvindex overloaded), too_large (413: gateway.max_body_bytes), stale_only (only stale endpoints were eligible).", []string{"decision"}, nil)
+	descRequests = prometheus.NewDesc("kvindex_gateway_requests_total", "Requests the endpoint picker answered, by decision: routed (on its prompt), load_only (no usable prompt, or it could not be scored: routed by load), no_endpoint (503), busy (429: gateway.max_requests or kvindex overloaded), too_large (413: gateway.max_body_bytes), stale_only (only stale endpoints were eligible), served_fallback (the gateway reports a fallback endpoint served it).", []string{"decision"}, nil)
 	descReleases = prometheus.NewDesc("kvindex_gateway_releases_total", "Routed requests released by the endpoint picker, by reason: first_chunk (the first response body chunk), error_status (a response status >= 400), end_of_stream (a response without a body), stream_closed (the ext_proc stream ended first: client cancel, upstream reset).", []string{"reason"}, nil)
 	descRelFail  = prometheus.NewDesc("kvindex_gateway_release_failures_total", "Release calls of the endpoint picker that failed (the request expires from the in-flight table instead).", nil, nil)
 	descActive   = prometheus.NewDesc("kvindex_gateway_active_requests", "Requests the endpoint picker follows now.", nil, nil)

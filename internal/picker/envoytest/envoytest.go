@@ -188,9 +188,24 @@ func (s *Stream) decision(sent time.Time) (Decision, error) {
 // ResponseHeaders sends the upstream's response headers with status;
 // eos says the response has no body.
 func (s *Stream) ResponseHeaders(status int, eos bool) error {
-	if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+	return s.ResponseHeadersServed(status, eos, "")
+}
+
+// ResponseHeadersServed is ResponseHeaders with the endpoint that served
+// the request in the metadata context, as the gateway reports it ("" for
+// none).
+func (s *Stream) ResponseHeadersServed(status int, eos bool, served string) error {
+	req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
 		Headers: headers(":status", strconv.Itoa(status), "content-type", "text/event-stream"), EndOfStream: eos,
-	}}}); err != nil {
+	}}}
+	if served != "" {
+		st, err := structpb.NewStruct(map[string]any{picker.ServedKey: served})
+		if err != nil {
+			return err
+		}
+		req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{picker.MetadataNamespace: st}}
+	}
+	if err := s.s.Send(req); err != nil {
 		return fmt.Errorf("envoytest: send response headers: %w", err)
 	}
 	r, err := s.s.Recv()
