@@ -58,10 +58,12 @@ type Daemon struct {
 	httpSrv  *http.Server
 	httpLis  net.Listener
 	registry *prometheus.Registry
-	// The endpoint picker (gateway.listen); nil without it.
-	picker *picker.Picker
-	gwGRPC *grpc.Server
-	gwLis  net.Listener
+	// The endpoint picker (gateway.listen); nil without it. gwModels
+	// maps its endpoints' workers to their models; written by New only.
+	picker   *picker.Picker
+	gwModels map[events.WorkerRef]string
+	gwGRPC   *grpc.Server
+	gwLis    net.Listener
 }
 
 // New builds the index and its workers from cfg and opens the gRPC and

@@ -77,7 +77,9 @@ func gatewayEndpoints(cfg *config.Config) []picker.Endpoint {
 // workers the index lacks are added cold.
 func (d *Daemon) newGateway(cfg *config.Config) error {
 	eps := gatewayEndpoints(cfg)
+	d.gwModels = map[events.WorkerRef]string{}
 	for _, e := range eps {
+		d.gwModels[e.Worker] = e.Model
 		if d.ix.LookupWorker(e.Worker) != nil {
 			continue
 		}
@@ -126,7 +128,9 @@ func (d *Daemon) takeCold(ref events.WorkerRef) {
 }
 
 // coldAware is the fleet's worker set, replacing cold gateway workers by
-// the agents' workers of the same name.
+// the agents' workers of the same name, and a gateway endpoint's worker
+// by a cold one when its agent's registration is gone (so the endpoint
+// stays routable).
 type coldAware struct {
 	kvnats.WorkerSet
 	d *Daemon
@@ -136,6 +140,18 @@ type coldAware struct {
 func (c coldAware) AddWorker(ref events.WorkerRef, reg *fleetv1.Registration) (kvnats.KeyedSink, error) {
 	c.d.takeCold(ref)
 	return c.WorkerSet.AddWorker(ref, reg)
+}
+
+// RemoveWorker implements kvnats.WorkerSet.
+func (c coldAware) RemoveWorker(ref events.WorkerRef) {
+	c.WorkerSet.RemoveWorker(ref)
+	model, ok := c.d.gwModels[ref]
+	if !ok || c.d.ix.LookupWorker(ref) != nil {
+		return
+	}
+	if _, err := c.d.ix.AddWorker(indexer.WorkerInfo{Ref: ref, Model: model, Endpoint: coldEndpoint}); err != nil {
+		c.d.log.Warn("gateway endpoint's worker not kept routable", "worker", ref.String(), "err", err)
+	}
 }
 
 // GatewayAddr is the endpoint picker's ext_proc address, "" when off.
