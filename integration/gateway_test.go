@@ -384,3 +384,51 @@ func oneRequest(g *gateway, rng *rand.Rand, body []byte) (kind, pod string, err 
 	}
 	return kind, pod, nil
 }
+
+// TestGatewayColdThenPushPod: a gateway endpoint naming a push-mode pod
+// (named by its address, as llm-d's topics name pods) is routable before
+// its engine has said anything; once it announces blocks, its push-mode
+// worker takes the cold one's place and the chat that it holds goes to it.
+func TestGatewayColdThenPushPod(t *testing.T) {
+	const pushPod = "10.2.0.1:8000"
+	ts := httptest.NewServer(&standin.Handler{})
+	t.Cleanup(ts.Close)
+	f := newFleet(t, fleetOptions{configure: func(c *config.Config) {
+		c.Models[0].TokenizerURLs = []string{ts.URL}
+		c.Gateway = config.Gateway{Listen: "127.0.0.1:0", Endpoints: []config.Endpoint{
+			{Address: pushPod, Model: model},
+			{Address: "10.2.0.2:8000", Pod: "e1"},
+		}}
+	}}, podSpec{name: pushPod, push: true}, podSpec{name: "e1"})
+	f.start()
+	cc, err := grpc.NewClient(f.d.GatewayAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	g := &gateway{fleet: f, client: extprocv3.NewExternalProcessorClient(cc), addrs: map[string]string{pushPod: pushPod, "e1": "10.2.0.2:8000"}}
+	chat := []tokenize.Message{{Role: "user", Content: sentence(900, 80)}}
+	if st := f.status(pushPod, 0); st.GetEndpoint() != "gateway (cold)" {
+		t.Fatalf("before its engine spoke: %v, want a cold worker", st)
+	}
+	s, _ := g.request(chat) // routable while cold
+	if err := s.ResponseHeaders(200, false); err != nil {
+		t.Fatal(err)
+	}
+	respond(t, s, 1)
+
+	var eng engine
+	ev, _ := eng.store(0, standin.Chat(chat, true))
+	f.publish(pushPod, 0, ev)
+	if st := f.status(pushPod, 0); st.GetEndpoint() == "gateway (cold)" || st.GetResidentBlocks() == 0 {
+		t.Fatalf("after its engine spoke: %v, want the push-mode worker with blocks", st)
+	}
+	s, got := g.request(chat)
+	if err := s.ResponseHeaders(200, false); err != nil {
+		t.Fatal(err)
+	}
+	respond(t, s, 1)
+	if got != pushPod {
+		t.Fatalf("the chat the push pod holds went to %s", got)
+	}
+}
