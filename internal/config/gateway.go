@@ -80,7 +80,9 @@ type Gateway struct {
 	// GIE configures the filter) or buffered.
 	BodyMode string `yaml:"body_mode,omitempty"`
 	// MaxBodyBytes bounds a request body the picker reads (default 8 MiB);
-	// a larger one is answered 413 and counted.
+	// a larger one is answered 413 and counted. The picker holds each
+	// body until its destination is sent: at most max_requests x
+	// max_body_bytes in all.
 	MaxBodyBytes int64 `yaml:"max_body_bytes,omitempty"`
 	// Fallbacks is how many endpoints after the chosen one the picker
 	// offers the gateway for retries (default 2; negative: none).

@@ -200,8 +200,8 @@ type stream struct {
 	id       string   // the request id given to Route; "" until routed
 	chosen   string   // the chosen endpoint's address
 	released bool
-	picked   bool // the destination was sent
-	chunks   [][]byte
+	picked   bool  // the destination was sent
+	cuts     []int // full duplex: where each body chunk ends in body, to send it back as it came
 }
 
 // Process implements extprocv3.ExternalProcessorServer: one stream per
@@ -269,7 +269,7 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 		}
 		st.body = append(st.body, b.GetBody()...)
 		if p.opts.BodyMode == FullDuplex {
-			st.chunks = append(st.chunks, b.GetBody())
+			st.cuts = append(st.cuts, len(st.body))
 		}
 		if !b.GetEndOfStream() {
 			if p.opts.BodyMode == Buffered { // BUFFERED_PARTIAL or STREAMED: each chunk answered
@@ -320,6 +320,9 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 // duplex), else on the body's; in full duplex the body follows unchanged.
 func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool) error {
 	st.picked = true
+	// Sent (gRPC encodes a message before Send returns): the body is no
+	// longer needed while the response streams.
+	defer func() { st.body, st.cuts = nil, nil }()
 	dest, rank, code, msg := p.pick(ctx, st)
 	if code != 0 {
 		return st.srv.Send(immediate(code, msg))
@@ -340,15 +343,16 @@ func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool
 			return err
 		}
 		// The body, unchanged, in the chunks it came in.
-		for i, c := range st.chunks {
-			if err := st.srv.Send(bodyResponse(false, c, i == len(st.chunks)-1)); err != nil {
+		from := 0
+		for i, to := range st.cuts {
+			if err := st.srv.Send(bodyResponse(false, st.body[from:to], i == len(st.cuts)-1)); err != nil {
 				return err
 			}
+			from = to
 		}
-		if len(st.chunks) == 0 {
+		if len(st.cuts) == 0 {
 			return st.srv.Send(bodyResponse(false, nil, true))
 		}
-		st.chunks = nil
 		return nil
 	}
 	return st.srv.Send(&extprocv3.ProcessingResponse{
