@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -59,6 +61,34 @@ func TestGatewayValidate(t *testing.T) {
 		_, err := Parse([]byte(text))
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field+":") {
 			t.Errorf("%s: %v, want ErrInvalid naming %s", tc.name, err, tc.field)
+		}
+	}
+}
+
+// TestGatewayREADMEAndRoundTrip: the README's picker configuration
+// parses, and Parse(Marshal(c)) == c for it.
+func TestGatewayREADMEAndRoundTrip(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "# kvindex.yaml: the picker for one pool\n")
+	if !ok {
+		t.Fatal("README has no picker configuration")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	for name, text := range map[string]string{"README": block, "test": gatewayYAML} {
+		c, err := Parse([]byte(text))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		out, err := Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(out)
+		if err != nil || !reflect.DeepEqual(back, c) {
+			t.Fatalf("%s: Parse(Marshal(c)) = %+v, %v\nwant %+v", name, back, err, c)
 		}
 	}
 }
