@@ -41,6 +41,11 @@ type gateway struct {
 }
 
 func startGateway(t *testing.T, mode picker.BodyMode, cold bool, pods ...string) *gateway {
+	return startGatewayWith(t, mode, cold, nil, pods...)
+}
+
+// startGatewayWith is startGateway with more configuration.
+func startGatewayWith(t *testing.T, mode picker.BodyMode, cold bool, configure func(*config.Config), pods ...string) *gateway {
 	t.Helper()
 	g := &gateway{tok: &standin.Handler{}, addrs: map[string]string{}, mode: mode, engine: map[string]*engine{}}
 	ts := httptest.NewServer(g.tok)
@@ -64,6 +69,9 @@ func startGateway(t *testing.T, mode picker.BodyMode, cold bool, pods ...string)
 		if cold {
 			// A pool member kvindex hears nothing from: routable, cold.
 			c.Gateway.Endpoints = append(c.Gateway.Endpoints, config.Endpoint{Address: "10.1.0.99:8000", Pod: "cold", Model: model})
+		}
+		if configure != nil {
+			configure(c)
 		}
 	}}, specs...)
 	if cold {
@@ -430,5 +438,33 @@ func TestGatewayColdThenPushPod(t *testing.T) {
 	respond(t, s, 1)
 	if got != pushPod {
 		t.Fatalf("the chat the push pod holds went to %s", got)
+	}
+}
+
+// TestGatewayAvoidsStale: the engine holding a conversation's history
+// stops answering and goes stale; the next turn goes elsewhere, and while
+// every endpoint is stale the picker still routes (stale_only).
+func TestGatewayAvoidsStale(t *testing.T) {
+	g := startGatewayWith(t, picker.FullDuplex, false, func(c *config.Config) { c.Events.StaleAfterDisconnect = 200 * time.Millisecond }, "e1", "e2")
+	chat := []tokenize.Message{{Role: "user", Content: sentence(950, 60)}}
+	g.cache("e1", standin.Chat(chat, true))
+	s, got := g.request(chat)
+	if got != "e1" {
+		t.Fatalf("before: %s, want e1 (it holds the chat)", got)
+	}
+	g.finish(s, got, 1)
+	g.pods["e1"].pubs[0].Close()
+	g.waitFor(func() bool { return g.status("e1", 0).GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_STALE }, "e1 to go stale")
+	s, got = g.request(chat)
+	if got != "e2" {
+		t.Fatalf("with e1 stale: %s, want e2", got)
+	}
+	g.finish(s, got, 1)
+	g.pods["e2"].pubs[0].Close()
+	g.waitFor(func() bool { return g.status("e2", 0).GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_STALE }, "e2 to go stale")
+	s, _ = g.request(chat)
+	g.finish(s, "either", 1)
+	if st := g.d.Picker().Stats(); st.Decisions["stale_only"] != 1 {
+		t.Fatalf("stats %+v, want one stale_only decision", st)
 	}
 }
