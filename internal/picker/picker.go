@@ -267,7 +267,11 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 			p.counter.decisions[decisionTooLarge].Add(1)
 			return st.srv.Send(immediate(typev3.StatusCode_PayloadTooLarge, fmt.Sprintf("kvindex picker: request body over %d bytes", p.opts.MaxBodyBytes)))
 		}
-		st.body = append(st.body, b.GetBody()...)
+		if st.body == nil && b.GetEndOfStream() {
+			st.body = b.GetBody() // the whole body in one message (its own memory): no copy
+		} else {
+			st.body = append(st.body, b.GetBody()...)
+		}
 		if p.opts.BodyMode == FullDuplex {
 			st.cuts = append(st.cuts, len(st.body))
 		}
