@@ -303,7 +303,7 @@ func appendTokenVarints(dst []uint32, b []byte) ([]uint32, error) {
 // must do it instead: a string field that is not valid UTF-8, which
 // protobuf-go rejects with its own error.
 func marshalScoreRequest(req *kvindexv1.ScoreRequest) (data mem.BufferSlice, ok bool, err error) {
-	if !utf8.ValidString(req.GetModel()) || !utf8.ValidString(req.GetLoraName()) || !utf8.ValidString(req.GetCacheSalt()) {
+	if !utf8.ValidString(req.GetModel()) || !utf8.ValidString(req.GetLoraName()) || !utf8.ValidString(req.GetCacheSalt()) || !utf8.ValidString(req.GetPrompt()) {
 		return nil, false, nil
 	}
 	size := scoreRequestMaxSize(req)
@@ -337,6 +337,8 @@ const (
 	scoreLoadsField     protowire.Number = 8
 	scorePolicyField    protowire.Number = 9
 	scoreExplainField   protowire.Number = 10
+	scorePromptField    protowire.Number = 11
+	scoreMessagesField  protowire.Number = 12
 )
 
 // scoreRequestMaxSize bounds the encoded size of req: exact but for the
@@ -371,6 +373,10 @@ func scoreRequestMaxSize(req *kvindexv1.ScoreRequest) int {
 	}
 	if req.GetExplain() {
 		n += protowire.SizeTag(scoreExplainField) + 1
+	}
+	n += sizeString(scorePromptField, req.GetPrompt())
+	for _, m := range req.GetMessages() {
+		n += sizeBytesField(scoreMessagesField, proto.Size(m))
 	}
 	return n + len(req.ProtoReflect().GetUnknown())
 }
@@ -433,6 +439,12 @@ func appendScoreRequest(b []byte, req *kvindexv1.ScoreRequest) ([]byte, error) {
 	if req.GetExplain() {
 		b = protowire.AppendTag(b, scoreExplainField, protowire.VarintType)
 		b = append(b, 1)
+	}
+	b = appendString(b, scorePromptField, req.GetPrompt())
+	for _, m := range req.GetMessages() {
+		if b, err = appendMessage(b, scoreMessagesField, m); err != nil {
+			return nil, err
+		}
 	}
 	return append(b, req.ProtoReflect().GetUnknown()...), nil
 }

@@ -8,6 +8,12 @@
 // reflection, so that grpcurl and Kubernetes probes work out of the box.
 // Client wraps a grpc.ClientConn for routers and for kvindexctl.
 //
+// A prompt may also come as text (ScoreRequest.prompt) or as a chat
+// (messages): Options.Tokenizer, the daemon's tokenize.Client, has the
+// model's own vLLM server tokenize it (cached), so the token ids are the
+// engine's. The call then waits for that round trip on a cache miss,
+// inside the admission control's bounds like any Score.
+//
 // # Serving fast
 //
 // Build the grpc.Server with Server.GRPCOptions. They install Codec, which

@@ -60,6 +60,9 @@ type Options struct {
 	// load); nil means a tracker with default TTLs that nothing sweeps but
 	// Release and Record (the daemon passes one it sweeps).
 	Tracker *scoring.Tracker
+	// Tokenizer tokenizes ScoreRequest.prompt and messages; nil refuses
+	// them (FAILED_PRECONDITION).
+	Tokenizer Tokenizer
 	// Loads holds scraped engine load; nil means none.
 	Loads *scoring.LoadBoard
 	// Admission bounds the Score and Route work taken on (see
@@ -203,7 +206,7 @@ func (s *Server) putScratch(sc *scoreScratch) {
 // is set.
 func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
 	start := time.Now()
-	sc, err := s.rank(req, req.GetPolicy() != nil)
+	sc, err := s.rank(ctx, req, req.GetPolicy() != nil)
 	if err != nil {
 		s.metrics.observe(start, err)
 		return nil, err
@@ -214,12 +217,22 @@ func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvind
 	return resp, nil
 }
 
-// convert validates req and fills sc.req from it. With all set, every
-// allowed worker of the model is to be ranked, matched or not.
-func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch) error {
+// convert validates req and fills sc.req from it, tokenizing a text
+// prompt (Options.Tokenizer). With all set, every allowed worker of the
+// model is to be ranked, matched or not.
+func (s *Server) convert(ctx context.Context, req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch) error {
 	model, err := s.checkScoreRequest(req)
 	if err != nil {
 		return err
+	}
+	toks := req.GetTokenIds()
+	if req.GetPrompt() != "" || len(req.GetMessages()) > 0 {
+		if toks, err = s.tokenize(ctx, req); err != nil {
+			return err
+		}
+		if err := s.checkTokens(req, model, len(toks)); err != nil {
+			return err
+		}
 	}
 	sr := &sc.req
 	*sr = scoring.Request{Model: model, All: all}
@@ -256,8 +269,8 @@ func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch
 		})
 	}
 	sr.Loads = sc.loads
-	if len(req.GetTokenIds()) > 0 {
-		sr.Tokens = req.GetTokenIds()
+	if len(toks) > 0 || len(req.GetBlockKeys()) == 0 {
+		sr.Tokens = toks
 		if req.GetLoraName() != "" || req.GetCacheSalt() != "" || len(req.GetBlockExtraKeys()) > 0 {
 			sc.extras = indexer.PromptExtras{LoRAName: req.GetLoraName(), CacheSalt: req.GetCacheSalt()}
 			if len(req.GetBlockExtraKeys()) > 0 {
@@ -281,9 +294,9 @@ func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch
 
 // rank validates and converts req and ranks it into the returned
 // scratch, which the caller must putScratch.
-func (s *Server) rank(req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
+func (s *Server) rank(ctx context.Context, req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
 	sc := s.getScratch()
-	if err := s.convert(req, all, sc); err != nil {
+	if err := s.convert(ctx, req, all, sc); err != nil {
 		s.putScratch(sc)
 		return nil, err
 	}
@@ -325,7 +338,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)
-	if err := s.convert(req.GetScore(), true, sc); err != nil {
+	if err := s.convert(ctx, req.GetScore(), true, sc); err != nil {
 		return nil, err
 	}
 	var pick *events.WorkerRef
@@ -389,11 +402,17 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		return nil, s.unknownModel(name)
 	}
 	nTok, nKeys := len(req.GetTokenIds()), len(req.GetBlockKeys())
+	given := 0
+	for _, n := range []int{nTok, nKeys, len(req.GetPrompt()), len(req.GetMessages())} {
+		if n > 0 {
+			given++
+		}
+	}
 	switch {
-	case nTok > 0 && nKeys > 0:
-		return nil, status.Error(codes.InvalidArgument, "token_ids, block_keys: give exactly one")
-	case nTok == 0 && nKeys == 0:
-		return nil, status.Error(codes.InvalidArgument, "token_ids: required (or block_keys)")
+	case given > 1:
+		return nil, status.Error(codes.InvalidArgument, "token_ids, block_keys, prompt, messages: give exactly one")
+	case given == 0:
+		return nil, status.Error(codes.InvalidArgument, "token_ids: required (or block_keys, prompt or messages)")
 	case nTok > s.opts.MaxTokens:
 		return nil, status.Errorf(codes.InvalidArgument, "token_ids: %d tokens exceed the limit of %d", nTok, s.opts.MaxTokens)
 	case nKeys > s.opts.MaxBlockKeys:
@@ -402,8 +421,13 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 	if n := len(req.GetWorkers()); n > s.opts.MaxCandidates {
 		return nil, status.Errorf(codes.InvalidArgument, "workers: %d candidates exceed the limit of %d", n, s.opts.MaxCandidates)
 	}
-	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize {
-		return nil, status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize)
+	if nTok > 0 {
+		if err := s.checkTokens(req, model, nTok); err != nil {
+			return nil, err
+		}
+	}
+	if n := len(req.GetBlockExtraKeys()); n > 0 && nKeys > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of 0 full blocks", n)
 	}
 	if nKeys > 0 {
 		if req.GetLoraName() != "" {
@@ -414,6 +438,25 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		}
 	}
 	return model, nil
+}
+
+// checkTokens validates what depends on the prompt's token count: the
+// limit, and block_extra_keys against its full blocks.
+func (s *Server) checkTokens(req *kvindexv1.ScoreRequest, model *indexer.Model, nTok int) error {
+	if nTok > s.opts.MaxTokens {
+		field := "token_ids"
+		if nTok != len(req.GetTokenIds()) {
+			field = "prompt"
+			if len(req.GetMessages()) > 0 {
+				field = "messages"
+			}
+		}
+		return status.Errorf(codes.InvalidArgument, "%s: %d tokens exceed the limit of %d", field, nTok, s.opts.MaxTokens)
+	}
+	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize {
+		return status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize)
+	}
+	return nil
 }
 
 // maxExtraDepth bounds the nesting of block_extra_keys tuples.

@@ -112,7 +112,9 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 		Example: "  kvindexctl score --model llama --tokens 1,2,3,4\n" +
 			"  kvindexctl score --model llama --tokens-file prompt.json --worker pod-a/0 --worker pod-b/0\n" +
 			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -\n" +
-			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware",
+			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware\n" +
+			"  kvindexctl score --model llama --prompt 'Once upon a time'    # tokenized by the model's vLLM server\n" +
+			"  kvindexctl score --model llama --messages-file chat.json --explain",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := *cfg
@@ -124,6 +126,8 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 	f.StringVar(&a.Model, "model", "", "served model name (required)")
 	f.StringVar(&a.Tokens, "tokens", "", "prompt token ids, comma or space separated")
 	f.StringVar(&a.TokensFile, "tokens-file", "", "file of token ids (separated, or a JSON array); - for stdin")
+	f.StringVar(&a.Prompt, "prompt", "", "prompt text, tokenized by the server through the model's vLLM server")
+	f.StringVar(&a.MessagesFile, "messages-file", "", "file of a chat, a JSON array of {role, content}; - for stdin")
 	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
 	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
 	f.StringArrayVar(&a.Workers, "worker", nil, "candidate worker pod/rank (repeatable); every candidate is listed")

@@ -53,6 +53,12 @@ type Config struct {
 	NATS NATS `yaml:"nats,omitempty"`
 	// Agent configures kvindex agent, the sidecar beside one pod.
 	Agent Agent `yaml:"agent,omitempty"`
+	// Tokenize bounds the tokenization of text prompts (models'
+	// tokenizer_urls).
+	Tokenize Tokenize `yaml:"tokenize,omitempty"`
+	// Gateway serves the Gateway API Inference Extension's endpoint
+	// picker (Envoy ext_proc).
+	Gateway Gateway `yaml:"gateway,omitempty"`
 }
 
 // NATS is the fleet's NATS connection (docs/fleet.md).
@@ -146,6 +152,11 @@ type Model struct {
 	// BlockSize is vLLM's --block-size for this model (default
 	// DefaultBlockSize).
 	BlockSize int `yaml:"block_size,omitempty"`
+	// TokenizerURLs are the base URLs of servers that tokenize for the
+	// model, its vLLM servers (e.g. http://10.0.0.5:8000; /tokenize is
+	// appended), tried in turn. Without any, text prompts of the model are
+	// refused.
+	TokenizerURLs []string `yaml:"tokenizer_urls,omitempty"`
 }
 
 // Pod is one vLLM engine (all its data-parallel ranks).

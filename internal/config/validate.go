@@ -43,6 +43,8 @@ func (c *Config) Validate() error {
 		c.TLS.Validate,
 		func() error { return c.Auth.Validate(&c.TLS) },
 		c.NATS.Validate,
+		c.Tokenize.Validate,
+		func() error { return c.Gateway.Validate(c) },
 	} {
 		if err := check(); err != nil {
 			return err
@@ -214,6 +216,9 @@ func validateModels(models []Model) error {
 		seen[m.Name] = true
 		if m.BlockSize <= 0 {
 			return invalid(f+".block_size", "%d must be positive", m.BlockSize)
+		}
+		if err := validateTokenizerURLs(i, m.TokenizerURLs); err != nil {
+			return err
 		}
 	}
 	return nil

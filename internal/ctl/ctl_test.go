@@ -110,6 +110,8 @@ func TestScoreArgsRequest(t *testing.T) {
 	}{
 		{ctl.ScoreArgs{Model: "m"}, "--tokens or --tokens-file: required"},
 		{ctl.ScoreArgs{Model: "m", Tokens: "1", TokensFile: "f"}, "--tokens, --tokens-file: give exactly one"},
+		{ctl.ScoreArgs{Model: "m", Tokens: "1", Prompt: "hi"}, "--tokens, --tokens-file, --prompt, --messages-file: give exactly one"},
+		{ctl.ScoreArgs{Model: "m", MessagesFile: "/nonexistent/chat.json"}, "--messages-file /nonexistent/chat.json: open"},
 		{ctl.ScoreArgs{Model: "m", Tokens: " , "}, "no tokens"},
 		{ctl.ScoreArgs{Model: "m", Tokens: "1", Workers: []string{"p/x"}}, "--worker"},
 	} {
@@ -291,5 +293,21 @@ func TestRenderExplain(t *testing.T) {
 	}
 	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {
 		t.Errorf("RenderExplain:\n%s\nwant:\n%s", buf.String(), strings.Join(want, "\n"))
+	}
+}
+
+// TestScoreArgsText: a prompt and a chat from stdin become the request's
+// prompt and messages.
+func TestScoreArgsText(t *testing.T) {
+	req, err := ctl.ScoreArgs{Model: "m", Prompt: "once upon"}.Request(nil)
+	if err != nil || req.GetPrompt() != "once upon" || len(req.GetTokenIds()) != 0 {
+		t.Fatalf("prompt: %v, %v", req, err)
+	}
+	req, err = ctl.ScoreArgs{Model: "m", MessagesFile: "-"}.Request(strings.NewReader(`[{"role":"system","content":"be terse"},{"role":"user","content":"hi"}]`))
+	if err != nil || len(req.GetMessages()) != 2 || req.GetMessages()[1].GetContent() != "hi" {
+		t.Fatalf("messages: %v, %v", req, err)
+	}
+	if _, err := (ctl.ScoreArgs{Model: "m", MessagesFile: "-"}).Request(strings.NewReader(`{"role":"user"}`)); err == nil || !strings.Contains(err.Error(), "JSON array") {
+		t.Fatalf("not an array: %v", err)
 	}
 }

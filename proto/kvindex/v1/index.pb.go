@@ -376,8 +376,10 @@ func (x *WorkerRef) GetDpRank() uint32 {
 }
 
 // ScoreRequest is one prompt to score. Give the prompt exactly one way:
-// as token_ids (kvindex computes the block keys) or as block_keys (the
-// router already computed them).
+// as token_ids (kvindex computes the block keys), as block_keys (the
+// router already computed them), or as text, prompt or messages (kvindex
+// has the model's own vLLM server tokenize it, so the token ids are the
+// engine's).
 type ScoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// model is the served model name; required, and it must be one kvindex
@@ -418,7 +420,17 @@ type ScoreRequest struct {
 	Policy *ScorePolicy `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
 	// explain asks for each worker's reason (WorkerScore.reason); it costs a
 	// few allocations per worker, so routers leave it off.
-	Explain       bool `protobuf:"varint,10,opt,name=explain,proto3" json:"explain,omitempty"`
+	Explain bool `protobuf:"varint,10,opt,name=explain,proto3" json:"explain,omitempty"`
+	// prompt is the prompt as text, as in an OpenAI /v1/completions body.
+	// kvindex tokenizes it through the model's vLLM server (/tokenize, with
+	// the special tokens /v1/completions adds), caching the answer. Only
+	// full blocks count, as for token_ids.
+	Prompt string `protobuf:"bytes,11,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// messages is the prompt as a chat, as in an OpenAI
+	// /v1/chat/completions body. kvindex renders and tokenizes it through
+	// the model's vLLM server (/tokenize applies the chat template the
+	// engine uses, with the generation prompt), caching the answer.
+	Messages      []*ChatMessage `protobuf:"bytes,12,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +535,76 @@ func (x *ScoreRequest) GetExplain() bool {
 	return false
 }
 
+func (x *ScoreRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *ScoreRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+// ChatMessage is one message of a chat prompt.
+type ChatMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// role is the author: "system", "user", "assistant", "tool", ...
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// content is the message's text (the text parts of an OpenAI content
+	// list, joined by newlines).
+	Content       string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatMessage) Reset() {
+	*x = ChatMessage{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatMessage) ProtoMessage() {}
+
+func (x *ChatMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
+func (*ChatMessage) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ChatMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
 // WorkerLoad is one worker's load as the caller sees it.
 type WorkerLoad struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -543,7 +625,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +637,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +650,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WorkerLoad) GetWorker() *WorkerRef {
@@ -636,7 +718,7 @@ type ScorePolicy struct {
 
 func (x *ScorePolicy) Reset() {
 	*x = ScorePolicy{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +730,7 @@ func (x *ScorePolicy) String() string {
 func (*ScorePolicy) ProtoMessage() {}
 
 func (x *ScorePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +743,7 @@ func (x *ScorePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScorePolicy.ProtoReflect.Descriptor instead.
 func (*ScorePolicy) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ScorePolicy) GetName() string {
@@ -724,7 +806,7 @@ type ExtraKeys struct {
 
 func (x *ExtraKeys) Reset() {
 	*x = ExtraKeys{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +818,7 @@ func (x *ExtraKeys) String() string {
 func (*ExtraKeys) ProtoMessage() {}
 
 func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +831,7 @@ func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraKeys.ProtoReflect.Descriptor instead.
 func (*ExtraKeys) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExtraKeys) GetValues() []*ExtraValue {
@@ -777,7 +859,7 @@ type ExtraValue struct {
 
 func (x *ExtraValue) Reset() {
 	*x = ExtraValue{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[9]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +871,7 @@ func (x *ExtraValue) String() string {
 func (*ExtraValue) ProtoMessage() {}
 
 func (x *ExtraValue) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[9]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +884,7 @@ func (x *ExtraValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraValue.ProtoReflect.Descriptor instead.
 func (*ExtraValue) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExtraValue) GetKind() isExtraValue_Kind {
@@ -904,7 +986,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[10]
+	mi := &file_kvindex_v1_index_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +998,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[10]
+	mi := &file_kvindex_v1_index_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1011,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ScoreResponse) GetBlockSize() uint32 {
@@ -1002,7 +1084,7 @@ type WorkerScore struct {
 
 func (x *WorkerScore) Reset() {
 	*x = WorkerScore{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[11]
+	mi := &file_kvindex_v1_index_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1096,7 @@ func (x *WorkerScore) String() string {
 func (*WorkerScore) ProtoMessage() {}
 
 func (x *WorkerScore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[11]
+	mi := &file_kvindex_v1_index_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1109,7 @@ func (x *WorkerScore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerScore.ProtoReflect.Descriptor instead.
 func (*WorkerScore) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{11}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WorkerScore) GetWorker() *WorkerRef {
@@ -1130,7 +1212,7 @@ type LoadDetail struct {
 
 func (x *LoadDetail) Reset() {
 	*x = LoadDetail{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[12]
+	mi := &file_kvindex_v1_index_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1224,7 @@ func (x *LoadDetail) String() string {
 func (*LoadDetail) ProtoMessage() {}
 
 func (x *LoadDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[12]
+	mi := &file_kvindex_v1_index_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1237,7 @@ func (x *LoadDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadDetail.ProtoReflect.Descriptor instead.
 func (*LoadDetail) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{12}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LoadDetail) GetRunning() uint32 {
@@ -1223,7 +1305,7 @@ type MediumMatch struct {
 
 func (x *MediumMatch) Reset() {
 	*x = MediumMatch{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[13]
+	mi := &file_kvindex_v1_index_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1317,7 @@ func (x *MediumMatch) String() string {
 func (*MediumMatch) ProtoMessage() {}
 
 func (x *MediumMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[13]
+	mi := &file_kvindex_v1_index_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1330,7 @@ func (x *MediumMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumMatch.ProtoReflect.Descriptor instead.
 func (*MediumMatch) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{13}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MediumMatch) GetMedium() string {
@@ -1288,7 +1370,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[14]
+	mi := &file_kvindex_v1_index_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1382,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[14]
+	mi := &file_kvindex_v1_index_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1395,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{14}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListWorkersRequest) GetModel() string {
@@ -1341,7 +1423,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[15]
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1435,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[15]
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1448,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{15}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerStatus {
@@ -1514,7 +1596,7 @@ type WorkerStatus struct {
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[16]
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1608,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[16]
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1621,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{16}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorkerStatus) GetWorker() *WorkerRef {
@@ -1898,7 +1980,7 @@ type MediumCount struct {
 
 func (x *MediumCount) Reset() {
 	*x = MediumCount{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[17]
+	mi := &file_kvindex_v1_index_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +1992,7 @@ func (x *MediumCount) String() string {
 func (*MediumCount) ProtoMessage() {}
 
 func (x *MediumCount) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[17]
+	mi := &file_kvindex_v1_index_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2005,7 @@ func (x *MediumCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumCount.ProtoReflect.Descriptor instead.
 func (*MediumCount) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{17}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MediumCount) GetMedium() string {
@@ -1961,7 +2043,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"6\n" +
 	"\tWorkerRef\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
-	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\x87\x03\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\xd4\x03\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -1975,7 +2057,12 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05loads\x18\b \x03(\v2\x16.kvindex.v1.WorkerLoadR\x05loads\x12/\n" +
 	"\x06policy\x18\t \x01(\v2\x17.kvindex.v1.ScorePolicyR\x06policy\x12\x18\n" +
 	"\aexplain\x18\n" +
-	" \x01(\bR\aexplain\"\xc9\x01\n" +
+	" \x01(\bR\aexplain\x12\x16\n" +
+	"\x06prompt\x18\v \x01(\tR\x06prompt\x123\n" +
+	"\bmessages\x18\f \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\";\n" +
+	"\vChatMessage\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"\xc9\x01\n" +
 	"\n" +
 	"WorkerLoad\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x18\n" +
@@ -2127,7 +2214,7 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
 	(*RouteRequest)(nil),          // 1: kvindex.v1.RouteRequest
@@ -2136,56 +2223,58 @@ var file_kvindex_v1_index_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),       // 4: kvindex.v1.ReleaseResponse
 	(*WorkerRef)(nil),             // 5: kvindex.v1.WorkerRef
 	(*ScoreRequest)(nil),          // 6: kvindex.v1.ScoreRequest
-	(*WorkerLoad)(nil),            // 7: kvindex.v1.WorkerLoad
-	(*ScorePolicy)(nil),           // 8: kvindex.v1.ScorePolicy
-	(*ExtraKeys)(nil),             // 9: kvindex.v1.ExtraKeys
-	(*ExtraValue)(nil),            // 10: kvindex.v1.ExtraValue
-	(*ScoreResponse)(nil),         // 11: kvindex.v1.ScoreResponse
-	(*WorkerScore)(nil),           // 12: kvindex.v1.WorkerScore
-	(*LoadDetail)(nil),            // 13: kvindex.v1.LoadDetail
-	(*MediumMatch)(nil),           // 14: kvindex.v1.MediumMatch
-	(*ListWorkersRequest)(nil),    // 15: kvindex.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 16: kvindex.v1.ListWorkersResponse
-	(*WorkerStatus)(nil),          // 17: kvindex.v1.WorkerStatus
-	(*MediumCount)(nil),           // 18: kvindex.v1.MediumCount
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*ChatMessage)(nil),           // 7: kvindex.v1.ChatMessage
+	(*WorkerLoad)(nil),            // 8: kvindex.v1.WorkerLoad
+	(*ScorePolicy)(nil),           // 9: kvindex.v1.ScorePolicy
+	(*ExtraKeys)(nil),             // 10: kvindex.v1.ExtraKeys
+	(*ExtraValue)(nil),            // 11: kvindex.v1.ExtraValue
+	(*ScoreResponse)(nil),         // 12: kvindex.v1.ScoreResponse
+	(*WorkerScore)(nil),           // 13: kvindex.v1.WorkerScore
+	(*LoadDetail)(nil),            // 14: kvindex.v1.LoadDetail
+	(*MediumMatch)(nil),           // 15: kvindex.v1.MediumMatch
+	(*ListWorkersRequest)(nil),    // 16: kvindex.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 17: kvindex.v1.ListWorkersResponse
+	(*WorkerStatus)(nil),          // 18: kvindex.v1.WorkerStatus
+	(*MediumCount)(nil),           // 19: kvindex.v1.MediumCount
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
 	6,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
 	5,  // 1: kvindex.v1.RouteRequest.pick:type_name -> kvindex.v1.WorkerRef
 	5,  // 2: kvindex.v1.RouteResponse.chosen:type_name -> kvindex.v1.WorkerRef
-	11, // 3: kvindex.v1.RouteResponse.ranking:type_name -> kvindex.v1.ScoreResponse
+	12, // 3: kvindex.v1.RouteResponse.ranking:type_name -> kvindex.v1.ScoreResponse
 	5,  // 4: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
-	9,  // 5: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	7,  // 6: kvindex.v1.ScoreRequest.loads:type_name -> kvindex.v1.WorkerLoad
-	8,  // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
-	5,  // 8: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
-	10, // 9: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
-	9,  // 10: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
-	12, // 11: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
-	5,  // 12: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
-	14, // 13: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
-	0,  // 14: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
-	13, // 15: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
-	17, // 16: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	5,  // 17: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	19, // 18: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	18, // 19: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	0,  // 20: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
-	19, // 21: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
-	6,  // 22: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	15, // 23: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	1,  // 24: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
-	3,  // 25: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
-	11, // 26: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	16, // 27: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	2,  // 28: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
-	4,  // 29: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
-	26, // [26:30] is the sub-list for method output_type
-	22, // [22:26] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	10, // 5: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	8,  // 6: kvindex.v1.ScoreRequest.loads:type_name -> kvindex.v1.WorkerLoad
+	9,  // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
+	7,  // 8: kvindex.v1.ScoreRequest.messages:type_name -> kvindex.v1.ChatMessage
+	5,  // 9: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
+	11, // 10: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
+	10, // 11: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
+	13, // 12: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
+	5,  // 13: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
+	15, // 14: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
+	0,  // 15: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
+	14, // 16: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
+	18, // 17: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	5,  // 18: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	20, // 19: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	19, // 20: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 21: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	20, // 22: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	6,  // 23: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	16, // 24: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	1,  // 25: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	3,  // 26: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	12, // 27: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	17, // 28: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	2,  // 29: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	4,  // 30: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	27, // [27:31] is the sub-list for method output_type
+	23, // [23:27] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -2193,7 +2282,7 @@ func file_kvindex_v1_index_proto_init() {
 	if File_kvindex_v1_index_proto != nil {
 		return
 	}
-	file_kvindex_v1_index_proto_msgTypes[9].OneofWrappers = []any{
+	file_kvindex_v1_index_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExtraValue_Str)(nil),
 		(*ExtraValue_Int)(nil),
 		(*ExtraValue_Raw)(nil),
@@ -2205,7 +2294,7 @@ func file_kvindex_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

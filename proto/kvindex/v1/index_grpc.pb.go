@@ -40,9 +40,13 @@ type IndexServiceClient interface {
 	// full KV blocks that each worker of the model already holds.
 	//
 	// Errors: INVALID_ARGUMENT, with a message that starts with the field at
-	// fault, for a missing or unknown model, both or neither of token_ids and
-	// block_keys, inputs over the server's limits, an unknown candidate worker,
-	// or lora_name/cache_salt given with block_keys.
+	// fault, for a missing or unknown model, not exactly one of token_ids,
+	// block_keys, prompt and messages, inputs over the server's limits, an
+	// unknown candidate worker, or lora_name/cache_salt given with
+	// block_keys. For prompt and messages: FAILED_PRECONDITION when the
+	// model has no tokenizer configured, UNAVAILABLE naming the tokenizer
+	// endpoints when none answered, RESOURCE_EXHAUSTED when the server's
+	// bound on concurrent tokenizations is reached.
 	Score(ctx context.Context, in *ScoreRequest, opts ...grpc.CallOption) (*ScoreResponse, error)
 	// ListWorkers returns every known worker with its event-stream and index
 	// counters, sorted by worker (pod, then dp_rank).
@@ -117,9 +121,13 @@ type IndexServiceServer interface {
 	// full KV blocks that each worker of the model already holds.
 	//
 	// Errors: INVALID_ARGUMENT, with a message that starts with the field at
-	// fault, for a missing or unknown model, both or neither of token_ids and
-	// block_keys, inputs over the server's limits, an unknown candidate worker,
-	// or lora_name/cache_salt given with block_keys.
+	// fault, for a missing or unknown model, not exactly one of token_ids,
+	// block_keys, prompt and messages, inputs over the server's limits, an
+	// unknown candidate worker, or lora_name/cache_salt given with
+	// block_keys. For prompt and messages: FAILED_PRECONDITION when the
+	// model has no tokenizer configured, UNAVAILABLE naming the tokenizer
+	// endpoints when none answered, RESOURCE_EXHAUSTED when the server's
+	// bound on concurrent tokenizations is reached.
 	Score(context.Context, *ScoreRequest) (*ScoreResponse, error)
 	// ListWorkers returns every known worker with its event-stream and index
 	// counters, sorted by worker (pod, then dp_rank).
