@@ -337,6 +337,7 @@ const (
 	scoreLoadsField     protowire.Number = 8
 	scorePolicyField    protowire.Number = 9
 	scoreExplainField   protowire.Number = 10
+	scoreTenantField    protowire.Number = 11
 )
 
 // scoreRequestMaxSize bounds the encoded size of req: exact but for the
@@ -372,6 +373,7 @@ func scoreRequestMaxSize(req *kvindexv1.ScoreRequest) int {
 	if req.GetExplain() {
 		n += protowire.SizeTag(scoreExplainField) + 1
 	}
+	n += sizeString(scoreTenantField, req.GetTenant())
 	return n + len(req.ProtoReflect().GetUnknown())
 }
 
@@ -434,6 +436,7 @@ func appendScoreRequest(b []byte, req *kvindexv1.ScoreRequest) ([]byte, error) {
 		b = protowire.AppendTag(b, scoreExplainField, protowire.VarintType)
 		b = append(b, 1)
 	}
+	b = appendString(b, scoreTenantField, req.GetTenant())
 	return append(b, req.ProtoReflect().GetUnknown()...), nil
 }
 
