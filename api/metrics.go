@@ -19,6 +19,8 @@ type metrics struct {
 	// byCode holds requests' children for the canonical codes, resolved
 	// once so that the hot path does no label lookup.
 	byCode [numCodes]prometheus.Counter
+	// watchDrops counts events Watch streams dropped for a slow reader.
+	watchDrops prometheus.Counter
 }
 
 // newMetrics registers the Score metrics with reg, sharing collectors that
@@ -37,6 +39,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Score requests answered, by gRPC status code.",
 		}, []string{"code"}),
 	}
+	m.watchDrops = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvindex_watch_dropped_events_total",
+		Help: "Applied events a Watch stream dropped because its reader was slower than the events (its buffer was full).",
+	}))
 	m.duration = register(reg, m.duration)
 	m.requests = register(reg, m.requests)
 	for c := range m.byCode {
@@ -73,4 +79,11 @@ func (m *metrics) observe(start time.Time, err error) {
 		return
 	}
 	m.requests.WithLabelValues(code.String()).Inc()
+}
+
+// watchDropped counts one event a Watch stream dropped.
+func (m *metrics) watchDropped() {
+	if m != nil {
+		m.watchDrops.Inc()
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -72,6 +73,9 @@ type Options struct {
 	// MaxConcurrentStreams bounds each connection's concurrent calls
 	// (HTTP/2 SETTINGS); 0 means 256.
 	MaxConcurrentStreams uint32
+	// MaxWatches bounds the concurrent Watch streams; 0 means
+	// DefaultMaxWatches. Past it a Watch is refused ResourceExhausted.
+	MaxWatches int
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -100,6 +104,8 @@ type Server struct {
 	codec   *Codec
 	// admission is nil when Options.Admission.Off.
 	admission *admission
+	// watches counts the Watch streams open.
+	watches atomic.Int64
 }
 
 // NewServer returns a Server over ix. stats may be nil, in which case

@@ -394,6 +394,14 @@ func (ix *Index) AddObserver(fn Observer) (remove func()) {
 	}
 }
 
+// NumObservers returns the number of observers added and not removed.
+func (ix *Index) NumObservers() int {
+	if cur := ix.observers.Load(); cur != nil {
+		return len(*cur)
+	}
+	return 0
+}
+
 // notify calls every observer in obs.
 func (ix *Index) notify(obs []*observer, w *Worker, a *Applied) {
 	for _, o := range obs {
