@@ -76,6 +76,10 @@ type Options struct {
 	// MaxWatches bounds the concurrent Watch streams; 0 means
 	// DefaultMaxWatches. Past it a Watch is refused ResourceExhausted.
 	MaxWatches int
+	// MaxTenants bounds the distinct tenant labels of the predicted
+	// hit-ratio metrics (ScoreRequest.tenant); later tenants share the
+	// label "_other". 0 means DefaultMaxTenants.
+	MaxTenants int
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -97,7 +101,8 @@ type Server struct {
 	ix      *indexer.Index
 	stats   events.StatsSource // may be nil
 	opts    Options
-	metrics *metrics // nil without Options.Registerer
+	metrics *metrics    // nil without Options.Registerer
+	hits    *hitMetrics // nil without Options.Registerer
 	health  *health.Server
 	scorer  *scoring.Scorer
 	scratch sync.Pool // *scoreScratch
@@ -140,6 +145,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	}
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
+		s.hits = newHitMetrics(opts.Registerer, opts.MaxTenants)
 	}
 	if !opts.Admission.Off {
 		s.admission = newAdmission(opts.Admission, nil)
@@ -215,6 +221,11 @@ func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvind
 		return nil, err
 	}
 	resp := s.buildScoreResponse(sc, req)
+	var first *scoring.Candidate
+	if len(sc.res.Ranked) > 0 {
+		first = &sc.res.Ranked[0]
+	}
+	s.hits.observe(sc.res.Model, first, sc.res.Prompt.Tokens, req.GetTenant())
 	s.putScratch(sc)
 	s.metrics.observe(start, nil)
 	return resp, nil
@@ -343,6 +354,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 		return nil, scoringStatus(err)
 	}
 	resp := s.buildScoreResponse(sc, req.GetScore())
+	s.hits.observe(sc.res.Model, &sc.res.Ranked[chosen], sc.res.Prompt.Tokens, req.GetScore().GetTenant())
 	return &kvindexv1.RouteResponse{Chosen: resp.Workers[chosen].GetWorker(), Ranking: resp}, nil
 }
 
@@ -357,6 +369,9 @@ func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*k
 	}
 	return &kvindexv1.ReleaseResponse{Released: released}, nil
 }
+
+// MaxTenantBytes bounds ScoreRequest.tenant: tenants are metric labels.
+const MaxTenantBytes = 128
 
 // MaxRequestIDBytes bounds Route's and Release's request_id: ids are kept
 // for every request in flight.
@@ -404,6 +419,9 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		return nil, status.Errorf(codes.InvalidArgument, "token_ids: %d tokens exceed the limit of %d", nTok, s.opts.MaxTokens)
 	case nKeys > s.opts.MaxBlockKeys:
 		return nil, status.Errorf(codes.InvalidArgument, "block_keys: %d keys exceed the limit of %d", nKeys, s.opts.MaxBlockKeys)
+	}
+	if n := len(req.GetTenant()); n > MaxTenantBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "tenant: %d bytes exceed the limit of %d", n, MaxTenantBytes)
 	}
 	if n := len(req.GetWorkers()); n > s.opts.MaxCandidates {
 		return nil, status.Errorf(codes.InvalidArgument, "workers: %d candidates exceed the limit of %d", n, s.opts.MaxCandidates)

@@ -157,6 +157,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	d.scraper = scrape.New(targets, loads, cfg.Scoring.ScrapeInterval, log)
+	d.registry.MustRegister(d.scraper) // the engines' own prefix-cache counters
 	d.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
 			func() float64 { return float64(d.tracker.InFlight()) }),
