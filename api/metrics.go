@@ -140,12 +140,28 @@ type hitMetrics struct {
 // hitPair is one series pair: prompt tokens and hit tokens.
 type hitPair struct{ prompt, hit prometheus.Counter }
 
-// workerHits is a worker's pair, for the generation it was resolved for.
+// workerHits is a worker's pair, for the generation it was resolved for,
+// with the same counts as integers for ListWorkers.
 type workerHits struct {
 	gen   uint32
 	ref   events.WorkerRef
 	model *indexer.Model
 	hitPair
+	promptTokens, hitTokens atomic.Uint64
+}
+
+// workerCounts returns the prompt and hit tokens counted for the worker
+// (id, gen), 0 if none.
+func (h *hitMetrics) workerCounts(id indexer.WorkerID, gen uint32) (prompt, hit uint64) {
+	if h == nil {
+		return 0, 0
+	}
+	if ws := *h.workers.Load(); int(id) < len(ws) {
+		if w := ws[id]; w != nil && w.gen == gen {
+			return w.promptTokens.Load(), w.hitTokens.Load()
+		}
+	}
+	return 0, 0
 }
 
 func newHitMetrics(reg prometheus.Registerer, maxTenants int) *hitMetrics {
@@ -184,7 +200,10 @@ func (h *hitMetrics) observe(model *indexer.Model, c *scoring.Candidate, promptT
 		p = h.nonePair(model)
 	} else {
 		held = min(c.Match.Blocks*model.BlockSize, promptTokens)
-		p = &h.worker(model, c).hitPair
+		w := h.worker(model, c)
+		w.promptTokens.Add(uint64(promptTokens))
+		w.hitTokens.Add(uint64(held))
+		p = &w.hitPair
 	}
 	p.prompt.Add(float64(promptTokens))
 	p.hit.Add(float64(held))

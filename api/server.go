@@ -644,6 +644,10 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 		if req.GetDigests() {
 			ws.Digest, ws.HasDigest = w.Digest(), true
 		}
+		if t := s.scorer.Tracker(); t != nil {
+			ws.InflightRequests, ws.InflightPrefillTokens = t.Load(w.ID(), w.Gen())
+		}
+		ws.ScoredPromptTokens, ws.PredictedHitTokens = s.hits.workerCounts(w.ID(), w.Gen())
 		byRef[info.Ref] = ws
 		refs = append(refs, info.Ref)
 	}

@@ -76,6 +76,10 @@ func TestPredictedHitRatio(t *testing.T) {
 		}
 	}
 
+	if st := f.status("a", 0); st.GetScoredPromptTokens() != 256 || st.GetPredictedHitTokens() != 192 || st.GetInflightRequests() != 0 {
+		t.Errorf("ListWorkers a/0: scored %d predicted %d inflight %d, want 256 192 0", st.GetScoredPromptTokens(), st.GetPredictedHitTokens(), st.GetInflightRequests())
+	}
+
 	// Past the tenant limit (64 by default), tenants share "_other".
 	for i := range 70 {
 		f.score(&kvindexv1.ScoreRequest{TokenIds: prompt, Tenant: fmt.Sprintf("t%02d", i)})

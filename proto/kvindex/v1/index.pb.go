@@ -1799,9 +1799,20 @@ type WorkerStatus struct {
 	// sets differ but for a chance of about 2^-64. An empty worker's is 0.
 	Digest uint64 `protobuf:"fixed64,48,opt,name=digest,proto3" json:"digest,omitempty"`
 	// has_digest is true when digest was computed.
-	HasDigest     bool `protobuf:"varint,49,opt,name=has_digest,json=hasDigest,proto3" json:"has_digest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HasDigest bool `protobuf:"varint,49,opt,name=has_digest,json=hasDigest,proto3" json:"has_digest,omitempty"`
+	// inflight_requests and inflight_prefill_tokens are what Route sent the
+	// worker and has not seen released or expired.
+	InflightRequests      uint32 `protobuf:"varint,50,opt,name=inflight_requests,json=inflightRequests,proto3" json:"inflight_requests,omitempty"`
+	InflightPrefillTokens uint64 `protobuf:"varint,51,opt,name=inflight_prefill_tokens,json=inflightPrefillTokens,proto3" json:"inflight_prefill_tokens,omitempty"`
+	// scored_prompt_tokens counts the prompt tokens of answered Score and
+	// Route requests that ranked the worker first (Route: chose it), and
+	// predicted_hit_tokens the tokens of those prompts it held: their ratio
+	// is the hit ratio routing predicts for the worker. Both 0 when the
+	// server keeps no metrics.
+	ScoredPromptTokens uint64 `protobuf:"varint,52,opt,name=scored_prompt_tokens,json=scoredPromptTokens,proto3" json:"scored_prompt_tokens,omitempty"`
+	PredictedHitTokens uint64 `protobuf:"varint,53,opt,name=predicted_hit_tokens,json=predictedHitTokens,proto3" json:"predicted_hit_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -2175,6 +2186,34 @@ func (x *WorkerStatus) GetHasDigest() bool {
 		return x.HasDigest
 	}
 	return false
+}
+
+func (x *WorkerStatus) GetInflightRequests() uint32 {
+	if x != nil {
+		return x.InflightRequests
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetInflightPrefillTokens() uint64 {
+	if x != nil {
+		return x.InflightPrefillTokens
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetScoredPromptTokens() uint64 {
+	if x != nil {
+		return x.ScoredPromptTokens
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetPredictedHitTokens() uint64 {
+	if x != nil {
+		return x.PredictedHitTokens
+	}
+	return 0
 }
 
 // MediumCount is a number of blocks resident in one storage medium.
@@ -3497,7 +3536,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adigests\x18\x02 \x01(\bR\adigests\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xf1\r\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xba\x0f\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -3554,7 +3593,11 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\tconflicts\x18/ \x01(\x04R\tconflicts\x12\x16\n" +
 	"\x06digest\x180 \x01(\x06R\x06digest\x12\x1d\n" +
 	"\n" +
-	"has_digest\x181 \x01(\bR\thasDigest\"=\n" +
+	"has_digest\x181 \x01(\bR\thasDigest\x12+\n" +
+	"\x11inflight_requests\x182 \x01(\rR\x10inflightRequests\x126\n" +
+	"\x17inflight_prefill_tokens\x183 \x01(\x04R\x15inflightPrefillTokens\x120\n" +
+	"\x14scored_prompt_tokens\x184 \x01(\x04R\x12scoredPromptTokens\x120\n" +
+	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xde\x01\n" +
