@@ -175,3 +175,47 @@ func TestEngineBlocksAndRemovals(t *testing.T) {
 		t.Fatalf("keyed EngineBlocks: %v, want ErrWorkerKind", err)
 	}
 }
+
+// TestKeyedWorkerObservedAndRecorded: a replica's keyed worker applying a
+// source's deltas is observed (Applied.Delta), records the removals they
+// carry, and dumps the source's keys with its digest.
+func TestKeyedWorkerObservedAndRecorded(t *testing.T) {
+	_, m, ws, prompt := inspectFixture(t, indexer.Config{})
+	src := ws[0]
+	rix := indexer.New(indexer.Config{})
+	if _, err := rix.AddModel("m", 4); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := rix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: "a"}, Model: "m", Keyed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deltas := 0
+	defer rix.AddObserver(func(w *indexer.Worker, a *indexer.Applied) {
+		if a.Delta != nil && w == rep {
+			deltas++
+		}
+	})()
+	var d indexer.Delta
+	if err := src.ApplyBatchDelta(stored([]uint64{1, 2, 3, 4}, 0, prompt, ""), &d); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.ApplyDelta(&d); err != nil {
+		t.Fatal(err)
+	}
+	d.Reset()
+	if err := src.ApplyBatchDelta(&events.Batch{Events: []events.Event{{Kind: events.KindBlockRemoved, BlockHashes: []uint64{4}}}}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.ApplyDelta(&d); err != nil {
+		t.Fatal(err)
+	}
+	keys := m.PromptKeys(prompt, nil, nil)
+	if r, _, ok := rep.FindRemoval(keys[3]); !ok || r.Cause != indexer.CauseRemoved {
+		t.Fatalf("replica's record of block 3: %+v %v", r, ok)
+	}
+	page, total, digest := rep.Resident(0, false, -1)
+	if deltas != 2 || total != 3 || len(page) != 3 || digest != src.Digest() {
+		t.Fatalf("deltas %d, replica %d keys (%d listed), digest %x vs source %x", deltas, total, len(page), digest, src.Digest())
+	}
+}

@@ -69,6 +69,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{
 		WorkerCapacity: cfg.Index.WorkerCapacity,
 		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
+		RemovalHistory: cfg.Index.RemovalHistory,
 	})}
 	for _, m := range cfg.Models {
 		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
@@ -176,6 +177,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
 		MaxCandidates: cfg.Limits.MaxCandidates,
+		MaxWatches:    cfg.Limits.MaxWatches,
+		MaxTenants:    cfg.Limits.MaxTenants,
 		Registerer:    d.registry,
 		Admission: api.AdmissionOptions{
 			Off:           cfg.Limits.AdmissionOff,
