@@ -334,7 +334,8 @@ const (
 	// events); reason says why.
 	WatchEventKind_WATCH_EVENT_KIND_RESET WatchEventKind = 4
 	// WATCH_EVENT_KIND_DELTA: a fleet replica's worker applied an agent's
-	// delta or snapshot (blocks counts its stored and removed keys).
+	// delta (blocks counts its stored and removed keys). Snapshots a replica
+	// restores are not streamed.
 	WatchEventKind_WATCH_EVENT_KIND_DELTA WatchEventKind = 5
 )
 
