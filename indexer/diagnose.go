@@ -262,6 +262,16 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 		add(ReasonBlockSize, time.Time{}, "%d of the worker's events carried block_size %d, not the model's %d, and were not indexed", st.BlockSizeMismatches, st.LastBadBlockSize, w.model.BlockSize)
 	}
 	healthFinding()
+	if q.Extras != nil && q.Extras.LoRAName != "" && !w.info.Keyed {
+		loras, over := w.LoRAs()
+		known := false
+		for _, l := range loras {
+			known = known || l == q.Extras.LoRAName
+		}
+		if !known && !over {
+			add(ReasonUnknownLoRA, time.Time{}, "the worker never stored a block under LoRA adapter %q (it stored under: %s)", q.Extras.LoRAName, orNone(strings.Join(loras, ", ")))
+		}
+	}
 	if !explained {
 		at, what := st.LastResetAt, "reset ("+orNone(st.LastReset)+")"
 		if st.LastClearAt.After(at) {
@@ -269,16 +279,6 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 		}
 		if !at.IsZero() {
 			add(ReasonReset, at, "the worker was last %s at %s: blocks stored before then are gone", what, at.UTC().Format(time.RFC3339Nano))
-		}
-		if q.Extras != nil && q.Extras.LoRAName != "" {
-			loras, over := w.LoRAs()
-			known := false
-			for _, l := range loras {
-				known = known || l == q.Extras.LoRAName
-			}
-			if !known && !over {
-				add(ReasonUnknownLoRA, time.Time{}, "the worker never stored a block under LoRA adapter %q (it stored under: %s)", q.Extras.LoRAName, orNone(strings.Join(loras, ", ")))
-			}
 		}
 		if st.Orphans > 0 {
 			add(ReasonOrphans, time.Time{}, "%d of the worker's blocks were stored under parents it never announced (lost events) and match no prompt", st.Orphans)

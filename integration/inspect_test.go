@@ -419,3 +419,49 @@ func waitWatchers(t *testing.T, f *fleet, n int) {
 	t.Helper()
 	f.waitFor(func() bool { return f.d.Index().NumObservers() == n }, "watch streams to register")
 }
+
+// TestDiagnoseMoreReasons: an adapter the worker never used, extra keys
+// the engine did not hash, blocks kvindex evicted for a worker's
+// capacity, and orphaned blocks.
+func TestDiagnoseMoreReasons(t *testing.T) {
+	f := startFleet(t, podSpec{name: "c", capacity: 4}, podSpec{name: "x"}, podSpec{name: "r"})
+	var ec, ex, er engine
+	prompt := tokens("more reasons", 6*blockSize)
+
+	// c's capacity is 4 blocks: storing 6 evicts the 2 stored least recently.
+	ev, _ := ec.store(0, prompt[:2*blockSize])
+	f.publish("c", 0, ev)
+	ev2, _ := ec.store(0, tokens("later", 4*blockSize))
+	f.publish("c", 0, ev2)
+	d := f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt, Worker: ref("c")})
+	if x := reasons(d); d.GetMatchedBlocks() != 0 || x[0] != kvindexv1.DiagnoseReason_DIAGNOSE_REASON_EVICTED_BY_INDEX {
+		t.Fatalf("evicted: %v", d)
+	}
+	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_EVICTED_BY_INDEX); !strings.Contains(x.GetDetail(), "evicted for capacity") || x.GetEventTime() == nil {
+		t.Fatalf("evicted finding: %v", x)
+	}
+
+	// x stored the prompt plainly; the request sends extra keys (a
+	// multimodal identifier on block 1) and an adapter x never used.
+	ev, _ = ex.store(0, prompt)
+	f.publish("x", 0, ev)
+	extra := []*kvindexv1.ExtraKeys{{}, {Values: []*kvindexv1.ExtraValue{{Kind: &kvindexv1.ExtraValue_Str{Str: "img-1"}}}}}
+	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt, BlockExtraKeys: extra, Worker: ref("x")})
+	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_EXTRA_KEYS_DIFFER); d.GetMatchedBlocks() != 1 || !strings.Contains(x.GetDetail(), "holds 6 blocks") {
+		t.Fatalf("extra keys: %v", d)
+	}
+	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt, LoraName: "chat", Worker: ref("x")})
+	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_UNKNOWN_LORA); !strings.Contains(x.GetDetail(), `"chat"`) {
+		t.Fatalf("unknown lora: %v", x)
+	}
+	finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_LORA_DIFFERS) // without the adapter, x holds it all
+
+	// r stored the prompt's second half under a parent it never announced.
+	ev, _ = er.store(0, prompt[3*blockSize:])
+	ev.ParentHash, ev.HasParent = 12345, true
+	f.publish("r", 0, ev)
+	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt, Worker: ref("r")})
+	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_ORPHANS); !strings.Contains(x.GetDetail(), "3 of the worker's blocks") {
+		t.Fatalf("orphans: %v", x)
+	}
+}
