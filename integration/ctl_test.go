@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/ctl"
 	"github.com/kvindex/kvindex/internal/daemon"
@@ -199,3 +203,49 @@ func squashSpaces(s string) string {
 	}
 	return strings.Join(ls, "\n")
 }
+
+// TestKvindexctlDiffReplicaAndAgent: in fleet mode, kvindexctl diff
+// compares a replica with the agent it follows (the agent's index served
+// by agent.grpc_listen): equal worker by worker once converged; the
+// agent's index refuses routing.
+func TestKvindexctlDiffReplicaAndAgent(t *testing.T) {
+	rig := startFleetRig(t, 1, podSpec{name: "p0", dpSize: 2})
+	w := newWorkload(rig, 3)
+	for range 60 {
+		w.step()
+	}
+	rig.waitConverged(10 * time.Second)
+	agentAddr, stop, err := rig.agents["p0"].a.ServeIndex("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	replicaAddr := rig.replicas[0].d.GRPCAddr()
+	var out bytes.Buffer
+	cfg := ctl.Config{Addr: replicaAddr, Timeout: 5 * time.Second, JSON: true, Out: &out}
+	if err := ctl.Diff(context.Background(), cfg, ctl.DiffArgs{Other: agentAddr}); err != nil {
+		t.Fatal(err)
+	}
+	var res ctl.DiffResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Workers) != 2 {
+		t.Fatalf("diff: %s", out.String())
+	}
+	for _, wd := range res.Workers {
+		if wd.State != "equal" || wd.DigestA == hexZero {
+			t.Errorf("replica vs agent, %s: %+v", wd.Worker, wd)
+		}
+	}
+	c, err := api.Dial(context.Background(), agentAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Route(context.Background(), &kvindexv1.RouteRequest{RequestId: "r", Score: &kvindexv1.ScoreRequest{Model: model, TokenIds: tokens("x", blockSize)}}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Route at the agent: %v, want PermissionDenied", err)
+	}
+}
+
+const hexZero = "0000000000000000"

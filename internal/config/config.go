@@ -89,6 +89,13 @@ type Agent struct {
 	// CheckpointInterval is how often the checkpoint is written (default
 	// 10s).
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval,omitempty"`
+	// GRPCListen, when set, serves the agent's own index over gRPC for
+	// inspection (ListWorkers, Lookup, Dump, Diagnose, Watch, Score; Route
+	// and Release are refused), so that kvindexctl diff can compare a
+	// replica with the agent it follows. Plaintext and without tokens:
+	// bind it to the pod's loopback (127.0.0.1:50052) and reach it with
+	// kubectl port-forward. "" (the default) serves nothing.
+	GRPCListen string `yaml:"grpc_listen,omitempty"`
 }
 
 // TLS configures transport security. The files are re-read when they
