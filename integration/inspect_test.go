@@ -465,3 +465,44 @@ func TestDiagnoseMoreReasons(t *testing.T) {
 		t.Fatalf("orphans: %v", x)
 	}
 }
+
+// TestDiagnoseLostEvents: events lost beyond replay, under each gap
+// policy: keep leaves the worker UNSYNCED (and the blocks after the loss
+// orphaned); reset clears it, and the orphans after it make it DEGRADED.
+func TestDiagnoseLostEvents(t *testing.T) {
+	for _, policy := range []string{"keep", "reset"} {
+		t.Run(policy, func(t *testing.T) {
+			f := newFleet(t, fleetOptions{configure: func(c *config.Config) { c.Events.GapPolicy = policy }}, podSpec{name: "a", replayFrames: 4})
+			f.start()
+			f.waitIdle("a", 0)
+			var eng engine
+			prompt := tokens("lost", 8*blockSize)
+			ev1, h1 := eng.store(0, prompt[:3*blockSize])
+			ev2, h2 := eng.store(h1[2], prompt[3*blockSize:6*blockSize])
+			ev3, _ := eng.store(h2[2], prompt[6*blockSize:])
+			f.publish("a", 0, ev1)
+			lost := f.lose("a", 0, ev2)
+			f.pods["a"].pubs[0].ForgetReplay(lost + 1)
+			f.publish("a", 0, ev3)
+			d := f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt, Worker: ref("a")})
+			finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_ORPHANS)
+			switch policy {
+			case "keep":
+				if d.GetMatchedBlocks() != 3 || d.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED {
+					t.Fatalf("keep: %v", d)
+				}
+				finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_WORKER_UNSYNCED)
+			case "reset":
+				if d.GetMatchedBlocks() != 0 || d.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED {
+					t.Fatalf("reset: %v", d)
+				}
+				if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_WORKER_RESET); !strings.Contains(x.GetDetail(), "lost batches 1..1") {
+					t.Fatalf("reset finding: %v", x)
+				}
+				if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_WORKER_UNHEALTHY); !strings.Contains(x.GetDetail(), "DEGRADED") {
+					t.Fatalf("unhealthy finding: %v", x)
+				}
+			}
+		})
+	}
+}
