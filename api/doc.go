@@ -14,6 +14,14 @@
 // engine's. The call then waits for that round trip on a cache miss,
 // inside the admission control's bounds like any Score.
 //
+// The operator's calls (Lookup, Dump, Diagnose, Watch; inspect.go) sit
+// beside the router's: each is bounded (holder entries, page size, queue
+// and stream count), read-only, and off the Score path. Their logic lives
+// in indexer (Index.Lookup, Worker.Resident, Index.Diagnose, observers);
+// the server validates, converts and streams. A Watch never makes the
+// index wait: its observer drops and counts what a slow reader cannot
+// take.
+//
 // # Serving fast
 //
 // Build the grpc.Server with Server.GRPCOptions. They install Codec, which

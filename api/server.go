@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -75,6 +76,13 @@ type Options struct {
 	// MaxConcurrentStreams bounds each connection's concurrent calls
 	// (HTTP/2 SETTINGS); 0 means 256.
 	MaxConcurrentStreams uint32
+	// MaxWatches bounds the concurrent Watch streams; 0 means
+	// DefaultMaxWatches. Past it a Watch is refused ResourceExhausted.
+	MaxWatches int
+	// MaxTenants bounds the distinct tenant labels of the predicted
+	// hit-ratio metrics (ScoreRequest.tenant); later tenants share the
+	// label "_other". 0 means DefaultMaxTenants.
+	MaxTenants int
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -96,13 +104,16 @@ type Server struct {
 	ix      *indexer.Index
 	stats   events.StatsSource // may be nil
 	opts    Options
-	metrics *metrics // nil without Options.Registerer
+	metrics *metrics    // nil without Options.Registerer
+	hits    *hitMetrics // nil without Options.Registerer
 	health  *health.Server
 	scorer  *scoring.Scorer
 	scratch sync.Pool // *scoreScratch
 	codec   *Codec
 	// admission is nil when Options.Admission.Off.
 	admission *admission
+	// watches counts the Watch streams open.
+	watches atomic.Int64
 }
 
 // NewServer returns a Server over ix. stats may be nil, in which case
@@ -137,6 +148,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	}
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
+		s.hits = newHitMetrics(opts.Registerer, opts.MaxTenants)
 	}
 	if !opts.Admission.Off {
 		s.admission = newAdmission(opts.Admission, nil)
@@ -212,6 +224,11 @@ func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvind
 		return nil, err
 	}
 	resp := s.buildScoreResponse(sc, req)
+	var first *scoring.Candidate
+	if len(sc.res.Ranked) > 0 {
+		first = &sc.res.Ranked[0]
+	}
+	s.hits.observe(sc.res.Model, first, sc.res.Prompt.Tokens, req.GetTenant())
 	s.putScratch(sc)
 	s.metrics.observe(start, nil)
 	return resp, nil
@@ -350,6 +367,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 		return nil, scoringStatus(err)
 	}
 	resp := s.buildScoreResponse(sc, req.GetScore())
+	s.hits.observe(sc.res.Model, &sc.res.Ranked[chosen], sc.res.Prompt.Tokens, req.GetScore().GetTenant())
 	return &kvindexv1.RouteResponse{Chosen: resp.Workers[chosen].GetWorker(), Ranking: resp}, nil
 }
 
@@ -364,6 +382,9 @@ func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*k
 	}
 	return &kvindexv1.ReleaseResponse{Released: released}, nil
 }
+
+// MaxTenantBytes bounds ScoreRequest.tenant: tenants are metric labels.
+const MaxTenantBytes = 128
 
 // MaxRequestIDBytes bounds Route's and Release's request_id: ids are kept
 // for every request in flight.
@@ -417,6 +438,9 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		return nil, status.Errorf(codes.InvalidArgument, "token_ids: %d tokens exceed the limit of %d", nTok, s.opts.MaxTokens)
 	case nKeys > s.opts.MaxBlockKeys:
 		return nil, status.Errorf(codes.InvalidArgument, "block_keys: %d keys exceed the limit of %d", nKeys, s.opts.MaxBlockKeys)
+	}
+	if n := len(req.GetTenant()); n > MaxTenantBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "tenant: %d bytes exceed the limit of %d", n, MaxTenantBytes)
 	}
 	if n := len(req.GetWorkers()); n > s.opts.MaxCandidates {
 		return nil, status.Errorf(codes.InvalidArgument, "workers: %d candidates exceed the limit of %d", n, s.opts.MaxCandidates)
@@ -670,6 +694,10 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 		if req.GetDigests() {
 			ws.Digest, ws.HasDigest = w.Digest(), true
 		}
+		if t := s.scorer.Tracker(); t != nil {
+			ws.InflightRequests, ws.InflightPrefillTokens = t.Load(w.ID(), w.Gen())
+		}
+		ws.ScoredPromptTokens, ws.PredictedHitTokens = s.hits.workerCounts(w.ID(), w.Gen())
 		byRef[info.Ref] = ws
 		refs = append(refs, info.Ref)
 	}

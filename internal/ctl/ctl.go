@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -62,9 +63,15 @@ type CallError struct {
 	err    error
 }
 
-// Error renders "score at host:port: InvalidArgument: model: required".
+// Error renders "score at host:port: InvalidArgument: model: required",
+// followed, for a refusal or an unreachable server, by what to do about it
+// ("Unavailable: ... (the server cannot be reached: check --addr, ...)").
 func (e *CallError) Error() string {
-	return fmt.Sprintf("%s at %s: %s: %s", e.Call, e.Addr, e.Status.Code(), e.Status.Message())
+	msg := fmt.Sprintf("%s at %s: %s: %s", e.Call, e.Addr, e.Status.Code(), e.Status.Message())
+	if h := hint(e.Status.Code()); h != "" {
+		msg += " (" + h + ")"
+	}
+	return msg
 }
 
 // Unwrap returns the client's error.
@@ -75,11 +82,35 @@ func (e *CallError) GRPCStatus() *status.Status { return e.Status }
 
 // callError wraps a failed call of the client.
 func callError(call, addr string, err error) error {
-	st, ok := api.ServerStatus(err)
-	if !ok {
-		st = status.Convert(err)
+	var ce *CallError
+	if errors.As(err, &ce) {
+		return err // already named
 	}
-	return &CallError{Call: call, Addr: addr, Status: st, err: err}
+	return &CallError{Call: call, Addr: addr, Status: statusOf(err), err: err}
+}
+
+// writeJSONValue prints v (not a protobuf message) as indented JSON.
+func writeJSONValue(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("render JSON: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+// writeJSONLine prints v as one line of JSON.
+func writeJSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("render JSON: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
 }
 
 // withClient dials cfg.Addr, runs f under cfg.Timeout, and closes the client.

@@ -76,6 +76,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{
 		WorkerCapacity: cfg.Index.WorkerCapacity,
 		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
+		RemovalHistory: cfg.Index.RemovalHistory,
 	})}
 	for _, m := range cfg.Models {
 		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
@@ -164,6 +165,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	d.scraper = scrape.New(targets, loads, cfg.Scoring.ScrapeInterval, log)
+	d.registry.MustRegister(d.scraper) // the engines' own prefix-cache counters
 	d.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
 			func() float64 { return float64(d.tracker.InFlight()) }),
@@ -191,6 +193,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
 		MaxCandidates: cfg.Limits.MaxCandidates,
+		MaxWatches:    cfg.Limits.MaxWatches,
+		MaxTenants:    cfg.Limits.MaxTenants,
 		Registerer:    d.registry,
 		Admission: api.AdmissionOptions{
 			Off:           cfg.Limits.AdmissionOff,
