@@ -50,12 +50,19 @@ type prompt struct {
 
 // promptOf validates the prompt fields that Lookup and Diagnose share
 // with Score, with Score's limits and messages.
-func (s *Server) promptOf(model string, tokens []uint32, keys []uint64, lora, salt string, bx []*kvindexv1.ExtraKeys) (*prompt, error) {
-	// Score's checks, on a request built from the same fields (no copy of
-	// the slices).
-	m, err := s.checkScoreRequest(&kvindexv1.ScoreRequest{Model: model, TokenIds: tokens, BlockKeys: keys, LoraName: lora, CacheSalt: salt, BlockExtraKeys: bx})
+func (s *Server) promptOf(ctx context.Context, req *kvindexv1.ScoreRequest) (*prompt, error) {
+	m, err := s.checkScoreRequest(req)
 	if err != nil {
 		return nil, err
+	}
+	tokens, keys, lora, salt, bx := req.GetTokenIds(), req.GetBlockKeys(), req.GetLoraName(), req.GetCacheSalt(), req.GetBlockExtraKeys()
+	if req.GetPrompt() != "" || len(req.GetMessages()) > 0 {
+		if tokens, err = s.tokenize(ctx, req); err != nil {
+			return nil, err
+		}
+		if err := s.checkTokens(req, m, len(tokens)); err != nil {
+			return nil, err
+		}
 	}
 	p := &prompt{model: m, tokens: tokens}
 	if len(keys) > 0 {
@@ -148,7 +155,10 @@ func mediaNames(mask uint8) []string {
 // indexer.Index.Lookup (O(blocks + holders)), allocations per run and
 // holder; an operator's call.
 func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvindexv1.LookupResponse, error) {
-	p, err := s.promptOf(req.GetModel(), req.GetTokenIds(), req.GetBlockKeys(), req.GetLoraName(), req.GetCacheSalt(), req.GetBlockExtraKeys())
+	// Score's checks and tokenizing, on a request built from the same
+	// fields (no copy of the slices).
+	p, err := s.promptOf(ctx, &kvindexv1.ScoreRequest{Model: req.GetModel(), TokenIds: req.GetTokenIds(), BlockKeys: req.GetBlockKeys(),
+		LoraName: req.GetLoraName(), CacheSalt: req.GetCacheSalt(), BlockExtraKeys: req.GetBlockExtraKeys(), Prompt: req.GetPrompt(), Messages: req.GetMessages()})
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +269,8 @@ const MaxEngineHashes = DefaultMaxBlockKeys
 // Diagnose implements kvindexv1.IndexServiceServer: why the worker misses
 // the prompt (indexer.Index.Diagnose, with the worker's stream health).
 func (s *Server) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest) (*kvindexv1.DiagnoseResponse, error) {
-	p, err := s.promptOf(req.GetModel(), req.GetTokenIds(), req.GetBlockKeys(), req.GetLoraName(), req.GetCacheSalt(), req.GetBlockExtraKeys())
+	p, err := s.promptOf(ctx, &kvindexv1.ScoreRequest{Model: req.GetModel(), TokenIds: req.GetTokenIds(), BlockKeys: req.GetBlockKeys(),
+		LoraName: req.GetLoraName(), CacheSalt: req.GetCacheSalt(), BlockExtraKeys: req.GetBlockExtraKeys(), Prompt: req.GetPrompt(), Messages: req.GetMessages()})
 	if err != nil {
 		return nil, err
 	}
@@ -269,8 +280,8 @@ func (s *Server) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest) (
 	}
 	if n := len(req.GetEngineBlockHashes()); n > 0 {
 		switch {
-		case len(req.GetTokenIds()) == 0:
-			return nil, status.Error(codes.InvalidArgument, "engine_block_hashes: needs token_ids (the parity check keys the prompt's tokens)")
+		case len(p.tokens) == 0:
+			return nil, status.Error(codes.InvalidArgument, "engine_block_hashes: needs token_ids, prompt or messages (the parity check keys the prompt's tokens)")
 		case n > MaxEngineHashes:
 			return nil, status.Errorf(codes.InvalidArgument, "engine_block_hashes: %d hashes exceed the limit of %d", n, MaxEngineHashes)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/indexer"
@@ -123,5 +124,43 @@ func TestScoreTextErrors(t *testing.T) {
 	_, err = down.client.Score(ctx, &kvindexv1.ScoreRequest{Model: "m", Prompt: "hi"})
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), dead+"/tokenize") {
 		t.Errorf("dead tokenizer: %v, want Unavailable naming %s", err, dead)
+	}
+}
+
+// TestLookupAndDiagnoseText: Lookup and Diagnose take a prompt as text or
+// as a chat as Score does, tokenized through the model's server, and
+// answer as they do for its token ids; the parity check uses those ids.
+func TestLookupAndDiagnoseText(t *testing.T) {
+	text := words(4, 100)
+	chat := []tokenize.Message{{Role: "user", Content: words(5, 60)}}
+	f, _ := textFixture(t, text, chat)
+	ctx := context.Background()
+	toks := standin.Tokens(text, true)
+	byText, err := f.client.Lookup(ctx, &kvindexv1.LookupRequest{Model: "m", Prompt: text})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIDs, err := f.client.Lookup(ctx, &kvindexv1.LookupRequest{Model: "m", TokenIds: toks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint32(len(toks) / blockSize)
+	if !proto.Equal(byText, byIDs) || byText.GetPromptBlocks() != want || byText.GetIndexedBlocks() != want {
+		t.Fatalf("lookup by text %v, by ids %v, want %d blocks indexed", byText, byIDs, want)
+	}
+	d, err := f.client.Diagnose(ctx, &kvindexv1.DiagnoseRequest{Model: "m", Messages: []*kvindexv1.ChatMessage{{Role: "user", Content: chat[0].Content}},
+		Worker: &kvindexv1.WorkerRef{Pod: "pod-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.GetMatchedBlocks() != 0 || d.GetPromptBlocks() != uint32(len(standin.Chat(chat, true))/blockSize) || len(d.GetFindings()) == 0 {
+		t.Fatalf("diagnose of pod-b (holds nothing) by chat: %v", d)
+	}
+	// The parity check needs token ids, which a text prompt now gives.
+	if _, err := f.client.Diagnose(ctx, &kvindexv1.DiagnoseRequest{Model: "m", Prompt: text, Worker: &kvindexv1.WorkerRef{Pod: "pod-a"}, EngineBlockHashes: []uint64{1000}}); err != nil {
+		t.Fatalf("parity check with a text prompt: %v", err)
+	}
+	if _, err := f.client.Lookup(ctx, &kvindexv1.LookupRequest{Model: "m", Prompt: text, TokenIds: toks}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("prompt and token_ids together: %v, want InvalidArgument", err)
 	}
 }

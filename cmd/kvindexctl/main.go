@@ -153,6 +153,8 @@ func promptFlags(cmd *cobra.Command, a *ctl.PromptArgs) {
 	f.StringVar(&a.Model, "model", "", "served model name (required)")
 	f.StringVar(&a.Tokens, "tokens", "", "prompt token ids, comma or space separated")
 	f.StringVar(&a.TokensFile, "tokens-file", "", "file of token ids (separated, or a JSON array); - for stdin")
+	f.StringVar(&a.Prompt, "prompt", "", "the prompt as text, tokenized by the server through the model's vLLM server")
+	f.StringVar(&a.MessagesFile, "messages-file", "", "file of a chat as a JSON array of {role, content} (an OpenAI messages list), tokenized by the server; - for stdin")
 	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
 	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
 	_ = cmd.MarkFlagRequired("model")

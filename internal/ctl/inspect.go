@@ -26,26 +26,26 @@ type PromptArgs struct {
 	Tokens string
 	// TokensFile is a file of tokens, "-" for stdin (see ReadTokensFile).
 	TokensFile string
+	// Prompt and MessagesFile give the prompt as text or as a chat (see
+	// ScoreArgs), which the server tokenizes through the model's vLLM
+	// server.
+	Prompt, MessagesFile string
 	// LoRA and CacheSalt are the request's adapter and salt.
 	LoRA, CacheSalt string
 }
 
-// tokens reads the prompt's tokens.
-func (a PromptArgs) tokens(stdin io.Reader) ([]uint32, error) {
-	req, err := ScoreArgs{Model: a.Model, Tokens: a.Tokens, TokensFile: a.TokensFile}.Request(stdin)
-	if err != nil {
-		return nil, err
-	}
-	return req.GetTokenIds(), nil
+// prompt reads the prompt: its token ids, or its text or chat.
+func (a PromptArgs) prompt(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
+	return ScoreArgs{Model: a.Model, Tokens: a.Tokens, TokensFile: a.TokensFile, Prompt: a.Prompt, MessagesFile: a.MessagesFile}.Request(stdin)
 }
 
 // Lookup prints which workers hold each block of a prompt.
 func Lookup(ctx context.Context, cfg Config, args PromptArgs) error {
-	toks, err := args.tokens(cfg.Stdin)
+	p, err := args.prompt(cfg.Stdin)
 	if err != nil {
 		return err
 	}
-	req := &kvindexv1.LookupRequest{Model: args.Model, TokenIds: toks, LoraName: args.LoRA, CacheSalt: args.CacheSalt}
+	req := &kvindexv1.LookupRequest{Model: args.Model, TokenIds: p.GetTokenIds(), Prompt: p.GetPrompt(), Messages: p.GetMessages(), LoraName: args.LoRA, CacheSalt: args.CacheSalt}
 	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
 		resp, err := c.Lookup(ctx, req)
 		if err != nil {
@@ -466,7 +466,7 @@ func ParseHashes(s string) ([]uint64, error) {
 
 // Diagnose prints why a worker misses a prompt.
 func Diagnose(ctx context.Context, cfg Config, args DiagnoseArgs) error {
-	toks, err := args.tokens(cfg.Stdin)
+	p, err := args.prompt(cfg.Stdin)
 	if err != nil {
 		return err
 	}
@@ -474,7 +474,8 @@ func Diagnose(ctx context.Context, cfg Config, args DiagnoseArgs) error {
 	if err != nil {
 		return fmt.Errorf("--worker: %w", err)
 	}
-	req := &kvindexv1.DiagnoseRequest{Model: args.Model, TokenIds: toks, LoraName: args.LoRA, CacheSalt: args.CacheSalt, Worker: ref}
+	req := &kvindexv1.DiagnoseRequest{Model: args.Model, TokenIds: p.GetTokenIds(), Prompt: p.GetPrompt(), Messages: p.GetMessages(),
+		LoraName: args.LoRA, CacheSalt: args.CacheSalt, Worker: ref}
 	if args.EngineHashes != "" {
 		if req.EngineBlockHashes, err = ParseHashes(args.EngineHashes); err != nil {
 			return fmt.Errorf("--engine-hashes: %w", err)

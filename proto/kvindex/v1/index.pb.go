@@ -2368,8 +2368,13 @@ type LookupRequest struct {
 	LoraName       string       `protobuf:"bytes,4,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
 	CacheSalt      string       `protobuf:"bytes,5,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
 	BlockExtraKeys []*ExtraKeys `protobuf:"bytes,6,rep,name=block_extra_keys,json=blockExtraKeys,proto3" json:"block_extra_keys,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// prompt and messages give the prompt as text or as a chat instead, as
+	// in ScoreRequest: the server tokenizes them through the model's vLLM
+	// server.
+	Prompt        string         `protobuf:"bytes,7,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Messages      []*ChatMessage `protobuf:"bytes,8,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupRequest) Reset() {
@@ -2440,6 +2445,20 @@ func (x *LookupRequest) GetCacheSalt() string {
 func (x *LookupRequest) GetBlockExtraKeys() []*ExtraKeys {
 	if x != nil {
 		return x.BlockExtraKeys
+	}
+	return nil
+}
+
+func (x *LookupRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
 	}
 	return nil
 }
@@ -2909,8 +2928,13 @@ type DiagnoseRequest struct {
 	// BlockStored events carry them; Diagnose then checks parity between
 	// kvindex's keys and the engine's blocks (DiagnoseResponse.parity).
 	EngineBlockHashes []uint64 `protobuf:"varint,8,rep,packed,name=engine_block_hashes,json=engineBlockHashes,proto3" json:"engine_block_hashes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// prompt and messages give the prompt as text or as a chat instead of
+	// token_ids, as in ScoreRequest (tokenized through the model's vLLM
+	// server; the parity check then uses those token ids).
+	Prompt        string         `protobuf:"bytes,9,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Messages      []*ChatMessage `protobuf:"bytes,10,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DiagnoseRequest) Reset() {
@@ -2995,6 +3019,20 @@ func (x *DiagnoseRequest) GetWorker() *WorkerRef {
 func (x *DiagnoseRequest) GetEngineBlockHashes() []uint64 {
 	if x != nil {
 		return x.EngineBlockHashes
+	}
+	return nil
+}
+
+func (x *DiagnoseRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *DiagnoseRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
 	}
 	return nil
 }
@@ -3688,7 +3726,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xde\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xab\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -3697,7 +3735,9 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x1d\n" +
 	"\n" +
 	"cache_salt\x18\x05 \x01(\tR\tcacheSalt\x12?\n" +
-	"\x10block_extra_keys\x18\x06 \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\"\xd7\x01\n" +
+	"\x10block_extra_keys\x18\x06 \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\x12\x16\n" +
+	"\x06prompt\x18\a \x01(\tR\x06prompt\x123\n" +
+	"\bmessages\x18\b \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\"\xd7\x01\n" +
 	"\x0eLookupResponse\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x12#\n" +
@@ -3730,7 +3770,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05keyed\x18\a \x01(\bR\x05keyed\"7\n" +
 	"\rResidentBlock\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x06R\x03key\x12\x14\n" +
-	"\x05media\x18\x02 \x03(\tR\x05media\"\xbf\x02\n" +
+	"\x05media\x18\x02 \x03(\tR\x05media\"\x8c\x03\n" +
 	"\x0fDiagnoseRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -3741,7 +3781,10 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"cache_salt\x18\x05 \x01(\tR\tcacheSalt\x12?\n" +
 	"\x10block_extra_keys\x18\x06 \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\x12-\n" +
 	"\x06worker\x18\a \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12.\n" +
-	"\x13engine_block_hashes\x18\b \x03(\x04R\x11engineBlockHashes\"\x98\x01\n" +
+	"\x13engine_block_hashes\x18\b \x03(\x04R\x11engineBlockHashes\x12\x16\n" +
+	"\x06prompt\x18\t \x01(\tR\x06prompt\x123\n" +
+	"\bmessages\x18\n" +
+	" \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\"\x98\x01\n" +
 	"\x0fDiagnoseFinding\x122\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x1a.kvindex.v1.DiagnoseReasonR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x129\n" +
@@ -3919,48 +3962,50 @@ var file_kvindex_v1_index_proto_depIdxs = []int32{
 	0,  // 21: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
 	36, // 22: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
 	13, // 23: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	25, // 24: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
-	26, // 25: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
-	8,  // 26: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
-	0,  // 27: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
-	8,  // 28: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
-	8,  // 29: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
-	29, // 30: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
-	13, // 31: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	8,  // 32: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
-	1,  // 33: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
-	36, // 34: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
-	8,  // 35: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
-	31, // 36: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
-	0,  // 37: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
-	33, // 38: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
-	2,  // 39: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
-	8,  // 40: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
-	3,  // 41: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
-	8,  // 42: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
-	36, // 43: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
-	3,  // 44: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
-	9,  // 45: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	19, // 46: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	4,  // 47: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
-	6,  // 48: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
-	23, // 49: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	27, // 50: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
-	30, // 51: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
-	34, // 52: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	15, // 53: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	20, // 54: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	5,  // 55: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
-	7,  // 56: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
-	24, // 57: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	28, // 58: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
-	32, // 59: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
-	35, // 60: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	53, // [53:61] is the sub-list for method output_type
-	45, // [45:53] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	10, // 24: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
+	25, // 25: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
+	26, // 26: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
+	8,  // 27: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
+	0,  // 28: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
+	8,  // 29: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
+	8,  // 30: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
+	29, // 31: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
+	13, // 32: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	8,  // 33: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
+	10, // 34: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
+	1,  // 35: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
+	36, // 36: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
+	8,  // 37: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
+	31, // 38: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
+	0,  // 39: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
+	33, // 40: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
+	2,  // 41: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
+	8,  // 42: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
+	3,  // 43: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
+	8,  // 44: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
+	36, // 45: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
+	3,  // 46: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
+	9,  // 47: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	19, // 48: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	4,  // 49: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	6,  // 50: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	23, // 51: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	27, // 52: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
+	30, // 53: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
+	34, // 54: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	15, // 55: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	20, // 56: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	5,  // 57: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	7,  // 58: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	24, // 59: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	28, // 60: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
+	32, // 61: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
+	35, // 62: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	55, // [55:63] is the sub-list for method output_type
+	47, // [47:55] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
