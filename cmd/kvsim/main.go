@@ -30,6 +30,7 @@ import (
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
+	"github.com/kvindex/kvindex/internal/sim/workload"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -73,7 +74,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&rc.Workload.Prefixes.Prefixes, "prefixes", 0, "prefixes: distinct shared prefixes (default 40)")
 	fs.IntVar(&rc.Workload.Prefixes.PrefixTokens, "prefix-tokens", 0, "prefixes: shared prefix length (default 2048)")
 	fs.IntVar(&rc.Workload.Prefixes.SuffixTokens, "suffix-tokens", 0, "prefixes: unique suffix length (default 256)")
-	fs.Float64Var(&f.zipf, "zipf", 0, "prefixes: Zipf exponent of prefix popularity (default 1.1)")
+	fs.Float64Var(&f.zipf, "zipf", workload.DefaultZipfS, "prefixes: Zipf exponent of prefix popularity (0: uniform)")
 	fs.Float64Var(&f.prefixesQPS, "qps", 0, "prefixes: Poisson arrival rate (default 20)")
 	fs.IntVar(&rc.Workload.Tenants.Tenants, "tenants", 0, "tenants: number of tenants (default 150)")
 	fs.IntVar(&rc.Workload.Tenants.ContextTokens, "context-tokens", 0, "tenants: shared context per tenant (default 6000)")
@@ -134,7 +135,11 @@ func (f *flags) config() (sim.RunConfig, error) {
 	default:
 		return rc, fmt.Errorf("--wire %q: want map or array", f.wire)
 	}
-	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.QPS = f.zipf, f.prefixesQPS
+	if f.zipf < 0 {
+		return rc, fmt.Errorf("--zipf %v: want an exponent >= 0 (0: uniform)", f.zipf)
+	}
+	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.Uniform = f.zipf, f.zipf == 0
+	rc.Workload.Prefixes.QPS = f.prefixesQPS
 	rc.Workload.Tenants.StartQPS, rc.Workload.Tenants.EndQPS = f.startQPS, f.endQPS
 	rc.Workload.Prefixes.OutputTokens, rc.Workload.Tenants.OutputTokens = f.outputTokens, f.outputTokens
 	rc.Options.Seed = rc.Workload.Seed

@@ -82,14 +82,36 @@ func WriteSweepTable(w io.Writer, points []SweepPoint) error {
 		fmt.Fprintf(tw, "%s\t", r.Router)
 	}
 	fmt.Fprintln(tw)
+	rejected := false
 	for _, p := range points {
 		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
 		for i := range p.Results {
-			fmt.Fprintf(tw, "%s\t", pct(p.Results[i].TokenHitRate()))
+			fmt.Fprintf(tw, "%s\t", sweepCell(&p.Results[i]))
+			rejected = rejected || p.Results[i].Rejected > 0
 		}
 		fmt.Fprintln(tw)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rejected {
+		_, err := fmt.Fprintln(w, "(n rej): n requests could never fit an engine's cache and were rejected; the hit rate is over the rest; \"all rejected\": none ran")
+		return err
+	}
+	return nil
+}
+
+// sweepCell is one sweep table cell: the token hit rate, and the requests
+// rejected when any were (a run where every request was rejected has no
+// hit rate, not 0%).
+func sweepCell(r *metrics.Result) string {
+	switch {
+	case r.Rejected == 0:
+		return pct(r.TokenHitRate())
+	case r.Scheduled == 0:
+		return fmt.Sprintf("all rejected (%d)", r.Rejected)
+	}
+	return fmt.Sprintf("%s (%d rej)", pct(r.TokenHitRate()), r.Rejected)
 }
 
 // WriteCSV writes results.csv (one row per router) into dir.

@@ -4,6 +4,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,38 @@ func TestPrefixesDistribution(t *testing.T) {
 	// Suffixes are unique, prefixes shared.
 	if w.Requests[0].Prompt[1].ID == w.Requests[1].Prompt[1].ID {
 		t.Error("two requests share a suffix")
+	}
+}
+
+func TestPrefixesUniform(t *testing.T) {
+	w, err := Prefixes(PrefixesConfig{Requests: 20000, Prefixes: 10, Uniform: true, QPS: 50, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, r := range w.Requests {
+		counts[r.Group]++
+	}
+	for k := range 10 {
+		g := "prefix-" + strconv.Itoa(k)
+		if got := float64(counts[g]) / 20000; math.Abs(got-0.1) > 0.01 {
+			t.Errorf("uniform popularity: %s drawn %.4f of the time, want 0.1000", g, got)
+		}
+	}
+	if _, err := Prefixes(PrefixesConfig{Uniform: true, ZipfS: 1.1}); err == nil {
+		t.Error("Uniform with a Zipf exponent: no error")
+	}
+	// The zero value keeps the documented default exponent.
+	d, _ := Prefixes(PrefixesConfig{Requests: 20000, Prefixes: 10, QPS: 50, Seed: 1})
+	n := 0
+	for _, r := range d.Requests {
+		if r.Group == "prefix-0" {
+			n++
+		}
+	}
+	// Zipf 1.1 over 10: P(rank 1) = 1/sum(k^-1.1) = 0.3731.
+	if got := float64(n) / 20000; math.Abs(got-0.3731) > 0.02 {
+		t.Errorf("default exponent: prefix-0 drawn %.4f of the time, want 0.3731", got)
 	}
 }
 
