@@ -2,7 +2,9 @@
 // (Mooncake format) or a generated workload through simulated vLLM engines
 // and compares routers side by side on the same arrivals: round-robin,
 // least-loaded, prefix-hash, approximate, precise (kvindex Score),
-// precise+load (kvindex Route) and an oracle.
+// precise+load (kvindex Route) and ttft-greedy, a perfect-knowledge
+// reference; the tables add the offline bounds (hit rate with an infinite
+// cache, TTFT with no queueing).
 //
 //	kvsim run                                   # the Mooncake trace, virtual time
 //	kvsim run --workload tenants --charts docs/img

@@ -155,7 +155,8 @@ type Load struct {
 	KVUsage float64
 	// QueuedPrefill is prompt tokens still to prefill: the rest of running
 	// prefills plus waiting prompts' tokens that were uncached on arrival.
-	// vLLM exports nothing like it; only the oracle may use it.
+	// vLLM exports nothing like it; only the perfect-knowledge
+	// router (ttft-greedy) may use it.
 	QueuedPrefill int64
 }
 
