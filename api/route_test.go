@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -42,8 +43,11 @@ func route(t *testing.T, f *fixture, id string, req *kvindexv1.ScoreRequest, pic
 
 // TestRouteKeepsABurstTogether: 50 concurrent requests share a new
 // 2,000-token prefix that no event has announced yet. Route's speculative
-// blocks and in-flight load keep them on one worker while its queue is
-// cheaper than recomputing the prefix elsewhere.
+// blocks and in-flight load keep them together: the second request, with
+// no traffic seen yet, spills (waiting for the first's prefill is as long
+// as computing the prefix), and from then on the burst's arrival rate
+// makes every further recompute cost the requests queued behind it more
+// than it saves, so the prefix is computed on two workers, not scattered.
 func TestRouteKeepsABurstTogether(t *testing.T) {
 	f, _ := newRouteFixture(t, 4)
 	shared := prompt(7, 125) // 2,000 tokens
@@ -73,8 +77,8 @@ func TestRouteKeepsABurstTogether(t *testing.T) {
 	for _, n := range counts {
 		best = max(best, n)
 	}
-	if best < 45 {
-		t.Fatalf("burst spread over workers: %v, want >= 90%% on one", counts)
+	if len(counts) > 2 || best < 20 {
+		t.Fatalf("burst spread over workers: %v, want at most two workers", counts)
 	}
 	t.Logf("burst of 50: %v", counts)
 }
@@ -176,15 +180,17 @@ func TestScoreWithLoadsAndPolicy(t *testing.T) {
 	for _, w := range resp.GetWorkers() {
 		got = append(got, w.GetWorker().GetPod())
 	}
-	// pod-0: 0 own + 6000/3 = 2000; pod-1: 64 own; pod-2: 1024 own.
+	// Estimated TTFT (DefaultCostModel: 16,000 tokens/s, 6 ms a step):
+	// pod-0 waits for 6,000 queued tokens (375 ms); pod-1 prefills its 64
+	// uncached tokens in one step (10 ms); pod-2 all 1,024 (70 ms).
 	if strings.Join(got, ",") != "pod-1,pod-2,pod-0" {
 		t.Fatalf("cache_aware with load: %v", got)
 	}
 	if l := resp.GetWorkers()[2].GetLoad(); l.GetSource() != "request" || l.GetWaiting() != 4 || l.GetQueuedPrefillTokens() != 6000 {
 		t.Fatalf("load detail %v", l)
 	}
-	if s := resp.GetWorkers()[0].GetScore(); s != -64 {
-		t.Fatalf("pod-1 score %v, want -64", s)
+	if s := resp.GetWorkers()[0].GetScore(); math.Abs(s+0.010) > 1e-9 {
+		t.Fatalf("pod-1 score %v, want -0.010 (seconds)", s)
 	}
 	resp = score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Loads: loads, Policy: &kvindexv1.ScorePolicy{Name: "longest_prefix"}})
 	if resp.GetWorkers()[0].GetWorker().GetPod() != "pod-0" || resp.GetPolicy() != "longest_prefix" || len(resp.GetWorkers()) != 3 {

@@ -170,7 +170,7 @@ func TestREADMEExampleParses(t *testing.T) {
 	if len(c.Workers()) != 3 || c.Workers()[0].ReplayEndpoint != "tcp://10.0.0.5:5567" || len(c.Push) != 1 {
 		t.Fatalf("README example parsed to %+v", c)
 	}
-	if p, _ := c.Policy(); p.Guard.String() != "cost" {
+	if p, _ := c.Policy(); p.Guard.String() != "ttft" || p.Cost != scoring.DefaultCostModel() {
 		t.Fatalf("policy %+v", p)
 	}
 }

@@ -228,3 +228,22 @@ func TestScaleAndHead(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func TestPause(t *testing.T) {
+	w, _ := Prefixes(PrefixesConfig{Requests: 5, Seed: 1})
+	p := w.Pause(1, 10*time.Second)
+	if p.Requests[0].Arrival != w.Requests[0].Arrival {
+		t.Errorf("request 0 moved: %v, was %v", p.Requests[0].Arrival, w.Requests[0].Arrival)
+	}
+	for i := 1; i < 5; i++ {
+		if p.Requests[i].Arrival != w.Requests[i].Arrival+10*time.Second {
+			t.Errorf("request %d at %v, want %v", i, p.Requests[i].Arrival, w.Requests[i].Arrival+10*time.Second)
+		}
+	}
+	if err := p.Validate(); err != nil {
+		t.Error(err)
+	}
+	if w.Requests[1].Arrival == p.Requests[1].Arrival {
+		t.Error("Pause changed the original")
+	}
+}
