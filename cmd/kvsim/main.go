@@ -72,6 +72,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&rc.Workload.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
 	fs.IntVar(&rc.Workload.Requests, "requests", 0, "first N requests of a trace, or a generator's request count (0: all / the generator's default)")
 	fs.Float64Var(&rc.Workload.RateScale, "rate-scale", 1, "multiply the arrival rate (2 = arrivals twice as dense)")
+	fs.DurationVar(&rc.Workload.Pause, "pause", 0, "delay every request after the first by this much (a sparse start)")
 	fs.Uint64Var(&rc.Workload.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
 	fs.IntVar(&rc.Workload.Prefixes.Prefixes, "prefixes", 0, "prefixes: distinct shared prefixes (default 40)")
 	fs.IntVar(&rc.Workload.Prefixes.PrefixTokens, "prefix-tokens", 0, "prefixes: shared prefix length (default 2048)")

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/internal/sim/metrics"
 )
@@ -44,5 +45,26 @@ func TestSweepTableShowsRejected(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "rej") {
 		t.Errorf("a sweep with no rejections mentions them:\n%s", b.String())
+	}
+}
+
+func TestLoadWorkloadPause(t *testing.T) {
+	spec := WorkloadSpec{Kind: KindPrefixes, Requests: 5, Seed: 1}
+	w, err := LoadWorkload(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Pause = 10 * time.Second
+	p, err := LoadWorkload(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Requests[0].Arrival != w.Requests[0].Arrival || p.Requests[4].Arrival != w.Requests[4].Arrival+10*time.Second ||
+		p.Name != "prefixes (+10s after the first request)" {
+		t.Fatalf("paused workload %q: first at %v, last at %v", p.Name, p.Requests[0].Arrival, p.Requests[4].Arrival)
+	}
+	spec.Pause = -time.Second
+	if _, err := LoadWorkload(spec); err == nil {
+		t.Fatal("negative pause: no error")
 	}
 }
