@@ -180,17 +180,19 @@ func TestScoreWithLoadsAndPolicy(t *testing.T) {
 	for _, w := range resp.GetWorkers() {
 		got = append(got, w.GetWorker().GetPod())
 	}
-	// Estimated TTFT (DefaultCostModel: 16,000 tokens/s, 6 ms a step):
-	// pod-0 waits for 6,000 queued tokens (375 ms); pod-1 prefills its 64
-	// uncached tokens in one step (10 ms); pod-2 all 1,024 (70 ms).
+	// Estimated TTFT (DefaultCostModel: 17,500 tokens/s, 9.4e8 attention
+	// pairs/s, 6 ms a step): pod-0 waits for 6,000 queued tokens (over
+	// 350 ms); pod-1 prefills its 64 uncached tokens after 960 cached in
+	// one step (6 ms + 3.66 ms + 63,488 pairs: 9.72 ms); pod-2 all 1,024
+	// (65 ms).
 	if strings.Join(got, ",") != "pod-1,pod-2,pod-0" {
 		t.Fatalf("cache_aware with load: %v", got)
 	}
 	if l := resp.GetWorkers()[2].GetLoad(); l.GetSource() != "request" || l.GetWaiting() != 4 || l.GetQueuedPrefillTokens() != 6000 {
 		t.Fatalf("load detail %v", l)
 	}
-	if s := resp.GetWorkers()[0].GetScore(); math.Abs(s+0.010) > 1e-9 {
-		t.Fatalf("pod-1 score %v, want -0.010 (seconds)", s)
+	if s, want := resp.GetWorkers()[0].GetScore(), -(0.006 + 64.0/17500 + (64*960+64*64/2)/9.4e8); math.Abs(s-want) > 1e-9 {
+		t.Fatalf("pod-1 score %v, want %v (seconds)", s, want)
 	}
 	resp = score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Loads: loads, Policy: &kvindexv1.ScorePolicy{Name: "longest_prefix"}})
 	if resp.GetWorkers()[0].GetWorker().GetPod() != "pod-0" || resp.GetPolicy() != "longest_prefix" || len(resp.GetWorkers()) != 3 {

@@ -12,16 +12,24 @@ import (
 // fleet of one GPU type); its parameters are measurable from vLLM's own
 // metrics (see Calibrate).
 //
-// A step that prefills p tokens while d requests decode with c tokens of
-// context in all takes
+// A step that prefills p tokens, attending over a (new token, context
+// token) pairs, while d requests decode with c tokens of context in all,
+// takes
 //
-//	StepOverhead + p / PrefillTokensPerSec + d * DecodePerSeq + c * DecodePerContextToken
+//	StepOverhead + p / PrefillTokensPerSec + a / AttentionPairsPerSec
+//	    + d * DecodePerSeq + c * DecodePerContextToken
 //
+// (a chunk of n tokens after k computed ones attends over n*k + n*(n+1)/2
+// pairs: prefill grows with the context already cached, and
+// quadratically with a long prompt)
 // and holds at most MaxBatchedTokens tokens (vLLM's chunked prefill: a
 // decoding request takes one of them).
 type CostModel struct {
-	// PrefillTokensPerSec is the engine's prefill rate.
+	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
 	PrefillTokensPerSec float64
+	// AttentionPairsPerSec is the prefill attention rate in (new token,
+	// context token) pairs per second; 0: no attention term.
+	AttentionPairsPerSec float64
 	// StepOverhead is the fixed cost of a forward pass.
 	StepOverhead time.Duration
 	// DecodePerSeq is the cost of each decoding request in a step.
@@ -40,12 +48,14 @@ type CostModel struct {
 
 // DefaultCostModel describes Llama-3.1-8B (bf16) on one H100 80GB, the
 // engine kvsim simulates (derivations in internal/sim/engine's package
-// doc): 16,000 prefill tokens/s, 6 ms a step, 0.1 ms per decoding request,
-// 39 ns per context token (128 KiB of KV per token at 3.35 TB/s), 8,192
-// tokens a step, 400,000 tokens of KV cache.
+// doc): 17,500 prefill tokens/s and 9.4e8 attention pairs/s (16,000
+// tokens/s for a 10,000-token prompt, 8,000 for 128,000), 6 ms a step,
+// 0.1 ms per decoding request, 39 ns per context token (128 KiB of KV per
+// token at 3.35 TB/s), 8,192 tokens a step, 400,000 tokens of KV cache.
 func DefaultCostModel() CostModel {
 	return CostModel{
-		PrefillTokensPerSec:   16000,
+		PrefillTokensPerSec:   17500,
+		AttentionPairsPerSec:  9.4e8,
 		StepOverhead:          6 * time.Millisecond,
 		DecodePerSeq:          100 * time.Microsecond,
 		DecodePerContextToken: 39 * time.Nanosecond,
@@ -59,6 +69,8 @@ func (m *CostModel) Validate() error {
 	switch {
 	case !(m.PrefillTokensPerSec > 0) || math.IsInf(m.PrefillTokensPerSec, 0):
 		return fmt.Errorf("cost model: prefill_tokens_per_sec %v must be a positive finite number", m.PrefillTokensPerSec)
+	case m.AttentionPairsPerSec < 0 || math.IsNaN(m.AttentionPairsPerSec) || math.IsInf(m.AttentionPairsPerSec, 0):
+		return fmt.Errorf("cost model: attention_pairs_per_sec %v must be a finite number >= 0", m.AttentionPairsPerSec)
 	case m.StepOverhead < 0, m.DecodePerSeq < 0, m.DecodePerContextToken < 0:
 		return fmt.Errorf("cost model: negative step cost (overhead %v, per decoding request %v, per context token %v)", m.StepOverhead, m.DecodePerSeq, m.DecodePerContextToken)
 	case m.MaxBatchedTokens <= 0:
@@ -77,6 +89,12 @@ type Calibration struct {
 	// prompt tokens, vllm:prompt_tokens_total minus
 	// vllm:prefix_cache_hits_total, over the window.
 	PrefillSeconds, PrefillTokens float64
+	// PrefillPairs is the window's attention pairs, the sum over requests
+	// of uncached x cached + uncached^2 / 2 (from the request logs, or the
+	// prompt-length histogram); with it, the attention time at base's
+	// AttentionPairsPerSec is taken out before the prefill rate is fitted.
+	// 0 fits one linear rate (set base's AttentionPairsPerSec to 0 then).
+	PrefillPairs float64
 	// ITL are (running requests, mean inter-token latency) pairs: the
 	// mean of vllm:inter_token_latency_seconds (time_per_output_token in
 	// older releases) over windows with vllm:num_requests_running at that
@@ -106,7 +124,14 @@ func Calibrate(base CostModel, c Calibration) (CostModel, error) {
 		if !(c.PrefillSeconds > 0 && c.PrefillTokens > 0) {
 			return m, fmt.Errorf("calibrate: prefill %v s over %v tokens: both must be positive", c.PrefillSeconds, c.PrefillTokens)
 		}
-		m.PrefillTokensPerSec = c.PrefillTokens / c.PrefillSeconds
+		secs := c.PrefillSeconds
+		if c.PrefillPairs > 0 && m.AttentionPairsPerSec > 0 {
+			secs -= c.PrefillPairs / m.AttentionPairsPerSec
+		}
+		if secs <= 0 {
+			return m, fmt.Errorf("calibrate: prefill %v s is all attention (%v pairs at %v pairs/s)", c.PrefillSeconds, c.PrefillPairs, m.AttentionPairsPerSec)
+		}
+		m.PrefillTokensPerSec = c.PrefillTokens / secs
 	}
 	if len(c.ITL) > 0 {
 		var n, sx, sy, sxx, sxy float64
@@ -165,7 +190,7 @@ func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay }
 // costParams is a CostModel in float64 seconds and tokens, converted
 // once per Rank.
 type costParams struct {
-	rate, overhead, perSeq, perCtx, budget, kv float64
+	rate, attn, overhead, perSeq, perCtx, budget, kv float64
 }
 
 // params converts m, or DefaultCostModel when m has no prefill rate or
@@ -176,24 +201,31 @@ func (m *CostModel) params() costParams {
 		c = DefaultCostModel()
 	}
 	return costParams{
-		rate: c.PrefillTokensPerSec, overhead: c.StepOverhead.Seconds(), perSeq: c.DecodePerSeq.Seconds(),
+		rate: c.PrefillTokensPerSec, attn: c.AttentionPairsPerSec, overhead: c.StepOverhead.Seconds(), perSeq: c.DecodePerSeq.Seconds(),
 		perCtx: c.DecodePerContextToken.Seconds(), budget: float64(c.MaxBatchedTokens), kv: float64(c.KVCapacityTokens),
 	}
 }
 
 // estimate fills e for a worker with load l, queue tokens of prefill
-// ahead, and own uncached tokens of this request. pr gives the fleet's
-// arrival rate and the averages the model falls back on.
+// ahead, and own uncached tokens of this request after cached ones. pr
+// gives the fleet's arrival rate and the averages the model falls back on.
 //
 // The request waits for queue, then prefills own, in steps of at most
 // MaxBatchedTokens minus one token per decoding request; every step also
-// carries the decoding requests' cost. Decoding context is KV usage x
+// carries the decoding requests' cost. Own attends over own x cached +
+// own^2 / 2 pairs; queued tokens, whose prompts kvindex does not know,
+// over half the average prompt each. Decoding context is KV usage x
 // capacity when the capacity is known (the resident KV of running
 // requests, an upper bound since cached free blocks count as used in
 // some releases), else running x the average prompt. The pressure term
-// is the deficit of free KV (queue + own tokens against (1 - usage) x
-// capacity) at the prefill rate: vLLM preempts and recomputes, or
-// admission waits, for about that long.
+// is the deficit of free KV for the request's own tokens (own against
+// (1 - usage) x capacity) at the prefill rate: vLLM preempts a running
+// request and recomputes it, or admission waits for one to finish, for
+// about that long. The queue ahead is not counted against the free KV: it
+// is admitted as running requests finish, and its time is in Wait (an
+// earlier version counted it and, with caches of a few prompts, pushed
+// every request off any worker with a queue: kvsim's tiny-cache case lost
+// 11 points of hits and 50% on p99).
 //
 // Delay: the requests that reach this worker after this one, until the
 // backlog it joins drains, each wait its own prefill longer. With
@@ -208,7 +240,7 @@ func (m *CostModel) params() costParams {
 // they are cached for longer.
 //
 // Cost: a few dozen floating-point operations, no allocation.
-func (m *costParams) estimate(e *Estimate, l *Load, queue, own float64, pr *Prompt) {
+func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt) {
 	rate := m.rate
 	running := float64(l.Running)
 	var ctx float64
@@ -228,10 +260,14 @@ func (m *costParams) estimate(e *Estimate, l *Load, queue, own float64, pr *Prom
 	stepsAll := math.Ceil((queue + own) / perStep)
 	e.Wait = stepsQueue*step + queue/rate
 	e.Prefill = (stepsAll-stepsQueue)*step + own/rate
+	if m.attn > 0 {
+		e.Wait += queue * pr.AvgPromptTokens / 2 / m.attn
+		e.Prefill += (own*cached + own*own/2) / m.attn
+	}
 	e.Pressure = 0
 	if m.kv > 0 {
 		free := (1 - math.Min(l.KVUsage, 1)) * m.kv
-		if deficit := queue + own - free; deficit > 0 {
+		if deficit := own - free; deficit > 0 {
 			e.Pressure = deficit / rate
 		}
 	}

@@ -14,6 +14,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
 func TestEstimateByHand(t *testing.T) {
 	dm := DefaultCostModel()
+	dm.PrefillTokensPerSec, dm.AttentionPairsPerSec = 16000, 0 // linear, for round numbers
 	m := dm.params()
 	var e Estimate
 	// 10 decoding requests holding half of 400,000 tokens of KV: every
@@ -22,7 +23,7 @@ func TestEstimateByHand(t *testing.T) {
 	// request's 2,000 more a second.
 	l := Load{Running: 10, KVUsage: 0.5}
 	pr := Prompt{AvgPromptTokens: 1000}
-	m.estimate(&e, &l, 8000, 2000, &pr)
+	m.estimate(&e, &l, 8000, 2000, 0, &pr)
 	if !near(e.Wait, 0.0148+0.5) || !near(e.Prefill, 0.0148+0.125) || e.Pressure != 0 || e.Delay != 0 {
 		t.Fatalf("estimate %+v, want wait 0.5148, prefill 0.1398, no pressure or delay", e)
 	}
@@ -33,22 +34,47 @@ func TestEstimateByHand(t *testing.T) {
 	// 2/s arrive during the 0.6546 s backlog / (1 - 0.5), each 0.1398 s
 	// later.
 	pr = Prompt{AvgPromptTokens: 1000, ArrivalRate: 8, Workers: 4, AvgUncachedTokens: 4000}
-	m.estimate(&e, &l, 8000, 2000, &pr)
+	m.estimate(&e, &l, 8000, 2000, 0, &pr)
 	if want := 0.1398 * 2 * 0.6546 / 0.5; !near(e.Delay, want) {
 		t.Fatalf("delay %v, want %v", e.Delay, want)
 	}
-	// KV 99% used: 4,000 tokens free for 10,000 to place, 6,000 to
-	// preempt or wait for: 0.375 s at the prefill rate.
+	// KV 99.9% used: 400 tokens free for the request's 2,000, 1,600 to
+	// preempt or wait for: 0.1 s at the prefill rate. The queue ahead is
+	// admitted as running requests finish: it does not count.
+	l.KVUsage = 0.999
+	m.estimate(&e, &l, 8000, 2000, 0, &Prompt{AvgPromptTokens: 1000})
+	if !near(e.Pressure, 0.1) {
+		t.Fatalf("pressure %v, want 0.1", e.Pressure)
+	}
 	l.KVUsage = 0.99
-	m.estimate(&e, &l, 8000, 2000, &Prompt{AvgPromptTokens: 1000})
-	if !near(e.Pressure, 0.375) {
-		t.Fatalf("pressure %v, want 0.375", e.Pressure)
+	if m.estimate(&e, &l, 8000, 2000, 0, &Prompt{AvgPromptTokens: 1000}); e.Pressure != 0 {
+		t.Fatalf("pressure %v with 4,000 tokens free for 2,000", e.Pressure)
 	}
 	// Capacity unknown: no pressure, context from the average prompt.
 	m.kv = 0
-	m.estimate(&e, &l, 0, 100, &Prompt{AvgPromptTokens: 1000})
+	m.estimate(&e, &l, 0, 100, 0, &Prompt{AvgPromptTokens: 1000})
 	if want := 0.006 + 10*0.0001 + 10*1000*39e-9 + 100.0/16000; e.Pressure != 0 || !near(e.Prefill, want) || e.Wait != 0 {
 		t.Fatalf("no capacity: %+v, want prefill %v", e, want)
+	}
+	// The attention term: 1,000 new tokens after 9,000 cached attend over
+	// 9.5e6 pairs, 9.5 ms at 1e9 pairs/s; 4,000 queued tokens over half an
+	// average prompt of 1,000 each, 2e6 pairs, 2 ms.
+	m = dm.params()
+	m.attn = 1e9
+	m.estimate(&e, &Load{}, 4000, 1000, 9000, &Prompt{AvgPromptTokens: 1000})
+	if !near(e.Wait, 0.006+0.25+0.002) || !near(e.Prefill, 1000.0/16000+0.0095) {
+		t.Fatalf("attention: %+v, want wait 0.258, prefill 0.072", e)
+	}
+	// DefaultCostModel prefills 10,000 uncached tokens in 0.625 s alone
+	// (16,000 tokens/s, attention included), 128,000 in 16 s.
+	def := DefaultCostModel()
+	m = def.params()
+	m.overhead = 0
+	for _, tc := range []struct{ n, secs float64 }{{10000, 0.6246}, {128000, 16.03}} {
+		m.estimate(&e, &Load{}, 0, tc.n, 0, &Prompt{})
+		if math.Abs(e.Prefill-tc.secs) > 0.01 {
+			t.Errorf("default model: %v tokens in %.4f s, want %.4f", tc.n, e.Prefill, tc.secs)
+		}
 	}
 }
 
@@ -57,6 +83,7 @@ func TestEstimateByHand(t *testing.T) {
 // queued behind keep it where it is cached.
 func TestTTFTGuardSpillsWhenWaitExceedsRecompute(t *testing.T) {
 	p := DefaultPolicy()
+	p.Cost.PrefillTokensPerSec, p.Cost.AttentionPairsPerSec = 16000, 0 // linear, for round numbers
 	// b recomputes 1,024 tokens in one step: 6 ms + 64 ms = 70 ms. a
 	// holds them all and waits for its queue: 6 ms + queue / 16,000.
 	for _, tc := range []struct {
@@ -102,8 +129,9 @@ func TestTTFTGuardSpillsWhenWaitExceedsRecompute(t *testing.T) {
 
 func TestCalibrate(t *testing.T) {
 	c := Calibration{
-		PrefillSeconds: 10, PrefillTokens: 150000,
+		PrefillSeconds: 11, PrefillTokens: 150000,
 		ITL:          []ITLPoint{{1, 0.0061}, {11, 0.0071}, {21, 0.0081}},
+		PrefillPairs: 0.94e9, // 1 s of attention out of the 11 s
 		NumGPUBlocks: 30000, BlockSize: 16,
 	}
 	m, err := Calibrate(DefaultCostModel(), c)
@@ -122,6 +150,7 @@ func TestCalibrate(t *testing.T) {
 		"one level":      {ITL: []ITLPoint{{4, 0.01}, {4, 0.012}}},
 		"negative":       {ITL: []ITLPoint{{1, 0.02}, {10, 0.01}}},
 		"block size":     {NumGPUBlocks: 10},
+		"all attention":  {PrefillSeconds: 1, PrefillTokens: 10, PrefillPairs: 1e10},
 	} {
 		if _, err := Calibrate(DefaultCostModel(), bad); err == nil {
 			t.Errorf("%s: no error", name)

@@ -35,7 +35,7 @@
 //	                 (context_w = KV usage x capacity)
 //	      wait_w   = ceil(queue_w / budget_w) x step_w + queue_w / rate
 //	      prefill_w = the further steps for own_w, + own_w / rate
-//	      pressure_w = (queue_w + own_w - free KV_w) / rate, if positive
+//	      pressure_w = (own_w - free KV_w) / rate, if positive
 //	      delay_w  = prefill_w x a x (wait_w + prefill_w) / (1 - rho)
 //	    with a the model's routed requests per second per worker and rho
 //	    = a x average uncached prefill / rate (Route's own accounting;

@@ -309,7 +309,7 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 		for i := range cs {
 			c := &cs[i]
 			c.Queue = queueTokens(&c.Load, avg)
-			m.estimate(&c.Est, &c.Load, c.Queue, c.Own, &pr)
+			m.estimate(&c.Est, &c.Load, c.Queue, c.Own, tokens-c.Own, &pr)
 		}
 	}
 	if p.Name == CacheAware && p.Guard == GuardStatic {

@@ -381,8 +381,11 @@ func (c *Config) model(name string) *Model {
 // CostModel is the scoring.cost_model section: one engine's cost model
 // (scoring.CostModel); zero fields take the defaults.
 type CostModel struct {
-	// PrefillTokensPerSec is the engine's prefill rate.
+	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec,omitempty"`
+	// AttentionPairsPerSec is the prefill attention rate in (new token,
+	// context token) pairs per second.
+	AttentionPairsPerSec float64 `yaml:"attention_pairs_per_sec,omitempty"`
 	// StepOverhead is the fixed cost of a forward pass.
 	StepOverhead time.Duration `yaml:"step_overhead,omitempty"`
 	// DecodePerSeq is the cost of each decoding request in a step.
@@ -401,6 +404,9 @@ func (m CostModel) model() scoring.CostModel {
 	c := scoring.DefaultCostModel()
 	if m.PrefillTokensPerSec != 0 {
 		c.PrefillTokensPerSec = m.PrefillTokensPerSec
+	}
+	if m.AttentionPairsPerSec != 0 {
+		c.AttentionPairsPerSec = m.AttentionPairsPerSec
 	}
 	if m.StepOverhead != 0 {
 		c.StepOverhead = m.StepOverhead

@@ -101,7 +101,7 @@ func ComputeBounds(w *workload.Workload, o Options) (*Bounds, error) {
 		b.Requests++
 		b.PromptTokens += int64(r.PromptLen)
 		b.CachedTokens += int64(hit * bs)
-		b.TTFT = append(b.TTFT, soloPrefill(tm, r.PromptLen-hit*bs, o.Engine.MaxBatchedTokens))
+		b.TTFT = append(b.TTFT, soloPrefill(tm, hit*bs, r.PromptLen-hit*bs, o.Engine.MaxBatchedTokens))
 	}
 	slices.Sort(b.TTFT)
 	b.TTFTP50 = metrics.Percentile(b.TTFT, 50)
@@ -118,13 +118,15 @@ func ComputeBounds(w *workload.Workload, o Options) (*Bounds, error) {
 }
 
 // soloPrefill is how long an idle engine takes to prefill n tokens (at
-// least one, as vLLM computes) in steps of at most budget tokens.
-func soloPrefill(tm engine.TimeModel, n, budget int) time.Duration {
+// least one, as vLLM computes) after cached ones, in steps of at most
+// budget tokens.
+func soloPrefill(tm engine.TimeModel, cached, n, budget int) time.Duration {
 	n = max(n, 1)
 	var d time.Duration
 	for n > 0 {
 		chunk := min(n, budget)
-		d += tm.StepTime(chunk, 0, 0)
+		d += tm.StepTime(chunk, 0, 0) + tm.AttentionTime(engine.AttentionPairs(chunk, cached))
+		cached += chunk
 		n -= chunk
 	}
 	return d

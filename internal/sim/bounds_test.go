@@ -23,7 +23,8 @@ func TestBoundsByHand(t *testing.T) {
 		req(2, 2*time.Second, shared),                                   // 64 tokens: at most 3 blocks hit
 		req(3, 3*time.Second, workload.Segment{ID: 102, Len: 20000}),    // never fits 1,000 blocks
 	}}
-	o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 1000}}
+	// A linear time model, for round numbers.
+	o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 1000, Time: engine.TimeModel{PrefillTokensPerSec: 16000, StepOverhead: 6 * time.Millisecond}}}
 	b, err := ComputeBounds(w, o)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +45,14 @@ func TestBoundsByHand(t *testing.T) {
 	}
 	// A long prompt is chunked by the step budget: 20,000 tokens in
 	// 8,192-token steps is 3 steps of 6 ms plus 1.25 s of prefill.
-	if got := soloPrefill(engine.DefaultTimeModel(), 20000, 8192); got != 18*time.Millisecond+1250*time.Millisecond {
+	if got := soloPrefill(o.Engine.Time, 0, 20000, 8192); got != 18*time.Millisecond+1250*time.Millisecond {
 		t.Errorf("solo prefill of 20,000 tokens = %v, want 1.268s", got)
+	}
+	// With attention, each chunk attends over what is already computed:
+	// 100 tokens after 1,000 cached in two 50-token chunks attend over
+	// 50*1000 + 1275 + 50*1050 + 1275 = 105,050 pairs, 105.05 us at 1e9/s.
+	tm := engine.TimeModel{PrefillTokensPerSec: 1e6, AttentionPairsPerSec: 1e9}
+	if got, want := soloPrefill(tm, 1000, 100, 50), 100*time.Microsecond+105050*time.Nanosecond; got != want {
+		t.Errorf("solo prefill with attention = %v, want %v", got, want)
 	}
 }

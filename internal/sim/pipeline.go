@@ -113,6 +113,7 @@ func CostModel(c engine.Config) scoring.CostModel {
 	c.Defaults()
 	return scoring.CostModel{
 		PrefillTokensPerSec:   c.Time.PrefillTokensPerSec,
+		AttentionPairsPerSec:  c.Time.AttentionPairsPerSec,
 		StepOverhead:          c.Time.StepOverhead,
 		DecodePerSeq:          c.Time.DecodePerSeq,
 		DecodePerContextToken: c.Time.DecodePerContextToken,
