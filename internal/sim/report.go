@@ -77,6 +77,15 @@ func writeTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote stri
 			agreed = append(agreed, results[i].Router)
 		}
 	}
+	var charged []string
+	for i := range results {
+		if r := &results[i]; r.RouteDelayP99 > 0 {
+			charged = append(charged, fmt.Sprintf("%s mean %v, p99 %v", r.Router, r.RouteDelayMean.Round(time.Microsecond), r.RouteDelayP99.Round(time.Microsecond)))
+		}
+	}
+	if len(charged) > 0 {
+		fmt.Fprintf(w, "router latency charged to TTFT (wall clock, in virtual time): %s\n", strings.Join(charged, "; "))
+	}
 	if b != nil {
 		fmt.Fprintln(w, "bound: hit tok with an infinite cache (each prompt's longest prefix some earlier request held); TTFT = own uncached prefill alone on an idle engine, no queueing")
 	}

@@ -82,6 +82,11 @@ func TestVirtualQualitativeOrdering(t *testing.T) {
 	if m[router.PreciseLoad].Note != "" {
 		t.Errorf("precise+load fell back: %s", m[router.PreciseLoad].Note)
 	}
+	for i := range res {
+		if res[i].RouteDelayP99 != 0 {
+			t.Errorf("%s: virtual time charged a router latency of %v", res[i].Router, res[i].RouteDelayP99)
+		}
+	}
 	// The bounds bound every router: no more tokens cached than with an
 	// infinite cache, no percentile of TTFT below prefilling alone.
 	b, err := ComputeBounds(w, smallOptions())
@@ -216,6 +221,14 @@ func testLive(t *testing.T, lo LiveOptions) {
 				t.Errorf("%s hit nothing", r.Router)
 			}
 		}
+	}
+	// The wall clock charges the router's answer to TTFT: a gRPC round
+	// trip to kvindex takes longer than round-robin's arithmetic.
+	m := byName(t, res)
+	rr, pl := m[router.RoundRobin], m[router.PreciseLoad]
+	t.Logf("router latency: round-robin mean %v p99 %v; precise+load mean %v p99 %v", rr.RouteDelayMean, rr.RouteDelayP99, pl.RouteDelayMean, pl.RouteDelayP99)
+	if pl.RouteDelayMean <= 0 || pl.RouteDelayMean <= rr.RouteDelayMean || pl.RouteDelayP99 < pl.RouteDelayMean {
+		t.Errorf("router latency charged: round-robin mean %v, precise+load mean %v p99 %v", rr.RouteDelayMean, pl.RouteDelayMean, pl.RouteDelayP99)
 	}
 }
 
