@@ -179,13 +179,42 @@ type Estimate struct {
 	// Delay is what the request's own prefill adds to the requests that
 	// will queue behind it (see GuardTTFT).
 	Delay float64
+	// Evict is the expected recompute, by later requests, of the cached
+	// blocks this request's new blocks evict.
+	Evict float64
 }
 
 // TTFT is the estimated time to first token: Wait + Prefill + Pressure.
 func (e *Estimate) TTFT() float64 { return e.Wait + e.Prefill + e.Pressure }
 
-// Cost is what GuardTTFT minimises: TTFT plus Delay.
-func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay }
+// Cost is what GuardTTFT minimises: TTFT plus Delay plus Evict.
+func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict }
+
+// evict fills e.Evict: the request's own tokens become cached blocks on
+// the worker, and what does not fit beside what the worker already holds
+// (ResidentBlocks x block size against KVCapacityTokens) evicts cached
+// blocks, least recently used first. A later request hits an evicted
+// block with about the fleet's hit rate, h = 1 - average uncached prefill
+// / average prompt (Route's own accounting), and then recomputes it, so
+// Evict = evicted x h / rate. It is what makes a spill onto a worker whose
+// cache is full of other prompts expensive, and a spill onto an empty one
+// cheap; without it, with caches of a couple of prompts, spills evict each
+// other's prompts in a cascade. Zero when the capacity is unknown.
+// Cost: a few floating-point operations.
+func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
+	e.Evict = 0
+	if m.kv <= 0 || pr.AvgPromptTokens <= 0 || pr.AvgUncachedTokens <= 0 {
+		return
+	}
+	h := 1 - pr.AvgUncachedTokens/pr.AvgPromptTokens
+	if h <= 0 {
+		return
+	}
+	resident := float64(l.ResidentBlocks) * float64(pr.BlockSize)
+	if evicted := resident + own - m.kv; evicted > 0 {
+		e.Evict = math.Min(evicted, own) * math.Min(h, 1) / m.rate
+	}
+}
 
 // costParams is a CostModel in float64 seconds and tokens, converted
 // once per Rank.

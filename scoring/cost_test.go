@@ -191,3 +191,29 @@ func TestScorerLearnsArrivalRate(t *testing.T) {
 		t.Fatalf("rate after 10 s of silence %v, want 0.1", got)
 	}
 }
+
+func TestEvictByHand(t *testing.T) {
+	dm := DefaultCostModel()
+	dm.PrefillTokensPerSec, dm.KVCapacityTokens = 16000, 4096
+	m := dm.params()
+	pr := Prompt{BlockSize: 16, AvgPromptTokens: 2000, AvgUncachedTokens: 200} // the fleet hits 90%
+	var e Estimate
+	// 250 resident blocks (4,000 tokens) and 2,000 new ones in 4,096:
+	// 1,904 cached tokens evicted, 90% of them hit again later: 0.1071 s.
+	m.evict(&e, &Load{ResidentBlocks: 250}, 2000, &pr)
+	if !near(e.Evict, 1904*0.9/16000) {
+		t.Fatalf("evict %v, want %v", e.Evict, 1904*0.9/16000)
+	}
+	// Room for it: nothing evicted.
+	if m.evict(&e, &Load{ResidentBlocks: 100}, 2000, &pr); e.Evict != 0 {
+		t.Fatalf("evict %v with room to spare", e.Evict)
+	}
+	// A full cache evicts at most the request's own tokens.
+	if m.evict(&e, &Load{ResidentBlocks: 256}, 100, &pr); !near(e.Evict, 100*0.9/16000) {
+		t.Fatalf("evict %v, want the 100 own tokens' worth", e.Evict)
+	}
+	// Nothing known of the fleet's hits, or of the capacity: no term.
+	if m.evict(&e, &Load{ResidentBlocks: 256}, 100, &Prompt{BlockSize: 16}); e.Evict != 0 {
+		t.Fatalf("evict %v without route accounting", e.Evict)
+	}
+}

@@ -37,11 +37,14 @@
 //	      prefill_w = the further steps for own_w, + own_w / rate
 //	      pressure_w = (own_w - free KV_w) / rate, if positive
 //	      delay_w  = prefill_w x a x (wait_w + prefill_w) / (1 - rho)
+//	      evict_w  = min(own_w, resident_w + own_w - capacity) x h / rate,
+//	                 if positive (h: the fleet's hit rate)
 //	    with a the model's routed requests per second per worker and rho
 //	    = a x average uncached prefill / rate (Route's own accounting;
 //	    the number of requests that arrive during the backlog's busy
-//	    period, M/G/1); cost_w = wait_w + prefill_w + pressure_w +
-//	    delay_w, in seconds. At low load delay vanishes: the request
+//	    period, M/G/1), and evict_w the later recompute of what the
+//	    request's new blocks push out of a full cache; cost_w = wait_w +
+//	    prefill_w + pressure_w + delay_w + evict_w, in seconds. At low load delay vanishes: the request
 //	    spills from its cached worker exactly when the wait there exceeds
 //	    recomputing the prefix elsewhere, so a hot prefix replicates onto
 //	    a second worker and a cold one stays single. Under load a

@@ -194,6 +194,10 @@ type Load struct {
 	InflightPrefillTokens uint64
 	// Source says where Running/Waiting came from: "request", "scrape" or "".
 	Source string
+	// ResidentBlocks is the blocks kvindex's index holds for the worker
+	// (its engine's cache, used or not): what GuardTTFT's Evict term
+	// compares with the KV capacity.
+	ResidentBlocks uint64
 }
 
 // Candidate is one worker to rank; Rank fills the result fields.
@@ -310,6 +314,7 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 			c := &cs[i]
 			c.Queue = queueTokens(&c.Load, avg)
 			m.estimate(&c.Est, &c.Load, c.Queue, c.Own, tokens-c.Own, &pr)
+			m.evict(&c.Est, &c.Load, c.Own, &pr)
 		}
 	}
 	if p.Name == CacheAware && p.Guard == GuardStatic {
@@ -430,7 +435,11 @@ func (p *Policy) Explain(pr Prompt, c *Candidate) string {
 		if e.Pressure > 0 {
 			fmt.Fprintf(&sb, " + %s KV pressure (%.0f%% used)", secs(e.Pressure), 100*c.Load.KVUsage)
 		}
-		fmt.Fprintf(&sb, "; + %s delay to requests behind = cost %s", secs(e.Delay), secs(e.Cost()))
+		fmt.Fprintf(&sb, "; + %s delay to requests behind", secs(e.Delay))
+		if e.Evict > 0 {
+			fmt.Fprintf(&sb, " + %s recomputing what it evicts", secs(e.Evict))
+		}
+		fmt.Fprintf(&sb, " = cost %s", secs(e.Cost()))
 	case p.Guard == GuardCost:
 		fmt.Fprintf(&sb, "; cost = %.0f own prefill + %.1f x %.0f queued = %.0f tokens", c.Own, p.LoadWeight, c.Queue, c.Own+p.LoadWeight*c.Queue)
 	default:

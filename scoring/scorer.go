@@ -159,6 +159,7 @@ type workerTable struct {
 	models  []*indexer.Model
 	health  []*events.HealthCell // nil cells read as unknown
 	loads   []*LoadCell          // nil cells read as no load
+	workers []*indexer.Worker    // nil for free ids
 	byRef   map[events.WorkerRef]indexer.WorkerID
 	// perModel counts each model's workers.
 	perModel map[*indexer.Model]int
@@ -203,6 +204,7 @@ func (s *Scorer) workers() *workerTable {
 		models:   make([]*indexer.Model, n),
 		health:   make([]*events.HealthCell, n),
 		loads:    make([]*LoadCell, n),
+		workers:  make([]*indexer.Worker, n),
 		byRef:    make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
 		perModel: make(map[*indexer.Model]int),
 	}
@@ -212,7 +214,7 @@ func (s *Scorer) workers() *workerTable {
 			continue // added after n was read: the next call sees it
 		}
 		ref := w.Info().Ref
-		t.refs[id], t.gens[id], t.models[id] = ref, w.Gen(), w.Model()
+		t.refs[id], t.gens[id], t.models[id], t.workers[id] = ref, w.Gen(), w.Model(), w
 		t.byRef[ref] = id
 		t.perModel[w.Model()]++
 		if s.opts.Health != nil {
@@ -520,6 +522,9 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 		l.Source = "scrape"
 	}
 	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(id, res.tab.gens[id])
+	if w := res.tab.workers[id]; w != nil {
+		l.ResidentBlocks = uint64(max(w.ResidentBlocks(), 0))
+	}
 }
 
 // prompt describes the request for the policy; now is the tracker's
