@@ -50,9 +50,11 @@
 //	    a second worker and a cold one stays single. Under load a
 //	    recompute costs everyone behind it, and prompts stay where they
 //	    are cached for longer. A waiting request of unknown size counts as
-//	    the average uncached prefill. Cost: about 30 ns per candidate more
-//	    than the token cost (BenchmarkRankTTFT: 12.9 us against 10.9 us to
-//	    rank 64 candidates, ratio 1.18, same run), no allocation.
+//	    the average uncached prefill. Cost: about 60 ns per candidate more
+//	    than the token cost, no allocation (BenchmarkRankTTFT ranks 64
+//	    candidates both ways in the same run: ratio 1.25, 18.4 us against
+//	    14.7 us, in the quietest of three runs on a shared 2-vCPU machine;
+//	    1.06 and 1.33 in the others). Sorting dominates both.
 //	guard cost: cost_w = own_w + load_weight * queue_w, with
 //	    load_weight 1/3: an uncached token is paid by this request and
 //	    again by the requests queued behind it, so a worker's cache is
