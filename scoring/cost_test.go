@@ -208,6 +208,11 @@ func TestEvictByHand(t *testing.T) {
 	if m.evict(&e, &Load{ResidentBlocks: 100}, 2000, &pr); e.Evict != 0 {
 		t.Fatalf("evict %v with room to spare", e.Evict)
 	}
+	// Blocks in use and not cached yet take room too: 1,600 cached tokens
+	// and half of 4,096 in use leave 448 for 2,000.
+	if m.evict(&e, &Load{ResidentBlocks: 100, KVUsage: 0.5}, 2000, &pr); !near(e.Evict, 1552*0.9/16000) {
+		t.Fatalf("evict %v, want %v", e.Evict, 1552*0.9/16000)
+	}
 	// A full cache evicts at most the request's own tokens.
 	if m.evict(&e, &Load{ResidentBlocks: 256}, 100, &pr); !near(e.Evict, 100*0.9/16000) {
 		t.Fatalf("evict %v, want the 100 own tokens' worth", e.Evict)

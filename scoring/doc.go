@@ -37,8 +37,9 @@
 //	      prefill_w = the further steps for own_w, + own_w / rate
 //	      pressure_w = (own_w - free KV_w) / rate, if positive
 //	      delay_w  = prefill_w x a x (wait_w + prefill_w) / (1 - rho)
-//	      evict_w  = min(own_w, resident_w + own_w - capacity) x h / rate,
-//	                 if positive (h: the fleet's hit rate)
+//	      evict_w  = min(own_w, occupied_w + own_w - capacity) x h / rate,
+//	                 if positive (occupied: resident blocks plus KV in use;
+//	                 h: the fleet's hit rate)
 //	    with a the model's routed requests per second per worker and rho
 //	    = a x average uncached prefill / rate (Route's own accounting;
 //	    the number of requests that arrive during the backlog's busy
