@@ -197,9 +197,10 @@ func (g guardSim) burst(p Policy, n, prefix, suffix int) (top, meanTTFT, compute
 //     single-queue toy fleet makes pessimistic. It keeps as many hits as
 //     any guard at every size. In kvsim (docs/results.md), with the Evict term this
 //     toy does not exercise (no capacity), the rule is within 5% of the
-//     perfect-knowledge router's p99 on the Mooncake trace at 1x (7.5% at
-//     2x), equal to the token cost on Mooncake and tenants, and 14-20
-//     points of hits ahead of it where caches hold a few prompts.
+//     perfect-knowledge router's p99 on the Mooncake trace at 1x and 2x
+//     (2.6%, 4.8%), with a lower p99 than the token cost there for 0.2-0.4
+//     points of hits, and 13-20 points of hits ahead of it where caches
+//     hold a few prompts.
 //   - A burst of 50 requests sharing a new 2,000-token prefix on an idle
 //     fleet. The static rule counts requests, not work: it diverts after 2
 //     in flight. The token-cost rule keeps the burst on one worker while
