@@ -43,11 +43,11 @@ func route(t *testing.T, f *fixture, id string, req *kvindexv1.ScoreRequest, pic
 
 // TestRouteKeepsABurstTogether: 50 concurrent requests share a new
 // 2,000-token prefix that no event has announced yet. Route's speculative
-// blocks and in-flight load keep them together: the second request, with
-// no traffic seen yet, spills (waiting for the first's prefill is as long
-// as computing the prefix), and from then on the burst's arrival rate
-// makes every further recompute cost the requests queued behind it more
-// than it saves, so the prefix is computed on two workers, not scattered.
+// blocks and in-flight load keep them together: a worker is given the
+// prefix only when waiting for the ones that hold it would take longer
+// than computing it (how many do depends on the burst's arrival rate, on
+// the wall clock), so the prefix is computed at most once per worker, and
+// every worker that computes it serves a share of the burst.
 func TestRouteKeepsABurstTogether(t *testing.T) {
 	f, _ := newRouteFixture(t, 4)
 	shared := prompt(7, 125) // 2,000 tokens
@@ -73,14 +73,26 @@ func TestRouteKeepsABurstTogether(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	best := 0
-	for _, n := range counts {
-		best = max(best, n)
-	}
-	if len(counts) > 2 || best < 20 {
-		t.Fatalf("burst spread over workers: %v, want at most two workers", counts)
-	}
 	t.Logf("burst of 50: %v", counts)
+	for pod, n := range counts {
+		if n < 10 {
+			t.Errorf("burst scattered: %s took %d of 50 (%v)", pod, n, counts)
+		}
+	}
+	// Every request is still in flight: what they will prefill is the
+	// prefix once per worker used, each question, and the prefix again for
+	// any routes ranked at the same instant as the one that first sent it
+	// to a worker (Route ranks, then records: both see no speculative
+	// prefix there). Without speculative blocks all 50 would count it:
+	// 101,600 tokens.
+	resp := score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: shared, Policy: &kvindexv1.ScorePolicy{}})
+	var inflight uint64
+	for _, w := range resp.GetWorkers() {
+		inflight += w.GetLoad().GetInflightPrefillTokens()
+	}
+	if limit := uint64(50 * 2032 / 4); inflight > limit {
+		t.Errorf("the burst will prefill %d tokens on %d workers, want at most %d (a quarter of 50 cold routes)", inflight, len(counts), limit)
+	}
 }
 
 // TestRouteRecordsAndReleases: the chosen worker carries the request's
