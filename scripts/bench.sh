@@ -56,10 +56,10 @@ SERVER_FLAGS=${SERVER_FLAGS---gomaxprocs 1 --gogc 25}
 GEN_FLAGS=${GEN_FLAGS---gomaxprocs 1 --gogc 50 --connections 1}
 SERVER_CPU=${SERVER_CPU-0}
 GEN_CPU=${GEN_CPU-1}
-# The overload rows' prompts are long (8,192 tokens), so that the server
+# The overload rows' prompts are long (32,768 tokens), so that the server
 # saturates at a rate whose triple one generator core can still offer.
-OVERLOAD_SHAPE=${OVERLOAD_SHAPE:---prompt-blocks 512 --shared-blocks 128}
-OVERLOAD_PROBE_RPS=${OVERLOAD_PROBE_RPS:-15000}
+OVERLOAD_SHAPE=${OVERLOAD_SHAPE:---prompt-blocks 2048 --shared-blocks 512}
+OVERLOAD_PROBE_RPS=${OVERLOAD_PROBE_RPS:-8000}
 OVERLOAD_CLIENT=${OVERLOAD_CLIENT:-h2}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
