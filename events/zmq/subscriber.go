@@ -250,11 +250,15 @@ type Subscriber struct {
 	batches     sync.Pool // *events.Batch
 	refusals    pushRefusals
 
-	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers
+	monitors atomic.Int64 // numbers the monitor sockets' inproc addresses
+
+	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, added, stopped
 	pushWorkers []int        // workers created by each push listener
 	streams     []*stream
 	byRef       map[events.WorkerRef]*stream
+	added       map[events.WorkerRef]*added // endpoints added while running
 	runCtx      context.Context
+	stopped     bool // Run returned
 	wg          sync.WaitGroup
 }
 
@@ -268,7 +272,7 @@ type pullSource struct {
 // Nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
-	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream)}
+	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added)}
 	for i, ep := range eps {
 		if ep.Address == "" {
 			return nil, fmt.Errorf("events: endpoint %d (%s): empty address", i, ep.Worker)
@@ -320,19 +324,24 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.mu.Lock()
+	if s.runCtx != nil || s.stopped {
+		s.mu.Unlock()
+		return errors.New("events: subscriber run twice")
+	}
 	s.runCtx = ctx
+	pull := s.pull
 	for _, st := range s.streams {
 		s.startStreamLocked(ctx, st)
 	}
 	s.mu.Unlock()
 
-	errc := make(chan error, len(s.pull)+len(s.opts.Push))
+	errc := make(chan error, len(pull)+len(s.opts.Push))
 	fail := func(err error) {
 		errc <- err
 		cancel()
 	}
-	for i, p := range s.pull {
-		sock, mon, err := s.connect(p.ep, i)
+	for _, p := range pull {
+		sock, mon, err := s.connect(p.ep)
 		if err != nil {
 			fail(err)
 			break
@@ -368,6 +377,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.checkHealth(ctx)
 	}()
 	<-ctx.Done()
+	s.mu.Lock()
+	s.stopped = true // no AddEndpoint starts goroutines past this point
+	s.mu.Unlock()
 	s.wg.Wait()
 	zctx.Term()
 	select {
@@ -405,7 +417,7 @@ func (s *Subscriber) setSockopts(sock *zmq4.Socket, topic string) error {
 
 // connect opens a pull-mode SUB socket to ep, with a monitor socket that
 // reports its connection state.
-func (s *Subscriber) connect(ep Endpoint, i int) (*zmq4.Socket, *zmq4.Socket, error) {
+func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
 	sock, err := s.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: new SUB socket for %s: %w", ep.Worker, err)
@@ -417,7 +429,7 @@ func (s *Subscriber) connect(ep Endpoint, i int) (*zmq4.Socket, *zmq4.Socket, er
 	if err := s.setSockopts(sock, ep.Topic); err != nil {
 		return fail(err)
 	}
-	monAddr := "inproc://kvindex-monitor-" + strconv.Itoa(i)
+	monAddr := "inproc://kvindex-monitor-" + strconv.FormatInt(s.monitors.Add(1), 10)
 	if err := sock.Monitor(monAddr, zmq4.EVENT_CONNECTED|zmq4.EVENT_DISCONNECTED|zmq4.EVENT_CLOSED); err != nil {
 		return fail(err)
 	}
