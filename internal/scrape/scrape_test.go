@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,5 +114,32 @@ func TestScrapeErrorsRedactCredentials(t *testing.T) {
 		if msg := err.Error(); strings.Contains(msg, "hunter2") || strings.Contains(msg, "s3cr3t") || !strings.Contains(msg, "REDACTED") {
 			t.Fatalf("error shows credentials: %s", msg)
 		}
+	}
+}
+
+// TestStartAndStop: a target started later (a discovered pod) is scraped
+// until its stop returns, and not after.
+func TestStartAndStop(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Write([]byte(vllmMetrics))
+	}))
+	defer srv.Close()
+	board := scoring.NewLoadBoard(time.Minute)
+	s := New(nil, board, 10*time.Millisecond, nil)
+	stop := s.Start(context.Background(), Target{Pod: "d", DPSize: 2, URL: srv.URL + "/metrics"})
+	deadline := time.Now().Add(5 * time.Second)
+	for hits.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	if got, ok := board.Get(events.WorkerRef{Pod: "d"}, time.Now()); !ok || got.Running != 7 {
+		t.Fatalf("rank 0 of the started target: %+v %v", got, ok)
+	}
+	n := hits.Load()
+	time.Sleep(50 * time.Millisecond)
+	if hits.Load() != n {
+		t.Fatalf("scraped %d more times after stop", hits.Load()-n)
 	}
 }
