@@ -16,9 +16,9 @@ var ErrUnknownEndpoint = errors.New("zmq: no such pull-mode endpoint")
 // ErrStopped reports an AddEndpoint after Run returned.
 var ErrStopped = errors.New("zmq: subscriber stopped")
 
-// added is a pull-mode endpoint added with AddEndpoint while the
-// subscriber runs: its receiver and stream goroutines run under their own
-// context, so RemoveEndpoint can stop them alone.
+// added is a running pull-mode endpoint: its receiver and stream
+// goroutines run under their own context, so RemoveEndpoint can stop them
+// alone.
 type added struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -66,9 +66,7 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(s.runCtx)
-	a := &added{cancel: cancel}
-	s.added[ep.Worker] = a
+	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
 	s.streams = append(s.streams, st)
 	s.byRef[ep.Worker] = st
 	a.wg.Add(2)
@@ -89,14 +87,21 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	return nil
 }
 
+// addedLocked registers a running pull-mode endpoint of worker ref under
+// a context of its own, derived from ctx. Callers hold s.mu.
+func (s *Subscriber) addedLocked(ctx context.Context, ref events.WorkerRef) (context.Context, *added) {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &added{cancel: cancel}
+	s.added[ref] = a
+	return ctx, a
+}
+
 // RemoveEndpoint stops receiving from the pull-mode engine of worker ref
 // (a pod that discovery saw go): its socket closes, its stream stops and
 // it leaves WorkerStats and Health. When it returns nothing more reaches
 // the worker's sink. The worker itself stays in the index: the caller
-// removes it (indexer.Index.RemoveWorker).
-//
-// An endpoint given to NewSubscriber can be removed too, but only before
-// Run (it shares Run's context); removing it while Run runs is an error.
+// removes it (indexer.Index.RemoveWorker). Endpoints given to
+// NewSubscriber can be removed as well; push-mode workers cannot.
 func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 	s.mu.Lock()
 	st := s.byRef[ref]
@@ -104,11 +109,7 @@ func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrUnknownEndpoint, ref)
 	}
-	a := s.added[ref]
-	if a == nil && s.runCtx != nil {
-		s.mu.Unlock()
-		return fmt.Errorf("events: remove endpoint %s: configured at start, it runs until the subscriber stops", ref)
-	}
+	a := s.added[ref] // nil before Run
 	delete(s.byRef, ref)
 	delete(s.added, ref)
 	// A new slice: readers iterate the old one outside the lock.

@@ -54,9 +54,6 @@ func TestAddRemoveEndpointWhileRunning(t *testing.T) {
 		t.Fatal("added worker has no health cell")
 	}
 
-	if err := sub.RemoveEndpoint(events.WorkerRef{Pod: "a"}); err == nil {
-		t.Fatal("removing an endpoint configured at start while running: no error")
-	}
 	if err := sub.RemoveEndpoint(refB); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +80,16 @@ func TestAddRemoveEndpointWhileRunning(t *testing.T) {
 	if got := wb.Stats().ResidentBlocks; got != 2*bigBlocks {
 		t.Fatalf("removed worker holds %d blocks, want %d (nothing applied after removal)", got, 2*bigBlocks)
 	}
+	// An endpoint given to NewSubscriber is removed the same way.
+	if err := sub.RemoveEndpoint(events.WorkerRef{Pod: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pubA.Publish(chainBatch(4)); err != nil {
+		t.Fatal(err)
+	}
+	if sub.Health(events.WorkerRef{Pod: "a"}) != nil {
+		t.Fatal("removed configured worker still has a health cell")
+	}
 
 	// Added again (a new worker, as discovery does): it rejoins from replay.
 	if err := ix.RemoveWorker(refB); err != nil {
@@ -93,6 +100,9 @@ func TestAddRemoveEndpointWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "b re-added learns all three batches", func() bool { return wb2.Stats().ResidentBlocks == 3*bigBlocks })
+	if got := wa.Stats().ResidentBlocks; got != bigBlocks {
+		t.Fatalf("removed configured worker holds %d blocks, want %d", got, bigBlocks)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

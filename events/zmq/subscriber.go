@@ -329,9 +329,21 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return errors.New("events: subscriber run twice")
 	}
 	s.runCtx = ctx
+	// Every pull-mode endpoint runs under a context of its own, so that
+	// RemoveEndpoint can stop it alone. Before Run only pull-mode streams
+	// exist.
 	pull := s.pull
-	for _, st := range s.streams {
-		s.startStreamLocked(ctx, st)
+	pctx := make([]context.Context, len(pull))
+	for i, p := range pull {
+		var a *added
+		pctx[i], a = s.addedLocked(ctx, p.ep.Worker)
+		a.wg.Add(1)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer a.wg.Done()
+			p.st.run(pctx[i])
+		}()
 	}
 	s.mu.Unlock()
 
@@ -340,16 +352,25 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		errc <- err
 		cancel()
 	}
-	for _, p := range pull {
+	for i, p := range pull {
 		sock, mon, err := s.connect(p.ep)
 		if err != nil {
 			fail(err)
 			break
 		}
+		s.mu.Lock()
+		a := s.added[p.ep.Worker]
+		if a != nil {
+			a.wg.Add(1)
+		}
+		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := s.receive(ctx, sock, mon, p.st, nil); err != nil {
+			if a != nil {
+				defer a.wg.Done()
+			}
+			if err := s.receive(pctx[i], sock, mon, p.st, nil); err != nil {
 				fail(err)
 			}
 		}()

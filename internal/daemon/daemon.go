@@ -30,6 +30,7 @@ import (
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/discovery"
 	"github.com/kvindex/kvindex/internal/fleet"
 	"github.com/kvindex/kvindex/internal/metrics"
 	"github.com/kvindex/kvindex/internal/scrape"
@@ -57,6 +58,10 @@ type Daemon struct {
 	httpSrv  *http.Server
 	httpLis  net.Listener
 	registry *prometheus.Registry
+
+	discovery  discoverySource       // nil without discovery
+	discovered *discovered           // the pods discovery added
+	reconciler *discovery.Reconciler // nil without discovery
 }
 
 // New builds the index and its workers from cfg and opens the gRPC and
@@ -157,6 +162,14 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	d.scraper = scrape.New(targets, loads, cfg.Scoring.ScrapeInterval, log)
+	if cfg.Discovery.Enabled() {
+		if d.discovery, err = newDiscoverySource(&cfg.Discovery); err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		d.discovered = &discovered{d: d, pods: map[string]*discoveredPod{}}
+		d.reconciler = discovery.NewReconciler(d.discovered, log)
+		d.registry.MustRegister(d.reconciler)
+	}
 	d.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
 			func() float64 { return float64(d.tracker.InFlight()) }),
@@ -292,7 +305,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -326,6 +339,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.auth != nil && len(d.cfg.Auth.Tokens) > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.watchTokens(ctx, time.Second) }()
+	}
+	if d.discovery != nil {
+		d.discovered.mu.Lock()
+		d.discovered.runCtx = ctx
+		d.discovered.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.discovery.Run(ctx, d.reconciler); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("daemon: discovery: %w", err)
+				cancel()
+			}
+		}()
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); d.tracker.Run(ctx, time.Second) }()
