@@ -54,10 +54,11 @@ type Server struct {
 	work chan struct{} // a request was submitted
 	t0   time.Time
 
-	mu                                                    sync.Mutex // guards eng, waiters, nextID and the counters below
-	eng                                                   *engine.Engine
-	waiters                                               map[*workload.Request]*waiter
-	nextID                                                int
+	mu      sync.Mutex // guards eng, waiters, nextID and the counters below
+	eng     *engine.Engine
+	waiters map[*workload.Request]*waiter
+	nextID  int
+	// counters, exported under vLLM's names
 	queries, hits, promptToks, genToks, success, rejected int64
 }
 
