@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/internal/netutil"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -51,5 +57,58 @@ func TestPrintConfig(t *testing.T) {
 	}
 	if !strings.Contains(out, "tcp://127.0.0.1:7000") || !strings.Contains(out, "precise+load-vllm-1") {
 		t.Errorf("config:\n%s", out)
+	}
+}
+
+// TestEngineAndLoadCommands runs `kvsim engine` and, against it, `kvsim
+// load` with no kvindex reachable: every request is served round-robin
+// and the summary says so.
+func TestEngineAndLoadCommands(t *testing.T) {
+	base, err := netutil.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	root := newRoot()
+	root.SetArgs([]string{"engine", "--model", "m", "--pod", "e0", "--http", fmt.Sprintf("127.0.0.1:%d", base),
+		"--publish", fmt.Sprintf("tcp://127.0.0.1:%d", base+1), "--replay", fmt.Sprintf("tcp://127.0.0.1:%d", base+2), "--cache-blocks", "1000"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	url := fmt.Sprintf("http://127.0.0.1:%d", base)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine never answered /health: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	out, err := run(t, "load", "--kvindex", "127.0.0.1:1", "--engine", "e0="+url, "--model", "m",
+		"--rate", "30", "--duration", "1s", "--system-tokens", "128", "--prefixes", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent, rr int
+	if _, err := fmt.Sscanf(out, "sent %d, failed 0, dropped 0; routed by kvindex 0, round-robin %d;", &sent, &rr); err != nil || sent == 0 || rr != sent {
+		t.Fatalf("summary %q (%v)", out, err)
+	}
+	for _, args := range [][]string{
+		{"load", "--engine", "e0=" + url},
+		{"load", "--kvindex", "x:1", "--engine", "nourl"},
+		{"engine", "--publish", "", "--http", "127.0.0.1:0"},
+	} {
+		if _, err := run(t, args...); err == nil {
+			t.Errorf("%v: no error", args)
+		}
 	}
 }

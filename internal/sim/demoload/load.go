@@ -73,7 +73,7 @@ func (s *Stats) HitRate() float64 {
 // Driver sends the load.
 type Driver struct {
 	cfg    Config
-	kv     *api.Client
+	kvs    []*api.Client // kvindex replicas, asked in turn
 	http   *http.Client
 	pods   []string // sorted, for the fallback
 	rr     atomic.Uint64
@@ -83,10 +83,14 @@ type Driver struct {
 	stats  Stats
 }
 
-// New returns a driver that routes through kv.
-func New(cfg Config, kv *api.Client) (*Driver, error) {
+// New returns a driver that routes through the kvindex replicas kvs, in
+// turn (a request is released on the replica that routed it).
+func New(cfg Config, kvs ...*api.Client) (*Driver, error) {
 	if cfg.Model == "" || len(cfg.Engines) == 0 {
 		return nil, errors.New("demoload: a model and at least one engine are required")
+	}
+	if len(kvs) == 0 {
+		return nil, errors.New("demoload: at least one kvindex client is required")
 	}
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -110,7 +114,7 @@ func New(cfg Config, kv *api.Client) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Driver{cfg: cfg, kv: kv, http: &http.Client{Timeout: time.Minute}, pods: slices.Sorted(maps.Keys(cfg.Engines))}
+	d := &Driver{cfg: cfg, kvs: kvs, http: &http.Client{Timeout: time.Minute}, pods: slices.Sorted(maps.Keys(cfg.Engines))}
 	total := 0.0
 	for k := range cfg.Prefixes {
 		total += 1 / math.Pow(float64(k+1), cfg.Zipf)
@@ -201,13 +205,15 @@ func (d *Driver) pick(u float64) int {
 // kvindex (or round-robin when it cannot answer), then released.
 func (d *Driver) One(ctx context.Context, prefix int, question string) error {
 	msgs := []vllmsim.Message{{Role: "system", Content: d.system[prefix]}, {Role: "user", Content: question}}
-	id := fmt.Sprintf("load-%d", d.next.Add(1))
-	pod, routed := d.route(ctx, id, vllmsim.Tokens(vllmsim.TokenizeChat(msgs)))
+	n := d.next.Add(1)
+	id := fmt.Sprintf("load-%d", n)
+	kv := d.kvs[int(n%uint64(len(d.kvs)))]
+	pod, routed := d.route(ctx, kv, id, vllmsim.Tokens(vllmsim.TokenizeChat(msgs)))
 	if routed {
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_, _ = d.kv.Release(rctx, id)
+			_, _ = kv.Release(rctx, id)
 		}()
 	}
 	url, ok := d.cfg.Engines[pod]
@@ -246,10 +252,10 @@ func (d *Driver) One(ctx context.Context, prefix int, question string) error {
 }
 
 // route asks kvindex for a worker; on any failure it picks round-robin.
-func (d *Driver) route(ctx context.Context, id string, toks []uint32) (pod string, routed bool) {
+func (d *Driver) route(ctx context.Context, kv *api.Client, id string, toks []uint32) (pod string, routed bool) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := d.kv.Route(rctx, &kvindexv1.RouteRequest{RequestId: id, Score: &kvindexv1.ScoreRequest{Model: d.cfg.Model, TokenIds: toks}})
+	resp, err := kv.Route(rctx, &kvindexv1.RouteRequest{RequestId: id, Score: &kvindexv1.ScoreRequest{Model: d.cfg.Model, TokenIds: toks}})
 	if err == nil && resp.GetChosen().GetPod() != "" {
 		d.stats.Routed.Add(1)
 		return resp.GetChosen().GetPod(), true

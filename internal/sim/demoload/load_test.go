@@ -123,7 +123,7 @@ func TestFallbackWithoutKVIndex(t *testing.T) {
 }
 
 func TestPickFollowsZipf(t *testing.T) {
-	d, err := New(Config{Model: model, Engines: map[string]string{"a": "http://a"}, Prefixes: 4, Zipf: 1}, nil)
+	d, err := New(Config{Model: model, Engines: map[string]string{"a": "http://a"}, Prefixes: 4, Zipf: 1}, &api.Client{})
 	if err != nil {
 		t.Fatal(err)
 	}
