@@ -134,10 +134,14 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 
 	d.registry = prometheus.NewRegistry()
+	mc := metrics.NewCollector(d.ix, d.srcs)
+	if d.fleet != nil {
+		mc.WithDigests() // replicas are compared by digest
+	}
 	d.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		metrics.NewCollector(d.ix, d.srcs),
+		mc,
 	)
 	if d.fleet != nil {
 		d.registry.MustRegister(
