@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
@@ -171,10 +172,10 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 		if limit < int64(a.o.MaxPending) {
 			a.hitLimit.Store(true)
 			a.refused[refusedOverload].Add(1)
-			return ctx, status.Errorf(codes.ResourceExhausted, "overloaded: calls are queueing; %d pending, the most the server takes now; retry with backoff", limit)
+			return ctx, overloaded("overloaded: calls are queueing; %d pending, the most the server takes now; retry with backoff", limit)
 		}
 		a.refused[refusedPending].Add(1)
-		return ctx, status.Errorf(codes.ResourceExhausted, "overloaded: %d Score and Route calls already pending; retry with backoff", a.o.MaxPending)
+		return ctx, overloaded("overloaded: %d Score and Route calls already pending; retry with backoff", a.o.MaxPending)
 	}
 	return context.WithValue(ctx, arrivalKey{}, &callState{arrived: now}), nil
 }
@@ -288,7 +289,7 @@ func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnarySe
 
 func (a *admission) refuseQueued() error {
 	a.refused[refusedQueued].Add(1)
-	return status.Errorf(codes.ResourceExhausted, "overloaded: the call queued longer than %v; retry with backoff", a.o.MaxQueueDelay)
+	return overloaded("overloaded: the call queued longer than %v; retry with backoff", a.o.MaxQueueDelay)
 }
 
 // AdmissionStats are the admission controller's counters.
@@ -324,4 +325,46 @@ func (s *Server) AdmissionStats() AdmissionStats {
 		Overloaded:      a.overloaded.Load(),
 		Limit:           a.limit.Load(),
 	}
+}
+
+// An admission refusal is ResourceExhausted with a google.rpc.ErrorInfo
+// detail of reason OverloadReason in domain ErrorDomain, so that a client
+// tells it (retry later, elsewhere) from a request over a limit, which the
+// same code also refuses.
+const (
+	// ErrorDomain is the ErrorInfo domain of kvindex's error details.
+	ErrorDomain = "kvindex.io"
+	// OverloadReason is the ErrorInfo reason of an admission refusal.
+	OverloadReason = "OVERLOADED"
+)
+
+// overloadInfo is the detail every admission refusal carries.
+var overloadInfo = &errdetails.ErrorInfo{Reason: OverloadReason, Domain: ErrorDomain}
+
+// overloaded returns an admission refusal: ResourceExhausted with the
+// message and overloadInfo. Cost: one detail marshalled, ~1 µs, on the
+// refusal path only.
+func overloaded(format string, args ...any) error {
+	st := status.Newf(codes.ResourceExhausted, format, args...)
+	if d, err := st.WithDetails(overloadInfo); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// IsOverloaded reports whether err is a server's admission control
+// refusing a Score or Route call because the server is overloaded (not a
+// request over a limit, which is ResourceExhausted too): the call was not
+// run, and may be retried with backoff.
+func IsOverloaded(err error) bool {
+	st, ok := ServerStatus(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return false
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == OverloadReason && ei.GetDomain() == ErrorDomain {
+			return true
+		}
+	}
+	return false
 }

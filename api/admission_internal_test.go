@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
-	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 )
 
@@ -38,7 +36,7 @@ func TestAdmissionPendingBound(t *testing.T) {
 		}
 		ctxs = append(ctxs, ctx)
 	}
-	if _, err := a.tap(context.Background(), score()); status.Code(err) != codes.ResourceExhausted || a.refused[refusedPending].Load() != 1 {
+	if _, err := a.tap(context.Background(), score()); !IsOverloaded(err) || a.refused[refusedPending].Load() != 1 {
 		t.Fatalf("fourth pending call: %v", err)
 	}
 	// Other methods are never refused.
@@ -86,7 +84,7 @@ func TestAdmissionAdaptsToStandingQueue(t *testing.T) {
 	if !a.overloaded.Load() || a.limit.Load() != 30 { // 3/4 of the 40 pending
 		t.Fatalf("after a standing queue: overloaded %v, limit %d; want true, 30", a.overloaded.Load(), a.limit.Load())
 	}
-	if err := call(0); status.Code(err) != codes.ResourceExhausted || a.refused[refusedOverload].Load() != 1 {
+	if err := call(0); !IsOverloaded(err) || a.refused[refusedOverload].Load() != 1 {
 		t.Fatalf("call over the cut bound: %v", err)
 	}
 	for _, ctx := range held {
@@ -111,7 +109,7 @@ func TestAdmissionMaxQueueDelay(t *testing.T) {
 	a := newAdmission(AdmissionOptions{MaxQueueDelay: 5 * time.Millisecond}, clk.now)
 	ctx, _ := a.tap(context.Background(), score())
 	clk.add(6 * time.Millisecond)
-	if _, err := a.interceptor(ctx, nil, unaryInfo(), ok); status.Code(err) != codes.ResourceExhausted || a.refused[refusedQueued].Load() != 1 {
+	if _, err := a.interceptor(ctx, nil, unaryInfo(), ok); !IsOverloaded(err) || a.refused[refusedQueued].Load() != 1 {
 		t.Fatalf("late small call: %v", err)
 	}
 	ctx, _ = a.tap(context.Background(), score())

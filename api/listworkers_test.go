@@ -113,3 +113,38 @@ func TestListWorkers(t *testing.T) {
 		t.Errorf("ListWorkers(nope): %v", err)
 	}
 }
+
+// applyingStats is a stats source that, as it is read, has a batch applied
+// to w, as a stream may apply one just after the listing read its stats.
+type applyingStats struct {
+	t *testing.T
+	w *indexer.Worker
+	b []events.Event
+}
+
+func (s applyingStats) WorkerStats() []events.WorkerStats {
+	out := []events.WorkerStats{{Worker: s.w.Info().Ref, Batches: 1, LastSeq: 0, HasSeq: true}}
+	apply(s.t, s.w, s.b...)
+	return out
+}
+
+// ListWorkers reads the streams' stats before the index's block counts: a
+// stream shows a batch only once the index applied it, so whatever seq a
+// listing shows, its blocks are counted (here the listing also counts a
+// batch applied just after the stats were read: 3 blocks, not 0).
+func TestListWorkersReadsStreamsFirst(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	mustModel(t, ix, "m")
+	w := mustWorker(t, ix, "m", "pod-a", 0)
+	f := serve(t, ix, applyingStats{t: t, w: w, b: []events.Event{stored(100, prompt(1, 3), 0, 3)}}, api.Options{})
+	resp, err := f.client.ListWorkers(context.Background(), &kvindexv1.ListWorkersRequest{})
+	if err != nil {
+		t.Fatalf("ListWorkers: %v", err)
+	}
+	if len(resp.GetWorkers()) != 1 {
+		t.Fatalf("%d workers, want 1", len(resp.GetWorkers()))
+	}
+	if got := resp.GetWorkers()[0]; !got.GetHasSeq() || got.GetLastSeq() != 0 || got.GetResidentBlocks() != 3 {
+		t.Fatalf("pod-a: last_seq %d (has %v), %d resident blocks; want 0 (true), 3", got.GetLastSeq(), got.GetHasSeq(), got.GetResidentBlocks())
+	}
+}

@@ -123,7 +123,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 		stats:  stats,
 		opts:   opts,
 		health: health.NewServer(),
-		codec:  NewCodec(),
+		codec:  newServerCodec(),
 		scorer: scoring.New(ix, scoring.Options{
 			Policy:       opts.Policy,
 			Tracker:      opts.Tracker,
@@ -579,6 +579,13 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 			return nil, s.unknownModel(filter)
 		}
 	}
+	// The streams' stats are read before the index's: a stream counts a
+	// batch (last_seq, batches) once the index has applied it, so every
+	// batch a listing counts is in its block counts.
+	var streams []events.WorkerStats
+	if s.stats != nil {
+		streams = s.stats.WorkerStats()
+	}
 	byRef := make(map[events.WorkerRef]*kvindexv1.WorkerStatus)
 	refs := make([]events.WorkerRef, 0)
 	for _, w := range s.ix.Workers() {
@@ -623,19 +630,17 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 		byRef[info.Ref] = ws
 		refs = append(refs, info.Ref)
 	}
-	if s.stats != nil {
-		for _, st := range s.stats.WorkerStats() {
-			ws, ok := byRef[st.Worker]
-			if !ok {
-				if filter != "" {
-					continue // the index does not know its model
-				}
-				ws = &kvindexv1.WorkerStatus{Worker: toRef(st.Worker)}
-				byRef[st.Worker] = ws
-				refs = append(refs, st.Worker)
+	for _, st := range streams {
+		ws, ok := byRef[st.Worker]
+		if !ok {
+			if filter != "" {
+				continue // the index does not know its model
 			}
-			mergeStreamStats(ws, &st)
+			ws = &kvindexv1.WorkerStatus{Worker: toRef(st.Worker)}
+			byRef[st.Worker] = ws
+			refs = append(refs, st.Worker)
 		}
+		mergeStreamStats(ws, &st)
 	}
 	slices.SortFunc(refs, scoring.CompareRefs)
 	resp := &kvindexv1.ListWorkersResponse{Workers: make([]*kvindexv1.WorkerStatus, len(refs))}

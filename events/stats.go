@@ -26,9 +26,14 @@ type WorkerStats struct {
 	StaleSince time.Time
 	// StaleTransitions counts times the worker became stale.
 	StaleTransitions int64
-	// Batches and Events count applied messages and the events in them.
+	// Batches and Events count applied messages and the events in them:
+	// each is counted once the worker's sink has applied it, so its
+	// blocks are in the index by the time a snapshot shows it.
 	Batches, Events int64
-	// LastSeq is the last seq applied; valid when HasSeq.
+	// LastSeq is the seq of the last message applied (or, undecodable,
+	// counted in DecodeErrors and skipped), set once the sink has applied
+	// it as Batches is: a reader that sees an engine's seq here finds
+	// that batch in the index and in answers. Valid when HasSeq.
 	LastSeq uint64
 	HasSeq  bool
 	// LastMessage is when the last message arrived (zero if never).

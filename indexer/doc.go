@@ -63,6 +63,15 @@
 // effect that does not fit a keyed worker's state is counted and
 // reported (ErrDeltaMismatch), for the caller to restore it anew.
 //
+// A worker fed engine events can also be saved whole, for another process
+// to go on feeding it the same engine's events (a restarted fleet agent):
+// Worker.Checkpoint adds to the snapshot's keys every engine block at its
+// key (its engine hash, stores per medium and store recency) and the
+// worker's learned capacity and skipped groups; Worker.RestoreCheckpoint
+// checks a checkpoint whole (ErrBadCheckpoint) before it rebuilds the
+// worker from it, which then answers, digests and applies later batches
+// as the checkpointed worker would.
+//
 // # Concurrency
 //
 // Index and Worker are safe for concurrent use. Match takes no lock on the

@@ -120,13 +120,14 @@ func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
 	}
 }
 
-// snapHeld is a key the snapshot's worker holds: its position (see
-// engineEntry.pos), its entries slots[lo:] up to the next key's, and once
-// it is out, its index in the snapshot's keys (-1 before).
+// snapHeld is a key the walk's worker holds: its position (see
+// engineEntry.pos), its entries slots[lo:] up to the next key's, and
+// once it is out, its key.
 type snapHeld struct {
 	pos uint64
 	lo  int32
-	out int32
+	out bool
+	key Key
 }
 
 // snapStep is a key on the way up from a held key: held[idx], or a
@@ -152,6 +153,34 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 	if w.gone {
 		return nil, 0, 0, fmt.Errorf("%w: %s (no snapshot)", ErrRemovedWorker, w.info.Ref)
 	}
+	out := make([]SnapshotKey, 0, w.engine.Len())
+	var digest uint64
+	w.treeOrderLocked(func(k, parent Key, hasParent bool, slots []int) {
+		sk := SnapshotKey{Key: k, Parent: parent, HasParent: hasParent}
+		if slots != nil {
+			w.snapCountsLocked(&sk, slots)
+			kc := sk.counts()
+			digest += digestTerm(sk.Key, kc.media())
+		}
+		out = append(out, sk)
+	})
+	return out, w.deltaSeq, digest, nil
+}
+
+// treeOrderLocked calls visit for every key the worker holds, and every
+// placeholder its held keys need (see the comment on snapshots above),
+// in an order where each key's parent comes before it and a placeholder
+// is followed at once by a key under it: with the key, where it attaches
+// (under parent when hasParent, else at top level), and the slots of the
+// worker's entries at the key (nil for a placeholder; valid until the
+// worker next changes). Callers hold w.mu; visit must not change the
+// worker or lock tree nodes.
+//
+// Cost: O(blocks log blocks): the entries sorted by position, a node
+// lock per run of keys in one node, a binary search per parent in
+// another node, plus the placeholders; 24 bytes per block of memory
+// until it returns.
+func (w *Worker) treeOrderLocked(visit func(k, parent Key, hasParent bool, slots []int)) {
 	// The entries' slots, sorted by position.
 	n := w.engine.Len()
 	slots := make([]int, 0, n)
@@ -175,12 +204,12 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 	held := make([]snapHeld, 0, n)
 	for i, slot := range slots {
 		if pos := w.entry(slot).pos(); len(held) == 0 || held[len(held)-1].pos != pos {
-			held = append(held, snapHeld{pos: pos, lo: int32(i), out: -1})
+			held = append(held, snapHeld{pos: pos, lo: int32(i)})
 		}
 	}
 	entriesOf := func(i int) []int {
 		if i+1 < len(held) {
-			return slots[held[i].lo:held[i+1].lo]
+			return slots[held[i].lo:held[i+1].lo:held[i+1].lo]
 		}
 		return slots[held[i].lo:]
 	}
@@ -193,11 +222,9 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 		return slices.BinarySearchFunc(held, pos, func(h snapHeld, p uint64) int { return cmp.Compare(h.pos, p) })
 	}
 	var placeholders map[uint64]Key // by position
-	out := make([]SnapshotKey, 0, len(held))
-	var digest uint64
 	var path []snapStep
 	for i := range held {
-		if held[i].out >= 0 {
+		if held[i].out {
 			continue
 		}
 		// Up from held[i] to a key already out, or to the top level: the
@@ -213,8 +240,8 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 			}
 			pos := posOf(p)
 			if j, ok := find(pos, at); ok {
-				if o := held[j].out; o >= 0 {
-					parent, hasParent = out[o].Key, true
+				if held[j].out {
+					parent, hasParent = held[j].key, true
 					break
 				}
 				path = append(path, snapStep{int32(j), p})
@@ -231,24 +258,21 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 		// Out from the top down, each under the one before.
 		for s := len(path) - 1; s >= 0; s-- {
 			st := path[s]
-			sk := SnapshotKey{Key: w.cur.keyAt(st.l), Parent: parent, HasParent: hasParent}
+			k := w.cur.keyAt(st.l)
 			if st.idx < 0 {
 				if placeholders == nil {
 					placeholders = make(map[uint64]Key)
 				}
-				placeholders[posOf(st.l)] = sk.Key
+				placeholders[posOf(st.l)] = k
+				visit(k, parent, hasParent, nil)
 			} else {
-				held[st.idx].out = int32(len(out))
-				w.snapCountsLocked(&sk, entriesOf(int(st.idx)))
-				kc := sk.counts()
-				digest += digestTerm(sk.Key, kc.media())
+				held[st.idx].out, held[st.idx].key = true, k
+				visit(k, parent, hasParent, entriesOf(int(st.idx)))
 			}
-			out = append(out, sk)
-			parent, hasParent = sk.Key, true
+			parent, hasParent = k, true
 		}
 	}
 	w.endLocked()
-	return out, w.deltaSeq, digest, nil
 }
 
 // snapCountsLocked sets sk's counts from the worker's entries at its key.
@@ -278,24 +302,48 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 // snapshots above), so the worker holds what the snapshot's worker held,
 // at the same places in the tree.
 //
-// The segments are read and checked first, with no lock held: in order
-// (Part from 0, one Seq, one Last, at most SnapshotSegmentKeys keys
-// each, as many in all as Total says), no key twice, every parent before its key, every placeholder
-// followed at once by a key under it, counts valid, and the keys'
-// digest equal to the last segment's. A snapshot that fails a check is
-// ErrBadSnapshot, and the worker is left as it was. Then the worker's
-// state is replaced under its mutex; the new state is visible to Match
-// when Restore returns (readers may see part of it earlier, as with a
-// batch). A worker fed engine events refuses snapshots (ErrWorkerKind).
+// The segments must be in order (Part from 0, one Seq, one Last, at most
+// SnapshotSegmentKeys keys each, as many in all as Total says), with no
+// key twice, every parent before its key, every placeholder followed at
+// once by a key under it, valid counts, and the keys' digest equal to the
+// last segment's. A snapshot that fails a check is ErrBadSnapshot, and
+// the worker is left as it was. The new state is visible to Match when
+// Restore returns (readers may see part of it earlier, as with a batch).
+// A worker fed engine events refuses snapshots (ErrWorkerKind).
 //
-// Cost: O(keys) map operations to check the snapshot, then a clear of
-// what the worker held (O(blocks log blocks)) and per key the tree work
-// of a store; memory for the keys until it returns. BenchmarkRestore
-// (docs/benchmarks.md): 12.9 ms for 30,000 blocks, a third each for the
-// checks, the clear and the tree.
+// A worker that holds blocks is replaced in two passes: the segments are
+// read and checked first with no lock held (their keys kept, with a map
+// of them), and then, under the worker's mutex, what it held is cleared
+// and the keys are built. An empty worker, which is what a replica
+// restores into (its first sync, and every resync, which resets the
+// worker first), is built in one pass instead: each segment is checked
+// and built as it arrives, under the mutex, which is released while the
+// next one is read; the engine map finds repeated keys and named parents
+// as it is filled, so no key is copied or mapped; a check that fails
+// clears what was built, leaving the worker empty, as it was.
+// Placeholders at a segment's end are built with the next segment, with
+// the key under them. A budget eviction or another call changing the
+// worker between two segments ends the restore with an error (not
+// ErrBadSnapshot), the worker cleared.
+//
+// Cost: the one-pass restore of a 30,000-block worker's snapshot, per
+// key, the tree work of a store (a top-level key probes the heads, a
+// branch creates a node) and an engine-map insert, and 7 allocations per
+// 1,000 keys; the two-pass one adds a map of the keys, a copy of each,
+// and the clear of what the worker held (O(blocks log blocks)).
+// BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
+	}
+	w.mu.Lock()
+	gone, empty := w.gone, w.engine.Len() == 0
+	w.mu.Unlock()
+	if gone {
+		return fmt.Errorf("%w: %s (no restore)", ErrRemovedWorker, w.info.Ref)
+	}
+	if empty {
+		return w.restoreEmpty(next)
 	}
 	st, err := readSnapshot(next)
 	if err != nil {
@@ -316,6 +364,265 @@ func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	w.c.lastApply.Store(time.Now().UnixNano())
 	w.ix.resident.Add(delta)
 	w.ix.checkBudget()
+	return nil
+}
+
+// errRestoreChanged: the worker changed between two segments of a
+// one-pass restore.
+var errRestoreChanged = errors.New("the worker changed during the restore (a budget eviction, or another call)")
+
+// restoreEmpty is Restore into a worker that holds nothing, in one pass
+// (see Restore).
+func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
+	rs := restoreStream{w: w}
+	err := rs.run(next)
+	w.mu.Lock()
+	if err == nil && w.gone {
+		err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
+	}
+	before := w.res
+	if err == nil {
+		w.deltaSeq = rs.seq
+	} else if !w.gone {
+		w.clearLocked() // back to empty, as it was
+	}
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	w.ix.resident.Add(delta)
+	if err != nil {
+		if errors.Is(err, ErrRemovedWorker) {
+			return err
+		}
+		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
+	}
+	w.c.lastApply.Store(time.Now().UnixNano())
+	w.ix.checkBudget()
+	return nil
+}
+
+// restoreStream is the state of a one-pass restore between segments.
+type restoreStream struct {
+	w          *Worker
+	seq, total uint64
+	received   uint64 // keys in the segments read so far
+	keys       int    // keys built
+	last       bool
+	want       uint64 // the last segment's digest
+	digest     uint64 // of the keys built
+	// prev is the last key built and its place: a key under it (the next
+	// key of a chain) attaches with no probe. prevHole says it is a
+	// placeholder (the key after it must be under it).
+	prev      Key
+	prevLoc   loc
+	havePrev  bool
+	prevHole  bool
+	holes     map[Key]loc // placeholders built (held keys are in the engine map)
+	carry     []SnapshotKey
+	scratch   []SnapshotKey
+	entries   int   // the engine map's length when the mutex was last released
+	evictions int64 // the worker's evictions then
+}
+
+// run reads, checks and builds every segment, and reports the first
+// problem; the caller clears the worker if there is one.
+func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
+	w := rs.w
+	rs.evictions = w.c.evictions.Load()
+	for part := uint32(0); ; part++ {
+		seg, err := next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("reading snapshot segment %d: %w", part, err)
+		}
+		if err := rs.header(part, seg); err != nil {
+			return err
+		}
+		w.mu.Lock()
+		var res int64
+		switch {
+		case w.gone:
+			err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
+		case w.engine.Len() != rs.entries || w.c.evictions.Load() != rs.evictions:
+			err = errRestoreChanged
+		default:
+			if part == 0 {
+				// Sized once, up to a bound: Total is the sender's word.
+				w.engine.Reserve(int(min(seg.Total, restoreReserve)))
+			}
+			before := w.res
+			err = rs.segmentLocked(part, seg)
+			w.endLocked() // publishes the segment's nodes and releases them
+			res = w.res - before
+			rs.entries = w.engine.Len()
+		}
+		w.mu.Unlock()
+		w.ix.resident.Add(res)
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case !rs.last:
+		return fmt.Errorf("%w: it ends before its last segment", ErrBadSnapshot)
+	case rs.received != rs.total:
+		return fmt.Errorf("%w: %d keys, its segments say %d", ErrBadSnapshot, rs.received, rs.total)
+	case len(rs.carry) > 0:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.carry[len(rs.carry)-1].Key))
+	case rs.prevHole:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.prev))
+	case rs.digest != rs.want:
+		return fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadSnapshot, rs.digest, rs.want)
+	}
+	return nil
+}
+
+// header checks segment part's place in the snapshot (as readSnapshot).
+func (rs *restoreStream) header(part uint32, seg *SnapshotSegment) error {
+	switch {
+	case rs.last:
+		return fmt.Errorf("%w: segment %d follows the last", ErrBadSnapshot, part)
+	case seg == nil:
+		return fmt.Errorf("%w: segment %d is nil", ErrBadSnapshot, part)
+	case seg.Part != part:
+		return fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadSnapshot, seg.Part, part)
+	case part > 0 && seg.Seq != rs.seq:
+		return fmt.Errorf("%w: segment %d has seq %d, segment 0 seq %d", ErrBadSnapshot, part, seg.Seq, rs.seq)
+	case part > 0 && seg.Total != rs.total:
+		return fmt.Errorf("%w: segment %d says %d keys in all, segment 0 %d", ErrBadSnapshot, part, seg.Total, rs.total)
+	case len(seg.Keys) > SnapshotSegmentKeys:
+		return fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, part, len(seg.Keys), SnapshotSegmentKeys)
+	}
+	if part == 0 {
+		rs.seq, rs.total = seg.Seq, seg.Total
+	}
+	if rs.received += uint64(len(seg.Keys)); rs.received > rs.total {
+		return fmt.Errorf("%w: segment %d brings its keys over the %d it says", ErrBadSnapshot, part, rs.total)
+	}
+	if seg.Last {
+		rs.last, rs.want = true, seg.Digest
+	}
+	return nil
+}
+
+// segmentLocked checks and builds one segment's keys, after the
+// placeholders carried from the segment before, and carries its own
+// trailing placeholders to the next (unless it is the last). Callers hold
+// w.mu.
+func (rs *restoreStream) segmentLocked(part uint32, seg *SnapshotSegment) error {
+	keys := seg.Keys
+	end := len(keys)
+	if !seg.Last {
+		for end > 0 && keys[end-1].Blocks == 0 {
+			end--
+		}
+	}
+	if end == 0 && !seg.Last {
+		rs.carry = append(rs.carry, keys...)
+		return nil
+	}
+	run := keys[:end]
+	if len(rs.carry) > 0 {
+		rs.scratch = append(append(rs.scratch[:0], rs.carry...), run...)
+		run = rs.scratch
+	}
+	if err := rs.buildLocked(part, run); err != nil {
+		return err
+	}
+	rs.carry = append(rs.carry[:0], keys[end:]...)
+	return nil
+}
+
+// buildLocked checks and builds run, the keys of segment part (after
+// any carried from the one before). Callers hold w.mu.
+func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
+	w := rs.w
+	c := &w.cur
+	id := uint32(w.id)
+	chainEnd := 0
+	for i := range run {
+		sk := &run[i]
+		bad := func(why string) error {
+			// rs.keys is the key's index in the snapshot: every key before
+			// it is built.
+			return fmt.Errorf("%w: key %d (%#016x), in segment %d or the one before: %s", ErrBadSnapshot, rs.keys, uint64(sk.Key), part, why)
+		}
+		kc := sk.counts()
+		if !kc.valid() {
+			return bad(fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs))
+		}
+		// Where it attaches: under the key before it (a chain, no probe),
+		// under a held key or a placeholder built before, or at top level.
+		var under loc
+		underPrev := sk.HasParent && rs.havePrev && rs.prev == sk.Parent
+		switch {
+		case !sk.HasParent:
+		case underPrev:
+			under = rs.prevLoc
+		default:
+			if slot, ok := w.engine.Get(uint64(sk.Parent)); ok {
+				under = w.locOf(w.entry(slot))
+			} else if l, ok := rs.holes[sk.Parent]; ok {
+				under = l
+			} else {
+				return bad(fmt.Sprintf("its parent %#016x is not before it", uint64(sk.Parent)))
+			}
+		}
+		if rs.prevHole && !underPrev {
+			return bad("it follows a placeholder but is not under it")
+		}
+		if _, ok := w.engine.Get(uint64(sk.Key)); ok {
+			return bad("the key is in the snapshot twice")
+		}
+		if _, ok := rs.holes[sk.Key]; ok {
+			return bad("the key is in the snapshot twice")
+		}
+		if i >= chainEnd {
+			// The chain from i (each key under the one before), whose
+			// length sizes the nodes it creates.
+			j := i + 1
+			for j < len(run) && run[j].HasParent && run[j].Parent == run[j-1].Key {
+				j++
+			}
+			chainEnd = j
+		}
+		media := kc.media()
+		var set *holders.Set
+		if media != 0 {
+			set = w.ix.single(id, media)
+		}
+		var l loc
+		var fresh bool
+		// A node the restore creates holds the rest of its chain: sized for
+		// it (newNode doubles its hint, for a chain that grows), not twice.
+		hint := (chainEnd - i + 1) / 2
+		if !sk.HasParent {
+			l, fresh = c.top(sk.Key, set, hint)
+		} else {
+			l, fresh = c.next(under, sk.Key, set, hint)
+		}
+		rs.prev, rs.prevLoc, rs.havePrev, rs.prevHole = sk.Key, l, true, media == 0
+		rs.keys++
+		if media == 0 {
+			if rs.holes == nil {
+				rs.holes = make(map[Key]loc)
+			}
+			rs.holes[sk.Key] = l
+			continue
+		}
+		if !fresh {
+			c.change(l, holders.Op{Worker: id, Set: media})
+		}
+		h := uint64(sk.Key)
+		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
+		w.res += int64(kc.blocks)
+		for m, n := range kc.in {
+			w.resBy[m] += int64(n)
+		}
+		rs.digest += digestTerm(sk.Key, media)
+	}
 	return nil
 }
 
@@ -641,17 +948,58 @@ func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
 	return nil
 }
 
-// segDecoder reads a segment's encoding, remembering the first error.
+// segDecoder reads a segment's encoding (of a snapshot or a checkpoint),
+// remembering the first error.
 type segDecoder struct {
 	b   []byte
 	off int
 	err error
+	// bad is the sentinel errors wrap; nil means ErrBadSnapshot.
+	bad error
 }
 
 func (d *segDecoder) fail(format string, args ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: segment encoding at byte %d: %s", ErrBadSnapshot, d.off, fmt.Sprintf(format, args...))
+		bad := d.bad
+		if bad == nil {
+			bad = ErrBadSnapshot
+		}
+		d.err = fmt.Errorf("%w: segment encoding at byte %d: %s", bad, d.off, fmt.Sprintf(format, args...))
 	}
+}
+
+// left returns how many bytes are left to read.
+func (d *segDecoder) left() int { return len(d.b) - d.off }
+
+// bytes reads n bytes, which alias the input.
+func (d *segDecoder) bytes(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > d.left() {
+		d.fail("truncated")
+		return nil
+	}
+	d.off += n
+	return d.b[d.off-n : d.off]
+}
+
+// varint reads a zig-zag varint in [lo, hi].
+func (d *segDecoder) varint(lo, hi int64) int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("bad or truncated varint")
+		return 0
+	}
+	if v < lo || v > hi {
+		d.fail("value %d outside [%d, %d]", v, lo, hi)
+		return 0
+	}
+	d.off += n
+	return v
 }
 
 func (d *segDecoder) byte() byte {

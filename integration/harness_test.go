@@ -64,6 +64,9 @@ type podSpec struct {
 	// replayFrames, when not zero, gives the pod a replay socket answering
 	// in vLLM's 3- or 4-frame form.
 	replayFrames int
+	// bufferSteps is how many batches the replay socket keeps (vLLM's
+	// buffer_steps); 0 means 10,000.
+	bufferSteps int
 	// push makes the pod connect to the daemon's push listener with topic
 	// (default kv@<name>@<model>) instead of binding.
 	push  bool
@@ -136,6 +139,7 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 			if replayBase != 0 {
 				cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", replayBase+r)
 				cfg.ReplayFrames = s.replayFrames
+				cfg.BufferSteps = s.bufferSteps
 			}
 			pub, err := enginepub.NewPublisher(cfg)
 			if err != nil {

@@ -4,6 +4,7 @@
 //	kvbench --embedded --rps 10000 --duration 10s
 //	kvbench --addr localhost:50051 --model my-model --rps 2000 --json
 //	kvbench --embedded --serve --listen 127.0.0.1:7070   # server only
+//	kvbench --addr 127.0.0.1:7070 --check --client grpc   # its generator
 //
 // With --embedded it starts an in-process index loaded with the shape
 // (--workers, --prompt-blocks, --shared-blocks, --tail-holders) behind a
@@ -16,11 +17,16 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/internal/loadgen"
 )
@@ -40,6 +46,7 @@ func newRoot() *cobra.Command {
 		cpuprofile string
 		serve      bool
 		listen     string
+		rt         runtimeFlags
 		shape      = loadgen.DefaultShape()
 		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 8, Timeout: time.Second}
 	)
@@ -59,6 +66,9 @@ func newRoot() *cobra.Command {
 			if serve && !opts.Embedded {
 				return fmt.Errorf("--serve needs --embedded")
 			}
+			if err := rt.apply(cmd.Flags()); err != nil {
+				return err
+			}
 			opts.Shape, opts.Load = shape, load
 			if warmup > 0 {
 				opts.Warmup = load
@@ -66,6 +76,9 @@ func newRoot() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if serve {
+				return serveOnly(ctx, cmd, shape, listen, cpuprofile)
+			}
 			if cpuprofile != "" {
 				stopProfile, err := startCPUProfile(cpuprofile)
 				if err != nil {
@@ -73,13 +86,11 @@ func newRoot() *cobra.Command {
 				}
 				defer stopProfile()
 			}
-			if serve {
-				return serveOnly(ctx, cmd, shape, listen)
-			}
 			rep, err := loadgen.Bench(ctx, opts)
 			if err != nil {
 				return err
 			}
+			rep.Runtime = loadgen.CurrentRuntime()
 			if asJSON {
 				return rep.WriteJSON(cmd.OutOrStdout())
 			}
@@ -99,8 +110,10 @@ func newRoot() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
-	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server) to this file")
+	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server; with --serve, of serving once the index is loaded) to this file")
+	f.BoolVar(&opts.Check, "check", false, "with --addr: check every reply against the shape (the server is kvbench --embedded --serve with the same shape flags); --embedded always checks")
 	f.BoolVar(&opts.BlockKeys, "block-keys", false, "send content keys (block_keys, computed client-side) instead of token ids")
+	rt.register(f)
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
 	f.IntVar(&shape.Workers, "workers", shape.Workers, "workers in the embedded fleet")
@@ -112,14 +125,23 @@ func newRoot() *cobra.Command {
 	return cmd
 }
 
-// serveOnly serves an embedded index loaded with shape until ctx ends.
-func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen string) error {
+// serveOnly serves an embedded index loaded with shape until ctx ends,
+// with a CPU profile into cpuprofile (if not "") from when the index is
+// loaded, so that the profile is of serving alone.
+func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string) error {
 	e, err := loadgen.StartEmbedded(ctx, shape, listen)
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s\n", shape, e.Addr)
+	if cpuprofile != "" {
+		stopProfile, err := startCPUProfile(cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", shape, e.Addr, loadgen.CurrentRuntime())
 	e.Wait(ctx)
 	return nil
 }
@@ -139,4 +161,61 @@ func startCPUProfile(path string) (func(), error) {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 	}, nil
+}
+
+// runtimeFlags are the Go runtime settings of this kvbench process, each
+// left to Go (and its GOMAXPROCS, GOGC, GOMEMLIMIT variables) unless given:
+// `make bench` runs a server and a generator process on the same two
+// cores, and sets them per process (docs/benchmarks.md, gRPC rows).
+type runtimeFlags struct {
+	procs    int
+	gogc     int
+	memLimit string
+}
+
+func (r *runtimeFlags) register(f *pflag.FlagSet) {
+	f.IntVar(&r.procs, "gomaxprocs", 0, "GOMAXPROCS of this process (default: Go's, the CPUs available)")
+	f.IntVar(&r.gogc, "gogc", 0, "GOGC of this process: collect when the heap has grown this many percent over the live heap; -1 turns that off (default: Go's, from $GOGC)")
+	f.StringVar(&r.memLimit, "memory-limit", "", "soft memory limit of this process, bytes with an optional KiB, MiB or GiB (default: Go's, from $GOMEMLIMIT)")
+}
+
+// apply sets the runtime settings given on the command line.
+func (r *runtimeFlags) apply(f *pflag.FlagSet) error {
+	if f.Changed("gomaxprocs") {
+		if r.procs < 1 {
+			return fmt.Errorf("--gomaxprocs %d: want at least 1", r.procs)
+		}
+		runtime.GOMAXPROCS(r.procs)
+	}
+	if f.Changed("gogc") {
+		debug.SetGCPercent(r.gogc)
+	}
+	if f.Changed("memory-limit") {
+		n, err := parseBytes(r.memLimit)
+		if err != nil {
+			return fmt.Errorf("--memory-limit: %w", err)
+		}
+		debug.SetMemoryLimit(n)
+	}
+	return nil
+}
+
+// parseBytes parses a byte count with an optional binary suffix, as
+// GOMEMLIMIT does: 512MiB, 2GiB, 1048576.
+func parseBytes(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("%q is not a positive byte count (e.g. 512MiB)", s)
+	}
+	return n * mult, nil
 }

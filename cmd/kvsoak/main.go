@@ -116,7 +116,7 @@ func newRoot(code *int) *cobra.Command {
 	f.IntVar(&opts.DaemonRestarts, "daemon-restarts", opts.DaemonRestarts, "daemon restarts within the first 60% of the run, SIGTERM and SIGKILL alternately, the last SIGKILL")
 	f.DurationVar(&opts.GarbageInterval, "garbage-interval", opts.GarbageInterval, "time between hostile probes")
 	f.IntVar(&opts.WarmupSteps, "warmup-steps", opts.WarmupSteps, "steps each engine runs before the daemon first starts")
-	f.BoolVar(&opts.KnownGaps, "known-gaps", false, "also send the probes of the fencing gaps docs/reliability.md lists (the run then fails)")
+	f.Float64Var(&opts.MaxRefused, "max-refused", opts.MaxRefused, "the largest fraction of Score and Route calls the daemon may refuse for overload (ResourceExhausted from admission control) before the run fails")
 	f.StringVar(&logLevel, "log-level", "info", "progress log level: debug, info, warn, error")
 	return cmd
 }

@@ -79,6 +79,9 @@ type Agent struct {
 	log   *slog.Logger
 
 	workers map[int]*agentWorker
+	// kick has a value when a registration changed between heartbeats
+	// (SetPartial) and Run should rewrite the registrations now.
+	kick chan struct{}
 
 	published, bytes atomic.Int64
 	snapshots        atomic.Int64
@@ -125,7 +128,7 @@ func NewAgent(ctx context.Context, nc *natsgo.Conn, o AgentOptions, workers map[
 	if o.Model == "" || o.Pod == "" || o.BlockSize <= 0 {
 		return nil, fmt.Errorf("nats: agent: model, pod and block size are required")
 	}
-	a := &Agent{nc: nc, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}}
+	a := &Agent{nc: nc, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}, kick: make(chan struct{}, 1)}
 	var err error
 	for rank, lw := range workers {
 		ref := events.WorkerRef{Pod: o.Pod, DPRank: rank}
@@ -237,14 +240,36 @@ func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply fu
 }
 
 // SetPartial marks worker rank's state as known to lack part of its
-// engine's history (a restore whose replay left a hole), for its
-// registration.
+// engine's history (a restore whose replay left a hole), or as whole
+// again, for its registration; a change is registered at once (by Run)
+// rather than at the next heartbeat. It must not be called from inside
+// Publish's apply or WithWorker's f (it takes the worker's lock).
 func (a *Agent) SetPartial(rank int, partial bool) {
-	if w := a.workers[rank]; w != nil {
-		w.mu.Lock()
-		w.partial = partial
-		w.mu.Unlock()
+	w := a.workers[rank]
+	if w == nil {
+		return
 	}
+	w.mu.Lock()
+	changed := w.partial != partial
+	w.partial = partial
+	w.mu.Unlock()
+	if changed {
+		select {
+		case a.kick <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+}
+
+// Partial reports whether worker rank is marked partial (SetPartial).
+func (a *Agent) Partial(rank int) bool {
+	w := a.workers[rank]
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.partial
 }
 
 // EngineSeq returns the last engine seq worker rank published, for the
@@ -286,50 +311,52 @@ func (a *Agent) Stats() AgentStats {
 
 // serveSnapshot answers one snapshot request: the worker's state, taken
 // under its lock with the seq it is after, sent in chunks of about
-// ChunkBytes to the reply subject.
+// ChunkBytes to the reply subject. Each segment is copied once, into the
+// chunk that carries it (appendChunkSegment); the chunks' headers, which
+// need the snapshot's block count, are appended once the snapshot is
+// taken, and the chunks sent with no lock held.
 func (a *Agent) serveSnapshot(w *agentWorker, m *natsgo.Msg) {
 	if m.Reply == "" {
 		return
 	}
-	var segs [][]byte
+	var chunks [][]byte
+	var cur []byte
 	w.mu.Lock()
 	seq := w.seq
 	blocks, err := w.local.Snapshot(func(seg []byte) error {
-		segs = append(segs, append([]byte(nil), seg...))
+		if cur == nil {
+			// Room for the chunk (it ends past ChunkBytes by its last
+			// segment), unless the segments are small.
+			cur = make([]byte, 0, min(a.o.ChunkBytes, 16*len(seg))+len(seg)+64)
+		}
+		cur = appendChunkSegment(cur, seg)
+		if len(cur) >= a.o.ChunkBytes {
+			chunks, cur = append(chunks, cur), nil
+		}
 		return nil
 	})
 	w.mu.Unlock()
-	send := func(c *fleetv1.SnapshotChunk) bool {
-		b, merr := proto.Marshal(c)
-		if merr == nil {
-			merr = a.nc.Publish(m.Reply, b)
-		}
-		if merr != nil {
-			a.log.Warn("sending a snapshot chunk failed", "worker", w.ref.String(), "err", merr)
+	if cur != nil || len(chunks) == 0 {
+		chunks = append(chunks, cur)
+	}
+	send := func(b []byte) bool {
+		if err := a.nc.Publish(m.Reply, b); err != nil {
+			a.log.Warn("sending a snapshot chunk failed", "worker", w.ref.String(), "err", err)
 			return false
 		}
 		return true
 	}
 	if err != nil {
-		send(&fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Last: true, Error: err.Error()})
+		send(appendChunkHeader(nil, chunkHeader{epoch: a.epoch, seq: seq, last: true, err: err.Error()}))
 		return
 	}
-	chunk := &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Blocks: blocks}
-	size := 0
-	for _, seg := range segs {
-		chunk.Segments = append(chunk.Segments, seg)
-		if size += len(seg); size >= a.o.ChunkBytes {
-			if !send(chunk) {
-				return
-			}
-			chunk = &fleetv1.SnapshotChunk{Epoch: a.epoch, Seq: seq, Index: chunk.Index + 1, Blocks: blocks}
-			size = 0
+	for i, c := range chunks {
+		last := i == len(chunks)-1
+		if !send(appendChunkHeader(c, chunkHeader{epoch: a.epoch, seq: seq, index: uint32(i), blocks: blocks, last: last})) {
+			return
 		}
 	}
-	chunk.Last = true
-	if send(chunk) {
-		a.snapshots.Add(1)
-	}
+	a.snapshots.Add(1)
 }
 
 // register writes worker w's registration.
@@ -359,8 +386,8 @@ func (a *Agent) register(ctx context.Context, w *agentWorker) error {
 	return nil
 }
 
-// Run refreshes the registrations every Heartbeat until ctx is done, then
-// removes them.
+// Run refreshes the registrations every Heartbeat, and at once when one
+// changed (SetPartial), until ctx is done, then removes them.
 func (a *Agent) Run(ctx context.Context) {
 	t := time.NewTicker(a.o.Heartbeat)
 	defer t.Stop()
@@ -372,10 +399,11 @@ func (a *Agent) Run(ctx context.Context) {
 			cancel()
 			return
 		case <-t.C:
-			for _, w := range a.workers {
-				if err := a.register(ctx, w); err != nil && ctx.Err() == nil {
-					a.log.Warn("agent heartbeat failed", "worker", w.ref.String(), "err", err)
-				}
+		case <-a.kick:
+		}
+		for _, w := range a.workers {
+			if err := a.register(ctx, w); err != nil && ctx.Err() == nil {
+				a.log.Warn("agent heartbeat failed", "worker", w.ref.String(), "err", err)
 			}
 		}
 	}

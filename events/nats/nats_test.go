@@ -266,3 +266,60 @@ func TestRegistrationExpires(t *testing.T) {
 	waitFor(t, "discovery", func() bool { return set.worker(ref) != nil })
 	waitFor(t, "expiry", func() bool { return set.worker(ref) == nil })
 }
+
+// partialModel is a setModel whose agent-side health says why it is
+// partial, as the fleet agent's workers do.
+type partialModel struct {
+	*setModel
+	why string
+}
+
+func (m *partialModel) Health() (events.Health, string) {
+	if m.why != "" {
+		return events.HealthUnsynced, m.why
+	}
+	return events.HealthOK, ""
+}
+
+// A worker the agent marks partial is registered so at once (well before
+// the next heartbeat): the replica shows it UNSYNCED, with the agent's
+// reason, and OK again when the agent marks it whole.
+func TestPartialRegistration(t *testing.T) {
+	s := runServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := &partialModel{setModel: newSetModel()}
+	// A heartbeat far off: only SetPartial's own registration can be seen.
+	a, err := NewAgent(ctx, connect(t, s), AgentOptions{Model: "m", BlockSize: 16, Pod: "p", TTL: time.Minute, Heartbeat: time.Hour},
+		map[int]LocalWorker{0: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go a.Run(ctx)
+	set := &replicaSet{workers: map[events.WorkerRef]*setModel{}}
+	src := NewSource(connect(t, s), set, SourceOptions{TTL: time.Minute})
+	go func() { _ = src.Run(ctx) }()
+	ref := events.WorkerRef{Pod: "p"}
+	stats := func() events.WorkerStats {
+		for _, st := range src.WorkerStats() {
+			if st.Worker == ref {
+				return st
+			}
+		}
+		return events.WorkerStats{}
+	}
+	waitFor(t, "the worker in sync", func() bool { return src.Health(ref).Load() == events.HealthOK })
+	m.why = "batches 0..99 are beyond the engine's replay buffer"
+	a.SetPartial(0, true)
+	if !a.Partial(0) {
+		t.Fatal("Partial is false after SetPartial(true)")
+	}
+	waitFor(t, "the replica to show the worker partial", func() bool { return src.Health(ref).Load() == events.HealthUnsynced })
+	want := "the agent's state lacks part of the engine's history: batches 0..99 are beyond the engine's replay buffer"
+	if got := stats().HealthReason; got != want {
+		t.Fatalf("reason %q, want %q", got, want)
+	}
+	m.why = ""
+	a.SetPartial(0, false)
+	waitFor(t, "the worker whole again", func() bool { return src.Health(ref).Load() == events.HealthOK && stats().HealthReason == "" })
+}

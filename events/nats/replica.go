@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,19 @@ type SourceOptions struct {
 	Models []string
 	// SnapshotTimeout bounds one snapshot transfer; 0 means 10 s.
 	SnapshotTimeout time.Duration
+	// SnapshotConcurrency bounds the snapshots loading at once (the
+	// others wait their turn, RECOVERING); 0 means GOMAXPROCS.
+	// Unbounded, a replica that discovers a fleet asks every agent at
+	// once, and the answers (300 MB for 1,000 workers of 30,000 blocks)
+	// overflow what nats-server buffers for one client (64 MiB by
+	// default): it cuts the replica off as a slow consumer, and every
+	// worker resyncs, again and again. One load a core keeps the cores
+	// restoring (a snapshot's transfer takes a few percent of its
+	// restore); two a core were slower, their working sets competing for
+	// the caches (docs/benchmarks.md, "Fleet"). The bound is in
+	// snapshots: keep it times the largest snapshot under the server's
+	// max_pending.
+	SnapshotConcurrency int
 	// QueueSize bounds each worker's deltas waiting to be applied (and
 	// buffered while a snapshot loads); past it the worker resyncs. 0
 	// means 65,536.
@@ -70,6 +84,24 @@ type SourceOptions struct {
 	LogEvery time.Duration
 	// Logger receives problem reports; nil discards them.
 	Logger *slog.Logger
+	// Applied, when set, is called on a worker's goroutine after each of
+	// its deltas has been applied (not after one that did not fit), with
+	// the delta's header: e.g. to measure the lag from the engine's batch
+	// to the replica (cmd/kvfleetbench). The worker's next delta waits for
+	// it, so it must return quickly.
+	Applied func(ref events.WorkerRef, d AppliedDelta)
+}
+
+// AppliedDelta describes a delta a Source has applied (see
+// SourceOptions.Applied).
+type AppliedDelta struct {
+	// Seq is the delta's seq within the agent's epoch; EngineSeq and
+	// EngineTime are the seq and time (seconds since the epoch, by the
+	// engine's clock; 0 when unknown) of the engine batch it records.
+	Seq, EngineSeq uint64
+	EngineTime     float64
+	// Entries is the number of effects applied.
+	Entries int
 }
 
 func (o *SourceOptions) defaults() {
@@ -81,6 +113,9 @@ func (o *SourceOptions) defaults() {
 	}
 	if o.SnapshotTimeout <= 0 {
 		o.SnapshotTimeout = 10 * time.Second
+	}
+	if o.SnapshotConcurrency <= 0 {
+		o.SnapshotConcurrency = runtime.GOMAXPROCS(0)
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = 1 << 16
@@ -125,6 +160,10 @@ type Source struct {
 	workers map[string]*replicaWorker
 	wg      sync.WaitGroup
 
+	// loading holds a token per snapshot being loaded
+	// (SnapshotConcurrency).
+	loading chan struct{}
+
 	reconnects    atomic.Int64
 	watchRestarts atomic.Int64
 	downSince     atomic.Int64 // unix ns NATS was lost at; 0 while connected
@@ -138,7 +177,7 @@ type Source struct {
 // Run.
 func NewSource(nc *natsgo.Conn, set WorkerSet, o SourceOptions) *Source {
 	o.defaults()
-	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}}
+	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}, loading: make(chan struct{}, o.SnapshotConcurrency)}
 }
 
 // replicaWorker is one worker's sync state.
@@ -148,7 +187,7 @@ type replicaWorker struct {
 	ref  events.WorkerRef
 	sink KeyedSink
 
-	in     chan *natsgo.Msg
+	in     *deltaQueue
 	resync chan struct{} // a value asks the worker's goroutine to resync
 	cancel context.CancelFunc
 	sub    *natsgo.Subscription
@@ -349,7 +388,7 @@ func (s *Source) onEntry(ctx context.Context, e jetstream.KeyValueEntry) {
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	w = &replicaWorker{src: s, key: key, ref: ref, cancel: cancel,
-		in: make(chan *natsgo.Msg, s.o.QueueSize), resync: make(chan struct{}, 1), reg: reg, regRev: e.Revision(),
+		in: newDeltaQueue(s.o.QueueSize), resync: make(chan struct{}, 1), reg: reg, regRev: e.Revision(),
 		stats: events.WorkerStats{Worker: ref, Endpoint: "nats:" + reg.GetDeltaSubject(), Topic: reg.GetDeltaSubject()}}
 	w.health.Store(events.HealthRecovering)
 	w.regAt.Store(time.Now().UnixNano())
@@ -458,9 +497,7 @@ func (s *Source) Health(ref events.WorkerRef) *events.HealthCell {
 // enqueue hands a delta to the worker's goroutine; a full queue asks for a
 // resync (the dropped delta is recovered by the snapshot).
 func (w *replicaWorker) enqueue(m *natsgo.Msg) {
-	select {
-	case w.in <- m:
-	default:
+	if !w.in.push(m) {
 		w.mu.Lock()
 		w.stats.Dropped++
 		w.mu.Unlock()
@@ -552,8 +589,14 @@ func (w *replicaWorker) sync(ctx context.Context) error {
 		w.sink.Reset("fleet resync: " + why)
 		w.synced = false
 	}
+	select { // wait for a turn (SnapshotConcurrency)
+	case w.src.loading <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	reg := w.registration()
 	epoch, seq, err := w.loadSnapshot(ctx, reg)
+	<-w.src.loading
 	if err != nil {
 		w.mu.Lock()
 		w.stats.ReplayFailures++
@@ -586,7 +629,7 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 		return 0, 0, fmt.Errorf("snapshot request to %s: %w", reg.GetSnapshotSubject(), err)
 	}
 	deadline := time.Now().Add(w.src.o.SnapshotTimeout)
-	var chunk fleetv1.SnapshotChunk
+	var chunk snapshotChunk
 	var segs [][]byte
 	index := uint32(0)
 	first := true
@@ -606,23 +649,24 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 			if err != nil {
 				return nil, fmt.Errorf("snapshot from %s: %w", reg.GetSnapshotSubject(), err)
 			}
-			chunk.Reset()
-			if err := proto.Unmarshal(m.Data, &chunk); err != nil {
-				return nil, fmt.Errorf("%w: snapshot chunk: %w", ErrMalformed, err)
+			// The segments alias m.Data, which nothing else holds, until
+			// the restore has taken them all and asks for the next chunk.
+			if err := unmarshalChunk(m.Data, &chunk); err != nil {
+				return nil, err
 			}
-			if chunk.GetError() != "" {
-				return nil, fmt.Errorf("agent cannot serve the snapshot: %s", chunk.GetError())
+			if chunk.err != "" {
+				return nil, fmt.Errorf("agent cannot serve the snapshot: %s", chunk.err)
 			}
 			if first {
-				epoch, seq, first = chunk.GetEpoch(), chunk.GetSeq(), false
-			} else if chunk.GetEpoch() != epoch || chunk.GetSeq() != seq {
-				return nil, fmt.Errorf("%w: snapshot chunk %d of epoch %d seq %d in a snapshot of epoch %d seq %d", ErrMalformed, chunk.GetIndex(), chunk.GetEpoch(), chunk.GetSeq(), epoch, seq)
+				epoch, seq, first = chunk.epoch, chunk.seq, false
+			} else if chunk.epoch != epoch || chunk.seq != seq {
+				return nil, fmt.Errorf("%w: snapshot chunk %d of epoch %d seq %d in a snapshot of epoch %d seq %d", ErrMalformed, chunk.index, chunk.epoch, chunk.seq, epoch, seq)
 			}
-			if chunk.GetIndex() != index {
-				return nil, fmt.Errorf("%w: snapshot chunk %d, want %d", ErrMalformed, chunk.GetIndex(), index)
+			if chunk.index != index {
+				return nil, fmt.Errorf("%w: snapshot chunk %d, want %d", ErrMalformed, chunk.index, index)
 			}
 			index++
-			segs, done = chunk.GetSegments(), chunk.GetLast()
+			segs, done = chunk.segments, chunk.last
 		}
 		s := segs[0]
 		segs = segs[1:]
@@ -641,15 +685,31 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 // follow applies deltas in order until a resync is needed.
 func (w *replicaWorker) follow(ctx context.Context) {
 	for {
+		// Drain what waits (deltas queued while a snapshot loaded
+		// included: the queue signals ready only when a push finds it
+		// empty), noticing a resync or the end between deltas.
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.resync:
+				return
+			default:
+			}
+			m := w.in.pop()
+			if m == nil {
+				break
+			}
+			if !w.onDelta(m) {
+				return
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.resync:
 			return
-		case m := <-w.in:
-			if !w.onDelta(m) {
-				return
-			}
+		case <-w.in.ready:
 		}
 	}
 }
@@ -713,12 +773,17 @@ func (w *replicaWorker) onDelta(m *natsgo.Msg) bool {
 		w.problem(fmt.Errorf("delta %d: %w", w.seq, err))
 		return false // the replica diverged from the agent: resync
 	}
+	if f := w.src.o.Applied; f != nil {
+		f(w.ref, AppliedDelta{Seq: w.seq, EngineSeq: w.msg.EngineSeq, EngineTime: w.msg.EngineTime, Entries: len(w.delta.Entries)})
+	}
 	w.refreshHealth()
 	return true
 }
 
 // refreshHealth sets the worker's health: RECOVERING while not live,
-// otherwise what the agent reports of its engine.
+// otherwise what the agent reports of its engine, and at best UNSYNCED
+// when the agent marks its state partial (answers may miss blocks the
+// engine holds).
 func (w *replicaWorker) refreshHealth() {
 	r := w.staleReason(time.Now())
 	w.mu.Lock()
@@ -732,9 +797,13 @@ func (w *replicaWorker) refreshHealth() {
 		w.health.Store(events.HealthRecovering)
 		return
 	}
-	h := parseHealth(w.registration().GetHealth())
+	reg := w.registration()
+	h := parseHealth(reg.GetHealth())
 	if h == events.HealthUnknown {
 		h = events.HealthOK
+	}
+	if reg.GetPartial() && h == events.HealthOK {
+		h = events.HealthUnsynced
 	}
 	w.health.Store(h)
 }
@@ -781,7 +850,7 @@ func (w *replicaWorker) snapshotStats() events.WorkerStats {
 	staleWhy := w.staleWhy
 	w.mu.Unlock()
 	s.Health = w.health.Load()
-	s.Backlog = len(w.in)
+	s.Backlog = w.in.len()
 	s.Connected = w.src.nc.IsConnected()
 	reg := w.registration()
 	switch {
@@ -791,6 +860,10 @@ func (w *replicaWorker) snapshotStats() events.WorkerStats {
 		}
 	case s.Health == events.HealthStale && staleWhy != "":
 		s.HealthReason = staleWhy
+	case reg.GetPartial() && (reg.GetHealth() == events.HealthOK.String() || reg.GetHealth() == events.HealthUnsynced.String()):
+		// The agent's reason is the partial state's (or says nothing).
+		s.HealthReason = strings.TrimSuffix("the agent's state lacks part of the engine's history: "+reg.GetHealthReason(), ": ")
+		return s
 	case s.Health != events.HealthOK:
 		s.HealthReason = "the agent reports " + reg.GetHealth() + ": " + reg.GetHealthReason()
 	default:

@@ -55,7 +55,14 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	if s.byRef[ep.Worker] != nil {
 		return fmt.Errorf("events: add endpoint %s: worker already subscribed", ep.Worker)
 	}
+	if _, ok := s.pushPods[ep.Worker.Pod]; ok {
+		return fmt.Errorf("events: add endpoint %s: pod %q is a push-mode pod", ep.Worker, ep.Worker.Pod)
+	}
+	if _, ok := s.routedPods[ep.Worker.Pod]; ok {
+		return fmt.Errorf("events: add endpoint %s: pod %q is routed on a push listener", ep.Worker, ep.Worker.Pod)
+	}
 	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
+	s.pullPods[ep.Worker.Pod] = true // fenced off push listeners from now on
 	if s.runCtx == nil {
 		s.pull = append(s.pull, pullSource{ep: ep, st: st})
 		s.streams = append(s.streams, st)
@@ -112,6 +119,15 @@ func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 	a := s.added[ref] // nil before Run
 	delete(s.byRef, ref)
 	delete(s.added, ref)
+	pullPod := false
+	for r, o := range s.byRef {
+		if r.Pod == ref.Pod && o.monitored {
+			pullPod = true
+		}
+	}
+	if !pullPod {
+		delete(s.pullPods, ref.Pod)
+	}
 	// A new slice: readers iterate the old one outside the lock.
 	streams := make([]*stream, 0, len(s.streams))
 	for _, o := range s.streams {
@@ -136,4 +152,12 @@ func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 	}
 	s.opts.Logger.Info("engine endpoint removed", "worker", ref.String())
 	return nil
+}
+
+// IsPullPod reports whether pod is a pull-mode pod (configured or added),
+// whose name push listeners refuse at every rank.
+func (s *Subscriber) IsPullPod(pod string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pullPods[pod]
 }

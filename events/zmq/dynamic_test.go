@@ -149,3 +149,32 @@ func TestAddRemoveEndpointBeforeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAddEndpointFences: an added pull-mode pod is fenced off push
+// listeners like a configured one, and a pod a push listener claimed or
+// routes cannot be added as a pull-mode endpoint.
+func TestAddEndpointFences(t *testing.T) {
+	ix := indexer.New(indexer.Config{WorkerCapacity: -1})
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{
+		Push:      []zmq.PushListener{{Address: "tcp://127.0.0.1:1", Routes: map[string]events.TopicRoute{"t": {Pod: "routed", Model: "m"}}}},
+		NewWorker: func(events.WorkerRef, string, string) (events.Sink, error) { return nil, errors.New("unused") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.AddEndpoint(zmq.Endpoint{Worker: events.WorkerRef{Pod: "routed"}, Address: "tcp://127.0.0.1:2", Sink: newWorker(t, ix, "routed")}); err == nil {
+		t.Fatal("a routed push pod added as a pull-mode endpoint")
+	}
+	if err := sub.AddEndpoint(zmq.Endpoint{Worker: events.WorkerRef{Pod: "p", DPRank: 1}, Address: "tcp://127.0.0.1:3", Sink: newWorker(t, ix, "p")}); err != nil {
+		t.Fatal(err)
+	}
+	if !sub.IsPullPod("p") {
+		t.Fatal("added pod not fenced as pull-mode")
+	}
+	if err := sub.RemoveEndpoint(events.WorkerRef{Pod: "p", DPRank: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if sub.IsPullPod("p") {
+		t.Fatal("removed pod still fenced as pull-mode")
+	}
+}

@@ -16,11 +16,12 @@ import (
 const (
 	// refusedTopic: the topic is neither routed nor kv@<pod>@<model>.
 	refusedTopic = iota
-	// refusedPullWorker: the topic names a pull-mode worker.
+	// refusedPullWorker: the topic names a pull-mode pod (any rank).
 	refusedPullWorker
-	// refusedOtherModel: the worker exists for another model.
+	// refusedOtherModel: the pod was claimed for another model.
 	refusedOtherModel
-	// refusedOtherListener: another push listener created the worker.
+	// refusedOtherListener: another push listener routes the pod, or
+	// claimed it first.
 	refusedOtherListener
 	// refusedMaxWorkers: the listener has created MaxWorkers workers.
 	refusedMaxWorkers
@@ -33,11 +34,14 @@ const (
 	refusedNoWorker
 	// refusedAddress: a connection from an address not in Allow.
 	refusedAddress
+	// refusedRoutedPod: a kv@<pod>@<model> topic names a pod the
+	// listener's own Routes map, which only its routes reach.
+	refusedRoutedPod
 	numRefusals
 )
 
 // refusalNames are the reasons as PushRefusals and metrics name them.
-var refusalNames = [numRefusals]string{"unknown_topic", "pull_worker", "other_model", "other_listener", "max_workers", "dp_rank", "undecodable", "no_worker", "address"}
+var refusalNames = [numRefusals]string{"unknown_topic", "pull_worker", "other_model", "other_listener", "max_workers", "dp_rank", "undecodable", "no_worker", "address", "routed_pod"}
 
 // pushRefusals counts refusals per listener and reason, and rate-limits
 // their logs by time per listener and reason.
@@ -63,7 +67,8 @@ func (s *Subscriber) refuse(li, reason int, msg string, args ...any) {
 // Refusals returns the non-zero refusal counts of every push listener
 // (events.RefusalSource); Source is the listener's address and Reason one
 // of unknown_topic, pull_worker, other_model, other_listener,
-// max_workers, dp_rank, undecodable, no_worker, address (a connection).
+// max_workers, dp_rank, undecodable, no_worker, address (a connection),
+// routed_pod.
 func (s *Subscriber) Refusals() []events.Refusal {
 	var out []events.Refusal
 	for li := range s.refusals.counts {
@@ -84,15 +89,16 @@ type pushKey struct {
 }
 
 // resolveTopic maps a push topic to its pod and model: the listener's
-// explicit routes first, then llm-d's kv@<pod>@<model>.
-func (r *receiver) resolveTopic(topic []byte) (events.TopicRoute, bool) {
+// explicit routes first (routed is then true), then llm-d's
+// kv@<pod>@<model>.
+func (r *receiver) resolveTopic(topic []byte) (route events.TopicRoute, routed, ok bool) {
 	if route, ok := r.pl.Routes[string(topic)]; ok {
-		return route, true
+		return route, true, true
 	}
 	if pod, model, ok := events.ParseLLMDTopic(string(topic)); ok {
-		return events.TopicRoute{Pod: pod, Model: model}, true
+		return events.TopicRoute{Pod: pod, Model: model}, false, true
 	}
-	return events.TopicRoute{}, false
+	return events.TopicRoute{}, false, false
 }
 
 // knownStream returns the stream a malformed message's topic already
@@ -126,7 +132,7 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 		r.sub.refuse(r.pli, refusedUndecodable, "an undecodable message for no known worker", "topic", snippet(topic))
 		return nil
 	}
-	route, ok := r.resolveTopic(topic)
+	route, routed, ok := r.resolveTopic(topic)
 	if !ok {
 		r.sub.refuse(r.pli, refusedTopic, "unknown topic: map it under push.routes or use kv@<pod>@<model>", "topic", snippet(topic))
 		return nil
@@ -136,7 +142,7 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 		return nil
 	}
 	ref := events.WorkerRef{Pod: route.Pod, DPRank: rank}
-	st, reason, err := r.sub.pushStream(ref, route, r.pli)
+	st, reason, err := r.sub.pushStream(ref, route, routed, r.pli)
 	if err != nil {
 		r.sub.refuse(r.pli, reason, err.Error(), "worker", ref.String(), "topic", snippet(topic))
 		return nil
@@ -149,21 +155,39 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 }
 
 // pushStream returns the stream of push-mode worker ref for listener li,
-// creating the worker and starting its stream the first time, or the
-// reason it is refused: ref is a pull-mode worker, a worker of another
-// model or of another listener, or the listener is at its MaxWorkers.
-func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, li int) (*stream, int, error) {
+// whose topic resolved to route (through the listener's Routes when
+// routed), creating the worker and starting its stream the first time,
+// or the reason it is refused. The fence is by pod name, whatever the
+// rank: ref's pod is a pull-mode pod; it is routed on another listener,
+// or routed on li and named by a kv@ topic instead of its route; another
+// listener claimed it first, or li claimed it for another model; or the
+// listener is at its MaxWorkers.
+func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, routed bool, li int) (*stream, int, error) {
+	if owner, ok := s.routedPods[ref.Pod]; ok {
+		switch {
+		case owner != li:
+			return nil, refusedOtherListener, fmt.Errorf("pod %q is routed on push listener %s", ref.Pod, s.opts.Push[owner].Address)
+		case !routed:
+			return nil, refusedRoutedPod, fmt.Errorf("pod %q is routed (push routes): only its routed topics reach it", ref.Pod)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.pullPods[ref.Pod] {
+		return nil, refusedPullWorker, fmt.Errorf("pod %q is a pull-mode pod", ref.Pod)
+	}
 	pl := &s.opts.Push[li]
-	if st := s.byRef[ref]; st != nil {
+	if c, ok := s.pushPods[ref.Pod]; ok {
 		switch {
-		case st.monitored:
-			return nil, refusedPullWorker, fmt.Errorf("worker %s is a pull-mode worker", ref)
-		case st.listener != li:
-			return nil, refusedOtherListener, fmt.Errorf("worker %s belongs to push listener %s", ref, s.opts.Push[st.listener].Address)
-		case st.model != route.Model:
-			return nil, refusedOtherModel, fmt.Errorf("worker %s serves model %q, not %q", ref, st.model, route.Model)
+		case c.listener != li:
+			return nil, refusedOtherListener, fmt.Errorf("pod %q belongs to push listener %s", ref.Pod, s.opts.Push[c.listener].Address)
+		case c.model != route.Model:
+			return nil, refusedOtherModel, fmt.Errorf("pod %q serves model %q, not %q", ref.Pod, c.model, route.Model)
+		}
+	}
+	if st := s.byRef[ref]; st != nil {
+		if st.monitored || st.listener != li || st.model != route.Model {
+			brokenInvariant(fmt.Sprintf("push worker %s (listener %d, model %q, pull %v) passed the pod fence of listener %d, model %q", ref, st.listener, st.model, st.monitored, li, route.Model))
 		}
 		return st, 0, nil
 	}
@@ -189,6 +213,7 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, l
 	}
 	st.sink = sink
 	s.pushWorkers[li]++
+	s.pushPods[ref.Pod] = podClaim{listener: li, model: route.Model}
 	s.streams = append(s.streams, st)
 	if s.runCtx != nil {
 		s.startStreamLocked(s.runCtx, st)

@@ -2,7 +2,9 @@ package zmq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -93,13 +95,38 @@ func (r *pushRig) engine(topic string) *enginepub.Publisher {
 	return p
 }
 
-func (r *pushRig) refused(reason string) int64 {
+func (r *pushRig) refused(reason string) int64 { return r.refusedOn(r.pushAddr, reason) }
+
+// refusedOn is the listener at addr's count of refusals for reason.
+func (r *pushRig) refusedOn(addr, reason string) int64 {
 	for _, x := range r.sub.Refusals() {
-		if x.Source == r.pushAddr && x.Reason == reason {
+		if x.Source == addr && x.Reason == reason {
 			return x.Count
 		}
 	}
 	return 0
+}
+
+// engineOn connects a push-mode engine with the given topic to the
+// listener at addr.
+func (r *pushRig) engineOn(addr, topic string) *enginepub.Publisher {
+	r.t.Helper()
+	p, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: addr, Topic: topic})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { p.Close() })
+	if err := p.WaitForSubscribers(context.Background(), 1); err != nil {
+		r.t.Fatal(err)
+	}
+	return p
+}
+
+// createdWorkers returns the push workers created so far, as pod/rank@model.
+func (r *pushRig) createdWorkers() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.created...)
 }
 
 func storeBatch(rank int, hashes ...uint64) *events.Batch {
@@ -218,4 +245,149 @@ func TestPushAllowlist(t *testing.T) {
 		w := ok.ix.LookupWorker(events.WorkerRef{Pod: "p"})
 		return w != nil && w.Stats().ResidentBlocks == 1
 	})
+}
+
+// A push message creates no worker under a pull-mode pod's name at any
+// rank, not only at the ranks the pod is configured with: pull pod "a"
+// has rank 0 only, and ranks 1 and 7 under its model or another one are
+// refused (pull_worker), not created as push workers a/1 and a/7.
+func TestPushFencesPullPodsAtEveryRank(t *testing.T) {
+	r := newPushRig(t, zmq.PushListener{})
+	for i, c := range []struct {
+		topic string
+		rank  int
+	}{{"kv@a@m", 1}, {"kv@a@m", 7}, {"kv@a@m2", 1}} {
+		p := r.engine(c.topic)
+		if _, err := p.Publish(storeBatch(c.rank, uint64(100+i))); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, fmt.Sprintf("the refusal of %s at rank %d", c.topic, c.rank), func() bool { return r.refused("pull_worker") == int64(i+1) })
+	}
+	if got := r.createdWorkers(); len(got) != 0 {
+		t.Fatalf("push workers created under pull pod a: %v", got)
+	}
+	var refs []string
+	for _, w := range r.ix.Workers() {
+		refs = append(refs, w.Info().Ref.String())
+	}
+	if len(refs) != 1 || refs[0] != "a/0" {
+		t.Fatalf("index workers %v, want only the pull worker a/0", refs)
+	}
+	if st := statsOf(r.sub, "a"); st.Batches != 0 || st.Restarts != 0 || len(r.sub.WorkerStats()) != 1 {
+		t.Fatalf("the pull stream saw push messages or a stream was added: %+v (%d streams)", st, len(r.sub.WorkerStats()))
+	}
+}
+
+// A pod routed on one listener is claimable only there, and only through
+// its route: a process on another listener that names it first (before
+// its engine has sent anything) is refused (other_listener), and so is a
+// kv@ topic naming it on its own listener (routed_pod); the routed engine
+// then creates and feeds its worker. A dynamic name is owned by the
+// listener that heard it first, at every rank and for one model.
+func TestPushRoutedPodOnlyOnItsListener(t *testing.T) {
+	routedAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	r := newPushRigWith(t, zmq.PushListener{}, func(o *zmq.SubscriberOptions) {
+		o.Push = append(o.Push, zmq.PushListener{Address: routedAddr, Routes: map[string]events.TopicRoute{"engine-p": {Pod: "p", Model: "m"}}})
+	})
+	open := r.pushAddr
+
+	// The squatters, before the routed engine: on the open listener at
+	// ranks 0 and 1, and under the convention on the routed listener.
+	sq := r.engineOn(open, "kv@p@m")
+	for i, rank := range []int{0, 1} {
+		if _, err := sq.Publish(storeBatch(rank, uint64(50+i))); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, fmt.Sprintf("the open listener's refusal of p at rank %d", rank), func() bool { return r.refusedOn(open, "other_listener") == int64(i+1) })
+	}
+	conv := r.engineOn(routedAddr, "kv@p@m")
+	if _, err := conv.Publish(storeBatch(0, 60)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the routed listener's refusal of kv@p@m", func() bool { return r.refusedOn(routedAddr, "routed_pod") == 1 })
+	if got := r.createdWorkers(); len(got) != 0 {
+		t.Fatalf("squatters created %v", got)
+	}
+
+	// The routed engine owns its name.
+	e := r.engineOn(routedAddr, "engine-p")
+	if _, err := e.Publish(storeBatch(0, 7, 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "routed worker p", func() bool {
+		w := r.ix.LookupWorker(events.WorkerRef{Pod: "p"})
+		return w != nil && w.Stats().ResidentBlocks == 2
+	})
+	if st := statsOf(r.sub, "p"); st.Endpoint != routedAddr || st.Topic != "engine-p" || st.Batches != 1 {
+		t.Fatalf("worker p: endpoint %q, topic %q, %d batches; want %q, engine-p, 1", st.Endpoint, st.Topic, st.Batches, routedAddr)
+	}
+	if _, err := sq.Publish(storeBatch(0, 51)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the open listener's refusal after the engine", func() bool { return r.refusedOn(open, "other_listener") == 3 })
+	if st := r.ix.LookupWorker(events.WorkerRef{Pod: "p"}).Stats(); st.ResidentBlocks != 2 || st.Resets != 0 {
+		t.Fatalf("the squatter touched worker p: %+v", st)
+	}
+
+	// A dynamic name: the open listener hears q first, so the routed
+	// listener may not create q at any rank.
+	q := r.engineOn(open, "kv@q@m")
+	if _, err := q.Publish(storeBatch(0, 9)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "dynamic worker q", func() bool { return r.ix.LookupWorker(events.WorkerRef{Pod: "q"}) != nil })
+	q2 := r.engineOn(routedAddr, "kv@q@m")
+	if _, err := q2.Publish(storeBatch(1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the routed listener's refusal of q/1", func() bool { return r.refusedOn(routedAddr, "other_listener") == 1 })
+	// Nor may another model take q at another rank.
+	q3 := r.engineOn(open, "kv@q@m2")
+	if _, err := q3.Publish(storeBatch(2, 11)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the open listener's refusal of q/2 for m2", func() bool { return r.refusedOn(open, "other_model") == 1 })
+	got := r.createdWorkers()
+	slices.Sort(got)
+	if want := []string{"p/0@m", "q/0@m"}; !slices.Equal(got, want) {
+		t.Fatalf("push workers created: %v, want %v", got, want)
+	}
+	for _, reason := range []string{"pull_worker", "max_workers", "no_worker"} {
+		if n := r.refusedOn(open, reason) + r.refusedOn(routedAddr, reason); n != 0 {
+			t.Errorf("%d refusals for %s, want 0", n, reason)
+		}
+	}
+}
+
+// A configuration that routes one pod on two listeners, or routes a
+// pull-mode pod, is refused: it would leave the pod's owner undecided.
+func TestNewSubscriberRefusesConflictingRoutes(t *testing.T) {
+	nop := func(events.WorkerRef, string, string) (events.Sink, error) { return nil, errors.New("unused") }
+	route := func(pod string) map[string]events.TopicRoute {
+		return map[string]events.TopicRoute{"t-" + pod: {Pod: pod, Model: "m"}}
+	}
+	ix := indexer.New(indexer.Config{})
+	a := newWorker(t, ix, "a")
+	for _, c := range []struct {
+		name string
+		push []zmq.PushListener
+		want string
+	}{
+		{"two listeners", []zmq.PushListener{{Address: "tcp://127.0.0.1:1", Routes: route("p")}, {Address: "tcp://127.0.0.1:2", Routes: route("p")}},
+			`events: push listener tcp://127.0.0.1:2: route "t-p": pod "p" is routed on push listener tcp://127.0.0.1:1 too`},
+		{"pull pod", []zmq.PushListener{{Address: "tcp://127.0.0.1:1", Routes: route("a")}},
+			`events: push listener tcp://127.0.0.1:1: route "t-a": pod "a" is a pull-mode pod`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := zmq.NewSubscriber(zmq.SubscriberOptions{Push: c.push, NewWorker: nop}, zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: "tcp://127.0.0.1:3", Sink: a})
+			if err == nil || err.Error() != c.want {
+				t.Fatalf("NewSubscriber: %v, want %s", err, c.want)
+			}
+		})
+	}
+	// Two routes of one pod on one listener are one owner.
+	two := map[string]events.TopicRoute{"t1": {Pod: "p", Model: "m"}, "t2": {Pod: "p", Model: "m"}}
+	if _, err := zmq.NewSubscriber(zmq.SubscriberOptions{Push: []zmq.PushListener{{Address: "tcp://127.0.0.1:1", Routes: two}}, NewWorker: nop}); err != nil {
+		t.Fatalf("two routes of one pod on one listener: %v", err)
+	}
 }

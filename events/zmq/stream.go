@@ -299,22 +299,28 @@ func (st *stream) restart(reason string) {
 }
 
 // apply applies a decoded (or undecodable) message and advances expected.
+// The stats show its seq only once the sink has applied it (or it was
+// counted as undecodable): a reader that sees LastSeq finds the batch's
+// blocks in the index.
 func (st *stream) apply(m message) {
 	st.remember(m.seq, m.sum)
 	st.expected, st.hasExpected = m.seq+1, true
-	st.mu.Lock()
-	st.stats.LastSeq, st.stats.HasSeq = m.seq, true
-	st.mu.Unlock()
 	if m.decodeErr != nil {
 		st.lastBad.Store(m.at.UnixNano())
 		st.problem(fmt.Errorf("seq %d: %w", m.seq, m.decodeErr), true)
+		st.mu.Lock()
+		st.stats.LastSeq, st.stats.HasSeq = m.seq, true
+		st.mu.Unlock()
 		return
 	}
-	st.applyBatch(m.seq, m.batch)
+	st.applyBatch(m.seq, m.batch, false)
 	st.sub.putBatch(m.batch)
 }
 
-func (st *stream) applyBatch(seq uint64, b *events.Batch) {
+// applyBatch hands b, the engine's batch seq, to the sink, then counts it
+// in the stats (Batches, Events, LastSeq, and ReplayedBatches when
+// replayed), so that they describe applied batches only.
+func (st *stream) applyBatch(seq uint64, b *events.Batch, replayed bool) {
 	if b.HasDPRank && b.DPRank != st.ref.DPRank && st.monitored {
 		st.rankMismatches.Add(1)
 		st.problem(fmt.Errorf("seq %d: batch from data_parallel_rank %d on the endpoint configured for rank %d", seq, b.DPRank, st.ref.DPRank), false)
@@ -327,10 +333,6 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 			st.lastBad.Store(0)
 		}
 	}
-	st.mu.Lock()
-	st.stats.Batches++
-	st.stats.Events += int64(len(b.Events))
-	st.mu.Unlock()
 	var err error
 	if ss, ok := st.sink.(events.SeqSink); ok {
 		err = ss.ApplyBatchAt(seq, b)
@@ -341,6 +343,14 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch) {
 		st.lastBad.Store(time.Now().UnixNano())
 		st.problem(fmt.Errorf("seq %d: %w", seq, err), false)
 	}
+	st.mu.Lock()
+	st.stats.Batches++
+	st.stats.Events += int64(len(b.Events))
+	st.stats.LastSeq, st.stats.HasSeq = seq, true
+	if replayed {
+		st.stats.ReplayedBatches++
+	}
+	st.mu.Unlock()
 }
 
 // startRecovery fetches batches from seq from on, holding pending (live
@@ -535,11 +545,7 @@ func (st *stream) applyReplayed(b replayedBatch) {
 	}
 	st.remember(b.seq, m.sum)
 	st.expected, st.hasExpected = b.seq+1, true
-	st.mu.Lock()
-	st.stats.LastSeq, st.stats.HasSeq = b.seq, true
-	st.stats.ReplayedBatches++
-	st.mu.Unlock()
-	st.applyBatch(b.seq, &st.replayBatch)
+	st.applyBatch(b.seq, &st.replayBatch, true)
 }
 
 // drain processes held live messages in order, re-holding the rest if one

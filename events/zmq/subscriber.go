@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -51,11 +52,15 @@ type Endpoint struct {
 // apart by topic: explicit Routes first, then llm-d's "kv@<pod>@<model>"
 // convention; the DP rank comes from each payload.
 //
-// A push listener is fenced: its messages reach only workers it created
-// itself, for the model their topic names, never a pull-mode worker or a
-// worker another listener created; it creates at most MaxWorkers workers;
-// and with Allow set it accepts connections only from those addresses.
-// Everything refused is counted by reason (Subscriber.Refusals).
+// A push listener is fenced by pod name: its messages reach only workers
+// it created itself, for the model their topic names, never one under a
+// pull-mode pod's name (at any rank) or a pod another listener routes or
+// claimed first. A pod named in a listener's Routes is reached only
+// through its routes, on that listener: a kv@<pod>@<model> topic naming
+// it is refused wherever it arrives, so that the configured engine always
+// owns its name. A listener creates at most MaxWorkers workers, and with
+// Allow set it accepts connections only from those addresses. Everything
+// refused is counted by reason (Subscriber.Refusals).
 type PushListener struct {
 	// Address is where to bind, e.g. tcp://*:5557.
 	Address string
@@ -252,14 +257,31 @@ type Subscriber struct {
 
 	monitors atomic.Int64 // numbers the monitor sockets' inproc addresses
 
-	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, added, stopped
+	// routedPods is the listener whose Routes name each routed pod; set by
+	// NewSubscriber and only read after.
+	routedPods map[string]int
+
+	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, pushPods, pullPods, added, stopped
 	pushWorkers []int        // workers created by each push listener
-	streams     []*stream
-	byRef       map[events.WorkerRef]*stream
-	added       map[events.WorkerRef]*added // endpoints added while running
-	runCtx      context.Context
-	stopped     bool // Run returned
-	wg          sync.WaitGroup
+	// pushPods are the pod names push listeners claimed, each by the
+	// first worker created under it: every other rank of the pod is
+	// created by the same listener for the same model, or refused.
+	pushPods map[string]podClaim
+	// pullPods are the pods of the pull-mode endpoints (given to
+	// NewSubscriber or added with AddEndpoint).
+	pullPods map[string]bool
+	streams  []*stream
+	byRef    map[events.WorkerRef]*stream
+	added    map[events.WorkerRef]*added // running pull-mode endpoints
+	runCtx   context.Context
+	stopped  bool // Run returned
+	wg       sync.WaitGroup
+}
+
+// podClaim is the listener and model that own a push-mode pod name.
+type podClaim struct {
+	listener int
+	model    string
 }
 
 // pullSource is one pull-mode endpoint and its stream.
@@ -272,7 +294,8 @@ type pullSource struct {
 // Nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
-	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added)}
+	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added),
+		pullPods: map[string]bool{}, routedPods: map[string]int{}, pushPods: map[string]podClaim{}}
 	for i, ep := range eps {
 		if ep.Address == "" {
 			return nil, fmt.Errorf("events: endpoint %d (%s): empty address", i, ep.Worker)
@@ -288,6 +311,7 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 			st.expected, st.hasExpected, st.joinTried, st.resuming = ep.ResumeAfter+1, true, true, true
 			st.stats.LastSeq, st.stats.HasSeq = ep.ResumeAfter, true
 		}
+		s.pullPods[ep.Worker.Pod] = true
 		s.pull = append(s.pull, pullSource{ep: ep, st: st})
 		s.streams = append(s.streams, st)
 		s.byRef[ep.Worker] = st
@@ -307,6 +331,16 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 		}
 		if opts.NewWorker == nil {
 			return nil, fmt.Errorf("events: push listener %s: NewWorker is required", pl.Address)
+		}
+		for _, topic := range slices.Sorted(maps.Keys(pl.Routes)) {
+			pod := pl.Routes[topic].Pod
+			if s.pullPods[pod] {
+				return nil, fmt.Errorf("events: push listener %s: route %q: pod %q is a pull-mode pod", pl.Address, topic, pod)
+			}
+			if li, ok := s.routedPods[pod]; ok && li != i {
+				return nil, fmt.Errorf("events: push listener %s: route %q: pod %q is routed on push listener %s too", pl.Address, topic, pod, opts.Push[li].Address)
+			}
+			s.routedPods[pod] = i
 		}
 	}
 	return s, nil

@@ -299,12 +299,14 @@ func (p *Pod) validate(field string) error {
 const maxPushWorkers = 4096
 
 // validatePush checks each push listener and its routes; a route may not
-// name a pull-mode pod.
+// name a pull-mode pod, nor a pod another listener routes (a routed pod
+// is claimable only on its listener).
 func validatePush(push []Push, pods []Pod) error {
 	pulled := map[string]bool{}
 	for _, p := range pods {
 		pulled[p.Name] = true
 	}
+	routedOn := map[string]int{}
 	for i, pl := range push {
 		f := fmt.Sprintf("push[%d]", i)
 		if err := checkEndpoint(pl.Listen); err != nil {
@@ -333,6 +335,10 @@ func validatePush(push []Push, pods []Pod) error {
 			case pulled[r.Pod]:
 				return invalid(rf+".pod", "pod %q is also a pull-mode pod", r.Pod)
 			}
+			if li, ok := routedOn[r.Pod]; ok && li != i {
+				return invalid(rf+".pod", "pod %q is routed on push[%d] too", r.Pod, li)
+			}
+			routedOn[r.Pod] = i
 			seenTopic[r.Topic] = true
 			if r.ReplayEndpoint != "" {
 				if err := checkEndpoint(r.ReplayEndpoint); err != nil {

@@ -102,6 +102,9 @@ func TestSectionErrors(t *testing.T) {
 		{"route pulled", func(c *Config) {
 			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: DefaultPod, Model: "m"}}}}
 		}, "push[0].routes[0].pod", `pod "vllm-0" is also a pull-mode pod`},
+		{"route on two listeners", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "p", Model: "m"}}}, {Listen: "tcp://*:2", Routes: []Route{{Topic: "u", Pod: "q", Model: "m"}, {Topic: "t", Pod: "p", Model: "m"}}}}
+		}, "push[1].routes[1].pod", `pod "p" is routed on push[0] too`},
 		{"route replay", func(c *Config) {
 			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:99999"}}}}
 		}, "push[0].routes[0].replay_endpoint", `bad port "99999"`},

@@ -41,3 +41,8 @@ func fromWire(w *events.Delta, seq uint64, d *indexer.Delta) {
 		})
 	}
 }
+
+// ToWire appends the effects an agent's index recorded (d) to w, as the
+// agent publishes them: for benchmarks and tools that publish recorded
+// deltas through a kvnats.Agent without an engine.
+func ToWire(d *indexer.Delta, w *events.Delta) { toWire(d, w) }

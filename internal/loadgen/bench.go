@@ -19,6 +19,10 @@ type Options struct {
 	Shape Shape
 	// BlockKeys sends the prompts' content keys instead of token ids.
 	BlockKeys bool
+	// Check verifies every reply against Shape (its longest match must be
+	// what Shape.Load stores). Embedded implies it; set it against a
+	// server loaded with the same shape (kvbench --embedded --serve).
+	Check bool
 	// Client is "h2" (default: H2Conn, a lean HTTP/2 gRPC client that
 	// leaves the cores to the server) or "grpc" (api.Client, grpc-go: a Go
 	// router's view, at several times the client CPU per call).
@@ -58,6 +62,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	} else if addr == "" {
 		return nil, errors.New("loadgen: no target: give an address or use the embedded server")
 	}
+	check := opts.Check || opts.Embedded
 	nconn := opts.Connections
 	if nconn <= 0 {
 		nconn = max(opts.Load.Concurrency, 1)
@@ -75,7 +80,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 			conns[i] = c
 		}
 		var err error
-		if do, err = H2ScoreDo(opts.Shape, conns, opts.BlockKeys, opts.Embedded); err != nil {
+		if do, err = H2ScoreDo(opts.Shape, conns, opts.BlockKeys, check); err != nil {
 			return nil, err
 		}
 	case "grpc":
@@ -89,7 +94,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 			clients[i] = c
 		}
 		var err error
-		if do, err = ScoreDo(opts.Shape, clients, opts.BlockKeys, opts.Embedded); err != nil {
+		if do, err = ScoreDo(opts.Shape, clients, opts.BlockKeys, check); err != nil {
 			return nil, err
 		}
 	}
@@ -107,6 +112,6 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep := NewReport(addr, opts.Embedded, opts.Shape, opts.BlockKeys, opts.Load, r)
-	rep.Client, rep.Connections = opts.Client, nconn
+	rep.Client, rep.Connections, rep.Checked = opts.Client, nconn, check
 	return &rep, nil
 }

@@ -112,8 +112,10 @@ func benchEmbedded(t *testing.T, client string, conns int) {
 	if rep.Client != client || rep.Connections != wantConns {
 		t.Errorf("report says client %q over %d connections, want %q over %d", rep.Client, rep.Connections, client, wantConns)
 	}
-	if rep.Sent != 200 || rep.Errors != 0 {
-		t.Fatalf("sent %d, errors %d (first: %s), want 200 and 0", rep.Sent, rep.Errors, rep.FirstError)
+	// Admission control may refuse a few calls when the test machine is
+	// busy (they are not errors); most must be answered.
+	if rep.Sent != 200 || rep.Errors != 0 || rep.Refused > 20 {
+		t.Fatalf("sent %d, errors %d (first: %s), refused %d, want 200, 0 and few", rep.Sent, rep.Errors, rep.FirstError, rep.Refused)
 	}
 	// Open loop: 200 requests take the 1 s schedule, no less; the upper
 	// bound on time is loose because the test machine may be busy.
@@ -136,6 +138,51 @@ func benchEmbedded(t *testing.T, client string, conns int) {
 	var back map[string]any
 	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back["p99_ns"] == nil || back["achieved_rps"] == nil {
 		t.Errorf("JSON report %s: %v", js.String(), err)
+	}
+}
+
+// TestBenchRemoteChecked runs the generator against a server started
+// apart, as `make bench`'s split rows do (kvbench --serve in one process,
+// kvbench --addr --check in another): replies are checked against the
+// shape, and a server loaded with another shape fails the check.
+func TestBenchRemoteChecked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real runs")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shape := Shape{Model: "m", BlockSize: 16, Workers: 4, PromptBlocks: 32, SharedBlocks: 8, TailHolders: 1, Prompts: 16}
+	e, err := StartEmbedded(ctx, shape, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	load := Config{Rate: 200, Duration: 500 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second}
+	for _, client := range []string{"grpc", "h2"} {
+		rep, err := Bench(ctx, Options{Addr: e.Addr, Check: true, Shape: shape, Client: client, Load: load})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Checked || rep.Embedded || rep.Sent != 100 || rep.Errors != 0 {
+			t.Errorf("%s: checked %v, embedded %v, sent %d, errors %d (first: %s); want checked, remote, 100 sent, none failed",
+				client, rep.Checked, rep.Embedded, rep.Sent, rep.Errors, rep.FirstError)
+		}
+		other := shape
+		other.SharedBlocks = 4 // different tokens: the server holds none of these tails
+		rep, err = Bench(ctx, Options{Addr: e.Addr, Check: true, Shape: other, Client: client, Load: load})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Errors != rep.Sent || !strings.Contains(rep.FirstError, "longest match") {
+			t.Errorf("%s, another shape: %d of %d failed (first: %q), want all, on the longest match", client, rep.Errors, rep.Sent, rep.FirstError)
+		}
+		rep, err = Bench(ctx, Options{Addr: e.Addr, Shape: other, Client: client, Load: load})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Checked || rep.Errors != 0 {
+			t.Errorf("%s, unchecked: checked %v, %d errors, want neither", client, rep.Checked, rep.Errors)
+		}
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"net"
 	"strconv"
 	"sync"
@@ -267,7 +269,9 @@ func (c *H2Conn) Call(ctx context.Context, msg []byte) ([]byte, error) {
 	case call.err != nil:
 		return nil, call.err
 	case call.status != 0:
-		return nil, fmt.Errorf("loadgen: h2: grpc-status %d: %s", call.status, call.message)
+		// A status error, so that status.Code (and Run's count of
+		// refusals) sees the code.
+		return nil, fmt.Errorf("loadgen: h2: %w", status.Error(codes.Code(call.status), call.message))
 	}
 	return call.resp, nil
 }

@@ -4,6 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"runtime"
+	"runtime/debug"
+	"strconv"
 	"time"
 )
 
@@ -21,10 +25,16 @@ type Report struct {
 	Client string `json:"client"`
 	// Connections is the number of connections the senders shared.
 	Connections int `json:"connections"`
+	// Checked says whether every reply was checked against the shape
+	// (a failed check counts as an error).
+	Checked bool `json:"checked"`
 
-	Scheduled  int64   `json:"scheduled"`
-	Sent       int64   `json:"sent"`
-	Errors     int64   `json:"errors"`
+	Scheduled int64 `json:"scheduled"`
+	Sent      int64 `json:"sent"`
+	Errors    int64 `json:"errors"`
+	// Refused counts ResourceExhausted answers (admission control), not
+	// in Errors.
+	Refused    int64   `json:"refused"`
 	FirstError string  `json:"first_error,omitempty"`
 	Achieved   float64 `json:"achieved_rps"`
 
@@ -34,9 +44,49 @@ type Report struct {
 	P999 int64 `json:"p999_ns"`
 	Max  int64 `json:"max_ns"`
 
+	// The latency of the accepted (OK) and the refused requests apart.
+	AcceptedP50  int64 `json:"accepted_p50_ns"`
+	AcceptedP99  int64 `json:"accepted_p99_ns"`
+	AcceptedP999 int64 `json:"accepted_p999_ns"`
+	RefusedP50   int64 `json:"refused_p50_ns"`
+	RefusedP99   int64 `json:"refused_p99_ns"`
+	RefusedMax   int64 `json:"refused_max_ns"`
+
 	// LagP99 and LagMax are the generator's own lateness (see Result.Lag).
 	LagP99 int64 `json:"lag_p99_ns"`
 	LagMax int64 `json:"lag_max_ns"`
+
+	// Runtime is the generator process's Go runtime settings.
+	Runtime Runtime `json:"runtime"`
+}
+
+// Runtime is a process's Go runtime settings, which a latency measured on
+// a small shared machine depends on.
+type Runtime struct {
+	GOMAXPROCS int `json:"gomaxprocs"`
+	// GOGC is the GC percent; -1 means off.
+	GOGC int `json:"gogc"`
+	// MemoryLimit is the soft memory limit in bytes (math.MaxInt64: none).
+	MemoryLimit int64 `json:"memory_limit"`
+}
+
+// CurrentRuntime returns this process's settings.
+func CurrentRuntime() Runtime {
+	gogc := debug.SetGCPercent(-1)
+	debug.SetGCPercent(gogc)
+	return Runtime{GOMAXPROCS: runtime.GOMAXPROCS(0), GOGC: gogc, MemoryLimit: debug.SetMemoryLimit(-1)}
+}
+
+// String describes the settings in one line.
+func (r Runtime) String() string {
+	gogc, limit := strconv.Itoa(r.GOGC), "none"
+	if r.GOGC < 0 {
+		gogc = "off"
+	}
+	if r.MemoryLimit != math.MaxInt64 {
+		limit = fmt.Sprintf("%d MiB", r.MemoryLimit>>20)
+	}
+	return fmt.Sprintf("GOMAXPROCS %d, GOGC %s, memory limit %s", r.GOMAXPROCS, gogc, limit)
 }
 
 // NewReport summarises r. blockKeys says what the requests carried.
@@ -50,14 +100,21 @@ func NewReport(target string, embedded bool, shape Shape, blockKeys bool, cfg Co
 		Target: target, Embedded: embedded, Shape: shape.String(), Request: req,
 		Rate: cfg.Rate, Duration: cfg.Duration.String(), Conns: cfg.Concurrency,
 		Scheduled: r.Scheduled, Sent: r.Sent, Errors: r.Errors, FirstError: r.FirstError,
-		Achieved: r.Achieved(),
-		P50:      int64(r.Latency.Quantile(0.50)),
-		P90:      int64(r.Latency.Quantile(0.90)),
-		P99:      int64(r.Latency.Quantile(0.99)),
-		P999:     int64(r.Latency.Quantile(0.999)),
-		Max:      int64(r.Latency.Max()),
-		LagP99:   int64(r.Lag.Quantile(0.99)),
-		LagMax:   int64(r.Lag.Max()),
+		Achieved:     r.Achieved(),
+		P50:          int64(r.Latency.Quantile(0.50)),
+		P90:          int64(r.Latency.Quantile(0.90)),
+		P99:          int64(r.Latency.Quantile(0.99)),
+		P999:         int64(r.Latency.Quantile(0.999)),
+		Max:          int64(r.Latency.Max()),
+		AcceptedP50:  int64(r.Accepted.Quantile(0.50)),
+		AcceptedP99:  int64(r.Accepted.Quantile(0.99)),
+		AcceptedP999: int64(r.Accepted.Quantile(0.999)),
+		RefusedP50:   int64(r.Rejected.Quantile(0.50)),
+		RefusedP99:   int64(r.Rejected.Quantile(0.99)),
+		RefusedMax:   int64(r.Rejected.Max()),
+		Refused:      r.Refused,
+		LagP99:       int64(r.Lag.Quantile(0.99)),
+		LagMax:       int64(r.Lag.Max()),
 	}
 }
 
@@ -78,18 +135,25 @@ func (rep Report) WriteText(w io.Writer) error {
 		kind = "embedded kvindex"
 	}
 	d := func(ns int64) string { return fmtDur(time.Duration(ns)) }
+	checked := ", replies not checked"
+	if rep.Checked {
+		checked = ", every reply checked"
+	}
 	_, err := fmt.Fprintf(w, `target    %s (%s)
 shape     %s
 payload   %s
 load      %.0f req/s open loop for %s, %d senders over %d %s connections
-requests  %d scheduled, %d sent, %d errors, %.1f req/s achieved
+requests  %d scheduled, %d sent, %d errors, %d refused, %.1f req/s achieved%s
 latency   p50 %s  p90 %s  p99 %s  p99.9 %s  max %s
+accepted  p50 %s  p99 %s  p99.9 %s; refused p50 %s  p99 %s  max %s
 generator lag p99 %s  max %s (already counted in latency)
+runtime   %s
 `,
 		rep.Target, kind, rep.Shape, rep.Request, rep.Rate, rep.Duration, rep.Conns, rep.Connections, rep.Client,
-		rep.Scheduled, rep.Sent, rep.Errors, rep.Achieved,
+		rep.Scheduled, rep.Sent, rep.Errors, rep.Refused, rep.Achieved, checked,
 		d(rep.P50), d(rep.P90), d(rep.P99), d(rep.P999), d(rep.Max),
-		d(rep.LagP99), d(rep.LagMax))
+		d(rep.AcceptedP50), d(rep.AcceptedP99), d(rep.AcceptedP999), d(rep.RefusedP50), d(rep.RefusedP99), d(rep.RefusedMax),
+		d(rep.LagP99), d(rep.LagMax), rep.Runtime)
 	if err == nil && rep.FirstError != "" {
 		_, err = fmt.Fprintf(w, "first error: %s\n", rep.FirstError)
 	}

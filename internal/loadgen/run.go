@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"sync"
 	"time"
 )
@@ -63,14 +65,22 @@ type Result struct {
 	// Scheduled is the number of requests in the schedule (Rate*Duration);
 	// Sent those actually sent before ctx ended.
 	Scheduled, Sent int64
-	// Errors counts failed requests; FirstError is the first one's text.
+	// Errors counts failed requests other than refusals; FirstError is
+	// the first one's text.
 	Errors     int64
 	FirstError string
+	// Refused counts requests the server refused as overloaded
+	// (ResourceExhausted), which admission control answers by design; they
+	// are not Errors.
+	Refused int64
 	// Elapsed is from the first due time to the last reply.
 	Elapsed time.Duration
 	// Latency is from each request's due time to its reply, errors
 	// included.
 	Latency Histogram
+	// Accepted is Latency of the requests answered OK, Rejected of the
+	// refused ones: how fast overload is refused.
+	Accepted, Rejected Histogram
 	// Lag is how late each request left a sender after its due time: the
 	// pacer's wake-up, the hand-off to a sender and the wait for a free
 	// one; already part of Latency. A large lag with idle senders means the
@@ -122,6 +132,9 @@ func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 	for _, part := range parts {
 		r.Sent += part.Sent
 		r.Errors += part.Errors
+		r.Refused += part.Refused
+		r.Accepted.Merge(&part.Accepted)
+		r.Rejected.Merge(&part.Rejected)
 		if r.FirstError == "" {
 			r.FirstError = part.FirstError
 		}
@@ -179,9 +192,16 @@ func send(ctx context.Context, timeout time.Duration, p pacer, g int, queue <-ch
 		due := p.due(k)
 		r.Lag.Record(time.Since(due))
 		err := call(ctx, timeout, do, g, k)
-		r.Latency.Record(time.Since(due))
+		lat := time.Since(due)
+		r.Latency.Record(lat)
 		r.Sent++
-		if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() != nil) {
+		switch {
+		case err == nil:
+			r.Accepted.Record(lat)
+		case status.Code(err) == codes.ResourceExhausted:
+			r.Refused++
+			r.Rejected.Record(lat)
+		case !(errors.Is(err, context.Canceled) && ctx.Err() != nil):
 			r.Errors++
 			if r.FirstError == "" {
 				r.FirstError = err.Error()

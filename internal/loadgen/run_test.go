@@ -3,10 +3,14 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func TestPacerSchedule(t *testing.T) {
@@ -140,5 +144,37 @@ func TestRunTimeout(t *testing.T) {
 	}
 	if r.Errors != r.Sent || r.Sent != 5 {
 		t.Errorf("sent %d errors %d, want 5 timeouts", r.Sent, r.Errors)
+	}
+}
+
+// TestRunCountsRefusalsApart: ResourceExhausted answers (wrapped, as the
+// h2 client returns them) are refusals, not errors, and the accepted and
+// refused latencies are kept apart.
+func TestRunCountsRefusalsApart(t *testing.T) {
+	do := func(_ context.Context, _ int, k int64) error {
+		switch k % 4 {
+		case 0:
+			return fmt.Errorf("loadgen: h2: %w", status.Error(codes.ResourceExhausted, "overloaded"))
+		case 1:
+			time.Sleep(2 * time.Millisecond)
+			return nil
+		case 2:
+			return status.Error(codes.Internal, "boom")
+		}
+		return nil
+	}
+	r, err := Run(context.Background(), Config{Rate: 2000, Duration: 200 * time.Millisecond, Concurrency: 8}, do)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Sent != 400 || r.Refused != 100 || r.Errors != 100 || r.Accepted.Count() != 200 || r.Rejected.Count() != 100 {
+		t.Fatalf("sent %d refused %d errors %d accepted %d rejected %d, want 400 100 100 200 100", r.Sent, r.Refused, r.Errors, r.Accepted.Count(), r.Rejected.Count())
+	}
+	if r.Accepted.Max() < 2*time.Millisecond {
+		t.Fatalf("accepted max %v, want the 2 ms calls in it", r.Accepted.Max())
+	}
+	rep := NewReport("x", false, DefaultShape(), false, Config{Rate: 2000, Duration: 200 * time.Millisecond, Concurrency: 8}, r)
+	if rep.Refused != 100 || rep.Errors != 100 || rep.RefusedP99 <= 0 || rep.AcceptedP99 <= 0 {
+		t.Fatalf("report: %+v", rep)
 	}
 }

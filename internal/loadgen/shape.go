@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -263,33 +262,31 @@ func (e *Embedded) Close() {
 	})
 }
 
-// ScoreDo returns a Do that sends Score for the shape's prompts, request k
-// asking about prompt k mod Prompts, sender g over clients[g mod
-// len(clients)]. With keys set, requests carry the prompts' content keys
-// (block_keys, computed here as a router would) instead of token ids. With
-// check set (for an index loaded by Shape.Load), a reply whose longest
-// match is not what the shape stored counts as an error.
+// ScoreDo returns a Do that sends Score for the shape's prompts through
+// api.Client, as a Go router does: request k asks about prompt k mod
+// Prompts, sender g over clients[g mod len(clients)]. With keys set,
+// requests carry the prompts' content keys (block_keys, computed here as a
+// router would) instead of token ids. With check set (for an index loaded
+// by Shape.Load, here or in a kvbench --serve process), a reply whose
+// longest match is not what the shape stored counts as an error.
 //
-// Requests are marshalled once, here: re-encoding the same 2,048 token ids
-// for every send cost the generator ~16% of the CPU of a whole embedded
-// run (profiled at 5 k req/s), CPU an embedded server on the same cores
-// then lacks, and that a real router spends on its own machine. Replies
-// are decoded as usual.
+// Each prompt's ScoreRequest is built once, as a router holds a prompt's
+// token ids before it asks; every call marshals it and decodes the reply
+// through api.Client's codec, which is the client work a router does per
+// call. Senders share the requests: marshalling only reads them.
 func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
-	reqs, err := scoreRequests(shape, keys)
+	reqs, err := scoreMessages(shape, keys)
 	if err != nil {
 		return nil, err
 	}
-	codec := grpc.ForceCodecV2(preCodec{api.NewCodec()})
 	return func(ctx context.Context, g int, k int64) error {
 		i := k % int64(len(reqs))
-		var resp kvindexv1.ScoreResponse
-		c := clients[g%len(clients)]
-		if err := c.Conn().Invoke(ctx, kvindexv1.IndexService_Score_FullMethodName, preEncoded(reqs[i]), &resp, codec); err != nil {
-			return fmt.Errorf("loadgen: Score of prompt %d at %s: %w", i, c.Conn().Target(), err)
+		resp, err := clients[g%len(clients)].Score(ctx, reqs[i])
+		if err != nil {
+			return fmt.Errorf("loadgen: Score of prompt %d: %w", i, err)
 		}
 		if check {
-			return checkScore(shape, i, &resp)
+			return checkScore(shape, i, resp)
 		}
 		return nil
 	}, nil
@@ -380,9 +377,12 @@ func scanFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []b
 	return nil
 }
 
-// scoreRequests marshals one ScoreRequest per prompt of shape.
-func scoreRequests(shape Shape, keys bool) ([][]byte, error) {
-	reqs := make([][]byte, shape.Prompts)
+// scoreMessages builds one ScoreRequest per prompt of shape.
+func scoreMessages(shape Shape, keys bool) ([]*kvindexv1.ScoreRequest, error) {
+	if err := shape.Validate(); err != nil {
+		return nil, err
+	}
+	reqs := make([]*kvindexv1.ScoreRequest, shape.Prompts)
 	for i := range reqs {
 		req := &kvindexv1.ScoreRequest{Model: shape.Model, TokenIds: shape.Prompt(i)}
 		if keys {
@@ -391,7 +391,20 @@ func scoreRequests(shape Shape, keys bool) ([][]byte, error) {
 			}
 			req.TokenIds = nil
 		}
-		b, err := proto.Marshal(req)
+		reqs[i] = req
+	}
+	return reqs, nil
+}
+
+// scoreRequests marshals scoreMessages' requests.
+func scoreRequests(shape Shape, keys bool) ([][]byte, error) {
+	msgs, err := scoreMessages(shape, keys)
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		b, err := proto.Marshal(m)
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: marshal prompt %d: %w", i, err)
 		}
@@ -420,20 +433,4 @@ func checkLongest(shape Shape, i int64, best uint32) error {
 		return fmt.Errorf("loadgen: Score of prompt %d: longest match %d blocks, the shape stored %d", i, best, want)
 	}
 	return nil
-}
-
-// preEncoded is a request marshalled ahead of time.
-type preEncoded []byte
-
-// preCodec sends preEncoded requests as they are and handles everything
-// else with api.Codec, as api.Dial's clients do; its name is "proto" so
-// the server sees an ordinary call. The same bytes may be sent by several
-// senders at once: gRPC only reads them.
-type preCodec struct{ *api.Codec }
-
-func (c preCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if b, ok := v.(preEncoded); ok {
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
-	}
-	return c.Codec.Marshal(v)
 }

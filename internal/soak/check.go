@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -28,15 +27,11 @@ func refOf(w interface {
 // returns the last listing; on timeout the error names each worker that
 // was not there yet.
 //
-// The stream sets last_seq (and counts the batch) before it hands the
-// batch to the index, so a listing can show the engine's last seq while
-// that batch's blocks are still being applied. The engines are paused:
-// a listing is taken as settled when the next one, 50 ms later, shows
-// every worker's seq, blocks stored and removed and resident blocks
-// unchanged.
+// The stream sets last_seq (and counts the batch) once the index has
+// applied the batch, so one listing that shows every engine's last seq
+// (the engines are paused) has their blocks in the index.
 func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint64, timeout time.Duration) ([]*kvindexv1.WorkerStatus, error) {
 	deadline := time.Now().Add(timeout)
-	var ready map[events.WorkerRef]settledState // the previous poll's, when it was ready
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		resp, err := r.client.ListWorkers(cctx, &kvindexv1.ListWorkersRequest{})
@@ -66,17 +61,7 @@ func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint
 				}
 			}
 			if len(behind) == 0 {
-				now := map[events.WorkerRef]settledState{}
-				for ref := range want {
-					w := got[ref]
-					now[ref] = settledState{w.GetLastSeq(), w.GetBlocksStored(), w.GetBlocksRemoved(), w.GetResidentBlocks()}
-				}
-				if maps.Equal(now, ready) {
-					return resp.GetWorkers(), nil
-				}
-				ready = now
-			} else {
-				ready = nil
+				return resp.GetWorkers(), nil
 			}
 		}
 		if time.Now().After(deadline) {
@@ -89,12 +74,6 @@ func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// settledState is what of a worker's ListWorkers entry must stay the
-// same between two polls for its last batch to count as applied.
-type settledState struct {
-	seq, stored, removed, resident uint64
 }
 
 // endpointOf returns where a soak worker's events come from as
@@ -328,7 +307,11 @@ func (r *runner) diagnose(name string, e *Engine) string {
 	short := 0
 	for i, p := range chains {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := r.client.Score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
+		var resp *kvindexv1.ScoreResponse
+		err := r.load.retryOverloaded(cctx, func() (err error) {
+			resp, err = r.client.Score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
+			return err
+		})
 		cancel()
 		if err != nil {
 			return fmt.Sprintf("probe failed: %v", err)
@@ -402,7 +385,11 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
-	resp, err := r.client.Score(cctx, req)
+	var resp *kvindexv1.ScoreResponse
+	err := r.load.retryOverloaded(cctx, func() (err error) {
+		resp, err = r.client.Score(cctx, req)
+		return err
+	})
 	if err != nil {
 		if ctx.Err() == nil { // not the end of the run
 			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
@@ -413,7 +400,11 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	if i%4 != 0 {
 		return
 	}
-	if kresp, err := ScoreByKeys(cctx, r.client, model, pc.tokens); err == nil {
+	var kresp *kvindexv1.ScoreResponse
+	if err := r.load.retryOverloaded(cctx, func() (err error) {
+		kresp, err = ScoreByKeys(cctx, r.client, model, pc.tokens)
+		return err
+	}); err == nil {
 		r.check(name, from, model, pc, "block keys", &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, resp.GetPromptBlocks())}, kresp)
 	} else if len(pc.tokens) >= BlockSizeOf(model) && ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
@@ -422,7 +413,11 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	for _, w := range r.models[model] {
 		creq.Workers = append(creq.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
 	}
-	if cresp, err := r.client.Score(cctx, creq); err == nil {
+	var cresp *kvindexv1.ScoreResponse
+	if err := r.load.retryOverloaded(cctx, func() (err error) {
+		cresp, err = r.client.Score(cctx, creq)
+		return err
+	}); err == nil {
 		r.check(name, from, model, pc, "candidates", creq, cresp)
 	} else if ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)

@@ -17,10 +17,9 @@
 // # Checks
 //
 // At every checkpoint the engines pause, the soak waits until ListWorkers
-// shows each worker's last seq equal to its engine's and health OK (in
-// two listings 50 ms apart, since last_seq moves before the batch is
-// applied), then
-// every Score of prompts built from the engines' caches must give every
+// shows each worker's last seq equal to its engine's and health OK
+// (last_seq moves once the index has applied the batch), then every
+// Score of prompts built from the engines' caches must give every
 // worker exactly the longest prefix its engine holds, and every worker's
 // resident block count must equal its engine's. Between checkpoints every
 // answer is checked for sanity (real workers only, bounds, codes). The

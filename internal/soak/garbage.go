@@ -34,7 +34,7 @@ const (
 	GarbageKnownBad      = "known_worker_bad" // an undecodable payload for a garbage worker
 	GarbageAddress       = "refused_address"  // a connection from outside the allowlist
 	GarbageNeighbour     = "neighbour"        // published on ports next to a pull pod's
-	GarbagePullRank      = "pull_rank"        // kv@<pull pod>@<its model>, a rank it does not have (--known-gaps)
+	GarbagePullRank      = "pull_rank"        // kv@<pull pod>@<its model>, a rank it does not have
 )
 
 // fixedGarbagePod is the garbage pod created first in every daemon
@@ -45,10 +45,9 @@ const fixedGarbagePod = "evil-fixed"
 // gRPC and metrics ports, and from ports next to the pull pods'. It owns
 // its ZeroMQ sockets; Run's goroutine is the only one that uses them.
 type Garbage struct {
-	fleet     *Fleet
-	rng       *rand.Rand
-	knownGaps bool
-	view      DaemonView
+	fleet *Fleet
+	rng   *rand.Rand
+	view  DaemonView
 
 	zctx       *zmq4.Context
 	open       *zmq4.Socket // XPUB connected to the open listener
@@ -75,8 +74,8 @@ type DaemonView interface {
 
 // NewGarbage opens the garbage sockets: one connected to the open push
 // listener, and one XPUB or ROUTER bound on each neighbour port.
-func NewGarbage(f *Fleet, seed uint64, knownGaps bool, view DaemonView) (*Garbage, error) {
-	g := &Garbage{fleet: f, rng: rand.New(rand.NewPCG(seed, stringSeed("garbage"))), knownGaps: knownGaps, view: view, counts: map[string]int64{}}
+func NewGarbage(f *Fleet, seed uint64, view DaemonView) (*Garbage, error) {
+	g := &Garbage{fleet: f, rng: rand.New(rand.NewPCG(seed, stringSeed("garbage"))), view: view, counts: map[string]int64{}}
 	var err error
 	if g.zctx, err = zmq4.NewContext(); err != nil {
 		return nil, fmt.Errorf("soak: garbage zmq context: %w", err)
@@ -274,10 +273,8 @@ func (g *Garbage) probe(ctx context.Context, i int) {
 			g.refused = s
 			g.send(GarbageAddress, g.refused, "kv@evil-refused@"+GarbageModel, g.validPayload(0))
 		}
-		if g.knownGaps {
-			p := g.fleet.Pods[g.rng.IntN(len(g.fleet.Pods))]
-			g.send(GarbagePullRank, g.open, "kv@"+p.Name+"@"+p.Model, g.validPayload(p.DPSize))
-		}
+		p := g.fleet.Pods[g.rng.IntN(len(g.fleet.Pods))]
+		g.send(GarbagePullRank, g.open, "kv@"+p.Name+"@"+p.Model, g.validPayload(p.DPSize))
 	}
 }
 

@@ -29,6 +29,14 @@ type LoadStats struct {
 	// RestartErrors are calls that failed during a daemon restart with a
 	// code a restart causes.
 	RestartErrors int64
+	// Calls counts the Score and Route calls sent, invalid ones included;
+	// Refused those the daemon's admission control refused for overload
+	// (api.IsOverloaded), which are neither answers nor failures unless
+	// there are more than Options.MaxRefused of Calls.
+	Calls, Refused int64
+	// CheckpointRefused counts checkpoint Scores refused for overload and
+	// sent again (a checkpoint compares every answer it needs).
+	CheckpointRefused int64
 	// Health counts the workers in answers by health.
 	Health map[string]int64
 }
@@ -54,6 +62,7 @@ type Load struct {
 	seed    uint64
 
 	scores, routes, releases, releasedFalse, invalid, restartErrs atomic.Int64
+	calls, refused, checkRefused                                  atomic.Int64
 	mu                                                            sync.Mutex
 	health                                                        map[string]int64
 }
@@ -87,7 +96,7 @@ func (l *Load) Stats() LoadStats {
 		h[k] = v
 	}
 	l.mu.Unlock()
-	return LoadStats{Scores: l.scores.Load(), Routes: l.routes.Load(), Releases: l.releases.Load(), ReleasedFalse: l.releasedFalse.Load(), Invalid: l.invalid.Load(), RestartErrors: l.restartErrs.Load(), Health: h}
+	return LoadStats{Scores: l.scores.Load(), Routes: l.routes.Load(), Releases: l.releases.Load(), ReleasedFalse: l.releasedFalse.Load(), Invalid: l.invalid.Load(), RestartErrors: l.restartErrs.Load(), Calls: l.calls.Load(), Refused: l.refused.Load(), CheckpointRefused: l.checkRefused.Load(), Health: h}
 }
 
 // prompt returns a prompt for the load, and its model: an engine's recent
@@ -114,10 +123,11 @@ func (l *Load) prompt(rng *rand.Rand) ([]uint32, string) {
 	}
 }
 
-// call runs one RPC with a deadline and classifies its error: nil, a
-// restart's (counted), or a failure (recorded). It reports whether the
-// call succeeded.
+// call runs one RPC with a deadline and classifies its error: nil, an
+// overload refusal or a restart's (counted), or a failure (recorded). It
+// reports whether the call succeeded.
 func (l *Load) call(ctx context.Context, what string, do func(context.Context) error) bool {
+	l.calls.Add(1)
 	mark := l.window.Mark()
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	err := do(cctx)
@@ -126,6 +136,10 @@ func (l *Load) call(ctx context.Context, what string, do func(context.Context) e
 		return true
 	}
 	if ctx.Err() != nil {
+		return false
+	}
+	if api.IsOverloaded(err) {
+		l.refused.Add(1)
 		return false
 	}
 	code := codes.Unknown
@@ -193,6 +207,7 @@ func (l *Load) invalidScore(ctx context.Context, rng *rand.Rand) {
 		{Model: ModelA},
 	}
 	req := reqs[rng.IntN(len(reqs))]
+	l.calls.Add(1)
 	mark := l.window.Mark()
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	_, err := l.client.Score(cctx, req)
@@ -207,6 +222,8 @@ func (l *Load) invalidScore(ctx context.Context, rng *rand.Rand) {
 	switch {
 	case code == codes.InvalidArgument:
 		l.invalid.Add(1)
+	case api.IsOverloaded(err): // refused before it was read
+		l.refused.Add(1)
 	case l.window.Overlaps(mark) && (code == codes.Unavailable || code == codes.DeadlineExceeded):
 		l.restartErrs.Add(1)
 	default:
@@ -403,4 +420,29 @@ func ScoreByKeys(ctx context.Context, client *api.Client, model string, tokens [
 		req.BlockKeys[i] = uint64(k)
 	}
 	return client.Score(ctx, req)
+}
+
+// checkpointTries bounds how many times a checkpoint Score refused for
+// overload is sent; with the backoff below they span about 3 s.
+const checkpointTries = 10
+
+// retryOverloaded runs do until it returns anything but an overload
+// refusal, at most checkpointTries times, backing off from 25 ms
+// (doubling, at most 400 ms) and counting each refusal; it returns do's
+// last error.
+func (l *Load) retryOverloaded(ctx context.Context, do func() error) error {
+	wait := 25 * time.Millisecond
+	for try := 1; ; try++ {
+		err := do()
+		if !api.IsOverloaded(err) || try == checkpointTries {
+			return err
+		}
+		l.checkRefused.Add(1)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 400*time.Millisecond)
+	}
 }

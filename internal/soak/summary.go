@@ -34,6 +34,9 @@ type Summary struct {
 	Checks CheckSummary `json:"checks"`
 	// Load counts the gRPC load.
 	Load LoadStats `json:"load"`
+	// MaxRefused is the run's bound on Load.Refused, a fraction of
+	// Load.Calls.
+	MaxRefused float64 `json:"max_refused"`
 	// Garbage counts hostile messages and connections sent, by kind.
 	Garbage      map[string]int64 `json:"garbage"`
 	GarbageTotal int64            `json:"garbage_total"`
@@ -154,6 +157,7 @@ func (s *Summary) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "  checkpoints        %d: %d scores checked exactly, %d worker comparisons, %d wrong; %d resident counts compared\n", c.Checkpoints, c.ScoresChecked, c.Comparisons, c.WrongAnswers, c.ResidentChecks)
 	l := s.Load
 	fmt.Fprintf(&b, "  load               %d scores, %d routes, %d releases (%d after a restart found nothing), %d invalid refused, %d errors during restarts\n", l.Scores, l.Routes, l.Releases, l.ReleasedFalse, l.Invalid, l.RestartErrors)
+	fmt.Fprintf(&b, "  overload refusals  %d of %d Score and Route calls (%.2f%%, limit %.1f%%); %d checkpoint Scores refused and sent again\n", l.Refused, l.Calls, 100*float64(l.Refused)/float64(max(l.Calls, 1)), 100*s.MaxRefused, l.CheckpointRefused)
 	fmt.Fprintf(&b, "  answers by health  %s\n", formatCounts(l.Health))
 	fmt.Fprintf(&b, "  garbage            %d sent: %s\n", s.GarbageTotal, formatCounts(s.Garbage))
 	fmt.Fprintf(&b, "  refusals           %s\n", formatCounts(s.Refusals))

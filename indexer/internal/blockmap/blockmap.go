@@ -53,7 +53,9 @@
 // entries (not stamped for 255 epochs, which takes at least 4 x Len
 // stamps), a scan makes every entry of the older half of the ring
 // ancient, older than all others, in no order among themselves; so a scan
-// runs at most once per 127 advances.
+// runs at most once per 127 advances. Age reads an entry's recency and
+// InsertAged restores it, so that a map saved and rebuilt elsewhere (a
+// checkpoint) evicts in the same order of epochs.
 //
 // A Map is not safe for concurrent use; the indexer guards each worker's
 // with the worker's mutex.
@@ -205,14 +207,52 @@ func (m *Map) Hash(i int) uint64 { return m.b[i/ways].hash[i%ways] }
 // Cost: the two buckets of h, and for a fifth of inserts or fewer (at
 // 90% full) one or two more; no allocation but the table's growth.
 func (m *Map) Insert(h, v uint64) int {
+	i := m.insert(h, v, m.epoch)
+	m.stamped()
+	return i
+}
+
+// Ancient is the Age of an entry not stamped for so long (ring/2 epochs
+// or more, see Recency) that it is older than every other, in no order
+// among its like.
+const Ancient = ancient
+
+// Age returns the recency of the entry in slot i: how many times the
+// epoch has advanced since it was last stamped (Insert or Touch), from 0
+// (the current epoch) up to 254, or Ancient. Oldest returns entries of
+// greater age first. Cost: O(1).
+func (m *Map) Age(i int) uint8 {
+	e := uint8(m.b[i/ways].meta[i%ways] >> epochShift)
+	if e == ancient {
+		return Ancient
+	}
+	return uint8(m.age(e))
+}
+
+// InsertAged is Insert with the entry stamped age advances ago (an Age,
+// Ancient included) instead of now, for a restore that reproduces the
+// recency of a map it saved: entries inserted with the ages Age reported
+// come out of Oldest in the same order of epochs (within an epoch the
+// order is the table's, as always). It does not count as a stamp, so a
+// restore leaves the epoch where it is. Cost: as Insert.
+func (m *Map) InsertAged(h, v uint64, age uint8) int {
+	e := uint8(ancient)
+	if age < ancient {
+		e = uint8((int(m.epoch) - int(age) + ring) % ring)
+	}
+	return m.insert(h, v, e)
+}
+
+// insert adds hash h, which must be absent, with value v stamped epoch e,
+// and returns its slot.
+func (m *Map) insert(h, v uint64, e uint8) int {
 	if v == 0 || v > valueMask {
 		panic("blockmap: value out of range")
 	}
 	if (m.n+1)*loadDen > len(m.b)*ways*loadNum {
 		m.grow(entry{})
 	}
-	e := entry{h, uint64(m.epoch)<<epochShift | v}
-	i, left := m.place(e)
+	i, left := m.place(entry{h, uint64(e)<<epochShift | v})
 	if left.meta != 0 {
 		m.grow(left)
 	}
@@ -223,8 +263,7 @@ func (m *Map) Insert(h, v uint64) int {
 	if h == 0 {
 		m.zeros++
 	}
-	m.count[m.epoch]++
-	m.stamped()
+	m.count[e]++
 	return i
 }
 

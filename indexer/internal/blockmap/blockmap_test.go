@@ -276,3 +276,70 @@ func TestReserve(t *testing.T) {
 	}
 	m.check(t)
 }
+
+// TestInsertAgedReproducesRecency copies a map whose entries span many
+// epochs (some ancient) into a fresh one with InsertAged and Age, in
+// table order: every entry keeps its age, and evicting the whole copy
+// with Oldest yields the entries in the original's order of epochs.
+func TestInsertAgedReproducesRecency(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	var src Map
+	var hs []uint64
+	for range 3000 {
+		h := r.Uint64()
+		src.Insert(h, h&valueMask|1)
+		hs = append(hs, h)
+	}
+	// Touch a tenth of them over and over, so that the rest go ancient
+	// and the touched ones spread over the ring.
+	for i := range 40000 {
+		s, _ := src.Get(hs[(i*7)%300])
+		src.Touch(s)
+	}
+	ages := map[uint64]uint8{}
+	var dst Map
+	// The destination's epoch is not the source's: ages, not epochs, are
+	// what carry over.
+	for range 5 {
+		dst.Insert(1, 1)
+		s, _ := dst.Get(1)
+		dst.Delete(s)
+	}
+	sawAncient := false
+	for s := range src.All() {
+		h := src.Hash(s)
+		ages[h] = src.Age(s)
+		sawAncient = sawAncient || ages[h] == Ancient
+		dst.InsertAged(h, src.Val(s), ages[h])
+	}
+	if !sawAncient {
+		t.Fatal("setup: no ancient entries")
+	}
+	dst.check(t)
+	for s := range dst.All() {
+		if h := dst.Hash(s); dst.Age(s) != ages[h] || dst.Val(s) != h&valueMask|1 {
+			t.Fatalf("entry %x: age %d value %x, want age %d value %x", h, dst.Age(s), dst.Val(s), ages[h], h&valueMask|1)
+		}
+	}
+	// rank orders ages as Oldest does: ancient first, then by age.
+	rank := func(a uint8) int {
+		if a == Ancient {
+			return 1 << 10
+		}
+		return int(a)
+	}
+	prev := 1 << 11
+	for dst.Len() > 0 {
+		out := dst.Oldest(64, nil)
+		for _, s := range out {
+			a := rank(ages[dst.Hash(s)])
+			if a > prev {
+				t.Fatalf("Oldest returned an entry of age %d after one of age %d", a, prev)
+			}
+			prev = a
+		}
+		for _, s := range out {
+			dst.Delete(s)
+		}
+	}
+}

@@ -504,7 +504,9 @@ func (x *Registration) GetPartial() bool {
 
 // Checkpoint is an agent's local record of its workers' state, written
 // atomically to a file, so that an agent restarted while its engine runs
-// recovers the exact state from it and a replay from its seqs.
+// recovers the exact state from it and a replay from its seqs. The file
+// frames it (see internal/fleet: a magic, the length, a CRC-32C of the
+// message, then the message).
 type Checkpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pod and model identify the agent's pod.
@@ -515,6 +517,12 @@ type Checkpoint struct {
 	// written_unix_ms is when the checkpoint was taken.
 	WrittenUnixMs int64               `protobuf:"varint,4,opt,name=written_unix_ms,json=writtenUnixMs,proto3" json:"written_unix_ms,omitempty"`
 	Workers       []*WorkerCheckpoint `protobuf:"bytes,5,rep,name=workers,proto3" json:"workers,omitempty"`
+	// version is the checkpoint's format (1); an agent ignores a
+	// checkpoint of a version it does not know.
+	Version uint32 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	// block_size is the model's tokens per block the keys were computed
+	// with.
+	BlockSize     uint32 `protobuf:"varint,7,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -584,21 +592,40 @@ func (x *Checkpoint) GetWorkers() []*WorkerCheckpoint {
 	return nil
 }
 
+func (x *Checkpoint) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
 // WorkerCheckpoint is one worker's state in a Checkpoint.
 type WorkerCheckpoint struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	DpRank uint32                 `protobuf:"varint,1,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
 	// engine_seq is the last engine seq the state includes; has_engine_seq
-	// is false when none was applied.
+	// is false when none was applied since the agent started or the worker
+	// was last reset (its state is then empty, and a restored agent learns
+	// the worker from the engine's replay as a new one does).
 	EngineSeq    uint64 `protobuf:"varint,2,opt,name=engine_seq,json=engineSeq,proto3" json:"engine_seq,omitempty"`
 	HasEngineSeq bool   `protobuf:"varint,3,opt,name=has_engine_seq,json=hasEngineSeq,proto3" json:"has_engine_seq,omitempty"`
-	// segments restore the worker's resident set, in the index's
-	// checkpoint encoding (engine block hashes included).
+	// segments restore the worker, in the index's checkpoint encoding
+	// (indexer.CheckpointSegment: keys, engine block hashes, stores and
+	// recency), in order.
 	Segments [][]byte `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
-	// blocks is the number of keys with references.
+	// blocks is the number of engine blocks the worker holds.
 	Blocks uint64 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	// partial: the state was already incomplete when checkpointed.
-	Partial       bool `protobuf:"varint,6,opt,name=partial,proto3" json:"partial,omitempty"`
+	// partial: the state was already incomplete when checkpointed (see
+	// Registration.partial); partial_reason says why.
+	Partial       bool   `protobuf:"varint,6,opt,name=partial,proto3" json:"partial,omitempty"`
+	PartialReason string `protobuf:"bytes,7,opt,name=partial_reason,json=partialReason,proto3" json:"partial_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -675,6 +702,13 @@ func (x *WorkerCheckpoint) GetPartial() bool {
 	return false
 }
 
+func (x *WorkerCheckpoint) GetPartialReason() string {
+	if x != nil {
+		return x.PartialReason
+	}
+	return ""
+}
+
 var File_kvindex_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
@@ -721,7 +755,7 @@ const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\bresident\x18\r \x01(\x04R\bresident\x12#\n" +
 	"\ragent_version\x18\x0e \x01(\tR\fagentVersion\x12*\n" +
 	"\x11heartbeat_unix_ms\x18\x0f \x01(\x03R\x0fheartbeatUnixMs\x12\x18\n" +
-	"\apartial\x18\x10 \x01(\bR\apartial\"\xb9\x01\n" +
+	"\apartial\x18\x10 \x01(\bR\apartial\"\xf2\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x14\n" +
@@ -729,7 +763,10 @@ const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
 	"key_scheme\x18\x03 \x01(\tR\tkeyScheme\x12&\n" +
 	"\x0fwritten_unix_ms\x18\x04 \x01(\x03R\rwrittenUnixMs\x12<\n" +
-	"\aworkers\x18\x05 \x03(\v2\".kvindex.fleet.v1.WorkerCheckpointR\aworkers\"\xbe\x01\n" +
+	"\aworkers\x18\x05 \x03(\v2\".kvindex.fleet.v1.WorkerCheckpointR\aworkers\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\rR\aversion\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\a \x01(\rR\tblockSize\"\xe5\x01\n" +
 	"\x10WorkerCheckpoint\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1d\n" +
 	"\n" +
@@ -737,7 +774,8 @@ const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x0ehas_engine_seq\x18\x03 \x01(\bR\fhasEngineSeq\x12\x1a\n" +
 	"\bsegments\x18\x04 \x03(\fR\bsegments\x12\x16\n" +
 	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\x18\n" +
-	"\apartial\x18\x06 \x01(\bR\apartialB;Z9github.com/kvindex/kvindex/proto/kvindex/fleet/v1;fleetv1b\x06proto3"
+	"\apartial\x18\x06 \x01(\bR\apartial\x12%\n" +
+	"\x0epartial_reason\x18\a \x01(\tR\rpartialReasonB;Z9github.com/kvindex/kvindex/proto/kvindex/fleet/v1;fleetv1b\x06proto3"
 
 var (
 	file_kvindex_fleet_v1_fleet_proto_rawDescOnce sync.Once

@@ -1,0 +1,206 @@
+package api
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Malformed requests. grpc-go turns any error a codec returns while
+// decoding a request into codes.Internal ("failed to unmarshal"), which
+// tells a client nothing and looks like a server bug. The server's codec
+// therefore does not fail a request it cannot decode: it notes the message
+// as malformed (malformedSet) and returns nil, and the first interceptor
+// of the chain answers InvalidArgument naming the field before any handler
+// sees the message. Only the server's codec defers (NewServer sets it); a
+// Codec from NewCodec, as clients use, returns decode errors as usual.
+//
+// Cost: one atomic load per call when no request is malformed; the set
+// is consulted only while it holds something.
+
+// malformedSet holds the requests the codec could not decode, by message
+// pointer, until the interceptor takes them. A message is in it for the
+// length of one call at most: the interceptor runs for every unary call
+// whose request was decoded.
+type malformedSet struct {
+	n atomic.Int64
+	m sync.Map // proto.Message -> error
+}
+
+func (s *malformedSet) add(v any, err error) {
+	s.m.Store(v, err)
+	s.n.Add(1)
+}
+
+// take returns and forgets the decode error noted for v, if any.
+func (s *malformedSet) take(v any) error {
+	if s == nil || s.n.Load() == 0 {
+		return nil
+	}
+	e, ok := s.m.LoadAndDelete(v)
+	if !ok {
+		return nil
+	}
+	s.n.Add(-1)
+	return e.(error)
+}
+
+// maxMalformedMessage caps the decode error's text in the status message.
+const maxMalformedMessage = 256
+
+// malformedStatus is the InvalidArgument answer to a request of message
+// type m whose encoding b failed to decode with err: it names the first
+// field whose encoding is wrong when one can be found (badField), and
+// otherwise gives the decoder's error.
+func malformedStatus(m proto.Message, b []byte, err error) error {
+	md := m.ProtoReflect().Descriptor()
+	msg := fmt.Sprintf("malformed %s", md.Name())
+	if f := badField(b, md, ""); f != "" {
+		msg += ": field " + f
+	}
+	text := err.Error()
+	if len(text) > maxMalformedMessage {
+		text = text[:maxMalformedMessage] + "..."
+	}
+	return status.Error(codes.InvalidArgument, msg+": "+text)
+}
+
+// maxBadFieldDepth bounds badField's recursion into nested messages
+// (protobuf-go's own default limit is 10,000; requests nest a few levels).
+const maxBadFieldDepth = 32
+
+// badField returns the path (e.g. "candidates[2].pod") of the first field
+// in b, an encoding of a message of type md, whose encoding cannot be
+// decoded: a truncated or invalid tag or value, invalid UTF-8 in a
+// string, or a bad value in a packed list (a value of another wire type
+// than its field's is kept as unknown, as protobuf-go does); "" when it
+// finds none (the failure is elsewhere, e.g. too deep). It names no field
+// in an encoding protobuf-go accepts (FuzzBadField). Unknown fields are
+// named by number. It reads b once per nesting
+// level and allocates only the path.
+func badField(b []byte, md protoreflect.MessageDescriptor, prefix string) string {
+	return badFieldDepth(b, md, prefix, 0)
+}
+
+func badFieldDepth(b []byte, md protoreflect.MessageDescriptor, prefix string, depth int) string {
+	if depth > maxBadFieldDepth {
+		return ""
+	}
+	var seen map[protowire.Number]int
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			if prefix == "" {
+				return "(tag)"
+			}
+			return prefix
+		}
+		var fd protoreflect.FieldDescriptor
+		if md != nil {
+			fd = md.Fields().ByNumber(num)
+		}
+		// Elements of lists of messages and strings are numbered; packed
+		// scalars are one value.
+		name := fieldPath(prefix, fd, num)
+		if fd != nil && fd.IsList() && wireTypeOf(fd.Kind()) == protowire.BytesType {
+			if seen == nil {
+				seen = map[protowire.Number]int{}
+			}
+			name += "[" + strconv.Itoa(seen[num]) + "]"
+			seen[num]++
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return name
+		}
+		if fd != nil {
+			if p := badValue(b[n:n+m], fd, typ, name, depth); p != "" {
+				return p
+			}
+		}
+		b = b[n+m:]
+	}
+	return ""
+}
+
+// badValue checks one field's value v (wire type typ) against its
+// descriptor.
+func badValue(v []byte, fd protoreflect.FieldDescriptor, typ protowire.Type, name string, depth int) string {
+	k := fd.Kind()
+	want := wireTypeOf(k)
+	if typ == want {
+		if typ != protowire.BytesType {
+			return ""
+		}
+		body, _ := protowire.ConsumeBytes(v)
+		switch k {
+		case protoreflect.StringKind:
+			if !utf8.Valid(body) {
+				return name + " (invalid UTF-8)"
+			}
+		case protoreflect.MessageKind:
+			return badFieldDepth(body, fd.Message(), name, depth+1)
+		}
+		return ""
+	}
+	// A packed list of scalars arrives as bytes.
+	if typ == protowire.BytesType && fd.IsList() && want != protowire.BytesType {
+		body, _ := protowire.ConsumeBytes(v)
+		for len(body) > 0 {
+			var n int
+			switch want {
+			case protowire.VarintType:
+				_, n = protowire.ConsumeVarint(body)
+			case protowire.Fixed32Type:
+				_, n = protowire.ConsumeFixed32(body)
+			case protowire.Fixed64Type:
+				_, n = protowire.ConsumeFixed64(body)
+			}
+			if n < 0 {
+				return name
+			}
+			body = body[n:]
+		}
+		return ""
+	}
+	// Another wire type: protobuf-go keeps the field as unknown, which is
+	// not an error.
+	return ""
+}
+
+// fieldPath joins prefix and the field's name, or its number when the
+// message has no such field.
+func fieldPath(prefix string, fd protoreflect.FieldDescriptor, num protowire.Number) string {
+	name := "#" + strconv.Itoa(int(num))
+	if fd != nil {
+		name = string(fd.Name())
+	}
+	if prefix == "" {
+		return name
+	}
+	return prefix + "." + name
+}
+
+// wireTypeOf is a kind's wire type when not packed.
+func wireTypeOf(k protoreflect.Kind) protowire.Type {
+	switch k {
+	case protoreflect.Sfixed32Kind, protoreflect.Fixed32Kind, protoreflect.FloatKind:
+		return protowire.Fixed32Type
+	case protoreflect.Sfixed64Kind, protoreflect.Fixed64Kind, protoreflect.DoubleKind:
+		return protowire.Fixed64Type
+	case protoreflect.StringKind, protoreflect.BytesKind, protoreflect.MessageKind:
+		return protowire.BytesType
+	case protoreflect.GroupKind:
+		return protowire.StartGroupType
+	default: // bool, enum and the varint integers
+		return protowire.VarintType
+	}
+}

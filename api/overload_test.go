@@ -1,0 +1,73 @@
+package api_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/indexer"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
+)
+
+// An admission refusal reaches the client as ResourceExhausted that
+// IsOverloaded recognises; a request over a limit (a full in-flight table)
+// is ResourceExhausted too but not an overload, and nor is any other error.
+func TestIsOverloaded(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	mustModel(t, ix, "m")
+	mustWorker(t, ix, "m", "pod-0", 0)
+	f := serve(t, ix, nil, api.Options{Admission: api.AdmissionOptions{MaxPending: 1, Target: time.Second, MaxQueueDelay: 10 * time.Second}})
+
+	// A Score whose headers are sent and body is not holds the one
+	// pending slot.
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/kvindex.v1.IndexService/Score"); err != nil {
+		t.Fatal(err)
+	}
+	req := &kvindexv1.ScoreRequest{Model: "m", TokenIds: prompt(1, 2)}
+	var refused error
+	deadline := time.Now().Add(10 * time.Second)
+	for refused == nil && time.Now().Before(deadline) {
+		if _, err := f.client.Score(context.Background(), req); err != nil {
+			refused = err
+		} else {
+			time.Sleep(5 * time.Millisecond) // the held stream's headers are still on their way
+		}
+	}
+	if status.Code(refused) != codes.ResourceExhausted || !api.IsOverloaded(refused) {
+		t.Fatalf("Score past max_pending: %v (overloaded %v), want an overload refusal", refused, api.IsOverloaded(refused))
+	}
+	cancel()
+
+	srv := api.NewServer(ix, nil, api.Options{Tracker: scoring.NewTracker(scoring.TrackerOptions{MaxFlights: 1})})
+	route := func(id string) error {
+		_, err := srv.Route(context.Background(), &kvindexv1.RouteRequest{RequestId: id, Score: req})
+		return err
+	}
+	if err := route("r1"); err != nil {
+		t.Fatal(err)
+	}
+	full := route("r2")
+	if status.Code(full) != codes.ResourceExhausted || api.IsOverloaded(full) {
+		t.Fatalf("Route past max in flight: %v (overloaded %v), want ResourceExhausted, not an overload", full, api.IsOverloaded(full))
+	}
+	for _, err := range []error{nil, errors.New("plain"), status.Error(codes.Unavailable, "overloaded: not really")} {
+		if api.IsOverloaded(err) {
+			t.Errorf("IsOverloaded(%v) = true", err)
+		}
+	}
+}

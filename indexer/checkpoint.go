@@ -1,0 +1,753 @@
+package indexer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// Checkpoints. A checkpoint is a worker fed engine events saved whole, so
+// that another process (a restarted agent) can continue feeding it the
+// same engine's events: where a snapshot (see Snapshot) carries what a
+// replica needs, the content keys and their summed counts, a checkpoint
+// also carries what later engine events need: every engine block at its
+// key (its engine hash, which BlockRemoved and parent_block_hash name),
+// its stores per medium and its store recency, and the worker's state
+// beyond its blocks (its learned capacity, the KV-cache groups it skips,
+// its last reset's reason). The keys come in the snapshot's tree order,
+// with the same placeholders, so that a restore puts every key where the
+// source has it.
+//
+// A worker restored from a checkpoint (RestoreCheckpoint) is the source
+// worker as far as any later call can tell: the same Digest, the same
+// answers from Match, the same resident counts and capacity, and the same
+// effects (and recorded deltas' resident set) from the same later
+// batches, aliases and repeated stores included; its eviction order is
+// the source's to within one recency epoch (see blockmap). What it does
+// not carry are the cumulative counters of Stats (stored, removed,
+// orphans, ...), which start again from zero as a new process's metrics
+// do (restoring them would make Prometheus read the restart as a counter
+// reset followed by a jump), and the delta seq (a restored source starts
+// a new epoch of deltas). Orphan blocks are keyed under the worker's id
+// (see storeLocked): a checkpoint restored into a worker of another id
+// keeps its orphans' keys, and a later orphan of the same missing parent
+// gets a key of the new id; both are keys no prompt can match.
+
+// ErrBadCheckpoint: a checkpoint is incomplete, out of order, corrupt or
+// inconsistent (see Worker.RestoreCheckpoint); nothing of it was applied.
+var ErrBadCheckpoint = errors.New("indexer: bad checkpoint")
+
+// Segment bounds. A CheckpointSegment holds at most CheckpointSegmentKeys
+// keys, and Checkpoint starts a new one when a segment's blocks reach
+// CheckpointSegmentBlocks (a key's blocks are never split, so a segment
+// whose last key has many aliases may hold more). In AppendBinary's
+// encoding a key held as one block costs 19 bytes (a tag, the key, the
+// block's engine hash, its media and its age), 18 when its age is the
+// previous block's and 8 more when its parent is not the key before it:
+// about 80 KB a segment.
+const (
+	CheckpointSegmentKeys   = 4096
+	CheckpointSegmentBlocks = 8192
+)
+
+// CheckpointSegment is one part of a worker's checkpoint (see
+// Worker.Checkpoint).
+type CheckpointSegment struct {
+	// Part numbers the segments of a checkpoint from 0.
+	Part uint32
+	// Total and TotalBlocks are the keys and blocks in the whole
+	// checkpoint, the same in every segment, so that a restore sizes its
+	// memory once.
+	Total, TotalBlocks uint64
+	// Last marks the checkpoint's last segment.
+	Last bool
+	// Digest is, in the last segment, the worker's Digest when the
+	// checkpoint was taken; RestoreCheckpoint checks the keys against it.
+	Digest uint64
+	// State is the worker's state beyond its blocks, in part 0; the zero
+	// value in the others.
+	State CheckpointState
+	// Keys are at most CheckpointSegmentKeys keys, each after its parent
+	// (in this segment or an earlier one).
+	Keys []CheckpointKey
+	// Blocks are the engine blocks of Keys, key by key: the first
+	// Keys[0].Blocks of them are the first key's, and so on.
+	Blocks []CheckpointBlock
+}
+
+// CheckpointState is what a checkpoint keeps of a worker besides its
+// blocks.
+type CheckpointState struct {
+	// Learned[m] is how many blocks the worker held in medium m when its
+	// first removal in m arrived (its learned capacity: see Worker), 0
+	// before one did.
+	Learned [events.NumMedia]int64
+	// IgnoredGroups are the KV-cache groups whose events the worker skips
+	// (learned from BlockStored's kv_cache_spec_kind), ascending.
+	IgnoredGroups []int
+	// LastReset is why the worker was last reset (Stats.LastReset), cut
+	// to maxResetReason bytes.
+	LastReset string
+}
+
+// CheckpointKey is one key of a checkpoint: where it attaches in the
+// tree, and how many of the worker's engine blocks resolve to it.
+type CheckpointKey struct {
+	// Key is the content key.
+	Key Key
+	// Parent is the key Key attaches under, when HasParent; otherwise Key
+	// is at top level.
+	Parent    Key
+	HasParent bool
+	// Blocks is the number of the worker's engine blocks at Key: 1, more
+	// for a key that several engine hashes resolve to (an alias), 0 for a
+	// placeholder (an ancestor the worker does not hold).
+	Blocks uint32
+}
+
+// CheckpointBlock is one engine block of a checkpoint.
+type CheckpointBlock struct {
+	// Hash is the block's engine hash.
+	Hash uint64
+	// Refs[m] is the block's stores in medium m: 0 when it is not in m,
+	// more than 1 when the engine stored it again (each store takes its
+	// own removal).
+	Refs [events.NumMedia]uint8
+	// Age is the block's store recency: how many recency epochs ago it
+	// was last stored or named as a parent (blockmap.Map.Age), 255 for
+	// older than all others.
+	Age uint8
+}
+
+// media returns the mask of the media the block is in.
+func (b *CheckpointBlock) media() uint8 {
+	var m uint8
+	for i, r := range b.Refs {
+		if r > 0 {
+			m |= 1 << i
+		}
+	}
+	return m
+}
+
+// maxResetReason bounds CheckpointState.LastReset: reasons are a line of
+// a log message.
+const maxResetReason = 1024
+
+// Checkpoint calls emit with the worker's checkpoint, segment by segment,
+// in order (see CheckpointSegment). It is consistent: everything is
+// gathered under the worker's mutex, as it is after some batch, then
+// emitted with no lock held, so emit may be slow. A caller that must know
+// which engine seq the checkpoint includes takes it where it serialises
+// the worker's batches (the fleet agent: inside the NATS agent's worker
+// lock). emit must not keep the segment after it returns (it is reused);
+// an error from emit ends the checkpoint and is returned, wrapped. An
+// empty worker's checkpoint is one segment with no keys and its state. A
+// keyed worker has no engine blocks to checkpoint (ErrWorkerKind): its
+// state is a Snapshot.
+//
+// Cost: Snapshot's walk, O(blocks log blocks) under the mutex, and
+// memory for the keys (32 bytes each) and blocks (16 bytes each) until it
+// returns. BenchmarkCheckpoint (docs/benchmarks.md): 6.7 ms for 30,000
+// blocks, encoding included (18 bytes a block).
+func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
+	if w.info.Keyed {
+		return fmt.Errorf("%w: worker %s is keyed (no checkpoint: take a snapshot)", ErrWorkerKind, w.info.Ref)
+	}
+	keys, blocks, state, digest, err := w.checkpointAll()
+	if err != nil {
+		return err
+	}
+	seg := CheckpointSegment{Total: uint64(len(keys)), TotalBlocks: uint64(len(blocks)), State: state}
+	for part := uint32(0); ; part++ {
+		n, nb := 0, 0
+		for n < len(keys) && n < CheckpointSegmentKeys && (n == 0 || nb < CheckpointSegmentBlocks) {
+			nb += int(keys[n].Blocks)
+			n++
+		}
+		seg.Part, seg.Keys, keys = part, keys[:n:n], keys[n:]
+		seg.Blocks, blocks = blocks[:nb:nb], blocks[nb:]
+		seg.Last = len(keys) == 0
+		if seg.Last {
+			seg.Digest = digest
+		}
+		if err := emit(&seg); err != nil {
+			return fmt.Errorf("indexer: checkpoint of worker %s: segment %d: %w", w.info.Ref, part, err)
+		}
+		if seg.Last {
+			return nil
+		}
+		seg.State = CheckpointState{}
+	}
+}
+
+// checkpointAll gathers the worker's checkpoint under its mutex: its keys
+// in tree order, their blocks, its state and its digest.
+func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, CheckpointState, uint64, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gone {
+		return nil, nil, CheckpointState{}, 0, fmt.Errorf("%w: %s (no checkpoint)", ErrRemovedWorker, w.info.Ref)
+	}
+	keys := make([]CheckpointKey, 0, w.engine.Len())
+	blocks := make([]CheckpointBlock, 0, w.engine.Len())
+	var digest uint64
+	w.treeOrderLocked(func(k, parent Key, hasParent bool, slots []int) {
+		keys = append(keys, CheckpointKey{Key: k, Parent: parent, HasParent: hasParent, Blocks: uint32(len(slots))})
+		var media uint8
+		for _, slot := range slots {
+			media |= w.entry(slot).media()
+			blocks = append(blocks, CheckpointBlock{Hash: w.engine.Hash(slot), Refs: w.refsOf(slot), Age: w.engine.Age(slot)})
+		}
+		if slots != nil {
+			digest += digestTerm(k, media)
+		}
+	})
+	st := CheckpointState{Learned: w.learned, LastReset: w.lastReset}
+	if len(st.LastReset) > maxResetReason {
+		st.LastReset = st.LastReset[:maxResetReason]
+	}
+	for g := range w.ignoredGroups {
+		st.IgnoredGroups = append(st.IgnoredGroups, g)
+	}
+	slices.Sort(st.IgnoredGroups)
+	return keys, blocks, st, digest, nil
+}
+
+// RestoreCheckpoint replaces the worker's state with the checkpoint that
+// next returns segment by segment, until it returns io.EOF (any other
+// error ends the restore and is returned, wrapped): the worker then holds
+// every engine block of the checkpoint at its key, with its stores and
+// recency, and the checkpoint's state, and continues from there as the
+// checkpointed worker would (see the comment on checkpoints above). It
+// records no delta: replicas of the worker must resync (the fleet agent
+// restores before it publishes, under a new epoch).
+//
+// The segments are read and checked first, with no lock held: in order
+// (Part from 0, one Last, as many keys and blocks in all as Total and
+// TotalBlocks say, at most CheckpointSegmentKeys keys each, the state in
+// part 0 only), no key and no engine hash twice, every parent before its
+// key, every placeholder followed at once by a key under it, each key's
+// blocks present and each block in some medium, the learned capacities
+// not negative, and the keys' digest equal to the last segment's. A
+// checkpoint that fails a check is ErrBadCheckpoint, and the worker is
+// left as it was. Then the worker's state is replaced under its mutex,
+// and the capacity enforced (a checkpoint of a worker over a since
+// lowered capacity is evicted to it, counted in Stats.Evictions); the new
+// state is visible to Match when it returns. A keyed worker refuses
+// checkpoints (ErrWorkerKind).
+//
+// Cost: O(keys + blocks) map operations to check the checkpoint, then a
+// clear of what the worker held and per key the tree work of a store,
+// per block an engine-map insert (the map sized once); memory for the
+// keys and blocks until it returns. BenchmarkRestoreCheckpoint
+// (docs/benchmarks.md): 13.6 ms for 30,000 blocks, decoding included,
+// into a worker that held as many.
+func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) error {
+	if w.info.Keyed {
+		return fmt.Errorf("%w: worker %s is keyed (no checkpoint restore: restore a snapshot)", ErrWorkerKind, w.info.Ref)
+	}
+	ck, err := readCheckpoint(next)
+	if err != nil {
+		return fmt.Errorf("indexer: restore worker %s from a checkpoint: %w", w.info.Ref, err)
+	}
+	w.mu.Lock()
+	if w.gone {
+		w.mu.Unlock()
+		return fmt.Errorf("%w: %s (checkpoint of %d blocks not restored)", ErrRemovedWorker, w.info.Ref, len(ck.blocks))
+	}
+	before := w.res
+	w.clearLocked()
+	ck.buildLocked(w)
+	w.enforceCapacityLocked()
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	w.c.lastApply.Store(time.Now().UnixNano())
+	w.ix.resident.Add(delta)
+	w.ix.checkBudget()
+	return nil
+}
+
+// checkpointState is a checkpoint read and checked: its keys, each key's
+// parent's index in keys (-1 at top level), its blocks in key order and
+// the worker's state.
+type checkpointState struct {
+	total, totalBlocks uint64
+	keys               []CheckpointKey
+	parent             []int32
+	blocks             []CheckpointBlock
+	state              CheckpointState
+}
+
+// readCheckpoint reads and checks the segments next returns (see
+// RestoreCheckpoint).
+func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, error) {
+	ck := &checkpointState{}
+	var index map[Key]int32
+	var hashes map[uint64]struct{}
+	var digest, want uint64
+	last := false
+	for part := uint32(0); ; part++ {
+		seg, err := next()
+		if errors.Is(err, io.EOF) {
+			if !last {
+				return nil, fmt.Errorf("%w: it ends after %d segments, none of them the last", ErrBadCheckpoint, part)
+			}
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading checkpoint segment %d: %w", part, err)
+		}
+		switch {
+		case last:
+			return nil, fmt.Errorf("%w: segment %d follows the last", ErrBadCheckpoint, part)
+		case seg == nil:
+			return nil, fmt.Errorf("%w: segment %d is nil", ErrBadCheckpoint, part)
+		case seg.Part != part:
+			return nil, fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadCheckpoint, seg.Part, part)
+		case part > 0 && (seg.Total != ck.total || seg.TotalBlocks != ck.totalBlocks):
+			return nil, fmt.Errorf("%w: segment %d says %d keys and %d blocks in all, segment 0 %d and %d", ErrBadCheckpoint, part, seg.Total, seg.TotalBlocks, ck.total, ck.totalBlocks)
+		case len(seg.Keys) > CheckpointSegmentKeys:
+			return nil, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadCheckpoint, part, len(seg.Keys), CheckpointSegmentKeys)
+		case part > 0 && !seg.State.zero():
+			return nil, fmt.Errorf("%w: segment %d carries the worker's state, which belongs in segment 0", ErrBadCheckpoint, part)
+		}
+		if part == 0 {
+			for m, n := range seg.State.Learned {
+				if n < 0 {
+					return nil, fmt.Errorf("%w: learned capacity %d in %s", ErrBadCheckpoint, n, events.Medium(m))
+				}
+			}
+			ck.state = seg.State
+			ck.state.IgnoredGroups = slices.Clone(seg.State.IgnoredGroups)
+			ck.total, ck.totalBlocks = seg.Total, seg.TotalBlocks
+			// Sized once, up to a bound: the totals are the file's word.
+			index = make(map[Key]int32, int(min(seg.Total, restoreReserve)))
+			hashes = make(map[uint64]struct{}, int(min(seg.TotalBlocks, restoreReserve)))
+			ck.keys = make([]CheckpointKey, 0, int(min(seg.Total, restoreReserve)))
+			ck.parent = make([]int32, 0, int(min(seg.Total, restoreReserve)))
+			ck.blocks = make([]CheckpointBlock, 0, int(min(seg.TotalBlocks, restoreReserve)))
+		}
+		if uint64(len(ck.keys)+len(seg.Keys)) > ck.total || uint64(len(ck.blocks)+len(seg.Blocks)) > ck.totalBlocks {
+			return nil, fmt.Errorf("%w: segment %d brings its keys or blocks over the %d and %d it says", ErrBadCheckpoint, part, ck.total, ck.totalBlocks)
+		}
+		b := 0 // the segment's next block
+		for j := range seg.Keys {
+			k := &seg.Keys[j]
+			i := int32(len(ck.keys))
+			bad := func(why string) error {
+				return fmt.Errorf("%w: segment %d key %d (%#016x): %s", ErrBadCheckpoint, part, j, uint64(k.Key), why)
+			}
+			p := int32(-1)
+			switch {
+			case !k.HasParent:
+			case i > 0 && ck.keys[i-1].Key == k.Parent:
+				p = i - 1 // along a chain: no probe
+			default:
+				pi, ok := index[k.Parent]
+				if !ok {
+					return nil, bad(fmt.Sprintf("its parent %#016x is not before it", uint64(k.Parent)))
+				}
+				p = pi
+			}
+			if i > 0 && ck.keys[i-1].Blocks == 0 && p != i-1 {
+				return nil, bad("it follows a placeholder but is not under it")
+			}
+			n := len(index)
+			index[k.Key] = i // one map operation: the length tells a new key
+			if len(index) == n {
+				return nil, bad("the key is in the checkpoint twice")
+			}
+			if uint64(k.Blocks) > uint64(len(seg.Blocks)-b) {
+				return nil, bad(fmt.Sprintf("it has %d blocks, the segment %d more", k.Blocks, len(seg.Blocks)-b))
+			}
+			var media uint8
+			for _, blk := range seg.Blocks[b : b+int(k.Blocks)] {
+				m := blk.media()
+				if m == 0 {
+					return nil, bad(fmt.Sprintf("its block %#016x is in no medium", blk.Hash))
+				}
+				n := len(hashes)
+				hashes[blk.Hash] = struct{}{}
+				if len(hashes) == n {
+					return nil, bad(fmt.Sprintf("engine hash %#016x is in the checkpoint twice", blk.Hash))
+				}
+				media |= m
+			}
+			b += int(k.Blocks)
+			if k.Blocks > 0 {
+				digest += digestTerm(k.Key, media)
+			}
+			ck.keys = append(ck.keys, *k)
+			ck.parent = append(ck.parent, p)
+		}
+		if b != len(seg.Blocks) {
+			return nil, fmt.Errorf("%w: segment %d has %d blocks, its keys %d", ErrBadCheckpoint, part, len(seg.Blocks), b)
+		}
+		ck.blocks = append(ck.blocks, seg.Blocks...)
+		if seg.Last {
+			last, want = true, seg.Digest
+		}
+	}
+	if uint64(len(ck.keys)) != ck.total || uint64(len(ck.blocks)) != ck.totalBlocks {
+		return nil, fmt.Errorf("%w: %d keys and %d blocks, its segments say %d and %d", ErrBadCheckpoint, len(ck.keys), len(ck.blocks), ck.total, ck.totalBlocks)
+	}
+	if n := len(ck.keys); n > 0 && ck.keys[n-1].Blocks == 0 {
+		return nil, fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadCheckpoint, uint64(ck.keys[n-1].Key))
+	}
+	if digest != want {
+		return nil, fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadCheckpoint, digest, want)
+	}
+	return ck, nil
+}
+
+// zero reports whether s is the zero state.
+func (s *CheckpointState) zero() bool {
+	return s.Learned == [events.NumMedia]int64{} && len(s.IgnoredGroups) == 0 && s.LastReset == ""
+}
+
+// buildLocked adds the checkpoint's keys and blocks to the worker, which
+// holds none, and sets its state. Callers hold w.mu.
+func (ck *checkpointState) buildLocked(w *Worker) {
+	c := &w.cur
+	id := uint32(w.id)
+	w.engine.Reserve(len(ck.blocks))
+	locs := make([]loc, len(ck.keys))
+	chainEnd, b := 0, 0
+	for i := range ck.keys {
+		k := &ck.keys[i]
+		blocks := ck.blocks[b : b+int(k.Blocks)]
+		b += int(k.Blocks)
+		var media uint8
+		for j := range blocks {
+			media |= blocks[j].media()
+		}
+		var set *holders.Set
+		if media != 0 {
+			set = w.ix.single(id, media)
+		}
+		if i >= chainEnd {
+			// The chain from i (each key under the one before), whose
+			// length sizes the nodes it creates.
+			j := i + 1
+			for j < len(ck.keys) && ck.parent[j] == int32(j-1) {
+				j++
+			}
+			chainEnd = j
+		}
+		var l loc
+		var fresh bool
+		if p := ck.parent[i]; p < 0 {
+			l, fresh = c.top(k.Key, set, chainEnd-i)
+		} else {
+			l, fresh = c.next(locs[p], k.Key, set, chainEnd-i)
+		}
+		locs[i] = l
+		if media == 0 {
+			continue // a placeholder: the next key keeps its node alive
+		}
+		if !fresh {
+			c.change(l, holders.Op{Worker: id, Set: media})
+		}
+		var a *alias
+		if len(blocks) > 1 {
+			a = &alias{entries: len(blocks)}
+			if w.aliases == nil {
+				w.aliases = make(map[loc]*alias)
+			}
+			w.aliases[l] = a
+		}
+		for j := range blocks {
+			blk := &blocks[j]
+			bm := blk.media()
+			e := newEntry(l, bm)
+			if anyAbove1(&blk.Refs) {
+				if w.dups == nil {
+					w.dups = make(map[uint64]*[events.NumMedia]uint8)
+				}
+				refs := blk.Refs
+				w.dups[blk.Hash] = &refs
+				e |= entryDup
+			}
+			w.engine.InsertAged(blk.Hash, uint64(e), blk.Age)
+			w.res++
+			for m := range events.NumMedia {
+				if bm&(1<<m) != 0 {
+					w.resBy[m]++
+					if a != nil {
+						a.media[m]++
+					}
+				}
+			}
+		}
+	}
+	w.learned = ck.state.Learned
+	w.lastReset = ck.state.LastReset
+	w.ignoredGroups = nil
+	for _, g := range ck.state.IgnoredGroups {
+		if w.ignoredGroups == nil {
+			w.ignoredGroups = make(map[int]struct{})
+		}
+		w.ignoredGroups[g] = struct{}{}
+	}
+}
+
+// The encoding of a segment (AppendBinary), little-endian:
+//
+//	version 1 | part uvarint | total uvarint | total blocks uvarint | last 0 or 1 | [digest 8 if last] |
+//	[state, in part 0] | keys uvarint | key...
+//
+// The state is the learned capacities (a uvarint per medium), the
+// ignored groups (a count uvarint, then each a zig-zag varint) and the
+// last reset's reason (its length uvarint, then its bytes). A key is a
+// tag byte (bits 0-1: where it attaches, as in a snapshot: 0 under the
+// previous key of the segment, 1 at top level, 2 under the parent key
+// that follows the key; bits 2-3: its blocks, 0 one, 1 none (a
+// placeholder), 2 a count uvarint that follows the key and parent), the
+// key (8 bytes), the parent (8 bytes) when the tag says so, the count,
+// and then its blocks. A block is a flags byte (bits 0-5: its media;
+// bit 6: its age is the segment's previous block's, and is left out; bit
+// 7: its stores per medium follow, one byte per medium of its media, in
+// order; without it, one store in each), the engine hash (8 bytes), the
+// age (1 byte) unless bit 6 is set, and the stores.
+const (
+	ckptVersion      = 1
+	ckptBlocksOne    = 0 << 2
+	ckptPlaceholder  = 1 << 2
+	ckptBlocksCount  = 2 << 2
+	ckptBlockSameAge = 1 << 6
+	ckptBlockRefs    = 1 << 7
+	ckptMediaMask    = 1<<events.NumMedia - 1
+	// ckptMinBlock is the fewest bytes a block takes: flags and hash.
+	ckptMinBlock = 9
+)
+
+// A block's flags byte has room for six media: this fails to compile if
+// events.NumMedia grows past them.
+const _ = uint(6 - events.NumMedia)
+
+// AppendBinary appends the segment's encoding to b
+// (encoding.BinaryAppender). It fails only for a segment that could not
+// come from Checkpoint: over CheckpointSegmentKeys keys, keys whose
+// Blocks do not add up to len(Blocks), a block in no medium, a reason
+// over 1,024 bytes, or a state outside part 0. Cost: O(keys + blocks),
+// no allocation beyond b's growth.
+func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
+	if len(s.Keys) > CheckpointSegmentKeys {
+		return b, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadCheckpoint, s.Part, len(s.Keys), CheckpointSegmentKeys)
+	}
+	if s.Part > 0 && !s.State.zero() {
+		return b, fmt.Errorf("%w: segment %d carries a state, which belongs in segment 0", ErrBadCheckpoint, s.Part)
+	}
+	if len(s.State.LastReset) > maxResetReason {
+		return b, fmt.Errorf("%w: a reset reason of %d bytes, over %d", ErrBadCheckpoint, len(s.State.LastReset), maxResetReason)
+	}
+	nb := 0
+	for i := range s.Keys {
+		nb += int(s.Keys[i].Blocks)
+	}
+	if nb != len(s.Blocks) {
+		return b, fmt.Errorf("%w: segment %d has %d blocks, its keys %d", ErrBadCheckpoint, s.Part, len(s.Blocks), nb)
+	}
+	b = append(b, ckptVersion)
+	b = binary.AppendUvarint(b, uint64(s.Part))
+	b = binary.AppendUvarint(b, s.Total)
+	b = binary.AppendUvarint(b, s.TotalBlocks)
+	if s.Last {
+		b = append(b, 1)
+		b = binary.LittleEndian.AppendUint64(b, s.Digest)
+	} else {
+		b = append(b, 0)
+	}
+	if s.Part == 0 {
+		for _, n := range s.State.Learned {
+			b = binary.AppendUvarint(b, uint64(max(n, 0)))
+		}
+		b = binary.AppendUvarint(b, uint64(len(s.State.IgnoredGroups)))
+		for _, g := range s.State.IgnoredGroups {
+			b = binary.AppendVarint(b, int64(g))
+		}
+		b = binary.AppendUvarint(b, uint64(len(s.State.LastReset)))
+		b = append(b, s.State.LastReset...)
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.Keys)))
+	next, prevAge, first := 0, uint8(0), true
+	for i := range s.Keys {
+		k := &s.Keys[i]
+		var tag byte
+		switch {
+		case !k.HasParent:
+			tag = tagParentNone
+		case i > 0 && s.Keys[i-1].Key == k.Parent:
+			tag = tagParentPrev
+		default:
+			tag = tagParentKey
+		}
+		switch k.Blocks {
+		case 0:
+			tag |= ckptPlaceholder
+		case 1:
+			tag |= ckptBlocksOne
+		default:
+			tag |= ckptBlocksCount
+		}
+		b = append(b, tag)
+		b = binary.LittleEndian.AppendUint64(b, uint64(k.Key))
+		if tag&tagParentMask == tagParentKey {
+			b = binary.LittleEndian.AppendUint64(b, uint64(k.Parent))
+		}
+		if tag&tagFormMask == ckptBlocksCount {
+			b = binary.AppendUvarint(b, uint64(k.Blocks))
+		}
+		for _, blk := range s.Blocks[next : next+int(k.Blocks)] {
+			m := blk.media()
+			if m == 0 {
+				return b, fmt.Errorf("%w: block %#016x of key %#016x is in no medium", ErrBadCheckpoint, blk.Hash, uint64(k.Key))
+			}
+			flags := m
+			if !first && blk.Age == prevAge {
+				flags |= ckptBlockSameAge
+			}
+			if anyAbove1(&blk.Refs) {
+				flags |= ckptBlockRefs
+			}
+			b = append(b, flags)
+			b = binary.LittleEndian.AppendUint64(b, blk.Hash)
+			if flags&ckptBlockSameAge == 0 {
+				b = append(b, blk.Age)
+			}
+			if flags&ckptBlockRefs != 0 {
+				for _, r := range blk.Refs {
+					if r > 0 {
+						b = append(b, r)
+					}
+				}
+			}
+			prevAge, first = blk.Age, false
+		}
+		next += int(k.Blocks)
+	}
+	return b, nil
+}
+
+// UnmarshalBinary decodes a segment that AppendBinary encoded into s,
+// reusing the memory of its slices (encoding.BinaryUnmarshaler). Input
+// that is not such an encoding, truncated or with bytes after it is
+// ErrBadCheckpoint, naming the offset; it never panics, and allocates no
+// more than the input's size justifies (a count is checked against the
+// bytes left before anything is sized by it). It checks the encoding
+// only: RestoreCheckpoint checks what the keys say.
+func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
+	d := segDecoder{b: data, bad: ErrBadCheckpoint}
+	if v := d.byte(); d.err == nil && v != ckptVersion {
+		return fmt.Errorf("%w: encoding version %d, want %d", ErrBadCheckpoint, v, ckptVersion)
+	}
+	part := d.uvarint(math.MaxUint32)
+	total := d.uvarint(math.MaxUint64)
+	totalBlocks := d.uvarint(math.MaxUint64)
+	last := d.byte()
+	if d.err == nil && last > 1 {
+		d.fail("last flag %d", last)
+	}
+	var digest uint64
+	if last == 1 {
+		digest = d.uint64()
+	}
+	state := CheckpointState{IgnoredGroups: s.State.IgnoredGroups[:0]}
+	if part == 0 {
+		for m := range state.Learned {
+			state.Learned[m] = int64(d.uvarint(math.MaxInt64))
+		}
+		ng := int(d.uvarint(uint64(d.left())))
+		for range ng {
+			state.IgnoredGroups = append(state.IgnoredGroups, int(d.varint(math.MinInt32, math.MaxInt32)))
+		}
+		n := int(d.uvarint(maxResetReason))
+		state.LastReset = string(d.bytes(n))
+	}
+	if len(state.IgnoredGroups) == 0 {
+		state.IgnoredGroups = nil
+	}
+	n := int(d.uvarint(CheckpointSegmentKeys))
+	if d.err != nil {
+		return d.err
+	}
+	keys := slices.Grow(s.Keys[:0], n)
+	blocks := s.Blocks[:0]
+	var prevAge uint8
+	for i := 0; i < n && d.err == nil; i++ {
+		tag := d.byte()
+		if d.err == nil && (tag&^(tagParentMask|tagFormMask) != 0 || tag&tagParentMask == 3 || tag&tagFormMask == 3<<2 ||
+			tag&tagParentMask == tagParentPrev && i == 0) {
+			d.fail("key %d: tag %#02x", i, tag)
+		}
+		k := CheckpointKey{Key: Key(d.uint64())}
+		switch tag & tagParentMask {
+		case tagParentPrev:
+			if i > 0 {
+				k.Parent, k.HasParent = keys[i-1].Key, true
+			}
+		case tagParentKey:
+			k.Parent, k.HasParent = Key(d.uint64()), true
+		}
+		switch tag & tagFormMask {
+		case ckptBlocksOne:
+			k.Blocks = 1
+		case ckptBlocksCount:
+			// Bounded by the bytes left, so that a corrupt count cannot
+			// size anything.
+			k.Blocks = uint32(d.uvarint(min(math.MaxUint32, uint64(d.left()/ckptMinBlock))))
+			if d.err == nil && k.Blocks == 0 {
+				d.fail("key %d: a count of no blocks", i)
+			}
+		}
+		for range k.Blocks {
+			if d.err != nil {
+				break
+			}
+			flags := d.byte()
+			m := flags & ckptMediaMask
+			if d.err == nil && m == 0 {
+				d.fail("key %d: a block in no medium", i)
+			}
+			if d.err == nil && flags&ckptBlockSameAge != 0 && len(blocks) == 0 {
+				d.fail("key %d: the segment's first block has its previous block's age", i)
+			}
+			blk := CheckpointBlock{Hash: d.uint64(), Age: prevAge}
+			if flags&ckptBlockSameAge == 0 {
+				blk.Age = d.byte()
+			}
+			for md := range blk.Refs {
+				if m&(1<<md) == 0 {
+					continue
+				}
+				blk.Refs[md] = 1
+				if flags&ckptBlockRefs != 0 {
+					if blk.Refs[md] = d.byte(); d.err == nil && blk.Refs[md] == 0 {
+						d.fail("key %d: a block with no stores in a medium it is in", i)
+					}
+				}
+			}
+			prevAge = blk.Age
+			blocks = append(blocks, blk)
+		}
+		keys = append(keys, k)
+	}
+	if d.err == nil && len(d.b) > d.off {
+		d.fail("%d bytes after the segment", len(d.b)-d.off)
+	}
+	if d.err != nil {
+		return d.err
+	}
+	*s = CheckpointSegment{Part: uint32(part), Total: total, TotalBlocks: totalBlocks, Last: last == 1, Digest: digest,
+		State: state, Keys: keys, Blocks: blocks}
+	return nil
+}

@@ -1,0 +1,2 @@
+// Package fleetbench measures fleet mode end to end.
+package fleetbench

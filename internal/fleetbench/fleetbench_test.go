@@ -1,0 +1,73 @@
+package fleetbench
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// The benchmarks themselves run in make bench (scripts/bench.sh) with
+// their processes; these tests keep their parts honest and quick.
+
+// TestWorkloadIsSteady: a recorded lap of the default shape starts and
+// ends in the same state (the benchmarks replay laps over and over), its
+// deltas store new blocks, and the same seed records the same worker.
+func TestWorkloadIsSteady(t *testing.T) {
+	w, err := NewWorkload(DefaultShape(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Record(w, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Record(w, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Digest != b.Digest || a.Resident != b.Resident || len(a.Deltas) != w.Len() {
+		t.Fatalf("two recordings of seed 7: digests %#x %#x, resident %d %d, %d deltas for %d batches", a.Digest, b.Digest, a.Resident, b.Resident, len(a.Deltas), w.Len())
+	}
+	// About 29,000 resident blocks (DefaultShape's doc), some new blocks in
+	// every batch.
+	if a.Resident < 20000 || a.Resident > 40000 || a.Keys < int(a.Resident) {
+		t.Fatalf("resident %d, keys %d", a.Resident, a.Keys)
+	}
+	blocks := 0
+	for _, n := range a.Blocks {
+		blocks += n
+	}
+	if perBatch := float64(blocks) / float64(len(a.Blocks)); perBatch < 40 || perBatch > 120 {
+		t.Fatalf("%.1f new blocks a batch, want about 80", perBatch)
+	}
+	if _, err := NewWorkload(Shape{Ring: 10, Window: 20, Requests: 1, MinBlocks: 1, MaxBlocks: 1, BlockSize: 16}, 1); err == nil {
+		t.Fatal("a window past the ring was accepted")
+	}
+}
+
+// TestWireCountsBytes runs the wire benchmark against its embedded
+// nats-server: every case measured, a store and a removal cost a handful
+// of bytes each (a key varint and its tag), batching shares the header,
+// and NATS's framing is added.
+func TestWireCountsBytes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := Wire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Cases) != 4 || r.Subject == "" {
+		t.Fatalf("cases %d, subject %q", len(r.Cases), r.Subject)
+	}
+	byName := map[string]WireCase{}
+	for _, c := range r.Cases {
+		if c.Deltas == 0 || c.PerStore <= 0 || c.PerRemove <= 0 || c.WirePerStore <= c.PerStore {
+			t.Fatalf("case %+v", c)
+		}
+		byName[c.Name] = c
+	}
+	one, many := byName["batch 1"], byName["batch 256"]
+	if !(many.PerStore < one.PerStore && many.PerStore > 8 && many.PerStore < 12) {
+		t.Fatalf("per store: batch 1 %.1f B, batch 256 %.1f B, want 256 near the key's 9 bytes and below 1", one.PerStore, many.PerStore)
+	}
+}
