@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -93,7 +94,27 @@ func TestEngineAndLoadCommands(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	out, err := run(t, "load", "--kvindex", "127.0.0.1:1", "--engine", "e0="+url, "--model", "m",
+	mport, err := netutil.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped := make(chan string, 1)
+	go func() { // the load's /metrics while it runs
+		for time.Now().Before(deadline) {
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mport))
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if strings.Contains(string(b), `kvsim_load_routes_total{by="round_robin"}`) {
+					scraped <- string(b)
+					return
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		scraped <- ""
+	}()
+	out, err := run(t, "load", "--kvindex", "127.0.0.1:1", "--engine", "e0="+url, "--model", "m", "--metrics-listen", fmt.Sprintf("127.0.0.1:%d", mport),
 		"--rate", "30", "--duration", "1s", "--system-tokens", "128", "--prefixes", "2")
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +122,9 @@ func TestEngineAndLoadCommands(t *testing.T) {
 	var sent, rr int
 	if _, err := fmt.Sscanf(out, "sent %d, failed 0, dropped 0; routed by kvindex 0, round-robin %d;", &sent, &rr); err != nil || sent == 0 || rr != sent {
 		t.Fatalf("summary %q (%v)", out, err)
+	}
+	if m := <-scraped; !strings.Contains(m, "kvsim_load_requests_total") {
+		t.Fatalf("the load's /metrics: %q", m)
 	}
 	for _, args := range [][]string{
 		{"load", "--engine", "e0=" + url},

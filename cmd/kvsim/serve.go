@@ -4,12 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/kvindex/kvindex/api"
@@ -71,6 +75,7 @@ func newLoad() *cobra.Command {
 		kvAddrs   []string
 		engines   []string
 		logFormat string
+		metrics   string
 	)
 	cmd := &cobra.Command{
 		Use:   "load",
@@ -110,6 +115,20 @@ func newLoad() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if metrics != "" {
+				lis, err := net.Listen("tcp", metrics)
+				if err != nil {
+					return fmt.Errorf("load: metrics listen on %s: %w", metrics, err)
+				}
+				reg := prometheus.NewRegistry()
+				reg.MustRegister(d.Collector())
+				mux := http.NewServeMux()
+				mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+				srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+				go func() { _ = srv.Serve(lis) }()
+				defer srv.Close()
+			}
 			err = d.Run(ctx)
 			st := d.Stats()
 			fmt.Fprintf(cmd.OutOrStdout(), "sent %d, failed %d, dropped %d; routed by kvindex %d, round-robin %d; prompt tokens cached %.1f%%\n",
@@ -132,6 +151,7 @@ func newLoad() *cobra.Command {
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of arrivals and prompt choices")
 	f.DurationVar(&cfg.ReportEvery, "report-every", 10*time.Second, "log a summary this often")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	f.StringVar(&metrics, "metrics-listen", "", "serve the load's counters on /metrics and /healthz here (e.g. :9500)")
 	return cmd
 }
 

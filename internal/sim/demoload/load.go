@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/internal/sim/vllmsim"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -262,4 +264,42 @@ func (d *Driver) route(ctx context.Context, kv *api.Client, id string, toks []ui
 	}
 	d.stats.Fallback.Add(1)
 	return d.pods[int(d.rr.Add(1)-1)%len(d.pods)], false
+}
+
+// Collector exports the run's counters: kvsim_load_requests_total{result}
+// (sent, failed, dropped), kvsim_load_routes_total{by} (kvindex,
+// round_robin) and the prompt and cached tokens the engines reported.
+func (d *Driver) Collector() prometheus.Collector { return collector{d} }
+
+type collector struct{ d *Driver }
+
+var (
+	requestsDesc = prometheus.NewDesc("kvsim_load_requests_total", "Demo requests by result: sent (answered), failed, dropped (due while the concurrency bound was reached).", []string{"result"}, nil)
+	routesDesc   = prometheus.NewDesc("kvsim_load_routes_total", "Demo requests by who chose the engine: kvindex (Route) or round_robin (kvindex could not answer).", []string{"by"}, nil)
+	promptDesc   = prometheus.NewDesc("kvsim_load_prompt_tokens_total", "Prompt tokens of the answered requests.", nil, nil)
+	cachedDesc   = prometheus.NewDesc("kvsim_load_cached_tokens_total", "Prompt tokens the engines had cached (usage.prompt_tokens_details.cached_tokens).", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- routesDesc
+	ch <- promptDesc
+	ch <- cachedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	s := &c.d.stats
+	for _, r := range []struct {
+		d     *prometheus.Desc
+		v     *atomic.Int64
+		label []string
+	}{
+		{requestsDesc, &s.Sent, []string{"sent"}}, {requestsDesc, &s.Failed, []string{"failed"}}, {requestsDesc, &s.Dropped, []string{"dropped"}},
+		{routesDesc, &s.Routed, []string{"kvindex"}}, {routesDesc, &s.Fallback, []string{"round_robin"}},
+		{promptDesc, &s.PromptTokens, nil}, {cachedDesc, &s.CachedTokens, nil},
+	} {
+		ch <- prometheus.MustNewConstMetric(r.d, prometheus.CounterValue, float64(r.v.Load()), r.label...)
+	}
 }

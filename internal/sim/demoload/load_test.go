@@ -3,8 +3,11 @@ package demoload
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/internal/config"
@@ -138,5 +141,29 @@ func TestPickFollowsZipf(t *testing.T) {
 	}
 	if len(d.system[0]) != 1024*4 || d.system[0] == d.system[1] {
 		t.Fatal("system prompts are not distinct prose of the asked length")
+	}
+}
+
+func TestCollector(t *testing.T) {
+	d, err := New(Config{Model: model, Engines: map[string]string{"a": "http://a"}}, &api.Client{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stats.Sent.Add(3)
+	d.stats.Fallback.Add(2)
+	d.stats.CachedTokens.Add(40)
+	want := `# HELP kvsim_load_routes_total Demo requests by who chose the engine: kvindex (Route) or round_robin (kvindex could not answer).
+# TYPE kvsim_load_routes_total counter
+kvsim_load_routes_total{by="kvindex"} 0
+kvsim_load_routes_total{by="round_robin"} 2
+# HELP kvsim_load_cached_tokens_total Prompt tokens the engines had cached (usage.prompt_tokens_details.cached_tokens).
+# TYPE kvsim_load_cached_tokens_total counter
+kvsim_load_cached_tokens_total 40
+`
+	if err := testutil.CollectAndCompare(d.Collector(), strings.NewReader(want), "kvsim_load_routes_total", "kvsim_load_cached_tokens_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(d.Collector(), "kvsim_load_requests_total"); n != 3 {
+		t.Fatalf("%d request series", n)
 	}
 }
