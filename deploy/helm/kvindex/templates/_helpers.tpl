@@ -17,9 +17,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: replica
 {{- end -}}
 
+{{/* Labels of everything but the agents' ConfigMap. */}}
 {{- define "kvindex.labels" -}}
+{{ include "kvindex.commonLabels" . }}
+app.kubernetes.io/component: replica
+{{- end -}}
+
+{{- define "kvindex.commonLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-{{ include "kvindex.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "kvindex.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
