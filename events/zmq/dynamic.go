@@ -62,8 +62,8 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 		return fmt.Errorf("events: add endpoint %s: pod %q is routed on a push listener", ep.Worker, ep.Worker.Pod)
 	}
 	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
-	s.pullPods[ep.Worker.Pod] = true // fenced off push listeners from now on
 	if s.runCtx == nil {
+		s.pullPods[ep.Worker.Pod] = true // fenced off push listeners from now on
 		s.pull = append(s.pull, pullSource{ep: ep, st: st})
 		s.streams = append(s.streams, st)
 		s.byRef[ep.Worker] = st
@@ -73,6 +73,7 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	if err != nil {
 		return err
 	}
+	s.pullPods[ep.Worker.Pod] = true
 	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
 	s.streams = append(s.streams, st)
 	s.byRef[ep.Worker] = st

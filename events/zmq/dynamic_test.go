@@ -30,6 +30,9 @@ func TestAddRemoveEndpointWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if err := sub.AddEndpoint(zmq.Endpoint{Worker: events.WorkerRef{Pod: "bad"}, Address: "nonsense://x", Sink: wa}); err == nil || sub.IsPullPod("bad") || sub.Health(events.WorkerRef{Pod: "bad"}) != nil {
+		t.Fatalf("an endpoint that cannot connect: err %v, left behind as a pull pod: %v", err, sub.IsPullPod("bad"))
+	}
 	pubB, epB, repB := bigPublisher(t)
 	if _, err := pubB.Publish(chainBatch(0)); err != nil { // before kvindex knows of b
 		t.Fatal(err)
