@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -181,4 +182,27 @@ func usedMetrics(t *testing.T) map[string][]string {
 		t.Fatalf("only %d metrics found in the rules and the dashboard: the pattern is broken", len(used))
 	}
 	return used
+}
+
+// TestComposePrometheusConfigPromtool: the compose demo's prometheus.yml
+// passes `promtool check config`, with its rule file pointed at the
+// chart's alert rules as the compose file mounts them.
+func TestComposePrometheusConfigPromtool(t *testing.T) {
+	pt := promtool(t)
+	cfg := readFile(t, "deploy/compose/prometheus.yml")
+	abs, err := filepath.Abs(alertsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mounted = "/etc/prometheus/rules/kvindex-alerts.yaml"
+	if !strings.Contains(cfg, mounted) {
+		t.Fatalf("prometheus.yml does not load %s", mounted)
+	}
+	path := filepath.Join(t.TempDir(), "prometheus.yml")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(cfg, mounted, abs)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(pt, "check", "config", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool check config: %v\n%s", err, out)
+	}
 }
