@@ -16,6 +16,8 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -427,5 +429,24 @@ func TestChartDirectMode(t *testing.T) {
 	}
 	if len(m.roles)+len(m.bindings) != 0 {
 		t.Error("DNS discovery grants RBAC")
+	}
+}
+
+// TestChartLint runs Helm's own linter (`helm lint`) over the chart with
+// the default values and every example's: no warning, no error.
+func TestChartLint(t *testing.T) {
+	for _, vf := range []string{"", "examples/sidecar-values.yaml", "examples/direct-values.yaml", "examples/dns-values.yaml"} {
+		vals := map[string]any{}
+		if vf != "" {
+			var err error
+			if vals, err = chartutil.ReadValuesFile(filepath.Join(chartDir, vf)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, m := range lint.All(chartDir, vals, "inference", false).Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("helm lint (%s): %s", vf, m.Error())
+			}
+		}
 	}
 }

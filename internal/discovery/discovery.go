@@ -60,8 +60,12 @@ type Change int
 
 // The changes.
 const (
+	// Join: the pod was added to the index.
 	Join Change = iota
+	// Leave: the pod was removed from the index.
 	Leave
+	// Refuse: the pod is seen but not indexed (invalid, or the daemon
+	// could not add it).
 	Refuse
 	numChanges
 )
