@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/indexer"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -72,11 +74,19 @@ func BenchmarkScoreGRPCParallel(b *testing.B) {
 // BenchmarkScoreInProcess is the server's own share of a Score: the
 // handler called directly, without gRPC, marshalling or network.
 func BenchmarkScoreInProcess(b *testing.B) {
-	for _, mode := range []string{"token_ids", "block_keys"} {
+	for _, mode := range []string{"token_ids", "block_keys", "metrics_tenant"} {
 		b.Run(mode, func(b *testing.B) {
 			ix, p := newBenchIndex(b)
-			s := api.NewServer(ix, nil, api.Options{})
+			opts := api.Options{}
+			if mode == "metrics_tenant" {
+				// The hit-ratio metrics and a tenant label on the hot path.
+				opts.Registerer = prometheus.NewRegistry()
+			}
+			s := api.NewServer(ix, nil, opts)
 			req := &kvindexv1.ScoreRequest{Model: "m", TokenIds: p}
+			if mode == "metrics_tenant" {
+				req.Tenant = "team-a"
+			}
 			if mode == "block_keys" {
 				req = &kvindexv1.ScoreRequest{Model: "m"}
 				for _, k := range indexer.PromptKeys("m", blockSize, p, nil, nil) {
@@ -110,7 +120,18 @@ func TestScoreAllocations(t *testing.T) {
 		apply(t, w, stored(uint64(i)<<32, p, 0, benchBlocks*(i+1)/benchWorkers))
 	}
 	s := api.NewServer(ix, nil, api.Options{})
+	// A server with its metrics counts each answer's predicted hit per
+	// worker and tenant, resolved once.
+	sm := api.NewServer(ix, nil, api.Options{Registerer: prometheus.NewRegistry()})
 	ctx := context.Background()
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := sm.Score(ctx, &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Tenant: "team-a"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 7 {
+		t.Errorf("Score with metrics and a tenant allocates %.1f times, want <= 7", allocs)
+	}
 	for _, req := range []*kvindexv1.ScoreRequest{
 		{Model: "m", TokenIds: p},
 		{Model: "m", TokenIds: p, LoraName: "l", CacheSalt: "s"},

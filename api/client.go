@@ -87,6 +87,47 @@ func (c *Client) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 	return resp, nil
 }
 
+// Lookup asks which workers hold each block of a prompt (see
+// kvindexv1.LookupRequest).
+func (c *Client) Lookup(ctx context.Context, req *kvindexv1.LookupRequest, opts ...grpc.CallOption) (*kvindexv1.LookupResponse, error) {
+	resp, err := c.rpc.Lookup(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: Lookup at %s (model %q): %w", c.addr, req.GetModel(), err)
+	}
+	return resp, nil
+}
+
+// Dump asks for a page of a worker's resident keys (see
+// kvindexv1.DumpRequest).
+func (c *Client) Dump(ctx context.Context, req *kvindexv1.DumpRequest, opts ...grpc.CallOption) (*kvindexv1.DumpResponse, error) {
+	resp, err := c.rpc.Dump(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: Dump at %s (worker %s/%d): %w", c.addr, req.GetWorker().GetPod(), req.GetWorker().GetDpRank(), err)
+	}
+	return resp, nil
+}
+
+// Diagnose asks why a worker misses a prompt (see
+// kvindexv1.DiagnoseRequest).
+func (c *Client) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest, opts ...grpc.CallOption) (*kvindexv1.DiagnoseResponse, error) {
+	resp, err := c.rpc.Diagnose(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: Diagnose at %s (worker %s/%d): %w", c.addr, req.GetWorker().GetPod(), req.GetWorker().GetDpRank(), err)
+	}
+	return resp, nil
+}
+
+// Watch opens a stream of the events the index applies (see
+// kvindexv1.WatchRequest); cancel ctx to end it. The stream's Recv errors
+// are grpc-go's own.
+func (c *Client) Watch(ctx context.Context, req *kvindexv1.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvindexv1.WatchResponse], error) {
+	st, err := c.rpc.Watch(ctx, req, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: Watch at %s: %w", c.addr, err)
+	}
+	return st, nil
+}
+
 // Conn returns the underlying connection, e.g. to query the health service.
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 

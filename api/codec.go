@@ -303,7 +303,7 @@ func appendTokenVarints(dst []uint32, b []byte) ([]uint32, error) {
 // must do it instead: a string field that is not valid UTF-8, which
 // protobuf-go rejects with its own error.
 func marshalScoreRequest(req *kvindexv1.ScoreRequest) (data mem.BufferSlice, ok bool, err error) {
-	if !utf8.ValidString(req.GetModel()) || !utf8.ValidString(req.GetLoraName()) || !utf8.ValidString(req.GetCacheSalt()) {
+	if !utf8.ValidString(req.GetModel()) || !utf8.ValidString(req.GetLoraName()) || !utf8.ValidString(req.GetCacheSalt()) || !utf8.ValidString(req.GetPrompt()) || !utf8.ValidString(req.GetTenant()) {
 		return nil, false, nil
 	}
 	size := scoreRequestMaxSize(req)
@@ -337,6 +337,9 @@ const (
 	scoreLoadsField     protowire.Number = 8
 	scorePolicyField    protowire.Number = 9
 	scoreExplainField   protowire.Number = 10
+	scorePromptField    protowire.Number = 11
+	scoreMessagesField  protowire.Number = 12
+	scoreTenantField    protowire.Number = 13
 )
 
 // scoreRequestMaxSize bounds the encoded size of req: exact but for the
@@ -372,6 +375,11 @@ func scoreRequestMaxSize(req *kvindexv1.ScoreRequest) int {
 	if req.GetExplain() {
 		n += protowire.SizeTag(scoreExplainField) + 1
 	}
+	n += sizeString(scorePromptField, req.GetPrompt())
+	for _, m := range req.GetMessages() {
+		n += sizeBytesField(scoreMessagesField, proto.Size(m))
+	}
+	n += sizeString(scoreTenantField, req.GetTenant())
 	return n + len(req.ProtoReflect().GetUnknown())
 }
 
@@ -434,6 +442,13 @@ func appendScoreRequest(b []byte, req *kvindexv1.ScoreRequest) ([]byte, error) {
 		b = protowire.AppendTag(b, scoreExplainField, protowire.VarintType)
 		b = append(b, 1)
 	}
+	b = appendString(b, scorePromptField, req.GetPrompt())
+	for _, m := range req.GetMessages() {
+		if b, err = appendMessage(b, scoreMessagesField, m); err != nil {
+			return nil, err
+		}
+	}
+	b = appendString(b, scoreTenantField, req.GetTenant())
 	return append(b, req.ProtoReflect().GetUnknown()...), nil
 }
 

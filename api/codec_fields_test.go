@@ -123,3 +123,21 @@ func TestCodecKnowsEveryScoreField(t *testing.T) {
 		t.Fatalf("ScoreResponse round trip: %v\n%v\n%v", err, &rback, resp)
 	}
 }
+
+// TestMarshalRefusesInvalidUTF8: a string field with invalid UTF-8, which
+// protobuf-go refuses to encode, is refused by the hand codec too,
+// whichever string field it is in.
+func TestMarshalRefusesInvalidUTF8(t *testing.T) {
+	for name, req := range map[string]*kvindexv1.ScoreRequest{
+		"model":     {Model: "\xff", TokenIds: []uint32{1}},
+		"lora_name": {Model: "m", LoraName: "\xff"},
+		"salt":      {Model: "m", CacheSalt: "\xff"},
+		"prompt":    {Model: "m", Prompt: "\xff"},
+		"tenant":    {Model: "m", Tenant: "\xff"},
+		"messages":  {Model: "m", Messages: []*kvindexv1.ChatMessage{{Role: "user", Content: "\xff"}}},
+	} {
+		if _, err := marshalCodec(t, req); err == nil {
+			t.Errorf("%s: invalid UTF-8 encoded", name)
+		}
+	}
+}

@@ -8,6 +8,20 @@
 // reflection, so that grpcurl and Kubernetes probes work out of the box.
 // Client wraps a grpc.ClientConn for routers and for kvindexctl.
 //
+// A prompt may also come as text (ScoreRequest.prompt) or as a chat
+// (messages): Options.Tokenizer, the daemon's tokenize.Client, has the
+// model's own vLLM server tokenize it (cached), so the token ids are the
+// engine's. The call then waits for that round trip on a cache miss,
+// inside the admission control's bounds like any Score.
+//
+// The operator's calls (Lookup, Dump, Diagnose, Watch; inspect.go) sit
+// beside the router's: each is bounded (holder entries, page size, queue
+// and stream count), read-only, and off the Score path. Their logic lives
+// in indexer (Index.Lookup, Worker.Resident, Index.Diagnose, observers);
+// the server validates, converts and streams. A Watch never makes the
+// index wait: its observer drops and counts what a slow reader cannot
+// take.
+//
 // # Serving fast
 //
 // Build the grpc.Server with Server.GRPCOptions. They install Codec, which

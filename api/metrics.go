@@ -2,11 +2,17 @@ package api
 
 import (
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // numCodes is the number of canonical gRPC codes (OK through Unauthenticated).
@@ -19,6 +25,8 @@ type metrics struct {
 	// byCode holds requests' children for the canonical codes, resolved
 	// once so that the hot path does no label lookup.
 	byCode [numCodes]prometheus.Counter
+	// watchDrops counts events Watch streams dropped for a slow reader.
+	watchDrops prometheus.Counter
 }
 
 // newMetrics registers the Score metrics with reg, sharing collectors that
@@ -37,6 +45,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Score requests answered, by gRPC status code.",
 		}, []string{"code"}),
 	}
+	m.watchDrops = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvindex_watch_dropped_events_total",
+		Help: "Applied events a Watch stream dropped because its reader was slower than the events (its buffer was full).",
+	}))
 	m.duration = register(reg, m.duration)
 	m.requests = register(reg, m.requests)
 	for c := range m.byCode {
@@ -73,4 +85,206 @@ func (m *metrics) observe(start time.Time, err error) {
 		return
 	}
 	m.requests.WithLabelValues(code.String()).Inc()
+}
+
+// watchDropped counts one event a Watch stream dropped.
+func (m *metrics) watchDropped() {
+	if m != nil {
+		m.watchDrops.Inc()
+	}
+}
+
+// DefaultMaxTenants is Options.MaxTenants' default.
+const DefaultMaxTenants = 64
+
+// Labels of the predicted hit-ratio metrics that stand for no value.
+const (
+	// noWorker is the worker label of answers that ranked no worker.
+	noWorker = "none"
+	// noTenant is the tenant label of requests without a tenant.
+	noTenant = "none"
+	// otherTenants is the tenant label of tenants past Options.MaxTenants.
+	otherTenants = "_other"
+)
+
+// hitMetrics are the predicted hit-ratio counters of answered Score and
+// Route requests: prompt tokens and the tokens the chosen (first-ranked)
+// worker held, per (model, worker) and per (model, tenant). Their ratio
+// over a window is the hit ratio routing predicts, to set beside the
+// engines' own (kvindex_engine_prefix_cache_hits_total).
+//
+// # Concurrency and cost
+//
+// The hot path takes no lock and allocates nothing once a worker's and a
+// tenant's counters are resolved: workers by id in a copy-on-write table
+// (rebuilt under mu when a worker is new or its id was reused), tenants
+// in a per-model map read under an RWMutex's read lock (a string-keyed
+// probe). At most maxTenants tenant names get their own label; later ones
+// share "_other", so a client cannot grow the series without bound.
+type hitMetrics struct {
+	prompt, hit             *prometheus.CounterVec // {model, worker}
+	tenantPrompt, tenantHit *prometheus.CounterVec // {model, tenant}
+	maxTenants              int
+
+	workers atomic.Pointer[[]*workerHits] // by indexer.WorkerID
+	mu      sync.Mutex                    // guards rebuilding workers
+
+	tmu     sync.RWMutex // guards tenants and ntenants
+	tenants map[*indexer.Model]map[string]*hitPair
+	// ntenants counts distinct tenant names labelled so far.
+	ntenants int
+	names    map[string]bool
+	none     sync.Map // *indexer.Model -> *hitPair, the answers with no worker
+}
+
+// hitPair is one series pair: prompt tokens and hit tokens.
+type hitPair struct{ prompt, hit prometheus.Counter }
+
+// workerHits is a worker's pair, for the generation it was resolved for,
+// with the same counts as integers for ListWorkers.
+type workerHits struct {
+	gen   uint32
+	ref   events.WorkerRef
+	model *indexer.Model
+	hitPair
+	promptTokens, hitTokens atomic.Uint64
+}
+
+// workerCounts returns the prompt and hit tokens counted for the worker
+// (id, gen), 0 if none.
+func (h *hitMetrics) workerCounts(id indexer.WorkerID, gen uint32) (prompt, hit uint64) {
+	if h == nil {
+		return 0, 0
+	}
+	if ws := *h.workers.Load(); int(id) < len(ws) {
+		if w := ws[id]; w != nil && w.gen == gen {
+			return w.promptTokens.Load(), w.hitTokens.Load()
+		}
+	}
+	return 0, 0
+}
+
+func newHitMetrics(reg prometheus.Registerer, maxTenants int) *hitMetrics {
+	if maxTenants <= 0 {
+		maxTenants = DefaultMaxTenants
+	}
+	vec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+	}
+	h := &hitMetrics{
+		prompt: vec("kvindex_scored_prompt_tokens_total",
+			"Prompt tokens of answered Score and Route requests, by model and the worker ranked first (Route: chosen); worker=\"none\" when none was ranked.", "model", "worker"),
+		hit: vec("kvindex_predicted_hit_tokens_total",
+			"Tokens of answered Score and Route requests that the worker ranked first (Route: chosen) holds: the predicted cache hit. Divide by kvindex_scored_prompt_tokens_total for the predicted hit ratio.", "model", "worker"),
+		tenantPrompt: vec("kvindex_tenant_scored_prompt_tokens_total",
+			"Prompt tokens of answered Score and Route requests, by model and request tenant (\"none\" without one, \"_other\" past the server's tenant limit).", "model", "tenant"),
+		tenantHit: vec("kvindex_tenant_predicted_hit_tokens_total",
+			"Predicted hit tokens of answered Score and Route requests, by model and request tenant.", "model", "tenant"),
+		maxTenants: maxTenants,
+		tenants:    map[*indexer.Model]map[string]*hitPair{},
+		names:      map[string]bool{},
+	}
+	h.workers.Store(new([]*workerHits))
+	return h
+}
+
+// observe counts one answered request of model: prompt tokens, and held
+// tokens on the first-ranked worker c (nil when none was ranked).
+func (h *hitMetrics) observe(model *indexer.Model, c *scoring.Candidate, promptTokens int, tenant string) {
+	if h == nil || promptTokens <= 0 {
+		return
+	}
+	held := 0
+	var p *hitPair
+	if c == nil {
+		p = h.nonePair(model)
+	} else {
+		held = min(c.Match.Blocks*model.BlockSize, promptTokens)
+		w := h.worker(model, c)
+		w.promptTokens.Add(uint64(promptTokens))
+		w.hitTokens.Add(uint64(held))
+		p = &w.hitPair
+	}
+	p.prompt.Add(float64(promptTokens))
+	p.hit.Add(float64(held))
+	tp := h.tenant(model, tenant)
+	tp.prompt.Add(float64(promptTokens))
+	tp.hit.Add(float64(held))
+}
+
+func (h *hitMetrics) nonePair(model *indexer.Model) *hitPair {
+	if p, ok := h.none.Load(model); ok {
+		return p.(*hitPair)
+	}
+	p := &hitPair{prompt: h.prompt.WithLabelValues(model.Name, noWorker), hit: h.hit.WithLabelValues(model.Name, noWorker)}
+	got, _ := h.none.LoadOrStore(model, p)
+	return got.(*hitPair)
+}
+
+// worker returns c's counters, resolving them on first use.
+func (h *hitMetrics) worker(model *indexer.Model, c *scoring.Candidate) *workerHits {
+	id := int(c.Match.Worker)
+	if ws := *h.workers.Load(); id < len(ws) {
+		if w := ws[id]; w != nil && w.gen == c.Gen && w.ref == c.Ref && w.model == model {
+			return w
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ws := *h.workers.Load()
+	next := make([]*workerHits, max(len(ws), id+1))
+	copy(next, ws)
+	name := c.Ref.String()
+	w := &workerHits{gen: c.Gen, ref: c.Ref, model: model, hitPair: hitPair{
+		prompt: h.prompt.WithLabelValues(model.Name, name),
+		hit:    h.hit.WithLabelValues(model.Name, name),
+	}}
+	next[id] = w
+	h.workers.Store(&next)
+	return w
+}
+
+// tenant returns the tenant's counters for model, under its own label
+// while the server has labelled fewer than maxTenants names.
+func (h *hitMetrics) tenant(model *indexer.Model, tenant string) *hitPair {
+	if tenant == "" {
+		tenant = noTenant
+	}
+	h.tmu.RLock()
+	p := h.tenants[model][tenant]
+	if p == nil && h.ntenants >= h.maxTenants && !h.names[tenant] {
+		p = h.tenants[model][otherTenants]
+	}
+	h.tmu.RUnlock()
+	if p != nil {
+		return p
+	}
+	h.tmu.Lock()
+	defer h.tmu.Unlock()
+	byName := h.tenants[model]
+	if byName == nil {
+		byName = map[string]*hitPair{}
+		h.tenants[model] = byName
+	}
+	if p := byName[tenant]; p != nil {
+		return p
+	}
+	label := tenant
+	if !h.names[tenant] {
+		if h.ntenants >= h.maxTenants && tenant != noTenant {
+			label = otherTenants
+		} else if tenant != noTenant {
+			h.names[tenant] = true
+			h.ntenants++
+		}
+	}
+	if label == otherTenants {
+		if p := byName[otherTenants]; p != nil {
+			return p // not kept under the tenant's name: the map stays bounded
+		}
+		tenant = otherTenants
+	}
+	p = &hitPair{prompt: h.tenantPrompt.WithLabelValues(model.Name, label), hit: h.tenantHit.WithLabelValues(model.Name, label)}
+	byName[tenant] = p
+	return p
 }

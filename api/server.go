@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -60,6 +61,9 @@ type Options struct {
 	// load); nil means a tracker with default TTLs that nothing sweeps but
 	// Release and Record (the daemon passes one it sweeps).
 	Tracker *scoring.Tracker
+	// Tokenizer tokenizes ScoreRequest.prompt and messages; nil refuses
+	// them (FAILED_PRECONDITION).
+	Tokenizer Tokenizer
 	// Loads holds scraped engine load; nil means none.
 	Loads *scoring.LoadBoard
 	// Admission bounds the Score and Route work taken on (see
@@ -72,6 +76,13 @@ type Options struct {
 	// MaxConcurrentStreams bounds each connection's concurrent calls
 	// (HTTP/2 SETTINGS); 0 means 256.
 	MaxConcurrentStreams uint32
+	// MaxWatches bounds the concurrent Watch streams; 0 means
+	// DefaultMaxWatches. Past it a Watch is refused ResourceExhausted.
+	MaxWatches int
+	// MaxTenants bounds the distinct tenant labels of the predicted
+	// hit-ratio metrics (ScoreRequest.tenant); later tenants share the
+	// label "_other". 0 means DefaultMaxTenants.
+	MaxTenants int
 	// Registerer, when not nil, receives the Score metrics
 	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
 	Registerer prometheus.Registerer
@@ -93,13 +104,16 @@ type Server struct {
 	ix      *indexer.Index
 	stats   events.StatsSource // may be nil
 	opts    Options
-	metrics *metrics // nil without Options.Registerer
+	metrics *metrics    // nil without Options.Registerer
+	hits    *hitMetrics // nil without Options.Registerer
 	health  *health.Server
 	scorer  *scoring.Scorer
 	scratch sync.Pool // *scoreScratch
 	codec   *Codec
 	// admission is nil when Options.Admission.Off.
 	admission *admission
+	// watches counts the Watch streams open.
+	watches atomic.Int64
 }
 
 // NewServer returns a Server over ix. stats may be nil, in which case
@@ -134,6 +148,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	}
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
+		s.hits = newHitMetrics(opts.Registerer, opts.MaxTenants)
 	}
 	if !opts.Admission.Off {
 		s.admission = newAdmission(opts.Admission, nil)
@@ -203,23 +218,38 @@ func (s *Server) putScratch(sc *scoreScratch) {
 // is set.
 func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
 	start := time.Now()
-	sc, err := s.rank(req, req.GetPolicy() != nil)
+	sc, err := s.rank(ctx, req, req.GetPolicy() != nil)
 	if err != nil {
 		s.metrics.observe(start, err)
 		return nil, err
 	}
 	resp := s.buildScoreResponse(sc, req)
+	var first *scoring.Candidate
+	if len(sc.res.Ranked) > 0 {
+		first = &sc.res.Ranked[0]
+	}
+	s.hits.observe(sc.res.Model, first, sc.res.Prompt.Tokens, req.GetTenant())
 	s.putScratch(sc)
 	s.metrics.observe(start, nil)
 	return resp, nil
 }
 
-// convert validates req and fills sc.req from it. With all set, every
-// allowed worker of the model is to be ranked, matched or not.
-func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch) error {
+// convert validates req and fills sc.req from it, tokenizing a text
+// prompt (Options.Tokenizer). With all set, every allowed worker of the
+// model is to be ranked, matched or not.
+func (s *Server) convert(ctx context.Context, req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch) error {
 	model, err := s.checkScoreRequest(req)
 	if err != nil {
 		return err
+	}
+	toks := req.GetTokenIds()
+	if req.GetPrompt() != "" || len(req.GetMessages()) > 0 {
+		if toks, err = s.tokenize(ctx, req); err != nil {
+			return err
+		}
+		if err := s.checkTokens(req, model, len(toks)); err != nil {
+			return err
+		}
 	}
 	sr := &sc.req
 	*sr = scoring.Request{Model: model, All: all}
@@ -256,8 +286,8 @@ func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch
 		})
 	}
 	sr.Loads = sc.loads
-	if len(req.GetTokenIds()) > 0 {
-		sr.Tokens = req.GetTokenIds()
+	if len(toks) > 0 || len(req.GetBlockKeys()) == 0 {
+		sr.Tokens = toks
 		if req.GetLoraName() != "" || req.GetCacheSalt() != "" || len(req.GetBlockExtraKeys()) > 0 {
 			sc.extras = indexer.PromptExtras{LoRAName: req.GetLoraName(), CacheSalt: req.GetCacheSalt()}
 			if len(req.GetBlockExtraKeys()) > 0 {
@@ -281,9 +311,9 @@ func (s *Server) convert(req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch
 
 // rank validates and converts req and ranks it into the returned
 // scratch, which the caller must putScratch.
-func (s *Server) rank(req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
+func (s *Server) rank(ctx context.Context, req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
 	sc := s.getScratch()
-	if err := s.convert(req, all, sc); err != nil {
+	if err := s.convert(ctx, req, all, sc); err != nil {
 		s.putScratch(sc)
 		return nil, err
 	}
@@ -325,7 +355,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)
-	if err := s.convert(req.GetScore(), true, sc); err != nil {
+	if err := s.convert(ctx, req.GetScore(), true, sc); err != nil {
 		return nil, err
 	}
 	var pick *events.WorkerRef
@@ -337,6 +367,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 		return nil, scoringStatus(err)
 	}
 	resp := s.buildScoreResponse(sc, req.GetScore())
+	s.hits.observe(sc.res.Model, &sc.res.Ranked[chosen], sc.res.Prompt.Tokens, req.GetScore().GetTenant())
 	return &kvindexv1.RouteResponse{Chosen: resp.Workers[chosen].GetWorker(), Ranking: resp}, nil
 }
 
@@ -351,6 +382,9 @@ func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*k
 	}
 	return &kvindexv1.ReleaseResponse{Released: released}, nil
 }
+
+// MaxTenantBytes bounds ScoreRequest.tenant: tenants are metric labels.
+const MaxTenantBytes = 128
 
 // MaxRequestIDBytes bounds Route's and Release's request_id: ids are kept
 // for every request in flight.
@@ -389,21 +423,35 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		return nil, s.unknownModel(name)
 	}
 	nTok, nKeys := len(req.GetTokenIds()), len(req.GetBlockKeys())
+	given := 0
+	for _, n := range []int{nTok, nKeys, len(req.GetPrompt()), len(req.GetMessages())} {
+		if n > 0 {
+			given++
+		}
+	}
 	switch {
-	case nTok > 0 && nKeys > 0:
-		return nil, status.Error(codes.InvalidArgument, "token_ids, block_keys: give exactly one")
-	case nTok == 0 && nKeys == 0:
-		return nil, status.Error(codes.InvalidArgument, "token_ids: required (or block_keys)")
+	case given > 1:
+		return nil, status.Error(codes.InvalidArgument, "token_ids, block_keys, prompt, messages: give exactly one")
+	case given == 0:
+		return nil, status.Error(codes.InvalidArgument, "token_ids: required (or block_keys, prompt or messages)")
 	case nTok > s.opts.MaxTokens:
 		return nil, status.Errorf(codes.InvalidArgument, "token_ids: %d tokens exceed the limit of %d", nTok, s.opts.MaxTokens)
 	case nKeys > s.opts.MaxBlockKeys:
 		return nil, status.Errorf(codes.InvalidArgument, "block_keys: %d keys exceed the limit of %d", nKeys, s.opts.MaxBlockKeys)
 	}
+	if n := len(req.GetTenant()); n > MaxTenantBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "tenant: %d bytes exceed the limit of %d", n, MaxTenantBytes)
+	}
 	if n := len(req.GetWorkers()); n > s.opts.MaxCandidates {
 		return nil, status.Errorf(codes.InvalidArgument, "workers: %d candidates exceed the limit of %d", n, s.opts.MaxCandidates)
 	}
-	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize {
-		return nil, status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize)
+	if nTok > 0 {
+		if err := s.checkTokens(req, model, nTok); err != nil {
+			return nil, err
+		}
+	}
+	if n := len(req.GetBlockExtraKeys()); n > 0 && nKeys > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of 0 full blocks", n)
 	}
 	if nKeys > 0 {
 		if req.GetLoraName() != "" {
@@ -414,6 +462,25 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 		}
 	}
 	return model, nil
+}
+
+// checkTokens validates what depends on the prompt's token count: the
+// limit, and block_extra_keys against its full blocks.
+func (s *Server) checkTokens(req *kvindexv1.ScoreRequest, model *indexer.Model, nTok int) error {
+	if nTok > s.opts.MaxTokens {
+		field := "token_ids"
+		if nTok != len(req.GetTokenIds()) {
+			field = "prompt"
+			if len(req.GetMessages()) > 0 {
+				field = "messages"
+			}
+		}
+		return status.Errorf(codes.InvalidArgument, "%s: %d tokens exceed the limit of %d", field, nTok, s.opts.MaxTokens)
+	}
+	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize {
+		return status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize)
+	}
+	return nil
 }
 
 // maxExtraDepth bounds the nesting of block_extra_keys tuples.
@@ -627,6 +694,10 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 		if req.GetDigests() {
 			ws.Digest, ws.HasDigest = w.Digest(), true
 		}
+		if t := s.scorer.Tracker(); t != nil {
+			ws.InflightRequests, ws.InflightPrefillTokens = t.Load(w.ID(), w.Gen())
+		}
+		ws.ScoredPromptTokens, ws.PredictedHitTokens = s.hits.workerCounts(w.ID(), w.Gen())
 		byRef[info.Ref] = ws
 		refs = append(refs, info.Ref)
 	}

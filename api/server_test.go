@@ -251,8 +251,10 @@ func TestScoreInvalidArgument(t *testing.T) {
 	}{
 		{"no model", &kvindexv1.ScoreRequest{TokenIds: tokens}, "model: required"},
 		{"unknown model", &kvindexv1.ScoreRequest{Model: "x", TokenIds: tokens}, `model: unknown model "x"; known: m, m2`},
-		{"both prompts", &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokens, BlockKeys: []uint64{1}}, "token_ids, block_keys: give exactly one"},
-		{"no prompt", &kvindexv1.ScoreRequest{Model: "m"}, "token_ids: required (or block_keys)"},
+		{"both prompts", &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokens, BlockKeys: []uint64{1}}, "token_ids, block_keys, prompt, messages: give exactly one"},
+		{"tokens and text", &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokens, Prompt: "hi"}, "token_ids, block_keys, prompt, messages: give exactly one"},
+		{"prompt and messages", &kvindexv1.ScoreRequest{Model: "m", Prompt: "hi", Messages: []*kvindexv1.ChatMessage{{Role: "user"}}}, "token_ids, block_keys, prompt, messages: give exactly one"},
+		{"no prompt", &kvindexv1.ScoreRequest{Model: "m"}, "token_ids: required (or block_keys, prompt or messages)"},
 		{"too many tokens", &kvindexv1.ScoreRequest{Model: "m", TokenIds: prompt(1, 9)}, "token_ids: 144 tokens exceed the limit of 128"},
 		{"too many keys", &kvindexv1.ScoreRequest{Model: "m", BlockKeys: []uint64{1, 2, 3, 4, 5}}, "block_keys: 5 keys exceed the limit of 4"},
 		{"too many candidates", &kvindexv1.ScoreRequest{Model: "m", TokenIds: tokens,

@@ -211,17 +211,22 @@ func newApplyStream(seed uint64, n, window int, parent uint64, hasParent bool) *
 // that the garbage collector shares it). blocks/s counts stored blocks;
 // their removals are applied in the same time, and so is filling the
 // reused Batch (fill).
-func BenchmarkApply(b *testing.B) { benchApply(b, 1024) }
+func BenchmarkApply(b *testing.B) { benchApply(b, 1024, Config{}) }
+
+// BenchmarkApplyNoRemovalRecord is BenchmarkApply without the per-worker
+// removal record (Config.RemovalHistory < 0): the record's cost is the
+// difference.
+func BenchmarkApplyNoRemovalRecord(b *testing.B) { benchApply(b, 1024, Config{RemovalHistory: -1}) }
 
 // BenchmarkApplyCached is BenchmarkApply with a window of 16 batches: the
 // worker holds about 1,300 blocks, and its engine map and nodes stay in
 // cache, so that this is apply's cost without the cache misses.
-func BenchmarkApplyCached(b *testing.B) { benchApply(b, 16) }
+func BenchmarkApplyCached(b *testing.B) { benchApply(b, 16, Config{}) }
 
-func benchApply(b *testing.B, window int) {
+func benchApply(b *testing.B, window int, cfg Config) {
 	const ring = 1280
 	s := newApplyStream(1, ring, window, 0, false)
-	f := newFleet(b, 1, Config{})
+	f := newFleet(b, 1, cfg)
 	w := f.ws[0]
 	var batch events.Batch
 	for i := range s.batches {

@@ -355,6 +355,12 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 				first = fmt.Errorf("effect %d (%s of key %#016x in %s): %s", i, de.Op, uint64(de.Key), de.Medium, why)
 			}
 			bad++
+		} else if de := &d.Entries[i]; w.hist.on() && (de.Op == OpRemove && de.BlockEdge || de.Op == OpDrop) {
+			cause := CauseRemoved
+			if de.Op == OpDrop {
+				cause = CauseCapacity
+			}
+			w.hist.add(de.Key, cause)
 		}
 	}
 	w.deltaSeq = d.Seq
@@ -364,6 +370,9 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 	w.c.lastApply.Store(time.Now().UnixNano())
 	w.ix.resident.Add(delta)
 	w.ix.checkBudget()
+	if obs := w.ix.observers.Load(); obs != nil {
+		w.ix.notify(*obs, w, &Applied{Delta: d})
+	}
 	if bad > 0 {
 		w.c.deltaMismatches.Add(int64(bad))
 		return fmt.Errorf("%w: worker %s, delta %d: %d of %d effects skipped; the first: %w", ErrDeltaMismatch, w.info.Ref, d.Seq, bad, len(d.Entries), first)

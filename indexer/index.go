@@ -92,6 +92,10 @@ type Config struct {
 	// learns each worker's capacity from its events (see
 	// Worker.SetCapacity); negative means unbounded.
 	WorkerCapacity int
+	// RemovalHistory is how many removals each worker's removal record
+	// keeps (see Removal), for Diagnose to tell a block removed from one
+	// never stored; 0 means DefaultRemovalHistory, negative keeps none.
+	RemovalHistory int
 	// MemoryBudget bounds the index's estimated memory in bytes (engine
 	// maps and residency, EstimatedBytesPerBlock per resident block); when
 	// it is exceeded, blocks are evicted from the workers holding the most,
@@ -166,6 +170,11 @@ type Index struct {
 	resident     atomic.Int64 // resident blocks over all workers
 	budgetMu     sync.Mutex   // one budget enforcer at a time (TryLock)
 	collisions   atomic.Int64 // 64-bit key collisions met (kept out of heads)
+
+	// observers are called after each applied batch, reset and delta
+	// (see AddObserver); nil when there are none.
+	observers  atomic.Pointer[[]*observer]
+	observerMu sync.Mutex // serialises AddObserver and its removals
 
 	singleFn holders.Singletons // ix.single, bound once
 	scratch  sync.Pool          // *matchScratch
@@ -287,6 +296,7 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 		ix:    ix,
 	}
 	w.cur.ix = ix
+	w.hist.init(ix.cfg.RemovalHistory)
 	if ix.cfg.WorkerCapacity != 0 {
 		w.capConfigured = int64(max(ix.cfg.WorkerCapacity, -1))
 	}
@@ -684,6 +694,12 @@ type Stats struct {
 	LastReset string
 	// LastApply is when a batch was last applied (zero if never).
 	LastApply time.Time
+	// LastResetAt is when the worker was last reset, LastClearAt when an
+	// AllBlocksCleared was last applied (zero if never).
+	LastResetAt, LastClearAt time.Time
+	// LastBadBlockSize is the block_size of the last event whose block
+	// size differed from the model's (0 if none).
+	LastBadBlockSize int
 }
 
 // counters are a worker's Stats as atomics.
@@ -698,6 +714,8 @@ type counters struct {
 	deltaMismatches           atomic.Int64
 	capacity                  atomic.Int64
 	lastApply                 atomic.Int64 // unix nanoseconds
+	lastResetAt, lastClearAt  atomic.Int64 // unix nanoseconds, 0 if never
+	lastBadBlockSize          atomic.Int64 // the last mismatched event block_size
 }
 
 // checkBudget evicts blocks, from the workers holding the most first,

@@ -196,6 +196,7 @@ func (u *universe) prompts() [][]Key {
 // comparableStats drops the fields the reference does not model.
 func comparableStats(s Stats) Stats {
 	s.LastApply, s.LastReset, s.Capacity = time.Time{}, "", 0
+	s.LastResetAt, s.LastClearAt, s.LastBadBlockSize = time.Time{}, time.Time{}, 0
 	s.Evictions, s.BudgetEvictions = 0, 0
 	return s
 }

@@ -107,6 +107,8 @@ type Worker struct {
 	// deltaSeq is the Seq of the last delta recorded or applied, or of the
 	// snapshot restored (see Snapshot).
 	deltaSeq uint64
+	// hist is the worker's bounded removal record (see Removal).
+	hist history
 
 	c counters
 }
@@ -242,6 +244,13 @@ func (w *Worker) Stats() Stats {
 	if ns := w.c.lastApply.Load(); ns != 0 {
 		s.LastApply = time.Unix(0, ns)
 	}
+	if ns := w.c.lastResetAt.Load(); ns != 0 {
+		s.LastResetAt = time.Unix(0, ns)
+	}
+	if ns := w.c.lastClearAt.Load(); ns != 0 {
+		s.LastClearAt = time.Unix(0, ns)
+	}
+	s.LastBadBlockSize = int(w.c.lastBadBlockSize.Load())
 	w.mu.Lock()
 	s.LastReset = w.lastReset
 	w.mu.Unlock()
@@ -302,13 +311,14 @@ func (w *Worker) capacityLocked() int64 {
 // worker's capacity. Callers hold w.mu.
 func (w *Worker) enforceCapacityLocked() {
 	if c := w.capacityLocked(); c > 0 && w.res > c {
-		w.c.evictions.Add(w.evictLocked(w.res - c))
+		w.c.evictions.Add(w.evictLocked(w.res-c, CauseCapacity))
 	}
 }
 
 // evictLocked drops up to n of the least recently stored blocks and
-// returns how many it dropped. Callers hold w.mu.
-func (w *Worker) evictLocked(n int64) int64 {
+// returns how many it dropped, recording cause in the removal record.
+// Callers hold w.mu.
+func (w *Worker) evictLocked(n int64, cause RemovalCause) int64 {
 	var done int64
 	for done < n && w.engine.Len() > 0 {
 		// In chunks, each in tree order, so that runs of a node become one
@@ -317,6 +327,9 @@ func (w *Worker) evictLocked(n int64) int64 {
 		got := w.engine.Oldest(int(min(n-done, int64(len(slots)))), slots[:0])
 		slices.SortFunc(got, func(a, b int) int { return cmp.Compare(w.entry(a).pos(), w.entry(b).pos()) })
 		for _, slot := range got {
+			if w.hist.on() {
+				w.hist.add(w.slotKeyLocked(slot), cause)
+			}
 			w.dropEntryLocked(slot)
 			w.engine.Delete(slot)
 		}
@@ -330,7 +343,7 @@ func (w *Worker) evictLocked(n int64) int64 {
 func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
 	before := w.res
-	done := w.evictLocked(n)
+	done := w.evictLocked(n, CauseBudget)
 	w.endLocked()
 	delta := w.res - before // -done, but for keys of several blocks of a keyed worker
 	w.mu.Unlock()
@@ -345,6 +358,7 @@ func (w *Worker) evictForBudget(n int64) int64 {
 // tag invariants). Callers hold w.mu.
 func (w *Worker) endLocked() {
 	w.cur.finish()
+	w.hist.now = 0
 	if invariantsOn {
 		w.assertInvariantsLocked()
 	}
@@ -404,6 +418,9 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 	w.c.lastApply.Store(time.Now().UnixNano())
 	w.ix.resident.Add(delta)
 	w.ix.checkBudget()
+	if obs := w.ix.observers.Load(); obs != nil {
+		w.ix.notify(*obs, w, &Applied{Batch: b})
+	}
 	return errors.Join(errs...)
 }
 
@@ -423,11 +440,15 @@ func (w *Worker) reset(reason string, d *Delta) {
 	w.rec = d
 	w.clearLocked()
 	w.lastReset = reason
+	w.c.lastResetAt.Store(time.Now().UnixNano())
 	w.endRecordLocked(d)
 	w.endLocked()
 	w.mu.Unlock()
 	w.ix.resident.Add(-before)
 	w.c.resets.Add(1)
+	if obs := w.ix.observers.Load(); obs != nil {
+		w.ix.notify(*obs, w, &Applied{Reset: reason})
+	}
 }
 
 // applyLocked applies one event. Callers hold w.mu.
@@ -440,6 +461,7 @@ func (w *Worker) applyLocked(ev *events.Event) error {
 	case events.KindAllBlocksCleared:
 		w.clearLocked()
 		w.c.clears.Add(1)
+		w.c.lastClearAt.Store(time.Now().UnixNano())
 		return nil
 	}
 	w.c.invalid.Add(1)
@@ -515,6 +537,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	bs := w.model.BlockSize
 	if ev.BlockSize != bs {
 		w.c.blockSize.Add(1)
+		w.c.lastBadBlockSize.Store(int64(ev.BlockSize))
 		return fmt.Errorf("%w: event block_size %d, model %q uses %d", ErrBlockSize, ev.BlockSize, w.model.Name, bs)
 	}
 	n := len(ev.BlockHashes)
@@ -530,6 +553,9 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	c := &w.cur
 	var parent loc // parent.n == nil: the parent is a root
 	parentKey := w.rootFor(ev.LoRAName)
+	if ev.LoRAName != "" {
+		w.hist.noteLoRA(ev.LoRAName)
+	}
 	if ev.HasParent {
 		if slot, ok := w.engine.Get(ev.ParentHash); ok {
 			w.engine.Touch(slot)
@@ -828,6 +854,9 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 			w.recRemove(w.cur.keyAt(l), m, gone, true)
 		}
 		if gone {
+			if w.hist.on() {
+				w.hist.add(w.cur.keyAt(l), CauseRemoved)
+			}
 			w.res--
 			w.engine.Delete(slot)
 		} else {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	kvnats "github.com/kvindex/kvindex/events/nats"
 	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/ctl"
 	kvfleet "github.com/kvindex/kvindex/internal/fleet"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -944,7 +946,9 @@ func TestFleetBinariesKill9(t *testing.T) {
 	rig.direct.cfg.SetDefaults()
 	rig.direct.start()
 	nats := config.NATS{URL: rig.nats.url(), RegistrationTTL: 3 * time.Second}
-	agentCfg := writeConfig(t, dir, "agent.yaml", &config.Config{MetricsListen: config.MetricsOff, Models: rig.direct.cfg.Models, Pods: rig.direct.cfg.Pods, NATS: nats})
+	agentAddr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1))
+	agentCfg := writeConfig(t, dir, "agent.yaml", &config.Config{MetricsListen: config.MetricsOff, Models: rig.direct.cfg.Models, Pods: rig.direct.cfg.Pods, NATS: nats,
+		Agent: config.Agent{GRPCListen: agentAddr}})
 	replicaAddr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1))
 	replicaCfg := writeConfig(t, dir, "replica.yaml", &config.Config{GRPCListen: replicaAddr, MetricsListen: config.MetricsOff, NATS: nats})
 
@@ -956,6 +960,15 @@ func TestFleetBinariesKill9(t *testing.T) {
 		w.step()
 	}
 	rig.waitRemoteConverged(replicaAddr, 15*time.Second, replica.logs)
+	// The agent binary serves its index (agent.grpc_listen): kvindexctl
+	// diff finds the replica equal to it, worker by worker.
+	var out bytes.Buffer
+	if err := ctl.Diff(context.Background(), ctl.Config{Addr: replicaAddr, Timeout: 5 * time.Second, JSON: true, Out: &out}, ctl.DiffArgs{Other: agentAddr}); err != nil {
+		t.Fatalf("diff replica vs agent: %v", err)
+	}
+	if n := strings.Count(out.String(), `"state": "equal"`); n != 2 {
+		t.Fatalf("diff replica vs agent: %d of 2 workers equal:\n%s", n, out.String())
+	}
 
 	replica.kill()
 	for range 30 {

@@ -104,6 +104,9 @@ for p in "${pkgs[@]}"; do
 	run "$p" -run='^$' -bench="$timed" -benchmem -count="$COUNT" -benchtime="$BENCHTIME" -timeout=30m "${prof[@]}" "$p"
 done
 [[ ${SKIP_GO:-0} == 1 ]] || run "memory" -run='^$' -bench="$memory" -benchmem -count=1 -benchtime=1x -timeout=30m ./indexer
+# The endpoint picker's decision for a 4 K-token chat (docs/benchmarks.md,
+# "Endpoint picker"): p50/p99 need a fixed number of decisions.
+[[ ${SKIP_GO:-0} == 1 ]] || run "picker" -run='^$' -bench='^(BenchmarkPickChat4K|BenchmarkTokenizeChat4K)$' -benchmem -count="$COUNT" -benchtime=5000x -timeout=30m ./internal/picker
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" >>"$raw"
 cp "$raw" "$OUT/bench-$stamp.txt"
 
@@ -292,7 +295,11 @@ BenchmarkScoreUnderIngest|busy-switches/kop|imax|0|(scoring thread switched out,
 BenchmarkScoreLoaded|ratio|max|1.1|Scorer.Score with 1,000 routes in flight and live scrapes / without, mean
 BenchmarkMemory10M|all-bytes/residency|max|24|memory per (block, worker) residency, engine maps included
 BenchmarkMemory10M|bytes/residency|imax|0|(of which the residency index)
-BenchmarkMemory10M|engine-bytes/block|imax|0|(of which the engine-hash maps, per block)'
+BenchmarkMemory10M|engine-bytes/block|imax|0|(of which the engine-hash maps, per block)
+BenchmarkPickChat4K/cached|p99_us|max|1000|picker decision, 4 K-token chat, tokens cached, p99
+BenchmarkPickChat4K/cached|p50_us|imax|0|(same, p50)
+BenchmarkPickChat4K/uncached|p50_us|imax|0|(picker decision, uncached, p50)
+BenchmarkTokenizeChat4K|p50_us|imax|0|(its /tokenize round trip alone, p50)'
 
 table=$(awk -v rows="$rows" '
 function fmtval(v, unit) {
@@ -302,6 +309,7 @@ function fmtval(v, unit) {
 		if (v >= 1e3) return sprintf("%.2f us", v / 1e3)
 		return sprintf("%.0f ns", v)
 	}
+	if (unit ~ /_us$/) return (v >= 1e3) ? sprintf("%.2f ms", v / 1e3) : sprintf("%.0f us", v)
 	if (unit == "ratio") return sprintf("%.2fx", v)
 	if (unit ~ /bytes/) return sprintf("%.1f B", v)
 	if (unit == "allocs/op") return sprintf("%d allocs/op", v)

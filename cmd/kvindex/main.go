@@ -213,6 +213,13 @@ func runAgent(ctx context.Context, cfg *config.Config) error {
 		}()
 		log.Info("kvindex agent metrics", "addr", lis.Addr().String())
 	}
+	if cfg.Agent.GRPCListen != "" {
+		_, stop, err := a.ServeIndex(cfg.Agent.GRPCListen)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	log.Info("kvindex agent running", "pod", cfg.Agent.Pod, "nats", cfg.NATS.URL != "")
 	return a.Run(ctx)
 }

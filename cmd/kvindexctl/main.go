@@ -1,9 +1,18 @@
-// Command kvindexctl is kvindex's debug CLI: it lists the workers a kvindex
-// server indexes, with the health of their event streams, and explains a
-// routing decision by scoring a prompt against every worker.
+// Command kvindexctl is kvindex's operator CLI: it lists the workers a
+// kvindex server indexes, with the health of their event streams, explains
+// a routing decision by scoring a prompt against every worker, and
+// explains the index itself: who holds each block of a prompt, what a
+// worker holds, how two servers differ, why a worker misses a prompt, what
+// the index applies as it happens, and a live per-worker table.
 //
 //	kvindexctl workers [--model M]
 //	kvindexctl score --model M --tokens 1,2,3 [--lora L] [--cache-salt S] [--worker pod/rank ...]
+//	kvindexctl lookup --model M --tokens-file prompt.json
+//	kvindexctl dump --worker pod/rank [--max-keys N]
+//	kvindexctl diff --other host:port [--worker pod/rank] [--model M]
+//	kvindexctl diagnose --model M --tokens-file prompt.json --worker pod/rank [--engine-hashes H,...]
+//	kvindexctl watch [--model M] [--worker pod/rank ...] [--kind stored ...] [--count N]
+//	kvindexctl top [--model M] [--interval 2s]
 //
 // Global flags: --addr (default localhost:50051), --timeout, --json, and
 // for a secured server --tls, --tls-ca, --tls-cert/--tls-key and
@@ -52,7 +61,7 @@ func newRoot(stdin io.Reader) *cobra.Command {
 	cfg := ctl.Config{Stdin: stdin}
 	root := &cobra.Command{
 		Use:           "kvindexctl",
-		Short:         "Inspect a kvindex server: its workers and how it scores a prompt",
+		Short:         "Inspect a kvindex server: its workers, how it scores a prompt, and why a prompt misses",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -72,7 +81,7 @@ func newRoot(stdin io.Reader) *cobra.Command {
 		cfg.Token = tok
 		return err
 	}
-	root.AddCommand(newWorkers(&cfg), newScore(&cfg), newHealth(&cfg))
+	root.AddCommand(newWorkers(&cfg), newScore(&cfg), newLookup(&cfg), newDump(&cfg), newDiff(&cfg), newDiagnose(&cfg), newWatch(&cfg), newTop(&cfg), newHealth(&cfg))
 	return root
 }
 
@@ -112,7 +121,9 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 		Example: "  kvindexctl score --model llama --tokens 1,2,3,4\n" +
 			"  kvindexctl score --model llama --tokens-file prompt.json --worker pod-a/0 --worker pod-b/0\n" +
 			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -\n" +
-			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware",
+			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware\n" +
+			"  kvindexctl score --model llama --prompt 'Once upon a time'    # tokenized by the model's vLLM server\n" +
+			"  kvindexctl score --model llama --messages-file chat.json --explain",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := *cfg
@@ -124,6 +135,8 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 	f.StringVar(&a.Model, "model", "", "served model name (required)")
 	f.StringVar(&a.Tokens, "tokens", "", "prompt token ids, comma or space separated")
 	f.StringVar(&a.TokensFile, "tokens-file", "", "file of token ids (separated, or a JSON array); - for stdin")
+	f.StringVar(&a.Prompt, "prompt", "", "prompt text, tokenized by the server through the model's vLLM server")
+	f.StringVar(&a.MessagesFile, "messages-file", "", "file of a chat, a JSON array of {role, content}; - for stdin")
 	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
 	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
 	f.StringArrayVar(&a.Workers, "worker", nil, "candidate worker pod/rank (repeatable); every candidate is listed")
@@ -131,6 +144,147 @@ func newScore(cfg *ctl.Config) *cobra.Command {
 	f.StringVar(&a.Policy, "policy", "", "ranking policy: cache_aware or longest_prefix (ranks every worker of the model)")
 	f.StringVar(&a.Guard, "guard", "", "hotspot guard of cache_aware: cost, static or off")
 	_ = cmd.MarkFlagRequired("model")
+	return cmd
+}
+
+// promptFlags adds the prompt flags lookup and diagnose share with score.
+func promptFlags(cmd *cobra.Command, a *ctl.PromptArgs) {
+	f := cmd.Flags()
+	f.StringVar(&a.Model, "model", "", "served model name (required)")
+	f.StringVar(&a.Tokens, "tokens", "", "prompt token ids, comma or space separated")
+	f.StringVar(&a.TokensFile, "tokens-file", "", "file of token ids (separated, or a JSON array); - for stdin")
+	f.StringVar(&a.Prompt, "prompt", "", "the prompt as text, tokenized by the server through the model's vLLM server")
+	f.StringVar(&a.MessagesFile, "messages-file", "", "file of a chat as a JSON array of {role, content} (an OpenAI messages list), tokenized by the server; - for stdin")
+	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
+	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
+	_ = cmd.MarkFlagRequired("model")
+}
+
+func newLookup(cfg *ctl.Config) *cobra.Command {
+	var a ctl.PromptArgs
+	cmd := &cobra.Command{
+		Use:     "lookup",
+		Short:   "Show which workers hold each block of a prompt, in which media",
+		Example: "  kvindexctl lookup --model llama --tokens-file prompt.json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Lookup(cmd.Context(), c, a)
+		},
+	}
+	promptFlags(cmd, &a)
+	return cmd
+}
+
+func newDump(cfg *ctl.Config) *cobra.Command {
+	var a ctl.DumpArgs
+	cmd := &cobra.Command{
+		Use:     "dump",
+		Short:   "List a worker's resident content keys and its digest",
+		Example: "  kvindexctl dump --worker pod-a/0\n  kvindexctl dump --worker pod-a/0 --max-keys 100 --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Dump(cmd.Context(), c, a)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.Worker, "worker", "", "worker pod/rank (required)")
+	f.Uint32Var(&a.PageSize, "page-size", 0, "keys per call (default: the server's, 1000; at most 10000)")
+	f.IntVar(&a.MaxKeys, "max-keys", 0, "stop after this many keys (0: all)")
+	_ = cmd.MarkFlagRequired("worker")
+	return cmd
+}
+
+func newDiff(cfg *ctl.Config) *cobra.Command {
+	var a ctl.DiffArgs
+	cmd := &cobra.Command{
+		Use:   "diff",
+		Short: "Compare two servers' workers: by digest, then block by block where they differ",
+		Example: "  kvindexctl diff --addr replica-0:50051 --other replica-1:50051\n" +
+			"  kvindexctl diff --addr replica-0:50051 --other replica-1:50051 --worker pod-a/0 --json",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Diff(cmd.Context(), c, a)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.Other, "other", "", "the second server's address (required; the first is --addr)")
+	f.StringVar(&a.Worker, "worker", "", "compare only this worker pod/rank")
+	f.StringVar(&a.Model, "model", "", "compare only this model's workers")
+	f.Uint32Var(&a.PageSize, "page-size", 0, "keys per dump call")
+	f.IntVar(&a.MaxShown, "max-shown", 20, "keys listed per side and worker")
+	_ = cmd.MarkFlagRequired("other")
+	return cmd
+}
+
+func newDiagnose(cfg *ctl.Config) *cobra.Command {
+	var a ctl.DiagnoseArgs
+	cmd := &cobra.Command{
+		Use:   "diagnose",
+		Short: "Explain why a worker misses a prompt, and check parity with the engine's block hashes",
+		Example: "  kvindexctl diagnose --model llama --tokens-file prompt.json --worker pod-a/0\n" +
+			"  kvindexctl diagnose --model llama --tokens-file prompt.json --worker pod-a/0 --engine-hashes 0x1a2b,0x3c4d",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Diagnose(cmd.Context(), c, a)
+		},
+	}
+	promptFlags(cmd, &a.PromptArgs)
+	f := cmd.Flags()
+	f.StringVar(&a.Worker, "worker", "", "the worker expected to hold the prompt, pod/rank (required)")
+	f.StringVar(&a.EngineHashes, "engine-hashes", "", "the engine's block hashes for the prompt (as its BlockStored events carry them), for the parity check")
+	_ = cmd.MarkFlagRequired("worker")
+	return cmd
+}
+
+func newWatch(cfg *ctl.Config) *cobra.Command {
+	var a ctl.WatchArgs
+	cmd := &cobra.Command{
+		Use:     "watch",
+		Short:   "Stream the events the index applies, as they are applied",
+		Example: "  kvindexctl watch --worker pod-a/0\n  kvindexctl watch --model llama --kind reset --kind cleared --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Watch(cmd.Context(), c, a)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.Model, "model", "", "only this model's workers")
+	f.StringArrayVar(&a.Workers, "worker", nil, "only this worker pod/rank (repeatable)")
+	f.StringArrayVar(&a.Kinds, "kind", nil, "only this kind: stored, removed, cleared, reset, delta (repeatable)")
+	f.Uint32Var(&a.Buffer, "buffer", 0, "events the server queues for this reader before it drops (default 256, at most 4096)")
+	f.BoolVar(&a.Hashes, "hashes", false, "show the events' first block hashes")
+	f.IntVar(&a.Count, "count", 0, "stop after this many events (0: until interrupted)")
+	return cmd
+}
+
+func newTop(cfg *ctl.Config) *cobra.Command {
+	var a ctl.TopArgs
+	cmd := &cobra.Command{
+		Use:     "top",
+		Short:   "A live per-worker table: events/s, resident blocks, gaps, replays, staleness, in-flight, predicted hit ratio",
+		Example: "  kvindexctl top\n  kvindexctl top --model llama --interval 5s --iterations 1 --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			return ctl.Top(cmd.Context(), c, a)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.Model, "model", "", "only this model's workers")
+	f.DurationVar(&a.Interval, "interval", 2*time.Second, "refresh period")
+	f.IntVar(&a.Iterations, "iterations", 0, "stop after this many tables (0: until interrupted)")
+	f.BoolVar(&a.Clear, "clear", false, "clear the terminal before each table")
 	return cmd
 }
 

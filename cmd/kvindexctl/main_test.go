@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -138,6 +139,92 @@ func TestKvindexctlAgainstServer(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, `InvalidArgument: workers[0]: unknown worker pod-z/0`) {
 		t.Errorf("unknown candidate: exit %d, stderr %q", code, errOut)
 	}
+}
+
+// serveAuthIndex serves serveIndex's index behind bearer tokens ("reader"
+// with the read scope, "router" with route only) and at most one Watch.
+func serveAuthIndex(t *testing.T) (string, *indexer.Index) {
+	t.Helper()
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel("llama", 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: "pod-a"}, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	auth, err := api.NewAuth([]api.Token{{Name: "reader", Secret: "r-secret", Scopes: api.ScopeRead}, {Name: "router", Secret: "x-secret", Scopes: api.ScopeRoute}}, api.AuthOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(auth.ServerOptions()...)
+	api.NewServer(ix, nil, api.Options{MaxWatches: 1}).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String(), ix
+}
+
+// TestKvindexctlRefusals: an unreachable server, a missing token, a token
+// without the read scope, and a server at its limit of watches each give
+// the server's code and what to do about it; the read scope covers the
+// inspection calls.
+func TestKvindexctlRefusals(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	code, _, errOut := kvindexctl("", "--addr", deadAddr, "--timeout", "2s", "dump", "--worker", "pod-a/0")
+	if code != 1 || !strings.Contains(errOut, "dump at "+deadAddr+": Unavailable") || !strings.Contains(errOut, "the server cannot be reached: check --addr") {
+		t.Errorf("unreachable: exit %d, stderr %q", code, errOut)
+	}
+
+	addr, ix := serveAuthIndex(t)
+	t.Setenv("KVINDEX_TOKEN", "")
+	code, _, errOut = kvindexctl("", "--addr", addr, "lookup", "--model", "llama", "--tokens", "1,2,3,4")
+	if code != 1 || !strings.Contains(errOut, "lookup at "+addr+": Unauthenticated") || !strings.Contains(errOut, "give --token-file or $KVINDEX_TOKEN") {
+		t.Errorf("no token: exit %d, stderr %q", code, errOut)
+	}
+	t.Setenv("KVINDEX_TOKEN", "x-secret")
+	code, _, errOut = kvindexctl("", "--addr", addr, "diagnose", "--model", "llama", "--tokens", "1,2,3,4", "--worker", "pod-a/0")
+	if code != 1 || !strings.Contains(errOut, "diagnose at "+addr+": PermissionDenied") || !strings.Contains(errOut, "lacks the scope") {
+		t.Errorf("route-only token: exit %d, stderr %q", code, errOut)
+	}
+	t.Setenv("KVINDEX_TOKEN", "r-secret")
+	for _, args := range [][]string{
+		{"lookup", "--model", "llama", "--tokens", "1,2,3,4"},
+		{"dump", "--worker", "pod-a/0"},
+		{"diagnose", "--model", "llama", "--tokens", "1,2,3,4", "--worker", "pod-a/0"},
+		{"top", "--iterations", "1"},
+	} {
+		if code, _, errOut := kvindexctl("", append([]string{"--addr", addr}, args...)...); code != 0 {
+			t.Errorf("read token, %s: exit %d, stderr %q", args[0], code, errOut)
+		}
+	}
+	// One watch open; a second is refused ResourceExhausted.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var out, errOut bytes.Buffer
+		run(ctx, []string{"--addr", addr, "watch"}, strings.NewReader(""), &out, &errOut)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ix.NumObservers() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first watch did not register")
+		}
+	}
+	code, _, errOut = kvindexctl("", "--addr", addr, "watch", "--count", "1")
+	if !strings.Contains(errOut, "watch at "+addr+": ResourceExhausted: watch: the server's limit of 1 concurrent watches is reached") || !strings.Contains(errOut, "retry later") {
+		t.Errorf("second watch: exit %d, stderr %q", code, errOut)
+	}
+	cancel()
+	<-done
 }
 
 // TestHealth: `kvindexctl health` exits 0 while the server is SERVING and

@@ -53,6 +53,12 @@ type Config struct {
 	NATS NATS `yaml:"nats,omitempty"`
 	// Agent configures kvindex agent, the sidecar beside one pod.
 	Agent Agent `yaml:"agent,omitempty"`
+	// Tokenize bounds the tokenization of text prompts (models'
+	// tokenizer_urls).
+	Tokenize Tokenize `yaml:"tokenize,omitempty"`
+	// Gateway serves the Gateway API Inference Extension's endpoint
+	// picker (Envoy ext_proc).
+	Gateway Gateway `yaml:"gateway,omitempty"`
 	// Discovery finds pods to subscribe to directly (besides pods[]):
 	// Kubernetes pods by label selector, or the addresses of a headless
 	// service in DNS.
@@ -159,6 +165,13 @@ type Agent struct {
 	// CheckpointInterval is how often the checkpoint is written (default
 	// 10s).
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval,omitempty"`
+	// GRPCListen, when set, serves the agent's own index over gRPC for
+	// inspection (ListWorkers, Lookup, Dump, Diagnose, Watch, Score; Route
+	// and Release are refused), so that kvindexctl diff can compare a
+	// replica with the agent it follows. Plaintext and without tokens:
+	// bind it to the pod's loopback (127.0.0.1:50052) and reach it with
+	// kubectl port-forward. "" (the default) serves nothing.
+	GRPCListen string `yaml:"grpc_listen,omitempty"`
 }
 
 // TLS configures transport security. The files are re-read when they
@@ -216,6 +229,11 @@ type Model struct {
 	// BlockSize is vLLM's --block-size for this model (default
 	// DefaultBlockSize).
 	BlockSize int `yaml:"block_size,omitempty"`
+	// TokenizerURLs are the base URLs of servers that tokenize for the
+	// model, its vLLM servers (e.g. http://10.0.0.5:8000; /tokenize is
+	// appended), tried in turn. Without any, text prompts of the model are
+	// refused.
+	TokenizerURLs []string `yaml:"tokenizer_urls,omitempty"`
 }
 
 // Pod is one vLLM engine (all its data-parallel ranks).
@@ -254,6 +272,10 @@ type Index struct {
 	// MemoryBudgetMiB bounds the index's estimated memory; beyond it blocks
 	// are evicted from the workers holding the most (0: unbounded).
 	MemoryBudgetMiB int64 `yaml:"memory_budget_mib,omitempty"`
+	// RemovalHistory is how many recent removals each worker's record
+	// keeps for kvindexctl diagnose, 16 bytes each (0: 256; negative:
+	// none).
+	RemovalHistory int `yaml:"removal_history,omitempty"`
 }
 
 // Scoring sets the default ranking policy (requests may override it) and
@@ -377,6 +399,12 @@ type Limits struct {
 	// body is read. With max_tokens it bounds a burst's memory: about
 	// max_pending x 9 bytes x max_tokens.
 	MaxPending int `yaml:"max_pending,omitempty"`
+	// MaxWatches bounds concurrent Watch streams (default 64); more are
+	// refused with RESOURCE_EXHAUSTED.
+	MaxWatches int `yaml:"max_watches,omitempty"`
+	// MaxTenants bounds the distinct tenant labels of the predicted
+	// hit-ratio metrics (default 64); later tenants share "_other".
+	MaxTenants int `yaml:"max_tenants,omitempty"`
 	// MaxConcurrent bounds Score and Route calls executing at once
 	// (default 8 per core).
 	MaxConcurrent int `yaml:"max_concurrent,omitempty"`

@@ -117,6 +117,8 @@ func TestSetDefaults(t *testing.T) {
 		},
 		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections},
 		Log:    Log{Level: DefaultLogLevel, Format: DefaultLogFormat, ProblemInterval: DefaultProblemInterval},
+		Tokenize: Tokenize{Timeout: DefaultTokenizeTimeout, CacheEntries: DefaultTokenizeCacheEntries,
+			MaxConcurrent: DefaultTokenizeMaxConcurrent, MaxPromptBytes: DefaultTokenizeMaxPromptBytes},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("SetDefaults:\n got %+v\nwant %+v", c, want)

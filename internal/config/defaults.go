@@ -200,6 +200,8 @@ func (c *Config) SetDefaults() {
 			named(r.Model)
 		}
 	}
+	c.Tokenize.SetDefaults()
+	c.Gateway.SetDefaults(c)
 }
 
 // SetDefaults gives the zero fields of the events section their defaults.

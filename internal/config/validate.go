@@ -46,6 +46,8 @@ func (c *Config) Validate() error {
 		func() error { return c.Auth.Validate(&c.TLS) },
 		c.NATS.Validate,
 		c.Discovery.Validate,
+		c.Tokenize.Validate,
+		func() error { return c.Gateway.Validate(c) },
 	} {
 		if err := check(); err != nil {
 			return err
@@ -153,7 +155,8 @@ func (c *Config) ValidateAgent() (*Pod, error) {
 // Validate checks the limits section ("limits").
 func (l *Limits) Validate() error {
 	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 || l.MaxInflight < 0 ||
-		l.MaxPending < 0 || l.MaxConcurrent < 0 || l.QueueTarget < 0 || l.MaxQueueDelay < 0 || l.MaxConnections < 0 {
+		l.MaxPending < 0 || l.MaxConcurrent < 0 || l.QueueTarget < 0 || l.MaxQueueDelay < 0 || l.MaxConnections < 0 ||
+		l.MaxWatches < 0 || l.MaxTenants < 0 {
 		return invalid("limits", "limits must not be negative")
 	}
 	return nil
@@ -217,6 +220,9 @@ func validateModels(models []Model) error {
 		seen[m.Name] = true
 		if m.BlockSize <= 0 {
 			return invalid(f+".block_size", "%d must be positive", m.BlockSize)
+		}
+		if err := validateTokenizerURLs(i, m.TokenizerURLs); err != nil {
+			return err
 		}
 	}
 	return nil

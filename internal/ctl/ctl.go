@@ -2,8 +2,11 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -60,9 +63,15 @@ type CallError struct {
 	err    error
 }
 
-// Error renders "score at host:port: InvalidArgument: model: required".
+// Error renders "score at host:port: InvalidArgument: model: required",
+// followed, for a refusal or an unreachable server, by what to do about it
+// ("Unavailable: ... (the server cannot be reached: check --addr, ...)").
 func (e *CallError) Error() string {
-	return fmt.Sprintf("%s at %s: %s: %s", e.Call, e.Addr, e.Status.Code(), e.Status.Message())
+	msg := fmt.Sprintf("%s at %s: %s: %s", e.Call, e.Addr, e.Status.Code(), e.Status.Message())
+	if h := hint(e.Status.Code()); h != "" {
+		msg += " (" + h + ")"
+	}
+	return msg
 }
 
 // Unwrap returns the client's error.
@@ -73,11 +82,35 @@ func (e *CallError) GRPCStatus() *status.Status { return e.Status }
 
 // callError wraps a failed call of the client.
 func callError(call, addr string, err error) error {
-	st, ok := api.ServerStatus(err)
-	if !ok {
-		st = status.Convert(err)
+	var ce *CallError
+	if errors.As(err, &ce) {
+		return err // already named
 	}
-	return &CallError{Call: call, Addr: addr, Status: st, err: err}
+	return &CallError{Call: call, Addr: addr, Status: statusOf(err), err: err}
+}
+
+// writeJSONValue prints v (not a protobuf message) as indented JSON.
+func writeJSONValue(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("render JSON: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+// writeJSONLine prints v as one line of JSON.
+func writeJSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("render JSON: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
 }
 
 // withClient dials cfg.Addr, runs f under cfg.Timeout, and closes the client.
@@ -135,6 +168,14 @@ type ScoreArgs struct {
 	Tokens string
 	// TokensFile is a file of tokens, "-" for cfg.Stdin (see ParseTokens).
 	TokensFile string
+	// Prompt is the prompt as text, which the server tokenizes through
+	// the model's vLLM server; give one of Tokens, TokensFile, Prompt and
+	// MessagesFile.
+	Prompt string
+	// MessagesFile is a file holding a chat as a JSON array of
+	// {"role", "content"} objects (an OpenAI messages list), "-" for
+	// cfg.Stdin; the server renders and tokenizes it.
+	MessagesFile string
 	// LoRA is the adapter name, "" for the base model.
 	LoRA string
 	// CacheSalt is the request's cache_salt, "" for none.
@@ -153,9 +194,24 @@ type ScoreArgs struct {
 func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	var tokens []uint32
 	var err error
+	given := 0
+	for _, f := range []string{a.Tokens, a.TokensFile, a.Prompt, a.MessagesFile} {
+		if f != "" {
+			given++
+		}
+	}
+	if given > 1 && (a.Prompt != "" || a.MessagesFile != "") {
+		return nil, fmt.Errorf("--tokens, --tokens-file, --prompt, --messages-file: give exactly one")
+	}
+	var msgs []*kvindexv1.ChatMessage
 	switch {
 	case a.Tokens != "" && a.TokensFile != "":
 		return nil, fmt.Errorf("--tokens, --tokens-file: give exactly one")
+	case a.Prompt != "":
+	case a.MessagesFile != "":
+		if msgs, err = readMessages(a.MessagesFile, stdin); err != nil {
+			return nil, err
+		}
 	case a.Tokens != "":
 		if tokens, err = ParseTokens(a.Tokens); err != nil {
 			return nil, fmt.Errorf("--tokens: %w", err)
@@ -165,12 +221,12 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 			return nil, err
 		}
 	default:
-		return nil, fmt.Errorf("--tokens or --tokens-file: required")
+		return nil, fmt.Errorf("--tokens or --tokens-file: required (or --prompt or --messages-file)")
 	}
-	if len(tokens) == 0 {
+	if len(tokens) == 0 && a.Prompt == "" && len(msgs) == 0 {
 		return nil, fmt.Errorf("no tokens given")
 	}
-	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, LoraName: a.LoRA, CacheSalt: a.CacheSalt, Explain: a.Explain}
+	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, Prompt: a.Prompt, Messages: msgs, LoraName: a.LoRA, CacheSalt: a.CacheSalt, Explain: a.Explain}
 	if a.Policy != "" || a.Guard != "" {
 		req.Policy = &kvindexv1.ScorePolicy{Name: a.Policy, Guard: a.Guard}
 	}
@@ -183,6 +239,42 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	}
 	return req, nil
 }
+
+// readMessages reads a JSON array of chat messages from path ("-":
+// stdin).
+func readMessages(path string, stdin io.Reader) ([]*kvindexv1.ChatMessage, error) {
+	var data []byte
+	var err error
+	if path == "-" {
+		data, err = io.ReadAll(io.LimitReader(stdin, maxMessagesBytes+1))
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--messages-file %s: %w", path, err)
+	}
+	if len(data) > maxMessagesBytes {
+		return nil, fmt.Errorf("--messages-file %s: over %d bytes", path, maxMessagesBytes)
+	}
+	var in []struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	if err := json.Unmarshal(data, &in); err != nil {
+		return nil, fmt.Errorf("--messages-file %s: want a JSON array of {\"role\", \"content\"}: %w", path, err)
+	}
+	if len(in) == 0 {
+		return nil, fmt.Errorf("--messages-file %s: no messages", path)
+	}
+	out := make([]*kvindexv1.ChatMessage, len(in))
+	for i, m := range in {
+		out[i] = &kvindexv1.ChatMessage{Role: m.Role, Content: m.Content}
+	}
+	return out, nil
+}
+
+// maxMessagesBytes bounds --messages-file.
+const maxMessagesBytes = 64 << 20
 
 // Score scores one prompt and prints each worker's match on cfg.Out.
 func Score(ctx context.Context, cfg Config, args ScoreArgs) error {

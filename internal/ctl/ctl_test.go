@@ -110,6 +110,8 @@ func TestScoreArgsRequest(t *testing.T) {
 	}{
 		{ctl.ScoreArgs{Model: "m"}, "--tokens or --tokens-file: required"},
 		{ctl.ScoreArgs{Model: "m", Tokens: "1", TokensFile: "f"}, "--tokens, --tokens-file: give exactly one"},
+		{ctl.ScoreArgs{Model: "m", Tokens: "1", Prompt: "hi"}, "--tokens, --tokens-file, --prompt, --messages-file: give exactly one"},
+		{ctl.ScoreArgs{Model: "m", MessagesFile: "/nonexistent/chat.json"}, "--messages-file /nonexistent/chat.json: open"},
 		{ctl.ScoreArgs{Model: "m", Tokens: " , "}, "no tokens"},
 		{ctl.ScoreArgs{Model: "m", Tokens: "1", Workers: []string{"p/x"}}, "--worker"},
 	} {
@@ -291,5 +293,56 @@ func TestRenderExplain(t *testing.T) {
 	}
 	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {
 		t.Errorf("RenderExplain:\n%s\nwant:\n%s", buf.String(), strings.Join(want, "\n"))
+	}
+}
+
+// TestScoreArgsText: a prompt and a chat from stdin become the request's
+// prompt and messages.
+func TestScoreArgsText(t *testing.T) {
+	req, err := ctl.ScoreArgs{Model: "m", Prompt: "once upon"}.Request(nil)
+	if err != nil || req.GetPrompt() != "once upon" || len(req.GetTokenIds()) != 0 {
+		t.Fatalf("prompt: %v, %v", req, err)
+	}
+	req, err = ctl.ScoreArgs{Model: "m", MessagesFile: "-"}.Request(strings.NewReader(`[{"role":"system","content":"be terse"},{"role":"user","content":"hi"}]`))
+	if err != nil || len(req.GetMessages()) != 2 || req.GetMessages()[1].GetContent() != "hi" {
+		t.Fatalf("messages: %v, %v", req, err)
+	}
+	if _, err := (ctl.ScoreArgs{Model: "m", MessagesFile: "-"}).Request(strings.NewReader(`{"role":"user"}`)); err == nil || !strings.Contains(err.Error(), "JSON array") {
+		t.Fatalf("not an array: %v", err)
+	}
+}
+
+func TestParseHashes(t *testing.T) {
+	got, err := ctl.ParseHashes("[1, 0x10,\n-1 18446744073709551615]")
+	if want := []uint64{1, 16, 1<<64 - 1, 1<<64 - 1}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ParseHashes = %v %v, want %v", got, err, want)
+	}
+	if _, err := ctl.ParseHashes("1,zz"); err == nil || !strings.Contains(err.Error(), `hash 1 "zz"`) {
+		t.Fatalf("bad hash: %v", err)
+	}
+}
+
+func TestWatchArgsRequest(t *testing.T) {
+	req, err := ctl.WatchArgs{Model: "m", Workers: []string{"p/1"}, Kinds: []string{"stored", "RESET"}, Buffer: 9}.WatchRequest()
+	if err != nil || req.GetModel() != "m" || len(req.GetWorkers()) != 1 || req.GetWorkers()[0].GetDpRank() != 1 || req.GetBuffer() != 9 ||
+		!reflect.DeepEqual(req.GetKinds(), []kvindexv1.WatchEventKind{kvindexv1.WatchEventKind_WATCH_EVENT_KIND_STORED, kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET}) {
+		t.Fatalf("WatchRequest = %v, %v", req, err)
+	}
+	if _, err := (ctl.WatchArgs{Kinds: []string{"unspecified"}}).WatchRequest(); err == nil || !strings.Contains(err.Error(), "--kind") {
+		t.Fatalf("bad kind: %v", err)
+	}
+}
+
+func TestCallErrorHints(t *testing.T) {
+	for c, want := range map[codes.Code]string{
+		codes.Unavailable:       "cannot be reached",
+		codes.Unauthenticated:   "--token-file",
+		codes.PermissionDenied:  "scope",
+		codes.ResourceExhausted: "retry later",
+	} {
+		err := &ctl.CallError{Call: "lookup", Addr: "h:1", Status: status.New(c, "x")}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: %q lacks %q", c, err.Error(), want)
+		}
 	}
 }

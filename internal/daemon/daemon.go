@@ -33,6 +33,7 @@ import (
 	"github.com/kvindex/kvindex/internal/discovery"
 	"github.com/kvindex/kvindex/internal/fleet"
 	"github.com/kvindex/kvindex/internal/metrics"
+	"github.com/kvindex/kvindex/internal/picker"
 	"github.com/kvindex/kvindex/internal/scrape"
 	"github.com/kvindex/kvindex/internal/tlsreload"
 	"github.com/kvindex/kvindex/scoring"
@@ -62,6 +63,12 @@ type Daemon struct {
 	discovery  discoverySource       // nil without discovery
 	discovered *discovered           // the pods discovery added
 	reconciler *discovery.Reconciler // nil without discovery
+	// The endpoint picker (gateway.listen); nil without it. gwModels
+	// maps its endpoints' workers to their models; written by New only.
+	picker   *picker.Picker
+	gwModels map[events.WorkerRef]string
+	gwGRPC   *grpc.Server
+	gwLis    net.Listener
 }
 
 // New builds the index and its workers from cfg and opens the gRPC and
@@ -74,6 +81,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{
 		WorkerCapacity: cfg.Index.WorkerCapacity,
 		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
+		RemovalHistory: cfg.Index.RemovalHistory,
 	})}
 	for _, m := range cfg.Models {
 		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
@@ -125,7 +133,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		if d.nc, err = fleet.Connect(cfg.NATS, "kvindex serve", log); err != nil {
 			return nil, fmt.Errorf("daemon: %w", err)
 		}
-		d.fleet = kvnats.NewSource(d.nc, fleet.NewReplicas(d.ix, log), kvnats.SourceOptions{
+		d.fleet = kvnats.NewSource(d.nc, coldAware{fleet.NewReplicas(d.ix, log), d}, kvnats.SourceOptions{
 			Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Models: cfg.NATS.Models,
 			StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
 			LogEvery:             cfg.Log.ProblemInterval, Logger: log,
@@ -174,6 +182,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		d.reconciler = discovery.NewReconciler(d.discovered, log)
 		d.registry.MustRegister(d.reconciler)
 	}
+	d.registry.MustRegister(d.scraper) // the engines' own prefix-cache counters
 	d.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
 			func() float64 { return float64(d.tracker.InFlight()) }),
@@ -184,7 +193,16 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
 			func() float64 { return float64(d.scraper.Failures()) }),
 	)
+	tk, err := newTokenizer(cfg, d)
+	if err != nil {
+		return nil, err
+	}
+	var tokenizer api.Tokenizer
+	if tk != nil {
+		tokenizer = tk
+	}
 	srv := api.NewServer(d.ix, d.srcs, api.Options{
+		Tokenizer:     tokenizer,
 		Policy:        &pol,
 		Tracker:       d.tracker,
 		Loads:         loads,
@@ -192,6 +210,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
 		MaxCandidates: cfg.Limits.MaxCandidates,
+		MaxWatches:    cfg.Limits.MaxWatches,
+		MaxTenants:    cfg.Limits.MaxTenants,
 		Registerer:    d.registry,
 		Admission: api.AdmissionOptions{
 			Off:           cfg.Limits.AdmissionOff,
@@ -229,8 +249,14 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.grpc = grpc.NewServer(gopts...)
 	srv.Register(d.grpc)
+	if cfg.Gateway.Enabled() {
+		if err := d.newGateway(cfg); err != nil {
+			return nil, err
+		}
+	}
 
 	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
+		d.closeGateway()
 		return nil, fmt.Errorf("daemon: gRPC listen on %s: %w", cfg.GRPCListen, err)
 	}
 	if cfg.Limits.MaxConnections > 0 {
@@ -252,6 +278,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if cfg.MetricsListen != "off" {
 		if d.httpLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			d.grpcLis.Close()
+			d.closeGateway()
 			return nil, fmt.Errorf("daemon: metrics listen on %s: %w", cfg.MetricsListen, err)
 		}
 		mux := http.NewServeMux()
@@ -269,6 +296,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 // configuration does not list is added with the default block size; a
 // mismatch then shows as block-size errors on the worker.
 func (d *Daemon) newPushWorker(ref events.WorkerRef, model, replay string) (events.Sink, error) {
+	d.takeCold(ref)
 	if _, ok := d.ix.Model(model); !ok {
 		if _, err := d.ix.AddModel(model, config.DefaultBlockSize); err != nil {
 			return nil, err
@@ -328,6 +356,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	if d.gwGRPC != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.gwGRPC.Serve(d.gwLis); err != nil {
+				errc <- fmt.Errorf("daemon: gateway serve: %w", err)
+				cancel()
+			}
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -374,17 +412,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "metrics", d.MetricsAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
+	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "metrics", d.MetricsAddr(), "gateway", d.GatewayAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
 	<-ctx.Done()
 	d.log.Info("kvindex shutting down")
 	stopped := make(chan struct{})
 	// NOT_SERVING first, so that health watchers (load balancers, probes)
 	// hear of the drain before connections close.
 	d.api.Health().Shutdown()
-	go func() { d.grpc.GracefulStop(); close(stopped) }()
+	if d.picker != nil {
+		d.picker.Health().Shutdown()
+	}
+	go func() {
+		if d.gwGRPC != nil {
+			d.gwGRPC.GracefulStop()
+		}
+		d.grpc.GracefulStop()
+		close(stopped)
+	}()
 	select {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
+		if d.gwGRPC != nil {
+			d.gwGRPC.Stop()
+		}
 		d.grpc.Stop()
 	}
 	if d.httpSrv != nil {

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -33,7 +34,21 @@ const (
 	metricWaiting   = "vllm:num_requests_waiting"
 	metricKVUsage   = "vllm:kv_cache_usage_perc"
 	metricKVUsageV0 = "vllm:gpu_cache_usage_perc"
+	// The engine's own prefix cache counters, in tokens (vLLM V1): a
+	// counter family's name carries _total in the text format, and some
+	// exporters leave it off.
+	metricPrefixQueries = "vllm:prefix_cache_queries"
+	metricPrefixHits    = "vllm:prefix_cache_hits"
 )
+
+// PrefixCache is one engine's own prefix-cache counters as last scraped:
+// prompt tokens looked up and tokens found cached, since the engine
+// started.
+type PrefixCache struct {
+	Queries, Hits float64
+	// Known is false when the engine exports neither counter.
+	Known bool
+}
 
 // Target is one pod's metrics endpoint.
 type Target struct {
@@ -53,8 +68,10 @@ type Scraper struct {
 	log      *slog.Logger
 
 	failures atomic.Int64
-	mu       sync.Mutex // guards lastErr
+	mu       sync.Mutex // guards lastErr and prefix
 	lastErr  map[string]string
+	// prefix are the engines' prefix-cache counters by worker.
+	prefix map[events.WorkerRef]PrefixCache
 }
 
 // New returns a scraper; interval 0 means 1 s.
@@ -69,7 +86,45 @@ func New(targets []Target, board *scoring.LoadBoard, interval time.Duration, log
 		targets: targets, board: board, interval: interval, log: log,
 		client:  &http.Client{Timeout: interval},
 		lastErr: make(map[string]string),
+		prefix:  make(map[events.WorkerRef]PrefixCache),
 	}
+}
+
+var (
+	descPrefixQueries = prometheus.NewDesc("kvindex_engine_prefix_cache_queries_total",
+		"The engine's own prefix-cache queries in tokens (vLLM's vllm:prefix_cache_queries), as last scraped, by worker (pod/rank).", []string{"worker"}, nil)
+	descPrefixHits = prometheus.NewDesc("kvindex_engine_prefix_cache_hits_total",
+		"The engine's own prefix-cache hits in tokens (vLLM's vllm:prefix_cache_hits), as last scraped, by worker; beside kvindex_predicted_hit_tokens_total.", []string{"worker"}, nil)
+)
+
+// Describe implements prometheus.Collector: the engines' prefix-cache
+// counters.
+func (s *Scraper) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descPrefixQueries
+	ch <- descPrefixHits
+}
+
+// Collect implements prometheus.Collector: each engine's prefix-cache
+// counters as last scraped, as counters (they are the engine's counters,
+// mirrored: an engine restart resets them, which rate() handles).
+func (s *Scraper) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ref, pc := range s.prefix {
+		if !pc.Known {
+			continue
+		}
+		w := ref.String()
+		ch <- prometheus.MustNewConstMetric(descPrefixQueries, prometheus.CounterValue, pc.Queries, w)
+		ch <- prometheus.MustNewConstMetric(descPrefixHits, prometheus.CounterValue, pc.Hits, w)
+	}
+}
+
+// PrefixCache returns a worker's last scraped prefix-cache counters.
+func (s *Scraper) PrefixCache(ref events.WorkerRef) PrefixCache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefix[ref]
 }
 
 // Failures counts failed scrapes.
@@ -144,7 +199,7 @@ func (s *Scraper) Once(ctx context.Context, t Target) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("scrape %s: HTTP %s", shown, resp.Status)
 	}
-	loads, err := Parse(io.LimitReader(resp.Body, 16<<20), t.DPSize)
+	loads, prefix, err := ParseAll(io.LimitReader(resp.Body, 16<<20), t.DPSize)
 	if err != nil {
 		return fmt.Errorf("scrape %s: %w", shown, err)
 	}
@@ -153,6 +208,11 @@ func (s *Scraper) Once(ctx context.Context, t Target) error {
 		l.At = now
 		s.board.Set(events.WorkerRef{Pod: t.Pod, DPRank: rank}, l)
 	}
+	s.mu.Lock()
+	for rank, pc := range prefix {
+		s.prefix[events.WorkerRef{Pod: t.Pod, DPRank: rank}] = pc
+	}
+	s.mu.Unlock()
 	return nil
 }
 
@@ -161,13 +221,20 @@ func (s *Scraper) Once(ctx context.Context, t Target) error {
 // engine="<rank>"; series without it belong to rank 0. Several series of
 // one rank (e.g. per model_name) are summed, usage is their maximum.
 func Parse(r io.Reader, dpSize int) ([]scoring.Scraped, error) {
+	loads, _, err := ParseAll(r, dpSize)
+	return loads, err
+}
+
+// ParseAll is Parse that also returns each rank's prefix-cache counters
+// (vllm:prefix_cache_queries and _hits, summed over a rank's series).
+func ParseAll(r io.Reader, dpSize int) ([]scoring.Scraped, []PrefixCache, error) {
 	if dpSize < 1 {
 		dpSize = 1
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, fmt.Errorf("parse metrics: %w", err)
+		return nil, nil, fmt.Errorf("parse metrics: %w", err)
 	}
 	out := make([]scoring.Scraped, dpSize)
 	found := false
@@ -200,9 +267,16 @@ func Parse(r io.Reader, dpSize int) ([]scoring.Scraped, error) {
 	}
 	each(usage, func(r int, v float64) { out[r].KVUsage = max(out[r].KVUsage, v) })
 	if !found {
-		return nil, fmt.Errorf("parse metrics: none of %s, %s, %s present", metricRunning, metricWaiting, metricKVUsage)
+		return nil, nil, fmt.Errorf("parse metrics: none of %s, %s, %s present", metricRunning, metricWaiting, metricKVUsage)
 	}
-	return out, nil
+	prefix := make([]PrefixCache, dpSize)
+	for _, name := range []string{metricPrefixQueries, metricPrefixQueries + "_total"} {
+		each(name, func(r int, v float64) { prefix[r].Queries += v; prefix[r].Known = true })
+	}
+	for _, name := range []string{metricPrefixHits, metricPrefixHits + "_total"} {
+		each(name, func(r int, v float64) { prefix[r].Hits += v; prefix[r].Known = true })
+	}
+	return out, prefix, nil
 }
 
 func value(m *dto.Metric) float64 {

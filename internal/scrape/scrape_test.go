@@ -117,6 +117,35 @@ func TestScrapeErrorsRedactCredentials(t *testing.T) {
 	}
 }
 
+// TestParsePrefixCache reads vLLM V1's prefix-cache counters per rank,
+// summed over a rank's series, with and without the _total suffix.
+func TestParsePrefixCache(t *testing.T) {
+	text := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0"} 1
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="a"} 100
+vllm:prefix_cache_queries_total{engine="0",model_name="b"} 50
+vllm:prefix_cache_queries_total{engine="1"} 10
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="a"} 60
+vllm:prefix_cache_hits_total{engine="1"} 4
+`
+	_, got, err := ParseAll(strings.NewReader(text), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PrefixCache{{Queries: 150, Hits: 60, Known: true}, {Queries: 10, Hits: 4, Known: true}, {}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("rank %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	_, got, err = ParseAll(strings.NewReader("vllm:num_requests_running 1\nvllm:prefix_cache_hits 3\n"), 1)
+	if err != nil || got[0] != (PrefixCache{Hits: 3, Known: true}) {
+		t.Fatalf("without _total: %+v %v", got, err)
+	}
+}
+
 // TestStartAndStop: a target started later (a discovered pod) is scraped
 // until its stop returns, and not after.
 func TestStartAndStop(t *testing.T) {

@@ -105,6 +105,287 @@ func (WorkerHealth) EnumDescriptor() ([]byte, []int) {
 	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{0}
 }
 
+// DiagnoseReason is one reason a worker misses a prompt's block.
+type DiagnoseReason int32
+
+const (
+	// DIAGNOSE_REASON_UNSPECIFIED is never sent.
+	DiagnoseReason_DIAGNOSE_REASON_UNSPECIFIED DiagnoseReason = 0
+	// DIAGNOSE_REASON_HIT: the worker holds every block; nothing misses.
+	DiagnoseReason_DIAGNOSE_REASON_HIT DiagnoseReason = 1
+	// DIAGNOSE_REASON_MODEL_DIFFERS: the worker serves another model than
+	// the request names (unknown models are refused as INVALID_ARGUMENT).
+	DiagnoseReason_DIAGNOSE_REASON_MODEL_DIFFERS DiagnoseReason = 2
+	// DIAGNOSE_REASON_LORA_DIFFERS: the worker holds the same tokens under
+	// another LoRA adapter (or the base model); detail names it.
+	DiagnoseReason_DIAGNOSE_REASON_LORA_DIFFERS DiagnoseReason = 3
+	// DIAGNOSE_REASON_UNKNOWN_LORA: the request names an adapter the worker
+	// has never stored a block under (among those the index records).
+	DiagnoseReason_DIAGNOSE_REASON_UNKNOWN_LORA DiagnoseReason = 4
+	// DIAGNOSE_REASON_SALT_DIFFERS: the worker holds the same tokens with
+	// another (or no) cache_salt.
+	DiagnoseReason_DIAGNOSE_REASON_SALT_DIFFERS DiagnoseReason = 5
+	// DIAGNOSE_REASON_EXTRA_KEYS_DIFFER: the worker holds the same tokens
+	// with other extra keys (the request's block_extra_keys, e.g.
+	// multimodal identifiers, differ from the engine's).
+	DiagnoseReason_DIAGNOSE_REASON_EXTRA_KEYS_DIFFER DiagnoseReason = 6
+	// DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH: the worker's events carry another
+	// block size than the model's, and their blocks are not indexed.
+	DiagnoseReason_DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH DiagnoseReason = 7
+	// DIAGNOSE_REASON_WORKER_STALE: the worker's stream went silent or its
+	// endpoint stopped answering; what it holds now is unknown.
+	DiagnoseReason_DIAGNOSE_REASON_WORKER_STALE DiagnoseReason = 8
+	// DIAGNOSE_REASON_WORKER_UNSYNCED: events were lost beyond replay; the
+	// index may be wrong either way.
+	DiagnoseReason_DIAGNOSE_REASON_WORKER_UNSYNCED DiagnoseReason = 9
+	// DIAGNOSE_REASON_WORKER_UNHEALTHY: recovering, conflicting or
+	// degraded (health and detail say which).
+	DiagnoseReason_DIAGNOSE_REASON_WORKER_UNHEALTHY DiagnoseReason = 10
+	// DIAGNOSE_REASON_WORKER_RESET: the worker's blocks were cleared or
+	// reset (engine restart, cleared cache, lost events) at reset_time;
+	// blocks stored before are gone.
+	DiagnoseReason_DIAGNOSE_REASON_WORKER_RESET DiagnoseReason = 11
+	// DIAGNOSE_REASON_REMOVED: the engine removed the block (BlockRemoved)
+	// at event_time.
+	DiagnoseReason_DIAGNOSE_REASON_REMOVED DiagnoseReason = 12
+	// DIAGNOSE_REASON_EVICTED_BY_INDEX: kvindex evicted the block at
+	// event_time, for the worker's capacity or the memory budget.
+	DiagnoseReason_DIAGNOSE_REASON_EVICTED_BY_INDEX DiagnoseReason = 13
+	// DIAGNOSE_REASON_NOT_STORED: the worker does not hold the block and the
+	// index has no record of its removal: never stored, or removed before
+	// the worker's bounded removal record (history_removals) begins.
+	DiagnoseReason_DIAGNOSE_REASON_NOT_STORED DiagnoseReason = 14
+	// DIAGNOSE_REASON_ORPHANS: the worker stored blocks whose parent it
+	// never announced (a lost event): they are indexed under keys no prompt
+	// matches.
+	DiagnoseReason_DIAGNOSE_REASON_ORPHANS DiagnoseReason = 15
+	// DIAGNOSE_REASON_PROMPT_TOO_SHORT: the prompt has no full block.
+	DiagnoseReason_DIAGNOSE_REASON_PROMPT_TOO_SHORT DiagnoseReason = 16
+	// DIAGNOSE_REASON_HELD_ELSEWHERE: other workers hold the block (detail
+	// names up to a few); routing there would hit.
+	DiagnoseReason_DIAGNOSE_REASON_HELD_ELSEWHERE DiagnoseReason = 17
+)
+
+// Enum value maps for DiagnoseReason.
+var (
+	DiagnoseReason_name = map[int32]string{
+		0:  "DIAGNOSE_REASON_UNSPECIFIED",
+		1:  "DIAGNOSE_REASON_HIT",
+		2:  "DIAGNOSE_REASON_MODEL_DIFFERS",
+		3:  "DIAGNOSE_REASON_LORA_DIFFERS",
+		4:  "DIAGNOSE_REASON_UNKNOWN_LORA",
+		5:  "DIAGNOSE_REASON_SALT_DIFFERS",
+		6:  "DIAGNOSE_REASON_EXTRA_KEYS_DIFFER",
+		7:  "DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH",
+		8:  "DIAGNOSE_REASON_WORKER_STALE",
+		9:  "DIAGNOSE_REASON_WORKER_UNSYNCED",
+		10: "DIAGNOSE_REASON_WORKER_UNHEALTHY",
+		11: "DIAGNOSE_REASON_WORKER_RESET",
+		12: "DIAGNOSE_REASON_REMOVED",
+		13: "DIAGNOSE_REASON_EVICTED_BY_INDEX",
+		14: "DIAGNOSE_REASON_NOT_STORED",
+		15: "DIAGNOSE_REASON_ORPHANS",
+		16: "DIAGNOSE_REASON_PROMPT_TOO_SHORT",
+		17: "DIAGNOSE_REASON_HELD_ELSEWHERE",
+	}
+	DiagnoseReason_value = map[string]int32{
+		"DIAGNOSE_REASON_UNSPECIFIED":         0,
+		"DIAGNOSE_REASON_HIT":                 1,
+		"DIAGNOSE_REASON_MODEL_DIFFERS":       2,
+		"DIAGNOSE_REASON_LORA_DIFFERS":        3,
+		"DIAGNOSE_REASON_UNKNOWN_LORA":        4,
+		"DIAGNOSE_REASON_SALT_DIFFERS":        5,
+		"DIAGNOSE_REASON_EXTRA_KEYS_DIFFER":   6,
+		"DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH": 7,
+		"DIAGNOSE_REASON_WORKER_STALE":        8,
+		"DIAGNOSE_REASON_WORKER_UNSYNCED":     9,
+		"DIAGNOSE_REASON_WORKER_UNHEALTHY":    10,
+		"DIAGNOSE_REASON_WORKER_RESET":        11,
+		"DIAGNOSE_REASON_REMOVED":             12,
+		"DIAGNOSE_REASON_EVICTED_BY_INDEX":    13,
+		"DIAGNOSE_REASON_NOT_STORED":          14,
+		"DIAGNOSE_REASON_ORPHANS":             15,
+		"DIAGNOSE_REASON_PROMPT_TOO_SHORT":    16,
+		"DIAGNOSE_REASON_HELD_ELSEWHERE":      17,
+	}
+)
+
+func (x DiagnoseReason) Enum() *DiagnoseReason {
+	p := new(DiagnoseReason)
+	*p = x
+	return p
+}
+
+func (x DiagnoseReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DiagnoseReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvindex_v1_index_proto_enumTypes[1].Descriptor()
+}
+
+func (DiagnoseReason) Type() protoreflect.EnumType {
+	return &file_kvindex_v1_index_proto_enumTypes[1]
+}
+
+func (x DiagnoseReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DiagnoseReason.Descriptor instead.
+func (DiagnoseReason) EnumDescriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{1}
+}
+
+// ParityVerdict says whether kvindex and an engine key a prompt alike.
+type ParityVerdict int32
+
+const (
+	// PARITY_VERDICT_UNSPECIFIED is never sent.
+	ParityVerdict_PARITY_VERDICT_UNSPECIFIED ParityVerdict = 0
+	// PARITY_VERDICT_AGREE: every engine block the worker holds sits at the
+	// key kvindex computes for that block of the prompt.
+	ParityVerdict_PARITY_VERDICT_AGREE ParityVerdict = 1
+	// PARITY_VERDICT_BLOCK_SIZE: the engine gave another number of blocks
+	// than the prompt has at the model's block size: the two disagree on the
+	// block size (detail gives the engine's, as tokens per hash).
+	ParityVerdict_PARITY_VERDICT_BLOCK_SIZE ParityVerdict = 2
+	// PARITY_VERDICT_TOKENS: an engine block holds other tokens than the
+	// prompt's at that block (the router's tokenization or chat template
+	// differs from the engine's), from first_disagreement.
+	ParityVerdict_PARITY_VERDICT_TOKENS ParityVerdict = 3
+	// PARITY_VERDICT_KEYING: the engine's block holds the prompt's tokens
+	// keyed with another LoRA adapter, salt or extra keys (detail names
+	// which).
+	ParityVerdict_PARITY_VERDICT_KEYING ParityVerdict = 4
+	// PARITY_VERDICT_UNKNOWN_HASHES: the worker holds none of the engine's
+	// hashes (not stored, removed, or hashed by another scheme than its
+	// events use): nothing to compare.
+	ParityVerdict_PARITY_VERDICT_UNKNOWN_HASHES ParityVerdict = 5
+	// PARITY_VERDICT_KEYED_WORKER: the worker is a fleet replica, which
+	// knows content keys but not engine hashes; ask the agent's index.
+	ParityVerdict_PARITY_VERDICT_KEYED_WORKER ParityVerdict = 6
+)
+
+// Enum value maps for ParityVerdict.
+var (
+	ParityVerdict_name = map[int32]string{
+		0: "PARITY_VERDICT_UNSPECIFIED",
+		1: "PARITY_VERDICT_AGREE",
+		2: "PARITY_VERDICT_BLOCK_SIZE",
+		3: "PARITY_VERDICT_TOKENS",
+		4: "PARITY_VERDICT_KEYING",
+		5: "PARITY_VERDICT_UNKNOWN_HASHES",
+		6: "PARITY_VERDICT_KEYED_WORKER",
+	}
+	ParityVerdict_value = map[string]int32{
+		"PARITY_VERDICT_UNSPECIFIED":    0,
+		"PARITY_VERDICT_AGREE":          1,
+		"PARITY_VERDICT_BLOCK_SIZE":     2,
+		"PARITY_VERDICT_TOKENS":         3,
+		"PARITY_VERDICT_KEYING":         4,
+		"PARITY_VERDICT_UNKNOWN_HASHES": 5,
+		"PARITY_VERDICT_KEYED_WORKER":   6,
+	}
+)
+
+func (x ParityVerdict) Enum() *ParityVerdict {
+	p := new(ParityVerdict)
+	*p = x
+	return p
+}
+
+func (x ParityVerdict) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ParityVerdict) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvindex_v1_index_proto_enumTypes[2].Descriptor()
+}
+
+func (ParityVerdict) Type() protoreflect.EnumType {
+	return &file_kvindex_v1_index_proto_enumTypes[2]
+}
+
+func (x ParityVerdict) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ParityVerdict.Descriptor instead.
+func (ParityVerdict) EnumDescriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
+// WatchEventKind is the kind of an applied event.
+type WatchEventKind int32
+
+const (
+	// WATCH_EVENT_KIND_UNSPECIFIED is never sent; in a request's kinds it is
+	// refused.
+	WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED WatchEventKind = 0
+	// WATCH_EVENT_KIND_STORED: a BlockStored event (or an offload: a store
+	// without tokens).
+	WatchEventKind_WATCH_EVENT_KIND_STORED WatchEventKind = 1
+	// WATCH_EVENT_KIND_REMOVED: a BlockRemoved event.
+	WatchEventKind_WATCH_EVENT_KIND_REMOVED WatchEventKind = 2
+	// WATCH_EVENT_KIND_CLEARED: an AllBlocksCleared event.
+	WatchEventKind_WATCH_EVENT_KIND_CLEARED WatchEventKind = 3
+	// WATCH_EVENT_KIND_RESET: kvindex reset the worker (restart, lost
+	// events); reason says why.
+	WatchEventKind_WATCH_EVENT_KIND_RESET WatchEventKind = 4
+	// WATCH_EVENT_KIND_DELTA: a fleet replica's worker applied an agent's
+	// delta (blocks counts its stored and removed keys). Snapshots a replica
+	// restores are not streamed.
+	WatchEventKind_WATCH_EVENT_KIND_DELTA WatchEventKind = 5
+)
+
+// Enum value maps for WatchEventKind.
+var (
+	WatchEventKind_name = map[int32]string{
+		0: "WATCH_EVENT_KIND_UNSPECIFIED",
+		1: "WATCH_EVENT_KIND_STORED",
+		2: "WATCH_EVENT_KIND_REMOVED",
+		3: "WATCH_EVENT_KIND_CLEARED",
+		4: "WATCH_EVENT_KIND_RESET",
+		5: "WATCH_EVENT_KIND_DELTA",
+	}
+	WatchEventKind_value = map[string]int32{
+		"WATCH_EVENT_KIND_UNSPECIFIED": 0,
+		"WATCH_EVENT_KIND_STORED":      1,
+		"WATCH_EVENT_KIND_REMOVED":     2,
+		"WATCH_EVENT_KIND_CLEARED":     3,
+		"WATCH_EVENT_KIND_RESET":       4,
+		"WATCH_EVENT_KIND_DELTA":       5,
+	}
+)
+
+func (x WatchEventKind) Enum() *WatchEventKind {
+	p := new(WatchEventKind)
+	*p = x
+	return p
+}
+
+func (x WatchEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvindex_v1_index_proto_enumTypes[3].Descriptor()
+}
+
+func (WatchEventKind) Type() protoreflect.EnumType {
+	return &file_kvindex_v1_index_proto_enumTypes[3]
+}
+
+func (x WatchEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchEventKind.Descriptor instead.
+func (WatchEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{3}
+}
+
 // RouteRequest is a Score request plus the routing decision to record.
 type RouteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -376,8 +657,10 @@ func (x *WorkerRef) GetDpRank() uint32 {
 }
 
 // ScoreRequest is one prompt to score. Give the prompt exactly one way:
-// as token_ids (kvindex computes the block keys) or as block_keys (the
-// router already computed them).
+// as token_ids (kvindex computes the block keys), as block_keys (the
+// router already computed them), or as text, prompt or messages (kvindex
+// has the model's own vLLM server tokenize it, so the token ids are the
+// engine's).
 type ScoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// model is the served model name; required, and it must be one kvindex
@@ -418,7 +701,22 @@ type ScoreRequest struct {
 	Policy *ScorePolicy `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
 	// explain asks for each worker's reason (WorkerScore.reason); it costs a
 	// few allocations per worker, so routers leave it off.
-	Explain       bool `protobuf:"varint,10,opt,name=explain,proto3" json:"explain,omitempty"`
+	Explain bool `protobuf:"varint,10,opt,name=explain,proto3" json:"explain,omitempty"`
+	// prompt is the prompt as text, as in an OpenAI /v1/completions body.
+	// kvindex tokenizes it through the model's vLLM server (/tokenize, with
+	// the special tokens /v1/completions adds), caching the answer. Only
+	// full blocks count, as for token_ids.
+	Prompt string `protobuf:"bytes,11,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// messages is the prompt as a chat, as in an OpenAI
+	// /v1/chat/completions body. kvindex renders and tokenizes it through
+	// the model's vLLM server (/tokenize applies the chat template the
+	// engine uses, with the generation prompt), caching the answer.
+	Messages []*ChatMessage `protobuf:"bytes,12,rep,name=messages,proto3" json:"messages,omitempty"`
+	// tenant names who the request is for, for the predicted hit-ratio
+	// metrics (kvindex_predicted_hit_tokens_total{tenant}); empty for none.
+	// The server keeps a bounded number of tenant labels: past its limit,
+	// new tenants are counted under the label "_other".
+	Tenant        string `protobuf:"bytes,13,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +821,83 @@ func (x *ScoreRequest) GetExplain() bool {
 	return false
 }
 
+func (x *ScoreRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *ScoreRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *ScoreRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ChatMessage is one message of a chat prompt.
+type ChatMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// role is the author: "system", "user", "assistant", "tool", ...
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// content is the message's text (the text parts of an OpenAI content
+	// list, joined by newlines).
+	Content       string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatMessage) Reset() {
+	*x = ChatMessage{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatMessage) ProtoMessage() {}
+
+func (x *ChatMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
+func (*ChatMessage) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ChatMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
 // WorkerLoad is one worker's load as the caller sees it.
 type WorkerLoad struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -543,7 +918,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +930,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[6]
+	mi := &file_kvindex_v1_index_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +943,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{6}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WorkerLoad) GetWorker() *WorkerRef {
@@ -636,7 +1011,7 @@ type ScorePolicy struct {
 
 func (x *ScorePolicy) Reset() {
 	*x = ScorePolicy{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +1023,7 @@ func (x *ScorePolicy) String() string {
 func (*ScorePolicy) ProtoMessage() {}
 
 func (x *ScorePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[7]
+	mi := &file_kvindex_v1_index_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +1036,7 @@ func (x *ScorePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScorePolicy.ProtoReflect.Descriptor instead.
 func (*ScorePolicy) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{7}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ScorePolicy) GetName() string {
@@ -724,7 +1099,7 @@ type ExtraKeys struct {
 
 func (x *ExtraKeys) Reset() {
 	*x = ExtraKeys{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +1111,7 @@ func (x *ExtraKeys) String() string {
 func (*ExtraKeys) ProtoMessage() {}
 
 func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[8]
+	mi := &file_kvindex_v1_index_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +1124,7 @@ func (x *ExtraKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraKeys.ProtoReflect.Descriptor instead.
 func (*ExtraKeys) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{8}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExtraKeys) GetValues() []*ExtraValue {
@@ -777,7 +1152,7 @@ type ExtraValue struct {
 
 func (x *ExtraValue) Reset() {
 	*x = ExtraValue{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[9]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +1164,7 @@ func (x *ExtraValue) String() string {
 func (*ExtraValue) ProtoMessage() {}
 
 func (x *ExtraValue) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[9]
+	mi := &file_kvindex_v1_index_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +1177,7 @@ func (x *ExtraValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraValue.ProtoReflect.Descriptor instead.
 func (*ExtraValue) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{9}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExtraValue) GetKind() isExtraValue_Kind {
@@ -904,7 +1279,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[10]
+	mi := &file_kvindex_v1_index_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1291,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[10]
+	mi := &file_kvindex_v1_index_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1304,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{10}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ScoreResponse) GetBlockSize() uint32 {
@@ -1002,7 +1377,7 @@ type WorkerScore struct {
 
 func (x *WorkerScore) Reset() {
 	*x = WorkerScore{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[11]
+	mi := &file_kvindex_v1_index_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1389,7 @@ func (x *WorkerScore) String() string {
 func (*WorkerScore) ProtoMessage() {}
 
 func (x *WorkerScore) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[11]
+	mi := &file_kvindex_v1_index_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1402,7 @@ func (x *WorkerScore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerScore.ProtoReflect.Descriptor instead.
 func (*WorkerScore) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{11}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WorkerScore) GetWorker() *WorkerRef {
@@ -1130,7 +1505,7 @@ type LoadDetail struct {
 
 func (x *LoadDetail) Reset() {
 	*x = LoadDetail{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[12]
+	mi := &file_kvindex_v1_index_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1517,7 @@ func (x *LoadDetail) String() string {
 func (*LoadDetail) ProtoMessage() {}
 
 func (x *LoadDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[12]
+	mi := &file_kvindex_v1_index_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1530,7 @@ func (x *LoadDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadDetail.ProtoReflect.Descriptor instead.
 func (*LoadDetail) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{12}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LoadDetail) GetRunning() uint32 {
@@ -1223,7 +1598,7 @@ type MediumMatch struct {
 
 func (x *MediumMatch) Reset() {
 	*x = MediumMatch{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[13]
+	mi := &file_kvindex_v1_index_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1610,7 @@ func (x *MediumMatch) String() string {
 func (*MediumMatch) ProtoMessage() {}
 
 func (x *MediumMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[13]
+	mi := &file_kvindex_v1_index_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1623,7 @@ func (x *MediumMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumMatch.ProtoReflect.Descriptor instead.
 func (*MediumMatch) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{13}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MediumMatch) GetMedium() string {
@@ -1288,7 +1663,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[14]
+	mi := &file_kvindex_v1_index_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1675,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[14]
+	mi := &file_kvindex_v1_index_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1688,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{14}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListWorkersRequest) GetModel() string {
@@ -1341,7 +1716,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[15]
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1728,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[15]
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1741,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{15}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerStatus {
@@ -1507,14 +1882,25 @@ type WorkerStatus struct {
 	// sets differ but for a chance of about 2^-64. An empty worker's is 0.
 	Digest uint64 `protobuf:"fixed64,48,opt,name=digest,proto3" json:"digest,omitempty"`
 	// has_digest is true when digest was computed.
-	HasDigest     bool `protobuf:"varint,49,opt,name=has_digest,json=hasDigest,proto3" json:"has_digest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HasDigest bool `protobuf:"varint,49,opt,name=has_digest,json=hasDigest,proto3" json:"has_digest,omitempty"`
+	// inflight_requests and inflight_prefill_tokens are what Route sent the
+	// worker and has not seen released or expired.
+	InflightRequests      uint32 `protobuf:"varint,50,opt,name=inflight_requests,json=inflightRequests,proto3" json:"inflight_requests,omitempty"`
+	InflightPrefillTokens uint64 `protobuf:"varint,51,opt,name=inflight_prefill_tokens,json=inflightPrefillTokens,proto3" json:"inflight_prefill_tokens,omitempty"`
+	// scored_prompt_tokens counts the prompt tokens of answered Score and
+	// Route requests that ranked the worker first (Route: chose it), and
+	// predicted_hit_tokens the tokens of those prompts it held: their ratio
+	// is the hit ratio routing predicts for the worker. Both 0 when the
+	// server keeps no metrics.
+	ScoredPromptTokens uint64 `protobuf:"varint,52,opt,name=scored_prompt_tokens,json=scoredPromptTokens,proto3" json:"scored_prompt_tokens,omitempty"`
+	PredictedHitTokens uint64 `protobuf:"varint,53,opt,name=predicted_hit_tokens,json=predictedHitTokens,proto3" json:"predicted_hit_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[16]
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1912,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[16]
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1925,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{16}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorkerStatus) GetWorker() *WorkerRef {
@@ -1885,6 +2271,34 @@ func (x *WorkerStatus) GetHasDigest() bool {
 	return false
 }
 
+func (x *WorkerStatus) GetInflightRequests() uint32 {
+	if x != nil {
+		return x.InflightRequests
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetInflightPrefillTokens() uint64 {
+	if x != nil {
+		return x.InflightPrefillTokens
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetScoredPromptTokens() uint64 {
+	if x != nil {
+		return x.ScoredPromptTokens
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetPredictedHitTokens() uint64 {
+	if x != nil {
+		return x.PredictedHitTokens
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1898,7 +2312,7 @@ type MediumCount struct {
 
 func (x *MediumCount) Reset() {
 	*x = MediumCount{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[17]
+	mi := &file_kvindex_v1_index_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2324,7 @@ func (x *MediumCount) String() string {
 func (*MediumCount) ProtoMessage() {}
 
 func (x *MediumCount) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[17]
+	mi := &file_kvindex_v1_index_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2337,7 @@ func (x *MediumCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumCount.ProtoReflect.Descriptor instead.
 func (*MediumCount) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{17}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MediumCount) GetMedium() string {
@@ -1936,6 +2350,1209 @@ func (x *MediumCount) GetMedium() string {
 func (x *MediumCount) GetBlocks() uint64 {
 	if x != nil {
 		return x.Blocks
+	}
+	return 0
+}
+
+// LookupRequest is a prompt to look up, given as for Score: token_ids (with
+// lora_name, cache_salt and block_extra_keys) or block_keys.
+type LookupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// model is the served model name; required.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// token_ids is the prompt's token ids; give it or block_keys.
+	TokenIds []uint32 `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	// block_keys are the prompt's content keys, as in ScoreRequest.
+	BlockKeys []uint64 `protobuf:"varint,3,rep,packed,name=block_keys,json=blockKeys,proto3" json:"block_keys,omitempty"`
+	// lora_name, cache_salt and block_extra_keys are as in ScoreRequest.
+	LoraName       string       `protobuf:"bytes,4,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	CacheSalt      string       `protobuf:"bytes,5,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	BlockExtraKeys []*ExtraKeys `protobuf:"bytes,6,rep,name=block_extra_keys,json=blockExtraKeys,proto3" json:"block_extra_keys,omitempty"`
+	// prompt and messages give the prompt as text or as a chat instead, as
+	// in ScoreRequest: the server tokenizes them through the model's vLLM
+	// server.
+	Prompt        string         `protobuf:"bytes,7,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Messages      []*ChatMessage `protobuf:"bytes,8,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupRequest) Reset() {
+	*x = LookupRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupRequest) ProtoMessage() {}
+
+func (x *LookupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
+func (*LookupRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *LookupRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *LookupRequest) GetBlockKeys() []uint64 {
+	if x != nil {
+		return x.BlockKeys
+	}
+	return nil
+}
+
+func (x *LookupRequest) GetLoraName() string {
+	if x != nil {
+		return x.LoraName
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetCacheSalt() string {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetBlockExtraKeys() []*ExtraKeys {
+	if x != nil {
+		return x.BlockExtraKeys
+	}
+	return nil
+}
+
+func (x *LookupRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+// LookupResponse lists the holders of a prompt's blocks.
+type LookupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// block_size is the model's tokens per KV block.
+	BlockSize uint32 `protobuf:"varint,1,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// prompt_blocks is the number of full blocks in the prompt.
+	PromptBlocks uint32 `protobuf:"varint,2,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
+	// keys are the prompt's content keys, one per block.
+	Keys []uint64 `protobuf:"fixed64,3,rep,packed,name=keys,proto3" json:"keys,omitempty"`
+	// indexed_blocks is how many blocks from the first are in the index
+	// (held by some worker now, or kept as the parent of a held block).
+	IndexedBlocks uint32 `protobuf:"varint,4,opt,name=indexed_blocks,json=indexedBlocks,proto3" json:"indexed_blocks,omitempty"`
+	// runs are the blocks from the first in runs of consecutive blocks with
+	// the same holders, in order; blocks after the last run are held by no
+	// worker. A run with no holders is a stretch kept only as parents.
+	Runs []*BlockRun `protobuf:"bytes,5,rep,name=runs,proto3" json:"runs,omitempty"`
+	// truncated is true when the answer stopped at the server's bound on
+	// holder entries (MaxLookupHolders); later blocks are left out.
+	Truncated     bool `protobuf:"varint,6,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupResponse) Reset() {
+	*x = LookupResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupResponse) ProtoMessage() {}
+
+func (x *LookupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
+func (*LookupResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *LookupResponse) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *LookupResponse) GetPromptBlocks() uint32 {
+	if x != nil {
+		return x.PromptBlocks
+	}
+	return 0
+}
+
+func (x *LookupResponse) GetKeys() []uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetIndexedBlocks() uint32 {
+	if x != nil {
+		return x.IndexedBlocks
+	}
+	return 0
+}
+
+func (x *LookupResponse) GetRuns() []*BlockRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+// BlockRun is a run of consecutive blocks with the same holders.
+type BlockRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// first_block is the run's first block (0-based); end_block is one past
+	// its last.
+	FirstBlock uint32 `protobuf:"varint,1,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
+	EndBlock   uint32 `protobuf:"varint,2,opt,name=end_block,json=endBlock,proto3" json:"end_block,omitempty"`
+	// holders are the workers holding every block of the run, sorted by
+	// worker.
+	Holders       []*BlockHolder `protobuf:"bytes,3,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockRun) Reset() {
+	*x = BlockRun{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockRun) ProtoMessage() {}
+
+func (x *BlockRun) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockRun.ProtoReflect.Descriptor instead.
+func (*BlockRun) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *BlockRun) GetFirstBlock() uint32 {
+	if x != nil {
+		return x.FirstBlock
+	}
+	return 0
+}
+
+func (x *BlockRun) GetEndBlock() uint32 {
+	if x != nil {
+		return x.EndBlock
+	}
+	return 0
+}
+
+func (x *BlockRun) GetHolders() []*BlockHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// BlockHolder is one worker holding a block.
+type BlockHolder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// worker is the worker.
+	Worker *WorkerRef `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// media are the media the worker holds the blocks in, in the order GPU,
+	// CPU, STORAGE, DISK, EXTERNAL, OTHER.
+	Media []string `protobuf:"bytes,2,rep,name=media,proto3" json:"media,omitempty"`
+	// health is the worker's health now.
+	Health        WorkerHealth `protobuf:"varint,3,opt,name=health,proto3,enum=kvindex.v1.WorkerHealth" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockHolder) Reset() {
+	*x = BlockHolder{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockHolder) ProtoMessage() {}
+
+func (x *BlockHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockHolder.ProtoReflect.Descriptor instead.
+func (*BlockHolder) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *BlockHolder) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *BlockHolder) GetMedia() []string {
+	if x != nil {
+		return x.Media
+	}
+	return nil
+}
+
+func (x *BlockHolder) GetHealth() WorkerHealth {
+	if x != nil {
+		return x.Health
+	}
+	return WorkerHealth_WORKER_HEALTH_UNSPECIFIED
+}
+
+// DumpRequest asks for one page of a worker's resident keys.
+type DumpRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// worker is the worker to dump; required.
+	Worker *WorkerRef `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// page_size is the most keys in the page; 0 means 1,000, and at most
+	// 10,000 (MaxDumpPageSize) are allowed.
+	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the previous page's next_page_token; empty for the
+	// first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpRequest) Reset() {
+	*x = DumpRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpRequest) ProtoMessage() {}
+
+func (x *DumpRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpRequest.ProtoReflect.Descriptor instead.
+func (*DumpRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DumpRequest) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *DumpRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *DumpRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// DumpResponse is one page of a worker's resident keys.
+type DumpResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// worker and model identify the worker.
+	Worker *WorkerRef `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Model  string     `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// digest is the worker's digest (as WorkerStatus.digest) in the same
+	// pass as this page: pages whose digests differ come from different
+	// states, and a diff over them must start again.
+	Digest uint64 `protobuf:"fixed64,3,opt,name=digest,proto3" json:"digest,omitempty"`
+	// resident_keys is the number of distinct keys the worker holds.
+	ResidentKeys uint64 `protobuf:"varint,4,opt,name=resident_keys,json=residentKeys,proto3" json:"resident_keys,omitempty"`
+	// blocks are the page's keys, in increasing key order.
+	Blocks []*ResidentBlock `protobuf:"bytes,5,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// next_page_token continues after this page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,6,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// keyed is true for a fleet replica's worker (fed an agent's deltas and
+	// snapshots), false for one fed engine events.
+	Keyed         bool `protobuf:"varint,7,opt,name=keyed,proto3" json:"keyed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpResponse) Reset() {
+	*x = DumpResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpResponse) ProtoMessage() {}
+
+func (x *DumpResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpResponse.ProtoReflect.Descriptor instead.
+func (*DumpResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *DumpResponse) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *DumpResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DumpResponse) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
+func (x *DumpResponse) GetResidentKeys() uint64 {
+	if x != nil {
+		return x.ResidentKeys
+	}
+	return 0
+}
+
+func (x *DumpResponse) GetBlocks() []*ResidentBlock {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *DumpResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *DumpResponse) GetKeyed() bool {
+	if x != nil {
+		return x.Keyed
+	}
+	return false
+}
+
+// ResidentBlock is one content key a worker holds.
+type ResidentBlock struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is kvindex's content key.
+	Key uint64 `protobuf:"fixed64,1,opt,name=key,proto3" json:"key,omitempty"`
+	// media are the media the key is held in.
+	Media         []string `protobuf:"bytes,2,rep,name=media,proto3" json:"media,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResidentBlock) Reset() {
+	*x = ResidentBlock{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResidentBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResidentBlock) ProtoMessage() {}
+
+func (x *ResidentBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResidentBlock.ProtoReflect.Descriptor instead.
+func (*ResidentBlock) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ResidentBlock) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *ResidentBlock) GetMedia() []string {
+	if x != nil {
+		return x.Media
+	}
+	return nil
+}
+
+// DiagnoseRequest is a prompt and the worker expected to hold it.
+type DiagnoseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// model and the prompt fields are as in LookupRequest.
+	Model          string       `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	TokenIds       []uint32     `protobuf:"varint,2,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	BlockKeys      []uint64     `protobuf:"varint,3,rep,packed,name=block_keys,json=blockKeys,proto3" json:"block_keys,omitempty"`
+	LoraName       string       `protobuf:"bytes,4,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	CacheSalt      string       `protobuf:"bytes,5,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	BlockExtraKeys []*ExtraKeys `protobuf:"bytes,6,rep,name=block_extra_keys,json=blockExtraKeys,proto3" json:"block_extra_keys,omitempty"`
+	// worker is the worker expected to hold the prompt; required.
+	Worker *WorkerRef `protobuf:"bytes,7,opt,name=worker,proto3" json:"worker,omitempty"`
+	// engine_block_hashes, when set (with token_ids), are the engine's own
+	// block hashes for the prompt, one per full block from the first, as its
+	// BlockStored events carry them; Diagnose then checks parity between
+	// kvindex's keys and the engine's blocks (DiagnoseResponse.parity).
+	EngineBlockHashes []uint64 `protobuf:"varint,8,rep,packed,name=engine_block_hashes,json=engineBlockHashes,proto3" json:"engine_block_hashes,omitempty"`
+	// prompt and messages give the prompt as text or as a chat instead of
+	// token_ids, as in ScoreRequest (tokenized through the model's vLLM
+	// server; the parity check then uses those token ids).
+	Prompt        string         `protobuf:"bytes,9,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Messages      []*ChatMessage `protobuf:"bytes,10,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiagnoseRequest) Reset() {
+	*x = DiagnoseRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiagnoseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiagnoseRequest) ProtoMessage() {}
+
+func (x *DiagnoseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiagnoseRequest.ProtoReflect.Descriptor instead.
+func (*DiagnoseRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DiagnoseRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DiagnoseRequest) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *DiagnoseRequest) GetBlockKeys() []uint64 {
+	if x != nil {
+		return x.BlockKeys
+	}
+	return nil
+}
+
+func (x *DiagnoseRequest) GetLoraName() string {
+	if x != nil {
+		return x.LoraName
+	}
+	return ""
+}
+
+func (x *DiagnoseRequest) GetCacheSalt() string {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return ""
+}
+
+func (x *DiagnoseRequest) GetBlockExtraKeys() []*ExtraKeys {
+	if x != nil {
+		return x.BlockExtraKeys
+	}
+	return nil
+}
+
+func (x *DiagnoseRequest) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *DiagnoseRequest) GetEngineBlockHashes() []uint64 {
+	if x != nil {
+		return x.EngineBlockHashes
+	}
+	return nil
+}
+
+func (x *DiagnoseRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *DiagnoseRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+// DiagnoseFinding is one reason with its explanation.
+type DiagnoseFinding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reason is the finding's kind.
+	Reason DiagnoseReason `protobuf:"varint,1,opt,name=reason,proto3,enum=kvindex.v1.DiagnoseReason" json:"reason,omitempty"`
+	// detail explains it in a sentence, naming the input that differs.
+	Detail string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// event_time is when the removal, eviction or reset the finding is
+	// about happened; unset otherwise.
+	EventTime     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=event_time,json=eventTime,proto3" json:"event_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiagnoseFinding) Reset() {
+	*x = DiagnoseFinding{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiagnoseFinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiagnoseFinding) ProtoMessage() {}
+
+func (x *DiagnoseFinding) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiagnoseFinding.ProtoReflect.Descriptor instead.
+func (*DiagnoseFinding) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DiagnoseFinding) GetReason() DiagnoseReason {
+	if x != nil {
+		return x.Reason
+	}
+	return DiagnoseReason_DIAGNOSE_REASON_UNSPECIFIED
+}
+
+func (x *DiagnoseFinding) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *DiagnoseFinding) GetEventTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EventTime
+	}
+	return nil
+}
+
+// DiagnoseResponse explains a worker's miss of a prompt.
+type DiagnoseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// worker and model are the worker diagnosed and the model it serves.
+	Worker *WorkerRef `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Model  string     `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// block_size and prompt_blocks are as in ScoreResponse.
+	BlockSize    uint32 `protobuf:"varint,3,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	PromptBlocks uint32 `protobuf:"varint,4,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
+	// matched_blocks is the worker's consecutive prefix from the first
+	// block, as Score would report it; first_miss equals it when it is below
+	// prompt_blocks (the first block the worker does not hold).
+	MatchedBlocks uint32 `protobuf:"varint,5,opt,name=matched_blocks,json=matchedBlocks,proto3" json:"matched_blocks,omitempty"`
+	// first_miss_key is the content key of the first missed block; 0 on a
+	// hit.
+	FirstMissKey uint64 `protobuf:"fixed64,6,opt,name=first_miss_key,json=firstMissKey,proto3" json:"first_miss_key,omitempty"`
+	// findings are every reason found, the most likely first; the first is
+	// DIAGNOSE_REASON_HIT when the worker holds every block.
+	Findings []*DiagnoseFinding `protobuf:"bytes,7,rep,name=findings,proto3" json:"findings,omitempty"`
+	// health and health_reason are the worker's health now.
+	Health       WorkerHealth `protobuf:"varint,8,opt,name=health,proto3,enum=kvindex.v1.WorkerHealth" json:"health,omitempty"`
+	HealthReason string       `protobuf:"bytes,9,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	// history_removals is how many removals the worker's removal record
+	// holds (bounded per worker); a removal older than the record reads as
+	// DIAGNOSE_REASON_NOT_STORED.
+	HistoryRemovals uint32 `protobuf:"varint,10,opt,name=history_removals,json=historyRemovals,proto3" json:"history_removals,omitempty"`
+	// parity is the result of the engine-hash check, when the request gave
+	// engine_block_hashes.
+	Parity        *ParityCheck `protobuf:"bytes,11,opt,name=parity,proto3" json:"parity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiagnoseResponse) Reset() {
+	*x = DiagnoseResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiagnoseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiagnoseResponse) ProtoMessage() {}
+
+func (x *DiagnoseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiagnoseResponse.ProtoReflect.Descriptor instead.
+func (*DiagnoseResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DiagnoseResponse) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *DiagnoseResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DiagnoseResponse) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *DiagnoseResponse) GetPromptBlocks() uint32 {
+	if x != nil {
+		return x.PromptBlocks
+	}
+	return 0
+}
+
+func (x *DiagnoseResponse) GetMatchedBlocks() uint32 {
+	if x != nil {
+		return x.MatchedBlocks
+	}
+	return 0
+}
+
+func (x *DiagnoseResponse) GetFirstMissKey() uint64 {
+	if x != nil {
+		return x.FirstMissKey
+	}
+	return 0
+}
+
+func (x *DiagnoseResponse) GetFindings() []*DiagnoseFinding {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
+func (x *DiagnoseResponse) GetHealth() WorkerHealth {
+	if x != nil {
+		return x.Health
+	}
+	return WorkerHealth_WORKER_HEALTH_UNSPECIFIED
+}
+
+func (x *DiagnoseResponse) GetHealthReason() string {
+	if x != nil {
+		return x.HealthReason
+	}
+	return ""
+}
+
+func (x *DiagnoseResponse) GetHistoryRemovals() uint32 {
+	if x != nil {
+		return x.HistoryRemovals
+	}
+	return 0
+}
+
+func (x *DiagnoseResponse) GetParity() *ParityCheck {
+	if x != nil {
+		return x.Parity
+	}
+	return nil
+}
+
+// ParityCheck compares an engine's block hashes with kvindex's keys.
+type ParityCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// verdict is the outcome.
+	Verdict ParityVerdict `protobuf:"varint,1,opt,name=verdict,proto3,enum=kvindex.v1.ParityVerdict" json:"verdict,omitempty"`
+	// detail explains it in a sentence.
+	Detail string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// engine_blocks is the number of hashes given; known_blocks how many of
+	// them the worker holds; agreed_blocks how many of those sit at the
+	// prompt's key.
+	EngineBlocks uint32 `protobuf:"varint,3,opt,name=engine_blocks,json=engineBlocks,proto3" json:"engine_blocks,omitempty"`
+	KnownBlocks  uint32 `protobuf:"varint,4,opt,name=known_blocks,json=knownBlocks,proto3" json:"known_blocks,omitempty"`
+	AgreedBlocks uint32 `protobuf:"varint,5,opt,name=agreed_blocks,json=agreedBlocks,proto3" json:"agreed_blocks,omitempty"`
+	// first_disagreement is the first block whose engine hash sits at
+	// another key; valid when verdict is TOKENS or KEYING.
+	FirstDisagreement uint32 `protobuf:"varint,6,opt,name=first_disagreement,json=firstDisagreement,proto3" json:"first_disagreement,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ParityCheck) Reset() {
+	*x = ParityCheck{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParityCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParityCheck) ProtoMessage() {}
+
+func (x *ParityCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParityCheck.ProtoReflect.Descriptor instead.
+func (*ParityCheck) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ParityCheck) GetVerdict() ParityVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return ParityVerdict_PARITY_VERDICT_UNSPECIFIED
+}
+
+func (x *ParityCheck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ParityCheck) GetEngineBlocks() uint32 {
+	if x != nil {
+		return x.EngineBlocks
+	}
+	return 0
+}
+
+func (x *ParityCheck) GetKnownBlocks() uint32 {
+	if x != nil {
+		return x.KnownBlocks
+	}
+	return 0
+}
+
+func (x *ParityCheck) GetAgreedBlocks() uint32 {
+	if x != nil {
+		return x.AgreedBlocks
+	}
+	return 0
+}
+
+func (x *ParityCheck) GetFirstDisagreement() uint32 {
+	if x != nil {
+		return x.FirstDisagreement
+	}
+	return 0
+}
+
+// WatchRequest selects the events to stream. Empty filters select all.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// model, when set, selects the workers of that model.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// workers, when set, selects these workers (at most 256).
+	Workers []*WorkerRef `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	// kinds, when set, selects these kinds.
+	Kinds []WatchEventKind `protobuf:"varint,3,rep,packed,name=kinds,proto3,enum=kvindex.v1.WatchEventKind" json:"kinds,omitempty"`
+	// buffer is how many events the stream queues for a slow reader before
+	// it drops; 0 means 256, at most 4,096 (MaxWatchBuffer).
+	Buffer uint32 `protobuf:"varint,4,opt,name=buffer,proto3" json:"buffer,omitempty"`
+	// hashes asks for the events' engine block hashes (at most 16 an
+	// event: WatchResponse.block_hashes).
+	Hashes        bool `protobuf:"varint,5,opt,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetWorkers() []*WorkerRef {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetKinds() []WatchEventKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetBuffer() uint32 {
+	if x != nil {
+		return x.Buffer
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetHashes() bool {
+	if x != nil {
+		return x.Hashes
+	}
+	return false
+}
+
+// WatchResponse is one applied event.
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// worker and model identify the worker.
+	Worker *WorkerRef `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Model  string     `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// time is when the index applied it.
+	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// kind is the event's kind.
+	Kind WatchEventKind `protobuf:"varint,4,opt,name=kind,proto3,enum=kvindex.v1.WatchEventKind" json:"kind,omitempty"`
+	// blocks is the number of blocks the event names (for DELTA: keys
+	// stored plus keys removed).
+	Blocks uint32 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// medium is the event's medium ("GPU", ...); empty for clears, resets
+	// and deltas.
+	Medium string `protobuf:"bytes,6,opt,name=medium,proto3" json:"medium,omitempty"`
+	// block_hashes are the first (at most 16) engine block hashes, when the
+	// request asked for them.
+	BlockHashes []uint64 `protobuf:"fixed64,7,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
+	// lora_name is the event's LoRA adapter, if any.
+	LoraName string `protobuf:"bytes,8,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	// reason says why a RESET happened.
+	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	// dropped is how many events this stream dropped (its buffer was full)
+	// since it started; a reader sees a rise as a gap.
+	Dropped uint64 `protobuf:"varint,10,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// block_size is a STORED event's block size (0 for offloads).
+	BlockSize     uint32 `protobuf:"varint,11,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *WatchResponse) GetWorker() *WorkerRef {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetKind() WatchEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *WatchResponse) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetMedium() string {
+	if x != nil {
+		return x.Medium
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetBlockHashes() []uint64 {
+	if x != nil {
+		return x.BlockHashes
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetLoraName() string {
+	if x != nil {
+		return x.LoraName
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
 	}
 	return 0
 }
@@ -1961,7 +3578,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"6\n" +
 	"\tWorkerRef\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x17\n" +
-	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\x87\x03\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"\xec\x03\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
@@ -1975,7 +3592,13 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05loads\x18\b \x03(\v2\x16.kvindex.v1.WorkerLoadR\x05loads\x12/\n" +
 	"\x06policy\x18\t \x01(\v2\x17.kvindex.v1.ScorePolicyR\x06policy\x12\x18\n" +
 	"\aexplain\x18\n" +
-	" \x01(\bR\aexplain\"\xc9\x01\n" +
+	" \x01(\bR\aexplain\x12\x16\n" +
+	"\x06prompt\x18\v \x01(\tR\x06prompt\x123\n" +
+	"\bmessages\x18\f \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\x12\x16\n" +
+	"\x06tenant\x18\r \x01(\tR\x06tenant\";\n" +
+	"\vChatMessage\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"\xc9\x01\n" +
 	"\n" +
 	"WorkerLoad\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x18\n" +
@@ -2039,7 +3662,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adigests\x18\x02 \x01(\bR\adigests\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xf1\r\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xba\x0f\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -2096,10 +3719,118 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\tconflicts\x18/ \x01(\x04R\tconflicts\x12\x16\n" +
 	"\x06digest\x180 \x01(\x06R\x06digest\x12\x1d\n" +
 	"\n" +
-	"has_digest\x181 \x01(\bR\thasDigest\"=\n" +
+	"has_digest\x181 \x01(\bR\thasDigest\x12+\n" +
+	"\x11inflight_requests\x182 \x01(\rR\x10inflightRequests\x126\n" +
+	"\x17inflight_prefill_tokens\x183 \x01(\x04R\x15inflightPrefillTokens\x120\n" +
+	"\x14scored_prompt_tokens\x184 \x01(\x04R\x12scoredPromptTokens\x120\n" +
+	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
-	"\x06blocks\x18\x02 \x01(\x04R\x06blocks*\xce\x01\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xab\x02\n" +
+	"\rLookupRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
+	"\n" +
+	"block_keys\x18\x03 \x03(\x04R\tblockKeys\x12\x1b\n" +
+	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x05 \x01(\tR\tcacheSalt\x12?\n" +
+	"\x10block_extra_keys\x18\x06 \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\x12\x16\n" +
+	"\x06prompt\x18\a \x01(\tR\x06prompt\x123\n" +
+	"\bmessages\x18\b \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\"\xd7\x01\n" +
+	"\x0eLookupResponse\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x01 \x01(\rR\tblockSize\x12#\n" +
+	"\rprompt_blocks\x18\x02 \x01(\rR\fpromptBlocks\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\x06R\x04keys\x12%\n" +
+	"\x0eindexed_blocks\x18\x04 \x01(\rR\rindexedBlocks\x12(\n" +
+	"\x04runs\x18\x05 \x03(\v2\x14.kvindex.v1.BlockRunR\x04runs\x12\x1c\n" +
+	"\ttruncated\x18\x06 \x01(\bR\ttruncated\"{\n" +
+	"\bBlockRun\x12\x1f\n" +
+	"\vfirst_block\x18\x01 \x01(\rR\n" +
+	"firstBlock\x12\x1b\n" +
+	"\tend_block\x18\x02 \x01(\rR\bendBlock\x121\n" +
+	"\aholders\x18\x03 \x03(\v2\x17.kvindex.v1.BlockHolderR\aholders\"\x84\x01\n" +
+	"\vBlockHolder\x12-\n" +
+	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
+	"\x05media\x18\x02 \x03(\tR\x05media\x120\n" +
+	"\x06health\x18\x03 \x01(\x0e2\x18.kvindex.v1.WorkerHealthR\x06health\"x\n" +
+	"\vDumpRequest\x12-\n" +
+	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x81\x02\n" +
+	"\fDumpResponse\x12-\n" +
+	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\x06R\x06digest\x12#\n" +
+	"\rresident_keys\x18\x04 \x01(\x04R\fresidentKeys\x121\n" +
+	"\x06blocks\x18\x05 \x03(\v2\x19.kvindex.v1.ResidentBlockR\x06blocks\x12&\n" +
+	"\x0fnext_page_token\x18\x06 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05keyed\x18\a \x01(\bR\x05keyed\"7\n" +
+	"\rResidentBlock\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x06R\x03key\x12\x14\n" +
+	"\x05media\x18\x02 \x03(\tR\x05media\"\x8c\x03\n" +
+	"\x0fDiagnoseRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
+	"\ttoken_ids\x18\x02 \x03(\rR\btokenIds\x12\x1d\n" +
+	"\n" +
+	"block_keys\x18\x03 \x03(\x04R\tblockKeys\x12\x1b\n" +
+	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x05 \x01(\tR\tcacheSalt\x12?\n" +
+	"\x10block_extra_keys\x18\x06 \x03(\v2\x15.kvindex.v1.ExtraKeysR\x0eblockExtraKeys\x12-\n" +
+	"\x06worker\x18\a \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12.\n" +
+	"\x13engine_block_hashes\x18\b \x03(\x04R\x11engineBlockHashes\x12\x16\n" +
+	"\x06prompt\x18\t \x01(\tR\x06prompt\x123\n" +
+	"\bmessages\x18\n" +
+	" \x03(\v2\x17.kvindex.v1.ChatMessageR\bmessages\"\x98\x01\n" +
+	"\x0fDiagnoseFinding\x122\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x1a.kvindex.v1.DiagnoseReasonR\x06reason\x12\x16\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x129\n" +
+	"\n" +
+	"event_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\teventTime\"\xd4\x03\n" +
+	"\x10DiagnoseResponse\x12-\n" +
+	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\x12#\n" +
+	"\rprompt_blocks\x18\x04 \x01(\rR\fpromptBlocks\x12%\n" +
+	"\x0ematched_blocks\x18\x05 \x01(\rR\rmatchedBlocks\x12$\n" +
+	"\x0efirst_miss_key\x18\x06 \x01(\x06R\ffirstMissKey\x127\n" +
+	"\bfindings\x18\a \x03(\v2\x1b.kvindex.v1.DiagnoseFindingR\bfindings\x120\n" +
+	"\x06health\x18\b \x01(\x0e2\x18.kvindex.v1.WorkerHealthR\x06health\x12#\n" +
+	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\x12)\n" +
+	"\x10history_removals\x18\n" +
+	" \x01(\rR\x0fhistoryRemovals\x12/\n" +
+	"\x06parity\x18\v \x01(\v2\x17.kvindex.v1.ParityCheckR\x06parity\"\xf6\x01\n" +
+	"\vParityCheck\x123\n" +
+	"\averdict\x18\x01 \x01(\x0e2\x19.kvindex.v1.ParityVerdictR\averdict\x12\x16\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x12#\n" +
+	"\rengine_blocks\x18\x03 \x01(\rR\fengineBlocks\x12!\n" +
+	"\fknown_blocks\x18\x04 \x01(\rR\vknownBlocks\x12#\n" +
+	"\ragreed_blocks\x18\x05 \x01(\rR\fagreedBlocks\x12-\n" +
+	"\x12first_disagreement\x18\x06 \x01(\rR\x11firstDisagreement\"\xb7\x01\n" +
+	"\fWatchRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12/\n" +
+	"\aworkers\x18\x02 \x03(\v2\x15.kvindex.v1.WorkerRefR\aworkers\x120\n" +
+	"\x05kinds\x18\x03 \x03(\x0e2\x1a.kvindex.v1.WatchEventKindR\x05kinds\x12\x16\n" +
+	"\x06buffer\x18\x04 \x01(\rR\x06buffer\x12\x16\n" +
+	"\x06hashes\x18\x05 \x01(\bR\x06hashes\"\xf5\x02\n" +
+	"\rWatchResponse\x12-\n" +
+	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12.\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\x1a.kvindex.v1.WatchEventKindR\x04kind\x12\x16\n" +
+	"\x06blocks\x18\x05 \x01(\rR\x06blocks\x12\x16\n" +
+	"\x06medium\x18\x06 \x01(\tR\x06medium\x12!\n" +
+	"\fblock_hashes\x18\a \x03(\x06R\vblockHashes\x12\x1b\n" +
+	"\tlora_name\x18\b \x01(\tR\bloraName\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12\x18\n" +
+	"\adropped\x18\n" +
+	" \x01(\x04R\adropped\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\v \x01(\rR\tblockSize*\xce\x01\n" +
 	"\fWorkerHealth\x12\x1d\n" +
 	"\x19WORKER_HEALTH_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10WORKER_HEALTH_OK\x10\x01\x12\x1c\n" +
@@ -2107,12 +3838,51 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x16WORKER_HEALTH_UNSYNCED\x10\x03\x12\x17\n" +
 	"\x13WORKER_HEALTH_STALE\x10\x04\x12\x1a\n" +
 	"\x16WORKER_HEALTH_CONFLICT\x10\x05\x12\x1a\n" +
-	"\x16WORKER_HEALTH_DEGRADED\x10\x062\x9e\x02\n" +
+	"\x16WORKER_HEALTH_DEGRADED\x10\x06*\xfc\x04\n" +
+	"\x0eDiagnoseReason\x12\x1f\n" +
+	"\x1bDIAGNOSE_REASON_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13DIAGNOSE_REASON_HIT\x10\x01\x12!\n" +
+	"\x1dDIAGNOSE_REASON_MODEL_DIFFERS\x10\x02\x12 \n" +
+	"\x1cDIAGNOSE_REASON_LORA_DIFFERS\x10\x03\x12 \n" +
+	"\x1cDIAGNOSE_REASON_UNKNOWN_LORA\x10\x04\x12 \n" +
+	"\x1cDIAGNOSE_REASON_SALT_DIFFERS\x10\x05\x12%\n" +
+	"!DIAGNOSE_REASON_EXTRA_KEYS_DIFFER\x10\x06\x12'\n" +
+	"#DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH\x10\a\x12 \n" +
+	"\x1cDIAGNOSE_REASON_WORKER_STALE\x10\b\x12#\n" +
+	"\x1fDIAGNOSE_REASON_WORKER_UNSYNCED\x10\t\x12$\n" +
+	" DIAGNOSE_REASON_WORKER_UNHEALTHY\x10\n" +
+	"\x12 \n" +
+	"\x1cDIAGNOSE_REASON_WORKER_RESET\x10\v\x12\x1b\n" +
+	"\x17DIAGNOSE_REASON_REMOVED\x10\f\x12$\n" +
+	" DIAGNOSE_REASON_EVICTED_BY_INDEX\x10\r\x12\x1e\n" +
+	"\x1aDIAGNOSE_REASON_NOT_STORED\x10\x0e\x12\x1b\n" +
+	"\x17DIAGNOSE_REASON_ORPHANS\x10\x0f\x12$\n" +
+	" DIAGNOSE_REASON_PROMPT_TOO_SHORT\x10\x10\x12\"\n" +
+	"\x1eDIAGNOSE_REASON_HELD_ELSEWHERE\x10\x11*\xe2\x01\n" +
+	"\rParityVerdict\x12\x1e\n" +
+	"\x1aPARITY_VERDICT_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14PARITY_VERDICT_AGREE\x10\x01\x12\x1d\n" +
+	"\x19PARITY_VERDICT_BLOCK_SIZE\x10\x02\x12\x19\n" +
+	"\x15PARITY_VERDICT_TOKENS\x10\x03\x12\x19\n" +
+	"\x15PARITY_VERDICT_KEYING\x10\x04\x12!\n" +
+	"\x1dPARITY_VERDICT_UNKNOWN_HASHES\x10\x05\x12\x1f\n" +
+	"\x1bPARITY_VERDICT_KEYED_WORKER\x10\x06*\xc3\x01\n" +
+	"\x0eWatchEventKind\x12 \n" +
+	"\x1cWATCH_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17WATCH_EVENT_KIND_STORED\x10\x01\x12\x1c\n" +
+	"\x18WATCH_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n" +
+	"\x18WATCH_EVENT_KIND_CLEARED\x10\x03\x12\x1a\n" +
+	"\x16WATCH_EVENT_KIND_RESET\x10\x04\x12\x1a\n" +
+	"\x16WATCH_EVENT_KIND_DELTA\x10\x052\xa1\x04\n" +
 	"\fIndexService\x12<\n" +
 	"\x05Score\x12\x18.kvindex.v1.ScoreRequest\x1a\x19.kvindex.v1.ScoreResponse\x12N\n" +
 	"\vListWorkers\x12\x1e.kvindex.v1.ListWorkersRequest\x1a\x1f.kvindex.v1.ListWorkersResponse\x12<\n" +
 	"\x05Route\x12\x18.kvindex.v1.RouteRequest\x1a\x19.kvindex.v1.RouteResponse\x12B\n" +
-	"\aRelease\x12\x1a.kvindex.v1.ReleaseRequest\x1a\x1b.kvindex.v1.ReleaseResponseB7Z5github.com/kvindex/kvindex/proto/kvindex/v1;kvindexv1b\x06proto3"
+	"\aRelease\x12\x1a.kvindex.v1.ReleaseRequest\x1a\x1b.kvindex.v1.ReleaseResponse\x12?\n" +
+	"\x06Lookup\x12\x19.kvindex.v1.LookupRequest\x1a\x1a.kvindex.v1.LookupResponse\x129\n" +
+	"\x04Dump\x12\x17.kvindex.v1.DumpRequest\x1a\x18.kvindex.v1.DumpResponse\x12E\n" +
+	"\bDiagnose\x12\x1b.kvindex.v1.DiagnoseRequest\x1a\x1c.kvindex.v1.DiagnoseResponse\x12>\n" +
+	"\x05Watch\x12\x18.kvindex.v1.WatchRequest\x1a\x19.kvindex.v1.WatchResponse0\x01B7Z5github.com/kvindex/kvindex/proto/kvindex/v1;kvindexv1b\x06proto3"
 
 var (
 	file_kvindex_v1_index_proto_rawDescOnce sync.Once
@@ -2126,66 +3896,116 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 	return file_kvindex_v1_index_proto_rawDescData
 }
 
-var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
-	(*RouteRequest)(nil),          // 1: kvindex.v1.RouteRequest
-	(*RouteResponse)(nil),         // 2: kvindex.v1.RouteResponse
-	(*ReleaseRequest)(nil),        // 3: kvindex.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 4: kvindex.v1.ReleaseResponse
-	(*WorkerRef)(nil),             // 5: kvindex.v1.WorkerRef
-	(*ScoreRequest)(nil),          // 6: kvindex.v1.ScoreRequest
-	(*WorkerLoad)(nil),            // 7: kvindex.v1.WorkerLoad
-	(*ScorePolicy)(nil),           // 8: kvindex.v1.ScorePolicy
-	(*ExtraKeys)(nil),             // 9: kvindex.v1.ExtraKeys
-	(*ExtraValue)(nil),            // 10: kvindex.v1.ExtraValue
-	(*ScoreResponse)(nil),         // 11: kvindex.v1.ScoreResponse
-	(*WorkerScore)(nil),           // 12: kvindex.v1.WorkerScore
-	(*LoadDetail)(nil),            // 13: kvindex.v1.LoadDetail
-	(*MediumMatch)(nil),           // 14: kvindex.v1.MediumMatch
-	(*ListWorkersRequest)(nil),    // 15: kvindex.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 16: kvindex.v1.ListWorkersResponse
-	(*WorkerStatus)(nil),          // 17: kvindex.v1.WorkerStatus
-	(*MediumCount)(nil),           // 18: kvindex.v1.MediumCount
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(DiagnoseReason)(0),           // 1: kvindex.v1.DiagnoseReason
+	(ParityVerdict)(0),            // 2: kvindex.v1.ParityVerdict
+	(WatchEventKind)(0),           // 3: kvindex.v1.WatchEventKind
+	(*RouteRequest)(nil),          // 4: kvindex.v1.RouteRequest
+	(*RouteResponse)(nil),         // 5: kvindex.v1.RouteResponse
+	(*ReleaseRequest)(nil),        // 6: kvindex.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 7: kvindex.v1.ReleaseResponse
+	(*WorkerRef)(nil),             // 8: kvindex.v1.WorkerRef
+	(*ScoreRequest)(nil),          // 9: kvindex.v1.ScoreRequest
+	(*ChatMessage)(nil),           // 10: kvindex.v1.ChatMessage
+	(*WorkerLoad)(nil),            // 11: kvindex.v1.WorkerLoad
+	(*ScorePolicy)(nil),           // 12: kvindex.v1.ScorePolicy
+	(*ExtraKeys)(nil),             // 13: kvindex.v1.ExtraKeys
+	(*ExtraValue)(nil),            // 14: kvindex.v1.ExtraValue
+	(*ScoreResponse)(nil),         // 15: kvindex.v1.ScoreResponse
+	(*WorkerScore)(nil),           // 16: kvindex.v1.WorkerScore
+	(*LoadDetail)(nil),            // 17: kvindex.v1.LoadDetail
+	(*MediumMatch)(nil),           // 18: kvindex.v1.MediumMatch
+	(*ListWorkersRequest)(nil),    // 19: kvindex.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 20: kvindex.v1.ListWorkersResponse
+	(*WorkerStatus)(nil),          // 21: kvindex.v1.WorkerStatus
+	(*MediumCount)(nil),           // 22: kvindex.v1.MediumCount
+	(*LookupRequest)(nil),         // 23: kvindex.v1.LookupRequest
+	(*LookupResponse)(nil),        // 24: kvindex.v1.LookupResponse
+	(*BlockRun)(nil),              // 25: kvindex.v1.BlockRun
+	(*BlockHolder)(nil),           // 26: kvindex.v1.BlockHolder
+	(*DumpRequest)(nil),           // 27: kvindex.v1.DumpRequest
+	(*DumpResponse)(nil),          // 28: kvindex.v1.DumpResponse
+	(*ResidentBlock)(nil),         // 29: kvindex.v1.ResidentBlock
+	(*DiagnoseRequest)(nil),       // 30: kvindex.v1.DiagnoseRequest
+	(*DiagnoseFinding)(nil),       // 31: kvindex.v1.DiagnoseFinding
+	(*DiagnoseResponse)(nil),      // 32: kvindex.v1.DiagnoseResponse
+	(*ParityCheck)(nil),           // 33: kvindex.v1.ParityCheck
+	(*WatchRequest)(nil),          // 34: kvindex.v1.WatchRequest
+	(*WatchResponse)(nil),         // 35: kvindex.v1.WatchResponse
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
-	6,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
-	5,  // 1: kvindex.v1.RouteRequest.pick:type_name -> kvindex.v1.WorkerRef
-	5,  // 2: kvindex.v1.RouteResponse.chosen:type_name -> kvindex.v1.WorkerRef
-	11, // 3: kvindex.v1.RouteResponse.ranking:type_name -> kvindex.v1.ScoreResponse
-	5,  // 4: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
-	9,  // 5: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	7,  // 6: kvindex.v1.ScoreRequest.loads:type_name -> kvindex.v1.WorkerLoad
-	8,  // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
-	5,  // 8: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
-	10, // 9: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
-	9,  // 10: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
-	12, // 11: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
-	5,  // 12: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
-	14, // 13: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
-	0,  // 14: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
-	13, // 15: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
-	17, // 16: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	5,  // 17: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	19, // 18: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	18, // 19: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	0,  // 20: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
-	19, // 21: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
-	6,  // 22: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	15, // 23: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	1,  // 24: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
-	3,  // 25: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
-	11, // 26: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	16, // 27: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	2,  // 28: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
-	4,  // 29: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
-	26, // [26:30] is the sub-list for method output_type
-	22, // [22:26] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	9,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
+	8,  // 1: kvindex.v1.RouteRequest.pick:type_name -> kvindex.v1.WorkerRef
+	8,  // 2: kvindex.v1.RouteResponse.chosen:type_name -> kvindex.v1.WorkerRef
+	15, // 3: kvindex.v1.RouteResponse.ranking:type_name -> kvindex.v1.ScoreResponse
+	8,  // 4: kvindex.v1.ScoreRequest.workers:type_name -> kvindex.v1.WorkerRef
+	13, // 5: kvindex.v1.ScoreRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	11, // 6: kvindex.v1.ScoreRequest.loads:type_name -> kvindex.v1.WorkerLoad
+	12, // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
+	10, // 8: kvindex.v1.ScoreRequest.messages:type_name -> kvindex.v1.ChatMessage
+	8,  // 9: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
+	14, // 10: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
+	13, // 11: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
+	16, // 12: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
+	8,  // 13: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
+	18, // 14: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
+	0,  // 15: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
+	17, // 16: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
+	21, // 17: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	8,  // 18: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	36, // 19: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	22, // 20: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 21: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	36, // 22: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	13, // 23: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	10, // 24: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
+	25, // 25: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
+	26, // 26: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
+	8,  // 27: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
+	0,  // 28: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
+	8,  // 29: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
+	8,  // 30: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
+	29, // 31: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
+	13, // 32: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	8,  // 33: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
+	10, // 34: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
+	1,  // 35: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
+	36, // 36: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
+	8,  // 37: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
+	31, // 38: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
+	0,  // 39: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
+	33, // 40: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
+	2,  // 41: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
+	8,  // 42: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
+	3,  // 43: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
+	8,  // 44: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
+	36, // 45: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
+	3,  // 46: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
+	9,  // 47: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	19, // 48: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	4,  // 49: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	6,  // 50: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	23, // 51: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	27, // 52: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
+	30, // 53: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
+	34, // 54: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	15, // 55: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	20, // 56: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	5,  // 57: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	7,  // 58: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	24, // 59: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	28, // 60: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
+	32, // 61: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
+	35, // 62: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	55, // [55:63] is the sub-list for method output_type
+	47, // [47:55] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -2193,7 +4013,7 @@ func file_kvindex_v1_index_proto_init() {
 	if File_kvindex_v1_index_proto != nil {
 		return
 	}
-	file_kvindex_v1_index_proto_msgTypes[9].OneofWrappers = []any{
+	file_kvindex_v1_index_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExtraValue_Str)(nil),
 		(*ExtraValue_Int)(nil),
 		(*ExtraValue_Raw)(nil),
@@ -2204,8 +4024,8 @@ func file_kvindex_v1_index_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   18,
+			NumEnums:      4,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

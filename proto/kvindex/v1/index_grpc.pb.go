@@ -28,6 +28,10 @@ const (
 	IndexService_ListWorkers_FullMethodName = "/kvindex.v1.IndexService/ListWorkers"
 	IndexService_Route_FullMethodName       = "/kvindex.v1.IndexService/Route"
 	IndexService_Release_FullMethodName     = "/kvindex.v1.IndexService/Release"
+	IndexService_Lookup_FullMethodName      = "/kvindex.v1.IndexService/Lookup"
+	IndexService_Dump_FullMethodName        = "/kvindex.v1.IndexService/Dump"
+	IndexService_Diagnose_FullMethodName    = "/kvindex.v1.IndexService/Diagnose"
+	IndexService_Watch_FullMethodName       = "/kvindex.v1.IndexService/Watch"
 )
 
 // IndexServiceClient is the client API for IndexService service.
@@ -40,9 +44,13 @@ type IndexServiceClient interface {
 	// full KV blocks that each worker of the model already holds.
 	//
 	// Errors: INVALID_ARGUMENT, with a message that starts with the field at
-	// fault, for a missing or unknown model, both or neither of token_ids and
-	// block_keys, inputs over the server's limits, an unknown candidate worker,
-	// or lora_name/cache_salt given with block_keys.
+	// fault, for a missing or unknown model, not exactly one of token_ids,
+	// block_keys, prompt and messages, inputs over the server's limits, an
+	// unknown candidate worker, or lora_name/cache_salt given with
+	// block_keys. For prompt and messages: FAILED_PRECONDITION when the
+	// model has no tokenizer configured, UNAVAILABLE naming the tokenizer
+	// endpoints when none answered, RESOURCE_EXHAUSTED when the server's
+	// bound on concurrent tokenizations is reached.
 	Score(ctx context.Context, in *ScoreRequest, opts ...grpc.CallOption) (*ScoreResponse, error)
 	// ListWorkers returns every known worker with its event-stream and index
 	// counters, sorted by worker (pod, then dp_rank).
@@ -57,6 +65,37 @@ type IndexServiceClient interface {
 	// Release ends a routed request's in-flight accounting (call it when the
 	// request's prefill is done or it failed).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Lookup says, for each full block of a prompt, which workers hold it,
+	// in which media, and their health: runs of consecutive blocks with the
+	// same holders, up to the first block no worker holds.
+	//
+	// Errors: INVALID_ARGUMENT as for Score's prompt fields.
+	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
+	// Dump lists one worker's resident content keys, a page at a time in
+	// key order, with the digest of the whole resident set (as ListWorkers
+	// reports it) taken in the same pass as the page.
+	//
+	// Errors: INVALID_ARGUMENT for a missing or unknown worker, a page_size
+	// over MaxDumpPageSize or a malformed page_token.
+	Dump(ctx context.Context, in *DumpRequest, opts ...grpc.CallOption) (*DumpResponse, error)
+	// Diagnose explains why a worker does not hold a prompt: the first
+	// block it misses and the reasons the index can find (see
+	// DiagnoseReason). Given the engine's own block hashes for the prompt,
+	// it also checks that kvindex and the engine key the prompt alike
+	// (DiagnoseResponse.parity).
+	//
+	// Errors: INVALID_ARGUMENT as for Score's prompt fields, and for a
+	// missing or unknown worker or too many engine_block_hashes.
+	Diagnose(ctx context.Context, in *DiagnoseRequest, opts ...grpc.CallOption) (*DiagnoseResponse, error)
+	// Watch streams the events the index applies, filtered by model, worker
+	// and kind, as they are applied. A stream that is read slower than
+	// events arrive does not slow the index: past its buffer, events are
+	// dropped and counted (WatchResponse.dropped).
+	//
+	// Errors: INVALID_ARGUMENT for an unknown model or worker, an unknown
+	// kind or a buffer over MaxWatchBuffer; RESOURCE_EXHAUSTED when the
+	// server's limit of concurrent watches is reached.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
 type indexServiceClient struct {
@@ -107,6 +146,55 @@ func (c *indexServiceClient) Release(ctx context.Context, in *ReleaseRequest, op
 	return out, nil
 }
 
+func (c *indexServiceClient) Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LookupResponse)
+	err := c.cc.Invoke(ctx, IndexService_Lookup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *indexServiceClient) Dump(ctx context.Context, in *DumpRequest, opts ...grpc.CallOption) (*DumpResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DumpResponse)
+	err := c.cc.Invoke(ctx, IndexService_Dump_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *indexServiceClient) Diagnose(ctx context.Context, in *DiagnoseRequest, opts ...grpc.CallOption) (*DiagnoseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DiagnoseResponse)
+	err := c.cc.Invoke(ctx, IndexService_Diagnose_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *indexServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &IndexService_ServiceDesc.Streams[0], IndexService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type IndexService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
+
 // IndexServiceServer is the server API for IndexService service.
 // All implementations must embed UnimplementedIndexServiceServer
 // for forward compatibility.
@@ -117,9 +205,13 @@ type IndexServiceServer interface {
 	// full KV blocks that each worker of the model already holds.
 	//
 	// Errors: INVALID_ARGUMENT, with a message that starts with the field at
-	// fault, for a missing or unknown model, both or neither of token_ids and
-	// block_keys, inputs over the server's limits, an unknown candidate worker,
-	// or lora_name/cache_salt given with block_keys.
+	// fault, for a missing or unknown model, not exactly one of token_ids,
+	// block_keys, prompt and messages, inputs over the server's limits, an
+	// unknown candidate worker, or lora_name/cache_salt given with
+	// block_keys. For prompt and messages: FAILED_PRECONDITION when the
+	// model has no tokenizer configured, UNAVAILABLE naming the tokenizer
+	// endpoints when none answered, RESOURCE_EXHAUSTED when the server's
+	// bound on concurrent tokenizations is reached.
 	Score(context.Context, *ScoreRequest) (*ScoreResponse, error)
 	// ListWorkers returns every known worker with its event-stream and index
 	// counters, sorted by worker (pod, then dp_rank).
@@ -134,6 +226,37 @@ type IndexServiceServer interface {
 	// Release ends a routed request's in-flight accounting (call it when the
 	// request's prefill is done or it failed).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Lookup says, for each full block of a prompt, which workers hold it,
+	// in which media, and their health: runs of consecutive blocks with the
+	// same holders, up to the first block no worker holds.
+	//
+	// Errors: INVALID_ARGUMENT as for Score's prompt fields.
+	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
+	// Dump lists one worker's resident content keys, a page at a time in
+	// key order, with the digest of the whole resident set (as ListWorkers
+	// reports it) taken in the same pass as the page.
+	//
+	// Errors: INVALID_ARGUMENT for a missing or unknown worker, a page_size
+	// over MaxDumpPageSize or a malformed page_token.
+	Dump(context.Context, *DumpRequest) (*DumpResponse, error)
+	// Diagnose explains why a worker does not hold a prompt: the first
+	// block it misses and the reasons the index can find (see
+	// DiagnoseReason). Given the engine's own block hashes for the prompt,
+	// it also checks that kvindex and the engine key the prompt alike
+	// (DiagnoseResponse.parity).
+	//
+	// Errors: INVALID_ARGUMENT as for Score's prompt fields, and for a
+	// missing or unknown worker or too many engine_block_hashes.
+	Diagnose(context.Context, *DiagnoseRequest) (*DiagnoseResponse, error)
+	// Watch streams the events the index applies, filtered by model, worker
+	// and kind, as they are applied. A stream that is read slower than
+	// events arrive does not slow the index: past its buffer, events are
+	// dropped and counted (WatchResponse.dropped).
+	//
+	// Errors: INVALID_ARGUMENT for an unknown model or worker, an unknown
+	// kind or a buffer over MaxWatchBuffer; RESOURCE_EXHAUSTED when the
+	// server's limit of concurrent watches is reached.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedIndexServiceServer()
 }
 
@@ -155,6 +278,18 @@ func (UnimplementedIndexServiceServer) Route(context.Context, *RouteRequest) (*R
 }
 func (UnimplementedIndexServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedIndexServiceServer) Lookup(context.Context, *LookupRequest) (*LookupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
+}
+func (UnimplementedIndexServiceServer) Dump(context.Context, *DumpRequest) (*DumpResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Dump not implemented")
+}
+func (UnimplementedIndexServiceServer) Diagnose(context.Context, *DiagnoseRequest) (*DiagnoseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Diagnose not implemented")
+}
+func (UnimplementedIndexServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedIndexServiceServer) mustEmbedUnimplementedIndexServiceServer() {}
 func (UnimplementedIndexServiceServer) testEmbeddedByValue()                      {}
@@ -249,6 +384,71 @@ func _IndexService_Release_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _IndexService_Lookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LookupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).Lookup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_Lookup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).Lookup(ctx, req.(*LookupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _IndexService_Dump_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DumpRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).Dump(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_Dump_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).Dump(ctx, req.(*DumpRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _IndexService_Diagnose_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DiagnoseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexServiceServer).Diagnose(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexService_Diagnose_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexServiceServer).Diagnose(ctx, req.(*DiagnoseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _IndexService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(IndexServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type IndexService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
+
 // IndexService_ServiceDesc is the grpc.ServiceDesc for IndexService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -272,7 +472,25 @@ var IndexService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Release",
 			Handler:    _IndexService_Release_Handler,
 		},
+		{
+			MethodName: "Lookup",
+			Handler:    _IndexService_Lookup_Handler,
+		},
+		{
+			MethodName: "Dump",
+			Handler:    _IndexService_Dump_Handler,
+		},
+		{
+			MethodName: "Diagnose",
+			Handler:    _IndexService_Diagnose_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _IndexService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "kvindex/v1/index.proto",
 }

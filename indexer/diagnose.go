@@ -1,0 +1,388 @@
+package indexer
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+)
+
+// Reason is one reason Diagnose finds for a worker missing a prompt's
+// block. kvindex.v1's DiagnoseReason mirrors it.
+type Reason uint8
+
+// Reasons, the most specific first.
+const (
+	// ReasonHit: the worker holds every block.
+	ReasonHit Reason = iota + 1
+	// ReasonModelDiffers: the worker serves another model.
+	ReasonModelDiffers
+	// ReasonLoRADiffers: the worker holds the tokens under another adapter.
+	ReasonLoRADiffers
+	// ReasonUnknownLoRA: the worker never stored under the request's adapter.
+	ReasonUnknownLoRA
+	// ReasonSaltDiffers: the worker holds the tokens with another salt.
+	ReasonSaltDiffers
+	// ReasonExtraKeysDiffer: the worker holds the tokens with other extra keys.
+	ReasonExtraKeysDiffer
+	// ReasonBlockSize: the worker's events carry another block size.
+	ReasonBlockSize
+	// ReasonStale: the worker's stream is stale.
+	ReasonStale
+	// ReasonUnsynced: the worker lost events beyond replay.
+	ReasonUnsynced
+	// ReasonUnhealthy: recovering, in conflict or degraded.
+	ReasonUnhealthy
+	// ReasonReset: the worker was reset or cleared.
+	ReasonReset
+	// ReasonRemoved: the engine removed the block.
+	ReasonRemoved
+	// ReasonEvicted: the index evicted the block.
+	ReasonEvicted
+	// ReasonNotStored: no record of the block: never stored, or removed
+	// before the removal record begins.
+	ReasonNotStored
+	// ReasonOrphans: the worker stored blocks under unknown parents.
+	ReasonOrphans
+	// ReasonTooShort: the prompt has no full block.
+	ReasonTooShort
+	// ReasonHeldElsewhere: other workers hold the block.
+	ReasonHeldElsewhere
+)
+
+// Verdict is the outcome of a parity check (see Parity).
+type Verdict uint8
+
+// Verdicts.
+const (
+	// VerdictAgree: every engine block the worker holds sits at the
+	// prompt's key for it.
+	VerdictAgree Verdict = iota + 1
+	// VerdictBlockSize: the engine's block count implies another block size.
+	VerdictBlockSize
+	// VerdictTokens: an engine block holds other tokens.
+	VerdictTokens
+	// VerdictKeying: an engine block holds the tokens under other keying
+	// inputs (adapter, salt, extra keys, or an earlier block's).
+	VerdictKeying
+	// VerdictUnknownHashes: the worker holds none of the engine's hashes.
+	VerdictUnknownHashes
+	// VerdictKeyedWorker: the worker is a replica and knows no engine hashes.
+	VerdictKeyedWorker
+)
+
+// DiagnoseQuery is a prompt, the worker expected to hold it, and what the
+// caller knows of the worker's stream.
+type DiagnoseQuery struct {
+	// Model is the request's model; Worker the worker diagnosed (of any
+	// model).
+	Model  *Model
+	Worker *Worker
+	// Tokens (with Extras, which may be nil) or Keys give the prompt;
+	// variants of the keying inputs are tried only with Tokens.
+	Tokens []uint32
+	Extras *PromptExtras
+	Keys   []Key
+	// EngineHashes, when not empty, are the engine's block hashes for the
+	// prompt, one per full block: Diagnose then checks parity.
+	EngineHashes []uint64
+	// Health and HealthReason are the worker's stream health.
+	Health       events.Health
+	HealthReason string
+}
+
+// Finding is one reason with a sentence explaining it, and the time of
+// the removal or reset it is about (zero otherwise).
+type Finding struct {
+	Reason Reason
+	Detail string
+	At     time.Time
+}
+
+// Parity is the result of comparing an engine's block hashes for a prompt
+// with the keys kvindex computes for it.
+type Parity struct {
+	Verdict Verdict
+	Detail  string
+	// Engine is the number of hashes given, Known how many the worker
+	// holds, Agreed how many of those sit at the prompt's key.
+	Engine, Known, Agreed int
+	// First is the first block that disagrees (VerdictTokens, VerdictKeying).
+	First int
+}
+
+// Diagnosis is Diagnose's answer.
+type Diagnosis struct {
+	// Blocks is the prompt's full blocks; Matched the worker's consecutive
+	// prefix of them; FirstMiss the key of block Matched (0 on a hit).
+	Blocks, Matched int
+	FirstMiss       Key
+	// Findings are the reasons found, the most likely first.
+	Findings []Finding
+	// History is the number of removals the worker's record holds.
+	History int
+	// Parity is set when the query gave engine hashes.
+	Parity *Parity
+}
+
+// variant is the prompt keyed with one keying input changed.
+type variant struct {
+	reason Reason
+	what   string // "LoRA adapter \"x\"", as the engine would have keyed it
+	keys   []Key
+}
+
+// variants returns the prompt keyed with each alternative the index can
+// name: without the request's adapter, under each adapter the worker
+// stored blocks under, without the salt, without the explicit extra keys.
+func variants(m *Model, w *Worker, tokens []uint32, ex *PromptExtras) []variant {
+	var base PromptExtras
+	if ex != nil {
+		base = *ex
+	}
+	var out []variant
+	add := func(r Reason, what string, px PromptExtras) {
+		out = append(out, variant{reason: r, what: what, keys: m.PromptKeys(tokens, &px, nil)})
+	}
+	if base.LoRAName != "" {
+		px := base
+		px.LoRAName = ""
+		add(ReasonLoRADiffers, "no LoRA adapter (the base model)", px)
+	}
+	loras, _ := w.LoRAs()
+	for _, l := range loras {
+		if l != base.LoRAName {
+			px := base
+			px.LoRAName = l
+			add(ReasonLoRADiffers, fmt.Sprintf("LoRA adapter %q", l), px)
+		}
+	}
+	if base.CacheSalt != "" && base.BlockExtras == nil {
+		px := base
+		px.CacheSalt = ""
+		add(ReasonSaltDiffers, "no cache_salt", px)
+	}
+	if base.BlockExtras != nil {
+		px := base
+		px.BlockExtras = nil
+		add(ReasonExtraKeysDiffer, "the extra keys derived from lora_name and cache_salt alone (not the request's block_extra_keys)", px)
+	}
+	return out
+}
+
+// matchOf returns w's consecutive prefix of keys.
+func (ix *Index) matchOf(keys []Key, w *Worker) int {
+	var dst [1]Match
+	ms := ix.Match(keys, func(id WorkerID) bool { return id == w.id }, dst[:0])
+	if len(ms) == 0 {
+		return 0
+	}
+	return ms[0].Blocks
+}
+
+// Diagnose explains why q.Worker does not hold q's prompt: the first block
+// it misses and every reason the index can find, the most likely first,
+// and, given engine hashes, whether kvindex and the engine key the prompt
+// alike. It says only what the index knows: removals older than the
+// worker's removal record read as ReasonNotStored.
+//
+// Cost: a Match per keying variant (the request's adapter, salt or extra
+// keys changed, and each adapter the worker stored under: at most 19),
+// each O(blocks); a scan of the removal record; a Lookup. An operator's
+// call.
+func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
+	w, m := q.Worker, q.Model
+	keys := q.Keys
+	if keys == nil {
+		keys = m.PromptKeys(q.Tokens, q.Extras, nil)
+	}
+	d := &Diagnosis{Blocks: len(keys)}
+	add := func(r Reason, at time.Time, format string, args ...any) {
+		d.Findings = append(d.Findings, Finding{Reason: r, Detail: fmt.Sprintf(format, args...), At: at})
+	}
+	var vars []variant
+	if len(q.Tokens) > 0 {
+		vars = variants(m, w, q.Tokens, q.Extras)
+	}
+	if len(q.EngineHashes) > 0 {
+		d.Parity = ix.parity(q, keys, vars)
+	}
+	st := w.Stats()
+	if len(keys) == 0 {
+		add(ReasonTooShort, time.Time{}, "the prompt's %d tokens make no full block of %d", len(q.Tokens), m.BlockSize)
+		return d
+	}
+	d.Matched = ix.matchOf(keys, w)
+	healthFinding := func() {
+		switch h := q.Health; h {
+		case events.HealthOK, events.HealthUnknown:
+		case events.HealthStale:
+			add(ReasonStale, time.Time{}, "the worker's stream is stale (%s): what it holds now is unknown, and answers leave it out", orNone(q.HealthReason))
+		case events.HealthUnsynced:
+			add(ReasonUnsynced, time.Time{}, "the worker lost events beyond replay (%s): the index may be wrong either way until its next clear or restart", orNone(q.HealthReason))
+		default:
+			add(ReasonUnhealthy, time.Time{}, "the worker is %s (%s)", h, orNone(q.HealthReason))
+		}
+	}
+	if d.Matched == len(keys) {
+		add(ReasonHit, time.Time{}, "the worker holds all %d blocks of the prompt", len(keys))
+		healthFinding()
+		return d
+	}
+	miss := keys[d.Matched]
+	d.FirstMiss = miss
+	explained := false
+	if w.model != m {
+		add(ReasonModelDiffers, time.Time{}, "the worker serves model %q (block size %d), not %q", w.model.Name, w.model.BlockSize, m.Name)
+		if len(q.Tokens) > 0 {
+			if n := ix.matchOf(w.model.PromptKeys(q.Tokens, q.Extras, nil), w); n > d.Matched {
+				d.Findings[len(d.Findings)-1].Detail += fmt.Sprintf("; keyed as %q, it holds %d blocks of the prompt", w.model.Name, n)
+			}
+		}
+		explained = true
+	}
+	for _, v := range vars {
+		if n := ix.matchOf(v.keys, w); n > d.Matched {
+			add(v.reason, time.Time{}, "the worker holds %d blocks of the prompt keyed with %s, against %d as requested", n, v.what, d.Matched)
+			explained = true
+		}
+	}
+	r, hist, removed := w.FindRemoval(miss)
+	d.History = hist
+	if removed {
+		reason := ReasonRemoved
+		if r.Cause != CauseRemoved {
+			reason = ReasonEvicted
+		}
+		add(reason, r.At, "block %d was %s at %s", d.Matched, r.Cause, r.At.UTC().Format(time.RFC3339Nano))
+		explained = true
+	}
+	if st.BlockSizeMismatches > 0 {
+		add(ReasonBlockSize, time.Time{}, "%d of the worker's events carried block_size %d, not the model's %d, and were not indexed", st.BlockSizeMismatches, st.LastBadBlockSize, w.model.BlockSize)
+	}
+	healthFinding()
+	if q.Extras != nil && q.Extras.LoRAName != "" && !w.info.Keyed {
+		loras, over := w.LoRAs()
+		known := false
+		for _, l := range loras {
+			known = known || l == q.Extras.LoRAName
+		}
+		if !known && !over {
+			add(ReasonUnknownLoRA, time.Time{}, "the worker never stored a block under LoRA adapter %q (it stored under: %s)", q.Extras.LoRAName, orNone(strings.Join(loras, ", ")))
+		}
+	}
+	if !explained {
+		at, what := st.LastResetAt, "reset ("+orNone(st.LastReset)+")"
+		if st.LastClearAt.After(at) {
+			at, what = st.LastClearAt, "cleared (AllBlocksCleared)"
+		}
+		if !at.IsZero() {
+			add(ReasonReset, at, "the worker was last %s at %s: blocks stored before then are gone", what, at.UTC().Format(time.RFC3339Nano))
+		}
+		if st.Orphans > 0 {
+			add(ReasonOrphans, time.Time{}, "%d of the worker's blocks were stored under parents it never announced (lost events) and match no prompt", st.Orphans)
+		}
+		add(ReasonNotStored, time.Time{}, "the worker does not hold block %d and none of its last %d removals is of it: never stored, or removed before the record", d.Matched, hist)
+	}
+	var elsewhere []string
+	n := 0
+	ix.Lookup(keys[:d.Matched+1], func(from, to int, held []Holder) bool {
+		if to <= d.Matched {
+			return true
+		}
+		for _, h := range held {
+			if h.Worker == w.id {
+				continue
+			}
+			if o := ix.Worker(h.Worker); o != nil {
+				n++
+				if len(elsewhere) < 3 {
+					elsewhere = append(elsewhere, o.info.Ref.String())
+				}
+			}
+		}
+		return false
+	})
+	if n > 0 {
+		more := ""
+		if n > len(elsewhere) {
+			more = fmt.Sprintf(" and %d more", n-len(elsewhere))
+		}
+		add(ReasonHeldElsewhere, time.Time{}, "block %d is held by %s%s", d.Matched, strings.Join(elsewhere, ", "), more)
+	}
+	return d
+}
+
+// parity compares q's engine hashes with keys.
+func (ix *Index) parity(q *DiagnoseQuery, keys []Key, vars []variant) *Parity {
+	w := q.Worker
+	p := &Parity{Engine: len(q.EngineHashes), First: -1}
+	if w.info.Keyed {
+		p.Verdict = VerdictKeyedWorker
+		p.Detail = fmt.Sprintf("worker %s is a fleet replica: it knows content keys, not engine hashes; run the check against its agent", w.info.Ref)
+		return p
+	}
+	if t := len(q.Tokens); t > 0 && p.Engine != len(keys) {
+		lo, hi := t/(p.Engine+1)+1, t/p.Engine
+		p.Verdict = VerdictBlockSize
+		p.Detail = fmt.Sprintf("the engine gave %d block hashes for %d tokens, %d to %d tokens a block; kvindex keys %d-token blocks (%d blocks): set the model's block_size to the engine's --block-size", p.Engine, t, lo, hi, q.Model.BlockSize, len(keys))
+		return p
+	}
+	ebs, _ := w.EngineBlocks(q.EngineHashes, nil)
+	for i, eb := range ebs {
+		if !eb.Found {
+			continue
+		}
+		p.Known++
+		if i < len(keys) && eb.Key == keys[i] {
+			p.Agreed++
+		} else if p.First < 0 {
+			p.First = i
+		}
+	}
+	switch {
+	case p.Known == 0:
+		p.Verdict = VerdictUnknownHashes
+		p.Detail = fmt.Sprintf("the worker holds none of the %d engine hashes: never stored, removed, or not the hashes its events carry", p.Engine)
+		if n := w.c.blockSize.Load(); n > 0 {
+			p.Detail += fmt.Sprintf(" (%d of its events had block_size %d and were not indexed)", n, w.c.lastBadBlockSize.Load())
+		}
+	case p.First < 0:
+		p.Verdict = VerdictAgree
+		p.Detail = fmt.Sprintf("all %d engine blocks the worker holds (of %d) sit at kvindex's keys for the prompt", p.Known, p.Engine)
+	default:
+		i := p.First
+		eb := ebs[i]
+		for _, v := range vars {
+			if i < len(v.keys) && v.keys[i] == eb.Key {
+				p.Verdict = VerdictKeying
+				p.Detail = fmt.Sprintf("from block %d the engine keyed the prompt with %s", i, v.what)
+				return p
+			}
+		}
+		parentAgrees := i == 0 && !eb.HasParent || i > 0 && eb.HasParent && eb.Parent == keys[i-1]
+		switch {
+		case parentAgrees && i == 0:
+			p.Verdict = VerdictTokens
+			p.Detail = "block 0 of the engine holds other tokens than the prompt's first block (or is keyed under another model name or adapter): the router's tokens (tokenizer, chat template) differ from the engine's"
+		case parentAgrees:
+			p.Verdict = VerdictTokens
+			p.Detail = fmt.Sprintf("block %d of the engine follows the prompt's block %d but holds other tokens: the router's tokens differ from the engine's from token %d", i, i-1, i*q.Model.BlockSize)
+		case i == 0:
+			p.Verdict = VerdictTokens
+			p.Detail = "the engine's block for the prompt's first block has a parent: the engine's prompt starts earlier (a system prompt or BOS token the router's tokens lack)"
+		default:
+			p.Verdict = VerdictKeying
+			p.Detail = fmt.Sprintf("block %d of the engine sits under another parent than the prompt's block %d: their chains differ (an earlier block's extra keys, or blocks stored out of order)", i, i-1)
+		}
+	}
+	return p
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

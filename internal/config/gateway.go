@@ -1,0 +1,229 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Defaults of the tokenize and gateway sections.
+const (
+	DefaultTokenizeTimeout        = 2 * time.Second
+	DefaultTokenizeCacheEntries   = 4096
+	DefaultTokenizeMaxConcurrent  = 64
+	DefaultTokenizeMaxPromptBytes = 4 << 20
+	DefaultGatewayBodyMode        = BodyModeFullDuplex
+	DefaultGatewayMaxBodyBytes    = 8 << 20
+	DefaultGatewayFallbacks       = 2
+	DefaultGatewayMaxRequests     = 4096
+)
+
+// The gateway's body modes: how the gateway's ext_proc filter is
+// configured to send request bodies (processing_mode.request_body_mode).
+const (
+	// BodyModeBuffered: BUFFERED requests (the whole body in one
+	// message, after the headers were answered), STREAMED responses.
+	BodyModeBuffered = "buffered"
+	// BodyModeFullDuplex: FULL_DUPLEX_STREAMED both ways, as the Gateway
+	// API Inference Extension configures it: the picker holds the request
+	// headers' answer until the body is complete and sends the body back.
+	BodyModeFullDuplex = "full_duplex"
+)
+
+// Tokenize bounds the tokenization of text prompts (Score's prompt and
+// messages, the gateway's OpenAI bodies) by the models' tokenizer_urls.
+type Tokenize struct {
+	// Timeout bounds one tokenization, every URL tried included (default
+	// 2s).
+	Timeout time.Duration `yaml:"timeout,omitempty"`
+	// CacheEntries bounds the cache of answers (default 4096; negative:
+	// no cache). An entry costs 4 bytes a token.
+	CacheEntries int `yaml:"cache_entries,omitempty"`
+	// MaxConcurrent bounds tokenizer round trips in flight (default 64);
+	// more are refused (RESOURCE_EXHAUSTED) and counted.
+	MaxConcurrent int `yaml:"max_concurrent,omitempty"`
+	// MaxPromptBytes bounds one prompt's text (default 4 MiB).
+	MaxPromptBytes int `yaml:"max_prompt_bytes,omitempty"`
+}
+
+// SetDefaults gives the zero fields of the tokenize section their
+// defaults.
+func (t *Tokenize) SetDefaults() {
+	set(&t.Timeout, DefaultTokenizeTimeout)
+	set(&t.CacheEntries, DefaultTokenizeCacheEntries)
+	set(&t.MaxConcurrent, DefaultTokenizeMaxConcurrent)
+	set(&t.MaxPromptBytes, DefaultTokenizeMaxPromptBytes)
+}
+
+// Validate checks the tokenize section.
+func (t *Tokenize) Validate() error {
+	switch {
+	case t.Timeout < 0:
+		return invalid("tokenize.timeout", "%v must not be negative", t.Timeout)
+	case t.MaxConcurrent < 0:
+		return invalid("tokenize.max_concurrent", "%d must not be negative", t.MaxConcurrent)
+	case t.MaxPromptBytes < 0:
+		return invalid("tokenize.max_prompt_bytes", "%d must not be negative", t.MaxPromptBytes)
+	}
+	return nil
+}
+
+// Gateway serves the Gateway API Inference Extension's endpoint picker:
+// an Envoy ext_proc service that a gateway (Envoy Gateway, kgateway,
+// Istio, ...) asks which model server each OpenAI request goes to.
+type Gateway struct {
+	// Listen is the ext_proc gRPC address, e.g. :9002; "" turns the
+	// picker off.
+	Listen string `yaml:"listen,omitempty"`
+	// BodyMode is how the gateway sends bodies: full_duplex (default, as
+	// GIE configures the filter) or buffered.
+	BodyMode string `yaml:"body_mode,omitempty"`
+	// MaxBodyBytes bounds a request body the picker reads (default 8 MiB);
+	// a larger one is answered 413 and counted. The picker holds each
+	// body until its destination is sent: at most max_requests x
+	// max_body_bytes in all.
+	MaxBodyBytes int64 `yaml:"max_body_bytes,omitempty"`
+	// Fallbacks is how many endpoints after the chosen one the picker
+	// offers the gateway for retries (default 2; negative: none).
+	Fallbacks int `yaml:"fallbacks,omitempty"`
+	// MaxRequests bounds the requests the picker follows at once (default
+	// 4096); more are answered 429 and counted.
+	MaxRequests int `yaml:"max_requests,omitempty"`
+	// Endpoints are the pool's model servers and the kvindex workers
+	// behind them. (Watching a Kubernetes InferencePool instead is not
+	// built yet.)
+	Endpoints []Endpoint `yaml:"endpoints,omitempty"`
+}
+
+// Enabled reports whether the endpoint picker is configured.
+func (g *Gateway) Enabled() bool { return g.Listen != "" }
+
+// Endpoint is one model server of the pool as the gateway addresses it,
+// and the kvindex worker (or workers) it serves.
+type Endpoint struct {
+	// Address is the server's ip:port, as the gateway's InferencePool
+	// lists it.
+	Address string `yaml:"address,omitempty"`
+	// Pod is the kvindex pod it serves (a pods[] name, or a push-mode or
+	// fleet pod); a pod kvindex hears nothing from is still routable,
+	// cold. Default: the address.
+	Pod string `yaml:"pod,omitempty"`
+	// DPRank is the pod's data-parallel rank this address serves (vLLM's
+	// external DP load balancing: one API server per rank).
+	DPRank int `yaml:"dp_rank,omitempty"`
+	// AllRanks says the address serves every rank of the pod (vLLM's
+	// internal DP load balancing): the picker picks the rank and names it
+	// in the X-data-parallel-rank header.
+	AllRanks bool `yaml:"all_ranks,omitempty"`
+	// Model is the model served; default the pod's, or the only model.
+	Model string `yaml:"model,omitempty"`
+}
+
+// SetDefaults gives the zero fields of the gateway section their
+// defaults; an endpoint's pod and model come from the pods.
+func (g *Gateway) SetDefaults(c *Config) {
+	if !g.Enabled() {
+		return
+	}
+	set(&g.BodyMode, DefaultGatewayBodyMode)
+	set(&g.MaxBodyBytes, DefaultGatewayMaxBodyBytes)
+	set(&g.Fallbacks, DefaultGatewayFallbacks)
+	set(&g.MaxRequests, DefaultGatewayMaxRequests)
+	for i := range g.Endpoints {
+		e := &g.Endpoints[i]
+		set(&e.Pod, e.Address)
+		if e.Model == "" {
+			for _, p := range c.Pods {
+				if p.Name == e.Pod {
+					e.Model = p.Model
+				}
+			}
+		}
+		if e.Model == "" && len(c.Models) == 1 {
+			e.Model = c.Models[0].Name
+		}
+	}
+}
+
+// Validate checks the gateway section against the pods: addresses
+// host:port and each once, a model for each, ranks within the pod's, and
+// no worker behind two addresses.
+func (g *Gateway) Validate(c *Config) error {
+	if !g.Enabled() {
+		if len(g.Endpoints) > 0 {
+			return invalid("gateway.listen", "required with endpoints")
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(g.Listen); err != nil {
+		return invalid("gateway.listen", "%q is not host:port", g.Listen)
+	}
+	switch {
+	case g.BodyMode != BodyModeBuffered && g.BodyMode != BodyModeFullDuplex:
+		return invalid("gateway.body_mode", "%q is not %s or %s", g.BodyMode, BodyModeFullDuplex, BodyModeBuffered)
+	case g.MaxBodyBytes <= 0:
+		return invalid("gateway.max_body_bytes", "%d must be positive", g.MaxBodyBytes)
+	case g.Fallbacks > 16:
+		return invalid("gateway.fallbacks", "%d is more than 16", g.Fallbacks)
+	case g.MaxRequests <= 0:
+		return invalid("gateway.max_requests", "%d must be positive", g.MaxRequests)
+	case len(g.Endpoints) == 0:
+		return invalid("gateway.endpoints", "required: the pool's model servers")
+	}
+	addrs := map[string]bool{}
+	workers := map[string]string{}
+	for i, e := range g.Endpoints {
+		f := fmt.Sprintf("gateway.endpoints[%d]", i)
+		if _, port, err := net.SplitHostPort(e.Address); err != nil || port == "" || strings.Contains(e.Address, "://") {
+			return invalid(f+".address", "%q is not ip:port", e.Address)
+		}
+		if addrs[e.Address] {
+			return invalid(f+".address", "%q listed twice", e.Address)
+		}
+		addrs[e.Address] = true
+		if e.Model == "" {
+			return invalid(f+".model", "required: pod %q is not in pods and more than one model is configured", e.Pod)
+		}
+		if c.model(e.Model) == nil {
+			return invalid(f+".model", "%q is not in models", e.Model)
+		}
+		dp := 1
+		for _, p := range c.Pods {
+			if p.Name == e.Pod {
+				dp = p.DPSize
+				if p.Model != e.Model {
+					return invalid(f+".model", "%q, but pod %q serves %q", e.Model, e.Pod, p.Model)
+				}
+			}
+		}
+		switch {
+		case e.DPRank < 0 || e.DPRank >= dp:
+			return invalid(f+".dp_rank", "%d is not a rank of pod %q (dp_size %d)", e.DPRank, e.Pod, dp)
+		case e.AllRanks && e.DPRank != 0:
+			return invalid(f+".all_ranks", "not with dp_rank")
+		}
+		from, to := e.DPRank, e.DPRank+1
+		if e.AllRanks {
+			from, to = 0, dp
+		}
+		for r := from; r < to; r++ {
+			w := fmt.Sprintf("%s/%d", e.Pod, r)
+			if prev, ok := workers[w]; ok {
+				return invalid(f+".pod", "worker %s is already behind %s", w, prev)
+			}
+			workers[w] = e.Address
+		}
+	}
+	return nil
+}
+
+// validateTokenizerURLs checks a model's tokenizer_urls.
+func validateTokenizerURLs(i int, urls []string) error {
+	for j, u := range urls {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return invalid(fmt.Sprintf("models[%d].tokenizer_urls[%d]", i, j), "%q is not an http(s) URL", u)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+package tokenize
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/zeebo/xxh3"
+)
+
+// Errors of Tokenize, wrapped with the model and endpoints at fault.
+var (
+	// ErrNoTokenizer: no tokenizer endpoint is configured for the model.
+	ErrNoTokenizer = errors.New("tokenize: no tokenizer configured")
+	// ErrUnavailable: no endpoint of the model answered (connection
+	// refused, timeout, a 5xx answer or a garbled one).
+	ErrUnavailable = errors.New("tokenize: no tokenizer answered")
+	// ErrRejected: an endpoint refused the prompt (a 4xx answer: too long
+	// for the model, malformed messages).
+	ErrRejected = errors.New("tokenize: prompt rejected")
+	// ErrBusy: Options.MaxConcurrent round trips are already running.
+	ErrBusy = errors.New("tokenize: too many concurrent tokenizations")
+	// ErrTooLarge: the prompt exceeds Options.MaxPromptBytes or the answer
+	// Options.MaxTokens.
+	ErrTooLarge = errors.New("tokenize: over the limit")
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout        = 2 * time.Second
+	DefaultCacheEntries   = 4096
+	DefaultMaxConcurrent  = 64
+	DefaultMaxPromptBytes = 4 << 20
+	DefaultMaxTokens      = 1 << 20
+)
+
+// Options configures a Client.
+type Options struct {
+	// Endpoints maps each model to the base URLs of servers that tokenize
+	// for it (its vLLM servers, e.g. http://10.0.0.5:8000); /tokenize is
+	// appended. A round trip starts at the next endpoint in turn and tries
+	// the others when one does not answer.
+	Endpoints map[string][]string
+	// Timeout bounds one tokenization, every endpoint tried included
+	// (0: DefaultTimeout).
+	Timeout time.Duration
+	// CacheEntries bounds the cache of answers (0: DefaultCacheEntries;
+	// negative: no cache). An entry costs 4 bytes a token plus ~100.
+	CacheEntries int
+	// MaxConcurrent bounds round trips in flight (0: DefaultMaxConcurrent);
+	// past it Tokenize fails with ErrBusy, counted.
+	MaxConcurrent int
+	// MaxPromptBytes bounds a request's text (0: DefaultMaxPromptBytes).
+	MaxPromptBytes int
+	// MaxTokens bounds an answer's tokens (0: DefaultMaxTokens); its body
+	// is read up to 12 bytes a token.
+	MaxTokens int
+	// HTTPClient sends the requests (nil: a client of its own).
+	HTTPClient *http.Client
+	// Registerer, when not nil, receives the kvindex_tokenize_* metrics.
+	Registerer prometheus.Registerer
+	// Logger receives failures (nil: discarded).
+	Logger *slog.Logger
+}
+
+// Request is one text prompt to tokenize: Prompt (a completion) or
+// Messages (a chat), not both.
+type Request struct {
+	// Model is the served model name; it selects the endpoints.
+	Model string
+	// Prompt is a completion prompt.
+	Prompt string
+	// Messages is a chat; when not nil, Prompt is ignored.
+	Messages []Message
+}
+
+// Stats are a Client's counters since it was made.
+type Stats struct {
+	// Hits, Misses and Shared count Tokenize calls answered from the
+	// cache, by a round trip of their own, and by joining an identical
+	// round trip in flight.
+	Hits, Misses, Shared int64
+	// Failures counts calls that failed, for any reason.
+	Failures int64
+	// Busy counts calls refused by Options.MaxConcurrent.
+	Busy int64
+}
+
+// Client tokenizes text prompts through the models' vLLM servers. See the
+// package doc for its contract.
+type Client struct {
+	opts    Options
+	http    *http.Client
+	log     *slog.Logger
+	cache   *lru.Cache[xxh3.Uint128, []uint32] // nil without a cache
+	slots   chan struct{}                      // one per round trip in flight
+	metrics *metrics                           // nil without a Registerer
+	next    atomic.Uint64                      // the endpoint to start at
+
+	mu      sync.Mutex
+	flights map[xxh3.Uint128]*flight // guarded by mu
+
+	hits, misses, shared, failures, busy atomic.Int64
+}
+
+// flight is one round trip that identical requests wait on.
+type flight struct {
+	done   chan struct{}
+	tokens []uint32
+	err    error
+}
+
+// New returns a Client. It fails on an endpoint that is not an http(s)
+// URL.
+func New(opts Options) (*Client, error) {
+	set := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	set(&opts.CacheEntries, DefaultCacheEntries)
+	set(&opts.MaxConcurrent, DefaultMaxConcurrent)
+	set(&opts.MaxPromptBytes, DefaultMaxPromptBytes)
+	set(&opts.MaxTokens, DefaultMaxTokens)
+	for m, eps := range opts.Endpoints {
+		for _, ep := range eps {
+			if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
+				return nil, fmt.Errorf("tokenize: model %q: endpoint %q is not an http(s) URL", m, ep)
+			}
+		}
+	}
+	c := &Client{opts: opts, http: opts.HTTPClient, log: opts.Logger, slots: make(chan struct{}, opts.MaxConcurrent), flights: map[xxh3.Uint128]*flight{}}
+	if c.http == nil {
+		c.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: opts.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.CacheEntries > 0 {
+		c.cache, _ = lru.New[xxh3.Uint128, []uint32](opts.CacheEntries) // size > 0 cannot fail
+	}
+	if opts.Registerer != nil {
+		c.metrics = newMetrics(opts.Registerer, c)
+	}
+	return c, nil
+}
+
+// Has reports whether the model has tokenizer endpoints.
+func (c *Client) Has(model string) bool { return len(c.opts.Endpoints[model]) > 0 }
+
+// Stats returns the counters.
+func (c *Client) Stats() Stats {
+	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Shared: c.shared.Load(), Failures: c.failures.Load(), Busy: c.busy.Load()}
+}
+
+// Tokenize returns the token ids the model's engine sees for req: from
+// the cache, from an identical round trip in flight, or from a round trip
+// of its own to the model's endpoints. The result is shared: do not modify
+// it.
+//
+// Cost: a cache hit is one hash of the request's text (cacheKey); a miss
+// adds encoding it as JSON and one HTTP round trip.
+func (c *Client) Tokenize(ctx context.Context, req Request) ([]uint32, error) {
+	toks, err := c.tokenize(ctx, &req)
+	if err != nil {
+		c.failures.Add(1)
+		c.metrics.failed(err)
+	}
+	return toks, err
+}
+
+func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
+	eps := c.opts.Endpoints[req.Model]
+	if len(eps) == 0 {
+		return nil, fmt.Errorf("%w for model %q", ErrNoTokenizer, req.Model)
+	}
+	n := len(req.Prompt)
+	for _, m := range req.Messages {
+		n += len(m.Content) + len(m.Role)
+	}
+	if n > c.opts.MaxPromptBytes {
+		return nil, fmt.Errorf("%w: model %q: prompt of %d bytes exceeds %d", ErrTooLarge, req.Model, n, c.opts.MaxPromptBytes)
+	}
+	key := cacheKey(req)
+	if c.cache != nil {
+		if toks, ok := c.cache.Get(key); ok {
+			c.hits.Add(1)
+			return toks, nil
+		}
+	}
+	c.mu.Lock()
+	if f, ok := c.flights[key]; ok {
+		c.mu.Unlock()
+		c.shared.Add(1)
+		select {
+		case <-f.done:
+			return f.tokens, f.err
+		case <-ctx.Done():
+			return nil, fmt.Errorf("tokenize: model %q: waiting for an identical request: %w", req.Model, ctx.Err())
+		}
+	}
+	select {
+	case c.slots <- struct{}{}:
+	default:
+		c.mu.Unlock()
+		c.busy.Add(1)
+		return nil, fmt.Errorf("%w: model %q: %d in flight", ErrBusy, req.Model, c.opts.MaxConcurrent)
+	}
+	f := &flight{done: make(chan struct{})}
+	c.flights[key] = f
+	c.mu.Unlock()
+	c.misses.Add(1)
+
+	// The round trip outlives a caller that gives up: others may be
+	// waiting on it, and its answer is cached. Timeout bounds it.
+	go func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.Timeout)
+		start := time.Now()
+		if body, err := json.Marshal(wireRequest(req)); err != nil {
+			f.err = fmt.Errorf("tokenize: model %q: encode: %w", req.Model, err)
+		} else {
+			f.tokens, f.err = c.roundTrip(rctx, req.Model, eps, body)
+		}
+		cancel()
+		c.metrics.observe(time.Since(start))
+		if f.err == nil && c.cache != nil {
+			c.cache.Add(key, f.tokens)
+		}
+		c.mu.Lock()
+		delete(c.flights, key)
+		c.mu.Unlock()
+		<-c.slots
+		close(f.done)
+	}()
+	select {
+	case <-f.done:
+		return f.tokens, f.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("tokenize: model %q: %w", req.Model, ctx.Err())
+	}
+}
+
+// cacheKey is the cache and single-flight key of req: a 128-bit hash of
+// its model, its kind and its text, each length-prefixed so that no two
+// requests share an input. It costs a pass over the text (xxh3: ~0.1 ns
+// a byte, 3 µs for a 4,096-token chat) and no allocation beyond the
+// hasher's.
+func cacheKey(req *Request) xxh3.Uint128 {
+	h := xxh3.New()
+	var n [8]byte
+	str := func(s string) {
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		_, _ = h.Write(n[:])
+		_, _ = h.WriteString(s)
+	}
+	str(req.Model)
+	if req.Messages == nil {
+		str("prompt")
+		str(req.Prompt)
+	} else {
+		str("chat")
+		for _, m := range req.Messages {
+			str(m.Role)
+			str(m.Content)
+		}
+	}
+	return h.Sum128()
+}
+
+// roundTrip posts body to the model's endpoints in turn until one answers.
+func (c *Client) roundTrip(ctx context.Context, model string, eps []string, body []byte) ([]uint32, error) {
+	first := int(c.next.Add(1) % uint64(len(eps)))
+	var failed []string
+	for i := range eps {
+		url := strings.TrimSuffix(eps[(first+i)%len(eps)], "/") + "/tokenize"
+		toks, err := c.post(ctx, url, body)
+		if err == nil {
+			return toks, nil
+		}
+		if errors.Is(err, ErrRejected) || errors.Is(err, ErrTooLarge) {
+			return nil, fmt.Errorf("model %q: %w", model, err)
+		}
+		c.log.Warn("tokenizer did not answer", "model", model, "endpoint", url, "err", err)
+		failed = append(failed, err.Error())
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("%w for model %q: %s", ErrUnavailable, model, strings.Join(failed, "; "))
+}
+
+// post sends one /tokenize request.
+func (c *Client) post(ctx context.Context, url string, body []byte) ([]uint32, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(hr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	limit := int64(c.opts.MaxTokens)*12 + 4096
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: read answer: %w", url, err)
+	}
+	switch {
+	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		return nil, fmt.Errorf("%w: %s: %s: %s", ErrRejected, url, resp.Status, snippet(data))
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, snippet(data))
+	case int64(len(data)) > limit:
+		return nil, fmt.Errorf("%w: %s: answer longer than %d bytes", ErrTooLarge, url, limit)
+	}
+	var wr WireResponse
+	if err := json.Unmarshal(data, &wr); err != nil {
+		return nil, fmt.Errorf("%s: answer %s: %w", url, snippet(data), err)
+	}
+	if len(wr.Tokens) > c.opts.MaxTokens {
+		return nil, fmt.Errorf("%w: %s: %d tokens exceed %d", ErrTooLarge, url, len(wr.Tokens), c.opts.MaxTokens)
+	}
+	if wr.Tokens == nil {
+		wr.Tokens = []uint32{}
+	}
+	return wr.Tokens, nil
+}
+
+// snippet quotes the start of an answer for an error.
+func snippet(b []byte) string {
+	const n = 64
+	if len(b) > n {
+		return fmt.Sprintf("%q...", b[:n])
+	}
+	return fmt.Sprintf("%q", b)
+}

@@ -1,0 +1,24 @@
+// Package tokenize turns text prompts into the token ids an engine will
+// see, by asking the model's own vLLM server: its /tokenize endpoint
+// renders a chat with the chat template the engine uses and tokenizes
+// with the engine's tokenizer, so the ids match the engine's KV blocks
+// exactly. A router-side tokenizer or template that differs by one token
+// silently zeroes the cache hit rate; asking the engine cannot differ.
+//
+// A Client holds, per model, the base URLs of servers that tokenize for
+// it, a bounded LRU cache of answers (hashicorp/golang-lru/v2) keyed by
+// the request's content, and single-flight: identical prompts asked at
+// once cost one round trip. Every bound (cache entries, concurrent round
+// trips, prompt bytes, answer tokens, time) is an Option, and every
+// refusal is counted.
+//
+// The wire format is vLLM's (Request's JSON: model with prompt and
+// add_special_tokens, or messages with add_generation_prompt; the answer's
+// tokens, count and max_model_len); package standin serves it with a
+// deterministic stand-in tokenizer for tests and simulated engines.
+//
+// # Concurrency
+//
+// A Client is safe for concurrent use. Tokenize's result is shared with
+// the cache and with concurrent callers: callers must not modify it.
+package tokenize

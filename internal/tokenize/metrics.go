@@ -1,0 +1,87 @@
+package tokenize
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are a Client's Prometheus metrics; a nil *metrics records
+// nothing.
+type metrics struct {
+	duration prometheus.Histogram
+	failures *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, c *Client) *metrics {
+	m := &metrics{
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvindex_tokenize_duration_seconds", Help: "Tokenizer round trips (cache misses), every endpoint tried included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvindex_tokenize_failures_total", Help: "Tokenizations that failed, by reason: unavailable (no endpoint answered), rejected (4xx), busy (tokenize.max_concurrent), too_large, no_tokenizer, canceled.",
+		}, []string{"reason"}),
+	}
+	cache := prometheus.NewDesc("kvindex_tokenize_requests_total", "Tokenizations by result: hit (from the cache), miss (a round trip of its own), shared (joined an identical round trip in flight). Hit rate: hit / sum.", []string{"result"}, nil)
+	entries := prometheus.NewDesc("kvindex_tokenize_cache_entries", "Answers in the tokenizer cache.", nil, nil)
+	for _, col := range []prometheus.Collector{m.duration, m.failures, collector{[]*prometheus.Desc{cache, entries}, func(ch chan<- prometheus.Metric) {
+		st := c.Stats()
+		ch <- prometheus.MustNewConstMetric(cache, prometheus.CounterValue, float64(st.Hits), "hit")
+		ch <- prometheus.MustNewConstMetric(cache, prometheus.CounterValue, float64(st.Misses), "miss")
+		ch <- prometheus.MustNewConstMetric(cache, prometheus.CounterValue, float64(st.Shared), "shared")
+		n := 0
+		if c.cache != nil {
+			n = c.cache.Len()
+		}
+		ch <- prometheus.MustNewConstMetric(entries, prometheus.GaugeValue, float64(n))
+	}}} {
+		if err := reg.Register(col); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(err)
+			}
+		}
+	}
+	return m
+}
+
+func (m *metrics) observe(d time.Duration) {
+	if m != nil {
+		m.duration.Observe(d.Seconds())
+	}
+}
+
+func (m *metrics) failed(err error) {
+	if m == nil {
+		return
+	}
+	reason := "canceled"
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		reason = "unavailable"
+	case errors.Is(err, ErrRejected):
+		reason = "rejected"
+	case errors.Is(err, ErrBusy):
+		reason = "busy"
+	case errors.Is(err, ErrTooLarge):
+		reason = "too_large"
+	case errors.Is(err, ErrNoTokenizer):
+		reason = "no_tokenizer"
+	}
+	m.failures.WithLabelValues(reason).Inc()
+}
+
+// collector is a prometheus.Collector computed at scrape time.
+type collector struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+func (c collector) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -1,0 +1,172 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Message is one chat message, as in an OpenAI /v1/chat/completions body
+// (the text of its content).
+type Message struct {
+	// Role is the author: system, user, assistant, tool, ...
+	Role string `json:"role"`
+	// Content is the message's text.
+	Content string `json:"content"`
+}
+
+// WireRequest is the body of a POST to vLLM's /tokenize: a completion
+// prompt (Prompt, with AddSpecialTokens, vLLM's default true) or a chat
+// (Messages, with AddGenerationPrompt, vLLM's default true; special
+// tokens default to false there, since the chat template adds them).
+type WireRequest struct {
+	// Model is the served model name.
+	Model string `json:"model,omitempty"`
+	// Prompt is a completion prompt's text.
+	Prompt string `json:"prompt,omitempty"`
+	// Messages is a chat.
+	Messages []WireMessage `json:"messages,omitempty"`
+	// AddSpecialTokens adds the tokenizer's special tokens (BOS); nil
+	// means vLLM's default for the kind of prompt.
+	AddSpecialTokens *bool `json:"add_special_tokens,omitempty"`
+	// AddGenerationPrompt appends the template's assistant header to a
+	// chat; nil means true.
+	AddGenerationPrompt *bool `json:"add_generation_prompt,omitempty"`
+}
+
+// WireMessage is a chat message on the wire. Content is a string or an
+// OpenAI list of content parts ({"type":"text","text":...}).
+type WireMessage struct {
+	// Role is the author.
+	Role string `json:"role"`
+	// Content is the raw JSON content.
+	Content json.RawMessage `json:"content"`
+}
+
+// Text returns the message's text: the string content, or the text parts
+// of a content list joined by newlines (as vLLM joins them for a
+// string-format template). Parts of other types are left out.
+func (m *WireMessage) Text() (string, error) {
+	c := bytes.TrimSpace(m.Content)
+	if len(c) == 0 || string(c) == "null" {
+		return "", nil
+	}
+	if c[0] == '"' {
+		if s, ok := unquote(c); ok {
+			return s, nil
+		}
+		var s string
+		if err := json.Unmarshal(c, &s); err != nil {
+			return "", fmt.Errorf("tokenize: content: %w", err)
+		}
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(c, &parts); err != nil {
+		return "", fmt.Errorf("tokenize: content is neither a string nor a list of parts: %w", err)
+	}
+	var b []byte
+	n := 0
+	for _, p := range parts {
+		if p.Type != "text" {
+			continue
+		}
+		if n > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, p.Text...)
+		n++
+	}
+	return string(b), nil
+}
+
+// unquote decodes a JSON string literal, ok false when it is not a
+// plain valid one (json.Unmarshal then decides). It is the hot path of a
+// chat's text: one pass, one allocation, where json.Unmarshal scans the
+// literal twice (validation, then decoding).
+func unquote(q []byte) (string, bool) {
+	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
+		return "", false
+	}
+	q = q[1 : len(q)-1]
+	if bytes.IndexByte(q, '\\') < 0 {
+		if !utf8.Valid(q) || bytes.IndexByte(q, '"') >= 0 {
+			return "", false
+		}
+		for _, c := range q {
+			if c < 0x20 {
+				return "", false
+			}
+		}
+		return string(q), true
+	}
+	out := make([]byte, 0, len(q))
+	for i := 0; i < len(q); i++ {
+		c := q[i]
+		switch {
+		case c == '"' || c < 0x20:
+			return "", false
+		case c != '\\':
+			out = append(out, c)
+			continue
+		}
+		i++
+		if i == len(q) {
+			return "", false
+		}
+		switch q[i] {
+		case '"', '\\', '/':
+			out = append(out, q[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		default: // \uXXXX, surrogate pairs: rare, left to json.Unmarshal
+			return "", false
+		}
+	}
+	if !utf8.Valid(out) {
+		return "", false
+	}
+	return string(out), true
+}
+
+// WireResponse is vLLM's /tokenize answer.
+type WireResponse struct {
+	// Count is len(Tokens).
+	Count int `json:"count"`
+	// MaxModelLen is the model's context length.
+	MaxModelLen int `json:"max_model_len"`
+	// Tokens are the token ids.
+	Tokens []uint32 `json:"tokens"`
+}
+
+// wireRequest is req's /tokenize body, the one vLLM's /v1/completions or
+// /v1/chat/completions would tokenize the same prompt with.
+func wireRequest(req *Request) WireRequest {
+	w := WireRequest{Model: req.Model}
+	if req.Messages == nil {
+		w.Prompt = req.Prompt
+		t := true
+		w.AddSpecialTokens = &t
+		return w
+	}
+	w.Messages = make([]WireMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		c, _ := json.Marshal(m.Content) // a string always marshals
+		w.Messages[i] = WireMessage{Role: m.Role, Content: c}
+	}
+	t := true
+	w.AddGenerationPrompt = &t
+	return w
+}
