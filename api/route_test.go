@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -42,8 +43,11 @@ func route(t *testing.T, f *fixture, id string, req *kvindexv1.ScoreRequest, pic
 
 // TestRouteKeepsABurstTogether: 50 concurrent requests share a new
 // 2,000-token prefix that no event has announced yet. Route's speculative
-// blocks and in-flight load keep them on one worker while its queue is
-// cheaper than recomputing the prefix elsewhere.
+// blocks and in-flight load keep them together: a worker is given the
+// prefix only when waiting for the ones that hold it would take longer
+// than computing it (how many do depends on the burst's arrival rate, on
+// the wall clock), so the prefix is computed at most once per worker, and
+// every worker that computes it serves a share of the burst.
 func TestRouteKeepsABurstTogether(t *testing.T) {
 	f, _ := newRouteFixture(t, 4)
 	shared := prompt(7, 125) // 2,000 tokens
@@ -69,14 +73,26 @@ func TestRouteKeepsABurstTogether(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	best := 0
-	for _, n := range counts {
-		best = max(best, n)
-	}
-	if best < 45 {
-		t.Fatalf("burst spread over workers: %v, want >= 90%% on one", counts)
-	}
 	t.Logf("burst of 50: %v", counts)
+	for pod, n := range counts {
+		if n < 10 {
+			t.Errorf("burst scattered: %s took %d of 50 (%v)", pod, n, counts)
+		}
+	}
+	// Every request is still in flight: what they will prefill is the
+	// prefix once per worker used, each question, and the prefix again for
+	// any routes ranked at the same instant as the one that first sent it
+	// to a worker (Route ranks, then records: both see no speculative
+	// prefix there). Without speculative blocks all 50 would count it:
+	// 101,600 tokens.
+	resp := score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: shared, Policy: &kvindexv1.ScorePolicy{}})
+	var inflight uint64
+	for _, w := range resp.GetWorkers() {
+		inflight += w.GetLoad().GetInflightPrefillTokens()
+	}
+	if limit := uint64(50 * 2032 / 4); inflight > limit {
+		t.Errorf("the burst will prefill %d tokens on %d workers, want at most %d (a quarter of 50 cold routes)", inflight, len(counts), limit)
+	}
 }
 
 // TestRouteRecordsAndReleases: the chosen worker carries the request's
@@ -176,15 +192,19 @@ func TestScoreWithLoadsAndPolicy(t *testing.T) {
 	for _, w := range resp.GetWorkers() {
 		got = append(got, w.GetWorker().GetPod())
 	}
-	// pod-0: 0 own + 6000/3 = 2000; pod-1: 64 own; pod-2: 1024 own.
+	// Estimated TTFT (DefaultCostModel: 17,500 tokens/s, 9.4e8 attention
+	// pairs/s, 6 ms a step): pod-0 waits for 6,000 queued tokens (over
+	// 350 ms); pod-1 prefills its 64 uncached tokens after 960 cached in
+	// one step (6 ms + 3.66 ms + 63,488 pairs: 9.72 ms); pod-2 all 1,024
+	// (65 ms).
 	if strings.Join(got, ",") != "pod-1,pod-2,pod-0" {
 		t.Fatalf("cache_aware with load: %v", got)
 	}
 	if l := resp.GetWorkers()[2].GetLoad(); l.GetSource() != "request" || l.GetWaiting() != 4 || l.GetQueuedPrefillTokens() != 6000 {
 		t.Fatalf("load detail %v", l)
 	}
-	if s := resp.GetWorkers()[0].GetScore(); s != -64 {
-		t.Fatalf("pod-1 score %v, want -64", s)
+	if s, want := resp.GetWorkers()[0].GetScore(), -(0.006 + 64.0/17500 + (64*960+64*64/2)/9.4e8); math.Abs(s-want) > 1e-9 {
+		t.Fatalf("pod-1 score %v, want %v (seconds)", s, want)
 	}
 	resp = score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Loads: loads, Policy: &kvindexv1.ScorePolicy{Name: "longest_prefix"}})
 	if resp.GetWorkers()[0].GetWorker().GetPod() != "pod-0" || resp.GetPolicy() != "longest_prefix" || len(resp.GetWorkers()) != 3 {

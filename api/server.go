@@ -55,7 +55,7 @@ type Options struct {
 	// names them as candidates.
 	IncludeStale bool
 	// Policy is the ranking policy requests start from; the zero value
-	// means scoring.DefaultPolicy() (cache_aware, cost guard).
+	// means scoring.DefaultPolicy() (cache_aware, ttft guard).
 	Policy *scoring.Policy
 	// Tracker records Route decisions (speculative blocks, in-flight
 	// load); nil means a tracker with default TTLs that nothing sweeps but

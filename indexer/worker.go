@@ -219,6 +219,11 @@ func (w *Worker) Info() WorkerInfo { return w.info }
 // Model returns the worker's model.
 func (w *Worker) Model() *Model { return w.model }
 
+// ResidentBlocks returns the blocks resident on the worker (every medium)
+// as of the last batch's end. Cost: one atomic load; the Score path reads
+// it.
+func (w *Worker) ResidentBlocks() int64 { return w.c.resident.Load() }
+
 // Stats returns a snapshot of the worker's counters. Counts of resident
 // blocks are as of the last batch's end.
 func (w *Worker) Stats() Stats {

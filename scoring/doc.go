@@ -23,13 +23,44 @@
 //	            max(in-flight prefill tokens routed here,
 //	                waiting requests * average prompt tokens)
 //
-// cache_aware (the default) ranks by least cost:
+// cache_aware (the default) ranks by least cost, as its guard says:
 //
-//	guard cost (default): cost_w = own_w + load_weight * queue_w, with
+//	guard ttft (default): the estimated time to first token of this
+//	    request on w, plus the delay its prefill adds to the requests that
+//	    will queue behind it, from one engine cost model (CostModel:
+//	    prefill rate, step overhead, cost per decoding request and per
+//	    context token, step token budget, KV capacity; DefaultCostModel is
+//	    an 8B model on one H100; Calibrate fits it from vLLM's metrics):
+//	      step_w   = overhead + running_w x per_seq + context_w x per_token
+//	                 (context_w = KV usage x capacity)
+//	      wait_w   = ceil(queue_w / budget_w) x step_w + queue_w / rate
+//	      prefill_w = the further steps for own_w, + own_w / rate
+//	      pressure_w = (own_w - free KV_w) / rate, if positive
+//	      delay_w  = prefill_w x a x (wait_w + prefill_w) / (1 - rho)
+//	      evict_w  = min(own_w, occupied_w + own_w - capacity) x h / rate,
+//	                 if positive (occupied: resident blocks plus KV in use;
+//	                 h: the fleet's hit rate)
+//	    with a the model's routed requests per second per worker and rho
+//	    = a x average uncached prefill / rate (Route's own accounting;
+//	    the number of requests that arrive during the backlog's busy
+//	    period, M/G/1), and evict_w the later recompute of what the
+//	    request's new blocks push out of a full cache; cost_w = wait_w +
+//	    prefill_w + pressure_w + delay_w + evict_w, in seconds. At low load delay vanishes: the request
+//	    spills from its cached worker exactly when the wait there exceeds
+//	    recomputing the prefix elsewhere, so a hot prefix replicates onto
+//	    a second worker and a cold one stays single. Under load a
+//	    recompute costs everyone behind it, and prompts stay where they
+//	    are cached for longer. A waiting request of unknown size counts as
+//	    the average uncached prefill. Cost: about 60 ns per candidate more
+//	    than the token cost, no allocation (BenchmarkRankTTFT ranks 64
+//	    candidates both ways in the same run: ratio 1.25, 18.4 us against
+//	    14.7 us, in the quietest of three runs on a shared 2-vCPU machine;
+//	    1.06 and 1.33 in the others). Sorting dominates both.
+//	guard cost: cost_w = own_w + load_weight * queue_w, with
 //	    load_weight 1/3: an uncached token is paid by this request and
 //	    again by the requests queued behind it, so a worker's cache is
 //	    passed over only when its queue outweighs three times the prefill
-//	    it saves.
+//	    it saves (the default before the ttft guard; one hand-set weight).
 //	guard static: cost_w = own_w, and a worker with more than static_k
 //	    (2) times the median in-flight requests is diverted: ranked after
 //	    every other worker, penalised by T.
@@ -40,15 +71,15 @@
 // by queue_w. Every policy breaks remaining ties by more GPU blocks, then by
 // worker name, so equal answers are stable.
 //
-// Which guard is the default was measured (guard_test.go, and kvsim in
-// docs/results.md): on steady Zipf-skewed traffic both guards cut p99 TTFT
-// 6-25x against affinity alone and stay within 15% of each other (static
-// ahead with very small or very large caches); on a burst sharing a new
-// prefix the static rule scatters the burst after two requests and
-// recomputes the prefix, while the cost rule keeps it on one worker; on
-// the Mooncake trace the static rule diverts constantly (6.5% of tokens
-// cached, p99 TTFT 7.9 s) where the cost rule keeps 13.5% and 5.4 s. The
-// cost rule is the default.
+// What each guard does was measured (guard_test.go, and kvsim in
+// docs/results.md). The static rule counts requests, not work: on the
+// Mooncake trace, where every request shares its first 512 tokens, it
+// diverts constantly (6.5% of tokens cached, p99 TTFT 7.9 s against
+// 13.5% and 5.4 s for the token cost). The ttft rule replaced the token
+// cost as the default because it is a model of the engine, not a weight:
+// its parameters are the engine's, measurable, and on kvsim's workloads
+// it keeps the token cost's hit rates and tail (docs/results.md has the
+// figures and where it misses).
 //
 // Ties in cost (a prompt cached nowhere) go to the less busy worker:
 // running + waiting requests as the engine reports them, or the requests

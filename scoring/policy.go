@@ -17,8 +17,8 @@ import (
 type Name uint8
 
 const (
-	// CacheAware ranks by least estimated prefill work: the request's own
-	// uncached tokens plus the worker's queued prefill, as the guard says.
+	// CacheAware ranks by least cost as the guard says: by default the
+	// estimated time to first token under the engine cost model.
 	CacheAware Name = iota
 	// LongestPrefix ranks by tier-weighted cached blocks, ties by load.
 	LongestPrefix
@@ -46,11 +46,18 @@ const (
 	GuardStatic
 	// GuardOff ranks by cached work alone, ties by load.
 	GuardOff
+	// GuardTTFT ranks by the estimated time to first token under the
+	// policy's CostModel (queued prefill, own uncached prefill, decode
+	// load, KV pressure) plus the delay the request's prefill adds to
+	// those that queue behind it; the default (see the package doc).
+	GuardTTFT
 )
 
 // String returns the guard's wire name.
 func (g Guard) String() string {
 	switch g {
+	case GuardTTFT:
+		return "ttft"
 	case GuardStatic:
 		return "static"
 	case GuardOff:
@@ -74,6 +81,9 @@ type Policy struct {
 	// StaticK is GuardStatic's multiple of the median in-flight count
 	// (default 2, the published rule).
 	StaticK float64
+	// Cost is GuardTTFT's engine cost model; a zero model means
+	// DefaultCostModel().
+	Cost CostModel
 }
 
 // DefaultLoadWeight is how much a queued prefill token counts against an
@@ -84,9 +94,10 @@ type Policy struct {
 // at the smallest).
 const DefaultLoadWeight = 1.0 / 3
 
-// DefaultPolicy is CacheAware with GuardCost and the default weights.
+// DefaultPolicy is CacheAware with GuardTTFT, DefaultCostModel and the
+// default weights.
 func DefaultPolicy() Policy {
-	p := Policy{Name: CacheAware, LoadWeight: DefaultLoadWeight, Guard: GuardCost, StaticK: DefaultStaticK}
+	p := Policy{Name: CacheAware, LoadWeight: DefaultLoadWeight, Guard: GuardTTFT, StaticK: DefaultStaticK, Cost: DefaultCostModel()}
 	p.Weights[events.MediumGPU] = DefaultGPUWeight
 	p.Weights[events.MediumCPU] = DefaultCPUWeight
 	p.Weights[events.MediumStorage] = DefaultStorageWeight
@@ -133,6 +144,8 @@ func (o Override) Apply(base Policy) (Policy, error) {
 	}
 	switch o.Guard {
 	case "":
+	case "ttft":
+		p.Guard = GuardTTFT
 	case "cost":
 		p.Guard = GuardCost
 	case "static":
@@ -140,7 +153,7 @@ func (o Override) Apply(base Policy) (Policy, error) {
 	case "off":
 		p.Guard = GuardOff
 	default:
-		return p, fmt.Errorf("guard: unknown guard %s (want cost, static or off)", quote.Q(o.Guard))
+		return p, fmt.Errorf("guard: unknown guard %s (want ttft, cost, static or off)", quote.Q(o.Guard))
 	}
 	for _, f := range []struct {
 		name string
@@ -181,6 +194,10 @@ type Load struct {
 	InflightPrefillTokens uint64
 	// Source says where Running/Waiting came from: "request", "scrape" or "".
 	Source string
+	// ResidentBlocks is the blocks kvindex's index holds for the worker
+	// (its engine's cache, used or not): what GuardTTFT's Evict term
+	// compares with the KV capacity.
+	ResidentBlocks uint64
 }
 
 // Candidate is one worker to rank; Rank fills the result fields.
@@ -207,6 +224,8 @@ type Candidate struct {
 	Own float64
 	// Penalty is the static guard's diversion, in tokens (0 if none).
 	Penalty float64
+	// Est is GuardTTFT's estimate, in seconds (zero under other rankings).
+	Est Estimate
 	// Score is the ranking value, higher is better.
 	Score float64
 	// Diverted is set when the static guard moved the worker back.
@@ -221,6 +240,15 @@ type Prompt struct {
 	// AvgPromptTokens estimates the prompt tokens of one waiting request,
 	// for workers whose queue is known only as a request count.
 	AvgPromptTokens float64
+	// AvgUncachedTokens is the average uncached prefill of routed
+	// requests (Route's own accounting; 0: unknown, AvgPromptTokens is
+	// used). GuardTTFT estimates a waiting request's prefill with it.
+	AvgUncachedTokens float64
+	// ArrivalRate is the model's routed requests per second (0: unknown,
+	// no Delay term) and Workers the number of its workers, for
+	// GuardTTFT's Delay.
+	ArrivalRate float64
+	Workers     int
 }
 
 // weightedBlocks is the tier-weighted number of cached blocks: media in
@@ -273,7 +301,21 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 		}
 		c.Own = math.Max(0, tokens-wb*float64(pr.BlockSize))
 		c.Queue = queueTokens(&c.Load, pr.AvgPromptTokens)
-		c.Penalty, c.Diverted = 0, false
+		c.Penalty, c.Diverted, c.Est = 0, false, Estimate{}
+	}
+	ttft := p.Name == CacheAware && p.Guard == GuardTTFT
+	if ttft {
+		m := p.Cost.params()
+		avg := pr.AvgUncachedTokens
+		if avg <= 0 {
+			avg = pr.AvgPromptTokens
+		}
+		for i := range cs {
+			c := &cs[i]
+			c.Queue = queueTokens(&c.Load, avg)
+			m.estimate(&c.Est, &c.Load, c.Queue, c.Own, tokens-c.Own, &pr)
+			m.evict(&c.Est, &c.Load, c.Own, &pr)
+		}
 	}
 	if p.Name == CacheAware && p.Guard == GuardStatic {
 		p.divert(cs, tokens)
@@ -283,6 +325,8 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 		switch {
 		case p.Name == LongestPrefix:
 			c.Score = c.Overlap
+		case ttft:
+			c.Score = -c.Est.Cost()
 		case p.Guard == GuardCost:
 			c.Score = -(c.Own + p.LoadWeight*c.Queue)
 		default:
@@ -313,6 +357,14 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 		}
 		return r.Compare(a.Match, b.Match)
 	})
+}
+
+// secs formats seconds for Explain: milliseconds below 10 s.
+func secs(s float64) string {
+	if s < 10 {
+		return strconv.FormatFloat(s*1000, 'f', 1, 64) + " ms"
+	}
+	return strconv.FormatFloat(s, 'f', 2, 64) + " s"
 }
 
 // queueTokens estimates a worker's queued prefill tokens.
@@ -377,6 +429,17 @@ func (p *Policy) Explain(pr Prompt, c *Candidate) string {
 	switch {
 	case p.Name == LongestPrefix:
 		fmt.Fprintf(&sb, "; weighted overlap %.2f; queue %.0f tokens breaks ties", c.Overlap, c.Queue)
+	case p.Guard == GuardTTFT:
+		e := &c.Est
+		fmt.Fprintf(&sb, "; est. TTFT %s = %s wait (%.0f queued tokens, %d decoding) + %s own prefill (%.0f tokens)", secs(e.TTFT()), secs(e.Wait), c.Queue, c.Load.Running, secs(e.Prefill), c.Own)
+		if e.Pressure > 0 {
+			fmt.Fprintf(&sb, " + %s KV pressure (%.0f%% used)", secs(e.Pressure), 100*c.Load.KVUsage)
+		}
+		fmt.Fprintf(&sb, "; + %s delay to requests behind", secs(e.Delay))
+		if e.Evict > 0 {
+			fmt.Fprintf(&sb, " + %s recomputing what it evicts", secs(e.Evict))
+		}
+		fmt.Fprintf(&sb, " = cost %s", secs(e.Cost()))
 	case p.Guard == GuardCost:
 		fmt.Fprintf(&sb, "; cost = %.0f own prefill + %.1f x %.0f queued = %.0f tokens", c.Own, p.LoadWeight, c.Queue, c.Own+p.LoadWeight*c.Queue)
 	default:

@@ -62,7 +62,7 @@ func TestWeightedOverlap(t *testing.T) {
 func TestRankProperties(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	policies := []Policy{DefaultPolicy()}
-	for _, g := range []Guard{GuardStatic, GuardOff} {
+	for _, g := range []Guard{GuardCost, GuardStatic, GuardOff} {
 		p := DefaultPolicy()
 		p.Guard = g
 		policies = append(policies, p)
@@ -99,8 +99,15 @@ func TestRankProperties(t *testing.T) {
 	}
 }
 
-func TestCostGuardDivertsWhenQueueOutweighsCache(t *testing.T) {
+// costPolicy is DefaultPolicy with the token-cost guard.
+func costPolicy() Policy {
 	p := DefaultPolicy()
+	p.Guard = GuardCost
+	return p
+}
+
+func TestCostGuardDivertsWhenQueueOutweighsCache(t *testing.T) {
+	p := costPolicy()
 	p.LoadWeight = 1
 	// a holds the whole 1024-token prompt but has 2048 tokens queued; b
 	// holds nothing and is idle: recomputing 1024 beats waiting for 2048.
@@ -117,7 +124,7 @@ func TestCostGuardDivertsWhenQueueOutweighsCache(t *testing.T) {
 	}
 	// With the default weight a queued token counts a third: a stays
 	// until its queue passes three times the prefill it saves.
-	p = DefaultPolicy()
+	p = costPolicy()
 	for _, tc := range []struct {
 		queue uint64
 		first indexer.WorkerID
@@ -157,6 +164,14 @@ func TestOverrideValidates(t *testing.T) {
 	p, err := Override{Name: "longest_prefix", CPUWeight: 0.5, Guard: "static", StaticK: 3}.Apply(base)
 	if err != nil || p.Name != LongestPrefix || p.Weights[events.MediumCPU] != 0.5 || p.Guard != GuardStatic || p.StaticK != 3 || p.Weights[events.MediumGPU] != 1 {
 		t.Fatalf("%+v %v", p, err)
+	}
+	for _, g := range []Guard{GuardTTFT, GuardCost, GuardStatic, GuardOff} {
+		if p, err := (Override{Guard: g.String()}).Apply(base); err != nil || p.Guard != g {
+			t.Errorf("guard %s: %v %v", g, p.Guard, err)
+		}
+	}
+	if base.Guard != GuardTTFT || base.Cost != DefaultCostModel() {
+		t.Errorf("DefaultPolicy: guard %v, cost model %+v", base.Guard, base.Cost)
 	}
 	for _, o := range []Override{{Name: "fastest"}, {Guard: "maybe"}, {LoadWeight: -1}, {GPUWeight: 1e9}} {
 		if _, err := o.Apply(base); err == nil {

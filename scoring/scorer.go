@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -81,6 +82,72 @@ type Scorer struct {
 	// avgPrompt is a moving average of prompt tokens (float64 bits), the
 	// size assumed for one waiting request of unknown length.
 	avgPrompt atomic.Uint64
+	// routes holds each model's *routeStats (GuardTTFT's arrival rate and
+	// average uncached prefill), by *indexer.Model.
+	routes sync.Map
+}
+
+// routeStats is what Route learns of a model's traffic: moving averages
+// (weight 1/64) of the gap between routes and of the chosen worker's
+// uncached prefill tokens, and the time of the last route. The three are
+// updated without a common lock, so a reader may see one route's gap with
+// the previous route's time: an error of one route in 64, which the
+// estimate tolerates.
+type routeStats struct {
+	lastNanos atomic.Int64  // the last route's clock, Unix nanoseconds; 0 before any
+	meanGap   atomic.Uint64 // float64 bits, seconds; 0 until two routes
+	avgOwn    atomic.Uint64 // float64 bits, tokens; 0 before any
+}
+
+// ewma folds x into the float64 average at a with weight 1/64; the first
+// value is taken as is.
+func ewma(a *atomic.Uint64, x float64) {
+	for {
+		old := a.Load()
+		avg := math.Float64frombits(old)
+		next := x
+		if old != 0 {
+			next = avg + (x-avg)/64
+		}
+		if a.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// note records one route at now with own uncached tokens.
+func (r *routeStats) note(now time.Time, own float64) {
+	ewma(&r.avgOwn, own)
+	t := now.UnixNano()
+	if last := r.lastNanos.Swap(t); last != 0 && t >= last {
+		// Simultaneous routes (a burst, a coarse clock) count as 1 us
+		// apart: a very high rate, not an unknown one.
+		ewma(&r.meanGap, max(float64(t-last)/1e9, 1e-6))
+	}
+}
+
+// rate is the model's routes per second at now: one over the mean gap,
+// or over the time since the last route when that is longer (traffic
+// that stopped stops counting); 0 before two routes.
+func (r *routeStats) rate(now time.Time) float64 {
+	gap := math.Float64frombits(r.meanGap.Load())
+	if gap <= 0 {
+		return 0
+	}
+	if since := float64(now.UnixNano()-r.lastNanos.Load()) / 1e9; since > gap {
+		gap = since
+	}
+	return 1 / gap
+}
+
+// stats returns the model's route statistics, creating them on first use.
+// Cost: one sync.Map load; one allocation per model, ever.
+func (s *Scorer) stats(m *indexer.Model) *routeStats {
+	if v, ok := s.routes.Load(m); ok {
+		return v.(*routeStats)
+	}
+	v, _ := s.routes.LoadOrStore(m, &routeStats{})
+	return v.(*routeStats)
 }
 
 // workerTable is an immutable snapshot of the index's workers, by id.
@@ -92,7 +159,10 @@ type workerTable struct {
 	models  []*indexer.Model
 	health  []*events.HealthCell // nil cells read as unknown
 	loads   []*LoadCell          // nil cells read as no load
+	workers []*indexer.Worker    // nil for free ids
 	byRef   map[events.WorkerRef]indexer.WorkerID
+	// perModel counts each model's workers.
+	perModel map[*indexer.Model]int
 }
 
 // New returns a Scorer over ix.
@@ -128,13 +198,15 @@ func (s *Scorer) workers() *workerTable {
 	ws := s.ix.Workers()
 	n := s.ix.NumWorkers()
 	t := &workerTable{
-		version: v,
-		refs:    make([]events.WorkerRef, n),
-		gens:    make([]uint32, n),
-		models:  make([]*indexer.Model, n),
-		health:  make([]*events.HealthCell, n),
-		loads:   make([]*LoadCell, n),
-		byRef:   make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
+		version:  v,
+		refs:     make([]events.WorkerRef, n),
+		gens:     make([]uint32, n),
+		models:   make([]*indexer.Model, n),
+		health:   make([]*events.HealthCell, n),
+		loads:    make([]*LoadCell, n),
+		workers:  make([]*indexer.Worker, n),
+		byRef:    make(map[events.WorkerRef]indexer.WorkerID, len(ws)),
+		perModel: make(map[*indexer.Model]int),
 	}
 	for _, w := range ws {
 		id := w.ID()
@@ -142,8 +214,9 @@ func (s *Scorer) workers() *workerTable {
 			continue // added after n was read: the next call sees it
 		}
 		ref := w.Info().Ref
-		t.refs[id], t.gens[id], t.models[id] = ref, w.Gen(), w.Model()
+		t.refs[id], t.gens[id], t.models[id], t.workers[id] = ref, w.Gen(), w.Model(), w
 		t.byRef[ref] = id
+		t.perModel[w.Model()]++
 		if s.opts.Health != nil {
 			t.health[id] = s.opts.Health.Health(ref)
 		}
@@ -371,7 +444,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	for i := range res.Ranked {
 		s.loadOf(req, res, &res.Ranked[i], now)
 	}
-	res.Prompt = s.prompt(req, res)
+	res.Prompt = s.prompt(req, res, s.tracker.now())
 	res.Policy.Rank(res.Prompt, res.Ranked, tab.refs)
 	return nil
 }
@@ -449,16 +522,24 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 		l.Source = "scrape"
 	}
 	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(id, res.tab.gens[id])
+	if w := res.tab.workers[id]; w != nil {
+		l.ResidentBlocks = uint64(max(w.ResidentBlocks(), 0))
+	}
 }
 
-// prompt describes the request for the policy.
-func (s *Scorer) prompt(req *Request, res *Result) Prompt {
+// prompt describes the request for the policy; now is the tracker's
+// clock, for the model's arrival rate.
+func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 	bs := req.Model.BlockSize
+	st := s.stats(req.Model)
 	return Prompt{
-		Blocks:          len(res.Keys),
-		Tokens:          max(len(req.Tokens), len(res.Keys)*bs),
-		BlockSize:       bs,
-		AvgPromptTokens: math.Float64frombits(s.avgPrompt.Load()),
+		Blocks:            len(res.Keys),
+		Tokens:            max(len(req.Tokens), len(res.Keys)*bs),
+		BlockSize:         bs,
+		AvgPromptTokens:   math.Float64frombits(s.avgPrompt.Load()),
+		AvgUncachedTokens: math.Float64frombits(st.avgOwn.Load()),
+		ArrivalRate:       st.rate(now),
+		Workers:           res.tab.perModel[req.Model],
 	}
 }
 
@@ -524,6 +605,7 @@ func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, r
 		res.reset()
 		return -1, err
 	}
+	s.stats(req.Model).note(s.tracker.now(), c.Own)
 	return chosen, nil
 }
 

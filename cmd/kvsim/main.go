@@ -2,8 +2,11 @@
 // (Mooncake format) or a generated workload through simulated vLLM engines
 // and compares routers side by side on the same arrivals: round-robin,
 // least-loaded, prefix-hash, approximate, precise (kvindex Score),
-// precise+load (kvindex Route) and an oracle.
+// precise+load (kvindex Route) and ttft-greedy, a perfect-knowledge
+// reference; the tables add the offline bounds (hit rate with an infinite
+// cache, TTFT with no queueing).
 //
+//	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
 //	kvsim run                                   # the Mooncake trace, virtual time
 //	kvsim run --workload tenants --charts docs/img
 //	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
@@ -23,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -32,6 +36,7 @@ import (
 	"github.com/kvindex/kvindex/internal/sim"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/router"
+	"github.com/kvindex/kvindex/internal/sim/workload"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -49,7 +54,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRun(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
+	root.AddCommand(newAnalyze(), newRun(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
 	return root
 }
 
@@ -71,11 +76,12 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&rc.Workload.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
 	fs.IntVar(&rc.Workload.Requests, "requests", 0, "first N requests of a trace, or a generator's request count (0: all / the generator's default)")
 	fs.Float64Var(&rc.Workload.RateScale, "rate-scale", 1, "multiply the arrival rate (2 = arrivals twice as dense)")
+	fs.DurationVar(&rc.Workload.Pause, "pause", 0, "delay every request after the first by this much (a sparse start)")
 	fs.Uint64Var(&rc.Workload.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
 	fs.IntVar(&rc.Workload.Prefixes.Prefixes, "prefixes", 0, "prefixes: distinct shared prefixes (default 40)")
 	fs.IntVar(&rc.Workload.Prefixes.PrefixTokens, "prefix-tokens", 0, "prefixes: shared prefix length (default 2048)")
 	fs.IntVar(&rc.Workload.Prefixes.SuffixTokens, "suffix-tokens", 0, "prefixes: unique suffix length (default 256)")
-	fs.Float64Var(&f.zipf, "zipf", 0, "prefixes: Zipf exponent of prefix popularity (default 1.1)")
+	fs.Float64Var(&f.zipf, "zipf", workload.DefaultZipfS, "prefixes: Zipf exponent of prefix popularity (0: uniform)")
 	fs.Float64Var(&f.prefixesQPS, "qps", 0, "prefixes: Poisson arrival rate (default 20)")
 	fs.IntVar(&rc.Workload.Tenants.Tenants, "tenants", 0, "tenants: number of tenants (default 150)")
 	fs.IntVar(&rc.Workload.Tenants.ContextTokens, "context-tokens", 0, "tenants: shared context per tenant (default 6000)")
@@ -93,7 +99,8 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Engine.MaxBatchedTokens, "max-batched-tokens", 0, "token budget per step (default 8192)")
 	tm := &o.Engine.Time
 	*tm = engine.DefaultTimeModel()
-	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine")
+	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
+	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: prefill linear in tokens)")
 	fs.DurationVar(&tm.StepOverhead, "step-overhead", tm.StepOverhead, "fixed cost of a step")
 	fs.DurationVar(&tm.DecodePerSeq, "decode-per-seq", tm.DecodePerSeq, "cost of each decoding request in a step")
 	fs.DurationVar(&tm.DecodePerContextToken, "decode-per-ctx-token", tm.DecodePerContextToken, "cost of each context token of a decoding request")
@@ -136,7 +143,11 @@ func (f *flags) config() (sim.RunConfig, error) {
 	default:
 		return rc, fmt.Errorf("--wire %q: want map or array", f.wire)
 	}
-	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.QPS = f.zipf, f.prefixesQPS
+	if f.zipf < 0 {
+		return rc, fmt.Errorf("--zipf %v: want an exponent >= 0 (0: uniform)", f.zipf)
+	}
+	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.Uniform = f.zipf, f.zipf == 0
+	rc.Workload.Prefixes.QPS = f.prefixesQPS
 	rc.Workload.Tenants.StartQPS, rc.Workload.Tenants.EndQPS = f.startQPS, f.endQPS
 	rc.Workload.Prefixes.OutputTokens, rc.Workload.Tenants.OutputTokens = f.outputTokens, f.outputTokens
 	rc.Options.Seed = rc.Workload.Seed
@@ -200,6 +211,52 @@ func registerLive(fs *pflag.FlagSet, lo *sim.LiveOptions, printConfig *bool) {
 	fs.BoolVar(printConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
 	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
 	fs.IntVar(&lo.Replicas, "replicas", 2, "replicas in fleet mode")
+}
+
+func newAnalyze() *cobra.Command {
+	ac := sim.AnalyzeConfig{}
+	var sizes string
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "analyze LOG",
+		Short: "Should I deploy this? The reuse ceiling of your own request log, and round-robin, precise and precise+load replayed on it",
+		Long: "analyze reads a request log you already have: Mooncake JSONL (hash_ids), JSONL of token ids\n" +
+			"({\"timestamp\": ms, \"token_ids\": [...], \"output_length\": n}) or OpenAI request bodies (prompt or\n" +
+			"messages, optional timestamp in ms), tokenized by a vLLM /tokenize endpoint (--tokenize) or, without\n" +
+			"one, estimated (4-character pieces of the text). It hashes 16-token blocks, prints the reuse ceiling\n" +
+			"(the share of prompt tokens that are a prefix of an earlier request within --window), replays the log\n" +
+			"through round-robin, precise and precise+load over shrinking caches, and ends with a one-line verdict.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ac.Log = args[0]
+			var err error
+			if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
+				return err
+			}
+			if verbose {
+				ac.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return sim.Analyze(ctx, ac, cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&ac.Format, "format", sim.FormatAuto, "log format: auto, mooncake, tokens or openai")
+	fs.StringVar(&ac.TokenizeURL, "tokenize", "", "a vLLM /tokenize endpoint for OpenAI bodies (e.g. http://vllm:8000/tokenize); default: an estimate")
+	fs.DurationVar(&ac.Window, "window", 10*time.Minute, "how far back a reused prefix may have been seen")
+	fs.StringVar(&sizes, "sweep-cache", "25k,12.5k,6250,3125", "cache sizes to replay, blocks per engine")
+	o := &ac.Options
+	fs.IntVar(&o.Engines, "engines", 8, "number of engines")
+	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
+	tm := &o.Engine.Time
+	*tm = engine.DefaultTimeModel()
+	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
+	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: none)")
+	fs.Uint64Var(&o.Seed, "seed", 1, "seed of engine hashes and tie-breaks")
+	fs.IntVar(&o.Parallel, "parallel", 0, "simulations at once (default GOMAXPROCS)")
+	fs.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
+	return cmd
 }
 
 func newDemo() *cobra.Command {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/kvindex/kvindex/internal/netutil"
 )
 
@@ -58,6 +60,35 @@ func TestPrintConfig(t *testing.T) {
 	}
 	if !strings.Contains(out, "tcp://127.0.0.1:7000") || !strings.Contains(out, "precise+load-vllm-1") {
 		t.Errorf("config:\n%s", out)
+	}
+}
+
+func TestZipfZeroIsUniform(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		zipf    float64
+		uniform bool
+	}{
+		{nil, 1.1, false},
+		{[]string{"--zipf", "0"}, 0, true},
+		{[]string{"--zipf", "0.8"}, 0.8, false},
+	} {
+		f := &flags{}
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		f.register(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := f.config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := rc.Workload.Prefixes; p.ZipfS != tc.zipf || p.Uniform != tc.uniform {
+			t.Errorf("%v: ZipfS %v, Uniform %v; want %v, %v", tc.args, p.ZipfS, p.Uniform, tc.zipf, tc.uniform)
+		}
+	}
+	if _, err := run(t, "run", "--workload", "prefixes", "--zipf", "-1"); err == nil {
+		t.Error("--zipf -1: no error")
 	}
 }
 

@@ -291,8 +291,13 @@ type Scoring struct {
 	// LoadWeight weighs a queued prefill token against an uncached one
 	// (default DefaultLoadWeight, 1/3).
 	LoadWeight float64 `yaml:"load_weight,omitempty"`
-	// Guard is the hotspot guard: cost (DefaultGuard), static or off.
+	// Guard is the hotspot guard: ttft (DefaultGuard), cost, static or off.
 	Guard string `yaml:"guard,omitempty"`
+	// Cost is the engine cost model the ttft guard estimates time to
+	// first token with (defaults: scoring.DefaultCostModel, an 8B model on
+	// one H100; see scoring.Calibrate for measuring it from vLLM's
+	// metrics).
+	Cost CostModel `yaml:"cost_model,omitempty"`
 	// StaticK is the static guard's multiple of the median (default
 	// DefaultStaticK).
 	StaticK float64 `yaml:"static_k,omitempty"`
@@ -471,6 +476,54 @@ func (c *Config) model(name string) *Model {
 	return nil
 }
 
+// CostModel is the scoring.cost_model section: one engine's cost model
+// (scoring.CostModel); zero fields take the defaults.
+type CostModel struct {
+	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
+	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec,omitempty"`
+	// AttentionPairsPerSec is the prefill attention rate in (new token,
+	// context token) pairs per second.
+	AttentionPairsPerSec float64 `yaml:"attention_pairs_per_sec,omitempty"`
+	// StepOverhead is the fixed cost of a forward pass.
+	StepOverhead time.Duration `yaml:"step_overhead,omitempty"`
+	// DecodePerSeq is the cost of each decoding request in a step.
+	DecodePerSeq time.Duration `yaml:"decode_per_seq,omitempty"`
+	// DecodePerContextToken is the cost of one context token of a
+	// decoding request.
+	DecodePerContextToken time.Duration `yaml:"decode_per_context_token,omitempty"`
+	// MaxBatchedTokens is vLLM's max_num_batched_tokens.
+	MaxBatchedTokens int `yaml:"max_batched_tokens,omitempty"`
+	// KVCapacityTokens is one engine's KV cache in tokens.
+	KVCapacityTokens int `yaml:"kv_capacity_tokens,omitempty"`
+}
+
+// model is scoring.DefaultCostModel with the section's non-zero fields.
+func (m CostModel) model() scoring.CostModel {
+	c := scoring.DefaultCostModel()
+	if m.PrefillTokensPerSec != 0 {
+		c.PrefillTokensPerSec = m.PrefillTokensPerSec
+	}
+	if m.AttentionPairsPerSec != 0 {
+		c.AttentionPairsPerSec = m.AttentionPairsPerSec
+	}
+	if m.StepOverhead != 0 {
+		c.StepOverhead = m.StepOverhead
+	}
+	if m.DecodePerSeq != 0 {
+		c.DecodePerSeq = m.DecodePerSeq
+	}
+	if m.DecodePerContextToken != 0 {
+		c.DecodePerContextToken = m.DecodePerContextToken
+	}
+	if m.MaxBatchedTokens != 0 {
+		c.MaxBatchedTokens = m.MaxBatchedTokens
+	}
+	if m.KVCapacityTokens != 0 {
+		c.KVCapacityTokens = m.KVCapacityTokens
+	}
+	return c
+}
+
 // Policy is the configured default ranking policy.
 func (c *Config) Policy() (scoring.Policy, error) {
 	return c.Scoring.policy()
@@ -479,10 +532,18 @@ func (c *Config) Policy() (scoring.Policy, error) {
 // policy is scoring.DefaultPolicy with the section's non-zero fields
 // applied.
 func (s *Scoring) policy() (scoring.Policy, error) {
-	return scoring.Override{
+	p, err := scoring.Override{
 		Name: s.Policy, GPUWeight: s.GPUWeight, CPUWeight: s.CPUWeight, StorageWeight: s.StorageWeight,
 		LoadWeight: s.LoadWeight, Guard: s.Guard, StaticK: s.StaticK,
 	}.Apply(scoring.DefaultPolicy())
+	if err != nil {
+		return p, err
+	}
+	p.Cost = s.Cost.model()
+	if err := p.Cost.Validate(); err != nil {
+		return p, fmt.Errorf("cost_model: %w", err)
+	}
+	return p, nil
 }
 
 // Marshal encodes c as YAML in the keys Parse reads, fields at their zero

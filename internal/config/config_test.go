@@ -172,7 +172,7 @@ func TestREADMEExampleParses(t *testing.T) {
 	if len(c.Workers()) != 3 || c.Workers()[0].ReplayEndpoint != "tcp://10.0.0.5:5567" || len(c.Push) != 1 {
 		t.Fatalf("README example parsed to %+v", c)
 	}
-	if p, _ := c.Policy(); p.Guard.String() != "cost" {
+	if p, _ := c.Policy(); p.Guard.String() != "ttft" || p.Cost != scoring.DefaultCostModel() {
 		t.Fatalf("policy %+v", p)
 	}
 }
@@ -292,5 +292,24 @@ func TestValidateAgent(t *testing.T) {
 	c.Agent.Pod = "nope"
 	if _, err := c.ValidateAgent(); err == nil {
 		t.Fatal("unknown pod accepted")
+	}
+}
+
+func TestCostModelSection(t *testing.T) {
+	c, err := Parse([]byte("scoring:\n  guard: ttft\n  cost_model:\n    prefill_tokens_per_sec: 20000\n    attention_pairs_per_sec: 1.2e9\n    step_overhead: 8ms\n    kv_capacity_tokens: 100000\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := scoring.DefaultCostModel()
+	want.PrefillTokensPerSec, want.AttentionPairsPerSec, want.StepOverhead, want.KVCapacityTokens = 20000, 1.2e9, 8*time.Millisecond, 100000
+	if p.Guard != scoring.GuardTTFT || p.Cost != want {
+		t.Fatalf("policy %+v, want the ttft guard with %+v", p, want)
+	}
+	if _, err := Parse([]byte("scoring:\n  cost_model:\n    attention_pairs_per_sec: -1\n")); err == nil || !strings.Contains(err.Error(), "cost_model") {
+		t.Fatalf("a negative attention rate: %v", err)
 	}
 }

@@ -75,7 +75,7 @@ const (
 	// one (scoring.load_weight).
 	DefaultLoadWeight = scoring.DefaultLoadWeight
 	// DefaultGuard is cache_aware's hotspot guard (scoring.guard).
-	DefaultGuard = "cost"
+	DefaultGuard = "ttft"
 	// DefaultStaticK is the static guard's multiple of the median in-flight
 	// count (scoring.static_k).
 	DefaultStaticK = scoring.DefaultStaticK

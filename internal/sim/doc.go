@@ -3,7 +3,10 @@
 // engine) once per router (package router), on the same arrivals, and
 // reports hit rates, prefill work, TTFT percentiles, throughput and load
 // skew per router (package metrics), as tables, CSV and SVG charts
-// (package chart).
+// (package chart), beside the bounds the workload sets for any router
+// (ComputeBounds: the hit rate of an infinite cache, the TTFT of
+// prefilling alone). Analyze does the same for a user's own request log,
+// with its reuse ceiling and a verdict.
 //
 // # Two modes, one loop
 //
@@ -23,7 +26,9 @@
 //     LiveOptions.Speedup). Engines publish over real ZeroMQ sockets
 //     (enginepub.Publisher) to the real daemon (internal/daemon, started in
 //     process, or an external one), and the kvindex routers ask it over real
-//     gRPC (api.Client).
+//     gRPC (api.Client). Each router's call is charged to its request's
+//     TTFT on the wall clock (the request reaches its engine that much
+//     later), so live and virtual differ by the real routing latency.
 //
 // Either way, when a run ends every kvindex worker must hold exactly the
 // blocks its engine has cached; anything else is counted in

@@ -273,7 +273,8 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		if err != nil {
 			return err
 		}
-		l := &loop{w: w, o: &o, fleet: f, rec: metrics.NewRecorder(o.Engines), wait: wait}
+		l := &loop{w: w, o: &o, fleet: f, rec: metrics.NewRecorder(o.Engines), wait: wait,
+			clock: func() time.Duration { return time.Duration(float64(time.Since(start)) * lo.Speedup) }}
 		rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
 			Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
 		if router.NeedsIndex(name) {

@@ -77,7 +77,11 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := writeTable(w, results, agreeNote); err != nil {
+	bounds, err := ComputeBounds(wl, rc.Options)
+	if err != nil {
+		return err
+	}
+	if err := writeTable(w, results, bounds, agreeNote); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), time.Since(start).Round(10*time.Millisecond))
@@ -94,7 +98,7 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		fmt.Fprintf(w, "\nsweep of %d sizes in %s (wall clock)\n", len(points), time.Since(sweepStart).Round(10*time.Millisecond))
 	}
 	if rc.CSVDir != "" {
-		if err := WriteCSV(rc.CSVDir, results); err != nil {
+		if err := WriteCSV(rc.CSVDir, results, bounds); err != nil {
 			return err
 		}
 		if err := WriteCDFCSV(rc.CSVDir, results); err != nil {

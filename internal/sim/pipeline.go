@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -52,7 +53,9 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	if now != nil {
 		clock = func() time.Time { return simEpoch.Add(now()) }
 	}
-	p.scorer = scoring.New(ix, scoring.Options{Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock})})
+	pol := scoring.DefaultPolicy()
+	pol.Cost = CostModel(o.Engine)
+	p.scorer = scoring.New(ix, scoring.Options{Policy: &pol, Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock})})
 	return p, nil
 }
 
@@ -101,4 +104,20 @@ func (p *pipeline) problems(f *fleet) (int64, error) {
 		}
 	}
 	return n, p.firstErr
+}
+
+// CostModel is kvindex's engine cost model calibrated to the simulated
+// engines: their time model, step budget and cache size, what an operator
+// measures from vLLM's metrics (scoring.Calibrate).
+func CostModel(c engine.Config) scoring.CostModel {
+	c.Defaults()
+	return scoring.CostModel{
+		PrefillTokensPerSec:   c.Time.PrefillTokensPerSec,
+		AttentionPairsPerSec:  c.Time.AttentionPairsPerSec,
+		StepOverhead:          c.Time.StepOverhead,
+		DecodePerSeq:          c.Time.DecodePerSeq,
+		DecodePerContextToken: c.Time.DecodePerContextToken,
+		MaxBatchedTokens:      c.MaxBatchedTokens,
+		KVCapacityTokens:      c.CacheBlocks * c.BlockSize,
+	}
 }

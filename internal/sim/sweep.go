@@ -17,6 +17,8 @@ type SweepPoint struct {
 	CacheBlocks int
 	// Results has one entry per router, in Options.Routers order.
 	Results []metrics.Result
+	// Bounds are the workload's bounds at this cache size (what fits).
+	Bounds *Bounds
 }
 
 // Sweep runs every router at every cache size (blocks per engine), in
@@ -44,7 +46,13 @@ func Sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([
 		if size <= 0 {
 			return nil, fmt.Errorf("sim: sweep: cache size %d", size)
 		}
-		out[pi] = SweepPoint{CacheBlocks: size, Results: make([]metrics.Result, len(o.Routers))}
+		bo := o
+		bo.Engine.CacheBlocks = size
+		b, err := ComputeBounds(w, bo)
+		if err != nil {
+			return nil, fmt.Errorf("sim: sweep at %d blocks: %w", size, err)
+		}
+		out[pi] = SweepPoint{CacheBlocks: size, Results: make([]metrics.Result, len(o.Routers)), Bounds: b}
 		for ri, name := range o.Routers {
 			jo := o
 			jo.Engine.CacheBlocks = size

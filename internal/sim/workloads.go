@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kvindex/kvindex/internal/sim/workload"
 )
@@ -37,6 +38,10 @@ type WorkloadSpec struct {
 	// RateScale multiplies the arrival rate (2: arrivals twice as dense);
 	// 0 or 1 keeps it.
 	RateScale float64
+	// Pause delays every request after the first by this much (a sparse
+	// start: one engine caches a universal prefix alone; 0: none). It is
+	// applied after RateScale.
+	Pause time.Duration
 	// Prefixes and Tenants configure the generators (Requests and Seed
 	// override theirs).
 	Prefixes workload.PrefixesConfig
@@ -76,6 +81,13 @@ func LoadWorkload(spec WorkloadSpec) (*workload.Workload, error) {
 	}
 	if spec.RateScale > 0 && spec.RateScale != 1 {
 		w = w.Scale(spec.RateScale)
+	}
+	if spec.Pause < 0 {
+		return nil, fmt.Errorf("sim: negative pause %v", spec.Pause)
+	}
+	if spec.Pause > 0 {
+		w = w.Pause(1, spec.Pause)
+		w.Name += fmt.Sprintf(" (+%v after the first request)", spec.Pause)
 	}
 	return w, nil
 }

@@ -45,17 +45,32 @@
 //
 // # Time model
 //
-// A step that prefills p tokens and decodes d requests with a total
-// context of c tokens takes
+// A step that prefills p tokens, attending over a (new token, context
+// token) pairs, and decodes d requests with a total context of c tokens
+// takes
 //
-//	StepOverhead + p/PrefillTokensPerSec + d*DecodePerSeq + c*DecodePerContextToken
+//	StepOverhead + p/PrefillTokensPerSec + a/AttentionPairsPerSec
+//	    + d*DecodePerSeq + c*DecodePerContextToken
+//
+// A prefill chunk of n tokens after k computed (or cached) ones attends
+// over n*k + n*(n+1)/2 pairs: prefill slows with the context already
+// cached and quadratically with a long prompt, as flash attention does.
 //
 // The defaults describe an 8B model (Llama-3.1-8B, bf16) on one H100 80GB:
 //
-//   - PrefillTokensPerSec 16,000: 2 x 8e9 FLOPs per token at about 30% of
-//     the H100's 989 dense bf16 TFLOP/s, including attention at ~10k
-//     contexts; published measurements of 8B prefill throughput on one
-//     H100 fall around 10-20k tokens/s.
+//   - PrefillTokensPerSec 17,500: the weights' 2 x 8e9 FLOPs per token at
+//     28% of the H100's 989 dense bf16 TFLOP/s (GEMMs, norms, sampling and
+//     scheduling together).
+//   - AttentionPairsPerSec 9.4e8: a (query, key) pair costs 4 x 32 layers
+//     x 32 heads x 128 dims = 524,288 FLOPs (QK and AV), at 50% of peak,
+//     what FlashAttention-3 reaches for bf16 on H100. With the linear
+//     part, a 10,000-token prompt prefills at 16,000 tokens/s (the linear
+//     model this replaces, whose rate was set for ~10k contexts), a
+//     2,000-token one at 17,200 and a 128,000-token one at 8,000:
+//     published measurements of 8B prefill on one H100 fall around
+//     10-20k tokens/s at moderate lengths and well below at 100k+. These
+//     are derived from FLOPs and stated efficiencies, not fitted to a
+//     measured curve; scoring.Calibrate fits a real engine's.
 //   - StepOverhead 6 ms: reading 16 GB of weights at 3.35 TB/s takes
 //     4.8 ms per forward pass, plus scheduling and sampling; vLLM's
 //     inter-token latency for 8B at batch 1 on H100 is about 6-8 ms.

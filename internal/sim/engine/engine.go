@@ -11,8 +11,14 @@ import (
 
 // TimeModel gives the duration of an engine step (see the package doc).
 type TimeModel struct {
-	// PrefillTokensPerSec is the prefill compute rate (default 16,000).
+	// PrefillTokensPerSec is the prefill rate of everything but attention
+	// (default 17,500).
 	PrefillTokensPerSec float64
+	// AttentionPairsPerSec is the prefill attention rate in (new token,
+	// context token) pairs per second: a chunk of n tokens after c
+	// computed ones attends over n*c + n*(n+1)/2 pairs (default 9.4e8;
+	// 0: no attention term, prefill linear in tokens).
+	AttentionPairsPerSec float64
 	// StepOverhead is the fixed cost of a forward pass (default 6 ms).
 	StepOverhead time.Duration
 	// DecodePerSeq is the cost of each decoding request (default 0.1 ms).
@@ -25,7 +31,8 @@ type TimeModel struct {
 // DefaultTimeModel returns the documented defaults (8B model, one H100).
 func DefaultTimeModel() TimeModel {
 	return TimeModel{
-		PrefillTokensPerSec:   16000,
+		PrefillTokensPerSec:   17500,
+		AttentionPairsPerSec:  9.4e8,
 		StepOverhead:          6 * time.Millisecond,
 		DecodePerSeq:          100 * time.Microsecond,
 		DecodePerContextToken: 39 * time.Nanosecond,
@@ -40,6 +47,21 @@ func (t TimeModel) StepTime(prefill, decodeSeqs int, contextTokens int64) time.D
 		d += time.Duration(float64(prefill) / t.PrefillTokensPerSec * float64(time.Second))
 	}
 	return d
+}
+
+// AttentionTime is the prefill attention cost of pairs (new token,
+// context token) pairs (0 when the model has no attention term).
+func (t TimeModel) AttentionTime(pairs int64) time.Duration {
+	if t.AttentionPairsPerSec <= 0 || pairs <= 0 {
+		return 0
+	}
+	return time.Duration(float64(pairs) / t.AttentionPairsPerSec * float64(time.Second))
+}
+
+// AttentionPairs is how many (new token, context token) pairs a prefill
+// chunk of n tokens after ctx computed tokens attends over, causally.
+func AttentionPairs(n, ctx int) int64 {
+	return int64(n)*int64(ctx) + int64(n)*int64(n+1)/2
 }
 
 // PrefillTime is how long prefilling n tokens takes at the model's rate.
@@ -100,6 +122,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: max_num_seqs %d, max_num_batched_tokens %d", ErrConfig, c.MaxNumSeqs, c.MaxBatchedTokens)
 	case c.Time.PrefillTokensPerSec <= 0:
 		return fmt.Errorf("%w: prefill rate %v tokens/s", ErrConfig, c.Time.PrefillTokensPerSec)
+	case c.Time.AttentionPairsPerSec < 0:
+		return fmt.Errorf("%w: attention rate %v pairs/s", ErrConfig, c.Time.AttentionPairsPerSec)
 	}
 	return nil
 }
@@ -155,7 +179,8 @@ type Load struct {
 	KVUsage float64
 	// QueuedPrefill is prompt tokens still to prefill: the rest of running
 	// prefills plus waiting prompts' tokens that were uncached on arrival.
-	// vLLM exports nothing like it; only the oracle may use it.
+	// vLLM exports nothing like it; only the perfect-knowledge
+	// router (ttft-greedy) may use it.
 	QueuedPrefill int64
 }
 
@@ -312,11 +337,11 @@ func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 		panic(fmt.Sprintf("engine %d: StartStep during a step", e.id))
 	}
 	e.evs, e.evHash, e.evToks = e.evs[:0], e.evHash[:0], e.evToks[:0]
-	prefill, decodes, ctx := e.schedule()
+	prefill, pairs, decodes, ctx := e.schedule()
 	if prefill == 0 && decodes == 0 {
 		return 0, false
 	}
-	d = e.cfg.Time.StepTime(prefill, decodes, ctx)
+	d = e.cfg.Time.StepTime(prefill, decodes, ctx) + e.cfg.Time.AttentionTime(pairs)
 	e.inStep, e.stepEnd = true, now+d
 	e.stats.PrefillTokens += int64(prefill)
 	e.stats.DecodeTokens += int64(decodes)
@@ -326,8 +351,9 @@ func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 }
 
 // schedule builds one step: running requests first, then waiting ones.
-// It returns the prefill tokens, decoding requests and their context.
-func (e *Engine) schedule() (prefill, decodes int, ctx int64) {
+// It returns the prefill tokens, their attention pairs, the decoding
+// requests and their context.
+func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
 	budget := e.cfg.MaxBatchedTokens
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
@@ -353,10 +379,11 @@ func (e *Engine) schedule() (prefill, decodes int, ctx int64) {
 			ctx += int64(s.computed)
 		} else {
 			prefill += need
+			pairs += AttentionPairs(need, s.computed)
 		}
 	}
 	if preempted {
-		return prefill, decodes, ctx
+		return prefill, pairs, decodes, ctx
 	}
 	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
 		s := e.waiting[0]
@@ -391,9 +418,10 @@ func (e *Engine) schedule() (prefill, decodes int, ctx int64) {
 		s.chunk = need
 		budget -= need
 		prefill += need
+		pairs += AttentionPairs(need, s.computed)
 		e.cacheFull(s)
 	}
-	return prefill, decodes, ctx
+	return prefill, pairs, decodes, ctx
 }
 
 // grow allocates the blocks s needs to hold need more tokens; false when

@@ -326,3 +326,35 @@ func TestHashesAreChainedAndSeeded(t *testing.T) {
 		t.Fatal("not deterministic")
 	}
 }
+
+func TestAttentionTerm(t *testing.T) {
+	if got := AttentionPairs(4, 10); got != 4*10+10 {
+		t.Fatalf("pairs of 4 tokens after 10 = %d, want 50", got)
+	}
+	tm := DefaultTimeModel()
+	// 10,000 uncached tokens alone (one chunk, no overhead): 0.5714 s of
+	// linear prefill plus 5.0005e7 pairs at 9.4e8/s = 0.6246 s, 16,000
+	// tokens/s.
+	d := tm.StepTime(10000, 0, 0) - tm.StepOverhead + tm.AttentionTime(AttentionPairs(10000, 0))
+	if rate := 10000 / d.Seconds(); rate < 15900 || rate > 16100 {
+		t.Errorf("10,000 tokens prefill at %.0f tokens/s, want 16,000", rate)
+	}
+	if (TimeModel{PrefillTokensPerSec: 1}).AttentionTime(1e9) != 0 {
+		t.Error("a model without attention charges attention")
+	}
+	// A step's duration includes its chunks' attention.
+	e := tiny(t, 1024, 16)
+	cfg := e.Config()
+	cfg.Time = TimeModel{PrefillTokensPerSec: 1e6, AttentionPairsPerSec: 1e6}
+	e2, err := New(2, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := req(1, 1, workload.Segment{ID: 1, Len: 16})
+	submit(t, e2, r)
+	d, ok := e2.StartStep(0)
+	// 16 tokens: 16 us linear + 136 pairs = 136 us.
+	if want := cfg.Time.StepOverhead + 16*time.Microsecond + 136*time.Microsecond; !ok || d != want {
+		t.Errorf("step %v, want %v", d, want)
+	}
+}

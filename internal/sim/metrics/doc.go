@@ -10,7 +10,10 @@
 //     least one block.
 //   - Prefill tokens: prompt tokens the engines computed, recomputation
 //     after preemption included.
-//   - TTFT: first token time minus arrival. Percentiles are nearest-rank:
+//   - TTFT: first token time minus arrival. In live mode the request
+//     reaches its engine when the router has answered, on the wall
+//     clock, so the router's latency (kvindex's gRPC round trip and
+//     ranking) is part of TTFT; virtual time routes instantly. Percentiles are nearest-rank:
 //     the p-th percentile of n sorted values is value ceil(p/100*n)
 //     (1-based).
 //   - Throughput: completed requests (and their generated tokens) per

@@ -17,6 +17,7 @@ type Recorder struct {
 	res        Result
 	arrival    map[int]time.Duration
 	outputDone int64
+	routeDelay []time.Duration
 }
 
 // NewRecorder returns a recorder for a fleet of n engines.
@@ -35,6 +36,10 @@ func (r *Recorder) Arrived(id int, at time.Duration) {
 
 // Routed records that a request went to engine i.
 func (r *Recorder) Routed(i int) { r.perEngine[i].Requests++ }
+
+// RouteDelay records how long the router took to answer one request
+// (live mode, where it is charged to TTFT), in virtual time.
+func (r *Recorder) RouteDelay(d time.Duration) { r.routeDelay = append(r.routeDelay, d) }
 
 // Rejected records a request the engine refused (it could never fit).
 func (r *Recorder) Rejected(id int) {
@@ -101,6 +106,14 @@ func (r *Recorder) Result(router string, prefill []int64, busy []time.Duration, 
 	}
 	res.LoadSkew = Skew(pf)
 	res.RequestSkew = Skew(rq)
+	if n := len(r.routeDelay); n > 0 {
+		slices.Sort(r.routeDelay)
+		var sum time.Duration
+		for _, d := range r.routeDelay {
+			sum += d
+		}
+		res.RouteDelayMean, res.RouteDelayP99 = sum/time.Duration(n), Percentile(r.routeDelay, 99)
+	}
 	return res
 }
 
@@ -140,6 +153,10 @@ type Result struct {
 	IndexProblems int64
 	// Wall is how long the simulation took to run.
 	Wall time.Duration
+	// RouteDelayMean and RouteDelayP99 summarise how long the router took
+	// to answer, in virtual time, where it was charged to TTFT (live
+	// mode); zero in virtual time, where routing is instantaneous.
+	RouteDelayMean, RouteDelayP99 time.Duration
 }
 
 // TokenHitRate is CachedTokens / PromptTokens (0 when nothing ran).

@@ -25,11 +25,15 @@
 //     Unimplemented, it falls back to Score plus the same cost computed
 //     client-side (uncached tokens plus the router's own in-flight prefill
 //     tokens on the engine) and says so in Note.
-//   - oracle: reads every engine's cache and queue exactly, at the instant
-//     of the decision (no event delay), and picks the least estimated time
-//     to first token (exact queued prefill plus its own uncached prefill):
-//     the reference for what greedy routing could reach with perfect
-//     knowledge. Not a strict bound: precise, ignoring load, can hit more.
+//   - ttft-greedy (formerly "oracle"): reads every engine's cache and
+//     queue exactly, at the instant of the decision (no event delay), and
+//     picks the least estimated time to first token (exact queued prefill
+//     plus its own uncached prefill): what greedy routing reaches with
+//     perfect knowledge. A reference, not a bound: precise, ignoring load,
+//     can hit more, and a router that weighs what a prefill costs the
+//     requests behind it can have a lower tail. The bounds (offline hit
+//     rate with an infinite cache, TTFT with no queueing) are computed
+//     by package sim, not routed.
 //
 // # Concurrency
 //

@@ -17,13 +17,15 @@ import (
 
 // Router names, as accepted by New and printed in reports.
 const (
-	RoundRobin   = "round-robin"
-	LeastLoaded  = "least-loaded"
-	PrefixHash   = "prefix-hash"
-	Approximate  = "approximate"
-	Precise      = "precise"
-	PreciseLoad  = "precise+load"
-	Oracle       = "oracle"
+	RoundRobin  = "round-robin"
+	LeastLoaded = "least-loaded"
+	PrefixHash  = "prefix-hash"
+	Approximate = "approximate"
+	Precise     = "precise"
+	PreciseLoad = "precise+load"
+	// TTFTGreedy is the perfect-knowledge TTFT-greedy router (formerly
+	// "oracle", a name Parse still accepts): a reference, not a bound.
+	TTFTGreedy   = "ttft-greedy"
 	defaultAffin = 1024
 )
 
@@ -34,7 +36,10 @@ const (
 )
 
 // Names lists every router, in report order.
-var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, Oracle}
+var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, TTFTGreedy}
+
+// aliases are former router names Parse still accepts.
+var aliases = map[string]string{"oracle": TTFTGreedy}
 
 // ErrUnknown is wrapped by New for an unknown router name.
 var ErrUnknown = errors.New("router: unknown router")
@@ -61,7 +66,7 @@ type Fleet interface {
 	// CachedTokens is how many prompt tokens of req engine i would hit if
 	// it scheduled req now: its exact cache at this instant, including
 	// blocks of steps still running whose events are not yet published.
-	// Only the oracle may call it.
+	// Only the perfect-knowledge router (TTFTGreedy) may call it.
 	CachedTokens(i int, req *Request) int
 }
 
@@ -177,14 +182,15 @@ func New(name string, cfg Config) (Router, error) {
 			return nil, fmt.Errorf("router %s: mode %q (want %s or %s)", name, m, ModeRoute, ModeClient)
 		}
 		return newPrecise(name, cfg), nil
-	case Oracle:
-		return &oracle{f: cfg.Fleet, bs: cfg.BlockSize}, nil
+	case TTFTGreedy:
+		return &ttftGreedy{f: cfg.Fleet, bs: cfg.BlockSize}, nil
 	}
 	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(Names, ", "))
 }
 
 // Parse splits a comma-separated list of router names ("all" for every
-// router) and checks each.
+// router) and checks each; a former name ("oracle") is read as the
+// router's current one.
 func Parse(list string) ([]string, error) {
 	if list == "" || list == "all" {
 		return slices.Clone(Names), nil
@@ -192,6 +198,9 @@ func Parse(list string) ([]string, error) {
 	var out []string
 	for _, n := range strings.Split(list, ",") {
 		n = strings.TrimSpace(n)
+		if a, ok := aliases[n]; ok {
+			n = a
+		}
 		if !slices.Contains(Names, n) {
 			return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, n, strings.Join(Names, ", "))
 		}
@@ -311,8 +320,8 @@ func (r *prefixHash) Route(_ context.Context, req *Request) (int, error) {
 	return r.ring[i].engine, nil
 }
 
-// oracle knows every engine's cache and queue.
-type oracle struct {
+// ttftGreedy knows every engine's cache and queue.
+type ttftGreedy struct {
 	base
 	f    Fleet
 	bs   int
@@ -320,7 +329,7 @@ type oracle struct {
 }
 
 // Name implements Router.
-func (r *oracle) Name() string { return Oracle }
+func (r *ttftGreedy) Name() string { return TTFTGreedy }
 
 // Route picks the least estimated time to first token with perfect,
 // instantaneous knowledge: the engine's exact queued prefill tokens (no
@@ -329,13 +338,16 @@ func (r *oracle) Name() string { return Oracle }
 // at the same rate; ties by the longer hit, then fewer requests, then in
 // turn.
 //
-// It is the reference for what greedy routing could reach, not a strict
-// bound: a router that ignores load can hit more (precise), and no greedy
-// rule is optimal. A hit-maximising oracle is worse than useless here: the
+// It is the reference for what greedy routing could reach with perfect
+// knowledge, not a bound: a router that ignores load can hit more
+// (precise), and greedy is not optimal (it ignores what a request's
+// prefill costs the requests that queue behind it). The bounds are
+// computed offline (sim.ComputeBounds). A hit-maximising greedy router is
+// worse than useless here: the
 // engine caches a prompt's blocks when it schedules them, so on Mooncake
 // (every request starts with the same 512 tokens) the first engine to run
 // anything holds the only copy of that block and takes the whole trace.
-func (r *oracle) Route(_ context.Context, req *Request) (int, error) {
+func (r *ttftGreedy) Route(_ context.Context, req *Request) (int, error) {
 	n := r.f.Engines()
 	best, bestCost, bestHit, bestReqs := -1, int64(0), 0, 0
 	for k := range n {

@@ -145,12 +145,12 @@ func TestApproximate(t *testing.T) {
 	}
 }
 
-func TestOracle(t *testing.T) {
+func TestTTFTGreedy(t *testing.T) {
 	f := &fakeFleet{
 		loads:  []engine.Load{{QueuedPrefill: 0}, {QueuedPrefill: 5000}, {QueuedPrefill: 100}},
 		cached: []int{0, 128, 64},
 	}
-	r := mustNew(t, Oracle, Config{Fleet: f})
+	r := mustNew(t, TTFTGreedy, Config{Fleet: f})
 	// Prompt 128: costs 0+128, 5000+0, 100+64: engine 0.
 	if got := routeAll(t, r, request(0, 1, 2)); !eq(got, []int{0}) {
 		t.Fatalf("got %v", got)
@@ -313,6 +313,9 @@ func TestParseAndNew(t *testing.T) {
 	got, err := Parse("precise, round-robin,precise")
 	if err != nil || len(got) != 2 || got[0] != Precise {
 		t.Fatalf("%v %v", got, err)
+	}
+	if got, err := Parse("oracle,precise"); err != nil || !slices.Equal(got, []string{TTFTGreedy, Precise}) {
+		t.Fatalf("the former name oracle: %v %v", got, err)
 	}
 	if _, err := Parse("magic"); err == nil {
 		t.Fatal("unknown name accepted")

@@ -31,8 +31,11 @@ type PrefixesConfig struct {
 	// OutputTokens is every request's output length (default 128).
 	OutputTokens int
 	// ZipfS is the popularity exponent: prefix k (0-based) has weight
-	// 1/(k+1)^s (default 1.1; 0 is uniform).
+	// 1/(k+1)^s (0: DefaultZipfS; use Uniform for equal popularity).
 	ZipfS float64
+	// Uniform makes every prefix equally popular (exponent 0); ZipfS must
+	// then be 0.
+	Uniform bool
 	// QPS is the Poisson arrival rate (default 20).
 	QPS float64
 	// Engines is the fleet size the workload is meant for (default 4).
@@ -48,16 +51,22 @@ func (c *PrefixesConfig) defaults() {
 	setDefault(&c.SuffixTokens, 256)
 	setDefault(&c.OutputTokens, 128)
 	setDefault(&c.Engines, 4)
-	if c.ZipfS == 0 {
-		c.ZipfS = 1.1
+	if c.ZipfS == 0 && !c.Uniform {
+		c.ZipfS = DefaultZipfS
 	}
 	if c.QPS == 0 {
 		c.QPS = 20
 	}
 }
 
+// DefaultZipfS is the prefixes generator's default popularity exponent.
+const DefaultZipfS = 1.1
+
 // Prefixes generates the shared-prefix workload.
 func Prefixes(c PrefixesConfig) (*Workload, error) {
+	if c.Uniform && c.ZipfS != 0 {
+		return nil, fmt.Errorf("workload: prefixes: uniform popularity with Zipf exponent %v", c.ZipfS)
+	}
 	c.defaults()
 	if c.Requests < 0 || c.Prefixes <= 0 || c.PrefixTokens <= 0 || c.SuffixTokens < 0 || c.OutputTokens <= 0 || c.QPS <= 0 || c.ZipfS < 0 {
 		return nil, fmt.Errorf("workload: prefixes: invalid parameters %+v", c)

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -184,6 +185,19 @@ func (w *Workload) Scale(factor float64) *Workload {
 	for i, r := range w.Requests {
 		r.Arrival = time.Duration(float64(r.Arrival) / factor)
 		out.Requests[i] = r
+	}
+	return &out
+}
+
+// Pause returns a copy in which requests from index from on arrive d
+// later: a sparse start, such as one request and then nothing for d (a
+// fleet whose first engine caches a universal prefix alone). Requests are
+// copied; prompts are shared.
+func (w *Workload) Pause(from int, d time.Duration) *Workload {
+	out := *w
+	out.Requests = slices.Clone(w.Requests)
+	for i := max(from, 0); i < len(out.Requests); i++ {
+		out.Requests[i].Arrival += d
 	}
 	return &out
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +148,38 @@ func TestPrefixesDistribution(t *testing.T) {
 	}
 }
 
+func TestPrefixesUniform(t *testing.T) {
+	w, err := Prefixes(PrefixesConfig{Requests: 20000, Prefixes: 10, Uniform: true, QPS: 50, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, r := range w.Requests {
+		counts[r.Group]++
+	}
+	for k := range 10 {
+		g := "prefix-" + strconv.Itoa(k)
+		if got := float64(counts[g]) / 20000; math.Abs(got-0.1) > 0.01 {
+			t.Errorf("uniform popularity: %s drawn %.4f of the time, want 0.1000", g, got)
+		}
+	}
+	if _, err := Prefixes(PrefixesConfig{Uniform: true, ZipfS: 1.1}); err == nil {
+		t.Error("Uniform with a Zipf exponent: no error")
+	}
+	// The zero value keeps the documented default exponent.
+	d, _ := Prefixes(PrefixesConfig{Requests: 20000, Prefixes: 10, QPS: 50, Seed: 1})
+	n := 0
+	for _, r := range d.Requests {
+		if r.Group == "prefix-0" {
+			n++
+		}
+	}
+	// Zipf 1.1 over 10: P(rank 1) = 1/sum(k^-1.1) = 0.3731.
+	if got := float64(n) / 20000; math.Abs(got-0.3731) > 0.02 {
+		t.Errorf("default exponent: prefix-0 drawn %.4f of the time, want 0.3731", got)
+	}
+}
+
 func TestTenantsRamp(t *testing.T) {
 	c := TenantsConfig{Requests: 30000, Seed: 2}
 	w, err := Tenants(c)
@@ -193,5 +226,24 @@ func TestScaleAndHead(t *testing.T) {
 	st := w.Stats()
 	if st.Requests != 10 || st.PromptTokens != 10*(2048+256) || st.OutputTokens != 1280 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestPause(t *testing.T) {
+	w, _ := Prefixes(PrefixesConfig{Requests: 5, Seed: 1})
+	p := w.Pause(1, 10*time.Second)
+	if p.Requests[0].Arrival != w.Requests[0].Arrival {
+		t.Errorf("request 0 moved: %v, was %v", p.Requests[0].Arrival, w.Requests[0].Arrival)
+	}
+	for i := 1; i < 5; i++ {
+		if p.Requests[i].Arrival != w.Requests[i].Arrival+10*time.Second {
+			t.Errorf("request %d at %v, want %v", i, p.Requests[i].Arrival, w.Requests[i].Arrival+10*time.Second)
+		}
+	}
+	if err := p.Validate(); err != nil {
+		t.Error(err)
+	}
+	if w.Requests[1].Arrival == p.Requests[1].Arrival {
+		t.Error("Pause changed the original")
 	}
 }

@@ -986,8 +986,8 @@ func (x *WorkerLoad) GetQueuedPrefillTokens() uint64 {
 type ScorePolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is "longest_prefix" (most consecutive cached blocks first, ties
-	// by load) or "cache_aware" (the default: least estimated prefill work,
-	// counting what is cached, what is queued, and the hotspot guard).
+	// by load) or "cache_aware" (the default: least cost as the hotspot
+	// guard estimates it, counting what is cached and what is queued).
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// gpu_weight, cpu_weight and storage_weight weigh a cached block by
 	// where it is (defaults 1.0, 0.8, 0.5; DISK and EXTERNAL use
@@ -996,12 +996,13 @@ type ScorePolicy struct {
 	CpuWeight     float64 `protobuf:"fixed64,3,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
 	StorageWeight float64 `protobuf:"fixed64,4,opt,name=storage_weight,json=storageWeight,proto3" json:"storage_weight,omitempty"`
 	// load_weight scales queued prefill tokens against the request's own
-	// uncached tokens in cache_aware (default 1/3).
+	// uncached tokens in cache_aware with the "cost" guard (default 1/3).
 	LoadWeight float64 `protobuf:"fixed64,5,opt,name=load_weight,json=loadWeight,proto3" json:"load_weight,omitempty"`
-	// guard is the hotspot guard: "cost" (default: divert when a worker's
-	// queued work exceeds what the request would recompute elsewhere), "static"
-	// (divert when in-flight requests exceed static_k times the median), or
-	// "off".
+	// guard is the hotspot guard: "ttft" (default: the least estimated time
+	// to first token under the server's engine cost model, plus what the
+	// request's prefill costs the requests after it), "cost" (own uncached
+	// tokens plus load_weight times queued tokens), "static" (divert when
+	// in-flight requests exceed static_k times the median), or "off".
 	Guard string `protobuf:"bytes,6,opt,name=guard,proto3" json:"guard,omitempty"`
 	// static_k is the static guard's multiple of the median (default 2.0).
 	StaticK       float64 `protobuf:"fixed64,7,opt,name=static_k,json=staticK,proto3" json:"static_k,omitempty"`
@@ -1365,8 +1366,10 @@ type WorkerScore struct {
 	// tokens (0 when not diverted).
 	Penalty float64 `protobuf:"fixed64,9,opt,name=penalty,proto3" json:"penalty,omitempty"`
 	// score is the ranking value: higher is better. For cache_aware it is
-	// minus the estimated prefill tokens (own uncached work plus weighted
-	// queue plus penalty); for longest_prefix it is the weighted overlap.
+	// minus the cost: with the "ttft" guard, in seconds (estimated time to
+	// first token plus the delay and recompute it causes later requests);
+	// with the others, in tokens (own uncached work plus weighted queue
+	// plus penalty). For longest_prefix it is the weighted overlap.
 	Score float64 `protobuf:"fixed64,10,opt,name=score,proto3" json:"score,omitempty"`
 	// reason explains the worker's place in a sentence, for kvindexctl
 	// score --explain.

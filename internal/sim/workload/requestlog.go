@@ -1,0 +1,225 @@
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// logBlock is the token run one segment of a logged prompt covers: equal
+// runs at equal offsets give equal segments, so prompts that share a
+// prefix of real tokens share block content at any engine block size that
+// divides it (16, the vLLM default, or 8, 4, ...).
+const logBlock = 16
+
+// logTag separates logged content ids from generated and Mooncake ones.
+const logTag = 0x6c6f67676564 // "logged"
+
+// DefaultLogOutputTokens is the output length assumed for a logged
+// request that does not give one.
+const DefaultLogOutputTokens = 128
+
+// tokenLine is one line of a token-id request log.
+type tokenLine struct {
+	Timestamp    float64  `json:"timestamp"`
+	TokenIDs     []uint32 `json:"token_ids"`
+	OutputLength int      `json:"output_length"`
+}
+
+// FromTokens is a request whose prompt is the given token ids: one
+// segment per 16 tokens, named by the chained hash of every token up to
+// its end, so two prompts share segments exactly as far as they share
+// tokens (in whole 16-token runs).
+func FromTokens(arrival time.Duration, tokens []uint32, outputLen int) Request {
+	segs := make([]Segment, 0, (len(tokens)+logBlock-1)/logBlock)
+	h := uint64(logTag)
+	for off := 0; off < len(tokens); off += logBlock {
+		end := min(off+logBlock, len(tokens))
+		for _, t := range tokens[off:end] {
+			h = mix64(h ^ uint64(t))
+		}
+		// A partial tail is named by its length too, so it never equals
+		// a full run.
+		segs = append(segs, Segment{ID: mix64(h ^ uint64(end-off)<<48), Len: end - off})
+	}
+	if outputLen <= 0 {
+		outputLen = DefaultLogOutputTokens
+	}
+	return Request{Arrival: arrival, Prompt: segs, PromptLen: len(tokens), OutputLen: outputLen}
+}
+
+// ReadTokenLog reads a request log of token ids: one JSON object per
+// line, {"timestamp": ms, "token_ids": [...], "output_length": n}
+// (output_length optional, DefaultLogOutputTokens when absent). Lines are
+// stably sorted by timestamp.
+func ReadTokenLog(r io.Reader, name string) (*Workload, error) {
+	w := &Workload{Name: name}
+	err := eachLine(r, name, func(lineNo int, b []byte) error {
+		var l tokenLine
+		if err := json.Unmarshal(b, &l); err != nil {
+			return fmt.Errorf("%w (line starts %q)", err, snippet(b))
+		}
+		if len(l.TokenIDs) == 0 || l.Timestamp < 0 || l.OutputLength < 0 {
+			return fmt.Errorf("want token_ids, a timestamp >= 0 and an output_length >= 0 (line starts %q)", snippet(b))
+		}
+		w.Requests = append(w.Requests, FromTokens(time.Duration(l.Timestamp*float64(time.Millisecond)), l.TokenIDs, l.OutputLength))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return finish(w)
+}
+
+// Tokenizer turns an OpenAI request body (a completion's prompt or a chat
+// completion's messages) into token ids: vLLM's /tokenize endpoint, or
+// EstimateTokens.
+type Tokenizer func(body json.RawMessage) ([]uint32, error)
+
+// openAILine is what ReadOpenAILog reads of a request body.
+type openAILine struct {
+	Timestamp float64 `json:"timestamp"`
+	MaxTokens int     `json:"max_tokens"`
+	// MaxCompletionTokens is the newer name of MaxTokens.
+	MaxCompletionTokens int `json:"max_completion_tokens"`
+}
+
+// ReadOpenAILog reads a request log of OpenAI request bodies, one JSON
+// object per line (/v1/completions with "prompt" or /v1/chat/completions
+// with "messages"), optionally with a "timestamp" in ms (else one request
+// a second, in order), tokenizing each with tok. The output length is
+// max_tokens (or max_completion_tokens), else DefaultLogOutputTokens.
+func ReadOpenAILog(r io.Reader, name string, tok Tokenizer) (*Workload, error) {
+	w := &Workload{Name: name}
+	n := 0
+	err := eachLine(r, name, func(lineNo int, b []byte) error {
+		var l openAILine
+		if err := json.Unmarshal(b, &l); err != nil {
+			return fmt.Errorf("%w (line starts %q)", err, snippet(b))
+		}
+		ids, err := tok(json.RawMessage(b))
+		if err != nil {
+			return fmt.Errorf("tokenize: %w", err)
+		}
+		if len(ids) == 0 {
+			return fmt.Errorf("no prompt tokens (line starts %q)", snippet(b))
+		}
+		at := time.Duration(l.Timestamp * float64(time.Millisecond))
+		if l.Timestamp == 0 {
+			at = time.Duration(n) * time.Second
+		}
+		n++
+		w.Requests = append(w.Requests, FromTokens(at, ids, max(l.MaxTokens, l.MaxCompletionTokens)))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return finish(w)
+}
+
+// EstimateTokens is the Tokenizer used without a vLLM endpoint: the
+// prompt's text (a completion's prompt, or each chat message rendered as
+// "role: content\n") cut into 4-character pieces, each hashed to a token
+// id. English text averages about 4 characters per token in Llama 3's
+// tokenizer, so lengths come out close, and two prompts share estimated
+// tokens exactly as far as they share text (to the 4-character piece): the
+// reuse a real tokenizer finds, up to the piece that straddles where they
+// differ.
+func EstimateTokens(body json.RawMessage) ([]uint32, error) {
+	text, err := promptText(body)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uint32, 0, len(text)/4+1)
+	for off := 0; off < len(text); off += 4 {
+		piece := text[off:min(off+4, len(text))]
+		h := uint64(0x746f6b)
+		for i := 0; i < len(piece); i++ {
+			h = mix64(h ^ uint64(piece[i]))
+		}
+		ids = append(ids, uint32(h%Vocab))
+	}
+	return ids, nil
+}
+
+// promptText is a request body's prompt as text: "prompt" (a string, or
+// the first of a list) or "messages" rendered as "role: content\n".
+func promptText(body json.RawMessage) (string, error) {
+	var b struct {
+		Prompt   json.RawMessage `json:"prompt"`
+		Messages []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", fmt.Errorf("request body: %w", err)
+	}
+	if len(b.Prompt) > 0 {
+		var s string
+		if json.Unmarshal(b.Prompt, &s) == nil {
+			return s, nil
+		}
+		var ss []string
+		if json.Unmarshal(b.Prompt, &ss) == nil && len(ss) > 0 {
+			return ss[0], nil
+		}
+		return "", fmt.Errorf("request body: prompt %q is neither a string nor a list of strings", snippet(b.Prompt))
+	}
+	var sb strings.Builder
+	for _, m := range b.Messages {
+		sb.WriteString(m.Role)
+		sb.WriteString(": ")
+		var s string
+		if json.Unmarshal(m.Content, &s) == nil {
+			sb.WriteString(s)
+		} else {
+			sb.Write(m.Content) // structured content: its JSON, verbatim
+		}
+		sb.WriteByte('\n')
+	}
+	if sb.Len() == 0 {
+		return "", fmt.Errorf("request body has neither prompt nor messages")
+	}
+	return sb.String(), nil
+}
+
+// eachLine calls fn with every non-empty line of r, numbering lines from
+// 1; fn's error is wrapped with the log's name and the line number.
+func eachLine(r io.Reader, name string, fn func(lineNo int, b []byte) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	lineNo := 0
+	for sc.Scan() {
+		lineNo++
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		if err := fn(lineNo, b); err != nil {
+			return fmt.Errorf("workload: %s line %d: %w", name, lineNo, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("workload: read %s after line %d: %w", name, lineNo, err)
+	}
+	return nil
+}
+
+// finish sorts a read log by arrival and numbers it.
+func finish(w *Workload) (*Workload, error) {
+	if len(w.Requests) == 0 {
+		return nil, fmt.Errorf("workload: %s holds no requests", w.Name)
+	}
+	sort.SliceStable(w.Requests, func(i, j int) bool { return w.Requests[i].Arrival < w.Requests[j].Arrival })
+	for i := range w.Requests {
+		w.Requests[i].ID = i
+	}
+	return w, nil
+}

@@ -1,0 +1,316 @@
+package scoring
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// CostModel is the engine cost model GuardTTFT ranks by: how long a vLLM
+// engine takes for a step, from which each candidate's time to first
+// token is estimated. One model describes every engine of a model (a
+// fleet of one GPU type); its parameters are measurable from vLLM's own
+// metrics (see Calibrate).
+//
+// A step that prefills p tokens, attending over a (new token, context
+// token) pairs, while d requests decode with c tokens of context in all,
+// takes
+//
+//	StepOverhead + p / PrefillTokensPerSec + a / AttentionPairsPerSec
+//	    + d * DecodePerSeq + c * DecodePerContextToken
+//
+// (a chunk of n tokens after k computed ones attends over n*k + n*(n+1)/2
+// pairs: prefill grows with the context already cached, and
+// quadratically with a long prompt)
+// and holds at most MaxBatchedTokens tokens (vLLM's chunked prefill: a
+// decoding request takes one of them).
+type CostModel struct {
+	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
+	PrefillTokensPerSec float64
+	// AttentionPairsPerSec is the prefill attention rate in (new token,
+	// context token) pairs per second; 0: no attention term.
+	AttentionPairsPerSec float64
+	// StepOverhead is the fixed cost of a forward pass.
+	StepOverhead time.Duration
+	// DecodePerSeq is the cost of each decoding request in a step.
+	DecodePerSeq time.Duration
+	// DecodePerContextToken is the cost of reading one context token of a
+	// decoding request.
+	DecodePerContextToken time.Duration
+	// MaxBatchedTokens is vLLM's max_num_batched_tokens.
+	MaxBatchedTokens int
+	// KVCapacityTokens is one engine's KV cache in tokens (num_gpu_blocks x
+	// block_size, from vllm:cache_config_info); 0 when unknown, which
+	// turns off the preemption term and estimates decoding context from
+	// the average prompt instead of KV usage.
+	KVCapacityTokens int
+}
+
+// DefaultCostModel describes Llama-3.1-8B (bf16) on one H100 80GB, the
+// engine kvsim simulates (derivations in internal/sim/engine's package
+// doc): 17,500 prefill tokens/s and 9.4e8 attention pairs/s (16,000
+// tokens/s for a 10,000-token prompt, 8,000 for 128,000), 6 ms a step,
+// 0.1 ms per decoding request, 39 ns per context token (128 KiB of KV per
+// token at 3.35 TB/s), 8,192 tokens a step, 400,000 tokens of KV cache.
+func DefaultCostModel() CostModel {
+	return CostModel{
+		PrefillTokensPerSec:   17500,
+		AttentionPairsPerSec:  9.4e8,
+		StepOverhead:          6 * time.Millisecond,
+		DecodePerSeq:          100 * time.Microsecond,
+		DecodePerContextToken: 39 * time.Nanosecond,
+		MaxBatchedTokens:      8192,
+		KVCapacityTokens:      400000,
+	}
+}
+
+// Validate reports a parameter out of range, naming it.
+func (m *CostModel) Validate() error {
+	switch {
+	case !(m.PrefillTokensPerSec > 0) || math.IsInf(m.PrefillTokensPerSec, 0):
+		return fmt.Errorf("cost model: prefill_tokens_per_sec %v must be a positive finite number", m.PrefillTokensPerSec)
+	case m.AttentionPairsPerSec < 0 || math.IsNaN(m.AttentionPairsPerSec) || math.IsInf(m.AttentionPairsPerSec, 0):
+		return fmt.Errorf("cost model: attention_pairs_per_sec %v must be a finite number >= 0", m.AttentionPairsPerSec)
+	case m.StepOverhead < 0, m.DecodePerSeq < 0, m.DecodePerContextToken < 0:
+		return fmt.Errorf("cost model: negative step cost (overhead %v, per decoding request %v, per context token %v)", m.StepOverhead, m.DecodePerSeq, m.DecodePerContextToken)
+	case m.MaxBatchedTokens <= 0:
+		return fmt.Errorf("cost model: max_batched_tokens %d must be positive", m.MaxBatchedTokens)
+	case m.KVCapacityTokens < 0:
+		return fmt.Errorf("cost model: kv_capacity_tokens %d is negative", m.KVCapacityTokens)
+	}
+	return nil
+}
+
+// Calibration is what vLLM's metrics give over a window, from which
+// Calibrate fits a CostModel.
+type Calibration struct {
+	// PrefillSeconds and PrefillTokens: the sums of
+	// vllm:request_prefill_time_seconds and of the prefilled (uncached)
+	// prompt tokens, vllm:prompt_tokens_total minus
+	// vllm:prefix_cache_hits_total, over the window.
+	PrefillSeconds, PrefillTokens float64
+	// PrefillPairs is the window's attention pairs, the sum over requests
+	// of uncached x cached + uncached^2 / 2 (from the request logs, or the
+	// prompt-length histogram); with it, the attention time at base's
+	// AttentionPairsPerSec is taken out before the prefill rate is fitted.
+	// 0 fits one linear rate (set base's AttentionPairsPerSec to 0 then).
+	PrefillPairs float64
+	// ITL are (running requests, mean inter-token latency) pairs: the
+	// mean of vllm:inter_token_latency_seconds (time_per_output_token in
+	// older releases) over windows with vllm:num_requests_running at that
+	// level and no prefill. Two or more distinct levels fit StepOverhead
+	// and DecodePerSeq by least squares; context cost is left as given.
+	ITL []ITLPoint
+	// NumGPUBlocks and BlockSize are vllm:cache_config_info's labels.
+	NumGPUBlocks, BlockSize int
+}
+
+// ITLPoint is one decode-only operating point: Running requests decoding
+// and the mean seconds per step.
+type ITLPoint struct {
+	Running float64
+	Seconds float64
+}
+
+// Calibrate returns base with the parameters c measures replaced: the
+// prefill rate from the prefill time totals, StepOverhead and DecodePerSeq
+// from a least-squares line through the inter-token latencies, the KV
+// capacity from the cache configuration. Parameters c does not measure
+// keep base's values. It fails, naming the input, when a measure is
+// present but unusable.
+func Calibrate(base CostModel, c Calibration) (CostModel, error) {
+	m := base
+	if c.PrefillSeconds > 0 || c.PrefillTokens > 0 {
+		if !(c.PrefillSeconds > 0 && c.PrefillTokens > 0) {
+			return m, fmt.Errorf("calibrate: prefill %v s over %v tokens: both must be positive", c.PrefillSeconds, c.PrefillTokens)
+		}
+		secs := c.PrefillSeconds
+		if c.PrefillPairs > 0 && m.AttentionPairsPerSec > 0 {
+			secs -= c.PrefillPairs / m.AttentionPairsPerSec
+		}
+		if secs <= 0 {
+			return m, fmt.Errorf("calibrate: prefill %v s is all attention (%v pairs at %v pairs/s)", c.PrefillSeconds, c.PrefillPairs, m.AttentionPairsPerSec)
+		}
+		m.PrefillTokensPerSec = c.PrefillTokens / secs
+	}
+	if len(c.ITL) > 0 {
+		var n, sx, sy, sxx, sxy float64
+		for _, p := range c.ITL {
+			n++
+			sx += p.Running
+			sy += p.Seconds
+			sxx += p.Running * p.Running
+			sxy += p.Running * p.Seconds
+		}
+		den := n*sxx - sx*sx
+		if n < 2 || den == 0 {
+			return m, fmt.Errorf("calibrate: inter-token latency at %d running level(s): need two distinct levels", len(c.ITL))
+		}
+		slope := (n*sxy - sx*sy) / den
+		icept := (sy - slope*sx) / n
+		if slope < 0 || icept < 0 {
+			return m, fmt.Errorf("calibrate: inter-token latency fits %.3g s + %.3g s per request: a negative cost", icept, slope)
+		}
+		m.StepOverhead = time.Duration(math.Round(icept * float64(time.Second)))
+		m.DecodePerSeq = time.Duration(math.Round(slope * float64(time.Second)))
+	}
+	if c.NumGPUBlocks > 0 {
+		if c.BlockSize <= 0 {
+			return m, fmt.Errorf("calibrate: %d GPU blocks of block size %d", c.NumGPUBlocks, c.BlockSize)
+		}
+		m.KVCapacityTokens = c.NumGPUBlocks * c.BlockSize
+	}
+	return m, m.Validate()
+}
+
+// Estimate is a candidate's estimated time to first token under a
+// CostModel, in seconds, and its parts.
+type Estimate struct {
+	// Wait is the queued prefill ahead of the request and the decode work
+	// sharing its steps, until its own prefill starts.
+	Wait float64
+	// Prefill is the request's own uncached prefill, with its share of
+	// step costs.
+	Prefill float64
+	// Pressure is the KV-pressure term: the recompute of what the
+	// engine must preempt (or wait to free) to fit the queue and this
+	// request.
+	Pressure float64
+	// Delay is what the request's own prefill adds to the requests that
+	// will queue behind it (see GuardTTFT).
+	Delay float64
+	// Evict is the expected recompute, by later requests, of the cached
+	// blocks this request's new blocks evict.
+	Evict float64
+}
+
+// TTFT is the estimated time to first token: Wait + Prefill + Pressure.
+func (e *Estimate) TTFT() float64 { return e.Wait + e.Prefill + e.Pressure }
+
+// Cost is what GuardTTFT minimises: TTFT plus Delay plus Evict.
+func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict }
+
+// evict fills e.Evict: the request's own tokens become cached blocks on
+// the worker, and what does not fit beside what the worker already holds
+// (ResidentBlocks x block size, plus what KV usage says is in use and not
+// yet cached, against KVCapacityTokens) evicts cached blocks, least
+// recently used first. (Counting only resident blocks made a worker busy
+// prefilling look roomy, since its allocated blocks are not stored yet,
+// and spills piled onto it: on kvsim's 40-QPS prefix workload, p99 0.69 s
+// and 8 preemptions against 0.18 s and none.) A later request hits an evicted
+// block with about the fleet's hit rate, h = 1 - average uncached prefill
+// / average prompt (Route's own accounting), and then recomputes it, so
+// Evict = evicted x h / rate. It is what makes a spill onto a worker whose
+// cache is full of other prompts expensive, and a spill onto an empty one
+// cheap; without it, with caches of a couple of prompts, spills evict each
+// other's prompts in a cascade. Zero when the capacity is unknown.
+// Cost: a few floating-point operations.
+func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
+	e.Evict = 0
+	if m.kv <= 0 || pr.AvgPromptTokens <= 0 || pr.AvgUncachedTokens <= 0 {
+		return
+	}
+	h := 1 - pr.AvgUncachedTokens/pr.AvgPromptTokens
+	if h <= 0 {
+		return
+	}
+	// Occupied: the cached blocks, plus the blocks in use that are not
+	// cached yet (a prefill in progress allocates its blocks before it
+	// stores them), at most KV usage x capacity of them.
+	occupied := math.Min(m.kv, float64(l.ResidentBlocks)*float64(pr.BlockSize)+l.KVUsage*m.kv)
+	if evicted := occupied + own - m.kv; evicted > 0 {
+		e.Evict = math.Min(evicted, own) * math.Min(h, 1) / m.rate
+	}
+}
+
+// costParams is a CostModel in float64 seconds and tokens, converted
+// once per Rank.
+type costParams struct {
+	rate, attn, overhead, perSeq, perCtx, budget, kv float64
+}
+
+// params converts m, or DefaultCostModel when m has no prefill rate or
+// step budget (a Policy built without one).
+func (m *CostModel) params() costParams {
+	c := *m
+	if !(c.PrefillTokensPerSec > 0) || c.MaxBatchedTokens <= 0 {
+		c = DefaultCostModel()
+	}
+	return costParams{
+		rate: c.PrefillTokensPerSec, attn: c.AttentionPairsPerSec, overhead: c.StepOverhead.Seconds(), perSeq: c.DecodePerSeq.Seconds(),
+		perCtx: c.DecodePerContextToken.Seconds(), budget: float64(c.MaxBatchedTokens), kv: float64(c.KVCapacityTokens),
+	}
+}
+
+// estimate fills e for a worker with load l, queue tokens of prefill
+// ahead, and own uncached tokens of this request after cached ones. pr
+// gives the fleet's arrival rate and the averages the model falls back on.
+//
+// The request waits for queue, then prefills own, in steps of at most
+// MaxBatchedTokens minus one token per decoding request; every step also
+// carries the decoding requests' cost. Own attends over own x cached +
+// own^2 / 2 pairs; queued tokens, whose prompts kvindex does not know,
+// over half the average prompt each. Decoding context is KV usage x
+// capacity when the capacity is known (the resident KV of running
+// requests, an upper bound since cached free blocks count as used in
+// some releases), else running x the average prompt. The pressure term
+// is the deficit of free KV for the request's own tokens (own against
+// (1 - usage) x capacity) at the prefill rate: vLLM preempts a running
+// request and recomputes it, or admission waits for one to finish, for
+// about that long. The queue ahead is not counted against the free KV: it
+// is admitted as running requests finish, and its time is in Wait (an
+// earlier version counted it and, with caches of a few prompts, pushed
+// every request off any worker with a queue: kvsim's tiny-cache case lost
+// 11 points of hits and 50% on p99).
+//
+// Delay: the requests that reach this worker after this one, until the
+// backlog it joins drains, each wait its own prefill longer. With
+// arrivals at rate a per worker and prefill utilisation rho = a x average
+// uncached prompt / prefill rate, a backlog of U seconds drains in
+// U / (1 - rho) and a x U / (1 - rho) requests arrive meanwhile (a busy
+// period of an M/G/1 queue), so Delay = Prefill x a x (Wait + Prefill) /
+// (1 - rho), rho capped at 0.95. At low load Delay vanishes and the rule
+// is TTFT-greedy: it spills a cached prompt exactly when waiting for the
+// hot worker exceeds recomputing the prefix elsewhere. Under load, a
+// recompute costs everyone behind it, and the rule keeps prompts where
+// they are cached for longer.
+//
+// Cost: a few dozen floating-point operations, no allocation.
+func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt) {
+	rate := m.rate
+	running := float64(l.Running)
+	var ctx float64
+	if m.kv > 0 && l.KVUsage > 0 {
+		ctx = l.KVUsage * m.kv
+	} else {
+		ctx = running * pr.AvgPromptTokens
+	}
+	step := m.overhead + running*m.perSeq + ctx*m.perCtx
+	// Decoding requests take a token each of every step's budget; at
+	// least an eighth is left for prefill (vLLM's budget is shared, not
+	// starved).
+	budget := m.budget
+	perStep := math.Max(budget-running, budget/8)
+	own = math.Max(own, 1) // vLLM computes at least one token
+	stepsQueue := math.Ceil(queue / perStep)
+	stepsAll := math.Ceil((queue + own) / perStep)
+	e.Wait = stepsQueue*step + queue/rate
+	e.Prefill = (stepsAll-stepsQueue)*step + own/rate
+	if m.attn > 0 {
+		e.Wait += queue * pr.AvgPromptTokens / 2 / m.attn
+		e.Prefill += (own*cached + own*own/2) / m.attn
+	}
+	e.Pressure = 0
+	if m.kv > 0 {
+		free := (1 - math.Min(l.KVUsage, 1)) * m.kv
+		if deficit := own - free; deficit > 0 {
+			e.Pressure = deficit / rate
+		}
+	}
+	e.Delay = 0
+	if a := pr.ArrivalRate; a > 0 && pr.Workers > 0 {
+		aw := a / float64(pr.Workers)
+		rho := math.Min(aw*pr.AvgUncachedTokens/rate, 0.95)
+		e.Delay = e.Prefill * aw * (e.Wait + e.Prefill) / (1 - rho)
+	}
+}
