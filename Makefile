@@ -11,18 +11,22 @@ TOOL := $(GO) tool -modfile=tools/go.mod
 deps:
 	@scripts/deps.sh
 
-# build compiles every binary under cmd/ into ./bin.
+# build compiles every binary under cmd/ into ./bin. The Dockerfile runs
+# the same command (deploy/dockerfile_test.go keeps them equal).
 build: deps
 	$(GO) build -o bin/ ./cmd/...
 
 # test runs lint, then every test (fuzz seed corpora included) with the
-# race detector, then the indexer and end-to-end tests again with the
-# invariant checks compiled in (build tag invariants).
+# race detector, those of the deploy/ module (compose file, Helm chart,
+# alert rules, dashboard, Dockerfile), then the indexer and end-to-end
+# tests again with the invariant checks compiled in (build tag invariants).
 test: deps lint
 	$(GO) test -race -count=1 ./...
+	cd deploy && $(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -tags invariants ./indexer/... ./integration/...
 
-# lint checks formatting, go vet, staticcheck, that go.mod is tidy, and
+# lint checks formatting, go vet, staticcheck, that go.mod is tidy (the
+# service's and deploy/'s, the test-only module of the deployment files), and
 # that everything a router may embed builds without cgo (only the ZeroMQ
 # transport, events/zmq, needs libzmq).
 lint:
@@ -31,6 +35,7 @@ lint:
 	$(GO) vet ./...
 	$(TOOL) staticcheck ./...
 	$(GO) mod tidy -diff
+	cd deploy && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 	CGO_ENABLED=0 $(GO) build ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated

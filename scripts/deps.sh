@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what kvindex needs to build and test on Debian/Ubuntu: libzmq
-# (for the ZeroMQ subscriber, through cgo), pkg-config and a C compiler.
+# (for the ZeroMQ subscriber, through cgo), pkg-config, a C compiler, and
+# promtool (Debian's prometheus package) for the alert rules' tests.
 # Does nothing when they are present. Go itself (1.26+) must be on PATH.
 set -euo pipefail
 
@@ -12,6 +13,7 @@ fi
 missing=()
 pkg-config --exists libzmq 2>/dev/null || missing+=(libzmq3-dev pkg-config)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 
 if ((${#missing[@]})); then
 	sudo=""

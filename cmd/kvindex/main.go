@@ -119,6 +119,7 @@ func newAgent() *cobra.Command {
 		path      string
 		natsURL   string
 		pod       string
+		podName   string
 		overrides flagOverrides
 	)
 	cmd := &cobra.Command{
@@ -138,6 +139,11 @@ func newAgent() *cobra.Command {
 			if pod != "" {
 				cfg.Agent.Pod = pod
 			}
+			if podName != "" {
+				if err := renamePod(cfg, podName); err != nil {
+					return err
+				}
+			}
 			if !cfg.NATS.Enabled() {
 				return errors.New("agent: nats.url (or --nats-url) is required")
 			}
@@ -153,10 +159,26 @@ func newAgent() *cobra.Command {
 	f.StringVarP(&path, "config", "c", "", "YAML configuration file")
 	f.StringVar(&natsURL, "nats-url", "", "NATS server URL (overrides nats.url)")
 	f.StringVar(&pod, "pod", "", "the pod of pods[] this agent sits beside (overrides agent.pod)")
+	f.StringVar(&podName, "pod-name", "", "name that pod NAME instead (e.g. from Kubernetes' downward API), so one configuration serves every pod of a vLLM Deployment")
 	f.StringVar(&overrides.metricsListen, "metrics-listen", "", "Prometheus listen address, or off (overrides metrics_listen)")
 	f.StringVar(&overrides.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
 	f.StringVar(&overrides.logFormat, "log-format", "", "text or json (overrides log.format)")
 	return cmd
+}
+
+// renamePod gives the pod the agent sits beside (agent.pod, or the only
+// one) the name name, for agents whose configuration is shared by every
+// pod of a Deployment.
+func renamePod(cfg *config.Config, name string) error {
+	p, err := cfg.ValidateAgent()
+	if err != nil {
+		return err
+	}
+	if cfg.Agent.Pod != "" {
+		cfg.Agent.Pod = name
+	}
+	p.Name = name
+	return nil
 }
 
 // runAgent runs the agent of cfg with its metrics endpoint until ctx ends.

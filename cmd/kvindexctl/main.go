@@ -81,7 +81,7 @@ func newRoot(stdin io.Reader) *cobra.Command {
 		cfg.Token = tok
 		return err
 	}
-	root.AddCommand(newWorkers(&cfg), newScore(&cfg), newLookup(&cfg), newDump(&cfg), newDiff(&cfg), newDiagnose(&cfg), newWatch(&cfg), newTop(&cfg))
+	root.AddCommand(newWorkers(&cfg), newScore(&cfg), newLookup(&cfg), newDump(&cfg), newDiff(&cfg), newDiagnose(&cfg), newWatch(&cfg), newTop(&cfg), newHealth(&cfg))
 	return root
 }
 
@@ -285,5 +285,29 @@ func newTop(cfg *ctl.Config) *cobra.Command {
 	f.DurationVar(&a.Interval, "interval", 2*time.Second, "refresh period")
 	f.IntVar(&a.Iterations, "iterations", 0, "stop after this many tables (0: until interrupted)")
 	f.BoolVar(&a.Clear, "clear", false, "clear the terminal before each table")
+	return cmd
+}
+
+func newHealth(cfg *ctl.Config) *cobra.Command {
+	var service, httpURL string
+	cmd := &cobra.Command{
+		Use:   "health",
+		Short: "Check the server's gRPC health (grpc.health.v1); exits non-zero unless SERVING",
+		Long: "health asks the standard gRPC health service, as kubelet's gRPC probe does, and prints the\n" +
+			"status; it exits non-zero unless the status is SERVING, so it serves as a container health check.\n" +
+			"With --http it GETs that URL instead (a kvindex agent's /healthz: agents serve no gRPC).",
+		Example: "  kvindexctl --addr localhost:50051 health\n  kvindexctl health --http http://127.0.0.1:9400/healthz",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := *cfg
+			c.Out = cmd.OutOrStdout()
+			if httpURL != "" {
+				return ctl.HealthHTTP(cmd.Context(), c, httpURL)
+			}
+			return ctl.Health(cmd.Context(), c, service)
+		},
+	}
+	cmd.Flags().StringVar(&service, "service", "", "service to ask about (default: the server as a whole)")
+	cmd.Flags().StringVar(&httpURL, "http", "", "check this HTTP URL (200 is healthy) instead of gRPC")
 	return cmd
 }

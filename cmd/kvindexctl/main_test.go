@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -223,4 +225,49 @@ func TestKvindexctlRefusals(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestHealth: `kvindexctl health` exits 0 while the server is SERVING and
+// 1 once it drains (NOT_SERVING), as a container health check needs;
+// --http checks an agent's /healthz.
+func TestHealth(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	srv := api.NewServer(indexer.New(indexer.Config{}), nil, api.Options{})
+	srv.Register(g)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	addr := lis.Addr().String()
+
+	code, out, errOut := kvindexctl("", "--addr", addr, "health")
+	if code != 0 || strings.TrimSpace(out) != "SERVING" {
+		t.Fatalf("health of a serving server: exit %d, %q %q", code, out, errOut)
+	}
+	srv.Health().Shutdown()
+	code, out, errOut = kvindexctl("", "--addr", addr, "health")
+	if code != 1 || strings.TrimSpace(out) != "NOT_SERVING" || !strings.Contains(errOut, "not serving") {
+		t.Fatalf("health of a draining server: exit %d, %q %q", code, out, errOut)
+	}
+	code, _, errOut = kvindexctl("", "--addr", "127.0.0.1:1", "--timeout", "2s", "health")
+	if code != 1 || !strings.Contains(errOut, "health at 127.0.0.1:1") {
+		t.Fatalf("health of nothing: exit %d, %q", code, errOut)
+	}
+
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	defer ok.Close()
+	if code, out, errOut := kvindexctl("", "health", "--http", ok.URL+"/healthz"); code != 0 || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("--http healthy: exit %d, %q %q", code, out, errOut)
+	}
+	if code, _, errOut := kvindexctl("", "health", "--http", ok.URL+"/nope"); code != 1 || !strings.Contains(errOut, "404") {
+		t.Fatalf("--http 404: exit %d, %q", code, errOut)
+	}
 }

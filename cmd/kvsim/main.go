@@ -13,6 +13,8 @@
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
 //	kvsim walkthrough                           # a scripted story of one index, answer by answer
+//	kvsim engine --pod vllm-0 --http :8000      # one simulated vLLM engine, served (docker-compose.yaml)
+//	kvsim load --kvindex :50051 --engine vllm-0=http://localhost:8000   # routed demo traffic
 //
 // The simulator itself lives in internal/sim; this file only turns flags
 // into its configuration.
@@ -52,7 +54,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newAnalyze(), newRun(), newLive(), newDemo(), newWalkthrough())
+	root.AddCommand(newAnalyze(), newRun(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
 	return root
 }
 

@@ -2,10 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kvindex/kvindex/internal/netutil"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -82,5 +89,81 @@ func TestZipfZeroIsUniform(t *testing.T) {
 	}
 	if _, err := run(t, "run", "--workload", "prefixes", "--zipf", "-1"); err == nil {
 		t.Error("--zipf -1: no error")
+	}
+}
+
+// TestEngineAndLoadCommands runs `kvsim engine` and, against it, `kvsim
+// load` with no kvindex reachable: every request is served round-robin
+// and the summary says so.
+func TestEngineAndLoadCommands(t *testing.T) {
+	base, err := netutil.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	root := newRoot()
+	root.SetArgs([]string{"engine", "--model", "m", "--pod", "e0", "--http", fmt.Sprintf("127.0.0.1:%d", base),
+		"--publish", fmt.Sprintf("tcp://127.0.0.1:%d", base+1), "--replay", fmt.Sprintf("tcp://127.0.0.1:%d", base+2), "--cache-blocks", "1000"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	url := fmt.Sprintf("http://127.0.0.1:%d", base)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine never answered /health: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mport, err := netutil.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped := make(chan string, 1)
+	go func() { // the load's /metrics while it runs
+		for time.Now().Before(deadline) {
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mport))
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if strings.Contains(string(b), `kvsim_load_routes_total{by="round_robin"}`) {
+					scraped <- string(b)
+					return
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		scraped <- ""
+	}()
+	out, err := run(t, "load", "--kvindex", "127.0.0.1:1", "--engine", "e0="+url, "--model", "m", "--metrics-listen", fmt.Sprintf("127.0.0.1:%d", mport),
+		"--rate", "30", "--duration", "1s", "--system-tokens", "128", "--prefixes", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent, rr int
+	if _, err := fmt.Sscanf(out, "sent %d, failed 0, dropped 0; routed by kvindex 0, round-robin %d;", &sent, &rr); err != nil || sent == 0 || rr != sent {
+		t.Fatalf("summary %q (%v)", out, err)
+	}
+	if m := <-scraped; !strings.Contains(m, "kvsim_load_requests_total") {
+		t.Fatalf("the load's /metrics: %q", m)
+	}
+	for _, args := range [][]string{
+		{"load", "--engine", "e0=" + url},
+		{"load", "--kvindex", "x:1", "--engine", "nourl"},
+		{"engine", "--publish", "", "--http", "127.0.0.1:0"},
+	} {
+		if _, err := run(t, args...); err == nil {
+			t.Errorf("%v: no error", args)
+		}
 	}
 }

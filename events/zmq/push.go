@@ -163,9 +163,6 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 // listener claimed it first, or li claimed it for another model; or the
 // listener is at its MaxWorkers.
 func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, routed bool, li int) (*stream, int, error) {
-	if s.pullPods[ref.Pod] {
-		return nil, refusedPullWorker, fmt.Errorf("pod %q is a pull-mode pod", ref.Pod)
-	}
 	if owner, ok := s.routedPods[ref.Pod]; ok {
 		switch {
 		case owner != li:
@@ -176,6 +173,9 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, r
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.pullPods[ref.Pod] {
+		return nil, refusedPullWorker, fmt.Errorf("pod %q is a pull-mode pod", ref.Pod)
+	}
 	pl := &s.opts.Push[li]
 	if c, ok := s.pushPods[ref.Pod]; ok {
 		switch {

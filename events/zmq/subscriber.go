@@ -255,21 +255,26 @@ type Subscriber struct {
 	batches     sync.Pool // *events.Batch
 	refusals    pushRefusals
 
-	// pullPods are the pods of the pull-mode endpoints, and routedPods
-	// the listener whose Routes name each routed pod; both are set by
+	monitors atomic.Int64 // numbers the monitor sockets' inproc addresses
+
+	// routedPods is the listener whose Routes name each routed pod; set by
 	// NewSubscriber and only read after.
-	pullPods   map[string]bool
 	routedPods map[string]int
 
-	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, pushPods
+	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, pushPods, pullPods, added, stopped
 	pushWorkers []int        // workers created by each push listener
 	// pushPods are the pod names push listeners claimed, each by the
 	// first worker created under it: every other rank of the pod is
 	// created by the same listener for the same model, or refused.
 	pushPods map[string]podClaim
+	// pullPods are the pods of the pull-mode endpoints (given to
+	// NewSubscriber or added with AddEndpoint).
+	pullPods map[string]bool
 	streams  []*stream
 	byRef    map[events.WorkerRef]*stream
+	added    map[events.WorkerRef]*added // running pull-mode endpoints
 	runCtx   context.Context
+	stopped  bool // Run returned
 	wg       sync.WaitGroup
 }
 
@@ -289,7 +294,8 @@ type pullSource struct {
 // Nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
-	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), pullPods: map[string]bool{}, routedPods: map[string]int{}, pushPods: map[string]podClaim{}}
+	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added),
+		pullPods: map[string]bool{}, routedPods: map[string]int{}, pushPods: map[string]podClaim{}}
 	for i, ep := range eps {
 		if ep.Address == "" {
 			return nil, fmt.Errorf("events: endpoint %d (%s): empty address", i, ep.Worker)
@@ -352,27 +358,53 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.mu.Lock()
+	if s.runCtx != nil || s.stopped {
+		s.mu.Unlock()
+		return errors.New("events: subscriber run twice")
+	}
 	s.runCtx = ctx
-	for _, st := range s.streams {
-		s.startStreamLocked(ctx, st)
+	// Every pull-mode endpoint runs under a context of its own, so that
+	// RemoveEndpoint can stop it alone. Before Run only pull-mode streams
+	// exist.
+	pull := s.pull
+	pctx := make([]context.Context, len(pull))
+	for i, p := range pull {
+		var a *added
+		pctx[i], a = s.addedLocked(ctx, p.ep.Worker)
+		a.wg.Add(1)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer a.wg.Done()
+			p.st.run(pctx[i])
+		}()
 	}
 	s.mu.Unlock()
 
-	errc := make(chan error, len(s.pull)+len(s.opts.Push))
+	errc := make(chan error, len(pull)+len(s.opts.Push))
 	fail := func(err error) {
 		errc <- err
 		cancel()
 	}
-	for i, p := range s.pull {
-		sock, mon, err := s.connect(p.ep, i)
+	for i, p := range pull {
+		sock, mon, err := s.connect(p.ep)
 		if err != nil {
 			fail(err)
 			break
 		}
+		s.mu.Lock()
+		a := s.added[p.ep.Worker]
+		if a != nil {
+			a.wg.Add(1)
+		}
+		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := s.receive(ctx, sock, mon, p.st, nil); err != nil {
+			if a != nil {
+				defer a.wg.Done()
+			}
+			if err := s.receive(pctx[i], sock, mon, p.st, nil); err != nil {
 				fail(err)
 			}
 		}()
@@ -400,6 +432,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.checkHealth(ctx)
 	}()
 	<-ctx.Done()
+	s.mu.Lock()
+	s.stopped = true // no AddEndpoint starts goroutines past this point
+	s.mu.Unlock()
 	s.wg.Wait()
 	zctx.Term()
 	select {
@@ -437,7 +472,7 @@ func (s *Subscriber) setSockopts(sock *zmq4.Socket, topic string) error {
 
 // connect opens a pull-mode SUB socket to ep, with a monitor socket that
 // reports its connection state.
-func (s *Subscriber) connect(ep Endpoint, i int) (*zmq4.Socket, *zmq4.Socket, error) {
+func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
 	sock, err := s.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: new SUB socket for %s: %w", ep.Worker, err)
@@ -449,7 +484,7 @@ func (s *Subscriber) connect(ep Endpoint, i int) (*zmq4.Socket, *zmq4.Socket, er
 	if err := s.setSockopts(sock, ep.Topic); err != nil {
 		return fail(err)
 	}
-	monAddr := "inproc://kvindex-monitor-" + strconv.Itoa(i)
+	monAddr := "inproc://kvindex-monitor-" + strconv.FormatInt(s.monitors.Add(1), 10)
 	if err := sock.Monitor(monAddr, zmq4.EVENT_CONNECTED|zmq4.EVENT_DISCONNECTED|zmq4.EVENT_CLOSED); err != nil {
 		return fail(err)
 	}

@@ -59,6 +59,76 @@ type Config struct {
 	// Gateway serves the Gateway API Inference Extension's endpoint
 	// picker (Envoy ext_proc).
 	Gateway Gateway `yaml:"gateway,omitempty"`
+	// Discovery finds pods to subscribe to directly (besides pods[]):
+	// Kubernetes pods by label selector, or the addresses of a headless
+	// service in DNS.
+	Discovery Discovery `yaml:"discovery,omitempty"`
+}
+
+// Discovery finds the pods of direct mode while kvindex serve runs; at
+// most one of its sources is set. A pod that appears (Running and Ready,
+// or resolved) joins the index; one that goes leaves it.
+type Discovery struct {
+	// Kubernetes watches pods through the API server.
+	Kubernetes *KubernetesDiscovery `yaml:"kubernetes,omitempty"`
+	// DNS re-resolves a headless service's name.
+	DNS *DNSDiscovery `yaml:"dns,omitempty"`
+}
+
+// Enabled reports whether a discovery source is configured.
+func (d *Discovery) Enabled() bool { return d.Kubernetes != nil || d.DNS != nil }
+
+// DiscoveredPods is what every discovered pod gets unless its source says
+// otherwise (Kubernetes annotations override each field).
+type DiscoveredPods struct {
+	// Model is the model the pods serve (annotation kvindex.io/model).
+	Model string `yaml:"model,omitempty"`
+	// Port is the KV event PUB port of DP rank 0 (default 5557;
+	// annotation kvindex.io/kv-events-port); rank r publishes on port+r.
+	Port int `yaml:"port,omitempty"`
+	// ReplayPort is the replay port of rank 0 (0: none; annotation
+	// kvindex.io/replay-port).
+	ReplayPort int `yaml:"replay_port,omitempty"`
+	// MetricsPort is the port of vLLM's /metrics, scraped for load (0:
+	// none; annotation kvindex.io/metrics-port).
+	MetricsPort int `yaml:"metrics_port,omitempty"`
+	// DPSize is the pods' data-parallel size (default 1; annotation
+	// kvindex.io/dp-size).
+	DPSize int `yaml:"dp_size,omitempty"`
+	// CapacityBlocks bounds each worker's blocks, as pods[].capacity_blocks
+	// (annotation kvindex.io/capacity-blocks).
+	CapacityBlocks int `yaml:"capacity_blocks,omitempty"`
+}
+
+// KubernetesDiscovery watches pods with client-go informers: those that
+// match Selector in Namespace and are Running and Ready are indexed.
+type KubernetesDiscovery struct {
+	DiscoveredPods `yaml:",inline"`
+	// Namespace is where the pods run ("": the namespace kvindex runs in,
+	// read from its service account).
+	Namespace string `yaml:"namespace,omitempty"`
+	// Selector is a label selector, e.g. "app=vllm" (required).
+	Selector string `yaml:"selector,omitempty"`
+	// Kubeconfig is a kubeconfig file for running outside the cluster;
+	// "" uses the in-cluster service account.
+	Kubeconfig string `yaml:"kubeconfig,omitempty"`
+	// Resync is the informers' full resync period (default 5m).
+	Resync time.Duration `yaml:"resync,omitempty"`
+}
+
+// DNSDiscovery resolves Name (a headless service) every Interval: each
+// address is a pod, named after the service's first label and its address
+// (e.g. vllm-10-0-0-5).
+type DNSDiscovery struct {
+	DiscoveredPods `yaml:",inline"`
+	// Name is the name to resolve, e.g. vllm.inference.svc.cluster.local
+	// (required).
+	Name string `yaml:"name,omitempty"`
+	// Interval is how often it is resolved again (default 10s).
+	Interval time.Duration `yaml:"interval,omitempty"`
+	// Server is a DNS server host:port to ask instead of the system's
+	// resolver ("" for the system's).
+	Server string `yaml:"server,omitempty"`
 }
 
 // NATS is the fleet's NATS connection (docs/fleet.md).

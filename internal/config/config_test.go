@@ -194,9 +194,13 @@ func TestREADMEFleetExamplesParse(t *testing.T) {
 		block, rest, _ = strings.Cut(rest, "```")
 		blocks = append(blocks, block)
 	}
-	var agent, replica *Config
+	var agent, replica, direct *Config
 	for _, blk := range blocks {
 		switch {
+		case strings.HasPrefix(blk, "discovery:"):
+			if direct, err = Parse([]byte(blk)); err != nil {
+				t.Fatalf("README discovery example: %v", err)
+			}
 		case strings.HasPrefix(blk, "# agent.yaml"):
 			if agent, err = Parse([]byte(blk)); err != nil {
 				t.Fatalf("README agent.yaml: %v", err)
@@ -216,6 +220,9 @@ func TestREADMEFleetExamplesParse(t *testing.T) {
 	}
 	if !replica.NATS.Enabled() || len(replica.Pods) != 0 {
 		t.Fatalf("replica.yaml: %+v", replica)
+	}
+	if direct == nil || direct.Discovery.Kubernetes == nil || direct.Discovery.Kubernetes.Selector != "app=vllm" || direct.Discovery.Kubernetes.ReplayPort != 5567 {
+		t.Fatalf("README discovery example: %+v", direct)
 	}
 }
 

@@ -173,6 +173,7 @@ func (c *Config) SetDefaults() {
 	if c.Agent.Checkpoint != "" {
 		set(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
 	}
+	c.Discovery.SetDefaults()
 	for i := range c.Models {
 		set(&c.Models[i].BlockSize, DefaultBlockSize)
 	}
@@ -186,6 +187,12 @@ func (c *Config) SetDefaults() {
 	}
 	for _, p := range c.Pods {
 		named(p.Model)
+	}
+	if k := c.Discovery.Kubernetes; k != nil {
+		named(k.Model)
+	}
+	if d := c.Discovery.DNS; d != nil {
+		named(d.Model)
 	}
 	for i := range c.Push {
 		set(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
@@ -248,4 +255,33 @@ func set[T comparable](v *T, def T) {
 	if *v == zero {
 		*v = def
 	}
+}
+
+// Discovery defaults.
+const (
+	// DefaultDiscoveryPort is the KV event port discovered pods publish
+	// on (the README's vLLM recipe).
+	DefaultDiscoveryPort = 5557
+	// DefaultKubernetesResync is the informers' full resync period.
+	DefaultKubernetesResync = 5 * time.Minute
+	// DefaultDNSInterval is how often a headless service is resolved.
+	DefaultDNSInterval = 10 * time.Second
+)
+
+// SetDefaults gives the zero fields of the configured discovery source
+// their defaults.
+func (d *Discovery) SetDefaults() {
+	if k := d.Kubernetes; k != nil {
+		k.DiscoveredPods.setDefaults()
+		set(&k.Resync, DefaultKubernetesResync)
+	}
+	if n := d.DNS; n != nil {
+		n.DiscoveredPods.setDefaults()
+		set(&n.Interval, DefaultDNSInterval)
+	}
+}
+
+func (p *DiscoveredPods) setDefaults() {
+	set(&p.Port, DefaultDiscoveryPort)
+	set(&p.DPSize, DefaultDPSize)
 }

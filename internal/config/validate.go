@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/redact"
 )
@@ -43,6 +45,7 @@ func (c *Config) Validate() error {
 		c.TLS.Validate,
 		func() error { return c.Auth.Validate(&c.TLS) },
 		c.NATS.Validate,
+		c.Discovery.Validate,
 		c.Tokenize.Validate,
 		func() error { return c.Gateway.Validate(c) },
 	} {
@@ -371,4 +374,70 @@ func checkEndpoint(ep string) error {
 		return nil
 	}
 	return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
+}
+
+// Validate checks the discovery section: one source at most, a selector
+// that parses (Kubernetes) or a name (DNS), ports in range whose DP ranks
+// do not overlap, a model.
+func (d *Discovery) Validate() error {
+	switch {
+	case d.Kubernetes != nil && d.DNS != nil:
+		return invalid("discovery", "give one of kubernetes and dns")
+	case d.Kubernetes != nil:
+		k := d.Kubernetes
+		if k.Selector == "" {
+			return invalid("discovery.kubernetes.selector", "required (e.g. app=vllm): without it every pod of the namespace would be indexed")
+		}
+		if _, err := labels.Parse(k.Selector); err != nil {
+			return invalid("discovery.kubernetes.selector", "%q: %v", k.Selector, err)
+		}
+		if k.Resync < 0 {
+			return invalid("discovery.kubernetes.resync", "must not be negative")
+		}
+		return k.DiscoveredPods.Validate("discovery.kubernetes")
+	case d.DNS != nil:
+		n := d.DNS
+		if n.Name == "" {
+			return invalid("discovery.dns.name", "required (the headless service's name)")
+		}
+		if n.Interval < time.Second {
+			return invalid("discovery.dns.interval", "%v: at least 1s", n.Interval)
+		}
+		if n.Server != "" {
+			if _, _, err := net.SplitHostPort(n.Server); err != nil {
+				return invalid("discovery.dns.server", "%q is not host:port", n.Server)
+			}
+		}
+		return n.DiscoveredPods.Validate("discovery.dns")
+	}
+	return nil
+}
+
+// Validate checks the defaults of discovered pods, field being the path
+// of their section. The same checks apply to the values a pod's
+// annotations give (internal/discovery).
+func (p *DiscoveredPods) Validate(field string) error {
+	if p.Model == "" {
+		return invalid(field+".model", "required: the model pods serve when they do not say")
+	}
+	if p.DPSize < 1 || p.DPSize > 1024 {
+		return invalid(field+".dp_size", "%d must be between 1 and 1024", p.DPSize)
+	}
+	for _, port := range []struct {
+		name string
+		v    int
+		opt  bool
+	}{{"port", p.Port, false}, {"replay_port", p.ReplayPort, true}, {"metrics_port", p.MetricsPort, true}} {
+		if (port.opt && port.v == 0) || (port.v >= 1 && port.v+p.DPSize-1 <= 65535) {
+			continue
+		}
+		return invalid(field+"."+port.name, "%d: want a port from 1 to %d (dp_size %d)", port.v, 65536-p.DPSize, p.DPSize)
+	}
+	if p.ReplayPort != 0 && p.ReplayPort < p.Port+p.DPSize && p.Port < p.ReplayPort+p.DPSize {
+		return invalid(field+".replay_port", "%d overlaps the event ports %d-%d: leave a gap of dp_size", p.ReplayPort, p.Port, p.Port+p.DPSize-1)
+	}
+	if p.CapacityBlocks < 0 {
+		return invalid(field+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
+	}
+	return nil
 }

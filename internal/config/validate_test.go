@@ -151,3 +151,40 @@ func TestSectionsValidateAlone(t *testing.T) {
 		t.Errorf("bad guard: %v", err)
 	}
 }
+
+// TestDiscovery: a discovery section gets its defaults (and its model
+// listed), and each invalid one is refused naming the field.
+func TestDiscovery(t *testing.T) {
+	c, err := Parse([]byte("discovery: {kubernetes: {selector: 'app=vllm', model: llama, replay_port: 5567}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := c.Discovery.Kubernetes
+	if k.Port != DefaultDiscoveryPort || k.DPSize != 1 || k.Resync != DefaultKubernetesResync || c.model("llama") == nil {
+		t.Fatalf("defaults: %+v, models %+v", k, c.Models)
+	}
+	c, err = Parse([]byte("discovery: {dns: {name: vllm.ns.svc, model: m, server: '10.96.0.10:53'}}"))
+	if err != nil || c.Discovery.DNS.Interval != DefaultDNSInterval || !c.Discovery.Enabled() {
+		t.Fatalf("dns: %+v %v", c, err)
+	}
+	for _, tc := range []struct{ yaml, field string }{
+		{"discovery: {kubernetes: {selector: 'app=vllm', model: m}, dns: {name: x, model: m}}", "discovery: give one"},
+		{"discovery: {kubernetes: {model: m}}", "discovery.kubernetes.selector"},
+		{"discovery: {kubernetes: {selector: 'app in (', model: m}}", "discovery.kubernetes.selector"},
+		{"discovery: {kubernetes: {selector: 'app=vllm'}}", "discovery.kubernetes.model"},
+		{"discovery: {kubernetes: {selector: 'app=vllm', model: m, resync: -1s}}", "discovery.kubernetes.resync"},
+		{"discovery: {kubernetes: {selector: 'app=vllm', model: m, port: 70000}}", "discovery.kubernetes.port"},
+		{"discovery: {kubernetes: {selector: 'app=vllm', model: m, dp_size: 2, replay_port: 5558}}", "discovery.kubernetes.replay_port"},
+		{"discovery: {kubernetes: {selector: 'app=vllm', model: m, metrics_port: -1}}", "discovery.kubernetes.metrics_port"},
+		{"discovery: {kubernetes: {selector: 'app=vllm', model: m, capacity_blocks: -1}}", "discovery.kubernetes.capacity_blocks"},
+		{"discovery: {dns: {model: m}}", "discovery.dns.name"},
+		{"discovery: {dns: {name: x, model: m, interval: 10ms}}", "discovery.dns.interval"},
+		{"discovery: {dns: {name: x, model: m, server: nowhere}}", "discovery.dns.server"},
+		{"discovery: {dns: {name: x, model: m, dp_size: 2000}}", "discovery.dns.dp_size"},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: err = %v, want ErrInvalid naming %s", tc.yaml, err, tc.field)
+		}
+	}
+}

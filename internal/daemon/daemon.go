@@ -30,6 +30,7 @@ import (
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/internal/discovery"
 	"github.com/kvindex/kvindex/internal/fleet"
 	"github.com/kvindex/kvindex/internal/metrics"
 	"github.com/kvindex/kvindex/internal/picker"
@@ -58,6 +59,10 @@ type Daemon struct {
 	httpSrv  *http.Server
 	httpLis  net.Listener
 	registry *prometheus.Registry
+
+	discovery  discoverySource       // nil without discovery
+	discovered *discovered           // the pods discovery added
+	reconciler *discovery.Reconciler // nil without discovery
 	// The endpoint picker (gateway.listen); nil without it. gwModels
 	// maps its endpoints' workers to their models; written by New only.
 	picker   *picker.Picker
@@ -137,10 +142,14 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 
 	d.registry = prometheus.NewRegistry()
+	mc := metrics.NewCollector(d.ix, d.srcs)
+	if d.fleet != nil {
+		mc.WithDigests() // replicas are compared by digest
+	}
 	d.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		metrics.NewCollector(d.ix, d.srcs),
+		mc,
 	)
 	if d.fleet != nil {
 		d.registry.MustRegister(
@@ -165,6 +174,14 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 	}
 	d.scraper = scrape.New(targets, loads, cfg.Scoring.ScrapeInterval, log)
+	if cfg.Discovery.Enabled() {
+		if d.discovery, err = newDiscoverySource(&cfg.Discovery); err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		d.discovered = &discovered{d: d, pods: map[string]*discoveredPod{}}
+		d.reconciler = discovery.NewReconciler(d.discovered, log)
+		d.registry.MustRegister(d.reconciler)
+	}
 	d.registry.MustRegister(d.scraper) // the engines' own prefix-cache counters
 	d.registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
@@ -320,7 +337,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -364,6 +381,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.auth != nil && len(d.cfg.Auth.Tokens) > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.watchTokens(ctx, time.Second) }()
+	}
+	if d.discovery != nil {
+		d.discovered.mu.Lock()
+		d.discovered.runCtx = ctx
+		d.discovered.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.discovery.Run(ctx, d.reconciler); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("daemon: discovery: %w", err)
+				cancel()
+			}
+		}()
 	}
 	wg.Add(2)
 	go func() { defer wg.Done(); d.tracker.Run(ctx, time.Second) }()

@@ -26,7 +26,9 @@ type Collector struct {
 	staleReplays, replayContinuations                                    *prometheus.Desc
 	health, dropped, backlog, unroutable                                 *prometheus.Desc
 	evictions, capacity                                                  *prometheus.Desc
+	digest, lastSeq                                                      *prometheus.Desc
 	unroutableSrc                                                        events.RefusalSource
+	digests                                                              bool
 }
 
 var workerLabels = []string{"pod", "dp_rank", "model"}
@@ -70,6 +72,8 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		backlog:             d("queue_backlog", "Batches waiting in the worker's queue."),
 		evictions:           d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
 		capacity:            d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
+		digest:              d("worker_digest", "The top 53 bits of the worker's resident-set digest (exact in a float): equal on every replica holding the same set (WithDigests only)."),
+		lastSeq:             d("worker_last_seq", "The last seq applied to the worker (the engine's, or in fleet mode the agent's delta seq)."),
 		unroutable:          prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod.", []string{"listener", "reason"}, nil),
 	}
 	if u, ok := stats.(events.RefusalSource); ok {
@@ -78,8 +82,21 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 	return c
 }
 
+// WithDigests makes the collector export kvindex_worker_digest, so that
+// replicas can be compared (an alert fires when replicas that applied the
+// same seq of a worker disagree). Cost, per scrape: Worker.Digest of every
+// worker, O(blocks) under each worker's mutex (3.3 ns a block for a
+// replica's keyed workers, 20 ns fed engine events: docs/benchmarks.md).
+// It returns c.
+func (c *Collector) WithDigests() *Collector {
+	c.digests = true
+	return c
+}
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.digest
+	ch <- c.lastSeq
 	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
 		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets,
 		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleReplays, c.replayContinuations, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
@@ -111,6 +128,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.Evictions-s.BudgetEvictions), append(lv, "capacity")...)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.BudgetEvictions), append(lv, "budget")...)
 		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(s.Capacity), lv...)
+		if c.digests {
+			ch <- prometheus.MustNewConstMetric(c.digest, prometheus.GaugeValue, float64(w.Digest()>>11), lv...)
+		}
 		for m, n := range s.ResidentByMedium {
 			if n == 0 && events.Medium(m) != events.MediumGPU {
 				continue
@@ -142,6 +162,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.staleTransitions, s.StaleTransitions)
 		counter(c.dropped, s.Dropped)
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(s.Backlog), lv...)
+		if s.HasSeq {
+			ch <- prometheus.MustNewConstMetric(c.lastSeq, prometheus.GaugeValue, float64(s.LastSeq), lv...)
+		}
 		for h := events.HealthUnknown; int(h) < events.NumHealth; h++ {
 			v := 0.0
 			if s.Health == h {

@@ -54,3 +54,58 @@ func TestEvictionsByReasonCountedOnce(t *testing.T) {
 		t.Fatalf("evictions by reason %v, want budget %d and capacity 0", got, st.BudgetEvictions)
 	}
 }
+
+// TestDigests: with WithDigests each worker's digest is exported (its top
+// 53 bits, exact as a float), equal for two workers holding the same
+// blocks and different once one changes; without it, none.
+func TestDigests(t *testing.T) {
+	ix := indexer.New(indexer.Config{WorkerCapacity: -1})
+	if _, err := ix.AddModel("m", 1); err != nil {
+		t.Fatal(err)
+	}
+	var ws []*indexer.Worker
+	for _, pod := range []string{"a", "b"} {
+		w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: pod}, Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.ApplyBatch(&events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{7, 8}, BlockSize: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	digests := func(c *Collector) map[string]float64 {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(c)
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() == "kvindex_worker_digest" {
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "pod" {
+							got[l.GetValue()] = m.GetGauge().GetValue()
+						}
+					}
+				}
+			}
+		}
+		return got
+	}
+	if got := digests(NewCollector(ix, nil)); len(got) != 0 {
+		t.Fatalf("digests without WithDigests: %v", got)
+	}
+	got := digests(NewCollector(ix, nil).WithDigests())
+	if want := float64(ws[0].Digest() >> 11); got["a"] != want || got["b"] != want || want == 0 {
+		t.Fatalf("digests %v, want both %v", got, want)
+	}
+	if err := ws[1].ApplyBatch(&events.Batch{Events: []events.Event{{Kind: events.KindBlockRemoved, BlockHashes: []uint64{2}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := digests(NewCollector(ix, nil).WithDigests()); got["a"] == got["b"] {
+		t.Fatalf("digests equal after b changed: %v", got)
+	}
+}

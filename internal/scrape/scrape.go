@@ -137,28 +137,48 @@ func (s *Scraper) Run(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tick := time.NewTicker(s.interval)
-			defer tick.Stop()
-			for {
-				if err := s.Once(ctx, t); err != nil && ctx.Err() == nil {
-					s.failures.Add(1)
-					s.mu.Lock()
-					first := s.lastErr[t.Pod] != err.Error()
-					s.lastErr[t.Pod] = err.Error()
-					s.mu.Unlock()
-					if first {
-						s.log.Warn("scraping vLLM metrics failed; the pod's load is unknown until it recovers", "pod", t.Pod, "err", err)
-					}
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-			}
+			s.loop(ctx, t)
 		}()
 	}
 	wg.Wait()
+}
+
+// Start scrapes one more target (a discovered pod) every interval until
+// ctx is done or stop is called; stop returns once the scrapes have ended.
+func (s *Scraper) Start(ctx context.Context, t Target) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.loop(ctx, t)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// loop scrapes t every interval until ctx is done.
+func (s *Scraper) loop(ctx context.Context, t Target) {
+	tick := time.NewTicker(s.interval)
+	defer tick.Stop()
+	for {
+		if err := s.Once(ctx, t); err != nil && ctx.Err() == nil {
+			s.failures.Add(1)
+			s.mu.Lock()
+			first := s.lastErr[t.Pod] != err.Error()
+			s.lastErr[t.Pod] = err.Error()
+			s.mu.Unlock()
+			if first {
+				s.log.Warn("scraping vLLM metrics failed; the pod's load is unknown until it recovers", "pod", t.Pod, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // Once scrapes one target and posts every rank's load.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,5 +143,32 @@ vllm:prefix_cache_hits_total{engine="1"} 4
 	_, got, err = ParseAll(strings.NewReader("vllm:num_requests_running 1\nvllm:prefix_cache_hits 3\n"), 1)
 	if err != nil || got[0] != (PrefixCache{Hits: 3, Known: true}) {
 		t.Fatalf("without _total: %+v %v", got, err)
+	}
+}
+
+// TestStartAndStop: a target started later (a discovered pod) is scraped
+// until its stop returns, and not after.
+func TestStartAndStop(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Write([]byte(vllmMetrics))
+	}))
+	defer srv.Close()
+	board := scoring.NewLoadBoard(time.Minute)
+	s := New(nil, board, 10*time.Millisecond, nil)
+	stop := s.Start(context.Background(), Target{Pod: "d", DPSize: 2, URL: srv.URL + "/metrics"})
+	deadline := time.Now().Add(5 * time.Second)
+	for hits.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	if got, ok := board.Get(events.WorkerRef{Pod: "d"}, time.Now()); !ok || got.Running != 7 {
+		t.Fatalf("rank 0 of the started target: %+v %v", got, ok)
+	}
+	n := hits.Load()
+	time.Sleep(50 * time.Millisecond)
+	if hits.Load() != n {
+		t.Fatalf("scraped %d more times after stop", hits.Load()-n)
 	}
 }

@@ -1,0 +1,452 @@
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvindex/kvindex/internal/config"
+)
+
+const chartDir = "helm/kvindex"
+
+// manifests is a rendered chart, by kind, each object decoded strictly.
+type manifests struct {
+	deployments     []appsv1.Deployment
+	services        []corev1.Service
+	configMaps      []corev1.ConfigMap
+	serviceAccounts []corev1.ServiceAccount
+	pdbs            []policyv1.PodDisruptionBudget
+	netpols         []networkingv1.NetworkPolicy
+	roles           []rbacv1.Role
+	bindings        []rbacv1.RoleBinding
+	monitors        []monitoringv1.ServiceMonitor
+	rules           []monitoringv1.PrometheusRule
+	notes           string
+}
+
+// render renders the chart with Helm's Go SDK as `helm install kvindex -n
+// inference -f valuesFile` would ("" for the default values), and decodes
+// every manifest strictly (unknown or duplicate fields fail) into its
+// Kubernetes API type.
+func render(t *testing.T, valuesFile string) *manifests {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := map[string]any{}
+	if valuesFile != "" {
+		if vals, err = chartutil.ReadValuesFile(filepath.Join(chartDir, valuesFile)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "kvindex", Namespace: "inference", IsInstall: true, Revision: 1}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		t.Fatalf("render %s: %v", valuesFile, err)
+	}
+	m := &manifests{}
+	names := make([]string, 0, len(out))
+	for n := range out {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			m.notes = out[name]
+			continue
+		}
+		for i, doc := range strings.Split(out[name], "\n---") {
+			if strings.TrimSpace(stripComments(doc)) == "" {
+				continue
+			}
+			m.decode(t, fmt.Sprintf("%s#%d", name, i), []byte(doc))
+		}
+	}
+	return m
+}
+
+func stripComments(doc string) string {
+	var keep []string
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// decode decodes one manifest by its kind into its API type, strictly.
+func (m *manifests) decode(t *testing.T, where string, doc []byte) {
+	t.Helper()
+	var head struct{ APIVersion, Kind string }
+	if err := yaml.Unmarshal(doc, &head); err != nil {
+		t.Fatalf("%s: %v\n%s", where, err, doc)
+	}
+	var target any
+	switch head.APIVersion + " " + head.Kind {
+	case "apps/v1 Deployment":
+		m.deployments = append(m.deployments, appsv1.Deployment{})
+		target = &m.deployments[len(m.deployments)-1]
+	case "v1 Service":
+		m.services = append(m.services, corev1.Service{})
+		target = &m.services[len(m.services)-1]
+	case "v1 ConfigMap":
+		m.configMaps = append(m.configMaps, corev1.ConfigMap{})
+		target = &m.configMaps[len(m.configMaps)-1]
+	case "v1 ServiceAccount":
+		m.serviceAccounts = append(m.serviceAccounts, corev1.ServiceAccount{})
+		target = &m.serviceAccounts[len(m.serviceAccounts)-1]
+	case "policy/v1 PodDisruptionBudget":
+		m.pdbs = append(m.pdbs, policyv1.PodDisruptionBudget{})
+		target = &m.pdbs[len(m.pdbs)-1]
+	case "networking.k8s.io/v1 NetworkPolicy":
+		m.netpols = append(m.netpols, networkingv1.NetworkPolicy{})
+		target = &m.netpols[len(m.netpols)-1]
+	case "rbac.authorization.k8s.io/v1 Role":
+		m.roles = append(m.roles, rbacv1.Role{})
+		target = &m.roles[len(m.roles)-1]
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		m.bindings = append(m.bindings, rbacv1.RoleBinding{})
+		target = &m.bindings[len(m.bindings)-1]
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		m.monitors = append(m.monitors, monitoringv1.ServiceMonitor{})
+		target = &m.monitors[len(m.monitors)-1]
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		m.rules = append(m.rules, monitoringv1.PrometheusRule{})
+		target = &m.rules[len(m.rules)-1]
+	default:
+		t.Fatalf("%s: unexpected %s %s", where, head.APIVersion, head.Kind)
+	}
+	if err := yaml.UnmarshalStrict(doc, target); err != nil {
+		t.Fatalf("%s (%s) does not decode strictly: %v\n%s", where, head.Kind, err, doc)
+	}
+}
+
+func (m *manifests) configMap(t *testing.T, name string) *corev1.ConfigMap {
+	t.Helper()
+	for i := range m.configMaps {
+		if m.configMaps[i].Name == name {
+			return &m.configMaps[i]
+		}
+	}
+	t.Fatalf("no ConfigMap %s", name)
+	return nil
+}
+
+// replicaConfig parses and validates the replicas' kvindex.yaml.
+func (m *manifests) replicaConfig(t *testing.T) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte(m.configMap(t, "kvindex").Data["kvindex.yaml"]))
+	if err != nil {
+		t.Fatalf("the chart's kvindex.yaml: %v\n%s", err, m.configMap(t, "kvindex").Data["kvindex.yaml"])
+	}
+	return c
+}
+
+// checkReplicas checks what every rendering must have: one Deployment of
+// non-root replicas probed over gRPC, serving the ConfigMap's ports, a
+// Service, a PDB, a NetworkPolicy, a ServiceAccount.
+func (m *manifests) checkReplicas(t *testing.T, cfg *config.Config) *corev1.Container {
+	t.Helper()
+	if len(m.deployments) != 1 || len(m.services) != 1 || len(m.pdbs) != 1 || len(m.netpols) != 1 || len(m.serviceAccounts) != 1 {
+		t.Fatalf("deployments %d, services %d, PDBs %d, network policies %d, service accounts %d: want one each",
+			len(m.deployments), len(m.services), len(m.pdbs), len(m.netpols), len(m.serviceAccounts))
+	}
+	d := m.deployments[0]
+	sel := d.Spec.Selector.MatchLabels
+	for what, labels := range map[string]map[string]string{
+		"pod template": d.Spec.Template.Labels, "service selector": m.services[0].Spec.Selector,
+		"PDB selector": m.pdbs[0].Spec.Selector.MatchLabels, "network policy": m.netpols[0].Spec.PodSelector.MatchLabels,
+	} {
+		for k, v := range sel {
+			if labels[k] != v {
+				t.Errorf("%s lacks the replicas' label %s=%s: %v", what, k, v, labels)
+			}
+		}
+	}
+	pod := d.Spec.Template.Spec
+	if pod.ServiceAccountName != m.serviceAccounts[0].Name {
+		t.Errorf("pods run as %q, the chart's service account is %q", pod.ServiceAccountName, m.serviceAccounts[0].Name)
+	}
+	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot || *pod.SecurityContext.RunAsUser != 65532 {
+		t.Errorf("pod security context %+v: want non-root 65532 (the image's user)", pod.SecurityContext)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := &pod.Containers[0]
+	if !slices.Equal(c.Args, []string{"serve", "--config", "/etc/kvindex/kvindex.yaml"}) {
+		t.Errorf("args %q", c.Args)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if fmt.Sprintf(":%d", ports["grpc"]) != cfg.GRPCListen || fmt.Sprintf(":%d", ports["metrics"]) != cfg.MetricsListen {
+		t.Errorf("container ports %v, config listens on %s and %s", ports, cfg.GRPCListen, cfg.MetricsListen)
+	}
+	if c.ReadinessProbe == nil || c.LivenessProbe == nil {
+		t.Fatal("no probes")
+	}
+	if !cfg.TLS.Enabled() && (c.ReadinessProbe.GRPC == nil || c.ReadinessProbe.GRPC.Port != ports["grpc"]) {
+		t.Errorf("readiness probe %+v: want kubelet's gRPC health probe", c.ReadinessProbe)
+	}
+	if len(cfg.Auth.Tokens) > 0 && !cfg.Auth.OpenHealth {
+		t.Error("tokens without auth.open_health: kubelet's probes would be refused")
+	}
+	if c.SecurityContext == nil || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem || *c.SecurityContext.AllowPrivilegeEscalation {
+		t.Errorf("container security context %+v", c.SecurityContext)
+	}
+	mounted := map[string]string{}
+	for _, vm := range c.VolumeMounts {
+		mounted[vm.Name] = vm.MountPath
+	}
+	if mounted["config"] != "/etc/kvindex/kvindex.yaml" {
+		t.Errorf("config mounted at %q", mounted["config"])
+	}
+	for _, tok := range cfg.Auth.Tokens {
+		if !strings.HasPrefix(tok.File, mounted["token-"+tok.Name]+"/") {
+			t.Errorf("token %s read from %s, its Secret is mounted at %q", tok.Name, tok.File, mounted["token-"+tok.Name])
+		}
+	}
+	if d.Spec.Template.Annotations["checksum/config"] == "" {
+		t.Error("no config checksum: a changed configuration would not roll the replicas")
+	}
+	svcPorts := map[string]int32{}
+	for _, p := range m.services[0].Spec.Ports {
+		svcPorts[p.Name] = p.Port
+		if p.TargetPort.StrVal != p.Name {
+			t.Errorf("service port %s targets %v", p.Name, p.TargetPort)
+		}
+	}
+	if svcPorts["grpc"] == 0 || svcPorts["metrics"] == 0 {
+		t.Errorf("service ports %v", svcPorts)
+	}
+	np := m.netpols[0]
+	if len(np.Spec.Ingress) != 2 || len(np.Spec.Ingress[0].From) == 0 || len(np.Spec.Ingress[1].From) == 0 {
+		t.Errorf("network policy opens gRPC or metrics to anyone: %+v", np.Spec.Ingress)
+	}
+	return c
+}
+
+// TestChartDefaults: the default values render fleet-mode replicas whose
+// configuration validates, with no RBAC at all (fleet mode reads no API).
+func TestChartDefaults(t *testing.T) {
+	m := render(t, "")
+	cfg := m.replicaConfig(t)
+	m.checkReplicas(t, cfg)
+	if !cfg.NATS.Enabled() || cfg.Discovery.Enabled() || len(cfg.Pods) != 0 {
+		t.Errorf("default config: nats %+v, discovery %+v, pods %v: want fleet mode", cfg.NATS, cfg.Discovery, cfg.Pods)
+	}
+	if len(m.roles)+len(m.bindings) != 0 {
+		t.Error("fleet mode grants RBAC")
+	}
+	if pod := m.deployments[0].Spec.Template.Spec; pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("fleet-mode pods mount a service account token they never use")
+	}
+	if len(m.monitors)+len(m.rules) != 0 || len(m.configMaps) != 1 {
+		t.Errorf("defaults render %d monitors, %d rules, %d config maps: want the config only", len(m.monitors), len(m.rules), len(m.configMaps))
+	}
+	if *m.deployments[0].Spec.Replicas != 2 || m.pdbs[0].Spec.MinAvailable.IntValue() != 1 {
+		t.Errorf("replicas %d, PDB min available %v", *m.deployments[0].Spec.Replicas, m.pdbs[0].Spec.MinAvailable)
+	}
+	if !strings.Contains(m.notes, "kvindexctl --addr localhost:50051 workers") {
+		t.Errorf("NOTES: %s", m.notes)
+	}
+}
+
+// TestChartSidecarExample: the worked fleet example renders replicas with
+// tokens, the agents' ConfigMap (which parses and validates as an agent's
+// configuration), the ServiceMonitor, the PrometheusRule (the alert rules
+// file, unchanged) and the dashboard; examples/vllm-with-agent.yaml is a
+// valid Deployment whose sidecar uses that ConfigMap.
+func TestChartSidecarExample(t *testing.T) {
+	m := render(t, "examples/sidecar-values.yaml")
+	cfg := m.replicaConfig(t)
+	m.checkReplicas(t, cfg)
+	if len(cfg.Auth.Tokens) != 1 || cfg.Auth.Tokens[0].Name != "gateway" || !cfg.Auth.OpenHealth || cfg.Events.StaleAfterDisconnect.String() != "5s" {
+		t.Errorf("auth %+v, events %+v", cfg.Auth, cfg.Events)
+	}
+	agentCM := m.configMap(t, "kvindex-agent")
+	acfg, err := config.Parse([]byte(agentCM.Data["agent.yaml"]))
+	if err != nil {
+		t.Fatalf("agent.yaml: %v\n%s", err, agentCM.Data["agent.yaml"])
+	}
+	pod, err := acfg.ValidateAgent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Endpoint != "tcp://127.0.0.1:5557" || pod.ReplayEndpoint != "tcp://127.0.0.1:5567" || pod.CapacityBlocks != 30000 ||
+		acfg.NATS.URL != cfg.NATS.URL || acfg.Agent.Checkpoint != "/var/lib/kvindex/agent.ckpt" || acfg.MetricsListen != ":9400" {
+		t.Errorf("agent config %+v pod %+v", acfg, pod)
+	}
+
+	if len(m.monitors) != 1 || len(m.monitors[0].Spec.Endpoints) != 1 || m.monitors[0].Spec.Endpoints[0].Port != "metrics" ||
+		!m.monitors[0].Spec.Endpoints[0].HonorLabels {
+		t.Errorf("service monitor %+v: want the metrics port with honorLabels (kvindex's pod label)", m.monitors)
+	}
+	if len(m.rules) != 1 {
+		t.Fatalf("%d PrometheusRules", len(m.rules))
+	}
+	var file monitoringv1.PrometheusRuleSpec
+	b, err := os.ReadFile(filepath.Join(chartDir, "files/kvindex-alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(b, &file); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(file, m.rules[0].Spec) || len(file.Groups) == 0 {
+		t.Error("the PrometheusRule differs from files/kvindex-alerts.yaml")
+	}
+	dash := m.configMap(t, "kvindex-dashboard")
+	want, err := os.ReadFile(filepath.Join(chartDir, "files/kvindex-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(dash.Data["kvindex-dashboard.json"]) != strings.TrimSpace(string(want)) || dash.Labels["grafana_dashboard"] != "1" {
+		t.Error("the dashboard ConfigMap differs from files/kvindex-dashboard.json or lacks the sidecar's label")
+	}
+
+	// The vLLM pod manifest of the example.
+	var vllm appsv1.Deployment
+	b, err = os.ReadFile(filepath.Join(chartDir, "examples/vllm-with-agent.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(b, &vllm); err != nil {
+		t.Fatalf("examples/vllm-with-agent.yaml: %v", err)
+	}
+	var agent, engine *corev1.Container
+	for i, c := range vllm.Spec.Template.Spec.Containers {
+		switch c.Name {
+		case "kvindex-agent":
+			agent = &vllm.Spec.Template.Spec.Containers[i]
+		case "vllm":
+			engine = &vllm.Spec.Template.Spec.Containers[i]
+		}
+	}
+	if agent == nil || engine == nil {
+		t.Fatal("the example lacks the vllm or kvindex-agent container")
+	}
+	if !slices.Equal(agent.Args, []string{"agent", "--config", "/etc/kvindex/agent.yaml", "--pod-name", "$(POD_NAME)"}) ||
+		len(agent.Env) != 1 || agent.Env[0].ValueFrom == nil || agent.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" {
+		t.Errorf("agent args %q env %+v", agent.Args, agent.Env)
+	}
+	if want := m.deployments[0].Spec.Template.Spec.Containers[0].Image; agent.Image != want {
+		t.Errorf("the sidecar runs %s, the chart %s", agent.Image, want)
+	}
+	vols := map[string]corev1.Volume{}
+	for _, v := range vllm.Spec.Template.Spec.Volumes {
+		vols[v.Name] = v
+	}
+	for _, vm := range agent.VolumeMounts {
+		v := vols[vm.Name]
+		switch {
+		case vm.MountPath == "/etc/kvindex" && (v.ConfigMap == nil || v.ConfigMap.Name != agentCM.Name):
+			t.Errorf("the sidecar's configuration is %+v, the chart renders ConfigMap %s", v, agentCM.Name)
+		case strings.HasPrefix(acfg.Agent.Checkpoint, vm.MountPath+"/") && v.EmptyDir == nil:
+			t.Errorf("the checkpoint's volume %s is not an emptyDir", vm.Name)
+		}
+	}
+	kv := ""
+	for _, a := range engine.Args {
+		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+			kv = v
+		}
+	}
+	var kec struct {
+		Enable         bool   `json:"enable_kv_cache_events"`
+		Publisher      string `json:"publisher"`
+		Endpoint       string `json:"endpoint"`
+		ReplayEndpoint string `json:"replay_endpoint"`
+	}
+	dec := json.NewDecoder(bytes.NewReader([]byte(kv)))
+	if err := dec.Decode(&kec); err != nil || !kec.Enable || kec.Publisher != "zmq" ||
+		kec.Endpoint != strings.Replace(pod.Endpoint, "127.0.0.1", "*", 1) || kec.ReplayEndpoint != strings.Replace(pod.ReplayEndpoint, "127.0.0.1", "*", 1) {
+		t.Errorf("vLLM's --kv-events-config %q (%v) does not bind what the agent subscribes to (%s, %s)", kv, err, pod.Endpoint, pod.ReplayEndpoint)
+	}
+}
+
+// TestChartDirectMode: direct mode with Kubernetes discovery configures
+// discovery (valid), mounts the service account token, and grants a Role
+// that can only get, list and watch pods in the discovery namespace; with
+// DNS discovery there is no RBAC.
+func TestChartDirectMode(t *testing.T) {
+	m := render(t, "examples/direct-values.yaml")
+	cfg := m.replicaConfig(t)
+	m.checkReplicas(t, cfg)
+	k := cfg.Discovery.Kubernetes
+	if k == nil || k.Selector != "app=vllm" || k.Namespace != "inference" || k.Port != 5557 || k.ReplayPort != 5567 || k.MetricsPort != 8000 || cfg.NATS.Enabled() {
+		t.Fatalf("discovery %+v, nats %+v", k, cfg.NATS)
+	}
+	if pod := m.deployments[0].Spec.Template.Spec; pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Error("Kubernetes discovery without the service account token")
+	}
+	if len(m.roles) != 1 || len(m.bindings) != 1 {
+		t.Fatalf("%d roles, %d bindings", len(m.roles), len(m.bindings))
+	}
+	r := m.roles[0]
+	if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].APIGroups, []string{""}) || !slices.Equal(r.Rules[0].Resources, []string{"pods"}) ||
+		!slices.Equal(r.Rules[0].Verbs, []string{"get", "list", "watch"}) || r.Namespace != "inference" {
+		t.Errorf("role %+v: want get, list, watch of pods only", r)
+	}
+	b := m.bindings[0]
+	if b.RoleRef.Name != r.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != m.serviceAccounts[0].Name {
+		t.Errorf("binding %+v", b)
+	}
+
+	m = render(t, "examples/dns-values.yaml")
+	cfg = m.replicaConfig(t)
+	m.checkReplicas(t, cfg)
+	if d := cfg.Discovery.DNS; d == nil || d.Name != "vllm-headless.inference.svc.cluster.local" || cfg.Discovery.Kubernetes != nil {
+		t.Fatalf("discovery %+v", cfg.Discovery)
+	}
+	if len(m.roles)+len(m.bindings) != 0 {
+		t.Error("DNS discovery grants RBAC")
+	}
+}
+
+// TestChartLint runs Helm's own linter (`helm lint`) over the chart with
+// the default values and every example's: no warning, no error.
+func TestChartLint(t *testing.T) {
+	for _, vf := range []string{"", "examples/sidecar-values.yaml", "examples/direct-values.yaml", "examples/dns-values.yaml"} {
+		vals := map[string]any{}
+		if vf != "" {
+			var err error
+			if vals, err = chartutil.ReadValuesFile(filepath.Join(chartDir, vf)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, m := range lint.All(chartDir, vals, "inference", false).Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("helm lint (%s): %s", vf, m.Error())
+			}
+		}
+	}
+}

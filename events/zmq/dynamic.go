@@ -1,0 +1,164 @@
+package zmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvindex/kvindex/events"
+)
+
+// ErrUnknownEndpoint reports a RemoveEndpoint of a worker the subscriber
+// has no pull-mode endpoint for.
+var ErrUnknownEndpoint = errors.New("zmq: no such pull-mode endpoint")
+
+// ErrStopped reports an AddEndpoint after Run returned.
+var ErrStopped = errors.New("zmq: subscriber stopped")
+
+// added is a running pull-mode endpoint: its receiver and stream
+// goroutines run under their own context, so RemoveEndpoint can stop them
+// alone.
+type added struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// checkEndpoint reports what is wrong with ep as a pull-mode endpoint.
+func checkEndpoint(ep Endpoint) error {
+	switch {
+	case ep.Address == "":
+		return fmt.Errorf("events: endpoint %s: empty address", ep.Worker)
+	case ep.Sink == nil:
+		return fmt.Errorf("events: endpoint %s: nil sink", ep.Worker)
+	}
+	return nil
+}
+
+// AddEndpoint subscribes to one more pull-mode engine (a pod discovery
+// found). Before Run it is as if ep had been given to NewSubscriber;
+// while Run runs, the socket connects and the worker's stream starts at
+// once. A worker the subscriber already has (pull or push) is an error,
+// as is a call after Run returned (ErrStopped).
+//
+// Cost: one SUB socket, its monitor and two goroutines, as for an
+// endpoint given to NewSubscriber.
+func (s *Subscriber) AddEndpoint(ep Endpoint) error {
+	if err := checkEndpoint(ep); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return fmt.Errorf("events: add endpoint %s: %w", ep.Worker, ErrStopped)
+	}
+	if s.byRef[ep.Worker] != nil {
+		return fmt.Errorf("events: add endpoint %s: worker already subscribed", ep.Worker)
+	}
+	if _, ok := s.pushPods[ep.Worker.Pod]; ok {
+		return fmt.Errorf("events: add endpoint %s: pod %q is a push-mode pod", ep.Worker, ep.Worker.Pod)
+	}
+	if _, ok := s.routedPods[ep.Worker.Pod]; ok {
+		return fmt.Errorf("events: add endpoint %s: pod %q is routed on a push listener", ep.Worker, ep.Worker.Pod)
+	}
+	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
+	if s.runCtx == nil {
+		s.pullPods[ep.Worker.Pod] = true // fenced off push listeners from now on
+		s.pull = append(s.pull, pullSource{ep: ep, st: st})
+		s.streams = append(s.streams, st)
+		s.byRef[ep.Worker] = st
+		return nil
+	}
+	sock, mon, err := s.connect(ep)
+	if err != nil {
+		return err
+	}
+	s.pullPods[ep.Worker.Pod] = true
+	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
+	s.streams = append(s.streams, st)
+	s.byRef[ep.Worker] = st
+	a.wg.Add(2)
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		defer a.wg.Done()
+		st.run(ctx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		defer a.wg.Done()
+		if err := s.receive(ctx, sock, mon, st, nil); err != nil {
+			st.problem(fmt.Errorf("receive from %s: %w", ep.Address, err), false)
+		}
+	}()
+	s.opts.Logger.Info("engine endpoint added", "worker", ep.Worker.String(), "endpoint", ep.Address)
+	return nil
+}
+
+// addedLocked registers a running pull-mode endpoint of worker ref under
+// a context of its own, derived from ctx. Callers hold s.mu.
+func (s *Subscriber) addedLocked(ctx context.Context, ref events.WorkerRef) (context.Context, *added) {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &added{cancel: cancel}
+	s.added[ref] = a
+	return ctx, a
+}
+
+// RemoveEndpoint stops receiving from the pull-mode engine of worker ref
+// (a pod that discovery saw go): its socket closes, its stream stops and
+// it leaves WorkerStats and Health. When it returns nothing more reaches
+// the worker's sink. The worker itself stays in the index: the caller
+// removes it (indexer.Index.RemoveWorker). Endpoints given to
+// NewSubscriber can be removed as well; push-mode workers cannot.
+func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
+	s.mu.Lock()
+	st := s.byRef[ref]
+	if st == nil || !st.monitored {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrUnknownEndpoint, ref)
+	}
+	a := s.added[ref] // nil before Run
+	delete(s.byRef, ref)
+	delete(s.added, ref)
+	pullPod := false
+	for r, o := range s.byRef {
+		if r.Pod == ref.Pod && o.monitored {
+			pullPod = true
+		}
+	}
+	if !pullPod {
+		delete(s.pullPods, ref.Pod)
+	}
+	// A new slice: readers iterate the old one outside the lock.
+	streams := make([]*stream, 0, len(s.streams))
+	for _, o := range s.streams {
+		if o != st {
+			streams = append(streams, o)
+		}
+	}
+	s.streams = streams
+	if a == nil { // before Run: only the configuration changes
+		pull := make([]pullSource, 0, len(s.pull))
+		for _, p := range s.pull {
+			if p.st != st {
+				pull = append(pull, p)
+			}
+		}
+		s.pull = pull
+	}
+	s.mu.Unlock()
+	if a != nil {
+		a.cancel()
+		a.wg.Wait()
+	}
+	s.opts.Logger.Info("engine endpoint removed", "worker", ref.String())
+	return nil
+}
+
+// IsPullPod reports whether pod is a pull-mode pod (configured or added),
+// whose name push listeners refuse at every rank.
+func (s *Subscriber) IsPullPod(pod string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pullPods[pod]
+}
