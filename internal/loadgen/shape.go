@@ -221,8 +221,15 @@ type Embedded struct {
 }
 
 // StartEmbedded loads an index with shape and serves it on listen
-// ("host:port"; "" means a free loopback port). Close stops it.
+// ("host:port"; "" means a free loopback port) with the daemon's default
+// server options, admission control included. Close stops it.
 func StartEmbedded(ctx context.Context, shape Shape, listen string) (*Embedded, error) {
+	return StartEmbeddedWith(ctx, shape, listen, api.Options{})
+}
+
+// StartEmbeddedWith is StartEmbedded with the server's options (tests
+// that burst more calls than a busy machine admits widen its admission).
+func StartEmbeddedWith(ctx context.Context, shape Shape, listen string, opts api.Options) (*Embedded, error) {
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
@@ -235,7 +242,7 @@ func StartEmbedded(ctx context.Context, shape Shape, listen string) (*Embedded, 
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: embedded server: %w", err)
 	}
-	srv := api.NewServer(ix, nil, api.Options{})
+	srv := api.NewServer(ix, nil, opts)
 	g := grpc.NewServer(srv.GRPCOptions()...)
 	srv.Register(g)
 	e := &Embedded{Addr: lis.Addr().String(), g: g, done: make(chan struct{})}
