@@ -362,6 +362,10 @@ func TestWatch(t *testing.T) {
 	if _, err := st.Recv(); status.Code(err) != codes.Canceled {
 		t.Fatalf("after cancel: %v", err)
 	}
+	// The client sees the cancel before the server's handler has removed
+	// its observer: wait for that, so that the next wait counts the next
+	// stream's observer and not this one's.
+	waitWatchers(t, f, 0)
 
 	// A reader of a 4-event buffer while one batch of 500 events applies:
 	// the observer offers them faster than any stream sends, and what does
