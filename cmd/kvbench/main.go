@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/internal/loadgen"
 )
 
@@ -46,6 +47,7 @@ func newRoot() *cobra.Command {
 		cpuprofile string
 		serve      bool
 		listen     string
+		admission  api.AdmissionOptions
 		rt         runtimeFlags
 		shape      = loadgen.DefaultShape()
 		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 8, Timeout: time.Second}
@@ -77,7 +79,7 @@ func newRoot() *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if serve {
-				return serveOnly(ctx, cmd, shape, listen, cpuprofile)
+				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission)
 			}
 			if cpuprofile != "" {
 				stopProfile, err := startCPUProfile(cpuprofile)
@@ -110,6 +112,8 @@ func newRoot() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
+	f.DurationVar(&admission.MaxQueueDelay, "max-queue-delay", 0, "with --serve: admission control's bound on a call's queueing (0: the daemon's default)")
+	f.DurationVar(&admission.Target, "queue-target", 0, "with --serve: admission control's queueing target (0: the daemon's default)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server; with --serve, of serving once the index is loaded) to this file")
 	f.BoolVar(&opts.Check, "check", false, "with --addr: check every reply against the shape (the server is kvbench --embedded --serve with the same shape flags); --embedded always checks")
 	f.BoolVar(&opts.BlockKeys, "block-keys", false, "send content keys (block_keys, computed client-side) instead of token ids")
@@ -127,9 +131,10 @@ func newRoot() *cobra.Command {
 
 // serveOnly serves an embedded index loaded with shape until ctx ends,
 // with a CPU profile into cpuprofile (if not "") from when the index is
-// loaded, so that the profile is of serving alone.
-func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string) error {
-	e, err := loadgen.StartEmbedded(ctx, shape, listen)
+// loaded, so that the profile is of serving alone; admission's zero
+// fields are the daemon's defaults.
+func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string, admission api.AdmissionOptions) error {
+	e, err := loadgen.StartEmbeddedWith(ctx, shape, listen, api.Options{Admission: admission})
 	if err != nil {
 		return err
 	}
