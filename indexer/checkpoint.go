@@ -420,8 +420,8 @@ func (ck *checkpointState) buildLocked(w *Worker) {
 	c := &w.cur
 	id := uint32(w.id)
 	w.engine.Reserve(len(ck.blocks))
-	locs := make([]loc, len(ck.keys))
-	chainEnd, b := 0, 0
+	kp := newKeyPlacer(ck.parent)
+	b := 0
 	for i := range ck.keys {
 		k := &ck.keys[i]
 		blocks := ck.blocks[b : b+int(k.Blocks)]
@@ -434,23 +434,7 @@ func (ck *checkpointState) buildLocked(w *Worker) {
 		if media != 0 {
 			set = w.ix.single(id, media)
 		}
-		if i >= chainEnd {
-			// The chain from i (each key under the one before), whose
-			// length sizes the nodes it creates.
-			j := i + 1
-			for j < len(ck.keys) && ck.parent[j] == int32(j-1) {
-				j++
-			}
-			chainEnd = j
-		}
-		var l loc
-		var fresh bool
-		if p := ck.parent[i]; p < 0 {
-			l, fresh = c.top(k.Key, set, chainEnd-i)
-		} else {
-			l, fresh = c.next(locs[p], k.Key, set, chainEnd-i)
-		}
-		locs[i] = l
+		l, fresh := kp.place(c, i, k.Key, set)
 		if media == 0 {
 			continue // a placeholder: the next key keeps its node alive
 		}

@@ -740,8 +740,7 @@ func (st *restoreState) buildLocked(w *Worker) {
 	c := &w.cur
 	id := uint32(w.id)
 	w.engine.Reserve(st.held)
-	locs := make([]loc, len(st.keys))
-	chainEnd := 0
+	kp := newKeyPlacer(st.parent)
 	for i := range st.keys {
 		sk := &st.keys[i]
 		kc := sk.counts()
@@ -750,23 +749,7 @@ func (st *restoreState) buildLocked(w *Worker) {
 		if media != 0 {
 			set = w.ix.single(id, media)
 		}
-		if i >= chainEnd {
-			// The chain from i (each key under the one before), whose
-			// length sizes the nodes it creates.
-			j := i + 1
-			for j < len(st.keys) && st.parent[j] == int32(j-1) {
-				j++
-			}
-			chainEnd = j
-		}
-		var l loc
-		var fresh bool
-		if p := st.parent[i]; p < 0 {
-			l, fresh = c.top(sk.Key, set, chainEnd-i)
-		} else {
-			l, fresh = c.next(locs[p], sk.Key, set, chainEnd-i)
-		}
-		locs[i] = l
+		l, fresh := kp.place(c, i, sk.Key, set)
 		if media == 0 {
 			continue // a placeholder: the next key keeps its node alive
 		}
@@ -1051,4 +1034,40 @@ func (d *segDecoder) media(i int) uint8 {
 		d.fail("key %d: media %#02x", i, m)
 	}
 	return m
+}
+
+// keyPlacer places the keys of a checked snapshot or checkpoint in tree
+// order, each under the key its parent index names (-1: at the top), and
+// sizes each node it creates for the chain of keys from it (each under
+// the one before). Cost: O(1) amortised a key; each parent is scanned
+// once for the chains.
+type keyPlacer struct {
+	parent   []int32
+	locs     []loc
+	chainEnd int
+}
+
+func newKeyPlacer(parent []int32) *keyPlacer {
+	return &keyPlacer{parent: parent, locs: make([]loc, len(parent))}
+}
+
+// place places key i (key, holder set set, nil for a placeholder) through
+// c, and returns its location and whether its node is new.
+func (p *keyPlacer) place(c *cursor, i int, key Key, set *holders.Set) (loc, bool) {
+	if i >= p.chainEnd {
+		j := i + 1
+		for j < len(p.parent) && p.parent[j] == int32(j-1) {
+			j++
+		}
+		p.chainEnd = j
+	}
+	var l loc
+	var fresh bool
+	if q := p.parent[i]; q < 0 {
+		l, fresh = c.top(key, set, p.chainEnd-i)
+	} else {
+		l, fresh = c.next(p.locs[q], key, set, p.chainEnd-i)
+	}
+	p.locs[i] = l
+	return l, fresh
 }
