@@ -346,6 +346,20 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 	}
 	before := w.res
 	a := deltaApplier{w: w, d: d}
+	if len(d.Entries) >= warmMin {
+		// A replica applies its workers' deltas interleaved, so each
+		// finds its worker's engine map out of cache: loading every
+		// effect's buckets first overlaps those misses (the interleaved
+		// floor went from 1.0 M to 1.4-2.1 M new blocks a CPU-second:
+		// docs/benchmarks.md, "Fleet benchmarks"; loading the removed
+		// keys' tree nodes in a second pass, which chains three loads
+		// per key, was slower).
+		var sum uint64
+		for i := range d.Entries {
+			sum += w.engine.Warm(uint64(d.Entries[i].Key))
+		}
+		w.warmSink = sum
+	}
 	bad := 0
 	var first error
 	for i := range d.Entries {
@@ -626,3 +640,8 @@ func (a *deltaApplier) setOrDelete(slot int, kc *keyCounts) {
 	}
 	w.engine.SetVal(slot, uint64(w.setCountsLocked(h, e, kc)))
 }
+
+// warmMin is the smallest delta whose engine-map lines ApplyDelta loads
+// ahead of applying it.
+const warmMin = 8
+

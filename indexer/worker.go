@@ -67,6 +67,9 @@ type Worker struct {
 	// recency. It resolves BlockRemoved and parent_block_hash, which name
 	// engine hashes only.
 	engine blockmap.Map
+	// warmSink keeps the sum of ApplyDelta's warm-up loads, so that the
+	// compiler keeps them.
+	warmSink uint64
 	// dups has the per-medium store counts of the blocks stored more than
 	// once in some medium (their entries' dup bit), by engine hash; vLLM
 	// does that rarely, and each store needs its own removal.

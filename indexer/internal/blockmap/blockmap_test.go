@@ -343,3 +343,32 @@ func TestInsertAgedReproducesRecency(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmChangesNothing: Warm only reads; every entry keeps its slot and
+// value, and an empty map answers 0.
+func TestWarmChangesNothing(t *testing.T) {
+	var m Map
+	if m.Warm(42) != 0 {
+		t.Fatal("Warm of an empty map read something")
+	}
+	slots := map[uint64]int{}
+	for h := uint64(1); h <= 1000; h++ {
+		m.Insert(h*0x9e3779b97f4a7c15, h)
+	}
+	for h := uint64(1); h <= 1000; h++ {
+		slots[h], _ = m.Get(h * 0x9e3779b97f4a7c15)
+	}
+	for h := uint64(1); h <= 2000; h++ {
+		m.Warm(h * 0x9e3779b97f4a7c15)
+	}
+	if m.Len() != 1000 {
+		t.Fatalf("len %d after Warm", m.Len())
+	}
+	for h, want := range slots {
+		i, ok := m.Get(h * 0x9e3779b97f4a7c15)
+		if !ok || i != want || m.Val(i) != h {
+			t.Fatalf("hash %d: slot %d ok %v value %d, want slot %d value %d", h, i, ok, m.Val(i), want, h)
+		}
+	}
+	m.check(t)
+}
