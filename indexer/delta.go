@@ -644,4 +644,3 @@ func (a *deltaApplier) setOrDelete(slot int, kc *keyCounts) {
 // warmMin is the smallest delta whose engine-map lines ApplyDelta loads
 // ahead of applying it.
 const warmMin = 8
-
