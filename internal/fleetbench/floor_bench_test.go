@@ -28,3 +28,26 @@ func BenchmarkIngestFloor(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSyncFloor is the sync benchmark's in-process floor on one
+// goroutine: 200 recorded default-shape workers' encoded snapshots
+// restored into keyed workers of a fresh index, ns of CPU per block.
+func BenchmarkSyncFloor(b *testing.B) {
+	recs, err := RecordAll(DefaultShape(), 1, 200, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var blocks int64
+	for _, r := range recs {
+		blocks += r.Resident
+	}
+	var cpu int64
+	for range b.N {
+		fl, err := restoreFloor(recs, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cpu += fl.CPUNs
+	}
+	b.ReportMetric(float64(cpu)/float64(b.N)/float64(blocks), "cpu-ns/block")
+}
