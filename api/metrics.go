@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -243,6 +244,50 @@ func (h *hitMetrics) worker(model *indexer.Model, c *scoring.Candidate) *workerH
 	h.workers.Store(&next)
 	return w
 }
+
+// prune deletes the series of workers that left the index (or whose id
+// a new worker took) and forgets their counters, so that a removed pod's
+// hit series do not stay in every scrape. Cost: O(worker ids), under mu.
+func (h *hitMetrics) prune(ix *indexer.Index) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ws := *h.workers.Load()
+	var next []*workerHits
+	for id, w := range ws {
+		if w == nil {
+			continue
+		}
+		if cur := ix.Worker(indexer.WorkerID(id)); cur != nil && cur.Gen() == w.gen {
+			continue
+		}
+		if next == nil {
+			next = slices.Clone(ws)
+		}
+		next[id] = nil
+		name := w.ref.String()
+		h.prompt.DeleteLabelValues(w.model.Name, name)
+		h.hit.DeleteLabelValues(w.model.Name, name)
+	}
+	if next != nil {
+		h.workers.Store(&next)
+	}
+}
+
+// hitPruner prunes a server's worker hit series when the registry is
+// scraped. It describes and collects nothing of its own (an unchecked
+// collector); the registry collects the series' vectors concurrently, so
+// a removed worker's series is gone from the scrape after its removal's
+// next one at the latest.
+type hitPruner struct {
+	h  *hitMetrics
+	ix *indexer.Index
+}
+
+// Describe implements prometheus.Collector: nothing (unchecked).
+func (hitPruner) Describe(chan<- *prometheus.Desc) {}
+
+// Collect implements prometheus.Collector: it prunes, and sends nothing.
+func (p hitPruner) Collect(chan<- prometheus.Metric) { p.h.prune(p.ix) }
 
 // tenant returns the tenant's counters for model, under its own label
 // while the server has labelled fewer than maxTenants names.

@@ -149,6 +149,9 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
 		s.hits = newHitMetrics(opts.Registerer, opts.MaxTenants)
+		// Unchecked (it describes nothing), so every server registers its
+		// own: each prunes the series of its own table.
+		opts.Registerer.MustRegister(hitPruner{h: s.hits, ix: ix})
 	}
 	if !opts.Admission.Off {
 		s.admission = newAdmission(opts.Admission, nil)
