@@ -155,7 +155,21 @@ func (s *Scraper) Start(ctx context.Context, t Target) (stop func()) {
 	return func() {
 		cancel()
 		<-done
+		s.forget(t.Pod)
 	}
+}
+
+// forget drops what was scraped of pod (a target that stopped: the pod
+// left), so that its prefix-cache series leave /metrics with it.
+func (s *Scraper) forget(pod string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ref := range s.prefix {
+		if ref.Pod == pod {
+			delete(s.prefix, ref)
+		}
+	}
+	delete(s.lastErr, pod)
 }
 
 // loop scrapes t every interval until ctx is done.

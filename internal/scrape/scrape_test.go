@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -152,7 +153,7 @@ func TestStartAndStop(t *testing.T) {
 	var hits atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
-		w.Write([]byte(vllmMetrics))
+		w.Write([]byte(vllmMetrics + "vllm:prefix_cache_queries_total{engine=\"0\"} 10\nvllm:prefix_cache_hits_total{engine=\"0\"} 4\n"))
 	}))
 	defer srv.Close()
 	board := scoring.NewLoadBoard(time.Minute)
@@ -162,7 +163,19 @@ func TestStartAndStop(t *testing.T) {
 	for hits.Load() < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
+	if pc := s.PrefixCache(events.WorkerRef{Pod: "d"}); pc != (PrefixCache{Queries: 10, Hits: 4, Known: true}) {
+		t.Fatalf("rank 0's prefix cache while scraped: %+v", pc)
+	}
 	stop()
+	// The pod left: its prefix-cache series go with it.
+	if pc := s.PrefixCache(events.WorkerRef{Pod: "d"}); pc.Known {
+		t.Fatalf("rank 0's prefix cache after stop: %+v", pc)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s)
+	if mfs, err := reg.Gather(); err != nil || len(mfs) != 0 {
+		t.Fatalf("after stop /metrics has %d families (%v), want none", len(mfs), err)
+	}
 	if got, ok := board.Get(events.WorkerRef{Pod: "d"}, time.Now()); !ok || got.Running != 7 {
 		t.Fatalf("rank 0 of the started target: %+v %v", got, ok)
 	}
