@@ -419,7 +419,7 @@ func (s *CheckpointState) zero() bool {
 func (ck *checkpointState) buildLocked(w *Worker) {
 	c := &w.cur
 	id := uint32(w.id)
-	w.engine.Reserve(len(ck.blocks))
+	w.engine.ReserveGrown(len(ck.blocks)) // engine events churn it next
 	kp := newKeyPlacer(ck.parent)
 	b := 0
 	for i := range ck.keys {

@@ -449,8 +449,9 @@ func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 			err = errRestoreChanged
 		default:
 			if part == 0 {
-				// Sized once, up to a bound: Total is the sender's word.
-				w.engine.Reserve(int(min(seg.Total, restoreReserve)))
+				// Sized once, up to a bound (Total is the sender's
+				// word), as a grown table: deltas churn it next.
+				w.engine.ReserveGrown(int(min(seg.Total, restoreReserve)))
 			}
 			before := w.res
 			err = rs.segmentLocked(part, seg)

@@ -372,3 +372,22 @@ func TestWarmChangesNothing(t *testing.T) {
 	}
 	m.check(t)
 }
+
+// TestReserveGrown: a table reserved as grown holds its n entries at
+// about the load a growth leaves, and does not grow while they go in.
+func TestReserveGrown(t *testing.T) {
+	var m Map
+	const n = 30000
+	m.ReserveGrown(n)
+	slots := len(m.b) * ways
+	for h := uint64(1); h <= n; h++ {
+		m.Insert(h*0x9e3779b97f4a7c15, h)
+	}
+	if len(m.b)*ways != slots {
+		t.Fatalf("the table grew from %d to %d slots while its reserved entries went in", slots, len(m.b)*ways)
+	}
+	if load := float64(n) / float64(slots); load < 0.80 || load > 0.86 {
+		t.Fatalf("load %.3f with %d entries in %d slots, want about 0.83", load, n, slots)
+	}
+	m.check(t)
+}
