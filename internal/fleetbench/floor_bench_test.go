@@ -1,6 +1,11 @@
 package fleetbench
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
 
 // BenchmarkIngestFloor is the ingest benchmark's in-process floor
 // (kvfleetbench ingest prints it beside the replica's rate): the recorded
@@ -50,4 +55,51 @@ func BenchmarkSyncFloor(b *testing.B) {
 		cpu += fl.CPUNs
 	}
 	b.ReportMetric(float64(cpu)/float64(b.N)/float64(blocks), "cpu-ns/block")
+}
+
+// BenchmarkEngineApplyInterleaved is the direct mode's (and an agent's)
+// apply on cold caches: 32 default-shape workers fed engine events
+// (ApplyBatch) in one index, a batch of each in turn, new blocks per
+// CPU-second.
+func BenchmarkEngineApplyInterleaved(b *testing.B) {
+	const n = 32
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
+		b.Fatal(err)
+	}
+	ws := make([]*Workload, n)
+	wk := make([]*indexer.Worker, n)
+	fs := make([]Filler, n)
+	for i := range n {
+		var err error
+		if ws[i], err = NewWorkload(DefaultShape(), uint64(i+1)); err != nil {
+			b.Fatal(err)
+		}
+		if wk[i], err = ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(i)}, Model: benchModel}); err != nil {
+			b.Fatal(err)
+		}
+		for j := range ws[i].Len() { // the first lap: the steady state
+			if err := wk[i].ApplyBatch(fs[i].Fill(ws[i], j, 0, 0)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	var blocks int64
+	cpu0 := cpuTime()
+	for lap := 1; lap <= b.N; lap++ {
+		for j := range ws[0].Len() {
+			for i := range n {
+				bt := fs[i].Fill(ws[i], j, lap, 0)
+				for _, e := range bt.Events {
+					if e.Kind == events.KindBlockStored {
+						blocks += int64(len(e.BlockHashes))
+					}
+				}
+				if err := wk[i].ApplyBatch(bt); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.ReportMetric(float64(blocks)/(cpuTime()-cpu0).Seconds(), "blocks/cpu-s")
 }
