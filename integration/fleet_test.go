@@ -409,6 +409,21 @@ func TestFleetReplicasMatchControl(t *testing.T) {
 	if got := st.GetEndpoint(); got == "" || got[:5] != "nats:" {
 		t.Fatalf("replica's p0/1 endpoint %q, want nats:<subject>", got)
 	}
+	// The event lag: the control timed every live batch from the engines
+	// (ZeroMQ), each replica every delta it applied (NATS), all well under
+	// a second on one host.
+	lag := func(f *fleet, source string) (count, sum float64) {
+		m := f.metrics()
+		return labelled(m, `kvindex_event_lag_seconds_count{source="`+source+`"}`), labelled(m, `kvindex_event_lag_seconds_sum{source="`+source+`"}`)
+	}
+	if n, sum := lag(rig.direct, "zmq"); n < 250 || n > 300 || sum/n > 1 {
+		t.Fatalf("control's lag: %v batches timed (300 sent), mean %v s", n, sum/n)
+	}
+	for i, rep := range rig.replicas {
+		if n, sum := lag(rep, "nats"); n < 200 || n > 300 || sum/n > 1 {
+			t.Fatalf("replica %d's lag: %v deltas timed (of 300 batches), mean %v s", i, n, sum/n)
+		}
+	}
 }
 
 // TestFleetReplicaJoinsLate: a replica started after the engines have

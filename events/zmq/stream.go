@@ -351,6 +351,9 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch, replayed bool) {
 		st.stats.ReplayedBatches++
 	}
 	st.mu.Unlock()
+	if f := st.sub.opts.Applied; f != nil {
+		f(st.ref, b, replayed)
+	}
 }
 
 // startRecovery fetches batches from seq from on, holding pending (live

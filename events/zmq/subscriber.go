@@ -152,6 +152,12 @@ type SubscriberOptions struct {
 	// NewWorker creates the events.Sink of a worker first seen on a push listener;
 	// required with Push.
 	NewWorker NewWorkerFunc
+	// Applied, when set, is called on a worker's goroutine after each
+	// batch has been handed to its sink (applied or not), with whether it
+	// came from a replay: e.g. to measure the lag from the engine's batch
+	// timestamp (internal/metrics.Lag). b is valid only during the call;
+	// the worker's next batch waits for it, so it must return quickly.
+	Applied func(ref events.WorkerRef, b *events.Batch, replayed bool)
 
 	// ReplayTimeout bounds one replay exchange; 0 means 3 s (vLLM serves
 	// replay between queue reads, up to ~100 ms late).

@@ -49,6 +49,7 @@ type Daemon struct {
 	sub      *zmq.Subscriber
 	nc       *natsgo.Conn   // nil without fleet mode
 	fleet    *kvnats.Source // nil without fleet mode
+	lag      *metrics.Lag   // kvindex_event_lag_seconds, both sources
 	tracker  *scoring.Tracker
 	scraper  *scrape.Scraper
 	grpc     *grpc.Server
@@ -82,7 +83,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		WorkerCapacity: cfg.Index.WorkerCapacity,
 		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
 		RemovalHistory: cfg.Index.RemovalHistory,
-	})}
+	}), lag: metrics.NewLag()}
 	for _, m := range cfg.Models {
 		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
 			return nil, fmt.Errorf("daemon: model %q: %w", m.Name, err)
@@ -115,6 +116,11 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
 		StaleAfterSilence:    cfg.Events.StaleAfterSilence,
 		NewWorker:            d.newPushWorker,
+		Applied: func(_ events.WorkerRef, b *events.Batch, replayed bool) {
+			if !replayed {
+				d.lag.Observe(metrics.LagZMQ, b.Timestamp, time.Now())
+			}
+		},
 	}
 	for _, pl := range cfg.Push {
 		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}, MaxWorkers: pl.MaxWorkers, Allow: pl.Allow}
@@ -137,6 +143,9 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Models: cfg.NATS.Models,
 			StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
 			LogEvery:             cfg.Log.ProblemInterval, Logger: log,
+			Applied: func(_ events.WorkerRef, a kvnats.AppliedDelta) {
+				d.lag.Observe(metrics.LagNATS, a.EngineTime, time.Now())
+			},
 		})
 		d.srcs = append(d.srcs, d.fleet)
 	}
@@ -150,6 +159,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		mc,
+		d.lag.Collector(),
 	)
 	if d.fleet != nil {
 		d.registry.MustRegister(

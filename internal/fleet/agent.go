@@ -62,6 +62,7 @@ type Agent struct {
 	nc      *natsgo.Conn
 	na      *kvnats.Agent
 	ck      *checkpointer // nil without agent.checkpoint
+	lag     *metrics.Lag  // engine -> agent, kvindex_event_lag_seconds
 
 	// partials counts workers becoming partial, by reason (see history).
 	partials *prometheus.CounterVec
@@ -78,7 +79,7 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *natsgo.Conn, log *slo
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, pod: pod, log: log, nc: nc, workers: map[int]*indexer.Worker{}, sinks: map[int]*agentSink{},
+	a := &Agent{cfg: cfg, pod: pod, log: log, nc: nc, workers: map[int]*indexer.Worker{}, sinks: map[int]*agentSink{}, lag: metrics.NewLag(),
 		partials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_agent_partial_total",
 			Help: "Times a worker's state became known to lack part of its engine's history, by reason: no_checkpoint (no usable checkpoint and the engine's replay buffer does not reach back to its start), checkpoint_gap (the buffer does not reach back to the checkpoint's seq), gap (events lost beyond replay while running), checkpoint (restored from a checkpoint of a partial state).",
@@ -143,6 +144,11 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *natsgo.Conn, log *slo
 		Logger: log, LogEvery: cfg.Log.ProblemInterval, QueueSize: cfg.Events.QueueSize, QueueBytes: cfg.Events.QueueBytes,
 		MaxMessageBytes: cfg.Events.MaxMessageBytes, ReplayTimeout: cfg.Events.ReplayTimeout, ReplayConcurrency: cfg.Events.ReplayConcurrency,
 		GapPolicy: policy, StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect, StaleAfterSilence: cfg.Events.StaleAfterSilence,
+		Applied: func(_ events.WorkerRef, b *events.Batch, replayed bool) {
+			if !replayed {
+				a.lag.Observe(metrics.LagZMQ, b.Timestamp, time.Now())
+			}
+		},
 	}, eps...); err != nil {
 		return nil, fmt.Errorf("fleet: agent: %w", err)
 	}
@@ -165,6 +171,7 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *natsgo.Conn, log *slo
 func (a *Agent) Collectors() []prometheus.Collector {
 	cs := []prometheus.Collector{
 		metrics.NewCollector(a.ix, a.sub),
+		a.lag.Collector(),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_agent_deltas_published_total", Help: "Deltas the agent published on NATS."},
 			func() float64 { return float64(a.na.Stats().Deltas) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_agent_delta_bytes_total", Help: "Bytes of the deltas the agent published on NATS."},
