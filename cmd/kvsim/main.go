@@ -232,6 +232,7 @@ func newGrid() *cobra.Command {
 	fs.StringVar(&gc.Dir, "dir", "docs/results", "directory of the cells' results and the summary")
 	fs.StringVar(&gc.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
 	fs.Uint64Var(&gc.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
+	fs.IntVar(&gc.Requests, "requests", 0, "shorten every workload to N requests (sessions, tasks for tools; 0: the suite as documented)")
 	fs.IntVar(&gc.Options.Parallel, "parallel", 0, "routers simulated at once within a cell (default GOMAXPROCS)")
 	fs.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	return cmd

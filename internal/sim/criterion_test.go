@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,7 +141,7 @@ func TestGridCells(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Fatalf("picked %v, want %v", names, want)
 	}
-	sparse := cells[4].spec("", 1)
+	sparse := cells[4].spec("", 1, 0)
 	if cells[4].Workload != GridMooncakeSparse || sparse.Kind != KindMooncake || sparse.Pause != GridSparsePause {
 		t.Fatalf("cell %s: spec %+v", cells[4].Name, sparse)
 	}
@@ -203,5 +204,45 @@ func TestReadGrid(t *testing.T) {
 	write("a-1x-25k", res("precise", 500, 4*time.Second))
 	if _, err := ReadGrid(dir, cells); err == nil {
 		t.Fatal("a cell without precise+load was read")
+	}
+}
+
+// TestRunGrid runs a small grid end to end: each cell's files, and the
+// summary over the cells on disk.
+func TestRunGrid(t *testing.T) {
+	dir := t.TempDir()
+	gc := GridConfig{Workloads: []string{KindRAG}, Caches: []int{2000}, Requests: 150, Dir: dir, Seed: 1,
+		Options: Options{Routers: []string{"round-robin", "precise", "precise+load"}}}
+	var out strings.Builder
+	if err := RunGrid(context.Background(), gc, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, cell := range []string{"rag-1x-2k", "rag-2x-2k"} {
+		for _, f := range []string{"table.txt", "results.csv", "ttft_cdf.csv", "cell.csv"} {
+			if _, err := os.Stat(filepath.Join(dir, cell, f)); err != nil {
+				t.Fatalf("cell %s: %v", cell, err)
+			}
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "grid.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| rag-1x-2k | ", "| rag-2x-2k | ", "of 2 cells"} {
+		if !strings.Contains(string(md), want) || !strings.Contains(out.String(), want) {
+			t.Fatalf("summary lacks %q:\n%s", want, md)
+		}
+	}
+	if !strings.Contains(out.String(), "kvsim grid cell rag-2x-2k (virtual time): rag: 150 requests") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+	// Rerunning one cell keeps the other in the summary.
+	gc.Cells = []string{"rag-2x-*"}
+	out.Reset()
+	if err := RunGrid(context.Background(), gc, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "kvsim grid cell rag-1x-2k") || !strings.Contains(out.String(), "| rag-1x-2k | ") {
+		t.Fatalf("a rerun of rag-2x-2k alone:\n%s", out.String())
 	}
 }

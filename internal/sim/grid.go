@@ -61,6 +61,10 @@ type GridConfig struct {
 	Trace string
 	// Seed seeds the generators, engines and routers.
 	Seed uint64
+	// Requests, when set, shortens every workload (WorkloadSpec.Requests:
+	// a trace's first n requests, a generator's count); 0 runs the suite
+	// as documented.
+	Requests int
 	// Options configure the fleet; Engine.CacheBlocks is each cell's.
 	Options Options
 }
@@ -137,8 +141,8 @@ func blocksLabel(n int) string {
 }
 
 // spec is the cell's workload.
-func (c GridCell) spec(trace string, seed uint64) WorkloadSpec {
-	s := WorkloadSpec{Kind: c.Workload, Trace: trace, RateScale: c.Rate, Seed: seed}
+func (c GridCell) spec(trace string, seed uint64, requests int) WorkloadSpec {
+	s := WorkloadSpec{Kind: c.Workload, Trace: trace, RateScale: c.Rate, Seed: seed, Requests: requests}
 	if c.Workload == GridMooncakeSparse {
 		s.Kind, s.Pause = KindMooncake, GridSparsePause
 	}
@@ -190,7 +194,7 @@ func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 }
 
 func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error {
-	wl, err := LoadWorkload(c.spec(gc.Trace, gc.Seed))
+	wl, err := LoadWorkload(c.spec(gc.Trace, gc.Seed, gc.Requests))
 	if err != nil {
 		return err
 	}
