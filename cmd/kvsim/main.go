@@ -10,6 +10,8 @@
 //	kvsim run                                   # the Mooncake trace, virtual time
 //	kvsim run --workload tenants --charts docs/img
 //	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
+//	kvsim grid                                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
+//	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
 //	kvsim walkthrough                           # a scripted story of one index, answer by answer
@@ -25,6 +27,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -54,7 +58,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newAnalyze(), newRun(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
+	root.AddCommand(newAnalyze(), newRun(), newGrid(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
 	return root
 }
 
@@ -72,9 +76,9 @@ type flags struct {
 
 func (f *flags) register(fs *pflag.FlagSet) {
 	rc := &f.rc
-	fs.StringVar(&rc.Workload.Kind, "workload", sim.KindMooncake, "mooncake, prefixes, tenants, or the path of a Mooncake-format JSONL file")
+	fs.StringVar(&rc.Workload.Kind, "workload", sim.KindMooncake, "mooncake, prefixes, tenants, sessions, rag, tools, or the path of a Mooncake-format JSONL file")
 	fs.StringVar(&rc.Workload.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
-	fs.IntVar(&rc.Workload.Requests, "requests", 0, "first N requests of a trace, or a generator's request count (0: all / the generator's default)")
+	fs.IntVar(&rc.Workload.Requests, "requests", 0, "first N requests of a trace, or a generator's count: requests, sessions (sessions), tasks (tools) (0: all / the generator's default)")
 	fs.Float64Var(&rc.Workload.RateScale, "rate-scale", 1, "multiply the arrival rate (2 = arrivals twice as dense)")
 	fs.DurationVar(&rc.Workload.Pause, "pause", 0, "delay every request after the first by this much (a sparse start)")
 	fs.Uint64Var(&rc.Workload.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
@@ -177,6 +181,60 @@ func newRun() *cobra.Command {
 		},
 	}
 	f.register(cmd.Flags())
+	return cmd
+}
+
+func newGrid() *cobra.Command {
+	gc := sim.GridConfig{}
+	var workloads, rates, caches string
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "grid",
+		Short: "Run the workload suite's grid (workloads x rates x cache sizes) and check precise+load's criterion per cell",
+		Long: "grid runs every picked cell (a workload of the suite at a rate multiplier on 8 engines of a cache\n" +
+			"size) one after another in virtual time, writes each cell's table and CSV into <dir>/<cell>/, then\n" +
+			"evaluates the criterion on every cell found under <dir> (precise+load's p99 TTFT within 5% of the\n" +
+			"lowest of all routers, its token hit rate >= 95% of the best at 1x and >= 90% above, no router\n" +
+			"better on both) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
+			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if workloads != "" {
+				gc.Workloads = strings.Split(workloads, ",")
+			}
+			if rates != "" {
+				for _, f := range strings.Split(rates, ",") {
+					r, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(f), "x"), 64)
+					if err != nil || r <= 0 {
+						return fmt.Errorf("--rates %q: want positive multipliers such as 1,2", rates)
+					}
+					gc.Rates = append(gc.Rates, r)
+				}
+			}
+			if caches != "" {
+				if gc.Caches, err = sim.ParseSizes(caches); err != nil {
+					return err
+				}
+			}
+			if verbose {
+				gc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return sim.RunGrid(ctx, gc, cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringArrayVar(&gc.Cells, "cells", nil, "cells to run, by name or pattern (repeatable; default: all)")
+	fs.StringVar(&workloads, "workloads", "", "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
+	fs.StringVar(&rates, "rates", "", "rate multipliers (default 1,2)")
+	fs.StringVar(&caches, "caches", "", "cache sizes, blocks per engine (default 25k,12.5k)")
+	fs.StringVar(&gc.Dir, "dir", "docs/results", "directory of the cells' results and the summary")
+	fs.StringVar(&gc.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
+	fs.Uint64Var(&gc.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
+	fs.IntVar(&gc.Requests, "requests", 0, "shorten every workload to N requests (sessions, tasks for tools; 0: the suite as documented)")
+	fs.IntVar(&gc.Options.Parallel, "parallel", 0, "routers simulated at once within a cell (default GOMAXPROCS)")
+	fs.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	return cmd
 }
 

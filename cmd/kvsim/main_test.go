@@ -46,6 +46,11 @@ func TestFlagErrors(t *testing.T) {
 		{"run", "--sweep-cache", "x"},
 		{"run", "--workload", "/no/such/trace.jsonl"},
 		{"run", "--precise-load-mode", "magic", "--workload", "prefixes", "--requests", "5"},
+		{"grid", "--rates", "fast"},
+		{"grid", "--rates", "-1"},
+		{"grid", "--caches", "big"},
+		{"grid", "--workloads", "prefixes"},
+		{"grid", "--cells", "no-such-cell"},
 	} {
 		if _, err := run(t, args...); err == nil {
 			t.Errorf("%v: no error", args)
@@ -165,5 +170,22 @@ func TestEngineAndLoadCommands(t *testing.T) {
 		if _, err := run(t, args...); err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+func TestGridCommand(t *testing.T) {
+	dir := t.TempDir()
+	out, err := run(t, "grid", "--workloads", "tools,sessions", "--rates", "1x", "--caches", "3k", "--requests", "20", "--dir", dir,
+		"--cells", "tools-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kvsim grid cell tools-1x-3k", "tools: ", "| tools-1x-3k | ", "of 1 cells"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "sessions-1x-3k") {
+		t.Errorf("--cells tools-* ran sessions:\n%s", out)
 	}
 }

@@ -6,7 +6,9 @@
 // (package chart), beside the bounds the workload sets for any router
 // (ComputeBounds: the hit rate of an infinite cache, the TTFT of
 // prefilling alone). Analyze does the same for a user's own request log,
-// with its reuse ceiling and a verdict.
+// with its reuse ceiling and a verdict. RunGrid runs the workload suite
+// (GridWorkloads) at each rate and cache size and evaluates precise+load's
+// criterion on every cell (EvaluateCriterion).
 //
 // # Two modes, one loop
 //

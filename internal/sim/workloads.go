@@ -18,6 +18,9 @@ const (
 	KindMooncake = "mooncake"
 	KindPrefixes = "prefixes"
 	KindTenants  = "tenants"
+	KindSessions = "sessions"
+	KindRAG      = "rag"
+	KindTools    = "tools"
 )
 
 // DefaultTrace is where the Mooncake conversation trace lives, relative
@@ -26,14 +29,15 @@ const DefaultTrace = "../shared/traces/mooncake-conversation.jsonl"
 
 // WorkloadSpec says which workload to build.
 type WorkloadSpec struct {
-	// Kind is mooncake (the trace at Trace), prefixes, tenants, or a path
-	// to any Mooncake-format JSONL file.
+	// Kind is mooncake (the trace at Trace), prefixes, tenants, sessions,
+	// rag, tools, or a path to any Mooncake-format JSONL file.
 	Kind string
 	// Trace is the Mooncake trace; "" means $KVSIM_TRACE, else DefaultTrace
 	// resolved against the repository root found from the working directory.
 	Trace string
 	// Requests keeps the first n requests of a trace, or sets a
-	// generator's count (0: all, or the generator's default).
+	// generator's count: requests, or sessions (sessions) or tasks
+	// (tools) (0: all, or the generator's default).
 	Requests int
 	// RateScale multiplies the arrival rate (2: arrivals twice as dense);
 	// 0 or 1 keeps it.
@@ -46,6 +50,9 @@ type WorkloadSpec struct {
 	// override theirs).
 	Prefixes workload.PrefixesConfig
 	Tenants  workload.TenantsConfig
+	Sessions workload.SessionsConfig
+	RAG      workload.RAGConfig
+	Tools    workload.ToolAgentsConfig
 	// Seed seeds the generators.
 	Seed uint64
 }
@@ -65,6 +72,18 @@ func LoadWorkload(spec WorkloadSpec) (*workload.Workload, error) {
 		c := spec.Tenants
 		c.Requests, c.Seed = spec.Requests, spec.Seed
 		w, err = workload.Tenants(c)
+	case KindSessions:
+		c := spec.Sessions
+		c.Sessions, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.Sessions(c)
+	case KindRAG:
+		c := spec.RAG
+		c.Requests, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.RAG(c)
+	case KindTools:
+		c := spec.Tools
+		c.Tasks, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.ToolAgents(c)
 	default:
 		path := spec.Kind
 		if path == KindMooncake || path == "" {

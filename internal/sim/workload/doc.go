@@ -2,6 +2,17 @@
 // times, prompts and output lengths, read from Mooncake-format traces or
 // generated.
 //
+// # Generators
+//
+// Prefixes (shared prefixes of Zipf popularity) and Tenants (tenants'
+// contexts and users' questions) are the simple shapes; the workload
+// suite adds Sessions (multi-turn agent sessions: Zipf system prompts,
+// histories that grow turn by turn, think times), RAG (retrieved
+// documents that recur in varying subsets and orders) and ToolAgents
+// (agents sharing long tool catalogs, each task a loop of tool calls and
+// results). Conversational generators are open loop: a later turn
+// arrives when the generator placed it, whatever the simulated fleet did.
+//
 // # Prompts without text
 //
 // A prompt is a sequence of Segments. A segment is a run of tokens named by

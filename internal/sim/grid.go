@@ -1,0 +1,381 @@
+package sim
+
+import (
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The grid's workloads: the bundled trace, the same with a sparse start,
+// and the generated suite.
+const (
+	GridMooncake       = "mooncake"
+	GridMooncakeSparse = "mooncake-sparse"
+)
+
+// GridWorkloads are the grid's workloads, in report order.
+var GridWorkloads = []string{GridMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
+
+// GridSparsePause is the pause after the first request of the sparse
+// start (the bundled trace's every request after the first, 10 s later).
+const GridSparsePause = 10 * time.Second
+
+// GridCell is one cell of the grid: a workload at a rate multiplier on
+// engines of a cache size.
+type GridCell struct {
+	// Name is "<workload>-<rate>x-<cache>", e.g. "rag-2x-12.5k", and the
+	// name of the cell's directory.
+	Name string
+	// Workload is one of GridWorkloads.
+	Workload string
+	// Rate multiplies the workload's arrival rate.
+	Rate float64
+	// CacheBlocks is each engine's cache in blocks.
+	CacheBlocks int
+}
+
+// GridConfig configures RunGrid.
+type GridConfig struct {
+	// Workloads, Rates and Caches span the grid (defaults: GridWorkloads;
+	// 1 and 2; 25,000 and 12,500 blocks).
+	Workloads []string
+	Rates     []float64
+	Caches    []int
+	// Cells picks the cells to run by name or path.Match pattern
+	// ("rag-*", "*-2x-*"); empty: every cell.
+	Cells []string
+	// Dir receives a directory per cell and the summary (default
+	// docs/results).
+	Dir string
+	// Trace is the Mooncake trace (see WorkloadSpec.Trace).
+	Trace string
+	// Seed seeds the generators, engines and routers.
+	Seed uint64
+	// Requests, when set, shortens every workload (WorkloadSpec.Requests:
+	// a trace's first n requests, a generator's count); 0 runs the suite
+	// as documented.
+	Requests int
+	// Options configure the fleet; Engine.CacheBlocks is each cell's.
+	Options Options
+}
+
+func (gc *GridConfig) defaults() {
+	if len(gc.Workloads) == 0 {
+		gc.Workloads = GridWorkloads
+	}
+	if len(gc.Rates) == 0 {
+		gc.Rates = []float64{1, 2}
+	}
+	if len(gc.Caches) == 0 {
+		gc.Caches = []int{25000, 12500}
+	}
+	if gc.Dir == "" {
+		gc.Dir = filepath.Join("docs", "results")
+	}
+}
+
+// GridCells returns the grid's cells in report order (workload, then rate,
+// then cache size as given), those Cells picks only.
+func (gc GridConfig) GridCells() ([]GridCell, error) {
+	gc.defaults()
+	for _, p := range gc.Cells {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("sim: grid: cell pattern %q: %w", p, err)
+		}
+	}
+	var out []GridCell
+	for _, w := range gc.Workloads {
+		if !slices.Contains(GridWorkloads, w) {
+			return nil, fmt.Errorf("sim: grid: workload %q (known: %s)", w, strings.Join(GridWorkloads, ", "))
+		}
+		for _, r := range gc.Rates {
+			if r <= 0 {
+				return nil, fmt.Errorf("sim: grid: rate %v", r)
+			}
+			for _, c := range gc.Caches {
+				if c <= 0 {
+					return nil, fmt.Errorf("sim: grid: cache size %d", c)
+				}
+				cell := GridCell{Name: fmt.Sprintf("%s-%sx-%s", w, strconv.FormatFloat(r, 'g', -1, 64), blocksLabel(c)), Workload: w, Rate: r, CacheBlocks: c}
+				if picked(gc.Cells, cell.Name) {
+					out = append(out, cell)
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("sim: grid: no cell matches %q", gc.Cells)
+	}
+	return out, nil
+}
+
+func picked(patterns []string, name string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// blocksLabel writes a cache size as the grid names it: 25000 "25k",
+// 12500 "12.5k", 3000 "3k", 777 "777".
+func blocksLabel(n int) string {
+	if n >= 1000 && n%100 == 0 {
+		return strconv.FormatFloat(float64(n)/1000, 'g', -1, 64) + "k"
+	}
+	return strconv.Itoa(n)
+}
+
+// spec is the cell's workload.
+func (c GridCell) spec(trace string, seed uint64, requests int) WorkloadSpec {
+	s := WorkloadSpec{Kind: c.Workload, Trace: trace, RateScale: c.Rate, Seed: seed, Requests: requests}
+	if c.Workload == GridMooncakeSparse {
+		s.Kind, s.Pause = KindMooncake, GridSparsePause
+	}
+	return s
+}
+
+// RunGrid runs the picked cells one after another, writes each cell's
+// table (table.txt), results.csv, ttft_cdf.csv and cell.csv into
+// Dir/<cell>/, then the summary of every grid cell found under Dir
+// (those run now and any earlier) into Dir/grid.csv and Dir/grid.md, and
+// prints each table and the summary to w.
+func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
+	gc.defaults()
+	cells, err := gc.GridCells()
+	if err != nil {
+		return err
+	}
+	for _, c := range cells {
+		if err := runCell(ctx, gc, c, w); err != nil {
+			return fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
+		}
+	}
+	all := gc
+	all.Cells = nil
+	every, err := all.GridCells()
+	if err != nil {
+		return err
+	}
+	sum, err := ReadGrid(gc.Dir, every)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if err := WriteGridSummary(w, sum); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(gc.Dir, "grid.md"))
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := WriteGridSummary(f, sum); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	return writeCSV(filepath.Join(gc.Dir, "grid.csv"), gridCSV(sum))
+}
+
+func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error {
+	wl, err := LoadWorkload(c.spec(gc.Trace, gc.Seed, gc.Requests))
+	if err != nil {
+		return err
+	}
+	o := gc.Options
+	o.Engine.CacheBlocks = c.CacheBlocks
+	o.Approx.LRUBlocks = 0
+	o.Seed = gc.Seed
+	start := time.Now()
+	results, err := Simulate(ctx, wl, o)
+	if err != nil {
+		return err
+	}
+	bounds, err := ComputeBounds(wl, o)
+	if err != nil {
+		return err
+	}
+	wall := time.Since(start)
+	var b strings.Builder
+	fmt.Fprintf(&b, "kvsim grid cell %s (virtual time): %s\n\n", c.Name, Describe(wl, o))
+	if err := WriteTable(&b, results, bounds); err != nil {
+		return err
+	}
+	fmt.Fprintf(&b, "\n%d routers in %s (wall clock)\n", len(results), wall.Round(10*time.Millisecond))
+	dir := filepath.Join(gc.Dir, c.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "table.txt"), []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := WriteCSV(dir, results, bounds); err != nil {
+		return err
+	}
+	if err := WriteCDFCSV(dir, results); err != nil {
+		return err
+	}
+	meta := [][]string{{"cell", "workload", "rate", "cache_blocks", "wall_s"},
+		{c.Name, c.Workload, fl(c.Rate), itoa(c.CacheBlocks), fl(wall.Seconds())}}
+	if err := writeCSV(filepath.Join(dir, "cell.csv"), meta); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, b.String()+"\n")
+	return err
+}
+
+// GridResult is one cell's criterion, as read back from its directory.
+type GridResult struct {
+	Cell      GridCell
+	Criterion Criterion
+	// Wall is the cell's wall-clock time.
+	Wall time.Duration
+}
+
+// ReadGrid reads the criterion of every cell of cells that has results
+// under dir (cells never run are skipped).
+func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
+	var out []GridResult
+	for _, c := range cells {
+		rows, wall, err := readCell(filepath.Join(dir, c.Name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
+		}
+		crit, err := EvaluateCriterion(rows, c.Rate)
+		if err != nil {
+			return nil, fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
+		}
+		out = append(out, GridResult{Cell: c, Criterion: crit, Wall: wall})
+	}
+	return out, nil
+}
+
+// readCell reads a cell's results.csv (every router row) and cell.csv.
+func readCell(dir string) ([]CriterionRow, time.Duration, error) {
+	recs, err := readCSV(filepath.Join(dir, "results.csv"))
+	if err != nil {
+		return nil, 0, err
+	}
+	col, err := columns(recs, "router", "scheduled", "token_hit_rate", "ttft_p99_s")
+	if err != nil {
+		return nil, 0, err
+	}
+	var rows []CriterionRow
+	for _, r := range recs[1:] {
+		if len(r) != len(recs[0]) {
+			return nil, 0, fmt.Errorf("results.csv: a row of %d fields under %d columns", len(r), len(recs[0]))
+		}
+		if r[col[0]] == "bound" {
+			continue
+		}
+		sched, err1 := strconv.Atoi(r[col[1]])
+		hit, err2 := strconv.ParseFloat(r[col[2]], 64)
+		p99, err3 := strconv.ParseFloat(r[col[3]], 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, 0, fmt.Errorf("results.csv: router %s: %w", r[col[0]], err)
+		}
+		rows = append(rows, CriterionRow{Router: r[col[0]], Scheduled: sched, HitRate: hit, P99: time.Duration(p99 * float64(time.Second))})
+	}
+	var wall time.Duration
+	meta, err := readCSV(filepath.Join(dir, "cell.csv"))
+	if err == nil {
+		if mc, err := columns(meta, "wall_s"); err == nil && len(meta) > 1 && len(meta[1]) == len(meta[0]) {
+			if s, err := strconv.ParseFloat(meta[1][mc[0]], 64); err == nil {
+				wall = time.Duration(s * float64(time.Second))
+			}
+		}
+	}
+	return rows, wall, nil
+}
+
+func readCSV(p string) ([][]string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Base(p), err)
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("%s: empty", filepath.Base(p))
+	}
+	return recs, nil
+}
+
+// columns finds the named columns in recs' header.
+func columns(recs [][]string, names ...string) ([]int, error) {
+	out := make([]int, len(names))
+	for i, n := range names {
+		out[i] = slices.Index(recs[0], n)
+		if out[i] < 0 {
+			return nil, fmt.Errorf("no column %q", n)
+		}
+	}
+	return out, nil
+}
+
+// WriteGridSummary prints the criterion per cell as a Markdown table.
+func WriteGridSummary(w io.Writer, cells []GridResult) error {
+	var b strings.Builder
+	b.WriteString("| cell | precise+load p99 | lowest p99 (router) | above | p99 ≤ +5% | precise+load hit | best hit (router) | share | target | hit ok | beaten on both by | met | wall |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	met := 0
+	for _, g := range cells {
+		c := &g.Criterion
+		dom := "-"
+		if len(c.Dominated) > 0 {
+			dom = strings.Join(c.Dominated, ", ")
+		}
+		verdict := "**no**"
+		if c.Met() {
+			verdict, met = "yes", met+1
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s (%s) | %+.1f%% | %s | %s | %s (%s) | %.1f%% | %.0f%% | %s | %s | %s | %s |\n",
+			g.Cell.Name, secs(c.P99), secs(c.BestP99), c.BestP99Router, 100*c.P99Excess(), yesNo(c.P99OK),
+			pct(c.Hit), pct(c.BestHit), c.BestHitRouter, 100*c.HitShare(), 100*c.HitTarget, yesNo(c.HitOK), dom, verdict,
+			g.Wall.Round(time.Second))
+	}
+	fmt.Fprintf(&b, "\ncriterion met in %d of %d cells\n", met, len(cells))
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func gridCSV(cells []GridResult) [][]string {
+	rows := [][]string{{"cell", "workload", "rate", "cache_blocks", "p99_s", "best_p99_s", "best_p99_router", "p99_ok",
+		"hit_rate", "best_hit_rate", "best_hit_router", "hit_target", "hit_ok", "dominated_by", "met", "wall_s"}}
+	for _, g := range cells {
+		c := &g.Criterion
+		rows = append(rows, []string{g.Cell.Name, g.Cell.Workload, fl(g.Cell.Rate), itoa(g.Cell.CacheBlocks), fl(c.P99.Seconds()),
+			fl(c.BestP99.Seconds()), c.BestP99Router, strconv.FormatBool(c.P99OK), fl(c.Hit), fl(c.BestHit), c.BestHitRouter,
+			fl(c.HitTarget), strconv.FormatBool(c.HitOK), strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds())})
+	}
+	return rows
+}
