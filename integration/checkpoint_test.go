@@ -159,7 +159,7 @@ func (r *fleetRig) registration(ref events.WorkerRef) *fleetv1.Registration {
 }
 
 // agentMetric returns the value of the agent's metric name with the
-// given label pairs (name, value, ...).
+// given label pairs (name, value, ...): a histogram's sample count.
 func agentMetric(t *testing.T, a *kvfleet.Agent, name string, labels ...string) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -187,6 +187,9 @@ func agentMetric(t *testing.T, a *kvfleet.Agent, name string, labels ...string) 
 			}
 			if c := m.GetCounter(); c != nil {
 				return c.GetValue()
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
 			}
 			return m.GetGauge().GetValue()
 		}

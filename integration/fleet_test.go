@@ -419,6 +419,13 @@ func TestFleetReplicasMatchControl(t *testing.T) {
 	if n, sum := lag(rig.direct, "zmq"); n < 250 || n > 300 || sum/n > 1 {
 		t.Fatalf("control's lag: %v batches timed (300 sent), mean %v s", n, sum/n)
 	}
+	agents := 0.0
+	for _, a := range rig.agents {
+		agents += agentMetric(t, a.a, "kvindex_event_lag_seconds", "source", "zmq")
+	}
+	if agents < 250 || agents > 300 {
+		t.Fatalf("the agents timed %v batches (300 sent)", agents)
+	}
 	for i, rep := range rig.replicas {
 		if n, sum := lag(rep, "nats"); n < 200 || n > 300 || sum/n > 1 {
 			t.Fatalf("replica %d's lag: %v deltas timed (of 300 batches), mean %v s", i, n, sum/n)
