@@ -151,7 +151,30 @@ type WireResponse struct {
 	Tokens []uint32 `json:"tokens"`
 }
 
-// wireRequest is req's /tokenize body, the one vLLM's /v1/completions or
+// WireRender is vLLM's answer to a render endpoint: the generation
+// request the prompt would become (token ids in, tokens out), of which
+// kvindex reads TokenIDs. RenderChatPath answers one; RenderCompletionPath
+// a list, one per prompt.
+type WireRender struct {
+	// RequestID is a fresh id vLLM generates.
+	RequestID string `json:"request_id"`
+	// TokenIDs are the prompt's token ids, the chat template applied.
+	TokenIDs []uint32 `json:"token_ids"`
+	// Features are multimodal hashes and placeholders (null for text).
+	Features json.RawMessage `json:"features"`
+	// SamplingParams are the request's sampling parameters.
+	SamplingParams json.RawMessage `json:"sampling_params"`
+	// Model is the served model name.
+	Model string `json:"model,omitempty"`
+	// Stream says whether the request streams.
+	Stream bool `json:"stream"`
+	// CacheSalt is the request's prefix cache salt (null without one).
+	CacheSalt *string `json:"cache_salt"`
+	// Priority is the request's scheduling priority.
+	Priority int `json:"priority"`
+}
+
+// wireRequest is req's /tokenize (and render) body, the one vLLM's /v1/completions or
 // /v1/chat/completions would tokenize the same prompt with.
 func wireRequest(req *Request) WireRequest {
 	w := WireRequest{Model: req.Model}

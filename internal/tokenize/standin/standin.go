@@ -100,30 +100,49 @@ func Chat(msgs []tokenize.Message, generationPrompt bool) []uint32 {
 // MaxBodyBytes bounds a request body the Handler reads.
 const MaxBodyBytes = 16 << 20
 
-// Handler serves POST /tokenize in vLLM's format with the scheme. The zero
-// value is usable.
+// Handler serves vLLM's tokenizing endpoints with the scheme, in vLLM's
+// wire format: POST /tokenize (tokenize.WireRequest in,
+// tokenize.WireResponse out) and, unless NoRender, the render endpoints
+// (tokenize.RenderChatPath answers one tokenize.WireRender,
+// tokenize.RenderCompletionPath a list of one). The zero value is usable.
 type Handler struct {
 	// MaxModelLen is the context length answered, and the most ids a
 	// prompt may have (a longer one is refused with 400, as vLLM does);
 	// 0 means 131072.
 	MaxModelLen int
-	// Models, when not empty, are the model names served; others get 404.
+	// Models, when not empty, are the model names served; others get
+	// vLLM's 404 error object.
 	Models []string
+	// NoRender answers the render endpoints as an older vLLM does: 404,
+	// no such route.
+	NoRender bool
 
-	requests atomic.Int64
+	requests, renders, missing atomic.Int64
 }
 
-// Requests counts the requests answered with tokens.
+// Requests counts the requests answered with tokens, at any endpoint.
 func (h *Handler) Requests() int64 { return h.requests.Load() }
+
+// Renders counts the requests answered with tokens at a render endpoint.
+func (h *Handler) Renders() int64 { return h.renders.Load() }
+
+// RenderMisses counts render requests answered 404 because of NoRender.
+func (h *Handler) RenderMisses() int64 { return h.missing.Load() }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/tokenize" {
-		http.NotFound(w, r)
+	render := r.URL.Path == tokenize.RenderChatPath || r.URL.Path == tokenize.RenderCompletionPath
+	switch {
+	case render && h.NoRender:
+		h.missing.Add(1)
+		// What the web framework of a server without the route answers.
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 		return
-	}
-	if r.Method != http.MethodPost {
-		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+	case !render && r.URL.Path != tokenize.TokenizePath:
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+		return
+	case r.Method != http.MethodPost:
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
@@ -137,13 +156,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(h.Models) > 0 && !contains(h.Models, req.Model) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusNotFound)
-		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", req.Model), "code": 404}})
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", req.Model), "type": "NotFoundError", "param": "model", "code": 404}})
+		return
+	}
+	chat := req.Messages != nil
+	if render && chat != (r.URL.Path == tokenize.RenderChatPath) {
+		badRequest(w, "a chat renders at "+tokenize.RenderChatPath+", a prompt at "+tokenize.RenderCompletionPath)
 		return
 	}
 	var toks []uint32
-	if req.Messages != nil {
+	if chat {
 		msgs := make([]tokenize.Message, len(req.Messages))
 		for i := range req.Messages {
 			text, err := req.Messages[i].Text()
@@ -157,7 +179,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The template starts with BOS; special tokens (off by default
 		// for a chat, as in vLLM) add a second one.
 		if req.AddSpecialTokens != nil && *req.AddSpecialTokens {
-			toks = append([]uint32{BOS}, toks...)
+			toks = append(Tokens("", true), toks...)
 		}
 	} else {
 		toks = Tokens(req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
@@ -170,15 +192,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens.", maxLen, len(toks)))
 		return
 	}
-	h.requests.Add(1)
+	n := h.requests.Add(1)
+	if !render {
+		writeJSON(w, http.StatusOK, tokenize.WireResponse{Count: len(toks), MaxModelLen: maxLen, Tokens: toks})
+		return
+	}
+	h.renders.Add(1)
+	out := tokenize.WireRender{RequestID: fmt.Sprintf("standin-%d", n), TokenIDs: toks, Features: json.RawMessage("null"),
+		SamplingParams: json.RawMessage(`{"n":1,"temperature":1.0,"top_p":1.0,"max_tokens":null}`), Model: req.Model}
+	if chat {
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	writeJSON(w, http.StatusOK, []tokenize.WireRender{out})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(tokenize.WireResponse{Count: len(toks), MaxModelLen: maxLen, Tokens: toks})
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 func badRequest(w http.ResponseWriter, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusBadRequest)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": "BadRequestError", "code": 400}})
+	writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": msg, "type": "BadRequestError", "code": 400}})
 }
 
 func contains(s []string, v string) bool {
