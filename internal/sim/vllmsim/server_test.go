@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"github.com/kvindex/kvindex/internal/daemon"
 	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/internal/sim/engine"
+	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/tokenize/standin"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -45,6 +48,19 @@ func startServer(t *testing.T) (*Server, string, string) {
 	return s, pub, rep
 }
 
+// postRaw posts body as JSON and returns the answer's status and bytes.
+func postRaw(t *testing.T, url string, body any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw
+}
+
 func post(t *testing.T, url string, body any) (int, map[string]any) {
 	t.Helper()
 	b, _ := json.Marshal(body)
@@ -67,8 +83,9 @@ func cachedTokens(out map[string]any) int {
 
 // TestServesAndPublishes: a real kvindex daemon subscribed to the
 // simulated engine's ZeroMQ sockets learns the blocks the engine cached
-// serving OpenAI requests (the tokens the load driver computes with
-// TokenizeChat are the ones the events carry); a second request sharing
+// serving OpenAI requests (the ids its render and /tokenize endpoints
+// answer, standin.Chat's, are the ones the events carry); a second
+// request sharing
 // the system prompt hits the engine's cache; /metrics says so under
 // vLLM's names.
 func TestServesAndPublishes(t *testing.T) {
@@ -92,20 +109,21 @@ func TestServesAndPublishes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	system := Message{Role: "system", Content: strings.Repeat("You are a careful assistant for the kvindex demo. ", 40)}
+	system := tokenize.Message{Role: "system", Content: strings.Repeat("You are a careful assistant for the kvindex demo. ", 40)}
+	first := []tokenize.Message{system, {Role: "user", Content: "first question"}}
 	url := "http://" + s.Addr()
-	code, out := post(t, url+"/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 4,
-		"messages": []Message{system, {Role: "user", Content: "first question"}}})
+	code, out := post(t, url+"/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 4, "messages": first})
 	if code != http.StatusOK || cachedTokens(out) != 0 {
 		t.Fatalf("first request: %d %v", code, out)
 	}
 	promptTokens := int(out["usage"].(map[string]any)["prompt_tokens"].(float64))
-	if want := (len(system.Content)+3)/4 + 4; promptTokens != want {
-		t.Fatalf("prompt_tokens %d, want %d", promptTokens, want)
+	if want := len(standin.Chat(first, true)); promptTokens != want {
+		t.Fatalf("prompt_tokens %d, want %d (the stand-in's)", promptTokens, want)
 	}
 	code, out = post(t, url+"/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 4,
-		"messages": []Message{system, {Role: "user", Content: "second question"}}})
-	sysBlocks := ((len(system.Content) + 3) / 4) / 16
+		"messages": []tokenize.Message{system, {Role: "user", Content: "second question"}}})
+	// Shared with the first: BOS, the system message, the user header.
+	sysBlocks := (len(standin.Chat([]tokenize.Message{system}, false)) + 1) / 16
 	if code != http.StatusOK || cachedTokens(out) != sysBlocks*16 {
 		t.Fatalf("second request: %d, cached %v, want %d", code, out["usage"], sysBlocks*16)
 	}
@@ -113,31 +131,42 @@ func TestServesAndPublishes(t *testing.T) {
 		t.Fatalf("choice: %v", msg)
 	}
 
-	// kvindex holds the system prompt's blocks on engine-0.
+	// kvindex holds the first prompt's blocks on engine-0.
 	c, err := api.Dial(ctx, d.GRPCAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	toks := Tokens(TokenizeChat([]Message{system}))
+	// The engine's render endpoint answers the ids its events carried:
+	// the first prompt's every full block is held.
+	var rendered tokenize.WireRender
+	if code, raw := postRaw(t, url+tokenize.RenderChatPath, map[string]any{"model": testModel, "messages": first}); code != http.StatusOK || json.Unmarshal(raw, &rendered) != nil || !slices.Equal(rendered.TokenIDs, standin.Chat(first, true)) {
+		t.Fatalf("render: %d %s", code, raw)
+	}
+	var tokenized tokenize.WireResponse
+	if code, raw := postRaw(t, url+tokenize.TokenizePath, map[string]any{"model": testModel, "messages": first}); code != http.StatusOK || json.Unmarshal(raw, &tokenized) != nil || !slices.Equal(tokenized.Tokens, rendered.TokenIDs) {
+		t.Fatalf("/tokenize: %d %s", code, raw)
+	}
+	toks := rendered.TokenIDs
+	held := len(toks) / 16
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		resp, err := c.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: toks})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ws := resp.GetWorkers(); len(ws) == 1 && ws[0].GetWorker().GetPod() == "engine-0" && int(ws[0].GetMatchedBlocks()) == sysBlocks {
+		if ws := resp.GetWorkers(); len(ws) == 1 && ws[0].GetWorker().GetPod() == "engine-0" && int(ws[0].GetMatchedBlocks()) == held {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("kvindex never matched the system prompt's %d blocks: %v", sysBlocks, resp.GetWorkers())
+			t.Fatalf("kvindex never matched the first prompt's %d blocks: %v", held, resp.GetWorkers())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	// A completion prompt's paragraphs are its pieces.
+	// A completion prompt's paragraphs are its pieces, after BOS.
 	code, out = post(t, url+"/v1/completions", map[string]any{"model": testModel, "prompt": "alpha beta\n\ngamma", "max_tokens": 2})
-	if code != http.StatusOK || out["object"] != "text_completion" || int(out["usage"].(map[string]any)["prompt_tokens"].(float64)) != 3+2 {
+	if code != http.StatusOK || out["object"] != "text_completion" || int(out["usage"].(map[string]any)["prompt_tokens"].(float64)) != 1+3+2 {
 		t.Fatalf("completion: %d %v", code, out)
 	}
 
