@@ -40,7 +40,10 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 	case b.Messages != nil:
 		sr.Messages = make([]*kvindexv1.ChatMessage, len(b.Messages))
 		for i := range b.Messages {
-			text, err := b.Messages[i].Text()
+			// Shares the body's memory: the stream keeps the body,
+			// unchanged, until Route returns, and the tokenizer copies
+			// what it keeps (tokenize.Client.Tokenize).
+			text, err := b.Messages[i].TextShared()
 			if err != nil || b.Messages[i].Role == "" {
 				sr.Messages = nil
 				return b.Model, false
@@ -51,6 +54,10 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 	case len(b.Prompt) > 0:
 		// A string, token ids, or a batch of either (the first is
 		// routed: a batch goes to one server).
+		if s, ok := tokenize.SharedString(b.Prompt); ok { // shares the body, as a message's text
+			sr.Prompt = s
+			return b.Model, s != ""
+		}
 		var s string
 		if json.Unmarshal(b.Prompt, &s) == nil {
 			sr.Prompt = s

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -133,7 +134,16 @@ type Picker struct {
 	active  atomic.Int64
 	health  *health.Server
 	counter counters
+	// bodies holds buffers of request bodies that came in several chunks,
+	// reused once a decision is sent (one that came whole is the gRPC
+	// message's own memory, not copied). A buffer over maxPooledBody goes
+	// to the collector instead, so the pool holds at most MaxRequests of
+	// that size.
+	bodies sync.Pool
 }
+
+// maxPooledBody bounds a body buffer kept for reuse.
+const maxPooledBody = 1 << 20
 
 // endpointSet is one immutable set of the pool's endpoints: a decision
 // reads the set once (one atomic load) and sees it whole, whatever
@@ -234,6 +244,7 @@ type stream struct {
 	method   string
 	path     string
 	body     []byte
+	pooled   *[]byte  // body's buffer, from Picker.bodies; nil when body is a message's own memory
 	subset   []string // the gateway's subset hint; nil without one
 	id       string   // the request id given to Route; "" until routed
 	chosen   string   // the chosen endpoint's address
@@ -305,9 +316,14 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 			p.counter.decisions[decisionTooLarge].Add(1)
 			return st.srv.Send(immediate(typev3.StatusCode_PayloadTooLarge, fmt.Sprintf("kvindex picker: request body over %d bytes", p.opts.MaxBodyBytes)))
 		}
-		if st.body == nil && b.GetEndOfStream() {
+		switch {
+		case st.body == nil && b.GetEndOfStream():
 			st.body = b.GetBody() // the whole body in one message (its own memory): no copy
-		} else {
+		case st.pooled == nil && len(b.GetBody()) > 0:
+			st.pooled = p.bodyBuffer()
+			st.body = append((*st.pooled)[:0], st.body...)
+			fallthrough
+		default:
 			st.body = append(st.body, b.GetBody()...)
 		}
 		if p.opts.BodyMode == FullDuplex {
@@ -362,9 +378,18 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 // duplex), else on the body's; in full duplex the body follows unchanged.
 func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool) error {
 	st.picked = true
-	// Sent (gRPC encodes a message before Send returns): the body is no
-	// longer needed while the response streams.
-	defer func() { st.body, st.cuts = nil, nil }()
+	// Sent (gRPC encodes a message before Send returns) and routed (Route
+	// keeps nothing of the prompt's text): the body is no longer needed
+	// while the response streams, and its buffer is reused.
+	defer func() {
+		if st.pooled != nil {
+			*st.pooled = st.body[:0]
+			if cap(st.body) <= maxPooledBody {
+				p.bodies.Put(st.pooled)
+			}
+		}
+		st.body, st.cuts, st.pooled = nil, nil, nil
+	}()
 	dest, rank, code, msg := p.pick(ctx, st)
 	if code != 0 {
 		return st.srv.Send(immediate(code, msg))
@@ -401,6 +426,15 @@ func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool
 		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
 		DynamicMetadata: meta,
 	})
+}
+
+// bodyBuffer returns an empty body buffer, reused or new.
+func (p *Picker) bodyBuffer() *[]byte {
+	if b, ok := p.bodies.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 64<<10)
+	return &b
 }
 
 // bodyResponse answers a request or response body chunk: with data set

@@ -340,3 +340,32 @@ func TestSetEndpoints(t *testing.T) {
 	}
 	r.waitInFlight(0)
 }
+
+// TestChunkedBodiesReuseBuffers: bodies that come in many chunks are
+// gathered in buffers the picker reuses, and a chat's text is read in
+// place from them: request after request, alternating between chats held
+// by different workers, each lands on its holder and comes back
+// unchanged (envoytest compares every byte), whether the tokenizer's
+// cache answers or a round trip reads the text after the buffer went
+// back to the pool.
+func TestChunkedBodiesReuseBuffers(t *testing.T) {
+	r := newRig(t, picker.FullDuplex, picker.Options{})
+	chats := map[string][]tokenize.Message{}
+	for i, w := range []string{"a/0", "b/0", "c/1"} {
+		chats[w] = []tokenize.Message{{Role: "system", Content: words(20+i, 120)}, {Role: "user", Content: words(30+i, 10)}}
+		r.hold(w, standin.Chat(chats[w], true))
+	}
+	for i := range 30 {
+		w := []string{"a/0", "b/0", "c/1"}[i%3]
+		s := r.open()
+		d, err := s.Request("/v1/chat/completions", chatBody(chats[w]), 97+i, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Header != addrs[w] {
+			t.Fatalf("request %d: %+v, want %s (%s)", i, d, addrs[w], w)
+		}
+		_ = s.Close()
+	}
+	r.waitInFlight(0)
+}

@@ -210,7 +210,9 @@ func (c *Client) Stats() Stats {
 // Tokenize returns the token ids the model's engine sees for req: from
 // the cache, from an identical round trip in flight, or from a round trip
 // of its own to the model's endpoints. The result is shared: do not modify
-// it.
+// it. req's strings are not used after Tokenize returns (a round trip that
+// outlives the call works on a copy), so they may share a buffer the
+// caller reuses then.
 //
 // Cost: a cache hit is one hash of the request's text (cacheKey); a miss
 // adds encoding it as JSON and one HTTP round trip.
@@ -264,6 +266,7 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	c.flights[key] = f
 	c.mu.Unlock()
 	c.misses.Add(1)
+	req = cloneRequest(req) // the round trip may outlive the caller's strings
 
 	// The round trip outlives a caller that gives up: others may be
 	// waiting on it, and its answer is cached. Timeout bounds it.
@@ -292,6 +295,19 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("tokenize: model %q: %w", req.Model, ctx.Err())
 	}
+}
+
+// cloneRequest is a copy of req sharing no memory with it: one copy of
+// its text per miss, small beside the round trip.
+func cloneRequest(req *Request) *Request {
+	out := &Request{Model: strings.Clone(req.Model), Prompt: strings.Clone(req.Prompt)}
+	if req.Messages != nil {
+		out.Messages = make([]Message, len(req.Messages))
+		for i, m := range req.Messages {
+			out.Messages[i] = Message{Role: strings.Clone(m.Role), Content: strings.Clone(m.Content)}
+		}
+	}
+	return out
 }
 
 // cacheKey is the cache and single-flight key of req: a 128-bit hash of

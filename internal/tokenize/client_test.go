@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -323,5 +324,51 @@ func TestRenderWireAnswers(t *testing.T) {
 	answer = two
 	if _, err := c.Tokenize(context.Background(), tokenize.Request{Model: model, Prompt: "two"}); !errors.Is(err, tokenize.ErrUnavailable) || !strings.Contains(err.Error(), "2 rendered prompts") {
 		t.Fatalf("two prompts rendered: %v", err)
+	}
+}
+
+// TestMissCopiesText: a caller's strings may share a buffer it reuses as
+// soon as Tokenize returns, even when the round trip outlives the call
+// (the caller gave up): the round trip works on a copy, so the answer
+// cached is the original text's. Under -race, reading the caller's
+// buffer after the call would be reported.
+func TestMissCopiesText(t *testing.T) {
+	gate := make(chan struct{})
+	h := &standin.Handler{}
+	c := newClient(t, tokenize.Options{Endpoints: map[string][]string{model: {serve(t, h, gate)}}})
+	buf := []byte("a system prompt that the caller reuses")
+	shared := unsafe.String(&buf[0], len(buf))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Tokenize(ctx, tokenize.Request{Model: model, Messages: []tokenize.Message{{Role: "system", Content: shared}}})
+		done <- err
+	}()
+	for c.Stats().Misses == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled call: %v", err)
+	}
+	copy(buf, "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX") // the caller reuses its buffer
+	close(gate)
+	want := standin.Chat([]tokenize.Message{{Role: "system", Content: "a system prompt that the caller reuses"}}, true)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := c.Tokenize(context.Background(), tokenize.Request{Model: model, Messages: []tokenize.Message{{Role: "system", Content: "a system prompt that the caller reuses"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Stats().Hits > 0 {
+			if !slices.Equal(got, want) {
+				t.Fatalf("cached %v, want the original text's %v", got, want)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first round trip's answer was never cached")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

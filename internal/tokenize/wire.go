@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Message is one chat message, as in an OpenAI /v1/chat/completions body
@@ -82,6 +83,41 @@ func (m *WireMessage) Text() (string, error) {
 		n++
 	}
 	return string(b), nil
+}
+
+// TextShared is Text without the copy in the common case: a string
+// content without escapes is returned as a string that shares
+// m.Content's memory (no allocation), so m.Content must not change while
+// the string is in use. Other contents are decoded as Text decodes them.
+func (m *WireMessage) TextShared() (string, error) {
+	if s, ok := SharedString(bytes.TrimSpace(m.Content)); ok {
+		return s, nil
+	}
+	return m.Text()
+}
+
+// SharedString returns the text of a JSON string literal without escapes
+// as a string sharing q's memory (no allocation; q must not change while
+// the string is in use); ok is false for any other literal (escapes,
+// invalid UTF-8, control characters, not a string), which the caller
+// decodes otherwise.
+func SharedString(q []byte) (string, bool) {
+	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
+		return "", false
+	}
+	in := q[1 : len(q)-1]
+	if bytes.IndexByte(in, '\\') >= 0 || bytes.IndexByte(in, '"') >= 0 || !utf8.Valid(in) {
+		return "", false
+	}
+	for _, c := range in {
+		if c < 0x20 {
+			return "", false
+		}
+	}
+	if len(in) == 0 {
+		return "", true
+	}
+	return unsafe.String(&in[0], len(in)), true
 }
 
 // unquote decodes a JSON string literal, ok false when it is not a
