@@ -53,7 +53,8 @@ type Server struct {
 	lis  net.Listener
 	http *http.Server
 	reg  *prometheus.Registry
-	work chan struct{} // a request was submitted
+	tok  *standin.Handler // /tokenize and the render endpoints
+	work chan struct{}    // a request was submitted
 	t0   time.Time
 
 	mu      sync.Mutex // guards eng, waiters, nextID and the counters below
@@ -110,9 +111,9 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("GET /v1/models", s.models)
 	// vLLM's tokenizing endpoints, with the ids the engine's events carry.
-	tok := &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
+	s.tok = &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
 	for _, path := range []string{tokenize.TokenizePath, tokenize.RenderChatPath, tokenize.RenderCompletionPath} {
-		mux.Handle("POST "+path, tok)
+		mux.Handle("POST "+path, s.tok)
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
@@ -122,6 +123,10 @@ func New(cfg Config) (*Server, error) {
 
 // Addr is the HTTP listener's address.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Tokenizer is the engine's /tokenize and render endpoints' handler, for
+// its counters.
+func (s *Server) Tokenizer() *standin.Handler { return s.tok }
 
 // Run serves until ctx is done, then closes the sockets.
 func (s *Server) Run(ctx context.Context) error {

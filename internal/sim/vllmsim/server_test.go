@@ -12,10 +12,16 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
 	"github.com/kvindex/kvindex/internal/netutil"
+	"github.com/kvindex/kvindex/internal/picker"
+	"github.com/kvindex/kvindex/internal/picker/envoytest"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/tokenize"
 	"github.com/kvindex/kvindex/internal/tokenize/standin"
@@ -26,12 +32,18 @@ const testModel = "sim/model"
 
 func startServer(t *testing.T) (*Server, string, string) {
 	t.Helper()
+	return startPod(t, "engine-0")
+}
+
+// startPod runs a simulated engine named pod on free ports.
+func startPod(t *testing.T, pod string) (*Server, string, string) {
+	t.Helper()
 	base, err := netutil.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pub, rep := fmt.Sprintf("tcp://127.0.0.1:%d", base), fmt.Sprintf("tcp://127.0.0.1:%d", base+1)
-	s, err := New(Config{Model: testModel, Pod: "engine-0", Publish: pub, Replay: rep, HTTPListen: "127.0.0.1:0",
+	s, err := New(Config{Model: testModel, Pod: pod, Publish: pub, Replay: rep, HTTPListen: "127.0.0.1:0",
 		Engine: engine.Config{CacheBlocks: 2000}})
 	if err != nil {
 		t.Fatal(err)
@@ -220,5 +232,98 @@ func TestRefusals(t *testing.T) {
 	var m map[string]any
 	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || m["data"].([]any)[0].(map[string]any)["id"] != testModel {
 		t.Fatalf("/v1/models: %v %v", m, err)
+	}
+}
+
+// TestPickerTokenizesThroughEngines is the gateway path end to end on
+// simulated engines: a daemon indexes two engines over ZeroMQ, tokenizes
+// through the engines' own render endpoints (their tokenizer_urls), and
+// its endpoint picker, asked as Envoy asks (envoytest), sends a chat that
+// shares a system prompt with one an engine served to that engine, since
+// the ids the engines render are the ids their events carry.
+func TestPickerTokenizesThroughEngines(t *testing.T) {
+	e0, pub0, rep0 := startPod(t, "engine-0")
+	e1, pub1, rep1 := startPod(t, "engine-1")
+	urls := []string{"http://" + e0.Addr(), "http://" + e1.Addr()}
+	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "off",
+		Models: []config.Model{{Name: testModel, BlockSize: 16, TokenizerURLs: urls}},
+		Pods: []config.Pod{{Name: "engine-0", Model: testModel, Endpoint: pub0, ReplayEndpoint: rep0},
+			{Name: "engine-1", Model: testModel, Endpoint: pub1, ReplayEndpoint: rep1}},
+		Gateway: config.Gateway{Listen: "127.0.0.1:0", Endpoints: []config.Endpoint{
+			{Address: e0.Addr(), Pod: "engine-0"}, {Address: e1.Addr(), Pod: "engine-1"}}}}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ddone := make(chan error, 1)
+	go func() { ddone <- d.Run(ctx) }()
+	defer func() { cancel(); <-ddone }()
+	for _, e := range []*Server{e0, e1} {
+		if err := e.pub.WaitForSubscribers(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	system := tokenize.Message{Role: "system", Content: strings.Repeat("Answer in SQL only, with the schema below. ", 60)}
+	for i, e := range []*Server{e1, e0} { // each engine serves its own system prompt once
+		sys := system
+		if i == 1 {
+			sys.Content = strings.Repeat("Answer in French, briefly and politely. ", 60)
+		}
+		if code, out := post(t, "http://"+e.Addr()+"/v1/chat/completions", map[string]any{"model": testModel, "max_tokens": 2,
+			"messages": []tokenize.Message{sys, {Role: "user", Content: "warm up"}}}); code != http.StatusOK {
+			t.Fatalf("warm-up: %d %v", code, out)
+		}
+	}
+	cc, err := grpc.NewClient(d.GatewayAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := extprocv3.NewExternalProcessorClient(cc)
+	body, _ := json.Marshal(map[string]any{"model": testModel, "messages": []tokenize.Message{system, {Role: "user", Content: "top customers?"}}})
+	// Once kvindex holds engine-1's blocks of the system prompt, one
+	// decision must choose engine-1.
+	kv, err := api.Dial(ctx, d.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Close()
+	sysToks := standin.Chat([]tokenize.Message{system}, false)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := kv.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: sysToks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ws := resp.GetWorkers(); len(ws) > 0 && ws[0].GetWorker().GetPod() == "engine-1" && int(ws[0].GetMatchedBlocks()) == len(sysToks)/16 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvindex never held engine-1's system prompt: %v", resp.GetWorkers())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s, err := envoytest.Open(ctx, client, picker.FullDuplex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := s.Request("/v1/chat/completions", body, 1000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	if first, _, _ := strings.Cut(dec.Header, ","); first != e1.Addr() {
+		t.Fatalf("picker chose %q, want engine-1 at %s (it served the system prompt)", dec.Header, e1.Addr())
+	}
+	if n := e0.Tokenizer().Renders() + e1.Tokenizer().Renders(); n != 1 {
+		t.Fatalf("the engines rendered %d prompts, want the picker's one", n)
+	}
+	if st := d.Picker().Stats(); st.Decisions["routed"] == 0 || st.Decisions["load_only"] != 0 {
+		t.Fatalf("picker stats %+v: want routed on the prompt, never by load alone", st)
 	}
 }
