@@ -119,19 +119,29 @@ func (g *gatewayPool) setLocked(eps []picker.Endpoint) error {
 	for _, e := range eps {
 		models[e.Worker] = e.Model
 	}
+	var added []events.WorkerRef // cold workers of this call, undone if it fails
+	undo := func() {
+		for _, ref := range added {
+			_ = d.ix.RemoveWorker(ref)
+		}
+	}
 	for _, e := range eps {
 		if d.ix.LookupWorker(e.Worker) != nil {
 			continue
 		}
 		if err := d.ensureModel(e.Model); err != nil {
+			undo()
 			return fmt.Errorf("daemon: gateway endpoint %s: %w", e.Address, err)
 		}
 		if _, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: e.Worker, Model: e.Model, Endpoint: coldEndpoint}); err != nil {
+			undo()
 			return fmt.Errorf("daemon: gateway endpoint %s: %w", e.Address, err)
 		}
+		added = append(added, e.Worker)
 	}
 	if d.picker != nil {
 		if err := d.picker.SetEndpoints(eps); err != nil {
+			undo()
 			return fmt.Errorf("daemon: gateway endpoints: %w", err)
 		}
 	}

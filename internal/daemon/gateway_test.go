@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,8 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/discovery"
+	"github.com/kvindex/kvindex/internal/enginepub"
+	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/internal/picker"
 )
 
@@ -162,5 +165,75 @@ func TestGatewayDiscoveredPort(t *testing.T) {
 	}
 	waitFor(t, "the deleted pod to leave the picker and the index", func() bool {
 		return len(d.Picker().Endpoints()) == 0 && d.Index().LookupWorker(events.WorkerRef{Pod: "vllm-0"}) == nil
+	})
+}
+
+// TestGatewayPoolWithDiscovery runs both over the same fake clientset:
+// discovery.kubernetes subscribes to the pod's engine and
+// gateway.inference_pool makes it an endpoint. Whichever sees the pod
+// first, the endpoint's worker ends as the discovered one, holding the
+// engine's blocks (a cold worker, if the pool was first, gives way); when
+// the pod stops being Ready it leaves both the picker and the index.
+func TestGatewayPoolWithDiscovery(t *testing.T) {
+	port, err := netutil.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{
+		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port+1), Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	toks := make([]uint32, 64)
+	for i := range toks {
+		toks[i] = uint32(i + 1)
+	}
+	if _, err := pub.Publish(&events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{1, 2, 3, 4}, TokenIDs: toks, BlockSize: 16}}}); err != nil {
+		t.Fatal(err)
+	}
+	kc := unreachableKubeconfig(t)
+	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "off",
+		Models: []config.Model{{Name: "m"}},
+		Discovery: config.Discovery{Kubernetes: &config.KubernetesDiscovery{Kubeconfig: kc, Namespace: "inference", Selector: "app=vllm",
+			DiscoveredPods: config.DiscoveredPods{Model: "m"}}},
+		Gateway: config.Gateway{Listen: "127.0.0.1:0", InferencePool: &config.InferencePool{Name: "vllm", Namespace: "inference", Kubeconfig: kc}}}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+		"selector": map[string]any{"matchLabels": map[string]any{"app": "vllm"}}, "targetPorts": []any{map[string]any{"number": int64(8000)}}}}}
+	pool.SetAPIVersion("inference.networking.k8s.io/v1")
+	pool.SetKind("InferencePool")
+	pool.SetNamespace("inference")
+	pool.SetName("vllm")
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{discovery.InferencePoolV1: "InferencePoolList"}, pool)
+	pod := readyPod("vllm-0", "127.0.0.1", map[string]string{discovery.AnnotationPort: fmt.Sprint(port), discovery.AnnotationReplayPort: fmt.Sprint(port + 1)})
+	client := fake.NewClientset(pod)
+	if d.discovery, err = discovery.NewKubernetes(client, cfg.Discovery.Kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	if d.gwSource, err = discovery.NewInferencePool(client, dyn, cfg.Gateway.InferencePool, nil); err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	ref := events.WorkerRef{Pod: "vllm-0"}
+	waitFor(t, "the endpoint's worker to be the discovered one, holding 4 blocks", func() bool {
+		w := d.Index().LookupWorker(ref)
+		return w != nil && w.Info().Endpoint != coldEndpoint && w.Stats().ResidentBlocks == 4 &&
+			slices.Equal(addresses(d.Picker()), []string{"127.0.0.1:8000=vllm-0/0"})
+	})
+	pod.Status.Conditions[0].Status = corev1.ConditionFalse
+	if _, err := client.CoreV1().Pods("inference").UpdateStatus(context.Background(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unready pod to leave the picker and the index", func() bool {
+		return len(d.Picker().Endpoints()) == 0 && d.Index().LookupWorker(ref) == nil
 	})
 }
