@@ -122,7 +122,7 @@ func TestScoreTextErrors(t *testing.T) {
 	}
 	down := serve(t, ix, nil, api.Options{Tokenizer: tk})
 	_, err = down.client.Score(ctx, &kvindexv1.ScoreRequest{Model: "m", Prompt: "hi"})
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), dead+"/tokenize") {
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), dead+tokenize.RenderCompletionPath) {
 		t.Errorf("dead tokenizer: %v, want Unavailable naming %s", err, dead)
 	}
 }

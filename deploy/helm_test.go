@@ -248,7 +248,15 @@ func (m *manifests) checkReplicas(t *testing.T, cfg *config.Config) *corev1.Cont
 		t.Errorf("service ports %v", svcPorts)
 	}
 	np := m.netpols[0]
-	if len(np.Spec.Ingress) != 2 || len(np.Spec.Ingress[0].From) == 0 || len(np.Spec.Ingress[1].From) == 0 {
+	guarded := map[string]bool{}
+	for _, r := range np.Spec.Ingress {
+		for _, p := range r.Ports {
+			if p.Port != nil && (p.Port.String() == "grpc" || p.Port.String() == "metrics") {
+				guarded[p.Port.String()] = len(r.From) > 0
+			}
+		}
+	}
+	if len(np.Spec.Ingress) < 2 || !guarded["grpc"] || !guarded["metrics"] {
 		t.Errorf("network policy opens gRPC or metrics to anyone: %+v", np.Spec.Ingress)
 	}
 	return c
@@ -432,10 +440,72 @@ func TestChartDirectMode(t *testing.T) {
 	}
 }
 
+// TestChartGateway: with gateway.enabled the replicas serve the endpoint
+// picker for the named InferencePool (a valid configuration, the model's
+// tokenizer URLs with it), the Deployment and Service expose its port, the
+// network policy admits the gateway to it, and a second Role grants only
+// get, list and watch of pods and inferencepools (both API groups).
+func TestChartGateway(t *testing.T) {
+	m := render(t, "examples/gateway-values.yaml")
+	cfg := m.replicaConfig(t)
+	m.checkReplicas(t, cfg)
+	g := cfg.Gateway
+	if g.Listen != ":9002" || g.InferencePool == nil || g.InferencePool.Name != "llama" || g.InferencePool.Namespace != "inference" ||
+		g.InferencePool.APIVersion != config.InferencePoolV1 || g.InferencePool.Model != cfg.Models[0].Name || len(g.Endpoints) != 0 {
+		t.Fatalf("gateway %+v, pool %+v", g, g.InferencePool)
+	}
+	if len(cfg.Models[0].TokenizerURLs) != 1 {
+		t.Fatalf("tokenizer urls %v", cfg.Models[0].TokenizerURLs)
+	}
+	port := func(ports []corev1.ServicePort) bool {
+		for _, p := range ports {
+			if p.Name == "gateway" && p.Port == 9002 && p.TargetPort.String() == "gateway" {
+				return true
+			}
+		}
+		return false
+	}
+	if !port(m.services[0].Spec.Ports) {
+		t.Errorf("service ports %+v: no gateway port", m.services[0].Spec.Ports)
+	}
+	pod := m.deployments[0].Spec.Template.Spec
+	var exposed bool
+	for _, p := range pod.Containers[0].Ports {
+		exposed = exposed || (p.Name == "gateway" && p.ContainerPort == 9002)
+	}
+	if !exposed || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Errorf("container ports %+v, automount %v", pod.Containers[0].Ports, pod.AutomountServiceAccountToken)
+	}
+	var admitted bool
+	for _, r := range m.netpols[0].Spec.Ingress {
+		for _, p := range r.Ports {
+			admitted = admitted || (p.Port != nil && p.Port.String() == "gateway" && len(r.From) == 1)
+		}
+	}
+	if !admitted {
+		t.Errorf("network policy %+v: the gateway is not admitted to ext_proc", m.netpols[0].Spec.Ingress)
+	}
+	var gw *rbacv1.Role
+	for i := range m.roles {
+		if strings.HasSuffix(m.roles[i].Name, "-gateway") {
+			gw = &m.roles[i]
+		}
+	}
+	if gw == nil || len(m.roles) != 2 || len(m.bindings) != 2 || gw.Namespace != "inference" || len(gw.Rules) != 2 ||
+		!slices.Equal(gw.Rules[0].Resources, []string{"pods"}) || !slices.Equal(gw.Rules[1].Resources, []string{"inferencepools"}) ||
+		!slices.Equal(gw.Rules[1].APIGroups, []string{"inference.networking.k8s.io", "inference.networking.x-k8s.io"}) ||
+		!slices.Equal(gw.Rules[0].Verbs, []string{"get", "list", "watch"}) || !slices.Equal(gw.Rules[1].Verbs, []string{"get", "list", "watch"}) {
+		t.Fatalf("roles %+v: want the discovery role and a gateway role of get, list, watch on pods and inferencepools", m.roles)
+	}
+	if d := render(t, "examples/direct-values.yaml"); d.replicaConfig(t).Gateway.Enabled() || len(d.roles) != 1 {
+		t.Error("the gateway is on without gateway.enabled")
+	}
+}
+
 // TestChartLint runs Helm's own linter (`helm lint`) over the chart with
 // the default values and every example's: no warning, no error.
 func TestChartLint(t *testing.T) {
-	for _, vf := range []string{"", "examples/sidecar-values.yaml", "examples/direct-values.yaml", "examples/dns-values.yaml"} {
+	for _, vf := range []string{"", "examples/sidecar-values.yaml", "examples/direct-values.yaml", "examples/dns-values.yaml", "examples/gateway-values.yaml"} {
 		vals := map[string]any{}
 		if vf != "" {
 			var err error

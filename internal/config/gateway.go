@@ -91,9 +91,56 @@ type Gateway struct {
 	// 4096); more are answered 429 and counted.
 	MaxRequests int `yaml:"max_requests,omitempty"`
 	// Endpoints are the pool's model servers and the kvindex workers
-	// behind them. (Watching a Kubernetes InferencePool instead is not
-	// built yet.)
+	// behind them, fixed. Exactly one of endpoints, inference_pool and
+	// discovered_port says where the pool's endpoints come from.
 	Endpoints []Endpoint `yaml:"endpoints,omitempty"`
+	// InferencePool watches a Kubernetes InferencePool: the Ready pods
+	// its selector selects are the endpoints, at its target ports, as
+	// they come and go.
+	InferencePool *InferencePool `yaml:"inference_pool,omitempty"`
+	// DiscoveredPort makes the pods of discovery (discovery.kubernetes or
+	// discovery.dns) the endpoints, each at its address and this port
+	// (vLLM's API port, e.g. 8000), joining and leaving with them.
+	DiscoveredPort int `yaml:"discovered_port,omitempty"`
+}
+
+// The InferencePool API versions the gateway section can watch.
+const (
+	// InferencePoolV1 is GIE's v1 API (selector.matchLabels, targetPorts).
+	InferencePoolV1 = "inference.networking.k8s.io/v1"
+	// InferencePoolV1Alpha2 is GIE's earlier API (a selector map,
+	// targetPortNumber).
+	InferencePoolV1Alpha2 = "inference.networking.x-k8s.io/v1alpha2"
+)
+
+// DefaultInferencePoolResync is the InferencePool and pod informers'
+// resync period unless set.
+const DefaultInferencePoolResync = 5 * time.Minute
+
+// InferencePool names a Gateway API Inference Extension InferencePool and
+// what its pods serve unless their annotations say otherwise.
+type InferencePool struct {
+	// Name is the InferencePool's name (required).
+	Name string `yaml:"name,omitempty"`
+	// Namespace is its namespace and its pods' ("": the namespace kvindex
+	// runs in, read from its service account).
+	Namespace string `yaml:"namespace,omitempty"`
+	// APIVersion is inference.networking.k8s.io/v1 (default) or
+	// inference.networking.x-k8s.io/v1alpha2.
+	APIVersion string `yaml:"api_version,omitempty"`
+	// Kubeconfig is a kubeconfig file for running outside the cluster;
+	// "" uses the in-cluster service account.
+	Kubeconfig string `yaml:"kubeconfig,omitempty"`
+	// Resync is the informers' full resync period (default 5m).
+	Resync time.Duration `yaml:"resync,omitempty"`
+	// Model is the model the pods serve (annotation kvindex.io/model);
+	// default the only configured model.
+	Model string `yaml:"model,omitempty"`
+	// DPSize is the pods' data-parallel size when the pool has one target
+	// port (default 1; annotation kvindex.io/dp-size): every rank behind
+	// the one address, named in the x-data-parallel-rank header. With
+	// several target ports, port i serves rank i.
+	DPSize int `yaml:"dp_size,omitempty"`
 }
 
 // Enabled reports whether the endpoint picker is configured.
@@ -130,6 +177,14 @@ func (g *Gateway) SetDefaults(c *Config) {
 	set(&g.MaxBodyBytes, DefaultGatewayMaxBodyBytes)
 	set(&g.Fallbacks, DefaultGatewayFallbacks)
 	set(&g.MaxRequests, DefaultGatewayMaxRequests)
+	if ip := g.InferencePool; ip != nil {
+		set(&ip.APIVersion, InferencePoolV1)
+		set(&ip.Resync, DefaultInferencePoolResync)
+		set(&ip.DPSize, 1)
+		if ip.Model == "" && len(c.Models) == 1 {
+			ip.Model = c.Models[0].Name
+		}
+	}
 	for i := range g.Endpoints {
 		e := &g.Endpoints[i]
 		set(&e.Pod, e.Address)
@@ -151,8 +206,8 @@ func (g *Gateway) SetDefaults(c *Config) {
 // no worker behind two addresses.
 func (g *Gateway) Validate(c *Config) error {
 	if !g.Enabled() {
-		if len(g.Endpoints) > 0 {
-			return invalid("gateway.listen", "required with endpoints")
+		if len(g.Endpoints) > 0 || g.InferencePool != nil || g.DiscoveredPort != 0 {
+			return invalid("gateway.listen", "required with endpoints, inference_pool or discovered_port")
 		}
 		return nil
 	}
@@ -168,8 +223,28 @@ func (g *Gateway) Validate(c *Config) error {
 		return invalid("gateway.fallbacks", "%d is more than 16", g.Fallbacks)
 	case g.MaxRequests <= 0:
 		return invalid("gateway.max_requests", "%d must be positive", g.MaxRequests)
-	case len(g.Endpoints) == 0:
-		return invalid("gateway.endpoints", "required: the pool's model servers")
+	}
+	sources := 0
+	for _, on := range []bool{len(g.Endpoints) > 0, g.InferencePool != nil, g.DiscoveredPort != 0} {
+		if on {
+			sources++
+		}
+	}
+	switch {
+	case sources == 0:
+		return invalid("gateway.endpoints", "required (or inference_pool, or discovered_port): the pool's model servers")
+	case sources > 1:
+		return invalid("gateway.endpoints", "endpoints, inference_pool and discovered_port are alternatives; %d are set", sources)
+	case g.InferencePool != nil:
+		return g.InferencePool.validate(c)
+	case g.DiscoveredPort != 0:
+		switch {
+		case g.DiscoveredPort < 0 || g.DiscoveredPort > 65535:
+			return invalid("gateway.discovered_port", "%d is not a port", g.DiscoveredPort)
+		case !c.Discovery.Enabled():
+			return invalid("gateway.discovered_port", "requires discovery.kubernetes or discovery.dns")
+		}
+		return nil
 	}
 	addrs := map[string]bool{}
 	workers := map[string]string{}
@@ -214,6 +289,25 @@ func (g *Gateway) Validate(c *Config) error {
 			}
 			workers[w] = e.Address
 		}
+	}
+	return nil
+}
+
+// validate checks the inference_pool section.
+func (ip *InferencePool) validate(c *Config) error {
+	switch {
+	case ip.Name == "":
+		return invalid("gateway.inference_pool.name", "required")
+	case ip.APIVersion != InferencePoolV1 && ip.APIVersion != InferencePoolV1Alpha2:
+		return invalid("gateway.inference_pool.api_version", "%q is not %s or %s", ip.APIVersion, InferencePoolV1, InferencePoolV1Alpha2)
+	case ip.Resync < 0:
+		return invalid("gateway.inference_pool.resync", "%v must not be negative", ip.Resync)
+	case ip.DPSize < 1:
+		return invalid("gateway.inference_pool.dp_size", "%d must be positive", ip.DPSize)
+	case ip.Model == "":
+		return invalid("gateway.inference_pool.model", "required: more than one model is configured")
+	case c.model(ip.Model) == nil:
+		return invalid("gateway.inference_pool.model", "%q is not in models", ip.Model)
 	}
 	return nil
 }

@@ -92,3 +92,50 @@ func TestGatewayREADMEAndRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+const poolYAML = `
+models:
+  - name: m
+gateway:
+  listen: ":9002"
+  inference_pool: {name: vllm, namespace: inference}
+`
+
+// TestGatewayInferencePool: an inference_pool takes its defaults (v1, the
+// only model, dp_size 1, a resync) and survives a round trip; it is an
+// alternative to endpoints and discovered_port, each mistake refused
+// naming its field.
+func TestGatewayInferencePool(t *testing.T) {
+	c, err := Parse([]byte(poolYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := c.Gateway.InferencePool
+	if ip.APIVersion != InferencePoolV1 || ip.Model != "m" || ip.DPSize != 1 || ip.Resync != DefaultInferencePoolResync {
+		t.Fatalf("defaults: %+v", ip)
+	}
+	out, err := Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := Parse(out); err != nil || !reflect.DeepEqual(back, c) {
+		t.Fatalf("round trip: %+v, %v", back, err)
+	}
+	for _, tc := range []struct {
+		name, from, to, field string
+	}{
+		{"name", `name: vllm, `, ``, "gateway.inference_pool.name"},
+		{"api version", `name: vllm`, `name: vllm, api_version: v2`, "gateway.inference_pool.api_version"},
+		{"model", `name: vllm`, `name: vllm, model: x`, "gateway.inference_pool.model"},
+		{"dp size", `name: vllm`, `name: vllm, dp_size: -1`, "gateway.inference_pool.dp_size"},
+		{"two sources", `namespace: inference}`, "namespace: inference}\n  endpoints: [{address: \"10.0.0.7:8000\"}]", "gateway.endpoints"},
+		{"discovered port without discovery", `inference_pool: {name: vllm, namespace: inference}`, `discovered_port: 8000`, "gateway.discovered_port"},
+		{"no source", `inference_pool: {name: vllm, namespace: inference}`, ``, "gateway.endpoints"},
+		{"no listen", `listen: ":9002"`, ``, "gateway.listen"},
+	} {
+		_, err := Parse([]byte(strings.Replace(poolYAML, tc.from, tc.to, 1)))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.field+":") {
+			t.Errorf("%s: %v, want ErrInvalid naming %s", tc.name, err, tc.field)
+		}
+	}
+}

@@ -64,10 +64,12 @@ type Daemon struct {
 	discovery  discoverySource       // nil without discovery
 	discovered *discovered           // the pods discovery added
 	reconciler *discovery.Reconciler // nil without discovery
-	// The endpoint picker (gateway.listen); nil without it. gwModels
-	// maps its endpoints' workers to their models; written by New only.
+	// The endpoint picker (gateway.listen); nil without it. gw is its
+	// pool as it changes; gwSource, when not nil, the InferencePool it
+	// comes from.
 	picker   *picker.Picker
-	gwModels map[events.WorkerRef]string
+	gw       *gatewayPool
+	gwSource poolSource
 	gwGRPC   *grpc.Server
 	gwLis    net.Listener
 }
@@ -347,7 +349,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 5)
+	errc := make(chan error, 8) // one per goroutine that sends
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -391,6 +393,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.auth != nil && len(d.cfg.Auth.Tokens) > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.watchTokens(ctx, time.Second) }()
+	}
+	if d.gwSource != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.gwSource.Run(ctx, d.gw.setPool); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("daemon: gateway inference pool: %w", err)
+				cancel()
+			}
+		}()
 	}
 	if d.discovery != nil {
 		d.discovered.mu.Lock()

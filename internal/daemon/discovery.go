@@ -61,16 +61,8 @@ func newDiscoverySource(cfg *config.Discovery) (discoverySource, error) {
 // AddPod implements discovery.Fleet.
 func (f *discovered) AddPod(p config.Pod) error {
 	d := f.d
-	if _, ok := d.ix.Model(p.Model); !ok {
-		bs := config.DefaultBlockSize
-		for _, m := range d.cfg.Models {
-			if m.Name == p.Model {
-				bs = m.BlockSize
-			}
-		}
-		if _, err := d.ix.AddModel(p.Model, bs); err != nil {
-			return fmt.Errorf("discovered pod %s: model %q: %w", p.Name, p.Model, err)
-		}
+	if err := d.ensureModel(p.Model); err != nil {
+		return fmt.Errorf("discovered pod %s: %w", p.Name, err)
 	}
 	cfg := config.Config{Pods: []config.Pod{p}}
 	var added []events.WorkerRef
@@ -78,9 +70,11 @@ func (f *discovered) AddPod(p config.Pod) error {
 		for _, ref := range added {
 			_ = d.sub.RemoveEndpoint(ref)
 			_ = d.ix.RemoveWorker(ref)
+			d.gw.keepRoutable(ref)
 		}
 	}
 	for _, we := range cfg.Workers() {
+		d.takeCold(we.Worker) // a gateway endpoint's worker, routable until now
 		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
 		if err != nil {
 			undo()
@@ -91,6 +85,7 @@ func (f *discovered) AddPod(p config.Pod) error {
 		}
 		if err := d.sub.AddEndpoint(zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w}); err != nil {
 			_ = d.ix.RemoveWorker(we.Worker)
+			d.gw.keepRoutable(we.Worker)
 			undo()
 			return fmt.Errorf("discovered pod %s: %w", p.Name, err)
 		}
@@ -98,11 +93,12 @@ func (f *discovered) AddPod(p config.Pod) error {
 	}
 	dp := &discoveredPod{ranks: p.DPSize}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if p.MetricsURL != "" && f.runCtx != nil {
 		dp.stopScrape = d.scraper.Start(f.runCtx, scrape.Target{Pod: p.Name, DPSize: p.DPSize, URL: p.MetricsURL})
 	}
 	f.pods[p.Name] = dp
+	f.mu.Unlock()
+	d.gw.podJoined(p) // gateway.discovered_port: the pod is an endpoint now
 	return nil
 }
 
@@ -115,6 +111,8 @@ func (f *discovered) RemovePod(name string) error {
 	if dp == nil {
 		return fmt.Errorf("discovered pod %s: not added", name)
 	}
+	f.d.gw.podLeft(name) // gateway.discovered_port: no longer picked
+
 	if dp.stopScrape != nil {
 		dp.stopScrape()
 	}
@@ -127,6 +125,7 @@ func (f *discovered) RemovePod(name string) error {
 		if err := f.d.ix.RemoveWorker(ref); err != nil {
 			errs = append(errs, err)
 		}
+		f.d.gw.keepRoutable(ref) // an InferencePool may still list it
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,11 @@
 //   - DNS resolves a headless service's name every interval; each address
 //     is a pod with the configured ports.
 //
+// InferencePool, for the endpoint picker, watches one Gateway API
+// Inference Extension InferencePool with client-go's dynamic client and
+// the pods its selector selects with a pod informer, and hands on their
+// Endpoints (ip:port per rank) whenever they change.
+//
 // A Reconciler compares each snapshot with what it added before and calls
 // its Fleet (the daemon) to add the pods that appeared and remove those
 // that went, through the daemon's worker add and remove path (the index's
@@ -23,7 +28,8 @@
 //
 // # Concurrency
 //
-// A source's Run calls its Reconciler from one goroutine; a Reconciler is
-// applied from one goroutine at a time, and its counters (Collector,
-// Counts, Pods) may be read from any goroutine.
+// A source's Run calls its Reconciler (InferencePool.Run its callback)
+// from one goroutine; a Reconciler is applied from one goroutine at a
+// time, and its counters (Collector, Counts, Pods) and InferencePool's
+// (Errors, Excluded) may be read from any goroutine.
 package discovery

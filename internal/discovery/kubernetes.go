@@ -157,13 +157,8 @@ func (k *Kubernetes) snapshot(list []*corev1.Pod) Snapshot {
 // Ready or without an IP, terminating, or annotations that do not
 // describe a valid pod (ReasonInvalid).
 func PodFromKubernetes(p *corev1.Pod, d config.DiscoveredPods) (config.Pod, Reason) {
-	switch {
-	case p.DeletionTimestamp != nil:
-		return config.Pod{}, ReasonTerminating
-	case p.Status.Phase != corev1.PodRunning:
-		return config.Pod{}, ReasonNotRunning
-	case !ready(p) || p.Status.PodIP == "":
-		return config.Pod{}, ReasonNotReady
+	if why := podState(p); why != ReasonAppeared {
+		return config.Pod{}, why
 	}
 	a := p.Annotations
 	if m := a[AnnotationModel]; m != "" {

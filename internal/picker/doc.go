@@ -8,7 +8,9 @@
 // the body (whole, or in chunks, per the filter's body mode), takes the
 // prompt from the body (text, a chat, or token ids), and picks with
 // kvindex's Route among the pool's endpoints (a subset hint narrows
-// them, stale workers are left out). It answers the way GIE's
+// them, stale workers are left out). The endpoints are one immutable set
+// that SetEndpoints replaces while the picker serves (the daemon's, from
+// an InferencePool or discovery): a decision reads the set once. It answers the way GIE's
 // endpoint-picker protocol specifies: the chosen endpoint and the
 // fallbacks after it, "ip:port,ip:port", in the x-gateway-destination-endpoint
 // header and under the same key in the envoy.lb dynamic metadata; the body
@@ -26,6 +28,7 @@
 // # Concurrency
 //
 // A Picker serves any number of streams at once, each on its own
-// goroutine (gRPC's); streams share nothing but the Router, the counters
-// and the bound on requests followed at once.
+// goroutine (gRPC's); streams share nothing but the Router, the counters,
+// the endpoint set (an atomic pointer), the pool of body buffers and the
+// bound on requests followed at once.
 package picker

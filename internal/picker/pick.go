@@ -40,7 +40,10 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 	case b.Messages != nil:
 		sr.Messages = make([]*kvindexv1.ChatMessage, len(b.Messages))
 		for i := range b.Messages {
-			text, err := b.Messages[i].Text()
+			// Shares the body's memory: the stream keeps the body,
+			// unchanged, until Route returns, and the tokenizer copies
+			// what it keeps (tokenize.Client.Tokenize).
+			text, err := b.Messages[i].TextShared()
 			if err != nil || b.Messages[i].Role == "" {
 				sr.Messages = nil
 				return b.Model, false
@@ -51,6 +54,10 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 	case len(b.Prompt) > 0:
 		// A string, token ids, or a batch of either (the first is
 		// routed: a batch goes to one server).
+		if s, ok := tokenize.SharedString(b.Prompt); ok { // shares the body, as a message's text
+			sr.Prompt = s
+			return b.Model, s != ""
+		}
 		var s string
 		if json.Unmarshal(b.Prompt, &s) == nil {
 			sr.Prompt = s
@@ -77,23 +84,24 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, code typev3.StatusCode, msg string) {
 	start := time.Now()
 	defer func() { p.counter.observe(time.Since(start)) }()
+	pool := p.pool.Load() // the whole decision sees one set
 	sr := &kvindexv1.ScoreRequest{}
 	bodyModel, ok := prompt(st.body, sr)
 	model := bodyModel
-	if !contains(p.models, model) {
+	if !contains(pool.models, model) {
 		// An adapter's name, or no model: the pool's model, when it has
 		// one, with the name as the LoRA adapter.
-		if len(p.models) != 1 {
+		if len(pool.models) != 1 {
 			p.counter.decisions[decisionNoEndpoint].Add(1)
 			return "", -1, typev3.StatusCode_ServiceUnavailable, "kvindex picker: no endpoint serves model " + quote(model)
 		}
-		model = p.models[0]
+		model = pool.models[0]
 		if bodyModel != "" && sr.TokenIds == nil && ok {
 			sr.LoraName = bodyModel
 		}
 	}
 	sr.Model = model
-	cands := p.candidates(model, st.subset)
+	cands := p.candidates(pool, model, st.subset)
 	if len(cands) == 0 {
 		p.counter.decisions[decisionNoEndpoint].Add(1)
 		return "", -1, typev3.StatusCode_ServiceUnavailable, "kvindex picker: no ready endpoint in the pool"
@@ -129,7 +137,11 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 	if ok {
 		p.counter.decisions[decisionRouted].Add(1)
 	}
-	chosen := p.endpoint(resp.GetChosen())
+	chosen := pool.endpoint(resp.GetChosen())
+	if chosen == nil { // Route answers among the candidates: cannot happen
+		p.counter.decisions[decisionNoEndpoint].Add(1)
+		return "", -1, typev3.StatusCode_ServiceUnavailable, "kvindex picker: the chosen worker has no endpoint"
+	}
 	dest, rank = chosen.Address, -1
 	st.chosen = chosen.Address
 	if chosen.RankHeader {
@@ -140,7 +152,7 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 		if len(seen) > p.opts.Fallbacks {
 			break
 		}
-		e := p.endpoint(ws.GetWorker())
+		e := pool.endpoint(ws.GetWorker())
 		if e == nil || contains(seen, e.Address) {
 			continue
 		}
@@ -151,22 +163,22 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 }
 
 // endpoint is the endpoint of a worker Route answered with (one of the
-// candidates, so always found).
-func (p *Picker) endpoint(r *kvindexv1.WorkerRef) *Endpoint {
-	i, ok := p.byRef[refOf(r)]
+// candidates, so found), nil for a worker not in the set.
+func (s *endpointSet) endpoint(r *kvindexv1.WorkerRef) *Endpoint {
+	i, ok := s.byRef[refOf(r)]
 	if !ok {
 		return nil
 	}
-	return &p.opts.Endpoints[i]
+	return &s.list[i]
 }
 
 // candidates are the workers of model's endpoints, within the subset
 // hint when there is one, and trusted (not stale, not in conflict) unless
 // none is.
-func (p *Picker) candidates(model string, hint []string) []*kvindexv1.WorkerRef {
+func (p *Picker) candidates(pool *endpointSet, model string, hint []string) []*kvindexv1.WorkerRef {
 	var good, untrusted []*kvindexv1.WorkerRef
-	for i := range p.opts.Endpoints {
-		e := &p.opts.Endpoints[i]
+	for i := range pool.list {
+		e := &pool.list[i]
 		if e.Model != model || (hint != nil && !contains(hint, e.Address)) {
 			continue
 		}

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -96,7 +98,8 @@ const (
 
 // Options configures a Picker.
 type Options struct {
-	// Endpoints are the pool's servers; a request goes to one of them.
+	// Endpoints are the pool's servers at the start; a request goes to
+	// one of them. SetEndpoints replaces them while the picker serves.
 	Endpoints []Endpoint
 	// Health, when not nil, gives workers' health: untrusted ones (stale,
 	// conflict) are not picked while another endpoint is eligible.
@@ -123,15 +126,50 @@ type Picker struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
 	router  Router
-	opts    Options
+	opts    Options // opts.Endpoints is the first set; pool holds the current one
 	log     *slog.Logger
-	byRef   map[events.WorkerRef]int // index into opts.Endpoints
-	models  []string                 // the endpoints' models, in order
-	prefix  string                   // of request ids, unique per Picker
+	pool    atomic.Pointer[endpointSet]
+	prefix  string // of request ids, unique per Picker
 	seq     atomic.Uint64
 	active  atomic.Int64
 	health  *health.Server
 	counter counters
+	// bodies holds buffers of request bodies that came in several chunks,
+	// reused once a decision is sent (one that came whole is the gRPC
+	// message's own memory, not copied). A buffer over maxPooledBody goes
+	// to the collector instead, so the pool holds at most MaxRequests of
+	// that size.
+	bodies sync.Pool
+}
+
+// maxPooledBody bounds a body buffer kept for reuse.
+const maxPooledBody = 1 << 20
+
+// endpointSet is one immutable set of the pool's endpoints: a decision
+// reads the set once (one atomic load) and sees it whole, whatever
+// SetEndpoints does meanwhile.
+type endpointSet struct {
+	list   []Endpoint
+	byRef  map[events.WorkerRef]int // index into list
+	models []string                 // the endpoints' models, in order of first appearance
+}
+
+// newEndpointSet checks eps and indexes them; eps is not kept.
+func newEndpointSet(eps []Endpoint) (*endpointSet, error) {
+	s := &endpointSet{list: slices.Clone(eps), byRef: make(map[events.WorkerRef]int, len(eps))}
+	for i, e := range s.list {
+		if e.Address == "" || e.Model == "" || e.Worker.Pod == "" {
+			return nil, fmt.Errorf("picker: endpoint %d (%q): address, model and pod are required", i, e.Address)
+		}
+		if j, dup := s.byRef[e.Worker]; dup {
+			return nil, fmt.Errorf("picker: worker %s behind both %s and %s", e.Worker, s.list[j].Address, e.Address)
+		}
+		s.byRef[e.Worker] = i
+		if !contains(s.models, e.Model) {
+			s.models = append(s.models, e.Model)
+		}
+	}
+	return s, nil
 }
 
 // New returns a Picker routing with r among opts.Endpoints. It fails on
@@ -147,7 +185,11 @@ func New(r Router, opts Options) (*Picker, error) {
 	if opts.ReleaseTimeout <= 0 {
 		opts.ReleaseTimeout = 5 * time.Second
 	}
-	p := &Picker{router: r, opts: opts, log: opts.Logger, byRef: map[events.WorkerRef]int{},
+	set, err := newEndpointSet(opts.Endpoints)
+	if err != nil {
+		return nil, err
+	}
+	p := &Picker{router: r, opts: opts, log: opts.Logger,
 		prefix: fmt.Sprintf("gw-%x-", time.Now().UnixNano()), health: health.NewServer()}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -156,24 +198,30 @@ func New(r Router, opts Options) (*Picker, error) {
 		Name: "kvindex_gateway_pick_seconds", Help: "Endpoint picker decisions, from the complete body to the destination (tokenization and Route included).",
 		Buckets: prometheus.ExponentialBuckets(0.0000625, 2, 16),
 	})
-	for i, e := range opts.Endpoints {
-		switch {
-		case e.Address == "" || e.Model == "" || e.Worker.Pod == "":
-			return nil, fmt.Errorf("picker: endpoint %d (%q): address, model and pod are required", i, e.Address)
-		}
-		if j, dup := p.byRef[e.Worker]; dup {
-			return nil, fmt.Errorf("picker: worker %s behind both %s and %s", e.Worker, opts.Endpoints[j].Address, e.Address)
-		}
-		p.byRef[e.Worker] = i
-		if !contains(p.models, e.Model) {
-			p.models = append(p.models, e.Model)
-		}
-	}
+	p.pool.Store(set)
 	for _, svc := range []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
 		p.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
 	return p, nil
 }
+
+// SetEndpoints replaces the pool's endpoints, for decisions that start
+// after it returns; a decision under way finishes with the set it began
+// with, and a request already routed is released as usual wherever it
+// went. An endpoint that left is no longer picked. It fails, changing
+// nothing, on an endpoint New would refuse. eps is copied.
+func (p *Picker) SetEndpoints(eps []Endpoint) error {
+	set, err := newEndpointSet(eps)
+	if err != nil {
+		return err
+	}
+	p.pool.Store(set)
+	p.counter.endpointSets.Add(1)
+	return nil
+}
+
+// Endpoints returns a copy of the pool's current endpoints.
+func (p *Picker) Endpoints() []Endpoint { return slices.Clone(p.pool.Load().list) }
 
 // Register registers the ExternalProcessor and the gRPC health service
 // (SERVING for "", liveness, readiness and the ext_proc service, as GIE's
@@ -196,6 +244,7 @@ type stream struct {
 	method   string
 	path     string
 	body     []byte
+	pooled   *[]byte  // body's buffer, from Picker.bodies; nil when body is a message's own memory
 	subset   []string // the gateway's subset hint; nil without one
 	id       string   // the request id given to Route; "" until routed
 	chosen   string   // the chosen endpoint's address
@@ -267,9 +316,14 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 			p.counter.decisions[decisionTooLarge].Add(1)
 			return st.srv.Send(immediate(typev3.StatusCode_PayloadTooLarge, fmt.Sprintf("kvindex picker: request body over %d bytes", p.opts.MaxBodyBytes)))
 		}
-		if st.body == nil && b.GetEndOfStream() {
+		switch {
+		case st.body == nil && b.GetEndOfStream():
 			st.body = b.GetBody() // the whole body in one message (its own memory): no copy
-		} else {
+		case st.pooled == nil && len(b.GetBody()) > 0:
+			st.pooled = p.bodyBuffer()
+			st.body = append((*st.pooled)[:0], st.body...)
+			fallthrough
+		default:
 			st.body = append(st.body, b.GetBody()...)
 		}
 		if p.opts.BodyMode == FullDuplex {
@@ -324,9 +378,18 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 // duplex), else on the body's; in full duplex the body follows unchanged.
 func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool) error {
 	st.picked = true
-	// Sent (gRPC encodes a message before Send returns): the body is no
-	// longer needed while the response streams.
-	defer func() { st.body, st.cuts = nil, nil }()
+	// Sent (gRPC encodes a message before Send returns) and routed (Route
+	// keeps nothing of the prompt's text): the body is no longer needed
+	// while the response streams, and its buffer is reused.
+	defer func() {
+		if st.pooled != nil {
+			*st.pooled = st.body[:0]
+			if cap(st.body) <= maxPooledBody {
+				p.bodies.Put(st.pooled)
+			}
+		}
+		st.body, st.cuts, st.pooled = nil, nil, nil
+	}()
 	dest, rank, code, msg := p.pick(ctx, st)
 	if code != 0 {
 		return st.srv.Send(immediate(code, msg))
@@ -363,6 +426,15 @@ func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool
 		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
 		DynamicMetadata: meta,
 	})
+}
+
+// bodyBuffer returns an empty body buffer, reused or new.
+func (p *Picker) bodyBuffer() *[]byte {
+	if b, ok := p.bodies.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 64<<10)
+	return &b
 }
 
 // bodyResponse answers a request or response body chunk: with data set

@@ -275,3 +275,97 @@ func TestEndpointChoice(t *testing.T) {
 	}
 	r.waitInFlight(0)
 }
+
+// TestSetEndpoints: the pool changes while the picker serves: a worker
+// that leaves is no longer picked even though it holds the prompt, one
+// that joins is picked when it holds it, an empty pool is 503, and a set
+// New would refuse changes nothing.
+func TestSetEndpoints(t *testing.T) {
+	r := newRig(t, picker.FullDuplex, picker.Options{})
+	chat := []tokenize.Message{{Role: "user", Content: words(6, 80)}}
+	// Routing records speculative residency where it sends a prompt:
+	// the joining worker's test asks for a prompt never routed before.
+	later := []tokenize.Message{{Role: "user", Content: words(7, 80)}}
+	r.hold("b/0", standin.Chat(chat, true))
+	r.hold("b/0", standin.Chat(later, true))
+	decideOn := func(chat []tokenize.Message) envoytest.Decision {
+		t.Helper()
+		s := r.open()
+		defer s.Close()
+		d, err := s.Request("/v1/chat/completions", chatBody(chat), 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	decide := func() envoytest.Decision { t.Helper(); return decideOn(chat) }
+	if d := decide(); d.Header != addrs["b/0"] {
+		t.Fatalf("before: %+v, want b", d)
+	}
+	all := r.picker.Endpoints()
+	var withoutB []picker.Endpoint
+	for _, e := range all {
+		if e.Worker.Pod != "b" {
+			withoutB = append(withoutB, e)
+		}
+	}
+	if err := r.picker.SetEndpoints(withoutB); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if d := decide(); d.Status != 0 || d.Header == addrs["b/0"] {
+			t.Fatalf("b left the pool: %+v, want another endpoint", d)
+		}
+	}
+	if err := r.picker.SetEndpoints(append(withoutB, withoutB[0])); err == nil {
+		t.Fatal("a worker listed twice was accepted")
+	}
+	if got := r.picker.Endpoints(); len(got) != len(withoutB) {
+		t.Fatalf("a refused set changed the pool: %d endpoints, want %d", len(got), len(withoutB))
+	}
+	if err := r.picker.SetEndpoints(all); err != nil {
+		t.Fatal(err)
+	}
+	if d := decideOn(later); d.Header != addrs["b/0"] {
+		t.Fatalf("b back: %+v, want b", d)
+	}
+	if err := r.picker.SetEndpoints(nil); err != nil {
+		t.Fatal(err)
+	}
+	if d := decide(); d.Status != 503 {
+		t.Fatalf("empty pool: %+v, want 503", d)
+	}
+	if st := r.picker.Stats(); st.Endpoints != 0 || st.EndpointUpdates != 3 {
+		t.Fatalf("stats %+v, want 0 endpoints after 3 updates", st)
+	}
+	r.waitInFlight(0)
+}
+
+// TestChunkedBodiesReuseBuffers: bodies that come in many chunks are
+// gathered in buffers the picker reuses, and a chat's text is read in
+// place from them: request after request, alternating between chats held
+// by different workers, each lands on its holder and comes back
+// unchanged (envoytest compares every byte), whether the tokenizer's
+// cache answers or a round trip reads the text after the buffer went
+// back to the pool.
+func TestChunkedBodiesReuseBuffers(t *testing.T) {
+	r := newRig(t, picker.FullDuplex, picker.Options{})
+	chats := map[string][]tokenize.Message{}
+	for i, w := range []string{"a/0", "b/0", "c/1"} {
+		chats[w] = []tokenize.Message{{Role: "system", Content: words(20+i, 120)}, {Role: "user", Content: words(30+i, 10)}}
+		r.hold(w, standin.Chat(chats[w], true))
+	}
+	for i := range 30 {
+		w := []string{"a/0", "b/0", "c/1"}[i%3]
+		s := r.open()
+		d, err := s.Request("/v1/chat/completions", chatBody(chats[w]), 97+i, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Header != addrs[w] {
+			t.Fatalf("request %d: %+v, want %s (%s)", i, d, addrs[w], w)
+		}
+		_ = s.Close()
+	}
+	r.waitInFlight(0)
+}

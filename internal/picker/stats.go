@@ -44,6 +44,7 @@ type counters struct {
 	decisions       [numDecisions]atomic.Int64
 	releases        [numReleases]atomic.Int64
 	releaseFailures atomic.Int64
+	endpointSets    atomic.Int64 // SetEndpoints calls that took effect
 	pickNanos       atomic.Int64
 	picks           atomic.Int64
 	pickSeconds     prometheus.Histogram // set by New
@@ -71,12 +72,16 @@ type Stats struct {
 	PickTime time.Duration
 	// Active is the requests followed now.
 	Active int64
+	// Endpoints is the pool's endpoints now; EndpointUpdates counts the
+	// sets SetEndpoints installed.
+	Endpoints, EndpointUpdates int64
 }
 
 // Stats returns the counters.
 func (p *Picker) Stats() Stats {
 	s := Stats{Decisions: map[string]int64{}, Releases: map[string]int64{}, ReleaseFailures: p.counter.releaseFailures.Load(),
-		Picks: p.counter.picks.Load(), PickTime: time.Duration(p.counter.pickNanos.Load()), Active: p.active.Load()}
+		Picks: p.counter.picks.Load(), PickTime: time.Duration(p.counter.pickNanos.Load()), Active: p.active.Load(),
+		Endpoints: int64(len(p.pool.Load().list)), EndpointUpdates: p.counter.endpointSets.Load()}
 	for i := range p.counter.decisions {
 		s.Decisions[decisionNames[i]] = p.counter.decisions[i].Load()
 	}
@@ -93,8 +98,9 @@ func refOf(r *kvindexv1.WorkerRef) events.WorkerRef {
 // Collector returns the picker's Prometheus metrics:
 // kvindex_gateway_requests_total{decision},
 // kvindex_gateway_releases_total{reason},
-// kvindex_gateway_release_failures_total, kvindex_gateway_active_requests
-// and the kvindex_gateway_pick_seconds histogram (tokenization included).
+// kvindex_gateway_release_failures_total, kvindex_gateway_active_requests,
+// kvindex_gateway_endpoints, kvindex_gateway_endpoint_updates_total and
+// the kvindex_gateway_pick_seconds histogram (tokenization included).
 func (p *Picker) Collector() prometheus.Collector { return collector{p} }
 
 var (
@@ -102,6 +108,8 @@ var (
 	descReleases = prometheus.NewDesc("kvindex_gateway_releases_total", "Routed requests released by the endpoint picker, by reason: first_chunk (the first response body chunk), error_status (a response status >= 400), end_of_stream (a response without a body), stream_closed (the ext_proc stream ended first: client cancel, upstream reset).", []string{"reason"}, nil)
 	descRelFail  = prometheus.NewDesc("kvindex_gateway_release_failures_total", "Release calls of the endpoint picker that failed (the request expires from the in-flight table instead).", nil, nil)
 	descActive   = prometheus.NewDesc("kvindex_gateway_active_requests", "Requests the endpoint picker follows now.", nil, nil)
+	descEPs      = prometheus.NewDesc("kvindex_gateway_endpoints", "Endpoints (one per worker) in the endpoint picker's pool now.", nil, nil)
+	descEPSets   = prometheus.NewDesc("kvindex_gateway_endpoint_updates_total", "Changes of the endpoint picker's pool installed while it serves (an InferencePool or discovery changed).", nil, nil)
 )
 
 type collector struct{ p *Picker }
@@ -111,6 +119,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descReleases
 	ch <- descRelFail
 	ch <- descActive
+	ch <- descEPs
+	ch <- descEPSets
 	c.p.counter.pickSeconds.Describe(ch)
 }
 
@@ -124,5 +134,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descRelFail, prometheus.CounterValue, float64(pc.releaseFailures.Load()))
 	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(c.p.active.Load()))
+	ch <- prometheus.MustNewConstMetric(descEPs, prometheus.GaugeValue, float64(len(c.p.pool.Load().list)))
+	ch <- prometheus.MustNewConstMetric(descEPSets, prometheus.CounterValue, float64(pc.endpointSets.Load()))
 	pc.pickSeconds.Collect(ch)
 }

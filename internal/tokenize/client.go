@@ -44,15 +44,32 @@ const (
 	DefaultMaxConcurrent  = 64
 	DefaultMaxPromptBytes = 4 << 20
 	DefaultMaxTokens      = 1 << 20
+	DefaultRenderRetry    = 10 * time.Minute
+)
+
+// The paths of a vLLM server that tokenize. The render endpoints (newer
+// vLLM servers, and the GPU-less render server) apply the chat template
+// and tokenize exactly as a generation request would, without generating;
+// /tokenize does the same for older servers.
+const (
+	RenderChatPath       = "/v1/chat/completions/render"
+	RenderCompletionPath = "/v1/completions/render"
+	TokenizePath         = "/tokenize"
 )
 
 // Options configures a Client.
 type Options struct {
 	// Endpoints maps each model to the base URLs of servers that tokenize
-	// for it (its vLLM servers, e.g. http://10.0.0.5:8000); /tokenize is
-	// appended. A round trip starts at the next endpoint in turn and tries
-	// the others when one does not answer.
+	// for it (its vLLM servers, e.g. http://10.0.0.5:8000). A server is
+	// asked its render endpoint (RenderChatPath, RenderCompletionPath)
+	// and, if it has none, /tokenize (TokenizePath). A round trip starts
+	// at the next endpoint in turn and tries the others when one does not
+	// answer.
 	Endpoints map[string][]string
+	// RenderRetry is how long a server found without render endpoints is
+	// asked /tokenize only before render is tried again, in case it was
+	// upgraded (0: DefaultRenderRetry).
+	RenderRetry time.Duration
 	// Timeout bounds one tokenization, every endpoint tried included
 	// (0: DefaultTimeout).
 	Timeout time.Duration
@@ -96,6 +113,10 @@ type Stats struct {
 	Failures int64
 	// Busy counts calls refused by Options.MaxConcurrent.
 	Busy int64
+	// Rendered and Tokenized count answers of a render endpoint and of
+	// /tokenize; RenderMissing counts servers found without render
+	// endpoints (each time one is tried again after RenderRetry).
+	Rendered, Tokenized, RenderMissing int64
 }
 
 // Client tokenizes text prompts through the models' vLLM servers. See the
@@ -108,11 +129,22 @@ type Client struct {
 	slots   chan struct{}                      // one per round trip in flight
 	metrics *metrics                           // nil without a Registerer
 	next    atomic.Uint64                      // the endpoint to start at
+	servers map[string]*server                 // by base URL (no trailing /); built by New, read-only
 
 	mu      sync.Mutex
 	flights map[xxh3.Uint128]*flight // guarded by mu
 
 	hits, misses, shared, failures, busy atomic.Int64
+	rendered, tokenized, renderMissing   atomic.Int64
+}
+
+// server is what a Client remembers of one tokenizer endpoint.
+type server struct {
+	base string
+	// tokenizeUntil is the time (Unix nanoseconds) until which the server
+	// is asked /tokenize only: it answered a render endpoint as a server
+	// without one does. 0: render is tried.
+	tokenizeUntil atomic.Int64
 }
 
 // flight is one round trip that identical requests wait on.
@@ -137,14 +169,20 @@ func New(opts Options) (*Client, error) {
 	set(&opts.MaxConcurrent, DefaultMaxConcurrent)
 	set(&opts.MaxPromptBytes, DefaultMaxPromptBytes)
 	set(&opts.MaxTokens, DefaultMaxTokens)
+	if opts.RenderRetry <= 0 {
+		opts.RenderRetry = DefaultRenderRetry
+	}
+	servers := map[string]*server{}
 	for m, eps := range opts.Endpoints {
 		for _, ep := range eps {
 			if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
 				return nil, fmt.Errorf("tokenize: model %q: endpoint %q is not an http(s) URL", m, ep)
 			}
+			base := strings.TrimSuffix(ep, "/")
+			servers[base] = &server{base: base}
 		}
 	}
-	c := &Client{opts: opts, http: opts.HTTPClient, log: opts.Logger, slots: make(chan struct{}, opts.MaxConcurrent), flights: map[xxh3.Uint128]*flight{}}
+	c := &Client{opts: opts, http: opts.HTTPClient, log: opts.Logger, slots: make(chan struct{}, opts.MaxConcurrent), flights: map[xxh3.Uint128]*flight{}, servers: servers}
 	if c.http == nil {
 		c.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: opts.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
 	}
@@ -165,13 +203,16 @@ func (c *Client) Has(model string) bool { return len(c.opts.Endpoints[model]) > 
 
 // Stats returns the counters.
 func (c *Client) Stats() Stats {
-	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Shared: c.shared.Load(), Failures: c.failures.Load(), Busy: c.busy.Load()}
+	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Shared: c.shared.Load(), Failures: c.failures.Load(), Busy: c.busy.Load(),
+		Rendered: c.rendered.Load(), Tokenized: c.tokenized.Load(), RenderMissing: c.renderMissing.Load()}
 }
 
 // Tokenize returns the token ids the model's engine sees for req: from
 // the cache, from an identical round trip in flight, or from a round trip
 // of its own to the model's endpoints. The result is shared: do not modify
-// it.
+// it. req's strings are not used after Tokenize returns (a round trip that
+// outlives the call works on a copy), so they may share a buffer the
+// caller reuses then.
 //
 // Cost: a cache hit is one hash of the request's text (cacheKey); a miss
 // adds encoding it as JSON and one HTTP round trip.
@@ -225,6 +266,7 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	c.flights[key] = f
 	c.mu.Unlock()
 	c.misses.Add(1)
+	req = cloneRequest(req) // the round trip may outlive the caller's strings
 
 	// The round trip outlives a caller that gives up: others may be
 	// waiting on it, and its answer is cached. Timeout bounds it.
@@ -234,7 +276,7 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 		if body, err := json.Marshal(wireRequest(req)); err != nil {
 			f.err = fmt.Errorf("tokenize: model %q: encode: %w", req.Model, err)
 		} else {
-			f.tokens, f.err = c.roundTrip(rctx, req.Model, eps, body)
+			f.tokens, f.err = c.roundTrip(rctx, req.Model, req.Messages != nil, eps, body)
 		}
 		cancel()
 		c.metrics.observe(time.Since(start))
@@ -253,6 +295,19 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("tokenize: model %q: %w", req.Model, ctx.Err())
 	}
+}
+
+// cloneRequest is a copy of req sharing no memory with it: one copy of
+// its text per miss, small beside the round trip.
+func cloneRequest(req *Request) *Request {
+	out := &Request{Model: strings.Clone(req.Model), Prompt: strings.Clone(req.Prompt)}
+	if req.Messages != nil {
+		out.Messages = make([]Message, len(req.Messages))
+		for i, m := range req.Messages {
+			out.Messages[i] = Message{Role: strings.Clone(m.Role), Content: strings.Clone(m.Content)}
+		}
+	}
+	return out
 }
 
 // cacheKey is the cache and single-flight key of req: a 128-bit hash of
@@ -282,13 +337,16 @@ func cacheKey(req *Request) xxh3.Uint128 {
 	return h.Sum128()
 }
 
-// roundTrip posts body to the model's endpoints in turn until one answers.
-func (c *Client) roundTrip(ctx context.Context, model string, eps []string, body []byte) ([]uint32, error) {
+// roundTrip posts body to the model's endpoints in turn until one
+// answers. The body is the same for a render endpoint and /tokenize:
+// both read model with prompt and add_special_tokens, or messages with
+// add_generation_prompt.
+func (c *Client) roundTrip(ctx context.Context, model string, chat bool, eps []string, body []byte) ([]uint32, error) {
 	first := int(c.next.Add(1) % uint64(len(eps)))
 	var failed []string
 	for i := range eps {
-		url := strings.TrimSuffix(eps[(first+i)%len(eps)], "/") + "/tokenize"
-		toks, err := c.post(ctx, url, body)
+		srv := c.servers[strings.TrimSuffix(eps[(first+i)%len(eps)], "/")]
+		toks, url, err := c.ask(ctx, srv, chat, body)
 		if err == nil {
 			return toks, nil
 		}
@@ -304,8 +362,44 @@ func (c *Client) roundTrip(ctx context.Context, model string, eps []string, body
 	return nil, fmt.Errorf("%w for model %q: %s", ErrUnavailable, model, strings.Join(failed, "; "))
 }
 
-// post sends one /tokenize request.
-func (c *Client) post(ctx context.Context, url string, body []byte) ([]uint32, error) {
+// ask tokenizes through one server: its render endpoint unless it is
+// known to have none, then /tokenize if it answers as a server without
+// one does (remembered for Options.RenderRetry).
+func (c *Client) ask(ctx context.Context, srv *server, chat bool, body []byte) ([]uint32, string, error) {
+	if until := srv.tokenizeUntil.Load(); until == 0 || time.Now().UnixNano() >= until {
+		path := RenderCompletionPath
+		if chat {
+			path = RenderChatPath
+		}
+		url := srv.base + path
+		toks, err := c.post(ctx, url, body, decodeRender)
+		if !errors.Is(err, errNoRender) {
+			if err == nil {
+				srv.tokenizeUntil.Store(0)
+				c.rendered.Add(1)
+			}
+			return toks, url, err
+		}
+		srv.tokenizeUntil.Store(time.Now().Add(c.opts.RenderRetry).UnixNano())
+		c.renderMissing.Add(1)
+		c.log.Info("tokenizer has no render endpoint: using /tokenize", "endpoint", url, "retry_after", c.opts.RenderRetry, "err", err)
+	}
+	url := srv.base + TokenizePath
+	toks, err := c.post(ctx, url, body, decodeTokenize)
+	if err == nil {
+		c.tokenized.Add(1)
+	}
+	return toks, url, err
+}
+
+// errNoRender is post's answer from a server without the render
+// endpoint: a 404 that is not vLLM's error object (a route that does not
+// exist; vLLM's own 404, an unknown model, is an error object), a 405, or
+// a 501 (the model does not support the render API).
+var errNoRender = errors.New("tokenize: no render endpoint")
+
+// post sends one request and decodes the answer with decode.
+func (c *Client) post(ctx context.Context, url string, body []byte, decode func([]byte) ([]uint32, error)) ([]uint32, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", url, err)
@@ -322,6 +416,9 @@ func (c *Client) post(ctx context.Context, url string, body []byte) ([]uint32, e
 		return nil, fmt.Errorf("%s: read answer: %w", url, err)
 	}
 	switch {
+	case resp.StatusCode == http.StatusNotFound && !isVLLMError(data),
+		resp.StatusCode == http.StatusMethodNotAllowed, resp.StatusCode == http.StatusNotImplemented:
+		return nil, fmt.Errorf("%w: %s: %s: %s", errNoRender, url, resp.Status, snippet(data))
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		return nil, fmt.Errorf("%w: %s: %s: %s", ErrRejected, url, resp.Status, snippet(data))
 	case resp.StatusCode != http.StatusOK:
@@ -329,17 +426,62 @@ func (c *Client) post(ctx context.Context, url string, body []byte) ([]uint32, e
 	case int64(len(data)) > limit:
 		return nil, fmt.Errorf("%w: %s: answer longer than %d bytes", ErrTooLarge, url, limit)
 	}
-	var wr WireResponse
-	if err := json.Unmarshal(data, &wr); err != nil {
+	toks, err := decode(data)
+	if err != nil {
 		return nil, fmt.Errorf("%s: answer %s: %w", url, snippet(data), err)
 	}
-	if len(wr.Tokens) > c.opts.MaxTokens {
-		return nil, fmt.Errorf("%w: %s: %d tokens exceed %d", ErrTooLarge, url, len(wr.Tokens), c.opts.MaxTokens)
+	if len(toks) > c.opts.MaxTokens {
+		return nil, fmt.Errorf("%w: %s: %d tokens exceed %d", ErrTooLarge, url, len(toks), c.opts.MaxTokens)
 	}
-	if wr.Tokens == nil {
-		wr.Tokens = []uint32{}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	return toks, nil
+}
+
+// isVLLMError reports whether an answer is vLLM's error object
+// ({"error": {...}}), as opposed to a web framework's "no such route".
+func isVLLMError(data []byte) bool {
+	var e struct {
+		Error json.RawMessage `json:"error"`
+	}
+	return json.Unmarshal(data, &e) == nil && len(e.Error) > 0 && string(e.Error) != "null"
+}
+
+// decodeTokenize reads a /tokenize answer.
+func decodeTokenize(data []byte) ([]uint32, error) {
+	var wr WireResponse
+	if err := json.Unmarshal(data, &wr); err != nil {
+		return nil, err
 	}
 	return wr.Tokens, nil
+}
+
+// decodeRender reads a render answer: one WireRender (a chat) or a list
+// of them, one per prompt (a completion; the request had one prompt).
+func decodeRender(data []byte) ([]uint32, error) {
+	data = bytes.TrimSpace(data)
+	if len(data) > 0 && data[0] == '[' {
+		var list []WireRender
+		if err := json.Unmarshal(data, &list); err != nil {
+			return nil, err
+		}
+		if len(list) != 1 {
+			return nil, fmt.Errorf("%d rendered prompts, want 1", len(list))
+		}
+		if list[0].TokenIDs == nil {
+			return nil, errors.New("no token_ids")
+		}
+		return list[0].TokenIDs, nil
+	}
+	var r WireRender
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, err
+	}
+	if r.TokenIDs == nil {
+		return nil, errors.New("no token_ids")
+	}
+	return r.TokenIDs, nil
 }
 
 // snippet quotes the start of an answer for an error.

@@ -1,8 +1,11 @@
 // Package tokenize turns text prompts into the token ids an engine will
-// see, by asking the model's own vLLM server: its /tokenize endpoint
-// renders a chat with the chat template the engine uses and tokenizes
-// with the engine's tokenizer, so the ids match the engine's KV blocks
-// exactly. A router-side tokenizer or template that differs by one token
+// see, by asking the model's own vLLM server: its render endpoints
+// (/v1/chat/completions/render, /v1/completions/render) or, on a server
+// without them, /tokenize render a chat with the chat template the engine
+// uses and tokenize with the engine's tokenizer, so the ids match the
+// engine's KV blocks exactly. Which of the two a server has is remembered
+// per server (a 404 that is not vLLM's error object means no render
+// endpoint) and asked again after Options.RenderRetry. A router-side tokenizer or template that differs by one token
 // silently zeroes the cache hit rate; asking the engine cannot differ.
 //
 // A Client holds, per model, the base URLs of servers that tokenize for
@@ -12,10 +15,13 @@
 // trips, prompt bytes, answer tokens, time) is an Option, and every
 // refusal is counted.
 //
-// The wire format is vLLM's (Request's JSON: model with prompt and
-// add_special_tokens, or messages with add_generation_prompt; the answer's
-// tokens, count and max_model_len); package standin serves it with a
-// deterministic stand-in tokenizer for tests and simulated engines.
+// The wire format is vLLM's: one body for both (WireRequest: model with
+// prompt and add_special_tokens, or messages with add_generation_prompt);
+// /tokenize answers WireResponse (tokens, count, max_model_len), a render
+// endpoint the generation request the prompt would become (WireRender's
+// token_ids; a list of one for a completion). Package standin serves both
+// with a deterministic stand-in tokenizer for tests and simulated
+// engines.
 //
 // # Concurrency
 //

@@ -27,9 +27,9 @@ func ExampleClient_Tokenize() {
 		fmt.Println(len(ids), "tokens")
 	}
 	st := c.Stats()
-	fmt.Println("hits", st.Hits, "misses", st.Misses)
+	fmt.Println("hits", st.Hits, "misses", st.Misses, "rendered", st.Rendered)
 	// Output:
-	// 11 tokens
-	// 11 tokens
-	// hits 1 misses 1
+	// 8 tokens
+	// 8 tokens
+	// hits 1 misses 1 rendered 1
 }

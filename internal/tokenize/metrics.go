@@ -26,8 +26,13 @@ func newMetrics(reg prometheus.Registerer, c *Client) *metrics {
 	}
 	cache := prometheus.NewDesc("kvindex_tokenize_requests_total", "Tokenizations by result: hit (from the cache), miss (a round trip of its own), shared (joined an identical round trip in flight). Hit rate: hit / sum.", []string{"result"}, nil)
 	entries := prometheus.NewDesc("kvindex_tokenize_cache_entries", "Answers in the tokenizer cache.", nil, nil)
-	for _, col := range []prometheus.Collector{m.duration, m.failures, collector{[]*prometheus.Desc{cache, entries}, func(ch chan<- prometheus.Metric) {
+	answers := prometheus.NewDesc("kvindex_tokenize_answers_total", "Tokenizer answers by API: render (vLLM's /v1/chat/completions/render or /v1/completions/render) or tokenize (/tokenize, for servers without render endpoints).", []string{"api"}, nil)
+	missing := prometheus.NewDesc("kvindex_tokenize_render_missing_total", "Times a tokenizer server was found without render endpoints and asked /tokenize instead (again after tokenize's render retry).", nil, nil)
+	for _, col := range []prometheus.Collector{m.duration, m.failures, collector{[]*prometheus.Desc{cache, entries, answers, missing}, func(ch chan<- prometheus.Metric) {
 		st := c.Stats()
+		ch <- prometheus.MustNewConstMetric(answers, prometheus.CounterValue, float64(st.Rendered), "render")
+		ch <- prometheus.MustNewConstMetric(answers, prometheus.CounterValue, float64(st.Tokenized), "tokenize")
+		ch <- prometheus.MustNewConstMetric(missing, prometheus.CounterValue, float64(st.RenderMissing))
 		ch <- prometheus.MustNewConstMetric(cache, prometheus.CounterValue, float64(st.Hits), "hit")
 		ch <- prometheus.MustNewConstMetric(cache, prometheus.CounterValue, float64(st.Misses), "miss")
 		ch <- prometheus.MustNewConstMetric(cache, prometheus.CounterValue, float64(st.Shared), "shared")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Message is one chat message, as in an OpenAI /v1/chat/completions body
@@ -84,6 +85,41 @@ func (m *WireMessage) Text() (string, error) {
 	return string(b), nil
 }
 
+// TextShared is Text without the copy in the common case: a string
+// content without escapes is returned as a string that shares
+// m.Content's memory (no allocation), so m.Content must not change while
+// the string is in use. Other contents are decoded as Text decodes them.
+func (m *WireMessage) TextShared() (string, error) {
+	if s, ok := SharedString(bytes.TrimSpace(m.Content)); ok {
+		return s, nil
+	}
+	return m.Text()
+}
+
+// SharedString returns the text of a JSON string literal without escapes
+// as a string sharing q's memory (no allocation; q must not change while
+// the string is in use); ok is false for any other literal (escapes,
+// invalid UTF-8, control characters, not a string), which the caller
+// decodes otherwise.
+func SharedString(q []byte) (string, bool) {
+	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
+		return "", false
+	}
+	in := q[1 : len(q)-1]
+	if bytes.IndexByte(in, '\\') >= 0 || bytes.IndexByte(in, '"') >= 0 || !utf8.Valid(in) {
+		return "", false
+	}
+	for _, c := range in {
+		if c < 0x20 {
+			return "", false
+		}
+	}
+	if len(in) == 0 {
+		return "", true
+	}
+	return unsafe.String(&in[0], len(in)), true
+}
+
 // unquote decodes a JSON string literal, ok false when it is not a
 // plain valid one (json.Unmarshal then decides). It is the hot path of a
 // chat's text: one pass, one allocation, where json.Unmarshal scans the
@@ -151,7 +187,30 @@ type WireResponse struct {
 	Tokens []uint32 `json:"tokens"`
 }
 
-// wireRequest is req's /tokenize body, the one vLLM's /v1/completions or
+// WireRender is vLLM's answer to a render endpoint: the generation
+// request the prompt would become (token ids in, tokens out), of which
+// kvindex reads TokenIDs. RenderChatPath answers one; RenderCompletionPath
+// a list, one per prompt.
+type WireRender struct {
+	// RequestID is a fresh id vLLM generates.
+	RequestID string `json:"request_id"`
+	// TokenIDs are the prompt's token ids, the chat template applied.
+	TokenIDs []uint32 `json:"token_ids"`
+	// Features are multimodal hashes and placeholders (null for text).
+	Features json.RawMessage `json:"features"`
+	// SamplingParams are the request's sampling parameters.
+	SamplingParams json.RawMessage `json:"sampling_params"`
+	// Model is the served model name.
+	Model string `json:"model,omitempty"`
+	// Stream says whether the request streams.
+	Stream bool `json:"stream"`
+	// CacheSalt is the request's prefix cache salt (null without one).
+	CacheSalt *string `json:"cache_salt"`
+	// Priority is the request's scheduling priority.
+	Priority int `json:"priority"`
+}
+
+// wireRequest is req's /tokenize (and render) body, the one vLLM's /v1/completions or
 // /v1/chat/completions would tokenize the same prompt with.
 func wireRequest(req *Request) WireRequest {
 	w := WireRequest{Model: req.Model}

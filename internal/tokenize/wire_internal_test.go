@@ -3,15 +3,25 @@ package tokenize
 import (
 	"encoding/json"
 	"testing"
+	"unsafe"
 )
 
-// FuzzUnquote: unquote agrees with json.Unmarshal on every literal it
-// accepts.
+// FuzzUnquote: unquote and SharedString agree with json.Unmarshal on
+// every literal they accept, and SharedString's text shares the input.
 func FuzzUnquote(f *testing.F) {
 	for _, s := range []string{`"plain"`, `"tab\there\nand \"quotes\" \\ \/"`, `"caf\u00e9"`, `"bad` + "\x01" + `"`, `"\ud83d\ude00"`, `"` + "\xff" + `"`, `"a"b"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, q []byte) {
+		if shared, ok := SharedString(q); ok {
+			var want string
+			if err := json.Unmarshal(q, &want); err != nil || shared != want {
+				t.Fatalf("SharedString(%q) = %q, json.Unmarshal: %q, %v", q, shared, want, err)
+			}
+			if len(shared) > 0 && unsafe.StringData(shared) != &q[1] {
+				t.Fatalf("SharedString(%q) copied", q)
+			}
+		}
 		got, ok := unquote(q)
 		if !ok {
 			return

@@ -125,8 +125,9 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 	if err != nil || d.Status != 0 || s.mode == picker.Buffered {
 		return d, err
 	}
-	// Full duplex: the body comes back, and must be unchanged.
-	var back []byte
+	// Full duplex: the body comes back, and must be unchanged; compared
+	// chunk by chunk, without a copy.
+	back := 0
 	for {
 		r, err := s.s.Recv()
 		if err != nil {
@@ -136,13 +137,17 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 		if r.GetRequestBody() == nil || sr == nil {
 			return d, fmt.Errorf("envoytest: answered %T to a full-duplex request body, want a streamed body", r.GetResponse())
 		}
-		back = append(back, sr.GetBody()...)
+		got := sr.GetBody()
+		if len(got) > len(body)-back || !bytes.Equal(got, body[back:back+len(got)]) {
+			return d, fmt.Errorf("envoytest: the body came back changed at byte %d (a %d-byte chunk; sent %d bytes)", back, len(got), len(body))
+		}
+		back += len(got)
 		if sr.GetEndOfStream() {
 			break
 		}
 	}
-	if !bytes.Equal(back, body) {
-		return d, fmt.Errorf("envoytest: the body came back changed: %d bytes, sent %d", len(back), len(body))
+	if back != len(body) {
+		return d, fmt.Errorf("envoytest: the body came back changed: %d bytes, sent %d", back, len(body))
 	}
 	return d, nil
 }

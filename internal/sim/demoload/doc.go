@@ -4,9 +4,9 @@
 // in front of vLLM would send them.
 //
 // For each request it picks a system prompt (Zipf-skewed popularity, so a
-// few prefixes are hot), tokenizes the chat with vllmsim.TokenizeChat (the
-// simulated engines' tokenizer, so the ids it sends kvindex are the ones
-// their events carry), asks kvindex's Route for a worker, posts the chat
+// few prefixes are hot), tokenizes the chat with standin.Chat (the
+// stand-in tokenizer the simulated engines serve and hold prompts with,
+// so the ids it sends kvindex are the ones their events carry), asks kvindex's Route for a worker, posts the chat
 // to that worker's engine, and releases the route when the answer
 // arrives. When kvindex cannot answer (no workers yet, refused, down) it
 // falls back to round-robin and counts it, so the demo's dashboard shows

@@ -20,7 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/sim/vllmsim"
+	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/tokenize/standin"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -206,11 +207,11 @@ func (d *Driver) pick(u float64) int {
 // One sends one chat of system prompt prefix and question: routed by
 // kvindex (or round-robin when it cannot answer), then released.
 func (d *Driver) One(ctx context.Context, prefix int, question string) error {
-	msgs := []vllmsim.Message{{Role: "system", Content: d.system[prefix]}, {Role: "user", Content: question}}
+	msgs := []tokenize.Message{{Role: "system", Content: d.system[prefix]}, {Role: "user", Content: question}}
 	n := d.next.Add(1)
 	id := fmt.Sprintf("load-%d", n)
 	kv := d.kvs[int(n%uint64(len(d.kvs)))]
-	pod, routed := d.route(ctx, kv, id, vllmsim.Tokens(vllmsim.TokenizeChat(msgs)))
+	pod, routed := d.route(ctx, kv, id, standin.Chat(msgs, true))
 	if routed {
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

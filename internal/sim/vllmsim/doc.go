@@ -15,17 +15,22 @@
 //     vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total, ...),
 //     which kvindex scrapes for load and the dashboard plots;
 //   - an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-//     /v1/models, /health): each request is tokenized (Tokenize), served
-//     by the engine, which fills and evicts its cache (and so publishes
-//     events), and answered once its last token is generated, with
-//     usage.prompt_tokens_details.cached_tokens saying what it hit.
+//     /v1/models, /health): each request is tokenized, served by the
+//     engine, which fills and evicts its cache (and so publishes events),
+//     and answered once its last token is generated, with
+//     usage.prompt_tokens_details.cached_tokens saying what it hit;
+//   - vLLM's tokenizing endpoints (/tokenize, /v1/chat/completions/render,
+//     /v1/completions/render) in vLLM's JSON, which kvindex's tokenizer
+//     client asks.
 //
-// Tokenize is the simulator's tokenizer, shared by the load driver so
-// that the token ids it sends kvindex are the ones the engine's events
-// carry: text is cut into pieces (paragraphs of a completion prompt, the
-// messages of a chat), each piece is a run of tokens derived from a hash
-// of its text, about one token per four bytes. Equal leading pieces give
-// equal leading tokens, which is what prefix caching needs.
+// The tokenizer is package standin's, kvindex's one stand-in for vLLM's:
+// the engine holds a prompt as standin's segments (Pieces for a
+// completion, BOS first; ChatPieces for a chat, generation prompt
+// included unless add_generation_prompt is false), so the ids its KV
+// events carry are exactly those its /tokenize and render endpoints
+// answer, and those the load driver and the tests compute with
+// standin.Tokens and standin.Chat. Equal leading pieces give equal
+// leading tokens, which is what prefix caching needs.
 //
 // # Concurrency
 //

@@ -18,6 +18,8 @@ import (
 	"github.com/kvindex/kvindex/internal/enginepub"
 	"github.com/kvindex/kvindex/internal/sim/engine"
 	"github.com/kvindex/kvindex/internal/sim/workload"
+	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/tokenize/standin"
 )
 
 // Config sets up a Server.
@@ -51,7 +53,8 @@ type Server struct {
 	lis  net.Listener
 	http *http.Server
 	reg  *prometheus.Registry
-	work chan struct{} // a request was submitted
+	tok  *standin.Handler // /tokenize and the render endpoints
+	work chan struct{}    // a request was submitted
 	t0   time.Time
 
 	mu      sync.Mutex // guards eng, waiters, nextID and the counters below
@@ -107,6 +110,11 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("GET /v1/models", s.models)
+	// vLLM's tokenizing endpoints, with the ids the engine's events carry.
+	s.tok = &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
+	for _, path := range []string{tokenize.TokenizePath, tokenize.RenderChatPath, tokenize.RenderCompletionPath} {
+		mux.Handle("POST "+path, s.tok)
+	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -115,6 +123,10 @@ func New(cfg Config) (*Server, error) {
 
 // Addr is the HTTP listener's address.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Tokenizer is the engine's /tokenize and render endpoints' handler, for
+// its counters.
+func (s *Server) Tokenizer() *standin.Handler { return s.tok }
 
 // Run serves until ctx is done, then closes the sockets.
 func (s *Server) Run(ctx context.Context) error {
@@ -266,12 +278,13 @@ type usage struct {
 // completionRequest is the part of OpenAI's completion and chat requests
 // the simulator reads.
 type completionRequest struct {
-	Model               string    `json:"model"`
-	Prompt              any       `json:"prompt"`
-	Messages            []Message `json:"messages"`
-	MaxTokens           int       `json:"max_tokens"`
-	MaxCompletionTokens int       `json:"max_completion_tokens"`
-	Stream              bool      `json:"stream"`
+	Model               string                 `json:"model"`
+	Prompt              any                    `json:"prompt"`
+	Messages            []tokenize.WireMessage `json:"messages"`
+	MaxTokens           int                    `json:"max_tokens"`
+	MaxCompletionTokens int                    `json:"max_completion_tokens"`
+	Stream              bool                   `json:"stream"`
+	AddGenerationPrompt *bool                  `json:"add_generation_prompt"`
 }
 
 // decode reads and checks a request body.
@@ -321,7 +334,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "prompt must be one non-empty string")
 		return
 	}
-	s.respond(w, r, "text_completion", Tokenize(prompt), n, req.Model)
+	s.respond(w, r, "text_completion", standin.Pieces(prompt, true), n, req.Model)
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
@@ -333,7 +346,16 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "messages must not be empty")
 		return
 	}
-	s.respond(w, r, "chat.completion", TokenizeChat(req.Messages), n, req.Model)
+	msgs := make([]tokenize.Message, len(req.Messages))
+	for i := range req.Messages {
+		text, err := req.Messages[i].Text()
+		if err != nil || req.Messages[i].Role == "" {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d]: a role and text content are required", i))
+			return
+		}
+		msgs[i] = tokenize.Message{Role: req.Messages[i].Role, Content: text}
+	}
+	s.respond(w, r, "chat.completion", standin.ChatPieces(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt), n, req.Model)
 }
 
 // respond serves the request and writes OpenAI's answer.

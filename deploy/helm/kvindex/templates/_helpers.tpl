@@ -47,7 +47,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "kvindex.models" -}}
 {{- $models := list -}}
 {{- range .Values.models -}}
-{{- $models = append $models (dict "name" .name "block_size" (int .blockSize)) -}}
+{{- $m := dict "name" .name "block_size" (int .blockSize) -}}
+{{- if .tokenizerURLs -}}{{- $_ := set $m "tokenizer_urls" .tokenizerURLs -}}{{- end -}}
+{{- $models = append $models $m -}}
 {{- end -}}
 {{- toYaml $models -}}
 {{- end -}}
@@ -80,6 +82,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- else -}}
 {{- fail (printf "mode %q: want fleet or direct" .Values.mode) -}}
+{{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- $g := .Values.gateway -}}
+{{- if not $g.inferencePool.name -}}{{- fail "gateway.enabled needs gateway.inferencePool.name" -}}{{- end -}}
+{{- $pool := dict "name" $g.inferencePool.name "namespace" (default .Release.Namespace $g.inferencePool.namespace) "api_version" $g.inferencePool.apiVersion "dp_size" (int $g.inferencePool.dpSize) "model" (index .Values.models 0).name -}}
+{{- $_ := set $c "gateway" (dict "listen" (printf ":%d" (int $g.port)) "body_mode" $g.bodyMode "inference_pool" $pool) -}}
 {{- end -}}
 {{- if .Values.tls.enabled -}}
 {{- $t := dict "cert_file" "/etc/kvindex/tls/tls.crt" "key_file" "/etc/kvindex/tls/tls.key" -}}
