@@ -3,6 +3,7 @@ package picker_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -33,6 +34,7 @@ func BenchmarkPickChat4K(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			r := newRig(&testing.T{}, picker.FullDuplex, picker.Options{Fallbacks: 2})
+			r.background(backgroundBlocks)
 			system := tokenize.Message{Role: "system", Content: words(9, 2050)}
 			r.hold("b/0", standin.Chat([]tokenize.Message{system}, false)[:3072])
 			chat := func(i int) []byte {
@@ -81,12 +83,37 @@ func BenchmarkPickChat4K(b *testing.B) {
 	}
 }
 
+// backgroundBlocks is what each of the rig's workers holds besides the
+// benchmark's prompt: 1 M blocks in all, a live heap of ~60 MB, so that
+// the garbage collector runs at a production pace (as kvbench's heap does:
+// docs/benchmarks.md). With the rig's few MB, a collection came every
+// ~150 decisions and its assists set the p99 (GOGC=400 cut it from 1.2-1.5
+// ms to 0.41-0.43 ms), which a daemon holding an index does not see.
+const backgroundBlocks = 250_000
+
+// background makes every worker of r hold n blocks of other prompts, in
+// chains of 64 blocks.
+func (r *rig) background(n int) {
+	toks := make([]uint32, 64*blockSize)
+	seed := uint32(1)
+	for _, w := range slices.Sorted(maps.Keys(r.workers)) {
+		for range n / 64 {
+			for i := range toks {
+				seed = seed*1664525 + 1013904223
+				toks[i] = seed >> 8
+			}
+			r.hold(w, toks)
+		}
+	}
+}
+
 // BenchmarkTokenizeChat4K is the uncached decision's tokenizer round trip
 // alone: a new 4,096-token chat each time to the stand-in /tokenize over
 // HTTP on loopback (p50_us, p99_us), so that the picker's own share of
 // BenchmarkPickChat4K/uncached can be read off.
 func BenchmarkTokenizeChat4K(b *testing.B) {
 	r := newRig(&testing.T{}, picker.FullDuplex, picker.Options{})
+	r.background(backgroundBlocks) // the same process as BenchmarkPickChat4K's
 	system := tokenize.Message{Role: "system", Content: words(9, 2050)}
 	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
