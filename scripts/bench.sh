@@ -404,7 +404,7 @@ if [[ -f $OUT/fleet-sync.json ]]; then
 fi
 if [[ -f $OUT/fleet-lag.json ]]; then
 	v=$(fget lag p99_ns)
-	frow "fleet lag engine -> replica p99 at $(awk -v r="$(fget lag rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s" "<= 5.00 ms" "$(fmtms "$v")" "$(awk -v v="$v" -v r="$(fget lag rate)" 'BEGIN { print (v <= 5e6 && r >= 1e5) ? 1 : 0 }')"
+	frow "fleet lag engine -> replica p99 at $(awk -v r="$(fget lag rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s" "<= 5.00 ms" "$(fmtms "$v") (engine -> agent $(fmtms "$(fget lag agent_p99_ns)"))" "$(awk -v v="$v" -v r="$(fget lag rate)" 'BEGIN { print (v <= 5e6 && r >= 1e5) ? 1 : 0 }')"
 fi
 if [[ -f $OUT/fleet-lag-quarter.json ]]; then
 	v=$(fget lag-quarter p99_ns)

@@ -188,6 +188,10 @@ func (a *Agent) Collectors() []prometheus.Collector {
 	return cs
 }
 
+// LagCollector is the agent's kvindex_event_lag_seconds alone (also in
+// Collectors): how late its engine's batches reach it.
+func (a *Agent) LagCollector() prometheus.Collector { return a.lag.Collector() }
+
 // Index is the agent's own index of its pod.
 func (a *Agent) Index() *indexer.Index { return a.ix }
 

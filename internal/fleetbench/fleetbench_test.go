@@ -2,6 +2,7 @@ package fleetbench
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 )
@@ -69,5 +70,23 @@ func TestWireCountsBytes(t *testing.T) {
 	one, many := byName["batch 1"], byName["batch 256"]
 	if !(many.PerStore < one.PerStore && many.PerStore > 8 && many.PerStore < 12) {
 		t.Fatalf("per store: batch 1 %.1f B, batch 256 %.1f B, want 256 near the key's 9 bytes and below 1", one.PerStore, many.PerStore)
+	}
+}
+
+// TestLagHistQuantile: quantiles are read off the buckets as Prometheus's
+// histogram_quantile reads them, after an earlier reading is taken off.
+func TestLagHistQuantile(t *testing.T) {
+	h := &lagHist{bounds: []float64{0.001, 0.002, 0.005, math.Inf(1)}, counts: []float64{10, 60, 100, 100}}
+	before := &lagHist{bounds: h.bounds, counts: []float64{10, 10, 10, 10}}
+	h.sub(before) // 50 in (1, 2] ms, 40 in (2, 5] ms
+	if got := h.quantile(0.5); got != 1900*time.Microsecond {
+		t.Fatalf("p50 %v, want 1.9ms", got)
+	}
+	// rank 89.1 of 90: 2 ms + 3 ms x 39.1/40
+	if got := h.quantile(0.99); got < 4932*time.Microsecond || got > 4933*time.Microsecond {
+		t.Fatalf("p99 %v, want 4.9325ms", got)
+	}
+	if got := (&lagHist{}).quantile(0.99); got != 0 {
+		t.Fatalf("empty: %v", got)
 	}
 }

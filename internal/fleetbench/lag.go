@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"sync"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/fleet"
@@ -54,6 +56,12 @@ type LagResult struct {
 	P999 time.Duration `json:"p999_ns"`
 	Max  time.Duration `json:"max_ns"`
 	Late float64       `json:"late_fraction"`
+	// AgentP50 and AgentP99 are the first leg alone, engine to agent (the
+	// agents' kvindex_event_lag_seconds over the churn, read off its
+	// buckets as Prometheus's histogram_quantile does: to within a
+	// bucket), so that the rest is NATS and the replica.
+	AgentP50 time.Duration `json:"agent_p50_ns"`
+	AgentP99 time.Duration `json:"agent_p99_ns"`
 	// ReplicaCPU and GeneratorCPU are the two processes' CPU while the
 	// engines churned (the generator's: engines, agents and nats-server);
 	// OtherCPU other processes' meanwhile.
@@ -81,9 +89,11 @@ type lagReady struct {
 }
 
 type lagDone struct {
-	Blocks int64 `json:"blocks"`
-	WallNs int64 `json:"wall_ns"`
-	CPUNs  int64 `json:"cpu_ns"`
+	Blocks     int64 `json:"blocks"`
+	WallNs     int64 `json:"wall_ns"`
+	CPUNs      int64 `json:"cpu_ns"`
+	AgentP50Ns int64 `json:"agent_p50_ns"`
+	AgentP99Ns int64 `json:"agent_p99_ns"`
 }
 
 // Lag runs the lag benchmark: a generator process (the embedded
@@ -146,6 +156,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	res.Deltas, res.Blocks, res.Problems, res.Late = int64(r.Deltas), r.Blocks, r.Problems, r.Late
 	res.P50, res.P90, res.P99, res.P999, res.Max = time.Duration(r.P50Ns), time.Duration(r.P90Ns), time.Duration(r.P99Ns), time.Duration(r.P999Ns), time.Duration(r.MaxNs)
 	res.ReplicaCPU, res.GeneratorCPU = time.Duration(r.CPUNs), time.Duration(done.CPUNs)
+	res.AgentP50, res.AgentP99 = time.Duration(done.AgentP50Ns), time.Duration(done.AgentP99Ns)
 	if done.WallNs > 0 {
 		res.Rate = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
 	}
@@ -227,16 +238,27 @@ func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out
 			return err
 		}
 	}
+	before, err := agentLag(agents)
+	if err != nil {
+		return err
+	}
 	cpu0, t0 := cpuTime(), time.Now()
 	blocks, err := playEngines(ctx, es, o.Batches, o.Rate)
 	stopProfile()
 	if err != nil {
 		return err
 	}
-	if err := out.Send("done", lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}); err != nil {
+	done := lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}
+	if err := caughtUp(ctx, es, agents); err != nil {
 		return err
 	}
-	if err := caughtUp(ctx, es, agents); err != nil {
+	after, err := agentLag(agents)
+	if err != nil {
+		return err
+	}
+	after.sub(before)
+	done.AgentP50Ns, done.AgentP99Ns = after.quantile(0.5).Nanoseconds(), after.quantile(0.99).Nanoseconds()
+	if err := out.Send("done", done); err != nil {
 		return err
 	}
 	d := digestsReport{Digests: map[string]string{}}
@@ -273,4 +295,78 @@ func caughtUp(ctx context.Context, es []*engine, agents []*fleet.Agent) error {
 		}
 	}
 	return nil
+}
+
+// lagHist is a cumulative histogram: counts[i] observations at most
+// bounds[i], the last bound +Inf.
+type lagHist struct {
+	bounds []float64
+	counts []float64
+}
+
+// agentLag sums the agents' kvindex_event_lag_seconds{source="zmq"}.
+func agentLag(agents []*fleet.Agent) (*lagHist, error) {
+	h := &lagHist{}
+	for _, a := range agents {
+		reg := prometheus.NewRegistry()
+		if err := reg.Register(a.LagCollector()); err != nil {
+			return nil, fmt.Errorf("fleetbench: agent lag: %w", err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			return nil, fmt.Errorf("fleetbench: agent lag: %w", err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() != "zmq" {
+					continue
+				}
+				bs := m.GetHistogram().GetBucket()
+				if h.bounds == nil {
+					for _, b := range bs {
+						h.bounds = append(h.bounds, b.GetUpperBound())
+					}
+					h.bounds = append(h.bounds, math.Inf(1))
+					h.counts = make([]float64, len(h.bounds))
+				}
+				for i, b := range bs {
+					h.counts[i] += float64(b.GetCumulativeCount())
+				}
+				h.counts[len(bs)] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return h, nil
+}
+
+// sub takes o's counts (an earlier reading) off h's.
+func (h *lagHist) sub(o *lagHist) {
+	for i := range h.counts {
+		if i < len(o.counts) {
+			h.counts[i] -= o.counts[i]
+		}
+	}
+}
+
+// quantile interpolates within the bucket holding quantile q, as
+// Prometheus's histogram_quantile does (the highest finite bound when it
+// falls in +Inf).
+func (h *lagHist) quantile(q float64) time.Duration {
+	n := len(h.counts)
+	if n == 0 || h.counts[n-1] == 0 {
+		return 0
+	}
+	rank := q * h.counts[n-1]
+	lo, below := 0.0, 0.0
+	for i, c := range h.counts {
+		if c >= rank {
+			if math.IsInf(h.bounds[i], 1) {
+				return time.Duration(h.bounds[i-1] * 1e9)
+			}
+			f := lo + (h.bounds[i]-lo)*(rank-below)/max(c-below, 1e-9)
+			return time.Duration(f * 1e9)
+		}
+		lo, below = h.bounds[i], c
+	}
+	return 0
 }
