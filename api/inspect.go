@@ -362,7 +362,7 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingS
 		f.workers[w.Info().Ref] = true
 	}
 	for i, k := range req.GetKinds() {
-		if k <= kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED || k > kvindexv1.WatchEventKind_WATCH_EVENT_KIND_DELTA {
+		if k <= kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED || k > kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED {
 			return status.Errorf(codes.InvalidArgument, "kinds[%d]: %d is not a kind of event", i, k)
 		}
 		f.kinds |= 1 << k
@@ -431,6 +431,13 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingS
 					}
 				}
 				out.Blocks = clampU32(n)
+				offer(out)
+			}
+		case a.Restore != nil:
+			if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED) {
+				out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED)
+				out.Blocks = clampU32(int(a.Restore.Blocks))
+				out.Reason = a.Restore.From
 				offer(out)
 			}
 		default:

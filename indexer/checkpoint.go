@@ -273,6 +273,7 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 	w.c.lastApply.Store(time.Now().UnixNano())
 	w.ix.resident.Add(delta)
 	w.ix.checkBudget()
+	w.notifyRestored("checkpoint")
 	return nil
 }
 

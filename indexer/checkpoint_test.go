@@ -735,3 +735,29 @@ func FuzzCheckpointSegment(f *testing.F) {
 		}
 	})
 }
+
+// TestRestoreTellsObservers: observers hear of a checkpoint restore, with
+// what the worker holds after it, and of nothing when it fails.
+func TestRestoreTellsObservers(t *testing.T) {
+	_, sws := newTestIndex(t, "a")
+	for i := range 5 {
+		_ = apply(t, sws[0], stored(0, false, []uint64{uint64(1000 + i)}, seqTokens(100*i, 4)))
+	}
+	rix, rws := newTestIndex(t, "a")
+	var got []Restored
+	remove := rix.AddObserver(func(w *Worker, a *Applied) {
+		if a.Restore != nil {
+			got = append(got, *a.Restore)
+		}
+	})
+	defer remove()
+	if err := rws[0].RestoreCheckpoint(checkpointSegmentsOf(checkpointOf(t, sws[0]))); err != nil {
+		t.Fatal(err)
+	}
+	if err := rws[0].RestoreCheckpoint(checkpointSegmentsOf(nil)); err == nil {
+		t.Fatal("an empty checkpoint restored")
+	}
+	if len(got) != 1 || got[0] != (Restored{From: "checkpoint", Blocks: 5}) {
+		t.Fatalf("observers heard %+v, want one checkpoint restore of 5 blocks", got)
+	}
+}

@@ -345,7 +345,7 @@ func (w *Worker) LoRAs() ([]string, bool) {
 }
 
 // Applied is what an observer is told after a worker applied something:
-// exactly one of Batch, Reset and Delta is set.
+// exactly one of Batch, Reset, Delta and Restore is set.
 type Applied struct {
 	// Batch is the engine batch applied; it is the caller's and valid only
 	// during the call.
@@ -355,6 +355,30 @@ type Applied struct {
 	// Delta is the delta a keyed worker applied; valid only during the
 	// call.
 	Delta *Delta
+	// Restore is set when the worker was rebuilt whole: a keyed worker
+	// from a snapshot (Restore), a worker fed engine events from a
+	// checkpoint (RestoreCheckpoint).
+	Restore *Restored
+}
+
+// Restored describes a restore an observer is told of.
+type Restored struct {
+	// From is "snapshot" or "checkpoint".
+	From string
+	// Blocks are the worker's resident blocks after it.
+	Blocks int64
+}
+
+// notifyRestored tells the observers that w was restored from from.
+func (w *Worker) notifyRestored(from string) {
+	obs := w.ix.observers.Load()
+	if obs == nil {
+		return
+	}
+	w.mu.Lock()
+	n := w.res
+	w.mu.Unlock()
+	w.ix.notify(*obs, w, &Applied{Restore: &Restored{From: from, Blocks: n}})
 }
 
 // Observer is told of every batch, reset and delta a worker applies, after

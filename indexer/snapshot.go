@@ -333,6 +333,15 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 // and the clear of what the worker held (O(blocks log blocks)).
 // BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
+	if err := w.restore(next); err != nil {
+		return err
+	}
+	w.notifyRestored("snapshot")
+	return nil
+}
+
+// restore is Restore before the observers are told.
+func (w *Worker) restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
 	}

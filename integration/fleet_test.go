@@ -659,11 +659,37 @@ func TestFleetDuplicatedAndDroppedDeltas(t *testing.T) {
 	_ = dup.Unsubscribe()
 	resetsBefore := st.GetResets()
 
+	// A watch of the replica's worker sees the resync: the reset, then
+	// the restore from the agent's snapshot.
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	watch, err := rig.replicas[0].client.Watch(wctx, &kvindexv1.WatchRequest{Workers: []*kvindexv1.WorkerRef{ref("p0")},
+		Kinds: []kvindexv1.WatchEventKind{kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET, kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitWatchers(t, rig.replicas[0], 1)
+
 	mu.Lock()
 	m := last
 	mu.Unlock()
 	forgeGap(t, nc, subject, m, 3)
 	rig.replicas[0].waitFor(func() bool { return rig.replicas[0].status("p0", 0).GetGaps() >= 1 }, "the replica to count the gap")
+	for _, want := range []kvindexv1.WatchEventKind{kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET, kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED} {
+		ev, err := watch.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.GetKind() != want {
+			t.Fatalf("watch: %v, want %v", ev, want)
+		}
+		if want == kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED {
+			if held := rig.replicas[0].status("p0", 0).GetResidentBlocks(); ev.GetReason() != "snapshot" || uint64(ev.GetBlocks()) != held || held == 0 {
+				t.Fatalf("restored event %v; the worker holds %d blocks", ev, held)
+			}
+		}
+	}
+	wcancel()
 	for range 20 {
 		w.step()
 	}

@@ -260,7 +260,7 @@ func newWatch(cfg *ctl.Config) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&a.Model, "model", "", "only this model's workers")
 	f.StringArrayVar(&a.Workers, "worker", nil, "only this worker pod/rank (repeatable)")
-	f.StringArrayVar(&a.Kinds, "kind", nil, "only this kind: stored, removed, cleared, reset, delta (repeatable)")
+	f.StringArrayVar(&a.Kinds, "kind", nil, "only this kind: stored, removed, cleared, reset, delta, restored (repeatable)")
 	f.Uint32Var(&a.Buffer, "buffer", 0, "events the server queues for this reader before it drops (default 256, at most 4096)")
 	f.BoolVar(&a.Hashes, "hashes", false, "show the events' first block hashes")
 	f.IntVar(&a.Count, "count", 0, "stop after this many events (0: until interrupted)")

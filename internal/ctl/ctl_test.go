@@ -346,3 +346,20 @@ func TestCallErrorHints(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderRestored: a restore prints where it came from and what the
+// worker holds after it.
+func TestRenderRestored(t *testing.T) {
+	var b strings.Builder
+	ev := &kvindexv1.WatchResponse{Worker: &kvindexv1.WorkerRef{Pod: "p", DpRank: 1}, Model: "m", Kind: kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED, Blocks: 29500, Reason: "snapshot"}
+	if err := ctl.RenderWatchEvent(&b, ev); err != nil {
+		t.Fatal(err)
+	}
+	if want := "- p/1 m restored from snapshot, 29500 blocks\n"; b.String() != want {
+		t.Fatalf("rendered %q, want %q", b.String(), want)
+	}
+	req, err := ctl.WatchArgs{Kinds: []string{"restored"}}.WatchRequest()
+	if err != nil || len(req.GetKinds()) != 1 || req.GetKinds()[0] != kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED {
+		t.Fatalf("--kind restored: %v %v", req, err)
+	}
+}

@@ -530,7 +530,7 @@ type WatchArgs struct {
 	// Model and Workers ("pod/rank") filter by worker.
 	Model   string
 	Workers []string
-	// Kinds filter by kind: stored, removed, cleared, reset, delta.
+	// Kinds filter by kind: stored, removed, cleared, reset, delta, restored.
 	Kinds []string
 	// Buffer is the stream's queue on the server (0: its default).
 	Buffer uint32
@@ -553,7 +553,7 @@ func (a WatchArgs) WatchRequest() (*kvindexv1.WatchRequest, error) {
 	for _, k := range a.Kinds {
 		v, ok := kvindexv1.WatchEventKind_value["WATCH_EVENT_KIND_"+strings.ToUpper(k)]
 		if !ok || v == 0 {
-			return nil, fmt.Errorf("--kind %q: want stored, removed, cleared, reset or delta", snippet(k))
+			return nil, fmt.Errorf("--kind %q: want stored, removed, cleared, reset, delta or restored", snippet(k))
 		}
 		req.Kinds = append(req.Kinds, kvindexv1.WatchEventKind(v))
 	}
@@ -622,6 +622,8 @@ func RenderWatchEvent(w io.Writer, ev *kvindexv1.WatchResponse) error {
 		fmt.Fprintf(&b, " %d keys", ev.GetBlocks())
 	case kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET:
 		fmt.Fprintf(&b, " (%s)", orDash(ev.GetReason()))
+	case kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED:
+		fmt.Fprintf(&b, " from %s, %d blocks", orDash(ev.GetReason()), ev.GetBlocks())
 	}
 	if ev.GetLoraName() != "" {
 		fmt.Fprintf(&b, " lora=%s", ev.GetLoraName())

@@ -334,9 +334,12 @@ const (
 	// events); reason says why.
 	WatchEventKind_WATCH_EVENT_KIND_RESET WatchEventKind = 4
 	// WATCH_EVENT_KIND_DELTA: a fleet replica's worker applied an agent's
-	// delta (blocks counts its stored and removed keys). Snapshots a replica
-	// restores are not streamed.
+	// delta (blocks counts its stored and removed keys).
 	WatchEventKind_WATCH_EVENT_KIND_DELTA WatchEventKind = 5
+	// WATCH_EVENT_KIND_RESTORED: the worker was rebuilt whole, a fleet
+	// replica's from its agent's snapshot or an agent's from its checkpoint
+	// (reason: "snapshot" or "checkpoint"); blocks is what it holds after.
+	WatchEventKind_WATCH_EVENT_KIND_RESTORED WatchEventKind = 6
 )
 
 // Enum value maps for WatchEventKind.
@@ -348,6 +351,7 @@ var (
 		3: "WATCH_EVENT_KIND_CLEARED",
 		4: "WATCH_EVENT_KIND_RESET",
 		5: "WATCH_EVENT_KIND_DELTA",
+		6: "WATCH_EVENT_KIND_RESTORED",
 	}
 	WatchEventKind_value = map[string]int32{
 		"WATCH_EVENT_KIND_UNSPECIFIED": 0,
@@ -356,6 +360,7 @@ var (
 		"WATCH_EVENT_KIND_CLEARED":     3,
 		"WATCH_EVENT_KIND_RESET":       4,
 		"WATCH_EVENT_KIND_DELTA":       5,
+		"WATCH_EVENT_KIND_RESTORED":    6,
 	}
 )
 
@@ -3432,7 +3437,7 @@ type WatchResponse struct {
 	// kind is the event's kind.
 	Kind WatchEventKind `protobuf:"varint,4,opt,name=kind,proto3,enum=kvindex.v1.WatchEventKind" json:"kind,omitempty"`
 	// blocks is the number of blocks the event names (for DELTA: keys
-	// stored plus keys removed).
+	// stored plus keys removed; for RESTORED: the blocks held after it).
 	Blocks uint32 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
 	// medium is the event's medium ("GPU", ...); empty for clears, resets
 	// and deltas.
@@ -3442,7 +3447,8 @@ type WatchResponse struct {
 	BlockHashes []uint64 `protobuf:"fixed64,7,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
 	// lora_name is the event's LoRA adapter, if any.
 	LoraName string `protobuf:"bytes,8,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
-	// reason says why a RESET happened.
+	// reason says why a RESET happened, or what a RESTORED worker was
+	// restored from ("snapshot" or "checkpoint").
 	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
 	// dropped is how many events this stream dropped (its buffer was full)
 	// since it started; a reader sees a rise as a gap.
@@ -3869,14 +3875,15 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x15PARITY_VERDICT_TOKENS\x10\x03\x12\x19\n" +
 	"\x15PARITY_VERDICT_KEYING\x10\x04\x12!\n" +
 	"\x1dPARITY_VERDICT_UNKNOWN_HASHES\x10\x05\x12\x1f\n" +
-	"\x1bPARITY_VERDICT_KEYED_WORKER\x10\x06*\xc3\x01\n" +
+	"\x1bPARITY_VERDICT_KEYED_WORKER\x10\x06*\xe2\x01\n" +
 	"\x0eWatchEventKind\x12 \n" +
 	"\x1cWATCH_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WATCH_EVENT_KIND_STORED\x10\x01\x12\x1c\n" +
 	"\x18WATCH_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_KIND_CLEARED\x10\x03\x12\x1a\n" +
 	"\x16WATCH_EVENT_KIND_RESET\x10\x04\x12\x1a\n" +
-	"\x16WATCH_EVENT_KIND_DELTA\x10\x052\xa1\x04\n" +
+	"\x16WATCH_EVENT_KIND_DELTA\x10\x05\x12\x1d\n" +
+	"\x19WATCH_EVENT_KIND_RESTORED\x10\x062\xa1\x04\n" +
 	"\fIndexService\x12<\n" +
 	"\x05Score\x12\x18.kvindex.v1.ScoreRequest\x1a\x19.kvindex.v1.ScoreResponse\x12N\n" +
 	"\vListWorkers\x12\x1e.kvindex.v1.ListWorkersRequest\x1a\x1f.kvindex.v1.ListWorkersResponse\x12<\n" +
