@@ -143,7 +143,7 @@ func BenchmarkScoreLoaded(b *testing.B) {
 
 // BenchmarkRankTTFT is Policy.Rank of 64 loaded candidates (random
 // matches of a 128-block prompt, running, waiting, KV usage and in-flight
-// load) under GuardTTFT, the default, against the token-cost guard it
+// load; the shared rates of all 14 sampled depths) under GuardTTFT, the default, against the token-cost guard it
 // replaced (the baseline), interleaved in slices of 1,000 rankings in the
 // same run. ratio is TTFT over token cost, mean ns per Rank.
 func BenchmarkRankTTFT(b *testing.B) {
@@ -155,6 +155,11 @@ func BenchmarkRankTTFT(b *testing.B) {
 			InflightRequests: uint32(r.IntN(8)), InflightPrefillTokens: uint64(r.IntN(20000))})
 	}
 	pr := Prompt{Blocks: 128, Tokens: 128 * testBS, BlockSize: testBS, AvgPromptTokens: 2048, AvgUncachedTokens: 900, ArrivalRate: 30, Workers: n}
+	// Every depth of the prompt sampled, shared by fewer requests deeper.
+	for pr.SharedDepths < MaxSharedDepths && SharedDepth(pr.SharedDepths) <= pr.Blocks {
+		pr.SharedRates[pr.SharedDepths] = 30 / float64(pr.SharedDepths+1)
+		pr.SharedDepths++
+	}
 	ttft, cost := DefaultPolicy(), DefaultPolicy()
 	cost.Guard = GuardCost
 	refs := names(n)

@@ -182,13 +182,19 @@ type Estimate struct {
 	// Evict is the expected recompute, by later requests, of the cached
 	// blocks this request's new blocks evict.
 	Evict float64
+	// Relief is what caching the prompt on this worker, where fewer
+	// workers hold it, saves the later requests that share it: they
+	// divide among one more holder instead of queueing on the busy ones
+	// (relief_w in the package documentation).
+	Relief float64
 }
 
 // TTFT is the estimated time to first token: Wait + Prefill + Pressure.
 func (e *Estimate) TTFT() float64 { return e.Wait + e.Prefill + e.Pressure }
 
-// Cost is what GuardTTFT minimises: TTFT plus Delay plus Evict.
-func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict }
+// Cost is what GuardTTFT minimises: TTFT plus Delay plus Evict, less
+// Relief.
+func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict - e.Relief }
 
 // evict fills e.Evict: the request's own tokens become cached blocks on
 // the worker, and what does not fit beside what the worker already holds
@@ -265,11 +271,15 @@ func (m *CostModel) params() costParams {
 //
 // Delay: the requests that reach this worker after this one, until the
 // backlog it joins drains, each wait its own prefill longer. With
-// arrivals at rate a per worker and prefill utilisation rho = a x average
-// uncached prompt / prefill rate, a backlog of U seconds drains in
-// U / (1 - rho) and a x U / (1 - rho) requests arrive meanwhile (a busy
-// period of an M/G/1 queue), so Delay = Prefill x a x (Wait + Prefill) /
-// (1 - rho), rho capped at 0.95. At low load Delay vanishes and the rule
+// arrivals at rate a to this worker (the fleet's average per worker
+// under estimate; Rank passes Prompt.arrivals to estimateAt) and prefill
+// utilisation rho = the fleet's average per worker x average uncached
+// prompt / prefill rate, a backlog of U seconds drains in U / (1 - rho)
+// and a x U / (1 - rho) requests arrive meanwhile (a busy period of an
+// M/G/1 queue), so Delay = Prefill x a x (Wait + Prefill) / (1 - rho),
+// rho capped at 0.95. (rho stays the fleet's: a worker that receives a
+// hot prefix's requests receives them mostly cached, and its own uncached
+// rate is not measured.) At low load Delay vanishes and the rule
 // is TTFT-greedy: it spills a cached prompt exactly when waiting for the
 // hot worker exceeds recomputing the prefix elsewhere. Under load, a
 // recompute costs everyone behind it, and the rule keeps prompts where
@@ -277,6 +287,26 @@ func (m *CostModel) params() costParams {
 //
 // Cost: a few dozen floating-point operations, no allocation.
 func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt) {
+	var aw float64
+	if pr.ArrivalRate > 0 && pr.Workers > 0 {
+		aw = pr.ArrivalRate / float64(pr.Workers)
+	}
+	m.estimateAt(e, l, queue, own, cached, pr, aw)
+}
+
+// rho is the fleet's prefill utilisation per worker, as Delay uses it:
+// the average arrivals per worker x average uncached prefill / prefill
+// rate, at most 0.95; 0 when the rate is unknown.
+func (m *costParams) rho(pr *Prompt) float64 {
+	if pr.ArrivalRate <= 0 || pr.Workers <= 0 {
+		return 0
+	}
+	return math.Min(pr.ArrivalRate/float64(pr.Workers)*pr.AvgUncachedTokens/m.rate, 0.95)
+}
+
+// estimateAt is estimate with arrivals requests per second reaching the
+// worker after this one (0: no Delay term).
+func (m *costParams) estimateAt(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt, arrivals float64) {
 	rate := m.rate
 	running := float64(l.Running)
 	var ctx float64
@@ -308,9 +338,7 @@ func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, 
 		}
 	}
 	e.Delay = 0
-	if a := pr.ArrivalRate; a > 0 && pr.Workers > 0 {
-		aw := a / float64(pr.Workers)
-		rho := math.Min(aw*pr.AvgUncachedTokens/rate, 0.95)
-		e.Delay = e.Prefill * aw * (e.Wait + e.Prefill) / (1 - rho)
+	if arrivals > 0 {
+		e.Delay = e.Prefill * arrivals * (e.Wait + e.Prefill) / (1 - m.rho(pr))
 	}
 }

@@ -36,26 +36,43 @@
 //	      wait_w   = ceil(queue_w / budget_w) x step_w + queue_w / rate
 //	      prefill_w = the further steps for own_w, + own_w / rate
 //	      pressure_w = (own_w - free KV_w) / rate, if positive
-//	      delay_w  = prefill_w x a x (wait_w + prefill_w) / (1 - rho)
+//	      delay_w  = prefill_w x a_w x (wait_w + prefill_w) / (1 - rho)
 //	      evict_w  = min(own_w, occupied_w + own_w - capacity) x h / rate,
 //	                 if positive (occupied: resident blocks plus KV in use;
 //	                 h: the fleet's hit rate)
-//	    with a the model's routed requests per second per worker and rho
-//	    = a x average uncached prefill / rate (Route's own accounting;
-//	    the number of requests that arrive during the backlog's busy
-//	    period, M/G/1), and evict_w the later recompute of what the
-//	    request's new blocks push out of a full cache; cost_w = wait_w +
-//	    prefill_w + pressure_w + delay_w + evict_w, in seconds. At low load delay vanishes: the request
-//	    spills from its cached worker exactly when the wait there exceeds
-//	    recomputing the prefix elsewhere, so a hot prefix replicates onto
-//	    a second worker and a cold one stays single. Under load a
-//	    recompute costs everyone behind it, and prompts stay where they
-//	    are cached for longer. A waiting request of unknown size counts as
-//	    the average uncached prefill. Cost: about 60 ns per candidate more
+//	      relief_w = max over sampled prefix depths d that w does not hold
+//	                 and a_d / h_d > a / workers (hot: the prefix brings its
+//	                 holders more than a worker's share) of
+//	                 a_d / (h_d + 1) x t_d / (1 - rho) x (t_d - ttft_w) / 2,
+//	                 if positive
+//	    with a the model's routed requests per second, rho = (a / workers)
+//	    x average uncached prefill / rate (Route's own accounting), a_d
+//	    the rate of requests sharing the prompt's first d blocks (Route
+//	    counts them at about 2 log2(B) depths in a fixed table), h_d the
+//	    workers holding those d blocks and t_d the least TTFT among them,
+//	    and a_w = a / workers or, if larger, the largest over depths d that w holds of
+//	    (a - a_d) / workers + a_d / h_d: a prefix's requests divide among
+//	    its holders, the rest spread evenly. delay_w counts the requests
+//	    that arrive during the backlog's busy period (M/G/1) and wait for
+//	    this prefill; evict_w the later recompute of what the request's
+//	    new blocks push out of a full cache; relief_w what caching the
+//	    prompt on one more worker saves the later requests sharing a
+//	    prefix whose holders queue. cost_w = wait_w + prefill_w +
+//	    pressure_w + delay_w + evict_w - relief_w, in seconds. At low load
+//	    delay and relief vanish: the request spills from its cached worker
+//	    exactly when the wait there exceeds recomputing the prefix
+//	    elsewhere. Under load a recompute costs everyone behind it, and
+//	    prompts stay where they are cached for longer, unless many
+//	    requests share the prefix: its holders receive more than their
+//	    share (a_w) and a copy elsewhere divides them (relief_w), so a hot
+//	    prefix replicates and a cold one (a conversation's own history)
+//	    stays single. A waiting request of unknown size counts as
+//	    the average uncached prefill. Cost: about 85 ns per candidate more
 //	    than the token cost, no allocation (BenchmarkRankTTFT ranks 64
-//	    candidates both ways in the same run: ratio 1.25, 18.4 us against
-//	    14.7 us, in the quietest of three runs on a shared 2-vCPU machine;
-//	    1.06 and 1.33 in the others). Sorting dominates both.
+//	    candidates with 14 sampled prefix depths both ways in the same
+//	    run: ratio 1.37, 19.9 us against 14.5 us, in the quietest of three
+//	    runs on a shared 2-vCPU machine; 1.45 and 1.33 in the others).
+//	    Sorting dominates both.
 //	guard cost: cost_w = own_w + load_weight * queue_w, with
 //	    load_weight 1/3: an uncached token is paid by this request and
 //	    again by the requests queued behind it, so a worker's cache is

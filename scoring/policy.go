@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,6 +250,176 @@ type Prompt struct {
 	// GuardTTFT's Delay.
 	ArrivalRate float64
 	Workers     int
+	// SharedRates[i], for i < SharedDepths, is the rate (routes per
+	// second) of requests whose prompts share this prompt's first
+	// SharedDepth(i) blocks (Route's own count; zero: unknown). GuardTTFT
+	// estimates each worker's arrival rate from them (see arrivals).
+	SharedRates  [MaxSharedDepths]float64
+	SharedDepths int
+}
+
+// holders is, for each sampled depth of the prompt (SharedDepth), how
+// many candidates' matches reach it, the least TTFT estimate among them,
+// and the arrivals estimate of a candidate whose match reaches it and no
+// deeper sampled depth.
+type holders struct {
+	depths int // sampled depths in use, at most MaxSharedDepths
+	n      [MaxSharedDepths]int
+	best   [MaxSharedDepths]float64
+	arr    [MaxSharedDepths]float64
+}
+
+// within is how many of the prompt's sampled depths c's match reaches.
+func (h *holders) within(c *Candidate) int { return min(sharedWithin(c.Match.Blocks), h.depths) }
+
+// count fills h.n and h.arr from cs. Cost: O(c + depths), no
+// allocation.
+func (h *holders) count(pr *Prompt, cs []Candidate) {
+	h.depths = min(max(pr.SharedDepths, 0), MaxSharedDepths)
+	var cnt [MaxSharedDepths + 1]int
+	for i := range cs {
+		cnt[h.within(&cs[i])]++
+	}
+	h.n = [MaxSharedDepths]int{}
+	run := 0
+	for j := h.depths - 1; j >= 0; j-- {
+		run += cnt[j+1]
+		h.n[j] = run
+	}
+	a, w := pr.ArrivalRate, float64(pr.Workers)
+	if a <= 0 || w <= 0 {
+		return
+	}
+	best := a / w
+	for j := 0; j < h.depths; j++ {
+		ad := pr.sharedRate(j)
+		n := math.Min(math.Max(float64(h.n[j]), 1), w)
+		best = math.Max(best, (a-ad)/w+ad/n)
+		h.arr[j] = best
+	}
+}
+
+// fastest fills h.best from cs's estimates. Cost: O(c + depths).
+func (h *holders) fastest(cs []Candidate) {
+	var at [MaxSharedDepths + 1]float64
+	for k := range at {
+		at[k] = math.Inf(1)
+	}
+	for i := range cs {
+		k := h.within(&cs[i])
+		at[k] = math.Min(at[k], cs[i].Est.TTFT())
+	}
+	run := math.Inf(1)
+	for j := h.depths - 1; j >= 0; j-- {
+		run = math.Min(run, at[j+1])
+		h.best[j] = run
+	}
+}
+
+// sharedWithin is the number of sampled depths (SharedDepth) of at most
+// blocks: the powers of two up to blocks, and the 1.5 times powers of two.
+func sharedWithin(blocks int) int {
+	if blocks < 1 {
+		return 0
+	}
+	l := bits.Len(uint(blocks))
+	if l == 1 {
+		return 1
+	}
+	n := 2*l - 2
+	if blocks>>(l-2)&1 == 1 {
+		n++
+	}
+	return n
+}
+
+// sharedRate is the rate of requests sharing the prompt's first
+// SharedDepth(i) blocks, at most the fleet's.
+func (pr *Prompt) sharedRate(i int) float64 {
+	return math.Min(math.Max(pr.SharedRates[i], 0), pr.ArrivalRate)
+}
+
+// arrivals estimates the rate of requests that will reach candidate c
+// after this one, for GuardTTFT's Delay: the requests that share a prefix
+// of this prompt cached on c divide among the candidates holding it, and
+// the rest of the traffic spreads evenly. With a = ArrivalRate, W =
+// Workers, a_d the rate of the requests sharing the prompt's first d
+// blocks and h_d the number of candidates whose match reaches d, each
+// sampled depth d within c's match gives
+//
+//	(a - a_d) / W + a_d / h_d
+//
+// and arrivals is the largest, or a / W if that is larger (each is a
+// lower bound: a tool catalog shared by many requests, followed by an
+// agent's own instructions, is counted at the catalog's depth, not the
+// instructions'). For a prefix held by every worker, or a candidate
+// holding nothing of the prompt (every request shares the empty prefix),
+// it is the fleet's average a / W. For the only holder of a prefix that
+// half the requests share it is about half the fleet's rate: a hot
+// prefix on few engines brings them more than their share, so a request
+// that adds to their backlog delays more requests. A prefix shared by
+// fewer requests than its holders' share (a conversation's own history)
+// changes nothing.
+//
+// h is filled by count. Cost: O(1).
+func (pr *Prompt) arrivals(c *Candidate, h *holders) float64 {
+	a, w := pr.ArrivalRate, float64(pr.Workers)
+	if a <= 0 || w <= 0 {
+		return 0
+	}
+	if k := h.within(c); k > 0 {
+		return h.arr[k-1]
+	}
+	return a / w
+}
+
+// relief fills c.Est.Relief: what placing the prompt on c, which does not
+// hold all of it, saves the later requests that share it. A prefix of d
+// blocks that h_d candidates hold, the fastest of them in t seconds
+// (TTFT), gains c as a holder; of the a_d requests a second that share
+// it, a_d / (h_d + 1) then go to c instead of queueing on the holders.
+// Over the t / (1 - rho) seconds the holders' backlog takes to drain
+// (rho as in Delay), that many requests each wait on average half the
+// difference of the two backlogs less: (t - TTFT_c) / 2. Relief is the
+// largest over the sampled depths c does not reach:
+//
+//	a_d / (h_d + 1) x t / (1 - rho) x (t - TTFT_c) / 2
+//
+// counting only hot prefixes, those whose requests bring each holder more
+// than the fleet's average per worker (a_d / h_d > a / W): only then is
+// the holders' backlog the prefix's doing, and the prefix's later
+// requests would otherwise wait in it. A cold prefix (a conversation's
+// history, shared by its own next turn only) brings its holder less than
+// any worker receives; its holder's backlog is other requests', which a
+// copy does not divert, and its next turn can spill on its own if the
+// holder is still busy. Zero, too, when c is no faster than the holders.
+// So a hot prefix replicates when its holders queue (a tool catalog most
+// agents use) and a cold one stays single: the spill's recompute is
+// charged to those behind it in Delay, and what it buys in Relief.
+//
+// Cost: O(depths), no allocation.
+func (pr *Prompt) relief(c *Candidate, h *holders, rho float64) {
+	c.Est.Relief = 0
+	if pr.ArrivalRate <= 0 || pr.Workers <= 0 {
+		return
+	}
+	fair := pr.ArrivalRate / float64(pr.Workers)
+	own := c.Est.TTFT()
+	for i := h.within(c); i < h.depths; i++ {
+		if h.n[i] == 0 {
+			continue
+		}
+		t := h.best[i]
+		if t <= own {
+			continue
+		}
+		ad := pr.sharedRate(i)
+		if ad/float64(h.n[i]) <= fair {
+			continue // cold: the holders' backlog is not this prefix's
+		}
+		diverted := ad / float64(h.n[i]+1)
+		c.Est.Relief = math.Max(c.Est.Relief, diverted*t/(1-rho)*(t-own)/2)
+	}
 }
 
 // weightedBlocks is the tier-weighted number of cached blocks: media in
@@ -290,7 +461,8 @@ func (p *Policy) weightedBlocks(m *indexer.Match) float64 {
 // Rank scores every candidate under p and sorts them best first. names
 // resolves worker ids for the final tie-break. Cost: O(c log c) for c
 // candidates plus a median (O(c log c), on a scratch copy in place of the
-// Queue fields); no allocation.
+// Queue fields) and, under GuardTTFT, O(c + depths) for the shared-prefix
+// terms (holders); no allocation.
 func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 	tokens := float64(max(pr.Tokens, pr.Blocks*pr.BlockSize))
 	for i := range cs {
@@ -310,11 +482,18 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 		if avg <= 0 {
 			avg = pr.AvgPromptTokens
 		}
+		var h holders
+		h.count(&pr, cs)
 		for i := range cs {
 			c := &cs[i]
 			c.Queue = queueTokens(&c.Load, avg)
-			m.estimate(&c.Est, &c.Load, c.Queue, c.Own, tokens-c.Own, &pr)
+			m.estimateAt(&c.Est, &c.Load, c.Queue, c.Own, tokens-c.Own, &pr, pr.arrivals(c, &h))
 			m.evict(&c.Est, &c.Load, c.Own, &pr)
+		}
+		h.fastest(cs)
+		rho := m.rho(&pr)
+		for i := range cs {
+			pr.relief(&cs[i], &h, rho)
 		}
 	}
 	if p.Name == CacheAware && p.Guard == GuardStatic {
@@ -438,6 +617,9 @@ func (p *Policy) Explain(pr Prompt, c *Candidate) string {
 		fmt.Fprintf(&sb, "; + %s delay to requests behind", secs(e.Delay))
 		if e.Evict > 0 {
 			fmt.Fprintf(&sb, " + %s recomputing what it evicts", secs(e.Evict))
+		}
+		if e.Relief > 0 {
+			fmt.Fprintf(&sb, " - %s relief to the prefix's busy holders", secs(e.Relief))
 		}
 		fmt.Fprintf(&sb, " = cost %s", secs(e.Cost()))
 	case p.Guard == GuardCost:

@@ -82,21 +82,19 @@ type Scorer struct {
 	// avgPrompt is a moving average of prompt tokens (float64 bits), the
 	// size assumed for one waiting request of unknown length.
 	avgPrompt atomic.Uint64
-	// routes holds each model's *routeStats (GuardTTFT's arrival rate and
-	// average uncached prefill), by *indexer.Model.
+	// routes holds each model's *routeStats (GuardTTFT's arrival rates and
+	// average uncached prefill; 64 KiB each), by *indexer.Model.
 	routes sync.Map
 }
 
-// routeStats is what Route learns of a model's traffic: moving averages
-// (weight 1/64) of the gap between routes and of the chosen worker's
-// uncached prefill tokens, and the time of the last route. The three are
-// updated without a common lock, so a reader may see one route's gap with
-// the previous route's time: an error of one route in 64, which the
-// estimate tolerates.
+// routeStats is what Route learns of a model's traffic: its rate of
+// routes, a moving average (weight 1/64) of the chosen worker's uncached
+// prefill tokens, and the rates of routes sharing each prefix
+// (sharedRates). Fields are updated without a common lock (see rateCell).
 type routeStats struct {
-	lastNanos atomic.Int64  // the last route's clock, Unix nanoseconds; 0 before any
-	meanGap   atomic.Uint64 // float64 bits, seconds; 0 until two routes
-	avgOwn    atomic.Uint64 // float64 bits, tokens; 0 before any
+	routes rateCell
+	avgOwn atomic.Uint64 // float64 bits, tokens; 0 before any
+	shared sharedRates
 }
 
 // ewma folds x into the float64 average at a with weight 1/64; the first
@@ -115,30 +113,15 @@ func ewma(a *atomic.Uint64, x float64) {
 	}
 }
 
-// note records one route at now with own uncached tokens.
-func (r *routeStats) note(now time.Time, own float64) {
+// note records one route of keys at now with own uncached tokens.
+func (r *routeStats) note(now time.Time, keys []indexer.Key, own float64) {
 	ewma(&r.avgOwn, own)
-	t := now.UnixNano()
-	if last := r.lastNanos.Swap(t); last != 0 && t >= last {
-		// Simultaneous routes (a burst, a coarse clock) count as 1 us
-		// apart: a very high rate, not an unknown one.
-		ewma(&r.meanGap, max(float64(t-last)/1e9, 1e-6))
-	}
+	r.routes.note(now)
+	r.shared.note(keys, now)
 }
 
-// rate is the model's routes per second at now: one over the mean gap,
-// or over the time since the last route when that is longer (traffic
-// that stopped stops counting); 0 before two routes.
-func (r *routeStats) rate(now time.Time) float64 {
-	gap := math.Float64frombits(r.meanGap.Load())
-	if gap <= 0 {
-		return 0
-	}
-	if since := float64(now.UnixNano()-r.lastNanos.Load()) / 1e9; since > gap {
-		gap = since
-	}
-	return 1 / gap
-}
+// rate is the model's routes per second at now (see rateCell.rate).
+func (r *routeStats) rate(now time.Time) float64 { return r.routes.rate(now) }
 
 // stats returns the model's route statistics, creating them on first use.
 // Cost: one sync.Map load; one allocation per model, ever.
@@ -528,11 +511,12 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 }
 
 // prompt describes the request for the policy; now is the tracker's
-// clock, for the model's arrival rate.
+// clock, for the model's arrival rates. Cost: one rate-cell read per
+// sampled prefix depth (see sharedRates), no allocation.
 func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 	bs := req.Model.BlockSize
 	st := s.stats(req.Model)
-	return Prompt{
+	pr := Prompt{
 		Blocks:            len(res.Keys),
 		Tokens:            max(len(req.Tokens), len(res.Keys)*bs),
 		BlockSize:         bs,
@@ -541,6 +525,8 @@ func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 		ArrivalRate:       st.rate(now),
 		Workers:           res.tab.perModel[req.Model],
 	}
+	pr.SharedDepths = st.shared.fill(res.Keys, now, &pr.SharedRates)
+	return pr
 }
 
 // notePrompt folds a prompt length into the moving average (weight 1/64).
@@ -605,7 +591,7 @@ func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, r
 		res.reset()
 		return -1, err
 	}
-	s.stats(req.Model).note(s.tracker.now(), c.Own)
+	s.stats(req.Model).note(s.tracker.now(), res.Keys, c.Own)
 	return chosen, nil
 }
 
