@@ -349,9 +349,10 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 	if len(d.Entries) >= warmMin {
 		// A replica applies its workers' deltas interleaved, so each
 		// finds its worker's engine map out of cache: loading every
-		// effect's buckets first overlaps those misses (the interleaved
-		// floor went from 1.0 M to 1.4-2.1 M new blocks a CPU-second:
-		// docs/benchmarks.md, "Fleet benchmarks"; loading the removed
+		// effect's buckets first overlaps those misses (with the grown
+		// reserve, the interleaved floor went from 1.05-1.11 M to
+		// 2.0-2.3 M new blocks a CPU-second: docs/benchmarks.md, "Fleet
+		// benchmarks: the second designs"; loading the removed
 		// keys' tree nodes in a second pass, which chains three loads
 		// per key, was slower).
 		var sum uint64

@@ -439,9 +439,10 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 // agent between its engine's steps) ran since its last, and loading them
 // all first overlaps those misses instead of taking them one after
 // another. Measured on 32 default-shape workers' batches interleaved
-// (docs/benchmarks.md, "Fleet benchmarks"): 1.0 M to 1.6 M new blocks a
-// CPU-second; no loss on one worker whose map stays in cache
-// (BenchmarkApply). Cost: four loads per block hash.
+// (BenchmarkEngineApplyInterleaved, docs/benchmarks.md, "Fleet benchmarks:
+// the second designs"): 1.0 M to 1.6 M new blocks a CPU-second, alternated;
+// no loss on one worker whose map stays in cache (BenchmarkApply). Cost:
+// four loads per block hash.
 func (w *Worker) warmBatchLocked(b *events.Batch) {
 	if len(b.Events) == 0 {
 		return
