@@ -80,18 +80,17 @@ func TestRouteKeepsABurstTogether(t *testing.T) {
 		}
 	}
 	// Every request is still in flight: what they will prefill is the
-	// prefix once per worker used, each question, and the prefix again for
-	// any routes ranked at the same instant as the one that first sent it
-	// to a worker (Route ranks, then records: both see no speculative
-	// prefix there). Without speculative blocks all 50 would count it:
-	// 101,600 tokens.
+	// prefix once per worker used and each question (Routes of a model
+	// rank and record one at a time, so each sees the speculative prefix
+	// of the ones before it). Without speculative blocks all 50 would
+	// count it: 101,600 tokens.
 	resp := score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: shared, Policy: &kvindexv1.ScorePolicy{}})
 	var inflight uint64
 	for _, w := range resp.GetWorkers() {
 		inflight += w.GetLoad().GetInflightPrefillTokens()
 	}
-	if limit := uint64(50 * 2032 / 4); inflight > limit {
-		t.Errorf("the burst will prefill %d tokens on %d workers, want at most %d (a quarter of 50 cold routes)", inflight, len(counts), limit)
+	if want := uint64(len(counts)*2000 + 50*32); inflight != want {
+		t.Errorf("the burst will prefill %d tokens on %d workers, want %d (the prefix once a worker, and 50 questions)", inflight, len(counts), want)
 	}
 }
 

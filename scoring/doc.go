@@ -118,5 +118,10 @@
 // once. Scorer, Tracker and LoadBoard are safe for concurrent use; on the
 // Score path, per-worker load and in-flight counts are atomic loads, and
 // the only lock taken is one tracker shard's read lock for the speculative
-// probe (see Scorer and Tracker). A Result belongs to one goroutine.
+// probe (see Scorer and Tracker). Route holds its model's route lock from
+// rank to record, so a model's Routes are decided one at a time, each with
+// the speculative blocks and in-flight load of those before it (a burst
+// for one new prefix computes it once per worker chosen, not once per
+// route ranked at the same instant); Routes of different models, and
+// Scores, run in parallel. A Result belongs to one goroutine.
 package scoring

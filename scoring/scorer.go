@@ -95,6 +95,15 @@ type routeStats struct {
 	routes rateCell
 	avgOwn atomic.Uint64 // float64 bits, tokens; 0 before any
 	shared sharedRates
+	// mu makes the model's Routes one at a time from rank to record, so
+	// that each ranks with every earlier route's speculative blocks and
+	// in-flight load. Without it, routes ranked at the same instant all
+	// saw the same idle worker, or a prefix cached nowhere yet and sent
+	// it to several (api's TestRouteKeepsABurstTogether: 2 of a burst of
+	// 50 on a second worker, under load). Cost: Route's rank and record
+	// (tens of microseconds for a 2,000-token prompt) serialised per
+	// model; Score takes no lock.
+	mu sync.Mutex
 }
 
 // ewma folds x into the float64 average at a with weight 1/64; the first
@@ -555,6 +564,11 @@ func (s *Scorer) notePrompt(tokens int) {
 func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, res *Result) (int, error) {
 	if id == "" {
 		return -1, badField("request_id", "required")
+	}
+	if req.Model != nil {
+		st := s.stats(req.Model)
+		st.mu.Lock()
+		defer st.mu.Unlock()
 	}
 	all := req.All
 	req.All = true
