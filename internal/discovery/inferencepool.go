@@ -24,9 +24,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/lograte"
@@ -123,15 +121,9 @@ func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *c
 // the same server: in the cluster from the pod's service account, outside
 // it from kubeconfig.
 func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
+	rc, err := restConfig(kubeconfig)
 	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
+		return nil, nil, err
 	}
 	c, err := kubernetes.NewForConfig(rc)
 	if err != nil {

@@ -73,6 +73,20 @@ func NewKubernetes(client kubernetes.Interface, cfg *config.KubernetesDiscovery)
 // NewClient returns a client of the API server: in the cluster from the
 // pod's service account, outside it from kubeconfig.
 func NewClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: kubernetes client: %w", err)
+	}
+	return c, nil
+}
+
+// restConfig is the API server's address and credentials: the pod's
+// service account when kubeconfig is empty, else that file.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -83,11 +97,7 @@ func NewClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
 	}
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("discovery: kubernetes client: %w", err)
-	}
-	return c, nil
+	return rc, nil
 }
 
 // Run lists and watches the pods until ctx is done, applying a snapshot
