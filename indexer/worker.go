@@ -444,9 +444,6 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 // no loss on one worker whose map stays in cache (BenchmarkApply). Cost:
 // four loads per block hash.
 func (w *Worker) warmBatchLocked(b *events.Batch) {
-	if len(b.Events) == 0 {
-		return
-	}
 	var sum uint64
 	for i := range b.Events {
 		for _, h := range b.Events[i].BlockHashes {

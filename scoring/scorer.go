@@ -565,11 +565,13 @@ func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, r
 	if id == "" {
 		return -1, badField("request_id", "required")
 	}
-	if req.Model != nil {
-		st := s.stats(req.Model)
-		st.mu.Lock()
-		defer st.mu.Unlock()
+	if req.Model == nil {
+		res.reset()
+		return -1, badField("model", "required")
 	}
+	st := s.stats(req.Model)
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	all := req.All
 	req.All = true
 	err := s.rank(req, res)
@@ -605,7 +607,7 @@ func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, r
 		res.reset()
 		return -1, err
 	}
-	s.stats(req.Model).note(s.tracker.now(), res.Keys, c.Own)
+	st.note(s.tracker.now(), res.Keys, c.Own)
 	return chosen, nil
 }
 
