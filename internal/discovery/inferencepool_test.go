@@ -99,6 +99,18 @@ func (r *poolRig) wait(what string, want []Endpoint) {
 	}
 }
 
+// waitExcluded waits until the watcher counts want pods excluded.
+func (r *poolRig) waitExcluded(what string, want int64) {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.w.Excluded() != want {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: excluded %d, want %d", what, r.w.Excluded(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (r *poolRig) addPod(p *corev1.Pod) {
 	r.t.Helper()
 	if _, err := r.pods.CoreV1().Pods("inference").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
@@ -132,9 +144,9 @@ func TestInferencePoolWatch(t *testing.T) {
 	r.addPod(other)
 	epA := Endpoint{Address: "10.0.0.1:8000", Pod: "a", Model: "m", DPSize: 1}
 	r.wait("a ready, b not", []Endpoint{epA})
-	if r.w.Excluded() != 1 {
-		t.Fatalf("excluded %d, want 1 (b, not ready)", r.w.Excluded())
-	}
+	// The endpoint set can be applied before the informer has delivered b:
+	// wait for b's exclusion to be counted rather than reading it once.
+	r.waitExcluded("b, not ready", 1)
 
 	b.Status.Conditions[0].Status = corev1.ConditionTrue
 	r.updatePod(b)
