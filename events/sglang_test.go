@@ -343,3 +343,60 @@ func TestSGLangCaptures(t *testing.T) {
 		}
 	}
 }
+
+// TestSGLangEpochTopicCapture reads testdata/sglang-snapshot-epoch.json,
+// captured from SGLang's snapshot-capable publisher: a store, a snapshot
+// barrier and a removal, all under one epoch-suffixed topic. SplitTopic
+// must recover the configured topic, the epoch and the barrier flag, and
+// every payload, the barrier's empty batch included, must decode.
+func TestSGLangEpochTopicCapture(t *testing.T) {
+	f := loadPayloadFixture(t, "sglang-snapshot-epoch.json")
+	if len(f.Messages) != 3 {
+		t.Fatalf("%d messages, want 3", len(f.Messages))
+	}
+	var epoch0 string
+	for i, m := range f.Messages {
+		base, epoch, barrier := SplitTopic([]byte(m.Topic))
+		if string(base) != "kv-events" || len(epoch) != 32 || barrier != (i == 1) || m.Seq != uint64(i) {
+			t.Fatalf("message %d: topic %q -> base %q epoch %q barrier %v, seq %d", i, m.Topic, base, epoch, barrier, m.Seq)
+		}
+		if i == 0 {
+			epoch0 = string(epoch)
+		} else if string(epoch) != epoch0 {
+			t.Fatalf("message %d: epoch %q, want %q", i, epoch, epoch0)
+		}
+		payload := hexBytes(t, m.PayloadHex)
+		want := sglangJSONBatch(t, parseJSON(t, m.Decoded))
+		got, err := Decode(payload)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if d := diffBatch(got, want); d != "" {
+			t.Fatalf("message %d: %s", i, d)
+		}
+		ref, err := refDecode(payload)
+		if err != nil {
+			t.Fatalf("message %d: reference decoder: %v", i, err)
+		}
+		if d := diffBatch(ref, want); d != "" {
+			t.Fatalf("message %d: reference decoder: %s", i, d)
+		}
+		if !got.HasDPRank || got.DPRank != 0 {
+			t.Fatalf("message %d: DPRank %d (has %v), want 0", i, got.DPRank, got.HasDPRank)
+		}
+		switch i {
+		case 0:
+			if len(got.Events) != 1 || got.Events[0].Kind != KindBlockStored || got.Events[0].BlockHashes[1] != 0xdcadce71eca0ede6 {
+				t.Fatalf("store %+v", got.Events)
+			}
+		case 1:
+			if len(got.Events) != 0 {
+				t.Fatalf("barrier carries %d events, want none", len(got.Events))
+			}
+		case 2:
+			if len(got.Events) != 1 || got.Events[0].Kind != KindBlockRemoved || got.Events[0].MediumName != "GPU" {
+				t.Fatalf("removal %+v", got.Events)
+			}
+		}
+	}
+}
