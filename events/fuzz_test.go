@@ -16,7 +16,7 @@ import (
 // Batch, and that whatever decodes survives re-encoding: in the map era and
 // in the array era, Decode(AppendPayload(b)) equals b.
 func FuzzDecode(f *testing.F) {
-	for _, name := range payloadFixtureFiles {
+	for _, name := range append(append([]string(nil), payloadFixtureFiles...), sglangCaptureFiles...) {
 		raw, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)
