@@ -78,7 +78,7 @@ func Connect(c config.NATS, name string, log *slog.Logger) (*natsgo.Conn, error)
 	// The first attempt does not retry, so that a refused handshake stops
 	// the process with its reason instead of being retried unseen; any
 	// other failure (no server listening yet, a name not resolving yet)
-	// is retried in the background, as a start before NATS needs.
+	// is retried in the background: a process may start before NATS.
 	nc, err := natsgo.Connect(c.URL, opts...)
 	if err == nil {
 		return nc, nil
