@@ -51,15 +51,27 @@ type manifests struct {
 // Kubernetes API type.
 func render(t *testing.T, valuesFile string) *manifests {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	vals := map[string]any{}
 	if valuesFile != "" {
+		var err error
 		if vals, err = chartutil.ReadValuesFile(filepath.Join(chartDir, valuesFile)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	m, err := renderValues(t, vals)
+	if err != nil {
+		t.Fatalf("render %s: %v", valuesFile, err)
+	}
+	return m
+}
+
+// renderValues renders the chart as render does, with the values vals
+// (YAML as chartutil reads it), returning the template error if any.
+func renderValues(t *testing.T, vals map[string]any) (*manifests, error) {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
 	}
 	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "kvindex", Namespace: "inference", IsInstall: true, Revision: 1}, chartutil.DefaultCapabilities)
 	if err != nil {
@@ -67,7 +79,7 @@ func render(t *testing.T, valuesFile string) *manifests {
 	}
 	out, err := engine.Render(ch, rv)
 	if err != nil {
-		t.Fatalf("render %s: %v", valuesFile, err)
+		return nil, err
 	}
 	m := &manifests{}
 	names := make([]string, 0, len(out))
@@ -87,7 +99,7 @@ func render(t *testing.T, valuesFile string) *manifests {
 			m.decode(t, fmt.Sprintf("%s#%d", name, i), []byte(doc))
 		}
 	}
-	return m
+	return m, nil
 }
 
 func stripComments(doc string) string {
@@ -499,6 +511,78 @@ func TestChartGateway(t *testing.T) {
 	}
 	if d := render(t, "examples/direct-values.yaml"); d.replicaConfig(t).Gateway.Enabled() || len(d.roles) != 1 {
 		t.Error("the gateway is on without gateway.enabled")
+	}
+}
+
+// TestChartNATSTLS: nats.tls mounts its Secret in the replicas and points
+// the replicas' and the agents' nats.tls at its files (the CA, and the
+// client certificate for mTLS), with the server name; configurations that
+// validate. Without it nothing is mounted; enabled without a Secret, or
+// with nothing to use, the chart refuses to render.
+func TestChartNATSTLS(t *testing.T) {
+	vals := func(tls map[string]any) map[string]any {
+		return map[string]any{
+			"nats":  map[string]any{"url": "tls://nats.nats.svc:4222", "tls": tls},
+			"agent": map[string]any{"enabled": true},
+		}
+	}
+	m, err := renderValues(t, vals(map[string]any{"enabled": true, "secretName": "nats-client-tls", "clientCert": true, "serverName": "nats.nats.svc"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := m.replicaConfig(t)
+	c := m.checkReplicas(t, cfg)
+	acfg, err := config.Parse([]byte(m.configMap(t, "kvindex-agent").Data["agent.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.NATSTLS{CAFile: "/etc/kvindex/nats-tls/ca.crt", CertFile: "/etc/kvindex/nats-tls/tls.crt", KeyFile: "/etc/kvindex/nats-tls/tls.key", ServerName: "nats.nats.svc"}
+	if cfg.NATS.TLS != want || acfg.NATS.TLS != want {
+		t.Errorf("nats.tls: replicas %+v, agents %+v, want %+v", cfg.NATS.TLS, acfg.NATS.TLS, want)
+	}
+	mounted := ""
+	for _, vm := range c.VolumeMounts {
+		if vm.Name == "nats-tls" && vm.ReadOnly {
+			mounted = vm.MountPath
+		}
+	}
+	secret := ""
+	for _, v := range m.deployments[0].Spec.Template.Spec.Volumes {
+		if v.Name == "nats-tls" && v.Secret != nil {
+			secret = v.Secret.SecretName
+		}
+	}
+	if mounted == "" || filepath.Dir(want.CAFile) != mounted || secret != "nats-client-tls" {
+		t.Errorf("Secret %q mounted at %q, the configuration reads %s", secret, mounted, filepath.Dir(want.CAFile))
+	}
+
+	// The CA alone (a server that does not verify clients).
+	if m, err = renderValues(t, vals(map[string]any{"enabled": true, "secretName": "nats-ca"})); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.replicaConfig(t).NATS.TLS; got != (config.NATSTLS{CAFile: "/etc/kvindex/nats-tls/ca.crt"}) {
+		t.Errorf("nats.tls with the CA alone: %+v", got)
+	}
+	// Off by default: nothing mounted.
+	m = render(t, "")
+	if got := m.replicaConfig(t).NATS.TLS; got.Enabled() {
+		t.Errorf("nats.tls by default: %+v", got)
+	}
+	for _, v := range m.deployments[0].Spec.Template.Spec.Volumes {
+		if v.Name == "nats-tls" {
+			t.Error("the default values mount a nats-tls volume")
+		}
+	}
+	for _, tc := range []struct {
+		tls  map[string]any
+		want string
+	}{
+		{map[string]any{"enabled": true}, "nats.tls.enabled needs nats.tls.secretName"},
+		{map[string]any{"enabled": true, "secretName": "s", "ca": false}, "nats.tls.enabled needs nats.tls.ca, nats.tls.clientCert or nats.tls.serverName"},
+	} {
+		if _, err := renderValues(t, vals(tc.tls)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("nats.tls %v: %v, want %q", tc.tls, err, tc.want)
+		}
 	}
 }
 

@@ -79,13 +79,21 @@ type agentProc struct {
 // startAgent runs the agent of pod podName of base's configuration.
 func startAgent(t *testing.T, base *config.Config, podName, natsURL string) *agentProc {
 	t.Helper()
+	return startAgentNATS(t, base, podName, config.NATS{URL: natsURL})
+}
+
+// startAgentNATS runs the agent of pod podName of base's configuration on
+// NATS as n says (its registration TTL set to 3s).
+func startAgentNATS(t *testing.T, base *config.Config, podName string, n config.NATS) *agentProc {
+	t.Helper()
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "off", Models: base.Models, Events: base.Events}
 	for _, p := range base.Pods {
 		if p.Name == podName {
 			cfg.Pods = append(cfg.Pods, p)
 		}
 	}
-	cfg.NATS = config.NATS{URL: natsURL, RegistrationTTL: 3 * time.Second}
+	n.RegistrationTTL = 3 * time.Second
+	cfg.NATS = n
 	cfg.Agent.Pod = podName
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -148,7 +148,33 @@ type NATS struct {
 	Models []string `yaml:"models,omitempty"`
 	// CredsFile is a NATS credentials file (JWT and seed); "" for none.
 	CredsFile string `yaml:"creds_file,omitempty"`
+	// TLS secures the connection to NATS (and presents a client
+	// certificate for servers that verify clients).
+	TLS NATSTLS `yaml:"tls,omitempty"`
 }
+
+// NATSTLS is the client side of TLS to NATS, for the agent and the
+// replica alike. Setting any field turns TLS on (as a tls:// URL does).
+// The files are read at start, so that a missing or unreadable one stops
+// the process at once naming its field, and again at every reconnection:
+// a rotated client certificate is presented from the next connection on,
+// and an established connection keeps the one it opened with until it
+// reconnects or the process restarts.
+type NATSTLS struct {
+	// CAFile is the PEM bundle of CAs that sign the server's certificate;
+	// "" trusts the system's roots.
+	CAFile string `yaml:"ca_file,omitempty"`
+	// CertFile and KeyFile are the client's PEM certificate chain and key,
+	// for a server that verifies clients (mTLS); given together.
+	CertFile string `yaml:"cert_file,omitempty"`
+	KeyFile  string `yaml:"key_file,omitempty"`
+	// ServerName is the name the server's certificate must carry; "" for
+	// the host of the URL connected to.
+	ServerName string `yaml:"server_name,omitempty"`
+}
+
+// Enabled reports whether TLS to NATS is configured.
+func (t *NATSTLS) Enabled() bool { return *t != NATSTLS{} }
 
 // Enabled reports whether fleet mode is configured.
 func (n *NATS) Enabled() bool { return n.URL != "" }

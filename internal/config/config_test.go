@@ -178,7 +178,8 @@ func TestREADMEExampleParses(t *testing.T) {
 }
 
 // TestREADMEFleetExamplesParse keeps the README's fleet configurations
-// valid: the agent's names its pod and NATS, the replica's only NATS.
+// valid: the agent's names its pod and NATS, the replica's only NATS, the
+// nats.tls example every field.
 func TestREADMEFleetExamplesParse(t *testing.T) {
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -194,9 +195,13 @@ func TestREADMEFleetExamplesParse(t *testing.T) {
 		block, rest, _ = strings.Cut(rest, "```")
 		blocks = append(blocks, block)
 	}
-	var agent, replica, direct *Config
+	var agent, replica, direct, natsTLS *Config
 	for _, blk := range blocks {
 		switch {
+		case strings.HasPrefix(blk, "nats:"):
+			if natsTLS, err = Parse([]byte(blk)); err != nil {
+				t.Fatalf("README nats.tls example: %v", err)
+			}
 		case strings.HasPrefix(blk, "discovery:"):
 			if direct, err = Parse([]byte(blk)); err != nil {
 				t.Fatalf("README discovery example: %v", err)
@@ -220,6 +225,9 @@ func TestREADMEFleetExamplesParse(t *testing.T) {
 	}
 	if !replica.NATS.Enabled() || len(replica.Pods) != 0 {
 		t.Fatalf("replica.yaml: %+v", replica)
+	}
+	if natsTLS == nil || natsTLS.NATS.TLS.CAFile == "" || natsTLS.NATS.TLS.CertFile == "" || natsTLS.NATS.TLS.KeyFile == "" || natsTLS.NATS.TLS.ServerName == "" {
+		t.Fatalf("README nats.tls example: %+v", natsTLS)
 	}
 	if direct == nil || direct.Discovery.Kubernetes == nil || direct.Discovery.Kubernetes.Selector != "app=vllm" || direct.Discovery.Kubernetes.ReplayPort != 5567 {
 		t.Fatalf("README discovery example: %+v", direct)

@@ -101,13 +101,18 @@ func (a *Auth) Validate(t *TLS) error {
 }
 
 // Validate checks the nats section: server URLs, a TTL of a second or
-// more, named models.
+// more, named models, a client certificate and key together. Whether the
+// files can be read is checked when the connection opens
+// (fleet.Connect).
 func (n *NATS) Validate() error {
 	if !n.Enabled() {
-		if n.Bucket != "" || len(n.Models) > 0 || n.CredsFile != "" {
+		if n.Bucket != "" || len(n.Models) > 0 || n.CredsFile != "" || n.TLS.Enabled() {
 			return invalid("nats.url", "required with the other nats settings")
 		}
 		return nil
+	}
+	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
+		return invalid("nats.tls.cert_file", "give both cert_file and key_file")
 	}
 	for _, u := range strings.Split(n.URL, ",") {
 		u = strings.TrimSpace(u)

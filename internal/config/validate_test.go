@@ -92,6 +92,13 @@ func TestSectionErrors(t *testing.T) {
 		{"nats port", func(c *Config) { c.NATS = NATS{URL: "nats://x", RegistrationTTL: time.Second} }, "nats.url", "is not host:port"},
 		{"nats ttl", func(c *Config) { c.NATS = NATS{URL: "nats://x:4222", RegistrationTTL: time.Millisecond} }, "nats.registration_ttl", "at least 1s"},
 		{"nats without url", func(c *Config) { c.NATS = NATS{Models: []string{"m"}} }, "nats.url", "required with the other nats settings"},
+		{"nats tls without url", func(c *Config) { c.NATS = NATS{TLS: NATSTLS{CAFile: "ca.pem"}} }, "nats.url", "required with the other nats settings"},
+		{"nats tls cert alone", func(c *Config) {
+			c.NATS = NATS{URL: "tls://x:4222", RegistrationTTL: time.Second, TLS: NATSTLS{CertFile: "c.pem"}}
+		}, "nats.tls.cert_file", "give both cert_file and key_file"},
+		{"nats tls key alone", func(c *Config) {
+			c.NATS = NATS{URL: "tls://x:4222", RegistrationTTL: time.Second, TLS: NATSTLS{KeyFile: "k.pem"}}
+		}, "nats.tls.cert_file", "give both cert_file and key_file"},
 		{"push max workers", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", MaxWorkers: 5000}} }, "push[0].max_workers", "must be between 1 and 4096"},
 		{"push allow", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", Allow: []string{"10.0.0.0/8", "nope"}}} }, "push[0].allow[1]", `"nope" is not an IP address or CIDR range`},
 		{"route twice", func(c *Config) {

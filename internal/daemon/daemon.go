@@ -86,7 +86,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
 		RemovalHistory: cfg.Index.RemovalHistory,
 	}), lag: metrics.NewLag()}
-	for _, m := range cfg.Models {
+	for _, m := range upFrontModels(cfg) {
 		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
 			return nil, fmt.Errorf("daemon: model %q: %w", m.Name, err)
 		}
@@ -320,6 +320,34 @@ func (d *Daemon) newPushWorker(ref events.WorkerRef, model, replay string) (even
 		return nil, err
 	}
 	return w, nil
+}
+
+// upFrontModels lists the models New registers in the index: every model
+// of cfg, except on a replica restricted to a shard (nats.models), which
+// registers only its shard's models and those its own pods serve, so that
+// it answers a model another shard holds as unknown rather than as one
+// with no workers. Push listeners keep every model (their engines may name
+// any, and a model registered late would take the default block size);
+// discovered and gateway pods, and fleet workers, add theirs as they
+// appear.
+func upFrontModels(cfg *config.Config) []config.Model {
+	if !cfg.NATS.Enabled() || len(cfg.NATS.Models) == 0 || len(cfg.Push) > 0 {
+		return cfg.Models
+	}
+	keep := map[string]bool{}
+	for _, m := range cfg.NATS.Models {
+		keep[m] = true
+	}
+	for _, p := range cfg.Pods {
+		keep[p.Model] = true
+	}
+	var out []config.Model
+	for _, m := range cfg.Models {
+		if keep[m.Name] {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // GRPCAddr is the address the gRPC server listens on.

@@ -60,6 +60,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.nats.credsSecret -}}
 {{- $_ := set $n "creds_file" "/etc/kvindex/nats/creds" -}}
 {{- end -}}
+{{- $t := .Values.nats.tls -}}
+{{- if $t.enabled -}}
+{{- if not $t.secretName -}}{{- fail "nats.tls.enabled needs nats.tls.secretName" -}}{{- end -}}
+{{- $tls := dict -}}
+{{- if $t.ca -}}{{- $_ := set $tls "ca_file" "/etc/kvindex/nats-tls/ca.crt" -}}{{- end -}}
+{{- if $t.clientCert -}}
+{{- $_ := set $tls "cert_file" "/etc/kvindex/nats-tls/tls.crt" -}}
+{{- $_ := set $tls "key_file" "/etc/kvindex/nats-tls/tls.key" -}}
+{{- end -}}
+{{- if $t.serverName -}}{{- $_ := set $tls "server_name" $t.serverName -}}{{- end -}}
+{{- if not $tls -}}{{- fail "nats.tls.enabled needs nats.tls.ca, nats.tls.clientCert or nats.tls.serverName" -}}{{- end -}}
+{{- $_ := set $n "tls" $tls -}}
+{{- end -}}
 {{- toYaml $n -}}
 {{- end -}}
 
