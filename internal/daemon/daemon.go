@@ -231,6 +231,10 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			MaxPending:    cfg.Limits.MaxPending,
 			Target:        cfg.Limits.QueueTarget,
 			MaxQueueDelay: cfg.Limits.MaxQueueDelay,
+
+			MaxInspect:        cfg.Limits.MaxInspect,
+			MaxInspectPending: cfg.Limits.MaxInspectPending,
+			InspectWait:       cfg.Limits.InspectWait,
 		},
 	})
 	d.api = srv
@@ -274,7 +278,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if cfg.Limits.MaxConnections > 0 {
 		d.grpcLis = xnetutil.LimitListener(d.grpcLis, cfg.Limits.MaxConnections)
 	}
-	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Score and Route calls refused by admission control, by reason: overload (the adaptive bound on pending calls), pending (limits.max_pending), queued (waited past limits.max_queue_delay).", []string{"reason"}, nil)
+	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
 	admGauges := []*prometheus.Desc{
 		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
 		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
@@ -284,6 +288,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
 		ch <- prometheus.MustNewConstMetric(admGauges[0], prometheus.GaugeValue, float64(st.Pending))
 		ch <- prometheus.MustNewConstMetric(admGauges[1], prometheus.GaugeValue, float64(st.Limit))
 	}, admGauges})
