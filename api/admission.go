@@ -16,9 +16,12 @@ import (
 )
 
 // AdmissionOptions bound the Score and Route work the server takes on, so
-// that overload is refused fast instead of queueing without limit. Other
-// calls (Release, ListWorkers, health) are never refused: Release is what
-// relieves load.
+// that overload is refused fast instead of queueing without limit, and
+// give the operator's inspection calls (Lookup, Dump, Diagnose) a smaller
+// budget of their own, so that a storm of them cannot take the cores
+// Score and Route need. Other calls (Release, ListWorkers, health, Watch,
+// which MaxWatches bounds) are never refused: Release is what relieves
+// load.
 type AdmissionOptions struct {
 	// Off disables admission control.
 	Off bool
@@ -46,6 +49,18 @@ type AdmissionOptions struct {
 	// and its decoded token ids. 0 means 128: a burst of 128
 	// maximum-size requests (1 Mi tokens each) holds about 1.2 GB.
 	MaxPending int
+	// MaxInspect bounds Lookup, Dump and Diagnose calls executing at once.
+	// They share no slot with Score and Route: each may cost O(a worker's
+	// blocks) (a Dump page) or O(the prompt) (Lookup, Diagnose), so their
+	// budget is kept below the cores. 0 means half the cores, at least 1.
+	MaxInspect int
+	// MaxInspectPending bounds the Lookup, Dump and Diagnose calls waiting
+	// for one of MaxInspect's slots; more are refused at once, before
+	// their body is read. 0 means 16.
+	MaxInspectPending int
+	// InspectWait is the longest a Lookup, Dump or Diagnose call waits for
+	// a slot before it is refused; 0 means 1 s.
+	InspectWait time.Duration
 }
 
 // Defaults of AdmissionOptions.
@@ -58,7 +73,16 @@ const (
 	DefaultMaxQueueDelay = 50 * time.Millisecond
 	// DefaultMaxPending is AdmissionOptions.MaxPending's default.
 	DefaultMaxPending = 128
+	// DefaultMaxInspectPending is AdmissionOptions.MaxInspectPending's
+	// default.
+	DefaultMaxInspectPending = 16
+	// DefaultInspectWait is AdmissionOptions.InspectWait's default.
+	DefaultInspectWait = time.Second
 )
+
+// DefaultMaxInspect is AdmissionOptions.MaxInspect's default: half the
+// cores (GOMAXPROCS), at least 1.
+func DefaultMaxInspect() int { return max(runtime.GOMAXPROCS(0)/2, 1) }
 
 func (o *AdmissionOptions) defaults() {
 	if o.MaxConcurrent <= 0 {
@@ -76,12 +100,28 @@ func (o *AdmissionOptions) defaults() {
 	if o.MaxPending <= 0 {
 		o.MaxPending = DefaultMaxPending
 	}
+	if o.MaxInspect <= 0 {
+		o.MaxInspect = DefaultMaxInspect()
+	}
+	if o.MaxInspectPending <= 0 {
+		o.MaxInspectPending = DefaultMaxInspectPending
+	}
+	if o.InspectWait <= 0 {
+		o.InspectWait = DefaultInspectWait
+	}
 }
 
 // admitted names the methods admission control applies to.
 var admitted = map[string]bool{
 	"/kvindex.v1.IndexService/Score": true,
 	"/kvindex.v1.IndexService/Route": true,
+}
+
+// inspected names the methods of the inspection budget.
+var inspected = map[string]bool{
+	"/kvindex.v1.IndexService/Lookup":   true,
+	"/kvindex.v1.IndexService/Dump":     true,
+	"/kvindex.v1.IndexService/Diagnose": true,
 }
 
 // Reasons a call is refused, as counted.
@@ -93,6 +133,9 @@ const (
 	refusedQueued
 	// refusedPending: MaxPending calls were already pending.
 	refusedPending
+	// refusedInspect: a Lookup, Dump or Diagnose found MaxInspect calls
+	// running and MaxInspectPending waiting, or waited InspectWait.
+	refusedInspect
 	numAdmissionRefusals
 )
 
@@ -101,7 +144,9 @@ const (
 // queueing delay of an interval above a target) and raised while there is
 // none, enforced in the transport (the tap handle: refusing costs no body
 // read and no decode); a bound on calls executing; and a bound on the
-// delay an accepted call may have queued.
+// delay an accepted call may have queued. The inspection calls have a
+// plain budget beside it: MaxInspect slots, MaxInspectPending waiting
+// (enforced in the tap), and InspectWait at most.
 //
 // # Concurrency
 //
@@ -120,6 +165,10 @@ type admission struct {
 	refused    [numAdmissionRefusals]atomic.Int64
 	admittedN  atomic.Int64
 
+	inspectSlots   chan struct{}
+	inspectPending atomic.Int64 // inspection calls the tap let through and the stats handler has not seen end
+	inspectedN     atomic.Int64
+
 	mu          sync.Mutex // guards intervalEnd, minDelay
 	intervalEnd time.Time
 	minDelay    time.Duration // least queueing delay seen this interval; -1 for none
@@ -130,7 +179,7 @@ func newAdmission(o AdmissionOptions, now func() time.Time) *admission {
 	if now == nil {
 		now = time.Now
 	}
-	a := &admission{o: o, slots: make(chan struct{}, o.MaxConcurrent), now: now, minDelay: -1}
+	a := &admission{o: o, slots: make(chan struct{}, o.MaxConcurrent), inspectSlots: make(chan struct{}, o.MaxInspect), now: now, minDelay: -1}
 	a.limit.Store(int64(o.MaxPending))
 	return a
 }
@@ -142,6 +191,10 @@ func (a *admission) minLimit() int64 { return int64(max(runtime.GOMAXPROCS(0), 2
 // arrivalKey is the context key of a call's *callState; its presence also
 // marks a call counted in pending.
 type arrivalKey struct{}
+
+// inspectKey is the context key of an inspection call's arrival time; its
+// presence also marks a call counted in inspectPending.
+type inspectKey struct{}
 
 // callState is what admission knows of one call: when its headers arrived
 // (set by the tap) and its message's size on the wire (set by the stats
@@ -161,6 +214,9 @@ const bigMessage = 256 << 10
 // time and refuses Score and Route while the server is overloaded. It
 // must not block (it runs on a connection's reader goroutine).
 func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if inspected[info.FullMethodName] {
+		return a.tapInspect(ctx)
+	}
 	if !admitted[info.FullMethodName] {
 		return ctx, nil
 	}
@@ -180,6 +236,18 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 	return context.WithValue(ctx, arrivalKey{}, &callState{arrived: now}), nil
 }
 
+// tapInspect admits an inspection call to the wait for a slot, unless
+// MaxInspect calls run and MaxInspectPending wait already.
+func (a *admission) tapInspect(ctx context.Context) (context.Context, error) {
+	bound := int64(a.o.MaxInspect + a.o.MaxInspectPending)
+	if n := a.inspectPending.Add(1); n > bound {
+		a.inspectPending.Add(-1)
+		a.refused[refusedInspect].Add(1)
+		return ctx, overloaded("overloaded: %d Lookup, Dump and Diagnose calls already running or waiting (limits.max_inspect %d, limits.max_inspect_pending %d); retry with backoff", bound, a.o.MaxInspect, a.o.MaxInspectPending)
+	}
+	return context.WithValue(ctx, inspectKey{}, a.now()), nil
+}
+
 // admissionStats is the stats.Handler that ends a pending call: it sees
 // the end of every call the tap let through, whether its handler ran or
 // not (a client that cancels before sending its body included).
@@ -189,6 +257,11 @@ func (h admissionStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context
 func (h admissionStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	cs, counted := ctx.Value(arrivalKey{}).(*callState)
 	if !counted {
+		if _, inspect := ctx.Value(inspectKey{}).(time.Time); inspect {
+			if _, end := s.(*stats.End); end {
+				h.a.inspectPending.Add(-1)
+			}
+		}
 		return
 	}
 	switch s := s.(type) {
@@ -250,6 +323,9 @@ func (a *admission) observe(d time.Duration) {
 func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	cs, ok := ctx.Value(arrivalKey{}).(*callState)
 	if !ok {
+		if arrived, inspect := ctx.Value(inspectKey{}).(time.Time); inspect {
+			return a.runInspect(ctx, arrived, req, h)
+		}
 		return h(ctx, req)
 	}
 	arrived, big := cs.arrived, cs.wire.Load() >= bigMessage
@@ -287,6 +363,29 @@ func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnarySe
 	return h(ctx, req)
 }
 
+// runInspect runs an inspection call in one of MaxInspect's slots,
+// waiting for one at most InspectWait from the call's arrival.
+func (a *admission) runInspect(ctx context.Context, arrived time.Time, req any, h grpc.UnaryHandler) (any, error) {
+	select {
+	case a.inspectSlots <- struct{}{}:
+	default:
+		t := time.NewTimer(arrived.Add(a.o.InspectWait).Sub(a.now()))
+		select {
+		case a.inspectSlots <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			a.refused[refusedInspect].Add(1)
+			return nil, overloaded("overloaded: waited %v for one of limits.max_inspect's %d slots for Lookup, Dump and Diagnose; retry with backoff", a.o.InspectWait, a.o.MaxInspect)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	defer func() { <-a.inspectSlots }()
+	a.inspectedN.Add(1)
+	return h(ctx, req)
+}
+
 func (a *admission) refuseQueued() error {
 	a.refused[refusedQueued].Add(1)
 	return overloaded("overloaded: the call queued longer than %v; retry with backoff", a.o.MaxQueueDelay)
@@ -301,6 +400,10 @@ type AdmissionStats struct {
 	// MaxQueueDelay; RefusedPending those refused at their start because
 	// MaxPending calls were pending.
 	RefusedOverload, RefusedQueued, RefusedPending int64
+	// Inspected counts Lookup, Dump and Diagnose calls that ran;
+	// RefusedInspect those refused by their budget (MaxInspect,
+	// MaxInspectPending, InspectWait).
+	Inspected, RefusedInspect int64
 	// Pending is the Score and Route calls started and not finished.
 	Pending int64
 	// Overloaded reports whether the last interval ended with a standing
@@ -321,6 +424,8 @@ func (s *Server) AdmissionStats() AdmissionStats {
 		RefusedOverload: a.refused[refusedOverload].Load(),
 		RefusedQueued:   a.refused[refusedQueued].Load(),
 		RefusedPending:  a.refused[refusedPending].Load(),
+		Inspected:       a.inspectedN.Load(),
+		RefusedInspect:  a.refused[refusedInspect].Load(),
 		Pending:         a.pending.Load(),
 		Overloaded:      a.overloaded.Load(),
 		Limit:           a.limit.Load(),
@@ -353,7 +458,8 @@ func overloaded(format string, args ...any) error {
 }
 
 // IsOverloaded reports whether err is a server's admission control
-// refusing a Score or Route call because the server is overloaded (not a
+// refusing a Score, Route or inspection call because the server is
+// overloaded (not a
 // request over a limit, which is ResourceExhausted too): the call was not
 // run, and may be retried with backoff.
 func IsOverloaded(err error) bool {

@@ -122,3 +122,68 @@ func TestAdmissionMaxQueueDelay(t *testing.T) {
 		t.Fatalf("admitted %d, want 1", a.admittedN.Load())
 	}
 }
+
+// The inspection budget: MaxInspect running and MaxInspectPending waiting,
+// more refused at their start; a waiting call is refused after
+// InspectWait; Score's bounds are neither used nor touched.
+func TestAdmissionInspectBudget(t *testing.T) {
+	a := newAdmission(AdmissionOptions{MaxPending: 4, MaxInspect: 1, MaxInspectPending: 1, InspectWait: 20 * time.Millisecond}, nil)
+	dump := &tap.Info{FullMethodName: "/kvindex.v1.IndexService/Dump"}
+	dumpInfo := &grpc.UnaryServerInfo{FullMethod: dump.FullMethodName}
+	running, err := a.tap(context.Background(), dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := a.tap(context.Background(), &tap.Info{FullMethodName: "/kvindex.v1.IndexService/Lookup"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.tap(context.Background(), &tap.Info{FullMethodName: "/kvindex.v1.IndexService/Diagnose"}); !IsOverloaded(err) {
+		t.Fatalf("a third inspection call: %v, want an overload refusal", err)
+	}
+	// Score is admitted by its own bound meanwhile.
+	sctx, err := a.tap(context.Background(), score())
+	if err != nil {
+		t.Fatalf("Score while the inspection budget is spent: %v", err)
+	}
+	if r, err := a.interceptor(sctx, nil, unaryInfo(), ok); err != nil || r != "done" {
+		t.Fatalf("Score: %v, %v", r, err)
+	}
+	end(a, sctx)
+
+	// The running call holds the one slot; the waiting one gives up after
+	// InspectWait.
+	release, held := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.interceptor(running, nil, dumpInfo, func(context.Context, any) (any, error) {
+			close(held)
+			<-release
+			return "dumped", nil
+		})
+		done <- err
+	}()
+	<-held
+	if _, err := a.interceptor(waiting, nil, dumpInfo, ok); !IsOverloaded(err) {
+		t.Fatalf("a call that waited InspectWait: %v, want an overload refusal", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	end(a, running)
+	end(a, waiting)
+	if r, err := a.interceptor(waiting, nil, dumpInfo, ok); err != nil || r != "done" {
+		t.Fatalf("with the slot free: %v, %v", r, err)
+	}
+	st := AdmissionStats{Inspected: a.inspectedN.Load(), RefusedInspect: a.refused[refusedInspect].Load()}
+	if st.Inspected != 2 || st.RefusedInspect != 2 || a.inspectPending.Load() != 0 || a.pending.Load() != 0 || a.admittedN.Load() != 1 {
+		t.Fatalf("inspected %d, refused %d, inspect pending %d, Score pending %d, admitted %d; want 2 2 0 0 1",
+			st.Inspected, st.RefusedInspect, a.inspectPending.Load(), a.pending.Load(), a.admittedN.Load())
+	}
+	for r := range refusedInspect {
+		if n := a.refused[r].Load(); n != 0 {
+			t.Errorf("Score's refusal %d counted %d", r, n)
+		}
+	}
+}

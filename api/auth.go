@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -51,11 +54,22 @@ func (s Scope) String() string {
 }
 
 // methodScopes are the scopes each method needs; a method not listed
-// needs ScopeRead.
+// needs ScopeRead. The endpoint picker's ext_proc stream routes (it calls
+// Route for every request), so it needs ScopeRoute.
 var methodScopes = map[string]Scope{
-	"/kvindex.v1.IndexService/Route":   ScopeRoute,
-	"/kvindex.v1.IndexService/Release": ScopeRoute,
+	"/kvindex.v1.IndexService/Route":                       ScopeRoute,
+	"/kvindex.v1.IndexService/Release":                     ScopeRoute,
+	"/envoy.service.ext_proc.v3.ExternalProcessor/Process": ScopeRoute,
 }
+
+// Listener names of the refusal counts (AuthRefusal.Listener): the gRPC
+// API, the endpoint picker's ext_proc listener, and the HTTP metrics
+// server (/metrics, /healthz).
+const (
+	ListenerGRPC    = "grpc"
+	ListenerGateway = "gateway"
+	ListenerMetrics = "metrics"
+)
 
 // Token is one client's bearer token: its name (the client's identity in
 // logs and for request ownership), the secret, and its scopes.
@@ -67,8 +81,9 @@ type Token struct {
 
 // AuthOptions tune an Auth.
 type AuthOptions struct {
-	// OpenHealth lets health checks through without a token (kubelet's
-	// gRPC probes cannot send one).
+	// OpenHealth lets health checks through without a token: gRPC's
+	// grpc.health.v1 on every listener and HTTP's /healthz (kubelet's
+	// probes cannot send one).
 	OpenHealth bool
 	// CertIdentity accepts a verified TLS client certificate (mTLS) as
 	// the identity, with every scope, when a call carries no token.
@@ -80,18 +95,45 @@ type AuthOptions struct {
 // their SHA-256), or a verified client certificate. It puts the caller's
 // identity in the call's context (IdentityFrom) and refuses a missing or
 // unknown credential with Unauthenticated and a missing scope with
-// PermissionDenied, counting each. Secrets never appear in errors or
-// logs.
+// PermissionDenied, counting each by listener. One Auth guards every
+// listener of a process (gRPC, the picker's ext_proc, HTTP metrics), so
+// one token table, one rotation and one set of counters cover them all.
+// Secrets never appear in errors or logs.
 //
 // # Concurrency
 //
 // Safe for concurrent use; SetTokens swaps the token table atomically (a
-// rotation takes effect on the next call).
+// rotation takes effect on the next call). mu guards listeners, which
+// grows only while listeners are set up; a call counts into its
+// listener's counters without a lock.
 type Auth struct {
 	opts   AuthOptions
 	tokens atomic.Pointer[[]hashedToken]
-	// Refusals by reason.
+	sets   atomic.Int64 // SetTokens calls that installed a table
+
+	mu        sync.Mutex
+	listeners []*listenerRefusals
+}
+
+// listenerRefusals are one listener's refusal counters.
+type listenerRefusals struct {
+	name                    string
 	unauthenticated, denied atomic.Int64
+}
+
+// listener returns the counters of the listener named name, adding them
+// the first time.
+func (a *Auth) listener(name string) *listenerRefusals {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, l := range a.listeners {
+		if l.name == name {
+			return l
+		}
+	}
+	l := &listenerRefusals{name: name}
+	a.listeners = append(a.listeners, l)
+	return l
 }
 
 type hashedToken struct {
@@ -135,28 +177,75 @@ func (a *Auth) SetTokens(tokens []Token) error {
 		out = append(out, hashedToken{name: t.Name, sum: sum, scopes: t.Scopes})
 	}
 	a.tokens.Store(&out)
+	a.sets.Add(1)
 	return nil
 }
 
-// Refusals returns the calls refused for a missing or unknown credential
-// and for a missing scope.
+// TokenSets counts the token tables installed, NewAuth's included: a
+// rotation has taken effect once it moved.
+func (a *Auth) TokenSets() int64 { return a.sets.Load() }
+
+// Refusals returns the calls refused, over every listener, for a missing
+// or unknown credential and for a missing scope.
 func (a *Auth) Refusals() (unauthenticated, denied int64) {
-	return a.unauthenticated.Load(), a.denied.Load()
+	for _, r := range a.RefusalsByListener() {
+		if r.Reason == RefusedUnauthenticated {
+			unauthenticated += r.N
+		} else {
+			denied += r.N
+		}
+	}
+	return unauthenticated, denied
+}
+
+// Reasons of AuthRefusal.
+const (
+	// RefusedUnauthenticated: no credential, or an unknown token.
+	RefusedUnauthenticated = "unauthenticated"
+	// RefusedDenied: a known client without the scope the call needs.
+	RefusedDenied = "denied"
+)
+
+// AuthRefusal is one listener's count of refusals for one reason.
+type AuthRefusal struct {
+	Listener, Reason string
+	N                int64
+}
+
+// RefusalsByListener returns every guarded listener's refusals, both
+// reasons each, in the order the listeners were set up.
+func (a *Auth) RefusalsByListener() []AuthRefusal {
+	a.mu.Lock()
+	ls := slices.Clone(a.listeners)
+	a.mu.Unlock()
+	out := make([]AuthRefusal, 0, 2*len(ls))
+	for _, l := range ls {
+		out = append(out,
+			AuthRefusal{Listener: l.name, Reason: RefusedUnauthenticated, N: l.unauthenticated.Load()},
+			AuthRefusal{Listener: l.name, Reason: RefusedDenied, N: l.denied.Load()})
+	}
+	return out
 }
 
 // ServerOptions returns the interceptors that enforce a on every unary and
-// streaming call; add them to the grpc.Server's options.
-func (a *Auth) ServerOptions() []grpc.ServerOption {
+// streaming call of the gRPC API (refusals counted under ListenerGRPC);
+// add them to the grpc.Server's options.
+func (a *Auth) ServerOptions() []grpc.ServerOption { return a.ListenerOptions(ListenerGRPC) }
+
+// ListenerOptions returns the interceptors that enforce a on every call of
+// a gRPC server, counting its refusals under listener.
+func (a *Auth) ListenerOptions(listener string) []grpc.ServerOption {
+	l := a.listener(listener)
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			ctx, err := a.check(ctx, info.FullMethod)
+			ctx, err := a.check(ctx, l, info.FullMethod)
 			if err != nil {
 				return nil, err
 			}
 			return h(ctx, req)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			ctx, err := a.check(ss.Context(), info.FullMethod)
+			ctx, err := a.check(ss.Context(), l, info.FullMethod)
 			if err != nil {
 				return err
 			}
@@ -180,8 +269,8 @@ var (
 )
 
 // check authenticates the call and authorises method, returning ctx with
-// the caller's identity.
-func (a *Auth) check(ctx context.Context, method string) (context.Context, error) {
+// the caller's identity; refusals count into l.
+func (a *Auth) check(ctx context.Context, l *listenerRefusals, method string) (context.Context, error) {
 	if a.opts.OpenHealth && strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return ctx, nil
 	}
@@ -189,26 +278,26 @@ func (a *Auth) check(ctx context.Context, method string) (context.Context, error
 	if !ok {
 		need = ScopeRead
 	}
-	name, scopes, err := a.identify(ctx)
+	md, _ := metadata.FromIncomingContext(ctx)
+	name, scopes, err := a.identify(md.Get("authorization"), func() (string, bool) { return certIdentity(ctx) })
 	if err != nil {
-		a.unauthenticated.Add(1)
+		l.unauthenticated.Add(1)
 		return ctx, status.Errorf(codes.Unauthenticated, "%s: %v", method, err)
 	}
 	if scopes&need != need {
-		a.denied.Add(1)
+		l.denied.Add(1)
 		return ctx, status.Errorf(codes.PermissionDenied, "%s: client %q has scopes %q, the call needs %q", method, name, scopes.String(), need.String())
 	}
 	return WithIdentity(ctx, name), nil
 }
 
-// identify returns the caller's name and scopes from its bearer token, or
-// from its verified client certificate when CertIdentity is on.
-func (a *Auth) identify(ctx context.Context) (string, Scope, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
+// identify returns the caller's name and scopes from its bearer token
+// (vals, the values of its authorization header), or from its verified
+// client certificate (cert) when CertIdentity is on.
+func (a *Auth) identify(vals []string, cert func() (string, bool)) (string, Scope, error) {
 	if len(vals) == 0 {
 		if a.opts.CertIdentity {
-			if name, ok := certIdentity(ctx); ok {
+			if name, ok := cert(); ok {
 				return name, ScopeRead | ScopeRoute, nil
 			}
 		}
@@ -242,10 +331,19 @@ func certIdentity(ctx context.Context) (string, bool) {
 		return "", false
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+	if !ok {
 		return "", false
 	}
-	cn := ti.State.VerifiedChains[0][0].Subject.CommonName
+	return certName(&ti.State)
+}
+
+// certName returns "cert:" and the subject common name of a connection's
+// verified client certificate.
+func certName(cs *tls.ConnectionState) (string, bool) {
+	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	cn := cs.VerifiedChains[0][0].Subject.CommonName
 	return "cert:" + cn, cn != ""
 }
 

@@ -27,6 +27,16 @@ type ClientTLS struct {
 // DialOption returns the dial option that makes Dial use TLS with these
 // settings (it overrides Dial's default plaintext).
 func (c ClientTLS) DialOption() (grpc.DialOption, error) {
+	cfg, err := c.Config()
+	if err != nil {
+		return nil, err
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(cfg)), nil
+}
+
+// Config returns the TLS configuration of these settings, for an HTTP
+// client of the same server (its metrics server with tls.metrics).
+func (c ClientTLS) Config() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
@@ -48,5 +58,5 @@ func (c ClientTLS) DialOption() (grpc.DialOption, error) {
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
-	return grpc.WithTransportCredentials(credentials.NewTLS(cfg)), nil
+	return cfg, nil
 }

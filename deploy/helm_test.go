@@ -309,7 +309,7 @@ func TestChartSidecarExample(t *testing.T) {
 	m := render(t, "examples/sidecar-values.yaml")
 	cfg := m.replicaConfig(t)
 	m.checkReplicas(t, cfg)
-	if len(cfg.Auth.Tokens) != 1 || cfg.Auth.Tokens[0].Name != "gateway" || !cfg.Auth.OpenHealth || cfg.Events.StaleAfterDisconnect.String() != "5s" {
+	if len(cfg.Auth.Tokens) != 2 || cfg.Auth.Tokens[0].Name != "gateway" || !cfg.Auth.OpenHealth || cfg.Events.StaleAfterDisconnect.String() != "5s" {
 		t.Errorf("auth %+v, events %+v", cfg.Auth, cfg.Events)
 	}
 	agentCM := m.configMap(t, "kvindex-agent")
@@ -329,6 +329,11 @@ func TestChartSidecarExample(t *testing.T) {
 	if len(m.monitors) != 1 || len(m.monitors[0].Spec.Endpoints) != 1 || m.monitors[0].Spec.Endpoints[0].Port != "metrics" ||
 		!m.monitors[0].Spec.Endpoints[0].HonorLabels {
 		t.Errorf("service monitor %+v: want the metrics port with honorLabels (kvindex's pod label)", m.monitors)
+	}
+	// /metrics takes the tokens: the monitor sends the read-only one.
+	if a := m.monitors[0].Spec.Endpoints[0].Authorization; a == nil || a.Type != "Bearer" || a.Credentials == nil ||
+		a.Credentials.Name != "kvindex-prometheus-token" || a.Credentials.Key != "token" {
+		t.Errorf("service monitor authorization %+v: want the prometheus token's Secret", a)
 	}
 	if len(m.rules) != 1 {
 		t.Fatalf("%d PrometheusRules", len(m.rules))

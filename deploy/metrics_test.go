@@ -35,10 +35,20 @@ import (
 
 const liveModel = "meta-llama/Llama-3.1-8B-Instruct"
 
+// replicaToken is the secret of the replica's token.
+const replicaToken = "s3cret"
+
 // scrape fetches url and returns its metric families by name.
 func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The replica's /metrics takes its tokens (scope read); the others
+	// ignore the header.
+	req.Header.Set("Authorization", "Bearer "+replicaToken)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +169,7 @@ func TestEveryUsedMetricIsExported(t *testing.T) {
 	run(agent.Run)
 	agentURL := serveRegistry(t, append(agent.Collectors(), collectors.NewGoCollector())...)
 
-	t.Setenv("KVINDEX_TEST_TOKEN", "s3cret")
+	t.Setenv("KVINDEX_TEST_TOKEN", replicaToken)
 	rcfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", Models: []config.Model{{Name: liveModel, BlockSize: 16}},
 		NATS:      config.NATS{URL: natsURL},
 		Auth:      config.Auth{OpenHealth: true, Tokens: []config.Token{{Name: "load", Scopes: []string{"read", "route"}, Env: "KVINDEX_TEST_TOKEN"}}},
@@ -173,7 +183,7 @@ func TestEveryUsedMetricIsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(replica.Run)
-	kv, err := api.Dial(ctx, replica.GRPCAddr(), grpc.WithPerRPCCredentials(api.NewBearerToken("s3cret", false)))
+	kv, err := api.Dial(ctx, replica.GRPCAddr(), grpc.WithPerRPCCredentials(api.NewBearerToken(replicaToken, false)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -157,8 +158,8 @@ func TestTLSTokensAndScopes(t *testing.T) {
 	}
 
 	// /metrics is served over the same mTLS and counts the refusals.
-	m := s.metricsTLS(t)
-	for _, want := range []string{`kvindex_auth_refused_total{reason="unauthenticated"} 2`, `kvindex_auth_refused_total{reason="denied"} 1`} {
+	m := s.metricsTLS(t, readSecret)
+	for _, want := range []string{`kvindex_auth_refused_total{listener="grpc",reason="unauthenticated"} 2`, `kvindex_auth_refused_total{listener="grpc",reason="denied"} 1`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
@@ -185,17 +186,9 @@ func TestTLSTokensAndScopes(t *testing.T) {
 	}
 }
 
-// metricsTLS reads /metrics over mTLS.
-func (s *secureFleet) metricsTLS(t *testing.T) string {
+// metricsTLS reads /metrics over mTLS with token.
+func (s *secureFleet) metricsTLS(t *testing.T, token string) string {
 	t.Helper()
-	pem, _ := os.ReadFile(s.ca.File)
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	cert, err := tls.LoadX509KeyPair(s.client.CertFile, s.client.KeyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
 	if resp, err := http.Get("http://" + s.d.MetricsAddr() + "/metrics"); err == nil {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -203,7 +196,43 @@ func (s *secureFleet) metricsTLS(t *testing.T) string {
 			t.Fatal("/metrics served over plaintext")
 		}
 	}
-	resp, err := hc.Get("https://" + s.d.MetricsAddr() + "/metrics")
+	code, _, body := httpGet(t, httpsClient(t, s.ca.File, s.client), "https://"+s.d.MetricsAddr()+"/metrics", token)
+	if code != http.StatusOK {
+		t.Fatalf("/metrics with a read token: %d %s", code, body)
+	}
+	return body
+}
+
+// httpsClient is an HTTP client trusting caFile, presenting client's
+// certificate unless client is the zero Pair.
+func httpsClient(t *testing.T, caFile string, client testcerts.Pair) *http.Client {
+	t.Helper()
+	pem, _ := os.ReadFile(caFile)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	tc := &tls.Config{RootCAs: pool}
+	if client.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(client.CertFile, client.KeyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+}
+
+// httpGet GETs url with token ("" for none) and returns the status, the
+// WWW-Authenticate challenge and the body.
+func httpGet(t *testing.T, hc *http.Client, url, token string) (int, string, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,5 +241,105 @@ func (s *secureFleet) metricsTLS(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b)
+	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), string(b)
+}
+
+// TestMetricsTokens: the metrics server takes the gRPC API's tokens, over
+// mTLS (open_health) and over TLS without client certificates (health
+// closed): /metrics needs scope read (no or an unknown token 401 with a
+// Bearer challenge, a route-only token 403), /healthz needs it unless
+// auth.open_health; a rotated token file takes effect on /metrics once
+// the daemon has reloaded it; refusals are counted by listener; kvindexctl
+// health --http sends its token.
+func TestMetricsTokens(t *testing.T) {
+	const routeOnly = "route-only-secret-0123456789"
+	t.Setenv("KVINDEX_TEST_ROUTE_ONLY", routeOnly)
+	dir := t.TempDir()
+	ca, err := testcerts.NewCA(dir, "kvindex-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := ca.Server("kvindex")
+	client, _ := ca.Client("dashboards-1")
+	for _, mtls := range []bool{true, false} {
+		t.Run(map[bool]string{true: "mTLS", false: "TLS"}[mtls], func(t *testing.T) {
+			readFile := filepath.Join(t.TempDir(), "read")
+			if err := os.WriteFile(readFile, []byte(readSecret+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f := newFleet(t, fleetOptions{configure: func(c *config.Config) {
+				c.TLS = config.TLS{CertFile: srv.CertFile, KeyFile: srv.KeyFile, Metrics: true}
+				if mtls {
+					c.TLS.ClientCAFile = ca.File
+				}
+				c.Auth = config.Auth{OpenHealth: mtls, Tokens: []config.Token{
+					{Name: "dashboards", Scopes: []string{"read"}, File: readFile},
+					{Name: "gateway", Scopes: []string{"read", "route"}, Env: "KVINDEX_TEST_ROUTE2"},
+					{Name: "router", Scopes: []string{"route"}, Env: "KVINDEX_TEST_ROUTE_ONLY"},
+				}}
+			}}, podSpec{name: "a"})
+			t.Setenv("KVINDEX_TEST_ROUTE2", route2Secret)
+			f.start()
+			var pair testcerts.Pair
+			if mtls {
+				pair = client
+			}
+			hc := httpsClient(t, ca.File, pair)
+			base := "https://" + f.d.MetricsAddr()
+			for _, tc := range []struct {
+				path, token string
+				code        int
+				challenge   string
+			}{
+				{"/metrics", "", 401, `Bearer realm="kvindex"`},
+				{"/metrics", "not-a-token", 401, `Bearer realm="kvindex", error="invalid_token"`},
+				{"/metrics", routeOnly, 403, `Bearer realm="kvindex", error="insufficient_scope", scope="read"`},
+				{"/metrics", readSecret, 200, ""},
+				{"/healthz", readSecret, 200, ""},
+				{"/healthz", "", map[bool]int{true: 200, false: 401}[mtls], map[bool]string{false: `Bearer realm="kvindex"`}[mtls]},
+			} {
+				code, challenge, body := httpGet(t, hc, base+tc.path, tc.token)
+				if code != tc.code || challenge != tc.challenge {
+					t.Errorf("%s with %q: %d %q; want %d %q (%s)", tc.path, tc.token, code, challenge, tc.code, tc.challenge, strings.TrimSpace(body))
+				}
+				if code == 200 && tc.path == "/metrics" && !strings.Contains(body, "kvindex_batches_total{") {
+					t.Errorf("/metrics answered 200 without the metrics")
+				}
+			}
+			wantU := map[bool]string{true: "2", false: "3"}[mtls]
+			_, _, m := httpGet(t, hc, base+"/metrics", route2Secret)
+			for _, want := range []string{`kvindex_auth_refused_total{listener="metrics",reason="unauthenticated"} ` + wantU, `kvindex_auth_refused_total{listener="metrics",reason="denied"} 1`, `kvindex_auth_refused_total{listener="grpc",reason="unauthenticated"} 0`} {
+				if !strings.Contains(m, want) {
+					t.Errorf("metrics lack %s", want)
+				}
+			}
+
+			// kvindexctl health --http sends its token (and the TLS settings).
+			var out bytes.Buffer
+			cfg := ctl.Config{Out: &out, Timeout: 5 * time.Second, TLS: ctl.TLS{CAFile: ca.File, CertFile: pair.CertFile, KeyFile: pair.KeyFile}}
+			if !mtls {
+				if err := ctl.HealthHTTP(context.Background(), cfg, base+"/healthz"); !errors.Is(err, ctl.ErrNotServing) || !strings.Contains(err.Error(), "401") {
+					t.Errorf("kvindexctl health --http without a token: %v, want 401", err)
+				}
+			}
+			cfg.Token = readSecret
+			if err := ctl.HealthHTTP(context.Background(), cfg, base+"/healthz"); err != nil || strings.TrimSpace(out.String()) != "ok" {
+				t.Errorf("kvindexctl health --http with a read token: %v, %q", err, out.String())
+			}
+
+			// Rotation: once the daemon has reloaded the rewritten file, the
+			// old secret is refused and the new one served.
+			const rotated = "read-secret-rotated-987654"
+			if err := os.WriteFile(readFile, []byte(rotated), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f.waitFor(func() bool { return f.d.Auth().Reloads() == 1 }, "the daemon to reload the token file")
+			if code, _, _ := httpGet(t, hc, base+"/metrics", readSecret); code != 401 {
+				t.Errorf("/metrics with the rotated-out secret: %d, want 401", code)
+			}
+			if code, _, body := httpGet(t, hc, base+"/metrics", rotated); code != 200 || !strings.Contains(body, "kvindex_auth_token_reloads_total 1") {
+				t.Errorf("/metrics with the new secret: %d, reloads counted: %v", code, strings.Contains(body, "kvindex_auth_token_reloads_total 1"))
+			}
+		})
+	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/ctl"
 	"github.com/kvindex/kvindex/internal/daemon"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -245,6 +246,28 @@ func TestKvindexctlDiffReplicaAndAgent(t *testing.T) {
 	defer c.Close()
 	if _, err := c.Route(context.Background(), &kvindexv1.RouteRequest{RequestId: "r", Score: &kvindexv1.ScoreRequest{Model: model, TokenIds: tokens("x", blockSize)}}); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("Route at the agent: %v, want PermissionDenied", err)
+	}
+
+	// With auth.tokens the agent's index takes the same tokens as kvindex
+	// serve: kvindexctl diff with a read token, nothing without one.
+	t.Setenv("KVINDEX_TEST_READ", readSecret)
+	auth, err := daemon.NewAuth(&config.Auth{Tokens: []config.Token{{Name: "dashboards", Scopes: []string{"read"}, Env: "KVINDEX_TEST_READ"}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	securedAddr, stopSecured, err := rig.agents["p0"].a.ServeIndex("127.0.0.1:0", auth.ListenerOptions(api.ListenerGRPC)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopSecured()
+	anon := ctl.Config{Addr: securedAddr, Timeout: 5 * time.Second, Out: &out}
+	if err := ctl.Workers(context.Background(), anon, ""); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("the agent's index without a token: %v, want Unauthenticated", err)
+	}
+	out.Reset()
+	cfg.Token = readSecret
+	if err := ctl.Diff(context.Background(), cfg, ctl.DiffArgs{Other: securedAddr}); err != nil {
+		t.Fatalf("kvindexctl diff with a read token: %v", err)
 	}
 }
 

@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,7 +17,12 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api"
 
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/picker"
@@ -466,5 +475,89 @@ func TestGatewayAvoidsStale(t *testing.T) {
 	g.finish(s, "either", 1)
 	if st := g.d.Picker().Stats(); st.Decisions["stale_only"] != 1 {
 		t.Fatalf("stats %+v, want one stale_only decision", st)
+	}
+}
+
+// TestGatewayTokens: with auth.tokens the picker's ext_proc listener
+// takes the gRPC API's tokens, sent as Envoy sends its grpc_service's
+// initial_metadata: no or an unknown token is refused Unauthenticated, a
+// read token PermissionDenied (Process routes: it needs scope route), a
+// route token is served; refusals are counted under listener gateway; a
+// rotated token file takes effect once the daemon has reloaded it.
+func TestGatewayTokens(t *testing.T) {
+	dir := t.TempDir()
+	readFile, routeFile := filepath.Join(dir, "read"), filepath.Join(dir, "route")
+	for f, secret := range map[string]string{readFile: readSecret, routeFile: routeSecret + "\n"} {
+		if err := os.WriteFile(f, []byte(secret), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := startGatewayWith(t, picker.FullDuplex, false, func(c *config.Config) {
+		c.Auth = config.Auth{Tokens: []config.Token{
+			{Name: "dashboards", Scopes: []string{"read"}, File: readFile},
+			{Name: "envoy", Scopes: []string{"route"}, File: routeFile},
+		}}
+	}, "e1", "e2")
+	body, _ := json.Marshal(map[string]any{"model": model, "messages": []tokenize.Message{{Role: "user", Content: sentence(1, 40)}}})
+	// pick replays one request with token ("" for none) and returns the
+	// pod chosen, or the stream's gRPC status.
+	pick := func(token string) (string, codes.Code) {
+		t.Helper()
+		ctx := context.Background()
+		if token != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		}
+		s, err := envoytest.Open(ctx, g.client, g.mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Cancel()
+		d, err := s.Request("/v1/chat/completions", body, 512, nil)
+		if err != nil {
+			return "", status.Code(err)
+		}
+		if d.Status != 0 {
+			t.Fatalf("token %q: picker answered %d", token, d.Status)
+		}
+		respond(t, s, 2)
+		return g.pod(d.Header), codes.OK
+	}
+	for _, tc := range []struct {
+		token string
+		code  codes.Code
+	}{
+		{"", codes.Unauthenticated},
+		{"not-a-token", codes.Unauthenticated},
+		{readSecret, codes.PermissionDenied},
+		{routeSecret, codes.OK},
+	} {
+		pod, code := pick(tc.token)
+		if code != tc.code || (code == codes.OK) != (pod == "e1" || pod == "e2") {
+			t.Errorf("token %q: pod %q, %v; want %v", tc.token, pod, code, tc.code)
+		}
+	}
+	g.waitFor(func() bool { return g.d.InFlight() == 0 }, "the routed request to be released")
+	want := []api.AuthRefusal{{Listener: api.ListenerGRPC, Reason: api.RefusedUnauthenticated}, {Listener: api.ListenerGRPC, Reason: api.RefusedDenied},
+		{Listener: api.ListenerGateway, Reason: api.RefusedUnauthenticated, N: 2}, {Listener: api.ListenerGateway, Reason: api.RefusedDenied, N: 1},
+		{Listener: api.ListenerMetrics, Reason: api.RefusedUnauthenticated}, {Listener: api.ListenerMetrics, Reason: api.RefusedDenied}}
+	if got := g.d.Auth().RefusalsByListener(); !slices.Equal(got, want) {
+		t.Errorf("refusals %+v, want %+v", got, want)
+	}
+
+	// Rotation.
+	const rotated = "route-secret-rotated-987654"
+	if err := os.WriteFile(routeFile, []byte(rotated), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.waitFor(func() bool { return g.d.Auth().Reloads() == 1 }, "the daemon to reload the token file")
+	if _, code := pick(routeSecret); code != codes.Unauthenticated {
+		t.Errorf("the rotated-out secret: %v, want Unauthenticated", code)
+	}
+	if pod, code := pick(rotated); code != codes.OK || pod == "" {
+		t.Errorf("the new secret: pod %q, %v", pod, code)
+	}
+	code, _, m := httpGet(t, http.DefaultClient, "http://"+g.d.MetricsAddr()+"/metrics", readSecret)
+	if code != http.StatusOK || !strings.Contains(m, `kvindex_auth_refused_total{listener="gateway",reason="unauthenticated"} 3`) {
+		t.Errorf("/metrics: %d, gateway refusals not counted", code)
 	}
 }

@@ -19,9 +19,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
+	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/internal/config"
 	"github.com/kvindex/kvindex/internal/daemon"
 	"github.com/kvindex/kvindex/internal/fleet"
@@ -193,18 +194,31 @@ func runAgent(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	// One authentication, the same tokens as kvindex serve's, guards the
+	// metrics server and the inspection gRPC.
+	auth, err := daemon.NewAuth(&cfg.Auth, log)
+	if err != nil {
+		return err
+	}
+	var grpcOpts []grpc.ServerOption
+	if auth != nil {
+		grpcOpts = auth.ListenerOptions(api.ListenerGRPC)
+		authCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go auth.Run(authCtx, time.Second)
+	}
 	if cfg.MetricsListen != "off" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(a.Collectors()...)
+		if auth != nil {
+			reg.MustRegister(auth.Collectors()...)
+		}
 		lis, err := net.Listen("tcp", cfg.MetricsListen)
 		if err != nil {
 			return fmt.Errorf("agent: metrics listen on %s: %w", cfg.MetricsListen, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: daemon.MetricsHandler(reg, auth), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(lis) }()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -214,7 +228,7 @@ func runAgent(ctx context.Context, cfg *config.Config) error {
 		log.Info("kvindex agent metrics", "addr", lis.Addr().String())
 	}
 	if cfg.Agent.GRPCListen != "" {
-		_, stop, err := a.ServeIndex(cfg.Agent.GRPCListen)
+		_, stop, err := a.ServeIndex(cfg.Agent.GRPCListen, grpcOpts...)
 		if err != nil {
 			return err
 		}

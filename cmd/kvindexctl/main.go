@@ -295,7 +295,8 @@ func newHealth(cfg *ctl.Config) *cobra.Command {
 		Short: "Check the server's gRPC health (grpc.health.v1); exits non-zero unless SERVING",
 		Long: "health asks the standard gRPC health service, as kubelet's gRPC probe does, and prints the\n" +
 			"status; it exits non-zero unless the status is SERVING, so it serves as a container health check.\n" +
-			"With --http it GETs that URL instead (a kvindex agent's /healthz: agents serve no gRPC).",
+			"With --http it GETs that URL instead (a kvindex agent's /healthz: agents serve no gRPC), sending the\n" +
+			"--token-file token as \"Authorization: Bearer\" and, for https, the --tls-* settings.",
 		Example: "  kvindexctl --addr localhost:50051 health\n  kvindexctl health --http http://127.0.0.1:9400/healthz",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

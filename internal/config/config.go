@@ -194,9 +194,10 @@ type Agent struct {
 	// GRPCListen, when set, serves the agent's own index over gRPC for
 	// inspection (ListWorkers, Lookup, Dump, Diagnose, Watch, Score; Route
 	// and Release are refused), so that kvindexctl diff can compare a
-	// replica with the agent it follows. Plaintext and without tokens:
-	// bind it to the pod's loopback (127.0.0.1:50052) and reach it with
-	// kubectl port-forward. "" (the default) serves nothing.
+	// replica with the agent it follows. Plaintext: bind it to the pod's
+	// loopback (127.0.0.1:50052) and reach it with
+	// kubectl port-forward. With auth.tokens it takes the same tokens as
+	// kvindex serve. "" (the default) serves nothing.
 	GRPCListen string `yaml:"grpc_listen,omitempty"`
 }
 
@@ -219,12 +220,16 @@ type TLS struct {
 // Enabled reports whether TLS is configured.
 func (t *TLS) Enabled() bool { return t.CertFile != "" }
 
-// Auth configures bearer-token authentication of gRPC calls.
+// Auth configures bearer-token authentication of every listener: the
+// gRPC API, the endpoint picker's ext_proc listener (gateway.listen), the
+// metrics server (/metrics and /healthz need scope read) and an agent's
+// agent.grpc_listen.
 type Auth struct {
 	// Tokens are the accepted tokens; with none, calls need no token.
 	Tokens []Token `yaml:"tokens,omitempty"`
-	// OpenHealth lets health checks through without a token (kubelet's
-	// gRPC probes cannot send one).
+	// OpenHealth lets health checks through without a token: gRPC health
+	// on every listener and the metrics server's /healthz (kubelet's
+	// probes cannot send one).
 	OpenHealth bool `yaml:"open_health,omitempty"`
 	// CertIdentity accepts a verified client certificate (tls.client_ca_file)
 	// in place of a token, with every scope; the certificate's common name
@@ -239,8 +244,9 @@ type Auth struct {
 type Token struct {
 	// Name identifies the client in logs, metrics and request ownership.
 	Name string `yaml:"name,omitempty"`
-	// Scopes are read (Score, ListWorkers, health, reflection) and route
-	// (Route, Release).
+	// Scopes are read (Score, ListWorkers, Lookup, Dump, Diagnose, Watch,
+	// health, reflection, /metrics, /healthz) and route (Route, Release,
+	// the endpoint picker's ext_proc stream).
 	Scopes []string `yaml:"scopes,omitempty"`
 	// File holds the secret.
 	File string `yaml:"file,omitempty"`
@@ -449,6 +455,17 @@ type Limits struct {
 	// MaxConnections bounds open gRPC connections (default 1024); more
 	// wait in the listen backlog.
 	MaxConnections int `yaml:"max_connections,omitempty"`
+	// MaxInspect bounds Lookup, Dump and Diagnose calls executing at once,
+	// a budget apart from Score's and Route's (default half the cores, at
+	// least 1), so that a storm of them cannot starve Score.
+	MaxInspect int `yaml:"max_inspect,omitempty"`
+	// MaxInspectPending bounds Lookup, Dump and Diagnose calls waiting for
+	// a max_inspect slot (default 16); more are refused with
+	// RESOURCE_EXHAUSTED before their body is read.
+	MaxInspectPending int `yaml:"max_inspect_pending,omitempty"`
+	// InspectWait is the longest a Lookup, Dump or Diagnose call waits
+	// for a max_inspect slot before it is refused (default 1s).
+	InspectWait time.Duration `yaml:"inspect_wait,omitempty"`
 	// AdmissionOff turns admission control off (not recommended).
 	AdmissionOff bool `yaml:"admission_off,omitempty"`
 }

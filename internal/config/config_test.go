@@ -115,8 +115,9 @@ func TestSetDefaults(t *testing.T) {
 			LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
 			SpeculativeTTL: DefaultSpeculativeTTL, InflightTTL: DefaultInflightTTL, ScrapeInterval: DefaultScrapeInterval,
 		},
-		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections},
-		Log:    Log{Level: DefaultLogLevel, Format: DefaultLogFormat, ProblemInterval: DefaultProblemInterval},
+		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections,
+			MaxInspect: api.DefaultMaxInspect(), MaxInspectPending: api.DefaultMaxInspectPending, InspectWait: api.DefaultInspectWait},
+		Log: Log{Level: DefaultLogLevel, Format: DefaultLogFormat, ProblemInterval: DefaultProblemInterval},
 		Tokenize: Tokenize{Timeout: DefaultTokenizeTimeout, CacheEntries: DefaultTokenizeCacheEntries,
 			MaxConcurrent: DefaultTokenizeMaxConcurrent, MaxPromptBytes: DefaultTokenizeMaxPromptBytes},
 	}

@@ -110,6 +110,12 @@ const (
 	// DefaultMaxQueueDelay refuses calls that queued longer
 	// (limits.max_queue_delay).
 	DefaultMaxQueueDelay = api.DefaultMaxQueueDelay
+	// DefaultMaxInspectPending bounds Lookup, Dump and Diagnose calls
+	// waiting for a slot (limits.max_inspect_pending).
+	DefaultMaxInspectPending = api.DefaultMaxInspectPending
+	// DefaultInspectWait is the longest an inspection call waits for a
+	// slot (limits.inspect_wait).
+	DefaultInspectWait = api.DefaultInspectWait
 	// DefaultNATSBucket is the agents' key-value bucket (nats.bucket).
 	DefaultNATSBucket = "kvindex_agents"
 	// DefaultRegistrationTTL is nats.registration_ttl's default.
@@ -240,6 +246,9 @@ func (l *Limits) SetDefaults() {
 	set(&l.QueueTarget, DefaultQueueTarget)
 	set(&l.MaxQueueDelay, DefaultMaxQueueDelay)
 	set(&l.MaxConnections, DefaultMaxConnections)
+	set(&l.MaxInspect, api.DefaultMaxInspect())
+	set(&l.MaxInspectPending, DefaultMaxInspectPending)
+	set(&l.InspectWait, DefaultInspectWait)
 }
 
 // SetDefaults gives the zero fields of the log section their defaults.

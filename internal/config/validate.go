@@ -161,7 +161,7 @@ func (c *Config) ValidateAgent() (*Pod, error) {
 func (l *Limits) Validate() error {
 	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 || l.MaxInflight < 0 ||
 		l.MaxPending < 0 || l.MaxConcurrent < 0 || l.QueueTarget < 0 || l.MaxQueueDelay < 0 || l.MaxConnections < 0 ||
-		l.MaxWatches < 0 || l.MaxTenants < 0 {
+		l.MaxWatches < 0 || l.MaxTenants < 0 || l.MaxInspect < 0 || l.MaxInspectPending < 0 || l.InspectWait < 0 {
 		return invalid("limits", "limits must not be negative")
 	}
 	return nil

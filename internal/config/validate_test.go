@@ -41,6 +41,8 @@ func TestSectionErrors(t *testing.T) {
 		{"grpc", func(c *Config) { c.GRPCListen = "" }, "grpc_listen", `"" is not host:port`},
 		{"metrics", func(c *Config) { c.MetricsListen = "9400" }, "metrics_listen", `"9400" is not host:port or off`},
 		{"limits", func(c *Config) { c.Limits.MaxCandidates = -1 }, "limits", "limits must not be negative"},
+		{"limits", func(c *Config) { c.Limits.MaxInspect = -1 }, "limits", "limits must not be negative"},
+		{"limits", func(c *Config) { c.Limits.InspectWait = -time.Second }, "limits", "limits must not be negative"},
 		{"log level", func(c *Config) { c.Log.Level = "" }, "log.level", `"" is not debug, info, warn or error`},
 		{"log format", func(c *Config) { c.Log.Format = "xml" }, "log.format", `"xml" is not text or json`},
 		{"gap policy", func(c *Config) { c.Events.GapPolicy = "drop" }, "events.gap_policy", `"drop" is not reset or keep`},

@@ -43,7 +43,10 @@ func orServer(service string) string {
 }
 
 // HealthHTTP GETs url (a kvindex agent's /healthz, which has no gRPC
-// server) and returns ErrNotServing unless it answers 200.
+// server) and returns ErrNotServing unless it answers 200. It sends
+// cfg.Token as "Authorization: Bearer" (a server with auth.tokens and
+// without auth.open_health asks for a read token), and over https uses
+// cfg.TLS's CA and client certificate.
 func HealthHTTP(ctx context.Context, cfg Config, url string) error {
 	if cfg.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -54,7 +57,18 @@ func HealthHTTP(ctx context.Context, cfg Config, url string) error {
 	if err != nil {
 		return fmt.Errorf("health %s: %w", url, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.Token)
+	}
+	client := http.DefaultClient
+	if cfg.TLS.Enabled() {
+		tc, err := api.ClientTLS{CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ServerName: cfg.TLS.ServerName}.Config()
+		if err != nil {
+			return err
+		}
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("health %s: %w", url, err)
 	}

@@ -19,7 +19,6 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	xnetutil "golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -55,7 +54,7 @@ type Daemon struct {
 	grpc     *grpc.Server
 	api      *api.Server
 	tls      *tlsreload.Reloader // nil without TLS
-	auth     *api.Auth           // nil without authentication
+	auth     *Auth               // nil without authentication
 	grpcLis  net.Listener
 	httpSrv  *http.Server
 	httpLis  net.Listener
@@ -231,6 +230,10 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			MaxPending:    cfg.Limits.MaxPending,
 			Target:        cfg.Limits.QueueTarget,
 			MaxQueueDelay: cfg.Limits.MaxQueueDelay,
+
+			MaxInspect:        cfg.Limits.MaxInspect,
+			MaxInspectPending: cfg.Limits.MaxInspectPending,
+			InspectWait:       cfg.Limits.InspectWait,
 		},
 	})
 	d.api = srv
@@ -243,21 +246,12 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		d.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_tls_reload_failures_total", Help: "Changed TLS files that did not load (the previous ones stayed in use)."},
 			func() float64 { return float64(d.tls.Failures()) }))
 	}
-	if len(cfg.Auth.Tokens) > 0 || cfg.Auth.CertIdentity {
-		toks, err := loadTokens(cfg.Auth.Tokens)
-		if err != nil {
-			return nil, err
-		}
-		if d.auth, err = api.NewAuth(toks, api.AuthOptions{OpenHealth: cfg.Auth.OpenHealth, CertIdentity: cfg.Auth.CertIdentity}); err != nil {
-			return nil, fmt.Errorf("daemon: %w", err)
-		}
-		gopts = append(gopts, d.auth.ServerOptions()...)
-		refused := prometheus.NewDesc("kvindex_auth_refused_total", "gRPC calls refused by authentication, by reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"reason"}, nil)
-		d.registry.MustRegister(collectorFunc{refused, func(ch chan<- prometheus.Metric) {
-			u, den := d.auth.Refusals()
-			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(u), "unauthenticated")
-			ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(den), "denied")
-		}, nil})
+	if d.auth, err = NewAuth(&cfg.Auth, log); err != nil {
+		return nil, err
+	}
+	if d.auth != nil {
+		gopts = append(gopts, d.auth.ListenerOptions(api.ListenerGRPC)...)
+		d.registry.MustRegister(d.auth.Collectors()...)
 	}
 	d.grpc = grpc.NewServer(gopts...)
 	srv.Register(d.grpc)
@@ -274,7 +268,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if cfg.Limits.MaxConnections > 0 {
 		d.grpcLis = xnetutil.LimitListener(d.grpcLis, cfg.Limits.MaxConnections)
 	}
-	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Score and Route calls refused by admission control, by reason: overload (the adaptive bound on pending calls), pending (limits.max_pending), queued (waited past limits.max_queue_delay).", []string{"reason"}, nil)
+	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
 	admGauges := []*prometheus.Desc{
 		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
 		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
@@ -284,6 +278,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
 		ch <- prometheus.MustNewConstMetric(admGauges[0], prometheus.GaugeValue, float64(st.Pending))
 		ch <- prometheus.MustNewConstMetric(admGauges[1], prometheus.GaugeValue, float64(st.Limit))
 	}, admGauges})
@@ -293,10 +288,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			d.closeGateway()
 			return nil, fmt.Errorf("daemon: metrics listen on %s: %w", cfg.MetricsListen, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		d.httpSrv = &http.Server{Handler: MetricsHandler(d.registry, d.auth), ReadHeaderTimeout: 5 * time.Second}
 		if cfg.TLS.Metrics {
 			d.httpSrv.TLSConfig = d.tls.Config()
 		}
@@ -352,6 +344,9 @@ func upFrontModels(cfg *config.Config) []config.Model {
 
 // GRPCAddr is the address the gRPC server listens on.
 func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
+
+// Auth is the daemon's authentication, nil without any.
+func (d *Daemon) Auth() *Auth { return d.auth }
 
 // MetricsAddr is the address of /metrics, "" when disabled.
 func (d *Daemon) MetricsAddr() string {
@@ -418,9 +413,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.tls.Run(ctx, time.Second) }()
 	}
-	if d.auth != nil && len(d.cfg.Auth.Tokens) > 0 {
+	if d.auth != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); d.watchTokens(ctx, time.Second) }()
+		go func() { defer wg.Done(); d.auth.Run(ctx, time.Second) }()
 	}
 	if d.gwSource != nil {
 		wg.Add(1)

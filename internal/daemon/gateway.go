@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
 	kvnats "github.com/kvindex/kvindex/events/nats"
 	"github.com/kvindex/kvindex/indexer"
@@ -313,6 +314,11 @@ func (d *Daemon) newGateway(cfg *config.Config) error {
 	var opts []grpc.ServerOption
 	if d.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.Config())))
+	}
+	if d.auth != nil {
+		// Envoy sends the token as the ext_proc grpc_service's
+		// initial_metadata; Process needs scope route.
+		opts = append(opts, d.auth.ListenerOptions(api.ListenerGateway)...)
 	}
 	d.gwGRPC = grpc.NewServer(opts...)
 	p.Register(d.gwGRPC)

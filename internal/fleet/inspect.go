@@ -17,10 +17,12 @@ import (
 // (agent.grpc_listen): ListWorkers, Lookup, Dump, Diagnose, Watch and
 // Score answer from the agent's own workers, so that kvindexctl diff can
 // compare a replica with the agent it follows; Route and Release are
-// refused PermissionDenied (routing is kvindex serve's). Plaintext and
-// without tokens: callers bind it to the pod's loopback. It returns the
-// address served and the function that stops serving.
-func (a *Agent) ServeIndex(addr string) (string, func(), error) {
+// refused PermissionDenied (routing is kvindex serve's). Plaintext:
+// callers bind it to the pod's loopback. opts are added to the server's
+// own (the interceptors of the process's authentication, so that the
+// agent takes the same tokens as kvindex serve). It returns the address
+// served and the function that stops serving.
+func (a *Agent) ServeIndex(addr string, opts ...grpc.ServerOption) (string, func(), error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("agent: gRPC listen on %s: %w", addr, err)
@@ -33,7 +35,7 @@ func (a *Agent) ServeIndex(addr string) (string, func(), error) {
 		}
 		return h(ctx, req)
 	})
-	g := grpc.NewServer(append(srv.GRPCOptions(), readOnly)...)
+	g := grpc.NewServer(append(append(srv.GRPCOptions(), opts...), readOnly)...)
 	srv.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	a.log.Info("kvindex agent index served for inspection", "addr", lis.Addr().String())

@@ -15,7 +15,9 @@ package envoytest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
@@ -69,6 +71,20 @@ func headers(kv ...string) *corev3.HeaderMap {
 	return m
 }
 
+// send sends one message. When the server has ended the stream (a
+// refusal: Unauthenticated, PermissionDenied), gRPC's Send says only
+// io.EOF; the stream's status, what Envoy's filter acts on, is Recv's
+// error, returned instead.
+func (s *Stream) send(m *extprocv3.ProcessingRequest) error {
+	err := s.s.Send(m)
+	if errors.Is(err, io.EOF) {
+		if _, rerr := s.s.Recv(); rerr != nil {
+			return rerr
+		}
+	}
+	return err
+}
+
 // Request sends the request: its headers (POST to path, with the subset
 // hint when subset is not nil), then body in chunks of at most chunk
 // bytes (0: one), and returns the picker's decision.
@@ -88,7 +104,7 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 		}
 		hreq.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{picker.SubsetNamespace: st}}
 	}
-	if err := s.s.Send(hreq); err != nil {
+	if err := s.send(hreq); err != nil {
 		return Decision{}, fmt.Errorf("envoytest: send request headers: %w", err)
 	}
 	if len(body) == 0 {
@@ -115,7 +131,7 @@ func (s *Stream) Request(path string, body []byte, chunk int, subset []string) (
 	for off := 0; off < len(body); off += chunk {
 		end := min(off+chunk, len(body))
 		last = time.Now()
-		if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		if err := s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
 			Body: body[off:end], EndOfStream: end == len(body),
 		}}}); err != nil {
 			return Decision{}, fmt.Errorf("envoytest: send request body: %w", err)
@@ -210,7 +226,7 @@ func (s *Stream) ResponseHeadersServed(status int, eos bool, served string) erro
 		}
 		req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{picker.MetadataNamespace: st}}
 	}
-	if err := s.s.Send(req); err != nil {
+	if err := s.send(req); err != nil {
 		return fmt.Errorf("envoytest: send response headers: %w", err)
 	}
 	r, err := s.s.Recv()
@@ -226,7 +242,7 @@ func (s *Stream) ResponseHeadersServed(status int, eos bool, served string) erro
 // ResponseChunk sends one response body chunk (eos on the last) and
 // checks the answer (the chunk sent back unchanged in full duplex).
 func (s *Stream) ResponseChunk(b []byte, eos bool) error {
-	if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}}); err != nil {
+	if err := s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}}); err != nil {
 		return fmt.Errorf("envoytest: send response body: %w", err)
 	}
 	r, err := s.s.Recv()
@@ -268,12 +284,12 @@ func (s *Stream) Cancel() { s.cancel() }
 // picker answers once the body is complete): a client that goes away
 // mid-upload is then Cancel.
 func (s *Stream) Begin(path string, part []byte) error {
-	if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+	if err := s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 		Headers: headers(":method", "POST", ":path", path, "content-type", "application/json"),
 	}}}); err != nil {
 		return fmt.Errorf("envoytest: send request headers: %w", err)
 	}
-	if err := s.s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: part}}}); err != nil {
+	if err := s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: part}}}); err != nil {
 		return fmt.Errorf("envoytest: send request body: %w", err)
 	}
 	return nil
