@@ -314,3 +314,77 @@ func TestComposePrometheusAndGrafana(t *testing.T) {
 		t.Error("Grafana's dashboard is not the chart's")
 	}
 }
+
+// TestComposeVLLMAgentsLearnCapacity: rendered alone, the vllm profile's
+// agents never cap a real engine's cache below what it holds, and none of
+// them reuses a simulated engine's agent config. A real engine's size is
+// vLLM's num_gpu_blocks, fixed only when it starts (from free GPU memory)
+// unless --num-gpu-blocks-override sets it; a cap below it makes
+// SetCapacity evict blocks the GPU still serves, so the index under-reports
+// hits on that engine. Without an override the agent must learn the size
+// from the engine's first removals (no capacity_blocks, worker_capacity
+// 0 or negative).
+func TestComposeVLLMAgentsLearnCapacity(t *testing.T) {
+	simConfigs := map[string]string{} // host file -> the sim service mounting it
+	for name, s := range loadCompose(t, "sim").Services {
+		if ours(s) && len(s.Command) > 0 && s.Command[0] == "agent" && slices.Contains(s.Profiles, "sim") {
+			simConfigs[mountedConfig(t, s, argAfter(s.Command, "--config"))] = name
+		}
+	}
+	if len(simConfigs) == 0 {
+		t.Fatal("the sim profile has no agents to compare with")
+	}
+	p := loadCompose(t, "vllm")
+	agents := 0
+	for name, s := range p.Services {
+		if !ours(s) || len(s.Command) == 0 || s.Command[0] != "agent" {
+			continue
+		}
+		agents++
+		if !slices.Contains(s.Profiles, "vllm") {
+			t.Errorf("%s runs with the vllm profile but is not in it (profiles %v)", name, s.Profiles)
+		}
+		path := mountedConfig(t, s, argAfter(s.Command, "--config"))
+		if sim, ok := simConfigs[path]; ok {
+			t.Errorf("%s mounts %s, the simulated engine's agent config (%s's)", name, path, sim)
+		}
+		cfg, err := config.Load(path)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		pod, err := cfg.ValidateAgent()
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		capBlocks, field := pod.CapacityBlocks, "pods[].capacity_blocks"
+		if capBlocks == 0 {
+			capBlocks, field = cfg.Index.WorkerCapacity, "index.worker_capacity"
+		}
+		if capBlocks <= 0 {
+			continue // learned from the engine's removals, or unbounded
+		}
+		engineName, _ := strings.CutPrefix(s.NetworkMode, "service:")
+		engine, ok := p.Services[engineName]
+		if !ok || ours(engine) {
+			t.Errorf("%s: network_mode %q is not a real vLLM engine of the vllm profile", name, s.NetworkMode)
+			continue
+		}
+		override := argAfter(engine.Command, "--num-gpu-blocks-override")
+		if override == "" {
+			t.Errorf("%s: %s %d caps %s's cache, whose size vLLM fixes only when it starts (no --num-gpu-blocks-override): leave it unset to learn it",
+				name, field, capBlocks, engineName)
+			continue
+		}
+		n, err := strconv.Atoi(override)
+		if err != nil {
+			t.Errorf("%s: --num-gpu-blocks-override %q: %v", engineName, override, err)
+		} else if capBlocks < n {
+			t.Errorf("%s: %s %d is below %s's --num-gpu-blocks-override %d", name, field, capBlocks, engineName, n)
+		}
+	}
+	if agents != 3 {
+		t.Errorf("the vllm profile runs %d agents, want one per engine (3)", agents)
+	}
+}

@@ -144,3 +144,24 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 		}
 	}
 }
+
+// TestGoVersionDocumented: the README and scripts/deps.sh ask for the Go
+// that go.mod's go line requires, no older.
+func TestGoVersionDocumented(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^go (\S+)$`).FindStringSubmatch(readFile(t, "go.mod"))
+	if m == nil {
+		t.Fatal("go.mod has no go line")
+	}
+	want := "Go " + m[1] + " or newer"
+	for _, f := range []string{"README.md", "scripts/deps.sh"} {
+		text := readFile(t, f)
+		if !strings.Contains(text, want) {
+			t.Errorf("%s does not say %q", f, want)
+		}
+		for _, v := range regexp.MustCompile(`Go (1\.\d+(?:\.\d+)?)(\+| or newer)`).FindAllStringSubmatch(text, -1) {
+			if v[1] != m[1] {
+				t.Errorf("%s asks for %q; go.mod requires %s", f, v[0], m[1])
+			}
+		}
+	}
+}

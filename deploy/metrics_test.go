@@ -98,8 +98,9 @@ func nxdomain(t *testing.T) string {
 // TestEveryUsedMetricIsExported runs the compose demo's shape in process:
 // NATS (JetStream), a simulated vLLM engine (kvsim engine's server), a
 // kvindex agent beside it with a checkpoint, a replica (fleet mode, with a
-// token, and DNS discovery in direct mode beside it) and the demo's load
-// through the replica; then it scrapes each one's /metrics and fails
+// token, and DNS discovery in direct mode beside it), a direct-mode daemon
+// scraping the engine's metrics and the demo's load through the replica;
+// then it scrapes each one's /metrics and fails
 // naming every metric an alert rule or a dashboard panel uses that none of
 // them exports.
 func TestEveryUsedMetricIsExported(t *testing.T) {
@@ -183,6 +184,20 @@ func TestEveryUsedMetricIsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(replica.Run)
+	// A direct-mode daemon beside it, subscribed to the same engine and
+	// scraping its vLLM metrics (metrics_url), as kvindex serve without
+	// NATS runs: it exports the engines' own prefix-cache counters.
+	dcfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", Models: []config.Model{{Name: liveModel, BlockSize: 16}},
+		Pods: []config.Pod{{Name: "vllm-0", Model: liveModel, Endpoint: pub, ReplayEndpoint: rep, MetricsURL: "http://" + eng.Addr() + "/metrics"}}}
+	dcfg.SetDefaults()
+	if err := dcfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	direct, err := daemon.New(dcfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(direct.Run)
 	kv, err := api.Dial(ctx, replica.GRPCAddr(), grpc.WithPerRPCCredentials(api.NewBearerToken(replicaToken, false)))
 	if err != nil {
 		t.Fatal(err)
@@ -213,6 +228,16 @@ func TestEveryUsedMetricIsExported(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	directURL := "http://" + direct.MetricsAddr() + "/metrics"
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		if f := scrape(t, directURL)["kvindex_engine_prefix_cache_queries_total"]; f != nil && len(f.GetMetric()) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the direct daemon never exported its scrape of the engine's prefix-cache counters")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// One call refused by authentication, so its counter has a series.
 	noToken, err := api.Dial(ctx, replica.GRPCAddr())
 	if err != nil {
@@ -227,6 +252,7 @@ func TestEveryUsedMetricIsExported(t *testing.T) {
 	exported := map[string]string{}
 	for who, url := range map[string]string{
 		"replica": "http://" + replica.MetricsAddr() + "/metrics",
+		"direct":  directURL,
 		"agent":   agentURL,
 		"engine":  "http://" + eng.Addr() + "/metrics",
 		"load":    serveRegistry(t, load.Collector()),
@@ -252,7 +278,7 @@ func TestEveryUsedMetricIsExported(t *testing.T) {
 	}
 	sort.Strings(missing)
 	if len(missing) > 0 {
-		t.Fatalf("%d metrics used by alerts or panels are exported by no replica, agent, engine or load:\n%s", len(missing), strings.Join(missing, "\n"))
+		t.Fatalf("%d metrics used by alerts or panels are exported by no replica, direct daemon, agent, engine or load:\n%s", len(missing), strings.Join(missing, "\n"))
 	}
 	t.Logf("%d metrics used, all exported", len(used))
 }

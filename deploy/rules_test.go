@@ -95,7 +95,7 @@ func TestAlertsHaveRunbooks(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"KVIndexWorkerSilent", "KVIndexGapRate", "KVIndexDecodeErrors", "KVIndexWorkerUnsynced", "KVIndexWorkerStale",
-		"KVIndexReplicaDigestsDiverge", "KVIndexHitRateDrop", "KVIndexOverloadRefusals"} {
+		"KVIndexReplicaDigestsDiverge", "KVIndexHitRateDrop", "KVIndexOverloadRefusals", "KVIndexPredictedHitRatioDrop", "KVIndexPredictionAboveEngine"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no alert %s", want)
 		}

@@ -2,11 +2,12 @@
 # Installs what kvindex needs to build and test on Debian/Ubuntu: libzmq
 # (for the ZeroMQ subscriber, through cgo), pkg-config, a C compiler, and
 # promtool (Debian's prometheus package) for the alert rules' tests.
-# Does nothing when they are present. Go itself (1.26+) must be on PATH.
+# Does nothing when they are present. Go itself (1.26.8 or newer, go.mod's
+# go line) must be on PATH.
 set -euo pipefail
 
 if ! command -v go >/dev/null 2>&1; then
-	echo "deps: Go 1.26 or newer is required (https://go.dev/doc/install); 'go' is not on PATH" >&2
+	echo "deps: Go 1.26.8 or newer is required (https://go.dev/doc/install); 'go' is not on PATH" >&2
 	exit 1
 fi
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -187,5 +189,34 @@ func TestGridCommand(t *testing.T) {
 	}
 	if strings.Contains(out, "sessions-1x-3k") {
 		t.Errorf("--cells tools-* ran sessions:\n%s", out)
+	}
+}
+
+// TestREADMEListsEveryCommand: the README's architecture table names
+// every kvsim subcommand, and no other.
+func TestREADMEListsEveryCommand(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, row, ok1 := strings.Cut(string(b), "`cmd/kvsim` the fleet simulator")
+	row, _, ok2 := strings.Cut(row, "`cmd/kvbench`")
+	if !ok1 || !ok2 {
+		t.Fatal("README.md's architecture table does not describe cmd/kvsim before cmd/kvbench")
+	}
+	var listed []string
+	for i, part := range strings.Split(row, "`") {
+		if i%2 == 1 { // inside backquotes
+			listed = append(listed, part)
+		}
+	}
+	var cmds []string
+	for _, c := range newRoot().Commands() {
+		cmds = append(cmds, c.Name())
+	}
+	slices.Sort(listed)
+	slices.Sort(cmds)
+	if !slices.Equal(listed, cmds) {
+		t.Errorf("README.md lists kvsim commands %v, kvsim has %v", listed, cmds)
 	}
 }

@@ -179,8 +179,9 @@ func TestREADMEExampleParses(t *testing.T) {
 }
 
 // TestREADMEFleetExamplesParse keeps the README's fleet configurations
-// valid: the agent's names its pod and NATS, the replica's only NATS, the
-// nats.tls example every field.
+// valid: the agent's names its pod and NATS, the replica's NATS and its
+// shard (nats.models, not the top-level models), the nats.tls example
+// every field.
 func TestREADMEFleetExamplesParse(t *testing.T) {
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -224,7 +225,7 @@ func TestREADMEFleetExamplesParse(t *testing.T) {
 	if err != nil || pod.Name != "vllm-0" || agent.NATS.URL != "nats://nats:4222" || agent.Agent.Checkpoint == "" {
 		t.Fatalf("agent.yaml: pod %+v, err %v, config %+v", pod, err, agent)
 	}
-	if !replica.NATS.Enabled() || len(replica.Pods) != 0 {
+	if !replica.NATS.Enabled() || len(replica.Pods) != 0 || !slices.Equal(replica.NATS.Models, []string{"meta-llama/Llama-3.1-8B-Instruct"}) {
 		t.Fatalf("replica.yaml: %+v", replica)
 	}
 	if natsTLS == nil || natsTLS.NATS.TLS.CAFile == "" || natsTLS.NATS.TLS.CertFile == "" || natsTLS.NATS.TLS.KeyFile == "" || natsTLS.NATS.TLS.ServerName == "" {
