@@ -7,8 +7,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvindex/kvindex/internal/tokenize"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/tokenize"
 )
 
 // Tokenizer turns a text prompt into the token ids the model's engine

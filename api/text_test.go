@@ -14,9 +14,9 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/internal/tokenize"
-	"github.com/kvindex/kvindex/internal/tokenize/standin"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/tokenize"
+	"github.com/kvindex/kvindex/tokenize/standin"
 )
 
 // words is a text of n distinct words.

@@ -15,7 +15,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/config"
 )
 
 // loadCompose loads docker-compose.yaml as `docker compose` does (.env,

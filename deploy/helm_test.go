@@ -25,7 +25,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/config"
 )
 
 const chartDir = "helm/kvindex"

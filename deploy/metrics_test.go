@@ -23,14 +23,14 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/daemon"
-	"github.com/kvindex/kvindex/internal/fleet"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/daemon"
+	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/internal/netutil"
-	"github.com/kvindex/kvindex/internal/sim/demoload"
-	"github.com/kvindex/kvindex/internal/sim/engine"
-	"github.com/kvindex/kvindex/internal/sim/vllmsim"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/sim/demoload"
+	"github.com/kvindex/kvindex/testbed/sim/engine"
+	"github.com/kvindex/kvindex/testbed/sim/vllmsim"
 )
 
 const liveModel = "meta-llama/Llama-3.1-8B-Instruct"

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/config"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 

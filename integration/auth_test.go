@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/ctl"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/ctl"
 	"github.com/kvindex/kvindex/internal/testcerts"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )

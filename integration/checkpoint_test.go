@@ -9,15 +9,15 @@ import (
 	"testing"
 	"time"
 
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/events"
-	kvnats "github.com/kvindex/kvindex/events/nats"
-	"github.com/kvindex/kvindex/internal/config"
-	kvfleet "github.com/kvindex/kvindex/internal/fleet"
+	"github.com/kvindex/kvindex/events/natsbus"
+	kvfleet "github.com/kvindex/kvindex/fleet"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -134,7 +134,7 @@ func (r *fleetRig) registration(ref events.WorkerRef) *fleetv1.Registration {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nc, err := natsgo.Connect(r.nats.url())
+	nc, err := nats.Connect(r.nats.url())
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -143,11 +143,11 @@ func (r *fleetRig) registration(ref events.WorkerRef) *fleetv1.Registration {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, kvnats.DefaultBucket)
+	kv, err := js.KeyValue(ctx, natsbus.DefaultBucket)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	e, err := kv.Get(ctx, kvnats.WorkerKey(model, ref))
+	e, err := kv.Get(ctx, natsbus.WorkerKey(model, ref))
 	if err != nil {
 		r.t.Fatalf("registration of %s: %v", ref, err)
 	}

@@ -11,10 +11,10 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/events"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/enginepub"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 // headless is an in-process DNS server (miekg/dns, UDP on loopback)

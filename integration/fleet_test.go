@@ -16,16 +16,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/ctl"
 	"github.com/kvindex/kvindex/events"
-	kvnats "github.com/kvindex/kvindex/events/nats"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/ctl"
-	kvfleet "github.com/kvindex/kvindex/internal/fleet"
+	"github.com/kvindex/kvindex/events/natsbus"
+	kvfleet "github.com/kvindex/kvindex/fleet"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -71,7 +71,7 @@ func (n *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.
 // agentProc is one running kvindex agent.
 type agentProc struct {
 	a      *kvfleet.Agent
-	nc     *natsgo.Conn
+	nc     *nats.Conn
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -603,7 +603,7 @@ func TestFleetEngineRestart(t *testing.T) {
 // forge publishes a delta message for ref on its subject, as copied from
 // the agent's last one with another seq (a stand-in for messages the
 // replica never got: it sees the seq jump).
-func forgeGap(t *testing.T, nc *natsgo.Conn, subject string, last *natsgo.Msg, skip uint64) {
+func forgeGap(t *testing.T, nc *nats.Conn, subject string, last *nats.Msg, skip uint64) {
 	t.Helper()
 	var d fleetv1.Delta
 	if err := proto.Unmarshal(last.Data, &d); err != nil {
@@ -635,15 +635,15 @@ func TestFleetDuplicatedAndDroppedDeltas(t *testing.T) {
 		w.step()
 	}
 	rig.waitConverged(10 * time.Second)
-	subject := kvnats.DeltaSubject(model, events.WorkerRef{Pod: "p0"})
-	nc, err := natsgo.Connect(rig.nats.url(), natsgo.NoEcho()) // not its own republished copies
+	subject := natsbus.DeltaSubject(model, events.WorkerRef{Pod: "p0"})
+	nc, err := nats.Connect(rig.nats.url(), nats.NoEcho()) // not its own republished copies
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	var mu sync.Mutex
-	var last *natsgo.Msg
-	dup, err := nc.Subscribe(subject, func(m *natsgo.Msg) {
+	var last *nats.Msg
+	dup, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		mu.Lock()
 		last = m
 		mu.Unlock()

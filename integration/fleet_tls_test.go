@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/internal/testcerts"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )

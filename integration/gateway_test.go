@@ -24,12 +24,12 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/picker"
-	"github.com/kvindex/kvindex/internal/picker/envoytest"
-	"github.com/kvindex/kvindex/internal/tokenize"
-	"github.com/kvindex/kvindex/internal/tokenize/standin"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/picker"
+	"github.com/kvindex/kvindex/picker/envoytest"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/tokenize"
+	"github.com/kvindex/kvindex/tokenize/standin"
 )
 
 // The gateway tests run the daemon with its endpoint picker, fed by

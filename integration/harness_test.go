@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/daemon"
 	"github.com/kvindex/kvindex/events"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/daemon"
-	"github.com/kvindex/kvindex/internal/enginepub"
 	"github.com/kvindex/kvindex/internal/netutil"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 const (

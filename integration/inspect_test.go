@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/events"
-	"github.com/kvindex/kvindex/internal/config"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 

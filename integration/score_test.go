@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/events"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/enginepub"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 var encodings = []struct {

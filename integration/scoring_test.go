@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/config"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 

@@ -47,7 +47,7 @@ type CostModel struct {
 }
 
 // DefaultCostModel describes Llama-3.1-8B (bf16) on one H100 80GB, the
-// engine kvsim simulates (derivations in internal/sim/engine's package
+// engine kvsim simulates (derivations in testbed/sim/engine's package
 // doc): 17,500 prefill tokens/s and 9.4e8 attention pairs/s (16,000
 // tokens/s for a 10,000-token prompt, 8,000 for 128,000), 6 ms a step,
 // 0.1 ms per decoding request, 39 ns per context token (128 KiB of KV per

@@ -70,7 +70,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 # residency index: it runs once, apart from the timed ones.
 timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyCached|BenchmarkNaiveApply|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkScoreUnderIngest|BenchmarkScoreLoaded)$'
 memory='^BenchmarkMemory10M$'
-pkgs=(./indexer ./events ./internal/benchsuite ./api ./scoring)
+pkgs=(./indexer ./events ./testbed/benchsuite ./api ./scoring)
 
 # jget <file> <key>: a number from a kvbench JSON report.
 jget() { sed -n "s/.*\"$2\": *\([0-9.]*\).*/\1/p" "$1" | head -1; }
@@ -106,7 +106,7 @@ done
 [[ ${SKIP_GO:-0} == 1 ]] || run "memory" -run='^$' -bench="$memory" -benchmem -count=1 -benchtime=1x -timeout=30m ./indexer
 # The endpoint picker's decision for a 4 K-token chat (docs/benchmarks.md,
 # "Endpoint picker"): p50/p99 need a fixed number of decisions.
-[[ ${SKIP_GO:-0} == 1 ]] || run "picker" -run='^$' -bench='^(BenchmarkPickChat4K|BenchmarkTokenizeChat4K)$' -benchmem -count="$COUNT" -benchtime=5000x -timeout=30m ./internal/picker
+[[ ${SKIP_GO:-0} == 1 ]] || run "picker" -run='^$' -bench='^(BenchmarkPickChat4K|BenchmarkTokenizeChat4K)$' -benchmem -count="$COUNT" -benchtime=5000x -timeout=30m ./picker
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" >>"$raw"
 cp "$raw" "$OUT/bench-$stamp.txt"
 

@@ -1,5 +1,5 @@
 // Command kvbench drives kvindex's Score RPC at a fixed open-loop rate and
-// prints the latency distribution (see internal/loadgen).
+// prints the latency distribution (see testbed/loadgen).
 //
 //	kvbench --embedded --rps 10000 --duration 10s
 //	kvbench --addr localhost:50051 --model my-model --rps 2000 --json
@@ -29,7 +29,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/loadgen"
+	"github.com/kvindex/kvindex/testbed/loadgen"
 )
 
 func main() {

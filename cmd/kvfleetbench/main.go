@@ -1,5 +1,5 @@
 // Command kvfleetbench measures fleet mode end to end (see
-// internal/fleetbench and docs/benchmarks.md, "Fleet").
+// testbed/fleetbench and docs/benchmarks.md, "Fleet").
 package main
 
 import (
@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvindex/kvindex/internal/fleetbench"
+	"github.com/kvindex/kvindex/testbed/fleetbench"
 )
 
 func main() {

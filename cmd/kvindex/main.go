@@ -23,9 +23,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/config"
-	"github.com/kvindex/kvindex/internal/daemon"
-	"github.com/kvindex/kvindex/internal/fleet"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/daemon"
+	"github.com/kvindex/kvindex/fleet"
 )
 
 func main() {

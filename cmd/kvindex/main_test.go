@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/kvindex/kvindex/internal/config"
+	"github.com/kvindex/kvindex/config"
 )
 
 func TestServeConfig(t *testing.T) {

@@ -17,7 +17,7 @@
 // Global flags: --addr (default localhost:50051), --timeout, --json, and
 // for a secured server --tls, --tls-ca, --tls-cert/--tls-key and
 // --token-file (or $KVINDEX_TOKEN).
-// The logic lives in internal/ctl; this file only wires flags to it.
+// The logic lives in ctl; this file only wires flags to it.
 package main
 
 import (
@@ -32,7 +32,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvindex/kvindex/internal/ctl"
+	"github.com/kvindex/kvindex/ctl"
 )
 
 func main() {

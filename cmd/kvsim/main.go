@@ -18,7 +18,7 @@
 //	kvsim engine --pod vllm-0 --http :8000      # one simulated vLLM engine, served (docker-compose.yaml)
 //	kvsim load --kvindex :50051 --engine vllm-0=http://localhost:8000   # routed demo traffic
 //
-// The simulator itself lives in internal/sim; this file only turns flags
+// The simulator itself lives in testbed/sim; this file only turns flags
 // into its configuration.
 package main
 
@@ -36,12 +36,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/events"
-	"github.com/kvindex/kvindex/internal/demo"
-	"github.com/kvindex/kvindex/internal/sim"
-	"github.com/kvindex/kvindex/internal/sim/engine"
-	"github.com/kvindex/kvindex/internal/sim/router"
-	"github.com/kvindex/kvindex/internal/sim/workload"
 	"github.com/kvindex/kvindex/scoring"
+	"github.com/kvindex/kvindex/testbed/demo"
+	"github.com/kvindex/kvindex/testbed/sim"
+	"github.com/kvindex/kvindex/testbed/sim/engine"
+	"github.com/kvindex/kvindex/testbed/sim/router"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
 func main() {

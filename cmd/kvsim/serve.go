@@ -17,9 +17,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvindex/kvindex/api"
-	"github.com/kvindex/kvindex/internal/sim/demoload"
-	"github.com/kvindex/kvindex/internal/sim/engine"
-	"github.com/kvindex/kvindex/internal/sim/vllmsim"
+	"github.com/kvindex/kvindex/testbed/sim/demoload"
+	"github.com/kvindex/kvindex/testbed/sim/engine"
+	"github.com/kvindex/kvindex/testbed/sim/vllmsim"
 )
 
 func newEngine() *cobra.Command {

@@ -4,7 +4,7 @@
 // SIGKILL), sends hostile input at every port, loads it with Score, Route
 // and Release over gRPC, and checks every answer, the index against the
 // engines' true caches at every checkpoint, and that the daemon's RSS and
-// goroutines stay flat (see internal/soak and docs/reliability.md). It
+// goroutines stay flat (see testbed/soak and docs/reliability.md). It
 // exits 1 on any failure, naming it.
 //
 //	kvsoak --duration 2m            # make soak
@@ -22,7 +22,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/kvindex/kvindex/internal/soak"
+	"github.com/kvindex/kvindex/testbed/soak"
 )
 
 func main() {

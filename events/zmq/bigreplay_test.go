@@ -10,7 +10,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/internal/enginepub"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 // bigBatches is how many batches the engine buffers in these tests: more

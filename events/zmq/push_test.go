@@ -11,7 +11,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/internal/enginepub"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 // pushRig is a subscriber with one pull-mode worker "a" (model m) and one

@@ -13,7 +13,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/internal/enginepub"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 func freePort(t *testing.T) int {

@@ -9,7 +9,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/internal/enginepub"
+	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 // gatedSink is an index worker whose every batch waits in ApplyBatchAt

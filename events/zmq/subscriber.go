@@ -155,7 +155,7 @@ type SubscriberOptions struct {
 	// Applied, when set, is called on a worker's goroutine after each
 	// batch has been handed to its sink (applied or not), with whether it
 	// came from a replay: e.g. to measure the lag from the engine's batch
-	// timestamp (internal/metrics.Lag). b is valid only during the call;
+	// timestamp (metrics.Lag). b is valid only during the call;
 	// the worker's next batch waits for it, so it must return quickly.
 	Applied func(ref events.WorkerRef, b *events.Batch, replayed bool)
 

@@ -505,7 +505,7 @@ func (x *Registration) GetPartial() bool {
 // Checkpoint is an agent's local record of its workers' state, written
 // atomically to a file, so that an agent restarted while its engine runs
 // recovers the exact state from it and a replay from its seqs. The file
-// frames it (see internal/fleet: a magic, the length, a CRC-32C of the
+// frames it (see fleet: a magic, the length, a CRC-32C of the
 // message, then the message).
 type Checkpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`

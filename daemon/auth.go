@@ -1,0 +1,178 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/config"
+)
+
+// Auth is a process's authentication as the auth section configures it:
+// one api.Auth that every listener of the process enforces (kvindex
+// serve's gRPC API, picker and metrics server; an agent's metrics server
+// and inspection gRPC), so one token table, one rotation and one refusal
+// counter cover them all.
+//
+// # Concurrency
+//
+// Run owns the reload; everything else is safe for concurrent use.
+type Auth struct {
+	*api.Auth
+	tokens []config.Token
+	loaded []api.Token // the secrets NewAuth installed
+	log    *slog.Logger
+	// reloads and failures count token tables installed after a change,
+	// and changes that did not load or were not valid.
+	reloads, failures atomic.Int64
+}
+
+// NewAuth returns the authentication cfg configures, nil when it
+// configures none (no tokens, no certificate identities).
+func NewAuth(cfg *config.Auth, log *slog.Logger) (*Auth, error) {
+	if len(cfg.Tokens) == 0 && !cfg.CertIdentity {
+		return nil, nil
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	toks, err := loadTokens(cfg.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	a, err := api.NewAuth(toks, api.AuthOptions{OpenHealth: cfg.OpenHealth, CertIdentity: cfg.CertIdentity})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	return &Auth{Auth: a, tokens: cfg.Tokens, loaded: toks, log: log}, nil
+}
+
+// loadTokens reads each configured token's secret from its file or
+// environment variable. Errors name the token and where its secret should
+// be, never the secret.
+func loadTokens(cfg []config.Token) ([]api.Token, error) {
+	out := make([]api.Token, 0, len(cfg))
+	for _, t := range cfg {
+		var secret string
+		switch {
+		case t.File != "":
+			b, err := os.ReadFile(t.File)
+			if err != nil {
+				return nil, fmt.Errorf("daemon: token %q: read %s: %w", t.Name, t.File, err)
+			}
+			secret = string(bytes.TrimRight(b, "\r\n"))
+		default:
+			v, ok := os.LookupEnv(t.Env)
+			if !ok {
+				return nil, fmt.Errorf("daemon: token %q: environment variable %s is not set", t.Name, t.Env)
+			}
+			secret = v
+		}
+		if secret == "" {
+			return nil, fmt.Errorf("daemon: token %q: its secret is empty", t.Name)
+		}
+		var scopes api.Scope
+		for _, s := range t.Scopes {
+			sc, err := api.ParseScope(s)
+			if err != nil {
+				return nil, fmt.Errorf("daemon: token %q: %w", t.Name, err)
+			}
+			scopes |= sc
+		}
+		out = append(out, api.Token{Name: t.Name, Secret: secret, Scopes: scopes})
+	}
+	return out, nil
+}
+
+// Run re-reads the token secrets every interval until ctx is done, and
+// installs them when they changed (a rotated secret file takes effect
+// within interval, on every listener at once). A set that fails to load
+// leaves the previous one in place, counted and logged without the
+// secrets. Without tokens it returns at once.
+func (a *Auth) Run(ctx context.Context, interval time.Duration) {
+	if len(a.tokens) == 0 {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	last := a.loaded
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		toks, err := loadTokens(a.tokens)
+		if err != nil {
+			a.failures.Add(1)
+			a.log.Warn("token secrets changed but do not load; the previous ones stay in use", "err", err)
+			continue
+		}
+		if equalTokens(toks, last) {
+			continue
+		}
+		if err := a.SetTokens(toks); err != nil {
+			a.failures.Add(1)
+			a.log.Warn("token secrets changed but are not valid; the previous ones stay in use", "err", err)
+			continue
+		}
+		last = toks
+		a.reloads.Add(1)
+		a.log.Info("token secrets reloaded", "tokens", len(toks))
+	}
+}
+
+// Reloads counts the token tables installed after a change of the
+// secrets: a rotation has taken effect once it moved.
+func (a *Auth) Reloads() int64 { return a.reloads.Load() }
+
+func equalTokens(a, b []api.Token) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Collectors are the authentication's metrics: refusals by listener and
+// reason, reloads of the token secrets and failed ones.
+func (a *Auth) Collectors() []prometheus.Collector {
+	refused := prometheus.NewDesc("kvindex_auth_refused_total", "Calls refused by authentication, by listener (grpc, gateway, metrics) and reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"listener", "reason"}, nil)
+	return []prometheus.Collector{
+		collectorFunc{refused, func(ch chan<- prometheus.Metric) {
+			for _, r := range a.RefusalsByListener() {
+				ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(r.N), r.Listener, r.Reason)
+			}
+		}, nil},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_auth_token_reloads_total", Help: "Token tables installed after a change of the token secrets (a rotation took effect on every listener)."},
+			func() float64 { return float64(a.reloads.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_auth_token_reload_failures_total", Help: "Re-reads of the token secrets that did not load or were not valid (the previous tokens stayed in use)."},
+			func() float64 { return float64(a.failures.Load()) }),
+	}
+}
+
+// MetricsHandler serves reg's /metrics and a /healthz that answers "ok",
+// both needing a token of scope read when auth is not nil (auth.open_health
+// opens /healthz). kvindex serve and kvindex agent serve it.
+func MetricsHandler(reg *prometheus.Registry, auth *Auth) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	if auth == nil {
+		return mux
+	}
+	return auth.HTTP(api.ListenerMetrics, api.ScopeRead, "/healthz", mux)
+}

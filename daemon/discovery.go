@@ -1,0 +1,131 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/discovery"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/zmq"
+	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/scoring/scrape"
+)
+
+// discoverySource is a running discovery source (discovery's
+// Kubernetes or DNS).
+type discoverySource interface {
+	Run(ctx context.Context, r *discovery.Reconciler) error
+}
+
+// discovered is the daemon's discovery.Fleet: discovered pods join and
+// leave through the same path as configured ones (the index's AddWorker
+// and RemoveWorker, the subscriber's AddEndpoint and RemoveEndpoint) and
+// their metrics_url is scraped for load.
+//
+// # Concurrency
+//
+// The reconciler calls AddPod and RemovePod from one goroutine; mu guards
+// pods and runCtx against Run starting and stopping.
+type discovered struct {
+	d *Daemon
+
+	mu     sync.Mutex
+	runCtx context.Context // the daemon's run context; nil before Run
+	pods   map[string]*discoveredPod
+}
+
+// discoveredPod is what AddPod made for one pod.
+type discoveredPod struct {
+	ranks      int
+	stopScrape func() // nil without metrics_url
+}
+
+// newDiscoverySource builds the configured source.
+func newDiscoverySource(cfg *config.Discovery) (discoverySource, error) {
+	switch {
+	case cfg.Kubernetes != nil:
+		client, err := discovery.NewClient(cfg.Kubernetes.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		return discovery.NewKubernetes(client, cfg.Kubernetes)
+	case cfg.DNS != nil:
+		return discovery.NewDNS(cfg.DNS), nil
+	}
+	return nil, errors.New("no discovery source configured")
+}
+
+// AddPod implements discovery.Fleet.
+func (f *discovered) AddPod(p config.Pod) error {
+	d := f.d
+	if err := d.ensureModel(p.Model); err != nil {
+		return fmt.Errorf("discovered pod %s: %w", p.Name, err)
+	}
+	cfg := config.Config{Pods: []config.Pod{p}}
+	var added []events.WorkerRef
+	undo := func() {
+		for _, ref := range added {
+			_ = d.sub.RemoveEndpoint(ref)
+			_ = d.ix.RemoveWorker(ref)
+			d.gw.keepRoutable(ref)
+		}
+	}
+	for _, we := range cfg.Workers() {
+		d.takeCold(we.Worker) // a gateway endpoint's worker, routable until now
+		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
+		if err != nil {
+			undo()
+			return fmt.Errorf("discovered pod %s: worker %s: %w", p.Name, we.Worker, err)
+		}
+		if we.CapacityBlocks > 0 {
+			w.SetCapacity(we.CapacityBlocks)
+		}
+		if err := d.sub.AddEndpoint(zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w}); err != nil {
+			_ = d.ix.RemoveWorker(we.Worker)
+			d.gw.keepRoutable(we.Worker)
+			undo()
+			return fmt.Errorf("discovered pod %s: %w", p.Name, err)
+		}
+		added = append(added, we.Worker)
+	}
+	dp := &discoveredPod{ranks: p.DPSize}
+	f.mu.Lock()
+	if p.MetricsURL != "" && f.runCtx != nil {
+		dp.stopScrape = d.scraper.Start(f.runCtx, scrape.Target{Pod: p.Name, DPSize: p.DPSize, URL: p.MetricsURL})
+	}
+	f.pods[p.Name] = dp
+	f.mu.Unlock()
+	d.gw.podJoined(p) // gateway.discovered_port: the pod is an endpoint now
+	return nil
+}
+
+// RemovePod implements discovery.Fleet.
+func (f *discovered) RemovePod(name string) error {
+	f.mu.Lock()
+	dp := f.pods[name]
+	delete(f.pods, name)
+	f.mu.Unlock()
+	if dp == nil {
+		return fmt.Errorf("discovered pod %s: not added", name)
+	}
+	f.d.gw.podLeft(name) // gateway.discovered_port: no longer picked
+
+	if dp.stopScrape != nil {
+		dp.stopScrape()
+	}
+	var errs []error
+	for r := range dp.ranks {
+		ref := events.WorkerRef{Pod: name, DPRank: r}
+		if err := f.d.sub.RemoveEndpoint(ref); err != nil {
+			errs = append(errs, err)
+		}
+		if err := f.d.ix.RemoveWorker(ref); err != nil {
+			errs = append(errs, err)
+		}
+		f.d.gw.keepRoutable(ref) // an InferencePool may still list it
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,430 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/internal/lograte"
+)
+
+// The InferencePool resources of the Gateway API Inference Extension, by
+// config.InferencePool.APIVersion.
+var (
+	InferencePoolV1       = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
+	InferencePoolV1Alpha2 = schema.GroupVersionResource{Group: "inference.networking.x-k8s.io", Version: "v1alpha2", Resource: "inferencepools"}
+)
+
+// Endpoint is one model server address of an InferencePool and the
+// kvindex worker, or workers, behind it.
+type Endpoint struct {
+	// Address is ip:port, as the gateway addresses the pod.
+	Address string
+	// Pod is the Kubernetes pod's name: the kvindex pod (the name
+	// Kubernetes discovery gives its workers too).
+	Pod string
+	// Model is the model served.
+	Model string
+	// DPRank is the rank this address serves, unless AllRanks.
+	DPRank int
+	// AllRanks says the address serves ranks 0..DPSize-1 (vLLM's internal
+	// DP load balancing): the picker names the rank in a header.
+	AllRanks bool
+	// DPSize is the pod's data-parallel size.
+	DPSize int
+}
+
+// InferencePool watches one InferencePool with client-go's dynamic client
+// and an informer, and the pods its selector selects with a pod informer,
+// and hands the endpoints of its Ready pods to a callback whenever they
+// change: a pod that becomes Ready joins, one that stops being Ready, is
+// deleted or stops matching the selector leaves, and a change of the
+// pool's selector or ports applies at once.
+//
+// A pod's endpoints: with one target port, the pod's IP at that port,
+// serving every rank of its data-parallel size (annotation
+// kvindex.io/dp-size, else the configured dp_size); with several, port i
+// serves rank i. Its model is annotation kvindex.io/model, else the
+// configured one. A pool that is missing or malformed has no endpoints;
+// that, and every failed watch, is counted (Errors) and logged at most
+// once a minute.
+//
+// # Concurrency
+//
+// Run calls apply from its own goroutine, one call at a time; Errors and
+// Excluded may be read from any goroutine.
+type InferencePool struct {
+	client   kubernetes.Interface
+	dyn      dynamic.Interface
+	gvr      schema.GroupVersionResource
+	ns, name string
+	model    string
+	dpSize   int
+	resync   time.Duration
+	log      *slog.Logger
+
+	errors   atomic.Int64
+	excluded atomic.Int64 // pods selected but not endpoints, at the last snapshot
+	errLog   lograte.Limiter
+}
+
+// NewInferencePool returns a watcher of the pool cfg names through client
+// (pods) and dyn (the InferencePool); log may be nil. An empty
+// cfg.Namespace is the namespace kvindex runs in.
+func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *config.InferencePool, log *slog.Logger) (*InferencePool, error) {
+	gvr := InferencePoolV1
+	switch cfg.APIVersion {
+	case config.InferencePoolV1, "":
+	case config.InferencePoolV1Alpha2:
+		gvr = InferencePoolV1Alpha2
+	default:
+		return nil, fmt.Errorf("discovery: inferencepool %q: api_version %q is not %s or %s", cfg.Name, cfg.APIVersion, config.InferencePoolV1, config.InferencePoolV1Alpha2)
+	}
+	ns := cfg.Namespace
+	if ns == "" {
+		b, err := os.ReadFile(serviceAccountNamespace)
+		if err != nil {
+			return nil, fmt.Errorf("discovery: inferencepool %q: namespace is empty and the service account's namespace cannot be read: %w", cfg.Name, err)
+		}
+		ns = strings.TrimSpace(string(b))
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &InferencePool{client: client, dyn: dyn, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
+		dpSize: max(1, cfg.DPSize), resync: cfg.Resync, log: log}, nil
+}
+
+// NewClients returns a client of the API server and a dynamic client of
+// the same server: in the cluster from the pod's service account, outside
+// it from kubeconfig.
+func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("discovery: kubernetes client: %w", err)
+	}
+	d, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("discovery: kubernetes dynamic client: %w", err)
+	}
+	return c, d, nil
+}
+
+// Errors counts failed watches and a missing or malformed pool.
+func (w *InferencePool) Errors() int64 { return w.errors.Load() }
+
+// Excluded is the number of selected pods that were not endpoints (not
+// Ready, terminating, invalid annotations) at the last change.
+func (w *InferencePool) Excluded() int64 { return w.excluded.Load() }
+
+// fail counts err and logs it, at most once a minute.
+func (w *InferencePool) fail(err error) {
+	w.errors.Add(1)
+	if ok, suppressed := w.errLog.Allow(time.Now(), time.Minute); ok {
+		w.log.Warn("inferencepool: the pool's endpoints may be out of date", "pool", w.ns+"/"+w.name, "err", err, "suppressed", suppressed)
+	}
+}
+
+// podWatch is a pod informer over one selector.
+type podWatch struct {
+	sel    string
+	stop   context.CancelFunc
+	f      informers.SharedInformerFactory
+	lister func() ([]*corev1.Pod, error)
+}
+
+func (p *podWatch) close() {
+	if p != nil {
+		p.stop()
+		p.f.Shutdown()
+	}
+}
+
+// Run watches the pool until ctx is done. It calls apply once the pool's
+// informer has synced (with no endpoints if the pool is missing) and then
+// whenever the endpoints change; eps is apply's to keep.
+func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) error {
+	kick := make(chan struct{}, 1)
+	notify := func(any) {
+		select {
+		case kick <- struct{}{}:
+		default: // a snapshot is due already
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{AddFunc: notify, UpdateFunc: func(_, n any) { notify(n) }, DeleteFunc: notify}
+	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, w.resync, w.ns, nil)
+	pools := df.ForResource(w.gvr)
+	inf := pools.Informer()
+	if _, err := inf.AddEventHandler(handler); err != nil {
+		return fmt.Errorf("discovery: inferencepool informer: %w", err)
+	}
+	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		w.fail(fmt.Errorf("watch %s in %s: %w", w.gvr.Resource, w.ns, err))
+	}); err != nil {
+		return fmt.Errorf("discovery: inferencepool informer: %w", err)
+	}
+	df.Start(ctx.Done())
+	defer df.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return ctx.Err()
+	}
+	var pods *podWatch
+	defer func() { pods.close() }()
+	var last []Endpoint
+	first := true
+	for {
+		eps, keep := w.endpoints(ctx, pools.Lister(), &pods, handler)
+		if !keep && (first || !slices.Equal(eps, last)) {
+			apply(slices.Clone(eps))
+			last, first = eps, false
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+		}
+	}
+}
+
+// endpoints reads the pool and its pods; keep is true when they could not
+// be read and the endpoints known should stay. It starts, replaces or
+// stops *pods as the pool's selector requires.
+func (w *InferencePool) endpoints(ctx context.Context, lister cache.GenericLister, pods **podWatch, h cache.ResourceEventHandler) (eps []Endpoint, keep bool) {
+	obj, err := lister.ByNamespace(w.ns).Get(w.name)
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			w.fail(fmt.Errorf("get %s %s/%s: %w", w.gvr.Resource, w.ns, w.name, err))
+			return nil, true
+		}
+		w.fail(fmt.Errorf("%s %s/%s not found: no endpoints", w.gvr.Resource, w.ns, w.name))
+		(*pods).close()
+		*pods = nil
+		return nil, false
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		w.fail(fmt.Errorf("%s %s/%s: unexpected object %T", w.gvr.Resource, w.ns, w.name, obj))
+		return nil, true
+	}
+	sel, ports, err := ParsePoolSpec(u)
+	if err != nil {
+		w.fail(fmt.Errorf("%s %s/%s: %w: no endpoints", w.gvr.Resource, w.ns, w.name, err))
+		(*pods).close()
+		*pods = nil
+		return nil, false
+	}
+	if *pods == nil || (*pods).sel != sel.String() {
+		(*pods).close()
+		if *pods, err = w.watchPods(ctx, sel, h); err != nil {
+			w.fail(err)
+			*pods = nil
+			return nil, true
+		}
+	}
+	list, err := (*pods).lister()
+	if err != nil {
+		w.fail(fmt.Errorf("list pods in %s (%s): %w", w.ns, sel, err))
+		return nil, true
+	}
+	eps, excluded := PoolEndpoints(list, ports, w.model, w.dpSize)
+	w.excluded.Store(int64(excluded))
+	return eps, false
+}
+
+// watchPods starts a pod informer over sel and waits for its first list.
+func (w *InferencePool) watchPods(ctx context.Context, sel labels.Selector, h cache.ResourceEventHandler) (*podWatch, error) {
+	pctx, stop := context.WithCancel(ctx)
+	f := informers.NewSharedInformerFactoryWithOptions(w.client, w.resync,
+		informers.WithNamespace(w.ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	pi := f.Core().V1().Pods()
+	inf := pi.Informer()
+	pw := &podWatch{sel: sel.String(), stop: stop, f: f, lister: func() ([]*corev1.Pod, error) { return pi.Lister().Pods(w.ns).List(sel) }}
+	if _, err := inf.AddEventHandler(h); err != nil {
+		pw.close()
+		return nil, fmt.Errorf("discovery: pod informer (%s): %w", sel, err)
+	}
+	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		w.fail(fmt.Errorf("watch pods in %s (%s): %w", w.ns, sel, err))
+	}); err != nil {
+		pw.close()
+		return nil, fmt.Errorf("discovery: pod informer (%s): %w", sel, err)
+	}
+	f.Start(pctx.Done())
+	if !cache.WaitForCacheSync(pctx.Done(), inf.HasSynced) {
+		pw.close()
+		return nil, fmt.Errorf("discovery: pods in %s (%s): %w", w.ns, sel, errors.Join(context.Cause(pctx), ctx.Err()))
+	}
+	return pw, nil
+}
+
+// ParsePoolSpec reads an InferencePool's pod selector and target ports, in
+// either API version: v1's selector.matchLabels (and matchExpressions)
+// with targetPorts[].number, or v1alpha2's selector map with
+// targetPortNumber. An empty selector, which would select every pod, is
+// refused.
+func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error) {
+	spec, ok := u.Object["spec"].(map[string]any)
+	if !ok {
+		return nil, nil, errors.New("no spec")
+	}
+	raw, ok := spec["selector"].(map[string]any)
+	if !ok || len(raw) == 0 {
+		return nil, nil, errors.New("spec.selector is missing or empty")
+	}
+	var sel labels.Selector
+	_, hasLabels := raw["matchLabels"]
+	_, hasExprs := raw["matchExpressions"]
+	if hasLabels || hasExprs {
+		var ls metav1.LabelSelector
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &ls); err != nil {
+			return nil, nil, fmt.Errorf("spec.selector: %w", err)
+		}
+		if len(ls.MatchLabels) == 0 && len(ls.MatchExpressions) == 0 {
+			return nil, nil, errors.New("spec.selector is empty")
+		}
+		s, err := metav1.LabelSelectorAsSelector(&ls)
+		if err != nil {
+			return nil, nil, fmt.Errorf("spec.selector: %w", err)
+		}
+		sel = s
+	} else {
+		set := labels.Set{}
+		for k, v := range raw {
+			s, ok := v.(string)
+			if !ok {
+				return nil, nil, fmt.Errorf("spec.selector.%s: %v is not a string", k, v)
+			}
+			set[k] = s
+		}
+		s, err := labels.ValidatedSelectorFromSet(set)
+		if err != nil {
+			return nil, nil, fmt.Errorf("spec.selector: %w", err)
+		}
+		sel = s
+	}
+	var ports []int
+	if tp, ok := spec["targetPorts"].([]any); ok {
+		for i, p := range tp {
+			m, _ := p.(map[string]any)
+			n, ok := portNumber(m["number"])
+			if !ok {
+				return nil, nil, fmt.Errorf("spec.targetPorts[%d].number: %v is not a port", i, m["number"])
+			}
+			ports = append(ports, n)
+		}
+	} else if v, present := spec["targetPortNumber"]; present {
+		n, ok := portNumber(v)
+		if !ok {
+			return nil, nil, fmt.Errorf("spec.targetPortNumber: %v is not a port", v)
+		}
+		ports = []int{n}
+	}
+	if len(ports) == 0 {
+		return nil, nil, errors.New("no target port (spec.targetPorts or spec.targetPortNumber)")
+	}
+	return sel, ports, nil
+}
+
+// portNumber is v as a port, whichever numeric type the decoder gave.
+func portNumber(v any) (int, bool) {
+	var n int64
+	switch x := v.(type) {
+	case int64:
+		n = x
+	case int:
+		n = int64(x)
+	case int32:
+		n = int64(x)
+	case float64:
+		if x != float64(int64(x)) {
+			return 0, false
+		}
+		n = int64(x)
+	default:
+		return 0, false
+	}
+	return int(n), n >= 1 && n <= 65535
+}
+
+// PoolEndpoints are the endpoints of the Ready pods of list at ports, in
+// pod name order, and how many pods are not endpoints (not Running and
+// Ready, terminating, annotations that do not parse, or a dp-size that
+// several ports contradict). model and dpSize apply unless the pod's
+// annotations say otherwise.
+func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (eps []Endpoint, excluded int) {
+	list = slices.Clone(list)
+	slices.SortFunc(list, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range list {
+		if podState(p) != ReasonAppeared {
+			excluded++
+			continue
+		}
+		m, dp := model, dpSize
+		if a := p.Annotations[AnnotationModel]; a != "" {
+			m = a
+		}
+		if a, ok := p.Annotations[AnnotationDPSize]; ok {
+			n, err := strconv.Atoi(strings.TrimSpace(a))
+			if err != nil || n < 1 {
+				excluded++
+				continue
+			}
+			dp = n
+		} else if len(ports) > 1 {
+			dp = len(ports)
+		}
+		if m == "" || (len(ports) > 1 && dp != len(ports)) {
+			excluded++
+			continue
+		}
+		if len(ports) == 1 {
+			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(ports[0])), Pod: p.Name, Model: m, AllRanks: dp > 1, DPSize: dp})
+			continue
+		}
+		for r, port := range ports {
+			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), Pod: p.Name, Model: m, DPRank: r, DPSize: dp})
+		}
+	}
+	return eps, excluded
+}
+
+// podState is ReasonAppeared for a pod that serves (Running, Ready, with
+// an IP, not terminating), else why not.
+func podState(p *corev1.Pod) Reason {
+	switch {
+	case p.DeletionTimestamp != nil:
+		return ReasonTerminating
+	case p.Status.Phase != corev1.PodRunning:
+		return ReasonNotRunning
+	case !ready(p) || p.Status.PodIP == "":
+		return ReasonNotReady
+	}
+	return ReasonAppeared
+}

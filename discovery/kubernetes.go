@@ -1,0 +1,218 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kvindex/kvindex/config"
+)
+
+// The pod annotations Kubernetes discovery reads; each overrides the
+// configured default of discovery.kubernetes.
+const (
+	// AnnotationModel is the model the pod serves (vLLM's served model
+	// name).
+	AnnotationModel = "kvindex.io/model"
+	// AnnotationPort is rank 0's KV event PUB port.
+	AnnotationPort = "kvindex.io/kv-events-port"
+	// AnnotationReplayPort is rank 0's replay port ("0": none).
+	AnnotationReplayPort = "kvindex.io/replay-port"
+	// AnnotationMetricsPort is the port of vLLM's /metrics ("0": none).
+	AnnotationMetricsPort = "kvindex.io/metrics-port"
+	// AnnotationDPSize is the pod's data-parallel size.
+	AnnotationDPSize = "kvindex.io/dp-size"
+	// AnnotationCapacityBlocks bounds each of the pod's workers' blocks.
+	AnnotationCapacityBlocks = "kvindex.io/capacity-blocks"
+)
+
+// serviceAccountNamespace is where Kubernetes mounts the pod's namespace.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// Kubernetes watches pods through the API server with client-go's shared
+// informers (one list, then a watch; no polling).
+type Kubernetes struct {
+	client   kubernetes.Interface
+	ns       string
+	selector labels.Selector
+	defaults config.DiscoveredPods
+	resync   time.Duration
+}
+
+// NewKubernetes returns a watcher of the pods cfg selects through client.
+// An empty cfg.Namespace is the namespace kvindex runs in.
+func NewKubernetes(client kubernetes.Interface, cfg *config.KubernetesDiscovery) (*Kubernetes, error) {
+	sel, err := labels.Parse(cfg.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: selector %q: %w", cfg.Selector, err)
+	}
+	ns := cfg.Namespace
+	if ns == "" {
+		b, err := os.ReadFile(serviceAccountNamespace)
+		if err != nil {
+			return nil, fmt.Errorf("discovery: kubernetes.namespace is empty and the service account's namespace cannot be read: %w", err)
+		}
+		ns = strings.TrimSpace(string(b))
+	}
+	return &Kubernetes{client: client, ns: ns, selector: sel, defaults: cfg.DiscoveredPods, resync: cfg.Resync}, nil
+}
+
+// NewClient returns a client of the API server: in the cluster from the
+// pod's service account, outside it from kubeconfig.
+func NewClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: kubernetes client: %w", err)
+	}
+	return c, nil
+}
+
+// restConfig is the API server's address and credentials: the pod's
+// service account when kubeconfig is empty, else that file.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
+	}
+	return rc, nil
+}
+
+// Run lists and watches the pods until ctx is done, applying a snapshot
+// to r after the first list and after every change the informer reports.
+func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
+	f := informers.NewSharedInformerFactoryWithOptions(k.client, k.resync,
+		informers.WithNamespace(k.ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = k.selector.String() }))
+	pods := f.Core().V1().Pods()
+	inf := pods.Informer()
+	kick := make(chan struct{}, 1)
+	notify := func(any) {
+		select {
+		case kick <- struct{}{}:
+		default: // a snapshot is due already
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    notify,
+		UpdateFunc: func(_, n any) { notify(n) },
+		DeleteFunc: notify,
+	}); err != nil {
+		return fmt.Errorf("discovery: pod informer: %w", err)
+	}
+	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		r.Error(fmt.Errorf("watch pods in %s (%s): %w", k.ns, k.selector, err))
+	}); err != nil {
+		return fmt.Errorf("discovery: pod informer: %w", err)
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return ctx.Err()
+	}
+	lister := pods.Lister().Pods(k.ns)
+	for {
+		list, err := lister.List(k.selector)
+		if err != nil {
+			r.Error(fmt.Errorf("list pods in %s (%s): %w", k.ns, k.selector, err))
+		} else {
+			r.Apply(k.snapshot(list))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+		}
+	}
+}
+
+// snapshot sorts the pods into those to index and those not, and why.
+func (k *Kubernetes) snapshot(list []*corev1.Pod) Snapshot {
+	snap := Snapshot{Excluded: map[string]Reason{}, Gone: ReasonDeleted}
+	for _, p := range list {
+		pod, why := PodFromKubernetes(p, k.defaults)
+		if why != ReasonAppeared {
+			snap.Excluded[p.Name] = why
+			continue
+		}
+		snap.Ready = append(snap.Ready, pod)
+	}
+	return snap
+}
+
+// PodFromKubernetes is the pod configuration of a Kubernetes pod, with
+// ReasonAppeared, or the reason it is not to be indexed: not Running, not
+// Ready or without an IP, terminating, or annotations that do not
+// describe a valid pod (ReasonInvalid).
+func PodFromKubernetes(p *corev1.Pod, d config.DiscoveredPods) (config.Pod, Reason) {
+	if why := podState(p); why != ReasonAppeared {
+		return config.Pod{}, why
+	}
+	a := p.Annotations
+	if m := a[AnnotationModel]; m != "" {
+		d.Model = m
+	}
+	for _, f := range []struct {
+		key string
+		v   *int
+	}{{AnnotationPort, &d.Port}, {AnnotationReplayPort, &d.ReplayPort}, {AnnotationMetricsPort, &d.MetricsPort}, {AnnotationDPSize, &d.DPSize}, {AnnotationCapacityBlocks, &d.CapacityBlocks}} {
+		s, ok := a[f.key]
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return config.Pod{}, ReasonInvalid
+		}
+		*f.v = n
+	}
+	if d.Validate("pod") != nil {
+		return config.Pod{}, ReasonInvalid
+	}
+	return podAt(p.Name, p.Status.PodIP, d), ReasonAppeared
+}
+
+// ready reports whether the pod's Ready condition is true.
+func ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// podAt is the pod configuration of pod name at ip with d's ports.
+func podAt(name, ip string, d config.DiscoveredPods) config.Pod {
+	hostport := func(port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
+	p := config.Pod{Name: name, Model: d.Model, Endpoint: "tcp://" + hostport(d.Port), DPSize: d.DPSize, CapacityBlocks: d.CapacityBlocks}
+	if d.ReplayPort != 0 {
+		p.ReplayEndpoint = "tcp://" + hostport(d.ReplayPort)
+	}
+	if d.MetricsPort != 0 {
+		p.MetricsURL = "http://" + hostport(d.MetricsPort) + "/metrics"
+	}
+	return p
+}

@@ -1,0 +1,426 @@
+package natsbus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/events"
+	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
+)
+
+// LocalWorker is an agent's view of one of its workers: the agent's own
+// index worker, which its engine's events feed.
+type LocalWorker interface {
+	// Snapshot emits the worker's resident set as segments in the
+	// index's binary encoding (emit owns nothing: it copies what it
+	// keeps), consistent with the last delta published; blocks is the
+	// number of keys with references.
+	Snapshot(emit func(segment []byte) error) (blocks uint64, err error)
+	// Resident and Capacity are the worker's block counts for its
+	// registration (capacity 0: unknown).
+	Resident() int64
+	Capacity() int64
+	// Health is the engine stream's health and why it is not OK.
+	Health() (events.Health, string)
+}
+
+// AgentOptions configure an Agent.
+type AgentOptions struct {
+	// Bucket is the agents' key-value bucket; "" means DefaultBucket.
+	Bucket string
+	// TTL is how long a registration lives without a heartbeat; 0 means
+	// 10 s. Heartbeat is how often it is refreshed; 0 means TTL / 4.
+	TTL, Heartbeat time.Duration
+	// Model, BlockSize and KeyScheme describe what the pod serves and how
+	// the agent computes content keys.
+	Model     string
+	BlockSize int
+	KeyScheme string
+	// Pod names the pod; its workers are its DP ranks.
+	Pod string
+	// Version is the agent's build, for the registration.
+	Version string
+	// ChunkBytes is the size from which a snapshot chunk is sent (it
+	// holds whole segments); 0 means 256 KiB, well under NATS's default
+	// 1 MiB payload with the index's segments of at most ~40 KB.
+	ChunkBytes int
+	// Logger receives problem reports; nil discards them.
+	Logger *slog.Logger
+}
+
+// Agent publishes one pod's workers on NATS: each worker's deltas on its
+// delta subject, numbered per worker within the agent's epoch; its
+// snapshots on request; and its registration in the agents' bucket,
+// refreshed by heartbeat so that a dead agent's workers expire.
+//
+// # Concurrency
+//
+// Publish and the snapshot responder serialise on each worker's mutex, so
+// a snapshot is the worker's state after exactly the seq it states: a
+// caller applies a batch and fills its delta inside Publish's callback.
+// Other methods may be called from any goroutine.
+type Agent struct {
+	nc    *nats.Conn
+	kvMu  sync.Mutex         // guards kv
+	kv    jetstream.KeyValue // nil until the bucket is first opened
+	o     AgentOptions
+	epoch uint64
+	log   *slog.Logger
+
+	workers map[int]*agentWorker
+	// kick has a value when a registration changed between heartbeats
+	// (SetPartial) and Run should rewrite the registrations now.
+	kick chan struct{}
+
+	published, bytes atomic.Int64
+	snapshots        atomic.Int64
+}
+
+// agentWorker is one worker's publishing state.
+type agentWorker struct {
+	ref      events.WorkerRef
+	local    LocalWorker
+	deltaSub string
+	snapSub  string
+	key      string
+	sub      *nats.Subscription
+
+	mu       sync.Mutex // guards seq, msg, partial and the apply-publish pairing
+	seq      uint64
+	msg      fleetv1.Delta
+	buf      []byte
+	delta    events.Delta
+	partial  bool
+	engSeq   uint64
+	engSeqOK bool
+}
+
+// NewAgent registers the pod's workers (ranks → their local workers),
+// starts serving their snapshots, and returns the agent; Run keeps the
+// registrations alive. The agent's epoch is random and new each time.
+func NewAgent(ctx context.Context, nc *nats.Conn, o AgentOptions, workers map[int]LocalWorker) (*Agent, error) {
+	if o.Bucket == "" {
+		o.Bucket = DefaultBucket
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Second
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = o.TTL / 4
+	}
+	if o.ChunkBytes <= 0 {
+		o.ChunkBytes = 256 << 10
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Model == "" || o.Pod == "" || o.BlockSize <= 0 {
+		return nil, fmt.Errorf("nats: agent: model, pod and block size are required")
+	}
+	a := &Agent{nc: nc, o: o, epoch: newEpoch(), log: o.Logger, workers: map[int]*agentWorker{}, kick: make(chan struct{}, 1)}
+	var err error
+	for rank, lw := range workers {
+		ref := events.WorkerRef{Pod: o.Pod, DPRank: rank}
+		w := &agentWorker{ref: ref, local: lw, deltaSub: DeltaSubject(o.Model, ref), snapSub: SnapshotSubject(o.Model, ref), key: WorkerKey(o.Model, ref)}
+		if w.sub, err = nc.Subscribe(w.snapSub, func(m *nats.Msg) { a.serveSnapshot(w, m) }); err != nil {
+			a.Close(ctx)
+			return nil, fmt.Errorf("nats: agent: subscribe %s: %w", w.snapSub, err)
+		}
+		a.workers[rank] = w
+	}
+	// NATS may not be reachable yet (the connection retries): the first
+	// registrations are tried once, and the heartbeat retries them; the
+	// engine's events are indexed meanwhile and reach replicas by snapshot.
+	if nc.IsConnected() {
+		if err := nc.FlushTimeout(time.Second); err != nil {
+			a.log.Warn("agent: NATS does not answer yet; registering on the next heartbeat", "err", err)
+		}
+		for _, w := range a.workers {
+			if err := a.register(ctx, w); err != nil {
+				a.log.Warn("agent: first registration failed; retrying on the heartbeat", "worker", w.ref.String(), "err", err)
+			}
+		}
+	}
+	return a, nil
+}
+
+// bucket returns the agents' bucket, opening it on first use.
+func (a *Agent) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	a.kvMu.Lock()
+	defer a.kvMu.Unlock()
+	if a.kv == nil {
+		kv, err := Bucket(ctx, a.nc, a.o.Bucket, a.o.TTL)
+		if err != nil {
+			return nil, err
+		}
+		a.kv = kv
+	}
+	return a.kv, nil
+}
+
+// Bucket opens (creating when missing) the agents' key-value bucket with
+// entries living ttl, with delete markers on expiry so that watchers hear
+// of it.
+func Bucket(ctx context.Context, nc *nats.Conn, name string, ttl time.Duration) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("nats: JetStream: %w", err)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         name,
+		Description:    "kvindex agents: one entry per worker, refreshed by heartbeat",
+		TTL:            ttl,
+		LimitMarkerTTL: max(ttl, time.Second),
+		History:        1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nats: key-value bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+// newEpoch returns a random, non-zero epoch.
+func newEpoch() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if e := binary.BigEndian.Uint64(b[:]); e != 0 {
+			return e
+		}
+	}
+}
+
+// Epoch returns the agent's epoch.
+func (a *Agent) Epoch() uint64 { return a.epoch }
+
+// ErrUnknownRank: Publish named a rank the agent does not serve.
+var ErrUnknownRank = errors.New("nats: agent: unknown dp rank")
+
+// Publish applies one batch to worker rank and publishes its effects:
+// apply is called with the seq the delta gets and a reset delta to fill
+// (the agent's index applies the batch and records its effects), under
+// the worker's lock, so that no snapshot falls between the state change
+// and its seq. A delta with no entries is not published and takes no seq.
+// engineSeq and engineTime are the batch's seq and time at the engine.
+func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply func(seq uint64, d *events.Delta) error) error {
+	w := a.workers[rank]
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownRank, rank)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.delta.Reset()
+	err := apply(w.seq+1, &w.delta)
+	w.engSeq, w.engSeqOK = engineSeq, true
+	if len(w.delta.Entries) == 0 {
+		return err
+	}
+	w.seq++
+	encodeDelta(&w.msg, deltaHeader{epoch: a.epoch, seq: w.seq, engineSeq: engineSeq, engineTime: engineTime}, &w.delta)
+	w.buf, _ = proto.MarshalOptions{}.MarshalAppend(w.buf[:0], &w.msg)
+	if perr := a.nc.Publish(w.deltaSub, w.buf); perr != nil {
+		// The replicas see the seq jump and resync.
+		a.log.Warn("publishing a delta failed; replicas will resync", "worker", w.ref.String(), "seq", w.seq, "err", perr)
+		return errors.Join(err, fmt.Errorf("nats: publish delta %d of %s: %w", w.seq, w.ref, perr))
+	}
+	a.published.Add(1)
+	a.bytes.Add(int64(len(w.buf)))
+	return err
+}
+
+// SetPartial marks worker rank's state as known to lack part of its
+// engine's history (a restore whose replay left a hole), or as whole
+// again, for its registration; a change is registered at once (by Run)
+// rather than at the next heartbeat. It must not be called from inside
+// Publish's apply or WithWorker's f (it takes the worker's lock).
+func (a *Agent) SetPartial(rank int, partial bool) {
+	w := a.workers[rank]
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	changed := w.partial != partial
+	w.partial = partial
+	w.mu.Unlock()
+	if changed {
+		select {
+		case a.kick <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+}
+
+// Partial reports whether worker rank is marked partial (SetPartial).
+func (a *Agent) Partial(rank int) bool {
+	w := a.workers[rank]
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.partial
+}
+
+// EngineSeq returns the last engine seq worker rank published, for the
+// agent's checkpoint.
+func (a *Agent) EngineSeq(rank int) (uint64, bool) {
+	w := a.workers[rank]
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.engSeq, w.engSeqOK
+}
+
+// WithWorker runs f under worker rank's lock, so that what f reads of the
+// local worker is consistent with the engine seq it is given (for a
+// checkpoint).
+func (a *Agent) WithWorker(rank int, f func(engineSeq uint64, hasSeq bool) error) error {
+	w := a.workers[rank]
+	if w == nil {
+		return fmt.Errorf("%w %d", ErrUnknownRank, rank)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return f(w.engSeq, w.engSeqOK)
+}
+
+// AgentStats are an agent's counters.
+type AgentStats struct {
+	// Deltas and Bytes count published deltas and their bytes; Snapshots
+	// the snapshots served.
+	Deltas, Bytes, Snapshots int64
+}
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() AgentStats {
+	return AgentStats{Deltas: a.published.Load(), Bytes: a.bytes.Load(), Snapshots: a.snapshots.Load()}
+}
+
+// serveSnapshot answers one snapshot request: the worker's state, taken
+// under its lock with the seq it is after, sent in chunks of about
+// ChunkBytes to the reply subject. Each segment is copied once, into the
+// chunk that carries it (appendChunkSegment); the chunks' headers, which
+// need the snapshot's block count, are appended once the snapshot is
+// taken, and the chunks sent with no lock held.
+func (a *Agent) serveSnapshot(w *agentWorker, m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	var chunks [][]byte
+	var cur []byte
+	w.mu.Lock()
+	seq := w.seq
+	blocks, err := w.local.Snapshot(func(seg []byte) error {
+		if cur == nil {
+			// Room for the chunk (it ends past ChunkBytes by its last
+			// segment), unless the segments are small.
+			cur = make([]byte, 0, min(a.o.ChunkBytes, 16*len(seg))+len(seg)+64)
+		}
+		cur = appendChunkSegment(cur, seg)
+		if len(cur) >= a.o.ChunkBytes {
+			chunks, cur = append(chunks, cur), nil
+		}
+		return nil
+	})
+	w.mu.Unlock()
+	if cur != nil || len(chunks) == 0 {
+		chunks = append(chunks, cur)
+	}
+	send := func(b []byte) bool {
+		if err := a.nc.Publish(m.Reply, b); err != nil {
+			a.log.Warn("sending a snapshot chunk failed", "worker", w.ref.String(), "err", err)
+			return false
+		}
+		return true
+	}
+	if err != nil {
+		send(appendChunkHeader(nil, chunkHeader{epoch: a.epoch, seq: seq, last: true, err: err.Error()}))
+		return
+	}
+	for i, c := range chunks {
+		last := i == len(chunks)-1
+		if !send(appendChunkHeader(c, chunkHeader{epoch: a.epoch, seq: seq, index: uint32(i), blocks: blocks, last: last})) {
+			return
+		}
+	}
+	a.snapshots.Add(1)
+}
+
+// register writes worker w's registration.
+func (a *Agent) register(ctx context.Context, w *agentWorker) error {
+	h, reason := w.local.Health()
+	w.mu.Lock()
+	reg := &fleetv1.Registration{
+		Model: a.o.Model, BlockSize: uint32(a.o.BlockSize), KeyScheme: a.o.KeyScheme,
+		Pod: w.ref.Pod, DpRank: uint32(w.ref.DPRank), Epoch: a.epoch, Seq: w.seq,
+		DeltaSubject: w.deltaSub, SnapshotSubject: w.snapSub,
+		Health: h.String(), HealthReason: reason,
+		Capacity: uint64(max(w.local.Capacity(), 0)), Resident: uint64(max(w.local.Resident(), 0)),
+		AgentVersion: a.o.Version, HeartbeatUnixMs: time.Now().UnixMilli(), Partial: w.partial,
+	}
+	w.mu.Unlock()
+	b, err := proto.Marshal(reg)
+	if err != nil {
+		return fmt.Errorf("nats: agent: registration of %s: %w", w.ref, err)
+	}
+	kv, err := a.bucket(ctx)
+	if err != nil {
+		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
+	}
+	if _, err := kv.Put(ctx, w.key, b); err != nil {
+		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
+	}
+	return nil
+}
+
+// Run refreshes the registrations every Heartbeat, and at once when one
+// changed (SetPartial), until ctx is done, then removes them.
+func (a *Agent) Run(ctx context.Context) {
+	t := time.NewTicker(a.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			a.Close(cctx)
+			cancel()
+			return
+		case <-t.C:
+		case <-a.kick:
+		}
+		for _, w := range a.workers {
+			if err := a.register(ctx, w); err != nil && ctx.Err() == nil {
+				a.log.Warn("agent heartbeat failed", "worker", w.ref.String(), "err", err)
+			}
+		}
+	}
+}
+
+// Close stops serving snapshots and deletes the registrations, so that
+// replicas drop the workers at once rather than at the TTL.
+func (a *Agent) Close(ctx context.Context) {
+	a.kvMu.Lock()
+	kv := a.kv
+	a.kvMu.Unlock()
+	for _, w := range a.workers {
+		if w.sub != nil {
+			_ = w.sub.Unsubscribe()
+		}
+		if kv != nil {
+			_ = kv.Delete(ctx, w.key)
+		}
+	}
+}

@@ -1,0 +1,48 @@
+package fleet
+
+import (
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// The index records and applies indexer.Delta; the transport carries
+// events.Delta, the event model's copy of it. The conversions are a field
+// copy per entry (about a nanosecond), against a NATS message per batch.
+
+var (
+	toWireOp = [...]events.DeltaOp{indexer.OpStore: events.DeltaStore, indexer.OpRemove: events.DeltaRemove, indexer.OpDrop: events.DeltaDrop, indexer.OpClear: events.DeltaClear}
+	toIdxOp  = [...]indexer.DeltaOp{events.DeltaStore: indexer.OpStore, events.DeltaRemove: indexer.OpRemove, events.DeltaDrop: indexer.OpDrop, events.DeltaClear: indexer.OpClear}
+)
+
+// toWire appends d's entries to w.
+func toWire(d *indexer.Delta, w *events.Delta) {
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		w.Entries = append(w.Entries, events.DeltaEntry{
+			Op: toWireOp[e.Op], Key: uint64(e.Key), Parent: uint64(e.Parent), HasParent: e.HasParent,
+			Medium: e.Medium, Refs: e.Refs, BlockEdge: e.BlockEdge, MediumEdge: e.MediumEdge,
+		})
+	}
+}
+
+// fromWire fills d from w with seq.
+func fromWire(w *events.Delta, seq uint64, d *indexer.Delta) {
+	d.Reset()
+	d.Seq = seq
+	for i := range w.Entries {
+		e := &w.Entries[i]
+		op := indexer.DeltaOp(0)
+		if int(e.Op) < len(toIdxOp) {
+			op = toIdxOp[e.Op]
+		}
+		d.Entries = append(d.Entries, indexer.DeltaEntry{
+			Op: op, Key: indexer.Key(e.Key), Parent: indexer.Key(e.Parent), HasParent: e.HasParent,
+			Medium: e.Medium, Refs: e.Refs, BlockEdge: e.BlockEdge, MediumEdge: e.MediumEdge,
+		})
+	}
+}
+
+// ToWire appends the effects an agent's index recorded (d) to w, as the
+// agent publishes them: for benchmarks and tools that publish recorded
+// deltas through a natsbus.Agent without an engine.
+func ToWire(d *indexer.Delta, w *events.Delta) { toWire(d, w) }

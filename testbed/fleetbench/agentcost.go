@@ -1,0 +1,309 @@
+package fleetbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// AgentOptions configure the agent benchmark: the kvindex agent binary
+// beside one pod whose engine churns Rate new blocks a second, measured
+// for Duration after Settle.
+type AgentOptions struct {
+	// Binary is the kvindex binary ("": kvindex beside this executable,
+	// else on PATH).
+	Binary           string
+	Shape            Shape
+	Seed             uint64
+	Rate             float64
+	Settle, Duration time.Duration
+	// WarmRate is the rate of the warm-up lap that fills the pod to its
+	// steady state.
+	WarmRate float64
+	// Procs, when positive, is the agent's GOMAXPROCS (what a sidecar's
+	// CPU limit sets: Go sizes GOMAXPROCS to the cgroup's quota).
+	Procs int
+}
+
+// AgentResult is what the agent benchmark measured of the agent process.
+type AgentResult struct {
+	// Rate is the new blocks a second the engine sent; Resident the
+	// blocks the pod holds.
+	Rate     float64 `json:"rate"`
+	Resident int64   `json:"resident"`
+	// CPU is the agent's CPU over the measurement, as a fraction of one
+	// core; RSS its resident set at the end, PeakRSS its peak.
+	CPU     float64 `json:"cpu_cores"`
+	RSS     int64   `json:"rss"`
+	PeakRSS int64   `json:"peak_rss"`
+	// Floor is, as a fraction of one core at the same rate, the index's
+	// share of the agent's work in this process: decoding the engine's
+	// payloads, ApplyBatchDelta and the conversion to the wire model (no
+	// sockets, no NATS); Ratio is CPU over Floor.
+	Floor float64 `json:"floor_cores"`
+	Ratio float64 `json:"ratio"`
+	// OtherCPU is what other processes used meanwhile, in cores.
+	OtherCPU   float64 `json:"other_cores"`
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
+}
+
+type enginesGenOpts struct {
+	Shape    Shape         `json:"shape"`
+	Seed     uint64        `json:"seed"`
+	Rate     float64       `json:"rate"`
+	WarmRate float64       `json:"warm_rate"`
+	Run      time.Duration `json:"run"`
+}
+
+type enginesReady struct {
+	URL string `json:"url"`
+	// Config is the agent's configuration, YAML.
+	Config string `json:"config"`
+}
+
+type enginesDone struct {
+	Blocks int64 `json:"blocks"`
+	WallNs int64 `json:"wall_ns"`
+}
+
+// AgentCost runs the agent benchmark: a generator process (the embedded
+// nats-server and the pod's engine, an enginepub.Publisher) and the
+// kvindex agent binary, configured as a deployment configures it.
+func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
+	res := &AgentResult{LoadBefore: loadAvg()}
+	bin, err := agentBinary(o.Binary)
+	if err != nil {
+		return nil, err
+	}
+	w, err := NewWorkload(o.Shape, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	perBlock, resident, err := agentFloor(w)
+	if err != nil {
+		return nil, err
+	}
+	res.Floor, res.Resident = perBlock.Seconds()*o.Rate, resident
+	gen, err := startChild(ctx, "engines-gen", enginesGenOpts{Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, WarmRate: o.WarmRate, Run: o.Settle + o.Duration + time.Second})
+	if err != nil {
+		return nil, err
+	}
+	defer gen.kill()
+	var ready enginesReady
+	if _, err := gen.await("ready", &ready, time.Minute); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kvfleetbench-agent-")
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: agent: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	cfgPath := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(cfgPath, []byte(ready.Config), 0o600); err != nil {
+		return nil, fmt.Errorf("fleetbench: agent: %w", err)
+	}
+	agent := exec.CommandContext(ctx, bin, "agent", "--config", cfgPath, "--log-level", "warn")
+	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
+	if o.Procs > 0 {
+		agent.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.Procs))
+	}
+	agent.Cancel = func() error { return agent.Process.Signal(syscall.SIGTERM) }
+	agent.WaitDelay = 10 * time.Second
+	if err := agent.Start(); err != nil {
+		return nil, fmt.Errorf("fleetbench: agent: start %s: %w", bin, err)
+	}
+	defer func() {
+		_ = agent.Process.Signal(syscall.SIGTERM)
+		_ = agent.Wait()
+	}()
+	pid := agent.Process.Pid
+	if _, err := gen.await("subscribed", nil, time.Minute); err != nil {
+		return nil, err
+	}
+	if err := gen.send("go"); err != nil {
+		return nil, err
+	}
+	if _, err := gen.await("warmed", nil, 5*time.Minute); err != nil {
+		return nil, err
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(o.Settle):
+	}
+	cpu0, err := procCPU(pid)
+	if err != nil {
+		return nil, err
+	}
+	busy0, t0 := busyCPU(), time.Now()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(o.Duration):
+	}
+	cpu1, err := procCPU(pid)
+	if err != nil {
+		return nil, err
+	}
+	busy1, wall := busyCPU(), time.Since(t0)
+	if res.RSS, res.PeakRSS, err = procMem(pid); err != nil {
+		return nil, err
+	}
+	res.CPU = (cpu1 - cpu0).Seconds() / wall.Seconds()
+	var done enginesDone
+	if _, err := gen.await("done", &done, time.Minute); err != nil {
+		return nil, err
+	}
+	gcpu := (busy1 - busy0 - (cpu1 - cpu0)).Seconds() / wall.Seconds()
+	res.OtherCPU = max(0, gcpu) // the generator's engine and nats-server included
+	if done.WallNs > 0 {
+		res.Rate = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
+	}
+	if res.Floor > 0 {
+		res.Ratio = res.CPU / res.Floor
+	}
+	if err := gen.finish(time.Minute); err != nil {
+		return nil, err
+	}
+	res.LoadAfter = loadAvg()
+	return res, nil
+}
+
+// agentBinary finds the kvindex binary.
+func agentBinary(path string) (string, error) {
+	if path != "" {
+		return path, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(self), "kvindex"); fileExists(p) {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("kvindex")
+	if err != nil {
+		return "", fmt.Errorf("fleetbench: agent: no kvindex binary beside this one or on PATH (go build -o bin/ ./cmd/...): %w", err)
+	}
+	return p, nil
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// agentFloor returns the CPU per new block of the index's part of an
+// agent's work on w's stream in its steady state (decode of the engine's
+// payloads, ApplyBatchDelta, the conversion to the wire model), on one
+// goroutine with GOMAXPROCS 1, and the blocks the worker holds.
+func agentFloor(w *Workload) (time.Duration, int64, error) {
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel(benchModel, w.shape.BlockSize); err != nil {
+		return 0, 0, err
+	}
+	wk, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(0)}, Model: benchModel})
+	if err != nil {
+		return 0, 0, err
+	}
+	var f Filler
+	payloads := make([][]byte, w.Len())
+	for i := range w.Len() {
+		if err := wk.ApplyBatch(f.Fill(w, i, 0, 0)); err != nil {
+			return 0, 0, fmt.Errorf("fleetbench: agent floor: %w", err)
+		}
+		if payloads[i], err = events.AppendPayload(nil, f.Fill(w, i, 1, 1), events.EncodeOptions{}); err != nil {
+			return 0, 0, fmt.Errorf("fleetbench: agent floor: %w", err)
+		}
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	dec := events.NewDecoder()
+	var b events.Batch
+	var d indexer.Delta
+	var wire events.Delta
+	blocks := 0
+	cpu0 := cpuTime()
+	for range 2 {
+		for i, p := range payloads {
+			if err := dec.Decode(p, &b); err != nil {
+				return 0, 0, fmt.Errorf("fleetbench: agent floor: %w", err)
+			}
+			d.Reset()
+			if err := wk.ApplyBatchDelta(&b, &d); err != nil {
+				return 0, 0, fmt.Errorf("fleetbench: agent floor: %w", err)
+			}
+			wire.Reset()
+			fleet.ToWire(&d, &wire)
+			blocks += w.Stored[i]
+		}
+	}
+	return (cpuTime() - cpu0) / time.Duration(blocks), wk.Stats().ResidentBlocks, nil
+}
+
+func runEnginesGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+	var o enginesGenOpts
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return fmt.Errorf("fleetbench: engines generator options: %w", err)
+	}
+	ns, err := startNATS()
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	es, err := startEngines(1, o.Shape, o.Seed)
+	if err != nil {
+		return err
+	}
+	defer closeEngines(es)
+	cfg, err := agentConfig(es[0], ns.url())
+	if err != nil {
+		return err
+	}
+	y, err := yaml.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("fleetbench: agent configuration: %w", err)
+	}
+	if err := out.Send("ready", enginesReady{URL: ns.url(), Config: string(y)}); err != nil {
+		return err
+	}
+	if err := waitSubscribed(ctx, es, 1); err != nil {
+		return err
+	}
+	if err := out.Send("subscribed", struct{}{}); err != nil {
+		return err
+	}
+	if err := in.Wait(ctx, "go"); err != nil {
+		return err
+	}
+	if _, err := playEngines(ctx, es, es[0].w.Len(), o.WarmRate); err != nil {
+		return err
+	}
+	if err := out.Send("warmed", struct{}{}); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	batches := int(o.Rate * o.Run.Seconds() / blocksPerBatch(es[0].w))
+	blocks, err := playEngines(ctx, es, batches, o.Rate)
+	if err != nil {
+		return err
+	}
+	if err := out.Send("done", enginesDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds()}); err != nil {
+		return err
+	}
+	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,167 @@
+package fleetbench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/enginepub"
+)
+
+// engine is one simulated vLLM worker: a workload played through an
+// enginepub.Publisher, which sends vLLM's ZeroMQ wire (and serves its
+// replay) as the engine does. Batches carry the time they are sent as
+// their timestamp, as vLLM stamps a batch when it emits it.
+type engine struct {
+	pod      string
+	w        *Workload
+	f        Filler
+	pub      *enginepub.Publisher
+	pos, lap int
+	endpoint string
+	replay   string
+	lastSeq  uint64
+}
+
+// startEngines starts n engines of shape (seeds seed, seed+1, ...) on
+// free loopback ports.
+func startEngines(n int, shape Shape, seed uint64) ([]*engine, error) {
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	var es []*engine
+	for i := range n {
+		w, err := NewWorkload(shape, seed+uint64(i))
+		if err != nil {
+			closeEngines(es)
+			return nil, err
+		}
+		e := &engine{pod: podName(i), w: w,
+			endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", ports[2*i]), replay: fmt.Sprintf("tcp://127.0.0.1:%d", ports[2*i+1])}
+		if e.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: e.endpoint, Bind: true, ReplayEndpoint: e.replay}); err != nil {
+			closeEngines(es)
+			return nil, fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
+		}
+		es = append(es, e)
+	}
+	return es, nil
+}
+
+func closeEngines(es []*engine) {
+	for _, e := range es {
+		_ = e.pub.Close()
+	}
+}
+
+// pod is the engine's entry in a kvindex configuration.
+func (e *engine) podConfig() config.Pod {
+	return config.Pod{Name: e.pod, Model: benchModel, Endpoint: e.endpoint, ReplayEndpoint: e.replay, DPSize: 1}
+}
+
+// send publishes the engine's next batch, stamped now, and returns the
+// new blocks it stores.
+func (e *engine) send() (int, error) {
+	b := e.f.Fill(e.w, e.pos, e.lap, float64(time.Now().UnixNano())/1e9)
+	seq, err := e.pub.Publish(b)
+	if err != nil {
+		return 0, fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
+	}
+	e.lastSeq = seq
+	blocks := e.w.Stored[e.pos]
+	if e.pos++; e.pos == e.w.Len() {
+		e.pos, e.lap = 0, e.lap+1
+	}
+	return blocks, nil
+}
+
+// playEngines sends batches of the engines in turn, each due when the
+// new blocks before it are at rate (open loop), until count batches are
+// sent or ctx ends; it returns the blocks sent.
+func playEngines(ctx context.Context, es []*engine, count int, rate float64) (int64, error) {
+	var blocks int64
+	t0 := time.Now()
+	for k := 0; k < count; k++ {
+		if ahead := time.Duration(float64(blocks)/rate*1e9) - time.Since(t0); ahead > 0 {
+			select {
+			case <-ctx.Done():
+				return blocks, ctx.Err()
+			case <-time.After(ahead):
+			}
+		}
+		n, err := es[k%len(es)].send()
+		if err != nil {
+			return blocks, err
+		}
+		blocks += int64(n)
+	}
+	return blocks, nil
+}
+
+// waitSubscribed waits until every engine has n subscribers.
+func waitSubscribed(ctx context.Context, es []*engine, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, e := range es {
+		if err := e.pub.WaitForSubscribers(ctx, n); err != nil {
+			return fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
+		}
+	}
+	return nil
+}
+
+// freePorts returns n loopback TCP ports free when it returns.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("fleetbench: free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// agentConfig is the kvindex agent configuration of engine e's pod
+// against NATS at url.
+func agentConfig(e *engine, url string) (*config.Config, error) {
+	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0",
+		Models: []config.Model{{Name: benchModel, BlockSize: e.w.shape.BlockSize}}, Pods: []config.Pod{e.podConfig()}}
+	cfg.NATS = config.NATS{URL: url}
+	cfg.Agent.Pod = e.pod
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("fleetbench: agent configuration of %s: %w", e.pod, err)
+	}
+	return cfg, nil
+}
+
+// blocksPerBatch is a workload's mean new blocks per batch.
+func blocksPerBatch(w *Workload) float64 {
+	n := 0
+	for _, b := range w.Stored {
+		n += b
+	}
+	return float64(n) / float64(len(w.Stored))
+}
+
+// seqOf returns the last engine seq an agent's stream reports for ref.
+func seqOf(stats []events.WorkerStats, ref events.WorkerRef) (uint64, bool) {
+	for _, st := range stats {
+		if st.Worker == ref {
+			return st.LastSeq, st.HasSeq
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,330 @@
+package fleetbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// IngestOptions configure the ingest benchmark: agents publishing their
+// recorded deltas at Rate new blocks per second in all, for about
+// Duration (whole laps of every worker's ring), into one replica.
+type IngestOptions struct {
+	Workers  int
+	Shape    Shape
+	Seed     uint64
+	Rate     float64
+	Duration time.Duration
+	// ReplicaProcs is the replica's GOMAXPROCS (0: 1, one core).
+	ReplicaProcs int
+	// Profile, when set, is a CPU profile of the replica while it
+	// ingests.
+	Profile string
+}
+
+// IngestResult is what the ingest benchmark measured.
+type IngestResult struct {
+	Workers int `json:"workers"`
+	// Blocks are the new blocks the replica applied (stores that start a
+	// block; each delta also removes about as many, and offloads and
+	// evicts from CPU a quarter as many), Entries every effect, Deltas the
+	// messages.
+	Blocks  int64 `json:"blocks"`
+	Entries int64 `json:"entries"`
+	Deltas  int64 `json:"deltas"`
+	// ReplicaCPU is the replica process's CPU from its first delta to its
+	// last; Wall the time between them.
+	ReplicaCPU time.Duration `json:"replica_cpu_ns"`
+	Wall       time.Duration `json:"wall_ns"`
+	// PerCore is Blocks over ReplicaCPU in seconds: blocks/s per replica
+	// core.
+	PerCore float64 `json:"blocks_per_cpu_s"`
+	// Baseline is indexer.Worker.ApplyDelta of the same deltas to keyed
+	// workers restored from the same snapshots, with no NATS, in one
+	// goroutine on one core, blocks per CPU-second: each worker's lap in
+	// a row (its caches warm: the faster order, which a backlogged
+	// replica approaches, draining a worker's queue at a time), and
+	// Interleaved one delta of each worker in turn (the order they are
+	// published in). Ratio is PerCore over Baseline.
+	Baseline    float64 `json:"baseline_blocks_per_cpu_s"`
+	Interleaved float64 `json:"interleaved_blocks_per_cpu_s"`
+	Ratio       float64 `json:"ratio"`
+	// GeneratorCPU is the generator's CPU while publishing (its agents
+	// and the embedded nats-server), OtherCPU other processes' meanwhile.
+	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
+	OtherCPU     time.Duration `json:"other_cpu_ns"`
+	// Published is the generator's achieved rate, new blocks a second.
+	Published float64 `json:"published_blocks_per_s"`
+	// Problems counts gaps, drops, decode or apply errors and resyncs in
+	// the replica while it ingested; SlowConsumers the nats-server's.
+	Problems      int64   `json:"problems"`
+	SlowConsumers int64   `json:"slow_consumers"`
+	DigestsOK     bool    `json:"digests_ok"`
+	LoadBefore    float64 `json:"load_before"`
+	LoadAfter     float64 `json:"load_after"`
+}
+
+type ingestGenOpts struct {
+	Workers int     `json:"workers"`
+	Shape   Shape   `json:"shape"`
+	Seed    uint64  `json:"seed"`
+	Rate    float64 `json:"rate"`
+	Rounds  int     `json:"rounds"`
+}
+
+type ingestReady struct {
+	URL     string            `json:"url"`
+	Blocks  int64             `json:"blocks"` // per round (a lap of every worker)
+	Digests map[string]string `json:"digests"`
+}
+
+type ingestDone struct {
+	Blocks int64 `json:"blocks"`
+	WallNs int64 `json:"wall_ns"`
+	CPUNs  int64 `json:"cpu_ns"`
+	Slow   int64 `json:"slow_consumers"`
+}
+
+// Ingest runs the ingest benchmark: the baseline in this process, then
+// a generator process (the embedded nats-server and one natsbus.Agent per
+// worker, publishing each worker's recorded deltas through
+// natsbus.Agent.Publish) and a replica process.
+func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
+	res := &IngestResult{Workers: o.Workers, LoadBefore: loadAvg()}
+	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
+	if err != nil {
+		return nil, err
+	}
+	var perRound int64
+	for _, r := range recs {
+		for _, b := range r.Blocks {
+			perRound += int64(b)
+		}
+	}
+	rounds := max(1, int(o.Rate*o.Duration.Seconds()/float64(perRound)+0.5))
+	if res.Baseline, err = applyBaseline(recs, min(rounds, 2), false); err != nil {
+		return nil, err
+	}
+	if res.Interleaved, err = applyBaseline(recs, min(rounds, 2), true); err != nil {
+		return nil, err
+	}
+	recs = nil
+	procs := o.ReplicaProcs
+	if procs <= 0 {
+		procs = 1
+	}
+	gen, err := startChild(ctx, "ingest-gen", ingestGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds})
+	if err != nil {
+		return nil, err
+	}
+	defer gen.kill()
+	var ready ingestReady
+	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile},
+		fmt.Sprintf("GOMAXPROCS=%d", procs))
+	if err != nil {
+		return nil, err
+	}
+	defer rep.kill()
+	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	busy0 := busyCPU()
+	if err := gen.send("go"); err != nil {
+		return nil, err
+	}
+	var r ingestReport
+	if _, err := rep.await("result", &r, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	busy1 := busyCPU()
+	var done ingestDone
+	if _, err := gen.await("done", &done, time.Minute); err != nil {
+		return nil, err
+	}
+	var dig digestsReport
+	if _, err := rep.await("digests", &dig, time.Minute); err != nil {
+		return nil, err
+	}
+	res.DigestsOK = sameDigests(dig.Digests, ready.Digests)
+	res.Blocks, res.Entries, res.Deltas, res.Problems = r.Blocks, r.Entries, r.Deltas, r.Problems
+	res.ReplicaCPU, res.Wall = time.Duration(r.CPUNs), time.Duration(r.WallNs)
+	if res.ReplicaCPU > 0 {
+		res.PerCore = float64(r.Blocks) / res.ReplicaCPU.Seconds()
+	}
+	if res.Baseline > 0 {
+		res.Ratio = res.PerCore / res.Baseline
+	}
+	res.GeneratorCPU = time.Duration(done.CPUNs)
+	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
+	if done.WallNs > 0 {
+		res.Published = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
+	}
+	res.SlowConsumers = done.Slow
+	if err := rep.finish(30 * time.Second); err != nil {
+		return nil, err
+	}
+	if err := gen.finish(time.Minute); err != nil {
+		return nil, err
+	}
+	res.LoadAfter = loadAvg()
+	return res, nil
+}
+
+// applyBaseline applies rounds laps of every recorded worker's deltas to
+// keyed workers restored from the recorded snapshots, on this goroutine
+// with GOMAXPROCS 1, and returns new blocks per CPU-second: each worker's
+// lap in a row, or interleaved as the generator publishes them (delta i
+// of every worker, then delta i+1).
+func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, error) {
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
+		return 0, err
+	}
+	ws := make([]*indexer.Worker, len(recs))
+	for i, rec := range recs {
+		w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(i)}, Model: benchModel, Keyed: true})
+		if err != nil {
+			return 0, err
+		}
+		segs := rec.Segments
+		var seg indexer.SnapshotSegment
+		if err := w.Restore(func() (*indexer.SnapshotSegment, error) {
+			if len(segs) == 0 {
+				return nil, io.EOF
+			}
+			b := segs[0]
+			segs = segs[1:]
+			return &seg, seg.UnmarshalBinary(b)
+		}); err != nil {
+			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
+		}
+		ws[i] = w
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	runtime.GC()
+	n := len(recs[0].Deltas)
+	var blocks int64
+	cpu0 := cpuTime()
+	apply := func(k, i int) error {
+		blocks += int64(recs[k].Blocks[i])
+		return ws[k].ApplyDelta(&recs[k].Deltas[i])
+	}
+	for range rounds {
+		var err error
+		if interleaved {
+			for i := 0; i < n && err == nil; i++ {
+				for k := 0; k < len(recs) && err == nil; k++ {
+					err = apply(k, i)
+				}
+			}
+		} else {
+			for k := 0; k < len(recs) && err == nil; k++ {
+				for i := 0; i < n && err == nil; i++ {
+					err = apply(k, i)
+				}
+			}
+		}
+		if err != nil {
+			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
+		}
+	}
+	cpu := cpuTime() - cpu0
+	for k, rec := range recs {
+		if ws[k].Digest() != rec.Digest {
+			return 0, fmt.Errorf("fleetbench: baseline: worker %d's digest differs from its source's", k)
+		}
+	}
+	return float64(blocks) / cpu.Seconds(), nil
+}
+
+func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+	var o ingestGenOpts
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return fmt.Errorf("fleetbench: ingest generator options: %w", err)
+	}
+	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
+	if err != nil {
+		return err
+	}
+	ns, err := startNATS()
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	actx, cancel := context.WithCancel(ctx)
+	fa, err := startAgents(actx, ns.url(), recs, o.Shape.BlockSize)
+	if err != nil {
+		cancel()
+		return err
+	}
+	defer fa.wait()
+	defer cancel()
+	r := ingestReady{URL: ns.url(), Digests: fa.digests()}
+	for _, rec := range recs {
+		for _, b := range rec.Blocks {
+			r.Blocks += int64(b)
+		}
+	}
+	if err := out.Send("ready", r); err != nil {
+		return err
+	}
+	if err := in.Wait(ctx, "go"); err != nil {
+		return err
+	}
+	cpu0, t0 := cpuTime(), time.Now()
+	blocks, err := publishLaps(ctx, fa, o.Rounds, o.Rate)
+	if err != nil {
+		return err
+	}
+	done := ingestDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds(), Slow: ns.slowConsumers()}
+	if err := out.Send("done", done); err != nil {
+		return err
+	}
+	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
+}
+
+// publishLaps publishes rounds laps of every agent's recorded deltas,
+// delta i of every worker in turn, paced open loop at rate new blocks a
+// second (a delta is due when the blocks before it are at the rate), and
+// returns the blocks published.
+func publishLaps(ctx context.Context, fa *fixedAgents, rounds int, rate float64) (int64, error) {
+	n := len(fa.workers[0].rec.Deltas)
+	var blocks int64
+	t0 := time.Now()
+	for range rounds {
+		for range n {
+			for k, a := range fa.agents {
+				fw := fa.workers[k]
+				got := 0
+				err := a.Publish(0, uint64(fw.pos), float64(time.Now().UnixNano())/1e9, func(_ uint64, d *events.Delta) error {
+					got = fw.apply(d)
+					return nil
+				})
+				if err != nil {
+					return blocks, fmt.Errorf("fleetbench: publish: %w", err)
+				}
+				blocks += int64(got)
+				if ahead := time.Duration(float64(blocks)/rate*1e9) - time.Since(t0); ahead > time.Millisecond {
+					select {
+					case <-ctx.Done():
+						return blocks, ctx.Err()
+					case <-time.After(ahead):
+					}
+				}
+			}
+		}
+	}
+	return blocks, nil
+}

@@ -1,0 +1,405 @@
+package fleetbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/events/natsbus"
+	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/indexer"
+	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
+	"github.com/kvindex/kvindex/testbed/loadgen"
+)
+
+// The replica role is kvindex serve's fleet input, as the daemon builds
+// it (daemon): fleet.Connect, a natsbus.Source over
+// fleet.NewReplicas of an indexer.Index, with the daemon's source options
+// but for the ones a benchmark sets. Between the Source and the index, a
+// counting worker set adds the new blocks each delta stores (a loop over
+// the delta's entries, under 1% of its apply) for the ingest benchmark.
+
+// replicaOpts configure the replica role.
+type replicaOpts struct {
+	URL string `json:"url"`
+	// Workers is how many workers the replica waits for.
+	Workers int `json:"workers"`
+	// Mode is "ingest" (measure CPU per block until Blocks are applied),
+	// "sync" (time to all live, peak RSS) or "lag" (engine to replica lag
+	// until told to stop).
+	Mode   string `json:"mode"`
+	Blocks int64  `json:"blocks,omitempty"`
+	// Profile, when set, is a CPU profile of the measured phase.
+	Profile string `json:"profile,omitempty"`
+	// SnapshotConcurrency is the Source's option of that name (0: its
+	// default).
+	SnapshotConcurrency int `json:"snapshot_concurrency,omitempty"`
+}
+
+// liveReport is the replica's "live" message: every worker synced.
+type liveReport struct {
+	// SinceStartNs is from the role's start to all workers live.
+	SinceStartNs int64 `json:"since_start_ns"`
+	// CPUNs is the CPU the process used until then.
+	CPUNs int64 `json:"cpu_ns"`
+	// PeakRSS is the process's peak resident set size then, HeapInuse
+	// the Go heap in use after a GC.
+	PeakRSS   int64 `json:"peak_rss"`
+	HeapInuse int64 `json:"heap_inuse"`
+	// Resident is the index's resident blocks.
+	Resident int64 `json:"resident"`
+	Workers  int   `json:"workers"`
+	// Replays counts snapshot loads (one per worker when none failed),
+	// ReplayFailures the failed ones.
+	Replays, ReplayFailures int64
+}
+
+// ingestReport is the replica's "result" in ingest mode.
+type ingestReport struct {
+	Blocks  int64 `json:"blocks"`
+	Entries int64 `json:"entries"`
+	Deltas  int64 `json:"deltas"`
+	CPUNs   int64 `json:"cpu_ns"`
+	WallNs  int64 `json:"wall_ns"`
+	// Problems counts gaps, drops, decode and apply errors and resyncs
+	// after the first sync: each should be 0.
+	Problems int64 `json:"problems"`
+}
+
+// lagReport is the replica's "result" in lag mode: engine-to-replica lag
+// per applied delta.
+type lagReport struct {
+	Deltas   uint64  `json:"deltas"`
+	Blocks   int64   `json:"blocks"`
+	WallNs   int64   `json:"wall_ns"`
+	CPUNs    int64   `json:"cpu_ns"`
+	P50Ns    int64   `json:"p50_ns"`
+	P90Ns    int64   `json:"p90_ns"`
+	P99Ns    int64   `json:"p99_ns"`
+	P999Ns   int64   `json:"p999_ns"`
+	MaxNs    int64   `json:"max_ns"`
+	Problems int64   `json:"problems"`
+	Late     float64 `json:"late_fraction"` // of deltas over 5 ms
+}
+
+// digestsReport maps each worker's pod to its digest (hex).
+type digestsReport struct {
+	Digests map[string]string `json:"digests"`
+}
+
+func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+	start := time.Now()
+	var o replicaOpts
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return fmt.Errorf("fleetbench: replica options: %w", err)
+	}
+	nc, err := fleet.Connect(config.NATS{URL: o.URL}, "kvfleetbench replica", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ix := indexer.New(indexer.Config{})
+	set := &countingSet{inner: fleet.NewReplicas(ix, nil)}
+	so := natsbus.SourceOptions{SnapshotConcurrency: o.SnapshotConcurrency}
+	var lag lagRecorder
+	if o.Mode == "lag" {
+		so.Applied = lag.observe
+	}
+	src := natsbus.NewSource(nc, set, so)
+	stopProfile := func() {}
+	if o.Profile != "" && o.Mode == "sync" {
+		if stopProfile, err = startProfile(o.Profile); err != nil {
+			return err
+		}
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = src.Run(sctx)
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	if err := waitLive(ctx, src, set, o.Workers, time.Minute); err != nil {
+		return err
+	}
+	since := time.Since(start)
+	cpuLive := cpuTime()
+	stopProfile()
+	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: peakRSS(), Workers: o.Workers}
+	for _, st := range src.WorkerStats() {
+		live.Replays += st.Replays
+		live.ReplayFailures += st.ReplayFailures
+	}
+	for _, w := range ix.Workers() {
+		live.Resident += w.Stats().ResidentBlocks
+	}
+	if o.Mode == "sync" {
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		live.HeapInuse = int64(ms.HeapInuse)
+	}
+	if err := out.Send("live", live); err != nil {
+		return err
+	}
+	base := problems(src)
+	switch o.Mode {
+	case "ingest":
+		if o.Profile != "" {
+			if stopProfile, err = startProfile(o.Profile); err != nil {
+				return err
+			}
+		}
+		r, err := measureIngest(ctx, set, o.Blocks, cpuTime())
+		stopProfile()
+		if err != nil {
+			return err
+		}
+		r.Problems = problems(src) - base
+		if err := out.Send("result", r); err != nil {
+			return err
+		}
+	case "lag":
+		if o.Profile != "" {
+			if stopProfile, err = startProfile(o.Profile); err != nil {
+				return err
+			}
+		}
+		lag.start(blocksOf(set))
+		err := in.Wait(ctx, "stop")
+		stopProfile()
+		if err != nil {
+			return err
+		}
+		r := lag.report(blocksOf(set))
+		r.Problems = problems(src) - base
+		if err := out.Send("result", r); err != nil {
+			return err
+		}
+	}
+	if err := out.Send("digests", digestsOf(ix)); err != nil {
+		return err
+	}
+	err = in.Wait(ctx, "exit")
+	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return err
+}
+
+// waitLive polls until n workers are live (OK: synced and following).
+// It watches the count of restores first: a pass over the Source's
+// worker stats costs some 3 us a worker, which polled every few
+// milliseconds over 1,000 workers would be a fifth of the replica's CPU.
+func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		live := 0
+		if set.restored.Load() >= int64(n) {
+			for _, st := range src.WorkerStats() {
+				if st.Health == events.HealthOK {
+					live++
+				}
+			}
+			if live >= n {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("fleetbench: replica: %d of %d workers live after %v", live, n, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// problems sums the counters of what should not happen in a benchmark.
+func problems(src *natsbus.Source) int64 {
+	var n int64
+	for _, st := range src.WorkerStats() {
+		n += st.Gaps + st.Dropped + st.DecodeErrors + st.ApplyErrors + st.Replays
+	}
+	return n
+}
+
+// measureIngest waits until blocks new blocks have been applied since
+// the call, and reports the CPU used meanwhile.
+func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 time.Duration) (*ingestReport, error) {
+	b0, e0, d0 := set.blocks.Load(), set.entries.Load(), set.deltas.Load()
+	var t0 time.Time
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	idle := time.Now()
+	last := b0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		b := set.blocks.Load()
+		if b != last {
+			if t0.IsZero() {
+				t0 = time.Now()
+			}
+			last, idle = b, time.Now()
+		}
+		if b-b0 >= blocks {
+			cpu := cpuTime() - cpu0
+			return &ingestReport{Blocks: b - b0, Entries: set.entries.Load() - e0, Deltas: set.deltas.Load() - d0,
+				CPUNs: cpu.Nanoseconds(), WallNs: time.Since(t0).Nanoseconds()}, nil
+		}
+		if time.Since(idle) > 30*time.Second {
+			return nil, fmt.Errorf("fleetbench: replica: %d of %d blocks applied, none for 30 s", b-b0, blocks)
+		}
+	}
+}
+
+func blocksOf(set *countingSet) int64 { return set.blocks.Load() }
+
+// digestsOf returns every worker's digest by pod.
+func digestsOf(ix *indexer.Index) digestsReport {
+	r := digestsReport{Digests: map[string]string{}}
+	for _, w := range ix.Workers() {
+		r.Digests[w.Info().Ref.Pod] = strconv.FormatUint(w.Digest(), 16)
+	}
+	return r
+}
+
+// startProfile starts a CPU profile into path and returns its stop.
+func startProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("fleetbench: profile %s: %w", path, err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		})
+	}, nil
+}
+
+// countingSet is the replica's worker set with the new blocks, effects
+// and deltas applied counted.
+type countingSet struct {
+	inner                   *fleet.Replicas
+	blocks, entries, deltas atomic.Int64
+	restored                atomic.Int64 // snapshots restored
+}
+
+// AddWorker implements natsbus.WorkerSet.
+func (c *countingSet) AddWorker(ref events.WorkerRef, reg *fleetv1.Registration) (natsbus.KeyedSink, error) {
+	s, err := c.inner.AddWorker(ref, reg)
+	if err != nil {
+		return nil, err
+	}
+	return &countingSink{KeyedSink: s, set: c}, nil
+}
+
+// RemoveWorker implements natsbus.WorkerSet.
+func (c *countingSet) RemoveWorker(ref events.WorkerRef) { c.inner.RemoveWorker(ref) }
+
+// countingSink counts what its worker's deltas store.
+type countingSink struct {
+	natsbus.KeyedSink
+	set *countingSet
+}
+
+// Restore implements natsbus.KeyedSink.
+func (s *countingSink) Restore(next func() ([]byte, error)) error {
+	err := s.KeyedSink.Restore(next)
+	if err == nil {
+		s.set.restored.Add(1)
+	}
+	return err
+}
+
+// ApplyDelta implements natsbus.KeyedSink.
+func (s *countingSink) ApplyDelta(seq uint64, d *events.Delta) error {
+	err := s.KeyedSink.ApplyDelta(seq, d)
+	n := 0
+	for i := range d.Entries {
+		if e := &d.Entries[i]; e.Op == events.DeltaStore && e.BlockEdge {
+			n++
+		}
+	}
+	s.set.blocks.Add(int64(n))
+	s.set.entries.Add(int64(len(d.Entries)))
+	s.set.deltas.Add(1)
+	return err
+}
+
+// lagRecorder keeps the lag of every delta applied after start, from the
+// engine time in its header (the engine's batch timestamp, set when the
+// engine sent it) to the moment the replica has applied it. Engines and
+// replica share the machine's clock.
+type lagRecorder struct {
+	mu     sync.Mutex // guards everything below
+	on     bool
+	h      loadgen.Histogram
+	over   uint64
+	t0     time.Time
+	cpu0   time.Duration
+	blocks int64
+}
+
+func (l *lagRecorder) observe(_ events.WorkerRef, d natsbus.AppliedDelta) {
+	if d.EngineTime == 0 {
+		return
+	}
+	now := time.Now()
+	lag := time.Duration(float64(now.UnixNano()) - d.EngineTime*1e9)
+	l.mu.Lock()
+	if l.on {
+		l.h.Record(lag)
+		if lag > 5*time.Millisecond {
+			l.over++
+		}
+	}
+	l.mu.Unlock()
+}
+
+func (l *lagRecorder) start(blocks int64) {
+	l.mu.Lock()
+	l.on, l.t0, l.cpu0, l.blocks = true, time.Now(), cpuTime(), blocks
+	l.mu.Unlock()
+}
+
+func (l *lagRecorder) report(blocks int64) *lagReport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.on = false
+	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (cpuTime() - l.cpu0).Nanoseconds(),
+		P50Ns: l.h.Quantile(0.5).Nanoseconds(), P90Ns: l.h.Quantile(0.9).Nanoseconds(), P99Ns: l.h.Quantile(0.99).Nanoseconds(),
+		P999Ns: l.h.Quantile(0.999).Nanoseconds(), MaxNs: l.h.Max().Nanoseconds()}
+	if n := l.h.Count(); n > 0 {
+		r.Late = float64(l.over) / float64(n)
+	}
+	return r
+}

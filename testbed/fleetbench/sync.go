@@ -1,0 +1,329 @@
+package fleetbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
+)
+
+// SyncOptions configure the sync benchmark: one replica syncing Workers
+// agents' workers of Shape's steady state from their snapshots.
+type SyncOptions struct {
+	Workers int
+	Shape   Shape
+	Seed    uint64
+	// CacheDir keeps the generator's recorded snapshots between runs
+	// ("": record them every run).
+	CacheDir string
+	// ReplicaProcs is the replica's GOMAXPROCS (0: the machine's).
+	ReplicaProcs int
+	// Profile, when set, is a CPU profile of the replica from its start
+	// to all workers live.
+	Profile string
+	// GeneratorProfile, when set, is a CPU profile of the generator
+	// while the replica syncs.
+	GeneratorProfile string
+	// SnapshotConcurrency is passed to the replica's Source (0: default).
+	SnapshotConcurrency int
+	// Target is the goal for the time to all live.
+	Target time.Duration
+}
+
+// SyncResult is what the sync benchmark measured.
+type SyncResult struct {
+	Workers  int   `json:"workers"`
+	Keys     int64 `json:"keys"`
+	Resident int64 `json:"resident"`
+	// SnapshotBytes is the snapshots' encoding, all workers.
+	SnapshotBytes int64 `json:"snapshot_bytes"`
+	// Ready is from the replica process's exec to all its workers live,
+	// by the orchestrator's clock; ReplicaReady the same from the role's
+	// start (after the runtime's and the binary's initialisation).
+	Ready        time.Duration `json:"ready_ns"`
+	ReplicaReady time.Duration `json:"replica_ready_ns"`
+	// ReplicaCPU and GeneratorCPU are the CPU the two processes used
+	// until then (the generator's: its agents serving snapshots, and the
+	// embedded nats-server); OtherCPU what other processes of the machine
+	// used meanwhile.
+	ReplicaCPU   time.Duration `json:"replica_cpu_ns"`
+	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
+	OtherCPU     time.Duration `json:"other_cpu_ns"`
+	// PeakRSS is the replica's peak resident set size; HeapInuse its
+	// heap after a GC once live.
+	PeakRSS   int64 `json:"peak_rss"`
+	HeapInuse int64 `json:"heap_inuse"`
+	// Replays counts the replica's snapshot loads, ReplayFailures the
+	// failed ones (a load retried after a failure is counted again).
+	Replays        int64 `json:"replays"`
+	ReplayFailures int64 `json:"replay_failures"`
+	// DigestsOK says every worker's digest equals its agent's.
+	DigestsOK bool `json:"digests_ok"`
+	// Floor is restoring the same snapshots from their encoding into a
+	// fresh index with no NATS, on as many goroutines as the replica has
+	// cores (the generator process, after the replica has exited);
+	// FloorCPU its CPU.
+	Floor    time.Duration `json:"floor_ns"`
+	FloorCPU time.Duration `json:"floor_cpu_ns"`
+	// LoadBefore and LoadAfter are the 1-minute load average around the
+	// run.
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
+}
+
+// syncGenOpts configure the sync generator role.
+type syncGenOpts struct {
+	Workers  int    `json:"workers"`
+	Shape    Shape  `json:"shape"`
+	Seed     uint64 `json:"seed"`
+	CacheDir string `json:"cache_dir"`
+	Procs    int    `json:"procs"`
+	Profile  string `json:"profile,omitempty"`
+}
+
+type syncReady struct {
+	URL      string            `json:"url"`
+	Keys     int64             `json:"keys"`
+	Resident int64             `json:"resident"`
+	Bytes    int64             `json:"bytes"`
+	Digests  map[string]string `json:"digests"`
+}
+
+type cpuReport struct {
+	CPUNs int64 `json:"cpu_ns"`
+	Slow  int64 `json:"slow_consumers"`
+}
+
+type floorReport struct {
+	WallNs int64 `json:"wall_ns"`
+	CPUNs  int64 `json:"cpu_ns"`
+}
+
+// Sync runs the sync benchmark: a generator process (the embedded
+// nats-server and one natsbus.Agent per worker, each serving a
+// precomputed snapshot) and a replica process started once every agent
+// is registered.
+func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
+	res := &SyncResult{Workers: o.Workers, LoadBefore: loadAvg()}
+	procs := o.ReplicaProcs
+	if procs <= 0 {
+		procs = runtime.NumCPU()
+	}
+	gen, err := startChild(ctx, "sync-gen", syncGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs, Profile: o.GeneratorProfile})
+	if err != nil {
+		return nil, err
+	}
+	defer gen.kill()
+	var ready syncReady
+	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	res.Keys, res.Resident, res.SnapshotBytes = ready.Keys, ready.Resident, ready.Bytes
+	var c0, c1 cpuReport
+	if err := gen.send("cpu"); err != nil {
+		return nil, err
+	}
+	if _, err := gen.await("cpu", &c0, time.Minute); err != nil {
+		return nil, err
+	}
+	busy0 := busyCPU()
+	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency},
+		fmt.Sprintf("GOMAXPROCS=%d", procs))
+	if err != nil {
+		return nil, err
+	}
+	defer rep.kill()
+	var live liveReport
+	at, err := rep.await("live", &live, 2*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	busy1 := busyCPU()
+	res.Ready = at.Sub(rep.started)
+	res.ReplicaReady = time.Duration(live.SinceStartNs)
+	res.ReplicaCPU = time.Duration(live.CPUNs)
+	res.PeakRSS, res.HeapInuse = live.PeakRSS, live.HeapInuse
+	res.Replays, res.ReplayFailures = live.Replays, live.ReplayFailures
+	if err := gen.send("cpu"); err != nil {
+		return nil, err
+	}
+	if _, err := gen.await("cpu", &c1, time.Minute); err != nil {
+		return nil, err
+	}
+	res.GeneratorCPU = time.Duration(c1.CPUNs - c0.CPUNs)
+	// The CPU of both processes until the replica was live is counted
+	// in busy; the replica's from its exec, the generator's from c0.
+	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
+	var dig digestsReport
+	if _, err := rep.await("digests", &dig, time.Minute); err != nil {
+		return nil, err
+	}
+	res.DigestsOK = sameDigests(dig.Digests, ready.Digests)
+	if err := rep.finish(30 * time.Second); err != nil {
+		return nil, err
+	}
+	if err := gen.send("floor"); err != nil {
+		return nil, err
+	}
+	var fl floorReport
+	if _, err := gen.await("floor", &fl, 5*time.Minute); err != nil {
+		return nil, err
+	}
+	res.Floor, res.FloorCPU = time.Duration(fl.WallNs), time.Duration(fl.CPUNs)
+	if err := gen.finish(time.Minute); err != nil {
+		return nil, err
+	}
+	res.LoadAfter = loadAvg()
+	return res, nil
+}
+
+// sameDigests reports whether got has want's pods with want's digests.
+func sameDigests(got, want map[string]string) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+	var o syncGenOpts
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return fmt.Errorf("fleetbench: sync generator options: %w", err)
+	}
+	recs, err := loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers)
+	if err != nil {
+		return err
+	}
+	ns, err := startNATS()
+	if err != nil {
+		return err
+	}
+	defer ns.close()
+	actx, cancel := context.WithCancel(ctx)
+	fa, err := startAgents(actx, ns.url(), recs, o.Shape.BlockSize)
+	if err != nil {
+		cancel()
+		return err
+	}
+	defer fa.wait()
+	defer cancel()
+	r := syncReady{URL: ns.url(), Digests: fa.digests()}
+	for _, rec := range recs {
+		r.Keys += int64(rec.Keys)
+		r.Resident += rec.Resident
+		r.Bytes += int64(rec.Bytes())
+	}
+	if err := out.Send("ready", r); err != nil {
+		return err
+	}
+	stopProfile := func() {}
+	defer func() { stopProfile() }()
+	cpus := 0
+	for {
+		var cmd string
+		select {
+		case <-ctx.Done():
+			return nil
+		case c, ok := <-in.C:
+			if !ok {
+				return nil
+			}
+			cmd = c
+		}
+		switch cmd {
+		case "cpu":
+			// The first "cpu" starts the sync, the second ends it.
+			if cpus++; cpus == 1 && o.Profile != "" {
+				if stopProfile, err = startProfile(o.Profile); err != nil {
+					return err
+				}
+			} else if cpus == 2 {
+				stopProfile()
+			}
+			if err := out.Send("cpu", cpuReport{CPUNs: cpuTime().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
+				return err
+			}
+		case "floor":
+			fl, err := restoreFloor(recs, o.Procs)
+			if err != nil {
+				return err
+			}
+			if err := out.Send("floor", fl); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// restoreFloor restores every recorded snapshot from its encoding into
+// keyed workers of a fresh index, as a replica's sink does
+// (UnmarshalBinary into a reused segment, then Worker.Restore), on procs
+// goroutines: what a replica's sync costs without NATS.
+func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
+	runtime.GC()
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
+		return nil, err
+	}
+	cpu0, t0 := cpuTime(), time.Now()
+	next := make(chan int, len(recs))
+	for i := range recs {
+		next <- i
+	}
+	close(next)
+	errs := make(chan error, procs)
+	ws := make([]*indexer.Worker, len(recs))
+	var wg sync.WaitGroup
+	for range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var seg indexer.SnapshotSegment
+			for i := range next {
+				w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(i)}, Model: benchModel, Keyed: true})
+				if err != nil {
+					errs <- err
+					return
+				}
+				segs := recs[i].Segments
+				err = w.Restore(func() (*indexer.SnapshotSegment, error) {
+					if len(segs) == 0 {
+						return nil, io.EOF
+					}
+					b := segs[0]
+					segs = segs[1:]
+					return &seg, seg.UnmarshalBinary(b)
+				})
+				ws[i] = w
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fl := &floorReport{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}
+	select {
+	case err := <-errs:
+		return nil, err
+	default:
+	}
+	for i, w := range ws {
+		if w.Digest() != recs[i].Digest {
+			return nil, fmt.Errorf("fleetbench: floor: worker %d's digest differs from its agent's", i)
+		}
+	}
+	return fl, nil
+}

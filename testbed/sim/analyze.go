@@ -1,0 +1,309 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvindex/kvindex/testbed/sim/metrics"
+	"github.com/kvindex/kvindex/testbed/sim/router"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// Request log formats AnalyzeConfig.Format accepts.
+const (
+	FormatAuto     = "auto"
+	FormatMooncake = "mooncake"
+	FormatTokens   = "tokens"
+	FormatOpenAI   = "openai"
+)
+
+// AnalyzeConfig is one "should I deploy this?" run over a user's request
+// log (`kvsim analyze`).
+type AnalyzeConfig struct {
+	// Log is the request log's path.
+	Log string
+	// Format is FormatMooncake, FormatTokens (JSONL of token ids),
+	// FormatOpenAI (JSONL of OpenAI request bodies) or FormatAuto (from
+	// the first line's fields).
+	Format string
+	// TokenizeURL is a vLLM /tokenize endpoint for OpenAI bodies; "" uses
+	// workload.EstimateTokens.
+	TokenizeURL string
+	// Window is how far back a reused prefix may have been seen for the
+	// reuse ceiling (default 10 minutes).
+	Window time.Duration
+	// Sizes are the cache sizes replayed, blocks per engine (default
+	// 25,000, 12,500, 6,250 and 3,125: shrinking caches).
+	Sizes []int
+	// Options configure the fleet; its Routers are ignored (round-robin,
+	// precise and precise+load are replayed).
+	Options Options
+}
+
+// Reuse is a log's reuse ceiling: the prompt tokens that are a prefix of
+// an earlier request's prompt, in whole blocks, as an infinite cache would
+// hit them.
+type Reuse struct {
+	// PromptTokens is every prompt token of the log.
+	PromptTokens int64
+	// Window is the tokens whose prefix was seen within the window;
+	// Ever, at any earlier time.
+	Window, Ever int64
+}
+
+// ReuseCeiling walks w in arrival order and counts, for each prompt, its
+// longest prefix of full blockSize-token blocks that an earlier prompt
+// held (within window for Reuse.Window). Cost: O(blocks), one map entry
+// per distinct block prefix.
+func ReuseCeiling(w *workload.Workload, blockSize int, window time.Duration) Reuse {
+	var r Reuse
+	last := make(map[uint64]time.Duration)
+	var content []uint64
+	for i := range w.Requests {
+		req := &w.Requests[i]
+		r.PromptTokens += int64(req.PromptLen)
+		content = req.AppendBlockContent(content[:0], blockSize, workload.Segment{})
+		h := uint64(0x7265757365) // "reuse"
+		inWindow, ever := true, true
+		for _, c := range content {
+			h = workload.Mix64(h ^ c)
+			at, seen := last[h]
+			ever = ever && seen
+			inWindow = inWindow && seen && req.Arrival-at <= window
+			if ever {
+				r.Ever += int64(blockSize)
+			}
+			if inWindow {
+				r.Window += int64(blockSize)
+			}
+			last[h] = req.Arrival
+		}
+	}
+	return r
+}
+
+// LoadRequestLog reads a request log in the given format (FormatAuto:
+// told from the first line's fields).
+func LoadRequestLog(path, format, tokenizeURL string) (*workload.Workload, error) {
+	if format == "" || format == FormatAuto {
+		var err error
+		if format, err = sniffFormat(path); err != nil {
+			return nil, fmt.Errorf("sim: request log %s: %w", path, err)
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("sim: request log: %w", err)
+	}
+	defer f.Close()
+	name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	switch format {
+	case FormatMooncake:
+		return workload.ReadMooncake(f, name)
+	case FormatTokens:
+		return workload.ReadTokenLog(f, name)
+	case FormatOpenAI:
+		tok := workload.EstimateTokens
+		if tokenizeURL != "" {
+			tok = VLLMTokenizer(tokenizeURL, &http.Client{Timeout: 30 * time.Second})
+		}
+		return workload.ReadOpenAILog(f, name, tok)
+	}
+	return nil, fmt.Errorf("sim: request log format %q (want %s, %s, %s or %s)", format, FormatAuto, FormatMooncake, FormatTokens, FormatOpenAI)
+}
+
+// sniffFormat tells a log's format from its first non-empty line's fields.
+func sniffFormat(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	for sc.Scan() {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(b, &fields); err != nil {
+			return "", fmt.Errorf("the first line is not a JSON object: %w", err)
+		}
+		switch {
+		case fields["hash_ids"] != nil:
+			return FormatMooncake, nil
+		case fields["token_ids"] != nil:
+			return FormatTokens, nil
+		case fields["prompt"] != nil || fields["messages"] != nil:
+			return FormatOpenAI, nil
+		}
+		return "", fmt.Errorf("the first line has none of hash_ids, token_ids, prompt or messages")
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	return "", fmt.Errorf("empty")
+}
+
+// VLLMTokenizer tokenizes OpenAI request bodies with a vLLM /tokenize
+// endpoint (url, e.g. http://vllm:8000/tokenize): the body's model and
+// prompt or messages are posted, the answer's tokens returned.
+func VLLMTokenizer(url string, c *http.Client) workload.Tokenizer {
+	return func(body json.RawMessage) ([]uint32, error) {
+		var in map[string]json.RawMessage
+		if err := json.Unmarshal(body, &in); err != nil {
+			return nil, fmt.Errorf("request body: %w", err)
+		}
+		out := map[string]json.RawMessage{}
+		for _, k := range []string{"model", "prompt", "messages"} {
+			if v, ok := in[k]; ok {
+				out[k] = v
+			}
+		}
+		req, err := json.Marshal(out)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.Post(url, "application/json", bytes.NewReader(req))
+		if err != nil {
+			return nil, fmt.Errorf("POST %s: %w", url, err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		if err != nil {
+			return nil, fmt.Errorf("POST %s: %w", url, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("POST %s: %s: %.200s", url, resp.Status, b)
+		}
+		var t struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal(b, &t); err != nil {
+			return nil, fmt.Errorf("POST %s: answer: %w (starts %.80q)", url, err, b)
+		}
+		return t.Tokens, nil
+	}
+}
+
+// Analyze reads ac's log, prints its reuse ceiling, replays it through
+// round-robin, precise and precise+load at each cache size, and ends with
+// a one-line verdict (see Verdict).
+func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
+	if ac.Window <= 0 {
+		ac.Window = 10 * time.Minute
+	}
+	if len(ac.Sizes) == 0 {
+		ac.Sizes = []int{25000, 12500, 6250, 3125}
+	}
+	wl, err := LoadRequestLog(ac.Log, ac.Format, ac.TokenizeURL)
+	if err != nil {
+		return err
+	}
+	o := ac.Options
+	o.Routers = []string{router.RoundRobin, router.Precise, router.PreciseLoad}
+	od, err := o.withDefaults(wl.Engines)
+	if err != nil {
+		return err
+	}
+	reuse := ReuseCeiling(wl, od.Engine.BlockSize, ac.Window)
+	st := wl.Stats()
+	fmt.Fprintf(w, "kvsim analyze: %s: %d requests, %s prompt tokens over %s\n\n", wl.Name, st.Requests, human(float64(st.PromptTokens)), st.Duration.Round(time.Second))
+	fmt.Fprintf(w, "Reuse ceiling (prompt tokens that are a prefix of an earlier prompt, %d-token blocks, infinite cache):\n", od.Engine.BlockSize)
+	fmt.Fprintf(w, "  within %v: %s    at any time: %s\n\n", ac.Window, pct(ratio(reuse.Window, reuse.PromptTokens)), pct(ratio(reuse.Ever, reuse.PromptTokens)))
+	points, err := Sweep(ctx, wl, o, ac.Sizes)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "Replayed on %d engines (blocks of %d tokens per engine):\n", od.Engines, od.Engine.BlockSize)
+	if err := WriteSweepTable(w, points); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\np99 TTFT:")
+	if err := writeSweepP99(w, points); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nverdict: %s\n", Verdict(reuse, ac.Window, points))
+	return nil
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// writeSweepP99 prints p99 TTFT per cache size and router.
+func writeSweepP99(w io.Writer, points []SweepPoint) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "blocks/engine\t")
+	for _, r := range points[0].Results {
+		fmt.Fprintf(tw, "%s\t", r.Router)
+	}
+	fmt.Fprintln(tw)
+	for _, p := range points {
+		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
+		for i := range p.Results {
+			fmt.Fprintf(tw, "%s\t", secs(p.Results[i].TTFTP99))
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// Verdict is the one-line answer to "does cache-aware routing pay on this
+// traffic?":
+//
+//   - "no" when under 5% of prompt tokens repeat an earlier prefix within
+//     the window: no router can cache more than that;
+//   - "yes" when, at some replayed cache size, precise+load caches at
+//     least 5 points more of the prompt tokens than round-robin or has a
+//     p99 TTFT at least 10% lower, without a p99 more than 10% higher;
+//   - "marginal" otherwise.
+func Verdict(reuse Reuse, window time.Duration, points []SweepPoint) string {
+	ceiling := ratio(reuse.Window, reuse.PromptTokens)
+	if ceiling < 0.05 {
+		return fmt.Sprintf("no: only %s of prompt tokens repeat an earlier prompt's prefix within %v; no router can cache more, so cache-aware routing has little to win here", pct(ceiling), window)
+	}
+	var best *SweepPoint
+	bestGain := 0.0
+	for pi := range points {
+		p := &points[pi]
+		rr, pl := find(p.Results, router.RoundRobin), find(p.Results, router.PreciseLoad)
+		if rr == nil || pl == nil {
+			continue
+		}
+		gain := pl.TokenHitRate() - rr.TokenHitRate()
+		p99 := float64(pl.TTFTP99) / max(float64(rr.TTFTP99), 1)
+		if (gain >= 0.05 || p99 <= 0.9) && p99 <= 1.1 && (best == nil || gain > bestGain) {
+			best, bestGain = p, gain
+		}
+	}
+	if best == nil {
+		return fmt.Sprintf("marginal: %s of prompt tokens repeat within %v, but precise+load neither caches 5 points more than round-robin nor cuts p99 TTFT by 10%% at any replayed cache size", pct(ceiling), window)
+	}
+	rr, pl := find(best.Results, router.RoundRobin), find(best.Results, router.PreciseLoad)
+	return fmt.Sprintf("yes: at %d blocks per engine precise+load caches %s of prompt tokens (round-robin %s, ceiling %s within %v) with p99 TTFT %s (round-robin %s)",
+		best.CacheBlocks, pct(pl.TokenHitRate()), pct(rr.TokenHitRate()), pct(ceiling), window, secs(pl.TTFTP99), secs(rr.TTFTP99))
+}
+
+func find(rs []metrics.Result, name string) *metrics.Result {
+	for i := range rs {
+		if rs[i].Router == name {
+			return &rs[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,133 @@
+package sim
+
+import (
+	"slices"
+	"time"
+
+	"github.com/kvindex/kvindex/testbed/sim/engine"
+	"github.com/kvindex/kvindex/testbed/sim/metrics"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// Bounds are the references a workload sets for every router, computed
+// offline from the requests alone (no routing, no queueing):
+//
+//   - the hit-rate bound: each request, in arrival order, hits the longest
+//     prefix of its prompt's full blocks that an earlier request's prompt
+//     or output contained, as if one engine had an infinite cache and had
+//     already run every earlier request (capped like vLLM at
+//     (tokens - 1) / block size blocks). Every occurrence of a block but
+//     the one that first computes it is counted as a hit, so no router on
+//     any fleet caches more, unless it schedules a request before an
+//     earlier arrival it shares blocks with (a reordering among
+//     near-simultaneous arrivals, worth at most their shared prefix).
+//   - the TTFT lower bound: each request's own prefill with the bound's
+//     hit, alone on an idle engine: its uncached tokens in chunks of
+//     MaxBatchedTokens, each step timed by the engine's time model with
+//     nothing decoding beside it. A request's TTFT on any router is at
+//     least this, so each percentile of a router's TTFT is at least the
+//     bound's.
+//
+// Requests that could never fit an engine (rejected by every router) are
+// left out of both.
+type Bounds struct {
+	// Requests is the number of requests counted (those that fit).
+	Requests int
+	// PromptTokens and CachedTokens are the counted requests' prompt
+	// tokens and the tokens the hit-rate bound finds cached.
+	PromptTokens, CachedTokens int64
+	// TTFT holds every request's lower bound, sorted; the percentiles
+	// summarise it.
+	TTFT                      []time.Duration
+	TTFTP50, TTFTP90, TTFTP99 time.Duration
+	TTFTMean                  time.Duration
+}
+
+// TokenHitRate is the bound's share of prompt tokens cached.
+func (b *Bounds) TokenHitRate() float64 {
+	if b == nil || b.PromptTokens == 0 {
+		return 0
+	}
+	return float64(b.CachedTokens) / float64(b.PromptTokens)
+}
+
+// OfBound is r's cached tokens as a fraction of the bound's (0 when the
+// bound caches nothing).
+func (b *Bounds) OfBound(r *metrics.Result) float64 {
+	if b == nil || b.CachedTokens == 0 {
+		return 0
+	}
+	return float64(r.CachedTokens) / float64(b.CachedTokens)
+}
+
+// ComputeBounds computes w's bounds for the fleet o describes (block
+// size, cache size for what fits, time model). Cost: one pass over the
+// requests, O(blocks) hashing and a set of every distinct block prefix
+// (8 bytes plus map overhead each: about 20 MB for the Mooncake trace at
+// 16-token blocks).
+func ComputeBounds(w *workload.Workload, o Options) (*Bounds, error) {
+	o, err := o.withDefaults(w.Engines)
+	if err != nil {
+		return nil, err
+	}
+	bs := o.Engine.BlockSize
+	e, err := engine.New(0, o.Engine)
+	if err != nil {
+		return nil, err
+	}
+	tm := o.Engine.Time
+	b := &Bounds{}
+	seen := make(map[uint64]struct{})
+	var content []uint64
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if !e.Fits(r) {
+			continue
+		}
+		content = r.AppendBlockContent(content[:0], bs, r.OutputSegment(o.Seed))
+		limit := (r.PromptLen - 1) / bs
+		hit, h, matching := 0, uint64(0x626f756e64), true // "bound"
+		for k, c := range content {
+			h = workload.Mix64(h ^ c)
+			if matching && k < limit {
+				if _, ok := seen[h]; ok {
+					hit++
+				} else {
+					matching = false
+				}
+			}
+			seen[h] = struct{}{}
+		}
+		b.Requests++
+		b.PromptTokens += int64(r.PromptLen)
+		b.CachedTokens += int64(hit * bs)
+		b.TTFT = append(b.TTFT, soloPrefill(tm, hit*bs, r.PromptLen-hit*bs, o.Engine.MaxBatchedTokens))
+	}
+	slices.Sort(b.TTFT)
+	b.TTFTP50 = metrics.Percentile(b.TTFT, 50)
+	b.TTFTP90 = metrics.Percentile(b.TTFT, 90)
+	b.TTFTP99 = metrics.Percentile(b.TTFT, 99)
+	var sum time.Duration
+	for _, d := range b.TTFT {
+		sum += d
+	}
+	if len(b.TTFT) > 0 {
+		b.TTFTMean = sum / time.Duration(len(b.TTFT))
+	}
+	return b, nil
+}
+
+// soloPrefill is how long an idle engine takes to prefill n tokens (at
+// least one, as vLLM computes) after cached ones, in steps of at most
+// budget tokens.
+func soloPrefill(tm engine.TimeModel, cached, n, budget int) time.Duration {
+	n = max(n, 1)
+	var d time.Duration
+	for n > 0 {
+		chunk := min(n, budget)
+		d += tm.StepTime(chunk, 0, 0) + tm.AttentionTime(engine.AttentionPairs(chunk, cached))
+		cached += chunk
+		n -= chunk
+	}
+	return d
+}

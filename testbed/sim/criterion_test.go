@@ -1,0 +1,248 @@
+package sim
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/testbed/sim/metrics"
+)
+
+func row(name string, hit float64, p99 time.Duration) CriterionRow {
+	return CriterionRow{Router: name, HitRate: hit, P99: p99, Scheduled: 100}
+}
+
+func TestEvaluateCriterion(t *testing.T) {
+	s := time.Second
+	for _, tc := range []struct {
+		name       string
+		rows       []CriterionRow
+		rate       float64
+		p99OK      bool
+		hitOK      bool
+		dominated  []string
+		bestP99    string
+		bestHit    string
+		excess     float64
+		share      float64
+		wantTarget float64
+	}{
+		{
+			name:  "best on both",
+			rows:  []CriterionRow{row("round-robin", 0.1, 10*s), row("precise+load", 0.5, 2*s), row("ttft-greedy", 0.45, 2100*time.Millisecond)},
+			rate:  1,
+			p99OK: true, hitOK: true, bestP99: "precise+load", bestHit: "precise+load", share: 1, wantTarget: 0.95,
+		},
+		{
+			// 5% above ttft-greedy exactly passes; 95% of precise exactly passes.
+			name:  "at the edges",
+			rows:  []CriterionRow{row("precise", 0.40, 4*s), row("precise+load", 0.38, 2100*time.Millisecond), row("ttft-greedy", 0.30, 2*s)},
+			rate:  1,
+			p99OK: true, hitOK: true, bestP99: "ttft-greedy", bestHit: "precise", excess: 0.05, share: 0.95, wantTarget: 0.95,
+		},
+		{
+			name:  "p99 just over",
+			rows:  []CriterionRow{row("precise+load", 0.5, 2101*time.Millisecond), row("ttft-greedy", 0.3, 2*s)},
+			rate:  1,
+			p99OK: false, hitOK: true, bestP99: "ttft-greedy", bestHit: "precise+load", excess: 0.0505, share: 1, wantTarget: 0.95,
+		},
+		{
+			// 92% of the best misses at 1x and passes at 2x.
+			name:  "hit 92% at 1x",
+			rows:  []CriterionRow{row("prefix-hash", 0.50, 9*s), row("precise+load", 0.46, 3*s)},
+			rate:  1,
+			p99OK: true, hitOK: false, bestP99: "precise+load", bestHit: "prefix-hash", share: 0.92, wantTarget: 0.95,
+		},
+		{
+			name:  "hit 92% at 2x",
+			rows:  []CriterionRow{row("prefix-hash", 0.50, 9*s), row("precise+load", 0.46, 3*s)},
+			rate:  2,
+			p99OK: true, hitOK: true, bestP99: "precise+load", bestHit: "prefix-hash", share: 0.92, wantTarget: 0.90,
+		},
+		{
+			// Within both tolerances, yet another router is better on both.
+			name:  "beaten on both",
+			rows:  []CriterionRow{row("precise+load", 0.50, 3030*time.Millisecond), row("approximate", 0.51, 3*s), row("precise", 0.52, 5*s)},
+			rate:  1,
+			p99OK: true, hitOK: true, dominated: []string{"approximate"}, bestP99: "approximate", bestHit: "precise", excess: 0.01, share: 0.5 / 0.52, wantTarget: 0.95,
+		},
+		{
+			// A router that ran nothing takes no part (its 0 p99 is no best).
+			name:  "a router with nothing scheduled",
+			rows:  []CriterionRow{row("precise+load", 0.5, 2*s), {Router: "precise", HitRate: 0, P99: 0, Scheduled: 0}},
+			rate:  2,
+			p99OK: true, hitOK: true, bestP99: "precise+load", bestHit: "precise+load", share: 1, wantTarget: 0.90,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := EvaluateCriterion(tc.rows, tc.rate)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.P99OK != tc.p99OK || c.HitOK != tc.hitOK || !slices.Equal(c.Dominated, tc.dominated) {
+				t.Fatalf("p99 ok %v, hit ok %v, dominated by %v; want %v, %v, %v", c.P99OK, c.HitOK, c.Dominated, tc.p99OK, tc.hitOK, tc.dominated)
+			}
+			if want := tc.p99OK && tc.hitOK && len(tc.dominated) == 0; c.Met() != want {
+				t.Fatalf("met %v, want %v", c.Met(), want)
+			}
+			if c.BestP99Router != tc.bestP99 || c.BestHitRouter != tc.bestHit {
+				t.Fatalf("best p99 by %s, best hit by %s; want %s, %s", c.BestP99Router, c.BestHitRouter, tc.bestP99, tc.bestHit)
+			}
+			if d := c.P99Excess() - tc.excess; d > 1e-9 || d < -1e-9 {
+				t.Fatalf("p99 excess %v, want %v", c.P99Excess(), tc.excess)
+			}
+			if d := c.HitShare() - tc.share; d > 1e-9 || d < -1e-9 {
+				t.Fatalf("hit share %v, want %v", c.HitShare(), tc.share)
+			}
+			if c.HitTarget != tc.wantTarget {
+				t.Fatalf("hit target %v, want %v", c.HitTarget, tc.wantTarget)
+			}
+		})
+	}
+}
+
+func TestEvaluateCriterionErrors(t *testing.T) {
+	if _, err := EvaluateCriterion([]CriterionRow{row("precise", 0.5, time.Second)}, 1); err == nil || !strings.Contains(err.Error(), "no precise+load row") {
+		t.Fatalf("missing precise+load: error %v", err)
+	}
+	if _, err := EvaluateCriterion([]CriterionRow{{Router: "precise+load"}}, 1); err == nil || !strings.Contains(err.Error(), "scheduled no request") {
+		t.Fatalf("precise+load ran nothing: error %v", err)
+	}
+}
+
+func TestGridCells(t *testing.T) {
+	cells, err := GridConfig{}.GridCells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cells) != 6*2*2 {
+		t.Fatalf("%d cells, want 24", len(cells))
+	}
+	if c := cells[0]; c.Name != "mooncake-1x-25k" || c.Rate != 1 || c.CacheBlocks != 25000 {
+		t.Fatalf("first cell %+v", c)
+	}
+	if c := cells[len(cells)-1]; c.Name != "tools-2x-12.5k" || c.Rate != 2 || c.CacheBlocks != 12500 || c.Workload != KindTools {
+		t.Fatalf("last cell %+v", c)
+	}
+	picked, err := GridConfig{Cells: []string{"rag-*", "*-2x-12.5k"}}.GridCells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range picked {
+		names = append(names, c.Name)
+	}
+	want := []string{"mooncake-2x-12.5k", "mooncake-sparse-2x-12.5k", "tenants-2x-12.5k", "sessions-2x-12.5k",
+		"rag-1x-25k", "rag-1x-12.5k", "rag-2x-25k", "rag-2x-12.5k", "tools-2x-12.5k"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("picked %v, want %v", names, want)
+	}
+	sparse := cells[4].spec("", 1, 0)
+	if cells[4].Workload != GridMooncakeSparse || sparse.Kind != KindMooncake || sparse.Pause != GridSparsePause {
+		t.Fatalf("cell %s: spec %+v", cells[4].Name, sparse)
+	}
+	for _, bad := range []GridConfig{{Cells: []string{"nothing-*"}}, {Workloads: []string{"prefixes"}}, {Rates: []float64{0}}, {Cells: []string{"["}}} {
+		if _, err := bad.GridCells(); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}
+
+// TestReadGrid writes two cells' results as RunGrid does and reads the
+// criterion back; a cell never run is skipped.
+func TestReadGrid(t *testing.T) {
+	dir := t.TempDir()
+	res := func(name string, cached int64, p99 time.Duration) metrics.Result {
+		return metrics.Result{Router: name, Requests: 10, Scheduled: 10, PromptTokens: 1000, CachedTokens: cached, TTFTP99: p99}
+	}
+	cells := []GridCell{
+		{Name: "a-1x-25k", Rate: 1, CacheBlocks: 25000},
+		{Name: "a-2x-25k", Rate: 2, CacheBlocks: 25000},
+		{Name: "never-run", Rate: 1, CacheBlocks: 25000},
+	}
+	write := func(cell string, rs ...metrics.Result) {
+		d := filepath.Join(dir, cell)
+		if err := WriteCSV(d, rs, &Bounds{Requests: 10, PromptTokens: 1000, CachedTokens: 600}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "cell.csv"), []byte("cell,wall_s\n"+cell+",12.5\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a-1x-25k", res("precise", 500, 4*time.Second), res("precise+load", 460, 2*time.Second))
+	write("a-2x-25k", res("precise", 500, 4*time.Second), res("precise+load", 460, 2*time.Second))
+	got, err := ReadGrid(dir, cells)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d cells read, want 2", len(got))
+	}
+	// 92% of the best hit rate: a miss at 1x, a pass at 2x.
+	if got[0].Criterion.Met() || !got[1].Criterion.Met() || got[0].Wall != 12500*time.Millisecond {
+		t.Fatalf("1x met %v, 2x met %v, wall %v", got[0].Criterion.Met(), got[1].Criterion.Met(), got[0].Wall)
+	}
+	if c := got[0].Criterion; c.Hit != 0.46 || c.BestHit != 0.5 || c.P99 != 2*time.Second || c.BestHitRouter != "precise" {
+		t.Fatalf("criterion read back %+v", c)
+	}
+	var b strings.Builder
+	if err := WriteGridSummary(&b, got); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| a-1x-25k | 2.00s | 2.00s (precise+load) | +0.0% | yes | 46.0% | 50.0% (precise) | 92.0% | 95% | **no** | - | **no** | 13s |",
+		"| a-2x-25k | 2.00s | 2.00s (precise+load) | +0.0% | yes | 46.0% | 50.0% (precise) | 92.0% | 90% | yes | - | yes |",
+		"criterion met in 1 of 2 cells"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
+	// A cell whose results lack precise+load is an error, not a pass.
+	write("a-1x-25k", res("precise", 500, 4*time.Second))
+	if _, err := ReadGrid(dir, cells); err == nil {
+		t.Fatal("a cell without precise+load was read")
+	}
+}
+
+// TestRunGrid runs a small grid end to end: each cell's files, and the
+// summary over the cells on disk.
+func TestRunGrid(t *testing.T) {
+	dir := t.TempDir()
+	gc := GridConfig{Workloads: []string{KindRAG}, Caches: []int{2000}, Requests: 150, Dir: dir, Seed: 1,
+		Options: Options{Routers: []string{"round-robin", "precise", "precise+load"}}}
+	var out strings.Builder
+	if err := RunGrid(context.Background(), gc, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, cell := range []string{"rag-1x-2k", "rag-2x-2k"} {
+		for _, f := range []string{"table.txt", "results.csv", "ttft_cdf.csv", "cell.csv"} {
+			if _, err := os.Stat(filepath.Join(dir, cell, f)); err != nil {
+				t.Fatalf("cell %s: %v", cell, err)
+			}
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "grid.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| rag-1x-2k | ", "| rag-2x-2k | ", "of 2 cells"} {
+		if !strings.Contains(string(md), want) || !strings.Contains(out.String(), want) {
+			t.Fatalf("summary lacks %q:\n%s", want, md)
+		}
+	}
+	if !strings.Contains(out.String(), "kvsim grid cell rag-2x-2k (virtual time): rag: 150 requests") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+	// Rerunning one cell keeps the other in the summary.
+	gc.Cells = []string{"rag-2x-*"}
+	out.Reset()
+	if err := RunGrid(context.Background(), gc, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "kvsim grid cell rag-1x-2k") || !strings.Contains(out.String(), "| rag-1x-2k | ") {
+		t.Fatalf("a rerun of rag-2x-2k alone:\n%s", out.String())
+	}
+}

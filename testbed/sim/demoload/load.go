@@ -1,0 +1,306 @@
+package demoload
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/api"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/tokenize"
+	"github.com/kvindex/kvindex/tokenize/standin"
+)
+
+// Config sets up a load run.
+type Config struct {
+	// Model is the model requests name.
+	Model string
+	// Engines maps each pod name kvindex answers with to its engine's
+	// OpenAI base URL, e.g. engine-0 -> http://engine-0:8000.
+	Engines map[string]string
+	// Rate is the mean arrival rate, requests per second (default 4).
+	Rate float64
+	// Prefixes is the number of distinct system prompts (default 12).
+	Prefixes int
+	// Zipf is the popularity exponent of the system prompts (default 1.1).
+	Zipf float64
+	// SystemTokens and QuestionTokens size the two messages (defaults
+	// 1,024 and 48); MaxTokens is each request's max_tokens (default 16).
+	SystemTokens, QuestionTokens, MaxTokens int
+	// Concurrency bounds requests in flight (default 64).
+	Concurrency int
+	// Duration ends the run (0: until ctx is done).
+	Duration time.Duration
+	// Seed seeds arrivals and choices.
+	Seed uint64
+	// Logger receives a summary every ReportEvery (default 10s).
+	Logger      *slog.Logger
+	ReportEvery time.Duration
+}
+
+// Stats are a run's counters.
+type Stats struct {
+	// Sent counts requests answered by an engine; Failed those that
+	// failed; Dropped those due while Concurrency were in flight.
+	Sent, Failed, Dropped atomic.Int64
+	// Routed counts requests kvindex routed; Fallback those sent
+	// round-robin because kvindex could not answer.
+	Routed, Fallback atomic.Int64
+	// PromptTokens and CachedTokens sum the engines' usage answers.
+	PromptTokens, CachedTokens atomic.Int64
+}
+
+// HitRate is the fraction of prompt tokens the engines had cached.
+func (s *Stats) HitRate() float64 {
+	p := s.PromptTokens.Load()
+	if p == 0 {
+		return 0
+	}
+	return float64(s.CachedTokens.Load()) / float64(p)
+}
+
+// Driver sends the load.
+type Driver struct {
+	cfg    Config
+	kvs    []*api.Client // kvindex replicas, asked in turn
+	http   *http.Client
+	pods   []string // sorted, for the fallback
+	rr     atomic.Uint64
+	next   atomic.Uint64 // request ids
+	cum    []float64     // Zipf CDF over the prefixes
+	system []string      // the system prompts
+	stats  Stats
+}
+
+// New returns a driver that routes through the kvindex replicas kvs, in
+// turn (a request is released on the replica that routed it).
+func New(cfg Config, kvs ...*api.Client) (*Driver, error) {
+	if cfg.Model == "" || len(cfg.Engines) == 0 {
+		return nil, errors.New("demoload: a model and at least one engine are required")
+	}
+	if len(kvs) == 0 {
+		return nil, errors.New("demoload: at least one kvindex client is required")
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&cfg.Prefixes, 12)
+	def(&cfg.SystemTokens, 1024)
+	def(&cfg.QuestionTokens, 48)
+	def(&cfg.MaxTokens, 16)
+	def(&cfg.Concurrency, 64)
+	if cfg.Rate <= 0 {
+		cfg.Rate = 4
+	}
+	if cfg.Zipf <= 0 {
+		cfg.Zipf = 1.1
+	}
+	if cfg.ReportEvery <= 0 {
+		cfg.ReportEvery = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &Driver{cfg: cfg, kvs: kvs, http: &http.Client{Timeout: time.Minute}, pods: slices.Sorted(maps.Keys(cfg.Engines))}
+	total := 0.0
+	for k := range cfg.Prefixes {
+		total += 1 / math.Pow(float64(k+1), cfg.Zipf)
+		d.cum = append(d.cum, total)
+		d.system = append(d.system, text(fmt.Sprintf("system prompt %d", k), cfg.SystemTokens))
+	}
+	for i := range d.cum {
+		d.cum[i] /= total
+	}
+	return d, nil
+}
+
+// text is deterministic prose of about n simulated tokens.
+func text(seed string, n int) string {
+	words := []string{"cache", "prefix", "block", "router", "engine", "token", "index", "fleet"}
+	var b strings.Builder
+	b.WriteString(seed)
+	r := rand.New(rand.NewPCG(uint64(len(seed)), uint64(seed[len(seed)-1])))
+	for b.Len() < n*4 {
+		b.WriteByte(' ')
+		b.WriteString(words[r.IntN(len(words))])
+	}
+	return b.String()[:n*4]
+}
+
+// Stats are the run's counters so far.
+func (d *Driver) Stats() *Stats { return &d.stats }
+
+// Run sends requests until ctx is done or Duration passed, then waits for
+// those in flight (which ctx ending cancels, Duration does not).
+func (d *Driver) Run(ctx context.Context) error {
+	arrivals := ctx
+	if d.cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		arrivals, cancel = context.WithTimeout(ctx, d.cfg.Duration)
+		defer cancel()
+	}
+	r := rand.New(rand.NewPCG(d.cfg.Seed, 0x6c6f6164))
+	slots := make(chan struct{}, d.cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	report := time.NewTicker(d.cfg.ReportEvery)
+	defer report.Stop()
+	next := time.Now()
+	for {
+		next = next.Add(time.Duration(r.ExpFloat64() / d.cfg.Rate * float64(time.Second)))
+		wait := time.NewTimer(time.Until(next))
+	sleep:
+		for {
+			select {
+			case <-arrivals.Done():
+				wait.Stop()
+				return nil
+			case <-report.C:
+				d.cfg.Logger.Info("load", "sent", d.stats.Sent.Load(), "failed", d.stats.Failed.Load(), "dropped", d.stats.Dropped.Load(),
+					"routed", d.stats.Routed.Load(), "fallback", d.stats.Fallback.Load(), "hit_rate", fmt.Sprintf("%.3f", d.stats.HitRate()))
+			case <-wait.C:
+				break sleep
+			}
+		}
+		prefix := d.pick(r.Float64())
+		question := text(fmt.Sprintf("question %d", r.Uint64()), d.cfg.QuestionTokens)
+		select {
+		case slots <- struct{}{}:
+		default:
+			d.stats.Dropped.Add(1)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if err := d.One(ctx, prefix, question); err != nil && ctx.Err() == nil {
+				d.stats.Failed.Add(1)
+				d.cfg.Logger.Warn("request failed", "err", err)
+			}
+		}()
+	}
+}
+
+// pick maps u in [0, 1) to a prefix by the Zipf CDF.
+func (d *Driver) pick(u float64) int {
+	i, _ := slices.BinarySearch(d.cum, u)
+	return min(i, len(d.cum)-1)
+}
+
+// One sends one chat of system prompt prefix and question: routed by
+// kvindex (or round-robin when it cannot answer), then released.
+func (d *Driver) One(ctx context.Context, prefix int, question string) error {
+	msgs := []tokenize.Message{{Role: "system", Content: d.system[prefix]}, {Role: "user", Content: question}}
+	n := d.next.Add(1)
+	id := fmt.Sprintf("load-%d", n)
+	kv := d.kvs[int(n%uint64(len(d.kvs)))]
+	pod, routed := d.route(ctx, kv, id, standin.Chat(msgs, true))
+	if routed {
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_, _ = kv.Release(rctx, id)
+		}()
+	}
+	url, ok := d.cfg.Engines[pod]
+	if !ok {
+		return fmt.Errorf("kvindex routed %s to pod %q, which no --engine names", id, pod)
+	}
+	body, _ := json.Marshal(map[string]any{"model": d.cfg.Model, "messages": msgs, "max_tokens": d.cfg.MaxTokens})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("request %s to %s: %w", id, pod, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("request %s to %s: %w", id, pod, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Usage struct {
+			PromptTokens        int `json:"prompt_tokens"`
+			PromptTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("request %s to %s at %s: HTTP %s", id, pod, url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return fmt.Errorf("request %s to %s: decode the answer: %w", id, pod, err)
+	}
+	d.stats.Sent.Add(1)
+	d.stats.PromptTokens.Add(int64(out.Usage.PromptTokens))
+	d.stats.CachedTokens.Add(int64(out.Usage.PromptTokensDetails.CachedTokens))
+	return nil
+}
+
+// route asks kvindex for a worker; on any failure it picks round-robin.
+func (d *Driver) route(ctx context.Context, kv *api.Client, id string, toks []uint32) (pod string, routed bool) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := kv.Route(rctx, &kvindexv1.RouteRequest{RequestId: id, Score: &kvindexv1.ScoreRequest{Model: d.cfg.Model, TokenIds: toks}})
+	if err == nil && resp.GetChosen().GetPod() != "" {
+		d.stats.Routed.Add(1)
+		return resp.GetChosen().GetPod(), true
+	}
+	d.stats.Fallback.Add(1)
+	return d.pods[int(d.rr.Add(1)-1)%len(d.pods)], false
+}
+
+// Collector exports the run's counters: kvsim_load_requests_total{result}
+// (sent, failed, dropped), kvsim_load_routes_total{by} (kvindex,
+// round_robin) and the prompt and cached tokens the engines reported.
+func (d *Driver) Collector() prometheus.Collector { return collector{d} }
+
+type collector struct{ d *Driver }
+
+var (
+	requestsDesc = prometheus.NewDesc("kvsim_load_requests_total", "Demo requests by result: sent (answered), failed, dropped (due while the concurrency bound was reached).", []string{"result"}, nil)
+	routesDesc   = prometheus.NewDesc("kvsim_load_routes_total", "Demo requests by who chose the engine: kvindex (Route) or round_robin (kvindex could not answer).", []string{"by"}, nil)
+	promptDesc   = prometheus.NewDesc("kvsim_load_prompt_tokens_total", "Prompt tokens of the answered requests.", nil, nil)
+	cachedDesc   = prometheus.NewDesc("kvsim_load_cached_tokens_total", "Prompt tokens the engines had cached (usage.prompt_tokens_details.cached_tokens).", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- routesDesc
+	ch <- promptDesc
+	ch <- cachedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	s := &c.d.stats
+	for _, r := range []struct {
+		d     *prometheus.Desc
+		v     *atomic.Int64
+		label []string
+	}{
+		{requestsDesc, &s.Sent, []string{"sent"}}, {requestsDesc, &s.Failed, []string{"failed"}}, {requestsDesc, &s.Dropped, []string{"dropped"}},
+		{routesDesc, &s.Routed, []string{"kvindex"}}, {routesDesc, &s.Fallback, []string{"round_robin"}},
+		{promptDesc, &s.PromptTokens, nil}, {cachedDesc, &s.CachedTokens, nil},
+	} {
+		ch <- prometheus.MustNewConstMetric(r.d, prometheus.CounterValue, float64(r.v.Load()), r.label...)
+	}
+}

@@ -1,0 +1,531 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// TimeModel gives the duration of an engine step (see the package doc).
+type TimeModel struct {
+	// PrefillTokensPerSec is the prefill rate of everything but attention
+	// (default 17,500).
+	PrefillTokensPerSec float64
+	// AttentionPairsPerSec is the prefill attention rate in (new token,
+	// context token) pairs per second: a chunk of n tokens after c
+	// computed ones attends over n*c + n*(n+1)/2 pairs (default 9.4e8;
+	// 0: no attention term, prefill linear in tokens).
+	AttentionPairsPerSec float64
+	// StepOverhead is the fixed cost of a forward pass (default 6 ms).
+	StepOverhead time.Duration
+	// DecodePerSeq is the cost of each decoding request (default 0.1 ms).
+	DecodePerSeq time.Duration
+	// DecodePerContextToken is the cost of reading one token of a decoding
+	// request's KV cache (default 39 ns).
+	DecodePerContextToken time.Duration
+}
+
+// DefaultTimeModel returns the documented defaults (8B model, one H100).
+func DefaultTimeModel() TimeModel {
+	return TimeModel{
+		PrefillTokensPerSec:   17500,
+		AttentionPairsPerSec:  9.4e8,
+		StepOverhead:          6 * time.Millisecond,
+		DecodePerSeq:          100 * time.Microsecond,
+		DecodePerContextToken: 39 * time.Nanosecond,
+	}
+}
+
+// StepTime is the duration of a step that prefills prefill tokens and
+// decodes decodeSeqs requests holding contextTokens tokens in all.
+func (t TimeModel) StepTime(prefill, decodeSeqs int, contextTokens int64) time.Duration {
+	d := t.StepOverhead + time.Duration(decodeSeqs)*t.DecodePerSeq + time.Duration(contextTokens)*t.DecodePerContextToken
+	if prefill > 0 {
+		d += time.Duration(float64(prefill) / t.PrefillTokensPerSec * float64(time.Second))
+	}
+	return d
+}
+
+// AttentionTime is the prefill attention cost of pairs (new token,
+// context token) pairs (0 when the model has no attention term).
+func (t TimeModel) AttentionTime(pairs int64) time.Duration {
+	if t.AttentionPairsPerSec <= 0 || pairs <= 0 {
+		return 0
+	}
+	return time.Duration(float64(pairs) / t.AttentionPairsPerSec * float64(time.Second))
+}
+
+// AttentionPairs is how many (new token, context token) pairs a prefill
+// chunk of n tokens after ctx computed tokens attends over, causally.
+func AttentionPairs(n, ctx int) int64 {
+	return int64(n)*int64(ctx) + int64(n)*int64(n+1)/2
+}
+
+// PrefillTime is how long prefilling n tokens takes at the model's rate.
+func (t TimeModel) PrefillTime(n int64) time.Duration {
+	return time.Duration(float64(n) / t.PrefillTokensPerSec * float64(time.Second))
+}
+
+// Config sets up an Engine.
+type Config struct {
+	// BlockSize is tokens per KV block (vLLM --block-size; default 16).
+	BlockSize int
+	// CacheBlocks is the number of KV blocks (default 25,000).
+	CacheBlocks int
+	// MaxNumSeqs bounds running requests (default 256).
+	MaxNumSeqs int
+	// MaxBatchedTokens is the per-step token budget (default 8,192).
+	MaxBatchedTokens int
+	// Time is the step time model (zero: DefaultTimeModel).
+	Time TimeModel
+	// HashSeed seeds the engine's block hashes (vLLM's hash seed); engines
+	// with different seeds give the same content different hashes.
+	HashSeed uint64
+	// Events turns on KV events: FinishStep then returns each step's batch.
+	Events bool
+	// OutputSeed is mixed into the content ids of generated tokens.
+	OutputSeed uint64
+}
+
+// Defaults fills the zero fields of c with the documented defaults.
+func (c *Config) Defaults() {
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.CacheBlocks == 0 {
+		c.CacheBlocks = 25000
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = 256
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = 8192
+	}
+	if c.Time == (TimeModel{}) {
+		c.Time = DefaultTimeModel()
+	}
+}
+
+// ErrConfig is wrapped by errors about an invalid Config.
+var ErrConfig = errors.New("engine: invalid config")
+
+func (c *Config) validate() error {
+	switch {
+	case c.BlockSize <= 0:
+		return fmt.Errorf("%w: block size %d", ErrConfig, c.BlockSize)
+	case c.CacheBlocks <= 0:
+		return fmt.Errorf("%w: cache of %d blocks", ErrConfig, c.CacheBlocks)
+	case c.MaxNumSeqs <= 0 || c.MaxBatchedTokens <= 0:
+		return fmt.Errorf("%w: max_num_seqs %d, max_num_batched_tokens %d", ErrConfig, c.MaxNumSeqs, c.MaxBatchedTokens)
+	case c.Time.PrefillTokensPerSec <= 0:
+		return fmt.Errorf("%w: prefill rate %v tokens/s", ErrConfig, c.Time.PrefillTokensPerSec)
+	case c.Time.AttentionPairsPerSec < 0:
+		return fmt.Errorf("%w: attention rate %v pairs/s", ErrConfig, c.Time.AttentionPairsPerSec)
+	}
+	return nil
+}
+
+// seq is one request on the engine.
+type seq struct {
+	req *workload.Request
+	out workload.Segment
+	// hashes are the engine's chained hashes of every full block of the
+	// prompt followed by the output.
+	hashes []uint64
+	blocks []int32
+	// computed counts tokens whose KV is computed or was hit; stored
+	// counts leading blocks that are cached (hit or stored by this request).
+	computed, stored int
+	generated        int
+	chunk            int // tokens scheduled in the current step
+	// estUncached is the prompt's uncached tokens as looked up on arrival,
+	// for load estimates while waiting.
+	estUncached int
+	// hitTokens is the prefix hit when the request was first scheduled.
+	hitTokens int
+	scheduled bool
+}
+
+// target is the sequence length whose last token the next sample follows.
+func (s *seq) target() int { return s.req.PromptLen + s.generated }
+
+// Stats are an engine's counters.
+type Stats struct {
+	// Requests counts accepted requests; Rejected those that could never fit.
+	Requests, Rejected int
+	// PrefillTokens counts prompt tokens computed (recomputation included).
+	PrefillTokens int64
+	// DecodeTokens counts decode steps' tokens.
+	DecodeTokens int64
+	// Preemptions counts requests preempted for lack of blocks.
+	Preemptions int
+	// Evictions counts cached blocks evicted; StoredBlocks blocks cached.
+	Evictions, StoredBlocks int64
+	// Busy is the total duration of the engine's steps.
+	Busy time.Duration
+	// Steps counts steps.
+	Steps int64
+}
+
+// Load is what a router may learn about an engine's load.
+type Load struct {
+	// Running and Waiting are the requests running and queued (vLLM's
+	// num_requests_running and num_requests_waiting).
+	Running, Waiting int
+	// KVUsage is the fraction of blocks in use (vLLM's kv_cache_usage_perc).
+	KVUsage float64
+	// QueuedPrefill is prompt tokens still to prefill: the rest of running
+	// prefills plus waiting prompts' tokens that were uncached on arrival.
+	// vLLM exports nothing like it; only the perfect-knowledge
+	// router (ttft-greedy) may use it.
+	QueuedPrefill int64
+}
+
+// FirstToken reports a request's first token.
+type FirstToken struct {
+	Req *workload.Request
+	// CachedTokens is the prefix the engine hit when it first scheduled the
+	// request.
+	CachedTokens int
+}
+
+// StepResult is what one step produced. Its slices are reused by the next
+// FinishStep; Batch is valid until the next StartStep.
+type StepResult struct {
+	// FirstTokens lists requests whose first token the step produced.
+	FirstTokens []FirstToken
+	// Finished lists requests that completed in the step.
+	Finished []*workload.Request
+	// Batch is the step's KV events (nil when none, or events are off).
+	Batch *events.Batch
+}
+
+// Engine is one simulated vLLM engine.
+type Engine struct {
+	id  int
+	cfg Config
+	p   *pool
+
+	waiting []*seq // FIFO; head first
+	running []*seq // arrival order
+
+	inStep  bool
+	stepEnd time.Duration
+
+	// KV events of the current step, in order, and their backing arrays.
+	evs    []events.Event
+	evHash []uint64
+	evToks []uint32
+	batch  events.Batch
+	result StepResult
+
+	stats Stats
+}
+
+// New returns an engine with an empty cache. id names it in errors.
+func New(id int, cfg Config) (*Engine, error) {
+	cfg.Defaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("engine %d: %w", id, err)
+	}
+	e := &Engine{id: id, cfg: cfg, p: newPool(cfg.CacheBlocks)}
+	if cfg.Events {
+		e.p.onEvict = func(h uint64) {
+			e.evHash = append(e.evHash, h)
+			e.evs = append(e.evs, removedEvent(e.evHash[len(e.evHash)-1:len(e.evHash):len(e.evHash)]))
+		}
+	}
+	e.batch.HasDPRank = true
+	return e, nil
+}
+
+// Config returns the engine's configuration with defaults applied.
+func (e *Engine) Config() Config { return e.cfg }
+
+// ID returns the engine's id.
+func (e *Engine) ID() int { return e.id }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	s := e.stats
+	s.Evictions = e.p.evictions
+	return s
+}
+
+// BlockHashes appends the engine's chained hashes of the full blocks whose
+// content ids are content (as workload.Request.AppendBlockContent gives).
+func (e *Engine) BlockHashes(dst []uint64, content []uint64) []uint64 {
+	h := workload.Mix64(e.cfg.HashSeed ^ 0x76_6c_6c_6d) // "vllm"
+	for _, c := range content {
+		h = workload.Mix64(h ^ workload.Mix64(c))
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// Fits reports whether a request's whole sequence fits in an empty cache.
+func (e *Engine) Fits(req *workload.Request) bool {
+	return blocksFor(req.PromptLen+req.OutputLen, e.cfg.BlockSize) <= e.cfg.CacheBlocks
+}
+
+func blocksFor(tokens, bs int) int { return (tokens + bs - 1) / bs }
+
+// Submit queues a request. content is the request's block content ids
+// over its prompt and output (workload.Request.AppendBlockContent with
+// the engine's block size and OutputSegment); the engine keeps no
+// reference to it. It returns false, and counts a rejection, when the
+// request could never fit in the cache.
+func (e *Engine) Submit(req *workload.Request, content []uint64) bool {
+	if !e.Fits(req) {
+		e.stats.Rejected++
+		return false
+	}
+	s := &seq{req: req, out: req.OutputSegment(e.cfg.OutputSeed)}
+	s.hashes = e.BlockHashes(make([]uint64, 0, len(content)), content)
+	s.estUncached = req.PromptLen - e.cachedPrefix(s.hashes, req.PromptLen)*e.cfg.BlockSize
+	e.waiting = append(e.waiting, s)
+	e.stats.Requests++
+	return true
+}
+
+// cachedPrefix is the number of leading blocks of hashes that are cached,
+// capped at (tokens-1)/BlockSize (vLLM computes at least one token).
+func (e *Engine) cachedPrefix(hashes []uint64, tokens int) int {
+	limit := min(len(hashes), (tokens-1)/e.cfg.BlockSize)
+	n := 0
+	for n < limit && e.p.lookup(hashes[n]) != none {
+		n++
+	}
+	return n
+}
+
+// CachedTokens reports how many prompt tokens of a request with the given
+// block hashes (from BlockHashes) would hit if it were scheduled now.
+func (e *Engine) CachedTokens(hashes []uint64, promptLen int) int {
+	return e.cachedPrefix(hashes, promptLen) * e.cfg.BlockSize
+}
+
+// Load returns the engine's current load. Cost: O(queued requests).
+func (e *Engine) Load() Load {
+	l := Load{Running: len(e.running), Waiting: len(e.waiting), KVUsage: float64(e.p.inUse()) / float64(len(e.p.blocks))}
+	for _, s := range e.running {
+		if s.computed < s.req.PromptLen {
+			l.QueuedPrefill += int64(s.req.PromptLen - s.computed)
+		}
+	}
+	for _, s := range e.waiting {
+		l.QueuedPrefill += int64(s.estUncached)
+	}
+	return l
+}
+
+// Idle reports whether the engine has nothing to do.
+func (e *Engine) Idle() bool { return len(e.waiting) == 0 && len(e.running) == 0 }
+
+// InStep reports whether a step is in flight (between StartStep and FinishStep).
+func (e *Engine) InStep() bool { return e.inStep }
+
+// StartStep schedules the next step at now and returns its duration; ok
+// is false when there is nothing to schedule. KV events happen here (in
+// vLLM they are collected during scheduling) and are returned by
+// FinishStep.
+func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
+	if e.inStep {
+		panic(fmt.Sprintf("engine %d: StartStep during a step", e.id))
+	}
+	e.evs, e.evHash, e.evToks = e.evs[:0], e.evHash[:0], e.evToks[:0]
+	prefill, pairs, decodes, ctx := e.schedule()
+	if prefill == 0 && decodes == 0 {
+		return 0, false
+	}
+	d = e.cfg.Time.StepTime(prefill, decodes, ctx) + e.cfg.Time.AttentionTime(pairs)
+	e.inStep, e.stepEnd = true, now+d
+	e.stats.PrefillTokens += int64(prefill)
+	e.stats.DecodeTokens += int64(decodes)
+	e.stats.Busy += d
+	e.stats.Steps++
+	return d, true
+}
+
+// schedule builds one step: running requests first, then waiting ones.
+// It returns the prefill tokens, their attention pairs, the decoding
+// requests and their context.
+func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
+	budget := e.cfg.MaxBatchedTokens
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		need := min(s.target()-s.computed, budget)
+		for !e.grow(s, need) {
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == s {
+				break
+			}
+		}
+		if i >= len(e.running) || e.running[i] != s {
+			break // s itself was preempted
+		}
+		s.chunk = need
+		budget -= need
+		e.cacheFull(s)
+		if s.generated > 0 && need == 1 && s.computed == s.target()-1 {
+			decodes++
+			ctx += int64(s.computed)
+		} else {
+			prefill += need
+			pairs += AttentionPairs(need, s.computed)
+		}
+	}
+	if preempted {
+		return prefill, pairs, decodes, ctx
+	}
+	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+		s := e.waiting[0]
+		hit := e.cachedPrefix(s.hashes, s.target())
+		hitTokens := hit * e.cfg.BlockSize
+		need := min(s.target()-hitTokens, budget)
+		evictable := 0
+		for _, h := range s.hashes[:hit] {
+			if e.p.blocks[e.p.lookup(h)].ref == 0 {
+				evictable++
+			}
+		}
+		if blocksFor(hitTokens+need, e.cfg.BlockSize)-hit+evictable > e.p.numFree {
+			break
+		}
+		s.blocks = s.blocks[:0]
+		for _, h := range s.hashes[:hit] {
+			b := e.p.lookup(h)
+			e.p.touch(b)
+			s.blocks = append(s.blocks, b)
+		}
+		s.computed, s.stored = hitTokens, hit
+		if !s.scheduled {
+			s.scheduled = true
+			s.hitTokens = min(hitTokens, s.req.PromptLen)
+		}
+		if !e.grow(s, need) {
+			panic(fmt.Sprintf("engine %d: admission checked %d free blocks but allocation failed", e.id, e.p.numFree))
+		}
+		e.waiting = e.waiting[1:]
+		e.running = append(e.running, s)
+		s.chunk = need
+		budget -= need
+		prefill += need
+		pairs += AttentionPairs(need, s.computed)
+		e.cacheFull(s)
+	}
+	return prefill, pairs, decodes, ctx
+}
+
+// grow allocates the blocks s needs to hold need more tokens; false when
+// the free queue is too short (nothing is allocated then).
+func (e *Engine) grow(s *seq, need int) bool {
+	more := blocksFor(s.computed+need, e.cfg.BlockSize) - len(s.blocks)
+	if more > e.p.numFree {
+		return false
+	}
+	for range more {
+		s.blocks = append(s.blocks, e.p.allocate())
+	}
+	return true
+}
+
+// cacheFull caches the blocks of s that are full once the scheduled chunk
+// is computed and announces them in one BlockStored.
+func (e *Engine) cacheFull(s *seq) {
+	full := min((s.computed+s.chunk)/e.cfg.BlockSize, len(s.hashes))
+	if full <= s.stored {
+		return
+	}
+	for k := s.stored; k < full; k++ {
+		e.p.cache(s.blocks[k], s.hashes[k])
+	}
+	e.stats.StoredBlocks += int64(full - s.stored)
+	if e.cfg.Events {
+		bs := e.cfg.BlockSize
+		start := len(e.evToks)
+		e.evToks = s.req.AppendSequenceTokens(e.evToks, s.out, s.stored*bs, full*bs)
+		ev := events.Event{
+			Kind:        events.KindBlockStored,
+			BlockHashes: s.hashes[s.stored:full:full],
+			TokenIDs:    e.evToks[start:len(e.evToks):len(e.evToks)],
+			BlockSize:   bs,
+			MediumName:  "GPU",
+		}
+		if s.stored > 0 {
+			ev.ParentHash, ev.HasParent = s.hashes[s.stored-1], true
+		}
+		e.evs = append(e.evs, ev)
+	}
+	s.stored = full
+}
+
+// preempt frees a running request's blocks and puts it back at the head
+// of the queue to recompute.
+func (e *Engine) preempt(s *seq) {
+	e.freeBlocks(s)
+	s.computed, s.stored, s.chunk = 0, 0, 0
+	e.waiting = append(e.waiting, nil)
+	copy(e.waiting[1:], e.waiting)
+	e.waiting[0] = s
+	e.stats.Preemptions++
+}
+
+// freeBlocks releases s's blocks in reverse order, so that its tail blocks
+// are evicted first.
+func (e *Engine) freeBlocks(s *seq) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		e.p.release(s.blocks[i])
+	}
+	s.blocks = s.blocks[:0]
+}
+
+// FinishStep completes the step started by StartStep: scheduled tokens
+// are computed, a token is sampled for every request whose sequence is
+// complete, finished requests free their blocks. now is the step's end.
+func (e *Engine) FinishStep(now time.Duration) *StepResult {
+	if !e.inStep {
+		panic(fmt.Sprintf("engine %d: FinishStep without a step", e.id))
+	}
+	e.inStep = false
+	r := &e.result
+	r.FirstTokens, r.Finished, r.Batch = r.FirstTokens[:0], r.Finished[:0], nil
+	kept := e.running[:0]
+	for _, s := range e.running {
+		if s.chunk > 0 {
+			s.computed += s.chunk
+			s.chunk = 0
+			if s.computed == s.target() {
+				s.generated++
+				if s.generated == 1 {
+					r.FirstTokens = append(r.FirstTokens, FirstToken{Req: s.req, CachedTokens: s.hitTokens})
+				}
+				if s.generated >= s.req.OutputLen {
+					e.freeBlocks(s)
+					r.Finished = append(r.Finished, s.req)
+					continue
+				}
+			}
+		}
+		kept = append(kept, s)
+	}
+	clear(e.running[len(kept):])
+	e.running = kept
+	if len(e.evs) > 0 {
+		e.batch.Timestamp = now.Seconds()
+		e.batch.Events = e.evs
+		r.Batch = &e.batch
+	}
+	return r
+}
+
+// CachedBlocks is the number of distinct block hashes the engine has
+// cached (what kvindex should hold for it once every event is applied).
+func (e *Engine) CachedBlocks() int { return e.p.cached.len() }

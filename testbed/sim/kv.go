@@ -1,0 +1,150 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
+	"github.com/kvindex/kvindex/testbed/sim/router"
+)
+
+// localKV is kvindex in process for the precise routers: it calls the
+// scoring.Scorer the gRPC server answers with, without protobuf. It is
+// used by one router goroutine at a time.
+type localKV struct {
+	s      *scoring.Scorer
+	req    scoring.Request
+	res    scoring.Result
+	loads  []scoring.RequestLoad
+	pol    scoring.Policy
+	polFor *scoring.Override // the override pol was built from
+}
+
+// request fills k.req from q.
+func (k *localKV) request(q *router.Query) error {
+	m, ok := k.s.Index().Model(q.Model)
+	if !ok {
+		return fmt.Errorf("sim: kvindex: unknown model %q", q.Model)
+	}
+	k.req = scoring.Request{Model: m, Tokens: q.Tokens}
+	k.loads = k.loads[:0]
+	for _, l := range q.Loads {
+		k.loads = append(k.loads, scoring.RequestLoad{Worker: events.WorkerRef{Pod: l.Pod}, Running: l.Running, Waiting: l.Waiting, KVUsage: l.KVUsage})
+	}
+	k.req.Loads = k.loads
+	if q.Policy != nil {
+		if q.Policy != k.polFor {
+			pol, err := q.Policy.Apply(k.s.Policy())
+			if err != nil {
+				return fmt.Errorf("sim: kvindex: policy.%w", err)
+			}
+			k.pol, k.polFor = pol, q.Policy
+		}
+		k.req.Policy = &k.pol
+		k.req.All = true
+	}
+	return nil
+}
+
+// Score implements router.KV.
+func (k *localKV) Score(_ context.Context, q *router.Query, visit func(string, int)) error {
+	if err := k.request(q); err != nil {
+		return err
+	}
+	if err := k.s.Score(&k.req, &k.res); err != nil {
+		return err
+	}
+	bs := k.res.Model.BlockSize
+	for i := range k.res.Ranked {
+		c := &k.res.Ranked[i]
+		visit(c.Ref.Pod, c.Match.Blocks*bs)
+	}
+	return nil
+}
+
+// Route implements router.KV.
+func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, error) {
+	if err := k.request(q); err != nil {
+		return "", err
+	}
+	i, err := k.s.Route(id, "", &k.req, nil, &k.res)
+	if err != nil {
+		return "", err
+	}
+	return k.res.Ranked[i].Ref.Pod, nil
+}
+
+// Release implements router.KV.
+func (k *localKV) Release(_ context.Context, id string) error {
+	_, err := k.s.Release(id, "")
+	return err
+}
+
+// grpcKV is kvindex over gRPC for the precise routers (live mode): the
+// calls a router in another process makes, through api.Client.
+type grpcKV struct {
+	c     *api.Client
+	refs  []kvindexv1.WorkerRef
+	wl    []kvindexv1.WorkerLoad
+	loads []*kvindexv1.WorkerLoad
+}
+
+// scoreRequest converts q (loads and policy included when set).
+func (g *grpcKV) scoreRequest(q *router.Query) *kvindexv1.ScoreRequest {
+	req := &kvindexv1.ScoreRequest{Model: q.Model, TokenIds: q.Tokens}
+	if len(q.Loads) > 0 {
+		for len(g.wl) < len(q.Loads) {
+			g.refs = append(g.refs, kvindexv1.WorkerRef{})
+			g.wl = append(g.wl, kvindexv1.WorkerLoad{})
+		}
+		g.loads = g.loads[:0]
+		for i, l := range q.Loads {
+			g.refs[i].Pod = l.Pod
+			g.wl[i] = kvindexv1.WorkerLoad{Worker: &g.refs[i], Running: l.Running, Waiting: l.Waiting, KvCacheUsage: l.KVUsage}
+			g.loads = append(g.loads, &g.wl[i])
+		}
+		req.Loads = g.loads
+	}
+	if p := q.Policy; p != nil {
+		req.Policy = &kvindexv1.ScorePolicy{Name: p.Name, Guard: p.Guard, LoadWeight: p.LoadWeight, StaticK: p.StaticK,
+			GpuWeight: p.GPUWeight, CpuWeight: p.CPUWeight, StorageWeight: p.StorageWeight}
+	}
+	return req
+}
+
+// Score implements router.KV over gRPC.
+func (g *grpcKV) Score(ctx context.Context, q *router.Query, visit func(string, int)) error {
+	resp, err := g.c.Score(ctx, g.scoreRequest(q))
+	if err != nil {
+		return err
+	}
+	for _, ws := range resp.GetWorkers() {
+		visit(ws.GetWorker().GetPod(), int(ws.GetMatchedTokens()))
+	}
+	return nil
+}
+
+// Route implements router.KV over gRPC; a server without Route answers
+// Unimplemented, reported as router.ErrRouteUnimplemented.
+func (g *grpcKV) Route(ctx context.Context, id string, q *router.Query) (string, error) {
+	resp, err := g.c.Route(ctx, &kvindexv1.RouteRequest{Score: g.scoreRequest(q), RequestId: id})
+	if status.Code(err) == codes.Unimplemented {
+		return "", fmt.Errorf("%w: %v", router.ErrRouteUnimplemented, err)
+	}
+	if err != nil {
+		return "", err
+	}
+	return resp.GetChosen().GetPod(), nil
+}
+
+// Release implements router.KV over gRPC.
+func (g *grpcKV) Release(ctx context.Context, id string) error {
+	_, err := g.c.Release(ctx, id)
+	return err
+}

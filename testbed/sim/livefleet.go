@@ -1,0 +1,188 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/daemon"
+	kvfleet "github.com/kvindex/kvindex/fleet"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// fleetRig is live mode's fleet shape: an embedded NATS server
+// (nats-server/v2, JetStream on, in a temporary directory), one kvindex
+// agent per simulated engine subscribed to it over ZeroMQ, and several
+// kvindex serve replicas that know no engine and follow the agents over
+// NATS; the routers ask the replicas over gRPC, in turn.
+type fleetRig struct {
+	ns       *server.Server
+	dir      string
+	conns    []*nats.Conn
+	replicas []*daemon.Daemon
+	addrs    []string
+	cancel   context.CancelFunc
+	done     chan error
+	parts    int
+}
+
+// startFleetRig starts NATS, an agent per pod of fleets and n replicas.
+func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet, n int) (r *fleetRig, err error) {
+	r = &fleetRig{done: make(chan error, 64)}
+	defer func() {
+		if err != nil {
+			r.stop()
+		}
+	}()
+	if r.dir, err = os.MkdirTemp("", "kvsim-nats-"); err != nil {
+		return nil, fmt.Errorf("sim: fleet: %w", err)
+	}
+	r.ns, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: r.dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return nil, fmt.Errorf("sim: fleet: NATS server: %w", err)
+	}
+	go r.ns.Start()
+	if !r.ns.ReadyForConnections(10 * time.Second) {
+		return nil, errors.New("sim: fleet: NATS server not ready in 10 s")
+	}
+	nats := config.NATS{URL: r.ns.ClientURL()}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	log := o.Logger
+	if !lo.DaemonLog {
+		log = nil
+	}
+	for _, f := range fleets {
+		for i, pod := range f.pods {
+			cfg := &config.Config{MetricsListen: config.MetricsOff, NATS: nats,
+				Models: []config.Model{{Name: f.model, BlockSize: o.Engine.BlockSize}},
+				Pods:   []config.Pod{{Name: pod, Model: f.model, Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i])}}}
+			cfg.Agent.Pod = pod
+			cfg.SetDefaults()
+			if err := cfg.Validate(); err != nil {
+				return nil, fmt.Errorf("sim: fleet: agent %s: %w", pod, err)
+			}
+			nc, err := kvfleet.Connect(nats, "kvsim agent "+pod, log)
+			if err != nil {
+				return nil, err
+			}
+			r.conns = append(r.conns, nc)
+			a, err := kvfleet.NewAgent(ctx, cfg, nc, log)
+			if err != nil {
+				return nil, fmt.Errorf("sim: fleet: agent %s: %w", pod, err)
+			}
+			r.parts++
+			go func() { r.done <- a.Run(ctx) }()
+		}
+	}
+	for range n {
+		cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: config.MetricsOff, NATS: nats}
+		cfg.SetDefaults()
+		d, err := daemon.New(cfg, log)
+		if err != nil {
+			return nil, fmt.Errorf("sim: fleet: replica: %w", err)
+		}
+		r.replicas = append(r.replicas, d)
+		r.addrs = append(r.addrs, d.GRPCAddr())
+		r.parts++
+		go func() { r.done <- d.Run(ctx) }()
+	}
+	return r, nil
+}
+
+// waitDiscovered waits until every replica lists every pod of fleets.
+func (r *fleetRig) waitDiscovered(ctx context.Context, clients []*api.Client, fleets []liveFleet) error {
+	var want []string
+	for _, f := range fleets {
+		want = append(want, f.pods...)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for i, c := range clients {
+		for {
+			resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{})
+			if err != nil {
+				return fmt.Errorf("sim: fleet: replica %d: %w", i, err)
+			}
+			var got []string
+			for _, ws := range resp.GetWorkers() {
+				if ws.GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
+					got = append(got, ws.GetWorker().GetPod())
+				}
+			}
+			if missing := slices.DeleteFunc(slices.Clone(want), func(p string) bool { return slices.Contains(got, p) }); len(missing) == 0 {
+				break
+			} else if time.Now().After(deadline) {
+				return fmt.Errorf("sim: fleet: replica %d has not synced %v in 15 s", i, missing)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// stop ends everything and removes the NATS store.
+func (r *fleetRig) stop() {
+	if r.cancel != nil {
+		r.cancel()
+		for range r.parts {
+			<-r.done
+		}
+	}
+	for _, nc := range r.conns {
+		nc.Close()
+	}
+	if r.ns != nil {
+		r.ns.Shutdown()
+		r.ns.WaitForShutdown()
+	}
+	if r.dir != "" {
+		_ = os.RemoveAll(r.dir)
+	}
+}
+
+// checkFleet waits (up to 10 s) until every replica holds, for each of the
+// fleet's engines, what the engine caches and the same digest as every
+// other replica, then counts what differs.
+func checkFleet(ctx context.Context, clients []*api.Client, lf liveFleet, f *fleet) (int64, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var problems int64
+		digests := map[string]uint64{}
+		for _, c := range clients {
+			resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: lf.model, Digests: true})
+			if err != nil {
+				return 0, fmt.Errorf("sim: live: %w", err)
+			}
+			seen := 0
+			for _, ws := range resp.GetWorkers() {
+				pod := ws.GetWorker().GetPod()
+				i := slices.Index(lf.pods, pod)
+				if i < 0 {
+					continue
+				}
+				seen++
+				problems += int64(ws.GetGaps() + ws.GetDecodeErrors() + ws.GetApplyErrors() + ws.GetOrphans() + ws.GetUnknownBlocks())
+				if int64(ws.GetResidentBlocks()) != int64(f.engines[i].CachedBlocks()) {
+					problems++
+				}
+				if d, ok := digests[pod]; ok && d != ws.GetDigest() {
+					problems++
+				}
+				digests[pod] = ws.GetDigest()
+			}
+			problems += int64(len(lf.pods) - seen)
+		}
+		if problems == 0 || time.Now().After(deadline) {
+			return problems, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,234 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/sim/metrics"
+	"github.com/kvindex/kvindex/testbed/sim/router"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// evKind is the kind of a scheduled simulation event.
+type evKind uint8
+
+const (
+	// evStepEnd: an engine's step ends.
+	evStepEnd evKind = iota
+	// evDeliver: a lagged event batch reaches the index.
+	evDeliver
+)
+
+// simEvent is one scheduled event; seq orders events of equal time by
+// scheduling order, so runs are deterministic.
+type simEvent struct {
+	t       time.Duration
+	seq     uint64
+	kind    evKind
+	engine  int32
+	payload []byte
+}
+
+// eventHeap is a binary min-heap of events by (t, seq).
+type eventHeap []simEvent
+
+func (h eventHeap) less(i, j int) bool {
+	return h[i].t < h[j].t || (h[i].t == h[j].t && h[i].seq < h[j].seq)
+}
+
+func (h *eventHeap) push(e simEvent) {
+	*h = append(*h, e)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !s.less(i, p) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h *eventHeap) pop() simEvent {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s[last] = simEvent{}
+	s = s[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(s) && s.less(l, m) {
+			m = l
+		}
+		if r < len(s) && s.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
+}
+
+// loop runs one router's fleet over a workload: the discrete-event
+// simulation shared by virtual and live mode.
+type loop struct {
+	w      *workload.Workload
+	o      *Options
+	router router.Router
+	fleet  *fleet
+	rec    *metrics.Recorder
+	heap   eventHeap
+	seq    uint64
+
+	// publish hands an engine's step batch to kvindex at virtual time now;
+	// nil when the router needs no index.
+	publish func(engine int, b *events.Batch, now time.Duration) error
+	// wait blocks until virtual time t is due (live mode); nil in virtual
+	// mode, where time jumps.
+	wait func(ctx context.Context, t time.Duration) error
+	// deliver applies a lagged payload (virtual mode).
+	deliver func(engine int, payload []byte)
+	// clock is the wall clock in virtual time (live mode; nil in virtual
+	// mode): a request reaches its engine as long after its arrival as
+	// the router's call took on the wall clock, so the router's latency
+	// (a gRPC round trip, kvindex's ranking) is part of its TTFT, as it
+	// is in production.
+	clock func() time.Duration
+
+	content []uint64
+	rreq    router.Request
+	// now is the virtual time of the event being processed; kvindex's
+	// tracker reads it as its clock in virtual mode.
+	now time.Duration
+}
+
+func (l *loop) schedule(e simEvent) {
+	e.seq = l.seq
+	l.seq++
+	l.heap.push(e)
+}
+
+// run simulates every request to completion.
+func (l *loop) run(ctx context.Context) error {
+	reqs := l.w.Requests
+	next := 0
+	bs := l.o.Engine.BlockSize
+	for next < len(reqs) || len(l.heap) > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("sim: %s: %w", l.router.Name(), err)
+		}
+		arrival := next < len(reqs) && (len(l.heap) == 0 || reqs[next].Arrival < l.heap[0].t)
+		var t time.Duration
+		if arrival {
+			t = reqs[next].Arrival
+		} else {
+			t = l.heap[0].t
+		}
+		if l.wait != nil {
+			if err := l.wait(ctx, t); err != nil {
+				return err
+			}
+		}
+		l.now = max(l.now, t)
+		now := l.now
+		if arrival {
+			if err := l.arrive(ctx, &reqs[next], now, bs); err != nil {
+				return err
+			}
+			next++
+			continue
+		}
+		ev := l.heap.pop()
+		switch ev.kind {
+		case evDeliver:
+			l.deliver(int(ev.engine), ev.payload)
+		case evStepEnd:
+			if err := l.stepEnd(ctx, int(ev.engine), now); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Duration, bs int) error {
+	l.rec.Arrived(req.ID, now)
+	l.content = req.AppendBlockContent(l.content[:0], bs, req.OutputSegment(l.o.Seed))
+	l.rreq = router.Request{Request: req, Content: l.content, PromptBlocks: req.PromptLen / bs, Now: now}
+	var asked time.Duration
+	if l.clock != nil {
+		asked = l.clock()
+	}
+	i, err := l.router.Route(ctx, &l.rreq)
+	if err != nil {
+		return err
+	}
+	if l.clock != nil {
+		// Only the call is charged, not the loop's own lateness in
+		// reaching the arrival (a simulator artefact).
+		d := max(l.clock()-asked, 0)
+		l.rec.RouteDelay(d)
+		now += d
+		l.now = max(l.now, now)
+	}
+	if i < 0 || i >= len(l.fleet.engines) {
+		return fmt.Errorf("sim: %s routed request %d to engine %d of %d", l.router.Name(), req.ID, i, len(l.fleet.engines))
+	}
+	e := l.fleet.engines[i]
+	if !e.Submit(req, l.content) {
+		l.rec.Rejected(req.ID)
+		return l.router.PrefillDone(ctx, req, i)
+	}
+	l.rec.Routed(i)
+	if !e.InStep() {
+		return l.startStep(i, now)
+	}
+	return nil
+}
+
+func (l *loop) startStep(i int, now time.Duration) error {
+	e := l.fleet.engines[i]
+	d, ok := e.StartStep(now)
+	if !ok {
+		if !e.Idle() {
+			return fmt.Errorf("sim: engine %d has queued requests but could not schedule a step", i)
+		}
+		return nil
+	}
+	l.schedule(simEvent{t: now + d, kind: evStepEnd, engine: int32(i)})
+	return nil
+}
+
+func (l *loop) stepEnd(ctx context.Context, i int, now time.Duration) error {
+	res := l.fleet.engines[i].FinishStep(now)
+	if res.Batch != nil && l.publish != nil {
+		if err := l.publish(i, res.Batch, now); err != nil {
+			return err
+		}
+	}
+	for _, ft := range res.FirstTokens {
+		l.rec.FirstToken(ft.Req.ID, now, ft.Req.PromptLen, ft.CachedTokens)
+		if err := l.router.PrefillDone(ctx, ft.Req, i); err != nil {
+			return err
+		}
+	}
+	for _, r := range res.Finished {
+		l.rec.Finished(r.ID, now, r.OutputLen)
+	}
+	return l.startStep(i, now)
+}
+
+// result reduces the run's record.
+func (l *loop) result() metrics.Result {
+	prefill, busy, pre := l.fleet.totals()
+	res := l.rec.Result(l.router.Name(), prefill, busy, pre)
+	res.Note = l.router.Note()
+	return res
+}

@@ -1,0 +1,344 @@
+package sim
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvindex/kvindex/testbed/sim/chart"
+	"github.com/kvindex/kvindex/testbed/sim/metrics"
+	"github.com/kvindex/kvindex/testbed/sim/router"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// Describe is a one-line description of a run's setup for reports.
+func Describe(w *workload.Workload, o Options) string {
+	o, _ = o.withDefaults(w.Engines)
+	st := w.Stats()
+	return fmt.Sprintf("%s: %d requests, %s prompt tokens, %s output tokens over %s; %d engines x %d blocks of %d tokens",
+		w.Name, st.Requests, human(float64(st.PromptTokens)), human(float64(st.OutputTokens)), st.Duration.Round(time.Second),
+		o.Engines, o.Engine.CacheBlocks, o.Engine.BlockSize)
+}
+
+// WriteTable prints one row per router, and when b is not nil each
+// router's cached tokens as a fraction of the hit-rate bound and a last
+// row with the bounds (see Bounds).
+func WriteTable(w io.Writer, results []metrics.Result, b *Bounds) error {
+	return writeTable(w, results, b, "")
+}
+
+// writeTable is WriteTable with a note on what agreed (fleet mode: on
+// every replica, with equal digests).
+func writeTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote string) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "router\thit tok\tof bound\thit req\tprefill tok\tTTFT p50\tp90\tp99\treq/s\tout tok/s\tskew\treq skew\tpreempt\trejected\twall\t")
+	var notes []string
+	for i := range results {
+		r := &results[i]
+		name := r.Router
+		if r.Note != "" {
+			notes = append(notes, fmt.Sprintf("[%d] %s: %s", len(notes)+1, r.Router, r.Note))
+			name += fmt.Sprintf(" [%d]", len(notes))
+		}
+		if r.IndexProblems > 0 {
+			notes = append(notes, fmt.Sprintf("[%d] %s: kvindex could not apply %d events exactly", len(notes)+1, r.Router, r.IndexProblems))
+			name += fmt.Sprintf(" [%d]", len(notes))
+		}
+		ofBound := "-"
+		if b != nil && b.CachedTokens > 0 {
+			ofBound = pct(b.OfBound(r))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%d\t%d\t%s\t\n", name,
+			pct(r.TokenHitRate()), ofBound, pct(r.RequestHitRate()), human(float64(r.PrefillTokens)),
+			secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), r.Throughput, human(r.OutputTokensPerSec),
+			r.LoadSkew, r.RequestSkew, r.Preemptions, r.Rejected, r.Wall.Round(10*time.Millisecond))
+	}
+	if b != nil {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t-\t%s\t%s\t%s\t%s\t-\t-\t-\t-\t-\t-\t-\t\n", "bound",
+			pct(b.TokenHitRate()), "100.0%", human(float64(b.PromptTokens-b.CachedTokens)),
+			secs(b.TTFTP50), secs(b.TTFTP90), secs(b.TTFTP99))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+	var agreed []string
+	for i := range results {
+		if results[i].IndexProblems == 0 {
+			agreed = append(agreed, results[i].Router)
+		}
+	}
+	var charged []string
+	for i := range results {
+		if r := &results[i]; r.RouteDelayP99 > 0 {
+			charged = append(charged, fmt.Sprintf("%s mean %v, p99 %v", r.Router, r.RouteDelayMean.Round(time.Microsecond), r.RouteDelayP99.Round(time.Microsecond)))
+		}
+	}
+	if len(charged) > 0 {
+		fmt.Fprintf(w, "router latency charged to TTFT (wall clock, in virtual time): %s\n", strings.Join(charged, "; "))
+	}
+	if b != nil {
+		fmt.Fprintln(w, "bound: hit tok with an infinite cache (each prompt's longest prefix some earlier request held); TTFT = own uncached prefill alone on an idle engine, no queueing")
+	}
+	if len(agreed) > 0 {
+		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each worker's resident blocks equal its engine's cache%s\n", strings.Join(agreed, ", "), agreeNote)
+	}
+	return nil
+}
+
+// WriteSweepTable prints token hit rate per cache size (rows) and router
+// (columns), with the hit-rate bound when the points have it, then each
+// router's cached tokens as a fraction of that bound.
+func WriteSweepTable(w io.Writer, points []SweepPoint) error {
+	if len(points) == 0 {
+		return nil
+	}
+	withBound := points[0].Bounds != nil
+	header := func(tw io.Writer) {
+		fmt.Fprint(tw, "blocks/engine\t")
+		for _, r := range points[0].Results {
+			fmt.Fprintf(tw, "%s\t", r.Router)
+		}
+		if withBound {
+			fmt.Fprint(tw, "bound\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	header(tw)
+	rejected := false
+	for _, p := range points {
+		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
+		for i := range p.Results {
+			fmt.Fprintf(tw, "%s\t", sweepCell(&p.Results[i]))
+			rejected = rejected || p.Results[i].Rejected > 0
+		}
+		if withBound {
+			fmt.Fprintf(tw, "%s\t", pct(p.Bounds.TokenHitRate()))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rejected {
+		fmt.Fprintln(w, "(n rej): n requests could never fit an engine's cache and were rejected; the hit rate is over the rest; \"all rejected\": none ran")
+	}
+	if !withBound {
+		return nil
+	}
+	fmt.Fprintln(w, "\nCached tokens as a fraction of the bound (an infinite cache):")
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	header(tw)
+	for _, p := range points {
+		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
+		for i := range p.Results {
+			fmt.Fprintf(tw, "%s\t", pct(p.Bounds.OfBound(&p.Results[i])))
+		}
+		fmt.Fprintf(tw, "%s\t\n", pct(1))
+	}
+	return tw.Flush()
+}
+
+// sweepCell is one sweep table cell: the token hit rate, and the requests
+// rejected when any were (a run where every request was rejected has no
+// hit rate, not 0%).
+func sweepCell(r *metrics.Result) string {
+	switch {
+	case r.Rejected == 0:
+		return pct(r.TokenHitRate())
+	case r.Scheduled == 0:
+		return fmt.Sprintf("all rejected (%d)", r.Rejected)
+	}
+	return fmt.Sprintf("%s (%d rej)", pct(r.TokenHitRate()), r.Rejected)
+}
+
+// WriteCSV writes results.csv (one row per router, then a "bound" row
+// when b is not nil) into dir.
+func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
+	rows := [][]string{{"router", "requests", "scheduled", "completed", "rejected", "prompt_tokens", "cached_tokens", "token_hit_rate", "hit_of_bound",
+		"request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "makespan_s", "throughput_rps",
+		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "wall_s", "note"}}
+	for i := range results {
+		r := &results[i]
+		rows = append(rows, []string{r.Router, itoa(r.Requests), itoa(r.Scheduled), itoa(r.Completed), itoa(r.Rejected),
+			i64(r.PromptTokens), i64(r.CachedTokens), fl(r.TokenHitRate()), fl(b.OfBound(r)), fl(r.RequestHitRate()), i64(r.PrefillTokens),
+			fl(r.TTFTP50.Seconds()), fl(r.TTFTP90.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.TTFTMean.Seconds()), fl(r.Makespan.Seconds()),
+			fl(r.Throughput), fl(r.OutputTokensPerSec), fl(r.LoadSkew), fl(r.RequestSkew), itoa(r.Preemptions), i64(r.IndexProblems),
+			fl(r.Wall.Seconds()), r.Note})
+	}
+	if b != nil {
+		rows = append(rows, []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
+			fl(b.TokenHitRate()), "1", "", i64(b.PromptTokens - b.CachedTokens), fl(b.TTFTP50.Seconds()), fl(b.TTFTP90.Seconds()),
+			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing"})
+	}
+	return writeCSV(filepath.Join(dir, "results.csv"), rows)
+}
+
+// WriteCDFCSV writes ttft_cdf.csv: each router's TTFT at every percentile
+// 1..100 (nearest rank).
+func WriteCDFCSV(dir string, results []metrics.Result) error {
+	rows := [][]string{{"router", "percentile", "ttft_s"}}
+	for i := range results {
+		for p := 1; p <= 100; p++ {
+			rows = append(rows, []string{results[i].Router, itoa(p), fl(metrics.Percentile(results[i].TTFT, float64(p)).Seconds())})
+		}
+	}
+	return writeCSV(filepath.Join(dir, "ttft_cdf.csv"), rows)
+}
+
+// WriteSweepCSV writes sweep.csv: one row per cache size and router.
+func WriteSweepCSV(dir string, points []SweepPoint) error {
+	rows := [][]string{{"cache_blocks", "router", "token_hit_rate", "hit_of_bound", "bound_hit_rate", "request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p99_s", "load_skew", "rejected"}}
+	for _, p := range points {
+		for i := range p.Results {
+			r := &p.Results[i]
+			rows = append(rows, []string{itoa(p.CacheBlocks), r.Router, fl(r.TokenHitRate()), fl(p.Bounds.OfBound(r)), fl(p.Bounds.TokenHitRate()), fl(r.RequestHitRate()), i64(r.PrefillTokens),
+				fl(r.TTFTP50.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.LoadSkew), itoa(r.Rejected)})
+		}
+	}
+	return writeCSV(filepath.Join(dir, "sweep.csv"), rows)
+}
+
+func writeCSV(path string, rows [][]string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	cw := csv.NewWriter(f)
+	if err := cw.WriteAll(rows); err != nil {
+		f.Close()
+		return fmt.Errorf("sim: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sim: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteCharts writes ttft_cdf.svg and hit_ttft.svg for results into dir,
+// prefixing file names with prefix.
+func WriteCharts(dir, prefix, subtitle string, results []metrics.Result) error {
+	cdf := chart.LineChart{
+		Title:    "Time to first token, CDF per router",
+		Subtitle: subtitle,
+		X:        chart.Axis{Label: "TTFT (seconds, log scale)", Log: true},
+		Y:        chart.Axis{Label: "fraction of requests", Min: 0, Max: 1},
+	}
+	for i := range results {
+		r := &results[i]
+		s := chart.Series{Name: r.Router, Dashed: r.Router == router.TTFTGreedy}
+		for p := 1; p <= 1000; p++ {
+			v := metrics.Percentile(r.TTFT, float64(p)/10).Seconds()
+			s.Points = append(s.Points, chart.Point{X: math.Max(v, 1e-3), Y: float64(p) / 1000})
+		}
+		cdf.Series = append(cdf.Series, s)
+	}
+	if err := writeSVG(filepath.Join(dir, prefix+"ttft_cdf.svg"), cdf.WriteSVG); err != nil {
+		return err
+	}
+	bars := chart.BarChart{
+		Title:    "Token hit rate and TTFT p99 per router",
+		Subtitle: subtitle,
+		Series:   []string{"token hit rate (%)", "TTFT p99 (s)"},
+		Values:   [][]float64{make([]float64, len(results)), make([]float64, len(results))},
+		Labels:   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
+		Width:    900,
+	}
+	for i := range results {
+		bars.Categories = append(bars.Categories, results[i].Router)
+		bars.Values[0][i] = 100 * results[i].TokenHitRate()
+		bars.Values[1][i] = results[i].TTFTP99.Seconds()
+	}
+	return writeSVG(filepath.Join(dir, prefix+"hit_p99.svg"), bars.WriteSVG)
+}
+
+// WriteSweepChart writes hit_vs_cache.svg into dir.
+func WriteSweepChart(dir, prefix, subtitle string, points []SweepPoint) error {
+	if len(points) == 0 {
+		return nil
+	}
+	c := chart.LineChart{
+		Title:    "Token hit rate against cache size",
+		Subtitle: subtitle,
+		X:        chart.Axis{Label: "KV cache per engine (blocks, log scale)", Log: true},
+		Y:        chart.Axis{Label: "token hit rate (%)", Min: 0},
+	}
+	top := 0.0
+	for ri := range points[0].Results {
+		s := chart.Series{Name: points[0].Results[ri].Router, Markers: true, Dashed: points[0].Results[ri].Router == router.TTFTGreedy}
+		for _, p := range points {
+			v := 100 * p.Results[ri].TokenHitRate()
+			top = math.Max(top, v)
+			s.Points = append(s.Points, chart.Point{X: float64(p.CacheBlocks), Y: v})
+		}
+		c.Series = append(c.Series, s)
+	}
+	c.Y.Max = math.Ceil(top/10) * 10
+	if c.Y.Max == 0 {
+		c.Y.Max = 10
+	}
+	return writeSVG(filepath.Join(dir, prefix+"hit_vs_cache.svg"), c.WriteSVG)
+}
+
+func writeSVG(path string, write func(io.Writer) error) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("sim: chart %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sim: chart %s: %w", path, err)
+	}
+	return nil
+}
+
+func pct(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" }
+
+func secs(d time.Duration) string {
+	s := d.Seconds()
+	switch {
+	case s >= 100:
+		return strconv.FormatFloat(s, 'f', 0, 64) + "s"
+	case s >= 10:
+		return strconv.FormatFloat(s, 'f', 1, 64) + "s"
+	}
+	return strconv.FormatFloat(s, 'f', 2, 64) + "s"
+}
+
+func human(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 1e9:
+		return strconv.FormatFloat(v/1e9, 'f', 2, 64) + "G"
+	case a >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'f', 1, 64) + "M"
+	case a >= 1e4:
+		return strconv.FormatFloat(v/1e3, 'f', 0, 64) + "k"
+	case a >= 1e3:
+		return strconv.FormatFloat(v/1e3, 'f', 1, 64) + "k"
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
+}
+
+func itoa(n int) string   { return strconv.Itoa(n) }
+func i64(n int64) string  { return strconv.FormatInt(n, 10) }
+func fl(f float64) string { return strconv.FormatFloat(f, 'g', 6, 64) }

@@ -1,0 +1,147 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/sim/metrics"
+	"github.com/kvindex/kvindex/testbed/sim/router"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// Simulate replays w through a fresh fleet per router in virtual time and
+// returns one result per router, in o.Routers order. Routers run in
+// parallel (o.Parallel at once); each sees the same arrivals.
+func Simulate(ctx context.Context, w *workload.Workload, o Options) ([]metrics.Result, error) {
+	o, err := o.withDefaults(w.Engines)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Validate(); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	type job struct {
+		i    int
+		name string
+		o    Options
+	}
+	var jobs []job
+	for i, name := range o.Routers {
+		jobs = append(jobs, job{i: i, name: name, o: o})
+	}
+	out := make([]metrics.Result, len(jobs))
+	err = runJobs(ctx, o.Parallel, len(jobs), func(ctx context.Context, k int) error {
+		j := jobs[k]
+		res, err := simulateOne(ctx, w, &j.o, j.name)
+		if err != nil {
+			return err
+		}
+		out[j.i] = res
+		o.Logger.Info("simulated", "router", j.name, "workload", w.Name, "cache_blocks", j.o.Engine.CacheBlocks,
+			"wall", res.Wall.Round(time.Millisecond), "hit_rate", fmt.Sprintf("%.3f", res.TokenHitRate()))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// runJobs runs n jobs, at most par at once, and returns the first error
+// (cancelling the others).
+func runJobs(ctx context.Context, par, n int, fn func(ctx context.Context, k int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sem := make(chan struct{}, max(1, par))
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for k := range n {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := fn(ctx, k); err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+// simulateOne runs one router in virtual time.
+func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name string) (metrics.Result, error) {
+	start := time.Now()
+	needsIndex := router.NeedsIndex(name)
+	f, err := newFleet(o, needsIndex)
+	if err != nil {
+		return metrics.Result{}, err
+	}
+	l := &loop{w: w, o: o, fleet: f, rec: metrics.NewRecorder(o.Engines)}
+	rcfg := router.Config{
+		Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
+		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed,
+	}
+	var p *pipeline
+	if needsIndex {
+		if p, err = newPipeline(o, func() time.Duration { return l.now }); err != nil {
+			return metrics.Result{}, err
+		}
+		rcfg.KV = &localKV{s: p.scorer}
+		for i := range o.Engines {
+			rcfg.Names = append(rcfg.Names, podName(i))
+		}
+		lag := o.EventLag
+		l.deliver = p.apply
+		l.publish = func(i int, b *events.Batch, now time.Duration) error {
+			payload, err := p.encode(b, lag > 0)
+			if err != nil {
+				return fmt.Errorf("sim: engine %d: %w", i, err)
+			}
+			if lag == 0 {
+				p.apply(i, payload)
+				return nil
+			}
+			l.schedule(simEvent{t: now + lag, kind: evDeliver, engine: int32(i), payload: payload})
+			return nil
+		}
+	}
+	if l.router, err = router.New(name, rcfg); err != nil {
+		return metrics.Result{}, fmt.Errorf("sim: %w", err)
+	}
+	if err := l.run(ctx); err != nil {
+		return metrics.Result{}, err
+	}
+	res := l.result()
+	res.IndexProblems = -1
+	if p != nil {
+		n, perr := p.problems(f)
+		res.IndexProblems = n
+		if perr != nil {
+			o.Logger.Warn("kvindex disagreed with the engines", "router", name, "problems", n, "first", perr)
+		}
+	}
+	res.Wall = time.Since(start)
+	return res, nil
+}

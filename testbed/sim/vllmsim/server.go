@@ -1,0 +1,432 @@
+package vllmsim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvindex/kvindex/testbed/enginepub"
+	"github.com/kvindex/kvindex/testbed/sim/engine"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+	"github.com/kvindex/kvindex/tokenize"
+	"github.com/kvindex/kvindex/tokenize/standin"
+)
+
+// Config sets up a Server.
+type Config struct {
+	// Model is the served model name (vLLM's --served-model-name).
+	Model string
+	// Pod names the engine in its topic, kv@<pod>@<model>.
+	Pod string
+	// Publish is the KV event PUB endpoint, e.g. tcp://*:5557.
+	Publish string
+	// Replay is the replay ROUTER endpoint, e.g. tcp://*:5567 ("": none).
+	Replay string
+	// BufferSteps is how many batches replay can serve (0: 10,000).
+	BufferSteps int
+	// HTTPListen is the API and /metrics address, e.g. :8000.
+	HTTPListen string
+	// Engine is the simulated engine (block size, cache, time model).
+	Engine engine.Config
+	// MaxTokens caps a request's max_tokens (default 4096).
+	MaxTokens int
+	// Logger receives the server's logs (nil: discarded).
+	Logger *slog.Logger
+}
+
+// Server is one simulated vLLM engine with its event publisher, metrics
+// and OpenAI-compatible API.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	pub  *enginepub.Publisher
+	lis  net.Listener
+	http *http.Server
+	reg  *prometheus.Registry
+	tok  *standin.Handler // /tokenize and the render endpoints
+	work chan struct{}    // a request was submitted
+	t0   time.Time
+
+	mu      sync.Mutex // guards eng, waiters, nextID and the counters below
+	eng     *engine.Engine
+	waiters map[*workload.Request]*waiter
+	nextID  int
+	// counters, exported under vLLM's names
+	queries, hits, promptToks, genToks, success, rejected int64
+}
+
+// waiter is a request's caller, waiting for its last token.
+type waiter struct {
+	done   chan struct{}
+	cached int
+}
+
+// ErrBadRequest is wrapped by errors about a request the API refuses.
+var ErrBadRequest = errors.New("vllmsim: bad request")
+
+// New binds the event sockets and the HTTP listener. Nothing is served
+// until Run.
+func New(cfg Config) (*Server, error) {
+	if cfg.Model == "" || cfg.Pod == "" || cfg.Publish == "" {
+		return nil, errors.New("vllmsim: model, pod and publish endpoint are required")
+	}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = 4096
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Engine.Events = true
+	eng, err := engine.New(0, cfg.Engine)
+	if err != nil {
+		return nil, fmt.Errorf("vllmsim: %w", err)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, eng: eng, waiters: map[*workload.Request]*waiter{}, work: make(chan struct{}, 1), t0: time.Now()}
+	s.cfg.Engine = eng.Config()
+	s.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{
+		Endpoint: cfg.Publish, Topic: "kv@" + cfg.Pod + "@" + cfg.Model, Bind: true,
+		ReplayEndpoint: cfg.Replay, BufferSteps: cfg.BufferSteps,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vllmsim: event publisher at %s: %w", cfg.Publish, err)
+	}
+	if s.lis, err = net.Listen("tcp", cfg.HTTPListen); err != nil {
+		s.pub.Close()
+		return nil, fmt.Errorf("vllmsim: listen on %s: %w", cfg.HTTPListen, err)
+	}
+	s.reg = prometheus.NewRegistry()
+	s.registerMetrics()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	mux.HandleFunc("GET /v1/models", s.models)
+	// vLLM's tokenizing endpoints, with the ids the engine's events carry.
+	s.tok = &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
+	for _, path := range []string{tokenize.TokenizePath, tokenize.RenderChatPath, tokenize.RenderCompletionPath} {
+		mux.Handle("POST "+path, s.tok)
+	}
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return s, nil
+}
+
+// Addr is the HTTP listener's address.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Tokenizer is the engine's /tokenize and render endpoints' handler, for
+// its counters.
+func (s *Server) Tokenizer() *standin.Handler { return s.tok }
+
+// Run serves until ctx is done, then closes the sockets.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.pub.Close()
+	errc := make(chan error, 1)
+	go func() {
+		if err := s.http.Serve(s.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("vllmsim: serve: %w", err)
+		}
+	}()
+	s.log.Info("simulated vLLM engine serving", "model", s.cfg.Model, "pod", s.cfg.Pod, "http", s.Addr(), "events", s.cfg.Publish, "replay", s.cfg.Replay,
+		"block_size", s.cfg.Engine.BlockSize, "cache_blocks", s.cfg.Engine.CacheBlocks)
+	loopDone := make(chan struct{})
+	go func() { defer close(loopDone); s.loop(ctx) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = s.http.Shutdown(sctx)
+	<-loopDone
+	return err
+}
+
+// now is the engine's clock: time since the server started.
+func (s *Server) now() time.Duration { return time.Since(s.t0) }
+
+// loop runs engine steps on the wall clock: each step takes the time
+// model's duration, then its KV events are published as one batch (as
+// vLLM publishes each scheduler step's events) and its finished requests
+// answered.
+func (s *Server) loop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		d, ok := s.eng.StartStep(s.now())
+		s.mu.Unlock()
+		if !ok {
+			select {
+			case <-ctx.Done():
+				s.failAll()
+				return
+			case <-s.work:
+				continue
+			}
+		}
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			s.failAll()
+			return
+		case <-timer.C:
+		}
+		s.finishStep()
+	}
+}
+
+// finishStep ends the step in flight: publishes its batch and wakes the
+// requests it finished.
+func (s *Server) finishStep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	res := s.eng.FinishStep(s.now())
+	if res.Batch != nil {
+		res.Batch.Timestamp = float64(time.Now().UnixNano()) / 1e9
+		if _, err := s.pub.Publish(res.Batch); err != nil {
+			s.log.Error("publishing KV events failed", "err", err)
+		}
+	}
+	for _, ft := range res.FirstTokens {
+		s.queries += int64(ft.Req.PromptLen)
+		s.hits += int64(ft.CachedTokens)
+		if w := s.waiters[ft.Req]; w != nil {
+			w.cached = ft.CachedTokens
+		}
+	}
+	for _, r := range res.Finished {
+		s.genToks += int64(r.OutputLen)
+		s.success++
+		if w := s.waiters[r]; w != nil {
+			close(w.done)
+			delete(s.waiters, r)
+		}
+	}
+}
+
+// failAll wakes every waiting request at shutdown.
+func (s *Server) failAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for r, w := range s.waiters {
+		close(w.done)
+		delete(s.waiters, r)
+	}
+}
+
+// serve runs one request of prompt segs for maxTokens tokens and returns
+// its prompt length and cached prompt tokens once it finished.
+func (s *Server) serve(ctx context.Context, segs []workload.Segment, maxTokens int) (prompt, cached int, err error) {
+	if len(segs) == 0 {
+		return 0, 0, fmt.Errorf("%w: empty prompt", ErrBadRequest)
+	}
+	req := &workload.Request{Prompt: segs, OutputLen: maxTokens}
+	for _, sg := range segs {
+		req.PromptLen += sg.Len
+	}
+	w := &waiter{done: make(chan struct{})}
+	s.mu.Lock()
+	req.ID = s.nextID
+	s.nextID++
+	content := req.AppendBlockContent(nil, s.cfg.Engine.BlockSize, req.OutputSegment(s.cfg.Engine.OutputSeed))
+	if !s.eng.Submit(req, content) {
+		s.rejected++
+		s.mu.Unlock()
+		return 0, 0, fmt.Errorf("%w: %d prompt + %d output tokens exceed the KV cache (%d blocks of %d)", ErrBadRequest, req.PromptLen, maxTokens, s.cfg.Engine.CacheBlocks, s.cfg.Engine.BlockSize)
+	}
+	s.promptToks += int64(req.PromptLen)
+	s.waiters[req] = w
+	s.mu.Unlock()
+	select {
+	case s.work <- struct{}{}:
+	default:
+	}
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		// The engine finishes the request anyway, as vLLM finishes an
+		// aborted one's current step; its waiter is dropped then.
+		return 0, 0, ctx.Err()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return req.PromptLen, w.cached, nil
+}
+
+// usage is OpenAI's usage object.
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// completionRequest is the part of OpenAI's completion and chat requests
+// the simulator reads.
+type completionRequest struct {
+	Model               string                 `json:"model"`
+	Prompt              any                    `json:"prompt"`
+	Messages            []tokenize.WireMessage `json:"messages"`
+	MaxTokens           int                    `json:"max_tokens"`
+	MaxCompletionTokens int                    `json:"max_completion_tokens"`
+	Stream              bool                   `json:"stream"`
+	AddGenerationPrompt *bool                  `json:"add_generation_prompt"`
+}
+
+// decode reads and checks a request body.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*completionRequest, int, bool) {
+	var req completionRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20)).Decode(&req); err != nil {
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+		return nil, 0, false
+	}
+	if req.Model != s.cfg.Model {
+		apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return nil, 0, false
+	}
+	if req.Stream {
+		apiError(w, http.StatusBadRequest, "stream is not supported by the simulated engine")
+		return nil, 0, false
+	}
+	n := req.MaxTokens
+	if req.MaxCompletionTokens > 0 {
+		n = req.MaxCompletionTokens
+	}
+	if n <= 0 {
+		n = 16 // OpenAI's and vLLM's default for completions
+	}
+	if n > s.cfg.MaxTokens {
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, s.cfg.MaxTokens))
+		return nil, 0, false
+	}
+	return &req, n, true
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	req, n, ok := s.decode(w, r)
+	if !ok {
+		return
+	}
+	var prompt string
+	switch p := req.Prompt.(type) {
+	case string:
+		prompt = p
+	case []any:
+		if len(p) == 1 {
+			prompt, _ = p[0].(string)
+		}
+	}
+	if prompt == "" {
+		apiError(w, http.StatusBadRequest, "prompt must be one non-empty string")
+		return
+	}
+	s.respond(w, r, "text_completion", standin.Pieces(prompt, true), n, req.Model)
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	req, n, ok := s.decode(w, r)
+	if !ok {
+		return
+	}
+	if len(req.Messages) == 0 {
+		apiError(w, http.StatusBadRequest, "messages must not be empty")
+		return
+	}
+	msgs := make([]tokenize.Message, len(req.Messages))
+	for i := range req.Messages {
+		text, err := req.Messages[i].Text()
+		if err != nil || req.Messages[i].Role == "" {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d]: a role and text content are required", i))
+			return
+		}
+		msgs[i] = tokenize.Message{Role: req.Messages[i].Role, Content: text}
+	}
+	s.respond(w, r, "chat.completion", standin.ChatPieces(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt), n, req.Model)
+}
+
+// respond serves the request and writes OpenAI's answer.
+func (s *Server) respond(w http.ResponseWriter, r *http.Request, object string, segs []workload.Segment, n int, model string) {
+	prompt, cached, err := s.serve(r.Context(), segs, n)
+	switch {
+	case errors.Is(err, ErrBadRequest):
+		apiError(w, http.StatusBadRequest, err.Error())
+		return
+	case err != nil:
+		apiError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	u := usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n}
+	u.PromptTokensDetails.CachedTokens = cached
+	text := strings.Repeat(" sim", n)
+	choice := map[string]any{"index": 0, "finish_reason": "length"}
+	if object == "chat.completion" {
+		choice["message"] = map[string]string{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"id": fmt.Sprintf("cmpl-%s-%d", s.cfg.Pod, time.Now().UnixNano()), "object": object, "created": time.Now().Unix(),
+		"model": model, "choices": []any{choice}, "usage": u,
+	})
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
+		map[string]any{"id": s.cfg.Model, "object": "model", "owned_by": "vllm", "max_model_len": s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize},
+	}})
+}
+
+// apiError writes vLLM's error body.
+func apiError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": http.StatusText(code), "code": code}})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// registerMetrics exports the engine under vLLM's metric names, labelled
+// model_name and engine as vLLM v1 labels them.
+func (s *Server) registerMetrics() {
+	labels := prometheus.Labels{"model_name": s.cfg.Model, "engine": "0"}
+	read := func(f func() float64) func() float64 {
+		return func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return f()
+		}
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, read(f))
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, read(f))
+	}
+	s.reg.MustRegister(
+		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func() float64 { return float64(s.eng.Load().Running) }),
+		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func() float64 { return float64(s.eng.Load().Waiting) }),
+		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func() float64 { return s.eng.Load().KVUsage }),
+		counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func() float64 { return float64(s.queries) }),
+		counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func() float64 { return float64(s.hits) }),
+		counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", func() float64 { return float64(s.promptToks) }),
+		counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func() float64 { return float64(s.genToks) }),
+		counter("vllm:request_success_total", "Count of successfully processed requests.", func() float64 { return float64(s.success) }),
+		counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", func() float64 { return float64(s.eng.Stats().Preemptions) }),
+	)
+}

@@ -1,0 +1,170 @@
+package sim
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/testbed/sim/workload"
+)
+
+// Workload kinds accepted by WorkloadSpec.Kind (any other value is read as
+// the path of a Mooncake-format JSONL file).
+const (
+	KindMooncake = "mooncake"
+	KindPrefixes = "prefixes"
+	KindTenants  = "tenants"
+	KindSessions = "sessions"
+	KindRAG      = "rag"
+	KindTools    = "tools"
+)
+
+// DefaultTrace is where the Mooncake conversation trace lives, relative
+// to the repository root.
+const DefaultTrace = "../shared/traces/mooncake-conversation.jsonl"
+
+// WorkloadSpec says which workload to build.
+type WorkloadSpec struct {
+	// Kind is mooncake (the trace at Trace), prefixes, tenants, sessions,
+	// rag, tools, or a path to any Mooncake-format JSONL file.
+	Kind string
+	// Trace is the Mooncake trace; "" means $KVSIM_TRACE, else DefaultTrace
+	// resolved against the repository root found from the working directory.
+	Trace string
+	// Requests keeps the first n requests of a trace, or sets a
+	// generator's count: requests, or sessions (sessions) or tasks
+	// (tools) (0: all, or the generator's default).
+	Requests int
+	// RateScale multiplies the arrival rate (2: arrivals twice as dense);
+	// 0 or 1 keeps it.
+	RateScale float64
+	// Pause delays every request after the first by this much (a sparse
+	// start: one engine caches a universal prefix alone; 0: none). It is
+	// applied after RateScale.
+	Pause time.Duration
+	// Prefixes and Tenants configure the generators (Requests and Seed
+	// override theirs).
+	Prefixes workload.PrefixesConfig
+	Tenants  workload.TenantsConfig
+	Sessions workload.SessionsConfig
+	RAG      workload.RAGConfig
+	Tools    workload.ToolAgentsConfig
+	// Seed seeds the generators.
+	Seed uint64
+}
+
+// LoadWorkload builds the workload spec describes.
+func LoadWorkload(spec WorkloadSpec) (*workload.Workload, error) {
+	var (
+		w   *workload.Workload
+		err error
+	)
+	switch spec.Kind {
+	case KindPrefixes:
+		c := spec.Prefixes
+		c.Requests, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.Prefixes(c)
+	case KindTenants:
+		c := spec.Tenants
+		c.Requests, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.Tenants(c)
+	case KindSessions:
+		c := spec.Sessions
+		c.Sessions, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.Sessions(c)
+	case KindRAG:
+		c := spec.RAG
+		c.Requests, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.RAG(c)
+	case KindTools:
+		c := spec.Tools
+		c.Tasks, c.Seed = spec.Requests, spec.Seed
+		w, err = workload.ToolAgents(c)
+	default:
+		path := spec.Kind
+		if path == KindMooncake || path == "" {
+			if path, err = TracePath(spec.Trace); err != nil {
+				return nil, err
+			}
+		}
+		if w, err = workload.LoadMooncake(path); err == nil {
+			w = w.Head(spec.Requests)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if spec.RateScale > 0 && spec.RateScale != 1 {
+		w = w.Scale(spec.RateScale)
+	}
+	if spec.Pause < 0 {
+		return nil, fmt.Errorf("sim: negative pause %v", spec.Pause)
+	}
+	if spec.Pause > 0 {
+		w = w.Pause(1, spec.Pause)
+		w.Name += fmt.Sprintf(" (+%v after the first request)", spec.Pause)
+	}
+	return w, nil
+}
+
+// TracePath resolves the Mooncake trace: explicit, $KVSIM_TRACE, or
+// DefaultTrace relative to the repository root (the nearest directory
+// above the working directory whose go.mod declares kvindex's module).
+func TracePath(explicit string) (string, error) {
+	if explicit != "" {
+		return explicit, nil
+	}
+	if env := os.Getenv("KVSIM_TRACE"); env != "" {
+		return env, nil
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", fmt.Errorf("sim: finding the trace (give --trace or $KVSIM_TRACE): %w", err)
+	}
+	p := filepath.Join(root, filepath.FromSlash(DefaultTrace))
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("sim: the Mooncake trace is not at %s (give --trace or $KVSIM_TRACE): %w", p, err)
+	}
+	return p, nil
+}
+
+// errNoRoot is returned when no enclosing kvindex module is found.
+var errNoRoot = errors.New("no enclosing go.mod of module github.com/kvindex/kvindex")
+
+// RepoRoot returns the nearest directory at or above the working
+// directory whose go.mod declares module github.com/kvindex/kvindex.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("sim: %w", err)
+	}
+	for {
+		if isKvindexModule(filepath.Join(dir, "go.mod")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errNoRoot
+		}
+		dir = parent
+	}
+}
+
+func isKvindexModule(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "module ") {
+			return strings.TrimSpace(strings.TrimPrefix(line, "module ")) == "github.com/kvindex/kvindex"
+		}
+	}
+	return false
+}

@@ -1,0 +1,365 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/enginepub"
+)
+
+// EngineSpec is one simulated engine: one worker (a pod's DP rank) and
+// where it publishes.
+type EngineSpec struct {
+	// Worker is the (pod, DP rank) the engine's events belong to.
+	Worker events.WorkerRef
+	// Model and BlockSize are the model it serves and its tokens per block.
+	Model     string
+	BlockSize int
+	// Endpoint is where the publisher binds (pull mode) or connects (push
+	// mode, Push set).
+	Endpoint string
+	Push     bool
+	// Topic is every message's topic.
+	Topic string
+	// ReplayEndpoint is where its replay ROUTER binds; ReplayFrames the
+	// reply form (3 or 4).
+	ReplayEndpoint string
+	ReplayFrames   int
+	// Encoding is the vLLM release whose payloads it sends.
+	Encoding events.EncodeOptions
+	// Capacity is its cache's physical blocks.
+	Capacity int
+}
+
+// EngineOptions tune how every engine behaves.
+type EngineOptions struct {
+	// BufferSteps is the replay buffer (vLLM's buffer_steps, 10,000).
+	BufferSteps int
+	// RequestsPerStep bounds the requests in one step (1..n).
+	RequestsPerStep int
+	// LossRate is the probability that a step starts a loss of 1..3
+	// consecutive messages (kept for replay, never sent).
+	LossRate float64
+	// ClearRate is the probability that a step is an AllBlocksCleared.
+	ClearRate float64
+	// ClearEvery forces a clear after this many messages without one, so
+	// that the replay buffer always reaches back to the last clear (or the
+	// engine's start) and a daemon that joins learns the cache exactly.
+	// It must be below BufferSteps.
+	ClearEvery int
+	// RandomEvict is the fraction of evictions out of LRU order.
+	RandomEvict float64
+	// Workload shapes the requests.
+	Workload WorkloadOptions
+}
+
+// DefaultEngineOptions are the soak's: vLLM's 10,000-step buffer, a loss
+// in one step of 200, a clear in one of 2,000 and at least every 8,000.
+func DefaultEngineOptions() EngineOptions {
+	return EngineOptions{BufferSteps: 10_000, RequestsPerStep: 2, LossRate: 0.005, ClearRate: 0.0005, ClearEvery: 8_000, RandomEvict: 0.02, Workload: DefaultWorkloadOptions()}
+}
+
+// EngineStats count what an engine did, over all its processes.
+type EngineStats struct {
+	// Steps is messages published (sent or lost); Lost the ones lost.
+	Steps, Lost int64
+	// Events is KV events published; Stored and Removed the blocks in them.
+	Events, Stored, Removed int64
+	// Clears is AllBlocksCleared sent; Restarts engine restarts.
+	Clears, Restarts int64
+	// Requests is requests served.
+	Requests int64
+}
+
+// Engine is a simulated vLLM engine: a publisher with a replay buffer and
+// the true cache its requests leave, one process at a time (Restart
+// starts the next).
+//
+// # Concurrency
+//
+// mu is held for every step and by Lock; while a caller holds it (between
+// Lock and Unlock) the engine publishes nothing and its cache may be read
+// through the Locked methods. pmu guards the recent prompts alone, so
+// that Prompt never waits for a paused engine.
+type Engine struct {
+	spec    EngineSpec
+	opts    EngineOptions
+	seed    uint64
+	index   int
+	systems [][]uint32
+
+	mu    sync.Mutex
+	pub   *enginepub.Publisher
+	gen   int // engine process number, from 0
+	cache *Cache
+	wl    *Workload
+	rng   *rand.Rand
+	// lastSeq is the seq of the last message of this process, valid when
+	// sent; lastLost says it was lost (the daemon cannot know of it until
+	// the next one).
+	lastSeq      uint64
+	sent         bool
+	lastLost     bool
+	burst        int
+	resync       bool // the next step is a clear
+	sinceClear   int
+	sinceRestart int
+	stats        EngineStats
+	evs          []events.Event
+
+	pmu      sync.Mutex // guards recent and recentAt, so that load never waits for a paused engine
+	recent   [][]uint32 // ring of recent prompts
+	recentAt int
+}
+
+// recentPrompts is how many of its last prompts an engine keeps for
+// checkpoints and load.
+const recentPrompts = 32
+
+// NewEngine opens the engine's publisher (binding its sockets) and
+// starts its first process with an empty cache.
+func NewEngine(spec EngineSpec, opts EngineOptions, seed uint64, index int, systems [][]uint32) (*Engine, error) {
+	if opts.ClearEvery <= 0 || opts.ClearEvery >= opts.BufferSteps {
+		return nil, fmt.Errorf("soak: engine %s: clear_every %d must be in (0, buffer steps %d)", spec.Worker, opts.ClearEvery, opts.BufferSteps)
+	}
+	e := &Engine{spec: spec, opts: opts, seed: seed, index: index, systems: systems}
+	if err := e.startLocked(context.Background(), 0); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Spec returns the engine's spec.
+func (e *Engine) Spec() EngineSpec { return e.spec }
+
+// startLocked starts process gen: a fresh cache, workload and publisher,
+// seq from 0. Binding is retried for up to two seconds (the previous
+// process's ports are being released).
+func (e *Engine) startLocked(ctx context.Context, gen int) error {
+	e.gen = gen
+	stream := uint64(e.index)<<32 | uint64(gen)
+	e.rng = rand.New(rand.NewPCG(e.seed, stream))
+	var err error
+	if e.cache, err = NewCache(e.spec.BlockSize, e.spec.Capacity, stringSeed(e.spec.Model), e.opts.RandomEvict, rand.New(rand.NewPCG(e.seed^0x5eed, stream))); err != nil {
+		return err
+	}
+	if e.wl, err = NewWorkload(e.opts.Workload, e.systems, rand.New(rand.NewPCG(e.seed^0xc0ffee, stream))); err != nil {
+		return err
+	}
+	e.sent, e.lastLost, e.burst, e.sinceClear, e.sinceRestart = false, false, 0, 0, 0
+	e.pmu.Lock()
+	e.recent, e.recentAt = nil, 0
+	e.pmu.Unlock()
+	cfg := enginepub.PublisherConfig{
+		Endpoint:       e.spec.Endpoint,
+		Topic:          e.spec.Topic,
+		Encoding:       e.spec.Encoding,
+		Bind:           !e.spec.Push,
+		ReplayEndpoint: e.spec.ReplayEndpoint,
+		ReplayFrames:   e.spec.ReplayFrames,
+		BufferSteps:    e.opts.BufferSteps,
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		pub, err := enginepub.NewPublisher(cfg)
+		if err == nil {
+			e.pub = pub
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("soak: engine %s process %d: %w", e.spec.Worker, gen, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Lock pauses the engine: it publishes nothing until Unlock.
+func (e *Engine) Lock() { e.mu.Lock() }
+
+// Unlock resumes the engine.
+func (e *Engine) Unlock() { e.mu.Unlock() }
+
+// Step runs one engine step and publishes its batch.
+func (e *Engine) Step() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stepLocked(true)
+}
+
+// stepLocked builds one batch (a clear, or 1..RequestsPerStep requests),
+// publishes it, lost or not, and updates the truth. mayLose false
+// forces it through.
+func (e *Engine) stepLocked(mayLose bool) error {
+	e.evs = e.evs[:0]
+	clearNow := e.sinceClear+1 >= e.opts.ClearEvery || e.rng.Float64() < e.opts.ClearRate || e.resync
+	e.resync = false
+	if clearNow {
+		e.evs = append(e.evs, e.cache.Clear())
+	} else {
+		n := 1 + e.rng.IntN(max(e.opts.RequestsPerStep, 1))
+		for range n {
+			p := e.wl.Next()
+			e.remember(p)
+			e.evs = e.cache.Request(p, e.evs)
+			e.stats.Requests++
+		}
+	}
+	lose := false
+	if mayLose {
+		if e.burst == 0 && e.rng.Float64() < e.opts.LossRate {
+			e.burst = 1 + e.rng.IntN(3)
+		}
+		if e.burst > 0 {
+			e.burst--
+			lose = true
+		}
+	}
+	if e.pub == nil {
+		return fmt.Errorf("soak: engine %s: no publisher (its restart failed)", e.spec.Worker)
+	}
+	b := &events.Batch{Timestamp: float64(time.Now().UnixNano()) / 1e9, Events: e.evs, DPRank: e.spec.Worker.DPRank, HasDPRank: true}
+	var seq uint64
+	var err error
+	if lose {
+		seq, err = e.pub.PublishLost(b)
+	} else {
+		seq, err = e.pub.Publish(b)
+	}
+	if err != nil {
+		return fmt.Errorf("soak: engine %s: %w", e.spec.Worker, err)
+	}
+	e.lastSeq, e.sent, e.lastLost = seq, true, lose
+	e.stats.Steps++
+	e.sinceRestart++
+	if lose {
+		e.stats.Lost++
+	}
+	if clearNow {
+		e.sinceClear = 0
+		e.stats.Clears++
+	} else {
+		e.sinceClear++
+	}
+	for i := range e.evs {
+		e.stats.Events++
+		switch e.evs[i].Kind {
+		case events.KindBlockStored:
+			e.stats.Stored += int64(len(e.evs[i].BlockHashes))
+		case events.KindBlockRemoved:
+			e.stats.Removed += int64(len(e.evs[i].BlockHashes))
+		}
+	}
+	return nil
+}
+
+func (e *Engine) remember(p []uint32) {
+	e.pmu.Lock()
+	defer e.pmu.Unlock()
+	if len(e.recent) < recentPrompts {
+		e.recent = append(e.recent, p)
+		return
+	}
+	e.recent[e.recentAt] = p
+	e.recentAt = (e.recentAt + 1) % recentPrompts
+}
+
+// FlushLocked makes sure the daemon can know the engine's last seq: when
+// the last message was lost, or this process has sent nothing, it runs
+// one more step that is sent; so it does when a resync is due, which
+// the clear then starts. The caller holds Lock.
+func (e *Engine) FlushLocked() error {
+	if e.sent && !e.lastLost && !e.resync {
+		return nil
+	}
+	return e.stepLocked(false)
+}
+
+// ResyncLocked makes the engine's next step an AllBlocksCleared, after
+// which an index that lost track of it is exact again. The caller holds
+// Lock.
+func (e *Engine) ResyncLocked() { e.resync = true }
+
+// LastSeqLocked returns the seq of the process's last message. The caller
+// holds Lock.
+func (e *Engine) LastSeqLocked() (uint64, bool) { return e.lastSeq, e.sent }
+
+// CacheLocked returns the true cache. The caller holds Lock and must not
+// change it.
+func (e *Engine) CacheLocked() *Cache { return e.cache }
+
+// RecentLocked returns a copy of the list of the engine's recent prompts
+// (the prompts themselves are shared and must not be changed). The
+// caller holds Lock.
+func (e *Engine) RecentLocked() [][]uint32 {
+	e.pmu.Lock()
+	defer e.pmu.Unlock()
+	return append([][]uint32(nil), e.recent...)
+}
+
+// SinceRestartLocked returns the messages of the current process. The
+// caller holds Lock.
+func (e *Engine) SinceRestartLocked() int { return e.sinceRestart }
+
+// RestartLocked ends the engine process and starts the next on the same
+// ports: seq from 0, an empty cache and replay buffer, a fresh workload;
+// it returns once a subscriber has reached the new socket (or ctx is
+// done), so that the first message is not lost to the slow joiner. The
+// caller holds Lock; down is how long the engine stays down.
+func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
+	pub := e.pub
+	e.pub = nil // until the next process's publisher is up
+	if err := pub.Close(); err != nil {
+		return fmt.Errorf("soak: engine %s: close process %d: %w", e.spec.Worker, e.gen, err)
+	}
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+	}
+	if err := e.startLocked(ctx, e.gen+1); err != nil {
+		return err
+	}
+	e.stats.Restarts++
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := e.pub.WaitForSubscribers(wctx, 1); err != nil {
+		return fmt.Errorf("soak: engine %s process %d: %w", e.spec.Worker, e.gen, err)
+	}
+	return nil
+}
+
+// StatsLocked returns the engine's counters. The caller holds Lock.
+func (e *Engine) StatsLocked() EngineStats { return e.stats }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() EngineStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats
+}
+
+// Prompt returns one of the engine's recent prompts chosen with rng, or
+// nil before its first request.
+func (e *Engine) Prompt(rng *rand.Rand) []uint32 {
+	e.pmu.Lock()
+	defer e.pmu.Unlock()
+	if len(e.recent) == 0 {
+		return nil
+	}
+	return e.recent[rng.IntN(len(e.recent))]
+}
+
+// Close closes the publisher.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pub == nil {
+		return nil
+	}
+	err := e.pub.Close()
+	e.pub = nil
+	return err
+}
