@@ -1,5 +1,5 @@
-# kvindex image: every binary under cmd/ (kvindex, kvindexctl, kvsim, kvbench,
-# ...), built as `make build` builds them, on a slim Debian with libzmq.
+# kvindex image: every binary under cmd/ and testbed/cmd/ (kvindex, kvindexctl, kvsim,
+# kvbench, ...), built as `make build` builds them, on a slim Debian with libzmq.
 #
 #   docker build -t kvindex .
 #   docker run --rm -p 50051:50051 -p 9400:9400 kvindex serve --config /etc/kvindex/kvindex.yaml
@@ -21,7 +21,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 # make build:
-RUN go build -o bin/ ./cmd/...
+RUN go build -o bin/ ./cmd/... ./testbed/cmd/...
 
 FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \

@@ -14,7 +14,7 @@ deps:
 # build compiles every binary under cmd/ into ./bin. The Dockerfile runs
 # the same command (deploy/dockerfile_test.go keeps them equal).
 build: deps
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -o bin/ ./cmd/... ./testbed/cmd/...
 
 # test runs lint, then every test (fuzz seed corpora included) with the
 # race detector, those of the deploy/ module (compose file, Helm chart,
@@ -41,16 +41,16 @@ lint:
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
 # (precise ones over gRPC), the table printed. The scripted walkthrough of
-# the index alone is `go run ./cmd/kvsim walkthrough`.
+# the index alone is `go run ./testbed/cmd/kvsim walkthrough`.
 demo: deps
-	$(GO) run ./cmd/kvsim demo
+	$(GO) run ./testbed/cmd/kvsim demo
 
 # demo-fleet is the same run in fleet mode: an embedded NATS server, a
 # kvindex agent beside each simulated engine, two kvindex replicas the
 # routers ask in turn; the same table, and both replicas checked equal to
 # the engines' caches (docs/fleet.md).
 demo-fleet: deps
-	$(GO) run ./cmd/kvsim demo --fleet
+	$(GO) run ./testbed/cmd/kvsim demo --fleet
 
 # bench runs the benchmarks behind the performance targets and the gRPC
 # load generator, and prints target vs measured (COUNT, BENCHTIME, RPS,
@@ -71,7 +71,7 @@ fuzz: deps
 # SOAK_FLAGS adds kvsoak flags, e.g. SOAK_FLAGS="--seed 7 --json".
 SOAK_DURATION ?= 2m
 soak: deps
-	$(GO) run ./cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)
+	$(GO) run ./testbed/cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)
 
 # proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
 proto:

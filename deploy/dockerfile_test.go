@@ -82,8 +82,8 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 	if len(runs) == 0 || runs[len(runs)-1] != recipe[0] {
 		t.Fatalf("the Dockerfile's last build step is %q, make build runs %q", runs[len(runs)-1], recipe[0])
 	}
-	if !strings.Contains(recipe[0], "./cmd/...") {
-		t.Fatalf("make build (%q) does not build every binary under cmd/", recipe[0])
+	if !strings.Contains(recipe[0], "./cmd/...") || !strings.Contains(recipe[0], "./testbed/cmd/...") {
+		t.Fatalf("make build (%q) does not build every binary under cmd/ and testbed/cmd/", recipe[0])
 	}
 
 	df := readFile(t, "Dockerfile")
@@ -123,18 +123,17 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 	if !strings.Contains(df, "HEALTHCHECK") {
 		t.Error("Dockerfile has no HEALTHCHECK")
 	}
-	// Every binary: bin/ is copied whole, and every cmd/ directory is a
-	// main package that ./cmd/... builds.
-	ents, err := os.ReadDir(filepath.Join(root, "cmd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
+	// Every binary: bin/ is copied whole, and every directory of cmd/ and
+	// testbed/cmd/ is a main package that make build builds.
+	for _, dir := range []string{"cmd", "testbed/cmd"} {
+		ents, err := os.ReadDir(filepath.Join(root, dir))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !strings.Contains(readFile(t, filepath.Join("cmd", e.Name(), "main.go")), "package main") {
-			t.Errorf("cmd/%s is not a main package", e.Name())
+		for _, e := range ents {
+			if e.IsDir() && !strings.Contains(readFile(t, filepath.Join(dir, e.Name(), "main.go")), "package main") {
+				t.Errorf("%s/%s is not a main package", dir, e.Name())
+			}
 		}
 	}
 	ignore := strings.Fields(readFile(t, ".dockerignore"))

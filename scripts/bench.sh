@@ -175,7 +175,7 @@ if [[ ${SKIP_GRPC:-0} != 1 ]]; then
 		fi
 	}
 	spin=$(pin "$SERVER_CPU") gpin=$(pin "$GEN_CPU")
-	if "$GO" build -o "$OUT/kvbench" ./cmd/kvbench; then
+	if "$GO" build -o "$OUT/kvbench" ./testbed/cmd/kvbench; then
 		echo "== server: $spin kvbench --embedded --serve --listen 127.0.0.1:0 $SERVER_FLAGS" >&2
 		# shellcheck disable=SC2086 # the prefix and flags are words
 		$spin "$OUT/kvbench" --embedded --serve --listen 127.0.0.1:0 $SERVER_FLAGS >"$OUT/kvbench-server.log" 2>&1 &
@@ -248,7 +248,7 @@ fi
 # embedded nats-server) in another; each prints one JSON report.
 fleet=()
 if [[ ${SKIP_FLEET:-0} != 1 ]]; then
-	if "$GO" build -o "$OUT/" ./cmd/kvfleetbench ./cmd/kvindex; then
+	if "$GO" build -o "$OUT/" ./testbed/cmd/kvfleetbench ./cmd/kvindex; then
 		frun() { # frun <name> <kvfleetbench args...>
 			local name=$1
 			shift

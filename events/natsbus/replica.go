@@ -87,7 +87,7 @@ type SourceOptions struct {
 	// Applied, when set, is called on a worker's goroutine after each of
 	// its deltas has been applied (not after one that did not fit), with
 	// the delta's header: e.g. to measure the lag from the engine's batch
-	// to the replica (cmd/kvfleetbench). The worker's next delta waits for
+	// to the replica (testbed/cmd/kvfleetbench). The worker's next delta waits for
 	// it, so it must return quickly.
 	Applied func(ref events.WorkerRef, d AppliedDelta)
 }

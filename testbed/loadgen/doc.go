@@ -1,6 +1,6 @@
 // Package loadgen drives kvindex's Score RPC at a fixed, open-loop rate and
 // reports the latency distribution a router would see. It is the logic
-// behind cmd/kvbench and the gRPC row of `make bench`.
+// behind testbed/cmd/kvbench and the gRPC row of `make bench`.
 //
 // # Open loop
 //

@@ -1,4 +1,4 @@
-// Package soak is kvindex's soak test (cmd/kvsoak, `make soak`): for a
+// Package soak is kvindex's soak test (testbed/cmd/kvsoak, `make soak`): for a
 // bounded time it runs the real daemon binary as a child process against
 // simulated vLLM engines over real ZeroMQ, hostile senders and a gRPC
 // client, restarts engines and the daemon, and checks that every answer is

@@ -199,10 +199,10 @@ func TestREADMEListsEveryCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, row, ok1 := strings.Cut(string(b), "`cmd/kvsim` the fleet simulator")
-	row, _, ok2 := strings.Cut(row, "`cmd/kvbench`")
+	_, row, ok1 := strings.Cut(string(b), "`testbed/cmd/kvsim` the fleet simulator")
+	row, _, ok2 := strings.Cut(row, "`testbed/cmd/kvbench`")
 	if !ok1 || !ok2 {
-		t.Fatal("README.md's architecture table does not describe cmd/kvsim before cmd/kvbench")
+		t.Fatal("README.md's architecture table does not describe testbed/cmd/kvsim before testbed/cmd/kvbench")
 	}
 	var listed []string
 	for i, part := range strings.Split(row, "`") {
