@@ -11,10 +11,10 @@
 //
 // # The scheme
 //
-// Text becomes workload.Segment runs, the simulator's unit of content, so
+// Text becomes Segment runs (the simulator's unit of content too), so
 // that a simulated engine holds a prompt as a few segments and its KV
 // events carry exactly the ids Tokens and Chat return: token i of a
-// segment is workload.Token(its id, i). A segment of text has one token
+// segment is Token(its id, i). A segment of text has one token
 // per BytesPerToken bytes (at least one), about Llama 3's rate on English,
 // and its id is a hash of its kind and text.
 //
@@ -42,7 +42,6 @@ import (
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/kvindex/kvindex/testbed/sim/workload"
 	"github.com/kvindex/kvindex/tokenize"
 )
 
@@ -57,23 +56,23 @@ const (
 )
 
 // BOS is the id of the begin-of-sequence token.
-func BOS() uint32 { return workload.Token(bosID, 0) }
+func BOS() uint32 { return Token(bosID, 0) }
 
 // Header is the id of the header token of a message by role.
-func Header(role string) uint32 { return workload.Token(headerID^xxh3.HashString(role), 0) }
+func Header(role string) uint32 { return Token(headerID^xxh3.HashString(role), 0) }
 
 // text is the segment of one piece of text of kind (a paragraph's "text",
 // a message's role).
-func text(kind, s string) workload.Segment {
-	return workload.Segment{ID: xxh3.HashString(kind + "\x00" + s), Len: max(1, (len(s)+BytesPerToken-1)/BytesPerToken)}
+func text(kind, s string) Segment {
+	return Segment{ID: xxh3.HashString(kind + "\x00" + s), Len: max(1, (len(s)+BytesPerToken-1)/BytesPerToken)}
 }
 
 // Pieces cuts a completion prompt into its segments: BOS when special is
 // set, then one per paragraph.
-func Pieces(prompt string, special bool) []workload.Segment {
-	segs := make([]workload.Segment, 0, strings.Count(prompt, "\n\n")+2)
+func Pieces(prompt string, special bool) []Segment {
+	segs := make([]Segment, 0, strings.Count(prompt, "\n\n")+2)
 	if special {
-		segs = append(segs, workload.Segment{ID: bosID, Len: 1})
+		segs = append(segs, Segment{ID: bosID, Len: 1})
 	}
 	for piece := range strings.SplitSeq(prompt, "\n\n") {
 		if piece != "" {
@@ -84,28 +83,28 @@ func Pieces(prompt string, special bool) []workload.Segment {
 }
 
 // ChatPieces renders a chat into its segments with the scheme's template.
-func ChatPieces(msgs []tokenize.Message, generationPrompt bool) []workload.Segment {
-	segs := make([]workload.Segment, 0, 2*len(msgs)+2)
-	segs = append(segs, workload.Segment{ID: bosID, Len: 1})
+func ChatPieces(msgs []tokenize.Message, generationPrompt bool) []Segment {
+	segs := make([]Segment, 0, 2*len(msgs)+2)
+	segs = append(segs, Segment{ID: bosID, Len: 1})
 	for _, m := range msgs {
-		segs = append(segs, workload.Segment{ID: headerID ^ xxh3.HashString(m.Role), Len: 1})
+		segs = append(segs, Segment{ID: headerID ^ xxh3.HashString(m.Role), Len: 1})
 		if m.Content != "" {
 			segs = append(segs, text(m.Role, m.Content))
 		}
 	}
 	if generationPrompt {
-		segs = append(segs, workload.Segment{ID: headerID ^ xxh3.HashString("assistant"), Len: 1})
+		segs = append(segs, Segment{ID: headerID ^ xxh3.HashString("assistant"), Len: 1})
 	}
 	return segs
 }
 
 // Expand returns the token ids of segs.
-func Expand(segs []workload.Segment) []uint32 {
-	r := workload.Request{Prompt: segs}
+func Expand(segs []Segment) []uint32 {
+	n := 0
 	for _, s := range segs {
-		r.PromptLen += s.Len
+		n += s.Len
 	}
-	return r.AppendTokens(make([]uint32, 0, r.PromptLen), 0, r.PromptLen)
+	return AppendTokens(make([]uint32, 0, n), segs, 0, n)
 }
 
 // Tokens tokenizes a completion prompt, BOS first when special is set

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvindex/kvindex/testbed/sim/workload"
 	"github.com/kvindex/kvindex/tokenize"
 	"github.com/kvindex/kvindex/tokenize/standin"
 )
@@ -35,7 +34,7 @@ func TestChatTurnExtendsPrevious(t *testing.T) {
 
 // TestPieces: a completion's paragraphs are its segments, one token per
 // four bytes; equal paragraphs give equal ids whatever follows; the ids
-// are the segments' workload tokens, as a simulated engine's KV events
+// are the segments' tokens, as a simulated engine's KV events
 // carry them.
 func TestPieces(t *testing.T) {
 	segs := standin.Pieces("alpha beta\n\ngamma", true)
@@ -43,7 +42,7 @@ func TestPieces(t *testing.T) {
 		t.Fatalf("segments %+v: want BOS, 3 tokens, 2 tokens", segs)
 	}
 	toks := standin.Tokens("alpha beta\n\ngamma", true)
-	if len(toks) != 6 || toks[0] != standin.BOS() || toks[1] != workload.Token(segs[1].ID, 0) || toks[5] != workload.Token(segs[2].ID, 1) {
+	if len(toks) != 6 || toks[0] != standin.BOS() || toks[1] != standin.Token(segs[1].ID, 0) || toks[5] != standin.Token(segs[2].ID, 1) {
 		t.Fatalf("tokens %v", toks)
 	}
 	if other := standin.Tokens("alpha beta\n\ndelta epsilon", true); !slices.Equal(other[:4], toks[:4]) || slices.Equal(other[4:6], toks[4:6]) {

@@ -4,20 +4,17 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/kvindex/kvindex/tokenize/standin"
 )
 
-// Vocab is the size of the token-id range derived tokens fall into
-// (Llama 3's vocabulary, 128,256 ids).
-const Vocab = 128256
+// Vocab is the size of the token-id range derived tokens fall into: the
+// stand-in tokenizer's, whose token scheme the simulator shares.
+const Vocab = standin.Vocab
 
 // Segment is a run of Len tokens whose content is named by ID: token i of
-// the run is Token(ID, i).
-type Segment struct {
-	// ID names the content; equal ids mean equal tokens.
-	ID uint64
-	// Len is the number of tokens used from the start of the content.
-	Len int
-}
+// the run is Token(ID, i) (the stand-in tokenizer's unit of content).
+type Segment = standin.Segment
 
 // Request is one inference request to replay.
 type Request struct {
@@ -48,9 +45,7 @@ type Workload struct {
 
 // Token returns token off of the content named id: a pure function, so
 // equal (id, off) give equal tokens everywhere.
-func Token(id uint64, off int) uint32 {
-	return uint32(mix64(id^uint64(off)*0x9e3779b97f4a7c15) % Vocab)
-}
+func Token(id uint64, off int) uint32 { return standin.Token(id, off) }
 
 // outputTag separates the ids of generated output from prompt content.
 const outputTag = 0x6f75747075740000 // "output\0\0"
@@ -86,18 +81,7 @@ func (r *Request) AppendSequenceTokens(dst []uint32, out Segment, start, end int
 }
 
 func appendSegmentTokens(dst []uint32, segs []Segment, start, end int) []uint32 {
-	pos := 0
-	for _, s := range segs {
-		if pos >= end {
-			break
-		}
-		lo, hi := max(start, pos), min(end, pos+s.Len)
-		for t := lo; t < hi; t++ {
-			dst = append(dst, Token(s.ID, t-pos))
-		}
-		pos += s.Len
-	}
-	return dst
+	return standin.AppendTokens(dst, segs, start, end)
 }
 
 // blockSeed starts every block's content hash.
@@ -223,12 +207,7 @@ func (w *Workload) Stats() Stats {
 }
 
 // mix64 is SplitMix64's finaliser: a cheap, well-mixing bijection.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	return x ^ x>>31
-}
+func mix64(x uint64) uint64 { return standin.Mix64(x) }
 
 // Mix64 exposes mix64 to the simulator's other packages, so that every
 // derived id uses one mixing function.
