@@ -28,7 +28,9 @@ test: deps lint
 # lint checks formatting, go vet, staticcheck, that go.mod is tidy (the
 # service's and deploy/'s, the test-only module of the deployment files), and
 # that everything a router may embed builds without cgo (only the ZeroMQ
-# transport, events/zmq, needs libzmq).
+# transport, events/zmq, needs libzmq), and archlint: the layers import
+# only downward (docs/architecture.md), the binaries link no testbed, and
+# files and functions stay within their budgets.
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -37,6 +39,8 @@ lint:
 	$(GO) mod tidy -diff
 	cd deploy && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 	CGO_ENABLED=0 $(GO) build ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl
+	$(GO) -C tools test -count=1 ./archlint
+	$(GO) -C tools run ./archlint ..
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
