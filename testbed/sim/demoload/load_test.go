@@ -30,6 +30,9 @@ func startRig(t *testing.T) *rig {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rig{engines: map[string]string{}}
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "off", Models: []config.Model{{Name: model, BlockSize: 16}}}
+	// Admission control has its own tests; here a Route queued past the
+	// default 50 ms on a loaded machine would count as a fallback.
+	cfg.Limits.MaxQueueDelay = 10 * time.Second
 	var done []chan error
 	for _, pod := range []string{"engine-0", "engine-1"} {
 		base, err := netutil.FreePorts(2)
