@@ -5,7 +5,7 @@
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test demo demo-fleet bench fuzz proto lint soak
+.PHONY: deps build test demo demo-fleet bench fuzz proto lint soak architecture
 
 # deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
 deps:
@@ -81,3 +81,8 @@ soak: deps
 proto:
 	$(TOOL) buf lint
 	$(TOOL) buf generate
+
+# architecture redraws docs/architecture.svg from docs/architecture.dot
+# (Graphviz: apt-get install graphviz); commit both.
+architecture:
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
