@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvindex/kvindex/events"
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvindex/kvindex/events"
 )
 
 // startRecovery fetches batches from seq from on, holding pending (live
