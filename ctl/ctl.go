@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api"
@@ -160,8 +161,8 @@ func Workers(ctx context.Context, cfg Config, model string) error {
 	})
 }
 
-// ScoreArgs are kvindexctl score's own arguments.
-type ScoreArgs struct {
+// PromptArgs are the prompt flags score, lookup and diagnose share.
+type PromptArgs struct {
 	// Model is the served model name.
 	Model string
 	// Tokens is an inline token list ("1,2,3"); give it or TokensFile.
@@ -180,18 +181,11 @@ type ScoreArgs struct {
 	LoRA string
 	// CacheSalt is the request's cache_salt, "" for none.
 	CacheSalt string
-	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
-	Workers []string
-	// Explain asks for the ranking breakdown per worker.
-	Explain bool
-	// Policy and Guard select the ranking ("" for the server's default);
-	// setting either ranks every worker of the model.
-	Policy, Guard string
 }
 
-// Request builds the ScoreRequest that args describe, reading the tokens
-// file if one is named.
-func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
+// prompt builds the ScoreRequest of the prompt alone, reading the tokens
+// or messages file if one is named.
+func (a PromptArgs) prompt(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	var tokens []uint32
 	var err error
 	given := 0
@@ -226,7 +220,29 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	if len(tokens) == 0 && a.Prompt == "" && len(msgs) == 0 {
 		return nil, fmt.Errorf("no tokens given")
 	}
-	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, Prompt: a.Prompt, Messages: msgs, LoraName: a.LoRA, CacheSalt: a.CacheSalt, Explain: a.Explain}
+	return &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, Prompt: a.Prompt, Messages: msgs, LoraName: a.LoRA, CacheSalt: a.CacheSalt}, nil
+}
+
+// ScoreArgs are kvindexctl score's arguments: the prompt's and its own.
+type ScoreArgs struct {
+	PromptArgs
+	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
+	Workers []string
+	// Explain asks for the ranking breakdown per worker.
+	Explain bool
+	// Policy and Guard select the ranking ("" for the server's default);
+	// setting either ranks every worker of the model.
+	Policy, Guard string
+}
+
+// Request builds the ScoreRequest that args describe, reading the tokens
+// or messages file if one is named.
+func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
+	req, err := a.prompt(stdin)
+	if err != nil {
+		return nil, err
+	}
+	req.Explain = a.Explain
 	if a.Policy != "" || a.Guard != "" {
 		req.Policy = &kvindexv1.ScorePolicy{Name: a.Policy, Guard: a.Guard}
 	}
@@ -295,4 +311,29 @@ func Score(ctx context.Context, cfg Config, args ScoreArgs) error {
 		}
 		return RenderScore(cfg.Out, req, resp)
 	})
+}
+
+// hint says what to do about a refused or failed call, by its code.
+func hint(c codes.Code) string {
+	switch c {
+	case codes.Unavailable:
+		return "the server cannot be reached: check --addr, that kvindex serve runs, and --tls for a TLS server"
+	case codes.Unauthenticated:
+		return "the server wants a token: give --token-file or $KVINDEX_TOKEN (or a client certificate)"
+	case codes.PermissionDenied:
+		return "the token lacks the scope this call needs (read, or route for Route/Release)"
+	case codes.ResourceExhausted:
+		return "the server is at a limit (overloaded, or too many watches): retry later"
+	case codes.DeadlineExceeded:
+		return "no answer in time: raise --timeout"
+	}
+	return ""
+}
+
+// statusOf returns err's gRPC status, looking through wrapping.
+func statusOf(err error) *status.Status {
+	if st, ok := api.ServerStatus(err); ok {
+		return st
+	}
+	return status.Convert(err)
 }
