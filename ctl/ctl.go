@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -149,15 +150,23 @@ func (cfg Config) now() time.Time {
 
 // Workers lists the server's workers (of model, when not empty) on cfg.Out.
 func Workers(ctx context.Context, cfg Config, model string) error {
+	return printCall(ctx, cfg, "workers", func(ctx context.Context, c *api.Client) (*kvindexv1.ListWorkersResponse, error) {
+		return c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model, Digests: true})
+	}, func(w io.Writer, resp *kvindexv1.ListWorkersResponse) error { return RenderWorkers(w, resp, cfg.now()) })
+}
+
+// printCall makes one call through call and prints its answer: as JSON
+// with cfg.JSON, otherwise by render. name names the call in its error.
+func printCall[R proto.Message](ctx context.Context, cfg Config, name string, call func(context.Context, *api.Client) (R, error), render func(io.Writer, R) error) error {
 	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model, Digests: true})
+		resp, err := call(ctx, c)
 		if err != nil {
-			return callError("workers", cfg.Addr, err)
+			return callError(name, cfg.Addr, err)
 		}
 		if cfg.JSON {
 			return WriteJSON(cfg.Out, resp)
 		}
-		return RenderWorkers(cfg.Out, resp, cfg.now())
+		return render(cfg.Out, resp)
 	})
 }
 
@@ -298,18 +307,13 @@ func Score(ctx context.Context, cfg Config, args ScoreArgs) error {
 	if err != nil {
 		return err
 	}
-	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.Score(ctx, req)
-		if err != nil {
-			return callError("score", cfg.Addr, err)
-		}
-		if cfg.JSON {
-			return WriteJSON(cfg.Out, resp)
-		}
+	return printCall(ctx, cfg, "score", func(ctx context.Context, c *api.Client) (*kvindexv1.ScoreResponse, error) {
+		return c.Score(ctx, req)
+	}, func(w io.Writer, resp *kvindexv1.ScoreResponse) error {
 		if args.Explain {
-			return RenderExplain(cfg.Out, req, resp)
+			return RenderExplain(w, req, resp)
 		}
-		return RenderScore(cfg.Out, req, resp)
+		return RenderScore(w, req, resp)
 	})
 }
 

@@ -18,16 +18,9 @@ func Lookup(ctx context.Context, cfg Config, args PromptArgs) error {
 		return err
 	}
 	req := &kvindexv1.LookupRequest{Model: args.Model, TokenIds: p.GetTokenIds(), Prompt: p.GetPrompt(), Messages: p.GetMessages(), LoraName: args.LoRA, CacheSalt: args.CacheSalt}
-	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.Lookup(ctx, req)
-		if err != nil {
-			return callError("lookup", cfg.Addr, err)
-		}
-		if cfg.JSON {
-			return WriteJSON(cfg.Out, resp)
-		}
-		return RenderLookup(cfg.Out, resp)
-	})
+	return printCall(ctx, cfg, "lookup", func(ctx context.Context, c *api.Client) (*kvindexv1.LookupResponse, error) {
+		return c.Lookup(ctx, req)
+	}, RenderLookup)
 }
 
 // RenderLookup prints one row per run of blocks: BLOCKS, KEYS (first and
@@ -133,16 +126,9 @@ func Diagnose(ctx context.Context, cfg Config, args DiagnoseArgs) error {
 			return fmt.Errorf("--engine-hashes: %w", err)
 		}
 	}
-	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.Diagnose(ctx, req)
-		if err != nil {
-			return callError("diagnose", cfg.Addr, err)
-		}
-		if cfg.JSON {
-			return WriteJSON(cfg.Out, resp)
-		}
-		return RenderDiagnose(cfg.Out, resp)
-	})
+	return printCall(ctx, cfg, "diagnose", func(ctx context.Context, c *api.Client) (*kvindexv1.DiagnoseResponse, error) {
+		return c.Diagnose(ctx, req)
+	}, RenderDiagnose)
 }
 
 // RenderDiagnose prints the worker's match, each finding (the most likely
