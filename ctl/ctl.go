@@ -91,21 +91,14 @@ func callError(call, addr string, err error) error {
 	return &CallError{Call: call, Addr: addr, Status: statusOf(err), err: err}
 }
 
-// writeJSONValue prints v (not a protobuf message) as indented JSON.
-func writeJSONValue(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("render JSON: %w", err)
+// writeJSONValue prints v (not a protobuf message) as JSON: indented, or
+// on one line (a JSON-lines stream).
+func writeJSONValue(w io.Writer, v any, indent bool) error {
+	marshal := json.Marshal
+	if indent {
+		marshal = func(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
 	}
-	if _, err := w.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("write JSON: %w", err)
-	}
-	return nil
-}
-
-// writeJSONLine prints v as one line of JSON.
-func writeJSONLine(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		return fmt.Errorf("render JSON: %w", err)
 	}

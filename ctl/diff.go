@@ -82,7 +82,7 @@ func Diff(ctx context.Context, cfg Config, args DiffArgs) error {
 				return err
 			}
 			if cfg.JSON {
-				return writeJSONValue(cfg.Out, res)
+				return writeJSONValue(cfg.Out, res, true)
 			}
 			return RenderDiff(cfg.Out, res)
 		})

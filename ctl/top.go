@@ -134,7 +134,7 @@ func Top(ctx context.Context, cfg Config, args TopArgs) error {
 			rows := TopRows(prev, cur, now.Sub(prevAt), now)
 			prev, prevAt = cur, now
 			if cfg.JSON {
-				if err := writeJSONLine(cfg.Out, rows); err != nil {
+				if err := writeJSONValue(cfg.Out, rows, false); err != nil {
 					return err
 				}
 				continue
