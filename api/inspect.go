@@ -342,37 +342,9 @@ func (f *watchFilter) wants(k kvindexv1.WatchEventKind) bool {
 // a slow reader cannot take. The index's appliers never wait on a stream:
 // its observer converts a matching event and offers it without blocking.
 func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingServer[kvindexv1.WatchResponse]) error {
-	f := &watchFilter{model: req.GetModel(), hashes: req.GetHashes()}
-	if f.model != "" {
-		if _, ok := s.ix.Model(f.model); !ok {
-			return s.unknownModel(f.model)
-		}
-	}
-	if n := len(req.GetWorkers()); n > MaxWatchWorkers {
-		return status.Errorf(codes.InvalidArgument, "workers: %d workers exceed the limit of %d", n, MaxWatchWorkers)
-	}
-	for i, r := range req.GetWorkers() {
-		w, err := s.workerOf(fmt.Sprintf("workers[%d]", i), r)
-		if err != nil {
-			return err
-		}
-		if f.workers == nil {
-			f.workers = map[events.WorkerRef]bool{}
-		}
-		f.workers[w.Info().Ref] = true
-	}
-	for i, k := range req.GetKinds() {
-		if k <= kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED || k > kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED {
-			return status.Errorf(codes.InvalidArgument, "kinds[%d]: %d is not a kind of event", i, k)
-		}
-		f.kinds |= 1 << k
-	}
-	buf := int(req.GetBuffer())
-	switch {
-	case buf == 0:
-		buf = DefaultWatchBuffer
-	case buf > MaxWatchBuffer:
-		return status.Errorf(codes.InvalidArgument, "buffer: %d exceeds the limit of %d", buf, MaxWatchBuffer)
+	f, buf, err := s.watchFilterOf(req)
+	if err != nil {
+		return err
 	}
 	if n := s.watches.Add(1); n > int64(s.maxWatches()) {
 		s.watches.Add(-1)
@@ -390,64 +362,7 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingS
 			s.metrics.watchDropped()
 		}
 	}
-	remove := s.ix.AddObserver(func(w *indexer.Worker, a *indexer.Applied) {
-		info := w.Info()
-		if f.model != "" && info.Model != f.model || f.workers != nil && !f.workers[info.Ref] {
-			return
-		}
-		now := timestamppb.Now()
-		base := func(k kvindexv1.WatchEventKind) *kvindexv1.WatchResponse {
-			return &kvindexv1.WatchResponse{Worker: toRef(info.Ref), Model: info.Model, Time: now, Kind: k}
-		}
-		switch {
-		case a.Batch != nil:
-			for i := range a.Batch.Events {
-				ev := &a.Batch.Events[i]
-				k := watchKind(ev.Kind)
-				if k == kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED || !f.wants(k) {
-					continue
-				}
-				out := base(k)
-				out.Blocks = clampU32(len(ev.BlockHashes))
-				out.LoraName = ev.LoRAName
-				if k != kvindexv1.WatchEventKind_WATCH_EVENT_KIND_CLEARED {
-					out.Medium = ev.Medium.String()
-				}
-				if k == kvindexv1.WatchEventKind_WATCH_EVENT_KIND_STORED && len(ev.TokenIDs) > 0 {
-					out.BlockSize = clampU32(ev.BlockSize)
-				}
-				if f.hashes && len(ev.BlockHashes) > 0 {
-					out.BlockHashes = slices.Clone(ev.BlockHashes[:min(len(ev.BlockHashes), maxWatchHashes)])
-				}
-				offer(out)
-			}
-		case a.Delta != nil:
-			if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_DELTA) {
-				out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_DELTA)
-				n := 0
-				for i := range a.Delta.Entries {
-					if e := &a.Delta.Entries[i]; e.BlockEdge || e.Op == indexer.OpDrop {
-						n++
-					}
-				}
-				out.Blocks = clampU32(n)
-				offer(out)
-			}
-		case a.Restore != nil:
-			if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED) {
-				out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED)
-				out.Blocks = clampU32(int(a.Restore.Blocks))
-				out.Reason = a.Restore.From
-				offer(out)
-			}
-		default:
-			if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET) {
-				out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET)
-				out.Reason = a.Reset
-				offer(out)
-			}
-		}
-	})
+	remove := s.ix.AddObserver(func(w *indexer.Worker, a *indexer.Applied) { f.convert(w, a, offer) })
 	defer remove()
 	ctx := stream.Context()
 	for {
@@ -459,6 +374,104 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingS
 			if err := stream.Send(ev); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// watchFilterOf validates req into a filter and the queue's length.
+func (s *Server) watchFilterOf(req *kvindexv1.WatchRequest) (*watchFilter, int, error) {
+	f := &watchFilter{model: req.GetModel(), hashes: req.GetHashes()}
+	if f.model != "" {
+		if _, ok := s.ix.Model(f.model); !ok {
+			return nil, 0, s.unknownModel(f.model)
+		}
+	}
+	if n := len(req.GetWorkers()); n > MaxWatchWorkers {
+		return nil, 0, status.Errorf(codes.InvalidArgument, "workers: %d workers exceed the limit of %d", n, MaxWatchWorkers)
+	}
+	for i, r := range req.GetWorkers() {
+		w, err := s.workerOf(fmt.Sprintf("workers[%d]", i), r)
+		if err != nil {
+			return nil, 0, err
+		}
+		if f.workers == nil {
+			f.workers = map[events.WorkerRef]bool{}
+		}
+		f.workers[w.Info().Ref] = true
+	}
+	for i, k := range req.GetKinds() {
+		if k <= kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED || k > kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "kinds[%d]: %d is not a kind of event", i, k)
+		}
+		f.kinds |= 1 << k
+	}
+	buf := int(req.GetBuffer())
+	switch {
+	case buf == 0:
+		buf = DefaultWatchBuffer
+	case buf > MaxWatchBuffer:
+		return nil, 0, status.Errorf(codes.InvalidArgument, "buffer: %d exceeds the limit of %d", buf, MaxWatchBuffer)
+	}
+	return f, buf, nil
+}
+
+// convert offers the watch events that what the index applied to w makes,
+// those f wants. It runs on the applier's goroutine: offer must not block.
+func (f *watchFilter) convert(w *indexer.Worker, a *indexer.Applied, offer func(*kvindexv1.WatchResponse)) {
+	info := w.Info()
+	if f.model != "" && info.Model != f.model || f.workers != nil && !f.workers[info.Ref] {
+		return
+	}
+	now := timestamppb.Now()
+	base := func(k kvindexv1.WatchEventKind) *kvindexv1.WatchResponse {
+		return &kvindexv1.WatchResponse{Worker: toRef(info.Ref), Model: info.Model, Time: now, Kind: k}
+	}
+	switch {
+	case a.Batch != nil:
+		for i := range a.Batch.Events {
+			ev := &a.Batch.Events[i]
+			k := watchKind(ev.Kind)
+			if k == kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED || !f.wants(k) {
+				continue
+			}
+			out := base(k)
+			out.Blocks = clampU32(len(ev.BlockHashes))
+			out.LoraName = ev.LoRAName
+			if k != kvindexv1.WatchEventKind_WATCH_EVENT_KIND_CLEARED {
+				out.Medium = ev.Medium.String()
+			}
+			if k == kvindexv1.WatchEventKind_WATCH_EVENT_KIND_STORED && len(ev.TokenIDs) > 0 {
+				out.BlockSize = clampU32(ev.BlockSize)
+			}
+			if f.hashes && len(ev.BlockHashes) > 0 {
+				out.BlockHashes = slices.Clone(ev.BlockHashes[:min(len(ev.BlockHashes), maxWatchHashes)])
+			}
+			offer(out)
+		}
+	case a.Delta != nil:
+		if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_DELTA) {
+			out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_DELTA)
+			n := 0
+			for i := range a.Delta.Entries {
+				if e := &a.Delta.Entries[i]; e.BlockEdge || e.Op == indexer.OpDrop {
+					n++
+				}
+			}
+			out.Blocks = clampU32(n)
+			offer(out)
+		}
+	case a.Restore != nil:
+		if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED) {
+			out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESTORED)
+			out.Blocks = clampU32(int(a.Restore.Blocks))
+			out.Reason = a.Restore.From
+			offer(out)
+		}
+	default:
+		if f.wants(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET) {
+			out := base(kvindexv1.WatchEventKind_WATCH_EVENT_KIND_RESET)
+			out.Reason = a.Reset
+			offer(out)
 		}
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -89,21 +91,14 @@ func callError(call, addr string, err error) error {
 	return &CallError{Call: call, Addr: addr, Status: statusOf(err), err: err}
 }
 
-// writeJSONValue prints v (not a protobuf message) as indented JSON.
-func writeJSONValue(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("render JSON: %w", err)
+// writeJSONValue prints v (not a protobuf message) as JSON: indented, or
+// on one line (a JSON-lines stream).
+func writeJSONValue(w io.Writer, v any, indent bool) error {
+	marshal := json.Marshal
+	if indent {
+		marshal = func(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
 	}
-	if _, err := w.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("write JSON: %w", err)
-	}
-	return nil
-}
-
-// writeJSONLine prints v as one line of JSON.
-func writeJSONLine(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		return fmt.Errorf("render JSON: %w", err)
 	}
@@ -148,20 +143,28 @@ func (cfg Config) now() time.Time {
 
 // Workers lists the server's workers (of model, when not empty) on cfg.Out.
 func Workers(ctx context.Context, cfg Config, model string) error {
+	return printCall(ctx, cfg, "workers", func(ctx context.Context, c *api.Client) (*kvindexv1.ListWorkersResponse, error) {
+		return c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model, Digests: true})
+	}, func(w io.Writer, resp *kvindexv1.ListWorkersResponse) error { return RenderWorkers(w, resp, cfg.now()) })
+}
+
+// printCall makes one call through call and prints its answer: as JSON
+// with cfg.JSON, otherwise by render. name names the call in its error.
+func printCall[R proto.Message](ctx context.Context, cfg Config, name string, call func(context.Context, *api.Client) (R, error), render func(io.Writer, R) error) error {
 	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: model, Digests: true})
+		resp, err := call(ctx, c)
 		if err != nil {
-			return callError("workers", cfg.Addr, err)
+			return callError(name, cfg.Addr, err)
 		}
 		if cfg.JSON {
 			return WriteJSON(cfg.Out, resp)
 		}
-		return RenderWorkers(cfg.Out, resp, cfg.now())
+		return render(cfg.Out, resp)
 	})
 }
 
-// ScoreArgs are kvindexctl score's own arguments.
-type ScoreArgs struct {
+// PromptArgs are the prompt flags score, lookup and diagnose share.
+type PromptArgs struct {
 	// Model is the served model name.
 	Model string
 	// Tokens is an inline token list ("1,2,3"); give it or TokensFile.
@@ -180,18 +183,11 @@ type ScoreArgs struct {
 	LoRA string
 	// CacheSalt is the request's cache_salt, "" for none.
 	CacheSalt string
-	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
-	Workers []string
-	// Explain asks for the ranking breakdown per worker.
-	Explain bool
-	// Policy and Guard select the ranking ("" for the server's default);
-	// setting either ranks every worker of the model.
-	Policy, Guard string
 }
 
-// Request builds the ScoreRequest that args describe, reading the tokens
-// file if one is named.
-func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
+// prompt builds the ScoreRequest of the prompt alone, reading the tokens
+// or messages file if one is named.
+func (a PromptArgs) prompt(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	var tokens []uint32
 	var err error
 	given := 0
@@ -226,7 +222,29 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	if len(tokens) == 0 && a.Prompt == "" && len(msgs) == 0 {
 		return nil, fmt.Errorf("no tokens given")
 	}
-	req := &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, Prompt: a.Prompt, Messages: msgs, LoraName: a.LoRA, CacheSalt: a.CacheSalt, Explain: a.Explain}
+	return &kvindexv1.ScoreRequest{Model: a.Model, TokenIds: tokens, Prompt: a.Prompt, Messages: msgs, LoraName: a.LoRA, CacheSalt: a.CacheSalt}, nil
+}
+
+// ScoreArgs are kvindexctl score's arguments: the prompt's and its own.
+type ScoreArgs struct {
+	PromptArgs
+	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
+	Workers []string
+	// Explain asks for the ranking breakdown per worker.
+	Explain bool
+	// Policy and Guard select the ranking ("" for the server's default);
+	// setting either ranks every worker of the model.
+	Policy, Guard string
+}
+
+// Request builds the ScoreRequest that args describe, reading the tokens
+// or messages file if one is named.
+func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
+	req, err := a.prompt(stdin)
+	if err != nil {
+		return nil, err
+	}
+	req.Explain = a.Explain
 	if a.Policy != "" || a.Guard != "" {
 		req.Policy = &kvindexv1.ScorePolicy{Name: a.Policy, Guard: a.Guard}
 	}
@@ -282,17 +300,37 @@ func Score(ctx context.Context, cfg Config, args ScoreArgs) error {
 	if err != nil {
 		return err
 	}
-	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
-		resp, err := c.Score(ctx, req)
-		if err != nil {
-			return callError("score", cfg.Addr, err)
-		}
-		if cfg.JSON {
-			return WriteJSON(cfg.Out, resp)
-		}
+	return printCall(ctx, cfg, "score", func(ctx context.Context, c *api.Client) (*kvindexv1.ScoreResponse, error) {
+		return c.Score(ctx, req)
+	}, func(w io.Writer, resp *kvindexv1.ScoreResponse) error {
 		if args.Explain {
-			return RenderExplain(cfg.Out, req, resp)
+			return RenderExplain(w, req, resp)
 		}
-		return RenderScore(cfg.Out, req, resp)
+		return RenderScore(w, req, resp)
 	})
+}
+
+// hint says what to do about a refused or failed call, by its code.
+func hint(c codes.Code) string {
+	switch c {
+	case codes.Unavailable:
+		return "the server cannot be reached: check --addr, that kvindex serve runs, and --tls for a TLS server"
+	case codes.Unauthenticated:
+		return "the server wants a token: give --token-file or $KVINDEX_TOKEN (or a client certificate)"
+	case codes.PermissionDenied:
+		return "the token lacks the scope this call needs (read, or route for Route/Release)"
+	case codes.ResourceExhausted:
+		return "the server is at a limit (overloaded, or too many watches): retry later"
+	case codes.DeadlineExceeded:
+		return "no answer in time: raise --timeout"
+	}
+	return ""
+}
+
+// statusOf returns err's gRPC status, looking through wrapping.
+func statusOf(err error) *status.Status {
+	if st, ok := api.ServerStatus(err); ok {
+		return st
+	}
+	return status.Convert(err)
 }

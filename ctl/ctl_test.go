@@ -96,7 +96,7 @@ func TestParseWorker(t *testing.T) {
 }
 
 func TestScoreArgsRequest(t *testing.T) {
-	req, err := ctl.ScoreArgs{Model: "m", Tokens: "1,2", LoRA: "l", CacheSalt: "s", Workers: []string{"a/1", "b"}}.Request(nil)
+	req, err := ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", Tokens: "1,2", LoRA: "l", CacheSalt: "s"}, Workers: []string{"a/1", "b"}}.Request(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,12 +108,12 @@ func TestScoreArgsRequest(t *testing.T) {
 		args ctl.ScoreArgs
 		want string
 	}{
-		{ctl.ScoreArgs{Model: "m"}, "--tokens or --tokens-file: required"},
-		{ctl.ScoreArgs{Model: "m", Tokens: "1", TokensFile: "f"}, "--tokens, --tokens-file: give exactly one"},
-		{ctl.ScoreArgs{Model: "m", Tokens: "1", Prompt: "hi"}, "--tokens, --tokens-file, --prompt, --messages-file: give exactly one"},
-		{ctl.ScoreArgs{Model: "m", MessagesFile: "/nonexistent/chat.json"}, "--messages-file /nonexistent/chat.json: open"},
-		{ctl.ScoreArgs{Model: "m", Tokens: " , "}, "no tokens"},
-		{ctl.ScoreArgs{Model: "m", Tokens: "1", Workers: []string{"p/x"}}, "--worker"},
+		{ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m"}}, "--tokens or --tokens-file: required"},
+		{ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", Tokens: "1", TokensFile: "f"}}, "--tokens, --tokens-file: give exactly one"},
+		{ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", Tokens: "1", Prompt: "hi"}}, "--tokens, --tokens-file, --prompt, --messages-file: give exactly one"},
+		{ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", MessagesFile: "/nonexistent/chat.json"}}, "--messages-file /nonexistent/chat.json: open"},
+		{ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", Tokens: " , "}}, "no tokens"},
+		{ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", Tokens: "1"}, Workers: []string{"p/x"}}, "--worker"},
 	} {
 		if _, err := tc.args.Request(nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want %q", tc.args, err, tc.want)
@@ -299,15 +299,15 @@ func TestRenderExplain(t *testing.T) {
 // TestScoreArgsText: a prompt and a chat from stdin become the request's
 // prompt and messages.
 func TestScoreArgsText(t *testing.T) {
-	req, err := ctl.ScoreArgs{Model: "m", Prompt: "once upon"}.Request(nil)
+	req, err := ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", Prompt: "once upon"}}.Request(nil)
 	if err != nil || req.GetPrompt() != "once upon" || len(req.GetTokenIds()) != 0 {
 		t.Fatalf("prompt: %v, %v", req, err)
 	}
-	req, err = ctl.ScoreArgs{Model: "m", MessagesFile: "-"}.Request(strings.NewReader(`[{"role":"system","content":"be terse"},{"role":"user","content":"hi"}]`))
+	req, err = ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", MessagesFile: "-"}}.Request(strings.NewReader(`[{"role":"system","content":"be terse"},{"role":"user","content":"hi"}]`))
 	if err != nil || len(req.GetMessages()) != 2 || req.GetMessages()[1].GetContent() != "hi" {
 		t.Fatalf("messages: %v, %v", req, err)
 	}
-	if _, err := (ctl.ScoreArgs{Model: "m", MessagesFile: "-"}).Request(strings.NewReader(`{"role":"user"}`)); err == nil || !strings.Contains(err.Error(), "JSON array") {
+	if _, err := (ctl.ScoreArgs{PromptArgs: ctl.PromptArgs{Model: "m", MessagesFile: "-"}}).Request(strings.NewReader(`{"role":"user"}`)); err == nil || !strings.Contains(err.Error(), "JSON array") {
 		t.Fatalf("not an array: %v", err)
 	}
 }

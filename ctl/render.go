@@ -237,7 +237,7 @@ func RenderExplain(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.Sco
 			rw = fmt.Sprintf("%d/%d (%s)", l.GetRunning(), l.GetWaiting(), l.GetSource())
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.2f\t%s\t%d\t%d\t%.0f\t%.0f\n", i+1, WorkerName(s.GetWorker()),
-			strings.TrimPrefix(s.GetHealth().String(), "WORKER_HEALTH_"), matched, s.GetOverlap(), rw,
+			healthName(s.GetHealth()), matched, s.GetOverlap(), rw,
 			l.GetInflightRequests(), l.GetQueuedPrefillTokens(), s.GetPenalty(), s.GetScore())
 	}
 	if err := tw.Flush(); err != nil {

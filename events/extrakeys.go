@@ -209,3 +209,124 @@ func writePy(sb *strings.Builder, v any) {
 		sb.WriteByte(')')
 	}
 }
+
+// decodeExtraKeys decodes extra_keys: nil, or one entry per block, each nil
+// or a tuple, into canonical ExtraKeys, reusing the event's old buffers.
+func (d *Decoder) decodeExtraKeys(e *Event, isNil bool) error {
+	ek := e.ExtraKeys
+	if ek == nil {
+		ek = d.spareExtra
+	}
+	d.spareExtra = nil
+	if isNil {
+		e.ExtraKeys = nil
+		d.spareExtra = ek
+		return nil
+	}
+	n, err := d.readArrayLen(1)
+	if err != nil {
+		return err
+	}
+	if cap(ek) < n {
+		grown := make([]ExtraKeys, n)
+		copy(grown, ek[:cap(ek)]) // keep old entries' buffers for reuse
+		ek = grown
+	} else if ek == nil {
+		ek = make([]ExtraKeys, 0) // non-nil: extra_keys was sent, even if empty
+	}
+	ek = ek[:n]
+	e.ExtraKeys = ek
+	for i := range ek {
+		d.index = i
+		off := d.pos
+		c, err := d.peek(off)
+		if err != nil {
+			return err
+		}
+		switch {
+		case c == 0xc0:
+			d.pos++
+			ek[i] = nil
+		case isArray(c):
+			buf, err := d.appendExtraValue(ek[i][:0], 0)
+			if err != nil {
+				return err
+			}
+			ek[i] = buf
+		default:
+			return d.typeErr(off, c, "tuple (array) or nil per block")
+		}
+	}
+	d.index = -1
+	return nil
+}
+
+// appendExtraValue appends the canonical encoding (see ExtraKeys) of the next
+// msgpack value, which sits at nesting depth depth (a block's tuple is 0).
+func (d *Decoder) appendExtraValue(dst []byte, depth int) ([]byte, error) {
+	off := d.pos
+	if depth > maxExtraDepth {
+		return dst, d.errorf(off, "extra keys nested deeper than %d", maxExtraDepth)
+	}
+	c, err := d.peek(off)
+	if err != nil {
+		return dst, err
+	}
+	switch {
+	case c == 0xc0:
+		d.pos++
+		return AppendNone(dst), nil
+	case c == 0xc2 || c == 0xc3:
+		d.pos++
+		return AppendBool(dst, c == 0xc3), nil
+	case isInt(c):
+		v, neg, err := d.readRawInt(off, c)
+		if err != nil {
+			return dst, err
+		}
+		if neg {
+			return AppendInt(dst, int64(v)), nil
+		}
+		return AppendUint(dst, v), nil
+	case c == 0xca || c == 0xcb:
+		f, err := d.readRawFloat(off, c)
+		if err != nil {
+			return dst, err
+		}
+		return AppendFloat(dst, f), nil
+	case isStr(c):
+		s, err := d.readBody(off, c)
+		if err != nil {
+			return dst, err
+		}
+		return appendExtraString(dst, s), nil
+	case isBin(c):
+		b, err := d.readBody(off, c)
+		if err != nil {
+			return dst, err
+		}
+		return AppendBytes(dst, b), nil
+	case isArray(c):
+		n, err := d.arrayLen(off, c, 1)
+		if err != nil {
+			return dst, err
+		}
+		dst = AppendTuple(dst, n)
+		d.path = append(d.path, 0)
+		for i := 0; i < n; i++ {
+			d.path[len(d.path)-1] = i
+			if dst, err = d.appendExtraValue(dst, depth+1); err != nil {
+				return dst, err
+			}
+		}
+		d.path = d.path[:len(d.path)-1]
+		return dst, nil
+	}
+	return dst, d.typeErr(off, c, "str, bin, int, float, bool, nil or tuple in extra keys")
+}
+
+// appendExtraString is AppendString(dst, string(s)) without converting s.
+func appendExtraString(dst, s []byte) []byte {
+	dst = binary.AppendUvarint(append(dst, 's'), uint64(len(s)))
+	return append(dst, s...)
+}

@@ -97,57 +97,50 @@ func readToken(file string) (string, error) {
 	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
-func newWorkers(cfg *ctl.Config) *cobra.Command {
-	var model string
-	cmd := &cobra.Command{
-		Use:   "workers",
-		Short: "List workers with their event-stream and index health",
-		Args:  cobra.NoArgs,
+// command builds a subcommand that takes no positional arguments and runs
+// f with *a (bound to its flags) on a copy of cfg writing to the command's
+// output.
+func command[A any](cfg *ctl.Config, use, short, example string, f func(context.Context, ctl.Config, A) error, a *A) *cobra.Command {
+	return &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Example: example,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := *cfg
 			c.Out = cmd.OutOrStdout()
-			return ctl.Workers(cmd.Context(), c, model)
+			return f(cmd.Context(), c, *a)
 		},
 	}
+}
+
+func newWorkers(cfg *ctl.Config) *cobra.Command {
+	var model string
+	cmd := command(cfg, "workers", "List workers with their event-stream and index health", "", ctl.Workers, &model)
 	cmd.Flags().StringVar(&model, "model", "", "list only the workers of this model")
 	return cmd
 }
 
 func newScore(cfg *ctl.Config) *cobra.Command {
 	var a ctl.ScoreArgs
-	cmd := &cobra.Command{
-		Use:   "score",
-		Short: "Show how long a prefix of a prompt each worker holds",
-		Example: "  kvindexctl score --model llama --tokens 1,2,3,4\n" +
-			"  kvindexctl score --model llama --tokens-file prompt.json --worker pod-a/0 --worker pod-b/0\n" +
-			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -\n" +
-			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware\n" +
-			"  kvindexctl score --model llama --prompt 'Once upon a time'    # tokenized by the model's vLLM server\n" +
+	cmd := command(cfg, "score", "Show how long a prefix of a prompt each worker holds",
+		"  kvindexctl score --model llama --tokens 1,2,3,4\n"+
+			"  kvindexctl score --model llama --tokens-file prompt.json --worker pod-a/0 --worker pod-b/0\n"+
+			"  tokenize < prompt.txt | kvindexctl score --model llama --tokens-file -\n"+
+			"  kvindexctl score --model llama --tokens-file prompt.json --explain --policy cache_aware\n"+
+			"  kvindexctl score --model llama --prompt 'Once upon a time'    # tokenized by the model's vLLM server\n"+
 			"  kvindexctl score --model llama --messages-file chat.json --explain",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Score(cmd.Context(), c, a)
-		},
-	}
+		ctl.Score, &a)
+	promptFlags(cmd, &a.PromptArgs)
 	f := cmd.Flags()
-	f.StringVar(&a.Model, "model", "", "served model name (required)")
-	f.StringVar(&a.Tokens, "tokens", "", "prompt token ids, comma or space separated")
-	f.StringVar(&a.TokensFile, "tokens-file", "", "file of token ids (separated, or a JSON array); - for stdin")
-	f.StringVar(&a.Prompt, "prompt", "", "prompt text, tokenized by the server through the model's vLLM server")
-	f.StringVar(&a.MessagesFile, "messages-file", "", "file of a chat, a JSON array of {role, content}; - for stdin")
-	f.StringVar(&a.LoRA, "lora", "", "LoRA adapter name")
-	f.StringVar(&a.CacheSalt, "cache-salt", "", "request cache_salt")
 	f.StringArrayVar(&a.Workers, "worker", nil, "candidate worker pod/rank (repeatable); every candidate is listed")
 	f.BoolVar(&a.Explain, "explain", false, "show the ranking breakdown per worker (overlap, load, penalty, score, reason)")
 	f.StringVar(&a.Policy, "policy", "", "ranking policy: cache_aware or longest_prefix (ranks every worker of the model)")
 	f.StringVar(&a.Guard, "guard", "", "hotspot guard of cache_aware: cost, static or off")
-	_ = cmd.MarkFlagRequired("model")
 	return cmd
 }
 
-// promptFlags adds the prompt flags lookup and diagnose share with score.
+// promptFlags adds the prompt flags score, lookup and diagnose share.
 func promptFlags(cmd *cobra.Command, a *ctl.PromptArgs) {
 	f := cmd.Flags()
 	f.StringVar(&a.Model, "model", "", "served model name (required)")
@@ -162,34 +155,16 @@ func promptFlags(cmd *cobra.Command, a *ctl.PromptArgs) {
 
 func newLookup(cfg *ctl.Config) *cobra.Command {
 	var a ctl.PromptArgs
-	cmd := &cobra.Command{
-		Use:     "lookup",
-		Short:   "Show which workers hold each block of a prompt, in which media",
-		Example: "  kvindexctl lookup --model llama --tokens-file prompt.json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Lookup(cmd.Context(), c, a)
-		},
-	}
+	cmd := command(cfg, "lookup", "Show which workers hold each block of a prompt, in which media",
+		"  kvindexctl lookup --model llama --tokens-file prompt.json", ctl.Lookup, &a)
 	promptFlags(cmd, &a)
 	return cmd
 }
 
 func newDump(cfg *ctl.Config) *cobra.Command {
 	var a ctl.DumpArgs
-	cmd := &cobra.Command{
-		Use:     "dump",
-		Short:   "List a worker's resident content keys and its digest",
-		Example: "  kvindexctl dump --worker pod-a/0\n  kvindexctl dump --worker pod-a/0 --max-keys 100 --json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Dump(cmd.Context(), c, a)
-		},
-	}
+	cmd := command(cfg, "dump", "List a worker's resident content keys and its digest",
+		"  kvindexctl dump --worker pod-a/0\n  kvindexctl dump --worker pod-a/0 --max-keys 100 --json", ctl.Dump, &a)
 	f := cmd.Flags()
 	f.StringVar(&a.Worker, "worker", "", "worker pod/rank (required)")
 	f.Uint32Var(&a.PageSize, "page-size", 0, "keys per call (default: the server's, 1000; at most 10000)")
@@ -200,18 +175,10 @@ func newDump(cfg *ctl.Config) *cobra.Command {
 
 func newDiff(cfg *ctl.Config) *cobra.Command {
 	var a ctl.DiffArgs
-	cmd := &cobra.Command{
-		Use:   "diff",
-		Short: "Compare two servers' workers: by digest, then block by block where they differ",
-		Example: "  kvindexctl diff --addr replica-0:50051 --other replica-1:50051\n" +
+	cmd := command(cfg, "diff", "Compare two servers' workers: by digest, then block by block where they differ",
+		"  kvindexctl diff --addr replica-0:50051 --other replica-1:50051\n"+
 			"  kvindexctl diff --addr replica-0:50051 --other replica-1:50051 --worker pod-a/0 --json",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Diff(cmd.Context(), c, a)
-		},
-	}
+		ctl.Diff, &a)
 	f := cmd.Flags()
 	f.StringVar(&a.Other, "other", "", "the second server's address (required; the first is --addr)")
 	f.StringVar(&a.Worker, "worker", "", "compare only this worker pod/rank")
@@ -224,18 +191,10 @@ func newDiff(cfg *ctl.Config) *cobra.Command {
 
 func newDiagnose(cfg *ctl.Config) *cobra.Command {
 	var a ctl.DiagnoseArgs
-	cmd := &cobra.Command{
-		Use:   "diagnose",
-		Short: "Explain why a worker misses a prompt, and check parity with the engine's block hashes",
-		Example: "  kvindexctl diagnose --model llama --tokens-file prompt.json --worker pod-a/0\n" +
+	cmd := command(cfg, "diagnose", "Explain why a worker misses a prompt, and check parity with the engine's block hashes",
+		"  kvindexctl diagnose --model llama --tokens-file prompt.json --worker pod-a/0\n"+
 			"  kvindexctl diagnose --model llama --tokens-file prompt.json --worker pod-a/0 --engine-hashes 0x1a2b,0x3c4d",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Diagnose(cmd.Context(), c, a)
-		},
-	}
+		ctl.Diagnose, &a)
 	promptFlags(cmd, &a.PromptArgs)
 	f := cmd.Flags()
 	f.StringVar(&a.Worker, "worker", "", "the worker expected to hold the prompt, pod/rank (required)")
@@ -246,17 +205,8 @@ func newDiagnose(cfg *ctl.Config) *cobra.Command {
 
 func newWatch(cfg *ctl.Config) *cobra.Command {
 	var a ctl.WatchArgs
-	cmd := &cobra.Command{
-		Use:     "watch",
-		Short:   "Stream the events the index applies, as they are applied",
-		Example: "  kvindexctl watch --worker pod-a/0\n  kvindexctl watch --model llama --kind reset --kind cleared --json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Watch(cmd.Context(), c, a)
-		},
-	}
+	cmd := command(cfg, "watch", "Stream the events the index applies, as they are applied",
+		"  kvindexctl watch --worker pod-a/0\n  kvindexctl watch --model llama --kind reset --kind cleared --json", ctl.Watch, &a)
 	f := cmd.Flags()
 	f.StringVar(&a.Model, "model", "", "only this model's workers")
 	f.StringArrayVar(&a.Workers, "worker", nil, "only this worker pod/rank (repeatable)")
@@ -269,17 +219,8 @@ func newWatch(cfg *ctl.Config) *cobra.Command {
 
 func newTop(cfg *ctl.Config) *cobra.Command {
 	var a ctl.TopArgs
-	cmd := &cobra.Command{
-		Use:     "top",
-		Short:   "A live per-worker table: events/s, resident blocks, gaps, replays, staleness, in-flight, predicted hit ratio",
-		Example: "  kvindexctl top\n  kvindexctl top --model llama --interval 5s --iterations 1 --json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			return ctl.Top(cmd.Context(), c, a)
-		},
-	}
+	cmd := command(cfg, "top", "A live per-worker table: events/s, resident blocks, gaps, replays, staleness, in-flight, predicted hit ratio",
+		"  kvindexctl top\n  kvindexctl top --model llama --interval 5s --iterations 1 --json", ctl.Top, &a)
 	f := cmd.Flags()
 	f.StringVar(&a.Model, "model", "", "only this model's workers")
 	f.DurationVar(&a.Interval, "interval", 2*time.Second, "refresh period")
@@ -288,27 +229,25 @@ func newTop(cfg *ctl.Config) *cobra.Command {
 	return cmd
 }
 
+// healthArgs are kvindexctl health's arguments: a gRPC service, or an HTTP
+// URL to check instead.
+type healthArgs struct{ service, httpURL string }
+
 func newHealth(cfg *ctl.Config) *cobra.Command {
-	var service, httpURL string
-	cmd := &cobra.Command{
-		Use:   "health",
-		Short: "Check the server's gRPC health (grpc.health.v1); exits non-zero unless SERVING",
-		Long: "health asks the standard gRPC health service, as kubelet's gRPC probe does, and prints the\n" +
-			"status; it exits non-zero unless the status is SERVING, so it serves as a container health check.\n" +
-			"With --http it GETs that URL instead (a kvindex agent's /healthz: agents serve no gRPC), sending the\n" +
-			"--token-file token as \"Authorization: Bearer\" and, for https, the --tls-* settings.",
-		Example: "  kvindexctl --addr localhost:50051 health\n  kvindexctl health --http http://127.0.0.1:9400/healthz",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := *cfg
-			c.Out = cmd.OutOrStdout()
-			if httpURL != "" {
-				return ctl.HealthHTTP(cmd.Context(), c, httpURL)
-			}
-			return ctl.Health(cmd.Context(), c, service)
-		},
+	var a healthArgs
+	health := func(ctx context.Context, c ctl.Config, a healthArgs) error {
+		if a.httpURL != "" {
+			return ctl.HealthHTTP(ctx, c, a.httpURL)
+		}
+		return ctl.Health(ctx, c, a.service)
 	}
-	cmd.Flags().StringVar(&service, "service", "", "service to ask about (default: the server as a whole)")
-	cmd.Flags().StringVar(&httpURL, "http", "", "check this HTTP URL (200 is healthy) instead of gRPC")
+	cmd := command(cfg, "health", "Check the server's gRPC health (grpc.health.v1); exits non-zero unless SERVING",
+		"  kvindexctl --addr localhost:50051 health\n  kvindexctl health --http http://127.0.0.1:9400/healthz", health, &a)
+	cmd.Long = "health asks the standard gRPC health service, as kubelet's gRPC probe does, and prints the\n" +
+		"status; it exits non-zero unless the status is SERVING, so it serves as a container health check.\n" +
+		"With --http it GETs that URL instead (a kvindex agent's /healthz: agents serve no gRPC), sending the\n" +
+		"--token-file token as \"Authorization: Bearer\" and, for https, the --tls-* settings."
+	cmd.Flags().StringVar(&a.service, "service", "", "service to ask about (default: the server as a whole)")
+	cmd.Flags().StringVar(&a.httpURL, "http", "", "check this HTTP URL (200 is healthy) instead of gRPC")
 	return cmd
 }

@@ -1,0 +1,248 @@
+package zmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvindex/kvindex/events"
+)
+
+// startRecovery fetches batches from seq from on, holding pending (live
+// messages that arrived after the gap) until the replay answers.
+func (st *stream) startRecovery(ctx context.Context, from uint64, pending []message, why string) {
+	st.replayGen++
+	if why != "continued" {
+		st.rounds = 0
+	}
+	st.recovering, st.recoverFrom, st.pending = true, from, pending
+	st.pendingBytes = 0
+	for _, m := range pending {
+		st.pendingBytes += m.size
+	}
+	if why == "join" || why == "late join" {
+		st.joinTried = true
+	}
+	st.isRecovering.Store(true)
+	st.mu.Lock()
+	st.stats.Replays++
+	st.mu.Unlock()
+	endpoint, gen := st.replay, st.replayGen
+	go func() {
+		res := replayResult{gen: gen, from: from}
+		select {
+		case st.sub.replaySlots <- struct{}{}:
+			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayIdle, st.sub.opts.ReplayMaxBatches, st.sub.opts.ReplayMaxBytes, max(st.sub.opts.MaxMessageBytes, -1))
+			<-st.sub.replaySlots
+		case <-ctx.Done():
+			res.err = ctx.Err()
+		}
+		if res.err != nil && ctx.Err() == nil {
+			res.err = fmt.Errorf("%s replay from seq %d: %w", why, from, res.err)
+		}
+		select {
+		case st.replayDone <- res:
+		case <-ctx.Done(): // the stream has stopped reading
+		}
+	}()
+}
+
+// onReplay applies a replay's batches that precede the pending live
+// messages, applies the gap policy to whatever it could not fill, then
+// drains the pending messages.
+func (st *stream) onReplay(ctx context.Context, r replayResult) {
+	if !st.recovering || r.gen != st.replayGen {
+		st.mu.Lock()
+		st.stats.StaleReplays++
+		st.mu.Unlock()
+		st.problem(fmt.Errorf("replay from seq %d answered after it was given up (replay %d, current %d): %d batches dropped", r.from, r.gen, st.replayGen, len(r.batches)), false)
+		return
+	}
+	if r.from != st.recoverFrom {
+		brokenInvariant(fmt.Sprintf("replay %d answered from seq %d for a recovery from seq %d", r.gen, r.from, st.recoverFrom))
+	}
+	st.recovering = false
+	st.isRecovering.Store(false)
+	pending := st.pending
+	st.pending, st.pendingBytes = nil, 0
+	limit := ^uint64(0)
+	if len(pending) > 0 {
+		limit = pending[0].seq
+	}
+	cut := errors.Is(r.err, errReplayCut)
+	if r.err != nil && ctx.Err() != nil {
+		st.drain(ctx, pending)
+		return
+	}
+	if r.err != nil && !cut {
+		st.mu.Lock()
+		st.stats.ReplayFailures++
+		st.mu.Unlock()
+		st.backoff = min(max(2*st.backoff, st.sub.opts.ReplayBackoff), 30*time.Second)
+		st.backoffUntil = time.Now().Add(st.backoff)
+		st.problem(r.err, false)
+	} else {
+		st.backoff = 0
+	}
+	// When the answer skipped seqs after it had started, or stopped short,
+	// the engine still held what is missing (its ROUTER dropped messages at
+	// its send high-water mark): apply the contiguous part and ask again
+	// from the first missing seq. Only what the engine no longer buffers,
+	// the seqs before its answer's first, are lost.
+	if n := st.contiguous(r, limit); n > 0 && st.rounds < maxReplayRounds {
+		after := r.batches[n-1].seq + 1
+		// A skip right after the contiguous part is a hole even when
+		// the answer resumes at or past limit: the engine still holds
+		// [after, limit), since it went on to publish limit.
+		hole := n < len(r.batches) && r.batches[n].seq != after
+		if (hole || cut) && after < limit {
+			next := r.from
+			for _, b := range r.batches[:n] {
+				if b.seq > next { // the engine's buffer starts after what we asked for
+					st.lost(next, b.seq, r.from)
+				}
+				st.applyReplayed(b)
+				next = b.seq + 1
+			}
+			st.rounds++
+			st.mu.Lock()
+			st.stats.ReplayContinuations++
+			st.mu.Unlock()
+			st.startRecovery(ctx, next, pending, "continued")
+			return
+		}
+	}
+	st.rounds = 0
+	next := r.from
+	for _, b := range r.batches {
+		if b.seq < next {
+			continue
+		}
+		if b.seq >= limit {
+			break // the live stream takes over; what is missing before it is below
+		}
+		if b.seq > next {
+			end := b.seq
+			if next == r.from {
+				st.lost(next, end, r.from)
+			} else {
+				st.unrecoverable(next, end, "the engine's replay answer skipped them")
+			}
+			next = end
+		}
+		st.applyReplayed(b)
+		next = b.seq + 1
+	}
+	if limit != ^uint64(0) {
+		switch {
+		case next < limit && st.hasExpected:
+			reason := "replay did not reach the live stream"
+			if r.err != nil {
+				reason = "replay failed"
+			}
+			st.unrecoverable(next, limit, reason)
+			st.expected = limit
+		case next < limit && limit > 0:
+			// Nothing of this process was learned before the first live
+			// message: a late join whose history is gone.
+			st.mu.Lock()
+			st.stats.JoinedAtSeq = limit
+			st.mu.Unlock()
+		case st.hasExpected:
+			st.expected = limit
+		}
+	}
+	st.drain(ctx, pending)
+}
+
+// maxReplayRounds bounds how many times one recovery asks again for what
+// an answer dropped: 64 rounds of libzmq's default 1,000-message send limit
+// cover vLLM's default 10,000-step buffer several times over.
+const maxReplayRounds = 64
+
+// contiguous returns how many of r's batches, from the first, follow each
+// other without a hole and precede limit. A hole before the first batch
+// (the engine's buffer starts later) does not end the run: those seqs are
+// gone, not dropped.
+func (st *stream) contiguous(r replayResult, limit uint64) int {
+	for i, b := range r.batches {
+		if b.seq >= limit || i > 0 && b.seq != r.batches[i-1].seq+1 {
+			return i
+		}
+	}
+	return len(r.batches)
+}
+
+// lost handles seqs [from, to) that the engine's buffer no longer holds, at
+// the start of an answer asked from seq asked: a late join learns the
+// worker's history starts at to; otherwise the gap policy applies.
+func (st *stream) lost(from, to, asked uint64) {
+	if !st.hasExpected && from == asked {
+		st.mu.Lock()
+		st.stats.JoinedAtSeq = to
+		st.mu.Unlock()
+		return
+	}
+	st.unrecoverable(from, to, "the engine's replay buffer no longer holds them")
+}
+
+// applyReplayed decodes and applies one replayed batch and advances
+// expected past it.
+func (st *stream) applyReplayed(b replayedBatch) {
+	m := message{seq: b.seq, at: time.Now(), sum: xxh3.Hash(b.payload)}
+	if st.dec == nil {
+		st.dec = events.NewDecoder()
+	}
+	if err := st.dec.Decode(b.payload, &st.replayBatch); err != nil {
+		m.decodeErr = err
+		st.apply(m)
+		return
+	}
+	st.remember(b.seq, m.sum)
+	st.expected, st.hasExpected = b.seq+1, true
+	st.applyBatch(b.seq, &st.replayBatch, true)
+}
+
+// drain processes held live messages in order, re-holding the rest if one
+// of them starts another recovery.
+func (st *stream) drain(ctx context.Context, msgs []message) {
+	for i, m := range msgs {
+		if st.recovering {
+			st.pending = append(st.pending, msgs[i:]...)
+			for _, m := range msgs[i:] {
+				st.pendingBytes += m.size
+			}
+			return
+		}
+		st.process(ctx, m)
+	}
+}
+
+// unrecoverable applies the gap policy to the lost seqs [from, to).
+func (st *stream) unrecoverable(from, to uint64, reason string) {
+	msg := fmt.Sprintf("lost batches %d..%d (%s)", from, to-1, reason)
+	st.mu.Lock()
+	st.stats.UnrecoveredGaps++
+	st.stats.UnsyncedReason = msg
+	st.mu.Unlock()
+	switch st.sub.opts.GapPolicy {
+	case events.GapKeep:
+		st.unsynced.Store(true)
+		st.sub.opts.Logger.Warn("kv events lost and not replayed; worker marked unsynced", "worker", st.ref.String(), "detail", msg)
+	default:
+		st.sink.Reset(msg)
+		st.unsynced.Store(false)
+		st.sub.opts.Logger.Warn("kv events lost and not replayed; worker reset", "worker", st.ref.String(), "detail", msg)
+	}
+}
+
+// releasePending returns held batches to the pool at shutdown.
+func (st *stream) releasePending() {
+	for _, m := range st.pending {
+		st.sub.putBatch(m.batch)
+	}
+	st.pending = nil
+}
