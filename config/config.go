@@ -325,7 +325,7 @@ type Scoring struct {
 	LoadWeight float64 `yaml:"load_weight,omitempty"`
 	// Guard is the hotspot guard: ttft (DefaultGuard), cost, static or off.
 	Guard string `yaml:"guard,omitempty"`
-	// Cost is the engine cost model the ttft guard estimates time to
+	// Cost is the cost model the ttft guard estimates time to
 	// first token with (defaults: scoring.DefaultCostModel, an 8B model on
 	// one H100; see scoring.Calibrate for measuring it from vLLM's
 	// metrics).

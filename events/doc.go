@@ -23,9 +23,10 @@
 //
 // # Identity
 //
-// A worker is a (pod, data-parallel rank) pair, WorkerRef: each DP rank has
-// its own KV cache and publishes on its own port. An engine is the vLLM
-// process of one pod; a pod with dp_size N runs N workers.
+// A worker is a (pod, data-parallel rank) pair, WorkerRef: each DP rank is
+// one vLLM engine core with its own KV cache, publishing on its own port
+// (vLLM's metrics label it `engine`); a pod with dp_size N runs N engines,
+// so N workers.
 //
 // # Concurrency
 //

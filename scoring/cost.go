@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// CostModel is the engine cost model GuardTTFT ranks by: how long a vLLM
+// CostModel is the cost model GuardTTFT ranks by: how long a vLLM
 // engine takes for a step, from which each candidate's time to first
 // token is estimated. One model describes every engine of a model (a
 // fleet of one GPU type); its parameters are measurable from vLLM's own

@@ -27,7 +27,7 @@
 //
 //	guard ttft (default): the estimated time to first token of this
 //	    request on w, plus the delay its prefill adds to the requests that
-//	    will queue behind it, from one engine cost model (CostModel:
+//	    will queue behind it, from one cost model (CostModel:
 //	    prefill rate, step overhead, cost per decoding request and per
 //	    context token, step token budget, KV capacity; DefaultCostModel is
 //	    an 8B model on one H100; Calibrate fits it from vLLM's metrics):

@@ -19,7 +19,7 @@ type Name uint8
 
 const (
 	// CacheAware ranks by least cost as the guard says: by default the
-	// estimated time to first token under the engine cost model.
+	// estimated time to first token under the cost model.
 	CacheAware Name = iota
 	// LongestPrefix ranks by tier-weighted cached blocks, ties by load.
 	LongestPrefix
@@ -82,7 +82,7 @@ type Policy struct {
 	// StaticK is GuardStatic's multiple of the median in-flight count
 	// (default 2, the published rule).
 	StaticK float64
-	// Cost is GuardTTFT's engine cost model; a zero model means
+	// Cost is GuardTTFT's cost model; a zero model means
 	// DefaultCostModel().
 	Cost CostModel
 }

@@ -1,4 +1,4 @@
-// Package nats is kvindex's fleet transport over NATS: an agent (a
+// Package natsbus is kvindex's fleet transport over NATS: an agent (a
 // sidecar beside one vLLM pod) publishes each of its workers' deltas on
 // core NATS subjects, serves snapshots over request/reply, and registers
 // the workers in a JetStream key-value bucket kept alive by heartbeat; a

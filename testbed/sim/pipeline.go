@@ -106,7 +106,7 @@ func (p *pipeline) problems(f *fleet) (int64, error) {
 	return n, p.firstErr
 }
 
-// CostModel is kvindex's engine cost model calibrated to the simulated
+// CostModel is kvindex's cost model calibrated to the simulated
 // engines: their time model, step budget and cache size, what an operator
 // measures from vLLM's metrics (scoring.Calibrate).
 func CostModel(c engine.Config) scoring.CostModel {

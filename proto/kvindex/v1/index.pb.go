@@ -1004,7 +1004,7 @@ type ScorePolicy struct {
 	// uncached tokens in cache_aware with the "cost" guard (default 1/3).
 	LoadWeight float64 `protobuf:"fixed64,5,opt,name=load_weight,json=loadWeight,proto3" json:"load_weight,omitempty"`
 	// guard is the hotspot guard: "ttft" (default: the least estimated time
-	// to first token under the server's engine cost model, plus what the
+	// to first token under the server's cost model, plus what the
 	// request's prefill costs the requests after it), "cost" (own uncached
 	// tokens plus load_weight times queued tokens), "static" (divert when
 	// in-flight requests exceed static_k times the median), or "off".
