@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -186,4 +188,59 @@ func TestRunReleases(t *testing.T) {
 	}
 	http.DefaultClient.CloseIdleConnections()
 	assertReleased(t, ns, before, addrs...)
+}
+
+// TestRunAgentServesMetricsWithTokens runs kvindex agent as cmd/kvindex
+// does: its metrics server takes the auth section's tokens (no token 401,
+// a token of scope read 200 with the agent's metrics and the refusal
+// counted), and it stops cleanly, its NATS connection closed.
+func TestRunAgentServesMetricsWithTokens(t *testing.T) {
+	const secret = "agent-read-secret-0123456789"
+	t.Setenv("KVINDEX_TEST_AGENT_READ", secret)
+	ns := runNATS(t)
+	addrs := freeAddrs(t, 2)
+	cfg := &config.Config{MetricsListen: addrs[0], NATS: config.NATS{URL: ns.ClientURL()},
+		Pods: []config.Pod{{Name: "vllm-0", Model: "m", Endpoint: "tcp://" + addrs[1]}},
+		Auth: config.Auth{Tokens: []config.Token{{Name: "dashboards", Scopes: []string{"read"}, Env: "KVINDEX_TEST_AGENT_READ"}}}}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := RunAgent(context.Background(), &config.Config{Pods: cfg.Pods}, nil); !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "nats.url") {
+		t.Fatalf("RunAgent without nats.url: %v, want it named", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- RunAgent(ctx, cfg, nil) }()
+	get := func(token string) (int, string, error) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addrs[0]+"/metrics", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	waitFor(t, "the agent's metrics server", func() bool { _, _, err := get(""); return err == nil })
+	if code, _, _ := get(""); code != http.StatusUnauthorized {
+		t.Errorf("/metrics without a token: %d, want 401", code)
+	}
+	code, body, err := get(secret)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/metrics with a read token: %d %v", code, err)
+	}
+	for _, want := range []string{"kvindex_agent_deltas_published_total 0", `kvindex_auth_refused_total{listener="metrics",reason="unauthenticated"} 2`, "go_goroutines "} {
+		if !strings.Contains(body, want) {
+			t.Errorf("agent metrics lack %q", want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunAgent: %v", err)
+	}
+	waitFor(t, "the agent's NATS connection to close", func() bool { return ns.NumClients() == 0 })
 }
