@@ -157,6 +157,21 @@ func (c *Config) ValidateAgent() (*Pod, error) {
 	return nil, invalid("agent.pod", "%q is not in pods", c.Agent.Pod)
 }
 
+// RenameAgentPod names the pod the agent sits beside (agent.pod, or the
+// only one) name (kvindex agent --pod-name), so that one configuration
+// serves every pod of a vLLM Deployment.
+func (c *Config) RenameAgentPod(name string) error {
+	p, err := c.ValidateAgent()
+	if err != nil {
+		return err
+	}
+	if c.Agent.Pod != "" {
+		c.Agent.Pod = name
+	}
+	p.Name = name
+	return nil
+}
+
 // Validate checks the limits section ("limits").
 func (l *Limits) Validate() error {
 	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 || l.MaxInflight < 0 ||

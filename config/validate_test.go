@@ -197,3 +197,33 @@ func TestDiscovery(t *testing.T) {
 		}
 	}
 }
+
+// TestRenameAgentPod: --pod-name renames the pod the agent sits beside,
+// chosen by agent.pod or as the only one, so one ConfigMap serves a
+// Deployment.
+func TestRenameAgentPod(t *testing.T) {
+	one, err := Parse([]byte("pods: [{name: vllm, model: m, endpoint: 'tcp://127.0.0.1:5557'}]\nnats: {url: 'nats://nats:4222'}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := one.RenameAgentPod("vllm-7f9c-abcde"); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := one.ValidateAgent(); err != nil || p.Name != "vllm-7f9c-abcde" {
+		t.Fatalf("renamed: %+v %v", p, err)
+	}
+	two, err := Parse([]byte("pods: [{name: a, model: m, endpoint: 'tcp://127.0.0.1:5557'}, {name: b, model: m, endpoint: 'tcp://127.0.0.1:6557'}]\nnats: {url: 'nats://nats:4222'}\nagent: {pod: b}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := two.RenameAgentPod("b-0"); err != nil {
+		t.Fatal(err)
+	}
+	if two.Pods[0].Name != "a" || two.Pods[1].Name != "b-0" || two.Agent.Pod != "b-0" {
+		t.Fatalf("pods %+v, agent.pod %q", two.Pods, two.Agent.Pod)
+	}
+	two.Agent.Pod = ""
+	if err := two.RenameAgentPod("x"); err == nil {
+		t.Fatal("two pods and no agent.pod: no error")
+	}
+}

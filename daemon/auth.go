@@ -5,13 +5,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/config"
@@ -162,17 +160,4 @@ func (a *Auth) Collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_auth_token_reload_failures_total", Help: "Re-reads of the token secrets that did not load or were not valid (the previous tokens stayed in use)."},
 			func() float64 { return float64(a.failures.Load()) }),
 	}
-}
-
-// MetricsHandler serves reg's /metrics and a /healthz that answers "ok",
-// both needing a token of scope read when auth is not nil (auth.open_health
-// opens /healthz). kvindex serve and kvindex agent serve it.
-func MetricsHandler(reg *prometheus.Registry, auth *Auth) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	if auth == nil {
-		return mux
-	}
-	return auth.HTTP(api.ListenerMetrics, api.ScopeRead, "/healthz", mux)
 }

@@ -8,17 +8,16 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	xnetutil "golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -46,18 +45,17 @@ type Daemon struct {
 	ix       *indexer.Index
 	srcs     sources // every event source, for the API and metrics
 	sub      *zmq.Subscriber
-	nc       *nats.Conn      // nil without fleet mode
 	fleet    *natsbus.Source // nil without fleet mode
 	lag      *metrics.Lag    // kvindex_event_lag_seconds, both sources
 	tracker  *scoring.Tracker
+	loads    *scoring.LoadBoard // the engines' scraped load
 	scraper  *scrape.Scraper
 	grpc     *grpc.Server
 	api      *api.Server
 	tls      *tlsreload.Reloader // nil without TLS
 	auth     *Auth               // nil without authentication
 	grpcLis  net.Listener
-	httpSrv  *http.Server
-	httpLis  net.Listener
+	metrics  *metricsServer // nil with metrics_listen off
 	registry *prometheus.Registry
 
 	discovery  discoverySource       // nil without discovery
@@ -71,30 +69,98 @@ type Daemon struct {
 	gwSource poolSource
 	gwGRPC   *grpc.Server
 	gwLis    net.Listener
+
+	// rel releases what New acquired (the NATS connection, listeners).
+	// Whichever of Run and Close claims the daemon first owns it: Run
+	// releases when it returns, Close at once, never both.
+	rel     releaser
+	claimed atomic.Bool
 }
 
 // New builds the index and its workers from cfg and opens the gRPC and
 // metrics listeners (so that ":0" addresses are resolved before Run).
-// Nothing is received or served until Run.
+// Nothing is received or served until Run; a Daemon never Run is released
+// by Close. On error everything acquired so far is released.
 func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{cfg: cfg, log: log, ix: indexer.New(indexer.Config{
-		WorkerCapacity: cfg.Index.WorkerCapacity,
-		MemoryBudget:   cfg.Index.MemoryBudgetMiB << 20,
-		RemovalHistory: cfg.Index.RemovalHistory,
-	}), lag: metrics.NewLag()}
-	for _, m := range upFrontModels(cfg) {
-		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
-			return nil, fmt.Errorf("daemon: model %q: %w", m.Name, err)
+	d := &Daemon{cfg: cfg, log: log, lag: metrics.NewLag(), registry: newRegistry()}
+	// In order: each step may use the parts of the steps before it, and
+	// registers the release of what it acquires with d.rel.
+	for _, step := range []func() error{
+		d.newIndex, d.newSubscriber, d.connectFleet, d.registerMetrics, d.newScoring,
+		d.newDiscovery, d.newAPI, d.newGRPC, d.newGateway, d.listenGRPC, d.listenMetrics,
+	} {
+		if err := step(); err != nil {
+			return nil, errors.Join(err, d.rel.release())
 		}
 	}
+	return d, nil
+}
+
+// Close releases what New acquired (the NATS connection, the listeners)
+// of a Daemon that was never Run. Run releases them itself when it
+// returns (cancel its context to stop it), so Close after Run, or a
+// second Close, does nothing.
+func (d *Daemon) Close() error {
+	if !d.claimed.CompareAndSwap(false, true) {
+		return nil
+	}
+	return d.rel.release()
+}
+
+// releaser is the one release path of a Daemon's resources: each is
+// registered as it is acquired, and release frees them all in reverse
+// order, once.
+type releaser []func() error
+
+func (r *releaser) add(release func() error) { *r = append(*r, release) }
+
+func (r *releaser) release() error {
+	var errs []error
+	for i := len(*r) - 1; i >= 0; i-- {
+		errs = append(errs, (*r)[i]())
+	}
+	*r = nil
+	return errors.Join(errs...)
+}
+
+// closeListener is the release of l; a listener its server already
+// closed is released.
+func closeListener(l net.Listener) func() error {
+	return func() error {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			return fmt.Errorf("daemon: close listener %s: %w", l.Addr(), err)
+		}
+		return nil
+	}
+}
+
+// newIndex builds the index and its up-front models.
+func (d *Daemon) newIndex() error {
+	d.ix = indexer.New(indexer.Config{
+		WorkerCapacity: d.cfg.Index.WorkerCapacity,
+		MemoryBudget:   d.cfg.Index.MemoryBudgetMiB << 20,
+		RemovalHistory: d.cfg.Index.RemovalHistory,
+	})
+	for _, m := range upFrontModels(d.cfg) {
+		if _, err := d.ix.AddModel(m.Name, m.BlockSize); err != nil {
+			return fmt.Errorf("daemon: model %q: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// newSubscriber adds the configured workers to the index and builds the
+// ZeroMQ subscriber of their endpoints and of the push listeners.
+func (d *Daemon) newSubscriber() error {
+	cfg := d.cfg
 	var eps []zmq.Endpoint
 	for _, we := range cfg.Workers() {
 		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
 		if err != nil {
-			return nil, fmt.Errorf("daemon: worker %s: %w", we.Worker, err)
+			return fmt.Errorf("daemon: worker %s: %w", we.Worker, err)
 		}
 		if we.CapacityBlocks > 0 {
 			w.SetCapacity(we.CapacityBlocks)
@@ -103,10 +169,10 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("daemon: %w", err)
 	}
 	opts := zmq.SubscriberOptions{
-		Logger:               log,
+		Logger:               d.log,
 		LogEvery:             cfg.Log.ProblemInterval,
 		QueueSize:            cfg.Events.QueueSize,
 		QueueBytes:           cfg.Events.QueueBytes,
@@ -130,93 +196,86 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		}
 		opts.Push = append(opts.Push, l)
 	}
-	sub, err := zmq.NewSubscriber(opts, eps...)
-	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+	if d.sub, err = zmq.NewSubscriber(opts, eps...); err != nil {
+		return fmt.Errorf("daemon: %w", err)
 	}
-	d.sub = sub
-	d.srcs = sources{sub}
-	if cfg.NATS.Enabled() {
-		if d.nc, err = fleet.Connect(cfg.NATS, "kvindex serve", log); err != nil {
-			return nil, fmt.Errorf("daemon: %w", err)
-		}
-		d.fleet = natsbus.NewSource(d.nc, coldAware{fleet.NewReplicas(d.ix, log), d}, natsbus.SourceOptions{
-			Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Models: cfg.NATS.Models,
-			StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
-			LogEvery:             cfg.Log.ProblemInterval, Logger: log,
-			Applied: func(_ events.WorkerRef, a natsbus.AppliedDelta) {
-				d.lag.Observe(metrics.LagNATS, a.EngineTime, time.Now())
-			},
-		})
-		d.srcs = append(d.srcs, d.fleet)
-	}
+	d.srcs = sources{d.sub}
+	return nil
+}
 
-	d.registry = prometheus.NewRegistry()
-	mc := metrics.NewCollector(d.ix, d.srcs)
-	if d.fleet != nil {
-		mc.WithDigests() // replicas are compared by digest
+// connectFleet connects to NATS and builds the fleet's source of the
+// agents' workers, in fleet mode (nats.url).
+func (d *Daemon) connectFleet() error {
+	cfg := d.cfg
+	if !cfg.NATS.Enabled() {
+		return nil
 	}
-	d.registry.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		mc,
-		d.lag.Collector(),
-	)
-	if d.fleet != nil {
-		d.registry.MustRegister(
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_reconnects_total", Help: "NATS reconnections (each resynced every fleet worker from a snapshot)."},
-				func() float64 { return float64(d.fleet.Reconnects()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_watch_restarts_total", Help: "Restarts of the watch of the agents' bucket (NATS or JetStream unreachable, the watch ended)."},
-				func() float64 { return float64(d.fleet.WatchRestarts()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_foreign_registrations_total", Help: "Entries of the agents' bucket ignored: they do not parse or do not match their key."},
-				func() float64 { return float64(d.fleet.Foreign()) }),
-		)
-	}
-	pol, err := cfg.Policy()
+	nc, err := fleet.Connect(cfg.NATS, "kvindex serve", d.log)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("daemon: %w", err)
 	}
+	d.rel.add(func() error { nc.Close(); return nil })
+	d.fleet = natsbus.NewSource(nc, coldAware{fleet.NewReplicas(d.ix, d.log), d}, natsbus.SourceOptions{
+		Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Models: cfg.NATS.Models,
+		StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
+		LogEvery:             cfg.Log.ProblemInterval, Logger: d.log,
+		Applied: func(_ events.WorkerRef, a natsbus.AppliedDelta) {
+			d.lag.Observe(metrics.LagNATS, a.EngineTime, time.Now())
+		},
+	})
+	d.srcs = append(d.srcs, d.fleet)
+	return nil
+}
+
+// newScoring builds the tracker of routed requests and the scraper of
+// the engines' load.
+func (d *Daemon) newScoring() error {
+	cfg := d.cfg
 	d.tracker = scoring.NewTracker(scoring.TrackerOptions{SpecTTL: cfg.Scoring.SpeculativeTTL, FlightTTL: cfg.Scoring.InflightTTL, MaxFlights: cfg.Limits.MaxInflight})
-	loads := scoring.NewLoadBoard(3 * cfg.Scoring.ScrapeInterval)
+	d.loads = scoring.NewLoadBoard(3 * cfg.Scoring.ScrapeInterval)
 	var targets []scrape.Target
 	for _, p := range cfg.Pods {
 		if p.MetricsURL != "" {
 			targets = append(targets, scrape.Target{Pod: p.Name, DPSize: p.DPSize, URL: p.MetricsURL})
 		}
 	}
-	d.scraper = scrape.New(targets, loads, cfg.Scoring.ScrapeInterval, log)
-	if cfg.Discovery.Enabled() {
-		if d.discovery, err = newDiscoverySource(&cfg.Discovery); err != nil {
-			return nil, fmt.Errorf("daemon: %w", err)
-		}
-		d.discovered = &discovered{d: d, pods: map[string]*discoveredPod{}}
-		d.reconciler = discovery.NewReconciler(d.discovered, log)
-		d.registry.MustRegister(d.reconciler)
+	d.scraper = scrape.New(targets, d.loads, cfg.Scoring.ScrapeInterval, d.log)
+	d.registerScoringMetrics()
+	return nil
+}
+
+// newDiscovery builds the discovery source and its reconciler, when
+// discovery is configured.
+func (d *Daemon) newDiscovery() error {
+	if !d.cfg.Discovery.Enabled() {
+		return nil
 	}
-	d.registry.MustRegister(d.scraper) // the engines' own prefix-cache counters
-	d.registry.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
-			func() float64 { return float64(d.tracker.InFlight()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_inflight_refused_total", Help: "Routes refused because limits.max_inflight requests were in flight."},
-			func() float64 { return float64(d.tracker.Refused()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_speculative_skipped_total", Help: "Routes recorded without speculative blocks because speculative entries held their most keys."},
-			func() float64 { return float64(d.tracker.SpecSkipped()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
-			func() float64 { return float64(d.scraper.Failures()) }),
-	)
-	tk, err := newTokenizer(cfg, d)
+	var err error
+	if d.discovery, err = newDiscoverySource(&d.cfg.Discovery); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.discovered = &discovered{d: d, pods: map[string]*discoveredPod{}}
+	d.reconciler = discovery.NewReconciler(d.discovered, d.log)
+	d.registry.MustRegister(d.reconciler)
+	return nil
+}
+
+// newAPI builds the gRPC API over the index and its sources.
+func (d *Daemon) newAPI() error {
+	cfg := d.cfg
+	pol, err := cfg.Policy()
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("daemon: %w", err)
 	}
-	var tokenizer api.Tokenizer
-	if tk != nil {
-		tokenizer = tk
+	tokenizer, err := newTokenizer(cfg, d)
+	if err != nil {
+		return err
 	}
-	srv := api.NewServer(d.ix, d.srcs, api.Options{
+	d.api = api.NewServer(d.ix, d.srcs, api.Options{
 		Tokenizer:     tokenizer,
 		Policy:        &pol,
 		Tracker:       d.tracker,
-		Loads:         loads,
+		Loads:         d.loads,
 		IncludeStale:  cfg.Score.IncludeStale,
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
@@ -236,64 +295,65 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 			InspectWait:       cfg.Limits.InspectWait,
 		},
 	})
-	d.api = srv
-	gopts := srv.GRPCOptions()
+	d.registerAdmissionMetrics()
+	return nil
+}
+
+// newGRPC loads TLS and authentication, which every listener shares, and
+// builds the API's gRPC server.
+func (d *Daemon) newGRPC() error {
+	cfg := d.cfg
+	gopts := d.api.GRPCOptions()
+	var err error
 	if cfg.TLS.Enabled() {
-		if d.tls, err = tlsreload.New(tlsreload.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile}, log); err != nil {
-			return nil, fmt.Errorf("daemon: %w", err)
+		if d.tls, err = tlsreload.New(tlsreload.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile}, d.log); err != nil {
+			return fmt.Errorf("daemon: %w", err)
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(d.tls.Config())))
 		d.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_tls_reload_failures_total", Help: "Changed TLS files that did not load (the previous ones stayed in use)."},
 			func() float64 { return float64(d.tls.Failures()) }))
 	}
-	if d.auth, err = NewAuth(&cfg.Auth, log); err != nil {
-		return nil, err
+	if d.auth, err = NewAuth(&cfg.Auth, d.log); err != nil {
+		return err
 	}
 	if d.auth != nil {
 		gopts = append(gopts, d.auth.ListenerOptions(api.ListenerGRPC)...)
 		d.registry.MustRegister(d.auth.Collectors()...)
 	}
 	d.grpc = grpc.NewServer(gopts...)
-	srv.Register(d.grpc)
-	if cfg.Gateway.Enabled() {
-		if err := d.newGateway(cfg); err != nil {
-			return nil, err
-		}
-	}
+	d.api.Register(d.grpc)
+	d.rel.add(func() error { d.grpc.Stop(); return nil })
+	return nil
+}
 
-	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
-		d.closeGateway()
-		return nil, fmt.Errorf("daemon: gRPC listen on %s: %w", cfg.GRPCListen, err)
+// listenGRPC opens the gRPC API's listener.
+func (d *Daemon) listenGRPC() error {
+	lis, err := net.Listen("tcp", d.cfg.GRPCListen)
+	if err != nil {
+		return fmt.Errorf("daemon: gRPC listen on %s: %w", d.cfg.GRPCListen, err)
 	}
-	if cfg.Limits.MaxConnections > 0 {
-		d.grpcLis = xnetutil.LimitListener(d.grpcLis, cfg.Limits.MaxConnections)
+	d.rel.add(closeListener(lis))
+	d.grpcLis = lis
+	if d.cfg.Limits.MaxConnections > 0 {
+		d.grpcLis = xnetutil.LimitListener(lis, d.cfg.Limits.MaxConnections)
 	}
-	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
-	admGauges := []*prometheus.Desc{
-		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
-		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
+	return nil
+}
+
+// listenMetrics opens the metrics server's listener, unless
+// metrics_listen is off.
+func (d *Daemon) listenMetrics() error {
+	var tc *tls.Config
+	if d.cfg.TLS.Metrics {
+		tc = d.tls.Config()
 	}
-	d.registry.MustRegister(collectorFunc{adm, func(ch chan<- prometheus.Metric) {
-		st := srv.AdmissionStats()
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
-		ch <- prometheus.MustNewConstMetric(admGauges[0], prometheus.GaugeValue, float64(st.Pending))
-		ch <- prometheus.MustNewConstMetric(admGauges[1], prometheus.GaugeValue, float64(st.Limit))
-	}, admGauges})
-	if cfg.MetricsListen != "off" {
-		if d.httpLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			d.grpcLis.Close()
-			d.closeGateway()
-			return nil, fmt.Errorf("daemon: metrics listen on %s: %w", cfg.MetricsListen, err)
-		}
-		d.httpSrv = &http.Server{Handler: MetricsHandler(d.registry, d.auth), ReadHeaderTimeout: 5 * time.Second}
-		if cfg.TLS.Metrics {
-			d.httpSrv.TLSConfig = d.tls.Config()
-		}
+	m, err := listenMetrics(d.cfg.MetricsListen, d.registry, d.auth, tc)
+	if err != nil || m == nil {
+		return err
 	}
-	return d, nil
+	d.rel.add(func() error { return m.shutdown(time.Second) })
+	d.metrics = m
+	return nil
 }
 
 // newPushWorker adds a worker first seen on a push listener. A model the
@@ -350,10 +410,10 @@ func (d *Daemon) Auth() *Auth { return d.auth }
 
 // MetricsAddr is the address of /metrics, "" when disabled.
 func (d *Daemon) MetricsAddr() string {
-	if d.httpLis == nil {
+	if d.metrics == nil {
 		return ""
 	}
-	return d.httpLis.Addr().String()
+	return d.metrics.addr()
 }
 
 // Index is the daemon's index.
@@ -366,137 +426,116 @@ func (d *Daemon) Fleet() *natsbus.Source { return d.fleet }
 func (d *Daemon) Subscriber() *zmq.Subscriber { return d.sub }
 
 // Run receives events and serves gRPC and metrics until ctx is done, then
-// stops gracefully (in-flight RPCs finish, sockets close). It returns nil
-// on a clean shutdown, or the first error that stopped a part.
+// stops gracefully (in-flight RPCs finish, sockets close) and releases
+// what New acquired. It returns nil on a clean shutdown, or the first
+// error that stopped a part. A Daemon runs once, and not after Close.
 func (d *Daemon) Run(ctx context.Context) error {
+	if !d.claimed.CompareAndSwap(false, true) {
+		return errors.New("daemon: Run on a daemon already run or closed")
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 8) // one per goroutine that sends
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := d.sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			errc <- fmt.Errorf("daemon: subscriber: %w", err)
-			cancel()
-		}
-	}()
+	g := &group{cancel: cancel, errc: make(chan error, 1)}
+	d.start(ctx, g)
+	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "metrics", d.MetricsAddr(), "gateway", d.GatewayAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
+	<-ctx.Done()
+	d.log.Info("kvindex shutting down")
+	d.stopServing()
+	g.wg.Wait()
+	rerr := d.rel.release()
+	select {
+	case err := <-g.errc:
+		return errors.Join(err, rerr)
+	default:
+		return rerr
+	}
+}
+
+// start runs every part of the daemon in g.
+func (d *Daemon) start(ctx context.Context, g *group) {
+	g.run("subscriber", func() error { return d.sub.Run(ctx) })
 	if d.fleet != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := d.fleet.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				errc <- fmt.Errorf("daemon: fleet: %w", err)
-				cancel()
-			}
-		}()
+		g.run("fleet", func() error { return d.fleet.Run(ctx) })
 	}
 	if d.gwGRPC != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := d.gwGRPC.Serve(d.gwLis); err != nil {
-				errc <- fmt.Errorf("daemon: gateway serve: %w", err)
-				cancel()
-			}
-		}()
+		g.run("gateway serve", func() error { return d.gwGRPC.Serve(d.gwLis) })
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := d.grpc.Serve(d.grpcLis); err != nil {
-			errc <- fmt.Errorf("daemon: gRPC serve: %w", err)
-			cancel()
-		}
-	}()
+	g.run("gRPC serve", func() error { return d.grpc.Serve(d.grpcLis) })
 	if d.tls != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.tls.Run(ctx, time.Second) }()
+		g.run("TLS reload", func() error { d.tls.Run(ctx, time.Second); return nil })
 	}
 	if d.auth != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.auth.Run(ctx, time.Second) }()
+		g.run("token reload", func() error { d.auth.Run(ctx, time.Second); return nil })
 	}
 	if d.gwSource != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := d.gwSource.Run(ctx, d.gw.setPool); err != nil && !errors.Is(err, context.Canceled) {
-				errc <- fmt.Errorf("daemon: gateway inference pool: %w", err)
-				cancel()
-			}
-		}()
+		g.run("gateway inference pool", func() error { return d.gwSource.Run(ctx, d.gw.setPool) })
 	}
 	if d.discovery != nil {
 		d.discovered.mu.Lock()
 		d.discovered.runCtx = ctx
 		d.discovered.mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := d.discovery.Run(ctx, d.reconciler); err != nil && !errors.Is(err, context.Canceled) {
-				errc <- fmt.Errorf("daemon: discovery: %w", err)
-				cancel()
-			}
-		}()
+		g.run("discovery", func() error { return d.discovery.Run(ctx, d.reconciler) })
 	}
-	wg.Add(2)
-	go func() { defer wg.Done(); d.tracker.Run(ctx, time.Second) }()
-	go func() { defer wg.Done(); d.scraper.Run(ctx) }()
-	if d.httpSrv != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			serve := d.httpSrv.Serve
-			if d.httpSrv.TLSConfig != nil {
-				serve = func(l net.Listener) error { return d.httpSrv.ServeTLS(l, "", "") }
-			}
-			if err := serve(d.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("daemon: metrics serve: %w", err)
-				cancel()
-			}
-		}()
+	g.run("tracker", func() error { d.tracker.Run(ctx, time.Second); return nil })
+	g.run("scraper", func() error { d.scraper.Run(ctx); return nil })
+	if d.metrics != nil {
+		g.run("metrics serve", d.metrics.serve)
 	}
-	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "metrics", d.MetricsAddr(), "gateway", d.GatewayAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
-	<-ctx.Done()
-	d.log.Info("kvindex shutting down")
-	stopped := make(chan struct{})
-	// NOT_SERVING first, so that health watchers (load balancers, probes)
-	// hear of the drain before connections close.
+}
+
+// stopServing drains the servers: NOT_SERVING first, so that health
+// watchers (load balancers, probes) hear of the drain before connections
+// close, then in-flight RPCs get 5 s to finish.
+func (d *Daemon) stopServing() {
 	d.api.Health().Shutdown()
+	servers := []*grpc.Server{d.grpc}
 	if d.picker != nil {
 		d.picker.Health().Shutdown()
+		servers = []*grpc.Server{d.gwGRPC, d.grpc}
 	}
+	stopped := make(chan struct{})
 	go func() {
-		if d.gwGRPC != nil {
-			d.gwGRPC.GracefulStop()
+		for _, s := range servers {
+			s.GracefulStop()
 		}
-		d.grpc.GracefulStop()
 		close(stopped)
 	}()
 	select {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
-		if d.gwGRPC != nil {
-			d.gwGRPC.Stop()
+		for _, s := range servers {
+			s.Stop()
 		}
-		d.grpc.Stop()
 	}
-	if d.httpSrv != nil {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = d.httpSrv.Shutdown(sctx)
-		scancel()
+	if d.metrics != nil {
+		_ = d.metrics.shutdown(5 * time.Second)
 	}
-	wg.Wait()
-	if d.nc != nil {
-		d.nc.Close()
-	}
-	select {
-	case err := <-errc:
-		return err
-	default:
-		return nil
-	}
+}
+
+// group runs the parts of a running Daemon: the first to fail stops them
+// all, and its error is Run's.
+type group struct {
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	errc   chan error // capacity 1: the first error
+}
+
+// run runs part in its own goroutine. Its ending on Run's cancellation
+// (context.Canceled, a server stopped before it served) is no error.
+func (g *group) run(part string, f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		err := f()
+		if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, grpc.ErrServerStopped) {
+			return
+		}
+		select {
+		case g.errc <- fmt.Errorf("daemon: %s: %w", part, err):
+		default:
+		}
+		g.cancel()
+	}()
 }
 
 // NewLogger builds the slog logger the config asks for, writing to w.
@@ -509,19 +548,3 @@ func NewLogger(c config.Log, w interface{ Write([]byte) (int, error) }) *slog.Lo
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
-
-// collectorFunc is a prometheus.Collector of metric families computed at
-// scrape time.
-type collectorFunc struct {
-	desc    *prometheus.Desc
-	collect func(chan<- prometheus.Metric)
-	more    []*prometheus.Desc
-}
-
-func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.desc
-	for _, d := range c.more {
-		ch <- d
-	}
-}
-func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -34,7 +34,7 @@ const coldEndpoint = "gateway (cold)"
 
 // newTokenizer returns the tokenizer of the models' tokenizer_urls, nil
 // when no model has any.
-func newTokenizer(cfg *config.Config, d *Daemon) (*tokenize.Client, error) {
+func newTokenizer(cfg *config.Config, d *Daemon) (api.Tokenizer, error) {
 	eps := map[string][]string{}
 	for _, m := range cfg.Models {
 		if len(m.TokenizerURLs) > 0 {
@@ -269,9 +269,13 @@ func (d *Daemon) ensureModel(model string) error {
 }
 
 // newGateway builds the endpoint picker, its gRPC server and listener,
-// and the source of its pool; fixed endpoints' workers the index lacks
-// are added cold.
-func (d *Daemon) newGateway(cfg *config.Config) error {
+// and the source of its pool, when gateway.listen is set; fixed
+// endpoints' workers the index lacks are added cold.
+func (d *Daemon) newGateway() error {
+	cfg := d.cfg
+	if !cfg.Gateway.Enabled() {
+		return nil
+	}
 	gc := &cfg.Gateway
 	d.gw = &gatewayPool{d: d, port: gc.DiscoveredPort, models: map[events.WorkerRef]string{}, discovered: map[string][]picker.Endpoint{}}
 	mode := picker.FullDuplex
@@ -322,9 +326,11 @@ func (d *Daemon) newGateway(cfg *config.Config) error {
 	}
 	d.gwGRPC = grpc.NewServer(opts...)
 	p.Register(d.gwGRPC)
+	d.rel.add(func() error { d.gwGRPC.Stop(); return nil })
 	if d.gwLis, err = net.Listen("tcp", gc.Listen); err != nil {
 		return fmt.Errorf("daemon: gateway listen on %s: %w", gc.Listen, err)
 	}
+	d.rel.add(closeListener(d.gwLis))
 	return nil
 }
 
@@ -372,11 +378,3 @@ func (d *Daemon) Picker() *picker.Picker { return d.picker }
 
 // InFlight is the number of routed requests not yet released or expired.
 func (d *Daemon) InFlight() int { return d.tracker.InFlight() }
-
-// closeGateway closes the picker's listener of a daemon that failed to
-// build.
-func (d *Daemon) closeGateway() {
-	if d.gwLis != nil {
-		d.gwLis.Close()
-	}
-}

@@ -11,7 +11,7 @@ import (
 )
 
 func TestServeConfig(t *testing.T) {
-	cfg, err := serveConfig("", flagOverrides{})
+	cfg, err := serveConfig(flagOverrides{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,7 +19,7 @@ func TestServeConfig(t *testing.T) {
 		t.Fatalf("without --config: %+v, want config.Default()", cfg)
 	}
 
-	cfg, err = serveConfig("", flagOverrides{grpcListen: "127.0.0.1:1", metricsListen: "off", logLevel: "debug", logFormat: "json"})
+	cfg, err = serveConfig(flagOverrides{grpcListen: "127.0.0.1:1", metricsListen: "off", logLevel: "debug", logFormat: "json"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestServeConfig(t *testing.T) {
 	if err := os.WriteFile(path, []byte("pods: [{name: p, model: m, endpoint: 'tcp://127.0.0.1:7000'}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err = serveConfig(path, flagOverrides{logFormat: "json"})
+	cfg, err = serveConfig(flagOverrides{path: path, logFormat: "json"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,39 +39,19 @@ func TestServeConfig(t *testing.T) {
 		t.Fatalf("--config with a flag: %+v", cfg)
 	}
 
-	if _, err := serveConfig("", flagOverrides{logLevel: "loud"}); !errors.Is(err, config.ErrInvalid) {
+	// kvindex agent's flags: NATS, and the pod renamed after the others.
+	cfg, err = serveConfig(flagOverrides{path: path, natsURL: "nats://nats:4222", pod: "p", podName: "p-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATS.URL != "nats://nats:4222" || cfg.Agent.Pod != "p-0" || cfg.Pods[0].Name != "p-0" {
+		t.Fatalf("agent flags: nats %q, agent.pod %q, pods %+v", cfg.NATS.URL, cfg.Agent.Pod, cfg.Pods)
+	}
+
+	if _, err := serveConfig(flagOverrides{logLevel: "loud"}); !errors.Is(err, config.ErrInvalid) {
 		t.Fatalf("a bad flag: err = %v, want ErrInvalid", err)
 	}
-	if _, err := serveConfig(filepath.Join(t.TempDir(), "missing.yaml"), flagOverrides{}); err == nil {
+	if _, err := serveConfig(flagOverrides{path: filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
 		t.Fatal("a missing file: no error")
-	}
-}
-
-// TestRenamePod: --pod-name renames the pod the agent sits beside, chosen
-// by agent.pod or as the only one, so one ConfigMap serves a Deployment.
-func TestRenamePod(t *testing.T) {
-	one, err := config.Parse([]byte("pods: [{name: vllm, model: m, endpoint: 'tcp://127.0.0.1:5557'}]\nnats: {url: 'nats://nats:4222'}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := renamePod(one, "vllm-7f9c-abcde"); err != nil {
-		t.Fatal(err)
-	}
-	if p, err := one.ValidateAgent(); err != nil || p.Name != "vllm-7f9c-abcde" {
-		t.Fatalf("renamed: %+v %v", p, err)
-	}
-	two, err := config.Parse([]byte("pods: [{name: a, model: m, endpoint: 'tcp://127.0.0.1:5557'}, {name: b, model: m, endpoint: 'tcp://127.0.0.1:6557'}]\nnats: {url: 'nats://nats:4222'}\nagent: {pod: b}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := renamePod(two, "b-0"); err != nil {
-		t.Fatal(err)
-	}
-	if two.Pods[0].Name != "a" || two.Pods[1].Name != "b-0" || two.Agent.Pod != "b-0" {
-		t.Fatalf("pods %+v, agent.pod %q", two.Pods, two.Agent.Pod)
-	}
-	two.Agent.Pod = ""
-	if err := renamePod(two, "x"); err == nil {
-		t.Fatal("two pods and no agent.pod: no error")
 	}
 }

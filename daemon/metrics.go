@@ -1,0 +1,156 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/metrics"
+)
+
+// MetricsHandler serves reg's /metrics and a /healthz that answers "ok",
+// both needing a token of scope read when auth is not nil (auth.open_health
+// opens /healthz). kvindex serve and kvindex agent serve it.
+func MetricsHandler(reg *prometheus.Registry, auth *Auth) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	if auth == nil {
+		return mux
+	}
+	return auth.HTTP(api.ListenerMetrics, api.ScopeRead, "/healthz", mux)
+}
+
+// metricsServer is the metrics server of kvindex serve and of kvindex
+// agent: MetricsHandler on its own listener.
+type metricsServer struct {
+	srv *http.Server
+	lis net.Listener
+}
+
+// listenMetrics opens a metrics server's listener at addr (metrics_listen),
+// serving HTTPS when tc is not nil; nil when addr is config.MetricsOff.
+func listenMetrics(addr string, reg *prometheus.Registry, auth *Auth, tc *tls.Config) (*metricsServer, error) {
+	if addr == config.MetricsOff {
+		return nil, nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: metrics listen on %s: %w", addr, err)
+	}
+	return &metricsServer{lis: lis, srv: &http.Server{Handler: MetricsHandler(reg, auth), ReadHeaderTimeout: 5 * time.Second, TLSConfig: tc}}, nil
+}
+
+func (m *metricsServer) addr() string { return m.lis.Addr().String() }
+
+// serve serves until shutdown, after which it returns nil.
+func (m *metricsServer) serve() error {
+	var err error
+	if m.srv.TLSConfig != nil {
+		err = m.srv.ServeTLS(m.lis, "", "")
+	} else {
+		err = m.srv.Serve(m.lis)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// shutdown stops the server, giving requests under way up to timeout, and
+// closes its listener whether or not it served.
+func (m *metricsServer) shutdown(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return errors.Join(m.srv.Shutdown(ctx), closeListener(m.lis)())
+}
+
+// newRegistry is a registry with the Go runtime's and the process's
+// collectors, and cs.
+func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(cs...)
+	return reg
+}
+
+// registerMetrics registers the index's and its sources' metrics, and the
+// fleet's in fleet mode.
+func (d *Daemon) registerMetrics() error {
+	mc := metrics.NewCollector(d.ix, d.srcs)
+	d.registry.MustRegister(mc, d.lag.Collector())
+	if d.fleet == nil {
+		return nil
+	}
+	mc.WithDigests() // replicas are compared by digest
+	d.registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_reconnects_total", Help: "NATS reconnections (each resynced every fleet worker from a snapshot)."},
+			func() float64 { return float64(d.fleet.Reconnects()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_watch_restarts_total", Help: "Restarts of the watch of the agents' bucket (NATS or JetStream unreachable, the watch ended)."},
+			func() float64 { return float64(d.fleet.WatchRestarts()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_fleet_foreign_registrations_total", Help: "Entries of the agents' bucket ignored: they do not parse or do not match their key."},
+			func() float64 { return float64(d.fleet.Foreign()) }),
+	)
+	return nil
+}
+
+// registerScoringMetrics registers the tracker's and the scraper's
+// metrics (the scraper's include the engines' own prefix-cache counters).
+func (d *Daemon) registerScoringMetrics() {
+	d.registry.MustRegister(
+		d.scraper,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
+			func() float64 { return float64(d.tracker.InFlight()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_inflight_refused_total", Help: "Routes refused because limits.max_inflight requests were in flight."},
+			func() float64 { return float64(d.tracker.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_speculative_skipped_total", Help: "Routes recorded without speculative blocks because speculative entries held their most keys."},
+			func() float64 { return float64(d.tracker.SpecSkipped()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
+			func() float64 { return float64(d.scraper.Failures()) }),
+	)
+}
+
+// registerAdmissionMetrics registers the API's admission control's
+// refusals and bound.
+func (d *Daemon) registerAdmissionMetrics() {
+	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
+	gauges := []*prometheus.Desc{
+		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
+		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
+	}
+	d.registry.MustRegister(collectorFunc{adm, func(ch chan<- prometheus.Metric) {
+		st := d.api.AdmissionStats()
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
+		ch <- prometheus.MustNewConstMetric(gauges[0], prometheus.GaugeValue, float64(st.Pending))
+		ch <- prometheus.MustNewConstMetric(gauges[1], prometheus.GaugeValue, float64(st.Limit))
+	}, gauges})
+}
+
+// collectorFunc is a prometheus.Collector of metric families computed at
+// scrape time.
+type collectorFunc struct {
+	desc    *prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+	more    []*prometheus.Desc
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	for _, d := range c.more {
+		ch <- d
+	}
+}
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
