@@ -77,8 +77,13 @@ SOAK_DURATION ?= 2m
 soak: deps
 	$(GO) run ./testbed/cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)
 
-# proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
-proto:
+# proto lints the contract and regenerates the committed code from it:
+# proto/kvindex/v1/*.pb.go and the Python client's clients/python/kvindex/v1
+# (protoc 3.21 and grpc_python_plugin from Debian, which deps installs:
+# another protoc release writes other Python, which CI's diff would refuse).
+proto: deps
+	@protoc --version | grep -q '^libprotoc 3\.21\.' || \
+		{ echo "proto: needs protoc 3.21 (Debian bookworm's protobuf-compiler), found: $$(protoc --version)" >&2; exit 1; }
 	$(TOOL) buf lint
 	$(TOOL) buf generate
 
