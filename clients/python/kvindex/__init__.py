@@ -9,8 +9,9 @@ it (route, release), and list the workers' health (workers).
         kv.release("req-1")
 
 The stubs in kvindex.v1 are generated from proto/kvindex/v1 by `make proto`
-(never edited); the rest is a thin typed layer over them. Needs grpcio and
-protobuf 3.21 or newer (Debian bookworm's python3-grpcio, python3-protobuf).
+(never edited); the rest is a thin typed layer over them. Needs Python 3.9
+or newer, grpcio and protobuf 3.21 or newer (Debian bookworm's python3,
+python3-grpcio, python3-protobuf).
 """
 
 from kvindex.client import Client

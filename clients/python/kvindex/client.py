@@ -64,6 +64,8 @@ class Client:
         if tls is None:
             self._channel = grpc.insecure_channel(target, options=opts + list(options))
         else:
+            if (tls.cert is None) != (tls.key is None):
+                raise ValueError("kvindex: TLS cert and key: give both (mTLS) or neither")
             if tls.server_name:
                 opts.append(("grpc.ssl_target_name_override", tls.server_name))
             creds = grpc.ssl_channel_credentials(

@@ -151,6 +151,11 @@ class StuckTokenizer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def hold(self, test):
+        """Makes requests hang until test ends (or release is set)."""
+        self.released.clear()
+        test.addCleanup(self.released.set)
+
     def wait_arrived(self, n: int, timeout: float = 10):
         with self.cond:
             if not self.cond.wait_for(lambda: self.arrived >= n, timeout):

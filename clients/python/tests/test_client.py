@@ -261,6 +261,7 @@ class ErrorTest(unittest.TestCase):
 
     def test_deadline_exceeded(self):
         # The model's tokenizer hangs: the call's own deadline ends it.
+        R.stuck.hold(self)
         with self.assertRaises(kvindex.DeadlineExceeded) as cm:
             self.kv.score(SLOW, prompt=unique("deadline"), timeout=0.3)
         self.assertEqual(cm.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -274,6 +275,7 @@ class ErrorTest(unittest.TestCase):
     def test_overloaded(self):
         # limits.max_pending is 1 on the tight daemon: while one Score waits
         # on the stuck tokenizer, the next is shed.
+        R.stuck.hold(self)
         before = R.stuck.arrived
         held: list = []
         with kvindex.Client(TIGHT, timeout=10) as kv:
@@ -338,6 +340,10 @@ class ClientTest(unittest.TestCase):
     def test_timeout_must_be_positive(self):
         with self.assertRaises(ValueError):
             kvindex.Client(PLAIN, timeout=0)
+
+    def test_tls_cert_needs_key(self):
+        with self.assertRaises(ValueError):
+            kvindex.Client(SECURE, tls=kvindex.TLS(ca=CERTS["ca.pem"], cert=CERTS["client.pem"]))
 
     def test_closed_client_fails(self):
         kv = kvindex.Client(PLAIN)
