@@ -5,7 +5,7 @@
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test demo demo-fleet bench fuzz proto lint soak architecture
+.PHONY: deps build test test-python demo demo-fleet bench fuzz proto lint soak architecture
 
 # deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
 deps:
@@ -19,11 +19,21 @@ build: deps
 # test runs lint, then every test (fuzz seed corpora included) with the
 # race detector, those of the deploy/ module (compose file, Helm chart,
 # alert rules, dashboard, Dockerfile), then the indexer and end-to-end
-# tests again with the invariant checks compiled in (build tag invariants).
+# tests again with the invariant checks compiled in (build tag invariants),
+# then the Python client's (test-python).
 test: deps lint
 	$(GO) test -race -count=1 ./...
 	cd deploy && $(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -tags invariants ./indexer/... ./integration/...
+	$(MAKE) --no-print-directory test-python
+
+# test-python runs the Python client's tests (clients/python/tests, stdlib
+# unittest) with Debian's interpreter, which has Debian's grpcio and
+# protobuf, against a kvindex daemon and simulated engines it builds and
+# starts. It ends with unittest's "OK" or "FAILED (...)" and its status.
+test-python: deps
+	PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=clients/python GO=$(GO) \
+		/usr/bin/python3 -m unittest discover -s clients/python/tests -v
 
 # lint checks formatting, go vet, staticcheck, that go.mod is tidy (the
 # service's and deploy/'s, the test-only module of the deployment files), and
@@ -77,8 +87,13 @@ SOAK_DURATION ?= 2m
 soak: deps
 	$(GO) run ./testbed/cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)
 
-# proto lints the contract and regenerates proto/kvindex/v1/*.pb.go.
-proto:
+# proto lints the contract and regenerates the committed code from it:
+# proto/kvindex/v1/*.pb.go and the Python client's clients/python/kvindex/v1
+# (protoc 3.21 and grpc_python_plugin from Debian, which deps installs:
+# another protoc release writes other Python, which CI's diff would refuse).
+proto: deps
+	@protoc --version | grep -q '^libprotoc 3\.21\.' || \
+		{ echo "proto: needs protoc 3.21 (Debian bookworm's protobuf-compiler), found: $$(protoc --version)" >&2; exit 1; }
 	$(TOOL) buf lint
 	$(TOOL) buf generate
 

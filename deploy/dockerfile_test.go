@@ -102,6 +102,8 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 				continue
 			case "prometheus": // promtool, for the tests only
 				continue
+			case "protobuf-compiler", "protobuf-compiler-grpc", "python3", "python3-grpcio", "python3-protobuf", "openssl":
+				continue // make proto's Python generator and the Python client's tests only
 			}
 			if !strings.Contains(strings.Join(runs, "\n"), p) {
 				t.Errorf("scripts/deps.sh installs %s; the Dockerfile's build stage does not", p)
