@@ -18,13 +18,12 @@ build: deps
 
 # test runs lint, then every test (fuzz seed corpora included) with the
 # race detector, those of the deploy/ module (compose file, Helm chart,
-# alert rules, dashboard, Dockerfile), then the indexer and end-to-end
-# tests again with the invariant checks compiled in (build tag invariants),
-# then the Python client's (test-python).
+# alert rules, dashboard, Dockerfile), then the Python client's
+# (test-python). A -race build compiles the indexer's invariant checks in
+# (as the build tag invariants does), so the race run checks them too.
 test: deps lint
 	$(GO) test -race -count=1 ./...
 	cd deploy && $(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -tags invariants ./indexer/... ./integration/...
 	$(MAKE) --no-print-directory test-python
 
 # test-python runs the Python client's tests (clients/python/tests, stdlib

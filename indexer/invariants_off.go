@@ -1,7 +1,7 @@
-//go:build !invariants
+//go:build !invariants && !race
 
 package indexer
 
-// invariantsOn is false without the build tag invariants: the invariant
-// checks compile away.
+// invariantsOn is false without the build tag invariants and without
+// -race: the invariant checks compile away.
 const invariantsOn = false
