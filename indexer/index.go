@@ -435,53 +435,73 @@ type Match struct {
 // 14 us for Match, which is mostly writing the 1,000 results
 // (BenchmarkScore4096x1000; the map+mutex baseline takes 8.4 ms).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
-	if len(keys) == 0 {
-		return dst
-	}
-	n := ix.head(keys[0])
-	if n == nil || n.parent != nil {
-		return dst
-	}
 	// The still-matching workers are in small (in this frame) or in a
 	// pooled matchScratch; they are kept out of m, whose dst is returned
 	// (escape analysis does not tell fields apart).
 	var small [matchSmall]active
 	act := small[:0]
 	m := matcher{ix: ix, dst: dst, allow: allow}
-	i := 0
-	var off int32
+	wk := walker{ix: ix}
 walk:
-	for {
-		v := n.view.Load()
-		if v == nil {
-			break
-		}
-		vk := v.keys[:v.n.Load()]
-		j := int(off)
-		start := i
-		i, j = matchRun(keys, i, vk, j)
-		if i == start {
-			break
-		}
-		// The holder sets of offsets [off, j), which are blocks [start, i).
-		segs := v.segs
-		for s := segIndex(segs, off); s < len(segs) && int(segs[s].start) < j; s++ {
-			b := start + max(int(segs[s].start)-int(off), 0)
+	for wk.i < len(keys) && wk.enter(keys) {
+		for s, segs := 0, wk.segs; s < len(segs) && int(segs[s].start) < wk.j; s++ {
 			var more bool
-			if act, more = m.at(act, b, segs[s].set); !more {
+			if act, more = m.at(act, wk.start+int(segs[s].start), segs[s].set); !more {
 				break walk
 			}
 		}
-		if i == len(keys) {
-			break
-		}
-		c := ix.head(keys[i])
-		if c == nil || c.parent != n || int(c.attach) != j-1 {
-			break
-		}
-		n, off = c, 0
 	}
-	return m.finish(act, i)
+	return m.finish(act, wk.i)
+}
+
+// walker follows a prompt's keys down the tree, a node at a time (enter):
+// Match and Lookup are its two users. In the node entered, the prompt's
+// blocks [start, i) are the node's keys [0, j), and the segments of segs
+// that start below j give their holder sets. A walker is a value in its
+// caller's frame and enter a direct call, so a walk allocates nothing;
+// the keys are passed to each call rather than kept in it, so that they
+// do not escape with the nodes it loads (escape analysis does not tell
+// fields apart).
+type walker struct {
+	ix       *Index
+	n        *node // the node entered, nil before the first
+	segs     []seg // the segments of n's view
+	j        int   // the keys of n matched
+	start, i int   // the prompt's block at n's offset 0, and past the last matched
+	done     bool
+}
+
+// enter matches the prompt's keys from block i against the next node's
+// run: the top-level node of the first key, then the child that the
+// prompt's next key heads, attached where the match left the node before.
+// It reports whether a key matched; when not, the walk has ended, and i is
+// the number of leading keys the tree has. Callers stop at i ==
+// len(keys). Cost: a heads probe (one shard read lock), and about a cycle
+// per key matched (matchRun).
+func (w *walker) enter(keys []Key) bool {
+	if w.done {
+		return false
+	}
+	c := w.ix.head(keys[w.i])
+	if c != nil && (w.n == nil && c.parent != nil || w.n != nil && (c.parent != w.n || int(c.attach) != w.j-1)) {
+		c = nil
+	}
+	var v *view
+	if c != nil {
+		v = c.view.Load()
+	}
+	if v == nil {
+		w.done = true
+		return false
+	}
+	w.n, w.start = c, w.i
+	w.i, w.j = matchRun(keys, w.i, v.keys[:v.n.Load()], 0)
+	if w.i == w.start {
+		w.done = true
+		return false
+	}
+	w.segs = v.segs
+	return true
 }
 
 // matchRun advances i in keys and j in run while their keys are equal,

@@ -38,56 +38,26 @@ type Holder struct {
 // entered) and calls visit with none held. Cost: O(blocks walked + the
 // holders of each run) and one allocation for the holders.
 func (ix *Index) Lookup(keys []Key, visit func(from, to int, held []Holder) bool) int {
-	if len(keys) == 0 {
-		return 0
-	}
-	n := ix.head(keys[0])
-	if n == nil || n.parent != nil {
-		return 0
-	}
 	var buf []Holder
-	i := 0
-	var off int32
-	for {
-		v := n.view.Load()
-		if v == nil {
-			break
-		}
-		vk := v.keys[:v.n.Load()]
-		j := int(off)
-		start := i
-		i, j = matchRun(keys, i, vk, j)
-		if i == start {
-			break
-		}
-		segs := v.segs
-		for s := segIndex(segs, off); s < len(segs) && int(segs[s].start) < j; s++ {
-			from := start + max(int(segs[s].start)-int(off), 0)
-			end := j
-			if s+1 < len(segs) && int(segs[s+1].start) < j {
+	wk := walker{ix: ix}
+	for wk.i < len(keys) && wk.enter(keys) {
+		for s, segs := 0, wk.segs; s < len(segs) && int(segs[s].start) < wk.j; s++ {
+			end := wk.j
+			if s+1 < len(segs) && int(segs[s+1].start) < end {
 				end = int(segs[s+1].start)
 			}
-			to := start + end - int(off)
 			buf = buf[:0]
 			if set := segs[s].set; set != nil {
 				for _, e := range set.Entries() {
 					buf = append(buf, Holder{Worker: WorkerID(e.Worker()), Media: e.Media()})
 				}
 			}
-			if !visit(from, to, buf) {
-				return i
+			if !visit(wk.start+int(segs[s].start), wk.start+end, buf) {
+				return wk.i
 			}
 		}
-		if i == len(keys) {
-			break
-		}
-		c := ix.head(keys[i])
-		if c == nil || c.parent != n || int(c.attach) != j-1 {
-			break
-		}
-		n, off = c, 0
 	}
-	return i
+	return wk.i
 }
 
 // ResidentKey is one content key a worker holds and the media it holds
