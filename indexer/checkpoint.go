@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
@@ -266,13 +265,7 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 	w.clearLocked()
 	ck.buildLocked(w)
 	w.enforceCapacityLocked()
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	w.notifyRestored("checkpoint")
+	w.unlockThen(before, w.restoredLocked("checkpoint"))
 	return nil
 }
 

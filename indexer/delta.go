@@ -3,7 +3,6 @@ package indexer
 import (
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
@@ -379,15 +378,7 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 		}
 	}
 	w.deltaSeq = d.Seq
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	if obs := w.ix.observers.Load(); obs != nil {
-		w.ix.notify(*obs, w, &Applied{Delta: d})
-	}
+	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Delta: d}})
 	if bad > 0 {
 		w.c.deltaMismatches.Add(int64(bad))
 		return fmt.Errorf("%w: worker %s, delta %d: %d of %d effects skipped; the first: %w", ErrDeltaMismatch, w.info.Ref, d.Seq, bad, len(d.Entries), first)

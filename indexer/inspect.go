@@ -339,16 +339,10 @@ type Restored struct {
 	Blocks int64
 }
 
-// notifyRestored tells the observers that w was restored from from.
-func (w *Worker) notifyRestored(from string) {
-	obs := w.ix.observers.Load()
-	if obs == nil {
-		return
-	}
-	w.mu.Lock()
-	n := w.res
-	w.mu.Unlock()
-	w.ix.notify(*obs, w, &Applied{Restore: &Restored{From: from, Blocks: n}})
+// restoredLocked is what unlockThen does after a restore from from.
+// Callers hold w.mu.
+func (w *Worker) restoredLocked(from string) after {
+	return after{apply: true, tell: true, what: Applied{Restore: &Restored{From: from, Blocks: w.res}}}
 }
 
 // Observer is told of every batch, reset and delta a worker applies, after

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
@@ -332,15 +331,6 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 // and the clear of what the worker held (O(blocks log blocks)).
 // BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
-	if err := w.restore(next); err != nil {
-		return err
-	}
-	w.notifyRestored("snapshot")
-	return nil
-}
-
-// restore is Restore before the observers are told.
-func (w *Worker) restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
 	}
@@ -366,12 +356,7 @@ func (w *Worker) restore(next func() (*SnapshotSegment, error)) error {
 	w.clearLocked()
 	st.buildLocked(w)
 	w.deltaSeq = st.seq
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
+	w.unlockThen(before, w.restoredLocked("snapshot"))
 	return nil
 }
 
@@ -389,23 +374,18 @@ func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
 		err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
 	}
 	before := w.res
-	if err == nil {
-		w.deltaSeq = rs.o.first.seq
-	} else if !w.gone {
-		w.clearLocked() // back to empty, as it was
-	}
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.ix.resident.Add(delta)
 	if err != nil {
+		if !w.gone {
+			w.clearLocked() // back to empty, as it was
+		}
+		w.unlockThen(before, after{})
 		if errors.Is(err, ErrRemovedWorker) {
 			return err
 		}
 		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
 	}
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.checkBudget()
+	w.deltaSeq = rs.o.first.seq
+	w.unlockThen(before, w.restoredLocked("snapshot"))
 	return nil
 }
 
@@ -451,7 +431,7 @@ func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 	w := rs.w
 	w.mu.Lock()
-	var res int64
+	before := w.res
 	var err error
 	switch {
 	case w.gone:
@@ -464,14 +444,10 @@ func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 			// a grown table: deltas churn it next.
 			w.engine.ReserveGrown(int(min(seg.Total, restoreReserve)))
 		}
-		before := w.res
 		err = rs.segmentLocked(seg)
-		w.endLocked() // publishes the segment's nodes and releases them
-		res = w.res - before
 		rs.entries = w.engine.Len()
 	}
-	w.mu.Unlock()
-	w.ix.resident.Add(res)
+	w.unlockThen(before, after{}) // publishes the segment's nodes and releases them
 	return err
 }
 

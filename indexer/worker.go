@@ -285,10 +285,7 @@ func (w *Worker) setCapacity(blocks int, d *Delta) {
 	w.rec = d
 	w.enforceCapacityLocked()
 	w.endRecordLocked(d)
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.ix.resident.Add(delta)
+	w.unlockThen(before, after{})
 }
 
 // capacityLocked returns the worker's capacity, 0 for unbounded. Callers
@@ -352,13 +349,43 @@ func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
 	before := w.res
 	done := w.evictLocked(n, CauseBudget)
-	w.endLocked()
-	delta := w.res - before // -done, but for keys of several blocks of a keyed worker
-	w.mu.Unlock()
-	w.ix.resident.Add(delta)
 	w.c.evictions.Add(done)
 	w.c.budgetEvict.Add(done)
+	w.unlockThen(before, after{}) // the change is -done, but for keys of several blocks of a keyed worker
 	return done
+}
+
+// after is what unlockThen does once the worker's mutex is released.
+type after struct {
+	// apply stamps Stats.LastApply and enforces the memory budget: the
+	// change applied a batch, a delta or a restore.
+	apply bool
+	// tell tells the observers what happened.
+	tell bool
+	what Applied
+}
+
+// unlockThen ends a change to the worker made under w.mu, which began
+// when the worker held before blocks: it publishes the change
+// (endLocked), releases w.mu, adds the change to the index's resident
+// count, and then, with no lock held, does what then says. Every change
+// to a worker ends here, so that no observer and no budget eviction ever
+// runs under a worker's lock. Callers hold w.mu.
+func (w *Worker) unlockThen(before int64, then after) {
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	if then.apply {
+		w.c.lastApply.Store(time.Now().UnixNano())
+	}
+	w.ix.resident.Add(delta)
+	if then.apply {
+		w.ix.checkBudget()
+	}
+	if obs := w.ix.observers.Load(); obs != nil && then.tell {
+		a := then.what
+		w.ix.notify(*obs, w, &a)
+	}
 }
 
 // endLocked ends a batch: publishes the changed nodes and the resident
@@ -421,15 +448,7 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 	}
 	w.enforceCapacityLocked()
 	w.endRecordLocked(d)
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	if obs := w.ix.observers.Load(); obs != nil {
-		w.ix.notify(*obs, w, &Applied{Batch: b})
-	}
+	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Batch: b}})
 	return errors.Join(errs...)
 }
 
@@ -470,14 +489,9 @@ func (w *Worker) reset(reason string, d *Delta) {
 	w.clearLocked()
 	w.lastReset = reason
 	w.c.lastResetAt.Store(time.Now().UnixNano())
-	w.endRecordLocked(d)
-	w.endLocked()
-	w.mu.Unlock()
-	w.ix.resident.Add(-before)
 	w.c.resets.Add(1)
-	if obs := w.ix.observers.Load(); obs != nil {
-		w.ix.notify(*obs, w, &Applied{Reset: reason})
-	}
+	w.endRecordLocked(d)
+	w.unlockThen(before, after{tell: true, what: Applied{Reset: reason}})
 }
 
 // applyLocked applies one event. Callers hold w.mu.
