@@ -26,14 +26,11 @@ const fullAttention = "full_attention"
 // refuses engine events (ErrWorkerKind).
 //
 // Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 230 ns per stored block, its later removal included (4.1-4.4 M blocks/s
-// on the benchmark machine of docs/benchmarks.md), and 13 allocations per
-// batch of about 80 blocks: a node and its key array per new branch, and
-// a view when a run's array grows or its holders change inside it. With
-// everything in cache (BenchmarkApplyCached) it is 5 M blocks/s: cache
-// misses are a fifth of the time, the engine map's work two fifths. The
-// map+mutex baseline (BenchmarkNaiveApply) does 1.0 M blocks/s with 318
-// allocations.
+// 230 ns per stored block, its later removal included, and 13 allocations
+// per batch of about 80 blocks: a node and its key array per new branch,
+// and a view when a run's array grows or its holders change inside it.
+// Cache misses are a fifth of the time, the engine map's work two fifths
+// (BenchmarkApplyCached).
 func (w *Worker) ApplyBatch(b *events.Batch) error { return w.applyBatch(b, nil) }
 
 // applyBatch is ApplyBatch, recording the batch's effects in d when d is
@@ -67,11 +64,8 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 // other workers' batches (a daemon dialing many engines) or other work (an
 // agent between its engine's steps) ran since its last, and loading them
 // all first overlaps those misses instead of taking them one after
-// another. Measured on 32 default-shape workers' batches interleaved
-// (BenchmarkEngineApplyInterleaved, docs/benchmarks.md, "Fleet benchmarks:
-// the second designs"): 1.0 M to 1.6 M new blocks a CPU-second, alternated;
-// no loss on one worker whose map stays in cache (BenchmarkApply). Cost:
-// four loads per block hash.
+// another (BenchmarkEngineApplyInterleaved); a worker whose map stays in
+// cache loses nothing. Cost: four loads per block hash.
 func (w *Worker) warmBatchLocked(b *events.Batch) {
 	var sum uint64
 	for i := range b.Events {
@@ -395,11 +389,7 @@ func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) (engineE
 		return e, true
 	}
 	r := new([events.NumMedia]uint8)
-	for i := range r {
-		if e.media()&(1<<i) != 0 {
-			r[i] = 1
-		}
-	}
+	*r = onePerMedium(e.media())
 	r[m] = 2
 	if w.dups == nil {
 		w.dups = make(map[uint64]*[events.NumMedia]uint8)

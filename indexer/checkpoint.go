@@ -125,15 +125,7 @@ type CheckpointBlock struct {
 }
 
 // media returns the mask of the media the block is in.
-func (b *CheckpointBlock) media() uint8 {
-	var m uint8
-	for i, r := range b.Refs {
-		if r > 0 {
-			m |= 1 << i
-		}
-	}
-	return m
-}
+func (b *CheckpointBlock) media() uint8 { return mediaOf(&b.Refs) }
 
 // maxResetReason bounds CheckpointState.LastReset: reasons are a line of
 // a log message.

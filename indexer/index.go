@@ -114,16 +114,8 @@ const EstimatedBytesPerBlock = 32
 // on which medium, plus each worker's map from engine block hash to its
 // place in the index.
 //
-// # Structure
-//
-// The keys form a tree (every key is chained from one parent), stored
-// path-compressed: a node holds a run of consecutive keys, and a list of
-// segments that give each stretch of the run its holder set (worker, media
-// bitmask), shared by all its keys. A branch is a child node attached at
-// any key of its parent's run; heads, a map sharded by key, finds a node by
-// its first key. Reference counts (vLLM may store a block twice, and each
-// store needs its own removal) live in the workers' engine maps; the tree
-// only records which media each worker holds a key in.
+// The keys form a path-compressed tree: see the package documentation
+// (Structure) and node.
 //
 // # Concurrency
 //
@@ -433,7 +425,7 @@ type Match struct {
 // PromptKeys, within 1.3x of hashing the prompt alone from 128 to 15,000
 // blocks; 4,096 blocks with 1,000 workers holding the first 512 take about
 // 14 us for Match, which is mostly writing the 1,000 results
-// (BenchmarkScore4096x1000; the map+mutex baseline takes 8.4 ms).
+// (BenchmarkScore4096x1000).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
 	// The still-matching workers are in small (in this frame) or in a
 	// pooled matchScratch; they are kept out of m, whose dst is returned
@@ -585,10 +577,9 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	m.cur = s
 	ents := s.Entries()
 	keep := 0
-	// An active is copied down only once a worker before it has ended:
-	// rewriting each in place took BenchmarkScoreFloor/15000x96's Match
-	// from 24 to 44 us (the profile put it on that store, which the next
-	// load of the 12-byte records overlaps).
+	// An active is copied down only once a worker before it has ended,
+	// not rewritten in place: that store is on the path of every set
+	// change of a long match.
 	if len(act)*8 < len(ents) {
 		// Few still match among many holders: look each one up.
 		for i := range act {

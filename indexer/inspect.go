@@ -80,36 +80,10 @@ func (w *Worker) Resident(after Key, hasAfter bool, limit int) (page []ResidentK
 	w.mu.Lock()
 	all := make([]ResidentKey, 0, w.engine.Len())
 	var d uint64
-	if w.info.Keyed {
-		for slot := range w.engine.All() {
-			k, m := Key(w.engine.Hash(slot)), w.entry(slot).media()
-			d += digestTerm(k, m)
-			all = append(all, ResidentKey{Key: k, Media: m})
-		}
-	} else {
-		for slot := range w.engine.All() {
-			e := w.entry(slot)
-			l := w.locOf(e)
-			if w.aliases != nil && w.aliases[l] != nil {
-				continue // once per key, below
-			}
-			k := w.cur.keyAt(l)
-			d += digestTerm(k, e.media())
-			all = append(all, ResidentKey{Key: k, Media: e.media()})
-		}
-		for l, a := range w.aliases {
-			var media uint8
-			for m, n := range a.media {
-				if n > 0 {
-					media |= 1 << m
-				}
-			}
-			k := w.cur.keyAt(l)
-			d += digestTerm(k, media)
-			all = append(all, ResidentKey{Key: k, Media: media})
-		}
-		w.cur.finish()
-	}
+	w.eachResidentLocked(func(k Key, media uint8) {
+		d += digestTerm(k, media)
+		all = append(all, ResidentKey{Key: k, Media: media})
+	})
 	w.mu.Unlock()
 	total = len(all)
 	if hasAfter {

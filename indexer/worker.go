@@ -186,13 +186,28 @@ func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	if e.dup() {
 		return *w.dups[w.engine.Hash(slot)]
 	}
+	return onePerMedium(e.media())
+}
+
+// onePerMedium returns the store counts of a block stored once in each
+// medium of media.
+func onePerMedium(media uint8) [events.NumMedia]uint8 {
 	var r [events.NumMedia]uint8
 	for m := range r {
-		if e.media()&(1<<m) != 0 {
-			r[m] = 1
-		}
+		r[m] = media >> m & 1
 	}
 	return r
+}
+
+// mediaOf returns the mask of the media whose count in c is not zero.
+func mediaOf[T uint8 | uint16 | uint32](c *[events.NumMedia]T) uint8 {
+	var m uint8
+	for i, n := range c {
+		if n != 0 {
+			m |= 1 << i
+		}
+	}
+	return m
 }
 
 // brokenInvariant is the one place the indexer panics: on a state its
