@@ -427,73 +427,76 @@ type Match struct {
 // 14 us for Match, which is mostly writing the 1,000 results
 // (BenchmarkScore4096x1000).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
+	dst, _ = ix.match(keys, allow, dst, nil)
+	return dst
+}
+
+// match is the one walk of a prompt's keys down the tree, for Match and,
+// with visit, for Lookup: it compares the keys with a node's run, gives
+// each stretch of matched blocks [from, to) that shares one holder set to
+// visit, or else to Match's matcher, and follows the child that the
+// prompt's next key heads, attached where the match left the node. It
+// returns dst and the number of leading keys the tree has (when visit
+// stops it, the keys of the node it stopped in). Match inlines to a call
+// of it, and visit is checked once per stretch, so Match pays nothing
+// for Lookup.
+func (ix *Index) match(keys []Key, allow func(WorkerID) bool, dst []Match, visit func(from, to int, set *holders.Set) bool) ([]Match, int) {
+	if len(keys) == 0 {
+		return dst, 0
+	}
+	n := ix.head(keys[0])
+	if n == nil || n.parent != nil {
+		return dst, 0
+	}
 	// The still-matching workers are in small (in this frame) or in a
 	// pooled matchScratch; they are kept out of m, whose dst is returned
 	// (escape analysis does not tell fields apart).
 	var small [matchSmall]active
 	act := small[:0]
 	m := matcher{ix: ix, dst: dst, allow: allow}
-	wk := walker{ix: ix}
+	i := 0
 walk:
-	for wk.i < len(keys) && wk.enter(keys) {
-		for s, segs := 0, wk.segs; s < len(segs) && int(segs[s].start) < wk.j; s++ {
+	for {
+		v := n.view.Load()
+		if v == nil {
+			break
+		}
+		// Blocks [start, i) are the node's keys [0, j): a walk enters a
+		// node at its first key.
+		start := i
+		var j int
+		i, j = matchRun(keys, i, v.keys[:v.n.Load()], 0)
+		if i == start {
+			break
+		}
+		segs := v.segs
+		for s := 0; s < len(segs) && int(segs[s].start) < j; s++ {
+			from := start + int(segs[s].start)
+			if visit != nil {
+				to := start + j
+				if s+1 < len(segs) && int(segs[s+1].start) < j {
+					to = start + int(segs[s+1].start)
+				}
+				if !visit(from, to, segs[s].set) {
+					break walk
+				}
+				continue
+			}
 			var more bool
-			if act, more = m.at(act, wk.start+int(segs[s].start), segs[s].set); !more {
+			if act, more = m.at(act, from, segs[s].set); !more {
 				break walk
 			}
 		}
+		if i == len(keys) {
+			break
+		}
+		c := ix.head(keys[i])
+		if c == nil || c.parent != n || int(c.attach) != j-1 {
+			break
+		}
+		n = c
 	}
-	return m.finish(act, wk.i)
-}
-
-// walker follows a prompt's keys down the tree, a node at a time (enter):
-// Match and Lookup are its two users. In the node entered, the prompt's
-// blocks [start, i) are the node's keys [0, j), and the segments of segs
-// that start below j give their holder sets. A walker is a value in its
-// caller's frame and enter a direct call, so a walk allocates nothing;
-// the keys are passed to each call rather than kept in it, so that they
-// do not escape with the nodes it loads (escape analysis does not tell
-// fields apart).
-type walker struct {
-	ix       *Index
-	n        *node // the node entered, nil before the first
-	segs     []seg // the segments of n's view
-	j        int   // the keys of n matched
-	start, i int   // the prompt's block at n's offset 0, and past the last matched
-	done     bool
-}
-
-// enter matches the prompt's keys from block i against the next node's
-// run: the top-level node of the first key, then the child that the
-// prompt's next key heads, attached where the match left the node before.
-// It reports whether a key matched; when not, the walk has ended, and i is
-// the number of leading keys the tree has. Callers stop at i ==
-// len(keys). Cost: a heads probe (one shard read lock), and about a cycle
-// per key matched (matchRun).
-func (w *walker) enter(keys []Key) bool {
-	if w.done {
-		return false
-	}
-	c := w.ix.head(keys[w.i])
-	if c != nil && (w.n == nil && c.parent != nil || w.n != nil && (c.parent != w.n || int(c.attach) != w.j-1)) {
-		c = nil
-	}
-	var v *view
-	if c != nil {
-		v = c.view.Load()
-	}
-	if v == nil {
-		w.done = true
-		return false
-	}
-	w.n, w.start = c, w.i
-	w.i, w.j = matchRun(keys, w.i, v.keys[:v.n.Load()], 0)
-	if w.i == w.start {
-		w.done = true
-		return false
-	}
-	w.segs = v.segs
-	return true
+	return m.finish(act, i), i
 }
 
 // matchRun advances i in keys and j in run while their keys are equal,

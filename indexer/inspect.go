@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
 // Inspection. What an operator asks of the index beyond Match: who holds
@@ -39,25 +40,16 @@ type Holder struct {
 // holders of each run) and one allocation for the holders.
 func (ix *Index) Lookup(keys []Key, visit func(from, to int, held []Holder) bool) int {
 	var buf []Holder
-	wk := walker{ix: ix}
-	for wk.i < len(keys) && wk.enter(keys) {
-		for s, segs := 0, wk.segs; s < len(segs) && int(segs[s].start) < wk.j; s++ {
-			end := wk.j
-			if s+1 < len(segs) && int(segs[s+1].start) < end {
-				end = int(segs[s+1].start)
-			}
-			buf = buf[:0]
-			if set := segs[s].set; set != nil {
-				for _, e := range set.Entries() {
-					buf = append(buf, Holder{Worker: WorkerID(e.Worker()), Media: e.Media()})
-				}
-			}
-			if !visit(wk.start+int(segs[s].start), wk.start+end, buf) {
-				return wk.i
+	_, n := ix.match(keys, nil, nil, func(from, to int, set *holders.Set) bool {
+		buf = buf[:0]
+		if set != nil {
+			for _, e := range set.Entries() {
+				buf = append(buf, Holder{Worker: WorkerID(e.Worker()), Media: e.Media()})
 			}
 		}
-	}
-	return wk.i
+		return visit(from, to, buf)
+	})
+	return n
 }
 
 // ResidentKey is one content key a worker holds and the media it holds
