@@ -4,10 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
@@ -127,15 +125,7 @@ type CheckpointBlock struct {
 }
 
 // media returns the mask of the media the block is in.
-func (b *CheckpointBlock) media() uint8 {
-	var m uint8
-	for i, r := range b.Refs {
-		if r > 0 {
-			m |= 1 << i
-		}
-	}
-	return m
-}
+func (b *CheckpointBlock) media() uint8 { return mediaOf(&b.Refs) }
 
 // maxResetReason bounds CheckpointState.LastReset: reasons are a line of
 // a log message.
@@ -267,13 +257,7 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 	w.clearLocked()
 	ck.buildLocked(w)
 	w.enforceCapacityLocked()
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	w.notifyRestored("checkpoint")
+	w.unlockThen(before, w.restoredLocked("checkpoint"))
 	return nil
 }
 
@@ -281,105 +265,64 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 // parent's index in keys (-1 at top level), its blocks in key order and
 // the worker's state.
 type checkpointState struct {
-	total, totalBlocks uint64
-	keys               []CheckpointKey
-	parent             []int32
-	blocks             []CheckpointBlock
-	state              CheckpointState
+	keys   []CheckpointKey
+	parent []int32
+	blocks []CheckpointBlock
+	state  CheckpointState
+}
+
+// head returns what the segment says of its place in the checkpoint.
+func (s *CheckpointSegment) head() segHead {
+	return segHead{part: s.Part, total: s.Total, totalBlocks: s.TotalBlocks, last: s.Last, digest: s.Digest,
+		keys: len(s.Keys), blocks: len(s.Blocks), state: !s.State.zero()}
 }
 
 // readCheckpoint reads and checks the segments next returns (see
 // RestoreCheckpoint).
 func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, error) {
 	ck := &checkpointState{}
-	var index map[Key]int32
+	o := segOrder{bad: ErrBadCheckpoint, what: "checkpoint", maxKeys: CheckpointSegmentKeys}
+	var ko keyOrder
 	var hashes map[uint64]struct{}
-	var digest, want uint64
-	last := false
-	for part := uint32(0); ; part++ {
-		seg, err := next()
-		if errors.Is(err, io.EOF) {
-			if !last {
-				return nil, fmt.Errorf("%w: it ends after %d segments, none of them the last", ErrBadCheckpoint, part)
-			}
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading checkpoint segment %d: %w", part, err)
-		}
-		switch {
-		case last:
-			return nil, fmt.Errorf("%w: segment %d follows the last", ErrBadCheckpoint, part)
-		case seg == nil:
-			return nil, fmt.Errorf("%w: segment %d is nil", ErrBadCheckpoint, part)
-		case seg.Part != part:
-			return nil, fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadCheckpoint, seg.Part, part)
-		case part > 0 && (seg.Total != ck.total || seg.TotalBlocks != ck.totalBlocks):
-			return nil, fmt.Errorf("%w: segment %d says %d keys and %d blocks in all, segment 0 %d and %d", ErrBadCheckpoint, part, seg.Total, seg.TotalBlocks, ck.total, ck.totalBlocks)
-		case len(seg.Keys) > CheckpointSegmentKeys:
-			return nil, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadCheckpoint, part, len(seg.Keys), CheckpointSegmentKeys)
-		case part > 0 && !seg.State.zero():
-			return nil, fmt.Errorf("%w: segment %d carries the worker's state, which belongs in segment 0", ErrBadCheckpoint, part)
-		}
-		if part == 0 {
+	var digest uint64
+	err := read(&o, next, (*CheckpointSegment).head, func(seg *CheckpointSegment) error {
+		if seg.Part == 0 {
 			for m, n := range seg.State.Learned {
 				if n < 0 {
-					return nil, fmt.Errorf("%w: learned capacity %d in %s", ErrBadCheckpoint, n, events.Medium(m))
+					return fmt.Errorf("%w: learned capacity %d in %s", ErrBadCheckpoint, n, events.Medium(m))
 				}
 			}
 			ck.state = seg.State
 			ck.state.IgnoredGroups = slices.Clone(seg.State.IgnoredGroups)
-			ck.total, ck.totalBlocks = seg.Total, seg.TotalBlocks
 			// Sized once, up to a bound: the totals are the file's word.
-			index = make(map[Key]int32, int(min(seg.Total, restoreReserve)))
-			hashes = make(map[uint64]struct{}, int(min(seg.TotalBlocks, restoreReserve)))
-			ck.keys = make([]CheckpointKey, 0, int(min(seg.Total, restoreReserve)))
-			ck.parent = make([]int32, 0, int(min(seg.Total, restoreReserve)))
-			ck.blocks = make([]CheckpointBlock, 0, int(min(seg.TotalBlocks, restoreReserve)))
-		}
-		if uint64(len(ck.keys)+len(seg.Keys)) > ck.total || uint64(len(ck.blocks)+len(seg.Blocks)) > ck.totalBlocks {
-			return nil, fmt.Errorf("%w: segment %d brings its keys or blocks over the %d and %d it says", ErrBadCheckpoint, part, ck.total, ck.totalBlocks)
+			ko = newKeyOrder(seg.Total)
+			nb := int(min(seg.TotalBlocks, restoreReserve))
+			hashes = make(map[uint64]struct{}, nb)
+			ck.keys = make([]CheckpointKey, 0, cap(ko.parent))
+			ck.blocks = make([]CheckpointBlock, 0, nb)
 		}
 		b := 0 // the segment's next block
 		for j := range seg.Keys {
 			k := &seg.Keys[j]
-			i := int32(len(ck.keys))
 			bad := func(why string) error {
-				return fmt.Errorf("%w: segment %d key %d (%#016x): %s", ErrBadCheckpoint, part, j, uint64(k.Key), why)
+				return fmt.Errorf("%w: segment %d key %d (%#016x): %s", ErrBadCheckpoint, seg.Part, j, uint64(k.Key), why)
 			}
-			p := int32(-1)
-			switch {
-			case !k.HasParent:
-			case i > 0 && ck.keys[i-1].Key == k.Parent:
-				p = i - 1 // along a chain: no probe
-			default:
-				pi, ok := index[k.Parent]
-				if !ok {
-					return nil, bad(fmt.Sprintf("its parent %#016x is not before it", uint64(k.Parent)))
-				}
-				p = pi
-			}
-			if i > 0 && ck.keys[i-1].Blocks == 0 && p != i-1 {
-				return nil, bad("it follows a placeholder but is not under it")
-			}
-			n := len(index)
-			index[k.Key] = i // one map operation: the length tells a new key
-			if len(index) == n {
-				return nil, bad("the key is in the checkpoint twice")
+			if why := ko.add(k.Key, k.Parent, k.HasParent, k.Blocks == 0); why != "" {
+				return bad(why)
 			}
 			if uint64(k.Blocks) > uint64(len(seg.Blocks)-b) {
-				return nil, bad(fmt.Sprintf("it has %d blocks, the segment %d more", k.Blocks, len(seg.Blocks)-b))
+				return bad(fmt.Sprintf("it has %d blocks, the segment %d more", k.Blocks, len(seg.Blocks)-b))
 			}
 			var media uint8
 			for _, blk := range seg.Blocks[b : b+int(k.Blocks)] {
 				m := blk.media()
 				if m == 0 {
-					return nil, bad(fmt.Sprintf("its block %#016x is in no medium", blk.Hash))
+					return bad(fmt.Sprintf("its block %#016x is in no medium", blk.Hash))
 				}
 				n := len(hashes)
 				hashes[blk.Hash] = struct{}{}
 				if len(hashes) == n {
-					return nil, bad(fmt.Sprintf("engine hash %#016x is in the checkpoint twice", blk.Hash))
+					return bad(fmt.Sprintf("engine hash %#016x is in the checkpoint twice", blk.Hash))
 				}
 				media |= m
 			}
@@ -388,25 +331,23 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 				digest += digestTerm(k.Key, media)
 			}
 			ck.keys = append(ck.keys, *k)
-			ck.parent = append(ck.parent, p)
 		}
 		if b != len(seg.Blocks) {
-			return nil, fmt.Errorf("%w: segment %d has %d blocks, its keys %d", ErrBadCheckpoint, part, len(seg.Blocks), b)
+			return fmt.Errorf("%w: segment %d has %d blocks, its keys %d", ErrBadCheckpoint, seg.Part, len(seg.Blocks), b)
 		}
 		ck.blocks = append(ck.blocks, seg.Blocks...)
-		if seg.Last {
-			last, want = true, seg.Digest
-		}
+		return nil
+	})
+	if err == nil {
+		err = ko.end(ErrBadCheckpoint)
 	}
-	if uint64(len(ck.keys)) != ck.total || uint64(len(ck.blocks)) != ck.totalBlocks {
-		return nil, fmt.Errorf("%w: %d keys and %d blocks, its segments say %d and %d", ErrBadCheckpoint, len(ck.keys), len(ck.blocks), ck.total, ck.totalBlocks)
+	if err == nil {
+		err = o.checkDigest(digest)
 	}
-	if n := len(ck.keys); n > 0 && ck.keys[n-1].Blocks == 0 {
-		return nil, fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadCheckpoint, uint64(ck.keys[n-1].Key))
+	if err != nil {
+		return nil, err
 	}
-	if digest != want {
-		return nil, fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadCheckpoint, digest, want)
-	}
+	ck.parent = ko.parent
 	return ck, nil
 }
 
@@ -546,12 +487,7 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(s.Part))
 	b = binary.AppendUvarint(b, s.Total)
 	b = binary.AppendUvarint(b, s.TotalBlocks)
-	if s.Last {
-		b = append(b, 1)
-		b = binary.LittleEndian.AppendUint64(b, s.Digest)
-	} else {
-		b = append(b, 0)
-	}
+	b = appendLast(b, s.Last, s.Digest)
 	if s.Part == 0 {
 		for _, n := range s.State.Learned {
 			b = binary.AppendUvarint(b, uint64(max(n, 0)))
@@ -565,17 +501,11 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 	}
 	b = binary.AppendUvarint(b, uint64(len(s.Keys)))
 	next, prevAge, first := 0, uint8(0), true
+	var prev Key
 	for i := range s.Keys {
 		k := &s.Keys[i]
-		var tag byte
-		switch {
-		case !k.HasParent:
-			tag = tagParentNone
-		case i > 0 && s.Keys[i-1].Key == k.Parent:
-			tag = tagParentPrev
-		default:
-			tag = tagParentKey
-		}
+		tag := attachTag(i, prev, k.Parent, k.HasParent)
+		prev = k.Key
 		switch k.Blocks {
 		case 0:
 			tag |= ckptPlaceholder
@@ -584,11 +514,7 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 		default:
 			tag |= ckptBlocksCount
 		}
-		b = append(b, tag)
-		b = binary.LittleEndian.AppendUint64(b, uint64(k.Key))
-		if tag&tagParentMask == tagParentKey {
-			b = binary.LittleEndian.AppendUint64(b, uint64(k.Parent))
-		}
+		b = appendKeyHead(b, tag, k.Key, k.Parent)
 		if tag&tagFormMask == ckptBlocksCount {
 			b = binary.AppendUvarint(b, uint64(k.Blocks))
 		}
@@ -632,20 +558,11 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 // only: RestoreCheckpoint checks what the keys say.
 func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 	d := segDecoder{b: data, bad: ErrBadCheckpoint}
-	if v := d.byte(); d.err == nil && v != ckptVersion {
-		return fmt.Errorf("%w: encoding version %d, want %d", ErrBadCheckpoint, v, ckptVersion)
-	}
+	d.version(ckptVersion)
 	part := d.uvarint(math.MaxUint32)
 	total := d.uvarint(math.MaxUint64)
 	totalBlocks := d.uvarint(math.MaxUint64)
-	last := d.byte()
-	if d.err == nil && last > 1 {
-		d.fail("last flag %d", last)
-	}
-	var digest uint64
-	if last == 1 {
-		digest = d.uint64()
-	}
+	last, digest := d.last()
 	state := CheckpointState{IgnoredGroups: s.State.IgnoredGroups[:0]}
 	if part == 0 {
 		for m := range state.Learned {
@@ -668,21 +585,12 @@ func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 	keys := slices.Grow(s.Keys[:0], n)
 	blocks := s.Blocks[:0]
 	var prevAge uint8
+	var prev Key
 	for i := 0; i < n && d.err == nil; i++ {
-		tag := d.byte()
-		if d.err == nil && (tag&^(tagParentMask|tagFormMask) != 0 || tag&tagParentMask == 3 || tag&tagFormMask == 3<<2 ||
-			tag&tagParentMask == tagParentPrev && i == 0) {
-			d.fail("key %d: tag %#02x", i, tag)
-		}
-		k := CheckpointKey{Key: Key(d.uint64())}
-		switch tag & tagParentMask {
-		case tagParentPrev:
-			if i > 0 {
-				k.Parent, k.HasParent = keys[i-1].Key, true
-			}
-		case tagParentKey:
-			k.Parent, k.HasParent = Key(d.uint64()), true
-		}
+		var k CheckpointKey
+		var tag byte
+		tag, k.Key, k.Parent, k.HasParent = d.keyHead(i, prev)
+		prev = k.Key
 		switch tag & tagFormMask {
 		case ckptBlocksOne:
 			k.Blocks = 1
@@ -726,13 +634,10 @@ func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 		}
 		keys = append(keys, k)
 	}
-	if d.err == nil && len(d.b) > d.off {
-		d.fail("%d bytes after the segment", len(d.b)-d.off)
+	if err := d.end(); err != nil {
+		return err
 	}
-	if d.err != nil {
-		return d.err
-	}
-	*s = CheckpointSegment{Part: uint32(part), Total: total, TotalBlocks: totalBlocks, Last: last == 1, Digest: digest,
+	*s = CheckpointSegment{Part: uint32(part), Total: total, TotalBlocks: totalBlocks, Last: last, Digest: digest,
 		State: state, Keys: keys, Blocks: blocks}
 	return nil
 }

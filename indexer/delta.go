@@ -3,7 +3,6 @@ package indexer
 import (
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
@@ -210,15 +209,7 @@ type keyCounts struct {
 }
 
 // media returns the mask of the media the key is held in.
-func (kc *keyCounts) media() uint8 {
-	var m uint8
-	for i, r := range kc.refs {
-		if r > 0 {
-			m |= 1 << i
-		}
-	}
-	return m
-}
+func (kc *keyCounts) media() uint8 { return mediaOf(&kc.refs) }
 
 // simple reports whether the counts are what an entry's media alone say.
 func (kc *keyCounts) simple() bool {
@@ -349,12 +340,8 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 	if len(d.Entries) >= warmMin {
 		// A replica applies its workers' deltas interleaved, so each
 		// finds its worker's engine map out of cache: loading every
-		// effect's buckets first overlaps those misses (with the grown
-		// reserve, the interleaved floor went from 1.05-1.11 M to
-		// 2.0-2.3 M new blocks a CPU-second: docs/benchmarks.md, "Fleet
-		// benchmarks: the second designs"; loading the removed
-		// keys' tree nodes in a second pass, which chains three loads
-		// per key, was slower).
+		// effect's buckets first overlaps those misses (see
+		// warmBatchLocked).
 		var sum uint64
 		for i := range d.Entries {
 			sum += w.engine.Warm(uint64(d.Entries[i].Key))
@@ -379,15 +366,7 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 		}
 	}
 	w.deltaSeq = d.Seq
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	if obs := w.ix.observers.Load(); obs != nil {
-		w.ix.notify(*obs, w, &Applied{Delta: d})
-	}
+	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Delta: d}})
 	if bad > 0 {
 		w.c.deltaMismatches.Add(int64(bad))
 		return fmt.Errorf("%w: worker %s, delta %d: %d of %d effects skipped; the first: %w", ErrDeltaMismatch, w.info.Ref, d.Seq, bad, len(d.Entries), first)

@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -198,9 +199,6 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 		keys = m.PromptKeys(q.Tokens, q.Extras, nil)
 	}
 	d := &Diagnosis{Blocks: len(keys)}
-	add := func(r Reason, at time.Time, format string, args ...any) {
-		d.Findings = append(d.Findings, Finding{Reason: r, Detail: fmt.Sprintf(format, args...), At: at})
-	}
 	var vars []variant
 	if len(q.Tokens) > 0 {
 		vars = variants(m, w, q.Tokens, q.Extras)
@@ -210,31 +208,70 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	}
 	st := w.Stats()
 	if len(keys) == 0 {
-		add(ReasonTooShort, time.Time{}, "the prompt's %d tokens make no full block of %d", len(q.Tokens), m.BlockSize)
+		d.add(ReasonTooShort, time.Time{}, "the prompt's %d tokens make no full block of %d", len(q.Tokens), m.BlockSize)
 		return d
 	}
 	d.Matched = ix.matchOf(keys, w)
-	healthFinding := func() {
-		switch h := q.Health; h {
-		case events.HealthOK, events.HealthUnknown:
-		case events.HealthStale:
-			add(ReasonStale, time.Time{}, "the worker's stream is stale (%s): what it holds now is unknown, and answers leave it out", orNone(q.HealthReason))
-		case events.HealthUnsynced:
-			add(ReasonUnsynced, time.Time{}, "the worker lost events beyond replay (%s): the index may be wrong either way until its next clear or restart", orNone(q.HealthReason))
-		default:
-			add(ReasonUnhealthy, time.Time{}, "the worker is %s (%s)", h, orNone(q.HealthReason))
-		}
-	}
 	if d.Matched == len(keys) {
-		add(ReasonHit, time.Time{}, "the worker holds all %d blocks of the prompt", len(keys))
-		healthFinding()
+		d.add(ReasonHit, time.Time{}, "the worker holds all %d blocks of the prompt", len(keys))
+		d.health(q)
 		return d
 	}
-	miss := keys[d.Matched]
-	d.FirstMiss = miss
+	d.FirstMiss = keys[d.Matched]
+	explained := ix.explainMiss(d, q, vars)
+	if st.BlockSizeMismatches > 0 {
+		d.add(ReasonBlockSize, time.Time{}, "%d of the worker's events carried block_size %d, not the model's %d, and were not indexed", st.BlockSizeMismatches, st.LastBadBlockSize, w.model.BlockSize)
+	}
+	d.health(q)
+	if q.Extras != nil && q.Extras.LoRAName != "" && !w.info.Keyed {
+		loras, over := w.LoRAs()
+		if !over && !slices.Contains(loras, q.Extras.LoRAName) {
+			d.add(ReasonUnknownLoRA, time.Time{}, "the worker never stored a block under LoRA adapter %q (it stored under: %s)", q.Extras.LoRAName, orNone(strings.Join(loras, ", ")))
+		}
+	}
+	if !explained {
+		at, what := st.LastResetAt, "reset ("+orNone(st.LastReset)+")"
+		if st.LastClearAt.After(at) {
+			at, what = st.LastClearAt, "cleared (AllBlocksCleared)"
+		}
+		if !at.IsZero() {
+			d.add(ReasonReset, at, "the worker was last %s at %s: blocks stored before then are gone", what, at.UTC().Format(time.RFC3339Nano))
+		}
+		if st.Orphans > 0 {
+			d.add(ReasonOrphans, time.Time{}, "%d of the worker's blocks were stored under parents it never announced (lost events) and match no prompt", st.Orphans)
+		}
+		d.add(ReasonNotStored, time.Time{}, "the worker does not hold block %d and none of its last %d removals is of it: never stored, or removed before the record", d.Matched, d.History)
+	}
+	ix.heldElsewhere(d, keys, w)
+	return d
+}
+
+// add appends a finding.
+func (d *Diagnosis) add(r Reason, at time.Time, format string, args ...any) {
+	d.Findings = append(d.Findings, Finding{Reason: r, Detail: fmt.Sprintf(format, args...), At: at})
+}
+
+// health adds the finding the worker's stream health makes, if any.
+func (d *Diagnosis) health(q *DiagnoseQuery) {
+	switch h := q.Health; h {
+	case events.HealthOK, events.HealthUnknown:
+	case events.HealthStale:
+		d.add(ReasonStale, time.Time{}, "the worker's stream is stale (%s): what it holds now is unknown, and answers leave it out", orNone(q.HealthReason))
+	case events.HealthUnsynced:
+		d.add(ReasonUnsynced, time.Time{}, "the worker lost events beyond replay (%s): the index may be wrong either way until its next clear or restart", orNone(q.HealthReason))
+	default:
+		d.add(ReasonUnhealthy, time.Time{}, "the worker is %s (%s)", h, orNone(q.HealthReason))
+	}
+}
+
+// explainMiss adds the findings that explain the miss of block d.Matched:
+// another model, another keying, a removal on record; it reports whether
+// there were any, and sets d.History.
+func (ix *Index) explainMiss(d *Diagnosis, q *DiagnoseQuery, vars []variant) bool {
+	w, m := q.Worker, q.Model
 	explained := false
 	if w.model != m {
-		add(ReasonModelDiffers, time.Time{}, "the worker serves model %q (block size %d), not %q", w.model.Name, w.model.BlockSize, m.Name)
+		d.add(ReasonModelDiffers, time.Time{}, "the worker serves model %q (block size %d), not %q", w.model.Name, w.model.BlockSize, m.Name)
 		if len(q.Tokens) > 0 {
 			if n := ix.matchOf(w.model.PromptKeys(q.Tokens, q.Extras, nil), w); n > d.Matched {
 				d.Findings[len(d.Findings)-1].Detail += fmt.Sprintf("; keyed as %q, it holds %d blocks of the prompt", w.model.Name, n)
@@ -244,47 +281,25 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	}
 	for _, v := range vars {
 		if n := ix.matchOf(v.keys, w); n > d.Matched {
-			add(v.reason, time.Time{}, "the worker holds %d blocks of the prompt keyed with %s, against %d as requested", n, v.what, d.Matched)
+			d.add(v.reason, time.Time{}, "the worker holds %d blocks of the prompt keyed with %s, against %d as requested", n, v.what, d.Matched)
 			explained = true
 		}
 	}
-	r, hist, removed := w.FindRemoval(miss)
+	r, hist, removed := w.FindRemoval(d.FirstMiss)
 	d.History = hist
 	if removed {
 		reason := ReasonRemoved
 		if r.Cause != CauseRemoved {
 			reason = ReasonEvicted
 		}
-		add(reason, r.At, "block %d was %s at %s", d.Matched, r.Cause, r.At.UTC().Format(time.RFC3339Nano))
+		d.add(reason, r.At, "block %d was %s at %s", d.Matched, r.Cause, r.At.UTC().Format(time.RFC3339Nano))
 		explained = true
 	}
-	if st.BlockSizeMismatches > 0 {
-		add(ReasonBlockSize, time.Time{}, "%d of the worker's events carried block_size %d, not the model's %d, and were not indexed", st.BlockSizeMismatches, st.LastBadBlockSize, w.model.BlockSize)
-	}
-	healthFinding()
-	if q.Extras != nil && q.Extras.LoRAName != "" && !w.info.Keyed {
-		loras, over := w.LoRAs()
-		known := false
-		for _, l := range loras {
-			known = known || l == q.Extras.LoRAName
-		}
-		if !known && !over {
-			add(ReasonUnknownLoRA, time.Time{}, "the worker never stored a block under LoRA adapter %q (it stored under: %s)", q.Extras.LoRAName, orNone(strings.Join(loras, ", ")))
-		}
-	}
-	if !explained {
-		at, what := st.LastResetAt, "reset ("+orNone(st.LastReset)+")"
-		if st.LastClearAt.After(at) {
-			at, what = st.LastClearAt, "cleared (AllBlocksCleared)"
-		}
-		if !at.IsZero() {
-			add(ReasonReset, at, "the worker was last %s at %s: blocks stored before then are gone", what, at.UTC().Format(time.RFC3339Nano))
-		}
-		if st.Orphans > 0 {
-			add(ReasonOrphans, time.Time{}, "%d of the worker's blocks were stored under parents it never announced (lost events) and match no prompt", st.Orphans)
-		}
-		add(ReasonNotStored, time.Time{}, "the worker does not hold block %d and none of its last %d removals is of it: never stored, or removed before the record", d.Matched, hist)
-	}
+	return explained
+}
+
+// heldElsewhere adds which other workers hold block d.Matched, if any.
+func (ix *Index) heldElsewhere(d *Diagnosis, keys []Key, w *Worker) {
 	var elsewhere []string
 	n := 0
 	ix.Lookup(keys[:d.Matched+1], func(from, to int, held []Holder) bool {
@@ -309,9 +324,8 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 		if n > len(elsewhere) {
 			more = fmt.Sprintf(" and %d more", n-len(elsewhere))
 		}
-		add(ReasonHeldElsewhere, time.Time{}, "block %d is held by %s%s", d.Matched, strings.Join(elsewhere, ", "), more)
+		d.add(ReasonHeldElsewhere, time.Time{}, "block %d is held by %s%s", d.Matched, strings.Join(elsewhere, ", "), more)
 	}
-	return d
 }
 
 // parity compares q's engine hashes with keys.

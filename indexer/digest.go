@@ -22,10 +22,27 @@ func (w *Worker) Digest() uint64 {
 	defer w.mu.Unlock()
 	var d uint64
 	if w.info.Keyed {
+		// A replica's sync check: inline, a call per key costs a sixth.
 		for slot := range w.engine.All() {
 			d += digestTerm(Key(w.engine.Hash(slot)), w.entry(slot).media())
 		}
 		return d
+	}
+	w.eachResidentLocked(func(k Key, media uint8) { d += digestTerm(k, media) })
+	return d
+}
+
+// eachResidentLocked calls f with each key the worker holds and its media
+// mask (the union over its blocks at the key), once per key. Callers hold
+// w.mu. Cost: O(blocks); a keyed worker's engine map holds the keys
+// themselves, while a worker fed engine events reads each block's key in
+// the tree.
+func (w *Worker) eachResidentLocked(f func(k Key, media uint8)) {
+	if w.info.Keyed {
+		for slot := range w.engine.All() {
+			f(Key(w.engine.Hash(slot)), w.entry(slot).media())
+		}
+		return
 	}
 	for slot := range w.engine.All() {
 		e := w.entry(slot)
@@ -33,19 +50,12 @@ func (w *Worker) Digest() uint64 {
 		if w.aliases != nil && w.aliases[l] != nil {
 			continue // once per key, below
 		}
-		d += digestTerm(w.cur.keyAt(l), e.media())
+		f(w.cur.keyAt(l), e.media())
 	}
 	for l, a := range w.aliases {
-		var media uint8
-		for m, n := range a.media {
-			if n > 0 {
-				media |= 1 << m
-			}
-		}
-		d += digestTerm(w.cur.keyAt(l), media)
+		f(w.cur.keyAt(l), mediaOf(&a.media))
 	}
 	w.cur.finish()
-	return d
 }
 
 // digestTerm is a key's term in a digest: a bijective mix (a multiply,

@@ -114,16 +114,8 @@ const EstimatedBytesPerBlock = 32
 // on which medium, plus each worker's map from engine block hash to its
 // place in the index.
 //
-// # Structure
-//
-// The keys form a tree (every key is chained from one parent), stored
-// path-compressed: a node holds a run of consecutive keys, and a list of
-// segments that give each stretch of the run its holder set (worker, media
-// bitmask), shared by all its keys. A branch is a child node attached at
-// any key of its parent's run; heads, a map sharded by key, finds a node by
-// its first key. Reference counts (vLLM may store a block twice, and each
-// store needs its own removal) live in the workers' engine maps; the tree
-// only records which media each worker holds a key in.
+// The keys form a path-compressed tree: see the package documentation
+// (Structure) and node.
 //
 // # Concurrency
 //
@@ -433,14 +425,28 @@ type Match struct {
 // PromptKeys, within 1.3x of hashing the prompt alone from 128 to 15,000
 // blocks; 4,096 blocks with 1,000 workers holding the first 512 take about
 // 14 us for Match, which is mostly writing the 1,000 results
-// (BenchmarkScore4096x1000; the map+mutex baseline takes 8.4 ms).
+// (BenchmarkScore4096x1000).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
+	dst, _ = ix.match(keys, allow, dst, nil)
+	return dst
+}
+
+// match is the one walk of a prompt's keys down the tree, for Match and,
+// with visit, for Lookup: it compares the keys with a node's run, gives
+// each stretch of matched blocks [from, to) that shares one holder set to
+// visit, or else to Match's matcher, and follows the child that the
+// prompt's next key heads, attached where the match left the node. It
+// returns dst and the number of leading keys the tree has (when visit
+// stops it, the keys of the node it stopped in). Match inlines to a call
+// of it, and visit is checked once per stretch, so Match pays nothing
+// for Lookup.
+func (ix *Index) match(keys []Key, allow func(WorkerID) bool, dst []Match, visit func(from, to int, set *holders.Set) bool) ([]Match, int) {
 	if len(keys) == 0 {
-		return dst
+		return dst, 0
 	}
 	n := ix.head(keys[0])
 	if n == nil || n.parent != nil {
-		return dst
+		return dst, 0
 	}
 	// The still-matching workers are in small (in this frame) or in a
 	// pooled matchScratch; they are kept out of m, whose dst is returned
@@ -449,26 +455,35 @@ func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Mat
 	act := small[:0]
 	m := matcher{ix: ix, dst: dst, allow: allow}
 	i := 0
-	var off int32
 walk:
 	for {
 		v := n.view.Load()
 		if v == nil {
 			break
 		}
-		vk := v.keys[:v.n.Load()]
-		j := int(off)
+		// Blocks [start, i) are the node's keys [0, j): a walk enters a
+		// node at its first key.
 		start := i
-		i, j = matchRun(keys, i, vk, j)
+		var j int
+		i, j = matchRun(keys, i, v.keys[:v.n.Load()], 0)
 		if i == start {
 			break
 		}
-		// The holder sets of offsets [off, j), which are blocks [start, i).
 		segs := v.segs
-		for s := segIndex(segs, off); s < len(segs) && int(segs[s].start) < j; s++ {
-			b := start + max(int(segs[s].start)-int(off), 0)
+		for s := 0; s < len(segs) && int(segs[s].start) < j; s++ {
+			from := start + int(segs[s].start)
+			if visit != nil {
+				to := start + j
+				if s+1 < len(segs) && int(segs[s+1].start) < j {
+					to = start + int(segs[s+1].start)
+				}
+				if !visit(from, to, segs[s].set) {
+					break walk
+				}
+				continue
+			}
 			var more bool
-			if act, more = m.at(act, b, segs[s].set); !more {
+			if act, more = m.at(act, from, segs[s].set); !more {
 				break walk
 			}
 		}
@@ -479,9 +494,9 @@ walk:
 		if c == nil || c.parent != n || int(c.attach) != j-1 {
 			break
 		}
-		n, off = c, 0
+		n = c
 	}
-	return m.finish(act, i)
+	return m.finish(act, i), i
 }
 
 // matchRun advances i in keys and j in run while their keys are equal,
@@ -565,10 +580,9 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	m.cur = s
 	ents := s.Entries()
 	keep := 0
-	// An active is copied down only once a worker before it has ended:
-	// rewriting each in place took BenchmarkScoreFloor/15000x96's Match
-	// from 24 to 44 us (the profile put it on that store, which the next
-	// load of the 12-byte records overlaps).
+	// An active is copied down only once a worker before it has ended,
+	// not rewritten in place: that store is on the path of every set
+	// change of a long match.
 	if len(act)*8 < len(ents) {
 		// Few still match among many holders: look each one up.
 		for i := range act {

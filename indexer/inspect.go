@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
 // Inspection. What an operator asks of the index beyond Match: who holds
@@ -38,56 +39,17 @@ type Holder struct {
 // entered) and calls visit with none held. Cost: O(blocks walked + the
 // holders of each run) and one allocation for the holders.
 func (ix *Index) Lookup(keys []Key, visit func(from, to int, held []Holder) bool) int {
-	if len(keys) == 0 {
-		return 0
-	}
-	n := ix.head(keys[0])
-	if n == nil || n.parent != nil {
-		return 0
-	}
 	var buf []Holder
-	i := 0
-	var off int32
-	for {
-		v := n.view.Load()
-		if v == nil {
-			break
-		}
-		vk := v.keys[:v.n.Load()]
-		j := int(off)
-		start := i
-		i, j = matchRun(keys, i, vk, j)
-		if i == start {
-			break
-		}
-		segs := v.segs
-		for s := segIndex(segs, off); s < len(segs) && int(segs[s].start) < j; s++ {
-			from := start + max(int(segs[s].start)-int(off), 0)
-			end := j
-			if s+1 < len(segs) && int(segs[s+1].start) < j {
-				end = int(segs[s+1].start)
-			}
-			to := start + end - int(off)
-			buf = buf[:0]
-			if set := segs[s].set; set != nil {
-				for _, e := range set.Entries() {
-					buf = append(buf, Holder{Worker: WorkerID(e.Worker()), Media: e.Media()})
-				}
-			}
-			if !visit(from, to, buf) {
-				return i
+	_, n := ix.match(keys, nil, nil, func(from, to int, set *holders.Set) bool {
+		buf = buf[:0]
+		if set != nil {
+			for _, e := range set.Entries() {
+				buf = append(buf, Holder{Worker: WorkerID(e.Worker()), Media: e.Media()})
 			}
 		}
-		if i == len(keys) {
-			break
-		}
-		c := ix.head(keys[i])
-		if c == nil || c.parent != n || int(c.attach) != j-1 {
-			break
-		}
-		n, off = c, 0
-	}
-	return i
+		return visit(from, to, buf)
+	})
+	return n
 }
 
 // ResidentKey is one content key a worker holds and the media it holds
@@ -110,36 +72,10 @@ func (w *Worker) Resident(after Key, hasAfter bool, limit int) (page []ResidentK
 	w.mu.Lock()
 	all := make([]ResidentKey, 0, w.engine.Len())
 	var d uint64
-	if w.info.Keyed {
-		for slot := range w.engine.All() {
-			k, m := Key(w.engine.Hash(slot)), w.entry(slot).media()
-			d += digestTerm(k, m)
-			all = append(all, ResidentKey{Key: k, Media: m})
-		}
-	} else {
-		for slot := range w.engine.All() {
-			e := w.entry(slot)
-			l := w.locOf(e)
-			if w.aliases != nil && w.aliases[l] != nil {
-				continue // once per key, below
-			}
-			k := w.cur.keyAt(l)
-			d += digestTerm(k, e.media())
-			all = append(all, ResidentKey{Key: k, Media: e.media()})
-		}
-		for l, a := range w.aliases {
-			var media uint8
-			for m, n := range a.media {
-				if n > 0 {
-					media |= 1 << m
-				}
-			}
-			k := w.cur.keyAt(l)
-			d += digestTerm(k, media)
-			all = append(all, ResidentKey{Key: k, Media: media})
-		}
-		w.cur.finish()
-	}
+	w.eachResidentLocked(func(k Key, media uint8) {
+		d += digestTerm(k, media)
+		all = append(all, ResidentKey{Key: k, Media: media})
+	})
 	w.mu.Unlock()
 	total = len(all)
 	if hasAfter {
@@ -369,16 +305,10 @@ type Restored struct {
 	Blocks int64
 }
 
-// notifyRestored tells the observers that w was restored from from.
-func (w *Worker) notifyRestored(from string) {
-	obs := w.ix.observers.Load()
-	if obs == nil {
-		return
-	}
-	w.mu.Lock()
-	n := w.res
-	w.mu.Unlock()
-	w.ix.notify(*obs, w, &Applied{Restore: &Restored{From: from, Blocks: n}})
+// restoredLocked is what unlockThen does after a restore from from.
+// Callers hold w.mu.
+func (w *Worker) restoredLocked(from string) after {
+	return after{apply: true, tell: true, what: Applied{Restore: &Restored{From: from, Blocks: w.res}}}
 }
 
 // Observer is told of every batch, reset and delta a worker applies, after

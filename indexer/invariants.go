@@ -34,6 +34,19 @@ import (
 // of the nodes checked), with allocation: for tests only.
 func (w *Worker) assertInvariantsLocked() {
 	c := &w.cur
+	live := w.assertNodesLocked()
+	locs := w.assertEntriesLocked()
+	w.assertAliasesLocked(locs)
+	w.assertTreeLocked(locs, live)
+	clear(c.touched)
+	clear(c.retired)
+	c.touched, c.retired = c.touched[:0], c.retired[:0]
+}
+
+// assertNodesLocked checks the nodes w retired and held since the last
+// check, and returns those of the held ones still alive.
+func (w *Worker) assertNodesLocked() []*node {
+	c := &w.cur
 	for _, n := range c.retired {
 		w.ix.assertRetired(n)
 	}
@@ -51,6 +64,12 @@ func (w *Worker) assertInvariantsLocked() {
 		}
 		n.mu.Unlock()
 	}
+	return live
+}
+
+// assertEntriesLocked checks w's engine map entry by entry and its
+// counts, and returns what the entries at each key add up to.
+func (w *Worker) assertEntriesLocked() map[loc]*locTally {
 	locs := map[loc]*locTally{}
 	var res int64
 	var resBy [events.NumMedia]int64
@@ -130,6 +149,12 @@ func (w *Worker) assertInvariantsLocked() {
 	if res != w.res || resBy != w.resBy {
 		brokenInvariant(fmt.Sprintf("worker %s: resident counts %d %v, engine entries say %d %v", w.info.Ref, w.res, w.resBy, res, resBy))
 	}
+	return locs
+}
+
+// assertAliasesLocked checks that w's aliases count exactly the keys two
+// or more entries resolve to, and their entries' media.
+func (w *Worker) assertAliasesLocked(locs map[loc]*locTally) {
 	for l, a := range w.aliases {
 		at := locs[l]
 		if at == nil || at.entries != a.entries || a.entries < 2 {
@@ -145,6 +170,14 @@ func (w *Worker) assertInvariantsLocked() {
 		if a.entries > 1 && w.aliases[l] == nil {
 			brokenInvariant(fmt.Sprintf("worker %s: %d engine entries at %p+%d but no alias", w.info.Ref, a.entries, l.n, l.off))
 		}
+	}
+}
+
+// assertTreeLocked checks that the tree has w holding each key in exactly
+// the media of w's entries there (locs), and no residency of w in the
+// live nodes it held that the entries do not explain.
+func (w *Worker) assertTreeLocked(locs map[loc]*locTally, live []*node) {
+	for l, a := range locs {
 		l.n.mu.Lock()
 		if int(l.off) >= len(l.n.keys) || l.off < 0 {
 			brokenInvariant(fmt.Sprintf("worker %s: engine entry at %p+%d, past the run's %d keys", w.info.Ref, l.n, l.off, len(l.n.keys)))
@@ -155,8 +188,6 @@ func (w *Worker) assertInvariantsLocked() {
 			brokenInvariant(fmt.Sprintf("worker %s: tree has media %06b at %p+%d, engine entries say %06b", w.info.Ref, got, l.n, l.off, a.media))
 		}
 	}
-	// No residency of w in the nodes it held that its engine map does not
-	// explain.
 	for _, n := range live {
 		n.mu.Lock()
 		if !n.dead.Load() {
@@ -178,9 +209,6 @@ func (w *Worker) assertInvariantsLocked() {
 		}
 		n.mu.Unlock()
 	}
-	clear(c.touched)
-	clear(c.retired)
-	c.touched, c.retired = c.touched[:0], c.retired[:0]
 }
 
 // locTally is what a worker's engine entries at one key add up to.

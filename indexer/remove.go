@@ -19,8 +19,6 @@ func (w *Worker) retire() {
 	w.mu.Lock()
 	before := w.res
 	w.clearLocked()
-	w.endLocked()
 	w.gone = true
-	w.mu.Unlock()
-	w.ix.resident.Add(-before)
+	w.unlockThen(before, after{})
 }

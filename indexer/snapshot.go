@@ -3,15 +3,11 @@ package indexer
 import (
 	"cmp"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/kvindex/kvindex/events"
-	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
 // Snapshots. A snapshot is a worker's resident set as a list of keys, each
@@ -294,509 +290,22 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 	}
 }
 
-// Restore replaces the keyed worker's state with the snapshot that next
-// returns segment by segment, until it returns io.EOF (any other error
-// ends the restore and is returned, wrapped), and makes the snapshot's
-// Seq the worker's delta seq. Every key is created where the snapshot
-// says it attaches, placeholders held by nobody (see the comment on
-// snapshots above), so the worker holds what the snapshot's worker held,
-// at the same places in the tree.
-//
-// The segments must be in order (Part from 0, one Seq, one Last, at most
-// SnapshotSegmentKeys keys each, as many in all as Total says), with no
-// key twice, every parent before its key, every placeholder followed at
-// once by a key under it, valid counts, and the keys' digest equal to the
-// last segment's. A snapshot that fails a check is ErrBadSnapshot, and
-// the worker is left as it was. The new state is visible to Match when
-// Restore returns (readers may see part of it earlier, as with a batch).
-// A worker fed engine events refuses snapshots (ErrWorkerKind).
-//
-// A worker that holds blocks is replaced in two passes: the segments are
-// read and checked first with no lock held (their keys kept, with a map
-// of them), and then, under the worker's mutex, what it held is cleared
-// and the keys are built. An empty worker, which is what a replica
-// restores into (its first sync, and every resync, which resets the
-// worker first), is built in one pass instead: each segment is checked
-// and built as it arrives, under the mutex, which is released while the
-// next one is read; the engine map finds repeated keys and named parents
-// as it is filled, so no key is copied or mapped; a check that fails
-// clears what was built, leaving the worker empty, as it was.
-// Placeholders at a segment's end are built with the next segment, with
-// the key under them. A budget eviction or another call changing the
-// worker between two segments ends the restore with an error (not
-// ErrBadSnapshot), the worker cleared.
-//
-// Cost: the one-pass restore of a 30,000-block worker's snapshot, per
-// key, the tree work of a store (a top-level key probes the heads, a
-// branch creates a node) and an engine-map insert, and 7 allocations per
-// 1,000 keys; the two-pass one adds a map of the keys, a copy of each,
-// and the clear of what the worker held (O(blocks log blocks)).
-// BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
-func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
-	if err := w.restore(next); err != nil {
-		return err
-	}
-	w.notifyRestored("snapshot")
-	return nil
-}
-
-// restore is Restore before the observers are told.
-func (w *Worker) restore(next func() (*SnapshotSegment, error)) error {
-	if !w.info.Keyed {
-		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
-	}
-	w.mu.Lock()
-	gone, empty := w.gone, w.engine.Len() == 0
-	w.mu.Unlock()
-	if gone {
-		return fmt.Errorf("%w: %s (no restore)", ErrRemovedWorker, w.info.Ref)
-	}
-	if empty {
-		return w.restoreEmpty(next)
-	}
-	st, err := readSnapshot(next)
-	if err != nil {
-		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
-	}
-	w.mu.Lock()
-	if w.gone {
-		w.mu.Unlock()
-		return fmt.Errorf("%w: %s (snapshot of %d keys not restored)", ErrRemovedWorker, w.info.Ref, len(st.keys))
-	}
-	before := w.res
-	w.clearLocked()
-	st.buildLocked(w)
-	w.deltaSeq = st.seq
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	return nil
-}
-
-// errRestoreChanged: the worker changed between two segments of a
-// one-pass restore.
-var errRestoreChanged = errors.New("the worker changed during the restore (a budget eviction, or another call)")
-
-// restoreEmpty is Restore into a worker that holds nothing, in one pass
-// (see Restore).
-func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
-	rs := restoreStream{w: w}
-	err := rs.run(next)
-	w.mu.Lock()
-	if err == nil && w.gone {
-		err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
-	}
-	before := w.res
-	if err == nil {
-		w.deltaSeq = rs.seq
-	} else if !w.gone {
-		w.clearLocked() // back to empty, as it was
-	}
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.ix.resident.Add(delta)
-	if err != nil {
-		if errors.Is(err, ErrRemovedWorker) {
-			return err
-		}
-		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
-	}
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.checkBudget()
-	return nil
-}
-
-// restoreStream is the state of a one-pass restore between segments.
-type restoreStream struct {
-	w          *Worker
-	seq, total uint64
-	received   uint64 // keys in the segments read so far
-	keys       int    // keys built
-	last       bool
-	want       uint64 // the last segment's digest
-	digest     uint64 // of the keys built
-	// prev is the last key built and its place: a key under it (the next
-	// key of a chain) attaches with no probe. prevHole says it is a
-	// placeholder (the key after it must be under it).
-	prev      Key
-	prevLoc   loc
-	havePrev  bool
-	prevHole  bool
-	holes     map[Key]loc // placeholders built (held keys are in the engine map)
-	carry     []SnapshotKey
-	scratch   []SnapshotKey
-	entries   int   // the engine map's length when the mutex was last released
-	evictions int64 // the worker's evictions then
-}
-
-// run reads, checks and builds every segment, and reports the first
-// problem; the caller clears the worker if there is one.
-func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
-	w := rs.w
-	rs.evictions = w.c.evictions.Load()
-	for part := uint32(0); ; part++ {
-		seg, err := next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("reading snapshot segment %d: %w", part, err)
-		}
-		if err := rs.header(part, seg); err != nil {
-			return err
-		}
-		w.mu.Lock()
-		var res int64
-		switch {
-		case w.gone:
-			err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
-		case w.engine.Len() != rs.entries || w.c.evictions.Load() != rs.evictions:
-			err = errRestoreChanged
-		default:
-			if part == 0 {
-				// Sized once, up to a bound (Total is the sender's
-				// word), as a grown table: deltas churn it next.
-				w.engine.ReserveGrown(int(min(seg.Total, restoreReserve)))
-			}
-			before := w.res
-			err = rs.segmentLocked(part, seg)
-			w.endLocked() // publishes the segment's nodes and releases them
-			res = w.res - before
-			rs.entries = w.engine.Len()
-		}
-		w.mu.Unlock()
-		w.ix.resident.Add(res)
-		if err != nil {
-			return err
-		}
-	}
-	switch {
-	case !rs.last:
-		return fmt.Errorf("%w: it ends before its last segment", ErrBadSnapshot)
-	case rs.received != rs.total:
-		return fmt.Errorf("%w: %d keys, its segments say %d", ErrBadSnapshot, rs.received, rs.total)
-	case len(rs.carry) > 0:
-		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.carry[len(rs.carry)-1].Key))
-	case rs.prevHole:
-		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.prev))
-	case rs.digest != rs.want:
-		return fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadSnapshot, rs.digest, rs.want)
-	}
-	return nil
-}
-
-// header checks segment part's place in the snapshot (as readSnapshot).
-func (rs *restoreStream) header(part uint32, seg *SnapshotSegment) error {
-	switch {
-	case rs.last:
-		return fmt.Errorf("%w: segment %d follows the last", ErrBadSnapshot, part)
-	case seg == nil:
-		return fmt.Errorf("%w: segment %d is nil", ErrBadSnapshot, part)
-	case seg.Part != part:
-		return fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadSnapshot, seg.Part, part)
-	case part > 0 && seg.Seq != rs.seq:
-		return fmt.Errorf("%w: segment %d has seq %d, segment 0 seq %d", ErrBadSnapshot, part, seg.Seq, rs.seq)
-	case part > 0 && seg.Total != rs.total:
-		return fmt.Errorf("%w: segment %d says %d keys in all, segment 0 %d", ErrBadSnapshot, part, seg.Total, rs.total)
-	case len(seg.Keys) > SnapshotSegmentKeys:
-		return fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, part, len(seg.Keys), SnapshotSegmentKeys)
-	}
-	if part == 0 {
-		rs.seq, rs.total = seg.Seq, seg.Total
-	}
-	if rs.received += uint64(len(seg.Keys)); rs.received > rs.total {
-		return fmt.Errorf("%w: segment %d brings its keys over the %d it says", ErrBadSnapshot, part, rs.total)
-	}
-	if seg.Last {
-		rs.last, rs.want = true, seg.Digest
-	}
-	return nil
-}
-
-// segmentLocked checks and builds one segment's keys, after the
-// placeholders carried from the segment before, and carries its own
-// trailing placeholders to the next (unless it is the last). Callers hold
-// w.mu.
-func (rs *restoreStream) segmentLocked(part uint32, seg *SnapshotSegment) error {
-	keys := seg.Keys
-	end := len(keys)
-	if !seg.Last {
-		for end > 0 && keys[end-1].Blocks == 0 {
-			end--
-		}
-	}
-	if end == 0 && !seg.Last {
-		rs.carry = append(rs.carry, keys...)
-		return nil
-	}
-	run := keys[:end]
-	if len(rs.carry) > 0 {
-		rs.scratch = append(append(rs.scratch[:0], rs.carry...), run...)
-		run = rs.scratch
-	}
-	if err := rs.buildLocked(part, run); err != nil {
-		return err
-	}
-	rs.carry = append(rs.carry[:0], keys[end:]...)
-	return nil
-}
-
-// buildLocked checks and builds run, the keys of segment part (after
-// any carried from the one before). Callers hold w.mu.
-func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
-	w := rs.w
-	c := &w.cur
-	id := uint32(w.id)
-	chainEnd := 0
-	for i := range run {
-		sk := &run[i]
-		bad := func(why string) error {
-			// rs.keys is the key's index in the snapshot: every key before
-			// it is built.
-			return fmt.Errorf("%w: key %d (%#016x), in segment %d or the one before: %s", ErrBadSnapshot, rs.keys, uint64(sk.Key), part, why)
-		}
-		kc := sk.counts()
-		if !kc.valid() {
-			return bad(fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs))
-		}
-		// Where it attaches: under the key before it (a chain, no probe),
-		// under a held key or a placeholder built before, or at top level.
-		var under loc
-		underPrev := sk.HasParent && rs.havePrev && rs.prev == sk.Parent
-		switch {
-		case !sk.HasParent:
-		case underPrev:
-			under = rs.prevLoc
-		default:
-			if slot, ok := w.engine.Get(uint64(sk.Parent)); ok {
-				under = w.locOf(w.entry(slot))
-			} else if l, ok := rs.holes[sk.Parent]; ok {
-				under = l
-			} else {
-				return bad(fmt.Sprintf("its parent %#016x is not before it", uint64(sk.Parent)))
-			}
-		}
-		if rs.prevHole && !underPrev {
-			return bad("it follows a placeholder but is not under it")
-		}
-		if _, ok := w.engine.Get(uint64(sk.Key)); ok {
-			return bad("the key is in the snapshot twice")
-		}
-		if _, ok := rs.holes[sk.Key]; ok {
-			return bad("the key is in the snapshot twice")
-		}
-		if i >= chainEnd {
-			// The chain from i (each key under the one before), whose
-			// length sizes the nodes it creates.
-			j := i + 1
-			for j < len(run) && run[j].HasParent && run[j].Parent == run[j-1].Key {
-				j++
-			}
-			chainEnd = j
-		}
-		media := kc.media()
-		var set *holders.Set
-		if media != 0 {
-			set = w.ix.single(id, media)
-		}
-		var l loc
-		var fresh bool
-		// A node the restore creates holds the rest of its chain: sized for
-		// it (newNode doubles its hint, for a chain that grows), not twice.
-		hint := (chainEnd - i + 1) / 2
-		if !sk.HasParent {
-			l, fresh = c.top(sk.Key, set, hint)
-		} else {
-			l, fresh = c.next(under, sk.Key, set, hint)
-		}
-		rs.prev, rs.prevLoc, rs.havePrev, rs.prevHole = sk.Key, l, true, media == 0
-		rs.keys++
-		if media == 0 {
-			if rs.holes == nil {
-				rs.holes = make(map[Key]loc)
-			}
-			rs.holes[sk.Key] = l
-			continue
-		}
-		if !fresh {
-			c.change(l, holders.Op{Worker: id, Set: media})
-		}
-		h := uint64(sk.Key)
-		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
-		w.res += int64(kc.blocks)
-		for m, n := range kc.in {
-			w.resBy[m] += int64(n)
-		}
-		rs.digest += digestTerm(sk.Key, media)
-	}
-	return nil
-}
-
-// restoreState is a snapshot read and checked: its keys, each key's
-// parent's index in keys (-1 at top level), and its Seq.
-type restoreState struct {
-	seq    uint64
-	total  uint64
-	keys   []SnapshotKey
-	parent []int32
-	held   int // keys that are not placeholders
-}
-
-// restoreReserve bounds the keys a restore makes room for at once.
-const restoreReserve = 1 << 20
-
-// readSnapshot reads and checks the segments next returns (see Restore).
-func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) {
-	st := &restoreState{}
-	var index map[Key]int32
-	var digest, want uint64
-	last := false
-	for part := uint32(0); ; part++ {
-		seg, err := next()
-		if errors.Is(err, io.EOF) {
-			if !last {
-				return nil, fmt.Errorf("%w: it ends after %d segments, none of them the last", ErrBadSnapshot, part)
-			}
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading snapshot segment %d: %w", part, err)
-		}
-		switch {
-		case last:
-			return nil, fmt.Errorf("%w: segment %d follows the last", ErrBadSnapshot, part)
-		case seg == nil:
-			return nil, fmt.Errorf("%w: segment %d is nil", ErrBadSnapshot, part)
-		case seg.Part != part:
-			return nil, fmt.Errorf("%w: segment %d where segment %d belongs", ErrBadSnapshot, seg.Part, part)
-		case part > 0 && seg.Seq != st.seq:
-			return nil, fmt.Errorf("%w: segment %d has seq %d, segment 0 seq %d", ErrBadSnapshot, part, seg.Seq, st.seq)
-		case part > 0 && seg.Total != st.total:
-			return nil, fmt.Errorf("%w: segment %d says %d keys in all, segment 0 %d", ErrBadSnapshot, part, seg.Total, st.total)
-		case len(seg.Keys) > SnapshotSegmentKeys:
-			return nil, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, part, len(seg.Keys), SnapshotSegmentKeys)
-		}
-		if part == 0 {
-			st.seq, st.total = seg.Seq, seg.Total
-			// Sized once, up to a bound: Total is the sender's word.
-			n := int(min(seg.Total, restoreReserve))
-			index = make(map[Key]int32, n)
-			st.keys = make([]SnapshotKey, 0, n)
-			st.parent = make([]int32, 0, n)
-		}
-		if uint64(len(st.keys)+len(seg.Keys)) > st.total {
-			return nil, fmt.Errorf("%w: segment %d brings its keys over the %d it says", ErrBadSnapshot, part, st.total)
-		}
-		for j := range seg.Keys {
-			sk := &seg.Keys[j]
-			i := int32(len(st.keys))
-			bad := func(why string) error {
-				return fmt.Errorf("%w: segment %d key %d (%#016x): %s", ErrBadSnapshot, part, j, uint64(sk.Key), why)
-			}
-			kc := sk.counts()
-			if !kc.valid() {
-				return nil, bad(fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs))
-			}
-			p := int32(-1)
-			switch {
-			case !sk.HasParent:
-			case i > 0 && st.keys[i-1].Key == sk.Parent:
-				p = i - 1 // along a chain: no probe
-			default:
-				pi, ok := index[sk.Parent]
-				if !ok {
-					return nil, bad(fmt.Sprintf("its parent %#016x is not before it", uint64(sk.Parent)))
-				}
-				p = pi
-			}
-			if i > 0 && st.keys[i-1].Blocks == 0 && p != i-1 {
-				return nil, bad("it follows a placeholder but is not under it")
-			}
-			n := len(index)
-			index[sk.Key] = i // one map operation: the length tells a new key
-			if len(index) == n {
-				return nil, bad("the key is in the snapshot twice")
-			}
-			st.keys = append(st.keys, *sk)
-			st.parent = append(st.parent, p)
-			if sk.Blocks > 0 {
-				st.held++
-				digest += digestTerm(sk.Key, kc.media())
-			}
-		}
-		if seg.Last {
-			last, want = true, seg.Digest
-		}
-	}
-	if uint64(len(st.keys)) != st.total {
-		return nil, fmt.Errorf("%w: %d keys, its segments say %d", ErrBadSnapshot, len(st.keys), st.total)
-	}
-	if n := len(st.keys); n > 0 && st.keys[n-1].Blocks == 0 {
-		return nil, fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(st.keys[n-1].Key))
-	}
-	if digest != want {
-		return nil, fmt.Errorf("%w: its keys' digest is %#016x, its last segment says %#016x", ErrBadSnapshot, digest, want)
-	}
-	return st, nil
-}
-
-// buildLocked adds the snapshot's keys to the worker, which holds none.
-// Callers hold w.mu.
-func (st *restoreState) buildLocked(w *Worker) {
-	c := &w.cur
-	id := uint32(w.id)
-	w.engine.Reserve(st.held)
-	kp := newKeyPlacer(st.parent)
-	for i := range st.keys {
-		sk := &st.keys[i]
-		kc := sk.counts()
-		media := kc.media()
-		var set *holders.Set
-		if media != 0 {
-			set = w.ix.single(id, media)
-		}
-		l, fresh := kp.place(c, i, sk.Key, set)
-		if media == 0 {
-			continue // a placeholder: the next key keeps its node alive
-		}
-		if !fresh {
-			c.change(l, holders.Op{Worker: id, Set: media})
-		}
-		h := uint64(sk.Key)
-		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
-		w.res += int64(kc.blocks)
-		for m, n := range kc.in {
-			w.resBy[m] += int64(n)
-		}
-	}
-}
-
 // The encoding of a segment (AppendBinary), little-endian:
 //
 //	version 1 | seq uvarint | part uvarint | total uvarint | last 0 or 1 | [digest 8 if last] | keys uvarint | key...
 //
-// and of a key: a tag byte (bits 0-1: where it attaches, 0 under the
-// previous key of the segment, 1 at top level, 2 under the parent key
-// that follows the key; bits 2-3: its counts, 0 one block with one store
-// in each medium of a media byte that follows, 1 none (a placeholder), 2
-// a media byte, then blocks uvarint and per medium in the media byte its
-// blocks and stores, uvarints), the key (8 bytes), and then the parent
-// (8 bytes) and counts the tag says. So a chain's key held once costs 10
-// bytes; counts are exact, up to 2^32-1 each.
+// and of a key: a tag byte (bits 0-1: where it attaches, see attachTag;
+// bits 2-3: its counts, 0 one block with one store in each medium of a
+// media byte that follows, 1 none (a placeholder), 2 a media byte, then
+// blocks uvarint and per medium in the media byte its blocks and stores,
+// uvarints), the key (8 bytes), and then the parent (8 bytes) and counts
+// the tag says. So a chain's key held once costs 10 bytes; counts are
+// exact, up to 2^32-1 each.
 const (
 	segVersion     = 1
-	tagParentPrev  = 0
-	tagParentNone  = 1
-	tagParentKey   = 2
-	tagParentMask  = 3
 	tagSimple      = 0 << 2
 	tagPlaceholder = 1 << 2
 	tagCounted     = 2 << 2
-	tagFormMask    = 3 << 2
 )
 
 // AppendBinary appends the segment's encoding to b (encoding.BinaryAppender).
@@ -811,24 +320,13 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, s.Seq)
 	b = binary.AppendUvarint(b, uint64(s.Part))
 	b = binary.AppendUvarint(b, s.Total)
-	if s.Last {
-		b = append(b, 1)
-		b = binary.LittleEndian.AppendUint64(b, s.Digest)
-	} else {
-		b = append(b, 0)
-	}
+	b = appendLast(b, s.Last, s.Digest)
 	b = binary.AppendUvarint(b, uint64(len(s.Keys)))
+	var prev Key
 	for i := range s.Keys {
 		sk := &s.Keys[i]
-		var tag byte
-		switch {
-		case !sk.HasParent:
-			tag = tagParentNone
-		case i > 0 && s.Keys[i-1].Key == sk.Parent:
-			tag = tagParentPrev
-		default:
-			tag = tagParentKey
-		}
+		tag := attachTag(i, prev, sk.Parent, sk.HasParent)
+		prev = sk.Key
 		kc := sk.counts()
 		var media uint8
 		for m := range kc.refs {
@@ -844,11 +342,7 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 		default:
 			tag |= tagCounted
 		}
-		b = append(b, tag)
-		b = binary.LittleEndian.AppendUint64(b, uint64(sk.Key))
-		if tag&tagParentMask == tagParentKey {
-			b = binary.LittleEndian.AppendUint64(b, uint64(sk.Parent))
-		}
+		b = appendKeyHead(b, tag, sk.Key, sk.Parent)
 		switch tag & tagFormMask {
 		case tagSimple:
 			b = append(b, media)
@@ -872,41 +366,23 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 // ErrBadSnapshot, naming the offset; it never panics. It checks the
 // encoding only: Restore checks what the keys say.
 func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
-	d := segDecoder{b: data}
-	if v := d.byte(); d.err == nil && v != segVersion {
-		return fmt.Errorf("%w: encoding version %d, want %d", ErrBadSnapshot, v, segVersion)
-	}
+	d := segDecoder{b: data, bad: ErrBadSnapshot}
+	d.version(segVersion)
 	seq := d.uvarint(math.MaxUint64)
 	part := d.uvarint(math.MaxUint32)
 	total := d.uvarint(math.MaxUint64)
-	last := d.byte()
-	if d.err == nil && last > 1 {
-		d.fail("last flag %d", last)
-	}
-	var digest uint64
-	if last == 1 {
-		digest = d.uint64()
-	}
+	last, digest := d.last()
 	n := int(d.uvarint(SnapshotSegmentKeys))
 	if d.err != nil {
 		return d.err
 	}
 	keys := slices.Grow(s.Keys[:0], n)
+	var prev Key
 	for i := 0; i < n && d.err == nil; i++ {
-		tag := d.byte()
-		if d.err == nil && (tag&^(tagParentMask|tagFormMask) != 0 || tag&tagParentMask == 3 || tag&tagFormMask == 3<<2 ||
-			tag&tagParentMask == tagParentPrev && i == 0) {
-			d.fail("key %d: tag %#02x", i, tag)
-		}
-		sk := SnapshotKey{Key: Key(d.uint64())}
-		switch tag & tagParentMask {
-		case tagParentPrev:
-			if i > 0 {
-				sk.Parent, sk.HasParent = keys[i-1].Key, true
-			}
-		case tagParentKey:
-			sk.Parent, sk.HasParent = Key(d.uint64()), true
-		}
+		var sk SnapshotKey
+		var tag byte
+		tag, sk.Key, sk.Parent, sk.HasParent = d.keyHead(i, prev)
+		prev = sk.Key
 		switch tag & tagFormMask {
 		case tagSimple:
 			media := d.media(i)
@@ -931,153 +407,9 @@ func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
 		}
 		keys = append(keys, sk)
 	}
-	if d.err == nil && len(d.b) > d.off {
-		d.fail("%d bytes after the segment", len(d.b)-d.off)
+	if err := d.end(); err != nil {
+		return err
 	}
-	if d.err != nil {
-		return d.err
-	}
-	*s = SnapshotSegment{Seq: seq, Part: uint32(part), Total: total, Last: last == 1, Digest: digest, Keys: keys}
+	*s = SnapshotSegment{Seq: seq, Part: uint32(part), Total: total, Last: last, Digest: digest, Keys: keys}
 	return nil
-}
-
-// segDecoder reads a segment's encoding (of a snapshot or a checkpoint),
-// remembering the first error.
-type segDecoder struct {
-	b   []byte
-	off int
-	err error
-	// bad is the sentinel errors wrap; nil means ErrBadSnapshot.
-	bad error
-}
-
-func (d *segDecoder) fail(format string, args ...any) {
-	if d.err == nil {
-		bad := d.bad
-		if bad == nil {
-			bad = ErrBadSnapshot
-		}
-		d.err = fmt.Errorf("%w: segment encoding at byte %d: %s", bad, d.off, fmt.Sprintf(format, args...))
-	}
-}
-
-// left returns how many bytes are left to read.
-func (d *segDecoder) left() int { return len(d.b) - d.off }
-
-// bytes reads n bytes, which alias the input.
-func (d *segDecoder) bytes(n int) []byte {
-	if d.err != nil {
-		return nil
-	}
-	if n > d.left() {
-		d.fail("truncated")
-		return nil
-	}
-	d.off += n
-	return d.b[d.off-n : d.off]
-}
-
-// varint reads a zig-zag varint in [lo, hi].
-func (d *segDecoder) varint(lo, hi int64) int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b[d.off:])
-	if n <= 0 {
-		d.fail("bad or truncated varint")
-		return 0
-	}
-	if v < lo || v > hi {
-		d.fail("value %d outside [%d, %d]", v, lo, hi)
-		return 0
-	}
-	d.off += n
-	return v
-}
-
-func (d *segDecoder) byte() byte {
-	if d.err != nil {
-		return 0
-	}
-	if d.off >= len(d.b) {
-		d.fail("truncated")
-		return 0
-	}
-	d.off++
-	return d.b[d.off-1]
-}
-
-func (d *segDecoder) uint64() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b)-d.off < 8 {
-		d.fail("truncated")
-		return 0
-	}
-	d.off += 8
-	return binary.LittleEndian.Uint64(d.b[d.off-8:])
-}
-
-// uvarint reads a uvarint of at most max.
-func (d *segDecoder) uvarint(max uint64) uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b[d.off:])
-	if n <= 0 {
-		d.fail("bad or truncated varint")
-		return 0
-	}
-	if v > max {
-		d.fail("value %d over %d", v, max)
-		return 0
-	}
-	d.off += n
-	return v
-}
-
-// media reads key i's media byte.
-func (d *segDecoder) media(i int) uint8 {
-	m := d.byte()
-	if d.err == nil && m >= 1<<events.NumMedia {
-		d.fail("key %d: media %#02x", i, m)
-	}
-	return m
-}
-
-// keyPlacer places the keys of a checked snapshot or checkpoint in tree
-// order, each under the key its parent index names (-1: at the top), and
-// sizes each node it creates for the chain of keys from it (each under
-// the one before). Cost: O(1) amortised a key; each parent is scanned
-// once for the chains.
-type keyPlacer struct {
-	parent   []int32
-	locs     []loc
-	chainEnd int
-}
-
-func newKeyPlacer(parent []int32) *keyPlacer {
-	return &keyPlacer{parent: parent, locs: make([]loc, len(parent))}
-}
-
-// place places key i (key, holder set set, nil for a placeholder) through
-// c, and returns its location and whether its node is new.
-func (p *keyPlacer) place(c *cursor, i int, key Key, set *holders.Set) (loc, bool) {
-	if i >= p.chainEnd {
-		j := i + 1
-		for j < len(p.parent) && p.parent[j] == int32(j-1) {
-			j++
-		}
-		p.chainEnd = j
-	}
-	var l loc
-	var fresh bool
-	if q := p.parent[i]; q < 0 {
-		l, fresh = c.top(key, set, p.chainEnd-i)
-	} else {
-		l, fresh = c.next(p.locs[q], key, set, p.chainEnd-i)
-	}
-	p.locs[i] = l
-	return l, fresh
 }

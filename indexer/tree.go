@@ -89,11 +89,8 @@ type node struct {
 // length (keys appended with the run's last holder set, or keys whose last
 // holder left, which hide the rest of the run: see visibleLocked); only a
 // change of holders inside the visible run, or a new array, costs a new
-// view. In BenchmarkApply's stream (chains that grow at their end and
-// die from their tail) that made publishing nearly allocation-free: 42
-// allocations per batch with a new view per changed node and segments
-// shared copy-on-write, 24 with segments copied into each view, 8 with
-// atomic lengths.
+// view. So chains that grow at their end and die from their tail (the
+// common stream) publish with nearly no allocation.
 //
 // Up to viewSegs segments are copied into the view itself, so that the
 // writer edits its own (common, short) segment list in place.
@@ -123,11 +120,9 @@ type headShard struct {
 // nodeTable gives nodes 32-bit ids, so that engine entries refer to their
 // node without a pointer: the workers' engine maps, the index's largest
 // structure, are then pointer-free, and the garbage collector neither
-// scans them nor runs write barriers on them. With a pointer per entry, a
-// collection during BenchmarkScoreUnderIngest (1,000 workers) marked 26 MB
-// more, and its mark phase, which takes a quarter of the CPU, overlapped
-// enough Scores to raise their p99 several-fold (docs/benchmarks.md); at
-// 10 M residencies it would be 400 MB per cycle.
+// scans them nor runs write barriers on them: a pointer per entry would
+// be 400 MB to mark per cycle at 10 M residencies, and marking overlaps
+// Scores (their p99 under ingest, docs/benchmarks.md).
 //
 // Freed ids are reused last in, first out. So that an id that outlived its
 // node (which the invariants rule out) cannot silently name the next node
@@ -234,17 +229,15 @@ func (ix *Index) shardOf(k Key) *headShard {
 // A new node's run gets room for twice the keys its first event brings
 // (at least 8): a request's chain grows over several events (a prefill,
 // then a block per 16 decoded tokens), and each reallocation also costs a
-// new view. In BenchmarkApply's stream (chains of 20 blocks on average)
-// room for the event's blocks only took 3 more allocations per batch, and
-// a flat 32 3 fewer (at 256 bytes for every one-block branch).
+// new view; a flat larger minimum would cost its bytes on every one-block
+// branch.
 const minKeys = 8
 
 // A full run grows by the rest of the keys of the event that fills it, or
 // by 1/keysGrowth of its length if that is more (at least minKeys), not by
-// doubling as append does: in BenchmarkMemory10M runs then hold 4-7% more
-// keys than they use, not 25-30%, which saves 1.1 to 2 bytes per
-// residency; BenchmarkApply's stream takes 13 allocations per batch
-// instead of 11.
+// doubling as append does: runs then hold 4-7% more keys than they use,
+// not 25-30% (1.1 to 2 bytes per residency: BenchmarkMemory10M), for
+// slightly more reallocations.
 const keysGrowth = 8
 
 // newKeys returns an empty key array with room for at least c keys: as
@@ -526,9 +519,8 @@ func (c *cursor) top(k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	sh := c.ix.shardOf(k)
 	for {
 		// One write-lock round trip for the lookup and the insert: a new
-		// sequence is the common case, and each atomic costs (it drains
-		// the store buffer; BenchmarkApply spent 5% in heads locks with a
-		// read-locked lookup first).
+		// sequence is the common case, and each atomic drains the store
+		// buffer.
 		sh.mu.Lock()
 		t := sh.m[k]
 		switch {

@@ -2,9 +2,6 @@ package indexer
 
 import (
 	"cmp"
-	"errors"
-	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -189,13 +186,28 @@ func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	if e.dup() {
 		return *w.dups[w.engine.Hash(slot)]
 	}
+	return onePerMedium(e.media())
+}
+
+// onePerMedium returns the store counts of a block stored once in each
+// medium of media.
+func onePerMedium(media uint8) [events.NumMedia]uint8 {
 	var r [events.NumMedia]uint8
 	for m := range r {
-		if e.media()&(1<<m) != 0 {
-			r[m] = 1
-		}
+		r[m] = media >> m & 1
 	}
 	return r
+}
+
+// mediaOf returns the mask of the media whose count in c is not zero.
+func mediaOf[T uint8 | uint16 | uint32](c *[events.NumMedia]T) uint8 {
+	var m uint8
+	for i, n := range c {
+		if n != 0 {
+			m |= 1 << i
+		}
+	}
+	return m
 }
 
 // brokenInvariant is the one place the indexer panics: on a state its
@@ -285,10 +297,7 @@ func (w *Worker) setCapacity(blocks int, d *Delta) {
 	w.rec = d
 	w.enforceCapacityLocked()
 	w.endRecordLocked(d)
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.ix.resident.Add(delta)
+	w.unlockThen(before, after{})
 }
 
 // capacityLocked returns the worker's capacity, 0 for unbounded. Callers
@@ -352,13 +361,43 @@ func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
 	before := w.res
 	done := w.evictLocked(n, CauseBudget)
-	w.endLocked()
-	delta := w.res - before // -done, but for keys of several blocks of a keyed worker
-	w.mu.Unlock()
-	w.ix.resident.Add(delta)
 	w.c.evictions.Add(done)
 	w.c.budgetEvict.Add(done)
+	w.unlockThen(before, after{}) // the change is -done, but for keys of several blocks of a keyed worker
 	return done
+}
+
+// after is what unlockThen does once the worker's mutex is released.
+type after struct {
+	// apply stamps Stats.LastApply and enforces the memory budget: the
+	// change applied a batch, a delta or a restore.
+	apply bool
+	// tell tells the observers what happened.
+	tell bool
+	what Applied
+}
+
+// unlockThen ends a change to the worker made under w.mu, which began
+// when the worker held before blocks: it publishes the change
+// (endLocked), releases w.mu, adds the change to the index's resident
+// count, and then, with no lock held, does what then says. Every change
+// to a worker ends here, so that no observer and no budget eviction ever
+// runs under a worker's lock. Callers hold w.mu.
+func (w *Worker) unlockThen(before int64, then after) {
+	w.endLocked()
+	delta := w.res - before
+	w.mu.Unlock()
+	if then.apply {
+		w.c.lastApply.Store(time.Now().UnixNano())
+	}
+	w.ix.resident.Add(delta)
+	if then.apply {
+		w.ix.checkBudget()
+	}
+	if obs := w.ix.observers.Load(); obs != nil && then.tell {
+		a := then.what
+		w.ix.notify(*obs, w, &a)
+	}
 }
 
 // endLocked ends a batch: publishes the changed nodes and the resident
@@ -377,563 +416,4 @@ func (w *Worker) endLocked() {
 		w.c.residentByMedium[m].Store(n)
 	}
 	w.c.capacity.Store(w.capacityLocked())
-}
-
-// fullAttention is the kv_cache_spec_kind whose blocks decide prefix reuse.
-const fullAttention = "full_attention"
-
-// ApplyBatch applies b's events in order (events.Sink). An event that cannot
-// be applied is counted and skipped; the others still apply. The returned
-// error joins one error per problem, each naming the event. The batch's
-// changes are visible to Match when ApplyBatch returns. A keyed worker
-// refuses engine events (ErrWorkerKind).
-//
-// Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 230 ns per stored block, its later removal included (4.1-4.4 M blocks/s
-// on the benchmark machine of docs/benchmarks.md), and 13 allocations per
-// batch of about 80 blocks: a node and its key array per new branch, and
-// a view when a run's array grows or its holders change inside it. With
-// everything in cache (BenchmarkApplyCached) it is 5 M blocks/s: cache
-// misses are a fifth of the time, the engine map's work two fifths. The
-// map+mutex baseline (BenchmarkNaiveApply) does 1.0 M blocks/s with 318
-// allocations.
-func (w *Worker) ApplyBatch(b *events.Batch) error { return w.applyBatch(b, nil) }
-
-// applyBatch is ApplyBatch, recording the batch's effects in d when d is
-// not nil (ApplyBatchDelta).
-func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
-	if w.info.Keyed {
-		return fmt.Errorf("%w: worker %s is keyed (batch of %d engine events not applied)", ErrWorkerKind, w.info.Ref, len(b.Events))
-	}
-	w.mu.Lock()
-	if w.gone {
-		w.mu.Unlock()
-		return fmt.Errorf("%w: %s (batch of %d events not applied)", ErrRemovedWorker, w.info.Ref, len(b.Events))
-	}
-	before := w.res
-	w.rec = d
-	w.warmBatchLocked(b)
-	var errs []error
-	for i := range b.Events {
-		if err := w.applyLocked(&b.Events[i]); err != nil {
-			errs = append(errs, fmt.Errorf("worker %s event %d (%s): %w", w.info.Ref, i, b.Events[i].Kind, err))
-		}
-	}
-	w.enforceCapacityLocked()
-	w.endRecordLocked(d)
-	w.endLocked()
-	delta := w.res - before
-	w.mu.Unlock()
-	w.c.lastApply.Store(time.Now().UnixNano())
-	w.ix.resident.Add(delta)
-	w.ix.checkBudget()
-	if obs := w.ix.observers.Load(); obs != nil {
-		w.ix.notify(*obs, w, &Applied{Batch: b})
-	}
-	return errors.Join(errs...)
-}
-
-// warmBatchLocked loads the engine-map buckets of every block hash of b
-// before b is applied: a worker's batch finds its map out of cache when
-// other workers' batches (a daemon dialing many engines) or other work (an
-// agent between its engine's steps) ran since its last, and loading them
-// all first overlaps those misses instead of taking them one after
-// another. Measured on 32 default-shape workers' batches interleaved
-// (BenchmarkEngineApplyInterleaved, docs/benchmarks.md, "Fleet benchmarks:
-// the second designs"): 1.0 M to 1.6 M new blocks a CPU-second, alternated;
-// no loss on one worker whose map stays in cache (BenchmarkApply). Cost:
-// four loads per block hash.
-func (w *Worker) warmBatchLocked(b *events.Batch) {
-	var sum uint64
-	for i := range b.Events {
-		for _, h := range b.Events[i].BlockHashes {
-			sum += w.engine.Warm(h)
-		}
-	}
-	w.warmSink = sum
-}
-
-// Reset forgets every block of the worker (events.Sink), e.g. after an
-// engine restart.
-func (w *Worker) Reset(reason string) { w.reset(reason, nil) }
-
-// reset is Reset, recording its effect in d when d is not nil
-// (ResetDelta).
-func (w *Worker) reset(reason string, d *Delta) {
-	w.mu.Lock()
-	if w.gone {
-		w.mu.Unlock()
-		return
-	}
-	before := w.res
-	w.rec = d
-	w.clearLocked()
-	w.lastReset = reason
-	w.c.lastResetAt.Store(time.Now().UnixNano())
-	w.endRecordLocked(d)
-	w.endLocked()
-	w.mu.Unlock()
-	w.ix.resident.Add(-before)
-	w.c.resets.Add(1)
-	if obs := w.ix.observers.Load(); obs != nil {
-		w.ix.notify(*obs, w, &Applied{Reset: reason})
-	}
-}
-
-// applyLocked applies one event. Callers hold w.mu.
-func (w *Worker) applyLocked(ev *events.Event) error {
-	switch ev.Kind {
-	case events.KindBlockStored:
-		return w.storeLocked(ev)
-	case events.KindBlockRemoved:
-		return w.removeLocked(ev)
-	case events.KindAllBlocksCleared:
-		w.clearLocked()
-		w.c.clears.Add(1)
-		w.c.lastClearAt.Store(time.Now().UnixNano())
-		return nil
-	}
-	w.c.invalid.Add(1)
-	return fmt.Errorf("unknown event kind %d", ev.Kind)
-}
-
-// skipGroupLocked reports whether ev belongs to a KV-cache group that does
-// not decide prefix reuse, learning groups from BlockStored's spec kind.
-func (w *Worker) skipGroupLocked(ev *events.Event) bool {
-	if ev.Kind == events.KindBlockStored && ev.SpecKind != "" && ev.SpecKind != fullAttention {
-		if ev.HasGroupIdx {
-			if w.ignoredGroups == nil {
-				w.ignoredGroups = make(map[int]struct{})
-			}
-			w.ignoredGroups[ev.GroupIdx] = struct{}{}
-		}
-		return true
-	}
-	if ev.HasGroupIdx && w.ignoredGroups != nil {
-		_, skip := w.ignoredGroups[ev.GroupIdx]
-		return skip
-	}
-	return false
-}
-
-// storeLocked applies a BlockStored event. Callers hold w.mu.
-//
-// Cost per block: one BlockKey, one engine-map probe and insert, and in the
-// tree O(1) when the block extends or follows its parent's run (the
-// common case: a request's blocks arrive in order); a heads probe when the
-// parent has branches; a node when the block starts a new branch.
-func (w *Worker) storeLocked(ev *events.Event) error {
-	if w.skipGroupLocked(ev) {
-		w.c.group.Add(1)
-		return nil
-	}
-	medium := ev.Medium
-	var mediumErr error
-	if medium == events.MediumOther {
-		mediumErr = fmt.Errorf("%w %q, indexed as OTHER", ErrUnknownMedium, ev.MediumName)
-	}
-	if int(medium) >= events.NumMedia {
-		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, medium)
-	}
-	if len(ev.TokenIDs) == 0 {
-		// An offload event: the blocks are known, and now also resident in
-		// another medium.
-		unknown := 0
-		for _, h := range ev.BlockHashes {
-			slot, ok := w.engine.Get(h)
-			if !ok {
-				unknown++
-				continue
-			}
-			w.engine.Touch(slot)
-			e := w.entry(slot)
-			ne, counted := w.addRefLocked(h, e, medium)
-			w.engine.SetVal(slot, uint64(ne))
-			if counted && w.rec != nil {
-				l := w.locOf(e)
-				k := w.cur.keyAt(l)
-				p, hasParent := w.parentOfLocked(l)
-				w.recStore(k, p, hasParent, medium, false, e.media()&(1<<medium) == 0)
-			}
-		}
-		if unknown > 0 {
-			w.c.unknown.Add(int64(unknown))
-			return errors.Join(mediumErr, fmt.Errorf("%w: %d of %d blocks offloaded to %s were never stored", ErrUnknownBlock, unknown, len(ev.BlockHashes), medium))
-		}
-		return mediumErr
-	}
-	bs := w.model.BlockSize
-	if ev.BlockSize != bs {
-		w.c.blockSize.Add(1)
-		w.c.lastBadBlockSize.Store(int64(ev.BlockSize))
-		return fmt.Errorf("%w: event block_size %d, model %q uses %d", ErrBlockSize, ev.BlockSize, w.model.Name, bs)
-	}
-	n := len(ev.BlockHashes)
-	if len(ev.TokenIDs) != n*bs {
-		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
-	}
-	if ev.ExtraKeys != nil && len(ev.ExtraKeys) != n {
-		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d extra_keys for %d blocks", ErrTokenCount, len(ev.ExtraKeys), n)
-	}
-	var err error
-	c := &w.cur
-	var parent loc // parent.n == nil: the parent is a root
-	parentKey := w.rootFor(ev.LoRAName)
-	if ev.LoRAName != "" {
-		w.hist.noteLoRA(ev.LoRAName)
-	}
-	if ev.HasParent {
-		if slot, ok := w.engine.Get(ev.ParentHash); ok {
-			w.engine.Touch(slot)
-			parent = w.locOf(w.entry(slot))
-			parentKey = c.keyAt(parent)
-		} else {
-			// The chain above this block is unknown, so its key cannot
-			// match any prompt. Index it under a key derived from the
-			// worker and the missing parent, so that its removal and its
-			// descendants still resolve, and count it.
-			parentKey = orphanRoot(w.id, ev.ParentHash)
-			w.c.orphans.Add(int64(n))
-			err = fmt.Errorf("%w %#016x: %d blocks indexed as orphans", ErrOrphan, ev.ParentHash, n)
-		}
-	}
-	single := w.ix.single(uint32(w.id), 1<<medium)
-	var stack [128]byte
-	scratch := stack[:0]
-	for i, h := range ev.BlockHashes {
-		var extra events.ExtraKeys
-		switch {
-		case ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[i]
-		case ev.LoRAName != "" || ev.CacheSalt != "":
-			// Engines that send lora_name (or SGLang's event-level
-			// cache_salt) without extra_keys: key the blocks exactly as a
-			// prompt with that adapter and salt is keyed, the adapter on
-			// every block and the salt on the first block of a sequence.
-			px := PromptExtras{LoRAName: ev.LoRAName}
-			if !ev.HasParent {
-				px.CacheSalt = ev.CacheSalt
-			}
-			extra, scratch = px.blockExtras(i, scratch)
-		}
-		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
-		slot, known := w.engine.Get(h)
-		if known {
-			e := w.entry(slot)
-			l := w.locOf(e)
-			if c.keyAt(l) == k {
-				// Stored again: one more reference.
-				w.engine.Touch(slot)
-				ne, counted := w.addRefLocked(h, e, medium)
-				w.engine.SetVal(slot, uint64(ne))
-				if counted && w.rec != nil {
-					w.recStore(k, parentKey, parent.n != nil, medium, false, e.media()&(1<<medium) == 0)
-				}
-				parent, parentKey = l, k
-				continue
-			}
-			// The engine reused a hash for different content (or its
-			// earlier store was an orphan): move the entry to the new key.
-			w.dropEntryLocked(slot)
-		}
-		var l loc
-		var fresh bool
-		if parent.n == nil {
-			l, fresh = c.top(k, single, n-i)
-		} else {
-			l, fresh = c.next(parent, k, single, n-i)
-		}
-		var e engineEntry
-		if fresh {
-			// The new key was created with this worker as its holder.
-			e = newEntry(l, 1<<medium)
-			w.res++
-			w.resBy[medium]++
-		} else {
-			w.joinLocked(l)
-			e, _ = w.addRefLocked(h, newEntry(l, 0), medium)
-		}
-		if w.rec != nil {
-			w.recStore(k, parentKey, parent.n != nil, medium, true, true)
-			if known {
-				// The entry's old key was dropped first, and may be the
-				// parent (the engine reused its parent's hash, or one hash
-				// twice in an event). The two effects commute on counts;
-				// recorded store first, a replica still holds the parent
-				// when it creates the key under it.
-				es := w.rec.Entries
-				es[len(es)-2], es[len(es)-1] = es[len(es)-1], es[len(es)-2]
-			}
-		}
-		if known {
-			w.engine.SetVal(slot, uint64(e))
-			w.engine.Touch(slot)
-		} else {
-			w.engine.Insert(h, uint64(e))
-		}
-		parent, parentKey = l, k
-	}
-	w.stored += int64(n)
-	return errors.Join(err, mediumErr)
-}
-
-// rootFor returns the chain root of the worker's model for an adapter.
-func (w *Worker) rootFor(lora string) Key {
-	if lora == "" {
-		return w.model.root
-	}
-	return RootKey(w.model.Name, lora)
-}
-
-// orphanRoot is the stand-in parent key of blocks whose parent is unknown.
-func orphanRoot(w WorkerID, parentHash uint64) Key {
-	var b [12]byte
-	b[0], b[1], b[2], b[3] = byte(w), byte(w>>8), byte(w>>16), byte(w>>24)
-	for i := 0; i < 8; i++ {
-		b[4+i] = byte(parentHash >> (8 * i))
-	}
-	return BlockKey(RootKey("\x00orphan", ""), nil, b[:])
-}
-
-// addRefLocked counts one more store in medium m of the block of engine
-// hash h with entry e (media 0 for a block not yet stored anywhere),
-// adding the medium to the worker's residency of its key on the first,
-// and returns the entry updated, which the caller writes to the engine
-// map, and whether the store counted (not when the count was saturated).
-// Callers hold w.mu.
-func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) (engineEntry, bool) {
-	bit := uint8(1) << m
-	if e.media() == 0 {
-		w.res++
-	}
-	if e.media()&bit == 0 {
-		w.resBy[m]++
-		l := w.locOf(e)
-		if w.aliases != nil {
-			if a := w.aliases[l]; a != nil {
-				a.media[m]++
-			}
-		}
-		w.cur.change(l, holders.Op{Worker: uint32(w.id), Set: bit})
-		if e.dup() {
-			w.dups[h][m] = 1
-		}
-		return e.with(e.media() | bit), true
-	}
-	// Stored again in m: the counts move to dups (saturating at 255: a
-	// saturated count takes 255 removals).
-	if e.dup() {
-		r := w.dups[h]
-		if r[m] == math.MaxUint8 {
-			return e, false
-		}
-		r[m]++
-		return e, true
-	}
-	r := new([events.NumMedia]uint8)
-	for i := range r {
-		if e.media()&(1<<i) != 0 {
-			r[i] = 1
-		}
-	}
-	r[m] = 2
-	if w.dups == nil {
-		w.dups = make(map[uint64]*[events.NumMedia]uint8)
-	}
-	w.dups[h] = r
-	return e | entryDup, true
-}
-
-// dropEntryLocked removes all of the residency of the block in slot from
-// the index and its counts, without deleting it from the engine map (the
-// caller deletes it, or points it at another key). Callers hold w.mu.
-func (w *Worker) dropEntryLocked(slot int) {
-	if w.info.Keyed {
-		w.dropKeyLocked(slot)
-		return
-	}
-	e := w.entry(slot)
-	if w.rec != nil {
-		w.recDrop(w.cur.keyAt(w.locOf(e)), w.refsOf(slot))
-	}
-	mask := e.media()
-	for m := range events.NumMedia {
-		if mask&(1<<m) != 0 {
-			w.resBy[m]--
-		}
-	}
-	if mask != 0 {
-		w.res--
-	}
-	if e.dup() {
-		delete(w.dups, w.engine.Hash(slot))
-	}
-	w.releaseLocked(w.locOf(e), mask, true)
-}
-
-// releaseLocked ends one engine entry's residency of the key at l in the
-// media of mask (leaving the key when leave), and takes the worker's
-// residency off the tree in each medium no other entry at l still holds.
-// Callers hold w.mu.
-func (w *Worker) releaseLocked(l loc, mask uint8, leave bool) {
-	var a *alias
-	if w.aliases != nil {
-		a = w.aliases[l]
-	}
-	switch {
-	case a != nil:
-		for m := range a.media {
-			if mask&(1<<m) != 0 {
-				if a.media[m]--; a.media[m] > 0 {
-					mask &^= 1 << m
-				}
-			}
-		}
-		if leave {
-			if a.entries--; a.entries <= 1 {
-				delete(w.aliases, l)
-			}
-		}
-	case leave && mask != 0:
-		// The only entry at l leaves: the worker leaves the key in every
-		// medium, and one op for all media batches runs of keys better.
-		mask = allMedia
-	}
-	if mask != 0 {
-		w.cur.change(l, holders.Op{Worker: uint32(w.id), Clear: mask})
-	}
-}
-
-// joinLocked records that a new engine entry (with no stores yet) resolves
-// to the existing key at l, which makes l an alias when the worker already
-// holds it through another entry. Callers hold w.mu.
-func (w *Worker) joinLocked(l loc) {
-	if a := w.aliases[l]; a != nil {
-		a.entries++
-		return
-	}
-	held := w.cur.mediaOf(l, uint32(w.id))
-	if held == 0 {
-		return
-	}
-	a := &alias{entries: 2}
-	for m := range a.media {
-		if held&(1<<m) != 0 {
-			a.media[m] = 1
-		}
-	}
-	if w.aliases == nil {
-		w.aliases = make(map[loc]*alias)
-	}
-	w.aliases[l] = a
-}
-
-// removeLocked applies a BlockRemoved event. Callers hold w.mu.
-func (w *Worker) removeLocked(ev *events.Event) error {
-	if w.skipGroupLocked(ev) {
-		w.c.group.Add(1)
-		return nil
-	}
-	m := ev.Medium
-	if int(m) >= events.NumMedia {
-		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, m)
-	}
-	unknown, removed := 0, 0
-	bit := uint8(1) << m
-	for _, h := range ev.BlockHashes {
-		slot, ok := w.engine.Get(h)
-		var e engineEntry
-		if ok {
-			e = w.entry(slot)
-		}
-		if e.media()&bit == 0 {
-			unknown++
-			continue
-		}
-		if w.learned[m] == 0 {
-			w.learned[m] = w.resBy[m]
-		}
-		removed++
-		if e.dup() {
-			r := w.dups[h]
-			if r[m] > 1 {
-				// One of several stores in m: the block stays.
-				r[m]--
-				if !anyAbove1(r) {
-					delete(w.dups, h)
-					w.engine.SetVal(slot, uint64(e&^entryDup))
-				}
-				if w.rec != nil {
-					w.recRemove(w.cur.keyAt(w.locOf(e)), m, false, false)
-				}
-				continue
-			}
-			r[m] = 0
-		}
-		w.resBy[m]--
-		e = e.with(e.media() &^ bit)
-		gone := e.media() == 0
-		l := w.locOf(e)
-		w.releaseLocked(l, bit, gone)
-		if w.rec != nil {
-			w.recRemove(w.cur.keyAt(l), m, gone, true)
-		}
-		if gone {
-			if w.hist.on() {
-				w.hist.add(w.cur.keyAt(l), CauseRemoved)
-			}
-			w.res--
-			w.engine.Delete(slot)
-		} else {
-			w.engine.SetVal(slot, uint64(e))
-		}
-	}
-	w.removed += int64(removed)
-	if unknown > 0 {
-		w.c.unknown.Add(int64(unknown))
-		return fmt.Errorf("%w: %d of %d blocks removed from %s were not held there", ErrUnknownBlock, unknown, len(ev.BlockHashes), m)
-	}
-	return nil
-}
-
-// anyAbove1 reports whether some medium has two stores or more in r.
-func anyAbove1(r *[events.NumMedia]uint8) bool {
-	for _, n := range r {
-		if n > 1 {
-			return true
-		}
-	}
-	return false
-}
-
-// clearLocked forgets every block of the worker. Callers hold w.mu.
-// Cost: O(blocks log blocks); the blocks are released in tree order, so
-// runs of one node become one holder-set change each.
-func (w *Worker) clearLocked() {
-	if w.rec != nil {
-		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpClear})
-	}
-	w.evict = w.evict[:0]
-	for slot := range w.engine.All() {
-		w.evict = append(w.evict, uint64(w.entry(slot)))
-	}
-	slices.SortFunc(w.evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
-	for _, x := range w.evict {
-		// Through releaseLocked, so that a key several entries resolve to
-		// (an alias) is left only with the last of them, and its node is
-		// not retired while a later entry still points into it.
-		e := engineEntry(x)
-		w.releaseLocked(w.locOf(e), e.media(), true)
-	}
-	w.engine.Reset()
-	w.evict = nil
-	w.dups = nil
-	w.aliases = nil
-	w.keyed = nil
-	w.res = 0
-	w.resBy = [events.NumMedia]int64{}
 }

@@ -1,0 +1,380 @@
+package indexer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvindex/kvindex/indexer/internal/holders"
+)
+
+// Restore replaces the keyed worker's state with the snapshot that next
+// returns segment by segment, until it returns io.EOF (any other error
+// ends the restore and is returned, wrapped), and makes the snapshot's
+// Seq the worker's delta seq. Every key is created where the snapshot
+// says it attaches, placeholders held by nobody (see the comment on
+// snapshots above), so the worker holds what the snapshot's worker held,
+// at the same places in the tree.
+//
+// The segments must be in order (Part from 0, one Seq, one Last, at most
+// SnapshotSegmentKeys keys each, as many in all as Total says), with no
+// key twice, every parent before its key, every placeholder followed at
+// once by a key under it, valid counts, and the keys' digest equal to the
+// last segment's. A snapshot that fails a check is ErrBadSnapshot, and
+// the worker is left as it was. The new state is visible to Match when
+// Restore returns (readers may see part of it earlier, as with a batch).
+// A worker fed engine events refuses snapshots (ErrWorkerKind).
+//
+// A worker that holds blocks is replaced in two passes: the segments are
+// read and checked first with no lock held (their keys kept, with a map
+// of them), and then, under the worker's mutex, what it held is cleared
+// and the keys are built. An empty worker, which is what a replica
+// restores into (its first sync, and every resync, which resets the
+// worker first), is built in one pass instead: each segment is checked
+// and built as it arrives, under the mutex, which is released while the
+// next one is read; the engine map finds repeated keys and named parents
+// as it is filled, so no key is copied or mapped; a check that fails
+// clears what was built, leaving the worker empty, as it was.
+// Placeholders at a segment's end are built with the next segment, with
+// the key under them. A budget eviction or another call changing the
+// worker between two segments ends the restore with an error (not
+// ErrBadSnapshot), the worker cleared.
+//
+// Cost: the one-pass restore of a 30,000-block worker's snapshot, per
+// key, the tree work of a store (a top-level key probes the heads, a
+// branch creates a node) and an engine-map insert, and 7 allocations per
+// 1,000 keys; the two-pass one adds a map of the keys, a copy of each,
+// and the clear of what the worker held (O(blocks log blocks)).
+// BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
+func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
+	if !w.info.Keyed {
+		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
+	}
+	w.mu.Lock()
+	gone, empty := w.gone, w.engine.Len() == 0
+	w.mu.Unlock()
+	if gone {
+		return fmt.Errorf("%w: %s (no restore)", ErrRemovedWorker, w.info.Ref)
+	}
+	if empty {
+		return w.restoreEmpty(next)
+	}
+	st, err := readSnapshot(next)
+	if err != nil {
+		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
+	}
+	w.mu.Lock()
+	if w.gone {
+		w.mu.Unlock()
+		return fmt.Errorf("%w: %s (snapshot of %d keys not restored)", ErrRemovedWorker, w.info.Ref, len(st.keys))
+	}
+	before := w.res
+	w.clearLocked()
+	st.buildLocked(w)
+	w.deltaSeq = st.seq
+	w.unlockThen(before, w.restoredLocked("snapshot"))
+	return nil
+}
+
+// errRestoreChanged: the worker changed between two segments of a
+// one-pass restore.
+var errRestoreChanged = errors.New("the worker changed during the restore (a budget eviction, or another call)")
+
+// restoreEmpty is Restore into a worker that holds nothing, in one pass
+// (see Restore).
+func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
+	rs := restoreStream{w: w}
+	err := rs.run(next)
+	w.mu.Lock()
+	if err == nil && w.gone {
+		err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
+	}
+	before := w.res
+	if err != nil {
+		if !w.gone {
+			w.clearLocked() // back to empty, as it was
+		}
+		w.unlockThen(before, after{})
+		if errors.Is(err, ErrRemovedWorker) {
+			return err
+		}
+		return fmt.Errorf("indexer: restore worker %s: %w", w.info.Ref, err)
+	}
+	w.deltaSeq = rs.o.first.seq
+	w.unlockThen(before, w.restoredLocked("snapshot"))
+	return nil
+}
+
+// restoreStream is the state of a one-pass restore between segments.
+type restoreStream struct {
+	w      *Worker
+	o      segOrder
+	keys   int    // keys built
+	digest uint64 // of the keys built
+	// prev is the last key built and its place: a key under it (the next
+	// key of a chain) attaches with no probe. prevHole says it is a
+	// placeholder (the key after it must be under it).
+	prev      Key
+	prevLoc   loc
+	havePrev  bool
+	prevHole  bool
+	holes     map[Key]loc // placeholders built (held keys are in the engine map)
+	carry     []SnapshotKey
+	scratch   []SnapshotKey
+	entries   int   // the engine map's length when the mutex was last released
+	evictions int64 // the worker's evictions then
+}
+
+// run reads, checks and builds every segment, and reports the first
+// problem; the caller clears the worker if there is one.
+func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
+	rs.evictions = rs.w.c.evictions.Load()
+	rs.o = segOrder{bad: ErrBadSnapshot, what: "snapshot", maxKeys: SnapshotSegmentKeys}
+	if err := read(&rs.o, next, (*SnapshotSegment).head, rs.segment); err != nil {
+		return err
+	}
+	switch {
+	case len(rs.carry) > 0:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.carry[len(rs.carry)-1].Key))
+	case rs.prevHole:
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.prev))
+	}
+	return rs.o.checkDigest(rs.digest)
+}
+
+// segment checks and builds one segment under the worker's mutex, unless
+// the worker changed since the segment before.
+func (rs *restoreStream) segment(seg *SnapshotSegment) error {
+	w := rs.w
+	w.mu.Lock()
+	before := w.res
+	var err error
+	switch {
+	case w.gone:
+		err = fmt.Errorf("%w: %s (restore of %d keys undone)", ErrRemovedWorker, w.info.Ref, rs.keys)
+	case w.engine.Len() != rs.entries || w.c.evictions.Load() != rs.evictions:
+		err = errRestoreChanged
+	default:
+		if seg.Part == 0 {
+			// Sized once, up to a bound (Total is the sender's word), as
+			// a grown table: deltas churn it next.
+			w.engine.ReserveGrown(int(min(seg.Total, restoreReserve)))
+		}
+		err = rs.segmentLocked(seg)
+		rs.entries = w.engine.Len()
+	}
+	w.unlockThen(before, after{}) // publishes the segment's nodes and releases them
+	return err
+}
+
+// segmentLocked checks and builds one segment's keys, after the
+// placeholders carried from the segment before, and carries its own
+// trailing placeholders to the next (unless it is the last). Callers hold
+// w.mu.
+func (rs *restoreStream) segmentLocked(seg *SnapshotSegment) error {
+	keys := seg.Keys
+	end := len(keys)
+	if !seg.Last {
+		for end > 0 && keys[end-1].Blocks == 0 {
+			end--
+		}
+	}
+	if end == 0 && !seg.Last {
+		rs.carry = append(rs.carry, keys...)
+		return nil
+	}
+	run := keys[:end]
+	if len(rs.carry) > 0 {
+		rs.scratch = append(append(rs.scratch[:0], rs.carry...), run...)
+		run = rs.scratch
+	}
+	if err := rs.buildLocked(seg.Part, run); err != nil {
+		return err
+	}
+	rs.carry = append(rs.carry[:0], keys[end:]...)
+	return nil
+}
+
+// buildLocked checks and builds run, the keys of segment part (after
+// any carried from the one before). Callers hold w.mu.
+func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
+	w := rs.w
+	c := &w.cur
+	id := uint32(w.id)
+	chainEnd := 0
+	for i := range run {
+		sk := &run[i]
+		bad := func(why string) error {
+			// rs.keys is the key's index in the snapshot: every key before
+			// it is built.
+			return fmt.Errorf("%w: key %d (%#016x), in segment %d or the one before: %s", ErrBadSnapshot, rs.keys, uint64(sk.Key), part, why)
+		}
+		kc := sk.counts()
+		if !kc.valid() {
+			return bad(sk.whyCounts())
+		}
+		// Where it attaches: under the key before it (a chain, no probe),
+		// under a held key or a placeholder built before, or at top level.
+		var under loc
+		underPrev := sk.HasParent && rs.havePrev && rs.prev == sk.Parent
+		switch {
+		case !sk.HasParent:
+		case underPrev:
+			under = rs.prevLoc
+		default:
+			if slot, ok := w.engine.Get(uint64(sk.Parent)); ok {
+				under = w.locOf(w.entry(slot))
+			} else if l, ok := rs.holes[sk.Parent]; ok {
+				under = l
+			} else {
+				return bad(whyParentLater(sk.Parent))
+			}
+		}
+		if rs.prevHole && !underPrev {
+			return bad(whyHoleLone)
+		}
+		if _, ok := w.engine.Get(uint64(sk.Key)); ok {
+			return bad(whyTwice)
+		}
+		if _, ok := rs.holes[sk.Key]; ok {
+			return bad(whyTwice)
+		}
+		if i >= chainEnd {
+			// The chain from i (each key under the one before), whose
+			// length sizes the nodes it creates.
+			j := i + 1
+			for j < len(run) && run[j].HasParent && run[j].Parent == run[j-1].Key {
+				j++
+			}
+			chainEnd = j
+		}
+		media := kc.media()
+		var set *holders.Set
+		if media != 0 {
+			set = w.ix.single(id, media)
+		}
+		var l loc
+		var fresh bool
+		// A node the restore creates holds the rest of its chain: sized for
+		// it (newNode doubles its hint, for a chain that grows), not twice.
+		hint := (chainEnd - i + 1) / 2
+		if !sk.HasParent {
+			l, fresh = c.top(sk.Key, set, hint)
+		} else {
+			l, fresh = c.next(under, sk.Key, set, hint)
+		}
+		rs.prev, rs.prevLoc, rs.havePrev, rs.prevHole = sk.Key, l, true, media == 0
+		rs.keys++
+		if media == 0 {
+			if rs.holes == nil {
+				rs.holes = make(map[Key]loc)
+			}
+			rs.holes[sk.Key] = l
+			continue
+		}
+		if !fresh {
+			c.change(l, holders.Op{Worker: id, Set: media})
+		}
+		h := uint64(sk.Key)
+		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
+		w.res += int64(kc.blocks)
+		for m, n := range kc.in {
+			w.resBy[m] += int64(n)
+		}
+		rs.digest += digestTerm(sk.Key, media)
+	}
+	return nil
+}
+
+// restoreState is a snapshot read and checked: its keys, each key's
+// parent's index in keys (-1 at top level), and its Seq.
+type restoreState struct {
+	seq    uint64
+	keys   []SnapshotKey
+	parent []int32
+	held   int // keys that are not placeholders
+}
+
+// head returns what the segment says of its place in the snapshot.
+func (s *SnapshotSegment) head() segHead {
+	return segHead{part: s.Part, seq: s.Seq, total: s.Total, last: s.Last, digest: s.Digest, keys: len(s.Keys)}
+}
+
+// whyCounts says the key's counts are not a valid state.
+func (sk *SnapshotKey) whyCounts() string {
+	return fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs)
+}
+
+// readSnapshot reads and checks the segments next returns (see Restore).
+func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) {
+	st := &restoreState{}
+	o := segOrder{bad: ErrBadSnapshot, what: "snapshot", maxKeys: SnapshotSegmentKeys}
+	var ko keyOrder
+	var digest uint64
+	err := read(&o, next, (*SnapshotSegment).head, func(seg *SnapshotSegment) error {
+		if seg.Part == 0 {
+			ko = newKeyOrder(seg.Total)
+			st.keys = make([]SnapshotKey, 0, cap(ko.parent))
+		}
+		for j := range seg.Keys {
+			sk := &seg.Keys[j]
+			kc := sk.counts()
+			why := ""
+			if !kc.valid() {
+				why = sk.whyCounts()
+			} else {
+				why = ko.add(sk.Key, sk.Parent, sk.HasParent, sk.Blocks == 0)
+			}
+			if why != "" {
+				return fmt.Errorf("%w: segment %d key %d (%#016x): %s", ErrBadSnapshot, seg.Part, j, uint64(sk.Key), why)
+			}
+			st.keys = append(st.keys, *sk)
+			if sk.Blocks > 0 {
+				st.held++
+				digest += digestTerm(sk.Key, kc.media())
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		err = ko.end(ErrBadSnapshot)
+	}
+	if err == nil {
+		err = o.checkDigest(digest)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st.seq, st.parent = o.first.seq, ko.parent
+	return st, nil
+}
+
+// buildLocked adds the snapshot's keys to the worker, which holds none.
+// Callers hold w.mu.
+func (st *restoreState) buildLocked(w *Worker) {
+	c := &w.cur
+	id := uint32(w.id)
+	w.engine.Reserve(st.held)
+	kp := newKeyPlacer(st.parent)
+	for i := range st.keys {
+		sk := &st.keys[i]
+		kc := sk.counts()
+		media := kc.media()
+		var set *holders.Set
+		if media != 0 {
+			set = w.ix.single(id, media)
+		}
+		l, fresh := kp.place(c, i, sk.Key, set)
+		if media == 0 {
+			continue // a placeholder: the next key keeps its node alive
+		}
+		if !fresh {
+			c.change(l, holders.Op{Worker: id, Set: media})
+		}
+		h := uint64(sk.Key)
+		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
+		w.res += int64(kc.blocks)
+		for m, n := range kc.in {
+			w.resBy[m] += int64(n)
+		}
+	}
+}
