@@ -224,7 +224,7 @@ func ScanLog(path string) (errorLines int, crash string, err error) {
 }
 
 // Scrape fetches and parses http://addr/metrics.
-func Scrape(ctx context.Context, client *http.Client, addr string) ([]Sample, error) {
+func Scrape(ctx context.Context, client *http.Client, addr string) (Metrics, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
 		return nil, fmt.Errorf("soak: scrape %s: %w", addr, err)

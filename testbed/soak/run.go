@@ -170,7 +170,7 @@ type runner struct {
 	flow        map[events.WorkerRef]blockFlow
 	listed      map[int]map[listing]bool          // by process: the push workers ListWorkers has shown
 	lastWorkers map[int][]*kvindexv1.WorkerStatus // each process's last ListWorkers
-	lastMetrics map[int][]Sample                  // each process's last /metrics
+	lastMetrics map[int]Metrics                  // each process's last /metrics
 	samples     []sample
 	settled     map[int]bool    // processes with a passed checkpoint
 	cpu         map[int]float64 // each process's last CPU seconds
@@ -201,7 +201,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		opts: opts, log: opts.Logger, byRef: map[events.WorkerRef]*Engine{},
 		http:     &http.Client{Timeout: 3 * time.Second},
 		restarts: map[events.WorkerRef]int{}, reported: map[events.WorkerRef]map[string]uint64{}, flow: map[events.WorkerRef]blockFlow{}, listed: map[int]map[listing]bool{},
-		lastWorkers: map[int][]*kvindexv1.WorkerStatus{}, lastMetrics: map[int][]Sample{},
+		lastWorkers: map[int][]*kvindexv1.WorkerStatus{}, lastMetrics: map[int]Metrics{},
 		settled: map[int]bool{}, cpu: map[int]float64{},
 	}
 	start := time.Now()
@@ -714,7 +714,7 @@ func (r *runner) sampleOnce(ctx context.Context) {
 }
 
 // record keeps a process's latest ListWorkers and /metrics.
-func (r *runner) record(process int, ws []*kvindexv1.WorkerStatus, ms []Sample) {
+func (r *runner) record(process int, ws []*kvindexv1.WorkerStatus, ms Metrics) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ws != nil {
@@ -883,11 +883,9 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 		}
 	}
 	for _, ms := range r.lastMetrics {
-		for _, m := range ms {
-			if m.Name == "kvindex_push_refused_total" {
-				s.Refusals[strings.TrimPrefix(m.Labels["listener"], "tcp://")+" "+m.Labels["reason"]] += int64(m.Value)
-			}
-		}
+		ms.Each("kvindex_push_refused_total", func(l map[string]string, v float64) {
+			s.Refusals[strings.TrimPrefix(l["listener"], "tcp://")+" "+l["reason"]] += int64(v)
+		})
 	}
 	s.OpenListenerWorkers = countOn(r.lastWorkers[r.process], r.fleet.OpenPushAddr())
 	s.RSS = seriesOf(r.samples, r.process, func(x sample) float64 { return x.rss }, RSSRule(), "last third <= 1.25 x first third + 8 MiB")

@@ -39,8 +39,8 @@ odd{a="x\"y\\z\nw",b=""} 1.5e3
 	if v, ok := Metric(s, "absent", nil); ok || v != 0 {
 		t.Fatal("absent metric found")
 	}
-	if s[len(s)-1].Labels["a"] != "x\"y\\z\nw" || s[len(s)-1].Value != 1500 {
-		t.Fatalf("escaped label: %+v", s[len(s)-1])
+	if v, ok := Metric(s, "odd", map[string]string{"a": "x\"y\\z\nw", "b": ""}); !ok || v != 1500 {
+		t.Fatalf("escaped label: %v %v", v, ok)
 	}
 	for _, bad := range []string{"novalue\n", `m{a="x} 1` + "\n", `m{a=x} 1` + "\n", "m one\n", "m 1 2 3\n"} {
 		if _, err := ParseMetrics(strings.NewReader(bad)); err == nil {
