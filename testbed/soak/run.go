@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/testbed/enginepub"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // Options configure a soak run. DefaultOptions are `make soak`'s.
@@ -158,7 +160,7 @@ type runner struct {
 	chaos sync.Mutex
 
 	mu       sync.Mutex // guards the fields below
-	child    *Child
+	child    *proc.Process
 	process  int                      // the current daemon process's number
 	restarts map[events.WorkerRef]int // engine restarts during the current process
 	// reported is, per worker of the current process, each counter's
@@ -170,7 +172,7 @@ type runner struct {
 	flow        map[events.WorkerRef]blockFlow
 	listed      map[int]map[listing]bool          // by process: the push workers ListWorkers has shown
 	lastWorkers map[int][]*kvindexv1.WorkerStatus // each process's last ListWorkers
-	lastMetrics map[int]Metrics                  // each process's last /metrics
+	lastMetrics map[int]Metrics                   // each process's last /metrics
 	samples     []sample
 	settled     map[int]bool    // processes with a passed checkpoint
 	cpu         map[int]float64 // each process's last CPU seconds
@@ -299,7 +301,7 @@ func (r *runner) setup(ctx context.Context) error {
 	r.bin = r.opts.Binary
 	if r.bin == "" {
 		r.log.Info("building the daemon", "go", r.opts.GoTool)
-		if r.bin, err = BuildDaemon(ctx, r.opts.GoTool, r.opts.Dir); err != nil {
+		if r.bin, err = proc.Build(ctx, r.opts.GoTool, r.opts.Dir, "github.com/kvindex/kvindex/cmd/kvindex"); err != nil {
 			return err
 		}
 	}
@@ -339,7 +341,7 @@ func (r *runner) currentProcess() int {
 	return r.process
 }
 
-func (r *runner) currentChild() (*Child, int) {
+func (r *runner) currentChild() (*proc.Process, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.child, r.process
@@ -378,7 +380,7 @@ func (r *runner) startDaemon() error {
 	r.mu.Lock()
 	n := r.process + 1
 	r.mu.Unlock()
-	c, err := StartChild(r.bin, r.cfgPath, r.opts.Dir, n)
+	c, err := proc.Start(fmt.Sprintf("daemon process %d", n), exec.Command(r.bin, "serve", "--config", r.cfgPath), r.logPath(n))
 	if err != nil {
 		return err
 	}
@@ -390,16 +392,21 @@ func (r *runner) startDaemon() error {
 	r.mu.Unlock()
 	go func() {
 		<-c.Done()
-		if c.Expected() {
+		if c.Stopping() {
 			return
 		}
-		r.fail.Add("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", c.N, c.Pid(), c.ExitErr(), c.LogPath())
+		r.fail.Add("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", n, c.Pid(), c.Err(), r.logPath(n))
 		r.mu.Lock()
 		r.aborted = true
 		r.mu.Unlock()
 	}()
-	r.log.Info("daemon started", "process", n, "pid", c.Pid(), "log", c.LogPath())
+	r.log.Info("daemon started", "process", n, "pid", c.Pid(), "log", r.logPath(n))
 	return nil
+}
+
+// logPath is daemon process n's log file.
+func (r *runner) logPath(n int) string {
+	return filepath.Join(r.opts.Dir, fmt.Sprintf("daemon-%d.log", n))
 }
 
 // waitReady waits until the current daemon answers ListWorkers.
@@ -415,13 +422,13 @@ func (r *runner) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-c.Done():
-			return fmt.Errorf("soak: daemon process %d exited before answering: %v (log %s)", n, c.ExitErr(), c.LogPath())
+			return fmt.Errorf("soak: daemon process %d exited before answering: %v (log %s)", n, c.Err(), r.logPath(n))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("soak: daemon process %d did not answer ListWorkers within %v: %w (log %s)", n, timeout, err, c.LogPath())
+			return fmt.Errorf("soak: daemon process %d did not answer ListWorkers within %v: %w (log %s)", n, timeout, err, r.logPath(n))
 		}
 	}
 }
@@ -429,16 +436,16 @@ func (r *runner) waitReady(ctx context.Context, timeout time.Duration) error {
 // stopDaemon stops the current daemon with sig, checks how it ended and
 // scans its log.
 func (r *runner) stopDaemon(sig syscall.Signal) {
-	c, _ := r.currentChild()
+	c, n := r.currentChild()
 	if err := c.Stop(sig, 15*time.Second); err != nil {
-		r.fail.Add("daemon_stop", "%v", err)
+		r.fail.Add("daemon_stop", "%v (log %s)", err, r.logPath(n))
 	}
-	lines, crash, err := ScanLog(c.LogPath())
+	lines, crash, err := ScanLog(r.logPath(n))
 	if err != nil {
 		r.fail.Add("daemon_log", "%v", err)
 	}
 	if crash != "" {
-		r.fail.Add("daemon_crash", "daemon process %d logged %q (log %s)", c.N, clip(crash, 200), c.LogPath())
+		r.fail.Add("daemon_crash", "daemon process %d logged %q (log %s)", n, clip(crash, 200), r.logPath(n))
 	}
 	r.mu.Lock()
 	r.errorLines += lines
@@ -687,8 +694,8 @@ func (r *runner) sampleOnce(ctx context.Context) {
 		return
 	}
 	c, n := r.currentChild()
-	rss, rerr := c.RSS()
-	cpu, cerr := ReadCPU(c.Pid())
+	mem, rerr := proc.Mem(c.Pid())
+	cpu, cerr := proc.CPU(c.Pid())
 	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	ms, merr := Scrape(sctx, r.http, r.fleet.MetricsAddr())
@@ -707,8 +714,8 @@ func (r *runner) sampleOnce(ctx context.Context) {
 	}
 	r.record(n, lw.GetWorkers(), ms)
 	r.mu.Lock()
-	r.samples = append(r.samples, sample{at: time.Now(), process: n, settled: r.settled[n], rss: float64(rss), goroutines: g})
-	r.cpu[n] = cpu
+	r.samples = append(r.samples, sample{at: time.Now(), process: n, settled: r.settled[n], rss: float64(mem.RSS), goroutines: g})
+	r.cpu[n] = cpu.Seconds()
 	r.mu.Unlock()
 	r.checkWorkerList(lw.GetWorkers(), "sample")
 }
@@ -916,15 +923,8 @@ func seriesOf(samples []sample, process int, get func(sample) float64, rule Flat
 	return out
 }
 
-// loadAvg returns /proc/loadavg's first three fields ("" when unreadable).
+// loadAvg returns /proc/loadavg's three load averages.
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
+	l := proc.LoadAvg()
+	return fmt.Sprintf("%.2f %.2f %.2f", l[0], l[1], l[2])
 }

@@ -76,19 +76,6 @@ func TestFlatRule(t *testing.T) {
 	}
 }
 
-func TestParseVmRSS(t *testing.T) {
-	status := "Name:\tkvindex\nVmPeak:\t  900 kB\nVmRSS:\t   12345 kB\nThreads:\t9\n"
-	if v, err := parseVmRSS(strings.NewReader(status), 1); err != nil || v != 12345<<10 {
-		t.Fatalf("%d %v", v, err)
-	}
-	if _, err := parseVmRSS(strings.NewReader("Name:\tx\n"), 1); err == nil {
-		t.Fatal("status without VmRSS parsed")
-	}
-	if v, err := ReadRSS(os.Getpid()); err != nil || v <= 0 {
-		t.Fatalf("own RSS %d %v", v, err)
-	}
-}
-
 func TestScanLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "d.log")
 	log := `{"level":"INFO","msg":"kvindex serving"}
