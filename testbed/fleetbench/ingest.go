@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // IngestOptions configure the ingest benchmark: agents publishing their
@@ -96,7 +97,7 @@ type ingestDone struct {
 // worker, publishing each worker's recorded deltas through
 // natsbus.Agent.Publish) and a replica process.
 func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
-	res := &IngestResult{Workers: o.Workers, LoadBefore: loadAvg()}
+	res := &IngestResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
 	if err != nil {
 		return nil, err
@@ -123,7 +124,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready ingestReady
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
@@ -133,11 +134,11 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rep.kill()
+	defer rep.Kill()
 	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
 		return nil, err
 	}
-	busy0 := busyCPU()
+	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
 		return nil, err
 	}
@@ -145,7 +146,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if _, err := rep.await("result", &r, 10*time.Minute); err != nil {
 		return nil, err
 	}
-	busy1 := busyCPU()
+	busy1 := proc.BusyCPU()
 	var done ingestDone
 	if _, err := gen.await("done", &done, time.Minute); err != nil {
 		return nil, err
@@ -175,7 +176,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if err := gen.finish(time.Minute); err != nil {
 		return nil, err
 	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
@@ -213,7 +214,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	runtime.GC()
 	n := len(recs[0].Deltas)
 	var blocks int64
-	cpu0 := cpuTime()
+	cpu0 := proc.SelfCPU()
 	apply := func(k, i int) error {
 		blocks += int64(recs[k].Blocks[i])
 		return ws[k].ApplyDelta(&recs[k].Deltas[i])
@@ -237,7 +238,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
 		}
 	}
-	cpu := cpuTime() - cpu0
+	cpu := proc.SelfCPU() - cpu0
 	for k, rec := range recs {
 		if ws[k].Digest() != rec.Digest {
 			return 0, fmt.Errorf("fleetbench: baseline: worker %d's digest differs from its source's", k)
@@ -280,12 +281,12 @@ func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, 
 	if err := in.Wait(ctx, "go"); err != nil {
 		return err
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := proc.SelfCPU(), time.Now()
 	blocks, err := publishLaps(ctx, fa, o.Rounds, o.Rate)
 	if err != nil {
 		return err
 	}
-	done := ingestDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds(), Slow: ns.slowConsumers()}
+	done := ingestDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: ns.slowConsumers()}
 	if err := out.Send("done", done); err != nil {
 		return err
 	}

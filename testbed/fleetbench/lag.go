@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // LagOptions configure the lag benchmark: Pods engines, each beside its
@@ -100,7 +101,7 @@ type lagDone struct {
 // nats-server, the engines and their agents, in process) and a replica
 // process.
 func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, LoadBefore: loadAvg()}
+	res := &LagResult{Pods: o.Pods, LoadBefore: proc.LoadAvg()[0]}
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
 		return nil, err
@@ -110,7 +111,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready lagReady
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
@@ -123,11 +124,11 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rep.kill()
+	defer rep.Kill()
 	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
 		return nil, err
 	}
-	busy0 := busyCPU()
+	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
 		return nil, err
 	}
@@ -147,7 +148,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if _, err := rep.await("result", &r, time.Minute); err != nil {
 		return nil, err
 	}
-	busy1 := busyCPU()
+	busy1 := proc.BusyCPU()
 	var got digestsReport
 	if _, err := rep.await("digests", &got, time.Minute); err != nil {
 		return nil, err
@@ -167,7 +168,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if err := gen.finish(time.Minute); err != nil {
 		return nil, err
 	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
@@ -234,7 +235,7 @@ func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out
 	}
 	stopProfile := func() {}
 	if o.Profile != "" {
-		if stopProfile, err = startProfile(o.Profile); err != nil {
+		if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
 			return err
 		}
 	}
@@ -242,13 +243,13 @@ func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out
 	if err != nil {
 		return err
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := proc.SelfCPU(), time.Now()
 	blocks, err := playEngines(ctx, es, o.Batches, o.Rate)
 	stopProfile()
 	if err != nil {
 		return err
 	}
-	done := lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}
+	done := lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
 	if err := caughtUp(ctx, es, agents); err != nil {
 		return err
 	}

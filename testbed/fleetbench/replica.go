@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +19,7 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 	"github.com/kvindex/kvindex/testbed/loadgen"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // The replica role is kvindex serve's fleet input, as the daemon builds
@@ -119,7 +118,7 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 	src := natsbus.NewSource(nc, set, so)
 	stopProfile := func() {}
 	if o.Profile != "" && o.Mode == "sync" {
-		if stopProfile, err = startProfile(o.Profile); err != nil {
+		if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
 			return err
 		}
 	}
@@ -138,9 +137,9 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 		return err
 	}
 	since := time.Since(start)
-	cpuLive := cpuTime()
+	cpuLive := proc.SelfCPU()
 	stopProfile()
-	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: peakRSS(), Workers: o.Workers}
+	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: proc.SelfPeakRSS(), Workers: o.Workers}
 	for _, st := range src.WorkerStats() {
 		live.Replays += st.Replays
 		live.ReplayFailures += st.ReplayFailures
@@ -161,11 +160,11 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 	switch o.Mode {
 	case "ingest":
 		if o.Profile != "" {
-			if stopProfile, err = startProfile(o.Profile); err != nil {
+			if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
 				return err
 			}
 		}
-		r, err := measureIngest(ctx, set, o.Blocks, cpuTime())
+		r, err := measureIngest(ctx, set, o.Blocks, proc.SelfCPU())
 		stopProfile()
 		if err != nil {
 			return err
@@ -176,7 +175,7 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 		}
 	case "lag":
 		if o.Profile != "" {
-			if stopProfile, err = startProfile(o.Profile); err != nil {
+			if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
 				return err
 			}
 		}
@@ -265,7 +264,7 @@ func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 tim
 			last, idle = b, time.Now()
 		}
 		if b-b0 >= blocks {
-			cpu := cpuTime() - cpu0
+			cpu := proc.SelfCPU() - cpu0
 			return &ingestReport{Blocks: b - b0, Entries: set.entries.Load() - e0, Deltas: set.deltas.Load() - d0,
 				CPUNs: cpu.Nanoseconds(), WallNs: time.Since(t0).Nanoseconds()}, nil
 		}
@@ -284,25 +283,6 @@ func digestsOf(ix *indexer.Index) digestsReport {
 		r.Digests[w.Info().Ref.Pod] = strconv.FormatUint(w.Digest(), 16)
 	}
 	return r
-}
-
-// startProfile starts a CPU profile into path and returns its stop.
-func startProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("fleetbench: profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("fleetbench: profile %s: %w", path, err)
-	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			pprof.StopCPUProfile()
-			_ = f.Close()
-		})
-	}, nil
 }
 
 // countingSet is the replica's worker set with the new blocks, effects
@@ -387,7 +367,7 @@ func (l *lagRecorder) observe(_ events.WorkerRef, d natsbus.AppliedDelta) {
 
 func (l *lagRecorder) start(blocks int64) {
 	l.mu.Lock()
-	l.on, l.t0, l.cpu0, l.blocks = true, time.Now(), cpuTime(), blocks
+	l.on, l.t0, l.cpu0, l.blocks = true, time.Now(), proc.SelfCPU(), blocks
 	l.mu.Unlock()
 }
 
@@ -395,7 +375,7 @@ func (l *lagRecorder) report(blocks int64) *lagReport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.on = false
-	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (cpuTime() - l.cpu0).Nanoseconds(),
+	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - l.cpu0).Nanoseconds(),
 		P50Ns: l.h.Quantile(0.5).Nanoseconds(), P90Ns: l.h.Quantile(0.9).Nanoseconds(), P99Ns: l.h.Quantile(0.99).Nanoseconds(),
 		P999Ns: l.h.Quantile(0.999).Nanoseconds(), MaxNs: l.h.Max().Nanoseconds()}
 	if n := l.h.Count(); n > 0 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // SyncOptions configure the sync benchmark: one replica syncing Workers
@@ -110,7 +111,7 @@ type floorReport struct {
 // precomputed snapshot) and a replica process started once every agent
 // is registered.
 func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
-	res := &SyncResult{Workers: o.Workers, LoadBefore: loadAvg()}
+	res := &SyncResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
 	procs := o.ReplicaProcs
 	if procs <= 0 {
 		procs = runtime.NumCPU()
@@ -119,7 +120,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready syncReady
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
@@ -132,19 +133,19 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	if _, err := gen.await("cpu", &c0, time.Minute); err != nil {
 		return nil, err
 	}
-	busy0 := busyCPU()
+	busy0 := proc.BusyCPU()
 	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency},
 		fmt.Sprintf("GOMAXPROCS=%d", procs))
 	if err != nil {
 		return nil, err
 	}
-	defer rep.kill()
+	defer rep.Kill()
 	var live liveReport
 	at, err := rep.await("live", &live, 2*time.Minute)
 	if err != nil {
 		return nil, err
 	}
-	busy1 := busyCPU()
+	busy1 := proc.BusyCPU()
 	res.Ready = at.Sub(rep.started)
 	res.ReplicaReady = time.Duration(live.SinceStartNs)
 	res.ReplicaCPU = time.Duration(live.CPUNs)
@@ -179,7 +180,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	if err := gen.finish(time.Minute); err != nil {
 		return nil, err
 	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
@@ -245,13 +246,13 @@ func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, ou
 		case "cpu":
 			// The first "cpu" starts the sync, the second ends it.
 			if cpus++; cpus == 1 && o.Profile != "" {
-				if stopProfile, err = startProfile(o.Profile); err != nil {
+				if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
 					return err
 				}
 			} else if cpus == 2 {
 				stopProfile()
 			}
-			if err := out.Send("cpu", cpuReport{CPUNs: cpuTime().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
+			if err := out.Send("cpu", cpuReport{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
 				return err
 			}
 		case "floor":
@@ -276,7 +277,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
 		return nil, err
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := proc.SelfCPU(), time.Now()
 	next := make(chan int, len(recs))
 	for i := range recs {
 		next <- i
@@ -314,7 +315,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 		}()
 	}
 	wg.Wait()
-	fl := &floorReport{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}
+	fl := &floorReport{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
 	select {
 	case err := <-errs:
 		return nil, err

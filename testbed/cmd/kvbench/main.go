@@ -19,7 +19,6 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/testbed/loadgen"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 func main() {
@@ -82,7 +82,7 @@ func newRoot() *cobra.Command {
 				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission)
 			}
 			if cpuprofile != "" {
-				stopProfile, err := startCPUProfile(cpuprofile)
+				stopProfile, err := proc.StartCPUProfile(cpuprofile)
 				if err != nil {
 					return err
 				}
@@ -140,7 +140,7 @@ func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, lis
 	}
 	defer e.Close()
 	if cpuprofile != "" {
-		stopProfile, err := startCPUProfile(cpuprofile)
+		stopProfile, err := proc.StartCPUProfile(cpuprofile)
 		if err != nil {
 			return err
 		}
@@ -149,23 +149,6 @@ func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, lis
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", shape, e.Addr, loadgen.CurrentRuntime())
 	e.Wait(ctx)
 	return nil
-}
-
-// startCPUProfile starts profiling into path and returns the function that
-// stops it and closes the file.
-func startCPUProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		_ = f.Close()
-	}, nil
 }
 
 // runtimeFlags are the Go runtime settings of this kvbench process, each
