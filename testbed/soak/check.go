@@ -473,3 +473,20 @@ func (r *runner) saveWrong(name string, from *Engine, model string, pc promptCas
 	}
 	return path
 }
+
+func (r *runner) runCheckpoints(ctx context.Context) {
+	t := time.NewTicker(r.opts.CheckpointEvery)
+	defer t.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.chaos.Lock()
+		if ctx.Err() == nil && !r.isAborted() {
+			r.checkpoint(ctx, fmt.Sprint(n))
+		}
+		r.chaos.Unlock()
+	}
+}
