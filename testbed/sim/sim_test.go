@@ -271,7 +271,7 @@ func TestLiveConfigAndTracePath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(root, "internal", "sim")); err != nil {
+	if _, err := os.Stat(filepath.Join(root, "testbed", "sim")); err != nil {
 		t.Errorf("RepoRoot %s: %v", root, err)
 	}
 	w2, err := LoadWorkload(WorkloadSpec{Kind: "workload/testdata/mooncake-excerpt.jsonl", Requests: 10, RateScale: 2})
