@@ -2,9 +2,7 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -251,11 +249,7 @@ func agentFloor(w *Workload) (time.Duration, int64, error) {
 	return (proc.SelfCPU() - cpu0) / time.Duration(blocks), wk.Stats().ResidentBlocks, nil
 }
 
-func runEnginesGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o enginesGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: engines generator options: %w", err)
-	}
+func runEnginesGenerator(ctx context.Context, o enginesGenOpts, in *Commands, out *Reporter) error {
 	ns, err := startNATS()
 	if err != nil {
 		return err
@@ -301,8 +295,5 @@ func runEnginesGenerator(ctx context.Context, raw json.RawMessage, in *Commands,
 	if err := out.Send("done", enginesDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds()}); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
-		return err
-	}
-	return nil
+	return in.Exit(ctx)
 }

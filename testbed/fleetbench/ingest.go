@@ -2,7 +2,6 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -116,10 +115,6 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	recs = nil
-	procs := o.ReplicaProcs
-	if procs <= 0 {
-		procs = 1
-	}
 	gen, err := startChild(ctx, "ingest-gen", ingestGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds})
 	if err != nil {
 		return nil, err
@@ -130,7 +125,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile},
-		fmt.Sprintf("GOMAXPROCS=%d", procs))
+		replicaEnv(max(o.ReplicaProcs, 1))...)
 	if err != nil {
 		return nil, err
 	}
@@ -170,10 +165,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		res.Published = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
 	}
 	res.SlowConsumers = done.Slow
-	if err := rep.finish(30 * time.Second); err != nil {
-		return nil, err
-	}
-	if err := gen.finish(time.Minute); err != nil {
+	if err := finish(gen, rep); err != nil {
 		return nil, err
 	}
 	res.LoadAfter = proc.LoadAvg()[0]
@@ -247,11 +239,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	return float64(blocks) / cpu.Seconds(), nil
 }
 
-func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o ingestGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: ingest generator options: %w", err)
-	}
+func runIngestGenerator(ctx context.Context, o ingestGenOpts, in *Commands, out *Reporter) error {
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
 	if err != nil {
 		return err
@@ -261,14 +249,11 @@ func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, 
 		return err
 	}
 	defer ns.close()
-	actx, cancel := context.WithCancel(ctx)
-	fa, err := startAgents(actx, ns.url(), recs, o.Shape.BlockSize)
+	fa, err := startAgents(ctx, ns.url(), recs, o.Shape.BlockSize)
 	if err != nil {
-		cancel()
 		return err
 	}
-	defer fa.wait()
-	defer cancel()
+	defer fa.stop()
 	r := ingestReady{URL: ns.url(), Digests: fa.digests()}
 	for _, rec := range recs {
 		for _, b := range rec.Blocks {
@@ -290,10 +275,7 @@ func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, 
 	if err := out.Send("done", done); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
-		return err
-	}
-	return nil
+	return in.Exit(ctx)
 }
 
 // publishLaps publishes rounds laps of every agent's recorded deltas,

@@ -2,9 +2,7 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
 	"sync"
@@ -116,11 +114,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
 	}
-	var env []string
-	if o.ReplicaProcs > 0 {
-		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", o.ReplicaProcs))
-	}
-	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, env...)
+	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, replicaEnv(o.ReplicaProcs)...)
 	if err != nil {
 		return nil, err
 	}
@@ -162,21 +156,14 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 		res.Rate = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
 	}
 	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
-	if err := rep.finish(30 * time.Second); err != nil {
-		return nil, err
-	}
-	if err := gen.finish(time.Minute); err != nil {
+	if err := finish(gen, rep); err != nil {
 		return nil, err
 	}
 	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
-func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o lagGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: lag generator options: %w", err)
-	}
+func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Reporter) error {
 	ns, err := startNATS()
 	if err != nil {
 		return err
@@ -270,10 +257,7 @@ func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out
 	if err := out.Send("digests", d); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
-		return err
-	}
-	return nil
+	return in.Exit(ctx)
 }
 
 // caughtUp waits until every agent has applied its engine's last batch.

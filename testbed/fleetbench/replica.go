@@ -2,10 +2,8 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"runtime"
 	"strconv"
 	"sync"
@@ -97,12 +95,8 @@ type digestsReport struct {
 	Digests map[string]string `json:"digests"`
 }
 
-func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter) error {
 	start := time.Now()
-	var o replicaOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: replica options: %w", err)
-	}
 	nc, err := fleet.Connect(config.NATS{URL: o.URL}, "kvfleetbench replica", nil)
 	if err != nil {
 		return err
@@ -194,11 +188,10 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 	if err := out.Send("digests", digestsOf(ix)); err != nil {
 		return err
 	}
-	err = in.Wait(ctx, "exit")
-	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
-		err = nil
+	if err := in.Exit(ctx); !errors.Is(err, context.Canceled) {
+		return err
 	}
-	return err
+	return nil
 }
 
 // waitLive polls until n workers are live (OK: synced and following).

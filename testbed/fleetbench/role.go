@@ -27,20 +27,22 @@ type Role func(ctx context.Context, opts json.RawMessage, in *Commands, out *Rep
 
 // Roles are the roles by name (RunRole).
 var roles = map[string]Role{
-	"ingest-gen":  runIngestGenerator,
-	"sync-gen":    runSyncGenerator,
-	"lag-gen":     runLagGenerator,
-	"engines-gen": runEnginesGenerator,
-	"replica":     runReplica,
+	"ingest-gen":  role(runIngestGenerator),
+	"sync-gen":    role(runSyncGenerator),
+	"lag-gen":     role(runLagGenerator),
+	"engines-gen": role(runEnginesGenerator),
+	"replica":     role(runReplica),
 }
 
-// RoleNames lists the roles RunRole knows.
-func RoleNames() []string {
-	names := make([]string, 0, len(roles))
-	for n := range roles {
-		names = append(names, n)
+// role is run as a Role: its options decoded from JSON first.
+func role[O any](run func(ctx context.Context, o O, in *Commands, out *Reporter) error) Role {
+	return func(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+		var o O
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return fmt.Errorf("fleetbench: role options %s: %w", raw, err)
+		}
+		return run(ctx, o, in, out)
 	}
-	return names
 }
 
 // RunRole runs role name in this process with its options as JSON,
@@ -119,6 +121,33 @@ func (c *Commands) Wait(ctx context.Context, cmd string) error {
 			}
 		}
 	}
+}
+
+// Exit returns when the orchestrator lets the role end ("exit", or stdin
+// closed) or ctx ends; a generator's parts (nats-server, agents, engines)
+// serve the replica until then.
+func (c *Commands) Exit(ctx context.Context) error {
+	if err := c.Wait(ctx, "exit"); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
+}
+
+// replicaEnv is the replica process's environment: GOMAXPROCS procs, or
+// Go's default when procs is 0.
+func replicaEnv(procs int) []string {
+	if procs <= 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
+}
+
+// finish lets both processes of a benchmark end, the replica first.
+func finish(gen, rep *child) error {
+	if err := rep.finish(30 * time.Second); err != nil {
+		return err
+	}
+	return gen.finish(time.Minute)
 }
 
 // child is a role running in another process.

@@ -2,7 +2,6 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -135,7 +134,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	}
 	busy0 := proc.BusyCPU()
 	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency},
-		fmt.Sprintf("GOMAXPROCS=%d", procs))
+		replicaEnv(procs)...)
 	if err != nil {
 		return nil, err
 	}
@@ -197,11 +196,7 @@ func sameDigests(got, want map[string]string) bool {
 	return true
 }
 
-func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o syncGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: sync generator options: %w", err)
-	}
+func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Reporter) error {
 	recs, err := loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers)
 	if err != nil {
 		return err
@@ -211,14 +206,11 @@ func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, ou
 		return err
 	}
 	defer ns.close()
-	actx, cancel := context.WithCancel(ctx)
-	fa, err := startAgents(actx, ns.url(), recs, o.Shape.BlockSize)
+	fa, err := startAgents(ctx, ns.url(), recs, o.Shape.BlockSize)
 	if err != nil {
-		cancel()
 		return err
 	}
-	defer fa.wait()
-	defer cancel()
+	defer fa.stop()
 	r := syncReady{URL: ns.url(), Digests: fa.digests()}
 	for _, rec := range recs {
 		r.Keys += int64(rec.Keys)
