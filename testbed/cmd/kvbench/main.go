@@ -7,7 +7,7 @@
 //	kvbench --addr 127.0.0.1:7070 --check --client grpc   # its generator
 //
 // With --embedded it starts an in-process index loaded with the shape
-// (--workers, --prompt-blocks, --shared-blocks, --tail-holders) behind a
+// (loadgen.DefaultShape, --prompt-blocks and --shared-blocks) behind a
 // real gRPC server on a loopback port; with --addr it only sends the
 // shape's prompts to a running kvindex, whatever that index holds.
 package main
