@@ -21,8 +21,6 @@ type IngestOptions struct {
 	Seed     uint64
 	Rate     float64
 	Duration time.Duration
-	// ReplicaProcs is the replica's GOMAXPROCS (0: 1, one core).
-	ReplicaProcs int
 	// Profile, when set, is a CPU profile of the replica while it
 	// ingests.
 	Profile string
@@ -125,7 +123,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile},
-		replicaEnv(max(o.ReplicaProcs, 1))...)
+		replicaEnv(1)...)
 	if err != nil {
 		return nil, err
 	}

@@ -28,11 +28,9 @@ type LagOptions struct {
 	// WarmRate is the rate of the warm-up lap that brings every worker to
 	// its steady state before the replica starts.
 	WarmRate float64
-	// ReplicaProcs is the replica's GOMAXPROCS (0: the machine's).
-	ReplicaProcs int
-	// Profile and GeneratorProfile, when set, are CPU profiles of the
-	// replica and of the generator while the engines churn.
-	Profile, GeneratorProfile string
+	// Profile, when set, is a CPU profile of the replica while the engines
+	// churn.
+	Profile string
 }
 
 // LagResult is what the lag benchmark measured: the time from an engine
@@ -80,7 +78,6 @@ type lagGenOpts struct {
 	Rate     float64 `json:"rate"`
 	Batches  int     `json:"batches"`
 	WarmRate float64 `json:"warm_rate"`
-	Profile  string  `json:"profile,omitempty"`
 }
 
 type lagReady struct {
@@ -105,7 +102,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 		return nil, err
 	}
 	batches := int(o.Rate * o.Duration.Seconds() / blocksPerBatch(w))
-	gen, err := startChild(ctx, "lag-gen", lagGenOpts{Pods: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, Profile: o.GeneratorProfile})
+	gen, err := startChild(ctx, "lag-gen", lagGenOpts{Pods: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate})
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +111,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
 	}
-	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, replicaEnv(o.ReplicaProcs)...)
+	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile})
 	if err != nil {
 		return nil, err
 	}
@@ -220,19 +217,12 @@ func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Repor
 	if err := in.Wait(ctx, "go"); err != nil {
 		return err
 	}
-	stopProfile := func() {}
-	if o.Profile != "" {
-		if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
-			return err
-		}
-	}
 	before, err := agentLag(agents)
 	if err != nil {
 		return err
 	}
 	cpu0, t0 := proc.SelfCPU(), time.Now()
 	blocks, err := playEngines(ctx, es, o.Batches, o.Rate)
-	stopProfile()
 	if err != nil {
 		return err
 	}

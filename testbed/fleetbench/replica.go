@@ -110,11 +110,15 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		so.Applied = lag.observe
 	}
 	src := natsbus.NewSource(nc, set, so)
-	stopProfile := func() {}
-	if o.Profile != "" && o.Mode == "sync" {
-		if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
-			return err
-		}
+	// The profile is of the measured phase: the sync until every worker
+	// is live, or, ingesting or lagging, what follows.
+	during, after := "", o.Profile
+	if o.Mode == "sync" {
+		during, after = o.Profile, ""
+	}
+	stopProfile, err := proc.StartCPUProfile(during)
+	if err != nil {
+		return err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -151,13 +155,11 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		return err
 	}
 	base := problems(src)
+	if stopProfile, err = proc.StartCPUProfile(after); err != nil {
+		return err
+	}
 	switch o.Mode {
 	case "ingest":
-		if o.Profile != "" {
-			if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
-				return err
-			}
-		}
 		r, err := measureIngest(ctx, set, o.Blocks, proc.SelfCPU())
 		stopProfile()
 		if err != nil {
@@ -168,11 +170,6 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 			return err
 		}
 	case "lag":
-		if o.Profile != "" {
-			if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
-				return err
-			}
-		}
 		lag.start(blocksOf(set))
 		err := in.Wait(ctx, "stop")
 		stopProfile()

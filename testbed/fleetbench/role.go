@@ -53,15 +53,6 @@ func RunRole(ctx context.Context, name, opts string, in io.Reader, out io.Writer
 		return fmt.Errorf("fleetbench: unknown role %q", name)
 	}
 	rep := &Reporter{w: out}
-	// KVFLEETBENCH_PROFILE_<ROLE> (dashes as underscores) profiles a
-	// whole role, set-up included.
-	if path := os.Getenv("KVFLEETBENCH_PROFILE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))); path != "" {
-		stop, err := proc.StartCPUProfile(path)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
 	err := r(ctx, json.RawMessage(opts), newCommands(in), rep)
 	if err != nil {
 		_ = rep.Send("error", struct {

@@ -22,14 +22,9 @@ type SyncOptions struct {
 	// CacheDir keeps the generator's recorded snapshots between runs
 	// ("": record them every run).
 	CacheDir string
-	// ReplicaProcs is the replica's GOMAXPROCS (0: the machine's).
-	ReplicaProcs int
 	// Profile, when set, is a CPU profile of the replica from its start
 	// to all workers live.
 	Profile string
-	// GeneratorProfile, when set, is a CPU profile of the generator
-	// while the replica syncs.
-	GeneratorProfile string
 	// SnapshotConcurrency is passed to the replica's Source (0: default).
 	SnapshotConcurrency int
 	// Target is the goal for the time to all live.
@@ -84,7 +79,6 @@ type syncGenOpts struct {
 	Seed     uint64 `json:"seed"`
 	CacheDir string `json:"cache_dir"`
 	Procs    int    `json:"procs"`
-	Profile  string `json:"profile,omitempty"`
 }
 
 type syncReady struct {
@@ -111,11 +105,8 @@ type floorReport struct {
 // is registered.
 func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	res := &SyncResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
-	procs := o.ReplicaProcs
-	if procs <= 0 {
-		procs = runtime.NumCPU()
-	}
-	gen, err := startChild(ctx, "sync-gen", syncGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs, Profile: o.GeneratorProfile})
+	procs := runtime.NumCPU()
+	gen, err := startChild(ctx, "sync-gen", syncGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs})
 	if err != nil {
 		return nil, err
 	}
@@ -220,9 +211,6 @@ func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Rep
 	if err := out.Send("ready", r); err != nil {
 		return err
 	}
-	stopProfile := func() {}
-	defer func() { stopProfile() }()
-	cpus := 0
 	for {
 		var cmd string
 		select {
@@ -236,14 +224,6 @@ func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Rep
 		}
 		switch cmd {
 		case "cpu":
-			// The first "cpu" starts the sync, the second ends it.
-			if cpus++; cpus == 1 && o.Profile != "" {
-				if stopProfile, err = proc.StartCPUProfile(o.Profile); err != nil {
-					return err
-				}
-			} else if cpus == 2 {
-				stopProfile()
-			}
 			if err := out.Send("cpu", cpuReport{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
 				return err
 			}

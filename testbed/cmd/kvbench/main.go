@@ -79,13 +79,11 @@ func newRoot() *cobra.Command {
 			if serve {
 				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission)
 			}
-			if cpuprofile != "" {
-				stopProfile, err := proc.StartCPUProfile(cpuprofile)
-				if err != nil {
-					return err
-				}
-				defer stopProfile()
+			stopProfile, err := proc.StartCPUProfile(cpuprofile)
+			if err != nil {
+				return err
 			}
+			defer stopProfile()
 			rep, err := loadgen.Bench(ctx, opts)
 			if err != nil {
 				return err
@@ -132,13 +130,11 @@ func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, lis
 		return err
 	}
 	defer e.Close()
-	if cpuprofile != "" {
-		stopProfile, err := proc.StartCPUProfile(cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer stopProfile()
+	stopProfile, err := proc.StartCPUProfile(cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", shape, e.Addr, loadgen.CurrentRuntime())
 	e.Wait(ctx)
 	return nil

@@ -61,7 +61,6 @@ func newIngest() *cobra.Command {
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
 	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all agents together (open loop)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "about how long to publish (whole laps of every worker's ring)")
-	f.IntVar(&o.ReplicaProcs, "replica-procs", 0, "the replica's GOMAXPROCS (0: 1)")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while it ingests")
 	return cmd
 }
@@ -74,9 +73,7 @@ func newSync() *cobra.Command {
 	f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
 	f.StringVar(&o.CacheDir, "cache-dir", "", "keep the generator's snapshots here between runs")
-	f.IntVar(&o.ReplicaProcs, "replica-procs", 0, "the replica's GOMAXPROCS (0: every core)")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica until all workers are live")
-	f.StringVar(&o.GeneratorProfile, "generator-cpuprofile", "", "CPU profile of the generator (agents and nats-server) while the replica syncs")
 	f.IntVar(&o.SnapshotConcurrency, "snapshot-concurrency", 0, "the replica's concurrent snapshot loads (0: its default)")
 	return cmd
 }
@@ -91,9 +88,7 @@ func newLag() *cobra.Command {
 	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all engines together (open loop)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the engines churn")
 	f.Float64Var(&o.WarmRate, "warm-rate", o.WarmRate, "new blocks a second of the warm-up lap")
-	f.IntVar(&o.ReplicaProcs, "replica-procs", 0, "the replica's GOMAXPROCS (0: every core)")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while the engines churn")
-	f.StringVar(&o.GeneratorProfile, "generator-cpuprofile", "", "CPU profile of the generator (engines, agents, nats-server) while the engines churn")
 	return cmd
 }
 
