@@ -3,7 +3,6 @@ package fleetbench
 import (
 	"context"
 	"fmt"
-	"io"
 	"runtime"
 	"time"
 
@@ -186,16 +185,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 		if err != nil {
 			return 0, err
 		}
-		segs := rec.Segments
-		var seg indexer.SnapshotSegment
-		if err := w.Restore(func() (*indexer.SnapshotSegment, error) {
-			if len(segs) == 0 {
-				return nil, io.EOF
-			}
-			b := segs[0]
-			segs = segs[1:]
-			return &seg, seg.UnmarshalBinary(b)
-		}); err != nil {
+		if err := rec.restore(w, new(indexer.SnapshotSegment)); err != nil {
 			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
 		}
 		ws[i] = w

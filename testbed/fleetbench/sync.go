@@ -3,7 +3,6 @@ package fleetbench
 import (
 	"context"
 	"fmt"
-	"io"
 	"runtime"
 	"sync"
 	"time"
@@ -269,15 +268,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 					errs <- err
 					return
 				}
-				segs := recs[i].Segments
-				err = w.Restore(func() (*indexer.SnapshotSegment, error) {
-					if len(segs) == 0 {
-						return nil, io.EOF
-					}
-					b := segs[0]
-					segs = segs[1:]
-					return &seg, seg.UnmarshalBinary(b)
-				})
+				err = recs[i].restore(w, &seg)
 				ws[i] = w
 				if err != nil {
 					errs <- err
