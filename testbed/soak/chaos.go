@@ -19,19 +19,13 @@ func (r *runner) runEngine(ctx context.Context, e *Engine, i int) {
 	case <-ctx.Done():
 		return
 	}
-	t := time.NewTicker(r.opts.StepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, r.opts.StepInterval, func(int) bool {
 		if err := e.Step(); err != nil {
 			r.fail.Add("engine_error", "%v", err)
-			return
+			return false
 		}
-	}
+		return true
+	})
 }
 
 // action is one scheduled restart.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -154,10 +155,7 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 	r.record(process, ws, nil)
 	r.checkWorkerList(ws, "checkpoint "+name)
 	r.mu.Lock()
-	restarts := make(map[events.WorkerRef]int, len(r.restarts))
-	for k, v := range r.restarts {
-		restarts[k] = v
-	}
+	restarts := maps.Clone(r.restarts)
 	r.mu.Unlock()
 	for _, w := range ws {
 		if e := r.byRef[refOf(w)]; e != nil {
@@ -475,18 +473,12 @@ func (r *runner) saveWrong(name string, from *Engine, model string, pc promptCas
 }
 
 func (r *runner) runCheckpoints(ctx context.Context) {
-	t := time.NewTicker(r.opts.CheckpointEvery)
-	defer t.Stop()
-	for n := 1; ; n++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, r.opts.CheckpointEvery, func(i int) bool {
 		r.chaos.Lock()
 		if ctx.Err() == nil && !r.isAborted() {
-			r.checkpoint(ctx, fmt.Sprint(n))
+			r.checkpoint(ctx, fmt.Sprint(i+1))
 		}
 		r.chaos.Unlock()
-	}
+		return true
+	})
 }

@@ -272,3 +272,20 @@ func (r *runner) abort() {
 	r.aborted = true
 	r.mu.Unlock()
 }
+
+// every calls f every d, counting its calls from 0, until ctx is done or
+// f returns false.
+func every(ctx context.Context, d time.Duration, f func(i int) bool) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !f(i) {
+			return
+		}
+	}
+}

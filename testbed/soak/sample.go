@@ -12,16 +12,10 @@ import (
 // runSampler samples the daemon every SampleEvery: VmRSS, go_goroutines,
 // /metrics and ListWorkers (checked on the spot).
 func (r *runner) runSampler(ctx context.Context) {
-	t := time.NewTicker(r.opts.SampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, r.opts.SampleEvery, func(int) bool {
 		r.sampleOnce(ctx)
-	}
+		return true
+	})
 }
 
 func (r *runner) sampleOnce(ctx context.Context) {
