@@ -195,7 +195,7 @@ func TestGridCommand(t *testing.T) {
 // TestREADMEListsEveryCommand: the README's architecture table names
 // every kvsim subcommand, and no other.
 func TestREADMEListsEveryCommand(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
