@@ -103,6 +103,31 @@ func (p *Process) Stopping() bool {
 	return p.stopping
 }
 
+// WaitReady calls ready (with a second to answer) every 100 ms until it
+// returns nil, and fails when the process exits first, ctx ends or
+// timeout passes, with ready's last error.
+func (p *Process) WaitReady(ctx context.Context, timeout time.Duration, ready func(context.Context) error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := ready(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("proc: %s exited before it was ready: %v (last %w)", p.Name, p.Err(), err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("proc: %s not ready within %v: %w", p.Name, timeout, err)
+		}
+	}
+}
+
 // Wait waits up to timeout for the process to exit and returns its exit
 // error; past timeout it kills the process and says so.
 func (p *Process) Wait(timeout time.Duration) error {

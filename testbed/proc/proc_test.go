@@ -1,6 +1,8 @@
 package proc
 
 import (
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,5 +94,36 @@ func TestParseStatCPU(t *testing.T) {
 	}
 	if _, err := CPU(os.Getpid()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// WaitReady returns once ready succeeds, and fails naming the cause when
+// the process exits first or the timeout passes.
+func TestWaitReady(t *testing.T) {
+	p, err := Start("sleeper", exec.Command("sleep", "60"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	calls := 0
+	err = p.WaitReady(t.Context(), 10*time.Second, func(context.Context) error {
+		if calls++; calls < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("ready on the third call: %v after %d", err, calls)
+	}
+	notYet := func(context.Context) error { return errors.New("not yet") }
+	if err := p.WaitReady(t.Context(), 150*time.Millisecond, notYet); err == nil || !strings.Contains(err.Error(), "not ready within") {
+		t.Fatalf("past the timeout: %v", err)
+	}
+	q, err := Start("quitter", exec.Command("/bin/sh", "-c", "exit 2"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.WaitReady(t.Context(), 10*time.Second, notYet); err == nil || !strings.Contains(err.Error(), "exited before it was ready") || !strings.Contains(err.Error(), "exit status 2") {
+		t.Fatalf("exited: %v", err)
 	}
 }

@@ -56,25 +56,14 @@ func (r *runner) logPath(n int) string {
 // waitReady waits until the current daemon answers ListWorkers.
 func (r *runner) waitReady(ctx context.Context, timeout time.Duration) error {
 	c, n := r.currentChild()
-	deadline := time.Now().Add(timeout)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := r.client.ListWorkers(cctx, &kvindexv1.ListWorkersRequest{})
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-c.Done():
-			return fmt.Errorf("soak: daemon process %d exited before answering: %v (log %s)", n, c.Err(), r.logPath(n))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("soak: daemon process %d did not answer ListWorkers within %v: %w (log %s)", n, timeout, err, r.logPath(n))
-		}
+	err := c.WaitReady(ctx, timeout, func(ctx context.Context) error {
+		_, err := r.client.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("soak: ListWorkers: %w (log %s)", err, r.logPath(n))
 	}
+	return nil
 }
 
 // stopDaemon stops the current daemon with sig, checks how it ended and
