@@ -43,9 +43,39 @@ const (
 func Run(ctx context.Context, w io.Writer, opts Options) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	base, err := netutil.FreePorts(4)
+	r, stop, err := start(ctx, w, opts)
 	if err != nil {
 		return err
+	}
+	defer stop()
+	fmt.Fprintf(w, "kvindex demo: daemon on %s (gRPC), metrics on http://%s/metrics\n", r.d.GRPCAddr(), r.d.MetricsAddr())
+	fmt.Fprintf(w, "4 simulated vLLM workers (vllm-a, vllm-b with 2 DP ranks, vllm-c) publish KV events over ZMQ; model %s, %d-token blocks\n\n", model, blockSize)
+	r.scenario()
+	if r.err != nil {
+		return r.err
+	}
+	fmt.Fprintf(w, "demo finished: every answer matched the scenario. Try `kvindex serve` and `kvindexctl` next (see README).\n")
+	return nil
+}
+
+// start binds the simulated engines (first, as vLLM's publishers do),
+// starts the daemon on a configuration of free loopback ports, waits until
+// it has subscribed to every engine and dials it; stop undoes all of it.
+func start(ctx context.Context, w io.Writer, opts Options) (r *run, stop func(), err error) {
+	var closers []func()
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	base, err := netutil.FreePorts(4)
+	if err != nil {
+		return nil, nil, err
 	}
 	endpoint := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
 	cfg := &config.Config{
@@ -60,15 +90,13 @@ func Run(ctx context.Context, w io.Writer, opts Options) error {
 	}
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("demo: config: %w", err)
+		return nil, nil, fmt.Errorf("demo: config: %w", err)
 	}
 	log := slog.New(slog.DiscardHandler)
 	if opts.Verbose {
 		log = daemon.NewLogger(cfg.Log, os.Stderr)
 	}
-
-	// Simulated engines bind first, as vLLM's publishers do.
-	engines := map[string]*engine{}
+	r = &run{ctx: ctx, w: w, engines: map[string]*engine{}}
 	for i, ref := range []events.WorkerRef{{Pod: "vllm-a"}, {Pod: "vllm-b"}, {Pod: "vllm-b", DPRank: 1}, {Pod: "vllm-c"}} {
 		name := ref.String()
 		pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{
@@ -78,109 +106,78 @@ func Run(ctx context.Context, w io.Writer, opts Options) error {
 			Bind:     true,
 		})
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		defer pub.Close()
-		engines[name] = &engine{name: name, ref: ref, pub: pub, hashBase: uint64(i+1) << 40}
+		closers = append(closers, func() { pub.Close() })
+		r.engines[name] = &engine{name: name, ref: ref, pub: pub, hashBase: uint64(i+1) << 40}
 	}
-
-	d, err := daemon.New(cfg, log)
-	if err != nil {
-		return err
+	if r.d, err = daemon.New(cfg, log); err != nil {
+		return nil, nil, err
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	defer func() { stop(); <-done }()
-
-	for _, e := range engines {
+	go func() { done <- r.d.Run(runCtx) }()
+	closers = append(closers, func() { cancel(); <-done })
+	for _, e := range r.engines {
 		if err := e.pub.WaitForSubscribers(ctx, 1); err != nil {
-			return fmt.Errorf("demo: %s: %w", e.name, err)
+			return nil, nil, fmt.Errorf("demo: %s: %w", e.name, err)
 		}
 	}
-	client, err := api.Dial(ctx, d.GRPCAddr())
-	if err != nil {
-		return err
+	if r.c, err = api.Dial(ctx, r.d.GRPCAddr()); err != nil {
+		return nil, nil, err
 	}
-	defer client.Close()
-	r := &run{ctx: ctx, w: w, d: d, c: client, engines: engines}
+	closers = append(closers, func() { r.c.Close() })
+	return r, stop, nil
+}
 
-	fmt.Fprintf(w, "kvindex demo: daemon on %s (gRPC), metrics on http://%s/metrics\n", d.GRPCAddr(), d.MetricsAddr())
-	fmt.Fprintf(w, "4 simulated vLLM workers (vllm-a, vllm-b with 2 DP ranks, vllm-c) publish KV events over ZMQ; model %s, %d-token blocks\n\n", model, blockSize)
-
+// scenario plays the demo's story and checks every answer; the first
+// failure ends it, in r.err.
+func (r *run) scenario() {
 	system := tokens("You are a helpful assistant. Answer precisely.", 32*blockSize) // a 512-token system prompt
 	q1 := tokens("How do I reverse a linked list?", 6*blockSize+7)
 	q2 := tokens("Write a SQL query for monthly revenue.", 4*blockSize)
 	q3 := tokens("Explain the CAP theorem.", 5*blockSize)
 
 	r.step("Engines cache prompts they served (BlockStored):")
-	a := engines["vllm-a/0"]
+	a := r.engines["vllm-a/0"]
 	sysA := a.store(r, nil, system, "") // system prompt ...
 	a.store(r, sysA, q1, "")            // ... then the conversation, chained by parent hash
-	engines["vllm-b/0"].store(r, nil, system, "")
-	engines["vllm-b/1"].store(r, nil, append(append([]uint32{}, system...), q2...), lora)
-	engines["vllm-c/0"].store(r, nil, q3, "")
-	if err := r.err; err != nil {
-		return err
+	r.engines["vllm-b/0"].store(r, nil, system, "")
+	r.engines["vllm-b/1"].store(r, nil, append(append([]uint32{}, system...), q2...), lora)
+	r.engines["vllm-c/0"].store(r, nil, q3, "")
+	if r.err == nil {
+		fmt.Fprintln(r.w)
 	}
-	fmt.Fprintln(w)
-	if err := r.workers(); err != nil {
-		return err
-	}
+	r.workers()
 
 	prompt1 := append(append(append([]uint32{}, system...), q1...), tokens("And in Go?", 20)...)
 	prompt2 := append(append([]uint32{}, system...), q3...)
 	prompt3 := append(append([]uint32{}, system...), q2...)
-	expect := func(name string, req *kvindexv1.ScoreRequest, want map[string]int) error {
-		return r.score(name, req, want)
-	}
-	if err := expect("follow-up in vllm-a's conversation", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt1},
-		map[string]int{"vllm-a/0": 38, "vllm-b/0": 32}); err != nil {
-		return err
-	}
-	if err := expect("new question after the shared system prompt", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt2},
-		map[string]int{"vllm-a/0": 32, "vllm-b/0": 32}); err != nil {
-		return err
-	}
-	if err := expect("the SQL prompt on the sql-adapter LoRA", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt3, LoraName: lora},
-		map[string]int{"vllm-b/1": 36}); err != nil {
-		return err
-	}
-	if err := expect("the same SQL prompt on the base model (LoRA blocks never match it)", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt3},
-		map[string]int{"vllm-a/0": 32, "vllm-b/0": 32}); err != nil {
-		return err
-	}
+	r.score("follow-up in vllm-a's conversation", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt1},
+		map[string]int{"vllm-a/0": 38, "vllm-b/0": 32})
+	r.score("new question after the shared system prompt", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt2},
+		map[string]int{"vllm-a/0": 32, "vllm-b/0": 32})
+	r.score("the SQL prompt on the sql-adapter LoRA", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt3, LoraName: lora},
+		map[string]int{"vllm-b/1": 36})
+	r.score("the same SQL prompt on the base model (LoRA blocks never match it)", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt3},
+		map[string]int{"vllm-a/0": 32, "vllm-b/0": 32})
 
 	r.step("vllm-a evicts block 10 of the system prompt (BlockRemoved):")
 	a.remove(r, a.hashes[10])
-	if err := expect("the follow-up again: vllm-a's prefix now stops at block 10", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt1},
-		map[string]int{"vllm-a/0": 10, "vllm-b/0": 32}); err != nil {
-		return err
-	}
+	r.score("the follow-up again: vllm-a's prefix now stops at block 10", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt1},
+		map[string]int{"vllm-a/0": 10, "vllm-b/0": 32})
 
 	r.step("vllm-b rank 0 restarts (its seq starts again at 0) and caches a different prompt:")
-	b0 := engines["vllm-b/0"]
+	b0 := r.engines["vllm-b/0"]
 	b0.pub.SetSeq(0)
 	b0.store(r, nil, q3, "")
-	if err := expect("the follow-up: the restarted worker's old blocks are gone", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt1},
-		map[string]int{"vllm-a/0": 10}); err != nil {
-		return err
-	}
+	r.score("the follow-up: the restarted worker's old blocks are gone", &kvindexv1.ScoreRequest{Model: model, TokenIds: prompt1},
+		map[string]int{"vllm-a/0": 10})
 	r.step("vllm-c resets its prefix cache (AllBlocksCleared):")
-	c := engines["vllm-c/0"]
-	c.publish(r, events.Event{Kind: events.KindAllBlocksCleared})
-	if err := expect("q3 alone: only the restarted vllm-b/0 holds it now", &kvindexv1.ScoreRequest{Model: model, TokenIds: q3},
-		map[string]int{"vllm-b/0": 5}); err != nil {
-		return err
-	}
-	if r.err != nil {
-		return r.err
-	}
-	if err := r.workers(); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "demo finished: every answer matched the scenario. Try `kvindex serve` and `kvindexctl` next (see README).\n")
-	return nil
+	r.engines["vllm-c/0"].publish(r, events.Event{Kind: events.KindAllBlocksCleared})
+	r.score("q3 alone: only the restarted vllm-b/0 holds it now", &kvindexv1.ScoreRequest{Model: model, TokenIds: q3},
+		map[string]int{"vllm-b/0": 5})
+	r.workers()
 }
 
 // run carries the demo's state between steps.
@@ -193,13 +190,21 @@ type run struct {
 	err     error
 }
 
-func (r *run) step(s string) { fmt.Fprintf(r.w, "== %s\n", s) }
+func (r *run) step(s string) {
+	if r.err == nil {
+		fmt.Fprintf(r.w, "== %s\n", s)
+	}
+}
 
 // workers prints ListWorkers as a table.
-func (r *run) workers() error {
+func (r *run) workers() {
+	if r.err != nil {
+		return
+	}
 	resp, err := r.c.ListWorkers(r.ctx, &kvindexv1.ListWorkersRequest{})
 	if err != nil {
-		return fmt.Errorf("demo: ListWorkers: %w", err)
+		r.err = fmt.Errorf("demo: ListWorkers: %w", err)
+		return
 	}
 	fmt.Fprintf(r.w, "\nWorkers (ListWorkers over gRPC, as `kvindexctl workers` shows them):\n")
 	tw := tabwriter.NewWriter(r.w, 2, 4, 2, ' ', 0)
@@ -211,12 +216,17 @@ func (r *run) workers() error {
 	}
 	tw.Flush()
 	fmt.Fprintln(r.w)
-	return nil
 }
 
 // score asks the daemon, prints the answer and checks it against want
 // (worker -> matched blocks; absent workers must not match).
-func (r *run) score(title string, req *kvindexv1.ScoreRequest, want map[string]int) error {
+func (r *run) score(title string, req *kvindexv1.ScoreRequest, want map[string]int) {
+	if r.err == nil {
+		r.err = r.checkScore(title, req, want)
+	}
+}
+
+func (r *run) checkScore(title string, req *kvindexv1.ScoreRequest, want map[string]int) error {
 	resp, err := r.c.Score(r.ctx, req)
 	if err != nil {
 		return fmt.Errorf("demo: Score %q: %w", title, err)
@@ -269,6 +279,9 @@ type engine struct {
 // store announces the full blocks of toks chained after parent (nil for the
 // start of a sequence) and returns the new blocks' hashes.
 func (e *engine) store(r *run, parent []uint64, toks []uint32, loraName string) []uint64 {
+	if r.err != nil {
+		return nil
+	}
 	n := len(toks) / blockSize
 	hs := make([]uint64, n)
 	for i := range hs {
@@ -292,6 +305,9 @@ func (e *engine) store(r *run, parent []uint64, toks []uint32, loraName string) 
 }
 
 func (e *engine) remove(r *run, hashes ...uint64) {
+	if r.err != nil {
+		return
+	}
 	e.publish(r, events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes, MediumName: "GPU"})
 	fmt.Fprintf(r.w, "  %-9s BlockRemoved  %3d block(s)\n\n", e.name, len(hashes))
 }

@@ -2,9 +2,7 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // AgentOptions configure the agent benchmark: the kvindex agent binary
@@ -84,7 +83,7 @@ type enginesDone struct {
 // nats-server and the pod's engine, an enginepub.Publisher) and the
 // kvindex agent binary, configured as a deployment configures it.
 func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
-	res := &AgentResult{LoadBefore: loadAvg()}
+	res := &AgentResult{LoadBefore: proc.LoadAvg()[0]}
 	bin, err := agentBinary(o.Binary)
 	if err != nil {
 		return nil, err
@@ -102,7 +101,7 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready enginesReady
 	if _, err := gen.await("ready", &ready, time.Minute); err != nil {
 		return nil, err
@@ -116,21 +115,17 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	if err := os.WriteFile(cfgPath, []byte(ready.Config), 0o600); err != nil {
 		return nil, fmt.Errorf("fleetbench: agent: %w", err)
 	}
-	agent := exec.CommandContext(ctx, bin, "agent", "--config", cfgPath, "--log-level", "warn")
-	agent.Stdout, agent.Stderr = os.Stderr, os.Stderr
+	cmd := exec.Command(bin, "agent", "--config", cfgPath, "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if o.Procs > 0 {
-		agent.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.Procs))
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.Procs))
 	}
-	agent.Cancel = func() error { return agent.Process.Signal(syscall.SIGTERM) }
-	agent.WaitDelay = 10 * time.Second
-	if err := agent.Start(); err != nil {
-		return nil, fmt.Errorf("fleetbench: agent: start %s: %w", bin, err)
+	agent, err := proc.Start("kvindex agent", cmd, "")
+	if err != nil {
+		return nil, err
 	}
-	defer func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-	}()
-	pid := agent.Process.Pid
+	defer func() { _ = agent.Stop(syscall.SIGTERM, 10*time.Second) }()
+	pid := agent.Pid()
 	if _, err := gen.await("subscribed", nil, time.Minute); err != nil {
 		return nil, err
 	}
@@ -145,24 +140,26 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 		return nil, ctx.Err()
 	case <-time.After(o.Settle):
 	}
-	cpu0, err := procCPU(pid)
+	cpu0, err := proc.CPU(pid)
 	if err != nil {
 		return nil, err
 	}
-	busy0, t0 := busyCPU(), time.Now()
+	busy0, t0 := proc.BusyCPU(), time.Now()
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-time.After(o.Duration):
 	}
-	cpu1, err := procCPU(pid)
+	cpu1, err := proc.CPU(pid)
 	if err != nil {
 		return nil, err
 	}
-	busy1, wall := busyCPU(), time.Since(t0)
-	if res.RSS, res.PeakRSS, err = procMem(pid); err != nil {
+	busy1, wall := proc.BusyCPU(), time.Since(t0)
+	mem, err := proc.Mem(pid)
+	if err != nil {
 		return nil, err
 	}
+	res.RSS, res.PeakRSS = mem.RSS, mem.Peak
 	res.CPU = (cpu1 - cpu0).Seconds() / wall.Seconds()
 	var done enginesDone
 	if _, err := gen.await("done", &done, time.Minute); err != nil {
@@ -179,7 +176,7 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	if err := gen.finish(time.Minute); err != nil {
 		return nil, err
 	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
@@ -234,7 +231,7 @@ func agentFloor(w *Workload) (time.Duration, int64, error) {
 	var d indexer.Delta
 	var wire events.Delta
 	blocks := 0
-	cpu0 := cpuTime()
+	cpu0 := proc.SelfCPU()
 	for range 2 {
 		for i, p := range payloads {
 			if err := dec.Decode(p, &b); err != nil {
@@ -249,14 +246,10 @@ func agentFloor(w *Workload) (time.Duration, int64, error) {
 			blocks += w.Stored[i]
 		}
 	}
-	return (cpuTime() - cpu0) / time.Duration(blocks), wk.Stats().ResidentBlocks, nil
+	return (proc.SelfCPU() - cpu0) / time.Duration(blocks), wk.Stats().ResidentBlocks, nil
 }
 
-func runEnginesGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o enginesGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: engines generator options: %w", err)
-	}
+func runEnginesGenerator(ctx context.Context, o enginesGenOpts, in *Commands, out *Reporter) error {
 	ns, err := startNATS()
 	if err != nil {
 		return err
@@ -302,8 +295,5 @@ func runEnginesGenerator(ctx context.Context, raw json.RawMessage, in *Commands,
 	if err := out.Send("done", enginesDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds()}); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
-		return err
-	}
-	return nil
+	return in.Exit(ctx)
 }

@@ -28,18 +28,20 @@ type fixedAgents struct {
 	conns   []*nats.Conn
 	agents  []*natsbus.Agent
 	workers []*fixedWorker
+	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 }
 
 // startAgents starts one agent per recorded worker against url, each
 // registered (the bucket's entries written) when it returns; their
-// heartbeats run until ctx ends.
+// heartbeats run until stop or ctx ends.
 func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize int) (*fixedAgents, error) {
 	fa := &fixedAgents{}
+	ctx, fa.cancel = context.WithCancel(ctx)
 	for i, rec := range recs {
 		nc, err := connect(url, "kvfleetbench agent "+podName(i))
 		if err != nil {
-			fa.close()
+			fa.stop()
 			return nil, err
 		}
 		fa.conns = append(fa.conns, nc)
@@ -47,7 +49,7 @@ func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize in
 		a, err := natsbus.NewAgent(ctx, nc, natsbus.AgentOptions{Model: benchModel, BlockSize: blockSize, KeyScheme: indexer.KeyScheme,
 			Pod: podName(i), Version: "kvfleetbench"}, map[int]natsbus.LocalWorker{0: fw})
 		if err != nil {
-			fa.close()
+			fa.stop()
 			return nil, fmt.Errorf("fleetbench: agent %d: %w", i, err)
 		}
 		fa.agents = append(fa.agents, a)
@@ -70,14 +72,10 @@ func (fa *fixedAgents) digests() map[string]string {
 	return m
 }
 
-// wait waits for the agents' Run to end (their context done) and closes
-// the connections.
-func (fa *fixedAgents) wait() {
+// stop ends the agents' Run and closes their connections.
+func (fa *fixedAgents) stop() {
+	fa.cancel()
 	fa.wg.Wait()
-	fa.close()
-}
-
-func (fa *fixedAgents) close() {
 	for _, nc := range fa.conns {
 		nc.Close()
 	}

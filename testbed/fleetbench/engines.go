@@ -3,11 +3,11 @@ package fleetbench
 import (
 	"context"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
@@ -29,9 +29,9 @@ type engine struct {
 // startEngines starts n engines of shape (seeds seed, seed+1, ...) on
 // free loopback ports.
 func startEngines(n int, shape Shape, seed uint64) ([]*engine, error) {
-	ports, err := freePorts(2 * n)
+	base, err := netutil.FreePorts(2 * n)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fleetbench: %w", err)
 	}
 	var es []*engine
 	for i := range n {
@@ -41,7 +41,7 @@ func startEngines(n int, shape Shape, seed uint64) ([]*engine, error) {
 			return nil, err
 		}
 		e := &engine{pod: podName(i), w: w,
-			endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", ports[2*i]), replay: fmt.Sprintf("tcp://127.0.0.1:%d", ports[2*i+1])}
+			endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+2*i), replay: fmt.Sprintf("tcp://127.0.0.1:%d", base+2*i+1)}
 		if e.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: e.endpoint, Bind: true, ReplayEndpoint: e.replay}); err != nil {
 			closeEngines(es)
 			return nil, fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
@@ -111,26 +111,6 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 		}
 	}
 	return nil
-}
-
-// freePorts returns n loopback TCP ports free when it returns.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("fleetbench: free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // agentConfig is the kvindex agent configuration of engine e's pod

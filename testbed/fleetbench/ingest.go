@@ -2,14 +2,13 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"runtime"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // IngestOptions configure the ingest benchmark: agents publishing their
@@ -21,8 +20,6 @@ type IngestOptions struct {
 	Seed     uint64
 	Rate     float64
 	Duration time.Duration
-	// ReplicaProcs is the replica's GOMAXPROCS (0: 1, one core).
-	ReplicaProcs int
 	// Profile, when set, is a CPU profile of the replica while it
 	// ingests.
 	Profile string
@@ -96,7 +93,7 @@ type ingestDone struct {
 // worker, publishing each worker's recorded deltas through
 // natsbus.Agent.Publish) and a replica process.
 func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
-	res := &IngestResult{Workers: o.Workers, LoadBefore: loadAvg()}
+	res := &IngestResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
 	if err != nil {
 		return nil, err
@@ -115,29 +112,25 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	recs = nil
-	procs := o.ReplicaProcs
-	if procs <= 0 {
-		procs = 1
-	}
 	gen, err := startChild(ctx, "ingest-gen", ingestGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds})
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready ingestReady
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
 	}
 	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile},
-		fmt.Sprintf("GOMAXPROCS=%d", procs))
+		replicaEnv(1)...)
 	if err != nil {
 		return nil, err
 	}
-	defer rep.kill()
+	defer rep.Kill()
 	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
 		return nil, err
 	}
-	busy0 := busyCPU()
+	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
 		return nil, err
 	}
@@ -145,7 +138,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if _, err := rep.await("result", &r, 10*time.Minute); err != nil {
 		return nil, err
 	}
-	busy1 := busyCPU()
+	busy1 := proc.BusyCPU()
 	var done ingestDone
 	if _, err := gen.await("done", &done, time.Minute); err != nil {
 		return nil, err
@@ -169,13 +162,10 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		res.Published = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
 	}
 	res.SlowConsumers = done.Slow
-	if err := rep.finish(30 * time.Second); err != nil {
+	if err := finish(gen, rep); err != nil {
 		return nil, err
 	}
-	if err := gen.finish(time.Minute); err != nil {
-		return nil, err
-	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
@@ -195,16 +185,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 		if err != nil {
 			return 0, err
 		}
-		segs := rec.Segments
-		var seg indexer.SnapshotSegment
-		if err := w.Restore(func() (*indexer.SnapshotSegment, error) {
-			if len(segs) == 0 {
-				return nil, io.EOF
-			}
-			b := segs[0]
-			segs = segs[1:]
-			return &seg, seg.UnmarshalBinary(b)
-		}); err != nil {
+		if err := rec.restore(w, new(indexer.SnapshotSegment)); err != nil {
 			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
 		}
 		ws[i] = w
@@ -213,7 +194,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	runtime.GC()
 	n := len(recs[0].Deltas)
 	var blocks int64
-	cpu0 := cpuTime()
+	cpu0 := proc.SelfCPU()
 	apply := func(k, i int) error {
 		blocks += int64(recs[k].Blocks[i])
 		return ws[k].ApplyDelta(&recs[k].Deltas[i])
@@ -237,7 +218,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
 		}
 	}
-	cpu := cpuTime() - cpu0
+	cpu := proc.SelfCPU() - cpu0
 	for k, rec := range recs {
 		if ws[k].Digest() != rec.Digest {
 			return 0, fmt.Errorf("fleetbench: baseline: worker %d's digest differs from its source's", k)
@@ -246,11 +227,7 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	return float64(blocks) / cpu.Seconds(), nil
 }
 
-func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o ingestGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: ingest generator options: %w", err)
-	}
+func runIngestGenerator(ctx context.Context, o ingestGenOpts, in *Commands, out *Reporter) error {
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
 	if err != nil {
 		return err
@@ -260,14 +237,11 @@ func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, 
 		return err
 	}
 	defer ns.close()
-	actx, cancel := context.WithCancel(ctx)
-	fa, err := startAgents(actx, ns.url(), recs, o.Shape.BlockSize)
+	fa, err := startAgents(ctx, ns.url(), recs, o.Shape.BlockSize)
 	if err != nil {
-		cancel()
 		return err
 	}
-	defer fa.wait()
-	defer cancel()
+	defer fa.stop()
 	r := ingestReady{URL: ns.url(), Digests: fa.digests()}
 	for _, rec := range recs {
 		for _, b := range rec.Blocks {
@@ -280,19 +254,16 @@ func runIngestGenerator(ctx context.Context, raw json.RawMessage, in *Commands, 
 	if err := in.Wait(ctx, "go"); err != nil {
 		return err
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := proc.SelfCPU(), time.Now()
 	blocks, err := publishLaps(ctx, fa, o.Rounds, o.Rate)
 	if err != nil {
 		return err
 	}
-	done := ingestDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds(), Slow: ns.slowConsumers()}
+	done := ingestDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: ns.slowConsumers()}
 	if err := out.Send("done", done); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
-		return err
-	}
-	return nil
+	return in.Exit(ctx)
 }
 
 // publishLaps publishes rounds laps of every agent's recorded deltas,

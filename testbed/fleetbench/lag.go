@@ -2,9 +2,7 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
 	"sync"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // LagOptions configure the lag benchmark: Pods engines, each beside its
@@ -29,11 +28,9 @@ type LagOptions struct {
 	// WarmRate is the rate of the warm-up lap that brings every worker to
 	// its steady state before the replica starts.
 	WarmRate float64
-	// ReplicaProcs is the replica's GOMAXPROCS (0: the machine's).
-	ReplicaProcs int
-	// Profile and GeneratorProfile, when set, are CPU profiles of the
-	// replica and of the generator while the engines churn.
-	Profile, GeneratorProfile string
+	// Profile, when set, is a CPU profile of the replica while the engines
+	// churn.
+	Profile string
 }
 
 // LagResult is what the lag benchmark measured: the time from an engine
@@ -81,7 +78,6 @@ type lagGenOpts struct {
 	Rate     float64 `json:"rate"`
 	Batches  int     `json:"batches"`
 	WarmRate float64 `json:"warm_rate"`
-	Profile  string  `json:"profile,omitempty"`
 }
 
 type lagReady struct {
@@ -100,34 +96,30 @@ type lagDone struct {
 // nats-server, the engines and their agents, in process) and a replica
 // process.
 func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, LoadBefore: loadAvg()}
+	res := &LagResult{Pods: o.Pods, LoadBefore: proc.LoadAvg()[0]}
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
 		return nil, err
 	}
 	batches := int(o.Rate * o.Duration.Seconds() / blocksPerBatch(w))
-	gen, err := startChild(ctx, "lag-gen", lagGenOpts{Pods: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, Profile: o.GeneratorProfile})
+	gen, err := startChild(ctx, "lag-gen", lagGenOpts{Pods: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate})
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready lagReady
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
 	}
-	var env []string
-	if o.ReplicaProcs > 0 {
-		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", o.ReplicaProcs))
-	}
-	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, env...)
+	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile})
 	if err != nil {
 		return nil, err
 	}
-	defer rep.kill()
+	defer rep.Kill()
 	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
 		return nil, err
 	}
-	busy0 := busyCPU()
+	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
 		return nil, err
 	}
@@ -147,7 +139,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	if _, err := rep.await("result", &r, time.Minute); err != nil {
 		return nil, err
 	}
-	busy1 := busyCPU()
+	busy1 := proc.BusyCPU()
 	var got digestsReport
 	if _, err := rep.await("digests", &got, time.Minute); err != nil {
 		return nil, err
@@ -161,21 +153,14 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 		res.Rate = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
 	}
 	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
-	if err := rep.finish(30 * time.Second); err != nil {
+	if err := finish(gen, rep); err != nil {
 		return nil, err
 	}
-	if err := gen.finish(time.Minute); err != nil {
-		return nil, err
-	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
-func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o lagGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: lag generator options: %w", err)
-	}
+func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Reporter) error {
 	ns, err := startNATS()
 	if err != nil {
 		return err
@@ -232,23 +217,16 @@ func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out
 	if err := in.Wait(ctx, "go"); err != nil {
 		return err
 	}
-	stopProfile := func() {}
-	if o.Profile != "" {
-		if stopProfile, err = startProfile(o.Profile); err != nil {
-			return err
-		}
-	}
 	before, err := agentLag(agents)
 	if err != nil {
 		return err
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := proc.SelfCPU(), time.Now()
 	blocks, err := playEngines(ctx, es, o.Batches, o.Rate)
-	stopProfile()
 	if err != nil {
 		return err
 	}
-	done := lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}
+	done := lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
 	if err := caughtUp(ctx, es, agents); err != nil {
 		return err
 	}
@@ -269,10 +247,7 @@ func runLagGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out
 	if err := out.Send("digests", d); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "exit"); err != nil && err != io.EOF {
-		return err
-	}
-	return nil
+	return in.Exit(ctx)
 }
 
 // caughtUp waits until every agent has applied its engine's last batch.

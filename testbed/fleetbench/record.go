@@ -2,6 +2,7 @@ package fleetbench
 
 import (
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 
@@ -39,6 +40,20 @@ func (r *Recorded) Bytes() int {
 		n += len(s)
 	}
 	return n
+}
+
+// restore restores w from the snapshot's encoding, as a replica's sink
+// does (UnmarshalBinary into seg, reused, then Worker.Restore).
+func (r *Recorded) restore(w *indexer.Worker, seg *indexer.SnapshotSegment) error {
+	segs := r.Segments
+	return w.Restore(func() (*indexer.SnapshotSegment, error) {
+		if len(segs) == 0 {
+			return nil, io.EOF
+		}
+		b := segs[0]
+		segs = segs[1:]
+		return seg, seg.UnmarshalBinary(b)
+	})
 }
 
 // Record feeds an engine-fed worker of its own index (as an agent's) with

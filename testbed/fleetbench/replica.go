@@ -2,13 +2,9 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +17,7 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 	"github.com/kvindex/kvindex/testbed/loadgen"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // The replica role is kvindex serve's fleet input, as the daemon builds
@@ -98,12 +95,8 @@ type digestsReport struct {
 	Digests map[string]string `json:"digests"`
 }
 
-func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter) error {
 	start := time.Now()
-	var o replicaOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: replica options: %w", err)
-	}
 	nc, err := fleet.Connect(config.NATS{URL: o.URL}, "kvfleetbench replica", nil)
 	if err != nil {
 		return err
@@ -117,11 +110,15 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 		so.Applied = lag.observe
 	}
 	src := natsbus.NewSource(nc, set, so)
-	stopProfile := func() {}
-	if o.Profile != "" && o.Mode == "sync" {
-		if stopProfile, err = startProfile(o.Profile); err != nil {
-			return err
-		}
+	// The profile is of the measured phase: the sync until every worker
+	// is live, or, ingesting or lagging, what follows.
+	during, after := "", o.Profile
+	if o.Mode == "sync" {
+		during, after = o.Profile, ""
+	}
+	stopProfile, err := proc.StartCPUProfile(during)
+	if err != nil {
+		return err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -138,9 +135,9 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 		return err
 	}
 	since := time.Since(start)
-	cpuLive := cpuTime()
+	cpuLive := proc.SelfCPU()
 	stopProfile()
-	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: peakRSS(), Workers: o.Workers}
+	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: proc.SelfPeakRSS(), Workers: o.Workers}
 	for _, st := range src.WorkerStats() {
 		live.Replays += st.Replays
 		live.ReplayFailures += st.ReplayFailures
@@ -158,14 +155,12 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 		return err
 	}
 	base := problems(src)
+	if stopProfile, err = proc.StartCPUProfile(after); err != nil {
+		return err
+	}
 	switch o.Mode {
 	case "ingest":
-		if o.Profile != "" {
-			if stopProfile, err = startProfile(o.Profile); err != nil {
-				return err
-			}
-		}
-		r, err := measureIngest(ctx, set, o.Blocks, cpuTime())
+		r, err := measureIngest(ctx, set, o.Blocks, proc.SelfCPU())
 		stopProfile()
 		if err != nil {
 			return err
@@ -175,11 +170,6 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 			return err
 		}
 	case "lag":
-		if o.Profile != "" {
-			if stopProfile, err = startProfile(o.Profile); err != nil {
-				return err
-			}
-		}
 		lag.start(blocksOf(set))
 		err := in.Wait(ctx, "stop")
 		stopProfile()
@@ -195,11 +185,10 @@ func runReplica(ctx context.Context, raw json.RawMessage, in *Commands, out *Rep
 	if err := out.Send("digests", digestsOf(ix)); err != nil {
 		return err
 	}
-	err = in.Wait(ctx, "exit")
-	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
-		err = nil
+	if err := in.Exit(ctx); !errors.Is(err, context.Canceled) {
+		return err
 	}
-	return err
+	return nil
 }
 
 // waitLive polls until n workers are live (OK: synced and following).
@@ -265,7 +254,7 @@ func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 tim
 			last, idle = b, time.Now()
 		}
 		if b-b0 >= blocks {
-			cpu := cpuTime() - cpu0
+			cpu := proc.SelfCPU() - cpu0
 			return &ingestReport{Blocks: b - b0, Entries: set.entries.Load() - e0, Deltas: set.deltas.Load() - d0,
 				CPUNs: cpu.Nanoseconds(), WallNs: time.Since(t0).Nanoseconds()}, nil
 		}
@@ -284,25 +273,6 @@ func digestsOf(ix *indexer.Index) digestsReport {
 		r.Digests[w.Info().Ref.Pod] = strconv.FormatUint(w.Digest(), 16)
 	}
 	return r
-}
-
-// startProfile starts a CPU profile into path and returns its stop.
-func startProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("fleetbench: profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("fleetbench: profile %s: %w", path, err)
-	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			pprof.StopCPUProfile()
-			_ = f.Close()
-		})
-	}, nil
 }
 
 // countingSet is the replica's worker set with the new blocks, effects
@@ -387,7 +357,7 @@ func (l *lagRecorder) observe(_ events.WorkerRef, d natsbus.AppliedDelta) {
 
 func (l *lagRecorder) start(blocks int64) {
 	l.mu.Lock()
-	l.on, l.t0, l.cpu0, l.blocks = true, time.Now(), cpuTime(), blocks
+	l.on, l.t0, l.cpu0, l.blocks = true, time.Now(), proc.SelfCPU(), blocks
 	l.mu.Unlock()
 }
 
@@ -395,7 +365,7 @@ func (l *lagRecorder) report(blocks int64) *lagReport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.on = false
-	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (cpuTime() - l.cpu0).Nanoseconds(),
+	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - l.cpu0).Nanoseconds(),
 		P50Ns: l.h.Quantile(0.5).Nanoseconds(), P90Ns: l.h.Quantile(0.9).Nanoseconds(), P99Ns: l.h.Quantile(0.99).Nanoseconds(),
 		P999Ns: l.h.Quantile(0.999).Nanoseconds(), MaxNs: l.h.Max().Nanoseconds()}
 	if n := l.h.Count(); n > 0 {

@@ -2,15 +2,14 @@ package fleetbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"runtime"
 	"sync"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // SyncOptions configure the sync benchmark: one replica syncing Workers
@@ -22,14 +21,9 @@ type SyncOptions struct {
 	// CacheDir keeps the generator's recorded snapshots between runs
 	// ("": record them every run).
 	CacheDir string
-	// ReplicaProcs is the replica's GOMAXPROCS (0: the machine's).
-	ReplicaProcs int
 	// Profile, when set, is a CPU profile of the replica from its start
 	// to all workers live.
 	Profile string
-	// GeneratorProfile, when set, is a CPU profile of the generator
-	// while the replica syncs.
-	GeneratorProfile string
 	// SnapshotConcurrency is passed to the replica's Source (0: default).
 	SnapshotConcurrency int
 	// Target is the goal for the time to all live.
@@ -84,7 +78,6 @@ type syncGenOpts struct {
 	Seed     uint64 `json:"seed"`
 	CacheDir string `json:"cache_dir"`
 	Procs    int    `json:"procs"`
-	Profile  string `json:"profile,omitempty"`
 }
 
 type syncReady struct {
@@ -110,16 +103,13 @@ type floorReport struct {
 // precomputed snapshot) and a replica process started once every agent
 // is registered.
 func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
-	res := &SyncResult{Workers: o.Workers, LoadBefore: loadAvg()}
-	procs := o.ReplicaProcs
-	if procs <= 0 {
-		procs = runtime.NumCPU()
-	}
-	gen, err := startChild(ctx, "sync-gen", syncGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs, Profile: o.GeneratorProfile})
+	res := &SyncResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
+	procs := runtime.NumCPU()
+	gen, err := startChild(ctx, "sync-gen", syncGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs})
 	if err != nil {
 		return nil, err
 	}
-	defer gen.kill()
+	defer gen.Kill()
 	var ready syncReady
 	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
 		return nil, err
@@ -132,19 +122,19 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	if _, err := gen.await("cpu", &c0, time.Minute); err != nil {
 		return nil, err
 	}
-	busy0 := busyCPU()
+	busy0 := proc.BusyCPU()
 	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency},
-		fmt.Sprintf("GOMAXPROCS=%d", procs))
+		replicaEnv(procs)...)
 	if err != nil {
 		return nil, err
 	}
-	defer rep.kill()
+	defer rep.Kill()
 	var live liveReport
 	at, err := rep.await("live", &live, 2*time.Minute)
 	if err != nil {
 		return nil, err
 	}
-	busy1 := busyCPU()
+	busy1 := proc.BusyCPU()
 	res.Ready = at.Sub(rep.started)
 	res.ReplicaReady = time.Duration(live.SinceStartNs)
 	res.ReplicaCPU = time.Duration(live.CPUNs)
@@ -179,7 +169,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	if err := gen.finish(time.Minute); err != nil {
 		return nil, err
 	}
-	res.LoadAfter = loadAvg()
+	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
 }
 
@@ -196,11 +186,7 @@ func sameDigests(got, want map[string]string) bool {
 	return true
 }
 
-func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
-	var o syncGenOpts
-	if err := json.Unmarshal(raw, &o); err != nil {
-		return fmt.Errorf("fleetbench: sync generator options: %w", err)
-	}
+func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Reporter) error {
 	recs, err := loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers)
 	if err != nil {
 		return err
@@ -210,14 +196,11 @@ func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, ou
 		return err
 	}
 	defer ns.close()
-	actx, cancel := context.WithCancel(ctx)
-	fa, err := startAgents(actx, ns.url(), recs, o.Shape.BlockSize)
+	fa, err := startAgents(ctx, ns.url(), recs, o.Shape.BlockSize)
 	if err != nil {
-		cancel()
 		return err
 	}
-	defer fa.wait()
-	defer cancel()
+	defer fa.stop()
 	r := syncReady{URL: ns.url(), Digests: fa.digests()}
 	for _, rec := range recs {
 		r.Keys += int64(rec.Keys)
@@ -227,9 +210,6 @@ func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, ou
 	if err := out.Send("ready", r); err != nil {
 		return err
 	}
-	stopProfile := func() {}
-	defer func() { stopProfile() }()
-	cpus := 0
 	for {
 		var cmd string
 		select {
@@ -243,15 +223,7 @@ func runSyncGenerator(ctx context.Context, raw json.RawMessage, in *Commands, ou
 		}
 		switch cmd {
 		case "cpu":
-			// The first "cpu" starts the sync, the second ends it.
-			if cpus++; cpus == 1 && o.Profile != "" {
-				if stopProfile, err = startProfile(o.Profile); err != nil {
-					return err
-				}
-			} else if cpus == 2 {
-				stopProfile()
-			}
-			if err := out.Send("cpu", cpuReport{CPUNs: cpuTime().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
+			if err := out.Send("cpu", cpuReport{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
 				return err
 			}
 		case "floor":
@@ -276,7 +248,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
 		return nil, err
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := proc.SelfCPU(), time.Now()
 	next := make(chan int, len(recs))
 	for i := range recs {
 		next <- i
@@ -296,15 +268,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 					errs <- err
 					return
 				}
-				segs := recs[i].Segments
-				err = w.Restore(func() (*indexer.SnapshotSegment, error) {
-					if len(segs) == 0 {
-						return nil, io.EOF
-					}
-					b := segs[0]
-					segs = segs[1:]
-					return &seg, seg.UnmarshalBinary(b)
-				})
+				err = recs[i].restore(w, &seg)
 				ws[i] = w
 				if err != nil {
 					errs <- err
@@ -314,7 +278,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 		}()
 	}
 	wg.Wait()
-	fl := &floorReport{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (cpuTime() - cpu0).Nanoseconds()}
+	fl := &floorReport{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
 	select {
 	case err := <-errs:
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/nats-io/nats.go"
 )
 
 // WireCase is one measured stream of the wire benchmark.
@@ -82,121 +83,136 @@ func wireCase(ctx context.Context, url, name string, shape Shape) (*WireCase, st
 	if err != nil {
 		return nil, "", err
 	}
-	nc, err := connect(url, "kvfleetbench wire agent")
+	r, err := newWireRig(ctx, url, shape.BlockSize)
 	if err != nil {
 		return nil, "", err
 	}
-	defer nc.Close()
-	sub, err := connect(url, "kvfleetbench wire subscriber")
-	if err != nil {
-		return nil, "", err
-	}
-	defer sub.Close()
-	a, err := natsbus.NewAgent(ctx, nc, natsbus.AgentOptions{Model: benchModel, BlockSize: shape.BlockSize, KeyScheme: indexer.KeyScheme,
-		Pod: podName(0), Version: "kvfleetbench"}, map[int]natsbus.LocalWorker{0: &fixedWorker{rec: &Recorded{}}})
-	if err != nil {
-		return nil, "", err
-	}
-	defer a.Close(ctx)
-	subject := natsbus.DeltaSubject(benchModel, events.WorkerRef{Pod: podName(0)})
-	s, err := sub.SubscribeSync(subject)
-	if err != nil {
-		return nil, "", fmt.Errorf("fleetbench: wire: %w", err)
-	}
-	if err := sub.Flush(); err != nil {
-		return nil, "", fmt.Errorf("fleetbench: wire: %w", err)
-	}
-	ix := indexer.New(indexer.Config{})
-	if _, err := ix.AddModel(benchModel, shape.BlockSize); err != nil {
-		return nil, "", err
-	}
-	wk, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(0)}, Model: benchModel})
-	if err != nil {
-		return nil, "", err
-	}
+	defer r.close(ctx)
 	var f Filler
-	var d indexer.Delta
-	publish := func(b *events.Batch) (int, error) {
-		err := a.Publish(0, 0, b.Timestamp, func(seq uint64, wire *events.Delta) error {
-			d.Reset()
-			d.Seq = seq
-			err := wk.ApplyBatchDelta(b, &d)
-			fleet.ToWire(&d, wire)
-			return err
-		})
-		if err != nil {
-			return 0, fmt.Errorf("fleetbench: wire: %w", err)
-		}
-		m, err := s.NextMsg(5 * time.Second)
-		if err != nil {
-			return 0, fmt.Errorf("fleetbench: wire: %w", err)
-		}
-		return len(m.Data), nil
-	}
 	for i := range w.Len() {
-		if err := wk.ApplyBatch(f.Fill(w, i, 0, 0)); err != nil {
+		if err := r.wk.ApplyBatch(f.Fill(w, i, 0, 0)); err != nil {
 			return nil, "", fmt.Errorf("fleetbench: wire: warm-up: %w", err)
 		}
 	}
 	c := &WireCase{Name: name}
-	framing := func(size int) float64 {
-		return float64(len("PUB ") + len(subject) + 1 + len(strconv.Itoa(size)) + 4)
-	}
 	var mixed, blocks int
-	var stores, removes int
-	var storeBytes, removeBytes, storeWire, removeWire float64
-	for lap := 1; lap <= 2; lap++ {
-		for i := range w.Len() {
-			b := f.Fill(w, i, lap, 1)
-			if lap == 1 {
-				n, err := publish(b)
-				if err != nil {
-					return nil, "", err
-				}
-				mixed += n
-				blocks += w.Stored[i]
-				c.Deltas++
+	// The second lap's batches split in two, their removals (parts[0])
+	// first, as their events come, then their stores (parts[1]).
+	var parts [2]struct{ entries, bytes, wire float64 }
+	for i := range w.Len() {
+		n, err := r.publish(f.Fill(w, i, 1, 1))
+		if err != nil {
+			return nil, "", err
+		}
+		mixed += n
+		blocks += w.Stored[i]
+		c.Deltas++
+	}
+	for i := range w.Len() {
+		var split [2][]events.Event
+		for _, ev := range f.Fill(w, i, 2, 1).Events {
+			k := 1
+			if ev.Kind == events.KindBlockRemoved {
+				k = 0
+			}
+			split[k] = append(split[k], ev)
+		}
+		for k, evs := range split {
+			if len(evs) == 0 {
 				continue
 			}
-			// The batch split in two, its removals first, as its events
-			// come.
-			all := b.Events
-			var rm, st []events.Event
-			for _, ev := range all {
-				if ev.Kind == events.KindBlockRemoved {
-					rm = append(rm, ev)
-				} else {
-					st = append(st, ev)
-				}
+			n, err := r.publish(&events.Batch{Timestamp: 1, Events: evs, HasDPRank: true})
+			if err != nil {
+				return nil, "", err
 			}
-			for k, part := range [][]events.Event{rm, st} {
-				if len(part) == 0 {
-					continue
-				}
-				entries := 0
-				for _, ev := range part {
-					entries += len(ev.BlockHashes)
-				}
-				n, err := publish(&events.Batch{Timestamp: 1, Events: part, HasDPRank: true})
-				if err != nil {
-					return nil, "", err
-				}
-				if k == 0 {
-					removes += entries
-					removeBytes += float64(n)
-					removeWire += float64(n) + framing(n)
-				} else {
-					stores += entries
-					storeBytes += float64(n)
-					storeWire += float64(n) + framing(n)
-				}
-				c.Deltas++
+			for _, ev := range evs {
+				parts[k].entries += float64(len(ev.BlockHashes))
 			}
+			// NATS's framing: "PUB <subject> <size>\r\n" and "\r\n".
+			framing := len("PUB ") + len(r.subject) + 1 + len(strconv.Itoa(n)) + 4
+			parts[k].bytes += float64(n)
+			parts[k].wire += float64(n + framing)
+			c.Deltas++
 		}
 	}
 	c.DeltaBytes = float64(mixed) / float64(w.Len())
 	c.MixedPerBlock = float64(mixed) / float64(blocks)
-	c.PerStore, c.WirePerStore = storeBytes/float64(stores), storeWire/float64(stores)
-	c.PerRemove, c.WirePerRemove = removeBytes/float64(removes), removeWire/float64(removes)
-	return c, subject, nil
+	c.PerRemove, c.WirePerRemove = parts[0].bytes/parts[0].entries, parts[0].wire/parts[0].entries
+	c.PerStore, c.WirePerStore = parts[1].bytes/parts[1].entries, parts[1].wire/parts[1].entries
+	return c, r.subject, nil
+}
+
+// wireRig is an agent's path for one worker: its index's recording apply
+// (ApplyBatchDelta), natsbus.Agent.Publish into nats-server, and a
+// subscriber that receives each delta.
+type wireRig struct {
+	nc, subConn *nats.Conn
+	a           *natsbus.Agent
+	sub         *nats.Subscription
+	subject     string
+	wk          *indexer.Worker
+	d           indexer.Delta
+}
+
+func newWireRig(ctx context.Context, url string, blockSize int) (r *wireRig, err error) {
+	r = &wireRig{subject: natsbus.DeltaSubject(benchModel, events.WorkerRef{Pod: podName(0)})}
+	defer func() {
+		if err != nil {
+			r.close(ctx)
+		}
+	}()
+	if r.nc, err = connect(url, "kvfleetbench wire agent"); err != nil {
+		return nil, err
+	}
+	if r.subConn, err = connect(url, "kvfleetbench wire subscriber"); err != nil {
+		return nil, err
+	}
+	r.a, err = natsbus.NewAgent(ctx, r.nc, natsbus.AgentOptions{Model: benchModel, BlockSize: blockSize, KeyScheme: indexer.KeyScheme,
+		Pod: podName(0), Version: "kvfleetbench"}, map[int]natsbus.LocalWorker{0: &fixedWorker{rec: &Recorded{}}})
+	if err != nil {
+		return nil, err
+	}
+	if r.sub, err = r.subConn.SubscribeSync(r.subject); err != nil {
+		return nil, fmt.Errorf("fleetbench: wire: %w", err)
+	}
+	if err := r.subConn.Flush(); err != nil {
+		return nil, fmt.Errorf("fleetbench: wire: %w", err)
+	}
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel(benchModel, blockSize); err != nil {
+		return nil, err
+	}
+	r.wk, err = ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(0)}, Model: benchModel})
+	return r, err
+}
+
+func (r *wireRig) close(ctx context.Context) {
+	if r.a != nil {
+		r.a.Close(ctx)
+	}
+	for _, nc := range []*nats.Conn{r.subConn, r.nc} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+}
+
+// publish applies b, publishes its delta and returns the payload bytes the
+// subscriber received.
+func (r *wireRig) publish(b *events.Batch) (int, error) {
+	err := r.a.Publish(0, 0, b.Timestamp, func(seq uint64, wire *events.Delta) error {
+		r.d.Reset()
+		r.d.Seq = seq
+		err := r.wk.ApplyBatchDelta(b, &r.d)
+		fleet.ToWire(&r.d, wire)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("fleetbench: wire: %w", err)
+	}
+	m, err := r.sub.NextMsg(5 * time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("fleetbench: wire: %w", err)
+	}
+	return len(m.Data), nil
 }

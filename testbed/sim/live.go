@@ -141,15 +141,93 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	lr, err := startLive(ctx, &o, &lo)
+	if err != nil {
+		return nil, err
+	}
+	defer lr.close()
+	start := time.Now()
+	out := make([]metrics.Result, len(o.Routers))
+	loops := make([]*loop, len(o.Routers))
+	err = runJobs(ctx, len(o.Routers), len(o.Routers), func(ctx context.Context, k int) error {
+		l, err := lr.newLoop(w, &o, k, start, lo.Speedup)
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := l.run(ctx); err != nil {
+			return err
+		}
+		out[k] = l.result()
+		out[k].Wall = time.Since(t0)
+		out[k].IndexProblems = -1
+		loops[k] = l
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for k, name := range o.Routers {
+		for _, lf := range lr.fleets {
+			if lf.router != name {
+				continue
+			}
+			if lr.rig != nil {
+				out[k].IndexProblems, err = checkFleet(ctx, lr.clients, lf, loops[k].fleet)
+			} else {
+				out[k].IndexProblems, err = checkLive(ctx, lr.clients[0], lf, lr.sent[name], loops[k].fleet)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
 
+// liveRig is what a live run's indexed routers use: their engines'
+// publishers and the kvindex they ask (an in-process daemon, a fleet rig
+// or an external daemon).
+type liveRig struct {
+	fleets []liveFleet
+	pubs   map[string][]*enginepub.Publisher
+	// sent counts each engine's published batches (written by its
+	// router's loop only).
+	sent map[string][]uint64
+	// clients are the routers' servers, in turn: the replicas in fleet
+	// mode.
+	clients []*api.Client
+	rig     *fleetRig
+	closers []func()
+}
+
+func (lr *liveRig) close() {
+	for i := len(lr.closers) - 1; i >= 0; i-- {
+		lr.closers[i]()
+	}
+}
+
+// startLive binds the indexed routers' engines (first, as vLLM's
+// publishers do), starts or reaches kvindex, waits until it has subscribed
+// to every engine and dials it.
+func startLive(ctx context.Context, o *Options, lo *LiveOptions) (lr *liveRig, err error) {
+	lr = &liveRig{pubs: map[string][]*enginepub.Publisher{}, sent: map[string][]uint64{}}
+	defer func() {
+		if err != nil {
+			lr.close()
+		}
+	}()
 	nIndexed := 0
 	for _, name := range o.Routers {
 		if router.NeedsIndex(name) {
 			nIndexed++
 		}
 	}
+	if nIndexed == 0 {
+		return lr, nil
+	}
 	var ports []int
-	if lo.Addr == "" && nIndexed > 0 {
+	if lo.Addr == "" {
 		base, err := netutil.FreePorts(nIndexed * o.Engines)
 		if err != nil {
 			return nil, fmt.Errorf("sim: live: %w", err)
@@ -158,20 +236,8 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 			ports = append(ports, base+i)
 		}
 	}
-	fleets := liveFleets(&o, &lo, ports)
-
-	// Engines bind first, as vLLM's publishers do. sent counts each
-	// engine's published batches (written by its router's loop only).
-	pubs := map[string][]*enginepub.Publisher{}
-	sent := map[string][]uint64{}
-	defer func() {
-		for _, ps := range pubs {
-			for _, p := range ps {
-				p.Close()
-			}
-		}
-	}()
-	for _, f := range fleets {
+	lr.fleets = liveFleets(o, lo, ports)
+	for _, f := range lr.fleets {
 		for i, pod := range f.pods {
 			p, err := enginepub.NewPublisher(enginepub.PublisherConfig{
 				Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i]),
@@ -182,23 +248,21 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 			if err != nil {
 				return nil, fmt.Errorf("sim: live: engine %s: %w", pod, err)
 			}
-			pubs[f.router] = append(pubs[f.router], p)
+			lr.closers = append(lr.closers, func() { p.Close() })
+			lr.pubs[f.router] = append(lr.pubs[f.router], p)
 		}
-		sent[f.router] = make([]uint64, len(f.pods))
+		lr.sent[f.router] = make([]uint64, len(f.pods))
 	}
-
-	addr := lo.Addr
-	var d *daemon.Daemon
-	var rig *fleetRig
-	daemonDone := make(chan error, 1)
-	if nIndexed > 0 && lo.Fleet {
-		if rig, err = startFleetRig(&o, &lo, fleets, lo.Replicas); err != nil {
+	addrs := []string{lo.Addr}
+	switch {
+	case lo.Fleet:
+		if lr.rig, err = startFleetRig(o, lo, lr.fleets, lo.Replicas); err != nil {
 			return nil, err
 		}
-		defer rig.stop()
-		addr = rig.addrs[0]
-	} else if nIndexed > 0 && addr == "" {
-		cfg := daemonConfig(&o, &lo, fleets, "127.0.0.1:0", config.MetricsOff)
+		lr.closers = append(lr.closers, lr.rig.stop)
+		addrs = lr.rig.addrs
+	case lo.Addr == "":
+		cfg := daemonConfig(o, lo, lr.fleets, "127.0.0.1:0", config.MetricsOff)
 		cfg.SetDefaults()
 		if err := cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("sim: live: daemon config: %w", err)
@@ -207,132 +271,93 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		if !lo.DaemonLog {
 			log = nil
 		}
-		if d, err = daemon.New(cfg, log); err != nil {
+		d, err := daemon.New(cfg, log)
+		if err != nil {
 			return nil, fmt.Errorf("sim: live: %w", err)
 		}
 		dctx, dstop := context.WithCancel(context.Background())
-		go func() { daemonDone <- d.Run(dctx) }()
-		defer func() { dstop(); <-daemonDone }()
-		addr = d.GRPCAddr()
+		done := make(chan error, 1)
+		go func() { done <- d.Run(dctx) }()
+		lr.closers = append(lr.closers, func() { dstop(); <-done })
+		addrs = []string{d.GRPCAddr()}
 	}
-	var client *api.Client
-	var clients []*api.Client // the routers' servers, in turn: the replicas in fleet mode
-	if nIndexed > 0 {
-		for _, ps := range pubs {
-			for _, p := range ps {
-				wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-				err := p.WaitForSubscribers(wctx, 1)
-				wcancel()
-				if err != nil {
-					return nil, fmt.Errorf("sim: live: kvindex at %s never subscribed: %w", addr, err)
-				}
-			}
-		}
-		addrs := []string{addr}
-		if rig != nil {
-			addrs = rig.addrs
-		}
-		for _, a := range addrs {
-			c, err := api.Dial(ctx, a)
+	for _, ps := range lr.pubs {
+		for _, p := range ps {
+			wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+			err := p.WaitForSubscribers(wctx, 1)
+			wcancel()
 			if err != nil {
-				return nil, fmt.Errorf("sim: live: %w", err)
+				return nil, fmt.Errorf("sim: live: kvindex at %s never subscribed: %w", addrs[0], err)
 			}
-			defer c.Close()
-			clients = append(clients, c)
-		}
-		client = clients[0]
-		if rig != nil {
-			if err := rig.waitDiscovered(ctx, clients, fleets); err != nil {
-				return nil, err
-			}
-			o.Logger.Info("live: fleet mode: agents registered, replicas synced", "replicas", addrs, "fleets", len(fleets))
-		} else {
-			o.Logger.Info("live: kvindex subscribed", "addr", addr, "fleets", len(fleets))
 		}
 	}
+	for _, a := range addrs {
+		c, err := api.Dial(ctx, a)
+		if err != nil {
+			return nil, fmt.Errorf("sim: live: %w", err)
+		}
+		lr.closers = append(lr.closers, func() { c.Close() })
+		lr.clients = append(lr.clients, c)
+	}
+	if lr.rig == nil {
+		o.Logger.Info("live: kvindex subscribed", "addr", addrs[0], "fleets", len(lr.fleets))
+		return lr, nil
+	}
+	if err := lr.rig.waitDiscovered(ctx, lr.clients, lr.fleets); err != nil {
+		return nil, err
+	}
+	o.Logger.Info("live: fleet mode: agents registered, replicas synced", "replicas", addrs, "fleets", len(lr.fleets))
+	return lr, nil
+}
 
-	start := time.Now()
-	wait := func(ctx context.Context, t time.Duration) error {
-		due := start.Add(time.Duration(float64(t) / lo.Speedup))
-		if d := time.Until(due); d > 0 {
+// newLoop builds router k's loop on wall-clock time since start, scaled
+// by speedup; an indexed router publishes its engines' batches and asks
+// kvindex (the replicas in turn in fleet mode).
+func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.Time, speedup float64) (*loop, error) {
+	name := o.Routers[k]
+	f, err := newFleet(o, router.NeedsIndex(name))
+	if err != nil {
+		return nil, err
+	}
+	l := &loop{w: w, o: o, fleet: f, rec: metrics.NewRecorder(o.Engines),
+		clock: func() time.Duration { return time.Duration(float64(time.Since(start)) * speedup) },
+		wait: func(ctx context.Context, t time.Duration) error {
+			d := time.Until(start.Add(time.Duration(float64(t) / speedup)))
+			if d <= 0 {
+				return nil
+			}
 			timer := time.NewTimer(d)
 			defer timer.Stop()
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("sim: live: %w", ctx.Err())
 			case <-timer.C:
-			}
-		}
-		return nil
-	}
-	out := make([]metrics.Result, len(o.Routers))
-	loops := make([]*loop, len(o.Routers))
-	err = runJobs(ctx, len(o.Routers), len(o.Routers), func(ctx context.Context, k int) error {
-		name := o.Routers[k]
-		f, err := newFleet(&o, router.NeedsIndex(name))
-		if err != nil {
-			return err
-		}
-		l := &loop{w: w, o: &o, fleet: f, rec: metrics.NewRecorder(o.Engines), wait: wait,
-			clock: func() time.Duration { return time.Duration(float64(time.Since(start)) * lo.Speedup) }}
-		rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-			Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
-		if router.NeedsIndex(name) {
-			for _, lf := range fleets {
-				if lf.router == name {
-					rcfg.Model, rcfg.Names = lf.model, lf.pods
-				}
-			}
-			rcfg.KV = &grpcKV{c: client}
-			if len(clients) > 1 {
-				rcfg.KV = &grpcKV{c: clients[k%len(clients)]}
-			}
-			ps, n := pubs[name], sent[name]
-			l.publish = func(i int, b *events.Batch, _ time.Duration) error {
-				b.Timestamp = float64(time.Now().UnixNano()) / 1e9
-				if _, err := ps[i].Publish(b); err != nil {
-					return fmt.Errorf("sim: live: engine %d: %w", i, err)
-				}
-				n[i]++
 				return nil
 			}
-		}
-		if l.router, err = router.New(name, rcfg); err != nil {
-			return fmt.Errorf("sim: %w", err)
-		}
-		t0 := time.Now()
-		if err := l.run(ctx); err != nil {
-			return err
-		}
-		res := l.result()
-		res.Wall = time.Since(t0)
-		res.IndexProblems = -1
-		out[k] = res
-		loops[k] = l
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	for k, name := range o.Routers {
-		if !router.NeedsIndex(name) {
-			continue
-		}
-		for _, lf := range fleets {
+		}}
+	rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
+		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
+	if router.NeedsIndex(name) {
+		for _, lf := range lr.fleets {
 			if lf.router == name {
-				check := func() (int64, error) { return checkLive(ctx, client, lf, sent[name], loops[k].fleet) }
-				if rig != nil {
-					check = func() (int64, error) { return checkFleet(ctx, clients, lf, loops[k].fleet) }
-				}
-				n, err := check()
-				if err != nil {
-					return nil, err
-				}
-				out[k].IndexProblems = n
+				rcfg.Model, rcfg.Names = lf.model, lf.pods
 			}
 		}
+		rcfg.KV = &grpcKV{c: lr.clients[k%len(lr.clients)]}
+		ps, n := lr.pubs[name], lr.sent[name]
+		l.publish = func(i int, b *events.Batch, _ time.Duration) error {
+			b.Timestamp = float64(time.Now().UnixNano()) / 1e9
+			if _, err := ps[i].Publish(b); err != nil {
+				return fmt.Errorf("sim: live: engine %d: %w", i, err)
+			}
+			n[i]++
+			return nil
+		}
 	}
-	return out, nil
+	if l.router, err = router.New(name, rcfg); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	return l, nil
 }
 
 // checkLive waits (up to 10 s) until kvindex has received every batch the

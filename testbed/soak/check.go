@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -154,10 +155,7 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 	r.record(process, ws, nil)
 	r.checkWorkerList(ws, "checkpoint "+name)
 	r.mu.Lock()
-	restarts := make(map[events.WorkerRef]int, len(r.restarts))
-	for k, v := range r.restarts {
-		restarts[k] = v
-	}
+	restarts := maps.Clone(r.restarts)
 	r.mu.Unlock()
 	for _, w := range ws {
 		if e := r.byRef[refOf(w)]; e != nil {
@@ -472,4 +470,15 @@ func (r *runner) saveWrong(name string, from *Engine, model string, pc promptCas
 		return "(not saved: " + err.Error() + ")"
 	}
 	return path
+}
+
+func (r *runner) runCheckpoints(ctx context.Context) {
+	every(ctx, r.opts.CheckpointEvery, func(i int) bool {
+		r.chaos.Lock()
+		if ctx.Err() == nil && !r.isAborted() {
+			r.checkpoint(ctx, fmt.Sprint(i+1))
+		}
+		r.chaos.Unlock()
+		return true
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"sort"
@@ -151,11 +152,7 @@ func (g *Garbage) Close() {
 func (g *Garbage) Counts() map[string]int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make(map[string]int64, len(g.counts))
-	for k, v := range g.counts {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(g.counts)
 }
 
 // Problems returns what the garbage sender saw that it must not: a
@@ -174,17 +171,11 @@ func (g *Garbage) count(kind string) {
 
 // Run sends one probe every interval until ctx is done.
 func (g *Garbage) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, interval, func(i int) bool {
 		g.watch()
 		g.probe(ctx, i)
-	}
+		return true
+	})
 }
 
 // watch drains the open socket's subscriptions (which only show the

@@ -3,6 +3,7 @@ package soak
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -91,10 +92,7 @@ func NewLoad(client *api.Client, f *Fleet, engines []*Engine, window *Window, vi
 // Stats returns the counters so far.
 func (l *Load) Stats() LoadStats {
 	l.mu.Lock()
-	h := make(map[string]int64, len(l.health))
-	for k, v := range l.health {
-		h[k] = v
-	}
+	h := maps.Clone(l.health)
 	l.mu.Unlock()
 	return LoadStats{Scores: l.scores.Load(), Routes: l.routes.Load(), Releases: l.releases.Load(), ReleasedFalse: l.releasedFalse.Load(), Invalid: l.invalid.Load(), RestartErrors: l.restartErrs.Load(), Calls: l.calls.Load(), Refused: l.refused.Load(), CheckpointRefused: l.checkRefused.Load(), Health: h}
 }
@@ -158,17 +156,10 @@ func (l *Load) call(ctx context.Context, what string, do func(context.Context) e
 // a deliberately invalid request.
 func (l *Load) RunScores(ctx context.Context, rps float64) {
 	rng := rand.New(rand.NewPCG(l.seed, stringSeed("scores")))
-	t := time.NewTicker(time.Duration(float64(time.Second) / rps))
-	defer t.Stop()
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, time.Duration(float64(time.Second)/rps), func(i int) bool {
 		if i%20 == 19 {
 			l.invalidScore(ctx, rng)
-			continue
+			return true
 		}
 		toks, model := l.prompt(rng)
 		proc := l.view.Process()
@@ -186,12 +177,13 @@ func (l *Load) RunScores(ctx context.Context, rps float64) {
 			resp, err = l.client.Score(c, req)
 			return err
 		}) {
-			continue
+			return true
 		}
 		l.scores.Add(1)
 		l.checkScore("Score", req, resp)
 		l.checkSettled("Score", resp, proc)
-	}
+		return true
+	})
 }
 
 // invalidScore sends a request the server must refuse with
@@ -310,15 +302,8 @@ type release struct {
 // (scoring.inflight_ttl).
 func (l *Load) RunRoutes(ctx context.Context, rps float64) {
 	rng := rand.New(rand.NewPCG(l.seed, stringSeed("routes")))
-	t := time.NewTicker(time.Duration(float64(time.Second) / rps))
-	defer t.Stop()
 	var pending []release
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, time.Duration(float64(time.Second)/rps), func(i int) bool {
 		now := time.Now()
 		for len(pending) > 0 && !pending[0].due.After(now) {
 			l.release(ctx, pending[0])
@@ -343,7 +328,7 @@ func (l *Load) RunRoutes(ctx context.Context, rps float64) {
 			resp, err = l.client.Route(c, req)
 			return err
 		}) {
-			continue
+			return true
 		}
 		l.routes.Add(1)
 		l.checkRoute(req, resp, pick)
@@ -355,7 +340,8 @@ func (l *Load) RunRoutes(ctx context.Context, rps float64) {
 				pending[j], pending[j-1] = pending[j-1], pending[j]
 			}
 		}
-	}
+		return true
+	})
 }
 
 func (l *Load) checkRoute(req *kvindexv1.RouteRequest, resp *kvindexv1.RouteResponse, pick events.WorkerRef) {

@@ -39,8 +39,8 @@ odd{a="x\"y\\z\nw",b=""} 1.5e3
 	if v, ok := Metric(s, "absent", nil); ok || v != 0 {
 		t.Fatal("absent metric found")
 	}
-	if s[len(s)-1].Labels["a"] != "x\"y\\z\nw" || s[len(s)-1].Value != 1500 {
-		t.Fatalf("escaped label: %+v", s[len(s)-1])
+	if v, ok := Metric(s, "odd", map[string]string{"a": "x\"y\\z\nw", "b": ""}); !ok || v != 1500 {
+		t.Fatalf("escaped label: %v %v", v, ok)
 	}
 	for _, bad := range []string{"novalue\n", `m{a="x} 1` + "\n", `m{a=x} 1` + "\n", "m one\n", "m 1 2 3\n"} {
 		if _, err := ParseMetrics(strings.NewReader(bad)); err == nil {
@@ -73,19 +73,6 @@ func TestFlatRule(t *testing.T) {
 	}
 	if _, err := rule.Judge([]float64{1, 2, 3}); err == nil {
 		t.Error("3 samples judged with MinSamples 6")
-	}
-}
-
-func TestParseVmRSS(t *testing.T) {
-	status := "Name:\tkvindex\nVmPeak:\t  900 kB\nVmRSS:\t   12345 kB\nThreads:\t9\n"
-	if v, err := parseVmRSS(strings.NewReader(status), 1); err != nil || v != 12345<<10 {
-		t.Fatalf("%d %v", v, err)
-	}
-	if _, err := parseVmRSS(strings.NewReader("Name:\tx\n"), 1); err == nil {
-		t.Fatal("status without VmRSS parsed")
-	}
-	if v, err := ReadRSS(os.Getpid()); err != nil || v <= 0 {
-		t.Fatalf("own RSS %d %v", v, err)
 	}
 }
 

@@ -6,6 +6,10 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 // Summary is what a soak run did and found; WriteText and JSON render it.
@@ -199,4 +203,104 @@ func formatCounts[V int | int64](m map[string]V) string {
 		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+// summary assembles the run's summary.
+func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
+	s := &Summary{
+		Seed: r.opts.Seed, Duration: elapsed.Seconds(), Dir: r.opts.Dir,
+		LoadAvgStart: loadStart, LoadAvgEnd: loadAvg(),
+		Garbage: r.garbage.Counts(), Refusals: map[string]int64{},
+		Load: r.load.Stats(), MaxRefused: r.opts.MaxRefused,
+	}
+	s.Command = r.opts.Command
+	if s.Command == "" {
+		s.Command = fmt.Sprintf("kvsoak --duration %v --seed %d", r.opts.Duration, r.opts.Seed)
+	}
+	s.Engines.Count = len(r.engines)
+	for _, e := range r.engines {
+		st := e.Stats()
+		s.Engines.Steps += st.Steps
+		s.Engines.Lost += st.Lost
+		s.Engines.Events += st.Events
+		s.Engines.Stored += st.Stored
+		s.Engines.Removed += st.Removed
+		s.Engines.Clears += st.Clears
+		s.Engines.Restarts += st.Restarts
+		s.Engines.Requests += st.Requests
+	}
+	for _, v := range s.Garbage {
+		s.GarbageTotal += v
+	}
+	r.mu.Lock()
+	s.Daemon = DaemonSummary{Processes: r.process, Terminated: r.terminated, Killed: r.killed, ErrorLogLines: r.errorLines}
+	for _, c := range r.cpu {
+		s.Daemon.CPUSeconds += c
+	}
+	for _, ws := range r.lastWorkers {
+		for _, w := range ws {
+			if _, ok := r.byRef[events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}]; !ok {
+				continue
+			}
+			x := &s.Index
+			x.Batches += w.GetBatches()
+			x.Events += w.GetEvents()
+			x.Replays += w.GetReplays()
+			x.ReplayedBatches += w.GetReplayedBatches()
+			x.ReplayContinuations += w.GetReplayContinuations()
+			x.ReplayFailures += w.GetReplayFailures()
+			x.StaleReplays += w.GetStaleReplays()
+			x.Gaps += w.GetGaps()
+			x.MissedBatches += w.GetMissedBatches()
+			x.UnrecoveredGaps += w.GetUnrecoveredGaps()
+			x.Duplicates += w.GetDuplicates()
+			x.Restarts += w.GetRestarts()
+			x.Resets += w.GetResets()
+			x.Clears += w.GetClears()
+			x.Orphans += w.GetOrphans()
+			x.UnknownBlocks += w.GetUnknownBlocks()
+			x.ApplyErrors += w.GetApplyErrors()
+			if w.GetJoinedAtSeq() > 0 {
+				x.LateJoins++
+			}
+		}
+	}
+	for _, ms := range r.lastMetrics {
+		ms.Each("kvindex_push_refused_total", func(l map[string]string, v float64) {
+			s.Refusals[strings.TrimPrefix(l["listener"], "tcp://")+" "+l["reason"]] += int64(v)
+		})
+	}
+	s.OpenListenerWorkers = countOn(r.lastWorkers[r.process], r.fleet.OpenPushAddr())
+	s.RSS = seriesOf(r.samples, r.process, func(x sample) float64 { return x.rss }, RSSRule(), "last third <= 1.25 x first third + 8 MiB")
+	s.Goroutines = seriesOf(r.samples, r.process, func(x sample) float64 { return x.goroutines }, GoroutineRule(), "last third <= 1.25 x first third + 16")
+	r.mu.Unlock()
+	s.Checks = CheckSummary{Checkpoints: r.checkpoints.Load(), ScoresChecked: r.scoresChecked.Load(), Comparisons: r.comparisons.Load(), WrongAnswers: r.wrong.Load(), ResidentChecks: r.residentChecks.Load()}
+	s.FailureCounts, s.Failures = r.fail.Counts(), r.fail.Kept()
+	s.Passed = r.fail.Count() == 0
+	return s
+}
+
+func seriesOf(samples []sample, process int, get func(sample) float64, rule FlatRule, text string) SeriesSummary {
+	var out SeriesSummary
+	var last []float64
+	for i, s := range samples {
+		v := get(s)
+		if i == 0 {
+			out.First = v
+		}
+		out.Last, out.Max = v, max(out.Max, v)
+		out.Samples++
+		if s.process == process && s.settled {
+			last = append(last, v)
+		}
+	}
+	out.Rule = text
+	out.Verdict, _ = rule.Judge(last)
+	return out
+}
+
+// loadAvg returns /proc/loadavg's three load averages.
+func loadAvg() string {
+	l := proc.LoadAvg()
+	return fmt.Sprintf("%.2f %.2f %.2f", l[0], l[1], l[2])
 }

@@ -2,8 +2,7 @@ package soak
 
 import (
 	"fmt"
-	"sort"
-	"strings"
+	"maps"
 	"sync"
 	"sync/atomic"
 )
@@ -86,11 +85,7 @@ func (f *Failures) Count() int {
 func (f *Failures) Counts() map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make(map[string]int, len(f.counts))
-	for k, v := range f.counts {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(f.counts)
 }
 
 // Kept returns the kept details, in the order recorded.
@@ -101,16 +96,4 @@ func (f *Failures) Kept() []string {
 }
 
 // String lists the failure counts by kind.
-func (f *Failures) String() string {
-	c := f.Counts()
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s=%d", k, c[k])
-	}
-	return strings.Join(parts, " ")
-}
+func (f *Failures) String() string { return formatCounts(f.Counts()) }

@@ -7,7 +7,7 @@
 //	kvbench --addr 127.0.0.1:7070 --check --client grpc   # its generator
 //
 // With --embedded it starts an in-process index loaded with the shape
-// (--workers, --prompt-blocks, --shared-blocks, --tail-holders) behind a
+// (loadgen.DefaultShape, --prompt-blocks and --shared-blocks) behind a
 // real gRPC server on a loopback port; with --addr it only sends the
 // shape's prompts to a running kvindex, whatever that index holds.
 package main
@@ -19,9 +19,6 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	"runtime/pprof"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -30,6 +27,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/testbed/loadgen"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 func main() {
@@ -81,13 +79,11 @@ func newRoot() *cobra.Command {
 			if serve {
 				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission)
 			}
-			if cpuprofile != "" {
-				stopProfile, err := startCPUProfile(cpuprofile)
-				if err != nil {
-					return err
-				}
-				defer stopProfile()
+			stopProfile, err := proc.StartCPUProfile(cpuprofile)
+			if err != nil {
+				return err
 			}
+			defer stopProfile()
 			rep, err := loadgen.Bench(ctx, opts)
 			if err != nil {
 				return err
@@ -113,19 +109,14 @@ func newRoot() *cobra.Command {
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
 	f.DurationVar(&admission.MaxQueueDelay, "max-queue-delay", 0, "with --serve: admission control's bound on a call's queueing (0: the daemon's default)")
-	f.DurationVar(&admission.Target, "queue-target", 0, "with --serve: admission control's queueing target (0: the daemon's default)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server; with --serve, of serving once the index is loaded) to this file")
 	f.BoolVar(&opts.Check, "check", false, "with --addr: check every reply against the shape (the server is kvbench --embedded --serve with the same shape flags); --embedded always checks")
 	f.BoolVar(&opts.BlockKeys, "block-keys", false, "send content keys (block_keys, computed client-side) instead of token ids")
 	rt.register(f)
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
-	f.IntVar(&shape.Workers, "workers", shape.Workers, "workers in the embedded fleet")
 	f.IntVar(&shape.PromptBlocks, "prompt-blocks", shape.PromptBlocks, "prompt length in blocks")
 	f.IntVar(&shape.SharedBlocks, "shared-blocks", shape.SharedBlocks, "prefix held by every worker, in blocks")
-	f.IntVar(&shape.TailHolders, "tail-holders", shape.TailHolders, "workers holding each prompt's tail")
-	f.IntVar(&shape.Prompts, "prompts", shape.Prompts, "distinct prompts sent in turn")
-	f.IntVar(&shape.FillerBlocks, "filler-blocks", shape.FillerBlocks, "other blocks each embedded worker holds (index and heap of production size)")
 	return cmd
 }
 
@@ -139,49 +130,28 @@ func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, lis
 		return err
 	}
 	defer e.Close()
-	if cpuprofile != "" {
-		stopProfile, err := startCPUProfile(cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer stopProfile()
+	stopProfile, err := proc.StartCPUProfile(cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", shape, e.Addr, loadgen.CurrentRuntime())
 	e.Wait(ctx)
 	return nil
 }
 
-// startCPUProfile starts profiling into path and returns the function that
-// stops it and closes the file.
-func startCPUProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		_ = f.Close()
-	}, nil
-}
-
 // runtimeFlags are the Go runtime settings of this kvbench process, each
-// left to Go (and its GOMAXPROCS, GOGC, GOMEMLIMIT variables) unless given:
+// left to Go (and its GOMAXPROCS and GOGC variables) unless given:
 // `make bench` runs a server and a generator process on the same two
 // cores, and sets them per process (docs/benchmarks.md, gRPC rows).
 type runtimeFlags struct {
-	procs    int
-	gogc     int
-	memLimit string
+	procs int
+	gogc  int
 }
 
 func (r *runtimeFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&r.procs, "gomaxprocs", 0, "GOMAXPROCS of this process (default: Go's, the CPUs available)")
 	f.IntVar(&r.gogc, "gogc", 0, "GOGC of this process: collect when the heap has grown this many percent over the live heap; -1 turns that off (default: Go's, from $GOGC)")
-	f.StringVar(&r.memLimit, "memory-limit", "", "soft memory limit of this process, bytes with an optional KiB, MiB or GiB (default: Go's, from $GOMEMLIMIT)")
 }
 
 // apply sets the runtime settings given on the command line.
@@ -195,32 +165,5 @@ func (r *runtimeFlags) apply(f *pflag.FlagSet) error {
 	if f.Changed("gogc") {
 		debug.SetGCPercent(r.gogc)
 	}
-	if f.Changed("memory-limit") {
-		n, err := parseBytes(r.memLimit)
-		if err != nil {
-			return fmt.Errorf("--memory-limit: %w", err)
-		}
-		debug.SetMemoryLimit(n)
-	}
 	return nil
-}
-
-// parseBytes parses a byte count with an optional binary suffix, as
-// GOMEMLIMIT does: 512MiB, 2GiB, 1048576.
-func parseBytes(s string) (int64, error) {
-	num, mult := s, int64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"B", 1}} {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			num, mult = n, u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n <= 0 || n > (1<<62)/mult {
-		return 0, fmt.Errorf("%q is not a positive byte count (e.g. 512MiB)", s)
-	}
-	return n * mult, nil
 }

@@ -29,128 +29,77 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-}
-
-func printJSON(cmd *cobra.Command, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
+// benchCmd is a benchmark's command: it runs run until SIGINT or SIGTERM
+// and prints its result as JSON.
+func benchCmd[R any](use, short string, run func(ctx context.Context) (R, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			r, err := run(ctx)
+			if err != nil {
+				return err
+			}
+			b, err := json.MarshalIndent(r, "", "  ")
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+			return err
+		},
 	}
-	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
-	return err
 }
 
 func newIngest() *cobra.Command {
 	o := fleetbench.IngestOptions{Workers: 32, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e6, Duration: 10 * time.Second}
-	cmd := &cobra.Command{
-		Use:   "ingest",
-		Short: "Agents publishing recorded deltas into one replica: new blocks per replica CPU-second",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			r, err := fleetbench.Ingest(ctx, o)
-			if err != nil {
-				return err
-			}
-			return printJSON(cmd, r)
-		},
-	}
+	cmd := benchCmd("ingest", "Agents publishing recorded deltas into one replica: new blocks per replica CPU-second",
+		func(ctx context.Context) (*fleetbench.IngestResult, error) { return fleetbench.Ingest(ctx, o) })
 	f := cmd.Flags()
 	f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
 	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all agents together (open loop)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "about how long to publish (whole laps of every worker's ring)")
-	f.IntVar(&o.ReplicaProcs, "replica-procs", 0, "the replica's GOMAXPROCS (0: 1)")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while it ingests")
 	return cmd
 }
 
 func newSync() *cobra.Command {
 	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1, Target: 5 * time.Second}
-	cmd := &cobra.Command{
-		Use:   "sync",
-		Short: "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			r, err := fleetbench.Sync(ctx, o)
-			if err != nil {
-				return err
-			}
-			return printJSON(cmd, r)
-		},
-	}
+	cmd := benchCmd("sync", "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
+		func(ctx context.Context) (*fleetbench.SyncResult, error) { return fleetbench.Sync(ctx, o) })
 	f := cmd.Flags()
 	f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
 	f.StringVar(&o.CacheDir, "cache-dir", "", "keep the generator's snapshots here between runs")
-	f.IntVar(&o.ReplicaProcs, "replica-procs", 0, "the replica's GOMAXPROCS (0: every core)")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica until all workers are live")
-	f.StringVar(&o.GeneratorProfile, "generator-cpuprofile", "", "CPU profile of the generator (agents and nats-server) while the replica syncs")
 	f.IntVar(&o.SnapshotConcurrency, "snapshot-concurrency", 0, "the replica's concurrent snapshot loads (0: its default)")
 	return cmd
 }
 
 func newLag() *cobra.Command {
 	o := fleetbench.LagOptions{Pods: 100, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e5, Duration: 10 * time.Second, WarmRate: 2e6}
-	cmd := &cobra.Command{
-		Use:   "lag",
-		Short: "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			r, err := fleetbench.Lag(ctx, o)
-			if err != nil {
-				return err
-			}
-			return printJSON(cmd, r)
-		},
-	}
+	cmd := benchCmd("lag", "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica)",
+		func(ctx context.Context) (*fleetbench.LagResult, error) { return fleetbench.Lag(ctx, o) })
 	f := cmd.Flags()
 	f.IntVar(&o.Pods, "pods", o.Pods, "engines, one agent each")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first engine's workload seed")
 	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all engines together (open loop)")
 	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the engines churn")
 	f.Float64Var(&o.WarmRate, "warm-rate", o.WarmRate, "new blocks a second of the warm-up lap")
-	f.IntVar(&o.ReplicaProcs, "replica-procs", 0, "the replica's GOMAXPROCS (0: every core)")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while the engines churn")
-	f.StringVar(&o.GeneratorProfile, "generator-cpuprofile", "", "CPU profile of the generator (engines, agents, nats-server) while the engines churn")
 	return cmd
 }
 
 func newWire() *cobra.Command {
-	return &cobra.Command{
-		Use:   "wire",
-		Short: "NATS bytes per block stored and removed, realistic batches and batches of 1, 16 and 256 blocks",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			r, err := fleetbench.Wire(ctx)
-			if err != nil {
-				return err
-			}
-			return printJSON(cmd, r)
-		},
-	}
+	return benchCmd("wire", "NATS bytes per block stored and removed, realistic batches and batches of 1, 16 and 256 blocks", fleetbench.Wire)
 }
 
 func newAgent() *cobra.Command {
 	o := fleetbench.AgentOptions{Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e4, Settle: 2 * time.Second, Duration: 10 * time.Second, WarmRate: 2e5}
-	cmd := &cobra.Command{
-		Use:   "agent",
-		Short: "CPU and memory of the kvindex agent binary beside one pod churning its cache",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			r, err := fleetbench.AgentCost(ctx, o)
-			if err != nil {
-				return err
-			}
-			return printJSON(cmd, r)
-		},
-	}
+	cmd := benchCmd("agent", "CPU and memory of the kvindex agent binary beside one pod churning its cache",
+		func(ctx context.Context) (*fleetbench.AgentResult, error) { return fleetbench.AgentCost(ctx, o) })
 	f := cmd.Flags()
 	f.StringVar(&o.Binary, "kvindex", "", "the kvindex binary (default: beside this one, else on PATH)")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "the engine's workload seed")
@@ -170,7 +119,7 @@ func newRole() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := signalContext(cmd)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return fleetbench.RunRole(ctx, args[0], opts, os.Stdin, os.Stdout)
 		},

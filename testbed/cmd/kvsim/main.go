@@ -108,7 +108,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&tm.StepOverhead, "step-overhead", tm.StepOverhead, "fixed cost of a step")
 	fs.DurationVar(&tm.DecodePerSeq, "decode-per-seq", tm.DecodePerSeq, "cost of each decoding request in a step")
 	fs.DurationVar(&tm.DecodePerContextToken, "decode-per-ctx-token", tm.DecodePerContextToken, "cost of each context token of a decoding request")
-	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+joined(router.Names))
+	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+strings.Join(router.Names, ", "))
 	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
 	fs.StringVar(&f.wire, "wire", "map", "vLLM event encoding: map (v0.26+) or array (older releases)")
 	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
@@ -160,7 +160,7 @@ func (f *flags) config() (sim.RunConfig, error) {
 	}
 	rc.Options.LoadWeight = f.loadWeight
 	if f.verbose {
-		rc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		rc.Options.Logger = progress()
 	}
 	return rc, nil
 }
@@ -217,7 +217,7 @@ func newGrid() *cobra.Command {
 				}
 			}
 			if verbose {
-				gc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+				gc.Options.Logger = progress()
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -292,7 +292,7 @@ func newAnalyze() *cobra.Command {
 				return err
 			}
 			if verbose {
-				ac.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+				ac.Options.Logger = progress()
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -325,7 +325,7 @@ func newDemo() *cobra.Command {
 		Short: "A short live run: the real daemon, simulated engines over ZMQ, every router, the table",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if verbose {
-				rc.Options.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+				rc.Options.Logger = progress()
 				rc.Live.DaemonLog = true
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -360,13 +360,7 @@ func newWalkthrough() *cobra.Command {
 	return cmd
 }
 
-func joined(names []string) string {
-	out := ""
-	for i, n := range names {
-		if i > 0 {
-			out += ", "
-		}
-		out += n
-	}
-	return out
+// progress is the logger of --verbose: progress on stderr.
+func progress() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }

@@ -64,11 +64,6 @@ func AttentionPairs(n, ctx int) int64 {
 	return int64(n)*int64(ctx) + int64(n)*int64(n+1)/2
 }
 
-// PrefillTime is how long prefilling n tokens takes at the model's rate.
-func (t TimeModel) PrefillTime(n int64) time.Duration {
-	return time.Duration(float64(n) / t.PrefillTokensPerSec * float64(time.Second))
-}
-
 // Config sets up an Engine.
 type Config struct {
 	// BlockSize is tokens per KV block (vLLM --block-size; default 16).

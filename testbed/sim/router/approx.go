@@ -4,6 +4,8 @@ import (
 	"context"
 	"math/rand/v2"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
@@ -37,12 +39,14 @@ func (c *ApproxConfig) defaults(cacheBlocks int) {
 	}
 }
 
-// approximate remembers which block hashes it sent to which engine.
+// approximate remembers which block hashes it sent to which engine: per
+// engine an LRU set of hashes, each refreshed when routed there again
+// (Contains does not refresh it; GIE's cache does not either).
 type approximate struct {
 	base
 	f      Fleet
 	cfg    ApproxConfig
-	lrus   []*lru
+	lrus   []*simplelru.LRU[uint64, struct{}]
 	rng    *rand.Rand
 	hashes []uint64
 	scores []float64
@@ -55,7 +59,8 @@ func newApproximate(cfg Config) *approximate {
 	n := cfg.Fleet.Engines()
 	r := &approximate{f: cfg.Fleet, cfg: c, rng: newRand(cfg.Seed, 0xa99), scores: make([]float64, n)}
 	for range n {
-		r.lrus = append(r.lrus, newLRU(c.LRUBlocks))
+		l, _ := simplelru.NewLRU[uint64, struct{}](max(1, c.LRUBlocks), nil) // errs only on a size below 1
+		r.lrus = append(r.lrus, l)
 	}
 	return r
 }
@@ -92,7 +97,7 @@ func (r *approximate) Route(_ context.Context, req *Request) (int, error) {
 		prefix := 0.0
 		if k > 0 {
 			m := 0
-			for m < k && r.lrus[i].contains(r.hashes[m]) {
+			for m < k && r.lrus[i].Contains(r.hashes[m]) {
 				m++
 			}
 			prefix = float64(m) / float64(k)
@@ -115,77 +120,7 @@ func (r *approximate) Route(_ context.Context, req *Request) (int, error) {
 		pick = r.ties[r.rng.IntN(len(r.ties))]
 	}
 	for _, h := range r.hashes {
-		r.lrus[pick].add(h)
+		r.lrus[pick].Add(h, struct{}{})
 	}
 	return pick, nil
-}
-
-// lru is a fixed-capacity set of hashes evicting the least recently added
-// or refreshed one: a map to slots and an intrusive doubly linked list.
-type lru struct {
-	max        int
-	idx        map[uint64]int32
-	slots      []lruSlot
-	head, tail int32 // head is the most recent
-}
-
-type lruSlot struct {
-	key        uint64
-	prev, next int32
-}
-
-func newLRU(capacity int) *lru {
-	return &lru{max: max(1, capacity), idx: make(map[uint64]int32, min(capacity, 1<<16)), slots: make([]lruSlot, 0, min(capacity, 1<<16)), head: -1, tail: -1}
-}
-
-func (l *lru) contains(k uint64) bool {
-	_, ok := l.idx[k]
-	return ok
-}
-
-func (l *lru) unlink(i int32) {
-	s := &l.slots[i]
-	if s.prev >= 0 {
-		l.slots[s.prev].next = s.next
-	} else {
-		l.head = s.next
-	}
-	if s.next >= 0 {
-		l.slots[s.next].prev = s.prev
-	} else {
-		l.tail = s.prev
-	}
-}
-
-func (l *lru) pushFront(i int32) {
-	s := &l.slots[i]
-	s.prev, s.next = -1, l.head
-	if l.head >= 0 {
-		l.slots[l.head].prev = i
-	}
-	l.head = i
-	if l.tail < 0 {
-		l.tail = i
-	}
-}
-
-// add inserts k as the most recent key, evicting the least recent when full.
-func (l *lru) add(k uint64) {
-	if i, ok := l.idx[k]; ok {
-		l.unlink(i)
-		l.pushFront(i)
-		return
-	}
-	var i int32
-	if len(l.slots) < l.max {
-		l.slots = append(l.slots, lruSlot{key: k})
-		i = int32(len(l.slots) - 1)
-	} else {
-		i = l.tail
-		l.unlink(i)
-		delete(l.idx, l.slots[i].key)
-		l.slots[i].key = k
-	}
-	l.idx[k] = i
-	l.pushFront(i)
 }

@@ -135,13 +135,13 @@ func TestApproximate(t *testing.T) {
 	r = mustNew(t, Approximate, Config{Fleet: f, Approx: ApproxConfig{LRUBlocks: 8}})
 	ap := r.(*approximate)
 	routeAll(t, r, request(0, 1, 2))
-	if !ap.lrus[0].contains(ap.hashes[0]) {
+	if !ap.lrus[0].Contains(ap.hashes[0]) {
 		t.Fatal("routed prefix not remembered")
 	}
 	h := ap.hashes[0]
 	routeAll(t, r, request(1, 5, 6))
-	if ap.lrus[0].contains(h) || len(ap.lrus[0].idx) != 8 {
-		t.Fatalf("LRU of 8 kept an old block (size %d)", len(ap.lrus[0].idx))
+	if ap.lrus[0].Contains(h) || ap.lrus[0].Len() != 8 {
+		t.Fatalf("LRU of 8 kept an old block (size %d)", ap.lrus[0].Len())
 	}
 }
 

@@ -54,9 +54,7 @@ func (c *PrefixesConfig) defaults() {
 	if c.ZipfS == 0 && !c.Uniform {
 		c.ZipfS = DefaultZipfS
 	}
-	if c.QPS == 0 {
-		c.QPS = 20
-	}
+	setDefault(&c.QPS, 20)
 }
 
 // DefaultZipfS is the prefixes generator's default popularity exponent.
@@ -77,28 +75,21 @@ func Prefixes(c PrefixesConfig) (*Workload, error) {
 	var t float64
 	for i := range w.Requests {
 		t += rng.ExpFloat64() / c.QPS
-		k := sort.SearchFloat64s(cdf, rng.Float64())
-		k = min(k, c.Prefixes-1)
+		k := cdf.pick(rng)
 		segs := []Segment{{ID: mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
 		if c.SuffixTokens > 0 {
 			segs = append(segs, Segment{ID: mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
 		}
-		w.Requests[i] = Request{
-			ID:        i,
-			Arrival:   time.Duration(t * float64(time.Second)),
-			Prompt:    segs,
-			PromptLen: c.PrefixTokens + c.SuffixTokens,
-			OutputLen: c.OutputTokens,
-			Group:     "prefix-" + strconv.Itoa(k),
-		}
+		w.Requests[i] = newRequest(i, t, segs, c.OutputTokens, "prefix-"+strconv.Itoa(k))
 	}
 	return w, nil
 }
 
-// zipfCDF returns the cumulative distribution of n ranks with weights
-// 1/(k+1)^s.
-func zipfCDF(n int, s float64) []float64 {
-	cdf := make([]float64, n)
+// zipf is the cumulative distribution of n ranks with weights 1/(k+1)^s.
+type zipf []float64
+
+func zipfCDF(n int, s float64) zipf {
+	cdf := make(zipf, n)
 	var sum float64
 	for k := range cdf {
 		sum += 1 / math.Pow(float64(k+1), s)
@@ -149,12 +140,8 @@ func (c *TenantsConfig) defaults() {
 	setDefault(&c.QueryTokens, 1200)
 	setDefault(&c.OutputTokens, 256)
 	setDefault(&c.Engines, 8)
-	if c.StartQPS == 0 {
-		c.StartQPS = 3
-	}
-	if c.EndQPS == 0 {
-		c.EndQPS = 60
-	}
+	setDefault(&c.StartQPS, 3)
+	setDefault(&c.EndQPS, 60)
 }
 
 // Tenants generates the multi-tenant workload.
@@ -175,14 +162,7 @@ func Tenants(c TenantsConfig) (*Workload, error) {
 		if c.QueryTokens > 0 {
 			segs = append(segs, Segment{ID: mix64(queryTag ^ c.Seed ^ uint64(tenant)<<20 ^ uint64(user)), Len: c.QueryTokens})
 		}
-		w.Requests[i] = Request{
-			ID:        i,
-			Arrival:   time.Duration(ramp.at(lambda) * float64(time.Second)),
-			Prompt:    segs,
-			PromptLen: c.ContextTokens + c.QueryTokens,
-			OutputLen: c.OutputTokens,
-			Group:     "tenant-" + strconv.Itoa(tenant),
-		}
+		w.Requests[i] = newRequest(i, ramp.at(lambda), segs, c.OutputTokens, "tenant-"+strconv.Itoa(tenant))
 	}
 	return w, nil
 }
@@ -219,7 +199,21 @@ func (c TenantsConfig) QPSAt(t float64) float64 {
 	return r.r0 + 2*r.a*t
 }
 
-func setDefault(p *int, v int) {
+// pick draws a rank.
+func (z zipf) pick(rng *rand.Rand) int {
+	return min(sort.SearchFloat64s(z, rng.Float64()), len(z)-1)
+}
+
+// newRequest is request id arriving at seconds at, its prompt segs.
+func newRequest(id int, at float64, segs []Segment, outputLen int, group string) Request {
+	r := Request{ID: id, Arrival: time.Duration(at * float64(time.Second)), Prompt: segs, OutputLen: outputLen, Group: group}
+	for _, s := range segs {
+		r.PromptLen += s.Len
+	}
+	return r
+}
+
+func setDefault[T int | float64 | time.Duration](p *T, v T) {
 	if *p == 0 {
 		*p = v
 	}

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"strconv"
 	"time"
 )
@@ -80,18 +79,10 @@ func (c *SessionsConfig) defaults() {
 	setDefault(&c.InputTokens, 600)
 	setDefault(&c.OutputTokens, 250)
 	setDefault(&c.Engines, 8)
-	if c.ZipfS == 0 {
-		c.ZipfS = DefaultZipfS
-	}
-	if c.MeanTurns == 0 {
-		c.MeanTurns = 6
-	}
-	if c.ThinkTime == 0 {
-		c.ThinkTime = 10 * time.Second
-	}
-	if c.SessionRate == 0 {
-		c.SessionRate = 3
-	}
+	setDefault(&c.ZipfS, DefaultZipfS)
+	setDefault(&c.MeanTurns, 6)
+	setDefault(&c.ThinkTime, 10*time.Second)
+	setDefault(&c.SessionRate, 3)
 }
 
 // Sessions generates multi-turn agent sessions.
@@ -111,7 +102,7 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 	var start float64
 	for s := range c.Sessions {
 		start += rng.ExpFloat64() / c.SessionRate
-		k := min(sort.SearchFloat64s(cdf, rng.Float64()), c.SystemPrompts-1)
+		k := cdf.pick(rng)
 		turns := geometric(rng, c.MeanTurns, c.MaxTurns)
 		id := func(tag uint64, turn int) uint64 { return mix64(tag ^ c.Seed ^ uint64(s)<<20 ^ uint64(turn)) }
 		reqs = appendConversation(reqs, rng, conversation{
@@ -180,18 +171,10 @@ func (c *ToolAgentsConfig) defaults() {
 	setDefault(&c.CallTokens, 80)
 	setDefault(&c.ResultTokens, 700)
 	setDefault(&c.Engines, 8)
-	if c.ZipfS == 0 {
-		c.ZipfS = DefaultZipfS
-	}
-	if c.MeanSteps == 0 {
-		c.MeanSteps = 5
-	}
-	if c.ToolTime == 0 {
-		c.ToolTime = 2 * time.Second
-	}
-	if c.TaskRate == 0 {
-		c.TaskRate = 3
-	}
+	setDefault(&c.ZipfS, DefaultZipfS)
+	setDefault(&c.MeanSteps, 5)
+	setDefault(&c.ToolTime, 2*time.Second)
+	setDefault(&c.TaskRate, 3)
 }
 
 // ToolAgents generates tool-calling agents.
@@ -210,7 +193,7 @@ func ToolAgents(c ToolAgentsConfig) (*Workload, error) {
 	agentCatalog := make([]int, c.Agents)
 	agents := make([]Segment, c.Agents)
 	for a := range agents {
-		agentCatalog[a] = min(sort.SearchFloat64s(cdf, rng.Float64()), c.Catalogs-1)
+		agentCatalog[a] = cdf.pick(rng)
 		agents[a] = Segment{ID: mix64(agentTag ^ c.Seed ^ uint64(a)), Len: logNormal(rng, c.AgentTokens, 0.5)}
 	}
 	var reqs []Request
@@ -262,16 +245,7 @@ func appendConversation(reqs []Request, rng *rand.Rand, cv conversation) []Reque
 			prompt = append(prompt, cv.input(k))
 		}
 		out := cv.output(k)
-		r := Request{
-			Arrival:   time.Duration(at * float64(time.Second)),
-			Prompt:    slices.Clip(slices.Clone(prompt)),
-			OutputLen: out,
-			Group:     cv.group,
-		}
-		for _, s := range r.Prompt {
-			r.PromptLen += s.Len
-		}
-		reqs = append(reqs, r)
+		reqs = append(reqs, newRequest(0, at, slices.Clip(slices.Clone(prompt)), out, cv.group))
 		prompt = append(prompt, cv.answer(k, out))
 		at += (time.Duration(out)*answerPace + time.Duration(rng.ExpFloat64()*float64(cv.think))).Seconds()
 	}
@@ -344,12 +318,8 @@ func (c *RAGConfig) defaults() {
 	if c.Noise == 0 && !c.Exact {
 		c.Noise = 1
 	}
-	if c.ZipfS == 0 {
-		c.ZipfS = DefaultZipfS
-	}
-	if c.QPS == 0 {
-		c.QPS = 16
-	}
+	setDefault(&c.ZipfS, DefaultZipfS)
+	setDefault(&c.QPS, 16)
 }
 
 // RAG generates the retrieval-augmented workload.
@@ -383,27 +353,17 @@ func RAG(c RAGConfig) (*Workload, error) {
 	var t float64
 	for i := range w.Requests {
 		t += rng.ExpFloat64() / c.QPS
-		topic := min(sort.SearchFloat64s(cdf, rng.Float64()), c.Topics-1)
+		topic := cdf.pick(rng)
 		for r, d := range topics[topic] {
 			cand[r] = scored{doc: d, score: -float64(r) + c.Noise*rng.NormFloat64()}
 		}
 		slices.SortStableFunc(cand, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
 		segs := []Segment{system}
-		n := system.Len
 		for _, s := range cand[:c.Retrieved] {
 			segs = append(segs, docs[s.doc])
-			n += docs[s.doc].Len
 		}
-		q := Segment{ID: mix64(queryTag ^ ragTag ^ c.Seed ^ uint64(i)<<8), Len: logNormal(rng, c.QueryTokens, 0.6)}
-		segs = append(segs, q)
-		w.Requests[i] = Request{
-			ID:        i,
-			Arrival:   time.Duration(t * float64(time.Second)),
-			Prompt:    segs,
-			PromptLen: n + q.Len,
-			OutputLen: logNormal(rng, c.OutputTokens, 0.6),
-			Group:     "topic-" + strconv.Itoa(topic),
-		}
+		segs = append(segs, Segment{ID: mix64(queryTag ^ ragTag ^ c.Seed ^ uint64(i)<<8), Len: logNormal(rng, c.QueryTokens, 0.6)})
+		w.Requests[i] = newRequest(i, t, segs, logNormal(rng, c.OutputTokens, 0.6), "topic-"+strconv.Itoa(topic))
 	}
 	return w, nil
 }

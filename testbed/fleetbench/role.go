@@ -1,0 +1,252 @@
+package fleetbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvindex/kvindex/testbed/proc"
+)
+
+// Processes. Each benchmark runs its parts as separate processes of the
+// same binary (Roles): the orchestrator starts a role with its options as
+// JSON, and the role reports on its stdout, one JSON message a line, each
+// with an "event" field; the orchestrator sends it commands on its stdin,
+// one a line, and closing stdin tells it to finish.
+
+// Role is a part of a benchmark that runs in a process of its own.
+type Role func(ctx context.Context, opts json.RawMessage, in *Commands, out *Reporter) error
+
+// Roles are the roles by name (RunRole).
+var roles = map[string]Role{
+	"ingest-gen":  role(runIngestGenerator),
+	"sync-gen":    role(runSyncGenerator),
+	"lag-gen":     role(runLagGenerator),
+	"engines-gen": role(runEnginesGenerator),
+	"replica":     role(runReplica),
+}
+
+// role is run as a Role: its options decoded from JSON first.
+func role[O any](run func(ctx context.Context, o O, in *Commands, out *Reporter) error) Role {
+	return func(ctx context.Context, raw json.RawMessage, in *Commands, out *Reporter) error {
+		var o O
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return fmt.Errorf("fleetbench: role options %s: %w", raw, err)
+		}
+		return run(ctx, o, in, out)
+	}
+}
+
+// RunRole runs role name in this process with its options as JSON,
+// reading commands from in and reporting to out.
+func RunRole(ctx context.Context, name, opts string, in io.Reader, out io.Writer) error {
+	r, ok := roles[name]
+	if !ok {
+		return fmt.Errorf("fleetbench: unknown role %q", name)
+	}
+	rep := &Reporter{w: out}
+	err := r(ctx, json.RawMessage(opts), newCommands(in), rep)
+	if err != nil {
+		_ = rep.Send("error", struct {
+			Error string `json:"error"`
+		}{err.Error()})
+	}
+	return err
+}
+
+// Reporter writes a role's messages, one JSON object a line.
+type Reporter struct{ w io.Writer }
+
+// Send writes v, which must marshal to an object, with its event name.
+func (r *Reporter) Send(event string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("fleetbench: report %s: %w", event, err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil || m == nil {
+		m = map[string]json.RawMessage{}
+	}
+	m["event"], _ = json.Marshal(event)
+	b, _ = json.Marshal(m)
+	_, err = fmt.Fprintf(r.w, "%s\n", b)
+	return err
+}
+
+// Commands are the lines the orchestrator sends a role; the channel closes
+// when its stdin does.
+type Commands struct{ C <-chan string }
+
+func newCommands(in io.Reader) *Commands {
+	c := make(chan string, 16)
+	go func() {
+		defer close(c)
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			c <- strings.TrimSpace(sc.Text())
+		}
+	}()
+	return &Commands{C: c}
+}
+
+// Wait returns when command cmd arrives (nil), stdin closes or ctx ends.
+func (c *Commands) Wait(ctx context.Context, cmd string) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case got, ok := <-c.C:
+			if !ok {
+				return io.EOF
+			}
+			if got == cmd {
+				return nil
+			}
+		}
+	}
+}
+
+// Exit returns when the orchestrator lets the role end ("exit", or stdin
+// closed) or ctx ends; a generator's parts (nats-server, agents, engines)
+// serve the replica until then.
+func (c *Commands) Exit(ctx context.Context) error {
+	if err := c.Wait(ctx, "exit"); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
+}
+
+// replicaEnv is the replica process's environment: GOMAXPROCS procs, or
+// Go's default when procs is 0.
+func replicaEnv(procs int) []string {
+	if procs <= 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
+}
+
+// finish lets both processes of a benchmark end, the replica first.
+func finish(gen, rep *child) error {
+	if err := rep.finish(30 * time.Second); err != nil {
+		return err
+	}
+	return gen.finish(time.Minute)
+}
+
+// child is a role running in another process.
+type child struct {
+	*proc.Process
+	stdin   io.WriteCloser
+	lines   chan []byte
+	started time.Time
+}
+
+// startChild starts role name in a new process of this binary, with opts
+// marshalled as its options and its stderr shared with this process.
+func startChild(ctx context.Context, name string, opts any, env ...string) (*child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
+	}
+	b, err := json.Marshal(opts)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
+	}
+	cmd := exec.CommandContext(ctx, self, "role", name, "--opts", string(b))
+	cmd.Stderr = os.Stderr
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	c := &child{lines: make(chan []byte, 64), started: time.Now()}
+	if c.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
+	}
+	// exec copies the role's stdout into pw until it exits.
+	pr, pw := io.Pipe()
+	cmd.Stdout = pw
+	if c.Process, err = proc.Start(name, cmd, ""); err != nil {
+		return nil, err
+	}
+	go func() {
+		<-c.Done()
+		pw.Close()
+	}()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<16), 64<<20)
+		for sc.Scan() {
+			c.lines <- append([]byte(nil), sc.Bytes()...)
+		}
+		close(c.lines)
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	return c, nil
+}
+
+// errChildExited: a role ended before sending what was awaited.
+var errChildExited = errors.New("fleetbench: role process ended")
+
+// await returns the time it arrived and decodes into v the next message
+// of event, skipping others; within timeout.
+func (c *child) await(event string, v any, timeout time.Duration) (time.Time, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return time.Time{}, fmt.Errorf("fleetbench: %s: no %q within %v", c.Name, event, timeout)
+		case line, ok := <-c.lines:
+			if !ok {
+				<-c.Done()
+				return time.Time{}, fmt.Errorf("%w: %s before %q: %v", errChildExited, c.Name, event, c.Err())
+			}
+			at := time.Now()
+			var env struct {
+				Event string `json:"event"`
+				Error string `json:"error"`
+			}
+			if err := json.Unmarshal(line, &env); err != nil {
+				return at, fmt.Errorf("fleetbench: %s: bad message %q: %w", c.Name, line, err)
+			}
+			if env.Event == "error" {
+				return at, fmt.Errorf("fleetbench: %s: %s", c.Name, env.Error)
+			}
+			if env.Event != event {
+				continue
+			}
+			if v == nil {
+				return at, nil
+			}
+			if err := json.Unmarshal(line, v); err != nil {
+				return at, fmt.Errorf("fleetbench: %s: %q: %w", c.Name, event, err)
+			}
+			return at, nil
+		}
+	}
+}
+
+// send writes one command line.
+func (c *child) send(cmd string) error {
+	if _, err := io.WriteString(c.stdin, cmd+"\n"); err != nil {
+		return fmt.Errorf("fleetbench: %s: command %q: %w", c.Name, cmd, err)
+	}
+	return nil
+}
+
+// finish closes the child's stdin and waits for it to exit.
+func (c *child) finish(timeout time.Duration) error {
+	_ = c.stdin.Close()
+	go func() {
+		for range c.lines {
+		}
+	}()
+	return c.Wait(timeout)
+}

@@ -1,0 +1,168 @@
+package soak
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/enginepub"
+	"github.com/kvindex/kvindex/testbed/proc"
+)
+
+// startDaemon starts the next daemon process and watches it: an exit the
+// soak did not ask for is a failure that ends the run.
+func (r *runner) startDaemon() error {
+	r.mu.Lock()
+	n := r.process + 1
+	r.mu.Unlock()
+	c, err := proc.Start(fmt.Sprintf("daemon process %d", n), exec.Command(r.bin, "serve", "--config", r.cfgPath), r.logPath(n))
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.child, r.process = c, n
+	clear(r.restarts)
+	clear(r.reported)
+	clear(r.flow)
+	r.mu.Unlock()
+	go func() {
+		<-c.Done()
+		if c.Stopping() {
+			return
+		}
+		r.fail.Add("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", n, c.Pid(), c.Err(), r.logPath(n))
+		r.mu.Lock()
+		r.aborted = true
+		r.mu.Unlock()
+	}()
+	r.log.Info("daemon started", "process", n, "pid", c.Pid(), "log", r.logPath(n))
+	return nil
+}
+
+// logPath is daemon process n's log file.
+func (r *runner) logPath(n int) string {
+	return filepath.Join(r.opts.Dir, fmt.Sprintf("daemon-%d.log", n))
+}
+
+// waitReady waits until the current daemon answers ListWorkers.
+func (r *runner) waitReady(ctx context.Context, timeout time.Duration) error {
+	c, n := r.currentChild()
+	err := c.WaitReady(ctx, timeout, func(ctx context.Context) error {
+		_, err := r.client.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("soak: ListWorkers: %w (log %s)", err, r.logPath(n))
+	}
+	return nil
+}
+
+// stopDaemon stops the current daemon with sig, checks how it ended and
+// scans its log.
+func (r *runner) stopDaemon(sig syscall.Signal) {
+	c, n := r.currentChild()
+	if err := c.Stop(sig, 15*time.Second); err != nil {
+		r.fail.Add("daemon_stop", "%v (log %s)", err, r.logPath(n))
+	}
+	lines, crash, err := ScanLog(r.logPath(n))
+	if err != nil {
+		r.fail.Add("daemon_log", "%v", err)
+	}
+	if crash != "" {
+		r.fail.Add("daemon_crash", "daemon process %d logged %q (log %s)", n, clip(crash, 200), r.logPath(n))
+	}
+	r.mu.Lock()
+	r.errorLines += lines
+	r.mu.Unlock()
+}
+
+// killDaemon makes sure no daemon outlives Run.
+func (r *runner) killDaemon() {
+	c, _ := r.currentChild()
+	if c == nil {
+		return
+	}
+	select {
+	case <-c.Done():
+	default:
+		_ = c.Stop(syscall.SIGKILL, 5*time.Second)
+	}
+}
+
+// squat tries to claim PushPod's name on the open listener before its
+// engine sends: the open listener must refuse it (other_listener), since
+// only the allowlisted listener that routes PushPod may create it, and the
+// next checkpoint finds the push worker exact.
+func (r *runner) squat(ctx context.Context) {
+	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: r.fleet.OpenPushAddr(), Topic: "kv@" + PushPod + "@" + ModelA})
+	if err != nil {
+		r.fail.Add("squat", "%v", err)
+		return
+	}
+	defer pub.Close()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pub.WaitForSubscribers(wctx, 1); err != nil {
+		r.fail.Add("squat", "%v", err)
+		return
+	}
+	b := &events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), BlockSize: 16}}, HasDPRank: true}
+	if _, err := pub.Publish(b); err != nil {
+		r.fail.Add("squat", "%v", err)
+		return
+	}
+	time.Sleep(300 * time.Millisecond)
+}
+
+// ScanLog reads a daemon log and returns how many lines were logged at
+// level ERROR and the first line that shows a crash (a Go panic or fatal
+// error), "" if none.
+func ScanLog(path string) (errorLines int, crash string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, "", fmt.Errorf("soak: read daemon log: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, `"level":"ERROR"`) {
+			errorLines++
+		}
+		if crash == "" && (strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") || strings.Contains(line, "broken invariant")) {
+			crash = line
+		}
+	}
+	return errorLines, crash, sc.Err()
+}
+
+// Scrape fetches and parses http://addr/metrics.
+func Scrape(ctx context.Context, client *http.Client, addr string) (Metrics, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, fmt.Errorf("soak: scrape %s: %w", addr, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("soak: scrape %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("soak: scrape %s: %s", addr, resp.Status)
+	}
+	s, err := ParseMetrics(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("soak: scrape %s: %w", addr, err)
+	}
+	return s, nil
+}
