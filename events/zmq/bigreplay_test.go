@@ -50,7 +50,18 @@ func bigPublisher(t *testing.T) (pub *enginepub.Publisher, pubEP, replayEP strin
 func checkWhole(t *testing.T, sub *zmq.Subscriber, w *indexer.Worker, n int) {
 	t.Helper()
 	want := int64(n * bigBlocks)
-	waitFor(t, "every replayed block", func() bool { return w.Stats().ResidentBlocks == want })
+	// Wait on progress, not on a fixed time: on a loaded machine recovering
+	// 6,000 batches can take longer than any one deadline, but it must
+	// never stall.
+	last, stalled := int64(-1), time.Now().Add(10*time.Second)
+	for got := w.Stats().ResidentBlocks; got != want; got = w.Stats().ResidentBlocks {
+		if got != last {
+			last, stalled = got, time.Now().Add(10*time.Second)
+		} else if time.Now().After(stalled) {
+			t.Fatalf("replay stalled at %d of %d blocks; stats %+v", got, want, statsOf(sub, "a"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	st := statsOf(sub, "a")
 	if st.UnrecoveredGaps != 0 || w.Stats().Resets != 0 {
 		t.Fatalf("holes called lost: %d unrecovered gaps, %d resets; stats %+v", st.UnrecoveredGaps, w.Stats().Resets, st)
