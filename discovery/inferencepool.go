@@ -56,20 +56,12 @@ type Endpoint struct {
 	DPSize int
 }
 
-// InferencePool watches one InferencePool with client-go's dynamic client
-// and an informer, and the pods its selector selects with a pod informer,
-// and hands the endpoints of its Ready pods to a callback whenever they
-// change: a pod that becomes Ready joins, one that stops being Ready, is
-// deleted or stops matching the selector leaves, and a change of the
-// pool's selector or ports applies at once.
-//
-// A pod's endpoints: with one target port, the pod's IP at that port,
-// serving every rank of its data-parallel size (annotation
-// kvindex.io/dp-size, else the configured dp_size); with several, port i
-// serves rank i. Its model is annotation kvindex.io/model, else the
-// configured one. A pool that is missing or malformed has no endpoints;
-// that, and every failed watch, is counted (Errors) and logged at most
-// once a minute.
+// InferencePool watches one InferencePool and the pods its selector
+// selects, and hands the endpoints of its Ready pods to a callback
+// whenever they change. With one target port a pod serves every rank of
+// its dp size there; with several, port i serves rank i. A missing or
+// malformed pool has no endpoints; that and failed watches are counted
+// (Errors) and logged at most once a minute.
 //
 // # Concurrency
 //

@@ -16,26 +16,14 @@ var ErrMalformed = errors.New("events: malformed payload")
 // events a payload can claim.
 const minEventLen = 1 + 1 + len("BlockStored")
 
-// Decoder decodes vLLM KV event payloads (msgpack) into Batches. It keeps
-// scratch state between calls so that decoding a stream of payloads into
-// the same Batch does not allocate in the steady state.
+// Decoder decodes vLLM KV event payloads (msgpack) into Batches, keeping
+// scratch state so a stream decoded into one Batch does not allocate. The
+// msgpack reader is hand-written (an index into the payload, every length
+// checked, no io.Reader): token ids and hashes are read by inlined loops,
+// about 10x a general library (docs/benchmarks.md, "Decoding").
 //
-// The msgpack reader is hand-written, in the manner of nats-server's
-// parser: an index into the payload, a switch on each type byte, every
-// length checked against what is left, no io.Reader and no interfaces.
-// Token ids and block hashes, nearly all of a payload's bytes, are read by
-// inlined loops: ~2 ns a token id against ~25 ns inside a general msgpack
-// library, and ~2.5 µs a 32-block batch (BenchmarkDecode; docs/benchmarks.md,
-// "Decoding").
-//
-// The work is split by job: this file frames the envelope and the events
-// list; decode_event.go reads one event in either form (vLLM's positional
-// array or tagged map, SGLang's metadata); extrakeys.go turns extra_keys into
-// canonical bytes; decode_msgpack.go is the reader; decode_errors.go says
-// where decoding failed.
-//
-// A Decoder is not safe for concurrent use; use one per goroutine. The zero
-// value is ready to use, but a Decoder must not be copied after first use.
+// A Decoder is not safe for concurrent use. The zero value is ready to
+// use; a Decoder must not be copied after first use.
 type Decoder struct {
 	p   []byte // the payload being decoded; nil between calls
 	pos int    // offset in p of the next unread byte
@@ -69,13 +57,9 @@ func Decode(payload []byte) (*Batch, error) {
 // Decode decodes one payload (the third frame of a vLLM KV event message, or
 // the last frame of a replay reply) into b, replacing b's contents.
 //
-// Ownership: Decode reuses the capacity of b.Events and of each event's
-// BlockHashes, TokenIDs and ExtraKeys slices, so whatever b held before,
-// including slices a caller kept from it, is overwritten. b's contents are
-// valid until the next Decode into the same Batch. payload is not retained:
-// every string and byte slice in b is a copy. Slices with no elements may be
-// nil or empty; test their length (ExtraKeys is the exception: nil means the
-// engine sent no extra_keys).
+// Ownership: Decode reuses b's slices, so what b held before is
+// overwritten; b is valid until the next Decode into it. payload is not
+// retained. Empty slices may be nil; ExtraKeys nil means none was sent.
 //
 // Every error wraps ErrMalformed. On error b holds a partial result that must
 // not be used, but b may be passed to Decode again.

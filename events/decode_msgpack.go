@@ -15,18 +15,11 @@ import (
 // truncated value, a wrong type) falls back to readInt, which either reads
 // it or says what is wrong with it.
 //
-// The three unsigned forms are read without a branch on which one it is:
-// ids from a 150 k vocabulary are a random mix of uint16 and uint32, and a
-// switch on the form mispredicted about every other token. While 5 bytes
-// are left, load the 4 bytes after the code and shift off what the form
-// does not use; the last few bytes of a payload take the careful path.
-// Measured on 1,280 distinct ~80-block payloads (benchsuite's
-// BenchmarkDecodeOnlyRing): 11.2 µs per payload with a switch, 8.5 µs
-// without. The price is a serial dependency from one token's code to the
-// next one's offset: when one payload is decoded over and over, so that the
-// predictor learns its forms, the switch was 0.4 µs faster per 512 tokens.
-//
-// Cost: about 2 ns per token (BenchmarkDecode), no allocation.
+// The unsigned forms are read without a branch on which one it is (ids
+// of a large vocabulary mix uint16 and uint32, which a switch mispredicts):
+// while 5 bytes are left, load the 4 after the code and shift off what the
+// form does not use (docs/benchmarks.md, "Design measurements").
+// Cost: about 2 ns per token, no allocation.
 func (d *Decoder) readTokens(t []uint32) error {
 	p, pos := d.p, d.pos
 	for i := range t {

@@ -111,16 +111,11 @@ type EncodeOptions struct {
 // errEncode is wrapped by every AppendPayload error.
 var errEncode = errors.New("events: cannot encode")
 
-// AppendPayload appends b encoded as the msgpack payload vLLM's msgspec
-// publisher sends, byte for byte (smallest integer forms, float64
-// timestamps, msgspec's string and container forms), and returns the
-// extended slice. It is meant for test publishers and simulators.
-//
-// Strings the model keeps as "" for nil (MediumName, LoRAName, SpecKind) are
-// written as nil; a MediumName of "" with a non-GPU Medium is written as
-// Medium.String(). AppendPayload does not validate what the decoder
-// validates (e.g. len(ExtraKeys) == len(BlockHashes)), so it can produce
-// such payloads for tests. On error it returns dst unchanged.
+// AppendPayload appends b encoded byte for byte as vLLM's msgspec
+// publisher sends it, for test publishers and simulators. "" strings are
+// written as nil (a non-GPU Medium's empty MediumName as Medium.String()).
+// It does not validate what the decoder does, so tests can build bad
+// payloads. On error it returns dst unchanged.
 func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
 	orig := dst
 	fail := func(format string, args ...any) ([]byte, error) {
@@ -418,12 +413,9 @@ func appendExtraMsgpack(dst, b []byte, depth int) ([]byte, []byte, error) {
 	return dst, nil, fmt.Errorf("%w: unknown tag 0x%02x", ErrExtraKeys, tag)
 }
 
-// The append* helpers below write msgpack in the forms msgspec chooses (the
-// smallest that holds the value). vmihailenco's Encoder picks the same forms
-// in EncodeUint, EncodeInt, EncodeString, EncodeBytesLen, EncodeArrayLen,
-// EncodeMapLen and EncodeFloat64 (but EncodeUint64 and EncodeInt64 always
-// write 9 bytes); the tests check the two agree. They are hand-written so
-// that AppendPayload can append to a caller's slice without an io.Writer.
+// The append* helpers write msgpack in msgspec's forms (the smallest that
+// holds the value), appending without an io.Writer; tests check them
+// against vmihailenco's Encoder.
 
 func appendNil(dst []byte) []byte { return append(dst, 0xc0) }
 

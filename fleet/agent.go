@@ -30,16 +30,11 @@ const Version = "kvindex-agent/1"
 //
 // # Checkpoint
 //
-// With agent.checkpoint set, the agent writes its workers' state to that
-// file every agent.checkpoint_interval and when it stops (see
-// checkpoint.go), and a new agent restores from it, then asks each
-// engine's replay buffer for what came after the checkpoint's seq. So an
-// agent restarted while its engine runs recovers the exact state even
-// when the buffer (vLLM's 10,000 steps) no longer reaches back to the
-// engine's start. When neither suffices, the worker is marked partial
-// (see history): its registration says so, replicas show it UNSYNCED, and
-// kvindex_agent_partial_total counts it, until the engine clears or
-// restarts, after which the state is whole again.
+// With agent.checkpoint set, the agent writes its workers' state every
+// agent.checkpoint_interval and at stop, and a new agent restores it and
+// replays what came after its seq. When neither covers the engine's
+// history the worker is partial (see history) until the engine clears or
+// restarts.
 //
 // # Concurrency
 //
@@ -87,8 +82,7 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 	for _, r := range []string{reasonNoCheckpoint, reasonCheckpointGap, reasonGap, reasonCheckpoint} {
 		a.partials.WithLabelValues(r)
 	}
-	// No memory budget: its evictions happen outside any batch and would
-	// not reach the replicas (indexer.Worker.ApplyBatchDelta).
+	// No memory budget: its evictions would not reach the replicas.
 	a.ix = indexer.New(indexer.Config{WorkerCapacity: cfg.Index.WorkerCapacity})
 	bs := config.DefaultBlockSize
 	for _, m := range cfg.Models {
@@ -129,27 +123,16 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 		s := a.sinks[rank]
 		local[rank] = &localWorker{a: a, w: s.w, s: s}
 		ep := zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: s}
-		if h := s.history(); h.hasSeq {
-			// Restored: the stream continues after the checkpoint's seq,
-			// and its replay asks for what came since.
+		if h := s.history(); h.hasSeq { // restored: replay from the checkpoint's seq
 			ep.Resume, ep.ResumeAfter = true, h.seq
 		}
 		eps = append(eps, ep)
 	}
-	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
+	opts, err := SubscriberOptions(cfg, log, a.lag)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: agent: %w", err)
 	}
-	if a.sub, err = zmq.NewSubscriber(zmq.SubscriberOptions{
-		Logger: log, LogEvery: cfg.Log.ProblemInterval, QueueSize: cfg.Events.QueueSize, QueueBytes: cfg.Events.QueueBytes,
-		MaxMessageBytes: cfg.Events.MaxMessageBytes, ReplayTimeout: cfg.Events.ReplayTimeout, ReplayConcurrency: cfg.Events.ReplayConcurrency,
-		GapPolicy: policy, StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect, StaleAfterSilence: cfg.Events.StaleAfterSilence,
-		Applied: func(_ events.WorkerRef, b *events.Batch, replayed bool) {
-			if !replayed {
-				a.lag.Observe(metrics.LagZMQ, b.Timestamp, time.Now())
-			}
-		},
-	}, eps...); err != nil {
+	if a.sub, err = zmq.NewSubscriber(opts, eps...); err != nil {
 		return nil, fmt.Errorf("fleet: agent: %w", err)
 	}
 	if a.na, err = natsbus.NewAgent(ctx, nc, natsbus.AgentOptions{
@@ -162,6 +145,25 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 		a.sinks[rank].tell()
 	}
 	return a, nil
+}
+
+// SubscriberOptions are the ZeroMQ subscriber's options from cfg's events
+// and log settings, with engine-to-kvindex lag observed into lag.
+func SubscriberOptions(cfg *config.Config, log *slog.Logger, lag *metrics.Lag) (zmq.SubscriberOptions, error) {
+	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
+	if err != nil {
+		return zmq.SubscriberOptions{}, err
+	}
+	return zmq.SubscriberOptions{
+		Logger: log, LogEvery: cfg.Log.ProblemInterval, QueueSize: cfg.Events.QueueSize, QueueBytes: cfg.Events.QueueBytes,
+		MaxMessageBytes: cfg.Events.MaxMessageBytes, ReplayTimeout: cfg.Events.ReplayTimeout, ReplayConcurrency: cfg.Events.ReplayConcurrency,
+		GapPolicy: policy, StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect, StaleAfterSilence: cfg.Events.StaleAfterSilence,
+		Applied: func(_ events.WorkerRef, b *events.Batch, replayed bool) {
+			if !replayed {
+				lag.Observe(metrics.LagZMQ, b.Timestamp, time.Now())
+			}
+		},
+	}, nil
 }
 
 // Collectors are the agent's Prometheus metrics: its index and engine
@@ -248,9 +250,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	err := a.sub.Run(ctx)
 	cancel() // a failed subscriber stops the rest
 	wg.Wait()
-	if a.ck != nil {
-		// The streams have stopped: this is the state after the last
-		// batch applied.
+	if a.ck != nil { // the streams have stopped: the state after the last batch
 		if cerr := a.WriteCheckpoint(); cerr != nil {
 			a.log.Warn("the checkpoint at shutdown failed; a restarted agent recovers from the last one written", "path", a.ck.path, "err", cerr)
 		}
@@ -286,39 +286,25 @@ const (
 	reasonCheckpoint    = "checkpoint"
 )
 
-// history is what the agent knows of how a worker's state relates to its
-// engine's history: the last engine seq the state includes, and whether
-// the state is known to lack some of what the engine holds (partial).
+// history relates a worker's state to its engine's history: the last
+// engine seq the state includes, and whether it lacks part of it (partial).
 //
 // # Invariants
 //
 // The state is whole when every batch since an origin was applied in
-// sequence. An origin is the engine's first batch (seq 0, applied to an
-// empty worker: vLLM's seq starts at 0 with its cache empty), an
-// AllBlocksCleared (what follows it applies to an empty cache), or a
-// whole checkpoint restored at its seq. Anything else that is not the
-// next seq (a first batch after 0 with no checkpoint, a batch after a
-// checkpoint's seq that is not the one after it, a batch after a reset
-// that is not seq 0) means batches were lost beyond replay, and the
-// state is partial until the next origin.
-//
-// The subscriber resets the worker (Reset) on an engine restart (its seq
-// went back) and when the gap policy clears it; either way the worker is
-// then empty and hasSeq false, so that only the engine's seq 0 (it
-// restarted, and its replay has its history) makes it whole again.
-// vLLM's events name no engine process, so an engine that restarted
-// while the agent was down and has published past the checkpoint's seq
-// since looks like the same engine continuing; the agent cannot tell
-// (nor can a subscriber that was disconnected as long).
+// sequence. Origins: the engine's seq 0 on an empty worker, an
+// AllBlocksCleared, a whole checkpoint restored at its seq. Any other
+// batch that is not the next seq means batches were lost beyond replay:
+// partial until the next origin. A Reset (engine restart, gap policy)
+// empties the worker and clears hasSeq, so only seq 0 makes it whole.
+// An engine that restarted while the agent was down and has passed the
+// checkpoint's seq looks like the same engine: vLLM's events name no
+// process.
 type history struct {
-	seq    uint64
-	hasSeq bool // false: nothing applied since the agent started or the worker was reset
-	// known is false until the agent has had a seq for the worker (from a
-	// checkpoint or a batch): a first batch after 0 then means the
-	// history before it is beyond replay and no checkpoint covers it.
-	known bool
-	// restored: restored from a checkpoint, and no batch applied since.
-	restored bool
+	seq      uint64
+	hasSeq   bool // false: nothing applied since start or the last Reset
+	known    bool // a seq was ever had (checkpoint or batch)
+	restored bool // restored from a checkpoint, no batch applied since
 	partial  bool
 	why      string // why partial, for operators
 }
@@ -354,9 +340,7 @@ func (h *history) batch(seq uint64, b *events.Batch) string {
 		h.partial, h.why = true, why
 	}
 	for i := range b.Events {
-		if b.Events[i].Kind == events.KindAllBlocksCleared {
-			// The worker applies the rest to an empty cache, as the
-			// engine did: an origin.
+		if b.Events[i].Kind == events.KindAllBlocksCleared { // an origin
 			h.partial, h.why, became = false, "", ""
 		}
 	}
@@ -374,15 +358,12 @@ type agentSink struct {
 	last uint64 // the last engine seq applied; the stream's goroutine only
 	told bool   // what the NATS agent was last told (SetPartial); the stream's goroutine, or NewAgent before it
 
-	// mu guards hist. It is taken inside the NATS agent's lock of the
-	// worker (in Publish's apply and WithWorker's f), so that hist changes
-	// with the worker's state, and alone by readers of the partial flag;
-	// nothing is locked under it.
+	// mu guards hist; taken inside the NATS agent's worker lock, so hist
+	// changes with the state; nothing is locked under it.
 	mu   sync.Mutex
 	hist history
 }
 
-// history returns the worker's history.
 func (s *agentSink) history() history {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -432,10 +413,8 @@ func (s *agentSink) Reset(reason string) {
 	}
 }
 
-// tell passes a change of the worker's partial flag to the NATS agent
-// (its registration) and logs it: once when the state becomes partial,
-// once when it is whole again. Called on the stream's goroutine (or
-// before it runs), outside the NATS agent's lock.
+// tell passes a change of the partial flag to the NATS agent's
+// registration and logs it. Stream goroutine only, outside the agent lock.
 func (s *agentSink) tell() {
 	h := s.history()
 	if h.partial == s.told {
@@ -479,9 +458,8 @@ func (l *localWorker) Resident() int64 { return l.w.Stats().ResidentBlocks }
 // Capacity implements natsbus.LocalWorker.
 func (l *localWorker) Capacity() int64 { return l.w.Stats().Capacity }
 
-// Health implements natsbus.LocalWorker: the engine stream's health as the
-// agent's subscriber sees it, and at best UNSYNCED while the worker's
-// state is partial (answers may miss blocks the engine holds), with why.
+// Health implements natsbus.LocalWorker: the stream's health, at best
+// UNSYNCED while the worker is partial.
 func (l *localWorker) Health() (events.Health, string) {
 	ref := l.w.Info().Ref
 	h, reason := events.HealthUnknown, ""

@@ -26,26 +26,17 @@ import (
 //
 //	magic "KVXCKPT\n" (8 bytes) | payload length (8, little-endian) | CRC-32C of the payload (4, little-endian) | payload
 //
-// so that a truncated or damaged file is told from a valid one by its
-// bytes alone (a protobuf of garbage may parse, and a wrong engine seq
-// would resume the stream at the wrong place without any other check
-// noticing). Each worker's segments are the index's checkpoint encoding
-// (indexer.CheckpointSegment), which RestoreCheckpoint checks whole.
-//
-// It is written atomically: to a temporary file in the same directory,
-// synced, renamed over the old one, and the directory synced, so that a
-// crash at any point leaves the old checkpoint or the new one, never a
-// part. Cost, measured (docs/benchmarks.md, "Checkpoints"): for a
-// 30,000-block worker, the state gathered and encoded in 6.7 ms under
-// the worker's lock, which holds up that worker's batches (they queue in
-// the subscriber) but no other worker's and no Score; 18 bytes per block
-// on disk; restored in 13.6 ms.
+// so a damaged file is told by its bytes alone (garbage may parse as a
+// protobuf, and a wrong seq would resume the stream at the wrong place).
+// Each worker's segments are indexer.CheckpointSegment's encoding. It is
+// written atomically (temp file, sync, rename, directory sync). Cost: the
+// state is taken under the worker's lock, holding up that worker's
+// batches only (docs/benchmarks.md, "Checkpoints").
 
 // checkpointMagic starts every checkpoint file.
 const checkpointMagic = "KVXCKPT\n"
 
-// checkpointVersion is the fleetv1.Checkpoint format this agent writes
-// and reads.
+// checkpointVersion is the fleetv1.Checkpoint format written and read.
 const checkpointVersion = 1
 
 // checkpointHeader is the frame's size before the payload.
@@ -78,8 +69,7 @@ const (
 	loadForeign    = "foreign"
 )
 
-// checkpointer is the agent's checkpoint file: its path, the counters of
-// its writes and what the last load found.
+// checkpointer is the agent's checkpoint file and its counters.
 type checkpointer struct {
 	path    string
 	log     *slog.Logger
@@ -123,8 +113,7 @@ func (c *checkpointer) collectors() []prometheus.Collector {
 	}
 }
 
-// age returns how old the newest checkpoint on disk is at now, or how
-// long the agent has run when there is none.
+// age is the newest checkpoint's age at now, or the agent's uptime.
 func (c *checkpointer) age(now time.Time) time.Duration {
 	if ns := c.last.Load(); ns != 0 {
 		return now.Sub(time.Unix(0, ns))
@@ -146,14 +135,13 @@ func (c *checkpointer) problem(msg string, err error) {
 type CheckpointStats struct {
 	// Writes and Failures count checkpoint writes and failed ones.
 	Writes, Failures int64
-	// Last is when the newest checkpoint on disk was taken (zero for
-	// none); Bytes is the size of the last one written.
+	// Last is when the newest checkpoint was taken (zero: none); Bytes
+	// the size of the last one written.
 	Last  time.Time
 	Bytes int64
 }
 
-// CheckpointStats returns the agent's checkpoint counters (zero without
-// agent.checkpoint).
+// CheckpointStats returns the checkpoint counters (zero without one).
 func (a *Agent) CheckpointStats() CheckpointStats {
 	if a.ck == nil {
 		return CheckpointStats{}
@@ -165,10 +153,8 @@ func (a *Agent) CheckpointStats() CheckpointStats {
 	return s
 }
 
-// WriteCheckpoint writes the agent's checkpoint now (Run does it every
-// agent.checkpoint_interval and when it stops), counting the write or
-// its failure. Each worker's state is taken under the NATS agent's lock
-// of the worker, with the engine seq it includes.
+// WriteCheckpoint writes the agent's checkpoint now, each worker's state
+// taken under its NATS agent lock with the engine seq it includes.
 func (a *Agent) WriteCheckpoint() error {
 	if a.ck == nil {
 		return errors.New("fleet: agent: no checkpoint configured (agent.checkpoint)")
@@ -200,21 +186,16 @@ func (a *Agent) WriteCheckpoint() error {
 	return nil
 }
 
-// workerCheckpoint takes worker rank's state, with the engine seq and
-// partial flag that go with it.
+// workerCheckpoint takes worker rank's state, seq and partial flag.
 func (a *Agent) workerCheckpoint(rank int) (*fleetv1.WorkerCheckpoint, error) {
 	s := a.sinks[rank]
 	wc := &fleetv1.WorkerCheckpoint{DpRank: uint32(rank)}
 	err := a.na.WithWorker(rank, func(uint64, bool) error {
-		// The NATS agent's own engine seq is not used: it does not know a
-		// restored seq before the next batch, and after a reset it still
-		// has the old engine's.
+		// Not the NATS agent's seq: stale after a restore or a reset.
 		h := s.history()
 		wc.EngineSeq, wc.HasEngineSeq, wc.Partial, wc.PartialReason = h.seq, h.hasSeq, h.partial, h.why
 		if !h.hasSeq {
-			// Nothing applied since the agent started or the worker was
-			// reset: the state is empty, and a restored agent learns the
-			// worker from the engine's replay.
+			// Empty: a restored agent learns it from the engine's replay.
 			wc.Partial, wc.PartialReason = false, ""
 			return nil
 		}
@@ -267,8 +248,7 @@ func decodeCheckpointFile(data []byte) (*fleetv1.Checkpoint, error) {
 	return ck, nil
 }
 
-// writeFileAtomic writes data to path so that path holds the old
-// contents or the new ones whatever happens (see the comment at the top).
+// writeFileAtomic writes data to path: a crash leaves old or new, never part.
 func writeFileAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -324,10 +304,8 @@ func readCheckpointFile(path string) (*fleetv1.Checkpoint, error) {
 	return decodeCheckpointFile(data)
 }
 
-// restore restores the agent's workers from its checkpoint file, when
-// there is one and it is this agent's and valid; otherwise it logs why,
-// counts it, and leaves the workers empty (they learn from the engines'
-// replay, as a new agent's do). Called by NewAgent, before anything runs.
+// restore restores the workers from a valid checkpoint of this agent, or
+// logs and counts why not and leaves them empty. NewAgent only.
 func (a *Agent) restore() {
 	ck, err := readCheckpointFile(a.ck.path)
 	if err == nil {
@@ -359,8 +337,7 @@ func (a *Agent) restore() {
 	a.ck.loads.WithLabelValues(result).Inc()
 }
 
-// checkForeign checks that ck is this agent's: its format version, pod,
-// model, key scheme and block size.
+// checkForeign checks ck's version, pod, model, key scheme and block size.
 func (a *Agent) checkForeign(ck *fleetv1.Checkpoint) error {
 	for _, c := range []struct {
 		what      string
@@ -379,18 +356,15 @@ func (a *Agent) checkForeign(ck *fleetv1.Checkpoint) error {
 	return nil
 }
 
-// restoreWorkers restores every worker ck has a state for, and sets its
-// history; a worker whose state is bad makes the whole checkpoint corrupt,
-// and the workers restored before it are emptied again. Ranks the agent
-// does not have (the pod's DP size changed, and so its engine restarted)
-// are skipped.
+// restoreWorkers restores every worker ck has a state for, with its
+// history; one bad state makes the whole checkpoint corrupt (all emptied
+// again). Ranks the agent does not have are skipped.
 func (a *Agent) restoreWorkers(ck *fleetv1.Checkpoint) error {
 	seen := map[int]bool{}
 	var restored []int
 	undo := func(err error) error {
 		for _, rank := range restored {
-			// An empty checkpoint empties the worker as it was made (a
-			// Reset would count a reset and name it).
+			// Not Reset: that would count a reset.
 			_ = a.workers[rank].RestoreCheckpoint(func() func() (*indexer.CheckpointSegment, error) {
 				done := false
 				return func() (*indexer.CheckpointSegment, error) {
@@ -440,8 +414,7 @@ func (a *Agent) restoreWorkers(ck *fleetv1.Checkpoint) error {
 		}
 		restored = append(restored, rank)
 		if got := w.Stats().ResidentBlocks; uint64(got) < wc.GetBlocks() {
-			// Not corruption (RestoreCheckpoint checked the blocks against
-			// the checkpoint's totals and digest): a capacity lowered since.
+			// Not corruption: a capacity lowered since.
 			a.log.Info("restored worker evicted to its capacity", "worker", w.Info().Ref.String(), "checkpointed", wc.GetBlocks(), "resident", got)
 		}
 		h := history{seq: wc.GetEngineSeq(), hasSeq: true, known: true, restored: true}

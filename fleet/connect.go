@@ -23,15 +23,9 @@ import (
 const reconnectLogEvery = 30 * time.Second
 
 // Connect opens the NATS connection of c for a process named name. It
-// reconnects forever (a replica or agent is useless without NATS, and
-// every disconnection is visible: the source resyncs, the agent's
-// registrations expire), and logs each disconnection, reconnection and
-// (rate-limited) failed reconnection. A server that cannot be reached yet
-// is waited for in the background; one that refuses the TLS handshake on
-// the first attempt (an unknown CA, a missing or untrusted client
-// certificate, TLS on one side only) is a configuration error returned at
-// once, with its reason, as is a nats.tls file that cannot be read. The
-// URL is logged redacted (it may carry a password).
+// reconnects forever, logging each change; an unreachable server is waited
+// for in the background, but a TLS refusal on the first attempt or an
+// unreadable nats.tls file is returned at once. The URL is logged redacted.
 func Connect(c config.NATS, name string, log *slog.Logger) (*nats.Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -45,9 +39,7 @@ func Connect(c config.NATS, name string, log *slog.Logger) (*nats.Conn, error) {
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
-		// A partition closes nothing: pings find a dead connection in
-		// 10-15 s rather than nats.go's 4 min (replicas meanwhile stop
-		// trusting workers whose registrations stop arriving).
+		// Pings find a dead connection in 10-15 s, not nats.go's 4 min.
 		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -75,10 +67,8 @@ func Connect(c config.NATS, name string, log *slog.Logger) (*nats.Conn, error) {
 		}
 		opts = append(opts, o)
 	}
-	// The first attempt does not retry, so that a refused handshake stops
-	// the process with its reason instead of being retried unseen; any
-	// other failure (no server listening yet, a name not resolving yet)
-	// is retried in the background: a process may start before NATS.
+	// The first attempt does not retry, so a refused handshake is returned;
+	// any other failure retries in the background (NATS may start later).
 	nc, err := nats.Connect(c.URL, opts...)
 	if err == nil {
 		return nc, nil
@@ -102,9 +92,8 @@ func Connect(c config.NATS, name string, log *slog.Logger) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// tlsOption reads the files of t once (an error names the field) and
-// returns the option that reads them again at every connection, so that a
-// rotated certificate is used from the next reconnection.
+// tlsOption checks t's files once and returns an option that rereads
+// them at every connection, so a rotated certificate is picked up.
 func tlsOption(t config.NATSTLS) (nats.Option, error) {
 	var (
 		cert  nats.TLSCertHandler
@@ -163,9 +152,7 @@ func tlsRefused(err error) bool {
 		errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid):
 		return true
 	case errors.As(err, &op) && op.Op == "remote error":
-		// A TLS alert from the server after the handshake: under TLS 1.3
-		// the client's handshake ends before the server checks the client
-		// certificate, so a refused one arrives on the first read.
+		// TLS 1.3: a refused client certificate arrives on the first read.
 		return true
 	}
 	return false

@@ -15,9 +15,8 @@ import (
 // this replica, so its blocks could never match this replica's prompts.
 var ErrKeyScheme = errors.New("fleet: agent's key scheme differs")
 
-// Replicas is a replica's fleet.WorkerSet over its index: each registered
-// worker becomes a keyed worker (indexer.WorkerInfo.Keyed) of its model,
-// fed by the transport's snapshots and deltas.
+// Replicas is a replica's natsbus.WorkerSet over its index: each
+// registered worker becomes a keyed worker fed by snapshots and deltas.
 type Replicas struct {
 	ix  *indexer.Index
 	log *slog.Logger

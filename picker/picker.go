@@ -134,11 +134,8 @@ type Picker struct {
 	active  atomic.Int64
 	health  *health.Server
 	counter counters
-	// bodies holds buffers of request bodies that came in several chunks,
-	// reused once a decision is sent (one that came whole is the gRPC
-	// message's own memory, not copied). A buffer over maxPooledBody goes
-	// to the collector instead, so the pool holds at most MaxRequests of
-	// that size.
+	// bodies holds buffers of chunked request bodies, reused once a
+	// decision is sent; one over maxPooledBody is not pooled.
 	bodies sync.Pool
 }
 
@@ -205,10 +202,8 @@ func New(r Router, opts Options) (*Picker, error) {
 	return p, nil
 }
 
-// SetEndpoints replaces the pool's endpoints, for decisions that start
-// after it returns; a decision under way finishes with the set it began
-// with, and a request already routed is released as usual wherever it
-// went. An endpoint that left is no longer picked. It fails, changing
+// SetEndpoints replaces the pool's endpoints for decisions that start
+// after it returns (one under way keeps its set). It fails, changing
 // nothing, on an endpoint New would refuse. eps is copied.
 func (p *Picker) SetEndpoints(eps []Endpoint) error {
 	set, err := newEndpointSet(eps)

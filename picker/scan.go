@@ -13,10 +13,8 @@ import (
 // decodes with encoding/json, which words the errors). Values are sliced
 // from b, not copied.
 //
-// Why: encoding/json validates a body, then decodes it, by reflection:
-// ~220 µs for a 4,096-token chat (30 KB), two thirds of the picker's
-// decision (BenchmarkPickChat4K, docs/benchmarks.md). Skipping a string
-// here is a byte loop.
+// encoding/json's validate-then-reflect decoding was two thirds of a
+// decision (BenchmarkPickChat4K, docs/benchmarks.md).
 func scanBody(b []byte) (out body, ok bool) {
 	s := scanner{b: b}
 	ok = s.object(func(key []byte) bool {

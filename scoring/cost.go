@@ -6,11 +6,8 @@ import (
 	"time"
 )
 
-// CostModel is the cost model GuardTTFT ranks by: how long a vLLM
-// engine takes for a step, from which each candidate's time to first
-// token is estimated. One model describes every engine of a model (a
-// fleet of one GPU type); its parameters are measurable from vLLM's own
-// metrics (see Calibrate).
+// CostModel is GuardTTFT's model of how long a vLLM engine takes for a
+// step, one for all engines of a model; Calibrate fits it from metrics.
 //
 // A step that prefills p tokens, attending over a (new token, context
 // token) pairs, while d requests decode with c tokens of context in all,
@@ -196,21 +193,12 @@ func (e *Estimate) TTFT() float64 { return e.Wait + e.Prefill + e.Pressure }
 // Relief.
 func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict - e.Relief }
 
-// evict fills e.Evict: the request's own tokens become cached blocks on
-// the worker, and what does not fit beside what the worker already holds
-// (ResidentBlocks x block size, plus what KV usage says is in use and not
-// yet cached, against KVCapacityTokens) evicts cached blocks, least
-// recently used first. (Counting only resident blocks made a worker busy
-// prefilling look roomy, since its allocated blocks are not stored yet,
-// and spills piled onto it: on kvsim's 40-QPS prefix workload, p99 0.69 s
-// and 8 preemptions against 0.18 s and none.) A later request hits an evicted
-// block with about the fleet's hit rate, h = 1 - average uncached prefill
-// / average prompt (Route's own accounting), and then recomputes it, so
-// Evict = evicted x h / rate. It is what makes a spill onto a worker whose
-// cache is full of other prompts expensive, and a spill onto an empty one
-// cheap; without it, with caches of a couple of prompts, spills evict each
-// other's prompts in a cascade. Zero when the capacity is unknown.
-// Cost: a few floating-point operations.
+// evict fills e.Evict: the request's own tokens that do not fit beside
+// what the worker holds (resident blocks plus KV in use, which counts a
+// prefill's blocks before they are stored) evict cached blocks, which
+// later requests hit at about the fleet's hit rate h and recompute:
+// Evict = evicted x h / rate. It makes a spill onto a full cache expensive
+// and onto an empty one cheap. Zero when the capacity is unknown.
 func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
 	e.Evict = 0
 	if m.kv <= 0 || pr.AvgPromptTokens <= 0 || pr.AvgUncachedTokens <= 0 {
@@ -220,9 +208,6 @@ func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
 	if h <= 0 {
 		return
 	}
-	// Occupied: the cached blocks, plus the blocks in use that are not
-	// cached yet (a prefill in progress allocates its blocks before it
-	// stores them), at most KV usage x capacity of them.
 	occupied := math.Min(m.kv, float64(l.ResidentBlocks)*float64(pr.BlockSize)+l.KVUsage*m.kv)
 	if evicted := occupied + own - m.kv; evicted > 0 {
 		e.Evict = math.Min(evicted, own) * math.Min(h, 1) / m.rate
@@ -249,42 +234,14 @@ func (m *CostModel) params() costParams {
 }
 
 // estimate fills e for a worker with load l, queue tokens of prefill
-// ahead, and own uncached tokens of this request after cached ones. pr
-// gives the fleet's arrival rate and the averages the model falls back on.
-//
-// The request waits for queue, then prefills own, in steps of at most
-// MaxBatchedTokens minus one token per decoding request; every step also
-// carries the decoding requests' cost. Own attends over own x cached +
-// own^2 / 2 pairs; queued tokens, whose prompts kvindex does not know,
-// over half the average prompt each. Decoding context is KV usage x
-// capacity when the capacity is known (the resident KV of running
-// requests, an upper bound since cached free blocks count as used in
-// some releases), else running x the average prompt. The pressure term
-// is the deficit of free KV for the request's own tokens (own against
-// (1 - usage) x capacity) at the prefill rate: vLLM preempts a running
-// request and recomputes it, or admission waits for one to finish, for
-// about that long. The queue ahead is not counted against the free KV: it
-// is admitted as running requests finish, and its time is in Wait (an
-// earlier version counted it and, with caches of a few prompts, pushed
-// every request off any worker with a queue: kvsim's tiny-cache case lost
-// 11 points of hits and 50% on p99).
-//
-// Delay: the requests that reach this worker after this one, until the
-// backlog it joins drains, each wait its own prefill longer. With
-// arrivals at rate a to this worker (the fleet's average per worker
-// under estimate; Rank passes Prompt.arrivals to estimateAt) and prefill
-// utilisation rho = the fleet's average per worker x average uncached
-// prompt / prefill rate, a backlog of U seconds drains in U / (1 - rho)
-// and a x U / (1 - rho) requests arrive meanwhile (a busy period of an
-// M/G/1 queue), so Delay = Prefill x a x (Wait + Prefill) / (1 - rho),
-// rho capped at 0.95. (rho stays the fleet's: a worker that receives a
-// hot prefix's requests receives them mostly cached, and its own uncached
-// rate is not measured.) At low load Delay vanishes and the rule
-// is TTFT-greedy: it spills a cached prompt exactly when waiting for the
-// hot worker exceeds recomputing the prefix elsewhere. Under load, a
-// recompute costs everyone behind it, and the rule keeps prompts where
-// they are cached for longer.
-//
+// ahead and own uncached tokens after cached ones, at the fleet's average
+// arrivals per worker (the formula: the package documentation). Queued
+// tokens, whose prompts are unknown, attend over half the average prompt
+// each. Decoding context is KV usage x capacity when the capacity is
+// known, else running x the average prompt. The queue ahead is not
+// counted against free KV (it is admitted as running requests finish):
+// counting it pushed every request off any worker with a queue. rho stays
+// the fleet's: a hot prefix's holder receives its requests mostly cached.
 // Cost: a few dozen floating-point operations, no allocation.
 func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt) {
 	var aw float64
@@ -294,9 +251,7 @@ func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, 
 	m.estimateAt(e, l, queue, own, cached, pr, aw)
 }
 
-// rho is the fleet's prefill utilisation per worker, as Delay uses it:
-// the average arrivals per worker x average uncached prefill / prefill
-// rate, at most 0.95; 0 when the rate is unknown.
+// rho is the fleet's prefill utilisation per worker, at most 0.95.
 func (m *costParams) rho(pr *Prompt) float64 {
 	if pr.ArrivalRate <= 0 || pr.Workers <= 0 {
 		return 0
@@ -316,9 +271,7 @@ func (m *costParams) estimateAt(e *Estimate, l *Load, queue, own, cached float64
 		ctx = running * pr.AvgPromptTokens
 	}
 	step := m.overhead + running*m.perSeq + ctx*m.perCtx
-	// Decoding requests take a token each of every step's budget; at
-	// least an eighth is left for prefill (vLLM's budget is shared, not
-	// starved).
+	// Decoding requests take a token each of a step; prefill keeps an eighth.
 	budget := m.budget
 	perStep := math.Max(budget-running, budget/8)
 	own = math.Max(own, 1) // vLLM computes at least one token

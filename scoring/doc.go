@@ -68,16 +68,11 @@
 //	    prefix replicates and a cold one (a conversation's own history)
 //	    stays single. A waiting request of unknown size counts as
 //	    the average uncached prefill. Cost: about 85 ns per candidate more
-//	    than the token cost, no allocation (BenchmarkRankTTFT ranks 64
-//	    candidates with 14 sampled prefix depths both ways in the same
-//	    run: ratio 1.37, 19.9 us against 14.5 us, in the quietest of three
-//	    runs on a shared 2-vCPU machine; 1.45 and 1.33 in the others).
-//	    Sorting dominates both.
+//	    than the token cost, no allocation (docs/benchmarks.md); sorting
+//	    dominates both.
 //	guard cost: cost_w = own_w + load_weight * queue_w, with
 //	    load_weight 1/3: an uncached token is paid by this request and
-//	    again by the requests queued behind it, so a worker's cache is
-//	    passed over only when its queue outweighs three times the prefill
-//	    it saves (the default before the ttft guard; one hand-set weight).
+//	    again by the requests queued behind it.
 //	guard static: cost_w = own_w, and a worker with more than static_k
 //	    (2) times the median in-flight requests is diverted: ranked after
 //	    every other worker, penalised by T.
@@ -88,15 +83,10 @@
 // by queue_w. Every policy breaks remaining ties by more GPU blocks, then by
 // worker name, so equal answers are stable.
 //
-// What each guard does was measured (guard_test.go, and kvsim in
-// docs/results.md). The static rule counts requests, not work: on the
-// Mooncake trace, where every request shares its first 512 tokens, it
-// diverts constantly (6.5% of tokens cached, p99 TTFT 7.9 s against
-// 13.5% and 5.4 s for the token cost). The ttft rule replaced the token
-// cost as the default because it is a model of the engine, not a weight:
-// its parameters are the engine's, measurable, and on kvsim's workloads
-// it keeps the token cost's hit rates and tail (docs/results.md has the
-// figures and where it misses).
+// ttft is the default because it is a model of the engine, not a hand-set
+// weight: its parameters are measurable. The static rule counts requests,
+// not work, and diverts constantly when prompts share a prefix. The
+// guards' measurements: guard_test.go, docs/results.md, docs/benchmarks.md.
 //
 // Ties in cost (a prompt cached nowhere) go to the less busy worker:
 // running + waiting requests as the engine reports them, or the requests

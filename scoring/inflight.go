@@ -24,16 +24,11 @@ var (
 	ErrNotOwner = errors.New("scoring: request routed by another client")
 )
 
-// Tracker remembers routing decisions (Route): each request's uncached
-// prefill tokens count as its worker's in-flight load until Release or
-// FlightTTL, and its blocks count as speculatively cached on that worker
-// for SpecTTL, because BlockStored events arrive only once the engine
-// schedules the prefill; without this, a burst of requests sharing a new
-// prefix would scatter before the first event arrives.
-//
-// Workers are named by (WorkerID, generation), so that a removed worker's
-// load and speculative blocks never count for the worker that reuses its
-// id.
+// Tracker remembers routing decisions: a request's uncached prefill counts
+// as its worker's in-flight load until Release or FlightTTL, and its blocks
+// as speculatively cached there for SpecTTL, since BlockStored arrives only
+// once the engine schedules the prefill. Workers are named by (WorkerID,
+// generation), so a reused id never inherits load.
 //
 // # Concurrency
 //

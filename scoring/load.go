@@ -18,14 +18,9 @@ type Scraped struct {
 	At time.Time
 }
 
-// LoadBoard holds the latest scraped load per worker and ignores scrapes
-// older than its staleness limit, so a dead metrics endpoint never keeps
-// steering traffic with old numbers.
-//
-// Each worker's load sits in its own LoadCell, which a Scorer caches in
-// its worker table: reading a worker's load on the Score path is one
-// atomic pointer load, with no lock shared with the scraper or with other
-// Scores.
+// LoadBoard holds the latest scraped load per worker, ignoring scrapes
+// older than its staleness limit. Each worker's LoadCell is cached in the
+// Scorer's worker table: reading it on the Score path is one atomic load.
 //
 // # Concurrency
 //
@@ -64,14 +59,6 @@ func (b *LoadBoard) Cell(ref events.WorkerRef) *LoadCell {
 		b.cells[ref] = c
 	}
 	return c
-}
-
-// Forget drops the worker's cell (a worker that left the fleet); readers
-// holding it see its last value age out.
-func (b *LoadBoard) Forget(ref events.WorkerRef) {
-	b.mu.Lock()
-	delete(b.cells, ref)
-	b.mu.Unlock()
 }
 
 // Set records a scrape. Cost: the cell lookup under mu and one allocation

@@ -38,19 +38,15 @@ type Guard uint8
 
 const (
 	// GuardCost counts queued prefill tokens in the cost, so a worker is
-	// passed over exactly when its queue outweighs the prefill its cache
-	// would save. Measured better than GuardStatic (see guard_test.go and
-	// the package documentation).
+	// passed over when its queue outweighs the prefill its cache saves.
 	GuardCost Guard = iota
 	// GuardStatic ranks by cached work alone but diverts from workers whose
 	// in-flight requests exceed StaticK times the median.
 	GuardStatic
 	// GuardOff ranks by cached work alone, ties by load.
 	GuardOff
-	// GuardTTFT ranks by the estimated time to first token under the
-	// policy's CostModel (queued prefill, own uncached prefill, decode
-	// load, KV pressure) plus the delay the request's prefill adds to
-	// those that queue behind it; the default (see the package doc).
+	// GuardTTFT, the default, ranks by estimated time to first token under
+	// the policy's CostModel plus the delay it adds to later requests.
 	GuardTTFT
 )
 
@@ -88,11 +84,8 @@ type Policy struct {
 }
 
 // DefaultLoadWeight is how much a queued prefill token counts against an
-// uncached one. An uncached token is paid by the request itself and again
-// by every request that queues behind its prefill, so it outweighs a token
-// already queued: guard_test.go measured 1/3 best of 1, 1/2 and 1/3 on a
-// Zipf-skewed workload at three cache sizes (p99 TTFT 25.3 s, 3.1 s, 1.4 s
-// at the smallest).
+// uncached one, which is paid again by every request queued behind it
+// (the best of 1, 1/2 and 1/3 in guard_test.go; docs/benchmarks.md).
 const DefaultLoadWeight = 1.0 / 3
 
 // DefaultPolicy is CacheAware with GuardTTFT, DefaultCostModel and the
@@ -340,28 +333,10 @@ func (pr *Prompt) sharedRate(i int) float64 {
 }
 
 // arrivals estimates the rate of requests that will reach candidate c
-// after this one, for GuardTTFT's Delay: the requests that share a prefix
-// of this prompt cached on c divide among the candidates holding it, and
-// the rest of the traffic spreads evenly. With a = ArrivalRate, W =
-// Workers, a_d the rate of the requests sharing the prompt's first d
-// blocks and h_d the number of candidates whose match reaches d, each
-// sampled depth d within c's match gives
-//
-//	(a - a_d) / W + a_d / h_d
-//
-// and arrivals is the largest, or a / W if that is larger (each is a
-// lower bound: a tool catalog shared by many requests, followed by an
-// agent's own instructions, is counted at the catalog's depth, not the
-// instructions'). For a prefix held by every worker, or a candidate
-// holding nothing of the prompt (every request shares the empty prefix),
-// it is the fleet's average a / W. For the only holder of a prefix that
-// half the requests share it is about half the fleet's rate: a hot
-// prefix on few engines brings them more than their share, so a request
-// that adds to their backlog delays more requests. A prefix shared by
-// fewer requests than its holders' share (a conversation's own history)
-// changes nothing.
-//
-// h is filled by count. Cost: O(1).
+// after this one, for GuardTTFT's Delay: a_w in the package documentation,
+// the largest of a / W and, over sampled depths d within c's match,
+// (a - a_d) / W + a_d / h_d. Each is a lower bound. h is filled by count.
+// Cost: O(1).
 func (pr *Prompt) arrivals(c *Candidate, h *holders) float64 {
 	a, w := pr.ArrivalRate, float64(pr.Workers)
 	if a <= 0 || w <= 0 {
@@ -373,31 +348,12 @@ func (pr *Prompt) arrivals(c *Candidate, h *holders) float64 {
 	return a / w
 }
 
-// relief fills c.Est.Relief: what placing the prompt on c, which does not
-// hold all of it, saves the later requests that share it. A prefix of d
-// blocks that h_d candidates hold, the fastest of them in t seconds
-// (TTFT), gains c as a holder; of the a_d requests a second that share
-// it, a_d / (h_d + 1) then go to c instead of queueing on the holders.
-// Over the t / (1 - rho) seconds the holders' backlog takes to drain
-// (rho as in Delay), that many requests each wait on average half the
-// difference of the two backlogs less: (t - TTFT_c) / 2. Relief is the
-// largest over the sampled depths c does not reach:
-//
-//	a_d / (h_d + 1) x t / (1 - rho) x (t - TTFT_c) / 2
-//
-// counting only hot prefixes, those whose requests bring each holder more
-// than the fleet's average per worker (a_d / h_d > a / W): only then is
-// the holders' backlog the prefix's doing, and the prefix's later
-// requests would otherwise wait in it. A cold prefix (a conversation's
-// history, shared by its own next turn only) brings its holder less than
-// any worker receives; its holder's backlog is other requests', which a
-// copy does not divert, and its next turn can spill on its own if the
-// holder is still busy. Zero, too, when c is no faster than the holders.
-// So a hot prefix replicates when its holders queue (a tool catalog most
-// agents use) and a cold one stays single: the spill's recompute is
-// charged to those behind it in Delay, and what it buys in Relief.
-//
-// Cost: O(depths), no allocation.
+// relief fills c.Est.Relief: what placing the prompt on c saves the later
+// requests sharing a prefix c does not hold (relief_w in the package
+// documentation): the largest over such sampled depths d of
+// a_d / (h_d + 1) x t / (1 - rho) x (t - TTFT_c) / 2, counting only hot
+// prefixes (a_d / h_d > a / W). A cold prefix's holder is busy with other
+// requests, which a copy does not divert. Cost: O(depths), no allocation.
 func (pr *Prompt) relief(c *Candidate, h *holders, rho float64) {
 	c.Est.Relief = 0
 	if pr.ArrivalRate <= 0 || pr.Workers <= 0 {

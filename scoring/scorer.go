@@ -58,11 +58,8 @@ type Options struct {
 	IncludeStale bool
 }
 
-// Scorer is the ranking entry of kvindex: for a prompt, every worker's
-// longest cached prefix (index matches plus speculative blocks of recent
-// routes), its load (request, scrape, in-flight accounting), and a ranking
-// by the policy. The gRPC API and the simulator call it; an in-process
-// router can call it directly.
+// Scorer is the ranking entry of kvindex: each worker's cached prefix,
+// speculative blocks included, its load, and a ranking by the policy.
 //
 // # Concurrency
 //
@@ -96,13 +93,9 @@ type routeStats struct {
 	avgOwn atomic.Uint64 // float64 bits, tokens; 0 before any
 	shared sharedRates
 	// mu makes the model's Routes one at a time from rank to record, so
-	// that each ranks with every earlier route's speculative blocks and
-	// in-flight load. Without it, routes ranked at the same instant all
-	// saw the same idle worker, or a prefix cached nowhere yet and sent
-	// it to several (api's TestRouteKeepsABurstTogether: 2 of a burst of
-	// 50 on a second worker, under load). Cost: Route's rank and record
-	// (tens of microseconds for a 2,000-token prompt) serialised per
-	// model; Score takes no lock.
+	// each sees every earlier route's speculative blocks and load (a burst
+	// for a new prefix stays together: TestRouteKeepsABurstTogether).
+	// Cost: rank and record serialised per model; Score takes no lock.
 	mu sync.Mutex
 }
 

@@ -60,11 +60,7 @@ const (
 // Options configures a Client.
 type Options struct {
 	// Endpoints maps each model to the base URLs of servers that tokenize
-	// for it (its vLLM servers, e.g. http://10.0.0.5:8000). A server is
-	// asked its render endpoint (RenderChatPath, RenderCompletionPath)
-	// and, if it has none, /tokenize (TokenizePath). A round trip starts
-	// at the next endpoint in turn and tries the others when one does not
-	// answer.
+	// for it (e.g. http://10.0.0.5:8000), tried in turn.
 	Endpoints map[string][]string
 	// RenderRetry is how long a server found without render endpoints is
 	// asked /tokenize only before render is tried again, in case it was
@@ -208,11 +204,8 @@ func (c *Client) Stats() Stats {
 }
 
 // Tokenize returns the token ids the model's engine sees for req: from
-// the cache, from an identical round trip in flight, or from a round trip
-// of its own to the model's endpoints. The result is shared: do not modify
-// it. req's strings are not used after Tokenize returns (a round trip that
-// outlives the call works on a copy), so they may share a buffer the
-// caller reuses then.
+// the cache, an identical round trip in flight, or its own round trip.
+// The result is shared: do not modify it. req is not retained.
 //
 // Cost: a cache hit is one hash of the request's text (cacheKey); a miss
 // adds encoding it as JSON and one HTTP round trip.
@@ -310,11 +303,9 @@ func cloneRequest(req *Request) *Request {
 	return out
 }
 
-// cacheKey is the cache and single-flight key of req: a 128-bit hash of
-// its model, its kind and its text, each length-prefixed so that no two
-// requests share an input. It costs a pass over the text (xxh3: ~0.1 ns
-// a byte, 3 µs for a 4,096-token chat) and no allocation beyond the
-// hasher's.
+// cacheKey is the cache and single-flight key of req: a 128-bit xxh3 of
+// its model, kind and text, each length-prefixed. Cost: one pass over the
+// text (about 3 µs for a 4,096-token chat).
 func cacheKey(req *Request) xxh3.Uint128 {
 	h := xxh3.New()
 	var n [8]byte

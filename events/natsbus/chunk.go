@@ -6,15 +6,10 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Snapshot chunks by hand. A snapshot is some 10 bytes a key: 300 MB for
-// a replica syncing 1,000 workers of 30,000 blocks. Through the generated
-// code each segment would be copied into a chunk message, marshalled
-// into a second buffer, and on the replica copied out of the message
-// again; here the agent appends each segment once into the chunk it
-// sends, and the replica's segments alias the received message. The
-// bytes are a fleetv1.SnapshotChunk (the header's fields after the
-// segments, which protobuf allows in any order); chunk_test.go checks
-// both against the generated code.
+// Snapshot chunks by hand, so each segment is copied once (into the chunk
+// sent) and the replica's segments alias the received message; the
+// generated code would copy twice more. The bytes are a
+// fleetv1.SnapshotChunk; chunk_test.go checks them against the generated code.
 
 // Field numbers of fleetv1.SnapshotChunk.
 const (

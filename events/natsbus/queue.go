@@ -7,11 +7,9 @@ import (
 )
 
 // deltaQueue is one replica worker's queue of deltas waiting to be
-// applied: NATS's delivery goroutine pushes, the worker's goroutine pops.
-// It holds at most max messages, and its memory grows with what waits: a
-// channel of max would hold max pointers from the start, 512 KiB a worker
-// at the default QueueSize (512 MiB for a replica of 1,000 workers), all
-// of it scanned by every garbage collection.
+// applied, at most max. Not a channel: its memory grows with what waits,
+// where a channel's max pointers (512 KiB a worker by default) are
+// allocated and scanned by every collection from the start.
 //
 // # Concurrency
 //

@@ -54,17 +54,10 @@ type SourceOptions struct {
 	// SnapshotTimeout bounds one snapshot transfer; 0 means 10 s.
 	SnapshotTimeout time.Duration
 	// SnapshotConcurrency bounds the snapshots loading at once (the
-	// others wait their turn, RECOVERING); 0 means GOMAXPROCS.
-	// Unbounded, a replica that discovers a fleet asks every agent at
-	// once, and the answers (300 MB for 1,000 workers of 30,000 blocks)
-	// overflow what nats-server buffers for one client (64 MiB by
-	// default): it cuts the replica off as a slow consumer, and every
-	// worker resyncs, again and again. One load a core keeps the cores
-	// restoring (a snapshot's transfer takes a few percent of its
-	// restore); two a core were slower, their working sets competing for
-	// the caches (docs/benchmarks.md, "Fleet"). The bound is in
-	// snapshots: keep it times the largest snapshot under the server's
-	// max_pending.
+	// others wait, RECOVERING); 0 means GOMAXPROCS, one a core
+	// (docs/benchmarks.md, "Fleet"). Unbounded, a fleet's answers overflow
+	// nats-server's per-client buffer and every worker resyncs again and
+	// again: keep it times the largest snapshot under max_pending.
 	SnapshotConcurrency int
 	// QueueSize bounds each worker's deltas waiting to be applied (and
 	// buffered while a snapshot loads); past it the worker resyncs. 0

@@ -52,15 +52,11 @@ type Endpoint struct {
 // apart by topic: explicit Routes first, then llm-d's "kv@<pod>@<model>"
 // convention; the DP rank comes from each payload.
 //
-// A push listener is fenced by pod name: its messages reach only workers
-// it created itself, for the model their topic names, never one under a
-// pull-mode pod's name (at any rank) or a pod another listener routes or
-// claimed first. A pod named in a listener's Routes is reached only
-// through its routes, on that listener: a kv@<pod>@<model> topic naming
-// it is refused wherever it arrives, so that the configured engine always
-// owns its name. A listener creates at most MaxWorkers workers, and with
-// Allow set it accepts connections only from those addresses. Everything
-// refused is counted by reason (Subscriber.Refusals).
+// A push listener is fenced by pod name: it reaches only workers it
+// created, for their topic's model, never a pull-mode pod or one another
+// listener routes or claimed; a routed pod is reached only through its
+// routes. At most MaxWorkers workers; with Allow, only those addresses.
+// Refusals are counted by reason (Subscriber.Refusals).
 type PushListener struct {
 	// Address is where to bind, e.g. tcp://*:5557.
 	Address string
@@ -101,11 +97,7 @@ const (
 	// DefaultQueueSize is each worker's queue of decoded batches.
 	DefaultQueueSize = 4096
 	// DefaultMaxMessageBytes is the largest message a SUB socket accepts
-	// (ZMQ_MAXMSGSIZE; libzmq drops the connection that sends a larger
-	// one, and the gap is then replayed). vLLM's largest batch stores one
-	// step's newly full blocks: a 1 M-token prompt prefilled in one step
-	// is ~5 MB of token ids (5 bytes each as msgpack) and ~2 MB of 32-byte
-	// block hashes, so 16 MiB leaves twice that.
+	// (ZMQ_MAXMSGSIZE): twice a 1 M-token prompt's batch (~7 MB).
 	DefaultMaxMessageBytes = 16 << 20
 	// DefaultQueueBytes bounds the payload bytes of one worker's queued
 	// batches (and, separately, of the live batches it holds while a
@@ -569,10 +561,8 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 }
 
 // rearmAfter is how long a pull-mode socket may stay disconnected before
-// its connection is re-armed: libzmq reconnects after connection errors
-// but gives a connection up for good after a protocol error, which a
-// message over ZMQ_MAXMSGSIZE is. Twice the longest reconnect backoff, so
-// that a plain outage costs at most one extra attempt per interval.
+// it is re-armed (libzmq gives up after a protocol error such as an
+// oversized message): twice the longest reconnect backoff.
 func (s *Subscriber) rearmAfter() time.Duration { return 2 * s.opts.ReconnectMax }
 
 // rearm disconnects and reconnects st's socket when it has been without a

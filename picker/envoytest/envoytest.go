@@ -1,10 +1,7 @@
 // Package envoytest drives an ext_proc server the way Envoy's ext_proc
-// filter does, for tests and benchmarks of the endpoint picker: Envoy
-// itself cannot run here, so Stream replays its message sequence for one
-// HTTP request (request headers, request body chunks, response headers,
-// response body chunks, end of stream), waits for each answer the filter
-// would wait for, and checks what a filter checks (the body sent back
-// unchanged in full-duplex mode).
+// filter does, for tests and benchmarks of the endpoint picker: Stream
+// replays one HTTP request's message sequence, waits for each answer the
+// filter would, and checks what a filter checks.
 //
 // # Concurrency
 //

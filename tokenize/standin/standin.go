@@ -1,13 +1,9 @@
-// Package standin is kvindex's one deterministic stand-in for a vLLM
-// server's tokenizer, for tests, benchmarks and simulated engines (kvsim's
-// engine, testbed/sim/vllmsim): Pieces and ChatPieces cut a prompt into
-// runs of tokens, Tokens and Chat give their ids, and Handler serves them
-// at /tokenize and vLLM's render endpoints in vLLM's wire format (package
-// tokenize's WireRequest, WireResponse and WireRender). It is not any
-// model's tokenizer; it only keeps the properties kvindex relies on: the
-// same text always gives the same ids, and a prompt that extends another
-// by whole pieces (paragraphs of a completion, messages of a chat) extends
-// its ids.
+// Package standin is kvindex's deterministic stand-in for a vLLM server's
+// tokenizer, for tests and simulated engines: Pieces and ChatPieces cut a
+// prompt into runs of tokens, Tokens and Chat give their ids, and Handler
+// serves them in vLLM's wire format. It keeps only the properties kvindex
+// relies on: the same text gives the same ids, and a prompt that extends
+// another by whole pieces extends its ids.
 //
 // # The scheme
 //
