@@ -36,9 +36,20 @@ const ListenerHTTP = "http"
 // is counted pending from its headers to its answer, as on gRPC, and an
 // overload refusal is 429 with the OVERLOADED ErrorInfo detail). A body
 // is read up to MaxJSONBytes.
+//
+// Cost: proto3 JSON is decoded by protobuf-go's reflection (protojson),
+// ~0.4 µs a token id, where the gRPC codec takes 2 ns: a 2,048-token
+// Score is several times a gRPC one (BenchmarkScoreJSON; benchmarks.md,
+// "Score over HTTP/JSON"). It is the API for scripts, curl and routers
+// without gRPC; a router on the hot path should speak gRPC.
 func (s *Server) HTTPHandler(auth *Auth) http.Handler {
 	path, h := kvindexv1connect.NewIndexServiceHandler(connectService{s: s},
 		connect.WithReadMaxBytes(s.MaxJSONBytes()),
+		// A Score's answer (a few KB) is sent as it is: gzip costs more
+		// than its bytes take on a data-centre link. Large answers
+		// (ListWorkers, Dump pages) are compressed when the client
+		// accepts gzip.
+		connect.WithCompressMinBytes(32<<10),
 		connect.WithInterceptors(connect.UnaryInterceptorFunc(s.connectUnary)))
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
