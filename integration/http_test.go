@@ -12,7 +12,8 @@ import (
 
 // TestHTTPJSONOverTLS: with TLS on, the HTTP/JSON API (http_listen) is
 // served over the gRPC API's mTLS only, with its tokens; a request routed
-// over JSON belongs to its token's client, who releases it over gRPC.
+// over JSON belongs to its token's client, who releases it over gRPC;
+// refusals count under listener "http".
 func TestHTTPJSONOverTLS(t *testing.T) {
 	s := newSecureFleet(t)
 	base := s.d.HTTPAddr() + "/kvindex.v1.IndexService/"
@@ -47,6 +48,12 @@ func TestHTTPJSONOverTLS(t *testing.T) {
 	} {
 		if code, body, err := post(hc, "https://"+base+tc.method, tc.token, tc.body); err != nil || code != tc.code {
 			t.Fatalf("%s over HTTPS: %d %s (%v), want %d", tc.method, code, body, err, tc.code)
+		}
+	}
+	m := s.metricsTLS(t, readSecret)
+	for _, want := range []string{`kvindex_auth_refused_total{listener="http",reason="unauthenticated"} 1`, `kvindex_auth_refused_total{listener="http",reason="denied"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
 		}
 	}
 	released, err := s.dial(t, routeSecret).Release(context.Background(), "h1")
