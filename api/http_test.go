@@ -241,3 +241,22 @@ func waitFor(tb testing.TB, cond func() bool) {
 		}
 	}
 }
+
+// The JSON API applies the server's limits: token_ids over MaxTokens is
+// 400 naming the field, and a body over MaxJSONBytes is refused before it
+// is decoded.
+func TestHTTPLimits(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	mustModel(t, ix, "m")
+	srv := api.NewServer(ix, nil, api.Options{MaxTokens: 4, MaxBlockKeys: 4})
+	base := serveHTTP(t, srv, nil)
+	code, b := postJSON(t, base, "Score", "", `{"model":"m","token_ids":[1,2,3,4,5]}`)
+	if e := decodeError(t, b); code != http.StatusBadRequest || e.Message != "token_ids: 5 tokens exceed the limit of 4" {
+		t.Fatalf("5 tokens, limit 4: %d %s", code, b)
+	}
+	huge := `{"model":"m","tenant":"` + strings.Repeat("x", srv.MaxJSONBytes()) + `"}`
+	code, b = postJSON(t, base, "Score", "", huge)
+	if e := decodeError(t, b); code != http.StatusTooManyRequests || e.Code != "resource_exhausted" || !strings.Contains(e.Message, "larger than configured max") {
+		t.Fatalf("a %d-byte body, limit %d: %d %s, want 429 resource_exhausted", len(huge), srv.MaxJSONBytes(), code, b)
+	}
+}
