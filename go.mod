@@ -3,6 +3,7 @@ module github.com/kvindex/kvindex
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/miekg/dns v1.1.73

@@ -255,20 +255,22 @@ type admissionStats struct{ a *admission }
 
 func (h admissionStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 func (h admissionStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	cs, counted := ctx.Value(arrivalKey{}).(*callState)
-	if !counted {
-		if _, inspect := ctx.Value(inspectKey{}).(time.Time); inspect {
-			if _, end := s.(*stats.End); end {
-				h.a.inspectPending.Add(-1)
-			}
-		}
-		return
-	}
 	switch s := s.(type) {
 	case *stats.InPayload:
-		cs.wire.Store(int64(s.WireLength))
+		if cs, ok := ctx.Value(arrivalKey{}).(*callState); ok {
+			cs.wire.Store(int64(s.WireLength))
+		}
 	case *stats.End:
-		h.a.pending.Add(-1)
+		h.a.done(ctx)
+	}
+}
+
+// done ends the call of ctx the tap let through: it is no longer pending.
+func (a *admission) done(ctx context.Context) {
+	if _, ok := ctx.Value(arrivalKey{}).(*callState); ok {
+		a.pending.Add(-1)
+	} else if _, ok := ctx.Value(inspectKey{}).(time.Time); ok {
+		a.inspectPending.Add(-1)
 	}
 }
 func (h admissionStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {

@@ -64,7 +64,7 @@ var methodScopes = map[string]Scope{
 
 // Listener names of the refusal counts (AuthRefusal.Listener): the gRPC
 // API, the endpoint picker's ext_proc listener, and the HTTP metrics
-// server (/metrics, /healthz).
+// server (/metrics, /healthz); ListenerHTTP is the HTTP/JSON API's.
 const (
 	ListenerGRPC    = "grpc"
 	ListenerGateway = "gateway"
@@ -274,21 +274,33 @@ func (a *Auth) check(ctx context.Context, l *listenerRefusals, method string) (c
 	if a.opts.OpenHealth && strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return ctx, nil
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	name, err := a.authorize(l, method, md.Get("authorization"), func() (string, bool) { return certIdentity(ctx) })
+	if err != nil {
+		return ctx, err
+	}
+	return WithIdentity(ctx, name), nil
+}
+
+// authorize returns the name of the caller of method, identified by its
+// authorization header's values or its certificate (identify), or the
+// Unauthenticated or PermissionDenied status of its refusal, counted into
+// l. The gRPC and HTTP/JSON APIs share it, and so the scope table.
+func (a *Auth) authorize(l *listenerRefusals, method string, vals []string, cert func() (string, bool)) (string, error) {
 	need, ok := methodScopes[method]
 	if !ok {
 		need = ScopeRead
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	name, scopes, err := a.identify(md.Get("authorization"), func() (string, bool) { return certIdentity(ctx) })
+	name, scopes, err := a.identify(vals, cert)
 	if err != nil {
 		l.unauthenticated.Add(1)
-		return ctx, status.Errorf(codes.Unauthenticated, "%s: %v", method, err)
+		return "", status.Errorf(codes.Unauthenticated, "%s: %v", method, err)
 	}
 	if scopes&need != need {
 		l.denied.Add(1)
-		return ctx, status.Errorf(codes.PermissionDenied, "%s: client %q has scopes %q, the call needs %q", method, name, scopes.String(), need.String())
+		return "", status.Errorf(codes.PermissionDenied, "%s: client %q has scopes %q, the call needs %q", method, name, scopes.String(), need.String())
 	}
-	return WithIdentity(ctx, name), nil
+	return name, nil
 }
 
 // identify returns the caller's name and scopes from its bearer token

@@ -1,9 +1,15 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -148,4 +154,52 @@ func TestScoreAllocations(t *testing.T) {
 			t.Errorf("Score(lora %q, %d candidates) allocates %.1f times, want <= 7", req.LoraName, len(req.Workers), allocs)
 		}
 	}
+}
+
+// BenchmarkScoreJSON is a script's or non-Go router's view of Score: the
+// request marshalled to JSON, POSTed over HTTP/1.1 on TCP loopback to
+// HTTPHandler, the JSON answer read and decoded; each iteration also runs
+// BenchmarkScoreGRPC's call, in turn, so that both means (json-ns,
+// grpc-ns) and their ratio come from the same run on the same machine
+// state.
+func BenchmarkScoreJSON(b *testing.B) {
+	ix, p := newBenchIndex(b)
+	f := serve(b, ix, nil, api.Options{})
+	url := serveHTTP(b, f.srv, nil) + "/kvindex.v1.IndexService/Score"
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	req := &kvindexv1.ScoreRequest{Model: "m", TokenIds: p}
+	ctx := context.Background()
+	var jsonTime, grpcTime time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		body, err := protojson.Marshal(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp, err := hc.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var got kvindexv1.ScoreResponse
+		if err == nil {
+			err = protojson.Unmarshal(out, &got)
+		}
+		if err != nil || resp.StatusCode != http.StatusOK || len(got.GetWorkers()) != benchWorkers {
+			b.Fatalf("HTTP %d %.200s (%v), want %d workers", resp.StatusCode, out, err, benchWorkers)
+		}
+		mid := time.Now()
+		if r, err := f.client.Score(ctx, req); err != nil || len(r.GetWorkers()) != benchWorkers {
+			b.Fatalf("gRPC: %v", err)
+		}
+		jsonTime += mid.Sub(start)
+		grpcTime += time.Since(mid)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(jsonTime.Nanoseconds())/n, "json-ns")
+	b.ReportMetric(float64(grpcTime.Nanoseconds())/n, "grpc-ns")
+	b.ReportMetric(float64(jsonTime)/float64(grpcTime), "ratio")
 }

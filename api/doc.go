@@ -22,6 +22,16 @@
 // index wait: its observer drops and counts what a slow reader cannot
 // take.
 //
+// # HTTP/JSON
+//
+// Server.HTTPHandler serves the same unary calls as JSON over HTTP with
+// Connect's protocol (POST /kvindex.v1.IndexService/Score), for curl,
+// scripts and routers without gRPC: the same methods answer, behind the
+// same Auth scopes and admission control, with errors as HTTP statuses
+// (InvalidArgument 400, ResourceExhausted 429). JSON decoding makes a
+// 2,048-token Score several times as costly as over gRPC
+// (BenchmarkScoreJSON).
+//
 // # Serving fast
 //
 // Build the grpc.Server with Server.GRPCOptions. They install Codec, which

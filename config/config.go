@@ -24,6 +24,11 @@ type Config struct {
 	// MetricsListen is the Prometheus /metrics listen address (default
 	// DefaultMetricsListen); MetricsOff ("off") disables it.
 	MetricsListen string `yaml:"metrics_listen,omitempty"`
+	// HTTPListen, when set, serves the API's unary calls as JSON over
+	// HTTP (Connect's protocol: POST /kvindex.v1.IndexService/Score) on
+	// this address, with the gRPC API's TLS, auth scopes, admission
+	// control and limits. Empty (the default) serves none.
+	HTTPListen string `yaml:"http_listen,omitempty"`
 	// Models lists model namespaces and their block sizes. Models that pods
 	// name but that are not listed get DefaultBlockSize.
 	Models []Model `yaml:"models,omitempty"`

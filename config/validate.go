@@ -33,6 +33,11 @@ func (c *Config) Validate() error {
 			return invalid("metrics_listen", "%q is not host:port or off", c.MetricsListen)
 		}
 	}
+	if c.HTTPListen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
+			return invalid("http_listen", "%q is not host:port", c.HTTPListen)
+		}
+	}
 	for _, check := range []func() error{
 		c.Limits.Validate,
 		c.Log.Validate,

@@ -40,6 +40,7 @@ func TestSectionErrors(t *testing.T) {
 	}{
 		{"grpc", func(c *Config) { c.GRPCListen = "" }, "grpc_listen", `"" is not host:port`},
 		{"metrics", func(c *Config) { c.MetricsListen = "9400" }, "metrics_listen", `"9400" is not host:port or off`},
+		{"http", func(c *Config) { c.HTTPListen = "8080" }, "http_listen", `"8080" is not host:port`},
 		{"limits", func(c *Config) { c.Limits.MaxCandidates = -1 }, "limits", "limits must not be negative"},
 		{"limits", func(c *Config) { c.Limits.MaxInspect = -1 }, "limits", "limits must not be negative"},
 		{"limits", func(c *Config) { c.Limits.InspectWait = -time.Second }, "limits", "limits must not be negative"},

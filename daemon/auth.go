@@ -148,7 +148,7 @@ func equalTokens(a, b []api.Token) bool {
 // Collectors are the authentication's metrics: refusals by listener and
 // reason, reloads of the token secrets and failed ones.
 func (a *Auth) Collectors() []prometheus.Collector {
-	refused := prometheus.NewDesc("kvindex_auth_refused_total", "Calls refused by authentication, by listener (grpc, gateway, metrics) and reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"listener", "reason"}, nil)
+	refused := prometheus.NewDesc("kvindex_auth_refused_total", "Calls refused by authentication, by listener (grpc, http, gateway, metrics) and reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"listener", "reason"}, nil)
 	return []prometheus.Collector{
 		collectorFunc{refused, func(ch chan<- prometheus.Metric) {
 			for _, r := range a.RefusalsByListener() {

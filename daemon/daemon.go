@@ -56,6 +56,7 @@ type Daemon struct {
 	auth     *Auth               // nil without authentication
 	grpcLis  net.Listener
 	metrics  *metricsServer // nil with metrics_listen off
+	http     *metricsServer // the HTTP/JSON API; nil without http_listen
 	registry *prometheus.Registry
 
 	discovery  discoverySource       // nil without discovery
@@ -90,7 +91,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	// registers the release of what it acquires with d.rel.
 	for _, step := range []func() error{
 		d.newIndex, d.newSubscriber, d.connectFleet, d.registerMetrics, d.newScoring,
-		d.newDiscovery, d.newAPI, d.newGRPC, d.newGateway, d.listenGRPC, d.listenMetrics,
+		d.newDiscovery, d.newAPI, d.newGRPC, d.newGateway, d.listenGRPC, d.listenHTTP, d.listenMetrics,
 	} {
 		if err := step(); err != nil {
 			return nil, errors.Join(err, d.rel.release())
@@ -437,7 +438,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer cancel()
 	g := &group{cancel: cancel, errc: make(chan error, 1)}
 	d.start(ctx, g)
-	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "metrics", d.MetricsAddr(), "gateway", d.GatewayAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
+	d.log.Info("kvindex serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "metrics", d.MetricsAddr(), "gateway", d.GatewayAddr(), "workers", len(d.ix.Workers()), "models", len(d.ix.Models()))
 	<-ctx.Done()
 	d.log.Info("kvindex shutting down")
 	d.stopServing()
@@ -461,6 +462,9 @@ func (d *Daemon) start(ctx context.Context, g *group) {
 		g.run("gateway serve", func() error { return d.gwGRPC.Serve(d.gwLis) })
 	}
 	g.run("gRPC serve", func() error { return d.grpc.Serve(d.grpcLis) })
+	if d.http != nil {
+		g.run("HTTP serve", d.http.serve)
+	}
 	if d.tls != nil {
 		g.run("TLS reload", func() error { d.tls.Run(ctx, time.Second); return nil })
 	}
@@ -506,6 +510,9 @@ func (d *Daemon) stopServing() {
 		for _, s := range servers {
 			s.Stop()
 		}
+	}
+	if d.http != nil {
+		_ = d.http.shutdown(5 * time.Second)
 	}
 	if d.metrics != nil {
 		_ = d.metrics.shutdown(5 * time.Second)

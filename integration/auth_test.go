@@ -27,7 +27,7 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
-// secureFleet is a daemon serving gRPC and /metrics over mTLS, with a read
+// secureFleet is a daemon serving gRPC, HTTP/JSON and /metrics over mTLS, with a read
 // token (file), a route token (env) and a second route token.
 type secureFleet struct {
 	*fleet
@@ -62,6 +62,7 @@ func newSecureFleet(t *testing.T) *secureFleet {
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s.fleet = newFleet(t, fleetOptions{log: log, configure: func(c *config.Config) {
 		c.TLS = config.TLS{CertFile: srv.CertFile, KeyFile: srv.KeyFile, ClientCAFile: ca.File, Metrics: true}
+		c.HTTPListen = "127.0.0.1:0"
 		c.Auth = config.Auth{OpenHealth: true, Tokens: []config.Token{
 			{Name: "dashboards", Scopes: []string{"read"}, File: s.readFile},
 			{Name: "gateway", Scopes: []string{"read", "route"}, File: s.routeFile},

@@ -68,7 +68,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 
 # The benchmarks behind the targets. BenchmarkMemory10M builds a 10 M
 # residency index: it runs once, apart from the timed ones.
-timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyCached|BenchmarkNaiveApply|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkScoreUnderIngest|BenchmarkScoreLoaded)$'
+timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyCached|BenchmarkNaiveApply|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkScoreUnderIngest|BenchmarkScoreLoaded|BenchmarkScoreJSON)$'
 memory='^BenchmarkMemory10M$'
 pkgs=(./indexer ./events ./testbed/benchsuite ./api ./scoring)
 
@@ -294,6 +294,9 @@ BenchmarkScore4096x1000|p99-ns|max|100000|Score 4096 blocks x 1000 workers, p99
 BenchmarkScoreUnderIngest|ratio|max|2|Score p99 under 1 M blocks/s ingest / idle p99
 BenchmarkScoreUnderIngest|busy-switches/kop|imax|0|(scoring thread switched out, per 1,000 Scores)
 BenchmarkScoreLoaded|ratio|max|1.1|Scorer.Score with 1,000 routes in flight and live scrapes / without, mean
+BenchmarkScoreJSON|ratio|imax|0|Score over HTTP/JSON / over gRPC, same run, mean
+BenchmarkScoreJSON|json-ns|imax|0|(Score over HTTP/JSON, 2,048 tokens, mean)
+BenchmarkScoreJSON|grpc-ns|imax|0|(same over gRPC, same run)
 BenchmarkMemory10M|all-bytes/residency|max|24|memory per (block, worker) residency, engine maps included
 BenchmarkMemory10M|bytes/residency|imax|0|(of which the residency index)
 BenchmarkMemory10M|engine-bytes/block|imax|0|(of which the engine-hash maps, per block)
