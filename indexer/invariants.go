@@ -8,9 +8,13 @@ import (
 )
 
 // The invariant checks. They compile away unless the build tag invariants
-// sets invariantsOn (every call is behind it); `make test` runs the
-// indexer and end-to-end tests with them on. A broken invariant panics
+// or -race sets invariantsOn (every call is behind it); `make test`'s race
+// run has them on. A broken invariant panics
 // through brokenInvariant, naming what is broken where.
+
+// invariantSpan is the resident blocks a worker may hold per batch between
+// two of its invariant checks (see Worker.endLocked).
+const invariantSpan = 256
 
 // assertInvariantsLocked checks, at the end of a batch, Reset,
 // SetCapacity or eviction of w:

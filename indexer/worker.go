@@ -85,6 +85,9 @@ type Worker struct {
 	res             int64
 	resBy           [events.NumMedia]int64
 	stored, removed int64
+	// unchecked counts batches ended since the last invariant check (only
+	// with invariantsOn; see endLocked).
+	unchecked int64
 	// capConfigured is the configured capacity: > 0 bounds, -1 unbounded,
 	// 0 learns from learned.
 	capConfigured int64
@@ -402,12 +405,21 @@ func (w *Worker) unlockThen(before int64, then after) {
 
 // endLocked ends a batch: publishes the changed nodes and the resident
 // counts, after checking the invariants when they are compiled in (build
-// tag invariants). Callers hold w.mu.
+// tag invariants, or -race). Callers hold w.mu.
+//
+// The check is amortised: it walks the whole worker, so a worker of n
+// resident blocks is checked once every n/invariantSpan batches (every
+// batch while n < invariantSpan), which keeps a check's cost near
+// O(invariantSpan) a batch; what happened between checks (the nodes held
+// and retired) is kept until the next one, so nothing goes unchecked.
 func (w *Worker) endLocked() {
 	w.cur.finish()
 	w.hist.now = 0
 	if invariantsOn {
-		w.assertInvariantsLocked()
+		if w.unchecked++; w.unchecked*invariantSpan >= w.res {
+			w.unchecked = 0
+			w.assertInvariantsLocked()
+		}
 	}
 	w.c.stored.Store(w.stored)
 	w.c.removed.Store(w.removed)
