@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,17 +132,32 @@ func TestNewReleasesOnError(t *testing.T) {
 	assertReleased(t, ns, before, addrs...)
 }
 
+// newOnFreeAddrs builds a fleet daemon on three free loopback addresses,
+// taking new ones when a port was taken between choosing and binding it
+// (another test process may bind it first). The New that failed has
+// released everything (TestNewReleasesOnError), so a retry starts clean.
+func newOnFreeAddrs(t *testing.T, ns *server.Server) (*Daemon, []string, int) {
+	t.Helper()
+	for try := 0; ; try++ {
+		addrs := freeAddrs(t, 3)
+		cfg := fleetConfig(t, ns.ClientURL(), addrs[0], addrs[1], addrs[2])
+		_, before := goroutines()
+		d, err := New(cfg, nil)
+		if err == nil {
+			return d, addrs, before
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || try == 4 {
+			t.Fatal(err)
+		}
+		waitFor(t, "the failed New's NATS connection to close", func() bool { return ns.NumClients() == 0 })
+	}
+}
+
 // TestNewThenClose: Close releases what New acquired the same way; a
 // second Close does nothing and Run after Close fails.
 func TestNewThenClose(t *testing.T) {
 	ns := runNATS(t)
-	addrs := freeAddrs(t, 3)
-	cfg := fleetConfig(t, ns.ClientURL(), addrs[0], addrs[1], addrs[2])
-	_, before := goroutines()
-	d, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, addrs, before := newOnFreeAddrs(t, ns)
 	if d.GRPCAddr() != addrs[0] || d.GatewayAddr() != addrs[1] || d.MetricsAddr() != addrs[2] {
 		t.Fatalf("addresses %s %s %s, want %v", d.GRPCAddr(), d.GatewayAddr(), d.MetricsAddr(), addrs)
 	}
@@ -162,13 +178,7 @@ func TestNewThenClose(t *testing.T) {
 // and Close after Run does nothing.
 func TestRunReleases(t *testing.T) {
 	ns := runNATS(t)
-	addrs := freeAddrs(t, 3)
-	cfg := fleetConfig(t, ns.ClientURL(), addrs[0], addrs[1], addrs[2])
-	_, before := goroutines()
-	d, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, addrs, before := newOnFreeAddrs(t, ns)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
