@@ -168,28 +168,11 @@ func (d *Daemon) newSubscriber() error {
 		}
 		eps = append(eps, zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w})
 	}
-	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
+	opts, err := fleet.SubscriberOptions(cfg, d.log, d.lag)
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	opts := zmq.SubscriberOptions{
-		Logger:               d.log,
-		LogEvery:             cfg.Log.ProblemInterval,
-		QueueSize:            cfg.Events.QueueSize,
-		QueueBytes:           cfg.Events.QueueBytes,
-		MaxMessageBytes:      cfg.Events.MaxMessageBytes,
-		ReplayTimeout:        cfg.Events.ReplayTimeout,
-		ReplayConcurrency:    cfg.Events.ReplayConcurrency,
-		GapPolicy:            policy,
-		StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect,
-		StaleAfterSilence:    cfg.Events.StaleAfterSilence,
-		NewWorker:            d.newPushWorker,
-		Applied: func(_ events.WorkerRef, b *events.Batch, replayed bool) {
-			if !replayed {
-				d.lag.Observe(metrics.LagZMQ, b.Timestamp, time.Now())
-			}
-		},
-	}
+	opts.NewWorker = d.newPushWorker
 	for _, pl := range cfg.Push {
 		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}, MaxWorkers: pl.MaxWorkers, Allow: pl.Allow}
 		for _, r := range pl.Routes {
