@@ -519,6 +519,40 @@ func TestChartGateway(t *testing.T) {
 	}
 }
 
+// TestChartHTTP: http.enabled serves the HTTP/JSON API: http_listen in the
+// replicas' config, a container port, a Service port and an ingress rule
+// from httpFrom (by default the same clients as gRPC); off by default.
+func TestChartHTTP(t *testing.T) {
+	if cfg := render(t, "").replicaConfig(t); cfg.HTTPListen != "" {
+		t.Fatalf("http_listen %q by default: want off", cfg.HTTPListen)
+	}
+	m, err := renderValues(t, map[string]any{"http": map[string]any{"enabled": true, "port": 8081}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := m.replicaConfig(t)
+	m.checkReplicas(t, cfg)
+	if cfg.HTTPListen != ":8081" {
+		t.Errorf("http_listen %q, want :8081", cfg.HTTPListen)
+	}
+	var svc, ctr, ingress bool
+	for _, p := range m.services[0].Spec.Ports {
+		svc = svc || (p.Name == "http" && p.Port == 8081 && p.TargetPort.String() == "http")
+	}
+	for _, p := range m.deployments[0].Spec.Template.Spec.Containers[0].Ports {
+		ctr = ctr || (p.Name == "http" && p.ContainerPort == 8081)
+	}
+	for _, r := range m.netpols[0].Spec.Ingress {
+		for _, p := range r.Ports {
+			ingress = ingress || (p.Port != nil && p.Port.String() == "http" && len(r.From) == 1 &&
+				r.From[0].PodSelector != nil && r.From[0].PodSelector.MatchLabels["kvindex.io/client"] == "true")
+		}
+	}
+	if !svc || !ctr || !ingress {
+		t.Errorf("service port %v, container port %v, ingress from the gRPC clients %v: want all", svc, ctr, ingress)
+	}
+}
+
 // TestChartNATSTLS: nats.tls mounts its Secret in the replicas and points
 // the replicas' and the agents' nats.tls at its files (the CA, and the
 // client certificate for mTLS), with the server name; configurations that

@@ -102,6 +102,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $pool := dict "name" $g.inferencePool.name "namespace" (default .Release.Namespace $g.inferencePool.namespace) "api_version" $g.inferencePool.apiVersion "dp_size" (int $g.inferencePool.dpSize) "model" (index .Values.models 0).name -}}
 {{- $_ := set $c "gateway" (dict "listen" (printf ":%d" (int $g.port)) "body_mode" $g.bodyMode "inference_pool" $pool) -}}
 {{- end -}}
+{{- if .Values.http.enabled -}}
+{{- $_ := set $c "http_listen" (printf ":%d" (int .Values.http.port)) -}}
+{{- end -}}
 {{- if .Values.tls.enabled -}}
 {{- $t := dict "cert_file" "/etc/kvindex/tls/tls.crt" "key_file" "/etc/kvindex/tls/tls.key" -}}
 {{- if .Values.tls.clientCA -}}{{- $_ := set $t "client_ca_file" "/etc/kvindex/tls/ca.crt" -}}{{- end -}}
