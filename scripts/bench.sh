@@ -68,7 +68,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 
 # The benchmarks behind the targets. BenchmarkMemory10M builds a 10 M
 # residency index: it runs once, apart from the timed ones.
-timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyCached|BenchmarkNaiveApply|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkScoreUnderIngest|BenchmarkScoreLoaded|BenchmarkScoreJSON)$'
+timed='^(BenchmarkDecode|BenchmarkDecodeApply|BenchmarkApply|BenchmarkApplyFloor|BenchmarkPromptKeys32K|BenchmarkPromptKeysFloor|BenchmarkScore128x8|BenchmarkScoreFloor|BenchmarkScore4096x1000|BenchmarkNaiveScore4096x1000|BenchmarkScoreUnderIngest|BenchmarkScoreLoaded|BenchmarkScoreJSON)$'
 memory='^BenchmarkMemory10M$'
 pkgs=(./indexer ./events ./testbed/benchsuite ./api ./scoring)
 
@@ -275,48 +275,41 @@ if [[ ${SKIP_FLEET:-0} != 1 ]]; then
 	fi
 fi
 
-# The table. Each row: benchmark name (sub-benchmarks included), unit,
-# direction (min: at least the target; max: at most; a leading i marks a
-# row reported without a target), target, label. With -count > 1 a
-# benchmark's value is its median; with several sub-benchmarks the row
-# shows the worst of them, and which it was.
-rows='BenchmarkDecodeApply|blocks/s|min|3000000|decode + apply BlockStored batches, one core
-BenchmarkApply|blocks/s|min|8000000|apply alone
-BenchmarkApplyCached|blocks/s|imin|0|(apply with everything in cache, 16-batch window)
-BenchmarkNaiveApply|blocks/s|imin|0|(apply on the map+mutex baseline)
-BenchmarkDecode|blocks/s|imin|0|(decode alone, 8 events x 4 blocks x 16 tokens)
-BenchmarkPromptKeys32K|ns/op|max|14000|content keys, 32 K-token prompt
-BenchmarkPromptKeysFloor|ratio|imax|0|(content keys / chained-xxh3 floor, same run)
-BenchmarkScoreFloor|ratio|max|1.3|Score / chained-xxh3 floor, p50 (128, 2048, 15000 blocks)
-BenchmarkScore128x8|p50-ns|max|5000|Score 128 blocks x 8 workers, full hit, p50
-BenchmarkScore128x8|allocs/op|max|0|Score 128x8 heap allocations beyond the response
-BenchmarkScore4096x1000|p99-ns|max|100000|Score 4096 blocks x 1000 workers, p99
-BenchmarkScoreUnderIngest|ratio|max|2|Score p99 under 1 M blocks/s ingest / idle p99
-BenchmarkScoreUnderIngest|busy-switches/kop|imax|0|(scoring thread switched out, per 1,000 Scores)
-BenchmarkScoreLoaded|ratio|max|1.1|Scorer.Score with 1,000 routes in flight and live scrapes / without, mean
-BenchmarkScoreJSON|ratio|imax|0|Score over HTTP/JSON / over gRPC, same run, mean
-BenchmarkScoreJSON|json-ns|imax|0|(Score over HTTP/JSON, 2,048 tokens, mean)
-BenchmarkScoreJSON|grpc-ns|imax|0|(same over gRPC, same run)
-BenchmarkMemory10M|all-bytes/residency|max|24|memory per (block, worker) residency, engine maps included
-BenchmarkMemory10M|bytes/residency|imax|0|(of which the residency index)
-BenchmarkMemory10M|engine-bytes/block|imax|0|(of which the engine-hash maps, per block)
-BenchmarkPickChat4K/cached|p99_us|max|1000|picker decision, 4 K-token chat, tokens cached, p99
-BenchmarkPickChat4K/cached|p50_us|imax|0|(same, p50)
-BenchmarkPickChat4K/uncached|p50_us|imax|0|(picker decision, uncached, p50)
-BenchmarkTokenizeChat4K|p50_us|imax|0|(its /tokenize round trip alone, p50)'
+# The table. Every row prints kvindex's figure, its floor from the same run
+# and their ratio, which is the result: on a shared 2-core machine an
+# absolute time measures the box (docs/benchmarks.md, "Ratios"). Each row:
+# label | benchmark | unit | what the floor is | floor benchmark | floor unit
+# | ratio unit (a ratio the benchmark measured itself, interleaving both
+# call by call; empty: kvindex over the floor, medians) | direction of the
+# ratio's goal (min: at least; max: at most; a leading i: reported without
+# a goal) | goal. With -count > 1 a figure is its median; a benchmark
+# name matches its sub-benchmarks too and the row shows the worst.
+rows='content keys, 32 K-token prompt, p50|BenchmarkPromptKeysFloor|keys-p50-ns|bare chained xxh3, same tokens|BenchmarkPromptKeysFloor|floor-p50-ns|ratio|max|1.10
+Score 128 blocks x 8 workers, p50|BenchmarkScoreFloor/128x8|p50-ns|chained-hash floor|BenchmarkScoreFloor/128x8|floor-p50-ns|ratio|max|1.30
+Score 2,048 blocks x 8 workers, p50|BenchmarkScoreFloor/2048x8|p50-ns|chained-hash floor|BenchmarkScoreFloor/2048x8|floor-p50-ns|ratio|max|1.30
+Score 15,000 blocks x 96 workers, p50|BenchmarkScoreFloor/15000x96|p50-ns|chained-hash floor|BenchmarkScoreFloor/15000x96|floor-p50-ns|ratio|max|1.30
+apply with removals, one core|BenchmarkApplyFloor|apply-blocks/s|Go map insert + delete|BenchmarkApplyFloor|floor-blocks/s|ratio|min|0.70
+(decode + apply, one core)|BenchmarkDecodeApply|blocks/s|apply alone (no decode)|BenchmarkApply|blocks/s||imin|0
+(Score 128x8 heap allocations beyond the response)|BenchmarkScore128x8|allocs/op|(none: a count)||||max|0
+(Score 4,096 blocks x 1,000 workers, Match p99)|BenchmarkScore4096x1000|BenchmarkNaiveScore4096x1000|match-p99-ns|map+mutex baseline|BenchmarkNaiveScore4096x1000|match-p99-ns||imax|0
+Score p99 under 1 M blocks/s ingest|BenchmarkScoreUnderIngest|p99-ns|idle p99, same run|BenchmarkScoreUnderIngest|p99-idle-ns|ratio|max|2
+Scorer.Score, 1,000 routes in flight + scrapes, mean|BenchmarkScoreLoaded|busy-mean-ns|without them, same run|BenchmarkScoreLoaded|idle-mean-ns|ratio|max|1.1
+(Score over HTTP/JSON, 2,048 tokens, mean)|BenchmarkScoreJSON|json-ns|the same over gRPC|BenchmarkScoreJSON|grpc-ns|ratio|imax|0
+(picker decision, 4 K-token chat, cached, p99)|BenchmarkPickChat4K/cached|p99_us|its /tokenize round trip|BenchmarkTokenizeChat4K|p99_us||imax|0
+heap per (block, worker) residency, 10 M, unshared|BenchmarkMemory10M/unshared|all-bytes/residency|(none: bytes)||||max|24
+(same, a shared fleet)|BenchmarkMemory10M/shared|all-bytes/residency|(none: bytes)||||imax|0'
 
 table=$(awk -v rows="$rows" '
 function fmtval(v, unit) {
-	if (unit == "blocks/s") return sprintf("%.2f M/s", v / 1e6)
-	if (unit ~ /ns/) {
+	if (unit ~ /blocks\/s$/) return sprintf("%.2f M/s", v / 1e6)
+	if (unit ~ /ns$/) {
 		if (v >= 1e6) return sprintf("%.2f ms", v / 1e6)
 		if (v >= 1e3) return sprintf("%.2f us", v / 1e3)
 		return sprintf("%.0f ns", v)
 	}
 	if (unit ~ /_us$/) return (v >= 1e3) ? sprintf("%.2f ms", v / 1e3) : sprintf("%.0f us", v)
-	if (unit == "ratio") return sprintf("%.2fx", v)
 	if (unit ~ /bytes/) return sprintf("%.1f B", v)
-	if (unit == "allocs/op") return sprintf("%d allocs/op", v)
+	if (unit == "allocs/op") return sprintf("%d", v)
 	return sprintf("%g %s", v, unit)
 }
 function median(list,    n, a, i, j, t) {
@@ -324,6 +317,20 @@ function median(list,    n, a, i, j, t) {
 	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
 	if (n % 2) return a[(n + 1) / 2]
 	return (a[n / 2] + a[n / 2 + 1]) / 2
+}
+# find(bench, unit, low): the worst median of unit over bench and its
+# sub-benchmarks (the lowest when low), in got/gotwhich; 0 when none ran.
+function find(bench, unit, low,    o, kv, m, found) {
+	found = 0
+	for (o = 1; o <= norder; o++) {
+		split(order[o], kv, SUBSEP)
+		if (kv[2] != unit) continue
+		if (kv[1] != bench && index(kv[1], bench "/") != 1) continue
+		m = median(vals[order[o]])
+		if (!found || (low && m < got) || (!low && m > got)) { got = m; gotwhich = kv[1] }
+		found = 1
+	}
+	return found
 }
 /^Benchmark/ {
 	name = $1; sub(/-[0-9]+$/, "", name)
@@ -334,104 +341,99 @@ function median(list,    n, a, i, j, t) {
 	}
 }
 END {
-	printf "%-52s %-14s %-24s %s\n", "target", "goal", "measured", "status"
+	printf "%-52s %-22s %-40s %-8s %-8s %s\n", "row", "kvindex", "floor (same run)", "ratio", "goal", "status"
 	n = split(rows, r, "\n")
 	for (k = 1; k <= n; k++) {
-		split(r[k], f, "|"); bench = f[1]; unit = f[2]; dir = f[3]; goal = f[4]; label = f[5]
-		found = 0; worst = ""; which = ""
-		for (o = 1; o <= norder; o++) {
-			split(order[o], kv, SUBSEP)
-			if (kv[2] != unit) continue
-			if (kv[1] != bench && index(kv[1], bench "/") != 1) continue
-			m = median(vals[order[o]])
-			low = (dir == "min" || dir == "imin")
-			if (!found || (low && m < worst) || (!low && m > worst)) { worst = m; which = kv[1] }
-			found = 1
+		split(r[k], f, "|"); label = f[1]; bench = f[2]; unit = f[3]; flabel = f[4]; fbench = f[5]; funit = f[6]; runit = f[7]; dir = f[8]; goal = f[9]
+		low = (unit ~ /\/s$/)
+		if (!find(bench, unit, low)) { printf "%-52s %-22s %-40s %-8s %-8s %s\n", label, "-", flabel, "-", "-", "not run"; continue }
+		v = got; which = gotwhich
+		meas = fmtval(v, unit)
+		if (which != bench) { w = which; sub(/^[^\/]*\//, "", w); meas = meas " (" w ")" }
+		fl = flabel; ratio = ""
+		if (fbench != "" && find(fbench, funit, !low)) {
+			fl = fmtval(got, funit) " " flabel
+			ratio = (runit != "" && find(bench, runit, low)) ? got : ((got > 0) ? v / got : "")
 		}
-		g = (dir == "min") ? ">= " fmtval(goal, unit) : "<= " fmtval(goal, unit)
-		if (dir ~ /^i/) g = "(reported)"
-		if (!found) { printf "%-52s %-14s %-24s %s\n", label, g, "-", "not run"; continue }
+		# The goal applies to the ratio where there is one, else to the figure.
+		x = (ratio != "") ? ratio : v
+		g = (dir ~ /min$/) ? ">= " goal : "<= " goal
+		if (dir ~ /^i/) g = "-"
 		st = "info"
-		if (dir == "min") st = (worst >= goal) ? "met" : "MISSED"
-		if (dir == "max") st = (worst <= goal) ? "met" : "MISSED"
-		meas = fmtval(worst, unit)
-		if (which != bench) { sub(/^[^\/]*\//, "", which); meas = meas " (" which ")" }
-		printf "%-52s %-14s %-24s %s\n", label, g, meas, st
+		if (dir == "min") st = (x >= goal) ? "met" : "MISSED"
+		if (dir == "max") st = (x <= goal) ? "met" : "MISSED"
+		printf "%-52s %-22s %-40s %-8s %-8s %s\n", label, meas, fl, (ratio != "") ? sprintf("%.2fx", ratio) : "-", g, st
 	}
 }' "$raw")
 
-row() { printf "%-52s %-14s %-24s %s\n" "$@"; }
+row() { printf "%-52s %-22s %-40s %-8s %-8s %s\n" "$@"; } # label kvindex floor ratio goal status
 fmtms() { awk -v v="$1" 'BEGIN { if (v >= 1e6) printf "%.2f ms", v / 1e6; else printf "%.0f us", v / 1e3 }'; }
-# grpcrow <label> <goal or ""> <json files...>: the median p99 of the runs,
-# each listed; met when every run kept the rate with no errors and the
-# median is within the goal.
+# ratiorow <label> <kvindex> <floor> <floor text> <kvindex text> <dir> <goal> [ok]:
+# a network row, its ratio kvindex over floor; ok=0 marks a run that broke
+# (errors, rate not kept), which misses whatever the ratio.
+ratiorow() {
+	local label=$1 v=$2 fl=$3 ftext=$4 vtext=$5 dir=$6 goal=$7 ok=${8:-1} ratio st g
+	ratio=$(awk -v v="$v" -v f="$fl" 'BEGIN { if (f > 0) printf "%.2f", v / f }')
+	g="-" st=info
+	if [[ -n $ratio && $dir != i* ]]; then
+		g="$( [[ $dir == min ]] && echo ">=" || echo "<=") $goal"
+		st=$(awk -v x="$ratio" -v g="$goal" -v d="$dir" 'BEGIN { print ((d == "min" && x >= g) || (d == "max" && x <= g)) ? "met" : "MISSED" }')
+		((ok)) || st="MISSED (run broke)"
+	fi
+	table+=$'\n'$(row "$label" "$vtext" "${ftext:--}" "${ratio:+${ratio}x}" "$g" "$st")
+}
+# median <numbers...>
+median() { printf "%s\n" "$@" | sort -n | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# grpcrow <label> <json files...>: the median p99 of the runs (no floor yet
+# in this row: reported); a run that missed the rate or erred is marked.
 grpcrow() {
-	local label=$1 goal=$2 p99s=() ok=1 med st all f
-	shift 2
+	local label=$1 p99s=() ok=1 med all f
+	shift
 	if (($# == 0)); then
-		table+=$'\n'$(row "$label" "${goal:-(reported)}" "-" "not run")
+		table+=$'\n'$(row "$label" "-" "-" "-" "-" "not run")
 		return
 	fi
 	for f in "$@"; do
 		p99s+=("$(jget "$f" p99_ns)")
 		awk -v a="$(jget "$f" achieved_rps)" -v e="$(jget "$f" errors)" -v x="$(jget "$f" refused)" -v r="$RPS" 'BEGIN { exit !(e == 0 && x == 0 && a >= 0.98 * r) }' || ok=0
 	done
-	med=$(printf "%s\n" "${p99s[@]}" | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+	med=$(median "${p99s[@]}")
 	all=$(for v in "${p99s[@]}"; do fmtms "$v"; echo; done | paste -sd, - | sed "s/,/, /g")
-	if [[ -n $goal ]]; then
-		st=MISSED
-		((ok)) && awk -v m="$med" 'BEGIN { exit !(m <= 1e6) }' && st=met
-	else
-		st=info
-		((ok)) || st="info (errors or rate missed)"
-	fi
-	table+=$'\n'$(row "$label" "${goal:-(reported)}" "$(fmtms "$med") (median of $#: $all)" "$st")
+	table+=$'\n'$(row "$label" "$(fmtms "$med") (of $#: $all)" "-" "-" "-" "$( ((ok)) && echo info || echo "info (errors or rate missed)")")
 }
-grpcrow "gRPC Score p99 at $RPS req/s, grpc-go, 2 processes" "<= 1.00 ms" "${splitruns[@]}"
-grpcrow "(same, lean h2 generator in the server process)" "" "${h2runs[@]}"
-# The fleet rows.
+grpcrow "(gRPC Score p99 at $RPS req/s, grpc-go, 2 processes)" "${splitruns[@]}"
+grpcrow "(same, lean h2 generator in the server process)" "${h2runs[@]}"
+# The fleet rows, each against its floor from the same kvfleetbench run.
 fget() { jget "$OUT/fleet-$1.json" "$2"; }
-frow() { # frow <label> <goal text> <value text> <ok 0/1, or "" for info>
-	local st=info
-	[[ -n $4 ]] && { ((${4})) && st=met || st=MISSED; }
-	table+=$'\n'$(row "$1" "$2" "$3" "$st")
-}
 if [[ -f $OUT/fleet-ingest.json ]]; then
 	v=$(fget ingest blocks_per_cpu_s) b=$(fget ingest baseline_blocks_per_cpu_s)
-	frow "fleet ingest, agent -> NATS -> replica, per replica core" ">= 2.00 M/s" "$(awk -v v="$v" -v b="$b" 'BEGIN { printf "%.2f M/s (%.2fx the apply-only baseline)", v / 1e6, v / b }')" "$(awk -v v="$v" -v p="$(fget ingest problems)" 'BEGIN { print (v >= 2e6 && p == 0) ? 1 : 0 }')"
+	ratiorow "replica ingest through NATS, per replica core" "$v" "$b" "$(awk -v b="$b" 'BEGIN { printf "%.2f M/s", b / 1e6 }') ApplyDelta in-process" \
+		"$(awk -v v="$v" 'BEGIN { printf "%.2f M/s", v / 1e6 }')" min 0.80 "$(awk -v p="$(fget ingest problems)" 'BEGIN { print (p == 0) ? 1 : 0 }')"
 fi
 if [[ -f $OUT/fleet-sync.json ]]; then
-	v=$(fget sync ready_ns)
-	frow "fleet sync, $(fget sync workers) agents, $(fget sync keys) blocks, ready" "<= 5.00 s" "$(awk -v v="$v" -v f="$(fget sync floor_ns)" 'BEGIN { printf "%.2f s (restore floor %.2f s)", v / 1e9, f / 1e9 }')" "$(awk -v v="$v" -v w="$(fget sync workers)" 'BEGIN { print (v <= 5e9 && w >= 1000) ? 1 : 0 }')"
-	frow "(fleet sync peak RSS)" "(reported)" "$(awk -v v="$(fget sync peak_rss)" 'BEGIN { printf "%.0f MiB", v / 1048576 }')" ""
+	v=$(fget sync ready_ns) f=$(fget sync floor_ns)
+	ratiorow "replica sync, $(fget sync workers) agents x $(awk -v k="$(fget sync keys)" -v w="$(fget sync workers)" 'BEGIN { printf "%.1f k", k / w / 1e3 }') blocks" "$v" "$f" \
+		"$(awk -v f="$f" 'BEGIN { printf "%.2f s", f / 1e9 }') snapshot restore in-process" "$(awk -v v="$v" 'BEGIN { printf "%.2f s", v / 1e9 }')" max 1.30
+	table+=$'\n'$(row "(replica sync peak RSS)" "$(awk -v v="$(fget sync peak_rss)" 'BEGIN { printf "%.0f MiB", v / 1048576 }')" "-" "-" "-" info)
 fi
 if [[ -f $OUT/fleet-lag.json ]]; then
 	v=$(fget lag p99_ns)
-	frow "fleet lag engine -> replica p99 at $(awk -v r="$(fget lag rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s" "<= 5.00 ms" "$(fmtms "$v") (engine -> agent $(fmtms "$(fget lag agent_p99_ns)"))" "$(awk -v v="$v" -v r="$(fget lag rate)" 'BEGIN { print (v <= 5e6 && r >= 1e5) ? 1 : 0 }')"
+	table+=$'\n'$(row "(engine -> replica lag p99 at $(awk -v r="$(fget lag rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s)" "$(fmtms "$v")" "-" "-" "-" info)
 fi
 if [[ -f $OUT/fleet-lag-quarter.json ]]; then
-	v=$(fget lag-quarter p99_ns)
-	frow "(fleet lag p99 at $(awk -v r="$(fget lag-quarter rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s: the generator with headroom)" "(reported)" "$(fmtms "$v")" ""
+	table+=$'\n'$(row "(same at $(awk -v r="$(fget lag-quarter rate)" 'BEGIN { printf "%.0f k", r / 1e3 }') blocks/s)" "$(fmtms "$(fget lag-quarter p99_ns)")" "-" "-" "-" info)
 fi
 if [[ -f $OUT/fleet-wire.json ]]; then
-	frow "(NATS bytes per block stored / removed, realistic)" "(reported)" "$(awk -v s="$(fget wire wire_per_store)" -v r="$(fget wire wire_per_remove)" 'BEGIN { printf "%.1f B / %.1f B", s, r }')" ""
+	table+=$'\n'$(row "(NATS bytes per block stored / removed)" "$(awk -v s="$(fget wire wire_per_store)" -v r="$(fget wire wire_per_remove)" 'BEGIN { printf "%.1f B / %.1f B", s, r }')" "-" "-" "-" info)
 fi
 if [[ -f $OUT/fleet-agent.json ]]; then
-	frow "(agent CPU and RSS, one pod at $(fget agent rate) blocks/s)" "(reported)" "$(awk -v c="$(fget agent cpu_cores)" -v r="$(fget agent rss)" 'BEGIN { printf "%.3f cores, %.0f MiB", c, r / 1048576 }')" ""
+	table+=$'\n'$(row "(agent CPU and RSS at $(fget agent rate) blocks/s)" "$(awk -v c="$(fget agent cpu_cores)" -v r="$(fget agent rss)" 'BEGIN { printf "%.3f cores, %.0f MiB", c, r / 1048576 }')" "-" "-" "-" info)
 fi
-
-# The overload rows: accepted p99 <= 5 ms and refusals p99 <= 1 ms at 3x
-# capacity, with no other errors and the generator keeping the rate (its
-# lag p99 under 1 ms).
+# The overload rows (no floor server yet: reported).
 if [[ -f $OUT/kvbench-overload.json ]]; then
 	f=$OUT/kvbench-overload.json
-	okrun=$(awk -v e="$(jget "$f" errors)" -v l="$(jget "$f" lag_p99_ns)" -v x="$(jget "$f" refused)" 'BEGIN { print (e == 0 && l < 1e6 && x > 0) ? 1 : 0 }')
-	st() { if ((okrun)); then awk -v v="$1" -v g="$2" 'BEGIN { print (v <= g) ? "met" : "MISSED" }'; else echo "MISSED (errors, no refusals or generator lag)"; fi; }
-	a99=$(jget "$f" accepted_p99_ns) r99=$(jget "$f" refused_p99_ns)
-	table+=$'\n'$(row "overload 3x capacity: accepted p99 ($(jget "$f" refused) of $(jget "$f" sent) refused)" "<= 5.00 ms" "$(fmtms "$a99")" "$(st "$a99" 5e6)")
-	table+=$'\n'$(row "overload 3x capacity: refusals p99" "<= 1.00 ms" "$(fmtms "$r99")" "$(st "$r99" 1e6)")
-elif [[ ${SKIP_GRPC:-0} != 1 && ${SKIP_OVERLOAD:-0} != 1 ]]; then
-	table+=$'\n'$(row "overload 3x capacity" "" "-" "not run")
+	table+=$'\n'$(row "(overload 3x capacity: accepted p99, $(jget "$f" refused) of $(jget "$f" sent) refused)" "$(fmtms "$(jget "$f" accepted_p99_ns)")" "-" "-" "-" info)
+	table+=$'\n'$(row "(overload 3x capacity: refusals p99)" "$(fmtms "$(jget "$f" refused_p99_ns)")" "-" "-" "-" info)
 fi
 
 echo
