@@ -32,6 +32,8 @@
 #              (default below), OVERLOAD_PROBE_RPS the rate that finds the
 #              capacity (default 30000), OVERLOAD_CLIENT its client (default h2)
 #   CPUPROFILE set to 1 to also write a CPU profile per package into $OUT
+#   GO_BENCH_PIN  CPUs (taskset's list) the Go benchmarks run on (default:
+#              unpinned); scripts/bench-large.sh sets it
 #
 # A benchmark that does not exist yet is reported as "not run", not as a
 # failure. A package that fails to build is reported and the rest still run.
@@ -80,7 +82,9 @@ run() { # run <label> <go test args...>: append to $raw, note failures
 	local label=$1
 	shift
 	echo "== $label: $GO test $*" >&2
-	if ! "$GO" test "$@" | tee -a "$raw"; then
+	local pre=()
+	[[ -n ${GO_BENCH_PIN:-} ]] && command -v taskset >/dev/null && pre=(taskset -c "$GO_BENCH_PIN")
+	if ! "${pre[@]}" "$GO" test "$@" | tee -a "$raw"; then
 		echo "bench.sh: $label: go test failed (see $raw); continuing" >&2
 		status=1
 	fi
@@ -291,7 +295,7 @@ Score 15,000 blocks x 96 workers, p50|BenchmarkScoreFloor/15000x96|p50-ns|chaine
 apply with removals, one core|BenchmarkApplyFloor|apply-blocks/s|Go map insert + delete|BenchmarkApplyFloor|floor-blocks/s|ratio|min|0.70
 (decode + apply, one core)|BenchmarkDecodeApply|blocks/s|apply alone (no decode)|BenchmarkApply|blocks/s||imin|0
 (Score 128x8 heap allocations beyond the response)|BenchmarkScore128x8|allocs/op|(none: a count)||||max|0
-(Score 4,096 blocks x 1,000 workers, Match p99)|BenchmarkScore4096x1000|BenchmarkNaiveScore4096x1000|match-p99-ns|map+mutex baseline|BenchmarkNaiveScore4096x1000|match-p99-ns||imax|0
+(Score 4,096 blocks x 1,000 workers, Match p99)|BenchmarkScore4096x1000|match-p99-ns|map+mutex baseline|BenchmarkNaiveScore4096x1000|match-p99-ns||imax|0
 Score p99 under 1 M blocks/s ingest|BenchmarkScoreUnderIngest|p99-ns|idle p99, same run|BenchmarkScoreUnderIngest|p99-idle-ns|ratio|max|2
 Scorer.Score, 1,000 routes in flight + scrapes, mean|BenchmarkScoreLoaded|busy-mean-ns|without them, same run|BenchmarkScoreLoaded|idle-mean-ns|ratio|max|1.1
 (Score over HTTP/JSON, 2,048 tokens, mean)|BenchmarkScoreJSON|json-ns|the same over gRPC|BenchmarkScoreJSON|grpc-ns|ratio|imax|0
