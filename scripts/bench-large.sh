@@ -44,7 +44,7 @@ export GEN_FLAGS="--gomaxprocs $gprocs --gogc 100 --connections $gprocs"
 export RPS=${RPS:-$((10000 * half))}
 export CONNS=${CONNS:-$((8 * gprocs))}
 export FLEET_REPLICA_CPU=$server FLEET_GEN_CPU=$gen
-# The Go benchmarks run pinned to the server's half; -cpu keeps their
-# GOMAXPROCS at its size (the one-core rows set their own).
+# The Go benchmarks run pinned to the server's half; Go sizes their
+# GOMAXPROCS to it (the one-core rows set their own).
 export GO_BENCH_PIN=$server
 exec scripts/bench.sh
