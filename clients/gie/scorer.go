@@ -43,8 +43,8 @@ type Params struct {
 	// Timeout bounds each Score call, a Go duration ("100ms"); empty means
 	// DefaultTimeout.
 	Timeout string `json:"timeout,omitempty"`
-	// TokenFile holds a bearer token for a kvindex that requires one (the
-	// route or read scope), read once when the plugin is made.
+	// TokenFile holds a bearer token for a kvindex that requires one
+	// (Score needs the read scope), read once when the plugin is made.
 	TokenFile string `json:"tokenFile,omitempty"`
 	// TLS, when set (even empty: the system's roots), connects over TLS.
 	TLS *TLSParams `json:"tls,omitempty"`
