@@ -18,12 +18,13 @@ build: deps
 
 # test runs lint, then every test (fuzz seed corpora included) with the
 # race detector, those of the deploy/ module (compose file, Helm chart,
-# alert rules, dashboard, Dockerfile), then the Python client's
-# (test-python). A -race build compiles the indexer's invariant checks in
+# alert rules, dashboard, Dockerfile) and of the clients/gie module (the
+# GIE scheduler's scorer plugin), then the Python client's (test-python). A -race build compiles the indexer's invariant checks in
 # (as the build tag invariants does), so the race run checks them too.
 test: deps lint
 	$(GO) test -race -count=1 ./...
 	cd deploy && $(GO) test -race -count=1 ./...
+	cd clients/gie && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory test-python
 
 # test-python runs the Python client's tests (clients/python/tests, stdlib
@@ -35,7 +36,8 @@ test-python: deps
 		/usr/bin/python3 -m unittest discover -s clients/python/tests -v
 
 # lint checks formatting, go vet, staticcheck, that go.mod is tidy (the
-# service's and deploy/'s, the test-only module of the deployment files), and
+# service's, deploy/'s, the test-only module of the deployment files, and
+# clients/gie's, the GIE scorer plugin with the framework's dependencies), and
 # that everything a router may embed builds without cgo (only the ZeroMQ
 # transport, events/zmq, needs libzmq), and archlint: the layers import
 # only downward (docs/architecture.md), the binaries link no testbed, and
@@ -47,6 +49,7 @@ lint:
 	$(TOOL) staticcheck ./...
 	$(GO) mod tidy -diff
 	cd deploy && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
+	cd clients/gie && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 	CGO_ENABLED=0 $(GO) build ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl
 	$(GO) -C tools test -count=1 ./archlint
 	$(GO) -C tools run ./archlint ..
