@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // AdmissionOptions bound the Score and Route work the server takes on, so
@@ -85,30 +87,14 @@ const (
 func DefaultMaxInspect() int { return max(runtime.GOMAXPROCS(0)/2, 1) }
 
 func (o *AdmissionOptions) defaults() {
-	if o.MaxConcurrent <= 0 {
-		o.MaxConcurrent = 8 * runtime.GOMAXPROCS(0)
-	}
-	if o.Target <= 0 {
-		o.Target = DefaultQueueTarget
-	}
-	if o.Interval <= 0 {
-		o.Interval = DefaultQueueInterval
-	}
-	if o.MaxQueueDelay <= 0 {
-		o.MaxQueueDelay = DefaultMaxQueueDelay
-	}
-	if o.MaxPending <= 0 {
-		o.MaxPending = DefaultMaxPending
-	}
-	if o.MaxInspect <= 0 {
-		o.MaxInspect = DefaultMaxInspect()
-	}
-	if o.MaxInspectPending <= 0 {
-		o.MaxInspectPending = DefaultMaxInspectPending
-	}
-	if o.InspectWait <= 0 {
-		o.InspectWait = DefaultInspectWait
-	}
+	defaults.Positive(&o.MaxConcurrent, 8*runtime.GOMAXPROCS(0))
+	defaults.Positive(&o.Target, DefaultQueueTarget)
+	defaults.Positive(&o.Interval, DefaultQueueInterval)
+	defaults.Positive(&o.MaxQueueDelay, DefaultMaxQueueDelay)
+	defaults.Positive(&o.MaxPending, DefaultMaxPending)
+	defaults.Positive(&o.MaxInspect, DefaultMaxInspect())
+	defaults.Positive(&o.MaxInspectPending, DefaultMaxInspectPending)
+	defaults.Positive(&o.InspectWait, DefaultInspectWait)
 }
 
 // admitted names the methods admission control applies to.

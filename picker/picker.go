@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/defaults"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -173,15 +174,9 @@ func newEndpointSet(eps []Endpoint) (*endpointSet, error) {
 // an endpoint without an address, a model or a pod, or a worker listed
 // twice.
 func New(r Router, opts Options) (*Picker, error) {
-	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if opts.MaxRequests <= 0 {
-		opts.MaxRequests = DefaultMaxRequests
-	}
-	if opts.ReleaseTimeout <= 0 {
-		opts.ReleaseTimeout = 5 * time.Second
-	}
+	defaults.Positive(&opts.MaxBodyBytes, DefaultMaxBodyBytes)
+	defaults.Positive(&opts.MaxRequests, DefaultMaxRequests)
+	defaults.Positive(&opts.ReleaseTimeout, 5*time.Second)
 	set, err := newEndpointSet(opts.Endpoints)
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/defaults"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
 
@@ -113,15 +114,9 @@ func NewAgent(ctx context.Context, nc *nats.Conn, o AgentOptions, workers map[in
 	if o.Bucket == "" {
 		o.Bucket = DefaultBucket
 	}
-	if o.TTL <= 0 {
-		o.TTL = 10 * time.Second
-	}
-	if o.Heartbeat <= 0 {
-		o.Heartbeat = o.TTL / 4
-	}
-	if o.ChunkBytes <= 0 {
-		o.ChunkBytes = 256 << 10
-	}
+	defaults.Positive(&o.TTL, 10*time.Second)
+	defaults.Positive(&o.Heartbeat, o.TTL/4)
+	defaults.Positive(&o.ChunkBytes, 256<<10)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
