@@ -7,132 +7,70 @@ import (
 	"github.com/kvindex/kvindex/scoring"
 )
 
-// Defaults SetDefaults gives fields left at their zero value. Fields whose
-// zero value has a meaning of its own (index.worker_capacity 0 learns the
-// capacity, events.stale_after_silence 0 is off, a pod's topic "" takes
-// every topic, ...) have no default here.
+// Defaults SetDefaults gives fields left at their zero value, each with
+// its configuration key. Fields whose zero value has a meaning of its own
+// (index.worker_capacity 0 learns the capacity, events.stale_after_silence
+// 0 is off, a pod's topic "" takes every topic, ...) have none.
 //
 // The daemon passes these values on explicitly, so they, not the fallbacks
 // of the packages it configures, are what it runs with. The limits are
-// the api package's own defaults and the scoring values scoring's, so that
-// a Server, Policy or Tracker built without a config behaves the same; the
-// events values equal the ZeroMQ transport's defaults (config does not
-// import the transport, which needs cgo; TestEventDefaultsAreTheTransports
-// keeps them equal).
+// the api package's own defaults and the scoring values scoring's, so a
+// Server, Policy or Tracker built without a config behaves the same; the
+// events values equal the ZeroMQ transport's (config does not import the
+// transport, which needs cgo; TestEventDefaultsAreTheTransports keeps
+// them equal).
 const (
-	// DefaultGRPCListen is the gRPC listen address (grpc_listen).
-	DefaultGRPCListen = ":50051"
-	// DefaultMetricsListen is the Prometheus /metrics listen address
-	// (metrics_listen).
-	DefaultMetricsListen = ":9400"
+	DefaultGRPCListen    = ":50051" // grpc_listen
+	DefaultMetricsListen = ":9400"  // metrics_listen
 	// MetricsOff as metrics_listen disables the /metrics listener.
 	MetricsOff = "off"
 
-	// DefaultBlockSize is vLLM's default --block-size, the tokens per KV
-	// block (models[].block_size, and the block size of models that only
-	// pods, routes or push-mode topics name).
-	DefaultBlockSize = 16
-	// DefaultDPSize is a pod's data-parallel size (pods[].dp_size).
-	DefaultDPSize = 1
-	// DefaultPushMaxWorkers bounds the workers one push listener creates
-	// (push[].max_workers): a few pods with data parallelism.
-	DefaultPushMaxWorkers = 32
+	// DefaultBlockSize is vLLM's default --block-size: models[].block_size,
+	// and the block size of models only pods, routes or topics name.
+	DefaultBlockSize      = 16
+	DefaultDPSize         = 1  // pods[].dp_size
+	DefaultPushMaxWorkers = 32 // push[].max_workers: a few pods with data parallelism
 
-	// DefaultGapPolicy is what lost events replay cannot recover do to a
-	// worker (events.gap_policy): forget its blocks and relearn.
-	DefaultGapPolicy = "reset"
-	// DefaultReplayTimeout bounds one replay (events.replay_timeout); vLLM
-	// serves replay between queue reads, up to ~100 ms late.
-	DefaultReplayTimeout = 3 * time.Second
-	// DefaultReplayConcurrency bounds replays in flight
-	// (events.replay_concurrency).
-	DefaultReplayConcurrency = 4
-	// DefaultStaleAfterDisconnect marks a pull-mode worker stale once its
-	// endpoint has been unreachable this long
-	// (events.stale_after_disconnect).
-	DefaultStaleAfterDisconnect = 5 * time.Second
-	// DefaultQueueSize is each worker's queue of batches waiting to be
-	// applied (events.queue_size); a full queue drops the message, which
-	// the seq gap then recovers.
-	DefaultQueueSize = 4096
-	// DefaultQueueBytes bounds the payload bytes of a worker's queue
-	// (events.queue_bytes).
-	DefaultQueueBytes = 64 << 20
-	// DefaultMaxMessageBytes is the largest event message accepted
-	// (events.max_message_bytes).
-	DefaultMaxMessageBytes = 16 << 20
+	DefaultGapPolicy = "reset" // events.gap_policy: forget the blocks and relearn
+	// DefaultReplayTimeout is events.replay_timeout: vLLM serves replay
+	// between queue reads, up to ~100 ms late.
+	DefaultReplayTimeout        = 3 * time.Second
+	DefaultReplayConcurrency    = 4               // events.replay_concurrency
+	DefaultStaleAfterDisconnect = 5 * time.Second // events.stale_after_disconnect
+	// DefaultQueueSize is events.queue_size; a full queue drops the
+	// message, which the seq gap then recovers.
+	DefaultQueueSize       = 4096
+	DefaultQueueBytes      = 64 << 20 // events.queue_bytes
+	DefaultMaxMessageBytes = 16 << 20 // events.max_message_bytes
 
-	// DefaultScoringPolicy is the ranking policy answers use unless a
-	// request names another (scoring.policy).
-	DefaultScoringPolicy = "cache_aware"
-	// DefaultGPUWeight, DefaultCPUWeight and DefaultStorageWeight weigh a
-	// cached block by tier (scoring.gpu_weight, cpu_weight,
-	// storage_weight; storage_weight also weighs disk and external).
-	DefaultGPUWeight     = scoring.DefaultGPUWeight
-	DefaultCPUWeight     = scoring.DefaultCPUWeight
-	DefaultStorageWeight = scoring.DefaultStorageWeight
-	// DefaultLoadWeight weighs a queued prefill token against an uncached
-	// one (scoring.load_weight).
-	DefaultLoadWeight = scoring.DefaultLoadWeight
-	// DefaultGuard is cache_aware's hotspot guard (scoring.guard).
-	DefaultGuard = "ttft"
-	// DefaultStaticK is the static guard's multiple of the median in-flight
-	// count (scoring.static_k).
-	DefaultStaticK = scoring.DefaultStaticK
-	// DefaultSpeculativeTTL is how long a routed request's blocks count as
-	// cached before events confirm them (scoring.speculative_ttl).
-	DefaultSpeculativeTTL = scoring.DefaultSpecTTL
-	// DefaultInflightTTL is how long a routed request counts as load
-	// without a Release (scoring.inflight_ttl).
-	DefaultInflightTTL = scoring.DefaultFlightTTL
-	// DefaultScrapeInterval is how often pods' metrics_url are read
-	// (scoring.scrape_interval).
-	DefaultScrapeInterval = time.Second
+	DefaultScoringPolicy  = "cache_aware"                // scoring.policy
+	DefaultGPUWeight      = scoring.DefaultGPUWeight     // scoring.gpu_weight
+	DefaultCPUWeight      = scoring.DefaultCPUWeight     // scoring.cpu_weight
+	DefaultStorageWeight  = scoring.DefaultStorageWeight // scoring.storage_weight (also disk and external)
+	DefaultLoadWeight     = scoring.DefaultLoadWeight    // scoring.load_weight
+	DefaultGuard          = "ttft"                       // scoring.guard
+	DefaultStaticK        = scoring.DefaultStaticK       // scoring.static_k
+	DefaultSpeculativeTTL = scoring.DefaultSpecTTL       // scoring.speculative_ttl
+	DefaultInflightTTL    = scoring.DefaultFlightTTL     // scoring.inflight_ttl
+	DefaultScrapeInterval = time.Second                  // scoring.scrape_interval
 
-	// DefaultMaxTokens is the most token ids one Score request may carry
-	// (limits.max_tokens).
-	DefaultMaxTokens = api.DefaultMaxTokens
-	// DefaultMaxBlockKeys is the most block keys one Score request may
-	// carry (limits.max_block_keys).
-	DefaultMaxBlockKeys = api.DefaultMaxBlockKeys
-	// DefaultMaxCandidates is the most candidate workers one Score request
-	// may name (limits.max_candidates).
-	DefaultMaxCandidates = api.DefaultMaxCandidates
-	// DefaultMaxInflight is the most routed requests tracked at once
-	// (limits.max_inflight).
-	DefaultMaxInflight = scoring.DefaultMaxFlights
-	// DefaultMaxPending bounds Score and Route calls received and not
-	// finished (limits.max_pending).
-	DefaultMaxPending = api.DefaultMaxPending
-	// DefaultQueueTarget is admission control's queueing target
-	// (limits.queue_target).
-	DefaultQueueTarget = api.DefaultQueueTarget
-	// DefaultMaxQueueDelay refuses calls that queued longer
-	// (limits.max_queue_delay).
-	DefaultMaxQueueDelay = api.DefaultMaxQueueDelay
-	// DefaultMaxInspectPending bounds Lookup, Dump and Diagnose calls
-	// waiting for a slot (limits.max_inspect_pending).
-	DefaultMaxInspectPending = api.DefaultMaxInspectPending
-	// DefaultInspectWait is the longest an inspection call waits for a
-	// slot (limits.inspect_wait).
-	DefaultInspectWait = api.DefaultInspectWait
-	// DefaultNATSBucket is the agents' key-value bucket (nats.bucket).
-	DefaultNATSBucket = "kvindex_agents"
-	// DefaultRegistrationTTL is nats.registration_ttl's default.
-	DefaultRegistrationTTL = 10 * time.Second
-	// DefaultCheckpointInterval is agent.checkpoint_interval's default.
-	DefaultCheckpointInterval = 10 * time.Second
-	// DefaultMaxConnections bounds open gRPC connections
-	// (limits.max_connections).
-	DefaultMaxConnections = 1024
+	DefaultMaxTokens          = api.DefaultMaxTokens         // limits.max_tokens
+	DefaultMaxBlockKeys       = api.DefaultMaxBlockKeys      // limits.max_block_keys
+	DefaultMaxCandidates      = api.DefaultMaxCandidates     // limits.max_candidates
+	DefaultMaxInflight        = scoring.DefaultMaxFlights    // limits.max_inflight
+	DefaultMaxPending         = api.DefaultMaxPending        // limits.max_pending
+	DefaultQueueTarget        = api.DefaultQueueTarget       // limits.queue_target
+	DefaultMaxQueueDelay      = api.DefaultMaxQueueDelay     // limits.max_queue_delay
+	DefaultMaxInspectPending  = api.DefaultMaxInspectPending // limits.max_inspect_pending
+	DefaultInspectWait        = api.DefaultInspectWait       // limits.inspect_wait
+	DefaultMaxConnections     = 1024                         // limits.max_connections
+	DefaultNATSBucket         = "kvindex_agents"             // nats.bucket
+	DefaultRegistrationTTL    = 10 * time.Second             // nats.registration_ttl
+	DefaultCheckpointInterval = 10 * time.Second             // agent.checkpoint_interval
 
-	// DefaultLogLevel is the log level (log.level).
-	DefaultLogLevel = "info"
-	// DefaultLogFormat is the log format (log.format).
-	DefaultLogFormat = "text"
-	// DefaultProblemInterval rate-limits repeated per-worker problem logs
-	// (log.problem_interval).
-	DefaultProblemInterval = time.Minute
+	DefaultLogLevel        = "info"      // log.level
+	DefaultLogFormat       = "text"      // log.format
+	DefaultProblemInterval = time.Minute // log.problem_interval: rate-limits repeated per-worker problem logs
 )
 
 // The one engine of Default: a local vLLM started with
