@@ -535,9 +535,7 @@ func (s *Server) unknownModel(name string) error {
 	}
 	sort.Strings(names)
 	known := strings.Join(names, ", ")
-	if known == "" {
-		known = "none"
-	}
+	defaults.Zero(&known, "none")
 	return status.Errorf(codes.InvalidArgument, "model: unknown model %s; known: %s", quote.Q(name), quote.S(known))
 }
 

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -104,25 +105,25 @@ func Default() *Config {
 // it is idempotent. Parse calls it; a Config built in Go needs it before
 // Validate.
 func (c *Config) SetDefaults() {
-	set(&c.GRPCListen, DefaultGRPCListen)
-	set(&c.MetricsListen, DefaultMetricsListen)
+	defaults.Zero(&c.GRPCListen, DefaultGRPCListen)
+	defaults.Zero(&c.MetricsListen, DefaultMetricsListen)
 	c.Events.SetDefaults()
 	c.Scoring.SetDefaults()
 	c.Limits.SetDefaults()
 	c.Log.SetDefaults()
 	if c.NATS.Enabled() {
-		set(&c.NATS.Bucket, DefaultNATSBucket)
-		set(&c.NATS.RegistrationTTL, DefaultRegistrationTTL)
+		defaults.Zero(&c.NATS.Bucket, DefaultNATSBucket)
+		defaults.Zero(&c.NATS.RegistrationTTL, DefaultRegistrationTTL)
 	}
 	if c.Agent.Checkpoint != "" {
-		set(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
+		defaults.Zero(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
 	}
 	c.Discovery.SetDefaults()
 	for i := range c.Models {
-		set(&c.Models[i].BlockSize, DefaultBlockSize)
+		defaults.Zero(&c.Models[i].BlockSize, DefaultBlockSize)
 	}
 	for i := range c.Pods {
-		set(&c.Pods[i].DPSize, DefaultDPSize)
+		defaults.Zero(&c.Pods[i].DPSize, DefaultDPSize)
 	}
 	named := func(m string) {
 		if m != "" && c.model(m) == nil {
@@ -139,7 +140,7 @@ func (c *Config) SetDefaults() {
 		named(d.Model)
 	}
 	for i := range c.Push {
-		set(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
+		defaults.Zero(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
 		for _, r := range c.Push[i].Routes {
 			named(r.Model)
 		}
@@ -151,57 +152,49 @@ func (c *Config) SetDefaults() {
 // SetDefaults gives the zero fields of the events section their defaults.
 // StaleAfterSilence has none: 0 is off.
 func (e *Events) SetDefaults() {
-	set(&e.GapPolicy, DefaultGapPolicy)
-	set(&e.ReplayTimeout, DefaultReplayTimeout)
-	set(&e.ReplayConcurrency, DefaultReplayConcurrency)
-	set(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
-	set(&e.QueueSize, DefaultQueueSize)
-	set(&e.QueueBytes, DefaultQueueBytes)
-	set(&e.MaxMessageBytes, DefaultMaxMessageBytes)
+	defaults.Zero(&e.GapPolicy, DefaultGapPolicy)
+	defaults.Zero(&e.ReplayTimeout, DefaultReplayTimeout)
+	defaults.Zero(&e.ReplayConcurrency, DefaultReplayConcurrency)
+	defaults.Zero(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
+	defaults.Zero(&e.QueueSize, DefaultQueueSize)
+	defaults.Zero(&e.QueueBytes, DefaultQueueBytes)
+	defaults.Zero(&e.MaxMessageBytes, DefaultMaxMessageBytes)
 }
 
 // SetDefaults gives the zero fields of the scoring section their defaults.
 func (s *Scoring) SetDefaults() {
-	set(&s.Policy, DefaultScoringPolicy)
-	set(&s.GPUWeight, DefaultGPUWeight)
-	set(&s.CPUWeight, DefaultCPUWeight)
-	set(&s.StorageWeight, DefaultStorageWeight)
-	set(&s.LoadWeight, DefaultLoadWeight)
-	set(&s.Guard, DefaultGuard)
-	set(&s.StaticK, DefaultStaticK)
-	set(&s.SpeculativeTTL, DefaultSpeculativeTTL)
-	set(&s.InflightTTL, DefaultInflightTTL)
-	set(&s.ScrapeInterval, DefaultScrapeInterval)
+	defaults.Zero(&s.Policy, DefaultScoringPolicy)
+	defaults.Zero(&s.GPUWeight, DefaultGPUWeight)
+	defaults.Zero(&s.CPUWeight, DefaultCPUWeight)
+	defaults.Zero(&s.StorageWeight, DefaultStorageWeight)
+	defaults.Zero(&s.LoadWeight, DefaultLoadWeight)
+	defaults.Zero(&s.Guard, DefaultGuard)
+	defaults.Zero(&s.StaticK, DefaultStaticK)
+	defaults.Zero(&s.SpeculativeTTL, DefaultSpeculativeTTL)
+	defaults.Zero(&s.InflightTTL, DefaultInflightTTL)
+	defaults.Zero(&s.ScrapeInterval, DefaultScrapeInterval)
 }
 
 // SetDefaults gives the zero fields of the limits section their defaults.
 func (l *Limits) SetDefaults() {
-	set(&l.MaxTokens, DefaultMaxTokens)
-	set(&l.MaxBlockKeys, DefaultMaxBlockKeys)
-	set(&l.MaxCandidates, DefaultMaxCandidates)
-	set(&l.MaxInflight, DefaultMaxInflight)
-	set(&l.MaxPending, DefaultMaxPending)
-	set(&l.QueueTarget, DefaultQueueTarget)
-	set(&l.MaxQueueDelay, DefaultMaxQueueDelay)
-	set(&l.MaxConnections, DefaultMaxConnections)
-	set(&l.MaxInspect, api.DefaultMaxInspect())
-	set(&l.MaxInspectPending, DefaultMaxInspectPending)
-	set(&l.InspectWait, DefaultInspectWait)
+	defaults.Zero(&l.MaxTokens, DefaultMaxTokens)
+	defaults.Zero(&l.MaxBlockKeys, DefaultMaxBlockKeys)
+	defaults.Zero(&l.MaxCandidates, DefaultMaxCandidates)
+	defaults.Zero(&l.MaxInflight, DefaultMaxInflight)
+	defaults.Zero(&l.MaxPending, DefaultMaxPending)
+	defaults.Zero(&l.QueueTarget, DefaultQueueTarget)
+	defaults.Zero(&l.MaxQueueDelay, DefaultMaxQueueDelay)
+	defaults.Zero(&l.MaxConnections, DefaultMaxConnections)
+	defaults.Zero(&l.MaxInspect, api.DefaultMaxInspect())
+	defaults.Zero(&l.MaxInspectPending, DefaultMaxInspectPending)
+	defaults.Zero(&l.InspectWait, DefaultInspectWait)
 }
 
 // SetDefaults gives the zero fields of the log section their defaults.
 func (l *Log) SetDefaults() {
-	set(&l.Level, DefaultLogLevel)
-	set(&l.Format, DefaultLogFormat)
-	set(&l.ProblemInterval, DefaultProblemInterval)
-}
-
-// set stores def in *v when *v is the zero value.
-func set[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
+	defaults.Zero(&l.Level, DefaultLogLevel)
+	defaults.Zero(&l.Format, DefaultLogFormat)
+	defaults.Zero(&l.ProblemInterval, DefaultProblemInterval)
 }
 
 // Discovery defaults.
@@ -220,15 +213,15 @@ const (
 func (d *Discovery) SetDefaults() {
 	if k := d.Kubernetes; k != nil {
 		k.DiscoveredPods.setDefaults()
-		set(&k.Resync, DefaultKubernetesResync)
+		defaults.Zero(&k.Resync, DefaultKubernetesResync)
 	}
 	if n := d.DNS; n != nil {
 		n.DiscoveredPods.setDefaults()
-		set(&n.Interval, DefaultDNSInterval)
+		defaults.Zero(&n.Interval, DefaultDNSInterval)
 	}
 }
 
 func (p *DiscoveredPods) setDefaults() {
-	set(&p.Port, DefaultDiscoveryPort)
-	set(&p.DPSize, DefaultDPSize)
+	defaults.Zero(&p.Port, DefaultDiscoveryPort)
+	defaults.Zero(&p.DPSize, DefaultDPSize)
 }

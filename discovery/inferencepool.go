@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
 )
 
@@ -97,9 +98,7 @@ func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *c
 	if err != nil {
 		return nil, err
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	return &InferencePool{client: client, dyn: dyn, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
 		dpSize: max(1, cfg.DPSize), resync: cfg.Resync, log: log}, nil
 }

@@ -183,9 +183,7 @@ func New(r Router, opts Options) (*Picker, error) {
 	}
 	p := &Picker{router: r, opts: opts, log: opts.Logger,
 		prefix: fmt.Sprintf("gw-%x-", time.Now().UnixNano()), health: health.NewServer()}
-	if p.log == nil {
-		p.log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&p.log, slog.New(slog.DiscardHandler))
 	p.counter.pickSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvindex_gateway_pick_seconds", Help: "Endpoint picker decisions, from the complete body to the destination (tokenization and Route included).",
 		Buckets: prometheus.ExponentialBuckets(0.0000625, 2, 16),

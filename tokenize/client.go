@@ -180,9 +180,7 @@ func New(opts Options) (*Client, error) {
 	if c.http == nil {
 		c.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: opts.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
 	}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&c.log, slog.New(slog.DiscardHandler))
 	if opts.CacheEntries > 0 {
 		c.cache, _ = lru.New[xxh3.Uint128, []uint32](opts.CacheEntries) // size > 0 cannot fail
 	}

@@ -97,21 +97,15 @@ type AppliedDelta struct {
 }
 
 func (o *SourceOptions) defaults() {
-	if o.Bucket == "" {
-		o.Bucket = DefaultBucket
-	}
+	defaults.Zero(&o.Bucket, DefaultBucket)
 	defaults.Positive(&o.TTL, 10*time.Second)
 	defaults.Positive(&o.SnapshotTimeout, 10*time.Second)
 	defaults.Positive(&o.SnapshotConcurrency, runtime.GOMAXPROCS(0))
 	defaults.Positive(&o.QueueSize, 1<<16)
 	defaults.Positive(&o.ResyncBackoff, 200*time.Millisecond)
 	defaults.Positive(&o.LogEvery, time.Minute)
-	if o.StaleAfterDisconnect == 0 {
-		o.StaleAfterDisconnect = 5 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&o.StaleAfterDisconnect, 5*time.Second)
+	defaults.Zero(&o.Logger, slog.New(slog.DiscardHandler))
 }
 
 // Source is a replica's fleet input: it watches the agents' bucket, and

@@ -11,3 +11,12 @@ func Positive[T cmp.Ordered](v *T, def T) {
 		*v = def
 	}
 }
+
+// Zero sets *v to def when *v is the zero value: for options whose
+// negative values mean something of their own.
+func Zero[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}

@@ -19,3 +19,13 @@ func TestPositive(t *testing.T) {
 		t.Errorf("Positive(0s, 1s) = %v", d)
 	}
 }
+
+func TestZero(t *testing.T) {
+	for _, c := range []struct{ in, want time.Duration }{{0, time.Second}, {-1, -1}, {5, 5}} {
+		v := c.in
+		Zero(&v, time.Second)
+		if v != c.want {
+			t.Errorf("Zero(%v, 1s) = %v, want %v", c.in, v, c.want)
+		}
+	}
+}
