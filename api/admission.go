@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // AdmissionOptions bound the Score and Route work the server takes on, so
@@ -63,21 +65,14 @@ type AdmissionOptions struct {
 	InspectWait time.Duration
 }
 
-// Defaults of AdmissionOptions.
+// Defaults of the AdmissionOptions fields named in their comments.
 const (
-	// DefaultQueueTarget is AdmissionOptions.Target's default.
-	DefaultQueueTarget = time.Millisecond
-	// DefaultQueueInterval is AdmissionOptions.Interval's default.
-	DefaultQueueInterval = 50 * time.Millisecond
-	// DefaultMaxQueueDelay is AdmissionOptions.MaxQueueDelay's default.
-	DefaultMaxQueueDelay = 50 * time.Millisecond
-	// DefaultMaxPending is AdmissionOptions.MaxPending's default.
-	DefaultMaxPending = 128
-	// DefaultMaxInspectPending is AdmissionOptions.MaxInspectPending's
-	// default.
-	DefaultMaxInspectPending = 16
-	// DefaultInspectWait is AdmissionOptions.InspectWait's default.
-	DefaultInspectWait = time.Second
+	DefaultQueueTarget       = time.Millisecond      // Target
+	DefaultQueueInterval     = 50 * time.Millisecond // Interval
+	DefaultMaxQueueDelay     = 50 * time.Millisecond // MaxQueueDelay
+	DefaultMaxPending        = 128                   // MaxPending
+	DefaultMaxInspectPending = 16                    // MaxInspectPending
+	DefaultInspectWait       = time.Second           // InspectWait
 )
 
 // DefaultMaxInspect is AdmissionOptions.MaxInspect's default: half the
@@ -85,30 +80,14 @@ const (
 func DefaultMaxInspect() int { return max(runtime.GOMAXPROCS(0)/2, 1) }
 
 func (o *AdmissionOptions) defaults() {
-	if o.MaxConcurrent <= 0 {
-		o.MaxConcurrent = 8 * runtime.GOMAXPROCS(0)
-	}
-	if o.Target <= 0 {
-		o.Target = DefaultQueueTarget
-	}
-	if o.Interval <= 0 {
-		o.Interval = DefaultQueueInterval
-	}
-	if o.MaxQueueDelay <= 0 {
-		o.MaxQueueDelay = DefaultMaxQueueDelay
-	}
-	if o.MaxPending <= 0 {
-		o.MaxPending = DefaultMaxPending
-	}
-	if o.MaxInspect <= 0 {
-		o.MaxInspect = DefaultMaxInspect()
-	}
-	if o.MaxInspectPending <= 0 {
-		o.MaxInspectPending = DefaultMaxInspectPending
-	}
-	if o.InspectWait <= 0 {
-		o.InspectWait = DefaultInspectWait
-	}
+	defaults.Positive(&o.MaxConcurrent, 8*runtime.GOMAXPROCS(0))
+	defaults.Positive(&o.Target, DefaultQueueTarget)
+	defaults.Positive(&o.Interval, DefaultQueueInterval)
+	defaults.Positive(&o.MaxQueueDelay, DefaultMaxQueueDelay)
+	defaults.Positive(&o.MaxPending, DefaultMaxPending)
+	defaults.Positive(&o.MaxInspect, DefaultMaxInspect())
+	defaults.Positive(&o.MaxInspectPending, DefaultMaxInspectPending)
+	defaults.Positive(&o.InspectWait, DefaultInspectWait)
 }
 
 // admitted names the methods admission control applies to.
@@ -126,27 +105,19 @@ var inspected = map[string]bool{
 
 // Reasons a call is refused, as counted.
 const (
-	// refusedOverload: refused at the stream's start because the adaptive
-	// bound on pending calls was reached.
-	refusedOverload = iota
-	// refusedQueued: waited longer than MaxQueueDelay.
-	refusedQueued
-	// refusedPending: MaxPending calls were already pending.
-	refusedPending
-	// refusedInspect: a Lookup, Dump or Diagnose found MaxInspect calls
-	// running and MaxInspectPending waiting, or waited InspectWait.
-	refusedInspect
+	refusedOverload = iota // the adaptive bound on pending calls
+	refusedQueued          // waited longer than MaxQueueDelay
+	refusedPending         // MaxPending calls were pending
+	refusedInspect         // the inspection budget
 	numAdmissionRefusals
 )
 
 // admission is a server's admission controller: an adaptive bound on
 // pending calls, cut when a standing queue forms (CoDel's test: the least
 // queueing delay of an interval above a target) and raised while there is
-// none, enforced in the transport (the tap handle: refusing costs no body
-// read and no decode); a bound on calls executing; and a bound on the
-// delay an accepted call may have queued. The inspection calls have a
-// plain budget beside it: MaxInspect slots, MaxInspectPending waiting
-// (enforced in the tap), and InspectWait at most.
+// none, enforced in the tap handle (refusing costs no body read or
+// decode); a bound on calls executing; and a bound on an accepted call's
+// queueing delay. Inspection calls have a plain budget beside it.
 //
 // # Concurrency
 //
@@ -188,26 +159,24 @@ func newAdmission(o AdmissionOptions, now func() time.Time) *admission {
 // every core busy.
 func (a *admission) minLimit() int64 { return int64(max(runtime.GOMAXPROCS(0), 2)) }
 
-// arrivalKey is the context key of a call's *callState; its presence also
-// marks a call counted in pending.
-type arrivalKey struct{}
+// arrivalKey is the context key of a call's *callState, and marks it
+// counted in pending; inspectKey, of an inspection call's arrival time,
+// marks it counted in inspectPending.
+type (
+	arrivalKey struct{}
+	inspectKey struct{}
+)
 
-// inspectKey is the context key of an inspection call's arrival time; its
-// presence also marks a call counted in inspectPending.
-type inspectKey struct{}
-
-// callState is what admission knows of one call: when its headers arrived
-// (set by the tap) and its message's size on the wire (set by the stats
-// handler once the message is read, before the interceptor runs).
+// callState is when a call's headers arrived (set by the tap) and its
+// message's wire size (set by the stats handler before the interceptor).
 type callState struct {
 	arrived time.Time
 	wire    atomic.Int64
 }
 
-// bigMessage is the wire size from which a call's delay before its handler
-// is taken to be mostly the time to receive its body, not queueing: such
-// calls are neither measured for overload nor refused for their delay
-// (MaxPending bounds them).
+// bigMessage is the wire size from which a call's delay is taken to be
+// mostly receiving its body, not queueing: such calls are neither measured
+// nor refused for their delay (MaxPending bounds them).
 const bigMessage = 256 << 10
 
 // tap is the transport's handle for a new stream: it stamps the arrival
@@ -250,7 +219,7 @@ func (a *admission) tapInspect(ctx context.Context) (context.Context, error) {
 
 // admissionStats is the stats.Handler that ends a pending call: it sees
 // the end of every call the tap let through, whether its handler ran or
-// not (a client that cancels before sending its body included).
+// not.
 type admissionStats struct{ a *admission }
 
 func (h admissionStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
@@ -287,10 +256,9 @@ func (a *admission) options() []grpc.ServerOption {
 	}
 }
 
-// roll ends the interval when it is over. A standing queue (its least
-// delayed call waited more than Target) cuts the bound on pending calls to
-// three quarters of what was pending; an interval without one that met
-// the bound raises it by an eighth, up to MaxPending.
+// roll ends the interval when it is over: a standing queue cuts the bound
+// to 3/4 of what was pending; an interval without one that met the bound
+// raises it by an eighth, up to MaxPending.
 func (a *admission) roll(now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -435,13 +403,11 @@ func (s *Server) AdmissionStats() AdmissionStats {
 }
 
 // An admission refusal is ResourceExhausted with a google.rpc.ErrorInfo
-// detail of reason OverloadReason in domain ErrorDomain, so that a client
-// tells it (retry later, elsewhere) from a request over a limit, which the
-// same code also refuses.
+// detail of reason OverloadReason in domain ErrorDomain (kvindex's error
+// details), so that a client tells it (retry later, elsewhere) from a
+// request over a limit, which the same code also refuses.
 const (
-	// ErrorDomain is the ErrorInfo domain of kvindex's error details.
-	ErrorDomain = "kvindex.io"
-	// OverloadReason is the ErrorInfo reason of an admission refusal.
+	ErrorDomain    = "kvindex.io"
 	OverloadReason = "OVERLOADED"
 )
 
@@ -459,11 +425,9 @@ func overloaded(format string, args ...any) error {
 	return st.Err()
 }
 
-// IsOverloaded reports whether err is a server's admission control
-// refusing a Score, Route or inspection call because the server is
-// overloaded (not a
-// request over a limit, which is ResourceExhausted too): the call was not
-// run, and may be retried with backoff.
+// IsOverloaded reports whether err is admission control refusing a call
+// because the server is overloaded (not a request over a limit, which is
+// ResourceExhausted too): the call did not run; retry with backoff.
 func IsOverloaded(err error) bool {
 	st, ok := ServerStatus(err)
 	if !ok || st.Code() != codes.ResourceExhausted {

@@ -43,7 +43,7 @@ const ListenerHTTP = "http"
 // "Score over HTTP/JSON"). It is the API for scripts, curl and routers
 // without gRPC; a router on the hot path should speak gRPC.
 func (s *Server) HTTPHandler(auth *Auth) http.Handler {
-	path, h := kvindexv1connect.NewIndexServiceHandler(connectService{s: s},
+	path, h := kvindexv1connect.NewIndexServiceHandler(connectService{s},
 		connect.WithReadMaxBytes(s.MaxJSONBytes()),
 		// A Score's answer (a few KB) is sent as it is: gzip costs more
 		// than its bytes take on a data-centre link. Large answers
@@ -137,36 +137,9 @@ func toConnect(err error) error {
 }
 
 // connectService adapts Server to Connect's handler interface: the same
-// methods, Watch left unimplemented.
-type connectService struct {
-	kvindexv1connect.UnimplementedIndexServiceHandler
-	s *Server
-}
+// unary methods; Watch, a stream, stays gRPC's.
+type connectService struct{ *Server }
 
-func (c connectService) Score(ctx context.Context, r *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
-	return c.s.Score(ctx, r)
-}
-
-func (c connectService) ListWorkers(ctx context.Context, r *kvindexv1.ListWorkersRequest) (*kvindexv1.ListWorkersResponse, error) {
-	return c.s.ListWorkers(ctx, r)
-}
-
-func (c connectService) Route(ctx context.Context, r *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
-	return c.s.Route(ctx, r)
-}
-
-func (c connectService) Release(ctx context.Context, r *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error) {
-	return c.s.Release(ctx, r)
-}
-
-func (c connectService) Lookup(ctx context.Context, r *kvindexv1.LookupRequest) (*kvindexv1.LookupResponse, error) {
-	return c.s.Lookup(ctx, r)
-}
-
-func (c connectService) Dump(ctx context.Context, r *kvindexv1.DumpRequest) (*kvindexv1.DumpResponse, error) {
-	return c.s.Dump(ctx, r)
-}
-
-func (c connectService) Diagnose(ctx context.Context, r *kvindexv1.DiagnoseRequest) (*kvindexv1.DiagnoseResponse, error) {
-	return c.s.Diagnose(ctx, r)
+func (connectService) Watch(context.Context, *kvindexv1.WatchRequest, *connect.ServerStream[kvindexv1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("kvindex.v1.IndexService.Watch is not implemented"))
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/quote"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
@@ -115,9 +116,7 @@ func (s *Server) workerOf(field string, r *kvindexv1.WorkerRef) (*indexer.Worker
 		names = append(names, w.Info().Ref.String())
 	}
 	known := strings.Join(names, ", ")
-	if known == "" {
-		known = "none"
-	}
+	defaults.Zero(&known, "none")
 	return nil, status.Errorf(codes.InvalidArgument, "%s: unknown worker %s; known: %s", field, quote.Q(ref.String()), quote.S(known))
 }
 

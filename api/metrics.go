@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/scoring"
 )
 
@@ -166,9 +167,7 @@ func (h *hitMetrics) workerCounts(id indexer.WorkerID, gen uint32) (prompt, hit 
 }
 
 func newHitMetrics(reg prometheus.Registerer, maxTenants int) *hitMetrics {
-	if maxTenants <= 0 {
-		maxTenants = DefaultMaxTenants
-	}
+	defaults.Positive(&maxTenants, DefaultMaxTenants)
 	vec := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/quote"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/scoring"
@@ -122,15 +123,9 @@ type Server struct {
 // registered already (as prometheus.MustRegister does); already registered
 // metrics are shared.
 func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Server {
-	if opts.MaxTokens <= 0 {
-		opts.MaxTokens = DefaultMaxTokens
-	}
-	if opts.MaxBlockKeys <= 0 {
-		opts.MaxBlockKeys = DefaultMaxBlockKeys
-	}
-	if opts.MaxCandidates <= 0 {
-		opts.MaxCandidates = DefaultMaxCandidates
-	}
+	defaults.Positive(&opts.MaxTokens, DefaultMaxTokens)
+	defaults.Positive(&opts.MaxBlockKeys, DefaultMaxBlockKeys)
+	defaults.Positive(&opts.MaxCandidates, DefaultMaxCandidates)
 	hs, _ := stats.(events.HealthSource)
 	s := &Server{
 		ix:     ix,
@@ -540,9 +535,7 @@ func (s *Server) unknownModel(name string) error {
 	}
 	sort.Strings(names)
 	known := strings.Join(names, ", ")
-	if known == "" {
-		known = "none"
-	}
+	defaults.Zero(&known, "none")
 	return status.Errorf(codes.InvalidArgument, "model: unknown model %s; known: %s", quote.Q(name), quote.S(known))
 }
 

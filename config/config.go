@@ -548,28 +548,22 @@ type CostModel struct {
 // model is scoring.DefaultCostModel with the section's non-zero fields.
 func (m CostModel) model() scoring.CostModel {
 	c := scoring.DefaultCostModel()
-	if m.PrefillTokensPerSec != 0 {
-		c.PrefillTokensPerSec = m.PrefillTokensPerSec
-	}
-	if m.AttentionPairsPerSec != 0 {
-		c.AttentionPairsPerSec = m.AttentionPairsPerSec
-	}
-	if m.StepOverhead != 0 {
-		c.StepOverhead = m.StepOverhead
-	}
-	if m.DecodePerSeq != 0 {
-		c.DecodePerSeq = m.DecodePerSeq
-	}
-	if m.DecodePerContextToken != 0 {
-		c.DecodePerContextToken = m.DecodePerContextToken
-	}
-	if m.MaxBatchedTokens != 0 {
-		c.MaxBatchedTokens = m.MaxBatchedTokens
-	}
-	if m.KVCapacityTokens != 0 {
-		c.KVCapacityTokens = m.KVCapacityTokens
-	}
+	override(&c.PrefillTokensPerSec, m.PrefillTokensPerSec)
+	override(&c.AttentionPairsPerSec, m.AttentionPairsPerSec)
+	override(&c.StepOverhead, m.StepOverhead)
+	override(&c.DecodePerSeq, m.DecodePerSeq)
+	override(&c.DecodePerContextToken, m.DecodePerContextToken)
+	override(&c.MaxBatchedTokens, m.MaxBatchedTokens)
+	override(&c.KVCapacityTokens, m.KVCapacityTokens)
 	return c
+}
+
+// override stores x in *v unless x is the zero value.
+func override[T comparable](v *T, x T) {
+	var zero T
+	if x != zero {
+		*v = x
+	}
 }
 
 // Policy is the configured default ranking policy.

@@ -4,135 +4,74 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/scoring"
 )
 
-// Defaults SetDefaults gives fields left at their zero value. Fields whose
-// zero value has a meaning of its own (index.worker_capacity 0 learns the
-// capacity, events.stale_after_silence 0 is off, a pod's topic "" takes
-// every topic, ...) have no default here.
+// Defaults SetDefaults gives fields left at their zero value, each with
+// its configuration key. Fields whose zero value has a meaning of its own
+// (index.worker_capacity 0 learns the capacity, events.stale_after_silence
+// 0 is off, a pod's topic "" takes every topic, ...) have none.
 //
 // The daemon passes these values on explicitly, so they, not the fallbacks
 // of the packages it configures, are what it runs with. The limits are
-// the api package's own defaults and the scoring values scoring's, so that
-// a Server, Policy or Tracker built without a config behaves the same; the
-// events values equal the ZeroMQ transport's defaults (config does not
-// import the transport, which needs cgo; TestEventDefaultsAreTheTransports
-// keeps them equal).
+// the api package's own defaults and the scoring values scoring's, so a
+// Server, Policy or Tracker built without a config behaves the same; the
+// events values equal the ZeroMQ transport's (config does not import the
+// transport, which needs cgo; TestEventDefaultsAreTheTransports keeps
+// them equal).
 const (
-	// DefaultGRPCListen is the gRPC listen address (grpc_listen).
-	DefaultGRPCListen = ":50051"
-	// DefaultMetricsListen is the Prometheus /metrics listen address
-	// (metrics_listen).
-	DefaultMetricsListen = ":9400"
+	DefaultGRPCListen    = ":50051" // grpc_listen
+	DefaultMetricsListen = ":9400"  // metrics_listen
 	// MetricsOff as metrics_listen disables the /metrics listener.
 	MetricsOff = "off"
 
-	// DefaultBlockSize is vLLM's default --block-size, the tokens per KV
-	// block (models[].block_size, and the block size of models that only
-	// pods, routes or push-mode topics name).
-	DefaultBlockSize = 16
-	// DefaultDPSize is a pod's data-parallel size (pods[].dp_size).
-	DefaultDPSize = 1
-	// DefaultPushMaxWorkers bounds the workers one push listener creates
-	// (push[].max_workers): a few pods with data parallelism.
-	DefaultPushMaxWorkers = 32
+	// DefaultBlockSize is vLLM's default --block-size: models[].block_size,
+	// and the block size of models only pods, routes or topics name.
+	DefaultBlockSize      = 16
+	DefaultDPSize         = 1  // pods[].dp_size
+	DefaultPushMaxWorkers = 32 // push[].max_workers: a few pods with data parallelism
 
-	// DefaultGapPolicy is what lost events replay cannot recover do to a
-	// worker (events.gap_policy): forget its blocks and relearn.
-	DefaultGapPolicy = "reset"
-	// DefaultReplayTimeout bounds one replay (events.replay_timeout); vLLM
-	// serves replay between queue reads, up to ~100 ms late.
-	DefaultReplayTimeout = 3 * time.Second
-	// DefaultReplayConcurrency bounds replays in flight
-	// (events.replay_concurrency).
-	DefaultReplayConcurrency = 4
-	// DefaultStaleAfterDisconnect marks a pull-mode worker stale once its
-	// endpoint has been unreachable this long
-	// (events.stale_after_disconnect).
-	DefaultStaleAfterDisconnect = 5 * time.Second
-	// DefaultQueueSize is each worker's queue of batches waiting to be
-	// applied (events.queue_size); a full queue drops the message, which
-	// the seq gap then recovers.
-	DefaultQueueSize = 4096
-	// DefaultQueueBytes bounds the payload bytes of a worker's queue
-	// (events.queue_bytes).
-	DefaultQueueBytes = 64 << 20
-	// DefaultMaxMessageBytes is the largest event message accepted
-	// (events.max_message_bytes).
-	DefaultMaxMessageBytes = 16 << 20
+	DefaultGapPolicy = "reset" // events.gap_policy: forget the blocks and relearn
+	// DefaultReplayTimeout is events.replay_timeout: vLLM serves replay
+	// between queue reads, up to ~100 ms late.
+	DefaultReplayTimeout        = 3 * time.Second
+	DefaultReplayConcurrency    = 4               // events.replay_concurrency
+	DefaultStaleAfterDisconnect = 5 * time.Second // events.stale_after_disconnect
+	// DefaultQueueSize is events.queue_size; a full queue drops the
+	// message, which the seq gap then recovers.
+	DefaultQueueSize       = 4096
+	DefaultQueueBytes      = 64 << 20 // events.queue_bytes
+	DefaultMaxMessageBytes = 16 << 20 // events.max_message_bytes
 
-	// DefaultScoringPolicy is the ranking policy answers use unless a
-	// request names another (scoring.policy).
-	DefaultScoringPolicy = "cache_aware"
-	// DefaultGPUWeight, DefaultCPUWeight and DefaultStorageWeight weigh a
-	// cached block by tier (scoring.gpu_weight, cpu_weight,
-	// storage_weight; storage_weight also weighs disk and external).
-	DefaultGPUWeight     = scoring.DefaultGPUWeight
-	DefaultCPUWeight     = scoring.DefaultCPUWeight
-	DefaultStorageWeight = scoring.DefaultStorageWeight
-	// DefaultLoadWeight weighs a queued prefill token against an uncached
-	// one (scoring.load_weight).
-	DefaultLoadWeight = scoring.DefaultLoadWeight
-	// DefaultGuard is cache_aware's hotspot guard (scoring.guard).
-	DefaultGuard = "ttft"
-	// DefaultStaticK is the static guard's multiple of the median in-flight
-	// count (scoring.static_k).
-	DefaultStaticK = scoring.DefaultStaticK
-	// DefaultSpeculativeTTL is how long a routed request's blocks count as
-	// cached before events confirm them (scoring.speculative_ttl).
-	DefaultSpeculativeTTL = scoring.DefaultSpecTTL
-	// DefaultInflightTTL is how long a routed request counts as load
-	// without a Release (scoring.inflight_ttl).
-	DefaultInflightTTL = scoring.DefaultFlightTTL
-	// DefaultScrapeInterval is how often pods' metrics_url are read
-	// (scoring.scrape_interval).
-	DefaultScrapeInterval = time.Second
+	DefaultScoringPolicy  = "cache_aware"                // scoring.policy
+	DefaultGPUWeight      = scoring.DefaultGPUWeight     // scoring.gpu_weight
+	DefaultCPUWeight      = scoring.DefaultCPUWeight     // scoring.cpu_weight
+	DefaultStorageWeight  = scoring.DefaultStorageWeight // scoring.storage_weight (also disk and external)
+	DefaultLoadWeight     = scoring.DefaultLoadWeight    // scoring.load_weight
+	DefaultGuard          = "ttft"                       // scoring.guard
+	DefaultStaticK        = scoring.DefaultStaticK       // scoring.static_k
+	DefaultSpeculativeTTL = scoring.DefaultSpecTTL       // scoring.speculative_ttl
+	DefaultInflightTTL    = scoring.DefaultFlightTTL     // scoring.inflight_ttl
+	DefaultScrapeInterval = time.Second                  // scoring.scrape_interval
 
-	// DefaultMaxTokens is the most token ids one Score request may carry
-	// (limits.max_tokens).
-	DefaultMaxTokens = api.DefaultMaxTokens
-	// DefaultMaxBlockKeys is the most block keys one Score request may
-	// carry (limits.max_block_keys).
-	DefaultMaxBlockKeys = api.DefaultMaxBlockKeys
-	// DefaultMaxCandidates is the most candidate workers one Score request
-	// may name (limits.max_candidates).
-	DefaultMaxCandidates = api.DefaultMaxCandidates
-	// DefaultMaxInflight is the most routed requests tracked at once
-	// (limits.max_inflight).
-	DefaultMaxInflight = scoring.DefaultMaxFlights
-	// DefaultMaxPending bounds Score and Route calls received and not
-	// finished (limits.max_pending).
-	DefaultMaxPending = api.DefaultMaxPending
-	// DefaultQueueTarget is admission control's queueing target
-	// (limits.queue_target).
-	DefaultQueueTarget = api.DefaultQueueTarget
-	// DefaultMaxQueueDelay refuses calls that queued longer
-	// (limits.max_queue_delay).
-	DefaultMaxQueueDelay = api.DefaultMaxQueueDelay
-	// DefaultMaxInspectPending bounds Lookup, Dump and Diagnose calls
-	// waiting for a slot (limits.max_inspect_pending).
-	DefaultMaxInspectPending = api.DefaultMaxInspectPending
-	// DefaultInspectWait is the longest an inspection call waits for a
-	// slot (limits.inspect_wait).
-	DefaultInspectWait = api.DefaultInspectWait
-	// DefaultNATSBucket is the agents' key-value bucket (nats.bucket).
-	DefaultNATSBucket = "kvindex_agents"
-	// DefaultRegistrationTTL is nats.registration_ttl's default.
-	DefaultRegistrationTTL = 10 * time.Second
-	// DefaultCheckpointInterval is agent.checkpoint_interval's default.
-	DefaultCheckpointInterval = 10 * time.Second
-	// DefaultMaxConnections bounds open gRPC connections
-	// (limits.max_connections).
-	DefaultMaxConnections = 1024
+	DefaultMaxTokens          = api.DefaultMaxTokens         // limits.max_tokens
+	DefaultMaxBlockKeys       = api.DefaultMaxBlockKeys      // limits.max_block_keys
+	DefaultMaxCandidates      = api.DefaultMaxCandidates     // limits.max_candidates
+	DefaultMaxInflight        = scoring.DefaultMaxFlights    // limits.max_inflight
+	DefaultMaxPending         = api.DefaultMaxPending        // limits.max_pending
+	DefaultQueueTarget        = api.DefaultQueueTarget       // limits.queue_target
+	DefaultMaxQueueDelay      = api.DefaultMaxQueueDelay     // limits.max_queue_delay
+	DefaultMaxInspectPending  = api.DefaultMaxInspectPending // limits.max_inspect_pending
+	DefaultInspectWait        = api.DefaultInspectWait       // limits.inspect_wait
+	DefaultMaxConnections     = 1024                         // limits.max_connections
+	DefaultNATSBucket         = "kvindex_agents"             // nats.bucket
+	DefaultRegistrationTTL    = 10 * time.Second             // nats.registration_ttl
+	DefaultCheckpointInterval = 10 * time.Second             // agent.checkpoint_interval
 
-	// DefaultLogLevel is the log level (log.level).
-	DefaultLogLevel = "info"
-	// DefaultLogFormat is the log format (log.format).
-	DefaultLogFormat = "text"
-	// DefaultProblemInterval rate-limits repeated per-worker problem logs
-	// (log.problem_interval).
-	DefaultProblemInterval = time.Minute
+	DefaultLogLevel        = "info"      // log.level
+	DefaultLogFormat       = "text"      // log.format
+	DefaultProblemInterval = time.Minute // log.problem_interval: rate-limits repeated per-worker problem logs
 )
 
 // The one engine of Default: a local vLLM started with
@@ -166,25 +105,25 @@ func Default() *Config {
 // it is idempotent. Parse calls it; a Config built in Go needs it before
 // Validate.
 func (c *Config) SetDefaults() {
-	set(&c.GRPCListen, DefaultGRPCListen)
-	set(&c.MetricsListen, DefaultMetricsListen)
+	defaults.Zero(&c.GRPCListen, DefaultGRPCListen)
+	defaults.Zero(&c.MetricsListen, DefaultMetricsListen)
 	c.Events.SetDefaults()
 	c.Scoring.SetDefaults()
 	c.Limits.SetDefaults()
 	c.Log.SetDefaults()
 	if c.NATS.Enabled() {
-		set(&c.NATS.Bucket, DefaultNATSBucket)
-		set(&c.NATS.RegistrationTTL, DefaultRegistrationTTL)
+		defaults.Zero(&c.NATS.Bucket, DefaultNATSBucket)
+		defaults.Zero(&c.NATS.RegistrationTTL, DefaultRegistrationTTL)
 	}
 	if c.Agent.Checkpoint != "" {
-		set(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
+		defaults.Zero(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
 	}
 	c.Discovery.SetDefaults()
 	for i := range c.Models {
-		set(&c.Models[i].BlockSize, DefaultBlockSize)
+		defaults.Zero(&c.Models[i].BlockSize, DefaultBlockSize)
 	}
 	for i := range c.Pods {
-		set(&c.Pods[i].DPSize, DefaultDPSize)
+		defaults.Zero(&c.Pods[i].DPSize, DefaultDPSize)
 	}
 	named := func(m string) {
 		if m != "" && c.model(m) == nil {
@@ -201,7 +140,7 @@ func (c *Config) SetDefaults() {
 		named(d.Model)
 	}
 	for i := range c.Push {
-		set(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
+		defaults.Zero(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
 		for _, r := range c.Push[i].Routes {
 			named(r.Model)
 		}
@@ -213,57 +152,49 @@ func (c *Config) SetDefaults() {
 // SetDefaults gives the zero fields of the events section their defaults.
 // StaleAfterSilence has none: 0 is off.
 func (e *Events) SetDefaults() {
-	set(&e.GapPolicy, DefaultGapPolicy)
-	set(&e.ReplayTimeout, DefaultReplayTimeout)
-	set(&e.ReplayConcurrency, DefaultReplayConcurrency)
-	set(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
-	set(&e.QueueSize, DefaultQueueSize)
-	set(&e.QueueBytes, DefaultQueueBytes)
-	set(&e.MaxMessageBytes, DefaultMaxMessageBytes)
+	defaults.Zero(&e.GapPolicy, DefaultGapPolicy)
+	defaults.Zero(&e.ReplayTimeout, DefaultReplayTimeout)
+	defaults.Zero(&e.ReplayConcurrency, DefaultReplayConcurrency)
+	defaults.Zero(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
+	defaults.Zero(&e.QueueSize, DefaultQueueSize)
+	defaults.Zero(&e.QueueBytes, DefaultQueueBytes)
+	defaults.Zero(&e.MaxMessageBytes, DefaultMaxMessageBytes)
 }
 
 // SetDefaults gives the zero fields of the scoring section their defaults.
 func (s *Scoring) SetDefaults() {
-	set(&s.Policy, DefaultScoringPolicy)
-	set(&s.GPUWeight, DefaultGPUWeight)
-	set(&s.CPUWeight, DefaultCPUWeight)
-	set(&s.StorageWeight, DefaultStorageWeight)
-	set(&s.LoadWeight, DefaultLoadWeight)
-	set(&s.Guard, DefaultGuard)
-	set(&s.StaticK, DefaultStaticK)
-	set(&s.SpeculativeTTL, DefaultSpeculativeTTL)
-	set(&s.InflightTTL, DefaultInflightTTL)
-	set(&s.ScrapeInterval, DefaultScrapeInterval)
+	defaults.Zero(&s.Policy, DefaultScoringPolicy)
+	defaults.Zero(&s.GPUWeight, DefaultGPUWeight)
+	defaults.Zero(&s.CPUWeight, DefaultCPUWeight)
+	defaults.Zero(&s.StorageWeight, DefaultStorageWeight)
+	defaults.Zero(&s.LoadWeight, DefaultLoadWeight)
+	defaults.Zero(&s.Guard, DefaultGuard)
+	defaults.Zero(&s.StaticK, DefaultStaticK)
+	defaults.Zero(&s.SpeculativeTTL, DefaultSpeculativeTTL)
+	defaults.Zero(&s.InflightTTL, DefaultInflightTTL)
+	defaults.Zero(&s.ScrapeInterval, DefaultScrapeInterval)
 }
 
 // SetDefaults gives the zero fields of the limits section their defaults.
 func (l *Limits) SetDefaults() {
-	set(&l.MaxTokens, DefaultMaxTokens)
-	set(&l.MaxBlockKeys, DefaultMaxBlockKeys)
-	set(&l.MaxCandidates, DefaultMaxCandidates)
-	set(&l.MaxInflight, DefaultMaxInflight)
-	set(&l.MaxPending, DefaultMaxPending)
-	set(&l.QueueTarget, DefaultQueueTarget)
-	set(&l.MaxQueueDelay, DefaultMaxQueueDelay)
-	set(&l.MaxConnections, DefaultMaxConnections)
-	set(&l.MaxInspect, api.DefaultMaxInspect())
-	set(&l.MaxInspectPending, DefaultMaxInspectPending)
-	set(&l.InspectWait, DefaultInspectWait)
+	defaults.Zero(&l.MaxTokens, DefaultMaxTokens)
+	defaults.Zero(&l.MaxBlockKeys, DefaultMaxBlockKeys)
+	defaults.Zero(&l.MaxCandidates, DefaultMaxCandidates)
+	defaults.Zero(&l.MaxInflight, DefaultMaxInflight)
+	defaults.Zero(&l.MaxPending, DefaultMaxPending)
+	defaults.Zero(&l.QueueTarget, DefaultQueueTarget)
+	defaults.Zero(&l.MaxQueueDelay, DefaultMaxQueueDelay)
+	defaults.Zero(&l.MaxConnections, DefaultMaxConnections)
+	defaults.Zero(&l.MaxInspect, api.DefaultMaxInspect())
+	defaults.Zero(&l.MaxInspectPending, DefaultMaxInspectPending)
+	defaults.Zero(&l.InspectWait, DefaultInspectWait)
 }
 
 // SetDefaults gives the zero fields of the log section their defaults.
 func (l *Log) SetDefaults() {
-	set(&l.Level, DefaultLogLevel)
-	set(&l.Format, DefaultLogFormat)
-	set(&l.ProblemInterval, DefaultProblemInterval)
-}
-
-// set stores def in *v when *v is the zero value.
-func set[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
+	defaults.Zero(&l.Level, DefaultLogLevel)
+	defaults.Zero(&l.Format, DefaultLogFormat)
+	defaults.Zero(&l.ProblemInterval, DefaultProblemInterval)
 }
 
 // Discovery defaults.
@@ -282,15 +213,15 @@ const (
 func (d *Discovery) SetDefaults() {
 	if k := d.Kubernetes; k != nil {
 		k.DiscoveredPods.setDefaults()
-		set(&k.Resync, DefaultKubernetesResync)
+		defaults.Zero(&k.Resync, DefaultKubernetesResync)
 	}
 	if n := d.DNS; n != nil {
 		n.DiscoveredPods.setDefaults()
-		set(&n.Interval, DefaultDNSInterval)
+		defaults.Zero(&n.Interval, DefaultDNSInterval)
 	}
 }
 
 func (p *DiscoveredPods) setDefaults() {
-	set(&p.Port, DefaultDiscoveryPort)
-	set(&p.DPSize, DefaultDPSize)
+	defaults.Zero(&p.Port, DefaultDiscoveryPort)
+	defaults.Zero(&p.DPSize, DefaultDPSize)
 }

@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // Defaults of the tokenize and gateway sections.
@@ -50,10 +52,10 @@ type Tokenize struct {
 // SetDefaults gives the zero fields of the tokenize section their
 // defaults.
 func (t *Tokenize) SetDefaults() {
-	set(&t.Timeout, DefaultTokenizeTimeout)
-	set(&t.CacheEntries, DefaultTokenizeCacheEntries)
-	set(&t.MaxConcurrent, DefaultTokenizeMaxConcurrent)
-	set(&t.MaxPromptBytes, DefaultTokenizeMaxPromptBytes)
+	defaults.Zero(&t.Timeout, DefaultTokenizeTimeout)
+	defaults.Zero(&t.CacheEntries, DefaultTokenizeCacheEntries)
+	defaults.Zero(&t.MaxConcurrent, DefaultTokenizeMaxConcurrent)
+	defaults.Zero(&t.MaxPromptBytes, DefaultTokenizeMaxPromptBytes)
 }
 
 // Validate checks the tokenize section.
@@ -173,21 +175,21 @@ func (g *Gateway) SetDefaults(c *Config) {
 	if !g.Enabled() {
 		return
 	}
-	set(&g.BodyMode, DefaultGatewayBodyMode)
-	set(&g.MaxBodyBytes, DefaultGatewayMaxBodyBytes)
-	set(&g.Fallbacks, DefaultGatewayFallbacks)
-	set(&g.MaxRequests, DefaultGatewayMaxRequests)
+	defaults.Zero(&g.BodyMode, DefaultGatewayBodyMode)
+	defaults.Zero(&g.MaxBodyBytes, DefaultGatewayMaxBodyBytes)
+	defaults.Zero(&g.Fallbacks, DefaultGatewayFallbacks)
+	defaults.Zero(&g.MaxRequests, DefaultGatewayMaxRequests)
 	if ip := g.InferencePool; ip != nil {
-		set(&ip.APIVersion, InferencePoolV1)
-		set(&ip.Resync, DefaultInferencePoolResync)
-		set(&ip.DPSize, 1)
+		defaults.Zero(&ip.APIVersion, InferencePoolV1)
+		defaults.Zero(&ip.Resync, DefaultInferencePoolResync)
+		defaults.Zero(&ip.DPSize, 1)
 		if ip.Model == "" && len(c.Models) == 1 {
 			ip.Model = c.Models[0].Name
 		}
 	}
 	for i := range g.Endpoints {
 		e := &g.Endpoints[i]
-		set(&e.Pod, e.Address)
+		defaults.Zero(&e.Pod, e.Address)
 		if e.Model == "" {
 			for _, p := range c.Pods {
 				if p.Name == e.Pod {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/internal/defaults"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -70,9 +71,7 @@ func Diff(ctx context.Context, cfg Config, args DiffArgs) error {
 			return fmt.Errorf("--worker: %w", err)
 		}
 	}
-	if args.MaxShown <= 0 {
-		args.MaxShown = 20
-	}
+	defaults.Positive(&args.MaxShown, 20)
 	cfgB := cfg
 	cfgB.Addr = args.Other
 	return withClient(ctx, cfg, func(ctx context.Context, a *api.Client) error {

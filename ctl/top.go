@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/internal/defaults"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -102,9 +103,7 @@ func pct(r float64) string {
 // hit ratio of the answers that ranked the worker first. With Config.JSON
 // each table is one JSON array a line.
 func Top(ctx context.Context, cfg Config, args TopArgs) error {
-	if args.Interval <= 0 {
-		args.Interval = 2 * time.Second
-	}
+	defaults.Positive(&args.Interval, 2*time.Second)
 	timeout := cfg.Timeout
 	cfg.Timeout = 0 // each call gets its own below
 	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // RunAgent runs kvindex agent as cfg configures it until ctx is done: the
@@ -18,9 +19,7 @@ import (
 // agent.grpc_listen, its index served for inspection. One Auth, the same
 // tokens as kvindex serve's, guards both listeners.
 func RunAgent(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	if _, err := cfg.ValidateAgent(); err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // Auth is a process's authentication as the auth section configures it:
@@ -40,9 +41,7 @@ func NewAuth(cfg *config.Auth, log *slog.Logger) (*Auth, error) {
 	if len(cfg.Tokens) == 0 && !cfg.CertIdentity {
 		return nil, nil
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	toks, err := loadTokens(cfg.Tokens)
 	if err != nil {
 		return nil, err

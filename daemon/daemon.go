@@ -30,6 +30,7 @@ import (
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/tlsreload"
 	"github.com/kvindex/kvindex/metrics"
 	"github.com/kvindex/kvindex/picker"
@@ -83,9 +84,7 @@ type Daemon struct {
 // Nothing is received or served until Run; a Daemon never Run is released
 // by Close. On error everything acquired so far is released.
 func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	d := &Daemon{cfg: cfg, log: log, lag: metrics.NewLag(), registry: newRegistry()}
 	// In order: each step may use the parts of the steps before it, and
 	// registers the release of what it acquires with d.rel.

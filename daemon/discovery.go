@@ -47,7 +47,7 @@ type discoveredPod struct {
 func newDiscoverySource(cfg *config.Discovery) (discoverySource, error) {
 	switch {
 	case cfg.Kubernetes != nil:
-		client, err := discovery.NewClient(cfg.Kubernetes.Kubeconfig)
+		client, _, err := discovery.NewClients(cfg.Kubernetes.Kubeconfig)
 		if err != nil {
 			return nil, err
 		}

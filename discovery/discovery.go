@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
 )
 
@@ -129,9 +130,7 @@ type Reconciler struct {
 
 // NewReconciler returns a reconciler over fleet; log may be nil.
 func NewReconciler(fleet Fleet, log *slog.Logger) *Reconciler {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	return &Reconciler{
 		fleet: fleet, log: log,
 		current: map[string]config.Pod{}, refused: map[string]config.Pod{},

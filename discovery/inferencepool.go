@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
 )
 
@@ -94,17 +94,11 @@ func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *c
 	default:
 		return nil, fmt.Errorf("discovery: inferencepool %q: api_version %q is not %s or %s", cfg.Name, cfg.APIVersion, config.InferencePoolV1, config.InferencePoolV1Alpha2)
 	}
-	ns := cfg.Namespace
-	if ns == "" {
-		b, err := os.ReadFile(serviceAccountNamespace)
-		if err != nil {
-			return nil, fmt.Errorf("discovery: inferencepool %q: namespace is empty and the service account's namespace cannot be read: %w", cfg.Name, err)
-		}
-		ns = strings.TrimSpace(string(b))
+	ns, err := namespace(cfg.Namespace, fmt.Sprintf("inferencepool %q: namespace", cfg.Name))
+	if err != nil {
+		return nil, err
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	return &InferencePool{client: client, dyn: dyn, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
 		dpSize: max(1, cfg.DPSize), resync: cfg.Resync, log: log}, nil
 }
@@ -162,14 +156,7 @@ func (p *podWatch) close() {
 // informer has synced (with no endpoints if the pool is missing) and then
 // whenever the endpoints change; eps is apply's to keep.
 func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) error {
-	kick := make(chan struct{}, 1)
-	notify := func(any) {
-		select {
-		case kick <- struct{}{}:
-		default: // a snapshot is due already
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: notify, UpdateFunc: func(_, n any) { notify(n) }, DeleteFunc: notify}
+	kick, handler := kicker()
 	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, w.resync, w.ns, nil)
 	pools := df.ForResource(w.gvr)
 	inf := pools.Informer()
@@ -252,26 +239,14 @@ func (w *InferencePool) endpoints(ctx context.Context, lister cache.GenericListe
 // watchPods starts a pod informer over sel and waits for its first list.
 func (w *InferencePool) watchPods(ctx context.Context, sel labels.Selector, h cache.ResourceEventHandler) (*podWatch, error) {
 	pctx, stop := context.WithCancel(ctx)
-	f := informers.NewSharedInformerFactoryWithOptions(w.client, w.resync,
-		informers.WithNamespace(w.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
-	pi := f.Core().V1().Pods()
-	inf := pi.Informer()
-	pw := &podWatch{sel: sel.String(), stop: stop, f: f, lister: func() ([]*corev1.Pod, error) { return pi.Lister().Pods(w.ns).List(sel) }}
-	if _, err := inf.AddEventHandler(h); err != nil {
+	f, lister, err := podInformer(pctx, w.client, w.resync, w.ns, sel, h, w.fail)
+	pw := &podWatch{sel: sel.String(), stop: stop, f: f, lister: lister}
+	if err != nil {
 		pw.close()
-		return nil, fmt.Errorf("discovery: pod informer (%s): %w", sel, err)
-	}
-	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		w.fail(fmt.Errorf("watch pods in %s (%s): %w", w.ns, sel, err))
-	}); err != nil {
-		pw.close()
-		return nil, fmt.Errorf("discovery: pod informer (%s): %w", sel, err)
-	}
-	f.Start(pctx.Done())
-	if !cache.WaitForCacheSync(pctx.Done(), inf.HasSynced) {
-		pw.close()
-		return nil, fmt.Errorf("discovery: pods in %s (%s): %w", w.ns, sel, errors.Join(context.Cause(pctx), ctx.Err()))
+		if pctx.Err() != nil {
+			err = fmt.Errorf("discovery: pods in %s (%s): %w", w.ns, sel, errors.Join(context.Cause(pctx), ctx.Err()))
+		}
+		return nil, err
 	}
 	return pw, nil
 }

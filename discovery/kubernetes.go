@@ -59,29 +59,24 @@ func NewKubernetes(client kubernetes.Interface, cfg *config.KubernetesDiscovery)
 	if err != nil {
 		return nil, fmt.Errorf("discovery: selector %q: %w", cfg.Selector, err)
 	}
-	ns := cfg.Namespace
-	if ns == "" {
-		b, err := os.ReadFile(serviceAccountNamespace)
-		if err != nil {
-			return nil, fmt.Errorf("discovery: kubernetes.namespace is empty and the service account's namespace cannot be read: %w", err)
-		}
-		ns = strings.TrimSpace(string(b))
+	ns, err := namespace(cfg.Namespace, "kubernetes.namespace")
+	if err != nil {
+		return nil, err
 	}
 	return &Kubernetes{client: client, ns: ns, selector: sel, defaults: cfg.DiscoveredPods, resync: cfg.Resync}, nil
 }
 
-// NewClient returns a client of the API server: in the cluster from the
-// pod's service account, outside it from kubeconfig.
-func NewClient(kubeconfig string) (kubernetes.Interface, error) {
-	rc, err := restConfig(kubeconfig)
-	if err != nil {
-		return nil, err
+// namespace is ns, or when it is empty the namespace kvindex runs in (from
+// its service account); field names ns in the error.
+func namespace(ns, field string) (string, error) {
+	if ns != "" {
+		return ns, nil
 	}
-	c, err := kubernetes.NewForConfig(rc)
+	b, err := os.ReadFile(serviceAccountNamespace)
 	if err != nil {
-		return nil, fmt.Errorf("discovery: kubernetes client: %w", err)
+		return "", fmt.Errorf("discovery: %s is empty and the service account's namespace cannot be read: %w", field, err)
 	}
-	return c, nil
+	return strings.TrimSpace(string(b)), nil
 }
 
 // restConfig is the API server's address and credentials: the pod's
@@ -100,14 +95,9 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return rc, nil
 }
 
-// Run lists and watches the pods until ctx is done, applying a snapshot
-// to r after the first list and after every change the informer reports.
-func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
-	f := informers.NewSharedInformerFactoryWithOptions(k.client, k.resync,
-		informers.WithNamespace(k.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = k.selector.String() }))
-	pods := f.Core().V1().Pods()
-	inf := pods.Informer()
+// kicker returns a channel that holds one token after any informer event
+// (a snapshot is due), and the handler that fills it.
+func kicker() (chan struct{}, cache.ResourceEventHandlerFuncs) {
 	kick := make(chan struct{}, 1)
 	notify := func(any) {
 		select {
@@ -115,26 +105,45 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 		default: // a snapshot is due already
 		}
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, n any) { notify(n) },
-		DeleteFunc: notify,
-	}); err != nil {
-		return fmt.Errorf("discovery: pod informer: %w", err)
+	return kick, cache.ResourceEventHandlerFuncs{AddFunc: notify, UpdateFunc: func(_, n any) { notify(n) }, DeleteFunc: notify}
+}
+
+// podInformer starts an informer of the pods sel selects in ns, handing
+// events to h and watch errors to fail, and waits for its first list.
+// The caller shuts the factory down, on error too.
+func podInformer(ctx context.Context, client kubernetes.Interface, resync time.Duration, ns string, sel labels.Selector,
+	h cache.ResourceEventHandler, fail func(error)) (informers.SharedInformerFactory, func() ([]*corev1.Pod, error), error) {
+	f := informers.NewSharedInformerFactoryWithOptions(client, resync, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	pods := f.Core().V1().Pods()
+	inf := pods.Informer()
+	lister := func() ([]*corev1.Pod, error) { return pods.Lister().Pods(ns).List(sel) }
+	if _, err := inf.AddEventHandler(h); err != nil {
+		return f, lister, fmt.Errorf("discovery: pod informer (%s): %w", sel, err)
 	}
 	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		r.Error(fmt.Errorf("watch pods in %s (%s): %w", k.ns, k.selector, err))
+		fail(fmt.Errorf("watch pods in %s (%s): %w", ns, sel, err))
 	}); err != nil {
-		return fmt.Errorf("discovery: pod informer: %w", err)
+		return f, lister, fmt.Errorf("discovery: pod informer (%s): %w", sel, err)
 	}
 	f.Start(ctx.Done())
-	defer f.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return ctx.Err()
+		return f, lister, ctx.Err()
 	}
-	lister := pods.Lister().Pods(k.ns)
+	return f, lister, nil
+}
+
+// Run lists and watches the pods until ctx is done, applying a snapshot
+// to r after the first list and after every change the informer reports.
+func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
+	kick, h := kicker()
+	f, lister, err := podInformer(ctx, k.client, k.resync, k.ns, k.selector, h, r.Error)
+	defer f.Shutdown()
+	if err != nil {
+		return err
+	}
 	for {
-		list, err := lister.List(k.selector)
+		list, err := lister()
 		if err != nil {
 			r.Error(fmt.Errorf("list pods in %s (%s): %w", k.ns, k.selector, err))
 		} else {

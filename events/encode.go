@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 )
 
 // Encoding selects how AppendPayload writes events, as vLLM did in its two
@@ -24,15 +23,7 @@ const (
 )
 
 // String returns the encoding's name for test and log output.
-func (e Encoding) String() string {
-	switch e {
-	case EncodingArray:
-		return "array"
-	case EncodingMap:
-		return "map"
-	}
-	return "Encoding(" + strconv.Itoa(int(e)) + ")"
-}
+func (e Encoding) String() string { return enumName("Encoding", e, "array", "map") }
 
 // HashForm selects how AppendPayload writes block hashes.
 type HashForm uint8
@@ -50,17 +41,7 @@ const (
 )
 
 // String returns the hash form's name for test and log output.
-func (h HashForm) String() string {
-	switch h {
-	case HashUint64:
-		return "uint64"
-	case HashInt64:
-		return "int64"
-	case HashBin32:
-		return "bin32"
-	}
-	return "HashForm(" + strconv.Itoa(int(h)) + ")"
-}
+func (h HashForm) String() string { return enumName("HashForm", h, "uint64", "int64", "bin32") }
 
 // Envelope selects the shape of the batch around the events.
 type Envelope uint8
@@ -77,17 +58,7 @@ const (
 )
 
 // String returns the envelope's name for test and log output.
-func (e Envelope) String() string {
-	switch e {
-	case EnvelopeArray3:
-		return "array3"
-	case EnvelopeArray2:
-		return "array2"
-	case EnvelopeMap:
-		return "map"
-	}
-	return "Envelope(" + strconv.Itoa(int(e)) + ")"
-}
+func (e Envelope) String() string { return enumName("Envelope", e, "array3", "array2", "map") }
 
 // EncodeOptions says which vLLM release AppendPayload imitates. The zero
 // value is the last array-era release: positional arrays of 11 fields,
@@ -488,22 +459,18 @@ func appendBin(dst, b []byte) []byte {
 	return append(dst, b...)
 }
 
-func appendArrayLen(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xdc), uint16(n))
-	}
-	return binary.BigEndian.AppendUint32(append(dst, 0xdd), uint32(n))
-}
+func appendArrayLen(dst []byte, n int) []byte { return appendLen(dst, n, 0x90, 0xdc) }
 
-func appendMapLen(dst []byte, n int) []byte {
+func appendMapLen(dst []byte, n int) []byte { return appendLen(dst, n, 0x80, 0xde) }
+
+// appendLen writes an array or map header: fix|n, or code16 or code16+1
+// (32 bits) and the length.
+func appendLen(dst []byte, n int, fix, code16 byte) []byte {
 	switch {
 	case n < 16:
-		return append(dst, 0x80|byte(n))
+		return append(dst, fix|byte(n))
 	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xde), uint16(n))
+		return binary.BigEndian.AppendUint16(append(dst, code16), uint16(n))
 	}
-	return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
+	return binary.BigEndian.AppendUint32(append(dst, code16+1), uint32(n))
 }

@@ -19,15 +19,15 @@ const (
 
 // String returns vLLM's tag for the kind ("BlockStored", ...).
 func (k Kind) String() string {
-	switch k {
-	case KindBlockStored:
-		return "BlockStored"
-	case KindBlockRemoved:
-		return "BlockRemoved"
-	case KindAllBlocksCleared:
-		return "AllBlocksCleared"
+	return enumName("Kind", k, "", "BlockStored", "BlockRemoved", "AllBlocksCleared")
+}
+
+// enumName returns names[v], or typ(v) for a value without a name.
+func enumName[T ~uint8](typ string, v T, names ...string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return "Kind(" + strconv.Itoa(int(k)) + ")"
+	return typ + "(" + strconv.Itoa(int(v)) + ")"
 }
 
 // Medium is the storage tier a block is resident in. The zero value is GPU,
@@ -52,14 +52,9 @@ const (
 	NumMedia = int(MediumOther) + 1
 )
 
-var mediumNames = [NumMedia]string{"GPU", "CPU", "STORAGE", "DISK", "EXTERNAL", "OTHER"}
-
 // String returns the normalised, upper-case name of the medium.
 func (m Medium) String() string {
-	if int(m) < NumMedia {
-		return mediumNames[m]
-	}
-	return "Medium(" + strconv.Itoa(int(m)) + ")"
+	return enumName("Medium", m, "GPU", "CPU", "STORAGE", "DISK", "EXTERNAL", "OTHER")
 }
 
 // ParseMedium normalises a medium name as engines send it: case is ignored,

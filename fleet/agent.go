@@ -17,6 +17,7 @@ import (
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/metrics"
 )
 
@@ -67,9 +68,7 @@ type Agent struct {
 // restores its workers from its checkpoint when it has one, and connects
 // to NATS; nothing is received until Run.
 func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.Logger) (*Agent, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	pod, err := cfg.ValidateAgent()
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
 	"github.com/kvindex/kvindex/internal/redact"
 )
@@ -27,9 +28,7 @@ const reconnectLogEvery = 30 * time.Second
 // for in the background, but a TLS refusal on the first attempt or an
 // unreadable nats.tls file is returned at once. The URL is logged redacted.
 func Connect(c config.NATS, name string, log *slog.Logger) (*nats.Conn, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	url := redact.URL(c.URL)
 	var (
 		mu    sync.Mutex

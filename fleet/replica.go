@@ -8,6 +8,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/defaults"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
 
@@ -24,9 +25,7 @@ type Replicas struct {
 
 // NewReplicas returns the worker set of ix.
 func NewReplicas(ix *indexer.Index, log *slog.Logger) *Replicas {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	return &Replicas{ix: ix, log: log}
 }
 

@@ -11,32 +11,20 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Checkpoints. A checkpoint is a worker fed engine events saved whole, so
-// that another process (a restarted agent) can continue feeding it the
-// same engine's events: where a snapshot (see Snapshot) carries what a
-// replica needs, the content keys and their summed counts, a checkpoint
-// also carries what later engine events need: every engine block at its
-// key (its engine hash, which BlockRemoved and parent_block_hash name),
-// its stores per medium and its store recency, and the worker's state
-// beyond its blocks (its learned capacity, the KV-cache groups it skips,
-// its last reset's reason). The keys come in the snapshot's tree order,
-// with the same placeholders, so that a restore puts every key where the
-// source has it.
+// Checkpoints. A checkpoint is a worker fed engine events saved whole, for
+// a restarted agent to go on feeding it the same engine's events: beyond
+// a snapshot's keys (same tree order and placeholders) it carries every
+// engine block at its key (engine hash, stores per medium, store recency)
+// and the worker's learned capacity, skipped groups and last reset.
 //
-// A worker restored from a checkpoint (RestoreCheckpoint) is the source
-// worker as far as any later call can tell: the same Digest, the same
-// answers from Match, the same resident counts and capacity, and the same
-// effects (and recorded deltas' resident set) from the same later
-// batches, aliases and repeated stores included; its eviction order is
-// the source's to within one recency epoch (see blockmap). What it does
-// not carry are the cumulative counters of Stats (stored, removed,
-// orphans, ...), which start again from zero as a new process's metrics
-// do (restoring them would make Prometheus read the restart as a counter
-// reset followed by a jump), and the delta seq (a restored source starts
-// a new epoch of deltas). Orphan blocks are keyed under the worker's id
-// (see storeLocked): a checkpoint restored into a worker of another id
-// keeps its orphans' keys, and a later orphan of the same missing parent
-// gets a key of the new id; both are keys no prompt can match.
+// A restored worker is the source as far as any later call can tell
+// (Digest, Match, resident counts, capacity, effects of later batches);
+// its eviction order is the source's to within one recency epoch. It does
+// not carry Stats' cumulative counters, which restart from zero as a new
+// process's metrics do (restoring them would read as a counter reset and
+// a jump), nor the delta seq (a new epoch of deltas). Orphans are keyed
+// under the worker's id: restored into another id, old and new orphan
+// keys differ, and no prompt matches either.
 
 // ErrBadCheckpoint: a checkpoint is incomplete, out of order, corrupt or
 // inconsistent (see Worker.RestoreCheckpoint); nothing of it was applied.
@@ -132,16 +120,13 @@ func (b *CheckpointBlock) media() uint8 { return mediaOf(&b.Refs) }
 const maxResetReason = 1024
 
 // Checkpoint calls emit with the worker's checkpoint, segment by segment,
-// in order (see CheckpointSegment). It is consistent: everything is
-// gathered under the worker's mutex, as it is after some batch, then
-// emitted with no lock held, so emit may be slow. A caller that must know
-// which engine seq the checkpoint includes takes it where it serialises
-// the worker's batches (the fleet agent: inside the NATS agent's worker
-// lock). emit must not keep the segment after it returns (it is reused);
-// an error from emit ends the checkpoint and is returned, wrapped. An
-// empty worker's checkpoint is one segment with no keys and its state. A
-// keyed worker has no engine blocks to checkpoint (ErrWorkerKind): its
-// state is a Snapshot.
+// in order. It is consistent: gathered under the worker's mutex as it is
+// after some batch, then emitted with no lock held, so emit may be slow;
+// a caller that must know the engine seq it includes takes it where it
+// serialises the worker's batches. emit must not keep the segment (it is
+// reused); its error ends the checkpoint, wrapped. An empty worker's
+// checkpoint is one segment with no keys. A keyed worker refuses
+// (ErrWorkerKind): its state is a Snapshot.
 //
 // Cost: Snapshot's walk, O(blocks log blocks) under the mutex, and
 // memory for the keys (32 bytes each) and blocks (16 bytes each) until it
@@ -213,33 +198,24 @@ func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, Checkpoint
 
 // RestoreCheckpoint replaces the worker's state with the checkpoint that
 // next returns segment by segment, until it returns io.EOF (any other
-// error ends the restore and is returned, wrapped): the worker then holds
-// every engine block of the checkpoint at its key, with its stores and
-// recency, and the checkpoint's state, and continues from there as the
-// checkpointed worker would (see the comment on checkpoints above). It
-// records no delta: replicas of the worker must resync (the fleet agent
-// restores before it publishes, under a new epoch).
+// error ends the restore and is returned, wrapped); the worker then goes
+// on as the checkpointed worker would. It records no delta: replicas must
+// resync (the fleet agent restores before it publishes, in a new epoch).
 //
 // The segments are read and checked first, with no lock held: in order
-// (Part from 0, one Last, as many keys and blocks in all as Total and
-// TotalBlocks say, at most CheckpointSegmentKeys keys each, the state in
-// part 0 only), no key and no engine hash twice, every parent before its
-// key, every placeholder followed at once by a key under it, each key's
-// blocks present and each block in some medium, the learned capacities
-// not negative, and the keys' digest equal to the last segment's. A
-// checkpoint that fails a check is ErrBadCheckpoint, and the worker is
-// left as it was. Then the worker's state is replaced under its mutex,
-// and the capacity enforced (a checkpoint of a worker over a since
-// lowered capacity is evicted to it, counted in Stats.Evictions); the new
-// state is visible to Match when it returns. A keyed worker refuses
-// checkpoints (ErrWorkerKind).
+// (Part from 0, one Last, keys and blocks adding up to Total and
+// TotalBlocks, at most CheckpointSegmentKeys keys each, the state in part
+// 0 only), no key or engine hash twice, every parent before its key,
+// every placeholder followed at once by a key under it, every block in
+// some medium, no negative learned capacity, and the keys' digest equal
+// to the last segment's; else ErrBadCheckpoint, the worker left as it
+// was. Then the state is replaced under the mutex and the capacity
+// enforced (evictions counted). A keyed worker refuses (ErrWorkerKind).
 //
-// Cost: O(keys + blocks) map operations to check the checkpoint, then a
-// clear of what the worker held and per key the tree work of a store,
-// per block an engine-map insert (the map sized once); memory for the
-// keys and blocks until it returns. BenchmarkRestoreCheckpoint
-// (docs/benchmarks.md): 13.6 ms for 30,000 blocks, decoding included,
-// into a worker that held as many.
+// Cost: O(keys + blocks) map operations to check, then the clear, per key
+// a store's tree work, per block an engine-map insert.
+// BenchmarkRestoreCheckpoint (docs/benchmarks.md): 13.6 ms for 30,000
+// blocks, decoding included, into a worker that held as many.
 func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint restore: restore a snapshot)", ErrWorkerKind, w.info.Ref)

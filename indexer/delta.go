@@ -8,22 +8,13 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Replication. A worker fed engine events (the source) can record what
-// each batch did to its resident set, resolved to content keys, as a
-// Delta; a keyed worker (WorkerInfo.Keyed) of another index applies those
-// deltas (ApplyDelta) after restoring a Snapshot, and then holds what the
-// source holds: the same keys in the same media at the same places in the
-// tree (so Match gives the same answers for it), the same resident block
-// counts, and the same Digest. The replica never sees engine hashes or
-// token ids.
-//
-// The source's resident set is its engine entries (blocks): each resolves
-// to a key and holds store counts per medium; several entries may resolve
-// to one key (aliases), and a block may be stored more than once in a
-// medium (dups). The replica keeps one entry per key whose counts are the
-// sums over the source's blocks at the key: blocks, blocks per medium and
-// stores per medium. Effects say which of those they change, so that the
-// sums stay exact.
+// Replication (see the package documentation). The source's blocks each
+// resolve to a key with store counts per medium; several may resolve to
+// one key (aliases), and a block may be stored more than once in a medium
+// (dups). The replica keeps one entry per key with the sums over the
+// source's blocks at the key (blocks, blocks per medium, stores per
+// medium); effects say which sums they change, so the sums stay exact.
+// The replica never sees engine hashes or token ids.
 
 // DeltaOp is what a DeltaEntry does.
 type DeltaOp uint8
@@ -108,19 +99,15 @@ func (d *Delta) Reset() {
 // DeltaOp), and remembers d.Seq as the worker's delta seq. A replica fed
 // these deltas in order (ApplyDelta) holds what this worker holds.
 //
-// A replica sees only what ApplyBatchDelta, ResetDelta and
-// SetCapacityDelta record: the worker's source must call them instead of
-// ApplyBatch, Reset and SetCapacity, and its index must have no
-// Config.MemoryBudget (budget evictions happen outside any batch and are
-// not recorded; the digests would then differ).
+// The source must call ApplyBatchDelta, ResetDelta and SetCapacityDelta
+// instead of ApplyBatch, Reset and SetCapacity, and its index must have
+// no Config.MemoryBudget: budget evictions happen outside any batch and
+// are not recorded.
 //
-// Cost: one DeltaEntry append per stored, removed or dropped block, and
-// a node lock when the effect's key is not in the node the batch holds
-// (a removal of a block stored more than once; an offload also locks the
-// parent key's node for a block that starts its node). No allocation when
-// d's entries have room, as they do when d is reused. Measured
-// (BenchmarkApplyBatchDelta, docs/benchmarks.md): 5% over ApplyBatch,
-// mostly each removed block's key, read from its node.
+// Cost: one DeltaEntry append per stored, removed or dropped block, and a
+// node lock when the effect's key is not in the node the batch holds. No
+// allocation when d is reused. BenchmarkApplyBatchDelta
+// (docs/benchmarks.md): 5% over ApplyBatch.
 func (w *Worker) ApplyBatchDelta(b *events.Batch, d *Delta) error {
 	return w.applyBatch(b, d)
 }
@@ -300,32 +287,21 @@ func (w *Worker) dropKeyLocked(slot int) {
 }
 
 // ApplyDelta applies d's effects in order to the keyed worker and
-// remembers d.Seq as its delta seq (see Delta). The worker's engine map
-// is keyed by content key, one entry per key with the source's summed
-// counts (see keyCounts). An effect that does not fit the worker's state
-// (a store that creates a key under a parent the worker does not hold, a
-// store that is not its block's first of a key it does not hold, a
-// removal of a store it does not have, a drop of more stores or blocks
-// than held, counts that would become inconsistent) is skipped and
-// counted in Stats.DeltaMismatches; the others still apply, and the
-// returned error wraps ErrDeltaMismatch, with how many were skipped and
-// the first of them: the worker has diverged from its source and needs a
-// new snapshot (Restore). A worker fed engine events refuses deltas
-// (ErrWorkerKind).
-//
-// The worker runs no capacity eviction or learning of its own (the
-// source did); the memory budget may evict from it, as from any worker,
-// after which effects on the evicted keys do not fit. The changes are
-// visible to Match when ApplyDelta returns.
+// remembers d.Seq as its delta seq. An effect that does not fit the
+// worker's state (a parent it does not hold, a store it does not have,
+// counts that would become inconsistent) is skipped and counted in
+// Stats.DeltaMismatches; the others still apply, and the error wraps
+// ErrDeltaMismatch with the count and the first: the worker has diverged
+// and needs a new snapshot. A worker fed engine events refuses deltas
+// (ErrWorkerKind). The worker runs no capacity of its own (the source
+// did); the memory budget may evict from it, after which effects on the
+// evicted keys do not fit. Changes are visible to Match on return.
 //
 // Cost: per stored key an engine-map probe and insert and the tree work
-// of ApplyBatch's stores, less the content keys (and the parent's probe
-// when it is the previous effect's key, as it is along a chain); per
-// removed key a probe and the holder-set change. BenchmarkApplyDelta
-// (docs/benchmarks.md): 4.6 M stored blocks/s on one core, their
-// removals included. No allocation in the steady state but the tree's
-// (nodes and views, as for ApplyBatch) and keys that become aliased or
-// stored more than once; a mismatch allocates its error.
+// of a store, no content keys; per removed key a probe and the holder-set
+// change. BenchmarkApplyDelta (docs/benchmarks.md): 4.6 M stored
+// blocks/s on one core, removals included. No allocation in the steady
+// state but the tree's; a mismatch allocates its error.
 func (w *Worker) ApplyDelta(d *Delta) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (delta %d of %d effects not applied)", ErrWorkerKind, w.info.Ref, d.Seq, len(d.Entries))

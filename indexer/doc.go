@@ -47,43 +47,24 @@
 // # Replication
 //
 // A worker's resident set can be replicated into another index, which
-// sees only content keys. The source applies its events with
-// Worker.ApplyBatchDelta, which records what each batch did as a Delta:
-// stores and removals of references to keys, drops of whole blocks and
-// clears, each saying whether it starts or ends one of the source's
-// blocks (engine entries) or its residency in a medium, and where a new
-// key attaches in the tree. A keyed worker (WorkerInfo.Keyed) is built
-// from a Snapshot (every held key with its counts summed over the
-// source's blocks at the key, in tree order, with the unheld ancestors a
-// key needs to be placed under its true parent) by Worker.Restore, and
-// then applies the deltas after it with Worker.ApplyDelta. It then holds
-// the same keys in the same media at the same places in the tree, so
-// Match answers for it as the source's index does, with the same
-// resident counts; Worker.Digest proves the resident sets equal. An
-// effect that does not fit a keyed worker's state is counted and
-// reported (ErrDeltaMismatch), for the caller to restore it anew.
+// sees only content keys: Worker.ApplyBatchDelta records what each batch
+// did as a Delta; a keyed worker (WorkerInfo.Keyed) is built from a
+// Snapshot by Worker.Restore and then applies the deltas after it with
+// Worker.ApplyDelta, holding the same keys in the same media at the same
+// places, so Match answers for it as for the source; Worker.Digest proves
+// the resident sets equal. An effect that does not fit is counted and
+// reported (ErrDeltaMismatch), for the caller to restore anew.
 //
-// A worker fed engine events can also be saved whole, for another process
-// to go on feeding it the same engine's events (a restarted fleet agent):
-// Worker.Checkpoint adds to the snapshot's keys every engine block at its
-// key (its engine hash, stores per medium and store recency) and the
-// worker's learned capacity and skipped groups; Worker.RestoreCheckpoint
-// checks a checkpoint whole (ErrBadCheckpoint) before it rebuilds the
-// worker from it, which then answers, digests and applies later batches
-// as the checkpointed worker would.
+// Worker.Checkpoint saves a worker fed engine events whole (the snapshot's
+// keys plus every engine block, its stores and recency, and the learned
+// state), for a restarted fleet agent to go on feeding it the same
+// engine's events after Worker.RestoreCheckpoint.
 //
 // # Concurrency
 //
-// Index and Worker are safe for concurrent use. Match takes no lock on the
-// tree and records no recency: nodes publish immutable views through
-// atomic pointers (and an atomic visible length), holder sets are
-// immutable, and the only lock a Match takes is one heads shard's read
-// lock per node it enters, held for one map probe. So a Score waits only
-// while a writer inserts or deletes a node head in the same shard, an
-// O(1) critical section, never on a batch being applied. Each worker's
-// events apply under that worker's mutex; writers share nodes through
-// per-node mutexes. Lock order: Worker.mu, then node locks from the root
-// down (at most a node and its child), then one heads shard. See Index.
+// Index and Worker are safe for concurrent use; Match takes no lock on the
+// tree and records no recency. Lock order and what Match may wait on: see
+// Index.
 //
 // # Memory
 //

@@ -111,11 +111,8 @@ type Config struct {
 const EstimatedBytesPerBlock = 32
 
 // Index is the live residency index: which worker holds which content key
-// on which medium, plus each worker's map from engine block hash to its
-// place in the index.
-//
-// The keys form a path-compressed tree: see the package documentation
-// (Structure) and node.
+// on which medium (a path-compressed tree: see the package documentation
+// and node), plus each worker's map from engine block hash to its place.
 //
 // # Concurrency
 //
@@ -134,11 +131,7 @@ const EstimatedBytesPerBlock = 32
 // workers) is guarded by Index.mu, which is never held with the others.
 // A batch's changes become visible to Match no later than the return of
 // its ApplyBatch, node by node (readers may see part of a batch earlier).
-//
-// # Memory
-//
-// See the package documentation for the measured costs, the per-worker
-// capacity and the memory budget.
+// Memory: see the package documentation.
 type Index struct {
 	heads []headShard
 	mask  uint64
@@ -432,14 +425,11 @@ func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Mat
 }
 
 // match is the one walk of a prompt's keys down the tree, for Match and,
-// with visit, for Lookup: it compares the keys with a node's run, gives
-// each stretch of matched blocks [from, to) that shares one holder set to
-// visit, or else to Match's matcher, and follows the child that the
-// prompt's next key heads, attached where the match left the node. It
+// with visit, for Lookup: each stretch of matched blocks [from, to) that
+// shares one holder set goes to visit, or else to Match's matcher. It
 // returns dst and the number of leading keys the tree has (when visit
-// stops it, the keys of the node it stopped in). Match inlines to a call
-// of it, and visit is checked once per stretch, so Match pays nothing
-// for Lookup.
+// stops it, the keys of the node it stopped in). visit is checked once
+// per stretch, so Match pays nothing for Lookup.
 func (ix *Index) match(keys []Key, allow func(WorkerID) bool, dst []Match, visit func(from, to int, set *holders.Set) bool) ([]Match, int) {
 	if len(keys) == 0 {
 		return dst, 0
@@ -448,9 +438,8 @@ func (ix *Index) match(keys []Key, allow func(WorkerID) bool, dst []Match, visit
 	if n == nil || n.parent != nil {
 		return dst, 0
 	}
-	// The still-matching workers are in small (in this frame) or in a
-	// pooled matchScratch; they are kept out of m, whose dst is returned
-	// (escape analysis does not tell fields apart).
+	// Kept out of m, whose dst escapes (escape analysis does not tell
+	// fields apart): small stays in this frame.
 	var small [matchSmall]active
 	act := small[:0]
 	m := matcher{ix: ix, dst: dst, allow: allow}
@@ -461,9 +450,7 @@ walk:
 		if v == nil {
 			break
 		}
-		// Blocks [start, i) are the node's keys [0, j): a walk enters a
-		// node at its first key.
-		start := i
+		start := i // blocks [start, i) are the node's keys [0, j)
 		var j int
 		i, j = matchRun(keys, i, v.keys[:v.n.Load()], 0)
 		if i == start {
@@ -516,29 +503,28 @@ func matchRun(keys []Key, i int, run []Key, j int) (int, int) {
 	return i, j
 }
 
-// matchScratch is the working memory of a Match whose first key has more
-// than matchSmall holders, pooled between calls.
+// matchScratch is the pooled working memory of a Match whose first key
+// has more than matchSmall holders.
 type matchScratch struct {
 	act []active
 }
 
 // matchSmall is how many still-matching workers a Match tracks in its own
-// frame; beyond it, it takes a matchScratch from the pool (which costs a
-// pool round trip, about 15 ns: BenchmarkScoreFloor/128x8).
+// frame; beyond it a pool round trip costs about 15 ns
+// (BenchmarkScoreFloor/128x8).
 const matchSmall = 16
 
-// active is a worker still matching: its entry in holder sets with the
-// media bits clear (so that entries of lower workers sort below it), its
-// Match in dst, and the media it has held every block in so far.
+// active is a worker still matching: its holder entry with the media bits
+// clear (so lower workers sort below it), its Match in dst, and the media
+// it has held every block in so far.
 type active struct {
 	key   holders.Entry
 	di    int32
 	media uint8
 }
 
-// matcher follows the holder sets along a prompt's matched keys. Its
-// still-matching workers (act, passed in and out) stay sorted by worker,
-// as sets are.
+// matcher follows the holder sets along a prompt's matched keys; act
+// (passed in and out) stays sorted by worker, as sets are.
 type matcher struct {
 	ix     *Index
 	dst    []Match
@@ -580,11 +566,9 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	m.cur = s
 	ents := s.Entries()
 	keep := 0
-	// An active is copied down only once a worker before it has ended,
-	// not rewritten in place: that store is on the path of every set
-	// change of a long match.
-	if len(act)*8 < len(ents) {
-		// Few still match among many holders: look each one up.
+	// An active is copied down only once a worker before it has ended:
+	// that store is on the path of every set change of a long match.
+	if len(act)*8 < len(ents) { // few among many holders: look each up
 		for i := range act {
 			a := &act[i]
 			if m.keep(a, s.Media(a.key.Worker()), b) {
@@ -595,8 +579,7 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 			}
 		}
 	} else {
-		// Merge: both are sorted by worker.
-		k := 0
+		k := 0 // merge: both are sorted by worker
 		for i := range act {
 			a := &act[i]
 			for k < len(ents) && ents[k] < a.key {
@@ -606,8 +589,7 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 			if k < len(ents) && ents[k]&^0xff == a.key {
 				media = ents[k].Media()
 				k++
-				if media == a.media {
-					// The common case, inline: nothing changes.
+				if media == a.media { // the common case, inline
 					if keep != i {
 						act[keep] = *a
 					}
@@ -626,9 +608,8 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	return act[:keep], keep > 0
 }
 
-// keep applies a worker's media at block b, and reports whether it still
-// matches: a worker that holds b in no medium ends its match at b; a
-// medium it no longer holds ends there.
+// keep applies a worker's media at block b and reports whether it still
+// matches; a match (or a medium's) ends at the first block it lacks.
 func (m *matcher) keep(a *active, media uint8, b int) bool {
 	if media == a.media && media != 0 {
 		return true
@@ -655,8 +636,7 @@ func setMedia(d *Match, mask uint8, b int) {
 	}
 }
 
-// finish ends the matches of act, still running at block b, returns the
-// scratch and returns dst.
+// finish ends the matches still running at block b and returns dst.
 func (m *matcher) finish(act []active, b int) []Match {
 	for _, a := range act {
 		d := &m.dst[a.di]
@@ -732,11 +712,10 @@ type counters struct {
 	lastBadBlockSize          atomic.Int64 // the last mismatched event block_size
 }
 
-// checkBudget evicts blocks, from the workers holding the most first,
-// while the index's estimated memory exceeds Config.MemoryBudget (down to
-// 31/32 of it, so that it does not run on every batch). One goroutine
-// enforces at a time; others skip. It holds no lock but budgetMu while it
-// chooses, and one worker's mu while it evicts from that worker.
+// checkBudget evicts from the workers holding the most while the
+// estimated memory exceeds Config.MemoryBudget, down to 31/32 of it so it
+// does not run every batch. One goroutine enforces at a time (others
+// skip), holding budgetMu, and one worker's mu while it evicts from it.
 func (ix *Index) checkBudget() {
 	if ix.budgetBlocks == 0 || ix.resident.Load() <= ix.budgetBlocks {
 		return
@@ -767,8 +746,7 @@ func (ix *Index) checkBudget() {
 		if big == nil {
 			return
 		}
-		// Bring the largest down to the runner-up, in chunks so that its
-		// own events are not held up for long.
+		// Down to the runner-up, in chunks, so its events wait little.
 		if big.evictForBudget(min(over, max(first-second, 1), 4096)) == 0 {
 			return
 		}

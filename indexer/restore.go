@@ -10,41 +10,29 @@ import (
 // Restore replaces the keyed worker's state with the snapshot that next
 // returns segment by segment, until it returns io.EOF (any other error
 // ends the restore and is returned, wrapped), and makes the snapshot's
-// Seq the worker's delta seq. Every key is created where the snapshot
-// says it attaches, placeholders held by nobody (see the comment on
-// snapshots above), so the worker holds what the snapshot's worker held,
-// at the same places in the tree.
+// Seq the worker's delta seq. Every key, placeholders included, is
+// created where the snapshot says it attaches.
 //
 // The segments must be in order (Part from 0, one Seq, one Last, at most
 // SnapshotSegmentKeys keys each, as many in all as Total says), with no
 // key twice, every parent before its key, every placeholder followed at
 // once by a key under it, valid counts, and the keys' digest equal to the
-// last segment's. A snapshot that fails a check is ErrBadSnapshot, and
-// the worker is left as it was. The new state is visible to Match when
-// Restore returns (readers may see part of it earlier, as with a batch).
-// A worker fed engine events refuses snapshots (ErrWorkerKind).
+// last segment's; else ErrBadSnapshot, the worker left as it was. The
+// new state is visible to Match when Restore returns. A worker fed engine
+// events refuses snapshots (ErrWorkerKind).
 //
-// A worker that holds blocks is replaced in two passes: the segments are
-// read and checked first with no lock held (their keys kept, with a map
-// of them), and then, under the worker's mutex, what it held is cleared
-// and the keys are built. An empty worker, which is what a replica
-// restores into (its first sync, and every resync, which resets the
-// worker first), is built in one pass instead: each segment is checked
-// and built as it arrives, under the mutex, which is released while the
-// next one is read; the engine map finds repeated keys and named parents
-// as it is filled, so no key is copied or mapped; a check that fails
-// clears what was built, leaving the worker empty, as it was.
-// Placeholders at a segment's end are built with the next segment, with
-// the key under them. A budget eviction or another call changing the
-// worker between two segments ends the restore with an error (not
+// A worker that holds blocks is replaced in two passes: read and check
+// everything with no lock held, then clear and build under the mutex. An
+// empty worker (a replica's first sync and every resync) is built in one
+// pass, each segment checked and built under the mutex as it arrives; a
+// failed check clears what was built. A budget eviction or another call
+// changing the worker between two segments ends it with an error (not
 // ErrBadSnapshot), the worker cleared.
 //
-// Cost: the one-pass restore of a 30,000-block worker's snapshot, per
-// key, the tree work of a store (a top-level key probes the heads, a
-// branch creates a node) and an engine-map insert, and 7 allocations per
-// 1,000 keys; the two-pass one adds a map of the keys, a copy of each,
-// and the clear of what the worker held (O(blocks log blocks)).
-// BenchmarkRestore and BenchmarkRestoreEmpty (docs/benchmarks.md).
+// Cost, one pass, per key: the tree work of a store and an engine-map
+// insert, 7 allocations per 1,000 keys; two passes add a map and a copy
+// of the keys and the clear (O(blocks log blocks)). BenchmarkRestore and
+// BenchmarkRestoreEmpty (docs/benchmarks.md).
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
@@ -110,9 +98,8 @@ type restoreStream struct {
 	o      segOrder
 	keys   int    // keys built
 	digest uint64 // of the keys built
-	// prev is the last key built and its place: a key under it (the next
-	// key of a chain) attaches with no probe. prevHole says it is a
-	// placeholder (the key after it must be under it).
+	// prev is the last key built and its place: the next key of a chain
+	// attaches with no probe. prevHole: it is a placeholder.
 	prev      Key
 	prevLoc   loc
 	havePrev  bool
@@ -166,10 +153,9 @@ func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 	return err
 }
 
-// segmentLocked checks and builds one segment's keys, after the
-// placeholders carried from the segment before, and carries its own
-// trailing placeholders to the next (unless it is the last). Callers hold
-// w.mu.
+// segmentLocked checks and builds one segment's keys after those carried
+// from the one before, and carries its trailing placeholders to the next.
+// Callers hold w.mu.
 func (rs *restoreStream) segmentLocked(seg *SnapshotSegment) error {
 	keys := seg.Keys
 	end := len(keys)
@@ -203,18 +189,14 @@ func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 	chainEnd := 0
 	for i := range run {
 		sk := &run[i]
-		bad := func(why string) error {
-			// rs.keys is the key's index in the snapshot: every key before
-			// it is built.
+		bad := func(why string) error { // rs.keys: the key's index in the snapshot
 			return fmt.Errorf("%w: key %d (%#016x), in segment %d or the one before: %s", ErrBadSnapshot, rs.keys, uint64(sk.Key), part, why)
 		}
 		kc := sk.counts()
 		if !kc.valid() {
 			return bad(sk.whyCounts())
 		}
-		// Where it attaches: under the key before it (a chain, no probe),
-		// under a held key or a placeholder built before, or at top level.
-		var under loc
+		var under loc // the key before (a chain), a held key, a placeholder, or top level
 		underPrev := sk.HasParent && rs.havePrev && rs.prev == sk.Parent
 		switch {
 		case !sk.HasParent:
@@ -238,9 +220,7 @@ func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 		if _, ok := rs.holes[sk.Key]; ok {
 			return bad(whyTwice)
 		}
-		if i >= chainEnd {
-			// The chain from i (each key under the one before), whose
-			// length sizes the nodes it creates.
+		if i >= chainEnd { // the chain from i sizes the nodes it creates
 			j := i + 1
 			for j < len(run) && run[j].HasParent && run[j].Parent == run[j-1].Key {
 				j++
@@ -254,9 +234,7 @@ func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 		}
 		var l loc
 		var fresh bool
-		// A node the restore creates holds the rest of its chain: sized for
-		// it (newNode doubles its hint, for a chain that grows), not twice.
-		hint := (chainEnd - i + 1) / 2
+		hint := (chainEnd - i + 1) / 2 // newNode doubles it
 		if !sk.HasParent {
 			l, fresh = c.top(sk.Key, set, hint)
 		} else {

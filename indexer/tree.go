@@ -9,21 +9,10 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// The residency index is a tree of content keys. Every key has exactly one
-// parent (the key it was chained from, or a root), so the keys of all
-// workers form a forest; the tree stores it path-compressed, radix style:
-// a node holds a run of consecutive keys (a chain without branches in
-// between), and a branch is a child node that attaches to any key of its
-// parent's run. Which workers hold the keys is a list of segments per node:
-// a segment is a stretch of the run whose keys all have the same holder set.
-//
-// So a prompt is matched by comparing its keys against a node's run one
-// after the other (sequential memory, no hashing) and looking at a holder
-// set only where a segment starts, and a hash probe (heads) is paid only
-// where the prompt leaves a node. A hot prefix of 512 blocks held by 1,000
-// workers is one node, one segment and one Set of 4,000 bytes.
-
-// node is a run of consecutive content keys.
+// node is a run of consecutive content keys (a chain without branches in
+// between); a branch is a child node attached at any key of its parent's
+// run, and segments give each stretch of the run its holder set (see the
+// package documentation, Structure).
 //
 // # Concurrency
 //

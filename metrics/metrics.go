@@ -19,16 +19,19 @@ type Collector struct {
 	ix    *indexer.Index
 	stats events.StatsSource
 
-	batches, evs, decodeErrs, applyErrs, gaps, missed, restarts, lastMsg *prometheus.Desc
-	stored, removed, resident, orphans, unknown, bsMismatch, invalid     *prometheus.Desc
-	skippedGroup, clears, resets                                         *prometheus.Desc
-	replays, replayed, replayFailures, unrecovered, staleTransitions     *prometheus.Desc
-	staleReplays, replayContinuations                                    *prometheus.Desc
-	health, dropped, backlog, unroutable                                 *prometheus.Desc
-	evictions, capacity                                                  *prometheus.Desc
-	digest, lastSeq                                                      *prometheus.Desc
-	unroutableSrc                                                        events.RefusalSource
-	digests                                                              bool
+	index  []counter[indexer.Stats]      // per worker, from the index
+	stream []counter[events.WorkerStats] // per worker, from the subscriber
+
+	resident, evictions, capacity, digest, lastSeq *prometheus.Desc
+	health, backlog, lastMsg, unroutable           *prometheus.Desc
+	unroutableSrc                                  events.RefusalSource
+	digests                                        bool
+}
+
+// counter is one per-worker counter read from a stats snapshot S.
+type counter[S any] struct {
+	desc *prometheus.Desc
+	v    func(*S) int64
 }
 
 var workerLabels = []string{"pod", "dp_rank", "model"}
@@ -38,43 +41,50 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 	d := func(name, help string, extra ...string) *prometheus.Desc {
 		return prometheus.NewDesc("kvindex_"+name, help, append(append([]string(nil), workerLabels...), extra...), nil)
 	}
+	type is = indexer.Stats
+	type ws = events.WorkerStats
+	ic := func(name, help string, v func(*is) int64) counter[is] { return counter[is]{d(name, help), v} }
+	sc := func(name, help string, v func(*ws) int64) counter[ws] { return counter[ws]{d(name, help), v} }
 	c := &Collector{
-		ix:           ix,
-		stats:        stats,
-		batches:      d("batches_total", "Event batches (ZMQ messages) decoded per worker."),
-		evs:          d("events_total", "KV events decoded per worker."),
-		decodeErrs:   d("decode_errors_total", "Messages that could not be decoded and were skipped."),
-		applyErrs:    d("apply_errors_total", "Batches with at least one event the index could not apply."),
-		gaps:         d("seq_gaps_total", "Forward jumps in seq: lost event batches."),
-		missed:       d("missed_batches_total", "Batches lost in seq gaps."),
-		restarts:     d("engine_restarts_total", "Seqs that went backwards (engine restarts); each reset the worker."),
-		lastMsg:      d("last_event_timestamp_seconds", "Unix time of the last message from the worker."),
-		stored:       d("blocks_stored_total", "Blocks stored (ingested) per worker."),
-		removed:      d("blocks_removed_total", "Block removals applied per worker."),
-		resident:     d("resident_blocks", "Blocks the worker currently holds, per medium.", "medium"),
-		orphans:      d("orphan_blocks_total", "Stored blocks whose parent was never announced (cannot match prompts)."),
-		unknown:      d("unknown_blocks_total", "Removals or offloads naming blocks the worker did not hold."),
-		bsMismatch:   d("block_size_mismatches_total", "Events whose block_size differs from the model's."),
-		invalid:      d("invalid_events_total", "Other events that could not be applied."),
-		skippedGroup: d("skipped_group_events_total", "Events of KV-cache groups that do not decide prefix reuse."),
-		clears:       d("clears_total", "AllBlocksCleared events applied."),
-		resets:       d("resets_total", "Forced resets of the worker (engine restarts, unrecoverable gaps)."),
-
-		replays:             d("replays_total", "Replay requests to the engine's replay socket (gaps, late joins, restarts)."),
-		replayed:            d("replayed_batches_total", "Batches applied from replays."),
-		replayFailures:      d("replay_failures_total", "Replays that failed or timed out."),
-		unrecovered:         d("unrecovered_gaps_total", "Lost batches replay could not fill, each handled by the gap policy."),
-		staleReplays:        d("stale_replays_total", "Replay answers that arrived after their replay was given up, dropped unapplied."),
-		replayContinuations: d("replay_continuations_total", "Replay answers that arrived in part and were asked for again from the first missing seq."),
-		staleTransitions:    d("stale_transitions_total", "Times the worker became stale."),
-		health:              d("worker_health", "1 for the worker's current health state, by state.", "state"),
-		dropped:             d("dropped_batches_total", "Messages dropped on a full worker queue."),
-		backlog:             d("queue_backlog", "Batches waiting in the worker's queue."),
-		evictions:           d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
-		capacity:            d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
-		digest:              d("worker_digest", "The top 53 bits of the worker's resident-set digest (exact in a float): equal on every replica holding the same set (WithDigests only)."),
-		lastSeq:             d("worker_last_seq", "The last seq applied to the worker (the engine's, or in fleet mode the agent's delta seq)."),
-		unroutable:          prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod.", []string{"listener", "reason"}, nil),
+		ix:    ix,
+		stats: stats,
+		index: []counter[is]{
+			ic("blocks_stored_total", "Blocks stored (ingested) per worker.", func(s *is) int64 { return s.BlocksStored }),
+			ic("blocks_removed_total", "Block removals applied per worker.", func(s *is) int64 { return s.BlocksRemoved }),
+			ic("orphan_blocks_total", "Stored blocks whose parent was never announced (cannot match prompts).", func(s *is) int64 { return s.Orphans }),
+			ic("unknown_blocks_total", "Removals or offloads naming blocks the worker did not hold.", func(s *is) int64 { return s.UnknownBlocks }),
+			ic("block_size_mismatches_total", "Events whose block_size differs from the model's.", func(s *is) int64 { return s.BlockSizeMismatches }),
+			ic("invalid_events_total", "Other events that could not be applied.", func(s *is) int64 { return s.InvalidEvents }),
+			ic("skipped_group_events_total", "Events of KV-cache groups that do not decide prefix reuse.", func(s *is) int64 { return s.SkippedGroupEvents }),
+			ic("clears_total", "AllBlocksCleared events applied.", func(s *is) int64 { return s.Clears }),
+			ic("resets_total", "Forced resets of the worker (engine restarts, unrecoverable gaps).", func(s *is) int64 { return s.Resets }),
+		},
+		stream: []counter[ws]{
+			sc("batches_total", "Event batches (ZMQ messages) decoded per worker.", func(s *ws) int64 { return s.Batches }),
+			sc("events_total", "KV events decoded per worker.", func(s *ws) int64 { return s.Events }),
+			sc("decode_errors_total", "Messages that could not be decoded and were skipped.", func(s *ws) int64 { return s.DecodeErrors }),
+			sc("apply_errors_total", "Batches with at least one event the index could not apply.", func(s *ws) int64 { return s.ApplyErrors }),
+			sc("seq_gaps_total", "Forward jumps in seq: lost event batches.", func(s *ws) int64 { return s.Gaps }),
+			sc("missed_batches_total", "Batches lost in seq gaps.", func(s *ws) int64 { return s.MissedBatches }),
+			sc("engine_restarts_total", "Seqs that went backwards (engine restarts); each reset the worker.", func(s *ws) int64 { return s.Restarts }),
+			sc("replays_total", "Replay requests to the engine's replay socket (gaps, late joins, restarts).", func(s *ws) int64 { return s.Replays }),
+			sc("replayed_batches_total", "Batches applied from replays.", func(s *ws) int64 { return s.ReplayedBatches }),
+			sc("replay_failures_total", "Replays that failed or timed out.", func(s *ws) int64 { return s.ReplayFailures }),
+			sc("unrecovered_gaps_total", "Lost batches replay could not fill, each handled by the gap policy.", func(s *ws) int64 { return s.UnrecoveredGaps }),
+			sc("stale_replays_total", "Replay answers that arrived after their replay was given up, dropped unapplied.", func(s *ws) int64 { return s.StaleReplays }),
+			sc("replay_continuations_total", "Replay answers that arrived in part and were asked for again from the first missing seq.", func(s *ws) int64 { return s.ReplayContinuations }),
+			sc("stale_transitions_total", "Times the worker became stale.", func(s *ws) int64 { return s.StaleTransitions }),
+			sc("dropped_batches_total", "Messages dropped on a full worker queue.", func(s *ws) int64 { return s.Dropped }),
+		},
+		lastMsg:    d("last_event_timestamp_seconds", "Unix time of the last message from the worker."),
+		resident:   d("resident_blocks", "Blocks the worker currently holds, per medium.", "medium"),
+		health:     d("worker_health", "1 for the worker's current health state, by state.", "state"),
+		backlog:    d("queue_backlog", "Batches waiting in the worker's queue."),
+		evictions:  d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
+		capacity:   d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
+		digest:     d("worker_digest", "The top 53 bits of the worker's resident-set digest (exact in a float): equal on every replica holding the same set (WithDigests only)."),
+		lastSeq:    d("worker_last_seq", "The last seq applied to the worker (the engine's, or in fleet mode the agent's delta seq)."),
+		unroutable: prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod.", []string{"listener", "reason"}, nil),
 	}
 	if u, ok := stats.(events.RefusalSource); ok {
 		c.unroutableSrc = u
@@ -95,12 +105,14 @@ func (c *Collector) WithDigests() *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.digest
-	ch <- c.lastSeq
-	for _, d := range []*prometheus.Desc{c.batches, c.evs, c.decodeErrs, c.applyErrs, c.gaps, c.missed, c.restarts, c.lastMsg,
-		c.stored, c.removed, c.resident, c.orphans, c.unknown, c.bsMismatch, c.invalid, c.skippedGroup, c.clears, c.resets,
-		c.replays, c.replayed, c.replayFailures, c.unrecovered, c.staleReplays, c.replayContinuations, c.staleTransitions, c.health, c.dropped, c.backlog, c.unroutable, c.evictions, c.capacity} {
+	for _, d := range []*prometheus.Desc{c.digest, c.lastSeq, c.lastMsg, c.resident, c.health, c.backlog, c.unroutable, c.evictions, c.capacity} {
 		ch <- d
+	}
+	for _, k := range c.index {
+		ch <- k.desc
+	}
+	for _, k := range c.stream {
+		ch <- k.desc
 	}
 }
 
@@ -113,18 +125,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		models[info.Ref] = info.Model
 		lv := []string{info.Ref.Pod, strconv.Itoa(info.Ref.DPRank), info.Model}
 		s := w.Stats()
-		counter := func(d *prometheus.Desc, v int64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+		for _, k := range c.index {
+			ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, float64(k.v(&s)), lv...)
 		}
-		counter(c.stored, s.BlocksStored)
-		counter(c.removed, s.BlocksRemoved)
-		counter(c.orphans, s.Orphans)
-		counter(c.unknown, s.UnknownBlocks)
-		counter(c.bsMismatch, s.BlockSizeMismatches)
-		counter(c.invalid, s.InvalidEvents)
-		counter(c.skippedGroup, s.SkippedGroupEvents)
-		counter(c.clears, s.Clears)
-		counter(c.resets, s.Resets)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.Evictions-s.BudgetEvictions), append(lv, "capacity")...)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.BudgetEvictions), append(lv, "budget")...)
 		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(s.Capacity), lv...)
@@ -143,24 +146,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range c.stats.WorkerStats() {
 		lv := []string{s.Worker.Pod, strconv.Itoa(s.Worker.DPRank), models[s.Worker]}
-		counter := func(d *prometheus.Desc, v int64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+		for _, k := range c.stream {
+			ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, float64(k.v(&s)), lv...)
 		}
-		counter(c.batches, s.Batches)
-		counter(c.evs, s.Events)
-		counter(c.decodeErrs, s.DecodeErrors)
-		counter(c.applyErrs, s.ApplyErrors)
-		counter(c.gaps, s.Gaps)
-		counter(c.missed, s.MissedBatches)
-		counter(c.restarts, s.Restarts)
-		counter(c.replays, s.Replays)
-		counter(c.replayed, s.ReplayedBatches)
-		counter(c.replayFailures, s.ReplayFailures)
-		counter(c.unrecovered, s.UnrecoveredGaps)
-		counter(c.staleReplays, s.StaleReplays)
-		counter(c.replayContinuations, s.ReplayContinuations)
-		counter(c.staleTransitions, s.StaleTransitions)
-		counter(c.dropped, s.Dropped)
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(s.Backlog), lv...)
 		if s.HasSeq {
 			ch <- prometheus.MustNewConstMetric(c.lastSeq, prometheus.GaugeValue, float64(s.LastSeq), lv...)

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/defaults"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -173,24 +174,16 @@ func newEndpointSet(eps []Endpoint) (*endpointSet, error) {
 // an endpoint without an address, a model or a pod, or a worker listed
 // twice.
 func New(r Router, opts Options) (*Picker, error) {
-	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if opts.MaxRequests <= 0 {
-		opts.MaxRequests = DefaultMaxRequests
-	}
-	if opts.ReleaseTimeout <= 0 {
-		opts.ReleaseTimeout = 5 * time.Second
-	}
+	defaults.Positive(&opts.MaxBodyBytes, DefaultMaxBodyBytes)
+	defaults.Positive(&opts.MaxRequests, DefaultMaxRequests)
+	defaults.Positive(&opts.ReleaseTimeout, 5*time.Second)
 	set, err := newEndpointSet(opts.Endpoints)
 	if err != nil {
 		return nil, err
 	}
 	p := &Picker{router: r, opts: opts, log: opts.Logger,
 		prefix: fmt.Sprintf("gw-%x-", time.Now().UnixNano()), health: health.NewServer()}
-	if p.log == nil {
-		p.log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&p.log, slog.New(slog.DiscardHandler))
 	p.counter.pickSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "kvindex_gateway_pick_seconds", Help: "Endpoint picker decisions, from the complete body to the destination (tokenization and Route included).",
 		Buckets: prometheus.ExponentialBuckets(0.0000625, 2, 16),

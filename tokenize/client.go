@@ -18,6 +18,8 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // Errors of Tokenize, wrapped with the model and endpoints at fault.
@@ -158,16 +160,12 @@ func New(opts Options) (*Client, error) {
 			*v = d
 		}
 	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
-	}
+	defaults.Positive(&opts.Timeout, DefaultTimeout)
 	set(&opts.CacheEntries, DefaultCacheEntries)
 	set(&opts.MaxConcurrent, DefaultMaxConcurrent)
 	set(&opts.MaxPromptBytes, DefaultMaxPromptBytes)
 	set(&opts.MaxTokens, DefaultMaxTokens)
-	if opts.RenderRetry <= 0 {
-		opts.RenderRetry = DefaultRenderRetry
-	}
+	defaults.Positive(&opts.RenderRetry, DefaultRenderRetry)
 	servers := map[string]*server{}
 	for m, eps := range opts.Endpoints {
 		for _, ep := range eps {
@@ -182,9 +180,7 @@ func New(opts Options) (*Client, error) {
 	if c.http == nil {
 		c.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: opts.MaxConcurrent, IdleConnTimeout: 90 * time.Second}}
 	}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&c.log, slog.New(slog.DiscardHandler))
 	if opts.CacheEntries > 0 {
 		c.cache, _ = lru.New[xxh3.Uint128, []uint32](opts.CacheEntries) // size > 0 cannot fail
 	}

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -38,55 +39,55 @@ func newRoot() *cobra.Command {
 }
 
 func newServe() *cobra.Command {
-	var o flagOverrides
-	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Run the daemon",
-		Long: "Run the daemon with the YAML configuration given by --config; without --config it runs the\n" +
+	cmd, o := command("serve", "Run the daemon",
+		"Run the daemon with the YAML configuration given by --config; without --config it runs the\n"+
 			"built-in default (one local vLLM engine at tcp://127.0.0.1:5557). Flags override the file.",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := serveConfig(o)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
+		func(ctx context.Context, cfg *config.Config) error {
 			d, err := daemon.New(cfg, daemon.NewLogger(cfg.Log, os.Stderr))
 			if err != nil {
 				return err
 			}
 			return d.Run(ctx)
-		},
-	}
-	o.addFlags(cmd.Flags())
+		})
 	cmd.Flags().StringVar(&o.grpcListen, "grpc-listen", "", "gRPC listen address (overrides grpc_listen)")
 	return cmd
 }
 
 func newAgent() *cobra.Command {
-	var o flagOverrides
-	cmd := &cobra.Command{
-		Use:   "agent",
-		Short: "Run the fleet sidecar beside one vLLM pod",
-		Long: "Run kvindex agent: it indexes one pod's workers from the engine's KV events over local ZeroMQ\n" +
-			"and publishes their deltas and snapshots on NATS for the replicas (kvindex serve with nats.url).\n" +
+	cmd, o := command("agent", "Run the fleet sidecar beside one vLLM pod",
+		"Run kvindex agent: it indexes one pod's workers from the engine's KV events over local ZeroMQ\n"+
+			"and publishes their deltas and snapshots on NATS for the replicas (kvindex serve with nats.url).\n"+
 			"The configuration names the pod (pods[], agent.pod) and NATS (nats.url). See docs/fleet.md.",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := serveConfig(o)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
+		func(ctx context.Context, cfg *config.Config) error {
 			return daemon.RunAgent(ctx, cfg, daemon.NewLogger(cfg.Log, os.Stderr))
-		},
-	}
-	o.addFlags(cmd.Flags())
+		})
 	f := cmd.Flags()
 	f.StringVar(&o.natsURL, "nats-url", "", "NATS server URL (overrides nats.url)")
 	f.StringVar(&o.pod, "pod", "", "the pod of pods[] this agent sits beside (overrides agent.pod)")
 	f.StringVar(&o.podName, "pod-name", "", "name that pod NAME instead (e.g. from Kubernetes' downward API), so one configuration serves every pod of a vLLM Deployment")
 	return cmd
+}
+
+// command builds serve or agent with their shared flags; run gets the
+// configuration and a context that SIGINT or SIGTERM cancels.
+func command(use, short, long string, run func(context.Context, *config.Config) error) (*cobra.Command, *flagOverrides) {
+	o := new(flagOverrides)
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  long,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := serveConfig(*o)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, cfg)
+		},
+	}
+	o.addFlags(cmd.Flags())
+	return cmd, o
 }
 
 // flagOverrides are the configuration file (path, "" for config.Default)

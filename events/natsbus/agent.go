@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/defaults"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
 
@@ -110,21 +111,11 @@ type agentWorker struct {
 // starts serving their snapshots, and returns the agent; Run keeps the
 // registrations alive. The agent's epoch is random and new each time.
 func NewAgent(ctx context.Context, nc *nats.Conn, o AgentOptions, workers map[int]LocalWorker) (*Agent, error) {
-	if o.Bucket == "" {
-		o.Bucket = DefaultBucket
-	}
-	if o.TTL <= 0 {
-		o.TTL = 10 * time.Second
-	}
-	if o.Heartbeat <= 0 {
-		o.Heartbeat = o.TTL / 4
-	}
-	if o.ChunkBytes <= 0 {
-		o.ChunkBytes = 256 << 10
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&o.Bucket, DefaultBucket)
+	defaults.Positive(&o.TTL, 10*time.Second)
+	defaults.Positive(&o.Heartbeat, o.TTL/4)
+	defaults.Positive(&o.ChunkBytes, 256<<10)
+	defaults.Zero(&o.Logger, slog.New(slog.DiscardHandler))
 	if o.Model == "" || o.Pod == "" || o.BlockSize <= 0 {
 		return nil, fmt.Errorf("nats: agent: model, pod and block size are required")
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
@@ -96,33 +97,15 @@ type AppliedDelta struct {
 }
 
 func (o *SourceOptions) defaults() {
-	if o.Bucket == "" {
-		o.Bucket = DefaultBucket
-	}
-	if o.TTL <= 0 {
-		o.TTL = 10 * time.Second
-	}
-	if o.SnapshotTimeout <= 0 {
-		o.SnapshotTimeout = 10 * time.Second
-	}
-	if o.SnapshotConcurrency <= 0 {
-		o.SnapshotConcurrency = runtime.GOMAXPROCS(0)
-	}
-	if o.QueueSize <= 0 {
-		o.QueueSize = 1 << 16
-	}
-	if o.ResyncBackoff <= 0 {
-		o.ResyncBackoff = 200 * time.Millisecond
-	}
-	if o.LogEvery <= 0 {
-		o.LogEvery = time.Minute
-	}
-	if o.StaleAfterDisconnect == 0 {
-		o.StaleAfterDisconnect = 5 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&o.Bucket, DefaultBucket)
+	defaults.Positive(&o.TTL, 10*time.Second)
+	defaults.Positive(&o.SnapshotTimeout, 10*time.Second)
+	defaults.Positive(&o.SnapshotConcurrency, runtime.GOMAXPROCS(0))
+	defaults.Positive(&o.QueueSize, 1<<16)
+	defaults.Positive(&o.ResyncBackoff, 200*time.Millisecond)
+	defaults.Positive(&o.LogEvery, time.Minute)
+	defaults.Zero(&o.StaleAfterDisconnect, 5*time.Second)
+	defaults.Zero(&o.Logger, slog.New(slog.DiscardHandler))
 }
 
 // Source is a replica's fleet input: it watches the agents' bucket, and

@@ -18,6 +18,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
 )
 
@@ -192,41 +193,24 @@ type SubscriberOptions struct {
 }
 
 func (o *SubscriberOptions) defaults() {
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	set := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	set(&o.PollInterval, 100*time.Millisecond)
-	set(&o.ReconnectInterval, 100*time.Millisecond)
-	set(&o.ReconnectMax, 5*time.Second)
-	set(&o.LogEvery, time.Minute)
-	set(&o.ReplayTimeout, DefaultReplayTimeout)
-	set(&o.ReplayIdle, 250*time.Millisecond)
-	set(&o.ConflictQuiet, 10*time.Second)
-	set(&o.ReplayBackoff, time.Second)
-	set(&o.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
-	seti := func(p *int, v int) {
-		if *p <= 0 {
-			*p = v
-		}
-	}
-	seti(&o.RcvHWM, 100_000)
-	seti(&o.QueueSize, DefaultQueueSize)
-	seti(&o.ReplayConcurrency, DefaultReplayConcurrency)
-	seti(&o.ReplayMaxBatches, 100_000)
-	seti(&o.MaxPending, 10_000)
-	set64 := func(p *int64, v int64) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	set64(&o.QueueBytes, DefaultQueueBytes)
-	set64(&o.MaxMessageBytes, DefaultMaxMessageBytes)
-	set64(&o.ReplayMaxBytes, DefaultReplayMaxBytes)
+	defaults.Zero(&o.Logger, slog.New(slog.DiscardHandler))
+	defaults.Zero(&o.PollInterval, 100*time.Millisecond)
+	defaults.Zero(&o.ReconnectInterval, 100*time.Millisecond)
+	defaults.Zero(&o.ReconnectMax, 5*time.Second)
+	defaults.Zero(&o.LogEvery, time.Minute)
+	defaults.Zero(&o.ReplayTimeout, DefaultReplayTimeout)
+	defaults.Zero(&o.ReplayIdle, 250*time.Millisecond)
+	defaults.Zero(&o.ConflictQuiet, 10*time.Second)
+	defaults.Zero(&o.ReplayBackoff, time.Second)
+	defaults.Zero(&o.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
+	defaults.Positive(&o.RcvHWM, 100_000)
+	defaults.Positive(&o.QueueSize, DefaultQueueSize)
+	defaults.Positive(&o.ReplayConcurrency, DefaultReplayConcurrency)
+	defaults.Positive(&o.ReplayMaxBatches, 100_000)
+	defaults.Positive(&o.MaxPending, 10_000)
+	defaults.Zero(&o.QueueBytes, DefaultQueueBytes)
+	defaults.Zero(&o.MaxMessageBytes, DefaultMaxMessageBytes)
+	defaults.Zero(&o.ReplayMaxBytes, DefaultReplayMaxBytes)
 }
 
 // Subscriber receives vLLM KV events over ZMQ SUB sockets, in pull mode

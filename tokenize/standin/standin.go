@@ -38,6 +38,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/tokenize"
 )
 
@@ -200,9 +201,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		toks = Tokens(req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	}
 	maxLen := h.MaxModelLen
-	if maxLen == 0 {
-		maxLen = 131072
-	}
+	defaults.Zero(&maxLen, 131072)
 	if len(toks) > maxLen {
 		badRequest(w, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens.", maxLen, len(toks)))
 		return
