@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
 // podName names generator worker i's pod.
@@ -61,6 +62,31 @@ func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize in
 		}()
 	}
 	return fa, nil
+}
+
+// startFixed starts the embedded nats-server and one agent per recorded
+// worker against it.
+func startFixed(ctx context.Context, recs []*Recorded, blockSize int) (*embednats.Server, *fixedAgents, error) {
+	ns, err := embednats.Start("kvfleetbench")
+	if err != nil {
+		return nil, nil, err
+	}
+	fa, err := startAgents(ctx, ns.URL(), recs, blockSize)
+	if err != nil {
+		ns.Close()
+		return nil, nil, err
+	}
+	return ns, fa, nil
+}
+
+// connect opens a plain client connection (the generator's agents; the
+// replicas use fleet.Connect, as kvindex serve does).
+func connect(url, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: connect %s: %w", url, err)
+	}
+	return nc, nil
 }
 
 // digests returns the workers' digests by pod, as the replica reports them.

@@ -66,7 +66,7 @@ func newIngest() *cobra.Command {
 }
 
 func newSync() *cobra.Command {
-	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1, Target: 5 * time.Second}
+	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1}
 	cmd := benchCmd("sync", "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
 		func(ctx context.Context) (*fleetbench.SyncResult, error) { return fleetbench.Sync(ctx, o) })
 	f := cmd.Flags()
