@@ -33,9 +33,6 @@ type AgentOptions struct {
 	// WarmRate is the rate of the warm-up lap that fills the pod to its
 	// steady state.
 	WarmRate float64
-	// Procs, when positive, is the agent's GOMAXPROCS (what a sidecar's
-	// CPU limit sets: Go sizes GOMAXPROCS to the cgroup's quota).
-	Procs int
 }
 
 // AgentResult is what the agent benchmark measured of the agent process.
@@ -95,9 +92,6 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	}
 	cmd := exec.Command(bin, "agent", "--config", cfgPath, "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if o.Procs > 0 {
-		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.Procs))
-	}
 	agent, err := proc.Start("kvindex agent", cmd, "")
 	if err != nil {
 		return nil, err
