@@ -107,20 +107,16 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	if _, err := gen.await("warmed", nil, 5*time.Minute); err != nil {
 		return nil, err
 	}
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(o.Settle):
+	if err := sleep(ctx, o.Settle); err != nil {
+		return nil, err
 	}
 	cpu0, err := proc.CPU(pid)
 	if err != nil {
 		return nil, err
 	}
 	busy0, t0 := proc.BusyCPU(), time.Now()
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(o.Duration):
+	if err := sleep(ctx, o.Duration); err != nil {
+		return nil, err
 	}
 	cpu1, err := proc.CPU(pid)
 	if err != nil {

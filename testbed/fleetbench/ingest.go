@@ -242,10 +242,8 @@ func publishLaps(ctx context.Context, fa *fixedAgents, rounds int, rate float64)
 				}
 				blocks += int64(got)
 				if ahead := time.Duration(float64(blocks)/rate*1e9) - time.Since(t0); ahead > time.Millisecond {
-					select {
-					case <-ctx.Done():
-						return blocks, ctx.Err()
-					case <-time.After(ahead):
+					if err := sleep(ctx, ahead); err != nil {
+						return blocks, err
 					}
 				}
 			}

@@ -225,10 +225,8 @@ func caughtUp(ctx context.Context, es []*engine, agents []*fleet.Agent) error {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("fleetbench: the agent of %s has not caught up with its engine within a minute", e.pod)
 			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
+			if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				return err
 			}
 		}
 	}

@@ -124,6 +124,18 @@ func (c *Commands) Exit(ctx context.Context) error {
 	return nil
 }
 
+// sleep waits d, or returns ctx's error when it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // genOpts are a generator role's options (each role reads its own).
 type genOpts struct {
 	Workers  int           `json:"workers,omitempty"` // agents (ingest, sync) or engines (lag)

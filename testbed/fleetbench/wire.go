@@ -55,19 +55,14 @@ func Wire(ctx context.Context) (*WireResult, error) {
 	}
 	defer ns.Close()
 	res := &WireResult{}
-	shapes := []struct {
-		name  string
-		shape Shape
-	}{{"realistic", DefaultShape()}}
+	names, shapes := []string{"realistic"}, []Shape{DefaultShape()}
 	for _, n := range []int{1, 16, 256} {
 		per := min(n, 16)
-		shapes = append(shapes, struct {
-			name  string
-			shape Shape
-		}{fmt.Sprintf("batch %d", n), Shape{Ring: 256, Window: 128, Requests: n / per, MinBlocks: per, MaxBlocks: per, BlockSize: 16}})
+		names = append(names, fmt.Sprintf("batch %d", n))
+		shapes = append(shapes, Shape{Ring: 256, Window: 128, Requests: n / per, MinBlocks: per, MaxBlocks: per, BlockSize: 16})
 	}
-	for _, sc := range shapes {
-		c, subject, err := wireCase(ctx, ns.URL(), sc.name, sc.shape)
+	for i, sh := range shapes {
+		c, subject, err := wireCase(ctx, ns.URL(), names[i], sh)
 		if err != nil {
 			return nil, err
 		}
