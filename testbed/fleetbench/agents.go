@@ -26,6 +26,7 @@ func podName(i int) string { return fmt.Sprintf("pod-%04d", i) }
 // worker, each a pod of one DP rank with a NATS connection of its own, as
 // a fleet's agents are.
 type fixedAgents struct {
+	ns      *embednats.Server // nil until startFixed sets it
 	conns   []*nats.Conn
 	agents  []*natsbus.Agent
 	workers []*fixedWorker
@@ -65,8 +66,9 @@ func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize in
 }
 
 // startFixed starts the embedded nats-server and one agent per recorded
-// worker against it.
-func startFixed(ctx context.Context, recs []*Recorded, blockSize int) (*embednats.Server, *fixedAgents, error) {
+// worker against it (stop stops both), and returns the generator's
+// "ready" with its URL and the workers' digests.
+func startFixed(ctx context.Context, recs []*Recorded, blockSize int) (*fixedAgents, *genReady, error) {
 	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
 		return nil, nil, err
@@ -76,7 +78,8 @@ func startFixed(ctx context.Context, recs []*Recorded, blockSize int) (*embednat
 		ns.Close()
 		return nil, nil, err
 	}
-	return ns, fa, nil
+	fa.ns = ns
+	return fa, &genReady{URL: ns.URL(), Digests: fa.digests()}, nil
 }
 
 // connect opens a plain client connection (the generator's agents; the
@@ -98,12 +101,16 @@ func (fa *fixedAgents) digests() map[string]string {
 	return m
 }
 
-// stop ends the agents' Run and closes their connections.
+// stop ends the agents' Run, closes their connections and stops the
+// nats-server.
 func (fa *fixedAgents) stop() {
 	fa.cancel()
 	fa.wg.Wait()
 	for _, nc := range fa.conns {
 		nc.Close()
+	}
+	if fa.ns != nil {
+		fa.ns.Close()
 	}
 }
 

@@ -191,13 +191,11 @@ func runIngestGenerator(ctx context.Context, o genOpts, in *Commands, out *Repor
 	if err != nil {
 		return err
 	}
-	ns, fa, err := startFixed(ctx, recs, o.Shape.BlockSize)
+	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
 	defer fa.stop()
-	r := genReady{URL: ns.URL(), Digests: fa.digests()}
 	for _, rec := range recs {
 		for _, b := range rec.Blocks {
 			r.Blocks += int64(b)
@@ -214,7 +212,7 @@ func runIngestGenerator(ctx context.Context, o genOpts, in *Commands, out *Repor
 	if err != nil {
 		return err
 	}
-	if err := out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: ns.SlowConsumers()}); err != nil {
+	if err := out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: fa.ns.SlowConsumers()}); err != nil {
 		return err
 	}
 	return in.Exit(ctx)

@@ -121,13 +121,11 @@ func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporte
 	if err != nil {
 		return err
 	}
-	ns, fa, err := startFixed(ctx, recs, o.Shape.BlockSize)
+	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
 	defer fa.stop()
-	r := genReady{URL: ns.URL(), Digests: fa.digests()}
 	for _, rec := range recs {
 		r.Keys += int64(rec.Keys)
 		r.Resident += rec.Resident
@@ -150,7 +148,7 @@ func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporte
 		var err error
 		switch cmd {
 		case "cpu":
-			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.SlowConsumers()})
+			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: fa.ns.SlowConsumers()})
 		case "floor":
 			var fl *genDone
 			if fl, err = restoreFloor(recs, o.Procs); err == nil {
