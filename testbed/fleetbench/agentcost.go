@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
@@ -32,9 +33,6 @@ type AgentOptions struct {
 	// WarmRate is the rate of the warm-up lap that fills the pod to its
 	// steady state.
 	WarmRate float64
-	// Procs, when positive, is the agent's GOMAXPROCS (what a sidecar's
-	// CPU limit sets: Go sizes GOMAXPROCS to the cgroup's quota).
-	Procs int
 }
 
 // AgentResult is what the agent benchmark measured of the agent process.
@@ -60,25 +58,6 @@ type AgentResult struct {
 	LoadAfter  float64 `json:"load_after"`
 }
 
-type enginesGenOpts struct {
-	Shape    Shape         `json:"shape"`
-	Seed     uint64        `json:"seed"`
-	Rate     float64       `json:"rate"`
-	WarmRate float64       `json:"warm_rate"`
-	Run      time.Duration `json:"run"`
-}
-
-type enginesReady struct {
-	URL string `json:"url"`
-	// Config is the agent's configuration, YAML.
-	Config string `json:"config"`
-}
-
-type enginesDone struct {
-	Blocks int64 `json:"blocks"`
-	WallNs int64 `json:"wall_ns"`
-}
-
 // AgentCost runs the agent benchmark: a generator process (the embedded
 // nats-server and the pod's engine, an enginepub.Publisher) and the
 // kvindex agent binary, configured as a deployment configures it.
@@ -97,15 +76,11 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 		return nil, err
 	}
 	res.Floor, res.Resident = perBlock.Seconds()*o.Rate, resident
-	gen, err := startChild(ctx, "engines-gen", enginesGenOpts{Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, WarmRate: o.WarmRate, Run: o.Settle + o.Duration + time.Second})
+	gen, ready, err := startGen(ctx, "engines-gen", genOpts{Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, WarmRate: o.WarmRate, Run: o.Settle + o.Duration + time.Second}, time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer gen.Kill()
-	var ready enginesReady
-	if _, err := gen.await("ready", &ready, time.Minute); err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "kvfleetbench-agent-")
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: agent: %w", err)
@@ -117,9 +92,6 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	}
 	cmd := exec.Command(bin, "agent", "--config", cfgPath, "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if o.Procs > 0 {
-		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.Procs))
-	}
 	agent, err := proc.Start("kvindex agent", cmd, "")
 	if err != nil {
 		return nil, err
@@ -135,20 +107,16 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	if _, err := gen.await("warmed", nil, 5*time.Minute); err != nil {
 		return nil, err
 	}
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(o.Settle):
+	if err := sleep(ctx, o.Settle); err != nil {
+		return nil, err
 	}
 	cpu0, err := proc.CPU(pid)
 	if err != nil {
 		return nil, err
 	}
 	busy0, t0 := proc.BusyCPU(), time.Now()
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(o.Duration):
+	if err := sleep(ctx, o.Duration); err != nil {
+		return nil, err
 	}
 	cpu1, err := proc.CPU(pid)
 	if err != nil {
@@ -161,15 +129,13 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 	}
 	res.RSS, res.PeakRSS = mem.RSS, mem.Peak
 	res.CPU = (cpu1 - cpu0).Seconds() / wall.Seconds()
-	var done enginesDone
+	var done genDone
 	if _, err := gen.await("done", &done, time.Minute); err != nil {
 		return nil, err
 	}
 	gcpu := (busy1 - busy0 - (cpu1 - cpu0)).Seconds() / wall.Seconds()
 	res.OtherCPU = max(0, gcpu) // the generator's engine and nats-server included
-	if done.WallNs > 0 {
-		res.Rate = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
-	}
+	res.Rate = done.rate()
 	if res.Floor > 0 {
 		res.Ratio = res.CPU / res.Floor
 	}
@@ -249,18 +215,18 @@ func agentFloor(w *Workload) (time.Duration, int64, error) {
 	return (proc.SelfCPU() - cpu0) / time.Duration(blocks), wk.Stats().ResidentBlocks, nil
 }
 
-func runEnginesGenerator(ctx context.Context, o enginesGenOpts, in *Commands, out *Reporter) error {
-	ns, err := startNATS()
+func runEnginesGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
+	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
 		return err
 	}
-	defer ns.close()
+	defer ns.Close()
 	es, err := startEngines(1, o.Shape, o.Seed)
 	if err != nil {
 		return err
 	}
 	defer closeEngines(es)
-	cfg, err := agentConfig(es[0], ns.url())
+	cfg, err := agentConfig(es[0], ns.URL())
 	if err != nil {
 		return err
 	}
@@ -268,7 +234,7 @@ func runEnginesGenerator(ctx context.Context, o enginesGenOpts, in *Commands, ou
 	if err != nil {
 		return fmt.Errorf("fleetbench: agent configuration: %w", err)
 	}
-	if err := out.Send("ready", enginesReady{URL: ns.url(), Config: string(y)}); err != nil {
+	if err := out.Send("ready", genReady{URL: ns.URL(), Config: string(y)}); err != nil {
 		return err
 	}
 	if err := waitSubscribed(ctx, es, 1); err != nil {
@@ -292,7 +258,7 @@ func runEnginesGenerator(ctx context.Context, o enginesGenOpts, in *Commands, ou
 	if err != nil {
 		return err
 	}
-	if err := out.Send("done", enginesDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds()}); err != nil {
+	if err := out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds()}); err != nil {
 		return err
 	}
 	return in.Exit(ctx)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
 // podName names generator worker i's pod.
@@ -25,6 +26,7 @@ func podName(i int) string { return fmt.Sprintf("pod-%04d", i) }
 // worker, each a pod of one DP rank with a NATS connection of its own, as
 // a fleet's agents are.
 type fixedAgents struct {
+	ns      *embednats.Server // nil until startFixed sets it
 	conns   []*nats.Conn
 	agents  []*natsbus.Agent
 	workers []*fixedWorker
@@ -63,6 +65,33 @@ func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize in
 	return fa, nil
 }
 
+// startFixed starts the embedded nats-server and one agent per recorded
+// worker against it (stop stops both), and returns the generator's
+// "ready" with its URL and the workers' digests.
+func startFixed(ctx context.Context, recs []*Recorded, blockSize int) (*fixedAgents, *genReady, error) {
+	ns, err := embednats.Start("kvfleetbench")
+	if err != nil {
+		return nil, nil, err
+	}
+	fa, err := startAgents(ctx, ns.URL(), recs, blockSize)
+	if err != nil {
+		ns.Close()
+		return nil, nil, err
+	}
+	fa.ns = ns
+	return fa, &genReady{URL: ns.URL(), Digests: fa.digests()}, nil
+}
+
+// connect opens a plain client connection (the generator's agents; the
+// replicas use fleet.Connect, as kvindex serve does).
+func connect(url, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: connect %s: %w", url, err)
+	}
+	return nc, nil
+}
+
 // digests returns the workers' digests by pod, as the replica reports them.
 func (fa *fixedAgents) digests() map[string]string {
 	m := map[string]string{}
@@ -72,12 +101,16 @@ func (fa *fixedAgents) digests() map[string]string {
 	return m
 }
 
-// stop ends the agents' Run and closes their connections.
+// stop ends the agents' Run, closes their connections and stops the
+// nats-server.
 func (fa *fixedAgents) stop() {
 	fa.cancel()
 	fa.wg.Wait()
 	for _, nc := range fa.conns {
 		nc.Close()
+	}
+	if fa.ns != nil {
+		fa.ns.Close()
 	}
 }
 

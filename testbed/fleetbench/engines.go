@@ -86,10 +86,8 @@ func playEngines(ctx context.Context, es []*engine, count int, rate float64) (in
 	t0 := time.Now()
 	for k := 0; k < count; k++ {
 		if ahead := time.Duration(float64(blocks)/rate*1e9) - time.Since(t0); ahead > 0 {
-			select {
-			case <-ctx.Done():
-				return blocks, ctx.Err()
-			case <-time.After(ahead):
+			if err := sleep(ctx, ahead); err != nil {
+				return blocks, err
 			}
 		}
 		n, err := es[k%len(es)].send()

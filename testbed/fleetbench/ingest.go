@@ -3,6 +3,7 @@ package fleetbench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"time"
 
@@ -35,10 +36,9 @@ type IngestResult struct {
 	Blocks  int64 `json:"blocks"`
 	Entries int64 `json:"entries"`
 	Deltas  int64 `json:"deltas"`
-	// ReplicaCPU is the replica process's CPU from its first delta to its
-	// last; Wall the time between them.
-	ReplicaCPU time.Duration `json:"replica_cpu_ns"`
-	Wall       time.Duration `json:"wall_ns"`
+	// Wall is the replica's time from its first delta to its last (its
+	// ReplicaCPU is over the same span).
+	Wall time.Duration `json:"wall_ns"`
 	// PerCore is Blocks over ReplicaCPU in seconds: blocks/s per replica
 	// core.
 	PerCore float64 `json:"blocks_per_cpu_s"`
@@ -52,40 +52,14 @@ type IngestResult struct {
 	Baseline    float64 `json:"baseline_blocks_per_cpu_s"`
 	Interleaved float64 `json:"interleaved_blocks_per_cpu_s"`
 	Ratio       float64 `json:"ratio"`
-	// GeneratorCPU is the generator's CPU while publishing (its agents
-	// and the embedded nats-server), OtherCPU other processes' meanwhile.
-	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
-	OtherCPU     time.Duration `json:"other_cpu_ns"`
-	// Published is the generator's achieved rate, new blocks a second.
+	// Published is the generator's achieved rate, new blocks a second
+	// (its GeneratorCPU: its agents and the embedded nats-server).
 	Published float64 `json:"published_blocks_per_s"`
 	// Problems counts gaps, drops, decode or apply errors and resyncs in
 	// the replica while it ingested; SlowConsumers the nats-server's.
-	Problems      int64   `json:"problems"`
-	SlowConsumers int64   `json:"slow_consumers"`
-	DigestsOK     bool    `json:"digests_ok"`
-	LoadBefore    float64 `json:"load_before"`
-	LoadAfter     float64 `json:"load_after"`
-}
-
-type ingestGenOpts struct {
-	Workers int     `json:"workers"`
-	Shape   Shape   `json:"shape"`
-	Seed    uint64  `json:"seed"`
-	Rate    float64 `json:"rate"`
-	Rounds  int     `json:"rounds"`
-}
-
-type ingestReady struct {
-	URL     string            `json:"url"`
-	Blocks  int64             `json:"blocks"` // per round (a lap of every worker)
-	Digests map[string]string `json:"digests"`
-}
-
-type ingestDone struct {
-	Blocks int64 `json:"blocks"`
-	WallNs int64 `json:"wall_ns"`
-	CPUNs  int64 `json:"cpu_ns"`
-	Slow   int64 `json:"slow_consumers"`
+	Problems      int64 `json:"problems"`
+	SlowConsumers int64 `json:"slow_consumers"`
+	Shared
 }
 
 // Ingest runs the ingest benchmark: the baseline in this process, then
@@ -93,7 +67,8 @@ type ingestDone struct {
 // worker, publishing each worker's recorded deltas through
 // natsbus.Agent.Publish) and a replica process.
 func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
-	res := &IngestResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
+	res := &IngestResult{Workers: o.Workers}
+	res.LoadBefore = proc.LoadAvg()[0]
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
 	if err != nil {
 		return nil, err
@@ -112,24 +87,16 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	recs = nil
-	gen, err := startChild(ctx, "ingest-gen", ingestGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds})
+	gen, ready, err := startGen(ctx, "ingest-gen", genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer gen.Kill()
-	var ready ingestReady
-	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
-		return nil, err
-	}
-	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile},
-		replicaEnv(1)...)
+	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile}, 1)
 	if err != nil {
 		return nil, err
 	}
 	defer rep.Kill()
-	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
-		return nil, err
-	}
 	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
 		return nil, err
@@ -139,7 +106,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	busy1 := proc.BusyCPU()
-	var done ingestDone
+	var done genDone
 	if _, err := gen.await("done", &done, time.Minute); err != nil {
 		return nil, err
 	}
@@ -147,7 +114,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if _, err := rep.await("digests", &dig, time.Minute); err != nil {
 		return nil, err
 	}
-	res.DigestsOK = sameDigests(dig.Digests, ready.Digests)
+	res.DigestsOK = maps.Equal(dig.Digests, ready.Digests)
 	res.Blocks, res.Entries, res.Deltas, res.Problems = r.Blocks, r.Entries, r.Deltas, r.Problems
 	res.ReplicaCPU, res.Wall = time.Duration(r.CPUNs), time.Duration(r.WallNs)
 	if res.ReplicaCPU > 0 {
@@ -156,17 +123,9 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if res.Baseline > 0 {
 		res.Ratio = res.PerCore / res.Baseline
 	}
-	res.GeneratorCPU = time.Duration(done.CPUNs)
-	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
-	if done.WallNs > 0 {
-		res.Published = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
-	}
-	res.SlowConsumers = done.Slow
-	if err := finish(gen, rep); err != nil {
-		return nil, err
-	}
-	res.LoadAfter = proc.LoadAvg()[0]
-	return res, nil
+	res.GeneratorCPU, res.Published, res.SlowConsumers = time.Duration(done.CPUNs), done.rate(), done.Slow
+	res.other(busy0, busy1)
+	return res, finish(gen, rep, &res.Shared)
 }
 
 // applyBaseline applies rounds laps of every recorded worker's deltas to
@@ -227,22 +186,16 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	return float64(blocks) / cpu.Seconds(), nil
 }
 
-func runIngestGenerator(ctx context.Context, o ingestGenOpts, in *Commands, out *Reporter) error {
+func runIngestGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
 	if err != nil {
 		return err
 	}
-	ns, err := startNATS()
-	if err != nil {
-		return err
-	}
-	defer ns.close()
-	fa, err := startAgents(ctx, ns.url(), recs, o.Shape.BlockSize)
+	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
 	if err != nil {
 		return err
 	}
 	defer fa.stop()
-	r := ingestReady{URL: ns.url(), Digests: fa.digests()}
 	for _, rec := range recs {
 		for _, b := range rec.Blocks {
 			r.Blocks += int64(b)
@@ -259,8 +212,7 @@ func runIngestGenerator(ctx context.Context, o ingestGenOpts, in *Commands, out 
 	if err != nil {
 		return err
 	}
-	done := ingestDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: ns.slowConsumers()}
-	if err := out.Send("done", done); err != nil {
+	if err := out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: fa.ns.SlowConsumers()}); err != nil {
 		return err
 	}
 	return in.Exit(ctx)
@@ -288,10 +240,8 @@ func publishLaps(ctx context.Context, fa *fixedAgents, rounds int, rate float64)
 				}
 				blocks += int64(got)
 				if ahead := time.Duration(float64(blocks)/rate*1e9) - time.Since(t0); ahead > time.Millisecond {
-					select {
-					case <-ctx.Done():
-						return blocks, ctx.Err()
-					case <-time.After(ahead):
+					if err := sleep(ctx, ahead); err != nil {
+						return blocks, err
 					}
 				}
 			}

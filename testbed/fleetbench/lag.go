@@ -3,6 +3,7 @@ package fleetbench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
@@ -59,75 +61,43 @@ type LagResult struct {
 	// bucket), so that the rest is NATS and the replica.
 	AgentP50 time.Duration `json:"agent_p50_ns"`
 	AgentP99 time.Duration `json:"agent_p99_ns"`
-	// ReplicaCPU and GeneratorCPU are the two processes' CPU while the
-	// engines churned (the generator's: engines, agents and nats-server);
-	// OtherCPU other processes' meanwhile.
-	ReplicaCPU   time.Duration `json:"replica_cpu_ns"`
-	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
-	OtherCPU     time.Duration `json:"other_cpu_ns"`
-	Problems     int64         `json:"problems"`
-	DigestsOK    bool          `json:"digests_ok"`
-	LoadBefore   float64       `json:"load_before"`
-	LoadAfter    float64       `json:"load_after"`
-}
-
-type lagGenOpts struct {
-	Pods     int     `json:"pods"`
-	Shape    Shape   `json:"shape"`
-	Seed     uint64  `json:"seed"`
-	Rate     float64 `json:"rate"`
-	Batches  int     `json:"batches"`
-	WarmRate float64 `json:"warm_rate"`
-}
-
-type lagReady struct {
-	URL string `json:"url"`
-}
-
-type lagDone struct {
-	Blocks     int64 `json:"blocks"`
-	WallNs     int64 `json:"wall_ns"`
-	CPUNs      int64 `json:"cpu_ns"`
-	AgentP50Ns int64 `json:"agent_p50_ns"`
-	AgentP99Ns int64 `json:"agent_p99_ns"`
+	// Problems counts gaps, drops, decode or apply errors and resyncs in
+	// the replica while the engines churned. The CPU figures are over the
+	// churn (the generator's: engines, agents and nats-server).
+	Problems int64 `json:"problems"`
+	Shared
 }
 
 // Lag runs the lag benchmark: a generator process (the embedded
 // nats-server, the engines and their agents, in process) and a replica
 // process.
 func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, LoadBefore: proc.LoadAvg()[0]}
+	res := &LagResult{Pods: o.Pods}
+	res.LoadBefore = proc.LoadAvg()[0]
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
 		return nil, err
 	}
 	batches := int(o.Rate * o.Duration.Seconds() / blocksPerBatch(w))
-	gen, err := startChild(ctx, "lag-gen", lagGenOpts{Pods: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate})
+	gen, ready, err := startGen(ctx, "lag-gen", genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer gen.Kill()
-	var ready lagReady
-	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
-		return nil, err
-	}
-	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile})
+	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer rep.Kill()
-	if _, err := rep.await("live", nil, 2*time.Minute); err != nil {
-		return nil, err
-	}
 	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
 		return nil, err
 	}
-	var done lagDone
+	var done genDone
 	if _, err := gen.await("done", &done, o.Duration+time.Minute); err != nil {
 		return nil, err
 	}
-	var want digestsReport
+	var want, got digestsReport
 	if _, err := gen.await("digests", &want, time.Minute); err != nil {
 		return nil, err
 	}
@@ -140,33 +110,26 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 		return nil, err
 	}
 	busy1 := proc.BusyCPU()
-	var got digestsReport
 	if _, err := rep.await("digests", &got, time.Minute); err != nil {
 		return nil, err
 	}
-	res.DigestsOK = sameDigests(got.Digests, want.Digests)
+	res.DigestsOK = maps.Equal(got.Digests, want.Digests)
 	res.Deltas, res.Blocks, res.Problems, res.Late = int64(r.Deltas), r.Blocks, r.Problems, r.Late
 	res.P50, res.P90, res.P99, res.P999, res.Max = time.Duration(r.P50Ns), time.Duration(r.P90Ns), time.Duration(r.P99Ns), time.Duration(r.P999Ns), time.Duration(r.MaxNs)
 	res.ReplicaCPU, res.GeneratorCPU = time.Duration(r.CPUNs), time.Duration(done.CPUNs)
 	res.AgentP50, res.AgentP99 = time.Duration(done.AgentP50Ns), time.Duration(done.AgentP99Ns)
-	if done.WallNs > 0 {
-		res.Rate = float64(done.Blocks) / time.Duration(done.WallNs).Seconds()
-	}
-	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
-	if err := finish(gen, rep); err != nil {
-		return nil, err
-	}
-	res.LoadAfter = proc.LoadAvg()[0]
-	return res, nil
+	res.Rate = done.rate()
+	res.other(busy0, busy1)
+	return res, finish(gen, rep, &res.Shared)
 }
 
-func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Reporter) error {
-	ns, err := startNATS()
+func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
+	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
 		return err
 	}
-	defer ns.close()
-	es, err := startEngines(o.Pods, o.Shape, o.Seed)
+	defer ns.Close()
+	es, err := startEngines(o.Workers, o.Shape, o.Seed)
 	if err != nil {
 		return err
 	}
@@ -179,7 +142,7 @@ func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Repor
 	}()
 	agents := make([]*fleet.Agent, len(es))
 	for i, e := range es {
-		cfg, err := agentConfig(e, ns.url())
+		cfg, err := agentConfig(e, ns.URL())
 		if err != nil {
 			return err
 		}
@@ -211,7 +174,7 @@ func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Repor
 	if err := caughtUp(ctx, es, agents); err != nil {
 		return err
 	}
-	if err := out.Send("ready", lagReady{URL: ns.url()}); err != nil {
+	if err := out.Send("ready", genReady{URL: ns.URL()}); err != nil {
 		return err
 	}
 	if err := in.Wait(ctx, "go"); err != nil {
@@ -226,7 +189,7 @@ func runLagGenerator(ctx context.Context, o lagGenOpts, in *Commands, out *Repor
 	if err != nil {
 		return err
 	}
-	done := lagDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
+	done := genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
 	if err := caughtUp(ctx, es, agents); err != nil {
 		return err
 	}
@@ -262,10 +225,8 @@ func caughtUp(ctx context.Context, es []*engine, agents []*fleet.Agent) error {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("fleetbench: the agent of %s has not caught up with its engine within a minute", e.pod)
 			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
+			if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				return err
 			}
 		}
 	}

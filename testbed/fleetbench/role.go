@@ -124,21 +124,129 @@ func (c *Commands) Exit(ctx context.Context) error {
 	return nil
 }
 
-// replicaEnv is the replica process's environment: GOMAXPROCS procs, or
-// Go's default when procs is 0.
-func replicaEnv(procs int) []string {
-	if procs <= 0 {
+// sleep waits d, or returns ctx's error when it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
 		return nil
 	}
-	return []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
+}
+
+// genOpts are a generator role's options (each role reads its own).
+type genOpts struct {
+	Workers  int           `json:"workers,omitempty"` // agents (ingest, sync) or engines (lag)
+	Shape    Shape         `json:"shape"`
+	Seed     uint64        `json:"seed"`
+	Rate     float64       `json:"rate,omitempty"`
+	WarmRate float64       `json:"warm_rate,omitempty"`
+	Rounds   int           `json:"rounds,omitempty"`  // ingest: laps of every worker
+	Batches  int           `json:"batches,omitempty"` // lag: engine batches
+	Run      time.Duration `json:"run,omitempty"`     // engines: how long to churn
+	CacheDir string        `json:"cache_dir,omitempty"`
+	Procs    int           `json:"procs,omitempty"`
+}
+
+// genReady is a generator's "ready": its NATS URL and what the replica
+// must end up with.
+type genReady struct {
+	URL      string            `json:"url"`
+	Blocks   int64             `json:"blocks,omitempty"` // ingest: per round (a lap of every worker)
+	Keys     int64             `json:"keys,omitempty"`
+	Resident int64             `json:"resident,omitempty"`
+	Bytes    int64             `json:"bytes,omitempty"`
+	Digests  map[string]string `json:"digests,omitempty"`
+	Config   string            `json:"config,omitempty"` // engines: the agent's configuration, YAML
+}
+
+// genDone is what a generator did: its "done" (published), "cpu" (its
+// CPU so far) and "floor" (the restore floor) messages.
+type genDone struct {
+	Blocks     int64 `json:"blocks,omitempty"`
+	WallNs     int64 `json:"wall_ns,omitempty"`
+	CPUNs      int64 `json:"cpu_ns"`
+	Slow       int64 `json:"slow_consumers,omitempty"`
+	AgentP50Ns int64 `json:"agent_p50_ns,omitempty"`
+	AgentP99Ns int64 `json:"agent_p99_ns,omitempty"`
+}
+
+// rate is the new blocks a second published.
+func (d *genDone) rate() float64 {
+	if d.WallNs <= 0 {
+		return 0
+	}
+	return float64(d.Blocks) / time.Duration(d.WallNs).Seconds()
+}
+
+// Shared is what every two-process benchmark reports beside its own
+// figures.
+type Shared struct {
+	// ReplicaCPU and GeneratorCPU are the two processes' CPU over the
+	// measured phase; OtherCPU other processes' meanwhile.
+	ReplicaCPU   time.Duration `json:"replica_cpu_ns"`
+	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
+	OtherCPU     time.Duration `json:"other_cpu_ns"`
+	// DigestsOK says every worker's digest in the replica equals its
+	// source's.
+	DigestsOK bool `json:"digests_ok"`
+	// LoadBefore and LoadAfter are the 1-minute load average around the
+	// run.
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
+}
+
+// other sets OtherCPU from the machine's busy CPU over the measured phase.
+func (s *Shared) other(busy0, busy1 time.Duration) {
+	s.OtherCPU = max(0, busy1-busy0-s.ReplicaCPU-s.GeneratorCPU)
+}
+
+// startGen starts generator role name and waits for its "ready".
+func startGen(ctx context.Context, name string, o genOpts, timeout time.Duration) (*child, *genReady, error) {
+	gen, err := startChild(ctx, name, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ready genReady
+	if _, err := gen.await("ready", &ready, timeout); err != nil {
+		gen.Kill()
+		return nil, nil, err
+	}
+	return gen, &ready, nil
+}
+
+// startReplica starts the replica role with GOMAXPROCS procs (0: Go's
+// default) and waits until its workers are live.
+func startReplica(ctx context.Context, o replicaOpts, procs int) (*child, *liveReport, time.Time, error) {
+	var env []string
+	if procs > 0 {
+		env = []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
+	}
+	rep, err := startChild(ctx, "replica", o, env...)
+	if err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	var live liveReport
+	at, err := rep.await("live", &live, 2*time.Minute)
+	if err != nil {
+		rep.Kill()
+		return nil, nil, at, err
+	}
+	return rep, &live, at, nil
 }
 
 // finish lets both processes of a benchmark end, the replica first.
-func finish(gen, rep *child) error {
+func finish(gen, rep *child, s *Shared) error {
 	if err := rep.finish(30 * time.Second); err != nil {
 		return err
 	}
-	return gen.finish(time.Minute)
+	if err := gen.finish(time.Minute); err != nil {
+		return err
+	}
+	s.LoadAfter = proc.LoadAvg()[0]
+	return nil
 }
 
 // child is a role running in another process.
@@ -239,6 +347,15 @@ func (c *child) send(cmd string) error {
 		return fmt.Errorf("fleetbench: %s: command %q: %w", c.Name, cmd, err)
 	}
 	return nil
+}
+
+// ask sends command cmd and awaits its answer, an event of that name.
+func (c *child) ask(cmd string, v any, timeout time.Duration) error {
+	if err := c.send(cmd); err != nil {
+		return err
+	}
+	_, err := c.await(cmd, v, timeout)
+	return err
 }
 
 // finish closes the child's stdin and waits for it to exit.

@@ -3,6 +3,7 @@ package fleetbench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"sync"
 	"time"
@@ -26,11 +27,11 @@ type SyncOptions struct {
 	Profile string
 	// SnapshotConcurrency is passed to the replica's Source (0: default).
 	SnapshotConcurrency int
-	// Target is the goal for the time to all live.
-	Target time.Duration
 }
 
-// SyncResult is what the sync benchmark measured.
+// SyncResult is what the sync benchmark measured. Its CPU figures are
+// until the replica was live (the generator's: its agents serving
+// snapshots, and the embedded nats-server).
 type SyncResult struct {
 	Workers  int   `json:"workers"`
 	Keys     int64 `json:"keys"`
@@ -42,13 +43,6 @@ type SyncResult struct {
 	// start (after the runtime's and the binary's initialisation).
 	Ready        time.Duration `json:"ready_ns"`
 	ReplicaReady time.Duration `json:"replica_ready_ns"`
-	// ReplicaCPU and GeneratorCPU are the CPU the two processes used
-	// until then (the generator's: its agents serving snapshots, and the
-	// embedded nats-server); OtherCPU what other processes of the machine
-	// used meanwhile.
-	ReplicaCPU   time.Duration `json:"replica_cpu_ns"`
-	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
-	OtherCPU     time.Duration `json:"other_cpu_ns"`
 	// PeakRSS is the replica's peak resident set size; HeapInuse its
 	// heap after a GC once live.
 	PeakRSS   int64 `json:"peak_rss"`
@@ -57,45 +51,13 @@ type SyncResult struct {
 	// failed ones (a load retried after a failure is counted again).
 	Replays        int64 `json:"replays"`
 	ReplayFailures int64 `json:"replay_failures"`
-	// DigestsOK says every worker's digest equals its agent's.
-	DigestsOK bool `json:"digests_ok"`
 	// Floor is restoring the same snapshots from their encoding into a
 	// fresh index with no NATS, on as many goroutines as the replica has
 	// cores (the generator process, after the replica has exited);
 	// FloorCPU its CPU.
 	Floor    time.Duration `json:"floor_ns"`
 	FloorCPU time.Duration `json:"floor_cpu_ns"`
-	// LoadBefore and LoadAfter are the 1-minute load average around the
-	// run.
-	LoadBefore float64 `json:"load_before"`
-	LoadAfter  float64 `json:"load_after"`
-}
-
-// syncGenOpts configure the sync generator role.
-type syncGenOpts struct {
-	Workers  int    `json:"workers"`
-	Shape    Shape  `json:"shape"`
-	Seed     uint64 `json:"seed"`
-	CacheDir string `json:"cache_dir"`
-	Procs    int    `json:"procs"`
-}
-
-type syncReady struct {
-	URL      string            `json:"url"`
-	Keys     int64             `json:"keys"`
-	Resident int64             `json:"resident"`
-	Bytes    int64             `json:"bytes"`
-	Digests  map[string]string `json:"digests"`
-}
-
-type cpuReport struct {
-	CPUNs int64 `json:"cpu_ns"`
-	Slow  int64 `json:"slow_consumers"`
-}
-
-type floorReport struct {
-	WallNs int64 `json:"wall_ns"`
-	CPUNs  int64 `json:"cpu_ns"`
+	Shared
 }
 
 // Sync runs the sync benchmark: a generator process (the embedded
@@ -103,66 +65,47 @@ type floorReport struct {
 // precomputed snapshot) and a replica process started once every agent
 // is registered.
 func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
-	res := &SyncResult{Workers: o.Workers, LoadBefore: proc.LoadAvg()[0]}
+	res := &SyncResult{Workers: o.Workers}
+	res.LoadBefore = proc.LoadAvg()[0]
 	procs := runtime.NumCPU()
-	gen, err := startChild(ctx, "sync-gen", syncGenOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs})
+	gen, ready, err := startGen(ctx, "sync-gen", genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer gen.Kill()
-	var ready syncReady
-	if _, err := gen.await("ready", &ready, 10*time.Minute); err != nil {
-		return nil, err
-	}
 	res.Keys, res.Resident, res.SnapshotBytes = ready.Keys, ready.Resident, ready.Bytes
-	var c0, c1 cpuReport
-	if err := gen.send("cpu"); err != nil {
-		return nil, err
-	}
-	if _, err := gen.await("cpu", &c0, time.Minute); err != nil {
+	var c0, c1, fl genDone
+	if err := gen.ask("cpu", &c0, time.Minute); err != nil {
 		return nil, err
 	}
 	busy0 := proc.BusyCPU()
-	rep, err := startChild(ctx, "replica", replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency},
-		replicaEnv(procs)...)
+	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency}, procs)
 	if err != nil {
 		return nil, err
 	}
 	defer rep.Kill()
-	var live liveReport
-	at, err := rep.await("live", &live, 2*time.Minute)
-	if err != nil {
-		return nil, err
-	}
 	busy1 := proc.BusyCPU()
 	res.Ready = at.Sub(rep.started)
 	res.ReplicaReady = time.Duration(live.SinceStartNs)
 	res.ReplicaCPU = time.Duration(live.CPUNs)
 	res.PeakRSS, res.HeapInuse = live.PeakRSS, live.HeapInuse
 	res.Replays, res.ReplayFailures = live.Replays, live.ReplayFailures
-	if err := gen.send("cpu"); err != nil {
+	if err := gen.ask("cpu", &c1, time.Minute); err != nil {
 		return nil, err
 	}
-	if _, err := gen.await("cpu", &c1, time.Minute); err != nil {
-		return nil, err
-	}
-	res.GeneratorCPU = time.Duration(c1.CPUNs - c0.CPUNs)
 	// The CPU of both processes until the replica was live is counted
 	// in busy; the replica's from its exec, the generator's from c0.
-	res.OtherCPU = max(0, busy1-busy0-res.ReplicaCPU-res.GeneratorCPU)
+	res.GeneratorCPU = time.Duration(c1.CPUNs - c0.CPUNs)
+	res.other(busy0, busy1)
 	var dig digestsReport
 	if _, err := rep.await("digests", &dig, time.Minute); err != nil {
 		return nil, err
 	}
-	res.DigestsOK = sameDigests(dig.Digests, ready.Digests)
+	res.DigestsOK = maps.Equal(dig.Digests, ready.Digests)
 	if err := rep.finish(30 * time.Second); err != nil {
 		return nil, err
 	}
-	if err := gen.send("floor"); err != nil {
-		return nil, err
-	}
-	var fl floorReport
-	if _, err := gen.await("floor", &fl, 5*time.Minute); err != nil {
+	if err := gen.ask("floor", &fl, 5*time.Minute); err != nil {
 		return nil, err
 	}
 	res.Floor, res.FloorCPU = time.Duration(fl.WallNs), time.Duration(fl.CPUNs)
@@ -173,35 +116,16 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	return res, nil
 }
 
-// sameDigests reports whether got has want's pods with want's digests.
-func sameDigests(got, want map[string]string) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for k, v := range want {
-		if got[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Reporter) error {
+func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	recs, err := loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers)
 	if err != nil {
 		return err
 	}
-	ns, err := startNATS()
-	if err != nil {
-		return err
-	}
-	defer ns.close()
-	fa, err := startAgents(ctx, ns.url(), recs, o.Shape.BlockSize)
+	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
 	if err != nil {
 		return err
 	}
 	defer fa.stop()
-	r := syncReady{URL: ns.url(), Digests: fa.digests()}
 	for _, rec := range recs {
 		r.Keys += int64(rec.Keys)
 		r.Resident += rec.Resident
@@ -221,19 +145,18 @@ func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Rep
 			}
 			cmd = c
 		}
+		var err error
 		switch cmd {
 		case "cpu":
-			if err := out.Send("cpu", cpuReport{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.slowConsumers()}); err != nil {
-				return err
-			}
+			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: fa.ns.SlowConsumers()})
 		case "floor":
-			fl, err := restoreFloor(recs, o.Procs)
-			if err != nil {
-				return err
+			var fl *genDone
+			if fl, err = restoreFloor(recs, o.Procs); err == nil {
+				err = out.Send("floor", fl)
 			}
-			if err := out.Send("floor", fl); err != nil {
-				return err
-			}
+		}
+		if err != nil {
+			return err
 		}
 	}
 }
@@ -242,7 +165,7 @@ func runSyncGenerator(ctx context.Context, o syncGenOpts, in *Commands, out *Rep
 // keyed workers of a fresh index, as a replica's sink does
 // (UnmarshalBinary into a reused segment, then Worker.Restore), on procs
 // goroutines: what a replica's sync costs without NATS.
-func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
+func restoreFloor(recs []*Recorded, procs int) (*genDone, error) {
 	runtime.GC()
 	ix := indexer.New(indexer.Config{})
 	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
@@ -278,7 +201,7 @@ func restoreFloor(recs []*Recorded, procs int) (*floorReport, error) {
 		}()
 	}
 	wg.Wait()
-	fl := &floorReport{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
+	fl := &genDone{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
 	select {
 	case err := <-errs:
 		return nil, err

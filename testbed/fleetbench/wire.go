@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/nats-io/nats.go"
 )
 
@@ -48,25 +49,20 @@ type WireResult struct {
 // published through natsbus.Agent.Publish (encodeDelta, the protobuf) into
 // an embedded nats-server, and counted as a subscriber receives them.
 func Wire(ctx context.Context) (*WireResult, error) {
-	ns, err := startNATS()
+	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
 		return nil, err
 	}
-	defer ns.close()
+	defer ns.Close()
 	res := &WireResult{}
-	shapes := []struct {
-		name  string
-		shape Shape
-	}{{"realistic", DefaultShape()}}
+	names, shapes := []string{"realistic"}, []Shape{DefaultShape()}
 	for _, n := range []int{1, 16, 256} {
 		per := min(n, 16)
-		shapes = append(shapes, struct {
-			name  string
-			shape Shape
-		}{fmt.Sprintf("batch %d", n), Shape{Ring: 256, Window: 128, Requests: n / per, MinBlocks: per, MaxBlocks: per, BlockSize: 16}})
+		names = append(names, fmt.Sprintf("batch %d", n))
+		shapes = append(shapes, Shape{Ring: 256, Window: 128, Requests: n / per, MinBlocks: per, MaxBlocks: per, BlockSize: 16})
 	}
-	for _, sc := range shapes {
-		c, subject, err := wireCase(ctx, ns.url(), sc.name, sc.shape)
+	for i, sh := range shapes {
+		c, subject, err := wireCase(ctx, ns.URL(), names[i], sh)
 		if err != nil {
 			return nil, err
 		}

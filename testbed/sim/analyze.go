@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/kvindex/kvindex/testbed/sim/metrics"
@@ -231,7 +230,7 @@ func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, "\np99 TTFT:")
-	if err := writeSweepP99(w, points); err != nil {
+	if err := writeSweepGrid(w, points, func(_ *SweepPoint, r *metrics.Result) string { return secs(r.TTFTP99) }, nil); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\nverdict: %s\n", Verdict(reuse, ac.Window, points))
@@ -243,24 +242,6 @@ func ratio(a, b int64) float64 {
 		return 0
 	}
 	return float64(a) / float64(b)
-}
-
-// writeSweepP99 prints p99 TTFT per cache size and router.
-func writeSweepP99(w io.Writer, points []SweepPoint) error {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "blocks/engine\t")
-	for _, r := range points[0].Results {
-		fmt.Fprintf(tw, "%s\t", r.Router)
-	}
-	fmt.Fprintln(tw)
-	for _, p := range points {
-		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
-		for i := range p.Results {
-			fmt.Fprintf(tw, "%s\t", secs(p.Results[i].TTFTP99))
-		}
-		fmt.Fprintln(tw)
-	}
-	return tw.Flush()
 }
 
 // Verdict is the one-line answer to "does cache-aware routing pay on this

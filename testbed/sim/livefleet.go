@@ -2,13 +2,10 @@ package sim
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvindex/kvindex/api"
@@ -16,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/daemon"
 	kvfleet "github.com/kvindex/kvindex/fleet"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
 // fleetRig is live mode's fleet shape: an embedded NATS server
@@ -24,8 +22,7 @@ import (
 // kvindex serve replicas that know no engine and follow the agents over
 // NATS; the routers ask the replicas over gRPC, in turn.
 type fleetRig struct {
-	ns       *server.Server
-	dir      string
+	ns       *embednats.Server
 	conns    []*nats.Conn
 	replicas []*daemon.Daemon
 	addrs    []string
@@ -42,18 +39,10 @@ func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet, n int) (r *f
 			r.stop()
 		}
 	}()
-	if r.dir, err = os.MkdirTemp("", "kvsim-nats-"); err != nil {
-		return nil, fmt.Errorf("sim: fleet: %w", err)
+	if r.ns, err = embednats.Start("kvsim"); err != nil {
+		return nil, err
 	}
-	r.ns, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: r.dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		return nil, fmt.Errorf("sim: fleet: NATS server: %w", err)
-	}
-	go r.ns.Start()
-	if !r.ns.ReadyForConnections(10 * time.Second) {
-		return nil, errors.New("sim: fleet: NATS server not ready in 10 s")
-	}
-	nats := config.NATS{URL: r.ns.ClientURL()}
+	nats := config.NATS{URL: r.ns.URL()}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	log := o.Logger
@@ -128,7 +117,7 @@ func (r *fleetRig) waitDiscovered(ctx context.Context, clients []*api.Client, fl
 	return nil
 }
 
-// stop ends everything and removes the NATS store.
+// stop ends everything.
 func (r *fleetRig) stop() {
 	if r.cancel != nil {
 		r.cancel()
@@ -140,11 +129,7 @@ func (r *fleetRig) stop() {
 		nc.Close()
 	}
 	if r.ns != nil {
-		r.ns.Shutdown()
-		r.ns.WaitForShutdown()
-	}
-	if r.dir != "" {
-		_ = os.RemoveAll(r.dir)
+		r.ns.Close()
 	}
 }
 

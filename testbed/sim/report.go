@@ -103,31 +103,16 @@ func WriteSweepTable(w io.Writer, points []SweepPoint) error {
 		return nil
 	}
 	withBound := points[0].Bounds != nil
-	header := func(tw io.Writer) {
-		fmt.Fprint(tw, "blocks/engine\t")
-		for _, r := range points[0].Results {
-			fmt.Fprintf(tw, "%s\t", r.Router)
-		}
-		if withBound {
-			fmt.Fprint(tw, "bound\t")
-		}
-		fmt.Fprintln(tw)
+	bound := func(p *SweepPoint) string { return pct(p.Bounds.TokenHitRate()) }
+	if !withBound {
+		bound = nil
 	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	header(tw)
 	rejected := false
-	for _, p := range points {
-		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
-		for i := range p.Results {
-			fmt.Fprintf(tw, "%s\t", sweepCell(&p.Results[i]))
-			rejected = rejected || p.Results[i].Rejected > 0
-		}
-		if withBound {
-			fmt.Fprintf(tw, "%s\t", pct(p.Bounds.TokenHitRate()))
-		}
-		fmt.Fprintln(tw)
-	}
-	if err := tw.Flush(); err != nil {
+	err := writeSweepGrid(w, points, func(_ *SweepPoint, r *metrics.Result) string {
+		rejected = rejected || r.Rejected > 0
+		return sweepCell(r)
+	}, bound)
+	if err != nil {
 		return err
 	}
 	if rejected {
@@ -137,14 +122,32 @@ func WriteSweepTable(w io.Writer, points []SweepPoint) error {
 		return nil
 	}
 	fmt.Fprintln(w, "\nCached tokens as a fraction of the bound (an infinite cache):")
-	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	header(tw)
-	for _, p := range points {
+	return writeSweepGrid(w, points, func(p *SweepPoint, r *metrics.Result) string { return pct(p.Bounds.OfBound(r)) },
+		func(*SweepPoint) string { return pct(1) })
+}
+
+// writeSweepGrid prints one row per cache size and a column per router
+// holding cell's text, then a "bound" column when bound is not nil.
+func writeSweepGrid(w io.Writer, points []SweepPoint, cell func(*SweepPoint, *metrics.Result) string, bound func(*SweepPoint) string) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "blocks/engine\t")
+	for _, r := range points[0].Results {
+		fmt.Fprintf(tw, "%s\t", r.Router)
+	}
+	if bound != nil {
+		fmt.Fprint(tw, "bound\t")
+	}
+	fmt.Fprintln(tw)
+	for i := range points {
+		p := &points[i]
 		fmt.Fprintf(tw, "%d\t", p.CacheBlocks)
-		for i := range p.Results {
-			fmt.Fprintf(tw, "%s\t", pct(p.Bounds.OfBound(&p.Results[i])))
+		for j := range p.Results {
+			fmt.Fprintf(tw, "%s\t", cell(p, &p.Results[j]))
 		}
-		fmt.Fprintf(tw, "%s\t\n", pct(1))
+		if bound != nil {
+			fmt.Fprintf(tw, "%s\t", bound(p))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
@@ -210,22 +213,7 @@ func WriteSweepCSV(dir string, points []SweepPoint) error {
 }
 
 func writeCSV(path string, rows [][]string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("sim: %w", err)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("sim: %w", err)
-	}
-	cw := csv.NewWriter(f)
-	if err := cw.WriteAll(rows); err != nil {
-		f.Close()
-		return fmt.Errorf("sim: write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("sim: write %s: %w", path, err)
-	}
-	return nil
+	return writeFile(path, func(w io.Writer) error { return csv.NewWriter(w).WriteAll(rows) })
 }
 
 // WriteCharts writes ttft_cdf.svg and hit_ttft.svg for results into dir,
@@ -246,7 +234,7 @@ func WriteCharts(dir, prefix, subtitle string, results []metrics.Result) error {
 		}
 		cdf.Series = append(cdf.Series, s)
 	}
-	if err := writeSVG(filepath.Join(dir, prefix+"ttft_cdf.svg"), cdf.WriteSVG); err != nil {
+	if err := writeFile(filepath.Join(dir, prefix+"ttft_cdf.svg"), cdf.WriteSVG); err != nil {
 		return err
 	}
 	bars := chart.BarChart{
@@ -262,7 +250,7 @@ func WriteCharts(dir, prefix, subtitle string, results []metrics.Result) error {
 		bars.Values[0][i] = 100 * results[i].TokenHitRate()
 		bars.Values[1][i] = results[i].TTFTP99.Seconds()
 	}
-	return writeSVG(filepath.Join(dir, prefix+"hit_p99.svg"), bars.WriteSVG)
+	return writeFile(filepath.Join(dir, prefix+"hit_p99.svg"), bars.WriteSVG)
 }
 
 // WriteSweepChart writes hit_vs_cache.svg into dir.
@@ -290,10 +278,11 @@ func WriteSweepChart(dir, prefix, subtitle string, points []SweepPoint) error {
 	if c.Y.Max == 0 {
 		c.Y.Max = 10
 	}
-	return writeSVG(filepath.Join(dir, prefix+"hit_vs_cache.svg"), c.WriteSVG)
+	return writeFile(filepath.Join(dir, prefix+"hit_vs_cache.svg"), c.WriteSVG)
 }
 
-func writeSVG(path string, write func(io.Writer) error) error {
+// writeFile creates path (and its directory) and writes it with write.
+func writeFile(path string, write func(io.Writer) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
@@ -303,10 +292,10 @@ func writeSVG(path string, write func(io.Writer) error) error {
 	}
 	if err := write(f); err != nil {
 		f.Close()
-		return fmt.Errorf("sim: chart %s: %w", path, err)
+		return fmt.Errorf("sim: write %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("sim: chart %s: %w", path, err)
+		return fmt.Errorf("sim: write %s: %w", path, err)
 	}
 	return nil
 }

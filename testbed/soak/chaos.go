@@ -14,9 +14,7 @@ import (
 // runEngine steps engine e every StepInterval, starting at an offset of
 // its own.
 func (r *runner) runEngine(ctx context.Context, e *Engine, i int) {
-	select {
-	case <-time.After(time.Duration(i) * r.opts.StepInterval / time.Duration(len(r.engines))):
-	case <-ctx.Done():
+	if !sleep(ctx, time.Duration(i)*r.opts.StepInterval/time.Duration(len(r.engines))) {
 		return
 	}
 	every(ctx, r.opts.StepInterval, func(int) bool {
@@ -63,9 +61,7 @@ func (r *runner) schedule() []action {
 func (r *runner) runChaos(ctx context.Context) {
 	start := time.Now()
 	for _, a := range r.schedule() {
-		select {
-		case <-time.After(time.Until(start.Add(a.at))):
-		case <-ctx.Done():
+		if !sleep(ctx, time.Until(start.Add(a.at))) {
 			return
 		}
 		r.chaos.Lock()
@@ -173,10 +169,7 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	unlock()
 	r.log.Info("daemon restarted", "signal", sig.String(), "process", r.currentProcess())
 	// Time for the client to reconnect before errors count again.
-	select {
-	case <-time.After(2 * time.Second):
-	case <-ctx.Done():
-	}
+	sleep(ctx, 2*time.Second)
 	end()
 	// The new process must have relearned every cache exactly.
 	r.checkpoint(ctx, fmt.Sprintf("after restart %d", r.currentProcess()-1))

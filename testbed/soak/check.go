@@ -69,10 +69,8 @@ func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint
 			sort.Strings(behind)
 			return nil, fmt.Errorf("not applied within %v: %s", timeout, strings.Join(behind, "; "))
 		}
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, 50*time.Millisecond) {
 			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

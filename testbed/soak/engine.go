@@ -315,10 +315,7 @@ func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 	if err := pub.Close(); err != nil {
 		return fmt.Errorf("soak: engine %s: close process %d: %w", e.spec.Worker, e.gen, err)
 	}
-	select {
-	case <-time.After(down):
-	case <-ctx.Done():
-	}
+	sleep(ctx, down)
 	if err := e.startLocked(ctx, e.gen+1); err != nil {
 		return err
 	}

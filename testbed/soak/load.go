@@ -424,10 +424,8 @@ func (l *Load) retryOverloaded(ctx context.Context, do func() error) error {
 			return err
 		}
 		l.checkRefused.Add(1)
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, wait) {
 			return err
-		case <-time.After(wait):
 		}
 		wait = min(2*wait, 400*time.Millisecond)
 	}

@@ -273,6 +273,18 @@ func (r *runner) abort() {
 	r.mu.Unlock()
 }
 
+// sleep waits d and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // every calls f every d, counting its calls from 0, until ctx is done or
 // f returns false.
 func every(ctx context.Context, d time.Duration, f func(i int) bool) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/testbed/fleetbench"
 )
@@ -52,21 +53,28 @@ func benchCmd[R any](use, short string, run func(ctx context.Context) (R, error)
 	}
 }
 
+// runFlags registers the flags of a benchmark's run: the workload seed,
+// the open-loop rate, how long, and the replica's CPU profile (nil: none).
+func runFlags(f *pflag.FlagSet, seed *uint64, rate *float64, d *time.Duration, profile *string) {
+	f.Uint64Var(seed, "seed", *seed, "first worker's workload seed")
+	f.Float64Var(rate, "rate", *rate, "new blocks a second, all sources together (open loop)")
+	f.DurationVar(d, "duration", *d, "about how long to measure")
+	if profile != nil {
+		f.StringVar(profile, "cpuprofile", "", "CPU profile of the replica while it is measured")
+	}
+}
+
 func newIngest() *cobra.Command {
 	o := fleetbench.IngestOptions{Workers: 32, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e6, Duration: 10 * time.Second}
 	cmd := benchCmd("ingest", "Agents publishing recorded deltas into one replica: new blocks per replica CPU-second",
 		func(ctx context.Context) (*fleetbench.IngestResult, error) { return fleetbench.Ingest(ctx, o) })
-	f := cmd.Flags()
-	f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
-	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
-	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all agents together (open loop)")
-	f.DurationVar(&o.Duration, "duration", o.Duration, "about how long to publish (whole laps of every worker's ring)")
-	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while it ingests")
+	cmd.Flags().IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
+	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
 	return cmd
 }
 
 func newSync() *cobra.Command {
-	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1, Target: 5 * time.Second}
+	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1}
 	cmd := benchCmd("sync", "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
 		func(ctx context.Context) (*fleetbench.SyncResult, error) { return fleetbench.Sync(ctx, o) })
 	f := cmd.Flags()
@@ -82,13 +90,8 @@ func newLag() *cobra.Command {
 	o := fleetbench.LagOptions{Pods: 100, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e5, Duration: 10 * time.Second, WarmRate: 2e6}
 	cmd := benchCmd("lag", "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica)",
 		func(ctx context.Context) (*fleetbench.LagResult, error) { return fleetbench.Lag(ctx, o) })
-	f := cmd.Flags()
-	f.IntVar(&o.Pods, "pods", o.Pods, "engines, one agent each")
-	f.Uint64Var(&o.Seed, "seed", o.Seed, "first engine's workload seed")
-	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all engines together (open loop)")
-	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the engines churn")
-	f.Float64Var(&o.WarmRate, "warm-rate", o.WarmRate, "new blocks a second of the warm-up lap")
-	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while the engines churn")
+	cmd.Flags().IntVar(&o.Pods, "pods", o.Pods, "engines, one agent each")
+	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
 	return cmd
 }
 
@@ -100,14 +103,8 @@ func newAgent() *cobra.Command {
 	o := fleetbench.AgentOptions{Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e4, Settle: 2 * time.Second, Duration: 10 * time.Second, WarmRate: 2e5}
 	cmd := benchCmd("agent", "CPU and memory of the kvindex agent binary beside one pod churning its cache",
 		func(ctx context.Context) (*fleetbench.AgentResult, error) { return fleetbench.AgentCost(ctx, o) })
-	f := cmd.Flags()
-	f.StringVar(&o.Binary, "kvindex", "", "the kvindex binary (default: beside this one, else on PATH)")
-	f.Uint64Var(&o.Seed, "seed", o.Seed, "the engine's workload seed")
-	f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second the engine stores (open loop)")
-	f.DurationVar(&o.Settle, "settle", o.Settle, "wait after the warm-up before measuring")
-	f.DurationVar(&o.Duration, "duration", o.Duration, "how long to measure")
-	f.Float64Var(&o.WarmRate, "warm-rate", o.WarmRate, "new blocks a second of the warm-up lap")
-	f.IntVar(&o.Procs, "agent-procs", 0, "the agent's GOMAXPROCS (0: Go's default, every core or the cgroup's quota)")
+	cmd.Flags().StringVar(&o.Binary, "kvindex", "", "the kvindex binary (default: beside this one, else on PATH)")
+	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, nil)
 	return cmd
 }
 

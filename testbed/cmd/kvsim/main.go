@@ -67,11 +67,8 @@ type flags struct {
 	rc                   sim.RunConfig
 	routers, sweep, wire string
 	policy, guard        string
-	loadWeight           float64
 	verbose              bool
 	prefixesQPS, zipf    float64
-	startQPS, endQPS     float64
-	outputTokens         int
 }
 
 func (f *flags) register(fs *pflag.FlagSet) {
@@ -83,48 +80,36 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&rc.Workload.Pause, "pause", 0, "delay every request after the first by this much (a sparse start)")
 	fs.Uint64Var(&rc.Workload.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
 	fs.IntVar(&rc.Workload.Prefixes.Prefixes, "prefixes", 0, "prefixes: distinct shared prefixes (default 40)")
-	fs.IntVar(&rc.Workload.Prefixes.PrefixTokens, "prefix-tokens", 0, "prefixes: shared prefix length (default 2048)")
-	fs.IntVar(&rc.Workload.Prefixes.SuffixTokens, "suffix-tokens", 0, "prefixes: unique suffix length (default 256)")
 	fs.Float64Var(&f.zipf, "zipf", workload.DefaultZipfS, "prefixes: Zipf exponent of prefix popularity (0: uniform)")
 	fs.Float64Var(&f.prefixesQPS, "qps", 0, "prefixes: Poisson arrival rate (default 20)")
-	fs.IntVar(&rc.Workload.Tenants.Tenants, "tenants", 0, "tenants: number of tenants (default 150)")
-	fs.IntVar(&rc.Workload.Tenants.ContextTokens, "context-tokens", 0, "tenants: shared context per tenant (default 6000)")
-	fs.IntVar(&rc.Workload.Tenants.UsersPerTenant, "users", 0, "tenants: users per tenant (default 5)")
-	fs.IntVar(&rc.Workload.Tenants.QueryTokens, "query-tokens", 0, "tenants: each user's question (default 1200)")
-	fs.Float64Var(&f.startQPS, "start-qps", 0, "tenants: arrival rate at the start of the ramp (default 3)")
-	fs.Float64Var(&f.endQPS, "end-qps", 0, "tenants: arrival rate at the end of the ramp (default 60)")
-	fs.IntVar(&f.outputTokens, "output-tokens", 0, "generators: output tokens per request (defaults: prefixes 128, tenants 256)")
 
 	o := &rc.Options
-	fs.IntVar(&o.Engines, "engines", 0, "number of engines (default: the workload's: 8, or 4 for prefixes)")
+	engineFlags(fs, o)
 	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
-	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
-	fs.IntVar(&o.Engine.MaxNumSeqs, "max-num-seqs", 0, "running requests per engine (default 256)")
-	fs.IntVar(&o.Engine.MaxBatchedTokens, "max-batched-tokens", 0, "token budget per step (default 8192)")
-	tm := &o.Engine.Time
-	*tm = engine.DefaultTimeModel()
-	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
-	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: prefill linear in tokens)")
-	fs.DurationVar(&tm.StepOverhead, "step-overhead", tm.StepOverhead, "fixed cost of a step")
-	fs.DurationVar(&tm.DecodePerSeq, "decode-per-seq", tm.DecodePerSeq, "cost of each decoding request in a step")
-	fs.DurationVar(&tm.DecodePerContextToken, "decode-per-ctx-token", tm.DecodePerContextToken, "cost of each context token of a decoding request")
+	fs.DurationVar(&o.Engine.Time.StepOverhead, "step-overhead", o.Engine.Time.StepOverhead, "fixed cost of a step")
 	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+strings.Join(router.Names, ", "))
 	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
 	fs.StringVar(&f.wire, "wire", "map", "vLLM event encoding: map (v0.26+) or array (older releases)")
 	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
-	fs.IntVar(&o.AffinityTokens, "affinity-tokens", 0, "prefix-hash: prompt tokens hashed (default 1024)")
-	fs.IntVar(&o.Approx.LRUBlocks, "approx-lru-blocks", 0, "approximate: router-side LRU per engine in blocks (default: --cache-blocks)")
-	fs.IntVar(&o.Approx.MaxBlocks, "approx-max-blocks", 0, "approximate: leading blocks matched (default 256)")
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
 	fs.StringVar(&f.guard, "route-guard", "", "precise+load: kvindex hotspot guard sent with Route: cost, static or off")
-	fs.Float64Var(&f.loadWeight, "route-load-weight", 0, "precise+load: kvindex load_weight sent with Route, and the client mode's weight")
-	fs.IntVar(&o.Parallel, "parallel", 0, "simulations at once (default GOMAXPROCS)")
 	fs.StringVar(&f.sweep, "sweep-cache", "", "also sweep cache sizes (blocks per engine, e.g. 4k,8k,16k,32k)")
 	fs.StringVar(&rc.CSVDir, "csv", "", "write CSV files into this directory")
 	fs.StringVar(&rc.ChartsDir, "charts", "", "write SVG charts into this directory")
 	fs.StringVar(&rc.Prefix, "chart-prefix", "", "prefix of chart file names")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log progress to stderr")
+}
+
+// engineFlags registers the fleet's flags run, live and analyze share;
+// o.Engines is the default fleet size (0: the workload's).
+func engineFlags(fs *pflag.FlagSet, o *sim.Options) {
+	fs.IntVar(&o.Engines, "engines", o.Engines, "number of engines (default: the workload's: 8, or 4 for prefixes)")
+	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
+	tm := &o.Engine.Time
+	*tm = engine.DefaultTimeModel()
+	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
+	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: prefill linear in tokens)")
 }
 
 // config turns the parsed flags into the run configuration.
@@ -152,13 +137,10 @@ func (f *flags) config() (sim.RunConfig, error) {
 	}
 	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.Uniform = f.zipf, f.zipf == 0
 	rc.Workload.Prefixes.QPS = f.prefixesQPS
-	rc.Workload.Tenants.StartQPS, rc.Workload.Tenants.EndQPS = f.startQPS, f.endQPS
-	rc.Workload.Prefixes.OutputTokens, rc.Workload.Tenants.OutputTokens = f.outputTokens, f.outputTokens
 	rc.Options.Seed = rc.Workload.Seed
-	if f.policy != "" || f.guard != "" || f.loadWeight != 0 {
-		rc.Options.RoutePolicy = &scoring.Override{Name: f.policy, Guard: f.guard, LoadWeight: f.loadWeight}
+	if f.policy != "" || f.guard != "" {
+		rc.Options.RoutePolicy = &scoring.Override{Name: f.policy, Guard: f.guard}
 	}
-	rc.Options.LoadWeight = f.loadWeight
 	if f.verbose {
 		rc.Options.Logger = progress()
 	}
@@ -233,7 +215,6 @@ func newGrid() *cobra.Command {
 	fs.StringVar(&gc.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
 	fs.Uint64Var(&gc.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
 	fs.IntVar(&gc.Requests, "requests", 0, "shorten every workload to N requests (sessions, tasks for tools; 0: the suite as documented)")
-	fs.IntVar(&gc.Options.Parallel, "parallel", 0, "routers simulated at once within a cell (default GOMAXPROCS)")
 	fs.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	return cmd
 }
@@ -265,7 +246,6 @@ func registerLive(fs *pflag.FlagSet, lo *sim.LiveOptions, printConfig *bool) {
 	fs.Float64Var(&lo.Speedup, "speedup", 1, "virtual seconds per wall-clock second")
 	fs.StringVar(&lo.Addr, "addr", "", "an external kvindex's gRPC address (default: start the daemon in process)")
 	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
-	fs.StringVar(&lo.Host, "host", "127.0.0.1", "address the engines bind")
 	fs.BoolVar(printConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
 	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
 	fs.IntVar(&lo.Replicas, "replicas", 2, "replicas in fleet mode")
@@ -312,7 +292,6 @@ func newAnalyze() *cobra.Command {
 	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
 	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: none)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of engine hashes and tie-breaks")
-	fs.IntVar(&o.Parallel, "parallel", 0, "simulations at once (default GOMAXPROCS)")
 	fs.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	return cmd
 }
