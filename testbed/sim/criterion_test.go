@@ -57,9 +57,9 @@ func TestEvaluateCriterion(t *testing.T) {
 		{
 			// The lowest p99 and a mean 6% above another router's: the mean
 			// term alone misses.
-			name:   "mean just over",
-			rows:   []CriterionRow{withMean(row("precise+load", 0.5, 2*s), 530*ms), withMean(row("approximate", 0.3, 3*s), 500*ms)},
-			p99OK:  true, meanOK: false, hitOK: true, bestP99: "precise+load", bestMean: "approximate", bestHit: "precise+load",
+			name:  "mean just over",
+			rows:  []CriterionRow{withMean(row("precise+load", 0.5, 2*s), 530*ms), withMean(row("approximate", 0.3, 3*s), 500*ms)},
+			p99OK: true, meanOK: false, hitOK: true, bestP99: "precise+load", bestMean: "approximate", bestHit: "precise+load",
 			meanExcess: 0.06, share: 1,
 		},
 		{
