@@ -9,13 +9,13 @@ import (
 
 // The criterion precise+load is held to on every cell of the grid: its
 // p99 TTFT within P99Slack of the lowest of all routers (ttft-greedy
-// included), its token hit rate at least HitShare1x of the best of any
-// router at the base rate and HitShare2x above it, and no router better
-// on both.
+// included), its mean TTFT within MeanSlack of the lowest mean, its token
+// hit rate at least HitShare of the best of any router, and no router
+// better on both p99 and hit rate.
 const (
-	P99Slack   = 0.05
-	HitShare1x = 0.95
-	HitShare2x = 0.90
+	P99Slack  = 0.05
+	MeanSlack = 0.05
+	HitShare  = 0.90
 )
 
 // CriterionRow is what the criterion reads of one router's result.
@@ -24,8 +24,8 @@ type CriterionRow struct {
 	Router string
 	// HitRate is the share of prompt tokens found cached.
 	HitRate float64
-	// P99 is the p99 TTFT.
-	P99 time.Duration
+	// P99 and Mean are the p99 and mean TTFT.
+	P99, Mean time.Duration
 	// Scheduled is how many requests reached first token (0: none ran,
 	// the row takes no part).
 	Scheduled int
@@ -33,33 +33,38 @@ type CriterionRow struct {
 
 // Criterion is the criterion evaluated on one cell.
 type Criterion struct {
-	// Rate is the cell's rate multiplier; above 1 the hit target is
-	// HitShare2x.
-	Rate float64
 	// P99 is precise+load's p99; BestP99 the lowest of any router's
 	// (precise+load's own included), by BestP99Router.
 	P99, BestP99  time.Duration
 	BestP99Router string
+	// Mean is precise+load's mean TTFT; BestMean the lowest of any
+	// router's, by BestMeanRouter.
+	Mean, BestMean time.Duration
+	BestMeanRouter string
 	// Hit is precise+load's hit rate; BestHit the highest of any
-	// router's, by BestHitRouter; HitTarget the share of it required.
+	// router's, by BestHitRouter.
 	Hit, BestHit  float64
 	BestHitRouter string
-	HitTarget     float64
-	// P99OK and HitOK say whether each half holds; Dominated lists the
-	// routers with both a lower p99 and a higher hit rate.
-	P99OK, HitOK bool
-	Dominated    []string
+	// P99OK, MeanOK and HitOK say whether each term holds; Dominated
+	// lists the routers with both a lower p99 and a higher hit rate.
+	P99OK, MeanOK, HitOK bool
+	Dominated            []string
 }
 
-// Met reports whether every part of the criterion holds.
-func (c *Criterion) Met() bool { return c.P99OK && c.HitOK && len(c.Dominated) == 0 }
+// Met reports whether every term of the criterion holds.
+func (c *Criterion) Met() bool { return c.P99OK && c.MeanOK && c.HitOK && len(c.Dominated) == 0 }
 
 // P99Excess is precise+load's p99 above the lowest, as a fraction.
-func (c *Criterion) P99Excess() float64 {
-	if c.BestP99 <= 0 {
+func (c *Criterion) P99Excess() float64 { return excess(c.P99, c.BestP99) }
+
+// MeanExcess is precise+load's mean TTFT above the lowest, as a fraction.
+func (c *Criterion) MeanExcess() float64 { return excess(c.Mean, c.BestMean) }
+
+func excess(v, best time.Duration) float64 {
+	if best <= 0 {
 		return 0
 	}
-	return float64(c.P99-c.BestP99) / float64(c.BestP99)
+	return float64(v-best) / float64(best)
 }
 
 // HitShare is precise+load's hit rate as a fraction of the best.
@@ -70,13 +75,10 @@ func (c *Criterion) HitShare() float64 {
 	return c.Hit / c.BestHit
 }
 
-// EvaluateCriterion evaluates the criterion on one cell's rows at rate.
-// It fails when precise+load is missing or ran no request.
-func EvaluateCriterion(rows []CriterionRow, rate float64) (Criterion, error) {
-	c := Criterion{Rate: rate, HitTarget: HitShare1x}
-	if rate > 1 {
-		c.HitTarget = HitShare2x
-	}
+// EvaluateCriterion evaluates the criterion on one cell's rows. It fails
+// when precise+load is missing or ran no request.
+func EvaluateCriterion(rows []CriterionRow) (Criterion, error) {
+	var c Criterion
 	var pl *CriterionRow
 	for i := range rows {
 		if rows[i].Router == router.PreciseLoad {
@@ -89,8 +91,9 @@ func EvaluateCriterion(rows []CriterionRow, rate float64) (Criterion, error) {
 	if pl.Scheduled == 0 {
 		return c, fmt.Errorf("sim: criterion: %s scheduled no request", router.PreciseLoad)
 	}
-	c.P99, c.Hit = pl.P99, pl.HitRate
+	c.P99, c.Mean, c.Hit = pl.P99, pl.Mean, pl.HitRate
 	c.BestP99, c.BestP99Router = pl.P99, pl.Router
+	c.BestMean, c.BestMeanRouter = pl.Mean, pl.Router
 	c.BestHit, c.BestHitRouter = pl.HitRate, pl.Router
 	for i := range rows {
 		r := &rows[i]
@@ -100,6 +103,9 @@ func EvaluateCriterion(rows []CriterionRow, rate float64) (Criterion, error) {
 		if r.P99 < c.BestP99 {
 			c.BestP99, c.BestP99Router = r.P99, r.Router
 		}
+		if r.Mean < c.BestMean {
+			c.BestMean, c.BestMeanRouter = r.Mean, r.Router
+		}
 		if r.HitRate > c.BestHit {
 			c.BestHit, c.BestHitRouter = r.HitRate, r.Router
 		}
@@ -108,6 +114,7 @@ func EvaluateCriterion(rows []CriterionRow, rate float64) (Criterion, error) {
 		}
 	}
 	c.P99OK = float64(c.P99) <= (1+P99Slack)*float64(c.BestP99)
-	c.HitOK = c.Hit >= c.HitTarget*c.BestHit
+	c.MeanOK = float64(c.Mean) <= (1+MeanSlack)*float64(c.BestMean)
+	c.HitOK = c.Hit >= HitShare*c.BestHit
 	return c, nil
 }

@@ -175,9 +175,9 @@ func newGrid() *cobra.Command {
 		Short: "Run the workload suite's grid (workloads x rates x cache sizes) and check precise+load's criterion per cell",
 		Long: "grid runs every picked cell (a workload of the suite at a rate multiplier on 8 engines of a cache\n" +
 			"size) one after another in virtual time, writes each cell's table and CSV into <dir>/<cell>/, then\n" +
-			"evaluates the criterion on every cell found under <dir> (precise+load's p99 TTFT within 5% of the\n" +
-			"lowest of all routers, its token hit rate >= 95% of the best at 1x and >= 90% above, no router\n" +
-			"better on both) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
+			"evaluates the criterion on every cell found under <dir> (precise+load's p99 and mean TTFT each\n" +
+			"within 5% of the lowest of all routers, its token hit rate >= 90% of the best, no router better on\n" +
+			"both p99 and hit rate) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
 			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
