@@ -66,13 +66,14 @@ func TestCannedAnswer(t *testing.T) {
 			t.Errorf("prompt %d: %d workers in the canned answer, want %d", i, len(got.GetWorkers()), shape.Workers)
 		}
 	}
-	rep, err := Bench(ctx, Options{Addr: c.Addr, Check: true, Shape: shape, Client: "grpc",
-		Load: Config{Rate: 200, Duration: 500 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second}})
+	load := Config{Rate: 200, Duration: 500 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second}
+	rep, err := Bench(ctx, Options{Addr: c.Addr, Check: true, Shape: shape, Client: "grpc", Load: load, Warmup: Config{Rate: 200, Duration: 100 * time.Millisecond, Concurrency: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Sent != 100 || rep.Errors != 0 || rep.Refused != 0 {
-		t.Fatalf("checked run against the canned server: sent %d, errors %d (first: %s), refused %d; want 100, 0, 0", rep.Sent, rep.Errors, rep.FirstError, rep.Refused)
+	if rep.Sent != 100 || rep.WarmupSent != 20 || rep.Errors != 0 || rep.Refused != 0 {
+		t.Fatalf("checked run against the canned server: sent %d after %d warming up, errors %d (first: %s), refused %d; want 100 after 20, 0, 0",
+			rep.Sent, rep.WarmupSent, rep.Errors, rep.FirstError, rep.Refused)
 	}
 }
 
