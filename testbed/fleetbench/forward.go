@@ -304,6 +304,7 @@ func lagFloor(ctx context.Context, o LagOptions, batches int, res *LagFloor) err
 	res.FloorProblems = r.Problems + (done.Batches - done.Forwarded)
 	res.FloorP50, res.FloorP99, res.FloorMax = time.Duration(r.P50Ns), time.Duration(r.P99Ns), time.Duration(r.MaxNs)
 	res.FloorReplicaCPU, res.FloorGeneratorCPU = time.Duration(r.CPUNs), time.Duration(done.CPUNs)
+	res.FloorRate = done.rate()
 	if err := sk.finish(30 * time.Second); err != nil {
 		return err
 	}

@@ -57,6 +57,8 @@ type LagFloor struct {
 	FloorForwarded int64 `json:"floor_forwarded"`
 	FloorReceived  int64 `json:"floor_received"`
 	FloorProblems  int64 `json:"floor_problems"`
+	// FloorRate is the new blocks a second the floor's engines sent.
+	FloorRate float64 `json:"floor_rate"`
 	// The CPU of the subscriber's and the generator's processes.
 	FloorReplicaCPU   time.Duration `json:"floor_replica_cpu_ns"`
 	FloorGeneratorCPU time.Duration `json:"floor_generator_cpu_ns"`
@@ -100,6 +102,9 @@ type LagResult struct {
 	Ratio     float64         `json:"p99_ratio"`
 	P99s      []time.Duration `json:"p99s_ns"`
 	FloorP99s []time.Duration `json:"floor_p99s_ns"`
+	// Offered is the rate asked for (Rate and FloorRate are what the
+	// engines kept: below it, the generator fell behind).
+	Offered float64 `json:"offered_rate"`
 	// Pinned is the CPUs each process ran on (empty: unpinned).
 	Pinned Pinning `json:"pinned"`
 }
@@ -110,7 +115,7 @@ type LagResult struct {
 // floor, the same generator with forwarders in the agents' place and a
 // subscriber process in the replica's (forward.go).
 func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, Pinned: o.Pin}
+	res := &LagResult{Pods: o.Pods, Pinned: o.Pin, Offered: o.Rate}
 	load := proc.LoadAvg()[0]
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
