@@ -475,7 +475,7 @@ lagrow() {
 	awk -v p="$(fget "$n" problems)" -v q="$(fget "$n" floor_problems)" -v r="$(fget "$n" rate)" -v fr="$(fget "$n" floor_rate)" -v o="$(fget "$n" offered_rate)" \
 		'BEGIN { exit !(p == 0 && q == 0 && r >= 0.95 * o && fr >= 0.95 * o) }' || ok=0
 	grep -q '"digests_ok": true' "$OUT/fleet-$n.json" || ok=0
-	ratiorow "$2, $(awk -v r="$(fget "$n" offered_rate)" -v k="$(fget "$n" rate)" 'BEGIN { printf "%.0f k blocks/s (kept %.0f k)", r / 1e3, k / 1e3 }')" "$v" "$f" \
+	ratiorow "$2, $(awk -v r="$(fget "$n" offered_rate)" -v k="$(fget "$n" rate)" 'BEGIN { printf "%.0f k blocks/s, kept %.0f k", r / 1e3, k / 1e3 }')" "$v" "$f" \
 		"$(fmtms "$f") frames ZMQ -> NATS -> subscriber" "$(fmtms "$v")" "$3" "$4" "$ok"
 }
 [[ -f $OUT/fleet-lag.json ]] && lagrow lag "engine -> replica lag p99" max 2.0
