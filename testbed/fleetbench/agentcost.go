@@ -76,7 +76,7 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 		return nil, err
 	}
 	res.Floor, res.Resident = perBlock.Seconds()*o.Rate, resident
-	gen, ready, err := startGen(ctx, "engines-gen", genOpts{Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, WarmRate: o.WarmRate, Run: o.Settle + o.Duration + time.Second}, time.Minute)
+	gen, ready, err := startGen(ctx, "engines-gen", "", genOpts{Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, WarmRate: o.WarmRate, Run: o.Settle + o.Duration + time.Second}, time.Minute)
 	if err != nil {
 		return nil, err
 	}

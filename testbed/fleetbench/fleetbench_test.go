@@ -5,6 +5,9 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
 // The benchmarks themselves run in make bench (scripts/bench.sh) with
@@ -88,5 +91,95 @@ func TestLagHistQuantile(t *testing.T) {
 	}
 	if got := (&lagHist{}).quantile(0.99); got != 0 {
 		t.Fatalf("empty: %v", got)
+	}
+}
+
+// TestForwarderFloor runs the lag floor's parts in process, over real
+// ZeroMQ and a real nats-server: every engine batch sent is forwarded
+// once and received once by the subscriber, with its engine timestamp
+// read (a lag recorded per frame, none unreadable).
+func TestForwarderFloor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns, err := embednats.Start("fleetbench-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	es, err := startEngines(3, DefaultShape(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeEngines(es)
+	fw, err := startForwarders(ctx, ns.URL(), es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := connect(ns.URL(), "fleetbench test subscriber")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var s sink
+	if _, err := s.subscribe(nc); err != nil {
+		t.Fatal(err)
+	}
+	s.lag.start(0)
+	if err := waitSubscribed(ctx, es, 1); err != nil {
+		t.Fatal(err)
+	}
+	const batches = 300
+	if _, err := playEngines(ctx, es, batches, 1e6); err != nil {
+		t.Fatal(err)
+	}
+	if err := fw.caughtUp(ctx, batches); err != nil {
+		t.Fatal(err)
+	}
+	for s.frames.Load() < batches {
+		if err := sleep(ctx, 5*time.Millisecond); err != nil {
+			t.Fatalf("the subscriber got %d of %d frames: %v", s.frames.Load(), batches, err)
+		}
+	}
+	if err := fw.stop(); err != nil {
+		t.Fatal(err)
+	}
+	r := s.lag.report(s.frames.Load())
+	if got := fw.forwarded.Load(); got != batches || fw.failed.Load() != 0 {
+		t.Errorf("forwarded %d (%d failed), want %d", got, fw.failed.Load(), batches)
+	}
+	if s.frames.Load() != batches || r.Deltas != batches || s.bad.Load() != 0 {
+		t.Errorf("subscriber: %d frames, %d lags recorded, %d unreadable; want %d, %d, 0", s.frames.Load(), r.Deltas, s.bad.Load(), batches, batches)
+	}
+	if r.P50Ns <= 0 || r.P50Ns > r.MaxNs || r.MaxNs > int64(time.Minute) {
+		t.Errorf("lag p50 %d ns, max %d ns", r.P50Ns, r.MaxNs)
+	}
+}
+
+// TestBatchTime reads the timestamp of an encoded batch and refuses what
+// is not one.
+func TestBatchTime(t *testing.T) {
+	b, err := events.AppendPayload(nil, &events.Batch{Timestamp: 1234.5}, events.EncodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts, err := batchTime(b); err != nil || ts != 1234.5 {
+		t.Fatalf("timestamp %v (%v), want 1234.5", ts, err)
+	}
+	for _, bad := range [][]byte{nil, {0x93}, {0x93, 0xca, 0, 0, 0, 0, 0, 0, 0, 0}, {0x81, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0}} {
+		if _, err := batchTime(bad); err == nil {
+			t.Errorf("% x: read as a batch", bad)
+		}
+	}
+}
+
+// TestMedianDuration: odd and even counts, and none.
+func TestMedianDuration(t *testing.T) {
+	for _, tc := range []struct {
+		in   []time.Duration
+		want time.Duration
+	}{{nil, 0}, {[]time.Duration{3, 1, 2}, 2}, {[]time.Duration{4, 1, 3, 2}, 2}} {
+		if got := medianDuration(tc.in); got != tc.want {
+			t.Errorf("median of %v: %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }

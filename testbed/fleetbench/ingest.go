@@ -24,6 +24,9 @@ type IngestOptions struct {
 	// Profile, when set, is a CPU profile of the replica while it
 	// ingests.
 	Profile string
+	// Pin is the CPUs of the replica and of the generator; zero: unpinned
+	// (the baseline runs in this process).
+	Pin Pinning
 }
 
 // IngestResult is what the ingest benchmark measured.
@@ -87,12 +90,12 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	recs = nil
-	gen, ready, err := startGen(ctx, "ingest-gen", genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "ingest-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer gen.Kill()
-	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile}, 1)
+	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "ingest", Blocks: ready.Blocks * int64(rounds), Profile: o.Profile}, 1, o.Pin.Replica)
 	if err != nil {
 		return nil, err
 	}

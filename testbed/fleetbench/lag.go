@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -33,6 +34,34 @@ type LagOptions struct {
 	// Profile, when set, is a CPU profile of the replica while the engines
 	// churn.
 	Profile string
+	// Rounds is how many times the floor and the path are each run, in
+	// turn (floor first); the p99s reported are their medians. 0 means 1.
+	Rounds int
+	// Pin is the CPUs of the replica (and the floor's subscriber) and of
+	// the generator (engines with their agents or forwarders, and
+	// nats-server); zero: unpinned.
+	Pin Pinning
+}
+
+// LagFloor is the lag benchmark's floor (forward.go): the same engine
+// frames moved ZeroMQ -> NATS -> a subscriber, with nothing applied.
+type LagFloor struct {
+	FloorP50 time.Duration `json:"floor_p50_ns"`
+	FloorP99 time.Duration `json:"floor_p99_ns"`
+	FloorMax time.Duration `json:"floor_max_ns"`
+	// FloorSent are the engine batches sent while measuring,
+	// FloorForwarded the frames the forwarders published, FloorReceived
+	// those the subscriber got; FloorProblems the frames lost on the way
+	// or unreadable (0 when all three are equal).
+	FloorSent      int64 `json:"floor_sent"`
+	FloorForwarded int64 `json:"floor_forwarded"`
+	FloorReceived  int64 `json:"floor_received"`
+	FloorProblems  int64 `json:"floor_problems"`
+	// FloorRate is the new blocks a second the floor's engines sent.
+	FloorRate float64 `json:"floor_rate"`
+	// The CPU of the subscriber's and the generator's processes.
+	FloorReplicaCPU   time.Duration `json:"floor_replica_cpu_ns"`
+	FloorGeneratorCPU time.Duration `json:"floor_generator_cpu_ns"`
 }
 
 // LagResult is what the lag benchmark measured: the time from an engine
@@ -66,52 +95,101 @@ type LagResult struct {
 	// churn (the generator's: engines, agents and nats-server).
 	Problems int64 `json:"problems"`
 	Shared
+	LagFloor
+	// Ratio is P99 over FloorP99; P99s and FloorP99s each round's, in
+	// order (P99 and FloorP99 are their medians, the other figures the
+	// last round's).
+	Ratio     float64         `json:"p99_ratio"`
+	P99s      []time.Duration `json:"p99s_ns"`
+	FloorP99s []time.Duration `json:"floor_p99s_ns"`
+	// Offered is the rate asked for (Rate and FloorRate are what the
+	// engines kept: below it, the generator fell behind).
+	Offered float64 `json:"offered_rate"`
+	// Pinned is the CPUs each process ran on (empty: unpinned).
+	Pinned Pinning `json:"pinned"`
 }
 
-// Lag runs the lag benchmark: a generator process (the embedded
-// nats-server, the engines and their agents, in process) and a replica
-// process.
+// Lag runs the lag benchmark and its floor, Rounds times each in turn:
+// for the path, a generator process (the embedded nats-server, the
+// engines and their agents, in process) and a replica process; for the
+// floor, the same generator with forwarders in the agents' place and a
+// subscriber process in the replica's (forward.go).
 func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods}
-	res.LoadBefore = proc.LoadAvg()[0]
+	res := &LagResult{Pods: o.Pods, Pinned: o.Pin, Offered: o.Rate}
+	load := proc.LoadAvg()[0]
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
 		return nil, err
 	}
 	batches := int(o.Rate * o.Duration.Seconds() / blocksPerBatch(w))
-	gen, ready, err := startGen(ctx, "lag-gen", genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate}, 10*time.Minute)
+	for range max(o.Rounds, 1) {
+		if err := lagFloor(ctx, o, batches, &res.LagFloor); err != nil {
+			return nil, fmt.Errorf("fleetbench: lag floor: %w", err)
+		}
+		res.FloorP99s = append(res.FloorP99s, res.FloorP99)
+		if err := lagPath(ctx, o, batches, res); err != nil {
+			return nil, err
+		}
+		res.P99s = append(res.P99s, res.P99)
+	}
+	res.LoadBefore = load
+	res.P99, res.FloorP99 = medianDuration(res.P99s), medianDuration(res.FloorP99s)
+	if res.FloorP99 > 0 {
+		res.Ratio = float64(res.P99) / float64(res.FloorP99)
+	}
+	return res, nil
+}
+
+// medianDuration is the median of ds (the mean of the middle two when
+// even); 0 for none.
+func medianDuration(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// lagPath runs the path once and fills res's figures of it.
+func lagPath(ctx context.Context, o LagOptions, batches int, res *LagResult) error {
+	res.LoadBefore = proc.LoadAvg()[0]
+	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate}, 10*time.Minute)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer gen.Kill()
-	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, 0)
+	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, 0, o.Pin.Replica)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rep.Kill()
 	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
-		return nil, err
+		return err
 	}
 	var done genDone
 	if _, err := gen.await("done", &done, o.Duration+time.Minute); err != nil {
-		return nil, err
+		return err
 	}
 	var want, got digestsReport
 	if _, err := gen.await("digests", &want, time.Minute); err != nil {
-		return nil, err
+		return err
 	}
 	time.Sleep(500 * time.Millisecond) // the last deltas reach the replica
 	if err := rep.send("stop"); err != nil {
-		return nil, err
+		return err
 	}
 	var r lagReport
 	if _, err := rep.await("result", &r, time.Minute); err != nil {
-		return nil, err
+		return err
 	}
 	busy1 := proc.BusyCPU()
 	if _, err := rep.await("digests", &got, time.Minute); err != nil {
-		return nil, err
+		return err
 	}
 	res.DigestsOK = maps.Equal(got.Digests, want.Digests)
 	res.Deltas, res.Blocks, res.Problems, res.Late = int64(r.Deltas), r.Blocks, r.Problems, r.Late
@@ -120,7 +198,7 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	res.AgentP50, res.AgentP99 = time.Duration(done.AgentP50Ns), time.Duration(done.AgentP99Ns)
 	res.Rate = done.rate()
 	res.other(busy0, busy1)
-	return res, finish(gen, rep, &res.Shared)
+	return finish(gen, rep, &res.Shared)
 }
 
 func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
@@ -134,44 +212,70 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 		return err
 	}
 	defer closeEngines(es)
-	actx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
-	agents := make([]*fleet.Agent, len(es))
-	for i, e := range es {
-		cfg, err := agentConfig(e, ns.URL())
-		if err != nil {
+	var (
+		agents []*fleet.Agent
+		fw     *forwarders
+	)
+	if o.Floor {
+		if fw, err = startForwarders(ctx, ns.URL(), es); err != nil {
 			return err
 		}
-		nc, err := fleet.Connect(cfg.NATS, "kvfleetbench agent "+e.pod, nil)
-		if err != nil {
-			return err
+		defer fw.stop()
+	} else {
+		actx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() {
+			cancel()
+			wg.Wait()
+		}()
+		agents = make([]*fleet.Agent, len(es))
+		for i, e := range es {
+			cfg, err := agentConfig(e, ns.URL())
+			if err != nil {
+				return err
+			}
+			nc, err := fleet.Connect(cfg.NATS, "kvfleetbench agent "+e.pod, nil)
+			if err != nil {
+				return err
+			}
+			a, err := fleet.NewAgent(actx, cfg, nc, nil)
+			if err != nil {
+				nc.Close()
+				return err
+			}
+			agents[i] = a
+			wg.Add(1)
+			go func(nc *nats.Conn) {
+				defer wg.Done()
+				defer nc.Close()
+				_ = a.Run(actx)
+			}(nc)
 		}
-		a, err := fleet.NewAgent(actx, cfg, nc, nil)
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		agents[i] = a
-		wg.Add(1)
-		go func(nc *nats.Conn) {
-			defer wg.Done()
-			defer nc.Close()
-			_ = a.Run(actx)
-		}(nc)
 	}
 	if err := waitSubscribed(ctx, es, 1); err != nil {
 		return err
 	}
+	// sent counts the batches played; the floor's forwarders have caught
+	// up when they have moved as many frames.
+	var sent int64
+	play := func(count int, rate float64) (int64, error) {
+		blocks, err := playEngines(ctx, es, count, rate)
+		sent += int64(count)
+		return blocks, err
+	}
+	caught := func() error {
+		if o.Floor {
+			return fw.caughtUp(ctx, sent)
+		}
+		return caughtUp(ctx, es, agents)
+	}
 	// The warm-up lap: every worker reaches its steady state before the
-	// replica starts, which then syncs from the agents' snapshots.
-	if _, err := playEngines(ctx, es, len(es)*es[0].w.Len(), o.WarmRate); err != nil {
+	// replica starts, which then syncs from the agents' snapshots (the
+	// floor plays it too, so that its engines send the same frames).
+	if _, err := play(len(es)*es[0].w.Len(), o.WarmRate); err != nil {
 		return err
 	}
-	if err := caughtUp(ctx, es, agents); err != nil {
+	if err := caught(); err != nil {
 		return err
 	}
 	if err := out.Send("ready", genReady{URL: ns.URL()}); err != nil {
@@ -180,18 +284,31 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err := in.Wait(ctx, "go"); err != nil {
 		return err
 	}
-	before, err := agentLag(agents)
-	if err != nil {
-		return err
+	var before *lagHist
+	if !o.Floor {
+		if before, err = agentLag(agents); err != nil {
+			return err
+		}
+	}
+	var forwarded0 int64
+	if o.Floor {
+		forwarded0 = fw.forwarded.Load()
 	}
 	cpu0, t0 := proc.SelfCPU(), time.Now()
-	blocks, err := playEngines(ctx, es, o.Batches, o.Rate)
+	blocks, err := play(o.Batches, o.Rate)
 	if err != nil {
 		return err
 	}
-	done := genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
-	if err := caughtUp(ctx, es, agents); err != nil {
+	done := genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Batches: int64(o.Batches)}
+	if err := caught(); err != nil {
 		return err
+	}
+	if o.Floor {
+		done.Forwarded = fw.forwarded.Load() - forwarded0
+		if err := out.Send("done", done); err != nil {
+			return err
+		}
+		return in.Exit(ctx)
 	}
 	after, err := agentLag(agents)
 	if err != nil {

@@ -343,8 +343,14 @@ func (l *lagRecorder) observe(_ events.WorkerRef, d natsbus.AppliedDelta) {
 	if d.EngineTime == 0 {
 		return
 	}
+	l.record(d.EngineTime)
+}
+
+// record notes the lag of a batch the engine stamped engineTime (Unix
+// seconds), from now.
+func (l *lagRecorder) record(engineTime float64) {
 	now := time.Now()
-	lag := time.Duration(float64(now.UnixNano()) - d.EngineTime*1e9)
+	lag := time.Duration(float64(now.UnixNano()) - engineTime*1e9)
 	l.mu.Lock()
 	if l.on {
 		l.h.Record(lag)

@@ -30,6 +30,7 @@ var roles = map[string]Role{
 	"ingest-gen":  role(runIngestGenerator),
 	"sync-gen":    role(runSyncGenerator),
 	"lag-gen":     role(runLagGenerator),
+	"floor-sink":  role(runFloorSink),
 	"engines-gen": role(runEnginesGenerator),
 	"replica":     role(runReplica),
 }
@@ -148,6 +149,7 @@ type genOpts struct {
 	Run      time.Duration `json:"run,omitempty"`     // engines: how long to churn
 	CacheDir string        `json:"cache_dir,omitempty"`
 	Procs    int           `json:"procs,omitempty"`
+	Floor    bool          `json:"floor,omitempty"` // lag: forwarders instead of agents
 }
 
 // genReady is a generator's "ready": its NATS URL and what the replica
@@ -171,6 +173,10 @@ type genDone struct {
 	Slow       int64 `json:"slow_consumers,omitempty"`
 	AgentP50Ns int64 `json:"agent_p50_ns,omitempty"`
 	AgentP99Ns int64 `json:"agent_p99_ns,omitempty"`
+	// Batches are the engine batches sent, Forwarded the frames the lag
+	// floor's forwarders published.
+	Batches   int64 `json:"batches,omitempty"`
+	Forwarded int64 `json:"forwarded,omitempty"`
 }
 
 // rate is the new blocks a second published.
@@ -203,9 +209,21 @@ func (s *Shared) other(busy0, busy1 time.Duration) {
 	s.OtherCPU = max(0, busy1-busy0-s.ReplicaCPU-s.GeneratorCPU)
 }
 
-// startGen starts generator role name and waits for its "ready".
-func startGen(ctx context.Context, name string, o genOpts, timeout time.Duration) (*child, *genReady, error) {
-	gen, err := startChild(ctx, name, o)
+// Pinning is the CPUs a benchmark's replica (or floor subscriber) and its
+// generator run on, in taskset's list form ("1", "0-3"); "" leaves that
+// process to the kernel. Pinned apart, the two do not take each other's
+// cores, so a floor and the path it bounds, measured one after the other,
+// see the same machine (kvfleetbench reads FLEET_REPLICA_CPU and
+// FLEET_GEN_CPU). A pinned process's GOMAXPROCS is its CPUs.
+type Pinning struct {
+	Replica   string `json:"replica,omitempty"`
+	Generator string `json:"generator,omitempty"`
+}
+
+// startGen starts generator role name on CPUs cpus ("": any) and waits
+// for its "ready".
+func startGen(ctx context.Context, name, cpus string, o genOpts, timeout time.Duration) (*child, *genReady, error) {
+	gen, err := startChild(ctx, name, cpus, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -217,14 +235,15 @@ func startGen(ctx context.Context, name string, o genOpts, timeout time.Duration
 	return gen, &ready, nil
 }
 
-// startReplica starts the replica role with GOMAXPROCS procs (0: Go's
-// default) and waits until its workers are live.
-func startReplica(ctx context.Context, o replicaOpts, procs int) (*child, *liveReport, time.Time, error) {
+// startReplica starts the replica role on CPUs cpus ("": any) with
+// GOMAXPROCS procs (0: Go's default, the CPUs it may run on) and waits
+// until its workers are live.
+func startReplica(ctx context.Context, o replicaOpts, procs int, cpus string) (*child, *liveReport, time.Time, error) {
 	var env []string
 	if procs > 0 {
 		env = []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
 	}
-	rep, err := startChild(ctx, "replica", o, env...)
+	rep, err := startChild(ctx, "replica", cpus, o, env...)
 	if err != nil {
 		return nil, nil, time.Time{}, err
 	}
@@ -257,9 +276,11 @@ type child struct {
 	started time.Time
 }
 
-// startChild starts role name in a new process of this binary, with opts
-// marshalled as its options and its stderr shared with this process.
-func startChild(ctx context.Context, name string, opts any, env ...string) (*child, error) {
+// startChild starts role name in a new process of this binary on CPUs
+// cpus ("": any; else through taskset, which execs the role in its own
+// process), with opts marshalled as its options and its stderr shared
+// with this process.
+func startChild(ctx context.Context, name, cpus string, opts any, env ...string) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
@@ -268,7 +289,15 @@ func startChild(ctx context.Context, name string, opts any, env ...string) (*chi
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
 	}
-	cmd := exec.CommandContext(ctx, self, "role", name, "--opts", string(b))
+	args := []string{self, "role", name, "--opts", string(b)}
+	if cpus != "" {
+		taskset, err := exec.LookPath("taskset")
+		if err != nil {
+			return nil, fmt.Errorf("fleetbench: start %s on CPUs %s: %w", name, cpus, err)
+		}
+		args = append([]string{taskset, "-c", cpus}, args...)
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	cmd.Stderr = os.Stderr
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }

@@ -27,6 +27,9 @@ type SyncOptions struct {
 	Profile string
 	// SnapshotConcurrency is passed to the replica's Source (0: default).
 	SnapshotConcurrency int
+	// Pin is the CPUs of the replica and of the generator, whose process
+	// also runs the restore floor (on its CPUs); zero: unpinned.
+	Pin Pinning
 }
 
 // SyncResult is what the sync benchmark measured. Its CPU figures are
@@ -68,7 +71,10 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	res := &SyncResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
 	procs := runtime.NumCPU()
-	gen, ready, err := startGen(ctx, "sync-gen", genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
+	if o.Pin != (Pinning{}) {
+		procs = 0 // each process's GOMAXPROCS is its CPUs
+	}
+	gen, ready, err := startGen(ctx, "sync-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +85,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 		return nil, err
 	}
 	busy0 := proc.BusyCPU()
-	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency}, procs)
+	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency}, procs, o.Pin.Replica)
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +172,9 @@ func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporte
 // (UnmarshalBinary into a reused segment, then Worker.Restore), on procs
 // goroutines: what a replica's sync costs without NATS.
 func restoreFloor(recs []*Recorded, procs int) (*genDone, error) {
+	if procs <= 0 {
+		procs = runtime.GOMAXPROCS(0)
+	}
 	runtime.GC()
 	ix := indexer.New(indexer.Config{})
 	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {

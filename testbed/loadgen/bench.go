@@ -98,6 +98,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 			return nil, err
 		}
 	}
+	var warm int64
 	if opts.Warmup.Duration > 0 {
 		r, err := Run(ctx, opts.Warmup, do)
 		if err != nil {
@@ -106,12 +107,13 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		if r.Errors == r.Sent && r.Sent > 0 {
 			return nil, fmt.Errorf("loadgen: warm-up: every request to %s failed, first: %s", addr, r.FirstError)
 		}
+		warm = r.Sent
 	}
 	r, err := Run(ctx, opts.Load, do)
 	if err != nil {
 		return nil, err
 	}
 	rep := NewReport(addr, opts.Embedded, opts.Shape, opts.BlockKeys, opts.Load, r)
-	rep.Client, rep.Connections, rep.Checked = opts.Client, nconn, check
+	rep.Client, rep.Connections, rep.Checked, rep.WarmupSent = opts.Client, nconn, check, warm
 	return &rep, nil
 }

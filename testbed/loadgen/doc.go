@@ -1,6 +1,8 @@
 // Package loadgen drives kvindex's Score RPC at a fixed, open-loop rate and
 // reports the latency distribution a router would see. It is the logic
-// behind testbed/cmd/kvbench and the gRPC row of `make bench`.
+// behind testbed/cmd/kvbench and the gRPC rows of `make bench`, which
+// measure kvindex against Canned, a grpc-go server that answers with a
+// response computed once: the floor of serving Score over gRPC.
 //
 // # Open loop
 //
@@ -23,9 +25,10 @@
 // of h2load. Requests are pre-encoded, a call is one write, and one reader
 // goroutine completes the calls. On a small machine, where the generator
 // shares the server's cores, it leaves them to the server: grpc-go's
-// client costs about as much CPU per call as the server it measures. The
-// grpc-go path (kvindex's api.Client) stays available as a Go router's
-// view.
+// client costs about as much CPU per call as the server it measures, so
+// only H2Conn offers one server core three times what it can take (the
+// overload rows). The grpc-go path (kvindex's api.Client) is a Go router's
+// view: the Score rows use it.
 //
 // # Shapes
 //

@@ -29,9 +29,13 @@ type Report struct {
 	// (a failed check counts as an error).
 	Checked bool `json:"checked"`
 
-	Scheduled int64 `json:"scheduled"`
-	Sent      int64 `json:"sent"`
-	Errors    int64 `json:"errors"`
+	// WarmupSent is the requests of the unmeasured warm-up before the run
+	// (a server's CPU over the whole session is per WarmupSent + Sent
+	// calls).
+	WarmupSent int64 `json:"warmup_sent"`
+	Scheduled  int64 `json:"scheduled"`
+	Sent       int64 `json:"sent"`
+	Errors     int64 `json:"errors"`
 	// Refused counts ResourceExhausted answers (admission control), not
 	// in Errors.
 	Refused    int64   `json:"refused"`

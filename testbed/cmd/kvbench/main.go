@@ -5,11 +5,15 @@
 //	kvbench --addr localhost:50051 --model my-model --rps 2000 --json
 //	kvbench --embedded --serve --listen 127.0.0.1:7070   # server only
 //	kvbench --addr 127.0.0.1:7070 --check --client grpc   # its generator
+//	kvbench --embedded --serve --canned                   # the floor server
 //
 // With --embedded it starts an in-process index loaded with the shape
 // (loadgen.DefaultShape, --prompt-blocks and --shared-blocks) behind a
 // real gRPC server on a loopback port; with --addr it only sends the
-// shape's prompts to a running kvindex, whatever that index holds.
+// shape's prompts to a running kvindex, whatever that index holds. With
+// --serve --canned it serves the gRPC rows' floor instead: a grpc-go server
+// that answers every Score with the shape's real answer, computed once
+// (loadgen.Canned).
 package main
 
 import (
@@ -44,6 +48,7 @@ func newRoot() *cobra.Command {
 		asJSON     bool
 		cpuprofile string
 		serve      bool
+		canned     bool
 		listen     string
 		admission  api.AdmissionOptions
 		rt         runtimeFlags
@@ -66,6 +71,9 @@ func newRoot() *cobra.Command {
 			if serve && !opts.Embedded {
 				return fmt.Errorf("--serve needs --embedded")
 			}
+			if canned && !serve {
+				return fmt.Errorf("--canned needs --serve")
+			}
 			if err := rt.apply(cmd.Flags()); err != nil {
 				return err
 			}
@@ -77,7 +85,7 @@ func newRoot() *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if serve {
-				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission)
+				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission, canned)
 			}
 			stopProfile, err := proc.StartCPUProfile(cpuprofile)
 			if err != nil {
@@ -107,6 +115,7 @@ func newRoot() *cobra.Command {
 	f.DurationVar(&warmup, "warmup", time.Second, "unmeasured run at the same rate first (0: none)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
+	f.BoolVar(&canned, "canned", false, "with --serve: serve the gRPC rows' floor, a grpc-go server answering every Score with the shape's answer computed once, no index work")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
 	f.DurationVar(&admission.MaxQueueDelay, "max-queue-delay", 0, "with --serve: admission control's bound on a call's queueing (0: the daemon's default)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server; with --serve, of serving once the index is loaded) to this file")
@@ -123,20 +132,35 @@ func newRoot() *cobra.Command {
 // serveOnly serves an embedded index loaded with shape until ctx ends,
 // with a CPU profile into cpuprofile (if not "") from when the index is
 // loaded, so that the profile is of serving alone; admission's zero
-// fields are the daemon's defaults.
-func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string, admission api.AdmissionOptions) error {
-	e, err := loadgen.StartEmbeddedWith(ctx, shape, listen, api.Options{Admission: admission})
-	if err != nil {
-		return err
+// fields are the daemon's defaults. With canned set it serves the floor
+// (loadgen.Canned) instead, and admission is not used.
+func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string, admission api.AdmissionOptions, canned bool) error {
+	var (
+		addr, what string
+		wait       func(context.Context)
+	)
+	if canned {
+		c, err := loadgen.StartCanned(ctx, shape, listen)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		addr, wait, what = c.Addr, c.Wait, fmt.Sprintf("a canned %d-byte answer for %s", len(c.Response), shape)
+	} else {
+		e, err := loadgen.StartEmbeddedWith(ctx, shape, listen, api.Options{Admission: admission})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		addr, wait, what = e.Addr, e.Wait, shape.String()
 	}
-	defer e.Close()
 	stopProfile, err := proc.StartCPUProfile(cpuprofile)
 	if err != nil {
 		return err
 	}
 	defer stopProfile()
-	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", shape, e.Addr, loadgen.CurrentRuntime())
-	e.Wait(ctx)
+	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", what, addr, loadgen.CurrentRuntime())
+	wait(ctx)
 	return nil
 }
 

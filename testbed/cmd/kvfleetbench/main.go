@@ -26,7 +26,11 @@ func main() {
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{Use: "kvfleetbench", Short: "Fleet-mode benchmarks: agents, NATS and replicas in separate processes", SilenceUsage: true, SilenceErrors: true}
-	root.AddCommand(newIngest(), newSync(), newLag(), newWire(), newAgent(), newRole())
+	pin := &fleetbench.Pinning{Replica: os.Getenv("FLEET_REPLICA_CPU"), Generator: os.Getenv("FLEET_GEN_CPU")}
+	pf := root.PersistentFlags()
+	pf.StringVar(&pin.Replica, "replica-cpus", pin.Replica, "CPUs (taskset's list) of the replica, or the floor's subscriber, in ingest, sync and lag (default $FLEET_REPLICA_CPU; empty: unpinned)")
+	pf.StringVar(&pin.Generator, "gen-cpus", pin.Generator, "CPUs (taskset's list) of the generator process in ingest, sync and lag (default $FLEET_GEN_CPU; empty: unpinned)")
+	root.AddCommand(newIngest(pin), newSync(pin), newLag(pin), newWire(), newAgent(), newRole())
 	return root
 }
 
@@ -64,19 +68,25 @@ func runFlags(f *pflag.FlagSet, seed *uint64, rate *float64, d *time.Duration, p
 	}
 }
 
-func newIngest() *cobra.Command {
+func newIngest(pin *fleetbench.Pinning) *cobra.Command {
 	o := fleetbench.IngestOptions{Workers: 32, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e6, Duration: 10 * time.Second}
 	cmd := benchCmd("ingest", "Agents publishing recorded deltas into one replica: new blocks per replica CPU-second",
-		func(ctx context.Context) (*fleetbench.IngestResult, error) { return fleetbench.Ingest(ctx, o) })
+		func(ctx context.Context) (*fleetbench.IngestResult, error) {
+			o.Pin = *pin
+			return fleetbench.Ingest(ctx, o)
+		})
 	cmd.Flags().IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
 	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
 	return cmd
 }
 
-func newSync() *cobra.Command {
+func newSync(pin *fleetbench.Pinning) *cobra.Command {
 	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1}
 	cmd := benchCmd("sync", "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
-		func(ctx context.Context) (*fleetbench.SyncResult, error) { return fleetbench.Sync(ctx, o) })
+		func(ctx context.Context) (*fleetbench.SyncResult, error) {
+			o.Pin = *pin
+			return fleetbench.Sync(ctx, o)
+		})
 	f := cmd.Flags()
 	f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
@@ -86,11 +96,15 @@ func newSync() *cobra.Command {
 	return cmd
 }
 
-func newLag() *cobra.Command {
-	o := fleetbench.LagOptions{Pods: 100, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e5, Duration: 10 * time.Second, WarmRate: 2e6}
-	cmd := benchCmd("lag", "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica)",
-		func(ctx context.Context) (*fleetbench.LagResult, error) { return fleetbench.Lag(ctx, o) })
+func newLag(pin *fleetbench.Pinning) *cobra.Command {
+	o := fleetbench.LagOptions{Pods: 100, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e5, Duration: 10 * time.Second, WarmRate: 2e6, Rounds: 1}
+	cmd := benchCmd("lag", "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica), against its floor (the same frames ZeroMQ -> NATS -> a subscriber, nothing applied)",
+		func(ctx context.Context) (*fleetbench.LagResult, error) {
+			o.Pin = *pin
+			return fleetbench.Lag(ctx, o)
+		})
 	cmd.Flags().IntVar(&o.Pods, "pods", o.Pods, "engines, one agent each")
+	cmd.Flags().IntVar(&o.Rounds, "rounds", o.Rounds, "runs of the floor and the path each, in turn; the p99s are their medians")
 	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
 	return cmd
 }

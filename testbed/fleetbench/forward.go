@@ -1,0 +1,312 @@
+package fleetbench
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/pebbe/zmq4"
+)
+
+// The lag benchmark's floor. Where the lag path decodes each engine batch
+// in an agent, applies it to the agent's index, publishes the delta it
+// becomes, and a replica applies that delta to its own index, the floor
+// moves the same engine frames over the same hops and applies nothing: a
+// forwarder per engine (a ZeroMQ SUB socket and a NATS connection of its
+// own, as an agent has) publishes each batch's payload as it arrived, and
+// a subscriber in the replica's place reads only the batch's timestamp.
+// Both run the same engines, the same batches at the same rate, in the
+// same processes (forwarders in the generator, the subscriber where the
+// replica runs) on the same CPUs.
+
+// floorSubject is the subject prefix the forwarders publish on; the pod
+// name follows.
+const floorSubject = "kvfleetbench.floor."
+
+// forwarders move their engines' frames to NATS until stop.
+type forwarders struct {
+	zctx      *zmq4.Context
+	conns     []*nats.Conn
+	forwarded atomic.Int64 // frames published
+	failed    atomic.Int64 // frames that could not be published
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	mu        sync.Mutex // guards err
+	err       error      // a forwarder's first receive error
+}
+
+// startForwarders connects one forwarder to each engine and to NATS at
+// url, subscribed when it returns (wait for the engines' subscribers
+// before publishing: ZeroMQ drops what is sent before a subscription).
+func startForwarders(ctx context.Context, url string, es []*engine) (*forwarders, error) {
+	zctx, err := zmq4.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: forwarder: %w", err)
+	}
+	f := &forwarders{zctx: zctx}
+	ctx, f.cancel = context.WithCancel(ctx)
+	for _, e := range es {
+		nc, err := connect(url, "kvfleetbench forwarder "+e.pod)
+		if err != nil {
+			f.stop()
+			return nil, err
+		}
+		f.conns = append(f.conns, nc)
+		sock, err := f.subscribe(e)
+		if err != nil {
+			f.stop()
+			return nil, err
+		}
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			if err := f.run(ctx, sock, nc, floorSubject+e.pod); err != nil {
+				f.mu.Lock()
+				f.err = errors.Join(f.err, fmt.Errorf("fleetbench: forwarder of %s: %w", e.pod, err))
+				f.mu.Unlock()
+			}
+		}()
+	}
+	return f, nil
+}
+
+// subscribe opens a SUB socket to e with the receive bound an agent's
+// subscriber has (events/zmq's default RcvHWM).
+func (f *forwarders) subscribe(e *engine) (*zmq4.Socket, error) {
+	sock, err := f.zctx.NewSocket(zmq4.SUB)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: forwarder of %s: %w", e.pod, err)
+	}
+	for _, set := range []func() error{
+		func() error { return sock.SetLinger(0) },
+		func() error { return sock.SetRcvhwm(100_000) },
+		func() error { return sock.SetSubscribe("") },
+		func() error { return sock.Connect(e.endpoint) },
+	} {
+		if err := set(); err != nil {
+			sock.Close()
+			return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.pod, e.endpoint, err)
+		}
+	}
+	return sock, nil
+}
+
+// run is one forwarder's loop, which owns sock: each [topic, seq,
+// payload] message's payload is published on subject as it is.
+func (f *forwarders) run(ctx context.Context, sock *zmq4.Socket, nc *nats.Conn, subject string) error {
+	defer sock.Close()
+	poller := zmq4.NewPoller()
+	poller.Add(sock, zmq4.POLLIN)
+	for ctx.Err() == nil {
+		if _, err := poller.Poll(100 * time.Millisecond); err != nil {
+			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EINTR) {
+				continue
+			}
+			return fmt.Errorf("poll: %w", err)
+		}
+		for ctx.Err() == nil {
+			frames, err := sock.RecvMessageBytes(zmq4.DONTWAIT)
+			if err != nil {
+				if zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN) {
+					break
+				}
+				return fmt.Errorf("receive: %w", err)
+			}
+			if err := nc.Publish(subject, frames[len(frames)-1]); err != nil {
+				f.failed.Add(1)
+				continue
+			}
+			f.forwarded.Add(1)
+		}
+	}
+	return nil
+}
+
+// caughtUp waits until the forwarders have published (or failed) sent
+// frames in all.
+func (f *forwarders) caughtUp(ctx context.Context, sent int64) error {
+	deadline := time.Now().Add(time.Minute)
+	for f.forwarded.Load()+f.failed.Load() < sent {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("fleetbench: the forwarders moved %d of %d frames within a minute", f.forwarded.Load()+f.failed.Load(), sent)
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stop ends the forwarders, flushes and closes their connections and
+// returns the first receive error.
+func (f *forwarders) stop() error {
+	f.cancel()
+	f.wg.Wait()
+	for _, nc := range f.conns {
+		_ = nc.Flush()
+		nc.Close()
+	}
+	f.zctx.Term()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// floorSinkOpts configure the floor-sink role.
+type floorSinkOpts struct {
+	URL string `json:"url"`
+}
+
+// floorCount is the floor-sink's answer to "count": frames received.
+type floorCount struct {
+	Frames int64 `json:"frames"`
+}
+
+// sink is the floor's subscriber: the lag of every frame it receives
+// while on, from the engine batch's timestamp.
+type sink struct {
+	lag    lagRecorder
+	frames atomic.Int64 // every frame received
+	bad    atomic.Int64 // frames without a readable timestamp
+}
+
+// handle records one frame.
+func (s *sink) handle(m *nats.Msg) {
+	s.frames.Add(1)
+	ts, err := batchTime(m.Data)
+	if err != nil {
+		s.bad.Add(1)
+		return
+	}
+	s.lag.record(ts)
+}
+
+// subscribe subscribes s to every forwarder's subject on nc, in effect
+// at the server when it returns.
+func (s *sink) subscribe(nc *nats.Conn) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(floorSubject+">", s.handle)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: floor subscriber: %w", err)
+	}
+	if err := nc.Flush(); err != nil {
+		return nil, fmt.Errorf("fleetbench: floor subscriber: %w", err)
+	}
+	return sub, nil
+}
+
+// runFloorSink is the floor-sink role: subscribe, report "live", record
+// until "stop", answer "count" meanwhile, then report "result".
+func runFloorSink(ctx context.Context, o floorSinkOpts, in *Commands, out *Reporter) error {
+	nc, err := connect(o.URL, "kvfleetbench floor subscriber")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	var s sink
+	sub, err := s.subscribe(nc)
+	if err != nil {
+		return err
+	}
+	s.lag.start(0)
+	if err := out.Send("live", liveReport{}); err != nil {
+		return err
+	}
+	for {
+		var cmd string
+		select {
+		case <-ctx.Done():
+			return nil
+		case c, ok := <-in.C:
+			if !ok {
+				return nil
+			}
+			cmd = c
+		}
+		switch cmd {
+		case "count":
+			if err := out.Send("count", floorCount{Frames: s.frames.Load()}); err != nil {
+				return err
+			}
+		case "stop":
+			r := s.lag.report(s.frames.Load())
+			dropped, _ := sub.Dropped()
+			r.Problems = s.bad.Load() + int64(dropped)
+			if err := out.Send("result", r); err != nil {
+				return err
+			}
+			return in.Exit(ctx)
+		}
+	}
+}
+
+// batchTime reads an encoded vLLM batch's timestamp (the first element of
+// its array envelope, a float64) and nothing else.
+func batchTime(b []byte) (float64, error) {
+	if len(b) < 10 || (b[0] != 0x92 && b[0] != 0x93) || b[1] != 0xcb {
+		return 0, fmt.Errorf("fleetbench: a frame of %d bytes is no array-envelope batch with a float64 timestamp", len(b))
+	}
+	return math.Float64frombits(binary.BigEndian.Uint64(b[2:10])), nil
+}
+
+// lagFloor runs the floor once: a lag generator whose engines feed
+// forwarders instead of agents, and the floor subscriber in the replica's
+// place; it fills res's floor figures.
+func lagFloor(ctx context.Context, o LagOptions, batches int, res *LagFloor) error {
+	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, Floor: true}, 10*time.Minute)
+	if err != nil {
+		return err
+	}
+	defer gen.Kill()
+	sk, err := startChild(ctx, "floor-sink", o.Pin.Replica, floorSinkOpts{URL: ready.URL})
+	if err != nil {
+		return err
+	}
+	defer sk.Kill()
+	if _, err := sk.await("live", nil, time.Minute); err != nil {
+		return err
+	}
+	if err := gen.send("go"); err != nil {
+		return err
+	}
+	var done genDone
+	if _, err := gen.await("done", &done, o.Duration+time.Minute); err != nil {
+		return err
+	}
+	// The subscriber has the last frames when its count reaches what was
+	// forwarded (or, if some were lost, when it stops growing).
+	var c floorCount
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Frames < done.Forwarded && time.Now().Before(deadline) {
+		if err := sk.ask("count", &c, time.Minute); err != nil {
+			return err
+		}
+		if c.Frames < done.Forwarded {
+			if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				return err
+			}
+		}
+	}
+	var r lagReport
+	if err := sk.send("stop"); err != nil {
+		return err
+	}
+	if _, err := sk.await("result", &r, time.Minute); err != nil {
+		return err
+	}
+	res.FloorSent, res.FloorForwarded, res.FloorReceived = done.Batches, done.Forwarded, int64(r.Deltas)
+	res.FloorProblems = r.Problems + (done.Batches - done.Forwarded)
+	res.FloorP50, res.FloorP99, res.FloorMax = time.Duration(r.P50Ns), time.Duration(r.P99Ns), time.Duration(r.MaxNs)
+	res.FloorReplicaCPU, res.FloorGeneratorCPU = time.Duration(r.CPUNs), time.Duration(done.CPUNs)
+	res.FloorRate = done.rate()
+	if err := sk.finish(30 * time.Second); err != nil {
+		return err
+	}
+	return gen.finish(time.Minute)
+}

@@ -1,0 +1,170 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"runtime/debug"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/indexer"
+	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+)
+
+// Canned is the floor of the gRPC rows: a grpc-go server that answers
+// every Score with one response, the real answer to the shape's first
+// prompt computed once at start, and does nothing else. What kvindex's
+// server costs beyond it (decoding the request, its content keys, the
+// index's match, ranking, encoding the answer, admission control) is
+// kvindex's; what both cost (grpc-go's HTTP/2 transport, loopback TCP,
+// reading the request's bytes, writing the answer's) is the floor.
+//
+// Decisions that keep it a floor and not a straw man:
+//   - the same grpc-go transport settings as kvindex's server (api.Server's
+//     GRPCOptions: stream workers, flow-control windows, message and stream
+//     bounds, keepalive), with a codec that neither decodes the request
+//     (it only takes its length) nor encodes the answer (its bytes are
+//     encoded once);
+//   - its handler calls none of the server's interceptors, which are
+//     kvindex's work;
+//   - the index the answer was computed on is dropped before serving, so
+//     its heap costs the floor no collection work.
+//
+// Every prompt of a Shape has the same longest match, so the canned
+// answer passes the generator's --check; the answers to other prompts
+// differ only in which workers rank first, not in size
+// (TestCannedAnswer checks both).
+type Canned struct {
+	// Addr is the server's host:port.
+	Addr string
+	// Response is the encoded ScoreResponse every call gets.
+	Response []byte
+
+	g    *grpc.Server
+	done chan struct{}
+	once sync.Once
+}
+
+// StartCanned computes the answer to shape's first prompt on an index
+// loaded with shape, drops the index and serves that answer on listen
+// ("host:port"; "" means a free loopback port). Close stops it.
+func StartCanned(ctx context.Context, shape Shape, listen string) (*Canned, error) {
+	resp, err := cannedAnswer(ctx, shape)
+	if err != nil {
+		return nil, err
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: canned server: %w", err)
+	}
+	// Only the transport settings of this api.Server are used: its codec is
+	// replaced (the last codec option wins) and its interceptors are never
+	// called by cannedScore.
+	transport := api.NewServer(indexer.New(indexer.Config{}), nil, api.Options{Admission: api.AdmissionOptions{Off: true}})
+	opts := append(transport.GRPCOptions(), grpc.ForceServerCodecV2(cannedCodec{}))
+	g := grpc.NewServer(opts...)
+	c := &Canned{Addr: lis.Addr().String(), Response: resp, g: g, done: make(chan struct{})}
+	g.RegisterService(&grpc.ServiceDesc{
+		ServiceName: kvindexv1.IndexService_ServiceDesc.ServiceName,
+		HandlerType: (*any)(nil),
+		Methods:     []grpc.MethodDesc{{MethodName: "Score", Handler: c.score}},
+		Metadata:    kvindexv1.IndexService_ServiceDesc.Metadata,
+	}, struct{}{})
+	go func() {
+		defer close(c.done)
+		_ = g.Serve(lis) // returns when Close stops g
+	}()
+	return c, nil
+}
+
+// cannedAnswer is the encoded answer of a kvindex server to shape's first
+// prompt, computed in process (no gRPC).
+func cannedAnswer(ctx context.Context, shape Shape) ([]byte, error) {
+	ix := indexer.New(indexer.Config{})
+	if err := shape.Load(ix); err != nil {
+		return nil, err
+	}
+	reqs, err := scoreMessages(shape, false)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := api.NewServer(ix, nil, api.Options{}).Score(ctx, reqs[0])
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: canned server: the answer to prompt 0: %w", err)
+	}
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: canned server: encode the answer to prompt 0: %w", err)
+	}
+	return b, nil
+}
+
+// score is the Score method's handler: read the request, answer.
+func (c *Canned) score(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+	var req cannedRequest
+	if err := dec(&req); err != nil {
+		return nil, err
+	}
+	return cannedResponse(c.Response), nil
+}
+
+// Wait blocks until the server stops (Close) or ctx is done.
+func (c *Canned) Wait(ctx context.Context) {
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+	}
+}
+
+// Close stops the server, ending calls in flight, and waits for it.
+func (c *Canned) Close() {
+	c.once.Do(func() {
+		c.g.Stop()
+		<-c.done
+	})
+}
+
+// cannedRequest is a request the canned server has read: its length.
+type cannedRequest struct{ n int }
+
+// cannedResponse is an answer already encoded.
+type cannedResponse []byte
+
+// cannedCodec is the canned server's codec: requests are read as their
+// length, answers written as they are.
+type cannedCodec struct{}
+
+// Name returns "proto", the content subtype the clients send.
+func (cannedCodec) Name() string { return "proto" }
+
+// Marshal returns an encoded answer's bytes, shared by every call (a
+// SliceBuffer's Free does nothing, so gRPC does not recycle them).
+func (cannedCodec) Marshal(v any) (mem.BufferSlice, error) {
+	r, ok := v.(cannedResponse)
+	if !ok {
+		return nil, fmt.Errorf("loadgen: canned codec: cannot encode %T", v)
+	}
+	return mem.BufferSlice{mem.SliceBuffer(r)}, nil
+}
+
+// Unmarshal notes the request's length.
+func (cannedCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	r, ok := v.(*cannedRequest)
+	if !ok {
+		return fmt.Errorf("loadgen: canned codec: cannot decode into %T", v)
+	}
+	r.n = data.Len()
+	return nil
+}
