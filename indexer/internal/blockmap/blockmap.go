@@ -187,20 +187,22 @@ func (m *Map) Get(h uint64) (int, bool) {
 	return noSlot, false
 }
 
-// Warm loads the cache lines that a lookup and an insert of hash h read
-// and write (both buckets' hashes and values), changing nothing, and
-// returns a sum of what it read, for the caller to keep so that the
-// loads are not elided. Cost: four loads, independent of each other and
-// of any earlier result, so that a loop of Warms keeps many cache misses
-// in flight where a loop of Gets, each followed by the work that depends
-// on it, waits for its misses one after another.
+// Warm starts loading the cache lines that a lookup and an insert of hash
+// h read and write (both buckets' hashes and values), changing nothing,
+// and returns a value for the caller to keep (a sum of what it read where
+// it loads them, 0 where it prefetches), so that the loads are not
+// elided. Cost: four lines requested, independent of each other and of
+// any earlier result, so that a loop of Warms keeps many cache misses in
+// flight where a loop of Gets, each followed by the work that depends on
+// it, waits for its misses one after another. On amd64 they are prefetch
+// instructions, which retire without waiting for their lines, so the
+// work after a loop of Warms overlaps the misses too (warmBuckets).
 func (m *Map) Warm(h uint64) uint64 {
 	if m.nb == 0 {
 		return 0
 	}
 	b1, b2 := m.buckets(h)
-	x, y := &m.b[b1], &m.b[b2]
-	return x.hash[0] + y.hash[0] + x.meta[0] + y.meta[0]
+	return warmBuckets(&m.b[b1], &m.b[b2])
 }
 
 // Val returns the value in slot i.
