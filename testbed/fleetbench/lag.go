@@ -222,34 +222,11 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 		}
 		defer fw.stop()
 	} else {
-		actx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		defer func() {
-			cancel()
-			wg.Wait()
-		}()
-		agents = make([]*fleet.Agent, len(es))
-		for i, e := range es {
-			cfg, err := agentConfig(e, ns.URL())
-			if err != nil {
-				return err
-			}
-			nc, err := fleet.Connect(cfg.NATS, "kvfleetbench agent "+e.pod, nil)
-			if err != nil {
-				return err
-			}
-			a, err := fleet.NewAgent(actx, cfg, nc, nil)
-			if err != nil {
-				nc.Close()
-				return err
-			}
-			agents[i] = a
-			wg.Add(1)
-			go func(nc *nats.Conn) {
-				defer wg.Done()
-				defer nc.Close()
-				_ = a.Run(actx)
-			}(nc)
+		var stop func()
+		agents, stop, err = startLagAgents(ctx, es, ns.URL())
+		defer stop()
+		if err != nil {
+			return err
 		}
 	}
 	if err := waitSubscribed(ctx, es, 1); err != nil {
@@ -422,4 +399,40 @@ func (h *lagHist) quantile(q float64) time.Duration {
 		lo, below = h.bounds[i], c
 	}
 	return 0
+}
+
+// startLagAgents starts one agent per engine, each on a NATS connection of
+// its own; stop ends them (and is to be called even on an error, for the
+// agents started before it).
+func startLagAgents(ctx context.Context, es []*engine, natsURL string) ([]*fleet.Agent, func(), error) {
+	actx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	stop := func() {
+		cancel()
+		wg.Wait()
+	}
+	agents := make([]*fleet.Agent, len(es))
+	for i, e := range es {
+		cfg, err := agentConfig(e, natsURL)
+		if err != nil {
+			return nil, stop, err
+		}
+		nc, err := fleet.Connect(cfg.NATS, "kvfleetbench agent "+e.pod, nil)
+		if err != nil {
+			return nil, stop, err
+		}
+		a, err := fleet.NewAgent(actx, cfg, nc, nil)
+		if err != nil {
+			nc.Close()
+			return nil, stop, err
+		}
+		agents[i] = a
+		wg.Add(1)
+		go func(nc *nats.Conn) {
+			defer wg.Done()
+			defer nc.Close()
+			_ = a.Run(actx)
+		}(nc)
+	}
+	return agents, stop, nil
 }
