@@ -219,15 +219,9 @@ func runFloorSink(ctx context.Context, o floorSinkOpts, in *Commands, out *Repor
 		return err
 	}
 	for {
-		var cmd string
-		select {
-		case <-ctx.Done():
+		cmd, ok := in.Next(ctx)
+		if !ok {
 			return nil
-		case c, ok := <-in.C:
-			if !ok {
-				return nil
-			}
-			cmd = c
 		}
 		switch cmd {
 		case "count":

@@ -98,19 +98,28 @@ func newCommands(in io.Reader) *Commands {
 	return &Commands{C: c}
 }
 
+// Next returns the next command, or false when stdin closes or ctx ends.
+func (c *Commands) Next(ctx context.Context) (string, bool) {
+	select {
+	case <-ctx.Done():
+		return "", false
+	case got, ok := <-c.C:
+		return got, ok
+	}
+}
+
 // Wait returns when command cmd arrives (nil), stdin closes or ctx ends.
 func (c *Commands) Wait(ctx context.Context, cmd string) error {
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case got, ok := <-c.C:
-			if !ok {
-				return io.EOF
+		got, ok := c.Next(ctx)
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if got == cmd {
-				return nil
-			}
+			return io.EOF
+		}
+		if got == cmd {
+			return nil
 		}
 	}
 }

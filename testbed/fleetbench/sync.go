@@ -141,15 +141,9 @@ func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporte
 		return err
 	}
 	for {
-		var cmd string
-		select {
-		case <-ctx.Done():
+		cmd, ok := in.Next(ctx)
+		if !ok {
 			return nil
-		case c, ok := <-in.C:
-			if !ok {
-				return nil
-			}
-			cmd = c
 		}
 		var err error
 		switch cmd {
