@@ -252,12 +252,7 @@ func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 		if !fresh {
 			c.change(l, holders.Op{Worker: id, Set: media})
 		}
-		h := uint64(sk.Key)
-		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
-		w.res += int64(kc.blocks)
-		for m, n := range kc.in {
-			w.resBy[m] += int64(n)
-		}
+		w.restoreKeyLocked(sk.Key, l, &kc)
 		rs.digest += digestTerm(sk.Key, media)
 	}
 	return nil
@@ -348,11 +343,18 @@ func (st *restoreState) buildLocked(w *Worker) {
 		if !fresh {
 			c.change(l, holders.Op{Worker: id, Set: media})
 		}
-		h := uint64(sk.Key)
-		w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), &kc)))
-		w.res += int64(kc.blocks)
-		for m, n := range kc.in {
-			w.resBy[m] += int64(n)
-		}
+		w.restoreKeyLocked(sk.Key, l, &kc)
+	}
+}
+
+// restoreKeyLocked inserts restored key k, at node l with counts kc, into
+// the keyed worker's engine map and adds its blocks to the residency
+// counts. Callers hold w.mu.
+func (w *Worker) restoreKeyLocked(k Key, l loc, kc *keyCounts) {
+	h := uint64(k)
+	w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), kc)))
+	w.res += int64(kc.blocks)
+	for m, n := range kc.in {
+		w.resBy[m] += int64(n)
 	}
 }
