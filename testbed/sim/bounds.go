@@ -104,16 +104,7 @@ func ComputeBounds(w *workload.Workload, o Options) (*Bounds, error) {
 		b.TTFT = append(b.TTFT, soloPrefill(tm, hit*bs, r.PromptLen-hit*bs, o.Engine.MaxBatchedTokens))
 	}
 	slices.Sort(b.TTFT)
-	b.TTFTP50 = metrics.Percentile(b.TTFT, 50)
-	b.TTFTP90 = metrics.Percentile(b.TTFT, 90)
-	b.TTFTP99 = metrics.Percentile(b.TTFT, 99)
-	var sum time.Duration
-	for _, d := range b.TTFT {
-		sum += d
-	}
-	if len(b.TTFT) > 0 {
-		b.TTFTMean = sum / time.Duration(len(b.TTFT))
-	}
+	b.TTFTP50, b.TTFTP90, b.TTFTP99, b.TTFTMean = metrics.Summary(b.TTFT)
 	return b, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -172,12 +173,11 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 			if lf.router != name {
 				continue
 			}
+			sent := lr.sent[name]
 			if lr.rig != nil {
-				out[k].IndexProblems, err = checkFleet(ctx, lr.clients, lf, loops[k].fleet)
-			} else {
-				out[k].IndexProblems, err = checkLive(ctx, lr.clients[0], lf, lr.sent[name], loops[k].fleet)
+				sent = nil // replicas count the agents' deltas, not the engines' batches
 			}
-			if err != nil {
+			if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, loops[k].fleet); err != nil {
 				return nil, err
 			}
 		}
@@ -360,38 +360,42 @@ func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.T
 	return l, nil
 }
 
-// checkLive waits (up to 10 s) until kvindex has received every batch the
-// fleet published, then counts what it could not apply exactly.
-func checkLive(ctx context.Context, c *api.Client, lf liveFleet, sent []uint64, f *fleet) (int64, error) {
-	want := map[string]uint64{}
-	for i, n := range sent {
-		want[lf.pods[i]] = n
-	}
+// checkIndexed waits (up to 10 s) until every client (the daemon, or
+// each replica in fleet mode) holds, for each of the fleet's engines,
+// exactly what the engine caches, with equal digests across replicas and,
+// when sent is given, every batch the engine published; then it counts
+// what kvindex could not apply exactly and what still differs.
+func checkIndexed(ctx context.Context, clients []*api.Client, lf liveFleet, sent []uint64, f *fleet) (int64, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: lf.model})
-		if err != nil {
-			return 0, fmt.Errorf("sim: live: %w", err)
-		}
-		caught := true
 		var problems int64
-		for _, ws := range resp.GetWorkers() {
-			pod := ws.GetWorker().GetPod()
-			if ws.GetBatches() < want[pod] {
-				caught = false
+		digests := map[string]uint64{}
+		for _, c := range clients {
+			resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: lf.model, Digests: len(clients) > 1})
+			if err != nil {
+				return 0, fmt.Errorf("sim: live: %w", err)
 			}
-			problems += int64(ws.GetGaps() + ws.GetDecodeErrors() + ws.GetApplyErrors() + ws.GetOrphans() + ws.GetUnknownBlocks() +
-				ws.GetBlockSizeMismatches() + ws.GetInvalidEvents() + ws.GetRestarts())
-			for i, p := range lf.pods {
-				if p == pod && int64(ws.GetResidentBlocks()) != int64(f.engines[i].CachedBlocks()) {
+			seen := 0
+			for _, ws := range resp.GetWorkers() {
+				pod := ws.GetWorker().GetPod()
+				i := slices.Index(lf.pods, pod)
+				if i < 0 {
+					continue
+				}
+				seen++
+				problems += int64(ws.GetGaps() + ws.GetDecodeErrors() + ws.GetApplyErrors() + ws.GetOrphans() + ws.GetUnknownBlocks() +
+					ws.GetBlockSizeMismatches() + ws.GetInvalidEvents() + ws.GetRestarts())
+				if int64(ws.GetResidentBlocks()) != int64(f.engines[i].CachedBlocks()) || (sent != nil && ws.GetBatches() < sent[i]) {
 					problems++
 				}
+				if d, ok := digests[pod]; ok && d != ws.GetDigest() {
+					problems++
+				}
+				digests[pod] = ws.GetDigest()
 			}
+			problems += int64(len(lf.pods) - seen)
 		}
-		if caught || time.Now().After(deadline) {
-			if !caught {
-				problems++
-			}
+		if problems == 0 || time.Now().After(deadline) {
 			return problems, nil
 		}
 		time.Sleep(20 * time.Millisecond)

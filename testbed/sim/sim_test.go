@@ -189,7 +189,7 @@ func TestLive(t *testing.T) {
 
 // TestLiveFleet runs the fleet shape: engines over ZeroMQ to an agent
 // each, an embedded NATS server, two replicas the routers ask in turn;
-// both replicas must end equal to the engines' caches (checkFleet).
+// both replicas must end equal to the engines' caches (checkIndexed).
 func TestLiveFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live mode opens sockets")

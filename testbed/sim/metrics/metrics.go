@@ -75,16 +75,7 @@ func (r *Recorder) Result(router string, prefill []int64, busy []time.Duration, 
 	res.Preemptions = preemptions
 	slices.Sort(r.ttft)
 	res.TTFT = r.ttft
-	res.TTFTP50 = Percentile(r.ttft, 50)
-	res.TTFTP90 = Percentile(r.ttft, 90)
-	res.TTFTP99 = Percentile(r.ttft, 99)
-	var sum time.Duration
-	for _, d := range r.ttft {
-		sum += d
-	}
-	if len(r.ttft) > 0 {
-		res.TTFTMean = sum / time.Duration(len(r.ttft))
-	}
+	res.TTFTP50, res.TTFTP90, res.TTFTP99, res.TTFTMean = Summary(r.ttft)
 	if r.started && r.lastDone > r.firstAt {
 		res.Makespan = r.lastDone - r.firstAt
 		res.Throughput = float64(res.Completed) / res.Makespan.Seconds()
@@ -106,14 +97,8 @@ func (r *Recorder) Result(router string, prefill []int64, busy []time.Duration, 
 	}
 	res.LoadSkew = Skew(pf)
 	res.RequestSkew = Skew(rq)
-	if n := len(r.routeDelay); n > 0 {
-		slices.Sort(r.routeDelay)
-		var sum time.Duration
-		for _, d := range r.routeDelay {
-			sum += d
-		}
-		res.RouteDelayMean, res.RouteDelayP99 = sum/time.Duration(n), Percentile(r.routeDelay, 99)
-	}
+	slices.Sort(r.routeDelay)
+	_, _, res.RouteDelayP99, res.RouteDelayMean = Summary(r.routeDelay)
 	return res
 }
 
@@ -183,6 +168,19 @@ func Percentile(sorted []time.Duration, p float64) time.Duration {
 	}
 	k := int(math.Ceil(p / 100 * float64(n)))
 	return sorted[min(max(k, 1), n)-1]
+}
+
+// Summary returns the nearest-rank 50th, 90th and 99th percentiles and
+// the mean of sorted values (zeros when empty).
+func Summary(sorted []time.Duration) (p50, p90, p99, mean time.Duration) {
+	var sum time.Duration
+	for _, d := range sorted {
+		sum += d
+	}
+	if len(sorted) > 0 {
+		mean = sum / time.Duration(len(sorted))
+	}
+	return Percentile(sorted, 50), Percentile(sorted, 90), Percentile(sorted, 99), mean
 }
 
 // Skew returns max/mean of xs (1 for all equal; 0 when the mean is 0).

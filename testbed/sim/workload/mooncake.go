@@ -1,14 +1,11 @@
 package workload
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 )
@@ -35,30 +32,22 @@ type mooncakeLine struct {
 // 512. An output_length of 0 becomes 1 (an engine always generates one
 // token). Lines are stably sorted by timestamp.
 func ReadMooncake(r io.Reader, name string) (*Workload, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
 	w := &Workload{Name: name}
-	lineNo := 0
-	for sc.Scan() {
-		lineNo++
-		b := bytes.TrimSpace(sc.Bytes())
-		if len(b) == 0 {
-			continue
-		}
+	err := eachLine(r, name, func(_ int, b []byte) error {
 		var l mooncakeLine
 		if err := json.Unmarshal(b, &l); err != nil {
-			return nil, fmt.Errorf("workload: %s line %d: %w (line starts %q)", name, lineNo, err, snippet(b))
+			return fmt.Errorf("%w (line starts %q)", err, snippet(b))
 		}
 		n := len(l.HashIDs)
 		switch {
 		case l.InputLength <= 0:
-			return nil, fmt.Errorf("workload: %s line %d: input_length %d must be positive", name, lineNo, l.InputLength)
+			return fmt.Errorf("input_length %d must be positive", l.InputLength)
 		case n == 0:
-			return nil, fmt.Errorf("workload: %s line %d: no hash_ids", name, lineNo)
+			return fmt.Errorf("no hash_ids")
 		case l.InputLength > n*MooncakeBlock || l.InputLength <= (n-1)*MooncakeBlock:
-			return nil, fmt.Errorf("workload: %s line %d: input_length %d does not fit %d hash_ids of %d tokens", name, lineNo, l.InputLength, n, MooncakeBlock)
+			return fmt.Errorf("input_length %d does not fit %d hash_ids of %d tokens", l.InputLength, n, MooncakeBlock)
 		case l.Timestamp < 0 || l.OutputLength < 0:
-			return nil, fmt.Errorf("workload: %s line %d: negative timestamp or output_length", name, lineNo)
+			return fmt.Errorf("negative timestamp or output_length")
 		}
 		segs := make([]Segment, n)
 		for i, h := range l.HashIDs {
@@ -71,18 +60,12 @@ func ReadMooncake(r io.Reader, name string) (*Workload, error) {
 			PromptLen: l.InputLength,
 			OutputLen: max(1, l.OutputLength),
 		})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("workload: read %s after line %d: %w", name, lineNo, err)
-	}
-	if len(w.Requests) == 0 {
-		return nil, fmt.Errorf("workload: %s holds no requests", name)
-	}
-	sort.SliceStable(w.Requests, func(i, j int) bool { return w.Requests[i].Arrival < w.Requests[j].Arrival })
-	for i := range w.Requests {
-		w.Requests[i].ID = i
-	}
-	return w, nil
+	return finish(w)
 }
 
 // LoadMooncake reads the Mooncake-format trace at path.
