@@ -18,23 +18,11 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// Request log formats AnalyzeConfig.Format accepts.
-const (
-	FormatAuto     = "auto"
-	FormatMooncake = "mooncake"
-	FormatTokens   = "tokens"
-	FormatOpenAI   = "openai"
-)
-
 // AnalyzeConfig is one "should I deploy this?" run over a user's request
 // log (`kvsim analyze`).
 type AnalyzeConfig struct {
 	// Log is the request log's path.
 	Log string
-	// Format is FormatMooncake, FormatTokens (JSONL of token ids),
-	// FormatOpenAI (JSONL of OpenAI request bodies) or FormatAuto (from
-	// the first line's fields).
-	Format string
 	// TokenizeURL is a vLLM /tokenize endpoint for OpenAI bodies; "" uses
 	// workload.EstimateTokens.
 	TokenizeURL string
@@ -91,14 +79,13 @@ func ReuseCeiling(w *workload.Workload, blockSize int, window time.Duration) Reu
 	return r
 }
 
-// LoadRequestLog reads a request log in the given format (FormatAuto:
-// told from the first line's fields).
-func LoadRequestLog(path, format, tokenizeURL string) (*workload.Workload, error) {
-	if format == "" || format == FormatAuto {
-		var err error
-		if format, err = sniffFormat(path); err != nil {
-			return nil, fmt.Errorf("sim: request log %s: %w", path, err)
-		}
+// LoadRequestLog reads a request log: Mooncake JSONL (hash_ids), JSONL of
+// token ids (token_ids) or OpenAI request bodies (prompt or messages),
+// told from the first line's fields.
+func LoadRequestLog(path, tokenizeURL string) (*workload.Workload, error) {
+	format, err := sniffFormat(path)
+	if err != nil {
+		return nil, fmt.Errorf("sim: request log %s: %w", path, err)
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -107,21 +94,21 @@ func LoadRequestLog(path, format, tokenizeURL string) (*workload.Workload, error
 	defer f.Close()
 	name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	switch format {
-	case FormatMooncake:
+	case "hash_ids":
 		return workload.ReadMooncake(f, name)
-	case FormatTokens:
+	case "token_ids":
 		return workload.ReadTokenLog(f, name)
-	case FormatOpenAI:
+	default:
 		tok := workload.EstimateTokens
 		if tokenizeURL != "" {
 			tok = VLLMTokenizer(tokenizeURL, &http.Client{Timeout: 30 * time.Second})
 		}
 		return workload.ReadOpenAILog(f, name, tok)
 	}
-	return nil, fmt.Errorf("sim: request log format %q (want %s, %s, %s or %s)", format, FormatAuto, FormatMooncake, FormatTokens, FormatOpenAI)
 }
 
-// sniffFormat tells a log's format from its first non-empty line's fields.
+// sniffFormat returns the field of its first non-empty line that tells a
+// log's format: hash_ids, token_ids, or prompt (prompt or messages).
 func sniffFormat(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -139,13 +126,10 @@ func sniffFormat(path string) (string, error) {
 		if err := json.Unmarshal(b, &fields); err != nil {
 			return "", fmt.Errorf("the first line is not a JSON object: %w", err)
 		}
-		switch {
-		case fields["hash_ids"] != nil:
-			return FormatMooncake, nil
-		case fields["token_ids"] != nil:
-			return FormatTokens, nil
-		case fields["prompt"] != nil || fields["messages"] != nil:
-			return FormatOpenAI, nil
+		for _, k := range []string{"hash_ids", "token_ids", "prompt", "messages"} {
+			if fields[k] != nil {
+				return k, nil
+			}
 		}
 		return "", fmt.Errorf("the first line has none of hash_ids, token_ids, prompt or messages")
 	}
@@ -206,7 +190,7 @@ func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
 	if len(ac.Sizes) == 0 {
 		ac.Sizes = []int{25000, 12500, 6250, 3125}
 	}
-	wl, err := LoadRequestLog(ac.Log, ac.Format, ac.TokenizeURL)
+	wl, err := LoadRequestLog(ac.Log, ac.TokenizeURL)
 	if err != nil {
 		return err
 	}

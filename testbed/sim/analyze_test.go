@@ -121,8 +121,11 @@ func TestAnalyzeEndToEnd(t *testing.T) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
-	ac.Format = "xml"
-	if err := Analyze(context.Background(), ac, &out); err == nil {
-		t.Error("an unknown format: no error")
+	ac.Log = filepath.Join(dir, "other.jsonl")
+	if err := os.WriteFile(ac.Log, []byte(`{"timestamp": 0, "text": "x"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Analyze(context.Background(), ac, &out); err == nil || !strings.Contains(err.Error(), "none of hash_ids") {
+		t.Errorf("a log of an unknown format: %v", err)
 	}
 }

@@ -303,11 +303,7 @@ func (r *runner) diagnose(name string, e *Engine) string {
 	short := 0
 	for i, p := range chains {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		var resp *kvindexv1.ScoreResponse
-		err := r.load.retryOverloaded(cctx, func() (err error) {
-			resp, err = r.client.Score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
-			return err
-		})
+		resp, err := r.score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
 		cancel()
 		if err != nil {
 			return fmt.Sprintf("probe failed: %v", err)
@@ -381,11 +377,7 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
-	var resp *kvindexv1.ScoreResponse
-	err := r.load.retryOverloaded(cctx, func() (err error) {
-		resp, err = r.client.Score(cctx, req)
-		return err
-	})
+	resp, err := r.score(cctx, req)
 	if err != nil {
 		if ctx.Err() == nil { // not the end of the run
 			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
@@ -409,15 +401,20 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, model s
 	for _, w := range r.models[model] {
 		creq.Workers = append(creq.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
 	}
-	var cresp *kvindexv1.ScoreResponse
-	if err := r.load.retryOverloaded(cctx, func() (err error) {
-		cresp, err = r.client.Score(cctx, creq)
-		return err
-	}); err == nil {
+	if cresp, err := r.score(cctx, creq); err == nil {
 		r.check(name, from, model, pc, "candidates", creq, cresp)
 	} else if ctx.Err() == nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
 	}
+}
+
+// score sends a checkpoint Score, again while it is refused for overload.
+func (r *runner) score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *kvindexv1.ScoreResponse, err error) {
+	err = r.load.retryOverloaded(ctx, func() error {
+		resp, err = r.client.Score(ctx, req)
+		return err
+	})
+	return resp, err
 }
 
 // check compares one answer with the truth.

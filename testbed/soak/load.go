@@ -235,7 +235,7 @@ func (l *Load) checkScore(what string, req *kvindexv1.ScoreRequest, resp *kvinde
 	}
 	seen := map[events.WorkerRef]bool{}
 	for _, w := range resp.GetWorkers() {
-		ref := events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}
+		ref := refOf(w)
 		l.mu.Lock()
 		l.health[w.GetHealth().String()]++
 		l.mu.Unlock()
@@ -356,7 +356,7 @@ func (l *Load) checkRoute(req *kvindexv1.RouteRequest, resp *kvindexv1.RouteResp
 	in := false
 	ranked := map[events.WorkerRef]bool{}
 	for _, w := range resp.GetRanking().GetWorkers() {
-		ref := events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}
+		ref := refOf(w)
 		ranked[ref] = true
 		in = in || ref == chosen
 	}

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
@@ -239,7 +238,7 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 	}
 	for _, ws := range r.lastWorkers {
 		for _, w := range ws {
-			if _, ok := r.byRef[events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}]; !ok {
+			if _, ok := r.byRef[refOf(w)]; !ok {
 				continue
 			}
 			x := &s.Index

@@ -35,7 +35,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/scoring"
 	"github.com/kvindex/kvindex/testbed/demo"
 	"github.com/kvindex/kvindex/testbed/sim"
@@ -64,11 +63,11 @@ func newRoot() *cobra.Command {
 
 // flags holds every flag shared by run and live.
 type flags struct {
-	rc                   sim.RunConfig
-	routers, sweep, wire string
-	policy, guard        string
-	verbose              bool
-	prefixesQPS, zipf    float64
+	rc                sim.RunConfig
+	routers, sweep    string
+	policy, guard     string
+	verbose           bool
+	prefixesQPS, zipf float64
 }
 
 func (f *flags) register(fs *pflag.FlagSet) {
@@ -86,10 +85,8 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	o := &rc.Options
 	engineFlags(fs, o)
 	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
-	fs.DurationVar(&o.Engine.Time.StepOverhead, "step-overhead", o.Engine.Time.StepOverhead, "fixed cost of a step")
 	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+strings.Join(router.Names, ", "))
 	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
-	fs.StringVar(&f.wire, "wire", "map", "vLLM event encoding: map (v0.26+) or array (older releases)")
 	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
@@ -109,7 +106,6 @@ func engineFlags(fs *pflag.FlagSet, o *sim.Options) {
 	tm := &o.Engine.Time
 	*tm = engine.DefaultTimeModel()
 	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
-	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: prefill linear in tokens)")
 }
 
 // config turns the parsed flags into the run configuration.
@@ -123,14 +119,6 @@ func (f *flags) config() (sim.RunConfig, error) {
 		if rc.SweepSizes, err = sim.ParseSizes(f.sweep); err != nil {
 			return rc, err
 		}
-	}
-	switch f.wire {
-	case "map":
-		rc.Options.Wire = events.EncodeOptions{Encoding: events.EncodingMap}
-	case "array":
-		rc.Options.Wire = events.EncodeOptions{Encoding: events.EncodingArray}
-	default:
-		return rc, fmt.Errorf("--wire %q: want map or array", f.wire)
 	}
 	if f.zipf < 0 {
 		return rc, fmt.Errorf("--zipf %v: want an exponent >= 0 (0: uniform)", f.zipf)
@@ -248,7 +236,6 @@ func registerLive(fs *pflag.FlagSet, lo *sim.LiveOptions, printConfig *bool) {
 	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
 	fs.BoolVar(printConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
 	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
-	fs.IntVar(&lo.Replicas, "replicas", 2, "replicas in fleet mode")
 }
 
 func newAnalyze() *cobra.Command {
@@ -280,18 +267,11 @@ func newAnalyze() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&ac.Format, "format", sim.FormatAuto, "log format: auto, mooncake, tokens or openai")
 	fs.StringVar(&ac.TokenizeURL, "tokenize", "", "a vLLM /tokenize endpoint for OpenAI bodies (e.g. http://vllm:8000/tokenize); default: an estimate")
 	fs.DurationVar(&ac.Window, "window", 10*time.Minute, "how far back a reused prefix may have been seen")
 	fs.StringVar(&sizes, "sweep-cache", "25k,12.5k,6250,3125", "cache sizes to replay, blocks per engine")
-	o := &ac.Options
-	fs.IntVar(&o.Engines, "engines", 8, "number of engines")
-	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
-	tm := &o.Engine.Time
-	*tm = engine.DefaultTimeModel()
-	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
-	fs.Float64Var(&tm.AttentionPairsPerSec, "attention-rate", tm.AttentionPairsPerSec, "prefill attention (token, context token) pairs per second (0: none)")
-	fs.Uint64Var(&o.Seed, "seed", 1, "seed of engine hashes and tie-breaks")
+	engineFlags(fs, &ac.Options)
+	fs.Uint64Var(&ac.Options.Seed, "seed", 1, "seed of engine hashes and tie-breaks")
 	fs.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	return cmd
 }
@@ -316,7 +296,6 @@ func newDemo() *cobra.Command {
 	cmd.Flags().Float64Var(&rc.Live.Speedup, "speedup", rc.Live.Speedup, "virtual seconds per wall-clock second")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress and the daemon to stderr")
 	cmd.Flags().BoolVar(&rc.Live.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, two replicas the routers ask in turn")
-	cmd.Flags().IntVar(&rc.Live.Replicas, "replicas", 2, "replicas with --fleet")
 	return cmd
 }
 

@@ -30,7 +30,7 @@ func run(t *testing.T, args ...string) (string, error) {
 
 func TestRunPrintsTheTable(t *testing.T) {
 	out, err := run(t, "run", "--workload", "prefixes", "--requests", "60", "--engines", "2", "--routers", "round-robin,precise+load",
-		"--cache-blocks", "2000", "--wire", "array", "--step-overhead", "5ms", "--prefill-rate", "20000")
+		"--cache-blocks", "2000", "--prefill-rate", "20000")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,6 @@ func TestRunPrintsTheTable(t *testing.T) {
 func TestFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"run", "--routers", "nope"},
-		{"run", "--wire", "json"},
 		{"run", "--sweep-cache", "x"},
 		{"run", "--workload", "/no/such/trace.jsonl"},
 		{"run", "--precise-load-mode", "magic", "--workload", "prefixes", "--requests", "5"},

@@ -108,8 +108,6 @@ func newRoot(code *int) *cobra.Command {
 	f.BoolVar(&keep, "keep", false, "keep the work directory after a pass")
 	f.StringVar(&opts.Binary, "kvindex", "", "prebuilt kvindex binary (default: build ./cmd/kvindex)")
 	f.StringVar(&opts.GoTool, "go", opts.GoTool, "go command used to build the daemon")
-	f.Float64Var(&opts.ScoreRPS, "score-rps", opts.ScoreRPS, "Score calls per second")
-	f.IntVar(&opts.DaemonRestarts, "daemon-restarts", opts.DaemonRestarts, "daemon restarts within the first 60% of the run, SIGTERM and SIGKILL alternately, the last SIGKILL")
 	f.IntVar(&opts.WarmupSteps, "warmup-steps", opts.WarmupSteps, "steps each engine runs before the daemon first starts")
 	f.Float64Var(&opts.MaxRefused, "max-refused", opts.MaxRefused, "the largest fraction of Score and Route calls the daemon may refuse for overload (ResourceExhausted from admission control) before the run fails")
 	f.StringVar(&logLevel, "log-level", "info", "progress log level: debug, info, warn, error")

@@ -14,8 +14,7 @@ func TestRefusesBadOptions(t *testing.T) {
 		want string
 	}{
 		{[]string{"--duration", "0s"}, "duration"},
-		{[]string{"--score-rps", "-1"}, "score-rps"},
-		{[]string{"--daemon-restarts", "-2"}, "daemon-restarts"},
+		{[]string{"--warmup-steps", "-2"}, "warmup-steps"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"stray"}, "unknown command"},
 	} {
