@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -158,24 +159,23 @@ func (p *Publisher) serveReplay(router *zmq4.Socket) {
 		}
 		topic := p.topic
 		p.mu.Unlock()
-		for _, b := range out {
-			var seqb [8]byte
-			binary.BigEndian.PutUint64(seqb[:], b.seq)
+		// The 4-frame form puts the topic before the seq; the end marker
+		// is seq 2^64-1 with an empty topic and payload.
+		send := func(topic string, seq uint64, payload []byte) error {
+			seqb := binary.BigEndian.AppendUint64(nil, seq)
 			if p.frames == 4 {
-				_, err = router.SendMessage(id, []byte{}, topic, seqb[:], b.payload)
-			} else {
-				_, err = router.SendMessage(id, []byte{}, seqb[:], b.payload)
+				_, err := router.SendMessage(id, []byte{}, topic, seqb, payload)
+				return err
 			}
-			if err != nil {
+			_, err := router.SendMessage(id, []byte{}, seqb, payload)
+			return err
+		}
+		for _, b := range out {
+			if send(topic, b.seq, b.payload) != nil {
 				break
 			}
 		}
-		end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-		if p.frames == 4 {
-			_, _ = router.SendMessage(id, []byte{}, []byte{}, end, []byte{})
-		} else {
-			_, _ = router.SendMessage(id, []byte{}, end, []byte{})
-		}
+		_ = send("", ^uint64(0), []byte{})
 	}
 }
 
@@ -194,15 +194,8 @@ func (p *Publisher) keepLocked(seq uint64, payload []byte) {
 // BindsEndpoint reports whether vLLM binds (rather than connects) its PUB
 // socket for endpoint.
 func BindsEndpoint(ep string) bool {
-	for i := 0; i < len(ep); i++ {
-		if ep[i] == '*' || (ep[i] == ':' && i+1 < len(ep) && ep[i+1] == ':') {
-			return true
-		}
-	}
-	return hasPrefix(ep, "ipc://") || hasPrefix(ep, "inproc://")
+	return strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://")
 }
-
-func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
 
 // WaitForSubscribers blocks until n subscriptions have reached the socket
 // (counted since it opened) or ctx is done.

@@ -208,21 +208,7 @@ func (c *Cache) Chain(rng *rand.Rand) []uint32 {
 	if len(c.freeAt) == 0 {
 		return nil
 	}
-	e := c.freeAt[rng.IntN(len(c.freeAt))].e
-	var rev []*entry
-	for {
-		rev = append(rev, e)
-		if !e.hasParent {
-			break
-		}
-		if e = c.held[e.parent]; e == nil {
-			return nil
-		}
-	}
-	out := make([]uint32, 0, len(rev)*c.blockSize)
-	for i := len(rev) - 1; i >= 0; i-- {
-		out = append(out, rev[i].tokens...)
-	}
+	out, _ := c.chain(c.freeAt[rng.IntN(len(c.freeAt))].e)
 	return out
 }
 
@@ -241,29 +227,34 @@ func (c *Cache) Holes(limit int) (chains [][]uint32, multi []int) {
 			continue
 		}
 		seen[p.e] = true
-		var rev []*entry
-		for e := p.e; e != nil; {
-			rev = append(rev, e)
-			if !e.hasParent {
-				break
-			}
-			if e = c.held[e.parent]; e == nil {
-				rev = nil
-			}
+		if out, m := c.chain(p.e); out != nil {
+			chains, multi = append(chains, out), append(multi, m)
 		}
-		if rev == nil {
-			continue
-		}
-		out, m := make([]uint32, 0, len(rev)*c.blockSize), 0
-		for i := len(rev) - 1; i >= 0; i-- {
-			out = append(out, rev[i].tokens...)
-			if len(rev[i].copies) > 1 {
-				m++
-			}
-		}
-		chains, multi = append(chains, out), append(multi, m)
 	}
 	return chains, multi
+}
+
+// chain returns the tokens from the root to e and how many of its blocks
+// have more than one copy, or nil when a block above e is not cached.
+func (c *Cache) chain(e *entry) ([]uint32, int) {
+	var rev []*entry
+	for {
+		rev = append(rev, e)
+		if !e.hasParent {
+			break
+		}
+		if e = c.held[e.parent]; e == nil {
+			return nil, 0
+		}
+	}
+	out, m := make([]uint32, 0, len(rev)*c.blockSize), 0
+	for i := len(rev) - 1; i >= 0; i-- {
+		out = append(out, rev[i].tokens...)
+		if len(rev[i].copies) > 1 {
+			m++
+		}
+	}
+	return out, m
 }
 
 // victim returns the free block to evict: the LRU one, or with
