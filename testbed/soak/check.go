@@ -24,13 +24,9 @@ func refOf(w interface {
 }
 
 // waitApplied polls ListWorkers until every worker in want has applied
-// the seq given (last_seq), has nothing queued and is healthy, and
-// returns the last listing; on timeout the error names each worker that
-// was not there yet.
-//
-// The stream sets last_seq (and counts the batch) once the index has
-// applied the batch, so one listing that shows every engine's last seq
-// (the engines are paused) has their blocks in the index.
+// the seq given (last_seq is set once the index has applied a batch),
+// has nothing queued and is healthy, and returns the last listing; on
+// timeout the error names each worker that was not there yet.
 func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint64, timeout time.Duration) ([]*kvindexv1.WorkerStatus, error) {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -75,9 +71,7 @@ func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint
 	}
 }
 
-// endpointOf returns where a soak worker's events come from as
-// ListWorkers reports it: its engine's endpoint, or for the push pod its
-// listener's.
+// endpointOf returns a worker's endpoint as ListWorkers reports it.
 func (r *runner) endpointOf(ref events.WorkerRef) string {
 	spec := r.byRef[ref].Spec()
 	if spec.Push {
@@ -243,20 +237,17 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	}
 }
 
-// blockFlow is what one worker's engine had sent and its index had
-// applied at a checkpoint: blocks in BlockStored events, and blocks in
-// BlockRemoved events.
+// blockFlow is the blocks one worker's engine had sent and its index had
+// applied at a checkpoint, in BlockStored and BlockRemoved events.
 type blockFlow struct {
 	sentStored, sentRemoved       int64
 	appliedStored, appliedRemoved uint64
 }
 
 // checkFlow compares, between two checkpoints of one daemon process, the
-// blocks the engine sent in BlockStored and BlockRemoved events with the
-// blocks the index applied (blocks_stored, blocks_removed): every batch
-// is applied once, and every removal names a block the index holds. A
-// difference places a divergence between the two checkpoints, and says
-// whether stores or removals went astray.
+// blocks the engine sent with those the index applied, which places a
+// divergence between the two and says whether stores or removals went
+// astray.
 func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
 	ref := e.Spec().Worker
 	st := e.StatsLocked()
@@ -275,8 +266,8 @@ func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
 	}
 }
 
-// excess returns how far counter's value got is above want plus what
-// was already reported for the worker in this daemon process.
+// excess returns how far got is above want plus what was already
+// reported for the worker's counter in this daemon process.
 func (r *runner) excess(ref events.WorkerRef, counter string, got, want uint64) uint64 {
 	limit := want + r.reportedOf(ref, counter)
 	if got <= limit {
@@ -285,8 +276,6 @@ func (r *runner) excess(ref events.WorkerRef, counter string, got, want uint64) 
 	return got - limit
 }
 
-// reportedOf returns the excess of counter already reported for ref in
-// this daemon process.
 func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -343,17 +332,8 @@ func (r *runner) checkAnswers(ctx context.Context, name string) {
 		}
 		n := len(prompts)
 		for i := 0; i < n && i < 6; i++ {
-			p := prompts[rng.IntN(n)].tokens
-			switch i % 3 {
-			case 0:
-				prompts = append(prompts, promptCase{"cut", p[:1+rng.IntN(len(p))]})
-			case 1:
-				prompts = append(prompts, promptCase{"extended", append(append([]uint32(nil), p...), randomTokens(rng, 1+rng.IntN(300))...)})
-			default:
-				q := append([]uint32(nil), p...)
-				q[rng.IntN(len(q))] ^= 1
-				prompts = append(prompts, promptCase{"changed", q})
-			}
+			how, q := vary(rng, prompts[rng.IntN(n)].tokens, i%3, 300)
+			prompts = append(prompts, promptCase{how, q})
 		}
 		for i, pc := range prompts {
 			if ctx.Err() != nil {

@@ -107,18 +107,25 @@ func (l *Load) prompt(rng *rand.Rand) ([]uint32, string) {
 	if len(p) == 0 {
 		return randomTokens(rng, 64), model
 	}
-	switch rng.IntN(4) {
-	case 0:
-		return p, model
-	case 1:
-		return p[:1+rng.IntN(len(p))], model
-	case 2:
-		return append(append([]uint32(nil), p...), randomTokens(rng, 1+rng.IntN(200))...), model
-	default:
-		q := append([]uint32(nil), p...)
-		q[rng.IntN(len(q))] ^= 1
-		return q, model
+	if k := rng.IntN(4); k > 0 {
+		_, p = vary(rng, p, k-1, 200)
 	}
+	return p, model
+}
+
+// vary returns a new prompt made from p, and how: by kind 0 cut at a
+// random length, 1 extended by up to ext random tokens, 2 with one token
+// changed.
+func vary(rng *rand.Rand, p []uint32, kind, ext int) (string, []uint32) {
+	switch kind {
+	case 0:
+		return "cut", p[:1+rng.IntN(len(p))]
+	case 1:
+		return "extended", append(append([]uint32(nil), p...), randomTokens(rng, 1+rng.IntN(ext))...)
+	}
+	q := append([]uint32(nil), p...)
+	q[rng.IntN(len(q))] ^= 1
+	return "changed", q
 }
 
 // call runs one RPC with a deadline and classifies its error: nil, an
