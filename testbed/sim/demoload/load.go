@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/testbed/sim/workload"
 	"github.com/kvindex/kvindex/tokenize"
 	"github.com/kvindex/kvindex/tokenize/standin"
 )
@@ -81,7 +81,7 @@ type Driver struct {
 	pods   []string // sorted, for the fallback
 	rr     atomic.Uint64
 	next   atomic.Uint64 // request ids
-	cum    []float64     // Zipf CDF over the prefixes
+	zipf   workload.Zipf // over the prefixes
 	system []string      // the system prompts
 	stats  Stats
 }
@@ -118,14 +118,9 @@ func New(cfg Config, kvs ...*api.Client) (*Driver, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Driver{cfg: cfg, kvs: kvs, http: &http.Client{Timeout: time.Minute}, pods: slices.Sorted(maps.Keys(cfg.Engines))}
-	total := 0.0
+	d.zipf = workload.ZipfCDF(cfg.Prefixes, cfg.Zipf)
 	for k := range cfg.Prefixes {
-		total += 1 / math.Pow(float64(k+1), cfg.Zipf)
-		d.cum = append(d.cum, total)
 		d.system = append(d.system, text(fmt.Sprintf("system prompt %d", k), cfg.SystemTokens))
-	}
-	for i := range d.cum {
-		d.cum[i] /= total
 	}
 	return d, nil
 }
@@ -178,7 +173,7 @@ func (d *Driver) Run(ctx context.Context) error {
 				break sleep
 			}
 		}
-		prefix := d.pick(r.Float64())
+		prefix := d.zipf.Pick(r)
 		question := text(fmt.Sprintf("question %d", r.Uint64()), d.cfg.QuestionTokens)
 		select {
 		case slots <- struct{}{}:
@@ -196,12 +191,6 @@ func (d *Driver) Run(ctx context.Context) error {
 			}
 		}()
 	}
-}
-
-// pick maps u in [0, 1) to a prefix by the Zipf CDF.
-func (d *Driver) pick(u float64) int {
-	i, _ := slices.BinarySearch(d.cum, u)
-	return min(i, len(d.cum)-1)
 }
 
 // One sends one chat of system prompt prefix and question: routed by

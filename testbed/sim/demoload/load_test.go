@@ -138,7 +138,7 @@ func TestPickFollowsZipf(t *testing.T) {
 		u    float64
 		want int
 	}{{0, 0}, {0.47, 0}, {0.5, 1}, {0.8, 2}, {0.95, 3}, {0.9999, 3}} {
-		if got := d.pick(tc.u); got != tc.want {
+		if got := d.zipf.At(tc.u); got != tc.want {
 			t.Errorf("pick(%v) = %d, want %d", tc.u, got, tc.want)
 		}
 	}

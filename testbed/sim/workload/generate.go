@@ -70,12 +70,12 @@ func Prefixes(c PrefixesConfig) (*Workload, error) {
 		return nil, fmt.Errorf("workload: prefixes: invalid parameters %+v", c)
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, prefixTag))
-	cdf := zipfCDF(c.Prefixes, c.ZipfS)
+	cdf := ZipfCDF(c.Prefixes, c.ZipfS)
 	w := &Workload{Name: "prefixes", Engines: c.Engines, Requests: make([]Request, c.Requests)}
 	var t float64
 	for i := range w.Requests {
 		t += rng.ExpFloat64() / c.QPS
-		k := cdf.pick(rng)
+		k := cdf.Pick(rng)
 		segs := []Segment{{ID: mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
 		if c.SuffixTokens > 0 {
 			segs = append(segs, Segment{ID: mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
@@ -85,11 +85,12 @@ func Prefixes(c PrefixesConfig) (*Workload, error) {
 	return w, nil
 }
 
-// zipf is the cumulative distribution of n ranks with weights 1/(k+1)^s.
-type zipf []float64
+// Zipf is the cumulative distribution of n ranks with weights 1/(k+1)^s.
+type Zipf []float64
 
-func zipfCDF(n int, s float64) zipf {
-	cdf := make(zipf, n)
+// ZipfCDF returns the distribution of n ranks with exponent s.
+func ZipfCDF(n int, s float64) Zipf {
+	cdf := make(Zipf, n)
 	var sum float64
 	for k := range cdf {
 		sum += 1 / math.Pow(float64(k+1), s)
@@ -199,10 +200,11 @@ func (c TenantsConfig) QPSAt(t float64) float64 {
 	return r.r0 + 2*r.a*t
 }
 
-// pick draws a rank.
-func (z zipf) pick(rng *rand.Rand) int {
-	return min(sort.SearchFloat64s(z, rng.Float64()), len(z)-1)
-}
+// Pick draws a rank.
+func (z Zipf) Pick(rng *rand.Rand) int { return z.At(rng.Float64()) }
+
+// At maps u in [0, 1) to its rank.
+func (z Zipf) At(u float64) int { return min(sort.SearchFloat64s(z, u), len(z)-1) }
 
 // newRequest is request id arriving at seconds at, its prompt segs.
 func newRequest(id int, at float64, segs []Segment, outputLen int, group string) Request {

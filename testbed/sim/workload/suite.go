@@ -97,12 +97,12 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 	for k := range system {
 		system[k] = Segment{ID: mix64(systemTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.SystemTokens, 0.4)}
 	}
-	cdf := zipfCDF(c.SystemPrompts, c.ZipfS)
+	cdf := ZipfCDF(c.SystemPrompts, c.ZipfS)
 	var reqs []Request
 	var start float64
 	for s := range c.Sessions {
 		start += rng.ExpFloat64() / c.SessionRate
-		k := cdf.pick(rng)
+		k := cdf.Pick(rng)
 		turns := geometric(rng, c.MeanTurns, c.MaxTurns)
 		id := func(tag uint64, turn int) uint64 { return mix64(tag ^ c.Seed ^ uint64(s)<<20 ^ uint64(turn)) }
 		reqs = appendConversation(reqs, rng, conversation{
@@ -189,11 +189,11 @@ func ToolAgents(c ToolAgentsConfig) (*Workload, error) {
 	for k := range catalogs {
 		catalogs[k] = Segment{ID: mix64(catalogTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.CatalogTokens, 0.4)}
 	}
-	cdf := zipfCDF(c.Catalogs, c.ZipfS)
+	cdf := ZipfCDF(c.Catalogs, c.ZipfS)
 	agentCatalog := make([]int, c.Agents)
 	agents := make([]Segment, c.Agents)
 	for a := range agents {
-		agentCatalog[a] = cdf.pick(rng)
+		agentCatalog[a] = cdf.Pick(rng)
 		agents[a] = Segment{ID: mix64(agentTag ^ c.Seed ^ uint64(a)), Len: logNormal(rng, c.AgentTokens, 0.5)}
 	}
 	var reqs []Request
@@ -343,7 +343,7 @@ func RAG(c RAGConfig) (*Workload, error) {
 		topics[t] = rng.Perm(c.Documents)[:c.TopicDocs]
 	}
 	system := Segment{ID: mix64(systemTag ^ ragTag ^ c.Seed), Len: c.SystemTokens}
-	cdf := zipfCDF(c.Topics, c.ZipfS)
+	cdf := ZipfCDF(c.Topics, c.ZipfS)
 	w := &Workload{Name: "rag", Engines: c.Engines, Requests: make([]Request, c.Requests)}
 	type scored struct {
 		doc   int
@@ -353,7 +353,7 @@ func RAG(c RAGConfig) (*Workload, error) {
 	var t float64
 	for i := range w.Requests {
 		t += rng.ExpFloat64() / c.QPS
-		topic := cdf.pick(rng)
+		topic := cdf.Pick(rng)
 		for r, d := range topics[topic] {
 			cand[r] = scored{doc: d, score: -float64(r) + c.Noise*rng.NormFloat64()}
 		}
