@@ -83,7 +83,7 @@ func TestBenchEmbedded(t *testing.T) {
 	for _, tc := range []struct {
 		client string
 		conns  int
-	}{{"h2", 0}, {"h2", 1}, {"grpc", 0}} {
+	}{{"grpc-preencoded", 0}, {"grpc-preencoded", 1}, {"grpc", 0}} {
 		t.Run(fmt.Sprintf("%s/%d", tc.client, tc.conns), func(t *testing.T) {
 			benchEmbedded(t, tc.client, tc.conns)
 		})
@@ -158,7 +158,7 @@ func TestBenchRemoteChecked(t *testing.T) {
 	}
 	defer e.Close()
 	load := Config{Rate: 200, Duration: 500 * time.Millisecond, Concurrency: 2, Timeout: 5 * time.Second}
-	for _, client := range []string{"grpc", "h2"} {
+	for _, client := range []string{"grpc", "grpc-preencoded"} {
 		rep, err := Bench(ctx, Options{Addr: e.Addr, Check: true, Shape: shape, Client: client, Load: load})
 		if err != nil {
 			t.Fatal(err)
