@@ -34,7 +34,7 @@
 #   OVERLOAD_SHAPE shape flags of the overload rows' servers and generator
 #              (default below), OVERLOAD_PROBE_RPS the rate that finds
 #              kvindex's capacity (default 8000), OVERLOAD_CLIENT the
-#              generator's client (default below)
+#              generator's client, kvbench --client (default below)
 #   TABLE_ONLY set to 1 to run nothing and print the table of the reports
 #              already in $OUT
 #   CPUPROFILE set to 1 to also write a CPU profile per package into $OUT
@@ -65,10 +65,14 @@ GEN_FLAGS=${GEN_FLAGS---gomaxprocs 1 --gogc 50 --connections 1}
 SERVER_CPU=${SERVER_CPU-0}
 GEN_CPU=${GEN_CPU-1}
 # The overload rows' prompts are long (32,768 tokens), so that the server
-# saturates at a rate whose triple one generator core can still offer.
+# saturates at a low rate; their generator is grpc-go sending each distinct
+# request pre-encoded, at less than half of grpc-go's client CPU per call
+# when it marshals each one. Even so one generator core offers about twice
+# kvindex's capacity, not three times (docs/benchmarks.md, "What the
+# misses show"): a run that falls behind its rate is marked broken.
 OVERLOAD_SHAPE=${OVERLOAD_SHAPE:---prompt-blocks 2048 --shared-blocks 512}
 OVERLOAD_PROBE_RPS=${OVERLOAD_PROBE_RPS:-8000}
-OVERLOAD_CLIENT=${OVERLOAD_CLIENT:-h2}
+OVERLOAD_CLIENT=${OVERLOAD_CLIENT:-grpc-preencoded}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 raw="$OUT/latest.txt"

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/kvindex/kvindex/api"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
 // Options is one kvbench run.
@@ -23,9 +22,9 @@ type Options struct {
 	// what Shape.Load stores). Embedded implies it; set it against a
 	// server loaded with the same shape (kvbench --embedded --serve).
 	Check bool
-	// Client is "h2" (default: H2Conn, a lean HTTP/2 gRPC client that
-	// leaves the cores to the server) or "grpc" (api.Client, grpc-go: a Go
-	// router's view, at several times the client CPU per call).
+	// Client is "grpc" (default: api.Client, grpc-go, marshalling every
+	// request as a Go router does) or "grpc-preencoded" (the same
+	// connections, each distinct request encoded once: PreencodedScoreDo).
 	Client string
 	// Connections is how many connections the senders share, in turn;
 	// 0 means one per sender.
@@ -46,10 +45,10 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	}
 	switch opts.Client {
 	case "":
-		opts.Client = "h2"
-	case "h2", "grpc":
+		opts.Client = "grpc"
+	case "grpc", "grpc-preencoded":
 	default:
-		return nil, fmt.Errorf("loadgen: client %q: want h2 or grpc", opts.Client)
+		return nil, fmt.Errorf("loadgen: client %q: want grpc or grpc-preencoded", opts.Client)
 	}
 	addr := opts.Addr
 	if opts.Embedded {
@@ -67,36 +66,22 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	if nconn <= 0 {
 		nconn = max(opts.Load.Concurrency, 1)
 	}
-	var do Do
-	switch opts.Client {
-	case "h2":
-		conns := make([]*H2Conn, nconn)
-		for i := range conns {
-			c, err := DialH2(ctx, addr, kvindexv1.IndexService_Score_FullMethodName)
-			if err != nil {
-				return nil, err
-			}
-			defer c.Close()
-			conns[i] = c
-		}
-		var err error
-		if do, err = H2ScoreDo(opts.Shape, conns, opts.BlockKeys, check); err != nil {
+	clients := make([]*api.Client, nconn)
+	for i := range clients {
+		c, err := api.Dial(ctx, addr)
+		if err != nil {
 			return nil, err
 		}
-	case "grpc":
-		clients := make([]*api.Client, nconn)
-		for i := range clients {
-			c, err := api.Dial(ctx, addr)
-			if err != nil {
-				return nil, err
-			}
-			defer c.Close()
-			clients[i] = c
-		}
-		var err error
-		if do, err = ScoreDo(opts.Shape, clients, opts.BlockKeys, check); err != nil {
-			return nil, err
-		}
+		defer c.Close()
+		clients[i] = c
+	}
+	scoreDo := ScoreDo
+	if opts.Client == "grpc-preencoded" {
+		scoreDo = PreencodedScoreDo
+	}
+	do, err := scoreDo(opts.Shape, clients, opts.BlockKeys, check)
+	if err != nil {
+		return nil, err
 	}
 	var warm int64
 	if opts.Warmup.Duration > 0 {

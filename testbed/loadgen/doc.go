@@ -21,14 +21,14 @@
 //
 // # Clients
 //
-// H2Conn, the default, is a minimal gRPC client over HTTP/2 in the manner
-// of h2load. Requests are pre-encoded, a call is one write, and one reader
-// goroutine completes the calls. On a small machine, where the generator
-// shares the server's cores, it leaves them to the server: grpc-go's
-// client costs about as much CPU per call as the server it measures, so
-// only H2Conn offers one server core three times what it can take (the
-// overload rows). The grpc-go path (kvindex's api.Client) is a Go router's
-// view: the Score rows use it.
+// Calls go through kvindex's Go client (api.Client, grpc-go), a Go
+// router's view. ScoreDo marshals every request, as a router does: the
+// Score rows use it. PreencodedScoreDo encodes each of the shape's
+// distinct prompts once and hands grpc-go those bytes through a codec that
+// writes them as they are, replies still decoded and checked: for a
+// 32,768-token prompt, marshalling was half of grpc-go's client CPU, and
+// the overload rows need one generator core to offer a server core three
+// times what it takes.
 //
 // # Shapes
 //

@@ -147,14 +147,14 @@ func TestRunTimeout(t *testing.T) {
 	}
 }
 
-// TestRunCountsRefusalsApart: ResourceExhausted answers (wrapped, as the
-// h2 client returns them) are refusals, not errors, and the accepted and
+// TestRunCountsRefusalsApart: ResourceExhausted answers (wrapped, as
+// ScoreDo returns them) are refusals, not errors, and the accepted and
 // refused latencies are kept apart.
 func TestRunCountsRefusalsApart(t *testing.T) {
 	do := func(_ context.Context, _ int, k int64) error {
 		switch k % 4 {
 		case 0:
-			return fmt.Errorf("loadgen: h2: %w", status.Error(codes.ResourceExhausted, "overloaded"))
+			return fmt.Errorf("loadgen: Score of prompt 0: %w", status.Error(codes.ResourceExhausted, "overloaded"))
 		case 1:
 			time.Sleep(2 * time.Millisecond)
 			return nil

@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvindex/kvindex/api"
@@ -297,91 +296,6 @@ func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
 		}
 		return nil
 	}, nil
-}
-
-// H2ScoreDo is ScoreDo over lean HTTP/2 connections (H2Conn) instead of
-// gRPC clients: the same requests, replies decoded and checked the same
-// way, for a fraction of grpc-go's client CPU.
-func H2ScoreDo(shape Shape, conns []*H2Conn, keys, check bool) (Do, error) {
-	reqs, err := scoreRequests(shape, keys)
-	if err != nil {
-		return nil, err
-	}
-	framed := make([][]byte, len(reqs))
-	for i, r := range reqs {
-		framed[i] = NewGRPCMessage(r)
-	}
-	return func(ctx context.Context, g int, k int64) error {
-		i := k % int64(len(framed))
-		out, err := conns[g%len(conns)].Call(ctx, framed[i])
-		if err != nil {
-			return fmt.Errorf("loadgen: Score of prompt %d: %w", i, err)
-		}
-		pb, err := GRPCPayload(out)
-		if err != nil {
-			return fmt.Errorf("loadgen: Score of prompt %d: %w", i, err)
-		}
-		best, err := longestMatch(pb)
-		if err != nil {
-			return fmt.Errorf("loadgen: Score of prompt %d: decode reply: %w", i, err)
-		}
-		if check {
-			return checkLongest(shape, i, best)
-		}
-		return nil
-	}, nil
-}
-
-// longestMatch returns the largest matched_blocks of an encoded
-// ScoreResponse's workers. It reads only those fields, at a fifth of the
-// cost of decoding the whole reply (~1.5 µs against ~6.5 µs in a kvbench
-// profile): the generator's CPU is CPU the server on the same cores lacks.
-// TestLongestMatch checks it against protobuf-go.
-func longestMatch(b []byte) (uint32, error) {
-	const workersField, matchedField = 3, 2 // ScoreResponse.workers, WorkerScore.matched_blocks
-	var best uint32
-	err := scanFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
-		if num != workersField || typ != protowire.BytesType {
-			return nil
-		}
-		return scanFields(v, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
-			if num == matchedField && typ == protowire.VarintType {
-				best = max(best, uint32(x))
-			}
-			return nil
-		})
-	})
-	return best, err
-}
-
-// scanFields calls f with each field of an encoded message: its number,
-// type and value (bytes for length-delimited fields, x for varints).
-func scanFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		var v []byte
-		var x uint64
-		switch typ {
-		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(b)
-		case protowire.VarintType:
-			x, n = protowire.ConsumeVarint(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		if err := f(num, typ, v, x); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // scoreMessages builds one ScoreRequest per prompt of shape.

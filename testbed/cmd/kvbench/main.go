@@ -110,7 +110,7 @@ func newRoot() *cobra.Command {
 	f.DurationVar(&load.Duration, "duration", load.Duration, "how long to send")
 	f.IntVar(&load.Concurrency, "concurrency", load.Concurrency, "sender goroutines: at most this many requests in flight")
 	f.IntVar(&opts.Connections, "connections", 0, "connections the senders share (0: one per sender)")
-	f.StringVar(&opts.Client, "client", "h2", "h2: a lean HTTP/2 gRPC client that leaves the CPU to the server; grpc: kvindex's Go client (grpc-go), a Go router's view")
+	f.StringVar(&opts.Client, "client", "grpc", "grpc: kvindex's Go client (grpc-go), marshalling every request as a Go router does; grpc-preencoded: the same client with each distinct request encoded once, the bytes passed through (the overload rows, where one generator core offers 3x a server core)")
 	f.DurationVar(&load.Timeout, "timeout", load.Timeout, "per-request deadline (0: none)")
 	f.DurationVar(&warmup, "warmup", time.Second, "unmeasured run at the same rate first (0: none)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
