@@ -261,7 +261,7 @@ func startReplica(ctx context.Context, o replicaOpts, procs int, cpus string) (*
 		return nil, nil, time.Time{}, err
 	}
 	var live liveReport
-	at, err := rep.await("live", &live, 2*time.Minute)
+	at, err := rep.await("live", &live, 4*time.Minute)
 	if err != nil {
 		rep.Kill()
 		return nil, nil, at, err
