@@ -228,11 +228,16 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 // a benchmark, summed over its workers, for an error that ends a run.
 func problemCounts(src *natsbus.Source) string {
 	var gaps, dropped, decode, apply, replays, failures int64
+	why := ""
 	for _, st := range src.WorkerStats() {
 		gaps, dropped, decode, apply = gaps+st.Gaps, dropped+st.Dropped, decode+st.DecodeErrors, apply+st.ApplyErrors
 		replays, failures = replays+st.Replays, failures+st.ReplayFailures
+		if why == "" && st.Health != events.HealthOK {
+			why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
+		}
 	}
-	return fmt.Sprintf("gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d", gaps, dropped, decode, apply, replays, failures)
+	return fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
+		src.Reconnects(), gaps, dropped, decode, apply, replays, failures, why)
 }
 
 // problems sums the counters of what should not happen in a benchmark.
