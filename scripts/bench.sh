@@ -28,7 +28,11 @@
 #              FLEET_GEN_CPU the CPUs of the replica (or the lag floor's
 #              subscriber) and of the generator (default: unpinned);
 #              LAG_ROUNDS runs of the lag path and its floor each,
-#              alternated (default 1)
+#              alternated (default 1); LAG_AGENT_PROCS the processes the
+#              lag row's agents (and its floor's forwarders) run in beside
+#              the generator's, on its CPUs (default 0: in the generator's
+#              own; on 2 cores more processes cost the generator the rate,
+#              docs/benchmarks.md "What the misses show")
 #   SKIP_OVERLOAD set to 1 to skip the overload rows (admission control at 3x
 #              the server's capacity)
 #   OVERLOAD_SHAPE shape flags of the overload rows' servers and generator
@@ -54,6 +58,7 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-8}
 GRPC_RUNS=${GRPC_RUNS:-5}
 LAG_ROUNDS=${LAG_ROUNDS:-1}
+LAG_AGENT_PROCS=${LAG_AGENT_PROCS:-0}
 # The split rows' processes: each on a CPU of its own with GOMAXPROCS 1, as
 # a router and kvindex are on machines of their own; collections kept
 # short (a small GOGC), because at GOMAXPROCS 1 Go's background sweeper
@@ -305,8 +310,8 @@ if [[ ${SKIP_FLEET:-0} != 1 ]]; then
 		fi
 		frun ingest ingest
 		frun sync sync --workers "${FLEET_SYNC_WORKERS:-1000}" --cache-dir "$OUT/fleet-cache"
-		frun lag lag --rounds "$LAG_ROUNDS"
-		frun lag-quarter lag --rate 25000 --rounds "$LAG_ROUNDS"
+		frun lag lag --rounds "$LAG_ROUNDS" --agent-procs "$LAG_AGENT_PROCS"
+		frun lag-quarter lag --rate 25000 --rounds "$LAG_ROUNDS" --agent-procs "$LAG_AGENT_PROCS"
 		frun wire wire
 		frun agent agent --kvindex "$OUT/kvindex"
 	else
@@ -510,7 +515,8 @@ pins="pinning: gRPC servers CPU ${SERVER_CPU:-any}, generator CPU ${GEN_CPU:-any
 if [[ -f $OUT/fleet-lag.json ]]; then
 	r=$(sed -n 's/.*"replica": *"\([^"]*\)".*/\1/p' "$OUT/fleet-lag.json" | head -1)
 	g=$(sed -n 's/.*"generator": *"\([^"]*\)".*/\1/p' "$OUT/fleet-lag.json" | head -1)
-	pins+="; fleet lag replica/subscriber CPU ${r:-any}, generator CPU ${g:-any}"
+	a=$(fget lag agent_procs)
+	pins+="; fleet lag replica/subscriber CPU ${r:-any}, generator CPU ${g:-any}, agents in $( ((${a:-0} > 0)) && echo "$a processes of their own" || echo "the generator's process")"
 fi
 echo
 {

@@ -57,9 +57,33 @@ func closeEngines(es []*engine) {
 	}
 }
 
-// pod is the engine's entry in a kvindex configuration.
-func (e *engine) podConfig() config.Pod {
-	return config.Pod{Name: e.pod, Model: benchModel, Endpoint: e.endpoint, ReplayEndpoint: e.replay, DPSize: 1}
+// enginePort is what an agent or a forwarder needs to reach an engine:
+// its pod, its ZeroMQ endpoints and its block size (sent as JSON to the
+// processes that run them).
+type enginePort struct {
+	Pod       string `json:"pod"`
+	Endpoint  string `json:"endpoint"`
+	Replay    string `json:"replay"`
+	BlockSize int    `json:"block_size"`
+}
+
+// port is e's enginePort.
+func (e *engine) port() enginePort {
+	return enginePort{Pod: e.pod, Endpoint: e.endpoint, Replay: e.replay, BlockSize: e.w.shape.BlockSize}
+}
+
+// ports are es's enginePorts, in order.
+func ports(es []*engine) []enginePort {
+	ps := make([]enginePort, len(es))
+	for i, e := range es {
+		ps[i] = e.port()
+	}
+	return ps
+}
+
+// podConfig is the engine's entry in a kvindex configuration.
+func (p enginePort) podConfig() config.Pod {
+	return config.Pod{Name: p.Pod, Model: benchModel, Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, DPSize: 1}
 }
 
 // send publishes the engine's next batch, stamped now, and returns the
@@ -113,14 +137,18 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 
 // agentConfig is the kvindex agent configuration of engine e's pod
 // against NATS at url.
-func agentConfig(e *engine, url string) (*config.Config, error) {
+func agentConfig(e *engine, url string) (*config.Config, error) { return e.port().agentConfig(url) }
+
+// agentConfig is the kvindex agent configuration of p's pod against NATS
+// at url.
+func (p enginePort) agentConfig(url string) (*config.Config, error) {
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0",
-		Models: []config.Model{{Name: benchModel, BlockSize: e.w.shape.BlockSize}}, Pods: []config.Pod{e.podConfig()}}
+		Models: []config.Model{{Name: benchModel, BlockSize: p.BlockSize}}, Pods: []config.Pod{p.podConfig()}}
 	cfg.NATS = config.NATS{URL: url}
-	cfg.Agent.Pod = e.pod
+	cfg.Agent.Pod = p.Pod
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("fleetbench: agent configuration of %s: %w", e.pod, err)
+		return nil, fmt.Errorf("fleetbench: agent configuration of %s: %w", p.Pod, err)
 	}
 	return cfg, nil
 }

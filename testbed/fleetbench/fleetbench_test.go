@@ -111,7 +111,7 @@ func TestForwarderFloor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeEngines(es)
-	fw, err := startForwarders(ctx, ns.URL(), es)
+	fw, err := startForwarders(ctx, ns.URL(), ports(es))
 	if err != nil {
 		t.Fatal(err)
 	}

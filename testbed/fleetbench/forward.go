@@ -45,7 +45,7 @@ type forwarders struct {
 // startForwarders connects one forwarder to each engine and to NATS at
 // url, subscribed when it returns (wait for the engines' subscribers
 // before publishing: ZeroMQ drops what is sent before a subscription).
-func startForwarders(ctx context.Context, url string, es []*engine) (*forwarders, error) {
+func startForwarders(ctx context.Context, url string, es []enginePort) (*forwarders, error) {
 	zctx, err := zmq4.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: forwarder: %w", err)
@@ -53,7 +53,7 @@ func startForwarders(ctx context.Context, url string, es []*engine) (*forwarders
 	f := &forwarders{zctx: zctx}
 	ctx, f.cancel = context.WithCancel(ctx)
 	for _, e := range es {
-		nc, err := connect(url, "kvfleetbench forwarder "+e.pod)
+		nc, err := connect(url, "kvfleetbench forwarder "+e.Pod)
 		if err != nil {
 			f.stop()
 			return nil, err
@@ -67,9 +67,9 @@ func startForwarders(ctx context.Context, url string, es []*engine) (*forwarders
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			if err := f.run(ctx, sock, nc, floorSubject+e.pod); err != nil {
+			if err := f.run(ctx, sock, nc, floorSubject+e.Pod); err != nil {
 				f.mu.Lock()
-				f.err = errors.Join(f.err, fmt.Errorf("fleetbench: forwarder of %s: %w", e.pod, err))
+				f.err = errors.Join(f.err, fmt.Errorf("fleetbench: forwarder of %s: %w", e.Pod, err))
 				f.mu.Unlock()
 			}
 		}()
@@ -79,20 +79,20 @@ func startForwarders(ctx context.Context, url string, es []*engine) (*forwarders
 
 // subscribe opens a SUB socket to e with the receive bound an agent's
 // subscriber has (events/zmq's default RcvHWM).
-func (f *forwarders) subscribe(e *engine) (*zmq4.Socket, error) {
+func (f *forwarders) subscribe(e enginePort) (*zmq4.Socket, error) {
 	sock, err := f.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
-		return nil, fmt.Errorf("fleetbench: forwarder of %s: %w", e.pod, err)
+		return nil, fmt.Errorf("fleetbench: forwarder of %s: %w", e.Pod, err)
 	}
 	for _, set := range []func() error{
 		func() error { return sock.SetLinger(0) },
 		func() error { return sock.SetRcvhwm(100_000) },
 		func() error { return sock.SetSubscribe("") },
-		func() error { return sock.Connect(e.endpoint) },
+		func() error { return sock.Connect(e.Endpoint) },
 	} {
 		if err := set(); err != nil {
 			sock.Close()
-			return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.pod, e.endpoint, err)
+			return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.Pod, e.Endpoint, err)
 		}
 	}
 	return sock, nil
@@ -253,7 +253,7 @@ func batchTime(b []byte) (float64, error) {
 // forwarders instead of agents, and the floor subscriber in the replica's
 // place; it fills res's floor figures.
 func lagFloor(ctx context.Context, o LagOptions, batches int, res *LagFloor) error {
-	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, Floor: true}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, Floor: true, AgentProcs: o.AgentProcs}, 10*time.Minute)
 	if err != nil {
 		return err
 	}

@@ -6,14 +6,12 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/fleet"
 	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/kvindex/kvindex/testbed/proc"
@@ -41,6 +39,10 @@ type LagOptions struct {
 	// the generator (engines with their agents or forwarders, and
 	// nats-server); zero: unpinned.
 	Pin Pinning
+	// AgentProcs is how many processes the agents (and the floor's
+	// forwarders, dealt the same way) run in, beside the generator's and
+	// on its CPUs; 0 runs them in the generator's process, in one heap.
+	AgentProcs int
 }
 
 // LagFloor is the lag benchmark's floor (forward.go): the same engine
@@ -107,6 +109,9 @@ type LagResult struct {
 	Offered float64 `json:"offered_rate"`
 	// Pinned is the CPUs each process ran on (empty: unpinned).
 	Pinned Pinning `json:"pinned"`
+	// AgentProcs is the processes the agents and forwarders ran in (0:
+	// the generator's).
+	AgentProcs int `json:"agent_procs"`
 }
 
 // Lag runs the lag benchmark and its floor, Rounds times each in turn:
@@ -115,7 +120,7 @@ type LagResult struct {
 // floor, the same generator with forwarders in the agents' place and a
 // subscriber process in the replica's (forward.go).
 func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, Pinned: o.Pin, Offered: o.Rate}
+	res := &LagResult{Pods: o.Pods, Pinned: o.Pin, Offered: o.Rate, AgentProcs: o.AgentProcs}
 	load := proc.LoadAvg()[0]
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
@@ -157,7 +162,7 @@ func medianDuration(ds []time.Duration) time.Duration {
 // lagPath runs the path once and fills res's figures of it.
 func lagPath(ctx context.Context, o LagOptions, batches int, res *LagResult) error {
 	res.LoadBefore = proc.LoadAvg()[0]
-	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, AgentProcs: o.AgentProcs}, 10*time.Minute)
 	if err != nil {
 		return err
 	}
@@ -212,23 +217,16 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 		return err
 	}
 	defer closeEngines(es)
-	var (
-		agents []*fleet.Agent
-		fw     *forwarders
-	)
-	if o.Floor {
-		if fw, err = startForwarders(ctx, ns.URL(), es); err != nil {
-			return err
-		}
-		defer fw.stop()
+	var side lagSide
+	if o.AgentProcs > 0 {
+		side, err = startProcSide(ctx, ns.URL(), ports(es), o.Floor, o.AgentProcs)
 	} else {
-		var stop func()
-		agents, stop, err = startLagAgents(ctx, es, ns.URL())
-		defer stop()
-		if err != nil {
-			return err
-		}
+		side, err = startLocalSide(ctx, ns.URL(), ports(es), o.Floor)
 	}
+	if err != nil {
+		return err
+	}
+	defer func() { _ = side.stop() }()
 	if err := waitSubscribed(ctx, es, 1); err != nil {
 		return err
 	}
@@ -240,12 +238,7 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 		sent += int64(count)
 		return blocks, err
 	}
-	caught := func() error {
-		if o.Floor {
-			return fw.caughtUp(ctx, sent)
-		}
-		return caughtUp(ctx, es, agents)
-	}
+	caught := func() error { return waitCaughtUp(ctx, side, o.Floor, es, sent) }
 	// The warm-up lap: every worker reaches its steady state before the
 	// replica starts, which then syncs from the agents' snapshots (the
 	// floor plays it too, so that its engines send the same frames).
@@ -261,33 +254,36 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err := in.Wait(ctx, "go"); err != nil {
 		return err
 	}
-	var before *lagHist
-	if !o.Floor {
-		if before, err = agentLag(agents); err != nil {
-			return err
-		}
+	before, err := side.agentLag(ctx)
+	if err != nil {
+		return err
 	}
-	var forwarded0 int64
-	if o.Floor {
-		forwarded0 = fw.forwarded.Load()
+	p0, err := side.progress(ctx)
+	if err != nil {
+		return err
 	}
-	cpu0, t0 := proc.SelfCPU(), time.Now()
+	// The generator's CPU is its own and its agent processes'.
+	cpu0, t0 := proc.SelfCPU()+side.cpu(), time.Now()
 	blocks, err := play(o.Batches, o.Rate)
 	if err != nil {
 		return err
 	}
-	done := genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Batches: int64(o.Batches)}
+	done := genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() + side.cpu() - cpu0).Nanoseconds(), Batches: int64(o.Batches)}
 	if err := caught(); err != nil {
 		return err
 	}
 	if o.Floor {
-		done.Forwarded = fw.forwarded.Load() - forwarded0
+		p1, err := side.progress(ctx)
+		if err != nil {
+			return err
+		}
+		done.Forwarded = p1.Forwarded - p0.Forwarded
 		if err := out.Send("done", done); err != nil {
 			return err
 		}
 		return in.Exit(ctx)
 	}
-	after, err := agentLag(agents)
+	after, err := side.agentLag(ctx)
 	if err != nil {
 		return err
 	}
@@ -296,35 +292,14 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err := out.Send("done", done); err != nil {
 		return err
 	}
-	d := digestsReport{Digests: map[string]string{}}
-	for i, a := range agents {
-		w := a.Index().LookupWorker(events.WorkerRef{Pod: es[i].pod})
-		d.Digests[es[i].pod] = strconv.FormatUint(w.Digest(), 16)
+	d, err := side.digests(ctx)
+	if err != nil {
+		return err
 	}
-	if err := out.Send("digests", d); err != nil {
+	if err := out.Send("digests", digestsReport{Digests: d}); err != nil {
 		return err
 	}
 	return in.Exit(ctx)
-}
-
-// caughtUp waits until every agent has applied its engine's last batch.
-func caughtUp(ctx context.Context, es []*engine, agents []*fleet.Agent) error {
-	deadline := time.Now().Add(time.Minute)
-	for i, e := range es {
-		ref := events.WorkerRef{Pod: e.pod}
-		for {
-			if seq, ok := seqOf(agents[i].Subscriber().WorkerStats(), ref); ok && seq >= e.lastSeq {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("fleetbench: the agent of %s has not caught up with its engine within a minute", e.pod)
-			}
-			if err := sleep(ctx, 10*time.Millisecond); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 // lagHist is a cumulative histogram: counts[i] observations at most
@@ -404,7 +379,7 @@ func (h *lagHist) quantile(q float64) time.Duration {
 // startLagAgents starts one agent per engine, each on a NATS connection of
 // its own; stop ends them (and is to be called even on an error, for the
 // agents started before it).
-func startLagAgents(ctx context.Context, es []*engine, natsURL string) ([]*fleet.Agent, func(), error) {
+func startLagAgents(ctx context.Context, es []enginePort, natsURL string) ([]*fleet.Agent, func(), error) {
 	actx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop := func() {
@@ -413,11 +388,11 @@ func startLagAgents(ctx context.Context, es []*engine, natsURL string) ([]*fleet
 	}
 	agents := make([]*fleet.Agent, len(es))
 	for i, e := range es {
-		cfg, err := agentConfig(e, natsURL)
+		cfg, err := e.agentConfig(natsURL)
 		if err != nil {
 			return nil, stop, err
 		}
-		nc, err := fleet.Connect(cfg.NATS, "kvfleetbench agent "+e.pod, nil)
+		nc, err := fleet.Connect(cfg.NATS, "kvfleetbench agent "+e.Pod, nil)
 		if err != nil {
 			return nil, stop, err
 		}

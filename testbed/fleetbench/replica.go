@@ -131,7 +131,9 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	defer wg.Wait()
 	defer cancel()
 
-	if err := waitLive(ctx, src, set, o.Workers, time.Minute); err != nil {
+	// Pinned to one shared core, a replica syncing 1,000 workers takes
+	// over a minute on a 2-core machine.
+	if err := waitLive(ctx, src, set, o.Workers, 3*time.Minute); err != nil {
 		return err
 	}
 	since := time.Since(start)
@@ -163,7 +165,7 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		r, err := measureIngest(ctx, set, o.Blocks, proc.SelfCPU())
 		stopProfile()
 		if err != nil {
-			return err
+			return fmt.Errorf("%w (%s)", err, problemCounts(src))
 		}
 		r.Problems = problems(src) - base
 		if err := out.Send("result", r); err != nil {
@@ -212,7 +214,7 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("fleetbench: replica: %d of %d workers live after %v", live, n, timeout)
+			return fmt.Errorf("fleetbench: replica: %d of %d snapshots restored, %d workers live after %v (%s)", set.restored.Load(), n, live, timeout, problemCounts(src))
 		}
 		select {
 		case <-ctx.Done():
@@ -220,6 +222,22 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 		case <-t.C:
 		}
 	}
+}
+
+// problemCounts names the Source's counters of what should not happen in
+// a benchmark, summed over its workers, for an error that ends a run.
+func problemCounts(src *natsbus.Source) string {
+	var gaps, dropped, decode, apply, replays, failures int64
+	why := ""
+	for _, st := range src.WorkerStats() {
+		gaps, dropped, decode, apply = gaps+st.Gaps, dropped+st.Dropped, decode+st.DecodeErrors, apply+st.ApplyErrors
+		replays, failures = replays+st.Replays, failures+st.ReplayFailures
+		if why == "" && st.Health != events.HealthOK {
+			why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
+		}
+	}
+	return fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
+		src.Reconnects(), gaps, dropped, decode, apply, replays, failures, why)
 }
 
 // problems sums the counters of what should not happen in a benchmark.

@@ -31,6 +31,7 @@ var roles = map[string]Role{
 	"sync-gen":    role(runSyncGenerator),
 	"lag-gen":     role(runLagGenerator),
 	"floor-sink":  role(runFloorSink),
+	"lag-agents":  role(runLagAgents),
 	"engines-gen": role(runEnginesGenerator),
 	"replica":     role(runReplica),
 }
@@ -159,6 +160,9 @@ type genOpts struct {
 	CacheDir string        `json:"cache_dir,omitempty"`
 	Procs    int           `json:"procs,omitempty"`
 	Floor    bool          `json:"floor,omitempty"` // lag: forwarders instead of agents
+	// AgentProcs (lag): the processes the agents or forwarders run in,
+	// the engines dealt among them; 0: in the generator's own.
+	AgentProcs int `json:"agent_procs,omitempty"`
 }
 
 // genReady is a generator's "ready": its NATS URL and what the replica
@@ -257,7 +261,7 @@ func startReplica(ctx context.Context, o replicaOpts, procs int, cpus string) (*
 		return nil, nil, time.Time{}, err
 	}
 	var live liveReport
-	at, err := rep.await("live", &live, 2*time.Minute)
+	at, err := rep.await("live", &live, 4*time.Minute)
 	if err != nil {
 		rep.Kill()
 		return nil, nil, at, err

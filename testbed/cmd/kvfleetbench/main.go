@@ -105,6 +105,7 @@ func newLag(pin *fleetbench.Pinning) *cobra.Command {
 		})
 	cmd.Flags().IntVar(&o.Pods, "pods", o.Pods, "engines, one agent each")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", o.Rounds, "runs of the floor and the path each, in turn; the p99s are their medians")
+	cmd.Flags().IntVar(&o.AgentProcs, "agent-procs", o.AgentProcs, "processes the agents (and the floor's forwarders) run in, the engines dealt among them; 0: in the generator's process")
 	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
 	return cmd
 }

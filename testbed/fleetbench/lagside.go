@@ -1,0 +1,366 @@
+package fleetbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/fleet"
+	"github.com/kvindex/kvindex/testbed/proc"
+)
+
+// The lag generator's agent side: the agents its engines feed (the path)
+// or the forwarders in their place (the floor). It runs either in the
+// generator's own process (localSide) or spread over processes of their
+// own (procSide, the lag-agents role), as a fleet runs each agent beside
+// its pod. In one process, 100 agents' indexes share one heap of 1-2 GB
+// whose collections (0.5-0.9 s each) stall every agent at once; in
+// processes of their own each heap holds its pods' blocks only. The floor
+// and the path are spread the same way, so both keep the same engines,
+// frames, rate and placement.
+
+// lagSide is the agent side of a lag generator.
+type lagSide interface {
+	// progress is what the side has done so far.
+	progress(ctx context.Context) (*lagProgress, error)
+	// agentLag sums the agents' engine-to-agent lag histograms (empty
+	// for forwarders).
+	agentLag(ctx context.Context) (*lagHist, error)
+	// digests are the agents' workers' digests (hex) by pod.
+	digests(ctx context.Context) (map[string]string, error)
+	// cpu is the CPU its processes other than the generator's have used
+	// (0 in the generator's process).
+	cpu() time.Duration
+	// stop ends the agents or forwarders (and their processes).
+	stop() error
+}
+
+// lagProgress is a side's progress: the last engine seq each agent has
+// applied, by pod, or the frames the forwarders have published or failed
+// to.
+type lagProgress struct {
+	Seqs      map[string]uint64 `json:"seqs,omitempty"`
+	Forwarded int64             `json:"forwarded"`
+	Failed    int64             `json:"failed"`
+}
+
+// add adds o's figures to p's (pods are disjoint across processes).
+func (p *lagProgress) add(o *lagProgress) {
+	for pod, seq := range o.Seqs {
+		if p.Seqs == nil {
+			p.Seqs = map[string]uint64{}
+		}
+		p.Seqs[pod] = seq
+	}
+	p.Forwarded += o.Forwarded
+	p.Failed += o.Failed
+}
+
+// caughtUp reports whether the side has handled everything the engines
+// sent: sent frames in all for forwarders, each engine's last seq for
+// agents.
+func (p *lagProgress) caughtUp(floor bool, es []*engine, sent int64) bool {
+	if floor {
+		return p.Forwarded+p.Failed >= sent
+	}
+	for _, e := range es {
+		if seq, ok := p.Seqs[e.pod]; !ok || seq < e.lastSeq {
+			return false
+		}
+	}
+	return true
+}
+
+// waitCaughtUp waits, within a minute, until side has handled everything
+// es sent (sent batches in all).
+func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, sent int64) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		p, err := side.progress(ctx)
+		if err != nil {
+			return err
+		}
+		if p.caughtUp(floor, es, sent) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if floor {
+				return fmt.Errorf("fleetbench: the forwarders moved %d of %d frames within a minute", p.Forwarded+p.Failed, sent)
+			}
+			return errors.New("fleetbench: the agents have not caught up with their engines within a minute")
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// localSide runs the agents or the forwarders of ps in this process.
+type localSide struct {
+	ps         []enginePort
+	agents     []*fleet.Agent // the path's, in ps's order
+	stopAgents func()
+	fw         *forwarders // the floor's
+}
+
+// startLocalSide starts an agent (or, for the floor, a forwarder) per
+// engine of ps against NATS at url.
+func startLocalSide(ctx context.Context, url string, ps []enginePort, floor bool) (*localSide, error) {
+	s := &localSide{ps: ps}
+	var err error
+	if floor {
+		s.fw, err = startForwarders(ctx, url, ps)
+		return s, err
+	}
+	s.agents, s.stopAgents, err = startLagAgents(ctx, ps, url)
+	if err != nil {
+		s.stopAgents()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *localSide) progress(context.Context) (*lagProgress, error) {
+	if s.fw != nil {
+		return &lagProgress{Forwarded: s.fw.forwarded.Load(), Failed: s.fw.failed.Load()}, nil
+	}
+	p := &lagProgress{Seqs: map[string]uint64{}}
+	for i, a := range s.agents {
+		if seq, ok := seqOf(a.Subscriber().WorkerStats(), events.WorkerRef{Pod: s.ps[i].Pod}); ok {
+			p.Seqs[s.ps[i].Pod] = seq
+		}
+	}
+	return p, nil
+}
+
+func (s *localSide) agentLag(context.Context) (*lagHist, error) { return agentLag(s.agents) }
+
+func (s *localSide) digests(context.Context) (map[string]string, error) {
+	d := map[string]string{}
+	for i, a := range s.agents {
+		w := a.Index().LookupWorker(events.WorkerRef{Pod: s.ps[i].Pod})
+		if w == nil {
+			return nil, fmt.Errorf("fleetbench: the agent of %s has no worker", s.ps[i].Pod)
+		}
+		d[s.ps[i].Pod] = strconv.FormatUint(w.Digest(), 16)
+	}
+	return d, nil
+}
+
+func (s *localSide) cpu() time.Duration { return 0 }
+
+func (s *localSide) stop() error {
+	if s.fw != nil {
+		return s.fw.stop()
+	}
+	s.stopAgents()
+	return nil
+}
+
+// lagAgentsOpts configure the lag-agents role: the engines whose agents
+// (or forwarders) it runs, and NATS.
+type lagAgentsOpts struct {
+	URL   string       `json:"url"`
+	Ports []enginePort `json:"ports"`
+	Floor bool         `json:"floor,omitempty"`
+}
+
+// lagHistMsg is a lagHist as JSON, which has no +Inf: the finite bounds,
+// and a count for each and one for +Inf.
+type lagHistMsg struct {
+	Bounds []float64 `json:"bounds"`
+	Counts []float64 `json:"counts"`
+}
+
+// runLagAgents is the lag-agents role: it starts its agents or
+// forwarders, reports "ready", answers "progress", "lag" and "digests"
+// until stdin closes (or "exit"), then stops them.
+func runLagAgents(ctx context.Context, o lagAgentsOpts, in *Commands, out *Reporter) error {
+	side, err := startLocalSide(ctx, o.URL, o.Ports, o.Floor)
+	if err != nil {
+		return err
+	}
+	if err := out.Send("ready", struct{}{}); err != nil {
+		return errors.Join(err, side.stop())
+	}
+	for {
+		cmd, ok := in.Next(ctx)
+		if !ok || cmd == "exit" {
+			return side.stop()
+		}
+		var (
+			msg any
+			err error
+		)
+		switch cmd {
+		case "progress":
+			msg, err = side.progress(ctx)
+		case "lag":
+			var h *lagHist
+			if h, err = side.agentLag(ctx); err == nil {
+				msg = h.msg()
+			}
+		case "digests":
+			var d map[string]string
+			if d, err = side.digests(ctx); err == nil {
+				msg = digestsReport{Digests: d}
+			}
+		default:
+			err = fmt.Errorf("fleetbench: lag-agents: unknown command %q", cmd)
+		}
+		if err == nil {
+			err = out.Send(cmd, msg)
+		}
+		if err != nil {
+			return errors.Join(err, side.stop())
+		}
+	}
+}
+
+// procSide runs the agents or forwarders in lag-agents processes, the
+// engines dealt to them in turn (engine i to process i mod n), so that
+// consecutive batches go to different processes. The processes inherit
+// the generator's CPUs.
+type procSide struct {
+	kids []*child
+}
+
+// startProcSide starts n lag-agents processes for the engines of ps and
+// waits until each has started its agents or forwarders.
+func startProcSide(ctx context.Context, url string, ps []enginePort, floor bool, n int) (*procSide, error) {
+	n = min(n, len(ps))
+	s := &procSide{}
+	for k := range n {
+		o := lagAgentsOpts{URL: url, Floor: floor}
+		for i := k; i < len(ps); i += n {
+			o.Ports = append(o.Ports, ps[i])
+		}
+		c, err := startChild(ctx, "lag-agents", "", o)
+		if err != nil {
+			return nil, errors.Join(err, s.stop())
+		}
+		s.kids = append(s.kids, c)
+	}
+	for _, c := range s.kids {
+		if _, err := c.await("ready", nil, time.Minute); err != nil {
+			return nil, errors.Join(err, s.stop())
+		}
+	}
+	return s, nil
+}
+
+// askAll sends every process cmd and decodes each answer with read,
+// after all were sent, so that the processes answer at once.
+func (s *procSide) askAll(cmd string, read func(c *child) error) error {
+	for _, c := range s.kids {
+		if err := c.send(cmd); err != nil {
+			return err
+		}
+	}
+	for _, c := range s.kids {
+		if err := read(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *procSide) progress(context.Context) (*lagProgress, error) {
+	p := &lagProgress{}
+	err := s.askAll("progress", func(c *child) error {
+		var q lagProgress
+		_, err := c.await("progress", &q, time.Minute)
+		p.add(&q)
+		return err
+	})
+	return p, err
+}
+
+func (s *procSide) agentLag(context.Context) (*lagHist, error) {
+	h := &lagHist{}
+	err := s.askAll("lag", func(c *child) error {
+		var m lagHistMsg
+		if _, err := c.await("lag", &m, time.Minute); err != nil {
+			return err
+		}
+		return h.add(m.hist())
+	})
+	return h, err
+}
+
+func (s *procSide) digests(context.Context) (map[string]string, error) {
+	d := map[string]string{}
+	err := s.askAll("digests", func(c *child) error {
+		var r digestsReport
+		_, err := c.await("digests", &r, time.Minute)
+		for pod, v := range r.Digests {
+			d[pod] = v
+		}
+		return err
+	})
+	return d, err
+}
+
+func (s *procSide) cpu() time.Duration {
+	var sum time.Duration
+	for _, c := range s.kids {
+		if t, err := proc.CPU(c.Pid()); err == nil {
+			sum += t
+		}
+	}
+	return sum
+}
+
+// stop closes every process's stdin, then waits for them all.
+func (s *procSide) stop() error {
+	errs := make([]error, len(s.kids))
+	var wg sync.WaitGroup
+	for i, c := range s.kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.finish(30 * time.Second)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// msg is h as JSON can carry it.
+func (h *lagHist) msg() lagHistMsg {
+	if len(h.bounds) == 0 {
+		return lagHistMsg{}
+	}
+	return lagHistMsg{Bounds: h.bounds[:len(h.bounds)-1], Counts: h.counts}
+}
+
+// hist is the lagHist m carries.
+func (m lagHistMsg) hist() *lagHist {
+	if len(m.Counts) == 0 {
+		return &lagHist{}
+	}
+	return &lagHist{bounds: append(append([]float64(nil), m.Bounds...), math.Inf(1)), counts: m.Counts}
+}
+
+// add adds o's counts to h's; both must have the same bounds (an empty
+// h takes o's).
+func (h *lagHist) add(o *lagHist) error {
+	if len(o.counts) == 0 {
+		return nil
+	}
+	if h.bounds == nil {
+		h.bounds, h.counts = append([]float64(nil), o.bounds...), make([]float64, len(o.counts))
+	}
+	if len(o.bounds) != len(h.bounds) || len(o.counts) != len(h.counts) {
+		return fmt.Errorf("fleetbench: agent lag histograms of %d and %d buckets", len(h.bounds), len(o.bounds))
+	}
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	return nil
+}
