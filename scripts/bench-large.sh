@@ -12,7 +12,8 @@
 # nats-server) on the second; each process's GOMAXPROCS is its cores.
 # With fewer than 4 cores both halves are one core each, as make bench.
 #
-# Environment: as scripts/bench.sh (COUNT, RPS, DURATION, OUT, SKIP_*);
+# Environment: as scripts/bench.sh (COUNT, RPS, DURATION, OUT, SKIP_*,
+# LAG_AGENT_PROCS);
 # CORES overrides how many cores to use (default: all, from nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,13 @@ export GEN_FLAGS="--gomaxprocs $gprocs --gogc 100 --connections $gprocs"
 export RPS=${RPS:-$((10000 * half))}
 export CONNS=${CONNS:-$((8 * gprocs))}
 export FLEET_REPLICA_CPU=$server FLEET_GEN_CPU=$gen
+# With cores to spare, the lag row's agents (and its floor's forwarders)
+# run in processes of their own, one per two generator cores, as a fleet
+# runs an agent beside each pod (docs/benchmarks.md, "Lag"): one process's
+# heap of every agent's index otherwise sets the path's tail.
+if ((gprocs >= 4)); then
+	export LAG_AGENT_PROCS=${LAG_AGENT_PROCS:-$((gprocs / 2))}
+fi
 # The Go benchmarks run pinned to the server's half; Go sizes their
 # GOMAXPROCS to it (the one-core rows set their own).
 export GO_BENCH_PIN=$server
