@@ -36,6 +36,7 @@ const maxPooledTokens = 128 << 10
 type Codec struct {
 	fallback encoding.CodecV2
 	tokens   sync.Pool // *[]uint32 with len 0
+	requests requestPool
 	// malformed, set only in a server's codec (NewServer), notes the
 	// requests that fail to decode instead of failing them (malformed.go).
 	malformed *malformedSet
@@ -64,7 +65,7 @@ func (c *Codec) Name() string { return grpcproto.Name }
 // FuzzMarshalScoreRequest).
 func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 	if req, ok := v.(*kvindexv1.ScoreRequest); ok && req != nil {
-		if data, ok, err := marshalScoreRequest(req); ok {
+		if data, ok, err := marshalScoreRequest(req, &c.requests); ok {
 			return data, err
 		}
 	}
@@ -83,9 +84,9 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 				m.TokenIds = *p
 			}
 		}
-		return withBytes(data, func(b []byte) error { return c.noted(m, b, UnmarshalScoreRequest(b, m)) })
+		return c.withBytes(data, func(b []byte) error { return c.noted(m, b, UnmarshalScoreRequest(b, m)) })
 	case *kvindexv1.ScoreResponse:
-		return withBytes(data, func(b []byte) error {
+		return c.withBytes(data, func(b []byte) error {
 			if unmarshalScoreResponse(b, m) {
 				return nil
 			}
@@ -94,7 +95,7 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	err := c.fallback.Unmarshal(data, v)
 	if m, ok := v.(proto.Message); ok && err != nil && c.malformed != nil {
-		return withBytes(data, func(b []byte) error { return c.noted(m, b, err) })
+		return c.withBytes(data, func(b []byte) error { return c.noted(m, b, err) })
 	}
 	return err
 }
@@ -111,12 +112,18 @@ func (c *Codec) noted(m proto.Message, b []byte, err error) error {
 }
 
 // withBytes calls f with data's bytes, gathered into one pooled buffer
-// when they are in several (f must not keep them).
-func withBytes(data mem.BufferSlice, f func([]byte) error) error {
+// when they are in several (f must not keep them): gRPC's pool up to
+// 32 KiB, the codec's large-request pool above (the copy overwrites every
+// byte, so a buffer need not be cleared first).
+func (c *Codec) withBytes(data mem.BufferSlice, f func([]byte) error) error {
 	if len(data) == 1 {
 		return f(data[0].ReadOnlyData())
 	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	var pool mem.BufferPool = &c.requests
+	if data.Len() <= 1<<requestPoolMin {
+		pool = mem.DefaultBufferPool()
+	}
+	buf := data.MaterializeToBuffer(pool)
 	defer buf.Free()
 	return f(buf.ReadOnlyData())
 }

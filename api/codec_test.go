@@ -501,26 +501,28 @@ func BenchmarkCodec(b *testing.B) {
 	})
 }
 
-// BenchmarkCodecMarshal compares encoding a 2,048-token ScoreRequest
-// with gRPC's protobuf codec and with the hand path (both into gRPC's
-// buffer pool, returned after each call as gRPC does once it has written
-// the bytes).
+// BenchmarkCodecMarshal compares encoding a 2,048- and a 32,768-token
+// ScoreRequest with gRPC's protobuf codec and with the hand path (each
+// into its codec's buffer pool, returned after each call as gRPC does once
+// it has written the bytes).
 func BenchmarkCodecMarshal(b *testing.B) {
-	req := &kvindexv1.ScoreRequest{Model: "bench", TokenIds: realisticTokens(2048)}
-	for _, c := range []struct {
-		name  string
-		codec encoding.CodecV2
-	}{{"protobuf-go", encoding.GetCodecV2("proto")}, {"kvindex", api.NewCodec()}} {
-		b.Run(c.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				data, err := c.codec.Marshal(req)
-				if err != nil {
-					b.Fatal(err)
+	for _, n := range []int{2048, 32768} {
+		req := &kvindexv1.ScoreRequest{Model: "bench", TokenIds: realisticTokens(n)}
+		for _, c := range []struct {
+			name  string
+			codec encoding.CodecV2
+		}{{"protobuf-go", encoding.GetCodecV2("proto")}, {"kvindex", api.NewCodec()}} {
+			b.Run(fmt.Sprintf("tokens=%d/%s", n, c.name), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					data, err := c.codec.Marshal(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					data.Free()
 				}
-				data.Free()
-			}
-		})
+			})
+		}
 	}
 }
 
