@@ -42,7 +42,8 @@ type AdmissionOptions struct {
 	Interval time.Duration
 	// MaxQueueDelay refuses a call that waited longer than this before it
 	// could run: a bound on an accepted call's queueing while the bound on
-	// pending calls adapts. 0 means 50 ms.
+	// pending calls adapts. While a standing queue lasts, a call that finds
+	// no free slot is refused at once instead. 0 means 50 ms.
 	MaxQueueDelay time.Duration
 	// MaxPending bounds Score and Route calls started (headers received)
 	// and not finished; more are refused at once, before their body is
@@ -306,6 +307,13 @@ func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnarySe
 	select {
 	case a.slots <- struct{}{}:
 	default:
+		if a.overloaded.Load() {
+			// A standing queue: a call that finds no slot would wait
+			// out most of MaxQueueDelay to be refused anyway; refusing
+			// it now gives its client the answer in microseconds.
+			a.refused[refusedOverload].Add(1)
+			return nil, overloaded("overloaded: calls are queueing and no slot is free; retry with backoff")
+		}
 		wait := deadline.Sub(a.now())
 		if wait <= 0 {
 			return nil, a.refuseQueued()
@@ -365,8 +373,8 @@ func (a *admission) refuseQueued() error {
 type AdmissionStats struct {
 	// Admitted counts Score and Route calls that ran.
 	Admitted int64
-	// RefusedOverload counts calls refused at their start while the
-	// server was overloaded; RefusedQueued those that queued longer than
+	// RefusedOverload counts calls refused while the server was
+	// overloaded: at their start, or finding no free slot; RefusedQueued those that queued longer than
 	// MaxQueueDelay; RefusedPending those refused at their start because
 	// MaxPending calls were pending.
 	RefusedOverload, RefusedQueued, RefusedPending int64

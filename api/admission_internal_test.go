@@ -187,3 +187,27 @@ func TestAdmissionInspectBudget(t *testing.T) {
 		}
 	}
 }
+
+// While a standing queue lasts, a call that finds every slot taken is
+// refused at once (counted as an overload refusal), not after waiting out
+// MaxQueueDelay; without one it waits for a slot.
+func TestAdmissionNoSlotWhileOverloaded(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(100, 0)}
+	a := newAdmission(AdmissionOptions{MaxConcurrent: 1, MaxQueueDelay: time.Hour}, clk.now)
+	a.slots <- struct{}{} // the one slot is taken
+	ctx, _ := a.tap(context.Background(), score())
+	a.overloaded.Store(true) // as the interval's end (roll, in the tap) found it
+	if _, err := a.interceptor(ctx, nil, unaryInfo(), ok); !IsOverloaded(err) || a.refused[refusedOverload].Load() != 1 || a.refused[refusedQueued].Load() != 0 {
+		t.Fatalf("no slot while overloaded: %v; refused overload %d, queued %d", err, a.refused[refusedOverload].Load(), a.refused[refusedQueued].Load())
+	}
+	end(a, ctx)
+	a.overloaded.Store(false)
+	ctx, _ = a.tap(context.Background(), score())
+	go func() { <-a.slots }() // the running call ends
+	if got, err := a.interceptor(ctx, nil, unaryInfo(), ok); err != nil || got != "done" {
+		t.Fatalf("no slot, no standing queue: %v, %v (want it to wait for the slot)", got, err)
+	}
+	if a.admittedN.Load() != 1 {
+		t.Fatalf("admitted %d, want 1", a.admittedN.Load())
+	}
+}
