@@ -117,7 +117,7 @@ func (c *Canned) score(_ any, _ context.Context, dec func(any) error, _ grpc.Una
 	if err := dec(&req); err != nil {
 		return nil, err
 	}
-	return cannedResponse(c.Response), nil
+	return encoded(c.Response), nil
 }
 
 // Wait blocks until the server stops (Close) or ctx is done.
@@ -139,8 +139,20 @@ func (c *Canned) Close() {
 // cannedRequest is a request the canned server has read: its length.
 type cannedRequest struct{ n int }
 
-// cannedResponse is an answer already encoded.
-type cannedResponse []byte
+// encoded is a message already encoded; both the canned server's answers
+// and the pre-encoded generator's requests are sent as such.
+type encoded []byte
+
+// marshalEncoded returns an encoded message's bytes, shared by every call
+// that sends it: a SliceBuffer's Free does nothing, so gRPC neither
+// recycles nor changes them. who names the codec in the error.
+func marshalEncoded(who string, v any) (mem.BufferSlice, error) {
+	r, ok := v.(encoded)
+	if !ok {
+		return nil, fmt.Errorf("loadgen: %s codec: cannot encode %T, only encoded messages", who, v)
+	}
+	return mem.BufferSlice{mem.SliceBuffer(r)}, nil
+}
 
 // cannedCodec is the canned server's codec: requests are read as their
 // length, answers written as they are.
@@ -149,15 +161,8 @@ type cannedCodec struct{}
 // Name returns "proto", the content subtype the clients send.
 func (cannedCodec) Name() string { return "proto" }
 
-// Marshal returns an encoded answer's bytes, shared by every call (a
-// SliceBuffer's Free does nothing, so gRPC does not recycle them).
-func (cannedCodec) Marshal(v any) (mem.BufferSlice, error) {
-	r, ok := v.(cannedResponse)
-	if !ok {
-		return nil, fmt.Errorf("loadgen: canned codec: cannot encode %T", v)
-	}
-	return mem.BufferSlice{mem.SliceBuffer(r)}, nil
-}
+// Marshal returns an encoded answer's bytes.
+func (cannedCodec) Marshal(v any) (mem.BufferSlice, error) { return marshalEncoded("canned", v) }
 
 // Unmarshal notes the request's length.
 func (cannedCodec) Unmarshal(data mem.BufferSlice, v any) error {

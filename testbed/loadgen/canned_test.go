@@ -87,7 +87,7 @@ func TestCannedCodecRefusesOtherTypes(t *testing.T) {
 	if err := cc.Unmarshal(nil, &kvindexv1.ScoreRequest{}); err == nil {
 		t.Error("decoded into a ScoreRequest")
 	}
-	b, err := cc.Marshal(cannedResponse{1, 2, 3})
+	b, err := cc.Marshal(encoded{1, 2, 3})
 	if err != nil || b.Len() != 3 {
 		t.Fatalf("encoded %d bytes (%v), want 3", b.Len(), err)
 	}

@@ -31,7 +31,7 @@ func PreencodedScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do
 		i := k % int64(len(reqs))
 		c := clients[g%len(clients)]
 		resp := new(kvindexv1.ScoreResponse)
-		if err := c.Conn().Invoke(ctx, kvindexv1.IndexService_Score_FullMethodName, encodedRequest(reqs[i]), resp, codec); err != nil {
+		if err := c.Conn().Invoke(ctx, kvindexv1.IndexService_Score_FullMethodName, encoded(reqs[i]), resp, codec); err != nil {
 			return fmt.Errorf("loadgen: Score of prompt %d (%d bytes, pre-encoded): %w", i, len(reqs[i]), err)
 		}
 		if check {
@@ -41,25 +41,16 @@ func PreencodedScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do
 	}, nil
 }
 
-// encodedRequest is a request message already encoded.
-type encodedRequest []byte
-
-// preencodedCodec writes encodedRequests as they are and decodes replies
+// preencodedCodec writes encoded requests as they are and decodes replies
 // with replies (api.Codec, the codec api.Client uses).
 type preencodedCodec struct{ replies *api.Codec }
 
 // Name returns "proto", the content subtype kvindex's server expects.
 func (preencodedCodec) Name() string { return "proto" }
 
-// Marshal returns an encoded request's bytes, shared by every call that
-// sends that request: a SliceBuffer's Free does nothing, so gRPC neither
-// recycles nor changes them.
+// Marshal returns an encoded request's bytes.
 func (preencodedCodec) Marshal(v any) (mem.BufferSlice, error) {
-	r, ok := v.(encodedRequest)
-	if !ok {
-		return nil, fmt.Errorf("loadgen: pre-encoded codec: cannot encode %T, only pre-encoded requests", v)
-	}
-	return mem.BufferSlice{mem.SliceBuffer(r)}, nil
+	return marshalEncoded("pre-encoded", v)
 }
 
 // Unmarshal decodes a reply.

@@ -136,7 +136,7 @@ func TestPreencodedCodec(t *testing.T) {
 	if _, err := cc.Marshal(&kvindexv1.ScoreRequest{Model: "m"}); err == nil || !strings.Contains(err.Error(), "*kvindexv1.ScoreRequest") {
 		t.Errorf("encoded a ScoreRequest message: %v", err)
 	}
-	req := encodedRequest{1, 2, 3}
+	req := encoded{1, 2, 3}
 	b, err := cc.Marshal(req)
 	if err != nil || b.Len() != 3 || string(b.Materialize()) != string(req) {
 		t.Fatalf("encoded %v (%v), want the 3 bytes as given", b.Materialize(), err)
