@@ -374,9 +374,9 @@ type AdmissionStats struct {
 	// Admitted counts Score and Route calls that ran.
 	Admitted int64
 	// RefusedOverload counts calls refused while the server was
-	// overloaded: at their start, or finding no free slot; RefusedQueued those that queued longer than
-	// MaxQueueDelay; RefusedPending those refused at their start because
-	// MaxPending calls were pending.
+	// overloaded: at their start, or finding no free slot; RefusedQueued
+	// those that queued longer than MaxQueueDelay; RefusedPending those
+	// refused at their start because MaxPending calls were pending.
 	RefusedOverload, RefusedQueued, RefusedPending int64
 	// Inspected counts Lookup, Dump and Diagnose calls that ran;
 	// RefusedInspect those refused by their budget (MaxInspect,

@@ -111,19 +111,13 @@ func (c *Codec) noted(m proto.Message, b []byte, err error) error {
 	return nil
 }
 
-// withBytes calls f with data's bytes, gathered into one pooled buffer
-// when they are in several (f must not keep them): gRPC's pool up to
-// 32 KiB, the codec's large-request pool above (the copy overwrites every
-// byte, so a buffer need not be cleared first).
+// withBytes calls f with data's bytes, gathered into one buffer of the
+// codec's request pool when they are in several (f must not keep them).
 func (c *Codec) withBytes(data mem.BufferSlice, f func([]byte) error) error {
 	if len(data) == 1 {
 		return f(data[0].ReadOnlyData())
 	}
-	var pool mem.BufferPool = &c.requests
-	if data.Len() <= 1<<requestPoolMin {
-		pool = mem.DefaultBufferPool()
-	}
-	buf := data.MaterializeToBuffer(pool)
+	buf := data.MaterializeToBuffer(&c.requests)
 	defer buf.Free()
 	return f(buf.ReadOnlyData())
 }

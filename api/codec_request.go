@@ -130,13 +130,12 @@ func appendTokenVarints(dst []uint32, b []byte) ([]uint32, error) {
 	return dst[:n+k], nil
 }
 
-// marshalScoreRequest encodes req as protobuf-go would, into a pooled
-// buffer when it is large enough to be worth pooling (gRPC's own
-// threshold, as its protobuf codec does): gRPC's pool up to 32 KiB, large
-// (a pool that does not clear what the encoder overwrites) above. ok is
-// false when protobuf-go must do it instead: a string field that is not
-// valid UTF-8, which protobuf-go rejects with its own error.
-func marshalScoreRequest(req *kvindexv1.ScoreRequest, large *requestPool) (data mem.BufferSlice, ok bool, err error) {
+// marshalScoreRequest encodes req as protobuf-go would, into a buffer of
+// pool when it is large enough to be worth pooling (gRPC's own threshold,
+// as its protobuf codec does). ok is false when protobuf-go must do it
+// instead: a string field that is not valid UTF-8, which protobuf-go
+// rejects with its own error.
+func marshalScoreRequest(req *kvindexv1.ScoreRequest, pool *requestPool) (data mem.BufferSlice, ok bool, err error) {
 	if !utf8.ValidString(req.GetModel()) || !utf8.ValidString(req.GetLoraName()) || !utf8.ValidString(req.GetCacheSalt()) || !utf8.ValidString(req.GetPrompt()) || !utf8.ValidString(req.GetTenant()) {
 		return nil, false, nil
 	}
@@ -147,10 +146,6 @@ func marshalScoreRequest(req *kvindexv1.ScoreRequest, large *requestPool) (data 
 			return nil, true, err
 		}
 		return mem.BufferSlice{mem.SliceBuffer(b)}, true, nil
-	}
-	var pool mem.BufferPool = large
-	if size <= 1<<requestPoolMin {
-		pool = mem.DefaultBufferPool()
 	}
 	buf := pool.Get(size)
 	b, err := appendScoreRequest((*buf)[:0], req)
