@@ -135,10 +135,6 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 	return nil
 }
 
-// agentConfig is the kvindex agent configuration of engine e's pod
-// against NATS at url.
-func agentConfig(e *engine, url string) (*config.Config, error) { return e.port().agentConfig(url) }
-
 // agentConfig is the kvindex agent configuration of p's pod against NATS
 // at url.
 func (p enginePort) agentConfig(url string) (*config.Config, error) {

@@ -224,29 +224,38 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 	}
 }
 
-// problemCounts names the Source's counters of what should not happen in
-// a benchmark, summed over its workers, for an error that ends a run.
-func problemCounts(src *natsbus.Source) string {
-	var gaps, dropped, decode, apply, replays, failures int64
-	why := ""
+// problemTotals are the Source's counters of what should not happen in a
+// benchmark, summed over its workers, and the first unhealthy worker's
+// reason ("" for none).
+type problemTotals struct {
+	gaps, dropped, decode, apply, replays, failures int64
+	why                                             string
+}
+
+// sumProblems sums src's workers' problem counters.
+func sumProblems(src *natsbus.Source) problemTotals {
+	var t problemTotals
 	for _, st := range src.WorkerStats() {
-		gaps, dropped, decode, apply = gaps+st.Gaps, dropped+st.Dropped, decode+st.DecodeErrors, apply+st.ApplyErrors
-		replays, failures = replays+st.Replays, failures+st.ReplayFailures
-		if why == "" && st.Health != events.HealthOK {
-			why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
+		t.gaps, t.dropped, t.decode, t.apply = t.gaps+st.Gaps, t.dropped+st.Dropped, t.decode+st.DecodeErrors, t.apply+st.ApplyErrors
+		t.replays, t.failures = t.replays+st.Replays, t.failures+st.ReplayFailures
+		if t.why == "" && st.Health != events.HealthOK {
+			t.why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
 		}
 	}
+	return t
+}
+
+// problemCounts names the problem counters, for an error that ends a run.
+func problemCounts(src *natsbus.Source) string {
+	t := sumProblems(src)
 	return fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
-		src.Reconnects(), gaps, dropped, decode, apply, replays, failures, why)
+		src.Reconnects(), t.gaps, t.dropped, t.decode, t.apply, t.replays, t.failures, t.why)
 }
 
 // problems sums the counters of what should not happen in a benchmark.
 func problems(src *natsbus.Source) int64 {
-	var n int64
-	for _, st := range src.WorkerStats() {
-		n += st.Gaps + st.Dropped + st.DecodeErrors + st.ApplyErrors + st.Replays
-	}
-	return n
+	t := sumProblems(src)
+	return t.gaps + t.dropped + t.decode + t.apply + t.replays
 }
 
 // measureIngest waits until blocks new blocks have been applied since
