@@ -17,26 +17,24 @@ import (
 // the field at fault.
 var ErrInvalid = errors.New("config: invalid")
 
-// Config is the daemon's configuration.
+// Config is the daemon's configuration. A field's default is the Default*
+// constant its key names (defaults.go).
 type Config struct {
-	// GRPCListen is the gRPC listen address (default DefaultGRPCListen).
+	// GRPCListen is the gRPC listen address.
 	GRPCListen string `yaml:"grpc_listen,omitempty"`
-	// MetricsListen is the Prometheus /metrics listen address (default
-	// DefaultMetricsListen); MetricsOff ("off") disables it.
+	// MetricsListen is the /metrics listen address; MetricsOff disables it.
 	MetricsListen string `yaml:"metrics_listen,omitempty"`
-	// HTTPListen, when set, serves the API's unary calls as JSON over
-	// HTTP (Connect's protocol: POST /kvindex.v1.IndexService/Score) on
-	// this address, with the gRPC API's TLS, auth scopes, admission
-	// control and limits. Empty (the default) serves none.
+	// HTTPListen, when set, serves the API's unary calls as JSON over HTTP
+	// (Connect's protocol: POST /kvindex.v1.IndexService/Score) with the
+	// gRPC API's TLS, auth scopes, admission control and limits.
 	HTTPListen string `yaml:"http_listen,omitempty"`
-	// Models lists model namespaces and their block sizes. Models that pods
-	// name but that are not listed get DefaultBlockSize.
+	// Models lists model namespaces and their block sizes.
 	Models []Model `yaml:"models,omitempty"`
 	// Pods are the vLLM engines to subscribe to.
 	Pods []Pod `yaml:"pods,omitempty"`
 	// Push lists bound sockets that push-mode engines connect to.
 	Push []Push `yaml:"push,omitempty"`
-	// Events tunes ingest: replay, gap policy, staleness.
+	// Events tunes ingest.
 	Events Events `yaml:"events,omitempty"`
 	// Score tunes answers.
 	Score Score `yaml:"score,omitempty"`
@@ -44,29 +42,23 @@ type Config struct {
 	Scoring Scoring `yaml:"scoring,omitempty"`
 	// Index bounds the index's memory.
 	Index Index `yaml:"index,omitempty"`
-	// Limits bound what one Score request may ask.
+	// Limits bound what one request may ask.
 	Limits Limits `yaml:"limits,omitempty"`
 	// Log sets up logging.
 	Log Log `yaml:"log,omitempty"`
-	// TLS serves gRPC (and optionally /metrics) over TLS, with client
-	// certificates (mTLS) when a client CA is given.
+	// TLS secures gRPC (and optionally /metrics), with mTLS given a client CA.
 	TLS TLS `yaml:"tls,omitempty"`
-	// Auth requires bearer tokens on gRPC calls.
+	// Auth requires bearer tokens.
 	Auth Auth `yaml:"auth,omitempty"`
-	// NATS connects fleet mode: kvindex agent publishes on it, kvindex
-	// serve discovers agents and follows their deltas on it.
+	// NATS connects fleet mode: agents publish on it, replicas follow it.
 	NATS NATS `yaml:"nats,omitempty"`
 	// Agent configures kvindex agent, the sidecar beside one pod.
 	Agent Agent `yaml:"agent,omitempty"`
-	// Tokenize bounds the tokenization of text prompts (models'
-	// tokenizer_urls).
+	// Tokenize bounds the tokenization of text prompts.
 	Tokenize Tokenize `yaml:"tokenize,omitempty"`
-	// Gateway serves the Gateway API Inference Extension's endpoint
-	// picker (Envoy ext_proc).
+	// Gateway serves the Gateway API Inference Extension's endpoint picker.
 	Gateway Gateway `yaml:"gateway,omitempty"`
-	// Discovery finds pods to subscribe to directly (besides pods[]):
-	// Kubernetes pods by label selector, or the addresses of a headless
-	// service in DNS.
+	// Discovery finds pods to subscribe to directly, besides pods[].
 	Discovery Discovery `yaml:"discovery,omitempty"`
 }
 
@@ -84,24 +76,20 @@ type Discovery struct {
 func (d *Discovery) Enabled() bool { return d.Kubernetes != nil || d.DNS != nil }
 
 // DiscoveredPods is what every discovered pod gets unless its source says
-// otherwise (Kubernetes annotations override each field).
+// otherwise (the kvindex.io/ annotation named beside each field).
 type DiscoveredPods struct {
-	// Model is the model the pods serve (annotation kvindex.io/model).
+	// Model is the model the pods serve (model).
 	Model string `yaml:"model,omitempty"`
-	// Port is the KV event PUB port of DP rank 0 (default 5557;
-	// annotation kvindex.io/kv-events-port); rank r publishes on port+r.
+	// Port is the KV event port of DP rank 0 (kv-events-port); rank r: port+r.
 	Port int `yaml:"port,omitempty"`
-	// ReplayPort is the replay port of rank 0 (0: none; annotation
-	// kvindex.io/replay-port).
+	// ReplayPort is the replay port of rank 0, 0 for none (replay-port).
 	ReplayPort int `yaml:"replay_port,omitempty"`
-	// MetricsPort is the port of vLLM's /metrics, scraped for load (0:
-	// none; annotation kvindex.io/metrics-port).
+	// MetricsPort is vLLM's /metrics port, scraped for load; 0 for none
+	// (metrics-port).
 	MetricsPort int `yaml:"metrics_port,omitempty"`
-	// DPSize is the pods' data-parallel size (default 1; annotation
-	// kvindex.io/dp-size).
+	// DPSize is the pods' data-parallel size (dp-size).
 	DPSize int `yaml:"dp_size,omitempty"`
-	// CapacityBlocks bounds each worker's blocks, as pods[].capacity_blocks
-	// (annotation kvindex.io/capacity-blocks).
+	// CapacityBlocks is as pods[].capacity_blocks (capacity-blocks).
 	CapacityBlocks int `yaml:"capacity_blocks,omitempty"`
 }
 
@@ -109,15 +97,13 @@ type DiscoveredPods struct {
 // match Selector in Namespace and are Running and Ready are indexed.
 type KubernetesDiscovery struct {
 	DiscoveredPods `yaml:",inline"`
-	// Namespace is where the pods run ("": the namespace kvindex runs in,
-	// read from its service account).
+	// Namespace is the pods' ("": kvindex's own, from its service account).
 	Namespace string `yaml:"namespace,omitempty"`
 	// Selector is a label selector, e.g. "app=vllm" (required).
 	Selector string `yaml:"selector,omitempty"`
-	// Kubeconfig is a kubeconfig file for running outside the cluster;
-	// "" uses the in-cluster service account.
+	// Kubeconfig is for running outside the cluster ("": in-cluster).
 	Kubeconfig string `yaml:"kubeconfig,omitempty"`
-	// Resync is the informers' full resync period (default 5m).
+	// Resync is the informers' full resync period.
 	Resync time.Duration `yaml:"resync,omitempty"`
 }
 
@@ -126,55 +112,46 @@ type KubernetesDiscovery struct {
 // (e.g. vllm-10-0-0-5).
 type DNSDiscovery struct {
 	DiscoveredPods `yaml:",inline"`
-	// Name is the name to resolve, e.g. vllm.inference.svc.cluster.local
-	// (required).
+	// Name is the name to resolve (required).
 	Name string `yaml:"name,omitempty"`
-	// Interval is how often it is resolved again (default 10s).
+	// Interval is how often it is resolved again.
 	Interval time.Duration `yaml:"interval,omitempty"`
-	// Server is a DNS server host:port to ask instead of the system's
-	// resolver ("" for the system's).
+	// Server is a DNS server host:port ("": the system's resolver).
 	Server string `yaml:"server,omitempty"`
 }
 
 // NATS is the fleet's NATS connection (docs/fleet.md).
 type NATS struct {
-	// URL is the NATS server, e.g. nats://nats:4222 (a comma-separated
-	// list for a cluster); "" turns fleet mode off for kvindex serve.
+	// URL is the NATS server (comma-separated for a cluster); "" turns
+	// fleet mode off.
 	URL string `yaml:"url,omitempty"`
-	// Bucket is the agents' JetStream key-value bucket (default
-	// kvindex_agents).
+	// Bucket is the agents' JetStream key-value bucket.
 	Bucket string `yaml:"bucket,omitempty"`
 	// RegistrationTTL is how long an agent's registration lives without a
-	// heartbeat (default 10s): a dead agent's workers leave replicas'
-	// answers after it.
+	// heartbeat: a dead agent's workers leave answers after it.
 	RegistrationTTL time.Duration `yaml:"registration_ttl,omitempty"`
-	// Models, for kvindex serve, restricts the replica to these models'
-	// workers (a shard); empty: every model.
+	// Models restricts a replica to these models' workers (a shard); empty:
+	// every model.
 	Models []string `yaml:"models,omitempty"`
-	// CredsFile is a NATS credentials file (JWT and seed); "" for none.
+	// CredsFile is a NATS credentials file (JWT and seed).
 	CredsFile string `yaml:"creds_file,omitempty"`
-	// TLS secures the connection to NATS (and presents a client
-	// certificate for servers that verify clients).
+	// TLS secures the connection to NATS.
 	TLS NATSTLS `yaml:"tls,omitempty"`
 }
 
-// NATSTLS is the client side of TLS to NATS, for the agent and the
-// replica alike. Setting any field turns TLS on (as a tls:// URL does).
-// The files are read at start, so that a missing or unreadable one stops
-// the process at once naming its field, and again at every reconnection:
-// a rotated client certificate is presented from the next connection on,
-// and an established connection keeps the one it opened with until it
-// reconnects or the process restarts.
+// NATSTLS is the client side of TLS to NATS; any field set turns it on.
+// The files are read at start (a bad one stops the process naming its
+// field) and again at every reconnection, so a rotated client certificate
+// is presented from the next connection on.
 type NATSTLS struct {
-	// CAFile is the PEM bundle of CAs that sign the server's certificate;
-	// "" trusts the system's roots.
+	// CAFile signs the server's certificate ("": the system's roots).
 	CAFile string `yaml:"ca_file,omitempty"`
-	// CertFile and KeyFile are the client's PEM certificate chain and key,
-	// for a server that verifies clients (mTLS); given together.
+	// CertFile and KeyFile are the client's certificate chain and key, for
+	// a server that verifies clients; given together.
 	CertFile string `yaml:"cert_file,omitempty"`
 	KeyFile  string `yaml:"key_file,omitempty"`
-	// ServerName is the name the server's certificate must carry; "" for
-	// the host of the URL connected to.
+	// ServerName is the name the server's certificate must carry ("": the
+	// URL's host).
 	ServerName string `yaml:"server_name,omitempty"`
 }
 
@@ -186,72 +163,59 @@ func (n *NATS) Enabled() bool { return n.URL != "" }
 
 // Agent configures kvindex agent.
 type Agent struct {
-	// Pod names the pod of pods[] the agent sits beside (default: the
-	// only one).
+	// Pod names the pod of pods[] the agent sits beside (default: the only one).
 	Pod string `yaml:"pod,omitempty"`
-	// Checkpoint is the file the agent writes its state to (atomically),
-	// so that a restarted agent recovers without its engine's replay
-	// buffer having to reach back to the engine's start; "" for none.
+	// Checkpoint is the file the agent writes its state to, so that a
+	// restarted agent recovers without the engine's replay reaching back to
+	// its start; "" for none.
 	Checkpoint string `yaml:"checkpoint,omitempty"`
-	// CheckpointInterval is how often the checkpoint is written (default
-	// 10s).
+	// CheckpointInterval is how often the checkpoint is written.
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval,omitempty"`
-	// GRPCListen, when set, serves the agent's own index over gRPC for
-	// inspection (ListWorkers, Lookup, Dump, Diagnose, Watch, Score; Route
-	// and Release are refused), so that kvindexctl diff can compare a
-	// replica with the agent it follows. Plaintext: bind it to the pod's
-	// loopback (127.0.0.1:50052) and reach it with
-	// kubectl port-forward. With auth.tokens it takes the same tokens as
-	// kvindex serve. "" (the default) serves nothing.
+	// GRPCListen, when set, serves the agent's own index over plaintext gRPC
+	// for inspection (Route and Release refused), for kvindexctl diff; bind
+	// it to loopback. It takes auth.tokens as kvindex serve does.
 	GRPCListen string `yaml:"grpc_listen,omitempty"`
 }
 
 // TLS configures transport security. The files are re-read when they
-// change (checked every second), so certificates rotate without a
-// restart.
+// change (checked every second), so certificates rotate without a restart.
 type TLS struct {
-	// CertFile and KeyFile are the server's PEM certificate chain and key;
+	// CertFile and KeyFile are the server's certificate chain and key;
 	// setting them turns TLS on for gRPC.
 	CertFile string `yaml:"cert_file,omitempty"`
 	KeyFile  string `yaml:"key_file,omitempty"`
-	// ClientCAFile, when set, is the PEM bundle of CAs that sign client
-	// certificates: clients must present one (mTLS).
+	// ClientCAFile, when set, signs the client certificates clients must
+	// present (mTLS).
 	ClientCAFile string `yaml:"client_ca_file,omitempty"`
-	// Metrics serves /metrics over the same TLS (with the same client
-	// certificate requirement).
+	// Metrics serves /metrics over the same TLS.
 	Metrics bool `yaml:"metrics,omitempty"`
 }
 
 // Enabled reports whether TLS is configured.
 func (t *TLS) Enabled() bool { return t.CertFile != "" }
 
-// Auth configures bearer-token authentication of every listener: the
-// gRPC API, the endpoint picker's ext_proc listener (gateway.listen), the
-// metrics server (/metrics and /healthz need scope read) and an agent's
-// agent.grpc_listen.
+// Auth configures bearer-token authentication of every listener: the gRPC
+// API, the picker's ext_proc listener, the metrics server (scope read) and
+// an agent's agent.grpc_listen.
 type Auth struct {
 	// Tokens are the accepted tokens; with none, calls need no token.
 	Tokens []Token `yaml:"tokens,omitempty"`
-	// OpenHealth lets health checks through without a token: gRPC health
-	// on every listener and the metrics server's /healthz (kubelet's
-	// probes cannot send one).
+	// OpenHealth lets gRPC health and /healthz through without a token
+	// (kubelet's probes cannot send one).
 	OpenHealth bool `yaml:"open_health,omitempty"`
-	// CertIdentity accepts a verified client certificate (tls.client_ca_file)
-	// in place of a token, with every scope; the certificate's common name
-	// is the client's identity.
+	// CertIdentity accepts a verified client certificate in place of a
+	// token, with every scope; its common name is the client's identity.
 	CertIdentity bool `yaml:"cert_identity,omitempty"`
 }
 
-// Token is one client's bearer token. Its secret is read from File (its
-// contents, trailing newline trimmed; re-read when it changes) or from the
-// environment variable Env, never from the configuration itself, and is
-// never logged.
+// Token is one client's bearer token. Its secret is read from File
+// (trailing newline trimmed; re-read when it changes) or the environment
+// variable Env, never from the configuration, and is never logged.
 type Token struct {
 	// Name identifies the client in logs, metrics and request ownership.
 	Name string `yaml:"name,omitempty"`
-	// Scopes are read (Score, ListWorkers, Lookup, Dump, Diagnose, Watch,
-	// health, reflection, /metrics, /healthz) and route (Route, Release,
-	// the endpoint picker's ext_proc stream).
+	// Scopes are read (Score and the inspection calls, health, /metrics)
+	// and route (Route, Release, the picker's ext_proc stream).
 	Scopes []string `yaml:"scopes,omitempty"`
 	// File holds the secret.
 	File string `yaml:"file,omitempty"`
@@ -261,15 +225,13 @@ type Token struct {
 
 // Model is one served model.
 type Model struct {
-	// Name is the model name requests use (vLLM's served model name).
+	// Name is vLLM's served model name.
 	Name string `yaml:"name,omitempty"`
-	// BlockSize is vLLM's --block-size for this model (default
-	// DefaultBlockSize).
+	// BlockSize is vLLM's --block-size for this model.
 	BlockSize int `yaml:"block_size,omitempty"`
-	// TokenizerURLs are the base URLs of servers that tokenize for the
-	// model, its vLLM servers (e.g. http://10.0.0.5:8000; /tokenize is
-	// appended), tried in turn. Without any, text prompts of the model are
-	// refused.
+	// TokenizerURLs are base URLs of the model's vLLM servers
+	// (/tokenize is appended), tried in turn; without any, text prompts of
+	// the model are refused.
 	TokenizerURLs []string `yaml:"tokenizer_urls,omitempty"`
 }
 
@@ -279,99 +241,86 @@ type Pod struct {
 	Name string `yaml:"name,omitempty"`
 	// Model is the model the pod serves.
 	Model string `yaml:"model,omitempty"`
-	// Endpoint is the pod's KV event PUB endpoint for DP rank 0, e.g.
+	// Endpoint is the KV event PUB endpoint of DP rank 0, e.g.
 	// tcp://10.0.0.5:5557; rank r publishes on port+r.
 	Endpoint string `yaml:"endpoint,omitempty"`
-	// DPSize is the pod's data-parallel size (default DefaultDPSize).
+	// DPSize is the pod's data-parallel size.
 	DPSize int `yaml:"dp_size,omitempty"`
-	// Topic is the subscription prefix (default "", every topic).
+	// Topic is the subscription prefix ("": every topic).
 	Topic string `yaml:"topic,omitempty"`
-	// ReplayEndpoint is the pod's vLLM replay_endpoint for DP rank 0, e.g.
-	// tcp://10.0.0.5:5567 (rank r: port+r); "" for none. With it, lost
-	// events are replayed and a late start learns what is already cached.
+	// ReplayEndpoint is vLLM's replay_endpoint for rank 0 (rank r: port+r);
+	// "" for none. With it, lost events are replayed and a late start
+	// learns what is already cached.
 	ReplayEndpoint string `yaml:"replay_endpoint,omitempty"`
-	// MetricsURL is the pod's vLLM Prometheus endpoint, e.g.
-	// http://10.0.0.5:8000/metrics; "" for none. Scraped for running and
-	// waiting requests and KV cache usage, used by load-aware ranking.
+	// MetricsURL is the pod's vLLM /metrics, scraped for load-aware
+	// ranking; "" for none.
 	MetricsURL string `yaml:"metrics_url,omitempty"`
-	// CapacityBlocks is the most blocks each of the pod's workers may hold,
-	// e.g. vLLM's num_gpu_blocks (plus offload tiers); 0 uses
-	// index.worker_capacity.
+	// CapacityBlocks is the most blocks each worker may hold (vLLM's
+	// num_gpu_blocks plus offload tiers); 0 uses index.worker_capacity.
 	CapacityBlocks int `yaml:"capacity_blocks,omitempty"`
 }
 
 // Index bounds what missed removals can leave behind.
 type Index struct {
 	// WorkerCapacity is the most blocks one worker may hold in all media
-	// (0: learned from each worker's events; negative: unbounded). A pod's
-	// capacity_blocks overrides it.
+	// (0: learned from its events; negative: unbounded).
 	WorkerCapacity int `yaml:"worker_capacity,omitempty"`
 	// MemoryBudgetMiB bounds the index's estimated memory; beyond it blocks
 	// are evicted from the workers holding the most (0: unbounded).
 	MemoryBudgetMiB int64 `yaml:"memory_budget_mib,omitempty"`
-	// RemovalHistory is how many recent removals each worker's record
-	// keeps for kvindexctl diagnose, 16 bytes each (0: 256; negative:
-	// none).
+	// RemovalHistory is how many recent removals each worker keeps for
+	// kvindexctl diagnose, 16 bytes each (0: 256; negative: none).
 	RemovalHistory int `yaml:"removal_history,omitempty"`
 }
 
 // Scoring sets the default ranking policy (requests may override it) and
 // how long routing decisions count.
 type Scoring struct {
-	// Policy is cache_aware (DefaultScoringPolicy) or longest_prefix.
+	// Policy is cache_aware or longest_prefix.
 	Policy string `yaml:"policy,omitempty"`
-	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier
-	// (defaults DefaultGPUWeight, DefaultCPUWeight, DefaultStorageWeight).
+	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier.
 	GPUWeight     float64 `yaml:"gpu_weight,omitempty"`
 	CPUWeight     float64 `yaml:"cpu_weight,omitempty"`
 	StorageWeight float64 `yaml:"storage_weight,omitempty"`
-	// LoadWeight weighs a queued prefill token against an uncached one
-	// (default DefaultLoadWeight, 1/3).
+	// LoadWeight weighs a queued prefill token against an uncached one.
 	LoadWeight float64 `yaml:"load_weight,omitempty"`
-	// Guard is the hotspot guard: ttft (DefaultGuard), cost, static or off.
+	// Guard is the hotspot guard: ttft, cost, static or off.
 	Guard string `yaml:"guard,omitempty"`
-	// Cost is the cost model the ttft guard estimates time to
-	// first token with (defaults: scoring.DefaultCostModel, an 8B model on
-	// one H100; see scoring.Calibrate for measuring it from vLLM's
-	// metrics).
+	// Cost is the ttft guard's cost model (see scoring.Calibrate).
 	Cost CostModel `yaml:"cost_model,omitempty"`
-	// StaticK is the static guard's multiple of the median (default
-	// DefaultStaticK).
+	// StaticK is the static guard's multiple of the median.
 	StaticK float64 `yaml:"static_k,omitempty"`
 	// SpeculativeTTL is how long a routed request's blocks count as cached
-	// before events confirm them (default DefaultSpeculativeTTL).
+	// before events confirm them.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl,omitempty"`
 	// InflightTTL is how long a routed request counts as load without a
-	// Release (default DefaultInflightTTL).
+	// Release.
 	InflightTTL time.Duration `yaml:"inflight_ttl,omitempty"`
-	// ScrapeInterval is how often pods' metrics_url are read (default
-	// DefaultScrapeInterval); a scrape older than 3 intervals is ignored.
+	// ScrapeInterval is how often pods' metrics_url are read; a scrape
+	// older than 3 intervals is ignored.
 	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty"`
 }
 
-// Push is one bound SUB socket for push-mode engines (vLLM started with
-// endpoint tcp://<kvindex>:<port>). Topics name the pod: llm-d's
-// kv@<pod>@<model> works as is; other topics are mapped in Routes.
+// Push is one bound SUB socket for push-mode engines. Topics name the pod:
+// llm-d's kv@<pod>@<model> works as is; other topics are mapped in Routes.
 type Push struct {
 	// Listen is the bind address, e.g. tcp://*:5557.
 	Listen string `yaml:"listen,omitempty"`
-	// Topic is the subscription prefix (default "", every topic).
+	// Topic is the subscription prefix ("": every topic).
 	Topic string `yaml:"topic,omitempty"`
 	// Routes maps topics that do not follow kv@<pod>@<model>.
 	Routes []Route `yaml:"routes,omitempty"`
-	// MaxWorkers bounds the workers the listener creates, one per pod and
-	// DP rank first seen (default 32); messages for more are refused and
-	// counted.
+	// MaxWorkers bounds the workers (pod, DP rank) the listener creates;
+	// messages for more are refused and counted.
 	MaxWorkers int `yaml:"max_workers,omitempty"`
-	// Allow lists the IP addresses or CIDR ranges engines may connect
-	// from (default: any); other connections are refused at the ZeroMQ
-	// handshake and counted.
+	// Allow lists the IP addresses or CIDR ranges engines may connect from
+	// (default: any); others are refused at the handshake and counted.
 	Allow []string `yaml:"allow,omitempty"`
 }
 
-// Route maps one push-mode topic to a pod.
+// Route maps one push-mode topic, matched exactly, to a pod.
 type Route struct {
-	// Topic is the engine's configured topic, matched exactly.
+	// Topic is the engine's configured topic.
 	Topic string `yaml:"topic,omitempty"`
 	// Pod names the engine.
 	Pod string `yaml:"pod,omitempty"`
@@ -384,33 +333,29 @@ type Route struct {
 // Events tunes ingest.
 type Events struct {
 	// GapPolicy is what lost events that replay cannot recover do to a
-	// worker: reset (DefaultGapPolicy: forget its blocks, relearn) or keep
-	// (keep them, flag the worker UNSYNCED in every answer).
+	// worker: reset (forget its blocks, relearn) or keep (keep them, flag
+	// the worker UNSYNCED in every answer).
 	GapPolicy string `yaml:"gap_policy,omitempty"`
-	// ReplayTimeout bounds one replay (default DefaultReplayTimeout).
+	// ReplayTimeout bounds one replay.
 	ReplayTimeout time.Duration `yaml:"replay_timeout,omitempty"`
-	// ReplayConcurrency bounds replays in flight (default
-	// DefaultReplayConcurrency).
+	// ReplayConcurrency bounds replays in flight.
 	ReplayConcurrency int `yaml:"replay_concurrency,omitempty"`
 	// StaleAfterDisconnect marks a pull-mode worker stale after its
-	// endpoint has been unreachable this long (default
-	// DefaultStaleAfterDisconnect; negative: never).
+	// endpoint has been unreachable this long (negative: never).
 	StaleAfterDisconnect time.Duration `yaml:"stale_after_disconnect,omitempty"`
 	// StaleAfterSilence marks a worker stale after sending nothing this
-	// long (default 0: off, since idle engines send nothing).
+	// long (0, the default: off, since idle engines send nothing).
 	StaleAfterSilence time.Duration `yaml:"stale_after_silence,omitempty"`
-	// QueueSize is each worker's queue of batches waiting to be applied
-	// (default DefaultQueueSize).
+	// QueueSize is each worker's queue of batches waiting to be applied.
 	QueueSize int `yaml:"queue_size,omitempty"`
 	// QueueBytes bounds the payload bytes of one worker's queued batches,
-	// and separately of the live batches held while a replay runs
-	// (default 64 MiB); past it messages are dropped, counted and
-	// recovered as gaps.
+	// and separately of the live batches held while a replay runs; past it
+	// messages are dropped, counted and recovered as gaps.
 	QueueBytes int64 `yaml:"queue_bytes,omitempty"`
-	// MaxMessageBytes is the largest event message accepted (default
-	// 16 MiB, twice vLLM's largest real batch: a 1 M-token prompt
-	// prefilled in one step); a larger one ends the engine's connection,
-	// which kvindex re-establishes, and its loss is handled as a gap.
+	// MaxMessageBytes is the largest event message accepted (the default is
+	// twice vLLM's largest real batch, a 1 M-token prompt prefilled in one
+	// step); a larger one ends the connection, re-established, and its loss
+	// is handled as a gap.
 	MaxMessageBytes int64 `yaml:"max_message_bytes,omitempty"`
 }
 
@@ -421,55 +366,45 @@ type Score struct {
 	IncludeStale bool `yaml:"include_stale,omitempty"`
 }
 
-// Limits bound Score requests.
+// Limits bound requests; RESOURCE_EXHAUSTED refuses what is over them.
 type Limits struct {
-	// MaxTokens is the most token ids one request may carry (default
-	// DefaultMaxTokens).
+	// MaxTokens is the most token ids one request may carry.
 	MaxTokens int `yaml:"max_tokens,omitempty"`
-	// MaxBlockKeys is the most block keys one request may carry (default
-	// DefaultMaxBlockKeys).
+	// MaxBlockKeys is the most block keys one request may carry.
 	MaxBlockKeys int `yaml:"max_block_keys,omitempty"`
-	// MaxCandidates is the most candidate workers one request may name
-	// (default DefaultMaxCandidates).
+	// MaxCandidates is the most candidate workers one request may name.
 	MaxCandidates int `yaml:"max_candidates,omitempty"`
-	// MaxInflight is the most routed requests kvindex tracks at once
-	// (default DefaultMaxInflight); Route refuses more with
-	// RESOURCE_EXHAUSTED until some are released or expire.
+	// MaxInflight is the most routed requests tracked at once; Route
+	// refuses more until some are released or expire.
 	MaxInflight int `yaml:"max_inflight,omitempty"`
-	// MaxPending bounds Score and Route calls received and not finished
-	// (default 128); more are refused with RESOURCE_EXHAUSTED before their
-	// body is read. With max_tokens it bounds a burst's memory: about
+	// MaxPending bounds Score and Route calls received and not finished,
+	// refused before their body is read: a burst's memory is about
 	// max_pending x 9 bytes x max_tokens.
 	MaxPending int `yaml:"max_pending,omitempty"`
-	// MaxWatches bounds concurrent Watch streams (default 64); more are
-	// refused with RESOURCE_EXHAUSTED.
+	// MaxWatches bounds concurrent Watch streams (default 64).
 	MaxWatches int `yaml:"max_watches,omitempty"`
-	// MaxTenants bounds the distinct tenant labels of the predicted
-	// hit-ratio metrics (default 64); later tenants share "_other".
+	// MaxTenants bounds the tenant labels of the predicted hit-ratio
+	// metrics (default 64); later tenants share "_other".
 	MaxTenants int `yaml:"max_tenants,omitempty"`
 	// MaxConcurrent bounds Score and Route calls executing at once
 	// (default 8 per core).
 	MaxConcurrent int `yaml:"max_concurrent,omitempty"`
 	// QueueTarget is the queueing delay admission control keeps calls
-	// under (default 1ms): a standing queue longer than it lowers the
-	// number of calls taken on.
+	// under: a standing queue longer than it lowers the calls taken on.
 	QueueTarget time.Duration `yaml:"queue_target,omitempty"`
-	// MaxQueueDelay refuses a call that queued longer before it could run
-	// (default 50ms).
+	// MaxQueueDelay refuses a call that queued longer before it could run.
 	MaxQueueDelay time.Duration `yaml:"max_queue_delay,omitempty"`
-	// MaxConnections bounds open gRPC connections (default 1024); more
-	// wait in the listen backlog.
+	// MaxConnections bounds open gRPC connections; more wait in the listen
+	// backlog.
 	MaxConnections int `yaml:"max_connections,omitempty"`
 	// MaxInspect bounds Lookup, Dump and Diagnose calls executing at once,
-	// a budget apart from Score's and Route's (default half the cores, at
-	// least 1), so that a storm of them cannot starve Score.
+	// a budget apart from Score's so that they cannot starve it (default
+	// half the cores, at least 1).
 	MaxInspect int `yaml:"max_inspect,omitempty"`
-	// MaxInspectPending bounds Lookup, Dump and Diagnose calls waiting for
-	// a max_inspect slot (default 16); more are refused with
-	// RESOURCE_EXHAUSTED before their body is read.
+	// MaxInspectPending bounds inspection calls waiting for a max_inspect
+	// slot; more are refused before their body is read.
 	MaxInspectPending int `yaml:"max_inspect_pending,omitempty"`
-	// InspectWait is the longest a Lookup, Dump or Diagnose call waits
-	// for a max_inspect slot before it is refused (default 1s).
+	// InspectWait is the longest an inspection call waits for a slot.
 	InspectWait time.Duration `yaml:"inspect_wait,omitempty"`
 	// AdmissionOff turns admission control off (not recommended).
 	AdmissionOff bool `yaml:"admission_off,omitempty"`
@@ -477,12 +412,11 @@ type Limits struct {
 
 // Log sets up log/slog.
 type Log struct {
-	// Level is debug, info, warn or error (default DefaultLogLevel).
+	// Level is debug, info, warn or error.
 	Level string `yaml:"level,omitempty"`
-	// Format is text or json (default DefaultLogFormat).
+	// Format is text or json.
 	Format string `yaml:"format,omitempty"`
-	// ProblemInterval rate-limits repeated per-worker problem logs (default
-	// DefaultProblemInterval).
+	// ProblemInterval rate-limits repeated per-worker problem logs.
 	ProblemInterval time.Duration `yaml:"problem_interval,omitempty"`
 }
 
@@ -524,28 +458,18 @@ func (c *Config) model(name string) *Model {
 	return nil
 }
 
-// CostModel is the scoring.cost_model section: one engine's cost model
-// (scoring.CostModel); zero fields take the defaults.
+// CostModel is the scoring.cost_model section, the fields of
+// scoring.CostModel; zero fields take scoring.DefaultCostModel's.
 type CostModel struct {
-	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
-	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec,omitempty"`
-	// AttentionPairsPerSec is the prefill attention rate in (new token,
-	// context token) pairs per second.
-	AttentionPairsPerSec float64 `yaml:"attention_pairs_per_sec,omitempty"`
-	// StepOverhead is the fixed cost of a forward pass.
-	StepOverhead time.Duration `yaml:"step_overhead,omitempty"`
-	// DecodePerSeq is the cost of each decoding request in a step.
-	DecodePerSeq time.Duration `yaml:"decode_per_seq,omitempty"`
-	// DecodePerContextToken is the cost of one context token of a
-	// decoding request.
+	PrefillTokensPerSec   float64       `yaml:"prefill_tokens_per_sec,omitempty"`
+	AttentionPairsPerSec  float64       `yaml:"attention_pairs_per_sec,omitempty"`
+	StepOverhead          time.Duration `yaml:"step_overhead,omitempty"`
+	DecodePerSeq          time.Duration `yaml:"decode_per_seq,omitempty"`
 	DecodePerContextToken time.Duration `yaml:"decode_per_context_token,omitempty"`
-	// MaxBatchedTokens is vLLM's max_num_batched_tokens.
-	MaxBatchedTokens int `yaml:"max_batched_tokens,omitempty"`
-	// KVCapacityTokens is one engine's KV cache in tokens.
-	KVCapacityTokens int `yaml:"kv_capacity_tokens,omitempty"`
+	MaxBatchedTokens      int           `yaml:"max_batched_tokens,omitempty"`
+	KVCapacityTokens      int           `yaml:"kv_capacity_tokens,omitempty"`
 }
 
-// model is scoring.DefaultCostModel with the section's non-zero fields.
 func (m CostModel) model() scoring.CostModel {
 	c := scoring.DefaultCostModel()
 	override(&c.PrefillTokensPerSec, m.PrefillTokensPerSec)
@@ -558,7 +482,7 @@ func (m CostModel) model() scoring.CostModel {
 	return c
 }
 
-// override stores x in *v unless x is the zero value.
+// override stores x in *v unless x is zero.
 func override[T comparable](v *T, x T) {
 	var zero T
 	if x != zero {
@@ -571,8 +495,7 @@ func (c *Config) Policy() (scoring.Policy, error) {
 	return c.Scoring.policy()
 }
 
-// policy is scoring.DefaultPolicy with the section's non-zero fields
-// applied.
+// policy is scoring.DefaultPolicy with the section's non-zero fields.
 func (s *Scoring) policy() (scoring.Policy, error) {
 	p, err := scoring.Override{
 		Name: s.Policy, GPUWeight: s.GPUWeight, CPUWeight: s.CPUWeight, StorageWeight: s.StorageWeight,
@@ -627,18 +550,13 @@ func (c *Config) Workers() []WorkerEndpoint {
 	return out
 }
 
-// WorkerEndpoint is one worker and where its events come from.
+// WorkerEndpoint is one worker (pod, DP rank) and where its events come
+// from: the pod's fields at this rank's ports.
 type WorkerEndpoint struct {
-	// Worker is the (pod, DP rank).
-	Worker events.WorkerRef
-	// Model is the pod's model.
-	Model string
-	// Endpoint is this rank's PUB endpoint.
-	Endpoint string
-	// Topic is the subscription prefix.
-	Topic string
-	// ReplayEndpoint is this rank's replay socket, "" for none.
-	ReplayEndpoint string
-	// CapacityBlocks bounds the worker's blocks (0: the index default).
-	CapacityBlocks int
+	Worker         events.WorkerRef
+	Model          string
+	Endpoint       string
+	Topic          string
+	ReplayEndpoint string // "" for none
+	CapacityBlocks int    // 0: the index default
 }

@@ -9,17 +9,11 @@ import (
 )
 
 // Defaults SetDefaults gives fields left at their zero value, each with
-// its configuration key. Fields whose zero value has a meaning of its own
-// (index.worker_capacity 0 learns the capacity, events.stale_after_silence
-// 0 is off, a pod's topic "" takes every topic, ...) have none.
-//
-// The daemon passes these values on explicitly, so they, not the fallbacks
-// of the packages it configures, are what it runs with. The limits are
-// the api package's own defaults and the scoring values scoring's, so a
-// Server, Policy or Tracker built without a config behaves the same; the
-// events values equal the ZeroMQ transport's (config does not import the
-// transport, which needs cgo; TestEventDefaultsAreTheTransports keeps
-// them equal).
+// its key; fields whose zero value means something have none. The daemon
+// passes them on explicitly. The limits are api's own defaults and the
+// scoring values scoring's, so a Server or Policy built without a config
+// behaves the same; the events values equal the ZeroMQ transport's
+// (which needs cgo; TestEventDefaultsAreTheTransports keeps them equal).
 const (
 	DefaultGRPCListen    = ":50051" // grpc_listen
 	DefaultMetricsListen = ":9400"  // metrics_listen
@@ -27,7 +21,7 @@ const (
 	MetricsOff = "off"
 
 	// DefaultBlockSize is vLLM's default --block-size: models[].block_size,
-	// and the block size of models only pods, routes or topics name.
+	// also of models only pods, routes or topics name.
 	DefaultBlockSize      = 16
 	DefaultDPSize         = 1  // pods[].dp_size
 	DefaultPushMaxWorkers = 32 // push[].max_workers: a few pods with data parallelism
@@ -78,18 +72,14 @@ const (
 //
 //	--kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557"}'
 const (
-	// DefaultModel is the model Default's pod serves.
-	DefaultModel = "default"
-	// DefaultPod is the name of Default's pod.
-	DefaultPod = "vllm-0"
-	// DefaultEndpoint is where Default's pod publishes its KV events.
-	DefaultEndpoint = "tcp://127.0.0.1:5557"
+	DefaultModel    = "default"              // the model Default's pod serves
+	DefaultPod      = "vllm-0"               // Default's pod
+	DefaultEndpoint = "tcp://127.0.0.1:5557" // where Default's pod publishes
 )
 
 // Default returns the configuration `kvindex serve` runs without --config:
-// one local engine (DefaultPod serving DefaultModel at DefaultEndpoint,
-// DefaultBlockSize-token blocks) and every other field at its default. The
-// value is fresh on every call, for the caller to change.
+// one local engine and every other field at its default; fresh on every
+// call, for the caller to change.
 func Default() *Config {
 	c := &Config{
 		Models: []Model{{Name: DefaultModel, BlockSize: DefaultBlockSize}},
@@ -99,11 +89,10 @@ func Default() *Config {
 	return c
 }
 
-// SetDefaults gives every field left at its zero value its default (the
-// Default* constants), and lists models that pods or push routes name but
-// Models does not, with DefaultBlockSize. Fields already set are kept, so
-// it is idempotent. Parse calls it; a Config built in Go needs it before
-// Validate.
+// SetDefaults gives every field left at its zero value its default, and
+// lists the models that pods, routes or discovery name but Models does not
+// with DefaultBlockSize. It is idempotent. Parse calls it; a Config built
+// in Go needs it before Validate.
 func (c *Config) SetDefaults() {
 	defaults.Zero(&c.GRPCListen, DefaultGRPCListen)
 	defaults.Zero(&c.MetricsListen, DefaultMetricsListen)
@@ -150,7 +139,6 @@ func (c *Config) SetDefaults() {
 }
 
 // SetDefaults gives the zero fields of the events section their defaults.
-// StaleAfterSilence has none: 0 is off.
 func (e *Events) SetDefaults() {
 	defaults.Zero(&e.GapPolicy, DefaultGapPolicy)
 	defaults.Zero(&e.ReplayTimeout, DefaultReplayTimeout)
@@ -199,17 +187,12 @@ func (l *Log) SetDefaults() {
 
 // Discovery defaults.
 const (
-	// DefaultDiscoveryPort is the KV event port discovered pods publish
-	// on (the README's vLLM recipe).
-	DefaultDiscoveryPort = 5557
-	// DefaultKubernetesResync is the informers' full resync period.
-	DefaultKubernetesResync = 5 * time.Minute
-	// DefaultDNSInterval is how often a headless service is resolved.
-	DefaultDNSInterval = 10 * time.Second
+	DefaultDiscoveryPort    = 5557             // discovery.*.port: the README's vLLM recipe
+	DefaultKubernetesResync = 5 * time.Minute  // discovery.kubernetes.resync
+	DefaultDNSInterval      = 10 * time.Second // discovery.dns.interval
 )
 
-// SetDefaults gives the zero fields of the configured discovery source
-// their defaults.
+// SetDefaults gives the zero fields of the discovery source their defaults.
 func (d *Discovery) SetDefaults() {
 	if k := d.Kubernetes; k != nil {
 		k.DiscoveredPods.setDefaults()

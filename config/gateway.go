@@ -21,36 +21,32 @@ const (
 	DefaultGatewayMaxRequests     = 4096
 )
 
-// The gateway's body modes: how the gateway's ext_proc filter is
-// configured to send request bodies (processing_mode.request_body_mode).
+// The gateway's body modes: the ext_proc filter's
+// processing_mode.request_body_mode.
 const (
-	// BodyModeBuffered: BUFFERED requests (the whole body in one
-	// message, after the headers were answered), STREAMED responses.
+	// BodyModeBuffered: BUFFERED requests, STREAMED responses.
 	BodyModeBuffered = "buffered"
 	// BodyModeFullDuplex: FULL_DUPLEX_STREAMED both ways, as the Gateway
-	// API Inference Extension configures it: the picker holds the request
-	// headers' answer until the body is complete and sends the body back.
+	// API Inference Extension configures it.
 	BodyModeFullDuplex = "full_duplex"
 )
 
 // Tokenize bounds the tokenization of text prompts (Score's prompt and
 // messages, the gateway's OpenAI bodies) by the models' tokenizer_urls.
 type Tokenize struct {
-	// Timeout bounds one tokenization, every URL tried included (default
-	// 2s).
+	// Timeout bounds one tokenization, every URL tried included.
 	Timeout time.Duration `yaml:"timeout,omitempty"`
-	// CacheEntries bounds the cache of answers (default 4096; negative:
-	// no cache). An entry costs 4 bytes a token.
+	// CacheEntries bounds the cache of answers, 4 bytes a token each
+	// (negative: no cache).
 	CacheEntries int `yaml:"cache_entries,omitempty"`
-	// MaxConcurrent bounds tokenizer round trips in flight (default 64);
-	// more are refused (RESOURCE_EXHAUSTED) and counted.
+	// MaxConcurrent bounds tokenizer round trips in flight; more are
+	// refused and counted.
 	MaxConcurrent int `yaml:"max_concurrent,omitempty"`
-	// MaxPromptBytes bounds one prompt's text (default 4 MiB).
+	// MaxPromptBytes bounds one prompt's text.
 	MaxPromptBytes int `yaml:"max_prompt_bytes,omitempty"`
 }
 
-// SetDefaults gives the zero fields of the tokenize section their
-// defaults.
+// SetDefaults gives the zero fields of the tokenize section their defaults.
 func (t *Tokenize) SetDefaults() {
 	defaults.Zero(&t.Timeout, DefaultTokenizeTimeout)
 	defaults.Zero(&t.CacheEntries, DefaultTokenizeCacheEntries)
@@ -72,37 +68,30 @@ func (t *Tokenize) Validate() error {
 }
 
 // Gateway serves the Gateway API Inference Extension's endpoint picker:
-// an Envoy ext_proc service that a gateway (Envoy Gateway, kgateway,
-// Istio, ...) asks which model server each OpenAI request goes to.
+// an Envoy ext_proc service a gateway asks which model server each OpenAI
+// request goes to. Exactly one of Endpoints, InferencePool and
+// DiscoveredPort is where the pool's endpoints come from.
 type Gateway struct {
-	// Listen is the ext_proc gRPC address, e.g. :9002; "" turns the
-	// picker off.
+	// Listen is the ext_proc gRPC address; "" turns the picker off.
 	Listen string `yaml:"listen,omitempty"`
-	// BodyMode is how the gateway sends bodies: full_duplex (default, as
-	// GIE configures the filter) or buffered.
+	// BodyMode is full_duplex or buffered.
 	BodyMode string `yaml:"body_mode,omitempty"`
-	// MaxBodyBytes bounds a request body the picker reads (default 8 MiB);
-	// a larger one is answered 413 and counted. The picker holds each
-	// body until its destination is sent: at most max_requests x
+	// MaxBodyBytes bounds a request body (larger: 413, counted). Bodies are
+	// held until their destination is sent: at most max_requests x
 	// max_body_bytes in all.
 	MaxBodyBytes int64 `yaml:"max_body_bytes,omitempty"`
-	// Fallbacks is how many endpoints after the chosen one the picker
-	// offers the gateway for retries (default 2; negative: none).
+	// Fallbacks is how many endpoints after the chosen one are offered for
+	// retries (negative: none).
 	Fallbacks int `yaml:"fallbacks,omitempty"`
-	// MaxRequests bounds the requests the picker follows at once (default
-	// 4096); more are answered 429 and counted.
+	// MaxRequests bounds the requests followed at once (more: 429, counted).
 	MaxRequests int `yaml:"max_requests,omitempty"`
-	// Endpoints are the pool's model servers and the kvindex workers
-	// behind them, fixed. Exactly one of endpoints, inference_pool and
-	// discovered_port says where the pool's endpoints come from.
+	// Endpoints are fixed model servers and the kvindex workers behind them.
 	Endpoints []Endpoint `yaml:"endpoints,omitempty"`
-	// InferencePool watches a Kubernetes InferencePool: the Ready pods
-	// its selector selects are the endpoints, at its target ports, as
-	// they come and go.
+	// InferencePool makes the Ready pods an InferencePool selects the
+	// endpoints, at its target ports, as they come and go.
 	InferencePool *InferencePool `yaml:"inference_pool,omitempty"`
-	// DiscoveredPort makes the pods of discovery (discovery.kubernetes or
-	// discovery.dns) the endpoints, each at its address and this port
-	// (vLLM's API port, e.g. 8000), joining and leaving with them.
+	// DiscoveredPort makes discovery's pods the endpoints, each at its
+	// address and this port (vLLM's API port).
 	DiscoveredPort int `yaml:"discovered_port,omitempty"`
 }
 
@@ -115,8 +104,7 @@ const (
 	InferencePoolV1Alpha2 = "inference.networking.x-k8s.io/v1alpha2"
 )
 
-// DefaultInferencePoolResync is the InferencePool and pod informers'
-// resync period unless set.
+// DefaultInferencePoolResync is gateway.inference_pool.resync.
 const DefaultInferencePoolResync = 5 * time.Minute
 
 // InferencePool names a Gateway API Inference Extension InferencePool and
@@ -124,24 +112,21 @@ const DefaultInferencePoolResync = 5 * time.Minute
 type InferencePool struct {
 	// Name is the InferencePool's name (required).
 	Name string `yaml:"name,omitempty"`
-	// Namespace is its namespace and its pods' ("": the namespace kvindex
-	// runs in, read from its service account).
+	// Namespace is its and its pods' ("": kvindex's own).
 	Namespace string `yaml:"namespace,omitempty"`
-	// APIVersion is inference.networking.k8s.io/v1 (default) or
-	// inference.networking.x-k8s.io/v1alpha2.
+	// APIVersion is InferencePoolV1 (default) or InferencePoolV1Alpha2.
 	APIVersion string `yaml:"api_version,omitempty"`
-	// Kubeconfig is a kubeconfig file for running outside the cluster;
-	// "" uses the in-cluster service account.
+	// Kubeconfig is for running outside the cluster ("": in-cluster).
 	Kubeconfig string `yaml:"kubeconfig,omitempty"`
-	// Resync is the informers' full resync period (default 5m).
+	// Resync is the informers' full resync period.
 	Resync time.Duration `yaml:"resync,omitempty"`
-	// Model is the model the pods serve (annotation kvindex.io/model);
-	// default the only configured model.
+	// Model is the model the pods serve (annotation kvindex.io/model;
+	// default the only configured model).
 	Model string `yaml:"model,omitempty"`
-	// DPSize is the pods' data-parallel size when the pool has one target
-	// port (default 1; annotation kvindex.io/dp-size): every rank behind
-	// the one address, named in the x-data-parallel-rank header. With
-	// several target ports, port i serves rank i.
+	// DPSize is the pods' data-parallel size with one target port (default
+	// 1; annotation kvindex.io/dp-size): every rank behind the one address,
+	// named in the x-data-parallel-rank header. With several target ports,
+	// port i serves rank i.
 	DPSize int `yaml:"dp_size,omitempty"`
 }
 
@@ -151,19 +136,17 @@ func (g *Gateway) Enabled() bool { return g.Listen != "" }
 // Endpoint is one model server of the pool as the gateway addresses it,
 // and the kvindex worker (or workers) it serves.
 type Endpoint struct {
-	// Address is the server's ip:port, as the gateway's InferencePool
-	// lists it.
+	// Address is the server's ip:port.
 	Address string `yaml:"address,omitempty"`
-	// Pod is the kvindex pod it serves (a pods[] name, or a push-mode or
-	// fleet pod); a pod kvindex hears nothing from is still routable,
-	// cold. Default: the address.
+	// Pod is the kvindex pod it serves (default: the address); one kvindex
+	// hears nothing from is still routable, cold.
 	Pod string `yaml:"pod,omitempty"`
-	// DPRank is the pod's data-parallel rank this address serves (vLLM's
-	// external DP load balancing: one API server per rank).
+	// DPRank is the rank this address serves (vLLM's external DP load
+	// balancing).
 	DPRank int `yaml:"dp_rank,omitempty"`
-	// AllRanks says the address serves every rank of the pod (vLLM's
-	// internal DP load balancing): the picker picks the rank and names it
-	// in the X-data-parallel-rank header.
+	// AllRanks says the address serves every rank (vLLM's internal DP load
+	// balancing): the picker names the rank in the X-data-parallel-rank
+	// header.
 	AllRanks bool `yaml:"all_ranks,omitempty"`
 	// Model is the model served; default the pod's, or the only model.
 	Model string `yaml:"model,omitempty"`
@@ -203,9 +186,9 @@ func (g *Gateway) SetDefaults(c *Config) {
 	}
 }
 
-// Validate checks the gateway section against the pods: addresses
-// host:port and each once, a model for each, ranks within the pod's, and
-// no worker behind two addresses.
+// Validate checks the gateway section against the pods: each address
+// once, a model for each, ranks within the pod's, no worker behind two
+// addresses.
 func (g *Gateway) Validate(c *Config) error {
 	if !g.Enabled() {
 		if len(g.Endpoints) > 0 || g.InferencePool != nil || g.DiscoveredPort != 0 {
@@ -213,8 +196,8 @@ func (g *Gateway) Validate(c *Config) error {
 		}
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(g.Listen); err != nil {
-		return invalid("gateway.listen", "%q is not host:port", g.Listen)
+	if err := hostPort("gateway.listen", g.Listen, ""); err != nil {
+		return err
 	}
 	switch {
 	case g.BodyMode != BodyModeBuffered && g.BodyMode != BodyModeFullDuplex:
@@ -310,16 +293,6 @@ func (ip *InferencePool) validate(c *Config) error {
 		return invalid("gateway.inference_pool.model", "required: more than one model is configured")
 	case c.model(ip.Model) == nil:
 		return invalid("gateway.inference_pool.model", "%q is not in models", ip.Model)
-	}
-	return nil
-}
-
-// validateTokenizerURLs checks a model's tokenizer_urls.
-func validateTokenizerURLs(i int, urls []string) error {
-	for j, u := range urls {
-		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
-			return invalid(fmt.Sprintf("models[%d].tokenizer_urls[%d]", i, j), "%q is not an http(s) URL", u)
-		}
 	}
 	return nil
 }

@@ -20,22 +20,37 @@ func invalid(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
 }
 
+// hostPort refuses v, the value of field, unless it is host:port.
+func hostPort(field, v, or string) error {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return invalid(field, "%q is not host:port%s", v, or)
+	}
+	return nil
+}
+
+// httpURL refuses u, the value of field, unless it is an http(s) URL.
+func httpURL(field, u string) error {
+	if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+		return invalid(field, "%q is not an http(s) URL", u)
+	}
+	return nil
+}
+
 // Validate reports the first problem, naming the field, section by
-// section: the listeners, limits, log, events, scoring, index, models,
-// pods and push. It checks values as they are: zero fields that
-// SetDefaults would fill may be invalid.
+// section. It checks values as they are: zero fields that SetDefaults
+// would fill may be invalid.
 func (c *Config) Validate() error {
-	if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
-		return invalid("grpc_listen", "%q is not host:port", c.GRPCListen)
+	if err := hostPort("grpc_listen", c.GRPCListen, ""); err != nil {
+		return err
 	}
 	if c.MetricsListen != MetricsOff {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			return invalid("metrics_listen", "%q is not host:port or off", c.MetricsListen)
+		if err := hostPort("metrics_listen", c.MetricsListen, " or off"); err != nil {
+			return err
 		}
 	}
 	if c.HTTPListen != "" {
-		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
-			return invalid("http_listen", "%q is not host:port", c.HTTPListen)
+		if err := hostPort("http_listen", c.HTTPListen, ""); err != nil {
+			return err
 		}
 	}
 	for _, check := range []func() error{
@@ -61,8 +76,7 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Validate checks the tls section: certificate and key together; a client
-// CA or TLS for metrics only with them.
+// Validate checks the tls section.
 func (t *TLS) Validate() error {
 	switch {
 	case (t.CertFile == "") != (t.KeyFile == ""):
@@ -75,9 +89,7 @@ func (t *TLS) Validate() error {
 	return nil
 }
 
-// Validate checks the auth section: each token named once, with known
-// scopes and exactly one of file and env; certificate identities only
-// with a client CA.
+// Validate checks the auth section against the tls section.
 func (a *Auth) Validate(t *TLS) error {
 	seen := map[string]bool{}
 	for i, tok := range a.Tokens {
@@ -105,10 +117,8 @@ func (a *Auth) Validate(t *TLS) error {
 	return nil
 }
 
-// Validate checks the nats section: server URLs, a TTL of a second or
-// more, named models, a client certificate and key together. Whether the
-// files can be read is checked when the connection opens
-// (fleet.Connect).
+// Validate checks the nats section; whether its files can be read is
+// checked when the connection opens (fleet.Connect).
 func (n *NATS) Validate() error {
 	if !n.Enabled() {
 		if n.Bucket != "" || len(n.Models) > 0 || n.CredsFile != "" || n.TLS.Enabled() {
@@ -177,7 +187,7 @@ func (c *Config) RenameAgentPod(name string) error {
 	return nil
 }
 
-// Validate checks the limits section ("limits").
+// Validate checks the limits section.
 func (l *Limits) Validate() error {
 	if l.MaxTokens < 0 || l.MaxBlockKeys < 0 || l.MaxCandidates < 0 || l.MaxInflight < 0 ||
 		l.MaxPending < 0 || l.MaxConcurrent < 0 || l.QueueTarget < 0 || l.MaxQueueDelay < 0 || l.MaxConnections < 0 ||
@@ -187,7 +197,7 @@ func (l *Limits) Validate() error {
 	return nil
 }
 
-// Validate checks the log section ("log.level", "log.format").
+// Validate checks the log section.
 func (l *Log) Validate() error {
 	switch strings.ToLower(l.Level) {
 	case "debug", "info", "warn", "error":
@@ -200,7 +210,7 @@ func (l *Log) Validate() error {
 	return nil
 }
 
-// Validate checks the events section ("events.gap_policy", "events").
+// Validate checks the events section.
 func (e *Events) Validate() error {
 	if _, err := events.ParseGapPolicy(e.GapPolicy); err != nil {
 		return invalid("events.gap_policy", "%q is not reset or keep", e.GapPolicy)
@@ -211,8 +221,8 @@ func (e *Events) Validate() error {
 	return nil
 }
 
-// Validate checks the scoring section ("scoring"): the policy it makes
-// and its durations.
+// Validate checks the scoring section: the policy it makes and its
+// durations.
 func (s *Scoring) Validate() error {
 	if _, err := s.policy(); err != nil {
 		return invalid("scoring", "%v", err)
@@ -223,7 +233,7 @@ func (s *Scoring) Validate() error {
 	return nil
 }
 
-// Validate checks the index section ("index.memory_budget_mib").
+// Validate checks the index section.
 func (ix *Index) Validate() error {
 	if ix.MemoryBudgetMiB < 0 {
 		return invalid("index.memory_budget_mib", "%d must not be negative", ix.MemoryBudgetMiB)
@@ -246,8 +256,10 @@ func validateModels(models []Model) error {
 		if m.BlockSize <= 0 {
 			return invalid(f+".block_size", "%d must be positive", m.BlockSize)
 		}
-		if err := validateTokenizerURLs(i, m.TokenizerURLs); err != nil {
-			return err
+		for j, u := range m.TokenizerURLs {
+			if err := httpURL(fmt.Sprintf("%s.tokenizer_urls[%d]", f, j), u); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -304,8 +316,10 @@ func (p *Pod) validate(field string) error {
 	if p.CapacityBlocks < 0 {
 		return invalid(field+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
 	}
-	if p.MetricsURL != "" && !strings.HasPrefix(p.MetricsURL, "http://") && !strings.HasPrefix(p.MetricsURL, "https://") {
-		return invalid(field+".metrics_url", "%q is not an http(s) URL", redact.URL(p.MetricsURL))
+	if p.MetricsURL != "" {
+		if err := httpURL(field+".metrics_url", redact.URL(p.MetricsURL)); err != nil {
+			return err
+		}
 	}
 	if p.ReplayEndpoint != "" {
 		if err := checkEndpoint(p.ReplayEndpoint); err != nil {
@@ -401,9 +415,7 @@ func checkEndpoint(ep string) error {
 	return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
 }
 
-// Validate checks the discovery section: one source at most, a selector
-// that parses (Kubernetes) or a name (DNS), ports in range whose DP ranks
-// do not overlap, a model.
+// Validate checks the discovery section.
 func (d *Discovery) Validate() error {
 	switch {
 	case d.Kubernetes != nil && d.DNS != nil:
@@ -429,8 +441,8 @@ func (d *Discovery) Validate() error {
 			return invalid("discovery.dns.interval", "%v: at least 1s", n.Interval)
 		}
 		if n.Server != "" {
-			if _, _, err := net.SplitHostPort(n.Server); err != nil {
-				return invalid("discovery.dns.server", "%q is not host:port", n.Server)
+			if err := hostPort("discovery.dns.server", n.Server, ""); err != nil {
+				return err
 			}
 		}
 		return n.DiscoveredPods.Validate("discovery.dns")
@@ -439,8 +451,7 @@ func (d *Discovery) Validate() error {
 }
 
 // Validate checks the defaults of discovered pods, field being the path
-// of their section. The same checks apply to the values a pod's
-// annotations give (discovery).
+// of their section; discovery checks a pod's annotations with it too.
 func (p *DiscoveredPods) Validate(field string) error {
 	if p.Model == "" {
 		return invalid(field+".model", "required: the model pods serve when they do not say")
