@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -16,15 +17,10 @@ import (
 	"github.com/kvindex/kvindex/internal/defaults"
 )
 
-// Auth is a process's authentication as the auth section configures it:
-// one api.Auth that every listener of the process enforces (kvindex
-// serve's gRPC API, picker and metrics server; an agent's metrics server
-// and inspection gRPC), so one token table, one rotation and one refusal
-// counter cover them all.
-//
-// # Concurrency
-//
-// Run owns the reload; everything else is safe for concurrent use.
+// Auth is a process's authentication: one api.Auth that every listener of
+// the process enforces, so one token table, one rotation and one refusal
+// counter cover them all. Run owns the reload; everything else is safe for
+// concurrent use.
 type Auth struct {
 	*api.Auth
 	tokens []config.Token
@@ -53,9 +49,8 @@ func NewAuth(cfg *config.Auth, log *slog.Logger) (*Auth, error) {
 	return &Auth{Auth: a, tokens: cfg.Tokens, loaded: toks, log: log}, nil
 }
 
-// loadTokens reads each configured token's secret from its file or
-// environment variable. Errors name the token and where its secret should
-// be, never the secret.
+// loadTokens reads each token's secret. Errors name the token and where
+// its secret should be, never the secret.
 func loadTokens(cfg []config.Token) ([]api.Token, error) {
 	out := make([]api.Token, 0, len(cfg))
 	for _, t := range cfg {
@@ -91,10 +86,8 @@ func loadTokens(cfg []config.Token) ([]api.Token, error) {
 }
 
 // Run re-reads the token secrets every interval until ctx is done, and
-// installs them when they changed (a rotated secret file takes effect
-// within interval, on every listener at once). A set that fails to load
-// leaves the previous one in place, counted and logged without the
-// secrets. Without tokens it returns at once.
+// installs them when they changed. A set that fails to load leaves the
+// previous one in place, counted and logged without the secrets.
 func (a *Auth) Run(ctx context.Context, interval time.Duration) {
 	if len(a.tokens) == 0 {
 		return
@@ -114,7 +107,7 @@ func (a *Auth) Run(ctx context.Context, interval time.Duration) {
 			a.log.Warn("token secrets changed but do not load; the previous ones stay in use", "err", err)
 			continue
 		}
-		if equalTokens(toks, last) {
+		if slices.Equal(toks, last) {
 			continue
 		}
 		if err := a.SetTokens(toks); err != nil {
@@ -132,20 +125,7 @@ func (a *Auth) Run(ctx context.Context, interval time.Duration) {
 // secrets: a rotation has taken effect once it moved.
 func (a *Auth) Reloads() int64 { return a.reloads.Load() }
 
-func equalTokens(a, b []api.Token) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// Collectors are the authentication's metrics: refusals by listener and
-// reason, reloads of the token secrets and failed ones.
+// Collectors are the authentication's metrics.
 func (a *Auth) Collectors() []prometheus.Collector {
 	refused := prometheus.NewDesc("kvindex_auth_refused_total", "Calls refused by authentication, by listener (grpc, http, gateway, metrics) and reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"listener", "reason"}, nil)
 	return []prometheus.Collector{

@@ -1,9 +1,7 @@
 // Package daemon assembles the kvindex service from its parts: the index,
-// the ZMQ subscriber that feeds it, the gRPC API over it and the Prometheus
-// endpoint. cmd/kvindex and the demo only turn configuration into a Daemon.
-//
-// A Daemon is built once, run once, and safe to query (addresses, index)
-// from any goroutine while it runs.
+// the event sources that feed it, the gRPC API over it and the Prometheus
+// endpoint. A Daemon is built once, run once, and safe to query from any
+// goroutine while it runs.
 package daemon
 
 import (
@@ -63,9 +61,8 @@ type Daemon struct {
 	discovery  discoverySource       // nil without discovery
 	discovered *discovered           // the pods discovery added
 	reconciler *discovery.Reconciler // nil without discovery
-	// The endpoint picker (gateway.listen); nil without it. gw is its
-	// pool as it changes; gwSource, when not nil, the InferencePool it
-	// comes from.
+	// The endpoint picker and its pool; nil without gateway.listen.
+	// gwSource is the InferencePool the pool comes from, if any.
 	picker   *picker.Picker
 	gw       *gatewayPool
 	gwSource poolSource
@@ -79,10 +76,10 @@ type Daemon struct {
 	claimed atomic.Bool
 }
 
-// New builds the index and its workers from cfg and opens the gRPC and
-// metrics listeners (so that ":0" addresses are resolved before Run).
-// Nothing is received or served until Run; a Daemon never Run is released
-// by Close. On error everything acquired so far is released.
+// New builds the daemon of cfg and opens its listeners (so that ":0"
+// addresses are resolved before Run). Nothing is received or served until
+// Run; a Daemon never Run is released by Close. On error everything
+// acquired so far is released.
 func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	d := &Daemon{cfg: cfg, log: log, lag: metrics.NewLag(), registry: newRegistry()}
@@ -99,10 +96,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	return d, nil
 }
 
-// Close releases what New acquired (the NATS connection, the listeners)
-// of a Daemon that was never Run. Run releases them itself when it
-// returns (cancel its context to stop it), so Close after Run, or a
-// second Close, does nothing.
+// Close releases what New acquired of a Daemon that was never Run; after
+// Run (which releases them itself), or a second Close, it does nothing.
 func (d *Daemon) Close() error {
 	if !d.claimed.CompareAndSwap(false, true) {
 		return nil
@@ -110,9 +105,8 @@ func (d *Daemon) Close() error {
 	return d.rel.release()
 }
 
-// releaser is the one release path of a Daemon's resources: each is
-// registered as it is acquired, and release frees them all in reverse
-// order, once.
+// releaser frees a Daemon's resources, registered as they are acquired,
+// in reverse order, once.
 type releaser []func() error
 
 func (r *releaser) add(release func() error) { *r = append(*r, release) }
@@ -126,8 +120,7 @@ func (r *releaser) release() error {
 	return errors.Join(errs...)
 }
 
-// closeListener is the release of l; a listener its server already
-// closed is released.
+// closeListener is the release of l, which its server may have closed.
 func closeListener(l net.Listener) func() error {
 	return func() error {
 		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -137,7 +130,6 @@ func closeListener(l net.Listener) func() error {
 	}
 }
 
-// newIndex builds the index and its up-front models.
 func (d *Daemon) newIndex() error {
 	d.ix = indexer.New(indexer.Config{
 		WorkerCapacity: d.cfg.Index.WorkerCapacity,
@@ -158,14 +150,11 @@ func (d *Daemon) newSubscriber() error {
 	cfg := d.cfg
 	var eps []zmq.Endpoint
 	for _, we := range cfg.Workers() {
-		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
+		ep, err := d.addWorker(we)
 		if err != nil {
-			return fmt.Errorf("daemon: worker %s: %w", we.Worker, err)
+			return fmt.Errorf("daemon: %w", err)
 		}
-		if we.CapacityBlocks > 0 {
-			w.SetCapacity(we.CapacityBlocks)
-		}
-		eps = append(eps, zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w})
+		eps = append(eps, ep)
 	}
 	opts, err := fleet.SubscriberOptions(cfg, d.log, d.lag)
 	if err != nil {
@@ -186,8 +175,8 @@ func (d *Daemon) newSubscriber() error {
 	return nil
 }
 
-// connectFleet connects to NATS and builds the fleet's source of the
-// agents' workers, in fleet mode (nats.url).
+// connectFleet connects to NATS and builds the source of the agents'
+// workers, in fleet mode.
 func (d *Daemon) connectFleet() error {
 	cfg := d.cfg
 	if !cfg.NATS.Enabled() {
@@ -210,8 +199,7 @@ func (d *Daemon) connectFleet() error {
 	return nil
 }
 
-// newScoring builds the tracker of routed requests and the scraper of
-// the engines' load.
+// newScoring builds the tracker of routed requests and the load scraper.
 func (d *Daemon) newScoring() error {
 	cfg := d.cfg
 	d.tracker = scoring.NewTracker(scoring.TrackerOptions{SpecTTL: cfg.Scoring.SpeculativeTTL, FlightTTL: cfg.Scoring.InflightTTL, MaxFlights: cfg.Limits.MaxInflight})
@@ -227,8 +215,6 @@ func (d *Daemon) newScoring() error {
 	return nil
 }
 
-// newDiscovery builds the discovery source and its reconciler, when
-// discovery is configured.
 func (d *Daemon) newDiscovery() error {
 	if !d.cfg.Discovery.Enabled() {
 		return nil
@@ -243,7 +229,6 @@ func (d *Daemon) newDiscovery() error {
 	return nil
 }
 
-// newAPI builds the gRPC API over the index and its sources.
 func (d *Daemon) newAPI() error {
 	cfg := d.cfg
 	pol, err := cfg.Policy()
@@ -286,13 +271,11 @@ func (d *Daemon) newAPI() error {
 // builds the API's gRPC server.
 func (d *Daemon) newGRPC() error {
 	cfg := d.cfg
-	gopts := d.api.GRPCOptions()
 	var err error
 	if cfg.TLS.Enabled() {
 		if d.tls, err = tlsreload.New(tlsreload.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile}, d.log); err != nil {
 			return fmt.Errorf("daemon: %w", err)
 		}
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(d.tls.Config())))
 		d.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_tls_reload_failures_total", Help: "Changed TLS files that did not load (the previous ones stayed in use)."},
 			func() float64 { return float64(d.tls.Failures()) }))
 	}
@@ -300,22 +283,43 @@ func (d *Daemon) newGRPC() error {
 		return err
 	}
 	if d.auth != nil {
-		gopts = append(gopts, d.auth.ListenerOptions(api.ListenerGRPC)...)
 		d.registry.MustRegister(d.auth.Collectors()...)
 	}
-	d.grpc = grpc.NewServer(gopts...)
+	d.grpc = d.grpcServer(api.ListenerGRPC, d.api.GRPCOptions()...)
 	d.api.Register(d.grpc)
-	d.rel.add(func() error { d.grpc.Stop(); return nil })
 	return nil
 }
 
-// listenGRPC opens the gRPC API's listener.
-func (d *Daemon) listenGRPC() error {
-	lis, err := net.Listen("tcp", d.cfg.GRPCListen)
+// grpcServer builds a gRPC server of opts with the daemon's TLS and
+// authentication, as listener, released with the daemon.
+func (d *Daemon) grpcServer(listener string, opts ...grpc.ServerOption) *grpc.Server {
+	if d.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.Config())))
+	}
+	if d.auth != nil {
+		opts = append(opts, d.auth.ListenerOptions(listener)...)
+	}
+	s := grpc.NewServer(opts...)
+	d.rel.add(func() error { s.Stop(); return nil })
+	return s
+}
+
+// listen opens a TCP listener at addr, released with the daemon; what names
+// it in the error.
+func (d *Daemon) listen(what, addr string) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("daemon: gRPC listen on %s: %w", d.cfg.GRPCListen, err)
+		return nil, fmt.Errorf("daemon: %s listen on %s: %w", what, addr, err)
 	}
 	d.rel.add(closeListener(lis))
+	return lis, nil
+}
+
+func (d *Daemon) listenGRPC() error {
+	lis, err := d.listen("gRPC", d.cfg.GRPCListen)
+	if err != nil {
+		return err
+	}
 	d.grpcLis = lis
 	if d.cfg.Limits.MaxConnections > 0 {
 		d.grpcLis = xnetutil.LimitListener(lis, d.cfg.Limits.MaxConnections)
@@ -323,8 +327,6 @@ func (d *Daemon) listenGRPC() error {
 	return nil
 }
 
-// listenMetrics opens the metrics server's listener, unless
-// metrics_listen is off.
 func (d *Daemon) listenMetrics() error {
 	var tc *tls.Config
 	if d.cfg.TLS.Metrics {
@@ -340,8 +342,8 @@ func (d *Daemon) listenMetrics() error {
 }
 
 // newPushWorker adds a worker first seen on a push listener. A model the
-// configuration does not list is added with the default block size; a
-// mismatch then shows as block-size errors on the worker.
+// configuration does not list gets the default block size; a mismatch
+// shows as block-size errors on the worker.
 func (d *Daemon) newPushWorker(ref events.WorkerRef, model, replay string) (events.Sink, error) {
 	d.takeCold(ref)
 	if _, ok := d.ix.Model(model); !ok {
@@ -357,14 +359,12 @@ func (d *Daemon) newPushWorker(ref events.WorkerRef, model, replay string) (even
 	return w, nil
 }
 
-// upFrontModels lists the models New registers in the index: every model
-// of cfg, except on a replica restricted to a shard (nats.models), which
-// registers only its shard's models and those its own pods serve, so that
-// it answers a model another shard holds as unknown rather than as one
-// with no workers. Push listeners keep every model (their engines may name
-// any, and a model registered late would take the default block size);
-// discovered and gateway pods, and fleet workers, add theirs as they
-// appear.
+// upFrontModels lists the models New registers: every model, except that
+// a replica of a shard (nats.models) registers only its shard's and its
+// own pods', so that it answers another shard's model as unknown rather
+// than as one with no workers. With push listeners every model is kept (a
+// model registered late would take the default block size); discovered
+// and gateway pods and fleet workers add theirs as they appear.
 func upFrontModels(cfg *config.Config) []config.Model {
 	if !cfg.NATS.Enabled() || len(cfg.NATS.Models) == 0 || len(cfg.Push) > 0 {
 		return cfg.Models
@@ -408,10 +408,9 @@ func (d *Daemon) Fleet() *natsbus.Source { return d.fleet }
 // Subscriber is the daemon's event subscriber.
 func (d *Daemon) Subscriber() *zmq.Subscriber { return d.sub }
 
-// Run receives events and serves gRPC and metrics until ctx is done, then
-// stops gracefully (in-flight RPCs finish, sockets close) and releases
-// what New acquired. It returns nil on a clean shutdown, or the first
-// error that stopped a part. A Daemon runs once, and not after Close.
+// Run receives events and serves until ctx is done, then stops gracefully
+// and releases what New acquired. It returns nil on a clean shutdown, or
+// the first error that stopped a part. A Daemon runs once, not after Close.
 func (d *Daemon) Run(ctx context.Context) error {
 	if !d.claimed.CompareAndSwap(false, true) {
 		return errors.New("daemon: Run on a daemon already run or closed")
@@ -434,7 +433,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 }
 
-// start runs every part of the daemon in g.
 func (d *Daemon) start(ctx context.Context, g *group) {
 	g.run("subscriber", func() error { return d.sub.Run(ctx) })
 	if d.fleet != nil {
@@ -509,8 +507,8 @@ type group struct {
 	errc   chan error // capacity 1: the first error
 }
 
-// run runs part in its own goroutine. Its ending on Run's cancellation
-// (context.Canceled, a server stopped before it served) is no error.
+// run runs part in its own goroutine; ending on Run's cancellation is no
+// error.
 func (g *group) run(part string, f func() error) {
 	g.wg.Add(1)
 	go func() {

@@ -14,21 +14,15 @@ import (
 	"github.com/kvindex/kvindex/scoring/scrape"
 )
 
-// discoverySource is a running discovery source (discovery's
-// Kubernetes or DNS).
+// discoverySource is discovery's Kubernetes or DNS.
 type discoverySource interface {
 	Run(ctx context.Context, r *discovery.Reconciler) error
 }
 
 // discovered is the daemon's discovery.Fleet: discovered pods join and
-// leave through the same path as configured ones (the index's AddWorker
-// and RemoveWorker, the subscriber's AddEndpoint and RemoveEndpoint) and
-// their metrics_url is scraped for load.
-//
-// # Concurrency
-//
-// The reconciler calls AddPod and RemovePod from one goroutine; mu guards
-// pods and runCtx against Run starting and stopping.
+// leave the index and the subscriber as configured ones do, and their
+// metrics_url is scraped. The reconciler calls AddPod and RemovePod from
+// one goroutine; mu guards pods and runCtx against Run.
 type discovered struct {
 	d *Daemon
 
@@ -43,7 +37,6 @@ type discoveredPod struct {
 	stopScrape func() // nil without metrics_url
 }
 
-// newDiscoverySource builds the configured source.
 func newDiscoverySource(cfg *config.Discovery) (discoverySource, error) {
 	switch {
 	case cfg.Kubernetes != nil:
@@ -75,15 +68,12 @@ func (f *discovered) AddPod(p config.Pod) error {
 	}
 	for _, we := range cfg.Workers() {
 		d.takeCold(we.Worker) // a gateway endpoint's worker, routable until now
-		w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
+		ep, err := d.addWorker(we)
 		if err != nil {
 			undo()
-			return fmt.Errorf("discovered pod %s: worker %s: %w", p.Name, we.Worker, err)
+			return fmt.Errorf("discovered pod %s: %w", p.Name, err)
 		}
-		if we.CapacityBlocks > 0 {
-			w.SetCapacity(we.CapacityBlocks)
-		}
-		if err := d.sub.AddEndpoint(zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w}); err != nil {
+		if err := d.sub.AddEndpoint(ep); err != nil {
 			_ = d.ix.RemoveWorker(we.Worker)
 			d.gw.keepRoutable(we.Worker)
 			undo()
@@ -128,4 +118,17 @@ func (f *discovered) RemovePod(name string) error {
 		f.d.gw.keepRoutable(ref) // an InferencePool may still list it
 	}
 	return errors.Join(errs...)
+}
+
+// addWorker adds a configured or discovered worker to the index, and
+// returns its endpoint for the subscriber.
+func (d *Daemon) addWorker(we config.WorkerEndpoint) (zmq.Endpoint, error) {
+	w, err := d.ix.AddWorker(indexer.WorkerInfo{Ref: we.Worker, Model: we.Model, Endpoint: we.Endpoint})
+	if err != nil {
+		return zmq.Endpoint{}, fmt.Errorf("worker %s: %w", we.Worker, err)
+	}
+	if we.CapacityBlocks > 0 {
+		w.SetCapacity(we.CapacityBlocks)
+	}
+	return zmq.Endpoint{Worker: we.Worker, Address: we.Endpoint, Topic: we.Topic, ReplayEndpoint: we.ReplayEndpoint, Sink: w}, nil
 }

@@ -12,9 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/discovery"
@@ -27,9 +24,8 @@ import (
 )
 
 // coldEndpoint is the WorkerInfo.Endpoint of a worker added only because
-// a gateway endpoint names it: kvindex hears nothing from it (yet), and it
-// is routable, cold. A push-mode or fleet worker of the same name takes
-// its place when it appears.
+// a gateway endpoint names it: routable, cold. A push-mode, discovered or
+// fleet worker of the same name takes its place when it appears.
 const coldEndpoint = "gateway (cold)"
 
 // newTokenizer returns the tokenizer of the models' tokenizer_urls, nil
@@ -61,8 +57,7 @@ func newTokenizer(cfg *config.Config, d *Daemon) (api.Tokenizer, error) {
 }
 
 // gatewayEndpoints expands the gateway's fixed endpoints to one per
-// worker: an address serving all of a pod's ranks is one endpoint per
-// rank, naming the rank in a header.
+// worker.
 func gatewayEndpoints(cfg *config.Config) []picker.Endpoint {
 	var out []picker.Endpoint
 	for _, e := range cfg.Gateway.Endpoints {
@@ -77,23 +72,18 @@ func gatewayEndpoints(cfg *config.Config) []picker.Endpoint {
 	return out
 }
 
-// poolSource is a running source of the pool's endpoints
-// (discovery.InferencePool).
+// poolSource is discovery.InferencePool.
 type poolSource interface {
 	Run(ctx context.Context, apply func([]discovery.Endpoint)) error
 }
 
 // gatewayPool is the endpoint picker's pool as it changes: fixed
 // endpoints, an InferencePool's, or discovery's pods. Workers the index
-// lacks are added cold (routable, kvindex hears nothing from them) and
-// removed when their endpoint leaves; a worker kvindex hears from takes
-// its cold worker's place, and gives it back when it goes while its
-// endpoint stays.
+// lacks are added cold and removed when their endpoint leaves; a worker
+// kvindex hears from takes its cold worker's place, and gives it back when
+// it goes while its endpoint stays.
 //
-// # Concurrency
-//
-// mu serializes updates (the pool source's goroutine, discovery's) and
-// guards models and discovered; it is held across the index changes and
+// mu serializes updates and is held across the index changes and
 // SetEndpoints, so the picker and the index change in the same order.
 // Lock order: mu, then the index's own locks.
 type gatewayPool struct {
@@ -159,9 +149,8 @@ func (g *gatewayPool) setLocked(eps []picker.Endpoint) error {
 	return nil
 }
 
-// setPool is the InferencePool source's callback: its endpoints, one per
-// worker, become the pool. A set the picker refuses is logged, and the
-// pool stays as it was.
+// setPool is the InferencePool source's callback. A set the picker
+// refuses is logged, and the pool stays as it was.
 func (g *gatewayPool) setPool(eps []discovery.Endpoint) {
 	var out []picker.Endpoint
 	for _, e := range eps {
@@ -174,8 +163,8 @@ func (g *gatewayPool) setPool(eps []discovery.Endpoint) {
 	g.d.log.Info("inference pool's endpoints changed", "endpoints", len(out))
 }
 
-// podJoined makes a discovered pod's ranks endpoints, at its address and
-// gateway.discovered_port; a no-op unless discovery's pods are the pool.
+// podJoined makes a discovered pod's ranks endpoints at its address and
+// gateway.discovered_port, if discovery's pods are the pool.
 func (g *gatewayPool) podJoined(p config.Pod) {
 	if g == nil || g.port == 0 {
 		return
@@ -211,7 +200,6 @@ func (g *gatewayPool) podLeft(name string) {
 	}
 }
 
-// discoveredLocked is every discovered pod's endpoints, by pod name.
 func (g *gatewayPool) discoveredLocked() []picker.Endpoint {
 	var out []picker.Endpoint
 	for _, name := range slices.Sorted(maps.Keys(g.discovered)) {
@@ -237,8 +225,8 @@ func (g *gatewayPool) keepRoutable(ref events.WorkerRef) {
 	}
 }
 
-// pickerEndpoints are the endpoints of one address: of its rank, or one
-// per rank of dpSize naming the rank in a header.
+// pickerEndpoints are the endpoints of one address: of its rank, or with
+// allRanks one per rank of dpSize, naming the rank in a header.
 func pickerEndpoints(addr, pod, model string, rank int, allRanks bool, dpSize int) []picker.Endpoint {
 	if !allRanks {
 		return []picker.Endpoint{{Address: addr, Worker: events.WorkerRef{Pod: pod, DPRank: rank}, Model: model}}
@@ -250,8 +238,8 @@ func pickerEndpoints(addr, pod, model string, rank int, allRanks bool, dpSize in
 	return out
 }
 
-// ensureModel adds a model the index lacks, with its configured block
-// size (the default for a model the configuration does not list).
+// ensureModel adds a model the index lacks, with its configured (or the
+// default) block size.
 func (d *Daemon) ensureModel(model string) error {
 	if _, ok := d.ix.Model(model); ok {
 		return nil
@@ -269,8 +257,7 @@ func (d *Daemon) ensureModel(model string) error {
 }
 
 // newGateway builds the endpoint picker, its gRPC server and listener,
-// and the source of its pool, when gateway.listen is set; fixed
-// endpoints' workers the index lacks are added cold.
+// and the source of its pool, when gateway.listen is set.
 func (d *Daemon) newGateway() error {
 	cfg := d.cfg
 	if !cfg.Gateway.Enabled() {
@@ -315,27 +302,15 @@ func (d *Daemon) newGateway() error {
 		)
 	}
 	d.registry.MustRegister(p.Collector())
-	var opts []grpc.ServerOption
-	if d.tls != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.Config())))
-	}
-	if d.auth != nil {
-		// Envoy sends the token as the ext_proc grpc_service's
-		// initial_metadata; Process needs scope route.
-		opts = append(opts, d.auth.ListenerOptions(api.ListenerGateway)...)
-	}
-	d.gwGRPC = grpc.NewServer(opts...)
+	// Envoy sends the token as the ext_proc grpc_service's initial_metadata.
+	d.gwGRPC = d.grpcServer(api.ListenerGateway)
 	p.Register(d.gwGRPC)
-	d.rel.add(func() error { d.gwGRPC.Stop(); return nil })
-	if d.gwLis, err = net.Listen("tcp", gc.Listen); err != nil {
-		return fmt.Errorf("daemon: gateway listen on %s: %w", gc.Listen, err)
-	}
-	d.rel.add(closeListener(d.gwLis))
-	return nil
+	d.gwLis, err = d.listen("gateway", gc.Listen)
+	return err
 }
 
-// takeCold removes ref's cold worker, if it has one, so that a worker
-// kvindex hears from can take its name.
+// takeCold removes ref's cold worker, if any, for a live one to take its
+// name.
 func (d *Daemon) takeCold(ref events.WorkerRef) {
 	if w := d.ix.LookupWorker(ref); w != nil && w.Info().Endpoint == coldEndpoint {
 		if err := d.ix.RemoveWorker(ref); err != nil {
@@ -344,10 +319,9 @@ func (d *Daemon) takeCold(ref events.WorkerRef) {
 	}
 }
 
-// coldAware is the fleet's worker set, replacing cold gateway workers by
-// the agents' workers of the same name, and a gateway endpoint's worker
-// by a cold one when its agent's registration is gone (so the endpoint
-// stays routable).
+// coldAware is the fleet's worker set: an agent's worker replaces a cold
+// gateway worker of its name, and leaves a cold one behind when it goes
+// while a gateway endpoint names it.
 type coldAware struct {
 	natsbus.WorkerSet
 	d *Daemon

@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -11,22 +9,19 @@ import (
 	"github.com/kvindex/kvindex/api"
 )
 
-// listenHTTP opens the HTTP/JSON API's listener (http_listen), when set:
-// api.Server.HTTPHandler behind the gRPC API's auth, with its TLS and its
-// connection limit. It is a listener of its own, not the gRPC port
-// shared: grpc-go's transport, where admission control refuses a call
-// before its body is read, serves only a listener it owns (sharing needs
-// a protocol sniffer in front, or grpc-go's slower ServeHTTP transport,
-// which has no tap). Without TLS it speaks HTTP/1.1 and HTTP/2 in clear
-// (h2c), so gRPC and Connect clients may use HTTP/2 too.
+// listenHTTP opens the HTTP/JSON API's listener (http_listen), when set,
+// with the gRPC API's auth, TLS and connection limit. It is a listener of
+// its own: grpc-go's transport, where admission control refuses a call
+// before its body is read, serves only a listener it owns. Without TLS it
+// speaks HTTP/1.1 and h2c.
 func (d *Daemon) listenHTTP() error {
 	cfg := d.cfg
 	if cfg.HTTPListen == "" {
 		return nil
 	}
-	lis, err := net.Listen("tcp", cfg.HTTPListen)
+	lis, err := d.listen("HTTP", cfg.HTTPListen)
 	if err != nil {
-		return fmt.Errorf("daemon: HTTP listen on %s: %w", cfg.HTTPListen, err)
+		return err
 	}
 	if cfg.Limits.MaxConnections > 0 {
 		lis = xnetutil.LimitListener(lis, cfg.Limits.MaxConnections)
@@ -44,8 +39,6 @@ func (d *Daemon) listenHTTP() error {
 	} else {
 		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
-	// An HTTP server on its own listener: metricsServer's serve and
-	// shutdown apply as they are.
 	d.http = &metricsServer{srv: srv, lis: lis}
 	d.rel.add(func() error { return d.http.shutdown(time.Second) })
 	return nil

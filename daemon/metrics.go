@@ -19,8 +19,8 @@ import (
 )
 
 // MetricsHandler serves reg's /metrics and a /healthz that answers "ok",
-// both needing a token of scope read when auth is not nil (auth.open_health
-// opens /healthz). kvindex serve and kvindex agent serve it.
+// both needing scope read when auth is not nil (auth.open_health opens
+// /healthz).
 func MetricsHandler(reg *prometheus.Registry, auth *Auth) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -31,8 +31,8 @@ func MetricsHandler(reg *prometheus.Registry, auth *Auth) http.Handler {
 	return auth.HTTP(api.ListenerMetrics, api.ScopeRead, "/healthz", mux)
 }
 
-// metricsServer is the metrics server of kvindex serve and of kvindex
-// agent: MetricsHandler on its own listener.
+// metricsServer is an HTTP server on its own listener: the metrics server
+// of kvindex serve and agent, and the HTTP/JSON API.
 type metricsServer struct {
 	srv *http.Server
 	lis net.Listener
@@ -84,8 +84,6 @@ func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 	return reg
 }
 
-// registerMetrics registers the index's and its sources' metrics, and the
-// fleet's in fleet mode.
 func (d *Daemon) registerMetrics() error {
 	mc := metrics.NewCollector(d.ix, d.srcs)
 	d.registry.MustRegister(mc, d.lag.Collector())
@@ -104,8 +102,6 @@ func (d *Daemon) registerMetrics() error {
 	return nil
 }
 
-// registerScoringMetrics registers the tracker's and the scraper's
-// metrics (the scraper's include the engines' own prefix-cache counters).
 func (d *Daemon) registerScoringMetrics() {
 	d.registry.MustRegister(
 		d.scraper,
@@ -120,8 +116,6 @@ func (d *Daemon) registerScoringMetrics() {
 	)
 }
 
-// registerAdmissionMetrics registers the API's admission control's
-// refusals and bound.
 func (d *Daemon) registerAdmissionMetrics() {
 	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
 	gauges := []*prometheus.Desc{
@@ -139,8 +133,7 @@ func (d *Daemon) registerAdmissionMetrics() {
 	}, gauges})
 }
 
-// collectorFunc is a prometheus.Collector of metric families computed at
-// scrape time.
+// collectorFunc is a prometheus.Collector computed at scrape time.
 type collectorFunc struct {
 	desc    *prometheus.Desc
 	collect func(chan<- prometheus.Metric)
