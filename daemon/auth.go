@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/internal/defaults"
+	"github.com/kvindex/kvindex/metrics"
 )
 
 // Auth is a process's authentication: one api.Auth that every listener of
@@ -129,11 +130,11 @@ func (a *Auth) Reloads() int64 { return a.reloads.Load() }
 func (a *Auth) Collectors() []prometheus.Collector {
 	refused := prometheus.NewDesc("kvindex_auth_refused_total", "Calls refused by authentication, by listener (grpc, http, gateway, metrics) and reason: unauthenticated (no or unknown credential) or denied (a scope missing).", []string{"listener", "reason"}, nil)
 	return []prometheus.Collector{
-		collectorFunc{refused, func(ch chan<- prometheus.Metric) {
+		metrics.NewFunc(func(ch chan<- prometheus.Metric) {
 			for _, r := range a.RefusalsByListener() {
 				ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(r.N), r.Listener, r.Reason)
 			}
-		}, nil},
+		}, refused),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_auth_token_reloads_total", Help: "Token tables installed after a change of the token secrets (a rotation took effect on every listener)."},
 			func() float64 { return float64(a.reloads.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_auth_token_reload_failures_total", Help: "Re-reads of the token secrets that did not load or were not valid (the previous tokens stayed in use)."},

@@ -122,7 +122,7 @@ func (d *Daemon) registerAdmissionMetrics() {
 		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
 		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
 	}
-	d.registry.MustRegister(collectorFunc{adm, func(ch chan<- prometheus.Metric) {
+	d.registry.MustRegister(metrics.NewFunc(func(ch chan<- prometheus.Metric) {
 		st := d.api.AdmissionStats()
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
@@ -130,20 +130,5 @@ func (d *Daemon) registerAdmissionMetrics() {
 		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
 		ch <- prometheus.MustNewConstMetric(gauges[0], prometheus.GaugeValue, float64(st.Pending))
 		ch <- prometheus.MustNewConstMetric(gauges[1], prometheus.GaugeValue, float64(st.Limit))
-	}, gauges})
+	}, adm, gauges[0], gauges[1]))
 }
-
-// collectorFunc is a prometheus.Collector computed at scrape time.
-type collectorFunc struct {
-	desc    *prometheus.Desc
-	collect func(chan<- prometheus.Metric)
-	more    []*prometheus.Desc
-}
-
-func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.desc
-	for _, d := range c.more {
-		ch <- d
-	}
-}
-func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -56,3 +56,22 @@ func (l *Lag) Observe(source string, engineTime float64, now time.Time) {
 	}
 	o.Observe(max(0, float64(now.UnixNano())/1e9-engineTime))
 }
+
+// NewFunc returns a prometheus.Collector of descs whose metrics collect
+// computes at scrape time.
+func NewFunc(collect func(chan<- prometheus.Metric), descs ...*prometheus.Desc) prometheus.Collector {
+	return funcCollector{descs, collect}
+}
+
+type funcCollector struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c funcCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c funcCollector) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

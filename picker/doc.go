@@ -17,8 +17,6 @@
 // load alone. No ready endpoint is answered 503, overload 429, a body
 // over the limit 413, as the protocol asks.
 //
-// # Concurrency
-//
 // A Picker serves any number of streams at once; they share only the
 // Router, the counters, the endpoint set (an atomic pointer), the body
 // buffer pool and the bound on requests followed.

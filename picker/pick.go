@@ -1,8 +1,11 @@
 package picker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
+	"strconv"
 	"time"
 
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -32,7 +35,7 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 	b, scanned := scanBody(raw)
 	if !scanned {
 		b = body{}
-		if len(trimBody(raw)) == 0 || json.Unmarshal(raw, &b) != nil {
+		if len(bytes.TrimSpace(raw)) == 0 || json.Unmarshal(raw, &b) != nil {
 			return "", false
 		}
 	}
@@ -88,7 +91,7 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 	sr := &kvindexv1.ScoreRequest{}
 	bodyModel, ok := prompt(st.body, sr)
 	model := bodyModel
-	if !contains(pool.models, model) {
+	if !slices.Contains(pool.models, model) {
 		// An adapter's name, or no model: the pool's model, when it has
 		// one, with the name as the LoRA adapter.
 		if len(pool.models) != 1 {
@@ -111,7 +114,7 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 		p.counter.decisions[decisionLoadOnly].Add(1)
 		sr.Prompt, sr.Messages, sr.TokenIds, sr.LoraName = "", nil, loadOnly, ""
 	}
-	id := p.prefix + itoa(p.seq.Add(1))
+	id := p.prefix + strconv.FormatUint(p.seq.Add(1), 10)
 	resp, err := p.router.Route(ctx, &kvindexv1.RouteRequest{Score: sr, RequestId: id})
 	if err != nil && ok && status.Code(err) != codes.ResourceExhausted {
 		// The prompt could not be scored (the tokenizer is down, it is
@@ -153,7 +156,7 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 			break
 		}
 		e := pool.endpoint(ws.GetWorker())
-		if e == nil || contains(seen, e.Address) {
+		if e == nil || slices.Contains(seen, e.Address) {
 			continue
 		}
 		seen = append(seen, e.Address)
@@ -179,7 +182,7 @@ func (p *Picker) candidates(pool *endpointSet, model string, hint []string) []*k
 	var good, untrusted []*kvindexv1.WorkerRef
 	for i := range pool.list {
 		e := &pool.list[i]
-		if e.Model != model || (hint != nil && !contains(hint, e.Address)) {
+		if e.Model != model || (hint != nil && !slices.Contains(hint, e.Address)) {
 			continue
 		}
 		ref := &kvindexv1.WorkerRef{Pod: e.Worker.Pod, DpRank: uint32(e.Worker.DPRank)}
@@ -219,17 +222,4 @@ func (p *Picker) release(ctx context.Context, st *stream, why releaseReason) {
 func quote(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
-}
-
-func itoa(n uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
 }

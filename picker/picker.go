@@ -1,7 +1,6 @@
 package picker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,61 +32,49 @@ import (
 // The names GIE's endpoint-picker protocol fixes.
 const (
 	// DestinationHeader carries the chosen endpoint and its fallbacks,
-	// "ip:port,ip:port,...", to the gateway; DestinationKey is the same
-	// value's key in the MetadataNamespace dynamic metadata.
+	// "ip:port,ip:port,...", to the gateway; DestinationKey is its key in
+	// the MetadataNamespace dynamic metadata.
 	DestinationHeader = "x-gateway-destination-endpoint"
 	DestinationKey    = DestinationHeader
-	// MetadataNamespace is the dynamic metadata namespace of the
-	// destination.
 	MetadataNamespace = "envoy.lb"
-	// SubsetNamespace and SubsetKey are where the gateway may list the
-	// endpoints ("ip:port") the picker must choose from, in the request's
-	// filter metadata.
+	// SubsetNamespace and SubsetKey are where the request's filter metadata
+	// may list the endpoints the picker must choose from.
 	SubsetNamespace = "envoy.lb.subset_hint"
 	SubsetKey       = "x-gateway-destination-endpoint-subset"
-	// ServedKey is where the gateway reports, in the response's metadata
-	// context under MetadataNamespace, the endpoint that served the
-	// request (a fallback when the chosen one failed).
+	// ServedKey is where the response's metadata reports the endpoint that
+	// served the request (a fallback when the chosen one failed).
 	ServedKey = "x-gateway-destination-endpoint-served"
-	// RankHeader names the chosen data-parallel rank to a vLLM server that
-	// serves all its ranks behind one address (Endpoint.RankHeader).
+	// RankHeader names the chosen rank to a vLLM server that serves all its
+	// ranks behind one address.
 	RankHeader = "x-data-parallel-rank"
 )
 
-// Router is what the picker routes with; *api.Server, in process, in the
-// daemon.
+// Router is what the picker routes with: *api.Server, in process.
 type Router interface {
-	// Route ranks the request's workers and records the choice.
 	Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error)
-	// Release ends a routed request's in-flight accounting.
 	Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*kvindexv1.ReleaseResponse, error)
 }
 
-// Endpoint is one model server address of the pool and the kvindex
-// worker behind it. An address that serves several DP ranks is one
-// Endpoint per rank, with RankHeader set.
+// Endpoint is one model server address (ip:port) of the pool and the
+// kvindex worker and model behind it. An address that serves several DP
+// ranks is one Endpoint per rank, with RankHeader set.
 type Endpoint struct {
-	// Address is the server's ip:port as the gateway knows it.
 	Address string
-	// Worker is the kvindex worker the address serves.
-	Worker events.WorkerRef
-	// Model is the model the worker serves.
-	Model string
+	Worker  events.WorkerRef
+	Model   string
 	// RankHeader sets RankHeader to Worker.DPRank on requests sent here.
 	RankHeader bool
 }
 
-// BodyMode is the request body mode the gateway's ext_proc filter is
-// configured with.
+// BodyMode is the request body mode of the gateway's ext_proc filter.
 type BodyMode int
 
 const (
-	// FullDuplex is FULL_DUPLEX_STREAMED for requests and responses (GIE's
-	// configuration): the request headers are answered once the body is
-	// complete, and the body is sent back, chunk by chunk, unchanged.
+	// FullDuplex is FULL_DUPLEX_STREAMED both ways (GIE's configuration):
+	// the request headers are answered once the body is complete, and the
+	// body is sent back, chunk by chunk, unchanged.
 	FullDuplex BodyMode = iota
-	// Buffered is BUFFERED requests (the headers answered at once, the
-	// body in one message) and STREAMED responses.
+	// Buffered is BUFFERED requests and STREAMED responses.
 	Buffered
 )
 
@@ -99,22 +86,20 @@ const (
 
 // Options configures a Picker.
 type Options struct {
-	// Endpoints are the pool's servers at the start; a request goes to
-	// one of them. SetEndpoints replaces them while the picker serves.
+	// Endpoints are the pool's servers at the start (see SetEndpoints).
 	Endpoints []Endpoint
 	// Health, when not nil, gives workers' health: untrusted ones (stale,
 	// conflict) are not picked while another endpoint is eligible.
-	Health events.HealthSource
-	// BodyMode is the filter's body mode.
+	Health   events.HealthSource
 	BodyMode BodyMode
 	// MaxBodyBytes bounds a request body (0: DefaultMaxBodyBytes); a
 	// longer one is answered 413.
 	MaxBodyBytes int64
 	// Fallbacks is how many endpoints after the chosen one the answer
-	// lists, best first (0: none).
+	// lists, best first.
 	Fallbacks int
-	// MaxRequests bounds requests followed at once (0:
-	// DefaultMaxRequests); more are answered 429.
+	// MaxRequests bounds requests followed at once (0: DefaultMaxRequests);
+	// more are answered 429.
 	MaxRequests int
 	// ReleaseTimeout bounds one Release call (0: 5 s).
 	ReleaseTimeout time.Duration
@@ -144,15 +129,13 @@ type Picker struct {
 const maxPooledBody = 1 << 20
 
 // endpointSet is one immutable set of the pool's endpoints: a decision
-// reads the set once (one atomic load) and sees it whole, whatever
-// SetEndpoints does meanwhile.
+// loads it once and sees it whole, whatever SetEndpoints does meanwhile.
 type endpointSet struct {
 	list   []Endpoint
 	byRef  map[events.WorkerRef]int // index into list
 	models []string                 // the endpoints' models, in order of first appearance
 }
 
-// newEndpointSet checks eps and indexes them; eps is not kept.
 func newEndpointSet(eps []Endpoint) (*endpointSet, error) {
 	s := &endpointSet{list: slices.Clone(eps), byRef: make(map[events.WorkerRef]int, len(eps))}
 	for i, e := range s.list {
@@ -163,7 +146,7 @@ func newEndpointSet(eps []Endpoint) (*endpointSet, error) {
 			return nil, fmt.Errorf("picker: worker %s behind both %s and %s", e.Worker, s.list[j].Address, e.Address)
 		}
 		s.byRef[e.Worker] = i
-		if !contains(s.models, e.Model) {
+		if !slices.Contains(s.models, e.Model) {
 			s.models = append(s.models, e.Model)
 		}
 	}
@@ -196,8 +179,8 @@ func New(r Router, opts Options) (*Picker, error) {
 }
 
 // SetEndpoints replaces the pool's endpoints for decisions that start
-// after it returns (one under way keeps its set). It fails, changing
-// nothing, on an endpoint New would refuse. eps is copied.
+// after it returns. It fails, changing nothing, on an endpoint New would
+// refuse.
 func (p *Picker) SetEndpoints(eps []Endpoint) error {
 	set, err := newEndpointSet(eps)
 	if err != nil {
@@ -212,8 +195,7 @@ func (p *Picker) SetEndpoints(eps []Endpoint) error {
 func (p *Picker) Endpoints() []Endpoint { return slices.Clone(p.pool.Load().list) }
 
 // Register registers the ExternalProcessor and the gRPC health service
-// (SERVING for "", liveness, readiness and the ext_proc service, as GIE's
-// protocol names them) on g.
+// (SERVING for "", liveness, readiness and the ext_proc service) on g.
 func (p *Picker) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, p)
 	healthpb.RegisterHealthServer(g, p.health)
@@ -242,9 +224,7 @@ type stream struct {
 }
 
 // Process implements extprocv3.ExternalProcessorServer: one stream per
-// HTTP request, in Envoy's order (request headers, request body chunks
-// and trailers, response headers, response body chunks and trailers),
-// any of them possibly cut short by the stream's end.
+// HTTP request, in Envoy's order, possibly cut short by the stream's end.
 func (p *Picker) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	if p.active.Add(1) > int64(p.opts.MaxRequests) {
 		p.active.Add(-1)
@@ -254,9 +234,7 @@ func (p *Picker) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer p.active.Add(-1)
 	st := &stream{srv: srv}
 	ctx := srv.Context()
-	defer func() {
-		// The stream ended: whatever the request's state, it is no
-		// longer in flight.
+	defer func() { // the request is no longer in flight, whatever its state
 		if st.id != "" && !st.released {
 			p.release(ctx, st, releaseCancel)
 		}
@@ -275,8 +253,7 @@ func (p *Picker) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	}
 }
 
-// refuseStream answers the first message of a stream the picker will not
-// follow with an immediate response.
+// refuseStream answers a stream's first message with an immediate response.
 func (p *Picker) refuseStream(srv extprocv3.ExternalProcessor_ProcessServer, code typev3.StatusCode, msg string) error {
 	if _, err := srv.Recv(); err != nil {
 		return nil
@@ -284,7 +261,6 @@ func (p *Picker) refuseStream(srv extprocv3.ExternalProcessor_ProcessServer, cod
 	return srv.Send(immediate(code, msg))
 }
 
-// handle answers one message of the stream.
 func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.ProcessingRequest) error {
 	switch m := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -416,7 +392,6 @@ func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool
 	})
 }
 
-// bodyBuffer returns an empty body buffer, reused or new.
 func (p *Picker) bodyBuffer() *[]byte {
 	if b, ok := p.bodies.Get().(*[]byte); ok {
 		return b
@@ -441,7 +416,6 @@ func bodyResponse(response bool, data []byte, eos bool) *extprocv3.ProcessingRes
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
 }
 
-// immediate is an ImmediateResponse with code and a plain-text body.
 func immediate(code typev3.StatusCode, msg string) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status:  &typev3.HttpStatus{Code: code},
@@ -471,8 +445,7 @@ func header(hs *corev3.HeaderMap, key string) string {
 	return ""
 }
 
-// servedBy returns the endpoint the gateway reports served the request,
-// "" when it does not say.
+// servedBy returns the endpoint the gateway reports served the request.
 func servedBy(md *corev3.Metadata) string {
 	return md.GetFilterMetadata()[MetadataNamespace].GetFields()[ServedKey].GetStringValue()
 }
@@ -495,15 +468,3 @@ func subset(md *corev3.Metadata) []string {
 	}
 	return out
 }
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-// trimBody returns b without surrounding white space, for sniffing.
-func trimBody(b []byte) []byte { return bytes.TrimSpace(b) }

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/metrics"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -58,13 +59,10 @@ func (c *counters) observe(d time.Duration) {
 
 // Stats are a Picker's counters since it was made.
 type Stats struct {
-	// Decisions counts requests by what was done: routed, load_only,
-	// no_endpoint (503), busy (429), too_large (413), stale_only,
-	// served_fallback.
-	Decisions map[string]int64
-	// Releases counts releases by reason: first_chunk, error_status,
-	// end_of_stream, stream_closed.
-	Releases map[string]int64
+	// Decisions and Releases count requests by decision and releases by
+	// reason, named as in kvindex_gateway_requests_total and
+	// kvindex_gateway_releases_total.
+	Decisions, Releases map[string]int64
 	// ReleaseFailures counts Release calls that failed.
 	ReleaseFailures int64
 	// Picks and PickTime are the decisions made and the time they took.
@@ -95,13 +93,23 @@ func refOf(r *kvindexv1.WorkerRef) events.WorkerRef {
 	return events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}
 }
 
-// Collector returns the picker's Prometheus metrics:
-// kvindex_gateway_requests_total{decision},
-// kvindex_gateway_releases_total{reason},
-// kvindex_gateway_release_failures_total, kvindex_gateway_active_requests,
-// kvindex_gateway_endpoints, kvindex_gateway_endpoint_updates_total and
-// the kvindex_gateway_pick_seconds histogram (tokenization included).
-func (p *Picker) Collector() prometheus.Collector { return collector{p} }
+// Collector returns the picker's Prometheus metrics.
+func (p *Picker) Collector() prometheus.Collector {
+	pc := &p.counter
+	return metrics.NewFunc(func(ch chan<- prometheus.Metric) {
+		for i := range pc.decisions {
+			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(pc.decisions[i].Load()), decisionNames[i])
+		}
+		for i := range pc.releases {
+			ch <- prometheus.MustNewConstMetric(descReleases, prometheus.CounterValue, float64(pc.releases[i].Load()), releaseNames[i])
+		}
+		ch <- prometheus.MustNewConstMetric(descRelFail, prometheus.CounterValue, float64(pc.releaseFailures.Load()))
+		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(p.active.Load()))
+		ch <- prometheus.MustNewConstMetric(descEPs, prometheus.GaugeValue, float64(len(p.pool.Load().list)))
+		ch <- prometheus.MustNewConstMetric(descEPSets, prometheus.CounterValue, float64(pc.endpointSets.Load()))
+		pc.pickSeconds.Collect(ch)
+	}, descRequests, descReleases, descRelFail, descActive, descEPs, descEPSets, pc.pickSeconds.Desc())
+}
 
 var (
 	descRequests = prometheus.NewDesc("kvindex_gateway_requests_total", "Requests the endpoint picker answered, by decision: routed (on its prompt), load_only (no usable prompt, or it could not be scored: routed by load), no_endpoint (503), busy (429: gateway.max_requests or kvindex overloaded), too_large (413: gateway.max_body_bytes), stale_only (only stale endpoints were eligible), served_fallback (the gateway reports a fallback endpoint served it).", []string{"decision"}, nil)
@@ -111,30 +119,3 @@ var (
 	descEPs      = prometheus.NewDesc("kvindex_gateway_endpoints", "Endpoints (one per worker) in the endpoint picker's pool now.", nil, nil)
 	descEPSets   = prometheus.NewDesc("kvindex_gateway_endpoint_updates_total", "Changes of the endpoint picker's pool installed while it serves (an InferencePool or discovery changed).", nil, nil)
 )
-
-type collector struct{ p *Picker }
-
-func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descRequests
-	ch <- descReleases
-	ch <- descRelFail
-	ch <- descActive
-	ch <- descEPs
-	ch <- descEPSets
-	c.p.counter.pickSeconds.Describe(ch)
-}
-
-func (c collector) Collect(ch chan<- prometheus.Metric) {
-	pc := &c.p.counter
-	for i := range pc.decisions {
-		ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(pc.decisions[i].Load()), decisionNames[i])
-	}
-	for i := range pc.releases {
-		ch <- prometheus.MustNewConstMetric(descReleases, prometheus.CounterValue, float64(pc.releases[i].Load()), releaseNames[i])
-	}
-	ch <- prometheus.MustNewConstMetric(descRelFail, prometheus.CounterValue, float64(pc.releaseFailures.Load()))
-	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(c.p.active.Load()))
-	ch <- prometheus.MustNewConstMetric(descEPs, prometheus.GaugeValue, float64(len(c.p.pool.Load().list)))
-	ch <- prometheus.MustNewConstMetric(descEPSets, prometheus.CounterValue, float64(pc.endpointSets.Load()))
-	pc.pickSeconds.Collect(ch)
-}

@@ -24,13 +24,10 @@ import (
 
 // Errors of Tokenize, wrapped with the model and endpoints at fault.
 var (
-	// ErrNoTokenizer: no tokenizer endpoint is configured for the model.
 	ErrNoTokenizer = errors.New("tokenize: no tokenizer configured")
-	// ErrUnavailable: no endpoint of the model answered (connection
-	// refused, timeout, a 5xx answer or a garbled one).
+	// ErrUnavailable: no endpoint answered (refused, timeout, 5xx, garbled).
 	ErrUnavailable = errors.New("tokenize: no tokenizer answered")
-	// ErrRejected: an endpoint refused the prompt (a 4xx answer: too long
-	// for the model, malformed messages).
+	// ErrRejected: an endpoint answered 4xx (too long, malformed messages).
 	ErrRejected = errors.New("tokenize: prompt rejected")
 	// ErrBusy: Options.MaxConcurrent round trips are already running.
 	ErrBusy = errors.New("tokenize: too many concurrent tokenizations")
@@ -49,55 +46,47 @@ const (
 	DefaultRenderRetry    = 10 * time.Minute
 )
 
-// The paths of a vLLM server that tokenize. The render endpoints (newer
-// vLLM servers, and the GPU-less render server) apply the chat template
-// and tokenize exactly as a generation request would, without generating;
-// /tokenize does the same for older servers.
+// The paths of a vLLM server that tokenize as a generation request would:
+// render on newer servers (and the GPU-less render server), /tokenize on
+// older ones.
 const (
 	RenderChatPath       = "/v1/chat/completions/render"
 	RenderCompletionPath = "/v1/completions/render"
 	TokenizePath         = "/tokenize"
 )
 
-// Options configures a Client.
+// Options configures a Client; a zero field takes its Default*.
 type Options struct {
 	// Endpoints maps each model to the base URLs of servers that tokenize
-	// for it (e.g. http://10.0.0.5:8000), tried in turn.
+	// for it, tried in turn.
 	Endpoints map[string][]string
 	// RenderRetry is how long a server found without render endpoints is
-	// asked /tokenize only before render is tried again, in case it was
-	// upgraded (0: DefaultRenderRetry).
+	// asked /tokenize only before render is tried again.
 	RenderRetry time.Duration
-	// Timeout bounds one tokenization, every endpoint tried included
-	// (0: DefaultTimeout).
+	// Timeout bounds one tokenization, every endpoint tried included.
 	Timeout time.Duration
-	// CacheEntries bounds the cache of answers (0: DefaultCacheEntries;
-	// negative: no cache). An entry costs 4 bytes a token plus ~100.
+	// CacheEntries bounds the cache of answers, 4 bytes a token plus ~100
+	// each (negative: no cache).
 	CacheEntries int
-	// MaxConcurrent bounds round trips in flight (0: DefaultMaxConcurrent);
-	// past it Tokenize fails with ErrBusy, counted.
+	// MaxConcurrent bounds round trips in flight; past it Tokenize fails
+	// with ErrBusy.
 	MaxConcurrent int
-	// MaxPromptBytes bounds a request's text (0: DefaultMaxPromptBytes).
+	// MaxPromptBytes bounds a request's text.
 	MaxPromptBytes int
-	// MaxTokens bounds an answer's tokens (0: DefaultMaxTokens); its body
-	// is read up to 12 bytes a token.
-	MaxTokens int
-	// HTTPClient sends the requests (nil: a client of its own).
-	HTTPClient *http.Client
+	// MaxTokens bounds an answer's tokens; its body is read up to 12 bytes
+	// a token.
+	MaxTokens  int
+	HTTPClient *http.Client // nil: a client of its own
 	// Registerer, when not nil, receives the kvindex_tokenize_* metrics.
 	Registerer prometheus.Registerer
-	// Logger receives failures (nil: discarded).
-	Logger *slog.Logger
+	Logger     *slog.Logger // nil: discarded
 }
 
-// Request is one text prompt to tokenize: Prompt (a completion) or
-// Messages (a chat), not both.
+// Request is one text prompt of Model to tokenize: Prompt (a completion)
+// or, when not nil, Messages (a chat).
 type Request struct {
-	// Model is the served model name; it selects the endpoints.
-	Model string
-	// Prompt is a completion prompt.
-	Prompt string
-	// Messages is a chat; when not nil, Prompt is ignored.
+	Model    string
+	Prompt   string
 	Messages []Message
 }
 
@@ -107,18 +96,16 @@ type Stats struct {
 	// cache, by a round trip of their own, and by joining an identical
 	// round trip in flight.
 	Hits, Misses, Shared int64
-	// Failures counts calls that failed, for any reason.
-	Failures int64
-	// Busy counts calls refused by Options.MaxConcurrent.
-	Busy int64
+	// Failures counts calls that failed, Busy those of them refused by
+	// Options.MaxConcurrent.
+	Failures, Busy int64
 	// Rendered and Tokenized count answers of a render endpoint and of
 	// /tokenize; RenderMissing counts servers found without render
 	// endpoints (each time one is tried again after RenderRetry).
 	Rendered, Tokenized, RenderMissing int64
 }
 
-// Client tokenizes text prompts through the models' vLLM servers. See the
-// package doc for its contract.
+// Client tokenizes text prompts through the models' vLLM servers.
 type Client struct {
 	opts    Options
 	http    *http.Client
@@ -152,19 +139,13 @@ type flight struct {
 	err    error
 }
 
-// New returns a Client. It fails on an endpoint that is not an http(s)
-// URL.
+// New returns a Client; it fails on an endpoint not an http(s) URL.
 func New(opts Options) (*Client, error) {
-	set := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
 	defaults.Positive(&opts.Timeout, DefaultTimeout)
-	set(&opts.CacheEntries, DefaultCacheEntries)
-	set(&opts.MaxConcurrent, DefaultMaxConcurrent)
-	set(&opts.MaxPromptBytes, DefaultMaxPromptBytes)
-	set(&opts.MaxTokens, DefaultMaxTokens)
+	defaults.Zero(&opts.CacheEntries, DefaultCacheEntries)
+	defaults.Zero(&opts.MaxConcurrent, DefaultMaxConcurrent)
+	defaults.Zero(&opts.MaxPromptBytes, DefaultMaxPromptBytes)
+	defaults.Zero(&opts.MaxTokens, DefaultMaxTokens)
 	defaults.Positive(&opts.RenderRetry, DefaultRenderRetry)
 	servers := map[string]*server{}
 	for m, eps := range opts.Endpoints {
@@ -286,8 +267,7 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 	}
 }
 
-// cloneRequest is a copy of req sharing no memory with it: one copy of
-// its text per miss, small beside the round trip.
+// cloneRequest is a copy of req sharing no memory with it.
 func cloneRequest(req *Request) *Request {
 	out := &Request{Model: strings.Clone(req.Model), Prompt: strings.Clone(req.Prompt)}
 	if req.Messages != nil {
@@ -324,10 +304,8 @@ func cacheKey(req *Request) xxh3.Uint128 {
 	return h.Sum128()
 }
 
-// roundTrip posts body to the model's endpoints in turn until one
-// answers. The body is the same for a render endpoint and /tokenize:
-// both read model with prompt and add_special_tokens, or messages with
-// add_generation_prompt.
+// roundTrip posts body, the same for render and /tokenize, to the
+// model's endpoints in turn until one answers.
 func (c *Client) roundTrip(ctx context.Context, model string, chat bool, eps []string, body []byte) ([]uint32, error) {
 	first := int(c.next.Add(1) % uint64(len(eps)))
 	var failed []string
@@ -385,7 +363,6 @@ func (c *Client) ask(ctx context.Context, srv *server, chat bool, body []byte) (
 // a 501 (the model does not support the render API).
 var errNoRender = errors.New("tokenize: no render endpoint")
 
-// post sends one request and decodes the answer with decode.
 func (c *Client) post(ctx context.Context, url string, body []byte, decode func([]byte) ([]uint32, error)) ([]uint32, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -435,7 +412,6 @@ func isVLLMError(data []byte) bool {
 	return json.Unmarshal(data, &e) == nil && len(e.Error) > 0 && string(e.Error) != "null"
 }
 
-// decodeTokenize reads a /tokenize answer.
 func decodeTokenize(data []byte) ([]uint32, error) {
 	var wr WireResponse
 	if err := json.Unmarshal(data, &wr); err != nil {
@@ -448,27 +424,23 @@ func decodeTokenize(data []byte) ([]uint32, error) {
 // of them, one per prompt (a completion; the request had one prompt).
 func decodeRender(data []byte) ([]uint32, error) {
 	data = bytes.TrimSpace(data)
+	list := make([]WireRender, 1)
+	var err error
 	if len(data) > 0 && data[0] == '[' {
-		var list []WireRender
-		if err := json.Unmarshal(data, &list); err != nil {
-			return nil, err
-		}
-		if len(list) != 1 {
-			return nil, fmt.Errorf("%d rendered prompts, want 1", len(list))
-		}
-		if list[0].TokenIDs == nil {
-			return nil, errors.New("no token_ids")
-		}
-		return list[0].TokenIDs, nil
+		list = nil
+		err = json.Unmarshal(data, &list)
+	} else {
+		err = json.Unmarshal(data, &list[0])
 	}
-	var r WireRender
-	if err := json.Unmarshal(data, &r); err != nil {
+	switch {
+	case err != nil:
 		return nil, err
-	}
-	if r.TokenIDs == nil {
+	case len(list) != 1:
+		return nil, fmt.Errorf("%d rendered prompts, want 1", len(list))
+	case list[0].TokenIDs == nil:
 		return nil, errors.New("no token_ids")
 	}
-	return r.TokenIDs, nil
+	return list[0].TokenIDs, nil
 }
 
 // snippet quotes the start of an answer for an error.

@@ -10,8 +10,6 @@
 // Option and every refusal is counted. Package standin serves the same
 // wire format with a deterministic stand-in tokenizer for tests.
 //
-// # Concurrency
-//
 // A Client is safe for concurrent use. Tokenize's result is shared with
 // the cache and with concurrent callers: callers must not modify it.
 package tokenize

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	kvmetrics "github.com/kvindex/kvindex/metrics"
 )
 
 // metrics are a Client's Prometheus metrics; a nil *metrics records
@@ -28,7 +30,7 @@ func newMetrics(reg prometheus.Registerer, c *Client) *metrics {
 	entries := prometheus.NewDesc("kvindex_tokenize_cache_entries", "Answers in the tokenizer cache.", nil, nil)
 	answers := prometheus.NewDesc("kvindex_tokenize_answers_total", "Tokenizer answers by API: render (vLLM's /v1/chat/completions/render or /v1/completions/render) or tokenize (/tokenize, for servers without render endpoints).", []string{"api"}, nil)
 	missing := prometheus.NewDesc("kvindex_tokenize_render_missing_total", "Times a tokenizer server was found without render endpoints and asked /tokenize instead (again after tokenize's render retry).", nil, nil)
-	for _, col := range []prometheus.Collector{m.duration, m.failures, collector{[]*prometheus.Desc{cache, entries, answers, missing}, func(ch chan<- prometheus.Metric) {
+	for _, col := range []prometheus.Collector{m.duration, m.failures, kvmetrics.NewFunc(func(ch chan<- prometheus.Metric) {
 		st := c.Stats()
 		ch <- prometheus.MustNewConstMetric(answers, prometheus.CounterValue, float64(st.Rendered), "render")
 		ch <- prometheus.MustNewConstMetric(answers, prometheus.CounterValue, float64(st.Tokenized), "tokenize")
@@ -41,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, c *Client) *metrics {
 			n = c.cache.Len()
 		}
 		ch <- prometheus.MustNewConstMetric(entries, prometheus.GaugeValue, float64(n))
-	}}} {
+	}, cache, entries, answers, missing)} {
 		if err := reg.Register(col); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -77,16 +79,3 @@ func (m *metrics) failed(err error) {
 	}
 	m.failures.WithLabelValues(reason).Inc()
 }
-
-// collector is a prometheus.Collector computed at scrape time.
-type collector struct {
-	descs   []*prometheus.Desc
-	collect func(chan<- prometheus.Metric)
-}
-
-func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
-}
-func (c collector) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -11,9 +12,7 @@ import (
 // Message is one chat message, as in an OpenAI /v1/chat/completions body
 // (the text of its content).
 type Message struct {
-	// Role is the author: system, user, assistant, tool, ...
-	Role string `json:"role"`
-	// Content is the message's text.
+	Role    string `json:"role"`
 	Content string `json:"content"`
 }
 
@@ -22,11 +21,8 @@ type Message struct {
 // (Messages, with AddGenerationPrompt, vLLM's default true; special
 // tokens default to false there, since the chat template adds them).
 type WireRequest struct {
-	// Model is the served model name.
-	Model string `json:"model,omitempty"`
-	// Prompt is a completion prompt's text.
-	Prompt string `json:"prompt,omitempty"`
-	// Messages is a chat.
+	Model    string        `json:"model,omitempty"`
+	Prompt   string        `json:"prompt,omitempty"`
 	Messages []WireMessage `json:"messages,omitempty"`
 	// AddSpecialTokens adds the tokenizer's special tokens (BOS); nil
 	// means vLLM's default for the kind of prompt.
@@ -39,9 +35,7 @@ type WireRequest struct {
 // WireMessage is a chat message on the wire. Content is a string or an
 // OpenAI list of content parts ({"type":"text","text":...}).
 type WireMessage struct {
-	// Role is the author.
-	Role string `json:"role"`
-	// Content is the raw JSON content.
+	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 }
 
@@ -125,21 +119,13 @@ func SharedString(q []byte) (string, bool) {
 // chat's text: one pass, one allocation, where json.Unmarshal scans the
 // literal twice (validation, then decoding).
 func unquote(q []byte) (string, bool) {
+	if s, ok := SharedString(q); ok {
+		return strings.Clone(s), true
+	}
 	if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' {
 		return "", false
 	}
 	q = q[1 : len(q)-1]
-	if bytes.IndexByte(q, '\\') < 0 {
-		if !utf8.Valid(q) || bytes.IndexByte(q, '"') >= 0 {
-			return "", false
-		}
-		for _, c := range q {
-			if c < 0x20 {
-				return "", false
-			}
-		}
-		return string(q), true
-	}
 	out := make([]byte, 0, len(q))
 	for i := 0; i < len(q); i++ {
 		c := q[i]
@@ -177,41 +163,31 @@ func unquote(q []byte) (string, bool) {
 	return string(out), true
 }
 
-// WireResponse is vLLM's /tokenize answer.
+// WireResponse is vLLM's /tokenize answer; Count is len(Tokens),
+// MaxModelLen the model's context length.
 type WireResponse struct {
-	// Count is len(Tokens).
-	Count int `json:"count"`
-	// MaxModelLen is the model's context length.
-	MaxModelLen int `json:"max_model_len"`
-	// Tokens are the token ids.
-	Tokens []uint32 `json:"tokens"`
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []uint32 `json:"tokens"`
 }
 
 // WireRender is vLLM's answer to a render endpoint: the generation
-// request the prompt would become (token ids in, tokens out), of which
-// kvindex reads TokenIDs. RenderChatPath answers one; RenderCompletionPath
+// request the prompt would become, of which kvindex reads TokenIDs (the
+// chat template applied). RenderChatPath answers one; RenderCompletionPath
 // a list, one per prompt.
 type WireRender struct {
-	// RequestID is a fresh id vLLM generates.
-	RequestID string `json:"request_id"`
-	// TokenIDs are the prompt's token ids, the chat template applied.
-	TokenIDs []uint32 `json:"token_ids"`
-	// Features are multimodal hashes and placeholders (null for text).
-	Features json.RawMessage `json:"features"`
-	// SamplingParams are the request's sampling parameters.
+	RequestID      string          `json:"request_id"`
+	TokenIDs       []uint32        `json:"token_ids"`
+	Features       json.RawMessage `json:"features"` // multimodal; null for text
 	SamplingParams json.RawMessage `json:"sampling_params"`
-	// Model is the served model name.
-	Model string `json:"model,omitempty"`
-	// Stream says whether the request streams.
-	Stream bool `json:"stream"`
-	// CacheSalt is the request's prefix cache salt (null without one).
-	CacheSalt *string `json:"cache_salt"`
-	// Priority is the request's scheduling priority.
-	Priority int `json:"priority"`
+	Model          string          `json:"model,omitempty"`
+	Stream         bool            `json:"stream"`
+	CacheSalt      *string         `json:"cache_salt"`
+	Priority       int             `json:"priority"`
 }
 
-// wireRequest is req's /tokenize (and render) body, the one vLLM's /v1/completions or
-// /v1/chat/completions would tokenize the same prompt with.
+// wireRequest is req's /tokenize (and render) body, as vLLM's generation
+// endpoints would tokenize the prompt.
 func wireRequest(req *Request) WireRequest {
 	w := WireRequest{Model: req.Model}
 	if req.Messages == nil {
