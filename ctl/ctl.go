@@ -24,22 +24,17 @@ const DefaultAddr = "localhost:50051"
 // Config is what every kvindexctl command shares: where the server is, how
 // long to wait, and how to print.
 type Config struct {
-	// Addr is the kvindex gRPC address (host:port).
-	Addr string
+	Addr string // the kvindex gRPC address (host:port)
 	// Timeout bounds each command's call; 0 means no limit beyond ctx.
 	Timeout time.Duration
 	// JSON prints the server's answer as protojson instead of a table.
-	JSON bool
-	// Out receives the command's output.
-	Out io.Writer
-	// Stdin is read for --tokens-file -.
-	Stdin io.Reader
+	JSON  bool
+	Out   io.Writer
+	Stdin io.Reader // read for --tokens-file -
 	// Now is the clock for ages like "3s ago"; nil means time.Now.
-	Now func() time.Time
-	// TLS, when TLS.Enabled, connects over TLS.
-	TLS TLS
-	// Token is a bearer token sent with every call ("" for none).
-	Token string
+	Now   func() time.Time
+	TLS   TLS
+	Token string // a bearer token sent with every call ("" for none)
 }
 
 // TLS are kvindexctl's TLS settings.
@@ -53,16 +48,17 @@ type TLS struct {
 // Enabled reports whether the connection uses TLS.
 func (t TLS) Enabled() bool { return t.On || t.CAFile != "" || t.CertFile != "" }
 
-// CallError is a failed call to the server: which call, on which server,
-// and the server's status. Its message is what kvindexctl prints.
+func (t TLS) client() api.ClientTLS {
+	return api.ClientTLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName}
+}
+
+// CallError is a failed call (the command, "workers" or "score") to the
+// server at Addr, with the server's own status. Its message is what
+// kvindexctl prints.
 type CallError struct {
-	// Call is the command that failed ("workers", "score").
-	Call string
-	// Addr is the server's address.
-	Addr string
-	// Status is the gRPC status; its code and message are the server's own.
-	Status *status.Status
-	err    error
+	Call, Addr string
+	Status     *status.Status
+	err        error
 }
 
 // Error renders "score at host:port: InvalidArgument: model: required",
@@ -117,7 +113,7 @@ func withClient(ctx context.Context, cfg Config, f func(context.Context, *api.Cl
 	}
 	var opts []grpc.DialOption
 	if cfg.TLS.Enabled() {
-		o, err := api.ClientTLS{CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ServerName: cfg.TLS.ServerName}.DialOption()
+		o, err := cfg.TLS.client().DialOption()
 		if err != nil {
 			return err
 		}
@@ -163,26 +159,13 @@ func printCall[R proto.Message](ctx context.Context, cfg Config, name string, ca
 	})
 }
 
-// PromptArgs are the prompt flags score, lookup and diagnose share.
+// PromptArgs are the prompt flags score, lookup and diagnose share: the
+// model, and one of Tokens ("1,2,3"), TokensFile (see ParseTokens),
+// Prompt (text the server tokenizes) and MessagesFile (an OpenAI messages
+// list); the files "-" for cfg.Stdin.
 type PromptArgs struct {
-	// Model is the served model name.
-	Model string
-	// Tokens is an inline token list ("1,2,3"); give it or TokensFile.
-	Tokens string
-	// TokensFile is a file of tokens, "-" for cfg.Stdin (see ParseTokens).
-	TokensFile string
-	// Prompt is the prompt as text, which the server tokenizes through
-	// the model's vLLM server; give one of Tokens, TokensFile, Prompt and
-	// MessagesFile.
-	Prompt string
-	// MessagesFile is a file holding a chat as a JSON array of
-	// {"role", "content"} objects (an OpenAI messages list), "-" for
-	// cfg.Stdin; the server renders and tokenizes it.
-	MessagesFile string
-	// LoRA is the adapter name, "" for the base model.
-	LoRA string
-	// CacheSalt is the request's cache_salt, "" for none.
-	CacheSalt string
+	Model, Tokens, TokensFile, Prompt, MessagesFile string
+	LoRA, CacheSalt                                 string // "" for none
 }
 
 // prompt builds the ScoreRequest of the prompt alone, reading the tokens
@@ -228,10 +211,8 @@ func (a PromptArgs) prompt(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 // ScoreArgs are kvindexctl score's arguments: the prompt's and its own.
 type ScoreArgs struct {
 	PromptArgs
-	// Workers are candidate workers as "pod/rank" (or "pod" for rank 0).
-	Workers []string
-	// Explain asks for the ranking breakdown per worker.
-	Explain bool
+	Workers []string // candidate workers as "pod/rank" (or "pod" for rank 0)
+	Explain bool     // the ranking breakdown per worker
 	// Policy and Guard select the ranking ("" for the server's default);
 	// setting either ranks every worker of the model.
 	Policy, Guard string
@@ -258,8 +239,6 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 	return req, nil
 }
 
-// readMessages reads a JSON array of chat messages from path ("-":
-// stdin).
 func readMessages(path string, stdin io.Reader) ([]*kvindexv1.ChatMessage, error) {
 	var data []byte
 	var err error

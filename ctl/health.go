@@ -42,11 +42,8 @@ func orServer(service string) string {
 	return "service " + service
 }
 
-// HealthHTTP GETs url (a kvindex agent's /healthz, which has no gRPC
-// server) and returns ErrNotServing unless it answers 200. It sends
-// cfg.Token as "Authorization: Bearer" (a server with auth.tokens and
-// without auth.open_health asks for a read token), and over https uses
-// cfg.TLS's CA and client certificate.
+// HealthHTTP GETs url (a kvindex agent's /healthz) with cfg.Token and
+// cfg.TLS, and returns ErrNotServing unless it answers 200.
 func HealthHTTP(ctx context.Context, cfg Config, url string) error {
 	if cfg.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -62,7 +59,7 @@ func HealthHTTP(ctx context.Context, cfg Config, url string) error {
 	}
 	client := http.DefaultClient
 	if cfg.TLS.Enabled() {
-		tc, err := api.ClientTLS{CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ServerName: cfg.TLS.ServerName}.Config()
+		tc, err := cfg.TLS.client().Config()
 		if err != nil {
 			return err
 		}

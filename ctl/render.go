@@ -36,12 +36,10 @@ func WorkerName(r *kvindexv1.WorkerRef) string {
 	return r.GetPod() + "/" + strconv.FormatUint(uint64(r.GetDpRank()), 10)
 }
 
-// RenderWorkers prints one row per worker: WORKER, MODEL, ENDPOINT, SEQ,
-// HEALTH, SEQ, LAST EVENT (as an age relative to now), RESIDENT, GAPS (and
-// how many were lost beyond replay), REPLAYS (requests/batches applied),
-// RESTARTS, CLEARS, ERRORS (decode + apply), ORPHANS and DIGEST (of the
-// resident set: equal on every replica that holds the same), then notes on
-// anything that makes the worker's answers less than exact.
+// RenderWorkers prints one row per worker (LAST EVENT as an age relative
+// to now; DIGEST of the resident set, equal on every replica that holds
+// the same), then notes on anything that makes its answers less than
+// exact.
 func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Time) error {
 	if len(resp.GetWorkers()) == 0 {
 		_, err := fmt.Fprintln(w, "no workers")
@@ -66,37 +64,21 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n",
 			WorkerName(ws.GetWorker()), orDash(ws.GetModel()), orDash(ws.GetEndpoint()), health(ws, now), seq, last,
 			resident(ws), gaps(ws), replays(ws), ws.GetRestarts(), ws.GetClears(), ws.GetDecodeErrors()+ws.GetApplyErrors(), ws.GetOrphans(), digest)
-		name := WorkerName(ws.GetWorker())
-		if r := ws.GetHealthReason(); r != "" {
-			notes = append(notes, fmt.Sprintf("%s: %s: %s", name, health(ws, now), r))
+		note := func(when bool, format string, args ...any) {
+			if when {
+				notes = append(notes, WorkerName(ws.GetWorker())+": "+fmt.Sprintf(format, args...))
+			}
 		}
-		if n := ws.GetDuplicates(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d duplicate messages dropped", name, n))
-		}
-		if n := ws.GetJoinedAtSeq(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: joined late at seq %d: blocks stored before it are unknown", name, n))
-		}
-		if n := ws.GetDropped(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d messages dropped on a full queue (backlog now %d)", name, n, ws.GetBacklog()))
-		}
-		if n := ws.GetEvictions(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d blocks evicted beyond its capacity of %d (removals were lost)", name, n, ws.GetCapacity()))
-		}
-		if n := ws.GetBudgetEvictions(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d blocks evicted for kvindex's memory budget", name, n))
-		}
-		if n := ws.GetBlockSizeMismatches(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d events with a block size other than the model's", name, n))
-		}
-		if n := ws.GetUnknownBlocks(); n > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d removals or offloads of blocks it never stored", name, n))
-		}
-		if e := ws.GetLastError(); e != "" {
-			notes = append(notes, fmt.Sprintf("%s: last error: %s", WorkerName(ws.GetWorker()), e))
-		}
-		if r := ws.GetLastReset(); r != "" {
-			notes = append(notes, fmt.Sprintf("%s: last reset: %s", WorkerName(ws.GetWorker()), r))
-		}
+		note(ws.GetHealthReason() != "", "%s: %s", health(ws, now), ws.GetHealthReason())
+		note(ws.GetDuplicates() > 0, "%d duplicate messages dropped", ws.GetDuplicates())
+		note(ws.GetJoinedAtSeq() > 0, "joined late at seq %d: blocks stored before it are unknown", ws.GetJoinedAtSeq())
+		note(ws.GetDropped() > 0, "%d messages dropped on a full queue (backlog now %d)", ws.GetDropped(), ws.GetBacklog())
+		note(ws.GetEvictions() > 0, "%d blocks evicted beyond its capacity of %d (removals were lost)", ws.GetEvictions(), ws.GetCapacity())
+		note(ws.GetBudgetEvictions() > 0, "%d blocks evicted for kvindex's memory budget", ws.GetBudgetEvictions())
+		note(ws.GetBlockSizeMismatches() > 0, "%d events with a block size other than the model's", ws.GetBlockSizeMismatches())
+		note(ws.GetUnknownBlocks() > 0, "%d removals or offloads of blocks it never stored", ws.GetUnknownBlocks())
+		note(ws.GetLastError() != "", "last error: %s", ws.GetLastError())
+		note(ws.GetLastReset() != "", "last reset: %s", ws.GetLastReset())
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write workers table: %w", err)
