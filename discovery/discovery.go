@@ -16,8 +16,8 @@ import (
 	"github.com/kvindex/kvindex/internal/lograte"
 )
 
-// Reason says why a pod joined, left or was refused. The set is closed, so
-// the metric's reason label is bounded.
+// Reason says why a pod joined, left or was refused; a closed set, so the
+// metric's reason label is bounded.
 type Reason int
 
 // The reasons.
@@ -83,7 +83,7 @@ func (c Change) String() string {
 
 // Snapshot is what a source sees at one moment.
 type Snapshot struct {
-	// Ready are the pods to index, each a complete pod configuration.
+	// Ready are the pods to index.
 	Ready []config.Pod
 	// Excluded are pods the source sees but that should not be indexed,
 	// by name, with why.
@@ -93,8 +93,7 @@ type Snapshot struct {
 	Gone Reason
 }
 
-// Fleet is what a Reconciler changes: the daemon's set of directly
-// subscribed pods.
+// Fleet is the daemon's set of directly subscribed pods.
 type Fleet interface {
 	// AddPod subscribes to every DP rank of p and adds its workers to the
 	// index; on error nothing of p is left behind.
@@ -105,11 +104,7 @@ type Fleet interface {
 }
 
 // Reconciler turns snapshots into AddPod and RemovePod calls, counting
-// every change by reason.
-//
-// # Concurrency
-//
-// Apply and Error are called from one goroutine at a time (the source's);
+// every change by reason. Apply and Error are called from one goroutine at a time (the source's);
 // mu guards current and refused against Pods.
 type Reconciler struct {
 	fleet Fleet
@@ -204,7 +199,6 @@ func (r *Reconciler) Apply(snap Snapshot) {
 	r.mu.Unlock()
 }
 
-// set records p as the pod named name (nil: removed).
 func (r *Reconciler) set(name string, p *config.Pod) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

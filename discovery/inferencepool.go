@@ -40,20 +40,18 @@ var (
 // Endpoint is one model server address of an InferencePool and the
 // kvindex worker, or workers, behind it.
 type Endpoint struct {
-	// Address is ip:port, as the gateway addresses the pod.
+	// Address is ip:port.
 	Address string
 	// Pod is the Kubernetes pod's name: the kvindex pod (the name
 	// Kubernetes discovery gives its workers too).
-	Pod string
-	// Model is the model served.
+	Pod   string
 	Model string
 	// DPRank is the rank this address serves, unless AllRanks.
 	DPRank int
 	// AllRanks says the address serves ranks 0..DPSize-1 (vLLM's internal
 	// DP load balancing): the picker names the rank in a header.
 	AllRanks bool
-	// DPSize is the pod's data-parallel size.
-	DPSize int
+	DPSize   int
 }
 
 // InferencePool watches one InferencePool and the pods its selector
@@ -61,11 +59,7 @@ type Endpoint struct {
 // whenever they change. With one target port a pod serves every rank of
 // its dp size there; with several, port i serves rank i. A missing or
 // malformed pool has no endpoints; that and failed watches are counted
-// (Errors) and logged at most once a minute.
-//
-// # Concurrency
-//
-// Run calls apply from its own goroutine, one call at a time; Errors and
+// (Errors) and logged at most once a minute. Run calls apply from its own goroutine, one call at a time; Errors and
 // Excluded may be read from any goroutine.
 type InferencePool struct {
 	client   kubernetes.Interface
@@ -129,7 +123,6 @@ func (w *InferencePool) Errors() int64 { return w.errors.Load() }
 // Ready, terminating, invalid annotations) at the last change.
 func (w *InferencePool) Excluded() int64 { return w.excluded.Load() }
 
-// fail counts err and logs it, at most once a minute.
 func (w *InferencePool) fail(err error) {
 	w.errors.Add(1)
 	if ok, suppressed := w.errLog.Allow(time.Now(), time.Minute); ok {
@@ -137,7 +130,6 @@ func (w *InferencePool) fail(err error) {
 	}
 }
 
-// podWatch is a pod informer over one selector.
 type podWatch struct {
 	sel    string
 	stop   context.CancelFunc

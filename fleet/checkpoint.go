@@ -32,15 +32,11 @@ import (
 // written atomically (temp file, sync, rename, directory sync). Cost: the
 // state is taken under the worker's lock, holding up that worker's
 // batches only (docs/benchmarks.md, "Checkpoints").
-
-// checkpointMagic starts every checkpoint file.
-const checkpointMagic = "KVXCKPT\n"
-
-// checkpointVersion is the fleetv1.Checkpoint format written and read.
-const checkpointVersion = 1
-
-// checkpointHeader is the frame's size before the payload.
-const checkpointHeader = len(checkpointMagic) + 8 + 4
+const (
+	checkpointMagic   = "KVXCKPT\n"
+	checkpointVersion = 1 // the fleetv1.Checkpoint format written and read
+	checkpointHeader  = len(checkpointMagic) + 8 + 4
+)
 
 // maxCheckpointBytes bounds the file the agent reads: a protobuf's
 // limit, far above any pod's state (10 M blocks take about 190 MB).
@@ -113,7 +109,6 @@ func (c *checkpointer) collectors() []prometheus.Collector {
 	}
 }
 
-// age is the newest checkpoint's age at now, or the agent's uptime.
 func (c *checkpointer) age(now time.Time) time.Duration {
 	if ns := c.last.Load(); ns != 0 {
 		return now.Sub(time.Unix(0, ns))
@@ -121,7 +116,6 @@ func (c *checkpointer) age(now time.Time) time.Duration {
 	return now.Sub(c.started)
 }
 
-// problem logs a checkpoint problem, rate-limited.
 func (c *checkpointer) problem(msg string, err error) {
 	c.logMu.Lock()
 	ok, held := c.logl.Allow(time.Now(), time.Minute)
@@ -212,7 +206,6 @@ func (a *Agent) workerCheckpoint(rank int) (*fleetv1.WorkerCheckpoint, error) {
 	return wc, nil
 }
 
-// encodeCheckpointFile frames ck (see the comment at the top).
 func encodeCheckpointFile(ck *fleetv1.Checkpoint) ([]byte, error) {
 	payload, err := proto.Marshal(ck)
 	if err != nil {

@@ -16,25 +16,26 @@ const Max = 64
 // Q returns s quoted as %q would, cut to its first Max bytes (at a rune
 // boundary) with the full length noted when longer.
 func Q(s string) string {
-	if len(s) <= Max {
-		return strconv.Quote(s)
-	}
-	cut := Max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return strconv.Quote(s[:cut]) + "... (" + strconv.Itoa(len(s)) + " bytes)"
+	head, more := cut(s)
+	return strconv.Quote(head) + more
 }
 
 // S returns s unquoted, cut as Q cuts it: for values printed bare, such
 // as a worker's "pod/rank".
 func S(s string) string {
+	head, more := cut(s)
+	return head + more
+}
+
+// cut returns s's first Max bytes (at a rune boundary) and, when it is
+// longer, the note of its full length.
+func cut(s string) (head, more string) {
 	if len(s) <= Max {
-		return s
+		return s, ""
 	}
-	cut := Max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	n := Max
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
-	return s[:cut] + "... (" + strconv.Itoa(len(s)) + " bytes)"
+	return s[:n], "... (" + strconv.Itoa(len(s)) + " bytes)"
 }
