@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -215,19 +216,11 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 		// again from the next checkpoint on.
 		e.ResyncLocked()
 	}
-	for _, c := range []struct {
-		name string
-		v    uint64
-	}{
-		// duplicates are left out: a live message that arrives after the
-		// replay answer that already held it is one, and is dropped.
-		{"conflicts", w.GetConflicts()}, {"decode_errors", w.GetDecodeErrors()},
-		{"evictions", w.GetEvictions()}, {"budget_evictions", w.GetBudgetEvictions()},
-		{"stale_transitions", w.GetStaleTransitions()}, {"dropped", w.GetDropped()}, {"block_size_mismatches", w.GetBlockSizeMismatches()},
-		{"invalid_events", w.GetInvalidEvents()},
-	} {
-		if over(c.name, c.v, 0) {
-			bad("%s %d, want 0 (last_error %q, last_reset %q)", c.name, c.v, w.GetLastError(), w.GetLastReset())
+	// duplicates are left out: a live message that arrives after the
+	// replay answer that already held it is one, and is dropped.
+	for _, c := range []string{"conflicts", "decode_errors", "evictions", "budget_evictions", "stale_transitions", "dropped", "block_size_mismatches", "invalid_events"} {
+		if v := counter(w, c); over(c, v, 0) {
+			bad("%s %d, want 0 (last_error %q, last_reset %q)", c, v, w.GetLastError(), w.GetLastReset())
 		}
 	}
 	// Resets beyond the restarts are the losses reported above.
@@ -291,9 +284,7 @@ func (r *runner) diagnose(name string, e *Engine) string {
 	var out []string
 	short := 0
 	for i, p := range chains {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := r.score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
-		cancel()
+		resp, err := r.score(context.Background(), &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
 		if err != nil {
 			return fmt.Sprintf("probe failed: %v", err)
 		}
@@ -304,7 +295,7 @@ func (r *runner) diagnose(name string, e *Engine) string {
 		if want := len(p) / e.Spec().BlockSize; int(got) != want {
 			short++
 			if len(out) < 3 {
-				file := r.saveWrong(name+" diagnosis", e, e.Spec().Model, promptCase{"held chain", p}, ref, got, 0, want)
+				file := r.saveWrong(name+" diagnosis", e, promptCase{"held chain", p}, ref, got, 0, want)
 				out = append(out, fmt.Sprintf("a held chain of %d blocks (%d held twice) matches %d (%s)", want, multi[i], got, file))
 			}
 		}
@@ -318,7 +309,6 @@ func (r *runner) diagnose(name string, e *Engine) string {
 func (r *runner) checkAnswers(ctx context.Context, name string) {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("checkpoint "+name)))
 	for _, e := range r.engines {
-		model := e.Spec().Model
 		var prompts []promptCase
 		recent := e.RecentLocked()
 		rng.Shuffle(len(recent), func(i, j int) { recent[i], recent[j] = recent[j], recent[i] })
@@ -339,7 +329,7 @@ func (r *runner) checkAnswers(ctx context.Context, name string) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.compare(ctx, name, e, model, pc, i)
+			r.compare(ctx, name, e, pc, i)
 		}
 	}
 }
@@ -353,54 +343,55 @@ type promptCase struct {
 // compare scores one prompt (by token ids; every fourth also by block
 // keys and with every worker as a candidate) and checks each worker's
 // index match (matched minus speculative blocks) exactly.
-func (r *runner) compare(ctx context.Context, name string, from *Engine, model string, pc promptCase, i int) {
+func (r *runner) compare(ctx context.Context, name string, from *Engine, pc promptCase, i int) {
+	model := from.Spec().Model
+	r.scoreAndCheck(ctx, name, from, pc, "token ids", &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens})
+	if i%4 != 0 {
+		return
+	}
+	m, err := indexer.NewModel(model, BlockSizeOf(model))
+	if err != nil {
+		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+		return
+	}
+	if keys := m.PromptKeys(pc.tokens, nil, nil); len(keys) > 0 {
+		req := &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, len(keys))}
+		for i, k := range keys {
+			req.BlockKeys[i] = uint64(k)
+		}
+		r.scoreAndCheck(ctx, name, from, pc, "block keys", req)
+	}
+	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
+	for _, w := range r.models[model] {
+		req.Workers = append(req.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
+	}
+	r.scoreAndCheck(ctx, name, from, pc, "candidates", req)
+}
+
+// score sends a checkpoint Score, again while it is refused for overload.
+func (r *runner) score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *kvindexv1.ScoreResponse, err error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
-	resp, err := r.score(cctx, req)
+	err = r.retryOverloaded(cctx, func() error {
+		resp, err = r.client.Score(cctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// scoreAndCheck scores req, a prompt from engine from, and compares the
+// answer with the truth: the answer's sanity, and for every worker of the
+// prompt's model its match with the longest prefix its engine holds.
+func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, pc promptCase, how string, req *kvindexv1.ScoreRequest) {
+	resp, err := r.score(ctx, req)
 	if err != nil {
 		if ctx.Err() == nil { // not the end of the run
 			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
 		}
 		return
 	}
-	r.check(name, from, model, pc, "token ids", req, resp)
-	if i%4 != 0 {
-		return
-	}
-	var kresp *kvindexv1.ScoreResponse
-	if err := r.load.retryOverloaded(cctx, func() (err error) {
-		kresp, err = ScoreByKeys(cctx, r.client, model, pc.tokens)
-		return err
-	}); err == nil {
-		r.check(name, from, model, pc, "block keys", &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, resp.GetPromptBlocks())}, kresp)
-	} else if len(pc.tokens) >= BlockSizeOf(model) && ctx.Err() == nil {
-		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
-	}
-	creq := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
-	for _, w := range r.models[model] {
-		creq.Workers = append(creq.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
-	}
-	if cresp, err := r.score(cctx, creq); err == nil {
-		r.check(name, from, model, pc, "candidates", creq, cresp)
-	} else if ctx.Err() == nil {
-		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
-	}
-}
-
-// score sends a checkpoint Score, again while it is refused for overload.
-func (r *runner) score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *kvindexv1.ScoreResponse, err error) {
-	err = r.load.retryOverloaded(ctx, func() error {
-		resp, err = r.client.Score(ctx, req)
-		return err
-	})
-	return resp, err
-}
-
-// check compares one answer with the truth.
-func (r *runner) check(name string, from *Engine, model string, pc promptCase, how string, req *kvindexv1.ScoreRequest, resp *kvindexv1.ScoreResponse) {
 	r.scoresChecked.Add(1)
-	r.load.checkScore("checkpoint "+name+" "+how, req, resp)
+	r.checkScore("checkpoint "+name+" "+how, req, resp)
 	got := map[events.WorkerRef]*kvindexv1.WorkerScore{}
 	for _, w := range resp.GetWorkers() {
 		got[refOf(w)] = w
@@ -408,7 +399,7 @@ func (r *runner) check(name string, from *Engine, model string, pc promptCase, h
 			r.fail.Add("worker_state", "checkpoint %s: Score names %s with health %v", name, refOf(w), w.GetHealth())
 		}
 	}
-	for _, ref := range r.models[model] {
+	for _, ref := range r.models[req.GetModel()] {
 		want := r.byRef[ref].CacheLocked().LongestPrefix(pc.tokens)
 		var matched, spec uint32
 		if w := got[ref]; w != nil {
@@ -419,36 +410,35 @@ func (r *runner) check(name string, from *Engine, model string, pc promptCase, h
 			continue
 		}
 		r.wrong.Add(1)
-		file := r.saveWrong(name, from, model, pc, ref, matched, spec, want)
-		r.fail.Add("wrong_answer", "checkpoint %s, %s prompt of %d tokens from %s's %s, scored by %s: worker %s matched %d blocks (%d speculative), its engine holds %d; prompt in %s",
-			name, pc.source, len(pc.tokens), from.Spec().Worker, "cache", how, ref, matched, spec, want, file)
+		file := r.saveWrong(name, from, pc, ref, matched, spec, want)
+		r.fail.Add("wrong_answer", "checkpoint %s, %s prompt of %d tokens from %s's cache, scored by %s: worker %s matched %d blocks (%d speculative), its engine holds %d; prompt in %s",
+			name, pc.source, len(pc.tokens), from.Spec().Worker, how, ref, matched, spec, want, file)
 	}
 }
 
 // saveWrong writes a wrong answer's prompt and figures to the work
 // directory, for a reproducer; it returns the file's path.
-func (r *runner) saveWrong(name string, from *Engine, model string, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
+func (r *runner) saveWrong(name string, from *Engine, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
 	n := r.wrongFiles.Add(1)
 	if n > MaxKept {
 		return "(not saved: only the first few are)"
 	}
 	path := filepath.Join(r.opts.Dir, fmt.Sprintf("wrong-%d.json", n))
-	rec := map[string]any{
-		"checkpoint": name, "model": model, "source": pc.source, "from_engine": from.Spec().Worker.String(),
+	b, err := json.Marshal(map[string]any{
+		"checkpoint": name, "model": from.Spec().Model, "source": pc.source, "from_engine": from.Spec().Worker.String(),
 		"worker": ref.String(), "matched_blocks": matched, "speculative_blocks": spec, "engine_holds": want, "token_ids": pc.tokens,
+	})
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
 	}
-	b, err := json.Marshal(rec)
 	if err != nil {
-		return "(not saved: " + err.Error() + ")"
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
 		return "(not saved: " + err.Error() + ")"
 	}
 	return path
 }
 
 func (r *runner) runCheckpoints(ctx context.Context) {
-	every(ctx, r.opts.CheckpointEvery, func(i int) bool {
+	every(ctx, checkpointEvery, func(i int) bool {
 		r.chaos.Lock()
 		if ctx.Err() == nil && !r.isAborted() {
 			r.checkpoint(ctx, fmt.Sprint(i+1))

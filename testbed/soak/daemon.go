@@ -39,10 +39,7 @@ func (r *runner) startDaemon() error {
 		if c.Stopping() {
 			return
 		}
-		r.fail.Add("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", n, c.Pid(), c.Err(), r.logPath(n))
-		r.mu.Lock()
-		r.aborted = true
-		r.mu.Unlock()
+		r.abort("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", n, c.Pid(), c.Err(), r.logPath(n))
 	}()
 	r.log.Info("daemon started", "process", n, "pid", c.Pid(), "log", r.logPath(n))
 	return nil

@@ -25,19 +25,19 @@ func overloadErr(t *testing.T) error {
 // An overload refusal of a load call is counted, not a failure; any other
 // error outside a restart is one, ResourceExhausted for a limit included.
 func TestLoadCountsOverloadRefusals(t *testing.T) {
-	l := &Load{window: &Window{}, fail: &Failures{}}
+	l := &runner{}
 	ctx := context.Background()
 	overload := overloadErr(t)
-	if l.call(ctx, "Score", func(context.Context) error { return overload }) {
+	if l.call(ctx, "rpc_error", "Score", func(context.Context) error { return overload }) {
 		t.Fatal("a refused call reported success")
 	}
-	if !l.call(ctx, "Score", func(context.Context) error { return nil }) {
+	if !l.call(ctx, "rpc_error", "Score", func(context.Context) error { return nil }) {
 		t.Fatal("an answered call reported failure")
 	}
 	if st := l.Stats(); st.Calls != 2 || st.Refused != 1 || l.fail.Count() != 0 {
 		t.Fatalf("calls %d, refused %d, failures %v; want 2, 1, none", st.Calls, st.Refused, l.fail.String())
 	}
-	l.call(ctx, "Route", func(context.Context) error {
+	l.call(ctx, "rpc_error", "Route", func(context.Context) error {
 		return status.Error(codes.ResourceExhausted, "request_id: too long")
 	})
 	if st := l.Stats(); st.Calls != 3 || st.Refused != 1 || l.fail.Counts()["rpc_error"] != 1 {
@@ -48,7 +48,7 @@ func TestLoadCountsOverloadRefusals(t *testing.T) {
 // A checkpoint Score refused for overload is sent again until answered,
 // each refusal counted; past checkpointTries the refusal is returned.
 func TestRetryOverloaded(t *testing.T) {
-	l := &Load{window: &Window{}, fail: &Failures{}}
+	l := &runner{}
 	ctx := context.Background()
 	overload := overloadErr(t)
 	n := 0

@@ -46,16 +46,16 @@ type runner struct {
 	http    *http.Client
 	window  Window
 	fail    Failures
-	load    *Load
 	garbage *Garbage
 
 	// chaos serialises engine restarts, daemon restarts and checkpoints.
 	chaos sync.Mutex
 
-	mu       sync.Mutex // guards the fields below
-	child    *proc.Process
-	process  int                      // the current daemon process's number
-	restarts map[events.WorkerRef]int // engine restarts during the current process
+	mu        sync.Mutex // guards the fields below
+	loadStats LoadStats
+	child     *proc.Process
+	process   int                      // the current daemon process's number
+	restarts  map[events.WorkerRef]int // engine restarts during the current process
 	// reported is, per worker of the current process, each counter's
 	// excess already reported as a failure, so that one failure is
 	// reported once and later checkpoints judge what follows it.
@@ -74,8 +74,7 @@ type runner struct {
 	errorLines  int
 	aborted     bool
 
-	checkpoints, scoresChecked, comparisons, wrong, residentChecks atomic.Int64
-	wrongFiles                                                     atomic.Int64
+	checkpoints, scoresChecked, comparisons, wrong, residentChecks, wrongFiles atomic.Int64
 }
 
 // Run runs a soak with opts and returns its summary. The error reports a
@@ -101,7 +100,11 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	}
 	start := time.Now()
 	loadStart := loadAvg()
-	defer r.closeEngines()
+	defer func() {
+		for _, e := range r.engines {
+			_ = e.Close()
+		}
+	}()
 	if err := r.setup(ctx); err != nil {
 		return nil, err
 	}
@@ -121,12 +124,10 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := r.waitReady(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
-	r.garbage, err = NewGarbage(r.fleet, opts.Seed, r)
-	if err != nil {
+	if r.garbage, err = newGarbage(r); err != nil {
 		return nil, err
 	}
 	defer r.garbage.Close()
-	r.load = NewLoad(r.client, r.fleet, r.engines, &r.window, r, &r.fail, opts.Seed)
 
 	work, stopWork := context.WithCancel(ctx)
 	defer stopWork()
@@ -138,12 +139,9 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	for i, e := range r.engines {
 		goRun(func(c context.Context) { r.runEngine(c, e, i) })
 	}
-	goRun(func(c context.Context) { r.load.RunScores(c, opts.ScoreRPS) })
-	goRun(func(c context.Context) { r.load.RunRoutes(c, opts.RouteRPS) })
-	goRun(func(c context.Context) { r.garbage.Run(c, opts.GarbageInterval) })
-	goRun(r.runSampler)
-	goRun(r.runChaos)
-	goRun(r.runCheckpoints)
+	for _, f := range []func(context.Context){r.runScores, r.runRoutes, r.garbage.run, r.runSampler, r.runChaos, r.runCheckpoints} {
+		goRun(f)
+	}
 	r.log.Info("soak running", "duration", opts.Duration, "seed", opts.Seed, "engines", len(r.engines), "dir", opts.Dir)
 
 	select {
@@ -168,11 +166,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		r.finalChecks()
 		r.stopDaemon(syscall.SIGTERM)
 	}
-	for _, p := range r.garbage.Problems() {
-		r.fail.Add("neighbour_reached", "%s", p)
-	}
-	sum := r.summary(elapsed, loadStart)
-	return sum, nil
+	return r.summary(elapsed, loadStart), nil
 }
 
 // setup lays out the fleet, writes the configuration, builds the daemon
@@ -191,19 +185,16 @@ func (r *runner) setup(ctx context.Context) error {
 	if err := os.WriteFile(r.cfgPath, text, 0o644); err != nil {
 		return fmt.Errorf("soak: write configuration: %w", err)
 	}
-	r.bin = r.opts.Binary
-	if r.bin == "" {
-		r.log.Info("building the daemon", "go", r.opts.GoTool)
-		if r.bin, err = proc.Build(ctx, r.opts.GoTool, r.opts.Dir, "github.com/kvindex/kvindex/cmd/kvindex"); err != nil {
-			return err
-		}
+	r.log.Info("building the daemon", "go", r.opts.GoTool)
+	if r.bin, err = proc.Build(ctx, r.opts.GoTool, r.opts.Dir, "github.com/kvindex/kvindex/cmd/kvindex"); err != nil {
+		return err
 	}
 	systems := map[string][][]uint32{}
 	for _, m := range []string{ModelA, ModelB} {
 		systems[m] = SystemPrompts(r.opts.Seed, m, BlockSizeOf(m), 4)
 	}
 	for i, spec := range r.fleet.Engines() {
-		e, err := NewEngine(spec, r.opts.Engine, r.opts.Seed, i, systems[spec.Model])
+		e, err := NewEngine(spec, DefaultEngineOptions(), r.opts.Seed, i, systems[spec.Model])
 		if err != nil {
 			return err
 		}
@@ -222,18 +213,6 @@ func (r *runner) setup(ctx context.Context) error {
 	return nil
 }
 
-func (r *runner) closeEngines() {
-	for _, e := range r.engines {
-		_ = e.Close()
-	}
-}
-
-func (r *runner) currentProcess() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.process
-}
-
 func (r *runner) currentChild() (*proc.Process, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -243,10 +222,14 @@ func (r *runner) currentChild() (*proc.Process, int) {
 // listing is a push worker (rank 0) and the listener that created it.
 type listing struct{ pod, endpoint string }
 
-// Process returns the current daemon process's number (DaemonView).
-func (r *runner) Process() int { return r.currentProcess() }
+// Process returns the current daemon process's number.
+func (r *runner) Process() int {
+	_, n := r.currentChild()
+	return n
+}
 
-// Settled reports whether a checkpoint of daemon process n has passed.
+// Settled reports whether a checkpoint of daemon process n has passed:
+// its join replays are over, and no worker may be DEGRADED any more.
 func (r *runner) Settled(n int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -254,7 +237,7 @@ func (r *runner) Settled(n int) bool {
 }
 
 // Listed reports whether daemon process n listed pod on the push
-// listener at endpoint (DaemonView).
+// listener at endpoint.
 func (r *runner) Listed(n int, pod, endpoint string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -267,7 +250,9 @@ func (r *runner) isAborted() bool {
 	return r.aborted
 }
 
-func (r *runner) abort() {
+// abort records a failure that ends the run.
+func (r *runner) abort(kind, format string, args ...any) {
+	r.fail.Add(kind, format, args...)
 	r.mu.Lock()
 	r.aborted = true
 	r.mu.Unlock()

@@ -12,7 +12,7 @@ import (
 // runSampler samples the daemon every SampleEvery: VmRSS, go_goroutines,
 // /metrics and ListWorkers (checked on the spot).
 func (r *runner) runSampler(ctx context.Context) {
-	every(ctx, r.opts.SampleEvery, func(int) bool {
+	every(ctx, sampleEvery, func(int) bool {
 		r.sampleOnce(ctx)
 		return true
 	})
@@ -97,7 +97,7 @@ func (r *runner) finalChecks() {
 			r.fail.Add("probe_unrefused", "daemon process %d refused nothing for reason %s on %s: the probe did not reach it", n, want.reason, want.listener)
 		}
 	}
-	r.checkRefused(r.load.Stats())
+	r.checkRefused(r.Stats())
 	if got := countOn(ws, open); got != OpenMaxWorkers {
 		r.fail.Add("max_workers", "the open listener created %d workers by the end, want its max_workers %d (garbage sent more pod names)", got, OpenMaxWorkers)
 	}

@@ -184,8 +184,7 @@ func TestFailures(t *testing.T) {
 // (three seq drops there read as two publishers).
 func TestSchedule(t *testing.T) {
 	opts := DefaultOptions()
-	r := &runner{opts: opts, engines: make([]*Engine, 6)}
-	acts := r.schedule()
+	acts := schedule(opts.Duration, daemonRestarts, 6, opts.Seed)
 	var daemon []action
 	last := map[int]time.Duration{}
 	for i, a := range acts {
@@ -207,8 +206,7 @@ func TestSchedule(t *testing.T) {
 	if len(last) != 6 {
 		t.Fatalf("%d engines restarted, want all 6", len(last))
 	}
-	r.opts.DaemonRestarts = 1
-	for _, a := range r.schedule() {
+	for _, a := range schedule(opts.Duration, 1, 6, opts.Seed) {
 		if a.daemon && a.sig != syscall.SIGKILL {
 			t.Fatalf("a single daemon restart is %v, want SIGKILL", a.sig)
 		}

@@ -3,6 +3,8 @@ package soak
 import (
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -95,5 +97,12 @@ func (f *Failures) Kept() []string {
 	return append([]string(nil), f.kept...)
 }
 
-// String lists the failure counts by kind.
-func (f *Failures) String() string { return formatCounts(f.Counts()) }
+// String lists the failure counts as "kind=n", sorted by kind.
+func (f *Failures) String() string {
+	counts := f.Counts()
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, counts[k]))
+	}
+	return strings.Join(parts, " ")
+}

@@ -8,7 +8,7 @@
 // exits 1 on any failure, naming it.
 //
 //	kvsoak --duration 2m            # make soak
-//	kvsoak --duration 15s --seed 7 --json
+//	kvsoak --duration 15s --seed 7
 package main
 
 import (
@@ -44,7 +44,6 @@ func run() int {
 func newRoot(code *int) *cobra.Command {
 	opts := soak.DefaultOptions()
 	var (
-		asJSON   bool
 		keep     bool
 		logLevel string
 	)
@@ -53,7 +52,8 @@ func newRoot(code *int) *cobra.Command {
 		Short: "Soak test of the kvindex daemon: restarts, hostile input, exact checks, flat memory",
 		Long: "kvsoak runs the kvindex daemon as a child process for --duration against simulated vLLM\n" +
 			"engines, restarts both, sends garbage at every port, loads it over gRPC, and checks every\n" +
-			"answer exactly against the engines' true caches. Exit status 1 names each failure.",
+			"answer exactly against the engines' true caches. It prints a JSON summary; exit status 1\n" +
+			"names each failure.",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -67,27 +67,18 @@ func newRoot(code *int) *cobra.Command {
 				return err
 			}
 			opts.Command = commandLine(cmd)
-			if opts.Dir == "" {
-				dir, err := os.MkdirTemp("", "kvsoak-")
-				if err != nil {
-					return fmt.Errorf("work directory: %w", err)
-				}
-				opts.Dir = dir
-			} else if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+			dir, err := os.MkdirTemp("", "kvsoak-")
+			if err != nil {
 				return fmt.Errorf("work directory: %w", err)
 			}
+			opts.Dir = dir
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			sum, err := soak.Run(ctx, opts)
 			if err != nil {
 				return fmt.Errorf("%w (work directory %s)", err, opts.Dir)
 			}
-			if asJSON {
-				err = sum.JSON(cmd.OutOrStdout())
-			} else {
-				err = sum.WriteText(cmd.OutOrStdout())
-			}
-			if err != nil {
+			if err := sum.JSON(cmd.OutOrStdout()); err != nil {
 				return err
 			}
 			if !sum.Passed {
@@ -103,10 +94,7 @@ func newRoot(code *int) *cobra.Command {
 	f := cmd.Flags()
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "how long the fleet runs under load")
 	f.Uint64Var(&opts.Seed, "seed", opts.Seed, "seed of every random choice (workloads, garbage, schedule)")
-	f.BoolVar(&asJSON, "json", false, "print the summary as JSON")
-	f.StringVar(&opts.Dir, "dir", "", "work directory: configuration, daemon binary and logs (default a new temporary one, removed after a pass)")
-	f.BoolVar(&keep, "keep", false, "keep the work directory after a pass")
-	f.StringVar(&opts.Binary, "kvindex", "", "prebuilt kvindex binary (default: build ./cmd/kvindex)")
+	f.BoolVar(&keep, "keep", false, "keep the work directory (configuration, daemon binary and logs) after a pass")
 	f.StringVar(&opts.GoTool, "go", opts.GoTool, "go command used to build the daemon")
 	f.IntVar(&opts.WarmupSteps, "warmup-steps", opts.WarmupSteps, "steps each engine runs before the daemon first starts")
 	f.Float64Var(&opts.MaxRefused, "max-refused", opts.MaxRefused, "the largest fraction of Score and Route calls the daemon may refuse for overload (ResourceExhausted from admission control) before the run fails")
@@ -115,14 +103,13 @@ func newRoot(code *int) *cobra.Command {
 }
 
 // commandLine returns the command that reproduces the run: kvsoak with
-// the seed and every flag that changes what runs (output and work
-// directory flags left out).
+// the seed and every flag that changes what runs.
 func commandLine(cmd *cobra.Command) string {
 	parts := []string{"kvsoak"}
 	seed := false
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		switch f.Name {
-		case "json", "dir", "keep", "kvindex", "go", "log-level":
+		case "keep", "go", "log-level":
 			return
 		case "seed":
 			seed = true

@@ -35,7 +35,7 @@ func TestRefusesBadOptions(t *testing.T) {
 func TestCommandLine(t *testing.T) {
 	code := 0
 	cmd := newRoot(&code)
-	if err := cmd.ParseFlags([]string{"--duration", "15s", "--warmup-steps", "0", "--json", "--dir", "/tmp/x"}); err != nil {
+	if err := cmd.ParseFlags([]string{"--duration", "15s", "--warmup-steps", "0", "--keep", "--log-level", "warn"}); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := commandLine(cmd), "kvsoak --duration 15s --warmup-steps 0 --seed 1"; got != want {
