@@ -49,12 +49,11 @@ func BlockHashes(seed uint64, blockSize int, tokens []uint32, dst []uint64) []ui
 //
 // A Cache is not safe for concurrent use.
 type Cache struct {
-	blockSize int
-	capacity  int
-	seed      uint64
+	blockSize, capacity int
+	seed                uint64
 	// randomEvict is the fraction of evictions that take a random free
 	// block instead of the LRU one (0: pure LRU, whose caches never have
-	// holes).
+	// holes), drawn from rng.
 	randomEvict float64
 	rng         *rand.Rand
 
@@ -70,11 +69,10 @@ type Cache struct {
 
 // entry is one cached content block and its physical copies.
 type entry struct {
-	hash      uint64
-	parent    uint64
-	hasParent bool
-	tokens    []uint32
-	copies    []*phys
+	hash, parent uint64
+	hasParent    bool
+	tokens       []uint32
+	copies       []*phys
 }
 
 // phys is one physical KV block holding an entry's content.
@@ -91,20 +89,11 @@ func NewCache(blockSize, capacity int, seed uint64, randomEvict float64, rng *ra
 	if blockSize <= 0 || capacity <= 0 {
 		return nil, fmt.Errorf("soak: cache of %d blocks of %d tokens: both must be positive", capacity, blockSize)
 	}
-	if randomEvict < 0 || randomEvict > 1 {
-		return nil, fmt.Errorf("soak: random eviction fraction %v is not in [0, 1]", randomEvict)
-	}
-	if randomEvict > 0 && rng == nil {
-		return nil, fmt.Errorf("soak: random eviction needs a random source")
+	if randomEvict < 0 || randomEvict > 1 || (randomEvict > 0 && rng == nil) {
+		return nil, fmt.Errorf("soak: random eviction fraction %v: must be in [0, 1], and above 0 needs a random source", randomEvict)
 	}
 	return &Cache{blockSize: blockSize, capacity: capacity, seed: seed, randomEvict: randomEvict, rng: rng, held: make(map[uint64]*entry)}, nil
 }
-
-// BlockSize returns the tokens per block.
-func (c *Cache) BlockSize() int { return c.blockSize }
-
-// Capacity returns the number of physical blocks.
-func (c *Cache) Capacity() int { return c.capacity }
 
 // Resident returns the number of distinct blocks cached (what kvindex
 // reports as the worker's resident blocks).
@@ -139,7 +128,11 @@ func (c *Cache) Request(tokens []uint32, dst []events.Event) []events.Event {
 		used[i] = p
 	}
 	for c.nphys+(n-k) > c.capacity {
-		v := c.victim()
+		// The LRU free block, or with probability randomEvict a random one.
+		v := c.head
+		if c.randomEvict > 0 && c.rng.Float64() < c.randomEvict {
+			v = c.freeAt[c.rng.IntN(len(c.freeAt))]
+		}
 		c.unlink(v)
 		c.dropCopy(v)
 		dst = append(dst, events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{v.e.hash}, MediumName: "GPU"})
@@ -255,15 +248,6 @@ func (c *Cache) chain(e *entry) ([]uint32, int) {
 		}
 	}
 	return out, m
-}
-
-// victim returns the free block to evict: the LRU one, or with
-// probability randomEvict a random one.
-func (c *Cache) victim() *phys {
-	if c.randomEvict > 0 && c.rng.Float64() < c.randomEvict {
-		return c.freeAt[c.rng.IntN(len(c.freeAt))]
-	}
-	return c.head
 }
 
 // dropCopy forgets one physical copy of its entry, and the entry with its

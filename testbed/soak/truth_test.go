@@ -100,8 +100,8 @@ func TestEvictionOrder(t *testing.T) {
 	if len(evs) != 2 || evs[0].BlockHashes[0] != ah[0] {
 		t.Fatalf("after b was reused: %+v, want a's head evicted", evs)
 	}
-	if c.Physical() > c.Capacity() {
-		t.Fatalf("%d physical blocks over capacity %d", c.Physical(), c.Capacity())
+	if c.Physical() > c.capacity {
+		t.Fatalf("%d physical blocks over capacity %d", c.Physical(), c.capacity)
 	}
 }
 
@@ -185,8 +185,8 @@ func TestEventsKeepAnExactReplica(t *testing.T) {
 					t.Fatalf("step %d: pure LRU left block %x without its parent", step, h)
 				}
 			}
-			if c.Physical() > c.Capacity() {
-				t.Fatalf("step %d: %d physical blocks, capacity %d", step, c.Physical(), c.Capacity())
+			if c.Physical() > c.capacity {
+				t.Fatalf("step %d: %d physical blocks, capacity %d", step, c.Physical(), c.capacity)
 			}
 		}
 		if randomEvict == 0 && dups != 0 {
