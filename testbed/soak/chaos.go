@@ -92,21 +92,11 @@ func (r *runner) restartEngine(ctx context.Context, e *Engine) {
 		r.log.Info("engine restart skipped: too few messages since the last", "worker", ref.String())
 		return
 	}
-	if err := e.FlushLocked(); err != nil {
-		r.fail.Add("engine_error", "%v", err)
-		return
-	}
-	seq, _ := e.LastSeqLocked()
-	if _, err := r.waitApplied(ctx, map[events.WorkerRef]uint64{ref: seq}, 30*time.Second); err != nil {
-		if ctx.Err() == nil {
-			r.fail.Add("not_applied", "before restarting engine %s: %v", ref, err)
-		}
+	if _, ok := r.flushAndWait(ctx, "before restarting engine "+ref.String(), e); !ok {
 		return
 	}
 	if err := e.RestartLocked(ctx, engineDown); err != nil {
-		if ctx.Err() == nil {
-			r.fail.Add("engine_restart", "%v", err)
-		}
+		r.failLive(ctx, "engine_restart", "%v", err)
 		return
 	}
 	r.mu.Lock()

@@ -24,51 +24,67 @@ func refOf(w interface {
 	return events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}
 }
 
-// waitApplied polls ListWorkers until every worker in want has applied
-// the seq given (last_seq is set once the index has applied a batch),
-// has nothing queued and is healthy, and returns the last listing; on
-// timeout the error names each worker that was not there yet.
-func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint64, timeout time.Duration) ([]*kvindexv1.WorkerStatus, error) {
-	deadline := time.Now().Add(timeout)
-	for {
+// flushAndWait flushes engines (whose locks the caller holds) and polls
+// ListWorkers until the daemon has applied each one's last seq
+// (last_seq is set once the index has applied a batch), has nothing
+// queued and is healthy; it returns the last listing. Otherwise it
+// records a failure naming what (and each worker not there yet) and
+// returns false.
+func (r *runner) flushAndWait(ctx context.Context, what string, engines ...*Engine) ([]*kvindexv1.WorkerStatus, bool) {
+	want := map[events.WorkerRef]uint64{}
+	for _, e := range engines {
+		if err := e.FlushLocked(); err != nil {
+			r.fail.Add("engine_error", "%v", err)
+			return nil, false
+		}
+		want[e.Spec().Worker], _ = e.LastSeqLocked()
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		resp, err := r.client.ListWorkers(cctx, &kvindexv1.ListWorkersRequest{})
 		cancel()
 		var behind []string
 		if err != nil {
 			behind = append(behind, err.Error())
-		} else {
-			got := map[events.WorkerRef]*kvindexv1.WorkerStatus{}
-			for _, w := range resp.GetWorkers() {
-				got[refOf(w)] = w
-			}
-			for ref, seq := range want {
-				w := got[ref]
-				switch {
-				case w != nil && w.GetHasSeq() && w.GetLastSeq() == seq && w.GetBacklog() == 0 && r.excess(ref, "unrecovered_gaps", w.GetUnrecoveredGaps(), 0) > 0:
-					// The daemon gave up on some of this worker's events:
-					// it is as caught up as it will get, and its health
-					// stays DEGRADED or UNSYNCED for a while.
-				case w == nil:
-					behind = append(behind, fmt.Sprintf("%s: not listed", ref))
-				case w.GetEndpoint() != r.endpointOf(ref):
-					// Another listener owns the worker: it will never catch up.
-					return nil, fmt.Errorf("%s is served from %s, not its configured %s", ref, w.GetEndpoint(), r.endpointOf(ref))
-				case !w.GetHasSeq() || w.GetLastSeq() != seq || w.GetBacklog() != 0 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK || w.GetModel() == "":
-					behind = append(behind, fmt.Sprintf("%s: last_seq %d (has_seq %v), engine's %d, backlog %d, health %v %q", ref, w.GetLastSeq(), w.GetHasSeq(), seq, w.GetBacklog(), w.GetHealth(), w.GetHealthReason()))
-				}
-			}
-			if len(behind) == 0 {
-				return resp.GetWorkers(), nil
+		}
+		got := map[events.WorkerRef]*kvindexv1.WorkerStatus{}
+		for _, w := range resp.GetWorkers() {
+			got[refOf(w)] = w
+		}
+		for ref, seq := range want {
+			w := got[ref]
+			switch {
+			case err != nil:
+			case w != nil && w.GetHasSeq() && w.GetLastSeq() == seq && w.GetBacklog() == 0 && r.excess(ref, "unrecovered_gaps", w.GetUnrecoveredGaps(), 0) > 0:
+				// The daemon gave up on some of this worker's events: it is
+				// as caught up as it will get, and its health stays
+				// DEGRADED or UNSYNCED for a while.
+			case w == nil:
+				behind = append(behind, fmt.Sprintf("%s: not listed", ref))
+			case w.GetEndpoint() != r.endpointOf(ref):
+				// Another listener owns the worker: it will never catch up.
+				r.failLive(ctx, "not_applied", "%s: %s is served from %s, not its configured %s", what, ref, w.GetEndpoint(), r.endpointOf(ref))
+				return nil, false
+			case !w.GetHasSeq() || w.GetLastSeq() != seq || w.GetBacklog() != 0 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK || w.GetModel() == "":
+				behind = append(behind, fmt.Sprintf("%s: last_seq %d (has_seq %v), engine's %d, backlog %d, health %v %q", ref, w.GetLastSeq(), w.GetHasSeq(), seq, w.GetBacklog(), w.GetHealth(), w.GetHealthReason()))
 			}
 		}
-		if time.Now().After(deadline) {
+		if len(behind) == 0 {
+			return resp.GetWorkers(), true
+		}
+		if time.Now().After(deadline) || !sleep(ctx, 50*time.Millisecond) {
 			sort.Strings(behind)
-			return nil, fmt.Errorf("not applied within %v: %s", timeout, strings.Join(behind, "; "))
+			r.failLive(ctx, "not_applied", "%s: not applied within 30s: %s", what, strings.Join(behind, "; "))
+			return nil, false
 		}
-		if !sleep(ctx, 50*time.Millisecond) {
-			return nil, ctx.Err()
-		}
+	}
+}
+
+// failLive records a failure unless ctx is done: the end of the run
+// cuts calls short, which is no failure.
+func (r *runner) failLive(ctx context.Context, kind, format string, args ...any) {
+	if ctx.Err() == nil {
+		r.fail.Add(kind, format, args...)
 	}
 }
 
@@ -126,21 +142,9 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 			e.Unlock()
 		}
 	}()
-	want := map[events.WorkerRef]uint64{}
-	for _, e := range r.engines {
-		if err := e.FlushLocked(); err != nil {
-			r.fail.Add("engine_error", "%v", err)
-			return
-		}
-		seq, _ := e.LastSeqLocked()
-		want[e.Spec().Worker] = seq
-	}
 	t0 := time.Now()
-	ws, err := r.waitApplied(ctx, want, 30*time.Second)
-	if err != nil {
-		if ctx.Err() == nil {
-			r.fail.Add("not_applied", "checkpoint %s: %v", name, err)
-		}
+	ws, ok := r.flushAndWait(ctx, "checkpoint "+name, r.engines...)
+	if !ok {
 		return
 	}
 	caughtUp := time.Since(t0)
@@ -262,11 +266,7 @@ func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
 // excess returns how far got is above want plus what was already
 // reported for the worker's counter in this daemon process.
 func (r *runner) excess(ref events.WorkerRef, counter string, got, want uint64) uint64 {
-	limit := want + r.reportedOf(ref, counter)
-	if got <= limit {
-		return 0
-	}
-	return got - limit
+	return got - min(got, want+r.reportedOf(ref, counter))
 }
 
 func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
@@ -385,9 +385,7 @@ func (r *runner) score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *
 func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, pc promptCase, how string, req *kvindexv1.ScoreRequest) {
 	resp, err := r.score(ctx, req)
 	if err != nil {
-		if ctx.Err() == nil { // not the end of the run
-			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
-		}
+		r.failLive(ctx, "rpc_error", "checkpoint %s: %v", name, err)
 		return
 	}
 	r.scoresChecked.Add(1)

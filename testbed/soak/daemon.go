@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,6 +12,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/kvindex/kvindex/events"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -75,7 +80,7 @@ func (r *runner) stopDaemon(sig syscall.Signal) {
 		r.fail.Add("daemon_log", "%v", err)
 	}
 	if crash != "" {
-		r.fail.Add("daemon_crash", "daemon process %d logged %q (log %s)", n, clip(crash, 200), r.logPath(n))
+		r.fail.Add("daemon_crash", "daemon process %d logged %.200q (log %s)", n, crash, r.logPath(n))
 	}
 	r.mu.Lock()
 	r.errorLines += lines
@@ -162,4 +167,44 @@ func Scrape(ctx context.Context, client *http.Client, addr string) (Metrics, err
 		return nil, fmt.Errorf("soak: scrape %s: %w", addr, err)
 	}
 	return s, nil
+}
+
+// Metrics are the metric families of one /metrics page, by name.
+type Metrics map[string]*dto.MetricFamily
+
+// ParseMetrics reads the Prometheus text format (what the daemon's
+// /metrics serves).
+func ParseMetrics(r io.Reader) (Metrics, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("soak: parse metrics: %w", err)
+	}
+	return fams, nil
+}
+
+// Each calls f with the labels and value of every sample of the counter,
+// gauge or untyped metric name.
+func (ms Metrics) Each(name string, f func(labels map[string]string, v float64)) {
+	for _, m := range ms[name].GetMetric() {
+		labels := make(map[string]string, len(m.GetLabel()))
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		f(labels, m.GetCounter().GetValue()+m.GetGauge().GetValue()+m.GetUntyped().GetValue())
+	}
+}
+
+// Metric returns the sum of the samples named name whose labels include
+// every pair of match (nil matches all), and whether any matched.
+func Metric(ms Metrics, name string, match map[string]string) (sum float64, found bool) {
+	ms.Each(name, func(labels map[string]string, v float64) {
+		for k, want := range match {
+			if labels[k] != want {
+				return
+			}
+		}
+		sum, found = sum+v, true
+	})
+	return sum, found
 }

@@ -21,17 +21,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// sample is one reading of the daemon's RSS and goroutines; settled
-// says a checkpoint of its process had passed (its join replays were
-// over).
-type sample struct {
-	at         time.Time
-	process    int
-	settled    bool
-	rss        float64
-	goroutines float64
-}
-
 // runner is one soak run's state.
 type runner struct {
 	opts    Options

@@ -180,31 +180,13 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 		})
 	}
 	s.OpenListenerWorkers = countOn(r.lastWorkers[r.process], r.fleet.OpenPushAddr())
-	s.RSS = seriesOf(r.samples, r.process, func(x sample) float64 { return x.rss }, RSSRule(), "last third <= 1.25 x first third + 8 MiB")
-	s.Goroutines = seriesOf(r.samples, r.process, func(x sample) float64 { return x.goroutines }, GoroutineRule(), "last third <= 1.25 x first third + 16")
 	r.mu.Unlock()
+	s.RSS, _ = r.series(flatSeries[0].get, flatSeries[0].rule)
+	s.Goroutines, _ = r.series(flatSeries[1].get, flatSeries[1].rule)
 	s.Checks = CheckSummary{Checkpoints: r.checkpoints.Load(), ScoresChecked: r.scoresChecked.Load(), Comparisons: r.comparisons.Load(), WrongAnswers: r.wrong.Load(), ResidentChecks: r.residentChecks.Load()}
 	s.FailureCounts, s.Failures = r.fail.Counts(), r.fail.Kept()
 	s.Passed = r.fail.Count() == 0
 	return s
-}
-
-func seriesOf(samples []sample, process int, get func(sample) float64, rule FlatRule, text string) SeriesSummary {
-	out := SeriesSummary{Rule: text}
-	var last []float64
-	for i, s := range samples {
-		v := get(s)
-		if i == 0 {
-			out.First = v
-		}
-		out.Last, out.Max = v, max(out.Max, v)
-		out.Samples++
-		if s.process == process && s.settled {
-			last = append(last, v)
-		}
-	}
-	out.Verdict, _ = rule.Judge(last)
-	return out
 }
 
 // loadAvg returns /proc/loadavg's three load averages.
