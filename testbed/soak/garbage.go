@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
@@ -36,14 +34,13 @@ type Garbage struct {
 	newPods    int
 	seq        uint64
 
-	mu     sync.Mutex
-	counts map[string]int64
+	counts counters // messages (and connections) sent by kind
 }
 
 // newGarbage opens the garbage sockets: one connected to the open push
 // listener, and one XPUB or ROUTER bound on each neighbour port.
 func newGarbage(r *runner) (*Garbage, error) {
-	g := &Garbage{r: r, rng: rand.New(rand.NewPCG(r.opts.Seed, stringSeed("garbage"))), counts: map[string]int64{}}
+	g := &Garbage{r: r, rng: rand.New(rand.NewPCG(r.opts.Seed, stringSeed("garbage")))}
 	var err error
 	if g.zctx, err = zmq4.NewContext(); err != nil {
 		return nil, fmt.Errorf("soak: garbage zmq context: %w", err)
@@ -104,19 +101,6 @@ func (g *Garbage) Close() {
 	if g.zctx != nil {
 		g.zctx.Term()
 	}
-}
-
-// Counts returns the messages (and connections) sent by kind.
-func (g *Garbage) Counts() map[string]int64 {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return maps.Clone(g.counts)
-}
-
-func (g *Garbage) count(kind string) {
-	g.mu.Lock()
-	g.counts[kind]++
-	g.mu.Unlock()
 }
 
 // run sends one probe every garbageInterval until ctx is done.
@@ -230,7 +214,7 @@ func (g *Garbage) send(kind string, s *zmq4.Socket, topic string, payload []byte
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], g.seq)
 	_, _ = s.SendMessageDontwait(topic, seq[:], payload)
-	g.count(kind)
+	g.counts.add(kind)
 }
 
 // wrongFrames sends a message that is not [topic, 8-byte seq, payload]:
@@ -239,7 +223,7 @@ func (g *Garbage) wrongFrames() {
 	topic, seq, p := g.evilTopic(), make([]byte, 8), g.validPayload(0)
 	forms := [][]any{{topic}, {topic, seq}, {topic, seq[:7], p}, {topic, seq, p, []byte("extra")}, {topic, seq, p, seq, seq}}
 	_, _ = g.open.SendMessageDontwait(forms[g.rng.IntN(len(forms))]...)
-	g.count("wrong_frames")
+	g.counts.add("wrong_frames")
 }
 
 // validPayload is a decodable batch storing 1..4 blocks of random tokens
@@ -326,5 +310,5 @@ func (g *Garbage) rawTCP(ctx context.Context) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(time.Second))
 	_, _ = conn.Write(data)
-	g.count("raw_tcp")
+	g.counts.add("raw_tcp")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -16,51 +15,12 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
-// LoadStats count the gRPC load and what its checks saw.
-type LoadStats struct {
-	// Scores and Routes are answered calls; Releases answered Releases,
-	// ReleasedFalse those that found the request gone after a daemon
-	// restart (its in-flight table died with the process).
-	Scores, Routes, Releases, ReleasedFalse int64
-	// Invalid is deliberately invalid requests refused with
-	// InvalidArgument.
-	Invalid int64
-	// RestartErrors are calls that failed during a daemon restart with a
-	// code a restart causes.
-	RestartErrors int64
-	// Calls counts the Score and Route calls sent, invalid ones included;
-	// Refused those the daemon's admission control refused for overload
-	// (api.IsOverloaded), which are neither answers nor failures unless
-	// there are more than Options.MaxRefused of Calls.
-	Calls, Refused int64
-	// CheckpointRefused counts checkpoint Scores refused for overload and
-	// sent again (a checkpoint compares every answer it needs).
-	CheckpointRefused int64
-	// Health counts the workers in answers by health.
-	Health map[string]int64
-}
-
 // The load sends Score, Route and Release calls at fixed rates through
 // the runner's api.Client and checks every answer: no error but a
 // restart's, only configured workers (of the request's model), matched
 // blocks within the prompt, tokens equal to blocks times the block size,
 // a speculative part within the match, Route's pick among its ranking.
-
-// countLoad updates the load's counters.
-func (r *runner) countLoad(f func(*LoadStats)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	f(&r.loadStats)
-}
-
-// Stats returns the load's counters so far.
-func (r *runner) Stats() LoadStats {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := r.loadStats
-	s.Health = maps.Clone(s.Health)
-	return s
-}
+// It counts in runner.load (Summary.Load lists the names).
 
 // prompt returns a prompt for the load, and its model: an engine's recent
 // prompt as is, cut at a random length, extended, or with one token
@@ -97,7 +57,7 @@ func vary(rng *rand.Rand, p []uint32, kind, ext int) (string, []uint32) {
 // overload refusal or a restart's (counted), or a failure of kind
 // (recorded). It reports whether the call succeeded.
 func (r *runner) call(ctx context.Context, kind, what string, do func(context.Context) error) bool {
-	r.countLoad(func(s *LoadStats) { s.Calls++ })
+	r.load.add("calls")
 	mark := r.window.Mark()
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	err := do(cctx)
@@ -114,9 +74,9 @@ func (r *runner) call(ctx context.Context, kind, what string, do func(context.Co
 	}
 	switch {
 	case api.IsOverloaded(err):
-		r.countLoad(func(s *LoadStats) { s.Refused++ })
+		r.load.add("refused")
 	case r.window.Overlaps(mark) && (code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled):
-		r.countLoad(func(s *LoadStats) { s.RestartErrors++ })
+		r.load.add("restart_errors")
 	default:
 		r.fail.Add(kind, "%s outside a daemon restart: %v", what, err)
 	}
@@ -147,7 +107,7 @@ func (r *runner) runScores(ctx context.Context) {
 			resp, err = r.client.Score(c, req)
 			return err
 		}) {
-			r.countLoad(func(s *LoadStats) { s.Scores++ })
+			r.load.add("scores")
 			r.checkScore("Score", req, resp)
 			r.checkSettled("Score", resp, proc)
 		}
@@ -178,7 +138,7 @@ func (r *runner) invalidScore(ctx context.Context, rng *rand.Rand) {
 		}
 		return fmt.Errorf("%w, want InvalidArgument", err)
 	}) {
-		r.countLoad(func(s *LoadStats) { s.Invalid++ })
+		r.load.add("invalid")
 	}
 }
 
@@ -195,12 +155,7 @@ func (r *runner) checkScore(what string, req *kvindexv1.ScoreRequest, resp *kvin
 	seen := map[events.WorkerRef]bool{}
 	for _, w := range resp.GetWorkers() {
 		ref := refOf(w)
-		r.countLoad(func(s *LoadStats) {
-			if s.Health == nil {
-				s.Health = map[string]int64{}
-			}
-			s.Health[w.GetHealth().String()]++
-		})
+		r.load.add("health " + w.GetHealth().String())
 		if !r.servesModel(ref, req.GetModel()) {
 			r.fail.Add("unknown_worker", "%s model %s names worker %s, which is not a configured worker of the model", what, req.GetModel(), ref)
 			continue
@@ -296,7 +251,7 @@ func (r *runner) runRoutes(ctx context.Context) {
 		}) {
 			return true
 		}
-		r.countLoad(func(s *LoadStats) { s.Routes++ })
+		r.load.add("routes")
 		r.checkRoute(req, resp, pick)
 		r.checkSettled("Route", resp.GetRanking(), gen)
 		if rng.IntN(20) != 0 {
@@ -341,11 +296,11 @@ func (r *runner) release(ctx context.Context, rel release) {
 	}) {
 		return
 	}
-	r.countLoad(func(s *LoadStats) { s.Releases++ })
+	r.load.add("releases")
 	switch {
 	case released:
 	case rel.gen != r.Process():
-		r.countLoad(func(s *LoadStats) { s.ReleasedFalse++ })
+		r.load.add("released_false")
 	default:
 		r.fail.Add("release_lost", "Release %s: not in flight, though this daemon process routed it %v ago (inflight_ttl %v)", rel.id, time.Since(rel.routed).Round(time.Millisecond), InflightTTL)
 	}
@@ -366,7 +321,7 @@ func (r *runner) retryOverloaded(ctx context.Context, do func() error) error {
 		if !api.IsOverloaded(err) || try == checkpointTries {
 			return err
 		}
-		r.countLoad(func(s *LoadStats) { s.CheckpointRefused++ })
+		r.load.add("checkpoint_refused")
 		if !sleep(ctx, wait) {
 			return err
 		}

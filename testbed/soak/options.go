@@ -3,6 +3,8 @@ package soak
 import (
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -28,9 +30,6 @@ type Options struct {
 	MaxRefused float64
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
-	// Command is the command line that reproduces the run, for the
-	// summary ("" gives one from Duration and Seed).
-	Command string
 }
 
 // The run's fixed rates and intervals: six engines at about 30 steps a
@@ -71,4 +70,18 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("soak: options: warmup-steps %d must not be negative", o.WarmupSteps)
 	}
 	return nil
+}
+
+// commandLine returns the kvsoak command that reproduces a run with o:
+// its duration, the options that differ from DefaultOptions, and its seed.
+func (o *Options) commandLine() string {
+	d := DefaultOptions()
+	parts := []string{"kvsoak", "--duration", o.Duration.String()}
+	if o.WarmupSteps != d.WarmupSteps {
+		parts = append(parts, "--warmup-steps", strconv.Itoa(o.WarmupSteps))
+	}
+	if o.MaxRefused != d.MaxRefused {
+		parts = append(parts, "--max-refused", strconv.FormatFloat(o.MaxRefused, 'g', -1, 64))
+	}
+	return strings.Join(append(parts, "--seed", strconv.FormatUint(o.Seed, 10)), " ")
 }

@@ -40,11 +40,12 @@ type runner struct {
 	// chaos serialises engine restarts, daemon restarts and checkpoints.
 	chaos sync.Mutex
 
-	mu        sync.Mutex // guards the fields below
-	loadStats LoadStats
-	child     *proc.Process
-	process   int                      // the current daemon process's number
-	restarts  map[events.WorkerRef]int // engine restarts during the current process
+	load counters
+
+	mu       sync.Mutex // guards the fields below
+	child    *proc.Process
+	process  int                      // the current daemon process's number
+	restarts map[events.WorkerRef]int // engine restarts during the current process
 	// reported is, per worker of the current process, each counter's
 	// excess already reported as a failure, so that one failure is
 	// reported once and later checkpoints judge what follows it.

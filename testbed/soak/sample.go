@@ -108,7 +108,7 @@ func (r *runner) finalChecks() {
 			r.fail.Add("probe_unrefused", "daemon process %d refused nothing for reason %s on %s: the probe did not reach it", n, want.reason, want.listener)
 		}
 	}
-	r.checkRefused(r.Stats())
+	r.checkRefused(r.load.snapshot())
 	if got := countOn(ws, open); got != OpenMaxWorkers {
 		r.fail.Add("max_workers", "the open listener created %d workers by the end, want its max_workers %d (garbage sent more pod names)", got, OpenMaxWorkers)
 	}
@@ -125,9 +125,9 @@ func (r *runner) finalChecks() {
 
 // checkRefused fails the run when admission control refused more of the
 // load's calls for overload than Options.MaxRefused allows.
-func (r *runner) checkRefused(ls LoadStats) {
-	if float64(ls.Refused) > r.opts.MaxRefused*float64(ls.Calls) {
-		r.fail.Add("overload_refused", "the daemon's admission control refused %d of %d Score and Route calls for overload (%.1f%%), more than max-refused %.1f%%", ls.Refused, ls.Calls, 100*float64(ls.Refused)/float64(max(ls.Calls, 1)), 100*r.opts.MaxRefused)
+func (r *runner) checkRefused(load map[string]int64) {
+	if refused, calls := load["refused"], load["calls"]; float64(refused) > r.opts.MaxRefused*float64(calls) {
+		r.fail.Add("overload_refused", "the daemon's admission control refused %d of %d Score and Route calls for overload (%.1f%%), more than max-refused %.1f%%", refused, calls, 100*float64(refused)/float64(max(calls, 1)), 100*r.opts.MaxRefused)
 	}
 }
 

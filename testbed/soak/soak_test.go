@@ -269,3 +269,12 @@ func TestEngineFlushAndRestart(t *testing.T) {
 		t.Fatalf("first engine %s", e.Spec().Worker)
 	}
 }
+
+// The summary's command line repeats what changes the run, with the seed.
+func TestCommandLine(t *testing.T) {
+	opts := DefaultOptions()
+	opts.Duration, opts.WarmupSteps = 15*time.Second, 0
+	if got, want := opts.commandLine(), "kvsoak --duration 15s --warmup-steps 0 --seed 1"; got != want {
+		t.Fatalf("command line %q, want %q", got, want)
+	}
+}

@@ -38,8 +38,16 @@ type Summary struct {
 	Index map[string]uint64 `json:"index"`
 	// Checks counts the checkpoint comparisons.
 	Checks CheckSummary `json:"checks"`
-	// Load counts the gRPC load.
-	Load LoadStats `json:"load"`
+	// Load counts the gRPC load: scores, routes and releases answered
+	// (released_false: a Release that found its request gone after a
+	// daemon restart); invalid requests refused with InvalidArgument;
+	// restart_errors, calls that failed during a daemon restart with a
+	// code a restart causes; calls, the Score and Route calls sent, and
+	// refused, those admission control refused for overload
+	// (api.IsOverloaded: no failure unless more than MaxRefused of calls);
+	// checkpoint_refused, checkpoint Scores refused and sent again; and
+	// "health <h>", the workers in answers by health.
+	Load map[string]int64 `json:"load"`
 	// MaxRefused is the run's bound on Load.Refused, a fraction of
 	// Load.Calls.
 	MaxRefused float64 `json:"max_refused"`
@@ -57,8 +65,8 @@ type Summary struct {
 	Goroutines SeriesSummary `json:"goroutines"`
 	// FailureCounts and Failures are every failure by kind and the first
 	// few of each in detail.
-	FailureCounts map[string]int `json:"failure_counts,omitempty"`
-	Failures      []string       `json:"failures,omitempty"`
+	FailureCounts map[string]int64 `json:"failure_counts,omitempty"`
+	Failures      []string         `json:"failures,omitempty"`
 }
 
 // indexCounters are the ListWorkers counters Summary.Index sums.
@@ -132,13 +140,10 @@ func counter(w *kvindexv1.WorkerStatus, name string) uint64 {
 // summary assembles the run's summary.
 func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 	s := &Summary{
-		Seed: r.opts.Seed, Duration: elapsed.Seconds(), Dir: r.opts.Dir, Command: r.opts.Command,
+		Seed: r.opts.Seed, Duration: elapsed.Seconds(), Dir: r.opts.Dir, Command: r.opts.commandLine(),
 		LoadAvgStart: loadStart, LoadAvgEnd: loadAvg(), Index: map[string]uint64{},
-		Garbage: r.garbage.Counts(), Refusals: map[string]int64{},
-		Load: r.Stats(), MaxRefused: r.opts.MaxRefused,
-	}
-	if s.Command == "" {
-		s.Command = fmt.Sprintf("kvsoak --duration %v --seed %d", r.opts.Duration, r.opts.Seed)
+		Garbage: r.garbage.counts.snapshot(), Refusals: map[string]int64{},
+		Load: r.load.snapshot(), MaxRefused: r.opts.MaxRefused,
 	}
 	s.Engines.Count = len(r.engines)
 	for _, e := range r.engines {

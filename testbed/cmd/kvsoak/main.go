@@ -5,7 +5,8 @@
 // and Release over gRPC, and checks every answer, the index against the
 // engines' true caches at every checkpoint, and that the daemon's RSS and
 // goroutines stay flat (see testbed/soak and docs/reliability.md). It
-// exits 1 on any failure, naming it.
+// prints a JSON summary and exits 0 on a pass, 1 on any failure of the
+// daemon (the summary names each), 2 when the soak could not run.
 //
 //	kvsoak --duration 2m            # make soak
 //	kvsoak --duration 15s --seed 7
@@ -16,29 +17,20 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/testbed/soak"
 )
 
 func main() {
-	os.Exit(run())
-}
-
-// run executes the command and returns the exit code: 0 passed, 1 a
-// failure of the daemon under test, 2 a soak that could not run.
-func run() int {
 	code := 0
-	cmd := newRoot(&code)
-	if err := cmd.Execute(); err != nil {
+	if err := newRoot(&code).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvsoak:", err)
-		return 2
+		code = 2
 	}
-	return code
+	os.Exit(code)
 }
 
 func newRoot(code *int) *cobra.Command {
@@ -48,12 +40,8 @@ func newRoot(code *int) *cobra.Command {
 		logLevel string
 	)
 	cmd := &cobra.Command{
-		Use:   "kvsoak",
-		Short: "Soak test of the kvindex daemon: restarts, hostile input, exact checks, flat memory",
-		Long: "kvsoak runs the kvindex daemon as a child process for --duration against simulated vLLM\n" +
-			"engines, restarts both, sends garbage at every port, loads it over gRPC, and checks every\n" +
-			"answer exactly against the engines' true caches. It prints a JSON summary; exit status 1\n" +
-			"names each failure.",
+		Use:           "kvsoak",
+		Short:         "Soak test of the kvindex daemon: restarts, hostile input, exact checks, flat memory",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -66,7 +54,6 @@ func newRoot(code *int) *cobra.Command {
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			opts.Command = commandLine(cmd)
 			dir, err := os.MkdirTemp("", "kvsoak-")
 			if err != nil {
 				return fmt.Errorf("work directory: %w", err)
@@ -83,9 +70,7 @@ func newRoot(code *int) *cobra.Command {
 			}
 			if !sum.Passed {
 				*code = 1
-				return nil
-			}
-			if !keep {
+			} else if !keep {
 				_ = os.RemoveAll(opts.Dir)
 			}
 			return nil
@@ -100,28 +85,4 @@ func newRoot(code *int) *cobra.Command {
 	f.Float64Var(&opts.MaxRefused, "max-refused", opts.MaxRefused, "the largest fraction of Score and Route calls the daemon may refuse for overload (ResourceExhausted from admission control) before the run fails")
 	f.StringVar(&logLevel, "log-level", "info", "progress log level: debug, info, warn, error")
 	return cmd
-}
-
-// commandLine returns the command that reproduces the run: kvsoak with
-// the seed and every flag that changes what runs.
-func commandLine(cmd *cobra.Command) string {
-	parts := []string{"kvsoak"}
-	seed := false
-	cmd.Flags().Visit(func(f *pflag.Flag) {
-		switch f.Name {
-		case "keep", "go", "log-level":
-			return
-		case "seed":
-			seed = true
-		}
-		if f.Value.Type() == "bool" {
-			parts = append(parts, "--"+f.Name)
-			return
-		}
-		parts = append(parts, "--"+f.Name, f.Value.String())
-	})
-	if !seed {
-		parts = append(parts, "--seed", cmd.Flags().Lookup("seed").Value.String())
-	}
-	return strings.Join(parts, " ")
 }

@@ -30,15 +30,3 @@ func TestRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
-
-// The summary's command line repeats what changes the run, with the seed.
-func TestCommandLine(t *testing.T) {
-	code := 0
-	cmd := newRoot(&code)
-	if err := cmd.ParseFlags([]string{"--duration", "15s", "--warmup-steps", "0", "--keep", "--log-level", "warn"}); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := commandLine(cmd), "kvsoak --duration 15s --warmup-steps 0 --seed 1"; got != want {
-		t.Fatalf("command line %q, want %q", got, want)
-	}
-}
