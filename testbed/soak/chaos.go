@@ -18,12 +18,13 @@ func (r *runner) runEngine(ctx context.Context, e *Engine, i int) {
 	if !sleep(ctx, time.Duration(i)*stepInterval/time.Duration(len(r.engines))) {
 		return
 	}
-	every(ctx, stepInterval, func(int) bool {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	every(ctx, stepInterval, func(int) {
 		if err := e.Step(); err != nil {
 			r.fail.Add("engine_error", "%v", err)
-			return false
+			stop()
 		}
-		return true
 	})
 }
 

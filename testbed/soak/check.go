@@ -201,9 +201,9 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	}
 	r.residentChecks.Add(1)
 	if res := e.CacheLocked().Resident(); w.GetResidentBlocks() != uint64(res) {
-		bad("resident_blocks %d, the engine holds %d (physical %d); index stored %d removed %d unknown %d orphans %d apply_errors %d evictions %d clears %d resets %d batches %d replayed %d gaps %d; engine process %d steps; %s",
+		bad("resident_blocks %d, the engine holds %d (physical %d); index stored %d removed %d unknown %d orphans %d apply_errors %d evictions %d clears %d resets %d batches %d replayed %d gaps %d; engine process %d steps",
 			w.GetResidentBlocks(), res, e.CacheLocked().Physical(), w.GetBlocksStored(), w.GetBlocksRemoved(), w.GetUnknownBlocks(), w.GetOrphans(), w.GetApplyErrors(), w.GetEvictions(), w.GetClears(), w.GetResets(),
-			w.GetBatches(), w.GetReplayedBatches(), w.GetGaps(), e.SinceRestartLocked(), r.diagnose(name, e))
+			w.GetBatches(), w.GetReplayedBatches(), w.GetGaps(), e.SinceRestartLocked())
 	}
 	for _, m := range w.GetResidentByMedium() {
 		if m.GetMedium() != "GPU" || m.GetBlocks() != w.GetResidentBlocks() {
@@ -273,34 +273,6 @@ func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.reported[ref][counter]
-}
-
-// diagnose probes a worker whose resident count differs from its
-// engine's with the chain of every block the engine holds in a full
-// chain, and describes the first chains its answer falls short of.
-func (r *runner) diagnose(name string, e *Engine) string {
-	ref := e.Spec().Worker
-	chains, multi := e.CacheLocked().Holes(3000)
-	var out []string
-	short := 0
-	for i, p := range chains {
-		resp, err := r.score(context.Background(), &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
-		if err != nil {
-			return fmt.Sprintf("probe failed: %v", err)
-		}
-		var got uint32
-		for _, w := range resp.GetWorkers() {
-			got = w.GetMatchedBlocks() - w.GetSpeculativeBlocks()
-		}
-		if want := len(p) / e.Spec().BlockSize; int(got) != want {
-			short++
-			if len(out) < 3 {
-				file := r.saveWrong(name+" diagnosis", e, promptCase{"held chain", p}, ref, got, 0, want)
-				out = append(out, fmt.Sprintf("a held chain of %d blocks (%d held twice) matches %d (%s)", want, multi[i], got, file))
-			}
-		}
-	}
-	return fmt.Sprintf("%d of %d held chains fall short: %s", short, len(chains), strings.Join(out, "; "))
 }
 
 // checkAnswers scores prompts built from every engine's true cache and
@@ -436,12 +408,11 @@ func (r *runner) saveWrong(name string, from *Engine, pc promptCase, ref events.
 }
 
 func (r *runner) runCheckpoints(ctx context.Context) {
-	every(ctx, checkpointEvery, func(i int) bool {
+	every(ctx, checkpointEvery, func(i int) {
 		r.chaos.Lock()
+		defer r.chaos.Unlock()
 		if ctx.Err() == nil && !r.isAborted() {
 			r.checkpoint(ctx, fmt.Sprint(i+1))
 		}
-		r.chaos.Unlock()
-		return true
 	})
 }

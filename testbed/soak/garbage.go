@@ -105,10 +105,9 @@ func (g *Garbage) Close() {
 
 // run sends one probe every garbageInterval until ctx is done.
 func (g *Garbage) run(ctx context.Context) {
-	every(ctx, garbageInterval, func(i int) bool {
+	every(ctx, garbageInterval, func(i int) {
 		g.watch()
 		g.probe(ctx, i)
-		return true
 	})
 }
 

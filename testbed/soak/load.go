@@ -87,10 +87,10 @@ func (r *runner) call(ctx context.Context, kind, what string, do func(context.Co
 // twenty is a deliberately invalid request.
 func (r *runner) runScores(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("scores")))
-	every(ctx, time.Second/scoreRPS, func(i int) bool {
+	every(ctx, time.Second/scoreRPS, func(i int) {
 		if i%20 == 19 {
 			r.invalidScore(ctx, rng)
-			return true
+			return
 		}
 		toks, model := r.prompt(rng)
 		proc := r.Process()
@@ -111,7 +111,6 @@ func (r *runner) runScores(ctx context.Context) {
 			r.checkScore("Score", req, resp)
 			r.checkSettled("Score", resp, proc)
 		}
-		return true
 	})
 }
 
@@ -225,7 +224,7 @@ type release struct {
 func (r *runner) runRoutes(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("routes")))
 	var pending []release
-	every(ctx, time.Second/routeRPS, func(i int) bool {
+	every(ctx, time.Second/routeRPS, func(i int) {
 		now := time.Now()
 		for len(pending) > 0 && !pending[0].due.After(now) {
 			r.release(ctx, pending[0])
@@ -249,7 +248,7 @@ func (r *runner) runRoutes(ctx context.Context) {
 			resp, err = r.client.Route(c, req)
 			return err
 		}) {
-			return true
+			return
 		}
 		r.load.add("routes")
 		r.checkRoute(req, resp, pick)
@@ -261,7 +260,6 @@ func (r *runner) runRoutes(ctx context.Context) {
 				pending[j], pending[j-1] = pending[j-1], pending[j]
 			}
 		}
-		return true
 	})
 }
 

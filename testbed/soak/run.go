@@ -122,15 +122,11 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	work, stopWork := context.WithCancel(ctx)
 	defer stopWork()
 	var wg sync.WaitGroup
-	goRun := func(f func(context.Context)) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f(work) }()
-	}
 	for i, e := range r.engines {
-		goRun(func(c context.Context) { r.runEngine(c, e, i) })
+		wg.Go(func() { r.runEngine(work, e, i) })
 	}
 	for _, f := range []func(context.Context){r.runScores, r.runRoutes, r.garbage.run, r.runSampler, r.runChaos, r.runCheckpoints} {
-		goRun(f)
+		wg.Go(func() { f(work) })
 	}
 	r.log.Info("soak running", "duration", opts.Duration, "seed", opts.Seed, "engines", len(r.engines), "dir", opts.Dir)
 
@@ -260,9 +256,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// every calls f every d, counting its calls from 0, until ctx is done or
-// f returns false.
-func every(ctx context.Context, d time.Duration, f func(i int) bool) {
+// every calls f every d, counting its calls from 0, until ctx is done.
+func every(ctx context.Context, d time.Duration, f func(i int)) {
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for i := 0; ; i++ {
@@ -270,9 +265,7 @@ func every(ctx context.Context, d time.Duration, f func(i int) bool) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if !f(i) {
-			return
+			f(i)
 		}
 	}
 }

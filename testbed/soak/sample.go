@@ -23,10 +23,7 @@ type sample struct {
 // runSampler samples the daemon every sampleEvery: VmRSS, go_goroutines,
 // /metrics and ListWorkers (checked on the spot).
 func (r *runner) runSampler(ctx context.Context) {
-	every(ctx, sampleEvery, func(int) bool {
-		r.sampleOnce(ctx)
-		return true
-	})
+	every(ctx, sampleEvery, func(int) { r.sampleOnce(ctx) })
 }
 
 func (r *runner) sampleOnce(ctx context.Context) {

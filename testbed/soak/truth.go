@@ -201,35 +201,12 @@ func (c *Cache) Chain(rng *rand.Rand) []uint32 {
 	if len(c.freeAt) == 0 {
 		return nil
 	}
-	out, _ := c.chain(c.freeAt[rng.IntN(len(c.freeAt))].e)
-	return out
+	return c.chain(c.freeAt[rng.IntN(len(c.freeAt))].e)
 }
 
-// Holes returns, for a worker that should hold exactly this cache, the
-// chains to probe it with: the chain of every cached block whose chain
-// is cached in full, at most limit, each with how many of its blocks are
-// cached in more than one physical block (in the order of the free
-// queue, so deterministic).
-func (c *Cache) Holes(limit int) (chains [][]uint32, multi []int) {
-	seen := map[*entry]bool{}
-	for _, p := range c.freeAt {
-		if len(chains) >= limit {
-			break
-		}
-		if seen[p.e] {
-			continue
-		}
-		seen[p.e] = true
-		if out, m := c.chain(p.e); out != nil {
-			chains, multi = append(chains, out), append(multi, m)
-		}
-	}
-	return chains, multi
-}
-
-// chain returns the tokens from the root to e and how many of its blocks
-// have more than one copy, or nil when a block above e is not cached.
-func (c *Cache) chain(e *entry) ([]uint32, int) {
+// chain returns the tokens from the root to e, or nil when a block above
+// e is not cached.
+func (c *Cache) chain(e *entry) []uint32 {
 	var rev []*entry
 	for {
 		rev = append(rev, e)
@@ -237,17 +214,14 @@ func (c *Cache) chain(e *entry) ([]uint32, int) {
 			break
 		}
 		if e = c.held[e.parent]; e == nil {
-			return nil, 0
+			return nil
 		}
 	}
-	out, m := make([]uint32, 0, len(rev)*c.blockSize), 0
+	out := make([]uint32, 0, len(rev)*c.blockSize)
 	for i := len(rev) - 1; i >= 0; i-- {
 		out = append(out, rev[i].tokens...)
-		if len(rev[i].copies) > 1 {
-			m++
-		}
 	}
-	return out, m
+	return out
 }
 
 // dropCopy forgets one physical copy of its entry, and the entry with its

@@ -318,23 +318,3 @@ func TestWorkloadDeterministic(t *testing.T) {
 		t.Fatal("workload without system prompts accepted")
 	}
 }
-
-// Holes lists one fully cached chain per cached block, and counts the
-// blocks of each that are cached twice.
-func TestHoles(t *testing.T) {
-	c := newCache(t, 8, 0)
-	c.Request(seq(0, 12), nil)                        // a0 a1 a2
-	c.Request(append(seq(0, 4), seq(100, 4)...), nil) // a0 b1
-	chains, multi := c.Holes(100)
-	if len(chains) != c.Resident() {
-		t.Fatalf("%d chains for %d cached blocks", len(chains), c.Resident())
-	}
-	for i, p := range chains {
-		if c.LongestPrefix(p) != len(p)/4 || multi[i] != 0 {
-			t.Fatalf("chain %d: %d tokens, prefix %d, %d held twice", i, len(p), c.LongestPrefix(p), multi[i])
-		}
-	}
-	if chains, _ := c.Holes(2); len(chains) != 2 {
-		t.Fatalf("limit 2 gave %d chains", len(chains))
-	}
-}
