@@ -160,15 +160,15 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 			r.checkFlow(name, w, e)
 		}
 	}
-	before, failed := r.comparisons.Load(), r.fail.Count()
+	before, failed := r.checks.snapshot()["comparisons"], r.fail.Count()
 	r.checkAnswers(ctx, name)
-	r.checkpoints.Add(1)
+	r.checks.add("checkpoints")
 	if r.fail.Count() == failed {
 		r.mu.Lock()
 		r.settled[process] = true
 		r.mu.Unlock()
 	}
-	r.log.Info("checkpoint", "name", name, "daemon_process", process, "caught_up_in", caughtUp.Round(time.Millisecond), "comparisons", r.comparisons.Load()-before, "failures", r.fail.Count())
+	r.log.Info("checkpoint", "name", name, "daemon_process", process, "caught_up_in", caughtUp.Round(time.Millisecond), "comparisons", r.checks.snapshot()["comparisons"]-before, "failures", r.fail.Count())
 }
 
 // checkCounters checks one worker's ListWorkers entry against its
@@ -199,7 +199,7 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	if w.GetModel() != spec.Model || w.GetEndpoint() != endpoint {
 		bad("model %q endpoint %q, want %q and %q", w.GetModel(), w.GetEndpoint(), spec.Model, endpoint)
 	}
-	r.residentChecks.Add(1)
+	r.checks.add("resident_checks")
 	if res := e.CacheLocked().Resident(); w.GetResidentBlocks() != uint64(res) {
 		bad("resident_blocks %d, the engine holds %d (physical %d); index stored %d removed %d unknown %d orphans %d apply_errors %d evictions %d clears %d resets %d batches %d replayed %d gaps %d; engine process %d steps",
 			w.GetResidentBlocks(), res, e.CacheLocked().Physical(), w.GetBlocksStored(), w.GetBlocksRemoved(), w.GetUnknownBlocks(), w.GetOrphans(), w.GetApplyErrors(), w.GetEvictions(), w.GetClears(), w.GetResets(),
@@ -360,7 +360,7 @@ func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, p
 		r.failLive(ctx, "rpc_error", "checkpoint %s: %v", name, err)
 		return
 	}
-	r.scoresChecked.Add(1)
+	r.checks.add("scores_checked")
 	r.checkScore("checkpoint "+name+" "+how, req, resp)
 	got := map[events.WorkerRef]*kvindexv1.WorkerScore{}
 	for _, w := range resp.GetWorkers() {
@@ -375,21 +375,19 @@ func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, p
 		if w := got[ref]; w != nil {
 			matched, spec = w.GetMatchedBlocks(), w.GetSpeculativeBlocks()
 		}
-		r.comparisons.Add(1)
+		r.checks.add("comparisons")
 		if int(matched-spec) == want {
 			continue
 		}
-		r.wrong.Add(1)
-		file := r.saveWrong(name, from, pc, ref, matched, spec, want)
+		file := r.saveWrong(r.checks.add("wrong_answers"), name, from, pc, ref, matched, spec, want)
 		r.fail.Add("wrong_answer", "checkpoint %s, %s prompt of %d tokens from %s's cache, scored by %s: worker %s matched %d blocks (%d speculative), its engine holds %d; prompt in %s",
 			name, pc.source, len(pc.tokens), from.Spec().Worker, how, ref, matched, spec, want, file)
 	}
 }
 
-// saveWrong writes a wrong answer's prompt and figures to the work
+// saveWrong writes wrong answer n's prompt and figures to the work
 // directory, for a reproducer; it returns the file's path.
-func (r *runner) saveWrong(name string, from *Engine, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
-	n := r.wrongFiles.Add(1)
+func (r *runner) saveWrong(n int64, name string, from *Engine, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
 	if n > MaxKept {
 		return "(not saved: only the first few are)"
 	}

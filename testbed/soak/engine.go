@@ -76,8 +76,8 @@ type EngineStats struct {
 //
 // mu is held for every step and by Lock; while a caller holds it (between
 // Lock and Unlock) the engine publishes nothing and its cache may be read
-// through the Locked methods. pmu guards the recent prompts alone, so
-// that Prompt never waits for a paused engine.
+// through the Locked methods, which need it held. pmu guards the recent
+// prompts alone, so that Prompt never waits for a paused engine.
 type Engine struct {
 	spec    EngineSpec
 	opts    EngineOptions
@@ -231,9 +231,8 @@ func (e *Engine) stepLocked(mayLose bool) error {
 }
 
 // FlushLocked makes sure the daemon can know the engine's last seq: when
-// the last message was lost, or this process has sent nothing, it runs
-// one more step that is sent; so it does when a resync is due, which
-// the clear then starts. The caller holds Lock.
+// the last message was lost, this process has sent nothing or a resync
+// is due, it runs one more step that is sent.
 func (e *Engine) FlushLocked() error {
 	if e.sent && !e.lastLost && !e.resync {
 		return nil
@@ -242,36 +241,32 @@ func (e *Engine) FlushLocked() error {
 }
 
 // ResyncLocked makes the engine's next step an AllBlocksCleared, after
-// which an index that lost track of it is exact again. The caller holds
-// Lock.
+// which an index that lost track of it is exact again.
 func (e *Engine) ResyncLocked() { e.resync = true }
 
 // LastSeqLocked returns the seq of the process's last message and
-// whether it sent one. The caller holds Lock.
+// whether it sent one.
 func (e *Engine) LastSeqLocked() (uint64, bool) { return e.lastSeq, e.sent }
 
-// CacheLocked returns the true cache. The caller holds Lock and must not
-// change it.
+// CacheLocked returns the true cache, which the caller must not change.
 func (e *Engine) CacheLocked() *Cache { return e.cache }
 
 // RecentLocked returns a copy of the list of the engine's recent prompts
-// (the prompts themselves are shared and must not be changed). The
-// caller holds Lock.
+// (the prompts themselves are shared and must not be changed).
 func (e *Engine) RecentLocked() [][]uint32 {
 	e.pmu.Lock()
 	defer e.pmu.Unlock()
 	return append([][]uint32(nil), e.recent...)
 }
 
-// SinceRestartLocked returns the messages of the current process. The
-// caller holds Lock.
+// SinceRestartLocked returns the messages of the current process.
 func (e *Engine) SinceRestartLocked() int { return e.sinceRestart }
 
 // RestartLocked ends the engine process and starts the next on the same
 // ports: seq from 0, an empty cache and replay buffer, a fresh workload;
 // it returns once a subscriber has reached the new socket (or ctx is
 // done), so that the first message is not lost to the slow joiner. The
-// caller holds Lock; down is how long the engine stays down.
+// engine stays down for down.
 func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 	pub := e.pub
 	e.pub = nil // until the next process's publisher is up
@@ -291,7 +286,7 @@ func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 	return nil
 }
 
-// StatsLocked returns the engine's counters. The caller holds Lock.
+// StatsLocked returns the engine's counters.
 func (e *Engine) StatsLocked() EngineStats { return e.stats }
 
 // Stats returns the engine's counters.

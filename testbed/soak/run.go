@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,7 +39,8 @@ type runner struct {
 	// chaos serialises engine restarts, daemon restarts and checkpoints.
 	chaos sync.Mutex
 
-	load counters
+	load   counters // the gRPC load's calls and answers (Summary.Load)
+	checks counters // checkpoint work (Summary.Checks)
 
 	mu       sync.Mutex // guards the fields below
 	child    *proc.Process
@@ -63,8 +63,6 @@ type runner struct {
 	killed      int
 	errorLines  int
 	aborted     bool
-
-	checkpoints, scoresChecked, comparisons, wrong, residentChecks, wrongFiles atomic.Int64
 }
 
 // Run runs a soak with opts and returns its summary. The error reports a

@@ -13,7 +13,8 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// Summary is what a soak run did and found; JSON renders it.
+// Summary is what a soak run did and found; JSON renders it. Its count
+// maps leave out counts that are 0.
 type Summary struct {
 	// Passed is true when the run recorded no failure.
 	Passed bool `json:"passed"`
@@ -36,8 +37,11 @@ type Summary struct {
 	// over the soak's workers and every daemon process (each process's
 	// last report); late_joins counts workers with a joined_at_seq.
 	Index map[string]uint64 `json:"index"`
-	// Checks counts the checkpoint comparisons.
-	Checks CheckSummary `json:"checks"`
+	// Checks counts checkpoint work: checkpoints run, scores_checked
+	// (Score answers compared exactly), comparisons (worker answers
+	// compared), wrong_answers (those that differed from the engine's true
+	// cache) and resident_checks (worker block counts compared).
+	Checks map[string]int64 `json:"checks"`
 	// Load counts the gRPC load: scores, routes and releases answered
 	// (released_false: a Release that found its request gone after a
 	// daemon restart); invalid requests refused with InvalidArgument;
@@ -94,19 +98,6 @@ type DaemonSummary struct {
 	// CPUSeconds is the user and system CPU the processes used (as last
 	// sampled).
 	CPUSeconds float64 `json:"cpu_seconds"`
-}
-
-// CheckSummary counts checkpoint work.
-type CheckSummary struct {
-	// Checkpoints run; ScoresChecked Score calls compared exactly;
-	// Comparisons worker answers compared; WrongAnswers those that
-	// differed from the engine's true cache; ResidentChecks worker block
-	// counts compared.
-	Checkpoints    int64 `json:"checkpoints"`
-	ScoresChecked  int64 `json:"scores_checked"`
-	Comparisons    int64 `json:"comparisons"`
-	WrongAnswers   int64 `json:"wrong_answers"`
-	ResidentChecks int64 `json:"resident_checks"`
 }
 
 // SeriesSummary is a sampled series: First, Last and Max over every
@@ -188,7 +179,7 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 	r.mu.Unlock()
 	s.RSS, _ = r.series(flatSeries[0].get, flatSeries[0].rule)
 	s.Goroutines, _ = r.series(flatSeries[1].get, flatSeries[1].rule)
-	s.Checks = CheckSummary{Checkpoints: r.checkpoints.Load(), ScoresChecked: r.scoresChecked.Load(), Comparisons: r.comparisons.Load(), WrongAnswers: r.wrong.Load(), ResidentChecks: r.residentChecks.Load()}
+	s.Checks = r.checks.snapshot()
 	s.FailureCounts, s.Failures = r.fail.Counts(), r.fail.Kept()
 	s.Passed = r.fail.Count() == 0
 	return s
