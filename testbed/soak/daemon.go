@@ -26,9 +26,7 @@ import (
 // startDaemon starts the next daemon process and watches it: an exit the
 // soak did not ask for is a failure that ends the run.
 func (r *runner) startDaemon() error {
-	r.mu.Lock()
-	n := r.process + 1
-	r.mu.Unlock()
+	n := r.Process() + 1
 	c, err := proc.Start(fmt.Sprintf("daemon process %d", n), exec.Command(r.bin, "serve", "--config", r.cfgPath), r.logPath(n))
 	if err != nil {
 		return err

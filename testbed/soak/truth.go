@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"container/list"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -58,11 +59,11 @@ type Cache struct {
 	rng         *rand.Rand
 
 	held map[uint64]*entry // by engine hash; only entries with copies
-	// free is the free queue of physical blocks, LRU first (a list through
-	// prev/next), and freeAt the same blocks in a slice for random picks.
-	head, tail *phys
-	freeAt     []*phys
-	nphys      int
+	// free is the free queue of physical blocks, LRU first, and freeAt
+	// the same blocks in a slice for random picks.
+	free   *list.List
+	freeAt []*phys
+	nphys  int
 
 	hashes []uint64 // scratch
 }
@@ -77,9 +78,9 @@ type entry struct {
 
 // phys is one physical KV block holding an entry's content.
 type phys struct {
-	e          *entry
-	prev, next *phys
-	at         int // index in freeAt, -1 while in use
+	e    *entry
+	elem *list.Element // in free
+	at   int           // index in freeAt, -1 while in use
 }
 
 // NewCache returns an empty cache of capacity physical blocks of
@@ -92,7 +93,7 @@ func NewCache(blockSize, capacity int, seed uint64, randomEvict float64, rng *ra
 	if randomEvict < 0 || randomEvict > 1 || (randomEvict > 0 && rng == nil) {
 		return nil, fmt.Errorf("soak: random eviction fraction %v: must be in [0, 1], and above 0 needs a random source", randomEvict)
 	}
-	return &Cache{blockSize: blockSize, capacity: capacity, seed: seed, randomEvict: randomEvict, rng: rng, held: make(map[uint64]*entry)}, nil
+	return &Cache{blockSize: blockSize, capacity: capacity, seed: seed, randomEvict: randomEvict, rng: rng, held: make(map[uint64]*entry), free: list.New()}, nil
 }
 
 // Resident returns the number of distinct blocks cached (what kvindex
@@ -129,7 +130,7 @@ func (c *Cache) Request(tokens []uint32, dst []events.Event) []events.Event {
 	}
 	for c.nphys+(n-k) > c.capacity {
 		// The LRU free block, or with probability randomEvict a random one.
-		v := c.head
+		v := c.free.Front().Value.(*phys)
 		if c.randomEvict > 0 && c.rng.Float64() < c.randomEvict {
 			v = c.freeAt[c.rng.IntN(len(c.freeAt))]
 		}
@@ -174,7 +175,8 @@ func (c *Cache) Request(tokens []uint32, dst []events.Event) []events.Event {
 // the event the engine publishes for it.
 func (c *Cache) Clear() events.Event {
 	clear(c.held)
-	c.head, c.tail, c.freeAt, c.nphys = nil, nil, c.freeAt[:0], 0
+	c.free.Init()
+	c.freeAt, c.nphys = c.freeAt[:0], 0
 	return events.Event{Kind: events.KindAllBlocksCleared}
 }
 
@@ -242,13 +244,7 @@ func (c *Cache) dropCopy(p *phys) {
 
 // pushFree appends p to the free queue's tail (most recently used).
 func (c *Cache) pushFree(p *phys) {
-	p.prev, p.next = c.tail, nil
-	if c.tail != nil {
-		c.tail.next = p
-	} else {
-		c.head = p
-	}
-	c.tail = p
+	p.elem = c.free.PushBack(p)
 	p.at = len(c.freeAt)
 	c.freeAt = append(c.freeAt, p)
 }
@@ -258,17 +254,7 @@ func (c *Cache) unlink(p *phys) {
 	if p.at < 0 {
 		return
 	}
-	if p.prev != nil {
-		p.prev.next = p.next
-	} else {
-		c.head = p.next
-	}
-	if p.next != nil {
-		p.next.prev = p.prev
-	} else {
-		c.tail = p.prev
-	}
-	p.prev, p.next = nil, nil
+	c.free.Remove(p.elem)
 	last := c.freeAt[len(c.freeAt)-1]
 	c.freeAt[p.at] = last
 	last.at = p.at

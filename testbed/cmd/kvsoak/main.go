@@ -35,10 +35,7 @@ func main() {
 
 func newRoot(code *int) *cobra.Command {
 	opts := soak.DefaultOptions()
-	var (
-		keep     bool
-		logLevel string
-	)
+	keep := false
 	cmd := &cobra.Command{
 		Use:           "kvsoak",
 		Short:         "Soak test of the kvindex daemon: restarts, hostile input, exact checks, flat memory",
@@ -46,11 +43,7 @@ func newRoot(code *int) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level %q: %w", logLevel, err)
-			}
-			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			if err := opts.Validate(); err != nil {
 				return err
 			}
@@ -83,6 +76,5 @@ func newRoot(code *int) *cobra.Command {
 	f.StringVar(&opts.GoTool, "go", opts.GoTool, "go command used to build the daemon")
 	f.IntVar(&opts.WarmupSteps, "warmup-steps", opts.WarmupSteps, "steps each engine runs before the daemon first starts")
 	f.Float64Var(&opts.MaxRefused, "max-refused", opts.MaxRefused, "the largest fraction of Score and Route calls the daemon may refuse for overload (ResourceExhausted from admission control) before the run fails")
-	f.StringVar(&logLevel, "log-level", "info", "progress log level: debug, info, warn, error")
 	return cmd
 }
