@@ -185,16 +185,10 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	// in this daemon process) once, and says whether it did.
 	over := func(counter string, got, want uint64) bool {
 		x := r.excess(ref, counter, got, want)
-		if x == 0 {
-			return false
-		}
 		r.mu.Lock()
-		if r.reported[ref] == nil {
-			r.reported[ref] = map[string]uint64{}
-		}
-		r.reported[ref][counter] += x
+		r.reported[workerCounter{ref, counter}] += x
 		r.mu.Unlock()
-		return true
+		return x > 0
 	}
 	if w.GetModel() != spec.Model || w.GetEndpoint() != endpoint {
 		bad("model %q endpoint %q, want %q and %q", w.GetModel(), w.GetEndpoint(), spec.Model, endpoint)
@@ -272,7 +266,7 @@ func (r *runner) excess(ref events.WorkerRef, counter string, got, want uint64) 
 func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.reported[ref][counter]
+	return r.reported[workerCounter{ref, counter}]
 }
 
 // checkAnswers scores prompts built from every engine's true cache and

@@ -85,19 +85,6 @@ func (r *runner) stopDaemon(sig syscall.Signal) {
 	r.mu.Unlock()
 }
 
-// killDaemon makes sure no daemon outlives Run.
-func (r *runner) killDaemon() {
-	c, _ := r.currentChild()
-	if c == nil {
-		return
-	}
-	select {
-	case <-c.Done():
-	default:
-		_ = c.Stop(syscall.SIGKILL, 5*time.Second)
-	}
-}
-
 // squat tries to claim PushPod's name on the open listener before its
 // engine sends: the open listener must refuse it (other_listener), since
 // only the allowlisted listener that routes PushPod may create it, and the

@@ -289,13 +289,6 @@ func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 // StatsLocked returns the engine's counters.
 func (e *Engine) StatsLocked() EngineStats { return e.stats }
 
-// Stats returns the engine's counters.
-func (e *Engine) Stats() EngineStats {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.stats
-}
-
 // Prompt returns one of the engine's recent prompts chosen with rng, or
 // nil before its first request.
 func (e *Engine) Prompt(rng *rand.Rand) []uint32 {

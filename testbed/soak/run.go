@@ -46,10 +46,10 @@ type runner struct {
 	child    *proc.Process
 	process  int                      // the current daemon process's number
 	restarts map[events.WorkerRef]int // engine restarts during the current process
-	// reported is, per worker of the current process, each counter's
-	// excess already reported as a failure, so that one failure is
-	// reported once and later checkpoints judge what follows it.
-	reported map[events.WorkerRef]map[string]uint64
+	// reported is, per worker counter of the current process, its excess
+	// already reported as a failure, so that one failure is reported once
+	// and later checkpoints judge what follows it.
+	reported map[workerCounter]uint64
 	// flow is, per worker, the blocks its engine had sent and the index
 	// had applied at the last checkpoint that compared them.
 	flow        map[events.WorkerRef]blockFlow
@@ -82,7 +82,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	r := &runner{
 		opts: opts, log: opts.Logger, byRef: map[events.WorkerRef]*Engine{},
 		http:     &http.Client{Timeout: 3 * time.Second},
-		restarts: map[events.WorkerRef]int{}, reported: map[events.WorkerRef]map[string]uint64{}, flow: map[events.WorkerRef]blockFlow{}, listed: map[int]map[listing]bool{},
+		restarts: map[events.WorkerRef]int{}, reported: map[workerCounter]uint64{}, flow: map[events.WorkerRef]blockFlow{}, listed: map[int]map[listing]bool{},
 		lastWorkers: map[int][]*kvindexv1.WorkerStatus{}, lastMetrics: map[int]Metrics{},
 		settled: map[int]bool{}, cpu: map[int]float64{},
 	}
@@ -99,7 +99,10 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := r.startDaemon(); err != nil {
 		return nil, err
 	}
-	defer r.killDaemon()
+	defer func() { // no daemon outlives Run
+		c, _ := r.currentChild()
+		c.Kill()
+	}()
 	var err error
 	r.client, err = api.Dial(ctx, r.fleet.GRPCAddr(), grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
@@ -201,6 +204,12 @@ func (r *runner) currentChild() (*proc.Process, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.child, r.process
+}
+
+// workerCounter names one ListWorkers counter of one worker.
+type workerCounter struct {
+	ref  events.WorkerRef
+	name string
 }
 
 // listing is a push worker (rank 0) and the listener that created it.

@@ -23,39 +23,37 @@ type sample struct {
 // runSampler samples the daemon every sampleEvery: VmRSS, go_goroutines,
 // /metrics and ListWorkers (checked on the spot).
 func (r *runner) runSampler(ctx context.Context) {
-	every(ctx, sampleEvery, func(int) { r.sampleOnce(ctx) })
-}
-
-func (r *runner) sampleOnce(ctx context.Context) {
-	mark := r.window.Mark()
-	if r.window.Overlaps(mark) {
-		return
-	}
-	c, n := r.currentChild()
-	mem, rerr := proc.Mem(c.Pid())
-	cpu, cerr := proc.CPU(c.Pid())
-	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	ms, merr := Scrape(sctx, r.http, r.fleet.MetricsAddr())
-	lw, lerr := r.client.ListWorkers(sctx, &kvindexv1.ListWorkersRequest{})
-	if r.window.Overlaps(mark) || ctx.Err() != nil {
-		return
-	}
-	if err := errors.Join(rerr, cerr, merr, lerr); err != nil {
-		r.fail.Add("sample_error", "daemon process %d: %v", n, err)
-		return
-	}
-	g, ok := Metric(ms, "go_goroutines", nil)
-	if !ok {
-		r.fail.Add("sample_error", "daemon process %d: /metrics has no go_goroutines", n)
-		return
-	}
-	r.record(n, lw.GetWorkers(), ms)
-	r.mu.Lock()
-	r.samples = append(r.samples, sample{process: n, settled: r.settled[n], rss: float64(mem.RSS), goroutines: g})
-	r.cpu[n] = cpu.Seconds()
-	r.mu.Unlock()
-	r.checkWorkerList(lw.GetWorkers(), "sample")
+	every(ctx, sampleEvery, func(int) {
+		mark := r.window.Mark()
+		if r.window.Overlaps(mark) {
+			return
+		}
+		c, n := r.currentChild()
+		mem, rerr := proc.Mem(c.Pid())
+		cpu, cerr := proc.CPU(c.Pid())
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		ms, merr := Scrape(sctx, r.http, r.fleet.MetricsAddr())
+		lw, lerr := r.client.ListWorkers(sctx, &kvindexv1.ListWorkersRequest{})
+		if r.window.Overlaps(mark) || ctx.Err() != nil {
+			return
+		}
+		if err := errors.Join(rerr, cerr, merr, lerr); err != nil {
+			r.fail.Add("sample_error", "daemon process %d: %v", n, err)
+			return
+		}
+		g, ok := Metric(ms, "go_goroutines", nil)
+		if !ok {
+			r.fail.Add("sample_error", "daemon process %d: /metrics has no go_goroutines", n)
+			return
+		}
+		r.record(n, lw.GetWorkers(), ms)
+		r.mu.Lock()
+		r.samples = append(r.samples, sample{process: n, settled: r.settled[n], rss: float64(mem.RSS), goroutines: g})
+		r.cpu[n] = cpu.Seconds()
+		r.mu.Unlock()
+		r.checkWorkerList(lw.GetWorkers(), "sample")
+	})
 }
 
 // record keeps a process's latest ListWorkers and /metrics.

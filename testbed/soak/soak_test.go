@@ -261,10 +261,10 @@ func TestEngineFlushAndRestart(t *testing.T) {
 	if seq, _ := e.LastSeqLocked(); seq != 0 {
 		t.Fatalf("new process's first seq %d, want 0", seq)
 	}
-	e.Unlock()
-	if st := e.Stats(); st.Restarts != 1 || st.Steps != 7 {
+	if st := e.StatsLocked(); st.Restarts != 1 || st.Steps != 7 {
 		t.Fatalf("stats %+v", st)
 	}
+	e.Unlock()
 	if e.Spec().Worker != (events.WorkerRef{Pod: "pod-a"}) {
 		t.Fatalf("first engine %s", e.Spec().Worker)
 	}

@@ -138,7 +138,9 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 	}
 	s.Engines.Count = len(r.engines)
 	for _, e := range r.engines {
-		st, sum := e.Stats(), &s.Engines
+		e.Lock()
+		st, sum := e.StatsLocked(), &s.Engines
+		e.Unlock()
 		sum.Steps += st.Steps
 		sum.Lost += st.Lost
 		sum.Events += st.Events

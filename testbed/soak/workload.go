@@ -2,6 +2,7 @@ package soak
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 )
 
@@ -101,9 +102,7 @@ func randomTokens(rng *rand.Rand, n int) []uint32 {
 // stringSeed folds s into a seed (FNV-1a), for random streams named by
 // what they generate.
 func stringSeed(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint64(s[i])) * 1099511628211
-	}
-	return h
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum64()
 }
