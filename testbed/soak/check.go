@@ -334,23 +334,18 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, pc prom
 	r.scoreAndCheck(ctx, name, from, pc, "candidates", req)
 }
 
-// score sends a checkpoint Score, again while it is refused for overload.
-func (r *runner) score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *kvindexv1.ScoreResponse, err error) {
+// scoreAndCheck scores req, a prompt from engine from (sent again while
+// it is refused for overload), and compares the answer with the truth:
+// its sanity, and for every worker of the prompt's model its match with
+// the longest prefix its engine holds.
+func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, pc promptCase, how string, req *kvindexv1.ScoreRequest) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	err = r.retryOverloaded(cctx, func() error {
+	var resp *kvindexv1.ScoreResponse
+	if err := r.retryOverloaded(cctx, func() (err error) {
 		resp, err = r.client.Score(cctx, req)
 		return err
-	})
-	return resp, err
-}
-
-// scoreAndCheck scores req, a prompt from engine from, and compares the
-// answer with the truth: the answer's sanity, and for every worker of the
-// prompt's model its match with the longest prefix its engine holds.
-func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, pc promptCase, how string, req *kvindexv1.ScoreRequest) {
-	resp, err := r.score(ctx, req)
-	if err != nil {
+	}); err != nil {
 		r.failLive(ctx, "rpc_error", "checkpoint %s: %v", name, err)
 		return
 	}
