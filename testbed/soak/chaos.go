@@ -73,7 +73,7 @@ func (r *runner) runChaos(ctx context.Context) {
 			r.restartEngine(ctx, r.engines[a.engine])
 		}
 		r.chaos.Unlock()
-		if ctx.Err() != nil || r.isAborted() {
+		if ctx.Err() != nil || r.aborted.Load() {
 			return
 		}
 	}

@@ -398,7 +398,7 @@ func (r *runner) runCheckpoints(ctx context.Context) {
 	every(ctx, checkpointEvery, func(i int) {
 		r.chaos.Lock()
 		defer r.chaos.Unlock()
-		if ctx.Err() == nil && !r.isAborted() {
+		if ctx.Err() == nil && !r.aborted.Load() {
 			r.checkpoint(ctx, fmt.Sprint(i+1))
 		}
 	})

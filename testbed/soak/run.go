@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,8 +40,9 @@ type runner struct {
 	// chaos serialises engine restarts, daemon restarts and checkpoints.
 	chaos sync.Mutex
 
-	load   counters // the gRPC load's calls and answers (Summary.Load)
-	checks counters // checkpoint work (Summary.Checks)
+	aborted atomic.Bool // a failure ended the run
+	load    counters    // the gRPC load's calls and answers (Summary.Load)
+	checks  counters    // checkpoint work (Summary.Checks)
 
 	mu       sync.Mutex // guards the fields below
 	child    *proc.Process
@@ -62,7 +64,6 @@ type runner struct {
 	terminated  int
 	killed      int
 	errorLines  int
-	aborted     bool
 }
 
 // Run runs a soak with opts and returns its summary. The error reports a
@@ -143,7 +144,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	}
 	elapsed := time.Since(start)
 
-	if !r.isAborted() {
+	if !r.aborted.Load() {
 		fctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 		r.chaos.Lock()
 		r.checkpoint(fctx, "final")
@@ -237,18 +238,10 @@ func (r *runner) Listed(n int, pod, endpoint string) bool {
 	return r.listed[n][listing{pod, endpoint}]
 }
 
-func (r *runner) isAborted() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.aborted
-}
-
 // abort records a failure that ends the run.
 func (r *runner) abort(kind, format string, args ...any) {
 	r.fail.Add(kind, format, args...)
-	r.mu.Lock()
-	r.aborted = true
-	r.mu.Unlock()
+	r.aborted.Store(true)
 }
 
 // sleep waits d and reports whether ctx is still live.
