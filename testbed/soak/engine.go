@@ -12,11 +12,11 @@ import (
 )
 
 // EngineSpec is one simulated engine: one worker (a pod's DP rank), the
-// model it serves, where it publishes and how.
+// model it serves (blocks of BlockSizeOf(Model) tokens), where it
+// publishes and how.
 type EngineSpec struct {
-	Worker    events.WorkerRef
-	Model     string
-	BlockSize int
+	Worker events.WorkerRef
+	Model  string
 	// Endpoint is where the publisher binds (pull mode) or connects (push
 	// mode, Push set); every message has Topic.
 	Endpoint string
@@ -132,7 +132,7 @@ func (e *Engine) startLocked(ctx context.Context, gen int) error {
 	stream := uint64(e.index)<<32 | uint64(gen)
 	e.rng = rand.New(rand.NewPCG(e.seed, stream))
 	var err error
-	if e.cache, err = NewCache(e.spec.BlockSize, e.spec.Capacity, stringSeed(e.spec.Model), e.opts.RandomEvict, rand.New(rand.NewPCG(e.seed^0x5eed, stream))); err != nil {
+	if e.cache, err = NewCache(BlockSizeOf(e.spec.Model), e.spec.Capacity, stringSeed(e.spec.Model), e.opts.RandomEvict, rand.New(rand.NewPCG(e.seed^0x5eed, stream))); err != nil {
 		return err
 	}
 	if e.wl, err = NewWorkload(e.opts.Workload, e.systems, rand.New(rand.NewPCG(e.seed^0xc0ffee, stream))); err != nil {

@@ -140,7 +140,6 @@ func (f *Fleet) Engines() []EngineSpec {
 			out = append(out, EngineSpec{
 				Worker:         events.WorkerRef{Pod: p.Name, DPRank: r},
 				Model:          p.Model,
-				BlockSize:      BlockSizeOf(p.Model),
 				Endpoint:       tcp(p.PubBase + r),
 				Topic:          "kv@" + p.Name + "@" + p.Model,
 				ReplayEndpoint: tcp(p.ReplayBase + r),
@@ -151,9 +150,8 @@ func (f *Fleet) Engines() []EngineSpec {
 		}
 	}
 	out = append(out, EngineSpec{
-		Worker:    events.WorkerRef{Pod: PushPod},
-		Model:     ModelA,
-		BlockSize: BlockSizeOf(ModelA),
+		Worker: events.WorkerRef{Pod: PushPod},
+		Model:  ModelA,
 		// libzmq's "source;destination" form: connect from PushSource.
 		Endpoint:       "tcp://" + PushSource + ":0;127.0.0.1:" + strconv.Itoa(f.AllowPush),
 		Push:           true,

@@ -177,12 +177,9 @@ func (r *runner) setup(ctx context.Context) error {
 	if r.bin, err = proc.Build(ctx, r.opts.GoTool, r.opts.Dir, "github.com/kvindex/kvindex/cmd/kvindex"); err != nil {
 		return err
 	}
-	systems := map[string][][]uint32{}
-	for _, m := range []string{ModelA, ModelB} {
-		systems[m] = SystemPrompts(r.opts.Seed, m, BlockSizeOf(m), 4)
-	}
 	for i, spec := range r.fleet.Engines() {
-		e, err := NewEngine(spec, DefaultEngineOptions(), r.opts.Seed, i, systems[spec.Model])
+		// Every engine of a model shares its system prompts.
+		e, err := NewEngine(spec, DefaultEngineOptions(), r.opts.Seed, i, SystemPrompts(r.opts.Seed, spec.Model, BlockSizeOf(spec.Model), 4))
 		if err != nil {
 			return err
 		}

@@ -224,7 +224,7 @@ func TestEngineFlushAndRestart(t *testing.T) {
 	spec := f.Engines()[0]
 	opts := DefaultEngineOptions()
 	opts.LossRate = 1 // every step starts a loss
-	e, err := NewEngine(spec, opts, 1, 0, SystemPrompts(1, spec.Model, spec.BlockSize, 2))
+	e, err := NewEngine(spec, opts, 1, 0, SystemPrompts(1, spec.Model, BlockSizeOf(spec.Model), 2))
 	if err != nil {
 		t.Fatal(err)
 	}
