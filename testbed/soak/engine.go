@@ -104,12 +104,10 @@ type Engine struct {
 	stats        EngineStats
 	evs          []events.Event
 
-	pmu      sync.Mutex
-	recent   [][]uint32 // ring of the last recentPrompts prompts, for checkpoints and load
-	recentAt int
+	pmu     sync.Mutex
+	recent  [32][]uint32 // ring of the last prompts, for checkpoints and load
+	nrecent int          // prompts so far in this process; the ring holds the last len(recent)
 }
-
-const recentPrompts = 32
 
 // NewEngine opens the engine's publisher (binding its sockets) and
 // starts its first process with an empty cache.
@@ -140,7 +138,7 @@ func (e *Engine) startLocked(ctx context.Context, gen int) error {
 	}
 	e.sent, e.lastLost, e.burst, e.sinceClear, e.sinceRestart = false, false, 0, 0, 0
 	e.pmu.Lock()
-	e.recent, e.recentAt = nil, 0
+	e.nrecent = 0
 	e.pmu.Unlock()
 	cfg := enginepub.PublisherConfig{
 		Endpoint: e.spec.Endpoint, Topic: e.spec.Topic, Encoding: e.spec.Encoding, Bind: !e.spec.Push,
@@ -185,12 +183,8 @@ func (e *Engine) stepLocked(mayLose bool) error {
 		for range 1 + e.rng.IntN(e.opts.RequestsPerStep) {
 			p := e.wl.Next()
 			e.pmu.Lock()
-			if len(e.recent) < recentPrompts {
-				e.recent = append(e.recent, p)
-			} else {
-				e.recent[e.recentAt] = p
-				e.recentAt = (e.recentAt + 1) % recentPrompts
-			}
+			e.recent[e.nrecent%len(e.recent)] = p
+			e.nrecent++
 			e.pmu.Unlock()
 			e.evs = e.cache.Request(p, e.evs)
 			e.stats.Requests++
@@ -256,7 +250,7 @@ func (e *Engine) CacheLocked() *Cache { return e.cache }
 func (e *Engine) RecentLocked() [][]uint32 {
 	e.pmu.Lock()
 	defer e.pmu.Unlock()
-	return append([][]uint32(nil), e.recent...)
+	return append([][]uint32(nil), e.recent[:min(e.nrecent, len(e.recent))]...)
 }
 
 // SinceRestartLocked returns the messages of the current process.
@@ -294,10 +288,10 @@ func (e *Engine) StatsLocked() EngineStats { return e.stats }
 func (e *Engine) Prompt(rng *rand.Rand) []uint32 {
 	e.pmu.Lock()
 	defer e.pmu.Unlock()
-	if len(e.recent) == 0 {
+	if e.nrecent == 0 {
 		return nil
 	}
-	return e.recent[rng.IntN(len(e.recent))]
+	return e.recent[rng.IntN(min(e.nrecent, len(e.recent)))]
 }
 
 // Close closes the publisher.
