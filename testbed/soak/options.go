@@ -49,14 +49,12 @@ const (
 	sampleEvery     = 500 * time.Millisecond
 )
 
-// DefaultMaxRefused is Options.MaxRefused's default: on a loaded shared
-// host, a CPU stall of more than the daemon's 50 ms queueing budget
-// refuses the calls waiting out the stall, a few in a hundred at most.
-const DefaultMaxRefused = 0.05
-
-// DefaultOptions are the soak's defaults: two minutes, seed 1.
+// DefaultOptions are the soak's defaults: two minutes, seed 1, and 5% of
+// calls refused for overload at most (on a loaded shared host, a CPU
+// stall of more than the daemon's 50 ms queueing budget refuses the calls
+// waiting out the stall, a few in a hundred at most).
 func DefaultOptions() Options {
-	return Options{Duration: 2 * time.Minute, Seed: 1, GoTool: "go", WarmupSteps: 11_000, MaxRefused: DefaultMaxRefused}
+	return Options{Duration: 2 * time.Minute, Seed: 1, GoTool: "go", WarmupSteps: 11_000, MaxRefused: 0.05}
 }
 
 // Validate reports the first option that cannot run, naming it.
