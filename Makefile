@@ -84,7 +84,7 @@ fuzz: deps
 # only) under engine and daemon restarts, hostile input and gRPC load, and
 # fails naming any wrong answer, unexpected error, counter moved by
 # garbage, or growth of its RSS or goroutines (docs/reliability.md).
-# SOAK_FLAGS adds kvsoak flags, e.g. SOAK_FLAGS="--seed 7 --json".
+# SOAK_FLAGS adds kvsoak flags, e.g. SOAK_FLAGS="--seed 7 --keep".
 SOAK_DURATION ?= 2m
 soak: deps
 	$(GO) run ./testbed/cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)

@@ -5,28 +5,31 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
 )
 
-// runEngine steps engine e every StepInterval, starting at an offset of
+// runEngine steps engine e every stepInterval, starting at an offset of
 // its own.
 func (r *runner) runEngine(ctx context.Context, e *Engine, i int) {
-	if !sleep(ctx, time.Duration(i)*r.opts.StepInterval/time.Duration(len(r.engines))) {
+	if !sleep(ctx, time.Duration(i)*stepInterval/time.Duration(len(r.engines))) {
 		return
 	}
-	every(ctx, r.opts.StepInterval, func(int) bool {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	every(ctx, stepInterval, func(int) {
 		if err := e.Step(); err != nil {
 			r.fail.Add("engine_error", "%v", err)
-			return false
+			stop()
 		}
-		return true
 	})
 }
 
-// action is one scheduled restart.
+// action is one scheduled restart: of the daemon with sig, or of an
+// engine.
 type action struct {
 	at     time.Duration
 	daemon bool
@@ -34,25 +37,22 @@ type action struct {
 	engine int
 }
 
-// schedule returns the run's restarts in time order: DaemonRestarts
-// evenly within the first 60% (SIGTERM and SIGKILL alternately, the last
-// SIGKILL), and an engine restart every EngineRestartEvery in a seeded
-// round-robin order, each engine restarted at most once a round.
-func (r *runner) schedule() []action {
+// schedule returns a run of duration d's restarts in time order: daemons
+// restarts evenly within the first 60% (SIGTERM and SIGKILL alternately,
+// the last SIGKILL), and an engine restart every engineRestartEvery in a
+// seeded round-robin order over engines, each restarted once a round.
+func schedule(d time.Duration, daemons, engines int, seed uint64) []action {
 	var acts []action
-	n := r.opts.DaemonRestarts
-	for i := 1; i <= n; i++ {
+	for i := 1; i <= daemons; i++ {
 		sig := syscall.SIGTERM
-		if (n-i)%2 == 0 {
+		if (daemons-i)%2 == 0 {
 			sig = syscall.SIGKILL
 		}
-		acts = append(acts, action{at: time.Duration(float64(r.opts.Duration) * 0.6 * float64(i) / float64(n+1)), daemon: true, sig: sig})
+		acts = append(acts, action{at: time.Duration(float64(d) * 0.6 * float64(i) / float64(daemons+1)), daemon: true, sig: sig})
 	}
-	if r.opts.EngineRestartEvery > 0 {
-		order := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("engine restarts"))).Perm(len(r.engines))
-		for k, at := 0, r.opts.EngineRestartEvery; at < r.opts.Duration-r.opts.EngineRestartEvery/2; k, at = k+1, at+r.opts.EngineRestartEvery {
-			acts = append(acts, action{at: at + r.opts.EngineRestartEvery/3, engine: order[k%len(order)]})
-		}
+	order := rand.New(rand.NewPCG(seed, stringSeed("engine restarts"))).Perm(engines)
+	for k, at := 0, engineRestartEvery; at < d-engineRestartEvery/2; k, at = k+1, at+engineRestartEvery {
+		acts = append(acts, action{at: at + engineRestartEvery/3, engine: order[k%len(order)]})
 	}
 	sort.SliceStable(acts, func(i, j int) bool { return acts[i].at < acts[j].at })
 	return acts
@@ -60,22 +60,20 @@ func (r *runner) schedule() []action {
 
 func (r *runner) runChaos(ctx context.Context) {
 	start := time.Now()
-	for _, a := range r.schedule() {
+	for _, a := range schedule(r.opts.Duration, daemonRestarts, len(r.engines), r.opts.Seed) {
 		if !sleep(ctx, time.Until(start.Add(a.at))) {
 			return
 		}
 		r.chaos.Lock()
-		if ctx.Err() != nil {
-			r.chaos.Unlock()
-			return
-		}
-		if a.daemon {
+		switch {
+		case ctx.Err() != nil:
+		case a.daemon:
 			r.restartDaemon(ctx, a.sig)
-		} else {
+		default:
 			r.restartEngine(ctx, r.engines[a.engine])
 		}
 		r.chaos.Unlock()
-		if r.isAborted() {
+		if ctx.Err() != nil || r.aborted.Load() {
 			return
 		}
 	}
@@ -95,21 +93,11 @@ func (r *runner) restartEngine(ctx context.Context, e *Engine) {
 		r.log.Info("engine restart skipped: too few messages since the last", "worker", ref.String())
 		return
 	}
-	if err := e.FlushLocked(); err != nil {
-		r.fail.Add("engine_error", "%v", err)
+	if _, ok := r.flushAndWait(ctx, "before restarting engine "+ref.String(), e); !ok {
 		return
 	}
-	seq, _ := e.LastSeqLocked()
-	if _, err := r.waitApplied(ctx, map[events.WorkerRef]uint64{ref: seq}, 30*time.Second); err != nil {
-		if ctx.Err() == nil {
-			r.fail.Add("not_applied", "before restarting engine %s: %v", ref, err)
-		}
-		return
-	}
-	if err := e.RestartLocked(ctx, r.opts.EngineDown); err != nil {
-		if ctx.Err() == nil {
-			r.fail.Add("engine_restart", "%v", err)
-		}
+	if err := e.RestartLocked(ctx, engineDown); err != nil {
+		r.failLive(ctx, "engine_restart", "%v", err)
 		return
 	}
 	r.mu.Lock()
@@ -122,13 +110,7 @@ func (r *runner) restartEngine(ctx context.Context, e *Engine) {
 // same configuration. The caller holds chaos.
 func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	r.window.Begin()
-	ended := false
-	end := func() {
-		if !ended {
-			r.window.End()
-			ended = true
-		}
-	}
+	end := sync.OnceFunc(r.window.End)
 	defer end()
 	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	r.snapshot(sctx)
@@ -137,13 +119,7 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	// pod name on the open listener.
 	push := r.byRef[events.WorkerRef{Pod: PushPod}]
 	push.Lock()
-	unlocked := false
-	unlock := func() {
-		if !unlocked {
-			push.Unlock()
-			unlocked = true
-		}
-	}
+	unlock := sync.OnceFunc(push.Unlock)
 	defer unlock()
 	r.stopDaemon(sig)
 	r.mu.Lock()
@@ -154,23 +130,21 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	}
 	r.mu.Unlock()
 	if err := r.startDaemon(); err != nil {
-		r.fail.Add("daemon_start", "%v", err)
-		r.abort()
+		r.abort("daemon_start", "%v", err)
 		return
 	}
 	if err := r.waitReady(ctx, 30*time.Second); err != nil {
 		if ctx.Err() == nil {
-			r.fail.Add("daemon_start", "%v", err)
-			r.abort()
+			r.abort("daemon_start", "%v", err)
 		}
 		return
 	}
 	r.squat(ctx)
 	unlock()
-	r.log.Info("daemon restarted", "signal", sig.String(), "process", r.currentProcess())
+	r.log.Info("daemon restarted", "signal", sig.String(), "process", r.Process())
 	// Time for the client to reconnect before errors count again.
 	sleep(ctx, 2*time.Second)
 	end()
 	// The new process must have relearned every cache exactly.
-	r.checkpoint(ctx, fmt.Sprintf("after restart %d", r.currentProcess()-1))
+	r.checkpoint(ctx, fmt.Sprintf("after restart %d", r.Process()-1))
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/events"
+	"github.com/kvindex/kvindex/indexer"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
@@ -23,51 +24,67 @@ func refOf(w interface {
 	return events.WorkerRef{Pod: w.GetWorker().GetPod(), DPRank: int(w.GetWorker().GetDpRank())}
 }
 
-// waitApplied polls ListWorkers until every worker in want has applied
-// the seq given (last_seq is set once the index has applied a batch),
-// has nothing queued and is healthy, and returns the last listing; on
-// timeout the error names each worker that was not there yet.
-func (r *runner) waitApplied(ctx context.Context, want map[events.WorkerRef]uint64, timeout time.Duration) ([]*kvindexv1.WorkerStatus, error) {
-	deadline := time.Now().Add(timeout)
-	for {
+// flushAndWait flushes engines (whose locks the caller holds) and polls
+// ListWorkers until the daemon has applied each one's last seq
+// (last_seq is set once the index has applied a batch), has nothing
+// queued and is healthy; it returns the last listing. Otherwise it
+// records a failure naming what (and each worker not there yet) and
+// returns false.
+func (r *runner) flushAndWait(ctx context.Context, what string, engines ...*Engine) ([]*kvindexv1.WorkerStatus, bool) {
+	want := map[events.WorkerRef]uint64{}
+	for _, e := range engines {
+		if err := e.FlushLocked(); err != nil {
+			r.fail.Add("engine_error", "%v", err)
+			return nil, false
+		}
+		want[e.Spec().Worker], _ = e.LastSeqLocked()
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		resp, err := r.client.ListWorkers(cctx, &kvindexv1.ListWorkersRequest{})
 		cancel()
 		var behind []string
 		if err != nil {
 			behind = append(behind, err.Error())
-		} else {
-			got := map[events.WorkerRef]*kvindexv1.WorkerStatus{}
-			for _, w := range resp.GetWorkers() {
-				got[refOf(w)] = w
-			}
-			for ref, seq := range want {
-				w := got[ref]
-				switch {
-				case w != nil && w.GetHasSeq() && w.GetLastSeq() == seq && w.GetBacklog() == 0 && r.excess(ref, "unrecovered_gaps", w.GetUnrecoveredGaps(), 0) > 0:
-					// The daemon gave up on some of this worker's events:
-					// it is as caught up as it will get, and its health
-					// stays DEGRADED or UNSYNCED for a while.
-				case w == nil:
-					behind = append(behind, fmt.Sprintf("%s: not listed", ref))
-				case w.GetEndpoint() != r.endpointOf(ref):
-					// Another listener owns the worker: it will never catch up.
-					return nil, fmt.Errorf("%s is served from %s, not its configured %s", ref, w.GetEndpoint(), r.endpointOf(ref))
-				case !w.GetHasSeq() || w.GetLastSeq() != seq || w.GetBacklog() != 0 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK || w.GetModel() == "":
-					behind = append(behind, fmt.Sprintf("%s: last_seq %d (has_seq %v), engine's %d, backlog %d, health %v %q", ref, w.GetLastSeq(), w.GetHasSeq(), seq, w.GetBacklog(), w.GetHealth(), w.GetHealthReason()))
-				}
-			}
-			if len(behind) == 0 {
-				return resp.GetWorkers(), nil
+		}
+		got := map[events.WorkerRef]*kvindexv1.WorkerStatus{}
+		for _, w := range resp.GetWorkers() {
+			got[refOf(w)] = w
+		}
+		for ref, seq := range want {
+			w := got[ref]
+			switch {
+			case err != nil:
+			case w != nil && w.GetHasSeq() && w.GetLastSeq() == seq && w.GetBacklog() == 0 && r.excess(ref, "unrecovered_gaps", w.GetUnrecoveredGaps(), 0) > 0:
+				// The daemon gave up on some of this worker's events: it is
+				// as caught up as it will get, and its health stays
+				// DEGRADED or UNSYNCED for a while.
+			case w == nil:
+				behind = append(behind, fmt.Sprintf("%s: not listed", ref))
+			case w.GetEndpoint() != r.endpointOf(ref):
+				// Another listener owns the worker: it will never catch up.
+				r.failLive(ctx, "not_applied", "%s: %s is served from %s, not its configured %s", what, ref, w.GetEndpoint(), r.endpointOf(ref))
+				return nil, false
+			case !w.GetHasSeq() || w.GetLastSeq() != seq || w.GetBacklog() != 0 || w.GetHealth() != kvindexv1.WorkerHealth_WORKER_HEALTH_OK || w.GetModel() == "":
+				behind = append(behind, fmt.Sprintf("%s: last_seq %d (has_seq %v), engine's %d, backlog %d, health %v %q", ref, w.GetLastSeq(), w.GetHasSeq(), seq, w.GetBacklog(), w.GetHealth(), w.GetHealthReason()))
 			}
 		}
-		if time.Now().After(deadline) {
+		if len(behind) == 0 {
+			return resp.GetWorkers(), true
+		}
+		if time.Now().After(deadline) || !sleep(ctx, 50*time.Millisecond) {
 			sort.Strings(behind)
-			return nil, fmt.Errorf("not applied within %v: %s", timeout, strings.Join(behind, "; "))
+			r.failLive(ctx, "not_applied", "%s: not applied within 30s: %s", what, strings.Join(behind, "; "))
+			return nil, false
 		}
-		if !sleep(ctx, 50*time.Millisecond) {
-			return nil, ctx.Err()
-		}
+	}
+}
+
+// failLive records a failure unless ctx is done: the end of the run
+// cuts calls short, which is no failure.
+func (r *runner) failLive(ctx context.Context, kind, format string, args ...any) {
+	if ctx.Err() == nil {
+		r.fail.Add(kind, format, args...)
 	}
 }
 
@@ -125,21 +142,9 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 			e.Unlock()
 		}
 	}()
-	want := map[events.WorkerRef]uint64{}
-	for _, e := range r.engines {
-		if err := e.FlushLocked(); err != nil {
-			r.fail.Add("engine_error", "%v", err)
-			return
-		}
-		seq, _ := e.LastSeqLocked()
-		want[e.Spec().Worker] = seq
-	}
 	t0 := time.Now()
-	ws, err := r.waitApplied(ctx, want, 30*time.Second)
-	if err != nil {
-		if ctx.Err() == nil {
-			r.fail.Add("not_applied", "checkpoint %s: %v", name, err)
-		}
+	ws, ok := r.flushAndWait(ctx, "checkpoint "+name, r.engines...)
+	if !ok {
 		return
 	}
 	caughtUp := time.Since(t0)
@@ -155,15 +160,15 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 			r.checkFlow(name, w, e)
 		}
 	}
-	before, failed := r.comparisons.Load(), r.fail.Count()
+	before, failed := r.checks.snapshot()["comparisons"], r.fail.Count()
 	r.checkAnswers(ctx, name)
-	r.checkpoints.Add(1)
+	r.checks.add("checkpoints")
 	if r.fail.Count() == failed {
 		r.mu.Lock()
 		r.settled[process] = true
 		r.mu.Unlock()
 	}
-	r.log.Info("checkpoint", "name", name, "daemon_process", process, "caught_up_in", caughtUp.Round(time.Millisecond), "comparisons", r.comparisons.Load()-before, "failures", r.fail.Count())
+	r.log.Info("checkpoint", "name", name, "daemon_process", process, "caught_up_in", caughtUp.Round(time.Millisecond), "comparisons", r.checks.snapshot()["comparisons"]-before, "failures", r.fail.Count())
 }
 
 // checkCounters checks one worker's ListWorkers entry against its
@@ -180,25 +185,19 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	// in this daemon process) once, and says whether it did.
 	over := func(counter string, got, want uint64) bool {
 		x := r.excess(ref, counter, got, want)
-		if x == 0 {
-			return false
-		}
 		r.mu.Lock()
-		if r.reported[ref] == nil {
-			r.reported[ref] = map[string]uint64{}
-		}
-		r.reported[ref][counter] += x
+		r.reported[workerCounter{ref, counter}] += x
 		r.mu.Unlock()
-		return true
+		return x > 0
 	}
 	if w.GetModel() != spec.Model || w.GetEndpoint() != endpoint {
 		bad("model %q endpoint %q, want %q and %q", w.GetModel(), w.GetEndpoint(), spec.Model, endpoint)
 	}
-	r.residentChecks.Add(1)
+	r.checks.add("resident_checks")
 	if res := e.CacheLocked().Resident(); w.GetResidentBlocks() != uint64(res) {
-		bad("resident_blocks %d, the engine holds %d (physical %d); index stored %d removed %d unknown %d orphans %d apply_errors %d evictions %d clears %d resets %d batches %d replayed %d gaps %d; engine process %d steps; %s",
+		bad("resident_blocks %d, the engine holds %d (physical %d); index stored %d removed %d unknown %d orphans %d apply_errors %d evictions %d clears %d resets %d batches %d replayed %d gaps %d; engine process %d steps",
 			w.GetResidentBlocks(), res, e.CacheLocked().Physical(), w.GetBlocksStored(), w.GetBlocksRemoved(), w.GetUnknownBlocks(), w.GetOrphans(), w.GetApplyErrors(), w.GetEvictions(), w.GetClears(), w.GetResets(),
-			w.GetBatches(), w.GetReplayedBatches(), w.GetGaps(), e.SinceRestartLocked(), r.diagnose(name, e))
+			w.GetBatches(), w.GetReplayedBatches(), w.GetGaps(), e.SinceRestartLocked())
 	}
 	for _, m := range w.GetResidentByMedium() {
 		if m.GetMedium() != "GPU" || m.GetBlocks() != w.GetResidentBlocks() {
@@ -215,19 +214,11 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 		// again from the next checkpoint on.
 		e.ResyncLocked()
 	}
-	for _, c := range []struct {
-		name string
-		v    uint64
-	}{
-		// duplicates are left out: a live message that arrives after the
-		// replay answer that already held it is one, and is dropped.
-		{"conflicts", w.GetConflicts()}, {"decode_errors", w.GetDecodeErrors()},
-		{"evictions", w.GetEvictions()}, {"budget_evictions", w.GetBudgetEvictions()},
-		{"stale_transitions", w.GetStaleTransitions()}, {"dropped", w.GetDropped()}, {"block_size_mismatches", w.GetBlockSizeMismatches()},
-		{"invalid_events", w.GetInvalidEvents()},
-	} {
-		if over(c.name, c.v, 0) {
-			bad("%s %d, want 0 (last_error %q, last_reset %q)", c.name, c.v, w.GetLastError(), w.GetLastReset())
+	// duplicates are left out: a live message that arrives after the
+	// replay answer that already held it is one, and is dropped.
+	for _, c := range []string{"conflicts", "decode_errors", "evictions", "budget_evictions", "stale_transitions", "dropped", "block_size_mismatches", "invalid_events"} {
+		if v := counter(w, c); over(c, v, 0) {
+			bad("%s %d, want 0 (last_error %q, last_reset %q)", c, v, w.GetLastError(), w.GetLastReset())
 		}
 	}
 	// Resets beyond the restarts are the losses reported above.
@@ -269,47 +260,13 @@ func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
 // excess returns how far got is above want plus what was already
 // reported for the worker's counter in this daemon process.
 func (r *runner) excess(ref events.WorkerRef, counter string, got, want uint64) uint64 {
-	limit := want + r.reportedOf(ref, counter)
-	if got <= limit {
-		return 0
-	}
-	return got - limit
+	return got - min(got, want+r.reportedOf(ref, counter))
 }
 
 func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.reported[ref][counter]
-}
-
-// diagnose probes a worker whose resident count differs from its
-// engine's with the chain of every block the engine holds in a full
-// chain, and describes the first chains its answer falls short of.
-func (r *runner) diagnose(name string, e *Engine) string {
-	ref := e.Spec().Worker
-	chains, multi := e.CacheLocked().Holes(3000)
-	var out []string
-	short := 0
-	for i, p := range chains {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := r.score(cctx, &kvindexv1.ScoreRequest{Model: e.Spec().Model, TokenIds: p, Workers: []*kvindexv1.WorkerRef{{Pod: ref.Pod, DpRank: uint32(ref.DPRank)}}})
-		cancel()
-		if err != nil {
-			return fmt.Sprintf("probe failed: %v", err)
-		}
-		var got uint32
-		for _, w := range resp.GetWorkers() {
-			got = w.GetMatchedBlocks() - w.GetSpeculativeBlocks()
-		}
-		if want := len(p) / e.Spec().BlockSize; int(got) != want {
-			short++
-			if len(out) < 3 {
-				file := r.saveWrong(name+" diagnosis", e, e.Spec().Model, promptCase{"held chain", p}, ref, got, 0, want)
-				out = append(out, fmt.Sprintf("a held chain of %d blocks (%d held twice) matches %d (%s)", want, multi[i], got, file))
-			}
-		}
-	}
-	return fmt.Sprintf("%d of %d held chains fall short: %s", short, len(chains), strings.Join(out, "; "))
+	return r.reported[workerCounter{ref, counter}]
 }
 
 // checkAnswers scores prompts built from every engine's true cache and
@@ -318,7 +275,6 @@ func (r *runner) diagnose(name string, e *Engine) string {
 func (r *runner) checkAnswers(ctx context.Context, name string) {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("checkpoint "+name)))
 	for _, e := range r.engines {
-		model := e.Spec().Model
 		var prompts []promptCase
 		recent := e.RecentLocked()
 		rng.Shuffle(len(recent), func(i, j int) { recent[i], recent[j] = recent[j], recent[i] })
@@ -339,7 +295,7 @@ func (r *runner) checkAnswers(ctx context.Context, name string) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.compare(ctx, name, e, model, pc, i)
+			r.compare(ctx, name, e, pc, i)
 		}
 	}
 }
@@ -353,54 +309,48 @@ type promptCase struct {
 // compare scores one prompt (by token ids; every fourth also by block
 // keys and with every worker as a candidate) and checks each worker's
 // index match (matched minus speculative blocks) exactly.
-func (r *runner) compare(ctx context.Context, name string, from *Engine, model string, pc promptCase, i int) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
-	resp, err := r.score(cctx, req)
-	if err != nil {
-		if ctx.Err() == nil { // not the end of the run
-			r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
-		}
-		return
-	}
-	r.check(name, from, model, pc, "token ids", req, resp)
+func (r *runner) compare(ctx context.Context, name string, from *Engine, pc promptCase, i int) {
+	model := from.Spec().Model
+	r.scoreAndCheck(ctx, name, from, pc, "token ids", &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens})
 	if i%4 != 0 {
 		return
 	}
-	var kresp *kvindexv1.ScoreResponse
-	if err := r.load.retryOverloaded(cctx, func() (err error) {
-		kresp, err = ScoreByKeys(cctx, r.client, model, pc.tokens)
-		return err
-	}); err == nil {
-		r.check(name, from, model, pc, "block keys", &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, resp.GetPromptBlocks())}, kresp)
-	} else if len(pc.tokens) >= BlockSizeOf(model) && ctx.Err() == nil {
+	m, err := indexer.NewModel(model, BlockSizeOf(model))
+	if err != nil {
 		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
+		return
 	}
-	creq := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
+	if keys := m.PromptKeys(pc.tokens, nil, nil); len(keys) > 0 {
+		req := &kvindexv1.ScoreRequest{Model: model, BlockKeys: make([]uint64, len(keys))}
+		for i, k := range keys {
+			req.BlockKeys[i] = uint64(k)
+		}
+		r.scoreAndCheck(ctx, name, from, pc, "block keys", req)
+	}
+	req := &kvindexv1.ScoreRequest{Model: model, TokenIds: pc.tokens}
 	for _, w := range r.models[model] {
-		creq.Workers = append(creq.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
+		req.Workers = append(req.Workers, &kvindexv1.WorkerRef{Pod: w.Pod, DpRank: uint32(w.DPRank)})
 	}
-	if cresp, err := r.score(cctx, creq); err == nil {
-		r.check(name, from, model, pc, "candidates", creq, cresp)
-	} else if ctx.Err() == nil {
-		r.fail.Add("rpc_error", "checkpoint %s: %v", name, err)
-	}
+	r.scoreAndCheck(ctx, name, from, pc, "candidates", req)
 }
 
-// score sends a checkpoint Score, again while it is refused for overload.
-func (r *runner) score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *kvindexv1.ScoreResponse, err error) {
-	err = r.load.retryOverloaded(ctx, func() error {
-		resp, err = r.client.Score(ctx, req)
+// scoreAndCheck scores req, a prompt from engine from (sent again while
+// it is refused for overload), and compares the answer with the truth:
+// its sanity, and for every worker of the prompt's model its match with
+// the longest prefix its engine holds.
+func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, pc promptCase, how string, req *kvindexv1.ScoreRequest) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var resp *kvindexv1.ScoreResponse
+	if err := r.retryOverloaded(cctx, func() (err error) {
+		resp, err = r.client.Score(cctx, req)
 		return err
-	})
-	return resp, err
-}
-
-// check compares one answer with the truth.
-func (r *runner) check(name string, from *Engine, model string, pc promptCase, how string, req *kvindexv1.ScoreRequest, resp *kvindexv1.ScoreResponse) {
-	r.scoresChecked.Add(1)
-	r.load.checkScore("checkpoint "+name+" "+how, req, resp)
+	}); err != nil {
+		r.failLive(ctx, "rpc_error", "checkpoint %s: %v", name, err)
+		return
+	}
+	r.checks.add("scores_checked")
+	r.checkScore("checkpoint "+name+" "+how, req, resp)
 	got := map[events.WorkerRef]*kvindexv1.WorkerScore{}
 	for _, w := range resp.GetWorkers() {
 		got[refOf(w)] = w
@@ -408,52 +358,48 @@ func (r *runner) check(name string, from *Engine, model string, pc promptCase, h
 			r.fail.Add("worker_state", "checkpoint %s: Score names %s with health %v", name, refOf(w), w.GetHealth())
 		}
 	}
-	for _, ref := range r.models[model] {
+	for _, ref := range r.models[req.GetModel()] {
 		want := r.byRef[ref].CacheLocked().LongestPrefix(pc.tokens)
 		var matched, spec uint32
 		if w := got[ref]; w != nil {
 			matched, spec = w.GetMatchedBlocks(), w.GetSpeculativeBlocks()
 		}
-		r.comparisons.Add(1)
+		r.checks.add("comparisons")
 		if int(matched-spec) == want {
 			continue
 		}
-		r.wrong.Add(1)
-		file := r.saveWrong(name, from, model, pc, ref, matched, spec, want)
-		r.fail.Add("wrong_answer", "checkpoint %s, %s prompt of %d tokens from %s's %s, scored by %s: worker %s matched %d blocks (%d speculative), its engine holds %d; prompt in %s",
-			name, pc.source, len(pc.tokens), from.Spec().Worker, "cache", how, ref, matched, spec, want, file)
+		file := r.saveWrong(r.checks.add("wrong_answers"), name, from, pc, ref, matched, spec, want)
+		r.fail.Add("wrong_answer", "checkpoint %s, %s prompt of %d tokens from %s's cache, scored by %s: worker %s matched %d blocks (%d speculative), its engine holds %d; prompt in %s",
+			name, pc.source, len(pc.tokens), from.Spec().Worker, how, ref, matched, spec, want, file)
 	}
 }
 
-// saveWrong writes a wrong answer's prompt and figures to the work
+// saveWrong writes wrong answer n's prompt and figures to the work
 // directory, for a reproducer; it returns the file's path.
-func (r *runner) saveWrong(name string, from *Engine, model string, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
-	n := r.wrongFiles.Add(1)
+func (r *runner) saveWrong(n int64, name string, from *Engine, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
 	if n > MaxKept {
 		return "(not saved: only the first few are)"
 	}
 	path := filepath.Join(r.opts.Dir, fmt.Sprintf("wrong-%d.json", n))
-	rec := map[string]any{
-		"checkpoint": name, "model": model, "source": pc.source, "from_engine": from.Spec().Worker.String(),
+	b, err := json.Marshal(map[string]any{
+		"checkpoint": name, "model": from.Spec().Model, "source": pc.source, "from_engine": from.Spec().Worker.String(),
 		"worker": ref.String(), "matched_blocks": matched, "speculative_blocks": spec, "engine_holds": want, "token_ids": pc.tokens,
+	})
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
 	}
-	b, err := json.Marshal(rec)
 	if err != nil {
-		return "(not saved: " + err.Error() + ")"
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
 		return "(not saved: " + err.Error() + ")"
 	}
 	return path
 }
 
 func (r *runner) runCheckpoints(ctx context.Context) {
-	every(ctx, r.opts.CheckpointEvery, func(i int) bool {
+	every(ctx, checkpointEvery, func(i int) {
 		r.chaos.Lock()
-		if ctx.Err() == nil && !r.isAborted() {
+		defer r.chaos.Unlock()
+		if ctx.Err() == nil && !r.aborted.Load() {
 			r.checkpoint(ctx, fmt.Sprint(i+1))
 		}
-		r.chaos.Unlock()
-		return true
 	})
 }

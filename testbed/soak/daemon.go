@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,6 +12,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/kvindex/kvindex/events"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -21,9 +26,7 @@ import (
 // startDaemon starts the next daemon process and watches it: an exit the
 // soak did not ask for is a failure that ends the run.
 func (r *runner) startDaemon() error {
-	r.mu.Lock()
-	n := r.process + 1
-	r.mu.Unlock()
+	n := r.Process() + 1
 	c, err := proc.Start(fmt.Sprintf("daemon process %d", n), exec.Command(r.bin, "serve", "--config", r.cfgPath), r.logPath(n))
 	if err != nil {
 		return err
@@ -39,10 +42,7 @@ func (r *runner) startDaemon() error {
 		if c.Stopping() {
 			return
 		}
-		r.fail.Add("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", n, c.Pid(), c.Err(), r.logPath(n))
-		r.mu.Lock()
-		r.aborted = true
-		r.mu.Unlock()
+		r.abort("daemon_died", "daemon process %d (pid %d) exited by itself: %v; log %s", n, c.Pid(), c.Err(), r.logPath(n))
 	}()
 	r.log.Info("daemon started", "process", n, "pid", c.Pid(), "log", r.logPath(n))
 	return nil
@@ -78,24 +78,11 @@ func (r *runner) stopDaemon(sig syscall.Signal) {
 		r.fail.Add("daemon_log", "%v", err)
 	}
 	if crash != "" {
-		r.fail.Add("daemon_crash", "daemon process %d logged %q (log %s)", n, clip(crash, 200), r.logPath(n))
+		r.fail.Add("daemon_crash", "daemon process %d logged %.200q (log %s)", n, crash, r.logPath(n))
 	}
 	r.mu.Lock()
 	r.errorLines += lines
 	r.mu.Unlock()
-}
-
-// killDaemon makes sure no daemon outlives Run.
-func (r *runner) killDaemon() {
-	c, _ := r.currentChild()
-	if c == nil {
-		return
-	}
-	select {
-	case <-c.Done():
-	default:
-		_ = c.Stop(syscall.SIGKILL, 5*time.Second)
-	}
 }
 
 // squat tries to claim PushPod's name on the open listener before its
@@ -165,4 +152,44 @@ func Scrape(ctx context.Context, client *http.Client, addr string) (Metrics, err
 		return nil, fmt.Errorf("soak: scrape %s: %w", addr, err)
 	}
 	return s, nil
+}
+
+// Metrics are the metric families of one /metrics page, by name.
+type Metrics map[string]*dto.MetricFamily
+
+// ParseMetrics reads the Prometheus text format (what the daemon's
+// /metrics serves).
+func ParseMetrics(r io.Reader) (Metrics, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("soak: parse metrics: %w", err)
+	}
+	return fams, nil
+}
+
+// Each calls f with the labels and value of every sample of the counter,
+// gauge or untyped metric name.
+func (ms Metrics) Each(name string, f func(labels map[string]string, v float64)) {
+	for _, m := range ms[name].GetMetric() {
+		labels := make(map[string]string, len(m.GetLabel()))
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		f(labels, m.GetCounter().GetValue()+m.GetGauge().GetValue()+m.GetUntyped().GetValue())
+	}
+}
+
+// Metric returns the sum of the samples named name whose labels include
+// every pair of match (nil matches all), and whether any matched.
+func Metric(ms Metrics, name string, match map[string]string) (sum float64, found bool) {
+	ms.Each(name, func(labels map[string]string, v float64) {
+		for k, want := range match {
+			if labels[k] != want {
+				return
+			}
+		}
+		sum, found = sum+v, true
+	})
+	return sum, found
 }

@@ -11,50 +11,44 @@ import (
 	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
-// EngineSpec is one simulated engine: one worker (a pod's DP rank) and
-// where it publishes.
+// EngineSpec is one simulated engine: one worker (a pod's DP rank), the
+// model it serves (blocks of BlockSizeOf(Model) tokens), where it
+// publishes and how.
 type EngineSpec struct {
-	// Worker is the (pod, DP rank) the engine's events belong to.
 	Worker events.WorkerRef
-	// Model and BlockSize are the model it serves and its tokens per block.
-	Model     string
-	BlockSize int
+	Model  string
 	// Endpoint is where the publisher binds (pull mode) or connects (push
-	// mode, Push set).
+	// mode, Push set); every message has Topic.
 	Endpoint string
 	Push     bool
-	// Topic is every message's topic.
-	Topic string
-	// ReplayEndpoint is where its replay ROUTER binds; ReplayFrames the
-	// reply form (3 or 4).
+	Topic    string
+	// ReplayFrames is the replay ROUTER's reply form (3 or 4); Encoding
+	// the vLLM release whose payloads the engine sends.
 	ReplayEndpoint string
 	ReplayFrames   int
-	// Encoding is the vLLM release whose payloads it sends.
-	Encoding events.EncodeOptions
+	Encoding       events.EncodeOptions
 	// Capacity is its cache's physical blocks.
 	Capacity int
 }
 
 // EngineOptions tune how every engine behaves.
 type EngineOptions struct {
-	// BufferSteps is the replay buffer (vLLM's buffer_steps, 10,000).
+	// BufferSteps is the replay buffer (vLLM's buffer_steps).
 	BufferSteps int
 	// RequestsPerStep bounds the requests in one step (1..n).
 	RequestsPerStep int
 	// LossRate is the probability that a step starts a loss of 1..3
-	// consecutive messages (kept for replay, never sent).
-	LossRate float64
-	// ClearRate is the probability that a step is an AllBlocksCleared.
-	ClearRate float64
-	// ClearEvery forces a clear after this many messages without one, so
-	// that the replay buffer always reaches back to the last clear (or the
-	// engine's start) and a daemon that joins learns the cache exactly.
-	// It must be below BufferSteps.
+	// consecutive messages (kept for replay, never sent); ClearRate that
+	// a step is an AllBlocksCleared.
+	LossRate, ClearRate float64
+	// ClearEvery, below BufferSteps, forces a clear after this many
+	// messages without one, so that the replay buffer always reaches back
+	// to the last clear (or the engine's start) and a daemon that joins
+	// learns the cache exactly.
 	ClearEvery int
 	// RandomEvict is the fraction of evictions out of LRU order.
 	RandomEvict float64
-	// Workload shapes the requests.
-	Workload WorkloadOptions
+	Workload    WorkloadOptions
 }
 
 // DefaultEngineOptions are the soak's: vLLM's 10,000-step buffer, a loss
@@ -71,8 +65,7 @@ type EngineStats struct {
 	Events, Stored, Removed int64
 	// Clears is AllBlocksCleared sent; Restarts engine restarts.
 	Clears, Restarts int64
-	// Requests is requests served.
-	Requests int64
+	Requests         int64
 }
 
 // Engine is a simulated vLLM engine: a publisher with a replay buffer and
@@ -83,8 +76,8 @@ type EngineStats struct {
 //
 // mu is held for every step and by Lock; while a caller holds it (between
 // Lock and Unlock) the engine publishes nothing and its cache may be read
-// through the Locked methods. pmu guards the recent prompts alone, so
-// that Prompt never waits for a paused engine.
+// through the Locked methods, which need it held. pmu guards the recent
+// prompts alone, so that Prompt never waits for a paused engine.
 type Engine struct {
 	spec    EngineSpec
 	opts    EngineOptions
@@ -111,21 +104,14 @@ type Engine struct {
 	stats        EngineStats
 	evs          []events.Event
 
-	pmu      sync.Mutex // guards recent and recentAt, so that load never waits for a paused engine
-	recent   [][]uint32 // ring of recent prompts
-	recentAt int
+	pmu     sync.Mutex
+	recent  [32][]uint32 // ring of the last prompts, for checkpoints and load
+	nrecent int          // prompts so far in this process; the ring holds the last len(recent)
 }
-
-// recentPrompts is how many of its last prompts an engine keeps for
-// checkpoints and load.
-const recentPrompts = 32
 
 // NewEngine opens the engine's publisher (binding its sockets) and
 // starts its first process with an empty cache.
 func NewEngine(spec EngineSpec, opts EngineOptions, seed uint64, index int, systems [][]uint32) (*Engine, error) {
-	if opts.ClearEvery <= 0 || opts.ClearEvery >= opts.BufferSteps {
-		return nil, fmt.Errorf("soak: engine %s: clear_every %d must be in (0, buffer steps %d)", spec.Worker, opts.ClearEvery, opts.BufferSteps)
-	}
 	e := &Engine{spec: spec, opts: opts, seed: seed, index: index, systems: systems}
 	if err := e.startLocked(context.Background(), 0); err != nil {
 		return nil, err
@@ -144,7 +130,7 @@ func (e *Engine) startLocked(ctx context.Context, gen int) error {
 	stream := uint64(e.index)<<32 | uint64(gen)
 	e.rng = rand.New(rand.NewPCG(e.seed, stream))
 	var err error
-	if e.cache, err = NewCache(e.spec.BlockSize, e.spec.Capacity, stringSeed(e.spec.Model), e.opts.RandomEvict, rand.New(rand.NewPCG(e.seed^0x5eed, stream))); err != nil {
+	if e.cache, err = NewCache(BlockSizeOf(e.spec.Model), e.spec.Capacity, stringSeed(e.spec.Model), e.opts.RandomEvict, rand.New(rand.NewPCG(e.seed^0x5eed, stream))); err != nil {
 		return err
 	}
 	if e.wl, err = NewWorkload(e.opts.Workload, e.systems, rand.New(rand.NewPCG(e.seed^0xc0ffee, stream))); err != nil {
@@ -152,28 +138,19 @@ func (e *Engine) startLocked(ctx context.Context, gen int) error {
 	}
 	e.sent, e.lastLost, e.burst, e.sinceClear, e.sinceRestart = false, false, 0, 0, 0
 	e.pmu.Lock()
-	e.recent, e.recentAt = nil, 0
+	e.nrecent = 0
 	e.pmu.Unlock()
 	cfg := enginepub.PublisherConfig{
-		Endpoint:       e.spec.Endpoint,
-		Topic:          e.spec.Topic,
-		Encoding:       e.spec.Encoding,
-		Bind:           !e.spec.Push,
-		ReplayEndpoint: e.spec.ReplayEndpoint,
-		ReplayFrames:   e.spec.ReplayFrames,
-		BufferSteps:    e.opts.BufferSteps,
+		Endpoint: e.spec.Endpoint, Topic: e.spec.Topic, Encoding: e.spec.Encoding, Bind: !e.spec.Push,
+		ReplayEndpoint: e.spec.ReplayEndpoint, ReplayFrames: e.spec.ReplayFrames, BufferSteps: e.opts.BufferSteps,
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		pub, err := enginepub.NewPublisher(cfg)
-		if err == nil {
-			e.pub = pub
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		if e.pub, err = enginepub.NewPublisher(cfg); err == nil {
 			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Now().After(deadline) || !sleep(ctx, 50*time.Millisecond) {
 			return fmt.Errorf("soak: engine %s process %d: %w", e.spec.Worker, gen, err)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -194,83 +171,62 @@ func (e *Engine) Step() error {
 // publishes it, lost or not, and updates the truth. mayLose false
 // forces it through.
 func (e *Engine) stepLocked(mayLose bool) error {
+	if e.pub == nil {
+		return fmt.Errorf("soak: engine %s: no publisher (its restart failed)", e.spec.Worker)
+	}
 	e.evs = e.evs[:0]
 	clearNow := e.sinceClear+1 >= e.opts.ClearEvery || e.rng.Float64() < e.opts.ClearRate || e.resync
 	e.resync = false
 	if clearNow {
 		e.evs = append(e.evs, e.cache.Clear())
 	} else {
-		n := 1 + e.rng.IntN(max(e.opts.RequestsPerStep, 1))
-		for range n {
+		for range 1 + e.rng.IntN(e.opts.RequestsPerStep) {
 			p := e.wl.Next()
-			e.remember(p)
+			e.pmu.Lock()
+			e.recent[e.nrecent%len(e.recent)] = p
+			e.nrecent++
+			e.pmu.Unlock()
 			e.evs = e.cache.Request(p, e.evs)
 			e.stats.Requests++
 		}
 	}
-	lose := false
-	if mayLose {
-		if e.burst == 0 && e.rng.Float64() < e.opts.LossRate {
-			e.burst = 1 + e.rng.IntN(3)
-		}
-		if e.burst > 0 {
-			e.burst--
-			lose = true
-		}
+	if mayLose && e.burst == 0 && e.rng.Float64() < e.opts.LossRate {
+		e.burst = 1 + e.rng.IntN(3)
 	}
-	if e.pub == nil {
-		return fmt.Errorf("soak: engine %s: no publisher (its restart failed)", e.spec.Worker)
-	}
-	b := &events.Batch{Timestamp: float64(time.Now().UnixNano()) / 1e9, Events: e.evs, DPRank: e.spec.Worker.DPRank, HasDPRank: true}
-	var seq uint64
-	var err error
+	lose := mayLose && e.burst > 0
+	publish := e.pub.Publish
 	if lose {
-		seq, err = e.pub.PublishLost(b)
-	} else {
-		seq, err = e.pub.Publish(b)
+		e.burst--
+		e.stats.Lost++
+		publish = e.pub.PublishLost
 	}
+	seq, err := publish(&events.Batch{Timestamp: float64(time.Now().UnixNano()) / 1e9, Events: e.evs, DPRank: e.spec.Worker.DPRank, HasDPRank: true})
 	if err != nil {
 		return fmt.Errorf("soak: engine %s: %w", e.spec.Worker, err)
 	}
 	e.lastSeq, e.sent, e.lastLost = seq, true, lose
 	e.stats.Steps++
 	e.sinceRestart++
-	if lose {
-		e.stats.Lost++
-	}
+	e.sinceClear++
 	if clearNow {
 		e.sinceClear = 0
 		e.stats.Clears++
-	} else {
-		e.sinceClear++
 	}
-	for i := range e.evs {
+	for _, ev := range e.evs {
 		e.stats.Events++
-		switch e.evs[i].Kind {
+		switch ev.Kind {
 		case events.KindBlockStored:
-			e.stats.Stored += int64(len(e.evs[i].BlockHashes))
+			e.stats.Stored += int64(len(ev.BlockHashes))
 		case events.KindBlockRemoved:
-			e.stats.Removed += int64(len(e.evs[i].BlockHashes))
+			e.stats.Removed += int64(len(ev.BlockHashes))
 		}
 	}
 	return nil
 }
 
-func (e *Engine) remember(p []uint32) {
-	e.pmu.Lock()
-	defer e.pmu.Unlock()
-	if len(e.recent) < recentPrompts {
-		e.recent = append(e.recent, p)
-		return
-	}
-	e.recent[e.recentAt] = p
-	e.recentAt = (e.recentAt + 1) % recentPrompts
-}
-
 // FlushLocked makes sure the daemon can know the engine's last seq: when
-// the last message was lost, or this process has sent nothing, it runs
-// one more step that is sent; so it does when a resync is due, which
-// the clear then starts. The caller holds Lock.
+// the last message was lost, this process has sent nothing or a resync
+// is due, it runs one more step that is sent.
 func (e *Engine) FlushLocked() error {
 	if e.sent && !e.lastLost && !e.resync {
 		return nil
@@ -279,36 +235,32 @@ func (e *Engine) FlushLocked() error {
 }
 
 // ResyncLocked makes the engine's next step an AllBlocksCleared, after
-// which an index that lost track of it is exact again. The caller holds
-// Lock.
+// which an index that lost track of it is exact again.
 func (e *Engine) ResyncLocked() { e.resync = true }
 
-// LastSeqLocked returns the seq of the process's last message. The caller
-// holds Lock.
+// LastSeqLocked returns the seq of the process's last message and
+// whether it sent one.
 func (e *Engine) LastSeqLocked() (uint64, bool) { return e.lastSeq, e.sent }
 
-// CacheLocked returns the true cache. The caller holds Lock and must not
-// change it.
+// CacheLocked returns the true cache, which the caller must not change.
 func (e *Engine) CacheLocked() *Cache { return e.cache }
 
 // RecentLocked returns a copy of the list of the engine's recent prompts
-// (the prompts themselves are shared and must not be changed). The
-// caller holds Lock.
+// (the prompts themselves are shared and must not be changed).
 func (e *Engine) RecentLocked() [][]uint32 {
 	e.pmu.Lock()
 	defer e.pmu.Unlock()
-	return append([][]uint32(nil), e.recent...)
+	return append([][]uint32(nil), e.recent[:min(e.nrecent, len(e.recent))]...)
 }
 
-// SinceRestartLocked returns the messages of the current process. The
-// caller holds Lock.
+// SinceRestartLocked returns the messages of the current process.
 func (e *Engine) SinceRestartLocked() int { return e.sinceRestart }
 
 // RestartLocked ends the engine process and starts the next on the same
 // ports: seq from 0, an empty cache and replay buffer, a fresh workload;
 // it returns once a subscriber has reached the new socket (or ctx is
 // done), so that the first message is not lost to the slow joiner. The
-// caller holds Lock; down is how long the engine stays down.
+// engine stays down for down.
 func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 	pub := e.pub
 	e.pub = nil // until the next process's publisher is up
@@ -328,25 +280,18 @@ func (e *Engine) RestartLocked(ctx context.Context, down time.Duration) error {
 	return nil
 }
 
-// StatsLocked returns the engine's counters. The caller holds Lock.
+// StatsLocked returns the engine's counters.
 func (e *Engine) StatsLocked() EngineStats { return e.stats }
-
-// Stats returns the engine's counters.
-func (e *Engine) Stats() EngineStats {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.stats
-}
 
 // Prompt returns one of the engine's recent prompts chosen with rng, or
 // nil before its first request.
 func (e *Engine) Prompt(rng *rand.Rand) []uint32 {
 	e.pmu.Lock()
 	defer e.pmu.Unlock()
-	if len(e.recent) == 0 {
+	if e.nrecent == 0 {
 		return nil
 	}
-	return e.recent[rng.IntN(len(e.recent))]
+	return e.recent[rng.IntN(min(e.nrecent, len(e.recent)))]
 }
 
 // Close closes the publisher.

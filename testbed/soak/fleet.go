@@ -54,19 +54,15 @@ type PodSpec struct {
 	PubBase, ReplayBase int
 }
 
-// Fleet is the soak's topology: ports, pods, listeners.
+// Fleet is the soak's topology: the daemon's gRPC and metrics ports, its
+// two push listeners' ports (OpenPush, garbage only, and AllowPush, for
+// PushPod), PushPod's replay port and cache size, and the pull pods.
 type Fleet struct {
-	// GRPCPort and MetricsPort are the daemon's listeners.
 	GRPCPort, MetricsPort int
-	// OpenPush and AllowPush are the two push listeners' ports: the open
-	// one (garbage only) and the allowlisted one (PushPod).
-	OpenPush, AllowPush int
-	// PushReplay is PushPod's replay port.
-	PushReplay int
-	// Pods are the pull-mode pods.
-	Pods []PodSpec
-	// PushCapacity is PushPod's cache size.
-	PushCapacity int
+	OpenPush, AllowPush   int
+	PushReplay            int
+	PushCapacity          int
+	Pods                  []PodSpec
 }
 
 // BlockSizeOf returns a fleet model's block size.
@@ -82,11 +78,27 @@ func BlockSizeOf(model string) int {
 // it restarts, and lays out four pull pods (one with dp_size 2, two
 // models, four payload forms) and one push pod.
 func NewFleet() (*Fleet, error) {
-	pa := portAllocator{rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)), used: map[int]bool{}}
+	rng, used := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)), map[int]bool{}
+	// take returns the first of n consecutive free ports in [20000, 32000).
+	take := func(n int) (int, error) {
+		for try := 0; try < 200; try++ {
+			base, ok := 20000+rng.IntN(12000-n), true
+			for p := base; p < base+n && ok; p++ {
+				ok = !used[p] && portFree(p)
+			}
+			if ok {
+				for p := base; p < base+n; p++ {
+					used[p] = true
+				}
+				return base, nil
+			}
+		}
+		return 0, fmt.Errorf("soak: no %d consecutive free loopback ports in [20000, 32000)", n)
+	}
 	f := &Fleet{PushCapacity: 1024}
 	var err error
 	for _, p := range []*int{&f.GRPCPort, &f.MetricsPort, &f.OpenPush, &f.AllowPush, &f.PushReplay} {
-		if *p, err = pa.take(1); err != nil {
+		if *p, err = take(1); err != nil {
 			return nil, err
 		}
 	}
@@ -99,10 +111,10 @@ func NewFleet() (*Fleet, error) {
 	for i := range f.Pods {
 		p := &f.Pods[i]
 		// dp_size ports plus a neighbour on each side.
-		if p.PubBase, err = pa.take(p.DPSize + 2); err != nil {
+		if p.PubBase, err = take(p.DPSize + 2); err != nil {
 			return nil, err
 		}
-		if p.ReplayBase, err = pa.take(p.DPSize + 2); err != nil {
+		if p.ReplayBase, err = take(p.DPSize + 2); err != nil {
 			return nil, err
 		}
 		p.PubBase++
@@ -114,12 +126,9 @@ func NewFleet() (*Fleet, error) {
 // Workers returns every legitimate worker by model.
 func (f *Fleet) Workers() map[string][]events.WorkerRef {
 	out := map[string][]events.WorkerRef{}
-	for _, p := range f.Pods {
-		for r := 0; r < p.DPSize; r++ {
-			out[p.Model] = append(out[p.Model], events.WorkerRef{Pod: p.Name, DPRank: r})
-		}
+	for _, e := range f.Engines() {
+		out[e.Model] = append(out[e.Model], e.Worker)
 	}
-	out[ModelA] = append(out[ModelA], events.WorkerRef{Pod: PushPod})
 	return out
 }
 
@@ -131,10 +140,9 @@ func (f *Fleet) Engines() []EngineSpec {
 			out = append(out, EngineSpec{
 				Worker:         events.WorkerRef{Pod: p.Name, DPRank: r},
 				Model:          p.Model,
-				BlockSize:      BlockSizeOf(p.Model),
-				Endpoint:       tcp("127.0.0.1", p.PubBase+r),
+				Endpoint:       tcp(p.PubBase + r),
 				Topic:          "kv@" + p.Name + "@" + p.Model,
-				ReplayEndpoint: tcp("127.0.0.1", p.ReplayBase+r),
+				ReplayEndpoint: tcp(p.ReplayBase + r),
 				ReplayFrames:   p.ReplayFrames,
 				Encoding:       p.Encoding,
 				Capacity:       p.Capacity,
@@ -142,14 +150,13 @@ func (f *Fleet) Engines() []EngineSpec {
 		}
 	}
 	out = append(out, EngineSpec{
-		Worker:    events.WorkerRef{Pod: PushPod},
-		Model:     ModelA,
-		BlockSize: BlockSizeOf(ModelA),
+		Worker: events.WorkerRef{Pod: PushPod},
+		Model:  ModelA,
 		// libzmq's "source;destination" form: connect from PushSource.
 		Endpoint:       "tcp://" + PushSource + ":0;127.0.0.1:" + strconv.Itoa(f.AllowPush),
 		Push:           true,
 		Topic:          PushTopic,
-		ReplayEndpoint: tcp("127.0.0.1", f.PushReplay),
+		ReplayEndpoint: tcp(f.PushReplay),
 		ReplayFrames:   4,
 		Encoding:       events.EncodeOptions{Encoding: events.EncodingMap},
 		Capacity:       f.PushCapacity,
@@ -170,7 +177,7 @@ func (f *Fleet) Config() *config.Config {
 				Listen:     f.AllowPushAddr(),
 				MaxWorkers: AllowMaxWorkers,
 				Allow:      []string{PushSource + "/32"},
-				Routes:     []config.Route{{Topic: PushTopic, Pod: PushPod, Model: ModelA, ReplayEndpoint: tcp("127.0.0.1", f.PushReplay)}},
+				Routes:     []config.Route{{Topic: PushTopic, Pod: PushPod, Model: ModelA, ReplayEndpoint: tcp(f.PushReplay)}},
 			},
 		},
 		Events:  config.Events{MaxMessageBytes: MaxMessageBytes},
@@ -181,9 +188,9 @@ func (f *Fleet) Config() *config.Config {
 		pc := config.Pod{
 			Name:           p.Name,
 			Model:          p.Model,
-			Endpoint:       tcp("127.0.0.1", p.PubBase),
+			Endpoint:       tcp(p.PubBase),
 			DPSize:         p.DPSize,
-			ReplayEndpoint: tcp("127.0.0.1", p.ReplayBase),
+			ReplayEndpoint: tcp(p.ReplayBase),
 		}
 		if p.ConfigureCapacity {
 			pc.CapacityBlocks = p.Capacity
@@ -207,10 +214,10 @@ func (f *Fleet) YAML() ([]byte, error) {
 }
 
 // OpenPushAddr is the open push listener's endpoint.
-func (f *Fleet) OpenPushAddr() string { return tcp("127.0.0.1", f.OpenPush) }
+func (f *Fleet) OpenPushAddr() string { return tcp(f.OpenPush) }
 
 // AllowPushAddr is the allowlisted push listener's endpoint.
-func (f *Fleet) AllowPushAddr() string { return tcp("127.0.0.1", f.AllowPush) }
+func (f *Fleet) AllowPushAddr() string { return tcp(f.AllowPush) }
 
 // GRPCAddr is the daemon's gRPC host:port.
 func (f *Fleet) GRPCAddr() string { return "127.0.0.1:" + strconv.Itoa(f.GRPCPort) }
@@ -222,43 +229,13 @@ func (f *Fleet) MetricsAddr() string { return "127.0.0.1:" + strconv.Itoa(f.Metr
 // replay port ranges.
 func (f *Fleet) Neighbours() (pub, replay []string) {
 	for _, p := range f.Pods {
-		pub = append(pub, tcp("127.0.0.1", p.PubBase-1), tcp("127.0.0.1", p.PubBase+p.DPSize))
-		replay = append(replay, tcp("127.0.0.1", p.ReplayBase-1), tcp("127.0.0.1", p.ReplayBase+p.DPSize))
+		pub = append(pub, tcp(p.PubBase-1), tcp(p.PubBase+p.DPSize))
+		replay = append(replay, tcp(p.ReplayBase-1), tcp(p.ReplayBase+p.DPSize))
 	}
 	return pub, replay
 }
 
-func tcp(host string, port int) string { return "tcp://" + host + ":" + strconv.Itoa(port) }
-
-// portAllocator hands out runs of consecutive free ports in [20000, 32000).
-type portAllocator struct {
-	rng  *rand.Rand
-	used map[int]bool
-}
-
-// portLow and portHigh bound the ports the soak uses: below Linux's
-// default ephemeral range (32768-60999).
-const (
-	portLow  = 20000
-	portHigh = 32000
-)
-
-func (pa *portAllocator) take(n int) (int, error) {
-	for try := 0; try < 200; try++ {
-		base := portLow + pa.rng.IntN(portHigh-portLow-n)
-		ok := true
-		for p := base; p < base+n && ok; p++ {
-			ok = !pa.used[p] && portFree(p)
-		}
-		if ok {
-			for p := base; p < base+n; p++ {
-				pa.used[p] = true
-			}
-			return base, nil
-		}
-	}
-	return 0, fmt.Errorf("soak: no %d consecutive free loopback ports in [%d, %d)", n, portLow, portHigh)
-}
+func tcp(port int) string { return "tcp://127.0.0.1:" + strconv.Itoa(port) }
 
 func portFree(port int) bool {
 	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))

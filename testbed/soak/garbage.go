@@ -4,38 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net"
-	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	zmq4 "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/events"
-)
-
-// Kinds of hostile input the garbage sender sends, as the summary counts
-// them.
-const (
-	GarbageRawTCP        = "raw_tcp"          // random bytes (or a ZMTP greeting then junk) on a TCP connection
-	GarbageFrames        = "wrong_frames"     // 1, 2, 4 or 5 frames, or a 7-byte seq
-	GarbageRandom        = "random_payload"   // random bytes as the payload
-	GarbageMalformed     = "malformed"        // truncated or mistyped msgpack
-	GarbageHugeLength    = "huge_length"      // containers and strings declaring 4 GiB
-	GarbageOversize      = "oversize"         // a message over max_message_bytes
-	GarbageNoPod         = "no_pod_topic"     // topics that name no pod
-	GarbagePullInjection = "pull_injection"   // kv@<pull pod>@<any model>, configured ranks
-	GarbageOtherListener = "other_listener"   // the allowlisted listener's pod, on the open one
-	GarbageOtherModel    = "other_model"      // a garbage pod under another model
-	GarbageDPRank        = "dp_rank"          // data_parallel_rank outside [0, 1024)
-	GarbageNewPod        = "new_pod"          // a new pod name each time, past max_workers
-	GarbageKnownBad      = "known_worker_bad" // an undecodable payload for a garbage worker
-	GarbageAddress       = "refused_address"  // a connection from outside the allowlist
-	GarbageNeighbour     = "neighbour"        // published on ports next to a pull pod's
-	GarbagePullRank      = "pull_rank"        // kv@<pull pod>@<its model>, a rank it does not have
 )
 
 // fixedGarbagePod is the garbage pod created first in every daemon
@@ -44,11 +20,11 @@ const fixedGarbagePod = "evil-fixed"
 
 // Garbage sends hostile input at the daemon: at its push listeners, its
 // gRPC and metrics ports, and from ports next to the pull pods'. It owns
-// its ZeroMQ sockets; Run's goroutine is the only one that uses them.
+// its ZeroMQ sockets; run's goroutine is the only one that uses them.
+// The kinds it counts are the soak probes of docs/reliability.md.
 type Garbage struct {
-	fleet *Fleet
-	rng   *rand.Rand
-	view  DaemonView
+	r   *runner
+	rng *rand.Rand
 
 	zctx       *zmq4.Context
 	open       *zmq4.Socket // XPUB connected to the open listener
@@ -58,69 +34,48 @@ type Garbage struct {
 	newPods    int
 	seq        uint64
 
-	mu       sync.Mutex
-	counts   map[string]int64
-	problems []string
+	counts counters // messages (and connections) sent by kind
 }
 
-// DaemonView is what the garbage sender knows of the daemon, from the
-// soak's ListWorkers samples.
-type DaemonView interface {
-	// Process returns the current daemon process's number.
-	Process() int
-	// Listed reports whether ListWorkers of daemon process n has shown
-	// pod (rank 0) created by the push listener at endpoint.
-	Listed(n int, pod, endpoint string) bool
-}
-
-// NewGarbage opens the garbage sockets: one connected to the open push
+// newGarbage opens the garbage sockets: one connected to the open push
 // listener, and one XPUB or ROUTER bound on each neighbour port.
-func NewGarbage(f *Fleet, seed uint64, view DaemonView) (*Garbage, error) {
-	g := &Garbage{fleet: f, rng: rand.New(rand.NewPCG(seed, stringSeed("garbage"))), view: view, counts: map[string]int64{}}
+func newGarbage(r *runner) (*Garbage, error) {
+	g := &Garbage{r: r, rng: rand.New(rand.NewPCG(r.opts.Seed, stringSeed("garbage")))}
 	var err error
 	if g.zctx, err = zmq4.NewContext(); err != nil {
 		return nil, fmt.Errorf("soak: garbage zmq context: %w", err)
 	}
-	fail := func(err error) (*Garbage, error) {
+	if g.open, err = g.socket(zmq4.XPUB, r.fleet.OpenPushAddr(), false, 100*time.Millisecond); err != nil {
 		g.Close()
 		return nil, err
 	}
-	if g.open, err = g.xpub(f.OpenPushAddr(), false, 100*time.Millisecond); err != nil {
-		return fail(err)
-	}
-	pubs, replays := f.Neighbours()
-	for _, ep := range pubs {
-		s, err := g.xpub(ep, true, 0)
-		if err != nil {
-			return fail(err)
+	pubs, replays := r.fleet.Neighbours()
+	for i, ep := range append(pubs, replays...) {
+		t := zmq4.XPUB
+		if i >= len(pubs) {
+			t = zmq4.ROUTER
 		}
-		g.neighbours = append(g.neighbours, s)
-		g.listening = append(g.listening, s)
-	}
-	for _, ep := range replays {
-		s, err := g.zctx.NewSocket(zmq4.ROUTER)
-		if err == nil {
-			_ = s.SetLinger(0)
-			if err = s.Bind(ep); err != nil {
-				s.Close()
-			}
-		}
+		s, err := g.socket(t, ep, true, 0)
 		if err != nil {
-			return fail(fmt.Errorf("soak: garbage ROUTER on %s: %w", ep, err))
+			g.Close()
+			return nil, err
 		}
 		g.listening = append(g.listening, s)
 	}
+	g.neighbours = g.listening[:len(pubs)]
 	return g, nil
 }
 
-func (g *Garbage) xpub(ep string, bind bool, reconnect time.Duration) (*zmq4.Socket, error) {
-	s, err := g.zctx.NewSocket(zmq4.XPUB)
+func (g *Garbage) socket(t zmq4.Type, ep string, bind bool, reconnect time.Duration) (*zmq4.Socket, error) {
+	s, err := g.zctx.NewSocket(t)
 	if err != nil {
 		return nil, fmt.Errorf("soak: garbage socket for %s: %w", ep, err)
 	}
 	_ = s.SetLinger(0)
-	_ = s.SetXpubVerbose(1)
-	_ = s.SetSndhwm(10_000)
+	if t == zmq4.XPUB {
+		_ = s.SetXpubVerbose(1)
+		_ = s.SetSndhwm(10_000)
+	}
 	if reconnect > 0 {
 		_ = s.SetReconnectIvl(reconnect)
 	}
@@ -148,39 +103,17 @@ func (g *Garbage) Close() {
 	}
 }
 
-// Counts returns the messages (and connections) sent by kind.
-func (g *Garbage) Counts() map[string]int64 {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return maps.Clone(g.counts)
-}
-
-// Problems returns what the garbage sender saw that it must not: a
-// daemon that subscribed to or asked a replay of a neighbour port.
-func (g *Garbage) Problems() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]string(nil), g.problems...)
-}
-
-func (g *Garbage) count(kind string) {
-	g.mu.Lock()
-	g.counts[kind]++
-	g.mu.Unlock()
-}
-
-// Run sends one probe every interval until ctx is done.
-func (g *Garbage) Run(ctx context.Context, interval time.Duration) {
-	every(ctx, interval, func(i int) bool {
+// run sends one probe every garbageInterval until ctx is done.
+func (g *Garbage) run(ctx context.Context) {
+	every(ctx, garbageInterval, func(i int) {
 		g.watch()
 		g.probe(ctx, i)
-		return true
 	})
 }
 
 // watch drains the open socket's subscriptions (which only show the
 // daemon's reconnections) and the neighbour sockets, where any message
-// at all is a daemon reading a port it was never given.
+// at all is a daemon reading a port it was never given (a failure).
 func (g *Garbage) watch() {
 	for {
 		if _, err := g.open.RecvBytes(zmq4.DONTWAIT); err != nil {
@@ -194,26 +127,22 @@ func (g *Garbage) watch() {
 			if err != nil {
 				break
 			}
-			g.mu.Lock()
-			if len(g.problems) < 20 {
-				g.problems = append(g.problems, fmt.Sprintf("neighbour port %s received %d frames: the daemon reached a port it was not configured with", ep, len(frames)))
-			}
-			g.mu.Unlock()
+			g.r.fail.Add("neighbour_reached", "neighbour port %s received %d frames: the daemon reached a port it was not configured with", ep, len(frames))
 		}
 	}
 }
 
 // probe sends one probe, chosen by turn.
 func (g *Garbage) probe(ctx context.Context, i int) {
-	gen := g.view.Process()
+	gen := g.r.Process()
 	// Until a daemon process lists the fixed garbage pod, every probe
 	// creates it (before new pod names take the listener's slots).
-	if !g.view.Listed(gen, fixedGarbagePod, g.fleet.OpenPushAddr()) {
-		g.send(GarbageNewPod, g.open, "kv@"+fixedGarbagePod+"@"+GarbageModel, g.validPayload(0))
+	if !g.r.Listed(gen, fixedGarbagePod, g.r.fleet.OpenPushAddr()) {
+		g.send("new_pod", g.open, "kv@"+fixedGarbagePod+"@"+GarbageModel, g.validPayload(0))
 		return
 	}
 	for _, s := range g.neighbours {
-		g.send(GarbageNeighbour, s, "kv@neighbour@"+ModelA, g.validPayload(0))
+		g.send("neighbour", s, "kv@neighbour@"+ModelA, g.validPayload(0))
 	}
 	switch i % 14 {
 	case 0:
@@ -221,38 +150,38 @@ func (g *Garbage) probe(ctx context.Context, i int) {
 	case 1:
 		g.wrongFrames()
 	case 2:
-		g.send(GarbageRandom, g.open, g.evilTopic(), g.randomBytes(1+g.rng.IntN(512)))
+		g.send("random_payload", g.open, g.evilTopic(), g.randomBytes(1+g.rng.IntN(512)))
 	case 3:
-		g.send(GarbageMalformed, g.open, g.evilTopic(), g.malformed())
+		g.send("malformed", g.open, g.evilTopic(), g.malformed())
 	case 4:
-		g.send(GarbageHugeLength, g.open, g.evilTopic(), g.hugeLength())
+		g.send("huge_length", g.open, g.evilTopic(), g.hugeLength())
 	case 5:
 		if i%(14*10) == 5 { // 2 MiB, every tenth round
-			g.send(GarbageOversize, g.open, g.evilTopic(), g.randomBytes(2*MaxMessageBytes))
+			g.send("oversize", g.open, g.evilTopic(), g.randomBytes(2*MaxMessageBytes))
 		} else {
-			g.send(GarbageMalformed, g.open, g.evilTopic(), g.malformed())
+			g.send("malformed", g.open, g.evilTopic(), g.malformed())
 		}
 	case 6:
 		topics := []string{"garbage", "kv@", "kv@@" + ModelA, "kv@pod-only", "", "kv@x@", string(g.randomBytes(2048))}
-		g.send(GarbageNoPod, g.open, topics[g.rng.IntN(len(topics))], g.validPayload(0))
+		g.send("no_pod_topic", g.open, topics[g.rng.IntN(len(topics))], g.validPayload(0))
 	case 7:
-		p := g.fleet.Pods[g.rng.IntN(len(g.fleet.Pods))]
+		p := g.r.fleet.Pods[g.rng.IntN(len(g.r.fleet.Pods))]
 		models := []string{p.Model, ModelA, ModelB, GarbageModel, "unheard/of"}
-		g.send(GarbagePullInjection, g.open, "kv@"+p.Name+"@"+models[g.rng.IntN(len(models))], g.validPayload(g.rng.IntN(p.DPSize)))
+		g.send("pull_injection", g.open, "kv@"+p.Name+"@"+models[g.rng.IntN(len(models))], g.validPayload(g.rng.IntN(p.DPSize)))
 	case 8:
-		if g.view.Listed(gen, PushPod, g.fleet.AllowPushAddr()) {
-			g.send(GarbageOtherListener, g.open, "kv@"+PushPod+"@"+ModelA, g.validPayload(0))
+		if g.r.Listed(gen, PushPod, g.r.fleet.AllowPushAddr()) {
+			g.send("other_listener", g.open, "kv@"+PushPod+"@"+ModelA, g.validPayload(0))
 		}
 	case 9:
-		g.send(GarbageOtherModel, g.open, "kv@"+fixedGarbagePod+"@"+ModelB, g.validPayload(0))
+		g.send("other_model", g.open, "kv@"+fixedGarbagePod+"@"+ModelB, g.validPayload(0))
 	case 10:
 		ranks := []int{-1, 1024, 1 << 20, -(1 << 40)}
-		g.send(GarbageDPRank, g.open, "kv@evil-rank@"+GarbageModel, g.validPayload(ranks[g.rng.IntN(len(ranks))]))
+		g.send("dp_rank", g.open, "kv@evil-rank@"+GarbageModel, g.validPayload(ranks[g.rng.IntN(len(ranks))]))
 	case 11:
 		g.newPods++
-		g.send(GarbageNewPod, g.open, "kv@evil-"+strconv.Itoa(g.newPods)+"@"+GarbageModel, g.validPayload(0))
+		g.send("new_pod", g.open, "kv@evil-"+strconv.Itoa(g.newPods)+"@"+GarbageModel, g.validPayload(0))
 	case 12:
-		g.send(GarbageKnownBad, g.open, "kv@"+fixedGarbagePod+"@"+GarbageModel, g.malformed())
+		g.send("known_worker_bad", g.open, "kv@"+fixedGarbagePod+"@"+GarbageModel, g.malformed())
 	case 13:
 		// A new connection each time: the listener refuses each at the
 		// handshake, and libzmq may not retry one it refused.
@@ -260,12 +189,12 @@ func (g *Garbage) probe(ctx context.Context, i int) {
 			g.refused.Close()
 			g.refused = nil
 		}
-		if s, err := g.xpub(g.fleet.AllowPushAddr(), false, time.Second); err == nil {
+		if s, err := g.socket(zmq4.XPUB, g.r.fleet.AllowPushAddr(), false, time.Second); err == nil {
 			g.refused = s
-			g.send(GarbageAddress, g.refused, "kv@evil-refused@"+GarbageModel, g.validPayload(0))
+			g.send("refused_address", g.refused, "kv@evil-refused@"+GarbageModel, g.validPayload(0))
 		}
-		p := g.fleet.Pods[g.rng.IntN(len(g.fleet.Pods))]
-		g.send(GarbagePullRank, g.open, "kv@"+p.Name+"@"+p.Model, g.validPayload(p.DPSize))
+		p := g.r.fleet.Pods[g.rng.IntN(len(g.r.fleet.Pods))]
+		g.send("pull_rank", g.open, "kv@"+p.Name+"@"+p.Model, g.validPayload(p.DPSize))
 	}
 }
 
@@ -284,28 +213,16 @@ func (g *Garbage) send(kind string, s *zmq4.Socket, topic string, payload []byte
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], g.seq)
 	_, _ = s.SendMessageDontwait(topic, seq[:], payload)
-	g.count(kind)
+	g.counts.add(kind)
 }
 
-// wrongFrames sends a message that is not [topic, 8-byte seq, payload].
+// wrongFrames sends a message that is not [topic, 8-byte seq, payload]:
+// 1, 2, 4 or 5 frames, or a 7-byte seq.
 func (g *Garbage) wrongFrames() {
-	topic := g.evilTopic()
-	seq := make([]byte, 8)
-	var parts []any
-	switch g.rng.IntN(5) {
-	case 0:
-		parts = []any{topic}
-	case 1:
-		parts = []any{topic, seq}
-	case 2:
-		parts = []any{topic, seq[:7], g.validPayload(0)}
-	case 3:
-		parts = []any{topic, seq, g.validPayload(0), []byte("extra")}
-	default:
-		parts = []any{topic, seq, g.validPayload(0), seq, seq}
-	}
-	_, _ = g.open.SendMessageDontwait(parts...)
-	g.count(GarbageFrames)
+	topic, seq, p := g.evilTopic(), make([]byte, 8), g.validPayload(0)
+	forms := [][]any{{topic}, {topic, seq}, {topic, seq[:7], p}, {topic, seq, p, []byte("extra")}, {topic, seq, p, seq, seq}}
+	_, _ = g.open.SendMessageDontwait(forms[g.rng.IntN(len(forms))]...)
+	g.counts.add("wrong_frames")
 }
 
 // validPayload is a decodable batch storing 1..4 blocks of random tokens
@@ -371,12 +288,11 @@ func (g *Garbage) randomBytes(n int) []byte {
 // random bytes, or a ZMTP greeting's signature followed by junk.
 func (g *Garbage) rawTCP(ctx context.Context) {
 	targets := []string{
-		"127.0.0.1:" + strconv.Itoa(g.fleet.OpenPush),
-		"127.0.0.1:" + strconv.Itoa(g.fleet.AllowPush),
-		g.fleet.GRPCAddr(),
-		g.fleet.MetricsAddr(),
+		"127.0.0.1:" + strconv.Itoa(g.r.fleet.OpenPush),
+		"127.0.0.1:" + strconv.Itoa(g.r.fleet.AllowPush),
+		g.r.fleet.GRPCAddr(),
+		g.r.fleet.MetricsAddr(),
 	}
-	sort.Strings(targets)
 	addr := targets[g.rng.IntN(len(targets))]
 	data := g.randomBytes(1 + g.rng.IntN(4096))
 	if g.rng.IntN(2) == 0 {
@@ -393,5 +309,5 @@ func (g *Garbage) rawTCP(ctx context.Context) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(time.Second))
 	_, _ = conn.Write(data)
-	g.count(GarbageRawTCP)
+	g.counts.add("raw_tcp")
 }

@@ -25,30 +25,30 @@ func overloadErr(t *testing.T) error {
 // An overload refusal of a load call is counted, not a failure; any other
 // error outside a restart is one, ResourceExhausted for a limit included.
 func TestLoadCountsOverloadRefusals(t *testing.T) {
-	l := &Load{window: &Window{}, fail: &Failures{}}
+	l := &runner{}
 	ctx := context.Background()
 	overload := overloadErr(t)
-	if l.call(ctx, "Score", func(context.Context) error { return overload }) {
+	if l.call(ctx, "rpc_error", "Score", func(context.Context) error { return overload }) {
 		t.Fatal("a refused call reported success")
 	}
-	if !l.call(ctx, "Score", func(context.Context) error { return nil }) {
+	if !l.call(ctx, "rpc_error", "Score", func(context.Context) error { return nil }) {
 		t.Fatal("an answered call reported failure")
 	}
-	if st := l.Stats(); st.Calls != 2 || st.Refused != 1 || l.fail.Count() != 0 {
-		t.Fatalf("calls %d, refused %d, failures %v; want 2, 1, none", st.Calls, st.Refused, l.fail.String())
+	if st := l.load.snapshot(); st["calls"] != 2 || st["refused"] != 1 || l.fail.Count() != 0 {
+		t.Fatalf("calls %d, refused %d, failures %v; want 2, 1, none", st["calls"], st["refused"], l.fail.String())
 	}
-	l.call(ctx, "Route", func(context.Context) error {
+	l.call(ctx, "rpc_error", "Route", func(context.Context) error {
 		return status.Error(codes.ResourceExhausted, "request_id: too long")
 	})
-	if st := l.Stats(); st.Calls != 3 || st.Refused != 1 || l.fail.Counts()["rpc_error"] != 1 {
-		t.Fatalf("calls %d, refused %d, failures %v; want 3, 1, rpc_error=1", st.Calls, st.Refused, l.fail.String())
+	if st := l.load.snapshot(); st["calls"] != 3 || st["refused"] != 1 || l.fail.Counts()["rpc_error"] != 1 {
+		t.Fatalf("calls %d, refused %d, failures %v; want 3, 1, rpc_error=1", st["calls"], st["refused"], l.fail.String())
 	}
 }
 
 // A checkpoint Score refused for overload is sent again until answered,
 // each refusal counted; past checkpointTries the refusal is returned.
 func TestRetryOverloaded(t *testing.T) {
-	l := &Load{window: &Window{}, fail: &Failures{}}
+	l := &runner{}
 	ctx := context.Background()
 	overload := overloadErr(t)
 	n := 0
@@ -57,8 +57,8 @@ func TestRetryOverloaded(t *testing.T) {
 			return overload
 		}
 		return nil
-	}); err != nil || n != 3 || l.Stats().CheckpointRefused != 2 {
-		t.Fatalf("err %v after %d calls, %d refusals counted; want nil, 3, 2", err, n, l.Stats().CheckpointRefused)
+	}); err != nil || n != 3 || l.load.snapshot()["checkpoint_refused"] != 2 {
+		t.Fatalf("err %v after %d calls, %d refusals counted; want nil, 3, 2", err, n, l.load.snapshot()["checkpoint_refused"])
 	}
 	other := status.Error(codes.Internal, "boom")
 	n = 0
@@ -66,8 +66,8 @@ func TestRetryOverloaded(t *testing.T) {
 		t.Fatalf("another error: %v after %d calls, want it after 1", err, n)
 	}
 	n = 0
-	if err := l.retryOverloaded(ctx, func() error { n++; return overload }); !api.IsOverloaded(err) || n != checkpointTries || l.Stats().CheckpointRefused != 2+checkpointTries-1 {
-		t.Fatalf("always refused: %v after %d calls, %d counted; want the refusal after %d, %d", err, n, l.Stats().CheckpointRefused, checkpointTries, 2+checkpointTries-1)
+	if err := l.retryOverloaded(ctx, func() error { n++; return overload }); !api.IsOverloaded(err) || n != checkpointTries || l.load.snapshot()["checkpoint_refused"] != 2+checkpointTries-1 {
+		t.Fatalf("always refused: %v after %d calls, %d counted; want the refusal after %d, %d", err, n, l.load.snapshot()["checkpoint_refused"], checkpointTries, 2+checkpointTries-1)
 	}
 }
 
@@ -79,7 +79,7 @@ func TestCheckRefused(t *testing.T) {
 		fail           bool
 	}{{0, 0, false}, {5, 100, false}, {6, 100, true}, {1, 0, true}} {
 		r := &runner{opts: Options{MaxRefused: 0.05}}
-		r.checkRefused(LoadStats{Calls: c.calls, Refused: c.refused})
+		r.checkRefused(map[string]int64{"calls": c.calls, "refused": c.refused})
 		if got := r.fail.Counts()["overload_refused"] == 1; got != c.fail {
 			t.Errorf("%d of %d refused: failed %v, want %v (%s)", c.refused, c.calls, got, c.fail, r.fail.String())
 		}

@@ -21,17 +21,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// sample is one reading of the daemon's RSS and goroutines; settled
-// says a checkpoint of its process had passed (its join replays were
-// over).
-type sample struct {
-	at         time.Time
-	process    int
-	settled    bool
-	rss        float64
-	goroutines float64
-}
-
 // runner is one soak run's state.
 type runner struct {
 	opts    Options
@@ -46,20 +35,23 @@ type runner struct {
 	http    *http.Client
 	window  Window
 	fail    Failures
-	load    *Load
 	garbage *Garbage
 
 	// chaos serialises engine restarts, daemon restarts and checkpoints.
 	chaos sync.Mutex
 
+	aborted atomic.Bool // a failure ended the run
+	load    counters    // the gRPC load's calls and answers (Summary.Load)
+	checks  counters    // checkpoint work (Summary.Checks)
+
 	mu       sync.Mutex // guards the fields below
 	child    *proc.Process
 	process  int                      // the current daemon process's number
 	restarts map[events.WorkerRef]int // engine restarts during the current process
-	// reported is, per worker of the current process, each counter's
-	// excess already reported as a failure, so that one failure is
-	// reported once and later checkpoints judge what follows it.
-	reported map[events.WorkerRef]map[string]uint64
+	// reported is, per worker counter of the current process, its excess
+	// already reported as a failure, so that one failure is reported once
+	// and later checkpoints judge what follows it.
+	reported map[workerCounter]uint64
 	// flow is, per worker, the blocks its engine had sent and the index
 	// had applied at the last checkpoint that compared them.
 	flow        map[events.WorkerRef]blockFlow
@@ -72,10 +64,6 @@ type runner struct {
 	terminated  int
 	killed      int
 	errorLines  int
-	aborted     bool
-
-	checkpoints, scoresChecked, comparisons, wrong, residentChecks atomic.Int64
-	wrongFiles                                                     atomic.Int64
 }
 
 // Run runs a soak with opts and returns its summary. The error reports a
@@ -95,20 +83,27 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	r := &runner{
 		opts: opts, log: opts.Logger, byRef: map[events.WorkerRef]*Engine{},
 		http:     &http.Client{Timeout: 3 * time.Second},
-		restarts: map[events.WorkerRef]int{}, reported: map[events.WorkerRef]map[string]uint64{}, flow: map[events.WorkerRef]blockFlow{}, listed: map[int]map[listing]bool{},
+		restarts: map[events.WorkerRef]int{}, reported: map[workerCounter]uint64{}, flow: map[events.WorkerRef]blockFlow{}, listed: map[int]map[listing]bool{},
 		lastWorkers: map[int][]*kvindexv1.WorkerStatus{}, lastMetrics: map[int]Metrics{},
 		settled: map[int]bool{}, cpu: map[int]float64{},
 	}
 	start := time.Now()
 	loadStart := loadAvg()
-	defer r.closeEngines()
+	defer func() {
+		for _, e := range r.engines {
+			_ = e.Close()
+		}
+	}()
 	if err := r.setup(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.startDaemon(); err != nil {
 		return nil, err
 	}
-	defer r.killDaemon()
+	defer func() { // no daemon outlives Run
+		c, _ := r.currentChild()
+		c.Kill()
+	}()
 	var err error
 	r.client, err = api.Dial(ctx, r.fleet.GRPCAddr(), grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
@@ -121,29 +116,20 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := r.waitReady(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
-	r.garbage, err = NewGarbage(r.fleet, opts.Seed, r)
-	if err != nil {
+	if r.garbage, err = newGarbage(r); err != nil {
 		return nil, err
 	}
 	defer r.garbage.Close()
-	r.load = NewLoad(r.client, r.fleet, r.engines, &r.window, r, &r.fail, opts.Seed)
 
 	work, stopWork := context.WithCancel(ctx)
 	defer stopWork()
 	var wg sync.WaitGroup
-	goRun := func(f func(context.Context)) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f(work) }()
-	}
 	for i, e := range r.engines {
-		goRun(func(c context.Context) { r.runEngine(c, e, i) })
+		wg.Go(func() { r.runEngine(work, e, i) })
 	}
-	goRun(func(c context.Context) { r.load.RunScores(c, opts.ScoreRPS) })
-	goRun(func(c context.Context) { r.load.RunRoutes(c, opts.RouteRPS) })
-	goRun(func(c context.Context) { r.garbage.Run(c, opts.GarbageInterval) })
-	goRun(r.runSampler)
-	goRun(r.runChaos)
-	goRun(r.runCheckpoints)
+	for _, f := range []func(context.Context){r.runScores, r.runRoutes, r.garbage.run, r.runSampler, r.runChaos, r.runCheckpoints} {
+		wg.Go(func() { f(work) })
+	}
 	r.log.Info("soak running", "duration", opts.Duration, "seed", opts.Seed, "engines", len(r.engines), "dir", opts.Dir)
 
 	select {
@@ -158,7 +144,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	}
 	elapsed := time.Since(start)
 
-	if !r.isAborted() {
+	if !r.aborted.Load() {
 		fctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 		r.chaos.Lock()
 		r.checkpoint(fctx, "final")
@@ -168,11 +154,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		r.finalChecks()
 		r.stopDaemon(syscall.SIGTERM)
 	}
-	for _, p := range r.garbage.Problems() {
-		r.fail.Add("neighbour_reached", "%s", p)
-	}
-	sum := r.summary(elapsed, loadStart)
-	return sum, nil
+	return r.summary(elapsed, loadStart), nil
 }
 
 // setup lays out the fleet, writes the configuration, builds the daemon
@@ -191,19 +173,13 @@ func (r *runner) setup(ctx context.Context) error {
 	if err := os.WriteFile(r.cfgPath, text, 0o644); err != nil {
 		return fmt.Errorf("soak: write configuration: %w", err)
 	}
-	r.bin = r.opts.Binary
-	if r.bin == "" {
-		r.log.Info("building the daemon", "go", r.opts.GoTool)
-		if r.bin, err = proc.Build(ctx, r.opts.GoTool, r.opts.Dir, "github.com/kvindex/kvindex/cmd/kvindex"); err != nil {
-			return err
-		}
-	}
-	systems := map[string][][]uint32{}
-	for _, m := range []string{ModelA, ModelB} {
-		systems[m] = SystemPrompts(r.opts.Seed, m, BlockSizeOf(m), 4)
+	r.log.Info("building the daemon", "go", r.opts.GoTool)
+	if r.bin, err = proc.Build(ctx, r.opts.GoTool, r.opts.Dir, "github.com/kvindex/kvindex/cmd/kvindex"); err != nil {
+		return err
 	}
 	for i, spec := range r.fleet.Engines() {
-		e, err := NewEngine(spec, r.opts.Engine, r.opts.Seed, i, systems[spec.Model])
+		// Every engine of a model shares its system prompts.
+		e, err := NewEngine(spec, DefaultEngineOptions(), r.opts.Seed, i, SystemPrompts(r.opts.Seed, spec.Model, BlockSizeOf(spec.Model), 4))
 		if err != nil {
 			return err
 		}
@@ -222,31 +198,29 @@ func (r *runner) setup(ctx context.Context) error {
 	return nil
 }
 
-func (r *runner) closeEngines() {
-	for _, e := range r.engines {
-		_ = e.Close()
-	}
-}
-
-func (r *runner) currentProcess() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.process
-}
-
 func (r *runner) currentChild() (*proc.Process, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.child, r.process
 }
 
+// workerCounter names one ListWorkers counter of one worker.
+type workerCounter struct {
+	ref  events.WorkerRef
+	name string
+}
+
 // listing is a push worker (rank 0) and the listener that created it.
 type listing struct{ pod, endpoint string }
 
-// Process returns the current daemon process's number (DaemonView).
-func (r *runner) Process() int { return r.currentProcess() }
+// Process returns the current daemon process's number.
+func (r *runner) Process() int {
+	_, n := r.currentChild()
+	return n
+}
 
-// Settled reports whether a checkpoint of daemon process n has passed.
+// Settled reports whether a checkpoint of daemon process n has passed:
+// its join replays are over, and no worker may be DEGRADED any more.
 func (r *runner) Settled(n int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -254,23 +228,17 @@ func (r *runner) Settled(n int) bool {
 }
 
 // Listed reports whether daemon process n listed pod on the push
-// listener at endpoint (DaemonView).
+// listener at endpoint.
 func (r *runner) Listed(n int, pod, endpoint string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.listed[n][listing{pod, endpoint}]
 }
 
-func (r *runner) isAborted() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.aborted
-}
-
-func (r *runner) abort() {
-	r.mu.Lock()
-	r.aborted = true
-	r.mu.Unlock()
+// abort records a failure that ends the run.
+func (r *runner) abort(kind, format string, args ...any) {
+	r.fail.Add(kind, format, args...)
+	r.aborted.Store(true)
 }
 
 // sleep waits d and reports whether ctx is still live.
@@ -285,9 +253,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// every calls f every d, counting its calls from 0, until ctx is done or
-// f returns false.
-func every(ctx context.Context, d time.Duration, f func(i int) bool) {
+// every calls f every d, counting its calls from 0, until ctx is done.
+func every(ctx context.Context, d time.Duration, f func(i int)) {
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for i := 0; ; i++ {
@@ -295,9 +262,7 @@ func every(ctx context.Context, d time.Duration, f func(i int) bool) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if !f(i) {
-			return
+			f(i)
 		}
 	}
 }

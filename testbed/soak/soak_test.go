@@ -184,8 +184,7 @@ func TestFailures(t *testing.T) {
 // (three seq drops there read as two publishers).
 func TestSchedule(t *testing.T) {
 	opts := DefaultOptions()
-	r := &runner{opts: opts, engines: make([]*Engine, 6)}
-	acts := r.schedule()
+	acts := schedule(opts.Duration, daemonRestarts, 6, opts.Seed)
 	var daemon []action
 	last := map[int]time.Duration{}
 	for i, a := range acts {
@@ -207,8 +206,7 @@ func TestSchedule(t *testing.T) {
 	if len(last) != 6 {
 		t.Fatalf("%d engines restarted, want all 6", len(last))
 	}
-	r.opts.DaemonRestarts = 1
-	for _, a := range r.schedule() {
+	for _, a := range schedule(opts.Duration, 1, 6, opts.Seed) {
 		if a.daemon && a.sig != syscall.SIGKILL {
 			t.Fatalf("a single daemon restart is %v, want SIGKILL", a.sig)
 		}
@@ -226,7 +224,7 @@ func TestEngineFlushAndRestart(t *testing.T) {
 	spec := f.Engines()[0]
 	opts := DefaultEngineOptions()
 	opts.LossRate = 1 // every step starts a loss
-	e, err := NewEngine(spec, opts, 1, 0, SystemPrompts(1, spec.Model, spec.BlockSize, 2))
+	e, err := NewEngine(spec, opts, 1, 0, SystemPrompts(1, spec.Model, BlockSizeOf(spec.Model), 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,11 +261,20 @@ func TestEngineFlushAndRestart(t *testing.T) {
 	if seq, _ := e.LastSeqLocked(); seq != 0 {
 		t.Fatalf("new process's first seq %d, want 0", seq)
 	}
-	e.Unlock()
-	if st := e.Stats(); st.Restarts != 1 || st.Steps != 7 {
+	if st := e.StatsLocked(); st.Restarts != 1 || st.Steps != 7 {
 		t.Fatalf("stats %+v", st)
 	}
+	e.Unlock()
 	if e.Spec().Worker != (events.WorkerRef{Pod: "pod-a"}) {
 		t.Fatalf("first engine %s", e.Spec().Worker)
+	}
+}
+
+// The summary's command line repeats what changes the run, with the seed.
+func TestCommandLine(t *testing.T) {
+	opts := DefaultOptions()
+	opts.Duration, opts.WarmupSteps = 15*time.Second, 0
+	if got, want := opts.commandLine(), "kvsoak --duration 15s --warmup-steps 0 --seed 1"; got != want {
+		t.Fatalf("command line %q, want %q", got, want)
 	}
 }

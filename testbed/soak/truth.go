@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"container/list"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -49,39 +50,37 @@ func BlockHashes(seed uint64, blockSize int, tokens []uint32, dst []uint64) []ui
 //
 // A Cache is not safe for concurrent use.
 type Cache struct {
-	blockSize int
-	capacity  int
-	seed      uint64
+	blockSize, capacity int
+	seed                uint64
 	// randomEvict is the fraction of evictions that take a random free
 	// block instead of the LRU one (0: pure LRU, whose caches never have
-	// holes).
+	// holes), drawn from rng.
 	randomEvict float64
 	rng         *rand.Rand
 
 	held map[uint64]*entry // by engine hash; only entries with copies
-	// free is the free queue of physical blocks, LRU first (a list through
-	// prev/next), and freeAt the same blocks in a slice for random picks.
-	head, tail *phys
-	freeAt     []*phys
-	nphys      int
+	// free is the free queue of physical blocks, LRU first, and freeAt
+	// the same blocks in a slice for random picks.
+	free   *list.List
+	freeAt []*phys
+	nphys  int
 
 	hashes []uint64 // scratch
 }
 
 // entry is one cached content block and its physical copies.
 type entry struct {
-	hash      uint64
-	parent    uint64
-	hasParent bool
-	tokens    []uint32
-	copies    []*phys
+	hash, parent uint64
+	hasParent    bool
+	tokens       []uint32
+	copies       []*phys
 }
 
 // phys is one physical KV block holding an entry's content.
 type phys struct {
-	e          *entry
-	prev, next *phys
-	at         int // index in freeAt, -1 while in use
+	e    *entry
+	elem *list.Element // in free
+	at   int           // index in freeAt, -1 while in use
 }
 
 // NewCache returns an empty cache of capacity physical blocks of
@@ -91,20 +90,11 @@ func NewCache(blockSize, capacity int, seed uint64, randomEvict float64, rng *ra
 	if blockSize <= 0 || capacity <= 0 {
 		return nil, fmt.Errorf("soak: cache of %d blocks of %d tokens: both must be positive", capacity, blockSize)
 	}
-	if randomEvict < 0 || randomEvict > 1 {
-		return nil, fmt.Errorf("soak: random eviction fraction %v is not in [0, 1]", randomEvict)
+	if randomEvict < 0 || randomEvict > 1 || (randomEvict > 0 && rng == nil) {
+		return nil, fmt.Errorf("soak: random eviction fraction %v: must be in [0, 1], and above 0 needs a random source", randomEvict)
 	}
-	if randomEvict > 0 && rng == nil {
-		return nil, fmt.Errorf("soak: random eviction needs a random source")
-	}
-	return &Cache{blockSize: blockSize, capacity: capacity, seed: seed, randomEvict: randomEvict, rng: rng, held: make(map[uint64]*entry)}, nil
+	return &Cache{blockSize: blockSize, capacity: capacity, seed: seed, randomEvict: randomEvict, rng: rng, held: make(map[uint64]*entry), free: list.New()}, nil
 }
-
-// BlockSize returns the tokens per block.
-func (c *Cache) BlockSize() int { return c.blockSize }
-
-// Capacity returns the number of physical blocks.
-func (c *Cache) Capacity() int { return c.capacity }
 
 // Resident returns the number of distinct blocks cached (what kvindex
 // reports as the worker's resident blocks).
@@ -139,7 +129,11 @@ func (c *Cache) Request(tokens []uint32, dst []events.Event) []events.Event {
 		used[i] = p
 	}
 	for c.nphys+(n-k) > c.capacity {
-		v := c.victim()
+		// The LRU free block, or with probability randomEvict a random one.
+		v := c.free.Front().Value.(*phys)
+		if c.randomEvict > 0 && c.rng.Float64() < c.randomEvict {
+			v = c.freeAt[c.rng.IntN(len(c.freeAt))]
+		}
 		c.unlink(v)
 		c.dropCopy(v)
 		dst = append(dst, events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{v.e.hash}, MediumName: "GPU"})
@@ -181,7 +175,8 @@ func (c *Cache) Request(tokens []uint32, dst []events.Event) []events.Event {
 // the event the engine publishes for it.
 func (c *Cache) Clear() events.Event {
 	clear(c.held)
-	c.head, c.tail, c.freeAt, c.nphys = nil, nil, c.freeAt[:0], 0
+	c.free.Init()
+	c.freeAt, c.nphys = c.freeAt[:0], 0
 	return events.Event{Kind: events.KindAllBlocksCleared}
 }
 
@@ -208,35 +203,12 @@ func (c *Cache) Chain(rng *rand.Rand) []uint32 {
 	if len(c.freeAt) == 0 {
 		return nil
 	}
-	out, _ := c.chain(c.freeAt[rng.IntN(len(c.freeAt))].e)
-	return out
+	return c.chain(c.freeAt[rng.IntN(len(c.freeAt))].e)
 }
 
-// Holes returns, for a worker that should hold exactly this cache, the
-// chains to probe it with: the chain of every cached block whose chain
-// is cached in full, at most limit, each with how many of its blocks are
-// cached in more than one physical block (in the order of the free
-// queue, so deterministic).
-func (c *Cache) Holes(limit int) (chains [][]uint32, multi []int) {
-	seen := map[*entry]bool{}
-	for _, p := range c.freeAt {
-		if len(chains) >= limit {
-			break
-		}
-		if seen[p.e] {
-			continue
-		}
-		seen[p.e] = true
-		if out, m := c.chain(p.e); out != nil {
-			chains, multi = append(chains, out), append(multi, m)
-		}
-	}
-	return chains, multi
-}
-
-// chain returns the tokens from the root to e and how many of its blocks
-// have more than one copy, or nil when a block above e is not cached.
-func (c *Cache) chain(e *entry) ([]uint32, int) {
+// chain returns the tokens from the root to e, or nil when a block above
+// e is not cached.
+func (c *Cache) chain(e *entry) []uint32 {
 	var rev []*entry
 	for {
 		rev = append(rev, e)
@@ -244,26 +216,14 @@ func (c *Cache) chain(e *entry) ([]uint32, int) {
 			break
 		}
 		if e = c.held[e.parent]; e == nil {
-			return nil, 0
+			return nil
 		}
 	}
-	out, m := make([]uint32, 0, len(rev)*c.blockSize), 0
+	out := make([]uint32, 0, len(rev)*c.blockSize)
 	for i := len(rev) - 1; i >= 0; i-- {
 		out = append(out, rev[i].tokens...)
-		if len(rev[i].copies) > 1 {
-			m++
-		}
 	}
-	return out, m
-}
-
-// victim returns the free block to evict: the LRU one, or with
-// probability randomEvict a random one.
-func (c *Cache) victim() *phys {
-	if c.randomEvict > 0 && c.rng.Float64() < c.randomEvict {
-		return c.freeAt[c.rng.IntN(len(c.freeAt))]
-	}
-	return c.head
+	return out
 }
 
 // dropCopy forgets one physical copy of its entry, and the entry with its
@@ -284,13 +244,7 @@ func (c *Cache) dropCopy(p *phys) {
 
 // pushFree appends p to the free queue's tail (most recently used).
 func (c *Cache) pushFree(p *phys) {
-	p.prev, p.next = c.tail, nil
-	if c.tail != nil {
-		c.tail.next = p
-	} else {
-		c.head = p
-	}
-	c.tail = p
+	p.elem = c.free.PushBack(p)
 	p.at = len(c.freeAt)
 	c.freeAt = append(c.freeAt, p)
 }
@@ -300,17 +254,7 @@ func (c *Cache) unlink(p *phys) {
 	if p.at < 0 {
 		return
 	}
-	if p.prev != nil {
-		p.prev.next = p.next
-	} else {
-		c.head = p.next
-	}
-	if p.next != nil {
-		p.next.prev = p.prev
-	} else {
-		c.tail = p.prev
-	}
-	p.prev, p.next = nil, nil
+	c.free.Remove(p.elem)
 	last := c.freeAt[len(c.freeAt)-1]
 	c.freeAt[p.at] = last
 	last.at = p.at

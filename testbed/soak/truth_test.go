@@ -100,8 +100,8 @@ func TestEvictionOrder(t *testing.T) {
 	if len(evs) != 2 || evs[0].BlockHashes[0] != ah[0] {
 		t.Fatalf("after b was reused: %+v, want a's head evicted", evs)
 	}
-	if c.Physical() > c.Capacity() {
-		t.Fatalf("%d physical blocks over capacity %d", c.Physical(), c.Capacity())
+	if c.Physical() > c.capacity {
+		t.Fatalf("%d physical blocks over capacity %d", c.Physical(), c.capacity)
 	}
 }
 
@@ -185,8 +185,8 @@ func TestEventsKeepAnExactReplica(t *testing.T) {
 					t.Fatalf("step %d: pure LRU left block %x without its parent", step, h)
 				}
 			}
-			if c.Physical() > c.Capacity() {
-				t.Fatalf("step %d: %d physical blocks, capacity %d", step, c.Physical(), c.Capacity())
+			if c.Physical() > c.capacity {
+				t.Fatalf("step %d: %d physical blocks, capacity %d", step, c.Physical(), c.capacity)
 			}
 		}
 		if randomEvict == 0 && dups != 0 {
@@ -316,25 +316,5 @@ func TestWorkloadDeterministic(t *testing.T) {
 	}
 	if _, err := NewWorkload(DefaultWorkloadOptions(), nil, rand.New(rand.NewPCG(1, 1))); err == nil {
 		t.Fatal("workload without system prompts accepted")
-	}
-}
-
-// Holes lists one fully cached chain per cached block, and counts the
-// blocks of each that are cached twice.
-func TestHoles(t *testing.T) {
-	c := newCache(t, 8, 0)
-	c.Request(seq(0, 12), nil)                        // a0 a1 a2
-	c.Request(append(seq(0, 4), seq(100, 4)...), nil) // a0 b1
-	chains, multi := c.Holes(100)
-	if len(chains) != c.Resident() {
-		t.Fatalf("%d chains for %d cached blocks", len(chains), c.Resident())
-	}
-	for i, p := range chains {
-		if c.LongestPrefix(p) != len(p)/4 || multi[i] != 0 {
-			t.Fatalf("chain %d: %d tokens, prefix %d, %d held twice", i, len(p), c.LongestPrefix(p), multi[i])
-		}
-	}
-	if chains, _ := c.Holes(2); len(chains) != 2 {
-		t.Fatalf("limit 2 gave %d chains", len(chains))
 	}
 }

@@ -2,23 +2,19 @@ package soak
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 )
 
-// WorkloadOptions shape the requests of one simulated engine.
+// WorkloadOptions shape the requests of one simulated engine: how many
+// Conversations are open at once, each ending after 1..MaxTurns turns or
+// once its prompt is past MaxTokens; each turn adds a user message of
+// 1..UserTokens and a reply of 1..ReplyTokens that joins the next turn's
+// prompt. OneShot is the fraction of requests that are a system prompt
+// and a fresh question, outside any conversation. All must be positive.
 type WorkloadOptions struct {
-	// Conversations is how many conversations are open at once.
-	Conversations int
-	// MaxTurns bounds a conversation's turns (it ends after 1..MaxTurns).
-	MaxTurns int
-	// MaxTokens bounds a conversation's prompt; it ends once past it.
-	MaxTokens int
-	// UserTokens and ReplyTokens bound each turn's new user message and
-	// the reply that joins the next turn's prompt (1..bound tokens).
-	UserTokens, ReplyTokens int
-	// OneShot is the fraction of requests that are a system prompt and a
-	// fresh question, outside any conversation.
-	OneShot float64
+	Conversations, MaxTurns, MaxTokens, UserTokens, ReplyTokens int
+	OneShot                                                     float64
 }
 
 // DefaultWorkloadOptions are the soak's: a dozen conversations of up to
@@ -55,19 +51,14 @@ type Workload struct {
 // conversation is one open conversation: its system prompt and what the
 // turns so far added.
 type conversation struct {
-	system   int
-	history  []uint32
-	turns    int
-	maxTurns int
+	system, turns, maxTurns int
+	history                 []uint32
 }
 
 // NewWorkload returns a workload over systems (at least one) drawing from rng.
 func NewWorkload(opts WorkloadOptions, systems [][]uint32, rng *rand.Rand) (*Workload, error) {
 	if len(systems) == 0 {
 		return nil, fmt.Errorf("soak: workload needs at least one system prompt")
-	}
-	if opts.Conversations <= 0 || opts.MaxTurns <= 0 || opts.MaxTokens <= 0 || opts.UserTokens <= 0 || opts.ReplyTokens <= 0 {
-		return nil, fmt.Errorf("soak: workload options %+v: counts and bounds must be positive", opts)
 	}
 	w := &Workload{opts: opts, rng: rng, systems: systems, convs: make([]conversation, opts.Conversations)}
 	for i := range w.convs {
@@ -111,9 +102,7 @@ func randomTokens(rng *rand.Rand, n int) []uint32 {
 // stringSeed folds s into a seed (FNV-1a), for random streams named by
 // what they generate.
 func stringSeed(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint64(s[i])) * 1099511628211
-	}
-	return h
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum64()
 }

@@ -5,10 +5,11 @@
 // and Release over gRPC, and checks every answer, the index against the
 // engines' true caches at every checkpoint, and that the daemon's RSS and
 // goroutines stay flat (see testbed/soak and docs/reliability.md). It
-// exits 1 on any failure, naming it.
+// prints a JSON summary and exits 0 on a pass, 1 on any failure of the
+// daemon (the summary names each), 2 when the soak could not run.
 //
 //	kvsoak --duration 2m            # make soak
-//	kvsoak --duration 15s --seed 7 --json
+//	kvsoak --duration 15s --seed 7
 package main
 
 import (
@@ -16,85 +17,53 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/testbed/soak"
 )
 
 func main() {
-	os.Exit(run())
-}
-
-// run executes the command and returns the exit code: 0 passed, 1 a
-// failure of the daemon under test, 2 a soak that could not run.
-func run() int {
 	code := 0
-	cmd := newRoot(&code)
-	if err := cmd.Execute(); err != nil {
+	if err := newRoot(&code).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvsoak:", err)
-		return 2
+		code = 2
 	}
-	return code
+	os.Exit(code)
 }
 
 func newRoot(code *int) *cobra.Command {
 	opts := soak.DefaultOptions()
-	var (
-		asJSON   bool
-		keep     bool
-		logLevel string
-	)
+	keep := false
 	cmd := &cobra.Command{
-		Use:   "kvsoak",
-		Short: "Soak test of the kvindex daemon: restarts, hostile input, exact checks, flat memory",
-		Long: "kvsoak runs the kvindex daemon as a child process for --duration against simulated vLLM\n" +
-			"engines, restarts both, sends garbage at every port, loads it over gRPC, and checks every\n" +
-			"answer exactly against the engines' true caches. Exit status 1 names each failure.",
+		Use:           "kvsoak",
+		Short:         "Soak test of the kvindex daemon: restarts, hostile input, exact checks, flat memory",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level %q: %w", logLevel, err)
-			}
-			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			opts.Command = commandLine(cmd)
-			if opts.Dir == "" {
-				dir, err := os.MkdirTemp("", "kvsoak-")
-				if err != nil {
-					return fmt.Errorf("work directory: %w", err)
-				}
-				opts.Dir = dir
-			} else if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+			dir, err := os.MkdirTemp("", "kvsoak-")
+			if err != nil {
 				return fmt.Errorf("work directory: %w", err)
 			}
+			opts.Dir = dir
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			sum, err := soak.Run(ctx, opts)
 			if err != nil {
 				return fmt.Errorf("%w (work directory %s)", err, opts.Dir)
 			}
-			if asJSON {
-				err = sum.JSON(cmd.OutOrStdout())
-			} else {
-				err = sum.WriteText(cmd.OutOrStdout())
-			}
-			if err != nil {
+			if err := sum.JSON(cmd.OutOrStdout()); err != nil {
 				return err
 			}
 			if !sum.Passed {
 				*code = 1
-				return nil
-			}
-			if !keep {
+			} else if !keep {
 				_ = os.RemoveAll(opts.Dir)
 			}
 			return nil
@@ -103,38 +72,9 @@ func newRoot(code *int) *cobra.Command {
 	f := cmd.Flags()
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "how long the fleet runs under load")
 	f.Uint64Var(&opts.Seed, "seed", opts.Seed, "seed of every random choice (workloads, garbage, schedule)")
-	f.BoolVar(&asJSON, "json", false, "print the summary as JSON")
-	f.StringVar(&opts.Dir, "dir", "", "work directory: configuration, daemon binary and logs (default a new temporary one, removed after a pass)")
-	f.BoolVar(&keep, "keep", false, "keep the work directory after a pass")
-	f.StringVar(&opts.Binary, "kvindex", "", "prebuilt kvindex binary (default: build ./cmd/kvindex)")
+	f.BoolVar(&keep, "keep", false, "keep the work directory (configuration, daemon binary and logs) after a pass")
 	f.StringVar(&opts.GoTool, "go", opts.GoTool, "go command used to build the daemon")
 	f.IntVar(&opts.WarmupSteps, "warmup-steps", opts.WarmupSteps, "steps each engine runs before the daemon first starts")
 	f.Float64Var(&opts.MaxRefused, "max-refused", opts.MaxRefused, "the largest fraction of Score and Route calls the daemon may refuse for overload (ResourceExhausted from admission control) before the run fails")
-	f.StringVar(&logLevel, "log-level", "info", "progress log level: debug, info, warn, error")
 	return cmd
-}
-
-// commandLine returns the command that reproduces the run: kvsoak with
-// the seed and every flag that changes what runs (output and work
-// directory flags left out).
-func commandLine(cmd *cobra.Command) string {
-	parts := []string{"kvsoak"}
-	seed := false
-	cmd.Flags().Visit(func(f *pflag.Flag) {
-		switch f.Name {
-		case "json", "dir", "keep", "kvindex", "go", "log-level":
-			return
-		case "seed":
-			seed = true
-		}
-		if f.Value.Type() == "bool" {
-			parts = append(parts, "--"+f.Name)
-			return
-		}
-		parts = append(parts, "--"+f.Name, f.Value.String())
-	})
-	if !seed {
-		parts = append(parts, "--seed", cmd.Flags().Lookup("seed").Value.String())
-	}
-	return strings.Join(parts, " ")
 }

@@ -15,7 +15,6 @@ func TestRefusesBadOptions(t *testing.T) {
 	}{
 		{[]string{"--duration", "0s"}, "duration"},
 		{[]string{"--warmup-steps", "-2"}, "warmup-steps"},
-		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"stray"}, "unknown command"},
 	} {
 		code := 0
@@ -28,17 +27,5 @@ func TestRefusesBadOptions(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want one naming %q", tc.args, err, tc.want)
 		}
-	}
-}
-
-// The summary's command line repeats what changes the run, with the seed.
-func TestCommandLine(t *testing.T) {
-	code := 0
-	cmd := newRoot(&code)
-	if err := cmd.ParseFlags([]string{"--duration", "15s", "--warmup-steps", "0", "--json", "--dir", "/tmp/x"}); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := commandLine(cmd), "kvsoak --duration 15s --warmup-steps 0 --seed 1"; got != want {
-		t.Fatalf("command line %q, want %q", got, want)
 	}
 }
