@@ -22,13 +22,8 @@
 // # Clients
 //
 // Calls go through kvindex's Go client (api.Client, grpc-go), a Go
-// router's view. ScoreDo marshals every request, as a router does: the
-// Score rows use it. PreencodedScoreDo encodes each of the shape's
-// distinct prompts once and hands grpc-go those bytes through a codec that
-// writes them as they are, replies still decoded and checked: for a
-// 32,768-token prompt, marshalling was half of grpc-go's client CPU, and
-// the overload rows need one generator core to offer a server core three
-// times what it takes.
+// router's view, marshalling every request or sending each distinct one
+// pre-encoded (ScoreDo).
 //
 // # Shapes
 //
