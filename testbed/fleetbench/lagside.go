@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -170,13 +169,6 @@ type lagAgentsOpts struct {
 	Floor bool         `json:"floor,omitempty"`
 }
 
-// lagHistMsg is a lagHist as JSON, which has no +Inf: the finite bounds,
-// and a count for each and one for +Inf.
-type lagHistMsg struct {
-	Bounds []float64 `json:"bounds"`
-	Counts []float64 `json:"counts"`
-}
-
 // runLagAgents is the lag-agents role: it starts its agents or
 // forwarders, reports "ready", answers "progress", "lag" and "digests"
 // until stdin closes (or "exit"), then stops them.
@@ -201,10 +193,7 @@ func runLagAgents(ctx context.Context, o lagAgentsOpts, in *Commands, out *Repor
 		case "progress":
 			msg, err = side.progress(ctx)
 		case "lag":
-			var h *lagHist
-			if h, err = side.agentLag(ctx); err == nil {
-				msg = h.msg()
-			}
+			msg, err = side.agentLag(ctx)
 		case "digests":
 			var d map[string]string
 			if d, err = side.digests(ctx); err == nil {
@@ -284,11 +273,11 @@ func (s *procSide) progress(context.Context) (*lagProgress, error) {
 func (s *procSide) agentLag(context.Context) (*lagHist, error) {
 	h := &lagHist{}
 	err := s.askAll("lag", func(c *child) error {
-		var m lagHistMsg
-		if _, err := c.await("lag", &m, time.Minute); err != nil {
+		var o lagHist
+		if _, err := c.await("lag", &o, time.Minute); err != nil {
 			return err
 		}
-		return h.add(m.hist())
+		return h.add(&o, 1)
 	})
 	return h, err
 }
@@ -329,38 +318,4 @@ func (s *procSide) stop() error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// msg is h as JSON can carry it.
-func (h *lagHist) msg() lagHistMsg {
-	if len(h.bounds) == 0 {
-		return lagHistMsg{}
-	}
-	return lagHistMsg{Bounds: h.bounds[:len(h.bounds)-1], Counts: h.counts}
-}
-
-// hist is the lagHist m carries.
-func (m lagHistMsg) hist() *lagHist {
-	if len(m.Counts) == 0 {
-		return &lagHist{}
-	}
-	return &lagHist{bounds: append(append([]float64(nil), m.Bounds...), math.Inf(1)), counts: m.Counts}
-}
-
-// add adds o's counts to h's; both must have the same bounds (an empty
-// h takes o's).
-func (h *lagHist) add(o *lagHist) error {
-	if len(o.counts) == 0 {
-		return nil
-	}
-	if h.bounds == nil {
-		h.bounds, h.counts = append([]float64(nil), o.bounds...), make([]float64, len(o.counts))
-	}
-	if len(o.bounds) != len(h.bounds) || len(o.counts) != len(h.counts) {
-		return fmt.Errorf("fleetbench: agent lag histograms of %d and %d buckets", len(h.bounds), len(o.bounds))
-	}
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	return nil
 }

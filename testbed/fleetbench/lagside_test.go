@@ -108,8 +108,8 @@ func TestLagAgentsInProcesses(t *testing.T) {
 				if p.Forwarded != int64(sent) || p.Failed != 0 || len(p.Seqs) != 0 {
 					t.Errorf("forwarders: %d forwarded, %d failed, %d seqs; want %d, 0, 0", p.Forwarded, p.Failed, len(p.Seqs), sent)
 				}
-				if len(h.counts) != 0 || len(d) != 0 {
-					t.Errorf("forwarders reported a lag histogram of %d buckets and %d digests", len(h.counts), len(d))
+				if len(h.Counts) != 0 || len(d) != 0 {
+					t.Errorf("forwarders reported a lag histogram of %d buckets and %d digests", len(h.Counts), len(d))
 				}
 			} else {
 				for i, e := range es {
@@ -123,8 +123,8 @@ func TestLagAgentsInProcesses(t *testing.T) {
 				if len(d) != pods {
 					t.Errorf("%d digests, want %d", len(d), pods)
 				}
-				if n := len(h.counts); n == 0 || h.counts[n-1] != float64(sent) {
-					t.Errorf("agent lag histogram: %v observations, want %d", h.counts, sent)
+				if n := len(h.Counts); n == 0 || h.Counts[n-1] != float64(sent) {
+					t.Errorf("agent lag histogram: %v observations, want %d", h.Counts, sent)
 				}
 			}
 			if side.cpu() <= 0 {

@@ -33,15 +33,13 @@ type replicaOpts struct {
 	// Workers is how many workers the replica waits for.
 	Workers int `json:"workers"`
 	// Mode is "ingest" (measure CPU per block until Blocks are applied),
-	// "sync" (time to all live, peak RSS) or "lag" (engine to replica lag
-	// until told to stop).
+	// "sync" (time to all live, peak RSS), "lag" (engine to replica lag
+	// until told to stop) or "floor" (the lag floor's subscriber in the
+	// replica's place, forward.go).
 	Mode   string `json:"mode"`
 	Blocks int64  `json:"blocks,omitempty"`
 	// Profile, when set, is a CPU profile of the measured phase.
 	Profile string `json:"profile,omitempty"`
-	// SnapshotConcurrency is the Source's option of that name (0: its
-	// default).
-	SnapshotConcurrency int `json:"snapshot_concurrency,omitempty"`
 }
 
 // liveReport is the replica's "live" message: every worker synced.
@@ -74,20 +72,26 @@ type ingestReport struct {
 	Problems int64 `json:"problems"`
 }
 
-// lagReport is the replica's "result" in lag mode: engine-to-replica lag
-// per applied delta.
+// lagReport is the replica's (or the floor subscriber's) answer to
+// "stop" in lag mode: the lag of every delta (frame) received while
+// measuring, from its engine batch's timestamp.
 type lagReport struct {
-	Deltas   uint64  `json:"deltas"`
-	Blocks   int64   `json:"blocks"`
-	WallNs   int64   `json:"wall_ns"`
-	CPUNs    int64   `json:"cpu_ns"`
-	P50Ns    int64   `json:"p50_ns"`
-	P90Ns    int64   `json:"p90_ns"`
-	P99Ns    int64   `json:"p99_ns"`
-	P999Ns   int64   `json:"p999_ns"`
-	MaxNs    int64   `json:"max_ns"`
-	Problems int64   `json:"problems"`
-	Late     float64 `json:"late_fraction"` // of deltas over 5 ms
+	// Deltas are the deltas the replica applied while measuring (the
+	// frames the floor received), Blocks their new blocks.
+	Deltas int64         `json:"deltas"`
+	Blocks int64         `json:"blocks"`
+	Wall   time.Duration `json:"wall_ns"`
+	CPU    time.Duration `json:"cpu_ns"`
+	P50    time.Duration `json:"p50_ns"`
+	P90    time.Duration `json:"p90_ns"`
+	P99    time.Duration `json:"p99_ns"`
+	P999   time.Duration `json:"p999_ns"`
+	Max    time.Duration `json:"max_ns"`
+	// Late is the fraction of deltas over 5 ms.
+	Late float64 `json:"late_fraction"`
+	// Problems counts gaps, drops, decode or apply errors and resyncs
+	// (the floor: frames dropped or unreadable) while measuring.
+	Problems int64 `json:"problems"`
 }
 
 // digestsReport maps each worker's pod to its digest (hex).
@@ -96,6 +100,9 @@ type digestsReport struct {
 }
 
 func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter) error {
+	if o.Mode == "floor" {
+		return runFloorSink(ctx, o.URL, in, out)
+	}
 	start := time.Now()
 	nc, err := fleet.Connect(config.NATS{URL: o.URL}, "kvfleetbench replica", nil)
 	if err != nil {
@@ -104,10 +111,14 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	defer nc.Close()
 	ix := indexer.New(indexer.Config{})
 	set := &countingSet{inner: fleet.NewReplicas(ix, nil)}
-	so := natsbus.SourceOptions{SnapshotConcurrency: o.SnapshotConcurrency}
+	var so natsbus.SourceOptions
 	var lag lagRecorder
 	if o.Mode == "lag" {
-		so.Applied = lag.observe
+		so.Applied = func(_ events.WorkerRef, d natsbus.AppliedDelta) {
+			if d.EngineTime != 0 {
+				lag.record(d.EngineTime)
+			}
+		}
 	}
 	src := natsbus.NewSource(nc, set, so)
 	// The profile is of the measured phase: the sync until every worker
@@ -172,15 +183,15 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 			return err
 		}
 	case "lag":
-		lag.start(blocksOf(set))
+		lag.start(set.blocks.Load())
 		err := in.Wait(ctx, "stop")
 		stopProfile()
 		if err != nil {
 			return err
 		}
-		r := lag.report(blocksOf(set))
+		r := lag.report(set.blocks.Load())
 		r.Problems = problems(src) - base
-		if err := out.Send("result", r); err != nil {
+		if err := out.Send("stop", r); err != nil {
 			return err
 		}
 	}
@@ -291,8 +302,6 @@ func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 tim
 	}
 }
 
-func blocksOf(set *countingSet) int64 { return set.blocks.Load() }
-
 // digestsOf returns every worker's digest by pod.
 func digestsOf(ix *indexer.Index) digestsReport {
 	r := digestsReport{Digests: map[string]string{}}
@@ -366,13 +375,6 @@ type lagRecorder struct {
 	blocks int64
 }
 
-func (l *lagRecorder) observe(_ events.WorkerRef, d natsbus.AppliedDelta) {
-	if d.EngineTime == 0 {
-		return
-	}
-	l.record(d.EngineTime)
-}
-
 // record notes the lag of a batch the engine stamped engineTime (Unix
 // seconds), from now.
 func (l *lagRecorder) record(engineTime float64) {
@@ -398,9 +400,8 @@ func (l *lagRecorder) report(blocks int64) *lagReport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.on = false
-	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - l.cpu0).Nanoseconds(),
-		P50Ns: l.h.Quantile(0.5).Nanoseconds(), P90Ns: l.h.Quantile(0.9).Nanoseconds(), P99Ns: l.h.Quantile(0.99).Nanoseconds(),
-		P999Ns: l.h.Quantile(0.999).Nanoseconds(), MaxNs: l.h.Max().Nanoseconds()}
+	r := &lagReport{Deltas: int64(l.h.Count()), Blocks: blocks - l.blocks, Wall: time.Since(l.t0), CPU: proc.SelfCPU() - l.cpu0,
+		P50: l.h.Quantile(0.5), P90: l.h.Quantile(0.9), P99: l.h.Quantile(0.99), P999: l.h.Quantile(0.999), Max: l.h.Max()}
 	if n := l.h.Count(); n > 0 {
 		r.Late = float64(l.over) / float64(n)
 	}

@@ -30,7 +30,6 @@ var roles = map[string]Role{
 	"ingest-gen":  role(runIngestGenerator),
 	"sync-gen":    role(runSyncGenerator),
 	"lag-gen":     role(runLagGenerator),
-	"floor-sink":  role(runFloorSink),
 	"lag-agents":  role(runLagAgents),
 	"engines-gen": role(runEnginesGenerator),
 	"replica":     role(runReplica),

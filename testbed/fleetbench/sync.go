@@ -25,8 +25,6 @@ type SyncOptions struct {
 	// Profile, when set, is a CPU profile of the replica from its start
 	// to all workers live.
 	Profile string
-	// SnapshotConcurrency is passed to the replica's Source (0: default).
-	SnapshotConcurrency int
 	// Pin is the CPUs of the replica and of the generator, whose process
 	// also runs the restore floor (on its CPUs); zero: unpinned.
 	Pin Pinning
@@ -85,7 +83,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 		return nil, err
 	}
 	busy0 := proc.BusyCPU()
-	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency}, procs, o.Pin.Replica)
+	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile}, procs, o.Pin.Replica)
 	if err != nil {
 		return nil, err
 	}

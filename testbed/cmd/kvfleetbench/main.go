@@ -92,7 +92,6 @@ func newSync(pin *fleetbench.Pinning) *cobra.Command {
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
 	f.StringVar(&o.CacheDir, "cache-dir", "", "keep the generator's snapshots here between runs")
 	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica until all workers are live")
-	f.IntVar(&o.SnapshotConcurrency, "snapshot-concurrency", 0, "the replica's concurrent snapshot loads (0: its default)")
 	return cmd
 }
 
