@@ -62,11 +62,16 @@ type liveReport struct {
 
 // ingestReport is the replica's "result" in ingest mode.
 type ingestReport struct {
+	// Blocks are the new blocks the replica applied (stores that start a
+	// block; each delta also removes about as many, and offloads and
+	// evicts from CPU a quarter as many), Entries every effect, Deltas the
+	// messages.
 	Blocks  int64 `json:"blocks"`
 	Entries int64 `json:"entries"`
 	Deltas  int64 `json:"deltas"`
-	CPUNs   int64 `json:"cpu_ns"`
-	WallNs  int64 `json:"wall_ns"`
+	// Wall is from the first delta to the last, CPU the replica's over it.
+	Wall time.Duration `json:"wall_ns"`
+	CPU  time.Duration `json:"cpu_ns"`
 	// Problems counts gaps, drops, decode and apply errors and resyncs
 	// after the first sync: each should be 0.
 	Problems int64 `json:"problems"`
@@ -167,7 +172,7 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	if err := out.Send("live", live); err != nil {
 		return err
 	}
-	base := problems(src)
+	base, _ := problems(src)
 	if stopProfile, err = proc.StartCPUProfile(after); err != nil {
 		return err
 	}
@@ -176,9 +181,11 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		r, err := measureIngest(ctx, set, o.Blocks, proc.SelfCPU())
 		stopProfile()
 		if err != nil {
-			return fmt.Errorf("%w (%s)", err, problemCounts(src))
+			_, why := problems(src)
+			return fmt.Errorf("%w (%s)", err, why)
 		}
-		r.Problems = problems(src) - base
+		n, _ := problems(src)
+		r.Problems = n - base
 		if err := out.Send("result", r); err != nil {
 			return err
 		}
@@ -190,7 +197,8 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 			return err
 		}
 		r := lag.report(set.blocks.Load())
-		r.Problems = problems(src) - base
+		n, _ := problems(src)
+		r.Problems = n - base
 		if err := out.Send("stop", r); err != nil {
 			return err
 		}
@@ -225,7 +233,8 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("fleetbench: replica: %d of %d snapshots restored, %d workers live after %v (%s)", set.restored.Load(), n, live, timeout, problemCounts(src))
+			_, why := problems(src)
+			return fmt.Errorf("fleetbench: replica: %d of %d snapshots restored, %d workers live after %v (%s)", set.restored.Load(), n, live, timeout, why)
 		}
 		select {
 		case <-ctx.Done():
@@ -235,38 +244,21 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 	}
 }
 
-// problemTotals are the Source's counters of what should not happen in a
-// benchmark, summed over its workers, and the first unhealthy worker's
-// reason ("" for none).
-type problemTotals struct {
-	gaps, dropped, decode, apply, replays, failures int64
-	why                                             string
-}
-
-// sumProblems sums src's workers' problem counters.
-func sumProblems(src *natsbus.Source) problemTotals {
-	var t problemTotals
+// problems sums the Source's counters of what should not happen in a
+// benchmark over its workers, and describes them with the first unhealthy
+// worker's reason, for an error that ends a run.
+func problems(src *natsbus.Source) (int64, string) {
+	var gaps, dropped, decode, apply, replays, failures int64
+	why := ""
 	for _, st := range src.WorkerStats() {
-		t.gaps, t.dropped, t.decode, t.apply = t.gaps+st.Gaps, t.dropped+st.Dropped, t.decode+st.DecodeErrors, t.apply+st.ApplyErrors
-		t.replays, t.failures = t.replays+st.Replays, t.failures+st.ReplayFailures
-		if t.why == "" && st.Health != events.HealthOK {
-			t.why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
+		gaps, dropped, decode, apply = gaps+st.Gaps, dropped+st.Dropped, decode+st.DecodeErrors, apply+st.ApplyErrors
+		replays, failures = replays+st.Replays, failures+st.ReplayFailures
+		if why == "" && st.Health != events.HealthOK {
+			why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
 		}
 	}
-	return t
-}
-
-// problemCounts names the problem counters, for an error that ends a run.
-func problemCounts(src *natsbus.Source) string {
-	t := sumProblems(src)
-	return fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
-		src.Reconnects(), t.gaps, t.dropped, t.decode, t.apply, t.replays, t.failures, t.why)
-}
-
-// problems sums the counters of what should not happen in a benchmark.
-func problems(src *natsbus.Source) int64 {
-	t := sumProblems(src)
-	return t.gaps + t.dropped + t.decode + t.apply + t.replays
+	return gaps + dropped + decode + apply + replays, fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
+		src.Reconnects(), gaps, dropped, decode, apply, replays, failures, why)
 }
 
 // measureIngest waits until blocks new blocks have been applied since
@@ -292,9 +284,8 @@ func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 tim
 			last, idle = b, time.Now()
 		}
 		if b-b0 >= blocks {
-			cpu := proc.SelfCPU() - cpu0
 			return &ingestReport{Blocks: b - b0, Entries: set.entries.Load() - e0, Deltas: set.deltas.Load() - d0,
-				CPUNs: cpu.Nanoseconds(), WallNs: time.Since(t0).Nanoseconds()}, nil
+				CPU: proc.SelfCPU() - cpu0, Wall: time.Since(t0)}, nil
 		}
 		if time.Since(idle) > 30*time.Second {
 			return nil, fmt.Errorf("fleetbench: replica: %d of %d blocks applied, none for 30 s", b-b0, blocks)

@@ -27,8 +27,7 @@ type Role func(ctx context.Context, opts json.RawMessage, in *Commands, out *Rep
 
 // Roles are the roles by name (RunRole).
 var roles = map[string]Role{
-	"ingest-gen":  role(runIngestGenerator),
-	"sync-gen":    role(runSyncGenerator),
+	"fixed-gen":   role(runFixedGenerator),
 	"lag-gen":     role(runLagGenerator),
 	"lag-agents":  role(runLagAgents),
 	"engines-gen": role(runEnginesGenerator),

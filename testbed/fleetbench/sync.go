@@ -72,7 +72,7 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	if o.Pin != (Pinning{}) {
 		procs = 0 // each process's GOMAXPROCS is its CPUs
 	}
-	gen, ready, err := startGen(ctx, "sync-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -118,45 +118,6 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	}
 	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
-}
-
-func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
-	recs, err := loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers)
-	if err != nil {
-		return err
-	}
-	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
-	if err != nil {
-		return err
-	}
-	defer fa.stop()
-	for _, rec := range recs {
-		r.Keys += int64(rec.Keys)
-		r.Resident += rec.Resident
-		r.Bytes += int64(rec.Bytes())
-	}
-	if err := out.Send("ready", r); err != nil {
-		return err
-	}
-	for {
-		cmd, ok := in.Next(ctx)
-		if !ok {
-			return nil
-		}
-		var err error
-		switch cmd {
-		case "cpu":
-			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: fa.ns.SlowConsumers()})
-		case "floor":
-			var fl *genDone
-			if fl, err = restoreFloor(recs, o.Procs); err == nil {
-				err = out.Send("floor", fl)
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
 }
 
 // restoreFloor restores every recorded snapshot from its encoding into
