@@ -12,23 +12,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// IngestOptions configure the ingest benchmark: agents publishing their
-// recorded deltas at Rate new blocks per second in all, for about
-// Duration (whole laps of every worker's ring), into one replica.
-type IngestOptions struct {
-	Workers  int
-	Shape    Shape
-	Seed     uint64
-	Rate     float64
-	Duration time.Duration
-	// Profile, when set, is a CPU profile of the replica while it
-	// ingests.
-	Profile string
-	// Pin is the CPUs of the replica and of the generator; zero: unpinned
-	// (the baseline runs in this process).
-	Pin Pinning
-}
-
 // IngestResult is what the ingest benchmark measured.
 type IngestResult struct {
 	Workers int `json:"workers"`
@@ -58,7 +41,10 @@ type IngestResult struct {
 // a generator process (the embedded nats-server and one natsbus.Agent per
 // worker, publishing each worker's recorded deltas through
 // natsbus.Agent.Publish) and a replica process.
-func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
+//
+// Its workers publish their recorded deltas at Rate new blocks per second
+// in all, for about Duration (whole laps of every worker's ring).
+func Ingest(ctx context.Context, o Options) (*IngestResult, error) {
 	res := &IngestResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
@@ -79,7 +65,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	recs = nil
-	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Options: o, Laps: rounds}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -178,13 +164,13 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 
 // runFixedGenerator is the generator of ingest and sync: the embedded
 // nats-server and an agent per recorded worker (with their deltas when
-// Rounds is set, else their snapshots from CacheDir's cache). It reports
-// "ready", then answers "go" (publish Rounds laps at Rate, then "done"),
+// Laps is set, else their snapshots from CacheDir's cache). It reports
+// "ready", then answers "go" (publish Laps laps at Rate, then "done"),
 // "cpu" (its CPU so far) and "floor" (restoreFloor) until stdin closes or
 // "exit".
 func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	load := func() ([]*Recorded, error) { return RecordAll(o.Shape, o.Seed, o.Workers, true) }
-	if o.Rounds == 0 {
+	if o.Laps == 0 {
 		load = func() ([]*Recorded, error) { return loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers) }
 	}
 	recs, err := load()
@@ -217,7 +203,7 @@ func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Report
 		case "go":
 			cpu0, t0 := proc.SelfCPU(), time.Now()
 			var blocks int64
-			if blocks, err = publishLaps(ctx, fa, o.Rounds, o.Rate); err == nil {
+			if blocks, err = publishLaps(ctx, fa, o.Laps, o.Rate); err == nil {
 				err = out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(),
 					CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: fa.ns.SlowConsumers()})
 			}

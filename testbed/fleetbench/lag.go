@@ -16,34 +16,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// LagOptions configure the lag benchmark: Pods engines, each beside its
-// agent, churning Rate new blocks a second in all for Duration, and one
-// replica.
-type LagOptions struct {
-	Pods     int
-	Shape    Shape
-	Seed     uint64
-	Rate     float64
-	Duration time.Duration
-	// WarmRate is the rate of the warm-up lap that brings every worker to
-	// its steady state before the replica starts.
-	WarmRate float64
-	// Profile, when set, is a CPU profile of the replica while the engines
-	// churn.
-	Profile string
-	// Rounds is how many times the floor and the path are each run, in
-	// turn (floor first); the p99s reported are their medians. 0 means 1.
-	Rounds int
-	// Pin is the CPUs of the replica (and the floor's subscriber) and of
-	// the generator (engines with their agents or forwarders, and
-	// nats-server); zero: unpinned.
-	Pin Pinning
-	// AgentProcs is how many processes the agents (and the floor's
-	// forwarders, dealt the same way) run in, beside the generator's and
-	// on its CPUs; 0 runs them in the generator's process, in one heap.
-	AgentProcs int
-}
-
 // LagFloor is the lag benchmark's floor (forward.go): the same engine
 // frames moved ZeroMQ -> NATS -> a subscriber, with nothing applied.
 type LagFloor struct {
@@ -106,8 +78,11 @@ type LagResult struct {
 // engines and their agents) and a replica process; for the floor, the
 // same generator with forwarders in the agents' place and a subscriber
 // in the replica's (forward.go).
-func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, Pinned: o.Pin, Offered: o.Rate, AgentProcs: o.AgentProcs}
+//
+// Workers engines, each beside its agent, churn Rate new blocks a second
+// in all for Duration.
+func Lag(ctx context.Context, o Options) (*LagResult, error) {
+	res := &LagResult{Pods: o.Workers, Pinned: o.Pin, Offered: o.Rate, AgentProcs: o.AgentProcs}
 	load := proc.LoadAvg()[0]
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
@@ -164,16 +139,15 @@ type lagRun struct {
 
 // lagRound runs the path, or with floor its floor, once: a lag-gen
 // process and a replica process (for the floor, the floor subscriber).
-func lagRound(ctx context.Context, o LagOptions, batches int, floor bool) (*lagRun, error) {
+func lagRound(ctx context.Context, o Options, batches int, floor bool) (*lagRun, error) {
 	run := &lagRun{Shared: Shared{LoadBefore: proc.LoadAvg()[0]}}
-	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate,
-		Batches: batches, WarmRate: o.WarmRate, Floor: floor, AgentProcs: o.AgentProcs}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Options: o, Batches: batches, Floor: floor}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer gen.Kill()
 	mode := map[bool]string{false: "lag", true: "floor"}[floor]
-	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: mode, Profile: o.Profile}, 0, o.Pin.Replica)
+	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: mode, Profile: o.Profile}, 0, o.Pin.Replica)
 	if err != nil {
 		return nil, err
 	}

@@ -13,23 +13,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// SyncOptions configure the sync benchmark: one replica syncing Workers
-// agents' workers of Shape's steady state from their snapshots.
-type SyncOptions struct {
-	Workers int
-	Shape   Shape
-	Seed    uint64
-	// CacheDir keeps the generator's recorded snapshots between runs
-	// ("": record them every run).
-	CacheDir string
-	// Profile, when set, is a CPU profile of the replica from its start
-	// to all workers live.
-	Profile string
-	// Pin is the CPUs of the replica and of the generator, whose process
-	// also runs the restore floor (on its CPUs); zero: unpinned.
-	Pin Pinning
-}
-
 // SyncResult is what the sync benchmark measured. Its CPU figures are
 // until the replica was live (the generator's: its agents serving
 // snapshots, and the embedded nats-server).
@@ -65,14 +48,17 @@ type SyncResult struct {
 // nats-server and one natsbus.Agent per worker, each serving a
 // precomputed snapshot) and a replica process started once every agent
 // is registered.
-func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
+//
+// The replica syncs Workers agents' workers of Shape's steady state; the
+// generator's process also runs the restore floor, on its CPUs.
+func Sync(ctx context.Context, o Options) (*SyncResult, error) {
 	res := &SyncResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
 	procs := runtime.NumCPU()
 	if o.Pin != (Pinning{}) {
 		procs = 0 // each process's GOMAXPROCS is its CPUs
 	}
-	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Options: o, Procs: procs}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
