@@ -44,20 +44,19 @@ type replicaOpts struct {
 
 // liveReport is the replica's "live" message: every worker synced.
 type liveReport struct {
-	// SinceStartNs is from the role's start to all workers live.
-	SinceStartNs int64 `json:"since_start_ns"`
-	// CPUNs is the CPU the process used until then.
-	CPUNs int64 `json:"cpu_ns"`
-	// PeakRSS is the process's peak resident set size then, HeapInuse
-	// the Go heap in use after a GC.
+	// ReplicaReady is from the role's start (after the runtime's and the
+	// binary's initialisation) to all workers live, CPU the process's
+	// until then.
+	ReplicaReady time.Duration `json:"replica_ready_ns"`
+	CPU          time.Duration `json:"cpu_ns"`
+	// PeakRSS is the process's peak resident set size then; HeapInuse
+	// (sync) the Go heap in use after a GC.
 	PeakRSS   int64 `json:"peak_rss"`
 	HeapInuse int64 `json:"heap_inuse"`
-	// Resident is the index's resident blocks.
-	Resident int64 `json:"resident"`
-	Workers  int   `json:"workers"`
-	// Replays counts snapshot loads (one per worker when none failed),
-	// ReplayFailures the failed ones.
-	Replays, ReplayFailures int64
+	// Replays counts snapshot loads, ReplayFailures the failed ones (a
+	// load retried after a failure is counted again).
+	Replays        int64 `json:"replays"`
+	ReplayFailures int64 `json:"replay_failures"`
 }
 
 // ingestReport is the replica's "result" in ingest mode.
@@ -152,16 +151,12 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	if err := waitLive(ctx, src, set, o.Workers, 3*time.Minute); err != nil {
 		return err
 	}
-	since := time.Since(start)
-	cpuLive := proc.SelfCPU()
+	live := liveReport{ReplicaReady: time.Since(start), CPU: proc.SelfCPU()}
 	stopProfile()
-	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: proc.SelfPeakRSS(), Workers: o.Workers}
+	live.PeakRSS = proc.SelfPeakRSS()
 	for _, st := range src.WorkerStats() {
 		live.Replays += st.Replays
 		live.ReplayFailures += st.ReplayFailures
-	}
-	for _, w := range ix.Workers() {
-		live.Resident += w.Stats().ResidentBlocks
 	}
 	if o.Mode == "sync" {
 		var ms runtime.MemStats

@@ -23,18 +23,9 @@ type SyncResult struct {
 	// SnapshotBytes is the snapshots' encoding, all workers.
 	SnapshotBytes int64 `json:"snapshot_bytes"`
 	// Ready is from the replica process's exec to all its workers live,
-	// by the orchestrator's clock; ReplicaReady the same from the role's
-	// start (after the runtime's and the binary's initialisation).
-	Ready        time.Duration `json:"ready_ns"`
-	ReplicaReady time.Duration `json:"replica_ready_ns"`
-	// PeakRSS is the replica's peak resident set size; HeapInuse its
-	// heap after a GC once live.
-	PeakRSS   int64 `json:"peak_rss"`
-	HeapInuse int64 `json:"heap_inuse"`
-	// Replays counts the replica's snapshot loads, ReplayFailures the
-	// failed ones (a load retried after a failure is counted again).
-	Replays        int64 `json:"replays"`
-	ReplayFailures int64 `json:"replay_failures"`
+	// by the orchestrator's clock.
+	Ready time.Duration `json:"ready_ns"`
+	liveReport
 	// Floor is restoring the same snapshots from their encoding into a
 	// fresh index with no NATS, on as many goroutines as the replica has
 	// cores (the generator process, after the replica has exited);
@@ -76,10 +67,7 @@ func Sync(ctx context.Context, o Options) (*SyncResult, error) {
 	defer rep.Kill()
 	busy1 := proc.BusyCPU()
 	res.Ready = at.Sub(rep.started)
-	res.ReplicaReady = time.Duration(live.SinceStartNs)
-	res.ReplicaCPU = time.Duration(live.CPUNs)
-	res.PeakRSS, res.HeapInuse = live.PeakRSS, live.HeapInuse
-	res.Replays, res.ReplayFailures = live.Replays, live.ReplayFailures
+	res.liveReport, res.ReplicaCPU = *live, live.CPU
 	if err := gen.ask("cpu", &c1, time.Minute); err != nil {
 		return nil, err
 	}
