@@ -137,7 +137,7 @@ func agentBinary(path string) (string, error) {
 		return path, nil
 	}
 	if self, err := os.Executable(); err == nil {
-		if p := filepath.Join(filepath.Dir(self), "kvindex"); fileExists(p) {
+		if p, err := exec.LookPath(filepath.Join(filepath.Dir(self), "kvindex")); err == nil {
 			return p, nil
 		}
 	}
@@ -146,11 +146,6 @@ func agentBinary(path string) (string, error) {
 		return "", fmt.Errorf("fleetbench: agent: no kvindex binary beside this one or on PATH (go build -o bin/ ./cmd/...): %w", err)
 	}
 	return p, nil
-}
-
-func fileExists(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && !st.IsDir()
 }
 
 // agentFloor returns the CPU per new block of the index's part of an

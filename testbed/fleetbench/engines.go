@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/config"
-	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/testbed/enginepub"
 )
@@ -81,11 +80,6 @@ func ports(es []*engine) []enginePort {
 	return ps
 }
 
-// podConfig is the engine's entry in a kvindex configuration.
-func (p enginePort) podConfig() config.Pod {
-	return config.Pod{Name: p.Pod, Model: benchModel, Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, DPSize: 1}
-}
-
 // send publishes the engine's next batch, stamped now, and returns the
 // new blocks it stores.
 func (e *engine) send() (int, error) {
@@ -139,7 +133,7 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 // at url.
 func (p enginePort) agentConfig(url string) (*config.Config, error) {
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0",
-		Models: []config.Model{{Name: benchModel, BlockSize: p.BlockSize}}, Pods: []config.Pod{p.podConfig()}}
+		Models: []config.Model{{Name: benchModel, BlockSize: p.BlockSize}}, Pods: []config.Pod{{Name: p.Pod, Model: benchModel, Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, DPSize: 1}}}
 	cfg.NATS = config.NATS{URL: url}
 	cfg.Agent.Pod = p.Pod
 	cfg.SetDefaults()
@@ -156,14 +150,4 @@ func blocksPerBatch(w *Workload) float64 {
 		n += b
 	}
 	return float64(n) / float64(len(w.Stored))
-}
-
-// seqOf returns the last engine seq an agent's stream reports for ref.
-func seqOf(stats []events.WorkerStats, ref events.WorkerRef) (uint64, bool) {
-	for _, st := range stats {
-		if st.Worker == ref {
-			return st.LastSeq, st.HasSeq
-		}
-	}
-	return 0, false
 }

@@ -284,7 +284,7 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err != nil {
 		return err
 	}
-	if err := out.Send("digests", digestsReport{Digests: d}); err != nil {
+	if err := out.Send("digests", d); err != nil {
 		return err
 	}
 	return in.Exit(ctx)

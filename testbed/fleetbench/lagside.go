@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -30,8 +31,8 @@ type lagSide interface {
 	// agentLag sums the agents' engine-to-agent lag histograms (empty
 	// for forwarders).
 	agentLag(ctx context.Context) (*lagHist, error)
-	// digests are the agents' workers' digests (hex) by pod.
-	digests(ctx context.Context) (map[string]string, error)
+	// digests are the agents' workers' digests by pod.
+	digests(ctx context.Context) (*digestsReport, error)
 	// cpu is the CPU its processes other than the generator's have used
 	// (0 in the generator's process).
 	cpu() time.Duration
@@ -130,8 +131,10 @@ func (s *localSide) progress(context.Context) (*lagProgress, error) {
 	}
 	p := &lagProgress{Seqs: map[string]uint64{}}
 	for i, a := range s.agents {
-		if seq, ok := seqOf(a.Subscriber().WorkerStats(), events.WorkerRef{Pod: s.ps[i].Pod}); ok {
-			p.Seqs[s.ps[i].Pod] = seq
+		for _, st := range a.Subscriber().WorkerStats() {
+			if st.Worker == (events.WorkerRef{Pod: s.ps[i].Pod}) && st.HasSeq {
+				p.Seqs[s.ps[i].Pod] = st.LastSeq
+			}
 		}
 	}
 	return p, nil
@@ -139,14 +142,14 @@ func (s *localSide) progress(context.Context) (*lagProgress, error) {
 
 func (s *localSide) agentLag(context.Context) (*lagHist, error) { return agentLag(s.agents) }
 
-func (s *localSide) digests(context.Context) (map[string]string, error) {
-	d := map[string]string{}
+func (s *localSide) digests(context.Context) (*digestsReport, error) {
+	d := &digestsReport{Digests: map[string]string{}}
 	for i, a := range s.agents {
 		w := a.Index().LookupWorker(events.WorkerRef{Pod: s.ps[i].Pod})
 		if w == nil {
 			return nil, fmt.Errorf("fleetbench: the agent of %s has no worker", s.ps[i].Pod)
 		}
-		d[s.ps[i].Pod] = strconv.FormatUint(w.Digest(), 16)
+		d.Digests[s.ps[i].Pod] = strconv.FormatUint(w.Digest(), 16)
 	}
 	return d, nil
 }
@@ -195,10 +198,7 @@ func runLagAgents(ctx context.Context, o lagAgentsOpts, in *Commands, out *Repor
 		case "lag":
 			msg, err = side.agentLag(ctx)
 		case "digests":
-			var d map[string]string
-			if d, err = side.digests(ctx); err == nil {
-				msg = digestsReport{Digests: d}
-			}
+			msg, err = side.digests(ctx)
 		default:
 			err = fmt.Errorf("fleetbench: lag-agents: unknown command %q", cmd)
 		}
@@ -282,14 +282,12 @@ func (s *procSide) agentLag(context.Context) (*lagHist, error) {
 	return h, err
 }
 
-func (s *procSide) digests(context.Context) (map[string]string, error) {
-	d := map[string]string{}
+func (s *procSide) digests(context.Context) (*digestsReport, error) {
+	d := &digestsReport{Digests: map[string]string{}}
 	err := s.askAll("digests", func(c *child) error {
 		var r digestsReport
 		_, err := c.await("digests", &r, time.Minute)
-		for pod, v := range r.Digests {
-			d[pod] = v
-		}
+		maps.Copy(d.Digests, r.Digests)
 		return err
 	})
 	return d, err

@@ -24,18 +24,5 @@
 // Calls go through kvindex's Go client (api.Client, grpc-go), a Go
 // router's view, marshalling every request or sending each distinct one
 // pre-encoded (ScoreDo).
-//
-// # Shapes
-//
-// A Shape describes a fleet (workers, prompt length, a prefix every worker
-// holds, tails held by a few) and the prompts sent to it. With Embedded, an
-// in-process index is loaded with the shape and served over real gRPC on a
-// loopback TCP port; against a running kvindex the shape only generates the
-// prompts, and what the remote index holds decides the answers.
-//
-// # Concurrency
-//
-// Run is safe to call from one goroutine at a time per Config; Histogram
-// is not safe for concurrent use (Run gives each sender its own and merges
-// them).
+
 package loadgen
