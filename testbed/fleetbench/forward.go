@@ -84,16 +84,13 @@ func (f *forwarders) subscribe(e enginePort) (*zmq4.Socket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: forwarder of %s: %w", e.Pod, err)
 	}
-	for _, set := range []func() error{
-		func() error { return sock.SetLinger(0) },
-		func() error { return sock.SetRcvhwm(100_000) },
-		func() error { return sock.SetSubscribe("") },
-		func() error { return sock.Connect(e.Endpoint) },
-	} {
-		if err := set(); err != nil {
-			sock.Close()
-			return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.Pod, e.Endpoint, err)
-		}
+	err = errors.Join(sock.SetLinger(0), sock.SetRcvhwm(100_000), sock.SetSubscribe(""))
+	if err == nil {
+		err = sock.Connect(e.Endpoint)
+	}
+	if err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.Pod, e.Endpoint, err)
 	}
 	return sock, nil
 }

@@ -127,29 +127,16 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	runtime.GC()
-	n := len(recs[0].Deltas)
+	n, nw := len(recs[0].Deltas), len(recs)
 	var blocks int64
 	cpu0 := proc.SelfCPU()
-	apply := func(k, i int) error {
-		blocks += int64(recs[k].Blocks[i])
-		return ws[k].ApplyDelta(&recs[k].Deltas[i])
-	}
-	for range rounds {
-		var err error
+	for j := range rounds * n * nw {
+		k, i := j/n%nw, j%n // worker k's delta i
 		if interleaved {
-			for i := 0; i < n && err == nil; i++ {
-				for k := 0; k < len(recs) && err == nil; k++ {
-					err = apply(k, i)
-				}
-			}
-		} else {
-			for k := 0; k < len(recs) && err == nil; k++ {
-				for i := 0; i < n && err == nil; i++ {
-					err = apply(k, i)
-				}
-			}
+			k, i = j%nw, j/nw%n
 		}
-		if err != nil {
+		blocks += int64(recs[k].Blocks[i])
+		if err := ws[k].ApplyDelta(&recs[k].Deltas[i]); err != nil {
 			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
 		}
 	}
