@@ -216,9 +216,7 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err := waitSubscribed(ctx, es, 1); err != nil {
 		return err
 	}
-	// sent counts the batches played; the floor's forwarders have caught
-	// up when they have moved as many frames.
-	var sent int64
+	var sent int64 // batches played
 	play := func(count int, rate float64) (int64, error) {
 		blocks, err := playEngines(ctx, es, count, rate)
 		sent += int64(count)

@@ -49,35 +49,9 @@ type lagProgress struct {
 	Failed    int64             `json:"failed"`
 }
 
-// add adds o's figures to p's (pods are disjoint across processes).
-func (p *lagProgress) add(o *lagProgress) {
-	for pod, seq := range o.Seqs {
-		if p.Seqs == nil {
-			p.Seqs = map[string]uint64{}
-		}
-		p.Seqs[pod] = seq
-	}
-	p.Forwarded += o.Forwarded
-	p.Failed += o.Failed
-}
-
-// caughtUp reports whether the side has handled everything the engines
-// sent: sent frames in all for forwarders, each engine's last seq for
-// agents.
-func (p *lagProgress) caughtUp(floor bool, es []*engine, sent int64) bool {
-	if floor {
-		return p.Forwarded+p.Failed >= sent
-	}
-	for _, e := range es {
-		if seq, ok := p.Seqs[e.pod]; !ok || seq < e.lastSeq {
-			return false
-		}
-	}
-	return true
-}
-
 // waitCaughtUp waits, within a minute, until side has handled everything
-// es sent (sent batches in all).
+// es sent: sent batches in all for forwarders, each engine's last seq for
+// agents.
 func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, sent int64) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -85,7 +59,13 @@ func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, s
 		if err != nil {
 			return err
 		}
-		if p.caughtUp(floor, es, sent) {
+		caught := !floor || p.Forwarded+p.Failed >= sent
+		for _, e := range es {
+			if seq, ok := p.Seqs[e.pod]; !floor && (!ok || seq < e.lastSeq) {
+				caught = false
+			}
+		}
+		if caught {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -260,11 +240,12 @@ func (s *procSide) askAll(cmd string, read func(c *child) error) error {
 }
 
 func (s *procSide) progress(context.Context) (*lagProgress, error) {
-	p := &lagProgress{}
+	p := &lagProgress{Seqs: map[string]uint64{}} // pods are disjoint across processes
 	err := s.askAll("progress", func(c *child) error {
 		var q lagProgress
 		_, err := c.await("progress", &q, time.Minute)
-		p.add(&q)
+		maps.Copy(p.Seqs, q.Seqs)
+		p.Forwarded, p.Failed = p.Forwarded+q.Forwarded, p.Failed+q.Failed
 		return err
 	})
 	return p, err

@@ -20,14 +20,11 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// The replica role is kvindex serve's fleet input, as the daemon builds
-// it (daemon): fleet.Connect, a natsbus.Source over
-// fleet.NewReplicas of an indexer.Index, with the daemon's source options
-// but for the ones a benchmark sets. Between the Source and the index, a
-// counting worker set adds the new blocks each delta stores (a loop over
-// the delta's entries, under 1% of its apply) for the ingest benchmark.
-
-// replicaOpts configure the replica role.
+// replicaOpts configure the replica role: kvindex serve's fleet input as
+// the daemon builds it (fleet.Connect, a natsbus.Source over
+// fleet.NewReplicas of an indexer.Index, the daemon's source options),
+// with a counting worker set between the Source and the index (a loop
+// over each delta's entries, under 1% of its apply).
 type replicaOpts struct {
 	URL string `json:"url"`
 	// Workers is how many workers the replica waits for.
@@ -125,8 +122,7 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		}
 	}
 	src := natsbus.NewSource(nc, set, so)
-	// The profile is of the measured phase: the sync until every worker
-	// is live, or, ingesting or lagging, what follows.
+	// The profile is of the measured phase: the sync, or what follows.
 	during, after := "", o.Profile
 	if o.Mode == "sync" {
 		during, after = o.Profile, ""
@@ -297,8 +293,7 @@ func digestsOf(ix *indexer.Index) digestsReport {
 	return r
 }
 
-// countingSet is the replica's worker set with the new blocks, effects
-// and deltas applied counted.
+// countingSet is the replica's worker set, counting what its sinks do.
 type countingSet struct {
 	inner                   *fleet.Replicas
 	blocks, entries, deltas atomic.Int64
@@ -317,7 +312,7 @@ func (c *countingSet) AddWorker(ref events.WorkerRef, reg *fleetv1.Registration)
 // RemoveWorker implements natsbus.WorkerSet.
 func (c *countingSet) RemoveWorker(ref events.WorkerRef) { c.inner.RemoveWorker(ref) }
 
-// countingSink counts what its worker's deltas store.
+// countingSink counts what its worker restores and its deltas store.
 type countingSink struct {
 	natsbus.KeyedSink
 	set *countingSet
@@ -347,10 +342,9 @@ func (s *countingSink) ApplyDelta(seq uint64, d *events.Delta) error {
 	return err
 }
 
-// lagRecorder keeps the lag of every delta applied after start, from the
-// engine time in its header (the engine's batch timestamp, set when the
-// engine sent it) to the moment the replica has applied it. Engines and
-// replica share the machine's clock.
+// lagRecorder keeps the lag of every delta applied after start, from its
+// engine batch's timestamp (set when the engine sent it) to now: engines
+// and replica share the machine's clock.
 type lagRecorder struct {
 	mu     sync.Mutex // guards everything below
 	on     bool
@@ -361,11 +355,9 @@ type lagRecorder struct {
 	blocks int64
 }
 
-// record notes the lag of a batch the engine stamped engineTime (Unix
-// seconds), from now.
+// record notes the lag of a batch stamped engineTime (Unix seconds).
 func (l *lagRecorder) record(engineTime float64) {
-	now := time.Now()
-	lag := time.Duration(float64(now.UnixNano()) - engineTime*1e9)
+	lag := time.Duration(float64(time.Now().UnixNano()) - engineTime*1e9)
 	l.mu.Lock()
 	if l.on {
 		l.h.Record(lag)
