@@ -172,7 +172,9 @@ func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Report
 	for _, rec := range recs {
 		r.Keys += int64(rec.Keys)
 		r.Resident += rec.Resident
-		r.Bytes += int64(rec.Bytes())
+		for _, s := range rec.Segments {
+			r.Bytes += int64(len(s))
+		}
 		for _, b := range rec.Blocks {
 			r.Blocks += int64(b)
 		}

@@ -192,6 +192,11 @@ func lagRound(ctx context.Context, o Options, batches int, floor bool) (*lagRun,
 	run.other(busy0, busy1)
 	return run, finish(gen, rep, &run.Shared)
 }
+
+// runLagGenerator is the lag-gen role: the embedded nats-server, the
+// engines and their agents (or, for the floor, forwarders); it plays a
+// warm-up lap, reports "ready", and on "go" plays Batches at Rate, then
+// reports "done" (and, for the path, the agents' "digests").
 func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
