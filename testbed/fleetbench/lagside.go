@@ -223,16 +223,20 @@ func startProcSide(ctx context.Context, url string, ps []enginePort, floor bool,
 	return s, nil
 }
 
-// askAll sends every process cmd and decodes each answer with read,
-// after all were sent, so that the processes answer at once.
-func (s *procSide) askAll(cmd string, read func(c *child) error) error {
+// gather sends every process cmd, then merges each one's answer, so that
+// the processes answer at once.
+func gather[T any](s *procSide, cmd string, merge func(*T) error) error {
 	for _, c := range s.kids {
 		if err := c.send(cmd); err != nil {
 			return err
 		}
 	}
 	for _, c := range s.kids {
-		if err := read(c); err != nil {
+		var v T
+		if _, err := c.await(cmd, &v, time.Minute); err != nil {
+			return err
+		}
+		if err := merge(&v); err != nil {
 			return err
 		}
 	}
@@ -241,37 +245,24 @@ func (s *procSide) askAll(cmd string, read func(c *child) error) error {
 
 func (s *procSide) progress(context.Context) (*lagProgress, error) {
 	p := &lagProgress{Seqs: map[string]uint64{}} // pods are disjoint across processes
-	err := s.askAll("progress", func(c *child) error {
-		var q lagProgress
-		_, err := c.await("progress", &q, time.Minute)
+	return p, gather(s, "progress", func(q *lagProgress) error {
 		maps.Copy(p.Seqs, q.Seqs)
 		p.Forwarded, p.Failed = p.Forwarded+q.Forwarded, p.Failed+q.Failed
-		return err
+		return nil
 	})
-	return p, err
 }
 
 func (s *procSide) agentLag(context.Context) (*lagHist, error) {
 	h := &lagHist{}
-	err := s.askAll("lag", func(c *child) error {
-		var o lagHist
-		if _, err := c.await("lag", &o, time.Minute); err != nil {
-			return err
-		}
-		return h.add(&o, 1)
-	})
-	return h, err
+	return h, gather(s, "lag", func(o *lagHist) error { return h.add(o, 1) })
 }
 
 func (s *procSide) digests(context.Context) (*digestsReport, error) {
 	d := &digestsReport{Digests: map[string]string{}}
-	err := s.askAll("digests", func(c *child) error {
-		var r digestsReport
-		_, err := c.await("digests", &r, time.Minute)
+	return d, gather(s, "digests", func(r *digestsReport) error {
 		maps.Copy(d.Digests, r.Digests)
-		return err
+		return nil
 	})
-	return d, err
 }
 
 func (s *procSide) cpu() time.Duration {
