@@ -10,14 +10,12 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvindex/kvindex/events/natsbus"
 	"github.com/kvindex/kvindex/indexer"
-	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
 // podName names generator worker i's pod.
@@ -27,7 +25,6 @@ func podName(i int) string { return fmt.Sprintf("pod-%04d", i) }
 // worker, each a pod of one DP rank with a NATS connection of its own, as
 // a fleet's agents are.
 type fixedAgents struct {
-	ns      *embednats.Server // nil until startFixed sets it
 	conns   []*nats.Conn
 	agents  []*natsbus.Agent
 	workers []*fixedWorker
@@ -66,23 +63,6 @@ func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize in
 	return fa, nil
 }
 
-// startFixed starts the embedded nats-server and one agent per recorded
-// worker against it (stop stops both), and returns the generator's
-// "ready" with its URL and the workers' digests.
-func startFixed(ctx context.Context, recs []*Recorded, blockSize int) (*fixedAgents, *genReady, error) {
-	ns, err := embednats.Start("kvfleetbench")
-	if err != nil {
-		return nil, nil, err
-	}
-	fa, err := startAgents(ctx, ns.URL(), recs, blockSize)
-	if err != nil {
-		ns.Close()
-		return nil, nil, err
-	}
-	fa.ns = ns
-	return fa, &genReady{URL: ns.URL(), Digests: fa.digests()}, nil
-}
-
 // connect opens a plain client connection (the generator's agents; the
 // replicas use fleet.Connect, as kvindex serve does).
 func connect(url, name string) (*nats.Conn, error) {
@@ -93,25 +73,12 @@ func connect(url, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// digests returns the workers' digests by pod, as the replica reports them.
-func (fa *fixedAgents) digests() map[string]string {
-	m := map[string]string{}
-	for i, w := range fa.workers {
-		m[podName(i)] = strconv.FormatUint(w.rec.Digest, 16)
-	}
-	return m
-}
-
-// stop ends the agents' Run, closes their connections and stops the
-// nats-server.
+// stop ends the agents' Run and closes their connections.
 func (fa *fixedAgents) stop() {
 	fa.cancel()
 	fa.wg.Wait()
 	for _, nc := range fa.conns {
 		nc.Close()
-	}
-	if fa.ns != nil {
-		fa.ns.Close()
 	}
 }
 

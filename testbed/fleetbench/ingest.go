@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"strconv"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
@@ -164,12 +166,19 @@ func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Report
 	if err != nil {
 		return err
 	}
-	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
+	ns, err := embednats.Start("kvfleetbench")
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	fa, err := startAgents(ctx, ns.URL(), recs, o.Shape.BlockSize)
 	if err != nil {
 		return err
 	}
 	defer fa.stop()
-	for _, rec := range recs {
+	r := &genReady{URL: ns.URL(), Digests: map[string]string{}} // as the replica reports them
+	for i, rec := range recs {
+		r.Digests[podName(i)] = strconv.FormatUint(rec.Digest, 16)
 		r.Keys += int64(rec.Keys)
 		r.Resident += rec.Resident
 		for _, s := range rec.Segments {
@@ -194,10 +203,10 @@ func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Report
 			var blocks int64
 			if blocks, err = publishLaps(ctx, fa, o.Laps, o.Rate); err == nil {
 				err = out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(),
-					CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: fa.ns.SlowConsumers()})
+					CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: ns.SlowConsumers()})
 			}
 		case "cpu":
-			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: fa.ns.SlowConsumers()})
+			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.SlowConsumers()})
 		case "floor":
 			var fl *genDone
 			if fl, err = restoreFloor(recs, o.Procs); err == nil {
