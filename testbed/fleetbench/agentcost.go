@@ -206,7 +206,7 @@ func runEnginesGenerator(ctx context.Context, o genOpts, in *Commands, out *Repo
 		return err
 	}
 	defer closeEngines(es)
-	cfg, err := es[0].port().agentConfig(ns.URL())
+	cfg, err := es[0].agentConfig(ns.URL())
 	if err != nil {
 		return err
 	}

@@ -15,16 +15,11 @@ import (
 	"github.com/pebbe/zmq4"
 )
 
-// The lag benchmark's floor. Where the lag path decodes each engine batch
-// in an agent, applies it to the agent's index, publishes the delta it
-// becomes, and a replica applies that delta to its own index, the floor
-// moves the same engine frames over the same hops and applies nothing: a
-// forwarder per engine (a ZeroMQ SUB socket and a NATS connection of its
-// own, as an agent has) publishes each batch's payload as it arrived, and
-// a subscriber in the replica's place reads only the batch's timestamp.
-// Both run the same engines, the same batches at the same rate, in the
-// same processes (forwarders in the generator, the subscriber where the
-// replica runs) on the same CPUs.
+// The lag benchmark's floor moves the path's engine frames over the same
+// hops, in the same processes, and applies nothing: a forwarder per engine
+// (a ZeroMQ SUB socket and a NATS connection of its own, as an agent has)
+// publishes each batch's payload as it arrived, and a subscriber in the
+// replica's place reads only the batch's timestamp.
 
 // floorSubject is the subject prefix the forwarders publish on; the pod
 // name follows.

@@ -61,7 +61,7 @@ func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, s
 		}
 		caught := !floor || p.Forwarded+p.Failed >= sent
 		for _, e := range es {
-			if seq, ok := p.Seqs[e.pod]; !floor && (!ok || seq < e.lastSeq) {
+			if seq, ok := p.Seqs[e.Pod]; !floor && (!ok || seq < e.lastSeq) {
 				caught = false
 			}
 		}

@@ -113,11 +113,11 @@ func TestLagAgentsInProcesses(t *testing.T) {
 				}
 			} else {
 				for i, e := range es {
-					if p.Seqs[e.pod] != e.lastSeq {
-						t.Errorf("%s: agent at seq %d, engine at %d", e.pod, p.Seqs[e.pod], e.lastSeq)
+					if p.Seqs[e.Pod] != e.lastSeq {
+						t.Errorf("%s: agent at seq %d, engine at %d", e.Pod, p.Seqs[e.Pod], e.lastSeq)
 					}
-					if want := lapDigest(t, shape, 1+uint64(i)); d.Digests[e.pod] != want {
-						t.Errorf("%s: digest %s, want %s", e.pod, d.Digests[e.pod], want)
+					if want := lapDigest(t, shape, 1+uint64(i)); d.Digests[e.Pod] != want {
+						t.Errorf("%s: digest %s, want %s", e.Pod, d.Digests[e.Pod], want)
 					}
 				}
 				if len(d.Digests) != pods {
