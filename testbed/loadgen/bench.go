@@ -24,7 +24,7 @@ type Options struct {
 	Check bool
 	// Client is "grpc" (default: api.Client, grpc-go, marshalling every
 	// request as a Go router does) or "grpc-preencoded" (the same
-	// connections, each distinct request encoded once: PreencodedScoreDo).
+	// connections, each distinct request encoded once: ScoreDo).
 	Client string
 	// Connections is how many connections the senders share, in turn;
 	// 0 means one per sender.

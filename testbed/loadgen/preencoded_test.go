@@ -61,8 +61,8 @@ func startRecording(t *testing.T, s *recordingServer) *api.Client {
 }
 
 // TestPreencodedScoreDoSendsEachPrompt: over real gRPC, call k of the
-// pre-encoded Do delivers prompt k mod Prompts, exactly the message ScoreDo
-// sends (token ids or, with keys, block keys), its reply is decoded and
+// pre-encoded Do delivers prompt k mod Prompts, exactly the message the
+// marshalling Do sends (token ids or, with keys, block keys), its reply is decoded and
 // checked (a longest match other than the shape's is an error naming it),
 // and a refusal keeps its ResourceExhausted code.
 func TestPreencodedScoreDoSendsEachPrompt(t *testing.T) {

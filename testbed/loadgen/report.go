@@ -21,8 +21,8 @@ type Report struct {
 	Rate     float64 `json:"rate"`
 	Duration string  `json:"duration"`
 	Conns    int     `json:"concurrency"`
-	// Client is the generator's client: "grpc" (ScoreDo) or
-	// "grpc-preencoded" (PreencodedScoreDo), both api.Client over grpc-go.
+	// Client is the generator's client: "grpc" or "grpc-preencoded"
+	// (ScoreDo), both api.Client over grpc-go.
 	Client string `json:"client"`
 	// Connections is the number of connections the senders shared.
 	Connections int `json:"connections"`
