@@ -107,15 +107,6 @@ func (s Shape) blockTokens(i, b int) []uint32 {
 	return toks
 }
 
-// holders returns the workers that hold prompt i's tail.
-func (s Shape) holders(i int) []int {
-	out := make([]int, s.TailHolders)
-	for j := range out {
-		out[j] = (i*s.TailHolders + j) % s.Workers
-	}
-	return out
-}
-
 // Load adds the shape's model and workers to ix and stores what each
 // worker holds: the shared prefix on every worker, each prompt's tail on
 // its holders. Engine hashes are made up, unique per block.
@@ -169,8 +160,8 @@ func (s Shape) Load(ix *indexer.Index) error {
 	}
 	if s.SharedBlocks < s.PromptBlocks {
 		for i := range s.Prompts {
-			for _, w := range s.holders(i) {
-				if err := apply(w, stored(i, s.SharedBlocks, s.PromptBlocks)); err != nil {
+			for j := range s.TailHolders { // workers (i*TailHolders+j) mod Workers
+				if err := apply((i*s.TailHolders+j)%s.Workers, stored(i, s.SharedBlocks, s.PromptBlocks)); err != nil {
 					return err
 				}
 			}
