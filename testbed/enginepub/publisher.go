@@ -36,17 +36,10 @@ type PublisherConfig struct {
 	BufferSteps int
 }
 
-// Publisher is the sending half of vLLM's ZMQ event stream: it sends
-// [topic, seq, payload] messages exactly as vLLM's ZmqEventPublisher does,
-// seq starting at 0.
-//
-// The socket is an XPUB, which subscribers cannot tell from vLLM's PUB but
-// which reports subscriptions, so WaitForSubscribers can avoid libzmq's
-// slow-joiner loss without sleeping.
-//
-// # Concurrency
-//
-// All methods may be called from several goroutines; sends are serialised.
+// Publisher is the sending half of vLLM's ZMQ event stream (package doc),
+// seq starting at 0. Its socket is an XPUB, which subscribers cannot tell
+// from vLLM's PUB but which reports subscriptions, so WaitForSubscribers
+// can avoid libzmq's slow-joiner loss without sleeping.
 type Publisher struct {
 	mu    sync.Mutex // guards sock, seq, buf, subs, ring
 	zctx  *zmq4.Context
@@ -57,8 +50,7 @@ type Publisher struct {
 	buf   []byte
 	subs  int
 
-	// ring holds the last BufferSteps batches for replay, oldest first.
-	ring      []bufferedBatch
+	ring      []bufferedBatch // the last BufferSteps batches, oldest first
 	ringSize  int
 	frames    int
 	replayEnd chan struct{} // closed by Close to stop the replay server
@@ -72,16 +64,36 @@ type bufferedBatch struct {
 }
 
 // NewPublisher opens the socket described by cfg.
-func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	zctx, err := zmq4.NewContext()
-	if err != nil {
+func NewPublisher(cfg PublisherConfig) (_ *Publisher, err error) {
+	p := &Publisher{topic: cfg.Topic, opts: cfg.Encoding, ringSize: cfg.BufferSteps, frames: cfg.ReplayFrames}
+	if p.ringSize <= 0 {
+		p.ringSize = 10_000
+	}
+	if p.frames == 0 {
+		p.frames = 4
+	}
+	if p.frames != 3 && p.frames != 4 {
+		return nil, fmt.Errorf("enginepub: publisher replay frames %d: want 3 or 4", p.frames)
+	}
+	if p.zctx, err = zmq4.NewContext(); err != nil {
 		return nil, fmt.Errorf("enginepub: publisher zmq context: %w", err)
 	}
-	sock, err := zctx.NewSocket(zmq4.XPUB)
+	var router *zmq4.Socket
+	defer func() {
+		if err != nil {
+			for _, s := range []*zmq4.Socket{p.sock, router} {
+				if s != nil {
+					s.Close()
+				}
+			}
+			p.zctx.Term()
+		}
+	}()
+	sock, err := p.zctx.NewSocket(zmq4.XPUB)
 	if err != nil {
-		zctx.Term()
 		return nil, fmt.Errorf("enginepub: publisher socket: %w", err)
 	}
+	p.sock = sock
 	_ = sock.SetLinger(0)
 	_ = sock.SetSndhwm(100_000)
 	_ = sock.SetXpubVerbose(1)
@@ -91,34 +103,16 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		err = sock.Connect(cfg.Endpoint)
 	}
 	if err != nil {
-		sock.Close()
-		zctx.Term()
 		return nil, fmt.Errorf("enginepub: publisher on %s: %w", cfg.Endpoint, err)
 	}
-	p := &Publisher{zctx: zctx, sock: sock, topic: cfg.Topic, opts: cfg.Encoding, ringSize: cfg.BufferSteps, frames: cfg.ReplayFrames}
-	if p.ringSize <= 0 {
-		p.ringSize = 10_000
-	}
-	if p.frames == 0 {
-		p.frames = 4
-	}
-	if p.frames != 3 && p.frames != 4 {
-		sock.Close()
-		zctx.Term()
-		return nil, fmt.Errorf("enginepub: publisher replay frames %d: want 3 or 4", p.frames)
-	}
 	if cfg.ReplayEndpoint != "" {
-		router, err := zctx.NewSocket(zmq4.ROUTER)
+		r, err := p.zctx.NewSocket(zmq4.ROUTER)
 		if err == nil {
+			router = r
 			_ = router.SetLinger(0)
 			err = router.Bind(cfg.ReplayEndpoint)
-			if err != nil {
-				router.Close()
-			}
 		}
 		if err != nil {
-			sock.Close()
-			zctx.Term()
 			return nil, fmt.Errorf("enginepub: publisher replay socket on %s: %w", cfg.ReplayEndpoint, err)
 		}
 		p.replayEnd = make(chan struct{})

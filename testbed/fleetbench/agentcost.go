@@ -19,22 +19,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// AgentOptions configure the agent benchmark: the kvindex agent binary
-// beside one pod whose engine churns Rate new blocks a second, measured
-// for Duration after Settle.
-type AgentOptions struct {
-	// Binary is the kvindex binary ("": kvindex beside this executable,
-	// else on PATH).
-	Binary           string
-	Shape            Shape
-	Seed             uint64
-	Rate             float64
-	Settle, Duration time.Duration
-	// WarmRate is the rate of the warm-up lap that fills the pod to its
-	// steady state.
-	WarmRate float64
-}
-
 // AgentResult is what the agent benchmark measured of the agent process.
 type AgentResult struct {
 	// Rate is the new blocks a second the engine sent; Resident the
@@ -59,9 +43,10 @@ type AgentResult struct {
 }
 
 // AgentCost runs the agent benchmark: a generator process (the embedded
-// nats-server and the pod's engine, an enginepub.Publisher) and the
-// kvindex agent binary, configured as a deployment configures it.
-func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
+// nats-server and the pod's engine, an enginepub.Publisher, churning Rate
+// new blocks a second) and the kvindex agent binary beside it, configured
+// as a deployment configures it, measured for Duration after Settle.
+func AgentCost(ctx context.Context, o Options) (*AgentResult, error) {
 	res := &AgentResult{LoadBefore: proc.LoadAvg()[0]}
 	bin, err := agentBinary(o.Binary)
 	if err != nil {
@@ -76,7 +61,7 @@ func AgentCost(ctx context.Context, o AgentOptions) (*AgentResult, error) {
 		return nil, err
 	}
 	res.Floor, res.Resident = perBlock.Seconds()*o.Rate, resident
-	gen, ready, err := startGen(ctx, "engines-gen", "", genOpts{Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, WarmRate: o.WarmRate, Run: o.Settle + o.Duration + time.Second}, time.Minute)
+	gen, ready, err := startGen(ctx, "engines-gen", "", genOpts{Options: o, Batches: int(o.Rate * (o.Settle + o.Duration + time.Second).Seconds() / blocksPerBatch(w))}, time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +137,7 @@ func agentBinary(path string) (string, error) {
 		return path, nil
 	}
 	if self, err := os.Executable(); err == nil {
-		if p := filepath.Join(filepath.Dir(self), "kvindex"); fileExists(p) {
+		if p, err := exec.LookPath(filepath.Join(filepath.Dir(self), "kvindex")); err == nil {
 			return p, nil
 		}
 	}
@@ -161,11 +146,6 @@ func agentBinary(path string) (string, error) {
 		return "", fmt.Errorf("fleetbench: agent: no kvindex binary beside this one or on PATH (go build -o bin/ ./cmd/...): %w", err)
 	}
 	return p, nil
-}
-
-func fileExists(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && !st.IsDir()
 }
 
 // agentFloor returns the CPU per new block of the index's part of an
@@ -226,7 +206,7 @@ func runEnginesGenerator(ctx context.Context, o genOpts, in *Commands, out *Repo
 		return err
 	}
 	defer closeEngines(es)
-	cfg, err := es[0].port().agentConfig(ns.URL())
+	cfg, err := es[0].agentConfig(ns.URL())
 	if err != nil {
 		return err
 	}
@@ -253,8 +233,7 @@ func runEnginesGenerator(ctx context.Context, o genOpts, in *Commands, out *Repo
 		return err
 	}
 	t0 := time.Now()
-	batches := int(o.Rate * o.Run.Seconds() / blocksPerBatch(es[0].w))
-	blocks, err := playEngines(ctx, es, batches, o.Rate)
+	blocks, err := playEngines(ctx, es, o.Batches, o.Rate)
 	if err != nil {
 		return err
 	}

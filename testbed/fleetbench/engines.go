@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/config"
-	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/testbed/enginepub"
 )
@@ -16,13 +15,11 @@ import (
 // replay) as the engine does. Batches carry the time they are sent as
 // their timestamp, as vLLM stamps a batch when it emits it.
 type engine struct {
-	pod      string
+	enginePort
 	w        *Workload
 	f        Filler
 	pub      *enginepub.Publisher
 	pos, lap int
-	endpoint string
-	replay   string
 	lastSeq  uint64
 }
 
@@ -40,11 +37,11 @@ func startEngines(n int, shape Shape, seed uint64) ([]*engine, error) {
 			closeEngines(es)
 			return nil, err
 		}
-		e := &engine{pod: podName(i), w: w,
-			endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+2*i), replay: fmt.Sprintf("tcp://127.0.0.1:%d", base+2*i+1)}
-		if e.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: e.endpoint, Bind: true, ReplayEndpoint: e.replay}); err != nil {
+		e := &engine{w: w, enginePort: enginePort{Pod: podName(i), BlockSize: shape.BlockSize,
+			Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+2*i), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", base+2*i+1)}}
+		if e.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: e.Endpoint, Bind: true, ReplayEndpoint: e.Replay}); err != nil {
 			closeEngines(es)
-			return nil, fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
+			return nil, fmt.Errorf("fleetbench: engine %s: %w", e.Pod, err)
 		}
 		es = append(es, e)
 	}
@@ -67,23 +64,13 @@ type enginePort struct {
 	BlockSize int    `json:"block_size"`
 }
 
-// port is e's enginePort.
-func (e *engine) port() enginePort {
-	return enginePort{Pod: e.pod, Endpoint: e.endpoint, Replay: e.replay, BlockSize: e.w.shape.BlockSize}
-}
-
 // ports are es's enginePorts, in order.
 func ports(es []*engine) []enginePort {
 	ps := make([]enginePort, len(es))
 	for i, e := range es {
-		ps[i] = e.port()
+		ps[i] = e.enginePort
 	}
 	return ps
-}
-
-// podConfig is the engine's entry in a kvindex configuration.
-func (p enginePort) podConfig() config.Pod {
-	return config.Pod{Name: p.Pod, Model: benchModel, Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, DPSize: 1}
 }
 
 // send publishes the engine's next batch, stamped now, and returns the
@@ -92,7 +79,7 @@ func (e *engine) send() (int, error) {
 	b := e.f.Fill(e.w, e.pos, e.lap, float64(time.Now().UnixNano())/1e9)
 	seq, err := e.pub.Publish(b)
 	if err != nil {
-		return 0, fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
+		return 0, fmt.Errorf("fleetbench: engine %s: %w", e.Pod, err)
 	}
 	e.lastSeq = seq
 	blocks := e.w.Stored[e.pos]
@@ -129,7 +116,7 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 	defer cancel()
 	for _, e := range es {
 		if err := e.pub.WaitForSubscribers(ctx, n); err != nil {
-			return fmt.Errorf("fleetbench: engine %s: %w", e.pod, err)
+			return fmt.Errorf("fleetbench: engine %s: %w", e.Pod, err)
 		}
 	}
 	return nil
@@ -139,7 +126,7 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 // at url.
 func (p enginePort) agentConfig(url string) (*config.Config, error) {
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0",
-		Models: []config.Model{{Name: benchModel, BlockSize: p.BlockSize}}, Pods: []config.Pod{p.podConfig()}}
+		Models: []config.Model{{Name: benchModel, BlockSize: p.BlockSize}}, Pods: []config.Pod{{Name: p.Pod, Model: benchModel, Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, DPSize: 1}}}
 	cfg.NATS = config.NATS{URL: url}
 	cfg.Agent.Pod = p.Pod
 	cfg.SetDefaults()
@@ -156,14 +143,4 @@ func blocksPerBatch(w *Workload) float64 {
 		n += b
 	}
 	return float64(n) / float64(len(w.Stored))
-}
-
-// seqOf returns the last engine seq an agent's stream reports for ref.
-func seqOf(stats []events.WorkerStats, ref events.WorkerRef) (uint64, bool) {
-	for _, st := range stats {
-		if st.Worker == ref {
-			return st.LastSeq, st.HasSeq
-		}
-	}
-	return 0, false
 }

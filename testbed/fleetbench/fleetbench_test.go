@@ -2,7 +2,6 @@ package fleetbench
 
 import (
 	"context"
-	"math"
 	"testing"
 	"time"
 
@@ -79,9 +78,11 @@ func TestWireCountsBytes(t *testing.T) {
 // TestLagHistQuantile: quantiles are read off the buckets as Prometheus's
 // histogram_quantile reads them, after an earlier reading is taken off.
 func TestLagHistQuantile(t *testing.T) {
-	h := &lagHist{bounds: []float64{0.001, 0.002, 0.005, math.Inf(1)}, counts: []float64{10, 60, 100, 100}}
-	before := &lagHist{bounds: h.bounds, counts: []float64{10, 10, 10, 10}}
-	h.sub(before) // 50 in (1, 2] ms, 40 in (2, 5] ms
+	h := &lagHist{Bounds: []float64{0.001, 0.002, 0.005}, Counts: []float64{10, 60, 100, 100}}
+	before := &lagHist{Bounds: h.Bounds, Counts: []float64{10, 10, 10, 10}}
+	if err := h.add(before, -1); err != nil { // 50 in (1, 2] ms, 40 in (2, 5] ms
+		t.Fatal(err)
+	}
 	if got := h.quantile(0.5); got != 1900*time.Microsecond {
 		t.Fatalf("p50 %v, want 1.9ms", got)
 	}
@@ -132,7 +133,7 @@ func TestForwarderFloor(t *testing.T) {
 	if _, err := playEngines(ctx, es, batches, 1e6); err != nil {
 		t.Fatal(err)
 	}
-	if err := fw.caughtUp(ctx, batches); err != nil {
+	if err := waitCaughtUp(ctx, &localSide{fw: fw}, true, es, batches); err != nil {
 		t.Fatal(err)
 	}
 	for s.frames.Load() < batches {
@@ -150,8 +151,8 @@ func TestForwarderFloor(t *testing.T) {
 	if s.frames.Load() != batches || r.Deltas != batches || s.bad.Load() != 0 {
 		t.Errorf("subscriber: %d frames, %d lags recorded, %d unreadable; want %d, %d, 0", s.frames.Load(), r.Deltas, s.bad.Load(), batches, batches)
 	}
-	if r.P50Ns <= 0 || r.P50Ns > r.MaxNs || r.MaxNs > int64(time.Minute) {
-		t.Errorf("lag p50 %d ns, max %d ns", r.P50Ns, r.MaxNs)
+	if r.P50 <= 0 || r.P50 > r.Max || r.Max > time.Minute {
+		t.Errorf("lag p50 %v, max %v", r.P50, r.Max)
 	}
 }
 

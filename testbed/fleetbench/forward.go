@@ -15,16 +15,11 @@ import (
 	"github.com/pebbe/zmq4"
 )
 
-// The lag benchmark's floor. Where the lag path decodes each engine batch
-// in an agent, applies it to the agent's index, publishes the delta it
-// becomes, and a replica applies that delta to its own index, the floor
-// moves the same engine frames over the same hops and applies nothing: a
-// forwarder per engine (a ZeroMQ SUB socket and a NATS connection of its
-// own, as an agent has) publishes each batch's payload as it arrived, and
-// a subscriber in the replica's place reads only the batch's timestamp.
-// Both run the same engines, the same batches at the same rate, in the
-// same processes (forwarders in the generator, the subscriber where the
-// replica runs) on the same CPUs.
+// The lag benchmark's floor moves the path's engine frames over the same
+// hops, in the same processes, and applies nothing: a forwarder per engine
+// (a ZeroMQ SUB socket and a NATS connection of its own, as an agent has)
+// publishes each batch's payload as it arrived, and a subscriber in the
+// replica's place reads only the batch's timestamp.
 
 // floorSubject is the subject prefix the forwarders publish on; the pod
 // name follows.
@@ -84,16 +79,13 @@ func (f *forwarders) subscribe(e enginePort) (*zmq4.Socket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: forwarder of %s: %w", e.Pod, err)
 	}
-	for _, set := range []func() error{
-		func() error { return sock.SetLinger(0) },
-		func() error { return sock.SetRcvhwm(100_000) },
-		func() error { return sock.SetSubscribe("") },
-		func() error { return sock.Connect(e.Endpoint) },
-	} {
-		if err := set(); err != nil {
-			sock.Close()
-			return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.Pod, e.Endpoint, err)
-		}
+	err = errors.Join(sock.SetLinger(0), sock.SetRcvhwm(100_000), sock.SetSubscribe(""))
+	if err == nil {
+		err = sock.Connect(e.Endpoint)
+	}
+	if err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("fleetbench: forwarder of %s at %s: %w", e.Pod, e.Endpoint, err)
 	}
 	return sock, nil
 }
@@ -129,21 +121,6 @@ func (f *forwarders) run(ctx context.Context, sock *zmq4.Socket, nc *nats.Conn, 
 	return nil
 }
 
-// caughtUp waits until the forwarders have published (or failed) sent
-// frames in all.
-func (f *forwarders) caughtUp(ctx context.Context, sent int64) error {
-	deadline := time.Now().Add(time.Minute)
-	for f.forwarded.Load()+f.failed.Load() < sent {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("fleetbench: the forwarders moved %d of %d frames within a minute", f.forwarded.Load()+f.failed.Load(), sent)
-		}
-		if err := sleep(ctx, 10*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // stop ends the forwarders, flushes and closes their connections and
 // returns the first receive error.
 func (f *forwarders) stop() error {
@@ -157,16 +134,6 @@ func (f *forwarders) stop() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.err
-}
-
-// floorSinkOpts configure the floor-sink role.
-type floorSinkOpts struct {
-	URL string `json:"url"`
-}
-
-// floorCount is the floor-sink's answer to "count": frames received.
-type floorCount struct {
-	Frames int64 `json:"frames"`
 }
 
 // sink is the floor's subscriber: the lag of every frame it receives
@@ -201,10 +168,11 @@ func (s *sink) subscribe(nc *nats.Conn) (*nats.Subscription, error) {
 	return sub, nil
 }
 
-// runFloorSink is the floor-sink role: subscribe, report "live", record
-// until "stop", answer "count" meanwhile, then report "result".
-func runFloorSink(ctx context.Context, o floorSinkOpts, in *Commands, out *Reporter) error {
-	nc, err := connect(o.URL, "kvfleetbench floor subscriber")
+// runFloorSink is the replica role in floor mode: subscribe, report
+// "live", record until "stop", answering "count" (frames received as
+// deltas) meanwhile, then answer "stop" with the result.
+func runFloorSink(ctx context.Context, url string, in *Commands, out *Reporter) error {
+	nc, err := connect(url, "kvfleetbench floor subscriber")
 	if err != nil {
 		return err
 	}
@@ -225,14 +193,14 @@ func runFloorSink(ctx context.Context, o floorSinkOpts, in *Commands, out *Repor
 		}
 		switch cmd {
 		case "count":
-			if err := out.Send("count", floorCount{Frames: s.frames.Load()}); err != nil {
+			if err := out.Send("count", lagReport{Deltas: s.frames.Load()}); err != nil {
 				return err
 			}
 		case "stop":
 			r := s.lag.report(s.frames.Load())
 			dropped, _ := sub.Dropped()
 			r.Problems = s.bad.Load() + int64(dropped)
-			if err := out.Send("result", r); err != nil {
+			if err := out.Send("stop", r); err != nil {
 				return err
 			}
 			return in.Exit(ctx)
@@ -247,60 +215,4 @@ func batchTime(b []byte) (float64, error) {
 		return 0, fmt.Errorf("fleetbench: a frame of %d bytes is no array-envelope batch with a float64 timestamp", len(b))
 	}
 	return math.Float64frombits(binary.BigEndian.Uint64(b[2:10])), nil
-}
-
-// lagFloor runs the floor once: a lag generator whose engines feed
-// forwarders instead of agents, and the floor subscriber in the replica's
-// place; it fills res's floor figures.
-func lagFloor(ctx context.Context, o LagOptions, batches int, res *LagFloor) error {
-	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, Floor: true, AgentProcs: o.AgentProcs}, 10*time.Minute)
-	if err != nil {
-		return err
-	}
-	defer gen.Kill()
-	sk, err := startChild(ctx, "floor-sink", o.Pin.Replica, floorSinkOpts{URL: ready.URL})
-	if err != nil {
-		return err
-	}
-	defer sk.Kill()
-	if _, err := sk.await("live", nil, time.Minute); err != nil {
-		return err
-	}
-	if err := gen.send("go"); err != nil {
-		return err
-	}
-	var done genDone
-	if _, err := gen.await("done", &done, o.Duration+time.Minute); err != nil {
-		return err
-	}
-	// The subscriber has the last frames when its count reaches what was
-	// forwarded (or, if some were lost, when it stops growing).
-	var c floorCount
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Frames < done.Forwarded && time.Now().Before(deadline) {
-		if err := sk.ask("count", &c, time.Minute); err != nil {
-			return err
-		}
-		if c.Frames < done.Forwarded {
-			if err := sleep(ctx, 10*time.Millisecond); err != nil {
-				return err
-			}
-		}
-	}
-	var r lagReport
-	if err := sk.send("stop"); err != nil {
-		return err
-	}
-	if _, err := sk.await("result", &r, time.Minute); err != nil {
-		return err
-	}
-	res.FloorSent, res.FloorForwarded, res.FloorReceived = done.Batches, done.Forwarded, int64(r.Deltas)
-	res.FloorProblems = r.Problems + (done.Batches - done.Forwarded)
-	res.FloorP50, res.FloorP99, res.FloorMax = time.Duration(r.P50Ns), time.Duration(r.P99Ns), time.Duration(r.MaxNs)
-	res.FloorReplicaCPU, res.FloorGeneratorCPU = time.Duration(r.CPUNs), time.Duration(done.CPUNs)
-	res.FloorRate = done.rate()
-	if err := sk.finish(30 * time.Second); err != nil {
-		return err
-	}
-	return gen.finish(time.Minute)
 }

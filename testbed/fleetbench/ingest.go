@@ -5,43 +5,19 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"strconv"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/kvindex/kvindex/testbed/proc"
 )
-
-// IngestOptions configure the ingest benchmark: agents publishing their
-// recorded deltas at Rate new blocks per second in all, for about
-// Duration (whole laps of every worker's ring), into one replica.
-type IngestOptions struct {
-	Workers  int
-	Shape    Shape
-	Seed     uint64
-	Rate     float64
-	Duration time.Duration
-	// Profile, when set, is a CPU profile of the replica while it
-	// ingests.
-	Profile string
-	// Pin is the CPUs of the replica and of the generator; zero: unpinned
-	// (the baseline runs in this process).
-	Pin Pinning
-}
 
 // IngestResult is what the ingest benchmark measured.
 type IngestResult struct {
 	Workers int `json:"workers"`
-	// Blocks are the new blocks the replica applied (stores that start a
-	// block; each delta also removes about as many, and offloads and
-	// evicts from CPU a quarter as many), Entries every effect, Deltas the
-	// messages.
-	Blocks  int64 `json:"blocks"`
-	Entries int64 `json:"entries"`
-	Deltas  int64 `json:"deltas"`
-	// Wall is the replica's time from its first delta to its last (its
-	// ReplicaCPU is over the same span).
-	Wall time.Duration `json:"wall_ns"`
+	ingestReport
 	// PerCore is Blocks over ReplicaCPU in seconds: blocks/s per replica
 	// core.
 	PerCore float64 `json:"blocks_per_cpu_s"`
@@ -56,12 +32,10 @@ type IngestResult struct {
 	Interleaved float64 `json:"interleaved_blocks_per_cpu_s"`
 	Ratio       float64 `json:"ratio"`
 	// Published is the generator's achieved rate, new blocks a second
-	// (its GeneratorCPU: its agents and the embedded nats-server).
-	Published float64 `json:"published_blocks_per_s"`
-	// Problems counts gaps, drops, decode or apply errors and resyncs in
-	// the replica while it ingested; SlowConsumers the nats-server's.
-	Problems      int64 `json:"problems"`
-	SlowConsumers int64 `json:"slow_consumers"`
+	// (its GeneratorCPU: its agents and the embedded nats-server);
+	// SlowConsumers the nats-server's.
+	Published     float64 `json:"published_blocks_per_s"`
+	SlowConsumers int64   `json:"slow_consumers"`
 	Shared
 }
 
@@ -69,7 +43,10 @@ type IngestResult struct {
 // a generator process (the embedded nats-server and one natsbus.Agent per
 // worker, publishing each worker's recorded deltas through
 // natsbus.Agent.Publish) and a replica process.
-func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
+//
+// Its workers publish their recorded deltas at Rate new blocks per second
+// in all, for about Duration (whole laps of every worker's ring).
+func Ingest(ctx context.Context, o Options) (*IngestResult, error) {
 	res := &IngestResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
 	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
@@ -90,7 +67,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	recs = nil
-	gen, ready, err := startGen(ctx, "ingest-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Rounds: rounds}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Options: o, Laps: rounds}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -104,8 +81,7 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 	if err := gen.send("go"); err != nil {
 		return nil, err
 	}
-	var r ingestReport
-	if _, err := rep.await("result", &r, 10*time.Minute); err != nil {
+	if _, err := rep.await("result", &res.ingestReport, 10*time.Minute); err != nil {
 		return nil, err
 	}
 	busy1 := proc.BusyCPU()
@@ -118,10 +94,9 @@ func Ingest(ctx context.Context, o IngestOptions) (*IngestResult, error) {
 		return nil, err
 	}
 	res.DigestsOK = maps.Equal(dig.Digests, ready.Digests)
-	res.Blocks, res.Entries, res.Deltas, res.Problems = r.Blocks, r.Entries, r.Deltas, r.Problems
-	res.ReplicaCPU, res.Wall = time.Duration(r.CPUNs), time.Duration(r.WallNs)
+	res.ReplicaCPU = res.CPU
 	if res.ReplicaCPU > 0 {
-		res.PerCore = float64(r.Blocks) / res.ReplicaCPU.Seconds()
+		res.PerCore = float64(res.Blocks) / res.ReplicaCPU.Seconds()
 	}
 	if res.Baseline > 0 {
 		res.Ratio = res.PerCore / res.Baseline
@@ -154,29 +129,16 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	runtime.GC()
-	n := len(recs[0].Deltas)
+	n, nw := len(recs[0].Deltas), len(recs)
 	var blocks int64
 	cpu0 := proc.SelfCPU()
-	apply := func(k, i int) error {
-		blocks += int64(recs[k].Blocks[i])
-		return ws[k].ApplyDelta(&recs[k].Deltas[i])
-	}
-	for range rounds {
-		var err error
+	for j := range rounds * n * nw {
+		k, i := j/n%nw, j%n // worker k's delta i
 		if interleaved {
-			for i := 0; i < n && err == nil; i++ {
-				for k := 0; k < len(recs) && err == nil; k++ {
-					err = apply(k, i)
-				}
-			}
-		} else {
-			for k := 0; k < len(recs) && err == nil; k++ {
-				for i := 0; i < n && err == nil; i++ {
-					err = apply(k, i)
-				}
-			}
+			k, i = j%nw, j/nw%n
 		}
-		if err != nil {
+		blocks += int64(recs[k].Blocks[i])
+		if err := ws[k].ApplyDelta(&recs[k].Deltas[i]); err != nil {
 			return 0, fmt.Errorf("fleetbench: baseline: %w", err)
 		}
 	}
@@ -189,17 +151,39 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 	return float64(blocks) / cpu.Seconds(), nil
 }
 
-func runIngestGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
-	recs, err := RecordAll(o.Shape, o.Seed, o.Workers, true)
+// runFixedGenerator is the generator of ingest and sync: the embedded
+// nats-server and an agent per recorded worker (with their deltas when
+// Laps is set, else their snapshots from CacheDir's cache). It reports
+// "ready", then answers "go" (publish Laps laps at Rate, then "done"),
+// "cpu" (its CPU so far) and "floor" (restoreFloor) until stdin closes or
+// "exit".
+func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
+	load := func() ([]*Recorded, error) { return RecordAll(o.Shape, o.Seed, o.Workers, true) }
+	if o.Laps == 0 {
+		load = func() ([]*Recorded, error) { return loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers) }
+	}
+	recs, err := load()
 	if err != nil {
 		return err
 	}
-	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
+	ns, err := embednats.Start("kvfleetbench")
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	fa, err := startAgents(ctx, ns.URL(), recs, o.Shape.BlockSize)
 	if err != nil {
 		return err
 	}
 	defer fa.stop()
-	for _, rec := range recs {
+	r := &genReady{URL: ns.URL(), Digests: map[string]string{}} // as the replica reports them
+	for i, rec := range recs {
+		r.Digests[podName(i)] = strconv.FormatUint(rec.Digest, 16)
+		r.Keys += int64(rec.Keys)
+		r.Resident += rec.Resident
+		for _, s := range rec.Segments {
+			r.Bytes += int64(len(s))
+		}
 		for _, b := range rec.Blocks {
 			r.Blocks += int64(b)
 		}
@@ -207,18 +191,32 @@ func runIngestGenerator(ctx context.Context, o genOpts, in *Commands, out *Repor
 	if err := out.Send("ready", r); err != nil {
 		return err
 	}
-	if err := in.Wait(ctx, "go"); err != nil {
-		return err
+	for {
+		cmd, ok := in.Next(ctx)
+		if !ok || cmd == "exit" {
+			return nil
+		}
+		var err error
+		switch cmd {
+		case "go":
+			cpu0, t0 := proc.SelfCPU(), time.Now()
+			var blocks int64
+			if blocks, err = publishLaps(ctx, fa, o.Laps, o.Rate); err == nil {
+				err = out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(),
+					CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: ns.SlowConsumers()})
+			}
+		case "cpu":
+			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: ns.SlowConsumers()})
+		case "floor":
+			var fl *genDone
+			if fl, err = restoreFloor(recs, o.Procs); err == nil {
+				err = out.Send("floor", fl)
+			}
+		}
+		if err != nil {
+			return err
+		}
 	}
-	cpu0, t0 := proc.SelfCPU(), time.Now()
-	blocks, err := publishLaps(ctx, fa, o.Rounds, o.Rate)
-	if err != nil {
-		return err
-	}
-	if err := out.Send("done", genDone{Blocks: blocks, WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds(), Slow: fa.ns.SlowConsumers()}); err != nil {
-		return err
-	}
-	return in.Exit(ctx)
 }
 
 // publishLaps publishes rounds laps of every agent's recorded deltas,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -16,34 +15,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/embednats"
 	"github.com/kvindex/kvindex/testbed/proc"
 )
-
-// LagOptions configure the lag benchmark: Pods engines, each beside its
-// agent, churning Rate new blocks a second in all for Duration, and one
-// replica.
-type LagOptions struct {
-	Pods     int
-	Shape    Shape
-	Seed     uint64
-	Rate     float64
-	Duration time.Duration
-	// WarmRate is the rate of the warm-up lap that brings every worker to
-	// its steady state before the replica starts.
-	WarmRate float64
-	// Profile, when set, is a CPU profile of the replica while the engines
-	// churn.
-	Profile string
-	// Rounds is how many times the floor and the path are each run, in
-	// turn (floor first); the p99s reported are their medians. 0 means 1.
-	Rounds int
-	// Pin is the CPUs of the replica (and the floor's subscriber) and of
-	// the generator (engines with their agents or forwarders, and
-	// nats-server); zero: unpinned.
-	Pin Pinning
-	// AgentProcs is how many processes the agents (and the floor's
-	// forwarders, dealt the same way) run in, beside the generator's and
-	// on its CPUs; 0 runs them in the generator's process, in one heap.
-	AgentProcs int
-}
 
 // LagFloor is the lag benchmark's floor (forward.go): the same engine
 // frames moved ZeroMQ -> NATS -> a subscriber, with nothing applied.
@@ -71,31 +42,19 @@ type LagFloor struct {
 // having applied the delta it became, through the whole agent path:
 // enginepub.Publisher, ZeroMQ, fleet.Agent (kvindex agent's code: the
 // subscriber, the recording apply, natsbus.Agent.Publish), NATS, and the
-// replica's natsbus.Source and index.
+// replica's natsbus.Source and index. Its CPU figures are over the churn
+// (the generator's: engines, agents and nats-server).
 type LagResult struct {
 	Pods int `json:"pods"`
-	// Deltas are the deltas the replica applied while measuring, Blocks
-	// their new blocks; Rate the new blocks a second the engines sent.
-	Deltas int64   `json:"deltas"`
-	Blocks int64   `json:"blocks"`
-	Rate   float64 `json:"rate"`
-	// The lag distribution, and the fraction of deltas over 5 ms.
-	P50  time.Duration `json:"p50_ns"`
-	P90  time.Duration `json:"p90_ns"`
-	P99  time.Duration `json:"p99_ns"`
-	P999 time.Duration `json:"p999_ns"`
-	Max  time.Duration `json:"max_ns"`
-	Late float64       `json:"late_fraction"`
+	lagReport
+	// Rate is the new blocks a second the engines sent.
+	Rate float64 `json:"rate"`
 	// AgentP50 and AgentP99 are the first leg alone, engine to agent (the
 	// agents' kvindex_event_lag_seconds over the churn, read off its
 	// buckets as Prometheus's histogram_quantile does: to within a
 	// bucket), so that the rest is NATS and the replica.
 	AgentP50 time.Duration `json:"agent_p50_ns"`
 	AgentP99 time.Duration `json:"agent_p99_ns"`
-	// Problems counts gaps, drops, decode or apply errors and resyncs in
-	// the replica while the engines churned. The CPU figures are over the
-	// churn (the generator's: engines, agents and nats-server).
-	Problems int64 `json:"problems"`
 	Shared
 	LagFloor
 	// Ratio is P99 over FloorP99; P99s and FloorP99s each round's, in
@@ -116,11 +75,14 @@ type LagResult struct {
 
 // Lag runs the lag benchmark and its floor, Rounds times each in turn:
 // for the path, a generator process (the embedded nats-server, the
-// engines and their agents, in process) and a replica process; for the
-// floor, the same generator with forwarders in the agents' place and a
-// subscriber process in the replica's (forward.go).
-func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
-	res := &LagResult{Pods: o.Pods, Pinned: o.Pin, Offered: o.Rate, AgentProcs: o.AgentProcs}
+// engines and their agents) and a replica process; for the floor, the
+// same generator with forwarders in the agents' place and a subscriber
+// in the replica's (forward.go).
+//
+// Workers engines, each beside its agent, churn Rate new blocks a second
+// in all for Duration.
+func Lag(ctx context.Context, o Options) (*LagResult, error) {
+	res := &LagResult{Pods: o.Workers, Pinned: o.Pin, Offered: o.Rate, AgentProcs: o.AgentProcs}
 	load := proc.LoadAvg()[0]
 	w, err := NewWorkload(o.Shape, o.Seed)
 	if err != nil {
@@ -128,13 +90,21 @@ func Lag(ctx context.Context, o LagOptions) (*LagResult, error) {
 	}
 	batches := int(o.Rate * o.Duration.Seconds() / blocksPerBatch(w))
 	for range max(o.Rounds, 1) {
-		if err := lagFloor(ctx, o, batches, &res.LagFloor); err != nil {
+		fl, err := lagRound(ctx, o, batches, true)
+		if err != nil {
 			return nil, fmt.Errorf("fleetbench: lag floor: %w", err)
 		}
+		r, d := &fl.lagReport, &fl.done
+		res.LagFloor = LagFloor{FloorP50: r.P50, FloorP99: r.P99, FloorMax: r.Max, FloorSent: d.Batches, FloorForwarded: d.Forwarded,
+			FloorReceived: r.Deltas, FloorProblems: r.Problems + d.Batches - d.Forwarded, FloorRate: d.rate(),
+			FloorReplicaCPU: r.CPU, FloorGeneratorCPU: time.Duration(d.CPUNs)}
 		res.FloorP99s = append(res.FloorP99s, res.FloorP99)
-		if err := lagPath(ctx, o, batches, res); err != nil {
+		p, err := lagRound(ctx, o, batches, false)
+		if err != nil {
 			return nil, err
 		}
+		res.lagReport, res.Shared, res.Rate = p.lagReport, p.Shared, p.done.rate()
+		res.AgentP50, res.AgentP99 = time.Duration(p.done.AgentP50Ns), time.Duration(p.done.AgentP99Ns)
 		res.P99s = append(res.P99s, res.P99)
 	}
 	res.LoadBefore = load
@@ -159,53 +129,74 @@ func medianDuration(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// lagPath runs the path once and fills res's figures of it.
-func lagPath(ctx context.Context, o LagOptions, batches int, res *LagResult) error {
-	res.LoadBefore = proc.LoadAvg()[0]
-	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Workers: o.Pods, Shape: o.Shape, Seed: o.Seed, Rate: o.Rate, Batches: batches, WarmRate: o.WarmRate, AgentProcs: o.AgentProcs}, 10*time.Minute)
+// lagRun is one run of the path or the floor: the replica's (or the floor
+// subscriber's) result and the generator's "done".
+type lagRun struct {
+	lagReport
+	done genDone
+	Shared
+}
+
+// lagRound runs the path, or with floor its floor, once: a lag-gen
+// process and a replica process (for the floor, the floor subscriber).
+func lagRound(ctx context.Context, o Options, batches int, floor bool) (*lagRun, error) {
+	run := &lagRun{Shared: Shared{LoadBefore: proc.LoadAvg()[0]}}
+	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Options: o, Batches: batches, Floor: floor}, 10*time.Minute)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer gen.Kill()
-	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Pods, Mode: "lag", Profile: o.Profile}, 0, o.Pin.Replica)
+	mode := map[bool]string{false: "lag", true: "floor"}[floor]
+	rep, _, _, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: mode, Profile: o.Profile}, 0, o.Pin.Replica)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rep.Kill()
 	busy0 := proc.BusyCPU()
 	if err := gen.send("go"); err != nil {
-		return err
+		return nil, err
 	}
-	var done genDone
-	if _, err := gen.await("done", &done, o.Duration+time.Minute); err != nil {
-		return err
+	if _, err := gen.await("done", &run.done, o.Duration+time.Minute); err != nil {
+		return nil, err
 	}
 	var want, got digestsReport
-	if _, err := gen.await("digests", &want, time.Minute); err != nil {
-		return err
+	if floor {
+		// The subscriber has the last frames when its count reaches what
+		// was forwarded (or, if some were lost, when it stops growing).
+		var c lagReport
+		for deadline := time.Now().Add(10 * time.Second); c.Deltas < run.done.Forwarded && time.Now().Before(deadline); {
+			if err := rep.ask("count", &c, time.Minute); err != nil {
+				return nil, err
+			}
+			if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		if _, err := gen.await("digests", &want, time.Minute); err != nil {
+			return nil, err
+		}
+		time.Sleep(500 * time.Millisecond) // the last deltas reach the replica
 	}
-	time.Sleep(500 * time.Millisecond) // the last deltas reach the replica
-	if err := rep.send("stop"); err != nil {
-		return err
-	}
-	var r lagReport
-	if _, err := rep.await("result", &r, time.Minute); err != nil {
-		return err
+	if err := rep.ask("stop", &run.lagReport, time.Minute); err != nil {
+		return nil, err
 	}
 	busy1 := proc.BusyCPU()
-	if _, err := rep.await("digests", &got, time.Minute); err != nil {
-		return err
+	if !floor {
+		if _, err := rep.await("digests", &got, time.Minute); err != nil {
+			return nil, err
+		}
+		run.DigestsOK = maps.Equal(got.Digests, want.Digests)
 	}
-	res.DigestsOK = maps.Equal(got.Digests, want.Digests)
-	res.Deltas, res.Blocks, res.Problems, res.Late = int64(r.Deltas), r.Blocks, r.Problems, r.Late
-	res.P50, res.P90, res.P99, res.P999, res.Max = time.Duration(r.P50Ns), time.Duration(r.P90Ns), time.Duration(r.P99Ns), time.Duration(r.P999Ns), time.Duration(r.MaxNs)
-	res.ReplicaCPU, res.GeneratorCPU = time.Duration(r.CPUNs), time.Duration(done.CPUNs)
-	res.AgentP50, res.AgentP99 = time.Duration(done.AgentP50Ns), time.Duration(done.AgentP99Ns)
-	res.Rate = done.rate()
-	res.other(busy0, busy1)
-	return finish(gen, rep, &res.Shared)
+	run.ReplicaCPU, run.GeneratorCPU = run.CPU, time.Duration(run.done.CPUNs)
+	run.other(busy0, busy1)
+	return run, finish(gen, rep, &run.Shared)
 }
 
+// runLagGenerator is the lag-gen role: the embedded nats-server, the
+// engines and their agents (or, for the floor, forwarders); it plays a
+// warm-up lap, reports "ready", and on "go" plays Batches at Rate, then
+// reports "done" (and, for the path, the agents' "digests").
 func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
@@ -230,9 +221,7 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err := waitSubscribed(ctx, es, 1); err != nil {
 		return err
 	}
-	// sent counts the batches played; the floor's forwarders have caught
-	// up when they have moved as many frames.
-	var sent int64
+	var sent int64 // batches played
 	play := func(count int, rate float64) (int64, error) {
 		blocks, err := playEngines(ctx, es, count, rate)
 		sent += int64(count)
@@ -287,7 +276,9 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err != nil {
 		return err
 	}
-	after.sub(before)
+	if err := after.add(before, -1); err != nil {
+		return err
+	}
 	done.AgentP50Ns, done.AgentP99Ns = after.quantile(0.5).Nanoseconds(), after.quantile(0.99).Nanoseconds()
 	if err := out.Send("done", done); err != nil {
 		return err
@@ -296,17 +287,17 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err != nil {
 		return err
 	}
-	if err := out.Send("digests", digestsReport{Digests: d}); err != nil {
+	if err := out.Send("digests", d); err != nil {
 		return err
 	}
 	return in.Exit(ctx)
 }
 
-// lagHist is a cumulative histogram: counts[i] observations at most
-// bounds[i], the last bound +Inf.
+// lagHist is a cumulative histogram, as JSON carries it: Counts[i]
+// observations at most Bounds[i], and a last count for +Inf.
 type lagHist struct {
-	bounds []float64
-	counts []float64
+	Bounds []float64 `json:"bounds"`
+	Counts []float64 `json:"counts"`
 }
 
 // agentLag sums the agents' kvindex_event_lag_seconds{source="zmq"}.
@@ -326,52 +317,57 @@ func agentLag(agents []*fleet.Agent) (*lagHist, error) {
 				if m.GetLabel()[0].GetValue() != "zmq" {
 					continue
 				}
-				bs := m.GetHistogram().GetBucket()
-				if h.bounds == nil {
-					for _, b := range bs {
-						h.bounds = append(h.bounds, b.GetUpperBound())
-					}
-					h.bounds = append(h.bounds, math.Inf(1))
-					h.counts = make([]float64, len(h.bounds))
+				var o lagHist
+				for _, b := range m.GetHistogram().GetBucket() {
+					o.Bounds = append(o.Bounds, b.GetUpperBound())
+					o.Counts = append(o.Counts, float64(b.GetCumulativeCount()))
 				}
-				for i, b := range bs {
-					h.counts[i] += float64(b.GetCumulativeCount())
+				o.Counts = append(o.Counts, float64(m.GetHistogram().GetSampleCount()))
+				if err := h.add(&o, 1); err != nil {
+					return nil, err
 				}
-				h.counts[len(bs)] += float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
 	return h, nil
 }
 
-// sub takes o's counts (an earlier reading) off h's.
-func (h *lagHist) sub(o *lagHist) {
-	for i := range h.counts {
-		if i < len(o.counts) {
-			h.counts[i] -= o.counts[i]
-		}
+// add adds sign times o's counts to h's; both must have the same bounds
+// (an empty h takes o's).
+func (h *lagHist) add(o *lagHist, sign float64) error {
+	if len(o.Counts) == 0 {
+		return nil
 	}
+	if h.Counts == nil {
+		h.Bounds, h.Counts = o.Bounds, make([]float64, len(o.Counts))
+	}
+	if len(o.Counts) != len(h.Counts) {
+		return fmt.Errorf("fleetbench: agent lag histograms of %d and %d buckets", len(h.Counts), len(o.Counts))
+	}
+	for i, c := range o.Counts {
+		h.Counts[i] += sign * c
+	}
+	return nil
 }
 
 // quantile interpolates within the bucket holding quantile q, as
 // Prometheus's histogram_quantile does (the highest finite bound when it
 // falls in +Inf).
 func (h *lagHist) quantile(q float64) time.Duration {
-	n := len(h.counts)
-	if n == 0 || h.counts[n-1] == 0 {
+	n := len(h.Counts)
+	if n == 0 || h.Counts[n-1] == 0 {
 		return 0
 	}
-	rank := q * h.counts[n-1]
+	rank := q * h.Counts[n-1]
 	lo, below := 0.0, 0.0
-	for i, c := range h.counts {
+	for i, c := range h.Counts {
 		if c >= rank {
-			if math.IsInf(h.bounds[i], 1) {
-				return time.Duration(h.bounds[i-1] * 1e9)
+			if i == len(h.Bounds) {
+				return time.Duration(lo * 1e9)
 			}
-			f := lo + (h.bounds[i]-lo)*(rank-below)/max(c-below, 1e-9)
-			return time.Duration(f * 1e9)
+			return time.Duration((lo + (h.Bounds[i]-lo)*(rank-below)/max(c-below, 1e-9)) * 1e9)
 		}
-		lo, below = h.bounds[i], c
+		lo, below = h.Bounds[i], c
 	}
 	return 0
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -31,8 +31,8 @@ type lagSide interface {
 	// agentLag sums the agents' engine-to-agent lag histograms (empty
 	// for forwarders).
 	agentLag(ctx context.Context) (*lagHist, error)
-	// digests are the agents' workers' digests (hex) by pod.
-	digests(ctx context.Context) (map[string]string, error)
+	// digests are the agents' workers' digests by pod.
+	digests(ctx context.Context) (*digestsReport, error)
 	// cpu is the CPU its processes other than the generator's have used
 	// (0 in the generator's process).
 	cpu() time.Duration
@@ -49,35 +49,9 @@ type lagProgress struct {
 	Failed    int64             `json:"failed"`
 }
 
-// add adds o's figures to p's (pods are disjoint across processes).
-func (p *lagProgress) add(o *lagProgress) {
-	for pod, seq := range o.Seqs {
-		if p.Seqs == nil {
-			p.Seqs = map[string]uint64{}
-		}
-		p.Seqs[pod] = seq
-	}
-	p.Forwarded += o.Forwarded
-	p.Failed += o.Failed
-}
-
-// caughtUp reports whether the side has handled everything the engines
-// sent: sent frames in all for forwarders, each engine's last seq for
-// agents.
-func (p *lagProgress) caughtUp(floor bool, es []*engine, sent int64) bool {
-	if floor {
-		return p.Forwarded+p.Failed >= sent
-	}
-	for _, e := range es {
-		if seq, ok := p.Seqs[e.pod]; !ok || seq < e.lastSeq {
-			return false
-		}
-	}
-	return true
-}
-
 // waitCaughtUp waits, within a minute, until side has handled everything
-// es sent (sent batches in all).
+// es sent: sent batches in all for forwarders, each engine's last seq for
+// agents.
 func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, sent int64) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -85,7 +59,13 @@ func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, s
 		if err != nil {
 			return err
 		}
-		if p.caughtUp(floor, es, sent) {
+		caught := !floor || p.Forwarded+p.Failed >= sent
+		for _, e := range es {
+			if seq, ok := p.Seqs[e.Pod]; !floor && (!ok || seq < e.lastSeq) {
+				caught = false
+			}
+		}
+		if caught {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -131,8 +111,10 @@ func (s *localSide) progress(context.Context) (*lagProgress, error) {
 	}
 	p := &lagProgress{Seqs: map[string]uint64{}}
 	for i, a := range s.agents {
-		if seq, ok := seqOf(a.Subscriber().WorkerStats(), events.WorkerRef{Pod: s.ps[i].Pod}); ok {
-			p.Seqs[s.ps[i].Pod] = seq
+		for _, st := range a.Subscriber().WorkerStats() {
+			if st.Worker == (events.WorkerRef{Pod: s.ps[i].Pod}) && st.HasSeq {
+				p.Seqs[s.ps[i].Pod] = st.LastSeq
+			}
 		}
 	}
 	return p, nil
@@ -140,14 +122,14 @@ func (s *localSide) progress(context.Context) (*lagProgress, error) {
 
 func (s *localSide) agentLag(context.Context) (*lagHist, error) { return agentLag(s.agents) }
 
-func (s *localSide) digests(context.Context) (map[string]string, error) {
-	d := map[string]string{}
+func (s *localSide) digests(context.Context) (*digestsReport, error) {
+	d := &digestsReport{Digests: map[string]string{}}
 	for i, a := range s.agents {
 		w := a.Index().LookupWorker(events.WorkerRef{Pod: s.ps[i].Pod})
 		if w == nil {
 			return nil, fmt.Errorf("fleetbench: the agent of %s has no worker", s.ps[i].Pod)
 		}
-		d[s.ps[i].Pod] = strconv.FormatUint(w.Digest(), 16)
+		d.Digests[s.ps[i].Pod] = strconv.FormatUint(w.Digest(), 16)
 	}
 	return d, nil
 }
@@ -168,13 +150,6 @@ type lagAgentsOpts struct {
 	URL   string       `json:"url"`
 	Ports []enginePort `json:"ports"`
 	Floor bool         `json:"floor,omitempty"`
-}
-
-// lagHistMsg is a lagHist as JSON, which has no +Inf: the finite bounds,
-// and a count for each and one for +Inf.
-type lagHistMsg struct {
-	Bounds []float64 `json:"bounds"`
-	Counts []float64 `json:"counts"`
 }
 
 // runLagAgents is the lag-agents role: it starts its agents or
@@ -201,15 +176,9 @@ func runLagAgents(ctx context.Context, o lagAgentsOpts, in *Commands, out *Repor
 		case "progress":
 			msg, err = side.progress(ctx)
 		case "lag":
-			var h *lagHist
-			if h, err = side.agentLag(ctx); err == nil {
-				msg = h.msg()
-			}
+			msg, err = side.agentLag(ctx)
 		case "digests":
-			var d map[string]string
-			if d, err = side.digests(ctx); err == nil {
-				msg = digestsReport{Digests: d}
-			}
+			msg, err = side.digests(ctx)
 		default:
 			err = fmt.Errorf("fleetbench: lag-agents: unknown command %q", cmd)
 		}
@@ -254,16 +223,20 @@ func startProcSide(ctx context.Context, url string, ps []enginePort, floor bool,
 	return s, nil
 }
 
-// askAll sends every process cmd and decodes each answer with read,
-// after all were sent, so that the processes answer at once.
-func (s *procSide) askAll(cmd string, read func(c *child) error) error {
+// gather sends every process cmd, then merges each one's answer, so that
+// the processes answer at once.
+func gather[T any](s *procSide, cmd string, merge func(*T) error) error {
 	for _, c := range s.kids {
 		if err := c.send(cmd); err != nil {
 			return err
 		}
 	}
 	for _, c := range s.kids {
-		if err := read(c); err != nil {
+		var v T
+		if _, err := c.await(cmd, &v, time.Minute); err != nil {
+			return err
+		}
+		if err := merge(&v); err != nil {
 			return err
 		}
 	}
@@ -271,39 +244,25 @@ func (s *procSide) askAll(cmd string, read func(c *child) error) error {
 }
 
 func (s *procSide) progress(context.Context) (*lagProgress, error) {
-	p := &lagProgress{}
-	err := s.askAll("progress", func(c *child) error {
-		var q lagProgress
-		_, err := c.await("progress", &q, time.Minute)
-		p.add(&q)
-		return err
+	p := &lagProgress{Seqs: map[string]uint64{}} // pods are disjoint across processes
+	return p, gather(s, "progress", func(q *lagProgress) error {
+		maps.Copy(p.Seqs, q.Seqs)
+		p.Forwarded, p.Failed = p.Forwarded+q.Forwarded, p.Failed+q.Failed
+		return nil
 	})
-	return p, err
 }
 
 func (s *procSide) agentLag(context.Context) (*lagHist, error) {
 	h := &lagHist{}
-	err := s.askAll("lag", func(c *child) error {
-		var m lagHistMsg
-		if _, err := c.await("lag", &m, time.Minute); err != nil {
-			return err
-		}
-		return h.add(m.hist())
-	})
-	return h, err
+	return h, gather(s, "lag", func(o *lagHist) error { return h.add(o, 1) })
 }
 
-func (s *procSide) digests(context.Context) (map[string]string, error) {
-	d := map[string]string{}
-	err := s.askAll("digests", func(c *child) error {
-		var r digestsReport
-		_, err := c.await("digests", &r, time.Minute)
-		for pod, v := range r.Digests {
-			d[pod] = v
-		}
-		return err
+func (s *procSide) digests(context.Context) (*digestsReport, error) {
+	d := &digestsReport{Digests: map[string]string{}}
+	return d, gather(s, "digests", func(r *digestsReport) error {
+		maps.Copy(d.Digests, r.Digests)
+		return nil
 	})
-	return d, err
 }
 
 func (s *procSide) cpu() time.Duration {
@@ -329,38 +288,4 @@ func (s *procSide) stop() error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// msg is h as JSON can carry it.
-func (h *lagHist) msg() lagHistMsg {
-	if len(h.bounds) == 0 {
-		return lagHistMsg{}
-	}
-	return lagHistMsg{Bounds: h.bounds[:len(h.bounds)-1], Counts: h.counts}
-}
-
-// hist is the lagHist m carries.
-func (m lagHistMsg) hist() *lagHist {
-	if len(m.Counts) == 0 {
-		return &lagHist{}
-	}
-	return &lagHist{bounds: append(append([]float64(nil), m.Bounds...), math.Inf(1)), counts: m.Counts}
-}
-
-// add adds o's counts to h's; both must have the same bounds (an empty
-// h takes o's).
-func (h *lagHist) add(o *lagHist) error {
-	if len(o.counts) == 0 {
-		return nil
-	}
-	if h.bounds == nil {
-		h.bounds, h.counts = append([]float64(nil), o.bounds...), make([]float64, len(o.counts))
-	}
-	if len(o.bounds) != len(h.bounds) || len(o.counts) != len(h.counts) {
-		return fmt.Errorf("fleetbench: agent lag histograms of %d and %d buckets", len(h.bounds), len(o.bounds))
-	}
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	return nil
 }

@@ -1,6 +1,7 @@
 package fleetbench
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -31,15 +32,6 @@ type Recorded struct {
 	// the lap boundary.
 	Resident int64
 	Digest   uint64
-}
-
-// Bytes returns the size of the snapshot's encoding.
-func (r *Recorded) Bytes() int {
-	n := 0
-	for _, s := range r.Segments {
-		n += len(s)
-	}
-	return n
 }
 
 // restore restores w from the snapshot's encoding, as a replica's sink
@@ -154,13 +146,10 @@ type fixedWorker struct {
 	pos int // deltas published
 }
 
-// errMidLap: a snapshot asked for between two lap boundaries.
-var errMidLap = fmt.Errorf("fleetbench: the generator serves snapshots at lap boundaries only")
-
 // Snapshot implements natsbus.LocalWorker.
 func (f *fixedWorker) Snapshot(emit func([]byte) error) (uint64, error) {
 	if n := len(f.rec.Deltas); n > 0 && f.pos%n != 0 {
-		return 0, errMidLap
+		return 0, errors.New("fleetbench: the generator serves snapshots at lap boundaries only")
 	}
 	for _, s := range f.rec.Segments {
 		if err := emit(s); err != nil {

@@ -20,74 +20,79 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// The replica role is kvindex serve's fleet input, as the daemon builds
-// it (daemon): fleet.Connect, a natsbus.Source over
-// fleet.NewReplicas of an indexer.Index, with the daemon's source options
-// but for the ones a benchmark sets. Between the Source and the index, a
-// counting worker set adds the new blocks each delta stores (a loop over
-// the delta's entries, under 1% of its apply) for the ingest benchmark.
-
-// replicaOpts configure the replica role.
+// replicaOpts configure the replica role: kvindex serve's fleet input as
+// the daemon builds it (fleet.Connect, a natsbus.Source over
+// fleet.NewReplicas of an indexer.Index, the daemon's source options),
+// with a counting worker set between the Source and the index (a loop
+// over each delta's entries, under 1% of its apply).
 type replicaOpts struct {
 	URL string `json:"url"`
 	// Workers is how many workers the replica waits for.
 	Workers int `json:"workers"`
 	// Mode is "ingest" (measure CPU per block until Blocks are applied),
-	// "sync" (time to all live, peak RSS) or "lag" (engine to replica lag
-	// until told to stop).
+	// "sync" (time to all live, peak RSS), "lag" (engine to replica lag
+	// until told to stop) or "floor" (the lag floor's subscriber in the
+	// replica's place, forward.go).
 	Mode   string `json:"mode"`
 	Blocks int64  `json:"blocks,omitempty"`
 	// Profile, when set, is a CPU profile of the measured phase.
 	Profile string `json:"profile,omitempty"`
-	// SnapshotConcurrency is the Source's option of that name (0: its
-	// default).
-	SnapshotConcurrency int `json:"snapshot_concurrency,omitempty"`
 }
 
 // liveReport is the replica's "live" message: every worker synced.
 type liveReport struct {
-	// SinceStartNs is from the role's start to all workers live.
-	SinceStartNs int64 `json:"since_start_ns"`
-	// CPUNs is the CPU the process used until then.
-	CPUNs int64 `json:"cpu_ns"`
-	// PeakRSS is the process's peak resident set size then, HeapInuse
-	// the Go heap in use after a GC.
+	// ReplicaReady is from the role's start (after the runtime's and the
+	// binary's initialisation) to all workers live, CPU the process's
+	// until then.
+	ReplicaReady time.Duration `json:"replica_ready_ns"`
+	CPU          time.Duration `json:"cpu_ns"`
+	// PeakRSS is the process's peak resident set size then; HeapInuse
+	// (sync) the Go heap in use after a GC.
 	PeakRSS   int64 `json:"peak_rss"`
 	HeapInuse int64 `json:"heap_inuse"`
-	// Resident is the index's resident blocks.
-	Resident int64 `json:"resident"`
-	Workers  int   `json:"workers"`
-	// Replays counts snapshot loads (one per worker when none failed),
-	// ReplayFailures the failed ones.
-	Replays, ReplayFailures int64
+	// Replays counts snapshot loads, ReplayFailures the failed ones (a
+	// load retried after a failure is counted again).
+	Replays        int64 `json:"replays"`
+	ReplayFailures int64 `json:"replay_failures"`
 }
 
 // ingestReport is the replica's "result" in ingest mode.
 type ingestReport struct {
+	// Blocks are the new blocks the replica applied (stores that start a
+	// block; each delta also removes about as many, and offloads and
+	// evicts from CPU a quarter as many), Entries every effect, Deltas the
+	// messages.
 	Blocks  int64 `json:"blocks"`
 	Entries int64 `json:"entries"`
 	Deltas  int64 `json:"deltas"`
-	CPUNs   int64 `json:"cpu_ns"`
-	WallNs  int64 `json:"wall_ns"`
+	// Wall is from the first delta to the last, CPU the replica's over it.
+	Wall time.Duration `json:"wall_ns"`
+	CPU  time.Duration `json:"cpu_ns"`
 	// Problems counts gaps, drops, decode and apply errors and resyncs
 	// after the first sync: each should be 0.
 	Problems int64 `json:"problems"`
 }
 
-// lagReport is the replica's "result" in lag mode: engine-to-replica lag
-// per applied delta.
+// lagReport is the replica's (or the floor subscriber's) answer to
+// "stop" in lag mode: the lag of every delta (frame) received while
+// measuring, from its engine batch's timestamp.
 type lagReport struct {
-	Deltas   uint64  `json:"deltas"`
-	Blocks   int64   `json:"blocks"`
-	WallNs   int64   `json:"wall_ns"`
-	CPUNs    int64   `json:"cpu_ns"`
-	P50Ns    int64   `json:"p50_ns"`
-	P90Ns    int64   `json:"p90_ns"`
-	P99Ns    int64   `json:"p99_ns"`
-	P999Ns   int64   `json:"p999_ns"`
-	MaxNs    int64   `json:"max_ns"`
-	Problems int64   `json:"problems"`
-	Late     float64 `json:"late_fraction"` // of deltas over 5 ms
+	// Deltas are the deltas the replica applied while measuring (the
+	// frames the floor received), Blocks their new blocks.
+	Deltas int64         `json:"deltas"`
+	Blocks int64         `json:"blocks"`
+	Wall   time.Duration `json:"wall_ns"`
+	CPU    time.Duration `json:"cpu_ns"`
+	P50    time.Duration `json:"p50_ns"`
+	P90    time.Duration `json:"p90_ns"`
+	P99    time.Duration `json:"p99_ns"`
+	P999   time.Duration `json:"p999_ns"`
+	Max    time.Duration `json:"max_ns"`
+	// Late is the fraction of deltas over 5 ms.
+	Late float64 `json:"late_fraction"`
+	// Problems counts gaps, drops, decode or apply errors and resyncs
+	// (the floor: frames dropped or unreadable) while measuring.
+	Problems int64 `json:"problems"`
 }
 
 // digestsReport maps each worker's pod to its digest (hex).
@@ -96,6 +101,9 @@ type digestsReport struct {
 }
 
 func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter) error {
+	if o.Mode == "floor" {
+		return runFloorSink(ctx, o.URL, in, out)
+	}
 	start := time.Now()
 	nc, err := fleet.Connect(config.NATS{URL: o.URL}, "kvfleetbench replica", nil)
 	if err != nil {
@@ -104,14 +112,17 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	defer nc.Close()
 	ix := indexer.New(indexer.Config{})
 	set := &countingSet{inner: fleet.NewReplicas(ix, nil)}
-	so := natsbus.SourceOptions{SnapshotConcurrency: o.SnapshotConcurrency}
+	var so natsbus.SourceOptions
 	var lag lagRecorder
 	if o.Mode == "lag" {
-		so.Applied = lag.observe
+		so.Applied = func(_ events.WorkerRef, d natsbus.AppliedDelta) {
+			if d.EngineTime != 0 {
+				lag.record(d.EngineTime)
+			}
+		}
 	}
 	src := natsbus.NewSource(nc, set, so)
-	// The profile is of the measured phase: the sync until every worker
-	// is live, or, ingesting or lagging, what follows.
+	// The profile is of the measured phase: the sync, or what follows.
 	during, after := "", o.Profile
 	if o.Mode == "sync" {
 		during, after = o.Profile, ""
@@ -136,16 +147,12 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	if err := waitLive(ctx, src, set, o.Workers, 3*time.Minute); err != nil {
 		return err
 	}
-	since := time.Since(start)
-	cpuLive := proc.SelfCPU()
+	live := liveReport{ReplicaReady: time.Since(start), CPU: proc.SelfCPU()}
 	stopProfile()
-	live := liveReport{SinceStartNs: since.Nanoseconds(), CPUNs: cpuLive.Nanoseconds(), PeakRSS: proc.SelfPeakRSS(), Workers: o.Workers}
+	live.PeakRSS = proc.SelfPeakRSS()
 	for _, st := range src.WorkerStats() {
 		live.Replays += st.Replays
 		live.ReplayFailures += st.ReplayFailures
-	}
-	for _, w := range ix.Workers() {
-		live.Resident += w.Stats().ResidentBlocks
 	}
 	if o.Mode == "sync" {
 		var ms runtime.MemStats
@@ -156,7 +163,7 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	if err := out.Send("live", live); err != nil {
 		return err
 	}
-	base := problems(src)
+	base, _ := problems(src)
 	if stopProfile, err = proc.StartCPUProfile(after); err != nil {
 		return err
 	}
@@ -165,22 +172,25 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		r, err := measureIngest(ctx, set, o.Blocks, proc.SelfCPU())
 		stopProfile()
 		if err != nil {
-			return fmt.Errorf("%w (%s)", err, problemCounts(src))
+			_, why := problems(src)
+			return fmt.Errorf("%w (%s)", err, why)
 		}
-		r.Problems = problems(src) - base
+		n, _ := problems(src)
+		r.Problems = n - base
 		if err := out.Send("result", r); err != nil {
 			return err
 		}
 	case "lag":
-		lag.start(blocksOf(set))
+		lag.start(set.blocks.Load())
 		err := in.Wait(ctx, "stop")
 		stopProfile()
 		if err != nil {
 			return err
 		}
-		r := lag.report(blocksOf(set))
-		r.Problems = problems(src) - base
-		if err := out.Send("result", r); err != nil {
+		r := lag.report(set.blocks.Load())
+		n, _ := problems(src)
+		r.Problems = n - base
+		if err := out.Send("stop", r); err != nil {
 			return err
 		}
 	}
@@ -214,7 +224,8 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("fleetbench: replica: %d of %d snapshots restored, %d workers live after %v (%s)", set.restored.Load(), n, live, timeout, problemCounts(src))
+			_, why := problems(src)
+			return fmt.Errorf("fleetbench: replica: %d of %d snapshots restored, %d workers live after %v (%s)", set.restored.Load(), n, live, timeout, why)
 		}
 		select {
 		case <-ctx.Done():
@@ -224,38 +235,21 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 	}
 }
 
-// problemTotals are the Source's counters of what should not happen in a
-// benchmark, summed over its workers, and the first unhealthy worker's
-// reason ("" for none).
-type problemTotals struct {
-	gaps, dropped, decode, apply, replays, failures int64
-	why                                             string
-}
-
-// sumProblems sums src's workers' problem counters.
-func sumProblems(src *natsbus.Source) problemTotals {
-	var t problemTotals
+// problems sums the Source's counters of what should not happen in a
+// benchmark over its workers, and describes them with the first unhealthy
+// worker's reason, for an error that ends a run.
+func problems(src *natsbus.Source) (int64, string) {
+	var gaps, dropped, decode, apply, replays, failures int64
+	why := ""
 	for _, st := range src.WorkerStats() {
-		t.gaps, t.dropped, t.decode, t.apply = t.gaps+st.Gaps, t.dropped+st.Dropped, t.decode+st.DecodeErrors, t.apply+st.ApplyErrors
-		t.replays, t.failures = t.replays+st.Replays, t.failures+st.ReplayFailures
-		if t.why == "" && st.Health != events.HealthOK {
-			t.why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
+		gaps, dropped, decode, apply = gaps+st.Gaps, dropped+st.Dropped, decode+st.DecodeErrors, apply+st.ApplyErrors
+		replays, failures = replays+st.Replays, failures+st.ReplayFailures
+		if why == "" && st.Health != events.HealthOK {
+			why = fmt.Sprintf("; %s: %s", st.Worker, st.HealthReason)
 		}
 	}
-	return t
-}
-
-// problemCounts names the problem counters, for an error that ends a run.
-func problemCounts(src *natsbus.Source) string {
-	t := sumProblems(src)
-	return fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
-		src.Reconnects(), t.gaps, t.dropped, t.decode, t.apply, t.replays, t.failures, t.why)
-}
-
-// problems sums the counters of what should not happen in a benchmark.
-func problems(src *natsbus.Source) int64 {
-	t := sumProblems(src)
-	return t.gaps + t.dropped + t.decode + t.apply + t.replays
+	return gaps + dropped + decode + apply + replays, fmt.Sprintf("NATS reconnects %d, gaps %d, dropped %d, decode errors %d, apply errors %d, snapshot loads %d, failed %d%s",
+		src.Reconnects(), gaps, dropped, decode, apply, replays, failures, why)
 }
 
 // measureIngest waits until blocks new blocks have been applied since
@@ -281,17 +275,14 @@ func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 tim
 			last, idle = b, time.Now()
 		}
 		if b-b0 >= blocks {
-			cpu := proc.SelfCPU() - cpu0
 			return &ingestReport{Blocks: b - b0, Entries: set.entries.Load() - e0, Deltas: set.deltas.Load() - d0,
-				CPUNs: cpu.Nanoseconds(), WallNs: time.Since(t0).Nanoseconds()}, nil
+				CPU: proc.SelfCPU() - cpu0, Wall: time.Since(t0)}, nil
 		}
 		if time.Since(idle) > 30*time.Second {
 			return nil, fmt.Errorf("fleetbench: replica: %d of %d blocks applied, none for 30 s", b-b0, blocks)
 		}
 	}
 }
-
-func blocksOf(set *countingSet) int64 { return set.blocks.Load() }
 
 // digestsOf returns every worker's digest by pod.
 func digestsOf(ix *indexer.Index) digestsReport {
@@ -302,8 +293,7 @@ func digestsOf(ix *indexer.Index) digestsReport {
 	return r
 }
 
-// countingSet is the replica's worker set with the new blocks, effects
-// and deltas applied counted.
+// countingSet is the replica's worker set, counting what its sinks do.
 type countingSet struct {
 	inner                   *fleet.Replicas
 	blocks, entries, deltas atomic.Int64
@@ -322,7 +312,7 @@ func (c *countingSet) AddWorker(ref events.WorkerRef, reg *fleetv1.Registration)
 // RemoveWorker implements natsbus.WorkerSet.
 func (c *countingSet) RemoveWorker(ref events.WorkerRef) { c.inner.RemoveWorker(ref) }
 
-// countingSink counts what its worker's deltas store.
+// countingSink counts what its worker restores and its deltas store.
 type countingSink struct {
 	natsbus.KeyedSink
 	set *countingSet
@@ -352,10 +342,9 @@ func (s *countingSink) ApplyDelta(seq uint64, d *events.Delta) error {
 	return err
 }
 
-// lagRecorder keeps the lag of every delta applied after start, from the
-// engine time in its header (the engine's batch timestamp, set when the
-// engine sent it) to the moment the replica has applied it. Engines and
-// replica share the machine's clock.
+// lagRecorder keeps the lag of every delta applied after start, from its
+// engine batch's timestamp (set when the engine sent it) to now: engines
+// and replica share the machine's clock.
 type lagRecorder struct {
 	mu     sync.Mutex // guards everything below
 	on     bool
@@ -366,18 +355,9 @@ type lagRecorder struct {
 	blocks int64
 }
 
-func (l *lagRecorder) observe(_ events.WorkerRef, d natsbus.AppliedDelta) {
-	if d.EngineTime == 0 {
-		return
-	}
-	l.record(d.EngineTime)
-}
-
-// record notes the lag of a batch the engine stamped engineTime (Unix
-// seconds), from now.
+// record notes the lag of a batch stamped engineTime (Unix seconds).
 func (l *lagRecorder) record(engineTime float64) {
-	now := time.Now()
-	lag := time.Duration(float64(now.UnixNano()) - engineTime*1e9)
+	lag := time.Duration(float64(time.Now().UnixNano()) - engineTime*1e9)
 	l.mu.Lock()
 	if l.on {
 		l.h.Record(lag)
@@ -398,9 +378,8 @@ func (l *lagRecorder) report(blocks int64) *lagReport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.on = false
-	r := &lagReport{Deltas: l.h.Count(), Blocks: blocks - l.blocks, WallNs: time.Since(l.t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - l.cpu0).Nanoseconds(),
-		P50Ns: l.h.Quantile(0.5).Nanoseconds(), P90Ns: l.h.Quantile(0.9).Nanoseconds(), P99Ns: l.h.Quantile(0.99).Nanoseconds(),
-		P999Ns: l.h.Quantile(0.999).Nanoseconds(), MaxNs: l.h.Max().Nanoseconds()}
+	r := &lagReport{Deltas: int64(l.h.Count()), Blocks: blocks - l.blocks, Wall: time.Since(l.t0), CPU: proc.SelfCPU() - l.cpu0,
+		P50: l.h.Quantile(0.5), P90: l.h.Quantile(0.9), P99: l.h.Quantile(0.99), P999: l.h.Quantile(0.999), Max: l.h.Max()}
 	if n := l.h.Count(); n > 0 {
 		r.Late = float64(l.over) / float64(n)
 	}

@@ -16,21 +16,68 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// Processes. Each benchmark runs its parts as separate processes of the
-// same binary (Roles): the orchestrator starts a role with its options as
-// JSON, and the role reports on its stdout, one JSON message a line, each
-// with an "event" field; the orchestrator sends it commands on its stdin,
-// one a line, and closing stdin tells it to finish.
+// Options configure a benchmark; each reads the fields its doc names, and
+// passes them on to its generator process as JSON.
+type Options struct {
+	// Workers are the agents, one worker each (ingest, sync), or the
+	// engines, one agent each (lag).
+	Workers int    `json:"workers,omitempty"`
+	Shape   Shape  `json:"shape"`
+	Seed    uint64 `json:"seed"`
+	// Rate is the new blocks a second, all sources together (open loop),
+	// sent for about Duration (ingest, lag, agent).
+	Rate     float64       `json:"rate,omitempty"`
+	Duration time.Duration `json:"duration,omitempty"`
+	// WarmRate (lag, agent) is the rate of the warm-up lap that brings
+	// every worker to its steady state before anything is measured.
+	WarmRate float64 `json:"warm_rate,omitempty"`
+	// Profile, when set, is a CPU profile of the replica while it is
+	// measured (sync: from its start to all workers live).
+	Profile string `json:"-"`
+	// Pin is the CPUs of the replica (or the lag floor's subscriber) and
+	// of the generator (ingest, sync, lag; the ingest baseline runs in
+	// this process, unpinned).
+	Pin Pinning `json:"-"`
+	// CacheDir (sync) keeps the generator's recorded snapshots between
+	// runs ("": record them every run).
+	CacheDir string `json:"cache_dir,omitempty"`
+	// Rounds (lag) is how many times the floor and the path are each
+	// run, in turn (floor first); the p99s reported are their medians. 0
+	// means 1.
+	Rounds int `json:"-"`
+	// AgentProcs (lag) is how many processes the agents (and the floor's
+	// forwarders, dealt the same way) run in, beside the generator's and
+	// on its CPUs; 0 runs them in the generator's process, in one heap.
+	AgentProcs int `json:"agent_procs,omitempty"`
+	// Binary (agent) is the kvindex binary ("": kvindex beside this
+	// executable, else on PATH); it runs Settle before it is measured.
+	Binary string        `json:"-"`
+	Settle time.Duration `json:"-"`
+}
+
+// Pinning is the CPUs a benchmark's replica (or floor subscriber) and its
+// generator run on, in taskset's list form ("1", "0-3"); "" leaves that
+// process to the kernel. Pinned apart, the two do not take each other's
+// cores, so a floor and the path it bounds, measured one after the other,
+// see the same machine. A pinned process's GOMAXPROCS is its CPUs.
+type Pinning struct {
+	Replica   string `json:"replica,omitempty"`
+	Generator string `json:"generator,omitempty"`
+}
+
+// Processes. Each benchmark runs its parts as processes of the same
+// binary (roles): the orchestrator starts a role with its options as
+// JSON, the role reports on its stdout, one JSON object a line with an
+// "event" field, and reads commands on its stdin, one a line; closing
+// stdin tells it to finish.
 
 // Role is a part of a benchmark that runs in a process of its own.
 type Role func(ctx context.Context, opts json.RawMessage, in *Commands, out *Reporter) error
 
-// Roles are the roles by name (RunRole).
+// roles are the roles by name (RunRole).
 var roles = map[string]Role{
-	"ingest-gen":  role(runIngestGenerator),
-	"sync-gen":    role(runSyncGenerator),
+	"fixed-gen":   role(runFixedGenerator),
 	"lag-gen":     role(runLagGenerator),
-	"floor-sink":  role(runFloorSink),
 	"lag-agents":  role(runLagAgents),
 	"engines-gen": role(runEnginesGenerator),
 	"replica":     role(runReplica),
@@ -54,8 +101,16 @@ func RunRole(ctx context.Context, name, opts string, in io.Reader, out io.Writer
 	if !ok {
 		return fmt.Errorf("fleetbench: unknown role %q", name)
 	}
+	c := make(chan string, 16)
+	go func() {
+		defer close(c)
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			c <- strings.TrimSpace(sc.Text())
+		}
+	}()
 	rep := &Reporter{w: out}
-	err := r(ctx, json.RawMessage(opts), newCommands(in), rep)
+	err := r(ctx, json.RawMessage(opts), &Commands{C: c}, rep)
 	if err != nil {
 		_ = rep.Send("error", struct {
 			Error string `json:"error"`
@@ -87,18 +142,6 @@ func (r *Reporter) Send(event string, v any) error {
 // when its stdin does.
 type Commands struct{ C <-chan string }
 
-func newCommands(in io.Reader) *Commands {
-	c := make(chan string, 16)
-	go func() {
-		defer close(c)
-		sc := bufio.NewScanner(in)
-		for sc.Scan() {
-			c <- strings.TrimSpace(sc.Text())
-		}
-	}()
-	return &Commands{C: c}
-}
-
 // Next returns the next command, or false when stdin closes or ctx ends.
 func (c *Commands) Next(ctx context.Context) (string, bool) {
 	select {
@@ -109,14 +152,14 @@ func (c *Commands) Next(ctx context.Context) (string, bool) {
 	}
 }
 
-// Wait returns when command cmd arrives (nil), stdin closes or ctx ends.
+// Wait returns when command cmd arrives (nil), stdin closes (io.EOF) or
+// ctx ends.
 func (c *Commands) Wait(ctx context.Context, cmd string) error {
 	for {
 		got, ok := c.Next(ctx)
-		if !ok {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
+		if !ok && ctx.Err() != nil {
+			return ctx.Err()
+		} else if !ok {
 			return io.EOF
 		}
 		if got == cmd {
@@ -147,29 +190,21 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// genOpts are a generator role's options (each role reads its own).
+// genOpts are a generator role's options: the benchmark's, and what the
+// orchestrator derived from them.
 type genOpts struct {
-	Workers  int           `json:"workers,omitempty"` // agents (ingest, sync) or engines (lag)
-	Shape    Shape         `json:"shape"`
-	Seed     uint64        `json:"seed"`
-	Rate     float64       `json:"rate,omitempty"`
-	WarmRate float64       `json:"warm_rate,omitempty"`
-	Rounds   int           `json:"rounds,omitempty"`  // ingest: laps of every worker
-	Batches  int           `json:"batches,omitempty"` // lag: engine batches
-	Run      time.Duration `json:"run,omitempty"`     // engines: how long to churn
-	CacheDir string        `json:"cache_dir,omitempty"`
-	Procs    int           `json:"procs,omitempty"`
-	Floor    bool          `json:"floor,omitempty"` // lag: forwarders instead of agents
-	// AgentProcs (lag): the processes the agents or forwarders run in,
-	// the engines dealt among them; 0: in the generator's own.
-	AgentProcs int `json:"agent_procs,omitempty"`
+	Options
+	Laps    int  `json:"laps,omitempty"`    // ingest: laps of every worker
+	Batches int  `json:"batches,omitempty"` // lag, agent: engine batches to play
+	Procs   int  `json:"procs,omitempty"`   // sync: the restore floor's goroutines
+	Floor   bool `json:"floor,omitempty"`   // lag: forwarders instead of agents
 }
 
 // genReady is a generator's "ready": its NATS URL and what the replica
 // must end up with.
 type genReady struct {
 	URL      string            `json:"url"`
-	Blocks   int64             `json:"blocks,omitempty"` // ingest: per round (a lap of every worker)
+	Blocks   int64             `json:"blocks,omitempty"` // ingest: per lap of every worker
 	Keys     int64             `json:"keys,omitempty"`
 	Resident int64             `json:"resident,omitempty"`
 	Bytes    int64             `json:"bytes,omitempty"`
@@ -220,17 +255,6 @@ type Shared struct {
 // other sets OtherCPU from the machine's busy CPU over the measured phase.
 func (s *Shared) other(busy0, busy1 time.Duration) {
 	s.OtherCPU = max(0, busy1-busy0-s.ReplicaCPU-s.GeneratorCPU)
-}
-
-// Pinning is the CPUs a benchmark's replica (or floor subscriber) and its
-// generator run on, in taskset's list form ("1", "0-3"); "" leaves that
-// process to the kernel. Pinned apart, the two do not take each other's
-// cores, so a floor and the path it bounds, measured one after the other,
-// see the same machine (kvfleetbench reads FLEET_REPLICA_CPU and
-// FLEET_GEN_CPU). A pinned process's GOMAXPROCS is its CPUs.
-type Pinning struct {
-	Replica   string `json:"replica,omitempty"`
-	Generator string `json:"generator,omitempty"`
 }
 
 // startGen starts generator role name on CPUs cpus ("": any) and waits
@@ -344,8 +368,8 @@ func startChild(ctx context.Context, name, cpus string, opts any, env ...string)
 // errChildExited: a role ended before sending what was awaited.
 var errChildExited = errors.New("fleetbench: role process ended")
 
-// await returns the time it arrived and decodes into v the next message
-// of event, skipping others; within timeout.
+// await returns the time it arrived and decodes into v (unless nil) the
+// next message of event, skipping others; within timeout.
 func (c *child) await(event string, v any, timeout time.Duration) (time.Time, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -372,11 +396,10 @@ func (c *child) await(event string, v any, timeout time.Duration) (time.Time, er
 			if env.Event != event {
 				continue
 			}
-			if v == nil {
-				return at, nil
-			}
-			if err := json.Unmarshal(line, v); err != nil {
-				return at, fmt.Errorf("fleetbench: %s: %q: %w", c.Name, event, err)
+			if v != nil {
+				if err := json.Unmarshal(line, v); err != nil {
+					return at, fmt.Errorf("fleetbench: %s: %q: %w", c.Name, event, err)
+				}
 			}
 			return at, nil
 		}

@@ -13,25 +13,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// SyncOptions configure the sync benchmark: one replica syncing Workers
-// agents' workers of Shape's steady state from their snapshots.
-type SyncOptions struct {
-	Workers int
-	Shape   Shape
-	Seed    uint64
-	// CacheDir keeps the generator's recorded snapshots between runs
-	// ("": record them every run).
-	CacheDir string
-	// Profile, when set, is a CPU profile of the replica from its start
-	// to all workers live.
-	Profile string
-	// SnapshotConcurrency is passed to the replica's Source (0: default).
-	SnapshotConcurrency int
-	// Pin is the CPUs of the replica and of the generator, whose process
-	// also runs the restore floor (on its CPUs); zero: unpinned.
-	Pin Pinning
-}
-
 // SyncResult is what the sync benchmark measured. Its CPU figures are
 // until the replica was live (the generator's: its agents serving
 // snapshots, and the embedded nats-server).
@@ -42,18 +23,9 @@ type SyncResult struct {
 	// SnapshotBytes is the snapshots' encoding, all workers.
 	SnapshotBytes int64 `json:"snapshot_bytes"`
 	// Ready is from the replica process's exec to all its workers live,
-	// by the orchestrator's clock; ReplicaReady the same from the role's
-	// start (after the runtime's and the binary's initialisation).
-	Ready        time.Duration `json:"ready_ns"`
-	ReplicaReady time.Duration `json:"replica_ready_ns"`
-	// PeakRSS is the replica's peak resident set size; HeapInuse its
-	// heap after a GC once live.
-	PeakRSS   int64 `json:"peak_rss"`
-	HeapInuse int64 `json:"heap_inuse"`
-	// Replays counts the replica's snapshot loads, ReplayFailures the
-	// failed ones (a load retried after a failure is counted again).
-	Replays        int64 `json:"replays"`
-	ReplayFailures int64 `json:"replay_failures"`
+	// by the orchestrator's clock.
+	Ready time.Duration `json:"ready_ns"`
+	liveReport
 	// Floor is restoring the same snapshots from their encoding into a
 	// fresh index with no NATS, on as many goroutines as the replica has
 	// cores (the generator process, after the replica has exited);
@@ -67,14 +39,17 @@ type SyncResult struct {
 // nats-server and one natsbus.Agent per worker, each serving a
 // precomputed snapshot) and a replica process started once every agent
 // is registered.
-func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
+//
+// The replica syncs Workers agents' workers of Shape's steady state; the
+// generator's process also runs the restore floor, on its CPUs.
+func Sync(ctx context.Context, o Options) (*SyncResult, error) {
 	res := &SyncResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
 	procs := runtime.NumCPU()
 	if o.Pin != (Pinning{}) {
 		procs = 0 // each process's GOMAXPROCS is its CPUs
 	}
-	gen, ready, err := startGen(ctx, "sync-gen", o.Pin.Generator, genOpts{Workers: o.Workers, Shape: o.Shape, Seed: o.Seed, CacheDir: o.CacheDir, Procs: procs}, 10*time.Minute)
+	gen, ready, err := startGen(ctx, "fixed-gen", o.Pin.Generator, genOpts{Options: o, Procs: procs}, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -85,17 +60,14 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 		return nil, err
 	}
 	busy0 := proc.BusyCPU()
-	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile, SnapshotConcurrency: o.SnapshotConcurrency}, procs, o.Pin.Replica)
+	rep, live, at, err := startReplica(ctx, replicaOpts{URL: ready.URL, Workers: o.Workers, Mode: "sync", Profile: o.Profile}, procs, o.Pin.Replica)
 	if err != nil {
 		return nil, err
 	}
 	defer rep.Kill()
 	busy1 := proc.BusyCPU()
 	res.Ready = at.Sub(rep.started)
-	res.ReplicaReady = time.Duration(live.SinceStartNs)
-	res.ReplicaCPU = time.Duration(live.CPUNs)
-	res.PeakRSS, res.HeapInuse = live.PeakRSS, live.HeapInuse
-	res.Replays, res.ReplayFailures = live.Replays, live.ReplayFailures
+	res.liveReport, res.ReplicaCPU = *live, live.CPU
 	if err := gen.ask("cpu", &c1, time.Minute); err != nil {
 		return nil, err
 	}
@@ -120,45 +92,6 @@ func Sync(ctx context.Context, o SyncOptions) (*SyncResult, error) {
 	}
 	res.LoadAfter = proc.LoadAvg()[0]
 	return res, nil
-}
-
-func runSyncGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
-	recs, err := loadRecorded(o.CacheDir, o.Shape, o.Seed, o.Workers)
-	if err != nil {
-		return err
-	}
-	fa, r, err := startFixed(ctx, recs, o.Shape.BlockSize)
-	if err != nil {
-		return err
-	}
-	defer fa.stop()
-	for _, rec := range recs {
-		r.Keys += int64(rec.Keys)
-		r.Resident += rec.Resident
-		r.Bytes += int64(rec.Bytes())
-	}
-	if err := out.Send("ready", r); err != nil {
-		return err
-	}
-	for {
-		cmd, ok := in.Next(ctx)
-		if !ok {
-			return nil
-		}
-		var err error
-		switch cmd {
-		case "cpu":
-			err = out.Send("cpu", genDone{CPUNs: proc.SelfCPU().Nanoseconds(), Slow: fa.ns.SlowConsumers()})
-		case "floor":
-			var fl *genDone
-			if fl, err = restoreFloor(recs, o.Procs); err == nil {
-				err = out.Send("floor", fl)
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
 }
 
 // restoreFloor restores every recorded snapshot from its encoding into

@@ -83,7 +83,7 @@ func wireCase(ctx context.Context, url, name string, shape Shape) (*WireCase, st
 	if err != nil {
 		return nil, "", err
 	}
-	defer r.close(ctx)
+	defer r.close()
 	var f Filler
 	for i := range w.Len() {
 		if err := r.wk.ApplyBatch(f.Fill(w, i, 0, 0)); err != nil {
@@ -142,37 +142,32 @@ func wireCase(ctx context.Context, url, name string, shape Shape) (*WireCase, st
 // (ApplyBatchDelta), natsbus.Agent.Publish into nats-server, and a
 // subscriber that receives each delta.
 type wireRig struct {
-	nc, subConn *nats.Conn
-	a           *natsbus.Agent
-	sub         *nats.Subscription
-	subject     string
-	wk          *indexer.Worker
-	d           indexer.Delta
+	fa      *fixedAgents
+	subConn *nats.Conn
+	sub     *nats.Subscription
+	subject string
+	wk      *indexer.Worker
+	d       indexer.Delta
 }
 
 func newWireRig(ctx context.Context, url string, blockSize int) (r *wireRig, err error) {
 	r = &wireRig{subject: natsbus.DeltaSubject(benchModel, events.WorkerRef{Pod: podName(0)})}
-	defer func() {
-		if err != nil {
-			r.close(ctx)
-		}
-	}()
-	if r.nc, err = connect(url, "kvfleetbench wire agent"); err != nil {
-		return nil, err
-	}
 	if r.subConn, err = connect(url, "kvfleetbench wire subscriber"); err != nil {
 		return nil, err
 	}
-	r.a, err = natsbus.NewAgent(ctx, r.nc, natsbus.AgentOptions{Model: benchModel, BlockSize: blockSize, KeyScheme: indexer.KeyScheme,
-		Pod: podName(0), Version: "kvfleetbench"}, map[int]natsbus.LocalWorker{0: &fixedWorker{rec: &Recorded{}}})
-	if err != nil {
-		return nil, err
-	}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
 	if r.sub, err = r.subConn.SubscribeSync(r.subject); err != nil {
 		return nil, fmt.Errorf("fleetbench: wire: %w", err)
 	}
 	if err := r.subConn.Flush(); err != nil {
 		return nil, fmt.Errorf("fleetbench: wire: %w", err)
+	}
+	if r.fa, err = startAgents(ctx, url, []*Recorded{{}}, blockSize); err != nil {
+		return nil, err
 	}
 	ix := indexer.New(indexer.Config{})
 	if _, err := ix.AddModel(benchModel, blockSize); err != nil {
@@ -182,21 +177,17 @@ func newWireRig(ctx context.Context, url string, blockSize int) (r *wireRig, err
 	return r, err
 }
 
-func (r *wireRig) close(ctx context.Context) {
-	if r.a != nil {
-		r.a.Close(ctx)
+func (r *wireRig) close() {
+	if r.fa != nil {
+		r.fa.stop()
 	}
-	for _, nc := range []*nats.Conn{r.subConn, r.nc} {
-		if nc != nil {
-			nc.Close()
-		}
-	}
+	r.subConn.Close()
 }
 
 // publish applies b, publishes its delta and returns the payload bytes the
 // subscriber received.
 func (r *wireRig) publish(b *events.Batch) (int, error) {
-	err := r.a.Publish(0, 0, b.Timestamp, func(seq uint64, wire *events.Delta) error {
+	err := r.fa.agents[0].Publish(0, 0, b.Timestamp, func(seq uint64, wire *events.Delta) error {
 		r.d.Reset()
 		r.d.Seq = seq
 		err := r.wk.ApplyBatchDelta(b, &r.d)

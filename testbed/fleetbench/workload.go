@@ -152,9 +152,6 @@ func NewWorkload(shape Shape, seed uint64) (*Workload, error) {
 	return w, nil
 }
 
-// Shape returns the workload's shape.
-func (w *Workload) Shape() Shape { return w.shape }
-
 // Len is the ring's length in batches.
 func (w *Workload) Len() int { return len(w.batches) }
 

@@ -24,7 +24,7 @@ type Options struct {
 	Check bool
 	// Client is "grpc" (default: api.Client, grpc-go, marshalling every
 	// request as a Go router does) or "grpc-preencoded" (the same
-	// connections, each distinct request encoded once: PreencodedScoreDo).
+	// connections, each distinct request encoded once: ScoreDo).
 	Client string
 	// Connections is how many connections the senders share, in turn;
 	// 0 means one per sender.
@@ -52,7 +52,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 	}
 	addr := opts.Addr
 	if opts.Embedded {
-		e, err := StartEmbedded(ctx, opts.Shape, "")
+		e, err := StartEmbedded(ctx, opts.Shape, "", api.Options{})
 		if err != nil {
 			return nil, err
 		}
@@ -75,11 +75,7 @@ func Bench(ctx context.Context, opts Options) (*Report, error) {
 		defer c.Close()
 		clients[i] = c
 	}
-	scoreDo := ScoreDo
-	if opts.Client == "grpc-preencoded" {
-		scoreDo = PreencodedScoreDo
-	}
-	do, err := scoreDo(opts.Shape, clients, opts.BlockKeys, check)
+	do, err := ScoreDo(opts.Shape, clients, opts.BlockKeys, check, opts.Client == "grpc-preencoded")
 	if err != nil {
 		return nil, err
 	}

@@ -156,7 +156,7 @@ func TestBenchRemoteChecked(t *testing.T) {
 	// Every call must be answered, also under the race detector on a busy
 	// machine, for the counts below to be exact; admission control has its
 	// own tests.
-	e, err := StartEmbeddedWith(ctx, shape, "", api.Options{Admission: api.AdmissionOptions{Target: time.Second, MaxQueueDelay: 10 * time.Second}})
+	e, err := StartEmbedded(ctx, shape, "", api.Options{Admission: api.AdmissionOptions{Target: time.Second, MaxQueueDelay: 10 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,8 @@ package loadgen
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 	"runtime/debug"
-	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
@@ -41,14 +39,9 @@ import (
 // differ only in which workers rank first, not in size
 // (TestCannedAnswer checks both).
 type Canned struct {
-	// Addr is the server's host:port.
-	Addr string
+	*server
 	// Response is the encoded ScoreResponse every call gets.
 	Response []byte
-
-	g    *grpc.Server
-	done chan struct{}
-	once sync.Once
 }
 
 // StartCanned computes the answer to shape's first prompt on an index
@@ -61,31 +54,21 @@ func StartCanned(ctx context.Context, shape Shape, listen string) (*Canned, erro
 	}
 	runtime.GC()
 	debug.FreeOSMemory()
-	if listen == "" {
-		listen = "127.0.0.1:0"
-	}
-	var lc net.ListenConfig
-	lis, err := lc.Listen(ctx, "tcp", listen)
-	if err != nil {
-		return nil, fmt.Errorf("loadgen: canned server: %w", err)
-	}
 	// Only the transport settings of this api.Server are used: its codec is
 	// replaced (the last codec option wins) and its interceptors are never
-	// called by cannedScore.
+	// called by score.
 	transport := api.NewServer(indexer.New(indexer.Config{}), nil, api.Options{Admission: api.AdmissionOptions{Off: true}})
-	opts := append(transport.GRPCOptions(), grpc.ForceServerCodecV2(cannedCodec{}))
-	g := grpc.NewServer(opts...)
-	c := &Canned{Addr: lis.Addr().String(), Response: resp, g: g, done: make(chan struct{})}
+	g := grpc.NewServer(append(transport.GRPCOptions(), grpc.ForceServerCodecV2(cannedCodec{}))...)
+	c := &Canned{Response: resp}
 	g.RegisterService(&grpc.ServiceDesc{
 		ServiceName: kvindexv1.IndexService_ServiceDesc.ServiceName,
 		HandlerType: (*any)(nil),
 		Methods:     []grpc.MethodDesc{{MethodName: "Score", Handler: c.score}},
 		Metadata:    kvindexv1.IndexService_ServiceDesc.Metadata,
 	}, struct{}{})
-	go func() {
-		defer close(c.done)
-		_ = g.Serve(lis) // returns when Close stops g
-	}()
+	if c.server, err = serve(ctx, g, listen); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -96,11 +79,7 @@ func cannedAnswer(ctx context.Context, shape Shape) ([]byte, error) {
 	if err := shape.Load(ix); err != nil {
 		return nil, err
 	}
-	reqs, err := scoreMessages(shape, false)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := api.NewServer(ix, nil, api.Options{}).Score(ctx, reqs[0])
+	resp, err := api.NewServer(ix, nil, api.Options{}).Score(ctx, scoreMessages(shape, false)[0])
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: canned server: the answer to prompt 0: %w", err)
 	}
@@ -118,22 +97,6 @@ func (c *Canned) score(_ any, _ context.Context, dec func(any) error, _ grpc.Una
 		return nil, err
 	}
 	return encoded(c.Response), nil
-}
-
-// Wait blocks until the server stops (Close) or ctx is done.
-func (c *Canned) Wait(ctx context.Context) {
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-	}
-}
-
-// Close stops the server, ending calls in flight, and waits for it.
-func (c *Canned) Close() {
-	c.once.Do(func() {
-		c.g.Stop()
-		<-c.done
-	})
 }
 
 // cannedRequest is a request the canned server has read: its length.

@@ -20,7 +20,7 @@ func TestCannedAnswer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	shape := Shape{Model: "m", BlockSize: 16, Workers: 8, PromptBlocks: 32, SharedBlocks: 8, TailHolders: 2, Prompts: 16, FillerBlocks: 256}
-	e, err := StartEmbedded(ctx, shape, "")
+	e, err := StartEmbedded(ctx, shape, "", api.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,10 +40,7 @@ func TestCannedAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer floor.Close()
-	reqs, err := scoreMessages(shape, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reqs := scoreMessages(shape, false)
 	for i, req := range reqs {
 		want, err := real.Score(ctx, req)
 		if err != nil {

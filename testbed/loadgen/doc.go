@@ -22,25 +22,7 @@
 // # Clients
 //
 // Calls go through kvindex's Go client (api.Client, grpc-go), a Go
-// router's view. ScoreDo marshals every request, as a router does: the
-// Score rows use it. PreencodedScoreDo encodes each of the shape's
-// distinct prompts once and hands grpc-go those bytes through a codec that
-// writes them as they are, replies still decoded and checked: for a
-// 32,768-token prompt, marshalling was half of grpc-go's client CPU, and
-// the overload rows need one generator core to offer a server core three
-// times what it takes.
-//
-// # Shapes
-//
-// A Shape describes a fleet (workers, prompt length, a prefix every worker
-// holds, tails held by a few) and the prompts sent to it. With Embedded, an
-// in-process index is loaded with the shape and served over real gRPC on a
-// loopback TCP port; against a running kvindex the shape only generates the
-// prompts, and what the remote index holds decides the answers.
-//
-// # Concurrency
-//
-// Run is safe to call from one goroutine at a time per Config; Histogram
-// is not safe for concurrent use (Run gives each sender its own and merges
-// them).
+// router's view, marshalling every request or sending each distinct one
+// pre-encoded (ScoreDo).
+
 package loadgen

@@ -61,8 +61,8 @@ func startRecording(t *testing.T, s *recordingServer) *api.Client {
 }
 
 // TestPreencodedScoreDoSendsEachPrompt: over real gRPC, call k of the
-// pre-encoded Do delivers prompt k mod Prompts, exactly the message ScoreDo
-// sends (token ids or, with keys, block keys), its reply is decoded and
+// pre-encoded Do delivers prompt k mod Prompts, exactly the message the
+// marshalling Do sends (token ids or, with keys, block keys), its reply is decoded and
 // checked (a longest match other than the shape's is an error naming it),
 // and a refusal keeps its ResourceExhausted code.
 func TestPreencodedScoreDoSendsEachPrompt(t *testing.T) {
@@ -76,7 +76,7 @@ func TestPreencodedScoreDoSendsEachPrompt(t *testing.T) {
 	for _, keys := range []bool{false, true} {
 		srv := &recordingServer{answer: good}
 		c := startRecording(t, srv)
-		do, err := PreencodedScoreDo(shape, []*api.Client{c}, keys, true)
+		do, err := ScoreDo(shape, []*api.Client{c}, keys, true, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,10 +85,7 @@ func TestPreencodedScoreDoSendsEachPrompt(t *testing.T) {
 				t.Fatalf("keys %v: call %d: %v", keys, k, err)
 			}
 		}
-		want, err := scoreMessages(shape, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := scoreMessages(shape, keys)
 		if len(srv.reqs) != 7 {
 			t.Fatalf("keys %v: the server decoded %d requests, want 7", keys, len(srv.reqs))
 		}
@@ -103,14 +100,14 @@ func TestPreencodedScoreDoSendsEachPrompt(t *testing.T) {
 	short := proto.Clone(good).(*kvindexv1.ScoreResponse)
 	short.Workers[1].MatchedBlocks = 39
 	c := startRecording(t, &recordingServer{answer: short})
-	do, err := PreencodedScoreDo(shape, []*api.Client{c}, false, true)
+	do, err := ScoreDo(shape, []*api.Client{c}, false, true, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := do(ctx, 0, 4); err == nil || !strings.Contains(err.Error(), "prompt 1: longest match 39 blocks, the shape stored 40") {
 		t.Errorf("a reply matching 39 of 40 blocks: %v, want the check's error", err)
 	}
-	unchecked, err := PreencodedScoreDo(shape, []*api.Client{c}, false, false)
+	unchecked, err := ScoreDo(shape, []*api.Client{c}, false, false, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +116,7 @@ func TestPreencodedScoreDoSendsEachPrompt(t *testing.T) {
 	}
 
 	c = startRecording(t, &recordingServer{refuse: true})
-	do, err = PreencodedScoreDo(shape, []*api.Client{c}, false, true)
+	do, err = ScoreDo(shape, []*api.Client{c}, false, true, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,8 @@ type Report struct {
 	Rate     float64 `json:"rate"`
 	Duration string  `json:"duration"`
 	Conns    int     `json:"concurrency"`
-	// Client is the generator's client: "grpc" (ScoreDo) or
-	// "grpc-preencoded" (PreencodedScoreDo), both api.Client over grpc-go.
+	// Client is the generator's client: "grpc" or "grpc-preencoded"
+	// (ScoreDo), both api.Client over grpc-go.
 	Client string `json:"client"`
 	// Connections is the number of connections the senders shared.
 	Connections int `json:"connections"`
@@ -96,30 +96,19 @@ func (r Runtime) String() string {
 
 // NewReport summarises r. blockKeys says what the requests carried.
 func NewReport(target string, embedded bool, shape Shape, blockKeys bool, cfg Config, r *Result) Report {
-
 	req := fmt.Sprintf("token_ids (%d per prompt)", shape.PromptBlocks*shape.BlockSize)
 	if blockKeys {
 		req = fmt.Sprintf("block_keys (%d per prompt)", shape.PromptBlocks)
 	}
+	q := func(h *Histogram, p float64) int64 { return int64(h.Quantile(p)) }
 	return Report{
 		Target: target, Embedded: embedded, Shape: shape.String(), Request: req,
 		Rate: cfg.Rate, Duration: cfg.Duration.String(), Conns: cfg.Concurrency,
-		Scheduled: r.Scheduled, Sent: r.Sent, Errors: r.Errors, FirstError: r.FirstError,
-		Achieved:     r.Achieved(),
-		P50:          int64(r.Latency.Quantile(0.50)),
-		P90:          int64(r.Latency.Quantile(0.90)),
-		P99:          int64(r.Latency.Quantile(0.99)),
-		P999:         int64(r.Latency.Quantile(0.999)),
-		Max:          int64(r.Latency.Max()),
-		AcceptedP50:  int64(r.Accepted.Quantile(0.50)),
-		AcceptedP99:  int64(r.Accepted.Quantile(0.99)),
-		AcceptedP999: int64(r.Accepted.Quantile(0.999)),
-		RefusedP50:   int64(r.Rejected.Quantile(0.50)),
-		RefusedP99:   int64(r.Rejected.Quantile(0.99)),
-		RefusedMax:   int64(r.Rejected.Max()),
-		Refused:      r.Refused,
-		LagP99:       int64(r.Lag.Quantile(0.99)),
-		LagMax:       int64(r.Lag.Max()),
+		Scheduled: r.Scheduled, Sent: r.Sent, Errors: r.Errors, Refused: r.Refused, FirstError: r.FirstError, Achieved: r.Achieved(),
+		P50: q(&r.Latency, 0.5), P90: q(&r.Latency, 0.9), P99: q(&r.Latency, 0.99), P999: q(&r.Latency, 0.999), Max: int64(r.Latency.Max()),
+		AcceptedP50: q(&r.Accepted, 0.5), AcceptedP99: q(&r.Accepted, 0.99), AcceptedP999: q(&r.Accepted, 0.999),
+		RefusedP50: q(&r.Rejected, 0.5), RefusedP99: q(&r.Rejected, 0.99), RefusedMax: int64(r.Rejected.Max()),
+		LagP99: q(&r.Lag, 0.99), LagMax: int64(r.Lag.Max()),
 	}
 }
 

@@ -107,15 +107,6 @@ func (s Shape) blockTokens(i, b int) []uint32 {
 	return toks
 }
 
-// holders returns the workers that hold prompt i's tail.
-func (s Shape) holders(i int) []int {
-	out := make([]int, s.TailHolders)
-	for j := range out {
-		out[j] = (i*s.TailHolders + j) % s.Workers
-	}
-	return out
-}
-
 // Load adds the shape's model and workers to ix and stores what each
 // worker holds: the shared prefix on every worker, each prompt's tail on
 // its holders. Engine hashes are made up, unique per block.
@@ -169,8 +160,8 @@ func (s Shape) Load(ix *indexer.Index) error {
 	}
 	if s.SharedBlocks < s.PromptBlocks {
 		for i := range s.Prompts {
-			for _, w := range s.holders(i) {
-				if err := apply(w, stored(i, s.SharedBlocks, s.PromptBlocks)); err != nil {
+			for j := range s.TailHolders { // workers (i*TailHolders+j) mod Workers
+				if err := apply((i*s.TailHolders+j)%s.Workers, stored(i, s.SharedBlocks, s.PromptBlocks)); err != nil {
 					return err
 				}
 			}
@@ -208,86 +199,116 @@ func (s Shape) loadFiller(ws []*indexer.Worker) error {
 	return nil
 }
 
-// Embedded is an in-process kvindex: an index loaded with a shape, served
-// by api.Server over real gRPC on a loopback TCP port.
-type Embedded struct {
+// server is a gRPC server serving on a goroutine of its own until Close:
+// Embedded's and Canned's.
+type server struct {
 	// Addr is the server's host:port.
 	Addr string
-
 	g    *grpc.Server
 	done chan struct{}
 	once sync.Once
 }
 
-// StartEmbedded loads an index with shape and serves it on listen
-// ("host:port"; "" means a free loopback port) with the daemon's default
-// server options, admission control included. Close stops it.
-func StartEmbedded(ctx context.Context, shape Shape, listen string) (*Embedded, error) {
-	return StartEmbeddedWith(ctx, shape, listen, api.Options{})
-}
-
-// StartEmbeddedWith is StartEmbedded with the server's options (tests
-// that burst more calls than a busy machine admits widen its admission).
-func StartEmbeddedWith(ctx context.Context, shape Shape, listen string, opts api.Options) (*Embedded, error) {
+// serve serves g on listen ("host:port"; "" means a free loopback port).
+func serve(ctx context.Context, g *grpc.Server, listen string) (*server, error) {
 	if listen == "" {
 		listen = "127.0.0.1:0"
-	}
-	ix := indexer.New(indexer.Config{})
-	if err := shape.Load(ix); err != nil {
-		return nil, err
 	}
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
-		return nil, fmt.Errorf("loadgen: embedded server: %w", err)
+		return nil, fmt.Errorf("loadgen: serve on %s: %w", listen, err)
 	}
-	srv := api.NewServer(ix, nil, opts)
-	g := grpc.NewServer(srv.GRPCOptions()...)
-	srv.Register(g)
-	e := &Embedded{Addr: lis.Addr().String(), g: g, done: make(chan struct{})}
+	s := &server{Addr: lis.Addr().String(), g: g, done: make(chan struct{})}
 	go func() {
-		defer close(e.done)
+		defer close(s.done)
 		_ = g.Serve(lis) // returns when Close stops g
 	}()
-	return e, nil
+	return s, nil
 }
 
 // Wait blocks until the server stops (Close) or ctx is done.
-func (e *Embedded) Wait(ctx context.Context) {
+func (s *server) Wait(ctx context.Context) {
 	select {
-	case <-e.done:
+	case <-s.done:
 	case <-ctx.Done():
 	}
 }
 
 // Close stops the server, ending calls in flight, and waits for it.
-func (e *Embedded) Close() {
-	e.once.Do(func() {
-		e.g.Stop()
-		<-e.done
+func (s *server) Close() {
+	s.once.Do(func() {
+		s.g.Stop()
+		<-s.done
 	})
 }
 
-// ScoreDo returns a Do that sends Score for the shape's prompts through
-// api.Client, as a Go router does: request k asks about prompt k mod
-// Prompts, sender g over clients[g mod len(clients)]. With keys set,
-// requests carry the prompts' content keys (block_keys, computed here as a
-// router would) instead of token ids. With check set (for an index loaded
-// by Shape.Load, here or in a kvbench --serve process), a reply whose
-// longest match is not what the shape stored counts as an error.
-//
-// Each prompt's ScoreRequest is built once, as a router holds a prompt's
-// token ids before it asks; every call marshals it and decodes the reply
-// through api.Client's codec, which is the client work a router does per
-// call. Senders share the requests: marshalling only reads them.
-func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
-	reqs, err := scoreMessages(shape, keys)
+// Embedded is an in-process kvindex: an index loaded with a shape, served
+// by api.Server over real gRPC on a loopback TCP port.
+type Embedded struct{ *server }
+
+// StartEmbedded loads an index with shape and serves it on listen
+// ("host:port"; "" means a free loopback port) with opts (zero: the
+// daemon's defaults, admission control included). Close stops it.
+func StartEmbedded(ctx context.Context, shape Shape, listen string, opts api.Options) (*Embedded, error) {
+	ix := indexer.New(indexer.Config{})
+	if err := shape.Load(ix); err != nil {
+		return nil, err
+	}
+	srv := api.NewServer(ix, nil, opts)
+	g := grpc.NewServer(srv.GRPCOptions()...)
+	srv.Register(g)
+	s, err := serve(ctx, g, listen)
 	if err != nil {
 		return nil, err
 	}
+	return &Embedded{s}, nil
+}
+
+// ScoreDo returns a Do that sends Score for the shape's prompts through
+// api.Client: request k asks about prompt k mod Prompts, sender g over
+// clients[g mod len(clients)]. With keys set, requests carry the prompts'
+// content keys (block_keys, computed here as a router would) instead of
+// token ids. With check set (for an index loaded by Shape.Load, here or in
+// a kvbench --serve process), a reply whose longest match is not what the
+// shape stored counts as an error.
+//
+// Each prompt's ScoreRequest is built once, as a router holds a prompt's
+// token ids before it asks. Without preencoded every call marshals it, as
+// a Go router does; with it each is marshalled once and grpc-go is handed
+// those bytes through a codec that writes them as they are (for a
+// 32,768-token prompt, marshalling was half of grpc-go's client CPU, and
+// the overload rows need one generator core to offer a server core three
+// times what it takes). Replies are decoded by api.Client's codec either
+// way.
+func ScoreDo(shape Shape, clients []*api.Client, keys, check, preencoded bool) (Do, error) {
+	if err := shape.Validate(); err != nil {
+		return nil, err
+	}
+	msgs := scoreMessages(shape, keys)
+	var reqs [][]byte
+	for i, m := range msgs {
+		if !preencoded {
+			break
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: marshal prompt %d: %w", i, err)
+		}
+		reqs = append(reqs, b)
+	}
+	codec := grpc.ForceCodecV2(preencodedCodec{replies: api.NewCodec()})
 	return func(ctx context.Context, g int, k int64) error {
-		i := k % int64(len(reqs))
-		resp, err := clients[g%len(clients)].Score(ctx, reqs[i])
+		i := k % int64(len(msgs))
+		c := clients[g%len(clients)]
+		var resp *kvindexv1.ScoreResponse
+		var err error
+		if preencoded {
+			resp = new(kvindexv1.ScoreResponse)
+			err = c.Conn().Invoke(ctx, kvindexv1.IndexService_Score_FullMethodName, encoded(reqs[i]), resp, codec)
+		} else {
+			resp, err = c.Score(ctx, msgs[i])
+		}
 		if err != nil {
 			return fmt.Errorf("loadgen: Score of prompt %d: %w", i, err)
 		}
@@ -298,55 +319,13 @@ func ScoreDo(shape Shape, clients []*api.Client, keys, check bool) (Do, error) {
 	}, nil
 }
 
-// scoreMessages builds one ScoreRequest per prompt of shape.
-func scoreMessages(shape Shape, keys bool) ([]*kvindexv1.ScoreRequest, error) {
-	if err := shape.Validate(); err != nil {
-		return nil, err
-	}
-	reqs := make([]*kvindexv1.ScoreRequest, shape.Prompts)
-	for i := range reqs {
-		req := &kvindexv1.ScoreRequest{Model: shape.Model, TokenIds: shape.Prompt(i)}
-		if keys {
-			for _, k := range indexer.PromptKeys(shape.Model, shape.BlockSize, req.TokenIds, nil, nil) {
-				req.BlockKeys = append(req.BlockKeys, uint64(k))
-			}
-			req.TokenIds = nil
-		}
-		reqs[i] = req
-	}
-	return reqs, nil
-}
-
-// scoreRequests marshals scoreMessages' requests.
-func scoreRequests(shape Shape, keys bool) ([][]byte, error) {
-	msgs, err := scoreMessages(shape, keys)
-	if err != nil {
-		return nil, err
-	}
-	reqs := make([][]byte, len(msgs))
-	for i, m := range msgs {
-		b, err := proto.Marshal(m)
-		if err != nil {
-			return nil, fmt.Errorf("loadgen: marshal prompt %d: %w", i, err)
-		}
-		reqs[i] = b
-	}
-	return reqs, nil
-}
-
 // checkScore checks a reply about prompt i of an index that Shape.Load
 // filled: the longest match must be what the shape stored.
 func checkScore(shape Shape, i int64, resp *kvindexv1.ScoreResponse) error {
-	best := uint32(0)
+	best, want := uint32(0), uint32(shape.SharedBlocks)
 	for _, w := range resp.GetWorkers() {
 		best = max(best, w.GetMatchedBlocks())
 	}
-	return checkLongest(shape, i, best)
-}
-
-// checkLongest is checkScore given the reply's longest match.
-func checkLongest(shape Shape, i int64, best uint32) error {
-	want := uint32(shape.SharedBlocks)
 	if shape.TailHolders > 0 {
 		want = uint32(shape.PromptBlocks)
 	}
@@ -354,4 +333,19 @@ func checkLongest(shape Shape, i int64, best uint32) error {
 		return fmt.Errorf("loadgen: Score of prompt %d: longest match %d blocks, the shape stored %d", i, best, want)
 	}
 	return nil
+}
+
+// scoreMessages builds one ScoreRequest per prompt of shape (valid).
+func scoreMessages(shape Shape, keys bool) []*kvindexv1.ScoreRequest {
+	reqs := make([]*kvindexv1.ScoreRequest, shape.Prompts)
+	for i := range reqs {
+		reqs[i] = &kvindexv1.ScoreRequest{Model: shape.Model, TokenIds: shape.Prompt(i)}
+		if keys {
+			for _, k := range indexer.PromptKeys(shape.Model, shape.BlockSize, reqs[i].TokenIds, nil, nil) {
+				reqs[i].BlockKeys = append(reqs[i].BlockKeys, uint64(k))
+			}
+			reqs[i].TokenIds = nil
+		}
+	}
+	return reqs
 }

@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/testbed/loadgen"
@@ -50,8 +49,8 @@ func newRoot() *cobra.Command {
 		serve      bool
 		canned     bool
 		listen     string
-		admission  api.AdmissionOptions
-		rt         runtimeFlags
+		procs      int
+		gogc       int
 		shape      = loadgen.DefaultShape()
 		load       = loadgen.Config{Rate: 10000, Duration: 10 * time.Second, Concurrency: 8, Timeout: time.Second}
 	)
@@ -74,8 +73,16 @@ func newRoot() *cobra.Command {
 			if canned && !serve {
 				return fmt.Errorf("--canned needs --serve")
 			}
-			if err := rt.apply(cmd.Flags()); err != nil {
-				return err
+			// The runtime settings are left to Go (and $GOMAXPROCS, $GOGC)
+			// unless given: make bench sets them per process.
+			if cmd.Flags().Changed("gomaxprocs") {
+				if procs < 1 {
+					return fmt.Errorf("--gomaxprocs %d: want at least 1", procs)
+				}
+				runtime.GOMAXPROCS(procs)
+			}
+			if cmd.Flags().Changed("gogc") {
+				debug.SetGCPercent(gogc)
 			}
 			opts.Shape, opts.Load = shape, load
 			if warmup > 0 {
@@ -85,7 +92,7 @@ func newRoot() *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if serve {
-				return serveOnly(ctx, cmd, shape, listen, cpuprofile, admission, canned)
+				return serveOnly(ctx, cmd, shape, listen, cpuprofile, canned)
 			}
 			stopProfile, err := proc.StartCPUProfile(cpuprofile)
 			if err != nil {
@@ -117,11 +124,11 @@ func newRoot() *cobra.Command {
 	f.BoolVar(&serve, "serve", false, "with --embedded: only serve the loaded index until interrupted (run the generator elsewhere with --addr)")
 	f.BoolVar(&canned, "canned", false, "with --serve: serve the gRPC rows' floor, a grpc-go server answering every Score with the shape's answer computed once, no index work")
 	f.StringVar(&listen, "listen", "", "with --serve: address to listen on (default a free loopback port)")
-	f.DurationVar(&admission.MaxQueueDelay, "max-queue-delay", 0, "with --serve: admission control's bound on a call's queueing (0: the daemon's default)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (client and any embedded server; with --serve, of serving once the index is loaded) to this file")
 	f.BoolVar(&opts.Check, "check", false, "with --addr: check every reply against the shape (the server is kvbench --embedded --serve with the same shape flags); --embedded always checks")
 	f.BoolVar(&opts.BlockKeys, "block-keys", false, "send content keys (block_keys, computed client-side) instead of token ids")
-	rt.register(f)
+	f.IntVar(&procs, "gomaxprocs", 0, "GOMAXPROCS of this process (default: Go's, the CPUs available)")
+	f.IntVar(&gogc, "gogc", 0, "GOGC of this process: collect when the heap has grown this many percent over the live heap; -1 turns that off (default: Go's, from $GOGC)")
 	f.StringVar(&shape.Model, "model", shape.Model, "model name in requests")
 	f.IntVar(&shape.BlockSize, "block-size", shape.BlockSize, "tokens per block")
 	f.IntVar(&shape.PromptBlocks, "prompt-blocks", shape.PromptBlocks, "prompt length in blocks")
@@ -129,12 +136,11 @@ func newRoot() *cobra.Command {
 	return cmd
 }
 
-// serveOnly serves an embedded index loaded with shape until ctx ends,
-// with a CPU profile into cpuprofile (if not "") from when the index is
-// loaded, so that the profile is of serving alone; admission's zero
-// fields are the daemon's defaults. With canned set it serves the floor
-// (loadgen.Canned) instead, and admission is not used.
-func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string, admission api.AdmissionOptions, canned bool) error {
+// serveOnly serves an embedded index loaded with shape (with the daemon's
+// default options), or with canned set the floor (loadgen.Canned), until
+// ctx ends, with a CPU profile into cpuprofile (if not "") from when it
+// serves, so that the profile is of serving alone.
+func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string, canned bool) error {
 	var (
 		addr, what string
 		wait       func(context.Context)
@@ -147,7 +153,7 @@ func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, lis
 		defer c.Close()
 		addr, wait, what = c.Addr, c.Wait, fmt.Sprintf("a canned %d-byte answer for %s", len(c.Response), shape)
 	} else {
-		e, err := loadgen.StartEmbeddedWith(ctx, shape, listen, api.Options{Admission: admission})
+		e, err := loadgen.StartEmbedded(ctx, shape, listen, api.Options{})
 		if err != nil {
 			return err
 		}
@@ -161,33 +167,5 @@ func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, lis
 	defer stopProfile()
 	fmt.Fprintf(cmd.OutOrStdout(), "serving %s on %s (%s)\n", what, addr, loadgen.CurrentRuntime())
 	wait(ctx)
-	return nil
-}
-
-// runtimeFlags are the Go runtime settings of this kvbench process, each
-// left to Go (and its GOMAXPROCS and GOGC variables) unless given:
-// `make bench` runs a server and a generator process on the same two
-// cores, and sets them per process (docs/benchmarks.md, gRPC rows).
-type runtimeFlags struct {
-	procs int
-	gogc  int
-}
-
-func (r *runtimeFlags) register(f *pflag.FlagSet) {
-	f.IntVar(&r.procs, "gomaxprocs", 0, "GOMAXPROCS of this process (default: Go's, the CPUs available)")
-	f.IntVar(&r.gogc, "gogc", 0, "GOGC of this process: collect when the heap has grown this many percent over the live heap; -1 turns that off (default: Go's, from $GOGC)")
-}
-
-// apply sets the runtime settings given on the command line.
-func (r *runtimeFlags) apply(f *pflag.FlagSet) error {
-	if f.Changed("gomaxprocs") {
-		if r.procs < 1 {
-			return fmt.Errorf("--gomaxprocs %d: want at least 1", r.procs)
-		}
-		runtime.GOMAXPROCS(r.procs)
-	}
-	if f.Changed("gogc") {
-		debug.SetGCPercent(r.gogc)
-	}
 	return nil
 }

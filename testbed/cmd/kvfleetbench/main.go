@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/testbed/fleetbench"
 )
@@ -30,7 +29,17 @@ func newRoot() *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&pin.Replica, "replica-cpus", pin.Replica, "CPUs (taskset's list) of the replica, or the floor's subscriber, in ingest, sync and lag (default $FLEET_REPLICA_CPU; empty: unpinned)")
 	pf.StringVar(&pin.Generator, "gen-cpus", pin.Generator, "CPUs (taskset's list) of the generator process in ingest, sync and lag (default $FLEET_GEN_CPU; empty: unpinned)")
-	root.AddCommand(newIngest(pin), newSync(pin), newLag(pin), newWire(), newAgent(), newRole())
+	root.AddCommand(
+		newBench("ingest", "Agents publishing recorded deltas into one replica: new blocks per replica CPU-second",
+			fleetbench.Options{Workers: 32, Rate: 1e6, Duration: 10 * time.Second}, pin, fleetbench.Ingest),
+		newBench("sync", "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
+			fleetbench.Options{Workers: 1000}, pin, fleetbench.Sync),
+		newBench("lag", "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica), against its floor (the same frames ZeroMQ -> NATS -> a subscriber, nothing applied)",
+			fleetbench.Options{Workers: 100, Rate: 1e5, Duration: 10 * time.Second, WarmRate: 2e6, Rounds: 1}, pin, fleetbench.Lag),
+		benchCmd("wire", "NATS bytes per block stored and removed, realistic batches and batches of 1, 16 and 256 blocks", fleetbench.Wire),
+		newBench("agent", "CPU and memory of the kvindex agent binary beside one pod churning its cache",
+			fleetbench.Options{Rate: 1e4, Settle: 2 * time.Second, Duration: 10 * time.Second, WarmRate: 2e5}, pin, fleetbench.AgentCost),
+		newRole())
 	return root
 }
 
@@ -57,69 +66,35 @@ func benchCmd[R any](use, short string, run func(ctx context.Context) (R, error)
 	}
 }
 
-// runFlags registers the flags of a benchmark's run: the workload seed,
-// the open-loop rate, how long, and the replica's CPU profile (nil: none).
-func runFlags(f *pflag.FlagSet, seed *uint64, rate *float64, d *time.Duration, profile *string) {
-	f.Uint64Var(seed, "seed", *seed, "first worker's workload seed")
-	f.Float64Var(rate, "rate", *rate, "new blocks a second, all sources together (open loop)")
-	f.DurationVar(d, "duration", *d, "about how long to measure")
-	if profile != nil {
-		f.StringVar(profile, "cpuprofile", "", "CPU profile of the replica while it is measured")
-	}
-}
-
-func newIngest(pin *fleetbench.Pinning) *cobra.Command {
-	o := fleetbench.IngestOptions{Workers: 32, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e6, Duration: 10 * time.Second}
-	cmd := benchCmd("ingest", "Agents publishing recorded deltas into one replica: new blocks per replica CPU-second",
-		func(ctx context.Context) (*fleetbench.IngestResult, error) {
-			o.Pin = *pin
-			return fleetbench.Ingest(ctx, o)
-		})
-	cmd.Flags().IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
-	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
-	return cmd
-}
-
-func newSync(pin *fleetbench.Pinning) *cobra.Command {
-	o := fleetbench.SyncOptions{Workers: 1000, Shape: fleetbench.DefaultShape(), Seed: 1}
-	cmd := benchCmd("sync", "One replica syncing every agent's worker from snapshots: time to all live, peak RSS",
-		func(ctx context.Context) (*fleetbench.SyncResult, error) {
-			o.Pin = *pin
-			return fleetbench.Sync(ctx, o)
-		})
+// newBench is a benchmark's command: it runs run with the options o (its
+// defaults; DefaultShape, seed 1) as the flags and pinning leave them.
+func newBench[R any](use, short string, o fleetbench.Options, pin *fleetbench.Pinning, run func(context.Context, fleetbench.Options) (R, error)) *cobra.Command {
+	o.Shape, o.Seed = fleetbench.DefaultShape(), 1
+	cmd := benchCmd(use, short, func(ctx context.Context) (R, error) {
+		o.Pin = *pin
+		return run(ctx, o)
+	})
 	f := cmd.Flags()
-	f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "first worker's workload seed")
-	f.StringVar(&o.CacheDir, "cache-dir", "", "keep the generator's snapshots here between runs")
-	f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica until all workers are live")
-	f.IntVar(&o.SnapshotConcurrency, "snapshot-concurrency", 0, "the replica's concurrent snapshot loads (0: its default)")
-	return cmd
-}
-
-func newLag(pin *fleetbench.Pinning) *cobra.Command {
-	o := fleetbench.LagOptions{Pods: 100, Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e5, Duration: 10 * time.Second, WarmRate: 2e6, Rounds: 1}
-	cmd := benchCmd("lag", "Engine to replica lag through the agent path (enginepub, ZeroMQ, fleet.Agent, NATS, replica), against its floor (the same frames ZeroMQ -> NATS -> a subscriber, nothing applied)",
-		func(ctx context.Context) (*fleetbench.LagResult, error) {
-			o.Pin = *pin
-			return fleetbench.Lag(ctx, o)
-		})
-	cmd.Flags().IntVar(&o.Pods, "pods", o.Pods, "engines, one agent each")
-	cmd.Flags().IntVar(&o.Rounds, "rounds", o.Rounds, "runs of the floor and the path each, in turn; the p99s are their medians")
-	cmd.Flags().IntVar(&o.AgentProcs, "agent-procs", o.AgentProcs, "processes the agents (and the floor's forwarders) run in, the engines dealt among them; 0: in the generator's process")
-	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, &o.Profile)
-	return cmd
-}
-
-func newWire() *cobra.Command {
-	return benchCmd("wire", "NATS bytes per block stored and removed, realistic batches and batches of 1, 16 and 256 blocks", fleetbench.Wire)
-}
-
-func newAgent() *cobra.Command {
-	o := fleetbench.AgentOptions{Shape: fleetbench.DefaultShape(), Seed: 1, Rate: 1e4, Settle: 2 * time.Second, Duration: 10 * time.Second, WarmRate: 2e5}
-	cmd := benchCmd("agent", "CPU and memory of the kvindex agent binary beside one pod churning its cache",
-		func(ctx context.Context) (*fleetbench.AgentResult, error) { return fleetbench.AgentCost(ctx, o) })
-	cmd.Flags().StringVar(&o.Binary, "kvindex", "", "the kvindex binary (default: beside this one, else on PATH)")
-	runFlags(cmd.Flags(), &o.Seed, &o.Rate, &o.Duration, nil)
+	switch use {
+	case "lag":
+		f.IntVar(&o.Workers, "pods", o.Workers, "engines, one agent each")
+		f.IntVar(&o.Rounds, "rounds", o.Rounds, "runs of the floor and the path each, in turn; the p99s are their medians")
+		f.IntVar(&o.AgentProcs, "agent-procs", o.AgentProcs, "processes the agents (and the floor's forwarders) run in, the engines dealt among them; 0: in the generator's process")
+	case "agent":
+		f.StringVar(&o.Binary, "kvindex", "", "the kvindex binary (default: beside this one, else on PATH)")
+	default:
+		f.IntVar(&o.Workers, "workers", o.Workers, "agents (one worker each)")
+	}
+	if use == "sync" {
+		f.StringVar(&o.CacheDir, "cache-dir", "", "keep the generator's snapshots here between runs")
+	} else {
+		f.Float64Var(&o.Rate, "rate", o.Rate, "new blocks a second, all sources together (open loop)")
+		f.DurationVar(&o.Duration, "duration", o.Duration, "about how long to measure")
+	}
+	if use != "agent" {
+		f.StringVar(&o.Profile, "cpuprofile", "", "CPU profile of the replica while it is measured (sync: until all workers are live)")
+	}
 	return cmd
 }
 
