@@ -99,7 +99,6 @@ type AuthOptions struct {
 type Auth struct {
 	opts   AuthOptions
 	tokens atomic.Pointer[[]hashedToken]
-	sets   atomic.Int64 // SetTokens calls that installed a table
 
 	mu        sync.Mutex
 	listeners []*listenerRefusals
@@ -166,12 +165,8 @@ func (a *Auth) SetTokens(tokens []Token) error {
 		out = append(out, hashedToken{name: t.Name, sum: sum, scopes: t.Scopes})
 	}
 	a.tokens.Store(&out)
-	a.sets.Add(1)
 	return nil
 }
-
-// TokenSets counts the token tables installed, NewAuth's included.
-func (a *Auth) TokenSets() int64 { return a.sets.Load() }
 
 // Refusals returns all listeners' refusals: unauthenticated and denied.
 func (a *Auth) Refusals() (unauthenticated, denied int64) {

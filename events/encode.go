@@ -303,69 +303,40 @@ func appendExtraKeys(dst []byte, k ExtraKeys) ([]byte, error) {
 	if len(k) == 0 || k[0] != 't' {
 		return dst, fmt.Errorf("%w: top level is not a tuple", ErrExtraKeys)
 	}
-	dst, rest, err := appendExtraMsgpack(dst, k, 0)
+	v, err := k.Values()
 	if err != nil {
 		return dst, err
 	}
-	if len(rest) != 0 {
-		return dst, fmt.Errorf("%w: %d trailing bytes", ErrExtraKeys, len(rest))
-	}
-	return dst, nil
+	return appendValue(dst, v), nil
 }
 
-// appendExtraMsgpack converts the canonical value at the start of b to
-// msgpack and returns the rest of b.
-func appendExtraMsgpack(dst, b []byte, depth int) ([]byte, []byte, error) {
-	if depth > maxExtraDepth {
-		return dst, nil, fmt.Errorf("%w: nested deeper than %d", ErrExtraKeys, maxExtraDepth)
+// appendValue writes a value of ExtraKeys.Values as msgpack.
+func appendValue(dst []byte, v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return appendNil(dst)
+	case bool:
+		if x {
+			return append(dst, 0xc3)
+		}
+		return append(dst, 0xc2)
+	case int64:
+		return appendInt(dst, x)
+	case uint64:
+		return appendUint(dst, x)
+	case float64:
+		return appendFloat64(dst, x)
+	case string:
+		return appendStr(dst, x)
+	case []byte:
+		return appendBin(dst, x)
 	}
-	if len(b) == 0 {
-		return dst, nil, fmt.Errorf("%w: truncated", ErrExtraKeys)
+	t := v.([]any)
+	dst = appendArrayLen(dst, len(t))
+	for _, e := range t {
+		dst = appendValue(dst, e)
 	}
-	tag, b := b[0], b[1:]
-	switch tag {
-	case 'n':
-		return appendNil(dst), b, nil
-	case 'T':
-		return append(dst, 0xc3), b, nil
-	case 'F':
-		return append(dst, 0xc2), b, nil
-	case 'i', 'u', 'f':
-		if len(b) < 8 {
-			return dst, nil, fmt.Errorf("%w: truncated number", ErrExtraKeys)
-		}
-		v := binary.BigEndian.Uint64(b)
-		switch tag {
-		case 'i':
-			dst = appendInt(dst, int64(v))
-		case 'u':
-			dst = appendUint(dst, v)
-		default:
-			dst = appendFloat64(dst, math.Float64frombits(v))
-		}
-		return dst, b[8:], nil
-	case 's', 'b', 't':
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			return dst, nil, fmt.Errorf("%w: bad length", ErrExtraKeys)
-		}
-		b = b[k:]
-		switch tag {
-		case 's':
-			return appendStrBytes(dst, b[:n]), b[n:], nil
-		case 'b':
-			return appendBin(dst, b[:n]), b[n:], nil
-		}
-		dst = appendArrayLen(dst, int(n))
-		for range n {
-			var err error
-			if dst, b, err = appendExtraMsgpack(dst, b, depth+1); err != nil {
-				return dst, nil, err
-			}
-		}
-		return dst, b, nil
-	}
-	return dst, nil, fmt.Errorf("%w: unknown tag 0x%02x", ErrExtraKeys, tag)
+	return dst
 }
 
 // The append* helpers write msgspec's (smallest) forms; tests check them
@@ -420,8 +391,6 @@ func appendStrLen(dst []byte, n int) []byte {
 }
 
 func appendStr(dst []byte, s string) []byte { return append(appendStrLen(dst, len(s)), s...) }
-
-func appendStrBytes(dst, s []byte) []byte { return append(appendStrLen(dst, len(s)), s...) }
 
 func appendStrOrNil(dst []byte, s string) []byte {
 	if s == "" {

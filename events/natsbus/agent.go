@@ -244,14 +244,12 @@ func (a *Agent) Partial(rank int) bool {
 }
 
 // EngineSeq returns the last engine seq worker rank published.
-func (a *Agent) EngineSeq(rank int) (uint64, bool) {
-	w := a.workers[rank]
-	if w == nil {
-		return 0, false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.engSeq, w.engSeqOK
+func (a *Agent) EngineSeq(rank int) (seq uint64, ok bool) {
+	_ = a.WithWorker(rank, func(s uint64, has bool) error {
+		seq, ok = s, has
+		return nil
+	})
+	return seq, ok
 }
 
 // WithWorker runs f under worker rank's lock, consistent with the engine
