@@ -37,8 +37,8 @@ func (s *Server) GRPCOptions() []grpc.ServerOption {
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.MaxRecvMsgSize(s.MaxRecvMsgSize()),
-		grpc.MaxConcurrentStreams(s.maxStreams()),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: s.keepaliveMin(), PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(s.opts.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: s.opts.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
 	}
 	if s.admission != nil {
@@ -52,18 +52,4 @@ func (s *Server) GRPCOptions() []grpc.ServerOption {
 // 1 MiB; gRPC refuses a larger one before buffering it.
 func (s *Server) MaxRecvMsgSize() int {
 	return 5*s.opts.MaxTokens + 10*s.opts.MaxBlockKeys + 1<<20
-}
-
-func (s *Server) maxStreams() uint32 {
-	if s.opts.MaxConcurrentStreams > 0 {
-		return s.opts.MaxConcurrentStreams
-	}
-	return 256
-}
-
-func (s *Server) keepaliveMin() time.Duration {
-	if s.opts.KeepaliveMinTime > 0 {
-		return s.opts.KeepaliveMinTime
-	}
-	return 10 * time.Second
 }

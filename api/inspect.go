@@ -299,9 +299,9 @@ func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingS
 	if err != nil {
 		return err
 	}
-	if n := s.watches.Add(1); n > int64(s.maxWatches()) {
+	if n := s.watches.Add(1); n > int64(s.opts.MaxWatches) {
 		s.watches.Add(-1)
-		return status.Errorf(codes.ResourceExhausted, "watch: the server's limit of %d concurrent watches is reached", s.maxWatches())
+		return status.Errorf(codes.ResourceExhausted, "watch: the server's limit of %d concurrent watches is reached", s.opts.MaxWatches)
 	}
 	defer s.watches.Add(-1)
 
@@ -440,11 +440,4 @@ func watchKind(k events.Kind) kvindexv1.WatchEventKind {
 		return kvindexv1.WatchEventKind_WATCH_EVENT_KIND_CLEARED
 	}
 	return kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED
-}
-
-func (s *Server) maxWatches() int {
-	if s.opts.MaxWatches > 0 {
-		return s.opts.MaxWatches
-	}
-	return DefaultMaxWatches
 }

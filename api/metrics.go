@@ -31,23 +31,21 @@ type metrics struct {
 // newMetrics registers the Score metrics with reg (see register).
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		watchDrops: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvindex_watch_dropped_events_total",
+			Help: "Applied events a Watch stream dropped because its reader was slower than the events (its buffer was full).",
+		})),
+		duration: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kvindex_score_duration_seconds",
 			Help: "Time to answer a Score request inside the server (validation, hashing, matching), excluding transport.",
 			// 10 us to 1 s: a 128-block Score takes tens of microseconds.
 			Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 16),
-		}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		})),
+		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_score_requests_total",
 			Help: "Score requests answered, by gRPC status code.",
-		}, []string{"code"}),
+		}, []string{"code"})),
 	}
-	m.watchDrops = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvindex_watch_dropped_events_total",
-		Help: "Applied events a Watch stream dropped because its reader was slower than the events (its buffer was full).",
-	}))
-	m.duration = register(reg, m.duration)
-	m.requests = register(reg, m.requests)
 	for c := range m.byCode {
 		m.byCode[c] = m.requests.WithLabelValues(codes.Code(c).String())
 	}

@@ -104,6 +104,9 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	defaults.Positive(&opts.MaxTokens, DefaultMaxTokens)
 	defaults.Positive(&opts.MaxBlockKeys, DefaultMaxBlockKeys)
 	defaults.Positive(&opts.MaxCandidates, DefaultMaxCandidates)
+	defaults.Positive(&opts.MaxWatches, DefaultMaxWatches)
+	defaults.Positive(&opts.MaxConcurrentStreams, 256)
+	defaults.Positive(&opts.KeepaliveMinTime, 10*time.Second)
 	hs, _ := stats.(events.HealthSource)
 	s := &Server{
 		ix:     ix,
@@ -671,21 +674,19 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 	return resp, nil
 }
 
-// toHealth maps a worker's health to the wire enum.
+// wireHealth maps a worker's health to the wire enum (UNKNOWN: UNSPECIFIED).
+var wireHealth = [events.NumHealth]kvindexv1.WorkerHealth{
+	events.HealthOK:         kvindexv1.WorkerHealth_WORKER_HEALTH_OK,
+	events.HealthRecovering: kvindexv1.WorkerHealth_WORKER_HEALTH_RECOVERING,
+	events.HealthUnsynced:   kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED,
+	events.HealthStale:      kvindexv1.WorkerHealth_WORKER_HEALTH_STALE,
+	events.HealthConflict:   kvindexv1.WorkerHealth_WORKER_HEALTH_CONFLICT,
+	events.HealthDegraded:   kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED,
+}
+
 func toHealth(h events.Health) kvindexv1.WorkerHealth {
-	switch h {
-	case events.HealthOK:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_OK
-	case events.HealthRecovering:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_RECOVERING
-	case events.HealthUnsynced:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED
-	case events.HealthStale:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_STALE
-	case events.HealthConflict:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_CONFLICT
-	case events.HealthDegraded:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED
+	if int(h) < len(wireHealth) {
+		return wireHealth[h]
 	}
 	return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSPECIFIED
 }

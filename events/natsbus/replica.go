@@ -137,7 +137,7 @@ func (s *Source) Run(ctx context.Context) error {
 	s.nc.SetReconnectHandler(func(nc *nats.Conn) {
 		s.downSince.Store(0)
 		s.reconnects.Add(1)
-		s.resyncAll("NATS reconnected: deltas may have been lost")
+		s.each(func(w *replicaWorker) { w.askResync("NATS reconnected: deltas may have been lost") })
 		if prevReconnect != nil {
 			prevReconnect(nc)
 		}
@@ -145,7 +145,11 @@ func (s *Source) Run(ctx context.Context) error {
 	prevDisconnect := s.nc.Opts.DisconnectedErrCB
 	s.nc.SetDisconnectErrHandler(func(nc *nats.Conn, err error) {
 		s.downSince.CompareAndSwap(0, time.Now().UnixNano())
-		s.flagAll("NATS connection lost")
+		s.each(func(w *replicaWorker) {
+			w.live.Store(false)
+			w.health.Store(events.HealthRecovering)
+			w.note("NATS connection lost")
+		})
 		if prevDisconnect != nil {
 			prevDisconnect(nc, err)
 		}
@@ -344,18 +348,6 @@ func (s *Source) each(f func(*replicaWorker)) {
 	for _, w := range s.workers {
 		f(w)
 	}
-}
-
-func (s *Source) resyncAll(why string) {
-	s.each(func(w *replicaWorker) { w.askResync(why) })
-}
-
-func (s *Source) flagAll(why string) {
-	s.each(func(w *replicaWorker) {
-		w.live.Store(false)
-		w.health.Store(events.HealthRecovering)
-		w.note(why)
-	})
 }
 
 // Foreign counts bucket entries ignored: unparsable or not matching their key.
