@@ -180,13 +180,9 @@ func (e *encoder) appendMapEvent(dst []byte, ev *Event) ([]byte, error) {
 	}
 	switch ev.Kind {
 	case KindBlockStored:
-		add(fBlockHashes, true)
-		add(fParent, true)
-		add(fTokenIDs, true)
-		add(fBlockSize, true)
-		add(fLoRAID, true)
-		add(fMedium, true)
-		add(fLoRAName, true)
+		for f := fBlockHashes; f <= fLoRAName; f++ { // always present
+			add(f, true)
+		}
 		add(fExtraKeys, ev.ExtraKeys != nil)
 		add(fGroupIdx, ev.HasGroupIdx)
 		add(fSpecKind, ev.SpecKind != "")

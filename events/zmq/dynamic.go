@@ -70,20 +70,12 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
 	s.streams = append(s.streams, st)
 	s.byRef[ep.Worker] = st
-	a.wg.Add(2)
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		defer a.wg.Done()
-		st.run(ctx)
-	}()
-	go func() {
-		defer s.wg.Done()
-		defer a.wg.Done()
+	s.goTracked(a, func() { st.run(ctx) })
+	s.goTracked(a, func() {
 		if err := s.receive(ctx, sock, mon, st, nil); err != nil {
 			st.problem(fmt.Errorf("receive from %s: %w", ep.Address, err), false)
 		}
-	}()
+	})
 	s.opts.Logger.Info("engine endpoint added", "worker", ep.Worker.String(), "endpoint", ep.Address)
 	return nil
 }

@@ -14,29 +14,16 @@ import (
 
 // Reasons a push listener refuses a message (or a connection).
 const (
-	// refusedTopic: the topic is neither routed nor kv@<pod>@<model>.
-	refusedTopic = iota
-	// refusedPullWorker: the topic names a pull-mode pod (any rank).
-	refusedPullWorker
-	// refusedOtherModel: the pod was claimed for another model.
-	refusedOtherModel
-	// refusedOtherListener: another push listener routes the pod, or
-	// claimed it first.
-	refusedOtherListener
-	// refusedMaxWorkers: the listener has created MaxWorkers workers.
-	refusedMaxWorkers
-	// refusedDPRank: data_parallel_rank is outside [0, MaxDPRank).
-	refusedDPRank
-	// refusedUndecodable: an undecodable message for no known worker
-	// (it cannot name one: the rank is in the payload).
-	refusedUndecodable
-	// refusedNoWorker: the index refused to add the worker.
-	refusedNoWorker
-	// refusedAddress: a connection from an address not in Allow.
-	refusedAddress
-	// refusedRoutedPod: a kv@<pod>@<model> topic names a pod the
-	// listener's own Routes map, which only its routes reach.
-	refusedRoutedPod
+	refusedTopic         = iota // neither routed nor kv@<pod>@<model>
+	refusedPullWorker           // names a pull-mode pod (any rank)
+	refusedOtherModel           // the pod was claimed for another model
+	refusedOtherListener        // another listener routes or claimed the pod
+	refusedMaxWorkers           // the listener created MaxWorkers workers
+	refusedDPRank               // data_parallel_rank outside [0, MaxDPRank)
+	refusedUndecodable          // undecodable, for no known worker (the rank is in the payload)
+	refusedNoWorker             // the index refused to add the worker
+	refusedAddress              // a connection from an address not in Allow
+	refusedRoutedPod            // a kv@ topic names a pod the listener's Routes map
 	numRefusals
 )
 
@@ -200,7 +187,8 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, r
 	s.pushPods[ref.Pod] = podClaim{listener: li, model: route.Model}
 	s.streams = append(s.streams, st)
 	if s.runCtx != nil {
-		s.startStreamLocked(s.runCtx, st)
+		ctx := s.runCtx
+		s.goTracked(nil, func() { st.run(ctx) })
 	}
 	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", pl.Address)
 	return st, 0, nil

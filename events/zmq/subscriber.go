@@ -301,13 +301,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	for i, p := range pull {
 		var a *added
 		pctx[i], a = s.addedLocked(ctx, p.ep.Worker)
-		a.wg.Add(1)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer a.wg.Done()
-			p.st.run(pctx[i])
-		}()
+		s.goTracked(a, func() { p.st.run(pctx[i]) })
 	}
 	s.mu.Unlock()
 
@@ -323,21 +317,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			break
 		}
 		s.mu.Lock()
-		a := s.added[p.ep.Worker]
-		if a != nil {
-			a.wg.Add(1)
-		}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if a != nil {
-				defer a.wg.Done()
-			}
+		s.goTracked(s.added[p.ep.Worker], func() {
 			if err := s.receive(pctx[i], sock, mon, p.st, nil); err != nil {
 				fail(err)
 			}
-		}()
+		})
+		s.mu.Unlock()
 	}
 	for i := range s.opts.Push {
 		if ctx.Err() != nil {
@@ -348,19 +333,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			fail(err)
 			break
 		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
+		s.goTracked(nil, func() {
 			if err := s.receive(ctx, sock, mon, nil, &s.opts.Push[i]); err != nil {
 				fail(err)
 			}
-		}()
+		})
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.checkHealth(ctx)
-	}()
+	s.goTracked(nil, func() { s.checkHealth(ctx) })
 	<-ctx.Done()
 	s.mu.Lock()
 	s.stopped = true // no AddEndpoint starts goroutines past this point
@@ -375,12 +354,19 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
-// startStreamLocked starts st's goroutine. Callers hold s.mu.
-func (s *Subscriber) startStreamLocked(ctx context.Context, st *stream) {
+// goTracked runs f on a goroutine that s.wg, and a.wg when a is not nil,
+// wait for. Callers that pass an a hold s.mu (RemoveEndpoint waits on it).
+func (s *Subscriber) goTracked(a *added, f func()) {
 	s.wg.Add(1)
+	if a != nil {
+		a.wg.Add(1)
+	}
 	go func() {
 		defer s.wg.Done()
-		st.run(ctx)
+		if a != nil {
+			defer a.wg.Done()
+		}
+		f()
 	}()
 }
 
