@@ -72,7 +72,7 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	s.byRef[ep.Worker] = st
 	s.goTracked(a, func() { st.run(ctx) })
 	s.goTracked(a, func() {
-		if err := s.receive(ctx, sock, mon, st, nil); err != nil {
+		if err := s.receive(ctx, sock, mon, st, -1); err != nil {
 			st.problem(fmt.Errorf("receive from %s: %w", ep.Address, err), false)
 		}
 	})

@@ -318,7 +318,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		s.goTracked(s.added[p.ep.Worker], func() {
-			if err := s.receive(pctx[i], sock, mon, p.st, nil); err != nil {
+			if err := s.receive(pctx[i], sock, mon, p.st, -1); err != nil {
 				fail(err)
 			}
 		})
@@ -334,7 +334,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			break
 		}
 		s.goTracked(nil, func() {
-			if err := s.receive(ctx, sock, mon, nil, &s.opts.Push[i]); err != nil {
+			if err := s.receive(ctx, sock, mon, nil, i); err != nil {
 				fail(err)
 			}
 		})
@@ -430,8 +430,8 @@ func monitor(newSocket func(zmq4.Type) (*zmq4.Socket, error), sock *zmq4.Socket,
 }
 
 // receive is one socket's loop; it owns and closes sock and mon. Pull mode
-// passes the endpoint's stream, push mode the listener.
-func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pl *PushListener) error {
+// passes the endpoint's stream, push mode the listener's index.
+func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pli int) error {
 	defer sock.Close()
 	poller := zmq4.NewPoller()
 	poller.Add(sock, zmq4.POLLIN)
@@ -439,13 +439,9 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 		defer mon.Close()
 		poller.Add(mon, zmq4.POLLIN)
 	}
-	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pl: pl}
-	if pl != nil {
-		for i := range s.opts.Push {
-			if &s.opts.Push[i] == pl {
-				r.pli = i
-			}
-		}
+	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pli: pli}
+	if st == nil {
+		r.pl = &s.opts.Push[pli]
 	}
 	var rearmed time.Time
 	for ctx.Err() == nil {
