@@ -17,52 +17,42 @@ import (
 	"github.com/kvindex/kvindex/internal/defaults"
 )
 
-// AdmissionOptions bound the Score and Route work the server takes on, so
-// that overload is refused fast instead of queueing without limit, and
-// give the operator's inspection calls (Lookup, Dump, Diagnose) a smaller
-// budget of their own, so that a storm of them cannot take the cores
-// Score and Route need. Other calls (Release, ListWorkers, health, Watch,
-// which MaxWatches bounds) are never refused: Release is what relieves
-// load.
+// AdmissionOptions bound the Score and Route work taken on, so overload is
+// refused fast instead of queueing without limit, and give Lookup, Dump and
+// Diagnose a smaller budget of their own. Other calls are never refused
+// (Release is what relieves load; MaxWatches bounds Watch).
 type AdmissionOptions struct {
 	// Off disables admission control.
 	Off bool
-	// MaxConcurrent bounds Score and Route calls executing at once; a call
-	// waits for a slot within its queueing budget. 0 means 8 per core.
+	// MaxConcurrent bounds Score and Route calls executing at once; 0 means
+	// 8 per core.
 	MaxConcurrent int
-	// Target is the queueing delay (from a call's headers arriving to its
-	// handler starting) the server keeps calls under. When even the least
-	// delayed call of an Interval waited longer, a standing queue has
-	// formed: the bound on pending calls is cut by a quarter, so new calls
-	// are refused at once, before their body is read or decoded. Each
-	// Interval under Target that met the bound raises it again by an
-	// eighth (up to MaxPending). 0 means 1 ms.
+	// Target is the queueing delay (headers to handler) calls are kept
+	// under. When the least delayed call of an Interval waited longer, a
+	// standing queue formed: the bound on pending calls is cut by a quarter,
+	// refusing new calls before their body is read. Each Interval under
+	// Target that met the bound raises it by an eighth (up to MaxPending).
+	// 0 means 1 ms.
 	Target time.Duration
 	// Interval is the window Target is judged over; 0 means 50 ms.
 	Interval time.Duration
-	// MaxQueueDelay refuses a call that waited longer than this before it
-	// could run: a bound on an accepted call's queueing while the bound on
-	// pending calls adapts. While a standing queue lasts, a call that finds
-	// no free slot is refused at once instead. 0 means 50 ms.
+	// MaxQueueDelay refuses a call that waited longer before it could run;
+	// during a standing queue a call finding no slot is refused at once.
+	// 0 means 50 ms.
 	MaxQueueDelay time.Duration
-	// MaxPending bounds Score and Route calls started (headers received)
-	// and not finished; more are refused at once, before their body is
-	// read. It bounds the memory a burst of large requests can take: each
-	// pending call holds at most its message (Server's MaxRecvMsgSize)
-	// and its decoded token ids. 0 means 128: a burst of 128
-	// maximum-size requests (1 Mi tokens each) holds about 1.2 GB.
+	// MaxPending bounds Score and Route calls started and not finished,
+	// refusing more before their body is read: the memory a burst can take
+	// (128 maximum-size requests hold about 1.2 GB). 0 means 128.
 	MaxPending int
-	// MaxInspect bounds Lookup, Dump and Diagnose calls executing at once.
-	// They share no slot with Score and Route: each may cost O(a worker's
-	// blocks) (a Dump page) or O(the prompt) (Lookup, Diagnose), so their
-	// budget is kept below the cores. 0 means half the cores, at least 1.
+	// MaxInspect bounds Lookup, Dump and Diagnose calls executing at once,
+	// apart from Score's slots (each may cost O(a worker's blocks)); 0 means
+	// half the cores, at least 1.
 	MaxInspect int
-	// MaxInspectPending bounds the Lookup, Dump and Diagnose calls waiting
-	// for one of MaxInspect's slots; more are refused at once, before
-	// their body is read. 0 means 16.
+	// MaxInspectPending bounds inspection calls waiting for a slot, refusing
+	// more before their body is read; 0 means 16.
 	MaxInspectPending int
-	// InspectWait is the longest a Lookup, Dump or Diagnose call waits for
-	// a slot before it is refused; 0 means 1 s.
+	// InspectWait is the longest an inspection call waits for a slot; 0
+	// means 1 s.
 	InspectWait time.Duration
 }
 
@@ -76,8 +66,7 @@ const (
 	DefaultInspectWait       = time.Second           // InspectWait
 )
 
-// DefaultMaxInspect is AdmissionOptions.MaxInspect's default: half the
-// cores (GOMAXPROCS), at least 1.
+// DefaultMaxInspect is AdmissionOptions.MaxInspect's default.
 func DefaultMaxInspect() int { return max(runtime.GOMAXPROCS(0)/2, 1) }
 
 func (o *AdmissionOptions) defaults() {
@@ -114,17 +103,11 @@ const (
 )
 
 // admission is a server's admission controller: an adaptive bound on
-// pending calls, cut when a standing queue forms (CoDel's test: the least
-// queueing delay of an interval above a target) and raised while there is
-// none, enforced in the tap handle (refusing costs no body read or
-// decode); a bound on calls executing; and a bound on an accepted call's
-// queueing delay. Inspection calls have a plain budget beside it.
-//
-// # Concurrency
-//
-// tap runs on the transports' reader goroutines, the interceptor on call
-// goroutines; state is atomics, except the interval's minimum delay,
-// which mu guards.
+// pending calls, cut when a standing queue forms (CoDel's test: an
+// interval's least queueing delay above a target), enforced in the tap
+// handle (no body read or decode); a bound on calls executing; and a bound on
+// queueing delay. Inspection calls have a plain budget. tap runs on transport
+// reader goroutines; state is atomics, but mu guards the interval's minimum.
 type admission struct {
 	o     AdmissionOptions
 	slots chan struct{}
@@ -156,33 +139,29 @@ func newAdmission(o AdmissionOptions, now func() time.Time) *admission {
 	return a
 }
 
-// minLimit is the least the adaptive bound goes to: enough calls to keep
-// every core busy.
+// minLimit is the adaptive bound's floor: enough to keep every core busy.
 func (a *admission) minLimit() int64 { return int64(max(runtime.GOMAXPROCS(0), 2)) }
 
-// arrivalKey is the context key of a call's *callState, and marks it
-// counted in pending; inspectKey, of an inspection call's arrival time,
-// marks it counted in inspectPending.
+// arrivalKey keys a call's *callState (counted in pending); inspectKey an
+// inspection call's arrival time (counted in inspectPending).
 type (
 	arrivalKey struct{}
 	inspectKey struct{}
 )
 
-// callState is when a call's headers arrived (set by the tap) and its
-// message's wire size (set by the stats handler before the interceptor).
+// callState is when a call's headers arrived (tap) and its message's wire
+// size (stats handler).
 type callState struct {
 	arrived time.Time
 	wire    atomic.Int64
 }
 
-// bigMessage is the wire size from which a call's delay is taken to be
-// mostly receiving its body, not queueing: such calls are neither measured
-// nor refused for their delay (MaxPending bounds them).
+// bigMessage is the wire size from which a call's delay is mostly its body
+// arriving: it is neither measured nor refused for its delay.
 const bigMessage = 256 << 10
 
-// tap is the transport's handle for a new stream: it stamps the arrival
-// time and refuses Score and Route while the server is overloaded. It
-// must not block (it runs on a connection's reader goroutine).
+// tap stamps a new stream's arrival and refuses Score and Route while
+// overloaded. It must not block (a connection's reader goroutine).
 func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if inspected[info.FullMethodName] {
 		return a.tapInspect(ctx)
@@ -206,8 +185,7 @@ func (a *admission) tap(ctx context.Context, info *tap.Info) (context.Context, e
 	return context.WithValue(ctx, arrivalKey{}, &callState{arrived: now}), nil
 }
 
-// tapInspect admits an inspection call to the wait for a slot, unless
-// MaxInspect calls run and MaxInspectPending wait already.
+// tapInspect admits an inspection call unless its budget is full.
 func (a *admission) tapInspect(ctx context.Context) (context.Context, error) {
 	bound := int64(a.o.MaxInspect + a.o.MaxInspectPending)
 	if n := a.inspectPending.Add(1); n > bound {
@@ -218,9 +196,8 @@ func (a *admission) tapInspect(ctx context.Context) (context.Context, error) {
 	return context.WithValue(ctx, inspectKey{}, a.now()), nil
 }
 
-// admissionStats is the stats.Handler that ends a pending call: it sees
-// the end of every call the tap let through, whether its handler ran or
-// not.
+// admissionStats is the stats.Handler that sees every admitted call end,
+// whether its handler ran or not.
 type admissionStats struct{ a *admission }
 
 func (h admissionStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
@@ -257,9 +234,7 @@ func (a *admission) options() []grpc.ServerOption {
 	}
 }
 
-// roll ends the interval when it is over: a standing queue cuts the bound
-// to 3/4 of what was pending; an interval without one that met the bound
-// raises it by an eighth, up to MaxPending.
+// roll ends an interval that is over, adapting the bound (see Target).
 func (a *admission) roll(now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -290,7 +265,7 @@ func (a *admission) observe(d time.Duration) {
 }
 
 // interceptor runs Score and Route within the concurrency bound and the
-// queueing budget, measuring each call's queueing delay.
+// queueing budget, measuring their delay.
 func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	cs, ok := ctx.Value(arrivalKey{}).(*callState)
 	if !ok {
@@ -308,9 +283,7 @@ func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnarySe
 	case a.slots <- struct{}{}:
 	default:
 		if a.overloaded.Load() {
-			// A standing queue: a call that finds no slot would wait
-			// out most of MaxQueueDelay to be refused anyway; refusing
-			// it now gives its client the answer in microseconds.
+			// A standing queue: it would likely wait to be refused anyway.
 			a.refused[refusedOverload].Add(1)
 			return nil, overloaded("overloaded: calls are queueing and no slot is free; retry with backoff")
 		}
@@ -341,8 +314,7 @@ func (a *admission) interceptor(ctx context.Context, req any, info *grpc.UnarySe
 	return h(ctx, req)
 }
 
-// runInspect runs an inspection call in one of MaxInspect's slots,
-// waiting for one at most InspectWait from the call's arrival.
+// runInspect runs an inspection call in a slot, waiting at most InspectWait.
 func (a *admission) runInspect(ctx context.Context, arrived time.Time, req any, h grpc.UnaryHandler) (any, error) {
 	select {
 	case a.inspectSlots <- struct{}{}:
@@ -373,25 +345,22 @@ func (a *admission) refuseQueued() error {
 type AdmissionStats struct {
 	// Admitted counts Score and Route calls that ran.
 	Admitted int64
-	// RefusedOverload counts calls refused while the server was
-	// overloaded: at their start, or finding no free slot; RefusedQueued
-	// those that queued longer than MaxQueueDelay; RefusedPending those
-	// refused at their start because MaxPending calls were pending.
+	// RefusedOverload counts calls refused while overloaded (at start or
+	// finding no slot), RefusedQueued those past MaxQueueDelay,
+	// RefusedPending those past MaxPending.
 	RefusedOverload, RefusedQueued, RefusedPending int64
-	// Inspected counts Lookup, Dump and Diagnose calls that ran;
-	// RefusedInspect those refused by their budget (MaxInspect,
-	// MaxInspectPending, InspectWait).
+	// Inspected counts inspection calls that ran, RefusedInspect those
+	// refused by their budget.
 	Inspected, RefusedInspect int64
 	// Pending is the Score and Route calls started and not finished.
 	Pending int64
-	// Overloaded reports whether the last interval ended with a standing
-	// queue; Limit is the bound on pending calls now.
+	// Overloaded: the last interval ended with a standing queue; Limit is
+	// the bound on pending calls now.
 	Overloaded bool
 	Limit      int64
 }
 
-// AdmissionStats returns the admission controller's counters (zero when
-// admission control is off).
+// AdmissionStats returns the admission counters (zero when off).
 func (s *Server) AdmissionStats() AdmissionStats {
 	a := s.admission
 	if a == nil {
@@ -410,10 +379,9 @@ func (s *Server) AdmissionStats() AdmissionStats {
 	}
 }
 
-// An admission refusal is ResourceExhausted with a google.rpc.ErrorInfo
-// detail of reason OverloadReason in domain ErrorDomain (kvindex's error
-// details), so that a client tells it (retry later, elsewhere) from a
-// request over a limit, which the same code also refuses.
+// An admission refusal is ResourceExhausted with an ErrorInfo of reason
+// OverloadReason in ErrorDomain, telling it (retry later) from a request
+// over a limit, refused with the same code.
 const (
 	ErrorDomain    = "kvindex.io"
 	OverloadReason = "OVERLOADED"
@@ -422,9 +390,7 @@ const (
 // overloadInfo is the detail every admission refusal carries.
 var overloadInfo = &errdetails.ErrorInfo{Reason: OverloadReason, Domain: ErrorDomain}
 
-// overloaded returns an admission refusal: ResourceExhausted with the
-// message and overloadInfo. Cost: one detail marshalled, ~1 µs, on the
-// refusal path only.
+// overloaded returns an admission refusal (~1 µs, refusals only).
 func overloaded(format string, args ...any) error {
 	st := status.Newf(codes.ResourceExhausted, format, args...)
 	if d, err := st.WithDetails(overloadInfo); err == nil {
@@ -433,9 +399,8 @@ func overloaded(format string, args ...any) error {
 	return st.Err()
 }
 
-// IsOverloaded reports whether err is admission control refusing a call
-// because the server is overloaded (not a request over a limit, which is
-// ResourceExhausted too): the call did not run; retry with backoff.
+// IsOverloaded reports whether err is an admission refusal (not a request
+// over a limit): the call did not run; retry with backoff.
 func IsOverloaded(err error) bool {
 	st, ok := ServerStatus(err)
 	if !ok || st.Code() != codes.ResourceExhausted {

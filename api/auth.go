@@ -53,26 +53,24 @@ func (s Scope) String() string {
 	return strings.Join(out, ",")
 }
 
-// methodScopes are the scopes each method needs; a method not listed
-// needs ScopeRead. The endpoint picker's ext_proc stream routes (it calls
-// Route for every request), so it needs ScopeRoute.
+// methodScopes are the scopes each method needs (else ScopeRead); the
+// picker's ext_proc stream routes every request.
 var methodScopes = map[string]Scope{
 	"/kvindex.v1.IndexService/Route":                       ScopeRoute,
 	"/kvindex.v1.IndexService/Release":                     ScopeRoute,
 	"/envoy.service.ext_proc.v3.ExternalProcessor/Process": ScopeRoute,
 }
 
-// Listener names of the refusal counts (AuthRefusal.Listener): the gRPC
-// API, the endpoint picker's ext_proc listener, and the HTTP metrics
-// server (/metrics, /healthz); ListenerHTTP is the HTTP/JSON API's.
+// Listener names of the refusal counts: the gRPC API, the picker's ext_proc
+// and the HTTP metrics server (ListenerHTTP is the HTTP/JSON API's).
 const (
 	ListenerGRPC    = "grpc"
 	ListenerGateway = "gateway"
 	ListenerMetrics = "metrics"
 )
 
-// Token is one client's bearer token: its name (the client's identity in
-// logs and for request ownership), the secret, and its scopes.
+// Token is one client's bearer token: its name (its identity), the secret
+// and its scopes.
 type Token struct {
 	Name   string
 	Secret string
@@ -81,35 +79,26 @@ type Token struct {
 
 // AuthOptions tune an Auth.
 type AuthOptions struct {
-	// OpenHealth lets health checks through without a token: gRPC's
-	// grpc.health.v1 on every listener and HTTP's /healthz (kubelet's
-	// probes cannot send one).
+	// OpenHealth lets health checks (grpc.health.v1, /healthz) through
+	// without a token: kubelet's probes cannot send one.
 	OpenHealth bool
-	// CertIdentity accepts a verified TLS client certificate (mTLS) as
-	// the identity, with every scope, when a call carries no token.
+	// CertIdentity accepts a verified client certificate as the identity,
+	// with every scope, when a call carries no token.
 	CertIdentity bool
 }
 
-// Auth checks every call's credentials: an "authorization: Bearer <token>"
-// header against the configured tokens (compared in constant time, by
-// their SHA-256), or a verified client certificate. It puts the caller's
-// identity in the call's context (IdentityFrom) and refuses a missing or
-// unknown credential with Unauthenticated and a missing scope with
-// PermissionDenied, counting each by listener. One Auth guards every
-// listener of a process (gRPC, the picker's ext_proc, HTTP metrics), so
-// one token table, one rotation and one set of counters cover them all.
-// Secrets never appear in errors or logs.
+// Auth checks every call's credentials: a bearer token against the
+// configured ones (compared in constant time by SHA-256) or a verified client
+// certificate. It puts the identity in the context (IdentityFrom), refuses a
+// missing or unknown credential (Unauthenticated) or scope
+// (PermissionDenied), counting by listener. One Auth guards all a process's
+// listeners. Secrets never appear in errors or logs.
 //
-// # Concurrency
-//
-// Safe for concurrent use; SetTokens swaps the token table atomically (a
-// rotation takes effect on the next call). mu guards listeners, which
-// grows only while listeners are set up; a call counts into its
-// listener's counters without a lock.
+// SetTokens swaps the table atomically (effective on the next call); mu
+// guards listeners, which grows only at setup; calls count without a lock.
 type Auth struct {
 	opts   AuthOptions
 	tokens atomic.Pointer[[]hashedToken]
-	sets   atomic.Int64 // SetTokens calls that installed a table
 
 	mu        sync.Mutex
 	listeners []*listenerRefusals
@@ -121,8 +110,7 @@ type listenerRefusals struct {
 	unauthenticated, denied atomic.Int64
 }
 
-// listener returns the counters of the listener named name, adding them
-// the first time.
+// listener returns (adding them the first time) listener name's counters.
 func (a *Auth) listener(name string) *listenerRefusals {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -177,16 +165,10 @@ func (a *Auth) SetTokens(tokens []Token) error {
 		out = append(out, hashedToken{name: t.Name, sum: sum, scopes: t.Scopes})
 	}
 	a.tokens.Store(&out)
-	a.sets.Add(1)
 	return nil
 }
 
-// TokenSets counts the token tables installed, NewAuth's included: a
-// rotation has taken effect once it moved.
-func (a *Auth) TokenSets() int64 { return a.sets.Load() }
-
-// Refusals returns the calls refused, over every listener, for a missing
-// or unknown credential and for a missing scope.
+// Refusals returns all listeners' refusals: unauthenticated and denied.
 func (a *Auth) Refusals() (unauthenticated, denied int64) {
 	for _, r := range a.RefusalsByListener() {
 		if r.Reason == RefusedUnauthenticated {
@@ -212,8 +194,8 @@ type AuthRefusal struct {
 	N                int64
 }
 
-// RefusalsByListener returns every guarded listener's refusals, both
-// reasons each, in the order the listeners were set up.
+// RefusalsByListener returns each listener's refusals, both reasons, in
+// setup order.
 func (a *Auth) RefusalsByListener() []AuthRefusal {
 	a.mu.Lock()
 	ls := slices.Clone(a.listeners)
@@ -227,13 +209,11 @@ func (a *Auth) RefusalsByListener() []AuthRefusal {
 	return out
 }
 
-// ServerOptions returns the interceptors that enforce a on every unary and
-// streaming call of the gRPC API (refusals counted under ListenerGRPC);
-// add them to the grpc.Server's options.
+// ServerOptions returns the interceptors enforcing a on the gRPC API.
 func (a *Auth) ServerOptions() []grpc.ServerOption { return a.ListenerOptions(ListenerGRPC) }
 
-// ListenerOptions returns the interceptors that enforce a on every call of
-// a gRPC server, counting its refusals under listener.
+// ListenerOptions returns the interceptors enforcing a on a gRPC server,
+// counting refusals under listener.
 func (a *Auth) ListenerOptions(listener string) []grpc.ServerOption {
 	l := a.listener(listener)
 	return []grpc.ServerOption{
@@ -262,14 +242,12 @@ type identityStream struct {
 
 func (s *identityStream) Context() context.Context { return s.ctx }
 
-// errNoCredential and errUnknownToken are the two Unauthenticated causes.
 var (
 	errNoCredential = errors.New("no credential: send \"authorization: Bearer <token>\"")
 	errUnknownToken = errors.New("unknown token")
 )
 
-// check authenticates the call and authorises method, returning ctx with
-// the caller's identity; refusals count into l.
+// check authorises a gRPC call of method, returning ctx with the identity.
 func (a *Auth) check(ctx context.Context, l *listenerRefusals, method string) (context.Context, error) {
 	if a.opts.OpenHealth && strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return ctx, nil
@@ -282,10 +260,8 @@ func (a *Auth) check(ctx context.Context, l *listenerRefusals, method string) (c
 	return WithIdentity(ctx, name), nil
 }
 
-// authorize returns the name of the caller of method, identified by its
-// authorization header's values or its certificate (identify), or the
-// Unauthenticated or PermissionDenied status of its refusal, counted into
-// l. The gRPC and HTTP/JSON APIs share it, and so the scope table.
+// authorize returns the name of method's caller (identify), or its refusal
+// status, counted into l. The gRPC and HTTP/JSON APIs share it.
 func (a *Auth) authorize(l *listenerRefusals, method string, vals []string, cert func() (string, bool)) (string, error) {
 	need, ok := methodScopes[method]
 	if !ok {
@@ -303,9 +279,8 @@ func (a *Auth) authorize(l *listenerRefusals, method string, vals []string, cert
 	return name, nil
 }
 
-// identify returns the caller's name and scopes from its bearer token
-// (vals, the values of its authorization header), or from its verified
-// client certificate (cert) when CertIdentity is on.
+// identify returns the caller's name and scopes from its authorization
+// header values, or with CertIdentity its certificate.
 func (a *Auth) identify(vals []string, cert func() (string, bool)) (string, Scope, error) {
 	if len(vals) == 0 {
 		if a.opts.CertIdentity {
@@ -323,8 +298,7 @@ func (a *Auth) identify(vals []string, cert func() (string, bool)) (string, Scop
 	var found *hashedToken
 	ts := *a.tokens.Load()
 	for i := range ts {
-		// Every token is compared, so the time taken says nothing about
-		// which (or whether one) matched.
+		// Every token is compared: the time says nothing of which matched.
 		if subtle.ConstantTimeCompare(sum[:], ts[i].sum[:]) == 1 {
 			found = &ts[i]
 		}
@@ -335,8 +309,7 @@ func (a *Auth) identify(vals []string, cert func() (string, bool)) (string, Scop
 	return found.name, found.scopes, nil
 }
 
-// certIdentity returns the subject common name of the caller's verified
-// TLS client certificate.
+// certIdentity returns the caller's verified certificate's name (certName).
 func certIdentity(ctx context.Context) (string, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -349,8 +322,7 @@ func certIdentity(ctx context.Context) (string, bool) {
 	return certName(&ti.State)
 }
 
-// certName returns "cert:" and the subject common name of a connection's
-// verified client certificate.
+// certName returns "cert:" and the verified client certificate's common name.
 func certName(cs *tls.ConnectionState) (string, bool) {
 	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
 		return "", false
@@ -359,16 +331,14 @@ func certName(cs *tls.ConnectionState) (string, bool) {
 	return "cert:" + cn, cn != ""
 }
 
-// BearerToken is a client's per-call credential: it sends "authorization:
-// Bearer <token>". With requireTLS the connection must be TLS, so the
-// token never crosses the network in clear.
+// BearerToken is a client's per-call credential; with requireTLS the
+// connection must be TLS.
 type BearerToken struct {
 	token      string
 	requireTLS bool
 }
 
-// NewBearerToken returns the credential for api.Dial's
-// grpc.WithPerRPCCredentials.
+// NewBearerToken returns the credential for grpc.WithPerRPCCredentials.
 func NewBearerToken(token string, requireTLS bool) BearerToken {
 	return BearerToken{token: token, requireTLS: requireTLS}
 }

@@ -6,14 +6,11 @@ import (
 	"net/http"
 )
 
-// HTTP returns h guarded by a for an HTTP server (the metrics server's
-// /metrics and /healthz), its refusals counted under listener: a request
-// needs a bearer token ("Authorization: Bearer <token>") of scope need,
-// or, with CertIdentity, a verified TLS client certificate. No or an
-// unknown credential is 401 with a WWW-Authenticate: Bearer challenge; a
-// known token without the scope is 403 (RFC 6750, section 3). With
-// OpenHealth, health (the path of the health check, "" for none) needs no
-// credential. The refusal's body names what was wrong, never the secret.
+// HTTP returns h guarded by a (the metrics server's /metrics and /healthz),
+// refusals counted under listener: a request needs a bearer token of scope
+// need, or with CertIdentity a verified client certificate. No or an unknown
+// credential is 401 with a Bearer challenge, a missing scope 403 (RFC 6750).
+// With OpenHealth, the health path ("" for none) needs no credential.
 func (a *Auth) HTTP(listener string, need Scope, health string, h http.Handler) http.Handler {
 	l := a.listener(listener)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -12,22 +12,18 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
-// Client is a kvindex client for Go routers and tools: a thin wrapper over
-// a grpc.ClientConn. Errors say which call on which server failed and keep
-// their gRPC status: status.Code(err) tells InvalidArgument from
-// Unavailable, and ServerStatus(err) gives the server's own message.
+// Client is a kvindex client for Go routers and tools over a
+// grpc.ClientConn. Errors name the call and server and keep their gRPC
+// status (status.Code(err); ServerStatus(err) for the server's message).
 type Client struct {
 	addr string
 	conn *grpc.ClientConn
 	rpc  kvindexv1.IndexServiceClient
 }
 
-// Dial returns a client of the kvindex server at addr ("host:port" or any
-// gRPC target). Connections use insecure (plaintext) credentials unless opts
-// give others, kvindex's Codec (standard protobuf on the wire) and the
-// server's fixed flow-control windows; later options override earlier ones.
-// Like grpc.NewClient it does not wait for a connection: the first call
-// connects. ctx is checked before anything is set up.
+// Dial returns a client of the server at addr (any gRPC target): plaintext
+// unless opts say otherwise, kvindex's Codec and fixed windows; later options
+// override earlier ones. The first call connects.
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvindex: dial %s: %w", addr, err)
@@ -47,8 +43,7 @@ func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, e
 	return &Client{addr: addr, conn: conn, rpc: kvindexv1.NewIndexServiceClient(conn)}, nil
 }
 
-// Score asks for each worker's resident prefix of a prompt (see
-// kvindexv1.ScoreRequest).
+// Score asks for each worker's resident prefix of a prompt.
 func (c *Client) Score(ctx context.Context, req *kvindexv1.ScoreRequest, opts ...grpc.CallOption) (*kvindexv1.ScoreResponse, error) {
 	resp, err := c.rpc.Score(ctx, req, opts...)
 	if err != nil {
@@ -57,9 +52,8 @@ func (c *Client) Score(ctx context.Context, req *kvindexv1.ScoreRequest, opts ..
 	return resp, nil
 }
 
-// Route ranks the workers for a request, picks one and records the choice
-// (see kvindexv1.RouteRequest); call Release when the request's prefill is
-// done.
+// Route ranks the workers, picks one and records the choice; call Release
+// when the request's prefill is done.
 func (c *Client) Route(ctx context.Context, req *kvindexv1.RouteRequest, opts ...grpc.CallOption) (*kvindexv1.RouteResponse, error) {
 	resp, err := c.rpc.Route(ctx, req, opts...)
 	if err != nil {
@@ -77,8 +71,7 @@ func (c *Client) Release(ctx context.Context, requestID string, opts ...grpc.Cal
 	return resp.GetReleased(), nil
 }
 
-// ListWorkers lists the workers and their counters, optionally of one
-// model (see kvindexv1.ListWorkersRequest).
+// ListWorkers lists the workers and their counters.
 func (c *Client) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequest, opts ...grpc.CallOption) (*kvindexv1.ListWorkersResponse, error) {
 	resp, err := c.rpc.ListWorkers(ctx, req, opts...)
 	if err != nil {
@@ -87,8 +80,7 @@ func (c *Client) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 	return resp, nil
 }
 
-// Lookup asks which workers hold each block of a prompt (see
-// kvindexv1.LookupRequest).
+// Lookup asks which workers hold each block of a prompt.
 func (c *Client) Lookup(ctx context.Context, req *kvindexv1.LookupRequest, opts ...grpc.CallOption) (*kvindexv1.LookupResponse, error) {
 	resp, err := c.rpc.Lookup(ctx, req, opts...)
 	if err != nil {
@@ -97,8 +89,7 @@ func (c *Client) Lookup(ctx context.Context, req *kvindexv1.LookupRequest, opts 
 	return resp, nil
 }
 
-// Dump asks for a page of a worker's resident keys (see
-// kvindexv1.DumpRequest).
+// Dump asks for a page of a worker's resident keys.
 func (c *Client) Dump(ctx context.Context, req *kvindexv1.DumpRequest, opts ...grpc.CallOption) (*kvindexv1.DumpResponse, error) {
 	resp, err := c.rpc.Dump(ctx, req, opts...)
 	if err != nil {
@@ -107,8 +98,7 @@ func (c *Client) Dump(ctx context.Context, req *kvindexv1.DumpRequest, opts ...g
 	return resp, nil
 }
 
-// Diagnose asks why a worker misses a prompt (see
-// kvindexv1.DiagnoseRequest).
+// Diagnose asks why a worker misses a prompt.
 func (c *Client) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest, opts ...grpc.CallOption) (*kvindexv1.DiagnoseResponse, error) {
 	resp, err := c.rpc.Diagnose(ctx, req, opts...)
 	if err != nil {
@@ -117,9 +107,7 @@ func (c *Client) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest, o
 	return resp, nil
 }
 
-// Watch opens a stream of the events the index applies (see
-// kvindexv1.WatchRequest); cancel ctx to end it. The stream's Recv errors
-// are grpc-go's own.
+// Watch streams the events the index applies; cancel ctx to end it.
 func (c *Client) Watch(ctx context.Context, req *kvindexv1.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvindexv1.WatchResponse], error) {
 	st, err := c.rpc.Watch(ctx, req, opts...)
 	if err != nil {
@@ -139,9 +127,8 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// ServerStatus returns the gRPC status inside err, with the server's own
-// message (status.FromError would return the whole wrapped text instead),
-// and false when err carries no status.
+// ServerStatus returns the gRPC status inside err with the server's own
+// message (status.FromError gives the wrapped text), or false.
 func ServerStatus(err error) (*status.Status, bool) {
 	var se interface{ GRPCStatus() *status.Status }
 	if !errors.As(err, &se) {

@@ -13,19 +13,16 @@ import (
 
 // ClientTLS are a client's TLS settings for Dial.
 type ClientTLS struct {
-	// CAFile is the PEM bundle that signs the server's certificate; ""
-	// uses the system's roots.
+	// CAFile is the PEM bundle signing the server's certificate; "" uses
+	// the system's roots.
 	CAFile string
-	// CertFile and KeyFile are the client's certificate and key, for a
-	// server that requires client certificates (mTLS).
+	// CertFile and KeyFile are the client's certificate and key (mTLS).
 	CertFile, KeyFile string
-	// ServerName overrides the name checked against the server's
-	// certificate (default: the host of the address dialled).
+	// ServerName overrides the name checked in the server's certificate.
 	ServerName string
 }
 
-// DialOption returns the dial option that makes Dial use TLS with these
-// settings (it overrides Dial's default plaintext).
+// DialOption returns the option that makes Dial use TLS.
 func (c ClientTLS) DialOption() (grpc.DialOption, error) {
 	cfg, err := c.Config()
 	if err != nil {
@@ -34,8 +31,7 @@ func (c ClientTLS) DialOption() (grpc.DialOption, error) {
 	return grpc.WithTransportCredentials(credentials.NewTLS(cfg)), nil
 }
 
-// Config returns the TLS configuration of these settings, for an HTTP
-// client of the same server (its metrics server with tls.metrics).
+// Config returns the TLS configuration, also for HTTP clients (metrics).
 func (c ClientTLS) Config() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
 	if c.CAFile != "" {

@@ -13,32 +13,24 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
-// maxPooledTokens bounds the token slices the codec keeps for reuse
-// (512 KiB each), so that one huge prompt does not pin its memory.
+// maxPooledTokens bounds pooled token slices (512 KiB) so a huge prompt pins nothing.
 const maxPooledTokens = 128 << 10
 
-// Codec is kvindex's gRPC codec: gRPC's protobuf codec (name "proto", the
-// same bytes on the wire) with the Score call's hot paths written by hand.
-// A ScoreRequest's token_ids, thousands of varints per call, are decoded by
-// a loop specialised for token-sized varints into a pooled slice, and
-// encoded by a loop of the same kind into a pooled buffer; every other
-// field and message goes through protobuf-go as usual.
+// Codec is gRPC's protobuf codec (name "proto", the same bytes) with the
+// Score call's hot paths by hand: a ScoreRequest's token_ids are decoded into
+// a pooled slice and encoded into a pooled buffer by loops for token-sized
+// varints; everything else goes through protobuf-go.
 //
-// Why: protobuf-go decodes packed uint32s at ~10 ns each, ~20 µs for a
-// 2,048-token prompt, five times the whole Score behind it, plus an 8 KiB
-// allocation per call, and encodes them at ~6 ns each (docs/benchmarks.md,
-// gRPC rows). The loops here take ~2 ns per token to decode (3.7 µs for
-// 2,048) and less to encode, and allocate nothing in steady state
-// (BenchmarkCodec).
-//
-// A server gives the pooled slice back when the call ends: Server's
-// GRPCOptions installs the codec together with the interceptor that does.
+// Why: protobuf-go takes ~10 ns a packed uint32 to decode (~20 µs for 2,048
+// tokens, five times the Score behind it) plus 8 KiB per call, and ~6 ns to
+// encode; these loops take ~2 ns and allocate nothing in steady state
+// (BenchmarkCodec; docs/benchmarks.md). GRPCOptions installs the interceptor
+// that gives the pooled slice back.
 type Codec struct {
 	fallback encoding.CodecV2
 	tokens   sync.Pool // *[]uint32 with len 0
 	requests requestPool
-	// malformed, set only in a server's codec (NewServer), notes the
-	// requests that fail to decode instead of failing them (malformed.go).
+	// malformed, only in a server's codec, notes undecodable requests (malformed.go).
 	malformed *malformedSet
 }
 
@@ -47,8 +39,7 @@ func NewCodec() *Codec {
 	return &Codec{fallback: encoding.GetCodecV2(grpcproto.Name)}
 }
 
-// newServerCodec returns a server's Codec: one that notes the requests
-// it cannot decode for the interceptors to refuse (malformed.go).
+// newServerCodec returns a server's Codec, which notes undecodable requests.
 func newServerCodec() *Codec {
 	c := NewCodec()
 	c.malformed = &malformedSet{}
@@ -58,11 +49,8 @@ func newServerCodec() *Codec {
 // Name returns "proto": peers see gRPC's standard content subtype.
 func (c *Codec) Name() string { return grpcproto.Name }
 
-// Marshal encodes v. A *kvindexv1.ScoreRequest takes the hand path
-// (appendScoreRequest, into a buffer from gRPC's pool, which gRPC gives
-// back once the bytes are written); anything else goes to gRPC's protobuf
-// codec. Both produce the same bytes (TestMarshalScoreRequest,
-// FuzzMarshalScoreRequest).
+// Marshal encodes v; a *kvindexv1.ScoreRequest by hand into a pooled buffer,
+// the same bytes as protobuf-go (FuzzMarshalScoreRequest).
 func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 	if req, ok := v.(*kvindexv1.ScoreRequest); ok && req != nil {
 		if data, ok, err := marshalScoreRequest(req, &c.requests); ok {
@@ -72,10 +60,8 @@ func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.fallback.Marshal(v)
 }
 
-// Unmarshal decodes data into v. A *kvindexv1.ScoreRequest takes the hand
-// path (UnmarshalScoreRequest, into pooled token memory), and so does a
-// *kvindexv1.ScoreResponse in the form kvindex's server writes
-// (unmarshalScoreResponse); anything else goes to gRPC's protobuf codec.
+// Unmarshal decodes data into v; a *kvindexv1.ScoreRequest (into pooled
+// tokens) and a ScoreResponse in the server's form by hand.
 func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *kvindexv1.ScoreRequest:
@@ -100,9 +86,7 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return err
 }
 
-// noted returns err, or, in a server's codec, notes m as malformed (with
-// the InvalidArgument status naming the field of its encoding b) and
-// returns nil; the interceptors answer with that status.
+// noted returns err, or in a server's codec notes m's status and returns nil.
 func (c *Codec) noted(m proto.Message, b []byte, err error) error {
 	if err == nil || c.malformed == nil {
 		return err
@@ -111,8 +95,8 @@ func (c *Codec) noted(m proto.Message, b []byte, err error) error {
 	return nil
 }
 
-// withBytes calls f with data's bytes, gathered into one buffer of the
-// codec's request pool when they are in several (f must not keep them).
+// withBytes calls f with data's bytes, gathered into a pooled buffer when
+// split (f must not keep them).
 func (c *Codec) withBytes(data mem.BufferSlice, f func([]byte) error) error {
 	if len(data) == 1 {
 		return f(data[0].ReadOnlyData())
@@ -122,9 +106,8 @@ func (c *Codec) withBytes(data mem.BufferSlice, f func([]byte) error) error {
 	return f(buf.ReadOnlyData())
 }
 
-// release gives req's token slice back to the pool; req must not be used
-// after. The pool keeps a pointer to req's field (req itself, a few dozen
-// bytes, stays alive with it), so release allocates nothing.
+// release gives req's token slice back to the pool (a pointer to req's
+// field: no allocation); req must not be used after.
 func (c *Codec) release(req *kvindexv1.ScoreRequest) {
 	if cap(req.TokenIds) == 0 || cap(req.TokenIds) > maxPooledTokens {
 		return
@@ -133,11 +116,8 @@ func (c *Codec) release(req *kvindexv1.ScoreRequest) {
 	c.tokens.Put(&req.TokenIds)
 }
 
-// releaseInterceptor answers a request the codec could not decode with
-// its InvalidArgument status before any handler sees it, and gives each
-// Score's pooled token slice back once the handler has answered. It relies
-// on the handler not keeping the request or its token ids, which holds for
-// Server.
+// releaseInterceptor refuses a request the codec noted as malformed, and
+// gives each Score's pooled tokens back once answered (Server keeps neither).
 func (c *Codec) releaseInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := c.malformed.take(req); err != nil {
 		if r, ok := req.(*kvindexv1.ScoreRequest); ok {
@@ -152,15 +132,12 @@ func (c *Codec) releaseInterceptor(ctx context.Context, req any, _ *grpc.UnarySe
 	return resp, err
 }
 
-// streamInterceptor gives a streaming handler the InvalidArgument status
-// of a message the codec could not decode, from RecvMsg, instead of the
-// message.
+// streamInterceptor makes RecvMsg return a malformed message's status.
 func (c *Codec) streamInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	return handler(srv, &checkedStream{ServerStream: ss, set: c.malformed})
 }
 
-// checkedStream is a grpc.ServerStream whose RecvMsg reports messages the
-// codec noted as malformed.
+// checkedStream is a grpc.ServerStream whose RecvMsg reports malformed messages.
 type checkedStream struct {
 	grpc.ServerStream
 	set *malformedSet

@@ -18,18 +18,13 @@ const maxVarint32 = 5
 // scoreTokensField is ScoreRequest.token_ids's field number.
 const scoreTokensField protowire.Number = 2
 
-// UnmarshalScoreRequest decodes a protobuf-encoded ScoreRequest into req,
-// merging as proto.UnmarshalOptions{Merge: true} does: token ids are
-// appended to req.TokenIds (whose capacity is reused). It accepts and
-// rejects what protobuf-go does and produces the same message
-// (FuzzUnmarshalScoreRequest checks both).
-//
-// Cost: ~2 ns per token id for the ids, which are all but the whole
-// message; the other fields are decoded in place by protobuf-go.
+// UnmarshalScoreRequest decodes b into req, merging as protobuf-go does
+// (token ids appended to req.TokenIds), accepting and producing what it does
+// (FuzzUnmarshalScoreRequest). Cost: ~2 ns a token id; other fields by
+// protobuf-go.
 func UnmarshalScoreRequest(b []byte, req *kvindexv1.ScoreRequest) error {
-	// other is where the current run of non-token fields began: each run
-	// goes to protobuf-go in one call, in order (a prompt's request has
-	// one or two runs: the fields before and after the token ids).
+	// other starts the current run of non-token fields, each run one
+	// protobuf-go call.
 	other := 0
 	for pos := 0; pos < len(b); {
 		num, typ, n := protowire.ConsumeTag(b[pos:])
@@ -62,8 +57,7 @@ func UnmarshalScoreRequest(b []byte, req *kvindexv1.ScoreRequest) error {
 			other = pos
 			continue
 		}
-		// Any other field, or token_ids with an invalid wire type, which
-		// protobuf-go then rejects.
+		// Another field, or token_ids of a wire type protobuf-go rejects.
 		m := protowire.ConsumeFieldValue(num, typ, b[pos+n:])
 		if m < 0 {
 			return fmt.Errorf("api: unmarshal ScoreRequest: field %d: %w", num, protowire.ParseError(m))
@@ -73,8 +67,7 @@ func UnmarshalScoreRequest(b []byte, req *kvindexv1.ScoreRequest) error {
 	return mergeScoreFields(b[other:], req)
 }
 
-// mergeScoreFields decodes a run of ScoreRequest fields other than
-// token_ids into req with protobuf-go.
+// mergeScoreFields decodes a run of non-token fields with protobuf-go.
 func mergeScoreFields(b []byte, req *kvindexv1.ScoreRequest) error {
 	if len(b) == 0 {
 		return nil
@@ -85,16 +78,11 @@ func mergeScoreFields(b []byte, req *kvindexv1.ScoreRequest) error {
 	return nil
 }
 
-// appendTokenVarints appends the packed varints in b to dst, truncated to
-// 32 bits as protobuf does for uint32. Token ids of vocabularies up to
-// 2 M take 1 to 3 bytes: those are decoded inline, longer ones by
-// protowire. (A branch-free decode of the length from one 4-byte load
-// measured 2x slower: it chains each id's position on the previous load,
-// where predicted branches let the CPU run ahead.)
-//
-// Cost: ~2 ns per id. dst is grown, when needed, to room for len(b) ids
-// (b holds at most that many), so there is no allocation when the server's
-// pooled slice is reused and at most one otherwise.
+// appendTokenVarints appends the packed varints in b to dst, truncated to 32
+// bits. Ids up to 3 bytes (vocabularies to 2 M) are decoded inline, longer
+// ones by protowire (a branch-free decode measured 2x slower: it chains each
+// position on the previous load). Cost: ~2 ns an id; dst grows at most once,
+// to len(b) ids.
 func appendTokenVarints(dst []uint32, b []byte) ([]uint32, error) {
 	n := len(dst)
 	dst = slices.Grow(dst, len(b))
@@ -131,10 +119,8 @@ func appendTokenVarints(dst []uint32, b []byte) ([]uint32, error) {
 }
 
 // marshalScoreRequest encodes req as protobuf-go would, into a buffer of
-// pool when it is large enough to be worth pooling (gRPC's own threshold,
-// as its protobuf codec does). ok is false when protobuf-go must do it
-// instead: a string field that is not valid UTF-8, which protobuf-go
-// rejects with its own error.
+// pool past gRPC's pooling threshold. ok is false for invalid UTF-8, which
+// protobuf-go must reject with its own error.
 func marshalScoreRequest(req *kvindexv1.ScoreRequest, pool *requestPool) (data mem.BufferSlice, ok bool, err error) {
 	if !utf8.ValidString(req.GetModel()) || !utf8.ValidString(req.GetLoraName()) || !utf8.ValidString(req.GetCacheSalt()) || !utf8.ValidString(req.GetPrompt()) || !utf8.ValidString(req.GetTenant()) {
 		return nil, false, nil
@@ -157,8 +143,7 @@ func marshalScoreRequest(req *kvindexv1.ScoreRequest, pool *requestPool) (data m
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, true, nil
 }
 
-// ScoreRequest's field numbers other than token_ids, in the order
-// protobuf-go writes them (by number, unknown fields last).
+// ScoreRequest's other field numbers, in protobuf-go's write order.
 const (
 	scoreModelField     protowire.Number = 1
 	scoreKeysField      protowire.Number = 3
@@ -174,10 +159,8 @@ const (
 	scoreTenantField    protowire.Number = 13
 )
 
-// scoreRequestMaxSize bounds the encoded size of req: exact but for the
-// token ids, counted at their largest (5 bytes each) so that their exact
-// size need not be computed in a pass of its own (appendScoreRequest
-// learns it by writing them). Sub-messages are sized by protobuf-go.
+// scoreRequestMaxSize bounds req's encoded size: exact but for the token ids,
+// counted at 5 bytes each to save a sizing pass.
 func scoreRequestMaxSize(req *kvindexv1.ScoreRequest) int {
 	n := sizeString(scoreModelField, req.GetModel())
 	if ids := req.GetTokenIds(); len(ids) > 0 {
@@ -215,16 +198,13 @@ func scoreRequestMaxSize(req *kvindexv1.ScoreRequest) int {
 	return n + len(req.ProtoReflect().GetUnknown())
 }
 
-// appendScoreRequest appends req's encoding to b, byte for byte what
-// protobuf-go's Marshal writes. Sub-messages, which a prompt's request
-// rarely has, are encoded by protobuf-go (and sized once more for their
-// length prefix).
+// appendScoreRequest appends req's encoding, byte for byte protobuf-go's;
+// sub-messages (rare) by protobuf-go.
 func appendScoreRequest(b []byte, req *kvindexv1.ScoreRequest) ([]byte, error) {
 	b = appendString(b, scoreModelField, req.GetModel())
 	if ids := req.GetTokenIds(); len(ids) > 0 {
-		// The ids are written after room for the longest length prefix
-		// they could need, then moved back to the prefix they do need
-		// (a copy of a few KB, cheaper than a pass to size them).
+		// Written after room for the longest prefix, then moved back (a copy
+		// of a few KB, cheaper than a sizing pass).
 		b = protowire.AppendTag(b, scoreTokensField, protowire.BytesType)
 		at := len(b)
 		room := protowire.SizeVarint(uint64(maxVarint32 * len(ids)))
@@ -284,9 +264,8 @@ func appendScoreRequest(b []byte, req *kvindexv1.ScoreRequest) ([]byte, error) {
 	return append(b, req.ProtoReflect().GetUnknown()...), nil
 }
 
-// appendPackedUint32 appends ids as varints, token-sized ones (up to 3
-// bytes) inline. Callers size b for 5 bytes per id; the loop writes by
-// index into that room. Cost: ~1.4 ns per id (BenchmarkCodecMarshal).
+// appendPackedUint32 appends ids as varints, up to 3 bytes inline, writing
+// by index into room for 5 bytes an id. Cost: ~1.4 ns an id.
 func appendPackedUint32(b []byte, ids []uint32) []byte {
 	n := len(b)
 	b = slices.Grow(b, maxVarint32*len(ids))[:n+maxVarint32*len(ids)]
@@ -318,8 +297,7 @@ func sizeString(num protowire.Number, s string) int {
 	return sizeBytesField(num, len(s))
 }
 
-// sizeBytesField is the encoded size of a length-delimited field with an
-// n-byte payload.
+// sizeBytesField is the encoded size of a length-delimited n-byte field.
 func sizeBytesField(num protowire.Number, n int) int {
 	return protowire.SizeTag(num) + protowire.SizeVarint(uint64(n)) + n
 }
@@ -334,8 +312,7 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	return append(b, s...)
 }
 
-// appendMessage appends a sub-message field, encoded by protobuf-go
-// (MarshalAppend reuses the size that proto.Size just cached).
+// appendMessage appends a sub-message field (reusing proto.Size's cache).
 func appendMessage(b []byte, num protowire.Number, m proto.Message) ([]byte, error) {
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(proto.Size(m)))

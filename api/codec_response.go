@@ -11,21 +11,14 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
-// unmarshalScoreResponse decodes b into resp (reset first) as protobuf-go
-// would, when b holds only the fields ScoreResponse defines, each message
-// field at most once per message and every string valid UTF-8: what
-// kvindex's server writes. It returns false for anything else (unknown
-// fields, a sub-message in two parts, invalid input), leaving resp in any
-// state: protobuf-go must then decode it, which resets it, merges, keeps
-// unknown fields and words the errors. FuzzUnmarshalScoreResponse checks
-// the pair against protobuf-go.
+// unmarshalScoreResponse decodes b into resp as protobuf-go would when b is
+// in the server's form (known fields, each message field once, valid UTF-8);
+// otherwise it returns false, resp in any state, for protobuf-go to decode
+// (FuzzUnmarshalScoreResponse checks the pair).
 //
-// Why: protobuf-go allocates every message and string of a reply on its
-// own, 70 objects and ~5 µs for 8 workers, on every call of every router
-// (BenchmarkCodecUnmarshalResponse; docs/benchmarks.md, gRPC rows). Here
-// the workers are counted first (a walk over the reply's top-level
-// fields), then one pass fills a slab per message type, with the strings
-// in one buffer: 7 allocations for a reply in the server's form.
+// Why: protobuf-go allocates 70 objects, ~5 µs, for 8 workers on every
+// router call. Here the workers are counted first, then one pass fills a
+// slab per message type and one string buffer: 7 allocations.
 func unmarshalScoreResponse(b []byte, resp *kvindexv1.ScoreResponse) bool {
 	n := 0
 	for c := (cursor{b: b}); len(c.b) > 0 && !c.bad; {
@@ -39,9 +32,8 @@ func unmarshalScoreResponse(b []byte, resp *kvindexv1.ScoreResponse) bool {
 	proto.Reset(resp)
 	d := respDecoder{resp: resp}
 	if n > 0 {
-		// The server sets every worker's ref and load, and one medium
-		// (GPU) for most: a reply in another shape grows a slab, in a new
-		// chunk so that the messages already placed stay where they are.
+		// Every worker has a ref, a load and mostly one medium; another
+		// shape grows a slab in a new chunk, leaving placed messages be.
 		d.scores = make([]kvindexv1.WorkerScore, 0, n)
 		d.ptrs = make([]*kvindexv1.WorkerScore, 0, n)
 		d.refs = make([]kvindexv1.WorkerRef, 0, n)
@@ -59,9 +51,8 @@ func unmarshalScoreResponse(b []byte, resp *kvindexv1.ScoreResponse) bool {
 	return true
 }
 
-// cursor reads protobuf fields from b, with inline paths for the 1-byte
-// tags and varints that make up most of a reply. An error sets bad and
-// empties b.
+// cursor reads protobuf fields, 1-byte tags and varints inline; an error
+// sets bad and empties b.
 type cursor struct {
 	b   []byte
 	bad bool
@@ -126,8 +117,7 @@ func (c *cursor) bytes() []byte {
 	return v
 }
 
-// skip passes over a field's value of wire type typ (groups fail: no
-// ScoreResponse field is one, so the hand path never takes them).
+// skip passes over a value of wire type typ (groups fail: none is expected).
 func (c *cursor) skip(typ protowire.Type) {
 	switch typ {
 	case protowire.VarintType:
@@ -147,9 +137,7 @@ func (c *cursor) skip(typ protowire.Type) {
 	}
 }
 
-// respDecoder is unmarshalScoreResponse's state: the reply and the slabs
-// its messages are placed in (appended to within their capacity, or to a
-// new chunk beyond it).
+// respDecoder is unmarshalScoreResponse's state: the reply and its slabs.
 type respDecoder struct {
 	resp      *kvindexv1.ScoreResponse
 	scores    []kvindexv1.WorkerScore
@@ -158,14 +146,12 @@ type respDecoder struct {
 	loads     []kvindexv1.LoadDetail
 	media     []kvindexv1.MediumMatch
 	mediaPtrs []*kvindexv1.MediumMatch
-	// sb holds every string's bytes. Each string is a slice of
-	// sb.String() taken after its bytes are written: bytes a Builder has
-	// written never change, so the strings stay valid if it grows.
+	// sb holds every string's bytes; written bytes never change, so each
+	// string sliced from sb.String() stays valid as it grows.
 	sb strings.Builder
 }
 
-// slot returns a new zero element of *slab, starting a new chunk (of the
-// same capacity) when it is full.
+// slot returns a new zero element of *slab, in a new chunk when full.
 func slot[T any](slab *[]T) *T {
 	if len(*slab) == cap(*slab) {
 		*slab = make([]T, 0, max(cap(*slab), 1))

@@ -15,40 +15,25 @@ import (
 	"github.com/kvindex/kvindex/proto/kvindex/v1/kvindexv1connect"
 )
 
-// ListenerHTTP names the HTTP/JSON API's refusal counts
-// (AuthRefusal.Listener).
+// ListenerHTTP names the HTTP/JSON API's refusal counts.
 const ListenerHTTP = "http"
 
-// HTTPHandler serves the IndexService's unary calls over HTTP with
-// Connect's protocol: POST /kvindex.v1.IndexService/<Method>, a JSON body
-// (Content-Type: application/json, the message in proto3's JSON mapping)
-// or binary protobuf (application/proto), and the answer in the same
-// form; gRPC and gRPC-Web clients are served too. An error is an HTTP
-// status from its code (InvalidArgument 400, Unauthenticated 401,
-// PermissionDenied 403, ResourceExhausted 429, Unavailable 503) and a JSON
-// body {"code", "message", "details"}, the message the one gRPC gives.
-// Watch, a stream, stays gRPC's.
+// HTTPHandler serves the unary calls with Connect's protocol: POST
+// /kvindex.v1.IndexService/<Method>, JSON (proto3 mapping) or binary
+// protobuf, answered in kind; gRPC and gRPC-Web clients too. Errors are HTTP
+// statuses from their code (400, 401, 403, 429, 503) with a JSON body
+// {"code", "message", "details"}. Watch stays gRPC's.
 //
-// Every call runs the methods gRPC runs, so validation, limits and answers
-// are the same, behind the same guards: auth, when not nil, with the
-// scopes of the gRPC methods (refusals counted under ListenerHTTP), and
-// the admission control of Score, Route and the inspection calls (a call
-// is counted pending from its headers to its answer, as on gRPC, and an
-// overload refusal is 429 with the OVERLOADED ErrorInfo detail). A body
-// is read up to MaxJSONBytes.
-//
-// Cost: proto3 JSON is decoded by protobuf-go's reflection (protojson),
-// ~0.4 µs a token id, where the gRPC codec takes 2 ns: a 2,048-token
-// Score is several times a gRPC one (BenchmarkScoreJSON; benchmarks.md,
-// "Score over HTTP/JSON"). It is the API for scripts, curl and routers
-// without gRPC; a router on the hot path should speak gRPC.
+// Calls run the gRPC methods behind the same guards: auth (when not nil;
+// refusals under ListenerHTTP) and admission control (an overload is 429
+// with the OVERLOADED detail). Bodies are read up to MaxJSONBytes. JSON costs
+// ~0.4 µs a token id against the codec's 2 ns (BenchmarkScoreJSON): routers
+// on the hot path should speak gRPC.
 func (s *Server) HTTPHandler(auth *Auth) http.Handler {
 	path, h := kvindexv1connect.NewIndexServiceHandler(connectService{s},
 		connect.WithReadMaxBytes(s.MaxJSONBytes()),
-		// A Score's answer (a few KB) is sent as it is: gzip costs more
-		// than its bytes take on a data-centre link. Large answers
-		// (ListWorkers, Dump pages) are compressed when the client
-		// accepts gzip.
+		// A Score's few KB are cheaper sent than gzipped; large answers
+		// (ListWorkers, Dump pages) are compressed.
 		connect.WithCompressMinBytes(32<<10),
 		connect.WithInterceptors(connect.UnaryInterceptorFunc(s.connectUnary)))
 	mux := http.NewServeMux()
@@ -86,18 +71,14 @@ func (s *Server) HTTPHandler(auth *Auth) http.Handler {
 	})
 }
 
-// MaxJSONBytes is the largest request body HTTPHandler reads: the largest
-// ScoreRequest the limits allow in JSON (a token id takes at most 11 bytes
-// with its comma, a block key, a quoted uint64, 23) plus 1 MiB for
-// candidates, loads and extra keys.
+// MaxJSONBytes is the largest body HTTPHandler reads: the largest JSON
+// ScoreRequest the limits allow (11 bytes a token id, 23 a block key) plus 1 MiB.
 func (s *Server) MaxJSONBytes() int {
 	return 11*s.opts.MaxTokens + 23*s.opts.MaxBlockKeys + 1<<20
 }
 
-// connectUnary runs a Connect call inside the admission control's
-// concurrency bound and queueing budget, as the gRPC interceptor does, and
-// turns the gRPC status a call fails with into the Connect error of the
-// same code, message and details.
+// connectUnary runs a Connect call inside admission control, as the gRPC
+// interceptor does, and turns its gRPC status into a Connect error.
 func (s *Server) connectUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		var resp connect.AnyResponse
@@ -116,8 +97,7 @@ func (s *Server) connectUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	}
 }
 
-// toConnect converts a gRPC status error to a *connect.Error (the codes
-// are the same numbers); other errors are returned as they are.
+// toConnect converts a gRPC status error to a *connect.Error (same codes).
 func toConnect(err error) error {
 	st, ok := status.FromError(err)
 	if err == nil || !ok {
@@ -136,8 +116,7 @@ func toConnect(err error) error {
 	return ce
 }
 
-// connectService adapts Server to Connect's handler interface: the same
-// unary methods; Watch, a stream, stays gRPC's.
+// connectService adapts Server to Connect's handler; Watch stays gRPC's.
 type connectService struct{ *Server }
 
 func (connectService) Watch(context.Context, *kvindexv1.WatchRequest, *connect.ServerStream[kvindexv1.WatchResponse]) error {

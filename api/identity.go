@@ -5,10 +5,9 @@ import "context"
 // identityKey is the context key of the authenticated client's identity.
 type identityKey struct{}
 
-// WithIdentity returns ctx carrying the authenticated client's identity
-// (a token's name, or a TLS client certificate's subject), which the
-// authentication interceptor sets and Route/Release use for request
-// ownership: only the client that routed a request may release it.
+// WithIdentity returns ctx carrying the authenticated client's identity (a
+// token's name, or a certificate's subject): only the client that routed a
+// request may release it.
 func WithIdentity(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, identityKey{}, id)
 }

@@ -20,76 +20,32 @@ import (
 	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/quote"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/scoring"
 )
 
 // Bounds of the operator's RPCs (Lookup, Dump, Diagnose, Watch).
 const (
-	// MaxLookupHolders bounds the holder entries of a LookupResponse
-	// (summed over its runs); past it the answer is truncated.
-	MaxLookupHolders = 65536
-	// DefaultDumpPageSize and MaxDumpPageSize bound a Dump page.
+	// MaxLookupHolders bounds a LookupResponse's holder entries (over its
+	// runs); past it the answer is truncated.
+	MaxLookupHolders    = 65536
 	DefaultDumpPageSize = 1000
 	MaxDumpPageSize     = 10000
 	// DefaultWatchBuffer and MaxWatchBuffer bound a Watch stream's queue.
 	DefaultWatchBuffer = 256
 	MaxWatchBuffer     = 4096
-	// MaxWatchWorkers bounds WatchRequest.workers.
-	MaxWatchWorkers = 256
-	// DefaultMaxWatches is Options.MaxWatches' default.
-	DefaultMaxWatches = 64
-	// maxWatchHashes bounds WatchResponse.block_hashes.
-	maxWatchHashes = 16
+	MaxWatchWorkers    = 256 // WatchRequest.workers
+	DefaultMaxWatches  = 64  // Options.MaxWatches
+	maxWatchHashes     = 16  // WatchResponse.block_hashes
 )
 
-// prompt is a validated prompt of an operator's request.
-type prompt struct {
-	model  *indexer.Model
-	tokens []uint32
-	extras *indexer.PromptExtras
-	keys   []indexer.Key // from block_keys; nil with tokens
-}
-
-// promptOf validates the prompt fields that Lookup and Diagnose share
-// with Score, with Score's limits and messages.
-func (s *Server) promptOf(ctx context.Context, req *kvindexv1.ScoreRequest) (*prompt, error) {
-	m, err := s.checkScoreRequest(req)
-	if err != nil {
+// promptOf validates and converts the prompt fields Lookup and Diagnose
+// share with Score, as Score does.
+func (s *Server) promptOf(ctx context.Context, req *kvindexv1.ScoreRequest) (*scoring.Request, error) {
+	sc := new(scoreScratch)
+	if err := s.convert(ctx, req, false, sc); err != nil {
 		return nil, err
 	}
-	tokens, keys, lora, salt, bx := req.GetTokenIds(), req.GetBlockKeys(), req.GetLoraName(), req.GetCacheSalt(), req.GetBlockExtraKeys()
-	if req.GetPrompt() != "" || len(req.GetMessages()) > 0 {
-		if tokens, err = s.tokenize(ctx, req); err != nil {
-			return nil, err
-		}
-		if err := s.checkTokens(req, m, len(tokens)); err != nil {
-			return nil, err
-		}
-	}
-	p := &prompt{model: m, tokens: tokens}
-	if len(keys) > 0 {
-		p.keys = make([]indexer.Key, len(keys))
-		for i, k := range keys {
-			p.keys[i] = indexer.Key(k)
-		}
-		return p, nil
-	}
-	if lora != "" || salt != "" || len(bx) > 0 {
-		p.extras = &indexer.PromptExtras{LoRAName: lora, CacheSalt: salt}
-		if len(bx) > 0 {
-			if p.extras.BlockExtras, err = blockExtras(bx); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return p, nil
-}
-
-// promptKeys returns the prompt's content keys.
-func (p *prompt) promptKeys() []indexer.Key {
-	if p.keys != nil {
-		return p.keys
-	}
-	return p.model.PromptKeys(p.tokens, p.extras, nil)
+	return &sc.req, nil
 }
 
 // workerOf resolves a request's worker field.
@@ -149,21 +105,21 @@ func mediaNames(mask uint8) []string {
 	return out
 }
 
-// Lookup implements kvindexv1.IndexServiceServer: each run of the
-// prompt's blocks with its holders. Cost: PromptKeys, then
-// indexer.Index.Lookup (O(blocks + holders)), allocations per run and
-// holder; an operator's call.
+// Lookup implements kvindexv1.IndexServiceServer: each run of the prompt's
+// blocks with its holders. Cost: O(blocks + holders), allocating per run and
+// holder.
 func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvindexv1.LookupResponse, error) {
-	// Score's checks and tokenizing, on a request built from the same
-	// fields (no copy of the slices).
 	p, err := s.promptOf(ctx, &kvindexv1.ScoreRequest{Model: req.GetModel(), TokenIds: req.GetTokenIds(), BlockKeys: req.GetBlockKeys(),
 		LoraName: req.GetLoraName(), CacheSalt: req.GetCacheSalt(), BlockExtraKeys: req.GetBlockExtraKeys(), Prompt: req.GetPrompt(), Messages: req.GetMessages()})
 	if err != nil {
 		return nil, err
 	}
-	keys := p.promptKeys()
+	keys := p.Keys
+	if keys == nil {
+		keys = p.Model.PromptKeys(p.Tokens, p.Extras, nil)
+	}
 	resp := &kvindexv1.LookupResponse{
-		BlockSize:    clampU32(p.model.BlockSize),
+		BlockSize:    clampU32(p.Model.BlockSize),
 		PromptBlocks: clampU32(len(keys)),
 		Keys:         make([]uint64, len(keys)),
 	}
@@ -197,7 +153,7 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 		return true
 	})
 	resp.IndexedBlocks = clampU32(n)
-	// Trailing runs held by nobody say nothing the end of the runs does not.
+	// Trailing runs held by nobody say nothing.
 	for len(resp.Runs) > 0 && len(resp.Runs[len(resp.Runs)-1].Holders) == 0 {
 		resp.Runs = resp.Runs[:len(resp.Runs)-1]
 	}
@@ -220,8 +176,7 @@ func parsePageToken(t string) (indexer.Key, error) {
 }
 
 // Dump implements kvindexv1.IndexServiceServer: a page of the worker's
-// resident keys in key order, with the digest taken in the same pass.
-// Cost: indexer.Worker.Resident, O(the worker's blocks) per page.
+// resident keys in key order, with its digest. Cost: O(the worker's blocks).
 func (s *Server) Dump(ctx context.Context, req *kvindexv1.DumpRequest) (*kvindexv1.DumpResponse, error) {
 	w, err := s.workerOf("worker", req.GetWorker())
 	if err != nil {
@@ -266,7 +221,7 @@ func (s *Server) Dump(ctx context.Context, req *kvindexv1.DumpRequest) (*kvindex
 const MaxEngineHashes = DefaultMaxBlockKeys
 
 // Diagnose implements kvindexv1.IndexServiceServer: why the worker misses
-// the prompt (indexer.Index.Diagnose, with the worker's stream health).
+// the prompt.
 func (s *Server) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest) (*kvindexv1.DiagnoseResponse, error) {
 	p, err := s.promptOf(ctx, &kvindexv1.ScoreRequest{Model: req.GetModel(), TokenIds: req.GetTokenIds(), BlockKeys: req.GetBlockKeys(),
 		LoraName: req.GetLoraName(), CacheSalt: req.GetCacheSalt(), BlockExtraKeys: req.GetBlockExtraKeys(), Prompt: req.GetPrompt(), Messages: req.GetMessages()})
@@ -279,7 +234,7 @@ func (s *Server) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest) (
 	}
 	if n := len(req.GetEngineBlockHashes()); n > 0 {
 		switch {
-		case len(p.tokens) == 0:
+		case len(p.Tokens) == 0:
 			return nil, status.Error(codes.InvalidArgument, "engine_block_hashes: needs token_ids, prompt or messages (the parity check keys the prompt's tokens)")
 		case n > MaxEngineHashes:
 			return nil, status.Errorf(codes.InvalidArgument, "engine_block_hashes: %d hashes exceed the limit of %d", n, MaxEngineHashes)
@@ -288,13 +243,13 @@ func (s *Server) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest) (
 	ref := w.Info().Ref
 	h, why := s.workerHealth(ref)
 	d := s.ix.Diagnose(&indexer.DiagnoseQuery{
-		Model: p.model, Worker: w, Tokens: p.tokens, Extras: p.extras, Keys: p.keys,
+		Model: p.Model, Worker: w, Tokens: p.Tokens, Extras: p.Extras, Keys: p.Keys,
 		EngineHashes: req.GetEngineBlockHashes(), Health: h, HealthReason: why,
 	})
 	resp := &kvindexv1.DiagnoseResponse{
 		Worker:          toRef(ref),
 		Model:           w.Info().Model,
-		BlockSize:       clampU32(p.model.BlockSize),
+		BlockSize:       clampU32(p.Model.BlockSize),
 		PromptBlocks:    clampU32(d.Blocks),
 		MatchedBlocks:   clampU32(d.Matched),
 		FirstMissKey:    uint64(d.FirstMiss),
@@ -336,18 +291,17 @@ func (f *watchFilter) wants(k kvindexv1.WatchEventKind) bool {
 	return f.kinds == 0 || f.kinds&(1<<k) != 0
 }
 
-// Watch implements kvindexv1.IndexServiceServer: the events the index
-// applies, filtered, through a bounded queue that drops (and counts) what
-// a slow reader cannot take. The index's appliers never wait on a stream:
-// its observer converts a matching event and offers it without blocking.
+// Watch implements kvindexv1.IndexServiceServer: the applied events,
+// filtered, through a bounded queue that drops and counts what a slow reader
+// cannot take; the index's appliers never wait on a stream.
 func (s *Server) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingServer[kvindexv1.WatchResponse]) error {
 	f, buf, err := s.watchFilterOf(req)
 	if err != nil {
 		return err
 	}
-	if n := s.watches.Add(1); n > int64(s.maxWatches()) {
+	if n := s.watches.Add(1); n > int64(s.opts.MaxWatches) {
 		s.watches.Add(-1)
-		return status.Errorf(codes.ResourceExhausted, "watch: the server's limit of %d concurrent watches is reached", s.maxWatches())
+		return status.Errorf(codes.ResourceExhausted, "watch: the server's limit of %d concurrent watches is reached", s.opts.MaxWatches)
 	}
 	defer s.watches.Add(-1)
 
@@ -414,8 +368,8 @@ func (s *Server) watchFilterOf(req *kvindexv1.WatchRequest) (*watchFilter, int, 
 	return f, buf, nil
 }
 
-// convert offers the watch events that what the index applied to w makes,
-// those f wants. It runs on the applier's goroutine: offer must not block.
+// convert offers the watch events f wants of what was applied to w, on the
+// applier's goroutine: offer must not block.
 func (f *watchFilter) convert(w *indexer.Worker, a *indexer.Applied, offer func(*kvindexv1.WatchResponse)) {
 	info := w.Info()
 	if f.model != "" && info.Model != f.model || f.workers != nil && !f.workers[info.Ref] {
@@ -486,11 +440,4 @@ func watchKind(k events.Kind) kvindexv1.WatchEventKind {
 		return kvindexv1.WatchEventKind_WATCH_EVENT_KIND_CLEARED
 	}
 	return kvindexv1.WatchEventKind_WATCH_EVENT_KIND_UNSPECIFIED
-}
-
-func (s *Server) maxWatches() int {
-	if s.opts.MaxWatches > 0 {
-		return s.opts.MaxWatches
-	}
-	return DefaultMaxWatches
 }

@@ -14,22 +14,14 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// Malformed requests. grpc-go turns any error a codec returns while
-// decoding a request into codes.Internal ("failed to unmarshal"), which
-// tells a client nothing and looks like a server bug. The server's codec
-// therefore does not fail a request it cannot decode: it notes the message
-// as malformed (malformedSet) and returns nil, and the first interceptor
-// of the chain answers InvalidArgument naming the field before any handler
-// sees the message. Only the server's codec defers (NewServer sets it); a
-// Codec from NewCodec, as clients use, returns decode errors as usual.
-//
-// Cost: one atomic load per call when no request is malformed; the set
-// is consulted only while it holds something.
+// grpc-go turns a codec's decode error into Internal, which tells a client
+// nothing. So the server's codec notes an undecodable request here and
+// returns nil, and the first interceptor answers InvalidArgument naming the
+// field. Clients' codecs (NewCodec) return errors as usual. Cost: one atomic
+// load per call while the set is empty.
 
-// malformedSet holds the requests the codec could not decode, by message
-// pointer, until the interceptor takes them. A message is in it for the
-// length of one call at most: the interceptor runs for every unary call
-// whose request was decoded.
+// malformedSet holds undecodable requests by pointer, each for at most one
+// call, until the interceptor takes them.
 type malformedSet struct {
 	n atomic.Int64
 	m sync.Map // proto.Message -> error
@@ -56,10 +48,8 @@ func (s *malformedSet) take(v any) error {
 // maxMalformedMessage caps the decode error's text in the status message.
 const maxMalformedMessage = 256
 
-// malformedStatus is the InvalidArgument answer to a request of message
-// type m whose encoding b failed to decode with err: it names the first
-// field whose encoding is wrong when one can be found (badField), and
-// otherwise gives the decoder's error.
+// malformedStatus is the InvalidArgument answer to m's encoding b failing
+// with err, naming the field at fault when badField finds one.
 func malformedStatus(m proto.Message, b []byte, err error) error {
 	md := m.ProtoReflect().Descriptor()
 	msg := fmt.Sprintf("malformed %s", md.Name())
@@ -73,19 +63,14 @@ func malformedStatus(m proto.Message, b []byte, err error) error {
 	return status.Error(codes.InvalidArgument, msg+": "+text)
 }
 
-// maxBadFieldDepth bounds badField's recursion into nested messages
-// (protobuf-go's own default limit is 10,000; requests nest a few levels).
+// maxBadFieldDepth bounds badField's recursion (requests nest a few levels).
 const maxBadFieldDepth = 32
 
-// badField returns the path (e.g. "candidates[2].pod") of the first field
-// in b, an encoding of a message of type md, whose encoding cannot be
-// decoded: a truncated or invalid tag or value, invalid UTF-8 in a
-// string, or a bad value in a packed list (a value of another wire type
-// than its field's is kept as unknown, as protobuf-go does); "" when it
-// finds none (the failure is elsewhere, e.g. too deep). It names no field
-// in an encoding protobuf-go accepts (FuzzBadField). Unknown fields are
-// named by number. It reads b once per nesting
-// level and allocates only the path.
+// badField returns the path ("candidates[2].pod", unknown fields by number)
+// of the first field of b, a message md, that cannot be decoded: a bad tag or
+// value, invalid UTF-8, a bad packed value (another wire type is kept as
+// unknown, as protobuf-go does); "" for none. It names no field in an
+// encoding protobuf-go accepts (FuzzBadField), and allocates only the path.
 func badField(b []byte, md protoreflect.MessageDescriptor, prefix string) string {
 	return badFieldDepth(b, md, prefix, 0)
 }
@@ -107,8 +92,7 @@ func badFieldDepth(b []byte, md protoreflect.MessageDescriptor, prefix string, d
 		if md != nil {
 			fd = md.Fields().ByNumber(num)
 		}
-		// Elements of lists of messages and strings are numbered; packed
-		// scalars are one value.
+		// Elements of message and string lists are numbered.
 		name := fieldPath(prefix, fd, num)
 		if fd != nil && fd.IsList() && wireTypeOf(fd.Kind()) == protowire.BytesType {
 			if seen == nil {
@@ -131,8 +115,7 @@ func badFieldDepth(b []byte, md protoreflect.MessageDescriptor, prefix string, d
 	return ""
 }
 
-// badValue checks one field's value v (wire type typ) against its
-// descriptor.
+// badValue checks one field's value v (wire type typ) against fd.
 func badValue(v []byte, fd protoreflect.FieldDescriptor, typ protowire.Type, name string, depth int) string {
 	k := fd.Kind()
 	want := wireTypeOf(k)
@@ -171,13 +154,11 @@ func badValue(v []byte, fd protoreflect.FieldDescriptor, typ protowire.Type, nam
 		}
 		return ""
 	}
-	// Another wire type: protobuf-go keeps the field as unknown, which is
-	// not an error.
+	// Another wire type: kept as unknown, not an error.
 	return ""
 }
 
-// fieldPath joins prefix and the field's name, or its number when the
-// message has no such field.
+// fieldPath joins prefix and the field's name (or number when unknown).
 func fieldPath(prefix string, fd protoreflect.FieldDescriptor, num protowire.Number) string {
 	name := "#" + strconv.Itoa(int(num))
 	if fd != nil {

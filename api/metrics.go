@@ -20,47 +20,40 @@ import (
 // numCodes is the number of canonical gRPC codes (OK through Unauthenticated).
 const numCodes = int(codes.Unauthenticated) + 1
 
-// metrics are the Server's Score metrics. A nil *metrics records nothing.
+// metrics are the Server's Score metrics; a nil *metrics records nothing.
 type metrics struct {
-	duration prometheus.Histogram
-	requests *prometheus.CounterVec
-	// byCode holds requests' children for the canonical codes, resolved
-	// once so that the hot path does no label lookup.
-	byCode [numCodes]prometheus.Counter
-	// watchDrops counts events Watch streams dropped for a slow reader.
+	duration   prometheus.Histogram
+	requests   *prometheus.CounterVec
+	byCode     [numCodes]prometheus.Counter // resolved once: no label lookup per call
 	watchDrops prometheus.Counter
 }
 
-// newMetrics registers the Score metrics with reg, sharing collectors that
-// are registered already. It panics on any other registration error, as
-// prometheus.MustRegister does: that is a programming error.
+// newMetrics registers the Score metrics with reg (see register).
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		watchDrops: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvindex_watch_dropped_events_total",
+			Help: "Applied events a Watch stream dropped because its reader was slower than the events (its buffer was full).",
+		})),
+		duration: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kvindex_score_duration_seconds",
 			Help: "Time to answer a Score request inside the server (validation, hashing, matching), excluding transport.",
 			// 10 us to 1 s: a 128-block Score takes tens of microseconds.
 			Buckets: prometheus.ExponentialBucketsRange(10e-6, 1, 16),
-		}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		})),
+		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvindex_score_requests_total",
 			Help: "Score requests answered, by gRPC status code.",
-		}, []string{"code"}),
+		}, []string{"code"})),
 	}
-	m.watchDrops = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvindex_watch_dropped_events_total",
-		Help: "Applied events a Watch stream dropped because its reader was slower than the events (its buffer was full).",
-	}))
-	m.duration = register(reg, m.duration)
-	m.requests = register(reg, m.requests)
 	for c := range m.byCode {
 		m.byCode[c] = m.requests.WithLabelValues(codes.Code(c).String())
 	}
 	return m
 }
 
-// register registers c with reg and returns it, or the equal collector that
-// reg already holds.
+// register registers c with reg and returns it, or the equal collector reg
+// already holds; any other error panics, as prometheus.MustRegister does.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	err := reg.Register(c)
 	if err == nil {
@@ -99,30 +92,22 @@ func (m *metrics) watchDropped() {
 // DefaultMaxTenants is Options.MaxTenants' default.
 const DefaultMaxTenants = 64
 
-// Labels of the predicted hit-ratio metrics that stand for no value.
+// Labels that stand for no value: no worker ranked, no tenant, and tenants
+// past Options.MaxTenants.
 const (
-	// noWorker is the worker label of answers that ranked no worker.
-	noWorker = "none"
-	// noTenant is the tenant label of requests without a tenant.
-	noTenant = "none"
-	// otherTenants is the tenant label of tenants past Options.MaxTenants.
+	noWorker     = "none"
+	noTenant     = "none"
 	otherTenants = "_other"
 )
 
-// hitMetrics are the predicted hit-ratio counters of answered Score and
-// Route requests: prompt tokens and the tokens the chosen (first-ranked)
-// worker held, per (model, worker) and per (model, tenant). Their ratio
-// over a window is the hit ratio routing predicts, to set beside the
-// engines' own (kvindex_engine_prefix_cache_hits_total).
+// hitMetrics count answered Score and Route requests' prompt tokens and the
+// tokens the chosen worker held, per (model, worker) and (model, tenant):
+// the hit ratio routing predicts, beside the engines' own.
 //
-// # Concurrency and cost
-//
-// The hot path takes no lock and allocates nothing once a worker's and a
-// tenant's counters are resolved: workers by id in a copy-on-write table
-// (rebuilt under mu when a worker is new or its id was reused), tenants
-// in a per-model map read under an RWMutex's read lock (a string-keyed
-// probe). At most maxTenants tenant names get their own label; later ones
-// share "_other", so a client cannot grow the series without bound.
+// Once resolved, the hot path takes no lock and allocates nothing: workers
+// by id in a copy-on-write table (rebuilt under mu), tenants in a per-model
+// map under tmu's read lock. At most maxTenants tenants get their own label;
+// later ones share "_other", so clients cannot grow the series without bound.
 type hitMetrics struct {
 	prompt, hit             *prometheus.CounterVec // {model, worker}
 	tenantPrompt, tenantHit *prometheus.CounterVec // {model, tenant}
@@ -131,10 +116,9 @@ type hitMetrics struct {
 	workers atomic.Pointer[[]*workerHits] // by indexer.WorkerID
 	mu      sync.Mutex                    // guards rebuilding workers
 
-	tmu     sync.RWMutex // guards tenants and ntenants
-	tenants map[*indexer.Model]map[string]*hitPair
-	// ntenants counts distinct tenant names labelled so far.
-	ntenants int
+	tmu      sync.RWMutex // guards tenants, ntenants and names
+	tenants  map[*indexer.Model]map[string]*hitPair
+	ntenants int // distinct tenant names labelled
 	names    map[string]bool
 	none     sync.Map // *indexer.Model -> *hitPair, the answers with no worker
 }
@@ -142,8 +126,7 @@ type hitMetrics struct {
 // hitPair is one series pair: prompt tokens and hit tokens.
 type hitPair struct{ prompt, hit prometheus.Counter }
 
-// workerHits is a worker's pair, for the generation it was resolved for,
-// with the same counts as integers for ListWorkers.
+// workerHits is a worker generation's pair, with integer counts for ListWorkers.
 type workerHits struct {
 	gen   uint32
 	ref   events.WorkerRef
@@ -152,8 +135,7 @@ type workerHits struct {
 	promptTokens, hitTokens atomic.Uint64
 }
 
-// workerCounts returns the prompt and hit tokens counted for the worker
-// (id, gen), 0 if none.
+// workerCounts returns the prompt and hit tokens of worker (id, gen).
 func (h *hitMetrics) workerCounts(id indexer.WorkerID, gen uint32) (prompt, hit uint64) {
 	if h == nil {
 		return 0, 0
@@ -188,8 +170,8 @@ func newHitMetrics(reg prometheus.Registerer, maxTenants int) *hitMetrics {
 	return h
 }
 
-// observe counts one answered request of model: prompt tokens, and held
-// tokens on the first-ranked worker c (nil when none was ranked).
+// observe counts one answer: prompt tokens, and those the first-ranked
+// worker c (nil: none) holds.
 func (h *hitMetrics) observe(model *indexer.Model, c *scoring.Candidate, promptTokens int, tenant string) {
 	if h == nil || promptTokens <= 0 {
 		return
@@ -244,9 +226,8 @@ func (h *hitMetrics) worker(model *indexer.Model, c *scoring.Candidate) *workerH
 	return w
 }
 
-// prune deletes the series of workers that left the index (or whose id
-// a new worker took) and forgets their counters, so that a removed pod's
-// hit series do not stay in every scrape. Cost: O(worker ids), under mu.
+// prune deletes the series and counters of workers that left the index (or
+// whose id was reused). Cost: O(worker ids), under mu.
 func (h *hitMetrics) prune(ix *indexer.Index) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -272,11 +253,8 @@ func (h *hitMetrics) prune(ix *indexer.Index) {
 	}
 }
 
-// hitPruner prunes a server's worker hit series when the registry is
-// scraped. It describes and collects nothing of its own (an unchecked
-// collector); the registry collects the series' vectors concurrently, so
-// a removed worker's series is gone from the scrape after its removal's
-// next one at the latest.
+// hitPruner prunes the worker hit series on each scrape (an unchecked
+// collector of nothing), so a removed worker's are gone by the next one.
 type hitPruner struct {
 	h  *hitMetrics
 	ix *indexer.Index
@@ -288,8 +266,7 @@ func (hitPruner) Describe(chan<- *prometheus.Desc) {}
 // Collect implements prometheus.Collector: it prunes, and sends nothing.
 func (p hitPruner) Collect(chan<- prometheus.Metric) { p.h.prune(p.ix) }
 
-// tenant returns the tenant's counters for model, under its own label
-// while the server has labelled fewer than maxTenants names.
+// tenant returns the tenant's counters for model (own label until maxTenants).
 func (h *hitMetrics) tenant(model *indexer.Model, tenant string) *hitPair {
 	if tenant == "" {
 		tenant = noTenant

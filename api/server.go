@@ -40,92 +40,73 @@ const (
 	DefaultMaxCandidates = 4096
 )
 
-// Options configures a Server. The zero value is usable.
+// Options configures a Server. The zero value is usable; 0 limits mean the
+// Default* constants.
 type Options struct {
-	// MaxTokens is the largest token_ids a Score accepts; 0 means
-	// DefaultMaxTokens.
-	MaxTokens int
-	// MaxBlockKeys is the largest block_keys a Score accepts; 0 means
-	// DefaultMaxBlockKeys.
-	MaxBlockKeys int
-	// MaxCandidates is the largest candidate worker list a Score accepts;
-	// 0 means DefaultMaxCandidates.
-	MaxCandidates int
-	// IncludeStale keeps stale workers in Score answers, flagged
-	// WORKER_HEALTH_STALE; by default they are left out unless the request
-	// names them as candidates.
+	// MaxTokens, MaxBlockKeys and MaxCandidates bound a Score's token_ids,
+	// block_keys and workers.
+	MaxTokens, MaxBlockKeys, MaxCandidates int
+	// IncludeStale keeps stale workers in Score answers, flagged STALE; by
+	// default they are left out unless named as candidates.
 	IncludeStale bool
-	// Policy is the ranking policy requests start from; the zero value
-	// means scoring.DefaultPolicy() (cache_aware, ttft guard).
+	// Policy is the ranking policy requests start from; nil means
+	// scoring.DefaultPolicy().
 	Policy *scoring.Policy
-	// Tracker records Route decisions (speculative blocks, in-flight
-	// load); nil means a tracker with default TTLs that nothing sweeps but
-	// Release and Record (the daemon passes one it sweeps).
+	// Tracker records Route decisions; nil means one with default TTLs that
+	// only Release and Record sweep.
 	Tracker *scoring.Tracker
-	// Tokenizer tokenizes ScoreRequest.prompt and messages; nil refuses
-	// them (FAILED_PRECONDITION).
+	// Tokenizer tokenizes prompt and messages; nil refuses them
+	// (FAILED_PRECONDITION).
 	Tokenizer Tokenizer
 	// Loads holds scraped engine load; nil means none.
 	Loads *scoring.LoadBoard
-	// Admission bounds the Score and Route work taken on (see
-	// AdmissionOptions); the zero value is on with defaults.
+	// Admission bounds the work taken on; the zero value is on with defaults.
 	Admission AdmissionOptions
-	// KeepaliveMinTime is the shortest interval between client keepalive
-	// pings the server tolerates (more often and the connection is closed,
-	// as grpc-go's enforcement does); 0 means 10 s.
+	// KeepaliveMinTime is the shortest client keepalive interval tolerated
+	// (more often closes the connection); 0 means 10 s.
 	KeepaliveMinTime time.Duration
-	// MaxConcurrentStreams bounds each connection's concurrent calls
-	// (HTTP/2 SETTINGS); 0 means 256.
+	// MaxConcurrentStreams bounds each connection's calls; 0 means 256.
 	MaxConcurrentStreams uint32
-	// MaxWatches bounds the concurrent Watch streams; 0 means
-	// DefaultMaxWatches. Past it a Watch is refused ResourceExhausted.
+	// MaxWatches bounds concurrent Watch streams (past it ResourceExhausted).
 	MaxWatches int
-	// MaxTenants bounds the distinct tenant labels of the predicted
-	// hit-ratio metrics (ScoreRequest.tenant); later tenants share the
-	// label "_other". 0 means DefaultMaxTenants.
+	// MaxTenants bounds the tenant labels of the hit-ratio metrics; later
+	// tenants share "_other".
 	MaxTenants int
-	// Registerer, when not nil, receives the Score metrics
-	// (kvindex_score_duration_seconds, kvindex_score_requests_total{code}).
+	// Registerer, when not nil, receives the server's metrics.
 	Registerer prometheus.Registerer
 }
 
-// Server implements kvindexv1.IndexServiceServer over an index and, when
-// available, the subscriber's per-worker stream statistics. It validates
-// requests, converts them to scoring.Request, ranks with a scoring.Scorer
-// (the same entry an in-process router calls) and converts the ranking to
-// the response.
-//
-// # Memory
-//
-// A Score allocates only its response (a fixed number of slabs whatever the
-// number of workers); the scorer's working memory is pooled and reused.
+// Server implements kvindexv1.IndexServiceServer over an index and,
+// optionally, the transport's stream statistics: it validates requests,
+// ranks with a scoring.Scorer (the entry an in-process router calls) and
+// converts the ranking. A Score allocates only its response (a fixed number
+// of slabs); working memory is pooled.
 type Server struct {
 	kvindexv1.UnimplementedIndexServiceServer
 
-	ix      *indexer.Index
-	stats   events.StatsSource // may be nil
-	opts    Options
-	metrics *metrics    // nil without Options.Registerer
-	hits    *hitMetrics // nil without Options.Registerer
-	health  *health.Server
-	scorer  *scoring.Scorer
-	scratch sync.Pool // *scoreScratch
-	codec   *Codec
-	// admission is nil when Options.Admission.Off.
-	admission *admission
-	// watches counts the Watch streams open.
-	watches atomic.Int64
+	ix        *indexer.Index
+	stats     events.StatsSource // may be nil
+	opts      Options
+	metrics   *metrics    // nil without Options.Registerer
+	hits      *hitMetrics // nil without Options.Registerer
+	health    *health.Server
+	scorer    *scoring.Scorer
+	scratch   sync.Pool // *scoreScratch
+	codec     *Codec
+	admission *admission   // nil when Options.Admission.Off
+	watches   atomic.Int64 // open Watch streams
 }
 
-// NewServer returns a Server over ix. stats may be nil, in which case
-// ListWorkers reports only the index's counters. It panics if
-// opts.Registerer rejects the metrics for a reason other than their being
-// registered already (as prometheus.MustRegister does); already registered
-// metrics are shared.
+// NewServer returns a Server over ix; with stats nil, ListWorkers reports
+// only the index's counters. Metrics already registered are shared; other
+// registration errors panic.
 func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Server {
 	defaults.Positive(&opts.MaxTokens, DefaultMaxTokens)
 	defaults.Positive(&opts.MaxBlockKeys, DefaultMaxBlockKeys)
 	defaults.Positive(&opts.MaxCandidates, DefaultMaxCandidates)
+	defaults.Positive(&opts.MaxWatches, DefaultMaxWatches)
+	defaults.Positive(&opts.MaxConcurrentStreams, 256)
+	defaults.Positive(&opts.KeepaliveMinTime, 10*time.Second)
 	hs, _ := stats.(events.HealthSource)
 	s := &Server{
 		ix:     ix,
@@ -144,8 +125,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	if opts.Registerer != nil {
 		s.metrics = newMetrics(opts.Registerer)
 		s.hits = newHitMetrics(opts.Registerer, opts.MaxTenants)
-		// Unchecked (it describes nothing), so every server registers its
-		// own: each prunes the series of its own table.
+		// Unchecked, so every server registers its own pruner.
 		opts.Registerer.MustRegister(hitPruner{h: s.hits, ix: ix})
 	}
 	if !opts.Admission.Off {
@@ -156,27 +136,22 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	return s
 }
 
-// Scorer returns the ranking entry the server answers with, for an
-// in-process router that wants the same answers without gRPC.
+// Scorer returns the server's ranking entry, for in-process routers.
 func (s *Server) Scorer() *scoring.Scorer { return s.scorer }
 
-// Register registers the IndexService, the standard health service
-// (SERVING for "" and "kvindex.v1.IndexService") and server reflection on g.
-// Call it before g.Serve.
+// Register registers the IndexService, health (SERVING) and reflection on g
+// before g.Serve.
 func (s *Server) Register(g *grpc.Server) {
 	kvindexv1.RegisterIndexServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
 }
 
-// Health returns the health service Register installs. The daemon calls
-// its Shutdown when it starts to drain, which reports NOT_SERVING for
-// every service (to Check and to Watch streams) before connections close.
+// Health returns the health service Register installs; its Shutdown reports
+// NOT_SERVING while the daemon drains.
 func (s *Server) Health() *health.Server { return s.health }
 
-// scoreScratch is one call's reusable working memory: the scorer's Result
-// and the request converted to scoring's types. It lives in Server.scratch
-// between calls; nothing in it outlives a call.
+// scoreScratch is one call's pooled working memory; nothing outlives a call.
 type scoreScratch struct {
 	res    scoring.Result
 	req    scoring.Request
@@ -194,8 +169,8 @@ func (s *Server) getScratch() *scoreScratch {
 	return &scoreScratch{}
 }
 
-// putScratch returns sc to the pool, dropping references into the request.
-// Scratch grown for a huge prompt is dropped rather than pinned.
+// putScratch pools sc, dropping references into the request and keys grown
+// for a huge prompt.
 func (s *Server) putScratch(sc *scoreScratch) {
 	clear(sc.cands)
 	clear(sc.loads)
@@ -208,12 +183,8 @@ func (s *Server) putScratch(sc *scoreScratch) {
 }
 
 // Score implements kvindexv1.IndexServiceServer: each worker's longest
-// consecutive resident prefix of the prompt, ranked by the policy.
-//
-// Cost: validation and conversion (no allocation but the response), then
-// scoring.Scorer.Score (see its cost), then the response: a fixed number
-// of slabs whatever the number of workers, plus the reasons when explain
-// is set.
+// resident prefix of the prompt, ranked by the policy. Cost: scoring's, plus
+// the response's fixed slabs (and reasons with explain).
 func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
 	start := time.Now()
 	sc, err := s.rank(ctx, req, req.GetPolicy() != nil)
@@ -232,9 +203,8 @@ func (s *Server) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvind
 	return resp, nil
 }
 
-// convert validates req and fills sc.req from it, tokenizing a text
-// prompt (Options.Tokenizer). With all set, every allowed worker of the
-// model is to be ranked, matched or not.
+// convert validates req into sc.req, tokenizing a text prompt; with all,
+// every allowed worker of the model is ranked, matched or not.
 func (s *Server) convert(ctx context.Context, req *kvindexv1.ScoreRequest, all bool, sc *scoreScratch) error {
 	model, err := s.checkScoreRequest(req)
 	if err != nil {
@@ -307,8 +277,7 @@ func (s *Server) convert(ctx context.Context, req *kvindexv1.ScoreRequest, all b
 	return nil
 }
 
-// rank validates and converts req and ranks it into the returned
-// scratch, which the caller must putScratch.
+// rank converts and ranks req into scratch the caller must putScratch.
 func (s *Server) rank(ctx context.Context, req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
 	sc := s.getScratch()
 	if err := s.convert(ctx, req, all, sc); err != nil {
@@ -340,10 +309,9 @@ func scoringStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// Route implements kvindexv1.IndexServiceServer: rank like Score (every
-// worker of the model), choose the best (or the caller's pick), and record
-// the choice so that the request's blocks count as speculatively cached
-// there and its uncached prefill as in-flight load (scoring.Scorer.Route).
+// Route implements kvindexv1.IndexServiceServer: rank every worker, choose
+// the best (or the pick), and record the choice as speculative blocks and
+// in-flight load (scoring.Scorer.Route).
 func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvindexv1.RouteResponse, error) {
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return nil, err
@@ -381,14 +349,12 @@ func (s *Server) Release(ctx context.Context, req *kvindexv1.ReleaseRequest) (*k
 	return &kvindexv1.ReleaseResponse{Released: released}, nil
 }
 
-// MaxTenantBytes bounds ScoreRequest.tenant: tenants are metric labels.
+// MaxTenantBytes bounds ScoreRequest.tenant (a metric label).
 const MaxTenantBytes = 128
 
-// MaxRequestIDBytes bounds Route's and Release's request_id: ids are kept
-// for every request in flight.
+// MaxRequestIDBytes bounds request_id, kept for every request in flight.
 const MaxRequestIDBytes = 256
 
-// checkRequestID validates a request_id.
 func checkRequestID(id string) error {
 	switch {
 	case id == "":
@@ -399,9 +365,7 @@ func checkRequestID(id string) error {
 	return nil
 }
 
-// principal names the client of ctx for request ownership: the
-// authenticated identity when authentication is on, else "" (every
-// client the same).
+// principal names ctx's client for request ownership ("" without auth).
 func principal(ctx context.Context) string {
 	if id, ok := IdentityFrom(ctx); ok {
 		return id
@@ -409,8 +373,7 @@ func principal(ctx context.Context) string {
 	return ""
 }
 
-// checkScoreRequest validates everything that needs no worker table and
-// returns the request's model.
+// checkScoreRequest validates what needs no worker table; it returns the model.
 func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model, error) {
 	name := req.GetModel()
 	if name == "" {
@@ -462,8 +425,7 @@ func (s *Server) checkScoreRequest(req *kvindexv1.ScoreRequest) (*indexer.Model,
 	return model, nil
 }
 
-// checkTokens validates what depends on the prompt's token count: the
-// limit, and block_extra_keys against its full blocks.
+// checkTokens validates the token count and block_extra_keys against it.
 func (s *Server) checkTokens(req *kvindexv1.ScoreRequest, model *indexer.Model, nTok int) error {
 	if nTok > s.opts.MaxTokens {
 		field := "token_ids"
@@ -484,8 +446,8 @@ func (s *Server) checkTokens(req *kvindexv1.ScoreRequest, model *indexer.Model, 
 // maxExtraDepth bounds the nesting of block_extra_keys tuples.
 const maxExtraDepth = 8
 
-// blockExtras converts the request's per-block extra keys to the canonical
-// encoding the index hashes. It allocates; only multimodal requests pay it.
+// blockExtras converts per-block extra keys to the canonical encoding (it
+// allocates; only multimodal requests pay it).
 func blockExtras(in []*kvindexv1.ExtraKeys) ([]events.ExtraKeys, error) {
 	out := make([]events.ExtraKeys, len(in))
 	for i, ek := range in {
@@ -526,7 +488,6 @@ func appendExtraTuple(dst []byte, ek *kvindexv1.ExtraKeys, depth int) ([]byte, e
 	return dst, nil
 }
 
-// unknownModel is the InvalidArgument error for a model the index lacks.
 func (s *Server) unknownModel(name string) error {
 	ms := s.ix.Models()
 	names := make([]string, len(ms))
@@ -539,9 +500,8 @@ func (s *Server) unknownModel(name string) error {
 	return status.Errorf(codes.InvalidArgument, "model: unknown model %s; known: %s", quote.Q(name), quote.S(known))
 }
 
-// buildScoreResponse turns the ranking in sc into the response. All
-// messages of one kind share one slab: eight allocations in all (plus one
-// string per worker with explain).
+// buildScoreResponse turns sc's ranking into the response, one slab per
+// message kind: eight allocations (plus a string per worker with explain).
 func (s *Server) buildScoreResponse(sc *scoreScratch, req *kvindexv1.ScoreRequest) *kvindexv1.ScoreResponse {
 	res := &sc.res
 	pol := &res.Policy
@@ -622,8 +582,7 @@ func clampU32(n int) uint32 {
 	return uint32(n)
 }
 
-// clampU64 converts a counter to uint64; a negative value (never expected)
-// reads as 0.
+// clampU64 converts a counter to uint64, negative as 0.
 func clampU64(n int64) uint64 {
 	if n < 0 {
 		return 0
@@ -631,10 +590,9 @@ func clampU64(n int64) uint64 {
 	return uint64(n)
 }
 
-// ListWorkers implements kvindexv1.IndexServiceServer: every worker known
-// to the index or to the subscriber, with both sides' counters merged by
-// WorkerRef. Cost: O(workers log workers) and allocations per worker; it is
-// an operator's call, not a router's.
+// ListWorkers implements kvindexv1.IndexServiceServer: every worker of the
+// index or the transport, both sides' counters merged. Cost: O(workers log
+// workers), allocating per worker.
 func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequest) (*kvindexv1.ListWorkersResponse, error) {
 	filter := req.GetModel()
 	if filter != "" {
@@ -642,9 +600,8 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 			return nil, s.unknownModel(filter)
 		}
 	}
-	// The streams' stats are read before the index's: a stream counts a
-	// batch (last_seq, batches) once the index has applied it, so every
-	// batch a listing counts is in its block counts.
+	// Streams first: they count a batch once applied, so every batch listed
+	// is in the block counts.
 	var streams []events.WorkerStats
 	if s.stats != nil {
 		streams = s.stats.WorkerStats()
@@ -717,21 +674,19 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 	return resp, nil
 }
 
-// toHealth maps a worker's health to the wire enum.
+// wireHealth maps a worker's health to the wire enum (UNKNOWN: UNSPECIFIED).
+var wireHealth = [events.NumHealth]kvindexv1.WorkerHealth{
+	events.HealthOK:         kvindexv1.WorkerHealth_WORKER_HEALTH_OK,
+	events.HealthRecovering: kvindexv1.WorkerHealth_WORKER_HEALTH_RECOVERING,
+	events.HealthUnsynced:   kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED,
+	events.HealthStale:      kvindexv1.WorkerHealth_WORKER_HEALTH_STALE,
+	events.HealthConflict:   kvindexv1.WorkerHealth_WORKER_HEALTH_CONFLICT,
+	events.HealthDegraded:   kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED,
+}
+
 func toHealth(h events.Health) kvindexv1.WorkerHealth {
-	switch h {
-	case events.HealthOK:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_OK
-	case events.HealthRecovering:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_RECOVERING
-	case events.HealthUnsynced:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSYNCED
-	case events.HealthStale:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_STALE
-	case events.HealthConflict:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_CONFLICT
-	case events.HealthDegraded:
-		return kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED
+	if int(h) < len(wireHealth) {
+		return wireHealth[h]
 	}
 	return kvindexv1.WorkerHealth_WORKER_HEALTH_UNSPECIFIED
 }

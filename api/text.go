@@ -11,19 +11,14 @@ import (
 	"github.com/kvindex/kvindex/tokenize"
 )
 
-// Tokenizer turns a text prompt into the token ids the model's engine
-// sees; the daemon's is a tokenize.Client, which asks the model's vLLM
-// server. The server only reads the ids returned, during the call.
+// Tokenizer turns a text prompt into the engine's token ids (the daemon's is
+// a tokenize.Client); the server reads the ids only during the call.
 type Tokenizer interface {
-	// Tokenize returns req's token ids. Its errors are tokenize's
-	// sentinels (wrapped), which the server maps to gRPC codes.
+	// Tokenize returns req's token ids; errors wrap tokenize's sentinels.
 	Tokenize(ctx context.Context, req tokenize.Request) ([]uint32, error)
 }
 
 // tokenize returns the token ids of req's prompt or messages.
-//
-// Cost: one allocation for the messages, then the Tokenizer's (a cache
-// hit: hashing the request's text; a miss: a round trip).
 func (s *Server) tokenize(ctx context.Context, req *kvindexv1.ScoreRequest) ([]uint32, error) {
 	field := "prompt"
 	treq := tokenize.Request{Model: req.GetModel(), Prompt: req.GetPrompt()}

@@ -5,25 +5,19 @@ import (
 	"math"
 )
 
-// ErrMalformed is wrapped by every error that Decode and Decoder.Decode
-// return: the payload is not a KV event batch in any form vLLM (or SGLang)
-// sends. The wrapping error says what was wrong, in which event and field,
-// at which byte offset, and quotes the bytes around it.
+// ErrMalformed is wrapped by every decode error, which names the event,
+// field and byte offset and quotes the bytes around it.
 var ErrMalformed = errors.New("events: malformed payload")
 
-// minEventLen is the size of the smallest event that can decode: a fixarray
-// header and the shortest tag, fixstr "BlockStored". It bounds how many
-// events a payload can claim.
+// minEventLen is the smallest decodable event (fixarray, fixstr
+// "BlockStored"): it bounds how many events a payload can claim.
 const minEventLen = 1 + 1 + len("BlockStored")
 
-// Decoder decodes vLLM KV event payloads (msgpack) into Batches, keeping
-// scratch state so a stream decoded into one Batch does not allocate. The
-// msgpack reader is hand-written (an index into the payload, every length
-// checked, no io.Reader): token ids and hashes are read by inlined loops,
-// about 10x a general library (docs/benchmarks.md, "Decoding").
-//
-// A Decoder is not safe for concurrent use. The zero value is ready to
-// use; a Decoder must not be copied after first use.
+// Decoder decodes KV event payloads into Batches without allocating once a
+// Batch's slices have grown. The msgpack reader is hand-written (an index
+// into the payload, every length checked): about 10x a general library
+// (docs/benchmarks.md, "Decoding"). Not safe for concurrent use; the zero
+// value is ready; do not copy after first use.
 type Decoder struct {
 	p   []byte // the payload being decoded; nil between calls
 	pos int    // offset in p of the next unread byte
@@ -43,8 +37,7 @@ type Decoder struct {
 // NewDecoder returns a Decoder ready to decode payloads.
 func NewDecoder() *Decoder { return new(Decoder) }
 
-// Decode is a convenience that decodes one payload into a new Batch with a
-// throwaway Decoder. Use a Decoder and Decoder.Decode to reuse memory.
+// Decode decodes one payload into a new Batch; Decoder.Decode reuses memory.
 func Decode(payload []byte) (*Batch, error) {
 	var d Decoder
 	b := new(Batch)
@@ -54,18 +47,12 @@ func Decode(payload []byte) (*Batch, error) {
 	return b, nil
 }
 
-// Decode decodes one payload (the third frame of a vLLM KV event message, or
-// the last frame of a replay reply) into b, replacing b's contents.
+// Decode decodes one payload into b, reusing and overwriting b's slices; b
+// is valid until the next Decode into it, and payload is not retained. On
+// error (always wrapping ErrMalformed) b holds a partial result that must not
+// be used but may be decoded into again.
 //
-// Ownership: Decode reuses b's slices, so what b held before is
-// overwritten; b is valid until the next Decode into it. payload is not
-// retained. Empty slices may be nil; ExtraKeys nil means none was sent.
-//
-// Every error wraps ErrMalformed. On error b holds a partial result that must
-// not be used, but b may be passed to Decode again.
-//
-// Cost: O(len(payload)), about 2 ns per token id and 60 ns per event; no
-// allocation once b's slices have grown to the stream's sizes.
+// Cost: O(len(payload)), ~2 ns per token id and 60 ns per event.
 func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	d.p, d.pos = payload, 0
 	d.event, d.kind, d.field, d.key, d.index, d.path = -1, 0, "", nil, -1, d.path[:0]

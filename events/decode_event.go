@@ -31,8 +31,7 @@ var fieldNames = [numFields]string{
 	"kv_cache_spec_sliding_window", "cache_salt", "metadata",
 }
 
-// storedOrder and removedOrder are the positional fields after the tag in the
-// array era; older vLLM releases send a prefix of them.
+// The array era's positional fields after the tag; older vLLMs send a prefix.
 var (
 	storedOrder = [...]field{
 		fBlockHashes, fParent, fTokenIDs, fBlockSize, fLoRAID, fMedium,
@@ -127,8 +126,8 @@ func (d *Decoder) decodeArrayEvent(e *Event, off int, c byte) error {
 	return nil
 }
 
-// decodeMapEvent decodes the map era's {"type": tag, name: value...} in any
-// key order, skipping keys it does not know.
+// decodeMapEvent decodes {"type": tag, name: value...} in any key order,
+// skipping unknown keys.
 func (d *Decoder) decodeMapEvent(e *Event, off int, c byte) error {
 	n, err := d.mapLen(off, c)
 	if err != nil {
@@ -194,8 +193,8 @@ func (d *Decoder) decodeMapEvent(e *Event, off int, c byte) error {
 	return nil
 }
 
-// findTag scans the n pairs of an event map for the "type" key and returns
-// the kind it names, or 0 if there is none. It leaves d.pos anywhere.
+// findTag returns the kind the "type" key of an n-pair map names, or 0; it
+// leaves d.pos anywhere.
 func (d *Decoder) findTag(n int) (Kind, error) {
 	for i := 0; i < n; i++ {
 		d.field, d.key = "(key)", nil
@@ -240,8 +239,7 @@ func (d *Decoder) readTag() (Kind, error) {
 	return k, nil
 }
 
-// decodeField decodes the value of field f into e. nil leaves the field at
-// its zero value (or its Has flag false).
+// decodeField decodes field f into e; nil leaves it zero (Has flag false).
 func (d *Decoder) decodeField(e *Event, f field) error {
 	isNil, err := d.takeNil()
 	if err != nil {
@@ -295,8 +293,7 @@ func (d *Decoder) decodeField(e *Event, f field) error {
 	case fLoRAName:
 		e.LoRAName = ""
 		if !isNil && d.pos < len(d.p) && isMap(d.p[d.pos]) {
-			// SGLang's array-form BlockStoredWithMetadata puts its
-			// metadata map where vLLM puts lora_name.
+			// SGLang's array-form BlockStoredWithMetadata: metadata here.
 			return d.decodeMetadata(e)
 		}
 		var s []byte
@@ -328,8 +325,7 @@ func (d *Decoder) decodeField(e *Event, f field) error {
 	return err
 }
 
-// readOptInt reads an int field whose nil has been taken (isNil): nil is 0
-// and false, an integer is itself and true.
+// readOptInt reads an int field whose nil was taken: nil is (0, false).
 func (d *Decoder) readOptInt(isNil bool) (int, bool, error) {
 	if isNil {
 		return 0, false, nil
@@ -338,8 +334,7 @@ func (d *Decoder) readOptInt(isNil bool) (int, bool, error) {
 	return int(v), err == nil, err
 }
 
-// readOptStr reads a str field whose nil has been taken (isNil): nil is a
-// nil slice. The bytes alias the payload.
+// readOptStr reads a str field whose nil was taken; it aliases the payload.
 func (d *Decoder) readOptStr(isNil bool) ([]byte, error) {
 	if isNil {
 		return nil, nil
@@ -347,8 +342,7 @@ func (d *Decoder) readOptStr(isNil bool) ([]byte, error) {
 	return d.readStr()
 }
 
-// decodeMetadata reads SGLang's BlockStoredMetadata map, {"cache_salt":
-// str} (keys it does not know are skipped), into e.CacheSalt.
+// decodeMetadata reads SGLang's {"cache_salt": str} metadata into e.CacheSalt.
 func (d *Decoder) decodeMetadata(e *Event) error {
 	off := d.pos
 	c, err := d.peek(off)
@@ -394,6 +388,7 @@ func (d *Decoder) decodeMetadata(e *Event) error {
 	return nil
 }
 
+// internMedium returns the medium names engines send, and their Medium,
 // without allocating or folding case; other names are copied and parsed.
 func internMedium(s []byte) (string, Medium) {
 	switch string(s) {
@@ -417,8 +412,7 @@ func internMedium(s []byte) (string, Medium) {
 	return name, m
 }
 
-// internSpecKind returns the common kv_cache_spec_kind values without
-// allocating.
+// internSpecKind returns the common kv_cache_spec_kind values without allocating.
 func internSpecKind(s []byte) string {
 	switch string(s) {
 	case "full_attention":

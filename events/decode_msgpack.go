@@ -5,21 +5,15 @@ import (
 	"math"
 )
 
-// The msgpack reader. Each read* method reads one value at d.pos and
-// advances d.pos past it; on error d.pos is left anywhere. A method that
-// takes off and c expects d.pos == off and c == d.p[off], already peeked.
+// Each read* method reads the value at d.pos and advances past it (on error
+// d.pos is anywhere). Methods taking off and c expect d.pos == off and
+// c == d.p[off].
 
-// readTokens reads len(t) token ids, the elements of an array whose header
-// was read. Positive fixints and uint8/16/32, the forms msgspec writes for
-// token ids, are read inline; any other byte (a signed form, uint64, a
-// truncated value, a wrong type) falls back to readInt, which either reads
-// it or says what is wrong with it.
-//
-// The unsigned forms are read without a branch on which one it is (ids
-// of a large vocabulary mix uint16 and uint32, which a switch mispredicts):
-// while 5 bytes are left, load the 4 after the code and shift off what the
-// form does not use (docs/benchmarks.md, "Design measurements").
-// Cost: about 2 ns per token, no allocation.
+// readTokens reads len(t) token ids. Fixints and uint8/16/32 (msgspec's
+// forms) are read inline, the unsigned ones without a branch on the width
+// (a switch mispredicts mixed uint16/uint32 ids): load 4 bytes after the code
+// and shift off the unused ones. Anything else goes through readInt.
+// Cost: ~2 ns per token, no allocation.
 func (d *Decoder) readTokens(t []uint32) error {
 	p, pos := d.p, d.pos
 	for i := range t {
@@ -53,9 +47,7 @@ func (d *Decoder) readTokens(t []uint32) error {
 	return nil
 }
 
-// readHashes reads len(h) block hashes, the elements of an array whose
-// header was read. uint64, the form vLLM's hashes nearly always take, is
-// read inline; anything else goes through readHash.
+// readHashes reads len(h) block hashes; uint64 (vLLM's usual form) inline.
 func (d *Decoder) readHashes(h []uint64) error {
 	p, pos := d.p, d.pos
 	for i := range h {
@@ -84,8 +76,7 @@ func (d *Decoder) peek(off int) (byte, error) {
 	return d.p[off], nil
 }
 
-// takeNil consumes a nil if one is next. Small enough to inline: it runs
-// once per field.
+// takeNil consumes a nil if one is next (small enough to inline).
 func (d *Decoder) takeNil() (bool, error) {
 	if d.pos >= len(d.p) {
 		return false, d.errorf(d.pos, "unexpected end of payload")
@@ -97,9 +88,8 @@ func (d *Decoder) takeNil() (bool, error) {
 	return true, nil
 }
 
-// readHash reads a block hash: an unsigned or signed integer (kept as its
-// 64-bit two's complement), or a bin of at least 8 bytes folded to its last
-// 8 bytes read big-endian, as vLLM folds its digests.
+// readHash reads an integer block hash (as 64-bit two's complement), or a
+// bin of at least 8 bytes folded to its last 8 big-endian, as vLLM folds.
 func (d *Decoder) readHash() (uint64, error) {
 	off := d.pos
 	c, err := d.peek(off)
@@ -145,10 +135,8 @@ func (d *Decoder) readInt(lo, hi int64) (int64, error) {
 	return int64(v), nil
 }
 
-// readRawInt reads the integer whose code c (isInt) is at off, returning
-// its 64-bit two's complement and whether it is negative. Unsigned forms
-// keep values >= 2^63; signed forms holding a non-negative value are not
-// negative.
+// readRawInt reads the integer at off as 64-bit two's complement and
+// whether it is negative (unsigned forms keep values >= 2^63).
 func (d *Decoder) readRawInt(off int, c byte) (uint64, bool, error) {
 	switch {
 	case c <= 0x7f: // positive fixint
@@ -158,8 +146,7 @@ func (d *Decoder) readRawInt(off int, c byte) (uint64, bool, error) {
 		d.pos = off + 1
 		return uint64(int64(int8(c))), true, nil
 	}
-	// 0xcc..0xcf are uint8..uint64, 0xd0..0xd3 int8..int64: the low two
-	// bits give the width.
+	// 0xcc..0xcf uint8..64, 0xd0..0xd3 int8..64: low two bits give the width.
 	size := 1 << (c & 3)
 	end := off + 1 + size
 	if end > len(d.p) {
@@ -223,8 +210,8 @@ func (d *Decoder) readRawFloat(off int, c byte) (float64, error) {
 	return math.Float64frombits(binary.BigEndian.Uint64(d.p[off+1 : end])), nil
 }
 
-// readStr reads a str and returns its bytes, which alias the payload.
-// Map keys, tags and media are fixstrs, read here without further calls.
+// readStr reads a str aliasing the payload; fixstrs (keys, tags, media)
+// without further calls.
 func (d *Decoder) readStr() ([]byte, error) {
 	off, p := d.pos, d.p
 	if off < len(p) && p[off]&0xe0 == 0xa0 { // fixstr
@@ -244,9 +231,8 @@ func (d *Decoder) readStr() ([]byte, error) {
 	return d.readBody(off, c)
 }
 
-// readBody reads the str or bin (isStr or isBin) at off and returns its
-// body as a slice of the payload, capacity clipped so that an append cannot
-// write into the payload.
+// readBody returns the body of the str or bin at off as a slice of the
+// payload, capacity clipped so that an append cannot write into it.
 func (d *Decoder) readBody(off int, c byte) ([]byte, error) {
 	var n, hdr int
 	p := d.p
@@ -280,8 +266,7 @@ func (d *Decoder) readBody(off int, c byte) ([]byte, error) {
 	return p[pos : pos+n : pos+n], nil
 }
 
-// readArrayLen reads an array header whose elements take at least minElem
-// bytes each.
+// readArrayLen reads an array header of elements of at least minElem bytes.
 func (d *Decoder) readArrayLen(minElem int) (int, error) {
 	off, p := d.pos, d.p
 	if off < len(p) && p[off]&0xf0 == 0x90 { // fixarray
@@ -300,10 +285,9 @@ func (d *Decoder) readArrayLen(minElem int) (int, error) {
 	return d.arrayLen(off, c, minElem)
 }
 
-// arrayLen reads the header of the array (isArray) at off and checks that
-// its n elements of at least minElem bytes each fit in what is left, so that
-// no length prefix can make the decoder allocate more than the payload can
-// hold.
+// arrayLen reads the array header at off and checks that its elements of at
+// least minElem bytes fit in what is left: no length prefix can make the
+// decoder allocate more than the payload holds.
 func (d *Decoder) arrayLen(off int, c byte, minElem int) (int, error) {
 	n, err := d.containerLen(off, c, 0xdc)
 	if err != nil {
@@ -319,8 +303,7 @@ func (d *Decoder) arrayLen(off int, c byte, minElem int) (int, error) {
 	return n, nil
 }
 
-// mapLen reads the header of the map (isMap) at off, checking that its
-// pairs fit.
+// mapLen reads the map header at off, checking that its pairs fit.
 func (d *Decoder) mapLen(off int, c byte) (int, error) {
 	n, err := d.containerLen(off, c, 0xde)
 	if err != nil {
@@ -332,9 +315,8 @@ func (d *Decoder) mapLen(off int, c byte) (int, error) {
 	return n, nil
 }
 
-// containerLen reads the element count of the array or map header at off:
-// a fix form keeps it in the low 4 bits; code16 (0xdc array16, 0xde map16)
-// and code16+1 (32-bit count) carry it big-endian.
+// containerLen reads the count of the array or map header at off: fix forms
+// in the low 4 bits, code16 (0xdc, 0xde) and code16+1 big-endian.
 func (d *Decoder) containerLen(off int, c, code16 byte) (int, error) {
 	p := d.p
 	switch c {
@@ -355,8 +337,7 @@ func (d *Decoder) containerLen(off int, c, code16 byte) (int, error) {
 	return int(c & 0x0f), nil
 }
 
-// skip skips one value of any type, iteratively, so that nesting cannot
-// exhaust the stack.
+// skip skips one value, iteratively, so that nesting cannot exhaust the stack.
 func (d *Decoder) skip() error {
 	for pending := 1; pending > 0; {
 		pending--
@@ -448,8 +429,6 @@ func (d *Decoder) skipExt(off int, c byte) error {
 	return nil
 }
 
-// internMedium returns the medium names engines send, and their Medium,
-
 func isInt(c byte) bool   { return c <= 0x7f || c >= 0xe0 || c >= 0xcc && c <= 0xd3 }
 func isStr(c byte) bool   { return c >= 0xa0 && c <= 0xbf || c >= 0xd9 && c <= 0xdb }
 func isBin(c byte) bool   { return c >= 0xc4 && c <= 0xc6 }
@@ -485,7 +464,7 @@ func codeName(c byte) string {
 	return "ext"
 }
 
-// resize returns s with length n, reusing its capacity when it can.
+// resize returns s with length n, reusing its capacity.
 func resize[T any](s []T, n int) []T {
 	if cap(s) < n {
 		return make([]T, n)

@@ -7,22 +7,19 @@ import (
 	"math"
 )
 
-// Encoding selects how AppendPayload writes events, as vLLM did in its two
-// eras.
+// Encoding selects how AppendPayload writes events (vLLM's two eras).
 type Encoding uint8
 
 const (
-	// EncodingArray writes each event as a tagged positional array with
-	// every field present (trailing nils included), as vLLM did before
-	// PR #42892. EncodeOptions.ArrayFields picks the release.
+	// EncodingArray writes tagged positional arrays, trailing nils included
+	// (vLLM before PR #42892); EncodeOptions.ArrayFields picks the release.
 	EncodingArray Encoding = iota
-	// EncodingMap writes each event as a map whose "type" key holds the
-	// tag, as vLLM does since PR #42892; keys that have a default are left
-	// out when nil.
+	// EncodingMap writes maps with a "type" tag (since PR #42892), leaving
+	// out nil keys that have a default.
 	EncodingMap
 )
 
-// String returns the encoding's name for test and log output.
+// String returns the encoding's name.
 func (e Encoding) String() string { return enumName("Encoding", e, "array", "map") }
 
 // HashForm selects how AppendPayload writes block hashes.
@@ -31,62 +28,51 @@ type HashForm uint8
 const (
 	// HashUint64 writes hashes as unsigned integers (vLLM >= 0.10.2).
 	HashUint64 HashForm = iota
-	// HashInt64 writes int64(hash) as a signed integer (vLLM < 0.10.2,
-	// SGLang).
+	// HashInt64 writes int64(hash) (vLLM < 0.10.2, SGLang).
 	HashInt64
-	// HashBin32 writes a 32-byte bin whose last 8 bytes are the hash
-	// big-endian (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0); the first 24 bytes
-	// are a deterministic filler derived from the hash.
+	// HashBin32 writes a 32-byte bin ending in the hash big-endian after a
+	// filler derived from it (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
 	HashBin32
 )
 
-// String returns the hash form's name for test and log output.
+// String returns the hash form's name.
 func (h HashForm) String() string { return enumName("HashForm", h, "uint64", "int64", "bin32") }
 
 // Envelope selects the shape of the batch around the events.
 type Envelope uint8
 
 const (
-	// EnvelopeArray3 writes [ts, events, data_parallel_rank] (rank nil when
-	// the batch has none), as every vLLM release since 0.9.1 does.
+	// EnvelopeArray3 writes [ts, events, data_parallel_rank] (vLLM >= 0.9.1).
 	EnvelopeArray3 Envelope = iota
-	// EnvelopeArray2 writes [ts, events] without a rank, as vLLM 0.9.0 did.
+	// EnvelopeArray2 writes [ts, events] (vLLM 0.9.0).
 	EnvelopeArray2
-	// EnvelopeMap writes {"ts", "events", "data_parallel_rank"}, as a vLLM
-	// development branch did.
+	// EnvelopeMap writes {"ts", "events", "data_parallel_rank"} (a vLLM branch).
 	EnvelopeMap
 )
 
-// String returns the envelope's name for test and log output.
+// String returns the envelope's name.
 func (e Envelope) String() string { return enumName("Envelope", e, "array3", "array2", "map") }
 
-// EncodeOptions says which vLLM release AppendPayload imitates. The zero
-// value is the last array-era release: positional arrays of 11 fields,
-// uint64 hashes, a 3-element envelope.
+// EncodeOptions says which vLLM release AppendPayload imitates; the zero
+// value is the last array-era one (11 fields, uint64 hashes, 3 elements).
 type EncodeOptions struct {
-	// Encoding is positional arrays or tagged maps.
 	Encoding Encoding
-	// ArrayFields is, for EncodingArray, how many fields follow
-	// BlockStored's tag: 5 (v0.9), 6 (+medium), 7 (+lora_name),
-	// 8 (+extra_keys), 9 (+group_idx) or 11 (+kv_cache_spec_kind,
-	// kv_cache_spec_sliding_window); 0 means 11. BlockRemoved follows the
-	// same release: 1 field for 5, 2 for 6 to 8, 3 from 9. Fields the
-	// release has no slot for are not written.
+	// ArrayFields is how many fields follow BlockStored's tag: 5 (v0.9),
+	// 6 (+medium), 7 (+lora_name), 8 (+extra_keys), 9 (+group_idx) or 11
+	// (+kv_cache_spec_kind, _sliding_window); 0 means 11. BlockRemoved
+	// follows: 1 field for 5, 2 for 6 to 8, 3 from 9.
 	ArrayFields int
-	// HashForm is how block hashes and parent hashes are written.
-	HashForm HashForm
-	// Envelope is the shape around the events.
-	Envelope Envelope
+	HashForm    HashForm
+	Envelope    Envelope
 }
 
 // errEncode is wrapped by every AppendPayload error.
 var errEncode = errors.New("events: cannot encode")
 
-// AppendPayload appends b encoded byte for byte as vLLM's msgspec
-// publisher sends it, for test publishers and simulators. "" strings are
-// written as nil (a non-GPU Medium's empty MediumName as Medium.String()).
-// It does not validate what the decoder does, so tests can build bad
-// payloads. On error it returns dst unchanged.
+// AppendPayload appends b byte for byte as vLLM's msgspec publisher sends
+// it. "" strings are written as nil (a non-GPU Medium's empty MediumName as
+// Medium.String()). It does not validate what the decoder does, so tests can
+// build bad payloads. On error it returns dst unchanged.
 func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
 	orig := dst
 	fail := func(format string, args ...any) ([]byte, error) {
@@ -181,8 +167,8 @@ func (e *encoder) appendEvent(dst []byte, ev *Event) ([]byte, error) {
 	return dst, nil
 }
 
-// appendMapEvent writes the map era's event: the tag, then the fields in
-// declaration order, leaving out nil fields that have a default.
+// appendMapEvent writes the tag, then the fields in declaration order,
+// leaving out nil fields that have a default.
 func (e *encoder) appendMapEvent(dst []byte, ev *Event) ([]byte, error) {
 	var fields [numFields]field
 	n := 0
@@ -194,13 +180,9 @@ func (e *encoder) appendMapEvent(dst []byte, ev *Event) ([]byte, error) {
 	}
 	switch ev.Kind {
 	case KindBlockStored:
-		add(fBlockHashes, true)
-		add(fParent, true)
-		add(fTokenIDs, true)
-		add(fBlockSize, true)
-		add(fLoRAID, true)
-		add(fMedium, true)
-		add(fLoRAName, true)
+		for f := fBlockHashes; f <= fLoRAName; f++ { // always present
+			add(f, true)
+		}
 		add(fExtraKeys, ev.ExtraKeys != nil)
 		add(fGroupIdx, ev.HasGroupIdx)
 		add(fSpecKind, ev.SpecKind != "")
@@ -301,8 +283,7 @@ func (e *encoder) appendHash(dst []byte, h uint64) []byte {
 	return appendUint(dst, h)
 }
 
-// splitmix64 is one step of the SplitMix64 generator: a cheap, fixed filler
-// for the digest bytes a folded hash no longer has.
+// splitmix64 is one SplitMix64 step: a fixed filler for a folded digest.
 func splitmix64(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
 	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
@@ -310,8 +291,7 @@ func splitmix64(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// appendExtraKeys writes one block's canonical extra keys back as the
-// msgpack msgspec makes of the Python value: nil, or an array (tuple).
+// appendExtraKeys writes one block's extra keys as msgspec would: nil or a tuple.
 func appendExtraKeys(dst []byte, k ExtraKeys) ([]byte, error) {
 	if k == nil {
 		return appendNil(dst), nil
@@ -319,73 +299,43 @@ func appendExtraKeys(dst []byte, k ExtraKeys) ([]byte, error) {
 	if len(k) == 0 || k[0] != 't' {
 		return dst, fmt.Errorf("%w: top level is not a tuple", ErrExtraKeys)
 	}
-	dst, rest, err := appendExtraMsgpack(dst, k, 0)
+	v, err := k.Values()
 	if err != nil {
 		return dst, err
 	}
-	if len(rest) != 0 {
-		return dst, fmt.Errorf("%w: %d trailing bytes", ErrExtraKeys, len(rest))
-	}
-	return dst, nil
+	return appendValue(dst, v), nil
 }
 
-// appendExtraMsgpack converts the canonical value at the start of b to
-// msgpack and returns the rest of b.
-func appendExtraMsgpack(dst, b []byte, depth int) ([]byte, []byte, error) {
-	if depth > maxExtraDepth {
-		return dst, nil, fmt.Errorf("%w: nested deeper than %d", ErrExtraKeys, maxExtraDepth)
+// appendValue writes a value of ExtraKeys.Values as msgpack.
+func appendValue(dst []byte, v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return appendNil(dst)
+	case bool:
+		if x {
+			return append(dst, 0xc3)
+		}
+		return append(dst, 0xc2)
+	case int64:
+		return appendInt(dst, x)
+	case uint64:
+		return appendUint(dst, x)
+	case float64:
+		return appendFloat64(dst, x)
+	case string:
+		return appendStr(dst, x)
+	case []byte:
+		return appendBin(dst, x)
 	}
-	if len(b) == 0 {
-		return dst, nil, fmt.Errorf("%w: truncated", ErrExtraKeys)
+	t := v.([]any)
+	dst = appendArrayLen(dst, len(t))
+	for _, e := range t {
+		dst = appendValue(dst, e)
 	}
-	tag, b := b[0], b[1:]
-	switch tag {
-	case 'n':
-		return appendNil(dst), b, nil
-	case 'T':
-		return append(dst, 0xc3), b, nil
-	case 'F':
-		return append(dst, 0xc2), b, nil
-	case 'i', 'u', 'f':
-		if len(b) < 8 {
-			return dst, nil, fmt.Errorf("%w: truncated number", ErrExtraKeys)
-		}
-		v := binary.BigEndian.Uint64(b)
-		switch tag {
-		case 'i':
-			dst = appendInt(dst, int64(v))
-		case 'u':
-			dst = appendUint(dst, v)
-		default:
-			dst = appendFloat64(dst, math.Float64frombits(v))
-		}
-		return dst, b[8:], nil
-	case 's', 'b', 't':
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			return dst, nil, fmt.Errorf("%w: bad length", ErrExtraKeys)
-		}
-		b = b[k:]
-		switch tag {
-		case 's':
-			return appendStrBytes(dst, b[:n]), b[n:], nil
-		case 'b':
-			return appendBin(dst, b[:n]), b[n:], nil
-		}
-		dst = appendArrayLen(dst, int(n))
-		for range n {
-			var err error
-			if dst, b, err = appendExtraMsgpack(dst, b, depth+1); err != nil {
-				return dst, nil, err
-			}
-		}
-		return dst, b, nil
-	}
-	return dst, nil, fmt.Errorf("%w: unknown tag 0x%02x", ErrExtraKeys, tag)
+	return dst
 }
 
-// The append* helpers write msgpack in msgspec's forms (the smallest that
-// holds the value), appending without an io.Writer; tests check them
+// The append* helpers write msgspec's (smallest) forms; tests check them
 // against vmihailenco's Encoder.
 
 func appendNil(dst []byte) []byte { return append(dst, 0xc0) }
@@ -438,8 +388,6 @@ func appendStrLen(dst []byte, n int) []byte {
 
 func appendStr(dst []byte, s string) []byte { return append(appendStrLen(dst, len(s)), s...) }
 
-func appendStrBytes(dst, s []byte) []byte { return append(appendStrLen(dst, len(s)), s...) }
-
 func appendStrOrNil(dst []byte, s string) []byte {
 	if s == "" {
 		return appendNil(dst)
@@ -463,8 +411,7 @@ func appendArrayLen(dst []byte, n int) []byte { return appendLen(dst, n, 0x90, 0
 
 func appendMapLen(dst []byte, n int) []byte { return appendLen(dst, n, 0x80, 0xde) }
 
-// appendLen writes an array or map header: fix|n, or code16 or code16+1
-// (32 bits) and the length.
+// appendLen writes an array or map header: fix|n, code16 or code16+1.
 func appendLen(dst []byte, n int, fix, code16 byte) []byte {
 	switch {
 	case n < 16:

@@ -30,8 +30,8 @@ func enumName[T ~uint8](typ string, v T, names ...string) string {
 	return typ + "(" + strconv.Itoa(int(v)) + ")"
 }
 
-// Medium is the storage tier a block is resident in. The zero value is GPU,
-// which is what vLLM means when it sends nil.
+// Medium is the storage tier a block is resident in; the zero value is GPU
+// (vLLM's nil).
 type Medium uint8
 
 const (
@@ -45,8 +45,7 @@ const (
 	MediumDisk
 	// MediumExternal is a remote store ("EXTERNAL").
 	MediumExternal
-	// MediumOther is any medium name kvindex does not know; it is kept
-	// apart from the known tiers rather than dropped.
+	// MediumOther is any medium name kvindex does not know (kept, not dropped).
 	MediumOther
 	// NumMedia is the number of Medium values; arrays indexed by Medium use it.
 	NumMedia = int(MediumOther) + 1
@@ -57,9 +56,8 @@ func (m Medium) String() string {
 	return enumName("Medium", m, "GPU", "CPU", "STORAGE", "DISK", "EXTERNAL", "OTHER")
 }
 
-// ParseMedium normalises a medium name as engines send it: case is ignored,
-// "" means GPU, CPU_PINNED is host memory, and unknown names map to
-// MediumOther (ok=false) so that the caller can count them.
+// ParseMedium normalises a medium name, ignoring case: "" is GPU, CPU_PINNED
+// is host memory, and unknown names are MediumOther with ok=false.
 func ParseMedium(s string) (m Medium, ok bool) {
 	switch {
 	case s == "" || strings.EqualFold(s, "GPU"):
@@ -76,24 +74,20 @@ func ParseMedium(s string) (m Medium, ok bool) {
 	return MediumOther, false
 }
 
-// Event is one decoded KV event in kvindex's own model, independent of the
-// wire encoding (positional array or tagged map) it arrived in.
-//
-// Fields that the wire may leave out carry a Has* flag; a field that does
-// not apply to the event's Kind is left zero.
+// Event is one decoded KV event, whichever wire encoding it arrived in.
+// Fields the wire may leave out carry a Has* flag; fields that do not apply
+// to the Kind are zero.
 type Event struct {
-	// Kind is the event type.
 	Kind Kind
-	// BlockHashes are the engine's own hashes of the blocks, in chain order,
-	// folded to 64 bits (see the package doc). They are opaque ids that are
-	// only meaningful within one engine.
+	// BlockHashes are the engine's block hashes in chain order, folded to 64
+	// bits: opaque ids meaningful only within one engine.
 	BlockHashes []uint64
-	// ParentHash is the engine hash of the block before the first one;
-	// valid only when HasParent (nil on the wire means block 0 of a sequence).
+	// ParentHash is the hash of the block before the first; valid when
+	// HasParent (nil on the wire: block 0 of a sequence).
 	ParentHash uint64
 	HasParent  bool
-	// TokenIDs are the tokens of all blocks in the event, concatenated. Empty
-	// for CPU-offload events that only add a medium to known blocks.
+	// TokenIDs are all blocks' tokens, concatenated; empty for offload
+	// events that only add a medium to known blocks.
 	TokenIDs []uint32
 	// BlockSize is tokens per block (0 in offload events).
 	BlockSize int
@@ -111,26 +105,24 @@ type Event struct {
 	// GroupIdx is the KV-cache group of hybrid models; valid when HasGroupIdx.
 	GroupIdx    int
 	HasGroupIdx bool
-	// SpecKind is the group's kv_cache_spec_kind ("full_attention",
-	// "sliding_window", ...), "" when absent.
+	// SpecKind is kv_cache_spec_kind ("full_attention", ...), "" when absent.
 	SpecKind string
 	// SlidingWindow is kv_cache_spec_sliding_window; valid when HasSlidingWindow.
 	SlidingWindow    int
 	HasSlidingWindow bool
-	// CacheSalt is the event-level cache_salt SGLang's map events carry ("" when
-	// absent); vLLM puts its salt in ExtraKeys instead. The array era has no
-	// slot for it.
+	// CacheSalt is SGLang's event-level cache_salt (map events only); vLLM
+	// puts its salt in ExtraKeys.
 	CacheSalt string
 }
 
 // Batch is one ZMQ message's payload: the events of one engine step.
 type Batch struct {
-	// Timestamp is the engine's wall-clock time in seconds since the epoch.
+	// Timestamp is the engine's wall-clock time, seconds since the epoch.
 	Timestamp float64
 	// Events are in the order they must be applied.
 	Events []Event
-	// DPRank is the data-parallel rank that published the batch; valid when
-	// HasDPRank (vLLM 0.9 sent no rank).
+	// DPRank is the publishing data-parallel rank; valid when HasDPRank
+	// (vLLM 0.9 sent none).
 	DPRank    int
 	HasDPRank bool
 }

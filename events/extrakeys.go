@@ -9,12 +9,10 @@ import (
 	"strings"
 )
 
-// ExtraKeys is one block's extra hash inputs (vLLM's per-block extra_keys
-// tuple: LoRA name, multimodal identifiers, cache_salt, ...) in a canonical
-// byte encoding, so that equal Python values give equal bytes whichever
-// msgpack types carried them. nil means None (no extra keys).
-//
-// The encoding is a tag byte per value:
+// ExtraKeys is one block's extra hash inputs (vLLM's extra_keys tuple: LoRA
+// name, multimodal ids, cache_salt, ...) canonically encoded, so that equal
+// Python values give equal bytes whatever msgpack types carried them; nil is
+// None. A tag byte per value:
 //
 //	't' uvarint(n) value*n   tuple / list
 //	's' uvarint(len) bytes   string
@@ -25,8 +23,8 @@ import (
 //	'T' | 'F'                bool
 //	'n'                      None
 //
-// A block's ExtraKeys is always one encoded tuple. Build one with
-// AppendTuple and the Append* helpers; read it back with Values or String.
+// A block's ExtraKeys is one tuple: build it with AppendTuple and Append*,
+// read it with Values or String.
 type ExtraKeys []byte
 
 // ErrExtraKeys reports a malformed canonical extra-keys encoding.
@@ -54,8 +52,7 @@ func AppendInt(dst []byte, v int64) []byte {
 	return binary.BigEndian.AppendUint64(append(dst, 'i'), uint64(v))
 }
 
-// AppendUint appends a non-negative integer value; values that fit int64
-// encode exactly as AppendInt does.
+// AppendUint appends an integer value; values that fit int64 as AppendInt.
 func AppendUint(dst []byte, v uint64) []byte {
 	if v <= math.MaxInt64 {
 		return AppendInt(dst, int64(v))
@@ -79,9 +76,8 @@ func AppendBool(dst []byte, v bool) []byte {
 // AppendNone appends Python's None.
 func AppendNone(dst []byte) []byte { return append(dst, 'n') }
 
-// Values decodes the extra keys into Go values: string, []byte, int64,
-// uint64, float64, bool, nil and []any for tuples. It is meant for tests and
-// debugging output, not the hot path.
+// Values decodes the extra keys into string, []byte, int64, uint64, float64,
+// bool, nil and []any (tuples), for tests and debugging output.
 func (e ExtraKeys) Values() ([]any, error) {
 	if e == nil {
 		return nil, nil
@@ -100,8 +96,7 @@ func (e ExtraKeys) Values() ([]any, error) {
 	return t, nil
 }
 
-// String renders the extra keys as a Python tuple literal, e.g.
-// ('my-lora', ('mm-uuid-A', 0)), or "None".
+// String renders the keys as a Python literal, ('my-lora', ('mm-A', 0)), or None.
 func (e ExtraKeys) String() string {
 	if e == nil {
 		return "None"
@@ -210,8 +205,8 @@ func writePy(sb *strings.Builder, v any) {
 	}
 }
 
-// decodeExtraKeys decodes extra_keys: nil, or one entry per block, each nil
-// or a tuple, into canonical ExtraKeys, reusing the event's old buffers.
+// decodeExtraKeys decodes extra_keys (nil, or per block nil or a tuple),
+// reusing the event's old buffers.
 func (d *Decoder) decodeExtraKeys(e *Event, isNil bool) error {
 	ek := e.ExtraKeys
 	if ek == nil {
@@ -261,8 +256,8 @@ func (d *Decoder) decodeExtraKeys(e *Event, isNil bool) error {
 	return nil
 }
 
-// appendExtraValue appends the canonical encoding (see ExtraKeys) of the next
-// msgpack value, which sits at nesting depth depth (a block's tuple is 0).
+// appendExtraValue appends the canonical encoding of the next value, at
+// nesting depth depth (a block's tuple is 0).
 func (d *Decoder) appendExtraValue(dst []byte, depth int) ([]byte, error) {
 	off := d.pos
 	if depth > maxExtraDepth {

@@ -2,20 +2,17 @@ package events
 
 import "fmt"
 
-// GapPolicy says what happens to a worker's blocks when events were lost
-// and replay could not fill the gap. Lost BlockRemoved events leave blocks
-// in the index that the engine no longer holds, and lost BlockStored events
-// hide blocks it does hold; neither can be told apart afterwards.
+// GapPolicy says what happens to a worker's blocks when lost events could
+// not be replayed: lost removals leave blocks the engine no longer holds,
+// lost stores hide blocks it holds, and neither can be told apart after.
 type GapPolicy uint8
 
 const (
-	// GapReset (the default) forgets everything the worker was known to
-	// hold and relearns from the next events: answers can only under-state
-	// its cache, never route to blocks it evicted. Counted as a reset.
+	// GapReset (the default) forgets the worker's blocks and relearns: answers
+	// can only under-state its cache. Counted as a reset.
 	GapReset GapPolicy = iota
-	// GapKeep keeps the worker's blocks but marks it HealthUnsynced until
-	// its next clear or restart, so every answer naming it says it may be
-	// wrong.
+	// GapKeep keeps the blocks but marks the worker HealthUnsynced until its
+	// next clear or restart.
 	GapKeep
 )
 

@@ -2,8 +2,7 @@ package events
 
 import "sync/atomic"
 
-// Health is what kvindex currently knows about whether a worker's index
-// entry can be trusted.
+// Health says whether a worker's index entry can be trusted.
 type Health uint32
 
 const (
@@ -11,23 +10,19 @@ const (
 	HealthUnknown Health = iota
 	// HealthOK: the stream is connected and in sequence.
 	HealthOK
-	// HealthRecovering: a replay is filling a seq gap; the index may lack
-	// the gap's events for up to the replay timeout.
+	// HealthRecovering: a replay is filling a seq gap (up to its timeout).
 	HealthRecovering
-	// HealthUnsynced: events were lost and could not be replayed, and the
-	// gap policy kept the worker's blocks; answers may name blocks it no
-	// longer holds (or miss some it does) until its next clear or restart.
+	// HealthUnsynced: lost events could not be replayed and the gap policy
+	// kept the blocks; answers may be wrong until the next clear or restart.
 	HealthUnsynced
-	// HealthStale: the endpoint stopped answering, or the worker sent
-	// nothing for longer than the silence limit.
+	// HealthStale: the endpoint stopped answering, or the worker was silent
+	// past the silence limit.
 	HealthStale
-	// HealthConflict: two publishers send on the worker's topic (their
-	// seqs interleave); its events cannot be ordered, so none are applied
-	// until one of them stops, and answers leave the worker out.
+	// HealthConflict: two publishers interleave on the topic; nothing is
+	// applied until one stops, and answers leave the worker out.
 	HealthConflict
-	// HealthDegraded: in sequence, but some of the worker's recent events
-	// could not be decoded or applied (see WorkerStats.HealthReason);
-	// answers may miss what those events said.
+	// HealthDegraded: in sequence, but recent events could not be decoded or
+	// applied; answers may miss what they said.
 	HealthDegraded
 	// NumHealth is the number of Health values.
 	NumHealth = int(HealthDegraded) + 1
@@ -35,9 +30,8 @@ const (
 
 var healthNames = [NumHealth]string{"UNKNOWN", "OK", "RECOVERING", "UNSYNCED", "STALE", "CONFLICT", "DEGRADED"}
 
-// Trusted reports whether answers may name a worker in this state: not
-// stale (its endpoint is gone) and not in conflict (its events cannot be
-// ordered).
+// Trusted reports whether answers may name a worker in this state (not
+// stale, not in conflict).
 func (h Health) Trusted() bool { return h != HealthStale && h != HealthConflict }
 
 // String returns the upper-case name of the health state.
@@ -48,8 +42,7 @@ func (h Health) String() string {
 	return "Health(?)"
 }
 
-// HealthCell holds one worker's current Health. It is updated by the
-// subscriber and read lock-free by Score (one atomic load).
+// HealthCell holds one worker's Health, read lock-free by Score.
 type HealthCell struct{ v atomic.Uint32 }
 
 // Load returns the current health.
@@ -60,6 +53,5 @@ func (c *HealthCell) Load() Health {
 	return Health(c.v.Load())
 }
 
-// Store sets the current health; a transport calls it from the one
-// goroutine (or under the lock) that decides the worker's health.
+// Store sets the current health.
 func (c *HealthCell) Store(h Health) { c.v.Store(uint32(h)) }

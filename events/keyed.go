@@ -1,25 +1,21 @@
 package events
 
-// The keyed model: what an agent (a sidecar beside one engine pod) tells
-// the replicas about a worker. Blocks are named by kvindex's content keys,
-// already resolved from the engine's hashes and tokens, so a replica needs
-// neither; an agent's index records the effects of each batch (Delta).
-// A worker's whole resident set travels as snapshot segments in the
-// index's own binary encoding, which transports carry as they are.
+// The keyed model: what an agent tells replicas about a worker. Blocks are
+// named by content keys already resolved from the engine's hashes and
+// tokens; an agent's index records each batch's effects (Delta), and a
+// worker's resident set travels as snapshot segments in the index's encoding.
 
 // DeltaOp is one kind of change to a worker's resident set.
 type DeltaOp uint8
 
 const (
-	// DeltaStore is one more reference to Key in Medium; a worker that
-	// does not hold the key attaches it under Parent (HasParent) or at the
-	// top level.
+	// DeltaStore is one more reference to Key in Medium; a new key attaches
+	// under Parent (HasParent) or at the top level.
 	DeltaStore DeltaOp = iota + 1
 	// DeltaRemove is one reference less to Key in Medium.
 	DeltaRemove
-	// DeltaDrop removes the references one engine block held to Key, Refs
-	// per medium (a capacity eviction, or an engine hash reused for other
-	// content).
+	// DeltaDrop removes the references (Refs, per medium) one engine block
+	// held to Key: a capacity eviction, or an engine hash reused.
 	DeltaDrop
 	// DeltaClear forgets every block of the worker.
 	DeltaClear
@@ -42,7 +38,6 @@ func (o DeltaOp) String() string {
 
 // DeltaEntry is one change of a Delta.
 type DeltaEntry struct {
-	// Op is the change.
 	Op DeltaOp
 	// Key is the block's content key (not for DeltaClear).
 	Key uint64
@@ -53,17 +48,15 @@ type DeltaEntry struct {
 	Medium Medium
 	// Refs are the references DeltaDrop removes, per medium.
 	Refs [NumMedia]uint8
-	// BlockEdge says a DeltaStore starts one of the source's blocks (an
-	// engine block, of which a key may have several), or a DeltaRemove
-	// ends one; MediumEdge that it starts or ends its block's residency in
+	// BlockEdge: a DeltaStore starts (a DeltaRemove ends) one of the source's
+	// engine blocks; MediumEdge: it starts or ends the block's residency in
 	// Medium (implied by BlockEdge). Replicas count blocks by them.
 	BlockEdge, MediumEdge bool
 }
 
-// Delta is the effect of one batch on one worker's resident set, in order.
-// It is reused between batches: Reset empties it, keeping its capacity.
+// Delta is the effect of one batch on one worker's resident set, in order;
+// reused between batches.
 type Delta struct {
-	// Entries are the changes, in the order they apply.
 	Entries []DeltaEntry
 }
 

@@ -9,17 +9,13 @@ import (
 
 // TopicRoute says which pod and model a push-mode topic belongs to.
 type TopicRoute struct {
-	// Pod is the pod the topic's messages come from.
-	Pod string
-	// Model is the model the pod serves.
-	Model string
-	// ReplayEndpoint is the pod's replay socket for DP rank 0 ("" for none);
+	Pod, Model string
+	// ReplayEndpoint is the pod's DP rank 0 replay socket ("" for none);
 	// rank r uses the port offset by r, as vLLM does.
 	ReplayEndpoint string
 }
 
-// ParseLLMDTopic reads llm-d's topic convention "kv@<pod>@<model>" (pod is
-// often "<ip>:<port>"). The model may itself contain '@'; the pod may not.
+// ParseLLMDTopic reads llm-d's "kv@<pod>@<model>"; the model may contain '@'.
 func ParseLLMDTopic(topic string) (pod, model string, ok bool) {
 	rest, found := strings.CutPrefix(topic, "kv@")
 	if !found {
@@ -32,9 +28,8 @@ func ParseLLMDTopic(topic string) (pod, model string, ok bool) {
 	return pod, model, true
 }
 
-// OffsetEndpoint returns the endpoint DP rank r uses, the way vLLM offsets
-// it: tcp port + r, and "_dp<r>" appended to ipc:// and inproc:// paths
-// (rank 0 keeps the endpoint as is).
+// OffsetEndpoint returns DP rank r's endpoint as vLLM offsets it: tcp port
+// + r, "_dp<r>" appended to ipc:// and inproc:// paths.
 func OffsetEndpoint(endpoint string, r int) (string, error) {
 	if r == 0 {
 		return endpoint, nil
@@ -53,18 +48,16 @@ func OffsetEndpoint(endpoint string, r int) (string, error) {
 	return endpoint[:i+1] + strconv.Itoa(port+r), nil
 }
 
-// SGLang's topic markers: its live topic is the configured topic followed
-// by "\x00sgl-kv-epoch=<epoch>" (a new epoch per engine process), and a
-// snapshot barrier, a batch with no events that marks where a snapshot
-// stands in the stream, adds "\x00sgl-kv-snapshot=<id>".
+// SGLang's topic suffixes: "\x00sgl-kv-epoch=<epoch>" (new per engine
+// process), and on a snapshot barrier (an empty batch marking where a
+// snapshot stands) "\x00sgl-kv-snapshot=<id>".
 const (
 	sglEpochMarker   = "\x00sgl-kv-epoch="
 	sglBarrierMarker = "\x00sgl-kv-snapshot="
 )
 
-// SplitTopic splits a message topic into the configured topic and
-// SGLang's suffixes: the engine's lifecycle epoch ("" without one) and
-// whether the message is a snapshot barrier. The results alias topic.
+// SplitTopic splits a topic into the configured topic, SGLang's epoch (nil
+// without one) and whether it is a snapshot barrier; results alias topic.
 func SplitTopic(topic []byte) (base, epoch []byte, barrier bool) {
 	i := bytes.Index(topic, []byte(sglEpochMarker))
 	if i < 0 {

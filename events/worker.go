@@ -2,35 +2,28 @@ package events
 
 import "strconv"
 
-// WorkerRef names one KV cache: a pod and its data-parallel rank. A pod with
-// dp_size N publishes N independent caches, one per rank, and each is indexed
-// as its own worker.
+// WorkerRef names one KV cache: a pod (name or address) and its
+// data-parallel rank (0 without DP).
 type WorkerRef struct {
-	// Pod is the operator's name for the engine pod (or its address).
-	Pod string
-	// DPRank is the data-parallel rank within the pod, 0 without DP.
+	Pod    string
 	DPRank int
 }
 
-// String renders the worker as "pod/rank", the form kvindexctl prints and accepts.
+// String renders "pod/rank", the form kvindexctl prints and accepts.
 func (w WorkerRef) String() string { return w.Pod + "/" + strconv.Itoa(w.DPRank) }
 
-// Sink receives one worker's decoded batches, in seq order, from one
-// goroutine at a time. The indexer implements it per worker.
+// Sink receives one worker's batches in seq order, one goroutine at a time.
 type Sink interface {
-	// ApplyBatch applies every event of b in order. It returns the problems
-	// it met (already counted by the sink) so that the caller can log them;
-	// a problem in one event never stops the others. b is only valid
-	// during the call.
+	// ApplyBatch applies b's events in order (b is valid only during the
+	// call); it returns the problems met, already counted, for the caller to
+	// log. A problem in one event never stops the others.
 	ApplyBatch(b *Batch) error
-	// Reset forgets everything the worker was known to hold, e.g. after an
-	// engine restart; reason says why, for logs and counters.
+	// Reset forgets everything the worker held; reason is for logs and counters.
 	Reset(reason string)
 }
 
-// SeqSink is a Sink that wants each batch with the engine seq it carried,
-// e.g. an agent that checkpoints its state with the seq to resume from.
-// A transport that knows seqs calls ApplyBatchAt instead of ApplyBatch.
+// SeqSink is a Sink that wants each batch's engine seq (an agent that
+// checkpoints the seq to resume from); transports that know seqs use it.
 type SeqSink interface {
 	Sink
 	// ApplyBatchAt applies b, the engine's batch seq; as ApplyBatch.

@@ -20,16 +20,13 @@ import (
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
 
-// LocalWorker is an agent's view of one of its workers: the agent's own
-// index worker, which its engine's events feed.
+// LocalWorker is an agent's own index worker, fed by its engine's events.
 type LocalWorker interface {
-	// Snapshot emits the worker's resident set as segments in the
-	// index's binary encoding (emit owns nothing: it copies what it
-	// keeps), consistent with the last delta published; blocks is the
-	// number of keys with references.
+	// Snapshot emits the resident set as segments in the index's encoding
+	// (emit copies what it keeps), consistent with the last delta published;
+	// blocks is the number of keys with references.
 	Snapshot(emit func(segment []byte) error) (blocks uint64, err error)
-	// Resident and Capacity are the worker's block counts for its
-	// registration (capacity 0: unknown).
+	// Resident and Capacity are block counts for the registration (0: unknown).
 	Resident() int64
 	Capacity() int64
 	// Health is the engine stream's health and why it is not OK.
@@ -40,11 +37,11 @@ type LocalWorker interface {
 type AgentOptions struct {
 	// Bucket is the agents' key-value bucket; "" means DefaultBucket.
 	Bucket string
-	// TTL is how long a registration lives without a heartbeat; 0 means
-	// 10 s. Heartbeat is how often it is refreshed; 0 means TTL / 4.
+	// TTL is a registration's life without a heartbeat (0 means 10 s);
+	// Heartbeat its refresh period (0 means TTL / 4).
 	TTL, Heartbeat time.Duration
 	// Model, BlockSize and KeyScheme describe what the pod serves and how
-	// the agent computes content keys.
+	// content keys are computed.
 	Model     string
 	BlockSize int
 	KeyScheme string
@@ -52,25 +49,18 @@ type AgentOptions struct {
 	Pod string
 	// Version is the agent's build, for the registration.
 	Version string
-	// ChunkBytes is the size from which a snapshot chunk is sent (it
-	// holds whole segments); 0 means 256 KiB, well under NATS's default
-	// 1 MiB payload with the index's segments of at most ~40 KB.
+	// ChunkBytes is the size from which a snapshot chunk (whole segments) is
+	// sent; 0 means 256 KiB, under NATS's 1 MiB payload with ~40 KB segments.
 	ChunkBytes int
 	// Logger receives problem reports; nil discards them.
 	Logger *slog.Logger
 }
 
-// Agent publishes one pod's workers on NATS: each worker's deltas on its
-// delta subject, numbered per worker within the agent's epoch; its
-// snapshots on request; and its registration in the agents' bucket,
-// refreshed by heartbeat so that a dead agent's workers expire.
-//
-// # Concurrency
-//
-// Publish and the snapshot responder serialise on each worker's mutex, so
-// a snapshot is the worker's state after exactly the seq it states: a
-// caller applies a batch and fills its delta inside Publish's callback.
-// Other methods may be called from any goroutine.
+// Agent publishes one pod's workers on NATS: deltas numbered per worker
+// within the agent's epoch, snapshots on request, and registrations
+// refreshed by heartbeat so that a dead agent's workers expire. Publish and
+// the snapshot responder serialise on the worker's mutex, so a snapshot is
+// the state after exactly the seq it states.
 type Agent struct {
 	nc    *nats.Conn
 	kvMu  sync.Mutex         // guards kv
@@ -80,9 +70,7 @@ type Agent struct {
 	log   *slog.Logger
 
 	workers map[int]*agentWorker
-	// kick has a value when a registration changed between heartbeats
-	// (SetPartial) and Run should rewrite the registrations now.
-	kick chan struct{}
+	kick    chan struct{} // a registration changed (SetPartial): Run rewrites them now
 
 	published, bytes atomic.Int64
 	snapshots        atomic.Int64
@@ -107,9 +95,8 @@ type agentWorker struct {
 	engSeqOK bool
 }
 
-// NewAgent registers the pod's workers (ranks → their local workers),
-// starts serving their snapshots, and returns the agent; Run keeps the
-// registrations alive. The agent's epoch is random and new each time.
+// NewAgent registers the pod's workers (by rank), serves their snapshots,
+// and returns the agent with a new random epoch; Run keeps them registered.
 func NewAgent(ctx context.Context, nc *nats.Conn, o AgentOptions, workers map[int]LocalWorker) (*Agent, error) {
 	defaults.Zero(&o.Bucket, DefaultBucket)
 	defaults.Positive(&o.TTL, 10*time.Second)
@@ -130,9 +117,8 @@ func NewAgent(ctx context.Context, nc *nats.Conn, o AgentOptions, workers map[in
 		}
 		a.workers[rank] = w
 	}
-	// NATS may not be reachable yet (the connection retries): the first
-	// registrations are tried once, and the heartbeat retries them; the
-	// engine's events are indexed meanwhile and reach replicas by snapshot.
+	// NATS may be unreachable yet: the heartbeat retries, and events indexed
+	// meanwhile reach replicas by snapshot.
 	if nc.IsConnected() {
 		if err := nc.FlushTimeout(time.Second); err != nil {
 			a.log.Warn("agent: NATS does not answer yet; registering on the next heartbeat", "err", err)
@@ -160,9 +146,8 @@ func (a *Agent) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return a.kv, nil
 }
 
-// Bucket opens (creating when missing) the agents' key-value bucket with
-// entries living ttl, with delete markers on expiry so that watchers hear
-// of it.
+// Bucket opens or creates the agents' bucket, entries living ttl, with
+// delete markers on expiry so that watchers hear of it.
 func Bucket(ctx context.Context, nc *nats.Conn, name string, ttl time.Duration) (jetstream.KeyValue, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -198,12 +183,10 @@ func (a *Agent) Epoch() uint64 { return a.epoch }
 // ErrUnknownRank: Publish named a rank the agent does not serve.
 var ErrUnknownRank = errors.New("nats: agent: unknown dp rank")
 
-// Publish applies one batch to worker rank and publishes its effects:
-// apply is called with the seq the delta gets and a reset delta to fill
-// (the agent's index applies the batch and records its effects), under
-// the worker's lock, so that no snapshot falls between the state change
-// and its seq. A delta with no entries is not published and takes no seq.
-// engineSeq and engineTime are the batch's seq and time at the engine.
+// Publish applies one engine batch (engineSeq, engineTime) to worker rank
+// and publishes its effects: apply fills a reset delta for the given seq
+// under the worker's lock, so no snapshot falls between the change and its
+// seq. An empty delta is not published and takes no seq.
 func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply func(seq uint64, d *events.Delta) error) error {
 	w := a.workers[rank]
 	if w == nil {
@@ -221,7 +204,6 @@ func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply fu
 	encodeDelta(&w.msg, deltaHeader{epoch: a.epoch, seq: w.seq, engineSeq: engineSeq, engineTime: engineTime}, &w.delta)
 	w.buf, _ = proto.MarshalOptions{}.MarshalAppend(w.buf[:0], &w.msg)
 	if perr := a.nc.Publish(w.deltaSub, w.buf); perr != nil {
-		// The replicas see the seq jump and resync.
 		a.log.Warn("publishing a delta failed; replicas will resync", "worker", w.ref.String(), "seq", w.seq, "err", perr)
 		return errors.Join(err, fmt.Errorf("nats: publish delta %d of %s: %w", w.seq, w.ref, perr))
 	}
@@ -230,11 +212,9 @@ func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply fu
 	return err
 }
 
-// SetPartial marks worker rank's state as known to lack part of its
-// engine's history (a restore whose replay left a hole), or as whole
-// again, for its registration; a change is registered at once (by Run)
-// rather than at the next heartbeat. It must not be called from inside
-// Publish's apply or WithWorker's f (it takes the worker's lock).
+// SetPartial marks worker rank's state as lacking part of its engine's
+// history (a restore whose replay left a hole), or whole again; Run registers
+// a change at once. Not from inside Publish's apply or WithWorker's f.
 func (a *Agent) SetPartial(rank int, partial bool) {
 	w := a.workers[rank]
 	if w == nil {
@@ -263,21 +243,17 @@ func (a *Agent) Partial(rank int) bool {
 	return w.partial
 }
 
-// EngineSeq returns the last engine seq worker rank published, for the
-// agent's checkpoint.
-func (a *Agent) EngineSeq(rank int) (uint64, bool) {
-	w := a.workers[rank]
-	if w == nil {
-		return 0, false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.engSeq, w.engSeqOK
+// EngineSeq returns the last engine seq worker rank published.
+func (a *Agent) EngineSeq(rank int) (seq uint64, ok bool) {
+	_ = a.WithWorker(rank, func(s uint64, has bool) error {
+		seq, ok = s, has
+		return nil
+	})
+	return seq, ok
 }
 
-// WithWorker runs f under worker rank's lock, so that what f reads of the
-// local worker is consistent with the engine seq it is given (for a
-// checkpoint).
+// WithWorker runs f under worker rank's lock, consistent with the engine
+// seq it is given (for a checkpoint).
 func (a *Agent) WithWorker(rank int, f func(engineSeq uint64, hasSeq bool) error) error {
 	w := a.workers[rank]
 	if w == nil {
@@ -288,10 +264,8 @@ func (a *Agent) WithWorker(rank int, f func(engineSeq uint64, hasSeq bool) error
 	return f(w.engSeq, w.engSeqOK)
 }
 
-// AgentStats are an agent's counters.
+// AgentStats count published deltas and their bytes, and snapshots served.
 type AgentStats struct {
-	// Deltas and Bytes count published deltas and their bytes; Snapshots
-	// the snapshots served.
 	Deltas, Bytes, Snapshots int64
 }
 
@@ -300,12 +274,10 @@ func (a *Agent) Stats() AgentStats {
 	return AgentStats{Deltas: a.published.Load(), Bytes: a.bytes.Load(), Snapshots: a.snapshots.Load()}
 }
 
-// serveSnapshot answers one snapshot request: the worker's state, taken
-// under its lock with the seq it is after, sent in chunks of about
-// ChunkBytes to the reply subject. Each segment is copied once, into the
-// chunk that carries it (appendChunkSegment); the chunks' headers, which
-// need the snapshot's block count, are appended once the snapshot is
-// taken, and the chunks sent with no lock held.
+// serveSnapshot answers a snapshot request: the state taken under the lock
+// with its seq, in chunks of about ChunkBytes. Each segment is copied once,
+// into its chunk; the headers (needing the block count) are appended after,
+// and the chunks sent with no lock held.
 func (a *Agent) serveSnapshot(w *agentWorker, m *nats.Msg) {
 	if m.Reply == "" {
 		return
@@ -316,8 +288,7 @@ func (a *Agent) serveSnapshot(w *agentWorker, m *nats.Msg) {
 	seq := w.seq
 	blocks, err := w.local.Snapshot(func(seg []byte) error {
 		if cur == nil {
-			// Room for the chunk (it ends past ChunkBytes by its last
-			// segment), unless the segments are small.
+			// Room for the chunk (it ends past ChunkBytes), unless segments are small.
 			cur = make([]byte, 0, min(a.o.ChunkBytes, 16*len(seg))+len(seg)+64)
 		}
 		cur = appendChunkSegment(cur, seg)
@@ -377,8 +348,8 @@ func (a *Agent) register(ctx context.Context, w *agentWorker) error {
 	return nil
 }
 
-// Run refreshes the registrations every Heartbeat, and at once when one
-// changed (SetPartial), until ctx is done, then removes them.
+// Run refreshes the registrations every Heartbeat and on SetPartial until ctx
+// is done, then removes them.
 func (a *Agent) Run(ctx context.Context) {
 	t := time.NewTicker(a.o.Heartbeat)
 	defer t.Stop()
@@ -400,8 +371,8 @@ func (a *Agent) Run(ctx context.Context) {
 	}
 }
 
-// Close stops serving snapshots and deletes the registrations, so that
-// replicas drop the workers at once rather than at the TTL.
+// Close stops serving snapshots and deletes the registrations, so replicas
+// drop the workers now rather than at the TTL.
 func (a *Agent) Close(ctx context.Context) {
 	a.kvMu.Lock()
 	kv := a.kv

@@ -6,10 +6,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Snapshot chunks by hand, so each segment is copied once (into the chunk
-// sent) and the replica's segments alias the received message; the
-// generated code would copy twice more. The bytes are a
-// fleetv1.SnapshotChunk; chunk_test.go checks them against the generated code.
+// Snapshot chunks (fleetv1.SnapshotChunk) by hand: each segment is copied
+// once, and the replica's alias the received message (the generated code
+// copies twice more). chunk_test.go checks them against the generated code.
 
 // Field numbers of fleetv1.SnapshotChunk.
 const (
@@ -37,8 +36,7 @@ func appendChunkSegment(b, seg []byte) []byte {
 	return protowire.AppendBytes(b, seg)
 }
 
-// appendChunkHeader appends h's fields (zero values omitted, as the
-// generated code does) to a chunk's segments, completing it.
+// appendChunkHeader completes a chunk with h's non-zero fields.
 func appendChunkHeader(b []byte, h chunkHeader) []byte {
 	varint := func(num protowire.Number, v uint64) {
 		if v != 0 {
@@ -60,19 +58,16 @@ func appendChunkHeader(b []byte, h chunkHeader) []byte {
 	return b
 }
 
-// snapshotChunk is a decoded chunk: its header, and its segments, which
-// alias the message decoded.
+// snapshotChunk is a decoded chunk; its segments alias the message.
 type snapshotChunk struct {
 	chunkHeader
 	segments [][]byte
 }
 
-// unmarshalChunk decodes a SnapshotChunk from b into c, reusing c's
-// segment list. The segments alias b: the caller keeps b unchanged while
-// it uses them. Unknown fields, and known ones of another wire type, are
-// skipped, as the generated code does; a malformed message is
-// ErrMalformed, naming the offset. Cost: O(fields),
-// no allocation once c's list has grown.
+// unmarshalChunk decodes b into c, reusing c's list; segments alias b.
+// Unknown fields and wrong wire types are skipped as the generated code
+// does; a malformed message is ErrMalformed naming the offset. Cost:
+// O(fields), no allocation once grown.
 func unmarshalChunk(b []byte, c *snapshotChunk) error {
 	*c = snapshotChunk{segments: c.segments[:0]}
 	for off := 0; off < len(b); {

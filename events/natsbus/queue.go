@@ -6,16 +6,11 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// deltaQueue is one replica worker's queue of deltas waiting to be
-// applied, at most max. Not a channel: its memory grows with what waits,
-// where a channel's max pointers (512 KiB a worker by default) are
-// allocated and scanned by every collection from the start.
-//
-// # Concurrency
-//
-// mu guards items and head; ready has room for one signal, sent when a
-// push finds the queue empty, so that the popper, which drains the queue
-// before waiting again, never misses one.
+// deltaQueue is a replica worker's queue of at most max deltas. Not a
+// channel: memory grows with what waits, where a channel's 512 KiB of
+// pointers would be allocated and scanned from the start. mu guards items
+// and head; ready is signalled when a push finds the queue empty, and the
+// popper drains before waiting again, so none is missed.
 type deltaQueue struct {
 	mu    sync.Mutex
 	items []*nats.Msg // items[head:] wait, oldest first
@@ -47,10 +42,9 @@ func (q *deltaQueue) push(m *nats.Msg) bool {
 	return true
 }
 
-// pop removes and returns the oldest message, or nil when there is none.
-// Cost: amortised O(1); the waiting messages move to the front of the
-// slice once its head passes half of it, and an emptied queue of more
-// than 1,024 slots gives its memory back.
+// pop returns the oldest message or nil. Amortised O(1): waiting messages
+// move to the front once head passes half, and an emptied queue of more than
+// 1,024 slots gives its memory back.
 func (q *deltaQueue) pop() *nats.Msg {
 	q.mu.Lock()
 	defer q.mu.Unlock()

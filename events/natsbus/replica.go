@@ -19,22 +19,19 @@ import (
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
 
-// KeyedSink is a replica's worker, fed with keyed deltas and snapshots:
-// the index implements it.
+// KeyedSink is a replica's worker, fed keyed deltas and snapshots.
 type KeyedSink interface {
 	// ApplyDelta applies delta seq's entries in order; an entry that does
 	// not fit the worker's state is an error (the source resyncs).
 	ApplyDelta(seq uint64, d *events.Delta) error
-	// Restore replaces the worker's state with a snapshot's segments (in
-	// the index's binary encoding, valid until the next call of next);
-	// next returns io.EOF after the last.
+	// Restore replaces the state with a snapshot's segments (each valid
+	// until the next call of next; io.EOF after the last).
 	Restore(next func() ([]byte, error)) error
 	// Reset forgets everything the worker holds.
 	Reset(reason string)
 }
 
-// WorkerSet adds and removes a replica's workers as agents register and
-// expire.
+// WorkerSet adds and removes a replica's workers as agents come and go.
 type WorkerSet interface {
 	// AddWorker returns the sink of a newly registered worker.
 	AddWorker(ref events.WorkerRef, reg *fleetv1.Registration) (KeyedSink, error)
@@ -46,50 +43,41 @@ type WorkerSet interface {
 type SourceOptions struct {
 	// Bucket is the agents' key-value bucket; "" means DefaultBucket.
 	Bucket string
-	// TTL is the bucket's entry lifetime when the source creates it; 0
-	// means 10 s.
+	// TTL is the bucket's entry lifetime if the source creates it; 0 means 10 s.
 	TTL time.Duration
-	// Models, when not empty, restricts the replica to these models (a
-	// replica shard).
+	// Models, when not empty, restricts the replica to these models (a shard).
 	Models []string
 	// SnapshotTimeout bounds one snapshot transfer; 0 means 10 s.
 	SnapshotTimeout time.Duration
-	// SnapshotConcurrency bounds the snapshots loading at once (the
-	// others wait, RECOVERING); 0 means GOMAXPROCS, one a core
-	// (docs/benchmarks.md, "Fleet"). Unbounded, a fleet's answers overflow
-	// nats-server's per-client buffer and every worker resyncs again and
-	// again: keep it times the largest snapshot under max_pending.
+	// SnapshotConcurrency bounds snapshots loading at once (others wait,
+	// RECOVERING); 0 means GOMAXPROCS (docs/benchmarks.md, "Fleet").
+	// Unbounded, answers overflow nats-server's per-client buffer and workers
+	// resync again and again: keep it times the largest snapshot under
+	// max_pending.
 	SnapshotConcurrency int
-	// QueueSize bounds each worker's deltas waiting to be applied (and
-	// buffered while a snapshot loads); past it the worker resyncs. 0
-	// means 65,536.
+	// QueueSize bounds each worker's waiting deltas (also while a snapshot
+	// loads); past it the worker resyncs. 0 means 65,536.
 	QueueSize int
-	// ResyncBackoff is the wait before retrying a failed resync, doubling
-	// to 10 s; 0 means 200 ms.
+	// ResyncBackoff is the wait before retrying a failed resync, doubling to
+	// 10 s; 0 means 200 ms.
 	ResyncBackoff time.Duration
-	// StaleAfterDisconnect marks every worker STALE (left out of answers)
-	// once NATS has been unreachable this long: its state is then too old
-	// to route by. Until then the workers are RECOVERING. 0 means 5 s;
-	// negative, never.
+	// StaleAfterDisconnect marks every worker STALE once NATS has been
+	// unreachable this long (RECOVERING before); 0 means 5 s, negative never.
 	StaleAfterDisconnect time.Duration
 	// LogEvery rate-limits repeated problem logs per worker; 0 means 1 min.
 	LogEvery time.Duration
 	// Logger receives problem reports; nil discards them.
 	Logger *slog.Logger
-	// Applied, when set, is called on a worker's goroutine after each of
-	// its deltas has been applied (not after one that did not fit), with
-	// the delta's header: e.g. to measure the lag from the engine's batch
-	// to the replica (testbed/cmd/kvfleetbench). The worker's next delta waits for
-	// it, so it must return quickly.
+	// Applied, when set, is called on the worker's goroutine after each
+	// applied delta, e.g. to measure lag (testbed/cmd/kvfleetbench); the
+	// next delta waits for it.
 	Applied func(ref events.WorkerRef, d AppliedDelta)
 }
 
-// AppliedDelta describes a delta a Source has applied (see
-// SourceOptions.Applied).
+// AppliedDelta describes a delta a Source applied (SourceOptions.Applied).
 type AppliedDelta struct {
 	// Seq is the delta's seq within the agent's epoch; EngineSeq and
-	// EngineTime are the seq and time (seconds since the epoch, by the
-	// engine's clock; 0 when unknown) of the engine batch it records.
+	// EngineTime (engine clock, seconds; 0 unknown) the engine batch's.
 	Seq, EngineSeq uint64
 	EngineTime     float64
 	// Entries is the number of effects applied.
@@ -108,22 +96,12 @@ func (o *SourceOptions) defaults() {
 	defaults.Zero(&o.Logger, slog.New(slog.DiscardHandler))
 }
 
-// Source is a replica's fleet input: it watches the agents' bucket, and
-// for each registered worker (of its models) subscribes to the worker's
-// deltas, buffers them, loads a snapshot from the agent, applies the
-// deltas after the snapshot's seq, and then follows the stream. A seq gap,
-// a new epoch, a delta that does not fit, a full queue or a NATS
-// reconnection resyncs the worker from a fresh snapshot; while it
-// resyncs the worker is RECOVERING. It implements events.StatsSource and
-// events.HealthSource.
-//
-// # Concurrency
-//
-// Run watches the bucket on its goroutine and runs one goroutine per
-// worker, which alone applies that worker's snapshots and deltas. NATS
-// delivers deltas on its own goroutines into the worker's bounded queue.
-// mu guards the worker table; Stats and Health may be called from any
-// goroutine.
+// Source is a replica's fleet input: per registered worker it buffers the
+// deltas, loads a snapshot, applies the deltas after its seq and follows;
+// it resyncs as the package doc says, RECOVERING meanwhile. It implements
+// events.StatsSource and events.HealthSource. Run watches the bucket and runs
+// one goroutine per worker, which alone applies its snapshots and deltas;
+// NATS delivers into the worker's bounded queue. mu guards the table.
 type Source struct {
 	nc  *nats.Conn
 	o   SourceOptions
@@ -134,9 +112,7 @@ type Source struct {
 	workers map[string]*replicaWorker
 	wg      sync.WaitGroup
 
-	// loading holds a token per snapshot being loaded
-	// (SnapshotConcurrency).
-	loading chan struct{}
+	loading chan struct{} // a token per snapshot loading (SnapshotConcurrency)
 
 	reconnects    atomic.Int64
 	watchRestarts atomic.Int64
@@ -147,23 +123,21 @@ type Source struct {
 	logl  lograte.Limiter
 }
 
-// NewSource returns a source over nc feeding set. Nothing happens until
-// Run.
+// NewSource returns a source over nc feeding set; nothing happens until Run.
 func NewSource(nc *nats.Conn, set WorkerSet, o SourceOptions) *Source {
 	o.defaults()
 	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}, loading: make(chan struct{}, o.SnapshotConcurrency)}
 }
 
-// Run watches the bucket and syncs the workers until ctx is done. NATS
-// being unreachable, JetStream not answering or the watch ending do not
-// stop it: it retries (with backoff to 10 s, counted in WatchRestarts)
-// while the workers it knows keep their state and their health says why.
+// Run watches the bucket and syncs the workers until ctx is done. NATS or
+// JetStream failing, or the watch ending, do not stop it: it retries (backoff
+// to 10 s, counted in WatchRestarts) while known workers keep their state.
 func (s *Source) Run(ctx context.Context) error {
 	prevReconnect := s.nc.Opts.ReconnectedCB
 	s.nc.SetReconnectHandler(func(nc *nats.Conn) {
 		s.downSince.Store(0)
 		s.reconnects.Add(1)
-		s.resyncAll("NATS reconnected: deltas may have been lost")
+		s.each(func(w *replicaWorker) { w.askResync("NATS reconnected: deltas may have been lost") })
 		if prevReconnect != nil {
 			prevReconnect(nc)
 		}
@@ -171,7 +145,11 @@ func (s *Source) Run(ctx context.Context) error {
 	prevDisconnect := s.nc.Opts.DisconnectedErrCB
 	s.nc.SetDisconnectErrHandler(func(nc *nats.Conn, err error) {
 		s.downSince.CompareAndSwap(0, time.Now().UnixNano())
-		s.flagAll("NATS connection lost")
+		s.each(func(w *replicaWorker) {
+			w.live.Store(false)
+			w.health.Store(events.HealthRecovering)
+			w.note("NATS connection lost")
+		})
 		if prevDisconnect != nil {
 			prevDisconnect(nc, err)
 		}
@@ -234,8 +212,7 @@ func (s *Source) watch(ctx context.Context) error {
 				return fmt.Errorf("nats: watch of bucket %s ended", s.o.Bucket)
 			}
 			if e == nil {
-				// The initial values are all delivered: a worker known
-				// from an earlier watch and not among them is gone.
+				// Initial values delivered: known workers not among them are gone.
 				if initial {
 					initial = false
 					s.dropUnseen(seen)
@@ -263,9 +240,8 @@ func (s *Source) dropUnseen(seen map[string]bool) {
 	}
 }
 
-// watchdog re-derives every worker's health a few times a second, so that
-// time alone (NATS down too long, an agent gone silent) turns workers
-// STALE without an event to trigger it.
+// watchdog re-derives health a few times a second, so time alone (NATS
+// down, an agent silent) turns workers STALE.
 func (s *Source) watchdog(ctx context.Context) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -279,8 +255,7 @@ func (s *Source) watchdog(ctx context.Context) {
 	}
 }
 
-// WatchRestarts counts restarts of the bucket watch (NATS or JetStream
-// unreachable, the watch ended).
+// WatchRestarts counts restarts of the bucket watch.
 func (s *Source) WatchRestarts() int64 { return s.watchRestarts.Load() }
 
 // onEntry adds, updates or removes the worker of one bucket entry.
@@ -311,8 +286,7 @@ func (s *Source) onEntry(ctx context.Context, e jetstream.KeyValueEntry) {
 		stats: events.WorkerStats{Worker: ref, Endpoint: "nats:" + reg.GetDeltaSubject(), Topic: reg.GetDeltaSubject()}}
 	w.health.Store(events.HealthRecovering)
 	w.regAt.Store(time.Now().UnixNano())
-	// Register the worker (and so its health cell) before it exists in
-	// the index, so that nobody sees the worker without its health.
+	// Register the health cell before the worker exists in the index.
 	s.mu.Lock()
 	s.workers[key] = w
 	s.mu.Unlock()
@@ -376,20 +350,7 @@ func (s *Source) each(f func(*replicaWorker)) {
 	}
 }
 
-func (s *Source) resyncAll(why string) {
-	s.each(func(w *replicaWorker) { w.askResync(why) })
-}
-
-func (s *Source) flagAll(why string) {
-	s.each(func(w *replicaWorker) {
-		w.live.Store(false)
-		w.health.Store(events.HealthRecovering)
-		w.note(why)
-	})
-}
-
-// Foreign counts bucket entries ignored because they do not parse or do
-// not match their key.
+// Foreign counts bucket entries ignored: unparsable or not matching their key.
 func (s *Source) Foreign() int64 { return s.foreign.Load() }
 
 // Reconnects counts NATS reconnections (each resynced every worker).

@@ -37,12 +37,9 @@ type replicaWorker struct {
 	live  atomic.Bool  // synced and following the stream
 	regAt atomic.Int64 // unix ns the registration was last written (as received here)
 
-	// synced: the worker has been live once, so a resync replaces a state
-	// that may name blocks the worker no longer holds (owned by the
-	// worker's goroutine).
-	synced bool
-
-	// owned by the worker's goroutine
+	// owned by the worker's goroutine; synced: live once, so a resync
+	// replaces a state that may name blocks no longer held.
+	synced     bool
 	epoch, seq uint64
 	fresh      bool // no delta applied since the last snapshot
 	msg        fleetv1.Delta
@@ -54,10 +51,9 @@ type replicaWorker struct {
 	logl     lograte.Limiter
 }
 
-// staleReason says why a worker's state is too old to route by, "" when
-// it is not: NATS unreachable past StaleAfterDisconnect, or the agent's
-// registration not refreshed for half its TTL (two heartbeats missed:
-// the agent is dead or cut off, and its entry will expire).
+// staleReason says why the state is too old to route by ("" if not): NATS
+// unreachable past StaleAfterDisconnect, or the registration not refreshed
+// for half its TTL (two heartbeats missed).
 func (w *replicaWorker) staleReason(now time.Time) string {
 	if d := w.src.downSince.Load(); d != 0 && w.src.o.StaleAfterDisconnect > 0 {
 		if down := now.Sub(time.Unix(0, d)); down >= w.src.o.StaleAfterDisconnect {
@@ -72,13 +68,10 @@ func (w *replicaWorker) staleReason(now time.Time) string {
 	return ""
 }
 
-// enqueue hands a delta to the worker's goroutine; a full queue asks for a
-// resync (the dropped delta is recovered by the snapshot).
+// enqueue hands a delta to the worker; a full queue asks for a resync.
 func (w *replicaWorker) enqueue(m *nats.Msg) {
 	if !w.in.push(m) {
-		w.mu.Lock()
-		w.stats.Dropped++
-		w.mu.Unlock()
+		w.count(&w.stats.Dropped)
 		w.askResync("delta queue full")
 	}
 }
@@ -98,8 +91,8 @@ func (w *replicaWorker) stop() {
 	w.cancel()
 }
 
-// update takes a refreshed registration: a new epoch resyncs, and the
-// agent's view of the engine decides health when the replica is live.
+// update takes a refreshed registration: a new epoch resyncs; otherwise the
+// agent's view of the engine decides health.
 func (w *replicaWorker) update(reg *fleetv1.Registration, rev uint64) {
 	w.regMu.Lock()
 	old := w.reg
@@ -150,17 +143,14 @@ func (w *replicaWorker) run(ctx context.Context) {
 func (w *replicaWorker) sync(ctx context.Context) error {
 	w.live.Store(false)
 	w.health.Store(events.HealthRecovering)
-	w.mu.Lock()
-	w.stats.Replays++
-	w.mu.Unlock()
+	w.count(&w.stats.Replays)
 	select { // a resync asked before this one started is this one
 	case <-w.resync:
 	default:
 	}
 	if w.synced {
-		// The state may name blocks the worker no longer holds (the
-		// deltas that removed them are what was lost): answers must not
-		// name them while the snapshot loads.
+		// The state may name blocks no longer held: drop it while the
+		// snapshot loads.
 		w.mu.Lock()
 		why := w.stats.HealthReason
 		w.mu.Unlock()
@@ -176,9 +166,7 @@ func (w *replicaWorker) sync(ctx context.Context) error {
 	epoch, seq, err := w.loadSnapshot(ctx, reg)
 	<-w.src.loading
 	if err != nil {
-		w.mu.Lock()
-		w.stats.ReplayFailures++
-		w.mu.Unlock()
+		w.count(&w.stats.ReplayFailures)
 		return err
 	}
 	w.epoch, w.seq, w.fresh = epoch, seq, true
@@ -192,8 +180,7 @@ func (w *replicaWorker) sync(ctx context.Context) error {
 	return nil
 }
 
-// loadSnapshot asks the agent for the worker's snapshot and restores the
-// sink from it, streaming chunks as they arrive.
+// loadSnapshot restores the sink from the agent's snapshot, streaming chunks.
 func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registration) (epoch, seq uint64, err error) {
 	inbox := w.src.nc.NewRespInbox()
 	sub, err := w.src.nc.SubscribeSync(inbox)
@@ -227,8 +214,7 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 			if err != nil {
 				return nil, fmt.Errorf("snapshot from %s: %w", reg.GetSnapshotSubject(), err)
 			}
-			// The segments alias m.Data, which nothing else holds, until
-			// the restore has taken them all and asks for the next chunk.
+			// The segments alias m.Data until the restore asks for more.
 			if err := unmarshalChunk(m.Data, &chunk); err != nil {
 				return nil, err
 			}
@@ -263,9 +249,8 @@ func (w *replicaWorker) loadSnapshot(ctx context.Context, reg *fleetv1.Registrat
 // follow applies deltas in order until a resync is needed.
 func (w *replicaWorker) follow(ctx context.Context) {
 	for {
-		// Drain what waits (deltas queued while a snapshot loaded
-		// included: the queue signals ready only when a push finds it
-		// empty), noticing a resync or the end between deltas.
+		// Drain what waits (ready is signalled only when a push finds the
+		// queue empty), noticing a resync or the end between deltas.
 		for {
 			select {
 			case <-ctx.Done():
@@ -303,9 +288,8 @@ func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 	switch {
 	case w.msg.Epoch != w.epoch:
 		if w.msg.Epoch != w.registration().GetEpoch() {
-			// Neither the synced epoch nor the registered agent's: another
-			// publisher on the worker's subject (a second agent for the
-			// pod, an old one still running). Counted and ignored.
+			// Another publisher on the subject (a second or old agent):
+			// counted and ignored.
 			w.mu.Lock()
 			w.stats.Conflicts++
 			n := w.stats.Conflicts
@@ -319,9 +303,7 @@ func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 		return false
 	case w.msg.Seq <= w.seq:
 		if !w.fresh { // repeated; before the first after a snapshot, the snapshot covers it
-			w.mu.Lock()
-			w.stats.Duplicates++
-			w.mu.Unlock()
+			w.count(&w.stats.Duplicates)
 		}
 		return true
 	case w.msg.Seq > w.seq+1:
@@ -358,10 +340,8 @@ func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 	return true
 }
 
-// refreshHealth sets the worker's health: RECOVERING while not live,
-// otherwise what the agent reports of its engine, and at best UNSYNCED
-// when the agent marks its state partial (answers may miss blocks the
-// engine holds).
+// refreshHealth sets the health: STALE or RECOVERING, else what the agent
+// reports of its engine, at best UNSYNCED when its state is partial.
 func (w *replicaWorker) refreshHealth() {
 	r := w.staleReason(time.Now())
 	w.mu.Lock()
@@ -397,9 +377,7 @@ func parseHealth(s string) events.Health {
 }
 
 func (w *replicaWorker) decodeProblem(err error) {
-	w.mu.Lock()
-	w.stats.DecodeErrors++
-	w.mu.Unlock()
+	w.count(&w.stats.DecodeErrors)
 	w.problem(err)
 }
 
@@ -413,6 +391,13 @@ func (w *replicaWorker) problem(err error) {
 	if ok {
 		w.src.log.Warn("fleet worker problem; resyncing", "worker", w.ref.String(), "err", err, "suppressed", held)
 	}
+}
+
+// count adds one to the stats counter c, under mu.
+func (w *replicaWorker) count(c *int64) {
+	w.mu.Lock()
+	*c++
+	w.mu.Unlock()
 }
 
 // note records why the worker resyncs.

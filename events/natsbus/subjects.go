@@ -13,23 +13,17 @@ import (
 //	kvindex.v1.snap.<model>.<pod>.<dp_rank>    its snapshot requests (request/reply)
 //	<model>.<pod>.<dp_rank>                    its registration in the agents' bucket
 //
-// <model> and <pod> are escaped (Token) so that any name fits a single
-// subject token and a key-value key: a replica subscribes to one model's
-// deltas with kvindex.v1.delta.<model>.> and watches <model>.> in the
-// bucket.
+// <model> and <pod> are escaped (Token) to fit one subject token and key.
 const (
-	// DeltaPrefix starts every delta subject.
-	DeltaPrefix = "kvindex.v1.delta"
-	// SnapshotPrefix starts every snapshot subject.
+	DeltaPrefix    = "kvindex.v1.delta"
 	SnapshotPrefix = "kvindex.v1.snap"
 	// DefaultBucket is the agents' key-value bucket.
 	DefaultBucket = "kvindex_agents"
 )
 
-// Token escapes a name into one subject token that is also a valid
-// key-value key: letters, digits, '-' and '_' stay; every other byte
-// (the '.' separator, wildcards, '/', spaces, '=') becomes "=" and two hex
-// digits. The empty name becomes "=".
+// Token escapes a name into one subject token that is a valid key: letters,
+// digits, '-' and '_' stay; other bytes become "=" and two hex digits; ""
+// becomes "=".
 func Token(s string) string {
 	if s == "" {
 		return "="

@@ -11,7 +11,7 @@ import (
 )
 
 // ErrMalformed reports a fleet message that does not decode or whose
-// columns disagree (see fleetv1.Delta); it is wrapped with what was wrong.
+// columns disagree (see fleetv1.Delta).
 var ErrMalformed = errors.New("nats: malformed fleet message")
 
 // The bits of a Delta's ops byte (fleetv1.Delta's doc).
@@ -29,10 +29,8 @@ type deltaHeader struct {
 	engineTime            float64
 }
 
-// encodeDelta fills m with d and h, reusing m's slices.
-//
-// Cost: O(entries), no allocation once m's slices have grown; a chained
-// store costs 9 bytes on the wire (its op byte and key), a removal 9.
+// encodeDelta fills m with d and h, reusing m's slices. Cost: O(entries), no
+// allocation once grown; a chained store or a removal is 9 bytes on the wire.
 func encodeDelta(m *fleetv1.Delta, h deltaHeader, d *events.Delta) {
 	m.Epoch, m.Seq, m.EngineSeq, m.EngineTime = h.epoch, h.seq, h.engineSeq, h.engineTime
 	m.Ops, m.Keys, m.Parents, m.Refs = m.Ops[:0], m.Keys[:0], m.Parents[:0], m.Refs[:0]

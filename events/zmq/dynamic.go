@@ -9,16 +9,13 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
-// ErrUnknownEndpoint reports a RemoveEndpoint of a worker the subscriber
-// has no pull-mode endpoint for.
+// ErrUnknownEndpoint reports a RemoveEndpoint of no pull-mode endpoint.
 var ErrUnknownEndpoint = errors.New("zmq: no such pull-mode endpoint")
 
 // ErrStopped reports an AddEndpoint after Run returned.
 var ErrStopped = errors.New("zmq: subscriber stopped")
 
-// added is a running pull-mode endpoint: its receiver and stream
-// goroutines run under their own context, so RemoveEndpoint can stop them
-// alone.
+// added is a running pull-mode endpoint's own context, for RemoveEndpoint.
 type added struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -35,14 +32,10 @@ func checkEndpoint(ep Endpoint) error {
 	return nil
 }
 
-// AddEndpoint subscribes to one more pull-mode engine (a pod discovery
-// found). Before Run it is as if ep had been given to NewSubscriber;
-// while Run runs, the socket connects and the worker's stream starts at
-// once. A worker the subscriber already has (pull or push) is an error,
-// as is a call after Run returned (ErrStopped).
-//
-// Cost: one SUB socket, its monitor and two goroutines, as for an
-// endpoint given to NewSubscriber.
+// AddEndpoint subscribes to one more pull-mode engine: before Run as if
+// given to NewSubscriber, during Run at once. A worker already known, or a
+// call after Run returned (ErrStopped), is an error. Cost: a SUB socket, its
+// monitor and two goroutines.
 func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	if err := checkEndpoint(ep); err != nil {
 		return err
@@ -77,26 +70,17 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
 	s.streams = append(s.streams, st)
 	s.byRef[ep.Worker] = st
-	a.wg.Add(2)
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		defer a.wg.Done()
-		st.run(ctx)
-	}()
-	go func() {
-		defer s.wg.Done()
-		defer a.wg.Done()
-		if err := s.receive(ctx, sock, mon, st, nil); err != nil {
+	s.goTracked(a, func() { st.run(ctx) })
+	s.goTracked(a, func() {
+		if err := s.receive(ctx, sock, mon, st, -1); err != nil {
 			st.problem(fmt.Errorf("receive from %s: %w", ep.Address, err), false)
 		}
-	}()
+	})
 	s.opts.Logger.Info("engine endpoint added", "worker", ep.Worker.String(), "endpoint", ep.Address)
 	return nil
 }
 
-// addedLocked registers a running pull-mode endpoint of worker ref under
-// a context of its own, derived from ctx. Callers hold s.mu.
+// addedLocked registers ref's running endpoint under its own context. Callers hold s.mu.
 func (s *Subscriber) addedLocked(ctx context.Context, ref events.WorkerRef) (context.Context, *added) {
 	ctx, cancel := context.WithCancel(ctx)
 	a := &added{cancel: cancel}
@@ -104,12 +88,10 @@ func (s *Subscriber) addedLocked(ctx context.Context, ref events.WorkerRef) (con
 	return ctx, a
 }
 
-// RemoveEndpoint stops receiving from the pull-mode engine of worker ref
-// (a pod that discovery saw go): its socket closes, its stream stops and
-// it leaves WorkerStats and Health. When it returns nothing more reaches
-// the worker's sink. The worker itself stays in the index: the caller
-// removes it (indexer.Index.RemoveWorker). Endpoints given to
-// NewSubscriber can be removed as well; push-mode workers cannot.
+// RemoveEndpoint stops receiving from pull-mode worker ref: its socket
+// closes, its stream stops and it leaves WorkerStats and Health; once it
+// returns nothing more reaches the sink. The caller removes the worker from
+// the index. Push-mode workers cannot be removed.
 func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 	s.mu.Lock()
 	st := s.byRef[ref]
@@ -155,8 +137,7 @@ func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 	return nil
 }
 
-// IsPullPod reports whether pod is a pull-mode pod (configured or added),
-// whose name push listeners refuse at every rank.
+// IsPullPod reports whether pod is a pull-mode pod, refused by push listeners.
 func (s *Subscriber) IsPullPod(pod string) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

@@ -14,45 +14,30 @@ import (
 
 // Reasons a push listener refuses a message (or a connection).
 const (
-	// refusedTopic: the topic is neither routed nor kv@<pod>@<model>.
-	refusedTopic = iota
-	// refusedPullWorker: the topic names a pull-mode pod (any rank).
-	refusedPullWorker
-	// refusedOtherModel: the pod was claimed for another model.
-	refusedOtherModel
-	// refusedOtherListener: another push listener routes the pod, or
-	// claimed it first.
-	refusedOtherListener
-	// refusedMaxWorkers: the listener has created MaxWorkers workers.
-	refusedMaxWorkers
-	// refusedDPRank: data_parallel_rank is outside [0, MaxDPRank).
-	refusedDPRank
-	// refusedUndecodable: an undecodable message for no known worker
-	// (it cannot name one: the rank is in the payload).
-	refusedUndecodable
-	// refusedNoWorker: the index refused to add the worker.
-	refusedNoWorker
-	// refusedAddress: a connection from an address not in Allow.
-	refusedAddress
-	// refusedRoutedPod: a kv@<pod>@<model> topic names a pod the
-	// listener's own Routes map, which only its routes reach.
-	refusedRoutedPod
+	refusedTopic         = iota // neither routed nor kv@<pod>@<model>
+	refusedPullWorker           // names a pull-mode pod (any rank)
+	refusedOtherModel           // the pod was claimed for another model
+	refusedOtherListener        // another listener routes or claimed the pod
+	refusedMaxWorkers           // the listener created MaxWorkers workers
+	refusedDPRank               // data_parallel_rank outside [0, MaxDPRank)
+	refusedUndecodable          // undecodable, for no known worker (the rank is in the payload)
+	refusedNoWorker             // the index refused to add the worker
+	refusedAddress              // a connection from an address not in Allow
+	refusedRoutedPod            // a kv@ topic names a pod the listener's Routes map
 	numRefusals
 )
 
-// refusalNames are the reasons as PushRefusals and metrics name them.
+// refusalNames name the reasons in Refusals and metrics.
 var refusalNames = [numRefusals]string{"unknown_topic", "pull_worker", "other_model", "other_listener", "max_workers", "dp_rank", "undecodable", "no_worker", "address", "routed_pod"}
 
-// pushRefusals counts refusals per listener and reason, and rate-limits
-// their logs by time per listener and reason.
+// pushRefusals counts refusals and rate-limits their logs, per listener and reason.
 type pushRefusals struct {
 	counts [][numRefusals]atomic.Int64 // by listener
 	mu     sync.Mutex                  // guards logs
 	logs   [][numRefusals]lograte.Limiter
 }
 
-// refuse counts one refusal by listener li and logs it, at most once per
-// LogEvery per listener and reason, with the number held back.
+// refuse counts and logs (rate-limited) one refusal by listener li.
 func (s *Subscriber) refuse(li, reason int, msg string, args ...any) {
 	n := s.refusals.counts[li][reason].Add(1)
 	s.refusals.mu.Lock()
@@ -64,11 +49,8 @@ func (s *Subscriber) refuse(li, reason int, msg string, args ...any) {
 	}
 }
 
-// Refusals returns the non-zero refusal counts of every push listener
-// (events.RefusalSource); Source is the listener's address and Reason one
-// of unknown_topic, pull_worker, other_model, other_listener,
-// max_workers, dp_rank, undecodable, no_worker, address (a connection),
-// routed_pod.
+// Refusals returns every push listener's non-zero refusal counts
+// (events.RefusalSource), Source its address and Reason a refusalNames entry.
 func (s *Subscriber) Refusals() []events.Refusal {
 	var out []events.Refusal
 	for li := range s.refusals.counts {
@@ -81,16 +63,14 @@ func (s *Subscriber) Refusals() []events.Refusal {
 	return out
 }
 
-// pushKey is a receiver's cache key: a topic and a rank resolve to one
-// stream.
+// pushKey is a receiver's cache key: a topic and rank resolve to one stream.
 type pushKey struct {
 	topic string
 	rank  int
 }
 
-// resolveTopic maps a push topic to its pod and model: the listener's
-// explicit routes first (routed is then true), then llm-d's
-// kv@<pod>@<model>.
+// resolveTopic maps a push topic to its pod and model: Routes (routed), then
+// llm-d's kv@<pod>@<model>.
 func (r *receiver) resolveTopic(topic []byte) (route events.TopicRoute, routed, ok bool) {
 	if route, ok := r.pl.Routes[string(topic)]; ok {
 		return route, true, true
@@ -101,9 +81,8 @@ func (r *receiver) resolveTopic(topic []byte) (route events.TopicRoute, routed, 
 	return events.TopicRoute{}, false, false
 }
 
-// knownStream returns the stream a malformed message's topic already
-// reached at rank 0, or nil: a message that cannot be decoded never
-// creates a worker.
+// knownStream returns the stream a malformed message's topic reached at
+// rank 0, or nil: an undecodable message never creates a worker.
 func (r *receiver) knownStream(frames [][]byte) *stream {
 	if len(frames) == 0 {
 		r.sub.refuse(r.pli, refusedUndecodable, "a message with no frames")
@@ -116,10 +95,8 @@ func (r *receiver) knownStream(frames [][]byte) *stream {
 	return nil
 }
 
-// streamForTopic finds (or creates) the push-mode stream for a message's
-// topic and DP rank (b is nil when the payload did not decode). Anything
-// the listener's fence refuses is counted and logged, and nil returned.
-// Cost when the stream is known: one map probe.
+// streamForTopic finds or creates the stream of a topic and DP rank (b nil:
+// undecodable), or counts the refusal and returns nil. Known: one map probe.
 func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 	rank := 0
 	if b != nil && b.HasDPRank {
@@ -154,14 +131,9 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 	return st
 }
 
-// pushStream returns the stream of push-mode worker ref for listener li,
-// whose topic resolved to route (through the listener's Routes when
-// routed), creating the worker and starting its stream the first time,
-// or the reason it is refused. The fence is by pod name, whatever the
-// rank: ref's pod is a pull-mode pod; it is routed on another listener,
-// or routed on li and named by a kv@ topic instead of its route; another
-// listener claimed it first, or li claimed it for another model; or the
-// listener is at its MaxWorkers.
+// pushStream returns (creating and starting it the first time) the stream of
+// push worker ref for listener li, or why the pod fence refuses it (see
+// PushListener).
 func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, routed bool, li int) (*stream, int, error) {
 	if owner, ok := s.routedPods[ref.Pod]; ok {
 		switch {
@@ -201,8 +173,7 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, r
 			return nil, refusedNoWorker, err
 		}
 	}
-	// Register the stream (and so its health cell) before the worker
-	// exists in the index, so that nobody sees the worker without it.
+	// Register the health cell before the worker exists in the index.
 	st := newStream(s, ref, pl.Address, "", replay, nil, false)
 	st.listener, st.model = li, route.Model
 	s.byRef[ref] = st
@@ -216,24 +187,20 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, r
 	s.pushPods[ref.Pod] = podClaim{listener: li, model: route.Model}
 	s.streams = append(s.streams, st)
 	if s.runCtx != nil {
-		s.startStreamLocked(s.runCtx, st)
+		ctx := s.runCtx
+		s.goTracked(nil, func() { st.run(ctx) })
 	}
 	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", pl.Address)
 	return st, 0, nil
 }
 
-// authStart starts pebbe/zmq4's ZAP handler once per process; it serves
-// sockets of zmq4's default context only.
+// authStart starts zmq4's ZAP handler once; it serves the default context only.
 var authStart = sync.OnceValue(zmq4.AuthStart)
 
-// bind opens push listener li's SUB socket, with a monitor for refused
-// connections. It is polled from the moment it is bound, so engines'
-// subscriptions are exchanged as they connect (a bound SUB that nobody
-// polls drops everything: libzmq #1594).
-//
-// With Allow set the socket lives in zmq4's default context, where its ZAP
-// handler runs, under a ZAP domain of its own whose allowlist is Allow;
-// the NULL mechanism then asks ZAP about every connection.
+// bind opens push listener li's SUB socket with a monitor of refused
+// connections; it is polled once bound (an unpolled bound SUB drops
+// everything: libzmq #1594). With Allow it lives in zmq4's default context,
+// where ZAP runs, under a domain whose allowlist is Allow.
 func (s *Subscriber) bind(li int) (sock, mon *zmq4.Socket, err error) {
 	pl := &s.opts.Push[li]
 	newSocket := s.zctx.NewSocket
@@ -265,19 +232,7 @@ func (s *Subscriber) bind(li int) (sock, mon *zmq4.Socket, err error) {
 		}
 	}
 	monAddr := fmt.Sprintf("inproc://kvindex-push-monitor-%p-%d", s, li)
-	if err := sock.Monitor(monAddr, zmq4.EVENT_HANDSHAKE_FAILED_AUTH); err != nil {
-		return fail(err)
-	}
-	if len(pl.Allow) > 0 {
-		mon, err = zmq4.NewSocket(zmq4.PAIR)
-	} else {
-		mon, err = s.zctx.NewSocket(zmq4.PAIR)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	_ = mon.SetLinger(0)
-	if err := mon.Connect(monAddr); err != nil {
+	if mon, err = monitor(newSocket, sock, monAddr, zmq4.EVENT_HANDSHAKE_FAILED_AUTH); err != nil {
 		return fail(err)
 	}
 	if err := sock.Bind(pl.Address); err != nil {

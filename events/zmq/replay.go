@@ -11,14 +11,13 @@ import (
 	zmq4 "github.com/pebbe/zmq4"
 )
 
-// ErrReplay reports a replay request that failed or returned something
-// other than vLLM's replay replies.
+// ErrReplay reports a replay that failed or returned something else than
+// vLLM's replies.
 var ErrReplay = errors.New("zmq: replay failed")
 
-// errReplayCut reports an answer that stopped without its end marker after
-// sending batches: the engine's ROUTER dropped the rest at its send
-// high-water mark (libzmq's default is 1,000 messages, and vLLM sets
-// none). What arrived is good; the stream asks again for the rest.
+// errReplayCut reports an answer that stopped without its end marker: the
+// engine's ROUTER dropped the rest at its send HWM (libzmq's default 1,000,
+// vLLM sets none). What arrived is good; the rest is asked again.
 var errReplayCut = errors.New("zmq: replay answer cut short")
 
 // replayEnd is the seq of vLLM's end-of-replay marker.
@@ -30,19 +29,9 @@ type replayedBatch struct {
 	payload []byte
 }
 
-// replayReply is one parsed reply of a replay socket.
-type replayReply struct {
-	seq     uint64
-	payload []byte
-	end     bool
-}
-
-// parseReplayReply reads one reply as a DEALER receives it: the empty
-// delimiter, then either [seq, payload] (vLLM before v0.26) or [topic, seq,
-// payload] (v0.26+); the end marker has seq ff..ff and an empty payload
-// (and an empty topic in the 4-frame form). The two forms are told apart by
-// frame count.
-func parseReplayReply(frames [][]byte) (replayReply, error) {
+// parseReplayReply reads one reply: "", then [seq, payload] (vLLM before
+// v0.26) or [topic, seq, payload]; the end marker has seq ff..ff.
+func parseReplayReply(frames [][]byte) (r replayedBatch, end bool, err error) {
 	var seqFrame, payload []byte
 	switch len(frames) {
 	case 3:
@@ -50,31 +39,26 @@ func parseReplayReply(frames [][]byte) (replayReply, error) {
 	case 4:
 		seqFrame, payload = frames[2], frames[3]
 	default:
-		return replayReply{}, fmt.Errorf("%w: reply has %d frames, want 3 ([\"\", seq, payload]) or 4 ([\"\", topic, seq, payload])", ErrReplay, len(frames))
+		return r, false, fmt.Errorf("%w: reply has %d frames, want 3 ([\"\", seq, payload]) or 4 ([\"\", topic, seq, payload])", ErrReplay, len(frames))
 	}
 	if len(frames[0]) != 0 {
-		return replayReply{}, fmt.Errorf("%w: reply's first frame is %d bytes, want the empty delimiter", ErrReplay, len(frames[0]))
+		return r, false, fmt.Errorf("%w: reply's first frame is %d bytes, want the empty delimiter", ErrReplay, len(frames[0]))
 	}
 	if len(seqFrame) != 8 {
-		return replayReply{}, fmt.Errorf("%w: reply's seq frame is %d bytes, want 8", ErrReplay, len(seqFrame))
+		return r, false, fmt.Errorf("%w: reply's seq frame is %d bytes, want 8", ErrReplay, len(seqFrame))
 	}
 	seq := binary.BigEndian.Uint64(seqFrame)
 	if seq == replayEnd {
-		return replayReply{end: true}, nil
+		return r, true, nil
 	}
-	return replayReply{seq: seq, payload: payload}, nil
+	return replayedBatch{seq: seq, payload: payload}, false, nil
 }
 
-// fetchReplay asks an engine's replay socket (a ROUTER) for every batch
-// with seq >= start and collects them until the end marker. It gives up
-// after timeout (the whole exchange), after maxBatches batches, or when ctx
-// is done; once batches have arrived, a pause of idle with nothing more
-// ends the answer with errReplayCut (the engine sends its whole answer in
-// one loop, so a pause means the rest was dropped), and so does reaching
-// maxBytes of payload (the stream applies what came and asks for the
-// rest). A message over maxMsg bytes ends the DEALER's connection
-// (ZMQ_MAXMSGSIZE), as it does a SUB's. It owns its DEALER socket for
-// the call.
+// fetchReplay asks an engine's replay ROUTER for every batch from start on
+// until the end marker, giving up after timeout, maxBatches or ctx. Once
+// batches arrived, a pause of idle (the engine answers in one loop: the rest
+// was dropped) or maxBytes ends the answer with errReplayCut. maxMsg is the
+// DEALER's ZMQ_MAXMSGSIZE.
 func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start uint64, timeout, idle time.Duration, maxBatches int, maxBytes, maxMsg int64) ([]replayedBatch, error) {
 	sock, err := zctx.NewSocket(zmq4.DEALER)
 	if err != nil {
@@ -126,18 +110,18 @@ func fetchReplay(ctx context.Context, zctx *zmq4.Context, endpoint string, start
 		if err != nil {
 			return out, fmt.Errorf("%w: receive from %s: %w", ErrReplay, endpoint, err)
 		}
-		r, err := parseReplayReply(frames)
+		r, end, err := parseReplayReply(frames)
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", endpoint, err)
 		}
-		if r.end {
+		if end {
 			return out, nil
 		}
 		if len(out) > 0 && r.seq <= out[len(out)-1].seq {
 			return out, fmt.Errorf("%w: %s replayed seq %d after %d", ErrReplay, endpoint, r.seq, out[len(out)-1].seq)
 		}
 		last = time.Now()
-		out = append(out, replayedBatch{seq: r.seq, payload: r.payload})
+		out = append(out, r)
 		if bytes += int64(len(r.payload)); bytes >= maxBytes {
 			return out, fmt.Errorf("%w: %s sent %d bytes in %d batches from seq %d, the most one answer may hold", errReplayCut, endpoint, bytes, len(out), start)
 		}

@@ -22,11 +22,9 @@ type message struct {
 	newEpoch  string // SGLang: the topic names a new engine epoch
 }
 
-// replayResult is what a replay fetch hands back to its stream. gen is
-// the stream's replay generation when the fetch started: a stream accepts
-// only the result of its current recovery, so a result of one it gave up
-// on (too slow) is dropped and counted, even when a later recovery asked
-// for the same seq.
+// replayResult is what a replay fetch hands back. gen is the stream's replay
+// generation at its start: only the current recovery's result is accepted; a
+// given-up one's is dropped and counted, even if a later one asked the same seq.
 type replayResult struct {
 	gen     uint64
 	from    uint64
@@ -34,15 +32,10 @@ type replayResult struct {
 	err     error
 }
 
-// stream is one worker's ordered event pipeline: it receives decoded
-// messages from a receiver, tracks seq, fills gaps by replay, and applies
-// batches to the worker's events.Sink.
-//
-// # Concurrency
-//
-// The fields under "owned by run" are touched only by the stream's run
-// goroutine. mu guards stats. The atomics are written by their owners
-// (receiver, run) and read by the health checker and Score.
+// stream is one worker's ordered event pipeline: seq tracking, replay of
+// gaps, and batches applied to the worker's events.Sink. Fields "owned by
+// run" are touched only by its run goroutine; mu guards stats; the atomics
+// are written by their owners and read by the health checker and Score.
 type stream struct {
 	sub    *Subscriber
 	ref    events.WorkerRef
@@ -52,9 +45,7 @@ type stream struct {
 	in         chan message
 	queued     atomic.Int64 // payload bytes in in
 	replayDone chan replayResult
-	// rxEpoch is the last SGLang epoch seen in the worker's topic, owned
-	// by the stream's one receiver.
-	rxEpoch []byte
+	rxEpoch    []byte // last SGLang epoch seen, owned by the one receiver
 	// connectedCh has a value when the pull-mode socket (re)connected.
 	connectedCh chan struct{}
 	health      events.HealthCell
@@ -66,21 +57,19 @@ type stream struct {
 	recoverFrom uint64
 	replayGen   uint64 // bumped by each startRecovery
 	rounds      int    // answers of the current recovery asked again for what they dropped
-	// recent are the last applied messages by seq mod len, to recognise a
-	// repeated one.
+	// recent are the last applied messages by seq mod len, to spot repeats.
 	recent [recentSeqs]struct {
 		seq, sum uint64
 		ok       bool
 	}
-	// back is the expected seq before the last time seq went back, and
-	// when: a message that continues it is a second publisher.
-	back   uint64
-	backAt time.Time
-	// backs counts seqs that went back since backFirst.
+	// back is the expected seq before seq last went back, and when: a message
+	// continuing it is a second publisher. backs counts backs since backFirst.
+	back      uint64
+	backAt    time.Time
 	backs     int
 	backFirst time.Time
-	// conflict: two publishers interleave; next and last are each one's
-	// next seq and last message time.
+	// conflict: two publishers interleave; next and last are each one's next
+	// seq and last message time.
 	conflict     bool
 	next         [2]uint64
 	last         [2]time.Time
@@ -127,16 +116,11 @@ func newStream(sub *Subscriber, ref events.WorkerRef, endpoint, topic, replay st
 	return st
 }
 
-// run is the stream's goroutine.
-//
-// Joining while the engine already runs, the stream learns what it cached
-// from the oldest batch it still buffers (a join replay). In pull mode the
-// join waits until the SUB socket is connected, so that an engine started
-// after kvindex is asked once it is up (not answered with a timeout), and
-// a batch the engine sent before the subscription reached it is in the
-// answer; a join that found nothing is asked once more rejoinAfter later,
-// for a batch sent while the subscription was still on its way. In push
-// mode the connection is not visible, and the join runs at once.
+// run is the stream's goroutine. Joining a running engine, it replays from
+// the oldest buffered batch (a join). In pull mode the join waits for the
+// connection, so an engine started later is asked once up and a batch sent
+// before the subscription arrived is in the answer; an empty join is asked
+// again rejoinAfter later. In push mode it joins at once.
 func (st *stream) run(ctx context.Context) {
 	if st.replay != "" && !st.monitored {
 		st.startRecovery(ctx, 0, nil, "join")
@@ -180,13 +164,11 @@ func (st *stream) run(ctx context.Context) {
 	}
 }
 
-// rejoinAfter is how long after an empty join replay it is asked once more:
-// longer than a subscription takes to reach a local engine.
+// rejoinAfter exceeds the time a subscription takes to reach a local engine.
 const rejoinAfter = time.Second
 
-// enqueue hands a message to the stream without blocking the receiver. A
-// full queue drops the message and counts it; the seq gap it leaves is
-// then recovered like any other.
+// enqueue hands m to the stream without blocking; a full queue drops and
+// counts it, and the seq gap is recovered like any other.
 func (st *stream) enqueue(m message) {
 	if st.queued.Add(m.size) <= st.sub.opts.QueueBytes {
 		select {
@@ -197,9 +179,7 @@ func (st *stream) enqueue(m message) {
 	}
 	st.queued.Add(-m.size)
 	st.sub.putBatch(m.batch)
-	st.mu.Lock()
-	st.stats.Dropped++
-	st.mu.Unlock()
+	st.count(&st.stats.Dropped)
 }
 
 func (st *stream) onMessage(ctx context.Context, m message) {
@@ -223,8 +203,8 @@ func (st *stream) onMessage(ctx context.Context, m message) {
 	st.process(ctx, m)
 }
 
-// process applies one live message in seq order, starting a replay when it
-// reveals a gap. Callers are the run goroutine, not recovering.
+// process applies one live message in seq order, replaying a gap it reveals.
+// Run goroutine only, not recovering.
 func (st *stream) process(ctx context.Context, m message) {
 	if st.conflict {
 		st.inConflictMessage(m)
@@ -266,9 +246,7 @@ func (st *stream) process(ctx context.Context, m message) {
 		}
 		st.unrecoverable(st.expected, m.seq, reason)
 	case st.duplicate(m):
-		st.mu.Lock()
-		st.stats.Duplicates++
-		st.mu.Unlock()
+		st.count(&st.stats.Duplicates)
 		st.sub.putBatch(m.batch)
 		return
 	case st.bounces(m.at):
@@ -286,19 +264,15 @@ func (st *stream) process(ctx context.Context, m message) {
 
 // restart resets the worker after its engine restarted.
 func (st *stream) restart(reason string) {
-	st.mu.Lock()
-	st.stats.Restarts++
-	st.mu.Unlock()
+	st.count(&st.stats.Restarts)
 	st.sink.Reset(reason)
 	st.unsynced.Store(false)
 	st.hasExpected = false
 	st.sub.opts.Logger.Warn("engine restart detected; worker cleared", "worker", st.ref.String(), "reason", reason)
 }
 
-// apply applies a decoded (or undecodable) message and advances expected.
-// The stats show its seq only once the sink has applied it (or it was
-// counted as undecodable): a reader that sees LastSeq finds the batch's
-// blocks in the index.
+// apply applies a decoded (or undecodable) message and advances expected;
+// LastSeq shows it only once applied (or counted as undecodable).
 func (st *stream) apply(m message) {
 	st.remember(m.seq, m.sum)
 	st.expected, st.hasExpected = m.seq+1, true
@@ -314,9 +288,7 @@ func (st *stream) apply(m message) {
 	st.sub.putBatch(m.batch)
 }
 
-// applyBatch hands b, the engine's batch seq, to the sink, then counts it
-// in the stats (Batches, Events, LastSeq, and ReplayedBatches when
-// replayed), so that they describe applied batches only.
+// applyBatch hands batch seq to the sink, then counts it in the stats.
 func (st *stream) applyBatch(seq uint64, b *events.Batch, replayed bool) {
 	if b.HasDPRank && b.DPRank != st.ref.DPRank && st.monitored {
 		st.rankMismatches.Add(1)
@@ -324,8 +296,7 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch, replayed bool) {
 	}
 	for i := range b.Events {
 		if b.Events[i].Kind == events.KindAllBlocksCleared {
-			// The worker starts again from nothing: what was lost or
-			// could not be applied before no longer shows in answers.
+			// Starting from nothing: earlier losses no longer matter.
 			st.unsynced.Store(false)
 			st.lastBad.Store(0)
 		}
@@ -353,8 +324,7 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch, replayed bool) {
 	}
 }
 
-// brokenInvariant is the one place the transport panics: on a state its
-// invariants rule out, which no input can cause.
+// brokenInvariant is the transport's one panic: a state no input can cause.
 func brokenInvariant(what string) {
 	panic("zmq: broken invariant: " + what)
 }

@@ -7,6 +7,13 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
+// count adds one to the stats counter c, under mu.
+func (st *stream) count(c *int64) {
+	st.mu.Lock()
+	*c++
+	st.mu.Unlock()
+}
+
 // problem counts and logs (rate-limited) a skipped message or event.
 func (st *stream) problem(err error, decode bool) {
 	now := time.Now()
@@ -53,15 +60,13 @@ func (st *stream) evalHealth(now time.Time, o *SubscriberOptions) events.Health 
 	return events.HealthUnknown
 }
 
-// refreshHealth re-evaluates health now; the stream and the receiver call
-// it on every change they make, the health checker on a timer.
+// refreshHealth re-evaluates health now.
 func (st *stream) refreshHealth() {
 	now := time.Now()
 	st.setHealth(st.evalHealth(now, &st.sub.opts), now)
 }
 
-// setHealth stores h, counting and logging transitions into and out of
-// STALE. Several goroutines call it; mu orders them.
+// setHealth stores h, counting and logging STALE transitions; mu orders callers.
 func (st *stream) setHealth(h events.Health, now time.Time) {
 	st.mu.Lock()
 	old := st.stats.Health
@@ -116,6 +121,5 @@ func (st *stream) healthReason(s *events.WorkerStats, now time.Time) string {
 	return ""
 }
 
-// degradedFor is how long after an event that could not be decoded or
-// applied the worker shows as DEGRADED.
+// degradedFor is how long a bad event keeps the worker DEGRADED.
 const degradedFor = time.Minute

@@ -27,9 +27,7 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 		st.joinTried = true
 	}
 	st.isRecovering.Store(true)
-	st.mu.Lock()
-	st.stats.Replays++
-	st.mu.Unlock()
+	st.count(&st.stats.Replays)
 	endpoint, gen := st.replay, st.replayGen
 	go func() {
 		res := replayResult{gen: gen, from: from}
@@ -50,14 +48,11 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 	}()
 }
 
-// onReplay applies a replay's batches that precede the pending live
-// messages, applies the gap policy to whatever it could not fill, then
-// drains the pending messages.
+// onReplay applies the replayed batches before the pending live messages,
+// the gap policy to what it could not fill, then drains the pending ones.
 func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	if !st.recovering || r.gen != st.replayGen {
-		st.mu.Lock()
-		st.stats.StaleReplays++
-		st.mu.Unlock()
+		st.count(&st.stats.StaleReplays)
 		st.problem(fmt.Errorf("replay from seq %d answered after it was given up (replay %d, current %d): %d batches dropped", r.from, r.gen, st.replayGen, len(r.batches)), false)
 		return
 	}
@@ -78,25 +73,21 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		return
 	}
 	if r.err != nil && !cut {
-		st.mu.Lock()
-		st.stats.ReplayFailures++
-		st.mu.Unlock()
+		st.count(&st.stats.ReplayFailures)
 		st.backoff = min(max(2*st.backoff, st.sub.opts.ReplayBackoff), 30*time.Second)
 		st.backoffUntil = time.Now().Add(st.backoff)
 		st.problem(r.err, false)
 	} else {
 		st.backoff = 0
 	}
-	// When the answer skipped seqs after it had started, or stopped short,
-	// the engine still held what is missing (its ROUTER dropped messages at
-	// its send high-water mark): apply the contiguous part and ask again
-	// from the first missing seq. Only what the engine no longer buffers,
-	// the seqs before its answer's first, are lost.
+	// An answer that skipped seqs after it started, or stopped short, lost
+	// them at the engine's send HWM (it still holds them): apply the
+	// contiguous part and ask again from the first missing seq. Only seqs
+	// before the answer's first are gone.
 	if n := st.contiguous(r, limit); n > 0 && st.rounds < maxReplayRounds {
 		after := r.batches[n-1].seq + 1
-		// A skip right after the contiguous part is a hole even when
-		// the answer resumes at or past limit: the engine still holds
-		// [after, limit), since it went on to publish limit.
+		// A skip after the contiguous part is a hole even past limit: the
+		// engine still holds [after, limit).
 		hole := n < len(r.batches) && r.batches[n].seq != after
 		if (hole || cut) && after < limit {
 			next := r.from
@@ -108,9 +99,7 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 				next = b.seq + 1
 			}
 			st.rounds++
-			st.mu.Lock()
-			st.stats.ReplayContinuations++
-			st.mu.Unlock()
+			st.count(&st.stats.ReplayContinuations)
 			st.startRecovery(ctx, next, pending, "continued")
 			return
 		}
@@ -146,8 +135,7 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 			st.unrecoverable(next, limit, reason)
 			st.expected = limit
 		case next < limit && limit > 0:
-			// Nothing of this process was learned before the first live
-			// message: a late join whose history is gone.
+			// A late join whose history is gone.
 			st.mu.Lock()
 			st.stats.JoinedAtSeq = limit
 			st.mu.Unlock()
@@ -158,15 +146,12 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	st.drain(ctx, pending)
 }
 
-// maxReplayRounds bounds how many times one recovery asks again for what
-// an answer dropped: 64 rounds of libzmq's default 1,000-message send limit
-// cover vLLM's default 10,000-step buffer several times over.
+// maxReplayRounds bounds one recovery's asks again: 64 rounds of libzmq's
+// 1,000-message send limit cover vLLM's 10,000-step buffer several times.
 const maxReplayRounds = 64
 
-// contiguous returns how many of r's batches, from the first, follow each
-// other without a hole and precede limit. A hole before the first batch
-// (the engine's buffer starts later) does not end the run: those seqs are
-// gone, not dropped.
+// contiguous returns how many of r's first batches follow each other and
+// precede limit (a hole before the first is gone, not dropped).
 func (st *stream) contiguous(r replayResult, limit uint64) int {
 	for i, b := range r.batches {
 		if b.seq >= limit || i > 0 && b.seq != r.batches[i-1].seq+1 {
@@ -176,9 +161,8 @@ func (st *stream) contiguous(r replayResult, limit uint64) int {
 	return len(r.batches)
 }
 
-// lost handles seqs [from, to) that the engine's buffer no longer holds, at
-// the start of an answer asked from seq asked: a late join learns the
-// worker's history starts at to; otherwise the gap policy applies.
+// lost handles seqs [from, to) the engine no longer buffers, at the start of
+// an answer from asked: a late join starts at to, else the gap policy applies.
 func (st *stream) lost(from, to, asked uint64) {
 	if !st.hasExpected && from == asked {
 		st.mu.Lock()
@@ -189,8 +173,7 @@ func (st *stream) lost(from, to, asked uint64) {
 	st.unrecoverable(from, to, "the engine's replay buffer no longer holds them")
 }
 
-// applyReplayed decodes and applies one replayed batch and advances
-// expected past it.
+// applyReplayed decodes and applies one replayed batch.
 func (st *stream) applyReplayed(b replayedBatch) {
 	m := message{seq: b.seq, at: time.Now(), sum: xxh3.Hash(b.payload)}
 	if st.dec == nil {
@@ -206,8 +189,7 @@ func (st *stream) applyReplayed(b replayedBatch) {
 	st.applyBatch(b.seq, &st.replayBatch, true)
 }
 
-// drain processes held live messages in order, re-holding the rest if one
-// of them starts another recovery.
+// drain processes held messages, re-holding the rest if one starts a recovery.
 func (st *stream) drain(ctx context.Context, msgs []message) {
 	for i, m := range msgs {
 		if st.recovering {

@@ -5,8 +5,7 @@ import (
 	"time"
 )
 
-// recentSeqs is how many applied messages a stream remembers to recognise
-// a repeated one.
+// recentSeqs is how many applied messages a stream remembers.
 const recentSeqs = 64
 
 // remember records an applied message's seq and payload sum.
@@ -15,9 +14,8 @@ func (st *stream) remember(seq, sum uint64) {
 	r.seq, r.sum, r.ok = seq, sum, true
 }
 
-// duplicate reports whether m repeats a recently applied message: the
-// same seq with the same payload. A seq that went back with another
-// payload is a restart (or a second publisher), not a duplicate.
+// duplicate reports whether m repeats a recent message, seq and payload (a
+// seq going back with another payload is a restart or a second publisher).
 func (st *stream) duplicate(m message) bool {
 	if !st.hasExpected || m.seq >= st.expected || st.expected-m.seq > recentSeqs || m.decodeErr != nil {
 		return false
@@ -26,11 +24,9 @@ func (st *stream) duplicate(m message) bool {
 	return r.ok && r.seq == m.seq && r.sum == m.sum
 }
 
-// Two publishers on one topic interleave their seqs: after one's seq
-// "went back" (read as a restart), the other's next message continues the
-// sequence from before. continuesBack reports such a message: within
-// conflictWindow seqs of where the stream was before it went back, and
-// conflictAfter of it.
+// Two publishers on one topic interleave: after one's seq "went back" (read
+// as a restart), the other's continues the old sequence. continuesBack
+// reports such a message: within conflictWindow seqs and conflictAfter of it.
 const (
 	conflictWindow = 64
 	conflictAfter  = 10 * time.Second
@@ -41,10 +37,8 @@ func (st *stream) continuesBack(seq uint64, at time.Time) bool {
 		seq >= st.back && seq < st.back+conflictWindow && seq > st.expected+conflictWindow
 }
 
-// bounces records that the seq went back at at (and where from, for
-// continuesBack), and reports whether it is the third time within
-// conflictAfter: two publishers whose seqs are too close for
-// continuesBack to tell apart, not an engine restarting three times.
+// bounces records that the seq went back at at, and reports a third time
+// within conflictAfter: two publishers too close for continuesBack.
 func (st *stream) bounces(at time.Time) bool {
 	st.back, st.backAt = st.expected, at
 	if st.backFirst.IsZero() || at.Sub(st.backFirst) >= conflictAfter {
@@ -54,9 +48,8 @@ func (st *stream) bounces(at time.Time) bool {
 	return st.backs >= 3
 }
 
-// startConflict enters the conflict state on m, the message that showed
-// two publishers: the worker is cleared once (its events cannot be
-// ordered), and nothing is applied until one publisher stops.
+// startConflict enters the conflict state on m: the worker is cleared once
+// and nothing is applied until one publisher stops.
 func (st *stream) startConflict(m message) {
 	st.conflict = true
 	st.inConflict.Store(true)
@@ -73,9 +66,8 @@ func (st *stream) startConflict(m message) {
 	st.sub.opts.Logger.Warn("two publishers on one topic: worker cleared and left out of answers", "worker", st.ref.String(), "detail", reason)
 }
 
-// inConflictMessage follows both publishers' seqs and drops m; when one of
-// them has been silent for ConflictQuiet, the stream follows the other
-// from its next message on, as a worker joining late.
+// inConflictMessage follows both publishers' seqs and drops m; once one has
+// been silent for ConflictQuiet, the stream follows the other as a late join.
 func (st *stream) inConflictMessage(m message) {
 	i := 0
 	if dist(m.seq, st.next[1]) < dist(m.seq, st.next[0]) {
@@ -83,9 +75,7 @@ func (st *stream) inConflictMessage(m message) {
 	}
 	st.next[i], st.last[i] = m.seq+1, m.at
 	st.sub.putBatch(m.batch)
-	st.mu.Lock()
-	st.stats.Dropped++
-	st.mu.Unlock()
+	st.count(&st.stats.Dropped)
 	if m.at.Sub(st.last[1-i]) < st.sub.opts.ConflictQuiet {
 		return
 	}

@@ -25,39 +25,33 @@ import (
 // ErrFrames reports a ZMQ message that is not vLLM's [topic, seq, payload].
 var ErrFrames = errors.New("events: malformed message frames")
 
-// Endpoint is one engine publisher to subscribe to in pull mode: the engine
-// binds its PUB socket and the subscriber connects.
+// Endpoint is one engine PUB socket the subscriber connects to (pull mode).
 type Endpoint struct {
-	// Worker is the worker whose events arrive here.
 	Worker events.WorkerRef
-	// Address is the ZMQ endpoint to connect to, e.g. tcp://10.0.0.5:5557.
+	// Address is the ZMQ endpoint, e.g. tcp://10.0.0.5:5557.
 	Address string
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
-	// ReplayEndpoint is the engine's replay ROUTER socket for this worker
-	// ("" for none): gaps are filled from it, and on start the subscriber
-	// asks it for every batch still buffered.
+	// ReplayEndpoint is the engine's replay ROUTER socket ("" for none): gaps
+	// are filled from it, and on start it is asked for every buffered batch.
 	ReplayEndpoint string
 	// Sink receives the worker's batches in seq order.
 	Sink events.Sink
-	// Resume, with ResumeAfter, says the sink already holds the engine's
-	// batches up to seq ResumeAfter (an agent restored from its
-	// checkpoint): the stream continues after it, and once connected asks
-	// the replay socket for what came since.
+	// Resume says the sink holds the engine's batches up to seq ResumeAfter
+	// (an agent restored from its checkpoint): once connected the stream
+	// asks the replay socket for what came since.
 	Resume      bool
 	ResumeAfter uint64
 }
 
-// PushListener is one bound SUB socket that many engines connect to (push
-// mode: vLLM started with endpoint tcp://<kvindex>:5557). Engines are told
-// apart by topic: explicit Routes first, then llm-d's "kv@<pod>@<model>"
-// convention; the DP rank comes from each payload.
+// PushListener is one bound SUB socket many engines connect to (push mode).
+// Engines are told apart by topic (Routes, then llm-d's "kv@<pod>@<model>");
+// the DP rank comes from each payload.
 //
-// A push listener is fenced by pod name: it reaches only workers it
-// created, for their topic's model, never a pull-mode pod or one another
-// listener routes or claimed; a routed pod is reached only through its
-// routes. At most MaxWorkers workers; with Allow, only those addresses.
-// Refusals are counted by reason (Subscriber.Refusals).
+// It is fenced by pod name: it reaches only workers it created, for their
+// topic's model, never a pull-mode pod or one another listener routes or
+// claimed; a routed pod only through its routes. Refusals are counted by
+// reason (Subscriber.Refusals).
 type PushListener struct {
 	// Address is where to bind, e.g. tcp://*:5557.
 	Address string
@@ -65,21 +59,18 @@ type PushListener struct {
 	Topic string
 	// Routes maps exact topics to pods.
 	Routes map[string]events.TopicRoute
-	// MaxWorkers bounds the workers the listener creates (one per pod and
-	// DP rank first seen); 0 means DefaultPushMaxWorkers.
+	// MaxWorkers bounds the workers (pod, rank) the listener creates; 0 means
+	// DefaultPushMaxWorkers.
 	MaxWorkers int
-	// Allow, when not empty, lists the IP addresses or CIDR ranges engines
-	// may connect from; other connections are refused at the handshake by
-	// ZeroMQ's ZAP handler and counted.
+	// Allow, when not empty, lists the IPs or CIDRs engines may connect
+	// from; others are refused at the handshake (ZAP) and counted.
 	Allow []string
 }
 
-// DefaultPushMaxWorkers is PushListener.MaxWorkers's default: a few pods
-// with data parallelism. Raise it for a large push-mode fleet.
+// DefaultPushMaxWorkers is PushListener.MaxWorkers's default.
 const DefaultPushMaxWorkers = 32
 
-// MaxDPRank bounds the data_parallel_rank a push message may carry; ranks
-// are below it (vLLM's DP sizes are far smaller).
+// MaxDPRank bounds the data_parallel_rank of a push message.
 const MaxDPRank = 1024
 
 // NewWorkerFunc creates the events.Sink of a worker first seen on a push listener.
@@ -89,24 +80,14 @@ type NewWorkerFunc func(ref events.WorkerRef, model, replayEndpoint string) (eve
 const (
 	// DefaultReplayTimeout bounds one replay exchange: vLLM serves replay
 	// between queue reads, up to ~100 ms late.
-	DefaultReplayTimeout = 3 * time.Second
-	// DefaultReplayConcurrency bounds replays in flight across workers.
-	DefaultReplayConcurrency = 4
-	// DefaultStaleAfterDisconnect is how long a pull-mode endpoint may
-	// have no connection before its worker is stale.
+	DefaultReplayTimeout        = 3 * time.Second
+	DefaultReplayConcurrency    = 4
 	DefaultStaleAfterDisconnect = 5 * time.Second
-	// DefaultQueueSize is each worker's queue of decoded batches.
-	DefaultQueueSize = 4096
-	// DefaultMaxMessageBytes is the largest message a SUB socket accepts
-	// (ZMQ_MAXMSGSIZE): twice a 1 M-token prompt's batch (~7 MB).
+	DefaultQueueSize            = 4096
+	// DefaultMaxMessageBytes is twice a 1 M-token prompt's batch (~7 MB).
 	DefaultMaxMessageBytes = 16 << 20
-	// DefaultQueueBytes bounds the payload bytes of one worker's queued
-	// batches (and, separately, of the live batches it holds while a
-	// replay runs): with the message bound, what one slow worker can pin.
-	DefaultQueueBytes = 64 << 20
-	// DefaultReplayMaxBytes bounds the payload bytes one replay answer may
-	// collect; a longer answer is applied in parts, each asked for from
-	// the first seq the previous part lacked.
+	// DefaultQueueBytes, with the message bound, caps what one slow worker pins.
+	DefaultQueueBytes     = 64 << 20
 	DefaultReplayMaxBytes = 256 << 20
 )
 
@@ -114,81 +95,67 @@ const (
 type SubscriberOptions struct {
 	// Logger receives problem reports; nil discards them.
 	Logger *slog.Logger
-	// PollInterval bounds how long a receive loop waits before it checks
-	// for shutdown; 0 means 100 ms.
+	// PollInterval bounds a receive loop's wait before it checks for
+	// shutdown; 0 means 100 ms.
 	PollInterval time.Duration
 	// ReconnectInterval and ReconnectMax set libzmq's reconnect backoff;
 	// 0 means 100 ms and 5 s.
 	ReconnectInterval, ReconnectMax time.Duration
-	// RcvHWM is the SUB socket's receive high-water mark in messages; 0
-	// means 100,000, vLLM's own send HWM.
+	// RcvHWM is the SUB socket's receive high-water mark; 0 means 100,000,
+	// vLLM's send HWM.
 	RcvHWM int
-	// LogEvery rate-limits repeated problem logs per worker: the first
-	// problem is logged at once, then at most one line per interval with
-	// the number suppressed; 0 means one minute.
+	// LogEvery rate-limits repeated problem logs per worker (then one line
+	// per interval with the number suppressed); 0 means one minute.
 	LogEvery time.Duration
-	// QueueSize is each worker's queue of decoded batches waiting to be
-	// applied; a full queue drops (and counts) the message, which the seq
-	// gap then recovers. 0 means 4,096.
+	// QueueSize is each worker's queue of decoded batches; a full queue
+	// drops and counts the message, and the seq gap recovers it. 0 means 4,096.
 	QueueSize int
 	// QueueBytes bounds the payload bytes in one worker's queue, and
-	// separately those of the live batches it holds while a replay runs;
-	// past it messages are dropped and counted like a full queue's. 0
-	// means DefaultQueueBytes.
+	// separately of the live batches held while a replay runs; past it
+	// messages are dropped as for a full queue. 0 means DefaultQueueBytes.
 	QueueBytes int64
-	// MaxMessageBytes is the largest message accepted (ZMQ_MAXMSGSIZE);
-	// 0 means DefaultMaxMessageBytes, negative no limit.
+	// MaxMessageBytes is ZMQ_MAXMSGSIZE; 0 means DefaultMaxMessageBytes,
+	// negative no limit.
 	MaxMessageBytes int64
 
 	// Push lists bound SUB sockets for push-mode engines.
 	Push []PushListener
-	// NewWorker creates the events.Sink of a worker first seen on a push listener;
-	// required with Push.
+	// NewWorker creates a push-mode worker's sink; required with Push.
 	NewWorker NewWorkerFunc
-	// Applied, when set, is called on a worker's goroutine after each
-	// batch has been handed to its sink (applied or not), with whether it
-	// came from a replay: e.g. to measure the lag from the engine's batch
-	// timestamp (metrics.Lag). b is valid only during the call;
-	// the worker's next batch waits for it, so it must return quickly.
+	// Applied, when set, is called on the worker's goroutine after each batch
+	// was handed to its sink, e.g. to measure lag (metrics.Lag). b is valid
+	// only during the call, and the next batch waits for it.
 	Applied func(ref events.WorkerRef, b *events.Batch, replayed bool)
 
-	// ReplayTimeout bounds one replay exchange; 0 means 3 s (vLLM serves
-	// replay between queue reads, up to ~100 ms late).
+	// ReplayTimeout bounds one replay exchange; 0 means 3 s.
 	ReplayTimeout time.Duration
-	// ReplayIdle ends an answer that has started and then paused this
-	// long without its end marker (the engine dropped the rest at its send
-	// high-water mark); the stream applies what came and asks again from
-	// the first missing seq. 0 means 250 ms.
+	// ReplayIdle ends a started answer paused this long without its end
+	// marker (the engine dropped the rest at its send HWM); the rest is asked
+	// again. 0 means 250 ms.
 	ReplayIdle time.Duration
-	// ReplayConcurrency bounds replays in flight across all workers; 0 means 4.
+	// ReplayConcurrency bounds replays in flight; 0 means 4.
 	ReplayConcurrency int
 	// ReplayMaxBatches bounds one replay's size; 0 means 100,000.
 	ReplayMaxBatches int
-	// ReplayMaxBytes bounds the payload bytes one replay answer collects
-	// before it is applied and the rest asked for; 0 means
-	// DefaultReplayMaxBytes.
+	// ReplayMaxBytes bounds the payload bytes one answer collects before it
+	// is applied and the rest asked for; 0 means DefaultReplayMaxBytes.
 	ReplayMaxBytes int64
-	// ReplayBackoff is the first wait after a failed replay before the
-	// worker's next one (doubling to 30 s); gaps meanwhile go straight to
-	// the events.GapPolicy. 0 means 1 s.
+	// ReplayBackoff is the first wait after a failed replay (doubling to
+	// 30 s); gaps meanwhile go to the GapPolicy. 0 means 1 s.
 	ReplayBackoff time.Duration
 	// MaxPending bounds live batches held while a replay runs; 0 means 10,000.
 	MaxPending int
 	// GapPolicy is what an unfillable gap does to the worker's blocks.
 	GapPolicy events.GapPolicy
 
-	// StaleAfterDisconnect marks a pull-mode worker stale when its endpoint
-	// has had no connection for this long (or never had one); 0 means 5 s,
-	// negative disables.
+	// StaleAfterDisconnect marks a pull-mode worker stale after this long
+	// without a connection; 0 means 5 s, negative disables.
 	StaleAfterDisconnect time.Duration
-	// ConflictQuiet is how long one of two publishers interleaving on a
-	// worker's topic must stay silent for the worker to leave CONFLICT
-	// and follow the other; 0 means 10 s.
+	// ConflictQuiet is how long one of two interleaving publishers must be
+	// silent for the worker to follow the other; 0 means 10 s.
 	ConflictQuiet time.Duration
-
-	// StaleAfterSilence marks a worker stale when it has sent nothing for
-	// this long; 0 disables it (vLLM sends nothing while idle, so only set
-	// it where engines are never idle that long).
+	// StaleAfterSilence marks a worker stale after sending nothing this
+	// long; 0 disables it (vLLM is silent while idle).
 	StaleAfterSilence time.Duration
 }
 
@@ -213,21 +180,12 @@ func (o *SubscriberOptions) defaults() {
 	defaults.Zero(&o.ReplayMaxBytes, DefaultReplayMaxBytes)
 }
 
-// Subscriber receives vLLM KV events over ZMQ SUB sockets, in pull mode
-// (one connected socket per engine endpoint), push mode (bound sockets that
-// engines connect to), or both. Each worker's messages go, in order, to
-// that worker's stream, which tracks seq, fills gaps through the engine's
-// replay socket, applies the gap policy, and hands batches to the worker's
-// events.Sink. A health checker marks workers stale when their endpoint stops
-// answering. It implements events.StatsSource and events.HealthSource.
-//
-// # Concurrency
-//
-// Run starts one receiver goroutine per socket (it owns the socket and a
-// decoder), one goroutine per worker stream (it alone applies that worker's
-// batches, so a worker's order is kept), replay fetches bounded by
-// ReplayConcurrency, and one health checker. Streams are registered under
-// mu; WorkerStats and Health may be called from any goroutine.
+// Subscriber receives vLLM KV events over ZMQ SUB sockets, pull mode, push
+// mode or both. Each worker's stream tracks seq, fills gaps by replay,
+// applies the gap policy and hands batches to the worker's events.Sink; a
+// health checker marks workers stale. It implements events.StatsSource and
+// events.HealthSource; goroutines are as in the package doc, and streams are
+// registered under mu.
 type Subscriber struct {
 	opts SubscriberOptions
 	pull []pullSource
@@ -239,19 +197,16 @@ type Subscriber struct {
 
 	monitors atomic.Int64 // numbers the monitor sockets' inproc addresses
 
-	// routedPods is the listener whose Routes name each routed pod; set by
-	// NewSubscriber and only read after.
+	// routedPods is the listener whose Routes name each routed pod
+	// (read-only after NewSubscriber).
 	routedPods map[string]int
 
 	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, pushPods, pullPods, added, stopped
 	pushWorkers []int        // workers created by each push listener
-	// pushPods are the pod names push listeners claimed, each by the
-	// first worker created under it: every other rank of the pod is
-	// created by the same listener for the same model, or refused.
+	// pushPods are the pods push listeners claimed by their first worker:
+	// other ranks must come from the same listener for the same model.
 	pushPods map[string]podClaim
-	// pullPods are the pods of the pull-mode endpoints (given to
-	// NewSubscriber or added with AddEndpoint).
-	pullPods map[string]bool
+	pullPods map[string]bool // pods of pull-mode endpoints
 	streams  []*stream
 	byRef    map[events.WorkerRef]*stream
 	added    map[events.WorkerRef]*added // running pull-mode endpoints
@@ -272,8 +227,7 @@ type pullSource struct {
 	st *stream
 }
 
-// NewSubscriber checks the endpoints and options and returns a subscriber.
-// Nothing connects until Run.
+// NewSubscriber checks the endpoints and options; nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
 	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added),
@@ -302,12 +256,8 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 	s.refusals.counts = make([][numRefusals]atomic.Int64, len(opts.Push))
 	s.refusals.logs = make([][numRefusals]lograte.Limiter, len(opts.Push))
 	s.pushWorkers = make([]int, len(opts.Push))
-	for i := range s.opts.Push {
-		if s.opts.Push[i].MaxWorkers <= 0 {
-			s.opts.Push[i].MaxWorkers = DefaultPushMaxWorkers
-		}
-	}
 	for i, pl := range opts.Push {
+		defaults.Positive(&s.opts.Push[i].MaxWorkers, DefaultPushMaxWorkers)
 		if pl.Address == "" {
 			return nil, fmt.Errorf("events: push listener %d: empty address", i)
 		}
@@ -328,7 +278,7 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 	return s, nil
 }
 
-// Run connects and binds every socket and receives until ctx is done. It
+// Run connects and binds every socket and receives until ctx is done; it
 // returns nil after a clean shutdown, or the first error that stopped it.
 func (s *Subscriber) Run(ctx context.Context) error {
 	zctx, err := zmq4.NewContext()
@@ -345,21 +295,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return errors.New("events: subscriber run twice")
 	}
 	s.runCtx = ctx
-	// Every pull-mode endpoint runs under a context of its own, so that
-	// RemoveEndpoint can stop it alone. Before Run only pull-mode streams
-	// exist.
+	// Each pull-mode endpoint runs under its own context (RemoveEndpoint).
 	pull := s.pull
 	pctx := make([]context.Context, len(pull))
 	for i, p := range pull {
 		var a *added
 		pctx[i], a = s.addedLocked(ctx, p.ep.Worker)
-		a.wg.Add(1)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer a.wg.Done()
-			p.st.run(pctx[i])
-		}()
+		s.goTracked(a, func() { p.st.run(pctx[i]) })
 	}
 	s.mu.Unlock()
 
@@ -375,21 +317,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			break
 		}
 		s.mu.Lock()
-		a := s.added[p.ep.Worker]
-		if a != nil {
-			a.wg.Add(1)
-		}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if a != nil {
-				defer a.wg.Done()
-			}
-			if err := s.receive(pctx[i], sock, mon, p.st, nil); err != nil {
+		s.goTracked(s.added[p.ep.Worker], func() {
+			if err := s.receive(pctx[i], sock, mon, p.st, -1); err != nil {
 				fail(err)
 			}
-		}()
+		})
+		s.mu.Unlock()
 	}
 	for i := range s.opts.Push {
 		if ctx.Err() != nil {
@@ -400,19 +333,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			fail(err)
 			break
 		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.receive(ctx, sock, mon, nil, &s.opts.Push[i]); err != nil {
+		s.goTracked(nil, func() {
+			if err := s.receive(ctx, sock, mon, nil, i); err != nil {
 				fail(err)
 			}
-		}()
+		})
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.checkHealth(ctx)
-	}()
+	s.goTracked(nil, func() { s.checkHealth(ctx) })
 	<-ctx.Done()
 	s.mu.Lock()
 	s.stopped = true // no AddEndpoint starts goroutines past this point
@@ -427,12 +354,19 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
-// startStreamLocked starts st's goroutine. Callers hold s.mu.
-func (s *Subscriber) startStreamLocked(ctx context.Context, st *stream) {
+// goTracked runs f on a goroutine that s.wg, and a.wg when a is not nil,
+// wait for. Callers that pass an a hold s.mu (RemoveEndpoint waits on it).
+func (s *Subscriber) goTracked(a *added, f func()) {
 	s.wg.Add(1)
+	if a != nil {
+		a.wg.Add(1)
+	}
 	go func() {
 		defer s.wg.Done()
-		st.run(ctx)
+		if a != nil {
+			defer a.wg.Done()
+		}
+		f()
 	}()
 }
 
@@ -452,8 +386,7 @@ func (s *Subscriber) setSockopts(sock *zmq4.Socket, topic string) error {
 	return nil
 }
 
-// connect opens a pull-mode SUB socket to ep, with a monitor socket that
-// reports its connection state.
+// connect opens a pull-mode SUB socket to ep, with a connection monitor.
 func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
 	sock, err := s.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
@@ -467,16 +400,8 @@ func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
 		return fail(err)
 	}
 	monAddr := "inproc://kvindex-monitor-" + strconv.FormatInt(s.monitors.Add(1), 10)
-	if err := sock.Monitor(monAddr, zmq4.EVENT_CONNECTED|zmq4.EVENT_DISCONNECTED|zmq4.EVENT_CLOSED); err != nil {
-		return fail(err)
-	}
-	mon, err := s.zctx.NewSocket(zmq4.PAIR)
+	mon, err := monitor(s.zctx.NewSocket, sock, monAddr, zmq4.EVENT_CONNECTED|zmq4.EVENT_DISCONNECTED|zmq4.EVENT_CLOSED)
 	if err != nil {
-		return fail(err)
-	}
-	_ = mon.SetLinger(0)
-	if err := mon.Connect(monAddr); err != nil {
-		mon.Close()
 		return fail(err)
 	}
 	if err := sock.Connect(ep.Address); err != nil {
@@ -486,9 +411,27 @@ func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
 	return sock, mon, nil
 }
 
-// receive is one socket's loop; it owns sock (and mon) and closes them.
-// Pull mode passes the endpoint's stream; push mode passes the listener.
-func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pl *PushListener) error {
+// monitor returns a PAIR socket, made by newSocket, that receives sock's
+// events at addr.
+func monitor(newSocket func(zmq4.Type) (*zmq4.Socket, error), sock *zmq4.Socket, addr string, events zmq4.Event) (*zmq4.Socket, error) {
+	if err := sock.Monitor(addr, events); err != nil {
+		return nil, err
+	}
+	mon, err := newSocket(zmq4.PAIR)
+	if err != nil {
+		return nil, err
+	}
+	_ = mon.SetLinger(0)
+	if err := mon.Connect(addr); err != nil {
+		mon.Close()
+		return nil, err
+	}
+	return mon, nil
+}
+
+// receive is one socket's loop; it owns and closes sock and mon. Pull mode
+// passes the endpoint's stream, push mode the listener's index.
+func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pli int) error {
 	defer sock.Close()
 	poller := zmq4.NewPoller()
 	poller.Add(sock, zmq4.POLLIN)
@@ -496,13 +439,9 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 		defer mon.Close()
 		poller.Add(mon, zmq4.POLLIN)
 	}
-	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pl: pl}
-	if pl != nil {
-		for i := range s.opts.Push {
-			if &s.opts.Push[i] == pl {
-				r.pli = i
-			}
-		}
+	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pli: pli}
+	if st == nil {
+		r.pl = &s.opts.Push[pli]
 	}
 	var rearmed time.Time
 	for ctx.Err() == nil {
@@ -544,14 +483,13 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 	return nil
 }
 
-// rearmAfter is how long a pull-mode socket may stay disconnected before
-// it is re-armed (libzmq gives up after a protocol error such as an
-// oversized message): twice the longest reconnect backoff.
+// rearmAfter is how long a pull-mode socket may stay disconnected before it
+// is re-armed (libzmq gives up after a protocol error such as an oversized
+// message).
 func (s *Subscriber) rearmAfter() time.Duration { return 2 * s.opts.ReconnectMax }
 
-// rearm disconnects and reconnects st's socket when it has been without a
-// connection for rearmAfter since it lost it (or was last re-armed), and
-// returns when it last did.
+// rearm reconnects st's socket after rearmAfter without a connection (and
+// since the last re-arm), returning when it last did.
 func (s *Subscriber) rearm(sock *zmq4.Socket, st *stream, last time.Time) time.Time {
 	since := st.disconnected.Load()
 	if st.connected.Load() || since == 0 {
@@ -578,9 +516,8 @@ type receiver struct {
 	st  *stream       // pull mode: the endpoint's stream
 	pl  *PushListener // push mode
 	pli int           // push mode: pl's index in SubscriberOptions.Push
-	// push mode: the streams this listener's topics reached, by topic and
-	// rank, owned by the receiver goroutine; bounded by the listener's
-	// MaxWorkers times the topics that name each worker.
+	// push mode: the streams reached, by topic and rank; bounded by
+	// MaxWorkers times the topics naming each worker.
 	streams map[pushKey]*stream
 }
 
@@ -647,9 +584,8 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		st.stats.Topic = string(topic)
 		st.mu.Unlock()
 	}
-	// SGLang names each engine process with an epoch in the topic: a new
-	// one is a restart whatever the seq does. rxEpoch is owned by this
-	// receiver, the only one feeding st.
+	// A new SGLang epoch is a restart whatever the seq does. rxEpoch is
+	// owned by this receiver, the only one feeding st.
 	if len(epoch) > 0 && string(epoch) != string(st.rxEpoch) {
 		if st.rxEpoch != nil {
 			m.newEpoch = string(epoch)
@@ -703,8 +639,7 @@ func (s *Subscriber) WorkerStats() []events.WorkerStats {
 	return out
 }
 
-// Health returns the worker's health cell, or nil for an unknown worker
-// (events.HealthSource).
+// Health returns the worker's health cell, or nil (events.HealthSource).
 func (s *Subscriber) Health(ref events.WorkerRef) *events.HealthCell {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
