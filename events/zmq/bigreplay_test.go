@@ -264,44 +264,60 @@ func (s *seqSink) got() []uint64 {
 
 // TestResumeAfterCheckpoint: a sink restored up to seq 59 (an agent's
 // checkpoint) resumes at 60 from the engine's replay buffer, even with
-// the engine idle; when the buffer no longer reaches back to 60, the loss
-// is counted, not hidden.
+// the engine idle, whether the endpoint was given to NewSubscriber or
+// added before or during Run; when the buffer no longer reaches back to
+// 60, the loss is counted, not hidden.
 func TestResumeAfterCheckpoint(t *testing.T) {
-	for _, forget := range []bool{false, true} {
-		ctx, cancel := context.WithCancel(context.Background())
-		pub, pubEP, replayEP := bigPublisher(t)
-		for i := range 100 {
-			if _, err := pub.Publish(chainBatch(i)); err != nil {
+	for _, how := range []string{"new", "added before Run", "added during Run"} {
+		for _, forget := range []bool{false, true} {
+			ctx, cancel := context.WithCancel(context.Background())
+			pub, pubEP, replayEP := bigPublisher(t)
+			for i := range 100 {
+				if _, err := pub.Publish(chainBatch(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if forget {
+				pub.ForgetReplay(80)
+			}
+			sink := &seqSink{}
+			ep := zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: sink,
+				Resume: true, ResumeAfter: 59}
+			var given []zmq.Endpoint
+			if how == "new" {
+				given = append(given, ep)
+			}
+			sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{GapPolicy: events.GapKeep}, given...)
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		if forget {
-			pub.ForgetReplay(80)
-		}
-		sink := &seqSink{}
-		sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{GapPolicy: events.GapKeep},
-			zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: sink, Resume: true, ResumeAfter: 59})
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- sub.Run(ctx) }()
-		first := uint64(60)
-		if forget {
-			first = 80
-		}
-		waitFor(t, "the batches after the checkpoint", func() bool { g := sink.got(); return len(g) == int(100-first) })
-		g := sink.got()
-		if g[0] != first || g[len(g)-1] != 99 {
-			t.Fatalf("forget=%v: applied seqs %d..%d, want %d..99", forget, g[0], g[len(g)-1], first)
-		}
-		st := statsOf(sub, "a")
-		if forget != (st.UnrecoveredGaps == 1) || st.JoinedAtSeq != 0 {
-			t.Fatalf("forget=%v: %+v", forget, st)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
+			if how == "added before Run" {
+				if err := sub.AddEndpoint(ep); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(ctx) }()
+			if how == "added during Run" {
+				waitFor(t, "Run to start", func() bool { return sub.AddEndpoint(ep) == nil })
+			}
+			first := uint64(60)
+			if forget {
+				first = 80
+			}
+			waitFor(t, "the batches after the checkpoint", func() bool { g := sink.got(); return len(g) == int(100-first) })
+			g := sink.got()
+			if g[0] != first || g[len(g)-1] != 99 {
+				t.Fatalf("%s, forget=%v: applied seqs %d..%d, want %d..99", how, forget, g[0], g[len(g)-1], first)
+			}
+			st := statsOf(sub, "a")
+			if forget != (st.UnrecoveredGaps == 1) || st.JoinedAtSeq != 0 {
+				t.Fatalf("%s, forget=%v: %+v", how, forget, st)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }

@@ -32,6 +32,21 @@ func checkEndpoint(ep Endpoint) error {
 	return nil
 }
 
+// addPullStream registers ep's stream, resuming after ep.ResumeAfter when
+// ep.Resume, and fences its pod off push listeners. The caller holds s.mu
+// or owns s (NewSubscriber) and checked ep.
+func (s *Subscriber) addPullStream(ep Endpoint) *stream {
+	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
+	if ep.Resume {
+		st.expected, st.hasExpected, st.joinTried, st.resuming = ep.ResumeAfter+1, true, true, true
+		st.stats.LastSeq, st.stats.HasSeq = ep.ResumeAfter, true
+	}
+	s.pullPods[ep.Worker.Pod] = true
+	s.streams = append(s.streams, st)
+	s.byRef[ep.Worker] = st
+	return st
+}
+
 // AddEndpoint subscribes to one more pull-mode engine: before Run as if
 // given to NewSubscriber, during Run at once. A worker already known, or a
 // call after Run returned (ErrStopped), is an error. Cost: a SUB socket, its
@@ -54,22 +69,16 @@ func (s *Subscriber) AddEndpoint(ep Endpoint) error {
 	if _, ok := s.routedPods[ep.Worker.Pod]; ok {
 		return fmt.Errorf("events: add endpoint %s: pod %q is routed on a push listener", ep.Worker, ep.Worker.Pod)
 	}
-	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
 	if s.runCtx == nil {
-		s.pullPods[ep.Worker.Pod] = true // fenced off push listeners from now on
-		s.pull = append(s.pull, pullSource{ep: ep, st: st})
-		s.streams = append(s.streams, st)
-		s.byRef[ep.Worker] = st
+		s.pull = append(s.pull, pullSource{ep: ep, st: s.addPullStream(ep)})
 		return nil
 	}
 	sock, mon, err := s.connect(ep)
 	if err != nil {
 		return err
 	}
-	s.pullPods[ep.Worker.Pod] = true
+	st := s.addPullStream(ep)
 	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
-	s.streams = append(s.streams, st)
-	s.byRef[ep.Worker] = st
 	s.goTracked(a, func() { st.run(ctx) })
 	s.goTracked(a, func() {
 		if err := s.receive(ctx, sock, mon, st, -1); err != nil {

@@ -233,24 +233,13 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added),
 		pullPods: map[string]bool{}, routedPods: map[string]int{}, pushPods: map[string]podClaim{}}
 	for i, ep := range eps {
-		if ep.Address == "" {
-			return nil, fmt.Errorf("events: endpoint %d (%s): empty address", i, ep.Worker)
-		}
-		if ep.Sink == nil {
-			return nil, fmt.Errorf("events: endpoint %d (%s): nil sink", i, ep.Worker)
+		if err := checkEndpoint(ep); err != nil {
+			return nil, fmt.Errorf("%w (endpoint %d)", err, i)
 		}
 		if s.byRef[ep.Worker] != nil {
 			return nil, fmt.Errorf("events: endpoint %d: worker %s configured twice", i, ep.Worker)
 		}
-		st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
-		if ep.Resume {
-			st.expected, st.hasExpected, st.joinTried, st.resuming = ep.ResumeAfter+1, true, true, true
-			st.stats.LastSeq, st.stats.HasSeq = ep.ResumeAfter, true
-		}
-		s.pullPods[ep.Worker.Pod] = true
-		s.pull = append(s.pull, pullSource{ep: ep, st: st})
-		s.streams = append(s.streams, st)
-		s.byRef[ep.Worker] = st
+		s.pull = append(s.pull, pullSource{ep: ep, st: s.addPullStream(ep)})
 	}
 	s.opts.Push = slices.Clone(opts.Push) // MaxWorkers defaults are filled in below
 	s.refusals.counts = make([][numRefusals]atomic.Int64, len(opts.Push))
