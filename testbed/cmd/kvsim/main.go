@@ -14,7 +14,6 @@
 //	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
-//	kvsim walkthrough                           # a scripted story of one index, answer by answer
 //	kvsim engine --pod vllm-0 --http :8000      # one simulated vLLM engine, served (docker-compose.yaml)
 //	kvsim load --kvindex :50051 --engine vllm-0=http://localhost:8000   # routed demo traffic
 //
@@ -36,7 +35,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/scoring"
-	"github.com/kvindex/kvindex/testbed/demo"
 	"github.com/kvindex/kvindex/testbed/sim"
 	"github.com/kvindex/kvindex/testbed/sim/engine"
 	"github.com/kvindex/kvindex/testbed/sim/router"
@@ -57,7 +55,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newAnalyze(), newRun(), newGrid(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
+	root.AddCommand(newAnalyze(), newRun(), newGrid(), newLive(), newDemo(), newEngine(), newLoad())
 	return root
 }
 
@@ -296,25 +294,6 @@ func newDemo() *cobra.Command {
 	cmd.Flags().Float64Var(&rc.Live.Speedup, "speedup", rc.Live.Speedup, "virtual seconds per wall-clock second")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress and the daemon to stderr")
 	cmd.Flags().BoolVar(&rc.Live.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, two replicas the routers ask in turn")
-	return cmd
-}
-
-func newWalkthrough() *cobra.Command {
-	var verbose bool
-	cmd := &cobra.Command{
-		Use:   "walkthrough",
-		Short: "A scripted story: the real daemon and three simulated engines, each answer printed and checked",
-		Long: "walkthrough runs the real daemon against three simulated vLLM engines (one with two DP ranks)\n" +
-			"and tells a story event by event: a shared system prompt, a conversation, a LoRA adapter, an\n" +
-			"eviction, an engine restart and a cache reset, printing what each worker holds and what each\n" +
-			"prompt matches. It fails if any answer differs from the story's.",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return demo.Run(ctx, cmd.OutOrStdout(), demo.Options{Verbose: verbose})
-		},
-	}
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show the daemon's logs")
 	return cmd
 }
 
