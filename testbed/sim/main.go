@@ -28,10 +28,8 @@ type RunConfig struct {
 	// SweepSizes, when set, also runs every router at each cache size
 	// (blocks per engine, virtual time) and reports hit rate against size.
 	SweepSizes []int
-	// CSVDir and ChartsDir, when set, receive CSV files and SVG charts.
-	CSVDir, ChartsDir string
-	// Prefix is prepended to chart file names (e.g. "mooncake-").
-	Prefix string
+	// CSVDir, when set, receives CSV files.
+	CSVDir string
 }
 
 // Main runs rc and prints its tables to w.
@@ -111,29 +109,12 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "CSV written to %s\n", rc.CSVDir)
 	}
-	if rc.ChartsDir != "" {
-		if err := WriteCharts(rc.ChartsDir, rc.Prefix, desc, results); err != nil {
-			return err
-		}
-		if points != nil {
-			if err := WriteSweepChart(rc.ChartsDir, rc.Prefix, sweepSubtitle(wl, rc.Options), points); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(w, "charts written to %s\n", rc.ChartsDir)
-	}
 	return nil
 }
 
 func effectiveBlockSize(o Options) int {
 	o.Engine.Defaults()
 	return o.Engine.BlockSize
-}
-
-func sweepSubtitle(w *workload.Workload, o Options) string {
-	o, _ = o.withDefaults(w.Engines)
-	st := w.Stats()
-	return fmt.Sprintf("%s: %d requests, %d engines, blocks of %d tokens", w.Name, st.Requests, o.Engines, o.Engine.BlockSize)
 }
 
 // DemoConfig is what `kvsim demo` (and `make demo`) runs: a short live run

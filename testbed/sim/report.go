@@ -12,9 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvindex/kvindex/testbed/sim/chart"
 	"github.com/kvindex/kvindex/testbed/sim/metrics"
-	"github.com/kvindex/kvindex/testbed/sim/router"
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
@@ -214,71 +212,6 @@ func WriteSweepCSV(dir string, points []SweepPoint) error {
 
 func writeCSV(path string, rows [][]string) error {
 	return writeFile(path, func(w io.Writer) error { return csv.NewWriter(w).WriteAll(rows) })
-}
-
-// WriteCharts writes ttft_cdf.svg and hit_ttft.svg for results into dir,
-// prefixing file names with prefix.
-func WriteCharts(dir, prefix, subtitle string, results []metrics.Result) error {
-	cdf := chart.LineChart{
-		Title:    "Time to first token, CDF per router",
-		Subtitle: subtitle,
-		X:        chart.Axis{Label: "TTFT (seconds, log scale)", Log: true},
-		Y:        chart.Axis{Label: "fraction of requests", Min: 0, Max: 1},
-	}
-	for i := range results {
-		r := &results[i]
-		s := chart.Series{Name: r.Router, Dashed: r.Router == router.TTFTGreedy}
-		for p := 1; p <= 1000; p++ {
-			v := metrics.Percentile(r.TTFT, float64(p)/10).Seconds()
-			s.Points = append(s.Points, chart.Point{X: math.Max(v, 1e-3), Y: float64(p) / 1000})
-		}
-		cdf.Series = append(cdf.Series, s)
-	}
-	if err := writeFile(filepath.Join(dir, prefix+"ttft_cdf.svg"), cdf.WriteSVG); err != nil {
-		return err
-	}
-	bars := chart.BarChart{
-		Title:    "Token hit rate and TTFT p99 per router",
-		Subtitle: subtitle,
-		Series:   []string{"token hit rate (%)", "TTFT p99 (s)"},
-		Values:   [][]float64{make([]float64, len(results)), make([]float64, len(results))},
-		Labels:   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
-		Width:    900,
-	}
-	for i := range results {
-		bars.Categories = append(bars.Categories, results[i].Router)
-		bars.Values[0][i] = 100 * results[i].TokenHitRate()
-		bars.Values[1][i] = results[i].TTFTP99.Seconds()
-	}
-	return writeFile(filepath.Join(dir, prefix+"hit_p99.svg"), bars.WriteSVG)
-}
-
-// WriteSweepChart writes hit_vs_cache.svg into dir.
-func WriteSweepChart(dir, prefix, subtitle string, points []SweepPoint) error {
-	if len(points) == 0 {
-		return nil
-	}
-	c := chart.LineChart{
-		Title:    "Token hit rate against cache size",
-		Subtitle: subtitle,
-		X:        chart.Axis{Label: "KV cache per engine (blocks, log scale)", Log: true},
-		Y:        chart.Axis{Label: "token hit rate (%)", Min: 0},
-	}
-	top := 0.0
-	for ri := range points[0].Results {
-		s := chart.Series{Name: points[0].Results[ri].Router, Markers: true, Dashed: points[0].Results[ri].Router == router.TTFTGreedy}
-		for _, p := range points {
-			v := 100 * p.Results[ri].TokenHitRate()
-			top = math.Max(top, v)
-			s.Points = append(s.Points, chart.Point{X: float64(p.CacheBlocks), Y: v})
-		}
-		c.Series = append(c.Series, s)
-	}
-	c.Y.Max = math.Ceil(top/10) * 10
-	if c.Y.Max == 0 {
-		c.Y.Max = 10
-	}
-	return writeFile(filepath.Join(dir, prefix+"hit_vs_cache.svg"), c.WriteSVG)
 }
 
 // writeFile creates path (and its directory) and writes it with write.

@@ -8,7 +8,7 @@
 //
 //	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
 //	kvsim run                                   # the Mooncake trace, virtual time
-//	kvsim run --workload tenants --charts docs/img
+//	kvsim run --workload tenants
 //	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
 //	kvsim grid                                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
 //	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
@@ -91,8 +91,6 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.guard, "route-guard", "", "precise+load: kvindex hotspot guard sent with Route: cost, static or off")
 	fs.StringVar(&f.sweep, "sweep-cache", "", "also sweep cache sizes (blocks per engine, e.g. 4k,8k,16k,32k)")
 	fs.StringVar(&rc.CSVDir, "csv", "", "write CSV files into this directory")
-	fs.StringVar(&rc.ChartsDir, "charts", "", "write SVG charts into this directory")
-	fs.StringVar(&rc.Prefix, "chart-prefix", "", "prefix of chart file names")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log progress to stderr")
 }
 
