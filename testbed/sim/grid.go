@@ -200,7 +200,6 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	}
 	o := gc.Options
 	o.Engine.CacheBlocks = c.CacheBlocks
-	o.Approx.LRUBlocks = 0
 	o.Seed = gc.Seed
 	start := time.Now()
 	results, err := Simulate(ctx, wl, o)

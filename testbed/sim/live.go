@@ -335,8 +335,7 @@ func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.T
 				return nil
 			}
 		}}
-	rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
+	rcfg := o.routerConfig(f)
 	if router.NeedsIndex(name) {
 		for _, lf := range lr.fleets {
 			if lf.router == name {

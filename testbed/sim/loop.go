@@ -161,7 +161,7 @@ func (l *loop) run(ctx context.Context) error {
 func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Duration, bs int) error {
 	l.rec.Arrived(req.ID, now)
 	l.content = req.AppendBlockContent(l.content[:0], bs, req.OutputSegment(l.o.Seed))
-	l.rreq = router.Request{Request: req, Content: l.content, PromptBlocks: req.PromptLen / bs, Now: now}
+	l.rreq = router.Request{Request: req, Content: l.content, PromptBlocks: req.PromptLen / bs}
 	var asked time.Duration
 	if l.clock != nil {
 		asked = l.clock()

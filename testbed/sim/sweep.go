@@ -22,8 +22,7 @@ type SweepPoint struct {
 }
 
 // Sweep runs every router at every cache size (blocks per engine), in
-// virtual time, and returns the points in the order of sizes. The
-// approximate router's LRU follows the cache size unless o.Approx fixes it.
+// virtual time, and returns the points in the order of sizes.
 func Sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([]SweepPoint, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
@@ -35,7 +34,6 @@ func Sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([
 	if len(sizes) == 0 {
 		return nil, fmt.Errorf("sim: sweep: no cache sizes")
 	}
-	fixedLRU := o.Approx.LRUBlocks != o.Engine.CacheBlocks
 	out := make([]SweepPoint, len(sizes))
 	type job struct {
 		point, router int
@@ -56,9 +54,6 @@ func Sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([
 		for ri, name := range o.Routers {
 			jo := o
 			jo.Engine.CacheBlocks = size
-			if !fixedLRU {
-				jo.Approx.LRUBlocks = size
-			}
 			jo.Routers = []string{name}
 			jobs = append(jobs, job{point: pi, router: ri, o: jo})
 		}

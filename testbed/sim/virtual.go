@@ -99,10 +99,7 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 		return metrics.Result{}, err
 	}
 	l := &loop{w: w, o: o, fleet: f, rec: metrics.NewRecorder(o.Engines)}
-	rcfg := router.Config{
-		Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed,
-	}
+	rcfg := o.routerConfig(f)
 	var p *pipeline
 	if needsIndex {
 		if p, err = newPipeline(o, func() time.Duration { return l.now }); err != nil {
