@@ -60,8 +60,8 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		lo.defaults()
 		mode = fmt.Sprintf("live: real ZMQ + gRPC, wall clock x%g", lo.Speedup)
 		if lo.Fleet {
-			mode = fmt.Sprintf("live fleet: engines -ZMQ-> an agent each -NATS-> %d replicas -gRPC-> routers, wall clock x%g", lo.Replicas, lo.Speedup)
-			agreeNote = fmt.Sprintf(", on all %d replicas with equal digests", lo.Replicas)
+			mode = fmt.Sprintf("live fleet: engines -ZMQ-> an agent each -NATS-> %d replicas -gRPC-> routers, wall clock x%g", liveReplicas, lo.Speedup)
+			agreeNote = fmt.Sprintf(", on all %d replicas with equal digests", liveReplicas)
 		}
 	}
 	fmt.Fprintf(w, "kvsim (%s): %s\n\n", mode, desc)
