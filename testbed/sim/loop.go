@@ -227,8 +227,8 @@ func (l *loop) stepEnd(ctx context.Context, i int, now time.Duration) error {
 
 // result reduces the run's record.
 func (l *loop) result() metrics.Result {
-	prefill, busy, pre := l.fleet.totals()
-	res := l.rec.Result(l.router.Name(), prefill, busy, pre)
+	prefill, pre := l.fleet.totals()
+	res := l.rec.Result(l.router.Name(), prefill, pre)
 	res.Note = l.router.Note()
 	return res
 }

@@ -139,9 +139,7 @@ type Stats struct {
 	PrefillTokens int64
 	// Preemptions counts requests preempted for lack of blocks.
 	Preemptions int
-	// Busy is the total duration of the steps.
-	Busy  time.Duration
-	Steps int64
+	Steps       int64
 }
 
 // Load is what a router may learn about an engine's load: vLLM's
@@ -300,7 +298,6 @@ func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 	d = e.cfg.Time.StepTime(prefill, decodes, ctx) + e.cfg.Time.AttentionTime(pairs)
 	e.inStep, e.stepEnd = true, now+d
 	e.stats.PrefillTokens += int64(prefill)
-	e.stats.Busy += d
 	e.stats.Steps++
 	return d, true
 }
