@@ -25,9 +25,6 @@ type RunConfig struct {
 	// PrintConfig prints the kvindex configuration a live run against an
 	// external daemon (Live.Addr) needs, and runs nothing.
 	PrintConfig bool
-	// SweepSizes, when set, also runs every router at each cache size
-	// (blocks per engine, virtual time) and reports hit rate against size.
-	SweepSizes []int
 	// CSVDir, when set, receives CSV files.
 	CSVDir string
 }
@@ -83,18 +80,6 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), time.Since(start).Round(10*time.Millisecond))
-	var points []SweepPoint
-	if len(rc.SweepSizes) > 0 {
-		sweepStart := time.Now()
-		if points, err = Sweep(ctx, wl, rc.Options, rc.SweepSizes); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "\nToken hit rate against cache size (blocks of %d tokens per engine):\n", effectiveBlockSize(rc.Options))
-		if err := WriteSweepTable(w, points); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "\nsweep of %d sizes in %s (wall clock)\n", len(points), time.Since(sweepStart).Round(10*time.Millisecond))
-	}
 	if rc.CSVDir != "" {
 		if err := WriteCSV(rc.CSVDir, results, bounds); err != nil {
 			return err
@@ -102,19 +87,9 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		if err := WriteCDFCSV(rc.CSVDir, results); err != nil {
 			return err
 		}
-		if points != nil {
-			if err := WriteSweepCSV(rc.CSVDir, points); err != nil {
-				return err
-			}
-		}
 		fmt.Fprintf(w, "CSV written to %s\n", rc.CSVDir)
 	}
 	return nil
-}
-
-func effectiveBlockSize(o Options) int {
-	o.Engine.Defaults()
-	return o.Engine.BlockSize
 }
 
 // DemoConfig is what `kvsim demo` (and `make demo`) runs: a short live run

@@ -197,19 +197,6 @@ func WriteCDFCSV(dir string, results []metrics.Result) error {
 	return writeCSV(filepath.Join(dir, "ttft_cdf.csv"), rows)
 }
 
-// WriteSweepCSV writes sweep.csv: one row per cache size and router.
-func WriteSweepCSV(dir string, points []SweepPoint) error {
-	rows := [][]string{{"cache_blocks", "router", "token_hit_rate", "hit_of_bound", "bound_hit_rate", "request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p99_s", "load_skew", "rejected"}}
-	for _, p := range points {
-		for i := range p.Results {
-			r := &p.Results[i]
-			rows = append(rows, []string{itoa(p.CacheBlocks), r.Router, fl(r.TokenHitRate()), fl(p.Bounds.OfBound(r)), fl(p.Bounds.TokenHitRate()), fl(r.RequestHitRate()), i64(r.PrefillTokens),
-				fl(r.TTFTP50.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.LoadSkew), itoa(r.Rejected)})
-		}
-	}
-	return writeCSV(filepath.Join(dir, "sweep.csv"), rows)
-}
-
 func writeCSV(path string, rows [][]string) error {
 	return writeFile(path, func(w io.Writer) error { return csv.NewWriter(w).WriteAll(rows) })
 }

@@ -9,7 +9,7 @@
 //	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
 //	kvsim run                                   # the Mooncake trace, virtual time
 //	kvsim run --workload tenants
-//	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
+//	kvsim run --cache-blocks 12500 --csv out
 //	kvsim grid                                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
 //	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
 //	kvsim live --workload prefixes --requests 300 --speedup 2
@@ -61,7 +61,7 @@ func newRoot() *cobra.Command {
 // flags are run's and live's.
 type flags struct {
 	rc                sim.RunConfig
-	routers, sweep    string
+	routers           string
 	policy, guard     string
 	verbose           bool
 	prefixesQPS, zipf float64
@@ -88,7 +88,6 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
 	fs.StringVar(&f.guard, "route-guard", "", "precise+load: kvindex hotspot guard sent with Route: cost, static or off")
-	fs.StringVar(&f.sweep, "sweep-cache", "", "also sweep cache sizes (blocks per engine, e.g. 4k,8k,16k,32k)")
 	fs.StringVar(&rc.CSVDir, "csv", "", "write CSV files into this directory")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log progress to stderr")
 }
@@ -107,11 +106,6 @@ func (f *flags) config() (sim.RunConfig, error) {
 	var err error
 	if rc.Options.Routers, err = router.Parse(f.routers); err != nil {
 		return rc, err
-	}
-	if f.sweep != "" {
-		if rc.SweepSizes, err = sim.ParseSizes(f.sweep); err != nil {
-			return rc, err
-		}
 	}
 	if f.zipf < 0 {
 		return rc, fmt.Errorf("--zipf %v: want an exponent >= 0 (0: uniform)", f.zipf)
