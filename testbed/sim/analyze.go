@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -271,4 +272,29 @@ func find(rs []metrics.Result, name string) *metrics.Result {
 		}
 	}
 	return nil
+}
+
+// ParseSizes parses a comma-separated list of cache sizes in blocks; a
+// size may end in k (thousands).
+func ParseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ToLower(f))
+		if f == "" {
+			continue
+		}
+		mult := 1
+		if strings.HasSuffix(f, "k") {
+			mult, f = 1000, strings.TrimSuffix(f, "k")
+		}
+		n, err := strconv.ParseFloat(f, 64)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("sim: cache size %q: want a positive number of blocks", f)
+		}
+		out = append(out, int(n*float64(mult)))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("sim: no cache sizes in %q", s)
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"time"
@@ -11,13 +12,12 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// evKind is the kind of a scheduled simulation event.
+// evKind is the kind of a scheduled simulation event: an engine's step
+// ends, or a lagged batch reaches the index.
 type evKind uint8
 
 const (
-	// evStepEnd: an engine's step ends.
 	evStepEnd evKind = iota
-	// evDeliver: a lagged event batch reaches the index.
 	evDeliver
 )
 
@@ -31,49 +31,21 @@ type simEvent struct {
 	payload []byte
 }
 
-// eventHeap is a binary min-heap of events by (t, seq).
+// eventHeap is a min-heap (container/heap) of events by (t, seq).
 type eventHeap []simEvent
 
-func (h eventHeap) less(i, j int) bool {
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
 	return h[i].t < h[j].t || (h[i].t == h[j].t && h[i].seq < h[j].seq)
 }
-
-func (h *eventHeap) push(e simEvent) {
-	*h = append(*h, e)
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(simEvent)) }
+func (h *eventHeap) Pop() any {
 	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !s.less(i, p) {
-			break
-		}
-		s[i], s[p] = s[p], s[i]
-		i = p
-	}
-}
-
-func (h *eventHeap) pop() simEvent {
-	s := *h
-	top := s[0]
-	last := len(s) - 1
-	s[0] = s[last]
-	s[last] = simEvent{}
-	s = s[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(s) && s.less(l, m) {
-			m = l
-		}
-		if r < len(s) && s.less(r, m) {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
-	}
-	*h = s
-	return top
+	e := s[len(s)-1]
+	s[len(s)-1] = simEvent{}
+	*h = s[:len(s)-1]
+	return e
 }
 
 // loop runs one router's fleet over a workload: the discrete-event
@@ -112,7 +84,7 @@ type loop struct {
 func (l *loop) schedule(e simEvent) {
 	e.seq = l.seq
 	l.seq++
-	l.heap.push(e)
+	heap.Push(&l.heap, e)
 }
 
 // run simulates every request to completion.
@@ -145,7 +117,7 @@ func (l *loop) run(ctx context.Context) error {
 			next++
 			continue
 		}
-		ev := l.heap.pop()
+		ev := heap.Pop(&l.heap).(simEvent)
 		switch ev.kind {
 		case evDeliver:
 			l.deliver(int(ev.engine), ev.payload)
