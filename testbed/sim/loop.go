@@ -59,25 +59,21 @@ type loop struct {
 	heap   eventHeap
 	seq    uint64
 
-	// publish hands an engine's step batch to kvindex at virtual time now;
-	// nil when the router needs no index.
+	// publish hands an engine's step batch to kvindex (nil: no index).
 	publish func(engine int, b *events.Batch, now time.Duration) error
-	// wait blocks until virtual time t is due (live mode); nil in virtual
-	// mode, where time jumps.
-	wait func(ctx context.Context, t time.Duration) error
+	// Live mode: wait blocks until virtual time t is due; clock is the
+	// wall clock in virtual time, so that a request reaches its engine as
+	// long after arrival as its router's call took (part of its TTFT, as
+	// in production).
+	wait  func(ctx context.Context, t time.Duration) error
+	clock func() time.Duration
 	// deliver applies a lagged payload (virtual mode).
 	deliver func(engine int, payload []byte)
-	// clock is the wall clock in virtual time (live mode; nil in virtual
-	// mode): a request reaches its engine as long after its arrival as
-	// the router's call took on the wall clock, so the router's latency
-	// (a gRPC round trip, kvindex's ranking) is part of its TTFT, as it
-	// is in production.
-	clock func() time.Duration
 
 	content []uint64
 	rreq    router.Request
-	// now is the virtual time of the event being processed; kvindex's
-	// tracker reads it as its clock in virtual mode.
+	// now is the current event's virtual time, kvindex's tracker's clock
+	// in virtual mode.
 	now time.Duration
 }
 
@@ -197,7 +193,6 @@ func (l *loop) stepEnd(ctx context.Context, i int, now time.Duration) error {
 	return l.startStep(i, now)
 }
 
-// result reduces the run's record.
 func (l *loop) result() metrics.Result {
 	prefill, pre := l.fleet.totals()
 	res := l.rec.Result(l.router.Name(), prefill, pre)
