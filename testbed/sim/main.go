@@ -12,18 +12,14 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// RunConfig is one kvsim invocation: what to replay, how, and where to
-// write the results.
+// RunConfig is one kvsim invocation.
 type RunConfig struct {
-	// Workload selects the requests.
 	Workload WorkloadSpec
-	// Options configure the fleet and routers.
-	Options Options
-	// Live, when set, runs in live mode (real ZMQ and gRPC, wall clock);
-	// otherwise virtual time.
+	Options  Options
+	// Live, when set, runs live mode, else virtual time.
 	Live *LiveOptions
-	// PrintConfig prints the kvindex configuration a live run against an
-	// external daemon (Live.Addr) needs, and runs nothing.
+	// PrintConfig prints the kvindex configuration a live run against
+	// Live.Addr needs, and runs nothing.
 	PrintConfig bool
 	// CSVDir, when set, receives CSV files.
 	CSVDir string
@@ -92,11 +88,10 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	return nil
 }
 
-// DemoConfig is what `kvsim demo` (and `make demo`) runs: a short live run
-// (about 10 s) of the shared-prefix workload, 300 requests at 40 QPS, on 4
-// engines with small caches (2,048 blocks: 40 prefixes of 128 blocks do
-// not fit one engine, a quarter of them do), every router at once, against
-// the real daemon in process, paced in real time.
+// DemoConfig is what `kvsim demo` (`make demo`) runs: about 10 s live of
+// the prefixes workload, 300 requests at 40 QPS, on 4 engines of 2,048
+// blocks (a quarter of the 40 prefixes of 128 blocks fit one), every
+// router, the daemon in process.
 func DemoConfig() RunConfig {
 	return RunConfig{
 		Workload: WorkloadSpec{Kind: KindPrefixes, Requests: 300, Seed: 1, Prefixes: workload.PrefixesConfig{QPS: 40}},
