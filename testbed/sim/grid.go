@@ -196,7 +196,7 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	wall := time.Since(start)
 	var b strings.Builder
 	fmt.Fprintf(&b, "kvsim grid cell %s (virtual time): %s\n\n", c.Name, Describe(wl, o))
-	if err := WriteTable(&b, results, bounds); err != nil {
+	if err := WriteTable(&b, results, bounds, ""); err != nil {
 		return err
 	}
 	fmt.Fprintf(&b, "\n%d routers in %s (wall clock)\n", len(results), wall.Round(10*time.Millisecond))

@@ -72,7 +72,7 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := writeTable(w, results, bounds, agreeNote); err != nil {
+	if err := WriteTable(w, results, bounds, agreeNote); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), time.Since(start).Round(10*time.Millisecond))

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -27,14 +28,9 @@ func Describe(w *workload.Workload, o Options) string {
 
 // WriteTable prints one row per router, and when b is not nil each
 // router's cached tokens as a fraction of the hit-rate bound and a last
-// row with the bounds (see Bounds).
-func WriteTable(w io.Writer, results []metrics.Result, b *Bounds) error {
-	return writeTable(w, results, b, "")
-}
-
-// writeTable is WriteTable with a note on what agreed (fleet mode: on
-// every replica, with equal digests).
-func writeTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote string) error {
+// row with the bounds; agreeNote says where kvindex agreed with the
+// engines beyond the daemon (fleet mode: every replica).
+func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote string) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "router\thit tok\tof bound\thit req\tprefill tok\tTTFT p50\tp90\tp99\treq/s\tout tok/s\tskew\treq skew\tpreempt\trejected\twall\t")
 	var notes []string
@@ -124,8 +120,8 @@ func WriteSweepTable(w io.Writer, points []SweepPoint) error {
 		func(*SweepPoint) string { return pct(1) })
 }
 
-// writeSweepGrid prints one row per cache size and a column per router
-// holding cell's text, then a "bound" column when bound is not nil.
+// writeSweepGrid prints a row per cache size, a column of cell per
+// router, and a "bound" column unless bound is nil.
 func writeSweepGrid(w io.Writer, points []SweepPoint, cell func(*SweepPoint, *metrics.Result) string, bound func(*SweepPoint) string) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "blocks/engine\t")
@@ -150,9 +146,8 @@ func writeSweepGrid(w io.Writer, points []SweepPoint, cell func(*SweepPoint, *me
 	return tw.Flush()
 }
 
-// sweepCell is one sweep table cell: the token hit rate, and the requests
-// rejected when any were (a run where every request was rejected has no
-// hit rate, not 0%).
+// sweepCell is the token hit rate and the requests rejected, if any (all
+// rejected: no hit rate, not 0%).
 func sweepCell(r *metrics.Result) string {
 	switch {
 	case r.Rejected == 0:
@@ -198,24 +193,15 @@ func WriteCDFCSV(dir string, results []metrics.Result) error {
 }
 
 func writeCSV(path string, rows [][]string) error {
-	return writeFile(path, func(w io.Writer) error { return csv.NewWriter(w).WriteAll(rows) })
-}
-
-// writeFile creates path (and its directory) and writes it with write.
-func writeFile(path string, write func(io.Writer) error) error {
+	var b bytes.Buffer
+	if err := csv.NewWriter(&b).WriteAll(rows); err != nil {
+		return fmt.Errorf("sim: %s: %w", path, err)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	f, err := os.Create(path)
-	if err != nil {
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
-	}
-	if err := write(f); err != nil {
-		f.Close()
-		return fmt.Errorf("sim: write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("sim: write %s: %w", path, err)
 	}
 	return nil
 }
