@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -78,46 +77,36 @@ func ReuseCeiling(w *workload.Workload, blockSize int, window time.Duration) Reu
 // ids (token_ids) or OpenAI bodies (prompt or messages), as its first
 // line says.
 func LoadRequestLog(path, tokenizeURL string) (*workload.Workload, error) {
-	format, err := sniffFormat(path)
-	if err != nil {
-		return nil, fmt.Errorf("sim: request log %s: %w", path, err)
-	}
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("sim: request log: %w", err)
 	}
-	defer f.Close()
+	format, err := sniffFormat(b)
+	if err != nil {
+		return nil, fmt.Errorf("sim: request log %s: %w", path, err)
+	}
 	name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	switch format {
 	case "hash_ids":
-		return workload.ReadMooncake(f, name)
+		return workload.ReadMooncake(bytes.NewReader(b), name)
 	case "token_ids":
-		return workload.ReadTokenLog(f, name)
-	default:
-		tok := workload.EstimateTokens
-		if tokenizeURL != "" {
-			tok = VLLMTokenizer(tokenizeURL, &http.Client{Timeout: 30 * time.Second})
-		}
-		return workload.ReadOpenAILog(f, name, tok)
+		return workload.ReadTokenLog(bytes.NewReader(b), name)
 	}
+	tok := workload.EstimateTokens
+	if tokenizeURL != "" {
+		tok = VLLMTokenizer(tokenizeURL, &http.Client{Timeout: 30 * time.Second})
+	}
+	return workload.ReadOpenAILog(bytes.NewReader(b), name, tok)
 }
 
 // sniffFormat returns the first line's field that tells the format.
-func sniffFormat(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
-	for sc.Scan() {
-		b := bytes.TrimSpace(sc.Bytes())
-		if len(b) == 0 {
+func sniffFormat(log []byte) (string, error) {
+	for line := range bytes.Lines(log) {
+		if line = bytes.TrimSpace(line); len(line) == 0 {
 			continue
 		}
 		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(b, &fields); err != nil {
+		if err := json.Unmarshal(line, &fields); err != nil {
 			return "", fmt.Errorf("the first line is not a JSON object: %w", err)
 		}
 		for _, k := range []string{"hash_ids", "token_ids", "prompt", "messages"} {
@@ -126,9 +115,6 @@ func sniffFormat(path string) (string, error) {
 			}
 		}
 		return "", fmt.Errorf("the first line has none of hash_ids, token_ids, prompt or messages")
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
 	}
 	return "", fmt.Errorf("empty")
 }

@@ -1,12 +1,11 @@
 package sim
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"regexp"
 	"time"
 
 	"github.com/kvindex/kvindex/testbed/sim/workload"
@@ -130,7 +129,7 @@ func RepoRoot() (string, error) {
 		return "", fmt.Errorf("sim: %w", err)
 	}
 	for {
-		if isKvindexModule(filepath.Join(dir, "go.mod")) {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && kvindexModule.Match(b) {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
@@ -141,17 +140,4 @@ func RepoRoot() (string, error) {
 	}
 }
 
-func isKvindexModule(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "module ") {
-			return strings.TrimSpace(strings.TrimPrefix(line, "module ")) == "github.com/kvindex/kvindex"
-		}
-	}
-	return false
-}
+var kvindexModule = regexp.MustCompile(`(?m)^\s*module\s+github\.com/kvindex/kvindex\s*$`)
