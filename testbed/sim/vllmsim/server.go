@@ -58,7 +58,7 @@ type Server struct {
 	waiters map[*workload.Request]*waiter
 	nextID  int
 	// counters, exported under vLLM's names
-	queries, hits, promptToks, genToks, success, rejected int64
+	queries, hits, promptToks, genToks, success int64
 }
 
 // waiter is a request's caller, waiting for its last token.
@@ -228,7 +228,6 @@ func (s *Server) serve(ctx context.Context, segs []workload.Segment, n int) (pro
 	s.nextID++
 	content := req.AppendBlockContent(nil, s.cfg.Engine.BlockSize, req.OutputSegment(s.cfg.Engine.OutputSeed))
 	if !s.eng.Submit(req, content) {
-		s.rejected++
 		s.mu.Unlock()
 		return 0, 0, fmt.Errorf("%w: %d prompt + %d output tokens exceed the KV cache (%d blocks of %d)", ErrBadRequest, req.PromptLen, n, s.cfg.Engine.CacheBlocks, s.cfg.Engine.BlockSize)
 	}
