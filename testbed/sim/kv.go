@@ -82,27 +82,13 @@ func (k *localKV) Release(_ context.Context, id string) error {
 }
 
 // grpcKV is kvindex over gRPC for one precise router (live mode).
-type grpcKV struct {
-	c     *api.Client
-	refs  []kvindexv1.WorkerRef
-	wl    []kvindexv1.WorkerLoad
-	loads []*kvindexv1.WorkerLoad
-}
+type grpcKV struct{ c *api.Client }
 
 func (g *grpcKV) scoreRequest(q *router.Query) *kvindexv1.ScoreRequest {
 	req := &kvindexv1.ScoreRequest{Model: q.Model, TokenIds: q.Tokens}
-	if len(q.Loads) > 0 {
-		for len(g.wl) < len(q.Loads) {
-			g.refs = append(g.refs, kvindexv1.WorkerRef{})
-			g.wl = append(g.wl, kvindexv1.WorkerLoad{})
-		}
-		g.loads = g.loads[:0]
-		for i, l := range q.Loads {
-			g.refs[i].Pod = l.Pod
-			g.wl[i] = kvindexv1.WorkerLoad{Worker: &g.refs[i], Running: l.Running, Waiting: l.Waiting, KvCacheUsage: l.KVUsage}
-			g.loads = append(g.loads, &g.wl[i])
-		}
-		req.Loads = g.loads
+	for _, l := range q.Loads {
+		req.Loads = append(req.Loads, &kvindexv1.WorkerLoad{Worker: &kvindexv1.WorkerRef{Pod: l.Pod}, Running: l.Running,
+			Waiting: l.Waiting, KvCacheUsage: l.KVUsage})
 	}
 	if p := q.Policy; p != nil {
 		req.Policy = &kvindexv1.ScorePolicy{Name: p.Name, Guard: p.Guard, LoadWeight: p.LoadWeight, StaticK: p.StaticK,
