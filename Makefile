@@ -56,8 +56,7 @@ lint:
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
-# (precise ones over gRPC), the table printed. The scripted walkthrough of
-# the index alone is `go run ./testbed/cmd/kvsim walkthrough`.
+# (precise ones over gRPC), the table printed.
 demo: deps
 	$(GO) run ./testbed/cmd/kvsim demo
 

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,40 +18,34 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// AnalyzeConfig is one "should I deploy this?" run over a user's request
-// log (`kvsim analyze`).
+// AnalyzeConfig is one `kvsim analyze` run over a user's request log.
 type AnalyzeConfig struct {
 	// Log is the request log's path.
 	Log string
-	// TokenizeURL is a vLLM /tokenize endpoint for OpenAI bodies; "" uses
-	// workload.EstimateTokens.
+	// TokenizeURL is a vLLM /tokenize endpoint for OpenAI bodies ("":
+	// workload.EstimateTokens).
 	TokenizeURL string
-	// Window is how far back a reused prefix may have been seen for the
-	// reuse ceiling (default 10 minutes).
+	// Window is how long ago a reused prefix may have been seen (default
+	// 10 minutes).
 	Window time.Duration
 	// Sizes are the cache sizes replayed, blocks per engine (default
-	// 25,000, 12,500, 6,250 and 3,125: shrinking caches).
+	// 25,000, 12,500, 6,250 and 3,125).
 	Sizes []int
-	// Options configure the fleet; its Routers are ignored (round-robin,
-	// precise and precise+load are replayed).
+	// Options configure the fleet; round-robin, precise and precise+load
+	// are replayed, whatever its Routers.
 	Options Options
 }
 
-// Reuse is a log's reuse ceiling: the prompt tokens that are a prefix of
-// an earlier request's prompt, in whole blocks, as an infinite cache would
-// hit them.
+// Reuse is a log's reuse ceiling: of its PromptTokens, those in whole
+// blocks that are a prefix of an earlier prompt seen within the window,
+// and seen ever.
 type Reuse struct {
-	// PromptTokens is every prompt token of the log.
-	PromptTokens int64
-	// Window is the tokens whose prefix was seen within the window;
-	// Ever, at any earlier time.
-	Window, Ever int64
+	PromptTokens, Window, Ever int64
 }
 
-// ReuseCeiling walks w in arrival order and counts, for each prompt, its
-// longest prefix of full blockSize-token blocks that an earlier prompt
-// held (within window for Reuse.Window). Cost: O(blocks), one map entry
-// per distinct block prefix.
+// ReuseCeiling walks w in arrival order counting each prompt's longest
+// prefix of full blocks that an earlier prompt held. Cost: O(blocks), a
+// map entry per distinct block prefix.
 func ReuseCeiling(w *workload.Workload, blockSize int, window time.Duration) Reuse {
 	var r Reuse
 	last := make(map[uint64]time.Duration)
@@ -79,51 +73,40 @@ func ReuseCeiling(w *workload.Workload, blockSize int, window time.Duration) Reu
 	return r
 }
 
-// LoadRequestLog reads a request log: Mooncake JSONL (hash_ids), JSONL of
-// token ids (token_ids) or OpenAI request bodies (prompt or messages),
-// told from the first line's fields.
+// LoadRequestLog reads a request log of Mooncake lines (hash_ids), token
+// ids (token_ids) or OpenAI bodies (prompt or messages), as its first
+// line says.
 func LoadRequestLog(path, tokenizeURL string) (*workload.Workload, error) {
-	format, err := sniffFormat(path)
-	if err != nil {
-		return nil, fmt.Errorf("sim: request log %s: %w", path, err)
-	}
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("sim: request log: %w", err)
 	}
-	defer f.Close()
+	format, err := sniffFormat(b)
+	if err != nil {
+		return nil, fmt.Errorf("sim: request log %s: %w", path, err)
+	}
 	name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	switch format {
 	case "hash_ids":
-		return workload.ReadMooncake(f, name)
+		return workload.ReadMooncake(bytes.NewReader(b), name)
 	case "token_ids":
-		return workload.ReadTokenLog(f, name)
-	default:
-		tok := workload.EstimateTokens
-		if tokenizeURL != "" {
-			tok = VLLMTokenizer(tokenizeURL, &http.Client{Timeout: 30 * time.Second})
-		}
-		return workload.ReadOpenAILog(f, name, tok)
+		return workload.ReadTokenLog(bytes.NewReader(b), name)
 	}
+	tok := workload.EstimateTokens
+	if tokenizeURL != "" {
+		tok = VLLMTokenizer(tokenizeURL, &http.Client{Timeout: 30 * time.Second})
+	}
+	return workload.ReadOpenAILog(bytes.NewReader(b), name, tok)
 }
 
-// sniffFormat returns the field of its first non-empty line that tells a
-// log's format: hash_ids, token_ids, or prompt (prompt or messages).
-func sniffFormat(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
-	for sc.Scan() {
-		b := bytes.TrimSpace(sc.Bytes())
-		if len(b) == 0 {
+// sniffFormat returns the first line's field that tells the format.
+func sniffFormat(log []byte) (string, error) {
+	for line := range bytes.Lines(log) {
+		if line = bytes.TrimSpace(line); len(line) == 0 {
 			continue
 		}
 		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(b, &fields); err != nil {
+		if err := json.Unmarshal(line, &fields); err != nil {
 			return "", fmt.Errorf("the first line is not a JSON object: %w", err)
 		}
 		for _, k := range []string{"hash_ids", "token_ids", "prompt", "messages"} {
@@ -133,15 +116,11 @@ func sniffFormat(path string) (string, error) {
 		}
 		return "", fmt.Errorf("the first line has none of hash_ids, token_ids, prompt or messages")
 	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
 	return "", fmt.Errorf("empty")
 }
 
-// VLLMTokenizer tokenizes OpenAI request bodies with a vLLM /tokenize
-// endpoint (url, e.g. http://vllm:8000/tokenize): the body's model and
-// prompt or messages are posted, the answer's tokens returned.
+// VLLMTokenizer tokenizes OpenAI request bodies by posting their model
+// and prompt or messages to a vLLM /tokenize endpoint at url.
 func VLLMTokenizer(url string, c *http.Client) workload.Tokenizer {
 	return func(body json.RawMessage) ([]uint32, error) {
 		var in map[string]json.RawMessage
@@ -180,9 +159,8 @@ func VLLMTokenizer(url string, c *http.Client) workload.Tokenizer {
 	}
 }
 
-// Analyze reads ac's log, prints its reuse ceiling, replays it through
-// round-robin, precise and precise+load at each cache size, and ends with
-// a one-line verdict (see Verdict).
+// Analyze prints ac's log's reuse ceiling, its replay through
+// round-robin, precise and precise+load at each cache size, and Verdict.
 func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
 	if ac.Window <= 0 {
 		ac.Window = 10 * time.Minute
@@ -228,15 +206,11 @@ func ratio(a, b int64) float64 {
 	return float64(a) / float64(b)
 }
 
-// Verdict is the one-line answer to "does cache-aware routing pay on this
-// traffic?":
-//
-//   - "no" when under 5% of prompt tokens repeat an earlier prefix within
-//     the window: no router can cache more than that;
-//   - "yes" when, at some replayed cache size, precise+load caches at
-//     least 5 points more of the prompt tokens than round-robin or has a
-//     p99 TTFT at least 10% lower, without a p99 more than 10% higher;
-//   - "marginal" otherwise.
+// Verdict answers "does cache-aware routing pay on this traffic?": "no"
+// when under 5% of prompt tokens repeat an earlier prefix within the
+// window; "yes" when at some size precise+load caches 5 points more than
+// round-robin or cuts p99 TTFT by 10%, without a p99 10% higher;
+// "marginal" otherwise.
 func Verdict(reuse Reuse, window time.Duration, points []SweepPoint) string {
 	ceiling := ratio(reuse.Window, reuse.PromptTokens)
 	if ceiling < 0.05 {
@@ -271,4 +245,28 @@ func find(rs []metrics.Result, name string) *metrics.Result {
 		}
 	}
 	return nil
+}
+
+// ParseSizes parses comma-separated cache sizes in blocks (k: thousands).
+func ParseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ToLower(f))
+		if f == "" {
+			continue
+		}
+		mult := 1
+		if strings.HasSuffix(f, "k") {
+			mult, f = 1000, strings.TrimSuffix(f, "k")
+		}
+		n, err := strconv.ParseFloat(f, 64)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("sim: cache size %q: want a positive number of blocks", f)
+		}
+		out = append(out, int(n*float64(mult)))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("sim: no cache sizes in %q", s)
+	}
+	return out, nil
 }

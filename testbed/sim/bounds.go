@@ -9,35 +9,23 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// Bounds are the references a workload sets for every router, computed
-// offline from the requests alone (no routing, no queueing):
+// Bounds are what a workload allows any router, computed offline from
+// the requests that fit an engine:
 //
-//   - the hit-rate bound: each request, in arrival order, hits the longest
-//     prefix of its prompt's full blocks that an earlier request's prompt
-//     or output contained, as if one engine had an infinite cache and had
-//     already run every earlier request (capped like vLLM at
-//     (tokens - 1) / block size blocks). Every occurrence of a block but
-//     the one that first computes it is counted as a hit, so no router on
-//     any fleet caches more, unless it schedules a request before an
-//     earlier arrival it shares blocks with (a reordering among
-//     near-simultaneous arrivals, worth at most their shared prefix).
-//   - the TTFT lower bound: each request's own prefill with the bound's
-//     hit, alone on an idle engine: its uncached tokens in chunks of
-//     MaxBatchedTokens, each step timed by the engine's time model with
-//     nothing decoding beside it. A request's TTFT on any router is at
-//     least this, so each percentile of a router's TTFT is at least the
-//     bound's.
-//
-// Requests that could never fit an engine (rejected by every router) are
-// left out of both.
+//   - hit rate: each request, in arrival order, hits the longest prefix of
+//     its full prompt blocks (at most (tokens-1)/block size) that an
+//     earlier request's prompt or output held, as an infinite cache that
+//     had run every earlier request would. No router caches more, unless
+//     it schedules a request before an earlier arrival sharing its blocks.
+//   - TTFT: each request's own prefill after the bound's hit, alone on an
+//     idle engine in steps of MaxBatchedTokens; every percentile of a
+//     router's TTFT is at least the bound's.
 type Bounds struct {
-	// Requests is the number of requests counted (those that fit).
-	Requests int
-	// PromptTokens and CachedTokens are the counted requests' prompt
-	// tokens and the tokens the hit-rate bound finds cached.
+	// Requests counted, their PromptTokens, and the CachedTokens the
+	// hit-rate bound finds.
+	Requests                   int
 	PromptTokens, CachedTokens int64
-	// TTFT holds every request's lower bound, sorted; the percentiles
-	// summarise it.
+	// TTFT holds every request's lower bound, sorted; the rest summarise it.
 	TTFT                      []time.Duration
 	TTFTP50, TTFTP90, TTFTP99 time.Duration
 	TTFTMean                  time.Duration
@@ -60,11 +48,9 @@ func (b *Bounds) OfBound(r *metrics.Result) float64 {
 	return float64(r.CachedTokens) / float64(b.CachedTokens)
 }
 
-// ComputeBounds computes w's bounds for the fleet o describes (block
-// size, cache size for what fits, time model). Cost: one pass over the
-// requests, O(blocks) hashing and a set of every distinct block prefix
-// (8 bytes plus map overhead each: about 20 MB for the Mooncake trace at
-// 16-token blocks).
+// ComputeBounds computes w's bounds on o's engines. Cost: one pass,
+// O(blocks) hashing, and a set of every distinct block prefix (about
+// 20 MB for the Mooncake trace at 16-token blocks).
 func ComputeBounds(w *workload.Workload, o Options) (*Bounds, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
@@ -109,8 +95,7 @@ func ComputeBounds(w *workload.Workload, o Options) (*Bounds, error) {
 }
 
 // soloPrefill is how long an idle engine takes to prefill n tokens (at
-// least one, as vLLM computes) after cached ones, in steps of at most
-// budget tokens.
+// least one) after cached ones, in steps of at most budget tokens.
 func soloPrefill(tm engine.TimeModel, cached, n, budget int) time.Duration {
 	n = max(n, 1)
 	var d time.Duration

@@ -18,35 +18,27 @@ const (
 	HitShare  = 0.90
 )
 
-// CriterionRow is what the criterion reads of one router's result.
+// CriterionRow is what the criterion reads of one router's result: its
+// token hit rate, p99 and mean TTFT, and requests scheduled (0: the row
+// takes no part).
 type CriterionRow struct {
-	// Router is the router's name.
-	Router string
-	// HitRate is the share of prompt tokens found cached.
-	HitRate float64
-	// P99 and Mean are the p99 and mean TTFT.
+	Router    string
+	HitRate   float64
 	P99, Mean time.Duration
-	// Scheduled is how many requests reached first token (0: none ran,
-	// the row takes no part).
 	Scheduled int
 }
 
-// Criterion is the criterion evaluated on one cell.
+// Criterion is the criterion evaluated on one cell: precise+load's p99,
+// mean TTFT and hit rate, each beside the best of any router's (its own
+// included) and who had it; whether each term holds; and the routers with
+// both a lower p99 and a higher hit rate.
 type Criterion struct {
-	// P99 is precise+load's p99; BestP99 the lowest of any router's
-	// (precise+load's own included), by BestP99Router.
-	P99, BestP99  time.Duration
-	BestP99Router string
-	// Mean is precise+load's mean TTFT; BestMean the lowest of any
-	// router's, by BestMeanRouter.
-	Mean, BestMean time.Duration
-	BestMeanRouter string
-	// Hit is precise+load's hit rate; BestHit the highest of any
-	// router's, by BestHitRouter.
-	Hit, BestHit  float64
-	BestHitRouter string
-	// P99OK, MeanOK and HitOK say whether each term holds; Dominated
-	// lists the routers with both a lower p99 and a higher hit rate.
+	P99, BestP99         time.Duration
+	BestP99Router        string
+	Mean, BestMean       time.Duration
+	BestMeanRouter       string
+	Hit, BestHit         float64
+	BestHitRouter        string
 	P99OK, MeanOK, HitOK bool
 	Dominated            []string
 }

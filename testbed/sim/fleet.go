@@ -1,8 +1,6 @@
 package sim
 
 import (
-	"time"
-
 	"github.com/kvindex/kvindex/testbed/sim/engine"
 	"github.com/kvindex/kvindex/testbed/sim/router"
 )
@@ -43,13 +41,12 @@ func (f *fleet) CachedTokens(i int, req *router.Request) int {
 	return e.CachedTokens(f.scratch, req.PromptLen)
 }
 
-// totals returns the engines' prefill tokens, busy times and preemptions.
-func (f *fleet) totals() (prefill []int64, busy []time.Duration, preempt int) {
+// totals returns the engines' prefill tokens and preemptions.
+func (f *fleet) totals() (prefill []int64, preempt int) {
 	for _, e := range f.engines {
 		s := e.Stats()
 		prefill = append(prefill, s.PrefillTokens)
-		busy = append(busy, s.Busy)
 		preempt += s.Preemptions
 	}
-	return prefill, busy, preempt
+	return prefill, preempt
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -16,8 +17,8 @@ import (
 	"time"
 )
 
-// The grid's workloads: the bundled trace, the same with a sparse start,
-// and the generated suite.
+// The grid's workloads beside the generated suite: the bundled trace,
+// and the same with a sparse start.
 const (
 	GridMooncake       = "mooncake"
 	GridMooncakeSparse = "mooncake-sparse"
@@ -26,21 +27,16 @@ const (
 // GridWorkloads are the grid's workloads, in report order.
 var GridWorkloads = []string{GridMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
 
-// GridSparsePause is the pause after the first request of the sparse
-// start (the bundled trace's every request after the first, 10 s later).
+// GridSparsePause delays the sparse start's every request after the first.
 const GridSparsePause = 10 * time.Second
 
 // GridCell is one cell of the grid: a workload at a rate multiplier on
-// engines of a cache size.
+// engines of a cache size, named "<workload>-<rate>x-<cache>" (e.g.
+// "rag-2x-12.5k", also its directory's name).
 type GridCell struct {
-	// Name is "<workload>-<rate>x-<cache>", e.g. "rag-2x-12.5k", and the
-	// name of the cell's directory.
-	Name string
-	// Workload is one of GridWorkloads.
-	Workload string
-	// Rate multiplies the workload's arrival rate.
-	Rate float64
-	// CacheBlocks is each engine's cache in blocks.
+	Name        string
+	Workload    string
+	Rate        float64
 	CacheBlocks int
 }
 
@@ -51,19 +47,15 @@ type GridConfig struct {
 	Workloads []string
 	Rates     []float64
 	Caches    []int
-	// Cells picks the cells to run by name or path.Match pattern
-	// ("rag-*", "*-2x-*"); empty: every cell.
+	// Cells picks cells by name or path.Match pattern; empty: every cell.
 	Cells []string
 	// Dir receives a directory per cell and the summary (default
 	// docs/results).
 	Dir string
-	// Trace is the Mooncake trace (see WorkloadSpec.Trace).
-	Trace string
-	// Seed seeds the generators, engines and routers.
-	Seed uint64
-	// Requests, when set, shortens every workload (WorkloadSpec.Requests:
-	// a trace's first n requests, a generator's count); 0 runs the suite
-	// as documented.
+	// Trace, Seed and Requests (0: the suite as documented) are each
+	// cell's WorkloadSpec's.
+	Trace    string
+	Seed     uint64
 	Requests int
 	// Options configure the fleet; Engine.CacheBlocks is each cell's.
 	Options Options
@@ -84,8 +76,8 @@ func (gc *GridConfig) defaults() {
 	}
 }
 
-// GridCells returns the grid's cells in report order (workload, then rate,
-// then cache size as given), those Cells picks only.
+// GridCells returns the cells Cells picks, in report order (workload,
+// rate, cache size).
 func (gc GridConfig) GridCells() ([]GridCell, error) {
 	gc.defaults()
 	for _, p := range gc.Cells {
@@ -132,7 +124,7 @@ func picked(patterns []string, name string) bool {
 }
 
 // blocksLabel writes a cache size as the grid names it: 25000 "25k",
-// 12500 "12.5k", 3000 "3k", 777 "777".
+// 12500 "12.5k", 777 "777".
 func blocksLabel(n int) string {
 	if n >= 1000 && n%100 == 0 {
 		return strconv.FormatFloat(float64(n)/1000, 'g', -1, 64) + "k"
@@ -140,7 +132,6 @@ func blocksLabel(n int) string {
 	return strconv.Itoa(n)
 }
 
-// spec is the cell's workload.
 func (c GridCell) spec(trace string, seed uint64, requests int) WorkloadSpec {
 	s := WorkloadSpec{Kind: c.Workload, Trace: trace, RateScale: c.Rate, Seed: seed, Requests: requests}
 	if c.Workload == GridMooncakeSparse {
@@ -149,11 +140,10 @@ func (c GridCell) spec(trace string, seed uint64, requests int) WorkloadSpec {
 	return s
 }
 
-// RunGrid runs the picked cells one after another, writes each cell's
-// table (table.txt), results.csv, ttft_cdf.csv and cell.csv into
-// Dir/<cell>/, then the summary of every grid cell found under Dir
-// (those run now and any earlier) into Dir/grid.csv and Dir/grid.md, and
-// prints each table and the summary to w.
+// RunGrid runs the picked cells one after another into Dir/<cell>/
+// (table.txt, results.csv, ttft_cdf.csv, cell.csv), then summarises every
+// cell found under Dir, run now or earlier, into Dir/grid.md and
+// Dir/grid.csv; it prints each table and the summary to w.
 func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 	gc.defaults()
 	cells, err := gc.GridCells()
@@ -175,19 +165,12 @@ func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(w)
-	if err := WriteGridSummary(w, sum); err != nil {
+	var b strings.Builder
+	if err := WriteGridSummary(&b, sum); err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(gc.Dir, "grid.md"))
-	if err != nil {
-		return fmt.Errorf("sim: %w", err)
-	}
-	if err := WriteGridSummary(f, sum); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
+	fmt.Fprintf(w, "\n%s", b.String())
+	if err := os.WriteFile(filepath.Join(gc.Dir, "grid.md"), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
 	return writeCSV(filepath.Join(gc.Dir, "grid.csv"), gridCSV(sum))
@@ -200,7 +183,6 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	}
 	o := gc.Options
 	o.Engine.CacheBlocks = c.CacheBlocks
-	o.Approx.LRUBlocks = 0
 	o.Seed = gc.Seed
 	start := time.Now()
 	results, err := Simulate(ctx, wl, o)
@@ -214,7 +196,7 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	wall := time.Since(start)
 	var b strings.Builder
 	fmt.Fprintf(&b, "kvsim grid cell %s (virtual time): %s\n\n", c.Name, Describe(wl, o))
-	if err := WriteTable(&b, results, bounds); err != nil {
+	if err := WriteTable(&b, results, bounds, ""); err != nil {
 		return err
 	}
 	fmt.Fprintf(&b, "\n%d routers in %s (wall clock)\n", len(results), wall.Round(10*time.Millisecond))
@@ -240,16 +222,16 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	return err
 }
 
-// GridResult is one cell's criterion, as read back from its directory.
+// GridResult is one cell's criterion and wall-clock time, as read back
+// from its directory.
 type GridResult struct {
 	Cell      GridCell
 	Criterion Criterion
-	// Wall is the cell's wall-clock time.
-	Wall time.Duration
+	Wall      time.Duration
 }
 
 // ReadGrid reads the criterion of every cell of cells that has results
-// under dir (cells never run are skipped).
+// under dir.
 func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
 	var out []GridResult
 	for _, c := range cells {
@@ -269,7 +251,7 @@ func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
 	return out, nil
 }
 
-// readCell reads a cell's results.csv (every router row) and cell.csv.
+// readCell reads a cell's results.csv router rows and cell.csv's wall time.
 func readCell(dir string) ([]CriterionRow, time.Duration, error) {
 	recs, err := readCSV(filepath.Join(dir, "results.csv"))
 	if err != nil {
@@ -294,51 +276,48 @@ func readCell(dir string) ([]CriterionRow, time.Duration, error) {
 		if err := errors.Join(err1, err2, err3, err4); err != nil {
 			return nil, 0, fmt.Errorf("results.csv: router %s: %w", r[col[0]], err)
 		}
-		rows = append(rows, CriterionRow{Router: r[col[0]], Scheduled: sched, HitRate: hit,
-			P99: time.Duration(p99 * float64(time.Second)), Mean: time.Duration(mean * float64(time.Second))})
+		rows = append(rows, CriterionRow{Router: r[col[0]], Scheduled: sched, HitRate: hit, P99: seconds(p99), Mean: seconds(mean)})
 	}
-	var wall time.Duration
-	meta, err := readCSV(filepath.Join(dir, "cell.csv"))
-	if err == nil {
-		if mc, err := columns(meta, "wall_s"); err == nil && len(meta) > 1 && len(meta[1]) == len(meta[0]) {
+	var wall time.Duration // unknown when cell.csv is missing or unreadable
+	if meta, err := readCSV(filepath.Join(dir, "cell.csv")); err == nil && len(meta) > 1 && len(meta[1]) == len(meta[0]) {
+		if mc, err := columns(meta, "wall_s"); err == nil {
 			if s, err := strconv.ParseFloat(meta[1][mc[0]], 64); err == nil {
-				wall = time.Duration(s * float64(time.Second))
+				wall = seconds(s)
 			}
 		}
 	}
 	return rows, wall, nil
 }
 
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
 func readCSV(p string) ([][]string, error) {
-	f, err := os.Open(p)
+	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
+	recs, err := csv.NewReader(bytes.NewReader(b)).ReadAll()
+	if err == nil && len(recs) == 0 {
+		err = errors.New("empty")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Base(p), err)
-	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("%s: empty", filepath.Base(p))
 	}
 	return recs, nil
 }
 
-// columns finds the named columns in recs' header.
 func columns(recs [][]string, names ...string) ([]int, error) {
 	out := make([]int, len(names))
 	for i, n := range names {
-		out[i] = slices.Index(recs[0], n)
-		if out[i] < 0 {
+		if out[i] = slices.Index(recs[0], n); out[i] < 0 {
 			return nil, fmt.Errorf("no column %q", n)
 		}
 	}
 	return out, nil
 }
 
-// WriteGridSummary prints the criterion per cell as a Markdown table,
-// every term with its value, the best router's and the verdict.
+// WriteGridSummary prints the criterion per cell as a Markdown table:
+// every term's value, the best router's, and the verdicts.
 func WriteGridSummary(w io.Writer, cells []GridResult) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| cell | precise+load p99 | lowest p99 (router) | above | p99 ≤ +%.0f%% | precise+load mean | lowest mean (router) | above | mean ≤ +%.0f%% | precise+load hit | best hit (router) | share | hit ≥ %.0f%% | beaten on both by | met | wall |\n",
@@ -366,8 +345,7 @@ func WriteGridSummary(w io.Writer, cells []GridResult) error {
 	return err
 }
 
-// gridSecs writes a TTFT for the summary: milliseconds below a second
-// (means are often tens of them), else as the tables do.
+// gridSecs writes a TTFT in milliseconds below a second, else as secs.
 func gridSecs(d time.Duration) string {
 	if d < time.Second {
 		return strconv.FormatInt(d.Round(time.Millisecond).Milliseconds(), 10) + "ms"

@@ -14,9 +14,8 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/router"
 )
 
-// localKV is kvindex in process for the precise routers: it calls the
-// scoring.Scorer the gRPC server answers with, without protobuf. It is
-// used by one router goroutine at a time.
+// localKV is kvindex in process for one precise router: the scorer the
+// gRPC server answers with, without protobuf.
 type localKV struct {
 	s      *scoring.Scorer
 	req    scoring.Request
@@ -26,7 +25,6 @@ type localKV struct {
 	polFor *scoring.Override // the override pol was built from
 }
 
-// request fills k.req from q.
 func (k *localKV) request(q *router.Query) error {
 	m, ok := k.s.Index().Model(q.Model)
 	if !ok {
@@ -52,7 +50,6 @@ func (k *localKV) request(q *router.Query) error {
 	return nil
 }
 
-// Score implements router.KV.
 func (k *localKV) Score(_ context.Context, q *router.Query, visit func(string, int)) error {
 	if err := k.request(q); err != nil {
 		return err
@@ -68,7 +65,6 @@ func (k *localKV) Score(_ context.Context, q *router.Query, visit func(string, i
 	return nil
 }
 
-// Route implements router.KV.
 func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, error) {
 	if err := k.request(q); err != nil {
 		return "", err
@@ -80,36 +76,19 @@ func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, 
 	return k.res.Ranked[i].Ref.Pod, nil
 }
 
-// Release implements router.KV.
 func (k *localKV) Release(_ context.Context, id string) error {
 	_, err := k.s.Release(id, "")
 	return err
 }
 
-// grpcKV is kvindex over gRPC for the precise routers (live mode): the
-// calls a router in another process makes, through api.Client.
-type grpcKV struct {
-	c     *api.Client
-	refs  []kvindexv1.WorkerRef
-	wl    []kvindexv1.WorkerLoad
-	loads []*kvindexv1.WorkerLoad
-}
+// grpcKV is kvindex over gRPC for one precise router (live mode).
+type grpcKV struct{ c *api.Client }
 
-// scoreRequest converts q (loads and policy included when set).
 func (g *grpcKV) scoreRequest(q *router.Query) *kvindexv1.ScoreRequest {
 	req := &kvindexv1.ScoreRequest{Model: q.Model, TokenIds: q.Tokens}
-	if len(q.Loads) > 0 {
-		for len(g.wl) < len(q.Loads) {
-			g.refs = append(g.refs, kvindexv1.WorkerRef{})
-			g.wl = append(g.wl, kvindexv1.WorkerLoad{})
-		}
-		g.loads = g.loads[:0]
-		for i, l := range q.Loads {
-			g.refs[i].Pod = l.Pod
-			g.wl[i] = kvindexv1.WorkerLoad{Worker: &g.refs[i], Running: l.Running, Waiting: l.Waiting, KvCacheUsage: l.KVUsage}
-			g.loads = append(g.loads, &g.wl[i])
-		}
-		req.Loads = g.loads
+	for _, l := range q.Loads {
+		req.Loads = append(req.Loads, &kvindexv1.WorkerLoad{Worker: &kvindexv1.WorkerRef{Pod: l.Pod}, Running: l.Running,
+			Waiting: l.Waiting, KvCacheUsage: l.KVUsage})
 	}
 	if p := q.Policy; p != nil {
 		req.Policy = &kvindexv1.ScorePolicy{Name: p.Name, Guard: p.Guard, LoadWeight: p.LoadWeight, StaticK: p.StaticK,
@@ -118,7 +97,6 @@ func (g *grpcKV) scoreRequest(q *router.Query) *kvindexv1.ScoreRequest {
 	return req
 }
 
-// Score implements router.KV over gRPC.
 func (g *grpcKV) Score(ctx context.Context, q *router.Query, visit func(string, int)) error {
 	resp, err := g.c.Score(ctx, g.scoreRequest(q))
 	if err != nil {
@@ -130,8 +108,7 @@ func (g *grpcKV) Score(ctx context.Context, q *router.Query, visit func(string, 
 	return nil
 }
 
-// Route implements router.KV over gRPC; a server without Route answers
-// Unimplemented, reported as router.ErrRouteUnimplemented.
+// Route reports a server's Unimplemented as router.ErrRouteUnimplemented.
 func (g *grpcKV) Route(ctx context.Context, id string, q *router.Query) (string, error) {
 	resp, err := g.c.Route(ctx, &kvindexv1.RouteRequest{Score: g.scoreRequest(q), RequestId: id})
 	if status.Code(err) == codes.Unimplemented {
@@ -143,7 +120,6 @@ func (g *grpcKV) Route(ctx context.Context, id string, q *router.Query) (string,
 	return resp.GetChosen().GetPod(), nil
 }
 
-// Release implements router.KV over gRPC.
 func (g *grpcKV) Release(ctx context.Context, id string) error {
 	_, err := g.c.Release(ctx, id)
 	return err

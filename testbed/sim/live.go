@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -21,44 +22,36 @@ import (
 
 // LiveOptions configure live mode.
 type LiveOptions struct {
-	// Speedup is virtual seconds per wall-clock second (default 1): 4 runs
-	// a 60 s workload in 15 s. The engines' time model and TTFTs stay in
-	// virtual seconds; only the pacing scales, and with it everything
-	// kvindex measures on its own wall clock: the real event lag and its
-	// route tracker's TTLs (10 s of speculative residency lasts 40 virtual
-	// seconds at 4x).
+	// Speedup is virtual seconds per wall-clock second (default 1). TTFTs
+	// stay in virtual seconds; what kvindex measures on its own clock
+	// scales (at 4x its 10 s speculative residency lasts 40 virtual s).
 	Speedup float64
-	// Addr is an external kvindex's gRPC address; "" starts the real
-	// daemon (daemon) in process on loopback ports.
+	// Addr is an external kvindex's gRPC address; "" starts the daemon in
+	// process on loopback ports.
 	Addr string
-	// BasePort is the first ZMQ port the engines bind with an external
-	// daemon (default 5557; each indexed router's fleet takes Engines
-	// consecutive ports). With the in-process daemon, free ports are picked.
+	// BasePort is the engines' first ZMQ port with Addr (default 5557;
+	// each indexed router's fleet takes Engines consecutive ports).
 	BasePort int
-	// Host is the address engines bind (default 127.0.0.1).
-	Host string
-	// DaemonLog receives the in-process daemon's logs (nil: discard).
+	// DaemonLog sends the in-process daemon's logs to Options.Logger.
 	DaemonLog bool
-	// Fleet runs fleet mode instead of one daemon: an embedded NATS
-	// server, a kvindex agent beside each engine and Replicas kvindex
-	// serve replicas following the agents; the routers ask the replicas
-	// in turn. Not with Addr.
+	// Fleet runs an embedded NATS server, a kvindex agent per engine and
+	// liveReplicas replicas the routers ask in turn, instead of one daemon.
 	Fleet bool
-	// Replicas is fleet mode's replica count (default 2).
-	Replicas int
 }
 
-// liveFleet is the ZMQ identity of one indexed router's engines.
+// liveReplicas is fleet mode's replica count.
+const liveReplicas = 2
+
+// liveFleet is one indexed router's engines as kvindex knows them.
 type liveFleet struct {
-	router string
-	model  string
-	pods   []string
-	ports  []int
+	router, model string
+	pods          []string
+	endpoints     []string // ZMQ, tcp://127.0.0.1:port
 }
 
-func liveFleets(o *Options, lo *LiveOptions, ports []int) []liveFleet {
+// liveFleets names the indexed routers' engines, at ports from base on.
+func liveFleets(o *Options, base int) []liveFleet {
 	var out []liveFleet
-	k := 0
 	for _, name := range o.Routers {
 		if !router.NeedsIndex(name) {
 			continue
@@ -66,12 +59,8 @@ func liveFleets(o *Options, lo *LiveOptions, ports []int) []liveFleet {
 		f := liveFleet{router: name, model: o.Model + "@" + name}
 		for i := range o.Engines {
 			f.pods = append(f.pods, name+"-"+podName(i))
-			if ports != nil {
-				f.ports = append(f.ports, ports[k])
-			} else {
-				f.ports = append(f.ports, lo.BasePort+k)
-			}
-			k++
+			f.endpoints = append(f.endpoints, fmt.Sprintf("tcp://127.0.0.1:%d", base))
+			base++
 		}
 		out = append(out, f)
 	}
@@ -79,17 +68,16 @@ func liveFleets(o *Options, lo *LiveOptions, ports []int) []liveFleet {
 }
 
 // LiveConfig returns the kvindex configuration an external daemon needs
-// for a live run with these options: one model per indexed router, one pod
-// per engine at the ports the engines will bind, the default listeners.
-// Every other field is left zero, for the daemon's defaults
-// (config.SetDefaults), so config.Marshal prints only what matters here.
+// for a live run: a model per indexed router, a pod per engine at the
+// ports the engines will bind, the default listeners, and nothing else
+// (config.Marshal prints only what matters).
 func LiveConfig(w *workload.Workload, o Options, lo LiveOptions) (*config.Config, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
 		return nil, err
 	}
 	lo.defaults()
-	return daemonConfig(&o, &lo, liveFleets(&o, &lo, nil), config.DefaultGRPCListen, config.DefaultMetricsListen), nil
+	return daemonConfig(&o, liveFleets(&o, lo.BasePort), config.DefaultGRPCListen, config.DefaultMetricsListen), nil
 }
 
 func (lo *LiveOptions) defaults() {
@@ -99,35 +87,25 @@ func (lo *LiveOptions) defaults() {
 	if lo.BasePort == 0 {
 		lo.BasePort = 5557
 	}
-	if lo.Host == "" {
-		lo.Host = "127.0.0.1"
-	}
-	if lo.Replicas <= 0 {
-		lo.Replicas = 2
-	}
 }
 
-// daemonConfig is the configuration that subscribes kvindex to fleets'
-// engines, before config.SetDefaults.
-func daemonConfig(o *Options, lo *LiveOptions, fleets []liveFleet, grpcListen, metricsListen string) *config.Config {
+// daemonConfig subscribes kvindex to fleets' engines (before SetDefaults).
+func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen string) *config.Config {
 	c := &config.Config{GRPCListen: grpcListen, MetricsListen: metricsListen}
 	for _, f := range fleets {
 		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {
-			c.Pods = append(c.Pods, config.Pod{Name: pod, Model: f.model, Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i])})
+			c.Pods = append(c.Pods, config.Pod{Name: pod, Model: f.model, Endpoint: f.endpoints[i]})
 		}
 	}
 	return c
 }
 
-// Live replays w on wall-clock time (scaled by lo.Speedup): simulated
-// engines publish their KV events over real ZeroMQ sockets
-// (enginepub.Publisher, vLLM's wire format) to a real kvindex daemon, and the
-// precise routers ask it over real gRPC (api.Client). Every router runs at
-// once, each with its own fleet, on the same arrivals. Results are in
-// o.Routers order; IndexProblems counts what kvindex reported it could not
-// apply (gaps, decode or apply errors, orphans, unknown blocks) plus
-// workers whose resident blocks differ from their engine's cache at the end.
+// Live replays w on the wall clock (scaled by lo.Speedup), every router
+// at once on the same arrivals: engines publish KV events over real
+// ZeroMQ (enginepub, vLLM's wire format) to a real kvindex, which the
+// precise routers ask over gRPC. IndexProblems counts what kvindex could
+// not apply, plus workers whose blocks differ from their engine's cache.
 func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) ([]metrics.Result, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
@@ -149,7 +127,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	defer lr.close()
 	start := time.Now()
 	out := make([]metrics.Result, len(o.Routers))
-	loops := make([]*loop, len(o.Routers))
+	fleets := make(map[string]*fleet)
 	err = runJobs(ctx, len(o.Routers), len(o.Routers), func(ctx context.Context, k int) error {
 		l, err := lr.newLoop(w, &o, k, start, lo.Speedup)
 		if err != nil {
@@ -162,42 +140,38 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		out[k] = l.result()
 		out[k].Wall = time.Since(t0)
 		out[k].IndexProblems = -1
-		loops[k] = l
+		lr.mu.Lock()
+		fleets[o.Routers[k]] = l.fleet
+		lr.mu.Unlock()
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	for k, name := range o.Routers {
-		for _, lf := range lr.fleets {
-			if lf.router != name {
-				continue
-			}
-			sent := lr.sent[name]
-			if lr.rig != nil {
-				sent = nil // replicas count the agents' deltas, not the engines' batches
-			}
-			if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, loops[k].fleet); err != nil {
-				return nil, err
-			}
+	// Checked once every router is done, so that no check loads kvindex
+	// while another router is measured.
+	for _, lf := range lr.fleets {
+		sent := lr.sent[lf.router]
+		if lo.Fleet {
+			sent = nil // replicas count the agents' deltas, not the engines' batches
+		}
+		k := slices.Index(o.Routers, lf.router)
+		if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, fleets[lf.router]); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
 }
 
 // liveRig is what a live run's indexed routers use: their engines'
-// publishers and the kvindex they ask (an in-process daemon, a fleet rig
-// or an external daemon).
+// publishers, the batches each published, and the kvindex clients (the
+// replicas, in turn, in fleet mode).
 type liveRig struct {
-	fleets []liveFleet
-	pubs   map[string][]*enginepub.Publisher
-	// sent counts each engine's published batches (written by its
-	// router's loop only).
-	sent map[string][]uint64
-	// clients are the routers' servers, in turn: the replicas in fleet
-	// mode.
+	mu      sync.Mutex
+	fleets  []liveFleet
+	pubs    map[string][]*enginepub.Publisher
+	sent    map[string][]uint64 // written by the router's loop only
 	clients []*api.Client
-	rig     *fleetRig
 	closers []func()
 }
 
@@ -217,34 +191,21 @@ func startLive(ctx context.Context, o *Options, lo *LiveOptions) (lr *liveRig, e
 			lr.close()
 		}
 	}()
-	nIndexed := 0
-	for _, name := range o.Routers {
-		if router.NeedsIndex(name) {
-			nIndexed++
-		}
-	}
-	if nIndexed == 0 {
+	lr.fleets = liveFleets(o, lo.BasePort)
+	if len(lr.fleets) == 0 {
 		return lr, nil
 	}
-	var ports []int
 	if lo.Addr == "" {
-		base, err := netutil.FreePorts(nIndexed * o.Engines)
+		base, err := netutil.FreePorts(len(lr.fleets) * o.Engines)
 		if err != nil {
 			return nil, fmt.Errorf("sim: live: %w", err)
 		}
-		for i := range nIndexed * o.Engines {
-			ports = append(ports, base+i)
-		}
+		lr.fleets = liveFleets(o, base)
 	}
-	lr.fleets = liveFleets(o, lo, ports)
 	for _, f := range lr.fleets {
 		for i, pod := range f.pods {
-			p, err := enginepub.NewPublisher(enginepub.PublisherConfig{
-				Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i]),
-				Topic:    "kv@" + pod + "@" + f.model,
-				Encoding: o.Wire,
-				Bind:     true,
-			})
+			p, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: f.endpoints[i], Topic: "kv@" + pod + "@" + f.model,
+				Encoding: o.Wire, Bind: true})
 			if err != nil {
 				return nil, fmt.Errorf("sim: live: engine %s: %w", pod, err)
 			}
@@ -256,22 +217,19 @@ func startLive(ctx context.Context, o *Options, lo *LiveOptions) (lr *liveRig, e
 	addrs := []string{lo.Addr}
 	switch {
 	case lo.Fleet:
-		if lr.rig, err = startFleetRig(o, lo, lr.fleets, lo.Replicas); err != nil {
+		rig, err := startFleetRig(o, lo, lr.fleets)
+		if err != nil {
 			return nil, err
 		}
-		lr.closers = append(lr.closers, lr.rig.stop)
-		addrs = lr.rig.addrs
+		lr.closers = append(lr.closers, rig.stop)
+		addrs = rig.addrs
 	case lo.Addr == "":
-		cfg := daemonConfig(o, lo, lr.fleets, "127.0.0.1:0", config.MetricsOff)
+		cfg := daemonConfig(o, lr.fleets, "127.0.0.1:0", config.MetricsOff)
 		cfg.SetDefaults()
 		if err := cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("sim: live: daemon config: %w", err)
 		}
-		log := o.Logger
-		if !lo.DaemonLog {
-			log = nil
-		}
-		d, err := daemon.New(cfg, log)
+		d, err := daemon.New(cfg, daemonLog(o, lo))
 		if err != nil {
 			return nil, fmt.Errorf("sim: live: %w", err)
 		}
@@ -299,18 +257,16 @@ func startLive(ctx context.Context, o *Options, lo *LiveOptions) (lr *liveRig, e
 		lr.closers = append(lr.closers, func() { c.Close() })
 		lr.clients = append(lr.clients, c)
 	}
-	if lr.rig == nil {
-		o.Logger.Info("live: kvindex subscribed", "addr", addrs[0], "fleets", len(lr.fleets))
-		return lr, nil
+	if lo.Fleet {
+		if err := waitDiscovered(ctx, lr.clients, lr.fleets); err != nil {
+			return nil, err
+		}
 	}
-	if err := lr.rig.waitDiscovered(ctx, lr.clients, lr.fleets); err != nil {
-		return nil, err
-	}
-	o.Logger.Info("live: fleet mode: agents registered, replicas synced", "replicas", addrs, "fleets", len(lr.fleets))
+	o.Logger.Info("live: kvindex subscribed", "addrs", addrs, "fleets", len(lr.fleets))
 	return lr, nil
 }
 
-// newLoop builds router k's loop on wall-clock time since start, scaled
+// newLoop builds router k's loop on the wall clock since start, scaled
 // by speedup; an indexed router publishes its engines' batches and asks
 // kvindex (the replicas in turn in fleet mode).
 func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.Time, speedup float64) (*loop, error) {
@@ -335,8 +291,7 @@ func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.T
 				return nil
 			}
 		}}
-	rcfg := router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
+	rcfg := o.routerConfig(f)
 	if router.NeedsIndex(name) {
 		for _, lf := range lr.fleets {
 			if lf.router == name {
@@ -360,11 +315,11 @@ func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.T
 	return l, nil
 }
 
-// checkIndexed waits (up to 10 s) until every client (the daemon, or
-// each replica in fleet mode) holds, for each of the fleet's engines,
-// exactly what the engine caches, with equal digests across replicas and,
-// when sent is given, every batch the engine published; then it counts
-// what kvindex could not apply exactly and what still differs.
+// checkIndexed waits (up to 10 s) until every client (the daemon, or each
+// replica) holds exactly what each of the fleet's engines caches, with
+// equal digests across replicas and, when sent is given, every batch the
+// engine published; then it counts what kvindex could not apply exactly
+// and what still differs.
 func checkIndexed(ctx context.Context, clients []*api.Client, lf liveFleet, sent []uint64, f *fleet) (int64, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -16,23 +17,29 @@ import (
 	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
-// fleetRig is live mode's fleet shape: an embedded NATS server
-// (nats-server/v2, JetStream on, in a temporary directory), one kvindex
-// agent per simulated engine subscribed to it over ZeroMQ, and several
-// kvindex serve replicas that know no engine and follow the agents over
-// NATS; the routers ask the replicas over gRPC, in turn.
+// fleetRig is live mode's fleet shape: an embedded NATS server (JetStream
+// in a temporary directory), a kvindex agent per simulated engine
+// subscribed to it over ZeroMQ, and liveReplicas kvindex serve replicas
+// that know no engine and follow the agents over NATS.
 type fleetRig struct {
-	ns       *embednats.Server
-	conns    []*nats.Conn
-	replicas []*daemon.Daemon
-	addrs    []string
-	cancel   context.CancelFunc
-	done     chan error
-	parts    int
+	ns     *embednats.Server
+	conns  []*nats.Conn
+	addrs  []string
+	cancel context.CancelFunc
+	done   chan error
+	parts  int
 }
 
-// startFleetRig starts NATS, an agent per pod of fleets and n replicas.
-func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet, n int) (r *fleetRig, err error) {
+// daemonLog is the in-process daemons' logger (nil: discard).
+func daemonLog(o *Options, lo *LiveOptions) *slog.Logger {
+	if lo.DaemonLog {
+		return o.Logger
+	}
+	return nil
+}
+
+// startFleetRig starts NATS, an agent per pod of fleets and the replicas.
+func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet) (r *fleetRig, err error) {
 	r = &fleetRig{done: make(chan error, 64)}
 	defer func() {
 		if err != nil {
@@ -45,15 +52,12 @@ func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet, n int) (r *f
 	nats := config.NATS{URL: r.ns.URL()}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	log := o.Logger
-	if !lo.DaemonLog {
-		log = nil
-	}
+	log := daemonLog(o, lo)
 	for _, f := range fleets {
 		for i, pod := range f.pods {
 			cfg := &config.Config{MetricsListen: config.MetricsOff, NATS: nats,
 				Models: []config.Model{{Name: f.model, BlockSize: o.Engine.BlockSize}},
-				Pods:   []config.Pod{{Name: pod, Model: f.model, Endpoint: fmt.Sprintf("tcp://%s:%d", lo.Host, f.ports[i])}}}
+				Pods:   []config.Pod{{Name: pod, Model: f.model, Endpoint: f.endpoints[i]}}}
 			cfg.Agent.Pod = pod
 			cfg.SetDefaults()
 			if err := cfg.Validate(); err != nil {
@@ -72,14 +76,13 @@ func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet, n int) (r *f
 			go func() { r.done <- a.Run(ctx) }()
 		}
 	}
-	for range n {
+	for range liveReplicas {
 		cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: config.MetricsOff, NATS: nats}
 		cfg.SetDefaults()
 		d, err := daemon.New(cfg, log)
 		if err != nil {
 			return nil, fmt.Errorf("sim: fleet: replica: %w", err)
 		}
-		r.replicas = append(r.replicas, d)
 		r.addrs = append(r.addrs, d.GRPCAddr())
 		r.parts++
 		go func() { r.done <- d.Run(ctx) }()
@@ -87,8 +90,9 @@ func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet, n int) (r *f
 	return r, nil
 }
 
-// waitDiscovered waits until every replica lists every pod of fleets.
-func (r *fleetRig) waitDiscovered(ctx context.Context, clients []*api.Client, fleets []liveFleet) error {
+// waitDiscovered waits (up to 15 s) until every replica lists every pod
+// of fleets as healthy.
+func waitDiscovered(ctx context.Context, clients []*api.Client, fleets []liveFleet) error {
 	var want []string
 	for _, f := range fleets {
 		want = append(want, f.pods...)
@@ -100,15 +104,16 @@ func (r *fleetRig) waitDiscovered(ctx context.Context, clients []*api.Client, fl
 			if err != nil {
 				return fmt.Errorf("sim: fleet: replica %d: %w", i, err)
 			}
-			var got []string
+			missing := slices.Clone(want)
 			for _, ws := range resp.GetWorkers() {
 				if ws.GetHealth() == kvindexv1.WorkerHealth_WORKER_HEALTH_OK {
-					got = append(got, ws.GetWorker().GetPod())
+					missing = slices.DeleteFunc(missing, func(p string) bool { return p == ws.GetWorker().GetPod() })
 				}
 			}
-			if missing := slices.DeleteFunc(slices.Clone(want), func(p string) bool { return slices.Contains(got, p) }); len(missing) == 0 {
+			if len(missing) == 0 {
 				break
-			} else if time.Now().After(deadline) {
+			}
+			if time.Now().After(deadline) {
 				return fmt.Errorf("sim: fleet: replica %d has not synced %v in 15 s", i, missing)
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -117,7 +122,6 @@ func (r *fleetRig) waitDiscovered(ctx context.Context, clients []*api.Client, fl
 	return nil
 }
 
-// stop ends everything.
 func (r *fleetRig) stop() {
 	if r.cancel != nil {
 		r.cancel()

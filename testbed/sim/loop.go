@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"time"
@@ -11,13 +12,12 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// evKind is the kind of a scheduled simulation event.
+// evKind is the kind of a scheduled simulation event: an engine's step
+// ends, or a lagged batch reaches the index.
 type evKind uint8
 
 const (
-	// evStepEnd: an engine's step ends.
 	evStepEnd evKind = iota
-	// evDeliver: a lagged event batch reaches the index.
 	evDeliver
 )
 
@@ -31,49 +31,21 @@ type simEvent struct {
 	payload []byte
 }
 
-// eventHeap is a binary min-heap of events by (t, seq).
+// eventHeap is a min-heap (container/heap) of events by (t, seq).
 type eventHeap []simEvent
 
-func (h eventHeap) less(i, j int) bool {
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
 	return h[i].t < h[j].t || (h[i].t == h[j].t && h[i].seq < h[j].seq)
 }
-
-func (h *eventHeap) push(e simEvent) {
-	*h = append(*h, e)
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(simEvent)) }
+func (h *eventHeap) Pop() any {
 	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !s.less(i, p) {
-			break
-		}
-		s[i], s[p] = s[p], s[i]
-		i = p
-	}
-}
-
-func (h *eventHeap) pop() simEvent {
-	s := *h
-	top := s[0]
-	last := len(s) - 1
-	s[0] = s[last]
-	s[last] = simEvent{}
-	s = s[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(s) && s.less(l, m) {
-			m = l
-		}
-		if r < len(s) && s.less(r, m) {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
-	}
-	*h = s
-	return top
+	e := s[len(s)-1]
+	s[len(s)-1] = simEvent{}
+	*h = s[:len(s)-1]
+	return e
 }
 
 // loop runs one router's fleet over a workload: the discrete-event
@@ -87,32 +59,28 @@ type loop struct {
 	heap   eventHeap
 	seq    uint64
 
-	// publish hands an engine's step batch to kvindex at virtual time now;
-	// nil when the router needs no index.
+	// publish hands an engine's step batch to kvindex (nil: no index).
 	publish func(engine int, b *events.Batch, now time.Duration) error
-	// wait blocks until virtual time t is due (live mode); nil in virtual
-	// mode, where time jumps.
-	wait func(ctx context.Context, t time.Duration) error
+	// Live mode: wait blocks until virtual time t is due; clock is the
+	// wall clock in virtual time, so that a request reaches its engine as
+	// long after arrival as its router's call took (part of its TTFT, as
+	// in production).
+	wait  func(ctx context.Context, t time.Duration) error
+	clock func() time.Duration
 	// deliver applies a lagged payload (virtual mode).
 	deliver func(engine int, payload []byte)
-	// clock is the wall clock in virtual time (live mode; nil in virtual
-	// mode): a request reaches its engine as long after its arrival as
-	// the router's call took on the wall clock, so the router's latency
-	// (a gRPC round trip, kvindex's ranking) is part of its TTFT, as it
-	// is in production.
-	clock func() time.Duration
 
 	content []uint64
 	rreq    router.Request
-	// now is the virtual time of the event being processed; kvindex's
-	// tracker reads it as its clock in virtual mode.
+	// now is the current event's virtual time, kvindex's tracker's clock
+	// in virtual mode.
 	now time.Duration
 }
 
 func (l *loop) schedule(e simEvent) {
 	e.seq = l.seq
 	l.seq++
-	l.heap.push(e)
+	heap.Push(&l.heap, e)
 }
 
 // run simulates every request to completion.
@@ -145,7 +113,7 @@ func (l *loop) run(ctx context.Context) error {
 			next++
 			continue
 		}
-		ev := l.heap.pop()
+		ev := heap.Pop(&l.heap).(simEvent)
 		switch ev.kind {
 		case evDeliver:
 			l.deliver(int(ev.engine), ev.payload)
@@ -161,7 +129,7 @@ func (l *loop) run(ctx context.Context) error {
 func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Duration, bs int) error {
 	l.rec.Arrived(req.ID, now)
 	l.content = req.AppendBlockContent(l.content[:0], bs, req.OutputSegment(l.o.Seed))
-	l.rreq = router.Request{Request: req, Content: l.content, PromptBlocks: req.PromptLen / bs, Now: now}
+	l.rreq = router.Request{Request: req, Content: l.content, PromptBlocks: req.PromptLen / bs}
 	var asked time.Duration
 	if l.clock != nil {
 		asked = l.clock()
@@ -225,10 +193,9 @@ func (l *loop) stepEnd(ctx context.Context, i int, now time.Duration) error {
 	return l.startStep(i, now)
 }
 
-// result reduces the run's record.
 func (l *loop) result() metrics.Result {
-	prefill, busy, pre := l.fleet.totals()
-	res := l.rec.Result(l.router.Name(), prefill, busy, pre)
+	prefill, pre := l.fleet.totals()
+	res := l.rec.Result(l.router.Name(), prefill, pre)
 	res.Note = l.router.Note()
 	return res
 }

@@ -12,26 +12,17 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// RunConfig is one kvsim invocation: what to replay, how, and where to
-// write the results.
+// RunConfig is one kvsim invocation.
 type RunConfig struct {
-	// Workload selects the requests.
 	Workload WorkloadSpec
-	// Options configure the fleet and routers.
-	Options Options
-	// Live, when set, runs in live mode (real ZMQ and gRPC, wall clock);
-	// otherwise virtual time.
+	Options  Options
+	// Live, when set, runs live mode, else virtual time.
 	Live *LiveOptions
-	// PrintConfig prints the kvindex configuration a live run against an
-	// external daemon (Live.Addr) needs, and runs nothing.
+	// PrintConfig prints the kvindex configuration a live run against
+	// Live.Addr needs, and runs nothing.
 	PrintConfig bool
-	// SweepSizes, when set, also runs every router at each cache size
-	// (blocks per engine, virtual time) and reports hit rate against size.
-	SweepSizes []int
-	// CSVDir and ChartsDir, when set, receive CSV files and SVG charts.
-	CSVDir, ChartsDir string
-	// Prefix is prepended to chart file names (e.g. "mooncake-").
-	Prefix string
+	// CSVDir, when set, receives CSV files.
+	CSVDir string
 }
 
 // Main runs rc and prints its tables to w.
@@ -62,8 +53,8 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		lo.defaults()
 		mode = fmt.Sprintf("live: real ZMQ + gRPC, wall clock x%g", lo.Speedup)
 		if lo.Fleet {
-			mode = fmt.Sprintf("live fleet: engines -ZMQ-> an agent each -NATS-> %d replicas -gRPC-> routers, wall clock x%g", lo.Replicas, lo.Speedup)
-			agreeNote = fmt.Sprintf(", on all %d replicas with equal digests", lo.Replicas)
+			mode = fmt.Sprintf("live fleet: engines -ZMQ-> an agent each -NATS-> %d replicas -gRPC-> routers, wall clock x%g", liveReplicas, lo.Speedup)
+			agreeNote = fmt.Sprintf(", on all %d replicas with equal digests", liveReplicas)
 		}
 	}
 	fmt.Fprintf(w, "kvsim (%s): %s\n\n", mode, desc)
@@ -81,22 +72,10 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := writeTable(w, results, bounds, agreeNote); err != nil {
+	if err := WriteTable(w, results, bounds, agreeNote); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), time.Since(start).Round(10*time.Millisecond))
-	var points []SweepPoint
-	if len(rc.SweepSizes) > 0 {
-		sweepStart := time.Now()
-		if points, err = Sweep(ctx, wl, rc.Options, rc.SweepSizes); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "\nToken hit rate against cache size (blocks of %d tokens per engine):\n", effectiveBlockSize(rc.Options))
-		if err := WriteSweepTable(w, points); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "\nsweep of %d sizes in %s (wall clock)\n", len(points), time.Since(sweepStart).Round(10*time.Millisecond))
-	}
 	if rc.CSVDir != "" {
 		if err := WriteCSV(rc.CSVDir, results, bounds); err != nil {
 			return err
@@ -104,43 +83,15 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		if err := WriteCDFCSV(rc.CSVDir, results); err != nil {
 			return err
 		}
-		if points != nil {
-			if err := WriteSweepCSV(rc.CSVDir, points); err != nil {
-				return err
-			}
-		}
 		fmt.Fprintf(w, "CSV written to %s\n", rc.CSVDir)
-	}
-	if rc.ChartsDir != "" {
-		if err := WriteCharts(rc.ChartsDir, rc.Prefix, desc, results); err != nil {
-			return err
-		}
-		if points != nil {
-			if err := WriteSweepChart(rc.ChartsDir, rc.Prefix, sweepSubtitle(wl, rc.Options), points); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(w, "charts written to %s\n", rc.ChartsDir)
 	}
 	return nil
 }
 
-func effectiveBlockSize(o Options) int {
-	o.Engine.Defaults()
-	return o.Engine.BlockSize
-}
-
-func sweepSubtitle(w *workload.Workload, o Options) string {
-	o, _ = o.withDefaults(w.Engines)
-	st := w.Stats()
-	return fmt.Sprintf("%s: %d requests, %d engines, blocks of %d tokens", w.Name, st.Requests, o.Engines, o.Engine.BlockSize)
-}
-
-// DemoConfig is what `kvsim demo` (and `make demo`) runs: a short live run
-// (about 10 s) of the shared-prefix workload, 300 requests at 40 QPS, on 4
-// engines with small caches (2,048 blocks: 40 prefixes of 128 blocks do
-// not fit one engine, a quarter of them do), every router at once, against
-// the real daemon in process, paced in real time.
+// DemoConfig is what `kvsim demo` (`make demo`) runs: about 10 s live of
+// the prefixes workload, 300 requests at 40 QPS, on 4 engines of 2,048
+// blocks (a quarter of the 40 prefixes of 128 blocks fit one), every
+// router, the daemon in process.
 func DemoConfig() RunConfig {
 	return RunConfig{
 		Workload: WorkloadSpec{Kind: KindPrefixes, Requests: 300, Seed: 1, Prefixes: workload.PrefixesConfig{QPS: 40}},

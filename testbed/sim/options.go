@@ -26,20 +26,13 @@ type Options struct {
 	// EventLag delays applying each engine batch to the index, in virtual
 	// time (virtual mode only; live mode has the real lag).
 	EventLag time.Duration
-	// Wire is the vLLM release the engines' events imitate (default: the
-	// map era, vLLM v0.26+, uint64 hashes).
+	// Wire is the vLLM release the engines' events imitate (default: map
+	// encoding, uint64 hashes, vLLM v0.26+).
 	Wire events.EncodeOptions
 	// Model is the model name in kvindex (default DefaultModel).
 	Model string
-	// AffinityTokens is how much prompt prefix-hash hashes (default 1,024).
-	AffinityTokens int
-	// Approx tunes the approximate router (LRU default: the cache size).
-	Approx router.ApproxConfig
-	// PreciseLoadMode is router.ModeRoute (default: kvindex's Route) or
-	// router.ModeClient (a client-side cost from Score).
+	// PreciseLoadMode is router.ModeRoute (default) or router.ModeClient.
 	PreciseLoadMode string
-	// LoadWeight tunes precise+load's client-side cost (default 1).
-	LoadWeight float64
 	// RoutePolicy is sent with precise+load's Route requests (nil: the
 	// server's default policy).
 	RoutePolicy *scoring.Override
@@ -51,7 +44,7 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// withDefaults returns a copy of o with defaults filled in for w.
+// withDefaults returns a copy of o with defaults filled in.
 func (o Options) withDefaults(workloadEngines int) (Options, error) {
 	if o.Engines == 0 {
 		o.Engines = workloadEngines
@@ -61,6 +54,9 @@ func (o Options) withDefaults(workloadEngines int) (Options, error) {
 	}
 	if o.Engines < 1 {
 		return o, fmt.Errorf("sim: %d engines", o.Engines)
+	}
+	if o.EventLag < 0 {
+		return o, fmt.Errorf("sim: negative event lag %v", o.EventLag)
 	}
 	o.Engine.Defaults()
 	if len(o.Routers) == 0 {
@@ -77,19 +73,20 @@ func (o Options) withDefaults(workloadEngines int) (Options, error) {
 	if o.Model == "" {
 		o.Model = DefaultModel
 	}
-	if o.Approx.LRUBlocks == 0 {
-		o.Approx.LRUBlocks = o.Engine.CacheBlocks
-	}
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.EventLag < 0 {
-		return o, fmt.Errorf("sim: negative event lag %v", o.EventLag)
-	}
 	return o, nil
+}
+
+// routerConfig is the router configuration of o's fleet f; the approximate
+// router's LRU is the engines' cache size, as GIE's autoTune reads it.
+func (o *Options) routerConfig(f *fleet) router.Config {
+	return router.Config{Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, LRUBlocks: o.Engine.CacheBlocks,
+		PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed}
 }
 
 // podName names engine i of a router's fleet in kvindex.

@@ -10,11 +10,9 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/engine"
 )
 
-// pipeline is kvindex in process: the real decoder, index and scorer,
-// without sockets. Engines' batches are encoded with events.AppendPayload
-// exactly as vLLM sends them, decoded with events.Decoder and applied with
-// indexer.Worker.ApplyBatch, as the daemon's subscriber does; routers call
-// scoring.Scorer, the entry the gRPC server answers with.
+// pipeline is kvindex in process without sockets: batches are encoded as
+// vLLM sends them, decoded and applied as the daemon's subscriber does,
+// and routers call the scorer the gRPC server answers with.
 type pipeline struct {
 	ix      *indexer.Index
 	workers []*indexer.Worker
@@ -29,13 +27,12 @@ type pipeline struct {
 	firstErr                  error
 }
 
-// simEpoch is the wall-clock instant virtual time 0 maps to for kvindex's
-// tracker (any fixed instant works: only differences matter).
+// simEpoch is virtual time 0 on kvindex's tracker's clock (any instant).
 var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// newPipeline builds the in-process kvindex. now, when set, is kvindex's
-// clock (virtual time), so that speculative blocks and in-flight load
-// expire in simulated seconds.
+// newPipeline builds the in-process kvindex on the clock now (virtual
+// time), so that speculative blocks and in-flight load expire in
+// simulated seconds.
 func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	ix := indexer.New(indexer.Config{})
 	if _, err := ix.AddModel(o.Model, o.Engine.BlockSize); err != nil {
@@ -59,8 +56,8 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	return p, nil
 }
 
-// encode returns b as vLLM's msgpack payload. The result is reused by the
-// next call unless keep is set.
+// encode returns b as vLLM's msgpack payload, reused by the next call
+// unless keep is set.
 func (p *pipeline) encode(b *events.Batch, keep bool) ([]byte, error) {
 	var err error
 	if keep {
@@ -70,7 +67,6 @@ func (p *pipeline) encode(b *events.Batch, keep bool) ([]byte, error) {
 	return p.buf, err
 }
 
-// apply decodes one engine's payload and applies it to its worker.
 func (p *pipeline) apply(engine int, payload []byte) {
 	p.batches++
 	if err := p.dec.Decode(payload, &p.batch); err != nil {
@@ -90,9 +86,8 @@ func (p *pipeline) keepErr(err error) {
 	}
 }
 
-// problems counts what the index could not apply exactly, and checks that
-// every worker holds as many blocks as its engine has cached (distinct
-// hashes). It returns the count and the first problem seen.
+// problems counts what the index could not apply exactly and the workers
+// whose blocks differ from their engine's cache, with the first problem.
 func (p *pipeline) problems(f *fleet) (int64, error) {
 	n := p.decodeErrors + p.applyErrors
 	for i, w := range p.workers {
@@ -106,9 +101,8 @@ func (p *pipeline) problems(f *fleet) (int64, error) {
 	return n, p.firstErr
 }
 
-// CostModel is kvindex's cost model calibrated to the simulated
-// engines: their time model, step budget and cache size, what an operator
-// measures from vLLM's metrics (scoring.Calibrate).
+// CostModel is kvindex's cost model calibrated to the simulated engines,
+// as an operator measures it from vLLM's metrics (scoring.Calibrate).
 func CostModel(c engine.Config) scoring.CostModel {
 	c.Defaults()
 	return scoring.CostModel{

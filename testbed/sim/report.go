@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -12,9 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvindex/kvindex/testbed/sim/chart"
 	"github.com/kvindex/kvindex/testbed/sim/metrics"
-	"github.com/kvindex/kvindex/testbed/sim/router"
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
@@ -29,14 +28,9 @@ func Describe(w *workload.Workload, o Options) string {
 
 // WriteTable prints one row per router, and when b is not nil each
 // router's cached tokens as a fraction of the hit-rate bound and a last
-// row with the bounds (see Bounds).
-func WriteTable(w io.Writer, results []metrics.Result, b *Bounds) error {
-	return writeTable(w, results, b, "")
-}
-
-// writeTable is WriteTable with a note on what agreed (fleet mode: on
-// every replica, with equal digests).
-func writeTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote string) error {
+// row with the bounds; agreeNote says where kvindex agreed with the
+// engines beyond the daemon (fleet mode: every replica).
+func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote string) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "router\thit tok\tof bound\thit req\tprefill tok\tTTFT p50\tp90\tp99\treq/s\tout tok/s\tskew\treq skew\tpreempt\trejected\twall\t")
 	var notes []string
@@ -126,8 +120,8 @@ func WriteSweepTable(w io.Writer, points []SweepPoint) error {
 		func(*SweepPoint) string { return pct(1) })
 }
 
-// writeSweepGrid prints one row per cache size and a column per router
-// holding cell's text, then a "bound" column when bound is not nil.
+// writeSweepGrid prints a row per cache size, a column of cell per
+// router, and a "bound" column unless bound is nil.
 func writeSweepGrid(w io.Writer, points []SweepPoint, cell func(*SweepPoint, *metrics.Result) string, bound func(*SweepPoint) string) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "blocks/engine\t")
@@ -152,9 +146,8 @@ func writeSweepGrid(w io.Writer, points []SweepPoint, cell func(*SweepPoint, *me
 	return tw.Flush()
 }
 
-// sweepCell is one sweep table cell: the token hit rate, and the requests
-// rejected when any were (a run where every request was rejected has no
-// hit rate, not 0%).
+// sweepCell is the token hit rate and the requests rejected, if any (all
+// rejected: no hit rate, not 0%).
 func sweepCell(r *metrics.Result) string {
 	switch {
 	case r.Rejected == 0:
@@ -199,103 +192,16 @@ func WriteCDFCSV(dir string, results []metrics.Result) error {
 	return writeCSV(filepath.Join(dir, "ttft_cdf.csv"), rows)
 }
 
-// WriteSweepCSV writes sweep.csv: one row per cache size and router.
-func WriteSweepCSV(dir string, points []SweepPoint) error {
-	rows := [][]string{{"cache_blocks", "router", "token_hit_rate", "hit_of_bound", "bound_hit_rate", "request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p99_s", "load_skew", "rejected"}}
-	for _, p := range points {
-		for i := range p.Results {
-			r := &p.Results[i]
-			rows = append(rows, []string{itoa(p.CacheBlocks), r.Router, fl(r.TokenHitRate()), fl(p.Bounds.OfBound(r)), fl(p.Bounds.TokenHitRate()), fl(r.RequestHitRate()), i64(r.PrefillTokens),
-				fl(r.TTFTP50.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.LoadSkew), itoa(r.Rejected)})
-		}
-	}
-	return writeCSV(filepath.Join(dir, "sweep.csv"), rows)
-}
-
 func writeCSV(path string, rows [][]string) error {
-	return writeFile(path, func(w io.Writer) error { return csv.NewWriter(w).WriteAll(rows) })
-}
-
-// WriteCharts writes ttft_cdf.svg and hit_ttft.svg for results into dir,
-// prefixing file names with prefix.
-func WriteCharts(dir, prefix, subtitle string, results []metrics.Result) error {
-	cdf := chart.LineChart{
-		Title:    "Time to first token, CDF per router",
-		Subtitle: subtitle,
-		X:        chart.Axis{Label: "TTFT (seconds, log scale)", Log: true},
-		Y:        chart.Axis{Label: "fraction of requests", Min: 0, Max: 1},
+	var b bytes.Buffer
+	if err := csv.NewWriter(&b).WriteAll(rows); err != nil {
+		return fmt.Errorf("sim: %s: %w", path, err)
 	}
-	for i := range results {
-		r := &results[i]
-		s := chart.Series{Name: r.Router, Dashed: r.Router == router.TTFTGreedy}
-		for p := 1; p <= 1000; p++ {
-			v := metrics.Percentile(r.TTFT, float64(p)/10).Seconds()
-			s.Points = append(s.Points, chart.Point{X: math.Max(v, 1e-3), Y: float64(p) / 1000})
-		}
-		cdf.Series = append(cdf.Series, s)
-	}
-	if err := writeFile(filepath.Join(dir, prefix+"ttft_cdf.svg"), cdf.WriteSVG); err != nil {
-		return err
-	}
-	bars := chart.BarChart{
-		Title:    "Token hit rate and TTFT p99 per router",
-		Subtitle: subtitle,
-		Series:   []string{"token hit rate (%)", "TTFT p99 (s)"},
-		Values:   [][]float64{make([]float64, len(results)), make([]float64, len(results))},
-		Labels:   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
-		Width:    900,
-	}
-	for i := range results {
-		bars.Categories = append(bars.Categories, results[i].Router)
-		bars.Values[0][i] = 100 * results[i].TokenHitRate()
-		bars.Values[1][i] = results[i].TTFTP99.Seconds()
-	}
-	return writeFile(filepath.Join(dir, prefix+"hit_p99.svg"), bars.WriteSVG)
-}
-
-// WriteSweepChart writes hit_vs_cache.svg into dir.
-func WriteSweepChart(dir, prefix, subtitle string, points []SweepPoint) error {
-	if len(points) == 0 {
-		return nil
-	}
-	c := chart.LineChart{
-		Title:    "Token hit rate against cache size",
-		Subtitle: subtitle,
-		X:        chart.Axis{Label: "KV cache per engine (blocks, log scale)", Log: true},
-		Y:        chart.Axis{Label: "token hit rate (%)", Min: 0},
-	}
-	top := 0.0
-	for ri := range points[0].Results {
-		s := chart.Series{Name: points[0].Results[ri].Router, Markers: true, Dashed: points[0].Results[ri].Router == router.TTFTGreedy}
-		for _, p := range points {
-			v := 100 * p.Results[ri].TokenHitRate()
-			top = math.Max(top, v)
-			s.Points = append(s.Points, chart.Point{X: float64(p.CacheBlocks), Y: v})
-		}
-		c.Series = append(c.Series, s)
-	}
-	c.Y.Max = math.Ceil(top/10) * 10
-	if c.Y.Max == 0 {
-		c.Y.Max = 10
-	}
-	return writeFile(filepath.Join(dir, prefix+"hit_vs_cache.svg"), c.WriteSVG)
-}
-
-// writeFile creates path (and its directory) and writes it with write.
-func writeFile(path string, write func(io.Writer) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	f, err := os.Create(path)
-	if err != nil {
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
-	}
-	if err := write(f); err != nil {
-		f.Close()
-		return fmt.Errorf("sim: write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("sim: write %s: %w", path, err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,9 +14,36 @@ import (
 )
 
 // Simulate replays w through a fresh fleet per router in virtual time and
-// returns one result per router, in o.Routers order. Routers run in
-// parallel (o.Parallel at once); each sees the same arrivals.
+// returns one result per router, in o.Routers order.
 func Simulate(ctx context.Context, w *workload.Workload, o Options) ([]metrics.Result, error) {
+	points, err := sweep(ctx, w, o, nil)
+	if err != nil {
+		return nil, err
+	}
+	return points[0].Results, nil
+}
+
+// SweepPoint is every router's result at one cache size, and the
+// workload's bounds there (what fits).
+type SweepPoint struct {
+	CacheBlocks int
+	Results     []metrics.Result // in Options.Routers order
+	Bounds      *Bounds
+}
+
+// Sweep runs every router at every cache size (blocks per engine) in
+// virtual time and returns the points in the order of sizes.
+func Sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([]SweepPoint, error) {
+	if len(sizes) == 0 {
+		return nil, fmt.Errorf("sim: sweep: no cache sizes")
+	}
+	return sweep(ctx, w, o, sizes)
+}
+
+// sweep runs every router at each size (nil: o's, without bounds), each
+// on its own fleet on the same arrivals, o.Parallel at once, the largest
+// caches first (they run longest, so the pool ends evenly).
+func sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([]SweepPoint, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
 		return nil, err
@@ -23,24 +51,40 @@ func Simulate(ctx context.Context, w *workload.Workload, o Options) ([]metrics.R
 	if err := w.Validate(); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	type job struct {
-		i    int
-		name string
-		o    Options
+	bounds := sizes != nil
+	if !bounds {
+		sizes = []int{o.Engine.CacheBlocks}
 	}
+	type job struct{ point, router int }
 	var jobs []job
-	for i, name := range o.Routers {
-		jobs = append(jobs, job{i: i, name: name, o: o})
+	out := make([]SweepPoint, len(sizes))
+	for pi, size := range sizes {
+		if size <= 0 {
+			return nil, fmt.Errorf("sim: sweep: cache size %d", size)
+		}
+		out[pi] = SweepPoint{CacheBlocks: size, Results: make([]metrics.Result, len(o.Routers))}
+		if bounds {
+			bo := o
+			bo.Engine.CacheBlocks = size
+			if out[pi].Bounds, err = ComputeBounds(w, bo); err != nil {
+				return nil, fmt.Errorf("sim: sweep at %d blocks: %w", size, err)
+			}
+		}
+		for ri := range o.Routers {
+			jobs = append(jobs, job{pi, ri})
+		}
 	}
-	out := make([]metrics.Result, len(jobs))
+	slices.SortStableFunc(jobs, func(a, b job) int { return sizes[b.point] - sizes[a.point] })
 	err = runJobs(ctx, o.Parallel, len(jobs), func(ctx context.Context, k int) error {
 		j := jobs[k]
-		res, err := simulateOne(ctx, w, &j.o, j.name)
+		jo := o
+		jo.Engine.CacheBlocks = sizes[j.point]
+		res, err := simulateOne(ctx, w, &jo, o.Routers[j.router])
 		if err != nil {
 			return err
 		}
-		out[j.i] = res
-		o.Logger.Info("simulated", "router", j.name, "workload", w.Name, "cache_blocks", j.o.Engine.CacheBlocks,
+		out[j.point].Results[j.router] = res
+		o.Logger.Info("simulated", "router", res.Router, "workload", w.Name, "cache_blocks", jo.Engine.CacheBlocks,
 			"wall", res.Wall.Round(time.Millisecond), "hit_rate", fmt.Sprintf("%.3f", res.TokenHitRate()))
 		return nil
 	})
@@ -99,10 +143,7 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 		return metrics.Result{}, err
 	}
 	l := &loop{w: w, o: o, fleet: f, rec: metrics.NewRecorder(o.Engines)}
-	rcfg := router.Config{
-		Fleet: f, BlockSize: o.Engine.BlockSize, Model: o.Model, AffinityTokens: o.AffinityTokens,
-		Approx: o.Approx, LoadWeight: o.LoadWeight, PreciseLoadMode: o.PreciseLoadMode, RoutePolicy: o.RoutePolicy, Seed: o.Seed,
-	}
+	rcfg := o.routerConfig(f)
 	var p *pipeline
 	if needsIndex {
 		if p, err = newPipeline(o, func() time.Duration { return l.now }); err != nil {

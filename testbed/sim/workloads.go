@@ -1,19 +1,17 @@
 package sim
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"regexp"
 	"time"
 
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// Workload kinds accepted by WorkloadSpec.Kind (any other value is read as
-// the path of a Mooncake-format JSONL file).
+// Workload kinds of WorkloadSpec.Kind (any other: a Mooncake-format file).
 const (
 	KindMooncake = "mooncake"
 	KindPrefixes = "prefixes"
@@ -23,38 +21,30 @@ const (
 	KindTools    = "tools"
 )
 
-// DefaultTrace is where the Mooncake conversation trace lives, relative
-// to the repository root.
+// DefaultTrace is the Mooncake conversation trace, from the repository root.
 const DefaultTrace = "../shared/traces/mooncake-conversation.jsonl"
 
 // WorkloadSpec says which workload to build.
 type WorkloadSpec struct {
-	// Kind is mooncake (the trace at Trace), prefixes, tenants, sessions,
-	// rag, tools, or a path to any Mooncake-format JSONL file.
+	// Kind is one of the kinds above or a Mooncake-format file's path.
 	Kind string
-	// Trace is the Mooncake trace; "" means $KVSIM_TRACE, else DefaultTrace
-	// resolved against the repository root found from the working directory.
+	// Trace is the Mooncake trace (""; $KVSIM_TRACE, else DefaultTrace).
 	Trace string
-	// Requests keeps the first n requests of a trace, or sets a
-	// generator's count: requests, or sessions (sessions) or tasks
-	// (tools) (0: all, or the generator's default).
+	// Requests keeps a trace's first n requests, or is a generator's
+	// count of requests, sessions or tasks (0: all, or its default).
 	Requests int
-	// RateScale multiplies the arrival rate (2: arrivals twice as dense);
-	// 0 or 1 keeps it.
+	// RateScale multiplies the arrival rate (0 or 1: as is).
 	RateScale float64
-	// Pause delays every request after the first by this much (a sparse
-	// start: one engine caches a universal prefix alone; 0: none). It is
-	// applied after RateScale.
+	// Pause delays every request after the first (a sparse start), after
+	// RateScale.
 	Pause time.Duration
-	// Prefixes and Tenants configure the generators (Requests and Seed
-	// override theirs).
+	// The generators' configurations; Requests and Seed override theirs.
 	Prefixes workload.PrefixesConfig
 	Tenants  workload.TenantsConfig
 	Sessions workload.SessionsConfig
 	RAG      workload.RAGConfig
 	Tools    workload.ToolAgentsConfig
-	// Seed seeds the generators.
-	Seed uint64
+	Seed     uint64
 }
 
 // LoadWorkload builds the workload spec describes.
@@ -112,8 +102,7 @@ func LoadWorkload(spec WorkloadSpec) (*workload.Workload, error) {
 }
 
 // TracePath resolves the Mooncake trace: explicit, $KVSIM_TRACE, or
-// DefaultTrace relative to the repository root (the nearest directory
-// above the working directory whose go.mod declares kvindex's module).
+// DefaultTrace from RepoRoot.
 func TracePath(explicit string) (string, error) {
 	if explicit != "" {
 		return explicit, nil
@@ -132,9 +121,6 @@ func TracePath(explicit string) (string, error) {
 	return p, nil
 }
 
-// errNoRoot is returned when no enclosing kvindex module is found.
-var errNoRoot = errors.New("no enclosing go.mod of module github.com/kvindex/kvindex")
-
 // RepoRoot returns the nearest directory at or above the working
 // directory whose go.mod declares module github.com/kvindex/kvindex.
 func RepoRoot() (string, error) {
@@ -143,28 +129,15 @@ func RepoRoot() (string, error) {
 		return "", fmt.Errorf("sim: %w", err)
 	}
 	for {
-		if isKvindexModule(filepath.Join(dir, "go.mod")) {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && kvindexModule.Match(b) {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errNoRoot
+			return "", errors.New("no enclosing go.mod of module github.com/kvindex/kvindex")
 		}
 		dir = parent
 	}
 }
 
-func isKvindexModule(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "module ") {
-			return strings.TrimSpace(strings.TrimPrefix(line, "module ")) == "github.com/kvindex/kvindex"
-		}
-	}
-	return false
-}
+var kvindexModule = regexp.MustCompile(`(?m)^\s*module\s+github\.com/kvindex/kvindex\s*$`)

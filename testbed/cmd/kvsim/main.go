@@ -8,22 +8,20 @@
 //
 //	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
 //	kvsim run                                   # the Mooncake trace, virtual time
-//	kvsim run --workload tenants --charts docs/img
-//	kvsim run --sweep-cache 4k,8k,16k,32k,64k --csv out
+//	kvsim run --workload tenants
+//	kvsim run --cache-blocks 12500 --csv out
 //	kvsim grid                                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
 //	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
-//	kvsim walkthrough                           # a scripted story of one index, answer by answer
 //	kvsim engine --pod vllm-0 --http :8000      # one simulated vLLM engine, served (docker-compose.yaml)
 //	kvsim load --kvindex :50051 --engine vllm-0=http://localhost:8000   # routed demo traffic
-//
-// The simulator itself lives in testbed/sim; this file only turns flags
-// into its configuration.
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -36,7 +34,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/scoring"
-	"github.com/kvindex/kvindex/testbed/demo"
 	"github.com/kvindex/kvindex/testbed/sim"
 	"github.com/kvindex/kvindex/testbed/sim/engine"
 	"github.com/kvindex/kvindex/testbed/sim/router"
@@ -57,14 +54,14 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newAnalyze(), newRun(), newGrid(), newLive(), newDemo(), newWalkthrough(), newEngine(), newLoad())
+	root.AddCommand(newAnalyze(), newRun(), newGrid(), newLive(), newDemo(), newEngine(), newLoad())
 	return root
 }
 
-// flags holds every flag shared by run and live.
+// flags are run's and live's.
 type flags struct {
 	rc                sim.RunConfig
-	routers, sweep    string
+	routers           string
 	policy, guard     string
 	verbose           bool
 	prefixesQPS, zipf float64
@@ -91,15 +88,11 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
 	fs.StringVar(&f.guard, "route-guard", "", "precise+load: kvindex hotspot guard sent with Route: cost, static or off")
-	fs.StringVar(&f.sweep, "sweep-cache", "", "also sweep cache sizes (blocks per engine, e.g. 4k,8k,16k,32k)")
 	fs.StringVar(&rc.CSVDir, "csv", "", "write CSV files into this directory")
-	fs.StringVar(&rc.ChartsDir, "charts", "", "write SVG charts into this directory")
-	fs.StringVar(&rc.Prefix, "chart-prefix", "", "prefix of chart file names")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log progress to stderr")
 }
 
-// engineFlags registers the fleet's flags run, live and analyze share;
-// o.Engines is the default fleet size (0: the workload's).
+// engineFlags registers the fleet flags of run, live and analyze.
 func engineFlags(fs *pflag.FlagSet, o *sim.Options) {
 	fs.IntVar(&o.Engines, "engines", o.Engines, "number of engines (default: the workload's: 8, or 4 for prefixes)")
 	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
@@ -108,17 +101,11 @@ func engineFlags(fs *pflag.FlagSet, o *sim.Options) {
 	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
 }
 
-// config turns the parsed flags into the run configuration.
 func (f *flags) config() (sim.RunConfig, error) {
 	rc := f.rc
 	var err error
 	if rc.Options.Routers, err = router.Parse(f.routers); err != nil {
 		return rc, err
-	}
-	if f.sweep != "" {
-		if rc.SweepSizes, err = sim.ParseSizes(f.sweep); err != nil {
-			return rc, err
-		}
 	}
 	if f.zipf < 0 {
 		return rc, fmt.Errorf("--zipf %v: want an exponent >= 0 (0: uniform)", f.zipf)
@@ -129,9 +116,7 @@ func (f *flags) config() (sim.RunConfig, error) {
 	if f.policy != "" || f.guard != "" {
 		rc.Options.RoutePolicy = &scoring.Override{Name: f.policy, Guard: f.guard}
 	}
-	if f.verbose {
-		rc.Options.Logger = progress()
-	}
+	rc.Options.Logger = progress(f.verbose)
 	return rc, nil
 }
 
@@ -140,15 +125,13 @@ func newRun() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Replay a workload in virtual time (fast, in process, through kvindex's real decoder, index and ranking)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
 			rc, err := f.config()
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return sim.Main(ctx, rc, cmd.OutOrStdout())
-		},
+			return sim.Main(ctx, rc, w)
+		}),
 	}
 	f.register(cmd.Flags())
 	return cmd
@@ -167,7 +150,7 @@ func newGrid() *cobra.Command {
 			"within 5% of the lowest of all routers, its token hit rate >= 90% of the best, no router better on\n" +
 			"both p99 and hit rate) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
 			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
 			var err error
 			if workloads != "" {
 				gc.Workloads = strings.Split(workloads, ",")
@@ -186,13 +169,9 @@ func newGrid() *cobra.Command {
 					return err
 				}
 			}
-			if verbose {
-				gc.Options.Logger = progress()
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return sim.RunGrid(ctx, gc, cmd.OutOrStdout())
-		},
+			gc.Options.Logger = progress(verbose)
+			return sim.RunGrid(ctx, gc, w)
+		}),
 	}
 	fs := cmd.Flags()
 	fs.StringArrayVar(&gc.Cells, "cells", nil, "cells to run, by name or pattern (repeatable; default: all)")
@@ -213,29 +192,24 @@ func newLive() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "live",
 		Short: "Replay a workload on the wall clock: engines publish over real ZMQ to a real kvindex, routers ask over gRPC",
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
 			rc, err := f.config()
 			if err != nil {
 				return err
 			}
 			rc.Live = lo
 			lo.DaemonLog = f.verbose
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return sim.Main(ctx, rc, cmd.OutOrStdout())
-		},
+			return sim.Main(ctx, rc, w)
+		}),
 	}
-	f.register(cmd.Flags())
-	registerLive(cmd.Flags(), lo, &f.rc.PrintConfig)
-	return cmd
-}
-
-func registerLive(fs *pflag.FlagSet, lo *sim.LiveOptions, printConfig *bool) {
+	fs := cmd.Flags()
+	f.register(fs)
 	fs.Float64Var(&lo.Speedup, "speedup", 1, "virtual seconds per wall-clock second")
 	fs.StringVar(&lo.Addr, "addr", "", "an external kvindex's gRPC address (default: start the daemon in process)")
 	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
-	fs.BoolVar(printConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
+	fs.BoolVar(&f.rc.PrintConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
 	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
+	return cmd
 }
 
 func newAnalyze() *cobra.Command {
@@ -254,16 +228,14 @@ func newAnalyze() *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ac.Log = args[0]
-			var err error
-			if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
-				return err
-			}
-			if verbose {
-				ac.Options.Logger = progress()
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return sim.Analyze(ctx, ac, cmd.OutOrStdout())
+			return interruptible(func(ctx context.Context, w io.Writer) error {
+				var err error
+				if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
+					return err
+				}
+				ac.Options.Logger = progress(verbose)
+				return sim.Analyze(ctx, ac, w)
+			})(cmd, args)
 		},
 	}
 	fs := cmd.Flags()
@@ -282,15 +254,10 @@ func newDemo() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "A short live run: the real daemon, simulated engines over ZMQ, every router, the table",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if verbose {
-				rc.Options.Logger = progress()
-				rc.Live.DaemonLog = true
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return sim.Main(ctx, rc, cmd.OutOrStdout())
-		},
+		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+			rc.Options.Logger, rc.Live.DaemonLog = progress(verbose), verbose
+			return sim.Main(ctx, rc, w)
+		}),
 	}
 	cmd.Flags().IntVar(&rc.Workload.Requests, "requests", rc.Workload.Requests, "requests to replay")
 	cmd.Flags().Float64Var(&rc.Live.Speedup, "speedup", rc.Live.Speedup, "virtual seconds per wall-clock second")
@@ -299,26 +266,19 @@ func newDemo() *cobra.Command {
 	return cmd
 }
 
-func newWalkthrough() *cobra.Command {
-	var verbose bool
-	cmd := &cobra.Command{
-		Use:   "walkthrough",
-		Short: "A scripted story: the real daemon and three simulated engines, each answer printed and checked",
-		Long: "walkthrough runs the real daemon against three simulated vLLM engines (one with two DP ranks)\n" +
-			"and tells a story event by event: a shared system prompt, a conversation, a LoRA adapter, an\n" +
-			"eviction, an engine restart and a cache reset, printing what each worker holds and what each\n" +
-			"prompt matches. It fails if any answer differs from the story's.",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return demo.Run(ctx, cmd.OutOrStdout(), demo.Options{Verbose: verbose})
-		},
+// progress is the logger of --verbose (progress on stderr), else nil.
+func progress(verbose bool) *slog.Logger {
+	if !verbose {
+		return nil
 	}
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show the daemon's logs")
-	return cmd
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// progress is the logger of --verbose: progress on stderr.
-func progress() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+// interruptible runs fn with a context SIGINT and SIGTERM cancel.
+func interruptible(fn func(ctx context.Context, w io.Writer) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		return fn(ctx, cmd.OutOrStdout())
+	}
 }

@@ -44,7 +44,7 @@ func TestRunPrintsTheTable(t *testing.T) {
 func TestFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"run", "--routers", "nope"},
-		{"run", "--sweep-cache", "x"},
+		{"analyze", "--sweep-cache", "x", "log.jsonl"},
 		{"run", "--workload", "/no/such/trace.jsonl"},
 		{"run", "--precise-load-mode", "magic", "--workload", "prefixes", "--requests", "5"},
 		{"grid", "--rates", "fast"},

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -47,9 +49,7 @@ func newEngine() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			return s.Run(ctx)
+			return interruptible(func(ctx context.Context, _ io.Writer) error { return s.Run(ctx) })(cmd, nil)
 		},
 	}
 	f := cmd.Flags()

@@ -34,23 +34,26 @@ type Config struct {
 	Engines map[string]string
 	// Rate is the mean arrival rate, requests per second (default 4).
 	Rate float64
-	// Prefixes is the number of distinct system prompts (default 12).
+	// Prefixes is the number of distinct system prompts (default 12), of
+	// Zipf popularity exponent Zipf (default 1.1).
 	Prefixes int
-	// Zipf is the popularity exponent of the system prompts (default 1.1).
-	Zipf float64
-	// SystemTokens and QuestionTokens size the two messages (defaults
-	// 1,024 and 48); MaxTokens is each request's max_tokens (default 16).
-	SystemTokens, QuestionTokens, MaxTokens int
-	// Concurrency bounds requests in flight (default 64).
-	Concurrency int
+	Zipf     float64
+	// SystemTokens is a system prompt's length (default 1,024).
+	SystemTokens int
 	// Duration ends the run (0: until ctx is done).
 	Duration time.Duration
 	// Seed seeds arrivals and choices.
 	Seed uint64
-	// Logger receives a summary every ReportEvery (default 10s).
-	Logger      *slog.Logger
-	ReportEvery time.Duration
+	// Logger receives a summary every 10 s.
+	Logger *slog.Logger
 }
+
+// A question's tokens, a request's max_tokens, the requests in flight.
+const (
+	questionTokens = 48
+	maxTokens      = 16
+	concurrency    = 64
+)
 
 // Stats are a run's counters.
 type Stats struct {
@@ -95,24 +98,17 @@ func New(cfg Config, kvs ...*api.Client) (*Driver, error) {
 	if len(kvs) == 0 {
 		return nil, errors.New("demoload: at least one kvindex client is required")
 	}
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
+	if cfg.Prefixes <= 0 {
+		cfg.Prefixes = 12
 	}
-	def(&cfg.Prefixes, 12)
-	def(&cfg.SystemTokens, 1024)
-	def(&cfg.QuestionTokens, 48)
-	def(&cfg.MaxTokens, 16)
-	def(&cfg.Concurrency, 64)
+	if cfg.SystemTokens <= 0 {
+		cfg.SystemTokens = 1024
+	}
 	if cfg.Rate <= 0 {
 		cfg.Rate = 4
 	}
 	if cfg.Zipf <= 0 {
 		cfg.Zipf = 1.1
-	}
-	if cfg.ReportEvery <= 0 {
-		cfg.ReportEvery = 10 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -151,10 +147,10 @@ func (d *Driver) Run(ctx context.Context) error {
 		defer cancel()
 	}
 	r := rand.New(rand.NewPCG(d.cfg.Seed, 0x6c6f6164))
-	slots := make(chan struct{}, d.cfg.Concurrency)
+	slots := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	report := time.NewTicker(d.cfg.ReportEvery)
+	report := time.NewTicker(10 * time.Second)
 	defer report.Stop()
 	next := time.Now()
 	for {
@@ -174,7 +170,7 @@ func (d *Driver) Run(ctx context.Context) error {
 			}
 		}
 		prefix := d.zipf.Pick(r)
-		question := text(fmt.Sprintf("question %d", r.Uint64()), d.cfg.QuestionTokens)
+		question := text(fmt.Sprintf("question %d", r.Uint64()), questionTokens)
 		select {
 		case slots <- struct{}{}:
 		default:
@@ -212,7 +208,7 @@ func (d *Driver) One(ctx context.Context, prefix int, question string) error {
 	if !ok {
 		return fmt.Errorf("kvindex routed %s to pod %q, which no --engine names", id, pod)
 	}
-	body, _ := json.Marshal(map[string]any{"model": d.cfg.Model, "messages": msgs, "max_tokens": d.cfg.MaxTokens})
+	body, _ := json.Marshal(map[string]any{"model": d.cfg.Model, "messages": msgs, "max_tokens": maxTokens})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("request %s to %s: %w", id, pod, err)

@@ -9,22 +9,13 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// TimeModel gives the duration of an engine step (see the package doc).
+// TimeModel gives the duration of an engine step (terms and defaults in
+// the package doc; AttentionPairsPerSec 0: no attention term).
 type TimeModel struct {
-	// PrefillTokensPerSec is the prefill rate of everything but attention
-	// (default 17,500).
-	PrefillTokensPerSec float64
-	// AttentionPairsPerSec is the prefill attention rate in (new token,
-	// context token) pairs per second: a chunk of n tokens after c
-	// computed ones attends over n*c + n*(n+1)/2 pairs (default 9.4e8;
-	// 0: no attention term, prefill linear in tokens).
-	AttentionPairsPerSec float64
-	// StepOverhead is the fixed cost of a forward pass (default 6 ms).
-	StepOverhead time.Duration
-	// DecodePerSeq is the cost of each decoding request (default 0.1 ms).
-	DecodePerSeq time.Duration
-	// DecodePerContextToken is the cost of reading one token of a decoding
-	// request's KV cache (default 39 ns).
+	PrefillTokensPerSec   float64
+	AttentionPairsPerSec  float64
+	StepOverhead          time.Duration
+	DecodePerSeq          time.Duration
 	DecodePerContextToken time.Duration
 }
 
@@ -64,20 +55,17 @@ func AttentionPairs(n, ctx int) int64 {
 	return int64(n)*int64(ctx) + int64(n)*int64(n+1)/2
 }
 
-// Config sets up an Engine.
+// Config sets up an Engine; zero fields take the package doc's defaults.
 type Config struct {
-	// BlockSize is tokens per KV block (vLLM --block-size; default 16).
+	// BlockSize is tokens per KV block (vLLM's --block-size).
 	BlockSize int
-	// CacheBlocks is the number of KV blocks (default 25,000).
+	// CacheBlocks is the number of KV blocks.
 	CacheBlocks int
-	// MaxNumSeqs bounds running requests (default 256).
-	MaxNumSeqs int
-	// MaxBatchedTokens is the per-step token budget (default 8,192).
-	MaxBatchedTokens int
-	// Time is the step time model (zero: DefaultTimeModel).
-	Time TimeModel
-	// HashSeed seeds the engine's block hashes (vLLM's hash seed); engines
-	// with different seeds give the same content different hashes.
+	// MaxNumSeqs and MaxBatchedTokens are vLLM's max_num_seqs and
+	// max_num_batched_tokens.
+	MaxNumSeqs, MaxBatchedTokens int
+	Time                         TimeModel
+	// HashSeed seeds the engine's block hashes (vLLM's hash seed).
 	HashSeed uint64
 	// Events turns on KV events: FinishStep then returns each step's batch.
 	Events bool
@@ -85,7 +73,7 @@ type Config struct {
 	OutputSeed uint64
 }
 
-// Defaults fills the zero fields of c with the documented defaults.
+// Defaults fills the zero fields of c.
 func (c *Config) Defaults() {
 	if c.BlockSize == 0 {
 		c.BlockSize = 16
@@ -127,21 +115,17 @@ func (c *Config) validate() error {
 type seq struct {
 	req *workload.Request
 	out workload.Segment
-	// hashes are the engine's chained hashes of every full block of the
-	// prompt followed by the output.
+	// hashes chain every full block of the prompt followed by the output.
 	hashes []uint64
 	blocks []int32
-	// computed counts tokens whose KV is computed or was hit; stored
-	// counts leading blocks that are cached (hit or stored by this request).
+	// computed counts tokens computed or hit; stored the leading blocks
+	// cached (hit or stored by this request).
 	computed, stored int
 	generated        int
 	chunk            int // tokens scheduled in the current step
-	// estUncached is the prompt's uncached tokens as looked up on arrival,
-	// for load estimates while waiting.
-	estUncached int
-	// hitTokens is the prefix hit when the request was first scheduled.
-	hitTokens int
-	scheduled bool
+	estUncached      int // uncached prompt tokens on arrival, for Load
+	hitTokens        int // the prefix hit when first scheduled
+	scheduled        bool
 }
 
 // target is the sequence length whose last token the next sample follows.
@@ -149,53 +133,39 @@ func (s *seq) target() int { return s.req.PromptLen + s.generated }
 
 // Stats are an engine's counters.
 type Stats struct {
-	// Requests counts accepted requests; Rejected those that could never fit.
-	Requests, Rejected int
-	// PrefillTokens counts prompt tokens computed (recomputation included).
+	// Rejected counts requests that could never fit.
+	Rejected int
+	// PrefillTokens counts prompt tokens computed, recomputation included.
 	PrefillTokens int64
-	// DecodeTokens counts decode steps' tokens.
-	DecodeTokens int64
 	// Preemptions counts requests preempted for lack of blocks.
 	Preemptions int
-	// Evictions counts cached blocks evicted; StoredBlocks blocks cached.
-	Evictions, StoredBlocks int64
-	// Busy is the total duration of the engine's steps.
-	Busy time.Duration
-	// Steps counts steps.
-	Steps int64
+	Steps       int64
 }
 
-// Load is what a router may learn about an engine's load.
+// Load is what a router may learn about an engine's load: vLLM's
+// num_requests_running, num_requests_waiting and kv_cache_usage_perc.
 type Load struct {
-	// Running and Waiting are the requests running and queued (vLLM's
-	// num_requests_running and num_requests_waiting).
 	Running, Waiting int
-	// KVUsage is the fraction of blocks in use (vLLM's kv_cache_usage_perc).
-	KVUsage float64
-	// QueuedPrefill is prompt tokens still to prefill: the rest of running
-	// prefills plus waiting prompts' tokens that were uncached on arrival.
-	// vLLM exports nothing like it; only the perfect-knowledge
-	// router (ttft-greedy) may use it.
+	KVUsage          float64
+	// QueuedPrefill is prompt tokens still to prefill (running prefills'
+	// rest, waiting prompts' uncached tokens on arrival). vLLM exports
+	// nothing like it: only ttft-greedy may use it.
 	QueuedPrefill int64
 }
 
-// FirstToken reports a request's first token.
+// FirstToken reports a request's first token and the prefix it hit when
+// first scheduled.
 type FirstToken struct {
-	Req *workload.Request
-	// CachedTokens is the prefix the engine hit when it first scheduled the
-	// request.
+	Req          *workload.Request
 	CachedTokens int
 }
 
-// StepResult is what one step produced. Its slices are reused by the next
-// FinishStep; Batch is valid until the next StartStep.
+// StepResult is what one step produced: its slices are reused by the
+// next FinishStep, Batch (nil: no events) until the next StartStep.
 type StepResult struct {
-	// FirstTokens lists requests whose first token the step produced.
 	FirstTokens []FirstToken
-	// Finished lists requests that completed in the step.
-	Finished []*workload.Request
-	// Batch is the step's KV events (nil when none, or events are off).
-	Batch *events.Batch
+	Finished    []*workload.Request
+	Batch       *events.Batch
 }
 
 // Engine is one simulated vLLM engine.
@@ -210,7 +180,7 @@ type Engine struct {
 	inStep  bool
 	stepEnd time.Duration
 
-	// KV events of the current step, in order, and their backing arrays.
+	// the current step's KV events, in order, and their backing arrays
 	evs    []events.Event
 	evHash []uint64
 	evToks []uint32
@@ -240,18 +210,11 @@ func New(id int, cfg Config) (*Engine, error) {
 // Config returns the engine's configuration with defaults applied.
 func (e *Engine) Config() Config { return e.cfg }
 
-// ID returns the engine's id.
-func (e *Engine) ID() int { return e.id }
-
 // Stats returns the engine's counters.
-func (e *Engine) Stats() Stats {
-	s := e.stats
-	s.Evictions = e.p.evictions
-	return s
-}
+func (e *Engine) Stats() Stats { return e.stats }
 
-// BlockHashes appends the engine's chained hashes of the full blocks whose
-// content ids are content (as workload.Request.AppendBlockContent gives).
+// BlockHashes appends the engine's chained hashes of the full blocks of
+// content (ids from workload.Request.AppendBlockContent).
 func (e *Engine) BlockHashes(dst []uint64, content []uint64) []uint64 {
 	h := workload.Mix64(e.cfg.HashSeed ^ 0x76_6c_6c_6d) // "vllm"
 	for _, c := range content {
@@ -268,11 +231,9 @@ func (e *Engine) Fits(req *workload.Request) bool {
 
 func blocksFor(tokens, bs int) int { return (tokens + bs - 1) / bs }
 
-// Submit queues a request. content is the request's block content ids
-// over its prompt and output (workload.Request.AppendBlockContent with
-// the engine's block size and OutputSegment); the engine keeps no
-// reference to it. It returns false, and counts a rejection, when the
-// request could never fit in the cache.
+// Submit queues a request of content ids over its prompt and output
+// (AppendBlockContent with OutputSegment; not kept). It returns false,
+// counting a rejection, when the request could never fit the cache.
 func (e *Engine) Submit(req *workload.Request, content []uint64) bool {
 	if !e.Fits(req) {
 		e.stats.Rejected++
@@ -282,12 +243,11 @@ func (e *Engine) Submit(req *workload.Request, content []uint64) bool {
 	s.hashes = e.BlockHashes(make([]uint64, 0, len(content)), content)
 	s.estUncached = req.PromptLen - e.cachedPrefix(s.hashes, req.PromptLen)*e.cfg.BlockSize
 	e.waiting = append(e.waiting, s)
-	e.stats.Requests++
 	return true
 }
 
-// cachedPrefix is the number of leading blocks of hashes that are cached,
-// capped at (tokens-1)/BlockSize (vLLM computes at least one token).
+// cachedPrefix is the number of leading cached blocks of hashes, at most
+// (tokens-1)/BlockSize.
 func (e *Engine) cachedPrefix(hashes []uint64, tokens int) int {
 	limit := min(len(hashes), (tokens-1)/e.cfg.BlockSize)
 	n := 0
@@ -297,8 +257,8 @@ func (e *Engine) cachedPrefix(hashes []uint64, tokens int) int {
 	return n
 }
 
-// CachedTokens reports how many prompt tokens of a request with the given
-// block hashes (from BlockHashes) would hit if it were scheduled now.
+// CachedTokens is how many prompt tokens of a request of hashes (from
+// BlockHashes) would hit if scheduled now.
 func (e *Engine) CachedTokens(hashes []uint64, promptLen int) int {
 	return e.cachedPrefix(hashes, promptLen) * e.cfg.BlockSize
 }
@@ -317,16 +277,15 @@ func (e *Engine) Load() Load {
 	return l
 }
 
-// Idle reports whether the engine has nothing to do.
+// Idle reports whether nothing is running or waiting.
 func (e *Engine) Idle() bool { return len(e.waiting) == 0 && len(e.running) == 0 }
 
-// InStep reports whether a step is in flight (between StartStep and FinishStep).
+// InStep reports whether a step is between StartStep and FinishStep.
 func (e *Engine) InStep() bool { return e.inStep }
 
-// StartStep schedules the next step at now and returns its duration; ok
-// is false when there is nothing to schedule. KV events happen here (in
-// vLLM they are collected during scheduling) and are returned by
-// FinishStep.
+// StartStep schedules the next step at now and returns its duration, or
+// false with nothing to schedule. Its KV events happen here, as vLLM
+// collects them while scheduling, and FinishStep returns them.
 func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 	if e.inStep {
 		panic(fmt.Sprintf("engine %d: StartStep during a step", e.id))
@@ -339,14 +298,12 @@ func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 	d = e.cfg.Time.StepTime(prefill, decodes, ctx) + e.cfg.Time.AttentionTime(pairs)
 	e.inStep, e.stepEnd = true, now+d
 	e.stats.PrefillTokens += int64(prefill)
-	e.stats.DecodeTokens += int64(decodes)
-	e.stats.Busy += d
 	e.stats.Steps++
 	return d, true
 }
 
-// schedule builds one step: running requests first, then waiting ones.
-// It returns the prefill tokens, their attention pairs, the decoding
+// schedule builds one step (running requests, then waiting ones) and
+// returns its prefill tokens, their attention pairs, the decoding
 // requests and their context.
 func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
 	budget := e.cfg.MaxBatchedTokens
@@ -419,8 +376,8 @@ func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
 	return prefill, pairs, decodes, ctx
 }
 
-// grow allocates the blocks s needs to hold need more tokens; false when
-// the free queue is too short (nothing is allocated then).
+// grow allocates the blocks s needs for need more tokens, or nothing and
+// false when too few are free.
 func (e *Engine) grow(s *seq, need int) bool {
 	more := blocksFor(s.computed+need, e.cfg.BlockSize) - len(s.blocks)
 	if more > e.p.numFree {
@@ -432,8 +389,8 @@ func (e *Engine) grow(s *seq, need int) bool {
 	return true
 }
 
-// cacheFull caches the blocks of s that are full once the scheduled chunk
-// is computed and announces them in one BlockStored.
+// cacheFull caches the blocks of s the scheduled chunk fills and
+// announces them in one BlockStored.
 func (e *Engine) cacheFull(s *seq) {
 	full := min((s.computed+s.chunk)/e.cfg.BlockSize, len(s.hashes))
 	if full <= s.stored {
@@ -442,7 +399,6 @@ func (e *Engine) cacheFull(s *seq) {
 	for k := s.stored; k < full; k++ {
 		e.p.cache(s.blocks[k], s.hashes[k])
 	}
-	e.stats.StoredBlocks += int64(full - s.stored)
 	if e.cfg.Events {
 		bs := e.cfg.BlockSize
 		start := len(e.evToks)
@@ -462,8 +418,7 @@ func (e *Engine) cacheFull(s *seq) {
 	s.stored = full
 }
 
-// preempt frees a running request's blocks and puts it back at the head
-// of the queue to recompute.
+// preempt frees a running request's blocks and requeues it at the head.
 func (e *Engine) preempt(s *seq) {
 	e.freeBlocks(s)
 	s.computed, s.stored, s.chunk = 0, 0, 0
@@ -473,8 +428,7 @@ func (e *Engine) preempt(s *seq) {
 	e.stats.Preemptions++
 }
 
-// freeBlocks releases s's blocks in reverse order, so that its tail blocks
-// are evicted first.
+// freeBlocks releases s's blocks in reverse order, tail evicted first.
 func (e *Engine) freeBlocks(s *seq) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		e.p.release(s.blocks[i])
@@ -482,9 +436,9 @@ func (e *Engine) freeBlocks(s *seq) {
 	s.blocks = s.blocks[:0]
 }
 
-// FinishStep completes the step started by StartStep: scheduled tokens
-// are computed, a token is sampled for every request whose sequence is
-// complete, finished requests free their blocks. now is the step's end.
+// FinishStep completes the step at now, its end: scheduled tokens are
+// computed, complete sequences sample a token, finished requests free
+// their blocks.
 func (e *Engine) FinishStep(now time.Duration) *StepResult {
 	if !e.inStep {
 		panic(fmt.Sprintf("engine %d: FinishStep without a step", e.id))
@@ -521,6 +475,6 @@ func (e *Engine) FinishStep(now time.Duration) *StepResult {
 	return r
 }
 
-// CachedBlocks is the number of distinct block hashes the engine has
-// cached (what kvindex should hold for it once every event is applied).
+// CachedBlocks is the number of distinct hashes cached: what kvindex
+// should hold for the engine once every event is applied.
 func (e *Engine) CachedBlocks() int { return e.p.cached.len() }

@@ -33,8 +33,6 @@ type pool struct {
 
 	// onEvict, when set, is told of every evicted cached block.
 	onEvict func(hash uint64)
-	// evictions counts evicted cached blocks.
-	evictions int64
 }
 
 func newPool(n int) *pool {
@@ -77,10 +75,8 @@ func (p *pool) removeFree(b int32) {
 	p.numFree--
 }
 
-// lookup returns a cached block with the hash, or none. It changes nothing.
-func (p *pool) lookup(h uint64) int32 {
-	return p.cached.get(h)
-}
+// lookup returns a cached block with the hash, or none.
+func (p *pool) lookup(h uint64) int32 { return p.cached.get(h) }
 
 // touch takes a reference on a cached block (a prefix-cache hit), taking
 // it off the free queue if it was free.
@@ -102,7 +98,6 @@ func (p *pool) allocate() int32 {
 	blk := &p.blocks[b]
 	if blk.cached {
 		p.uncache(b)
-		p.evictions++
 		if p.onEvict != nil {
 			p.onEvict(blk.hash)
 		}

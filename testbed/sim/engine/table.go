@@ -1,26 +1,21 @@
 package engine
 
 // table maps block hashes to block indices: open addressing with linear
-// probing and backward-shift deletion, so that the constant insert/delete
-// churn of a prefix cache leaves no tombstones. (Go's map slowed to
-// ~1.8 s of probing per 2,000 Mooncake requests from tombstones; this
-// table keeps probes short at a load factor <= 1/2.)
-//
-// Keys are engine block hashes, already uniformly mixed, so their low bits
-// index the table directly.
+// probing and backward-shift deletion, so that a prefix cache's constant
+// insert/delete churn leaves no tombstones (which slowed Go's map), at a
+// load factor <= 1/2. Keys are mixed hashes: their low bits index it.
 type table struct {
 	slots []slot
 	mask  uint64
 	n     int
 }
 
-// slot is one entry; key and value share a cache line.
 type slot struct {
 	key uint64
 	val int32 // none marks an empty slot
 }
 
-// newTable returns a table for at most max entries.
+// newTable returns a table for at most maxEntries entries.
 func newTable(maxEntries int) *table {
 	size := 16
 	for size < 2*maxEntries {

@@ -8,21 +8,18 @@ import (
 
 // Recorder collects one simulation's per-request outcomes.
 type Recorder struct {
-	engines    int
-	firstAt    time.Duration
-	lastDone   time.Duration
-	started    bool
-	ttft       []time.Duration
-	perEngine  []EngineResult
-	res        Result
-	arrival    map[int]time.Duration
-	outputDone int64
-	routeDelay []time.Duration
+	firstAt, lastDone time.Duration
+	started           bool
+	ttft, routeDelay  []time.Duration
+	routed            []int // requests per engine
+	res               Result
+	arrival           map[int]time.Duration
+	outputDone        int64
 }
 
 // NewRecorder returns a recorder for a fleet of n engines.
 func NewRecorder(n int) *Recorder {
-	return &Recorder{engines: n, perEngine: make([]EngineResult, n), arrival: make(map[int]time.Duration)}
+	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration)}
 }
 
 // Arrived records a request's arrival.
@@ -35,10 +32,10 @@ func (r *Recorder) Arrived(id int, at time.Duration) {
 }
 
 // Routed records that a request went to engine i.
-func (r *Recorder) Routed(i int) { r.perEngine[i].Requests++ }
+func (r *Recorder) Routed(i int) { r.routed[i]++ }
 
-// RouteDelay records how long the router took to answer one request
-// (live mode, where it is charged to TTFT), in virtual time.
+// RouteDelay records how long the router took to answer one request, in
+// virtual time (live mode, where it is charged to TTFT).
 func (r *Recorder) RouteDelay(d time.Duration) { r.routeDelay = append(r.routeDelay, d) }
 
 // Rejected records a request the engine refused (it could never fit).
@@ -47,7 +44,7 @@ func (r *Recorder) Rejected(id int) {
 	delete(r.arrival, id)
 }
 
-// FirstToken records a request's first token at t, with the prompt tokens
+// FirstToken records a request's first token at t and the prompt tokens
 // it hit when first scheduled.
 func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
 	r.ttft = append(r.ttft, t-r.arrival[id])
@@ -59,7 +56,7 @@ func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
 	r.res.Scheduled++
 }
 
-// Finished records a request's completion at t with its output length.
+// Finished records a request's completion at t.
 func (r *Recorder) Finished(id int, t time.Duration, outputLen int) {
 	r.res.Completed++
 	r.outputDone += int64(outputLen)
@@ -67,12 +64,11 @@ func (r *Recorder) Finished(id int, t time.Duration, outputLen int) {
 	delete(r.arrival, id)
 }
 
-// Result reduces the record. prefill[i] and busy[i] are engine i's prefill
-// tokens computed and busy time; preemptions sums the fleet's.
-func (r *Recorder) Result(router string, prefill []int64, busy []time.Duration, preemptions int) Result {
+// Result reduces the record; prefill[i] is engine i's prefill tokens and
+// preemptions the fleet's.
+func (r *Recorder) Result(router string, prefill []int64, preemptions int) Result {
 	res := r.res
-	res.Router = router
-	res.Preemptions = preemptions
+	res.Router, res.Preemptions = router, preemptions
 	slices.Sort(r.ttft)
 	res.TTFT = r.ttft
 	res.TTFTP50, res.TTFTP90, res.TTFTP99, res.TTFTMean = Summary(r.ttft)
@@ -81,39 +77,23 @@ func (r *Recorder) Result(router string, prefill []int64, busy []time.Duration, 
 		res.Throughput = float64(res.Completed) / res.Makespan.Seconds()
 		res.OutputTokensPerSec = float64(r.outputDone) / res.Makespan.Seconds()
 	}
-	res.PerEngine = slices.Clone(r.perEngine)
-	pf := make([]float64, len(res.PerEngine))
-	rq := make([]float64, len(res.PerEngine))
-	for i := range res.PerEngine {
+	pf := make([]float64, len(r.routed))
+	rq := make([]float64, len(r.routed))
+	for i := range r.routed {
 		if i < len(prefill) {
-			res.PerEngine[i].PrefillTokens = prefill[i]
 			res.PrefillTokens += prefill[i]
+			pf[i] = float64(prefill[i])
 		}
-		if i < len(busy) {
-			res.PerEngine[i].Busy = busy[i]
-		}
-		pf[i] = float64(res.PerEngine[i].PrefillTokens)
-		rq[i] = float64(res.PerEngine[i].Requests)
+		rq[i] = float64(r.routed[i])
 	}
-	res.LoadSkew = Skew(pf)
-	res.RequestSkew = Skew(rq)
+	res.LoadSkew, res.RequestSkew = Skew(pf), Skew(rq)
 	slices.Sort(r.routeDelay)
 	_, _, res.RouteDelayP99, res.RouteDelayMean = Summary(r.routeDelay)
 	return res
 }
 
-// EngineResult is one engine's share of the work.
-type EngineResult struct {
-	// Requests routed to the engine.
-	Requests int
-	// PrefillTokens computed by the engine.
-	PrefillTokens int64
-	// Busy is the time the engine spent in steps.
-	Busy time.Duration
-}
-
-// Result is one router's outcome on one workload (see the package doc for
-// the definitions).
+// Result is one router's outcome on one workload (definitions in the
+// package doc).
 type Result struct {
 	// Router is the router's name; Note what the report must say about it.
 	Router, Note string
@@ -130,7 +110,6 @@ type Result struct {
 	TTFTP50, TTFTP90, TTFTP99, TTFTMean time.Duration
 	Makespan                            time.Duration
 	Throughput, OutputTokensPerSec      float64
-	PerEngine                           []EngineResult
 	LoadSkew, RequestSkew               float64
 	Preemptions                         int
 	// IndexProblems counts events kvindex could not apply exactly (0 when
@@ -138,9 +117,8 @@ type Result struct {
 	IndexProblems int64
 	// Wall is how long the simulation took to run.
 	Wall time.Duration
-	// RouteDelayMean and RouteDelayP99 summarise how long the router took
-	// to answer, in virtual time, where it was charged to TTFT (live
-	// mode); zero in virtual time, where routing is instantaneous.
+	// RouteDelayMean and RouteDelayP99 summarise the router's answer time
+	// charged to TTFT (live mode; zero in virtual time).
 	RouteDelayMean, RouteDelayP99 time.Duration
 }
 
@@ -185,9 +163,6 @@ func Summary(sorted []time.Duration) (p50, p90, p99, mean time.Duration) {
 
 // Skew returns max/mean of xs (1 for all equal; 0 when the mean is 0).
 func Skew(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
 	var sum, top float64
 	for _, x := range xs {
 		sum += x

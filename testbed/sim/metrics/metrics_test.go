@@ -47,7 +47,7 @@ func TestRecorder(t *testing.T) {
 	r.FirstToken(1, 4*s, 200, 0)
 	r.Finished(0, 3*s, 10)
 	r.Finished(1, 11*s, 30)
-	res := r.Result("x", []int64{300, 100}, []time.Duration{s, 2 * s}, 1)
+	res := r.Result("x", []int64{300, 100}, 1)
 	if res.Requests != 3 || res.Scheduled != 2 || res.Completed != 2 || res.Rejected != 1 {
 		t.Fatalf("counts %+v", res)
 	}

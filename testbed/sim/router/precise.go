@@ -10,26 +10,21 @@ import (
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
-// precise asks kvindex. As "precise" it takes the longest match, ties by
-// load; as "precise+load" it asks Route and Releases on prefill done, or
-// (ModeClient, or when kvindex has no Route) computes a load-aware cost
-// client-side from Score.
+// precise asks kvindex: precise and precise+load (see the package doc).
 type precise struct {
 	name  string
 	f     Fleet
 	kv    KV
 	model string
 	byPod map[string]int
-	lw    float64
 	next  int
 
-	// fallback is set once kvindex answered that it has no Route.
+	// fallback: rank client-side (ModeClient, or kvindex has no Route).
 	fallback bool
 	note     string
 	policy   *scoring.Override
-	// inflight[i] is the uncached prefill tokens routed to engine i and
-	// not yet prefilled (the fallback's own route feedback), and
-	// pending[id] what request id added.
+	// inflight[i] is the uncached prefill tokens the fallback routed to
+	// engine i and not yet prefilled; pending[id] what request id added.
 	inflight []int64
 	pending  map[int]pendingRoute
 
@@ -49,12 +44,9 @@ func newPrecise(name string, cfg Config) *precise {
 	n := cfg.Fleet.Engines()
 	p := &precise{
 		name: name, f: cfg.Fleet, kv: cfg.KV, model: cfg.Model,
-		lw: cfg.LoadWeight, byPod: make(map[string]int, n), inflight: make([]int64, n),
+		byPod: make(map[string]int, n), inflight: make([]int64, n),
 		pending: make(map[int]pendingRoute), matched: make([]int, n), policy: cfg.RoutePolicy,
 		loads: make([]PodLoad, n),
-	}
-	if p.lw == 0 {
-		p.lw = 1
 	}
 	if name == PreciseLoad && cfg.PreciseLoadMode == ModeClient {
 		p.fallback = true
@@ -68,7 +60,6 @@ func newPrecise(name string, cfg Config) *precise {
 	return p
 }
 
-// record notes one worker of kvindex's answer.
 func (p *precise) record(pod string, tokens int) {
 	i, ok := p.byPod[pod]
 	if !ok {
@@ -78,14 +69,9 @@ func (p *precise) record(pod string, tokens int) {
 	p.matched[i] = tokens
 }
 
-// Name implements Router.
 func (p *precise) Name() string { return p.name }
-
-// Note implements Router: set when the client-side cost is in use.
 func (p *precise) Note() string { return p.note }
 
-// Route asks kvindex for the request's prompt tokens and picks as the
-// router's kind says (see the type doc).
 func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
 	p.q = Query{Model: p.model, Tokens: req.AppendTokens(p.q.Tokens[:0], 0, req.PromptLen)}
 	if p.name == PreciseLoad && !p.fallback {
@@ -122,14 +108,14 @@ func (p *precise) longest() int {
 	return i
 }
 
-// cheapest is the fallback's cost: the request's uncached tokens on the
-// engine plus LoadWeight times the router's in-flight prefill tokens
-// there; ties by least load, then in turn. It records the choice.
+// cheapest is the fallback's choice, recorded: the least uncached tokens
+// plus the router's in-flight prefill tokens on the engine; ties by least
+// load, then in turn.
 func (p *precise) cheapest(req *Request) int {
 	n := len(p.matched)
 	best, bestCost := -1, 0.0
 	cost := func(i int) float64 {
-		return float64(req.PromptLen-p.matched[i]) + p.lw*float64(p.inflight[i])
+		return float64(req.PromptLen-p.matched[i]) + float64(p.inflight[i])
 	}
 	for k := range n {
 		i := (p.next + k) % n
@@ -146,7 +132,7 @@ func (p *precise) cheapest(req *Request) int {
 }
 
 // route asks kvindex's Route with the engines' loads as a router would
-// scrape them (running, waiting, KV usage).
+// scrape them.
 func (p *precise) route(ctx context.Context, req *Request) (int, error) {
 	for i := range p.loads {
 		l := p.f.Load(i)
@@ -164,8 +150,8 @@ func (p *precise) route(ctx context.Context, req *Request) (int, error) {
 	return i, nil
 }
 
-// PrefillDone releases the request's in-flight accounting: kvindex's
-// Release, or the client-side tally.
+// PrefillDone releases the request: kvindex's Release, or the fallback's
+// tally.
 func (p *precise) PrefillDone(ctx context.Context, req *workload.Request, _ int) error {
 	if p.name != PreciseLoad {
 		return nil

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/kvindex/kvindex/scoring"
 	"github.com/kvindex/kvindex/testbed/sim/engine"
@@ -17,19 +15,17 @@ import (
 
 // Router names, as accepted by New and printed in reports.
 const (
-	RoundRobin  = "round-robin"
-	LeastLoaded = "least-loaded"
-	PrefixHash  = "prefix-hash"
-	Approximate = "approximate"
-	Precise     = "precise"
-	PreciseLoad = "precise+load"
-	// TTFTGreedy is the perfect-knowledge TTFT-greedy router (formerly
-	// "oracle", a name Parse still accepts): a reference, not a bound.
+	RoundRobin   = "round-robin"
+	LeastLoaded  = "least-loaded"
+	PrefixHash   = "prefix-hash"
+	Approximate  = "approximate"
+	Precise      = "precise"
+	PreciseLoad  = "precise+load"
 	TTFTGreedy   = "ttft-greedy"
 	defaultAffin = 1024
 )
 
-// precise+load modes (Config.PreciseLoadMode).
+// precise+load's modes (Config.PreciseLoadMode).
 const (
 	ModeRoute  = "route"
 	ModeClient = "client"
@@ -38,7 +34,6 @@ const (
 // Names lists every router, in report order.
 var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, TTFTGreedy}
 
-// aliases are former router names Parse still accepts.
 var aliases = map[string]string{"oracle": TTFTGreedy}
 
 // ErrUnknown is wrapped by New for an unknown router name.
@@ -47,54 +42,42 @@ var ErrUnknown = errors.New("router: unknown router")
 // Request is a request as a router sees it.
 type Request struct {
 	*workload.Request
-	// Content holds the request's block content ids at the fleet's block
-	// size (prompt, then output; see workload.Request.AppendBlockContent).
-	// Content[:PromptBlocks] are the prompt's full blocks. Valid only
-	// during Route.
+	// Content holds the block content ids at the fleet's block size
+	// (prompt, then output); Content[:PromptBlocks] are the prompt's full
+	// blocks. Valid only during Route.
 	Content      []uint64
 	PromptBlocks int
-	// Now is the time of the decision.
-	Now time.Duration
 }
 
 // Fleet is what routers may see of the engines, each by index 0..Engines()-1.
 type Fleet interface {
-	// Engines is the number of engines.
 	Engines() int
-	// Load is engine i's current load.
 	Load(i int) engine.Load
 	// CachedTokens is how many prompt tokens of req engine i would hit if
-	// it scheduled req now: its exact cache at this instant, including
-	// blocks of steps still running whose events are not yet published.
-	// Only the perfect-knowledge router (TTFTGreedy) may call it.
+	// it scheduled req now (its exact cache, unpublished steps included);
+	// only TTFTGreedy may call it.
 	CachedTokens(i int, req *Request) int
 }
 
-// KV is kvindex as the precise routers ask it: in process (the
-// scoring.Scorer the gRPC server also answers with) or over gRPC
-// (api.Client). Workers are named by pod, as a router knows them.
+// KV is kvindex as the precise routers ask it, in process or over gRPC;
+// workers are named by pod.
 type KV interface {
 	// Score calls visit with the matched prompt tokens of every worker in
 	// kvindex's answer for q.
 	Score(ctx context.Context, q *Query, visit func(pod string, matchedTokens int)) error
-	// Route asks kvindex to choose a worker for request id and to record
-	// the choice; it returns the chosen pod, or an error wrapping
-	// ErrRouteUnimplemented when kvindex does not offer Route.
+	// Route returns the pod kvindex chose for request id, or an error
+	// wrapping ErrRouteUnimplemented.
 	Route(ctx context.Context, id string, q *Query) (string, error)
 	// Release ends request id's in-flight accounting.
 	Release(ctx context.Context, id string) error
 }
 
-// Query is one prompt as a precise router sends it to kvindex.
+// Query is one prompt as a precise router sends it to kvindex; Loads and
+// Policy (nil: the server's) are sent with Route only.
 type Query struct {
-	// Model is the model name.
-	Model string
-	// Tokens are the prompt's token ids (valid during the call).
-	Tokens []uint32
-	// Loads are the engines' loads as the router scrapes them (Route only).
-	Loads []PodLoad
-	// Policy overrides kvindex's default ranking policy (Route only); nil
-	// keeps it.
+	Model  string
+	Tokens []uint32 // valid during the call
+	Loads  []PodLoad
 	Policy *scoring.Override
 }
 
@@ -111,12 +94,9 @@ var ErrRouteUnimplemented = errors.New("router: kvindex does not implement Route
 
 // Router picks an engine for each request.
 type Router interface {
-	// Name is the router's name (one of Names).
 	Name() string
-	// Route picks the engine for req.
 	Route(ctx context.Context, req *Request) (int, error)
-	// PrefillDone tells the router that req's prefill finished on engine i
-	// (the moment a router releases its in-flight accounting).
+	// PrefillDone tells the router that req's prefill finished on engine i.
 	PrefillDone(ctx context.Context, req *workload.Request, i int) error
 	// Note says anything the report must mention (a fallback taken), or "".
 	Note() string
@@ -124,32 +104,24 @@ type Router interface {
 
 // Config sets up routers.
 type Config struct {
-	// Fleet is the engines' view; required.
-	Fleet Fleet
-	// BlockSize is the engines' block size; required.
+	// Fleet and BlockSize are required.
+	Fleet     Fleet
 	BlockSize int
-	// Names are the engines' pod names in kvindex (engine i is
-	// WorkerRef{Pod: Names[i]}); required for the precise routers.
+	// Names (engine i is pod Names[i]), Model and KV are kvindex as the
+	// precise routers ask it; required for them.
 	Names []string
-	// Model is the model name the precise routers ask kvindex about.
 	Model string
-	// KV is kvindex for the precise routers.
-	KV KV
+	KV    KV
 	// AffinityTokens is how much of the prompt prefix-hash hashes
-	// (default 1,024 tokens).
+	// (default 1,024).
 	AffinityTokens int
-	// Approx tunes the approximate router.
-	Approx ApproxConfig
-	// PreciseLoadMode is how precise+load ranks: ModeRoute (default) asks
-	// kvindex's Route; ModeClient computes the cost client-side from Score
-	// (the fallback used when Route is unimplemented), for comparison.
+	// LRUBlocks is approximate's LRU per engine in blocks (GIE's
+	// lruCapacityPerServer, which its autoTune sets to the engines' cache;
+	// default 31,250, GIE's).
+	LRUBlocks int
+	// PreciseLoadMode is ModeRoute (default) or ModeClient.
 	PreciseLoadMode string
-	// LoadWeight scales in-flight prefill tokens against a request's own
-	// uncached tokens in precise+load's client-side cost (default 1).
-	LoadWeight float64
-	// RoutePolicy, when not nil, is sent with every Route request:
-	// kvindex's policy name, guard and weights; nil keeps the server's
-	// default.
+	// RoutePolicy, when not nil, is sent with every Route request.
 	RoutePolicy *scoring.Override
 	// Seed seeds the random tie-breaks.
 	Seed uint64
@@ -183,14 +155,13 @@ func New(name string, cfg Config) (Router, error) {
 		}
 		return newPrecise(name, cfg), nil
 	case TTFTGreedy:
-		return &ttftGreedy{f: cfg.Fleet, bs: cfg.BlockSize}, nil
+		return &ttftGreedy{f: cfg.Fleet}, nil
 	}
 	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(Names, ", "))
 }
 
-// Parse splits a comma-separated list of router names ("all" for every
-// router) and checks each; a former name ("oracle") is read as the
-// router's current one.
+// Parse splits a comma-separated list of router names ("all": every
+// router), reading a former name ("oracle") as the current one.
 func Parse(list string) ([]string, error) {
 	if list == "" || list == "all" {
 		return slices.Clone(Names), nil
@@ -217,39 +188,30 @@ func NeedsIndex(name string) bool { return name == Precise || name == PreciseLoa
 // base implements the optional parts of Router.
 type base struct{}
 
-// PrefillDone implements Router; most routers keep no in-flight state.
 func (base) PrefillDone(context.Context, *workload.Request, int) error { return nil }
+func (base) Note() string                                              { return "" }
 
-// Note implements Router.
-func (base) Note() string { return "" }
-
-// roundRobin sends requests to engines in turn.
 type roundRobin struct {
 	base
 	n, next int
 }
 
-// Name implements Router.
 func (r *roundRobin) Name() string { return RoundRobin }
 
-// Route picks the next engine in turn.
 func (r *roundRobin) Route(context.Context, *Request) (int, error) {
 	i := r.next
 	r.next = (r.next + 1) % r.n
 	return i, nil
 }
 
-// leastLoaded picks the engine with the fewest running + waiting requests.
 type leastLoaded struct {
 	base
 	f    Fleet
 	next int
 }
 
-// Name implements Router.
 func (r *leastLoaded) Name() string { return LeastLoaded }
 
-// Route picks the engine with the fewest running + waiting requests.
 func (r *leastLoaded) Route(context.Context, *Request) (int, error) {
 	i := pickLeastLoaded(r.f, r.next, nil)
 	r.next = (i + 1) % r.f.Engines()
@@ -277,7 +239,7 @@ func pickLeastLoaded(f Fleet, start int, ok func(int) bool) int {
 }
 
 // prefixHash maps the hash of the prompt's first blocks onto a consistent
-// hash ring of engines.
+// hash ring of vnodes points per engine.
 type prefixHash struct {
 	base
 	blocks int
@@ -289,7 +251,6 @@ type ringPoint struct {
 	engine int
 }
 
-// vnodes is the number of ring points per engine.
 const vnodes = 128
 
 func newPrefixHash(n, blocks int) *prefixHash {
@@ -303,10 +264,8 @@ func newPrefixHash(n, blocks int) *prefixHash {
 	return r
 }
 
-// Name implements Router.
 func (r *prefixHash) Name() string { return PrefixHash }
 
-// Route hashes the prompt's first blocks onto the ring.
 func (r *prefixHash) Route(_ context.Context, req *Request) (int, error) {
 	k := min(r.blocks, len(req.Content))
 	h := uint64(0x70726566)
@@ -320,33 +279,21 @@ func (r *prefixHash) Route(_ context.Context, req *Request) (int, error) {
 	return r.ring[i].engine, nil
 }
 
-// ttftGreedy knows every engine's cache and queue.
 type ttftGreedy struct {
 	base
 	f    Fleet
-	bs   int
 	next int
 }
 
-// Name implements Router.
 func (r *ttftGreedy) Name() string { return TTFTGreedy }
 
-// Route picks the least estimated time to first token with perfect,
-// instantaneous knowledge: the engine's exact queued prefill tokens (no
-// engine exports them) plus this request's uncached tokens there (its exact
-// cache now, with no event delay), in tokens since every engine prefills
-// at the same rate; ties by the longer hit, then fewer requests, then in
-// turn.
-//
-// It is the reference for what greedy routing could reach with perfect
-// knowledge, not a bound: a router that ignores load can hit more
-// (precise), and greedy is not optimal (it ignores what a request's
-// prefill costs the requests that queue behind it). The bounds are
-// computed offline (sim.ComputeBounds). A hit-maximising greedy router is
-// worse than useless here: the
-// engine caches a prompt's blocks when it schedules them, so on Mooncake
-// (every request starts with the same 512 tokens) the first engine to run
-// anything holds the only copy of that block and takes the whole trace.
+// Route picks the least estimated TTFT, in tokens (every engine prefills
+// at one rate): the engine's exact queued prefill (no engine exports it)
+// plus this request's uncached tokens there; ties by the longer hit, then
+// fewer requests, then in turn. Not a bound: precise, ignoring load, can
+// hit more, and greedy ignores what a prefill costs the requests queued
+// behind it. (A hit-maximising greedy router would send all of Mooncake
+// to the first engine that cached its shared first block.)
 func (r *ttftGreedy) Route(_ context.Context, req *Request) (int, error) {
 	n := r.f.Engines()
 	best, bestCost, bestHit, bestReqs := -1, int64(0), 0, 0
@@ -362,9 +309,4 @@ func (r *ttftGreedy) Route(_ context.Context, req *Request) (int, error) {
 	}
 	r.next = (best + 1) % n
 	return best, nil
-}
-
-// newRand returns the routers' seeded random source.
-func newRand(seed uint64, stream uint64) *rand.Rand {
-	return rand.New(rand.NewPCG(seed, stream))
 }

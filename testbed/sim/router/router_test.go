@@ -116,7 +116,7 @@ func TestPrefixHash(t *testing.T) {
 
 func TestApproximate(t *testing.T) {
 	f := &fakeFleet{loads: make([]engine.Load, 4)}
-	r := mustNew(t, Approximate, Config{Fleet: f, Seed: 1, Approx: ApproxConfig{LRUBlocks: 100}})
+	r := mustNew(t, Approximate, Config{Fleet: f, Seed: 1, LRUBlocks: 100})
 	first := routeAll(t, r, request(0, 1, 2))[0]
 	// The same prefix scores 2 (prefix) + 2 + 2 on the engine it went to,
 	// 0 + 2 + 2 elsewhere.
@@ -132,7 +132,7 @@ func TestApproximate(t *testing.T) {
 	// The LRU forgets: 100 blocks hold 25 prompts of 8 blocks... route
 	// enough new prefixes to the same engine to evict prefix 1.
 	f.loads = make([]engine.Load, 1)
-	r = mustNew(t, Approximate, Config{Fleet: f, Approx: ApproxConfig{LRUBlocks: 8}})
+	r = mustNew(t, Approximate, Config{Fleet: f, LRUBlocks: 8})
 	ap := r.(*approximate)
 	routeAll(t, r, request(0, 1, 2))
 	if !ap.lrus[0].Contains(ap.hashes[0]) {

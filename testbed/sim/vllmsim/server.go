@@ -28,24 +28,20 @@ type Config struct {
 	Model string
 	// Pod names the engine in its topic, kv@<pod>@<model>.
 	Pod string
-	// Publish is the KV event PUB endpoint, e.g. tcp://*:5557.
-	Publish string
-	// Replay is the replay ROUTER endpoint, e.g. tcp://*:5567 ("": none).
-	Replay string
-	// BufferSteps is how many batches replay can serve (0: 10,000).
-	BufferSteps int
+	// Publish and Replay ("": none) are the KV event PUB and replay
+	// ROUTER endpoints, e.g. tcp://*:5557 and tcp://*:5567.
+	Publish, Replay string
 	// HTTPListen is the API and /metrics address, e.g. :8000.
 	HTTPListen string
-	// Engine is the simulated engine (block size, cache, time model).
-	Engine engine.Config
-	// MaxTokens caps a request's max_tokens (default 4096).
-	MaxTokens int
+	Engine     engine.Config
 	// Logger receives the server's logs (nil: discarded).
 	Logger *slog.Logger
 }
 
-// Server is one simulated vLLM engine with its event publisher, metrics
-// and OpenAI-compatible API.
+// maxTokens caps a request's max_tokens.
+const maxTokens = 4096
+
+// Server is one simulated vLLM engine, served.
 type Server struct {
 	cfg  Config
 	log  *slog.Logger
@@ -62,7 +58,7 @@ type Server struct {
 	waiters map[*workload.Request]*waiter
 	nextID  int
 	// counters, exported under vLLM's names
-	queries, hits, promptToks, genToks, success, rejected int64
+	queries, hits, promptToks, genToks, success int64
 }
 
 // waiter is a request's caller, waiting for its last token.
@@ -80,9 +76,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Model == "" || cfg.Pod == "" || cfg.Publish == "" {
 		return nil, errors.New("vllmsim: model, pod and publish endpoint are required")
 	}
-	if cfg.MaxTokens <= 0 {
-		cfg.MaxTokens = 4096
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -95,7 +88,7 @@ func New(cfg Config) (*Server, error) {
 	s.cfg.Engine = eng.Config()
 	s.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{
 		Endpoint: cfg.Publish, Topic: "kv@" + cfg.Pod + "@" + cfg.Model, Bind: true,
-		ReplayEndpoint: cfg.Replay, BufferSteps: cfg.BufferSteps,
+		ReplayEndpoint: cfg.Replay,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vllmsim: event publisher at %s: %w", cfg.Publish, err)
@@ -110,7 +103,6 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("GET /v1/models", s.models)
-	// vLLM's tokenizing endpoints, with the ids the engine's events carry.
 	s.tok = &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
 	for _, path := range []string{tokenize.TokenizePath, tokenize.RenderChatPath, tokenize.RenderCompletionPath} {
 		mux.Handle("POST "+path, s.tok)
@@ -124,8 +116,7 @@ func New(cfg Config) (*Server, error) {
 // Addr is the HTTP listener's address.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
 
-// Tokenizer is the engine's /tokenize and render endpoints' handler, for
-// its counters.
+// Tokenizer is the handler of /tokenize and the render endpoints.
 func (s *Server) Tokenizer() *standin.Handler { return s.tok }
 
 // Run serves until ctx is done, then closes the sockets.
@@ -153,13 +144,10 @@ func (s *Server) Run(ctx context.Context) error {
 	return err
 }
 
-// now is the engine's clock: time since the server started.
 func (s *Server) now() time.Duration { return time.Since(s.t0) }
 
-// loop runs engine steps on the wall clock: each step takes the time
-// model's duration, then its KV events are published as one batch (as
-// vLLM publishes each scheduler step's events) and its finished requests
-// answered.
+// loop runs engine steps on the wall clock: each takes the time model's
+// duration, then finishStep publishes its batch and answers its requests.
 func (s *Server) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -187,8 +175,6 @@ func (s *Server) loop(ctx context.Context) {
 	}
 }
 
-// finishStep ends the step in flight: publishes its batch and wakes the
-// requests it finished.
 func (s *Server) finishStep() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -216,7 +202,7 @@ func (s *Server) finishStep() {
 	}
 }
 
-// failAll wakes every waiting request at shutdown.
+// failAll wakes every waiting request.
 func (s *Server) failAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -226,13 +212,13 @@ func (s *Server) failAll() {
 	}
 }
 
-// serve runs one request of prompt segs for maxTokens tokens and returns
-// its prompt length and cached prompt tokens once it finished.
-func (s *Server) serve(ctx context.Context, segs []workload.Segment, maxTokens int) (prompt, cached int, err error) {
+// serve runs one request of prompt segs for n tokens and returns its
+// prompt length and cached prompt tokens once it finished.
+func (s *Server) serve(ctx context.Context, segs []workload.Segment, n int) (prompt, cached int, err error) {
 	if len(segs) == 0 {
 		return 0, 0, fmt.Errorf("%w: empty prompt", ErrBadRequest)
 	}
-	req := &workload.Request{Prompt: segs, OutputLen: maxTokens}
+	req := &workload.Request{Prompt: segs, OutputLen: n}
 	for _, sg := range segs {
 		req.PromptLen += sg.Len
 	}
@@ -242,9 +228,8 @@ func (s *Server) serve(ctx context.Context, segs []workload.Segment, maxTokens i
 	s.nextID++
 	content := req.AppendBlockContent(nil, s.cfg.Engine.BlockSize, req.OutputSegment(s.cfg.Engine.OutputSeed))
 	if !s.eng.Submit(req, content) {
-		s.rejected++
 		s.mu.Unlock()
-		return 0, 0, fmt.Errorf("%w: %d prompt + %d output tokens exceed the KV cache (%d blocks of %d)", ErrBadRequest, req.PromptLen, maxTokens, s.cfg.Engine.CacheBlocks, s.cfg.Engine.BlockSize)
+		return 0, 0, fmt.Errorf("%w: %d prompt + %d output tokens exceed the KV cache (%d blocks of %d)", ErrBadRequest, req.PromptLen, n, s.cfg.Engine.CacheBlocks, s.cfg.Engine.BlockSize)
 	}
 	s.promptToks += int64(req.PromptLen)
 	s.waiters[req] = w
@@ -265,7 +250,6 @@ func (s *Server) serve(ctx context.Context, segs []workload.Segment, maxTokens i
 	return req.PromptLen, w.cached, nil
 }
 
-// usage is OpenAI's usage object.
 type usage struct {
 	PromptTokens        int `json:"prompt_tokens"`
 	CompletionTokens    int `json:"completion_tokens"`
@@ -275,8 +259,8 @@ type usage struct {
 	} `json:"prompt_tokens_details"`
 }
 
-// completionRequest is the part of OpenAI's completion and chat requests
-// the simulator reads.
+// completionRequest is what the simulator reads of OpenAI's completion
+// and chat requests.
 type completionRequest struct {
 	Model               string                 `json:"model"`
 	Prompt              any                    `json:"prompt"`
@@ -309,8 +293,8 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*completionRequ
 	if n <= 0 {
 		n = 16 // OpenAI's and vLLM's default for completions
 	}
-	if n > s.cfg.MaxTokens {
-		apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, s.cfg.MaxTokens))
+	if n > maxTokens {
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, maxTokens))
 		return nil, 0, false
 	}
 	return &req, n, true

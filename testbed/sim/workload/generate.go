@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Tags that keep the content ids of different generators apart.
+// Tags that keep the generators' content ids apart.
 const (
 	prefixTag  = 0x7072656669780000 // "prefix"
 	suffixTag  = 0x7375666669780000 // "suffix"
@@ -17,31 +17,21 @@ const (
 	queryTag   = 0x7175657279000000 // "query"
 )
 
-// PrefixesConfig describes the shared-prefix generator: every request is
-// one of Prefixes shared prefixes, chosen with Zipf-skewed popularity, then
-// a suffix unique to the request; arrivals are Poisson at QPS.
+// PrefixesConfig describes the shared-prefix generator: each request is
+// one of Prefixes shared prefixes (prefix k of weight 1/(k+1)^ZipfS) then
+// a unique suffix; arrivals are Poisson at QPS. Zero fields take the
+// defaults in brackets.
 type PrefixesConfig struct {
-	// Requests is the number of requests (default 2,000).
-	Requests int
-	// Prefixes is the number of distinct shared prefixes (default 40).
-	Prefixes int
-	// PrefixTokens and SuffixTokens are the lengths of the shared and the
-	// unique part (defaults 2,048 and 256).
-	PrefixTokens, SuffixTokens int
-	// OutputTokens is every request's output length (default 128).
-	OutputTokens int
-	// ZipfS is the popularity exponent: prefix k (0-based) has weight
-	// 1/(k+1)^s (0: DefaultZipfS; use Uniform for equal popularity).
-	ZipfS float64
-	// Uniform makes every prefix equally popular (exponent 0); ZipfS must
-	// then be 0.
-	Uniform bool
-	// QPS is the Poisson arrival rate (default 20).
-	QPS float64
-	// Engines is the fleet size the workload is meant for (default 4).
-	Engines int
-	// Seed makes the draw reproducible.
-	Seed uint64
+	Requests     int     // [2,000]
+	Prefixes     int     // [40]
+	PrefixTokens int     // [2,048]
+	SuffixTokens int     // [256]
+	OutputTokens int     // [128]
+	ZipfS        float64 // [DefaultZipfS]
+	Uniform      bool    // equal popularity: ZipfS must be 0
+	QPS          float64 // [20]
+	Engines      int     // [4]
+	Seed         uint64
 }
 
 func (c *PrefixesConfig) defaults() {
@@ -102,35 +92,23 @@ func ZipfCDF(n int, s float64) Zipf {
 	return cdf
 }
 
-// TenantsConfig describes the multi-tenant generator: Tenants tenants each
-// own a shared context of ContextTokens; each tenant has UsersPerTenant
-// users, each with a fixed question of QueryTokens, so a prompt is the
-// tenant's context followed by one user's question (the shape of
-// inference-perf's shared_prefix data: num_groups x num_prompts_per_group
-// prompts, each a group's system prompt plus a question). Arrivals are
-// Poisson with a rate that ramps linearly from StartQPS to EndQPS over the
-// run; each arrival picks a tenant and user uniformly.
+// TenantsConfig describes the multi-tenant generator (inference-perf's
+// shared_prefix shape): a prompt is one of Tenants tenants' contexts then
+// one of its UsersPerTenant users' fixed question, both uniform. Arrivals
+// are Poisson at a rate ramping linearly from StartQPS to EndQPS over
+// 2*Requests/(StartQPS+EndQPS) seconds (Requests arrive over it on
+// average). Zero fields take the defaults in brackets.
 type TenantsConfig struct {
-	// Requests is the number of requests (default 6,000).
-	Requests int
-	// Tenants is the number of tenants (default 150).
-	Tenants int
-	// ContextTokens is each tenant's shared context (default 6,000).
-	ContextTokens int
-	// UsersPerTenant is the number of users per tenant (default 5).
-	UsersPerTenant int
-	// QueryTokens is the length of each user's question (default 1,200).
-	QueryTokens int
-	// OutputTokens is every request's output length (default 256).
-	OutputTokens int
-	// StartQPS and EndQPS bound the linear ramp of the arrival rate
-	// (defaults 3 and 60). The ramp lasts 2*Requests/(StartQPS+EndQPS)
-	// seconds, so that Requests arrive over it on average.
-	StartQPS, EndQPS float64
-	// Engines is the fleet size the workload is meant for (default 8).
-	Engines int
-	// Seed makes the draw reproducible.
-	Seed uint64
+	Requests       int     // [6,000]
+	Tenants        int     // [150]
+	ContextTokens  int     // [6,000]
+	UsersPerTenant int     // [5]
+	QueryTokens    int     // [1,200]
+	OutputTokens   int     // [256]
+	StartQPS       float64 // [3]
+	EndQPS         float64 // [60]
+	Engines        int     // [8]
+	Seed           uint64
 }
 
 func (c *TenantsConfig) defaults() {
@@ -190,23 +168,13 @@ func (r ramp) at(lambda float64) float64 {
 	return (-r.r0 + math.Sqrt(r.r0*r.r0+4*r.a*lambda)) / (2 * r.a)
 }
 
-// QPSAt returns the ramp's arrival rate at t seconds, for tests and charts.
-func (c TenantsConfig) QPSAt(t float64) float64 {
-	c.defaults()
-	r := newRamp(c.StartQPS, c.EndQPS, float64(c.Requests))
-	if t >= r.T {
-		return r.r1
-	}
-	return r.r0 + 2*r.a*t
-}
-
 // Pick draws a rank.
 func (z Zipf) Pick(rng *rand.Rand) int { return z.At(rng.Float64()) }
 
 // At maps u in [0, 1) to its rank.
 func (z Zipf) At(u float64) int { return min(sort.SearchFloat64s(z, u), len(z)-1) }
 
-// newRequest is request id arriving at seconds at, its prompt segs.
+// newRequest is request id arriving at `at` seconds with prompt segs.
 func newRequest(id int, at float64, segs []Segment, outputLen int, group string) Request {
 	r := Request{ID: id, Arrival: time.Duration(at * float64(time.Second)), Prompt: segs, OutputLen: outputLen, Group: group}
 	for _, s := range segs {

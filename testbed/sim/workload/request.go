@@ -8,70 +8,62 @@ import (
 	"github.com/kvindex/kvindex/tokenize/standin"
 )
 
-// Vocab is the size of the token-id range derived tokens fall into: the
-// stand-in tokenizer's, whose token scheme the simulator shares.
+// Vocab is the token-id range of derived tokens: the stand-in
+// tokenizer's, whose token scheme the simulator shares.
 const Vocab = standin.Vocab
 
-// Segment is a run of Len tokens whose content is named by ID: token i of
-// the run is Token(ID, i) (the stand-in tokenizer's unit of content).
+// Segment is a run of Len tokens named by ID: token i is Token(ID, i).
 type Segment = standin.Segment
 
 // Request is one inference request to replay.
 type Request struct {
-	// ID is the request's index in its workload, 0-based and dense.
+	// ID is the request's index in its workload.
 	ID int
-	// Arrival is when the request arrives, from the start of the workload.
+	// Arrival is from the start of the workload.
 	Arrival time.Duration
-	// Prompt is the prompt as segments, in order.
-	Prompt []Segment
-	// PromptLen is the prompt's length in tokens (the sum of segment lengths).
-	PromptLen int
-	// OutputLen is the number of tokens the request generates (at least 1).
-	OutputLen int
-	// Group names what the request shares with others (a tenant, a prefix,
-	// a conversation's first block), for reports; may be empty.
+	Prompt  []Segment
+	// PromptLen is the sum of the segments' lengths; OutputLen >= 1 the
+	// tokens generated.
+	PromptLen, OutputLen int
+	// Group names what the request shares with others (a tenant, a
+	// prefix), or "".
 	Group string
 }
 
-// Workload is a named, arrival-ordered list of requests.
+// Workload is a named list of requests sorted by Arrival, Requests[i].ID
+// == i, designed for a fleet of Engines (0: no opinion).
 type Workload struct {
-	// Name describes the workload in reports ("mooncake", "prefixes", ...).
-	Name string
-	// Requests are sorted by Arrival; Requests[i].ID == i.
+	Name     string
 	Requests []Request
-	// Engines is the fleet size the workload was designed for (0: no opinion).
-	Engines int
+	Engines  int
 }
 
-// Token returns token off of the content named id: a pure function, so
-// equal (id, off) give equal tokens everywhere.
+// Token returns token off of the content named id (a pure function).
 func Token(id uint64, off int) uint32 { return standin.Token(id, off) }
 
-// outputTag separates the ids of generated output from prompt content.
 const outputTag = 0x6f75747075740000 // "output\0\0"
 
-// OutputSegment is the content the request generates: unique to the
-// request, so that blocks of generated tokens are cached (as vLLM caches
-// them) but never matched by another request. Traces give no output text;
-// a later turn that repeats an answer names it with its own prompt ids.
+// OutputSegment is the content the request generates, unique to it:
+// cached as vLLM caches it, never matched by another request (a later
+// turn repeating an answer names it with its own prompt ids).
 func (r *Request) OutputSegment(workloadSeed uint64) Segment {
 	return Segment{ID: mix64(outputTag ^ workloadSeed ^ uint64(r.ID)*0xbf58476d1ce4e5b9), Len: r.OutputLen}
 }
 
-// AppendTokens appends the prompt's tokens [start, end) to dst. Cost: one
-// mix per token (about 1 ns); used only where real token ids are needed.
+// AppendTokens appends the prompt's tokens [start, end) to dst (one mix,
+// about 1 ns, a token).
 func (r *Request) AppendTokens(dst []uint32, start, end int) []uint32 {
-	return appendSegmentTokens(dst, r.Prompt, start, end)
+	return standin.AppendTokens(dst, r.Prompt, start, end)
 }
 
 // AppendSequenceTokens is AppendTokens over the prompt followed by out
 // (the request's OutputSegment), for blocks that hold generated tokens.
 func (r *Request) AppendSequenceTokens(dst []uint32, out Segment, start, end int) []uint32 {
 	if end <= r.PromptLen {
-		return appendSegmentTokens(dst, r.Prompt, start, end)
+		return standin.AppendTokens(dst, r.Prompt, start, end)
 	}
 	if start < r.PromptLen {
-		dst = appendSegmentTokens(dst, r.Prompt, start, r.PromptLen)
+		dst = standin.AppendTokens(dst, r.Prompt, start, r.PromptLen)
 		start = r.PromptLen
 	}
 	for i := start - r.PromptLen; i < end-r.PromptLen; i++ {
@@ -80,20 +72,13 @@ func (r *Request) AppendSequenceTokens(dst []uint32, out Segment, start, end int
 	return dst
 }
 
-func appendSegmentTokens(dst []uint32, segs []Segment, start, end int) []uint32 {
-	return standin.AppendTokens(dst, segs, start, end)
-}
-
-// blockSeed starts every block's content hash.
 const blockSeed = 0x243f6a8885a308d3
 
 // AppendBlockContent appends one content id per full block of blockSize
-// tokens of the prompt followed by out (pass Segment{} for the prompt
-// alone). The id hashes the block's pieces (segment id, offset, length),
-// so two blocks have equal ids exactly when their tokens are equal by
-// construction. It is not chained: callers chain ids into prefix hashes.
-//
-// Cost: O(blocks + segments) mixes, no token is generated.
+// tokens of the prompt followed by out (Segment{}: the prompt alone),
+// hashing the block's pieces (segment id, offset, length): ids are equal
+// exactly when the tokens are. Not chained. Cost: O(blocks + segments)
+// mixes, no token generated.
 func (r *Request) AppendBlockContent(dst []uint64, blockSize int, out Segment) []uint64 {
 	if blockSize <= 0 {
 		return dst
@@ -150,8 +135,7 @@ func (w *Workload) Validate() error {
 	return nil
 }
 
-// Head returns a workload of the first n requests (all when n <= 0 or
-// n >= len), sharing the request values.
+// Head returns a workload of the first n requests (n <= 0: all).
 func (w *Workload) Head(n int) *Workload {
 	out := *w
 	if n > 0 && n < len(w.Requests) {
@@ -160,9 +144,8 @@ func (w *Workload) Head(n int) *Workload {
 	return &out
 }
 
-// Scale returns a copy whose arrivals are divided by factor: 2 replays the
-// workload twice as fast (double the request rate). Requests are copied;
-// prompts are shared.
+// Scale returns a copy whose arrivals are divided by factor (2: twice the
+// rate), sharing prompts.
 func (w *Workload) Scale(factor float64) *Workload {
 	out := *w
 	out.Requests = make([]Request, len(w.Requests))
@@ -174,9 +157,7 @@ func (w *Workload) Scale(factor float64) *Workload {
 }
 
 // Pause returns a copy in which requests from index from on arrive d
-// later: a sparse start, such as one request and then nothing for d (a
-// fleet whose first engine caches a universal prefix alone). Requests are
-// copied; prompts are shared.
+// later (a sparse start), sharing prompts.
 func (w *Workload) Pause(from int, d time.Duration) *Workload {
 	out := *w
 	out.Requests = slices.Clone(w.Requests)
@@ -186,7 +167,7 @@ func (w *Workload) Pause(from int, d time.Duration) *Workload {
 	return &out
 }
 
-// Stats summarises a workload for reports.
+// Stats are a workload's totals.
 type Stats struct {
 	Requests                   int
 	PromptTokens, OutputTokens int64
@@ -206,9 +187,7 @@ func (w *Workload) Stats() Stats {
 	return s
 }
 
-// mix64 is SplitMix64's finaliser: a cheap, well-mixing bijection.
 func mix64(x uint64) uint64 { return standin.Mix64(x) }
 
-// Mix64 exposes mix64 to the simulator's other packages, so that every
-// derived id uses one mixing function.
-func Mix64(x uint64) uint64 { return mix64(x) }
+// Mix64 is the simulator's one mixing function (SplitMix64's finaliser).
+func Mix64(x uint64) uint64 { return standin.Mix64(x) }

@@ -11,30 +11,26 @@ import (
 	"time"
 )
 
-// logBlock is the token run one segment of a logged prompt covers: equal
-// runs at equal offsets give equal segments, so prompts that share a
-// prefix of real tokens share block content at any engine block size that
-// divides it (16, the vLLM default, or 8, 4, ...).
+// logBlock is the token run one segment of a logged prompt covers, so
+// prompts sharing real tokens share block content at any block size that
+// divides it (16, vLLM's default, 8, ...).
 const logBlock = 16
 
-// logTag separates logged content ids from generated and Mooncake ones.
 const logTag = 0x6c6f67676564 // "logged"
 
-// DefaultLogOutputTokens is the output length assumed for a logged
-// request that does not give one.
+// DefaultLogOutputTokens is a logged request's output length when it
+// gives none.
 const DefaultLogOutputTokens = 128
 
-// tokenLine is one line of a token-id request log.
 type tokenLine struct {
 	Timestamp    float64  `json:"timestamp"`
 	TokenIDs     []uint32 `json:"token_ids"`
 	OutputLength int      `json:"output_length"`
 }
 
-// FromTokens is a request whose prompt is the given token ids: one
-// segment per 16 tokens, named by the chained hash of every token up to
-// its end, so two prompts share segments exactly as far as they share
-// tokens (in whole 16-token runs).
+// FromTokens is a request whose prompt is tokens: a segment per 16
+// tokens, named by the chained hash of every token up to its end, so
+// prompts share segments as far as they share tokens (in whole runs).
 func FromTokens(arrival time.Duration, tokens []uint32, outputLen int) Request {
 	segs := make([]Segment, 0, (len(tokens)+logBlock-1)/logBlock)
 	h := uint64(logTag)
@@ -43,8 +39,7 @@ func FromTokens(arrival time.Duration, tokens []uint32, outputLen int) Request {
 		for _, t := range tokens[off:end] {
 			h = mix64(h ^ uint64(t))
 		}
-		// A partial tail is named by its length too, so it never equals
-		// a full run.
+		// A partial tail is named by its length too: never a full run.
 		segs = append(segs, Segment{ID: mix64(h ^ uint64(end-off)<<48), Len: end - off})
 	}
 	if outputLen <= 0 {
@@ -53,9 +48,8 @@ func FromTokens(arrival time.Duration, tokens []uint32, outputLen int) Request {
 	return Request{Arrival: arrival, Prompt: segs, PromptLen: len(tokens), OutputLen: outputLen}
 }
 
-// ReadTokenLog reads a request log of token ids: one JSON object per
-// line, {"timestamp": ms, "token_ids": [...], "output_length": n}
-// (output_length optional, DefaultLogOutputTokens when absent). Lines are
+// ReadTokenLog reads a request log of token ids, a JSON object a line:
+// {"timestamp": ms, "token_ids": [...], "output_length": n (optional)},
 // stably sorted by timestamp.
 func ReadTokenLog(r io.Reader, name string) (*Workload, error) {
 	w := &Workload{Name: name}
@@ -76,24 +70,21 @@ func ReadTokenLog(r io.Reader, name string) (*Workload, error) {
 	return finish(w)
 }
 
-// Tokenizer turns an OpenAI request body (a completion's prompt or a chat
-// completion's messages) into token ids: vLLM's /tokenize endpoint, or
-// EstimateTokens.
+// Tokenizer turns an OpenAI request body (prompt or messages) into token
+// ids: vLLM's /tokenize endpoint, or EstimateTokens.
 type Tokenizer func(body json.RawMessage) ([]uint32, error)
 
 // openAILine is what ReadOpenAILog reads of a request body.
 type openAILine struct {
-	Timestamp float64 `json:"timestamp"`
-	MaxTokens int     `json:"max_tokens"`
-	// MaxCompletionTokens is the newer name of MaxTokens.
-	MaxCompletionTokens int `json:"max_completion_tokens"`
+	Timestamp           float64 `json:"timestamp"`
+	MaxTokens           int     `json:"max_tokens"`
+	MaxCompletionTokens int     `json:"max_completion_tokens"` // MaxTokens' newer name
 }
 
-// ReadOpenAILog reads a request log of OpenAI request bodies, one JSON
-// object per line (/v1/completions with "prompt" or /v1/chat/completions
-// with "messages"), optionally with a "timestamp" in ms (else one request
-// a second, in order), tokenizing each with tok. The output length is
-// max_tokens (or max_completion_tokens), else DefaultLogOutputTokens.
+// ReadOpenAILog reads a log of OpenAI request bodies, a JSON object a
+// line (prompt or messages), tokenized by tok, arriving at "timestamp" ms
+// (else one a second, in order), generating max_tokens (or
+// max_completion_tokens, else DefaultLogOutputTokens).
 func ReadOpenAILog(r io.Reader, name string, tok Tokenizer) (*Workload, error) {
 	w := &Workload{Name: name}
 	n := 0
@@ -123,14 +114,11 @@ func ReadOpenAILog(r io.Reader, name string, tok Tokenizer) (*Workload, error) {
 	return finish(w)
 }
 
-// EstimateTokens is the Tokenizer used without a vLLM endpoint: the
-// prompt's text (a completion's prompt, or each chat message rendered as
-// "role: content\n") cut into 4-character pieces, each hashed to a token
-// id. English text averages about 4 characters per token in Llama 3's
-// tokenizer, so lengths come out close, and two prompts share estimated
-// tokens exactly as far as they share text (to the 4-character piece): the
-// reuse a real tokenizer finds, up to the piece that straddles where they
-// differ.
+// EstimateTokens is the Tokenizer without a vLLM endpoint: the prompt's
+// text (chat messages as "role: content\n") in 4-character pieces, each
+// hashed to a token id. English averages about 4 characters a token in
+// Llama 3's tokenizer, and prompts share estimated tokens as far as they
+// share text, to the piece: the reuse a real tokenizer finds.
 func EstimateTokens(body json.RawMessage) ([]uint32, error) {
 	text, err := promptText(body)
 	if err != nil {
@@ -148,8 +136,8 @@ func EstimateTokens(body json.RawMessage) ([]uint32, error) {
 	return ids, nil
 }
 
-// promptText is a request body's prompt as text: "prompt" (a string, or
-// the first of a list) or "messages" rendered as "role: content\n".
+// promptText is a body's "prompt" (a string, or a list's first) or its
+// "messages" as "role: content\n" lines.
 func promptText(body json.RawMessage) (string, error) {
 	var b struct {
 		Prompt   json.RawMessage `json:"prompt"`
@@ -190,8 +178,8 @@ func promptText(body json.RawMessage) (string, error) {
 	return sb.String(), nil
 }
 
-// eachLine calls fn with every non-empty line of r, numbering lines from
-// 1; fn's error is wrapped with the log's name and the line number.
+// eachLine calls fn with every non-empty line of r, wrapping its error
+// with the log's name and the line number (from 1).
 func eachLine(r io.Reader, name string, fn func(lineNo int, b []byte) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)

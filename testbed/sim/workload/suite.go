@@ -10,8 +10,7 @@ import (
 	"time"
 )
 
-// Tags that keep the content ids of the suite's generators apart from each
-// other and from the older generators'.
+// Tags that keep the suite's content ids apart.
 const (
 	systemTag  = 0x73797374656d0000 // "system"
 	turnTag    = 0x7475726e00000000 // "turn"
@@ -23,52 +22,32 @@ const (
 	taskTag    = 0x7461736b00000000 // "task"
 )
 
-// answerPace is the time a turn's answer is assumed to take per output
-// token when the next turn's arrival is placed: a decode step of a busy
-// engine (20 ms, tens of requests in the batch). The generators are open
-// loop, so the next turn arrives that long after the previous one plus
-// the think time, whatever the router did.
+// answerPace is the time an answer is assumed to take per output token
+// when the next turn's arrival is placed: a busy engine's decode step.
 const answerPace = 20 * time.Millisecond
 
-// SessionsConfig describes multi-turn agent sessions: each session starts
-// with one of SystemPrompts system prompts (Zipf popularity) and runs a
-// geometric number of turns; turn k's prompt is the system prompt, every
-// earlier turn's input and answer, and its own input, so each turn
-// extends the previous turn's prompt by that turn's answer and a new
-// input. Sessions start as a Poisson process; a turn arrives after the
-// previous turn's answer (OutputLen x 20 ms) and an exponential think
-// time. Lengths are log-normal around their means (sigma 0.8), the
-// heavy-tailed shape of published chat and agent traces (ShareGPT,
-// Mooncake: short user turns, a long tail of pasted or tool-produced
-// context).
+// SessionsConfig describes multi-turn agent sessions: each starts with
+// one of SystemPrompts system prompts (Zipf popularity) and runs a
+// geometric number of turns, turn k's prompt being the system prompt,
+// every earlier input and answer, and its own input. Sessions start as a
+// Poisson process; a turn arrives after the previous answer (OutputLen x
+// answerPace) and an exponential think time. Lengths are log-normal
+// around their means (sigma 0.8 for turns), the heavy tail of published
+// chat and agent traces. Zero fields take the defaults in brackets.
 type SessionsConfig struct {
-	// Sessions is the number of sessions (default 1,200).
-	Sessions int
-	// SystemPrompts is the number of distinct system prompts (default 32);
-	// SystemTokens their mean length (default 2,500; each prompt's own
-	// length is drawn once).
-	SystemPrompts, SystemTokens int
-	// ZipfS is the system prompts' popularity exponent (0: 1.1).
-	ZipfS float64
-	// MeanTurns is the mean number of turns per session, geometric, at
-	// least 1 (default 6); MaxTurns caps it (default 24).
-	MeanTurns float64
-	MaxTurns  int
-	// InputTokens is the mean length of a turn's new input: the user's
-	// message or a tool's result (default 600).
-	InputTokens int
-	// OutputTokens is the mean length of a turn's answer (default 250).
-	OutputTokens int
-	// ThinkTime is the mean pause between an answer and the next turn
-	// (default 10 s).
-	ThinkTime time.Duration
-	// SessionRate is the rate at which sessions start, per second
-	// (default 3).
-	SessionRate float64
-	// Engines is the fleet size the workload is meant for (default 8).
-	Engines int
-	// Seed makes the draw reproducible.
-	Seed uint64
+	Sessions      int     // [1,200]
+	SystemPrompts int     // [32]
+	SystemTokens  int     // mean, each prompt's length drawn once [2,500]
+	ZipfS         float64 // system prompts' popularity [1.1]
+	MeanTurns     float64 // geometric, at least 1 [6]
+	MaxTurns      int     // [24]
+	InputTokens   int     // mean new input: a user message or tool result [600]
+	OutputTokens  int     // mean answer [250]
+	// ThinkTime is the mean pause between an answer and the next turn [10 s].
+	ThinkTime   time.Duration
+	SessionRate float64 // sessions started per second [3]
+	Engines     int     // the fleet the workload is meant for [8]
+	Seed        uint64
 }
 
 func (c *SessionsConfig) defaults() {
@@ -116,48 +95,32 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 	return sortedWorkload("sessions", c.Engines, reqs), nil
 }
 
-// ToolAgentsConfig describes tool-calling agents with long shared tool
-// lists: Catalogs tool catalogs (each the JSON schemas of a tool server's
-// tools, thousands of tokens) are shared by Agents agents (Zipf
-// popularity of catalogs across agents), each with its own instructions.
-// Tasks arrive as a Poisson process, each for an agent chosen uniformly;
-// a task is a loop of steps: the prompt is the catalog, the agent's
-// instructions, the task, and every earlier step's tool call and tool
-// result, in that order (tools first, then the system prompt, then the
-// messages: the order in which hosted APIs document their prompt-cache
-// prefixes), and each step's output is the next tool call. A step arrives
-// after the previous call (OutputLen x 20 ms) and the tool's latency
-// (exponential).
+// ToolAgentsConfig describes tool-calling agents: Catalogs tool catalogs
+// (a tool server's JSON schemas) shared by Agents agents (Zipf popularity
+// of catalogs), each with its own instructions. Tasks arrive as a Poisson
+// process, each for a uniform agent, and loop over steps whose prompt is
+// the catalog, the instructions, the task, then every earlier tool call
+// and result (tools, system prompt, messages: hosted APIs' prompt-cache
+// order); a step's output is the next call, and the next step arrives
+// after it (OutputLen x answerPace) and the tool's latency (exponential).
+// Zero fields take the defaults in brackets.
 type ToolAgentsConfig struct {
-	// Tasks is the number of tasks (default 1,000).
-	Tasks int
-	// Catalogs is the number of distinct tool lists (default 6);
-	// CatalogTokens their mean length (default 8,000).
-	Catalogs, CatalogTokens int
-	// ZipfS is the catalogs' popularity across agents (0: 1.1).
-	ZipfS float64
-	// Agents is the number of agents (default 200); AgentTokens the mean
-	// length of an agent's instructions (default 800).
-	Agents, AgentTokens int
-	// TaskTokens is the mean length of a task's request (default 400).
-	TaskTokens int
-	// MeanSteps is the mean number of steps per task, geometric, at least
-	// 1 (default 5); MaxSteps caps it (default 16).
-	MeanSteps float64
-	MaxSteps  int
-	// CallTokens is the mean length of a step's output (a tool call, or
-	// the final answer; default 80).
-	CallTokens int
-	// ResultTokens is the mean length of a tool's result (default 700).
-	ResultTokens int
-	// ToolTime is the mean latency of a tool call (default 2 s).
+	Tasks         int     // [1,000]
+	Catalogs      int     // [6]
+	CatalogTokens int     // mean [8,000]
+	ZipfS         float64 // catalogs' popularity across agents [1.1]
+	Agents        int     // [200]
+	AgentTokens   int     // mean instructions [800]
+	TaskTokens    int     // mean [400]
+	MeanSteps     float64 // geometric, at least 1 [5]
+	MaxSteps      int     // [16]
+	CallTokens    int     // mean step output: a call or the answer [80]
+	ResultTokens  int     // mean tool result [700]
+	// ToolTime is a tool call's mean latency [2 s].
 	ToolTime time.Duration
-	// TaskRate is the rate at which tasks start, per second (default 3).
-	TaskRate float64
-	// Engines is the fleet size the workload is meant for (default 8).
-	Engines int
-	// Seed makes the draw reproducible.
-	Seed uint64
+	TaskRate float64 // tasks started per second [3]
+	Engines  int     // [8]
+	Seed     uint64
 }
 
 func (c *ToolAgentsConfig) defaults() {
@@ -218,22 +181,18 @@ func ToolAgents(c ToolAgentsConfig) (*Workload, error) {
 }
 
 // conversation is one session or task: a fixed prefix, then steps that
-// each add the previous step's output and a new input.
+// each add the previous step's output (answer, repeating step k's n
+// tokens) and a new input (none at step 0 when first is set).
 type conversation struct {
 	prefix []Segment
 	start  float64 // seconds
 	steps  int
 	group  string
-	// input returns step k's new input; output step k's output length;
-	// answer the segment that repeats step k's output of n tokens in
-	// later prompts.
 	input  func(k int) Segment
 	output func(k int) int
 	answer func(k, n int) Segment
 	think  time.Duration
-	// first: step 0's prompt is the prefix alone (a tool loop's first
-	// step acts on the task); otherwise every step adds an input.
-	first bool
+	first  bool
 }
 
 // appendConversation appends cv's requests (IDs unset) to reqs.
@@ -252,8 +211,7 @@ func appendConversation(reqs []Request, rng *rand.Rand, cv conversation) []Reque
 	return reqs
 }
 
-// sortedWorkload sorts reqs by arrival (stably: a conversation's steps keep their
-// order), numbers them, and names the workload.
+// sortedWorkload sorts reqs stably by arrival and numbers them.
 func sortedWorkload(name string, engines int, reqs []Request) *Workload {
 	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
 	for i := range reqs {
@@ -262,46 +220,30 @@ func sortedWorkload(name string, engines int, reqs []Request) *Workload {
 	return &Workload{Name: name, Engines: engines, Requests: reqs}
 }
 
-// RAGConfig describes retrieval-augmented generation: every prompt is a
-// shared system prompt, Retrieved documents from a corpus, and the user's
-// question. Questions fall into Topics topics (Zipf popularity); each
-// topic has TopicDocs relevant documents in a fixed relevance order, and
-// each request retrieves the Retrieved best of them after adding Gaussian
-// noise of standard deviation Noise (in ranks) to their scores, so the
-// same documents recur across requests in different orders and subsets
-// (a retriever's scores move with the wording of the question). Topics
-// draw their documents from one corpus, so a document also recurs across
-// topics. Document lengths are chunk-sized (uniform within 25% of
-// DocTokens). Arrivals are Poisson at QPS.
+// RAGConfig describes retrieval-augmented generation: a shared system
+// prompt, Retrieved documents and the question. Questions fall into
+// Topics topics (Zipf popularity), each with TopicDocs relevant documents
+// of one corpus in a fixed order; a request retrieves the Retrieved best
+// after Gaussian noise of Noise ranks on their scores, so documents recur
+// in varying subsets and orders, across topics too. Documents are
+// chunk-sized (within 25% of DocTokens); arrivals Poisson at QPS. Zero
+// fields take the defaults in brackets.
 type RAGConfig struct {
-	// Requests is the number of requests (default 8,000).
-	Requests int
-	// Documents is the corpus size (default 3,000); DocTokens a
-	// document's mean length (default 600).
-	Documents, DocTokens int
-	// Topics is the number of topics (default 400); TopicDocs the
-	// documents relevant to each (default 10); Retrieved the documents
-	// each prompt holds (default 5).
-	Topics, TopicDocs, Retrieved int
-	// Noise is the standard deviation of the score noise, in ranks
-	// (0: 1; use Exact for a deterministic retriever).
-	Noise float64
-	// Exact retrieves the same documents in the same order for every
-	// question of a topic; Noise must then be 0.
-	Exact bool
-	// ZipfS is the topics' popularity exponent (0: 1.1).
-	ZipfS float64
-	// SystemTokens is the shared system prompt (default 400);
-	// QueryTokens the question's mean length (default 80).
-	SystemTokens, QueryTokens int
-	// OutputTokens is the answer's mean length (default 200).
-	OutputTokens int
-	// QPS is the Poisson arrival rate (default 16).
-	QPS float64
-	// Engines is the fleet size the workload is meant for (default 8).
-	Engines int
-	// Seed makes the draw reproducible.
-	Seed uint64
+	Requests     int     // [8,000]
+	Documents    int     // corpus [3,000]
+	DocTokens    int     // mean [600]
+	Topics       int     // [400]
+	TopicDocs    int     // [10]
+	Retrieved    int     // [5]
+	Noise        float64 // score noise in ranks [1]
+	Exact        bool    // no noise: Noise must be 0
+	ZipfS        float64 // topics' popularity [1.1]
+	SystemTokens int     // [400]
+	QueryTokens  int     // mean [80]
+	OutputTokens int     // mean [200]
+	QPS          float64 // [16]
+	Engines      int     // [8]
+	Seed         uint64
 }
 
 func (c *RAGConfig) defaults() {
@@ -368,8 +310,8 @@ func RAG(c RAGConfig) (*Workload, error) {
 	return w, nil
 }
 
-// logNormal draws a log-normal length with the given mean and sigma (of
-// the underlying normal), at least 1 and at most 8x the mean.
+// logNormal draws a log-normal length of mean and sigma (the normal's),
+// within [1, 8*mean].
 func logNormal(rng *rand.Rand, mean int, sigma float64) int {
 	mu := math.Log(float64(mean)) - sigma*sigma/2
 	v := math.Exp(mu + sigma*rng.NormFloat64())

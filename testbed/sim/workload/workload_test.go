@@ -199,7 +199,7 @@ func TestTenantsRamp(t *testing.T) {
 		return n
 	}
 	for _, iv := range [][2]float64{{0, 100}, {T - 100, T}} {
-		want := 100 * (c.QPSAt(iv[0]) + c.QPSAt(iv[1])) / 2
+		want := 100 * (qpsAt(c, iv[0]) + qpsAt(c, iv[1])) / 2
 		if got := float64(count(iv[0], iv[1])); math.Abs(got-want) > 4*math.Sqrt(want) {
 			t.Errorf("arrivals in [%.0f, %.0f) s: %v, want %.0f", iv[0], iv[1], got, want)
 		}
@@ -246,4 +246,14 @@ func TestPause(t *testing.T) {
 	if w.Requests[1].Arrival == p.Requests[1].Arrival {
 		t.Error("Pause changed the original")
 	}
+}
+
+// qpsAt returns the tenants ramp's arrival rate at t seconds.
+func qpsAt(c TenantsConfig, t float64) float64 {
+	c.defaults()
+	r := newRamp(c.StartQPS, c.EndQPS, float64(c.Requests))
+	if t >= r.T {
+		return r.r1
+	}
+	return r.r0 + 2*r.a*t
 }
