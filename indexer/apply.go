@@ -12,7 +12,6 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-
 // fullAttention is the kv_cache_spec_kind whose blocks decide prefix reuse.
 const fullAttention = "full_attention"
 

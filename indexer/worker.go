@@ -90,7 +90,7 @@ type Worker struct {
 	// deltaSeq is the Seq of the last delta recorded or applied, or of
 	// the snapshot restored.
 	deltaSeq uint64
-	hist history
+	hist     history
 
 	c counters
 }
@@ -333,8 +333,8 @@ func (w *Worker) evictForBudget(n int64) int64 {
 type after struct {
 	// apply stamps Stats.LastApply and enforces the memory budget.
 	apply bool
-	tell bool
-	what Applied
+	tell  bool
+	what  Applied
 }
 
 // unlockThen ends a change made under w.mu (the worker held before blocks
