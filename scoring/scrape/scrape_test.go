@@ -74,11 +74,11 @@ func TestScrapeOverHTTP(t *testing.T) {
 	if err := s.Once(context.Background(), Target{Pod: "p", DPSize: 2, URL: srv.URL + "/metrics"}); err != nil {
 		t.Fatal(err)
 	}
-	got, ok := board.Get(events.WorkerRef{Pod: "p", DPRank: 1}, time.Now())
+	got, ok := board.Cell(events.WorkerRef{Pod: "p", DPRank: 1}).Load(time.Now())
 	if !ok || got.Running != 2 || got.KVUsage != 0.41 {
 		t.Fatalf("rank 1: %+v %v", got, ok)
 	}
-	if _, ok := board.Get(events.WorkerRef{Pod: "p", DPRank: 1}, time.Now().Add(time.Second)); ok {
+	if _, ok := board.Cell(events.WorkerRef{Pod: "p", DPRank: 1}).Load(time.Now().Add(time.Second)); ok {
 		t.Fatal("stale scrape used")
 	}
 	if err := s.Once(context.Background(), Target{Pod: "q", URL: srv.URL + "/nope"}); err == nil || !strings.Contains(err.Error(), "404") {
@@ -176,7 +176,7 @@ func TestStartAndStop(t *testing.T) {
 	if mfs, err := reg.Gather(); err != nil || len(mfs) != 0 {
 		t.Fatalf("after stop /metrics has %d families (%v), want none", len(mfs), err)
 	}
-	if got, ok := board.Get(events.WorkerRef{Pod: "d"}, time.Now()); !ok || got.Running != 7 {
+	if got, ok := board.Cell(events.WorkerRef{Pod: "d"}).Load(time.Now()); !ok || got.Running != 7 {
 		t.Fatalf("rank 0 of the started target: %+v %v", got, ok)
 	}
 	n := hits.Load()
