@@ -36,39 +36,30 @@ const (
 
 // CheckpointSegment is one part of a worker's checkpoint.
 type CheckpointSegment struct {
-	// Part numbers the segments of a checkpoint from 0.
-	Part uint32
+	Part uint32 // numbers the segments of a checkpoint from 0.
 	// Total and TotalBlocks are the keys and blocks in the whole
 	// checkpoint, in every segment, so that a restore sizes memory once.
 	Total, TotalBlocks uint64
-	// Last marks the checkpoint's last segment.
-	Last bool
-	// Digest is, in the last segment, the worker's Digest.
-	Digest uint64
-	// State is the worker's state beyond its blocks, in part 0 only.
-	State CheckpointState
-	// Keys are at most CheckpointSegmentKeys keys, each after its parent.
-	Keys []CheckpointKey
-	// Blocks are the engine blocks of Keys, key by key.
-	Blocks []CheckpointBlock
+	Last               bool              // marks the checkpoint's last segment.
+	Digest             uint64            // in the last segment, the worker's Digest.
+	State              CheckpointState   // the worker's state beyond its blocks, in part 0 only.
+	Keys               []CheckpointKey   // at most CheckpointSegmentKeys keys, each after its parent.
+	Blocks             []CheckpointBlock // the engine blocks of Keys, key by key.
 }
 
 // CheckpointState is what a checkpoint keeps of a worker besides blocks.
 type CheckpointState struct {
 	// Learned[m] is the worker's blocks in m at its first removal in m
 	// (see Worker), 0 before one.
-	Learned [events.NumMedia]int64
-	// IgnoredGroups are the KV-cache groups the worker skips, ascending.
-	IgnoredGroups []int
-	// LastReset is Stats.LastReset, cut to maxResetReason bytes.
-	LastReset string
+	Learned       [events.NumMedia]int64
+	IgnoredGroups []int  // the KV-cache groups the worker skips, ascending.
+	LastReset     string // Stats.LastReset, cut to maxResetReason bytes.
 }
 
 // CheckpointKey is one key of a checkpoint.
 type CheckpointKey struct {
-	Key Key
-	// Parent is the key Key attaches under, when HasParent.
-	Parent    Key
+	Key       Key
+	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
 	// Blocks is the number of engine blocks at Key: more than 1 for an
 	// alias, 0 for a placeholder (an ancestor the worker does not hold).
@@ -80,8 +71,7 @@ type CheckpointBlock struct {
 	Hash uint64
 	// Refs[m] is the block's stores in medium m.
 	Refs [events.NumMedia]uint8
-	// Age is the block's recency (blockmap.Map.Age).
-	Age uint8
+	Age  uint8 // the block's recency (blockmap.Map.Age).
 }
 
 // media returns the mask of the media the block is in.
@@ -378,8 +368,7 @@ const (
 	ckptBlockSameAge = 1 << 6
 	ckptBlockRefs    = 1 << 7
 	ckptMediaMask    = 1<<events.NumMedia - 1
-	// ckptMinBlock is the fewest bytes a block takes: flags and hash.
-	ckptMinBlock = 9
+	ckptMinBlock     = 9 // the fewest bytes a block takes: flags and hash.
 )
 
 // A block's flags byte has room for six media.

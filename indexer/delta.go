@@ -30,8 +30,7 @@ const (
 	// OpDrop is one of the source's blocks at Key leaving with all its
 	// stores, Refs of them per medium (an eviction, or a hash moved).
 	OpDrop
-	// OpClear is every block leaving (AllBlocksCleared, Reset).
-	OpClear
+	OpClear // every block leaving (AllBlocksCleared, Reset).
 )
 
 var deltaOpNames = [...]string{"invalid", "store", "remove", "drop", "clear"}
@@ -47,20 +46,14 @@ func (op DeltaOp) String() string {
 // DeltaEntry is one effect on a worker's resident set (see DeltaOp). It is
 // 32 bytes.
 type DeltaEntry struct {
-	// Key is the content key the effect is on (unused by OpClear).
-	Key Key
-	// Parent is the key Key attaches under when HasParent (OpStore).
-	Parent Key
-	// Op is the effect.
-	Op DeltaOp
-	// Medium is the medium of an OpStore or OpRemove.
-	Medium events.Medium
-	// HasParent says Key attaches under Parent rather than at top level.
-	HasParent bool
+	Key       Key           // the content key the effect is on (unused by OpClear).
+	Parent    Key           // the key Key attaches under when HasParent (OpStore).
+	Op        DeltaOp       // the effect.
+	Medium    events.Medium // the medium of an OpStore or OpRemove.
+	HasParent bool          // says Key attaches under Parent rather than at top level.
 	// BlockEdge and MediumEdge: see OpStore and OpRemove.
 	BlockEdge, MediumEdge bool
-	// Refs is, for OpDrop, the stores per medium of the block dropped.
-	Refs [events.NumMedia]uint8
+	Refs                  [events.NumMedia]uint8 // for OpDrop, the stores per medium of the block dropped.
 }
 
 // Delta is a sequence of effects on one worker's resident set, in order:
@@ -70,9 +63,8 @@ type Delta struct {
 	// Seq is the caller's sequence number of the delta. A worker that
 	// records or applies it remembers it, and its snapshots carry it, so a
 	// replica restored from one knows which deltas follow.
-	Seq uint64
-	// Entries are the effects.
-	Entries []DeltaEntry
+	Seq     uint64
+	Entries []DeltaEntry // the effects.
 }
 
 // Reset empties d, keeping the memory of its entries.

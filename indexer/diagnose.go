@@ -83,8 +83,7 @@ type Parity struct {
 	// Engine is the number of hashes given, Known how many the worker
 	// holds, Agreed how many of those sit at the prompt's key.
 	Engine, Known, Agreed int
-	// First is the first block that disagrees (VerdictTokens, VerdictKeying).
-	First int
+	First                 int // the first block that disagrees (VerdictTokens, VerdictKeying).
 }
 
 // Diagnosis is Diagnose's answer.
@@ -93,12 +92,9 @@ type Diagnosis struct {
 	// prefix of them; FirstMiss the key of block Matched (0 on a hit).
 	Blocks, Matched int
 	FirstMiss       Key
-	// Findings are the reasons found, the most likely first.
-	Findings []Finding
-	// History is the number of removals the worker's record holds.
-	History int
-	// Parity is set when the query gave engine hashes.
-	Parity *Parity
+	Findings        []Finding // the reasons found, the most likely first.
+	History         int       // the number of removals the worker's record holds.
+	Parity          *Parity   // set when the query gave engine hashes.
 }
 
 // variant is the prompt keyed with one keying input changed.

@@ -16,9 +16,8 @@ import (
 // Errors the index returns, wrapped with the worker, event and values at fault.
 var (
 	// ErrUnknownModel: a worker or request names a model that was never added.
-	ErrUnknownModel = errors.New("indexer: unknown model")
-	// ErrDuplicateWorker: a worker was added twice.
-	ErrDuplicateWorker = errors.New("indexer: worker already added")
+	ErrUnknownModel    = errors.New("indexer: unknown model")
+	ErrDuplicateWorker = errors.New("indexer: worker already added") // a worker was added twice.
 	// ErrBlockSize: an event's block_size differs from its model's.
 	ErrBlockSize = errors.New("indexer: block size mismatch")
 	// ErrTokenCount: a BlockStored event's token_ids do not cover its blocks.
@@ -51,12 +50,9 @@ type WorkerID uint32
 
 // WorkerInfo describes a worker when it is added.
 type WorkerInfo struct {
-	// Ref is the worker's identity (pod, DP rank).
-	Ref events.WorkerRef
-	// Model is the model the worker serves; it must have been added.
-	Model string
-	// Endpoint is where its events come from, for display.
-	Endpoint string
+	Ref      events.WorkerRef // the worker's identity (pod, DP rank).
+	Model    string           // the model the worker serves; it must have been added.
+	Endpoint string           // where its events come from, for display.
 	// Keyed makes the worker a replica of another index's worker (see
 	// Delta): fed content-keyed effects (ApplyDelta, Restore), it refuses
 	// engine events (ErrWorkerKind). Its engine map has one entry per key
@@ -67,10 +63,8 @@ type WorkerInfo struct {
 
 // Model is one model namespace of the index.
 type Model struct {
-	// Name is the served model name that requests use.
-	Name string
-	// BlockSize is tokens per KV block for every worker of the model.
-	BlockSize int
+	Name      string // the served model name that requests use.
+	BlockSize int    // tokens per KV block for every worker of the model.
 	root      Key
 }
 
@@ -124,9 +118,8 @@ type Index struct {
 	models map[string]*Model
 	byRef  map[events.WorkerRef]*Worker
 	// gens[id] is the generation the next worker with that id gets.
-	gens []uint32
-	// freeIDs are ids of removed workers, oldest first.
-	freeIDs []WorkerID
+	gens    []uint32
+	freeIDs []WorkerID // ids of removed workers, oldest first.
 	// workers is the worker table by id (nil for free ids), copied on
 	// change so that readers load it without a lock.
 	workers atomic.Pointer[[]*Worker]
@@ -138,9 +131,8 @@ type Index struct {
 	budgetMu     sync.Mutex   // one budget enforcer at a time (TryLock)
 	collisions   atomic.Int64 // 64-bit key collisions met (kept out of heads)
 
-	// observers: see AddObserver; nil when there are none.
-	observers  atomic.Pointer[[]*observer]
-	observerMu sync.Mutex // serialises AddObserver and its removals
+	observers  atomic.Pointer[[]*observer] // see AddObserver; nil when there are none.
+	observerMu sync.Mutex                  // serialises AddObserver and its removals
 
 	singleFn holders.Singletons // ix.single, bound once
 	scratch  sync.Pool          // *matchScratch
@@ -597,41 +589,30 @@ func (m *matcher) finish(act []active, b int) []Match {
 
 // Stats are one worker's index-side counters.
 type Stats struct {
-	// ResidentBlocks is the number of engine blocks the worker holds in any medium.
-	ResidentBlocks int64
-	// ResidentByMedium counts resident blocks per medium.
-	ResidentByMedium [events.NumMedia]int64
+	ResidentBlocks   int64                  // the number of engine blocks the worker holds in any medium.
+	ResidentByMedium [events.NumMedia]int64 // counts resident blocks per medium.
 	// BlocksStored and BlocksRemoved count applied block stores and removals.
 	BlocksStored, BlocksRemoved int64
-	// Orphans counts stored blocks whose parent the worker never announced.
-	Orphans int64
-	// UnknownBlocks counts removals or offloads of blocks the worker did not hold.
-	UnknownBlocks int64
-	// BlockSizeMismatches counts events whose block_size differs from the model's.
-	BlockSizeMismatches int64
-	// InvalidEvents counts other events that could not be applied.
-	InvalidEvents int64
-	// SkippedGroupEvents counts events of KV-cache groups not indexed.
-	SkippedGroupEvents int64
+	Orphans                     int64 // counts stored blocks whose parent the worker never announced.
+	UnknownBlocks               int64 // counts removals or offloads of blocks the worker did not hold.
+	BlockSizeMismatches         int64 // counts events whose block_size differs from the model's.
+	InvalidEvents               int64 // counts other events that could not be applied.
+	SkippedGroupEvents          int64 // counts events of KV-cache groups not indexed.
 	// Clears counts AllBlocksCleared events, Resets forced resets.
 	Clears, Resets int64
 	// Evictions counts blocks dropped without a removal event (capacity
 	// or budget); BudgetEvictions those for the memory budget.
 	Evictions, BudgetEvictions int64
-	// DeltaMismatches counts delta effects skipped (see Worker.ApplyDelta).
-	DeltaMismatches int64
+	DeltaMismatches            int64 // counts delta effects skipped (see Worker.ApplyDelta).
 	// Capacity is the worker's capacity (see Worker.SetCapacity); 0 while
 	// unbounded.
-	Capacity int64
-	// LastReset is why the worker was last reset, "" if never.
-	LastReset string
-	// LastApply is when a batch was last applied (zero if never).
-	LastApply time.Time
+	Capacity  int64
+	LastReset string    // why the worker was last reset, "" if never.
+	LastApply time.Time // when a batch was last applied (zero if never).
 	// LastResetAt and LastClearAt are the last reset and AllBlocksCleared
 	// (zero if never).
 	LastResetAt, LastClearAt time.Time
-	// LastBadBlockSize is the last mismatched event block_size (0 if none).
-	LastBadBlockSize int
+	LastBadBlockSize         int // the last mismatched event block_size (0 if none).
 }
 
 // counters are a worker's Stats as atomics.

@@ -17,8 +17,7 @@ import (
 // Holder is one worker holding a run of a prompt's blocks.
 type Holder struct {
 	Worker WorkerID
-	// Media is the bitmask of the media it holds the blocks in.
-	Media uint8
+	Media  uint8 // the bitmask of the media it holds the blocks in.
 }
 
 // Lookup walks keys (a prompt's keys, as PromptKeys computes them) through
@@ -79,14 +78,11 @@ type EngineBlock struct {
 	Hash uint64
 	// Found is true when the worker holds a block with that hash; the
 	// fields below are set only then.
-	Found bool
-	// Key is the content key the index computed for the block.
-	Key Key
-	// Parent is the key Key attaches under, when HasParent.
-	Parent    Key
+	Found     bool
+	Key       Key // the content key the index computed for the block.
+	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
-	// Media are the media the block is stored in.
-	Media uint8
+	Media     uint8 // the media the block is stored in.
 }
 
 // EngineBlocks appends where each engine block hash sits in the worker. A
@@ -126,13 +122,11 @@ type RemovalCause uint8
 
 // Causes of a removal.
 const (
-	// CauseRemoved: the engine (or a keyed worker's source) removed it.
-	CauseRemoved RemovalCause = iota + 1
+	CauseRemoved RemovalCause = iota + 1 // the engine (or a keyed worker's source) removed it.
 	// CauseCapacity: evicted beyond the worker's capacity (or dropped by
 	// a keyed worker's source).
 	CauseCapacity
-	// CauseBudget: the index evicted it for its memory budget.
-	CauseBudget
+	CauseBudget // the index evicted it for its memory budget.
 )
 
 // String names the cause.
@@ -167,14 +161,13 @@ const maxLoRAs = 16
 // history is a worker's removal record and the LoRA adapters it stored
 // under. Guarded by Worker.mu.
 type history struct {
-	ring  []removal // nil when off; allocated on the first removal
-	size  int
-	next  int // ring[next] is the oldest once full
-	full  bool
-	now   int64 // the current batch's time, 0 until the first removal of it
-	loras []string
-	// lorasOver counts adapters seen past maxLoRAs.
-	lorasOver int
+	ring      []removal // nil when off; allocated on the first removal
+	size      int
+	next      int // ring[next] is the oldest once full
+	full      bool
+	now       int64 // the current batch's time, 0 until the first removal of it
+	loras     []string
+	lorasOver int // counts adapters seen past maxLoRAs.
 }
 
 type removal struct {
@@ -257,12 +250,9 @@ func (w *Worker) LoRAs() ([]string, bool) {
 // Applied is what an observer is told after a worker applied something:
 // exactly one field is set; Batch and Delta are valid only during the call.
 type Applied struct {
-	// Batch is the engine batch applied.
-	Batch *events.Batch
-	// Reset is the reason of a reset.
-	Reset string
-	// Delta is the delta a keyed worker applied.
-	Delta *Delta
+	Batch *events.Batch // the engine batch applied.
+	Reset string        // the reason of a reset.
+	Delta *Delta        // the delta a keyed worker applied.
 	// Restore is set when the worker was rebuilt from a snapshot or a
 	// checkpoint.
 	Restore *Restored
@@ -270,10 +260,8 @@ type Applied struct {
 
 // Restored describes a restore an observer is told of.
 type Restored struct {
-	// From is "snapshot" or "checkpoint".
-	From string
-	// Blocks are the worker's resident blocks after it.
-	Blocks int64
+	From   string // "snapshot" or "checkpoint".
+	Blocks int64  // the worker's resident blocks after it.
 }
 
 // restoredLocked is what unlockThen does after a restore from from.

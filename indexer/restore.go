@@ -80,12 +80,11 @@ func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
 
 // restoreStream is the state of a one-pass restore between segments.
 type restoreStream struct {
-	w      *Worker
-	o      segOrder
-	keys   int    // keys built
-	digest uint64 // of the keys built
-	// prev is the last key built and its place; prevHole: a placeholder.
-	prev      Key
+	w         *Worker
+	o         segOrder
+	keys      int    // keys built
+	digest    uint64 // of the keys built
+	prev      Key    // the last key built and its place; prevHole: a placeholder.
 	prevLoc   loc
 	havePrev  bool
 	prevHole  bool

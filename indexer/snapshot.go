@@ -32,25 +32,19 @@ const SnapshotSegmentKeys = 4096
 type SnapshotSegment struct {
 	// Seq is the worker's delta seq when the snapshot was taken, in every
 	// segment: a replica restored from it applies the deltas after it.
-	Seq uint64
-	// Part numbers the segments of a snapshot from 0.
-	Part uint32
-	// Total is the number of keys in the whole snapshot, in every segment.
-	Total uint64
-	// Last marks the snapshot's last segment.
-	Last bool
-	// Digest is, in the last segment, the worker's Digest.
-	Digest uint64
-	// Keys are at most SnapshotSegmentKeys keys, each after its parent.
-	Keys []SnapshotKey
+	Seq    uint64
+	Part   uint32        // numbers the segments of a snapshot from 0.
+	Total  uint64        // the number of keys in the whole snapshot, in every segment.
+	Last   bool          // marks the snapshot's last segment.
+	Digest uint64        // in the last segment, the worker's Digest.
+	Keys   []SnapshotKey // at most SnapshotSegmentKeys keys, each after its parent.
 }
 
 // SnapshotKey is one key of a snapshot and what the worker holds of it,
 // summed over its blocks at the key; a placeholder has all counts zero.
 type SnapshotKey struct {
-	Key Key
-	// Parent is the key Key attaches under, when HasParent.
-	Parent    Key
+	Key       Key
+	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
 	// Blocks is how many of the worker's blocks resolve to Key, and
 	// BlocksIn[m] how many of them are in medium m.

@@ -52,29 +52,24 @@ type Worker struct {
 	mu sync.Mutex // guards everything below, and cur's use of the tree
 	// engine maps engine block hash to an engineEntry, with its store
 	// recency.
-	engine blockmap.Map
-	// warmSink keeps the warm-up loads from being elided.
-	warmSink uint64
+	engine   blockmap.Map
+	warmSink uint64 // keeps the warm-up loads from being elided.
 	// dups has the per-medium store counts of blocks stored more than
 	// once in some medium (their entries' dup bit), by engine hash.
-	dups map[uint64]*[events.NumMedia]uint8
-	cur  cursor
-	// evict is scratch for clears.
-	evict []uint64
+	dups  map[uint64]*[events.NumMedia]uint8
+	cur   cursor
+	evict []uint64 // scratch for clears.
 	// ignoredGroups are KV-cache groups whose events do not decide prefix
 	// reuse, learned from BlockStored's kv_cache_spec_kind.
 	ignoredGroups map[int]struct{}
 	lastReset     string
-	// gone is set by RemoveWorker; the worker then refuses events.
-	gone bool
+	gone          bool // set by RemoveWorker; the worker then refuses events.
 	// res, resBy, stored and removed are published to c at batch end.
 	res             int64
 	resBy           [events.NumMedia]int64
 	stored, removed int64
-	// unchecked counts batches since the last invariant check.
-	unchecked int64
-	// capConfigured: > 0 bounds, -1 unbounded, 0 learns.
-	capConfigured int64
+	unchecked       int64 // counts batches since the last invariant check.
+	capConfigured   int64 // > 0 bounds, -1 unbounded, 0 learns.
 	// learned[m] is resBy[m] when the first known removal in m arrived.
 	learned [events.NumMedia]int64
 	// aliases counts, for the rare keys two or more engine blocks resolve
@@ -85,8 +80,7 @@ type Worker struct {
 	// keyed has a keyed worker's counts of the keys that are not one block
 	// with one store per medium (their entries' dup bit), by key.
 	keyed map[uint64]*keyCounts
-	// rec is the delta the current call records its effects in, or nil.
-	rec *Delta
+	rec   *Delta // the delta the current call records its effects in, or nil.
 	// deltaSeq is the Seq of the last delta recorded or applied, or of
 	// the snapshot restored.
 	deltaSeq uint64
@@ -118,12 +112,9 @@ const (
 	entryDup       = engineEntry(1) << (entryMedShift + events.NumMedia)
 	entryPosMask   = engineEntry(1)<<entryGenShift - 1 // offset and node id
 
-	// maxRun is the most keys a node's run holds.
-	maxRun = 1 << entryOffBits
-	// maxNodes is the most nodes the index holds at once.
-	maxNodes = 1 << entryNodeBits
-	// genMask keeps a node id slot's generation to the bits an entry has.
-	genMask = 1<<entryGenBits - 1
+	maxRun   = 1 << entryOffBits   // the most keys a node's run holds.
+	maxNodes = 1 << entryNodeBits  // the most nodes the index holds at once.
+	genMask  = 1<<entryGenBits - 1 // keeps a node id slot's generation to the bits an entry has.
 )
 
 // newEntry returns the entry of a block at l stored in media.
@@ -331,8 +322,7 @@ func (w *Worker) evictForBudget(n int64) int64 {
 
 // after is what unlockThen does once the worker's mutex is released.
 type after struct {
-	// apply stamps Stats.LastApply and enforces the memory budget.
-	apply bool
+	apply bool // stamps Stats.LastApply and enforces the memory budget.
 	tell  bool
 	what  Applied
 }

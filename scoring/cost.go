@@ -17,20 +17,16 @@ import (
 //
 // and holds at most MaxBatchedTokens tokens (a decoding request takes one).
 type CostModel struct {
-	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
-	PrefillTokensPerSec float64
+	PrefillTokensPerSec float64 // the engine's prefill rate, attention aside.
 	// AttentionPairsPerSec is the prefill attention rate in (new token,
 	// context token) pairs per second; 0: no attention term.
 	AttentionPairsPerSec float64
-	// StepOverhead is the fixed cost of a forward pass.
-	StepOverhead time.Duration
-	// DecodePerSeq is the cost of each decoding request in a step.
-	DecodePerSeq time.Duration
+	StepOverhead         time.Duration // the fixed cost of a forward pass.
+	DecodePerSeq         time.Duration // the cost of each decoding request in a step.
 	// DecodePerContextToken is the cost of reading one context token of a
 	// decoding request.
 	DecodePerContextToken time.Duration
-	// MaxBatchedTokens is vLLM's max_num_batched_tokens.
-	MaxBatchedTokens int
+	MaxBatchedTokens      int // vLLM's max_num_batched_tokens.
 	// KVCapacityTokens is one engine's KV cache in tokens; 0 when unknown,
 	// which turns off the pressure and evict terms and estimates decoding
 	// context from the average prompt instead of KV usage.
@@ -148,9 +144,8 @@ func Calibrate(base CostModel, c Calibration) (CostModel, error) {
 type Estimate struct {
 	// Wait is the queued prefill ahead and the decode work sharing its
 	// steps, until the request's own prefill starts.
-	Wait float64
-	// Prefill is the request's own uncached prefill and its share of steps.
-	Prefill float64
+	Wait    float64
+	Prefill float64 // the request's own uncached prefill and its share of steps.
 	// Pressure is the recompute of what the engine must preempt (or wait
 	// to free) to fit this request.
 	Pressure float64

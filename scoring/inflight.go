@@ -105,8 +105,7 @@ type specEntry struct {
 type Spec struct {
 	Worker indexer.WorkerID
 	Gen    uint32
-	// Blocks is the length of the prefix it shares with the routed prompt.
-	Blocks int
+	Blocks int // the length of the prefix it shares with the routed prompt.
 }
 
 // Defaults of TrackerOptions.
@@ -139,8 +138,7 @@ type TrackerOptions struct {
 	// MaxSpecKeys bounds the block keys speculative entries hold; past it
 	// a route is recorded without them, counted. 0 means the default.
 	MaxSpecKeys int
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	Now         func() time.Time // the clock; nil means time.Now.
 }
 
 // NewTracker returns a tracker.

@@ -12,10 +12,8 @@ import (
 type Scraped struct {
 	// Running and Waiting are vllm:num_requests_running and _waiting.
 	Running, Waiting uint32
-	// KVUsage is vllm:kv_cache_usage_perc (0..1).
-	KVUsage float64
-	// At is when the scrape finished.
-	At time.Time
+	KVUsage          float64   // vllm:kv_cache_usage_perc (0..1).
+	At               time.Time // when the scrape finished.
 }
 
 // LoadBoard holds the latest scraped load per worker, ignoring scrapes

@@ -18,10 +18,8 @@ import (
 type Name uint8
 
 const (
-	// CacheAware ranks by least cost as the guard says.
-	CacheAware Name = iota
-	// LongestPrefix ranks by tier-weighted cached blocks, ties by load.
-	LongestPrefix
+	CacheAware    Name = iota // ranks by least cost as the guard says.
+	LongestPrefix             // ranks by tier-weighted cached blocks, ties by load.
 )
 
 // String returns the policy's wire name.
@@ -36,13 +34,11 @@ func (n Name) String() string {
 type Guard uint8
 
 const (
-	// GuardCost counts queued prefill tokens in the cost.
-	GuardCost Guard = iota
+	GuardCost Guard = iota // counts queued prefill tokens in the cost.
 	// GuardStatic ranks by cached work alone but diverts from workers with
 	// over StaticK times the median in-flight requests.
 	GuardStatic
-	// GuardOff ranks by cached work alone, ties by load.
-	GuardOff
+	GuardOff // ranks by cached work alone, ties by load.
 	// GuardTTFT, the default, ranks by estimated time to first token plus
 	// the delay it adds to later requests (CostModel).
 	GuardTTFT
@@ -63,17 +59,14 @@ func (g Guard) String() string {
 
 // Policy is a ranking policy with its parameters.
 type Policy struct {
-	Name Name
-	// Weights weigh a cached block by medium.
-	Weights [events.NumMedia]float64
+	Name    Name
+	Weights [events.NumMedia]float64 // weigh a cached block by medium.
 	// LoadWeight scales queued prefill tokens against the request's own
 	// uncached tokens (GuardCost).
 	LoadWeight float64
 	Guard      Guard
-	// StaticK is GuardStatic's multiple of the median in-flight count.
-	StaticK float64
-	// Cost is GuardTTFT's cost model; zero means DefaultCostModel().
-	Cost CostModel
+	StaticK    float64   // GuardStatic's multiple of the median in-flight count.
+	Cost       CostModel // GuardTTFT's cost model; zero means DefaultCostModel().
 }
 
 // DefaultLoadWeight is how much a queued prefill token counts against an
@@ -163,8 +156,7 @@ func (o Override) Apply(base Policy) (Policy, error) {
 type Load struct {
 	// Running and Waiting are requests running and queued on the engine.
 	Running, Waiting uint32
-	// KVUsage is the fraction of the KV cache in use.
-	KVUsage float64
+	KVUsage          float64 // the fraction of the KV cache in use.
 	// QueuedPrefillTokens is the caller's estimate of prompt tokens
 	// admitted but not prefilled (0: estimated).
 	QueuedPrefillTokens uint64
@@ -172,8 +164,7 @@ type Load struct {
 	// to the worker and has not seen released or expired.
 	InflightRequests      uint32
 	InflightPrefillTokens uint64
-	// Source says where Running/Waiting came from: "request", "scrape" or "".
-	Source string
+	Source                string // says where Running/Waiting came from: "request", "scrape" or "".
 	// ResidentBlocks is the blocks the index holds for the worker, for
 	// GuardTTFT's Evict term.
 	ResidentBlocks uint64
@@ -184,36 +175,28 @@ type Candidate struct {
 	Match indexer.Match
 	// Ref and Gen (of Match.Worker's id) name the worker; Health is its
 	// health when listed. Set by Scorer, not read by Rank.
-	Ref    events.WorkerRef
-	Gen    uint32
-	Health events.Health
-	// Speculative is how many of Match.Blocks are only expected (Route).
-	Speculative int
+	Ref         events.WorkerRef
+	Gen         uint32
+	Health      events.Health
+	Speculative int // how many of Match.Blocks are only expected (Route).
 	Load        Load
 
 	// Results, set by Rank: Overlap is the tier-weighted cached fraction
 	// of the prompt.
-	Overlap float64
-	// Queue is the queued prefill tokens the ranking assumed.
-	Queue float64
-	// Own is the request's own prefill tokens on this worker (uncached).
-	Own float64
-	// Penalty is the static guard's diversion, in tokens (0 if none).
-	Penalty float64
-	// Est is GuardTTFT's estimate, in seconds.
-	Est Estimate
-	// Score is the ranking value, higher is better.
-	Score float64
-	// Diverted is set when the static guard moved the worker back.
-	Diverted bool
+	Overlap  float64
+	Queue    float64  // the queued prefill tokens the ranking assumed.
+	Own      float64  // the request's own prefill tokens on this worker (uncached).
+	Penalty  float64  // the static guard's diversion, in tokens (0 if none).
+	Est      Estimate // GuardTTFT's estimate, in seconds.
+	Score    float64  // the ranking value, higher is better.
+	Diverted bool     // set when the static guard moved the worker back.
 }
 
 // Prompt describes the request being ranked.
 type Prompt struct {
 	// Blocks is the number of full blocks; Tokens the prompt's length.
 	Blocks, Tokens, BlockSize int
-	// AvgPromptTokens estimates the prompt tokens of one waiting request.
-	AvgPromptTokens float64
+	AvgPromptTokens           float64 // estimates the prompt tokens of one waiting request.
 	// AvgUncachedTokens is the average uncached prefill of routed requests
 	// (0: unknown, AvgPromptTokens is used), for GuardTTFT's queue.
 	AvgUncachedTokens float64

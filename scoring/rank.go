@@ -13,8 +13,7 @@ import (
 // worker id for the final tie-break. Bind Compare once and reuse it so
 // that sorting allocates nothing.
 type Ranker struct {
-	// Names maps a WorkerID to its (pod, rank); ids past its end sort last.
-	Names []events.WorkerRef
+	Names []events.WorkerRef // maps a WorkerID to its (pod, rank); ids past its end sort last.
 }
 
 // Compare orders a before b when a should take the request: more matched

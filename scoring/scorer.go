@@ -43,8 +43,7 @@ type Options struct {
 	// Tracker records Route decisions; nil means a tracker with default
 	// TTLs that only Release and Record sweep.
 	Tracker *Tracker
-	// Loads holds scraped engine load; nil means none.
-	Loads *LoadBoard
+	Loads   *LoadBoard // holds scraped engine load; nil means none.
 	// Health gives each worker's transport-side health; nil reads every
 	// worker as HealthUnknown.
 	Health events.HealthSource
@@ -72,8 +71,7 @@ type Scorer struct {
 	// avgPrompt is a moving average of prompt tokens (float64 bits), the
 	// size assumed for a waiting request of unknown length.
 	avgPrompt atomic.Uint64
-	// routes holds each model's *routeStats (64 KiB each).
-	routes sync.Map
+	routes    sync.Map // holds each model's *routeStats (64 KiB each).
 }
 
 // routeStats is what Route learns of a model's traffic: its rate of
@@ -201,21 +199,17 @@ func (s *Scorer) workers() *workerTable {
 
 // Request is one prompt to score.
 type Request struct {
-	// Model is the model the prompt is for; required.
-	Model *indexer.Model
+	Model *indexer.Model // the model the prompt is for; required.
 	// Tokens are the prompt's token ids, or Keys its block keys; exactly
 	// one is set.
 	Tokens []uint32
 	Keys   []indexer.Key
-	// Extras are the keying extras of Tokens; nil for none.
-	Extras *indexer.PromptExtras
+	Extras *indexer.PromptExtras // the keying extras of Tokens; nil for none.
 	// Candidates, when set, restricts the answer to these workers of the
 	// model, each listed whether it holds anything or not, stale or not.
 	Candidates []events.WorkerRef
-	// Loads are the caller's figures for some workers, over scraped load.
-	Loads []RequestLoad
-	// Policy overrides the scorer's default policy; nil keeps it.
-	Policy *Policy
+	Loads      []RequestLoad // the caller's figures for some workers, over scraped load.
+	Policy     *Policy       // overrides the scorer's default policy; nil keeps it.
 	// All lists every allowed worker of the model, matched or not;
 	// otherwise only workers holding (or speculated to hold) the first
 	// block appear.
@@ -224,12 +218,10 @@ type Request struct {
 
 // RequestLoad is a caller's view of one worker's load.
 type RequestLoad struct {
-	// Worker is the worker, which must serve the request's model.
-	Worker events.WorkerRef
+	Worker events.WorkerRef // the worker, which must serve the request's model.
 	// Running and Waiting are requests on the engine.
 	Running, Waiting uint32
-	// KVUsage is the fraction of KV cache in use, in [0, 1].
-	KVUsage float64
+	KVUsage          float64 // the fraction of KV cache in use, in [0, 1].
 	// QueuedPrefillTokens is prompt tokens admitted but not prefilled (0:
 	// estimated).
 	QueuedPrefillTokens uint64
@@ -247,11 +239,9 @@ const (
 type Result struct {
 	Model  *indexer.Model
 	Policy Policy
-	// Prompt describes the prompt as the policy saw it.
-	Prompt Prompt
+	Prompt Prompt // describes the prompt as the policy saw it.
 	Keys   []indexer.Key
-	// Ranked are the workers, best first; Ref, Gen and Health are set.
-	Ranked []Candidate
+	Ranked []Candidate // the workers, best first; Ref, Gen and Health are set.
 
 	matches []indexer.Match
 	specs   []Spec

@@ -42,17 +42,14 @@ const (
 // tokens since the engine started.
 type PrefixCache struct {
 	Queries, Hits float64
-	// Known is false when the engine exports neither counter.
-	Known bool
+	Known         bool // false when the engine exports neither counter.
 }
 
 // Target is one pod's metrics endpoint.
 type Target struct {
-	// Pod is the pod's name; DPSize its data-parallel size.
-	Pod    string
+	Pod    string // the pod's name; DPSize its data-parallel size.
 	DPSize int
-	// URL is the metrics endpoint, e.g. http://10.0.0.5:8000/metrics.
-	URL string
+	URL    string // the metrics endpoint, e.g. http://10.0.0.5:8000/metrics.
 }
 
 // Scraper scrapes targets onto a board.
@@ -66,8 +63,7 @@ type Scraper struct {
 	failures atomic.Int64
 	mu       sync.Mutex // guards lastErr and prefix
 	lastErr  map[string]string
-	// prefix are the engines' prefix-cache counters by worker.
-	prefix map[events.WorkerRef]PrefixCache
+	prefix   map[events.WorkerRef]PrefixCache // the engines' prefix-cache counters by worker.
 }
 
 // New returns a scraper; interval 0 means 1 s.
