@@ -12,29 +12,19 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Applying engine events: a batch at a time under the worker's mutex,
-// event by event, each store and removal resolved through the engine map
-// to the key's place in the tree.
-
 // fullAttention is the kv_cache_spec_kind whose blocks decide prefix reuse.
 const fullAttention = "full_attention"
 
-// ApplyBatch applies b's events in order (events.Sink). An event that cannot
-// be applied is counted and skipped; the others still apply. The returned
-// error joins one error per problem, each naming the event. The batch's
-// changes are visible to Match when ApplyBatch returns. A keyed worker
-// refuses engine events (ErrWorkerKind).
+// ApplyBatch applies b's events in order (events.Sink). An event that
+// cannot be applied is counted and skipped, and the returned error joins
+// one error per problem, each naming the event. The changes are visible to
+// Match when it returns. A keyed worker refuses (ErrWorkerKind).
 //
-// Cost (BenchmarkApply, a worker holding 80 k blocks, one core): about
-// 230 ns per stored block, its later removal included, and 13 allocations
-// per batch of about 80 blocks: a node and its key array per new branch,
-// and a view when a run's array grows or its holders change inside it.
-// Cache misses are a fifth of the time, the engine map's work two fifths
-// (BenchmarkApplyCached).
+// Cost: about 230 ns per stored block, its removal included, and 13
+// allocations per batch of 80 blocks (BenchmarkApply).
 func (w *Worker) ApplyBatch(b *events.Batch) error { return w.applyBatch(b, nil) }
 
-// applyBatch is ApplyBatch, recording the batch's effects in d when d is
-// not nil (ApplyBatchDelta).
+// applyBatch is ApplyBatch, recording the effects in d when not nil.
 func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (batch of %d engine events not applied)", ErrWorkerKind, w.info.Ref, len(b.Events))
@@ -60,13 +50,9 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 }
 
 // warmBatchLocked loads the engine-map buckets of every block hash of b
-// before b is applied: a worker's batch finds its map out of cache when
-// other workers' batches (a daemon dialing many engines) or other work (an
-// agent between its engine's steps) ran since its last, and loading them
-// all first overlaps those misses instead of taking them one after
-// another (BenchmarkEngineApplyInterleaved); a worker whose map stays in
-// cache loses nothing. Cost: four cache lines requested per block hash
-// (prefetches on amd64: see blockmap.Map.Warm).
+// before applying it, so that a map out of cache (other workers' batches
+// ran since) takes its misses overlapped rather than one after another.
+// Cost: four cache lines requested per hash (prefetches on amd64).
 func (w *Worker) warmBatchLocked(b *events.Batch) {
 	var sum uint64
 	for i := range b.Events {
@@ -77,12 +63,10 @@ func (w *Worker) warmBatchLocked(b *events.Batch) {
 	w.warmSink = sum
 }
 
-// Reset forgets every block of the worker (events.Sink), e.g. after an
-// engine restart.
+// Reset forgets every block of the worker (events.Sink).
 func (w *Worker) Reset(reason string) { w.reset(reason, nil) }
 
-// reset is Reset, recording its effect in d when d is not nil
-// (ResetDelta).
+// reset is Reset, recording its effect in d when not nil.
 func (w *Worker) reset(reason string, d *Delta) {
 	w.mu.Lock()
 	if w.gone {
@@ -99,7 +83,7 @@ func (w *Worker) reset(reason string, d *Delta) {
 	w.unlockThen(before, after{tell: true, what: Applied{Reset: reason}})
 }
 
-// applyLocked applies one event. Callers hold w.mu.
+// applyLocked applies one event.
 func (w *Worker) applyLocked(ev *events.Event) error {
 	switch ev.Kind {
 	case events.KindBlockStored:
@@ -135,12 +119,9 @@ func (w *Worker) skipGroupLocked(ev *events.Event) bool {
 	return false
 }
 
-// storeLocked applies a BlockStored event. Callers hold w.mu.
-//
-// Cost per block: one BlockKey, one engine-map probe and insert, and in the
-// tree O(1) when the block extends or follows its parent's run (the
-// common case: a request's blocks arrive in order); a heads probe when the
-// parent has branches; a node when the block starts a new branch.
+// storeLocked applies a BlockStored event. Cost per block: a BlockKey, an
+// engine-map probe and insert, and O(1) in the tree when the block follows
+// its parent's run; a heads probe or a new node for a branch.
 func (w *Worker) storeLocked(ev *events.Event) error {
 	if w.skipGroupLocked(ev) {
 		w.c.group.Add(1)
@@ -170,8 +151,8 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	return errors.Join(err, mediumErr)
 }
 
-// offloadLocked applies a BlockStored event without tokens: its blocks are
-// known, and now also resident in its medium. Callers hold w.mu.
+// offloadLocked applies a BlockStored event without tokens: its known
+// blocks are now also resident in its medium.
 func (w *Worker) offloadLocked(ev *events.Event) error {
 	medium := ev.Medium
 	unknown := 0
@@ -199,8 +180,8 @@ func (w *Worker) offloadLocked(ev *events.Event) error {
 	return nil
 }
 
-// checkStoreLocked checks that a BlockStored event's tokens and extra
-// keys cover its blocks of the model's size, counting what does not.
+// checkStoreLocked checks that the event's tokens and extra keys cover its
+// blocks, counting what does not.
 func (w *Worker) checkStoreLocked(ev *events.Event) error {
 	bs := w.model.BlockSize
 	if ev.BlockSize != bs {
@@ -220,12 +201,10 @@ func (w *Worker) checkStoreLocked(ev *events.Event) error {
 	return nil
 }
 
-// storeParentLocked returns where a BlockStored event's first block
-// attaches: its parent block's place and key (parent.n nil: under the
-// root of the event's adapter). An unknown parent makes the blocks
-// orphans: counted, and keyed under a key derived from the worker and the
-// missing parent, so that their removals and descendants still resolve
-// but no prompt can match them.
+// storeParentLocked returns where the event's first block attaches: its
+// parent's place and key (parent.n nil: under the adapter's root). An
+// unknown parent makes the blocks orphans, keyed under a key derived from
+// the worker and the missing parent.
 func (w *Worker) storeParentLocked(ev *events.Event) (parent loc, parentKey Key, err error) {
 	parentKey = w.rootFor(ev.LoRAName)
 	if ev.LoRAName != "" {
@@ -244,9 +223,8 @@ func (w *Worker) storeParentLocked(ev *events.Event) (parent loc, parentKey Key,
 	return loc{}, orphanRoot(w.id, ev.ParentHash), fmt.Errorf("%w %#016x: %d blocks indexed as orphans", ErrOrphan, ev.ParentHash, n)
 }
 
-// storeBlocksLocked keys and stores a checked BlockStored event's blocks,
-// each under the one before, the first under parent (see
-// storeParentLocked). Callers hold w.mu.
+// storeBlocksLocked keys and stores a checked event's blocks, each under
+// the one before.
 func (w *Worker) storeBlocksLocked(ev *events.Event, parent loc, parentKey Key) {
 	bs, n := w.model.BlockSize, len(ev.BlockHashes)
 	single := w.ix.single(uint32(w.id), 1<<ev.Medium)
@@ -258,10 +236,8 @@ func (w *Worker) storeBlocksLocked(ev *events.Event, parent loc, parentKey Key) 
 		case ev.ExtraKeys != nil:
 			extra = ev.ExtraKeys[i]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
-			// Engines that send lora_name (or SGLang's event-level
-			// cache_salt) without extra_keys: key the blocks exactly as a
-			// prompt with that adapter and salt is keyed, the adapter on
-			// every block and the salt on the first block of a sequence.
+			// lora_name or cache_salt without extra_keys: key the blocks
+			// as a prompt with that adapter and salt is keyed.
 			px := PromptExtras{LoRAName: ev.LoRAName}
 			if !ev.HasParent {
 				px.CacheSalt = ev.CacheSalt
@@ -274,10 +250,9 @@ func (w *Worker) storeBlocksLocked(ev *events.Event, parent loc, parentKey Key) 
 	}
 }
 
-// storeBlockLocked stores the block of engine hash h and key k in medium
-// m under the key parentKey at parent, single being the worker's holder
-// set of m and rest the blocks of the event from this one on, and returns
-// the key's place. Callers hold w.mu.
+// storeBlockLocked stores the block (h, k) in medium m under parentKey at
+// parent, single being the worker's set of m and rest the event's blocks
+// from this one on, and returns the key's place.
 func (w *Worker) storeBlockLocked(h uint64, k Key, m events.Medium, parent loc, parentKey Key, single *holders.Set, rest int) loc {
 	c := &w.cur
 	slot, known := w.engine.Get(h)
@@ -294,8 +269,8 @@ func (w *Worker) storeBlockLocked(h uint64, k Key, m events.Medium, parent loc, 
 			}
 			return l
 		}
-		// The engine reused a hash for different content (or its earlier
-		// store was an orphan): move the entry to the new key.
+		// The engine reused a hash for different content (or the earlier
+		// store was an orphan): move the entry.
 		w.dropEntryLocked(slot)
 	}
 	var l loc
@@ -307,7 +282,6 @@ func (w *Worker) storeBlockLocked(h uint64, k Key, m events.Medium, parent loc, 
 	}
 	var e engineEntry
 	if fresh {
-		// The new key was created with this worker as its holder.
 		e = newEntry(l, 1<<m)
 		w.res++
 		w.resBy[m]++
@@ -318,11 +292,9 @@ func (w *Worker) storeBlockLocked(h uint64, k Key, m events.Medium, parent loc, 
 	if w.rec != nil {
 		w.recStore(k, parentKey, parent.n != nil, m, true, true)
 		if known {
-			// The entry's old key was dropped first, and may be the parent
-			// (the engine reused its parent's hash, or one hash twice in an
-			// event). The two effects commute on counts; recorded store
-			// first, a replica still holds the parent when it creates the
-			// key under it.
+			// The old key was dropped first and may be the parent; the
+			// effects commute on counts, and recorded store first a replica
+			// still holds the parent when it creates the key.
 			es := w.rec.Entries
 			es[len(es)-2], es[len(es)-1] = es[len(es)-1], es[len(es)-2]
 		}
@@ -354,12 +326,10 @@ func orphanRoot(w WorkerID, parentHash uint64) Key {
 	return BlockKey(RootKey("\x00orphan", ""), nil, b[:])
 }
 
-// addRefLocked counts one more store in medium m of the block of engine
-// hash h with entry e (media 0 for a block not yet stored anywhere),
-// adding the medium to the worker's residency of its key on the first,
-// and returns the entry updated, which the caller writes to the engine
-// map, and whether the store counted (not when the count was saturated).
-// Callers hold w.mu.
+// addRefLocked counts one more store in medium m of block h with entry e
+// (media 0: not yet stored), adding the medium to the key's residency on
+// the first. It returns the updated entry, for the caller to write, and
+// whether the store counted (not when saturated).
 func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) (engineEntry, bool) {
 	bit := uint8(1) << m
 	if e.media() == 0 {
@@ -379,8 +349,7 @@ func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) (engineE
 		}
 		return e.with(e.media() | bit), true
 	}
-	// Stored again in m: the counts move to dups (saturating at 255: a
-	// saturated count takes 255 removals).
+	// Stored again in m: the counts move to dups, saturating at 255.
 	if e.dup() {
 		r := w.dups[h]
 		if r[m] == math.MaxUint8 {
@@ -399,9 +368,8 @@ func (w *Worker) addRefLocked(h uint64, e engineEntry, m events.Medium) (engineE
 	return e | entryDup, true
 }
 
-// dropEntryLocked removes all of the residency of the block in slot from
-// the index and its counts, without deleting it from the engine map (the
-// caller deletes it, or points it at another key). Callers hold w.mu.
+// dropEntryLocked removes all of the block's residency in slot from the
+// index and its counts; the caller deletes or repoints the entry.
 func (w *Worker) dropEntryLocked(slot int) {
 	if w.info.Keyed {
 		w.dropKeyLocked(slot)
@@ -426,10 +394,9 @@ func (w *Worker) dropEntryLocked(slot int) {
 	w.releaseLocked(w.locOf(e), mask, true)
 }
 
-// releaseLocked ends one engine entry's residency of the key at l in the
-// media of mask (leaving the key when leave), and takes the worker's
-// residency off the tree in each medium no other entry at l still holds.
-// Callers hold w.mu.
+// releaseLocked ends one entry's residency of the key at l in the media of
+// mask (leaving the key when leave), taking the worker off the tree in each
+// medium no other entry at l still holds.
 func (w *Worker) releaseLocked(l loc, mask uint8, leave bool) {
 	var a *alias
 	if w.aliases != nil {
@@ -450,8 +417,7 @@ func (w *Worker) releaseLocked(l loc, mask uint8, leave bool) {
 			}
 		}
 	case leave && mask != 0:
-		// The only entry at l leaves: the worker leaves the key in every
-		// medium, and one op for all media batches runs of keys better.
+		// The only entry leaves: one op for all media batches runs better.
 		mask = allMedia
 	}
 	if mask != 0 {
@@ -459,9 +425,8 @@ func (w *Worker) releaseLocked(l loc, mask uint8, leave bool) {
 	}
 }
 
-// joinLocked records that a new engine entry (with no stores yet) resolves
-// to the existing key at l, which makes l an alias when the worker already
-// holds it through another entry. Callers hold w.mu.
+// joinLocked records a new entry (no stores yet) at the existing key l,
+// which makes l an alias when the worker already holds it.
 func (w *Worker) joinLocked(l loc) {
 	if a := w.aliases[l]; a != nil {
 		a.entries++
@@ -483,7 +448,7 @@ func (w *Worker) joinLocked(l loc) {
 	w.aliases[l] = a
 }
 
-// removeLocked applies a BlockRemoved event. Callers hold w.mu.
+// removeLocked applies a BlockRemoved event.
 func (w *Worker) removeLocked(ev *events.Event) error {
 	if w.skipGroupLocked(ev) {
 		w.c.group.Add(1)
@@ -562,9 +527,8 @@ func anyAbove1(r *[events.NumMedia]uint8) bool {
 	return false
 }
 
-// clearLocked forgets every block of the worker. Callers hold w.mu.
-// Cost: O(blocks log blocks); the blocks are released in tree order, so
-// runs of one node become one holder-set change each.
+// clearLocked forgets every block of the worker, releasing them in tree
+// order so that a node's runs become one holder-set change each.
 func (w *Worker) clearLocked() {
 	if w.rec != nil {
 		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpClear})
@@ -575,9 +539,8 @@ func (w *Worker) clearLocked() {
 	}
 	slices.SortFunc(w.evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
 	for _, x := range w.evict {
-		// Through releaseLocked, so that a key several entries resolve to
-		// (an alias) is left only with the last of them, and its node is
-		// not retired while a later entry still points into it.
+		// Through releaseLocked, so that an alias is left only with its
+		// last entry, and its node not retired while one still points in.
 		e := engineEntry(x)
 		w.releaseLocked(w.locOf(e), e.media(), true)
 	}

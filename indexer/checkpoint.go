@@ -11,127 +11,83 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Checkpoints. A checkpoint is a worker fed engine events saved whole, for
-// a restarted agent to go on feeding it the same engine's events: beyond
-// a snapshot's keys (same tree order and placeholders) it carries every
-// engine block at its key (engine hash, stores per medium, store recency)
-// and the worker's learned capacity, skipped groups and last reset.
+// Checkpoints. A checkpoint saves a worker fed engine events whole, for a
+// restarted agent to go on feeding it: a snapshot's keys (same order and
+// placeholders), every engine block at its key (hash, stores per medium,
+// recency), and the learned capacity, skipped groups and last reset.
 //
-// A restored worker is the source as far as any later call can tell
-// (Digest, Match, resident counts, capacity, effects of later batches);
-// its eviction order is the source's to within one recency epoch. It does
-// not carry Stats' cumulative counters, which restart from zero as a new
-// process's metrics do (restoring them would read as a counter reset and
-// a jump), nor the delta seq (a new epoch of deltas). Orphans are keyed
-// under the worker's id: restored into another id, old and new orphan
-// keys differ, and no prompt matches either.
+// A restored worker is the source as far as any later call can tell; its
+// eviction order is the source's to within one recency epoch. Stats'
+// cumulative counters restart from zero, as a new process's metrics do,
+// and so does the delta seq. Orphans are keyed under the worker's id, so
+// restored into another id they still match no prompt.
 
 // ErrBadCheckpoint: a checkpoint is incomplete, out of order, corrupt or
-// inconsistent (see Worker.RestoreCheckpoint); nothing of it was applied.
+// inconsistent; nothing of it was applied.
 var ErrBadCheckpoint = errors.New("indexer: bad checkpoint")
 
-// Segment bounds. A CheckpointSegment holds at most CheckpointSegmentKeys
-// keys, and Checkpoint starts a new one when a segment's blocks reach
-// CheckpointSegmentBlocks (a key's blocks are never split, so a segment
-// whose last key has many aliases may hold more). In AppendBinary's
-// encoding a key held as one block costs 19 bytes (a tag, the key, the
-// block's engine hash, its media and its age), 18 when its age is the
-// previous block's and 8 more when its parent is not the key before it:
-// about 80 KB a segment.
+// Segment bounds: Checkpoint starts a new segment at CheckpointSegmentKeys
+// keys or CheckpointSegmentBlocks blocks (a key's blocks are never split).
+// A key held as one block encodes in 18 to 27 bytes: about 80 KB a segment.
 const (
 	CheckpointSegmentKeys   = 4096
 	CheckpointSegmentBlocks = 8192
 )
 
-// CheckpointSegment is one part of a worker's checkpoint (see
-// Worker.Checkpoint).
+// CheckpointSegment is one part of a worker's checkpoint.
 type CheckpointSegment struct {
-	// Part numbers the segments of a checkpoint from 0.
-	Part uint32
+	Part uint32 // numbers the segments of a checkpoint from 0.
 	// Total and TotalBlocks are the keys and blocks in the whole
-	// checkpoint, the same in every segment, so that a restore sizes its
-	// memory once.
+	// checkpoint, in every segment, so that a restore sizes memory once.
 	Total, TotalBlocks uint64
-	// Last marks the checkpoint's last segment.
-	Last bool
-	// Digest is, in the last segment, the worker's Digest when the
-	// checkpoint was taken; RestoreCheckpoint checks the keys against it.
-	Digest uint64
-	// State is the worker's state beyond its blocks, in part 0; the zero
-	// value in the others.
-	State CheckpointState
-	// Keys are at most CheckpointSegmentKeys keys, each after its parent
-	// (in this segment or an earlier one).
-	Keys []CheckpointKey
-	// Blocks are the engine blocks of Keys, key by key: the first
-	// Keys[0].Blocks of them are the first key's, and so on.
-	Blocks []CheckpointBlock
+	Last               bool              // marks the checkpoint's last segment.
+	Digest             uint64            // in the last segment, the worker's Digest.
+	State              CheckpointState   // the worker's state beyond its blocks, in part 0 only.
+	Keys               []CheckpointKey   // at most CheckpointSegmentKeys keys, each after its parent.
+	Blocks             []CheckpointBlock // the engine blocks of Keys, key by key.
 }
 
-// CheckpointState is what a checkpoint keeps of a worker besides its
-// blocks.
+// CheckpointState is what a checkpoint keeps of a worker besides blocks.
 type CheckpointState struct {
-	// Learned[m] is how many blocks the worker held in medium m when its
-	// first removal in m arrived (its learned capacity: see Worker), 0
-	// before one did.
-	Learned [events.NumMedia]int64
-	// IgnoredGroups are the KV-cache groups whose events the worker skips
-	// (learned from BlockStored's kv_cache_spec_kind), ascending.
-	IgnoredGroups []int
-	// LastReset is why the worker was last reset (Stats.LastReset), cut
-	// to maxResetReason bytes.
-	LastReset string
+	// Learned[m] is the worker's blocks in m at its first removal in m
+	// (see Worker), 0 before one.
+	Learned       [events.NumMedia]int64
+	IgnoredGroups []int  // the KV-cache groups the worker skips, ascending.
+	LastReset     string // Stats.LastReset, cut to maxResetReason bytes.
 }
 
-// CheckpointKey is one key of a checkpoint: where it attaches in the
-// tree, and how many of the worker's engine blocks resolve to it.
+// CheckpointKey is one key of a checkpoint.
 type CheckpointKey struct {
-	// Key is the content key.
-	Key Key
-	// Parent is the key Key attaches under, when HasParent; otherwise Key
-	// is at top level.
-	Parent    Key
+	Key       Key
+	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
-	// Blocks is the number of the worker's engine blocks at Key: 1, more
-	// for a key that several engine hashes resolve to (an alias), 0 for a
-	// placeholder (an ancestor the worker does not hold).
+	// Blocks is the number of engine blocks at Key: more than 1 for an
+	// alias, 0 for a placeholder (an ancestor the worker does not hold).
 	Blocks uint32
 }
 
 // CheckpointBlock is one engine block of a checkpoint.
 type CheckpointBlock struct {
-	// Hash is the block's engine hash.
 	Hash uint64
-	// Refs[m] is the block's stores in medium m: 0 when it is not in m,
-	// more than 1 when the engine stored it again (each store takes its
-	// own removal).
+	// Refs[m] is the block's stores in medium m.
 	Refs [events.NumMedia]uint8
-	// Age is the block's store recency: how many recency epochs ago it
-	// was last stored or named as a parent (blockmap.Map.Age), 255 for
-	// older than all others.
-	Age uint8
+	Age  uint8 // the block's recency (blockmap.Map.Age).
 }
 
 // media returns the mask of the media the block is in.
 func (b *CheckpointBlock) media() uint8 { return mediaOf(&b.Refs) }
 
-// maxResetReason bounds CheckpointState.LastReset: reasons are a line of
-// a log message.
+// maxResetReason bounds CheckpointState.LastReset.
 const maxResetReason = 1024
 
-// Checkpoint calls emit with the worker's checkpoint, segment by segment,
-// in order. It is consistent: gathered under the worker's mutex as it is
-// after some batch, then emitted with no lock held, so emit may be slow;
-// a caller that must know the engine seq it includes takes it where it
-// serialises the worker's batches. emit must not keep the segment (it is
-// reused); its error ends the checkpoint, wrapped. An empty worker's
-// checkpoint is one segment with no keys. A keyed worker refuses
-// (ErrWorkerKind): its state is a Snapshot.
+// Checkpoint calls emit with the worker's checkpoint, segment by segment.
+// It is gathered under the worker's mutex, as after some batch, and emitted
+// with no lock held; emit must not keep the segment (it is reused), and its
+// error ends the checkpoint. An empty worker's checkpoint is one segment
+// with no keys. A keyed worker refuses (ErrWorkerKind).
 //
-// Cost: Snapshot's walk, O(blocks log blocks) under the mutex, and
-// memory for the keys (32 bytes each) and blocks (16 bytes each) until it
-// returns. BenchmarkCheckpoint (docs/benchmarks.md): 6.7 ms for 30,000
-// blocks, encoding included (18 bytes a block).
+// Cost: O(blocks log blocks) under the mutex, and 48 bytes a block of
+// memory until it returns (BenchmarkCheckpoint).
 func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint: take a snapshot)", ErrWorkerKind, w.info.Ref)
@@ -163,8 +119,8 @@ func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 	}
 }
 
-// checkpointAll gathers the worker's checkpoint under its mutex: its keys
-// in tree order, their blocks, its state and its digest.
+// checkpointAll gathers, under the mutex, the worker's keys in tree order,
+// their blocks, its state and its digest.
 func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, CheckpointState, uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -197,25 +153,15 @@ func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, Checkpoint
 }
 
 // RestoreCheckpoint replaces the worker's state with the checkpoint that
-// next returns segment by segment, until it returns io.EOF (any other
-// error ends the restore and is returned, wrapped); the worker then goes
-// on as the checkpointed worker would. It records no delta: replicas must
-// resync (the fleet agent restores before it publishes, in a new epoch).
+// next returns segment by segment, until io.EOF; the worker then goes on as
+// the checkpointed worker would. It records no delta: replicas must resync.
 //
-// The segments are read and checked first, with no lock held: in order
-// (Part from 0, one Last, keys and blocks adding up to Total and
-// TotalBlocks, at most CheckpointSegmentKeys keys each, the state in part
-// 0 only), no key or engine hash twice, every parent before its key,
-// every placeholder followed at once by a key under it, every block in
-// some medium, no negative learned capacity, and the keys' digest equal
-// to the last segment's; else ErrBadCheckpoint, the worker left as it
-// was. Then the state is replaced under the mutex and the capacity
-// enforced (evictions counted). A keyed worker refuses (ErrWorkerKind).
-//
-// Cost: O(keys + blocks) map operations to check, then the clear, per key
-// a store's tree work, per block an engine-map insert.
-// BenchmarkRestoreCheckpoint (docs/benchmarks.md): 13.6 ms for 30,000
-// blocks, decoding included, into a worker that held as many.
+// The segments are read and checked first, with no lock held: their order
+// and totals (see segOrder), the keys' order (see keyOrder), no engine hash
+// twice, every block in some medium, no negative learned capacity, and the
+// digest; else ErrBadCheckpoint, the worker left as it was. Then the state
+// is replaced under the mutex and the capacity enforced. A keyed worker
+// refuses (ErrWorkerKind). Cost: BenchmarkRestoreCheckpoint.
 func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint restore: restore a snapshot)", ErrWorkerKind, w.info.Ref)
@@ -237,9 +183,8 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 	return nil
 }
 
-// checkpointState is a checkpoint read and checked: its keys, each key's
-// parent's index in keys (-1 at top level), its blocks in key order and
-// the worker's state.
+// checkpointState is a checkpoint read and checked; parent[i] is key i's
+// parent's index in keys (-1 at top level).
 type checkpointState struct {
 	keys   []CheckpointKey
 	parent []int32
@@ -253,8 +198,7 @@ func (s *CheckpointSegment) head() segHead {
 		keys: len(s.Keys), blocks: len(s.Blocks), state: !s.State.zero()}
 }
 
-// readCheckpoint reads and checks the segments next returns (see
-// RestoreCheckpoint).
+// readCheckpoint reads and checks the segments next returns.
 func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, error) {
 	ck := &checkpointState{}
 	o := segOrder{bad: ErrBadCheckpoint, what: "checkpoint", maxKeys: CheckpointSegmentKeys}
@@ -270,7 +214,7 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 			}
 			ck.state = seg.State
 			ck.state.IgnoredGroups = slices.Clone(seg.State.IgnoredGroups)
-			// Sized once, up to a bound: the totals are the file's word.
+			// Sized once, up to a bound: the totals are the sender's word.
 			ko = newKeyOrder(seg.Total)
 			nb := int(min(seg.TotalBlocks, restoreReserve))
 			hashes = make(map[uint64]struct{}, nb)
@@ -333,7 +277,7 @@ func (s *CheckpointState) zero() bool {
 }
 
 // buildLocked adds the checkpoint's keys and blocks to the worker, which
-// holds none, and sets its state. Callers hold w.mu.
+// holds none, and sets its state.
 func (ck *checkpointState) buildLocked(w *Worker) {
 	c := &w.cur
 	id := uint32(w.id)
@@ -407,19 +351,15 @@ func (ck *checkpointState) buildLocked(w *Worker) {
 //	version 1 | part uvarint | total uvarint | total blocks uvarint | last 0 or 1 | [digest 8 if last] |
 //	[state, in part 0] | keys uvarint | key...
 //
-// The state is the learned capacities (a uvarint per medium), the
-// ignored groups (a count uvarint, then each a zig-zag varint) and the
-// last reset's reason (its length uvarint, then its bytes). A key is a
-// tag byte (bits 0-1: where it attaches, as in a snapshot: 0 under the
-// previous key of the segment, 1 at top level, 2 under the parent key
-// that follows the key; bits 2-3: its blocks, 0 one, 1 none (a
-// placeholder), 2 a count uvarint that follows the key and parent), the
-// key (8 bytes), the parent (8 bytes) when the tag says so, the count,
-// and then its blocks. A block is a flags byte (bits 0-5: its media;
-// bit 6: its age is the segment's previous block's, and is left out; bit
-// 7: its stores per medium follow, one byte per medium of its media, in
-// order; without it, one store in each), the engine hash (8 bytes), the
-// age (1 byte) unless bit 6 is set, and the stores.
+// The state: the learned capacities (a uvarint per medium), the ignored
+// groups (a count, then zig-zag varints) and the reset reason (length,
+// bytes). A key: a tag byte (bits 0-1: where it attaches, as in a
+// snapshot; bits 2-3: its blocks, 0 one, 1 none, 2 a count uvarint after
+// the key and parent), the key (8 bytes), the parent (8) when the tag says
+// so, the count, then its blocks. A block: a flags byte (bits 0-5: media;
+// bit 6: the segment's previous block's age, left out; bit 7: stores
+// follow, a byte per medium of its media, else one in each), the engine
+// hash (8), the age (1) unless bit 6, and the stores.
 const (
 	ckptVersion      = 1
 	ckptBlocksOne    = 0 << 2
@@ -428,20 +368,15 @@ const (
 	ckptBlockSameAge = 1 << 6
 	ckptBlockRefs    = 1 << 7
 	ckptMediaMask    = 1<<events.NumMedia - 1
-	// ckptMinBlock is the fewest bytes a block takes: flags and hash.
-	ckptMinBlock = 9
+	ckptMinBlock     = 9 // the fewest bytes a block takes: flags and hash.
 )
 
-// A block's flags byte has room for six media: this fails to compile if
-// events.NumMedia grows past them.
+// A block's flags byte has room for six media.
 const _ = uint(6 - events.NumMedia)
 
 // AppendBinary appends the segment's encoding to b
 // (encoding.BinaryAppender). It fails only for a segment that could not
-// come from Checkpoint: over CheckpointSegmentKeys keys, keys whose
-// Blocks do not add up to len(Blocks), a block in no medium, a reason
-// over 1,024 bytes, or a state outside part 0. Cost: O(keys + blocks),
-// no allocation beyond b's growth.
+// come from Checkpoint.
 func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 	if len(s.Keys) > CheckpointSegmentKeys {
 		return b, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadCheckpoint, s.Part, len(s.Keys), CheckpointSegmentKeys)
@@ -526,12 +461,10 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 }
 
 // UnmarshalBinary decodes a segment that AppendBinary encoded into s,
-// reusing the memory of its slices (encoding.BinaryUnmarshaler). Input
-// that is not such an encoding, truncated or with bytes after it is
-// ErrBadCheckpoint, naming the offset; it never panics, and allocates no
-// more than the input's size justifies (a count is checked against the
-// bytes left before anything is sized by it). It checks the encoding
-// only: RestoreCheckpoint checks what the keys say.
+// reusing its slices' memory (encoding.BinaryUnmarshaler). Bad input is
+// ErrBadCheckpoint, naming the offset; it never panics and allocates no
+// more than the input's size justifies. RestoreCheckpoint checks what the
+// keys say.
 func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 	d := segDecoder{b: data, bad: ErrBadCheckpoint}
 	d.version(ckptVersion)
@@ -571,8 +504,7 @@ func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 		case ckptBlocksOne:
 			k.Blocks = 1
 		case ckptBlocksCount:
-			// Bounded by the bytes left, so that a corrupt count cannot
-			// size anything.
+			// Bounded by the bytes left: a corrupt count sizes nothing.
 			k.Blocks = uint32(d.uvarint(min(math.MaxUint32, uint64(d.left()/ckptMinBlock))))
 			if d.err == nil && k.Blocks == 0 {
 				d.fail("key %d: a count of no blocks", i)

@@ -8,40 +8,29 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Replication (see the package documentation). The source's blocks each
-// resolve to a key with store counts per medium; several may resolve to
-// one key (aliases), and a block may be stored more than once in a medium
-// (dups). The replica keeps one entry per key with the sums over the
-// source's blocks at the key (blocks, blocks per medium, stores per
-// medium); effects say which sums they change, so the sums stay exact.
-// The replica never sees engine hashes or token ids.
+// Replication (see the package documentation). Several of the source's
+// blocks may resolve to one key (aliases), and a block may be stored more
+// than once in a medium (dups); the replica keeps one entry per key with
+// the sums over the source's blocks (blocks, blocks per medium, stores per
+// medium), and effects say which sums they change, so they stay exact.
 
 // DeltaOp is what a DeltaEntry does.
 type DeltaOp uint8
 
-// The effects a batch can have on a worker's resident set. The zero
-// DeltaOp is invalid.
+// The effects a batch can have on a worker's resident set; zero is invalid.
 const (
-	// OpStore is one more store of Key in Medium. BlockEdge says it is the
-	// first store of one of the source's blocks (an engine entry: a new
-	// resident block, or a new alias of the key); MediumEdge that it is the
-	// first store of its block in Medium (implied by BlockEdge). Parent and
-	// HasParent say where the key attaches in the tree: under the key
-	// Parent, or at top level when HasParent is false (as blocks of a
-	// model or adapter root and orphans are); a replica uses them only
-	// when it creates the key.
+	// OpStore is one more store of Key in Medium. BlockEdge: the first
+	// store of one of the source's blocks (a new resident block or a new
+	// alias); MediumEdge: its block's first in Medium (implied by
+	// BlockEdge). Parent and HasParent say where a replica creates the key.
 	OpStore DeltaOp = iota + 1
-	// OpRemove is one store less of Key in Medium. MediumEdge says it was
-	// its block's last store in Medium, BlockEdge that it was its block's
-	// last store at all (the block is no longer resident; implies
-	// MediumEdge).
+	// OpRemove is one store less of Key in Medium. MediumEdge: its block's
+	// last store in Medium; BlockEdge: its last at all (implies MediumEdge).
 	OpRemove
 	// OpDrop is one of the source's blocks at Key leaving with all its
-	// stores, Refs of them in each medium: a capacity eviction, or an
-	// engine hash moved to other content.
+	// stores, Refs of them per medium (an eviction, or a hash moved).
 	OpDrop
-	// OpClear is every block leaving (AllBlocksCleared, Reset).
-	OpClear
+	OpClear // every block leaving (AllBlocksCleared, Reset).
 )
 
 var deltaOpNames = [...]string{"invalid", "store", "remove", "drop", "clear"}
@@ -54,38 +43,28 @@ func (op DeltaOp) String() string {
 	return fmt.Sprintf("op(%d)", uint8(op))
 }
 
-// DeltaEntry is one effect on a worker's resident set (see DeltaOp for
-// what each field means for each op). It is 32 bytes.
+// DeltaEntry is one effect on a worker's resident set (see DeltaOp). It is
+// 32 bytes.
 type DeltaEntry struct {
-	// Key is the content key the effect is on (unused by OpClear).
-	Key Key
-	// Parent is the key Key attaches under when HasParent (OpStore).
-	Parent Key
-	// Op is the effect.
-	Op DeltaOp
-	// Medium is the medium of an OpStore or OpRemove.
-	Medium events.Medium
-	// HasParent says Key attaches under Parent rather than at top level.
-	HasParent bool
-	// BlockEdge and MediumEdge say an OpStore or OpRemove starts or ends
-	// one of the source's blocks, and its block's residency in Medium.
+	Key       Key           // the content key the effect is on (unused by OpClear).
+	Parent    Key           // the key Key attaches under when HasParent (OpStore).
+	Op        DeltaOp       // the effect.
+	Medium    events.Medium // the medium of an OpStore or OpRemove.
+	HasParent bool          // says Key attaches under Parent rather than at top level.
+	// BlockEdge and MediumEdge: see OpStore and OpRemove.
 	BlockEdge, MediumEdge bool
-	// Refs is, for OpDrop, the stores per medium of the block dropped.
-	Refs [events.NumMedia]uint8
+	Refs                  [events.NumMedia]uint8 // for OpDrop, the stores per medium of the block dropped.
 }
 
-// Delta is a sequence of effects on one worker's resident set, in the
-// order they happened: what ApplyBatchDelta, ResetDelta and
-// SetCapacityDelta append and ApplyDelta applies. It is meant to be
-// reused: Reset keeps its memory.
+// Delta is a sequence of effects on one worker's resident set, in order:
+// what ApplyBatchDelta, ResetDelta and SetCapacityDelta append and
+// ApplyDelta applies. Reset keeps its memory for reuse.
 type Delta struct {
 	// Seq is the caller's sequence number of the delta. A worker that
-	// records or applies the delta remembers it, and its snapshots carry
-	// the Seq of the last one (see Worker.Snapshot), so that a replica
-	// restored from one knows which deltas follow it.
-	Seq uint64
-	// Entries are the effects.
-	Entries []DeltaEntry
+	// records or applies it remembers it, and its snapshots carry it, so a
+	// replica restored from one knows which deltas follow.
+	Seq     uint64
+	Entries []DeltaEntry // the effects.
 }
 
 // Reset empties d, keeping the memory of its entries.
@@ -94,30 +73,23 @@ func (d *Delta) Reset() {
 	d.Entries = d.Entries[:0]
 }
 
-// ApplyBatchDelta is ApplyBatch that also appends to d the effects the
-// batch had on the worker's resident set, resolved to content keys (see
-// DeltaOp), and remembers d.Seq as the worker's delta seq. A replica fed
-// these deltas in order (ApplyDelta) holds what this worker holds.
-//
-// The source must call ApplyBatchDelta, ResetDelta and SetCapacityDelta
-// instead of ApplyBatch, Reset and SetCapacity, and its index must have
-// no Config.MemoryBudget: budget evictions happen outside any batch and
-// are not recorded.
-//
-// Cost: one DeltaEntry append per stored, removed or dropped block, and a
-// node lock when the effect's key is not in the node the batch holds. No
-// allocation when d is reused. BenchmarkApplyBatchDelta
-// (docs/benchmarks.md): 5% over ApplyBatch.
+// ApplyBatchDelta is ApplyBatch that also appends to d the batch's effects
+// on the worker's resident set, in content keys, and remembers d.Seq. A
+// replica fed these deltas in order (ApplyDelta) holds what this worker
+// holds. The source must use the *Delta variants of ApplyBatch, Reset and
+// SetCapacity, and have no Config.MemoryBudget (budget evictions are not
+// recorded). Cost: 5% over ApplyBatch (BenchmarkApplyBatchDelta); no
+// allocation when d is reused.
 func (w *Worker) ApplyBatchDelta(b *events.Batch, d *Delta) error {
 	return w.applyBatch(b, d)
 }
 
 // ResetDelta is Reset that also appends an OpClear to d and remembers
-// d.Seq as the worker's delta seq.
+// d.Seq.
 func (w *Worker) ResetDelta(reason string, d *Delta) { w.reset(reason, d) }
 
-// SetCapacityDelta is SetCapacity that also appends to d the evictions
-// it causes and remembers d.Seq as the worker's delta seq.
+// SetCapacityDelta is SetCapacity that also appends to d the evictions it
+// causes and remembers d.Seq.
 func (w *Worker) SetCapacityDelta(blocks int, d *Delta) { w.setCapacity(blocks, d) }
 
 // DeltaSeq returns the Seq of the last delta the worker recorded or
@@ -129,7 +101,6 @@ func (w *Worker) DeltaSeq() uint64 {
 }
 
 // endRecordLocked ends the recording of a call into d (nil: none).
-// Callers hold w.mu.
 func (w *Worker) endRecordLocked(d *Delta) {
 	w.rec = nil
 	if d != nil {
@@ -137,7 +108,7 @@ func (w *Worker) endRecordLocked(d *Delta) {
 	}
 }
 
-// recStore records an OpStore. Callers hold w.mu and w.rec is not nil.
+// recStore records an OpStore; w.rec is not nil.
 func (w *Worker) recStore(k, parent Key, hasParent bool, m events.Medium, blockEdge, mediumEdge bool) {
 	if !hasParent {
 		parent = 0
@@ -146,19 +117,18 @@ func (w *Worker) recStore(k, parent Key, hasParent bool, m events.Medium, blockE
 		Medium: m, BlockEdge: blockEdge, MediumEdge: mediumEdge})
 }
 
-// recRemove records an OpRemove. Callers hold w.mu and w.rec is not nil.
+// recRemove records an OpRemove; w.rec is not nil.
 func (w *Worker) recRemove(k Key, m events.Medium, blockEdge, mediumEdge bool) {
 	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpRemove, Key: k, Medium: m, BlockEdge: blockEdge, MediumEdge: mediumEdge})
 }
 
-// recDrop records an OpDrop. Callers hold w.mu and w.rec is not nil.
+// recDrop records an OpDrop; w.rec is not nil.
 func (w *Worker) recDrop(k Key, refs [events.NumMedia]uint8) {
 	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpDrop, Key: k, Refs: refs})
 }
 
 // parentLoc returns the position of the tree parent of the key at l, and
-// false when the key is at top level. It reads only immutable fields, so
-// it needs no lock.
+// false at top level. It reads only immutable fields.
 func parentLoc(l loc) (loc, bool) {
 	switch {
 	case l.off > 0:
@@ -170,8 +140,7 @@ func parentLoc(l loc) (loc, bool) {
 }
 
 // parentOfLocked returns the key the key at l attaches under, and false
-// at top level. Callers hold w.mu. Cost: O(1); a node lock when l starts
-// its node.
+// at top level.
 func (w *Worker) parentOfLocked(l loc) (Key, bool) {
 	p, ok := parentLoc(l)
 	if !ok {
@@ -181,14 +150,12 @@ func (w *Worker) parentOfLocked(l loc) (Key, bool) {
 }
 
 // keyCounts is what a keyed worker holds of one key: the source's blocks
-// at the key, and of those how many are in each medium, and the stores
-// in each medium summed over them. A key held as one block with one store
-// in each of its media has no keyCounts (its entry's media say it all).
+// at the key, how many of them are in each medium, and their stores per
+// medium. A key held as one block with one store in each of its media has
+// none (its entry's media say it all).
 //
-// A state is valid when for each medium stores >= blocks in it >= 0,
-// stores > 0 exactly when blocks in it > 0, no medium has more blocks
-// than the key, and every block is in some medium (blocks <= the sum over
-// media); all zero is the key not held.
+// Valid: per medium stores >= blocks in it, both zero or neither, no
+// medium has more blocks than the key, and every block is in some medium.
 type keyCounts struct {
 	blocks uint32
 	in     [events.NumMedia]uint32
@@ -198,7 +165,7 @@ type keyCounts struct {
 // media returns the mask of the media the key is held in.
 func (kc *keyCounts) media() uint8 { return mediaOf(&kc.refs) }
 
-// simple reports whether the counts are what an entry's media alone say.
+// simple reports whether the entry's media alone say the counts.
 func (kc *keyCounts) simple() bool {
 	if kc.blocks != 1 {
 		return false
@@ -211,7 +178,7 @@ func (kc *keyCounts) simple() bool {
 	return true
 }
 
-// valid reports whether the counts are a valid state (see keyCounts).
+// valid reports whether the counts are valid (see keyCounts).
 func (kc *keyCounts) valid() bool {
 	var sum uint64
 	for i := range kc.refs {
@@ -236,7 +203,6 @@ func simpleCounts(media uint8) keyCounts {
 }
 
 // countsLocked returns the counts of the keyed worker's entry in slot.
-// Callers hold w.mu.
 func (w *Worker) countsLocked(slot int) keyCounts {
 	e := w.entry(slot)
 	if e.dup() {
@@ -245,11 +211,9 @@ func (w *Worker) countsLocked(slot int) keyCounts {
 	return simpleCounts(e.media())
 }
 
-// setCountsLocked makes kc (valid, not all zero) the counts of the keyed
-// worker's entry e of key h, and returns the entry updated, which the
-// caller writes to the engine map. Callers hold w.mu. Cost: a map write
-// for keys that are not simple; a keyCounts allocation when a key becomes
-// so.
+// setCountsLocked makes kc (valid, not zero) the counts of the keyed
+// worker's entry e of key h, and returns the updated entry for the caller
+// to write.
 func (w *Worker) setCountsLocked(h uint64, e engineEntry, kc *keyCounts) engineEntry {
 	e = e.with(kc.media())
 	if kc.simple() {
@@ -271,8 +235,7 @@ func (w *Worker) setCountsLocked(h uint64, e engineEntry, kc *keyCounts) engineE
 }
 
 // dropKeyLocked removes the keyed worker's key in slot from the tree and
-// its counts, without deleting it from the engine map (the caller does).
-// Callers hold w.mu.
+// its counts; the caller deletes the entry.
 func (w *Worker) dropKeyLocked(slot int) {
 	kc := w.countsLocked(slot)
 	e := w.entry(slot)
@@ -287,21 +250,14 @@ func (w *Worker) dropKeyLocked(slot int) {
 }
 
 // ApplyDelta applies d's effects in order to the keyed worker and
-// remembers d.Seq as its delta seq. An effect that does not fit the
-// worker's state (a parent it does not hold, a store it does not have,
-// counts that would become inconsistent) is skipped and counted in
-// Stats.DeltaMismatches; the others still apply, and the error wraps
-// ErrDeltaMismatch with the count and the first: the worker has diverged
-// and needs a new snapshot. A worker fed engine events refuses deltas
-// (ErrWorkerKind). The worker runs no capacity of its own (the source
-// did); the memory budget may evict from it, after which effects on the
-// evicted keys do not fit. Changes are visible to Match on return.
+// remembers d.Seq. An effect that does not fit the worker's state is
+// skipped and counted (Stats.DeltaMismatches), the others still apply, and
+// the error wraps ErrDeltaMismatch: the worker needs a new snapshot. A
+// worker fed engine events refuses (ErrWorkerKind). Effects on keys the
+// memory budget evicted do not fit. Changes are visible on return.
 //
-// Cost: per stored key an engine-map probe and insert and the tree work
-// of a store, no content keys; per removed key a probe and the holder-set
-// change. BenchmarkApplyDelta (docs/benchmarks.md): 4.6 M stored
-// blocks/s on one core, removals included. No allocation in the steady
-// state but the tree's; a mismatch allocates its error.
+// Cost: per stored key an engine-map probe and insert and a store's tree
+// work; per removal a probe and a holder-set change (BenchmarkApplyDelta).
 func (w *Worker) ApplyDelta(d *Delta) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (delta %d of %d effects not applied)", ErrWorkerKind, w.info.Ref, d.Seq, len(d.Entries))
@@ -314,10 +270,8 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 	before := w.res
 	a := deltaApplier{w: w, d: d}
 	if len(d.Entries) >= warmMin {
-		// A replica applies its workers' deltas interleaved, so each
-		// finds its worker's engine map out of cache: loading every
-		// effect's buckets first overlaps those misses (see
-		// warmBatchLocked).
+		// A replica's workers' deltas interleave, so each map is out of
+		// cache: see warmBatchLocked.
 		var sum uint64
 		for i := range d.Entries {
 			sum += w.engine.Warm(uint64(d.Entries[i].Key))
@@ -350,10 +304,9 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 	return nil
 }
 
-// deltaApplier is the state of one ApplyDelta: the last stored key's
-// position (a chain's next key attaches there, with no probe for its
-// parent), and the end of the chain of stores being applied, whose length
-// sizes the nodes it creates.
+// deltaApplier is the state of one ApplyDelta: the last stored key's place
+// (a chain's next key attaches there with no probe) and the end of the
+// current chain of stores, which sizes the nodes it creates.
 type deltaApplier struct {
 	w        *Worker
 	d        *Delta
@@ -378,8 +331,7 @@ const (
 	whySaturation = "a count would overflow"
 )
 
-// apply applies effect i, returning why it does not fit ("" when it
-// applied). Callers hold w.mu.
+// apply applies effect i, returning why it does not fit ("" if it did).
 func (a *deltaApplier) apply(i int) string {
 	w := a.w
 	de := &a.d.Entries[i]
@@ -477,10 +429,8 @@ func (a *deltaApplier) store(i int, de *DeltaEntry) string {
 	return ""
 }
 
-// chain returns the number of stores from effect i on that form a chain
-// (each attached under the previous one's key), at least 1: what the
-// nodes they create are sized for. Cost: O(1) amortised, each effect is
-// scanned once.
+// chain returns the number of stores from effect i on that form a chain,
+// at least 1: what the nodes they create are sized for.
 func (a *deltaApplier) chain(i int) int {
 	if i >= a.chainEnd {
 		es := a.d.Entries
@@ -576,9 +526,8 @@ func (a *deltaApplier) drop(de *DeltaEntry) string {
 	return ""
 }
 
-// setOrDelete makes kc (valid) the counts of the keyed worker's entry in
-// slot after a removal, taking the media it no longer holds off the tree
-// and deleting the entry when it holds nothing.
+// setOrDelete makes kc the counts of the entry in slot after a removal,
+// taking lost media off the tree and deleting the entry when it is empty.
 func (a *deltaApplier) setOrDelete(slot int, kc *keyCounts) {
 	w := a.w
 	e := w.entry(slot)
@@ -597,6 +546,5 @@ func (a *deltaApplier) setOrDelete(slot int, kc *keyCounts) {
 	w.engine.SetVal(slot, uint64(w.setCountsLocked(h, e, kc)))
 }
 
-// warmMin is the smallest delta whose engine-map lines ApplyDelta loads
-// ahead of applying it.
+// warmMin is the smallest delta ApplyDelta warms the engine map for.
 const warmMin = 8

@@ -15,41 +15,23 @@ type Reason uint8
 
 // Reasons, the most specific first.
 const (
-	// ReasonHit: the worker holds every block.
-	ReasonHit Reason = iota + 1
-	// ReasonModelDiffers: the worker serves another model.
-	ReasonModelDiffers
-	// ReasonLoRADiffers: the worker holds the tokens under another adapter.
-	ReasonLoRADiffers
-	// ReasonUnknownLoRA: the worker never stored under the request's adapter.
-	ReasonUnknownLoRA
-	// ReasonSaltDiffers: the worker holds the tokens with another salt.
-	ReasonSaltDiffers
-	// ReasonExtraKeysDiffer: the worker holds the tokens with other extra keys.
-	ReasonExtraKeysDiffer
-	// ReasonBlockSize: the worker's events carry another block size.
-	ReasonBlockSize
-	// ReasonStale: the worker's stream is stale.
-	ReasonStale
-	// ReasonUnsynced: the worker lost events beyond replay.
-	ReasonUnsynced
-	// ReasonUnhealthy: recovering, in conflict or degraded.
-	ReasonUnhealthy
-	// ReasonReset: the worker was reset or cleared.
-	ReasonReset
-	// ReasonRemoved: the engine removed the block.
-	ReasonRemoved
-	// ReasonEvicted: the index evicted the block.
-	ReasonEvicted
-	// ReasonNotStored: no record of the block: never stored, or removed
-	// before the removal record begins.
-	ReasonNotStored
-	// ReasonOrphans: the worker stored blocks under unknown parents.
-	ReasonOrphans
-	// ReasonTooShort: the prompt has no full block.
-	ReasonTooShort
-	// ReasonHeldElsewhere: other workers hold the block.
-	ReasonHeldElsewhere
+	ReasonHit             Reason = iota + 1 // the worker holds every block.
+	ReasonModelDiffers                      // the worker serves another model.
+	ReasonLoRADiffers                       // the worker holds the tokens under another adapter.
+	ReasonUnknownLoRA                       // the worker never stored under the request's adapter.
+	ReasonSaltDiffers                       // the worker holds the tokens with another salt.
+	ReasonExtraKeysDiffer                   // the worker holds the tokens with other extra keys.
+	ReasonBlockSize                         // the worker's events carry another block size.
+	ReasonStale                             // the worker's stream is stale.
+	ReasonUnsynced                          // the worker lost events beyond replay.
+	ReasonUnhealthy                         // recovering, in conflict or degraded.
+	ReasonReset                             // the worker was reset or cleared.
+	ReasonRemoved                           // the engine removed the block.
+	ReasonEvicted                           // the index evicted the block.
+	ReasonNotStored                         // no record of the block: never stored, or removed before the record.
+	ReasonOrphans                           // the worker stored blocks under unknown parents.
+	ReasonTooShort                          // the prompt has no full block.
+	ReasonHeldElsewhere                     // other workers hold the block.
 )
 
 // Verdict is the outcome of a parity check (see Parity).
@@ -57,20 +39,12 @@ type Verdict uint8
 
 // Verdicts.
 const (
-	// VerdictAgree: every engine block the worker holds sits at the
-	// prompt's key for it.
-	VerdictAgree Verdict = iota + 1
-	// VerdictBlockSize: the engine's block count implies another block size.
-	VerdictBlockSize
-	// VerdictTokens: an engine block holds other tokens.
-	VerdictTokens
-	// VerdictKeying: an engine block holds the tokens under other keying
-	// inputs (adapter, salt, extra keys, or an earlier block's).
-	VerdictKeying
-	// VerdictUnknownHashes: the worker holds none of the engine's hashes.
-	VerdictUnknownHashes
-	// VerdictKeyedWorker: the worker is a replica and knows no engine hashes.
-	VerdictKeyedWorker
+	VerdictAgree         Verdict = iota + 1 // every engine block the worker holds sits at the prompt's key.
+	VerdictBlockSize                        // the engine's block count implies another block size.
+	VerdictTokens                           // an engine block holds other tokens.
+	VerdictKeying                           // an engine block holds the tokens under other keying inputs.
+	VerdictUnknownHashes                    // the worker holds none of the engine's hashes.
+	VerdictKeyedWorker                      // the worker is a replica and knows no engine hashes.
 )
 
 // DiagnoseQuery is a prompt, the worker expected to hold it, and what the
@@ -81,11 +55,11 @@ type DiagnoseQuery struct {
 	Model  *Model
 	Worker *Worker
 	// Tokens (with Extras, which may be nil) or Keys give the prompt;
-	// variants of the keying inputs are tried only with Tokens.
+	// keying variants are tried only with Tokens.
 	Tokens []uint32
 	Extras *PromptExtras
 	Keys   []Key
-	// EngineHashes, when not empty, are the engine's block hashes for the
+	// EngineHashes, when given, are the engine's block hashes for the
 	// prompt, one per full block: Diagnose then checks parity.
 	EngineHashes []uint64
 	// Health and HealthReason are the worker's stream health.
@@ -93,24 +67,23 @@ type DiagnoseQuery struct {
 	HealthReason string
 }
 
-// Finding is one reason with a sentence explaining it, and the time of
-// the removal or reset it is about (zero otherwise).
+// Finding is one reason, a sentence explaining it, and the time of the
+// removal or reset it is about.
 type Finding struct {
 	Reason Reason
 	Detail string
 	At     time.Time
 }
 
-// Parity is the result of comparing an engine's block hashes for a prompt
-// with the keys kvindex computes for it.
+// Parity compares an engine's block hashes for a prompt with kvindex's
+// keys.
 type Parity struct {
 	Verdict Verdict
 	Detail  string
 	// Engine is the number of hashes given, Known how many the worker
 	// holds, Agreed how many of those sit at the prompt's key.
 	Engine, Known, Agreed int
-	// First is the first block that disagrees (VerdictTokens, VerdictKeying).
-	First int
+	First                 int // the first block that disagrees (VerdictTokens, VerdictKeying).
 }
 
 // Diagnosis is Diagnose's answer.
@@ -119,12 +92,9 @@ type Diagnosis struct {
 	// prefix of them; FirstMiss the key of block Matched (0 on a hit).
 	Blocks, Matched int
 	FirstMiss       Key
-	// Findings are the reasons found, the most likely first.
-	Findings []Finding
-	// History is the number of removals the worker's record holds.
-	History int
-	// Parity is set when the query gave engine hashes.
-	Parity *Parity
+	Findings        []Finding // the reasons found, the most likely first.
+	History         int       // the number of removals the worker's record holds.
+	Parity          *Parity   // set when the query gave engine hashes.
 }
 
 // variant is the prompt keyed with one keying input changed.
@@ -135,8 +105,8 @@ type variant struct {
 }
 
 // variants returns the prompt keyed with each alternative the index can
-// name: without the request's adapter, under each adapter the worker
-// stored blocks under, without the salt, without the explicit extra keys.
+// name: another adapter (none, or one the worker stored under), no salt,
+// no explicit extra keys.
 func variants(m *Model, w *Worker, tokens []uint32, ex *PromptExtras) []variant {
 	var base PromptExtras
 	if ex != nil {
@@ -185,13 +155,9 @@ func (ix *Index) matchOf(keys []Key, w *Worker) int {
 // Diagnose explains why q.Worker does not hold q's prompt: the first block
 // it misses and every reason the index can find, the most likely first,
 // and, given engine hashes, whether kvindex and the engine key the prompt
-// alike. It says only what the index knows: removals older than the
-// worker's removal record read as ReasonNotStored.
-//
-// Cost: a Match per keying variant (the request's adapter, salt or extra
-// keys changed, and each adapter the worker stored under: at most 19),
-// each O(blocks); a scan of the removal record; a Lookup. An operator's
-// call.
+// alike. Removals older than the worker's record read as ReasonNotStored.
+// Cost: a Match per keying variant (at most 19), a scan of the removal
+// record and a Lookup.
 func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	w, m := q.Worker, q.Model
 	keys := q.Keys
@@ -264,9 +230,9 @@ func (d *Diagnosis) health(q *DiagnoseQuery) {
 	}
 }
 
-// explainMiss adds the findings that explain the miss of block d.Matched:
-// another model, another keying, a removal on record; it reports whether
-// there were any, and sets d.History.
+// explainMiss adds the findings that explain the miss (another model or
+// keying, a removal on record), reports whether there were any, and sets
+// d.History.
 func (ix *Index) explainMiss(d *Diagnosis, q *DiagnoseQuery, vars []variant) bool {
 	w, m := q.Worker, q.Model
 	explained := false

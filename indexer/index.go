@@ -16,9 +16,8 @@ import (
 // Errors the index returns, wrapped with the worker, event and values at fault.
 var (
 	// ErrUnknownModel: a worker or request names a model that was never added.
-	ErrUnknownModel = errors.New("indexer: unknown model")
-	// ErrDuplicateWorker: a worker was added twice.
-	ErrDuplicateWorker = errors.New("indexer: worker already added")
+	ErrUnknownModel    = errors.New("indexer: unknown model")
+	ErrDuplicateWorker = errors.New("indexer: worker already added") // a worker was added twice.
 	// ErrBlockSize: an event's block_size differs from its model's.
 	ErrBlockSize = errors.New("indexer: block size mismatch")
 	// ErrTokenCount: a BlockStored event's token_ids do not cover its blocks.
@@ -33,50 +32,39 @@ var (
 	ErrUnknownWorker = errors.New("indexer: unknown worker")
 	// ErrRemovedWorker: events reached the handle of a worker that was removed.
 	ErrRemovedWorker = errors.New("indexer: worker was removed")
-	// ErrWorkerKind: a call for keyed workers (ApplyDelta, Restore) reached
-	// a worker fed engine events, or engine events reached a keyed worker
-	// (see WorkerInfo.Keyed).
+	// ErrWorkerKind: a keyed-worker call reached a worker fed engine
+	// events, or the reverse (see WorkerInfo.Keyed).
 	ErrWorkerKind = errors.New("indexer: wrong kind of worker")
 	// ErrDeltaMismatch: effects of a delta did not fit the keyed worker's
-	// state and were skipped (see Worker.ApplyDelta); the worker needs a
-	// new snapshot.
+	// state and were skipped; the worker needs a new snapshot.
 	ErrDeltaMismatch = errors.New("indexer: delta does not fit the worker")
 	// ErrBadSnapshot: a snapshot is incomplete, out of order or
-	// inconsistent (see Worker.Restore); nothing of it was applied.
+	// inconsistent; nothing of it was applied.
 	ErrBadSnapshot = errors.New("indexer: bad snapshot")
 )
 
-// WorkerID is a worker's dense index in one Index, assigned by AddWorker.
-// The id of a removed worker is reused by a later one, with the next
-// generation (Worker.Gen); (WorkerID, generation) names one worker for
-// the index's lifetime.
+// WorkerID is a worker's dense index in one Index. A removed worker's id is
+// reused with the next generation (Worker.Gen): (WorkerID, generation)
+// names one worker for the index's lifetime.
 type WorkerID uint32
 
 // WorkerInfo describes a worker when it is added.
 type WorkerInfo struct {
-	// Ref is the worker's identity (pod, DP rank).
-	Ref events.WorkerRef
-	// Model is the model the worker serves; it must have been added.
-	Model string
-	// Endpoint is where its events come from, for display.
-	Endpoint string
-	// Keyed makes the worker a replica of a worker of another index (see
-	// Delta): it is fed that worker's effects keyed by content key
-	// (Worker.ApplyDelta, Worker.Restore) instead of engine events, which
-	// it refuses with ErrWorkerKind. Its engine map is keyed by content
-	// key, one entry per key, whose store counts are the sums over the
-	// source worker's blocks at the key; it has no capacity of its own
-	// (the source applied its capacity), and the memory budget evicts
-	// from it as from any worker.
+	Ref      events.WorkerRef // the worker's identity (pod, DP rank).
+	Model    string           // the model the worker serves; it must have been added.
+	Endpoint string           // where its events come from, for display.
+	// Keyed makes the worker a replica of another index's worker (see
+	// Delta): fed content-keyed effects (ApplyDelta, Restore), it refuses
+	// engine events (ErrWorkerKind). Its engine map has one entry per key
+	// with the counts summed over the source's blocks; it has no capacity
+	// of its own, and the memory budget evicts from it as from any worker.
 	Keyed bool
 }
 
 // Model is one model namespace of the index.
 type Model struct {
-	// Name is the served model name that requests use.
-	Name string
-	// BlockSize is tokens per KV block for every worker of the model.
-	BlockSize int
+	Name      string // the served model name that requests use.
+	BlockSize int    // tokens per KV block for every worker of the model.
 	root      Key
 }
 
@@ -85,53 +73,42 @@ type Config struct {
 	// Shards is the number of shards of the node index (heads), rounded up
 	// to a power of two; 0 means 64.
 	Shards int
-	// WorkerCapacity bounds the blocks one worker may hold in all media
-	// together; beyond it the worker's least recently stored blocks are
-	// evicted and counted (Stats.Evictions). It exists for removals that
-	// were lost: an engine never holds more blocks than its cache has. 0
-	// learns each worker's capacity from its events (see
-	// Worker.SetCapacity); negative means unbounded.
+	// WorkerCapacity bounds the blocks one worker may hold in all media;
+	// beyond it the least recently stored are evicted and counted
+	// (Stats.Evictions), for removals that were lost. 0 learns each
+	// worker's capacity (see Worker.SetCapacity); negative is unbounded.
 	WorkerCapacity int
-	// RemovalHistory is how many removals each worker's removal record
-	// keeps (see Removal), for Diagnose to tell a block removed from one
-	// never stored; 0 means DefaultRemovalHistory, negative keeps none.
+	// RemovalHistory is how many removals each worker's record keeps (see
+	// Removal); 0 means DefaultRemovalHistory, negative keeps none.
 	RemovalHistory int
-	// MemoryBudget bounds the index's estimated memory in bytes (engine
-	// maps and residency, EstimatedBytesPerBlock per resident block); when
-	// it is exceeded, blocks are evicted from the workers holding the most,
-	// and counted (Stats.BudgetEvictions). 0 means unbounded.
+	// MemoryBudget bounds the estimated memory in bytes
+	// (EstimatedBytesPerBlock per resident block); beyond it the workers
+	// holding the most are evicted from (Stats.BudgetEvictions). 0 means
+	// unbounded.
 	MemoryBudget int64
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): the engine-map entry (18 bytes measured) plus the
-// residency index's share (5 to 10 bytes measured), 23 to 28 bytes in all
-// (BenchmarkMemory10M), with room for an engine map just grown (tables
-// grow by an eighth) and dead keys kept in runs.
+// (block, worker): 23 to 28 bytes measured (BenchmarkMemory10M), with room
+// for an engine map just grown and dead keys kept in runs.
 const EstimatedBytesPerBlock = 32
 
 // Index is the live residency index: which worker holds which content key
-// on which medium (a path-compressed tree: see the package documentation
-// and node), plus each worker's map from engine block hash to its place.
+// on which medium (see the package documentation and node), plus each
+// worker's map from engine block hash to its place.
 //
 // # Concurrency
 //
 // All methods are safe for concurrent use. Match takes no lock on the
-// tree: nodes publish immutable views through atomic pointers, and holder
-// sets are immutable. The only lock a Match takes is one heads shard's read
-// lock per node it enters (the first, and each branch it follows), held for
-// one map probe; it waits only while a writer inserts or deletes a node
-// head in that shard, an O(1) critical section. It never waits on a
-// worker's batch, and no recency is recorded on the read path.
+// tree (views and holder sets are immutable, published through atomic
+// pointers); it takes one heads shard's read lock per node it enters, for
+// one map probe, and never waits on a worker's batch.
 //
-// Each worker's events are applied under that worker's mutex (its events
-// are ordered anyway); writers share nodes through per-node mutexes. The
-// lock order is Worker.mu, then node locks from the root down (at most a
-// node and its child), then one heads shard; registration (models,
-// workers) is guarded by Index.mu, which is never held with the others.
-// A batch's changes become visible to Match no later than the return of
-// its ApplyBatch, node by node (readers may see part of a batch earlier).
-// Memory: see the package documentation.
+// Each worker's events are applied under its mutex; writers share nodes
+// through per-node mutexes. Lock order: Worker.mu, then node locks from the
+// root down (at most a node and its child), then one heads shard. Index.mu
+// guards registration and is never held with the others. A batch's changes
+// are visible to Match when its ApplyBatch returns (parts may be earlier).
 type Index struct {
 	heads []headShard
 	mask  uint64
@@ -141,12 +118,10 @@ type Index struct {
 	models map[string]*Model
 	byRef  map[events.WorkerRef]*Worker
 	// gens[id] is the generation the next worker with that id gets.
-	gens []uint32
-	// freeIDs are ids of removed workers, oldest first.
-	freeIDs []WorkerID
-	// workers is the worker table by id (nil where a removed worker's id
-	// is free), copied on AddWorker and RemoveWorker so that readers load
-	// it without a lock.
+	gens    []uint32
+	freeIDs []WorkerID // ids of removed workers, oldest first.
+	// workers is the worker table by id (nil for free ids), copied on
+	// change so that readers load it without a lock.
 	workers atomic.Pointer[[]*Worker]
 	version atomic.Uint64 // bumped by AddWorker and RemoveWorker
 
@@ -156,10 +131,8 @@ type Index struct {
 	budgetMu     sync.Mutex   // one budget enforcer at a time (TryLock)
 	collisions   atomic.Int64 // 64-bit key collisions met (kept out of heads)
 
-	// observers are called after each applied batch, reset and delta
-	// (see AddObserver); nil when there are none.
-	observers  atomic.Pointer[[]*observer]
-	observerMu sync.Mutex // serialises AddObserver and its removals
+	observers  atomic.Pointer[[]*observer] // see AddObserver; nil when there are none.
+	observerMu sync.Mutex                  // serialises AddObserver and its removals
 
 	singleFn holders.Singletons // ix.single, bound once
 	scratch  sync.Pool          // *matchScratch
@@ -206,8 +179,8 @@ func (ix *Index) single(w uint32, media uint8) *holders.Set {
 	return p.Load()
 }
 
-// AddModel registers a model namespace with its block size. Adding the
-// same model again with the same block size is a no-op.
+// AddModel registers a model namespace with its block size; adding it
+// again with the same block size is a no-op.
 func (ix *Index) AddModel(name string, blockSize int) (*Model, error) {
 	if name == "" {
 		return nil, fmt.Errorf("indexer: add model: empty name")
@@ -247,10 +220,9 @@ func (ix *Index) Models() []*Model {
 	return out
 }
 
-// AddWorker registers a worker of an added model and returns its handle,
-// which is the events.Sink its subscriber feeds. It takes the id of a
-// removed worker when one is free (the longest free first), with the
-// next generation of that id, else the next new id.
+// AddWorker registers a worker of an added model and returns its handle
+// (the events.Sink its subscriber feeds). It reuses the longest-free id of
+// a removed worker, with the next generation, else takes a new id.
 func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -295,20 +267,15 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 	return w, nil
 }
 
-// RemoveWorker forgets the worker named ref: its blocks leave the index
-// (as a Reset would), it disappears from Workers and LookupWorker, and its
-// handle refuses further events with ErrRemovedWorker, so a subscriber
-// still feeding it changes nothing. Its id becomes free for a later
-// AddWorker, under the next generation (Worker.Gen), so that whoever
-// cached the old (id, generation) can tell the new worker from the old.
+// RemoveWorker forgets the worker named ref: its blocks leave the index,
+// and its handle refuses further events with ErrRemovedWorker. Its id is
+// freed for a later AddWorker under the next generation (Worker.Gen).
 //
-// An id is reused only after every holder set naming it is gone from the
-// tree (the clear is published before the id is freed), so a Match that
+// The id is freed only after the clear is published, so a Match that
 // starts after RemoveWorker returns cannot report the old worker's blocks
-// under its id. A Match already running may still report the removed
-// worker; callers that resolve ids through a table taken before the
-// Match (as scoring does) then name the removed worker, never its
-// successor. Cost: O(the worker's blocks), like Reset.
+// under it; a Match already running may, and callers that resolve ids
+// through a table taken before the Match (as scoring does) then name the
+// removed worker, never its successor. Cost: O(the worker's blocks).
 func (ix *Index) RemoveWorker(ref events.WorkerRef) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -329,9 +296,7 @@ func (ix *Index) RemoveWorker(ref events.WorkerRef) error {
 	return nil
 }
 
-// Apply applies a batch to the worker named ref (see Worker.ApplyBatch),
-// for callers that route events by identity rather than holding handles.
-// Cost: one map probe under the registration read lock, then ApplyBatch.
+// Apply applies a batch to the worker named ref (see Worker.ApplyBatch).
 func (ix *Index) Apply(ref events.WorkerRef, b *events.Batch) error {
 	w := ix.LookupWorker(ref)
 	if w == nil {
@@ -340,8 +305,7 @@ func (ix *Index) Apply(ref events.WorkerRef, b *events.Batch) error {
 	return w.ApplyBatch(b)
 }
 
-// Worker returns the worker with the given id, or nil (never added, or
-// removed and not reused).
+// Worker returns the worker with the given id, or nil.
 func (ix *Index) Worker(id WorkerID) *Worker {
 	ws := *ix.workers.Load()
 	if int(id) < len(ws) {
@@ -350,8 +314,7 @@ func (ix *Index) Worker(id WorkerID) *Worker {
 	return nil
 }
 
-// LookupWorker returns the worker named ref, or nil. Cost: one map probe
-// under the registration read lock.
+// LookupWorker returns the worker named ref, or nil.
 func (ix *Index) LookupWorker(ref events.WorkerRef) *Worker {
 	ix.mu.RLock()
 	w := ix.byRef[ref]
@@ -371,65 +334,46 @@ func (ix *Index) Workers() []*Worker {
 	return out
 }
 
-// NumWorkers returns the bound on worker ids: every current worker's id
-// is below it (ids of removed workers are reused before it grows). Cost:
-// one atomic load.
+// NumWorkers returns the bound on worker ids (free ids are reused before
+// it grows).
 func (ix *Index) NumWorkers() int { return len(*ix.workers.Load()) }
 
-// Version changes whenever a worker is added or removed, so that a cache
-// of the worker table (names by id, models, health) knows when to
-// rebuild. Cost: one atomic load.
+// Version changes whenever a worker is added or removed, for caches of the
+// worker table.
 func (ix *Index) Version() uint64 { return ix.version.Load() }
 
 // Match is one worker's longest resident prefix of a prompt.
 type Match struct {
-	// Worker is the worker's id.
 	Worker WorkerID
 	// Blocks is the number of consecutive blocks from the start of the
 	// prompt that the worker holds in any medium.
 	Blocks int
-	// ByMedium[m] is the number of consecutive blocks from the start held in
-	// medium m alone.
+	// ByMedium[m] is the same count for medium m alone.
 	ByMedium [events.NumMedia]int
 }
 
 // Match appends to dst, for every worker that allow accepts (nil accepts
 // all) and that holds at least the first key, its longest consecutive
-// resident prefix of keys. keys are a prompt's keys from its first block,
-// as PromptKeys computes them. Workers appear in the order they were first
-// met (by worker id, as it happens); workers added after the call began may
-// be left out.
+// resident prefix of keys (a prompt's keys from its first block, as
+// PromptKeys computes them). Workers added after the call began may be
+// left out. allow is called once per holder of the first key, with no lock
+// held.
 //
-// allow is called once per holder of the first key, with no lock held; it
-// may be slow or block without holding up anything but this call, but it
-// should not call Match recursively on a hot path (that costs a second
-// scratch).
-//
-// Cost: the walk compares keys against the runs of the tree sequentially,
-// four at a time, looks at a holder set only where one changes (skipping
-// pointer-equal sets at no cost), and pays a heads probe (one shard read
-// lock) only per node entered; it stops at the first key that no
-// still-matching worker holds. A change of holder set costs one merge of
-// the still-matching workers with the new set, O(a + h) for a of them and
-// h holders, or O(a log h) when a is under h/8. So a Match costs
-// O(matched keys + holders of the first key + holder-set changes), not
-// O(keys x workers). No allocation when dst has capacity (scratch is
-// pooled). Measured (BenchmarkScoreFloor, docs/benchmarks.md): with
-// PromptKeys, within 1.3x of hashing the prompt alone from 128 to 15,000
-// blocks; 4,096 blocks with 1,000 workers holding the first 512 take about
-// 14 us for Match, which is mostly writing the 1,000 results
-// (BenchmarkScore4096x1000).
+// Cost: O(matched keys + holders of the first key + holder-set changes),
+// not O(keys x workers): runs are compared four keys at a time, a holder
+// set is looked at only where it changes (a merge with the still-matching
+// workers, O(a + h), or O(a log h) when a < h/8), and heads is probed once
+// per node entered. No allocation when dst has capacity (BenchmarkScoreFloor,
+// BenchmarkScore4096x1000: docs/benchmarks.md).
 func (ix *Index) Match(keys []Key, allow func(WorkerID) bool, dst []Match) []Match {
 	dst, _ = ix.match(keys, allow, dst, nil)
 	return dst
 }
 
-// match is the one walk of a prompt's keys down the tree, for Match and,
-// with visit, for Lookup: each stretch of matched blocks [from, to) that
-// shares one holder set goes to visit, or else to Match's matcher. It
-// returns dst and the number of leading keys the tree has (when visit
-// stops it, the keys of the node it stopped in). visit is checked once
-// per stretch, so Match pays nothing for Lookup.
+// match is the one walk of keys down the tree, for Match and, with visit,
+// for Lookup: each stretch [from, to) sharing one holder set goes to visit,
+// else to the matcher. It returns dst and the number of leading keys the
+// tree has.
 func (ix *Index) match(keys []Key, allow func(WorkerID) bool, dst []Match, visit func(from, to int, set *holders.Set) bool) ([]Match, int) {
 	if len(keys) == 0 {
 		return dst, 0
@@ -487,8 +431,7 @@ walk:
 }
 
 // matchRun advances i in keys and j in run while their keys are equal,
-// and returns both. Cost: about a cycle per key: four are compared per
-// branch (the prompt and the run are both sequential in memory).
+// four per branch.
 func matchRun(keys []Key, i int, run []Key, j int) (int, int) {
 	for i+4 <= len(keys) && j+4 <= len(run) {
 		a, b := keys[i:i+4:i+4], run[j:j+4:j+4]
@@ -503,28 +446,25 @@ func matchRun(keys []Key, i int, run []Key, j int) (int, int) {
 	return i, j
 }
 
-// matchScratch is the pooled working memory of a Match whose first key
-// has more than matchSmall holders.
 type matchScratch struct {
 	act []active
 }
 
 // matchSmall is how many still-matching workers a Match tracks in its own
-// frame; beyond it a pool round trip costs about 15 ns
-// (BenchmarkScoreFloor/128x8).
+// frame; beyond it a pool round trip costs about 15 ns.
 const matchSmall = 16
 
-// active is a worker still matching: its holder entry with the media bits
-// clear (so lower workers sort below it), its Match in dst, and the media
-// it has held every block in so far.
+// active is a worker still matching: its entry with the media bits clear
+// (so it sorts by worker), its Match in dst, and the media of its whole
+// match so far.
 type active struct {
 	key   holders.Entry
 	di    int32
 	media uint8
 }
 
-// matcher follows the holder sets along a prompt's matched keys; act
-// (passed in and out) stays sorted by worker, as sets are.
+// matcher follows the holder sets along the matched keys; act stays
+// sorted by worker, as sets are.
 type matcher struct {
 	ix     *Index
 	dst    []Match
@@ -534,9 +474,8 @@ type matcher struct {
 	sc     *matchScratch // when the first set has over matchSmall holders
 }
 
-// at records that block b and the blocks after it (until the next call)
-// are held by set s, and returns the workers still matching and whether
-// there are any.
+// at records that blocks from b on are held by s, and returns the workers
+// still matching and whether there are any.
 func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	if !m.inited {
 		m.inited = true
@@ -566,8 +505,7 @@ func (m *matcher) at(act []active, b int, s *holders.Set) ([]active, bool) {
 	m.cur = s
 	ents := s.Entries()
 	keep := 0
-	// An active is copied down only once a worker before it has ended:
-	// that store is on the path of every set change of a long match.
+	// An active is copied down only once a worker before it has ended.
 	if len(act)*8 < len(ents) { // few among many holders: look each up
 		for i := range act {
 			a := &act[i]
@@ -649,51 +587,32 @@ func (m *matcher) finish(act []active, b int) []Match {
 	return m.dst
 }
 
-// Stats are one worker's index-side counters, read by ListWorkers and
-// exported as metrics.
+// Stats are one worker's index-side counters.
 type Stats struct {
-	// ResidentBlocks is the number of engine blocks the worker holds in any medium.
-	ResidentBlocks int64
-	// ResidentByMedium counts resident blocks per medium.
-	ResidentByMedium [events.NumMedia]int64
+	ResidentBlocks   int64                  // the number of engine blocks the worker holds in any medium.
+	ResidentByMedium [events.NumMedia]int64 // counts resident blocks per medium.
 	// BlocksStored and BlocksRemoved count applied block stores and removals.
 	BlocksStored, BlocksRemoved int64
-	// Orphans counts stored blocks whose parent the worker never announced;
-	// they are indexed under keys no prompt can match.
-	Orphans int64
-	// UnknownBlocks counts removals or offloads of blocks the worker did not hold.
-	UnknownBlocks int64
-	// BlockSizeMismatches counts events whose block_size differs from the model's.
-	BlockSizeMismatches int64
-	// InvalidEvents counts other events that could not be applied.
-	InvalidEvents int64
-	// SkippedGroupEvents counts events of KV-cache groups that do not decide
-	// prefix reuse (sliding window, mamba), which are not indexed.
-	SkippedGroupEvents int64
-	// Clears counts AllBlocksCleared events; Resets counts forced resets
-	// (engine restarts).
+	Orphans                     int64 // counts stored blocks whose parent the worker never announced.
+	UnknownBlocks               int64 // counts removals or offloads of blocks the worker did not hold.
+	BlockSizeMismatches         int64 // counts events whose block_size differs from the model's.
+	InvalidEvents               int64 // counts other events that could not be applied.
+	SkippedGroupEvents          int64 // counts events of KV-cache groups not indexed.
+	// Clears counts AllBlocksCleared events, Resets forced resets.
 	Clears, Resets int64
-	// Evictions counts blocks the index dropped without a removal event:
-	// beyond the worker's capacity (removals were lost) or, of those,
-	// BudgetEvictions for the index's memory budget.
+	// Evictions counts blocks dropped without a removal event (capacity
+	// or budget); BudgetEvictions those for the memory budget.
 	Evictions, BudgetEvictions int64
-	// DeltaMismatches counts effects of deltas that did not fit a keyed
-	// worker's state and were skipped (see Worker.ApplyDelta).
-	DeltaMismatches int64
-	// Capacity is the most blocks the worker may hold before its least
-	// recently stored ones are evicted: configured, or learned (see
-	// Worker.SetCapacity); 0 while unbounded.
-	Capacity int64
-	// LastReset is why the worker was last reset, "" if never.
-	LastReset string
-	// LastApply is when a batch was last applied (zero if never).
-	LastApply time.Time
-	// LastResetAt is when the worker was last reset, LastClearAt when an
-	// AllBlocksCleared was last applied (zero if never).
+	DeltaMismatches            int64 // counts delta effects skipped (see Worker.ApplyDelta).
+	// Capacity is the worker's capacity (see Worker.SetCapacity); 0 while
+	// unbounded.
+	Capacity  int64
+	LastReset string    // why the worker was last reset, "" if never.
+	LastApply time.Time // when a batch was last applied (zero if never).
+	// LastResetAt and LastClearAt are the last reset and AllBlocksCleared
+	// (zero if never).
 	LastResetAt, LastClearAt time.Time
-	// LastBadBlockSize is the block_size of the last event whose block
-	// size differed from the model's (0 if none).
-	LastBadBlockSize int
+	LastBadBlockSize         int // the last mismatched event block_size (0 if none).
 }
 
 // counters are a worker's Stats as atomics.
@@ -712,10 +631,9 @@ type counters struct {
 	lastBadBlockSize          atomic.Int64 // the last mismatched event block_size
 }
 
-// checkBudget evicts from the workers holding the most while the
-// estimated memory exceeds Config.MemoryBudget, down to 31/32 of it so it
-// does not run every batch. One goroutine enforces at a time (others
-// skip), holding budgetMu, and one worker's mu while it evicts from it.
+// checkBudget evicts from the workers holding the most while the estimate
+// exceeds Config.MemoryBudget, down to 31/32 of it. One goroutine enforces
+// at a time (TryLock on budgetMu).
 func (ix *Index) checkBudget() {
 	if ix.budgetBlocks == 0 || ix.resident.Load() <= ix.budgetBlocks {
 		return

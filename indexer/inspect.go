@@ -11,33 +11,22 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Inspection. What an operator asks of the index beyond Match: who holds
-// each block of a prompt (Lookup), what one worker holds (Resident), where
-// a worker's engine blocks sit (EngineBlocks), what it removed lately
-// (FindRemoval) and what it applies as it happens (AddObserver). None of
-// them is on a router's path; each states its cost.
+// Inspection: what an operator asks of the index beyond Match. None of it
+// is on a router's path.
 
 // Holder is one worker holding a run of a prompt's blocks.
 type Holder struct {
-	// Worker is the worker's id.
 	Worker WorkerID
-	// Media is the bitmask of the media it holds the blocks in (bit m for
-	// events.Medium m).
-	Media uint8
+	Media  uint8 // the bitmask of the media it holds the blocks in.
 }
 
-// Lookup walks keys (a prompt's keys from its first block, as PromptKeys
-// computes them) through the tree and calls visit for each run of
-// consecutive blocks [from, to) that share one holder set, in order,
-// with the holders sorted by worker (held is reused after visit returns;
-// a run may have no holders, when its keys are kept only as parents of
-// held keys). It stops at the first key the tree does not have, or when
-// visit returns false, and returns the number of leading keys the tree
-// has.
-//
-// Lookup takes no lock but Match's (a heads shard's read lock per node
-// entered) and calls visit with none held. Cost: O(blocks walked + the
-// holders of each run) and one allocation for the holders.
+// Lookup walks keys (a prompt's keys, as PromptKeys computes them) through
+// the tree and calls visit for each run of blocks [from, to) that share one
+// holder set, in order, holders sorted by worker (held is reused; a run may
+// have none, when its keys are kept only as parents). It stops at the
+// first key the tree lacks or when visit returns false, and returns the
+// number of leading keys the tree has. It takes only Match's locks and
+// calls visit with none held; it allocates once, for the holders.
 func (ix *Index) Lookup(keys []Key, visit func(from, to int, held []Holder) bool) int {
 	var buf []Holder
 	_, n := ix.match(keys, nil, nil, func(from, to int, set *holders.Set) bool {
@@ -52,22 +41,18 @@ func (ix *Index) Lookup(keys []Key, visit func(from, to int, held []Holder) bool
 	return n
 }
 
-// ResidentKey is one content key a worker holds and the media it holds
-// it in (the union over its blocks at the key).
+// ResidentKey is one content key a worker holds and its media (the union
+// over its blocks at the key).
 type ResidentKey struct {
 	Key   Key
 	Media uint8
 }
 
 // Resident returns up to limit of the worker's resident keys greater than
-// after (all keys when !hasAfter), in increasing key order, with the
-// number of distinct keys it holds and its Digest, all taken in one pass
-// under the worker's mutex, so that the page and the digest describe the
-// same state.
-//
-// Cost: O(blocks) under the mutex (a Digest's pass, each key read from
-// the tree), then O(k log k) to sort the k keys after after, outside it;
-// it allocates 16 bytes per resident key. It is an operator's call.
+// after (all when !hasAfter), in key order, with the number of distinct
+// keys and its Digest, taken in one pass under the worker's mutex so that
+// they describe one state. Cost: O(blocks) under the mutex, then a sort of
+// the page's candidates; 16 bytes a resident key.
 func (w *Worker) Resident(after Key, hasAfter bool, limit int) (page []ResidentKey, total int, digest uint64) {
 	w.mu.Lock()
 	all := make([]ResidentKey, 0, w.engine.Len())
@@ -90,26 +75,18 @@ func (w *Worker) Resident(after Key, hasAfter bool, limit int) (page []ResidentK
 
 // EngineBlock is where one of a worker's engine blocks sits in the index.
 type EngineBlock struct {
-	// Hash is the engine's block hash.
 	Hash uint64
 	// Found is true when the worker holds a block with that hash; the
-	// fields below are valid only then.
-	Found bool
-	// Key is the content key the index computed for the block, from its
-	// BlockStored event's tokens, parent and extra keys.
-	Key Key
-	// Parent is the key Key attaches under; HasParent is false at top
-	// level (a root's first block, or an orphan).
-	Parent    Key
+	// fields below are set only then.
+	Found     bool
+	Key       Key // the content key the index computed for the block.
+	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
-	// Media are the media the block is stored in.
-	Media uint8
+	Media     uint8 // the media the block is stored in.
 }
 
-// EngineBlocks looks up each engine block hash in the worker's engine map
-// and appends where each sits. A keyed worker (a fleet replica) knows no
-// engine hashes and refuses with ErrWorkerKind. Cost: one engine-map probe
-// and a tree read per hash, under the worker's mutex.
+// EngineBlocks appends where each engine block hash sits in the worker. A
+// keyed worker knows no engine hashes and refuses (ErrWorkerKind).
 func (w *Worker) EngineBlocks(hashes []uint64, dst []EngineBlock) ([]EngineBlock, error) {
 	if w.info.Keyed {
 		return dst, fmt.Errorf("%w: worker %s is keyed and knows no engine block hashes", ErrWorkerKind, w.info.Ref)
@@ -132,8 +109,7 @@ func (w *Worker) EngineBlocks(hashes []uint64, dst []EngineBlock) ([]EngineBlock
 	return dst, nil
 }
 
-// slotKeyLocked returns the content key of the engine-map slot. Callers
-// hold w.mu.
+// slotKeyLocked returns the content key of the engine-map slot.
 func (w *Worker) slotKeyLocked(slot int) Key {
 	if w.info.Keyed {
 		return Key(w.engine.Hash(slot))
@@ -146,14 +122,11 @@ type RemovalCause uint8
 
 // Causes of a removal.
 const (
-	// CauseRemoved: the engine removed the block (BlockRemoved), or for a
-	// keyed worker, its source did.
-	CauseRemoved RemovalCause = iota + 1
-	// CauseCapacity: the index evicted it beyond the worker's capacity
-	// (or, for a keyed worker, its source dropped it).
+	CauseRemoved RemovalCause = iota + 1 // the engine (or a keyed worker's source) removed it.
+	// CauseCapacity: evicted beyond the worker's capacity (or dropped by
+	// a keyed worker's source).
 	CauseCapacity
-	// CauseBudget: the index evicted it for its memory budget.
-	CauseBudget
+	CauseBudget // the index evicted it for its memory budget.
 )
 
 // String names the cause.
@@ -169,36 +142,32 @@ func (c RemovalCause) String() string {
 	return "unknown"
 }
 
-// Removal is one entry of a worker's removal record: a key that stopped
-// being resident, why and when. The record is bounded (the most recent
-// Config.RemovalHistory removals of blocks; clears and resets are kept as
-// Stats.LastClearAt and LastResetAt, not per key), so that Diagnose can
-// tell a block the worker removed lately from one it never stored. A key
-// removed and stored again is resident, whatever the record says.
+// Removal is one entry of a worker's bounded removal record (the last
+// Config.RemovalHistory removals; clears and resets are in Stats), so that
+// Diagnose can tell a block removed lately from one never stored.
 type Removal struct {
 	Key   Key
 	Cause RemovalCause
 	At    time.Time
 }
 
-// DefaultRemovalHistory is the default Config.RemovalHistory: 16 bytes a
-// removal, 4 KiB a worker.
+// DefaultRemovalHistory is the default Config.RemovalHistory (16 bytes a
+// removal).
 const DefaultRemovalHistory = 256
 
 // maxLoRAs bounds the adapters a worker's record keeps.
 const maxLoRAs = 16
 
 // history is a worker's removal record and the LoRA adapters it stored
-// blocks under. Guarded by Worker.mu.
+// under. Guarded by Worker.mu.
 type history struct {
-	ring  []removal // nil when off; allocated on the first removal
-	size  int
-	next  int // ring[next] is the oldest once full
-	full  bool
-	now   int64 // the current batch's time, 0 until the first removal of it
-	loras []string
-	// lorasOver counts adapters seen past maxLoRAs.
-	lorasOver int
+	ring      []removal // nil when off; allocated on the first removal
+	size      int
+	next      int // ring[next] is the oldest once full
+	full      bool
+	now       int64 // the current batch's time, 0 until the first removal of it
+	loras     []string
+	lorasOver int // counts adapters seen past maxLoRAs.
 }
 
 type removal struct {
@@ -218,7 +187,7 @@ func (h *history) init(n int) {
 
 func (h *history) on() bool { return h.size > 0 }
 
-// add records a removal. Cost: a ring write; a clock read once per batch.
+// add records a removal; the clock is read once per batch.
 func (h *history) add(k Key, c RemovalCause) {
 	if h.ring == nil {
 		h.ring = make([]removal, h.size)
@@ -240,8 +209,7 @@ func (h *history) len() int {
 	return h.next
 }
 
-// noteLoRA records an adapter the worker stored blocks under. Cost: a
-// scan of at most maxLoRAs strings; a copy of the name the first time.
+// noteLoRA records an adapter the worker stored blocks under.
 func (h *history) noteLoRA(name string) {
 	for _, l := range h.loras {
 		if l == name {
@@ -255,9 +223,8 @@ func (h *history) noteLoRA(name string) {
 	h.loras = append(h.loras, strings.Clone(name))
 }
 
-// FindRemoval returns the most recent record of k leaving the worker,
-// and the number of removals the record holds. Cost: O(record) under the
-// worker's mutex.
+// FindRemoval returns the most recent record of k leaving the worker, and
+// the number of removals the record holds.
 func (w *Worker) FindRemoval(k Key) (Removal, int, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -272,8 +239,8 @@ func (w *Worker) FindRemoval(k Key) (Removal, int, bool) {
 	return Removal{}, n, false
 }
 
-// LoRAs returns the LoRA adapters the worker has stored blocks under (at
-// most 16, in the order first seen), and whether more were seen than kept.
+// LoRAs returns the adapters the worker stored blocks under (at most
+// maxLoRAs, first seen first), and whether more were seen.
 func (w *Worker) LoRAs() ([]string, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -281,47 +248,36 @@ func (w *Worker) LoRAs() ([]string, bool) {
 }
 
 // Applied is what an observer is told after a worker applied something:
-// exactly one of Batch, Reset, Delta and Restore is set.
+// exactly one field is set; Batch and Delta are valid only during the call.
 type Applied struct {
-	// Batch is the engine batch applied; it is the caller's and valid only
-	// during the call.
-	Batch *events.Batch
-	// Reset is the reason of a reset ("" otherwise).
-	Reset string
-	// Delta is the delta a keyed worker applied; valid only during the
-	// call.
-	Delta *Delta
-	// Restore is set when the worker was rebuilt whole: a keyed worker
-	// from a snapshot (Restore), a worker fed engine events from a
-	// checkpoint (RestoreCheckpoint).
+	Batch *events.Batch // the engine batch applied.
+	Reset string        // the reason of a reset.
+	Delta *Delta        // the delta a keyed worker applied.
+	// Restore is set when the worker was rebuilt from a snapshot or a
+	// checkpoint.
 	Restore *Restored
 }
 
 // Restored describes a restore an observer is told of.
 type Restored struct {
-	// From is "snapshot" or "checkpoint".
-	From string
-	// Blocks are the worker's resident blocks after it.
-	Blocks int64
+	From   string // "snapshot" or "checkpoint".
+	Blocks int64  // the worker's resident blocks after it.
 }
 
 // restoredLocked is what unlockThen does after a restore from from.
-// Callers hold w.mu.
 func (w *Worker) restoredLocked(from string) after {
 	return after{apply: true, tell: true, what: Applied{Restore: &Restored{From: from, Blocks: w.res}}}
 }
 
-// Observer is told of every batch, reset and delta a worker applies, after
-// it is applied, on the applying goroutine with no index lock held. It
-// must not block or retain its arguments: an observer that needs them
-// later copies what it needs and hands it over without waiting.
+// Observer is told of every batch, reset, delta and restore a worker
+// applies, on the applying goroutine with no index lock held. It must not
+// block or retain its arguments.
 type Observer func(w *Worker, a *Applied)
 
 type observer struct{ fn Observer }
 
 // AddObserver adds fn to the index's observers and returns the function
-// that removes it. Cost when no observer is set: one atomic load per
-// applied batch; with observers, one call of each per batch.
+// that removes it. Cost without observers: one atomic load per batch.
 func (ix *Index) AddObserver(fn Observer) (remove func()) {
 	o := &observer{fn: fn}
 	ix.observerMu.Lock()

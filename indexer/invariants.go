@@ -7,35 +7,22 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// The invariant checks. They compile away unless the build tag invariants
-// or -race sets invariantsOn (every call is behind it); `make test`'s race
-// run has them on. A broken invariant panics
-// through brokenInvariant, naming what is broken where.
+// The invariant checks compile away unless the build tag invariants or
+// -race sets invariantsOn; a broken invariant panics through
+// brokenInvariant, naming what is broken where.
 
 // invariantSpan is the resident blocks a worker may hold per batch between
 // two of its invariant checks (see Worker.endLocked).
 const invariantSpan = 256
 
-// assertInvariantsLocked checks, at the end of a batch, Reset,
-// SetCapacity or eviction of w:
-//
-//   - the nodes w retired since the last check: out of heads, out of their
-//     parent's children, and out of the node table;
-//   - every node w held since the last check that is still alive: the
-//     node invariants (see node and assertNodeLocked), and that w holds a
-//     key of it exactly where w's engine map says so;
-//   - w's engine map: every entry names a live node of its generation, at
-//     an offset inside the run, where the tree has w holding the key in
-//     exactly the media of the entries there; aliases count exactly the
-//     keys two or more entries resolve to, and their entries' media; the
-//     resident counts are the sums over the entries;
-//   - for a keyed worker, in place of dups and aliases: an entry has
-//     keyCounts exactly when its dup bit is set, and they are valid, not
-//     simple and hold the entry's media; the resident counts are the sums
-//     of the counts.
-//
-// Callers hold w.mu and no node lock. Cost: O(w's engine entries + keys
-// of the nodes checked), with allocation: for tests only.
+// assertInvariantsLocked checks, at the end of a change to w: the nodes w
+// retired since the last check (out of heads, their parent and the node
+// table); the live nodes it held (assertNodeLocked, and w's residency in
+// them exactly as its engine map says); its engine map (each entry names a
+// live node of its generation, inside the run, where the tree has w in
+// exactly the media of the entries there; aliases and dups, or a keyed
+// worker's keyCounts, match the entries; the resident counts are their
+// sums). Callers hold w.mu and no node lock. For tests only: it allocates.
 func (w *Worker) assertInvariantsLocked() {
 	c := &w.cur
 	live := w.assertNodesLocked()
@@ -48,7 +35,7 @@ func (w *Worker) assertInvariantsLocked() {
 }
 
 // assertNodesLocked checks the nodes w retired and held since the last
-// check, and returns those of the held ones still alive.
+// check, and returns the held ones still alive.
 func (w *Worker) assertNodesLocked() []*node {
 	c := &w.cur
 	for _, n := range c.retired {
@@ -71,8 +58,8 @@ func (w *Worker) assertNodesLocked() []*node {
 	return live
 }
 
-// assertEntriesLocked checks w's engine map entry by entry and its
-// counts, and returns what the entries at each key add up to.
+// assertEntriesLocked checks w's engine map entry by entry and its counts,
+// and returns what the entries at each key add up to.
 func (w *Worker) assertEntriesLocked() map[loc]*locTally {
 	locs := map[loc]*locTally{}
 	var res int64
@@ -178,8 +165,7 @@ func (w *Worker) assertAliasesLocked(locs map[loc]*locTally) {
 }
 
 // assertTreeLocked checks that the tree has w holding each key in exactly
-// the media of w's entries there (locs), and no residency of w in the
-// live nodes it held that the entries do not explain.
+// the media of w's entries there, and nothing more in the nodes it held.
 func (w *Worker) assertTreeLocked(locs map[loc]*locTally, live []*node) {
 	for l, a := range locs {
 		l.n.mu.Lock()
@@ -237,12 +223,9 @@ func (a *locTally) mediaOrZero() uint8 {
 	return a.media
 }
 
-// assertNodeLocked checks the invariants of the live node n (see node):
-// keys[0] == first; segments sorted, non-empty, starting at 0, adjacent
-// ones unequal, each set valid; children linked back, attached at or
-// before maxAttach, inside the run; not dead by content; published and
-// its view equal to the writer's state; in heads (unless a key collision
-// kept a node out) and in the node table. Callers hold n.mu.
+// assertNodeLocked checks the invariants of the live node n (see node),
+// that it is published as its writer left it, and that it is in heads
+// (unless a key collision kept it out) and the node table.
 func (ix *Index) assertNodeLocked(n *node) {
 	broken := func(format string, args ...any) {
 		brokenInvariant(fmt.Sprintf("node %p (id %d, first key %#016x): ", n, n.id, uint64(n.first)) + fmt.Sprintf(format, args...))
@@ -311,8 +294,8 @@ func (ix *Index) assertNodeLocked(n *node) {
 	}
 }
 
-// assertRetired checks that the retired node n is out of heads, out of its
-// parent's children and out of the node table. Callers hold no node lock.
+// assertRetired checks that the retired node n is out of heads, its
+// parent's children and the node table.
 func (ix *Index) assertRetired(n *node) {
 	if !n.dead.Load() {
 		brokenInvariant(fmt.Sprintf("retired node %p (id %d) is not dead", n, n.id))

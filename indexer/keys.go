@@ -12,20 +12,17 @@ import (
 )
 
 // Key is kvindex's own content key of a block: a 64-bit hash chained from
-// the parent block's key, over the block's token ids and extra keys, seeded
-// by the model namespace and LoRA adapter. Equal keys mean equal prefixes
-// (up to 64-bit collisions), whatever engine hash algorithm produced the
-// event, so engines need no shared PYTHONHASHSEED and routers need no copy
-// of vLLM's hashing.
+// the parent block's key over the block's token ids and extra keys, from a
+// root naming the model and LoRA adapter. Equal keys mean equal prefixes
+// (up to 64-bit collisions), whatever engine hash produced the event.
 type Key uint64
 
-// keyVersion is mixed into every root so that a future change of the key
-// function can never match keys computed by an older client.
+// keyVersion is mixed into every root, so that keys of another key
+// function never match.
 const keyVersion = "kvindex-key-v1"
 
-// RootKey is the key "before block 0" of every sequence of a model and LoRA
-// adapter ("" for the base model). Blocks of different models or adapters
-// never share a key because their chains start from different roots.
+// RootKey is the key "before block 0" of every sequence of a model and
+// LoRA adapter ("" for the base model).
 func RootKey(model, loraName string) Key {
 	var stack [256]byte
 	buf := stack[:0] // escapes to the heap only for names over ~240 bytes
@@ -38,11 +35,8 @@ func RootKey(model, loraName string) Key {
 }
 
 // BlockKey chains one block onto its parent's key. extra is the block's
-// canonical extra keys (nil for none); a block with extra keys never has
-// the key of the same tokens without them.
-//
-// Cost: one xxh3 pass over 4 bytes per token (about 6 ns for a 16-token
-// block, docs/benchmarks.md), no allocation.
+// canonical extra keys (nil for none). Cost: about 6 ns for a 16-token
+// block, no allocation.
 func BlockKey(parent Key, tokens []uint32, extra events.ExtraKeys) Key {
 	h := hashTokens(tokens, uint64(parent))
 	if extra != nil {
@@ -54,15 +48,12 @@ func BlockKey(parent Key, tokens []uint32, extra events.ExtraKeys) Key {
 // extraMix separates the extra-keys pass from the token pass.
 const extraMix = 0x9e3779b97f4a7c15
 
-// littleEndian reports whether the []uint32 memory layout already is the
-// little-endian byte order that keys are defined over.
+// littleEndian reports whether []uint32 memory is already little-endian.
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
-// hashTokens hashes tokens as little-endian uint32s: xxh3.HashSeed of
-// their bytes. Blocks of 5 to 32 tokens (17 to 128 bytes, vLLM's default
-// 16 among them) take hashMid, the same function computed from the token
-// ids; others view the slice's memory directly on little-endian machines
-// (no copy), and copy it to little-endian bytes elsewhere.
+// hashTokens is xxh3.HashSeed of tokens as little-endian uint32 bytes:
+// blocks of 5 to 32 tokens through hashMid, others through the slice's
+// memory (copied to little-endian bytes on big-endian machines).
 func hashTokens(tokens []uint32, seed uint64) uint64 {
 	switch n := len(tokens); {
 	case n == 16:
@@ -87,8 +78,8 @@ func hashTokens(tokens []uint32, seed uint64) uint64 {
 	return xxh3.HashSeed(b, seed)
 }
 
-// The words of XXH3's default secret that its 17-128-byte path reads
-// (xxh3.HashSeed uses the same secret), and XXH64's first prime.
+// The words of XXH3's default secret that its 17-128-byte path reads, and
+// XXH64's first prime.
 const (
 	secret000 = 0xbe4ba423396cfeb8
 	secret008 = 0x1cad21f72c81017c
@@ -109,13 +100,10 @@ const (
 	xxPrime64 = 11400714785074694791
 )
 
-// hash16 is xxh3.HashSeed of the 64 little-endian bytes of a 16-token
-// block, computed from the token ids: XXH3's 17-128-byte path, whose
-// 8-byte reads are pairs of token ids (each pair one load), with no byte
-// view, length switch or bounds check: a chain of keys then costs within
-// 4% of a chain of xxh3.HashSeed calls, which is latency-bound
-// (BenchmarkPromptKeysFloor, docs/benchmarks.md). TestHashTokensIsXXH3
-// checks it against xxh3 for every seed it draws.
+// hash16 is xxh3.HashSeed of a 16-token block's 64 bytes, computed from
+// the token ids (each pair one load, no length switch or bounds check): a
+// chain of keys costs within 4% of a chain of xxh3.HashSeed calls.
+// TestHashTokensIsXXH3 checks it against xxh3.
 func hash16(t *[16]uint32, seed uint64) uint64 {
 	acc := uint64(0x8dde6c617af2a1c0) // 64 * xxPrime64, wrapped
 	acc += mulFold(pair(t[4], t[5])^(secret032+seed), pair(t[6], t[7])^(secret040-seed))
@@ -125,8 +113,7 @@ func hash16(t *[16]uint32, seed uint64) uint64 {
 	return avalanche(acc)
 }
 
-// hashMid is xxh3.HashSeed of the little-endian bytes of 5 to 32 tokens
-// (17 to 128 bytes), computed from the token ids as hash16 is.
+// hashMid is hash16 for 5 to 32 tokens.
 func hashMid(t []uint32, seed uint64) uint64 {
 	n := len(t)
 	acc := uint64(n*4) * xxPrime64
@@ -166,25 +153,23 @@ func avalanche(x uint64) uint64 {
 }
 
 // PromptExtras are the request-side inputs that vLLM mixes into block
-// hashes, so that a prompt's keys are computed exactly as the engine's
-// blocks were.
+// hashes.
 type PromptExtras struct {
-	// LoRAName is the adapter the request runs with ("" for the base model).
-	// vLLM puts it first in every block's extra keys.
+	// LoRAName is the adapter ("" for the base model), first in every
+	// block's extra keys.
 	LoRAName string
-	// CacheSalt is the request's cache_salt ("" for none). vLLM puts it in
-	// the first block's extra keys only, after the LoRA name.
+	// CacheSalt is the request's cache_salt, in the first block's extra
+	// keys only, after the LoRA name.
 	CacheSalt string
 	// BlockExtras, when non-nil, gives each block's complete extra keys
-	// (e.g. for multimodal prompts, where the engine adds (identifier,
-	// offset) pairs) and overrides LoRAName and CacheSalt for extra keys;
-	// LoRAName still selects the root. Blocks past its end have none.
+	// (e.g. multimodal (identifier, offset) pairs) in place of LoRAName's
+	// and CacheSalt's (LoRAName still selects the root); blocks past it
+	// have none.
 	BlockExtras []events.ExtraKeys
 }
 
-// blockExtras returns the canonical extra keys of block i as vLLM builds
-// them: (lora_name?, cache_salt if i == 0?), or nil when empty. scratch is
-// reused for the encoding.
+// blockExtras returns block i's canonical extra keys as vLLM builds them,
+// (lora_name?, cache_salt if i == 0?), or nil; scratch is reused.
 func (p *PromptExtras) blockExtras(i int, scratch []byte) (events.ExtraKeys, []byte) {
 	if p == nil {
 		return nil, scratch
@@ -216,17 +201,10 @@ func (p *PromptExtras) blockExtras(i int, scratch []byte) (events.ExtraKeys, []b
 }
 
 // PromptKeys appends to dst the content keys of every full block of tokens
-// for the given model namespace and block size, chained from the root of
-// (model, extras.LoRAName). A trailing partial block has no key. extras may
-// be nil. It is the request-side twin of how the index keys BlockStored
-// events, and it is what a router-side client computes when it sends
-// block keys instead of token ids.
-//
-// Cost: one BlockKey per block, and nothing else per block without extra
-// keys or with a LoRA adapter alone (about 6 ns per 16-token block, within
-// 4% of a chain of xxh3.HashSeed calls: BenchmarkPromptKeysFloor);
-// allocation-free when dst has capacity and the extras are empty or fit in
-// 128 bytes.
+// for the model and block size, chained from the root of (model,
+// extras.LoRAName), exactly as the index keys BlockStored events. extras
+// may be nil. Cost: one BlockKey per block (about 6 ns per 16-token block);
+// no allocation when dst has capacity and the extras fit in 128 bytes.
 func PromptKeys(model string, blockSize int, tokens []uint32, extras *PromptExtras, dst []Key) []Key {
 	if blockSize <= 0 {
 		return dst
@@ -257,7 +235,7 @@ func PromptKeys(model string, blockSize int, tokens []uint32, extras *PromptExtr
 }
 
 // chainKeys appends the keys of every full block of tokens chained from
-// k, each block with the extra keys ex.
+// k, each with the extra keys ex.
 func chainKeys(k Key, blockSize int, tokens []uint32, ex events.ExtraKeys, dst []Key) []Key {
 	n := len(tokens) / blockSize
 	l := len(dst)

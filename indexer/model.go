@@ -2,16 +2,14 @@ package indexer
 
 import "fmt"
 
-// KeyScheme names the content-key function: the root, chaining and
-// extra-key encoding of Key. It is mixed into every root, so keys of two
-// schemes never meet; a router that computes keys itself can compare it
-// with the server's before sending block keys.
+// KeyScheme names the content-key function; it is mixed into every root,
+// so keys of two schemes never meet, and a router that computes keys can
+// compare it with the server's.
 const KeyScheme = keyVersion
 
-// NewModel returns a model handle that is not registered with any index,
-// for a router that computes block keys on its own side (and sends them
-// instead of token ids): it must use the server's block size and
-// KeyScheme. Within an index, use Index.AddModel or Index.Model.
+// NewModel returns a model handle registered with no index, for a router
+// that computes block keys itself: it must use the server's block size and
+// KeyScheme.
 func NewModel(name string, blockSize int) (*Model, error) {
 	if name == "" {
 		return nil, fmt.Errorf("indexer: new model: empty name")
@@ -25,14 +23,7 @@ func NewModel(name string, blockSize int) (*Model, error) {
 // Keying returns the model's key scheme (KeyScheme).
 func (m *Model) Keying() string { return KeyScheme }
 
-// PromptKeys appends to dst the content keys of every full block of
-// tokens, as the index keys this model's BlockStored events: the model's
-// block size, chained from the root of (model, extras.LoRAName). extras
-// may be nil. It is PromptKeys with the name and block size taken from the
-// handle, so they cannot disagree with the index's.
-//
-// Cost: one BlockKey per block (see PromptKeys); allocation-free when dst
-// has capacity.
+// PromptKeys is PromptKeys with the model's name and block size.
 func (m *Model) PromptKeys(tokens []uint32, extras *PromptExtras, dst []Key) []Key {
 	return PromptKeys(m.Name, m.BlockSize, tokens, extras, dst)
 }

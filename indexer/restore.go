@@ -8,31 +8,19 @@ import (
 )
 
 // Restore replaces the keyed worker's state with the snapshot that next
-// returns segment by segment, until it returns io.EOF (any other error
-// ends the restore and is returned, wrapped), and makes the snapshot's
-// Seq the worker's delta seq. Every key, placeholders included, is
-// created where the snapshot says it attaches.
+// returns segment by segment, until io.EOF, and makes its Seq the worker's
+// delta seq. Every key, placeholders included, is created where the
+// snapshot says it attaches. Bad segments (see segOrder and keyOrder),
+// invalid counts or a wrong digest are ErrBadSnapshot, the worker left as
+// it was. A worker fed engine events refuses (ErrWorkerKind).
 //
-// The segments must be in order (Part from 0, one Seq, one Last, at most
-// SnapshotSegmentKeys keys each, as many in all as Total says), with no
-// key twice, every parent before its key, every placeholder followed at
-// once by a key under it, valid counts, and the keys' digest equal to the
-// last segment's; else ErrBadSnapshot, the worker left as it was. The
-// new state is visible to Match when Restore returns. A worker fed engine
-// events refuses snapshots (ErrWorkerKind).
-//
-// A worker that holds blocks is replaced in two passes: read and check
-// everything with no lock held, then clear and build under the mutex. An
-// empty worker (a replica's first sync and every resync) is built in one
-// pass, each segment checked and built under the mutex as it arrives; a
-// failed check clears what was built. A budget eviction or another call
-// changing the worker between two segments ends it with an error (not
-// ErrBadSnapshot), the worker cleared.
-//
-// Cost, one pass, per key: the tree work of a store and an engine-map
-// insert, 7 allocations per 1,000 keys; two passes add a map and a copy
-// of the keys and the clear (O(blocks log blocks)). BenchmarkRestore and
-// BenchmarkRestoreEmpty (docs/benchmarks.md).
+// A worker that holds blocks is replaced in two passes: check everything
+// with no lock held, then clear and build under the mutex. An empty worker
+// (a replica's first sync and every resync) is built in one pass, each
+// segment checked and built under the mutex as it arrives; a failed check
+// clears what was built, and a budget eviction or another call changing
+// the worker between segments ends it with an error, the worker cleared.
+// Cost: BenchmarkRestore and BenchmarkRestoreEmpty.
 func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	if !w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
@@ -63,12 +51,10 @@ func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 	return nil
 }
 
-// errRestoreChanged: the worker changed between two segments of a
-// one-pass restore.
+// errRestoreChanged: the worker changed between two segments.
 var errRestoreChanged = errors.New("the worker changed during the restore (a budget eviction, or another call)")
 
-// restoreEmpty is Restore into a worker that holds nothing, in one pass
-// (see Restore).
+// restoreEmpty is Restore into a worker that holds nothing, in one pass.
 func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
 	rs := restoreStream{w: w}
 	err := rs.run(next)
@@ -94,13 +80,11 @@ func (w *Worker) restoreEmpty(next func() (*SnapshotSegment, error)) error {
 
 // restoreStream is the state of a one-pass restore between segments.
 type restoreStream struct {
-	w      *Worker
-	o      segOrder
-	keys   int    // keys built
-	digest uint64 // of the keys built
-	// prev is the last key built and its place: the next key of a chain
-	// attaches with no probe. prevHole: it is a placeholder.
-	prev      Key
+	w         *Worker
+	o         segOrder
+	keys      int    // keys built
+	digest    uint64 // of the keys built
+	prev      Key    // the last key built and its place; prevHole: a placeholder.
 	prevLoc   loc
 	havePrev  bool
 	prevHole  bool
@@ -112,7 +96,7 @@ type restoreStream struct {
 }
 
 // run reads, checks and builds every segment, and reports the first
-// problem; the caller clears the worker if there is one.
+// problem.
 func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 	rs.evictions = rs.w.c.evictions.Load()
 	rs.o = segOrder{bad: ErrBadSnapshot, what: "snapshot", maxKeys: SnapshotSegmentKeys}
@@ -129,7 +113,7 @@ func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 }
 
 // segment checks and builds one segment under the worker's mutex, unless
-// the worker changed since the segment before.
+// the worker changed since the one before.
 func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 	w := rs.w
 	w.mu.Lock()
@@ -142,8 +126,7 @@ func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 		err = errRestoreChanged
 	default:
 		if seg.Part == 0 {
-			// Sized once, up to a bound (Total is the sender's word), as
-			// a grown table: deltas churn it next.
+			// Sized once, up to a bound, as a grown table.
 			w.engine.ReserveGrown(int(min(seg.Total, restoreReserve)))
 		}
 		err = rs.segmentLocked(seg)
@@ -153,9 +136,8 @@ func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 	return err
 }
 
-// segmentLocked checks and builds one segment's keys after those carried
-// from the one before, and carries its trailing placeholders to the next.
-// Callers hold w.mu.
+// segmentLocked builds one segment's keys after those carried from the one
+// before, and carries its trailing placeholders to the next.
 func (rs *restoreStream) segmentLocked(seg *SnapshotSegment) error {
 	keys := seg.Keys
 	end := len(keys)
@@ -180,8 +162,7 @@ func (rs *restoreStream) segmentLocked(seg *SnapshotSegment) error {
 	return nil
 }
 
-// buildLocked checks and builds run, the keys of segment part (after
-// any carried from the one before). Callers hold w.mu.
+// buildLocked checks and builds run, the keys of segment part.
 func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 	w := rs.w
 	c := &w.cur
@@ -258,8 +239,8 @@ func (rs *restoreStream) buildLocked(part uint32, run []SnapshotKey) error {
 	return nil
 }
 
-// restoreState is a snapshot read and checked: its keys, each key's
-// parent's index in keys (-1 at top level), and its Seq.
+// restoreState is a snapshot read and checked; parent[i] is key i's
+// parent's index (-1 at top level).
 type restoreState struct {
 	seq    uint64
 	keys   []SnapshotKey
@@ -277,7 +258,7 @@ func (sk *SnapshotKey) whyCounts() string {
 	return fmt.Sprintf("inconsistent counts (%d blocks, %v in media, %v stores)", sk.Blocks, sk.BlocksIn, sk.Refs)
 }
 
-// readSnapshot reads and checks the segments next returns (see Restore).
+// readSnapshot reads and checks the segments next returns.
 func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) {
 	st := &restoreState{}
 	o := segOrder{bad: ErrBadSnapshot, what: "snapshot", maxKeys: SnapshotSegmentKeys}
@@ -322,7 +303,6 @@ func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) 
 }
 
 // buildLocked adds the snapshot's keys to the worker, which holds none.
-// Callers hold w.mu.
 func (st *restoreState) buildLocked(w *Worker) {
 	c := &w.cur
 	id := uint32(w.id)
@@ -347,9 +327,8 @@ func (st *restoreState) buildLocked(w *Worker) {
 	}
 }
 
-// restoreKeyLocked inserts restored key k, at node l with counts kc, into
-// the keyed worker's engine map and adds its blocks to the residency
-// counts. Callers hold w.mu.
+// restoreKeyLocked inserts restored key k at l with counts kc into the
+// keyed worker's engine map and resident counts.
 func (w *Worker) restoreKeyLocked(k Key, l loc, kc *keyCounts) {
 	h := uint64(k)
 	w.engine.Insert(h, uint64(w.setCountsLocked(h, newEntry(l, 0), kc)))

@@ -10,11 +10,9 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// Segments. Snapshots and checkpoints are both a worker's keys in tree
-// order, cut into segments that a reader checks as they come: this file
-// is what they share, the checks of the segments' order and of the keys'
-// order, the key tag of their encodings and the decoder, and the placing
-// of checked keys in the tree.
+// Segments: what snapshots and checkpoints share, the checks of the
+// segments' and the keys' order, the key tag of their encodings, the
+// decoder, and the placing of checked keys in the tree.
 
 // segHead is what a segment says of its place in the whole.
 type segHead struct {
@@ -27,11 +25,10 @@ type segHead struct {
 	state              bool // carries the worker's state (checkpoints: part 0 only)
 }
 
-// segOrder checks that segments come in order and add up to what they
-// say of the whole: Part from 0, one Last and nothing after it, one Seq
-// and the same totals in every segment, at most maxKeys keys each, the
-// state in part 0 only, and as many keys and blocks in all as the
-// totals.
+// segOrder checks that segments come in order and add up to what they say
+// of the whole: Part from 0, one Last and nothing after it, one Seq and the
+// same totals in every segment, at most maxKeys keys each, the state in
+// part 0 only, and as many keys and blocks in all as the totals.
 type segOrder struct {
 	bad          error // ErrBadSnapshot or ErrBadCheckpoint
 	what         string
@@ -42,9 +39,8 @@ type segOrder struct {
 	keys, blocks uint64 // in the segments so far
 }
 
-// read calls each with every segment next returns, in order, after
-// checking its place, until next returns io.EOF (another error ends the
-// read and is returned, wrapped); then it checks the whole with end.
+// read calls each with every segment next returns, after checking its
+// place, until io.EOF; then it checks the whole.
 func read[S any](o *segOrder, next func() (*S, error), head func(*S) segHead, each func(*S) error) error {
 	for {
 		seg, err := next()
@@ -99,8 +95,7 @@ func (o *segOrder) add(h segHead) error {
 	return nil
 }
 
-// end checks, after the last segment, that it came and the totals were
-// met.
+// end checks that the last segment came and the totals were met.
 func (o *segOrder) end() error {
 	if !o.last {
 		return fmt.Errorf("%w: it ends after %d segments, none of them the last", o.bad, o.part)
@@ -119,7 +114,7 @@ func (o *segOrder) checkDigest(digest uint64) error {
 	return nil
 }
 
-// Why a key does not fit where it comes (no allocation: constants).
+// Why a key does not fit where it comes.
 const (
 	whyTwice    = "the key comes twice"
 	whyHoleLone = "it follows a placeholder but is not under it"
@@ -130,10 +125,9 @@ func whyParentLater(parent Key) string {
 	return fmt.Sprintf("its parent %#016x is not before it", uint64(parent))
 }
 
-// keyOrder checks keys as they come, and gives each its parent's index
-// (-1 at top level): no key twice, every parent before its key, every
-// placeholder (an ancestor of held keys that the worker does not hold)
-// followed at once by a key under it, and no placeholder last.
+// keyOrder checks keys as they come and gives each its parent's index (-1
+// at top level): no key twice, every parent before its key, every
+// placeholder followed at once by a key under it, no placeholder last.
 type keyOrder struct {
 	index    map[Key]int32
 	parent   []int32
@@ -141,8 +135,8 @@ type keyOrder struct {
 	prevHole bool
 }
 
-// restoreReserve bounds the keys a restore makes room for at once: the
-// totals that size it are the sender's word.
+// restoreReserve bounds the keys a restore makes room for at once (the
+// totals are the sender's word).
 const restoreReserve = 1 << 20
 
 func newKeyOrder(total uint64) keyOrder {
@@ -151,7 +145,6 @@ func newKeyOrder(total uint64) keyOrder {
 }
 
 // add checks the next key and returns why it does not fit, "" if it does.
-// Cost: one map operation, none for the parent along a chain.
 func (o *keyOrder) add(k, parent Key, hasParent, hole bool) string {
 	i := int32(len(o.parent))
 	p := int32(-1)
@@ -187,11 +180,9 @@ func (o *keyOrder) end(bad error) error {
 	return nil
 }
 
-// keyPlacer places the keys of a checked snapshot or checkpoint in tree
-// order, each under the key its parent index names (-1: at the top), and
-// sizes each node it creates for the chain of keys from it (each under
-// the one before). Cost: O(1) amortised a key; each parent is scanned
-// once for the chains.
+// keyPlacer places checked keys in order, each under the key its parent
+// index names (-1: at the top), sizing each node it creates for the chain
+// of keys from it.
 type keyPlacer struct {
 	parent   []int32
 	locs     []loc
@@ -202,8 +193,8 @@ func newKeyPlacer(parent []int32) *keyPlacer {
 	return &keyPlacer{parent: parent, locs: make([]loc, len(parent))}
 }
 
-// place places key i (key, holder set set, nil for a placeholder) through
-// c, and returns its location and whether its node is new.
+// place places key i (set nil for a placeholder) through c, and returns
+// its location and whether its node is new.
 func (p *keyPlacer) place(c *cursor, i int, key Key, set *holders.Set) (loc, bool) {
 	if i >= p.chainEnd {
 		j := i + 1
@@ -223,11 +214,10 @@ func (p *keyPlacer) place(c *cursor, i int, key Key, set *holders.Set) (loc, boo
 	return l, fresh
 }
 
-// The encodings of snapshot and checkpoint segments (see their
-// AppendBinary) share a key's tag byte: bits 0-1 say where it attaches
-// (under the previous key of the segment, at top level, or under the
-// parent key that follows the key), bits 2-3 its form, which each
-// encoding defines.
+// Snapshot and checkpoint encodings share a key's tag byte: bits 0-1 say
+// where it attaches (under the segment's previous key, at top level, or
+// under the parent key that follows the key), bits 2-3 its form, which
+// each encoding defines.
 const (
 	tagParentPrev = 0
 	tagParentNone = 1
@@ -236,8 +226,7 @@ const (
 	tagFormMask   = 3 << 2
 )
 
-// attachTag returns the bits of key i's tag that say where it attaches;
-// prev is the key before it in the segment.
+// attachTag returns the attach bits of key i's tag; prev is the key before.
 func attachTag(i int, prev, parent Key, hasParent bool) byte {
 	switch {
 	case !hasParent:
@@ -248,8 +237,8 @@ func attachTag(i int, prev, parent Key, hasParent bool) byte {
 	return tagParentKey
 }
 
-// appendKeyHead appends a key's tag, the key and, when the tag says so,
-// its parent.
+// appendKeyHead appends a key's tag, the key and, if the tag says so, its
+// parent.
 func appendKeyHead(b []byte, tag byte, k, parent Key) []byte {
 	b = append(b, tag)
 	b = binary.LittleEndian.AppendUint64(b, uint64(k))
@@ -267,8 +256,7 @@ func appendLast(b []byte, last bool, digest uint64) []byte {
 	return binary.LittleEndian.AppendUint64(append(b, 1), digest)
 }
 
-// segDecoder reads a segment's encoding (of a snapshot or a checkpoint),
-// remembering the first error.
+// segDecoder reads a segment's encoding, remembering the first error.
 type segDecoder struct {
 	b   []byte
 	off int
@@ -301,9 +289,8 @@ func (d *segDecoder) last() (bool, uint64) {
 	return true, d.uint64()
 }
 
-// keyHead reads key i's tag, the key and where it attaches; prev is the
-// key before it in the segment. It checks the attach bits and that the
-// form is one of the two or three an encoding defines (3 is none).
+// keyHead reads key i's tag, the key and where it attaches, checking the
+// tag's bits.
 func (d *segDecoder) keyHead(i int, prev Key) (tag byte, k, parent Key, hasParent bool) {
 	tag = d.byte()
 	if d.err == nil && (tag&^(tagParentMask|tagFormMask) != 0 || tag&tagParentMask == 3 || tag&tagFormMask == 3<<2 ||

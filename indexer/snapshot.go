@@ -10,62 +10,41 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
-// Snapshots. A snapshot is a worker's resident set as a list of keys, each
-// with where it attaches in the tree (its parent key, or top level) and
-// its counts summed over the worker's blocks at the key, in an order where
-// every key's parent comes before it; Restore makes a keyed worker hold
-// exactly that, then ApplyDelta continues from the snapshot's Seq.
+// Snapshots. A snapshot is a worker's resident set as keys, each with where
+// it attaches (its parent key, or top level) and its counts summed over the
+// worker's blocks at the key, every parent before its key; Restore makes a
+// keyed worker hold exactly that, and ApplyDelta continues from its Seq.
 //
-// A restore must put every key where it is in the source's tree, or a
-// prompt could not reach it, and later stores of its true chain (by any
-// worker) would create a second node for it that heads cannot hold (see
-// cursor.top and cursor.next). A key's parent is not always held by the
-// worker: the engine may evict a parent before its child. So a snapshot
-// includes the ancestors a held key needs, from its parent up to the
-// nearest key the worker holds or the top-level key, as placeholders
-// (keys with no blocks); a restore creates them held by nobody, as they
-// are in the source's tree. A placeholder is always followed at once by a
-// key under it (it lies on the way to a held key), which Restore checks:
-// a node holding only placeholders would otherwise die before the key
-// that keeps it alive arrives.
+// A restore must put every key where it is in the source's tree, or no
+// prompt could reach it and later stores of its chain would create a second
+// node for it. The engine may evict a parent before its child, so a
+// snapshot includes the ancestors a held key needs, up to the nearest held
+// or top-level key, as placeholders (no blocks), which a restore creates
+// held by nobody. A placeholder is always followed at once by a key under
+// it, which Restore checks: a node of placeholders alone would die before
+// the key that keeps it alive arrives.
 
-// SnapshotSegmentKeys is the most keys one SnapshotSegment holds: about
-// 40 KB in AppendBinary's encoding, whose key held as one block with one
-// store per medium costs 10 bytes (18 when its parent is not the key
-// before it).
+// SnapshotSegmentKeys is the most keys one SnapshotSegment holds (about
+// 40 KB encoded).
 const SnapshotSegmentKeys = 4096
 
-// SnapshotSegment is one part of a worker's snapshot (see Worker.Snapshot).
+// SnapshotSegment is one part of a worker's snapshot.
 type SnapshotSegment struct {
-	// Seq is the worker's delta seq when the snapshot was taken (see
-	// Delta.Seq): a replica restored from it applies the deltas after it.
-	// The same in every segment of a snapshot.
-	Seq uint64
-	// Part numbers the segments of a snapshot from 0.
-	Part uint32
-	// Total is the number of keys in the whole snapshot, the same in every
-	// segment, so that a restore sizes its memory once.
-	Total uint64
-	// Last marks the snapshot's last segment.
-	Last bool
-	// Digest is, in the last segment, the worker's Digest when the
-	// snapshot was taken; Restore checks the keys against it.
-	Digest uint64
-	// Keys are at most SnapshotSegmentKeys keys, each after its parent
-	// (in this segment or an earlier one).
-	Keys []SnapshotKey
+	// Seq is the worker's delta seq when the snapshot was taken, in every
+	// segment: a replica restored from it applies the deltas after it.
+	Seq    uint64
+	Part   uint32        // numbers the segments of a snapshot from 0.
+	Total  uint64        // the number of keys in the whole snapshot, in every segment.
+	Last   bool          // marks the snapshot's last segment.
+	Digest uint64        // in the last segment, the worker's Digest.
+	Keys   []SnapshotKey // at most SnapshotSegmentKeys keys, each after its parent.
 }
 
-// SnapshotKey is one key of a snapshot: where it attaches in the tree, and
-// what the worker holds of it, summed over its blocks at the key (several
-// for an alias). A placeholder (an ancestor of held keys that the worker
-// does not hold) has all counts zero.
+// SnapshotKey is one key of a snapshot and what the worker holds of it,
+// summed over its blocks at the key; a placeholder has all counts zero.
 type SnapshotKey struct {
-	// Key is the content key.
-	Key Key
-	// Parent is the key Key attaches under, when HasParent; otherwise Key
-	// is at top level.
-	Parent    Key
+	Key       Key
+	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
 	// Blocks is how many of the worker's blocks resolve to Key, and
 	// BlocksIn[m] how many of them are in medium m.
@@ -80,20 +59,14 @@ func (sk *SnapshotKey) counts() keyCounts {
 	return keyCounts{blocks: sk.Blocks, in: sk.BlocksIn, refs: sk.Refs}
 }
 
-// Snapshot calls emit with the worker's snapshot, segment by segment, in
-// order (see SnapshotSegment). It is consistent: the keys are gathered
-// under the worker's mutex, as they are after some batch, and then
-// emitted with no lock held, so emit may be slow, or call into the index.
-// emit must not keep the segment after it returns (it is reused); an
-// error from emit ends the snapshot and is returned, wrapped. Works for
-// workers fed engine events and keyed workers alike; an empty worker's
-// snapshot is one empty segment.
+// Snapshot calls emit with the worker's snapshot, segment by segment. The
+// keys are gathered under the worker's mutex, as after some batch, and
+// emitted with no lock held; emit must not keep the segment (it is
+// reused), and its error ends the snapshot. Works for both kinds of
+// worker; an empty worker's snapshot is one empty segment.
 //
-// Cost: O(blocks log blocks) under the mutex (the blocks sorted by
-// position, a node lock per run of keys in one node, a binary search per
-// parent in another node), plus the placeholders; memory for the keys
-// (72 bytes each) until it returns. BenchmarkSnapshot (docs/benchmarks.md):
-// 8.5 ms for 30,000 blocks, encoding included.
+// Cost: treeOrderLocked's under the mutex, and 72 bytes a key of memory
+// until it returns (BenchmarkSnapshot).
 func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
 	keys, seq, digest, err := w.snapshotKeys()
 	if err != nil {
@@ -116,9 +89,8 @@ func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
 	}
 }
 
-// snapHeld is a key the walk's worker holds: its position (see
-// engineEntry.pos), its entries slots[lo:] up to the next key's, and
-// once it is out, its key.
+// snapHeld is a key the worker holds: its position (engineEntry.pos), its
+// entries slots[lo:] up to the next key's, and its key once it is out.
 type snapHeld struct {
 	pos uint64
 	lo  int32
@@ -136,13 +108,12 @@ type snapStep struct {
 // posOf returns the position of l as engineEntry.pos has it.
 func posOf(l loc) uint64 { return uint64(l.off) | uint64(l.n.id)<<entryNodeShift }
 
-// Positions are 43 bits (entryGenShift), so a position and an index of up
-// to 21 bits pack into one integer, and an engine map of fewer entries is
-// sorted by position as integers (three times faster than by a function).
+// A 43-bit position and an index of up to 21 bits pack into one integer,
+// so smaller engine maps sort as integers (three times faster).
 const snapIndexBits = 64 - entryGenShift
 
-// snapshotKeys gathers the worker's snapshot under its mutex: the keys in
-// an order where parents come first, the delta seq and the digest.
+// snapshotKeys gathers, under the mutex, the keys in tree order, the delta
+// seq and the digest.
 func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -163,19 +134,13 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 	return out, w.deltaSeq, digest, nil
 }
 
-// treeOrderLocked calls visit for every key the worker holds, and every
-// placeholder its held keys need (see the comment on snapshots above),
-// in an order where each key's parent comes before it and a placeholder
-// is followed at once by a key under it: with the key, where it attaches
-// (under parent when hasParent, else at top level), and the slots of the
-// worker's entries at the key (nil for a placeholder; valid until the
-// worker next changes). Callers hold w.mu; visit must not change the
-// worker or lock tree nodes.
+// treeOrderLocked calls visit for every key the worker holds and every
+// placeholder they need, each parent before its key and each placeholder
+// followed at once by a key under it, with where the key attaches and the
+// slots of the worker's entries at it (nil for a placeholder; valid until
+// the worker changes). visit must not change the worker or lock nodes.
 //
-// Cost: O(blocks log blocks): the entries sorted by position, a node
-// lock per run of keys in one node, a binary search per parent in
-// another node, plus the placeholders; 24 bytes per block of memory
-// until it returns.
+// Cost: O(blocks log blocks), and 24 bytes a block of memory.
 func (w *Worker) treeOrderLocked(visit func(k, parent Key, hasParent bool, slots []int)) {
 	// The entries' slots, sorted by position.
 	n := w.engine.Len()
@@ -209,8 +174,8 @@ func (w *Worker) treeOrderLocked(visit func(k, parent Key, hasParent bool, slots
 		}
 		return slots[held[i].lo:]
 	}
-	// find returns the index in held of position pos, looking first at
-	// next-1 (where a key's parent is when it is in the same node).
+	// find returns the index in held of pos, trying next-1 first (a
+	// parent in the same node).
 	find := func(pos uint64, next int) (int, bool) {
 		if next > 0 && held[next-1].pos == pos {
 			return next - 1, true
@@ -272,7 +237,6 @@ func (w *Worker) treeOrderLocked(visit func(k, parent Key, hasParent bool, slots
 }
 
 // snapCountsLocked sets sk's counts from the worker's entries at its key.
-// Callers hold w.mu.
 func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 	if w.info.Keyed {
 		kc := w.countsLocked(slots[0])
@@ -295,12 +259,10 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 //	version 1 | seq uvarint | part uvarint | total uvarint | last 0 or 1 | [digest 8 if last] | keys uvarint | key...
 //
 // and of a key: a tag byte (bits 0-1: where it attaches, see attachTag;
-// bits 2-3: its counts, 0 one block with one store in each medium of a
-// media byte that follows, 1 none (a placeholder), 2 a media byte, then
-// blocks uvarint and per medium in the media byte its blocks and stores,
-// uvarints), the key (8 bytes), and then the parent (8 bytes) and counts
-// the tag says. So a chain's key held once costs 10 bytes; counts are
-// exact, up to 2^32-1 each.
+// bits 2-3: its counts, 0 one block with one store per medium of a media
+// byte that follows, 1 none (a placeholder), 2 a media byte, blocks, then
+// per medium in it its blocks and stores, uvarints), the key (8 bytes),
+// then the parent (8) and counts as the tag says.
 const (
 	segVersion     = 1
 	tagSimple      = 0 << 2
@@ -309,9 +271,7 @@ const (
 )
 
 // AppendBinary appends the segment's encoding to b (encoding.BinaryAppender).
-// It fails only for a segment of more than SnapshotSegmentKeys keys. A
-// key's Parent is encoded only when HasParent. Cost: O(keys), no
-// allocation beyond b's growth.
+// It fails only for a segment of more than SnapshotSegmentKeys keys.
 func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 	if len(s.Keys) > SnapshotSegmentKeys {
 		return b, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, s.Part, len(s.Keys), SnapshotSegmentKeys)
@@ -361,10 +321,8 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 }
 
 // UnmarshalBinary decodes a segment that AppendBinary encoded into s,
-// reusing the memory of s.Keys (encoding.BinaryUnmarshaler). Input that
-// is not such an encoding, truncated or with bytes after it is
-// ErrBadSnapshot, naming the offset; it never panics. It checks the
-// encoding only: Restore checks what the keys say.
+// reusing s.Keys (encoding.BinaryUnmarshaler). Bad input is ErrBadSnapshot,
+// naming the offset; it never panics. Restore checks what the keys say.
 func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
 	d := segDecoder{b: data, bad: ErrBadSnapshot}
 	d.version(segVersion)

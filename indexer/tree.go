@@ -17,17 +17,13 @@ import (
 // # Concurrency
 //
 // Readers (Match) use only the immutable fields and the published view,
-// with no lock. Writers (ApplyBatch of any worker) change a node's
-// writer-side state under mu and publish it when their cursor releases the
-// node (see view), at the latest when their batch ends (cursor.finish): so
-// a batch's changes become visible no later than the return of its
-// ApplyBatch, node by node, and readers may see some of them earlier.
+// with no lock. Writers (ApplyBatch of any worker) change the writer-side
+// state under mu and publish it when their cursor releases the node, at the
+// latest when their batch ends (cursor.finish).
 //
-// A writer holds at most two node locks, and then only a node and one of
-// its children, taken parent first; heads shard locks are taken under node
-// locks and nothing is taken under a heads shard lock. Worker.mu is taken
-// before any node lock. So the lock order is Worker.mu, then node locks from
-// the root down, then a heads shard.
+// A writer holds at most two node locks, a node and one of its children,
+// parent first; heads shard locks are taken under node locks and nothing
+// under them. Worker.mu is taken before any node lock.
 //
 // # Invariants
 //
@@ -43,9 +39,9 @@ import (
 //     key, so no engine entry points into a dead node.
 //   - Every child's attach offset is <= maxAttach < len(keys).
 //
-// Built with the tag invariants, every batch, Reset, SetCapacity and
-// eviction of a worker ends by checking these for the nodes it held, and
-// its engine map against the tree (Worker.assertInvariantsLocked).
+// Built with the tag invariants (or -race), Worker.assertInvariantsLocked
+// checks these for the nodes a worker held, and its engine map against
+// the tree.
 type node struct {
 	// Set at creation, then immutable.
 	parent *node // nil for a top-level node (its first key's parent is a root)
@@ -70,19 +66,15 @@ type node struct {
 	cidx       int32 // index in parent.children, -1 when unlinked; guarded by parent.mu
 }
 
-// view is what readers see of a node: its key array and segments, which
-// are immutable, and the visible length n of the run, which is atomic.
+// view is what readers see of a node: its key array and segments
+// (immutable) and the visible length n of the run (atomic).
 //
-// A writer publishes a change by storing a new n into the current view
-// when the view's array and segments still describe the run up to the new
-// length (keys appended with the run's last holder set, or keys whose last
-// holder left, which hide the rest of the run: see visibleLocked); only a
-// change of holders inside the visible run, or a new array, costs a new
-// view. So chains that grow at their end and die from their tail (the
-// common stream) publish with nearly no allocation.
-//
-// Up to viewSegs segments are copied into the view itself, so that the
-// writer edits its own (common, short) segment list in place.
+// A change that the view's array and segments still describe (keys
+// appended with the run's last holder set, or a holder leaving the tail:
+// see visibleLocked) is published by storing a new n; only a change of
+// holders inside the visible run, or a new array, costs a new view. Up to
+// viewSegs segments are copied into the view, so that the writer edits
+// its own short segment list in place.
 type view struct {
 	keys  []Key // to the array's capacity; readers use keys[:n]
 	n     atomic.Int32
@@ -92,8 +84,8 @@ type view struct {
 
 const viewSegs = 2
 
-// seg says that the keys from start to the next segment's start (or the end
-// of the run) are held by set (nil: by no worker).
+// seg says that the keys from start to the next segment's start are held
+// by set (nil: by no worker).
 type seg struct {
 	start int32
 	set   *holders.Set
@@ -106,21 +98,16 @@ type headShard struct {
 	_  [32]byte // keep neighbouring shards' locks off one cache line
 }
 
-// nodeTable gives nodes 32-bit ids, so that engine entries refer to their
-// node without a pointer: the workers' engine maps, the index's largest
-// structure, are then pointer-free, and the garbage collector neither
-// scans them nor runs write barriers on them: a pointer per entry would
-// be 400 MB to mark per cycle at 10 M residencies, and marking overlaps
-// Scores (their p99 under ingest, docs/benchmarks.md).
+// nodeTable gives nodes 32-bit ids, so that engine entries name their node
+// without a pointer and the engine maps, the largest structure, are not
+// scanned by the garbage collector (a pointer per entry would be 400 MB to
+// mark per cycle at 10 M residencies).
 //
-// Freed ids are reused last in, first out. So that an id that outlived its
-// node (which the invariants rule out) cannot silently name the next node
-// in its slot, each slot has a generation, bumped when its node is
-// removed; engine entries keep the generation they were made with, and
-// get panics (brokenInvariant) on a mismatch. It is 6 bits (what an
-// engineEntry has room for) and wraps after 64 reuses of a slot, so a
-// stale id goes unnoticed only if its slot was reused a multiple of 64
-// times since.
+// Freed ids are reused last in, first out. Each slot has a 6-bit
+// generation, bumped when its node is removed; engine entries keep the
+// generation they were made with, and get panics on a mismatch, so a stale
+// id cannot silently name the next node in its slot (unless the slot was
+// reused a multiple of 64 times since).
 type nodeTable struct {
 	mu     sync.Mutex // guards free and next, and growing chunks
 	chunks atomic.Pointer[[]*nodeChunk]
@@ -131,9 +118,8 @@ type nodeTable struct {
 // nodeGen is a node id slot's generation.
 type nodeGen uint8
 
-// nodeChunk is nodeChunkLen slots of a nodeTable: the nodes, and their
-// generations. A slot is written only under the table's mutex, and only
-// while no engine entry names it.
+// nodeChunk is nodeChunkLen slots of a nodeTable. A slot is written only
+// under the table's mutex, and only while no engine entry names it.
 type nodeChunk struct {
 	nodes [nodeChunkLen]*node
 	gens  [nodeChunkLen]nodeGen
@@ -141,8 +127,7 @@ type nodeChunk struct {
 
 const nodeChunkLen = 1024
 
-// add gives n an id and its slot's generation. Cost: O(1) under the
-// table's mutex, once per node.
+// add gives n an id and its slot's generation.
 func (t *nodeTable) add(n *node) {
 	t.mu.Lock()
 	if l := len(t.free); l > 0 {
@@ -172,10 +157,8 @@ func (t *nodeTable) add(n *node) {
 	t.mu.Unlock()
 }
 
-// get returns the node with id id, which must be alive and of generation
-// gen: a worker reads only ids of nodes where it holds a key (so alive),
-// and learnt each id, with its generation, after the node was added. It
-// panics on an id out of range, free, or of another generation.
+// get returns the node with id id of generation gen, and panics on an id
+// out of range, free, or of another generation.
 func (t *nodeTable) get(id uint32, gen nodeGen) *node {
 	cs := *t.chunks.Load()
 	if int(id/nodeChunkLen) >= len(cs) {
@@ -189,8 +172,7 @@ func (t *nodeTable) get(id uint32, gen nodeGen) *node {
 	return n
 }
 
-// remove frees n's id and bumps its slot's generation; n is dead, so no
-// engine entry refers to it.
+// remove frees n's id and bumps its slot's generation; n is dead.
 func (t *nodeTable) remove(n *node) {
 	t.mu.Lock()
 	c := (*t.chunks.Load())[n.id/nodeChunkLen]
@@ -215,28 +197,23 @@ func (ix *Index) shardOf(k Key) *headShard {
 	return &ix.heads[uint64(k)&ix.mask]
 }
 
-// A new node's run gets room for twice the keys its first event brings
-// (at least 8): a request's chain grows over several events (a prefill,
-// then a block per 16 decoded tokens), and each reallocation also costs a
-// new view; a flat larger minimum would cost its bytes on every one-block
-// branch.
+// A new node's run gets room for twice the keys its first event brings, at
+// least minKeys: a request's chain grows over several events.
 const minKeys = 8
 
-// A full run grows by the rest of the keys of the event that fills it, or
-// by 1/keysGrowth of its length if that is more (at least minKeys), not by
-// doubling as append does: runs then hold 4-7% more keys than they use,
-// not 25-30% (1.1 to 2 bytes per residency: BenchmarkMemory10M), for
-// slightly more reallocations.
+// A full run grows by the rest of the event's keys or by 1/keysGrowth of
+// its length, whichever is more, not by doubling: runs then hold 4-7% more
+// keys than they use, not 25-30%.
 const keysGrowth = 8
 
-// newKeys returns an empty key array with room for at least c keys: as
-// many as the allocation's size class holds (which make would waste).
+// newKeys returns an empty key array with room for at least c keys (all
+// its size class holds).
 func newKeys(c int) []Key {
 	return slices.Grow([]Key(nil), c)
 }
 
-// newNode returns a node holding the single key k with holder set s,
-// which its first event follows with capHint-1 more.
+// newNode returns a node holding the single key k with holder set s, with
+// room for its first event's capHint keys.
 func newNode(parent *node, attach int32, k Key, s *holders.Set, capHint int) *node {
 	n := &node{parent: parent, attach: attach, first: k, maxAttach: -1, cidx: -1}
 	n.keys = append(newKeys(min(max(2*capHint, minKeys), maxRun)), k)
@@ -247,9 +224,7 @@ func newNode(parent *node, attach int32, k Key, s *holders.Set, capHint int) *no
 }
 
 // visibleLocked is the length of the run before its first key that no
-// worker holds. A Match enters a node at its first key and stops at a key
-// nobody holds, so nothing from there on can extend a match, and readers
-// need not see it. Callers hold n.mu.
+// worker holds: no match can extend past it, so readers need not see it.
 func (n *node) visibleLocked() int32 {
 	for _, s := range n.segs {
 		if s.set == nil {
@@ -259,8 +234,7 @@ func (n *node) visibleLocked() int32 {
 	return int32(len(n.keys))
 }
 
-// segsAgree reports whether the published segments vs and the writer's ws
-// say the same about offsets below vis.
+// segsAgree reports whether segments vs and ws agree below offset vis.
 func segsAgree(vs, ws []seg, vis int32) bool {
 	for i := 0; ; i++ {
 		va := i < len(vs) && vs[i].start < vis
@@ -278,14 +252,13 @@ func segsAgree(vs, ws []seg, vis int32) bool {
 }
 
 // deadLocked reports whether n holds nothing and has no children.
-// Callers hold n.mu.
 func (n *node) deadLocked() bool {
 	return len(n.children) == 0 && len(n.segs) == 1 && n.segs[0].set == nil
 }
 
-// publishLocked makes n's writer-side state what readers see. Callers hold
-// n.mu. Cost: one atomic store when the published view still describes
-// the run (see view), else a new 96-byte view.
+// publishLocked makes n's writer-side state what readers see. Cost: one
+// atomic store when the published view still describes the run (see
+// view), else a new view.
 func (n *node) publishLocked() {
 	vis := n.visibleLocked()
 	old := n.view.Load()
@@ -325,8 +298,8 @@ func segIndex(segs []seg, off int32) int {
 	return lo
 }
 
-// appendSeg appends the segment (start, s) to segs, merging it into the
-// last one when their sets are equal.
+// appendSeg appends the segment (start, s) to segs, unless the last one
+// has an equal set.
 func appendSeg(segs []seg, start int32, s *holders.Set) []seg {
 	if l := len(segs); l > 0 && holders.Equal(segs[l-1].set, s) {
 		return segs
@@ -334,9 +307,8 @@ func appendSeg(segs []seg, start int32, s *holders.Set) []seg {
 	return append(segs, seg{start, s})
 }
 
-// Compaction: a node whose trailing keys nobody holds keeps them (they
-// cost 8 bytes each) until the dead tail is at least compactMin keys and
-// half the run, then copies the live part to a new array.
+// A node keeps its dead tail (trailing keys nobody holds) until it is at
+// least compactMin keys and half the run, then copies the live part.
 const compactMin = 32
 
 // loc is a key's position in the tree.
@@ -345,11 +317,10 @@ type loc struct {
 	off int32
 }
 
-// cursor is a worker's writer-side access to the tree. It holds at most one
-// node lock at a time (two, parent then child, while stepping down), batches
-// consecutive holder-set changes on the held node into one segment rewrite,
-// and publishes a node when it releases it. A cursor belongs to one Worker
-// and is used under its mu.
+// cursor is a worker's writer-side access to the tree, used under the
+// worker's mu. It holds one node lock at a time (two, parent then child,
+// while stepping down), batches consecutive holder-set changes on the held
+// node into one segment rewrite, and publishes a node when it releases it.
 type cursor struct {
 	ix   *Index
 	held *node
@@ -359,21 +330,19 @@ type cursor struct {
 	lo, hi  int32
 	op      holders.Op
 
-	// memo of the last set transition, for runs of segments with one set.
+	// memo of the last set transition.
 	memoOK       bool
 	memoOp       holders.Op
 	memoFrom, to *holders.Set
 
 	tmp []seg // scratch for segment rewrites
 
-	// With invariant checks on (invariantsOn), the nodes the cursor held
-	// and the ones it retired since the last check.
+	// With invariantsOn, the nodes held and retired since the last check.
 	touched, retired []*node
 }
 
-// lock makes n the held node, releasing the previously held one. When n is
-// a child of the held node it is locked before the parent is released
-// (parent first, as the lock order requires).
+// lock makes n the held node, releasing the previous one; a child of the
+// held node is locked before its parent is released.
 func (c *cursor) lock(n *node) {
 	if c.held == n {
 		return
@@ -391,8 +360,7 @@ func (c *cursor) lock(n *node) {
 	}
 }
 
-// releaseAlive releases the held node, which has a child and so cannot be
-// dead.
+// releaseAlive releases the held node, which has a child (so is alive).
 func (c *cursor) releaseAlive() {
 	n := c.held
 	c.flushLocked()
@@ -403,8 +371,7 @@ func (c *cursor) releaseAlive() {
 	c.held = nil
 }
 
-// release publishes and releases the held node, or retires it from the
-// tree if it died.
+// release publishes and releases the held node, or retires it if it died.
 func (c *cursor) release() {
 	n := c.held
 	if n == nil {
@@ -432,21 +399,19 @@ func (c *cursor) release() {
 	n.mu.Unlock()
 }
 
-// finish releases (and so publishes) the held node. Called at the end of
-// each batch, so that a batch's changes are visible when it returns.
+// finish releases the held node at the end of each batch.
 func (c *cursor) finish() {
 	c.release()
 	c.memoOK = false
 }
 
-// retire removes the dead node n from heads and from its parent, and
-// retires the parent too if that left it dead, appending the nodes it
-// retired to log when log is not nil. It holds no lock on entry and takes
-// one node lock at a time, going up.
+// retire removes the dead node n from heads and its parent, and retires
+// the parent too if that left it dead, logging each to log when not nil.
+// It takes one node lock at a time, going up.
 func (ix *Index) retire(n *node, log *[]*node) {
 	for {
-		// Both the writer that killed n and one that found it dead (see
-		// next) may retire it; the first does.
+		// The writer that killed n and one that found it dead may both
+		// retire it; the first does.
 		if !n.retired.CompareAndSwap(false, true) {
 			return
 		}
@@ -477,7 +442,6 @@ func (ix *Index) retire(n *node, log *[]*node) {
 }
 
 // unlinkChildLocked removes c from p's children if it is still there.
-// Callers hold p.mu.
 func unlinkChildLocked(p, c *node) {
 	i := c.cidx
 	if i < 0 || int(i) >= len(p.children) || p.children[i] != c {
@@ -500,16 +464,14 @@ func (c *cursor) keyAt(l loc) Key {
 	return l.n.keys[l.off]
 }
 
-// top returns the position of the top-level key k (one whose parent is a
-// root), creating a node for it with holder set s if there is none; fresh
-// reports the creation, made with room for capHint keys. The returned node
-// is held.
+// top returns the position of the top-level key k, creating a node for it
+// with holder set s and room for capHint keys if there is none (fresh).
+// The returned node is held.
 func (c *cursor) top(k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	sh := c.ix.shardOf(k)
 	for {
 		// One write-lock round trip for the lookup and the insert: a new
-		// sequence is the common case, and each atomic drains the store
-		// buffer.
+		// sequence is the common case.
 		sh.mu.Lock()
 		t := sh.m[k]
 		switch {
@@ -540,15 +502,11 @@ func (c *cursor) top(k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	}
 }
 
-// next returns the position of key k whose parent key is at p, creating it
-// with holder set s if it is not in the tree; fresh reports the creation.
-// The returned node is held. A new key extends p's run when p is the last
-// key of its node (and the run has fewer than maxRun keys), and otherwise
-// starts a child node attached at p.
-//
-// Cost: O(1) when k follows p in its run or extends it; one heads probe
-// when p's node has children attached at p; one heads insert and a node
-// allocation for a new branch.
+// next returns the position of key k under the key at p, creating it with
+// holder set s if it is not in the tree (fresh). The returned node is
+// held. A new key extends p's run when p is its node's last key (below
+// maxRun), else starts a child node attached at p. Cost: O(1) along a
+// run; a heads probe when p's node has children at p.
 func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh bool) {
 	n := p.n
 	for {
@@ -569,9 +527,8 @@ func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh b
 				if !ch.dead.Load() {
 					return loc{ch, 0}, false
 				}
-				// It died after we looked. Releasing it retires it (from
-				// heads and from n); n may have changed meanwhile, so
-				// look again.
+				// It died after we looked: releasing it retires it, and
+				// n may have changed meanwhile, so look again.
 				continue
 			}
 		}
@@ -597,9 +554,8 @@ func (c *cursor) next(p loc, k Key, s *holders.Set, capHint int) (l loc, fresh b
 	}
 }
 
-// appendLocked extends n's run with key k held by s. Callers hold n.mu.
-// Cost: amortised O(1); it writes only past len(n.keys), which no
-// published view covers.
+// appendLocked extends n's run with key k held by s. It writes only past
+// len(n.keys), which no published view covers.
 func (c *cursor) appendLocked(n *node, k Key, s *holders.Set, capHint int) {
 	off := int32(len(n.keys))
 	if l := len(n.keys); l == cap(n.keys) {
@@ -615,8 +571,7 @@ func (c *cursor) appendLocked(n *node, k Key, s *holders.Set, capHint int) {
 	n.dirty = true
 }
 
-// ownSegsLocked makes n.segs private to the writer (copying it if a view
-// shares it) with room for want segments.
+// ownSegsLocked makes n.segs private to the writer, with room for want.
 func (c *cursor) ownSegsLocked(n *node, want int) {
 	if want <= viewSegs {
 		if &n.segs[0] != &n.segs0[0] {
@@ -643,9 +598,8 @@ func (c *cursor) mediaOf(l loc, w uint32) uint8 {
 	return s.Media(w)
 }
 
-// change applies op to the key at l (whose node the caller has just
-// locked through the cursor), batching it with the pending change when it
-// extends it.
+// change applies op to the key at l, batching it with the pending change
+// when it extends it.
 func (c *cursor) change(l loc, op holders.Op) {
 	c.lock(l.n)
 	if c.pending && c.op == op {
@@ -685,8 +639,8 @@ func (c *cursor) transform(s *holders.Set, op holders.Op) *holders.Set {
 }
 
 // applyLocked changes the holder sets of offsets [lo, hi) of n by op.
-// Callers hold n.mu. Cost: O(log segments) when nothing changes, else
-// O(segments) plus one holders.Op.Apply per distinct set in the range.
+// Cost: O(log segments) when nothing changes, else O(segments) plus one
+// holders.Op.Apply per distinct set in the range.
 func (c *cursor) applyLocked(n *node, lo, hi int32, op holders.Op) {
 	segs := n.segs
 	end := int32(len(n.keys))
@@ -733,9 +687,8 @@ func (c *cursor) applyLocked(n *node, lo, hi int32, op holders.Op) {
 	n.dirty = true
 }
 
-// compactLocked drops n's dead tail (trailing keys nobody holds) when it is
-// at least compactMin keys and half the run, keeping every key a child
-// attaches to. Callers hold n.mu.
+// compactLocked drops n's dead tail when it is at least compactMin keys
+// and half the run, keeping every key a child attaches to.
 func (c *cursor) compactLocked(n *node) {
 	ls := n.segs[len(n.segs)-1]
 	l := int32(len(n.keys))

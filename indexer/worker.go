@@ -17,36 +17,28 @@ import (
 //
 // # Concurrency
 //
-// ApplyBatch, Reset and SetCapacity (and their recording variants),
-// ApplyDelta, Restore, Snapshot's gathering of keys and Digest serialise
-// on mu; Stats reads atomics (and lastReset under mu) and may run at any
-// time.
+// Every call that reads or changes its blocks serialises on mu; Stats
+// reads atomics (and lastReset under mu) at any time.
 //
 // # Kinds
 //
 // A worker is fed engine events (ApplyBatch, or ApplyBatchDelta to record
-// them for replicas: see Delta), or, when added with WorkerInfo.Keyed, is
-// a replica fed keyed effects (ApplyDelta, Restore), whose engine map is
-// keyed by content key with per-key counts (keyCounts) in place of dups
-// and aliases. Each kind refuses the other's calls (ErrWorkerKind).
+// them for replicas), or, added with WorkerInfo.Keyed, keyed effects
+// (ApplyDelta, Restore), its engine map keyed by content key with
+// keyCounts in place of dups and aliases. Each kind refuses the other's
+// calls (ErrWorkerKind).
 //
 // # Capacity
 //
 // A worker holds at most its capacity of blocks (all media together);
-// beyond it, the blocks stored least recently (a store, a duplicate store,
-// an offload or being named as a parent all count; a Match never does) are
-// evicted from the index and counted in Stats.Evictions. The order is
-// exact for workers of under 64 blocks, and kept to within 1/64 of the
-// worker's blocks otherwise (recency epochs rather than a list: see
-// blockmap). The bound exists
-// for removals that were lost, since an engine never holds more blocks than
-// its cache has room for. The capacity is Config.WorkerCapacity or
-// SetCapacity's, or else learned: vLLM removes a cached block only to reuse
-// its slot when its cache is full, so the number of blocks a worker holds
-// in a medium when its first removal in that medium arrives is that tier's
-// size; the learned capacity is twice the sum over media (and at least
-// minLearnedCapacity), and stays unbounded while a medium that holds
-// blocks has seen no removal yet.
+// beyond it the least recently stored (a store, an offload or being named
+// as a parent counts; a Match never does) are evicted and counted, in an
+// order exact to within 1/64 of its blocks (see blockmap). The capacity is
+// configured, or learned: vLLM removes a cached block only when its cache
+// is full, so the blocks a worker holds in a medium at its first removal
+// there are that tier's size. The learned capacity is twice the sum over
+// media, at least minLearnedCapacity, and unbounded while a medium that
+// holds blocks has seen no removal.
 type Worker struct {
 	id    WorkerID
 	gen   uint32 // generation of id (see WorkerID)
@@ -54,89 +46,60 @@ type Worker struct {
 	model *Model
 	ix    *Index
 
-	// singles are the interned one-worker holder sets of this worker, by
-	// media mask (see Index.single).
+	// singles are this worker's interned one-worker sets, by media mask.
 	singles [1 << events.NumMedia]atomic.Pointer[holders.Set]
 
 	mu sync.Mutex // guards everything below, and cur's use of the tree
-	// engine maps the engine's block hash to the block's place in the
-	// tree and the media it is stored in (an engineEntry), with its store
-	// recency. It resolves BlockRemoved and parent_block_hash, which name
-	// engine hashes only.
-	engine blockmap.Map
-	// warmSink keeps the sum of ApplyDelta's and ApplyBatch's warm-up
-	// loads, so that the compiler keeps them.
-	warmSink uint64
-	// dups has the per-medium store counts of the blocks stored more than
-	// once in some medium (their entries' dup bit), by engine hash; vLLM
-	// does that rarely, and each store needs its own removal.
-	dups map[uint64]*[events.NumMedia]uint8
-	cur  cursor
-	// evict is scratch for clears.
-	evict []uint64
-	// ignoredGroups are KV-cache groups (hybrid models) whose events do not
-	// decide prefix reuse; learned from BlockStored's kv_cache_spec_kind.
+	// engine maps engine block hash to an engineEntry, with its store
+	// recency.
+	engine   blockmap.Map
+	warmSink uint64 // keeps the warm-up loads from being elided.
+	// dups has the per-medium store counts of blocks stored more than
+	// once in some medium (their entries' dup bit), by engine hash.
+	dups  map[uint64]*[events.NumMedia]uint8
+	cur   cursor
+	evict []uint64 // scratch for clears.
+	// ignoredGroups are KV-cache groups whose events do not decide prefix
+	// reuse, learned from BlockStored's kv_cache_spec_kind.
 	ignoredGroups map[int]struct{}
 	lastReset     string
-	// gone is set by RemoveWorker; the worker then refuses events.
-	gone bool
-	// res and resBy count resident blocks, stored and removed blocks
-	// stored and removed; published to c at batch end.
+	gone          bool // set by RemoveWorker; the worker then refuses events.
+	// res, resBy, stored and removed are published to c at batch end.
 	res             int64
 	resBy           [events.NumMedia]int64
 	stored, removed int64
-	// unchecked counts batches ended since the last invariant check (only
-	// with invariantsOn; see endLocked).
-	unchecked int64
-	// capConfigured is the configured capacity: > 0 bounds, -1 unbounded,
-	// 0 learns from learned.
-	capConfigured int64
+	unchecked       int64 // counts batches since the last invariant check.
+	capConfigured   int64 // > 0 bounds, -1 unbounded, 0 learns.
 	// learned[m] is resBy[m] when the first known removal in m arrived.
 	learned [events.NumMedia]int64
-	// aliases counts, for the rare keys that two or more of the worker's
-	// engine blocks resolve to (the engine reused a hash, or re-stored an
-	// orphan under its real parent), how many of them hold the key in each
-	// medium, so that the worker's residency of the key ends with the last
-	// one. nil when there are none.
+	// aliases counts, for the rare keys two or more engine blocks resolve
+	// to (a reused hash, an orphan re-stored under its parent), how many
+	// hold the key in each medium, so that the worker's residency of the
+	// key ends with the last. nil when there are none.
 	aliases map[loc]*alias
-	// keyed has, for a keyed worker (WorkerInfo.Keyed), the counts of the
-	// keys that are not one block with one store per medium (their
-	// entries' dup bit), by key. nil when there are none, and always for
-	// workers fed engine events.
+	// keyed has a keyed worker's counts of the keys that are not one block
+	// with one store per medium (their entries' dup bit), by key.
 	keyed map[uint64]*keyCounts
-	// rec is the delta that the call being applied records its effects
-	// in (ApplyBatchDelta, ResetDelta, SetCapacityDelta), nil otherwise.
-	rec *Delta
-	// deltaSeq is the Seq of the last delta recorded or applied, or of the
-	// snapshot restored (see Snapshot).
+	rec   *Delta // the delta the current call records its effects in, or nil.
+	// deltaSeq is the Seq of the last delta recorded or applied, or of
+	// the snapshot restored.
 	deltaSeq uint64
-	// hist is the worker's bounded removal record (see Removal).
-	hist history
+	hist     history
 
 	c counters
 }
 
-// minLearnedCapacity is the least capacity a worker learns (an engine's
-// cache is thousands of blocks; this keeps small test setups unbounded in
-// practice).
+// minLearnedCapacity is the least capacity a worker learns.
 const minLearnedCapacity = 4096
 
-// engineEntry is one engine block of a worker, packed into the 56-bit
-// value of its engine map slot: where its content key is in the tree
-// (offset, node id and the node id's generation), the media it is stored
-// in, and whether it was stored more than once in some medium (dup: its
-// counts are in Worker.dups). From bit 0:
+// engineEntry is one engine block of a worker, packed into its engine map
+// slot's 56-bit value, from bit 0:
 //
 //	offset 16 | node id 27 | generation 6 | media 6 | dup 1
 //
-// So a node's run holds at most 1<<16 keys (longer chains continue in a
-// child node, see maxRun) and the index at most 1<<27 nodes at once
-// (134 M; at 300 bytes or more each, 40 GB of nodes). The offset is in the
-// low bits, so that entries sort by (node, offset) as numbers.
-//
-// Cost: 7 bytes of a 16-byte slot (blockmap), no pointer, so the garbage
-// collector skips the engine maps (see nodeTable); 17 to 19 bytes per
-// block with the table's free slots (BenchmarkMemory10M).
+// So a run holds at most 1<<16 keys and the index at most 1<<27 nodes. The
+// offset is in the low bits, so entries sort by (node, offset) as numbers.
+// dup: the block's store counts are in Worker.dups.
 type engineEntry uint64
 
 const (
@@ -149,12 +112,9 @@ const (
 	entryDup       = engineEntry(1) << (entryMedShift + events.NumMedia)
 	entryPosMask   = engineEntry(1)<<entryGenShift - 1 // offset and node id
 
-	// maxRun is the most keys a node's run holds.
-	maxRun = 1 << entryOffBits
-	// maxNodes is the most nodes the index holds at once.
-	maxNodes = 1 << entryNodeBits
-	// genMask keeps a node id slot's generation to the bits an entry has.
-	genMask = 1<<entryGenBits - 1
+	maxRun   = 1 << entryOffBits   // the most keys a node's run holds.
+	maxNodes = 1 << entryNodeBits  // the most nodes the index holds at once.
+	genMask  = 1<<entryGenBits - 1 // keeps a node id slot's generation to the bits an entry has.
 )
 
 // newEntry returns the entry of a block at l stored in media.
@@ -176,14 +136,14 @@ func (e engineEntry) with(m uint8) engineEntry {
 // entry returns the engine entry in slot.
 func (w *Worker) entry(slot int) engineEntry { return engineEntry(w.engine.Val(slot)) }
 
-// locOf returns the tree position of e. It panics (brokenInvariant) if
-// e's node id is stale (see nodeTable).
+// locOf returns the tree position of e, and panics if e's node id is
+// stale.
 func (w *Worker) locOf(e engineEntry) loc {
 	return loc{w.ix.nodes.get(e.node(), e.gen()), e.off()}
 }
 
-// refsOf returns the store counts per medium of the entry in slot, of a
-// worker fed engine events (a keyed worker's are its keyCounts).
+// refsOf returns the store counts per medium of the entry in slot (of a
+// worker fed engine events).
 func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	e := w.entry(slot)
 	if e.dup() {
@@ -192,8 +152,7 @@ func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	return onePerMedium(e.media())
 }
 
-// onePerMedium returns the store counts of a block stored once in each
-// medium of media.
+// onePerMedium returns the store counts of one store in each of media.
 func onePerMedium(media uint8) [events.NumMedia]uint8 {
 	var r [events.NumMedia]uint8
 	for m := range r {
@@ -214,7 +173,7 @@ func mediaOf[T uint8 | uint16 | uint32](c *[events.NumMedia]T) uint8 {
 }
 
 // brokenInvariant is the one place the indexer panics: on a state its
-// invariants (see node) rule out, which no input can cause.
+// invariants rule out, which no input can cause.
 func brokenInvariant(what string) {
 	panic("indexer: broken invariant: " + what)
 }
@@ -237,13 +196,11 @@ func (w *Worker) Info() WorkerInfo { return w.info }
 // Model returns the worker's model.
 func (w *Worker) Model() *Model { return w.model }
 
-// ResidentBlocks returns the blocks resident on the worker (every medium)
-// as of the last batch's end. Cost: one atomic load; the Score path reads
-// it.
+// ResidentBlocks returns the worker's resident blocks as of the last
+// batch's end. Cost: one atomic load.
 func (w *Worker) ResidentBlocks() int64 { return w.c.resident.Load() }
 
-// Stats returns a snapshot of the worker's counters. Counts of resident
-// blocks are as of the last batch's end.
+// Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
 	s := Stats{
 		ResidentBlocks:      w.c.resident.Load(),
@@ -280,15 +237,12 @@ func (w *Worker) Stats() Stats {
 	return s
 }
 
-// SetCapacity sets the most blocks the worker may hold in all media
-// together, e.g. vLLM's num_gpu_blocks plus its offload tiers' sizes when
-// they are known: blocks > 0 bounds it (evicting at once if the worker
-// holds more), 0 returns to learning it, < 0 makes it unbounded. A keyed
-// worker has no capacity of its own; it keeps the setting and ignores it.
+// SetCapacity sets the most blocks the worker may hold in all media:
+// > 0 bounds it (evicting at once), 0 learns it, < 0 is unbounded. A keyed
+// worker keeps the setting and ignores it.
 func (w *Worker) SetCapacity(blocks int) { w.setCapacity(blocks, nil) }
 
-// setCapacity is SetCapacity, recording its evictions in d when d is not
-// nil (SetCapacityDelta).
+// setCapacity is SetCapacity, recording its evictions in d when not nil.
 func (w *Worker) setCapacity(blocks int, d *Delta) {
 	w.mu.Lock()
 	if w.gone {
@@ -303,8 +257,7 @@ func (w *Worker) setCapacity(blocks int, d *Delta) {
 	w.unlockThen(before, after{})
 }
 
-// capacityLocked returns the worker's capacity, 0 for unbounded. Callers
-// hold w.mu.
+// capacityLocked returns the worker's capacity, 0 for unbounded.
 func (w *Worker) capacityLocked() int64 {
 	switch {
 	case w.info.Keyed:
@@ -327,21 +280,19 @@ func (w *Worker) capacityLocked() int64 {
 	return max(2*sum, minLearnedCapacity)
 }
 
-// enforceCapacityLocked evicts the least recently stored blocks beyond the
-// worker's capacity. Callers hold w.mu.
+// enforceCapacityLocked evicts the blocks beyond the worker's capacity.
 func (w *Worker) enforceCapacityLocked() {
 	if c := w.capacityLocked(); c > 0 && w.res > c {
 		w.c.evictions.Add(w.evictLocked(w.res-c, CauseCapacity))
 	}
 }
 
-// evictLocked drops up to n of the least recently stored blocks and
-// returns how many it dropped, recording cause in the removal record.
-// Callers hold w.mu.
+// evictLocked drops up to n of the least recently stored blocks, recording
+// cause, and returns how many it dropped.
 func (w *Worker) evictLocked(n int64, cause RemovalCause) int64 {
 	var done int64
 	for done < n && w.engine.Len() > 0 {
-		// In chunks, each in tree order, so that runs of a node become one
+		// In chunks, each in tree order, so that a node's runs become one
 		// holder-set change each.
 		var slots [256]int
 		got := w.engine.Oldest(int(min(n-done, int64(len(slots)))), slots[:0])
@@ -358,8 +309,7 @@ func (w *Worker) evictLocked(n int64, cause RemovalCause) int64 {
 	return done
 }
 
-// evictForBudget evicts up to n blocks for the index's memory budget and
-// returns how many it evicted.
+// evictForBudget evicts up to n blocks for the memory budget.
 func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
 	before := w.res
@@ -372,20 +322,15 @@ func (w *Worker) evictForBudget(n int64) int64 {
 
 // after is what unlockThen does once the worker's mutex is released.
 type after struct {
-	// apply stamps Stats.LastApply and enforces the memory budget: the
-	// change applied a batch, a delta or a restore.
-	apply bool
-	// tell tells the observers what happened.
-	tell bool
-	what Applied
+	apply bool // stamps Stats.LastApply and enforces the memory budget.
+	tell  bool
+	what  Applied
 }
 
-// unlockThen ends a change to the worker made under w.mu, which began
-// when the worker held before blocks: it publishes the change
-// (endLocked), releases w.mu, adds the change to the index's resident
-// count, and then, with no lock held, does what then says. Every change
-// to a worker ends here, so that no observer and no budget eviction ever
-// runs under a worker's lock. Callers hold w.mu.
+// unlockThen ends a change made under w.mu (the worker held before blocks
+// when it began): it publishes it, releases w.mu, updates the index's
+// resident count, then does what then says with no lock held, so that no
+// observer or budget eviction runs under a worker's lock.
 func (w *Worker) unlockThen(before int64, then after) {
 	w.endLocked()
 	delta := w.res - before
@@ -403,15 +348,12 @@ func (w *Worker) unlockThen(before int64, then after) {
 	}
 }
 
-// endLocked ends a batch: publishes the changed nodes and the resident
-// counts, after checking the invariants when they are compiled in (build
-// tag invariants, or -race). Callers hold w.mu.
+// endLocked ends a batch: checks the invariants when compiled in, then
+// publishes the changed nodes and the counters.
 //
-// The check is amortised: it walks the whole worker, so a worker of n
-// resident blocks is checked once every n/invariantSpan batches (every
-// batch while n < invariantSpan), which keeps a check's cost near
-// O(invariantSpan) a batch; what happened between checks (the nodes held
-// and retired) is kept until the next one, so nothing goes unchecked.
+// The check walks the whole worker, so a worker of n blocks is checked
+// once every n/invariantSpan batches; what happened between checks (nodes
+// held and retired) is kept for the next, so nothing goes unchecked.
 func (w *Worker) endLocked() {
 	w.cur.finish()
 	w.hist.now = 0

@@ -7,48 +7,34 @@ import (
 )
 
 // CostModel is GuardTTFT's model of how long a vLLM engine takes for a
-// step, one for all engines of a model; Calibrate fits it from metrics.
-//
-// A step that prefills p tokens, attending over a (new token, context
-// token) pairs, while d requests decode with c tokens of context in all,
-// takes
+// step, one for all engines of a model; Calibrate fits it from metrics. A
+// step that prefills p tokens, attending over a (new token, context token)
+// pairs (a chunk of n tokens after k computed ones: n*k + n*(n+1)/2),
+// while d requests decode with c tokens of context in all, takes
 //
 //	StepOverhead + p / PrefillTokensPerSec + a / AttentionPairsPerSec
 //	    + d * DecodePerSeq + c * DecodePerContextToken
 //
-// (a chunk of n tokens after k computed ones attends over n*k + n*(n+1)/2
-// pairs: prefill grows with the context already cached, and
-// quadratically with a long prompt)
-// and holds at most MaxBatchedTokens tokens (vLLM's chunked prefill: a
-// decoding request takes one of them).
+// and holds at most MaxBatchedTokens tokens (a decoding request takes one).
 type CostModel struct {
-	// PrefillTokensPerSec is the engine's prefill rate, attention aside.
-	PrefillTokensPerSec float64
+	PrefillTokensPerSec float64 // the engine's prefill rate, attention aside.
 	// AttentionPairsPerSec is the prefill attention rate in (new token,
 	// context token) pairs per second; 0: no attention term.
 	AttentionPairsPerSec float64
-	// StepOverhead is the fixed cost of a forward pass.
-	StepOverhead time.Duration
-	// DecodePerSeq is the cost of each decoding request in a step.
-	DecodePerSeq time.Duration
+	StepOverhead         time.Duration // the fixed cost of a forward pass.
+	DecodePerSeq         time.Duration // the cost of each decoding request in a step.
 	// DecodePerContextToken is the cost of reading one context token of a
 	// decoding request.
 	DecodePerContextToken time.Duration
-	// MaxBatchedTokens is vLLM's max_num_batched_tokens.
-	MaxBatchedTokens int
-	// KVCapacityTokens is one engine's KV cache in tokens (num_gpu_blocks x
-	// block_size, from vllm:cache_config_info); 0 when unknown, which
-	// turns off the preemption term and estimates decoding context from
-	// the average prompt instead of KV usage.
+	MaxBatchedTokens      int // vLLM's max_num_batched_tokens.
+	// KVCapacityTokens is one engine's KV cache in tokens; 0 when unknown,
+	// which turns off the pressure and evict terms and estimates decoding
+	// context from the average prompt instead of KV usage.
 	KVCapacityTokens int
 }
 
 // DefaultCostModel describes Llama-3.1-8B (bf16) on one H100 80GB, the
-// engine kvsim simulates (derivations in testbed/sim/engine's package
-// doc): 17,500 prefill tokens/s and 9.4e8 attention pairs/s (16,000
-// tokens/s for a 10,000-token prompt, 8,000 for 128,000), 6 ms a step,
-// 0.1 ms per decoding request, 39 ns per context token (128 KiB of KV per
-// token at 3.35 TB/s), 8,192 tokens a step, 400,000 tokens of KV cache.
+// engine kvsim simulates (derivations in testbed/sim/engine's package doc).
 func DefaultCostModel() CostModel {
 	return CostModel{
 		PrefillTokensPerSec:   17500,
@@ -81,22 +67,18 @@ func (m *CostModel) Validate() error {
 // Calibration is what vLLM's metrics give over a window, from which
 // Calibrate fits a CostModel.
 type Calibration struct {
-	// PrefillSeconds and PrefillTokens: the sums of
-	// vllm:request_prefill_time_seconds and of the prefilled (uncached)
-	// prompt tokens, vllm:prompt_tokens_total minus
-	// vllm:prefix_cache_hits_total, over the window.
+	// PrefillSeconds and PrefillTokens: the window's sums of
+	// vllm:request_prefill_time_seconds and of the uncached prompt tokens
+	// (vllm:prompt_tokens_total minus vllm:prefix_cache_hits_total).
 	PrefillSeconds, PrefillTokens float64
-	// PrefillPairs is the window's attention pairs, the sum over requests
-	// of uncached x cached + uncached^2 / 2 (from the request logs, or the
-	// prompt-length histogram); with it, the attention time at base's
-	// AttentionPairsPerSec is taken out before the prefill rate is fitted.
-	// 0 fits one linear rate (set base's AttentionPairsPerSec to 0 then).
+	// PrefillPairs is the window's attention pairs (uncached x cached +
+	// uncached^2 / 2 over requests), whose time at base's
+	// AttentionPairsPerSec is taken out before the prefill rate is fitted;
+	// 0 fits one linear rate.
 	PrefillPairs float64
-	// ITL are (running requests, mean inter-token latency) pairs: the
-	// mean of vllm:inter_token_latency_seconds (time_per_output_token in
-	// older releases) over windows with vllm:num_requests_running at that
-	// level and no prefill. Two or more distinct levels fit StepOverhead
-	// and DecodePerSeq by least squares; context cost is left as given.
+	// ITL are (running requests, mean inter-token latency) pairs over
+	// decode-only windows; two or more distinct levels fit StepOverhead
+	// and DecodePerSeq by least squares.
 	ITL []ITLPoint
 	// NumGPUBlocks and BlockSize are vllm:cache_config_info's labels.
 	NumGPUBlocks, BlockSize int
@@ -109,12 +91,9 @@ type ITLPoint struct {
 	Seconds float64
 }
 
-// Calibrate returns base with the parameters c measures replaced: the
-// prefill rate from the prefill time totals, StepOverhead and DecodePerSeq
-// from a least-squares line through the inter-token latencies, the KV
-// capacity from the cache configuration. Parameters c does not measure
-// keep base's values. It fails, naming the input, when a measure is
-// present but unusable.
+// Calibrate returns base with the parameters c measures replaced (prefill
+// rate, StepOverhead and DecodePerSeq, KV capacity). It fails, naming the
+// input, when a measure is present but unusable.
 func Calibrate(base CostModel, c Calibration) (CostModel, error) {
 	m := base
 	if c.PrefillSeconds > 0 || c.PrefillTokens > 0 {
@@ -163,42 +142,34 @@ func Calibrate(base CostModel, c Calibration) (CostModel, error) {
 // Estimate is a candidate's estimated time to first token under a
 // CostModel, in seconds, and its parts.
 type Estimate struct {
-	// Wait is the queued prefill ahead of the request and the decode work
-	// sharing its steps, until its own prefill starts.
-	Wait float64
-	// Prefill is the request's own uncached prefill, with its share of
-	// step costs.
-	Prefill float64
-	// Pressure is the KV-pressure term: the recompute of what the
-	// engine must preempt (or wait to free) to fit the queue and this
-	// request.
+	// Wait is the queued prefill ahead and the decode work sharing its
+	// steps, until the request's own prefill starts.
+	Wait    float64
+	Prefill float64 // the request's own uncached prefill and its share of steps.
+	// Pressure is the recompute of what the engine must preempt (or wait
+	// to free) to fit this request.
 	Pressure float64
-	// Delay is what the request's own prefill adds to the requests that
-	// will queue behind it (see GuardTTFT).
+	// Delay is what the request's prefill adds to the requests that will
+	// queue behind it.
 	Delay float64
-	// Evict is the expected recompute, by later requests, of the cached
-	// blocks this request's new blocks evict.
+	// Evict is the expected later recompute of the cached blocks this
+	// request's new blocks evict.
 	Evict float64
-	// Relief is what caching the prompt on this worker, where fewer
-	// workers hold it, saves the later requests that share it: they
-	// divide among one more holder instead of queueing on the busy ones
-	// (relief_w in the package documentation).
+	// Relief is what caching the prompt here saves the later requests
+	// sharing it (relief_w in the package documentation).
 	Relief float64
 }
 
 // TTFT is the estimated time to first token: Wait + Prefill + Pressure.
 func (e *Estimate) TTFT() float64 { return e.Wait + e.Prefill + e.Pressure }
 
-// Cost is what GuardTTFT minimises: TTFT plus Delay plus Evict, less
-// Relief.
+// Cost is what GuardTTFT minimises: TTFT + Delay + Evict - Relief.
 func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict - e.Relief }
 
-// evict fills e.Evict: the request's own tokens that do not fit beside
-// what the worker holds (resident blocks plus KV in use, which counts a
-// prefill's blocks before they are stored) evict cached blocks, which
-// later requests hit at about the fleet's hit rate h and recompute:
-// Evict = evicted x h / rate. It makes a spill onto a full cache expensive
-// and onto an empty one cheap. Zero when the capacity is unknown.
+// evict fills e.Evict: the request's tokens that do not fit beside what
+// the worker holds (resident blocks plus KV in use) evict cached blocks,
+// which later requests hit at about the fleet's hit rate h and recompute:
+// evicted x h / rate. Zero when the capacity is unknown.
 func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
 	e.Evict = 0
 	if m.kv <= 0 || pr.AvgPromptTokens <= 0 || pr.AvgUncachedTokens <= 0 {
@@ -214,14 +185,13 @@ func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
 	}
 }
 
-// costParams is a CostModel in float64 seconds and tokens, converted
-// once per Rank.
+// costParams is a CostModel in float64 seconds and tokens.
 type costParams struct {
 	rate, attn, overhead, perSeq, perCtx, budget, kv float64
 }
 
 // params converts m, or DefaultCostModel when m has no prefill rate or
-// step budget (a Policy built without one).
+// step budget.
 func (m *CostModel) params() costParams {
 	c := *m
 	if !(c.PrefillTokensPerSec > 0) || c.MaxBatchedTokens <= 0 {
@@ -233,24 +203,6 @@ func (m *CostModel) params() costParams {
 	}
 }
 
-// estimate fills e for a worker with load l, queue tokens of prefill
-// ahead and own uncached tokens after cached ones, at the fleet's average
-// arrivals per worker (the formula: the package documentation). Queued
-// tokens, whose prompts are unknown, attend over half the average prompt
-// each. Decoding context is KV usage x capacity when the capacity is
-// known, else running x the average prompt. The queue ahead is not
-// counted against free KV (it is admitted as running requests finish):
-// counting it pushed every request off any worker with a queue. rho stays
-// the fleet's: a hot prefix's holder receives its requests mostly cached.
-// Cost: a few dozen floating-point operations, no allocation.
-func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt) {
-	var aw float64
-	if pr.ArrivalRate > 0 && pr.Workers > 0 {
-		aw = pr.ArrivalRate / float64(pr.Workers)
-	}
-	m.estimateAt(e, l, queue, own, cached, pr, aw)
-}
-
 // rho is the fleet's prefill utilisation per worker, at most 0.95.
 func (m *costParams) rho(pr *Prompt) float64 {
 	if pr.ArrivalRate <= 0 || pr.Workers <= 0 {
@@ -259,8 +211,15 @@ func (m *costParams) rho(pr *Prompt) float64 {
 	return math.Min(pr.ArrivalRate/float64(pr.Workers)*pr.AvgUncachedTokens/m.rate, 0.95)
 }
 
-// estimateAt is estimate with arrivals requests per second reaching the
-// worker after this one (0: no Delay term).
+// estimateAt fills e for a worker with load l, queue tokens of prefill
+// ahead and own uncached tokens after cached ones, with arrivals requests
+// per second reaching the worker after this one (0: no Delay term); the
+// formula is in the package documentation. Queued tokens, whose prompts
+// are unknown, attend over half the average prompt each. The queue ahead
+// is not counted against free KV (it is admitted as running requests
+// finish: counting it pushed every request off any worker with a queue).
+// rho stays the fleet's: a hot prefix's holder gets its requests mostly
+// cached. Cost: a few dozen floating-point operations.
 func (m *costParams) estimateAt(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt, arrivals float64) {
 	rate := m.rate
 	running := float64(l.Running)

@@ -222,3 +222,12 @@ func TestEvictByHand(t *testing.T) {
 		t.Fatalf("evict %v without route accounting", e.Evict)
 	}
 }
+
+// estimate is estimateAt at the fleet's average arrivals per worker.
+func (m *costParams) estimate(e *Estimate, l *Load, queue, own, cached float64, pr *Prompt) {
+	var aw float64
+	if pr.ArrivalRate > 0 && pr.Workers > 0 {
+		aw = pr.ArrivalRate / float64(pr.Workers)
+	}
+	m.estimateAt(e, l, queue, own, cached, pr, aw)
+}

@@ -32,16 +32,13 @@ var (
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use. Reading a worker's in-flight
-// load (Load) is two atomic loads: per-worker counters live in cells that
-// are published through an atomic pointer and only ever added to. Flights
-// are in flightShards maps by request id, each under its own mutex, which
-// Record, Release and Sweep take for one map operation (Sweep: one shard
-// at a time). Speculative entries are in specShards maps by the prompt's
-// first key, each under an RWMutex: Speculative takes one shard's read
-// lock for one probe; Sweep scans a shard under its read lock and takes
-// the write lock only to delete what expired. No lock is held while
-// calling out, and none is held across shards.
+// All methods are safe for concurrent use. Load is atomic loads of
+// per-worker cells published through an atomic pointer. Flights are in
+// maps by request id, each shard under a mutex taken for one map
+// operation; speculative entries are in maps by the prompt's first key,
+// each shard under an RWMutex (Speculative: one read-locked probe; Sweep
+// write-locks only to delete what expired). No lock is held while calling
+// out or across shards.
 type Tracker struct {
 	specTTL, flightTTL time.Duration
 	maxFlights         int64
@@ -55,15 +52,14 @@ type Tracker struct {
 	cellsMu sync.Mutex                    // guards growing cells
 	cells   atomic.Pointer[[]*flightCell] // by WorkerID
 	count   atomic.Int64                  // flights in all shards
-	// specKeys is the keys held by speculative entries, bounded by
-	// maxSpecKeys; refused and skipped count what the bounds turned away.
+	// specKeys is the keys speculative entries hold (bounded by
+	// maxSpecKeys); refused and skipped count what the bounds turned away.
 	specKeys         atomic.Int64
 	refused, skipped atomic.Int64
 }
 
-// Shard counts: enough that a sweep of one shard (1/64 of 100 k flights)
-// holds its lock for tens of microseconds, few enough that Sweep's walk
-// over them is negligible.
+// Shard counts: a sweep of one shard (1/64 of 100 k flights) holds its
+// lock for tens of microseconds.
 const (
 	flightShards = 64
 	specShards   = 64
@@ -107,27 +103,24 @@ type specEntry struct {
 
 // Spec is one worker's speculative prefix of a prompt (Tracker.Speculative).
 type Spec struct {
-	// Worker and Gen name the worker the prompt was routed to.
 	Worker indexer.WorkerID
 	Gen    uint32
-	// Blocks is the length of the prefix it shares with the routed prompt.
-	Blocks int
+	Blocks int // the length of the prefix it shares with the routed prompt.
 }
 
 // Defaults of TrackerOptions.
 const (
 	// DefaultSpecTTL is how long a routed prompt's blocks count as cached
-	// on its worker before events confirm them: longer than an engine
-	// takes to schedule a queued prefill.
+	// before events confirm them: longer than a queued prefill waits.
 	DefaultSpecTTL = 10 * time.Second
 	// DefaultFlightTTL is how long a routed request counts as load when
 	// its Release never comes.
 	DefaultFlightTTL = 2 * time.Minute
-	// DefaultMaxFlights bounds the requests in flight: a fleet's running
-	// and queued requests are far fewer. About 100 bytes each.
+	// DefaultMaxFlights bounds the requests in flight (about 100 bytes
+	// each).
 	DefaultMaxFlights = 1 << 17
 	// DefaultMaxSpecKeys bounds the block keys speculative entries hold
-	// (8 bytes each: 128 MiB).
+	// (128 MiB).
 	DefaultMaxSpecKeys = 1 << 24
 )
 
@@ -142,12 +135,10 @@ type TrackerOptions struct {
 	// MaxFlights bounds the requests in flight; Record refuses more with
 	// ErrTooManyFlights, counted. 0 means DefaultMaxFlights.
 	MaxFlights int
-	// MaxSpecKeys bounds the block keys all speculative entries hold;
-	// past it a route is recorded without its speculative blocks, counted.
-	// 0 means DefaultMaxSpecKeys.
+	// MaxSpecKeys bounds the block keys speculative entries hold; past it
+	// a route is recorded without them, counted. 0 means the default.
 	MaxSpecKeys int
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	Now         func() time.Time // the clock; nil means time.Now.
 }
 
 // NewTracker returns a tracker.
@@ -188,8 +179,7 @@ func (t *Tracker) specShard(k indexer.Key) *specShard {
 }
 
 // cell returns worker (w, gen)'s counters, replacing an older
-// generation's. Cost: one atomic load, except the first time a worker
-// generation is seen (a copy of the cell table under cellsMu).
+// generation's. Cost: one atomic load, but for a new worker generation.
 func (t *Tracker) cell(w indexer.WorkerID, gen uint32) *flightCell {
 	if cs := *t.cells.Load(); int(w) < len(cs) {
 		if c := cs[w]; c != nil && c.gen == gen {
@@ -214,8 +204,8 @@ func (t *Tracker) cell(w indexer.WorkerID, gen uint32) *flightCell {
 
 // Record notes that request id, routed by owner ("" when clients are not
 // told apart), was sent to worker (w, gen) with the prompt's block keys
-// and tokens uncached prefill tokens. keys is copied. It refuses a full
-// table with ErrTooManyFlights.
+// (copied) and tokens uncached prefill tokens. It refuses a full table
+// with ErrTooManyFlights.
 func (t *Tracker) Record(id, owner string, w indexer.WorkerID, gen uint32, keys []indexer.Key, tokens uint64) error {
 	now := t.now()
 	c := t.cell(w, gen)
@@ -277,9 +267,8 @@ func (t *Tracker) holdSpec(n int) bool {
 	return true
 }
 
-// Release ends request id's in-flight accounting, when owner routed it;
-// false if it is unknown or had expired. A request another owner routed
-// is left alone and ErrNotOwner returned.
+// Release ends request id's in-flight accounting when owner routed it;
+// false if it is unknown or had expired, ErrNotOwner for another owner's.
 func (t *Tracker) Release(id, owner string) (bool, error) {
 	sh := t.flightShard(id)
 	sh.mu.Lock()
@@ -304,9 +293,8 @@ func (t *Tracker) endLocked(sh *flightShard, id string, f flight) {
 	f.cell.tokens.Add(-int64(f.tokens))
 }
 
-// Load returns worker (w, gen)'s in-flight requests and prefill tokens.
-// Expired flights still count until the next Sweep (at most one sweep
-// interval). Cost: three atomic loads, no lock.
+// Load returns worker (w, gen)'s in-flight requests and prefill tokens;
+// expired flights count until the next Sweep. Cost: atomic loads.
 func (t *Tracker) Load(w indexer.WorkerID, gen uint32) (requests uint32, tokens uint64) {
 	cs := *t.cells.Load()
 	if int(w) >= len(cs) {
@@ -320,11 +308,9 @@ func (t *Tracker) Load(w indexer.WorkerID, gen uint32) (requests uint32, tokens 
 }
 
 // Speculative appends to dst, for each worker recently routed a prompt
-// that shares a prefix with keys, the length of that shared prefix in
-// blocks. Content keys are chained, so equal keys at position i mean equal
-// prefixes through i, and the shared length is found by binary search.
-// Cost: one shard read lock held for one map probe and O(log n) per such
-// worker; no allocation when dst has room.
+// sharing a prefix with keys, the length of that prefix in blocks (keys
+// are chained, so a binary search finds it). Cost: one read-locked shard
+// probe and O(log n) per such worker; no allocation when dst has room.
 func (t *Tracker) Speculative(keys []indexer.Key, dst []Spec) []Spec {
 	if len(keys) == 0 {
 		return dst
@@ -346,8 +332,7 @@ func (t *Tracker) Speculative(keys []indexer.Key, dst []Spec) []Spec {
 	return dst
 }
 
-// Sweep drops expired flights and speculative entries, one shard at a
-// time (see the type's concurrency notes).
+// Sweep drops expired flights and speculative entries, a shard at a time.
 func (t *Tracker) Sweep() {
 	now := t.now()
 	for i := range t.flights {
@@ -413,14 +398,11 @@ func (t *Tracker) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// InFlight returns the number of requests in flight, for metrics. Cost:
-// one atomic load.
+// InFlight returns the number of requests in flight.
 func (t *Tracker) InFlight() int { return int(t.count.Load()) }
 
-// Refused counts routes refused because the in-flight table was full;
-// SpecSkipped those recorded without speculative blocks because the
-// speculative keys were at their bound.
+// Refused counts routes refused because the in-flight table was full.
 func (t *Tracker) Refused() int64 { return t.refused.Load() }
 
-// SpecSkipped: see Refused.
+// SpecSkipped counts routes recorded without their speculative blocks.
 func (t *Tracker) SpecSkipped() int64 { return t.skipped.Load() }

@@ -12,20 +12,14 @@ import (
 type Scraped struct {
 	// Running and Waiting are vllm:num_requests_running and _waiting.
 	Running, Waiting uint32
-	// KVUsage is vllm:kv_cache_usage_perc (0..1).
-	KVUsage float64
-	// At is when the scrape finished.
-	At time.Time
+	KVUsage          float64   // vllm:kv_cache_usage_perc (0..1).
+	At               time.Time // when the scrape finished.
 }
 
 // LoadBoard holds the latest scraped load per worker, ignoring scrapes
-// older than its staleness limit. Each worker's LoadCell is cached in the
-// Scorer's worker table: reading it on the Score path is one atomic load.
-//
-// # Concurrency
-//
-// All methods are safe for concurrent use. mu guards cells (finding or
-// creating a cell); a cell's value is read and written atomically.
+// older than its staleness limit. Safe for concurrent use: mu guards
+// finding or creating a cell, whose value is read and written atomically
+// (one atomic load on the Score path, which caches the cells).
 type LoadBoard struct {
 	staleAfter time.Duration
 
@@ -44,9 +38,8 @@ func NewLoadBoard(staleAfter time.Duration) *LoadBoard {
 	return &LoadBoard{staleAfter: staleAfter, cells: make(map[events.WorkerRef]*LoadCell)}
 }
 
-// Cell returns the worker's cell, creating an empty one the first time,
-// so that a reader may hold it before the first scrape. nil boards return
-// nil cells, which read as no load.
+// Cell returns the worker's cell, creating an empty one the first time;
+// a nil board returns nil cells, which read as no load.
 func (b *LoadBoard) Cell(ref events.WorkerRef) *LoadCell {
 	if b == nil {
 		return nil
@@ -61,25 +54,12 @@ func (b *LoadBoard) Cell(ref events.WorkerRef) *LoadCell {
 	return c
 }
 
-// Set records a scrape. Cost: the cell lookup under mu and one allocation
-// (the published value), once per worker per scrape interval.
+// Set records a scrape.
 func (b *LoadBoard) Set(ref events.WorkerRef, s Scraped) {
 	b.Cell(ref).v.Store(&s)
 }
 
-// Get returns the worker's scrape if it is fresh at now.
-func (b *LoadBoard) Get(ref events.WorkerRef, now time.Time) (Scraped, bool) {
-	if b == nil {
-		return Scraped{}, false
-	}
-	b.mu.Lock()
-	c := b.cells[ref]
-	b.mu.Unlock()
-	return c.Load(now)
-}
-
-// Load returns the cell's scrape if it is fresh at now. Cost: one atomic
-// load; no lock.
+// Load returns the cell's scrape if it is fresh at now; no lock.
 func (c *LoadCell) Load(now time.Time) (Scraped, bool) {
 	if c == nil {
 		return Scraped{}, false

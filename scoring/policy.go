@@ -18,11 +18,8 @@ import (
 type Name uint8
 
 const (
-	// CacheAware ranks by least cost as the guard says: by default the
-	// estimated time to first token under the cost model.
-	CacheAware Name = iota
-	// LongestPrefix ranks by tier-weighted cached blocks, ties by load.
-	LongestPrefix
+	CacheAware    Name = iota // ranks by least cost as the guard says.
+	LongestPrefix             // ranks by tier-weighted cached blocks, ties by load.
 )
 
 // String returns the policy's wire name.
@@ -37,16 +34,13 @@ func (n Name) String() string {
 type Guard uint8
 
 const (
-	// GuardCost counts queued prefill tokens in the cost, so a worker is
-	// passed over when its queue outweighs the prefill its cache saves.
-	GuardCost Guard = iota
-	// GuardStatic ranks by cached work alone but diverts from workers whose
-	// in-flight requests exceed StaticK times the median.
+	GuardCost Guard = iota // counts queued prefill tokens in the cost.
+	// GuardStatic ranks by cached work alone but diverts from workers with
+	// over StaticK times the median in-flight requests.
 	GuardStatic
-	// GuardOff ranks by cached work alone, ties by load.
-	GuardOff
-	// GuardTTFT, the default, ranks by estimated time to first token under
-	// the policy's CostModel plus the delay it adds to later requests.
+	GuardOff // ranks by cached work alone, ties by load.
+	// GuardTTFT, the default, ranks by estimated time to first token plus
+	// the delay it adds to later requests (CostModel).
 	GuardTTFT
 )
 
@@ -65,31 +59,21 @@ func (g Guard) String() string {
 
 // Policy is a ranking policy with its parameters.
 type Policy struct {
-	// Name selects the policy.
-	Name Name
-	// Weights weigh a cached block by medium (GPU 1.0, CPU 0.8, STORAGE,
-	// DISK and EXTERNAL 0.5, OTHER 0 by default).
-	Weights [events.NumMedia]float64
+	Name    Name
+	Weights [events.NumMedia]float64 // weigh a cached block by medium.
 	// LoadWeight scales queued prefill tokens against the request's own
-	// uncached tokens (CacheAware with GuardCost); DefaultLoadWeight.
+	// uncached tokens (GuardCost).
 	LoadWeight float64
-	// Guard is CacheAware's hotspot guard.
-	Guard Guard
-	// StaticK is GuardStatic's multiple of the median in-flight count
-	// (default 2, the published rule).
-	StaticK float64
-	// Cost is GuardTTFT's cost model; a zero model means
-	// DefaultCostModel().
-	Cost CostModel
+	Guard      Guard
+	StaticK    float64   // GuardStatic's multiple of the median in-flight count.
+	Cost       CostModel // GuardTTFT's cost model; zero means DefaultCostModel().
 }
 
 // DefaultLoadWeight is how much a queued prefill token counts against an
-// uncached one, which is paid again by every request queued behind it
-// (the best of 1, 1/2 and 1/3 in guard_test.go; docs/benchmarks.md).
+// uncached one (the best of 1, 1/2 and 1/3 in guard_test.go).
 const DefaultLoadWeight = 1.0 / 3
 
-// DefaultPolicy is CacheAware with GuardTTFT, DefaultCostModel and the
-// default weights.
+// DefaultPolicy is CacheAware with GuardTTFT and the default parameters.
 func DefaultPolicy() Policy {
 	p := Policy{Name: CacheAware, LoadWeight: DefaultLoadWeight, Guard: GuardTTFT, StaticK: DefaultStaticK, Cost: DefaultCostModel()}
 	p.Weights[events.MediumGPU] = DefaultGPUWeight
@@ -102,17 +86,12 @@ func DefaultPolicy() Policy {
 
 // Tier weights and the static guard's multiple of DefaultPolicy.
 const (
-	// DefaultGPUWeight weighs a block cached in GPU memory.
-	DefaultGPUWeight = 1.0
+	DefaultGPUWeight = 1.0 // a block in GPU memory
 	// DefaultCPUWeight weighs a block offloaded to host memory: loading it
-	// back costs a little, recomputing it costs more.
-	DefaultCPUWeight = 0.8
-	// DefaultStorageWeight weighs a block in a storage, disk or external
-	// tier.
-	DefaultStorageWeight = 0.5
-	// DefaultStaticK is GuardStatic's multiple of the median in-flight
-	// count (the published rule).
-	DefaultStaticK = 2.0
+	// back costs a little, recomputing it more.
+	DefaultCPUWeight     = 0.8
+	DefaultStorageWeight = 0.5 // a block in a storage, disk or external tier
+	DefaultStaticK       = 2.0 // the published rule
 )
 
 // Override is a request's changes to a policy; zero fields keep the base.
@@ -177,84 +156,63 @@ func (o Override) Apply(base Policy) (Policy, error) {
 type Load struct {
 	// Running and Waiting are requests running and queued on the engine.
 	Running, Waiting uint32
-	// KVUsage is the fraction of the KV cache in use.
-	KVUsage float64
-	// QueuedPrefillTokens is the caller's estimate of prompt tokens admitted
-	// but not prefilled (0: estimate from Waiting and in-flight).
+	KVUsage          float64 // the fraction of the KV cache in use.
+	// QueuedPrefillTokens is the caller's estimate of prompt tokens
+	// admitted but not prefilled (0: estimated).
 	QueuedPrefillTokens uint64
-	// InflightRequests and InflightPrefillTokens are what kvindex routed to
-	// the worker and has not seen released or expired.
+	// InflightRequests and InflightPrefillTokens are what kvindex routed
+	// to the worker and has not seen released or expired.
 	InflightRequests      uint32
 	InflightPrefillTokens uint64
-	// Source says where Running/Waiting came from: "request", "scrape" or "".
-	Source string
-	// ResidentBlocks is the blocks kvindex's index holds for the worker
-	// (its engine's cache, used or not): what GuardTTFT's Evict term
-	// compares with the KV capacity.
+	Source                string // says where Running/Waiting came from: "request", "scrape" or "".
+	// ResidentBlocks is the blocks the index holds for the worker, for
+	// GuardTTFT's Evict term.
 	ResidentBlocks uint64
 }
 
 // Candidate is one worker to rank; Rank fills the result fields.
 type Candidate struct {
-	// Match is the worker's prefix match, speculative blocks included.
 	Match indexer.Match
-	// Ref and Gen name the worker (Gen: the generation of Match.Worker's
-	// id, see indexer.WorkerID); Health is its health when it was listed.
-	// Set by Scorer; Rank does not read them.
-	Ref    events.WorkerRef
-	Gen    uint32
-	Health events.Health
-	// Speculative is how many of Match.Blocks are only expected (Route).
-	Speculative int
-	// Load is the worker's load.
-	Load Load
+	// Ref and Gen (of Match.Worker's id) name the worker; Health is its
+	// health when listed. Set by Scorer, not read by Rank.
+	Ref         events.WorkerRef
+	Gen         uint32
+	Health      events.Health
+	Speculative int // how many of Match.Blocks are only expected (Route).
+	Load        Load
 
-	// Results, set by Rank.
-	// Overlap is the tier-weighted cached fraction of the prompt.
-	Overlap float64
-	// Queue is the queued prefill tokens the ranking assumed.
-	Queue float64
-	// Own is the request's own prefill tokens on this worker (uncached).
-	Own float64
-	// Penalty is the static guard's diversion, in tokens (0 if none).
-	Penalty float64
-	// Est is GuardTTFT's estimate, in seconds (zero under other rankings).
-	Est Estimate
-	// Score is the ranking value, higher is better.
-	Score float64
-	// Diverted is set when the static guard moved the worker back.
-	Diverted bool
+	// Results, set by Rank: Overlap is the tier-weighted cached fraction
+	// of the prompt.
+	Overlap  float64
+	Queue    float64  // the queued prefill tokens the ranking assumed.
+	Own      float64  // the request's own prefill tokens on this worker (uncached).
+	Penalty  float64  // the static guard's diversion, in tokens (0 if none).
+	Est      Estimate // GuardTTFT's estimate, in seconds.
+	Score    float64  // the ranking value, higher is better.
+	Diverted bool     // set when the static guard moved the worker back.
 }
 
 // Prompt describes the request being ranked.
 type Prompt struct {
-	// Blocks is the number of full blocks; Tokens the prompt's length
-	// (Blocks*BlockSize when only block keys are known).
+	// Blocks is the number of full blocks; Tokens the prompt's length.
 	Blocks, Tokens, BlockSize int
-	// AvgPromptTokens estimates the prompt tokens of one waiting request,
-	// for workers whose queue is known only as a request count.
-	AvgPromptTokens float64
-	// AvgUncachedTokens is the average uncached prefill of routed
-	// requests (Route's own accounting; 0: unknown, AvgPromptTokens is
-	// used). GuardTTFT estimates a waiting request's prefill with it.
+	AvgPromptTokens           float64 // estimates the prompt tokens of one waiting request.
+	// AvgUncachedTokens is the average uncached prefill of routed requests
+	// (0: unknown, AvgPromptTokens is used), for GuardTTFT's queue.
 	AvgUncachedTokens float64
-	// ArrivalRate is the model's routed requests per second (0: unknown,
-	// no Delay term) and Workers the number of its workers, for
-	// GuardTTFT's Delay.
+	// ArrivalRate is the model's routed requests per second (0: unknown)
+	// and Workers the number of its workers, for GuardTTFT's Delay.
 	ArrivalRate float64
 	Workers     int
-	// SharedRates[i], for i < SharedDepths, is the rate (routes per
-	// second) of requests whose prompts share this prompt's first
-	// SharedDepth(i) blocks (Route's own count; zero: unknown). GuardTTFT
-	// estimates each worker's arrival rate from them (see arrivals).
+	// SharedRates[i], for i < SharedDepths, is the rate of requests whose
+	// prompts share this prompt's first SharedDepth(i) blocks (0: unknown).
 	SharedRates  [MaxSharedDepths]float64
 	SharedDepths int
 }
 
-// holders is, for each sampled depth of the prompt (SharedDepth), how
-// many candidates' matches reach it, the least TTFT estimate among them,
-// and the arrivals estimate of a candidate whose match reaches it and no
-// deeper sampled depth.
+// holders is, for each sampled depth of the prompt, how many candidates'
+// matches reach it, the least TTFT among them, and the arrivals estimate
+// of a candidate whose match reaches it and no deeper sampled depth.
 type holders struct {
 	depths int // sampled depths in use, at most MaxSharedDepths
 	n      [MaxSharedDepths]int
@@ -265,8 +223,7 @@ type holders struct {
 // within is how many of the prompt's sampled depths c's match reaches.
 func (h *holders) within(c *Candidate) int { return min(sharedWithin(c.Match.Blocks), h.depths) }
 
-// count fills h.n and h.arr from cs. Cost: O(c + depths), no
-// allocation.
+// count fills h.n and h.arr from cs. Cost: O(c + depths).
 func (h *holders) count(pr *Prompt, cs []Candidate) {
 	h.depths = min(max(pr.SharedDepths, 0), MaxSharedDepths)
 	var cnt [MaxSharedDepths + 1]int
@@ -309,8 +266,7 @@ func (h *holders) fastest(cs []Candidate) {
 	}
 }
 
-// sharedWithin is the number of sampled depths (SharedDepth) of at most
-// blocks: the powers of two up to blocks, and the 1.5 times powers of two.
+// sharedWithin is the number of sampled depths of at most blocks.
 func sharedWithin(blocks int) int {
 	if blocks < 1 {
 		return 0
@@ -326,17 +282,14 @@ func sharedWithin(blocks int) int {
 	return n
 }
 
-// sharedRate is the rate of requests sharing the prompt's first
-// SharedDepth(i) blocks, at most the fleet's.
+// sharedRate is the rate of requests sharing the first SharedDepth(i)
+// blocks, at most the fleet's.
 func (pr *Prompt) sharedRate(i int) float64 {
 	return math.Min(math.Max(pr.SharedRates[i], 0), pr.ArrivalRate)
 }
 
-// arrivals estimates the rate of requests that will reach candidate c
-// after this one, for GuardTTFT's Delay: a_w in the package documentation,
-// the largest of a / W and, over sampled depths d within c's match,
-// (a - a_d) / W + a_d / h_d. Each is a lower bound. h is filled by count.
-// Cost: O(1).
+// arrivals estimates the rate of requests that will reach c after this
+// one (a_w in the package documentation); h is filled by count.
 func (pr *Prompt) arrivals(c *Candidate, h *holders) float64 {
 	a, w := pr.ArrivalRate, float64(pr.Workers)
 	if a <= 0 || w <= 0 {
@@ -348,12 +301,9 @@ func (pr *Prompt) arrivals(c *Candidate, h *holders) float64 {
 	return a / w
 }
 
-// relief fills c.Est.Relief: what placing the prompt on c saves the later
-// requests sharing a prefix c does not hold (relief_w in the package
-// documentation): the largest over such sampled depths d of
-// a_d / (h_d + 1) x t / (1 - rho) x (t - TTFT_c) / 2, counting only hot
-// prefixes (a_d / h_d > a / W). A cold prefix's holder is busy with other
-// requests, which a copy does not divert. Cost: O(depths), no allocation.
+// relief fills c.Est.Relief (relief_w in the package documentation),
+// counting only hot prefixes: a cold prefix's holder is busy with other
+// requests, which a copy does not divert. Cost: O(depths).
 func (pr *Prompt) relief(c *Candidate, h *holders, rho float64) {
 	c.Est.Relief = 0
 	if pr.ArrivalRate <= 0 || pr.Workers <= 0 {
@@ -379,11 +329,9 @@ func (pr *Prompt) relief(c *Candidate, h *holders, rho float64) {
 }
 
 // weightedBlocks is the tier-weighted number of cached blocks: media in
-// descending weight each add the part of their consecutive prefix not
-// already counted; blocks resident only in a mix of media (so in no single
-// medium's prefix) count at the lowest weight of the media holding any.
-// Exact when media prefixes nest (GPU within CPU within STORAGE), a lower
-// bound otherwise. Cost: O(media^2), no allocation.
+// descending weight each add the part of their prefix not already
+// counted; blocks in no single medium's prefix count at the lowest weight
+// of the media holding any. Exact when media prefixes nest.
 func (p *Policy) weightedBlocks(m *indexer.Match) float64 {
 	var order [events.NumMedia]int
 	for i := range order {
@@ -414,11 +362,9 @@ func (p *Policy) weightedBlocks(m *indexer.Match) float64 {
 	return total
 }
 
-// Rank scores every candidate under p and sorts them best first. names
-// resolves worker ids for the final tie-break. Cost: O(c log c) for c
-// candidates plus a median (O(c log c), on a scratch copy in place of the
-// Queue fields) and, under GuardTTFT, O(c + depths) for the shared-prefix
-// terms (holders); no allocation.
+// Rank scores every candidate under p and sorts them best first; names
+// resolves worker ids for the final tie-break. Cost: O(c log c), no
+// allocation.
 func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 	tokens := float64(max(pr.Tokens, pr.Blocks*pr.BlockSize))
 	for i := range cs {
@@ -483,7 +429,7 @@ func (p *Policy) Rank(pr Prompt, cs []Candidate, names []events.WorkerRef) {
 			return c
 		}
 		// Equal work: the less busy worker, so that prompts cached nowhere
-		// spread over the fleet instead of piling onto the first names.
+		// spread over the fleet.
 		if c := cmp.Compare(busy(&a.Load), busy(&b.Load)); c != 0 {
 			return c
 		}
@@ -510,20 +456,17 @@ func queueTokens(l *Load, avgPrompt float64) float64 {
 	return math.Max(float64(l.InflightPrefillTokens), float64(l.Waiting)*avgPrompt)
 }
 
-// busy counts a worker's requests: what the engine reports running and
-// waiting, or what kvindex routed there, whichever is larger. The static
-// guard compares it with the median; ties in cost are broken by it.
+// busy counts a worker's requests: what the engine reports or what kvindex
+// routed there, whichever is larger.
 func busy(l *Load) uint32 { return max(l.InflightRequests, l.Running+l.Waiting) }
 
-// divert applies the static guard: workers with more than StaticK times
-// the median in-flight requests are moved back, penalised by the whole
-// prompt (as if nothing were cached there).
+// divert applies the static guard: workers with over StaticK times the
+// median in-flight requests are moved back, penalised by the whole prompt.
 func (p *Policy) divert(cs []Candidate, tokens float64) {
 	if len(cs) < 2 {
 		return
 	}
-	// Median of in-flight counts: a fixed buffer covers fleets of up to 256
-	// candidates without allocating.
+	// A fixed buffer covers up to 256 candidates without allocating.
 	var buf [256]uint32
 	var counts []uint32
 	if len(cs) <= len(buf) {

@@ -9,14 +9,11 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 )
 
-// Ranker orders matches by the longest-prefix policy. Names resolves a
-// worker id to its identity for the final tie-break.
-//
-// A Ranker is a value; bind Compare once (r.Compare as a method value) and
-// reuse it so that sorting allocates nothing.
+// Ranker orders matches by the longest-prefix policy; Names resolves a
+// worker id for the final tie-break. Bind Compare once and reuse it so
+// that sorting allocates nothing.
 type Ranker struct {
-	// Names maps a WorkerID to its (pod, rank); ids past its end sort last.
-	Names []events.WorkerRef
+	Names []events.WorkerRef // maps a WorkerID to its (pod, rank); ids past its end sort last.
 }
 
 // Compare orders a before b when a should take the request: more matched

@@ -17,19 +17,15 @@ import (
 // Errors of Scorer calls; a *RequestError is a request that cannot be
 // answered as given.
 var (
-	// ErrNoWorker: Route found no worker of the model to choose (all stale,
-	// or none added).
+	// ErrNoWorker: Route found no worker of the model to choose.
 	ErrNoWorker = errors.New("scoring: no worker available")
 )
 
 // RequestError is a request that names something wrong, with the field at
-// fault ("workers[2]", "loads[0].worker", "pick"), as the gRPC API reports
-// it (InvalidArgument, field first).
+// fault as a path ("workers[2]", "pick"), as the gRPC API reports it.
 type RequestError struct {
-	// Field is the request field at fault, as a path.
 	Field string
-	// Msg says what is wrong with it.
-	Msg string
+	Msg   string
 }
 
 // Error returns "field: msg".
@@ -44,14 +40,12 @@ type Options struct {
 	// Policy is the ranking policy requests start from; nil means
 	// DefaultPolicy().
 	Policy *Policy
-	// Tracker records Route decisions (speculative blocks, in-flight
-	// load); nil means a tracker with default TTLs that only Release and
-	// Record sweep (a daemon passes one it runs).
+	// Tracker records Route decisions; nil means a tracker with default
+	// TTLs that only Release and Record sweep.
 	Tracker *Tracker
-	// Loads holds scraped engine load; nil means none.
-	Loads *LoadBoard
-	// Health gives each worker's transport-side health (a subscriber);
-	// nil reads every worker as HealthUnknown.
+	Loads   *LoadBoard // holds scraped engine load; nil means none.
+	// Health gives each worker's transport-side health; nil reads every
+	// worker as HealthUnknown.
 	Health events.HealthSource
 	// IncludeStale keeps stale workers in answers; by default they are
 	// left out unless the request names them as candidates.
@@ -63,12 +57,10 @@ type Options struct {
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use. A Score reads the index
-// without blocking writers (see indexer.Index.Match), reads each worker's
-// health, scraped load and in-flight load with atomic loads from cells its
-// worker table caches, and takes one tracker shard's read lock for the
-// speculative probe. The worker table is an immutable snapshot rebuilt
-// when the index's Version changes.
+// All methods are safe for concurrent use. A Score reads the index without
+// blocking writers, reads health and load with atomic loads from cells its
+// worker table caches (an immutable snapshot rebuilt when the index's
+// Version changes), and takes one tracker shard's read lock.
 type Scorer struct {
 	ix      *indexer.Index
 	opts    Options
@@ -77,25 +69,22 @@ type Scorer struct {
 
 	table atomic.Pointer[workerTable]
 	// avgPrompt is a moving average of prompt tokens (float64 bits), the
-	// size assumed for one waiting request of unknown length.
+	// size assumed for a waiting request of unknown length.
 	avgPrompt atomic.Uint64
-	// routes holds each model's *routeStats (GuardTTFT's arrival rates and
-	// average uncached prefill; 64 KiB each), by *indexer.Model.
-	routes sync.Map
+	routes    sync.Map // holds each model's *routeStats (64 KiB each).
 }
 
 // routeStats is what Route learns of a model's traffic: its rate of
-// routes, a moving average (weight 1/64) of the chosen worker's uncached
-// prefill tokens, and the rates of routes sharing each prefix
-// (sharedRates). Fields are updated without a common lock (see rateCell).
+// routes, a moving average of the chosen worker's uncached prefill, and
+// the rates of routes sharing each prefix. Fields are updated without a
+// common lock (see rateCell).
 type routeStats struct {
 	routes rateCell
 	avgOwn atomic.Uint64 // float64 bits, tokens; 0 before any
 	shared sharedRates
 	// mu makes the model's Routes one at a time from rank to record, so
 	// each sees every earlier route's speculative blocks and load (a burst
-	// for a new prefix stays together: TestRouteKeepsABurstTogether).
-	// Cost: rank and record serialised per model; Score takes no lock.
+	// for a new prefix stays together). Score takes no lock.
 	mu sync.Mutex
 }
 
@@ -126,7 +115,6 @@ func (r *routeStats) note(now time.Time, keys []indexer.Key, own float64) {
 func (r *routeStats) rate(now time.Time) float64 { return r.routes.rate(now) }
 
 // stats returns the model's route statistics, creating them on first use.
-// Cost: one sync.Map load; one allocation per model, ever.
 func (s *Scorer) stats(m *indexer.Model) *routeStats {
 	if v, ok := s.routes.Load(m); ok {
 		return v.(*routeStats)
@@ -135,18 +123,17 @@ func (s *Scorer) stats(m *indexer.Model) *routeStats {
 	return v.(*routeStats)
 }
 
-// workerTable is an immutable snapshot of the index's workers, by id.
-// Free ids have a nil model.
+// workerTable is an immutable snapshot of the index's workers, by id; free
+// ids have a nil model.
 type workerTable struct {
-	version uint64
-	refs    []events.WorkerRef
-	gens    []uint32
-	models  []*indexer.Model
-	health  []*events.HealthCell // nil cells read as unknown
-	loads   []*LoadCell          // nil cells read as no load
-	workers []*indexer.Worker    // nil for free ids
-	byRef   map[events.WorkerRef]indexer.WorkerID
-	// perModel counts each model's workers.
+	version  uint64
+	refs     []events.WorkerRef
+	gens     []uint32
+	models   []*indexer.Model
+	health   []*events.HealthCell // nil cells read as unknown
+	loads    []*LoadCell          // nil cells read as no load
+	workers  []*indexer.Worker    // nil for free ids
+	byRef    map[events.WorkerRef]indexer.WorkerID
 	perModel map[*indexer.Model]int
 }
 
@@ -173,8 +160,7 @@ func (s *Scorer) Tracker() *Tracker { return s.tracker }
 func (s *Scorer) Index() *indexer.Index { return s.ix }
 
 // workers returns a table that holds every worker the index had when the
-// call began. Cost: two atomic loads when the cached table is current;
-// O(workers) and a few allocations after a worker was added or removed.
+// call began. Cost: two atomic loads while the cached table is current.
 func (s *Scorer) workers() *workerTable {
 	v := s.ix.Version()
 	if t := s.table.Load(); t != nil && t.version == v {
@@ -213,40 +199,31 @@ func (s *Scorer) workers() *workerTable {
 
 // Request is one prompt to score.
 type Request struct {
-	// Model is the model the prompt is for (Index.Model); required.
-	Model *indexer.Model
-	// Tokens are the prompt's token ids; or Keys, its block keys
-	// (Model.PromptKeys). Exactly one is set.
+	Model *indexer.Model // the model the prompt is for; required.
+	// Tokens are the prompt's token ids, or Keys its block keys; exactly
+	// one is set.
 	Tokens []uint32
 	Keys   []indexer.Key
-	// Extras are the LoRA adapter, cache salt and per-block extra keys
-	// the prompt's keys are computed with (Tokens only); nil for none.
-	Extras *indexer.PromptExtras
+	Extras *indexer.PromptExtras // the keying extras of Tokens; nil for none.
 	// Candidates, when set, restricts the answer to these workers of the
-	// model, each listed whether it holds anything or not, stale ones
-	// included.
+	// model, each listed whether it holds anything or not, stale or not.
 	Candidates []events.WorkerRef
-	// Loads are the caller's figures for some workers; they take
-	// precedence over scraped load.
-	Loads []RequestLoad
-	// Policy overrides the scorer's default policy; nil keeps it.
-	Policy *Policy
-	// All lists every allowed worker of the model, matched or not (a
-	// policy given, or Route); otherwise only workers holding at least the
-	// first block (or speculated to) appear.
+	Loads      []RequestLoad // the caller's figures for some workers, over scraped load.
+	Policy     *Policy       // overrides the scorer's default policy; nil keeps it.
+	// All lists every allowed worker of the model, matched or not;
+	// otherwise only workers holding (or speculated to hold) the first
+	// block appear.
 	All bool
 }
 
 // RequestLoad is a caller's view of one worker's load.
 type RequestLoad struct {
-	// Worker is the worker, which must serve the request's model.
-	Worker events.WorkerRef
+	Worker events.WorkerRef // the worker, which must serve the request's model.
 	// Running and Waiting are requests on the engine.
 	Running, Waiting uint32
-	// KVUsage is the fraction of KV cache in use, in [0, 1].
-	KVUsage float64
-	// QueuedPrefillTokens is prompt tokens admitted but not prefilled
-	// (0: estimated from Waiting and in-flight).
+	KVUsage          float64 // the fraction of KV cache in use, in [0, 1].
+	// QueuedPrefillTokens is prompt tokens admitted but not prefilled (0:
+	// estimated).
 	QueuedPrefillTokens uint64
 }
 
@@ -257,33 +234,24 @@ const (
 )
 
 // Result is a ranking, best first, and the working memory that produced
-// it. Reuse one Result per goroutine (or pool them): after the first
-// calls a Score allocates nothing. A Result is valid until it is passed
-// to the next call.
+// it. Reuse one Result per goroutine: after the first calls a Score
+// allocates nothing. A Result is valid until the next call.
 type Result struct {
-	// Model is the request's model.
-	Model *indexer.Model
-	// Policy is the policy that ranked.
+	Model  *indexer.Model
 	Policy Policy
-	// Prompt describes the prompt as the policy saw it.
-	Prompt Prompt
-	// Keys are the prompt's block keys.
-	Keys []indexer.Key
-	// Ranked are the workers, best first; Ref, Gen and Health are set.
-	Ranked []Candidate
+	Prompt Prompt // describes the prompt as the policy saw it.
+	Keys   []indexer.Key
+	Ranked []Candidate // the workers, best first; Ref, Gen and Health are set.
 
 	matches []indexer.Match
 	specs   []Spec
 	tab     *workerTable
-	// state is indexed by WorkerID: whether the worker is a candidate.
-	// All zero between calls.
-	state []uint8
-	cands []indexer.WorkerID // ids whose state is set, to reset them
-	// listed is indexed by WorkerID: whether the worker is in Ranked. All
-	// false between calls.
-	listed []bool
-	// loadAt is indexed by WorkerID: 1 + the index of the worker's entry
-	// in the request's Loads, 0 for none. All zero between calls.
+	// state, listed and loadAt are indexed by WorkerID, and all zero
+	// between calls: whether the worker is a candidate, whether it is in
+	// Ranked, and 1 + its index in the request's Loads (0 for none).
+	state    []uint8
+	cands    []indexer.WorkerID // ids whose state is set, to reset them
+	listed   []bool
 	loadAt   []int32
 	loaded   []indexer.WorkerID
 	filtered bool
@@ -292,8 +260,8 @@ type Result struct {
 	incStale bool
 }
 
-// reset clears the per-call state, keeping capacity. Scratch grown for a
-// huge prompt is dropped rather than pinned.
+// reset clears the per-call state, keeping capacity (but not a huge
+// prompt's keys).
 func (r *Result) reset() {
 	for _, id := range r.cands {
 		r.state[id] = notCandidate
@@ -321,8 +289,8 @@ func grow[T any](s []T, n int) []T {
 }
 
 // allow is the Match filter: a candidate of the request, or else a worker
-// of the request's model whose health is trusted (not stale, not in
-// conflict), unless untrusted ones are included. Workers added after the table was taken are skipped.
+// of the request's model with trusted health (unless untrusted ones are
+// included) and known to the table.
 func (r *Result) allow(id indexer.WorkerID) bool {
 	if int(id) >= len(r.tab.models) {
 		return false
@@ -336,15 +304,13 @@ func (r *Result) allow(id indexer.WorkerID) bool {
 	return r.tab.models[id] == r.model
 }
 
-// Score ranks the workers for req into res (see Result). It returns a
-// *RequestError when the request names workers that are not the model's
-// or gives values out of range.
+// Score ranks the workers for req into res. It returns a *RequestError
+// for a request that names workers that are not the model's or gives
+// values out of range.
 //
-// Cost: O(tokens) hashing for Tokens (about 8 ns per 16-token block), then
-// indexer.Index.Match (grows with the matched prefix, not with the
-// workers), one tracker shard probe for speculative prefixes, atomic loads
-// of each listed worker's health and load, and O(w log w) to rank w
-// workers. No allocation once res has grown to the request's size.
+// Cost: hashing Tokens (about 8 ns per 16-token block), Match, one tracker
+// shard probe, atomic loads per listed worker, and O(w log w) to rank; no
+// allocation once res has grown to the request's size.
 func (s *Scorer) Score(req *Request, res *Result) error {
 	if err := s.rank(req, res); err != nil {
 		res.reset()
@@ -447,7 +413,7 @@ func (r *Result) add(m indexer.Match) {
 }
 
 // markCandidates records the request's candidate workers, checking that
-// each is a worker of the model. Duplicates are kept once.
+// each is a worker of the model.
 func (r *Result) markCandidates(refs []events.WorkerRef) error {
 	if len(refs) == 0 {
 		return nil
@@ -472,8 +438,8 @@ func (r *Result) markCandidates(refs []events.WorkerRef) error {
 	return nil
 }
 
-// markLoads indexes the request's worker loads, checking each names a
-// worker of the model and a usage in [0, 1].
+// markLoads indexes the request's loads, checking each names a worker of
+// the model and a usage in [0, 1].
 func (r *Result) markLoads(loads []RequestLoad) error {
 	for i := range loads {
 		wl := &loads[i]
@@ -492,9 +458,8 @@ func (r *Result) markLoads(loads []RequestLoad) error {
 	return nil
 }
 
-// loadOf fills a candidate's load: the request's own figures first, then a
-// fresh scrape, plus kvindex's in-flight accounting. Cost: atomic loads
-// only.
+// loadOf fills a candidate's load: the request's figures or else a fresh
+// scrape, plus kvindex's in-flight accounting. Cost: atomic loads only.
 func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) {
 	id := c.Match.Worker
 	l := &c.Load
@@ -512,9 +477,7 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 	}
 }
 
-// prompt describes the request for the policy; now is the tracker's
-// clock, for the model's arrival rates. Cost: one rate-cell read per
-// sampled prefix depth (see sharedRates), no allocation.
+// prompt describes the request for the policy; now is the tracker's clock.
 func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 	bs := req.Model.BlockSize
 	st := s.stats(req.Model)
@@ -531,29 +494,18 @@ func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 	return pr
 }
 
-// notePrompt folds a prompt length into the moving average (weight 1/64).
-func (s *Scorer) notePrompt(tokens int) {
-	for {
-		old := s.avgPrompt.Load()
-		avg := math.Float64frombits(old)
-		next := avg + (float64(tokens)-avg)/64
-		if s.avgPrompt.CompareAndSwap(old, math.Float64bits(next)) {
-			return
-		}
-	}
-}
+// notePrompt folds a prompt length into the moving average.
+func (s *Scorer) notePrompt(tokens int) { ewma(&s.avgPrompt, float64(tokens)) }
 
-// Route ranks like Score with every allowed worker of the model listed
-// (req.All is implied), chooses the best one, or pick when it is not nil
-// (any worker of the model, even a stale or filtered-out one), and records
-// the choice under request id for owner (the client, "" when clients are
-// not told apart; only owner may release it): the prompt's blocks count as
+// Route ranks like Score with every allowed worker of the model listed,
+// chooses the best one, or pick when not nil (any worker of the model,
+// even stale or filtered out), and records the choice under request id for
+// owner (only owner may release it): the prompt's blocks count as
 // speculatively cached there, and its uncached prefill as in-flight load,
 // until Release. It returns the chosen worker's index in res.Ranked.
 //
-// Errors: a *RequestError for a bad request or pick; ErrNoWorker when no
-// worker can be chosen; ErrDuplicateRequest when id is already in flight;
-// ErrTooManyFlights when the in-flight table is full.
+// Errors: a *RequestError; ErrNoWorker; ErrDuplicateRequest;
+// ErrTooManyFlights.
 func (s *Scorer) Route(id, owner string, req *Request, pick *events.WorkerRef, res *Result) (int, error) {
 	if id == "" {
 		return -1, badField("request_id", "required")
@@ -609,6 +561,5 @@ func (r *Result) indexOf(id indexer.WorkerID) int {
 	return slices.IndexFunc(r.Ranked, func(c Candidate) bool { return c.Match.Worker == id })
 }
 
-// Release ends request id's in-flight accounting, if owner routed it (see
-// Tracker.Release).
+// Release ends request id's in-flight accounting, if owner routed it.
 func (s *Scorer) Release(id, owner string) (bool, error) { return s.tracker.Release(id, owner) }

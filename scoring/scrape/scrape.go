@@ -1,10 +1,8 @@
 // Package scrape reads vLLM engines' Prometheus /metrics endpoints for the
 // load figures kvindex's ranking uses (requests running and waiting, KV
-// cache usage) and posts them on a scoring.LoadBoard.
-//
-// One goroutine per pod scrapes at a fixed interval; a failed scrape is
-// counted and logged (rate-limited) and leaves the board to expire the
-// pod's last figures.
+// cache usage) and posts them on a scoring.LoadBoard. One goroutine per pod
+// scrapes at a fixed interval; a failed scrape is counted and logged
+// (rate-limited), and the board expires the pod's last figures.
 package scrape
 
 import (
@@ -34,29 +32,24 @@ const (
 	metricWaiting   = "vllm:num_requests_waiting"
 	metricKVUsage   = "vllm:kv_cache_usage_perc"
 	metricKVUsageV0 = "vllm:gpu_cache_usage_perc"
-	// The engine's own prefix cache counters, in tokens (vLLM V1): a
-	// counter family's name carries _total in the text format, and some
-	// exporters leave it off.
+	// The engine's own prefix cache counters, in tokens (vLLM V1), with or
+	// without the _total suffix.
 	metricPrefixQueries = "vllm:prefix_cache_queries"
 	metricPrefixHits    = "vllm:prefix_cache_hits"
 )
 
-// PrefixCache is one engine's own prefix-cache counters as last scraped:
-// prompt tokens looked up and tokens found cached, since the engine
-// started.
+// PrefixCache is one engine's own prefix-cache counters as last scraped, in
+// tokens since the engine started.
 type PrefixCache struct {
 	Queries, Hits float64
-	// Known is false when the engine exports neither counter.
-	Known bool
+	Known         bool // false when the engine exports neither counter.
 }
 
 // Target is one pod's metrics endpoint.
 type Target struct {
-	// Pod is the pod's name; DPSize its data-parallel size.
-	Pod    string
+	Pod    string // the pod's name; DPSize its data-parallel size.
 	DPSize int
-	// URL is the metrics endpoint, e.g. http://10.0.0.5:8000/metrics.
-	URL string
+	URL    string // the metrics endpoint, e.g. http://10.0.0.5:8000/metrics.
 }
 
 // Scraper scrapes targets onto a board.
@@ -70,8 +63,7 @@ type Scraper struct {
 	failures atomic.Int64
 	mu       sync.Mutex // guards lastErr and prefix
 	lastErr  map[string]string
-	// prefix are the engines' prefix-cache counters by worker.
-	prefix map[events.WorkerRef]PrefixCache
+	prefix   map[events.WorkerRef]PrefixCache // the engines' prefix-cache counters by worker.
 }
 
 // New returns a scraper; interval 0 means 1 s.
@@ -97,16 +89,14 @@ var (
 		"The engine's own prefix-cache hits in tokens (vLLM's vllm:prefix_cache_hits), as last scraped, by worker; beside kvindex_predicted_hit_tokens_total.", []string{"worker"}, nil)
 )
 
-// Describe implements prometheus.Collector: the engines' prefix-cache
-// counters.
+// Describe implements prometheus.Collector.
 func (s *Scraper) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPrefixQueries
 	ch <- descPrefixHits
 }
 
 // Collect implements prometheus.Collector: each engine's prefix-cache
-// counters as last scraped, as counters (they are the engine's counters,
-// mirrored: an engine restart resets them, which rate() handles).
+// counters as last scraped, mirrored as counters (rate() handles resets).
 func (s *Scraper) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -118,13 +108,6 @@ func (s *Scraper) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPrefixQueries, prometheus.CounterValue, pc.Queries, w)
 		ch <- prometheus.MustNewConstMetric(descPrefixHits, prometheus.CounterValue, pc.Hits, w)
 	}
-}
-
-// PrefixCache returns a worker's last scraped prefix-cache counters.
-func (s *Scraper) PrefixCache(ref events.WorkerRef) PrefixCache {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.prefix[ref]
 }
 
 // Failures counts failed scrapes.
@@ -144,7 +127,7 @@ func (s *Scraper) Run(ctx context.Context) {
 }
 
 // Start scrapes one more target (a discovered pod) every interval until
-// ctx is done or stop is called; stop returns once the scrapes have ended.
+// ctx is done or stop is called; stop returns once the scrapes ended.
 func (s *Scraper) Start(ctx context.Context, t Target) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -159,8 +142,7 @@ func (s *Scraper) Start(ctx context.Context, t Target) (stop func()) {
 	}
 }
 
-// forget drops what was scraped of pod (a target that stopped: the pod
-// left), so that its prefix-cache series leave /metrics with it.
+// forget drops what was scraped of pod, so its series leave /metrics.
 func (s *Scraper) forget(pod string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -195,10 +177,8 @@ func (s *Scraper) loop(ctx context.Context, t Target) {
 	}
 }
 
-// Once scrapes one target and posts every rank's load.
-//
-// Errors name the URL with credentials and token-bearing query values
-// masked (internal/redact): they end up in logs.
+// Once scrapes one target and posts every rank's load. Errors name the URL
+// with credentials and token-bearing query values masked.
 func (s *Scraper) Once(ctx context.Context, t Target) error {
 	shown := redact.URL(t.URL)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
@@ -213,7 +193,7 @@ func (s *Scraper) Once(ctx context.Context, t Target) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("scrape %s: HTTP %s", shown, resp.Status)
 	}
-	loads, prefix, err := ParseAll(io.LimitReader(resp.Body, 16<<20), t.DPSize)
+	loads, prefix, err := Parse(io.LimitReader(resp.Body, 16<<20), t.DPSize)
 	if err != nil {
 		return fmt.Errorf("scrape %s: %w", shown, err)
 	}
@@ -230,18 +210,11 @@ func (s *Scraper) Once(ctx context.Context, t Target) error {
 	return nil
 }
 
-// Parse reads vLLM's metrics text and returns the load per DP rank (index
-// = rank, dpSize entries). vLLM labels each engine core's series with
-// engine="<rank>"; series without it belong to rank 0. Several series of
-// one rank (e.g. per model_name) are summed, usage is their maximum.
-func Parse(r io.Reader, dpSize int) ([]scoring.Scraped, error) {
-	loads, _, err := ParseAll(r, dpSize)
-	return loads, err
-}
-
-// ParseAll is Parse that also returns each rank's prefix-cache counters
-// (vllm:prefix_cache_queries and _hits, summed over a rank's series).
-func ParseAll(r io.Reader, dpSize int) ([]scoring.Scraped, []PrefixCache, error) {
+// Parse reads vLLM's metrics text and returns the load and the
+// prefix-cache counters per DP rank (dpSize entries). vLLM labels each
+// engine core's series with engine="<rank>"; series without it belong to
+// rank 0. A rank's series are summed; usage is their maximum.
+func Parse(r io.Reader, dpSize int) ([]scoring.Scraped, []PrefixCache, error) {
 	if dpSize < 1 {
 		dpSize = 1
 	}

@@ -34,7 +34,7 @@ vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct
 `
 
 func TestParseRanks(t *testing.T) {
-	got, err := Parse(strings.NewReader(vllmMetrics), 2)
+	got, _, err := Parse(strings.NewReader(vllmMetrics), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,14 +46,14 @@ func TestParseRanks(t *testing.T) {
 	}
 	// Without engine labels (one engine) and with v0's usage name.
 	old := "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.5\n"
-	got, err = Parse(strings.NewReader(old), 1)
+	got, _, err = Parse(strings.NewReader(old), 1)
 	if err != nil || got[0] != (scoring.Scraped{Running: 3, Waiting: 1, KVUsage: 0.5}) {
 		t.Fatalf("v0 names: %+v %v", got, err)
 	}
-	if _, err := Parse(strings.NewReader("up 1\n"), 1); err == nil || !strings.Contains(err.Error(), "none of") {
+	if _, _, err := Parse(strings.NewReader("up 1\n"), 1); err == nil || !strings.Contains(err.Error(), "none of") {
 		t.Fatalf("no vLLM series: %v", err)
 	}
-	if _, err := Parse(strings.NewReader("vllm:num_requests_running{ 1\n"), 1); err == nil {
+	if _, _, err := Parse(strings.NewReader("vllm:num_requests_running{ 1\n"), 1); err == nil {
 		t.Fatal("malformed text accepted")
 	}
 }
@@ -74,11 +74,11 @@ func TestScrapeOverHTTP(t *testing.T) {
 	if err := s.Once(context.Background(), Target{Pod: "p", DPSize: 2, URL: srv.URL + "/metrics"}); err != nil {
 		t.Fatal(err)
 	}
-	got, ok := board.Get(events.WorkerRef{Pod: "p", DPRank: 1}, time.Now())
+	got, ok := board.Cell(events.WorkerRef{Pod: "p", DPRank: 1}).Load(time.Now())
 	if !ok || got.Running != 2 || got.KVUsage != 0.41 {
 		t.Fatalf("rank 1: %+v %v", got, ok)
 	}
-	if _, ok := board.Get(events.WorkerRef{Pod: "p", DPRank: 1}, time.Now().Add(time.Second)); ok {
+	if _, ok := board.Cell(events.WorkerRef{Pod: "p", DPRank: 1}).Load(time.Now().Add(time.Second)); ok {
 		t.Fatal("stale scrape used")
 	}
 	if err := s.Once(context.Background(), Target{Pod: "q", URL: srv.URL + "/nope"}); err == nil || !strings.Contains(err.Error(), "404") {
@@ -131,7 +131,7 @@ vllm:prefix_cache_queries_total{engine="1"} 10
 vllm:prefix_cache_hits_total{engine="0",model_name="a"} 60
 vllm:prefix_cache_hits_total{engine="1"} 4
 `
-	_, got, err := ParseAll(strings.NewReader(text), 3)
+	_, got, err := Parse(strings.NewReader(text), 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ vllm:prefix_cache_hits_total{engine="1"} 4
 			t.Errorf("rank %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	_, got, err = ParseAll(strings.NewReader("vllm:num_requests_running 1\nvllm:prefix_cache_hits 3\n"), 1)
+	_, got, err = Parse(strings.NewReader("vllm:num_requests_running 1\nvllm:prefix_cache_hits 3\n"), 1)
 	if err != nil || got[0] != (PrefixCache{Hits: 3, Known: true}) {
 		t.Fatalf("without _total: %+v %v", got, err)
 	}
@@ -163,12 +163,12 @@ func TestStartAndStop(t *testing.T) {
 	for hits.Load() < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if pc := s.PrefixCache(events.WorkerRef{Pod: "d"}); pc != (PrefixCache{Queries: 10, Hits: 4, Known: true}) {
+	if pc := s.prefixCache(events.WorkerRef{Pod: "d"}); pc != (PrefixCache{Queries: 10, Hits: 4, Known: true}) {
 		t.Fatalf("rank 0's prefix cache while scraped: %+v", pc)
 	}
 	stop()
 	// The pod left: its prefix-cache series go with it.
-	if pc := s.PrefixCache(events.WorkerRef{Pod: "d"}); pc.Known {
+	if pc := s.prefixCache(events.WorkerRef{Pod: "d"}); pc.Known {
 		t.Fatalf("rank 0's prefix cache after stop: %+v", pc)
 	}
 	reg := prometheus.NewRegistry()
@@ -176,7 +176,7 @@ func TestStartAndStop(t *testing.T) {
 	if mfs, err := reg.Gather(); err != nil || len(mfs) != 0 {
 		t.Fatalf("after stop /metrics has %d families (%v), want none", len(mfs), err)
 	}
-	if got, ok := board.Get(events.WorkerRef{Pod: "d"}, time.Now()); !ok || got.Running != 7 {
+	if got, ok := board.Cell(events.WorkerRef{Pod: "d"}).Load(time.Now()); !ok || got.Running != 7 {
 		t.Fatalf("rank 0 of the started target: %+v %v", got, ok)
 	}
 	n := hits.Load()
@@ -184,4 +184,11 @@ func TestStartAndStop(t *testing.T) {
 	if hits.Load() != n {
 		t.Fatalf("scraped %d more times after stop", hits.Load()-n)
 	}
+}
+
+// prefixCache returns a worker's last scraped prefix-cache counters.
+func (s *Scraper) prefixCache(ref events.WorkerRef) PrefixCache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefix[ref]
 }

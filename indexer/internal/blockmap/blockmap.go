@@ -7,55 +7,29 @@
 // Entries live inline in a bucketized cuckoo hash table. A bucket is 8
 // entries in two cache lines, the 8 hashes in one and the 8 values (each
 // with its recency epoch in the top 8 bits) in the next, and every hash
-// has two candidate buckets. So a lookup of an absent hash, which every
-// stored block makes, reads two lines of hashes; a lookup that finds its
-// entry reads one or two lines of hashes and the line of values beside
-// one of them. An insert that finds both buckets full moves an entry of
-// one to its other bucket (trying the 16 in turn, then a cuckoo walk).
-// Deletion clears the slot: no tombstones. The number of buckets is any
-// integer (a hash picks its buckets by multiplying, not masking, so that
-// the table grows by an eighth at a time) and, for large tables, a whole
-// number of allocator pages; the table grows when it is 15/16 full, so it
-// is 83-94% full in the steady state: 16 bytes per slot, 17 to 19 per
-// entry. Nothing in it is a pointer, so the garbage collector does not
-// scan it.
-//
-// Measured with BenchmarkLRU (this package: 80 k entries; per block a
-// lookup of the new hash, its insert, a touch of its parent, and later the
-// lookup and removal of the block) and bytes per entry at 1 Mi entries,
-// alternated in one session on the benchmark machine (docs/benchmarks.md):
-//
-//	                                          ns/block  allocs  bytes/entry
-//	golang-lru/v2 v2.0.7 simplelru              240       1       116
-//	slab with LRU links + 5-byte index           63       0        48
-//	this layout                                  98       0        18.5
-//
-// The slab (entries of hash, value and list links in a slab, behind an
-// open-addressing index of a control byte and a slot number per
-// position) answers absent hashes from its control bytes, which stay in
-// L2; this layout reads two lines of hashes. In the indexer, where the
-// rest of a batch's work overlaps those loads, both apply 4.4 M blocks/s
-// (BenchmarkApply, alternated), and this layout costs 18 bytes per block
-// against 42 (BenchmarkMemory10M). Other layouts measured, and loading a
-// batch's buckets ahead (no gain), are in docs/benchmarks.md.
+// has two candidate buckets: a lookup of an absent hash, which every stored
+// block makes, reads two lines of hashes. An insert that finds both buckets
+// full moves an entry of one to its other bucket (trying the 16 in turn,
+// then a cuckoo walk). Deletion clears the slot: no tombstones. The number
+// of buckets is any integer (buckets are picked by multiplying, not
+// masking), so the table grows by an eighth at a time at 15/16 full, and
+// is 83-94% full: 17 to 19 bytes per entry, none of them a pointer, so the
+// garbage collector does not scan it. The layouts measured against it (an
+// LRU list, a slab with links) are in docs/benchmarks.md.
 //
 // # Recency
 //
 // Instead of a list in touch order (8 bytes of links per entry), every
 // Insert and Touch stamps the entry with the current epoch, and the epoch
-// advances every max(1, Len/64) stamps, so that the resident entries span
-// some 64 epochs or more. Oldest returns entries of the oldest epoch
-// first, in table order within an epoch: the order of stamps, to within
-// 1/64 of the entries, and exactly for maps of under 64 entries. It finds
-// them with a scan of the table that resumes where the last one stopped,
-// about 64 slots per entry returned. Epochs are 8 bits, a ring of 255 and
-// one for the ancient: when the epoch about to be reused still has
-// entries (not stamped for 255 epochs, which takes at least 4 x Len
-// stamps), a scan makes every entry of the older half of the ring
-// ancient, older than all others, in no order among themselves; so a scan
-// runs at most once per 127 advances. Age reads an entry's recency and
-// InsertAged restores it, so that a map saved and rebuilt elsewhere (a
-// checkpoint) evicts in the same order of epochs.
+// advances every max(1, Len/64) stamps, so resident entries span some 64
+// epochs. Oldest returns entries of the oldest epoch first, in table order
+// within an epoch: the order of stamps to within 1/64 of the entries, and
+// exact under 64 entries, found by a scan that resumes where the last one
+// stopped (about 64 slots per entry returned). Epochs are 8 bits, a ring of
+// 255 and one for the ancient: when the epoch about to be reused still has
+// entries, a scan makes every entry of the older half of the ring ancient,
+// older than all others, in no order among themselves; so a scan runs at
+// most once per 127 advances. Age and InsertAged save and restore recency.
 //
 // A Map is not safe for concurrent use; the indexer guards each worker's
 // with the worker's mutex.
@@ -87,8 +61,8 @@ const (
 	growDen    = 8
 	noScan     = -1
 	noSlot     = -1
-	// pageBuckets buckets fill an allocator page (8 KB): an allocation
-	// larger than a few pages is a whole number of them.
+	// pageBuckets buckets fill an allocator page (8 KB): larger tables are
+	// a whole number of pages.
 	pageBuckets = 8192 / (ways * 16)
 	mulBucket1  = 0x9e3779b97f4a7c15
 	mulBucket2  = 0xc2b2ae3d27d4eb4f
@@ -123,9 +97,9 @@ type bucket struct {
 	meta [ways]uint64
 }
 
-// buckets returns hash h's two buckets. Engine hashes are uniform, but a
-// multiply guards against sequential ones; the bucket is the high word of
-// the product with nb (Lemire's range reduction), so nb may be any number.
+// buckets returns hash h's two buckets: a multiply guards against
+// sequential hashes, and the bucket is the high word of the product with
+// nb (Lemire's range reduction), so nb may be any number.
 func (m *Map) buckets(h uint64) (uint64, uint64) {
 	x := h ^ h>>31
 	b1, _ := bits.Mul64(x*mulBucket1, m.nb)
@@ -133,8 +107,8 @@ func (m *Map) buckets(h uint64) (uint64, uint64) {
 	return b1, b2
 }
 
-// find returns the position of h in bucket b, or -1. It reads the line of
-// hashes only, unless h is 0 (the hash of empty slots too).
+// find returns the position of h in bucket b, or -1, reading the line of
+// hashes only unless h is 0 (the hash of empty slots too).
 func (b *bucket) find(h uint64) int {
 	for i := range b.hash {
 		if b.hash[i] == h && (h != 0 || b.meta[i] != 0) {
@@ -144,8 +118,8 @@ func (b *bucket) find(h uint64) int {
 	return -1
 }
 
-// free returns a free position of bucket b, or -1. It reads the line of
-// hashes only, unless zero (the table holds an entry of hash 0).
+// free returns a free position of bucket b, or -1, reading the line of
+// hashes only unless the table holds an entry of hash 0.
 func (b *bucket) free(zero bool) int {
 	for i := range b.hash {
 		if b.hash[i] == 0 && (!zero || b.meta[i] == 0) {
@@ -155,8 +129,8 @@ func (b *bucket) free(zero bool) int {
 	return -1
 }
 
-// used returns the number of full slots of b, reading its hashes (an
-// entry of hash 0 counts as free: a tie-break only).
+// used returns the number of full slots of b by its hashes (a tie-break
+// only: an entry of hash 0 counts as free).
 func (b *bucket) used() int {
 	n := 0
 	for _, h := range b.hash {
@@ -170,9 +144,8 @@ func (b *bucket) used() int {
 // Len returns the number of entries.
 func (m *Map) Len() int { return m.n }
 
-// Get returns the slot of hash h. Cost: two cache lines of hashes at most,
-// whose loads the CPU overlaps, and the line of the entry's value when it
-// is found; no allocation.
+// Get returns the slot of hash h. Cost: two cache lines of hashes at most
+// (loaded in parallel) and the entry's line of values; no allocation.
 func (m *Map) Get(h uint64) (int, bool) {
 	if m.n == 0 {
 		return noSlot, false
@@ -187,16 +160,12 @@ func (m *Map) Get(h uint64) (int, bool) {
 	return noSlot, false
 }
 
-// Warm starts loading the cache lines that a lookup and an insert of hash
-// h read and write (both buckets' hashes and values), changing nothing,
-// and returns a value for the caller to keep (a sum of what it read where
-// it loads them, 0 where it prefetches), so that the loads are not
-// elided. Cost: four lines requested, independent of each other and of
-// any earlier result, so that a loop of Warms keeps many cache misses in
-// flight where a loop of Gets, each followed by the work that depends on
-// it, waits for its misses one after another. On amd64 they are prefetch
-// instructions, which retire without waiting for their lines, so the
-// work after a loop of Warms overlaps the misses too (warmBuckets).
+// Warm starts loading the four cache lines that a lookup and an insert of
+// h touch, changing nothing, and returns a value for the caller to keep so
+// that the loads are not elided. The loads are independent, so a loop of
+// Warms keeps many misses in flight where a loop of Gets waits for them one
+// after another; on amd64 they are prefetches, which retire at once, so the
+// work after the loop overlaps them too.
 func (m *Map) Warm(h uint64) uint64 {
 	if m.nb == 0 {
 		return 0
@@ -220,25 +189,21 @@ func (m *Map) Hash(i int) uint64 { return m.b[i/ways].hash[i%ways] }
 
 // Insert adds hash h, which must be absent, with value v (non-zero,
 // ValueBits wide) as the most recently stored entry, and returns its
-// slot. Slots of other entries may change (an insert moves entries to
-// their other bucket): a slot stays valid until the next Insert or Reset.
-// Cost: the two buckets of h, and for a fifth of inserts or fewer (at
-// 90% full) one or two more; no allocation but the table's growth.
+// slot. Other entries may move: a slot stays valid until the next Insert
+// or Reset. Cost: the two buckets of h, for a fifth of inserts or fewer one
+// or two more; no allocation but the table's growth.
 func (m *Map) Insert(h, v uint64) int {
 	i := m.insert(h, v, m.epoch)
 	m.stamped()
 	return i
 }
 
-// Ancient is the Age of an entry not stamped for so long (ring/2 epochs
-// or more, see Recency) that it is older than every other, in no order
-// among its like.
+// Ancient is the Age of an entry older than every other (not stamped for
+// ring/2 epochs or more), in no order among its like.
 const Ancient = ancient
 
-// Age returns the recency of the entry in slot i: how many times the
-// epoch has advanced since it was last stamped (Insert or Touch), from 0
-// (the current epoch) up to 254, or Ancient. Oldest returns entries of
-// greater age first. Cost: O(1).
+// Age returns the recency of the entry in slot i: how many times the epoch
+// advanced since it was last stamped, from 0 up to 254, or Ancient.
 func (m *Map) Age(i int) uint8 {
 	e := uint8(m.b[i/ways].meta[i%ways] >> epochShift)
 	if e == ancient {
@@ -247,12 +212,9 @@ func (m *Map) Age(i int) uint8 {
 	return uint8(m.age(e))
 }
 
-// InsertAged is Insert with the entry stamped age advances ago (an Age,
-// Ancient included) instead of now, for a restore that reproduces the
-// recency of a map it saved: entries inserted with the ages Age reported
-// come out of Oldest in the same order of epochs (within an epoch the
-// order is the table's, as always). It does not count as a stamp, so a
-// restore leaves the epoch where it is. Cost: as Insert.
+// InsertAged is Insert with the entry stamped age advances ago, for a
+// restore that reproduces a saved map's recency (in order of epochs). It
+// does not count as a stamp.
 func (m *Map) InsertAged(h, v uint64, age uint8) int {
 	e := uint8(ancient)
 	if age < ancient {
@@ -290,8 +252,8 @@ type entry struct{ hash, meta uint64 }
 
 // place puts e into one of its buckets, moving other entries to their
 // other bucket if both are full, and returns its slot. When that fails
-// (rarely, at the table's highest load) it returns the entry left without
-// a slot, e or one it displaced, for the caller to grow the table with.
+// (rarely) it returns the entry left without a slot, e or one it
+// displaced, for the caller to grow the table with.
 func (m *Map) place(e entry) (int, entry) {
 	b1, b2 := m.buckets(e.hash)
 	p, q := &m.b[b1], &m.b[b2]
@@ -311,7 +273,7 @@ func (m *Map) place(e entry) (int, entry) {
 		return int(b2)*ways + f2, entry{}
 	}
 	// Both full: move one of their entries to its other bucket, trying
-	// them in turn (at 90% full, each has room there most of the time).
+	// them in turn.
 	for k := range 2 * ways {
 		b, d := b1, p
 		if k >= ways {
@@ -351,14 +313,11 @@ func (m *Map) place(e entry) (int, entry) {
 	return noSlot, e
 }
 
-// grow rebuilds the table with growNum/growDen as many buckets (more if
-// placing the entries fails meanwhile), with every entry and extra
-// (unless it is the zero entry), each keeping its value and epoch.
+// grow rebuilds the table with growNum/growDen as many buckets.
 func (m *Map) grow(extra entry) { m.rebuild(m.nb*growNum/growDen+1, extra) }
 
-// rebuild rebuilds the table with nb buckets or more (growNum/growDen
-// more each time placing the entries fails), with every entry and extra
-// (unless it is the zero entry), each keeping its value and epoch.
+// rebuild rebuilds the table with nb buckets or more (more each time
+// placing the entries fails), with every entry and extra (unless zero).
 func (m *Map) rebuild(nb uint64, extra entry) {
 	old := m.b
 	for {
@@ -386,11 +345,9 @@ func (m *Map) rebuild(nb uint64, extra entry) {
 	m.scanFor = noScan
 }
 
-// Reserve makes room for n entries in all: inserts up to n entries then
-// grow the table only if a cuckoo walk fails. A caller that knows how
-// many entries it is about to insert (a restore) saves the table's
-// growth by an eighth at a time, which rehashes every entry some
-// log(n)/log(9/8) times. Cost: one rebuild when the table is smaller.
+// Reserve makes room for n entries in all, saving a caller that knows how
+// many it is about to insert (a restore) the growth by an eighth at a
+// time. Cost: one rebuild when the table is smaller.
 func (m *Map) Reserve(n int) {
 	nb := uint64((n*loadDen + ways*loadNum - 1) / (ways * loadNum))
 	if nb > m.nb {
@@ -398,14 +355,10 @@ func (m *Map) Reserve(n int) {
 	}
 }
 
-// ReserveGrown makes room for n entries as a table that has just grown
-// to hold them: n at the load a growth leaves (15/16 of 8/9, 83%), not at
-// the load that triggers one (94%). A table filled to the trigger and then
-// churned at a steady size (a restored replica worker) stays near 94%
-// full, where an insert finds both its buckets full far more often and
-// moves an entry to a bucket out of cache; reserved this way, the ingest
-// floor's replica workers apply 15-20% more blocks a CPU-second, for 12%
-// more slots (about 2 bytes per entry). Cost: as Reserve.
+// ReserveGrown makes room for n entries as a table that has just grown to
+// hold them (83% full, not the 94% that triggers a growth): a table churned
+// at a steady size near 94% moves entries out of cache far more often (a
+// restored replica worker applies 15-20% more blocks a CPU-second so).
 func (m *Map) ReserveGrown(n int) { m.Reserve(n * growNum / growDen) }
 
 // Delete removes the entry in slot i. Other slots stay valid.
@@ -442,9 +395,8 @@ func (m *Map) stamped() {
 		next = 0
 	}
 	if m.count[next] > 0 {
-		// next still has entries, stamped ring epochs ago. Make every
-		// entry of the older half of the ring ancient, so that the next
-		// ring/2 advances need no scan.
+		// next still has entries, stamped ring epochs ago: make the older
+		// half of the ring ancient, so the next ring/2 advances need no scan.
 		for i := range m.b {
 			for j, meta := range m.b[i].meta {
 				if e := uint8(meta >> epochShift); meta != 0 && e != ancient && m.age(e) >= ring/2 {
@@ -465,23 +417,21 @@ func (m *Map) stamped() {
 func (m *Map) age(e uint8) int { return (int(m.epoch) - int(e) + ring) % ring }
 
 // Oldest appends to dst up to n slots of the least recently stored
-// entries, oldest epoch first, and returns it. The slots stay valid until
-// the next Insert, so that the caller can Delete each (and must, before
-// calling Oldest again). Cost: a scan of the table, resumed where the
-// previous call stopped, of about epochsSpan slots per entry returned.
+// entries, oldest epoch first. The slots stay valid until the next Insert;
+// the caller must Delete each before calling Oldest again. Cost: a scan
+// resumed where the previous one stopped, of about epochsSpan slots per
+// entry returned.
 func (m *Map) Oldest(n int, dst []int) []int {
 	start := len(dst)
 	want := min(n, m.n)
-	// Entries returned count in their epoch until the caller deletes
-	// them: taken tracks those of this call.
+	// Entries returned count in their epoch until deleted: taken tracks them.
 	var taken [epochs]int32
 	slots := len(m.b) * ways
 	for len(dst)-start < want {
 		e := m.oldestEpoch(&taken)
 		if m.scanFor != int(e) {
-			// Every entry of e before the scan position was returned by
-			// an earlier call (and deleted since), unless an insert moved
-			// it there: then the scan wraps around to find it.
+			// Entries of e before the scan position were returned earlier,
+			// unless an insert moved one there: the scan then wraps.
 			m.scanFor, m.scanAt = int(e), 0
 		}
 		from, wrapped := m.scanAt, false

@@ -2,15 +2,9 @@
 
 package blockmap
 
-// warmBuckets requests the cache lines of buckets p and q (hashes and
-// values) with prefetch instructions and returns 0.
-//
-// Prefetches rather than loads: a load that misses holds up everything
-// after it from retiring until its line arrives, so a loop of loads
-// stalls once the reorder buffer fills, some dozens of misses in; a
-// prefetch retires at once, and the apply after the loop runs while the
-// lines arrive: 12% less time per batch in BenchmarkApplyFloor's stream
-// (docs/benchmarks.md, "Index rows against their floors").
+// warmBuckets requests the cache lines of buckets p and q with prefetch
+// instructions, which retire at once where a missing load holds up
+// everything after it (12% less time per batch in BenchmarkApplyFloor).
 func warmBuckets(p, q *bucket) uint64 {
 	prefetchBuckets(p, q)
 	return 0

@@ -1,16 +1,10 @@
 // Package holders implements the holder sets of kvindex's residency index:
 // which workers hold a run of blocks, and in which media.
 //
-// A Set is immutable once built, so that readers may use one without a lock
-// while writers publish new ones, and so that one Set may be shared by every
-// block of a long run (a hot prefix held by a thousand workers costs one
-// Set, not one per block). The empty set is the nil *Set.
-//
-// # Memory
-//
-// An Entry is 4 bytes: a Set of n workers costs 4n bytes (rounded up to
-// an allocation size) plus a 32-byte header. Callers intern one-worker sets (the common case of a block held
-// by a single worker) so that they cost nothing per block.
+// A Set is immutable, so readers use one without a lock while writers
+// publish new ones, and one Set is shared by every block of a run. The
+// empty set is the nil *Set. A Set of n workers costs 4n bytes plus a
+// 32-byte header; callers intern one-worker sets.
 package holders
 
 import (
@@ -25,8 +19,7 @@ import (
 const MaxWorker = 1<<24 - 1
 
 // Entry is one worker's residency in a Set: the worker's id in the high 24
-// bits and a non-zero bitmask of media (bit m set: resident in medium m) in
-// the low 8.
+// bits and a non-zero media bitmask in the low 8.
 type Entry uint32
 
 // MakeEntry packs a worker id (<= MaxWorker) and a media mask.
@@ -45,8 +38,8 @@ type Set struct {
 	ents []Entry
 }
 
-// New returns the set of ents, which must be sorted by worker, one per
-// worker, with non-zero media; it copies ents. New(nil) returns nil.
+// New returns the set of ents (copied), which must be sorted by worker,
+// one per worker, with non-zero media. New(nil) returns nil.
 func New(ents []Entry) *Set {
 	if len(ents) == 0 {
 		return nil
@@ -69,8 +62,7 @@ func (s *Set) Len() int {
 	return len(s.ents)
 }
 
-// Entries returns s's entries, sorted by worker. The caller must not modify
-// them.
+// Entries returns s's entries, sorted by worker, not to be modified.
 func (s *Set) Entries() []Entry {
 	if s == nil {
 		return nil
@@ -79,7 +71,6 @@ func (s *Set) Entries() []Entry {
 }
 
 // Media returns worker w's media mask in s, 0 if s does not hold w.
-// Cost: O(log n).
 func (s *Set) Media(w uint32) uint8 {
 	if s == nil {
 		return 0
@@ -103,10 +94,8 @@ func (s *Set) search(w uint32) (int, bool) {
 	return lo, lo < len(s.ents) && s.ents[lo].Worker() == w
 }
 
-// Broken describes the first way in which s is not a valid Set (entries
-// sorted by worker, one per worker, none with an empty media mask, and
-// the hash of its entries), or returns "" when it is. The nil Set is
-// valid. It is for invariant checks; cost O(n).
+// Broken describes the first way in which s is not a valid Set, or
+// returns "" when it is; for invariant checks.
 func (s *Set) Broken() string {
 	if s == nil {
 		return ""
@@ -128,8 +117,8 @@ func (s *Set) Broken() string {
 	return ""
 }
 
-// Equal reports whether a and b hold the same entries. Cost: O(1) when they
-// are the same pointer or differ in size or hash, else O(n).
+// Equal reports whether a and b hold the same entries: O(1) unless they
+// are distinct pointers of equal size and hash.
 func Equal(a, b *Set) bool {
 	if a == b {
 		return true
@@ -147,14 +136,11 @@ type Op struct {
 	Set, Clear uint8
 }
 
-// Singletons returns the interned one-worker set of (w, media); Apply uses
-// it so that one-worker sets are shared rather than allocated.
+// Singletons returns the interned one-worker set of (w, media).
 type Singletons func(w uint32, media uint8) *Set
 
-// Apply returns the set s changed by op: s itself when op changes nothing,
-// nil when the result is empty, single's interned set when it has one
-// worker, and otherwise a new Set. Cost: O(log n) when nothing changes,
-// else O(n) and two allocations.
+// Apply returns s changed by op: s itself when op changes nothing, nil
+// when empty, single's interned set for one worker, else a new Set.
 func (op Op) Apply(s *Set, single Singletons) *Set {
 	if s == nil {
 		if op.Set == 0 {
