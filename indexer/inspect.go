@@ -172,7 +172,7 @@ type history struct {
 
 type removal struct {
 	key   Key
-	at    int64 // unix nanoseconds; the cause in its low 2 bits
+	at    int64 // unix nanoseconds
 	cause RemovalCause
 }
 
