@@ -62,10 +62,8 @@ func gatewayEndpoints(cfg *config.Config) []picker.Endpoint {
 	var out []picker.Endpoint
 	for _, e := range cfg.Gateway.Endpoints {
 		dp := 1
-		for _, p := range cfg.Pods {
-			if p.Name == e.Pod {
-				dp = p.DPSize
-			}
+		if p := cfg.FindPod(e.Pod); p != nil {
+			dp = p.DPSize
 		}
 		out = append(out, pickerEndpoints(e.Address, e.Pod, e.Model, e.DPRank, e.AllRanks, dp)...)
 	}
