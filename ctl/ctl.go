@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -104,13 +103,18 @@ func writeJSONValue(w io.Writer, v any, indent bool) error {
 	return nil
 }
 
+// deadline bounds ctx by cfg.Timeout, when set.
+func (cfg Config) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if cfg.Timeout > 0 {
+		return context.WithTimeout(ctx, cfg.Timeout)
+	}
+	return ctx, func() {}
+}
+
 // withClient dials cfg.Addr, runs f under cfg.Timeout, and closes the client.
 func withClient(ctx context.Context, cfg Config, f func(context.Context, *api.Client) error) error {
-	if cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := cfg.deadline(ctx)
+	defer cancel()
 	var opts []grpc.DialOption
 	if cfg.TLS.Enabled() {
 		o, err := cfg.TLS.client().DialOption()
@@ -240,15 +244,9 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 }
 
 func readMessages(path string, stdin io.Reader) ([]*kvindexv1.ChatMessage, error) {
-	var data []byte
-	var err error
-	if path == "-" {
-		data, err = io.ReadAll(io.LimitReader(stdin, maxMessagesBytes+1))
-	} else {
-		data, err = os.ReadFile(path)
-	}
+	data, err := readFile("--messages-file", path, stdin, maxMessagesBytes)
 	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: %w", path, err)
+		return nil, err
 	}
 	if len(data) > maxMessagesBytes {
 		return nil, fmt.Errorf("--messages-file %s: over %d bytes", path, maxMessagesBytes)

@@ -45,11 +45,8 @@ func orServer(service string) string {
 // HealthHTTP GETs url (a kvindex agent's /healthz) with cfg.Token and
 // cfg.TLS, and returns ErrNotServing unless it answers 200.
 func HealthHTTP(ctx context.Context, cfg Config, url string) error {
-	if cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := cfg.deadline(ctx)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return fmt.Errorf("health %s: %w", url, err)

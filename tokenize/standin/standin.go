@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -171,7 +172,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Sprintf("invalid JSON: %v", err))
 		return
 	}
-	if len(h.Models) > 0 && !contains(h.Models, req.Model) {
+	if len(h.Models) > 0 && !slices.Contains(h.Models, req.Model) {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", req.Model), "type": "NotFoundError", "param": "model", "code": 404}})
 		return
 	}
@@ -229,13 +230,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func badRequest(w http.ResponseWriter, msg string) {
 	writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": msg, "type": "BadRequestError", "code": 400}})
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
