@@ -361,7 +361,7 @@ func (s *agentSink) ApplyBatchAt(seq uint64, b *events.Batch) error {
 		s.d.Reset()
 		s.d.Seq = dseq
 		err := s.w.ApplyBatchDelta(b, &s.d)
-		toWire(&s.d, wire)
+		ToWire(&s.d, wire)
 		s.mu.Lock()
 		became = s.hist.batch(seq, b)
 		s.mu.Unlock()
@@ -380,7 +380,7 @@ func (s *agentSink) Reset(reason string) {
 		s.d.Reset()
 		s.d.Seq = dseq
 		s.w.ResetDelta(reason, &s.d)
-		toWire(&s.d, wire)
+		ToWire(&s.d, wire)
 		s.mu.Lock()
 		s.hist.hasSeq = false
 		s.mu.Unlock()

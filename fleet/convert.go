@@ -14,8 +14,10 @@ var (
 	toIdxOp  = [...]indexer.DeltaOp{events.DeltaStore: indexer.OpStore, events.DeltaRemove: indexer.OpRemove, events.DeltaDrop: indexer.OpDrop, events.DeltaClear: indexer.OpClear}
 )
 
-// toWire appends d's entries to w.
-func toWire(d *indexer.Delta, w *events.Delta) {
+// ToWire appends the effects an agent's index recorded (d) to w, as the
+// agent publishes them (also for tools that publish recorded deltas
+// through a natsbus.Agent without an engine).
+func ToWire(d *indexer.Delta, w *events.Delta) {
 	for i := range d.Entries {
 		e := &d.Entries[i]
 		w.Entries = append(w.Entries, events.DeltaEntry{
@@ -41,8 +43,3 @@ func fromWire(w *events.Delta, seq uint64, d *indexer.Delta) {
 		})
 	}
 }
-
-// ToWire appends the effects an agent's index recorded (d) to w, as the
-// agent publishes them: for benchmarks and tools that publish recorded
-// deltas through a natsbus.Agent without an engine.
-func ToWire(d *indexer.Delta, w *events.Delta) { toWire(d, w) }

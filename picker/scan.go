@@ -11,10 +11,8 @@ import (
 // pass: model, the raw prompt, and each message's role and raw content.
 // It returns ok false for anything it does not follow (the caller then
 // decodes with encoding/json, which words the errors). Values are sliced
-// from b, not copied.
-//
-// encoding/json's validate-then-reflect decoding was two thirds of a
-// decision (BenchmarkPickChat4K, docs/benchmarks.md).
+// from b, not copied: it replaces encoding/json, the bulk of a decision's
+// cost (docs/benchmarks.md).
 func scanBody(b []byte) (out body, ok bool) {
 	s := scanner{b: b}
 	ok = s.object(func(key []byte) bool {
