@@ -14,9 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvindex/kvindex/config"
 )
@@ -77,22 +75,6 @@ func namespace(ns, field string) (string, error) {
 		return "", fmt.Errorf("discovery: %s is empty and the service account's namespace cannot be read: %w", field, err)
 	}
 	return strings.TrimSpace(string(b)), nil
-}
-
-// restConfig is the API server's address and credentials: the pod's
-// service account when kubeconfig is empty, else that file.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
-	}
-	return rc, nil
 }
 
 // kicker returns a channel that holds one token after any informer event
