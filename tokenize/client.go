@@ -171,9 +171,6 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// Has reports whether the model has tokenizer endpoints.
-func (c *Client) Has(model string) bool { return len(c.opts.Endpoints[model]) > 0 }
-
 // Stats returns the counters.
 func (c *Client) Stats() Stats {
 	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Shared: c.shared.Load(), Failures: c.failures.Load(), Busy: c.busy.Load(),
