@@ -140,22 +140,11 @@ func unquote(q []byte) (string, bool) {
 		if i == len(q) {
 			return "", false
 		}
-		switch q[i] {
-		case '"', '\\', '/':
-			out = append(out, q[i])
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		default: // \uXXXX, surrogate pairs: rare, left to json.Unmarshal
+		j := strings.IndexByte(`"\/bfnrt`, q[i])
+		if j < 0 { // \uXXXX, surrogate pairs: rare, left to json.Unmarshal
 			return "", false
 		}
+		out = append(out, "\"\\/\b\f\n\r\t"[j])
 	}
 	if !utf8.Valid(out) {
 		return "", false
