@@ -266,6 +266,7 @@ func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error)
 		return nil, nil, errors.New("spec.selector is missing or empty")
 	}
 	var sel labels.Selector
+	var err error
 	_, hasLabels := raw["matchLabels"]
 	_, hasExprs := raw["matchExpressions"]
 	if hasLabels || hasExprs {
@@ -276,11 +277,7 @@ func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error)
 		if len(ls.MatchLabels) == 0 && len(ls.MatchExpressions) == 0 {
 			return nil, nil, errors.New("spec.selector is empty")
 		}
-		s, err := metav1.LabelSelectorAsSelector(&ls)
-		if err != nil {
-			return nil, nil, fmt.Errorf("spec.selector: %w", err)
-		}
-		sel = s
+		sel, err = metav1.LabelSelectorAsSelector(&ls)
 	} else {
 		set := labels.Set{}
 		for k, v := range raw {
@@ -290,11 +287,10 @@ func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error)
 			}
 			set[k] = s
 		}
-		s, err := labels.ValidatedSelectorFromSet(set)
-		if err != nil {
-			return nil, nil, fmt.Errorf("spec.selector: %w", err)
-		}
-		sel = s
+		sel, err = labels.ValidatedSelectorFromSet(set)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("spec.selector: %w", err)
 	}
 	var ports []int
 	if tp, ok := spec["targetPorts"].([]any); ok {

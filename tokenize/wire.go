@@ -64,19 +64,13 @@ func (m *WireMessage) Text() (string, error) {
 	if err := json.Unmarshal(c, &parts); err != nil {
 		return "", fmt.Errorf("tokenize: content is neither a string nor a list of parts: %w", err)
 	}
-	var b []byte
-	n := 0
+	var texts []string
 	for _, p := range parts {
-		if p.Type != "text" {
-			continue
+		if p.Type == "text" {
+			texts = append(texts, p.Text)
 		}
-		if n > 0 {
-			b = append(b, '\n')
-		}
-		b = append(b, p.Text...)
-		n++
 	}
-	return string(b), nil
+	return strings.Join(texts, "\n"), nil
 }
 
 // TextShared is Text without the copy in the common case: a string
