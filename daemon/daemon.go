@@ -304,27 +304,24 @@ func (d *Daemon) grpcServer(listener string, opts ...grpc.ServerOption) *grpc.Se
 	return s
 }
 
-// listen opens a TCP listener at addr, released with the daemon; what names
-// it in the error.
-func (d *Daemon) listen(what, addr string) (net.Listener, error) {
+// listen opens a TCP listener at addr, released with the daemon, that
+// accepts at most maxConns connections at once (0: any number); what
+// names it in the error.
+func (d *Daemon) listen(what, addr string, maxConns int) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %s listen on %s: %w", what, addr, err)
 	}
 	d.rel.add(closeListener(lis))
+	if maxConns > 0 {
+		return xnetutil.LimitListener(lis, maxConns), nil
+	}
 	return lis, nil
 }
 
-func (d *Daemon) listenGRPC() error {
-	lis, err := d.listen("gRPC", d.cfg.GRPCListen)
-	if err != nil {
-		return err
-	}
-	d.grpcLis = lis
-	if d.cfg.Limits.MaxConnections > 0 {
-		d.grpcLis = xnetutil.LimitListener(lis, d.cfg.Limits.MaxConnections)
-	}
-	return nil
+func (d *Daemon) listenGRPC() (err error) {
+	d.grpcLis, err = d.listen("gRPC", d.cfg.GRPCListen, d.cfg.Limits.MaxConnections)
+	return err
 }
 
 func (d *Daemon) listenMetrics() error {

@@ -303,7 +303,7 @@ func (d *Daemon) newGateway() error {
 	// Envoy sends the token as the ext_proc grpc_service's initial_metadata.
 	d.gwGRPC = d.grpcServer(api.ListenerGateway)
 	p.Register(d.gwGRPC)
-	d.gwLis, err = d.listen("gateway", gc.Listen)
+	d.gwLis, err = d.listen("gateway", gc.Listen, 0)
 	return err
 }
 
