@@ -83,7 +83,11 @@ func callError(call, addr string, err error) error {
 	if errors.As(err, &ce) {
 		return err // already named
 	}
-	return &CallError{Call: call, Addr: addr, Status: statusOf(err), err: err}
+	st, ok := api.ServerStatus(err) // looks through wrapping
+	if !ok {
+		st = status.Convert(err)
+	}
+	return &CallError{Call: call, Addr: addr, Status: st, err: err}
 }
 
 // writeJSONValue prints v (not a protobuf message) as JSON: indented, or
@@ -302,12 +306,4 @@ func hint(c codes.Code) string {
 		return "no answer in time: raise --timeout"
 	}
 	return ""
-}
-
-// statusOf returns err's gRPC status, looking through wrapping.
-func statusOf(err error) *status.Status {
-	if st, ok := api.ServerStatus(err); ok {
-		return st
-	}
-	return status.Convert(err)
 }

@@ -28,18 +28,15 @@ func Health(ctx context.Context, cfg Config, service string) error {
 			return callError("health", cfg.Addr, err)
 		}
 		fmt.Fprintln(cfg.Out, resp.GetStatus())
-		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			return fmt.Errorf("%w: %s at %s is %s", ErrNotServing, orServer(service), cfg.Addr, resp.GetStatus())
+		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
 		}
-		return nil
+		what := "the server"
+		if service != "" {
+			what = "service " + service
+		}
+		return fmt.Errorf("%w: %s at %s is %s", ErrNotServing, what, cfg.Addr, resp.GetStatus())
 	})
-}
-
-func orServer(service string) string {
-	if service == "" {
-		return "the server"
-	}
-	return "service " + service
 }
 
 // HealthHTTP GETs url (a kvindex agent's /healthz) with cfg.Token and

@@ -56,20 +56,6 @@ func newTokenizer(cfg *config.Config, d *Daemon) (api.Tokenizer, error) {
 	return tk, nil
 }
 
-// gatewayEndpoints expands the gateway's fixed endpoints to one per
-// worker.
-func gatewayEndpoints(cfg *config.Config) []picker.Endpoint {
-	var out []picker.Endpoint
-	for _, e := range cfg.Gateway.Endpoints {
-		dp := 1
-		if p := cfg.FindPod(e.Pod); p != nil {
-			dp = p.DPSize
-		}
-		out = append(out, pickerEndpoints(e.Address, e.Pod, e.Model, e.DPRank, e.AllRanks, dp)...)
-	}
-	return out
-}
-
 // poolSource is discovery.InferencePool.
 type poolSource interface {
 	Run(ctx context.Context, apply func([]discovery.Endpoint)) error
@@ -279,7 +265,15 @@ func (d *Daemon) newGateway() error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	d.picker = p
-	if err := d.gw.set(gatewayEndpoints(cfg)); err != nil {
+	var fixed []picker.Endpoint // one per worker
+	for _, e := range gc.Endpoints {
+		dp := 1
+		if p := cfg.FindPod(e.Pod); p != nil {
+			dp = p.DPSize
+		}
+		fixed = append(fixed, pickerEndpoints(e.Address, e.Pod, e.Model, e.DPRank, e.AllRanks, dp)...)
+	}
+	if err := d.gw.set(fixed); err != nil {
 		return err
 	}
 	if ip := gc.InferencePool; ip != nil {
