@@ -246,7 +246,9 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 			f.tokens, f.err = c.roundTrip(rctx, req.Model, req.Messages != nil, eps, body)
 		}
 		cancel()
-		c.metrics.observe(time.Since(start))
+		if c.metrics != nil {
+			c.metrics.duration.Observe(time.Since(start).Seconds())
+		}
 		if f.err == nil && c.cache != nil {
 			c.cache.Add(key, f.tokens)
 		}
