@@ -171,7 +171,10 @@ func New(r Router, opts Options) (*Picker, error) {
 		Name: "kvindex_gateway_pick_seconds", Help: "Endpoint picker decisions, from the complete body to the destination (tokenization and Route included).",
 		Buckets: prometheus.ExponentialBuckets(0.0000625, 2, 16),
 	})
-	p.bodies.New = func() any { b := make([]byte, 0, 64<<10); return &b }
+	p.bodies.New = func() any {
+		b := make([]byte, 0, 64<<10)
+		return &b
+	}
 	p.pool.Store(set)
 	for _, svc := range []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
 		p.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
@@ -187,7 +190,10 @@ func (p *Picker) SetEndpoints(eps []Endpoint) error {
 	if err != nil {
 		return err
 	}
-	p.bodies.New = func() any { b := make([]byte, 0, 64<<10); return &b }
+	p.bodies.New = func() any {
+		b := make([]byte, 0, 64<<10)
+		return &b
+	}
 	p.pool.Store(set)
 	p.counter.endpointSets.Add(1)
 	return nil
