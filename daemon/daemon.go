@@ -216,12 +216,19 @@ func (d *Daemon) newScoring() error {
 }
 
 func (d *Daemon) newDiscovery() error {
-	if !d.cfg.Discovery.Enabled() {
+	switch dc := &d.cfg.Discovery; {
+	case dc.Kubernetes != nil:
+		client, _, err := discovery.NewClients(dc.Kubernetes.Kubeconfig)
+		if err == nil {
+			d.discovery, err = discovery.NewKubernetes(client, dc.Kubernetes)
+		}
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+	case dc.DNS != nil:
+		d.discovery = discovery.NewDNS(dc.DNS)
+	default:
 		return nil
-	}
-	var err error
-	if d.discovery, err = newDiscoverySource(&d.cfg.Discovery); err != nil {
-		return fmt.Errorf("daemon: %w", err)
 	}
 	d.discovered = &discovered{d: d, pods: map[string]*discoveredPod{}}
 	d.reconciler = discovery.NewReconciler(d.discovered, d.log)
