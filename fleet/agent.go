@@ -104,7 +104,14 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 	}
 	slices.Sort(a.ranks)
 	if cfg.Agent.Checkpoint != "" {
-		a.ck = newCheckpointer(cfg.Agent.Checkpoint, log)
+		a.ck = &checkpointer{path: cfg.Agent.Checkpoint, log: log, started: time.Now(),
+			loads: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "kvindex_agent_checkpoint_loads_total",
+				Help: "Checkpoint files read at start, by result: restored, missing, unreadable, corrupt (not a checkpoint, truncated, damaged or inconsistent: ignored), foreign (another pod, model, key scheme, block size or version: ignored).",
+			}, []string{"result"})}
+		for _, r := range []string{loadRestored, loadMissing, loadUnreadable, loadCorrupt, loadForeign} {
+			a.ck.loads.WithLabelValues(r)
+		}
 		a.restore()
 	}
 	var eps []zmq.Endpoint
