@@ -61,24 +61,19 @@ func newRoot(stdin io.Reader) *cobra.Command {
 	var tokenFile string
 	pf.StringVar(&tokenFile, "token-file", "", "file holding a bearer token (default: $KVINDEX_TOKEN)")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
-		tok, err := readToken(tokenFile)
-		cfg.Token = tok
-		return err
+		if tokenFile == "" {
+			cfg.Token = os.Getenv("KVINDEX_TOKEN")
+			return nil
+		}
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("token: %w", err)
+		}
+		cfg.Token = strings.TrimRight(string(b), "\r\n")
+		return nil
 	}
 	root.AddCommand(newWorkers(&cfg), newScore(&cfg), newLookup(&cfg), newDump(&cfg), newDiff(&cfg), newDiagnose(&cfg), newWatch(&cfg), newTop(&cfg), newHealth(&cfg))
 	return root
-}
-
-// readToken returns the bearer token from file, or else $KVINDEX_TOKEN.
-func readToken(file string) (string, error) {
-	if file == "" {
-		return os.Getenv("KVINDEX_TOKEN"), nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "", fmt.Errorf("token: %w", err)
-	}
-	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // command builds a subcommand that takes no positional arguments and runs
