@@ -129,7 +129,15 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 		if err != nil {
 			r.Error(fmt.Errorf("list pods in %s (%s): %w", k.ns, k.selector, err))
 		} else {
-			r.Apply(k.snapshot(list))
+			snap := Snapshot{Excluded: map[string]Reason{}, Gone: ReasonDeleted}
+			for _, p := range list {
+				if pod, why := PodFromKubernetes(p, k.defaults); why == ReasonAppeared {
+					snap.Ready = append(snap.Ready, pod)
+				} else {
+					snap.Excluded[p.Name] = why
+				}
+			}
+			r.Apply(snap)
 		}
 		select {
 		case <-ctx.Done():
@@ -137,20 +145,6 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 		case <-kick:
 		}
 	}
-}
-
-// snapshot sorts the pods into those to index and those not, and why.
-func (k *Kubernetes) snapshot(list []*corev1.Pod) Snapshot {
-	snap := Snapshot{Excluded: map[string]Reason{}, Gone: ReasonDeleted}
-	for _, p := range list {
-		pod, why := PodFromKubernetes(p, k.defaults)
-		if why != ReasonAppeared {
-			snap.Excluded[p.Name] = why
-			continue
-		}
-		snap.Ready = append(snap.Ready, pod)
-	}
-	return snap
 }
 
 // PodFromKubernetes is the pod configuration of a Kubernetes pod, with
