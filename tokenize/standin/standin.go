@@ -150,12 +150,11 @@ func (h *Handler) RenderMisses() int64 { return h.missing.Load() }
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	render := r.URL.Path == tokenize.RenderChatPath || r.URL.Path == tokenize.RenderCompletionPath
 	switch {
-	case render && h.NoRender:
-		h.missing.Add(1)
+	case render && h.NoRender, !render && r.URL.Path != tokenize.TokenizePath:
+		if render {
+			h.missing.Add(1)
+		}
 		// What the web framework of a server without the route answers.
-		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
-		return
-	case !render && r.URL.Path != tokenize.TokenizePath:
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 		return
 	case r.Method != http.MethodPost:
