@@ -102,8 +102,9 @@ type Fleet interface {
 }
 
 // Reconciler turns snapshots into AddPod and RemovePod calls, counting
-// every change by reason. Apply and Error are called from one goroutine at a time (the source's);
-// mu guards current and refused against Pods.
+// every change by reason. Apply and Error are called from one goroutine
+// at a time (the source's); its counters may be read from any goroutine,
+// mu guarding current and refused against Pods.
 type Reconciler struct {
 	fleet Fleet
 	log   *slog.Logger
