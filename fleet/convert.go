@@ -5,10 +5,8 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 )
 
-// The index records and applies indexer.Delta; the transport carries
-// events.Delta, the event model's copy of it. The conversions are a field
-// copy per entry (about a nanosecond), against a NATS message per batch.
-
+// The conversions cost a field copy per entry, against a NATS message per
+// batch.
 var (
 	toWireOp = [...]events.DeltaOp{indexer.OpStore: events.DeltaStore, indexer.OpRemove: events.DeltaRemove, indexer.OpDrop: events.DeltaDrop, indexer.OpClear: events.DeltaClear}
 	toIdxOp  = [...]indexer.DeltaOp{events.DeltaStore: indexer.OpStore, events.DeltaRemove: indexer.OpRemove, events.DeltaDrop: indexer.OpDrop, events.DeltaClear: indexer.OpClear}

@@ -21,11 +21,8 @@
 // (none for empty content); the generation prompt appends the header of
 // "assistant". So turn n+1 of a conversation (its messages plus the
 // assistant's answer and a new user message) starts with every id of turn
-// n, generation prompt included.
-//
-// # Concurrency
-//
-// Everything here is safe for concurrent use.
+// n, generation prompt included. Everything here is safe for concurrent
+// use.
 package standin
 
 import (
