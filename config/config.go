@@ -449,6 +449,16 @@ func Parse(data []byte) (*Config, error) {
 	return &c, nil
 }
 
+// FindPod returns the pod of pods[] named name, nil if none is.
+func (c *Config) FindPod(name string) *Pod {
+	for i := range c.Pods {
+		if c.Pods[i].Name == name {
+			return &c.Pods[i]
+		}
+	}
+	return nil
+}
+
 func (c *Config) model(name string) *Model {
 	for i := range c.Models {
 		if c.Models[i].Name == name {

@@ -96,10 +96,40 @@ func Default() *Config {
 func (c *Config) SetDefaults() {
 	defaults.Zero(&c.GRPCListen, DefaultGRPCListen)
 	defaults.Zero(&c.MetricsListen, DefaultMetricsListen)
-	c.Events.SetDefaults()
-	c.Scoring.SetDefaults()
-	c.Limits.SetDefaults()
-	c.Log.SetDefaults()
+	e := &c.Events
+	defaults.Zero(&e.GapPolicy, DefaultGapPolicy)
+	defaults.Zero(&e.ReplayTimeout, DefaultReplayTimeout)
+	defaults.Zero(&e.ReplayConcurrency, DefaultReplayConcurrency)
+	defaults.Zero(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
+	defaults.Zero(&e.QueueSize, DefaultQueueSize)
+	defaults.Zero(&e.QueueBytes, DefaultQueueBytes)
+	defaults.Zero(&e.MaxMessageBytes, DefaultMaxMessageBytes)
+	s := &c.Scoring
+	defaults.Zero(&s.Policy, DefaultScoringPolicy)
+	defaults.Zero(&s.GPUWeight, DefaultGPUWeight)
+	defaults.Zero(&s.CPUWeight, DefaultCPUWeight)
+	defaults.Zero(&s.StorageWeight, DefaultStorageWeight)
+	defaults.Zero(&s.LoadWeight, DefaultLoadWeight)
+	defaults.Zero(&s.Guard, DefaultGuard)
+	defaults.Zero(&s.StaticK, DefaultStaticK)
+	defaults.Zero(&s.SpeculativeTTL, DefaultSpeculativeTTL)
+	defaults.Zero(&s.InflightTTL, DefaultInflightTTL)
+	defaults.Zero(&s.ScrapeInterval, DefaultScrapeInterval)
+	l := &c.Limits
+	defaults.Zero(&l.MaxTokens, DefaultMaxTokens)
+	defaults.Zero(&l.MaxBlockKeys, DefaultMaxBlockKeys)
+	defaults.Zero(&l.MaxCandidates, DefaultMaxCandidates)
+	defaults.Zero(&l.MaxInflight, DefaultMaxInflight)
+	defaults.Zero(&l.MaxPending, DefaultMaxPending)
+	defaults.Zero(&l.QueueTarget, DefaultQueueTarget)
+	defaults.Zero(&l.MaxQueueDelay, DefaultMaxQueueDelay)
+	defaults.Zero(&l.MaxConnections, DefaultMaxConnections)
+	defaults.Zero(&l.MaxInspect, api.DefaultMaxInspect())
+	defaults.Zero(&l.MaxInspectPending, DefaultMaxInspectPending)
+	defaults.Zero(&l.InspectWait, DefaultInspectWait)
+	defaults.Zero(&c.Log.Level, DefaultLogLevel)
+	defaults.Zero(&c.Log.Format, DefaultLogFormat)
+	defaults.Zero(&c.Log.ProblemInterval, DefaultProblemInterval)
 	if c.NATS.Enabled() {
 		defaults.Zero(&c.NATS.Bucket, DefaultNATSBucket)
 		defaults.Zero(&c.NATS.RegistrationTTL, DefaultRegistrationTTL)
@@ -107,7 +137,16 @@ func (c *Config) SetDefaults() {
 	if c.Agent.Checkpoint != "" {
 		defaults.Zero(&c.Agent.CheckpointInterval, DefaultCheckpointInterval)
 	}
-	c.Discovery.SetDefaults()
+	for _, p := range c.Discovery.pods() {
+		defaults.Zero(&p.Port, DefaultDiscoveryPort)
+		defaults.Zero(&p.DPSize, DefaultDPSize)
+	}
+	if k := c.Discovery.Kubernetes; k != nil {
+		defaults.Zero(&k.Resync, DefaultKubernetesResync)
+	}
+	if n := c.Discovery.DNS; n != nil {
+		defaults.Zero(&n.Interval, DefaultDNSInterval)
+	}
 	for i := range c.Models {
 		defaults.Zero(&c.Models[i].BlockSize, DefaultBlockSize)
 	}
@@ -122,11 +161,8 @@ func (c *Config) SetDefaults() {
 	for _, p := range c.Pods {
 		named(p.Model)
 	}
-	if k := c.Discovery.Kubernetes; k != nil {
-		named(k.Model)
-	}
-	if d := c.Discovery.DNS; d != nil {
-		named(d.Model)
+	for _, p := range c.Discovery.pods() {
+		named(p.Model)
 	}
 	for i := range c.Push {
 		defaults.Zero(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
@@ -134,55 +170,12 @@ func (c *Config) SetDefaults() {
 			named(r.Model)
 		}
 	}
-	c.Tokenize.SetDefaults()
-	c.Gateway.SetDefaults(c)
-}
-
-// SetDefaults gives the zero fields of the events section their defaults.
-func (e *Events) SetDefaults() {
-	defaults.Zero(&e.GapPolicy, DefaultGapPolicy)
-	defaults.Zero(&e.ReplayTimeout, DefaultReplayTimeout)
-	defaults.Zero(&e.ReplayConcurrency, DefaultReplayConcurrency)
-	defaults.Zero(&e.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
-	defaults.Zero(&e.QueueSize, DefaultQueueSize)
-	defaults.Zero(&e.QueueBytes, DefaultQueueBytes)
-	defaults.Zero(&e.MaxMessageBytes, DefaultMaxMessageBytes)
-}
-
-// SetDefaults gives the zero fields of the scoring section their defaults.
-func (s *Scoring) SetDefaults() {
-	defaults.Zero(&s.Policy, DefaultScoringPolicy)
-	defaults.Zero(&s.GPUWeight, DefaultGPUWeight)
-	defaults.Zero(&s.CPUWeight, DefaultCPUWeight)
-	defaults.Zero(&s.StorageWeight, DefaultStorageWeight)
-	defaults.Zero(&s.LoadWeight, DefaultLoadWeight)
-	defaults.Zero(&s.Guard, DefaultGuard)
-	defaults.Zero(&s.StaticK, DefaultStaticK)
-	defaults.Zero(&s.SpeculativeTTL, DefaultSpeculativeTTL)
-	defaults.Zero(&s.InflightTTL, DefaultInflightTTL)
-	defaults.Zero(&s.ScrapeInterval, DefaultScrapeInterval)
-}
-
-// SetDefaults gives the zero fields of the limits section their defaults.
-func (l *Limits) SetDefaults() {
-	defaults.Zero(&l.MaxTokens, DefaultMaxTokens)
-	defaults.Zero(&l.MaxBlockKeys, DefaultMaxBlockKeys)
-	defaults.Zero(&l.MaxCandidates, DefaultMaxCandidates)
-	defaults.Zero(&l.MaxInflight, DefaultMaxInflight)
-	defaults.Zero(&l.MaxPending, DefaultMaxPending)
-	defaults.Zero(&l.QueueTarget, DefaultQueueTarget)
-	defaults.Zero(&l.MaxQueueDelay, DefaultMaxQueueDelay)
-	defaults.Zero(&l.MaxConnections, DefaultMaxConnections)
-	defaults.Zero(&l.MaxInspect, api.DefaultMaxInspect())
-	defaults.Zero(&l.MaxInspectPending, DefaultMaxInspectPending)
-	defaults.Zero(&l.InspectWait, DefaultInspectWait)
-}
-
-// SetDefaults gives the zero fields of the log section their defaults.
-func (l *Log) SetDefaults() {
-	defaults.Zero(&l.Level, DefaultLogLevel)
-	defaults.Zero(&l.Format, DefaultLogFormat)
-	defaults.Zero(&l.ProblemInterval, DefaultProblemInterval)
+	t := &c.Tokenize
+	defaults.Zero(&t.Timeout, DefaultTokenizeTimeout)
+	defaults.Zero(&t.CacheEntries, DefaultTokenizeCacheEntries)
+	defaults.Zero(&t.MaxConcurrent, DefaultTokenizeMaxConcurrent)
+	defaults.Zero(&t.MaxPromptBytes, DefaultTokenizeMaxPromptBytes)
+	c.Gateway.setDefaults(c)
 }
 
 // Discovery defaults.
@@ -192,19 +185,14 @@ const (
 	DefaultDNSInterval      = 10 * time.Second // discovery.dns.interval
 )
 
-// SetDefaults gives the zero fields of the discovery source their defaults.
-func (d *Discovery) SetDefaults() {
-	if k := d.Kubernetes; k != nil {
-		k.DiscoveredPods.setDefaults()
-		defaults.Zero(&k.Resync, DefaultKubernetesResync)
+// pods are the pod defaults of the configured discovery source, if any.
+func (d *Discovery) pods() []*DiscoveredPods {
+	var out []*DiscoveredPods
+	if d.Kubernetes != nil {
+		out = append(out, &d.Kubernetes.DiscoveredPods)
 	}
-	if n := d.DNS; n != nil {
-		n.DiscoveredPods.setDefaults()
-		defaults.Zero(&n.Interval, DefaultDNSInterval)
+	if d.DNS != nil {
+		out = append(out, &d.DNS.DiscoveredPods)
 	}
-}
-
-func (p *DiscoveredPods) setDefaults() {
-	defaults.Zero(&p.Port, DefaultDiscoveryPort)
-	defaults.Zero(&p.DPSize, DefaultDPSize)
+	return out
 }

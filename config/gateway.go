@@ -46,14 +46,6 @@ type Tokenize struct {
 	MaxPromptBytes int `yaml:"max_prompt_bytes,omitempty"`
 }
 
-// SetDefaults gives the zero fields of the tokenize section their defaults.
-func (t *Tokenize) SetDefaults() {
-	defaults.Zero(&t.Timeout, DefaultTokenizeTimeout)
-	defaults.Zero(&t.CacheEntries, DefaultTokenizeCacheEntries)
-	defaults.Zero(&t.MaxConcurrent, DefaultTokenizeMaxConcurrent)
-	defaults.Zero(&t.MaxPromptBytes, DefaultTokenizeMaxPromptBytes)
-}
-
 // Validate checks the tokenize section.
 func (t *Tokenize) Validate() error {
 	switch {
@@ -152,9 +144,9 @@ type Endpoint struct {
 	Model string `yaml:"model,omitempty"`
 }
 
-// SetDefaults gives the zero fields of the gateway section their
+// setDefaults gives the zero fields of the gateway section their
 // defaults; an endpoint's pod and model come from the pods.
-func (g *Gateway) SetDefaults(c *Config) {
+func (g *Gateway) setDefaults(c *Config) {
 	if !g.Enabled() {
 		return
 	}
@@ -173,12 +165,8 @@ func (g *Gateway) SetDefaults(c *Config) {
 	for i := range g.Endpoints {
 		e := &g.Endpoints[i]
 		defaults.Zero(&e.Pod, e.Address)
-		if e.Model == "" {
-			for _, p := range c.Pods {
-				if p.Name == e.Pod {
-					e.Model = p.Model
-				}
-			}
+		if p := c.FindPod(e.Pod); e.Model == "" && p != nil {
+			e.Model = p.Model
 		}
 		if e.Model == "" && len(c.Models) == 1 {
 			e.Model = c.Models[0].Name
@@ -249,12 +237,10 @@ func (g *Gateway) Validate(c *Config) error {
 			return invalid(f+".model", "%q is not in models", e.Model)
 		}
 		dp := 1
-		for _, p := range c.Pods {
-			if p.Name == e.Pod {
-				dp = p.DPSize
-				if p.Model != e.Model {
-					return invalid(f+".model", "%q, but pod %q serves %q", e.Model, e.Pod, p.Model)
-				}
+		if p := c.FindPod(e.Pod); p != nil {
+			dp = p.DPSize
+			if p.Model != e.Model {
+				return invalid(f+".model", "%q, but pod %q serves %q", e.Model, e.Pod, p.Model)
 			}
 		}
 		switch {

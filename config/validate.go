@@ -164,10 +164,8 @@ func (c *Config) ValidateAgent() (*Pod, error) {
 		}
 		return &c.Pods[0], nil
 	}
-	for i := range c.Pods {
-		if c.Pods[i].Name == c.Agent.Pod {
-			return &c.Pods[i], nil
-		}
+	if p := c.FindPod(c.Agent.Pod); p != nil {
+		return p, nil
 	}
 	return nil, invalid("agent.pod", "%q is not in pods", c.Agent.Pod)
 }
@@ -265,27 +263,51 @@ func validateModels(models []Model) error {
 	return nil
 }
 
-// validatePods checks each pod, that no name is listed twice, and that no
-// two workers (pod, DP rank) share an event or replay endpoint.
+// validatePods checks each pod, that no name is listed twice, that every
+// rank's endpoints exist (the last rank's port must not pass 65535), and
+// that no two workers (pod, DP rank) share an event or replay endpoint.
 func validatePods(pods []Pod) error {
 	seenPod := map[string]bool{}
 	seenEndpoint := map[string]string{} // endpoint -> who uses it
 	for i, p := range pods {
 		f := fmt.Sprintf("pods[%d]", i)
-		if p.Name == "" {
+		switch {
+		case p.Name == "":
 			return invalid(f+".name", "required")
-		}
-		if seenPod[p.Name] {
+		case seenPod[p.Name]:
 			return invalid(f+".name", "pod %q listed twice", p.Name)
+		case p.Model == "":
+			return invalid(f+".model", "required")
+		case p.DPSize < 1 || p.DPSize > 1024:
+			return invalid(f+".dp_size", "%d must be between 1 and 1024", p.DPSize)
 		}
 		seenPod[p.Name] = true
-		if err := p.validate(f); err != nil {
-			return err
+		if err := checkEndpoint(p.Endpoint); err != nil {
+			return invalid(f+".endpoint", "%v", err)
+		}
+		if p.CapacityBlocks < 0 {
+			return invalid(f+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
+		}
+		if p.MetricsURL != "" {
+			if err := httpURL(f+".metrics_url", redact.URL(p.MetricsURL)); err != nil {
+				return err
+			}
+		}
+		if p.ReplayEndpoint != "" {
+			if err := checkEndpoint(p.ReplayEndpoint); err != nil {
+				return invalid(f+".replay_endpoint", "%v", err)
+			}
 		}
 		for r := 0; r < p.DPSize; r++ {
-			ep, _ := events.OffsetEndpoint(p.Endpoint, r) // checked by validate
+			ep, err := events.OffsetEndpoint(p.Endpoint, r)
+			if err != nil {
+				return invalid(f+".endpoint", "%v", err)
+			}
 			if p.ReplayEndpoint != "" {
-				rep, _ := events.OffsetEndpoint(p.ReplayEndpoint, r)
+				rep, err := events.OffsetEndpoint(p.ReplayEndpoint, r)
+				if err != nil {
+					return invalid(f+".replay_endpoint", "%v", err)
+				}
 				if other, dup := seenEndpoint[rep]; dup {
 					return invalid(f+".replay_endpoint", "%s (rank %d) is also used by %s: leave a gap of dp_size between the event and replay ports", rep, r, other)
 				}
@@ -295,45 +317,6 @@ func validatePods(pods []Pod) error {
 				return invalid(f+".endpoint", "%s (rank %d) is also used by %s", ep, r, other)
 			}
 			seenEndpoint[ep] = fmt.Sprintf("pod %s", p.Name)
-		}
-	}
-	return nil
-}
-
-// validate checks one pod's own fields (all but its name), field being its
-// path ("pods[1]"): every rank's endpoints must exist, e.g. the last
-// rank's port must not pass 65535.
-func (p *Pod) validate(field string) error {
-	if p.Model == "" {
-		return invalid(field+".model", "required")
-	}
-	if p.DPSize < 1 || p.DPSize > 1024 {
-		return invalid(field+".dp_size", "%d must be between 1 and 1024", p.DPSize)
-	}
-	if err := checkEndpoint(p.Endpoint); err != nil {
-		return invalid(field+".endpoint", "%v", err)
-	}
-	if p.CapacityBlocks < 0 {
-		return invalid(field+".capacity_blocks", "%d must not be negative", p.CapacityBlocks)
-	}
-	if p.MetricsURL != "" {
-		if err := httpURL(field+".metrics_url", redact.URL(p.MetricsURL)); err != nil {
-			return err
-		}
-	}
-	if p.ReplayEndpoint != "" {
-		if err := checkEndpoint(p.ReplayEndpoint); err != nil {
-			return invalid(field+".replay_endpoint", "%v", err)
-		}
-	}
-	for r := 0; r < p.DPSize; r++ {
-		if _, err := events.OffsetEndpoint(p.Endpoint, r); err != nil {
-			return invalid(field+".endpoint", "%v", err)
-		}
-		if p.ReplayEndpoint != "" {
-			if _, err := events.OffsetEndpoint(p.ReplayEndpoint, r); err != nil {
-				return invalid(field+".replay_endpoint", "%v", err)
-			}
 		}
 	}
 	return nil

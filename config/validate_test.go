@@ -131,17 +131,9 @@ func TestSectionErrors(t *testing.T) {
 // TestSectionsValidateAlone: each section's check runs without the rest
 // of a Config, on a section SetDefaults completed.
 func TestSectionsValidateAlone(t *testing.T) {
-	var (
-		e Events
-		s Scoring
-		l Limits
-		g Log
-		x Index
-	)
-	e.SetDefaults()
-	s.SetDefaults()
-	l.SetDefaults()
-	g.SetDefaults()
+	var c Config
+	c.SetDefaults()
+	e, s, l, g, x := c.Events, c.Scoring, c.Limits, c.Log, c.Index
 	for name, err := range map[string]error{"events": e.Validate(), "scoring": s.Validate(), "limits": l.Validate(), "log": g.Validate(), "index": x.Validate()} {
 		if err != nil {
 			t.Errorf("%s with defaults: %v", name, err)

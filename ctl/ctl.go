@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -84,7 +83,11 @@ func callError(call, addr string, err error) error {
 	if errors.As(err, &ce) {
 		return err // already named
 	}
-	return &CallError{Call: call, Addr: addr, Status: statusOf(err), err: err}
+	st, ok := api.ServerStatus(err) // looks through wrapping
+	if !ok {
+		st = status.Convert(err)
+	}
+	return &CallError{Call: call, Addr: addr, Status: st, err: err}
 }
 
 // writeJSONValue prints v (not a protobuf message) as JSON: indented, or
@@ -104,13 +107,18 @@ func writeJSONValue(w io.Writer, v any, indent bool) error {
 	return nil
 }
 
+// deadline bounds ctx by cfg.Timeout, when set.
+func (cfg Config) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if cfg.Timeout > 0 {
+		return context.WithTimeout(ctx, cfg.Timeout)
+	}
+	return ctx, func() {}
+}
+
 // withClient dials cfg.Addr, runs f under cfg.Timeout, and closes the client.
 func withClient(ctx context.Context, cfg Config, f func(context.Context, *api.Client) error) error {
-	if cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := cfg.deadline(ctx)
+	defer cancel()
 	var opts []grpc.DialOption
 	if cfg.TLS.Enabled() {
 		o, err := cfg.TLS.client().DialOption()
@@ -240,15 +248,9 @@ func (a ScoreArgs) Request(stdin io.Reader) (*kvindexv1.ScoreRequest, error) {
 }
 
 func readMessages(path string, stdin io.Reader) ([]*kvindexv1.ChatMessage, error) {
-	var data []byte
-	var err error
-	if path == "-" {
-		data, err = io.ReadAll(io.LimitReader(stdin, maxMessagesBytes+1))
-	} else {
-		data, err = os.ReadFile(path)
-	}
+	data, err := readFile("--messages-file", path, stdin, maxMessagesBytes)
 	if err != nil {
-		return nil, fmt.Errorf("--messages-file %s: %w", path, err)
+		return nil, err
 	}
 	if len(data) > maxMessagesBytes {
 		return nil, fmt.Errorf("--messages-file %s: over %d bytes", path, maxMessagesBytes)
@@ -304,12 +306,4 @@ func hint(c codes.Code) string {
 		return "no answer in time: raise --timeout"
 	}
 	return ""
-}
-
-// statusOf returns err's gRPC status, looking through wrapping.
-func statusOf(err error) *status.Status {
-	if st, ok := api.ServerStatus(err); ok {
-		return st
-	}
-	return status.Convert(err)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -114,10 +115,7 @@ func diff(ctx context.Context, addrA string, a *api.Client, addrB string, b *api
 	if err != nil {
 		return nil, err
 	}
-	var names []string
-	for n := range la {
-		names = append(names, n)
-	}
+	names := slices.Collect(maps.Keys(la))
 	for n := range lb {
 		if la[n] == nil {
 			names = append(names, n)

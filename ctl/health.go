@@ -28,28 +28,22 @@ func Health(ctx context.Context, cfg Config, service string) error {
 			return callError("health", cfg.Addr, err)
 		}
 		fmt.Fprintln(cfg.Out, resp.GetStatus())
-		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			return fmt.Errorf("%w: %s at %s is %s", ErrNotServing, orServer(service), cfg.Addr, resp.GetStatus())
+		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
 		}
-		return nil
+		what := "the server"
+		if service != "" {
+			what = "service " + service
+		}
+		return fmt.Errorf("%w: %s at %s is %s", ErrNotServing, what, cfg.Addr, resp.GetStatus())
 	})
-}
-
-func orServer(service string) string {
-	if service == "" {
-		return "the server"
-	}
-	return "service " + service
 }
 
 // HealthHTTP GETs url (a kvindex agent's /healthz) with cfg.Token and
 // cfg.TLS, and returns ErrNotServing unless it answers 200.
 func HealthHTTP(ctx context.Context, cfg Config, url string) error {
-	if cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := cfg.deadline(ctx)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return fmt.Errorf("health %s: %w", url, err)

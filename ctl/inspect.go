@@ -149,7 +149,8 @@ func RenderDiagnose(w io.Writer, d *kvindexv1.DiagnoseResponse) error {
 		if i == 0 {
 			mark = "=>"
 		}
-		fmt.Fprintf(w, "%s %s: %s\n", mark, reasonName(f.GetReason()), f.GetDetail())
+		reason := strings.ReplaceAll(strings.TrimPrefix(f.GetReason().String(), "DIAGNOSE_REASON_"), "_", " ")
+		fmt.Fprintf(w, "%s %s: %s\n", mark, strings.ToLower(reason), f.GetDetail())
 	}
 	if p := d.GetParity(); p != nil {
 		fmt.Fprintf(w, "parity: %s: %s (engine blocks %d, held %d, agreeing %d)\n",
@@ -157,8 +158,4 @@ func RenderDiagnose(w io.Writer, d *kvindexv1.DiagnoseResponse) error {
 	}
 	_, err := fmt.Fprintf(w, "removal record: the last %d removals\n", d.GetHistoryRemovals())
 	return err
-}
-
-func reasonName(r kvindexv1.DiagnoseReason) string {
-	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(r.String(), "DIAGNOSE_REASON_"), "_", " "))
 }

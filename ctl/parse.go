@@ -40,24 +40,36 @@ func ParseTokens(s string) ([]uint32, error) {
 // ReadTokensFile reads and parses a tokens file (see ParseTokens); path "-"
 // reads stdin.
 func ReadTokensFile(path string, stdin io.Reader) ([]uint32, error) {
-	var data []byte
-	var err error
-	if path == "-" {
-		if stdin == nil {
-			return nil, fmt.Errorf("--tokens-file -: no standard input")
-		}
-		data, err = io.ReadAll(stdin)
-	} else {
-		data, err = os.ReadFile(path)
-	}
+	data, err := readFile("--tokens-file", path, stdin, -1)
 	if err != nil {
-		return nil, fmt.Errorf("--tokens-file %s: %w", path, err)
+		return nil, err
 	}
 	tokens, err := ParseTokens(string(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))))
 	if err != nil {
 		return nil, fmt.Errorf("--tokens-file %s: %w", path, err)
 	}
 	return tokens, nil
+}
+
+// readFile reads path, the value of flag; "-" reads stdin, up to limit+1
+// bytes when limit is not negative.
+func readFile(flag, path string, stdin io.Reader, limit int64) ([]byte, error) {
+	var data []byte
+	var err error
+	switch {
+	case path != "-":
+		data, err = os.ReadFile(path)
+	case stdin == nil:
+		return nil, fmt.Errorf("%s -: no standard input", flag)
+	case limit >= 0:
+		data, err = io.ReadAll(io.LimitReader(stdin, limit+1))
+	default:
+		data, err = io.ReadAll(stdin)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	return data, nil
 }
 
 // ParseWorker parses a worker as kvindexctl prints it, "pod/rank", or a

@@ -104,7 +104,7 @@ func pct(r float64) string {
 // each table is one JSON array a line.
 func Top(ctx context.Context, cfg Config, args TopArgs) error {
 	defaults.Positive(&args.Interval, 2*time.Second)
-	timeout := cfg.Timeout
+	call := cfg
 	cfg.Timeout = 0 // each call gets its own below
 	return withClient(ctx, cfg, func(ctx context.Context, c *api.Client) error {
 		var prev *kvindexv1.ListWorkersResponse
@@ -117,10 +117,7 @@ func Top(ctx context.Context, cfg Config, args TopArgs) error {
 				case <-time.After(args.Interval):
 				}
 			}
-			cctx, cancel := ctx, context.CancelFunc(func() {})
-			if timeout > 0 {
-				cctx, cancel = context.WithTimeout(ctx, timeout)
-			}
+			cctx, cancel := call.deadline(ctx)
 			cur, err := c.ListWorkers(cctx, &kvindexv1.ListWorkersRequest{Model: args.Model})
 			cancel()
 			if err != nil {

@@ -211,17 +211,34 @@ func (d *Daemon) newScoring() error {
 		}
 	}
 	d.scraper = scrape.New(targets, d.loads, cfg.Scoring.ScrapeInterval, d.log)
-	d.registerScoringMetrics()
+	d.registry.MustRegister(
+		d.scraper,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
+			func() float64 { return float64(d.tracker.InFlight()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_inflight_refused_total", Help: "Routes refused because limits.max_inflight requests were in flight."},
+			func() float64 { return float64(d.tracker.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_speculative_skipped_total", Help: "Routes recorded without speculative blocks because speculative entries held their most keys."},
+			func() float64 { return float64(d.tracker.SpecSkipped()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
+			func() float64 { return float64(d.scraper.Failures()) }),
+	)
 	return nil
 }
 
 func (d *Daemon) newDiscovery() error {
-	if !d.cfg.Discovery.Enabled() {
+	switch dc := &d.cfg.Discovery; {
+	case dc.Kubernetes != nil:
+		client, _, err := discovery.NewClients(dc.Kubernetes.Kubeconfig)
+		if err == nil {
+			d.discovery, err = discovery.NewKubernetes(client, dc.Kubernetes)
+		}
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+	case dc.DNS != nil:
+		d.discovery = discovery.NewDNS(dc.DNS)
+	default:
 		return nil
-	}
-	var err error
-	if d.discovery, err = newDiscoverySource(&d.cfg.Discovery); err != nil {
-		return fmt.Errorf("daemon: %w", err)
 	}
 	d.discovered = &discovered{d: d, pods: map[string]*discoveredPod{}}
 	d.reconciler = discovery.NewReconciler(d.discovered, d.log)
@@ -252,18 +269,30 @@ func (d *Daemon) newAPI() error {
 		MaxTenants:    cfg.Limits.MaxTenants,
 		Registerer:    d.registry,
 		Admission: api.AdmissionOptions{
-			Off:           cfg.Limits.AdmissionOff,
-			MaxConcurrent: cfg.Limits.MaxConcurrent,
-			MaxPending:    cfg.Limits.MaxPending,
-			Target:        cfg.Limits.QueueTarget,
-			MaxQueueDelay: cfg.Limits.MaxQueueDelay,
-
+			Off:               cfg.Limits.AdmissionOff,
+			MaxConcurrent:     cfg.Limits.MaxConcurrent,
+			MaxPending:        cfg.Limits.MaxPending,
+			Target:            cfg.Limits.QueueTarget,
+			MaxQueueDelay:     cfg.Limits.MaxQueueDelay,
 			MaxInspect:        cfg.Limits.MaxInspect,
 			MaxInspectPending: cfg.Limits.MaxInspectPending,
 			InspectWait:       cfg.Limits.InspectWait,
 		},
 	})
-	d.registerAdmissionMetrics()
+	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
+	gauges := []*prometheus.Desc{
+		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
+		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
+	}
+	d.registry.MustRegister(metrics.NewFunc(func(ch chan<- prometheus.Metric) {
+		st := d.api.AdmissionStats()
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
+		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
+		ch <- prometheus.MustNewConstMetric(gauges[0], prometheus.GaugeValue, float64(st.Pending))
+		ch <- prometheus.MustNewConstMetric(gauges[1], prometheus.GaugeValue, float64(st.Limit))
+	}, adm, gauges[0], gauges[1]))
 	return nil
 }
 
@@ -304,27 +333,24 @@ func (d *Daemon) grpcServer(listener string, opts ...grpc.ServerOption) *grpc.Se
 	return s
 }
 
-// listen opens a TCP listener at addr, released with the daemon; what names
-// it in the error.
-func (d *Daemon) listen(what, addr string) (net.Listener, error) {
+// listen opens a TCP listener at addr, released with the daemon, that
+// accepts at most maxConns connections at once (0: any number); what
+// names it in the error.
+func (d *Daemon) listen(what, addr string, maxConns int) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %s listen on %s: %w", what, addr, err)
 	}
 	d.rel.add(closeListener(lis))
+	if maxConns > 0 {
+		return xnetutil.LimitListener(lis, maxConns), nil
+	}
 	return lis, nil
 }
 
-func (d *Daemon) listenGRPC() error {
-	lis, err := d.listen("gRPC", d.cfg.GRPCListen)
-	if err != nil {
-		return err
-	}
-	d.grpcLis = lis
-	if d.cfg.Limits.MaxConnections > 0 {
-		d.grpcLis = xnetutil.LimitListener(lis, d.cfg.Limits.MaxConnections)
-	}
-	return nil
+func (d *Daemon) listenGRPC() (err error) {
+	d.grpcLis, err = d.listen("gRPC", d.cfg.GRPCListen, d.cfg.Limits.MaxConnections)
+	return err
 }
 
 func (d *Daemon) listenMetrics() error {

@@ -37,20 +37,6 @@ type discoveredPod struct {
 	stopScrape func() // nil without metrics_url
 }
 
-func newDiscoverySource(cfg *config.Discovery) (discoverySource, error) {
-	switch {
-	case cfg.Kubernetes != nil:
-		client, _, err := discovery.NewClients(cfg.Kubernetes.Kubeconfig)
-		if err != nil {
-			return nil, err
-		}
-		return discovery.NewKubernetes(client, cfg.Kubernetes)
-	case cfg.DNS != nil:
-		return discovery.NewDNS(cfg.DNS), nil
-	}
-	return nil, errors.New("no discovery source configured")
-}
-
 // AddPod implements discovery.Fleet.
 func (f *discovered) AddPod(p config.Pod) error {
 	d := f.d

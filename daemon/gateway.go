@@ -56,22 +56,6 @@ func newTokenizer(cfg *config.Config, d *Daemon) (api.Tokenizer, error) {
 	return tk, nil
 }
 
-// gatewayEndpoints expands the gateway's fixed endpoints to one per
-// worker.
-func gatewayEndpoints(cfg *config.Config) []picker.Endpoint {
-	var out []picker.Endpoint
-	for _, e := range cfg.Gateway.Endpoints {
-		dp := 1
-		for _, p := range cfg.Pods {
-			if p.Name == e.Pod {
-				dp = p.DPSize
-			}
-		}
-		out = append(out, pickerEndpoints(e.Address, e.Pod, e.Model, e.DPRank, e.AllRanks, dp)...)
-	}
-	return out
-}
-
 // poolSource is discovery.InferencePool.
 type poolSource interface {
 	Run(ctx context.Context, apply func([]discovery.Endpoint)) error
@@ -281,7 +265,15 @@ func (d *Daemon) newGateway() error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	d.picker = p
-	if err := d.gw.set(gatewayEndpoints(cfg)); err != nil {
+	var fixed []picker.Endpoint // one per worker
+	for _, e := range gc.Endpoints {
+		dp := 1
+		if p := cfg.FindPod(e.Pod); p != nil {
+			dp = p.DPSize
+		}
+		fixed = append(fixed, pickerEndpoints(e.Address, e.Pod, e.Model, e.DPRank, e.AllRanks, dp)...)
+	}
+	if err := d.gw.set(fixed); err != nil {
 		return err
 	}
 	if ip := gc.InferencePool; ip != nil {
@@ -305,7 +297,7 @@ func (d *Daemon) newGateway() error {
 	// Envoy sends the token as the ext_proc grpc_service's initial_metadata.
 	d.gwGRPC = d.grpcServer(api.ListenerGateway)
 	p.Register(d.gwGRPC)
-	d.gwLis, err = d.listen("gateway", gc.Listen)
+	d.gwLis, err = d.listen("gateway", gc.Listen, 0)
 	return err
 }
 

@@ -4,8 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	xnetutil "golang.org/x/net/netutil"
-
 	"github.com/kvindex/kvindex/api"
 )
 
@@ -19,12 +17,9 @@ func (d *Daemon) listenHTTP() error {
 	if cfg.HTTPListen == "" {
 		return nil
 	}
-	lis, err := d.listen("HTTP", cfg.HTTPListen)
+	lis, err := d.listen("HTTP", cfg.HTTPListen, cfg.Limits.MaxConnections)
 	if err != nil {
 		return err
-	}
-	if cfg.Limits.MaxConnections > 0 {
-		lis = xnetutil.LimitListener(lis, cfg.Limits.MaxConnections)
 	}
 	var auth *api.Auth
 	if d.auth != nil {

@@ -101,34 +101,3 @@ func (d *Daemon) registerMetrics() error {
 	)
 	return nil
 }
-
-func (d *Daemon) registerScoringMetrics() {
-	d.registry.MustRegister(
-		d.scraper,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_inflight_requests", Help: "Routed requests not yet released or expired."},
-			func() float64 { return float64(d.tracker.InFlight()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_inflight_refused_total", Help: "Routes refused because limits.max_inflight requests were in flight."},
-			func() float64 { return float64(d.tracker.Refused()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_speculative_skipped_total", Help: "Routes recorded without speculative blocks because speculative entries held their most keys."},
-			func() float64 { return float64(d.tracker.SpecSkipped()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvindex_scrape_failures_total", Help: "Failed scrapes of vLLM metrics endpoints."},
-			func() float64 { return float64(d.scraper.Failures()) }),
-	)
-}
-
-func (d *Daemon) registerAdmissionMetrics() {
-	adm := prometheus.NewDesc("kvindex_admission_refused_total", "Calls refused by admission control, by reason: Score and Route for overload (the adaptive bound on pending calls), pending (limits.max_pending) or queued (waited past limits.max_queue_delay); Lookup, Dump and Diagnose for inspect (their own budget: limits.max_inspect, max_inspect_pending, inspect_wait).", []string{"reason"}, nil)
-	gauges := []*prometheus.Desc{
-		prometheus.NewDesc("kvindex_admission_pending", "Score and Route calls received and not finished.", nil, nil),
-		prometheus.NewDesc("kvindex_admission_limit", "The adaptive bound on pending Score and Route calls.", nil, nil),
-	}
-	d.registry.MustRegister(metrics.NewFunc(func(ch chan<- prometheus.Metric) {
-		st := d.api.AdmissionStats()
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedOverload), "overload")
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedPending), "pending")
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedQueued), "queued")
-		ch <- prometheus.MustNewConstMetric(adm, prometheus.CounterValue, float64(st.RefusedInspect), "inspect")
-		ch <- prometheus.MustNewConstMetric(gauges[0], prometheus.GaugeValue, float64(st.Pending))
-		ch <- prometheus.MustNewConstMetric(gauges[1], prometheus.GaugeValue, float64(st.Limit))
-	}, adm, gauges[0], gauges[1]))
-}

@@ -48,12 +48,7 @@ const (
 var reasonNames = [numReasons]string{"appeared", "changed", "deleted", "not_running", "not_ready", "terminating", "unresolved", "invalid", "failed"}
 
 // String is the reason's metric label.
-func (r Reason) String() string {
-	if r < 0 || r >= numReasons {
-		return fmt.Sprintf("reason(%d)", int(r))
-	}
-	return reasonNames[r]
-}
+func (r Reason) String() string { return label(r, reasonNames[:], "reason") }
 
 // Change is what happened to a pod: it joined the index, left it, or was
 // refused.
@@ -74,11 +69,14 @@ const (
 var changeNames = [numChanges]string{"join", "leave", "refuse"}
 
 // String is the change's metric label.
-func (c Change) String() string {
-	if c < 0 || c >= numChanges {
-		return fmt.Sprintf("change(%d)", int(c))
+func (c Change) String() string { return label(c, changeNames[:], "change") }
+
+// label is v's name in names, or kind(v) out of their range.
+func label[T ~int](v T, names []string, kind string) string {
+	if v < 0 || int(v) >= len(names) {
+		return fmt.Sprintf("%s(%d)", kind, int(v))
 	}
-	return changeNames[c]
+	return names[v]
 }
 
 // Snapshot is what a source sees at one moment.
@@ -104,8 +102,9 @@ type Fleet interface {
 }
 
 // Reconciler turns snapshots into AddPod and RemovePod calls, counting
-// every change by reason. Apply and Error are called from one goroutine at a time (the source's);
-// mu guards current and refused against Pods.
+// every change by reason. Apply and Error are called from one goroutine
+// at a time (the source's); its counters may be read from any goroutine,
+// mu guarding current and refused against Pods.
 type Reconciler struct {
 	fleet Fleet
 	log   *slog.Logger

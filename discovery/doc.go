@@ -10,11 +10,4 @@
 // their Endpoints. A Reconciler applies each snapshot to its Fleet (the
 // daemon), counting every change by Reason in
 // kvindex_discovery_changes_total{change,reason}.
-//
-// # Concurrency
-//
-// A source's Run calls its Reconciler (InferencePool.Run its callback)
-// from one goroutine; a Reconciler is applied from one goroutine at a
-// time, and its counters (Collector, Counts, Pods) and InferencePool's
-// (Errors, Excluded) may be read from any goroutine.
 package discovery

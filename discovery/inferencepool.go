@@ -23,7 +23,9 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/internal/defaults"
@@ -101,9 +103,15 @@ func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *c
 // the same server: in the cluster from the pod's service account, outside
 // it from kubeconfig.
 func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
-	rc, err := restConfig(kubeconfig)
+	var rc *rest.Config
+	var err error
+	if kubeconfig == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
 	}
 	c, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -258,6 +266,7 @@ func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error)
 		return nil, nil, errors.New("spec.selector is missing or empty")
 	}
 	var sel labels.Selector
+	var err error
 	_, hasLabels := raw["matchLabels"]
 	_, hasExprs := raw["matchExpressions"]
 	if hasLabels || hasExprs {
@@ -268,11 +277,7 @@ func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error)
 		if len(ls.MatchLabels) == 0 && len(ls.MatchExpressions) == 0 {
 			return nil, nil, errors.New("spec.selector is empty")
 		}
-		s, err := metav1.LabelSelectorAsSelector(&ls)
-		if err != nil {
-			return nil, nil, fmt.Errorf("spec.selector: %w", err)
-		}
-		sel = s
+		sel, err = metav1.LabelSelectorAsSelector(&ls)
 	} else {
 		set := labels.Set{}
 		for k, v := range raw {
@@ -282,11 +287,10 @@ func ParsePoolSpec(u *unstructured.Unstructured) (labels.Selector, []int, error)
 			}
 			set[k] = s
 		}
-		s, err := labels.ValidatedSelectorFromSet(set)
-		if err != nil {
-			return nil, nil, fmt.Errorf("spec.selector: %w", err)
-		}
-		sel = s
+		sel, err = labels.ValidatedSelectorFromSet(set)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("spec.selector: %w", err)
 	}
 	var ports []int
 	if tp, ok := spec["targetPorts"].([]any); ok {

@@ -14,9 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvindex/kvindex/config"
 )
@@ -79,22 +77,6 @@ func namespace(ns, field string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// restConfig is the API server's address and credentials: the pod's
-// service account when kubeconfig is empty, else that file.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
-	}
-	return rc, nil
-}
-
 // kicker returns a channel that holds one token after any informer event
 // (a snapshot is due), and the handler that fills it.
 func kicker() (chan struct{}, cache.ResourceEventHandlerFuncs) {
@@ -147,7 +129,15 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 		if err != nil {
 			r.Error(fmt.Errorf("list pods in %s (%s): %w", k.ns, k.selector, err))
 		} else {
-			r.Apply(k.snapshot(list))
+			snap := Snapshot{Excluded: map[string]Reason{}, Gone: ReasonDeleted}
+			for _, p := range list {
+				if pod, why := PodFromKubernetes(p, k.defaults); why == ReasonAppeared {
+					snap.Ready = append(snap.Ready, pod)
+				} else {
+					snap.Excluded[p.Name] = why
+				}
+			}
+			r.Apply(snap)
 		}
 		select {
 		case <-ctx.Done():
@@ -155,20 +145,6 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 		case <-kick:
 		}
 	}
-}
-
-// snapshot sorts the pods into those to index and those not, and why.
-func (k *Kubernetes) snapshot(list []*corev1.Pod) Snapshot {
-	snap := Snapshot{Excluded: map[string]Reason{}, Gone: ReasonDeleted}
-	for _, p := range list {
-		pod, why := PodFromKubernetes(p, k.defaults)
-		if why != ReasonAppeared {
-			snap.Excluded[p.Name] = why
-			continue
-		}
-		snap.Ready = append(snap.Ready, pod)
-	}
-	return snap
 }
 
 // PodFromKubernetes is the pod configuration of a Kubernetes pod, with

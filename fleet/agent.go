@@ -28,22 +28,14 @@ const Version = "kvindex-agent/1"
 // pod's workers (one per DP rank) from the engine's own KV events over
 // local ZeroMQ (with replay, as the daemon does), and publishes each
 // batch's effects, snapshots and registrations on NATS for the replicas.
-//
-// # Checkpoint
-//
-// With agent.checkpoint set, the agent writes its workers' state every
-// agent.checkpoint_interval and at stop, and a new agent restores it and
-// replays what came after its seq. When neither covers the engine's
-// history the worker is partial (see history) until the engine clears or
-// restarts.
-//
-// # Concurrency
+// With agent.checkpoint it writes its workers' state every
+// agent.checkpoint_interval and at stop, for a new agent to restore.
 //
 // The ZeroMQ subscriber applies each worker's batches on that worker's
 // goroutine, inside the NATS agent's Publish, under the NATS agent's lock
 // of the worker; a checkpoint takes each worker's state under the same
 // lock (natsbus.Agent.WithWorker), so that it is the state after exactly
-// the engine seq it records. Run runs everything until its context ends.
+// the engine seq it records.
 type Agent struct {
 	cfg *config.Config
 	pod *config.Pod
@@ -112,7 +104,14 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 	}
 	slices.Sort(a.ranks)
 	if cfg.Agent.Checkpoint != "" {
-		a.ck = newCheckpointer(cfg.Agent.Checkpoint, log)
+		a.ck = &checkpointer{path: cfg.Agent.Checkpoint, log: log, started: time.Now(),
+			loads: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "kvindex_agent_checkpoint_loads_total",
+				Help: "Checkpoint files read at start, by result: restored, missing, unreadable, corrupt (not a checkpoint, truncated, damaged or inconsistent: ignored), foreign (another pod, model, key scheme, block size or version: ignored).",
+			}, []string{"result"})}
+		for _, r := range []string{loadRestored, loadMissing, loadUnreadable, loadCorrupt, loadForeign} {
+			a.ck.loads.WithLabelValues(r)
+		}
 		a.restore()
 	}
 	var eps []zmq.Endpoint
@@ -230,21 +229,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		a.na.Run(ctx)
-	}()
+	wg.Go(func() { a.na.Run(ctx) })
 	if a.ck != nil {
 		interval := a.cfg.Agent.CheckpointInterval
-		if interval <= 0 { // SetDefaults sets it; a config built without it gets the default
-			interval = config.DefaultCheckpointInterval
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a.checkpointEvery(ctx, interval)
-		}()
+		defaults.Positive(&interval, config.DefaultCheckpointInterval) // for a config built without SetDefaults
+		wg.Go(func() {
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if err := a.WriteCheckpoint(); err != nil {
+						a.ck.problem("writing the checkpoint failed; retrying at the next interval", err)
+					}
+				}
+			}
+		})
 	}
 	err := a.sub.Run(ctx)
 	cancel() // a failed subscriber stops the rest
@@ -258,22 +260,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		err = nil
 	}
 	return err
-}
-
-// checkpointEvery writes the checkpoint every interval until ctx is done.
-func (a *Agent) checkpointEvery(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := a.WriteCheckpoint(); err != nil {
-				a.ck.problem("writing the checkpoint failed; retrying at the next interval", err)
-			}
-		}
-	}
 }
 
 // Reasons a worker becomes partial, the label values of
@@ -382,7 +368,7 @@ func (s *agentSink) ApplyBatchAt(seq uint64, b *events.Batch) error {
 		s.d.Reset()
 		s.d.Seq = dseq
 		err := s.w.ApplyBatchDelta(b, &s.d)
-		toWire(&s.d, wire)
+		ToWire(&s.d, wire)
 		s.mu.Lock()
 		became = s.hist.batch(seq, b)
 		s.mu.Unlock()
@@ -401,7 +387,7 @@ func (s *agentSink) Reset(reason string) {
 		s.d.Reset()
 		s.d.Seq = dseq
 		s.w.ResetDelta(reason, &s.d)
-		toWire(&s.d, wire)
+		ToWire(&s.d, wire)
 		s.mu.Lock()
 		s.hist.hasSeq = false
 		s.mu.Unlock()

@@ -82,18 +82,6 @@ type checkpointer struct {
 	logl  lograte.Limiter
 }
 
-func newCheckpointer(path string, log *slog.Logger) *checkpointer {
-	c := &checkpointer{path: path, log: log, started: time.Now(),
-		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvindex_agent_checkpoint_loads_total",
-			Help: "Checkpoint files read at start, by result: restored, missing, unreadable, corrupt (not a checkpoint, truncated, damaged or inconsistent: ignored), foreign (another pod, model, key scheme, block size or version: ignored).",
-		}, []string{"result"})}
-	for _, r := range []string{loadRestored, loadMissing, loadUnreadable, loadCorrupt, loadForeign} {
-		c.loads.WithLabelValues(r)
-	}
-	return c
-}
-
 // collectors are the checkpoint's metrics.
 func (c *checkpointer) collectors() []prometheus.Collector {
 	return []prometheus.Collector{

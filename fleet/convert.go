@@ -5,17 +5,17 @@ import (
 	"github.com/kvindex/kvindex/indexer"
 )
 
-// The index records and applies indexer.Delta; the transport carries
-// events.Delta, the event model's copy of it. The conversions are a field
-// copy per entry (about a nanosecond), against a NATS message per batch.
-
+// The conversions cost a field copy per entry, against a NATS message per
+// batch.
 var (
 	toWireOp = [...]events.DeltaOp{indexer.OpStore: events.DeltaStore, indexer.OpRemove: events.DeltaRemove, indexer.OpDrop: events.DeltaDrop, indexer.OpClear: events.DeltaClear}
 	toIdxOp  = [...]indexer.DeltaOp{events.DeltaStore: indexer.OpStore, events.DeltaRemove: indexer.OpRemove, events.DeltaDrop: indexer.OpDrop, events.DeltaClear: indexer.OpClear}
 )
 
-// toWire appends d's entries to w.
-func toWire(d *indexer.Delta, w *events.Delta) {
+// ToWire appends the effects an agent's index recorded (d) to w, as the
+// agent publishes them (also for tools that publish recorded deltas
+// through a natsbus.Agent without an engine).
+func ToWire(d *indexer.Delta, w *events.Delta) {
 	for i := range d.Entries {
 		e := &d.Entries[i]
 		w.Entries = append(w.Entries, events.DeltaEntry{
@@ -41,8 +41,3 @@ func fromWire(w *events.Delta, seq uint64, d *indexer.Delta) {
 		})
 	}
 }
-
-// ToWire appends the effects an agent's index recorded (d) to w, as the
-// agent publishes them: for benchmarks and tools that publish recorded
-// deltas through a natsbus.Agent without an engine.
-func ToWire(d *indexer.Delta, w *events.Delta) { toWire(d, w) }

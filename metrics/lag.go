@@ -13,14 +13,11 @@ const (
 )
 
 // Lag is the histogram kvindex_event_lag_seconds: how long after the
-// engine stamped a batch (vLLM's batch timestamp, the engine's wall clock)
-// this process applied it, by source. It is what makes answers late, and
-// the first thing to look at when routing trails the engines. It includes
-// any offset between the engine's clock and this host's (NTP keeps it
-// under a millisecond or so); a batch stamped in this host's future counts
-// as 0. Replayed batches are not observed (their age is the gap's, not
-// the path's). Observe is safe for concurrent use; cost: one histogram
-// observation, no allocation.
+// engine stamped a batch (its wall clock) this process applied it, by
+// source. It includes any offset between the two clocks; a batch stamped
+// in this host's future counts as 0. Replayed batches are not observed
+// (their age is the gap's, not the path's). Observe is safe for
+// concurrent use and does not allocate.
 type Lag struct {
 	vec       *prometheus.HistogramVec
 	zmq, nats prometheus.Observer

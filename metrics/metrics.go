@@ -95,9 +95,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 // WithDigests makes the collector export kvindex_worker_digest, so that
 // replicas can be compared (an alert fires when replicas that applied the
 // same seq of a worker disagree). Cost, per scrape: Worker.Digest of every
-// worker, O(blocks) under each worker's mutex (3.3 ns a block for a
-// replica's keyed workers, 20 ns fed engine events: docs/benchmarks.md).
-// It returns c.
+// worker, O(blocks) under each worker's mutex. It returns c.
 func (c *Collector) WithDigests() *Collector {
 	c.digests = true
 	return c

@@ -9,13 +9,8 @@
 // among the pool's endpoints (an immutable set SetEndpoints replaces). It
 // answers as GIE's protocol specifies: "ip:port,ip:port" (chosen, then
 // fallbacks) in the x-gateway-destination-endpoint header and the envoy.lb
-// metadata. The first response body chunk, an error status, the response's
-// end or the stream closing releases the request, counted by reason.
-//
-// A request the picker cannot read a prompt from (not JSON, no prompt, a
-// GET) and one whose prompt could not be tokenized is still routed, by
-// load alone. No ready endpoint is answered 503, overload 429, a body
-// over the limit 413, as the protocol asks.
+// metadata. A request without a usable prompt, or whose prompt could not
+// be tokenized, is still routed, by load alone.
 //
 // A Picker serves any number of streams at once; they share only the
 // Router, the counters, the endpoint set (an atomic pointer), the body

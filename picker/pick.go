@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvindex/kvindex/events"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/tokenize"
 )
@@ -86,7 +87,12 @@ func prompt(raw []byte, sr *kvindexv1.ScoreRequest) (model string, ok bool) {
 // ranks, the rank (else -1); or a status for an immediate answer.
 func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, code typev3.StatusCode, msg string) {
 	start := time.Now()
-	defer func() { p.counter.observe(time.Since(start)) }()
+	defer func() {
+		d := time.Since(start)
+		p.counter.pickNanos.Add(int64(d))
+		p.counter.picks.Add(1)
+		p.counter.pickSeconds.Observe(d.Seconds())
+	}()
 	pool := p.pool.Load() // the whole decision sees one set
 	sr := &kvindexv1.ScoreRequest{}
 	bodyModel, ok := prompt(st.body, sr)
@@ -168,7 +174,7 @@ func (p *Picker) pick(ctx context.Context, st *stream) (dest string, rank int, c
 // endpoint is the endpoint of a worker Route answered with (one of the
 // candidates, so found), nil for a worker not in the set.
 func (s *endpointSet) endpoint(r *kvindexv1.WorkerRef) *Endpoint {
-	i, ok := s.byRef[refOf(r)]
+	i, ok := s.byRef[events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}]
 	if !ok {
 		return nil
 	}

@@ -171,6 +171,10 @@ func New(r Router, opts Options) (*Picker, error) {
 		Name: "kvindex_gateway_pick_seconds", Help: "Endpoint picker decisions, from the complete body to the destination (tokenization and Route included).",
 		Buckets: prometheus.ExponentialBuckets(0.0000625, 2, 16),
 	})
+	p.bodies.New = func() any {
+		b := make([]byte, 0, 64<<10)
+		return &b
+	}
 	p.pool.Store(set)
 	for _, svc := range []string{"", "liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
 		p.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
@@ -185,6 +189,10 @@ func (p *Picker) SetEndpoints(eps []Endpoint) error {
 	set, err := newEndpointSet(eps)
 	if err != nil {
 		return err
+	}
+	p.bodies.New = func() any {
+		b := make([]byte, 0, 64<<10)
+		return &b
 	}
 	p.pool.Store(set)
 	p.counter.endpointSets.Add(1)
@@ -284,7 +292,7 @@ func (p *Picker) handle(ctx context.Context, st *stream, req *extprocv3.Processi
 		case st.body == nil && b.GetEndOfStream():
 			st.body = b.GetBody() // the whole body in one message (its own memory): no copy
 		case st.pooled == nil && len(b.GetBody()) > 0:
-			st.pooled = p.bodyBuffer()
+			st.pooled = p.bodies.Get().(*[]byte)
 			st.body = append((*st.pooled)[:0], st.body...)
 			fallthrough
 		default:
@@ -390,14 +398,6 @@ func (p *Picker) pickAndAnswer(ctx context.Context, st *stream, headersOnly bool
 		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
 		DynamicMetadata: meta,
 	})
-}
-
-func (p *Picker) bodyBuffer() *[]byte {
-	if b, ok := p.bodies.Get().(*[]byte); ok {
-		return b
-	}
-	b := make([]byte, 0, 64<<10)
-	return &b
 }
 
 // bodyResponse answers a request or response body chunk: with data set

@@ -11,10 +11,8 @@ import (
 // pass: model, the raw prompt, and each message's role and raw content.
 // It returns ok false for anything it does not follow (the caller then
 // decodes with encoding/json, which words the errors). Values are sliced
-// from b, not copied.
-//
-// encoding/json's validate-then-reflect decoding was two thirds of a
-// decision (BenchmarkPickChat4K, docs/benchmarks.md).
+// from b, not copied: it replaces encoding/json, the bulk of a decision's
+// cost (docs/benchmarks.md).
 func scanBody(b []byte) (out body, ok bool) {
 	s := scanner{b: b}
 	ok = s.object(func(key []byte) bool {
@@ -88,7 +86,6 @@ func odd(key string, names ...string) bool {
 
 // unquoteString decodes a JSON string literal.
 func unquoteString(q []byte) (string, bool) {
-	var s string
 	m := tokenize.WireMessage{Content: q}
 	s, err := m.Text()
 	return s, err == nil
@@ -118,55 +115,16 @@ func (s *scanner) peek() byte {
 	return 0
 }
 
-// object calls field for each key, with the cursor before its value,
-// which field must consume.
-func (s *scanner) object(field func(key []byte) bool) bool {
+// list consumes open, elements read by elem and separated by commas, and
+// close.
+func (s *scanner) list(open, close byte, elem func() bool) bool {
 	s.ws()
-	if s.peek() != '{' {
+	if s.peek() != open {
 		return false
 	}
 	s.i++
 	s.ws()
-	if s.peek() == '}' {
-		s.i++
-		return true
-	}
-	for {
-		k, ok := s.str()
-		if !ok {
-			return false
-		}
-		s.ws()
-		if s.peek() != ':' {
-			return false
-		}
-		s.i++
-		if !field(k[1 : len(k)-1]) {
-			return false
-		}
-		s.ws()
-		switch s.peek() {
-		case ',':
-			s.i++
-			s.ws()
-		case '}':
-			s.i++
-			return true
-		default:
-			return false
-		}
-	}
-}
-
-// array calls elem for each element, with the cursor before it.
-func (s *scanner) array(elem func() bool) bool {
-	s.ws()
-	if s.peek() != '[' {
-		return false
-	}
-	s.i++
-	s.ws()
-	if s.peek() == ']' {
+	if s.peek() == close {
 		s.i++
 		return true
 	}
@@ -178,7 +136,7 @@ func (s *scanner) array(elem func() bool) bool {
 		switch s.peek() {
 		case ',':
 			s.i++
-		case ']':
+		case close:
 			s.i++
 			return true
 		default:
@@ -186,6 +144,26 @@ func (s *scanner) array(elem func() bool) bool {
 		}
 	}
 }
+
+// object calls field for each key, with the cursor before its value,
+// which field must consume.
+func (s *scanner) object(field func(key []byte) bool) bool {
+	return s.list('{', '}', func() bool {
+		k, ok := s.str()
+		if !ok {
+			return false
+		}
+		s.ws()
+		if s.peek() != ':' {
+			return false
+		}
+		s.i++
+		return field(k[1 : len(k)-1])
+	})
+}
+
+// array calls elem for each element, with the cursor before it.
+func (s *scanner) array(elem func() bool) bool { return s.list('[', ']', elem) }
 
 // str consumes a string literal and returns it, quotes included.
 func (s *scanner) str() ([]byte, bool) {

@@ -6,9 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/metrics"
-	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
 // decision is what the picker did with a request.
@@ -51,12 +49,6 @@ type counters struct {
 	pickSeconds     prometheus.Histogram // set by New
 }
 
-func (c *counters) observe(d time.Duration) {
-	c.pickNanos.Add(int64(d))
-	c.picks.Add(1)
-	c.pickSeconds.Observe(d.Seconds())
-}
-
 // Stats are a Picker's counters since it was made.
 type Stats struct {
 	// Decisions and Releases count requests by decision and releases by
@@ -87,10 +79,6 @@ func (p *Picker) Stats() Stats {
 		s.Releases[releaseNames[i]] = p.counter.releases[i].Load()
 	}
 	return s
-}
-
-func refOf(r *kvindexv1.WorkerRef) events.WorkerRef {
-	return events.WorkerRef{Pod: r.GetPod(), DPRank: int(r.GetDpRank())}
 }
 
 // Collector returns the picker's Prometheus metrics.

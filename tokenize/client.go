@@ -171,9 +171,6 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// Has reports whether the model has tokenizer endpoints.
-func (c *Client) Has(model string) bool { return len(c.opts.Endpoints[model]) > 0 }
-
 // Stats returns the counters.
 func (c *Client) Stats() Stats {
 	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Shared: c.shared.Load(), Failures: c.failures.Load(), Busy: c.busy.Load(),
@@ -249,7 +246,9 @@ func (c *Client) tokenize(ctx context.Context, req *Request) ([]uint32, error) {
 			f.tokens, f.err = c.roundTrip(rctx, req.Model, req.Messages != nil, eps, body)
 		}
 		cancel()
-		c.metrics.observe(time.Since(start))
+		if c.metrics != nil {
+			c.metrics.duration.Observe(time.Since(start).Seconds())
+		}
 		if f.err == nil && c.cache != nil {
 			c.cache.Add(key, f.tokens)
 		}

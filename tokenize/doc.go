@@ -8,8 +8,6 @@
 // A Client holds, per model, the servers' base URLs, a bounded LRU cache
 // keyed by the request's content, and single-flight. Every bound is an
 // Option and every refusal is counted. Package standin serves the same
-// wire format with a deterministic stand-in tokenizer for tests.
-//
-// A Client is safe for concurrent use. Tokenize's result is shared with
-// the cache and with concurrent callers: callers must not modify it.
+// wire format with a deterministic stand-in tokenizer for tests. A Client
+// is safe for concurrent use.
 package tokenize

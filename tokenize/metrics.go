@@ -2,7 +2,6 @@ package tokenize
 
 import (
 	"errors"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -52,12 +51,6 @@ func newMetrics(reg prometheus.Registerer, c *Client) *metrics {
 		}
 	}
 	return m
-}
-
-func (m *metrics) observe(d time.Duration) {
-	if m != nil {
-		m.duration.Observe(d.Seconds())
-	}
 }
 
 func (m *metrics) failed(err error) {

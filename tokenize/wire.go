@@ -64,19 +64,13 @@ func (m *WireMessage) Text() (string, error) {
 	if err := json.Unmarshal(c, &parts); err != nil {
 		return "", fmt.Errorf("tokenize: content is neither a string nor a list of parts: %w", err)
 	}
-	var b []byte
-	n := 0
+	var texts []string
 	for _, p := range parts {
-		if p.Type != "text" {
-			continue
+		if p.Type == "text" {
+			texts = append(texts, p.Text)
 		}
-		if n > 0 {
-			b = append(b, '\n')
-		}
-		b = append(b, p.Text...)
-		n++
 	}
-	return string(b), nil
+	return strings.Join(texts, "\n"), nil
 }
 
 // TextShared is Text without the copy in the common case: a string
@@ -140,22 +134,11 @@ func unquote(q []byte) (string, bool) {
 		if i == len(q) {
 			return "", false
 		}
-		switch q[i] {
-		case '"', '\\', '/':
-			out = append(out, q[i])
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		default: // \uXXXX, surrogate pairs: rare, left to json.Unmarshal
+		j := strings.IndexByte(`"\/bfnrt`, q[i])
+		if j < 0 { // \uXXXX, surrogate pairs: rare, left to json.Unmarshal
 			return "", false
 		}
+		out = append(out, "\"\\/\b\f\n\r\t"[j])
 	}
 	if !utf8.Valid(out) {
 		return "", false

@@ -14,7 +14,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/daemon"
@@ -86,7 +85,11 @@ func command(use, short, long string, run func(context.Context, *config.Config) 
 			return run(ctx, cfg)
 		},
 	}
-	o.addFlags(cmd.Flags())
+	f := cmd.Flags()
+	f.StringVarP(&o.path, "config", "c", "", "YAML configuration file")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", "Prometheus listen address, or off (overrides metrics_listen)")
+	f.StringVar(&o.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
+	f.StringVar(&o.logFormat, "log-format", "", "text or json (overrides log.format)")
 	return cmd, o
 }
 
@@ -97,14 +100,6 @@ type flagOverrides struct {
 	grpcListen, metricsListen string
 	logLevel, logFormat       string
 	natsURL, pod, podName     string // kvindex agent's
-}
-
-// addFlags adds the flags serve and agent share.
-func (o *flagOverrides) addFlags(f *pflag.FlagSet) {
-	f.StringVarP(&o.path, "config", "c", "", "YAML configuration file")
-	f.StringVar(&o.metricsListen, "metrics-listen", "", "Prometheus listen address, or off (overrides metrics_listen)")
-	f.StringVar(&o.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
-	f.StringVar(&o.logFormat, "log-format", "", "text or json (overrides log.format)")
 }
 
 // serveConfig reads the configuration file, or takes config.Default

@@ -1,23 +1,7 @@
-// Command kvindexctl is kvindex's operator CLI: it lists the workers a
-// kvindex server indexes, with the health of their event streams, explains
-// a routing decision by scoring a prompt against every worker, and
-// explains the index itself: who holds each block of a prompt, what a
-// worker holds, how two servers differ, why a worker misses a prompt, what
-// the index applies as it happens, and a live per-worker table.
-//
-//	kvindexctl workers [--model M]
-//	kvindexctl score --model M --tokens 1,2,3 [--lora L] [--cache-salt S] [--worker pod/rank ...]
-//	kvindexctl lookup --model M --tokens-file prompt.json
-//	kvindexctl dump --worker pod/rank [--max-keys N]
-//	kvindexctl diff --other host:port [--worker pod/rank] [--model M]
-//	kvindexctl diagnose --model M --tokens-file prompt.json --worker pod/rank [--engine-hashes H,...]
-//	kvindexctl watch [--model M] [--worker pod/rank ...] [--kind stored ...] [--count N]
-//	kvindexctl top [--model M] [--interval 2s]
-//
-// Global flags: --addr (default localhost:50051), --timeout, --json, and
-// for a secured server --tls, --tls-ca, --tls-cert/--tls-key and
-// --token-file (or $KVINDEX_TOKEN).
-// The logic lives in ctl; this file only wires flags to it.
+// Command kvindexctl is kvindex's operator CLI: workers and their health,
+// how a prompt scores, and the index itself (lookup, dump, diff, diagnose,
+// watch, top, health); `kvindexctl --help` lists commands and flags. The
+// logic lives in ctl; this file only wires flags to it.
 package main
 
 import (
@@ -77,24 +61,19 @@ func newRoot(stdin io.Reader) *cobra.Command {
 	var tokenFile string
 	pf.StringVar(&tokenFile, "token-file", "", "file holding a bearer token (default: $KVINDEX_TOKEN)")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
-		tok, err := readToken(tokenFile)
-		cfg.Token = tok
-		return err
+		if tokenFile == "" {
+			cfg.Token = os.Getenv("KVINDEX_TOKEN")
+			return nil
+		}
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("token: %w", err)
+		}
+		cfg.Token = strings.TrimRight(string(b), "\r\n")
+		return nil
 	}
 	root.AddCommand(newWorkers(&cfg), newScore(&cfg), newLookup(&cfg), newDump(&cfg), newDiff(&cfg), newDiagnose(&cfg), newWatch(&cfg), newTop(&cfg), newHealth(&cfg))
 	return root
-}
-
-// readToken returns the bearer token from file, or else $KVINDEX_TOKEN.
-func readToken(file string) (string, error) {
-	if file == "" {
-		return os.Getenv("KVINDEX_TOKEN"), nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "", fmt.Errorf("token: %w", err)
-	}
-	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // command builds a subcommand that takes no positional arguments and runs

@@ -16,9 +16,8 @@ import (
 // Mask replaces every redacted value.
 const Mask = "REDACTED"
 
-// secretParams are query parameter names whose values are credentials,
-// compared without case; so is any name containing "token", "secret",
-// "password" or "key".
+// secretParams mark a query parameter whose name contains one of them,
+// compared without case, as a credential.
 var secretParams = []string{"token", "secret", "password", "passwd", "key", "auth", "sig", "signature", "credential", "session"}
 
 // URL returns u with its user-info password and secret query values

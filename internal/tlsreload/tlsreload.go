@@ -11,13 +11,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvindex/kvindex/internal/defaults"
 )
 
 // Files are what a Reloader loads.
@@ -43,9 +44,7 @@ type Reloader struct {
 
 // New loads files, failing if they do not load.
 func New(files Files, log *slog.Logger) (*Reloader, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	defaults.Zero(&log, slog.New(slog.DiscardHandler))
 	r := &Reloader{files: files, log: log}
 	cfg, stamp, err := r.load()
 	if err != nil {
@@ -109,17 +108,12 @@ func (r *Reloader) Check() bool {
 	return true
 }
 
-func (r *Reloader) paths() []string {
-	ps := []string{r.files.CertFile, r.files.KeyFile}
-	if r.files.ClientCAFile != "" {
-		ps = append(ps, r.files.ClientCAFile)
-	}
-	return ps
-}
-
 func (r *Reloader) stampNow() (string, error) {
 	s := ""
-	for _, p := range r.paths() {
+	for _, p := range []string{r.files.CertFile, r.files.KeyFile, r.files.ClientCAFile} {
+		if p == "" {
+			continue
+		}
 		fi, err := os.Stat(p)
 		if err != nil {
 			return "", err
@@ -147,11 +141,9 @@ func (r *Reloader) load() (*tls.Config, string, error) {
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, "", fmt.Errorf("tlsreload: client CA %s: %w", r.files.ClientCAFile, errNoCerts)
+			return nil, "", fmt.Errorf("tlsreload: client CA %s: no PEM certificates", r.files.ClientCAFile)
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
 	return cfg, stamp, nil
 }
-
-var errNoCerts = errors.New("no PEM certificates")

@@ -1,12 +1,8 @@
 // Package envoytest drives an ext_proc server the way Envoy's ext_proc
 // filter does, for tests and benchmarks of the endpoint picker: Stream
 // replays one HTTP request's message sequence, waits for each answer the
-// filter would, and checks what a filter checks.
-//
-// # Concurrency
-//
-// A Stream belongs to one goroutine; many Streams may share a client
-// connection.
+// filter would, and checks what a filter checks. A Stream belongs to one
+// goroutine; many Streams may share a client connection.
 package envoytest
 
 import (

@@ -21,11 +21,8 @@
 // (none for empty content); the generation prompt appends the header of
 // "assistant". So turn n+1 of a conversation (its messages plus the
 // assistant's answer and a new user message) starts with every id of turn
-// n, generation prompt included.
-//
-// # Concurrency
-//
-// Everything here is safe for concurrent use.
+// n, generation prompt included. Everything here is safe for concurrent
+// use.
 package standin
 
 import (
@@ -33,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -149,12 +147,11 @@ func (h *Handler) RenderMisses() int64 { return h.missing.Load() }
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	render := r.URL.Path == tokenize.RenderChatPath || r.URL.Path == tokenize.RenderCompletionPath
 	switch {
-	case render && h.NoRender:
-		h.missing.Add(1)
+	case render && h.NoRender, !render && r.URL.Path != tokenize.TokenizePath:
+		if render {
+			h.missing.Add(1)
+		}
 		// What the web framework of a server without the route answers.
-		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
-		return
-	case !render && r.URL.Path != tokenize.TokenizePath:
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 		return
 	case r.Method != http.MethodPost:
@@ -171,7 +168,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Sprintf("invalid JSON: %v", err))
 		return
 	}
-	if len(h.Models) > 0 && !contains(h.Models, req.Model) {
+	if len(h.Models) > 0 && !slices.Contains(h.Models, req.Model) {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", req.Model), "type": "NotFoundError", "param": "model", "code": 404}})
 		return
 	}
@@ -229,13 +226,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func badRequest(w http.ResponseWriter, msg string) {
 	writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": msg, "type": "BadRequestError", "code": 400}})
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
