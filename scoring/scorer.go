@@ -111,9 +111,6 @@ func (r *routeStats) note(now time.Time, keys []indexer.Key, own float64) {
 	r.shared.note(keys, now)
 }
 
-// rate is the model's routes per second at now (see rateCell.rate).
-func (r *routeStats) rate(now time.Time) float64 { return r.routes.rate(now) }
-
 // stats returns the model's route statistics, creating them on first use.
 func (s *Scorer) stats(m *indexer.Model) *routeStats {
 	if v, ok := s.routes.Load(m); ok {
@@ -348,7 +345,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	}
 	if len(req.Tokens) > 0 {
 		res.Keys = req.Model.PromptKeys(req.Tokens, req.Extras, res.Keys[:0])
-		s.notePrompt(len(req.Tokens))
+		ewma(&s.avgPrompt, float64(len(req.Tokens)))
 	} else {
 		res.Keys = append(res.Keys[:0], req.Keys...)
 	}
@@ -487,15 +484,12 @@ func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 		BlockSize:         bs,
 		AvgPromptTokens:   math.Float64frombits(s.avgPrompt.Load()),
 		AvgUncachedTokens: math.Float64frombits(st.avgOwn.Load()),
-		ArrivalRate:       st.rate(now),
+		ArrivalRate:       st.routes.rate(now),
 		Workers:           res.tab.perModel[req.Model],
 	}
 	pr.SharedDepths = st.shared.fill(res.Keys, now, &pr.SharedRates)
 	return pr
 }
-
-// notePrompt folds a prompt length into the moving average.
-func (s *Scorer) notePrompt(tokens int) { ewma(&s.avgPrompt, float64(tokens)) }
 
 // Route ranks like Score with every allowed worker of the model listed,
 // chooses the best one, or pick when not nil (any worker of the model,
