@@ -45,7 +45,7 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 	}
 	w.enforceCapacityLocked()
 	w.endRecordLocked(d)
-	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Batch: b}})
+	w.unlockThen(before, after{apply: true, what: Applied{Batch: b}})
 	return errors.Join(errs...)
 }
 
@@ -80,7 +80,7 @@ func (w *Worker) reset(reason string, d *Delta) {
 	w.c.lastResetAt.Store(time.Now().UnixNano())
 	w.c.resets.Add(1)
 	w.endRecordLocked(d)
-	w.unlockThen(before, after{tell: true, what: Applied{Reset: reason}})
+	w.unlockThen(before, after{what: Applied{Reset: reason}})
 }
 
 // applyLocked applies one event.

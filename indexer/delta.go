@@ -296,7 +296,7 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 		}
 	}
 	w.deltaSeq = d.Seq
-	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Delta: d}})
+	w.unlockThen(before, after{apply: true, what: Applied{Delta: d}})
 	if bad > 0 {
 		w.c.deltaMismatches.Add(int64(bad))
 		return fmt.Errorf("%w: worker %s, delta %d: %d of %d effects skipped; the first: %w", ErrDeltaMismatch, w.info.Ref, d.Seq, bad, len(d.Entries), first)

@@ -322,9 +322,8 @@ func (w *Worker) evictForBudget(n int64) int64 {
 
 // after is what unlockThen does once the worker's mutex is released.
 type after struct {
-	apply bool // stamps Stats.LastApply and enforces the memory budget.
-	tell  bool
-	what  Applied
+	apply bool    // stamps Stats.LastApply and enforces the memory budget.
+	what  Applied // what observers are told, unless zero.
 }
 
 // unlockThen ends a change made under w.mu (the worker held before blocks
@@ -342,9 +341,11 @@ func (w *Worker) unlockThen(before int64, then after) {
 	if then.apply {
 		w.ix.checkBudget()
 	}
-	if obs := w.ix.observers.Load(); obs != nil && then.tell {
+	if obs := w.ix.observers.Load(); obs != nil && then.what != (Applied{}) {
 		a := then.what
-		w.ix.notify(*obs, w, &a)
+		for _, o := range *obs {
+			o.fn(w, &a)
+		}
 	}
 }
 
