@@ -74,12 +74,10 @@ func (w *Worker) Resident(after Key, hasAfter bool, limit int) (page []ResidentK
 
 // EngineBlock is where one of a worker's engine blocks sits in the index.
 type EngineBlock struct {
-	Hash uint64
-	// Found is true when the worker holds a block with that hash; the
-	// fields below are set only then.
-	Found     bool
-	Key       Key // the content key the index computed for the block.
-	Parent    Key // the key Key attaches under, when HasParent.
+	Hash      uint64
+	Found     bool // true when the worker holds a block with that hash; the fields below are set only then.
+	Key       Key  // the content key the index computed for the block.
+	Parent    Key  // the key Key attaches under, when HasParent.
 	HasParent bool
 	Media     uint8 // the media the block is stored in.
 }
@@ -244,12 +242,10 @@ func (w *Worker) LoRAs() ([]string, bool) {
 // Applied is what an observer is told after a worker applied something:
 // exactly one field is set; Batch and Delta are valid only during the call.
 type Applied struct {
-	Batch *events.Batch // the engine batch applied.
-	Reset string        // the reason of a reset.
-	Delta *Delta        // the delta a keyed worker applied.
-	// Restore is set when the worker was rebuilt from a snapshot or a
-	// checkpoint.
-	Restore *Restored
+	Batch   *events.Batch // the engine batch applied.
+	Reset   string        // the reason of a reset.
+	Delta   *Delta        // the delta a keyed worker applied.
+	Restore *Restored     // set when the worker was rebuilt from a snapshot or a checkpoint.
 }
 
 // Restored describes a restore an observer is told of.

@@ -49,11 +49,9 @@ type Worker struct {
 	// singles are this worker's interned one-worker sets, by media mask.
 	singles [1 << events.NumMedia]atomic.Pointer[holders.Set]
 
-	mu sync.Mutex // guards everything below, and cur's use of the tree
-	// engine maps engine block hash to an engineEntry, with its store
-	// recency.
-	engine   blockmap.Map
-	warmSink uint64 // keeps the warm-up loads from being elided.
+	mu       sync.Mutex   // guards everything below, and cur's use of the tree
+	engine   blockmap.Map // maps engine block hash to an engineEntry, with its store recency.
+	warmSink uint64       // keeps the warm-up loads from being elided.
 	// dups has the per-medium store counts of blocks stored more than
 	// once in some medium (their entries' dup bit), by engine hash.
 	dups  map[uint64]*[events.NumMedia]uint8
@@ -79,11 +77,9 @@ type Worker struct {
 	aliases map[loc]*alias
 	// keyed has a keyed worker's counts of the keys that are not one block
 	// with one store per medium (their entries' dup bit), by key.
-	keyed map[uint64]*keyCounts
-	rec   *Delta // the delta the current call records its effects in, or nil.
-	// deltaSeq is the Seq of the last delta recorded or applied, or of
-	// the snapshot restored.
-	deltaSeq uint64
+	keyed    map[uint64]*keyCounts
+	rec      *Delta // the delta the current call records its effects in, or nil.
+	deltaSeq uint64 // the Seq of the last delta recorded or applied, or of the snapshot restored.
 	hist     history
 
 	c counters

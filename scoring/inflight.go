@@ -115,11 +115,9 @@ const (
 
 // TrackerOptions configure a Tracker; a zero field means its default.
 type TrackerOptions struct {
-	SpecTTL   time.Duration // how long routed blocks count as speculatively cached.
-	FlightTTL time.Duration // how long a routed request counts as load without a Release.
-	// MaxFlights bounds the requests in flight; Record refuses more with
-	// ErrTooManyFlights, counted.
-	MaxFlights  int
+	SpecTTL     time.Duration    // how long routed blocks count as speculatively cached.
+	FlightTTL   time.Duration    // how long a routed request counts as load without a Release.
+	MaxFlights  int              // bounds the requests in flight; Record refuses more with ErrTooManyFlights, counted.
 	MaxSpecKeys int              // past it a route is recorded without its speculative keys, counted.
 	Now         func() time.Time // the clock; nil means time.Now.
 }

@@ -58,11 +58,9 @@ func (g Guard) String() string {
 
 // Policy is a ranking policy with its parameters.
 type Policy struct {
-	Name    Name
-	Weights [events.NumMedia]float64 // weigh a cached block by medium.
-	// LoadWeight scales queued prefill tokens against the request's own
-	// uncached tokens (GuardCost).
-	LoadWeight float64
+	Name       Name
+	Weights    [events.NumMedia]float64 // weigh a cached block by medium.
+	LoadWeight float64                  // scales queued prefill tokens against the request's own uncached tokens (GuardCost).
 	Guard      Guard
 	StaticK    float64   // GuardStatic's multiple of the median in-flight count.
 	Cost       CostModel // GuardTTFT's cost model; zero means DefaultCostModel().

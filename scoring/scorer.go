@@ -14,12 +14,8 @@ import (
 	"github.com/kvindex/kvindex/internal/quote"
 )
 
-// Errors of Scorer calls; a *RequestError is a request that cannot be
-// answered as given.
-var (
-	// ErrNoWorker: Route found no worker of the model to choose.
-	ErrNoWorker = errors.New("scoring: no worker available")
-)
+// ErrNoWorker is Route finding no worker of the model to choose.
+var ErrNoWorker = errors.New("scoring: no worker available")
 
 // RequestError is a request that names something wrong, with the field at
 // fault as a path ("workers[2]", "pick"), as the gRPC API reports it.
@@ -37,30 +33,21 @@ func badField(field, format string, args ...any) error {
 
 // Options configure a Scorer. The zero value is usable.
 type Options struct {
-	// Policy is the ranking policy requests start from; nil means
-	// DefaultPolicy().
-	Policy *Policy
+	Policy *Policy // the ranking policy requests start from; nil means DefaultPolicy().
 	// Tracker records Route decisions; nil means a tracker with default
 	// TTLs that only Release and Record sweep.
 	Tracker *Tracker
-	Loads   *LoadBoard // holds scraped engine load; nil means none.
-	// Health gives each worker's transport-side health; nil reads every
-	// worker as HealthUnknown.
-	Health events.HealthSource
+	Loads   *LoadBoard          // holds scraped engine load; nil means none.
+	Health  events.HealthSource // gives each worker's transport-side health; nil reads every worker as HealthUnknown.
 	// IncludeStale keeps stale workers in answers; by default they are
 	// left out unless the request names them as candidates.
 	IncludeStale bool
 }
 
-// Scorer is the ranking entry of kvindex: each worker's cached prefix,
-// speculative blocks included, its load, and a ranking by the policy.
-//
-// # Concurrency
-//
-// All methods are safe for concurrent use. A Score reads the index without
-// blocking writers, reads health and load with atomic loads from cells its
-// worker table caches (an immutable snapshot rebuilt when the index's
-// Version changes), and takes one tracker shard's read lock.
+// Scorer is the ranking entry of kvindex (see the package documentation).
+// A Score reads health and load with atomic loads from cells its worker
+// table caches (an immutable snapshot rebuilt when the index's Version
+// changes).
 type Scorer struct {
 	ix      *indexer.Index
 	opts    Options
@@ -82,10 +69,7 @@ type routeStats struct {
 	routes rateCell
 	avgOwn atomic.Uint64 // float64 bits, tokens; 0 before any
 	shared sharedRates
-	// mu makes the model's Routes one at a time from rank to record, so
-	// each sees every earlier route's speculative blocks and load (a burst
-	// for a new prefix stays together). Score takes no lock.
-	mu sync.Mutex
+	mu     sync.Mutex // the model's route lock (see the package documentation, Concurrency).
 }
 
 // ewma folds x into the float64 average at a with weight 1/64; the first
@@ -217,11 +201,9 @@ type Request struct {
 type RequestLoad struct {
 	Worker events.WorkerRef // the worker, which must serve the request's model.
 	// Running and Waiting are requests on the engine.
-	Running, Waiting uint32
-	KVUsage          float64 // the fraction of KV cache in use, in [0, 1].
-	// QueuedPrefillTokens is prompt tokens admitted but not prefilled (0:
-	// estimated).
-	QueuedPrefillTokens uint64
+	Running, Waiting    uint32
+	KVUsage             float64 // the fraction of KV cache in use, in [0, 1].
+	QueuedPrefillTokens uint64  // prompt tokens admitted but not prefilled (0: estimated).
 }
 
 // candidate states in Result.state.
@@ -301,9 +283,7 @@ func (r *Result) allow(id indexer.WorkerID) bool {
 	return r.tab.models[id] == r.model
 }
 
-// Score ranks the workers for req into res. It returns a *RequestError
-// for a request that names workers that are not the model's or gives
-// values out of range.
+// Score ranks the workers for req into res, or returns a *RequestError.
 //
 // Cost: hashing Tokens (about 8 ns per 16-token block), Match, one tracker
 // shard probe, atomic loads per listed worker, and O(w log w) to rank; no
