@@ -377,7 +377,7 @@ func (w *Worker) dropEntryLocked(slot int) {
 	}
 	e := w.entry(slot)
 	if w.rec != nil {
-		w.recDrop(w.cur.keyAt(w.locOf(e)), w.refsOf(slot))
+		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpDrop, Key: w.cur.keyAt(w.locOf(e)), Refs: w.refsOf(slot)})
 	}
 	mask := e.media()
 	for m := range events.NumMedia {

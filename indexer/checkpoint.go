@@ -80,14 +80,10 @@ func (b *CheckpointBlock) media() uint8 { return mediaOf(&b.Refs) }
 // maxResetReason bounds CheckpointState.LastReset.
 const maxResetReason = 1024
 
-// Checkpoint calls emit with the worker's checkpoint, segment by segment.
-// It is gathered under the worker's mutex, as after some batch, and emitted
-// with no lock held; emit must not keep the segment (it is reused), and its
-// error ends the checkpoint. An empty worker's checkpoint is one segment
-// with no keys. A keyed worker refuses (ErrWorkerKind).
-//
-// Cost: O(blocks log blocks) under the mutex, and 48 bytes a block of
-// memory until it returns (BenchmarkCheckpoint).
+// Checkpoint calls emit with the worker's checkpoint, segment by segment,
+// as Snapshot does. A keyed worker refuses (ErrWorkerKind). Cost:
+// O(blocks log blocks) under the mutex, and 48 bytes a block of memory
+// until it returns (BenchmarkCheckpoint).
 func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint: take a snapshot)", ErrWorkerKind, w.info.Ref)
@@ -155,13 +151,10 @@ func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, Checkpoint
 // RestoreCheckpoint replaces the worker's state with the checkpoint that
 // next returns segment by segment, until io.EOF; the worker then goes on as
 // the checkpointed worker would. It records no delta: replicas must resync.
-//
-// The segments are read and checked first, with no lock held: their order
-// and totals (see segOrder), the keys' order (see keyOrder), no engine hash
-// twice, every block in some medium, no negative learned capacity, and the
-// digest; else ErrBadCheckpoint, the worker left as it was. Then the state
-// is replaced under the mutex and the capacity enforced. A keyed worker
-// refuses (ErrWorkerKind). Cost: BenchmarkRestoreCheckpoint.
+// The whole checkpoint is checked first, with no lock held (else
+// ErrBadCheckpoint, the worker left as it was); then the state is replaced
+// under the mutex and the capacity enforced. A keyed worker refuses
+// (ErrWorkerKind). Cost: BenchmarkRestoreCheckpoint.
 func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint restore: restore a snapshot)", ErrWorkerKind, w.info.Ref)

@@ -122,11 +122,6 @@ func (w *Worker) recRemove(k Key, m events.Medium, blockEdge, mediumEdge bool) {
 	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpRemove, Key: k, Medium: m, BlockEdge: blockEdge, MediumEdge: mediumEdge})
 }
 
-// recDrop records an OpDrop; w.rec is not nil.
-func (w *Worker) recDrop(k Key, refs [events.NumMedia]uint8) {
-	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpDrop, Key: k, Refs: refs})
-}
-
 // parentLoc returns the position of the tree parent of the key at l, and
 // false at top level. It reads only immutable fields.
 func parentLoc(l loc) (loc, bool) {

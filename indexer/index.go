@@ -235,7 +235,10 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 		ix:    ix,
 	}
 	w.cur.ix = ix
-	w.hist.init(ix.cfg.RemovalHistory)
+	w.hist.size = max(ix.cfg.RemovalHistory, 0)
+	if ix.cfg.RemovalHistory == 0 {
+		w.hist.size = DefaultRemovalHistory
+	}
 	if ix.cfg.WorkerCapacity != 0 {
 		w.capConfigured = int64(max(ix.cfg.WorkerCapacity, -1))
 	}

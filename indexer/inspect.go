@@ -170,13 +170,6 @@ type removal struct {
 	cause RemovalCause
 }
 
-func (h *history) init(n int) {
-	h.size = max(n, 0)
-	if n == 0 {
-		h.size = DefaultRemovalHistory
-	}
-}
-
 func (h *history) on() bool { return h.size > 0 }
 
 // add records a removal; the clock is read once per batch.

@@ -7,10 +7,6 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// The invariant checks compile away unless the build tag invariants or
-// -race sets invariantsOn; a broken invariant panics through
-// brokenInvariant, naming what is broken where.
-
 // invariantSpan is the resident blocks a worker may hold per batch between
 // two of its invariant checks (see Worker.endLocked).
 const invariantSpan = 256
