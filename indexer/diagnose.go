@@ -212,7 +212,6 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	return d
 }
 
-// add appends a finding.
 func (d *Diagnosis) add(r Reason, at time.Time, format string, args ...any) {
 	d.Findings = append(d.Findings, Finding{Reason: r, Detail: fmt.Sprintf(format, args...), At: at})
 }

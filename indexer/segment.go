@@ -248,7 +248,6 @@ func appendKeyHead(b []byte, tag byte, k, parent Key) []byte {
 	return b
 }
 
-// appendLast appends the last flag and, when set, the digest.
 func appendLast(b []byte, last bool, digest uint64) []byte {
 	if !last {
 		return append(b, 0)
@@ -270,14 +269,12 @@ func (d *segDecoder) fail(format string, args ...any) {
 	}
 }
 
-// version reads the encoding's version byte, which must be want.
 func (d *segDecoder) version(want byte) {
 	if v := d.byte(); d.err == nil && v != want {
 		d.fail("encoding version %d, want %d", v, want)
 	}
 }
 
-// last reads the last flag and, when set, the digest.
 func (d *segDecoder) last() (bool, uint64) {
 	last := d.byte()
 	if d.err == nil && last > 1 {
@@ -315,7 +312,6 @@ func (d *segDecoder) end() error {
 	return d.err
 }
 
-// left returns how many bytes are left to read.
 func (d *segDecoder) left() int { return len(d.b) - d.off }
 
 // bytes reads n bytes, which alias the input.
@@ -391,7 +387,6 @@ func (d *segDecoder) uvarint(max uint64) uint64 {
 	return v
 }
 
-// media reads key i's media byte.
 func (d *segDecoder) media(i int) uint8 {
 	m := d.byte()
 	if d.err == nil && m >= 1<<events.NumMedia {

@@ -113,7 +113,6 @@ const (
 	genMask  = 1<<entryGenBits - 1 // keeps a node id slot's generation to the bits an entry has.
 )
 
-// newEntry returns the entry of a block at l stored in media.
 func newEntry(l loc, media uint8) engineEntry {
 	return engineEntry(l.off) | engineEntry(l.n.id)<<entryNodeShift |
 		engineEntry(l.n.gen)<<entryGenShift | engineEntry(media)<<entryMedShift
@@ -129,7 +128,6 @@ func (e engineEntry) with(m uint8) engineEntry {
 	return e&^(engineEntry(1<<events.NumMedia-1)<<entryMedShift) | engineEntry(m)<<entryMedShift
 }
 
-// entry returns the engine entry in slot.
 func (w *Worker) entry(slot int) engineEntry { return engineEntry(w.engine.Val(slot)) }
 
 // locOf returns the tree position of e, and panics if e's node id is
@@ -148,7 +146,6 @@ func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	return onePerMedium(e.media())
 }
 
-// onePerMedium returns the store counts of one store in each of media.
 func onePerMedium(media uint8) [events.NumMedia]uint8 {
 	var r [events.NumMedia]uint8
 	for m := range r {
@@ -276,7 +273,6 @@ func (w *Worker) capacityLocked() int64 {
 	return max(2*sum, minLearnedCapacity)
 }
 
-// enforceCapacityLocked evicts the blocks beyond the worker's capacity.
 func (w *Worker) enforceCapacityLocked() {
 	if c := w.capacityLocked(); c > 0 && w.res > c {
 		w.c.evictions.Add(w.evictLocked(w.res-c, CauseCapacity))
@@ -305,7 +301,6 @@ func (w *Worker) evictLocked(n int64, cause RemovalCause) int64 {
 	return done
 }
 
-// evictForBudget evicts up to n blocks for the memory budget.
 func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
 	before := w.res
