@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
-
-// Segments: what snapshots and checkpoints share, the checks of the
-// segments' and the keys' order, the key tag of their encodings, the
-// decoder, and the placing of checked keys in the tree.
 
 // segHead is what a segment says of its place in the whole.
 type segHead struct {
@@ -329,44 +326,27 @@ func (d *segDecoder) bytes(n int) []byte {
 
 // varint reads a zig-zag varint in [lo, hi].
 func (d *segDecoder) varint(lo, hi int64) int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b[d.off:])
-	if n <= 0 {
-		d.fail("bad or truncated varint")
-		return 0
-	}
+	u := d.uvarint(math.MaxUint64)
+	v := int64(u>>1) ^ -int64(u&1)
 	if v < lo || v > hi {
 		d.fail("value %d outside [%d, %d]", v, lo, hi)
 		return 0
 	}
-	d.off += n
 	return v
 }
 
 func (d *segDecoder) byte() byte {
-	if d.err != nil {
-		return 0
+	if b := d.bytes(1); b != nil {
+		return b[0]
 	}
-	if d.off >= len(d.b) {
-		d.fail("truncated")
-		return 0
-	}
-	d.off++
-	return d.b[d.off-1]
+	return 0
 }
 
 func (d *segDecoder) uint64() uint64 {
-	if d.err != nil {
-		return 0
+	if b := d.bytes(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
 	}
-	if len(d.b)-d.off < 8 {
-		d.fail("truncated")
-		return 0
-	}
-	d.off += 8
-	return binary.LittleEndian.Uint64(d.b[d.off-8:])
+	return 0
 }
 
 // uvarint reads a uvarint of at most max.
