@@ -243,10 +243,7 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 		return nil
 	})
 	if err == nil {
-		err = ko.end(ErrBadCheckpoint)
-	}
-	if err == nil {
-		err = o.checkDigest(digest)
+		err = ko.end(&o, digest)
 	}
 	if err != nil {
 		return nil, err

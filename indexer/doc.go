@@ -56,13 +56,12 @@
 //
 // # Memory
 //
-// 23 to 28 bytes per (block, worker) residency (BenchmarkMemory10M,
-// docs/benchmarks.md): the residency index 5 to 10 (8 per key, shared by
-// the key's holders), the engine maps 18 (blockmap, pointer-free so the
-// garbage collector does not scan them). Memory is bounded twice: each
-// worker holds at most its capacity of blocks (configured, or learned from
-// the engine's first removals; see Worker), which bounds what lost removals
-// leave behind, and Config.MemoryBudget bounds the estimated total,
-// evicting from the workers that hold the most. No cap limits how many
-// workers may hold one block.
+// Per (block, worker) residency: the residency index's keys (8 bytes per
+// key, shared by its holders) and the engine maps' entries (blockmap,
+// pointer-free so the garbage collector does not scan them); measured in
+// docs/benchmarks.md (BenchmarkMemory10M). Memory is bounded twice: each
+// worker holds at most its capacity (see Worker), which bounds what lost
+// removals leave behind, and Config.MemoryBudget bounds the estimated
+// total, evicting from the workers that hold the most. No cap limits how
+// many workers may hold one block.
 package indexer

@@ -71,8 +71,8 @@ type Config struct {
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): 23 to 28 bytes measured (BenchmarkMemory10M), with room
-// for an engine map just grown and dead keys kept in runs.
+// (block, worker): the measured 23 to 28 bytes (BenchmarkMemory10M), with
+// room for an engine map just grown and dead keys kept in runs.
 const EstimatedBytesPerBlock = 32
 
 // Index is the live residency index: which worker holds which content key

@@ -289,10 +289,7 @@ func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) 
 		return nil
 	})
 	if err == nil {
-		err = ko.end(ErrBadSnapshot)
-	}
-	if err == nil {
-		err = o.checkDigest(digest)
+		err = ko.end(&o, digest)
 	}
 	if err != nil {
 		return nil, err

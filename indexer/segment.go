@@ -169,12 +169,12 @@ func (o *keyOrder) add(k, parent Key, hasParent, hole bool) string {
 	return ""
 }
 
-// end checks that the keys do not end with a placeholder.
-func (o *keyOrder) end(bad error) error {
+// end checks that the keys do not end with a placeholder, and their digest.
+func (o *keyOrder) end(so *segOrder, digest uint64) error {
 	if o.prevHole {
-		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", bad, uint64(o.prev))
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", so.bad, uint64(o.prev))
 	}
-	return nil
+	return so.checkDigest(digest)
 }
 
 // keyPlacer places checked keys in order, each under the key its parent

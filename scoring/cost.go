@@ -136,8 +136,7 @@ func Calibrate(base CostModel, c Calibration) (CostModel, error) {
 }
 
 // Estimate is a candidate's estimated time to first token under a
-// CostModel, in seconds, and its parts.
-// The fields are the terms wait_w to relief_w of the package documentation.
+// CostModel and its parts, in seconds: wait_w to relief_w of the package doc.
 type Estimate struct {
 	Wait     float64 // the queued prefill ahead and the decode steps it shares.
 	Prefill  float64 // the request's own uncached prefill and its share of steps.

@@ -44,10 +44,9 @@ type Options struct {
 	IncludeStale bool
 }
 
-// Scorer is the ranking entry of kvindex (see the package documentation).
-// A Score reads health and load with atomic loads from cells its worker
-// table caches (an immutable snapshot rebuilt when the index's Version
-// changes).
+// Scorer is the ranking entry of kvindex (see the package documentation);
+// its worker table caches each worker's health and load cells, and is
+// rebuilt when the index's Version changes.
 type Scorer struct {
 	ix      *indexer.Index
 	opts    Options
