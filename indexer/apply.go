@@ -533,19 +533,18 @@ func (w *Worker) clearLocked() {
 	if w.rec != nil {
 		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpClear})
 	}
-	w.evict = w.evict[:0]
+	evict := make([]uint64, 0, w.engine.Len())
 	for slot := range w.engine.All() {
-		w.evict = append(w.evict, uint64(w.entry(slot)))
+		evict = append(evict, uint64(w.entry(slot)))
 	}
-	slices.SortFunc(w.evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
-	for _, x := range w.evict {
+	slices.SortFunc(evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
+	for _, x := range evict {
 		// Through releaseLocked, so that an alias is left only with its
 		// last entry, and its node not retired while one still points in.
 		e := engineEntry(x)
 		w.releaseLocked(w.locOf(e), e.media(), true)
 	}
 	w.engine.Reset()
-	w.evict = nil
 	w.dups = nil
 	w.aliases = nil
 	w.keyed = nil

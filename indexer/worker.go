@@ -54,9 +54,8 @@ type Worker struct {
 	warmSink uint64       // keeps the warm-up loads from being elided.
 	// dups has the per-medium store counts of blocks stored more than
 	// once in some medium (their entries' dup bit), by engine hash.
-	dups  map[uint64]*[events.NumMedia]uint8
-	cur   cursor
-	evict []uint64 // scratch for clears.
+	dups map[uint64]*[events.NumMedia]uint8
+	cur  cursor
 	// ignoredGroups are KV-cache groups whose events do not decide prefix
 	// reuse, learned from BlockStored's kv_cache_spec_kind.
 	ignoredGroups map[int]struct{}

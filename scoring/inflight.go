@@ -155,7 +155,7 @@ func (t *Tracker) flightShard(id string) *flightShard {
 }
 
 func (t *Tracker) specShard(k indexer.Key) *specShard {
-	// Keys' low bits are uniform (see indexer.Index's heads).
+	// Keys are xxh3 outputs: their low bits are uniform.
 	return &t.spec[uint64(k)%specShards]
 }
 

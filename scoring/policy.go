@@ -449,16 +449,10 @@ func (p *Policy) divert(cs []Candidate, tokens float64) {
 	if len(cs) < 2 {
 		return
 	}
-	// A fixed buffer covers up to 256 candidates without allocating.
-	var buf [256]uint32
-	var counts []uint32
-	if len(cs) <= len(buf) {
-		counts = buf[:len(cs)]
-	} else {
-		counts = make([]uint32, len(cs))
-	}
+	var buf [256]uint32 // up to 256 candidates without allocating
+	counts := buf[:0]
 	for i := range cs {
-		counts[i] = busy(&cs[i].Load)
+		counts = append(counts, busy(&cs[i].Load))
 	}
 	slices.Sort(counts)
 	median := float64(counts[len(counts)/2])
