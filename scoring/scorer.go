@@ -233,7 +233,6 @@ type Result struct {
 	loadAt   []int32
 	loaded   []indexer.WorkerID
 	filtered bool
-	model    *indexer.Model
 	allowFn  func(indexer.WorkerID) bool
 	incStale bool
 }
@@ -252,7 +251,7 @@ func (r *Result) reset() {
 	}
 	r.cands, r.loaded = r.cands[:0], r.loaded[:0]
 	r.Ranked, r.specs, r.matches = r.Ranked[:0], r.specs[:0], r.matches[:0]
-	r.filtered, r.tab, r.model, r.Model = false, nil, nil, nil
+	r.filtered, r.tab, r.Model = false, nil, nil
 	if cap(r.Keys) > 1<<16 {
 		r.Keys = nil
 	}
@@ -279,7 +278,7 @@ func (r *Result) allow(id indexer.WorkerID) bool {
 	if !r.incStale && !r.tab.health[id].Load().Trusted() {
 		return false
 	}
-	return r.tab.models[id] == r.model
+	return r.tab.models[id] == r.Model
 }
 
 // Score ranks the workers for req into res, or returns a *RequestError.
@@ -306,7 +305,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	if res.allowFn == nil {
 		res.allowFn = res.allow
 	}
-	res.Model, res.model = req.Model, req.Model
+	res.Model = req.Model
 	res.Policy = s.policy
 	if req.Policy != nil {
 		res.Policy = *req.Policy
@@ -401,10 +400,10 @@ func (r *Result) markCandidates(refs []events.WorkerRef) error {
 		}
 		id, ok := r.tab.byRef[ref]
 		if !ok {
-			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s", quote.S(ref.String()), quote.Q(r.model.Name))
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s", quote.S(ref.String()), quote.Q(r.Model.Name))
 		}
-		if m := r.tab.models[id]; m != r.model {
-			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s (it serves %s)", quote.S(ref.String()), quote.Q(r.model.Name), quote.Q(m.Name))
+		if m := r.tab.models[id]; m != r.Model {
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s (it serves %s)", quote.S(ref.String()), quote.Q(r.Model.Name), quote.Q(m.Name))
 		}
 		if r.state[id] == notCandidate {
 			r.state[id] = candidate
@@ -420,8 +419,8 @@ func (r *Result) markLoads(loads []RequestLoad) error {
 	for i := range loads {
 		wl := &loads[i]
 		id, ok := r.tab.byRef[wl.Worker]
-		if !ok || r.tab.models[id] != r.model {
-			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %s", quote.S(wl.Worker.String()), quote.Q(r.model.Name))
+		if !ok || r.tab.models[id] != r.Model {
+			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %s", quote.S(wl.Worker.String()), quote.Q(r.Model.Name))
 		}
 		if u := wl.KVUsage; u < 0 || u > 1 || math.IsNaN(u) {
 			return badField(fmt.Sprintf("loads[%d].kv_cache_usage", i), "%v is not in [0, 1]", u)
