@@ -335,9 +335,16 @@ func (a *deltaApplier) apply(i int) string {
 		a.prevOK = false
 	}
 	switch de.Op {
-	case OpStore:
-		return a.store(i, de)
-	case OpRemove:
+	case OpStore, OpRemove:
+		if int(de.Medium) >= events.NumMedia {
+			return whyMedium
+		}
+		if de.BlockEdge && !de.MediumEdge {
+			return whyEdges
+		}
+		if de.Op == OpStore {
+			return a.store(i, de)
+		}
 		return a.remove(de)
 	case OpDrop:
 		return a.drop(de)
@@ -349,16 +356,10 @@ func (a *deltaApplier) apply(i int) string {
 	return whyOp
 }
 
-// store applies an OpStore.
+// store applies an OpStore of a valid medium and edges.
 func (a *deltaApplier) store(i int, de *DeltaEntry) string {
 	w := a.w
 	m := de.Medium
-	if int(m) >= events.NumMedia {
-		return whyMedium
-	}
-	if de.BlockEdge && !de.MediumEdge {
-		return whyEdges
-	}
 	bit := uint8(1) << m
 	h := uint64(de.Key)
 	slot, held := w.engine.Get(h)
@@ -438,16 +439,10 @@ func (a *deltaApplier) chain(i int) int {
 	return a.chainEnd - i
 }
 
-// remove applies an OpRemove.
+// remove applies an OpRemove of a valid medium and edges.
 func (a *deltaApplier) remove(de *DeltaEntry) string {
 	w := a.w
 	m := de.Medium
-	if int(m) >= events.NumMedia {
-		return whyMedium
-	}
-	if de.BlockEdge && !de.MediumEdge {
-		return whyEdges
-	}
 	slot, held := w.engine.Get(uint64(de.Key))
 	if !held {
 		return whyNotHeld
