@@ -45,7 +45,7 @@ func (w *Worker) applyBatch(b *events.Batch, d *Delta) error {
 	}
 	w.enforceCapacityLocked()
 	w.endRecordLocked(d)
-	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Batch: b}})
+	w.unlockThen(before, after{apply: true, what: Applied{Batch: b}})
 	return errors.Join(errs...)
 }
 
@@ -80,7 +80,7 @@ func (w *Worker) reset(reason string, d *Delta) {
 	w.c.lastResetAt.Store(time.Now().UnixNano())
 	w.c.resets.Add(1)
 	w.endRecordLocked(d)
-	w.unlockThen(before, after{tell: true, what: Applied{Reset: reason}})
+	w.unlockThen(before, after{what: Applied{Reset: reason}})
 }
 
 // applyLocked applies one event.
@@ -377,7 +377,7 @@ func (w *Worker) dropEntryLocked(slot int) {
 	}
 	e := w.entry(slot)
 	if w.rec != nil {
-		w.recDrop(w.cur.keyAt(w.locOf(e)), w.refsOf(slot))
+		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpDrop, Key: w.cur.keyAt(w.locOf(e)), Refs: w.refsOf(slot)})
 	}
 	mask := e.media()
 	for m := range events.NumMedia {
@@ -533,19 +533,18 @@ func (w *Worker) clearLocked() {
 	if w.rec != nil {
 		w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpClear})
 	}
-	w.evict = w.evict[:0]
+	evict := make([]uint64, 0, w.engine.Len())
 	for slot := range w.engine.All() {
-		w.evict = append(w.evict, uint64(w.entry(slot)))
+		evict = append(evict, uint64(w.entry(slot)))
 	}
-	slices.SortFunc(w.evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
-	for _, x := range w.evict {
+	slices.SortFunc(evict, func(a, b uint64) int { return cmp.Compare(engineEntry(a).pos(), engineEntry(b).pos()) })
+	for _, x := range evict {
 		// Through releaseLocked, so that an alias is left only with its
 		// last entry, and its node not retired while one still points in.
 		e := engineEntry(x)
 		w.releaseLocked(w.locOf(e), e.media(), true)
 	}
 	w.engine.Reset()
-	w.evict = nil
 	w.dups = nil
 	w.aliases = nil
 	w.keyed = nil

@@ -34,14 +34,13 @@ const (
 	CheckpointSegmentBlocks = 8192
 )
 
-// CheckpointSegment is one part of a worker's checkpoint.
+// CheckpointSegment is one part of a worker's checkpoint; its fields are
+// a SnapshotSegment's, with blocks.
 type CheckpointSegment struct {
-	Part uint32 // numbers the segments of a checkpoint from 0.
-	// Total and TotalBlocks are the keys and blocks in the whole
-	// checkpoint, in every segment, so that a restore sizes memory once.
-	Total, TotalBlocks uint64
-	Last               bool              // marks the checkpoint's last segment.
-	Digest             uint64            // in the last segment, the worker's Digest.
+	Part               uint32
+	Total, TotalBlocks uint64 // the keys and blocks in the whole checkpoint, in every segment.
+	Last               bool
+	Digest             uint64
 	State              CheckpointState   // the worker's state beyond its blocks, in part 0 only.
 	Keys               []CheckpointKey   // at most CheckpointSegmentKeys keys, each after its parent.
 	Blocks             []CheckpointBlock // the engine blocks of Keys, key by key.
@@ -49,11 +48,9 @@ type CheckpointSegment struct {
 
 // CheckpointState is what a checkpoint keeps of a worker besides blocks.
 type CheckpointState struct {
-	// Learned[m] is the worker's blocks in m at its first removal in m
-	// (see Worker), 0 before one.
-	Learned       [events.NumMedia]int64
-	IgnoredGroups []int  // the KV-cache groups the worker skips, ascending.
-	LastReset     string // Stats.LastReset, cut to maxResetReason bytes.
+	Learned       [events.NumMedia]int64 // the learned capacity per medium (see Worker), 0 before a removal.
+	IgnoredGroups []int                  // the KV-cache groups the worker skips, ascending.
+	LastReset     string                 // Stats.LastReset, cut to maxResetReason bytes.
 }
 
 // CheckpointKey is one key of a checkpoint.
@@ -61,33 +58,25 @@ type CheckpointKey struct {
 	Key       Key
 	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
-	// Blocks is the number of engine blocks at Key: more than 1 for an
-	// alias, 0 for a placeholder (an ancestor the worker does not hold).
-	Blocks uint32
+	Blocks    uint32 // the engine blocks at Key: over 1 for an alias, 0 for a placeholder.
 }
 
 // CheckpointBlock is one engine block of a checkpoint.
 type CheckpointBlock struct {
 	Hash uint64
-	// Refs[m] is the block's stores in medium m.
-	Refs [events.NumMedia]uint8
-	Age  uint8 // the block's recency (blockmap.Map.Age).
+	Refs [events.NumMedia]uint8 // the block's stores per medium.
+	Age  uint8                  // the block's recency (blockmap.Map.Age).
 }
 
-// media returns the mask of the media the block is in.
 func (b *CheckpointBlock) media() uint8 { return mediaOf(&b.Refs) }
 
 // maxResetReason bounds CheckpointState.LastReset.
 const maxResetReason = 1024
 
-// Checkpoint calls emit with the worker's checkpoint, segment by segment.
-// It is gathered under the worker's mutex, as after some batch, and emitted
-// with no lock held; emit must not keep the segment (it is reused), and its
-// error ends the checkpoint. An empty worker's checkpoint is one segment
-// with no keys. A keyed worker refuses (ErrWorkerKind).
-//
-// Cost: O(blocks log blocks) under the mutex, and 48 bytes a block of
-// memory until it returns (BenchmarkCheckpoint).
+// Checkpoint calls emit with the worker's checkpoint, segment by segment,
+// as Snapshot does. A keyed worker refuses (ErrWorkerKind). Cost:
+// O(blocks log blocks) under the mutex, and 48 bytes a block of memory
+// until it returns (BenchmarkCheckpoint).
 func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint: take a snapshot)", ErrWorkerKind, w.info.Ref)
@@ -155,13 +144,10 @@ func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, Checkpoint
 // RestoreCheckpoint replaces the worker's state with the checkpoint that
 // next returns segment by segment, until io.EOF; the worker then goes on as
 // the checkpointed worker would. It records no delta: replicas must resync.
-//
-// The segments are read and checked first, with no lock held: their order
-// and totals (see segOrder), the keys' order (see keyOrder), no engine hash
-// twice, every block in some medium, no negative learned capacity, and the
-// digest; else ErrBadCheckpoint, the worker left as it was. Then the state
-// is replaced under the mutex and the capacity enforced. A keyed worker
-// refuses (ErrWorkerKind). Cost: BenchmarkRestoreCheckpoint.
+// The whole checkpoint is checked first, with no lock held (else
+// ErrBadCheckpoint, the worker left as it was); then the state is replaced
+// under the mutex and the capacity enforced. A keyed worker refuses
+// (ErrWorkerKind). Cost: BenchmarkRestoreCheckpoint.
 func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint restore: restore a snapshot)", ErrWorkerKind, w.info.Ref)
@@ -183,8 +169,7 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 	return nil
 }
 
-// checkpointState is a checkpoint read and checked; parent[i] is key i's
-// parent's index in keys (-1 at top level).
+// checkpointState is a checkpoint read and checked (parent: see keyOrder).
 type checkpointState struct {
 	keys   []CheckpointKey
 	parent []int32
@@ -192,7 +177,6 @@ type checkpointState struct {
 	state  CheckpointState
 }
 
-// head returns what the segment says of its place in the checkpoint.
 func (s *CheckpointSegment) head() segHead {
 	return segHead{part: s.Part, total: s.Total, totalBlocks: s.TotalBlocks, last: s.Last, digest: s.Digest,
 		keys: len(s.Keys), blocks: len(s.Blocks), state: !s.State.zero()}
@@ -259,10 +243,7 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 		return nil
 	})
 	if err == nil {
-		err = ko.end(ErrBadCheckpoint)
-	}
-	if err == nil {
-		err = o.checkDigest(digest)
+		err = ko.end(&o, digest)
 	}
 	if err != nil {
 		return nil, err
@@ -271,7 +252,6 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 	return ck, nil
 }
 
-// zero reports whether s is the zero state.
 func (s *CheckpointState) zero() bool {
 	return s.Learned == [events.NumMedia]int64{} && len(s.IgnoredGroups) == 0 && s.LastReset == ""
 }

@@ -122,11 +122,6 @@ func (w *Worker) recRemove(k Key, m events.Medium, blockEdge, mediumEdge bool) {
 	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpRemove, Key: k, Medium: m, BlockEdge: blockEdge, MediumEdge: mediumEdge})
 }
 
-// recDrop records an OpDrop; w.rec is not nil.
-func (w *Worker) recDrop(k Key, refs [events.NumMedia]uint8) {
-	w.rec.Entries = append(w.rec.Entries, DeltaEntry{Op: OpDrop, Key: k, Refs: refs})
-}
-
 // parentLoc returns the position of the tree parent of the key at l, and
 // false at top level. It reads only immutable fields.
 func parentLoc(l loc) (loc, bool) {
@@ -296,7 +291,7 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 		}
 	}
 	w.deltaSeq = d.Seq
-	w.unlockThen(before, after{apply: true, tell: true, what: Applied{Delta: d}})
+	w.unlockThen(before, after{apply: true, what: Applied{Delta: d}})
 	if bad > 0 {
 		w.c.deltaMismatches.Add(int64(bad))
 		return fmt.Errorf("%w: worker %s, delta %d: %d of %d effects skipped; the first: %w", ErrDeltaMismatch, w.info.Ref, d.Seq, bad, len(d.Entries), first)
@@ -340,9 +335,16 @@ func (a *deltaApplier) apply(i int) string {
 		a.prevOK = false
 	}
 	switch de.Op {
-	case OpStore:
-		return a.store(i, de)
-	case OpRemove:
+	case OpStore, OpRemove:
+		if int(de.Medium) >= events.NumMedia {
+			return whyMedium
+		}
+		if de.BlockEdge && !de.MediumEdge {
+			return whyEdges
+		}
+		if de.Op == OpStore {
+			return a.store(i, de)
+		}
 		return a.remove(de)
 	case OpDrop:
 		return a.drop(de)
@@ -354,16 +356,10 @@ func (a *deltaApplier) apply(i int) string {
 	return whyOp
 }
 
-// store applies an OpStore.
+// store applies an OpStore of a valid medium and edges.
 func (a *deltaApplier) store(i int, de *DeltaEntry) string {
 	w := a.w
 	m := de.Medium
-	if int(m) >= events.NumMedia {
-		return whyMedium
-	}
-	if de.BlockEdge && !de.MediumEdge {
-		return whyEdges
-	}
 	bit := uint8(1) << m
 	h := uint64(de.Key)
 	slot, held := w.engine.Get(h)
@@ -443,16 +439,10 @@ func (a *deltaApplier) chain(i int) int {
 	return a.chainEnd - i
 }
 
-// remove applies an OpRemove.
+// remove applies an OpRemove of a valid medium and edges.
 func (a *deltaApplier) remove(de *DeltaEntry) string {
 	w := a.w
 	m := de.Medium
-	if int(m) >= events.NumMedia {
-		return whyMedium
-	}
-	if de.BlockEdge && !de.MediumEdge {
-		return whyEdges
-	}
 	slot, held := w.engine.Get(uint64(de.Key))
 	if !held {
 		return whyNotHeld

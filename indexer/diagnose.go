@@ -212,7 +212,6 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	return d
 }
 
-// add appends a finding.
 func (d *Diagnosis) add(r Reason, at time.Time, format string, args ...any) {
 	d.Findings = append(d.Findings, Finding{Reason: r, Detail: fmt.Sprintf(format, args...), At: at})
 }
@@ -342,15 +341,13 @@ func (ix *Index) parity(q *DiagnoseQuery, keys []Key, vars []variant) *Parity {
 			}
 		}
 		parentAgrees := i == 0 && !eb.HasParent || i > 0 && eb.HasParent && eb.Parent == keys[i-1]
+		p.Verdict = VerdictTokens
 		switch {
 		case parentAgrees && i == 0:
-			p.Verdict = VerdictTokens
 			p.Detail = "block 0 of the engine holds other tokens than the prompt's first block (or is keyed under another model name or adapter): the router's tokens (tokenizer, chat template) differ from the engine's"
 		case parentAgrees:
-			p.Verdict = VerdictTokens
 			p.Detail = fmt.Sprintf("block %d of the engine follows the prompt's block %d but holds other tokens: the router's tokens differ from the engine's from token %d", i, i-1, i*q.Model.BlockSize)
 		case i == 0:
-			p.Verdict = VerdictTokens
 			p.Detail = "the engine's block for the prompt's first block has a parent: the engine's prompt starts earlier (a system prompt or BOS token the router's tokens lack)"
 		default:
 			p.Verdict = VerdictKeying

@@ -18,9 +18,8 @@
 // list of (worker, media bitmask) shared by every key of the stretch. A
 // branch is a child node attached at any key of its parent's run; heads, a
 // map sharded by key, finds a node by its first key. Match compares a
-// prompt's keys with a run one after another, looks at a holder set only
-// where it changes and probes heads only where the prompt leaves a node:
-// O(matched keys + holders of the first key + holder-set changes).
+// prompt's keys with a run, looks at a holder set only where it changes and
+// probes heads only where the prompt leaves a node (see Index.Match).
 //
 // Each Worker maps engine hash to the block's place in the tree and its
 // per-medium store counts (vLLM may store a block twice, and each store
@@ -47,10 +46,8 @@
 // same places, so Match answers for it as for the source; Worker.Digest
 // proves the resident sets equal. An effect that does not fit is counted
 // and reported (ErrDeltaMismatch), for the caller to restore anew.
-//
-// Worker.Checkpoint saves a worker fed engine events whole (keys, every
-// engine block with its stores and recency, learned state), so that a
-// restarted fleet agent goes on feeding it after Worker.RestoreCheckpoint.
+// Worker.Checkpoint saves a worker fed engine events whole, for a restarted
+// fleet agent to go on feeding it.
 //
 // # Concurrency
 //
@@ -59,13 +56,12 @@
 //
 // # Memory
 //
-// 23 to 28 bytes per (block, worker) residency (BenchmarkMemory10M,
-// docs/benchmarks.md): the residency index 5 to 10 (8 per key, shared by
-// the key's holders), the engine maps 18 (blockmap, pointer-free so the
-// garbage collector does not scan them). Memory is bounded twice: each
-// worker holds at most its capacity of blocks (configured, or learned from
-// the engine's first removals; see Worker), which bounds what lost removals
-// leave behind, and Config.MemoryBudget bounds the estimated total,
-// evicting from the workers that hold the most. No cap limits how many
-// workers may hold one block.
+// Per (block, worker) residency: the residency index's keys (8 bytes per
+// key, shared by its holders) and the engine maps' entries (blockmap,
+// pointer-free so the garbage collector does not scan them); measured in
+// docs/benchmarks.md (BenchmarkMemory10M). Memory is bounded twice: each
+// worker holds at most its capacity (see Worker), which bounds what lost
+// removals leave behind, and Config.MemoryBudget bounds the estimated
+// total, evicting from the workers that hold the most. No cap limits how
+// many workers may hold one block.
 package indexer

@@ -15,32 +15,18 @@ import (
 
 // Errors the index returns, wrapped with the worker, event and values at fault.
 var (
-	// ErrUnknownModel: a worker or request names a model that was never added.
 	ErrUnknownModel    = errors.New("indexer: unknown model")
-	ErrDuplicateWorker = errors.New("indexer: worker already added") // a worker was added twice.
-	// ErrBlockSize: an event's block_size differs from its model's.
-	ErrBlockSize = errors.New("indexer: block size mismatch")
-	// ErrTokenCount: a BlockStored event's token_ids do not cover its blocks.
-	ErrTokenCount = errors.New("indexer: token count does not match blocks")
-	// ErrOrphan: a BlockStored event names a parent the worker never stored.
-	ErrOrphan = errors.New("indexer: unknown parent block")
-	// ErrUnknownBlock: a removal or offload event names a block the worker does not hold.
-	ErrUnknownBlock = errors.New("indexer: unknown block")
-	// ErrUnknownMedium: an event names a medium kvindex does not know; it is indexed as OTHER.
-	ErrUnknownMedium = errors.New("indexer: unknown medium")
-	// ErrUnknownWorker: a call names a worker that is not in the index.
-	ErrUnknownWorker = errors.New("indexer: unknown worker")
-	// ErrRemovedWorker: events reached the handle of a worker that was removed.
-	ErrRemovedWorker = errors.New("indexer: worker was removed")
-	// ErrWorkerKind: a keyed-worker call reached a worker fed engine
-	// events, or the reverse (see WorkerInfo.Keyed).
-	ErrWorkerKind = errors.New("indexer: wrong kind of worker")
-	// ErrDeltaMismatch: effects of a delta did not fit the keyed worker's
-	// state and were skipped; the worker needs a new snapshot.
-	ErrDeltaMismatch = errors.New("indexer: delta does not fit the worker")
-	// ErrBadSnapshot: a snapshot is incomplete, out of order or
-	// inconsistent; nothing of it was applied.
-	ErrBadSnapshot = errors.New("indexer: bad snapshot")
+	ErrDuplicateWorker = errors.New("indexer: worker already added")
+	ErrBlockSize       = errors.New("indexer: block size mismatch")               // an event's block_size differs from its model's.
+	ErrTokenCount      = errors.New("indexer: token count does not match blocks") // BlockStored's token_ids do not cover its blocks.
+	ErrOrphan          = errors.New("indexer: unknown parent block")              // BlockStored names a parent never stored.
+	ErrUnknownBlock    = errors.New("indexer: unknown block")                     // a removal or offload of a block not held.
+	ErrUnknownMedium   = errors.New("indexer: unknown medium")                    // the event is indexed as OTHER.
+	ErrUnknownWorker   = errors.New("indexer: unknown worker")                    // not in the index.
+	ErrRemovedWorker   = errors.New("indexer: worker was removed")                // a removed worker's handle was called.
+	ErrWorkerKind      = errors.New("indexer: wrong kind of worker")              // see Worker, Kinds.
+	ErrDeltaMismatch   = errors.New("indexer: delta does not fit the worker")     // the worker needs a new snapshot.
+	ErrBadSnapshot     = errors.New("indexer: bad snapshot")                      // nothing of it was applied.
 )
 
 // WorkerID is a worker's dense index in one Index. A removed worker's id is
@@ -54,10 +40,8 @@ type WorkerInfo struct {
 	Model    string           // the model the worker serves; it must have been added.
 	Endpoint string           // where its events come from, for display.
 	// Keyed makes the worker a replica of another index's worker (see
-	// Delta): fed content-keyed effects (ApplyDelta, Restore), it refuses
-	// engine events (ErrWorkerKind). Its engine map has one entry per key
-	// with the counts summed over the source's blocks; it has no capacity
-	// of its own, and the memory budget evicts from it as from any worker.
+	// Worker, Kinds); it has no capacity of its own, but the memory budget
+	// evicts from it as from any worker.
 	Keyed bool
 }
 
@@ -70,9 +54,7 @@ type Model struct {
 
 // Config sets up an Index.
 type Config struct {
-	// Shards is the number of shards of the node index (heads), rounded up
-	// to a power of two; 0 means 64.
-	Shards int
+	Shards int // the number of shards of the node index (heads), rounded up to a power of two; 0 means 64.
 	// WorkerCapacity bounds the blocks one worker may hold in all media;
 	// beyond it the least recently stored are evicted and counted
 	// (Stats.Evictions), for removals that were lost. 0 learns each
@@ -89,8 +71,8 @@ type Config struct {
 }
 
 // EstimatedBytesPerBlock is what the memory budget charges per resident
-// (block, worker): 23 to 28 bytes measured (BenchmarkMemory10M), with room
-// for an engine map just grown and dead keys kept in runs.
+// (block, worker): the measured 23 to 28 bytes (BenchmarkMemory10M), with
+// room for an engine map just grown and dead keys kept in runs.
 const EstimatedBytesPerBlock = 32
 
 // Index is the live residency index: which worker holds which content key
@@ -253,7 +235,10 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 		ix:    ix,
 	}
 	w.cur.ix = ix
-	w.hist.init(ix.cfg.RemovalHistory)
+	w.hist.size = max(ix.cfg.RemovalHistory, 0)
+	if ix.cfg.RemovalHistory == 0 {
+		w.hist.size = DefaultRemovalHistory
+	}
 	if ix.cfg.WorkerCapacity != 0 {
 		w.capConfigured = int64(max(ix.cfg.WorkerCapacity, -1))
 	}
@@ -603,12 +588,10 @@ type Stats struct {
 	// Evictions counts blocks dropped without a removal event (capacity
 	// or budget); BudgetEvictions those for the memory budget.
 	Evictions, BudgetEvictions int64
-	DeltaMismatches            int64 // counts delta effects skipped (see Worker.ApplyDelta).
-	// Capacity is the worker's capacity (see Worker.SetCapacity); 0 while
-	// unbounded.
-	Capacity  int64
-	LastReset string    // why the worker was last reset, "" if never.
-	LastApply time.Time // when a batch was last applied (zero if never).
+	DeltaMismatches            int64     // counts delta effects skipped (see Worker.ApplyDelta).
+	Capacity                   int64     // the worker's capacity (see Worker.SetCapacity); 0 while unbounded.
+	LastReset                  string    // why the worker was last reset, "" if never.
+	LastApply                  time.Time // when a batch was last applied (zero if never).
 	// LastResetAt and LastClearAt are the last reset and AllBlocksCleared
 	// (zero if never).
 	LastResetAt, LastClearAt time.Time

@@ -20,13 +20,12 @@ type Holder struct {
 	Media  uint8 // the bitmask of the media it holds the blocks in.
 }
 
-// Lookup walks keys (a prompt's keys, as PromptKeys computes them) through
-// the tree and calls visit for each run of blocks [from, to) that share one
-// holder set, in order, holders sorted by worker (held is reused; a run may
-// have none, when its keys are kept only as parents). It stops at the
-// first key the tree lacks or when visit returns false, and returns the
-// number of leading keys the tree has. It takes only Match's locks and
-// calls visit with none held; it allocates once, for the holders.
+// Lookup walks a prompt's keys through the tree and calls visit for each
+// run of blocks [from, to) that share one holder set, in order, holders
+// sorted by worker (held is reused; it is empty where keys are kept only as
+// parents). It stops at the first key the tree lacks or when visit returns
+// false, and returns the number of leading keys the tree has. It takes only
+// Match's locks, none during visit, and allocates once.
 func (ix *Index) Lookup(keys []Key, visit func(from, to int, held []Holder) bool) int {
 	var buf []Holder
 	_, n := ix.match(keys, nil, nil, func(from, to int, set *holders.Set) bool {
@@ -75,12 +74,10 @@ func (w *Worker) Resident(after Key, hasAfter bool, limit int) (page []ResidentK
 
 // EngineBlock is where one of a worker's engine blocks sits in the index.
 type EngineBlock struct {
-	Hash uint64
-	// Found is true when the worker holds a block with that hash; the
-	// fields below are set only then.
-	Found     bool
-	Key       Key // the content key the index computed for the block.
-	Parent    Key // the key Key attaches under, when HasParent.
+	Hash      uint64
+	Found     bool // true when the worker holds a block with that hash; the fields below are set only then.
+	Key       Key  // the content key the index computed for the block.
+	Parent    Key  // the key Key attaches under, when HasParent.
 	HasParent bool
 	Media     uint8 // the media the block is stored in.
 }
@@ -129,15 +126,12 @@ const (
 	CauseBudget // the index evicted it for its memory budget.
 )
 
+var causeNames = [...]string{"unknown", "removed", "evicted for capacity", "evicted for the memory budget"}
+
 // String names the cause.
 func (c RemovalCause) String() string {
-	switch c {
-	case CauseRemoved:
-		return "removed"
-	case CauseCapacity:
-		return "evicted for capacity"
-	case CauseBudget:
-		return "evicted for the memory budget"
+	if int(c) < len(causeNames) {
+		return causeNames[c]
 	}
 	return "unknown"
 }
@@ -174,15 +168,6 @@ type removal struct {
 	key   Key
 	at    int64 // unix nanoseconds
 	cause RemovalCause
-}
-
-func (h *history) init(n int) {
-	switch {
-	case n == 0:
-		h.size = DefaultRemovalHistory
-	case n > 0:
-		h.size = n
-	}
 }
 
 func (h *history) on() bool { return h.size > 0 }
@@ -250,12 +235,10 @@ func (w *Worker) LoRAs() ([]string, bool) {
 // Applied is what an observer is told after a worker applied something:
 // exactly one field is set; Batch and Delta are valid only during the call.
 type Applied struct {
-	Batch *events.Batch // the engine batch applied.
-	Reset string        // the reason of a reset.
-	Delta *Delta        // the delta a keyed worker applied.
-	// Restore is set when the worker was rebuilt from a snapshot or a
-	// checkpoint.
-	Restore *Restored
+	Batch   *events.Batch // the engine batch applied.
+	Reset   string        // the reason of a reset.
+	Delta   *Delta        // the delta a keyed worker applied.
+	Restore *Restored     // set when the worker was rebuilt from a snapshot or a checkpoint.
 }
 
 // Restored describes a restore an observer is told of.
@@ -266,7 +249,7 @@ type Restored struct {
 
 // restoredLocked is what unlockThen does after a restore from from.
 func (w *Worker) restoredLocked(from string) after {
-	return after{apply: true, tell: true, what: Applied{Restore: &Restored{From: from, Blocks: w.res}}}
+	return after{apply: true, what: Applied{Restore: &Restored{From: from, Blocks: w.res}}}
 }
 
 // Observer is told of every batch, reset, delta and restore a worker
@@ -310,11 +293,4 @@ func (ix *Index) NumObservers() int {
 		return len(*cur)
 	}
 	return 0
-}
-
-// notify calls every observer in obs.
-func (ix *Index) notify(obs []*observer, w *Worker, a *Applied) {
-	for _, o := range obs {
-		o.fn(w, a)
-	}
 }

@@ -7,22 +7,14 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// The invariant checks compile away unless the build tag invariants or
-// -race sets invariantsOn; a broken invariant panics through
-// brokenInvariant, naming what is broken where.
-
 // invariantSpan is the resident blocks a worker may hold per batch between
 // two of its invariant checks (see Worker.endLocked).
 const invariantSpan = 256
 
-// assertInvariantsLocked checks, at the end of a change to w: the nodes w
-// retired since the last check (out of heads, their parent and the node
-// table); the live nodes it held (assertNodeLocked, and w's residency in
-// them exactly as its engine map says); its engine map (each entry names a
-// live node of its generation, inside the run, where the tree has w in
-// exactly the media of the entries there; aliases and dups, or a keyed
-// worker's keyCounts, match the entries; the resident counts are their
-// sums). Callers hold w.mu and no node lock. For tests only: it allocates.
+// assertInvariantsLocked checks, at the end of a change to w, the nodes it
+// retired and held since the last check, its engine map and the tree's
+// record of it. Callers hold w.mu and no node lock. For tests only: it
+// allocates.
 func (w *Worker) assertInvariantsLocked() {
 	c := &w.cur
 	live := w.assertNodesLocked()
@@ -60,8 +52,8 @@ func (w *Worker) assertNodesLocked() []*node {
 
 // assertEntriesLocked checks w's engine map entry by entry and its counts,
 // and returns what the entries at each key add up to.
-func (w *Worker) assertEntriesLocked() map[loc]*locTally {
-	locs := map[loc]*locTally{}
+func (w *Worker) assertEntriesLocked() map[loc]locTally {
+	locs := map[loc]locTally{}
 	var res int64
 	var resBy [events.NumMedia]int64
 	dups := 0
@@ -99,30 +91,25 @@ func (w *Worker) assertEntriesLocked() map[loc]*locTally {
 			brokenInvariant(fmt.Sprintf("worker %s: engine entry %#x in dead node %p (id %d)", w.info.Ref, h, l.n, e.node()))
 		}
 		a := locs[l]
-		if a == nil {
-			a = new(locTally)
-			locs[l] = a
-		}
 		a.entries++
 		a.media |= m
 		for i := range events.NumMedia {
 			if m&(1<<i) != 0 {
 				a.by[i]++
+				if !w.info.Keyed {
+					resBy[i]++
+				}
 			}
 		}
-		if w.info.Keyed {
-			kc := w.countsLocked(slot)
-			res += int64(kc.blocks)
-			for i, n := range kc.in {
-				resBy[i] += int64(n)
-			}
+		locs[l] = a
+		if !w.info.Keyed {
+			res++
 			continue
 		}
-		res++
-		for i := range events.NumMedia {
-			if m&(1<<i) != 0 {
-				resBy[i]++
-			}
+		kc := w.countsLocked(slot)
+		res += int64(kc.blocks)
+		for i, n := range kc.in {
+			resBy[i] += int64(n)
 		}
 	}
 	sides := len(w.dups)
@@ -145,11 +132,11 @@ func (w *Worker) assertEntriesLocked() map[loc]*locTally {
 
 // assertAliasesLocked checks that w's aliases count exactly the keys two
 // or more entries resolve to, and their entries' media.
-func (w *Worker) assertAliasesLocked(locs map[loc]*locTally) {
+func (w *Worker) assertAliasesLocked(locs map[loc]locTally) {
 	for l, a := range w.aliases {
 		at := locs[l]
-		if at == nil || at.entries != a.entries || a.entries < 2 {
-			brokenInvariant(fmt.Sprintf("worker %s: alias at %p+%d counts %d entries, the engine map has %d there", w.info.Ref, l.n, l.off, a.entries, at.entriesOrZero()))
+		if at.entries != a.entries || a.entries < 2 {
+			brokenInvariant(fmt.Sprintf("worker %s: alias at %p+%d counts %d entries, the engine map has %d there", w.info.Ref, l.n, l.off, a.entries, at.entries))
 		}
 		for m, k := range a.media {
 			if int(k) != at.by[m] {
@@ -166,7 +153,7 @@ func (w *Worker) assertAliasesLocked(locs map[loc]*locTally) {
 
 // assertTreeLocked checks that the tree has w holding each key in exactly
 // the media of w's entries there, and nothing more in the nodes it held.
-func (w *Worker) assertTreeLocked(locs map[loc]*locTally, live []*node) {
+func (w *Worker) assertTreeLocked(locs map[loc]locTally, live []*node) {
 	for l, a := range locs {
 		l.n.mu.Lock()
 		if int(l.off) >= len(l.n.keys) || l.off < 0 {
@@ -191,8 +178,8 @@ func (w *Worker) assertTreeLocked(locs map[loc]*locTally, live []*node) {
 					end = n.segs[i+1].start
 				}
 				for off := s.start; off < end; off++ {
-					if a := locs[loc{n, off}]; a == nil || a.media != m {
-						brokenInvariant(fmt.Sprintf("worker %s: tree has media %06b at %p+%d, engine entries say %06b", w.info.Ref, m, n, off, a.mediaOrZero()))
+					if a := locs[loc{n, off}]; a.media != m {
+						brokenInvariant(fmt.Sprintf("worker %s: tree has media %06b at %p+%d, engine entries say %06b", w.info.Ref, m, n, off, a.media))
 					}
 				}
 			}
@@ -206,21 +193,6 @@ type locTally struct {
 	entries int                  // entries at the key
 	media   uint8                // the union of their media
 	by      [events.NumMedia]int // entries with a store in each medium
-}
-
-// entriesOrZero and mediaOrZero read a possibly missing tally.
-func (a *locTally) entriesOrZero() int {
-	if a == nil {
-		return 0
-	}
-	return a.entries
-}
-
-func (a *locTally) mediaOrZero() uint8 {
-	if a == nil {
-		return 0
-	}
-	return a.media
 }
 
 // assertNodeLocked checks the invariants of the live node n (see node),

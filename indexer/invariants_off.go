@@ -2,6 +2,5 @@
 
 package indexer
 
-// invariantsOn is false without the build tag invariants and without
-// -race: the invariant checks compile away.
+// invariantsOn is false: the invariant checks compile away.
 const invariantsOn = false

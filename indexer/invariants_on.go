@@ -2,8 +2,6 @@
 
 package indexer
 
-// invariantsOn compiles in the invariant checks (build tag invariants, or
-// any -race build, so that make test's race run checks them too):
-// every batch, Reset, SetCapacity and eviction of a worker ends with
-// assertInvariantsLocked.
+// invariantsOn compiles in the invariant checks (see Worker.endLocked) with
+// the build tag invariants or -race, so that make test's race run has them.
 const invariantsOn = true

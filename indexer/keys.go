@@ -155,12 +155,8 @@ func avalanche(x uint64) uint64 {
 // PromptExtras are the request-side inputs that vLLM mixes into block
 // hashes.
 type PromptExtras struct {
-	// LoRAName is the adapter ("" for the base model), first in every
-	// block's extra keys.
-	LoRAName string
-	// CacheSalt is the request's cache_salt, in the first block's extra
-	// keys only, after the LoRA name.
-	CacheSalt string
+	LoRAName  string // the adapter ("" for the base model), first in every block's extra keys.
+	CacheSalt string // the request's cache_salt, in the first block's extra keys only, after the LoRA name.
 	// BlockExtras, when non-nil, gives each block's complete extra keys
 	// (e.g. multimodal (identifier, offset) pairs) in place of LoRAName's
 	// and CacheSalt's (LoRAName still selects the root); blocks past it

@@ -248,7 +248,6 @@ type restoreState struct {
 	held   int // keys that are not placeholders
 }
 
-// head returns what the segment says of its place in the snapshot.
 func (s *SnapshotSegment) head() segHead {
 	return segHead{part: s.Part, seq: s.Seq, total: s.Total, last: s.Last, digest: s.Digest, keys: len(s.Keys)}
 }
@@ -290,10 +289,7 @@ func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) 
 		return nil
 	})
 	if err == nil {
-		err = ko.end(ErrBadSnapshot)
-	}
-	if err == nil {
-		err = o.checkDigest(digest)
+		err = ko.end(&o, digest)
 	}
 	if err != nil {
 		return nil, err

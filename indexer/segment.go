@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
-
-// Segments: what snapshots and checkpoints share, the checks of the
-// segments' and the keys' order, the key tag of their encodings, the
-// decoder, and the placing of checked keys in the tree.
 
 // segHead is what a segment says of its place in the whole.
 type segHead struct {
@@ -172,12 +169,12 @@ func (o *keyOrder) add(k, parent Key, hasParent, hole bool) string {
 	return ""
 }
 
-// end checks that the keys do not end with a placeholder.
-func (o *keyOrder) end(bad error) error {
+// end checks that the keys do not end with a placeholder, and their digest.
+func (o *keyOrder) end(so *segOrder, digest uint64) error {
 	if o.prevHole {
-		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", bad, uint64(o.prev))
+		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", so.bad, uint64(o.prev))
 	}
-	return nil
+	return so.checkDigest(digest)
 }
 
 // keyPlacer places checked keys in order, each under the key its parent
@@ -248,7 +245,6 @@ func appendKeyHead(b []byte, tag byte, k, parent Key) []byte {
 	return b
 }
 
-// appendLast appends the last flag and, when set, the digest.
 func appendLast(b []byte, last bool, digest uint64) []byte {
 	if !last {
 		return append(b, 0)
@@ -270,14 +266,12 @@ func (d *segDecoder) fail(format string, args ...any) {
 	}
 }
 
-// version reads the encoding's version byte, which must be want.
 func (d *segDecoder) version(want byte) {
 	if v := d.byte(); d.err == nil && v != want {
 		d.fail("encoding version %d, want %d", v, want)
 	}
 }
 
-// last reads the last flag and, when set, the digest.
 func (d *segDecoder) last() (bool, uint64) {
 	last := d.byte()
 	if d.err == nil && last > 1 {
@@ -315,7 +309,6 @@ func (d *segDecoder) end() error {
 	return d.err
 }
 
-// left returns how many bytes are left to read.
 func (d *segDecoder) left() int { return len(d.b) - d.off }
 
 // bytes reads n bytes, which alias the input.
@@ -333,44 +326,27 @@ func (d *segDecoder) bytes(n int) []byte {
 
 // varint reads a zig-zag varint in [lo, hi].
 func (d *segDecoder) varint(lo, hi int64) int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b[d.off:])
-	if n <= 0 {
-		d.fail("bad or truncated varint")
-		return 0
-	}
+	u := d.uvarint(math.MaxUint64)
+	v := int64(u>>1) ^ -int64(u&1)
 	if v < lo || v > hi {
 		d.fail("value %d outside [%d, %d]", v, lo, hi)
 		return 0
 	}
-	d.off += n
 	return v
 }
 
 func (d *segDecoder) byte() byte {
-	if d.err != nil {
-		return 0
+	if b := d.bytes(1); b != nil {
+		return b[0]
 	}
-	if d.off >= len(d.b) {
-		d.fail("truncated")
-		return 0
-	}
-	d.off++
-	return d.b[d.off-1]
+	return 0
 }
 
 func (d *segDecoder) uint64() uint64 {
-	if d.err != nil {
-		return 0
+	if b := d.bytes(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
 	}
-	if len(d.b)-d.off < 8 {
-		d.fail("truncated")
-		return 0
-	}
-	d.off += 8
-	return binary.LittleEndian.Uint64(d.b[d.off-8:])
+	return 0
 }
 
 // uvarint reads a uvarint of at most max.
@@ -391,7 +367,6 @@ func (d *segDecoder) uvarint(max uint64) uint64 {
 	return v
 }
 
-// media reads key i's media byte.
 func (d *segDecoder) media(i int) uint8 {
 	m := d.byte()
 	if d.err == nil && m >= 1<<events.NumMedia {

@@ -30,9 +30,7 @@ const SnapshotSegmentKeys = 4096
 
 // SnapshotSegment is one part of a worker's snapshot.
 type SnapshotSegment struct {
-	// Seq is the worker's delta seq when the snapshot was taken, in every
-	// segment: a replica restored from it applies the deltas after it.
-	Seq    uint64
+	Seq    uint64        // the worker's delta seq at the snapshot, in every segment.
 	Part   uint32        // numbers the segments of a snapshot from 0.
 	Total  uint64        // the number of keys in the whole snapshot, in every segment.
 	Last   bool          // marks the snapshot's last segment.
@@ -46,15 +44,11 @@ type SnapshotKey struct {
 	Key       Key
 	Parent    Key // the key Key attaches under, when HasParent.
 	HasParent bool
-	// Blocks is how many of the worker's blocks resolve to Key, and
-	// BlocksIn[m] how many of them are in medium m.
-	Blocks   uint32
-	BlocksIn [events.NumMedia]uint32
-	// Refs[m] is the stores in medium m, summed over those blocks.
-	Refs [events.NumMedia]uint32
+	Blocks    uint32                  // the worker's blocks that resolve to Key.
+	BlocksIn  [events.NumMedia]uint32 // of those, how many are in each medium.
+	Refs      [events.NumMedia]uint32 // their stores per medium.
 }
 
-// counts returns the key's counts.
 func (sk *SnapshotKey) counts() keyCounts {
 	return keyCounts{blocks: sk.Blocks, in: sk.BlocksIn, refs: sk.Refs}
 }
@@ -105,7 +99,7 @@ type snapStep struct {
 	l   loc
 }
 
-// posOf returns the position of l as engineEntry.pos has it.
+// posOf is l's engineEntry.pos.
 func posOf(l loc) uint64 { return uint64(l.off) | uint64(l.n.id)<<entryNodeShift }
 
 // A 43-bit position and an index of up to 21 bits pack into one integer,
@@ -236,7 +230,6 @@ func (w *Worker) treeOrderLocked(visit func(k, parent Key, hasParent bool, slots
 	w.endLocked()
 }
 
-// snapCountsLocked sets sk's counts from the worker's entries at its key.
 func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 	if w.info.Keyed {
 		kc := w.countsLocked(slots[0])

@@ -21,9 +21,7 @@ import (
 // state under mu and publish it when their cursor releases the node, at the
 // latest when their batch ends (cursor.finish).
 //
-// A writer holds at most two node locks, a node and one of its children,
-// parent first; heads shard locks are taken under node locks and nothing
-// under them. Worker.mu is taken before any node lock.
+// Lock order: see Index.
 //
 // # Invariants
 //
@@ -39,9 +37,7 @@ import (
 //     key, so no engine entry points into a dead node.
 //   - Every child's attach offset is <= maxAttach < len(keys).
 //
-// Built with the tag invariants (or -race), Worker.assertInvariantsLocked
-// checks these for the nodes a worker held, and its engine map against
-// the tree.
+// assertNodeLocked checks these when invariants are compiled in.
 type node struct {
 	// Set at creation, then immutable.
 	parent *node // nil for a top-level node (its first key's parent is a root)

@@ -49,16 +49,13 @@ type Worker struct {
 	// singles are this worker's interned one-worker sets, by media mask.
 	singles [1 << events.NumMedia]atomic.Pointer[holders.Set]
 
-	mu sync.Mutex // guards everything below, and cur's use of the tree
-	// engine maps engine block hash to an engineEntry, with its store
-	// recency.
-	engine   blockmap.Map
-	warmSink uint64 // keeps the warm-up loads from being elided.
+	mu       sync.Mutex   // guards everything below, and cur's use of the tree
+	engine   blockmap.Map // maps engine block hash to an engineEntry, with its store recency.
+	warmSink uint64       // keeps the warm-up loads from being elided.
 	// dups has the per-medium store counts of blocks stored more than
 	// once in some medium (their entries' dup bit), by engine hash.
-	dups  map[uint64]*[events.NumMedia]uint8
-	cur   cursor
-	evict []uint64 // scratch for clears.
+	dups map[uint64]*[events.NumMedia]uint8
+	cur  cursor
 	// ignoredGroups are KV-cache groups whose events do not decide prefix
 	// reuse, learned from BlockStored's kv_cache_spec_kind.
 	ignoredGroups map[int]struct{}
@@ -79,11 +76,9 @@ type Worker struct {
 	aliases map[loc]*alias
 	// keyed has a keyed worker's counts of the keys that are not one block
 	// with one store per medium (their entries' dup bit), by key.
-	keyed map[uint64]*keyCounts
-	rec   *Delta // the delta the current call records its effects in, or nil.
-	// deltaSeq is the Seq of the last delta recorded or applied, or of
-	// the snapshot restored.
-	deltaSeq uint64
+	keyed    map[uint64]*keyCounts
+	rec      *Delta // the delta the current call records its effects in, or nil.
+	deltaSeq uint64 // the Seq of the last delta recorded or applied, or of the snapshot restored.
 	hist     history
 
 	c counters
@@ -117,7 +112,6 @@ const (
 	genMask  = 1<<entryGenBits - 1 // keeps a node id slot's generation to the bits an entry has.
 )
 
-// newEntry returns the entry of a block at l stored in media.
 func newEntry(l loc, media uint8) engineEntry {
 	return engineEntry(l.off) | engineEntry(l.n.id)<<entryNodeShift |
 		engineEntry(l.n.gen)<<entryGenShift | engineEntry(media)<<entryMedShift
@@ -133,7 +127,6 @@ func (e engineEntry) with(m uint8) engineEntry {
 	return e&^(engineEntry(1<<events.NumMedia-1)<<entryMedShift) | engineEntry(m)<<entryMedShift
 }
 
-// entry returns the engine entry in slot.
 func (w *Worker) entry(slot int) engineEntry { return engineEntry(w.engine.Val(slot)) }
 
 // locOf returns the tree position of e, and panics if e's node id is
@@ -152,7 +145,6 @@ func (w *Worker) refsOf(slot int) [events.NumMedia]uint8 {
 	return onePerMedium(e.media())
 }
 
-// onePerMedium returns the store counts of one store in each of media.
 func onePerMedium(media uint8) [events.NumMedia]uint8 {
 	var r [events.NumMedia]uint8
 	for m := range r {
@@ -280,7 +272,6 @@ func (w *Worker) capacityLocked() int64 {
 	return max(2*sum, minLearnedCapacity)
 }
 
-// enforceCapacityLocked evicts the blocks beyond the worker's capacity.
 func (w *Worker) enforceCapacityLocked() {
 	if c := w.capacityLocked(); c > 0 && w.res > c {
 		w.c.evictions.Add(w.evictLocked(w.res-c, CauseCapacity))
@@ -309,7 +300,6 @@ func (w *Worker) evictLocked(n int64, cause RemovalCause) int64 {
 	return done
 }
 
-// evictForBudget evicts up to n blocks for the memory budget.
 func (w *Worker) evictForBudget(n int64) int64 {
 	w.mu.Lock()
 	before := w.res
@@ -322,9 +312,8 @@ func (w *Worker) evictForBudget(n int64) int64 {
 
 // after is what unlockThen does once the worker's mutex is released.
 type after struct {
-	apply bool // stamps Stats.LastApply and enforces the memory budget.
-	tell  bool
-	what  Applied
+	apply bool    // stamps Stats.LastApply and enforces the memory budget.
+	what  Applied // what observers are told, unless zero.
 }
 
 // unlockThen ends a change made under w.mu (the worker held before blocks
@@ -342,9 +331,11 @@ func (w *Worker) unlockThen(before int64, then after) {
 	if then.apply {
 		w.ix.checkBudget()
 	}
-	if obs := w.ix.observers.Load(); obs != nil && then.tell {
+	if obs := w.ix.observers.Load(); obs != nil && then.what != (Applied{}) {
 		a := then.what
-		w.ix.notify(*obs, w, &a)
+		for _, o := range *obs {
+			o.fn(w, &a)
+		}
 	}
 }
 

@@ -17,16 +17,12 @@ import (
 //
 // and holds at most MaxBatchedTokens tokens (a decoding request takes one).
 type CostModel struct {
-	PrefillTokensPerSec float64 // the engine's prefill rate, attention aside.
-	// AttentionPairsPerSec is the prefill attention rate in (new token,
-	// context token) pairs per second; 0: no attention term.
-	AttentionPairsPerSec float64
-	StepOverhead         time.Duration // the fixed cost of a forward pass.
-	DecodePerSeq         time.Duration // the cost of each decoding request in a step.
-	// DecodePerContextToken is the cost of reading one context token of a
-	// decoding request.
-	DecodePerContextToken time.Duration
-	MaxBatchedTokens      int // vLLM's max_num_batched_tokens.
+	PrefillTokensPerSec   float64       // the engine's prefill rate, attention aside.
+	AttentionPairsPerSec  float64       // the prefill attention rate; 0: no attention term.
+	StepOverhead          time.Duration // the fixed cost of a forward pass.
+	DecodePerSeq          time.Duration // the cost of each decoding request in a step.
+	DecodePerContextToken time.Duration // the cost of reading one context token of a decoding request.
+	MaxBatchedTokens      int           // vLLM's max_num_batched_tokens.
 	// KVCapacityTokens is one engine's KV cache in tokens; 0 when unknown,
 	// which turns off the pressure and evict terms and estimates decoding
 	// context from the average prompt instead of KV usage.
@@ -140,24 +136,14 @@ func Calibrate(base CostModel, c Calibration) (CostModel, error) {
 }
 
 // Estimate is a candidate's estimated time to first token under a
-// CostModel, in seconds, and its parts.
+// CostModel and its parts, in seconds: wait_w to relief_w of the package doc.
 type Estimate struct {
-	// Wait is the queued prefill ahead and the decode work sharing its
-	// steps, until the request's own prefill starts.
-	Wait    float64
-	Prefill float64 // the request's own uncached prefill and its share of steps.
-	// Pressure is the recompute of what the engine must preempt (or wait
-	// to free) to fit this request.
-	Pressure float64
-	// Delay is what the request's prefill adds to the requests that will
-	// queue behind it.
-	Delay float64
-	// Evict is the expected later recompute of the cached blocks this
-	// request's new blocks evict.
-	Evict float64
-	// Relief is what caching the prompt here saves the later requests
-	// sharing it (relief_w in the package documentation).
-	Relief float64
+	Wait     float64 // the queued prefill ahead and the decode steps it shares.
+	Prefill  float64 // the request's own uncached prefill and its share of steps.
+	Pressure float64 // the recompute of what the engine preempts to fit the request.
+	Delay    float64 // what the prefill adds to the requests queueing behind it.
+	Evict    float64 // the later recompute of the cached blocks the request evicts.
+	Relief   float64 // what caching the prompt here saves later requests sharing it.
 }
 
 // TTFT is the estimated time to first token: Wait + Prefill + Pressure.

@@ -83,10 +83,10 @@
 // # Concurrency
 //
 // A Policy is a value; Rank writes only the candidates it is given. Scorer,
-// Tracker and LoadBoard are safe for concurrent use; a Score takes atomic
-// loads and one tracker shard's read lock. Route holds its model's route
-// lock from rank to record, so a model's Routes are decided one at a time,
-// each seeing the speculative blocks and load of those before it; Routes of
-// different models, and Scores, run in parallel. A Result belongs to one
-// goroutine.
+// Tracker and LoadBoard are safe for concurrent use; a Score takes no lock
+// but one tracker shard's read lock. Route holds its model's route lock
+// from rank to record, so a model's Routes are decided one at a time, each
+// seeing the speculative blocks and load of those before it (a burst for a
+// new prefix stays together); Routes of different models, and Scores, run
+// in parallel. A Result belongs to one goroutine.
 package scoring

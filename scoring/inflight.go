@@ -16,12 +16,9 @@ import (
 
 // Errors of Tracker.Record and Release.
 var (
-	// ErrDuplicateRequest: Route was given a request id already in flight.
 	ErrDuplicateRequest = errors.New("scoring: request id already in flight")
-	// ErrTooManyFlights: the in-flight table is full (TrackerOptions.MaxFlights).
-	ErrTooManyFlights = errors.New("scoring: too many requests in flight")
-	// ErrNotOwner: Release named a request another client routed.
-	ErrNotOwner = errors.New("scoring: request routed by another client")
+	ErrTooManyFlights   = errors.New("scoring: too many requests in flight") // see TrackerOptions.MaxFlights
+	ErrNotOwner         = errors.New("scoring: request routed by another client")
 )
 
 // Tracker remembers routing decisions: a request's uncached prefill counts
@@ -110,34 +107,18 @@ type Spec struct {
 
 // Defaults of TrackerOptions.
 const (
-	// DefaultSpecTTL is how long a routed prompt's blocks count as cached
-	// before events confirm them: longer than a queued prefill waits.
-	DefaultSpecTTL = 10 * time.Second
-	// DefaultFlightTTL is how long a routed request counts as load when
-	// its Release never comes.
-	DefaultFlightTTL = 2 * time.Minute
-	// DefaultMaxFlights bounds the requests in flight (about 100 bytes
-	// each).
-	DefaultMaxFlights = 1 << 17
-	// DefaultMaxSpecKeys bounds the block keys speculative entries hold
-	// (128 MiB).
-	DefaultMaxSpecKeys = 1 << 24
+	DefaultSpecTTL     = 10 * time.Second // longer than a queued prefill waits.
+	DefaultFlightTTL   = 2 * time.Minute
+	DefaultMaxFlights  = 1 << 17 // about 100 bytes a flight.
+	DefaultMaxSpecKeys = 1 << 24 // 128 MiB.
 )
 
-// TrackerOptions configure a Tracker. The zero value is usable.
+// TrackerOptions configure a Tracker; a zero field means its default.
 type TrackerOptions struct {
-	// SpecTTL is how long routed blocks count as speculatively cached; 0
-	// means DefaultSpecTTL.
-	SpecTTL time.Duration
-	// FlightTTL is how long a routed request counts as load without a
-	// Release; 0 means DefaultFlightTTL.
-	FlightTTL time.Duration
-	// MaxFlights bounds the requests in flight; Record refuses more with
-	// ErrTooManyFlights, counted. 0 means DefaultMaxFlights.
-	MaxFlights int
-	// MaxSpecKeys bounds the block keys speculative entries hold; past it
-	// a route is recorded without them, counted. 0 means the default.
-	MaxSpecKeys int
+	SpecTTL     time.Duration    // how long routed blocks count as speculatively cached.
+	FlightTTL   time.Duration    // how long a routed request counts as load without a Release.
+	MaxFlights  int              // bounds the requests in flight; Record refuses more with ErrTooManyFlights, counted.
+	MaxSpecKeys int              // past it a route is recorded without its speculative keys, counted.
 	Now         func() time.Time // the clock; nil means time.Now.
 }
 

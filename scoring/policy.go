@@ -22,10 +22,12 @@ const (
 	LongestPrefix             // ranks by tier-weighted cached blocks, ties by load.
 )
 
+var policyNames = [...]string{CacheAware: "cache_aware", LongestPrefix: "longest_prefix"}
+
 // String returns the policy's wire name.
 func (n Name) String() string {
-	if n == LongestPrefix {
-		return "longest_prefix"
+	if int(n) < len(policyNames) {
+		return policyNames[n]
 	}
 	return "cache_aware"
 }
@@ -44,26 +46,21 @@ const (
 	GuardTTFT
 )
 
+var guardNames = [...]string{GuardCost: "cost", GuardStatic: "static", GuardOff: "off", GuardTTFT: "ttft"}
+
 // String returns the guard's wire name.
 func (g Guard) String() string {
-	switch g {
-	case GuardTTFT:
-		return "ttft"
-	case GuardStatic:
-		return "static"
-	case GuardOff:
-		return "off"
+	if int(g) < len(guardNames) {
+		return guardNames[g]
 	}
 	return "cost"
 }
 
 // Policy is a ranking policy with its parameters.
 type Policy struct {
-	Name    Name
-	Weights [events.NumMedia]float64 // weigh a cached block by medium.
-	// LoadWeight scales queued prefill tokens against the request's own
-	// uncached tokens (GuardCost).
-	LoadWeight float64
+	Name       Name
+	Weights    [events.NumMedia]float64 // weigh a cached block by medium.
+	LoadWeight float64                  // scales queued prefill tokens against the request's own uncached tokens (GuardCost).
 	Guard      Guard
 	StaticK    float64   // GuardStatic's multiple of the median in-flight count.
 	Cost       CostModel // GuardTTFT's cost model; zero means DefaultCostModel().
@@ -106,27 +103,19 @@ type Override struct {
 // the bad field.
 func (o Override) Apply(base Policy) (Policy, error) {
 	p := base
-	switch o.Name {
-	case "":
-	case "cache_aware":
-		p.Name = CacheAware
-	case "longest_prefix":
-		p.Name = LongestPrefix
-	default:
-		return p, fmt.Errorf("name: unknown policy %s (want cache_aware or longest_prefix)", quote.Q(o.Name))
+	if o.Name != "" {
+		i := slices.Index(policyNames[:], o.Name)
+		if i < 0 {
+			return p, fmt.Errorf("name: unknown policy %s (want cache_aware or longest_prefix)", quote.Q(o.Name))
+		}
+		p.Name = Name(i)
 	}
-	switch o.Guard {
-	case "":
-	case "ttft":
-		p.Guard = GuardTTFT
-	case "cost":
-		p.Guard = GuardCost
-	case "static":
-		p.Guard = GuardStatic
-	case "off":
-		p.Guard = GuardOff
-	default:
-		return p, fmt.Errorf("guard: unknown guard %s (want ttft, cost, static or off)", quote.Q(o.Guard))
+	if o.Guard != "" {
+		i := slices.Index(guardNames[:], o.Guard)
+		if i < 0 {
+			return p, fmt.Errorf("guard: unknown guard %s (want ttft, cost, static or off)", quote.Q(o.Guard))
+		}
+		p.Guard = Guard(i)
 	}
 	for _, f := range []struct {
 		name string
@@ -154,20 +143,15 @@ func (o Override) Apply(base Policy) (Policy, error) {
 
 // Load is one worker's load as a ranking sees it.
 type Load struct {
-	// Running and Waiting are requests running and queued on the engine.
-	Running, Waiting uint32
-	KVUsage          float64 // the fraction of the KV cache in use.
-	// QueuedPrefillTokens is the caller's estimate of prompt tokens
-	// admitted but not prefilled (0: estimated).
-	QueuedPrefillTokens uint64
+	Running, Waiting    uint32  // requests running and queued on the engine.
+	KVUsage             float64 // the fraction of the KV cache in use.
+	QueuedPrefillTokens uint64  // the caller's prompt tokens admitted but not prefilled (0: estimated).
 	// InflightRequests and InflightPrefillTokens are what kvindex routed
 	// to the worker and has not seen released or expired.
 	InflightRequests      uint32
 	InflightPrefillTokens uint64
 	Source                string // says where Running/Waiting came from: "request", "scrape" or "".
-	// ResidentBlocks is the blocks the index holds for the worker, for
-	// GuardTTFT's Evict term.
-	ResidentBlocks uint64
+	ResidentBlocks        uint64 // the blocks the index holds for the worker (GuardTTFT's Evict).
 }
 
 // Candidate is one worker to rank; Rank fills the result fields.
@@ -181,9 +165,8 @@ type Candidate struct {
 	Speculative int // how many of Match.Blocks are only expected (Route).
 	Load        Load
 
-	// Results, set by Rank: Overlap is the tier-weighted cached fraction
-	// of the prompt.
-	Overlap  float64
+	// Results, set by Rank.
+	Overlap  float64  // the tier-weighted cached fraction of the prompt.
 	Queue    float64  // the queued prefill tokens the ranking assumed.
 	Own      float64  // the request's own prefill tokens on this worker (uncached).
 	Penalty  float64  // the static guard's diversion, in tokens (0 if none).
@@ -466,16 +449,10 @@ func (p *Policy) divert(cs []Candidate, tokens float64) {
 	if len(cs) < 2 {
 		return
 	}
-	// A fixed buffer covers up to 256 candidates without allocating.
-	var buf [256]uint32
-	var counts []uint32
-	if len(cs) <= len(buf) {
-		counts = buf[:len(cs)]
-	} else {
-		counts = make([]uint32, len(cs))
-	}
+	var buf [256]uint32 // up to 256 candidates without allocating
+	counts := buf[:0]
 	for i := range cs {
-		counts[i] = busy(&cs[i].Load)
+		counts = append(counts, busy(&cs[i].Load))
 	}
 	slices.Sort(counts)
 	median := float64(counts[len(counts)/2])

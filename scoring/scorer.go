@@ -14,12 +14,8 @@ import (
 	"github.com/kvindex/kvindex/internal/quote"
 )
 
-// Errors of Scorer calls; a *RequestError is a request that cannot be
-// answered as given.
-var (
-	// ErrNoWorker: Route found no worker of the model to choose.
-	ErrNoWorker = errors.New("scoring: no worker available")
-)
+// ErrNoWorker is Route finding no worker of the model to choose.
+var ErrNoWorker = errors.New("scoring: no worker available")
 
 // RequestError is a request that names something wrong, with the field at
 // fault as a path ("workers[2]", "pick"), as the gRPC API reports it.
@@ -37,30 +33,20 @@ func badField(field, format string, args ...any) error {
 
 // Options configure a Scorer. The zero value is usable.
 type Options struct {
-	// Policy is the ranking policy requests start from; nil means
-	// DefaultPolicy().
-	Policy *Policy
+	Policy *Policy // the ranking policy requests start from; nil means DefaultPolicy().
 	// Tracker records Route decisions; nil means a tracker with default
 	// TTLs that only Release and Record sweep.
 	Tracker *Tracker
-	Loads   *LoadBoard // holds scraped engine load; nil means none.
-	// Health gives each worker's transport-side health; nil reads every
-	// worker as HealthUnknown.
-	Health events.HealthSource
+	Loads   *LoadBoard          // holds scraped engine load; nil means none.
+	Health  events.HealthSource // gives each worker's transport-side health; nil reads every worker as HealthUnknown.
 	// IncludeStale keeps stale workers in answers; by default they are
 	// left out unless the request names them as candidates.
 	IncludeStale bool
 }
 
-// Scorer is the ranking entry of kvindex: each worker's cached prefix,
-// speculative blocks included, its load, and a ranking by the policy.
-//
-// # Concurrency
-//
-// All methods are safe for concurrent use. A Score reads the index without
-// blocking writers, reads health and load with atomic loads from cells its
-// worker table caches (an immutable snapshot rebuilt when the index's
-// Version changes), and takes one tracker shard's read lock.
+// Scorer is the ranking entry of kvindex (see the package documentation);
+// its worker table caches each worker's health and load cells, and is
+// rebuilt when the index's Version changes.
 type Scorer struct {
 	ix      *indexer.Index
 	opts    Options
@@ -82,10 +68,7 @@ type routeStats struct {
 	routes rateCell
 	avgOwn atomic.Uint64 // float64 bits, tokens; 0 before any
 	shared sharedRates
-	// mu makes the model's Routes one at a time from rank to record, so
-	// each sees every earlier route's speculative blocks and load (a burst
-	// for a new prefix stays together). Score takes no lock.
-	mu sync.Mutex
+	mu     sync.Mutex // the model's route lock (see the package documentation, Concurrency).
 }
 
 // ewma folds x into the float64 average at a with weight 1/64; the first
@@ -110,9 +93,6 @@ func (r *routeStats) note(now time.Time, keys []indexer.Key, own float64) {
 	r.routes.note(now)
 	r.shared.note(keys, now)
 }
-
-// rate is the model's routes per second at now (see rateCell.rate).
-func (r *routeStats) rate(now time.Time) float64 { return r.routes.rate(now) }
 
 // stats returns the model's route statistics, creating them on first use.
 func (s *Scorer) stats(m *indexer.Model) *routeStats {
@@ -220,11 +200,9 @@ type Request struct {
 type RequestLoad struct {
 	Worker events.WorkerRef // the worker, which must serve the request's model.
 	// Running and Waiting are requests on the engine.
-	Running, Waiting uint32
-	KVUsage          float64 // the fraction of KV cache in use, in [0, 1].
-	// QueuedPrefillTokens is prompt tokens admitted but not prefilled (0:
-	// estimated).
-	QueuedPrefillTokens uint64
+	Running, Waiting    uint32
+	KVUsage             float64 // the fraction of KV cache in use, in [0, 1].
+	QueuedPrefillTokens uint64  // prompt tokens admitted but not prefilled (0: estimated).
 }
 
 // candidate states in Result.state.
@@ -255,7 +233,6 @@ type Result struct {
 	loadAt   []int32
 	loaded   []indexer.WorkerID
 	filtered bool
-	model    *indexer.Model
 	allowFn  func(indexer.WorkerID) bool
 	incStale bool
 }
@@ -274,7 +251,7 @@ func (r *Result) reset() {
 	}
 	r.cands, r.loaded = r.cands[:0], r.loaded[:0]
 	r.Ranked, r.specs, r.matches = r.Ranked[:0], r.specs[:0], r.matches[:0]
-	r.filtered, r.tab, r.model, r.Model = false, nil, nil, nil
+	r.filtered, r.tab, r.Model = false, nil, nil
 	if cap(r.Keys) > 1<<16 {
 		r.Keys = nil
 	}
@@ -301,12 +278,10 @@ func (r *Result) allow(id indexer.WorkerID) bool {
 	if !r.incStale && !r.tab.health[id].Load().Trusted() {
 		return false
 	}
-	return r.tab.models[id] == r.model
+	return r.tab.models[id] == r.Model
 }
 
-// Score ranks the workers for req into res. It returns a *RequestError
-// for a request that names workers that are not the model's or gives
-// values out of range.
+// Score ranks the workers for req into res, or returns a *RequestError.
 //
 // Cost: hashing Tokens (about 8 ns per 16-token block), Match, one tracker
 // shard probe, atomic loads per listed worker, and O(w log w) to rank; no
@@ -330,7 +305,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	if res.allowFn == nil {
 		res.allowFn = res.allow
 	}
-	res.Model, res.model = req.Model, req.Model
+	res.Model = req.Model
 	res.Policy = s.policy
 	if req.Policy != nil {
 		res.Policy = *req.Policy
@@ -348,7 +323,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	}
 	if len(req.Tokens) > 0 {
 		res.Keys = req.Model.PromptKeys(req.Tokens, req.Extras, res.Keys[:0])
-		s.notePrompt(len(req.Tokens))
+		ewma(&s.avgPrompt, float64(len(req.Tokens)))
 	} else {
 		res.Keys = append(res.Keys[:0], req.Keys...)
 	}
@@ -425,10 +400,10 @@ func (r *Result) markCandidates(refs []events.WorkerRef) error {
 		}
 		id, ok := r.tab.byRef[ref]
 		if !ok {
-			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s", quote.S(ref.String()), quote.Q(r.model.Name))
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s", quote.S(ref.String()), quote.Q(r.Model.Name))
 		}
-		if m := r.tab.models[id]; m != r.model {
-			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s (it serves %s)", quote.S(ref.String()), quote.Q(r.model.Name), quote.Q(m.Name))
+		if m := r.tab.models[id]; m != r.Model {
+			return badField(fmt.Sprintf("workers[%d]", i), "unknown worker %s for model %s (it serves %s)", quote.S(ref.String()), quote.Q(r.Model.Name), quote.Q(m.Name))
 		}
 		if r.state[id] == notCandidate {
 			r.state[id] = candidate
@@ -444,8 +419,8 @@ func (r *Result) markLoads(loads []RequestLoad) error {
 	for i := range loads {
 		wl := &loads[i]
 		id, ok := r.tab.byRef[wl.Worker]
-		if !ok || r.tab.models[id] != r.model {
-			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %s", quote.S(wl.Worker.String()), quote.Q(r.model.Name))
+		if !ok || r.tab.models[id] != r.Model {
+			return badField(fmt.Sprintf("loads[%d].worker", i), "unknown worker %s for model %s", quote.S(wl.Worker.String()), quote.Q(r.Model.Name))
 		}
 		if u := wl.KVUsage; u < 0 || u > 1 || math.IsNaN(u) {
 			return badField(fmt.Sprintf("loads[%d].kv_cache_usage", i), "%v is not in [0, 1]", u)
@@ -487,15 +462,12 @@ func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
 		BlockSize:         bs,
 		AvgPromptTokens:   math.Float64frombits(s.avgPrompt.Load()),
 		AvgUncachedTokens: math.Float64frombits(st.avgOwn.Load()),
-		ArrivalRate:       st.rate(now),
+		ArrivalRate:       st.routes.rate(now),
 		Workers:           res.tab.perModel[req.Model],
 	}
 	pr.SharedDepths = st.shared.fill(res.Keys, now, &pr.SharedRates)
 	return pr
 }
-
-// notePrompt folds a prompt length into the moving average.
-func (s *Scorer) notePrompt(tokens int) { ewma(&s.avgPrompt, float64(tokens)) }
 
 // Route ranks like Score with every allowed worker of the model listed,
 // chooses the best one, or pick when not nil (any worker of the model,

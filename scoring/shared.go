@@ -73,7 +73,6 @@ type sharedRates struct {
 }
 
 func (s *sharedRates) cell(k indexer.Key) *rateCell {
-	// Keys are xxh3 outputs: their low bits are uniform.
 	return &s.cells[uint64(k)%sharedCells]
 }
 

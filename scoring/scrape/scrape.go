@@ -47,8 +47,8 @@ type PrefixCache struct {
 
 // Target is one pod's metrics endpoint.
 type Target struct {
-	Pod    string // the pod's name; DPSize its data-parallel size.
-	DPSize int
+	Pod    string
+	DPSize int    // the pod's data-parallel size.
 	URL    string // the metrics endpoint, e.g. http://10.0.0.5:8000/metrics.
 }
 
@@ -257,11 +257,9 @@ func Parse(r io.Reader, dpSize int) ([]scoring.Scraped, []PrefixCache, error) {
 		return nil, nil, fmt.Errorf("parse metrics: none of %s, %s, %s present", metricRunning, metricWaiting, metricKVUsage)
 	}
 	prefix := make([]PrefixCache, dpSize)
-	for _, name := range []string{metricPrefixQueries, metricPrefixQueries + "_total"} {
-		each(name, func(r int, v float64) { prefix[r].Queries += v; prefix[r].Known = true })
-	}
-	for _, name := range []string{metricPrefixHits, metricPrefixHits + "_total"} {
-		each(name, func(r int, v float64) { prefix[r].Hits += v; prefix[r].Known = true })
+	for _, suffix := range []string{"", "_total"} {
+		each(metricPrefixQueries+suffix, func(r int, v float64) { prefix[r].Queries += v; prefix[r].Known = true })
+		each(metricPrefixHits+suffix, func(r int, v float64) { prefix[r].Hits += v; prefix[r].Known = true })
 	}
 	return out, prefix, nil
 }
