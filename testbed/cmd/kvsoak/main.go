@@ -13,6 +13,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -58,9 +59,14 @@ func newRoot(code *int) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%w (work directory %s)", err, opts.Dir)
 			}
-			if err := sum.JSON(cmd.OutOrStdout()); err != nil {
+			b, err := json.MarshalIndent(sum, "", "  ")
+			if err != nil {
 				return err
 			}
+			if _, err := fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b); err != nil {
+				return err
+			}
+
 			if !sum.Passed {
 				*code = 1
 			} else if !keep {
