@@ -8,8 +8,10 @@ package proc
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,4 +201,17 @@ func StartCPUProfile(path string) (func(), error) {
 			_ = f.Close()
 		})
 	}, nil
+}
+
+// WriteJSON writes v as indented JSON, the form the testbed's commands
+// print their reports in.
+func WriteJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err == nil {
+		_, err = fmt.Fprintf(w, "%s\n", b)
+	}
+	if err != nil {
+		return fmt.Errorf("proc: write report: %w", err)
+	}
+	return nil
 }

@@ -105,7 +105,7 @@ func newRoot() *cobra.Command {
 			}
 			rep.Runtime = loadgen.CurrentRuntime()
 			if asJSON {
-				return rep.WriteJSON(cmd.OutOrStdout())
+				return proc.WriteJSON(cmd.OutOrStdout(), rep)
 			}
 			return rep.WriteText(cmd.OutOrStdout())
 		},

@@ -13,7 +13,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvindex/kvindex/testbed/proc"
 	"github.com/kvindex/kvindex/testbed/soak"
 )
 
@@ -59,11 +59,7 @@ func newRoot(code *int) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%w (work directory %s)", err, opts.Dir)
 			}
-			b, err := json.MarshalIndent(sum, "", "  ")
-			if err != nil {
-				return err
-			}
-			if _, err := fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b); err != nil {
+			if err := proc.WriteJSON(cmd.OutOrStdout(), sum); err != nil {
 				return err
 			}
 
