@@ -125,8 +125,8 @@ func (r *Reporter) Send(event string, v any) error {
 	return err
 }
 
-// Commands are the lines the orchestrator sends a role; the channel closes
-// when its stdin does.
+// Commands are the lines the orchestrator sends a role, until its stdin
+// closes.
 type Commands struct{ C <-chan string }
 
 // Next returns the next command, or false when stdin closes or ctx ends.
@@ -139,8 +139,8 @@ func (c *Commands) Next(ctx context.Context) (string, bool) {
 	}
 }
 
-// Wait returns when command cmd arrives (nil), stdin closes (io.EOF) or
-// ctx ends.
+// Wait returns when command cmd arrives, stdin closes (io.EOF) or ctx
+// ends.
 func (c *Commands) Wait(ctx context.Context, cmd string) error {
 	for {
 		got, ok := c.Next(ctx)
@@ -208,7 +208,6 @@ type genDone struct {
 	Forwarded  int64 `json:"forwarded,omitempty"`
 }
 
-// rate is the new blocks a second published.
 func (d *genDone) rate() float64 {
 	if d.WallNs <= 0 {
 		return 0
@@ -229,7 +228,6 @@ type Shared struct {
 	LoadAfter    float64       `json:"load_after"`
 }
 
-// other sets OtherCPU from the machine's busy CPU over the measured phase.
 func (s *Shared) other(busy0, busy1 time.Duration) {
 	s.OtherCPU = max(0, busy1-busy0-s.ReplicaCPU-s.GeneratorCPU)
 }
@@ -268,7 +266,7 @@ func startReplica(ctx context.Context, o replicaOpts, procs int, cpus string) (*
 	return rep, &live, at, nil
 }
 
-// finish lets both processes of a benchmark end, the replica first.
+// finish lets both processes end, the replica first.
 func finish(gen, rep *child, s *Shared) error {
 	if err := rep.finish(30 * time.Second); err != nil {
 		return err
@@ -383,7 +381,7 @@ func (c *child) send(cmd string) error {
 	return nil
 }
 
-// ask sends command cmd and awaits its answer, an event of that name.
+// ask sends cmd and awaits its answer, an event of that name.
 func (c *child) ask(cmd string, v any, timeout time.Duration) error {
 	if err := c.send(cmd); err != nil {
 		return err

@@ -1,8 +1,7 @@
 // Package proc is the testbed's process harness: it builds binaries,
-// starts child processes and stops them, and reads what a process and the
-// machine have used (CPU, memory, load) from /proc. kvsoak runs the daemon
-// with it, kvfleetbench its role processes and the agent binary, and both
-// and kvbench profile with it.
+// starts child processes and stops them, reads what a process and the
+// machine have used (CPU, memory, load) from /proc, and profiles and
+// reports for the testbed's commands.
 package proc
 
 import (
@@ -35,14 +34,10 @@ func Build(ctx context.Context, goTool, dir, pkg string) (string, error) {
 	return bin, nil
 }
 
-// Process is a started child process, waited for in the background.
-//
-// # Concurrency
-//
-// Its methods may be called from any goroutine; the exit status is kept.
+// Process is a started child process, waited for in the background. Its
+// methods may be called from any goroutine.
 type Process struct {
-	// Name names the process in errors.
-	Name string
+	Name string // in errors
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 
@@ -172,7 +167,7 @@ func (p *Process) Stop(sig syscall.Signal, timeout time.Duration) error {
 	return fmt.Errorf("%w after SIGKILL, want killed", err)
 }
 
-// Kill ends the process at once (on an error path).
+// Kill ends the process at once (on an error path); nil does nothing.
 func (p *Process) Kill() {
 	if p != nil {
 		_ = p.cmd.Process.Kill()

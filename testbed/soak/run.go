@@ -206,6 +206,7 @@ type workerCounter struct {
 // listing is a push worker (rank 0) and the listener that created it.
 type listing struct{ pod, endpoint string }
 
+// Process returns the current daemon process's number.
 func (r *runner) Process() int {
 	_, n := r.currentChild()
 	return n
@@ -219,6 +220,7 @@ func (r *runner) Settled(n int) bool {
 	return r.settled[n]
 }
 
+// Listed reports whether daemon process n listed pod on the push listener at endpoint.
 func (r *runner) Listed(n int, pod, endpoint string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
