@@ -29,9 +29,6 @@ type Options struct {
 // Addr, open one connection per sender, warm up, run the measured load,
 // and return its report.
 func Bench(ctx context.Context, opts Options) (*Report, error) {
-	if err := opts.Shape.Validate(); err != nil {
-		return nil, err
-	}
 	switch opts.Client {
 	case "":
 		opts.Client = "grpc"
