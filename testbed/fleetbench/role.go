@@ -234,16 +234,9 @@ func (s *Shared) other(busy0, busy1 time.Duration) {
 
 // startGen starts generator role name and waits for its "ready".
 func startGen(ctx context.Context, name, cpus string, o genOpts, timeout time.Duration) (*child, *genReady, error) {
-	gen, err := startChild(ctx, name, cpus, o)
-	if err != nil {
-		return nil, nil, err
-	}
 	var ready genReady
-	if _, err := gen.await("ready", &ready, timeout); err != nil {
-		gen.Kill()
-		return nil, nil, err
-	}
-	return gen, &ready, nil
+	gen, _, err := startAwait(ctx, name, cpus, o, "ready", &ready, timeout)
+	return gen, &ready, err
 }
 
 // startReplica starts the replica role with GOMAXPROCS procs (0: Go's
@@ -253,17 +246,24 @@ func startReplica(ctx context.Context, o replicaOpts, procs int, cpus string) (*
 	if procs > 0 {
 		env = []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
 	}
-	rep, err := startChild(ctx, "replica", cpus, o, env...)
-	if err != nil {
-		return nil, nil, time.Time{}, err
-	}
 	var live liveReport
-	at, err := rep.await("live", &live, 4*time.Minute)
+	rep, at, err := startAwait(ctx, "replica", cpus, o, "live", &live, 4*time.Minute, env...)
+	return rep, &live, at, err
+}
+
+// startAwait starts role name (startChild) and awaits its event into v;
+// on an error it kills the process.
+func startAwait(ctx context.Context, name, cpus string, opts any, event string, v any, timeout time.Duration, env ...string) (*child, time.Time, error) {
+	c, err := startChild(ctx, name, cpus, opts, env...)
 	if err != nil {
-		rep.Kill()
-		return nil, nil, at, err
+		return nil, time.Time{}, err
 	}
-	return rep, &live, at, nil
+	at, err := c.await(event, v, timeout)
+	if err != nil {
+		c.Kill()
+		return nil, at, err
+	}
+	return c, at, nil
 }
 
 // finish lets both processes end, the replica first.

@@ -175,8 +175,8 @@ func (p *Process) Kill() {
 }
 
 // StartCPUProfile starts a CPU profile of this process into path and
-// returns the function that stops it (once; later calls do nothing). With
-// path "" it profiles nothing.
+// returns the function that stops it, to be called once. With path "" it
+// profiles nothing.
 func StartCPUProfile(path string) (func(), error) {
 	if path == "" {
 		return func() {}, nil
@@ -189,12 +189,9 @@ func StartCPUProfile(path string) (func(), error) {
 		_ = f.Close()
 		return nil, fmt.Errorf("proc: cpu profile %s: %w", path, err)
 	}
-	var once sync.Once
 	return func() {
-		once.Do(func() {
-			pprof.StopCPUProfile()
-			_ = f.Close()
-		})
+		pprof.StopCPUProfile()
+		_ = f.Close()
 	}, nil
 }
 
