@@ -1,8 +1,7 @@
 // Package embednats runs a nats-server inside a testbed process, with
 // JetStream on (the agents' registry) and its store in a temporary
-// directory, on a free loopback port. Its options are the server's
-// defaults otherwise, as a deployment's: 1 MiB payloads, 64 MiB pending
-// per client before it is cut off as a slow consumer.
+// directory, on a free loopback port, with the server's defaults
+// otherwise, as a deployment's.
 package embednats
 
 import (

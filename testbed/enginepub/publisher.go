@@ -1,6 +1,7 @@
 package enginepub
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -13,20 +14,17 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
-// PublisherConfig sets up a Publisher.
+// PublisherConfig sets up a Publisher: the PUB socket's endpoint, the
+// topic of every message, the payload form, and the replay ROUTER's
+// endpoint ("": none).
 type PublisherConfig struct {
-	// Endpoint is where the PUB socket binds or connects.
 	Endpoint string
-	// Topic is sent as every message's first frame.
-	Topic string
-	// Encoding selects the payload form (array or map era, hash form, envelope).
+	Topic    string
 	Encoding events.EncodeOptions
 	// Bind forces a bind; otherwise the socket binds or connects by vLLM's
 	// rule: bind when the endpoint contains "*" or "::" or is ipc:// or
 	// inproc://, connect otherwise (push mode).
-	Bind bool
-	// ReplayEndpoint, when set, binds a ROUTER that serves replay requests
-	// the way vLLM's replay_endpoint does.
+	Bind           bool
 	ReplayEndpoint string
 	// ReplayFrames is the reply form: 4 (["", topic, seq, payload], vLLM
 	// v0.26+, the default) or 3 (["", seq, payload], older vLLM).
@@ -97,7 +95,8 @@ func NewPublisher(cfg PublisherConfig) (_ *Publisher, err error) {
 	_ = sock.SetLinger(0)
 	_ = sock.SetSndhwm(100_000)
 	_ = sock.SetXpubVerbose(1)
-	if cfg.Bind || BindsEndpoint(cfg.Endpoint) {
+	ep := cfg.Endpoint
+	if cfg.Bind || strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://") {
 		err = sock.Bind(cfg.Endpoint)
 	} else {
 		err = sock.Connect(cfg.Endpoint)
@@ -185,12 +184,6 @@ func (p *Publisher) keepLocked(seq uint64, payload []byte) {
 	p.ring = append(p.ring, bufferedBatch{seq: seq, payload: append([]byte(nil), payload...)})
 }
 
-// BindsEndpoint reports whether vLLM binds (rather than connects) its PUB
-// socket for endpoint.
-func BindsEndpoint(ep string) bool {
-	return strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://")
-}
-
 // WaitForSubscribers blocks until n subscriptions have reached the socket
 // (counted since it opened) or ctx is done.
 func (p *Publisher) WaitForSubscribers(ctx context.Context, n int) error {
@@ -220,25 +213,25 @@ func (p *Publisher) WaitForSubscribers(ctx context.Context, n int) error {
 
 // Publish encodes b and sends it with the next seq, which it returns.
 func (p *Publisher) Publish(b *events.Batch) (uint64, error) {
-	return p.publish(b, nil, true)
+	return p.publish("", b, nil, true)
 }
 
 // PublishLost encodes b and takes the next seq for it, keeps it for replay,
 // but does not send it: a message lost between PUB and SUB, as a full
 // high-water mark loses it.
 func (p *Publisher) PublishLost(b *events.Batch) (uint64, error) {
-	return p.publish(b, nil, false)
+	return p.publish("", b, nil, false)
 }
 
 // PublishRaw sends payload as is with the next seq, e.g. a malformed
 // payload in a test.
 func (p *Publisher) PublishRaw(payload []byte) (uint64, error) {
-	return p.publish(nil, payload, true)
+	return p.publish("", nil, payload, true)
 }
 
 // publish takes the next seq for b (encoded) or payload (as is), keeps it
-// for replay, and sends it unless lost.
-func (p *Publisher) publish(b *events.Batch, payload []byte, send bool) (uint64, error) {
+// for replay, and sends it unless lost, on topic ("": the publisher's).
+func (p *Publisher) publish(topic string, b *events.Batch, payload []byte, send bool) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	seq := p.seq
@@ -250,8 +243,10 @@ func (p *Publisher) publish(b *events.Batch, payload []byte, send bool) (uint64,
 		payload = p.buf
 	}
 	if send {
-		if err := p.sendLocked(seq, payload); err != nil {
-			return 0, err
+		var seqb [8]byte
+		binary.BigEndian.PutUint64(seqb[:], seq)
+		if _, err := p.sock.SendMessage(cmp.Or(topic, p.topic), seqb[:], payload); err != nil {
+			return 0, fmt.Errorf("enginepub: publish seq %d: %w", seq, err)
 		}
 	}
 	p.keepLocked(seq, payload)
@@ -271,15 +266,6 @@ func (p *Publisher) ForgetReplay(before uint64) {
 	p.ring = append(p.ring[:0], p.ring[i:]...)
 }
 
-func (p *Publisher) sendLocked(seq uint64, payload []byte) error {
-	var seqb [8]byte
-	binary.BigEndian.PutUint64(seqb[:], seq)
-	if _, err := p.sock.SendMessage(p.topic, seqb[:], payload); err != nil {
-		return fmt.Errorf("enginepub: publish seq %d: %w", seq, err)
-	}
-	return nil
-}
-
 // SetTopic changes the topic of the messages sent from now on, as an
 // engine that names its process in the topic (SGLang's epoch suffix) does
 // on restart; seq and the replay buffer are unchanged.
@@ -292,15 +278,7 @@ func (p *Publisher) SetTopic(topic string) {
 // PublishOn sends b with the next seq on another topic, once, as SGLang
 // sends a snapshot barrier on a barrier topic within its live sequence.
 func (p *Publisher) PublishOn(topic string, b *events.Batch) (uint64, error) {
-	p.mu.Lock()
-	old := p.topic
-	p.topic = topic
-	p.mu.Unlock()
-	seq, err := p.publish(b, nil, true)
-	p.mu.Lock()
-	p.topic = old
-	p.mu.Unlock()
-	return seq, err
+	return p.publish(topic, b, nil, true)
 }
 
 // SetSeq sets the seq of the next message: 0 simulates an engine restart

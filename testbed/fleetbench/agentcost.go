@@ -2,6 +2,7 @@ package fleetbench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,15 +26,11 @@ type AgentResult struct {
 	// blocks the pod holds.
 	Rate     float64 `json:"rate"`
 	Resident int64   `json:"resident"`
-	// CPU is the agent's CPU over the measurement, as a fraction of one
-	// core; RSS its resident set at the end, PeakRSS its peak.
+	// CPU is the agent's CPU in cores; RSS its resident set at the end.
 	CPU     float64 `json:"cpu_cores"`
 	RSS     int64   `json:"rss"`
 	PeakRSS int64   `json:"peak_rss"`
-	// Floor is, as a fraction of one core at the same rate, the index's
-	// share of the agent's work in this process: decoding the engine's
-	// payloads, ApplyBatchDelta and the conversion to the wire model (no
-	// sockets, no NATS); Ratio is CPU over Floor.
+	// Floor is agentFloor at the same rate, in cores; Ratio CPU over it.
 	Floor float64 `json:"floor_cores"`
 	Ratio float64 `json:"ratio"`
 	// OtherCPU is what other processes used meanwhile, in cores.
@@ -43,9 +40,9 @@ type AgentResult struct {
 }
 
 // AgentCost runs the agent benchmark: a generator process (the embedded
-// nats-server and the pod's engine, an enginepub.Publisher, churning Rate
-// new blocks a second) and the kvindex agent binary beside it, configured
-// as a deployment configures it, measured for Duration after Settle.
+// nats-server and the pod's engine churning Rate new blocks a second) and
+// the kvindex agent binary beside it, configured as a deployment
+// configures it, measured for Duration after Settle.
 func AgentCost(ctx context.Context, o Options) (*AgentResult, error) {
 	res := &AgentResult{LoadBefore: proc.LoadAvg()[0]}
 	bin, err := agentBinary(o.Binary)
@@ -95,21 +92,15 @@ func AgentCost(ctx context.Context, o Options) (*AgentResult, error) {
 	if err := sleep(ctx, o.Settle); err != nil {
 		return nil, err
 	}
-	cpu0, err := proc.CPU(pid)
-	if err != nil {
-		return nil, err
-	}
+	cpu0, err0 := proc.CPU(pid)
 	busy0, t0 := proc.BusyCPU(), time.Now()
 	if err := sleep(ctx, o.Duration); err != nil {
 		return nil, err
 	}
-	cpu1, err := proc.CPU(pid)
-	if err != nil {
-		return nil, err
-	}
+	cpu1, err1 := proc.CPU(pid)
 	busy1, wall := proc.BusyCPU(), time.Since(t0)
 	mem, err := proc.Mem(pid)
-	if err != nil {
+	if err := errors.Join(err0, err1, err); err != nil {
 		return nil, err
 	}
 	res.RSS, res.PeakRSS = mem.RSS, mem.Peak
@@ -148,10 +139,11 @@ func agentBinary(path string) (string, error) {
 	return p, nil
 }
 
-// agentFloor returns the CPU per new block of the index's part of an
-// agent's work on w's stream in its steady state (decode of the engine's
-// payloads, ApplyBatchDelta, the conversion to the wire model), on one
-// goroutine with GOMAXPROCS 1, and the blocks the worker holds.
+// agentFloor returns the CPU per new block of the index's share of an
+// agent's work on w's steady stream (decoding the engine's payloads,
+// ApplyBatchDelta, the conversion to the wire model; no sockets, no
+// NATS), on one goroutine with GOMAXPROCS 1, and the blocks it holds.
+
 func agentFloor(w *Workload) (time.Duration, int64, error) {
 	ix := indexer.New(indexer.Config{})
 	if _, err := ix.AddModel(benchModel, w.shape.BlockSize); err != nil {

@@ -22,8 +22,7 @@ import (
 func podName(i int) string { return fmt.Sprintf("pod-%04d", i) }
 
 // fixedAgents are a generator's agents: one natsbus.Agent per recorded
-// worker, each a pod of one DP rank with a NATS connection of its own, as
-// a fleet's agents are.
+// worker, each with a NATS connection of its own.
 type fixedAgents struct {
 	conns   []*nats.Conn
 	agents  []*natsbus.Agent
@@ -33,8 +32,7 @@ type fixedAgents struct {
 }
 
 // startAgents starts one agent per recorded worker against url, each
-// registered (the bucket's entries written) when it returns; their
-// heartbeats run until stop or ctx ends.
+// registered when it returns, running until stop or ctx ends.
 func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize int) (*fixedAgents, error) {
 	fa := &fixedAgents{}
 	ctx, fa.cancel = context.WithCancel(ctx)
@@ -63,8 +61,7 @@ func startAgents(ctx context.Context, url string, recs []*Recorded, blockSize in
 	return fa, nil
 }
 
-// connect opens a plain client connection (the generator's agents; the
-// replicas use fleet.Connect, as kvindex serve does).
+// connect opens a plain client connection (replicas use fleet.Connect).
 func connect(url, name string) (*nats.Conn, error) {
 	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
 	if err != nil {
@@ -82,11 +79,8 @@ func (fa *fixedAgents) stop() {
 	}
 }
 
-// Recorded snapshots of many workers take some 40 ms each to make (a lap
-// of the ring applied, then the snapshot): 1,000 of them, 20 s on two
-// cores. loadRecorded keeps them in a cache file (gob, about 10 bytes a
-// key) named after what made them and its format, so later runs read them
-// back.
+// loadRecorded records snapshots (some 40 ms each) or reads them back
+// from a cache file in dir (gob), named after what made them.
 func loadRecorded(dir string, shape Shape, seed uint64, workers int) ([]*Recorded, error) {
 	if dir == "" {
 		return RecordAll(shape, seed, workers, false)

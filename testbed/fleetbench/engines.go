@@ -11,9 +11,7 @@ import (
 )
 
 // engine is one simulated vLLM worker: a workload played through an
-// enginepub.Publisher, which sends vLLM's ZeroMQ wire (and serves its
-// replay) as the engine does. Batches carry the time they are sent as
-// their timestamp, as vLLM stamps a batch when it emits it.
+// enginepub.Publisher, each batch stamped when it is sent, as vLLM does.
 type engine struct {
 	enginePort
 	w        *Workload
@@ -54,9 +52,7 @@ func closeEngines(es []*engine) {
 	}
 }
 
-// enginePort is what an agent or a forwarder needs to reach an engine:
-// its pod, its ZeroMQ endpoints and its block size (sent as JSON to the
-// processes that run them).
+// enginePort is what an agent or a forwarder needs to reach an engine.
 type enginePort struct {
 	Pod       string `json:"pod"`
 	Endpoint  string `json:"endpoint"`
@@ -64,7 +60,6 @@ type enginePort struct {
 	BlockSize int    `json:"block_size"`
 }
 
-// ports are es's enginePorts, in order.
 func ports(es []*engine) []enginePort {
 	ps := make([]enginePort, len(es))
 	for i, e := range es {
@@ -89,9 +84,8 @@ func (e *engine) send() (int, error) {
 	return blocks, nil
 }
 
-// playEngines sends batches of the engines in turn, each due when the
-// new blocks before it are at rate (open loop), until count batches are
-// sent or ctx ends; it returns the blocks sent.
+// playEngines sends count batches of the engines in turn, paced open loop
+// at rate new blocks a second, and returns the blocks sent.
 func playEngines(ctx context.Context, es []*engine, count int, rate float64) (int64, error) {
 	var blocks int64
 	t0 := time.Now()
@@ -122,8 +116,7 @@ func waitSubscribed(ctx context.Context, es []*engine, n int) error {
 	return nil
 }
 
-// agentConfig is the kvindex agent configuration of p's pod against NATS
-// at url.
+// agentConfig is the kvindex agent configuration of p's pod.
 func (p enginePort) agentConfig(url string) (*config.Config, error) {
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0",
 		Models: []config.Model{{Name: benchModel, BlockSize: p.BlockSize}}, Pods: []config.Pod{{Name: p.Pod, Model: benchModel, Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, DPSize: 1}}}

@@ -122,9 +122,13 @@ func TestForwarderFloor(t *testing.T) {
 	}
 	defer nc.Close()
 	var s sink
-	if _, err := s.subscribe(nc); err != nil {
+	if _, err := nc.Subscribe(floorSubject+">", s.handle); err != nil {
 		t.Fatal(err)
 	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
 	s.lag.start(0)
 	if err := waitSubscribed(ctx, es, 1); err != nil {
 		t.Fatal(err)

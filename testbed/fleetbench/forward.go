@@ -15,17 +15,16 @@ import (
 	"github.com/pebbe/zmq4"
 )
 
-// The lag benchmark's floor moves the path's engine frames over the same
-// hops, in the same processes, and applies nothing: a forwarder per engine
-// (a ZeroMQ SUB socket and a NATS connection of its own, as an agent has)
-// publishes each batch's payload as it arrived, and a subscriber in the
-// replica's place reads only the batch's timestamp.
-
-// floorSubject is the subject prefix the forwarders publish on; the pod
-// name follows.
+// floorSubject is the subject prefix the forwarders publish on, before
+// the pod name.
 const floorSubject = "kvfleetbench.floor."
 
-// forwarders move their engines' frames to NATS until stop.
+// forwarders are the lag benchmark's floor: it moves the path's engine
+// frames over the same hops, in the same processes, and applies nothing.
+// A forwarder per engine (a ZeroMQ SUB socket and a NATS connection of
+// its own, as an agent has) publishes each batch's payload as it arrived
+// until stop, and a subscriber in the replica's place (sink) reads only
+// the batch's timestamp.
 type forwarders struct {
 	zctx      *zmq4.Context
 	conns     []*nats.Conn
@@ -38,8 +37,7 @@ type forwarders struct {
 }
 
 // startForwarders connects one forwarder to each engine and to NATS at
-// url, subscribed when it returns (wait for the engines' subscribers
-// before publishing: ZeroMQ drops what is sent before a subscription).
+// url.
 func startForwarders(ctx context.Context, url string, es []enginePort) (*forwarders, error) {
 	zctx, err := zmq4.NewContext()
 	if err != nil {
@@ -155,19 +153,6 @@ func (s *sink) handle(m *nats.Msg) {
 	s.lag.record(ts)
 }
 
-// subscribe subscribes s to every forwarder's subject on nc, in effect
-// at the server when it returns.
-func (s *sink) subscribe(nc *nats.Conn) (*nats.Subscription, error) {
-	sub, err := nc.Subscribe(floorSubject+">", s.handle)
-	if err != nil {
-		return nil, fmt.Errorf("fleetbench: floor subscriber: %w", err)
-	}
-	if err := nc.Flush(); err != nil {
-		return nil, fmt.Errorf("fleetbench: floor subscriber: %w", err)
-	}
-	return sub, nil
-}
-
 // runFloorSink is the replica role in floor mode: subscribe, report
 // "live", record until "stop", answering "count" (frames received as
 // deltas) meanwhile, then answer "stop" with the result.
@@ -178,10 +163,14 @@ func runFloorSink(ctx context.Context, url string, in *Commands, out *Reporter) 
 	}
 	defer nc.Close()
 	var s sink
-	sub, err := s.subscribe(nc)
-	if err != nil {
-		return err
+	sub, err := nc.Subscribe(floorSubject+">", s.handle)
+	if err == nil {
+		err = nc.Flush() // the subscription is in effect at the server
 	}
+	if err != nil {
+		return fmt.Errorf("fleetbench: floor subscriber: %w", err)
+	}
+
 	s.lag.start(0)
 	if err := out.Send("live", liveReport{}); err != nil {
 		return err

@@ -18,34 +18,24 @@ import (
 type IngestResult struct {
 	Workers int `json:"workers"`
 	ingestReport
-	// PerCore is Blocks over ReplicaCPU in seconds: blocks/s per replica
-	// core.
+	// PerCore is Blocks per replica CPU-second.
 	PerCore float64 `json:"blocks_per_cpu_s"`
-	// Baseline is indexer.Worker.ApplyDelta of the same deltas to keyed
-	// workers restored from the same snapshots, with no NATS, in one
-	// goroutine on one core, blocks per CPU-second: each worker's lap in
-	// a row (its caches warm: the faster order, which a backlogged
-	// replica approaches, draining a worker's queue at a time), and
-	// Interleaved one delta of each worker in turn (the order they are
-	// published in). Ratio is PerCore over Baseline.
+	// Baseline is applyBaseline in a row (its caches warm: the faster
+	// order, which a backlogged replica approaches), Interleaved in the
+	// order the deltas are published in. Ratio is PerCore over Baseline.
 	Baseline    float64 `json:"baseline_blocks_per_cpu_s"`
 	Interleaved float64 `json:"interleaved_blocks_per_cpu_s"`
 	Ratio       float64 `json:"ratio"`
-	// Published is the generator's achieved rate, new blocks a second
-	// (its GeneratorCPU: its agents and the embedded nats-server);
-	// SlowConsumers the nats-server's.
+	// Published is the generator's achieved rate, new blocks a second.
 	Published     float64 `json:"published_blocks_per_s"`
 	SlowConsumers int64   `json:"slow_consumers"`
 	Shared
 }
 
-// Ingest runs the ingest benchmark: the baseline in this process, then
-// a generator process (the embedded nats-server and one natsbus.Agent per
-// worker, publishing each worker's recorded deltas through
-// natsbus.Agent.Publish) and a replica process.
-//
-// Its workers publish their recorded deltas at Rate new blocks per second
-// in all, for about Duration (whole laps of every worker's ring).
+// Ingest runs the ingest benchmark: the baseline in this process, then a
+// generator process (the embedded nats-server and one natsbus.Agent per
+// worker, publishing its recorded deltas at Rate new blocks a second in
+// all, whole laps for about Duration) and a replica process.
 func Ingest(ctx context.Context, o Options) (*IngestResult, error) {
 	res := &IngestResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
@@ -107,10 +97,10 @@ func Ingest(ctx context.Context, o Options) (*IngestResult, error) {
 }
 
 // applyBaseline applies rounds laps of every recorded worker's deltas to
-// keyed workers restored from the recorded snapshots, on this goroutine
-// with GOMAXPROCS 1, and returns new blocks per CPU-second: each worker's
-// lap in a row, or interleaved as the generator publishes them (delta i
-// of every worker, then delta i+1).
+// keyed workers restored from the recorded snapshots (no NATS), on this
+// goroutine with GOMAXPROCS 1, and returns new blocks per CPU-second:
+// each worker's lap in a row, or interleaved as the generator publishes
+// them (delta i of every worker, then delta i+1).
 func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, error) {
 	ix := indexer.New(indexer.Config{})
 	if _, err := ix.AddModel(benchModel, DefaultShape().BlockSize); err != nil {
@@ -152,11 +142,10 @@ func applyBaseline(recs []*Recorded, rounds int, interleaved bool) (float64, err
 }
 
 // runFixedGenerator is the generator of ingest and sync: the embedded
-// nats-server and an agent per recorded worker (with their deltas when
-// Laps is set, else their snapshots from CacheDir's cache). It reports
-// "ready", then answers "go" (publish Laps laps at Rate, then "done"),
-// "cpu" (its CPU so far) and "floor" (restoreFloor) until stdin closes or
-// "exit".
+// nats-server and an agent per recorded worker (with deltas when Laps is
+// set, else snapshots from CacheDir). After "ready" it answers "go"
+// (publish Laps laps at Rate, then "done"), "cpu" (its CPU so far) and
+// "floor" (restoreFloor) until "exit".
 func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	load := func() ([]*Recorded, error) { return RecordAll(o.Shape, o.Seed, o.Workers, true) }
 	if o.Laps == 0 {
@@ -221,8 +210,8 @@ func runFixedGenerator(ctx context.Context, o genOpts, in *Commands, out *Report
 
 // publishLaps publishes rounds laps of every agent's recorded deltas,
 // delta i of every worker in turn, paced open loop at rate new blocks a
-// second (a delta is due when the blocks before it are at the rate), and
-// returns the blocks published.
+// second, and returns the blocks published.
+
 func publishLaps(ctx context.Context, fa *fixedAgents, rounds int, rate float64) (int64, error) {
 	n := len(fa.workers[0].rec.Deltas)
 	var blocks int64

@@ -17,22 +17,19 @@ import (
 )
 
 // LagFloor is the lag benchmark's floor (forward.go): the same engine
-// frames moved ZeroMQ -> NATS -> a subscriber, with nothing applied.
+// frames moved ZeroMQ -> NATS -> a subscriber, with nothing applied. Of
+// the engine batches sent while measuring, the forwarders published
+// FloorForwarded and the subscriber got FloorReceived; FloorProblems are
+// the frames lost on the way or unreadable.
 type LagFloor struct {
-	FloorP50 time.Duration `json:"floor_p50_ns"`
-	FloorP99 time.Duration `json:"floor_p99_ns"`
-	FloorMax time.Duration `json:"floor_max_ns"`
-	// FloorSent are the engine batches sent while measuring,
-	// FloorForwarded the frames the forwarders published, FloorReceived
-	// those the subscriber got; FloorProblems the frames lost on the way
-	// or unreadable (0 when all three are equal).
-	FloorSent      int64 `json:"floor_sent"`
-	FloorForwarded int64 `json:"floor_forwarded"`
-	FloorReceived  int64 `json:"floor_received"`
-	FloorProblems  int64 `json:"floor_problems"`
-	// FloorRate is the new blocks a second the floor's engines sent.
-	FloorRate float64 `json:"floor_rate"`
-	// The CPU of the subscriber's and the generator's processes.
+	FloorP50          time.Duration `json:"floor_p50_ns"`
+	FloorP99          time.Duration `json:"floor_p99_ns"`
+	FloorMax          time.Duration `json:"floor_max_ns"`
+	FloorSent         int64         `json:"floor_sent"`
+	FloorForwarded    int64         `json:"floor_forwarded"`
+	FloorReceived     int64         `json:"floor_received"`
+	FloorProblems     int64         `json:"floor_problems"`
+	FloorRate         float64       `json:"floor_rate"`
 	FloorReplicaCPU   time.Duration `json:"floor_replica_cpu_ns"`
 	FloorGeneratorCPU time.Duration `json:"floor_generator_cpu_ns"`
 }
@@ -40,47 +37,36 @@ type LagFloor struct {
 // LagResult is what the lag benchmark measured: the time from an engine
 // batch (its timestamp, taken when the engine sends it) to the replica
 // having applied the delta it became, through the whole agent path:
-// enginepub.Publisher, ZeroMQ, fleet.Agent (kvindex agent's code: the
-// subscriber, the recording apply, natsbus.Agent.Publish), NATS, and the
-// replica's natsbus.Source and index. Its CPU figures are over the churn
-// (the generator's: engines, agents and nats-server).
+// enginepub.Publisher, ZeroMQ, fleet.Agent (kvindex agent's code),
+// NATS, and the replica's natsbus.Source and index. Its CPU figures are
+// over the churn.
 type LagResult struct {
 	Pods int `json:"pods"`
 	lagReport
 	// Rate is the new blocks a second the engines sent.
 	Rate float64 `json:"rate"`
 	// AgentP50 and AgentP99 are the first leg alone, engine to agent (the
-	// agents' kvindex_event_lag_seconds over the churn, read off its
-	// buckets as Prometheus's histogram_quantile does: to within a
-	// bucket), so that the rest is NATS and the replica.
+	// agents' kvindex_event_lag_seconds, to within a bucket).
 	AgentP50 time.Duration `json:"agent_p50_ns"`
 	AgentP99 time.Duration `json:"agent_p99_ns"`
 	Shared
 	LagFloor
-	// Ratio is P99 over FloorP99; P99s and FloorP99s each round's, in
-	// order (P99 and FloorP99 are their medians, the other figures the
-	// last round's).
+	// Ratio is P99 over FloorP99, which are the medians of each round's
+	// P99s and FloorP99s (the other figures are the last round's).
 	Ratio     float64         `json:"p99_ratio"`
 	P99s      []time.Duration `json:"p99s_ns"`
 	FloorP99s []time.Duration `json:"floor_p99s_ns"`
-	// Offered is the rate asked for (Rate and FloorRate are what the
-	// engines kept: below it, the generator fell behind).
-	Offered float64 `json:"offered_rate"`
-	// Pinned is the CPUs each process ran on (empty: unpinned).
-	Pinned Pinning `json:"pinned"`
-	// AgentProcs is the processes the agents and forwarders ran in (0:
-	// the generator's).
-	AgentProcs int `json:"agent_procs"`
+	// Offered is the rate asked for (below it, the generator fell behind).
+	Offered    float64 `json:"offered_rate"`
+	Pinned     Pinning `json:"pinned"`
+	AgentProcs int     `json:"agent_procs"`
 }
 
 // Lag runs the lag benchmark and its floor, Rounds times each in turn:
-// for the path, a generator process (the embedded nats-server, the
-// engines and their agents) and a replica process; for the floor, the
-// same generator with forwarders in the agents' place and a subscriber
-// in the replica's (forward.go).
-//
-// Workers engines, each beside its agent, churn Rate new blocks a second
-// in all for Duration.
+// for the path, a generator process (the embedded nats-server, Workers
+// engines churning Rate new blocks a second in all for Duration, and
+// their agents) and a replica process; for the floor, the same generator
+// with forwarders in the agents' place and a subscriber in the replica's.
 func Lag(ctx context.Context, o Options) (*LagResult, error) {
 	res := &LagResult{Pods: o.Workers, Pinned: o.Pin, Offered: o.Rate, AgentProcs: o.AgentProcs}
 	load := proc.LoadAvg()[0]
@@ -115,8 +101,7 @@ func Lag(ctx context.Context, o Options) (*LagResult, error) {
 	return res, nil
 }
 
-// medianDuration is the median of ds (the mean of the middle two when
-// even); 0 for none.
+// medianDuration is the median of ds; 0 for none.
 func medianDuration(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {
 		return 0
@@ -129,16 +114,14 @@ func medianDuration(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// lagRun is one run of the path or the floor: the replica's (or the floor
-// subscriber's) result and the generator's "done".
+// lagRun is one run of the path or the floor.
 type lagRun struct {
 	lagReport
 	done genDone
 	Shared
 }
 
-// lagRound runs the path, or with floor its floor, once: a lag-gen
-// process and a replica process (for the floor, the floor subscriber).
+// lagRound runs the path, or with floor its floor, once.
 func lagRound(ctx context.Context, o Options, batches int, floor bool) (*lagRun, error) {
 	run := &lagRun{Shared: Shared{LoadBefore: proc.LoadAvg()[0]}}
 	gen, ready, err := startGen(ctx, "lag-gen", o.Pin.Generator, genOpts{Options: o, Batches: batches, Floor: floor}, 10*time.Minute)
@@ -194,9 +177,9 @@ func lagRound(ctx context.Context, o Options, batches int, floor bool) (*lagRun,
 }
 
 // runLagGenerator is the lag-gen role: the embedded nats-server, the
-// engines and their agents (or, for the floor, forwarders); it plays a
-// warm-up lap, reports "ready", and on "go" plays Batches at Rate, then
-// reports "done" (and, for the path, the agents' "digests").
+// engines and their agents (or forwarders); it plays a warm-up lap,
+// reports "ready", and on "go" plays Batches at Rate, then reports "done"
+// (and, for the path, the agents' "digests").
 func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter) error {
 	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
@@ -228,9 +211,8 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 		return blocks, err
 	}
 	caught := func() error { return waitCaughtUp(ctx, side, o.Floor, es, sent) }
-	// The warm-up lap: every worker reaches its steady state before the
-	// replica starts, which then syncs from the agents' snapshots (the
-	// floor plays it too, so that its engines send the same frames).
+	// The floor plays the warm-up lap too, so that its engines send the
+	// same frames.
 	if _, err := play(len(es)*es[0].w.Len(), o.WarmRate); err != nil {
 		return err
 	}
@@ -251,7 +233,6 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	if err != nil {
 		return err
 	}
-	// The generator's CPU is its own and its agent processes'.
 	cpu0, t0 := proc.SelfCPU()+side.cpu(), time.Now()
 	blocks, err := play(o.Batches, o.Rate)
 	if err != nil {
@@ -293,8 +274,8 @@ func runLagGenerator(ctx context.Context, o genOpts, in *Commands, out *Reporter
 	return in.Exit(ctx)
 }
 
-// lagHist is a cumulative histogram, as JSON carries it: Counts[i]
-// observations at most Bounds[i], and a last count for +Inf.
+// lagHist is a cumulative histogram: Counts[i] observations at most
+// Bounds[i], and a last count for +Inf.
 type lagHist struct {
 	Bounds []float64 `json:"bounds"`
 	Counts []float64 `json:"counts"`
@@ -332,8 +313,7 @@ func agentLag(agents []*fleet.Agent) (*lagHist, error) {
 	return h, nil
 }
 
-// add adds sign times o's counts to h's; both must have the same bounds
-// (an empty h takes o's).
+// add adds sign times o's counts to h's (an empty h takes o's bounds).
 func (h *lagHist) add(o *lagHist, sign float64) error {
 	if len(o.Counts) == 0 {
 		return nil
@@ -373,8 +353,8 @@ func (h *lagHist) quantile(q float64) time.Duration {
 }
 
 // startLagAgents starts one agent per engine, each on a NATS connection of
-// its own; stop ends them (and is to be called even on an error, for the
-// agents started before it).
+// its own; stop ends them (to be called even on an error).
+
 func startLagAgents(ctx context.Context, es []enginePort, natsURL string) ([]*fleet.Agent, func(), error) {
 	actx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -14,35 +14,24 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// The lag generator's agent side: the agents its engines feed (the path)
-// or the forwarders in their place (the floor). It runs either in the
-// generator's own process (localSide) or spread over processes of their
-// own (procSide, the lag-agents role), as a fleet runs each agent beside
-// its pod. In one process, 100 agents' indexes share one heap of 1-2 GB
-// whose collections (0.5-0.9 s each) stall every agent at once; in
-// processes of their own each heap holds its pods' blocks only. The floor
-// and the path are spread the same way, so both keep the same engines,
-// frames, rate and placement.
-
-// lagSide is the agent side of a lag generator.
+// lagSide is the lag generator's agent side: the agents its engines feed
+// (the path) or the forwarders in their place (the floor), in the
+// generator's process (localSide) or spread over processes of their own
+// (procSide), as a fleet runs each agent beside its pod: in one process,
+// 100 agents' indexes share one heap whose collections stall every agent
+// at once. The floor and the path are spread the same way.
 type lagSide interface {
-	// progress is what the side has done so far.
 	progress(ctx context.Context) (*lagProgress, error)
-	// agentLag sums the agents' engine-to-agent lag histograms (empty
-	// for forwarders).
+	// agentLag sums the agents' engine-to-agent lag (empty for forwarders).
 	agentLag(ctx context.Context) (*lagHist, error)
-	// digests are the agents' workers' digests by pod.
 	digests(ctx context.Context) (*digestsReport, error)
-	// cpu is the CPU its processes other than the generator's have used
-	// (0 in the generator's process).
+	// cpu is the CPU of the side's processes other than the generator's.
 	cpu() time.Duration
-	// stop ends the agents or forwarders (and their processes).
 	stop() error
 }
 
-// lagProgress is a side's progress: the last engine seq each agent has
-// applied, by pod, or the frames the forwarders have published or failed
-// to.
+// lagProgress is the last engine seq each agent has applied, by pod, or
+// the frames the forwarders have published or failed to.
 type lagProgress struct {
 	Seqs      map[string]uint64 `json:"seqs,omitempty"`
 	Forwarded int64             `json:"forwarded"`
@@ -50,8 +39,7 @@ type lagProgress struct {
 }
 
 // waitCaughtUp waits, within a minute, until side has handled everything
-// es sent: sent batches in all for forwarders, each engine's last seq for
-// agents.
+// es sent (sent batches in all).
 func waitCaughtUp(ctx context.Context, side lagSide, floor bool, es []*engine, sent int64) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -144,8 +132,7 @@ func (s *localSide) stop() error {
 	return nil
 }
 
-// lagAgentsOpts configure the lag-agents role: the engines whose agents
-// (or forwarders) it runs, and NATS.
+// lagAgentsOpts configure the lag-agents role.
 type lagAgentsOpts struct {
 	URL   string       `json:"url"`
 	Ports []enginePort `json:"ports"`
@@ -153,8 +140,8 @@ type lagAgentsOpts struct {
 }
 
 // runLagAgents is the lag-agents role: it starts its agents or
-// forwarders, reports "ready", answers "progress", "lag" and "digests"
-// until stdin closes (or "exit"), then stops them.
+// forwarders, reports "ready" and answers "progress", "lag" and "digests"
+// until "exit".
 func runLagAgents(ctx context.Context, o lagAgentsOpts, in *Commands, out *Reporter) error {
 	side, err := startLocalSide(ctx, o.URL, o.Ports, o.Floor)
 	if err != nil {
@@ -191,16 +178,16 @@ func runLagAgents(ctx context.Context, o lagAgentsOpts, in *Commands, out *Repor
 	}
 }
 
-// procSide runs the agents or forwarders in lag-agents processes, the
-// engines dealt to them in turn (engine i to process i mod n), so that
-// consecutive batches go to different processes. The processes inherit
-// the generator's CPUs.
+// procSide runs the agents or forwarders in lag-agents processes, engine
+// i in process i mod n, so that consecutive batches go to different
+// processes.
 type procSide struct {
 	kids []*child
 }
 
 // startProcSide starts n lag-agents processes for the engines of ps and
-// waits until each has started its agents or forwarders.
+// waits until each is ready.
+
 func startProcSide(ctx context.Context, url string, ps []enginePort, floor bool, n int) (*procSide, error) {
 	n = min(n, len(ps))
 	s := &procSide{}

@@ -17,19 +17,15 @@ const benchModel = "bench-model"
 
 // Recorded is one worker's workload as its agent publishes it: the
 // deltas its index recorded over one lap of the ring in the steady state
-// (when asked for), and its snapshot at a lap boundary, where every lap
-// starts and ends in the same state.
+// (when asked for), with the new blocks each stores (what blocks/s
+// counts), and its snapshot at a lap boundary, where every lap starts and
+// ends in the same state: its segments' binary encoding, keys
+// (placeholders included), resident blocks and digest.
 type Recorded struct {
-	// Deltas are the lap's deltas, Blocks the new blocks each stores
-	// (stores that start a block: what blocks/s counts).
-	Deltas []indexer.Delta
-	Blocks []int
-	// Segments are the snapshot's segments in the index's binary
-	// encoding; Keys its keys, placeholders included.
+	Deltas   []indexer.Delta
+	Blocks   []int
 	Segments [][]byte
 	Keys     int
-	// Resident and Digest are the worker's resident blocks and digest at
-	// the lap boundary.
 	Resident int64
 	Digest   uint64
 }
@@ -104,43 +100,44 @@ func Record(w *Workload, deltas bool) (*Recorded, error) {
 // on GOMAXPROCS goroutines.
 func RecordAll(shape Shape, seed uint64, workers int, deltas bool) ([]*Recorded, error) {
 	out := make([]*Recorded, workers)
-	errs := make([]error, workers)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				w, err := NewWorkload(shape, seed+uint64(i))
-				if err == nil {
-					out[i], err = Record(w, deltas)
-				}
-				errs[i] = err
-			}
-		}()
-	}
-	for i := range workers {
+	return out, parallel(workers, runtime.GOMAXPROCS(0), func(_ *struct{}, i int) error {
+		w, err := NewWorkload(shape, seed+uint64(i))
+		if err == nil {
+			out[i], err = Record(w, deltas)
+		}
+		return err
+	})
+}
+
+// parallel calls f for every i in [0, n) on procs goroutines, each with
+// its own S, and joins the errors.
+func parallel[S any](n, procs int, f func(s *S, i int) error) error {
+	next := make(chan int, n)
+	for i := range n {
 		next <- i
 	}
 	close(next)
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for range procs {
+		wg.Go(func() {
+			var s S
+			for i := range next {
+				errs[i] = f(&s, i)
+			}
+		})
 	}
-	return out, nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // fixedWorker is a generator's natsbus.LocalWorker: a recorded worker
 // whose snapshot is served from its precomputed segments and whose
 // deltas are published in ring order (apply). The snapshot is the state
-// at a lap boundary only: asked for at another position it fails, and
-// the replica retries; the benchmarks load snapshots before publishing.
-//
-// Its methods run under the natsbus.Agent's lock of the worker (Publish's
-// callback and the snapshot responder), which guards pos.
+// at a lap boundary only (elsewhere it fails and the replica retries).
+// Its methods run under the natsbus.Agent's lock of the worker, which
+// guards pos.
+
 type fixedWorker struct {
 	rec *Recorded
 	pos int // deltas published

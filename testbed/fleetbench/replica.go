@@ -21,78 +21,62 @@ import (
 )
 
 // replicaOpts configure the replica role: kvindex serve's fleet input as
-// the daemon builds it (fleet.Connect, a natsbus.Source over
-// fleet.NewReplicas of an indexer.Index, the daemon's source options),
-// with a counting worker set between the Source and the index (a loop
-// over each delta's entries, under 1% of its apply).
+// the daemon builds it, with a counting worker set between the Source and
+// the index (under 1% of a delta's apply). Mode is "ingest" (CPU per
+// block until Blocks are applied), "sync" (time to all live, peak RSS),
+// "lag" (engine to replica lag until "stop") or "floor" (the lag floor's
+// subscriber in the replica's place).
 type replicaOpts struct {
-	URL string `json:"url"`
-	// Workers is how many workers the replica waits for.
-	Workers int `json:"workers"`
-	// Mode is "ingest" (measure CPU per block until Blocks are applied),
-	// "sync" (time to all live, peak RSS), "lag" (engine to replica lag
-	// until told to stop) or "floor" (the lag floor's subscriber in the
-	// replica's place, forward.go).
-	Mode   string `json:"mode"`
-	Blocks int64  `json:"blocks,omitempty"`
-	// Profile, when set, is a CPU profile of the measured phase.
+	URL     string `json:"url"`
+	Workers int    `json:"workers"`
+	Mode    string `json:"mode"`
+	Blocks  int64  `json:"blocks,omitempty"`
 	Profile string `json:"profile,omitempty"`
 }
 
-// liveReport is the replica's "live" message: every worker synced.
+// liveReport is the replica's "live": from the role's start to all
+// workers live, its CPU and peak RSS then, the Go heap in use after a GC
+// (sync), and the snapshot loads (a retried one counted again) and failed
+// ones.
 type liveReport struct {
-	// ReplicaReady is from the role's start (after the runtime's and the
-	// binary's initialisation) to all workers live, CPU the process's
-	// until then.
-	ReplicaReady time.Duration `json:"replica_ready_ns"`
-	CPU          time.Duration `json:"cpu_ns"`
-	// PeakRSS is the process's peak resident set size then; HeapInuse
-	// (sync) the Go heap in use after a GC.
-	PeakRSS   int64 `json:"peak_rss"`
-	HeapInuse int64 `json:"heap_inuse"`
-	// Replays counts snapshot loads, ReplayFailures the failed ones (a
-	// load retried after a failure is counted again).
-	Replays        int64 `json:"replays"`
-	ReplayFailures int64 `json:"replay_failures"`
+	ReplicaReady   time.Duration `json:"replica_ready_ns"`
+	CPU            time.Duration `json:"cpu_ns"`
+	PeakRSS        int64         `json:"peak_rss"`
+	HeapInuse      int64         `json:"heap_inuse"`
+	Replays        int64         `json:"replays"`
+	ReplayFailures int64         `json:"replay_failures"`
 }
 
-// ingestReport is the replica's "result" in ingest mode.
+// ingestReport is the replica's "result" in ingest mode: the new blocks
+// it applied (each delta also removes about as many, and offloads and
+// evicts from CPU a quarter as many), every entry, the deltas, the wall
+// time from the first to the last and the CPU over it, and the problems
+// (gaps, drops, decode and apply errors, resyncs) after the first sync.
 type ingestReport struct {
-	// Blocks are the new blocks the replica applied (stores that start a
-	// block; each delta also removes about as many, and offloads and
-	// evicts from CPU a quarter as many), Entries every effect, Deltas the
-	// messages.
-	Blocks  int64 `json:"blocks"`
-	Entries int64 `json:"entries"`
-	Deltas  int64 `json:"deltas"`
-	// Wall is from the first delta to the last, CPU the replica's over it.
-	Wall time.Duration `json:"wall_ns"`
-	CPU  time.Duration `json:"cpu_ns"`
-	// Problems counts gaps, drops, decode and apply errors and resyncs
-	// after the first sync: each should be 0.
-	Problems int64 `json:"problems"`
+	Blocks   int64         `json:"blocks"`
+	Entries  int64         `json:"entries"`
+	Deltas   int64         `json:"deltas"`
+	Wall     time.Duration `json:"wall_ns"`
+	CPU      time.Duration `json:"cpu_ns"`
+	Problems int64         `json:"problems"`
 }
 
-// lagReport is the replica's (or the floor subscriber's) answer to
-// "stop" in lag mode: the lag of every delta (frame) received while
-// measuring, from its engine batch's timestamp.
+// lagReport is the replica's (or the floor subscriber's) "stop": the lag
+// of every delta (frame) received while measuring, from its engine
+// batch's timestamp; Late is the fraction over 5 ms, Problems as in
+// ingestReport (the floor: frames dropped or unreadable).
 type lagReport struct {
-	// Deltas are the deltas the replica applied while measuring (the
-	// frames the floor received), Blocks their new blocks.
-	Deltas int64         `json:"deltas"`
-	Blocks int64         `json:"blocks"`
-	Wall   time.Duration `json:"wall_ns"`
-	CPU    time.Duration `json:"cpu_ns"`
-	P50    time.Duration `json:"p50_ns"`
-	P90    time.Duration `json:"p90_ns"`
-	P99    time.Duration `json:"p99_ns"`
-	P999   time.Duration `json:"p999_ns"`
-	Max    time.Duration `json:"max_ns"`
-	// Late is the fraction of deltas over 5 ms.
-	Late float64 `json:"late_fraction"`
-	// Problems counts gaps, drops, decode or apply errors and resyncs
-	// (the floor: frames dropped or unreadable) while measuring.
-	Problems int64 `json:"problems"`
+	Deltas   int64         `json:"deltas"`
+	Blocks   int64         `json:"blocks"`
+	Wall     time.Duration `json:"wall_ns"`
+	CPU      time.Duration `json:"cpu_ns"`
+	P50      time.Duration `json:"p50_ns"`
+	P90      time.Duration `json:"p90_ns"`
+	P99      time.Duration `json:"p99_ns"`
+	P999     time.Duration `json:"p999_ns"`
+	Max      time.Duration `json:"max_ns"`
+	Late     float64       `json:"late_fraction"`
+	Problems int64         `json:"problems"`
 }
 
 // digestsReport maps each worker's pod to its digest (hex).
@@ -122,8 +106,7 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 		}
 	}
 	src := natsbus.NewSource(nc, set, so)
-	// The profile is of the measured phase: the sync, or what follows.
-	during, after := "", o.Profile
+	during, after := "", o.Profile // the measured phase: the sync, or what follows
 	if o.Mode == "sync" {
 		during, after = o.Profile, ""
 	}
@@ -203,10 +186,9 @@ func runReplica(ctx context.Context, o replicaOpts, in *Commands, out *Reporter)
 	return nil
 }
 
-// waitLive polls until n workers are live (OK: synced and following).
-// It watches the count of restores first: a pass over the Source's
-// worker stats costs some 3 us a worker, which polled every few
-// milliseconds over 1,000 workers would be a fifth of the replica's CPU.
+// waitLive polls until n workers are live. It watches the count of
+// restores first: a pass over 1,000 workers' stats every few milliseconds
+// would be a fifth of the replica's CPU.
 func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	t := time.NewTicker(time.Millisecond)
@@ -236,8 +218,7 @@ func waitLive(ctx context.Context, src *natsbus.Source, set *countingSet, n int,
 }
 
 // problems sums the Source's counters of what should not happen in a
-// benchmark over its workers, and describes them with the first unhealthy
-// worker's reason, for an error that ends a run.
+// benchmark, and describes them with the first unhealthy worker's reason.
 func problems(src *natsbus.Source) (int64, string) {
 	var gaps, dropped, decode, apply, replays, failures int64
 	why := ""
@@ -252,8 +233,7 @@ func problems(src *natsbus.Source) (int64, string) {
 		src.Reconnects(), gaps, dropped, decode, apply, replays, failures, why)
 }
 
-// measureIngest waits until blocks new blocks have been applied since
-// the call, and reports the CPU used meanwhile.
+// measureIngest waits until blocks new blocks have been applied.
 func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 time.Duration) (*ingestReport, error) {
 	b0, e0, d0 := set.blocks.Load(), set.entries.Load(), set.deltas.Load()
 	var t0 time.Time
@@ -284,7 +264,6 @@ func measureIngest(ctx context.Context, set *countingSet, blocks int64, cpu0 tim
 	}
 }
 
-// digestsOf returns every worker's digest by pod.
 func digestsOf(ix *indexer.Index) digestsReport {
 	r := digestsReport{Digests: map[string]string{}}
 	for _, w := range ix.Workers() {
@@ -312,7 +291,6 @@ func (c *countingSet) AddWorker(ref events.WorkerRef, reg *fleetv1.Registration)
 // RemoveWorker implements natsbus.WorkerSet.
 func (c *countingSet) RemoveWorker(ref events.WorkerRef) { c.inner.RemoveWorker(ref) }
 
-// countingSink counts what its worker restores and its deltas store.
 type countingSink struct {
 	natsbus.KeyedSink
 	set *countingSet
@@ -343,8 +321,7 @@ func (s *countingSink) ApplyDelta(seq uint64, d *events.Delta) error {
 }
 
 // lagRecorder keeps the lag of every delta applied after start, from its
-// engine batch's timestamp (set when the engine sent it) to now: engines
-// and replica share the machine's clock.
+// engine batch's timestamp (engines and replica share the clock).
 type lagRecorder struct {
 	mu     sync.Mutex // guards everything below
 	on     bool
@@ -355,7 +332,6 @@ type lagRecorder struct {
 	blocks int64
 }
 
-// record notes the lag of a batch stamped engineTime (Unix seconds).
 func (l *lagRecorder) record(engineTime float64) {
 	lag := time.Duration(float64(time.Now().UnixNano()) - engineTime*1e9)
 	l.mu.Lock()

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,8 +15,8 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// Options configure a benchmark; each reads the fields its doc names, and
-// passes them on to its generator process as JSON.
+// Options configure a benchmark (kvfleetbench's flags say which reads
+// which); the generator process gets them as JSON.
 type Options struct {
 	// Workers are the agents, one worker each (ingest, sync), or the
 	// engines, one agent each (lag).
@@ -25,56 +24,44 @@ type Options struct {
 	Shape   Shape  `json:"shape"`
 	Seed    uint64 `json:"seed"`
 	// Rate is the new blocks a second, all sources together (open loop),
-	// sent for about Duration (ingest, lag, agent).
+	// sent for about Duration; WarmRate the warm-up lap's, which brings
+	// every worker to its steady state first.
 	Rate     float64       `json:"rate,omitempty"`
 	Duration time.Duration `json:"duration,omitempty"`
-	// WarmRate (lag, agent) is the rate of the warm-up lap that brings
-	// every worker to its steady state before anything is measured.
-	WarmRate float64 `json:"warm_rate,omitempty"`
-	// Profile, when set, is a CPU profile of the replica while it is
-	// measured (sync: from its start to all workers live).
-	Profile string `json:"-"`
-	// Pin is the CPUs of the replica (or the lag floor's subscriber) and
-	// of the generator (ingest, sync, lag; the ingest baseline runs in
-	// this process, unpinned).
-	Pin Pinning `json:"-"`
-	// CacheDir (sync) keeps the generator's recorded snapshots between
-	// runs ("": record them every run).
+	WarmRate float64       `json:"warm_rate,omitempty"`
+	// Profile is a CPU profile of the replica while it is measured.
+	Profile string  `json:"-"`
+	Pin     Pinning `json:"-"`
+	// CacheDir keeps the sync generator's snapshots between runs.
 	CacheDir string `json:"cache_dir,omitempty"`
-	// Rounds (lag) is how many times the floor and the path are each
-	// run, in turn (floor first); the p99s reported are their medians. 0
-	// means 1.
+	// Rounds (lag, 0 means 1) runs the floor and the path in turn.
 	Rounds int `json:"-"`
 	// AgentProcs (lag) is how many processes the agents (and the floor's
-	// forwarders, dealt the same way) run in, beside the generator's and
-	// on its CPUs; 0 runs them in the generator's process, in one heap.
+	// forwarders) run in, on the generator's CPUs; 0: in the generator's.
 	AgentProcs int `json:"agent_procs,omitempty"`
-	// Binary (agent) is the kvindex binary ("": kvindex beside this
-	// executable, else on PATH); it runs Settle before it is measured.
+	// Binary (agent) is the kvindex binary ("": beside this executable,
+	// else on PATH); it runs Settle before it is measured.
 	Binary string        `json:"-"`
 	Settle time.Duration `json:"-"`
 }
 
-// Pinning is the CPUs a benchmark's replica (or floor subscriber) and its
-// generator run on, in taskset's list form ("1", "0-3"); "" leaves that
-// process to the kernel. Pinned apart, the two do not take each other's
-// cores, so a floor and the path it bounds, measured one after the other,
-// see the same machine. A pinned process's GOMAXPROCS is its CPUs.
+// Pinning is the CPUs (taskset's list form; "": the kernel's choice) of a
+// benchmark's replica (or floor subscriber) and of its generator, so that
+// a floor and the path it bounds see the same machine. A pinned process's
+// GOMAXPROCS is its CPUs.
 type Pinning struct {
 	Replica   string `json:"replica,omitempty"`
 	Generator string `json:"generator,omitempty"`
 }
 
-// Processes. Each benchmark runs its parts as processes of the same
-// binary (roles): the orchestrator starts a role with its options as
-// JSON, the role reports on its stdout, one JSON object a line with an
-// "event" field, and reads commands on its stdin, one a line; closing
-// stdin tells it to finish.
+// Each benchmark runs its parts as processes of the same binary (roles),
+// started with their options as JSON; a role reports on its stdout, one
+// JSON object with an "event" field a line, and reads commands on its
+// stdin, one a line; closing stdin tells it to finish.
 
 // Role is a part of a benchmark that runs in a process of its own.
 type Role func(ctx context.Context, opts json.RawMessage, in *Commands, out *Reporter) error
 
-// roles are the roles by name (RunRole).
 var roles = map[string]Role{
 	"fixed-gen":   role(runFixedGenerator),
 	"lag-gen":     role(runLagGenerator),
@@ -138,8 +125,8 @@ func (r *Reporter) Send(event string, v any) error {
 	return err
 }
 
-// Commands are the lines the orchestrator sends a role; the channel closes
-// when its stdin does.
+// Commands are the lines the orchestrator sends a role, until its stdin
+// closes.
 type Commands struct{ C <-chan string }
 
 // Next returns the next command, or false when stdin closes or ctx ends.
@@ -152,8 +139,8 @@ func (c *Commands) Next(ctx context.Context) (string, bool) {
 	}
 }
 
-// Wait returns when command cmd arrives (nil), stdin closes (io.EOF) or
-// ctx ends.
+// Wait returns when command cmd arrives, stdin closes (io.EOF) or ctx
+// ends.
 func (c *Commands) Wait(ctx context.Context, cmd string) error {
 	for {
 		got, ok := c.Next(ctx)
@@ -168,9 +155,7 @@ func (c *Commands) Wait(ctx context.Context, cmd string) error {
 	}
 }
 
-// Exit returns when the orchestrator lets the role end ("exit", or stdin
-// closed) or ctx ends; a generator's parts (nats-server, agents, engines)
-// serve the replica until then.
+// Exit returns on "exit", when stdin closes or ctx ends.
 func (c *Commands) Exit(ctx context.Context) error {
 	if err := c.Wait(ctx, "exit"); err != nil && err != io.EOF {
 		return err
@@ -190,8 +175,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// genOpts are a generator role's options: the benchmark's, and what the
-// orchestrator derived from them.
+// genOpts are a generator role's options.
 type genOpts struct {
 	Options
 	Laps    int  `json:"laps,omitempty"`    // ingest: laps of every worker
@@ -200,8 +184,7 @@ type genOpts struct {
 	Floor   bool `json:"floor,omitempty"`   // lag: forwarders instead of agents
 }
 
-// genReady is a generator's "ready": its NATS URL and what the replica
-// must end up with.
+// genReady is a generator's "ready".
 type genReady struct {
 	URL      string            `json:"url"`
 	Blocks   int64             `json:"blocks,omitempty"` // ingest: per lap of every worker
@@ -212,8 +195,8 @@ type genReady struct {
 	Config   string            `json:"config,omitempty"` // engines: the agent's configuration, YAML
 }
 
-// genDone is what a generator did: its "done" (published), "cpu" (its
-// CPU so far) and "floor" (the restore floor) messages.
+// genDone is a generator's "done", "cpu" or "floor": Batches are the
+// engine batches sent, Forwarded the frames the lag floor published.
 type genDone struct {
 	Blocks     int64 `json:"blocks,omitempty"`
 	WallNs     int64 `json:"wall_ns,omitempty"`
@@ -221,13 +204,10 @@ type genDone struct {
 	Slow       int64 `json:"slow_consumers,omitempty"`
 	AgentP50Ns int64 `json:"agent_p50_ns,omitempty"`
 	AgentP99Ns int64 `json:"agent_p99_ns,omitempty"`
-	// Batches are the engine batches sent, Forwarded the frames the lag
-	// floor's forwarders published.
-	Batches   int64 `json:"batches,omitempty"`
-	Forwarded int64 `json:"forwarded,omitempty"`
+	Batches    int64 `json:"batches,omitempty"`
+	Forwarded  int64 `json:"forwarded,omitempty"`
 }
 
-// rate is the new blocks a second published.
 func (d *genDone) rate() float64 {
 	if d.WallNs <= 0 {
 		return 0
@@ -235,65 +215,58 @@ func (d *genDone) rate() float64 {
 	return float64(d.Blocks) / time.Duration(d.WallNs).Seconds()
 }
 
-// Shared is what every two-process benchmark reports beside its own
-// figures.
+// Shared is what every two-process benchmark reports: both processes'
+// CPU over the measured phase and other processes' meanwhile, whether
+// every worker's digest in the replica equals its source's, and the
+// 1-minute load average around the run.
 type Shared struct {
-	// ReplicaCPU and GeneratorCPU are the two processes' CPU over the
-	// measured phase; OtherCPU other processes' meanwhile.
 	ReplicaCPU   time.Duration `json:"replica_cpu_ns"`
 	GeneratorCPU time.Duration `json:"generator_cpu_ns"`
 	OtherCPU     time.Duration `json:"other_cpu_ns"`
-	// DigestsOK says every worker's digest in the replica equals its
-	// source's.
-	DigestsOK bool `json:"digests_ok"`
-	// LoadBefore and LoadAfter are the 1-minute load average around the
-	// run.
-	LoadBefore float64 `json:"load_before"`
-	LoadAfter  float64 `json:"load_after"`
+	DigestsOK    bool          `json:"digests_ok"`
+	LoadBefore   float64       `json:"load_before"`
+	LoadAfter    float64       `json:"load_after"`
 }
 
-// other sets OtherCPU from the machine's busy CPU over the measured phase.
 func (s *Shared) other(busy0, busy1 time.Duration) {
 	s.OtherCPU = max(0, busy1-busy0-s.ReplicaCPU-s.GeneratorCPU)
 }
 
-// startGen starts generator role name on CPUs cpus ("": any) and waits
-// for its "ready".
+// startGen starts generator role name and waits for its "ready".
 func startGen(ctx context.Context, name, cpus string, o genOpts, timeout time.Duration) (*child, *genReady, error) {
-	gen, err := startChild(ctx, name, cpus, o)
-	if err != nil {
-		return nil, nil, err
-	}
 	var ready genReady
-	if _, err := gen.await("ready", &ready, timeout); err != nil {
-		gen.Kill()
-		return nil, nil, err
-	}
-	return gen, &ready, nil
+	gen, _, err := startAwait(ctx, name, cpus, o, "ready", &ready, timeout)
+	return gen, &ready, err
 }
 
-// startReplica starts the replica role on CPUs cpus ("": any) with
-// GOMAXPROCS procs (0: Go's default, the CPUs it may run on) and waits
-// until its workers are live.
+// startReplica starts the replica role with GOMAXPROCS procs (0: Go's
+// default) and waits until its workers are live.
 func startReplica(ctx context.Context, o replicaOpts, procs int, cpus string) (*child, *liveReport, time.Time, error) {
 	var env []string
 	if procs > 0 {
 		env = []string{fmt.Sprintf("GOMAXPROCS=%d", procs)}
 	}
-	rep, err := startChild(ctx, "replica", cpus, o, env...)
-	if err != nil {
-		return nil, nil, time.Time{}, err
-	}
 	var live liveReport
-	at, err := rep.await("live", &live, 4*time.Minute)
-	if err != nil {
-		rep.Kill()
-		return nil, nil, at, err
-	}
-	return rep, &live, at, nil
+	rep, at, err := startAwait(ctx, "replica", cpus, o, "live", &live, 4*time.Minute, env...)
+	return rep, &live, at, err
 }
 
-// finish lets both processes of a benchmark end, the replica first.
+// startAwait starts role name (startChild) and awaits its event into v;
+// on an error it kills the process.
+func startAwait(ctx context.Context, name, cpus string, opts any, event string, v any, timeout time.Duration, env ...string) (*child, time.Time, error) {
+	c, err := startChild(ctx, name, cpus, opts, env...)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	at, err := c.await(event, v, timeout)
+	if err != nil {
+		c.Kill()
+		return nil, at, err
+	}
+	return c, at, nil
+}
+
+// finish lets both processes end, the replica first.
 func finish(gen, rep *child, s *Shared) error {
 	if err := rep.finish(30 * time.Second); err != nil {
 		return err
@@ -314,18 +287,14 @@ type child struct {
 }
 
 // startChild starts role name in a new process of this binary on CPUs
-// cpus ("": any; else through taskset, which execs the role in its own
-// process), with opts marshalled as its options and its stderr shared
-// with this process.
+// cpus ("": any; else through taskset, which execs the role), with opts
+// as its options and its stderr shared with this process.
 func startChild(ctx context.Context, name, cpus string, opts any, env ...string) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
 	}
-	b, err := json.Marshal(opts)
-	if err != nil {
-		return nil, fmt.Errorf("fleetbench: start %s: %w", name, err)
-	}
+	b, _ := json.Marshal(opts) // role options are plain structs
 	args := []string{self, "role", name, "--opts", string(b)}
 	if cpus != "" {
 		taskset, err := exec.LookPath("taskset")
@@ -365,11 +334,8 @@ func startChild(ctx context.Context, name, cpus string, opts any, env ...string)
 	return c, nil
 }
 
-// errChildExited: a role ended before sending what was awaited.
-var errChildExited = errors.New("fleetbench: role process ended")
-
-// await returns the time it arrived and decodes into v (unless nil) the
-// next message of event, skipping others; within timeout.
+// await decodes into v (unless nil) the next message of event, skipping
+// others, within timeout, and returns when it arrived.
 func (c *child) await(event string, v any, timeout time.Duration) (time.Time, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -380,7 +346,8 @@ func (c *child) await(event string, v any, timeout time.Duration) (time.Time, er
 		case line, ok := <-c.lines:
 			if !ok {
 				<-c.Done()
-				return time.Time{}, fmt.Errorf("%w: %s before %q: %v", errChildExited, c.Name, event, c.Err())
+				return time.Time{}, fmt.Errorf("fleetbench: role process %s ended before %q: %v", c.Name, event, c.Err())
+
 			}
 			at := time.Now()
 			var env struct {
@@ -406,15 +373,15 @@ func (c *child) await(event string, v any, timeout time.Duration) (time.Time, er
 	}
 }
 
-// send writes one command line.
 func (c *child) send(cmd string) error {
+
 	if _, err := io.WriteString(c.stdin, cmd+"\n"); err != nil {
 		return fmt.Errorf("fleetbench: %s: command %q: %w", c.Name, cmd, err)
 	}
 	return nil
 }
 
-// ask sends command cmd and awaits its answer, an event of that name.
+// ask sends cmd and awaits its answer, an event of that name.
 func (c *child) ask(cmd string, v any, timeout time.Duration) error {
 	if err := c.send(cmd); err != nil {
 		return err

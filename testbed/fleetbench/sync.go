@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
-	"sync"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
@@ -13,23 +12,18 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// SyncResult is what the sync benchmark measured. Its CPU figures are
-// until the replica was live (the generator's: its agents serving
-// snapshots, and the embedded nats-server).
+// SyncResult is what the sync benchmark measured; its CPU figures are
+// until the replica was live.
 type SyncResult struct {
-	Workers  int   `json:"workers"`
-	Keys     int64 `json:"keys"`
-	Resident int64 `json:"resident"`
-	// SnapshotBytes is the snapshots' encoding, all workers.
+	Workers       int   `json:"workers"`
+	Keys          int64 `json:"keys"`
+	Resident      int64 `json:"resident"`
 	SnapshotBytes int64 `json:"snapshot_bytes"`
-	// Ready is from the replica process's exec to all its workers live,
-	// by the orchestrator's clock.
+	// Ready is from the replica process's exec to all its workers live.
 	Ready time.Duration `json:"ready_ns"`
 	liveReport
-	// Floor is restoring the same snapshots from their encoding into a
-	// fresh index with no NATS, on as many goroutines as the replica has
-	// cores (the generator process, after the replica has exited);
-	// FloorCPU its CPU.
+	// Floor is restoreFloor on as many goroutines as the replica has
+	// cores, in the generator's process once the replica has exited.
 	Floor    time.Duration `json:"floor_ns"`
 	FloorCPU time.Duration `json:"floor_cpu_ns"`
 	Shared
@@ -37,11 +31,8 @@ type SyncResult struct {
 
 // Sync runs the sync benchmark: a generator process (the embedded
 // nats-server and one natsbus.Agent per worker, each serving a
-// precomputed snapshot) and a replica process started once every agent
-// is registered.
-//
-// The replica syncs Workers agents' workers of Shape's steady state; the
-// generator's process also runs the restore floor, on its CPUs.
+// precomputed snapshot of Shape's steady state) and a replica process
+// started once every agent is registered.
 func Sync(ctx context.Context, o Options) (*SyncResult, error) {
 	res := &SyncResult{Workers: o.Workers}
 	res.LoadBefore = proc.LoadAvg()[0]
@@ -71,8 +62,6 @@ func Sync(ctx context.Context, o Options) (*SyncResult, error) {
 	if err := gen.ask("cpu", &c1, time.Minute); err != nil {
 		return nil, err
 	}
-	// The CPU of both processes until the replica was live is counted
-	// in busy; the replica's from its exec, the generator's from c0.
 	res.GeneratorCPU = time.Duration(c1.CPUNs - c0.CPUNs)
 	res.other(busy0, busy1)
 	var dig digestsReport
@@ -94,10 +83,10 @@ func Sync(ctx context.Context, o Options) (*SyncResult, error) {
 	return res, nil
 }
 
-// restoreFloor restores every recorded snapshot from its encoding into
-// keyed workers of a fresh index, as a replica's sink does
-// (UnmarshalBinary into a reused segment, then Worker.Restore), on procs
-// goroutines: what a replica's sync costs without NATS.
+// restoreFloor restores every recorded snapshot into keyed workers of a
+// fresh index as a replica's sink does, on procs goroutines: what a
+// replica's sync costs without NATS.
+
 func restoreFloor(recs []*Recorded, procs int) (*genDone, error) {
 	if procs <= 0 {
 		procs = runtime.GOMAXPROCS(0)
@@ -108,41 +97,20 @@ func restoreFloor(recs []*Recorded, procs int) (*genDone, error) {
 		return nil, err
 	}
 	cpu0, t0 := proc.SelfCPU(), time.Now()
-	next := make(chan int, len(recs))
-	for i := range recs {
-		next <- i
-	}
-	close(next)
-	errs := make(chan error, procs)
 	ws := make([]*indexer.Worker, len(recs))
-	var wg sync.WaitGroup
-	for range procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var seg indexer.SnapshotSegment
-			for i := range next {
-				w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(i)}, Model: benchModel, Keyed: true})
-				if err != nil {
-					errs <- err
-					return
-				}
-				err = recs[i].restore(w, &seg)
-				ws[i] = w
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	err := parallel(len(recs), procs, func(seg *indexer.SnapshotSegment, i int) error {
+		w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(i)}, Model: benchModel, Keyed: true})
+		if err != nil {
+			return err
+		}
+		ws[i] = w
+		return recs[i].restore(w, seg)
+	})
 	fl := &genDone{WallNs: time.Since(t0).Nanoseconds(), CPUNs: (proc.SelfCPU() - cpu0).Nanoseconds()}
-	select {
-	case err := <-errs:
+	if err != nil {
 		return nil, err
-	default:
 	}
+
 	for i, w := range ws {
 		if w.Digest() != recs[i].Digest {
 			return nil, fmt.Errorf("fleetbench: floor: worker %d's digest differs from its agent's", i)

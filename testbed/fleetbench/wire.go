@@ -14,28 +14,24 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// WireCase is one measured stream of the wire benchmark.
+// WireCase is one measured stream of the wire benchmark: "realistic"
+// (DefaultShape), or "batch N" (every batch N new GPU blocks in chains of
+// up to 16, each request continuing its chain half of the time, and N
+// removals; no offload). DeltaBytes and MixedPerBlock are the whole
+// batches' payload bytes per delta and per new block (removals, offloads
+// and all). PerStore and PerRemove are the payload bytes per stored and
+// per removed block, from the same batches split into their stores
+// (offloads included) and their removals, the header's bytes shared out
+// over the entries; the Wire figures add NATS's framing.
 type WireCase struct {
-	// Name says which stream: "realistic" (DefaultShape), or "batch N"
-	// (every batch N new GPU blocks in chains of up to 16, each request
-	// continuing its chain half of the time, and N removals; no offload).
-	Name string `json:"name"`
-	// DeltaBytes and MixedPerBlock are the whole batches' deltas: payload
-	// bytes per delta and per new block (removals, offloads and all).
+	Name          string  `json:"name"`
 	DeltaBytes    float64 `json:"delta_bytes"`
 	MixedPerBlock float64 `json:"mixed_per_block"`
-	// PerStore and PerRemove are the payload bytes per stored and per
-	// removed block, from the same batches split into their stores
-	// (offloads included) and their removals, one delta each, the
-	// header's bytes shared out over the entries. WirePerStore and
-	// WirePerRemove add NATS's framing of each message from the agent
-	// ("PUB <subject> <size>\r\n" and "\r\n").
 	PerStore      float64 `json:"per_store"`
 	PerRemove     float64 `json:"per_remove"`
 	WirePerStore  float64 `json:"wire_per_store"`
 	WirePerRemove float64 `json:"wire_per_remove"`
-	// Deltas are the deltas measured.
-	Deltas int `json:"deltas"`
+	Deltas        int     `json:"deltas"`
 }
 
 // WireResult is what the wire benchmark measured.
@@ -45,9 +41,8 @@ type WireResult struct {
 }
 
 // Wire measures the bytes a delta costs on NATS: batches of each case
-// applied to an agent's index (ApplyBatchDelta, as kvindex agent does),
-// published through natsbus.Agent.Publish (encodeDelta, the protobuf) into
-// an embedded nats-server, and counted as a subscriber receives them.
+// applied to an agent's index, published through natsbus.Agent.Publish
+// into an embedded nats-server, and counted as a subscriber receives them.
 func Wire(ctx context.Context) (*WireResult, error) {
 	ns, err := embednats.Start("kvfleetbench")
 	if err != nil {
@@ -138,9 +133,8 @@ func wireCase(ctx context.Context, url, name string, shape Shape) (*WireCase, st
 	return c, r.subject, nil
 }
 
-// wireRig is an agent's path for one worker: its index's recording apply
-// (ApplyBatchDelta), natsbus.Agent.Publish into nats-server, and a
-// subscriber that receives each delta.
+// wireRig is an agent's path for one worker, and a subscriber that
+// receives each delta.
 type wireRig struct {
 	fa      *fixedAgents
 	subConn *nats.Conn

@@ -62,14 +62,11 @@ type Workload struct {
 	shape   Shape
 	pool    []uint32
 	batches []compactBatch
-	// Stored is the GPU blocks stored by each batch of the ring (what
-	// blocks/s counts; removals and offloads come with them).
-	Stored []int
+	Stored  []int // GPU blocks stored by each batch (what blocks/s counts)
 }
 
-// compactStore is one request's BlockStored: its engine hashes, its
-// parent, and its tokens (its own first block when it starts a sequence,
-// then the pool from off).
+// compactStore is one request's BlockStored; its tokens are its own first
+// block when it starts a sequence, then the pool from off.
 type compactStore struct {
 	hashes    []uint64
 	parent    uint64
@@ -79,8 +76,7 @@ type compactStore struct {
 	offload   bool
 }
 
-// compactBatch is one ring position: removals of GPU blocks, the stores,
-// the offloads (stores of an earlier batch) and removals of CPU blocks.
+// compactBatch is one ring position, in event order.
 type compactBatch struct {
 	removeGPU []uint64
 	stores    []compactStore
@@ -164,10 +160,9 @@ type Filler struct {
 
 // Fill returns batch i of the ring in lap lap (from 0) with timestamp
 // ts, in f's memory. In lap 0 the events that name blocks of batches
-// before the stream's start (removals and offloads) are left out, so that
-// a worker fed the stream from its start sees no unknown block.
-// Cost: a copy of the batch's token ids (about 5 KB), no allocation once
-// f has grown.
+// before the stream's start are left out, so that a worker fed the stream
+// from its start sees no unknown block. Cost: a copy of the batch's token
+// ids (about 5 KB), no allocation once f has grown.
 func (f *Filler) Fill(w *Workload, i, lap int, ts float64) *events.Batch {
 	cb := &w.batches[i]
 	sh := &w.shape

@@ -8,41 +8,27 @@ import (
 	"github.com/kvindex/kvindex/api"
 )
 
-// Options is one kvbench run.
+// Options is one kvbench run (its flags say what each field is).
+// Embedded starts an in-process index loaded with Shape instead of
+// dialling Addr. Check verifies every reply against Shape (Embedded
+// implies it). Warmup is run first, unmeasured (a zero Duration skips
+// it).
 type Options struct {
-	// Addr is a running kvindex's gRPC address; ignored with Embedded.
-	Addr string
-	// Embedded starts an in-process index loaded with Shape instead.
-	Embedded bool
-	// Shape is the fleet (Embedded) and the prompts (always).
-	Shape Shape
-	// BlockKeys sends the prompts' content keys instead of token ids.
-	BlockKeys bool
-	// Check verifies every reply against Shape (its longest match must be
-	// what Shape.Load stores). Embedded implies it; set it against a
-	// server loaded with the same shape (kvbench --embedded --serve).
-	Check bool
-	// Client is "grpc" (default: api.Client, grpc-go, marshalling every
-	// request as a Go router does) or "grpc-preencoded" (the same
-	// connections, each distinct request encoded once: ScoreDo).
-	Client string
-	// Connections is how many connections the senders share, in turn;
-	// 0 means one per sender.
-	Connections int
-	// Load is the rate, duration and concurrency of the measured run.
-	Load Config
-	// Warmup runs the same load for this long first, unmeasured, so that
-	// connections are up and the server is warm; 0 skips it.
-	Warmup Config
+	Addr        string
+	Embedded    bool
+	Shape       Shape
+	BlockKeys   bool
+	Check       bool
+	Client      string // "grpc" (default) or "grpc-preencoded"
+	Connections int    // 0: one per sender
+	Load        Config
+	Warmup      Config
 }
 
 // Bench runs a whole kvbench session: start the embedded server or dial
 // Addr, open one connection per sender, warm up, run the measured load,
 // and return its report.
 func Bench(ctx context.Context, opts Options) (*Report, error) {
-	if err := opts.Shape.Validate(); err != nil {
-		return nil, err
-	}
 	switch opts.Client {
 	case "":
 		opts.Client = "grpc"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 func TestShapeValidate(t *testing.T) {
@@ -133,7 +134,7 @@ func benchEmbedded(t *testing.T, client string, conns int) {
 	if !strings.Contains(text.String(), "p99") || !strings.Contains(text.String(), "embedded kvindex") {
 		t.Errorf("text report:\n%s", text.String())
 	}
-	if err := rep.WriteJSON(&js); err != nil {
+	if err := proc.WriteJSON(&js, rep); err != nil {
 		t.Fatal(err)
 	}
 	var back map[string]any

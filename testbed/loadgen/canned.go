@@ -18,21 +18,14 @@ import (
 // Canned is the floor of the gRPC rows: a grpc-go server that answers
 // every Score with one response, the real answer to the shape's first
 // prompt computed once at start, and does nothing else. What kvindex's
-// server costs beyond it (decoding the request, its content keys, the
-// index's match, ranking, encoding the answer, admission control) is
-// kvindex's; what both cost (grpc-go's HTTP/2 transport, loopback TCP,
-// reading the request's bytes, writing the answer's) is the floor.
-//
-// Decisions that keep it a floor and not a straw man:
-//   - the same grpc-go transport settings as kvindex's server (api.Server's
-//     GRPCOptions: stream workers, flow-control windows, message and stream
-//     bounds, keepalive), with a codec that neither decodes the request
-//     (it only takes its length) nor encodes the answer (its bytes are
-//     encoded once);
-//   - its handler calls none of the server's interceptors, which are
-//     kvindex's work;
-//   - the index the answer was computed on is dropped before serving, so
-//     its heap costs the floor no collection work.
+// server costs beyond it is kvindex's; what both cost (grpc-go's HTTP/2
+// transport, loopback TCP, the request's and the answer's bytes) is the
+// floor. To keep it a floor and not a straw man, it has the same grpc-go
+// transport settings as kvindex's server (api.Server's GRPCOptions), a
+// codec that neither decodes the request (it only takes its length) nor
+// encodes the answer, and none of the server's interceptors; the index
+// the answer was computed on is dropped before serving, so its heap costs
+// the floor no collection work.
 //
 // Every prompt of a Shape has the same longest match, so the canned
 // answer passes the generator's --check; the answers to other prompts
@@ -40,8 +33,7 @@ import (
 // (TestCannedAnswer checks both).
 type Canned struct {
 	*server
-	// Response is the encoded ScoreResponse every call gets.
-	Response []byte
+	Response []byte // the encoded ScoreResponse every call gets
 }
 
 // StartCanned computes the answer to shape's first prompt on an index
@@ -54,9 +46,8 @@ func StartCanned(ctx context.Context, shape Shape, listen string) (*Canned, erro
 	}
 	runtime.GC()
 	debug.FreeOSMemory()
-	// Only the transport settings of this api.Server are used: its codec is
-	// replaced (the last codec option wins) and its interceptors are never
-	// called by score.
+	// Only this api.Server's transport settings are used: the last codec
+	// option wins, and score calls no interceptor.
 	transport := api.NewServer(indexer.New(indexer.Config{}), nil, api.Options{Admission: api.AdmissionOptions{Off: true}})
 	g := grpc.NewServer(append(transport.GRPCOptions(), grpc.ForceServerCodecV2(cannedCodec{}))...)
 	c := &Canned{Response: resp}
@@ -72,8 +63,8 @@ func StartCanned(ctx context.Context, shape Shape, listen string) (*Canned, erro
 	return c, nil
 }
 
-// cannedAnswer is the encoded answer of a kvindex server to shape's first
-// prompt, computed in process (no gRPC).
+// cannedAnswer is a kvindex server's encoded answer to shape's first
+// prompt.
 func cannedAnswer(ctx context.Context, shape Shape) ([]byte, error) {
 	ix := indexer.New(indexer.Config{})
 	if err := shape.Load(ix); err != nil {
@@ -90,7 +81,6 @@ func cannedAnswer(ctx context.Context, shape Shape) ([]byte, error) {
 	return b, nil
 }
 
-// score is the Score method's handler: read the request, answer.
 func (c *Canned) score(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 	var req cannedRequest
 	if err := dec(&req); err != nil {
@@ -102,13 +92,12 @@ func (c *Canned) score(_ any, _ context.Context, dec func(any) error, _ grpc.Una
 // cannedRequest is a request the canned server has read: its length.
 type cannedRequest struct{ n int }
 
-// encoded is a message already encoded; both the canned server's answers
-// and the pre-encoded generator's requests are sent as such.
+// encoded is a message already encoded: the canned server's answers and
+// the pre-encoded generator's requests.
 type encoded []byte
 
 // marshalEncoded returns an encoded message's bytes, shared by every call
-// that sends it: a SliceBuffer's Free does nothing, so gRPC neither
-// recycles nor changes them. who names the codec in the error.
+// that sends it (a SliceBuffer's Free does nothing). who names the codec.
 func marshalEncoded(who string, v any) (mem.BufferSlice, error) {
 	r, ok := v.(encoded)
 	if !ok {

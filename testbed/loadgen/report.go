@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -12,33 +11,27 @@ import (
 )
 
 // Report is a Run's outcome with what it ran against, in the form kvbench
-// prints. JSON field names are stable: scripts/bench.sh reads p99_ns.
+// prints (Result says what the counts and latencies are). JSON field
+// names are stable: scripts/bench.sh reads p99_ns. Checked says every
+// reply was checked against the shape (a failed check is an error);
+// WarmupSent is the unmeasured warm-up's requests (a server's CPU over
+// the session is per WarmupSent + Sent calls).
 type Report struct {
-	Target   string  `json:"target"`
-	Embedded bool    `json:"embedded"`
-	Shape    string  `json:"shape"`
-	Request  string  `json:"request"`
-	Rate     float64 `json:"rate"`
-	Duration string  `json:"duration"`
-	Conns    int     `json:"concurrency"`
-	// Client is the generator's client: "grpc" or "grpc-preencoded"
-	// (ScoreDo), both api.Client over grpc-go.
-	Client string `json:"client"`
-	// Connections is the number of connections the senders shared.
-	Connections int `json:"connections"`
-	// Checked says whether every reply was checked against the shape
-	// (a failed check counts as an error).
-	Checked bool `json:"checked"`
+	Target      string  `json:"target"`
+	Embedded    bool    `json:"embedded"`
+	Shape       string  `json:"shape"`
+	Request     string  `json:"request"`
+	Rate        float64 `json:"rate"`
+	Duration    string  `json:"duration"`
+	Conns       int     `json:"concurrency"`
+	Client      string  `json:"client"`
+	Connections int     `json:"connections"`
+	Checked     bool    `json:"checked"`
 
-	// WarmupSent is the requests of the unmeasured warm-up before the run
-	// (a server's CPU over the whole session is per WarmupSent + Sent
-	// calls).
-	WarmupSent int64 `json:"warmup_sent"`
-	Scheduled  int64 `json:"scheduled"`
-	Sent       int64 `json:"sent"`
-	Errors     int64 `json:"errors"`
-	// Refused counts ResourceExhausted answers (admission control), not
-	// in Errors.
+	WarmupSent int64   `json:"warmup_sent"`
+	Scheduled  int64   `json:"scheduled"`
+	Sent       int64   `json:"sent"`
+	Errors     int64   `json:"errors"`
 	Refused    int64   `json:"refused"`
 	FirstError string  `json:"first_error,omitempty"`
 	Achieved   float64 `json:"achieved_rps"`
@@ -49,7 +42,6 @@ type Report struct {
 	P999 int64 `json:"p999_ns"`
 	Max  int64 `json:"max_ns"`
 
-	// The latency of the accepted (OK) and the refused requests apart.
 	AcceptedP50  int64 `json:"accepted_p50_ns"`
 	AcceptedP99  int64 `json:"accepted_p99_ns"`
 	AcceptedP999 int64 `json:"accepted_p999_ns"`
@@ -57,21 +49,18 @@ type Report struct {
 	RefusedP99   int64 `json:"refused_p99_ns"`
 	RefusedMax   int64 `json:"refused_max_ns"`
 
-	// LagP99 and LagMax are the generator's own lateness (see Result.Lag).
 	LagP99 int64 `json:"lag_p99_ns"`
 	LagMax int64 `json:"lag_max_ns"`
 
-	// Runtime is the generator process's Go runtime settings.
-	Runtime Runtime `json:"runtime"`
+	Runtime Runtime `json:"runtime"` // the generator process's
 }
 
 // Runtime is a process's Go runtime settings, which a latency measured on
-// a small shared machine depends on.
+// a small shared machine depends on: GOGC -1 means off, MemoryLimit
+// math.MaxInt64 none.
 type Runtime struct {
-	GOMAXPROCS int `json:"gomaxprocs"`
-	// GOGC is the GC percent; -1 means off.
-	GOGC int `json:"gogc"`
-	// MemoryLimit is the soft memory limit in bytes (math.MaxInt64: none).
+	GOMAXPROCS  int   `json:"gomaxprocs"`
+	GOGC        int   `json:"gogc"`
 	MemoryLimit int64 `json:"memory_limit"`
 }
 
@@ -110,16 +99,6 @@ func NewReport(target string, embedded bool, shape Shape, blockKeys bool, cfg Co
 		RefusedP50: q(&r.Rejected, 0.5), RefusedP99: q(&r.Rejected, 0.99), RefusedMax: int64(r.Rejected.Max()),
 		LagP99: q(&r.Lag, 0.99), LagMax: int64(r.Lag.Max()),
 	}
-}
-
-// WriteJSON writes the report as one indented JSON object.
-func (rep Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(rep); err != nil {
-		return fmt.Errorf("loadgen: write report: %w", err)
-	}
-	return nil
 }
 
 // WriteText writes the report for people.

@@ -1,27 +1,25 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
-// Config is the load: how many requests per second, for how long, from how
-// many senders.
+// Config is the load: Rate requests per second, spread evenly over
+// Duration (open loop), from Concurrency sender goroutines (at most that
+// many requests in flight), each bounded by Timeout (0: none beyond ctx).
 type Config struct {
-	// Rate is requests per second, spread evenly over time (open loop).
-	Rate float64
-	// Duration is how long requests are scheduled for.
-	Duration time.Duration
-	// Concurrency is the number of sender goroutines, each with its own
-	// connection; at most Concurrency requests are in flight.
+	Rate        float64
+	Duration    time.Duration
 	Concurrency int
-	// Timeout bounds each request; 0 means no bound beyond ctx.
-	Timeout time.Duration
+	Timeout     time.Duration
 }
 
 func (c Config) validate() error {
@@ -60,32 +58,24 @@ func (p pacer) due(k int64) time.Time { return p.start.Add(time.Duration(k) * p.
 // distinct senders.
 type Do func(ctx context.Context, sender int, k int64) error
 
-// Result is what a Run measured.
+// Result is what a Run measured: the requests in the schedule
+// (Rate*Duration) and those sent before ctx ended; the failed ones other
+// than Refused (ResourceExhausted: admission control's answer by design),
+// with the first one's text; and the time from the first due time to the
+// last reply. Latency is from each request's due time to its reply,
+// errors included; Accepted is that of the requests answered OK, Rejected
+// of the refused ones. Lag is how late each request left a sender after
+// its due time (already part of Latency): a large lag with idle senders
+// means the generator, not the server, limited the run.
 type Result struct {
-	// Scheduled is the number of requests in the schedule (Rate*Duration);
-	// Sent those actually sent before ctx ended.
-	Scheduled, Sent int64
-	// Errors counts failed requests other than refusals; FirstError is
-	// the first one's text.
-	Errors     int64
-	FirstError string
-	// Refused counts requests the server refused as overloaded
-	// (ResourceExhausted), which admission control answers by design; they
-	// are not Errors.
-	Refused int64
-	// Elapsed is from the first due time to the last reply.
-	Elapsed time.Duration
-	// Latency is from each request's due time to its reply, errors
-	// included.
-	Latency Histogram
-	// Accepted is Latency of the requests answered OK, Rejected of the
-	// refused ones: how fast overload is refused.
+	Scheduled, Sent    int64
+	Errors             int64
+	FirstError         string
+	Refused            int64
+	Elapsed            time.Duration
+	Latency            Histogram
 	Accepted, Rejected Histogram
-	// Lag is how late each request left a sender after its due time: the
-	// pacer's wake-up, the hand-off to a sender and the wait for a free
-	// one; already part of Latency. A large lag with idle senders means the
-	// generator, not the server, limited the run.
-	Lag Histogram
+	Lag                Histogram
 }
 
 // Achieved returns the rate requests were completed at.
@@ -96,14 +86,10 @@ func (r *Result) Achieved() float64 {
 	return float64(r.Sent) / r.Elapsed.Seconds()
 }
 
-// Run sends the requests of cfg's schedule through do and measures them.
-// It returns when every scheduled request has been answered or ctx is
-// done (then with the requests measured so far and ctx's error).
-//
-// One pacer goroutine releases each request at its due time (see
-// sleeper) into a queue that the Concurrency senders take from; when all
-// senders are busy, due requests wait in the queue and their wait counts
-// in their latency.
+// Run sends the requests of cfg's schedule through do and measures them
+// (see the package doc). It returns when every scheduled request has been
+// answered or ctx is done (then with the requests measured so far and
+// ctx's error).
 func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -141,18 +127,15 @@ func Run(ctx context.Context, cfg Config, do Do) (*Result, error) {
 		r.Latency.Merge(&part.Latency)
 		r.Lag.Merge(&part.Lag)
 	}
-	if err := ctx.Err(); err != nil {
+	if err := cmp.Or(ctx.Err(), paceErr); err != nil {
 		return r, fmt.Errorf("loadgen: run stopped after %d of %d requests: %w", r.Sent, r.Scheduled, err)
-	}
-	if paceErr != nil {
-		return r, fmt.Errorf("loadgen: run stopped after %d of %d requests: %w", r.Sent, r.Scheduled, paceErr)
 	}
 	return r, nil
 }
 
 // pace puts each request of p into queue at its due time, then closes
-// queue. A periodic timer paces it: each wake-up releases every request
-// that has come due (usually one), with no timer to re-arm in between.
+// queue. Each wake-up of a periodic timer releases every request that has
+// come due (usually one).
 func pace(ctx context.Context, p pacer, sl *sleeper, queue chan<- int64) error {
 	defer close(queue)
 	if err := sl.every(time.Until(p.start), p.interval); err != nil {
@@ -210,6 +193,7 @@ func send(ctx context.Context, timeout time.Duration, p pacer, g int, queue <-ch
 	}
 }
 
+// call runs do within timeout (0: none).
 func call(ctx context.Context, timeout time.Duration, do Do, g int, k int64) error {
 	if timeout > 0 {
 		var cancel context.CancelFunc

@@ -16,29 +16,23 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 )
 
-// Shape is a fleet and the prompts sent to it. Every prompt starts with
-// the same SharedBlocks blocks (a system prompt), which every worker holds;
-// the rest of each prompt (its tail) is unique to it and is held, in full,
-// by TailHolders workers.
+// Shape is a fleet of Workers and the Prompts distinct prompts of
+// PromptBlocks blocks sent to it in turn. Every prompt starts with the
+// same SharedBlocks blocks (a system prompt), which every worker holds;
+// the rest of each prompt (its tail) is unique to it and is held, in
+// full, by TailHolders workers.
 type Shape struct {
-	// Model is the served model name; BlockSize its tokens per block.
-	Model     string
-	BlockSize int
-	// Workers is the number of workers (pods) in the fleet.
-	Workers int
-	// PromptBlocks is the length of every prompt, in blocks.
+	Model        string
+	BlockSize    int
+	Workers      int
 	PromptBlocks int
-	// SharedBlocks is the prefix every worker holds (<= PromptBlocks).
 	SharedBlocks int
-	// TailHolders is how many workers hold each prompt's tail (<= Workers).
-	TailHolders int
-	// Prompts is the number of distinct prompts sent in turn.
-	Prompts int
+	TailHolders  int
+	Prompts      int
 	// FillerBlocks is how many other blocks each worker holds (chains of
-	// 64 that no prompt matches), so that the index, and so the heap the
-	// garbage collector paces itself by, has a production size. With a
-	// toy-sized index (7 MB of heap) the collector ran 38 times a second
-	// at 10 k req/s and its pauses set the p99.
+	// 64 that no prompt matches), so that the heap the garbage collector
+	// paces itself by has a production size: with a toy-sized index the
+	// collector's pauses set the p99.
 	FillerBlocks int
 }
 
@@ -199,11 +193,10 @@ func (s Shape) loadFiller(ws []*indexer.Worker) error {
 	return nil
 }
 
-// server is a gRPC server serving on a goroutine of its own until Close:
-// Embedded's and Canned's.
+// server is Embedded's and Canned's gRPC server, serving on a goroutine
+// of its own until Close.
 type server struct {
-	// Addr is the server's host:port.
-	Addr string
+	Addr string // host:port
 	g    *grpc.Server
 	done chan struct{}
 	once sync.Once
@@ -243,8 +236,8 @@ func (s *server) Close() {
 	})
 }
 
-// Embedded is an in-process kvindex: an index loaded with a shape, served
-// by api.Server over real gRPC on a loopback TCP port.
+// Embedded is an index loaded with a shape, served by api.Server over
+// real gRPC.
 type Embedded struct{ *server }
 
 // StartEmbedded loads an index with shape and serves it on listen
@@ -268,19 +261,15 @@ func StartEmbedded(ctx context.Context, shape Shape, listen string, opts api.Opt
 // ScoreDo returns a Do that sends Score for the shape's prompts through
 // api.Client: request k asks about prompt k mod Prompts, sender g over
 // clients[g mod len(clients)]. With keys set, requests carry the prompts'
-// content keys (block_keys, computed here as a router would) instead of
-// token ids. With check set (for an index loaded by Shape.Load, here or in
-// a kvbench --serve process), a reply whose longest match is not what the
-// shape stored counts as an error.
+// content keys instead of token ids. With check set (for an index loaded
+// by Shape.Load), a reply whose longest match is not what the shape
+// stored counts as an error.
 //
 // Each prompt's ScoreRequest is built once, as a router holds a prompt's
 // token ids before it asks. Without preencoded every call marshals it, as
-// a Go router does; with it each is marshalled once and grpc-go is handed
-// those bytes through a codec that writes them as they are (for a
-// 32,768-token prompt, marshalling was half of grpc-go's client CPU, and
-// the overload rows need one generator core to offer a server core three
-// times what it takes). Replies are decoded by api.Client's codec either
-// way.
+// a Go router does; with it each is marshalled once and its bytes written
+// as they are (the overload rows need one generator core to offer a
+// server core three times what it takes).
 func ScoreDo(shape Shape, clients []*api.Client, keys, check, preencoded bool) (Do, error) {
 	if err := shape.Validate(); err != nil {
 		return nil, err

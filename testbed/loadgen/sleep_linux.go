@@ -9,16 +9,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sleeper sleeps until a given time with tens of µs of precision.
-//
-// Go's own timers wake an otherwise idle process up to 1 ms late: the
-// netpoller waits in whole milliseconds (measured here: time.Sleep(100µs)
-// overshoots by ~1 ms at p50), and an open-loop generator would charge that
-// to the server. A nanosleep(2) on a locked thread is precise but keeps its
-// P until sysmon takes it back, which starved a 2-core embedded server. So
-// the sleeper arms a timerfd (hrtimer precision) and reads it through
-// os.File: the goroutine parks in the netpoller without a P, and an idle
-// epoll_wait returns when the fd fires rather than at the next millisecond.
+// sleeper sleeps until a given time with tens of µs of precision, where
+// Go's timers wake an idle process up to 1 ms late (the netpoller waits in
+// whole milliseconds). A nanosleep(2) on a locked thread would keep its P
+// from the server under test; a timerfd read through os.File parks the
+// goroutine in the netpoller without a P, and an idle epoll_wait returns
+// when the fd fires.
 type sleeper struct {
 	f   *os.File
 	fd  int
@@ -63,8 +59,6 @@ func (s *sleeper) every(first, interval time.Duration) error {
 
 // ticks waits for the timer armed by every to expire and returns how many
 // times it has since the last call (more than 1 when the caller was late).
-// Cost: one read(2) when an expiration is pending, else a park in the
-// netpoller and a second read; nothing to re-arm.
 func (s *sleeper) ticks() (uint64, error) {
 	if _, err := s.f.Read(s.buf[:]); err != nil {
 		return 0, fmt.Errorf("loadgen: wait on timerfd: %w", err)

@@ -1,15 +1,16 @@
 // Package proc is the testbed's process harness: it builds binaries,
-// starts child processes and stops them, and reads what a process and the
-// machine have used (CPU, memory, load) from /proc. kvsoak runs the daemon
-// with it, kvfleetbench its role processes and the agent binary, and both
-// and kvbench profile with it.
+// starts child processes and stops them, reads what a process and the
+// machine have used (CPU, memory, load) from /proc, and profiles and
+// reports for the testbed's commands.
 package proc
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,14 +34,10 @@ func Build(ctx context.Context, goTool, dir, pkg string) (string, error) {
 	return bin, nil
 }
 
-// Process is a started child process, waited for in the background.
-//
-// # Concurrency
-//
-// Its methods may be called from any goroutine; the exit status is kept.
+// Process is a started child process, waited for in the background. Its
+// methods may be called from any goroutine.
 type Process struct {
-	// Name names the process in errors.
-	Name string
+	Name string // in errors
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 
@@ -170,7 +167,7 @@ func (p *Process) Stop(sig syscall.Signal, timeout time.Duration) error {
 	return fmt.Errorf("%w after SIGKILL, want killed", err)
 }
 
-// Kill ends the process at once (on an error path).
+// Kill ends the process at once (on an error path); nil does nothing.
 func (p *Process) Kill() {
 	if p != nil {
 		_ = p.cmd.Process.Kill()
@@ -178,8 +175,8 @@ func (p *Process) Kill() {
 }
 
 // StartCPUProfile starts a CPU profile of this process into path and
-// returns the function that stops it (once; later calls do nothing). With
-// path "" it profiles nothing.
+// returns the function that stops it, to be called once. With path "" it
+// profiles nothing.
 func StartCPUProfile(path string) (func(), error) {
 	if path == "" {
 		return func() {}, nil
@@ -192,11 +189,21 @@ func StartCPUProfile(path string) (func(), error) {
 		_ = f.Close()
 		return nil, fmt.Errorf("proc: cpu profile %s: %w", path, err)
 	}
-	var once sync.Once
 	return func() {
-		once.Do(func() {
-			pprof.StopCPUProfile()
-			_ = f.Close()
-		})
+		pprof.StopCPUProfile()
+		_ = f.Close()
 	}, nil
+}
+
+// WriteJSON writes v as indented JSON, the form the testbed's commands
+// print their reports in.
+func WriteJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err == nil {
+		_, err = fmt.Fprintf(w, "%s\n", b)
+	}
+	if err != nil {
+		return fmt.Errorf("proc: write report: %w", err)
+	}
+	return nil
 }

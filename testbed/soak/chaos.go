@@ -12,8 +12,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
-// runEngine steps engine e every stepInterval, starting at an offset of
-// its own.
+// runEngine steps engine e every stepInterval, from an offset of its own.
 func (r *runner) runEngine(ctx context.Context, e *Engine, i int) {
 	if !sleep(ctx, time.Duration(i)*stepInterval/time.Duration(len(r.engines))) {
 		return
@@ -28,8 +27,7 @@ func (r *runner) runEngine(ctx context.Context, e *Engine, i int) {
 	})
 }
 
-// action is one scheduled restart: of the daemon with sig, or of an
-// engine.
+// action is one scheduled restart of the daemon with sig, or of an engine.
 type action struct {
 	at     time.Duration
 	daemon bool
@@ -37,10 +35,10 @@ type action struct {
 	engine int
 }
 
-// schedule returns a run of duration d's restarts in time order: daemons
+// schedule returns a run of duration d's restarts in time order: daemon
 // restarts evenly within the first 60% (SIGTERM and SIGKILL alternately,
 // the last SIGKILL), and an engine restart every engineRestartEvery in a
-// seeded round-robin order over engines, each restarted once a round.
+// seeded round-robin order.
 func schedule(d time.Duration, daemons, engines int, seed uint64) []action {
 	var acts []action
 	for i := 1; i <= daemons; i++ {
@@ -106,8 +104,8 @@ func (r *runner) restartEngine(ctx context.Context, e *Engine) {
 	r.log.Info("engine restarted", "worker", ref.String())
 }
 
-// restartDaemon stops the daemon with sig and starts it again with the
-// same configuration. The caller holds chaos.
+// restartDaemon stops the daemon with sig and starts it again. The caller
+// holds chaos.
 func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	r.window.Begin()
 	end := sync.OnceFunc(r.window.End)
@@ -142,9 +140,7 @@ func (r *runner) restartDaemon(ctx context.Context, sig syscall.Signal) {
 	r.squat(ctx)
 	unlock()
 	r.log.Info("daemon restarted", "signal", sig.String(), "process", r.Process())
-	// Time for the client to reconnect before errors count again.
-	sleep(ctx, 2*time.Second)
+	sleep(ctx, 2*time.Second) // for the client to reconnect before errors count again
 	end()
-	// The new process must have relearned every cache exactly.
 	r.checkpoint(ctx, fmt.Sprintf("after restart %d", r.Process()-1))
 }

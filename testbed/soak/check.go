@@ -25,11 +25,9 @@ func refOf(w interface {
 }
 
 // flushAndWait flushes engines (whose locks the caller holds) and polls
-// ListWorkers until the daemon has applied each one's last seq
-// (last_seq is set once the index has applied a batch), has nothing
-// queued and is healthy; it returns the last listing. Otherwise it
-// records a failure naming what (and each worker not there yet) and
-// returns false.
+// ListWorkers until the daemon has applied each one's last seq, has
+// nothing queued and is healthy; it returns the last listing. Otherwise
+// it records a failure naming what (and each worker not there yet).
 func (r *runner) flushAndWait(ctx context.Context, what string, engines ...*Engine) ([]*kvindexv1.WorkerStatus, bool) {
 	want := map[events.WorkerRef]uint64{}
 	for _, e := range engines {
@@ -97,10 +95,10 @@ func (r *runner) endpointOf(ref events.WorkerRef) string {
 	return spec.Endpoint
 }
 
-// checkWorkerList checks a ListWorkers answer as a whole: the served
-// models have only the configured workers, the open listener created at
-// most its max_workers (all of the garbage model), and the allowlisted
-// listener only the push pod.
+// checkWorkerList checks that a ListWorkers answer has only the
+// configured workers for the served models, at most max_workers of the
+// garbage model from the open listener, and only the push pod from the
+// allowlisted one.
 func (r *runner) checkWorkerList(ws []*kvindexv1.WorkerStatus, when string) {
 	open, allow := r.fleet.OpenPushAddr(), r.fleet.AllowPushAddr()
 	nOpen := 0
@@ -130,9 +128,7 @@ func (r *runner) checkWorkerList(ws []*kvindexv1.WorkerStatus, when string) {
 
 // checkpoint pauses every engine, waits until the daemon has applied
 // everything they sent, and compares the index with the engines' true
-// caches: each worker's counters and resident blocks, and every worker's
-// answer to prompts built from every engine's cache. The caller holds
-// chaos.
+// caches. The caller holds chaos.
 func (r *runner) checkpoint(ctx context.Context, name string) {
 	for _, e := range r.engines {
 		e.Lock()
@@ -172,8 +168,8 @@ func (r *runner) checkpoint(ctx context.Context, name string) {
 }
 
 // checkCounters checks one worker's ListWorkers entry against its
-// engine: served where configured, the engine's resident block count,
-// and counters that only the soak's own actions may move.
+// engine: where it is served, its resident blocks, and counters that only
+// the soak's own actions may move.
 func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine, restarts int) {
 	spec := e.Spec()
 	ref := spec.Worker
@@ -228,17 +224,16 @@ func (r *runner) checkCounters(name string, w *kvindexv1.WorkerStatus, e *Engine
 	}
 }
 
-// blockFlow is the blocks one worker's engine had sent and its index had
-// applied at a checkpoint, in BlockStored and BlockRemoved events.
+// blockFlow is the blocks a worker's engine had sent and its index had
+// applied at a checkpoint.
 type blockFlow struct {
 	sentStored, sentRemoved       int64
 	appliedStored, appliedRemoved uint64
 }
 
 // checkFlow compares, between two checkpoints of one daemon process, the
-// blocks the engine sent with those the index applied, which places a
-// divergence between the two and says whether stores or removals went
-// astray.
+// blocks the engine sent with those the index applied, so that a
+// divergence says whether stores or removals went astray.
 func (r *runner) checkFlow(name string, w *kvindexv1.WorkerStatus, e *Engine) {
 	ref := e.Spec().Worker
 	st := e.StatsLocked()
@@ -269,9 +264,8 @@ func (r *runner) reportedOf(ref events.WorkerRef, counter string) uint64 {
 	return r.reported[workerCounter{ref, counter}]
 }
 
-// checkAnswers scores prompts built from every engine's true cache and
-// compares, for every worker of the prompt's model, its match with the
-// longest prefix its engine holds. The caller holds every engine's lock.
+// checkAnswers scores prompts built from every engine's true cache. The
+// caller holds every engine's lock.
 func (r *runner) checkAnswers(ctx context.Context, name string) {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, stringSeed("checkpoint "+name)))
 	for _, e := range r.engines {
@@ -335,9 +329,9 @@ func (r *runner) compare(ctx context.Context, name string, from *Engine, pc prom
 }
 
 // scoreAndCheck scores req, a prompt from engine from (sent again while
-// it is refused for overload), and compares the answer with the truth:
-// its sanity, and for every worker of the prompt's model its match with
-// the longest prefix its engine holds.
+// it is refused for overload), and checks the answer's sanity and, for
+// every worker of the prompt's model, its match with the longest prefix
+// its engine holds.
 func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, pc promptCase, how string, req *kvindexv1.ScoreRequest) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -375,7 +369,7 @@ func (r *runner) scoreAndCheck(ctx context.Context, name string, from *Engine, p
 }
 
 // saveWrong writes wrong answer n's prompt and figures to the work
-// directory, for a reproducer; it returns the file's path.
+// directory and returns the file's path.
 func (r *runner) saveWrong(n int64, name string, from *Engine, pc promptCase, ref events.WorkerRef, matched, spec uint32, want int) string {
 	if n > MaxKept {
 		return "(not saved: only the first few are)"

@@ -23,8 +23,8 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// startDaemon starts the next daemon process and watches it: an exit the
-// soak did not ask for is a failure that ends the run.
+// startDaemon starts the next daemon process; an exit the soak did not
+// ask for ends the run.
 func (r *runner) startDaemon() error {
 	n := r.Process() + 1
 	c, err := proc.Start(fmt.Sprintf("daemon process %d", n), exec.Command(r.bin, "serve", "--config", r.cfgPath), r.logPath(n))
@@ -48,12 +48,10 @@ func (r *runner) startDaemon() error {
 	return nil
 }
 
-// logPath is daemon process n's log file.
 func (r *runner) logPath(n int) string {
 	return filepath.Join(r.opts.Dir, fmt.Sprintf("daemon-%d.log", n))
 }
 
-// waitReady waits until the current daemon answers ListWorkers.
 func (r *runner) waitReady(ctx context.Context, timeout time.Duration) error {
 	c, n := r.currentChild()
 	err := c.WaitReady(ctx, timeout, func(ctx context.Context) error {
@@ -66,8 +64,8 @@ func (r *runner) waitReady(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// stopDaemon stops the current daemon with sig, checks how it ended and
-// scans its log.
+// stopDaemon stops the current daemon with sig and checks how it ended
+// and its log.
 func (r *runner) stopDaemon(sig syscall.Signal) {
 	c, n := r.currentChild()
 	if err := c.Stop(sig, 15*time.Second); err != nil {
@@ -86,9 +84,8 @@ func (r *runner) stopDaemon(sig syscall.Signal) {
 }
 
 // squat tries to claim PushPod's name on the open listener before its
-// engine sends: the open listener must refuse it (other_listener), since
-// only the allowlisted listener that routes PushPod may create it, and the
-// next checkpoint finds the push worker exact.
+// engine sends: only the allowlisted listener that routes PushPod may
+// create it, so the open one must refuse it (other_listener).
 func (r *runner) squat(ctx context.Context) {
 	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: r.fleet.OpenPushAddr(), Topic: "kv@" + PushPod + "@" + ModelA})
 	if err != nil {

@@ -12,41 +12,34 @@ import (
 )
 
 // EngineSpec is one simulated engine: one worker (a pod's DP rank), the
-// model it serves (blocks of BlockSizeOf(Model) tokens), where it
-// publishes and how.
+// model it serves, where it publishes (binding in pull mode, connecting
+// with Push) and how (enginepub.PublisherConfig), and its cache's
+// physical blocks.
 type EngineSpec struct {
-	Worker events.WorkerRef
-	Model  string
-	// Endpoint is where the publisher binds (pull mode) or connects (push
-	// mode, Push set); every message has Topic.
-	Endpoint string
-	Push     bool
-	Topic    string
-	// ReplayFrames is the replay ROUTER's reply form (3 or 4); Encoding
-	// the vLLM release whose payloads the engine sends.
+	Worker         events.WorkerRef
+	Model          string
+	Endpoint       string
+	Push           bool
+	Topic          string
 	ReplayEndpoint string
 	ReplayFrames   int
 	Encoding       events.EncodeOptions
-	// Capacity is its cache's physical blocks.
-	Capacity int
+	Capacity       int
 }
 
-// EngineOptions tune how every engine behaves.
+// EngineOptions tune how every engine behaves: its replay buffer (vLLM's
+// buffer_steps), 1..RequestsPerStep requests a step, the probability that
+// a step starts a loss of 1..3 messages (kept for replay, never sent) or
+// is an AllBlocksCleared, and the fraction of evictions out of LRU order.
 type EngineOptions struct {
-	// BufferSteps is the replay buffer (vLLM's buffer_steps).
-	BufferSteps int
-	// RequestsPerStep bounds the requests in one step (1..n).
-	RequestsPerStep int
-	// LossRate is the probability that a step starts a loss of 1..3
-	// consecutive messages (kept for replay, never sent); ClearRate that
-	// a step is an AllBlocksCleared.
+	BufferSteps         int
+	RequestsPerStep     int
 	LossRate, ClearRate float64
 	// ClearEvery, below BufferSteps, forces a clear after this many
 	// messages without one, so that the replay buffer always reaches back
 	// to the last clear (or the engine's start) and a daemon that joins
 	// learns the cache exactly.
-	ClearEvery int
-	// RandomEvict is the fraction of evictions out of LRU order.
+	ClearEvery  int
 	RandomEvict float64
 	Workload    WorkloadOptions
 }
@@ -57,15 +50,14 @@ func DefaultEngineOptions() EngineOptions {
 	return EngineOptions{BufferSteps: 10_000, RequestsPerStep: 2, LossRate: 0.005, ClearRate: 0.0005, ClearEvery: 8_000, RandomEvict: 0.02, Workload: DefaultWorkloadOptions()}
 }
 
-// EngineStats count what an engine did, over all its processes.
+// EngineStats count what an engine did, over all its processes: messages
+// published (sent or lost) and lost, KV events and the blocks stored and
+// removed in them, AllBlocksCleared sent, restarts and requests.
 type EngineStats struct {
-	// Steps is messages published (sent or lost); Lost the ones lost.
-	Steps, Lost int64
-	// Events is KV events published; Stored and Removed the blocks in them.
+	Steps, Lost             int64
 	Events, Stored, Removed int64
-	// Clears is AllBlocksCleared sent; Restarts engine restarts.
-	Clears, Restarts int64
-	Requests         int64
+	Clears, Restarts        int64
+	Requests                int64
 }
 
 // Engine is a simulated vLLM engine: a publisher with a replay buffer and
@@ -92,8 +84,7 @@ type Engine struct {
 	wl    *Workload
 	rng   *rand.Rand
 	// lastSeq is the seq of the last message of this process, valid when
-	// sent; lastLost says it was lost (the daemon cannot know of it until
-	// the next one).
+	// sent; lastLost says it was lost.
 	lastSeq      uint64
 	sent         bool
 	lastLost     bool

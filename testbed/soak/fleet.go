@@ -11,52 +11,46 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
-// Names the soak's fleet uses.
+// Names and settings of the soak's fleet: the served models (16- and
+// 32-token blocks), the model of the pods the garbage sender invents, the
+// legitimate push pod (on the allowlisted listener, through PushTopic's
+// route, connecting from PushSource, the only address that listener
+// accepts), the listeners' max_workers, and the daemon's
+// events.max_message_bytes and scoring.inflight_ttl (unreleased routes
+// expire several times in a run).
 const (
-	// ModelA and ModelB are the served models (16- and 32-token blocks).
-	ModelA = "soak/model-a"
-	ModelB = "soak/model-b"
-	// GarbageModel is the model of the pods the garbage sender invents.
-	GarbageModel = "soak/garbage"
-	// PushPod is the legitimate push-mode pod, on the allowlisted
-	// listener, through PushTopic's route.
-	PushPod   = "push-a"
-	PushTopic = "soak-push-engine"
-	// PushSource is the address the legitimate push engine connects
-	// from, the only one the allowlisted listener accepts.
-	PushSource = "127.0.0.2"
-	// OpenMaxWorkers and AllowMaxWorkers are the listeners' max_workers.
+	ModelA          = "soak/model-a"
+	ModelB          = "soak/model-b"
+	GarbageModel    = "soak/garbage"
+	PushPod         = "push-a"
+	PushTopic       = "soak-push-engine"
+	PushSource      = "127.0.0.2"
 	OpenMaxWorkers  = 4
 	AllowMaxWorkers = 2
-	// MaxMessageBytes is the daemon's events.max_message_bytes.
 	MaxMessageBytes = 1 << 20
-	// InflightTTL is the daemon's scoring.inflight_ttl: unreleased routes
-	// expire several times in a run.
-	InflightTTL = 10 * time.Second
+	InflightTTL     = 10 * time.Second
 )
 
-// PodSpec is one pull-mode pod of the fleet.
+// PodSpec is one pull-mode pod of the fleet. Capacity is each rank's cache
+// size, given to the daemon as capacity_blocks with ConfigureCapacity
+// (otherwise the daemon learns it); Encoding and ReplayFrames are the vLLM
+// release the pod imitates. PubBase and ReplayBase are rank 0's ports;
+// the ports just below and just above each range are its neighbours,
+// where garbage publishers bind (the daemon must never read them).
 type PodSpec struct {
-	// Name, Model and DPSize are as in the configuration.
-	Name   string
-	Model  string
-	DPSize int
-	// Capacity is each rank's cache size; ConfigureCapacity gives it to
-	// the daemon as capacity_blocks (otherwise the daemon learns it).
-	Capacity          int
-	ConfigureCapacity bool
-	// Encoding and ReplayFrames are the vLLM release the pod imitates.
-	Encoding     events.EncodeOptions
-	ReplayFrames int
-	// PubBase and ReplayBase are rank 0's ports; the ports just below and
-	// just above each range are its neighbours, where garbage publishers
-	// bind (the daemon must never read them).
+	Name                string
+	Model               string
+	DPSize              int
+	Capacity            int
+	ConfigureCapacity   bool
+	Encoding            events.EncodeOptions
+	ReplayFrames        int
 	PubBase, ReplayBase int
 }
 
-// Fleet is the soak's topology: the daemon's gRPC and metrics ports, its
-// two push listeners' ports (OpenPush, garbage only, and AllowPush, for
-// PushPod), PushPod's replay port and cache size, and the pull pods.
+// Fleet is the soak's topology: the daemon's ports, its two push
+// listeners' (OpenPush, garbage only, and AllowPush, for PushPod),
+// PushPod's replay port and cache size, and the pull pods.
 type Fleet struct {
 	GRPCPort, MetricsPort int
 	OpenPush, AllowPush   int
@@ -73,54 +67,42 @@ func BlockSizeOf(model string) int {
 	return 16
 }
 
-// NewFleet picks free loopback ports below Linux's ephemeral range
-// (32768 up), so that no outgoing connection takes a daemon's port while
-// it restarts, and lays out four pull pods (one with dp_size 2, two
+// NewFleet takes consecutive free loopback ports below Linux's ephemeral
+// range (32768 up), so that no outgoing connection takes a daemon's port
+// while it restarts, and lays out four pull pods (one with dp_size 2, two
 // models, four payload forms) and one push pod.
 func NewFleet() (*Fleet, error) {
-	rng, used := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)), map[int]bool{}
-	// take returns the first of n consecutive free ports in [20000, 32000).
-	take := func(n int) (int, error) {
-		for try := 0; try < 200; try++ {
-			base, ok := 20000+rng.IntN(12000-n), true
-			for p := base; p < base+n && ok; p++ {
-				ok = !used[p] && portFree(p)
-			}
-			if ok {
-				for p := base; p < base+n; p++ {
-					used[p] = true
-				}
-				return base, nil
-			}
-		}
-		return 0, fmt.Errorf("soak: no %d consecutive free loopback ports in [20000, 32000)", n)
-	}
 	f := &Fleet{PushCapacity: 1024}
-	var err error
-	for _, p := range []*int{&f.GRPCPort, &f.MetricsPort, &f.OpenPush, &f.AllowPush, &f.PushReplay} {
-		if *p, err = take(1); err != nil {
-			return nil, err
-		}
-	}
 	f.Pods = []PodSpec{
 		{Name: "pod-a", Model: ModelA, DPSize: 1, Capacity: 1024, ConfigureCapacity: true, Encoding: events.EncodeOptions{Encoding: events.EncodingMap}, ReplayFrames: 4},
 		{Name: "pod-b", Model: ModelA, DPSize: 2, Capacity: 1024, Encoding: events.EncodeOptions{Encoding: events.EncodingArray, HashForm: events.HashBin32}, ReplayFrames: 3},
 		{Name: "pod-c", Model: ModelB, DPSize: 1, Capacity: 512, ConfigureCapacity: true, Encoding: events.EncodeOptions{Encoding: events.EncodingArray, HashForm: events.HashInt64}, ReplayFrames: 4},
 		{Name: "pod-d", Model: ModelB, DPSize: 1, Capacity: 512, Encoding: events.EncodeOptions{Encoding: events.EncodingMap, Envelope: events.EnvelopeMap}, ReplayFrames: 4},
 	}
-	for i := range f.Pods {
-		p := &f.Pods[i]
-		// dp_size ports plus a neighbour on each side.
-		if p.PubBase, err = take(p.DPSize + 2); err != nil {
-			return nil, err
-		}
-		if p.ReplayBase, err = take(p.DPSize + 2); err != nil {
-			return nil, err
-		}
-		p.PubBase++
-		p.ReplayBase++
+	n := 5
+	for _, p := range f.Pods {
+		n += 2 * (p.DPSize + 2) // dp_size ports plus a neighbour on each side, twice
 	}
-	return f, nil
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	for range 200 {
+		base, ok := 20000+rng.IntN(12000-n), true
+		for p := base; p < base+n && ok; p++ {
+			ok = portFree(p)
+		}
+		if !ok {
+			continue
+		}
+		for _, p := range []*int{&f.GRPCPort, &f.MetricsPort, &f.OpenPush, &f.AllowPush, &f.PushReplay} {
+			*p, base = base, base+1
+		}
+		for i := range f.Pods {
+			p := &f.Pods[i]
+			p.PubBase, p.ReplayBase = base+1, base+p.DPSize+3
+			base += 2 * (p.DPSize + 2)
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("soak: no %d consecutive free loopback ports in [20000, 32000)", n)
 }
 
 // Workers returns every legitimate worker by model.

@@ -18,10 +18,10 @@ import (
 // process, for the other-model and known-worker probes.
 const fixedGarbagePod = "evil-fixed"
 
-// Garbage sends hostile input at the daemon: at its push listeners, its
-// gRPC and metrics ports, and from ports next to the pull pods'. It owns
-// its ZeroMQ sockets; run's goroutine is the only one that uses them.
-// The kinds it counts are the soak probes of docs/reliability.md.
+// Garbage sends hostile input at the daemon (the soak probes of
+// docs/reliability.md, counted by kind): at its push listeners, its gRPC
+// and metrics ports, and from ports next to the pull pods'. Only run's
+// goroutine uses its ZeroMQ sockets.
 type Garbage struct {
 	r   *runner
 	rng *rand.Rand
@@ -33,8 +33,7 @@ type Garbage struct {
 	listening  []*zmq4.Socket // neighbour XPUBs and ROUTERs: a daemon that reached one is caught
 	newPods    int
 	seq        uint64
-
-	counts counters // messages (and connections) sent by kind
+	counts     counters
 }
 
 // newGarbage opens the garbage sockets: one connected to the open push
@@ -103,7 +102,6 @@ func (g *Garbage) Close() {
 	}
 }
 
-// run sends one probe every garbageInterval until ctx is done.
 func (g *Garbage) run(ctx context.Context) {
 	every(ctx, garbageInterval, func(i int) {
 		g.watch()
@@ -132,7 +130,6 @@ func (g *Garbage) watch() {
 	}
 }
 
-// probe sends one probe, chosen by turn.
 func (g *Garbage) probe(ctx context.Context, i int) {
 	gen := g.r.Process()
 	// Until a daemon process lists the fixed garbage pod, every probe
@@ -207,7 +204,7 @@ func (g *Garbage) evilTopic() string {
 	return "kv@evil-unknown-" + strconv.Itoa(g.rng.IntN(4)) + "@" + GarbageModel
 }
 
-// send sends [topic, seq, payload] on s, without blocking.
+// send sends [topic, seq, payload] on s without blocking.
 func (g *Garbage) send(kind string, s *zmq4.Socket, topic string, payload []byte) {
 	g.seq++
 	var seq [8]byte

@@ -53,9 +53,9 @@ func vary(rng *rand.Rand, p []uint32, kind, ext int) (string, []uint32) {
 	return "changed", q
 }
 
-// call runs one RPC with a deadline and classifies its error: nil, an
-// overload refusal or a restart's (counted), or a failure of kind
-// (recorded). It reports whether the call succeeded.
+// call runs one RPC with a deadline and reports whether it succeeded,
+// counting an overload refusal or a restart's error, and recording any
+// other as a failure of kind.
 func (r *runner) call(ctx context.Context, kind, what string, do func(context.Context) error) bool {
 	r.load.add("calls")
 	mark := r.window.Mark()
@@ -114,8 +114,7 @@ func (r *runner) runScores(ctx context.Context) {
 	})
 }
 
-// invalidScore sends a request the server must refuse with
-// InvalidArgument.
+// invalidScore sends a request the server must refuse (InvalidArgument).
 func (r *runner) invalidScore(ctx context.Context, rng *rand.Rand) {
 	toks := randomTokens(rng, 64)
 	reqs := []*kvindexv1.ScoreRequest{
@@ -191,7 +190,6 @@ func (r *runner) checkScore(what string, req *kvindexv1.ScoreRequest, resp *kvin
 	}
 }
 
-// servesModel reports whether ref is a configured worker of model.
 func (r *runner) servesModel(ref events.WorkerRef, model string) bool {
 	e := r.byRef[ref]
 	return e != nil && e.Spec().Model == model
@@ -305,13 +303,12 @@ func (r *runner) release(ctx context.Context, rel release) {
 }
 
 // checkpointTries bounds how many times a checkpoint Score refused for
-// overload is sent; with the backoff below they span about 3 s.
+// overload is sent (about 3 s with retryOverloaded's backoff).
 const checkpointTries = 10
 
 // retryOverloaded runs do until it returns anything but an overload
-// refusal, at most checkpointTries times, backing off from 25 ms
-// (doubling, at most 400 ms) and counting each refusal; it returns do's
-// last error.
+// refusal, at most checkpointTries times, backing off from 25 ms (doubling,
+// at most 400 ms) and counting each refusal; it returns do's last error.
 func (r *runner) retryOverloaded(ctx context.Context, do func() error) error {
 	wait := 25 * time.Millisecond
 	for try := 1; ; try++ {

@@ -8,45 +8,37 @@ import (
 	"time"
 )
 
-// Options configure a soak run. DefaultOptions are `make soak`'s.
+// Options configure a soak run (kvsoak's flags say what each is).
 type Options struct {
 	// Duration is how long the fleet runs under load (the warm-up, the
 	// final checkpoint and shutdown come on top).
 	Duration time.Duration
-	// Seed derives every random choice.
-	Seed uint64
+	Seed     uint64
 	// Dir holds the configuration, the daemon binary and the daemon logs.
-	Dir string
-	// GoTool builds ./cmd/kvindex.
+	Dir    string
 	GoTool string
-	// WarmupSteps is how many steps each engine runs before the daemon
-	// first starts, so that it joins engines whose replay buffers no
+	// WarmupSteps let the daemon join engines whose replay buffers no
 	// longer reach back to their start.
 	WarmupSteps int
 	// MaxRefused is the largest fraction of the load's Score and Route
 	// calls the daemon's admission control may refuse for overload
-	// (api.IsOverloaded): such a refusal is not a wrong answer, but more
-	// of them fail the run (overload_refused).
+	// (api.IsOverloaded): not a wrong answer, but more fail the run.
 	MaxRefused float64
-	// Logger receives progress; nil discards it.
-	Logger *slog.Logger
+	Logger     *slog.Logger // nil discards progress
 }
 
-// The run's fixed rates and intervals: six engines at about 30 steps a
-// second each, 40 Scores and 10 Routes a second, an engine restart every
-// 5 s (down 200 ms), two daemon restarts, a hostile probe every 100 ms, a
-// checkpoint every 5 s and a sample every 500 ms.
+// The run's fixed rates and intervals. The daemon restarts fall within
+// the first 60% of the run, so that the last process runs long enough to
+// judge its memory.
 const (
 	checkpointEvery    = 5 * time.Second
 	scoreRPS, routeRPS = 40, 10
 	stepInterval       = 30 * time.Millisecond
 	engineRestartEvery = 5 * time.Second
 	engineDown         = 200 * time.Millisecond
-	// daemonRestarts fall within the first 60% of the run, so that the
-	// last process runs long enough to judge its memory.
-	daemonRestarts  = 2
-	garbageInterval = 100 * time.Millisecond
-	sampleEvery     = 500 * time.Millisecond
+	daemonRestarts     = 2
+	garbageInterval    = 100 * time.Millisecond
+	sampleEvery        = 500 * time.Millisecond
 )
 
 // DefaultOptions are the soak's defaults: two minutes, seed 1, and 5% of

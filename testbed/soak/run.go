@@ -41,23 +41,20 @@ type runner struct {
 	chaos sync.Mutex
 
 	aborted atomic.Bool // a failure ended the run
-	load    counters    // the gRPC load's calls and answers (Summary.Load)
-	checks  counters    // checkpoint work (Summary.Checks)
+	load    counters    // Summary.Load
+	checks  counters    // Summary.Checks
 
 	mu       sync.Mutex // guards the fields below
 	child    *proc.Process
 	process  int                      // the current daemon process's number
 	restarts map[events.WorkerRef]int // engine restarts during the current process
 	// reported is, per worker counter of the current process, its excess
-	// already reported as a failure, so that one failure is reported once
-	// and later checkpoints judge what follows it.
-	reported map[workerCounter]uint64
-	// flow is, per worker, the blocks its engine had sent and the index
-	// had applied at the last checkpoint that compared them.
-	flow        map[events.WorkerRef]blockFlow
+	// already reported as a failure, so that one failure is reported once.
+	reported    map[workerCounter]uint64
+	flow        map[events.WorkerRef]blockFlow    // at the last checkpoint
 	listed      map[int]map[listing]bool          // by process: the push workers ListWorkers has shown
-	lastWorkers map[int][]*kvindexv1.WorkerStatus // each process's last ListWorkers
-	lastMetrics map[int]Metrics                   // each process's last /metrics
+	lastWorkers map[int][]*kvindexv1.WorkerStatus // by process
+	lastMetrics map[int]Metrics                   // by process
 	samples     []sample
 	settled     map[int]bool    // processes with a passed checkpoint
 	cpu         map[int]float64 // each process's last CPU seconds
@@ -67,9 +64,8 @@ type runner struct {
 }
 
 // Run runs a soak with opts and returns its summary. The error reports a
-// run that could not be set up or carried out (the daemon would not
-// build or start, ports were taken); failures of the daemon under test
-// are in the summary (Passed false).
+// run that could not be set up or carried out; failures of the daemon
+// under test are in the summary (Passed false).
 func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -157,8 +153,6 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	return r.summary(elapsed, loadStart), nil
 }
 
-// setup lays out the fleet, writes the configuration, builds the daemon
-// and starts and warms up the engines.
 func (r *runner) setup(ctx context.Context) error {
 	var err error
 	if r.fleet, err = NewFleet(); err != nil {
@@ -178,7 +172,6 @@ func (r *runner) setup(ctx context.Context) error {
 		return err
 	}
 	for i, spec := range r.fleet.Engines() {
-		// Every engine of a model shares its system prompts.
 		e, err := NewEngine(spec, DefaultEngineOptions(), r.opts.Seed, i, SystemPrompts(r.opts.Seed, spec.Model, BlockSizeOf(spec.Model), 4))
 		if err != nil {
 			return err
@@ -227,16 +220,15 @@ func (r *runner) Settled(n int) bool {
 	return r.settled[n]
 }
 
-// Listed reports whether daemon process n listed pod on the push
-// listener at endpoint.
+// Listed reports whether daemon process n listed pod on the push listener at endpoint.
 func (r *runner) Listed(n int, pod, endpoint string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.listed[n][listing{pod, endpoint}]
 }
 
-// abort records a failure that ends the run.
-func (r *runner) abort(kind, format string, args ...any) {
+func (r *runner) abort(
+	kind, format string, args ...any) {
 	r.fail.Add(kind, format, args...)
 	r.aborted.Store(true)
 }

@@ -12,16 +12,15 @@ import (
 )
 
 // sample is one reading of the daemon's RSS and goroutines; settled
-// says a checkpoint of its process had passed (its join replays were
-// over).
+// says a checkpoint of its process had passed.
 type sample struct {
 	process         int
 	settled         bool
 	rss, goroutines float64
 }
 
-// runSampler samples the daemon every sampleEvery: VmRSS, go_goroutines,
-// /metrics and ListWorkers (checked on the spot).
+// runSampler samples the daemon's VmRSS, CPU, /metrics and ListWorkers
+// (checked on the spot) every sampleEvery.
 func (r *runner) runSampler(ctx context.Context) {
 	every(ctx, sampleEvery, func(int) {
 		mark := r.window.Mark()
@@ -56,7 +55,6 @@ func (r *runner) runSampler(ctx context.Context) {
 	})
 }
 
-// record keeps a process's latest ListWorkers and /metrics.
 func (r *runner) record(process int, ws []*kvindexv1.WorkerStatus, ms Metrics) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -86,8 +84,8 @@ func (r *runner) snapshot(ctx context.Context) {
 }
 
 // finalChecks are the end-of-run checks: each probe reached its refusal,
-// the open listener filled up to max_workers and no further, and the
-// last daemon process's memory and goroutines are flat.
+// the open listener filled up to max_workers, and the last daemon
+// process's memory and goroutines are flat.
 func (r *runner) finalChecks() {
 	_, n := r.currentChild()
 	r.mu.Lock()
@@ -136,8 +134,7 @@ func countOn(ws []*kvindexv1.WorkerStatus, endpoint string) int {
 	return n
 }
 
-// flatSeries are the sampled series that must stay flat, with their rules:
-// a quarter plus 8 MiB of VmRSS, a quarter plus 16 goroutines.
+// flatSeries are the sampled series that must stay flat, with their rules.
 var flatSeries = []struct {
 	what string
 	get  func(sample) float64
@@ -170,21 +167,17 @@ func (r *runner) series(get func(sample) float64, rule FlatRule) (SeriesSummary,
 	return out, err
 }
 
-// FlatRule says when a series of samples of a long-running process (its
-// RSS, its goroutines) is flat: split the samples into thirds by count,
-// then the largest sample of the last third may exceed the largest of the
-// first third by at most Ratio times it plus Slack. Comparing maxima
-// leaves room for a start-up peak (the first third holds the join replay)
-// and for a garbage collector's sawtooth, while a steady leak shows as a
-// last third above the first.
+// FlatRule says when a series of samples of a long-running process is
+// flat: split into thirds by count, the largest sample of the last third
+// may exceed the largest of the first third by at most Ratio times it
+// plus Slack. Comparing maxima leaves room for a start-up peak (the first
+// third holds the join replay) and for a garbage collector's sawtooth,
+// while a steady leak shows as a last third above the first. Fewer than
+// MinSamples samples is an error; Text states the rule.
 type FlatRule struct {
-	// Ratio is the allowed growth factor (1.25: a quarter); Slack the
-	// allowed absolute growth on top (bytes, goroutines).
 	Ratio, Slack float64
-	// MinSamples is the fewest samples the rule judges; fewer is an error.
-	MinSamples int
-	// Text states the rule.
-	Text string
+	MinSamples   int
+	Text         string
 }
 
 // FlatVerdict is the outcome of FlatRule.Judge: the largest samples of

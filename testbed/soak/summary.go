@@ -1,9 +1,7 @@
 package soak
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -13,64 +11,47 @@ import (
 	"github.com/kvindex/kvindex/testbed/proc"
 )
 
-// Summary is what a soak run did and found; JSON renders it. Its count
-// maps leave out counts that are 0.
+// Summary is what a soak run did and found; JSON renders it, leaving out
+// counts that are 0. Command reproduces the run; Dir holds its
+// configuration and logs; LoadAvgStart and LoadAvgEnd are /proc/loadavg
+// around it.
+//
+// Index sums ListWorkers' counters of the same names (indexCounters) over
+// the soak's workers and each daemon process's last report; late_joins
+// counts workers with a joined_at_seq. Checks counts checkpoints,
+// scores_checked (Score answers compared exactly), comparisons (worker
+// answers compared), wrong_answers and resident_checks. Load counts
+// scores, routes and releases answered (released_false: a Release that
+// found its request gone after a daemon restart), invalid (refused with
+// InvalidArgument), restart_errors (calls failed with a code a restart
+// causes, during one), calls (Score and Route), refused (for overload: no
+// failure unless more than MaxRefused of calls), checkpoint_refused (sent
+// again) and "health <h>" (workers in answers by health). Refusals are
+// kvindex_push_refused_total by "listener reason". Failures keeps the
+// first few of each kind in detail.
 type Summary struct {
-	// Passed is true when the run recorded no failure.
-	Passed bool `json:"passed"`
-	// Seed, Duration (seconds) and Dir (configuration, logs) of the run.
-	Seed     uint64  `json:"seed"`
-	Duration float64 `json:"duration_seconds"`
-	Dir      string  `json:"dir"`
-	// Command is the command line that reproduces the run.
-	Command string `json:"command"`
-	// LoadAvgStart and LoadAvgEnd are /proc/loadavg when the run started
-	// and ended.
-	LoadAvgStart string `json:"loadavg_start"`
-	LoadAvgEnd   string `json:"loadavg_end"`
+	Passed       bool    `json:"passed"`
+	Seed         uint64  `json:"seed"`
+	Duration     float64 `json:"duration_seconds"`
+	Dir          string  `json:"dir"`
+	Command      string  `json:"command"`
+	LoadAvgStart string  `json:"loadavg_start"`
+	LoadAvgEnd   string  `json:"loadavg_end"`
 
-	// Engines sums the simulated engines' counters.
-	Engines EngineSummary `json:"engines"`
-	// Daemon counts the daemon processes and how they ended.
-	Daemon DaemonSummary `json:"daemon"`
-	// Index sums ListWorkers' counters of the same names (indexCounters)
-	// over the soak's workers and every daemon process (each process's
-	// last report); late_joins counts workers with a joined_at_seq.
-	Index map[string]uint64 `json:"index"`
-	// Checks counts checkpoint work: checkpoints run, scores_checked
-	// (Score answers compared exactly), comparisons (worker answers
-	// compared), wrong_answers (those that differed from the engine's true
-	// cache) and resident_checks (worker block counts compared).
-	Checks map[string]int64 `json:"checks"`
-	// Load counts the gRPC load: scores, routes and releases answered
-	// (released_false: a Release that found its request gone after a
-	// daemon restart); invalid requests refused with InvalidArgument;
-	// restart_errors, calls that failed during a daemon restart with a
-	// code a restart causes; calls, the Score and Route calls sent, and
-	// refused, those admission control refused for overload
-	// (api.IsOverloaded: no failure unless more than MaxRefused of calls);
-	// checkpoint_refused, checkpoint Scores refused and sent again; and
-	// "health <h>", the workers in answers by health.
-	Load map[string]int64 `json:"load"`
-	// MaxRefused is the run's bound on Load.Refused, a fraction of
-	// Load.Calls.
-	MaxRefused float64 `json:"max_refused"`
-	// Garbage counts hostile messages and connections sent, by kind.
-	Garbage      map[string]int64 `json:"garbage"`
-	GarbageTotal int64            `json:"garbage_total"`
-	// Refusals are kvindex_push_refused_total by "listener reason", summed
-	// over daemon processes.
-	Refusals map[string]int64 `json:"refusals"`
-	// OpenListenerWorkers is how many workers the open push listener had
-	// created at the end (at most its max_workers).
-	OpenListenerWorkers int `json:"open_listener_workers"`
-	// RSS (bytes) and Goroutines are the daemon's samples.
-	RSS        SeriesSummary `json:"rss_bytes"`
-	Goroutines SeriesSummary `json:"goroutines"`
-	// FailureCounts and Failures are every failure by kind and the first
-	// few of each in detail.
-	FailureCounts map[string]int64 `json:"failure_counts,omitempty"`
-	Failures      []string         `json:"failures,omitempty"`
+	Engines             EngineSummary     `json:"engines"`
+	Daemon              DaemonSummary     `json:"daemon"`
+	Index               map[string]uint64 `json:"index"`
+	Checks              map[string]int64  `json:"checks"`
+	Load                map[string]int64  `json:"load"`
+	MaxRefused          float64           `json:"max_refused"`
+	Garbage             map[string]int64  `json:"garbage"` // hostile messages and connections by kind
+	GarbageTotal        int64             `json:"garbage_total"`
+	Refusals            map[string]int64  `json:"refusals"`
+	OpenListenerWorkers int               `json:"open_listener_workers"` // at the end
+	RSS                 SeriesSummary     `json:"rss_bytes"`
+	Goroutines          SeriesSummary     `json:"goroutines"`
+	FailureCounts       map[string]int64  `json:"failure_counts,omitempty"`
+	Failures            []string          `json:"failures,omitempty"`
 }
 
 // indexCounters are the ListWorkers counters Summary.Index sums.
@@ -80,24 +61,21 @@ var indexCounters = []string{
 	"unknown_blocks", "apply_errors",
 }
 
-// EngineSummary sums EngineStats over the fleet.
+// EngineSummary sums EngineStats over the fleet's Count engines.
 type EngineSummary struct {
-	// Count is the number of engines.
 	Count int `json:"count"`
 	EngineStats
 }
 
-// DaemonSummary counts daemon processes.
+// DaemonSummary counts the daemon processes started, their SIGTERM
+// (clean exit checked) and SIGKILL restarts, the lines they logged at
+// level ERROR and the CPU they used (as last sampled).
 type DaemonSummary struct {
-	// Processes started; Terminated (SIGTERM, clean exit checked) and
-	// Killed (SIGKILL) restarts; ErrorLogLines logged at level ERROR.
-	Processes     int `json:"processes"`
-	Terminated    int `json:"sigterm_restarts"`
-	Killed        int `json:"sigkill_restarts"`
-	ErrorLogLines int `json:"error_log_lines"`
-	// CPUSeconds is the user and system CPU the processes used (as last
-	// sampled).
-	CPUSeconds float64 `json:"cpu_seconds"`
+	Processes     int     `json:"processes"`
+	Terminated    int     `json:"sigterm_restarts"`
+	Killed        int     `json:"sigkill_restarts"`
+	ErrorLogLines int     `json:"error_log_lines"`
+	CPUSeconds    float64 `json:"cpu_seconds"`
 }
 
 // SeriesSummary is a sampled series: First, Last and Max over every
@@ -112,23 +90,12 @@ type SeriesSummary struct {
 	Verdict FlatVerdict `json:"final_process"`
 }
 
-// JSON writes the summary as indented JSON.
-func (s *Summary) JSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(s); err != nil {
-		return fmt.Errorf("soak: write summary: %w", err)
-	}
-	return nil
-}
-
 // counter returns a ListWorkers counter by its field name in the proto.
 func counter(w *kvindexv1.WorkerStatus, name string) uint64 {
 	m := w.ProtoReflect()
 	return m.Get(m.Descriptor().Fields().ByName(protoreflect.Name(name))).Uint()
 }
 
-// summary assembles the run's summary.
 func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 	s := &Summary{
 		Seed: r.opts.Seed, Duration: elapsed.Seconds(), Dir: r.opts.Dir, Command: r.opts.commandLine(),
@@ -149,6 +116,7 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 		sum.Clears += st.Clears
 		sum.Restarts += st.Restarts
 		sum.Requests += st.Requests
+
 	}
 	for _, v := range s.Garbage {
 		s.GarbageTotal += v
@@ -187,7 +155,6 @@ func (r *runner) summary(elapsed time.Duration, loadStart string) *Summary {
 	return s
 }
 
-// loadAvg returns /proc/loadavg's three load averages.
 func loadAvg() string {
 	l := proc.LoadAvg()
 	return fmt.Sprintf("%.2f %.2f %.2f", l[0], l[1], l[2])

@@ -44,24 +44,18 @@ func BlockHashes(seed uint64, blockSize int, tokens []uint32, dst []uint64) []ui
 // its head. A block whose content is already cached but lies after a miss
 // (after an eviction out of LRU order) is cached again in a second
 // physical block, and needs two removals to go, as in vLLM.
-//
-// Cost: a request is O(its blocks) map operations plus O(1) per
-// eviction; memory is O(capacity).
-//
-// A Cache is not safe for concurrent use.
+// Cost: a request is O(its blocks) map operations plus O(1) per eviction;
+// memory is O(capacity). A Cache is not safe for concurrent use.
 type Cache struct {
 	blockSize, capacity int
 	seed                uint64
 	// randomEvict is the fraction of evictions that take a random free
-	// block instead of the LRU one (0: pure LRU, whose caches never have
-	// holes), drawn from rng.
+	// block instead of the LRU one (drawn from rng).
 	randomEvict float64
 	rng         *rand.Rand
 
-	held map[uint64]*entry // by engine hash; only entries with copies
-	// free is the free queue of physical blocks, LRU first, and freeAt
-	// the same blocks in a slice for random picks.
-	free   *list.List
+	held   map[uint64]*entry // by engine hash; only entries with copies
+	free   *list.List        // of physical blocks, LRU first; freeAt the same, for random picks
 	freeAt []*phys
 	nphys  int
 
@@ -226,8 +220,8 @@ func (c *Cache) chain(e *entry) []uint32 {
 	return out
 }
 
-// dropCopy forgets one physical copy of its entry, and the entry with its
-// last copy.
+// dropCopy forgets one physical copy of its entry, and with the last the
+// entry.
 func (c *Cache) dropCopy(p *phys) {
 	e := p.e
 	for i, q := range e.copies {

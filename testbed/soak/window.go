@@ -12,12 +12,10 @@ import (
 // Window tracks when the daemon is being restarted: from just before the
 // signal until the new process answers and the client has had time to
 // reconnect. Calls that overlap a window may fail with the codes a
-// restart causes; any other failure is a soak failure. Its methods may be
-// called from any goroutine.
+// restart causes. Its methods may be called from any goroutine.
 type Window struct {
-	// gen is bumped when a window opens and when it closes (so it is odd
-	// while one is open), so that a call that spans one is recognised
-	// even if it ended after it closed.
+	// gen is bumped when a window opens and when it closes (odd while one
+	// is open), so that a call that spans one is recognised.
 	gen atomic.Uint64
 }
 
@@ -33,8 +31,7 @@ func (w *Window) Mark() uint64 { return w.gen.Load() }
 // Overlaps reports whether a call started at mark overlapped a window.
 func (w *Window) Overlaps(mark uint64) bool { return mark%2 == 1 || w.gen.Load() != mark }
 
-// counters are named counts. Their methods may be called from any
-// goroutine.
+// counters are named counts, safe for concurrent use.
 type counters struct {
 	mu sync.Mutex
 	m  map[string]int64
@@ -51,16 +48,14 @@ func (c *counters) add(name string) int64 {
 	return c.m[name]
 }
 
-// snapshot returns the counts by name.
 func (c *counters) snapshot() map[string]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.m)
 }
 
-// Failures collects soak failures: every one is counted, the first
-// MaxKept of each kind are kept with their detail. Its methods may be
-// called from any goroutine.
+// Failures collects soak failures, safe for concurrent use: every one is
+// counted, the first MaxKept of each kind are kept with their detail.
 type Failures struct {
 	counts counters
 	mu     sync.Mutex

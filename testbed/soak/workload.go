@@ -6,12 +6,12 @@ import (
 	"math/rand/v2"
 )
 
-// WorkloadOptions shape the requests of one simulated engine: how many
-// Conversations are open at once, each ending after 1..MaxTurns turns or
-// once its prompt is past MaxTokens; each turn adds a user message of
-// 1..UserTokens and a reply of 1..ReplyTokens that joins the next turn's
-// prompt. OneShot is the fraction of requests that are a system prompt
-// and a fresh question, outside any conversation. All must be positive.
+// WorkloadOptions shape one engine's requests: Conversations open at
+// once, each ending after 1..MaxTurns turns or once its prompt is past
+// MaxTokens; each turn adds a user message of 1..UserTokens and a reply
+// of 1..ReplyTokens to the next turn's prompt. OneShot is the fraction of
+// requests that are a system prompt and a fresh question. All must be
+// positive.
 type WorkloadOptions struct {
 	Conversations, MaxTurns, MaxTokens, UserTokens, ReplyTokens int
 	OneShot                                                     float64
@@ -35,12 +35,10 @@ func SystemPrompts(seed uint64, model string, blockSize, n int) [][]uint32 {
 	return out
 }
 
-// Workload generates one engine's requests: turns of conversations that
-// each start with one of the shared system prompts and grow by a user
-// message and a reply per turn, and one-shot questions. It is
-// deterministic in its random source.
-//
-// A Workload is not safe for concurrent use.
+// Workload generates one engine's requests, deterministic in its random
+// source: turns of conversations that each start with one of the shared
+// system prompts, and one-shot questions. It is not safe for concurrent
+// use.
 type Workload struct {
 	opts    WorkloadOptions
 	rng     *rand.Rand
@@ -48,8 +46,7 @@ type Workload struct {
 	convs   []conversation
 }
 
-// conversation is one open conversation: its system prompt and what the
-// turns so far added.
+// conversation is one open conversation.
 type conversation struct {
 	system, turns, maxTurns int
 	history                 []uint32

@@ -5,15 +5,7 @@
 //	kvbench --addr localhost:50051 --model my-model --rps 2000 --json
 //	kvbench --embedded --serve --listen 127.0.0.1:7070   # server only
 //	kvbench --addr 127.0.0.1:7070 --check --client grpc   # its generator
-//	kvbench --embedded --serve --canned                   # the floor server
-//
-// With --embedded it starts an in-process index loaded with the shape
-// (loadgen.DefaultShape, --prompt-blocks and --shared-blocks) behind a
-// real gRPC server on a loopback port; with --addr it only sends the
-// shape's prompts to a running kvindex, whatever that index holds. With
-// --serve --canned it serves the gRPC rows' floor instead: a grpc-go server
-// that answers every Score with the shape's real answer, computed once
-// (loadgen.Canned).
+//	kvbench --embedded --serve --canned                   # the floor server (loadgen.Canned)
 package main
 
 import (
@@ -105,7 +97,7 @@ func newRoot() *cobra.Command {
 			}
 			rep.Runtime = loadgen.CurrentRuntime()
 			if asJSON {
-				return rep.WriteJSON(cmd.OutOrStdout())
+				return proc.WriteJSON(cmd.OutOrStdout(), rep)
 			}
 			return rep.WriteText(cmd.OutOrStdout())
 		},
@@ -136,10 +128,8 @@ func newRoot() *cobra.Command {
 	return cmd
 }
 
-// serveOnly serves an embedded index loaded with shape (with the daemon's
-// default options), or with canned set the floor (loadgen.Canned), until
-// ctx ends, with a CPU profile into cpuprofile (if not "") from when it
-// serves, so that the profile is of serving alone.
+// serveOnly serves an embedded index loaded with shape, or with canned
+// set the floor, until ctx ends, profiling from when it serves.
 func serveOnly(ctx context.Context, cmd *cobra.Command, shape loadgen.Shape, listen, cpuprofile string, canned bool) error {
 	var (
 		addr, what string

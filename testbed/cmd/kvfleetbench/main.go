@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvindex/kvindex/testbed/fleetbench"
+	"github.com/kvindex/kvindex/testbed/proc"
 )
 
 func main() {
@@ -56,12 +56,7 @@ func benchCmd[R any](use, short string, run func(ctx context.Context) (R, error)
 			if err != nil {
 				return err
 			}
-			b, err := json.MarshalIndent(r, "", "  ")
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
-			return err
+			return proc.WriteJSON(cmd.OutOrStdout(), r)
 		},
 	}
 }

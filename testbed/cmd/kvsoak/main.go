@@ -1,12 +1,7 @@
-// Command kvsoak is kvindex's soak test: for a bounded time it runs the
-// real daemon binary as a child process against simulated vLLM engines
-// over loopback ZeroMQ, restarts engines and the daemon (SIGTERM and
-// SIGKILL), sends hostile input at every port, loads it with Score, Route
-// and Release over gRPC, and checks every answer, the index against the
-// engines' true caches at every checkpoint, and that the daemon's RSS and
-// goroutines stay flat (see testbed/soak and docs/reliability.md). It
-// prints a JSON summary and exits 0 on a pass, 1 on any failure of the
-// daemon (the summary names each), 2 when the soak could not run.
+// Command kvsoak is kvindex's soak test (testbed/soak,
+// docs/reliability.md). It prints a JSON summary and exits 0 on a pass, 1
+// on any failure of the daemon (the summary names each), 2 when the soak
+// could not run.
 //
 //	kvsoak --duration 2m            # make soak
 //	kvsoak --duration 15s --seed 7
@@ -21,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvindex/kvindex/testbed/proc"
 	"github.com/kvindex/kvindex/testbed/soak"
 )
 
@@ -58,9 +54,10 @@ func newRoot(code *int) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%w (work directory %s)", err, opts.Dir)
 			}
-			if err := sum.JSON(cmd.OutOrStdout()); err != nil {
+			if err := proc.WriteJSON(cmd.OutOrStdout(), sum); err != nil {
 				return err
 			}
+
 			if !sum.Passed {
 				*code = 1
 			} else if !keep {
