@@ -367,10 +367,8 @@ func checkRequestID(id string) error {
 
 // principal names ctx's client for request ownership ("" without auth).
 func principal(ctx context.Context) string {
-	if id, ok := IdentityFrom(ctx); ok {
-		return id
-	}
-	return ""
+	id, _ := IdentityFrom(ctx)
+	return id
 }
 
 // checkScoreRequest validates what needs no worker table; it returns the model.

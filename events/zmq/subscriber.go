@@ -445,20 +445,17 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 	return nil
 }
 
-// rearmAfter is how long a pull-mode socket may stay disconnected before it
-// is re-armed (libzmq gives up after a protocol error such as an oversized
-// message).
-func (s *Subscriber) rearmAfter() time.Duration { return 2 * s.opts.ReconnectMax }
-
-// rearm reconnects st's socket after rearmAfter without a connection (and
-// since the last re-arm), returning when it last did.
+// rearm reconnects st's socket after twice ReconnectMax without a
+// connection (and since the last re-arm), returning when it last did:
+// libzmq gives a connection up after a protocol error such as an oversized
+// message.
 func (s *Subscriber) rearm(sock *zmq4.Socket, st *stream, last time.Time) time.Time {
 	since := st.disconnected.Load()
 	if st.connected.Load() || since == 0 {
 		return last
 	}
-	now := time.Now()
-	if now.Sub(time.Unix(0, since)) < s.rearmAfter() || now.Sub(last) < s.rearmAfter() {
+	now, after := time.Now(), 2*s.opts.ReconnectMax
+	if now.Sub(time.Unix(0, since)) < after || now.Sub(last) < after {
 		return last
 	}
 	addr := st.stats.Endpoint // set at creation, never written again
@@ -514,7 +511,11 @@ func (r *receiver) monitorEvent(mon *zmq4.Socket) {
 func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 	now := time.Now()
 	if len(frames) != 3 || len(frames[1]) != 8 {
-		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), frameLen(frames, 1))
+		seqLen := -1
+		if len(frames) > 1 {
+			seqLen = len(frames[1])
+		}
+		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), seqLen)
 		st := r.st
 		if st == nil {
 			st = r.knownStream(frames)
@@ -609,11 +610,4 @@ func (s *Subscriber) Health(ref events.WorkerRef) *events.HealthCell {
 		return &st.health
 	}
 	return nil
-}
-
-func frameLen(frames [][]byte, i int) int {
-	if i < len(frames) {
-		return len(frames[i])
-	}
-	return -1
 }
