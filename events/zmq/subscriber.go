@@ -517,8 +517,12 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		}
 		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), seqLen)
 		st := r.st
-		if st == nil {
-			st = r.knownStream(frames)
+		switch {
+		case st != nil:
+		case len(frames) == 0:
+			r.sub.refuse(r.pli, refusedUndecodable, "a message with no frames")
+		default:
+			st = r.streamForTopic(frames[0], nil)
 		}
 		if st != nil {
 			st.problem(err, true)
