@@ -282,7 +282,8 @@ func (w *replicaWorker) follow(ctx context.Context) {
 func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 	now := time.Now()
 	if err := unmarshalDelta(m.Data, &w.msg); err != nil {
-		w.decodeProblem(err)
+		w.count(&w.stats.DecodeErrors)
+		w.problem(err)
 		return false // its effects are unknown: resync
 	}
 	switch {
@@ -315,7 +316,8 @@ func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 		return false
 	}
 	if err := decodeDelta(&w.msg, &w.delta); err != nil {
-		w.decodeProblem(err)
+		w.count(&w.stats.DecodeErrors)
+		w.problem(err)
 		return false
 	}
 	w.seq, w.fresh = w.msg.Seq, false
@@ -374,11 +376,6 @@ func parseHealth(s string) events.Health {
 		}
 	}
 	return events.HealthUnknown
-}
-
-func (w *replicaWorker) decodeProblem(err error) {
-	w.count(&w.stats.DecodeErrors)
-	w.problem(err)
 }
 
 // problem records err and logs it, rate-limited by time per worker.
