@@ -84,14 +84,9 @@ func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
 	if !ok {
 		return fail("ArrayFields %d is no vLLM release (want 5, 6, 7, 8, 9 or 11)", opt.ArrayFields)
 	}
-	if opt.Encoding > EncodingMap {
-		return fail("unknown %v", opt.Encoding)
-	}
-	if opt.HashForm > HashBin32 {
-		return fail("unknown %v", opt.HashForm)
-	}
-	if opt.Envelope > EnvelopeMap {
-		return fail("unknown %v", opt.Envelope)
+	if opt.Encoding > EncodingMap || opt.HashForm > HashBin32 || opt.Envelope > EnvelopeMap {
+		// Each option prints its name, or its type and number when unknown.
+		return fail("unknown option in %v, %v, %v", opt.Encoding, opt.HashForm, opt.Envelope)
 	}
 	e := encoder{opt: opt, stored: stored, removed: removed}
 

@@ -251,21 +251,18 @@ func (w *replicaWorker) follow(ctx context.Context) {
 	for {
 		// Drain what waits (ready is signalled only when a push finds the
 		// queue empty), noticing a resync or the end between deltas.
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-w.resync:
-				return
-			default:
-			}
-			m := w.in.pop()
-			if m == nil {
-				break
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.resync:
+			return
+		default:
+		}
+		if m := w.in.pop(); m != nil {
 			if !w.onDelta(m) {
 				return
 			}
+			continue
 		}
 		select {
 		case <-ctx.Done():
