@@ -225,6 +225,7 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 	opts.defaults()
 	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added),
 		pullPods: map[string]bool{}, routedPods: map[string]int{}, pushPods: map[string]podClaim{}}
+	s.batches.New = func() any { return new(events.Batch) }
 	for i, ep := range eps {
 		if err := s.AddEndpoint(ep); err != nil {
 			return nil, fmt.Errorf("%w (endpoint %d)", err, i)
@@ -530,7 +531,7 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now, size: int64(len(frames[2])), sum: xxh3.Hash(frames[2])}
-	b := r.sub.getBatch()
+	b := r.sub.batches.Get().(*events.Batch)
 	if err := r.dec.Decode(frames[2], b); err != nil {
 		r.sub.putBatch(b)
 		m.decodeErr = err
@@ -579,13 +580,6 @@ func (s *Subscriber) checkHealth(ctx context.Context) {
 			}
 		}
 	}
-}
-
-func (s *Subscriber) getBatch() *events.Batch {
-	if b, ok := s.batches.Get().(*events.Batch); ok {
-		return b
-	}
-	return new(events.Batch)
 }
 
 func (s *Subscriber) putBatch(b *events.Batch) {
