@@ -167,18 +167,6 @@ func (a *Auth) SetTokens(tokens []Token) error {
 	return nil
 }
 
-// Refusals returns all listeners' refusals: unauthenticated and denied.
-func (a *Auth) Refusals() (unauthenticated, denied int64) {
-	for _, r := range a.RefusalsByListener() {
-		if r.Reason == RefusedUnauthenticated {
-			unauthenticated += r.N
-		} else {
-			denied += r.N
-		}
-	}
-	return unauthenticated, denied
-}
-
 // Reasons of AuthRefusal.
 const (
 	// RefusedUnauthenticated: no credential, or an unknown token.
