@@ -30,13 +30,13 @@ const (
 	ScopeRoute
 )
 
+// scopeNames name the scopes by bit.
+var scopeNames = [...]string{"read", "route"}
+
 // ParseScope reads "read" or "route".
 func ParseScope(s string) (Scope, error) {
-	switch s {
-	case "read":
-		return ScopeRead, nil
-	case "route":
-		return ScopeRoute, nil
+	if i := slices.Index(scopeNames[:], s); i >= 0 {
+		return 1 << i, nil
 	}
 	return 0, fmt.Errorf("scope %q: want read or route", s)
 }
@@ -44,11 +44,10 @@ func ParseScope(s string) (Scope, error) {
 // String lists the scopes, "read,route".
 func (s Scope) String() string {
 	var out []string
-	if s&ScopeRead != 0 {
-		out = append(out, "read")
-	}
-	if s&ScopeRoute != 0 {
-		out = append(out, "route")
+	for i, name := range scopeNames {
+		if s&(1<<i) != 0 {
+			out = append(out, name)
+		}
 	}
 	return strings.Join(out, ",")
 }
@@ -166,18 +165,6 @@ func (a *Auth) SetTokens(tokens []Token) error {
 	}
 	a.tokens.Store(&out)
 	return nil
-}
-
-// Refusals returns all listeners' refusals: unauthenticated and denied.
-func (a *Auth) Refusals() (unauthenticated, denied int64) {
-	for _, r := range a.RefusalsByListener() {
-		if r.Reason == RefusedUnauthenticated {
-			unauthenticated += r.N
-		} else {
-			denied += r.N
-		}
-	}
-	return unauthenticated, denied
 }
 
 // Reasons of AuthRefusal.

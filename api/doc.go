@@ -7,20 +7,12 @@
 // and Kubernetes probes work. Client wraps a grpc.ClientConn for routers and
 // kvindexctl. A text or chat prompt is tokenized by Options.Tokenizer (the
 // model's own vLLM server, cached), inside admission control like any Score.
-//
 // The operator's calls (Lookup, Dump, Diagnose, Watch; inspect.go) are
-// bounded, read-only and off the Score path; their logic lives in indexer. A
-// Watch never makes the index wait: it drops and counts what a slow reader
-// cannot take.
+// bounded, read-only and off the Score path; their logic lives in indexer.
 //
-// Server.HTTPHandler serves the same unary calls as JSON with Connect's
-// protocol (POST /kvindex.v1.IndexService/Score), behind the same scopes and
-// admission control.
-//
-// Server.GRPCOptions install Codec (a ScoreRequest's token ids decoded by
-// hand into pooled memory, ~3x protobuf-go), a fixed pool of stream workers
-// and fixed flow-control windows; Dial sets up clients the same way. The wire
-// is standard protobuf either way.
+// Server.GRPCOptions install Codec, a fixed pool of stream workers and fixed
+// flow-control windows (Dial sets up clients the same way; the wire is
+// standard protobuf); Server.HTTPHandler serves the unary calls as JSON.
 //
 // Server and Client are safe for concurrent use. Score holds one shard read
 // lock at a time, so an event applied during a Score may be seen for some

@@ -160,16 +160,11 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 	return resp, nil
 }
 
-// pageToken encodes the key a Dump page ended at.
-func pageToken(k indexer.Key) string { return "k" + strconv.FormatUint(uint64(k), 16) }
-
-// parsePageToken decodes a pageToken.
+// parsePageToken decodes a NextPageToken: "k" and the page's last key in hex.
 func parsePageToken(t string) (indexer.Key, error) {
-	if !strings.HasPrefix(t, "k") {
-		return 0, errors.New("not a token Dump returned")
-	}
-	v, err := strconv.ParseUint(t[1:], 16, 64)
-	if err != nil {
+	hex, ok := strings.CutPrefix(t, "k")
+	v, err := strconv.ParseUint(hex, 16, 64)
+	if !ok || err != nil {
 		return 0, errors.New("not a token Dump returned")
 	}
 	return indexer.Key(v), nil
@@ -208,7 +203,7 @@ func (s *Server) Dump(ctx context.Context, req *kvindexv1.DumpRequest) (*kvindex
 	}
 	if len(page) > size {
 		page = page[:size]
-		resp.NextPageToken = pageToken(page[len(page)-1].Key)
+		resp.NextPageToken = "k" + strconv.FormatUint(uint64(page[len(page)-1].Key), 16)
 	}
 	resp.Blocks = make([]*kvindexv1.ResidentBlock, len(page))
 	for i, r := range page {

@@ -53,7 +53,7 @@ const maxMalformedMessage = 256
 func malformedStatus(m proto.Message, b []byte, err error) error {
 	md := m.ProtoReflect().Descriptor()
 	msg := fmt.Sprintf("malformed %s", md.Name())
-	if f := badField(b, md, ""); f != "" {
+	if f := badField(b, md, "", 0); f != "" {
 		msg += ": field " + f
 	}
 	text := err.Error()
@@ -71,11 +71,8 @@ const maxBadFieldDepth = 32
 // value, invalid UTF-8, a bad packed value (another wire type is kept as
 // unknown, as protobuf-go does); "" for none. It names no field in an
 // encoding protobuf-go accepts (FuzzBadField), and allocates only the path.
-func badField(b []byte, md protoreflect.MessageDescriptor, prefix string) string {
-	return badFieldDepth(b, md, prefix, 0)
-}
-
-func badFieldDepth(b []byte, md protoreflect.MessageDescriptor, prefix string, depth int) string {
+// depth counts the enclosing messages.
+func badField(b []byte, md protoreflect.MessageDescriptor, prefix string, depth int) string {
 	if depth > maxBadFieldDepth {
 		return ""
 	}
@@ -130,31 +127,22 @@ func badValue(v []byte, fd protoreflect.FieldDescriptor, typ protowire.Type, nam
 				return name + " (invalid UTF-8)"
 			}
 		case protoreflect.MessageKind:
-			return badFieldDepth(body, fd.Message(), name, depth+1)
+			return badField(body, fd.Message(), name, depth+1)
 		}
 		return ""
 	}
-	// A packed list of scalars arrives as bytes.
+	// A packed list of scalars arrives as bytes; another wire type is kept
+	// as unknown, not an error.
 	if typ == protowire.BytesType && fd.IsList() && want != protowire.BytesType {
 		body, _ := protowire.ConsumeBytes(v)
 		for len(body) > 0 {
-			var n int
-			switch want {
-			case protowire.VarintType:
-				_, n = protowire.ConsumeVarint(body)
-			case protowire.Fixed32Type:
-				_, n = protowire.ConsumeFixed32(body)
-			case protowire.Fixed64Type:
-				_, n = protowire.ConsumeFixed64(body)
-			}
+			n := protowire.ConsumeFieldValue(fd.Number(), want, body)
 			if n < 0 {
 				return name
 			}
 			body = body[n:]
 		}
-		return ""
 	}
-	// Another wire type: kept as unknown, not an error.
 	return ""
 }
 

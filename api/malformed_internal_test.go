@@ -26,7 +26,7 @@ func FuzzBadField(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		for _, m := range []proto.Message{&kvindexv1.RouteRequest{}, &kvindexv1.ScoreRequest{}, &kvindexv1.ListWorkersRequest{}} {
 			err := proto.Unmarshal(in, m)
-			got := badField(in, m.ProtoReflect().Descriptor(), "")
+			got := badField(in, m.ProtoReflect().Descriptor(), "", 0)
 			if err == nil && got != "" {
 				t.Fatalf("%T: protobuf-go accepts %x, badField names %q", m, in, got)
 			}
@@ -45,7 +45,7 @@ func TestBadFieldNamesSeedFailures(t *testing.T) {
 		"\x0a\x04\x12\x02\x80\x80":     "score.token_ids",
 		"\x0a\x05\x32\x00\x32\x05\x0a": "score.workers[1]",
 	} {
-		if got := badField([]byte(in), md, ""); got != want {
+		if got := badField([]byte(in), md, "", 0); got != want {
 			t.Errorf("badField(%x) = %q, want %q", in, got, want)
 		}
 	}

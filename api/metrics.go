@@ -282,30 +282,22 @@ func (h *hitMetrics) tenant(model *indexer.Model, tenant string) *hitPair {
 	}
 	h.tmu.Lock()
 	defer h.tmu.Unlock()
+	label := tenant // the series, and its key in the map, which stays bounded
+	if tenant != noTenant && !h.names[tenant] {
+		if h.ntenants >= h.maxTenants {
+			label = otherTenants
+		} else {
+			h.names[tenant] = true
+			h.ntenants++
+		}
+	}
 	byName := h.tenants[model]
 	if byName == nil {
 		byName = map[string]*hitPair{}
 		h.tenants[model] = byName
 	}
-	if p := byName[tenant]; p != nil {
-		return p
+	if byName[label] == nil {
+		byName[label] = &hitPair{prompt: h.tenantPrompt.WithLabelValues(model.Name, label), hit: h.tenantHit.WithLabelValues(model.Name, label)}
 	}
-	label := tenant
-	if !h.names[tenant] {
-		if h.ntenants >= h.maxTenants && tenant != noTenant {
-			label = otherTenants
-		} else if tenant != noTenant {
-			h.names[tenant] = true
-			h.ntenants++
-		}
-	}
-	if label == otherTenants {
-		if p := byName[otherTenants]; p != nil {
-			return p // not kept under the tenant's name: the map stays bounded
-		}
-		tenant = otherTenants
-	}
-	p = &hitPair{prompt: h.tenantPrompt.WithLabelValues(model.Name, label), hit: h.tenantHit.WithLabelValues(model.Name, label)}
-	byName[tenant] = p
-	return p
+	return byName[label]
 }

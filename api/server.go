@@ -109,11 +109,12 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 	defaults.Positive(&opts.KeepaliveMinTime, 10*time.Second)
 	hs, _ := stats.(events.HealthSource)
 	s := &Server{
-		ix:     ix,
-		stats:  stats,
-		opts:   opts,
-		health: health.NewServer(),
-		codec:  newServerCodec(),
+		ix:      ix,
+		stats:   stats,
+		opts:    opts,
+		health:  health.NewServer(),
+		codec:   newServerCodec(),
+		scratch: sync.Pool{New: func() any { return new(scoreScratch) }},
 		scorer: scoring.New(ix, scoring.Options{
 			Policy:       opts.Policy,
 			Tracker:      opts.Tracker,
@@ -160,13 +161,6 @@ type scoreScratch struct {
 	extras indexer.PromptExtras
 	keys   []indexer.Key
 	pol    scoring.Policy
-}
-
-func (s *Server) getScratch() *scoreScratch {
-	if sc, ok := s.scratch.Get().(*scoreScratch); ok {
-		return sc
-	}
-	return &scoreScratch{}
 }
 
 // putScratch pools sc, dropping references into the request and keys grown
@@ -279,7 +273,7 @@ func (s *Server) convert(ctx context.Context, req *kvindexv1.ScoreRequest, all b
 
 // rank converts and ranks req into scratch the caller must putScratch.
 func (s *Server) rank(ctx context.Context, req *kvindexv1.ScoreRequest, all bool) (*scoreScratch, error) {
-	sc := s.getScratch()
+	sc := s.scratch.Get().(*scoreScratch)
 	if err := s.convert(ctx, req, all, sc); err != nil {
 		s.putScratch(sc)
 		return nil, err
@@ -319,7 +313,7 @@ func (s *Server) Route(ctx context.Context, req *kvindexv1.RouteRequest) (*kvind
 	if req.GetScore() == nil {
 		return nil, status.Error(codes.InvalidArgument, "score: required")
 	}
-	sc := s.getScratch()
+	sc := s.scratch.Get().(*scoreScratch)
 	defer s.putScratch(sc)
 	if err := s.convert(ctx, req.GetScore(), true, sc); err != nil {
 		return nil, err
@@ -367,10 +361,8 @@ func checkRequestID(id string) error {
 
 // principal names ctx's client for request ownership ("" without auth).
 func principal(ctx context.Context) string {
-	if id, ok := IdentityFrom(ctx); ok {
-		return id
-	}
-	return ""
+	id, _ := IdentityFrom(ctx)
+	return id
 }
 
 // checkScoreRequest validates what needs no worker table; it returns the model.

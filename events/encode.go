@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -59,8 +60,8 @@ type EncodeOptions struct {
 	Encoding Encoding
 	// ArrayFields is how many fields follow BlockStored's tag: 5 (v0.9),
 	// 6 (+medium), 7 (+lora_name), 8 (+extra_keys), 9 (+group_idx) or 11
-	// (+kv_cache_spec_kind, _sliding_window); 0 means 11. BlockRemoved
-	// follows: 1 field for 5, 2 for 6 to 8, 3 from 9.
+	// (+kv_cache_spec_kind, _sliding_window); 0 means 11. BlockRemoved's
+	// follow (removedFields).
 	ArrayFields int
 	HashForm    HashForm
 	Envelope    Envelope
@@ -78,30 +79,16 @@ func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
 	fail := func(format string, args ...any) ([]byte, error) {
 		return orig, fmt.Errorf("%w: "+format, append([]any{errEncode}, args...)...)
 	}
-	stored := opt.ArrayFields
-	switch stored {
-	case 0:
-		stored = 11
-	case 5, 6, 7, 8, 9, 11:
-	default:
+	stored := cmp.Or(opt.ArrayFields, 11)
+	removed, ok := removedFields[stored]
+	if !ok {
 		return fail("ArrayFields %d is no vLLM release (want 5, 6, 7, 8, 9 or 11)", opt.ArrayFields)
 	}
-	if opt.Encoding > EncodingMap {
-		return fail("unknown %v", opt.Encoding)
+	if opt.Encoding > EncodingMap || opt.HashForm > HashBin32 || opt.Envelope > EnvelopeMap {
+		// Each option prints its name, or its type and number when unknown.
+		return fail("unknown option in %v, %v, %v", opt.Encoding, opt.HashForm, opt.Envelope)
 	}
-	if opt.HashForm > HashBin32 {
-		return fail("unknown %v", opt.HashForm)
-	}
-	if opt.Envelope > EnvelopeMap {
-		return fail("unknown %v", opt.Envelope)
-	}
-	e := encoder{opt: opt, stored: stored, removed: 3}
-	switch {
-	case stored == 5:
-		e.removed = 1
-	case stored < 9:
-		e.removed = 2
-	}
+	e := encoder{opt: opt, stored: stored, removed: removed}
 
 	switch opt.Envelope {
 	case EnvelopeArray3:
@@ -134,6 +121,10 @@ func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
 	}
 	return dst, nil
 }
+
+// removedFields is how many fields follow BlockRemoved's tag in the release
+// whose BlockStored has the key's.
+var removedFields = map[int]int{5: 1, 6: 2, 7: 2, 8: 2, 9: 3, 11: 3}
 
 type encoder struct {
 	opt             EncodeOptions

@@ -60,16 +60,15 @@ func (m Medium) String() string {
 // is host memory, and unknown names are MediumOther with ok=false.
 func ParseMedium(s string) (m Medium, ok bool) {
 	switch {
-	case s == "" || strings.EqualFold(s, "GPU"):
+	case s == "":
 		return MediumGPU, true
-	case strings.EqualFold(s, "CPU") || strings.EqualFold(s, "CPU_PINNED"):
+	case strings.EqualFold(s, "CPU_PINNED"):
 		return MediumCPU, true
-	case strings.EqualFold(s, "STORAGE"):
-		return MediumStorage, true
-	case strings.EqualFold(s, "DISK"):
-		return MediumDisk, true
-	case strings.EqualFold(s, "EXTERNAL"):
-		return MediumExternal, true
+	}
+	for m := range MediumOther {
+		if strings.EqualFold(s, m.String()) {
+			return m, true
+		}
 	}
 	return MediumOther, false
 }

@@ -23,17 +23,7 @@ const (
 
 // String returns the op's name.
 func (o DeltaOp) String() string {
-	switch o {
-	case DeltaStore:
-		return "STORE"
-	case DeltaRemove:
-		return "REMOVE"
-	case DeltaDrop:
-		return "DROP"
-	case DeltaClear:
-		return "CLEAR"
-	}
-	return "DeltaOp(?)"
+	return enumName("DeltaOp", o, "", "STORE", "REMOVE", "DROP", "CLEAR")
 }
 
 // DeltaEntry is one change of a Delta.

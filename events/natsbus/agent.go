@@ -232,17 +232,6 @@ func (a *Agent) SetPartial(rank int, partial bool) {
 	}
 }
 
-// Partial reports whether worker rank is marked partial (SetPartial).
-func (a *Agent) Partial(rank int) bool {
-	w := a.workers[rank]
-	if w == nil {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.partial
-}
-
 // EngineSeq returns the last engine seq worker rank published.
 func (a *Agent) EngineSeq(rank int) (seq uint64, ok bool) {
 	_ = a.WithWorker(rank, func(s uint64, has bool) error {
@@ -339,10 +328,10 @@ func (a *Agent) register(ctx context.Context, w *agentWorker) error {
 		return fmt.Errorf("nats: agent: registration of %s: %w", w.ref, err)
 	}
 	kv, err := a.bucket(ctx)
-	if err != nil {
-		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
+	if err == nil {
+		_, err = kv.Put(ctx, w.key, b)
 	}
-	if _, err := kv.Put(ctx, w.key, b); err != nil {
+	if err != nil {
 		return fmt.Errorf("nats: agent: register %s: %w", w.ref, err)
 	}
 	return nil

@@ -251,21 +251,18 @@ func (w *replicaWorker) follow(ctx context.Context) {
 	for {
 		// Drain what waits (ready is signalled only when a push finds the
 		// queue empty), noticing a resync or the end between deltas.
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-w.resync:
-				return
-			default:
-			}
-			m := w.in.pop()
-			if m == nil {
-				break
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.resync:
+			return
+		default:
+		}
+		if m := w.in.pop(); m != nil {
 			if !w.onDelta(m) {
 				return
 			}
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -282,7 +279,8 @@ func (w *replicaWorker) follow(ctx context.Context) {
 func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 	now := time.Now()
 	if err := unmarshalDelta(m.Data, &w.msg); err != nil {
-		w.decodeProblem(err)
+		w.count(&w.stats.DecodeErrors)
+		w.problem(err)
 		return false // its effects are unknown: resync
 	}
 	switch {
@@ -315,7 +313,8 @@ func (w *replicaWorker) onDelta(m *nats.Msg) bool {
 		return false
 	}
 	if err := decodeDelta(&w.msg, &w.delta); err != nil {
-		w.decodeProblem(err)
+		w.count(&w.stats.DecodeErrors)
+		w.problem(err)
 		return false
 	}
 	w.seq, w.fresh = w.msg.Seq, false
@@ -374,11 +373,6 @@ func parseHealth(s string) events.Health {
 		}
 	}
 	return events.HealthUnknown
-}
-
-func (w *replicaWorker) decodeProblem(err error) {
-	w.count(&w.stats.DecodeErrors)
-	w.problem(err)
 }
 
 // problem records err and logs it, rate-limited by time per worker.

@@ -21,80 +21,71 @@ type added struct {
 	wg     sync.WaitGroup
 }
 
-// checkEndpoint reports what is wrong with ep as a pull-mode endpoint.
-func checkEndpoint(ep Endpoint) error {
-	switch {
-	case ep.Address == "":
-		return fmt.Errorf("events: endpoint %s: empty address", ep.Worker)
-	case ep.Sink == nil:
-		return fmt.Errorf("events: endpoint %s: nil sink", ep.Worker)
-	}
-	return nil
-}
-
-// addPullStream registers ep's stream, resuming after ep.ResumeAfter when
-// ep.Resume, and fences its pod off push listeners. The caller holds s.mu
-// or owns s (NewSubscriber) and checked ep.
-func (s *Subscriber) addPullStream(ep Endpoint) *stream {
-	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
-	if ep.Resume {
-		st.expected, st.hasExpected, st.joinTried, st.resuming = ep.ResumeAfter+1, true, true, true
-		st.stats.LastSeq, st.stats.HasSeq = ep.ResumeAfter, true
-	}
-	s.pullPods[ep.Worker.Pod] = true
-	s.streams = append(s.streams, st)
-	s.byRef[ep.Worker] = st
-	return st
-}
-
 // AddEndpoint subscribes to one more pull-mode engine: before Run as if
 // given to NewSubscriber, during Run at once. A worker already known, or a
 // call after Run returned (ErrStopped), is an error. Cost: a SUB socket, its
 // monitor and two goroutines.
 func (s *Subscriber) AddEndpoint(ep Endpoint) error {
-	if err := checkEndpoint(ep); err != nil {
-		return err
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("events: add endpoint %s: %w", ep.Worker, ErrStopped)
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("events: add endpoint %s: "+format, append([]any{ep.Worker}, args...)...)
 	}
-	if s.byRef[ep.Worker] != nil {
-		return fmt.Errorf("events: add endpoint %s: worker already subscribed", ep.Worker)
+	_, pushPod := s.pushPods[ep.Worker.Pod]
+	_, routed := s.routedPods[ep.Worker.Pod]
+	switch {
+	case ep.Address == "":
+		return fail("empty address")
+	case ep.Sink == nil:
+		return fail("nil sink")
+	case s.stopped:
+		return fail("%w", ErrStopped)
+	case s.byRef[ep.Worker] != nil:
+		return fail("worker already subscribed")
+	case pushPod:
+		return fail("pod %q is a push-mode pod", ep.Worker.Pod)
+	case routed:
+		return fail("pod %q is routed on a push listener", ep.Worker.Pod)
 	}
-	if _, ok := s.pushPods[ep.Worker.Pod]; ok {
-		return fmt.Errorf("events: add endpoint %s: pod %q is a push-mode pod", ep.Worker, ep.Worker.Pod)
+	st := newStream(s, ep.Worker, ep.Address, ep.Topic, ep.ReplayEndpoint, ep.Sink, true)
+	if ep.Resume {
+		st.expected, st.hasExpected, st.joinTried, st.resuming = ep.ResumeAfter+1, true, true, true
+		st.stats.LastSeq, st.stats.HasSeq = ep.ResumeAfter, true
 	}
-	if _, ok := s.routedPods[ep.Worker.Pod]; ok {
-		return fmt.Errorf("events: add endpoint %s: pod %q is routed on a push listener", ep.Worker, ep.Worker.Pod)
-	}
-	if s.runCtx == nil {
-		s.pull = append(s.pull, pullSource{ep: ep, st: s.addPullStream(ep)})
-		return nil
-	}
-	sock, mon, err := s.connect(ep)
-	if err != nil {
-		return err
-	}
-	st := s.addPullStream(ep)
-	ctx, a := s.addedLocked(s.runCtx, ep.Worker)
-	s.goTracked(a, func() { st.run(ctx) })
-	s.goTracked(a, func() {
-		if err := s.receive(ctx, sock, mon, st, -1); err != nil {
+	if s.runCtx != nil {
+		err := s.startPull(s.runCtx, st, func(err error) {
 			st.problem(fmt.Errorf("receive from %s: %w", ep.Address, err), false)
+		})
+		if err != nil {
+			return err
 		}
-	})
-	s.opts.Logger.Info("engine endpoint added", "worker", ep.Worker.String(), "endpoint", ep.Address)
+		s.opts.Logger.Info("engine endpoint added", "worker", ep.Worker.String(), "endpoint", ep.Address)
+	}
+	// Registered once connected: an endpoint that fails leaves nothing behind.
+	s.pullPods[ep.Worker.Pod] = true
+	s.streams = append(s.streams, st)
+	s.byRef[ep.Worker] = st
 	return nil
 }
 
-// addedLocked registers ref's running endpoint under its own context. Callers hold s.mu.
-func (s *Subscriber) addedLocked(ctx context.Context, ref events.WorkerRef) (context.Context, *added) {
+// startPull connects pull-mode stream st and starts its stream and receive
+// goroutines under their own context (RemoveEndpoint); onErr takes the
+// receive loop's error. Callers hold s.mu.
+func (s *Subscriber) startPull(ctx context.Context, st *stream, onErr func(error)) error {
+	sock, mon, err := s.connect(st)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	a := &added{cancel: cancel}
-	s.added[ref] = a
-	return ctx, a
+	s.added[st.ref] = a
+	s.goTracked(a, func() { st.run(ctx) })
+	s.goTracked(a, func() {
+		if err := s.receive(ctx, sock, mon, st, -1); err != nil {
+			onErr(err)
+		}
+	})
+	return nil
 }
 
 // RemoveEndpoint stops receiving from pull-mode worker ref: its socket
@@ -108,7 +99,7 @@ func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrUnknownEndpoint, ref)
 	}
-	a := s.added[ref] // nil before Run
+	a := s.added[ref]
 	delete(s.byRef, ref)
 	delete(s.added, ref)
 	pullPod := false
@@ -128,27 +119,11 @@ func (s *Subscriber) RemoveEndpoint(ref events.WorkerRef) error {
 		}
 	}
 	s.streams = streams
-	if a == nil { // before Run: only the configuration changes
-		pull := make([]pullSource, 0, len(s.pull))
-		for _, p := range s.pull {
-			if p.st != st {
-				pull = append(pull, p)
-			}
-		}
-		s.pull = pull
-	}
 	s.mu.Unlock()
-	if a != nil {
+	if a != nil { // nil before Run: only the configuration changes
 		a.cancel()
 		a.wg.Wait()
 	}
 	s.opts.Logger.Info("engine endpoint removed", "worker", ref.String())
 	return nil
-}
-
-// IsPullPod reports whether pod is a pull-mode pod, refused by push listeners.
-func (s *Subscriber) IsPullPod(pod string) bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.pullPods[pod]
 }

@@ -81,22 +81,9 @@ func (r *receiver) resolveTopic(topic []byte) (route events.TopicRoute, routed, 
 	return events.TopicRoute{}, false, false
 }
 
-// knownStream returns the stream a malformed message's topic reached at
-// rank 0, or nil: an undecodable message never creates a worker.
-func (r *receiver) knownStream(frames [][]byte) *stream {
-	if len(frames) == 0 {
-		r.sub.refuse(r.pli, refusedUndecodable, "a message with no frames")
-		return nil
-	}
-	if st := r.streams[pushKey{string(frames[0]), 0}]; st != nil {
-		return st
-	}
-	r.sub.refuse(r.pli, refusedUndecodable, "an undecodable message for no known worker", "topic", snippet(frames[0]))
-	return nil
-}
-
-// streamForTopic finds or creates the stream of a topic and DP rank (b nil:
-// undecodable), or counts the refusal and returns nil. Known: one map probe.
+// streamForTopic finds or creates the stream of a topic and DP rank, or
+// counts the refusal and returns nil. Known: one map probe. An undecodable
+// message (b nil) reaches a known stream at rank 0, and never creates one.
 func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 	rank := 0
 	if b != nil && b.HasDPRank {

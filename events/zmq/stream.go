@@ -41,6 +41,7 @@ type stream struct {
 	ref    events.WorkerRef
 	sink   events.Sink
 	replay string // replay endpoint, "" for none
+	topic  string // pull mode: the subscription prefix
 
 	in         chan message
 	queued     atomic.Int64 // payload bytes in in
@@ -106,6 +107,7 @@ func newStream(sub *Subscriber, ref events.WorkerRef, endpoint, topic, replay st
 		ref:         ref,
 		sink:        sink,
 		replay:      replay,
+		topic:       topic,
 		in:          make(chan message, sub.opts.QueueSize),
 		replayDone:  make(chan replayResult, 1),
 		connectedCh: make(chan struct{}, 1),

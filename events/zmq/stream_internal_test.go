@@ -25,7 +25,7 @@ func TestStaleReplayResultIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := s.pull[0].st
+	st := s.streams[0]
 	ctx := context.Background()
 	payload, err := events.AppendPayload(nil, &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}}, events.EncodeOptions{})
 	if err != nil {
@@ -62,7 +62,7 @@ func TestQueueBytesBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := s.pull[0].st
+	st := s.streams[0]
 	st.enqueue(message{seq: 0, size: 60})
 	st.enqueue(message{seq: 1, size: 60}) // 120 > 100: dropped
 	st.enqueue(message{seq: 2, size: 40}) // 100: fits

@@ -188,7 +188,6 @@ func (o *SubscriberOptions) defaults() {
 // registered under mu.
 type Subscriber struct {
 	opts SubscriberOptions
-	pull []pullSource
 
 	zctx        *zmq4.Context
 	replaySlots chan struct{}
@@ -221,25 +220,16 @@ type podClaim struct {
 	model    string
 }
 
-// pullSource is one pull-mode endpoint and its stream.
-type pullSource struct {
-	ep Endpoint
-	st *stream
-}
-
 // NewSubscriber checks the endpoints and options; nothing connects until Run.
 func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error) {
 	opts.defaults()
 	s := &Subscriber{opts: opts, byRef: make(map[events.WorkerRef]*stream), added: make(map[events.WorkerRef]*added),
 		pullPods: map[string]bool{}, routedPods: map[string]int{}, pushPods: map[string]podClaim{}}
+	s.batches.New = func() any { return new(events.Batch) }
 	for i, ep := range eps {
-		if err := checkEndpoint(ep); err != nil {
+		if err := s.AddEndpoint(ep); err != nil {
 			return nil, fmt.Errorf("%w (endpoint %d)", err, i)
 		}
-		if s.byRef[ep.Worker] != nil {
-			return nil, fmt.Errorf("events: endpoint %d: worker %s configured twice", i, ep.Worker)
-		}
-		s.pull = append(s.pull, pullSource{ep: ep, st: s.addPullStream(ep)})
 	}
 	s.opts.Push = slices.Clone(opts.Push) // MaxWorkers defaults are filled in below
 	s.refusals.counts = make([][numRefusals]atomic.Int64, len(opts.Push))
@@ -284,35 +274,18 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return errors.New("events: subscriber run twice")
 	}
 	s.runCtx = ctx
-	// Each pull-mode endpoint runs under its own context (RemoveEndpoint).
-	pull := s.pull
-	pctx := make([]context.Context, len(pull))
-	for i, p := range pull {
-		var a *added
-		pctx[i], a = s.addedLocked(ctx, p.ep.Worker)
-		s.goTracked(a, func() { p.st.run(pctx[i]) })
-	}
-	s.mu.Unlock()
-
-	errc := make(chan error, len(pull)+len(s.opts.Push))
+	errc := make(chan error, len(s.streams)+len(s.opts.Push))
 	fail := func(err error) {
 		errc <- err
 		cancel()
 	}
-	for i, p := range pull {
-		sock, mon, err := s.connect(p.ep)
-		if err != nil {
+	for _, st := range s.streams { // only pull-mode streams exist before Run
+		if err := s.startPull(ctx, st, fail); err != nil {
 			fail(err)
 			break
 		}
-		s.mu.Lock()
-		s.goTracked(s.added[p.ep.Worker], func() {
-			if err := s.receive(pctx[i], sock, mon, p.st, -1); err != nil {
-				fail(err)
-			}
-		})
-		s.mu.Unlock()
 	}
+	s.mu.Unlock()
 	for i := range s.opts.Push {
 		if ctx.Err() != nil {
 			break
@@ -375,17 +348,18 @@ func (s *Subscriber) setSockopts(sock *zmq4.Socket, topic string) error {
 	return nil
 }
 
-// connect opens a pull-mode SUB socket to ep, with a connection monitor.
-func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
+// connect opens pull-mode stream st's SUB socket, with a connection monitor.
+func (s *Subscriber) connect(st *stream) (*zmq4.Socket, *zmq4.Socket, error) {
+	addr := st.stats.Endpoint // set at creation, never written again
 	sock, err := s.zctx.NewSocket(zmq4.SUB)
 	if err != nil {
-		return nil, nil, fmt.Errorf("events: new SUB socket for %s: %w", ep.Worker, err)
+		return nil, nil, fmt.Errorf("events: new SUB socket for %s: %w", st.ref, err)
 	}
 	fail := func(err error) (*zmq4.Socket, *zmq4.Socket, error) {
 		sock.Close()
-		return nil, nil, fmt.Errorf("events: SUB socket for %s at %s: %w", ep.Worker, ep.Address, err)
+		return nil, nil, fmt.Errorf("events: SUB socket for %s at %s: %w", st.ref, addr, err)
 	}
-	if err := s.setSockopts(sock, ep.Topic); err != nil {
+	if err := s.setSockopts(sock, st.topic); err != nil {
 		return fail(err)
 	}
 	monAddr := "inproc://kvindex-monitor-" + strconv.FormatInt(s.monitors.Add(1), 10)
@@ -393,7 +367,7 @@ func (s *Subscriber) connect(ep Endpoint) (*zmq4.Socket, *zmq4.Socket, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := sock.Connect(ep.Address); err != nil {
+	if err := sock.Connect(addr); err != nil {
 		mon.Close()
 		return fail(err)
 	}
@@ -472,20 +446,17 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 	return nil
 }
 
-// rearmAfter is how long a pull-mode socket may stay disconnected before it
-// is re-armed (libzmq gives up after a protocol error such as an oversized
-// message).
-func (s *Subscriber) rearmAfter() time.Duration { return 2 * s.opts.ReconnectMax }
-
-// rearm reconnects st's socket after rearmAfter without a connection (and
-// since the last re-arm), returning when it last did.
+// rearm reconnects st's socket after twice ReconnectMax without a
+// connection (and since the last re-arm), returning when it last did:
+// libzmq gives a connection up after a protocol error such as an oversized
+// message.
 func (s *Subscriber) rearm(sock *zmq4.Socket, st *stream, last time.Time) time.Time {
 	since := st.disconnected.Load()
 	if st.connected.Load() || since == 0 {
 		return last
 	}
-	now := time.Now()
-	if now.Sub(time.Unix(0, since)) < s.rearmAfter() || now.Sub(last) < s.rearmAfter() {
+	now, after := time.Now(), 2*s.opts.ReconnectMax
+	if now.Sub(time.Unix(0, since)) < after || now.Sub(last) < after {
 		return last
 	}
 	addr := st.stats.Endpoint // set at creation, never written again
@@ -541,10 +512,18 @@ func (r *receiver) monitorEvent(mon *zmq4.Socket) {
 func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 	now := time.Now()
 	if len(frames) != 3 || len(frames[1]) != 8 {
-		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), frameLen(frames, 1))
+		seqLen := -1
+		if len(frames) > 1 {
+			seqLen = len(frames[1])
+		}
+		err := fmt.Errorf("%w: %d frames (seq frame %d bytes), want [topic, 8-byte seq, payload]", ErrFrames, len(frames), seqLen)
 		st := r.st
-		if st == nil {
-			st = r.knownStream(frames)
+		switch {
+		case st != nil:
+		case len(frames) == 0:
+			r.sub.refuse(r.pli, refusedUndecodable, "a message with no frames")
+		default:
+			st = r.streamForTopic(frames[0], nil)
 		}
 		if st != nil {
 			st.problem(err, true)
@@ -552,7 +531,7 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	m := message{seq: binary.BigEndian.Uint64(frames[1]), at: now, size: int64(len(frames[2])), sum: xxh3.Hash(frames[2])}
-	b := r.sub.getBatch()
+	b := r.sub.batches.Get().(*events.Batch)
 	if err := r.dec.Decode(frames[2], b); err != nil {
 		r.sub.putBatch(b)
 		m.decodeErr = err
@@ -603,13 +582,6 @@ func (s *Subscriber) checkHealth(ctx context.Context) {
 	}
 }
 
-func (s *Subscriber) getBatch() *events.Batch {
-	if b, ok := s.batches.Get().(*events.Batch); ok {
-		return b
-	}
-	return new(events.Batch)
-}
-
 func (s *Subscriber) putBatch(b *events.Batch) {
 	if b != nil {
 		s.batches.Put(b)
@@ -636,11 +608,4 @@ func (s *Subscriber) Health(ref events.WorkerRef) *events.HealthCell {
 		return &st.health
 	}
 	return nil
-}
-
-func frameLen(frames [][]byte, i int) int {
-	if i < len(frames) {
-		return len(frames[i])
-	}
-	return -1
 }
