@@ -65,8 +65,7 @@ type KV interface {
 	// Score calls visit with the matched prompt tokens of every worker in
 	// kvindex's answer for q.
 	Score(ctx context.Context, q *Query, visit func(pod string, matchedTokens int)) error
-	// Route returns the pod kvindex chose for request id, or an error
-	// wrapping ErrRouteUnimplemented.
+	// Route returns the pod kvindex chose for request id.
 	Route(ctx context.Context, id string, q *Query) (string, error)
 	// Release ends request id's in-flight accounting.
 	Release(ctx context.Context, id string) error
@@ -87,10 +86,6 @@ type PodLoad struct {
 	Running, Waiting uint32
 	KVUsage          float64
 }
-
-// ErrRouteUnimplemented is wrapped by KV.Route when kvindex answers that
-// it has no Route.
-var ErrRouteUnimplemented = errors.New("router: kvindex does not implement Route")
 
 // Router picks an engine for each request.
 type Router interface {
