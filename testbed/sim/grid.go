@@ -335,9 +335,9 @@ func WriteGridSummary(w io.Writer, cells []GridResult) error {
 			verdict, met = "yes", met+1
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s (%s) | %+.1f%% | %s | %s | %s (%s) | %+.1f%% | %s | %s | %s (%s) | %.1f%% | %s | %s | %s | %s |\n",
-			g.Cell.Name, gridSecs(c.P99), gridSecs(c.BestP99), c.BestP99Router, 100*c.P99Excess(), yesNo(c.P99OK),
-			gridSecs(c.Mean), gridSecs(c.BestMean), c.BestMeanRouter, 100*c.MeanExcess(), yesNo(c.MeanOK),
-			pct(c.Hit), pct(c.BestHit), c.BestHitRouter, 100*c.HitShare(), yesNo(c.HitOK), dom, verdict,
+			g.Cell.Name, gridSecs(c.P99.Value), gridSecs(c.P99.Best), c.P99.BestRouter, 100*(c.P99.Ratio()-1), yesNo(c.P99.OK),
+			gridSecs(c.Mean.Value), gridSecs(c.Mean.Best), c.Mean.BestRouter, 100*(c.Mean.Ratio()-1), yesNo(c.Mean.OK),
+			pct(c.Hit.Value), pct(c.Hit.Best), c.Hit.BestRouter, 100*c.Hit.Ratio(), yesNo(c.Hit.OK), dom, verdict,
 			g.Wall.Round(time.Second))
 	}
 	fmt.Fprintf(&b, "\ncriterion met in %d of %d cells\n", met, len(cells))
@@ -364,13 +364,15 @@ func gridCSV(cells []GridResult) [][]string {
 	rows := [][]string{{"cell", "workload", "rate", "cache_blocks", "p99_s", "best_p99_s", "best_p99_router", "p99_ok",
 		"mean_s", "best_mean_s", "best_mean_router", "mean_ok",
 		"hit_rate", "best_hit_rate", "best_hit_router", "hit_target", "hit_ok", "dominated_by", "met", "wall_s"}}
+	durTerm := func(t Term[time.Duration]) []string {
+		return []string{fl(t.Value.Seconds()), fl(t.Best.Seconds()), t.BestRouter, strconv.FormatBool(t.OK)}
+	}
 	for _, g := range cells {
 		c := &g.Criterion
-		rows = append(rows, []string{g.Cell.Name, g.Cell.Workload, fl(g.Cell.Rate), itoa(g.Cell.CacheBlocks), fl(c.P99.Seconds()),
-			fl(c.BestP99.Seconds()), c.BestP99Router, strconv.FormatBool(c.P99OK),
-			fl(c.Mean.Seconds()), fl(c.BestMean.Seconds()), c.BestMeanRouter, strconv.FormatBool(c.MeanOK),
-			fl(c.Hit), fl(c.BestHit), c.BestHitRouter,
-			fl(HitShare), strconv.FormatBool(c.HitOK), strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds())})
+		row := append([]string{g.Cell.Name, g.Cell.Workload, fl(g.Cell.Rate), itoa(g.Cell.CacheBlocks)}, durTerm(c.P99)...)
+		row = append(row, durTerm(c.Mean)...)
+		rows = append(rows, append(row, fl(c.Hit.Value), fl(c.Hit.Best), c.Hit.BestRouter, fl(HitShare), strconv.FormatBool(c.Hit.OK),
+			strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds())))
 	}
 	return rows
 }
