@@ -184,34 +184,14 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	o := gc.Options
 	o.Engine.CacheBlocks = c.CacheBlocks
 	o.Seed = gc.Seed
-	start := time.Now()
-	results, err := Simulate(ctx, wl, o)
-	if err != nil {
-		return err
-	}
-	bounds, err := ComputeBounds(wl, o)
-	if err != nil {
-		return err
-	}
-	wall := time.Since(start)
-	var b strings.Builder
-	fmt.Fprintf(&b, "kvsim grid cell %s (virtual time): %s\n\n", c.Name, Describe(wl, o))
-	if err := WriteTable(&b, results, bounds, ""); err != nil {
-		return err
-	}
-	fmt.Fprintf(&b, "\n%d routers in %s (wall clock)\n", len(results), wall.Round(10*time.Millisecond))
 	dir := filepath.Join(gc.Dir, c.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("sim: %w", err)
+	var b strings.Builder
+	wall, err := run(ctx, "kvsim grid cell "+c.Name, wl, RunConfig{Options: o, CSVDir: dir}, &b)
+	if err != nil {
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "table.txt"), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
-	}
-	if err := WriteCSV(dir, results, bounds); err != nil {
-		return err
-	}
-	if err := WriteCDFCSV(dir, results); err != nil {
-		return err
 	}
 	meta := [][]string{{"cell", "workload", "rate", "cache_blocks", "wall_s"},
 		{c.Name, c.Workload, fl(c.Rate), itoa(c.CacheBlocks), fl(wall.Seconds())}}
