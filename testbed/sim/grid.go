@@ -17,18 +17,15 @@ import (
 	"time"
 )
 
-// The grid's workloads beside the generated suite: the bundled trace,
-// and the same with a sparse start.
+// GridMooncakeSparse is the bundled trace with every request after the
+// first GridSparsePause later (a sparse start).
 const (
-	GridMooncake       = "mooncake"
 	GridMooncakeSparse = "mooncake-sparse"
+	GridSparsePause    = 10 * time.Second
 )
 
 // GridWorkloads are the grid's workloads, in report order.
-var GridWorkloads = []string{GridMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
-
-// GridSparsePause delays the sparse start's every request after the first.
-const GridSparsePause = 10 * time.Second
+var GridWorkloads = []string{KindMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
 
 // GridCell is one cell of the grid: a workload at a rate multiplier on
 // engines of a cache size, named "<workload>-<rate>x-<cache>" (e.g.
@@ -99,7 +96,12 @@ func (gc GridConfig) GridCells() ([]GridCell, error) {
 					return nil, fmt.Errorf("sim: grid: cache size %d", c)
 				}
 				cell := GridCell{Name: fmt.Sprintf("%s-%sx-%s", w, strconv.FormatFloat(r, 'g', -1, 64), blocksLabel(c)), Workload: w, Rate: r, CacheBlocks: c}
-				if picked(gc.Cells, cell.Name) {
+				picked := len(gc.Cells) == 0
+				for _, p := range gc.Cells {
+					ok, _ := path.Match(p, cell.Name)
+					picked = picked || ok
+				}
+				if picked {
 					out = append(out, cell)
 				}
 			}
@@ -109,18 +111,6 @@ func (gc GridConfig) GridCells() ([]GridCell, error) {
 		return nil, fmt.Errorf("sim: grid: no cell matches %q", gc.Cells)
 	}
 	return out, nil
-}
-
-func picked(patterns []string, name string) bool {
-	if len(patterns) == 0 {
-		return true
-	}
-	for _, p := range patterns {
-		if ok, _ := path.Match(p, name); ok {
-			return true
-		}
-	}
-	return false
 }
 
 // blocksLabel writes a cache size as the grid names it: 25000 "25k",
@@ -233,37 +223,28 @@ func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
 
 // readCell reads a cell's results.csv router rows and cell.csv's wall time.
 func readCell(dir string) ([]CriterionRow, time.Duration, error) {
-	recs, err := readCSV(filepath.Join(dir, "results.csv"))
-	if err != nil {
-		return nil, 0, err
-	}
-	col, err := columns(recs, "router", "scheduled", "token_hit_rate", "ttft_p99_s", "ttft_mean_s")
+	recs, err := readColumns(filepath.Join(dir, "results.csv"), "router", "scheduled", "token_hit_rate", "ttft_p99_s", "ttft_mean_s")
 	if err != nil {
 		return nil, 0, err
 	}
 	var rows []CriterionRow
-	for _, r := range recs[1:] {
-		if len(r) != len(recs[0]) {
-			return nil, 0, fmt.Errorf("results.csv: a row of %d fields under %d columns", len(r), len(recs[0]))
-		}
-		if r[col[0]] == "bound" {
+	for _, r := range recs {
+		if r[0] == "bound" {
 			continue
 		}
-		sched, err1 := strconv.Atoi(r[col[1]])
-		hit, err2 := strconv.ParseFloat(r[col[2]], 64)
-		p99, err3 := strconv.ParseFloat(r[col[3]], 64)
-		mean, err4 := strconv.ParseFloat(r[col[4]], 64)
+		sched, err1 := strconv.Atoi(r[1])
+		hit, err2 := strconv.ParseFloat(r[2], 64)
+		p99, err3 := strconv.ParseFloat(r[3], 64)
+		mean, err4 := strconv.ParseFloat(r[4], 64)
 		if err := errors.Join(err1, err2, err3, err4); err != nil {
-			return nil, 0, fmt.Errorf("results.csv: router %s: %w", r[col[0]], err)
+			return nil, 0, fmt.Errorf("results.csv: router %s: %w", r[0], err)
 		}
-		rows = append(rows, CriterionRow{Router: r[col[0]], Scheduled: sched, HitRate: hit, P99: seconds(p99), Mean: seconds(mean)})
+		rows = append(rows, CriterionRow{Router: r[0], Scheduled: sched, HitRate: hit, P99: seconds(p99), Mean: seconds(mean)})
 	}
 	var wall time.Duration // unknown when cell.csv is missing or unreadable
-	if meta, err := readCSV(filepath.Join(dir, "cell.csv")); err == nil && len(meta) > 1 && len(meta[1]) == len(meta[0]) {
-		if mc, err := columns(meta, "wall_s"); err == nil {
-			if s, err := strconv.ParseFloat(meta[1][mc[0]], 64); err == nil {
-				wall = seconds(s)
-			}
+	if m, err := readColumns(filepath.Join(dir, "cell.csv"), "wall_s"); err == nil && len(m) > 0 {
+		if s, err := strconv.ParseFloat(m[0][0], 64); err == nil {
+			wall = seconds(s)
 		}
 	}
 	return rows, wall, nil
@@ -271,7 +252,9 @@ func readCell(dir string) ([]CriterionRow, time.Duration, error) {
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-func readCSV(p string) ([][]string, error) {
+// readColumns reads the CSV file at p (every row as wide as the header)
+// and returns each row's values of the named columns.
+func readColumns(p string, names ...string) ([][]string, error) {
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, err
@@ -283,14 +266,14 @@ func readCSV(p string) ([][]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Base(p), err)
 	}
-	return recs, nil
-}
-
-func columns(recs [][]string, names ...string) ([]int, error) {
-	out := make([]int, len(names))
-	for i, n := range names {
-		if out[i] = slices.Index(recs[0], n); out[i] < 0 {
-			return nil, fmt.Errorf("no column %q", n)
+	out := make([][]string, len(recs)-1)
+	for _, n := range names {
+		c := slices.Index(recs[0], n)
+		if c < 0 {
+			return nil, fmt.Errorf("%s: no column %q", filepath.Base(p), n)
+		}
+		for k, r := range recs[1:] {
+			out[k] = append(out[k], r[c])
 		}
 	}
 	return out, nil
