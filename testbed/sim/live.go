@@ -34,6 +34,9 @@ type LiveOptions struct {
 	BasePort int
 	// DaemonLog sends the in-process daemon's logs to Options.Logger.
 	DaemonLog bool
+	// PrintConfig makes Main print the configuration LiveConfig returns
+	// and run nothing.
+	PrintConfig bool
 	// Fleet runs an embedded NATS server, a kvindex agent per engine and
 	// liveReplicas replicas the routers ask in turn, instead of one daemon.
 	Fleet bool

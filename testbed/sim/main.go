@@ -18,9 +18,6 @@ type RunConfig struct {
 	Options  Options
 	// Live, when set, runs live mode, else virtual time.
 	Live *LiveOptions
-	// PrintConfig prints the kvindex configuration a live run against
-	// Live.Addr needs, and runs nothing.
-	PrintConfig bool
 	// CSVDir, when set, receives CSV files.
 	CSVDir string
 }
@@ -31,10 +28,7 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if rc.PrintConfig {
-		if rc.Live == nil {
-			return fmt.Errorf("sim: --print-config is for live mode")
-		}
+	if rc.Live != nil && rc.Live.PrintConfig {
 		cfg, err := LiveConfig(wl, rc.Options, *rc.Live)
 		if err != nil {
 			return err

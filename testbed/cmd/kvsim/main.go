@@ -125,7 +125,7 @@ func newRun() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Replay a workload in virtual time (fast, in process, through kvindex's real decoder, index and ranking)",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			rc, err := f.config()
 			if err != nil {
 				return err
@@ -150,7 +150,7 @@ func newGrid() *cobra.Command {
 			"within 5% of the lowest of all routers, its token hit rate >= 90% of the best, no router better on\n" +
 			"both p99 and hit rate) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
 			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			var err error
 			if workloads != "" {
 				gc.Workloads = strings.Split(workloads, ",")
@@ -192,7 +192,7 @@ func newLive() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "live",
 		Short: "Replay a workload on the wall clock: engines publish over real ZMQ to a real kvindex, routers ask over gRPC",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			rc, err := f.config()
 			if err != nil {
 				return err
@@ -207,7 +207,7 @@ func newLive() *cobra.Command {
 	fs.Float64Var(&lo.Speedup, "speedup", 1, "virtual seconds per wall-clock second")
 	fs.StringVar(&lo.Addr, "addr", "", "an external kvindex's gRPC address (default: start the daemon in process)")
 	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
-	fs.BoolVar(&f.rc.PrintConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
+	fs.BoolVar(&lo.PrintConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
 	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
 	return cmd
 }
@@ -226,17 +226,14 @@ func newAnalyze() *cobra.Command {
 			"(the share of prompt tokens that are a prefix of an earlier request within --window), replays the log\n" +
 			"through round-robin, precise and precise+load over shrinking caches, and ends with a one-line verdict.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ac.Log = args[0]
-			return interruptible(func(ctx context.Context, w io.Writer) error {
-				var err error
-				if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
-					return err
-				}
-				ac.Options.Logger = progress(verbose)
-				return sim.Analyze(ctx, ac, w)
-			})(cmd, args)
-		},
+		RunE: interruptible(func(ctx context.Context, w io.Writer, args []string) error {
+			var err error
+			if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
+				return err
+			}
+			ac.Log, ac.Options.Logger = args[0], progress(verbose)
+			return sim.Analyze(ctx, ac, w)
+		}),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&ac.TokenizeURL, "tokenize", "", "a vLLM /tokenize endpoint for OpenAI bodies (e.g. http://vllm:8000/tokenize); default: an estimate")
@@ -254,7 +251,7 @@ func newDemo() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "A short live run: the real daemon, simulated engines over ZMQ, every router, the table",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			rc.Options.Logger, rc.Live.DaemonLog = progress(verbose), verbose
 			return sim.Main(ctx, rc, w)
 		}),
@@ -275,10 +272,10 @@ func progress(verbose bool) *slog.Logger {
 }
 
 // interruptible runs fn with a context SIGINT and SIGTERM cancel.
-func interruptible(fn func(ctx context.Context, w io.Writer) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, _ []string) error {
+func interruptible(fn func(ctx context.Context, w io.Writer, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		return fn(ctx, cmd.OutOrStdout())
+		return fn(ctx, cmd.OutOrStdout(), args)
 	}
 }
