@@ -100,8 +100,8 @@ func New(cfg Config) (*Server, error) {
 	s.reg = prometheus.NewRegistry()
 	s.registerMetrics()
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.completions)
-	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	mux.HandleFunc("POST /v1/completions", s.completion(false))
+	mux.HandleFunc("POST /v1/chat/completions", s.completion(true))
 	mux.HandleFunc("GET /v1/models", s.models)
 	s.tok = &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
 	for _, path := range []string{tokenize.TokenizePath, tokenize.RenderChatPath, tokenize.RenderCompletionPath} {
@@ -115,9 +115,6 @@ func New(cfg Config) (*Server, error) {
 
 // Addr is the HTTP listener's address.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
-
-// Tokenizer is the handler of /tokenize and the render endpoints.
-func (s *Server) Tokenizer() *standin.Handler { return s.tok }
 
 // Run serves until ctx is done, then closes the sockets.
 func (s *Server) Run(ctx context.Context) error {
@@ -271,101 +268,86 @@ type completionRequest struct {
 	AddGenerationPrompt *bool                  `json:"add_generation_prompt"`
 }
 
-// decode reads and checks a request body.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*completionRequest, int, bool) {
-	var req completionRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20)).Decode(&req); err != nil {
-		apiError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
-		return nil, 0, false
-	}
-	if req.Model != s.cfg.Model {
-		apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
-		return nil, 0, false
-	}
-	if req.Stream {
-		apiError(w, http.StatusBadRequest, "stream is not supported by the simulated engine")
-		return nil, 0, false
-	}
-	n := req.MaxTokens
-	if req.MaxCompletionTokens > 0 {
-		n = req.MaxCompletionTokens
-	}
-	if n <= 0 {
-		n = 16 // OpenAI's and vLLM's default for completions
-	}
-	if n > maxTokens {
-		apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, maxTokens))
-		return nil, 0, false
-	}
-	return &req, n, true
-}
-
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	req, n, ok := s.decode(w, r)
-	if !ok {
-		return
-	}
-	var prompt string
-	switch p := req.Prompt.(type) {
-	case string:
-		prompt = p
-	case []any:
-		if len(p) == 1 {
-			prompt, _ = p[0].(string)
-		}
-	}
-	if prompt == "" {
-		apiError(w, http.StatusBadRequest, "prompt must be one non-empty string")
-		return
-	}
-	s.respond(w, r, "text_completion", standin.Pieces(prompt, true), n, req.Model)
-}
-
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	req, n, ok := s.decode(w, r)
-	if !ok {
-		return
-	}
-	if len(req.Messages) == 0 {
-		apiError(w, http.StatusBadRequest, "messages must not be empty")
-		return
-	}
-	msgs := make([]tokenize.Message, len(req.Messages))
-	for i := range req.Messages {
-		text, err := req.Messages[i].Text()
-		if err != nil || req.Messages[i].Role == "" {
-			apiError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d]: a role and text content are required", i))
+// completion serves /v1/completions, or /v1/chat/completions when chat
+// is set, and writes OpenAI's answer.
+func (s *Server) completion(chat bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req completionRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20)).Decode(&req); err != nil {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
 			return
 		}
-		msgs[i] = tokenize.Message{Role: req.Messages[i].Role, Content: text}
+		if req.Model != s.cfg.Model {
+			apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+			return
+		}
+		if req.Stream {
+			apiError(w, http.StatusBadRequest, "stream is not supported by the simulated engine")
+			return
+		}
+		n := req.MaxTokens
+		if req.MaxCompletionTokens > 0 {
+			n = req.MaxCompletionTokens
+		}
+		if n <= 0 {
+			n = 16 // OpenAI's and vLLM's default for completions
+		}
+		if n > maxTokens {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, maxTokens))
+			return
+		}
+		var segs []workload.Segment
+		choice := map[string]any{"index": 0, "finish_reason": "length"}
+		text := strings.Repeat(" sim", n)
+		object := "text_completion"
+		if chat {
+			if len(req.Messages) == 0 {
+				apiError(w, http.StatusBadRequest, "messages must not be empty")
+				return
+			}
+			msgs := make([]tokenize.Message, len(req.Messages))
+			for i := range req.Messages {
+				content, err := req.Messages[i].Text()
+				if err != nil || req.Messages[i].Role == "" {
+					apiError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d]: a role and text content are required", i))
+					return
+				}
+				msgs[i] = tokenize.Message{Role: req.Messages[i].Role, Content: content}
+			}
+			segs = standin.ChatPieces(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+			object, choice["message"] = "chat.completion", map[string]string{"role": "assistant", "content": text}
+		} else {
+			var prompt string
+			switch p := req.Prompt.(type) {
+			case string:
+				prompt = p
+			case []any:
+				if len(p) == 1 {
+					prompt, _ = p[0].(string)
+				}
+			}
+			if prompt == "" {
+				apiError(w, http.StatusBadRequest, "prompt must be one non-empty string")
+				return
+			}
+			segs, choice["text"] = standin.Pieces(prompt, true), text
+		}
+		prompt, cached, err := s.serve(r.Context(), segs, n)
+		switch {
+		case errors.Is(err, ErrBadRequest):
+			apiError(w, http.StatusBadRequest, err.Error())
+			return
+		case err != nil:
+			apiError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		u := usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n}
+		u.PromptTokensDetails.CachedTokens = cached
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": fmt.Sprintf("cmpl-%s-%d", s.cfg.Pod, time.Now().UnixNano()), "object": object, "created": time.Now().Unix(),
+			"model": req.Model, "choices": []any{choice}, "usage": u,
+		})
 	}
-	s.respond(w, r, "chat.completion", standin.ChatPieces(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt), n, req.Model)
-}
-
-// respond serves the request and writes OpenAI's answer.
-func (s *Server) respond(w http.ResponseWriter, r *http.Request, object string, segs []workload.Segment, n int, model string) {
-	prompt, cached, err := s.serve(r.Context(), segs, n)
-	switch {
-	case errors.Is(err, ErrBadRequest):
-		apiError(w, http.StatusBadRequest, err.Error())
-		return
-	case err != nil:
-		apiError(w, http.StatusServiceUnavailable, err.Error())
-		return
-	}
-	u := usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n}
-	u.PromptTokensDetails.CachedTokens = cached
-	text := strings.Repeat(" sim", n)
-	choice := map[string]any{"index": 0, "finish_reason": "length"}
-	if object == "chat.completion" {
-		choice["message"] = map[string]string{"role": "assistant", "content": text}
-	} else {
-		choice["text"] = text
-	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"id": fmt.Sprintf("cmpl-%s-%d", s.cfg.Pod, time.Now().UnixNano()), "object": object, "created": time.Now().Unix(),
-		"model": model, "choices": []any{choice}, "usage": u,
-	})
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
