@@ -220,12 +220,9 @@ func startLive(ctx context.Context, o *Options, lo *LiveOptions) (lr *liveRig, e
 	addrs := []string{lo.Addr}
 	switch {
 	case lo.Fleet:
-		rig, err := startFleetRig(o, lo, lr.fleets)
-		if err != nil {
+		if addrs, err = lr.startFleet(o, lo); err != nil {
 			return nil, err
 		}
-		lr.closers = append(lr.closers, rig.stop)
-		addrs = rig.addrs
 	case lo.Addr == "":
 		cfg := daemonConfig(o, lr.fleets, "127.0.0.1:0", config.MetricsOff)
 		cfg.SetDefaults()
