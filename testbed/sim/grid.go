@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -68,9 +69,7 @@ func (gc *GridConfig) defaults() {
 	if len(gc.Caches) == 0 {
 		gc.Caches = []int{25000, 12500}
 	}
-	if gc.Dir == "" {
-		gc.Dir = filepath.Join("docs", "results")
-	}
+	gc.Dir = cmp.Or(gc.Dir, filepath.Join("docs", "results"))
 }
 
 // GridCells returns the cells Cells picks, in report order (workload,

@@ -1,11 +1,11 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -87,9 +87,7 @@ func (lo *LiveOptions) defaults() {
 	if lo.Speedup <= 0 {
 		lo.Speedup = 1
 	}
-	if lo.BasePort == 0 {
-		lo.BasePort = 5557
-	}
+	lo.BasePort = cmp.Or(lo.BasePort, 5557)
 }
 
 // daemonConfig subscribes kvindex to fleets' engines (before SetDefaults).
@@ -130,7 +128,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	defer lr.close()
 	start := time.Now()
 	out := make([]metrics.Result, len(o.Routers))
-	fleets := make(map[string]*fleet)
+	fleets := make([]*fleet, len(o.Routers))
 	err = runJobs(ctx, len(o.Routers), len(o.Routers), func(ctx context.Context, k int) error {
 		l, err := lr.newLoop(w, &o, k, start, lo.Speedup)
 		if err != nil {
@@ -140,12 +138,8 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		if err := l.run(ctx); err != nil {
 			return err
 		}
-		out[k] = l.result()
+		out[k], fleets[k] = l.result(), l.fleet
 		out[k].Wall = time.Since(t0)
-		out[k].IndexProblems = -1
-		lr.mu.Lock()
-		fleets[o.Routers[k]] = l.fleet
-		lr.mu.Unlock()
 		return nil
 	})
 	if err != nil {
@@ -159,7 +153,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 			sent = nil // replicas count the agents' deltas, not the engines' batches
 		}
 		k := slices.Index(o.Routers, lf.router)
-		if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, fleets[lf.router]); err != nil {
+		if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, fleets[k]); err != nil {
 			return nil, err
 		}
 	}
@@ -170,7 +164,6 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 // publishers, the batches each published, and the kvindex clients (the
 // replicas, in turn, in fleet mode).
 type liveRig struct {
-	mu      sync.Mutex
 	fleets  []liveFleet
 	pubs    map[string][]*enginepub.Publisher
 	sent    map[string][]uint64 // written by the router's loop only

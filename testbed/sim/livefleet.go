@@ -50,10 +50,8 @@ func (lr *liveRig) startFleet(o *Options, lo *LiveOptions) ([]string, error) {
 	log := daemonLog(o, lo)
 	for _, f := range lr.fleets {
 		for i, pod := range f.pods {
-			cfg := &config.Config{MetricsListen: config.MetricsOff, NATS: natsCfg,
-				Models: []config.Model{{Name: f.model, BlockSize: o.Engine.BlockSize}},
-				Pods:   []config.Pod{{Name: pod, Model: f.model, Endpoint: f.endpoints[i]}}}
-			cfg.Agent.Pod = pod
+			cfg := daemonConfig(o, []liveFleet{{model: f.model, pods: f.pods[i : i+1], endpoints: f.endpoints[i : i+1]}}, "", config.MetricsOff)
+			cfg.NATS, cfg.Agent.Pod = natsCfg, pod
 			cfg.SetDefaults()
 			if err := cfg.Validate(); err != nil {
 				return nil, fmt.Errorf("sim: fleet: agent %s: %w", pod, err)

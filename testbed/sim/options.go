@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -46,12 +47,7 @@ type Options struct {
 
 // withDefaults returns a copy of o with defaults filled in.
 func (o Options) withDefaults(workloadEngines int) (Options, error) {
-	if o.Engines == 0 {
-		o.Engines = workloadEngines
-	}
-	if o.Engines == 0 {
-		o.Engines = 8
-	}
+	o.Engines = cmp.Or(o.Engines, workloadEngines, 8)
 	if o.Engines < 1 {
 		return o, fmt.Errorf("sim: %d engines", o.Engines)
 	}
@@ -67,18 +63,12 @@ func (o Options) withDefaults(workloadEngines int) (Options, error) {
 			return o, fmt.Errorf("sim: %w", err)
 		}
 	}
-	if o.Wire == (events.EncodeOptions{}) {
-		o.Wire = events.EncodeOptions{Encoding: events.EncodingMap}
-	}
-	if o.Model == "" {
-		o.Model = DefaultModel
-	}
+	o.Wire = cmp.Or(o.Wire, events.EncodeOptions{Encoding: events.EncodingMap})
+	o.Model = cmp.Or(o.Model, DefaultModel)
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	return o, nil
 }
 

@@ -175,7 +175,6 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 		return metrics.Result{}, err
 	}
 	res := l.result()
-	res.IndexProblems = -1
 	if p != nil {
 		n, perr := p.problems(f)
 		res.IndexProblems = n

@@ -2,6 +2,7 @@ package demoload
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -110,9 +111,7 @@ func New(cfg Config, kvs ...*api.Client) (*Driver, error) {
 	if cfg.Zipf <= 0 {
 		cfg.Zipf = 1.1
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	d := &Driver{cfg: cfg, kvs: kvs, http: &http.Client{Timeout: time.Minute}, pods: slices.Sorted(maps.Keys(cfg.Engines))}
 	d.zipf = workload.ZipfCDF(cfg.Prefixes, cfg.Zipf)
 	for k := range cfg.Prefixes {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -30,23 +31,18 @@ func DefaultTimeModel() TimeModel {
 	}
 }
 
-// StepTime is the duration of a step that prefills prefill tokens and
-// decodes decodeSeqs requests holding contextTokens tokens in all.
-func (t TimeModel) StepTime(prefill, decodeSeqs int, contextTokens int64) time.Duration {
+// StepTime is the duration of a step that prefills prefill tokens
+// attending over pairs (new, context) token pairs and decodes decodeSeqs
+// requests holding contextTokens tokens in all.
+func (t TimeModel) StepTime(prefill int, pairs int64, decodeSeqs int, contextTokens int64) time.Duration {
 	d := t.StepOverhead + time.Duration(decodeSeqs)*t.DecodePerSeq + time.Duration(contextTokens)*t.DecodePerContextToken
 	if prefill > 0 {
 		d += time.Duration(float64(prefill) / t.PrefillTokensPerSec * float64(time.Second))
 	}
-	return d
-}
-
-// AttentionTime is the prefill attention cost of pairs (new token,
-// context token) pairs (0 when the model has no attention term).
-func (t TimeModel) AttentionTime(pairs int64) time.Duration {
-	if t.AttentionPairsPerSec <= 0 || pairs <= 0 {
-		return 0
+	if t.AttentionPairsPerSec > 0 && pairs > 0 {
+		d += time.Duration(float64(pairs) / t.AttentionPairsPerSec * float64(time.Second))
 	}
-	return time.Duration(float64(pairs) / t.AttentionPairsPerSec * float64(time.Second))
+	return d
 }
 
 // AttentionPairs is how many (new token, context token) pairs a prefill
@@ -75,21 +71,11 @@ type Config struct {
 
 // Defaults fills the zero fields of c.
 func (c *Config) Defaults() {
-	if c.BlockSize == 0 {
-		c.BlockSize = 16
-	}
-	if c.CacheBlocks == 0 {
-		c.CacheBlocks = 25000
-	}
-	if c.MaxNumSeqs == 0 {
-		c.MaxNumSeqs = 256
-	}
-	if c.MaxBatchedTokens == 0 {
-		c.MaxBatchedTokens = 8192
-	}
-	if c.Time == (TimeModel{}) {
-		c.Time = DefaultTimeModel()
-	}
+	c.BlockSize = cmp.Or(c.BlockSize, 16)
+	c.CacheBlocks = cmp.Or(c.CacheBlocks, 25000)
+	c.MaxNumSeqs = cmp.Or(c.MaxNumSeqs, 256)
+	c.MaxBatchedTokens = cmp.Or(c.MaxBatchedTokens, 8192)
+	c.Time = cmp.Or(c.Time, DefaultTimeModel())
 }
 
 // ErrConfig is wrapped by errors about an invalid Config.
@@ -295,7 +281,7 @@ func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 	if prefill == 0 && decodes == 0 {
 		return 0, false
 	}
-	d = e.cfg.Time.StepTime(prefill, decodes, ctx) + e.cfg.Time.AttentionTime(pairs)
+	d = e.cfg.Time.StepTime(prefill, pairs, decodes, ctx)
 	e.inStep, e.stepEnd = true, now+d
 	e.stats.PrefillTokens += int64(prefill)
 	e.stats.Steps++

@@ -34,8 +34,6 @@ const (
 // Names lists every router, in report order.
 var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, TTFTGreedy}
 
-var aliases = map[string]string{"oracle": TTFTGreedy}
-
 // ErrUnknown is wrapped by New for an unknown router name.
 var ErrUnknown = errors.New("router: unknown router")
 
@@ -163,9 +161,8 @@ func Parse(list string) ([]string, error) {
 	}
 	var out []string
 	for _, n := range strings.Split(list, ",") {
-		n = strings.TrimSpace(n)
-		if a, ok := aliases[n]; ok {
-			n = a
+		if n = strings.TrimSpace(n); n == "oracle" {
+			n = TTFTGreedy
 		}
 		if !slices.Contains(Names, n) {
 			return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, n, strings.Join(Names, ", "))

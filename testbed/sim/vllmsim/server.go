@@ -1,6 +1,7 @@
 package vllmsim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -76,9 +77,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Model == "" || cfg.Pod == "" || cfg.Publish == "" {
 		return nil, errors.New("vllmsim: model, pod and publish endpoint are required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.Engine.Events = true
 	eng, err := engine.New(0, cfg.Engine)
 	if err != nil {
