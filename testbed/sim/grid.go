@@ -45,11 +45,8 @@ type GridConfig struct {
 	Workloads []string
 	Rates     []float64
 	Caches    []int
-	// Cells picks cells by name or path.Match pattern; empty: every cell.
-	Cells []string
-	// Dir receives a directory per cell and the summary (default
-	// docs/results).
-	Dir string
+	Cells     []string // cells by name or path.Match pattern (empty: every cell)
+	Dir       string   // a directory per cell and the summary (default docs/results)
 	// Trace, Seed and Requests (0: the suite as documented) are each
 	// cell's WorkloadSpec's.
 	Trace    string

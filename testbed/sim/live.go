@@ -26,17 +26,12 @@ type LiveOptions struct {
 	// stay in virtual seconds; what kvindex measures on its own clock
 	// scales (at 4x its 10 s speculative residency lasts 40 virtual s).
 	Speedup float64
-	// Addr is an external kvindex's gRPC address; "" starts the daemon in
-	// process on loopback ports.
-	Addr string
+	Addr    string // an external kvindex's gRPC address ("": the daemon in process, on loopback)
 	// BasePort is the engines' first ZMQ port with Addr (default 5557;
 	// each indexed router's fleet takes Engines consecutive ports).
-	BasePort int
-	// DaemonLog sends the in-process daemon's logs to Options.Logger.
-	DaemonLog bool
-	// PrintConfig makes Main print the configuration LiveConfig returns
-	// and run nothing.
-	PrintConfig bool
+	BasePort    int
+	DaemonLog   bool // the in-process daemons' logs go to Options.Logger
+	PrintConfig bool // Main prints LiveConfig's configuration and runs nothing
 	// Fleet runs an embedded NATS server, a kvindex agent per engine and
 	// liveReplicas replicas the routers ask in turn, instead of one daemon.
 	Fleet bool

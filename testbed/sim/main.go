@@ -16,10 +16,8 @@ import (
 type RunConfig struct {
 	Workload WorkloadSpec
 	Options  Options
-	// Live, when set, runs live mode, else virtual time.
-	Live *LiveOptions
-	// CSVDir, when set, receives CSV files.
-	CSVDir string
+	Live     *LiveOptions // live mode when set, else virtual time
+	CSVDir   string       // receives the CSV files when set
 }
 
 // Main runs rc and prints its tables to w.

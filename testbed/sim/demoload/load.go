@@ -28,25 +28,19 @@ import (
 
 // Config sets up a load run.
 type Config struct {
-	// Model is the model requests name.
-	Model string
+	Model string // the model requests name
 	// Engines maps each pod name kvindex answers with to its engine's
 	// OpenAI base URL, e.g. engine-0 -> http://engine-0:8000.
 	Engines map[string]string
-	// Rate is the mean arrival rate, requests per second (default 4).
-	Rate float64
+	Rate    float64 // mean arrivals per second (default 4)
 	// Prefixes is the number of distinct system prompts (default 12), of
 	// Zipf popularity exponent Zipf (default 1.1).
-	Prefixes int
-	Zipf     float64
-	// SystemTokens is a system prompt's length (default 1,024).
-	SystemTokens int
-	// Duration ends the run (0: until ctx is done).
-	Duration time.Duration
-	// Seed seeds arrivals and choices.
-	Seed uint64
-	// Logger receives a summary every 10 s.
-	Logger *slog.Logger
+	Prefixes     int
+	Zipf         float64
+	SystemTokens int           // a system prompt's length (default 1,024)
+	Duration     time.Duration // ends the run (0: until ctx is done)
+	Seed         uint64        // of arrivals and choices
+	Logger       *slog.Logger  // receives a summary every 10 s
 }
 
 // A question's tokens, a request's max_tokens, the requests in flight.

@@ -53,20 +53,15 @@ func AttentionPairs(n, ctx int) int64 {
 
 // Config sets up an Engine; zero fields take the package doc's defaults.
 type Config struct {
-	// BlockSize is tokens per KV block (vLLM's --block-size).
-	BlockSize int
-	// CacheBlocks is the number of KV blocks.
-	CacheBlocks int
+	BlockSize   int // tokens per KV block (vLLM's --block-size)
+	CacheBlocks int // KV blocks
 	// MaxNumSeqs and MaxBatchedTokens are vLLM's max_num_seqs and
 	// max_num_batched_tokens.
 	MaxNumSeqs, MaxBatchedTokens int
 	Time                         TimeModel
-	// HashSeed seeds the engine's block hashes (vLLM's hash seed).
-	HashSeed uint64
-	// Events turns on KV events: FinishStep then returns each step's batch.
-	Events bool
-	// OutputSeed is mixed into the content ids of generated tokens.
-	OutputSeed uint64
+	HashSeed                     uint64 // of the engine's block hashes (vLLM's hash seed)
+	Events                       bool   // FinishStep returns each step's KV events
+	OutputSeed                   uint64 // mixed into the content ids of generated tokens
 }
 
 // Defaults fills the zero fields of c.
@@ -119,13 +114,10 @@ func (s *seq) target() int { return s.req.PromptLen + s.generated }
 
 // Stats are an engine's counters.
 type Stats struct {
-	// Rejected counts requests that could never fit.
-	Rejected int
-	// PrefillTokens counts prompt tokens computed, recomputation included.
-	PrefillTokens int64
-	// Preemptions counts requests preempted for lack of blocks.
-	Preemptions int
-	Steps       int64
+	Rejected      int   // requests that could never fit
+	PrefillTokens int64 // prompt tokens computed, recomputation included
+	Preemptions   int   // requests preempted for lack of blocks
+	Steps         int64
 }
 
 // Load is what a router may learn about an engine's load: vLLM's

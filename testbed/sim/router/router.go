@@ -102,22 +102,17 @@ type Config struct {
 	BlockSize int
 	// Names (engine i is pod Names[i]), Model and KV are kvindex as the
 	// precise routers ask it; required for them.
-	Names []string
-	Model string
-	KV    KV
-	// AffinityTokens is how much of the prompt prefix-hash hashes
-	// (default 1,024).
-	AffinityTokens int
+	Names          []string
+	Model          string
+	KV             KV
+	AffinityTokens int // how much of the prompt prefix-hash hashes (default 1,024)
 	// LRUBlocks is approximate's LRU per engine in blocks (GIE's
 	// lruCapacityPerServer, which its autoTune sets to the engines' cache;
 	// default 31,250, GIE's).
-	LRUBlocks int
-	// PreciseLoadMode is ModeRoute (default) or ModeClient.
-	PreciseLoadMode string
-	// RoutePolicy, when not nil, is sent with every Route request.
-	RoutePolicy *scoring.Override
-	// Seed seeds the random tie-breaks.
-	Seed uint64
+	LRUBlocks       int
+	PreciseLoadMode string            // ModeRoute (default) or ModeClient
+	RoutePolicy     *scoring.Override // sent with every Route request when not nil
+	Seed            uint64            // of the random tie-breaks
 }
 
 // New returns the router called name.

@@ -25,18 +25,14 @@ import (
 
 // Config sets up a Server.
 type Config struct {
-	// Model is the served model name (vLLM's --served-model-name).
-	Model string
-	// Pod names the engine in its topic, kv@<pod>@<model>.
-	Pod string
+	Model string // served model name (vLLM's --served-model-name)
+	Pod   string // the engine's name in its topic, kv@<pod>@<model>
 	// Publish and Replay ("": none) are the KV event PUB and replay
 	// ROUTER endpoints, e.g. tcp://*:5557 and tcp://*:5567.
 	Publish, Replay string
-	// HTTPListen is the API and /metrics address, e.g. :8000.
-	HTTPListen string
-	Engine     engine.Config
-	// Logger receives the server's logs (nil: discarded).
-	Logger *slog.Logger
+	HTTPListen      string // the API and /metrics address, e.g. :8000
+	Engine          engine.Config
+	Logger          *slog.Logger // nil: discarded
 }
 
 // maxTokens caps a request's max_tokens.
