@@ -178,7 +178,8 @@ func New(id int, cfg Config) (*Engine, error) {
 	if cfg.Events {
 		e.p.onEvict = func(h uint64) {
 			e.evHash = append(e.evHash, h)
-			e.evs = append(e.evs, removedEvent(e.evHash[len(e.evHash)-1:len(e.evHash):len(e.evHash)]))
+			n := len(e.evHash)
+			e.evs = append(e.evs, events.Event{Kind: events.KindBlockRemoved, BlockHashes: e.evHash[n-1 : n : n], MediumName: "GPU"})
 		}
 	}
 	e.batch.HasDPRank = true

@@ -58,9 +58,9 @@ func Prefixes(c PrefixesConfig) (*Workload, error) {
 	for i := range w.Requests {
 		t += rng.ExpFloat64() / c.QPS
 		k := cdf.Pick(rng)
-		segs := []Segment{{ID: mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
+		segs := []Segment{{ID: Mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
 		if c.SuffixTokens > 0 {
-			segs = append(segs, Segment{ID: mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
+			segs = append(segs, Segment{ID: Mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
 		}
 		w.Requests[i] = newRequest(i, t, segs, c.OutputTokens, "prefix-"+strconv.Itoa(k))
 	}
@@ -117,9 +117,9 @@ func Tenants(c TenantsConfig) (*Workload, error) {
 		lambda += rng.ExpFloat64()
 		tenant := rng.IntN(c.Tenants)
 		user := rng.IntN(c.UsersPerTenant)
-		segs := []Segment{{ID: mix64(contextTag ^ c.Seed ^ uint64(tenant)), Len: c.ContextTokens}}
+		segs := []Segment{{ID: Mix64(contextTag ^ c.Seed ^ uint64(tenant)), Len: c.ContextTokens}}
 		if c.QueryTokens > 0 {
-			segs = append(segs, Segment{ID: mix64(queryTag ^ c.Seed ^ uint64(tenant)<<20 ^ uint64(user)), Len: c.QueryTokens})
+			segs = append(segs, Segment{ID: Mix64(queryTag ^ c.Seed ^ uint64(tenant)<<20 ^ uint64(user)), Len: c.QueryTokens})
 		}
 		w.Requests[i] = newRequest(i, ramp.at(lambda), segs, c.OutputTokens, "tenant-"+strconv.Itoa(tenant))
 	}

@@ -59,7 +59,7 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, systemTag))
 	system := make([]Segment, c.SystemPrompts)
 	for k := range system {
-		system[k] = Segment{ID: mix64(systemTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.SystemTokens, 0.4)}
+		system[k] = Segment{ID: Mix64(systemTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.SystemTokens, 0.4)}
 	}
 	cdf := ZipfCDF(c.SystemPrompts, c.ZipfS)
 	var reqs []Request
@@ -68,7 +68,7 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 		start += rng.ExpFloat64() / c.SessionRate
 		k := cdf.Pick(rng)
 		turns := geometric(rng, c.MeanTurns, c.MaxTurns)
-		id := func(tag uint64, turn int) uint64 { return mix64(tag ^ c.Seed ^ uint64(s)<<20 ^ uint64(turn)) }
+		id := func(tag uint64, turn int) uint64 { return Mix64(tag ^ c.Seed ^ uint64(s)<<20 ^ uint64(turn)) }
 		reqs = appendConversation(reqs, rng, conversation{
 			prefix: []Segment{system[k]}, start: start, steps: turns, group: "system-" + strconv.Itoa(k),
 			input:  func(turn int) Segment { return Segment{ID: id(turnTag, turn), Len: logNormal(rng, c.InputTokens, 0.8)} },
@@ -117,21 +117,21 @@ func ToolAgents(c ToolAgentsConfig) (*Workload, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, catalogTag))
 	catalogs := make([]Segment, c.Catalogs)
 	for k := range catalogs {
-		catalogs[k] = Segment{ID: mix64(catalogTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.CatalogTokens, 0.4)}
+		catalogs[k] = Segment{ID: Mix64(catalogTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.CatalogTokens, 0.4)}
 	}
 	cdf := ZipfCDF(c.Catalogs, c.ZipfS)
 	agentCatalog := make([]int, c.Agents)
 	agents := make([]Segment, c.Agents)
 	for a := range agents {
 		agentCatalog[a] = cdf.Pick(rng)
-		agents[a] = Segment{ID: mix64(agentTag ^ c.Seed ^ uint64(a)), Len: logNormal(rng, c.AgentTokens, 0.5)}
+		agents[a] = Segment{ID: Mix64(agentTag ^ c.Seed ^ uint64(a)), Len: logNormal(rng, c.AgentTokens, 0.5)}
 	}
 	var reqs []Request
 	var start float64
 	for task := range c.Tasks {
 		start += rng.ExpFloat64() / c.TaskRate
 		a := rng.IntN(c.Agents)
-		id := func(tag uint64, step int) uint64 { return mix64(tag ^ c.Seed ^ uint64(task)<<20 ^ uint64(step)) }
+		id := func(tag uint64, step int) uint64 { return Mix64(tag ^ c.Seed ^ uint64(task)<<20 ^ uint64(step)) }
 		prefix := []Segment{catalogs[agentCatalog[a]], agents[a], {ID: id(taskTag, 0), Len: logNormal(rng, c.TaskTokens, 0.8)}}
 		reqs = appendConversation(reqs, rng, conversation{
 			prefix: prefix, start: start, steps: geometric(rng, c.MeanSteps, c.MaxSteps), group: "catalog-" + strconv.Itoa(agentCatalog[a]),
@@ -230,13 +230,13 @@ func RAG(c RAGConfig) (*Workload, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, ragTag))
 	docs := make([]Segment, c.Documents)
 	for d := range docs {
-		docs[d] = Segment{ID: mix64(docTag ^ c.Seed ^ uint64(d)), Len: max(1, int(float64(c.DocTokens)*(0.75+0.5*rng.Float64())))}
+		docs[d] = Segment{ID: Mix64(docTag ^ c.Seed ^ uint64(d)), Len: max(1, int(float64(c.DocTokens)*(0.75+0.5*rng.Float64())))}
 	}
 	topics := make([][]int, c.Topics)
 	for t := range topics {
 		topics[t] = rng.Perm(c.Documents)[:c.TopicDocs]
 	}
-	system := Segment{ID: mix64(systemTag ^ ragTag ^ c.Seed), Len: c.SystemTokens}
+	system := Segment{ID: Mix64(systemTag ^ ragTag ^ c.Seed), Len: c.SystemTokens}
 	cdf := ZipfCDF(c.Topics, c.ZipfS)
 	w := &Workload{Name: "rag", Engines: c.Engines, Requests: make([]Request, c.Requests)}
 	type scored struct {
@@ -256,7 +256,7 @@ func RAG(c RAGConfig) (*Workload, error) {
 		for _, s := range cand[:c.Retrieved] {
 			segs = append(segs, docs[s.doc])
 		}
-		segs = append(segs, Segment{ID: mix64(queryTag ^ ragTag ^ c.Seed ^ uint64(i)<<8), Len: logNormal(rng, c.QueryTokens, 0.6)})
+		segs = append(segs, Segment{ID: Mix64(queryTag ^ ragTag ^ c.Seed ^ uint64(i)<<8), Len: logNormal(rng, c.QueryTokens, 0.6)})
 		w.Requests[i] = newRequest(i, t, segs, logNormal(rng, c.OutputTokens, 0.6), "topic-"+strconv.Itoa(topic))
 	}
 	return w, nil
