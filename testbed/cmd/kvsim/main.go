@@ -7,11 +7,8 @@
 // cache, TTFT with no queueing).
 //
 //	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
-//	kvsim run                                   # the Mooncake trace, virtual time
-//	kvsim run --workload tenants
-//	kvsim run --cache-blocks 12500 --csv out
-//	kvsim grid                                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
-//	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
+//	kvsim run --cache-blocks 12500 --csv out    # the Mooncake trace, virtual time
+//	kvsim grid --cells 'rag-*'                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
 //	kvsim engine --pod vllm-0 --http :8000      # one simulated vLLM engine, served (docker-compose.yaml)
@@ -139,7 +136,7 @@ func newRun() *cobra.Command {
 
 func newGrid() *cobra.Command {
 	gc := sim.GridConfig{}
-	var workloads, rates, caches string
+	var rates, caches string
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "grid",
@@ -152,9 +149,6 @@ func newGrid() *cobra.Command {
 			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
 		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			var err error
-			if workloads != "" {
-				gc.Workloads = strings.Split(workloads, ",")
-			}
 			if rates != "" {
 				for _, f := range strings.Split(rates, ",") {
 					r, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(f), "x"), 64)
@@ -175,7 +169,7 @@ func newGrid() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringArrayVar(&gc.Cells, "cells", nil, "cells to run, by name or pattern (repeatable; default: all)")
-	fs.StringVar(&workloads, "workloads", "", "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
+	fs.StringSliceVar(&gc.Workloads, "workloads", nil, "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
 	fs.StringVar(&rates, "rates", "", "rate multipliers (default 1,2)")
 	fs.StringVar(&caches, "caches", "", "cache sizes, blocks per engine (default 25k,12.5k)")
 	fs.StringVar(&gc.Dir, "dir", "docs/results", "directory of the cells' results and the summary")
