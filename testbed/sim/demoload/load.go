@@ -260,12 +260,7 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- requestsDesc
-	ch <- routesDesc
-	ch <- promptDesc
-	ch <- cachedDesc
-}
+func (c collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 // Collect implements prometheus.Collector.
 func (c collector) Collect(ch chan<- prometheus.Metric) {
