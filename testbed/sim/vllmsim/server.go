@@ -41,11 +41,9 @@ const maxTokens = 4096
 // Server is one simulated vLLM engine, served.
 type Server struct {
 	cfg  Config
-	log  *slog.Logger
 	pub  *enginepub.Publisher
 	lis  net.Listener
 	http *http.Server
-	reg  *prometheus.Registry
 	tok  *standin.Handler // /tokenize and the render endpoints
 	work chan struct{}    // a request was submitted
 	t0   time.Time
@@ -79,7 +77,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vllmsim: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, eng: eng, waiters: map[*workload.Request]*waiter{}, work: make(chan struct{}, 1), t0: time.Now()}
+	s := &Server{cfg: cfg, eng: eng, waiters: map[*workload.Request]*waiter{}, work: make(chan struct{}, 1), t0: time.Now()}
 	s.cfg.Engine = eng.Config()
 	s.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{
 		Endpoint: cfg.Publish, Topic: "kv@" + cfg.Pod + "@" + cfg.Model, Bind: true,
@@ -92,8 +90,8 @@ func New(cfg Config) (*Server, error) {
 		s.pub.Close()
 		return nil, fmt.Errorf("vllmsim: listen on %s: %w", cfg.HTTPListen, err)
 	}
-	s.reg = prometheus.NewRegistry()
-	s.registerMetrics()
+	reg := prometheus.NewRegistry()
+	s.registerMetrics(reg)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.completion(false))
 	mux.HandleFunc("POST /v1/chat/completions", s.completion(true))
@@ -103,7 +101,7 @@ func New(cfg Config) (*Server, error) {
 		mux.Handle("POST "+path, s.tok)
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return s, nil
 }
@@ -120,7 +118,7 @@ func (s *Server) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("vllmsim: serve: %w", err)
 		}
 	}()
-	s.log.Info("simulated vLLM engine serving", "model", s.cfg.Model, "pod", s.cfg.Pod, "http", s.Addr(), "events", s.cfg.Publish, "replay", s.cfg.Replay,
+	s.cfg.Logger.Info("simulated vLLM engine serving", "model", s.cfg.Model, "pod", s.cfg.Pod, "http", s.Addr(), "events", s.cfg.Publish, "replay", s.cfg.Replay,
 		"block_size", s.cfg.Engine.BlockSize, "cache_blocks", s.cfg.Engine.CacheBlocks)
 	loopDone := make(chan struct{})
 	go func() { defer close(loopDone); s.loop(ctx) }()
@@ -174,7 +172,7 @@ func (s *Server) finishStep() {
 	if res.Batch != nil {
 		res.Batch.Timestamp = float64(time.Now().UnixNano()) / 1e9
 		if _, err := s.pub.Publish(res.Batch); err != nil {
-			s.log.Error("publishing KV events failed", "err", err)
+			s.cfg.Logger.Error("publishing KV events failed", "err", err)
 		}
 	}
 	for _, ft := range res.FirstTokens {
@@ -364,7 +362,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // registerMetrics exports the engine under vLLM's metric names, labelled
 // model_name and engine as vLLM v1 labels them.
-func (s *Server) registerMetrics() {
+func (s *Server) registerMetrics(reg *prometheus.Registry) {
 	labels := prometheus.Labels{"model_name": s.cfg.Model, "engine": "0"}
 	read := func(f func() float64) func() float64 {
 		return func() float64 {
@@ -379,7 +377,7 @@ func (s *Server) registerMetrics() {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, read(f))
 	}
-	s.reg.MustRegister(
+	reg.MustRegister(
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func() float64 { return float64(s.eng.Load().Running) }),
 		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func() float64 { return float64(s.eng.Load().Waiting) }),
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func() float64 { return s.eng.Load().KVUsage }),
