@@ -20,17 +20,10 @@ import (
 
 // AnalyzeConfig is one `kvsim analyze` run over a user's request log.
 type AnalyzeConfig struct {
-	// Log is the request log's path.
-	Log string
-	// TokenizeURL is a vLLM /tokenize endpoint for OpenAI bodies ("":
-	// workload.EstimateTokens).
-	TokenizeURL string
-	// Window is how long ago a reused prefix may have been seen (default
-	// 10 minutes).
-	Window time.Duration
-	// Sizes are the cache sizes replayed, blocks per engine (default
-	// 25,000, 12,500, 6,250 and 3,125).
-	Sizes []int
+	Log         string        // the request log's path
+	TokenizeURL string        // a vLLM /tokenize endpoint for OpenAI bodies ("": workload.EstimateTokens)
+	Window      time.Duration // how long ago a reused prefix may have been seen (default 10 minutes)
+	Sizes       []int         // cache sizes replayed, blocks per engine (default 25k, 12.5k, 6,250, 3,125)
 	// Options configure the fleet; round-robin, precise and precise+load
 	// are replayed, whatever its Routers.
 	Options Options

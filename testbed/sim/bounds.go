@@ -101,7 +101,7 @@ func soloPrefill(tm engine.TimeModel, cached, n, budget int) time.Duration {
 	var d time.Duration
 	for n > 0 {
 		chunk := min(n, budget)
-		d += tm.StepTime(chunk, 0, 0) + tm.AttentionTime(engine.AttentionPairs(chunk, cached))
+		d += tm.StepTime(chunk, engine.AttentionPairs(chunk, cached), 0, 0)
 		cached += chunk
 		n -= chunk
 	}

@@ -28,44 +28,33 @@ type CriterionRow struct {
 	Scheduled int
 }
 
-// Criterion is the criterion evaluated on one cell: precise+load's p99,
-// mean TTFT and hit rate, each beside the best of any router's (its own
-// included) and who had it; whether each term holds; and the routers with
-// both a lower p99 and a higher hit rate.
+// Term is one term of the criterion on one cell: precise+load's Value,
+// the Best of any router's (its own included) and who had it, and
+// whether the term holds.
+type Term[T time.Duration | float64] struct {
+	Value, Best T
+	BestRouter  string
+	OK          bool
+}
+
+// Ratio is Value / Best (1 when Best is not positive).
+func (t Term[T]) Ratio() float64 {
+	if t.Best <= 0 {
+		return 1
+	}
+	return float64(t.Value) / float64(t.Best)
+}
+
+// Criterion is the criterion evaluated on one cell; Dominated lists the
+// routers with both a lower p99 and a higher hit rate than precise+load.
 type Criterion struct {
-	P99, BestP99         time.Duration
-	BestP99Router        string
-	Mean, BestMean       time.Duration
-	BestMeanRouter       string
-	Hit, BestHit         float64
-	BestHitRouter        string
-	P99OK, MeanOK, HitOK bool
-	Dominated            []string
+	P99, Mean Term[time.Duration]
+	Hit       Term[float64]
+	Dominated []string
 }
 
 // Met reports whether every term of the criterion holds.
-func (c *Criterion) Met() bool { return c.P99OK && c.MeanOK && c.HitOK && len(c.Dominated) == 0 }
-
-// P99Excess is precise+load's p99 above the lowest, as a fraction.
-func (c *Criterion) P99Excess() float64 { return excess(c.P99, c.BestP99) }
-
-// MeanExcess is precise+load's mean TTFT above the lowest, as a fraction.
-func (c *Criterion) MeanExcess() float64 { return excess(c.Mean, c.BestMean) }
-
-func excess(v, best time.Duration) float64 {
-	if best <= 0 {
-		return 0
-	}
-	return float64(v-best) / float64(best)
-}
-
-// HitShare is precise+load's hit rate as a fraction of the best.
-func (c *Criterion) HitShare() float64 {
-	if c.BestHit <= 0 {
-		return 1
-	}
-	return c.Hit / c.BestHit
-}
+func (c *Criterion) Met() bool { return c.P99.OK && c.Mean.OK && c.Hit.OK && len(c.Dominated) == 0 }
 
 // EvaluateCriterion evaluates the criterion on one cell's rows. It fails
 // when precise+load is missing or ran no request.
@@ -83,30 +72,29 @@ func EvaluateCriterion(rows []CriterionRow) (Criterion, error) {
 	if pl.Scheduled == 0 {
 		return c, fmt.Errorf("sim: criterion: %s scheduled no request", router.PreciseLoad)
 	}
-	c.P99, c.Mean, c.Hit = pl.P99, pl.Mean, pl.HitRate
-	c.BestP99, c.BestP99Router = pl.P99, pl.Router
-	c.BestMean, c.BestMeanRouter = pl.Mean, pl.Router
-	c.BestHit, c.BestHitRouter = pl.HitRate, pl.Router
+	c.P99 = Term[time.Duration]{Value: pl.P99, Best: pl.P99, BestRouter: pl.Router}
+	c.Mean = Term[time.Duration]{Value: pl.Mean, Best: pl.Mean, BestRouter: pl.Router}
+	c.Hit = Term[float64]{Value: pl.HitRate, Best: pl.HitRate, BestRouter: pl.Router}
 	for i := range rows {
 		r := &rows[i]
 		if r.Scheduled == 0 || r == pl {
 			continue
 		}
-		if r.P99 < c.BestP99 {
-			c.BestP99, c.BestP99Router = r.P99, r.Router
+		if r.P99 < c.P99.Best {
+			c.P99.Best, c.P99.BestRouter = r.P99, r.Router
 		}
-		if r.Mean < c.BestMean {
-			c.BestMean, c.BestMeanRouter = r.Mean, r.Router
+		if r.Mean < c.Mean.Best {
+			c.Mean.Best, c.Mean.BestRouter = r.Mean, r.Router
 		}
-		if r.HitRate > c.BestHit {
-			c.BestHit, c.BestHitRouter = r.HitRate, r.Router
+		if r.HitRate > c.Hit.Best {
+			c.Hit.Best, c.Hit.BestRouter = r.HitRate, r.Router
 		}
 		if r.P99 < pl.P99 && r.HitRate > pl.HitRate {
 			c.Dominated = append(c.Dominated, r.Router)
 		}
 	}
-	c.P99OK = float64(c.P99) <= (1+P99Slack)*float64(c.BestP99)
-	c.MeanOK = float64(c.Mean) <= (1+MeanSlack)*float64(c.BestMean)
-	c.HitOK = c.Hit >= HitShare*c.BestHit
+	c.P99.OK = float64(c.P99.Value) <= (1+P99Slack)*float64(c.P99.Best)
+	c.Mean.OK = float64(c.Mean.Value) <= (1+MeanSlack)*float64(c.Mean.Best)
+	c.Hit.OK = c.Hit.Value >= HitShare*c.Hit.Best
 	return c, nil
 }

@@ -90,25 +90,25 @@ func TestEvaluateCriterion(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.P99OK != tc.p99OK || c.MeanOK != tc.meanOK || c.HitOK != tc.hitOK || !slices.Equal(c.Dominated, tc.dominated) {
+			if c.P99.OK != tc.p99OK || c.Mean.OK != tc.meanOK || c.Hit.OK != tc.hitOK || !slices.Equal(c.Dominated, tc.dominated) {
 				t.Fatalf("p99 ok %v, mean ok %v, hit ok %v, dominated by %v; want %v, %v, %v, %v",
-					c.P99OK, c.MeanOK, c.HitOK, c.Dominated, tc.p99OK, tc.meanOK, tc.hitOK, tc.dominated)
+					c.P99.OK, c.Mean.OK, c.Hit.OK, c.Dominated, tc.p99OK, tc.meanOK, tc.hitOK, tc.dominated)
 			}
 			if want := tc.p99OK && tc.meanOK && tc.hitOK && len(tc.dominated) == 0; c.Met() != want {
 				t.Fatalf("met %v, want %v", c.Met(), want)
 			}
-			if c.BestP99Router != tc.bestP99 || c.BestMeanRouter != tc.bestMean || c.BestHitRouter != tc.bestHit {
+			if c.P99.BestRouter != tc.bestP99 || c.Mean.BestRouter != tc.bestMean || c.Hit.BestRouter != tc.bestHit {
 				t.Fatalf("best p99 by %s, best mean by %s, best hit by %s; want %s, %s, %s",
-					c.BestP99Router, c.BestMeanRouter, c.BestHitRouter, tc.bestP99, tc.bestMean, tc.bestHit)
+					c.P99.BestRouter, c.Mean.BestRouter, c.Hit.BestRouter, tc.bestP99, tc.bestMean, tc.bestHit)
 			}
-			if d := c.P99Excess() - tc.excess; d > 1e-9 || d < -1e-9 {
-				t.Fatalf("p99 excess %v, want %v", c.P99Excess(), tc.excess)
+			if d := c.P99.Ratio() - 1 - tc.excess; d > 1e-9 || d < -1e-9 {
+				t.Fatalf("p99 excess %v, want %v", c.P99.Ratio()-1, tc.excess)
 			}
-			if d := c.MeanExcess() - tc.meanExcess; d > 1e-9 || d < -1e-9 {
-				t.Fatalf("mean excess %v, want %v", c.MeanExcess(), tc.meanExcess)
+			if d := c.Mean.Ratio() - 1 - tc.meanExcess; d > 1e-9 || d < -1e-9 {
+				t.Fatalf("mean excess %v, want %v", c.Mean.Ratio()-1, tc.meanExcess)
 			}
-			if d := c.HitShare() - tc.share; d > 1e-9 || d < -1e-9 {
-				t.Fatalf("hit share %v, want %v", c.HitShare(), tc.share)
+			if d := c.Hit.Ratio() - tc.share; d > 1e-9 || d < -1e-9 {
+				t.Fatalf("hit share %v, want %v", c.Hit.Ratio(), tc.share)
 			}
 		})
 	}
@@ -196,7 +196,8 @@ func TestReadGrid(t *testing.T) {
 	if got[0].Criterion.Met() || !got[1].Criterion.Met() || got[0].Wall != 12500*time.Millisecond {
 		t.Fatalf("88%% met %v, 92%% met %v, wall %v", got[0].Criterion.Met(), got[1].Criterion.Met(), got[0].Wall)
 	}
-	if c := got[1].Criterion; c.Hit != 0.46 || c.BestHit != 0.5 || c.P99 != 2*s || c.Mean != 500*ms || c.BestMean != 500*ms || c.BestHitRouter != "precise" {
+	if c := got[1].Criterion; c.Hit.Value != 0.46 || c.Hit.Best != 0.5 || c.P99.Value != 2*s || c.Mean.Value != 500*ms || c.Mean.Best != 500*ms ||
+		c.Hit.BestRouter != "precise" {
 		t.Fatalf("criterion read back %+v", c)
 	}
 	var b strings.Builder

@@ -40,13 +40,3 @@ func (f *fleet) CachedTokens(i int, req *router.Request) int {
 	f.scratch = e.BlockHashes(f.scratch[:0], req.Content[:req.PromptBlocks])
 	return e.CachedTokens(f.scratch, req.PromptLen)
 }
-
-// totals returns the engines' prefill tokens and preemptions.
-func (f *fleet) totals() (prefill []int64, preempt int) {
-	for _, e := range f.engines {
-		s := e.Stats()
-		prefill = append(prefill, s.PrefillTokens)
-		preempt += s.Preemptions
-	}
-	return prefill, preempt
-}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -17,18 +18,15 @@ import (
 	"time"
 )
 
-// The grid's workloads beside the generated suite: the bundled trace,
-// and the same with a sparse start.
+// GridMooncakeSparse is the bundled trace with every request after the
+// first GridSparsePause later (a sparse start).
 const (
-	GridMooncake       = "mooncake"
 	GridMooncakeSparse = "mooncake-sparse"
+	GridSparsePause    = 10 * time.Second
 )
 
 // GridWorkloads are the grid's workloads, in report order.
-var GridWorkloads = []string{GridMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
-
-// GridSparsePause delays the sparse start's every request after the first.
-const GridSparsePause = 10 * time.Second
+var GridWorkloads = []string{KindMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
 
 // GridCell is one cell of the grid: a workload at a rate multiplier on
 // engines of a cache size, named "<workload>-<rate>x-<cache>" (e.g.
@@ -47,11 +45,8 @@ type GridConfig struct {
 	Workloads []string
 	Rates     []float64
 	Caches    []int
-	// Cells picks cells by name or path.Match pattern; empty: every cell.
-	Cells []string
-	// Dir receives a directory per cell and the summary (default
-	// docs/results).
-	Dir string
+	Cells     []string // cells by name or path.Match pattern (empty: every cell)
+	Dir       string   // a directory per cell and the summary (default docs/results)
 	// Trace, Seed and Requests (0: the suite as documented) are each
 	// cell's WorkloadSpec's.
 	Trace    string
@@ -71,9 +66,7 @@ func (gc *GridConfig) defaults() {
 	if len(gc.Caches) == 0 {
 		gc.Caches = []int{25000, 12500}
 	}
-	if gc.Dir == "" {
-		gc.Dir = filepath.Join("docs", "results")
-	}
+	gc.Dir = cmp.Or(gc.Dir, filepath.Join("docs", "results"))
 }
 
 // GridCells returns the cells Cells picks, in report order (workload,
@@ -99,7 +92,12 @@ func (gc GridConfig) GridCells() ([]GridCell, error) {
 					return nil, fmt.Errorf("sim: grid: cache size %d", c)
 				}
 				cell := GridCell{Name: fmt.Sprintf("%s-%sx-%s", w, strconv.FormatFloat(r, 'g', -1, 64), blocksLabel(c)), Workload: w, Rate: r, CacheBlocks: c}
-				if picked(gc.Cells, cell.Name) {
+				picked := len(gc.Cells) == 0
+				for _, p := range gc.Cells {
+					ok, _ := path.Match(p, cell.Name)
+					picked = picked || ok
+				}
+				if picked {
 					out = append(out, cell)
 				}
 			}
@@ -109,18 +107,6 @@ func (gc GridConfig) GridCells() ([]GridCell, error) {
 		return nil, fmt.Errorf("sim: grid: no cell matches %q", gc.Cells)
 	}
 	return out, nil
-}
-
-func picked(patterns []string, name string) bool {
-	if len(patterns) == 0 {
-		return true
-	}
-	for _, p := range patterns {
-		if ok, _ := path.Match(p, name); ok {
-			return true
-		}
-	}
-	return false
 }
 
 // blocksLabel writes a cache size as the grid names it: 25000 "25k",
@@ -184,34 +170,14 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	o := gc.Options
 	o.Engine.CacheBlocks = c.CacheBlocks
 	o.Seed = gc.Seed
-	start := time.Now()
-	results, err := Simulate(ctx, wl, o)
-	if err != nil {
-		return err
-	}
-	bounds, err := ComputeBounds(wl, o)
-	if err != nil {
-		return err
-	}
-	wall := time.Since(start)
-	var b strings.Builder
-	fmt.Fprintf(&b, "kvsim grid cell %s (virtual time): %s\n\n", c.Name, Describe(wl, o))
-	if err := WriteTable(&b, results, bounds, ""); err != nil {
-		return err
-	}
-	fmt.Fprintf(&b, "\n%d routers in %s (wall clock)\n", len(results), wall.Round(10*time.Millisecond))
 	dir := filepath.Join(gc.Dir, c.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("sim: %w", err)
+	var b strings.Builder
+	wall, err := run(ctx, "kvsim grid cell "+c.Name, wl, RunConfig{Options: o, CSVDir: dir}, &b)
+	if err != nil {
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "table.txt"), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
-	}
-	if err := WriteCSV(dir, results, bounds); err != nil {
-		return err
-	}
-	if err := WriteCDFCSV(dir, results); err != nil {
-		return err
 	}
 	meta := [][]string{{"cell", "workload", "rate", "cache_blocks", "wall_s"},
 		{c.Name, c.Workload, fl(c.Rate), itoa(c.CacheBlocks), fl(wall.Seconds())}}
@@ -253,37 +219,28 @@ func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
 
 // readCell reads a cell's results.csv router rows and cell.csv's wall time.
 func readCell(dir string) ([]CriterionRow, time.Duration, error) {
-	recs, err := readCSV(filepath.Join(dir, "results.csv"))
-	if err != nil {
-		return nil, 0, err
-	}
-	col, err := columns(recs, "router", "scheduled", "token_hit_rate", "ttft_p99_s", "ttft_mean_s")
+	recs, err := readColumns(filepath.Join(dir, "results.csv"), "router", "scheduled", "token_hit_rate", "ttft_p99_s", "ttft_mean_s")
 	if err != nil {
 		return nil, 0, err
 	}
 	var rows []CriterionRow
-	for _, r := range recs[1:] {
-		if len(r) != len(recs[0]) {
-			return nil, 0, fmt.Errorf("results.csv: a row of %d fields under %d columns", len(r), len(recs[0]))
-		}
-		if r[col[0]] == "bound" {
+	for _, r := range recs {
+		if r[0] == "bound" {
 			continue
 		}
-		sched, err1 := strconv.Atoi(r[col[1]])
-		hit, err2 := strconv.ParseFloat(r[col[2]], 64)
-		p99, err3 := strconv.ParseFloat(r[col[3]], 64)
-		mean, err4 := strconv.ParseFloat(r[col[4]], 64)
+		sched, err1 := strconv.Atoi(r[1])
+		hit, err2 := strconv.ParseFloat(r[2], 64)
+		p99, err3 := strconv.ParseFloat(r[3], 64)
+		mean, err4 := strconv.ParseFloat(r[4], 64)
 		if err := errors.Join(err1, err2, err3, err4); err != nil {
-			return nil, 0, fmt.Errorf("results.csv: router %s: %w", r[col[0]], err)
+			return nil, 0, fmt.Errorf("results.csv: router %s: %w", r[0], err)
 		}
-		rows = append(rows, CriterionRow{Router: r[col[0]], Scheduled: sched, HitRate: hit, P99: seconds(p99), Mean: seconds(mean)})
+		rows = append(rows, CriterionRow{Router: r[0], Scheduled: sched, HitRate: hit, P99: seconds(p99), Mean: seconds(mean)})
 	}
 	var wall time.Duration // unknown when cell.csv is missing or unreadable
-	if meta, err := readCSV(filepath.Join(dir, "cell.csv")); err == nil && len(meta) > 1 && len(meta[1]) == len(meta[0]) {
-		if mc, err := columns(meta, "wall_s"); err == nil {
-			if s, err := strconv.ParseFloat(meta[1][mc[0]], 64); err == nil {
-				wall = seconds(s)
-			}
+	if m, err := readColumns(filepath.Join(dir, "cell.csv"), "wall_s"); err == nil && len(m) > 0 {
+		if s, err := strconv.ParseFloat(m[0][0], 64); err == nil {
+			wall = seconds(s)
 		}
 	}
 	return rows, wall, nil
@@ -291,7 +248,9 @@ func readCell(dir string) ([]CriterionRow, time.Duration, error) {
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-func readCSV(p string) ([][]string, error) {
+// readColumns reads the CSV file at p (every row as wide as the header)
+// and returns each row's values of the named columns.
+func readColumns(p string, names ...string) ([][]string, error) {
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, err
@@ -303,14 +262,14 @@ func readCSV(p string) ([][]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Base(p), err)
 	}
-	return recs, nil
-}
-
-func columns(recs [][]string, names ...string) ([]int, error) {
-	out := make([]int, len(names))
-	for i, n := range names {
-		if out[i] = slices.Index(recs[0], n); out[i] < 0 {
-			return nil, fmt.Errorf("no column %q", n)
+	out := make([][]string, len(recs)-1)
+	for _, n := range names {
+		c := slices.Index(recs[0], n)
+		if c < 0 {
+			return nil, fmt.Errorf("%s: no column %q", filepath.Base(p), n)
+		}
+		for k, r := range recs[1:] {
+			out[k] = append(out[k], r[c])
 		}
 	}
 	return out, nil
@@ -335,9 +294,9 @@ func WriteGridSummary(w io.Writer, cells []GridResult) error {
 			verdict, met = "yes", met+1
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s (%s) | %+.1f%% | %s | %s | %s (%s) | %+.1f%% | %s | %s | %s (%s) | %.1f%% | %s | %s | %s | %s |\n",
-			g.Cell.Name, gridSecs(c.P99), gridSecs(c.BestP99), c.BestP99Router, 100*c.P99Excess(), yesNo(c.P99OK),
-			gridSecs(c.Mean), gridSecs(c.BestMean), c.BestMeanRouter, 100*c.MeanExcess(), yesNo(c.MeanOK),
-			pct(c.Hit), pct(c.BestHit), c.BestHitRouter, 100*c.HitShare(), yesNo(c.HitOK), dom, verdict,
+			g.Cell.Name, gridSecs(c.P99.Value), gridSecs(c.P99.Best), c.P99.BestRouter, 100*(c.P99.Ratio()-1), yesNo(c.P99.OK),
+			gridSecs(c.Mean.Value), gridSecs(c.Mean.Best), c.Mean.BestRouter, 100*(c.Mean.Ratio()-1), yesNo(c.Mean.OK),
+			pct(c.Hit.Value), pct(c.Hit.Best), c.Hit.BestRouter, 100*c.Hit.Ratio(), yesNo(c.Hit.OK), dom, verdict,
 			g.Wall.Round(time.Second))
 	}
 	fmt.Fprintf(&b, "\ncriterion met in %d of %d cells\n", met, len(cells))
@@ -364,13 +323,15 @@ func gridCSV(cells []GridResult) [][]string {
 	rows := [][]string{{"cell", "workload", "rate", "cache_blocks", "p99_s", "best_p99_s", "best_p99_router", "p99_ok",
 		"mean_s", "best_mean_s", "best_mean_router", "mean_ok",
 		"hit_rate", "best_hit_rate", "best_hit_router", "hit_target", "hit_ok", "dominated_by", "met", "wall_s"}}
+	durTerm := func(t Term[time.Duration]) []string {
+		return []string{fl(t.Value.Seconds()), fl(t.Best.Seconds()), t.BestRouter, strconv.FormatBool(t.OK)}
+	}
 	for _, g := range cells {
 		c := &g.Criterion
-		rows = append(rows, []string{g.Cell.Name, g.Cell.Workload, fl(g.Cell.Rate), itoa(g.Cell.CacheBlocks), fl(c.P99.Seconds()),
-			fl(c.BestP99.Seconds()), c.BestP99Router, strconv.FormatBool(c.P99OK),
-			fl(c.Mean.Seconds()), fl(c.BestMean.Seconds()), c.BestMeanRouter, strconv.FormatBool(c.MeanOK),
-			fl(c.Hit), fl(c.BestHit), c.BestHitRouter,
-			fl(HitShare), strconv.FormatBool(c.HitOK), strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds())})
+		row := append([]string{g.Cell.Name, g.Cell.Workload, fl(g.Cell.Rate), itoa(g.Cell.CacheBlocks)}, durTerm(c.P99)...)
+		row = append(row, durTerm(c.Mean)...)
+		rows = append(rows, append(row, fl(c.Hit.Value), fl(c.Hit.Best), c.Hit.BestRouter, fl(HitShare), strconv.FormatBool(c.Hit.OK),
+			strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds())))
 	}
 	return rows
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
@@ -108,12 +105,8 @@ func (g *grpcKV) Score(ctx context.Context, q *router.Query, visit func(string, 
 	return nil
 }
 
-// Route reports a server's Unimplemented as router.ErrRouteUnimplemented.
 func (g *grpcKV) Route(ctx context.Context, id string, q *router.Query) (string, error) {
 	resp, err := g.c.Route(ctx, &kvindexv1.RouteRequest{Score: g.scoreRequest(q), RequestId: id})
-	if status.Code(err) == codes.Unimplemented {
-		return "", fmt.Errorf("%w: %v", router.ErrRouteUnimplemented, err)
-	}
 	if err != nil {
 		return "", err
 	}

@@ -1,11 +1,11 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -26,14 +26,12 @@ type LiveOptions struct {
 	// stay in virtual seconds; what kvindex measures on its own clock
 	// scales (at 4x its 10 s speculative residency lasts 40 virtual s).
 	Speedup float64
-	// Addr is an external kvindex's gRPC address; "" starts the daemon in
-	// process on loopback ports.
-	Addr string
+	Addr    string // an external kvindex's gRPC address ("": the daemon in process, on loopback)
 	// BasePort is the engines' first ZMQ port with Addr (default 5557;
 	// each indexed router's fleet takes Engines consecutive ports).
-	BasePort int
-	// DaemonLog sends the in-process daemon's logs to Options.Logger.
-	DaemonLog bool
+	BasePort    int
+	DaemonLog   bool // the in-process daemons' logs go to Options.Logger
+	PrintConfig bool // Main prints LiveConfig's configuration and runs nothing
 	// Fleet runs an embedded NATS server, a kvindex agent per engine and
 	// liveReplicas replicas the routers ask in turn, instead of one daemon.
 	Fleet bool
@@ -84,9 +82,7 @@ func (lo *LiveOptions) defaults() {
 	if lo.Speedup <= 0 {
 		lo.Speedup = 1
 	}
-	if lo.BasePort == 0 {
-		lo.BasePort = 5557
-	}
+	lo.BasePort = cmp.Or(lo.BasePort, 5557)
 }
 
 // daemonConfig subscribes kvindex to fleets' engines (before SetDefaults).
@@ -127,7 +123,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	defer lr.close()
 	start := time.Now()
 	out := make([]metrics.Result, len(o.Routers))
-	fleets := make(map[string]*fleet)
+	fleets := make([]*fleet, len(o.Routers))
 	err = runJobs(ctx, len(o.Routers), len(o.Routers), func(ctx context.Context, k int) error {
 		l, err := lr.newLoop(w, &o, k, start, lo.Speedup)
 		if err != nil {
@@ -137,12 +133,8 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		if err := l.run(ctx); err != nil {
 			return err
 		}
-		out[k] = l.result()
+		out[k], fleets[k] = l.result(), l.fleet
 		out[k].Wall = time.Since(t0)
-		out[k].IndexProblems = -1
-		lr.mu.Lock()
-		fleets[o.Routers[k]] = l.fleet
-		lr.mu.Unlock()
 		return nil
 	})
 	if err != nil {
@@ -156,7 +148,7 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 			sent = nil // replicas count the agents' deltas, not the engines' batches
 		}
 		k := slices.Index(o.Routers, lf.router)
-		if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, fleets[lf.router]); err != nil {
+		if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, fleets[k]); err != nil {
 			return nil, err
 		}
 	}
@@ -167,7 +159,6 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 // publishers, the batches each published, and the kvindex clients (the
 // replicas, in turn, in fleet mode).
 type liveRig struct {
-	mu      sync.Mutex
 	fleets  []liveFleet
 	pubs    map[string][]*enginepub.Publisher
 	sent    map[string][]uint64 // written by the router's loop only
@@ -217,12 +208,9 @@ func startLive(ctx context.Context, o *Options, lo *LiveOptions) (lr *liveRig, e
 	addrs := []string{lo.Addr}
 	switch {
 	case lo.Fleet:
-		rig, err := startFleetRig(o, lo, lr.fleets)
-		if err != nil {
+		if addrs, err = lr.startFleet(o, lo); err != nil {
 			return nil, err
 		}
-		lr.closers = append(lr.closers, rig.stop)
-		addrs = rig.addrs
 	case lo.Addr == "":
 		cfg := daemonConfig(o, lr.fleets, "127.0.0.1:0", config.MetricsOff)
 		cfg.SetDefaults()

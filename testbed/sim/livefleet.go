@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,19 +18,6 @@ import (
 	"github.com/kvindex/kvindex/testbed/embednats"
 )
 
-// fleetRig is live mode's fleet shape: an embedded NATS server (JetStream
-// in a temporary directory), a kvindex agent per simulated engine
-// subscribed to it over ZeroMQ, and liveReplicas kvindex serve replicas
-// that know no engine and follow the agents over NATS.
-type fleetRig struct {
-	ns     *embednats.Server
-	conns  []*nats.Conn
-	addrs  []string
-	cancel context.CancelFunc
-	done   chan error
-	parts  int
-}
-
 // daemonLog is the in-process daemons' logger (nil: discard).
 func daemonLog(o *Options, lo *LiveOptions) *slog.Logger {
 	if lo.DaemonLog {
@@ -38,56 +26,60 @@ func daemonLog(o *Options, lo *LiveOptions) *slog.Logger {
 	return nil
 }
 
-// startFleetRig starts NATS, an agent per pod of fleets and the replicas.
-func startFleetRig(o *Options, lo *LiveOptions, fleets []liveFleet) (r *fleetRig, err error) {
-	r = &fleetRig{done: make(chan error, 64)}
-	defer func() {
-		if err != nil {
-			r.stop()
-		}
-	}()
-	if r.ns, err = embednats.Start("kvsim"); err != nil {
+// startFleet starts live mode's fleet shape and returns the replicas'
+// gRPC addresses: an embedded NATS server (JetStream in a temporary
+// directory), a kvindex agent per pod of lr.fleets subscribed to its
+// engine over ZeroMQ, and liveReplicas kvindex serve replicas that know
+// no engine and follow the agents over NATS. lr.close stops them.
+func (lr *liveRig) startFleet(o *Options, lo *LiveOptions) ([]string, error) {
+	ns, err := embednats.Start("kvsim")
+	if err != nil {
 		return nil, err
 	}
-	nats := config.NATS{URL: r.ns.URL()}
+	lr.closers = append(lr.closers, ns.Close)
+	var conns []*nats.Conn
+	lr.closers = append(lr.closers, func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
+	var wg sync.WaitGroup
+	lr.closers = append(lr.closers, func() { cancel(); wg.Wait() })
+	natsCfg := config.NATS{URL: ns.URL()}
 	log := daemonLog(o, lo)
-	for _, f := range fleets {
+	for _, f := range lr.fleets {
 		for i, pod := range f.pods {
-			cfg := &config.Config{MetricsListen: config.MetricsOff, NATS: nats,
-				Models: []config.Model{{Name: f.model, BlockSize: o.Engine.BlockSize}},
-				Pods:   []config.Pod{{Name: pod, Model: f.model, Endpoint: f.endpoints[i]}}}
-			cfg.Agent.Pod = pod
+			cfg := daemonConfig(o, []liveFleet{{model: f.model, pods: f.pods[i : i+1], endpoints: f.endpoints[i : i+1]}}, "", config.MetricsOff)
+			cfg.NATS, cfg.Agent.Pod = natsCfg, pod
 			cfg.SetDefaults()
 			if err := cfg.Validate(); err != nil {
 				return nil, fmt.Errorf("sim: fleet: agent %s: %w", pod, err)
 			}
-			nc, err := kvfleet.Connect(nats, "kvsim agent "+pod, log)
+			nc, err := kvfleet.Connect(natsCfg, "kvsim agent "+pod, log)
 			if err != nil {
 				return nil, err
 			}
-			r.conns = append(r.conns, nc)
+			conns = append(conns, nc)
 			a, err := kvfleet.NewAgent(ctx, cfg, nc, log)
 			if err != nil {
 				return nil, fmt.Errorf("sim: fleet: agent %s: %w", pod, err)
 			}
-			r.parts++
-			go func() { r.done <- a.Run(ctx) }()
+			wg.Go(func() { _ = a.Run(ctx) })
 		}
 	}
+	var addrs []string
 	for range liveReplicas {
-		cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: config.MetricsOff, NATS: nats}
+		cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: config.MetricsOff, NATS: natsCfg}
 		cfg.SetDefaults()
 		d, err := daemon.New(cfg, log)
 		if err != nil {
 			return nil, fmt.Errorf("sim: fleet: replica: %w", err)
 		}
-		r.addrs = append(r.addrs, d.GRPCAddr())
-		r.parts++
-		go func() { r.done <- d.Run(ctx) }()
+		addrs = append(addrs, d.GRPCAddr())
+		wg.Go(func() { _ = d.Run(ctx) })
 	}
-	return r, nil
+	return addrs, nil
 }
 
 // waitDiscovered waits (up to 15 s) until every replica lists every pod
@@ -120,19 +112,4 @@ func waitDiscovered(ctx context.Context, clients []*api.Client, fleets []liveFle
 		}
 	}
 	return nil
-}
-
-func (r *fleetRig) stop() {
-	if r.cancel != nil {
-		r.cancel()
-		for range r.parts {
-			<-r.done
-		}
-	}
-	for _, nc := range r.conns {
-		nc.Close()
-	}
-	if r.ns != nil {
-		r.ns.Close()
-	}
 }

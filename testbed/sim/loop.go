@@ -194,8 +194,13 @@ func (l *loop) stepEnd(ctx context.Context, i int, now time.Duration) error {
 }
 
 func (l *loop) result() metrics.Result {
-	prefill, pre := l.fleet.totals()
-	res := l.rec.Result(l.router.Name(), prefill, pre)
-	res.Note = l.router.Note()
+	var prefill []int64
+	preempt := 0
+	for _, e := range l.fleet.engines {
+		prefill = append(prefill, e.Stats().PrefillTokens)
+		preempt += e.Stats().Preemptions
+	}
+	res := l.rec.Result(l.router.Name(), prefill, preempt)
+	res.Note, res.IndexProblems = l.router.Note(), -1
 	return res
 }

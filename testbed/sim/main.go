@@ -16,13 +16,8 @@ import (
 type RunConfig struct {
 	Workload WorkloadSpec
 	Options  Options
-	// Live, when set, runs live mode, else virtual time.
-	Live *LiveOptions
-	// PrintConfig prints the kvindex configuration a live run against
-	// Live.Addr needs, and runs nothing.
-	PrintConfig bool
-	// CSVDir, when set, receives CSV files.
-	CSVDir string
+	Live     *LiveOptions // live mode when set, else virtual time
+	CSVDir   string       // receives the CSV files when set
 }
 
 // Main runs rc and prints its tables to w.
@@ -31,10 +26,7 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if rc.PrintConfig {
-		if rc.Live == nil {
-			return fmt.Errorf("sim: --print-config is for live mode")
-		}
+	if rc.Live != nil && rc.Live.PrintConfig {
 		cfg, err := LiveConfig(wl, rc.Options, *rc.Live)
 		if err != nil {
 			return err
@@ -46,7 +38,19 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 		_, err = w.Write(b)
 		return err
 	}
-	desc := Describe(wl, rc.Options)
+	if _, err := run(ctx, "kvsim", wl, rc, w); err != nil {
+		return err
+	}
+	if rc.CSVDir != "" {
+		fmt.Fprintf(w, "CSV written to %s\n", rc.CSVDir)
+	}
+	return nil
+}
+
+// run replays wl as rc says, printing a header titled title, the table
+// and the wall-clock time to w, and writes the CSV files into rc.CSVDir
+// when set. It returns the wall-clock time of the replay and bounds.
+func run(ctx context.Context, title string, wl *workload.Workload, rc RunConfig, w io.Writer) (time.Duration, error) {
 	mode, agreeNote := "virtual time", ""
 	if rc.Live != nil {
 		lo := *rc.Live
@@ -57,35 +61,31 @@ func Main(ctx context.Context, rc RunConfig, w io.Writer) error {
 			agreeNote = fmt.Sprintf(", on all %d replicas with equal digests", liveReplicas)
 		}
 	}
-	fmt.Fprintf(w, "kvsim (%s): %s\n\n", mode, desc)
+	fmt.Fprintf(w, "%s (%s): %s\n\n", title, mode, Describe(wl, rc.Options))
 	start := time.Now()
 	var results []metrics.Result
+	var err error
 	if rc.Live != nil {
 		results, err = Live(ctx, wl, rc.Options, *rc.Live)
 	} else {
 		results, err = Simulate(ctx, wl, rc.Options)
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	bounds, err := ComputeBounds(wl, rc.Options)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	wall := time.Since(start)
 	if err := WriteTable(w, results, bounds, agreeNote); err != nil {
-		return err
+		return 0, err
 	}
-	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), time.Since(start).Round(10*time.Millisecond))
+	fmt.Fprintf(w, "\n%d routers in %s (wall clock)\n", len(results), wall.Round(10*time.Millisecond))
 	if rc.CSVDir != "" {
-		if err := WriteCSV(rc.CSVDir, results, bounds); err != nil {
-			return err
-		}
-		if err := WriteCDFCSV(rc.CSVDir, results); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "CSV written to %s\n", rc.CSVDir)
+		return wall, WriteCSV(rc.CSVDir, results, bounds)
 	}
-	return nil
+	return wall, nil
 }
 
 // DemoConfig is what `kvsim demo` (`make demo`) runs: about 10 s live of

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -17,41 +18,24 @@ const DefaultModel = "kvsim/llama-3.1-8b"
 
 // Options configure a simulation (virtual or live).
 type Options struct {
-	// Engines is the fleet size (default: the workload's, else 8).
-	Engines int
-	// Engine configures every engine (zero fields: engine defaults).
-	Engine engine.Config
-	// Routers are the routers to compare (default: all).
-	Routers []string
+	Engines int           // fleet size (default: the workload's, else 8)
+	Engine  engine.Config // every engine's (zero fields: engine defaults)
+	Routers []string      // to compare (default: all)
 	// EventLag delays applying each engine batch to the index, in virtual
 	// time (virtual mode only; live mode has the real lag).
-	EventLag time.Duration
-	// Wire is the vLLM release the engines' events imitate (default: map
-	// encoding, uint64 hashes, vLLM v0.26+).
-	Wire events.EncodeOptions
-	// Model is the model name in kvindex (default DefaultModel).
-	Model string
-	// PreciseLoadMode is router.ModeRoute (default) or router.ModeClient.
-	PreciseLoadMode string
-	// RoutePolicy is sent with precise+load's Route requests (nil: the
-	// server's default policy).
-	RoutePolicy *scoring.Override
-	// Seed seeds engines' hashes, output ids and routers' tie-breaks.
-	Seed uint64
-	// Parallel bounds simulations run at once (default GOMAXPROCS).
-	Parallel int
-	// Logger receives progress (default: discard).
-	Logger *slog.Logger
+	EventLag        time.Duration
+	Wire            events.EncodeOptions // vLLM release the events imitate (default: map encoding, uint64 hashes, v0.26+)
+	Model           string               // in kvindex (default DefaultModel)
+	PreciseLoadMode string               // router.ModeRoute (default) or router.ModeClient
+	RoutePolicy     *scoring.Override    // sent with precise+load's Route (nil: the server's)
+	Seed            uint64               // of engines' hashes, output ids and routers' tie-breaks
+	Parallel        int                  // simulations at once (default GOMAXPROCS)
+	Logger          *slog.Logger         // progress (default: discard)
 }
 
 // withDefaults returns a copy of o with defaults filled in.
 func (o Options) withDefaults(workloadEngines int) (Options, error) {
-	if o.Engines == 0 {
-		o.Engines = workloadEngines
-	}
-	if o.Engines == 0 {
-		o.Engines = 8
-	}
+	o.Engines = cmp.Or(o.Engines, workloadEngines, 8)
 	if o.Engines < 1 {
 		return o, fmt.Errorf("sim: %d engines", o.Engines)
 	}
@@ -67,18 +51,12 @@ func (o Options) withDefaults(workloadEngines int) (Options, error) {
 			return o, fmt.Errorf("sim: %w", err)
 		}
 	}
-	if o.Wire == (events.EncodeOptions{}) {
-		o.Wire = events.EncodeOptions{Encoding: events.EncodingMap}
-	}
-	if o.Model == "" {
-		o.Model = DefaultModel
-	}
+	o.Wire = cmp.Or(o.Wire, events.EncodeOptions{Encoding: events.EncodingMap})
+	o.Model = cmp.Or(o.Model, DefaultModel)
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	return o, nil
 }
 

@@ -14,7 +14,6 @@ import (
 // vLLM sends them, decoded and applied as the daemon's subscriber does,
 // and routers call the scorer the gRPC server answers with.
 type pipeline struct {
-	ix      *indexer.Index
 	workers []*indexer.Worker
 	scorer  *scoring.Scorer
 	wire    events.EncodeOptions
@@ -22,9 +21,8 @@ type pipeline struct {
 	batch   events.Batch
 	buf     []byte
 
-	decodeErrors, applyErrors int64
-	batches                   int64
-	firstErr                  error
+	applyErrors int64 // batches that failed to decode or apply
+	firstErr    error
 }
 
 // simEpoch is virtual time 0 on kvindex's tracker's clock (any instant).
@@ -38,7 +36,7 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	if _, err := ix.AddModel(o.Model, o.Engine.BlockSize); err != nil {
 		return nil, fmt.Errorf("sim: kvindex: %w", err)
 	}
-	p := &pipeline{ix: ix, wire: o.Wire, dec: events.NewDecoder()}
+	p := &pipeline{wire: o.Wire, dec: events.NewDecoder()}
 	for i := range o.Engines {
 		w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: podName(i)}, Model: o.Model, Endpoint: "in-process"})
 		if err != nil {
@@ -68,9 +66,8 @@ func (p *pipeline) encode(b *events.Batch, keep bool) ([]byte, error) {
 }
 
 func (p *pipeline) apply(engine int, payload []byte) {
-	p.batches++
 	if err := p.dec.Decode(payload, &p.batch); err != nil {
-		p.decodeErrors++
+		p.applyErrors++
 		p.keepErr(fmt.Errorf("engine %d: decode: %w", engine, err))
 		return
 	}
@@ -89,7 +86,7 @@ func (p *pipeline) keepErr(err error) {
 // problems counts what the index could not apply exactly and the workers
 // whose blocks differ from their engine's cache, with the first problem.
 func (p *pipeline) problems(f *fleet) (int64, error) {
-	n := p.decodeErrors + p.applyErrors
+	n := p.applyErrors
 	for i, w := range p.workers {
 		s := w.Stats()
 		n += s.Orphans + s.UnknownBlocks + s.BlockSizeMismatches + s.InvalidEvents

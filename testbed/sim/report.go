@@ -65,15 +65,13 @@ func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote stri
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
 	}
-	var agreed []string
+	var agreed, charged []string
 	for i := range results {
-		if results[i].IndexProblems == 0 {
-			agreed = append(agreed, results[i].Router)
+		r := &results[i]
+		if r.IndexProblems == 0 {
+			agreed = append(agreed, r.Router)
 		}
-	}
-	var charged []string
-	for i := range results {
-		if r := &results[i]; r.RouteDelayP99 > 0 {
+		if r.RouteDelayP99 > 0 {
 			charged = append(charged, fmt.Sprintf("%s mean %v, p99 %v", r.Router, r.RouteDelayMean.Round(time.Microsecond), r.RouteDelayP99.Round(time.Microsecond)))
 		}
 	}
@@ -97,9 +95,9 @@ func WriteSweepTable(w io.Writer, points []SweepPoint) error {
 		return nil
 	}
 	withBound := points[0].Bounds != nil
-	bound := func(p *SweepPoint) string { return pct(p.Bounds.TokenHitRate()) }
-	if !withBound {
-		bound = nil
+	var bound func(p *SweepPoint) string
+	if withBound {
+		bound = func(p *SweepPoint) string { return pct(p.Bounds.TokenHitRate()) }
 	}
 	rejected := false
 	err := writeSweepGrid(w, points, func(_ *SweepPoint, r *metrics.Result) string {
@@ -158,12 +156,14 @@ func sweepCell(r *metrics.Result) string {
 	return fmt.Sprintf("%s (%d rej)", pct(r.TokenHitRate()), r.Rejected)
 }
 
-// WriteCSV writes results.csv (one row per router, then a "bound" row
-// when b is not nil) into dir.
+// WriteCSV writes into dir results.csv (one row per router, then a
+// "bound" row when b is not nil) and ttft_cdf.csv (each router's TTFT at
+// every percentile 1..100, nearest rank).
 func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 	rows := [][]string{{"router", "requests", "scheduled", "completed", "rejected", "prompt_tokens", "cached_tokens", "token_hit_rate", "hit_of_bound",
 		"request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "makespan_s", "throughput_rps",
 		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "wall_s", "note"}}
+	cdf := [][]string{{"router", "percentile", "ttft_s"}}
 	for i := range results {
 		r := &results[i]
 		rows = append(rows, []string{r.Router, itoa(r.Requests), itoa(r.Scheduled), itoa(r.Completed), itoa(r.Rejected),
@@ -171,25 +171,19 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 			fl(r.TTFTP50.Seconds()), fl(r.TTFTP90.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.TTFTMean.Seconds()), fl(r.Makespan.Seconds()),
 			fl(r.Throughput), fl(r.OutputTokensPerSec), fl(r.LoadSkew), fl(r.RequestSkew), itoa(r.Preemptions), i64(r.IndexProblems),
 			fl(r.Wall.Seconds()), r.Note})
+		for p := 1; p <= 100; p++ {
+			cdf = append(cdf, []string{r.Router, itoa(p), fl(metrics.Percentile(r.TTFT, float64(p)).Seconds())})
+		}
 	}
 	if b != nil {
 		rows = append(rows, []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
 			fl(b.TokenHitRate()), "1", "", i64(b.PromptTokens - b.CachedTokens), fl(b.TTFTP50.Seconds()), fl(b.TTFTP90.Seconds()),
 			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing"})
 	}
-	return writeCSV(filepath.Join(dir, "results.csv"), rows)
-}
-
-// WriteCDFCSV writes ttft_cdf.csv: each router's TTFT at every percentile
-// 1..100 (nearest rank).
-func WriteCDFCSV(dir string, results []metrics.Result) error {
-	rows := [][]string{{"router", "percentile", "ttft_s"}}
-	for i := range results {
-		for p := 1; p <= 100; p++ {
-			rows = append(rows, []string{results[i].Router, itoa(p), fl(metrics.Percentile(results[i].TTFT, float64(p)).Seconds())})
-		}
+	if err := writeCSV(filepath.Join(dir, "results.csv"), rows); err != nil {
+		return err
 	}
-	return writeCSV(filepath.Join(dir, "ttft_cdf.csv"), rows)
+	return writeCSV(filepath.Join(dir, "ttft_cdf.csv"), cdf)
 }
 
 func writeCSV(path string, rows [][]string) error {

@@ -16,7 +16,7 @@ import (
 // Simulate replays w through a fresh fleet per router in virtual time and
 // returns one result per router, in o.Routers order.
 func Simulate(ctx context.Context, w *workload.Workload, o Options) ([]metrics.Result, error) {
-	points, err := sweep(ctx, w, o, nil)
+	points, err := Sweep(ctx, w, o, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -31,19 +31,11 @@ type SweepPoint struct {
 	Bounds      *Bounds
 }
 
-// Sweep runs every router at every cache size (blocks per engine) in
-// virtual time and returns the points in the order of sizes.
+// Sweep runs every router at each cache size (blocks per engine; nil:
+// o's, without bounds) in virtual time, each on its own fleet on the
+// same arrivals, o.Parallel at once, the largest caches first (they run
+// longest, so the pool ends evenly). Points are in the order of sizes.
 func Sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([]SweepPoint, error) {
-	if len(sizes) == 0 {
-		return nil, fmt.Errorf("sim: sweep: no cache sizes")
-	}
-	return sweep(ctx, w, o, sizes)
-}
-
-// sweep runs every router at each size (nil: o's, without bounds), each
-// on its own fleet on the same arrivals, o.Parallel at once, the largest
-// caches first (they run longest, so the pool ends evenly).
-func sweep(ctx context.Context, w *workload.Workload, o Options, sizes []int) ([]SweepPoint, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
 		return nil, err
@@ -175,7 +167,6 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 		return metrics.Result{}, err
 	}
 	res := l.result()
-	res.IndexProblems = -1
 	if p != nil {
 		n, perr := p.problems(f)
 		res.IndexProblems = n

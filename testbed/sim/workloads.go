@@ -26,18 +26,13 @@ const DefaultTrace = "../shared/traces/mooncake-conversation.jsonl"
 
 // WorkloadSpec says which workload to build.
 type WorkloadSpec struct {
-	// Kind is one of the kinds above or a Mooncake-format file's path.
-	Kind string
-	// Trace is the Mooncake trace (""; $KVSIM_TRACE, else DefaultTrace).
-	Trace string
+	Kind  string // one of the kinds above or a Mooncake-format file's path
+	Trace string // the Mooncake trace ("": $KVSIM_TRACE, else DefaultTrace)
 	// Requests keeps a trace's first n requests, or is a generator's
 	// count of requests, sessions or tasks (0: all, or its default).
-	Requests int
-	// RateScale multiplies the arrival rate (0 or 1: as is).
-	RateScale float64
-	// Pause delays every request after the first (a sparse start), after
-	// RateScale.
-	Pause time.Duration
+	Requests  int
+	RateScale float64       // multiplies the arrival rate (0 or 1: as is)
+	Pause     time.Duration // delays every request after the first (a sparse start), after RateScale
 	// The generators' configurations; Requests and Seed override theirs.
 	Prefixes workload.PrefixesConfig
 	Tenants  workload.TenantsConfig

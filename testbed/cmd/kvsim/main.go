@@ -7,11 +7,8 @@
 // cache, TTFT with no queueing).
 //
 //	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
-//	kvsim run                                   # the Mooncake trace, virtual time
-//	kvsim run --workload tenants
-//	kvsim run --cache-blocks 12500 --csv out
-//	kvsim grid                                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
-//	kvsim grid --cells 'rag-*' --cells '*-2x-12.5k'
+//	kvsim run --cache-blocks 12500 --csv out    # the Mooncake trace, virtual time
+//	kvsim grid --cells 'rag-*'                  # the workload suite x 1x/2x x 25k/12.5k blocks, into docs/results/
 //	kvsim live --workload prefixes --requests 300 --speedup 2
 //	kvsim demo                                  # what `make demo` runs
 //	kvsim engine --pod vllm-0 --http :8000      # one simulated vLLM engine, served (docker-compose.yaml)
@@ -125,7 +122,7 @@ func newRun() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Replay a workload in virtual time (fast, in process, through kvindex's real decoder, index and ranking)",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			rc, err := f.config()
 			if err != nil {
 				return err
@@ -139,7 +136,7 @@ func newRun() *cobra.Command {
 
 func newGrid() *cobra.Command {
 	gc := sim.GridConfig{}
-	var workloads, rates, caches string
+	var rates, caches string
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "grid",
@@ -150,11 +147,8 @@ func newGrid() *cobra.Command {
 			"within 5% of the lowest of all routers, its token hit rate >= 90% of the best, no router better on\n" +
 			"both p99 and hit rate) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
 			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			var err error
-			if workloads != "" {
-				gc.Workloads = strings.Split(workloads, ",")
-			}
 			if rates != "" {
 				for _, f := range strings.Split(rates, ",") {
 					r, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(f), "x"), 64)
@@ -175,7 +169,7 @@ func newGrid() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringArrayVar(&gc.Cells, "cells", nil, "cells to run, by name or pattern (repeatable; default: all)")
-	fs.StringVar(&workloads, "workloads", "", "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
+	fs.StringSliceVar(&gc.Workloads, "workloads", nil, "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
 	fs.StringVar(&rates, "rates", "", "rate multipliers (default 1,2)")
 	fs.StringVar(&caches, "caches", "", "cache sizes, blocks per engine (default 25k,12.5k)")
 	fs.StringVar(&gc.Dir, "dir", "docs/results", "directory of the cells' results and the summary")
@@ -192,7 +186,7 @@ func newLive() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "live",
 		Short: "Replay a workload on the wall clock: engines publish over real ZMQ to a real kvindex, routers ask over gRPC",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			rc, err := f.config()
 			if err != nil {
 				return err
@@ -207,7 +201,7 @@ func newLive() *cobra.Command {
 	fs.Float64Var(&lo.Speedup, "speedup", 1, "virtual seconds per wall-clock second")
 	fs.StringVar(&lo.Addr, "addr", "", "an external kvindex's gRPC address (default: start the daemon in process)")
 	fs.IntVar(&lo.BasePort, "base-port", 5557, "first ZMQ port of the engines with --addr")
-	fs.BoolVar(&f.rc.PrintConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
+	fs.BoolVar(&lo.PrintConfig, "print-config", false, "print the kvindex configuration --addr needs, and exit")
 	fs.BoolVar(&lo.Fleet, "fleet", false, "fleet mode: embedded NATS, a kvindex agent per engine, replicas the routers ask in turn")
 	return cmd
 }
@@ -226,17 +220,14 @@ func newAnalyze() *cobra.Command {
 			"(the share of prompt tokens that are a prefix of an earlier request within --window), replays the log\n" +
 			"through round-robin, precise and precise+load over shrinking caches, and ends with a one-line verdict.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ac.Log = args[0]
-			return interruptible(func(ctx context.Context, w io.Writer) error {
-				var err error
-				if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
-					return err
-				}
-				ac.Options.Logger = progress(verbose)
-				return sim.Analyze(ctx, ac, w)
-			})(cmd, args)
-		},
+		RunE: interruptible(func(ctx context.Context, w io.Writer, args []string) error {
+			var err error
+			if ac.Sizes, err = sim.ParseSizes(sizes); err != nil {
+				return err
+			}
+			ac.Log, ac.Options.Logger = args[0], progress(verbose)
+			return sim.Analyze(ctx, ac, w)
+		}),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&ac.TokenizeURL, "tokenize", "", "a vLLM /tokenize endpoint for OpenAI bodies (e.g. http://vllm:8000/tokenize); default: an estimate")
@@ -254,7 +245,7 @@ func newDemo() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "A short live run: the real daemon, simulated engines over ZMQ, every router, the table",
-		RunE: interruptible(func(ctx context.Context, w io.Writer) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			rc.Options.Logger, rc.Live.DaemonLog = progress(verbose), verbose
 			return sim.Main(ctx, rc, w)
 		}),
@@ -275,10 +266,10 @@ func progress(verbose bool) *slog.Logger {
 }
 
 // interruptible runs fn with a context SIGINT and SIGTERM cancel.
-func interruptible(fn func(ctx context.Context, w io.Writer) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, _ []string) error {
+func interruptible(fn func(ctx context.Context, w io.Writer, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		return fn(ctx, cmd.OutOrStdout())
+		return fn(ctx, cmd.OutOrStdout(), args)
 	}
 }

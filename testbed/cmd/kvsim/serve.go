@@ -9,9 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,7 +34,7 @@ func newEngine() *cobra.Command {
 			"/v1/chat/completions, /v1/models and /health. Requests fill and evict its cache.",
 		Example: "  kvsim engine --model meta-llama/Llama-3.1-8B-Instruct --pod vllm-0 --http :8000",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: interruptible(func(ctx context.Context, _ io.Writer, _ []string) error {
 			if cfg.Pod == "" {
 				host, err := os.Hostname()
 				if err != nil {
@@ -49,8 +47,8 @@ func newEngine() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return interruptible(func(ctx context.Context, _ io.Writer) error { return s.Run(ctx) })(cmd, nil)
-		},
+			return s.Run(ctx)
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Model, "model", "meta-llama/Llama-3.1-8B-Instruct", "served model name")
@@ -84,7 +82,7 @@ func newLoad() *cobra.Command {
 		Example: "  kvsim load --kvindex replica-0:50051 --kvindex replica-1:50051 \\\n" +
 			"    --engine engine-0=http://engine-0:8000 --engine engine-1=http://engine-1:8000 --rate 4",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			cfg.Engines = map[string]string{}
 			for _, e := range engines {
 				pod, url, ok := strings.Cut(e, "=")
@@ -98,7 +96,7 @@ func newLoad() *cobra.Command {
 			}
 			var kvs []*api.Client
 			for _, a := range kvAddrs {
-				c, err := api.Dial(cmd.Context(), a)
+				c, err := api.Dial(ctx, a)
 				if err != nil {
 					return err
 				}
@@ -110,8 +108,6 @@ func newLoad() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
 			if metrics != "" {
 				lis, err := net.Listen("tcp", metrics)
 				if err != nil {
@@ -128,10 +124,10 @@ func newLoad() *cobra.Command {
 			}
 			err = d.Run(ctx)
 			st := d.Stats()
-			fmt.Fprintf(cmd.OutOrStdout(), "sent %d, failed %d, dropped %d; routed by kvindex %d, round-robin %d; prompt tokens cached %.1f%%\n",
+			fmt.Fprintf(w, "sent %d, failed %d, dropped %d; routed by kvindex %d, round-robin %d; prompt tokens cached %.1f%%\n",
 				st.Sent.Load(), st.Failed.Load(), st.Dropped.Load(), st.Routed.Load(), st.Fallback.Load(), 100*st.HitRate())
 			return err
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringArrayVar(&kvAddrs, "kvindex", nil, "kvindex gRPC address (repeatable: replicas asked in turn)")

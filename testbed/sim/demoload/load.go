@@ -2,6 +2,7 @@ package demoload
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,25 +28,19 @@ import (
 
 // Config sets up a load run.
 type Config struct {
-	// Model is the model requests name.
-	Model string
+	Model string // the model requests name
 	// Engines maps each pod name kvindex answers with to its engine's
 	// OpenAI base URL, e.g. engine-0 -> http://engine-0:8000.
 	Engines map[string]string
-	// Rate is the mean arrival rate, requests per second (default 4).
-	Rate float64
+	Rate    float64 // mean arrivals per second (default 4)
 	// Prefixes is the number of distinct system prompts (default 12), of
 	// Zipf popularity exponent Zipf (default 1.1).
-	Prefixes int
-	Zipf     float64
-	// SystemTokens is a system prompt's length (default 1,024).
-	SystemTokens int
-	// Duration ends the run (0: until ctx is done).
-	Duration time.Duration
-	// Seed seeds arrivals and choices.
-	Seed uint64
-	// Logger receives a summary every 10 s.
-	Logger *slog.Logger
+	Prefixes     int
+	Zipf         float64
+	SystemTokens int           // a system prompt's length (default 1,024)
+	Duration     time.Duration // ends the run (0: until ctx is done)
+	Seed         uint64        // of arrivals and choices
+	Logger       *slog.Logger  // receives a summary every 10 s
 }
 
 // A question's tokens, a request's max_tokens, the requests in flight.
@@ -110,9 +105,7 @@ func New(cfg Config, kvs ...*api.Client) (*Driver, error) {
 	if cfg.Zipf <= 0 {
 		cfg.Zipf = 1.1
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	d := &Driver{cfg: cfg, kvs: kvs, http: &http.Client{Timeout: time.Minute}, pods: slices.Sorted(maps.Keys(cfg.Engines))}
 	d.zipf = workload.ZipfCDF(cfg.Prefixes, cfg.Zipf)
 	for k := range cfg.Prefixes {
@@ -267,12 +260,7 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- requestsDesc
-	ch <- routesDesc
-	ch <- promptDesc
-	ch <- cachedDesc
-}
+func (c collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 // Collect implements prometheus.Collector.
 func (c collector) Collect(ch chan<- prometheus.Metric) {

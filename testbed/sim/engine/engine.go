@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -30,23 +31,18 @@ func DefaultTimeModel() TimeModel {
 	}
 }
 
-// StepTime is the duration of a step that prefills prefill tokens and
-// decodes decodeSeqs requests holding contextTokens tokens in all.
-func (t TimeModel) StepTime(prefill, decodeSeqs int, contextTokens int64) time.Duration {
+// StepTime is the duration of a step that prefills prefill tokens
+// attending over pairs (new, context) token pairs and decodes decodeSeqs
+// requests holding contextTokens tokens in all.
+func (t TimeModel) StepTime(prefill int, pairs int64, decodeSeqs int, contextTokens int64) time.Duration {
 	d := t.StepOverhead + time.Duration(decodeSeqs)*t.DecodePerSeq + time.Duration(contextTokens)*t.DecodePerContextToken
 	if prefill > 0 {
 		d += time.Duration(float64(prefill) / t.PrefillTokensPerSec * float64(time.Second))
 	}
-	return d
-}
-
-// AttentionTime is the prefill attention cost of pairs (new token,
-// context token) pairs (0 when the model has no attention term).
-func (t TimeModel) AttentionTime(pairs int64) time.Duration {
-	if t.AttentionPairsPerSec <= 0 || pairs <= 0 {
-		return 0
+	if t.AttentionPairsPerSec > 0 && pairs > 0 {
+		d += time.Duration(float64(pairs) / t.AttentionPairsPerSec * float64(time.Second))
 	}
-	return time.Duration(float64(pairs) / t.AttentionPairsPerSec * float64(time.Second))
+	return d
 }
 
 // AttentionPairs is how many (new token, context token) pairs a prefill
@@ -57,39 +53,24 @@ func AttentionPairs(n, ctx int) int64 {
 
 // Config sets up an Engine; zero fields take the package doc's defaults.
 type Config struct {
-	// BlockSize is tokens per KV block (vLLM's --block-size).
-	BlockSize int
-	// CacheBlocks is the number of KV blocks.
-	CacheBlocks int
+	BlockSize   int // tokens per KV block (vLLM's --block-size)
+	CacheBlocks int // KV blocks
 	// MaxNumSeqs and MaxBatchedTokens are vLLM's max_num_seqs and
 	// max_num_batched_tokens.
 	MaxNumSeqs, MaxBatchedTokens int
 	Time                         TimeModel
-	// HashSeed seeds the engine's block hashes (vLLM's hash seed).
-	HashSeed uint64
-	// Events turns on KV events: FinishStep then returns each step's batch.
-	Events bool
-	// OutputSeed is mixed into the content ids of generated tokens.
-	OutputSeed uint64
+	HashSeed                     uint64 // of the engine's block hashes (vLLM's hash seed)
+	Events                       bool   // FinishStep returns each step's KV events
+	OutputSeed                   uint64 // mixed into the content ids of generated tokens
 }
 
 // Defaults fills the zero fields of c.
 func (c *Config) Defaults() {
-	if c.BlockSize == 0 {
-		c.BlockSize = 16
-	}
-	if c.CacheBlocks == 0 {
-		c.CacheBlocks = 25000
-	}
-	if c.MaxNumSeqs == 0 {
-		c.MaxNumSeqs = 256
-	}
-	if c.MaxBatchedTokens == 0 {
-		c.MaxBatchedTokens = 8192
-	}
-	if c.Time == (TimeModel{}) {
-		c.Time = DefaultTimeModel()
-	}
+	c.BlockSize = cmp.Or(c.BlockSize, 16)
+	c.CacheBlocks = cmp.Or(c.CacheBlocks, 25000)
+	c.MaxNumSeqs = cmp.Or(c.MaxNumSeqs, 256)
+	c.MaxBatchedTokens = cmp.Or(c.MaxBatchedTokens, 8192)
+	c.Time = cmp.Or(c.Time, DefaultTimeModel())
 }
 
 // ErrConfig is wrapped by errors about an invalid Config.
@@ -133,13 +114,10 @@ func (s *seq) target() int { return s.req.PromptLen + s.generated }
 
 // Stats are an engine's counters.
 type Stats struct {
-	// Rejected counts requests that could never fit.
-	Rejected int
-	// PrefillTokens counts prompt tokens computed, recomputation included.
-	PrefillTokens int64
-	// Preemptions counts requests preempted for lack of blocks.
-	Preemptions int
-	Steps       int64
+	Rejected      int   // requests that could never fit
+	PrefillTokens int64 // prompt tokens computed, recomputation included
+	Preemptions   int   // requests preempted for lack of blocks
+	Steps         int64
 }
 
 // Load is what a router may learn about an engine's load: vLLM's
@@ -200,7 +178,8 @@ func New(id int, cfg Config) (*Engine, error) {
 	if cfg.Events {
 		e.p.onEvict = func(h uint64) {
 			e.evHash = append(e.evHash, h)
-			e.evs = append(e.evs, removedEvent(e.evHash[len(e.evHash)-1:len(e.evHash):len(e.evHash)]))
+			n := len(e.evHash)
+			e.evs = append(e.evs, events.Event{Kind: events.KindBlockRemoved, BlockHashes: e.evHash[n-1 : n : n], MediumName: "GPU"})
 		}
 	}
 	e.batch.HasDPRank = true
@@ -295,7 +274,7 @@ func (e *Engine) StartStep(now time.Duration) (d time.Duration, ok bool) {
 	if prefill == 0 && decodes == 0 {
 		return 0, false
 	}
-	d = e.cfg.Time.StepTime(prefill, decodes, ctx) + e.cfg.Time.AttentionTime(pairs)
+	d = e.cfg.Time.StepTime(prefill, pairs, decodes, ctx)
 	e.inStep, e.stepEnd = true, now+d
 	e.stats.PrefillTokens += int64(prefill)
 	e.stats.Steps++

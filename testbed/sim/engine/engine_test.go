@@ -244,7 +244,7 @@ func TestRejectsWhatCanNeverFit(t *testing.T) {
 func TestStepTime(t *testing.T) {
 	tm := TimeModel{PrefillTokensPerSec: 1000, StepOverhead: 5 * time.Millisecond, DecodePerSeq: time.Millisecond, DecodePerContextToken: time.Microsecond}
 	// 5ms + 500 tokens/1000/s + 2 x 1ms + 3000 x 1us = 5 + 500 + 2 + 3 ms.
-	if got, want := tm.StepTime(500, 2, 3000), 510*time.Millisecond; got != want {
+	if got, want := tm.StepTime(500, 0, 2, 3000), 510*time.Millisecond; got != want {
 		t.Fatalf("StepTime = %v, want %v", got, want)
 	}
 }
@@ -335,11 +335,11 @@ func TestAttentionTerm(t *testing.T) {
 	// 10,000 uncached tokens alone (one chunk, no overhead): 0.5714 s of
 	// linear prefill plus 5.0005e7 pairs at 9.4e8/s = 0.6246 s, 16,000
 	// tokens/s.
-	d := tm.StepTime(10000, 0, 0) - tm.StepOverhead + tm.AttentionTime(AttentionPairs(10000, 0))
+	d := tm.StepTime(10000, AttentionPairs(10000, 0), 0, 0) - tm.StepOverhead
 	if rate := 10000 / d.Seconds(); rate < 15900 || rate > 16100 {
 		t.Errorf("10,000 tokens prefill at %.0f tokens/s, want 16,000", rate)
 	}
-	if (TimeModel{PrefillTokensPerSec: 1}).AttentionTime(1e9) != 0 {
+	if (TimeModel{PrefillTokensPerSec: 1}).StepTime(0, 1e9, 0, 0) != 0 {
 		t.Error("a model without attention charges attention")
 	}
 	// A step's duration includes its chunks' attention.

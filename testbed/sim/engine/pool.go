@@ -1,7 +1,5 @@
 package engine
 
-import "github.com/kvindex/kvindex/events"
-
 // none marks an absent block index in the pool's links.
 const none = -1
 
@@ -149,8 +147,3 @@ func (p *pool) release(b int32) {
 
 // inUse is the number of blocks with a reference.
 func (p *pool) inUse() int { return len(p.blocks) - p.numFree }
-
-// removedEvent is the BlockRemoved vLLM emits for one evicted block.
-func removedEvent(hashes []uint64) events.Event {
-	return events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes, MediumName: "GPU"}
-}

@@ -15,9 +15,8 @@
 //     (1 - usage), weighted 2:2:2 as GIE's example profile; ties at random.
 //   - precise: kvindex's Score; longest match, ties by least load.
 //   - precise+load: kvindex's Route, with Release when the prefill is
-//     done. ModeClient (or a kvindex answering Route with Unimplemented)
-//     ranks client-side instead: Score plus the router's own in-flight
-//     prefill tokens, said in Note.
+//     done. ModeClient ranks client-side instead: Score plus the router's
+//     own in-flight prefill tokens, said in Note.
 //   - ttft-greedy (formerly "oracle"): every engine's exact cache and
 //     queue at the instant of decision; least estimated TTFT. A reference
 //     for greedy routing with perfect knowledge, not a bound (package sim

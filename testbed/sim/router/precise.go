@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -19,12 +18,12 @@ type precise struct {
 	byPod map[string]int
 	next  int
 
-	// fallback: rank client-side (ModeClient, or kvindex has no Route).
-	fallback bool
-	note     string
-	policy   *scoring.Override
-	// inflight[i] is the uncached prefill tokens the fallback routed to
-	// engine i and not yet prefilled; pending[id] what request id added.
+	// client: rank client-side (ModeClient), said in note.
+	client bool
+	note   string
+	policy *scoring.Override
+	// inflight[i] is the uncached prefill tokens the client ranking routed
+	// to engine i and not yet prefilled; pending[id] what request id added.
 	inflight []int64
 	pending  map[int]pendingRoute
 
@@ -49,7 +48,7 @@ func newPrecise(name string, cfg Config) *precise {
 		loads: make([]PodLoad, n),
 	}
 	if name == PreciseLoad && cfg.PreciseLoadMode == ModeClient {
-		p.fallback = true
+		p.client = true
 		p.note = "client-side cost: Score + the router's own in-flight prefill, ties by load (kvindex Route not used)"
 	}
 	for i, pod := range cfg.Names {
@@ -74,14 +73,8 @@ func (p *precise) Note() string { return p.note }
 
 func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
 	p.q = Query{Model: p.model, Tokens: req.AppendTokens(p.q.Tokens[:0], 0, req.PromptLen)}
-	if p.name == PreciseLoad && !p.fallback {
-		i, err := p.route(ctx, req)
-		if !errors.Is(err, ErrRouteUnimplemented) {
-			return i, err
-		}
-		p.fallback = true
-		p.note = "kvindex Route is unimplemented: fell back to Score + client-side load cost"
-		p.q.Loads, p.q.Policy = nil, nil
+	if p.name == PreciseLoad && !p.client {
+		return p.route(ctx, req)
 	}
 	clear(p.matched)
 	p.bad = ""
@@ -108,7 +101,7 @@ func (p *precise) longest() int {
 	return i
 }
 
-// cheapest is the fallback's choice, recorded: the least uncached tokens
+// cheapest is the client ranking's choice, recorded: the least uncached tokens
 // plus the router's in-flight prefill tokens on the engine; ties by least
 // load, then in turn.
 func (p *precise) cheapest(req *Request) int {
@@ -150,13 +143,13 @@ func (p *precise) route(ctx context.Context, req *Request) (int, error) {
 	return i, nil
 }
 
-// PrefillDone releases the request: kvindex's Release, or the fallback's
-// tally.
+// PrefillDone releases the request: kvindex's Release, or the client
+// ranking's tally.
 func (p *precise) PrefillDone(ctx context.Context, req *workload.Request, _ int) error {
 	if p.name != PreciseLoad {
 		return nil
 	}
-	if p.fallback {
+	if p.client {
 		if pr, ok := p.pending[req.ID]; ok {
 			p.inflight[pr.engine] -= pr.tokens
 			delete(p.pending, req.ID)

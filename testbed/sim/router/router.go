@@ -34,8 +34,6 @@ const (
 // Names lists every router, in report order.
 var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, TTFTGreedy}
 
-var aliases = map[string]string{"oracle": TTFTGreedy}
-
 // ErrUnknown is wrapped by New for an unknown router name.
 var ErrUnknown = errors.New("router: unknown router")
 
@@ -65,8 +63,7 @@ type KV interface {
 	// Score calls visit with the matched prompt tokens of every worker in
 	// kvindex's answer for q.
 	Score(ctx context.Context, q *Query, visit func(pod string, matchedTokens int)) error
-	// Route returns the pod kvindex chose for request id, or an error
-	// wrapping ErrRouteUnimplemented.
+	// Route returns the pod kvindex chose for request id.
 	Route(ctx context.Context, id string, q *Query) (string, error)
 	// Release ends request id's in-flight accounting.
 	Release(ctx context.Context, id string) error
@@ -88,10 +85,6 @@ type PodLoad struct {
 	KVUsage          float64
 }
 
-// ErrRouteUnimplemented is wrapped by KV.Route when kvindex answers that
-// it has no Route.
-var ErrRouteUnimplemented = errors.New("router: kvindex does not implement Route")
-
 // Router picks an engine for each request.
 type Router interface {
 	Name() string
@@ -109,22 +102,17 @@ type Config struct {
 	BlockSize int
 	// Names (engine i is pod Names[i]), Model and KV are kvindex as the
 	// precise routers ask it; required for them.
-	Names []string
-	Model string
-	KV    KV
-	// AffinityTokens is how much of the prompt prefix-hash hashes
-	// (default 1,024).
-	AffinityTokens int
+	Names          []string
+	Model          string
+	KV             KV
+	AffinityTokens int // how much of the prompt prefix-hash hashes (default 1,024)
 	// LRUBlocks is approximate's LRU per engine in blocks (GIE's
 	// lruCapacityPerServer, which its autoTune sets to the engines' cache;
 	// default 31,250, GIE's).
-	LRUBlocks int
-	// PreciseLoadMode is ModeRoute (default) or ModeClient.
-	PreciseLoadMode string
-	// RoutePolicy, when not nil, is sent with every Route request.
-	RoutePolicy *scoring.Override
-	// Seed seeds the random tie-breaks.
-	Seed uint64
+	LRUBlocks       int
+	PreciseLoadMode string            // ModeRoute (default) or ModeClient
+	RoutePolicy     *scoring.Override // sent with every Route request when not nil
+	Seed            uint64            // of the random tie-breaks
 }
 
 // New returns the router called name.
@@ -168,9 +156,8 @@ func Parse(list string) ([]string, error) {
 	}
 	var out []string
 	for _, n := range strings.Split(list, ",") {
-		n = strings.TrimSpace(n)
-		if a, ok := aliases[n]; ok {
-			n = a
+		if n = strings.TrimSpace(n); n == "oracle" {
+			n = TTFTGreedy
 		}
 		if !slices.Contains(Names, n) {
 			return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, n, strings.Join(Names, ", "))

@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -198,7 +197,7 @@ func (k *fakeKV) Score(_ context.Context, q *Query, visit func(string, int)) err
 
 func (k *fakeKV) Route(_ context.Context, id string, q *Query) (string, error) {
 	if k.route == "" {
-		return "", fmt.Errorf("%w: method Route not implemented", ErrRouteUnimplemented)
+		return "", errors.New("no route configured")
 	}
 	k.routeReqs = append(k.routeReqs, routeReq{id: id, model: q.Model, tokens: len(q.Tokens), loads: slices.Clone(q.Loads), policy: q.Policy})
 	return k.route, nil
@@ -269,15 +268,17 @@ func TestPreciseLoadUsesRouteAndRelease(t *testing.T) {
 	}
 }
 
-func TestPreciseLoadFallsBackWhenRouteIsUnimplemented(t *testing.T) {
+func TestPreciseLoadClientMode(t *testing.T) {
 	f := &fakeFleet{loads: make([]engine.Load, 3)}
 	kv := &fakeKV{matched: map[string]uint32{"p0": 128}}
-	r := mustNew(t, PreciseLoad, preciseCfg(f, kv))
+	cfg := preciseCfg(f, kv)
+	cfg.PreciseLoadMode = ModeClient
+	r := mustNew(t, PreciseLoad, cfg)
 	a := request(1, 1, 2) // 128 tokens, all cached on p0
 	if got := routeAll(t, r, a); !eq(got, []int{0}) {
 		t.Fatalf("got %v", got)
 	}
-	if !strings.Contains(r.Note(), "unimplemented") {
+	if !strings.Contains(r.Note(), "client-side") {
 		t.Fatalf("note %q", r.Note())
 	}
 	// p0 now has 0 in-flight tokens from a (fully cached: 0 uncached).
@@ -301,7 +302,7 @@ func TestPreciseLoadFallsBackWhenRouteIsUnimplemented(t *testing.T) {
 		t.Fatalf("after release: got %v", got)
 	}
 	if len(kv.released) != 0 {
-		t.Fatal("fallback called Release")
+		t.Fatal("client mode called Release")
 	}
 }
 

@@ -1,6 +1,7 @@
 package vllmsim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,18 +25,14 @@ import (
 
 // Config sets up a Server.
 type Config struct {
-	// Model is the served model name (vLLM's --served-model-name).
-	Model string
-	// Pod names the engine in its topic, kv@<pod>@<model>.
-	Pod string
+	Model string // served model name (vLLM's --served-model-name)
+	Pod   string // the engine's name in its topic, kv@<pod>@<model>
 	// Publish and Replay ("": none) are the KV event PUB and replay
 	// ROUTER endpoints, e.g. tcp://*:5557 and tcp://*:5567.
 	Publish, Replay string
-	// HTTPListen is the API and /metrics address, e.g. :8000.
-	HTTPListen string
-	Engine     engine.Config
-	// Logger receives the server's logs (nil: discarded).
-	Logger *slog.Logger
+	HTTPListen      string // the API and /metrics address, e.g. :8000
+	Engine          engine.Config
+	Logger          *slog.Logger // nil: discarded
 }
 
 // maxTokens caps a request's max_tokens.
@@ -44,11 +41,9 @@ const maxTokens = 4096
 // Server is one simulated vLLM engine, served.
 type Server struct {
 	cfg  Config
-	log  *slog.Logger
 	pub  *enginepub.Publisher
 	lis  net.Listener
 	http *http.Server
-	reg  *prometheus.Registry
 	tok  *standin.Handler // /tokenize and the render endpoints
 	work chan struct{}    // a request was submitted
 	t0   time.Time
@@ -76,15 +71,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Model == "" || cfg.Pod == "" || cfg.Publish == "" {
 		return nil, errors.New("vllmsim: model, pod and publish endpoint are required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.Engine.Events = true
 	eng, err := engine.New(0, cfg.Engine)
 	if err != nil {
 		return nil, fmt.Errorf("vllmsim: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, eng: eng, waiters: map[*workload.Request]*waiter{}, work: make(chan struct{}, 1), t0: time.Now()}
+	s := &Server{cfg: cfg, eng: eng, waiters: map[*workload.Request]*waiter{}, work: make(chan struct{}, 1), t0: time.Now()}
 	s.cfg.Engine = eng.Config()
 	s.pub, err = enginepub.NewPublisher(enginepub.PublisherConfig{
 		Endpoint: cfg.Publish, Topic: "kv@" + cfg.Pod + "@" + cfg.Model, Bind: true,
@@ -97,27 +90,24 @@ func New(cfg Config) (*Server, error) {
 		s.pub.Close()
 		return nil, fmt.Errorf("vllmsim: listen on %s: %w", cfg.HTTPListen, err)
 	}
-	s.reg = prometheus.NewRegistry()
-	s.registerMetrics()
+	reg := prometheus.NewRegistry()
+	s.registerMetrics(reg)
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.completions)
-	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	mux.HandleFunc("POST /v1/completions", s.completion(false))
+	mux.HandleFunc("POST /v1/chat/completions", s.completion(true))
 	mux.HandleFunc("GET /v1/models", s.models)
 	s.tok = &standin.Handler{Models: []string{cfg.Model}, MaxModelLen: s.cfg.Engine.CacheBlocks * s.cfg.Engine.BlockSize}
 	for _, path := range []string{tokenize.TokenizePath, tokenize.RenderChatPath, tokenize.RenderCompletionPath} {
 		mux.Handle("POST "+path, s.tok)
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return s, nil
 }
 
 // Addr is the HTTP listener's address.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
-
-// Tokenizer is the handler of /tokenize and the render endpoints.
-func (s *Server) Tokenizer() *standin.Handler { return s.tok }
 
 // Run serves until ctx is done, then closes the sockets.
 func (s *Server) Run(ctx context.Context) error {
@@ -128,7 +118,7 @@ func (s *Server) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("vllmsim: serve: %w", err)
 		}
 	}()
-	s.log.Info("simulated vLLM engine serving", "model", s.cfg.Model, "pod", s.cfg.Pod, "http", s.Addr(), "events", s.cfg.Publish, "replay", s.cfg.Replay,
+	s.cfg.Logger.Info("simulated vLLM engine serving", "model", s.cfg.Model, "pod", s.cfg.Pod, "http", s.Addr(), "events", s.cfg.Publish, "replay", s.cfg.Replay,
 		"block_size", s.cfg.Engine.BlockSize, "cache_blocks", s.cfg.Engine.CacheBlocks)
 	loopDone := make(chan struct{})
 	go func() { defer close(loopDone); s.loop(ctx) }()
@@ -182,7 +172,7 @@ func (s *Server) finishStep() {
 	if res.Batch != nil {
 		res.Batch.Timestamp = float64(time.Now().UnixNano()) / 1e9
 		if _, err := s.pub.Publish(res.Batch); err != nil {
-			s.log.Error("publishing KV events failed", "err", err)
+			s.cfg.Logger.Error("publishing KV events failed", "err", err)
 		}
 	}
 	for _, ft := range res.FirstTokens {
@@ -271,101 +261,86 @@ type completionRequest struct {
 	AddGenerationPrompt *bool                  `json:"add_generation_prompt"`
 }
 
-// decode reads and checks a request body.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*completionRequest, int, bool) {
-	var req completionRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20)).Decode(&req); err != nil {
-		apiError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
-		return nil, 0, false
-	}
-	if req.Model != s.cfg.Model {
-		apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
-		return nil, 0, false
-	}
-	if req.Stream {
-		apiError(w, http.StatusBadRequest, "stream is not supported by the simulated engine")
-		return nil, 0, false
-	}
-	n := req.MaxTokens
-	if req.MaxCompletionTokens > 0 {
-		n = req.MaxCompletionTokens
-	}
-	if n <= 0 {
-		n = 16 // OpenAI's and vLLM's default for completions
-	}
-	if n > maxTokens {
-		apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, maxTokens))
-		return nil, 0, false
-	}
-	return &req, n, true
-}
-
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	req, n, ok := s.decode(w, r)
-	if !ok {
-		return
-	}
-	var prompt string
-	switch p := req.Prompt.(type) {
-	case string:
-		prompt = p
-	case []any:
-		if len(p) == 1 {
-			prompt, _ = p[0].(string)
-		}
-	}
-	if prompt == "" {
-		apiError(w, http.StatusBadRequest, "prompt must be one non-empty string")
-		return
-	}
-	s.respond(w, r, "text_completion", standin.Pieces(prompt, true), n, req.Model)
-}
-
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	req, n, ok := s.decode(w, r)
-	if !ok {
-		return
-	}
-	if len(req.Messages) == 0 {
-		apiError(w, http.StatusBadRequest, "messages must not be empty")
-		return
-	}
-	msgs := make([]tokenize.Message, len(req.Messages))
-	for i := range req.Messages {
-		text, err := req.Messages[i].Text()
-		if err != nil || req.Messages[i].Role == "" {
-			apiError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d]: a role and text content are required", i))
+// completion serves /v1/completions, or /v1/chat/completions when chat
+// is set, and writes OpenAI's answer.
+func (s *Server) completion(chat bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req completionRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20)).Decode(&req); err != nil {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
 			return
 		}
-		msgs[i] = tokenize.Message{Role: req.Messages[i].Role, Content: text}
+		if req.Model != s.cfg.Model {
+			apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+			return
+		}
+		if req.Stream {
+			apiError(w, http.StatusBadRequest, "stream is not supported by the simulated engine")
+			return
+		}
+		n := req.MaxTokens
+		if req.MaxCompletionTokens > 0 {
+			n = req.MaxCompletionTokens
+		}
+		if n <= 0 {
+			n = 16 // OpenAI's and vLLM's default for completions
+		}
+		if n > maxTokens {
+			apiError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens %d is more than the %d allowed", n, maxTokens))
+			return
+		}
+		var segs []workload.Segment
+		choice := map[string]any{"index": 0, "finish_reason": "length"}
+		text := strings.Repeat(" sim", n)
+		object := "text_completion"
+		if chat {
+			if len(req.Messages) == 0 {
+				apiError(w, http.StatusBadRequest, "messages must not be empty")
+				return
+			}
+			msgs := make([]tokenize.Message, len(req.Messages))
+			for i := range req.Messages {
+				content, err := req.Messages[i].Text()
+				if err != nil || req.Messages[i].Role == "" {
+					apiError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d]: a role and text content are required", i))
+					return
+				}
+				msgs[i] = tokenize.Message{Role: req.Messages[i].Role, Content: content}
+			}
+			segs = standin.ChatPieces(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+			object, choice["message"] = "chat.completion", map[string]string{"role": "assistant", "content": text}
+		} else {
+			var prompt string
+			switch p := req.Prompt.(type) {
+			case string:
+				prompt = p
+			case []any:
+				if len(p) == 1 {
+					prompt, _ = p[0].(string)
+				}
+			}
+			if prompt == "" {
+				apiError(w, http.StatusBadRequest, "prompt must be one non-empty string")
+				return
+			}
+			segs, choice["text"] = standin.Pieces(prompt, true), text
+		}
+		prompt, cached, err := s.serve(r.Context(), segs, n)
+		switch {
+		case errors.Is(err, ErrBadRequest):
+			apiError(w, http.StatusBadRequest, err.Error())
+			return
+		case err != nil:
+			apiError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		u := usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n}
+		u.PromptTokensDetails.CachedTokens = cached
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": fmt.Sprintf("cmpl-%s-%d", s.cfg.Pod, time.Now().UnixNano()), "object": object, "created": time.Now().Unix(),
+			"model": req.Model, "choices": []any{choice}, "usage": u,
+		})
 	}
-	s.respond(w, r, "chat.completion", standin.ChatPieces(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt), n, req.Model)
-}
-
-// respond serves the request and writes OpenAI's answer.
-func (s *Server) respond(w http.ResponseWriter, r *http.Request, object string, segs []workload.Segment, n int, model string) {
-	prompt, cached, err := s.serve(r.Context(), segs, n)
-	switch {
-	case errors.Is(err, ErrBadRequest):
-		apiError(w, http.StatusBadRequest, err.Error())
-		return
-	case err != nil:
-		apiError(w, http.StatusServiceUnavailable, err.Error())
-		return
-	}
-	u := usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n}
-	u.PromptTokensDetails.CachedTokens = cached
-	text := strings.Repeat(" sim", n)
-	choice := map[string]any{"index": 0, "finish_reason": "length"}
-	if object == "chat.completion" {
-		choice["message"] = map[string]string{"role": "assistant", "content": text}
-	} else {
-		choice["text"] = text
-	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"id": fmt.Sprintf("cmpl-%s-%d", s.cfg.Pod, time.Now().UnixNano()), "object": object, "created": time.Now().Unix(),
-		"model": model, "choices": []any{choice}, "usage": u,
-	})
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
@@ -387,7 +362,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // registerMetrics exports the engine under vLLM's metric names, labelled
 // model_name and engine as vLLM v1 labels them.
-func (s *Server) registerMetrics() {
+func (s *Server) registerMetrics(reg *prometheus.Registry) {
 	labels := prometheus.Labels{"model_name": s.cfg.Model, "engine": "0"}
 	read := func(f func() float64) func() float64 {
 		return func() float64 {
@@ -402,7 +377,7 @@ func (s *Server) registerMetrics() {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, read(f))
 	}
-	s.reg.MustRegister(
+	reg.MustRegister(
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func() float64 { return float64(s.eng.Load().Running) }),
 		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func() float64 { return float64(s.eng.Load().Waiting) }),
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func() float64 { return s.eng.Load().KVUsage }),

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"sort"
 	"strconv"
 	"time"
@@ -19,35 +20,23 @@ const (
 
 // PrefixesConfig describes the shared-prefix generator: each request is
 // one of Prefixes shared prefixes (prefix k of weight 1/(k+1)^ZipfS) then
-// a unique suffix; arrivals are Poisson at QPS. Zero fields take the
-// defaults in brackets.
+// a unique suffix; arrivals are Poisson at QPS. Zero fields take their
+// `default` tags.
 type PrefixesConfig struct {
-	Requests     int     // [2,000]
-	Prefixes     int     // [40]
-	PrefixTokens int     // [2,048]
-	SuffixTokens int     // [256]
-	OutputTokens int     // [128]
-	ZipfS        float64 // [DefaultZipfS]
+	Requests     int     `default:"2000"`
+	Prefixes     int     `default:"40"`
+	PrefixTokens int     `default:"2048"`
+	SuffixTokens int     `default:"256"`
+	OutputTokens int     `default:"128"`
+	ZipfS        float64 // DefaultZipfS when 0, unless Uniform
 	Uniform      bool    // equal popularity: ZipfS must be 0
-	QPS          float64 // [20]
-	Engines      int     // [4]
+	QPS          float64 `default:"20"`
+	Engines      int     `default:"4"`
 	Seed         uint64
 }
 
-func (c *PrefixesConfig) defaults() {
-	setDefault(&c.Requests, 2000)
-	setDefault(&c.Prefixes, 40)
-	setDefault(&c.PrefixTokens, 2048)
-	setDefault(&c.SuffixTokens, 256)
-	setDefault(&c.OutputTokens, 128)
-	setDefault(&c.Engines, 4)
-	if c.ZipfS == 0 && !c.Uniform {
-		c.ZipfS = DefaultZipfS
-	}
-	setDefault(&c.QPS, 20)
-}
-
-// DefaultZipfS is the prefixes generator's default popularity exponent.
+// DefaultZipfS is the generators' default popularity exponent (the
+// other generators' ZipfS tags repeat it).
 const DefaultZipfS = 1.1
 
 // Prefixes generates the shared-prefix workload.
@@ -55,7 +44,10 @@ func Prefixes(c PrefixesConfig) (*Workload, error) {
 	if c.Uniform && c.ZipfS != 0 {
 		return nil, fmt.Errorf("workload: prefixes: uniform popularity with Zipf exponent %v", c.ZipfS)
 	}
-	c.defaults()
+	setDefaults(&c)
+	if c.ZipfS == 0 && !c.Uniform {
+		c.ZipfS = DefaultZipfS
+	}
 	if c.Requests < 0 || c.Prefixes <= 0 || c.PrefixTokens <= 0 || c.SuffixTokens < 0 || c.OutputTokens <= 0 || c.QPS <= 0 || c.ZipfS < 0 {
 		return nil, fmt.Errorf("workload: prefixes: invalid parameters %+v", c)
 	}
@@ -66,9 +58,9 @@ func Prefixes(c PrefixesConfig) (*Workload, error) {
 	for i := range w.Requests {
 		t += rng.ExpFloat64() / c.QPS
 		k := cdf.Pick(rng)
-		segs := []Segment{{ID: mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
+		segs := []Segment{{ID: Mix64(prefixTag ^ c.Seed ^ uint64(k)), Len: c.PrefixTokens}}
 		if c.SuffixTokens > 0 {
-			segs = append(segs, Segment{ID: mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
+			segs = append(segs, Segment{ID: Mix64(suffixTag ^ c.Seed ^ uint64(i)<<8), Len: c.SuffixTokens})
 		}
 		w.Requests[i] = newRequest(i, t, segs, c.OutputTokens, "prefix-"+strconv.Itoa(k))
 	}
@@ -97,35 +89,23 @@ func ZipfCDF(n int, s float64) Zipf {
 // one of its UsersPerTenant users' fixed question, both uniform. Arrivals
 // are Poisson at a rate ramping linearly from StartQPS to EndQPS over
 // 2*Requests/(StartQPS+EndQPS) seconds (Requests arrive over it on
-// average). Zero fields take the defaults in brackets.
+// average). Zero fields take their `default` tags.
 type TenantsConfig struct {
-	Requests       int     // [6,000]
-	Tenants        int     // [150]
-	ContextTokens  int     // [6,000]
-	UsersPerTenant int     // [5]
-	QueryTokens    int     // [1,200]
-	OutputTokens   int     // [256]
-	StartQPS       float64 // [3]
-	EndQPS         float64 // [60]
-	Engines        int     // [8]
+	Requests       int     `default:"6000"`
+	Tenants        int     `default:"150"`
+	ContextTokens  int     `default:"6000"`
+	UsersPerTenant int     `default:"5"`
+	QueryTokens    int     `default:"1200"`
+	OutputTokens   int     `default:"256"`
+	StartQPS       float64 `default:"3"`
+	EndQPS         float64 `default:"60"`
+	Engines        int     `default:"8"`
 	Seed           uint64
-}
-
-func (c *TenantsConfig) defaults() {
-	setDefault(&c.Requests, 6000)
-	setDefault(&c.Tenants, 150)
-	setDefault(&c.ContextTokens, 6000)
-	setDefault(&c.UsersPerTenant, 5)
-	setDefault(&c.QueryTokens, 1200)
-	setDefault(&c.OutputTokens, 256)
-	setDefault(&c.Engines, 8)
-	setDefault(&c.StartQPS, 3)
-	setDefault(&c.EndQPS, 60)
 }
 
 // Tenants generates the multi-tenant workload.
 func Tenants(c TenantsConfig) (*Workload, error) {
-	c.defaults()
+	setDefaults(&c)
 	if c.Requests < 0 || c.Tenants <= 0 || c.ContextTokens <= 0 || c.UsersPerTenant <= 0 || c.QueryTokens < 0 || c.OutputTokens <= 0 || c.StartQPS <= 0 || c.EndQPS <= 0 {
 		return nil, fmt.Errorf("workload: tenants: invalid parameters %+v", c)
 	}
@@ -137,9 +117,9 @@ func Tenants(c TenantsConfig) (*Workload, error) {
 		lambda += rng.ExpFloat64()
 		tenant := rng.IntN(c.Tenants)
 		user := rng.IntN(c.UsersPerTenant)
-		segs := []Segment{{ID: mix64(contextTag ^ c.Seed ^ uint64(tenant)), Len: c.ContextTokens}}
+		segs := []Segment{{ID: Mix64(contextTag ^ c.Seed ^ uint64(tenant)), Len: c.ContextTokens}}
 		if c.QueryTokens > 0 {
-			segs = append(segs, Segment{ID: mix64(queryTag ^ c.Seed ^ uint64(tenant)<<20 ^ uint64(user)), Len: c.QueryTokens})
+			segs = append(segs, Segment{ID: Mix64(queryTag ^ c.Seed ^ uint64(tenant)<<20 ^ uint64(user)), Len: c.QueryTokens})
 		}
 		w.Requests[i] = newRequest(i, ramp.at(lambda), segs, c.OutputTokens, "tenant-"+strconv.Itoa(tenant))
 	}
@@ -183,8 +163,23 @@ func newRequest(id int, at float64, segs []Segment, outputLen int, group string)
 	return r
 }
 
-func setDefault[T int | float64 | time.Duration](p *T, v T) {
-	if *p == 0 {
-		*p = v
+// setDefaults sets each zero field of the struct c points to to its
+// `default` tag: an int, a float or a time.ParseDuration string.
+func setDefaults(c any) {
+	v := reflect.ValueOf(c).Elem()
+	for i := range v.NumField() {
+		f, tag := v.Field(i), v.Type().Field(i).Tag.Get("default")
+		if tag == "" || !f.IsZero() {
+			continue
+		}
+		var err error
+		if d, ok := f.Addr().Interface().(*time.Duration); ok {
+			*d, err = time.ParseDuration(tag)
+		} else {
+			_, err = fmt.Sscan(tag, f.Addr().Interface())
+		}
+		if err != nil {
+			panic(fmt.Sprintf("workload: %s.%s: default %q: %v", v.Type().Name(), v.Type().Field(i).Name, tag, err))
+		}
 	}
 }

@@ -51,7 +51,7 @@ func ReadMooncake(r io.Reader, name string) (*Workload, error) {
 		}
 		segs := make([]Segment, n)
 		for i, h := range l.HashIDs {
-			segs[i] = Segment{ID: mix64(mooncakeTag ^ h), Len: MooncakeBlock}
+			segs[i] = Segment{ID: Mix64(mooncakeTag ^ h), Len: MooncakeBlock}
 		}
 		segs[n-1].Len = l.InputLength - (n-1)*MooncakeBlock
 		w.Requests = append(w.Requests, Request{

@@ -47,7 +47,7 @@ const outputTag = 0x6f75747075740000 // "output\0\0"
 // cached as vLLM caches it, never matched by another request (a later
 // turn repeating an answer names it with its own prompt ids).
 func (r *Request) OutputSegment(workloadSeed uint64) Segment {
-	return Segment{ID: mix64(outputTag ^ workloadSeed ^ uint64(r.ID)*0xbf58476d1ce4e5b9), Len: r.OutputLen}
+	return Segment{ID: Mix64(outputTag ^ workloadSeed ^ uint64(r.ID)*0xbf58476d1ce4e5b9), Len: r.OutputLen}
 }
 
 // AppendTokens appends the prompt's tokens [start, end) to dst (one mix,
@@ -88,7 +88,7 @@ func (r *Request) AppendBlockContent(dst []uint64, blockSize int, out Segment) [
 	add := func(s Segment) {
 		for off := 0; off < s.Len; {
 			take := min(need, s.Len-off)
-			h = mix64(h ^ mix64(s.ID^mix64(uint64(off)<<32|uint64(take))))
+			h = Mix64(h ^ Mix64(s.ID^Mix64(uint64(off)<<32|uint64(take))))
 			off += take
 			need -= take
 			if need == 0 {
@@ -186,8 +186,6 @@ func (w *Workload) Stats() Stats {
 	}
 	return s
 }
-
-func mix64(x uint64) uint64 { return standin.Mix64(x) }
 
 // Mix64 is the simulator's one mixing function (SplitMix64's finaliser).
 func Mix64(x uint64) uint64 { return standin.Mix64(x) }

@@ -37,10 +37,10 @@ func FromTokens(arrival time.Duration, tokens []uint32, outputLen int) Request {
 	for off := 0; off < len(tokens); off += logBlock {
 		end := min(off+logBlock, len(tokens))
 		for _, t := range tokens[off:end] {
-			h = mix64(h ^ uint64(t))
+			h = Mix64(h ^ uint64(t))
 		}
 		// A partial tail is named by its length too: never a full run.
-		segs = append(segs, Segment{ID: mix64(h ^ uint64(end-off)<<48), Len: end - off})
+		segs = append(segs, Segment{ID: Mix64(h ^ uint64(end-off)<<48), Len: end - off})
 	}
 	if outputLen <= 0 {
 		outputLen = DefaultLogOutputTokens
@@ -129,7 +129,7 @@ func EstimateTokens(body json.RawMessage) ([]uint32, error) {
 		piece := text[off:min(off+4, len(text))]
 		h := uint64(0x746f6b)
 		for i := 0; i < len(piece); i++ {
-			h = mix64(h ^ uint64(piece[i]))
+			h = Mix64(h ^ uint64(piece[i]))
 		}
 		ids = append(ids, uint32(h%Vocab))
 	}

@@ -33,40 +33,25 @@ const answerPace = 20 * time.Millisecond
 // Poisson process; a turn arrives after the previous answer (OutputLen x
 // answerPace) and an exponential think time. Lengths are log-normal
 // around their means (sigma 0.8 for turns), the heavy tail of published
-// chat and agent traces. Zero fields take the defaults in brackets.
+// chat and agent traces. Zero fields take their `default` tags.
 type SessionsConfig struct {
-	Sessions      int     // [1,200]
-	SystemPrompts int     // [32]
-	SystemTokens  int     // mean, each prompt's length drawn once [2,500]
-	ZipfS         float64 // system prompts' popularity [1.1]
-	MeanTurns     float64 // geometric, at least 1 [6]
-	MaxTurns      int     // [24]
-	InputTokens   int     // mean new input: a user message or tool result [600]
-	OutputTokens  int     // mean answer [250]
-	// ThinkTime is the mean pause between an answer and the next turn [10 s].
-	ThinkTime   time.Duration
-	SessionRate float64 // sessions started per second [3]
-	Engines     int     // the fleet the workload is meant for [8]
-	Seed        uint64
-}
-
-func (c *SessionsConfig) defaults() {
-	setDefault(&c.Sessions, 1200)
-	setDefault(&c.SystemPrompts, 32)
-	setDefault(&c.SystemTokens, 2500)
-	setDefault(&c.MaxTurns, 24)
-	setDefault(&c.InputTokens, 600)
-	setDefault(&c.OutputTokens, 250)
-	setDefault(&c.Engines, 8)
-	setDefault(&c.ZipfS, DefaultZipfS)
-	setDefault(&c.MeanTurns, 6)
-	setDefault(&c.ThinkTime, 10*time.Second)
-	setDefault(&c.SessionRate, 3)
+	Sessions      int           `default:"1200"`
+	SystemPrompts int           `default:"32"`
+	SystemTokens  int           `default:"2500"` // mean, each prompt's length drawn once
+	ZipfS         float64       `default:"1.1"`  // system prompts' popularity
+	MeanTurns     float64       `default:"6"`    // geometric, at least 1
+	MaxTurns      int           `default:"24"`
+	InputTokens   int           `default:"600"` // mean new input: a user message or tool result
+	OutputTokens  int           `default:"250"` // mean answer
+	ThinkTime     time.Duration `default:"10s"` // mean pause between an answer and the next turn
+	SessionRate   float64       `default:"3"`   // sessions started per second
+	Engines       int           `default:"8"`   // the fleet the workload is meant for
+	Seed          uint64
 }
 
 // Sessions generates multi-turn agent sessions.
 func Sessions(c SessionsConfig) (*Workload, error) {
-	c.defaults()
+	setDefaults(&c)
 	if c.Sessions < 0 || c.SystemPrompts <= 0 || c.SystemTokens <= 0 || c.MeanTurns < 1 || c.MaxTurns < 1 ||
 		c.InputTokens <= 0 || c.OutputTokens <= 0 || c.ThinkTime < 0 || c.SessionRate <= 0 || c.ZipfS < 0 {
 		return nil, fmt.Errorf("workload: sessions: invalid parameters %+v", c)
@@ -74,7 +59,7 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, systemTag))
 	system := make([]Segment, c.SystemPrompts)
 	for k := range system {
-		system[k] = Segment{ID: mix64(systemTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.SystemTokens, 0.4)}
+		system[k] = Segment{ID: Mix64(systemTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.SystemTokens, 0.4)}
 	}
 	cdf := ZipfCDF(c.SystemPrompts, c.ZipfS)
 	var reqs []Request
@@ -83,7 +68,7 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 		start += rng.ExpFloat64() / c.SessionRate
 		k := cdf.Pick(rng)
 		turns := geometric(rng, c.MeanTurns, c.MaxTurns)
-		id := func(tag uint64, turn int) uint64 { return mix64(tag ^ c.Seed ^ uint64(s)<<20 ^ uint64(turn)) }
+		id := func(tag uint64, turn int) uint64 { return Mix64(tag ^ c.Seed ^ uint64(s)<<20 ^ uint64(turn)) }
 		reqs = appendConversation(reqs, rng, conversation{
 			prefix: []Segment{system[k]}, start: start, steps: turns, group: "system-" + strconv.Itoa(k),
 			input:  func(turn int) Segment { return Segment{ID: id(turnTag, turn), Len: logNormal(rng, c.InputTokens, 0.8)} },
@@ -103,46 +88,28 @@ func Sessions(c SessionsConfig) (*Workload, error) {
 // and result (tools, system prompt, messages: hosted APIs' prompt-cache
 // order); a step's output is the next call, and the next step arrives
 // after it (OutputLen x answerPace) and the tool's latency (exponential).
-// Zero fields take the defaults in brackets.
+// Zero fields take their `default` tags.
 type ToolAgentsConfig struct {
-	Tasks         int     // [1,000]
-	Catalogs      int     // [6]
-	CatalogTokens int     // mean [8,000]
-	ZipfS         float64 // catalogs' popularity across agents [1.1]
-	Agents        int     // [200]
-	AgentTokens   int     // mean instructions [800]
-	TaskTokens    int     // mean [400]
-	MeanSteps     float64 // geometric, at least 1 [5]
-	MaxSteps      int     // [16]
-	CallTokens    int     // mean step output: a call or the answer [80]
-	ResultTokens  int     // mean tool result [700]
-	// ToolTime is a tool call's mean latency [2 s].
-	ToolTime time.Duration
-	TaskRate float64 // tasks started per second [3]
-	Engines  int     // [8]
-	Seed     uint64
-}
-
-func (c *ToolAgentsConfig) defaults() {
-	setDefault(&c.Tasks, 1000)
-	setDefault(&c.Catalogs, 6)
-	setDefault(&c.CatalogTokens, 8000)
-	setDefault(&c.Agents, 200)
-	setDefault(&c.AgentTokens, 800)
-	setDefault(&c.TaskTokens, 400)
-	setDefault(&c.MaxSteps, 16)
-	setDefault(&c.CallTokens, 80)
-	setDefault(&c.ResultTokens, 700)
-	setDefault(&c.Engines, 8)
-	setDefault(&c.ZipfS, DefaultZipfS)
-	setDefault(&c.MeanSteps, 5)
-	setDefault(&c.ToolTime, 2*time.Second)
-	setDefault(&c.TaskRate, 3)
+	Tasks         int           `default:"1000"`
+	Catalogs      int           `default:"6"`
+	CatalogTokens int           `default:"8000"` // mean
+	ZipfS         float64       `default:"1.1"`  // catalogs' popularity across agents
+	Agents        int           `default:"200"`
+	AgentTokens   int           `default:"800"` // mean instructions
+	TaskTokens    int           `default:"400"` // mean
+	MeanSteps     float64       `default:"5"`   // geometric, at least 1
+	MaxSteps      int           `default:"16"`
+	CallTokens    int           `default:"80"`  // mean step output: a call or the answer
+	ResultTokens  int           `default:"700"` // mean tool result
+	ToolTime      time.Duration `default:"2s"`  // a tool call's mean latency
+	TaskRate      float64       `default:"3"`   // tasks started per second
+	Engines       int           `default:"8"`
+	Seed          uint64
 }
 
 // ToolAgents generates tool-calling agents.
 func ToolAgents(c ToolAgentsConfig) (*Workload, error) {
-	c.defaults()
+	setDefaults(&c)
 	if c.Tasks < 0 || c.Catalogs <= 0 || c.CatalogTokens <= 0 || c.Agents <= 0 || c.AgentTokens <= 0 || c.TaskTokens <= 0 ||
 		c.MeanSteps < 1 || c.MaxSteps < 1 || c.CallTokens <= 0 || c.ResultTokens <= 0 || c.ToolTime < 0 || c.TaskRate <= 0 || c.ZipfS < 0 {
 		return nil, fmt.Errorf("workload: tools: invalid parameters %+v", c)
@@ -150,21 +117,21 @@ func ToolAgents(c ToolAgentsConfig) (*Workload, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, catalogTag))
 	catalogs := make([]Segment, c.Catalogs)
 	for k := range catalogs {
-		catalogs[k] = Segment{ID: mix64(catalogTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.CatalogTokens, 0.4)}
+		catalogs[k] = Segment{ID: Mix64(catalogTag ^ c.Seed ^ uint64(k)), Len: logNormal(rng, c.CatalogTokens, 0.4)}
 	}
 	cdf := ZipfCDF(c.Catalogs, c.ZipfS)
 	agentCatalog := make([]int, c.Agents)
 	agents := make([]Segment, c.Agents)
 	for a := range agents {
 		agentCatalog[a] = cdf.Pick(rng)
-		agents[a] = Segment{ID: mix64(agentTag ^ c.Seed ^ uint64(a)), Len: logNormal(rng, c.AgentTokens, 0.5)}
+		agents[a] = Segment{ID: Mix64(agentTag ^ c.Seed ^ uint64(a)), Len: logNormal(rng, c.AgentTokens, 0.5)}
 	}
 	var reqs []Request
 	var start float64
 	for task := range c.Tasks {
 		start += rng.ExpFloat64() / c.TaskRate
 		a := rng.IntN(c.Agents)
-		id := func(tag uint64, step int) uint64 { return mix64(tag ^ c.Seed ^ uint64(task)<<20 ^ uint64(step)) }
+		id := func(tag uint64, step int) uint64 { return Mix64(tag ^ c.Seed ^ uint64(task)<<20 ^ uint64(step)) }
 		prefix := []Segment{catalogs[agentCatalog[a]], agents[a], {ID: id(taskTag, 0), Len: logNormal(rng, c.TaskTokens, 0.8)}}
 		reqs = appendConversation(reqs, rng, conversation{
 			prefix: prefix, start: start, steps: geometric(rng, c.MeanSteps, c.MaxSteps), group: "catalog-" + strconv.Itoa(agentCatalog[a]),
@@ -227,41 +194,23 @@ func sortedWorkload(name string, engines int, reqs []Request) *Workload {
 // after Gaussian noise of Noise ranks on their scores, so documents recur
 // in varying subsets and orders, across topics too. Documents are
 // chunk-sized (within 25% of DocTokens); arrivals Poisson at QPS. Zero
-// fields take the defaults in brackets.
+// fields take their `default` tags.
 type RAGConfig struct {
-	Requests     int     // [8,000]
-	Documents    int     // corpus [3,000]
-	DocTokens    int     // mean [600]
-	Topics       int     // [400]
-	TopicDocs    int     // [10]
-	Retrieved    int     // [5]
-	Noise        float64 // score noise in ranks [1]
+	Requests     int     `default:"8000"`
+	Documents    int     `default:"3000"` // corpus
+	DocTokens    int     `default:"600"`  // mean
+	Topics       int     `default:"400"`
+	TopicDocs    int     `default:"10"`
+	Retrieved    int     `default:"5"`
+	Noise        float64 // score noise in ranks (1 when 0, unless Exact)
 	Exact        bool    // no noise: Noise must be 0
-	ZipfS        float64 // topics' popularity [1.1]
-	SystemTokens int     // [400]
-	QueryTokens  int     // mean [80]
-	OutputTokens int     // mean [200]
-	QPS          float64 // [16]
-	Engines      int     // [8]
+	ZipfS        float64 `default:"1.1"` // topics' popularity
+	SystemTokens int     `default:"400"`
+	QueryTokens  int     `default:"80"`  // mean
+	OutputTokens int     `default:"200"` // mean
+	QPS          float64 `default:"16"`
+	Engines      int     `default:"8"`
 	Seed         uint64
-}
-
-func (c *RAGConfig) defaults() {
-	setDefault(&c.Requests, 8000)
-	setDefault(&c.Documents, 3000)
-	setDefault(&c.DocTokens, 600)
-	setDefault(&c.Topics, 400)
-	setDefault(&c.TopicDocs, 10)
-	setDefault(&c.Retrieved, 5)
-	setDefault(&c.SystemTokens, 400)
-	setDefault(&c.QueryTokens, 80)
-	setDefault(&c.OutputTokens, 200)
-	setDefault(&c.Engines, 8)
-	if c.Noise == 0 && !c.Exact {
-		c.Noise = 1
-	}
-	setDefault(&c.ZipfS, DefaultZipfS)
-	setDefault(&c.QPS, 16)
 }
 
 // RAG generates the retrieval-augmented workload.
@@ -269,7 +218,10 @@ func RAG(c RAGConfig) (*Workload, error) {
 	if c.Exact && c.Noise != 0 {
 		return nil, fmt.Errorf("workload: rag: an exact retriever with noise %v", c.Noise)
 	}
-	c.defaults()
+	setDefaults(&c)
+	if c.Noise == 0 && !c.Exact {
+		c.Noise = 1
+	}
 	if c.Requests < 0 || c.Documents <= 0 || c.DocTokens <= 0 || c.Topics <= 0 || c.TopicDocs <= 0 || c.Retrieved <= 0 ||
 		c.Retrieved > c.TopicDocs || c.TopicDocs > c.Documents || c.Noise < 0 || c.SystemTokens <= 0 || c.QueryTokens <= 0 ||
 		c.OutputTokens <= 0 || c.QPS <= 0 || c.ZipfS < 0 {
@@ -278,13 +230,13 @@ func RAG(c RAGConfig) (*Workload, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, ragTag))
 	docs := make([]Segment, c.Documents)
 	for d := range docs {
-		docs[d] = Segment{ID: mix64(docTag ^ c.Seed ^ uint64(d)), Len: max(1, int(float64(c.DocTokens)*(0.75+0.5*rng.Float64())))}
+		docs[d] = Segment{ID: Mix64(docTag ^ c.Seed ^ uint64(d)), Len: max(1, int(float64(c.DocTokens)*(0.75+0.5*rng.Float64())))}
 	}
 	topics := make([][]int, c.Topics)
 	for t := range topics {
 		topics[t] = rng.Perm(c.Documents)[:c.TopicDocs]
 	}
-	system := Segment{ID: mix64(systemTag ^ ragTag ^ c.Seed), Len: c.SystemTokens}
+	system := Segment{ID: Mix64(systemTag ^ ragTag ^ c.Seed), Len: c.SystemTokens}
 	cdf := ZipfCDF(c.Topics, c.ZipfS)
 	w := &Workload{Name: "rag", Engines: c.Engines, Requests: make([]Request, c.Requests)}
 	type scored struct {
@@ -304,7 +256,7 @@ func RAG(c RAGConfig) (*Workload, error) {
 		for _, s := range cand[:c.Retrieved] {
 			segs = append(segs, docs[s.doc])
 		}
-		segs = append(segs, Segment{ID: mix64(queryTag ^ ragTag ^ c.Seed ^ uint64(i)<<8), Len: logNormal(rng, c.QueryTokens, 0.6)})
+		segs = append(segs, Segment{ID: Mix64(queryTag ^ ragTag ^ c.Seed ^ uint64(i)<<8), Len: logNormal(rng, c.QueryTokens, 0.6)})
 		w.Requests[i] = newRequest(i, t, segs, logNormal(rng, c.OutputTokens, 0.6), "topic-"+strconv.Itoa(topic))
 	}
 	return w, nil

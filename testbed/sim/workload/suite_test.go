@@ -80,7 +80,7 @@ func TestSessionsShape(t *testing.T) {
 			count[w.Requests[i].Prompt[0].ID]++
 		}
 	}
-	top := count[mix64(systemTag^3)] // prompt 0 of seed 3
+	top := count[Mix64(systemTag^3)] // prompt 0 of seed 3
 	if len(count) > 32 || len(count) < 10 {
 		t.Fatalf("%d distinct system prompts", len(count))
 	}

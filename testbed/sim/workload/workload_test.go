@@ -250,7 +250,7 @@ func TestPause(t *testing.T) {
 
 // qpsAt returns the tenants ramp's arrival rate at t seconds.
 func qpsAt(c TenantsConfig, t float64) float64 {
-	c.defaults()
+	setDefaults(&c)
 	r := newRamp(c.StartQPS, c.EndQPS, float64(c.Requests))
 	if t >= r.T {
 		return r.r1
