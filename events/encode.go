@@ -21,7 +21,7 @@ const (
 )
 
 // String returns the encoding's name.
-func (e Encoding) String() string { return enumName("Encoding", e, "array", "map") }
+func (e Encoding) String() string { return enumName("Encoding", e, encodingNames[:]) }
 
 // HashForm selects how AppendPayload writes block hashes.
 type HashForm uint8
@@ -37,7 +37,7 @@ const (
 )
 
 // String returns the hash form's name.
-func (h HashForm) String() string { return enumName("HashForm", h, "uint64", "int64", "bin32") }
+func (h HashForm) String() string { return enumName("HashForm", h, hashNames[:]) }
 
 // Envelope selects the shape of the batch around the events.
 type Envelope uint8
@@ -52,7 +52,7 @@ const (
 )
 
 // String returns the envelope's name.
-func (e Envelope) String() string { return enumName("Envelope", e, "array3", "array2", "map") }
+func (e Envelope) String() string { return enumName("Envelope", e, envelopeNames[:]) }
 
 // EncodeOptions says which vLLM release AppendPayload imitates; the zero
 // value is the last array-era one (11 fields, uint64 hashes, 3 elements).

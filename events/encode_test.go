@@ -457,3 +457,26 @@ func TestRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestEnumStringsAllocateNothing: the enums' names come from tables, so
+// the Score path's Medium.String costs no allocation; an unnamed value
+// says its type and number.
+func TestEnumStringsAllocateNothing(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() {
+		_ = MediumCPU.String()
+		_ = KindBlockRemoved.String()
+		_ = DeltaClear.String()
+		_ = EncodingMap.String()
+	}); n != 0 {
+		t.Errorf("enum String allocates %.0f times, want 0", n)
+	}
+	for _, c := range []struct{ got, want string }{
+		{MediumCPU.String(), "CPU"}, {MediumOther.String(), "OTHER"}, {Medium(9).String(), "Medium(9)"},
+		{KindBlockStored.String(), "BlockStored"}, {Kind(0).String(), "Kind(0)"}, {DeltaDrop.String(), "DROP"},
+		{HashInt64.String(), "int64"}, {EnvelopeMap.String(), "map"},
+	} {
+		if c.got != c.want {
+			t.Errorf("String() = %q, want %q", c.got, c.want)
+		}
+	}
+}

@@ -19,11 +19,23 @@ const (
 
 // String returns vLLM's tag for the kind ("BlockStored", ...).
 func (k Kind) String() string {
-	return enumName("Kind", k, "", "BlockStored", "BlockRemoved", "AllBlocksCleared")
+	return enumName("Kind", k, kindNames[:])
 }
 
+// Name tables of the enums, read only. They are package arrays, not
+// literals at the call, so String allocates nothing: a slice literal whose
+// strings are returned escapes to the heap on every call.
+var (
+	kindNames     = [...]string{"", "BlockStored", "BlockRemoved", "AllBlocksCleared"}
+	mediumNames   = [...]string{"GPU", "CPU", "STORAGE", "DISK", "EXTERNAL", "OTHER"}
+	encodingNames = [...]string{"array", "map"}
+	hashNames     = [...]string{"uint64", "int64", "bin32"}
+	envelopeNames = [...]string{"array3", "array2", "map"}
+	deltaOpNames  = [...]string{"", "STORE", "REMOVE", "DROP", "CLEAR"}
+)
+
 // enumName returns names[v], or typ(v) for a value without a name.
-func enumName[T ~uint8](typ string, v T, names ...string) string {
+func enumName[T ~uint8](typ string, v T, names []string) string {
 	if int(v) < len(names) && names[v] != "" {
 		return names[v]
 	}
@@ -53,7 +65,7 @@ const (
 
 // String returns the normalised, upper-case name of the medium.
 func (m Medium) String() string {
-	return enumName("Medium", m, "GPU", "CPU", "STORAGE", "DISK", "EXTERNAL", "OTHER")
+	return enumName("Medium", m, mediumNames[:])
 }
 
 // ParseMedium normalises a medium name, ignoring case: "" is GPU, CPU_PINNED

@@ -23,7 +23,7 @@ const (
 
 // String returns the op's name.
 func (o DeltaOp) String() string {
-	return enumName("DeltaOp", o, "", "STORE", "REMOVE", "DROP", "CLEAR")
+	return enumName("DeltaOp", o, deltaOpNames[:])
 }
 
 // DeltaEntry is one change of a Delta.
