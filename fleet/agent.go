@@ -18,6 +18,7 @@ import (
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/defaults"
+	"github.com/kvindex/kvindex/internal/tick"
 	"github.com/kvindex/kvindex/metrics"
 )
 
@@ -234,18 +235,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		interval := a.cfg.Agent.CheckpointInterval
 		defaults.Positive(&interval, config.DefaultCheckpointInterval) // for a config built without SetDefaults
 		wg.Go(func() {
-			t := time.NewTicker(interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					if err := a.WriteCheckpoint(); err != nil {
-						a.ck.problem("writing the checkpoint failed; retrying at the next interval", err)
-					}
+			tick.Every(ctx, interval, func(time.Time) {
+				if err := a.WriteCheckpoint(); err != nil {
+					a.ck.problem("writing the checkpoint failed; retrying at the next interval", err)
 				}
-			}
+			})
 		})
 	}
 	err := a.sub.Run(ctx)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvindex/kvindex/indexer"
 	"github.com/kvindex/kvindex/internal/quote"
+	"github.com/kvindex/kvindex/internal/tick"
 )
 
 // Errors of Tracker.Record and Release.
@@ -367,16 +368,7 @@ func (t *Tracker) Sweep() {
 
 // Run sweeps every interval until ctx is done.
 func (t *Tracker) Run(ctx context.Context, interval time.Duration) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			t.Sweep()
-		}
-	}
+	tick.Every(ctx, interval, func(time.Time) { t.Sweep() })
 }
 
 // InFlight returns the number of requests in flight.

@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
+	"github.com/kvindex/kvindex/internal/tick"
 	fleetv1 "github.com/kvindex/kvindex/proto/kvindex/fleet/v1"
 )
 
@@ -243,16 +244,7 @@ func (s *Source) dropUnseen(seen map[string]bool) {
 // watchdog re-derives health a few times a second, so time alone (NATS
 // down, an agent silent) turns workers STALE.
 func (s *Source) watchdog(ctx context.Context) {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.each(func(w *replicaWorker) { w.refreshHealth() })
-		}
-	}
+	tick.Every(ctx, 100*time.Millisecond, func(time.Time) { s.each(func(w *replicaWorker) { w.refreshHealth() }) })
 }
 
 // WatchRestarts counts restarts of the bucket watch.

@@ -20,6 +20,7 @@ import (
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/defaults"
 	"github.com/kvindex/kvindex/internal/lograte"
+	"github.com/kvindex/kvindex/internal/tick"
 )
 
 // ErrFrames reports a ZMQ message that is not vLLM's [topic, seq, payload].
@@ -565,21 +566,14 @@ func (r *receiver) handle(ctx context.Context, frames [][]byte) {
 
 // checkHealth re-evaluates every worker's health until ctx is done.
 func (s *Subscriber) checkHealth(ctx context.Context) {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-tick.C:
-			s.mu.RLock()
-			streams := s.streams
-			s.mu.RUnlock()
-			for _, st := range streams {
-				st.setHealth(st.evalHealth(now, &s.opts), now)
-			}
+	tick.Every(ctx, 100*time.Millisecond, func(now time.Time) {
+		s.mu.RLock()
+		streams := s.streams
+		s.mu.RUnlock()
+		for _, st := range streams {
+			st.setHealth(st.evalHealth(now, &s.opts), now)
 		}
-	}
+	})
 }
 
 func (s *Subscriber) putBatch(b *events.Batch) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/internal/defaults"
+	"github.com/kvindex/kvindex/internal/tick"
 )
 
 // Files are what a Reloader loads.
@@ -72,16 +73,7 @@ func (r *Reloader) Failures() int64 { return r.failures.Load() }
 // Run checks the files every interval until ctx is done and reloads them
 // when any changed.
 func (r *Reloader) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.Check()
-		}
-	}
+	tick.Every(ctx, interval, func(time.Time) { r.Check() })
 }
 
 // Check reloads the files if their sizes or modification times changed,
