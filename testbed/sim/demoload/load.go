@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/internal/lograte"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 	"github.com/kvindex/kvindex/tokenize"
@@ -78,9 +79,11 @@ type Driver struct {
 	http   *http.Client
 	pods   []string // sorted, for the fallback
 	rr     atomic.Uint64
-	next   atomic.Uint64 // request ids
-	zipf   workload.Zipf // over the prefixes
-	system []string      // the system prompts
+	logMu  sync.Mutex
+	logFb  lograte.Limiter // route failures: one line a minute
+	next   atomic.Uint64   // request ids
+	zipf   workload.Zipf   // over the prefixes
+	system []string        // the system prompts
 	stats  Stats
 }
 
@@ -242,6 +245,12 @@ func (d *Driver) route(ctx context.Context, kv *api.Client, id string, toks []ui
 		return resp.GetChosen().GetPod(), true
 	}
 	d.stats.Fallback.Add(1)
+	d.logMu.Lock()
+	emit, suppressed := d.logFb.Allow(time.Now(), time.Minute)
+	d.logMu.Unlock()
+	if emit {
+		d.cfg.Logger.Warn("kvindex could not route: round-robin", "request", id, "err", err, "suppressed", suppressed)
+	}
 	return d.pods[int(d.rr.Add(1)-1)%len(d.pods)], false
 }
 

@@ -3,6 +3,7 @@ package demoload
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -30,9 +31,10 @@ func startRig(t *testing.T) *rig {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rig{engines: map[string]string{}}
 	cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: "off", Models: []config.Model{{Name: model, BlockSize: 16}}}
-	// Admission control has its own tests; here a Route queued past the
-	// default 50 ms on a loaded machine would count as a fallback.
-	cfg.Limits.MaxQueueDelay = 10 * time.Second
+	// Admission control has its own tests; here a Route it refuses on a
+	// loaded machine (queued past 50 ms, or past the concurrency it has
+	// lowered to) would count as a fallback.
+	cfg.Limits.AdmissionOff = true
 	var done []chan error
 	for _, pod := range []string{"engine-0", "engine-1"} {
 		base, err := netutil.FreePorts(2)
@@ -82,7 +84,7 @@ func TestRoutedLoadHitsTheCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kv.Close()
-	d, err := New(Config{Model: model, Engines: r.engines, Rate: 40, Prefixes: 2, SystemTokens: 512, Duration: 2 * time.Second, Seed: 3}, kv)
+	d, err := New(Config{Model: model, Engines: r.engines, Rate: 40, Prefixes: 2, SystemTokens: 512, Duration: 2 * time.Second, Seed: 3, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}, kv)
 	if err != nil {
 		t.Fatal(err)
 	}
