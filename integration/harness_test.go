@@ -168,10 +168,12 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 	if f.pushAddr != "" {
 		cfg.Push = []config.Push{{Listen: f.pushAddr, Routes: opts.routes}}
 	}
-	// Admission control sheds calls that queue past its target; on a
-	// loaded 2-core machine a test's few calls can, which would fail a test
-	// of something else. Tests of admission set their own bound.
+	// Admission control sheds calls that queue past its bounds, and lowers
+	// the calls it takes on while queueing exceeds its 1 ms target; on a
+	// loaded 2-core machine a test's few calls can do both, which would
+	// fail a test of something else. Tests of admission set their own.
 	cfg.Limits.MaxQueueDelay = 10 * time.Second
+	cfg.Limits.QueueTarget = time.Second
 	if opts.configure != nil {
 		opts.configure(cfg)
 	}

@@ -78,6 +78,15 @@ func LiveConfig(w *workload.Workload, o Options, lo LiveOptions) (*config.Config
 	return daemonConfig(&o, liveFleets(&o, lo.BasePort), config.DefaultGRPCListen, config.DefaultMetricsListen), nil
 }
 
+// simLimits relax admission control for the simulator's daemons: the
+// engines, routers and kvindex share the machine, and a Route refused
+// because the simulated engines took the cores (queueing past the 1 ms
+// target, or the 50 ms bound) would end the run; routing quality, not
+// overload, is what it measures.
+func simLimits() config.Limits {
+	return config.Limits{QueueTarget: time.Second, MaxQueueDelay: 10 * time.Second}
+}
+
 func (lo *LiveOptions) defaults() {
 	if lo.Speedup <= 0 {
 		lo.Speedup = 1
@@ -87,7 +96,7 @@ func (lo *LiveOptions) defaults() {
 
 // daemonConfig subscribes kvindex to fleets' engines (before SetDefaults).
 func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen string) *config.Config {
-	c := &config.Config{GRPCListen: grpcListen, MetricsListen: metricsListen}
+	c := &config.Config{GRPCListen: grpcListen, MetricsListen: metricsListen, Limits: simLimits()}
 	for _, f := range fleets {
 		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {
