@@ -232,6 +232,15 @@ func (d *respDecoder) workerScore(b []byte) bool {
 			ws.Score = c.double()
 		case num == 11 && typ == protowire.BytesType:
 			ws.Reason = d.str(&c)
+		case num == 12 && typ == protowire.VarintType:
+			ws.PrefixBlocks = uint32(c.varint())
+		case num == 13 && typ == protowire.BytesType && ws.CappedBy == nil:
+			// Only a capped worker has it: one allocation, through
+			// protobuf-go (whose validation of UTF-8 the answer keeps).
+			ws.CappedBy = new(kvindexv1.KVCacheGroup)
+			if proto.Unmarshal(c.bytes(), ws.CappedBy) != nil || c.bad {
+				return false
+			}
 		default:
 			return false
 		}

@@ -119,7 +119,7 @@ func (s *Server) Lookup(ctx context.Context, req *kvindexv1.LookupRequest) (*kvi
 		keys = p.Model.PromptKeys(p.Tokens, p.Extras, nil)
 	}
 	resp := &kvindexv1.LookupResponse{
-		BlockSize:    clampU32(p.Model.BlockSize),
+		BlockSize:    clampU32(p.Model.BlockSize()),
 		PromptBlocks: clampU32(len(keys)),
 		Keys:         make([]uint64, len(keys)),
 	}
@@ -244,7 +244,7 @@ func (s *Server) Diagnose(ctx context.Context, req *kvindexv1.DiagnoseRequest) (
 	resp := &kvindexv1.DiagnoseResponse{
 		Worker:          toRef(ref),
 		Model:           w.Info().Model,
-		BlockSize:       clampU32(p.Model.BlockSize),
+		BlockSize:       clampU32(p.Model.BlockSize()),
 		PromptBlocks:    clampU32(d.Blocks),
 		MatchedBlocks:   clampU32(d.Matched),
 		FirstMissKey:    uint64(d.FirstMiss),

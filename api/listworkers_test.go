@@ -36,12 +36,12 @@ func TestListWorkers(t *testing.T) {
 	apply(t, a, events.Event{Kind: events.KindBlockStored, BlockHashes: hashes(100, 0, 3), Medium: events.MediumCPU})
 	apply(t, a, removed(100, 6, 8, events.MediumGPU))
 	// Problems are counted, not fatal: an orphan, an unknown removal and a
-	// block size mismatch.
+	// store describing the group anew (32-token blocks).
 	orphan := stored(200, p, 4, 5)
 	_ = a.ApplyBatch(&events.Batch{Events: []events.Event{orphan}})
 	_ = a.ApplyBatch(&events.Batch{Events: []events.Event{removed(300, 0, 2, events.MediumGPU)}})
-	bad := stored(400, p, 0, 1)
-	bad.BlockSize = 32
+	bad := stored(400, p, 0, 2)
+	bad.BlockSize, bad.BlockHashes = 32, bad.BlockHashes[:1]
 	_ = a.ApplyBatch(&events.Batch{Events: []events.Event{bad}})
 	apply(t, b, stored(500, p, 0, 2), events.Event{Kind: events.KindAllBlocksCleared})
 	apply(t, c, stored(600, p, 0, 1))
@@ -84,7 +84,9 @@ func TestListWorkers(t *testing.T) {
 		},
 		BlocksStored: 9, BlocksRemoved: 2,
 		Gaps: 1, MissedBatches: 3, Restarts: 2, DecodeErrors: 4, ApplyErrors: 3,
-		Orphans: 1, UnknownBlocks: 2, BlockSizeMismatches: 1, LastError: "boom",
+		Orphans: 1, UnknownBlocks: 2, LayoutChanges: 1, LastError: "boom",
+		BlockSize: 16, ModelBlockSize: 16,
+		Groups: []*kvindexv1.KVCacheGroup{{Index: 0, Role: "prefix", BlockSize: 16, ResidentBlocks: 7}},
 	}
 	if !proto.Equal(gotA, wantA) {
 		t.Errorf("pod-a\n got %s\nwant %s", protojson.Format(gotA), protojson.Format(wantA))

@@ -181,7 +181,7 @@ func (h *hitMetrics) observe(model *indexer.Model, c *scoring.Candidate, promptT
 	if c == nil {
 		p = h.nonePair(model)
 	} else {
-		held = min(c.Match.Blocks*model.BlockSize, promptTokens)
+		held = min(c.Match.Blocks*model.BlockSize(), promptTokens)
 		w := h.worker(model, c)
 		w.promptTokens.Add(uint64(promptTokens))
 		w.hitTokens.Add(uint64(held))

@@ -429,8 +429,8 @@ func (s *Server) checkTokens(req *kvindexv1.ScoreRequest, model *indexer.Model, 
 		}
 		return status.Errorf(codes.InvalidArgument, "%s: %d tokens exceed the limit of %d", field, nTok, s.opts.MaxTokens)
 	}
-	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize {
-		return status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize)
+	if n := len(req.GetBlockExtraKeys()); n > 0 && n > nTok/model.BlockSize() {
+		return status.Errorf(codes.InvalidArgument, "block_extra_keys: %d entries for a prompt of %d full blocks", n, nTok/model.BlockSize())
 	}
 	return nil
 }
@@ -497,7 +497,7 @@ func (s *Server) unknownModel(name string) error {
 func (s *Server) buildScoreResponse(sc *scoreScratch, req *kvindexv1.ScoreRequest) *kvindexv1.ScoreResponse {
 	res := &sc.res
 	pol := &res.Policy
-	blockSize := res.Model.BlockSize
+	blockSize := res.Model.BlockSize()
 	n := len(res.Ranked)
 	nMedia := 0
 	for i := range res.Ranked {
@@ -538,6 +538,12 @@ func (s *Server) buildScoreResponse(sc *scoreScratch, req *kvindexv1.ScoreReques
 		if req.GetExplain() {
 			ws.Reason = pol.Explain(res.Prompt, c)
 		}
+		if m.Prefix > 0 {
+			ws.PrefixBlocks = clampU32(m.Prefix)
+			if g, ok := res.CapGroup(c); ok {
+				ws.CappedBy = groupStatus(&g)
+			}
+		}
 		first := next
 		for med, b := range m.ByMedium {
 			if b == 0 {
@@ -561,6 +567,12 @@ func (s *Server) buildScoreResponse(sc *scoreScratch, req *kvindexv1.ScoreReques
 		Workers:      out,
 		Policy:       pol.Name.String(),
 	}
+}
+
+// groupStatus is g in the API's terms.
+func groupStatus(g *indexer.Group) *kvindexv1.KVCacheGroup {
+	return &kvindexv1.KVCacheGroup{Index: uint32(g.Index), Kind: g.Kind, Role: g.Role(), BlockSize: clampU32(g.BlockSize),
+		SlidingWindow: clampU32(g.Window), ResidentBlocks: clampU64(g.Blocks)}
 }
 
 // clampU32 converts a non-negative count to uint32, saturating.
@@ -624,6 +636,15 @@ func (s *Server) ListWorkers(ctx context.Context, req *kvindexv1.ListWorkersRequ
 			Evictions:           clampU64(st.Evictions - st.BudgetEvictions), // capacity only: each reason once
 			BudgetEvictions:     clampU64(st.BudgetEvictions),
 			Capacity:            clampU64(st.Capacity),
+			BlockSize:           clampU32(st.BlockSize),
+			ModelBlockSize:      clampU32(w.Model().BlockSize()),
+			UnknownGroupBlocks:  clampU64(st.UnknownGroupBlocks),
+			LayoutChanges:       clampU64(st.LayoutChanges),
+			SideBlocks:          clampU64(st.SideBlocks),
+			SideRefused:         clampU64(st.SideRefused),
+		}
+		for _, g := range w.Groups() {
+			ws.Groups = append(ws.Groups, groupStatus(&g))
 		}
 		for m, n := range st.ResidentByMedium {
 			if n > 0 {

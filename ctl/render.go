@@ -75,7 +75,13 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		note(ws.GetDropped() > 0, "%d messages dropped on a full queue (backlog now %d)", ws.GetDropped(), ws.GetBacklog())
 		note(ws.GetEvictions() > 0, "%d blocks evicted beyond its capacity of %d (removals were lost)", ws.GetEvictions(), ws.GetCapacity())
 		note(ws.GetBudgetEvictions() > 0, "%d blocks evicted for kvindex's memory budget", ws.GetBudgetEvictions())
-		note(ws.GetBlockSizeMismatches() > 0, "%d events with a block size other than the model's", ws.GetBlockSizeMismatches())
+		note(ws.GetBlockSize() != 0 && ws.GetBlockSize() != ws.GetModelBlockSize(),
+			"its engine announces %d-token blocks, its model keys prompts at %d: no prompt matches its blocks (%d events)", ws.GetBlockSize(), ws.GetModelBlockSize(), ws.GetBlockSizeMismatches())
+		note(len(ws.GetGroups()) > 1 || len(ws.GetGroups()) == 1 && ws.GetGroups()[0].GetKind() != "" && ws.GetGroups()[0].GetKind() != "full_attention",
+			"KV-cache groups: %s", groups(ws.GetGroups()))
+		note(ws.GetUnknownGroupBlocks() > 0, "%d blocks removed from KV-cache groups never stored (nothing touched)", ws.GetUnknownGroupBlocks())
+		note(ws.GetLayoutChanges() > 0, "%d stores refused for describing a KV-cache group anew while it held blocks", ws.GetLayoutChanges())
+		note(ws.GetSideRefused() > 0, "%d blocks of capping groups refused beyond their bound (hits may be under-credited)", ws.GetSideRefused())
 		note(ws.GetUnknownBlocks() > 0, "%d removals or offloads of blocks it never stored", ws.GetUnknownBlocks())
 		note(ws.GetLastError() != "", "last error: %s", ws.GetLastError())
 		note(ws.GetLastReset() != "", "last reset: %s", ws.GetLastReset())
@@ -89,6 +95,35 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		}
 	}
 	return nil
+}
+
+// groups renders a worker's KV-cache groups: "0 full_attention 16 (prefix,
+// 1200 blocks), 1 sliding_window/128 16 (cap, 300 blocks)".
+func groups(gs []*kvindexv1.KVCacheGroup) string {
+	parts := make([]string, len(gs))
+	for i, g := range gs {
+		kind := orDash(g.GetKind())
+		if w := g.GetSlidingWindow(); w > 0 {
+			kind += fmt.Sprintf("/%d", w)
+		}
+		parts[i] = fmt.Sprintf("%d %s %d (%s, %d blocks)", g.GetIndex(), kind, g.GetBlockSize(), g.GetRole(), g.GetResidentBlocks())
+	}
+	return strings.Join(parts, ", ")
+}
+
+// capNote says why a worker's match is below its prefix group's: "group 1
+// (sliding_window, window 128) caps the prefix's 12 blocks at 8".
+func capNote(s *kvindexv1.WorkerScore) string {
+	g := s.GetCappedBy()
+	what := "a KV-cache group"
+	if g != nil {
+		what = fmt.Sprintf("group %d (%s", g.GetIndex(), orDash(g.GetKind()))
+		if w := g.GetSlidingWindow(); w > 0 {
+			what += fmt.Sprintf(", window %d", w)
+		}
+		what += ")"
+	}
+	return fmt.Sprintf("%s caps the prefix group's %d blocks at %d, the hit vLLM realizes", what, s.GetPrefixBlocks(), s.GetMatchedBlocks()-s.GetSpeculativeBlocks())
 }
 
 // health renders the worker's health, with the age of a stale state.
@@ -186,6 +221,11 @@ func RenderScore(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.Score
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write score table: %w", err)
 	}
+	for _, s := range resp.GetWorkers() {
+		if s.GetPrefixBlocks() > 0 {
+			fmt.Fprintf(w, "%s: %s\n", WorkerName(s.GetWorker()), capNote(s))
+		}
+	}
 	return nil
 }
 
@@ -211,6 +251,9 @@ func RenderExplain(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.Sco
 	for i, s := range resp.GetWorkers() {
 		l := s.GetLoad()
 		matched := strconv.FormatUint(uint64(s.GetMatchedBlocks()), 10)
+		if n := s.GetPrefixBlocks(); n > 0 {
+			matched += fmt.Sprintf(" of %d", n)
+		}
 		if n := s.GetSpeculativeBlocks(); n > 0 {
 			matched += fmt.Sprintf(" (%d spec.)", n)
 		}
@@ -229,6 +272,9 @@ func RenderExplain(w io.Writer, req *kvindexv1.ScoreRequest, resp *kvindexv1.Sco
 	for _, s := range resp.GetWorkers() {
 		if r := s.GetReason(); r != "" {
 			fmt.Fprintf(w, "%s: %s\n", WorkerName(s.GetWorker()), r)
+		}
+		if s.GetPrefixBlocks() > 0 {
+			fmt.Fprintf(w, "%s: %s\n", WorkerName(s.GetWorker()), capNote(s))
 		}
 	}
 	return nil

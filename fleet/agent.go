@@ -135,7 +135,7 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 		return nil, fmt.Errorf("fleet: agent: %w", err)
 	}
 	if a.na, err = natsbus.NewAgent(ctx, nc, natsbus.AgentOptions{
-		Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Model: pod.Model, BlockSize: a.model.BlockSize,
+		Bucket: cfg.NATS.Bucket, TTL: cfg.NATS.RegistrationTTL, Model: pod.Model, BlockSize: a.model.ConfiguredBlockSize(),
 		KeyScheme: a.model.Keying(), Pod: pod.Name, Version: Version, Logger: log,
 	}, local); err != nil {
 		return nil, err

@@ -145,7 +145,7 @@ func (a *Agent) WriteCheckpoint() error {
 	defer a.ck.mu.Unlock()
 	taken := time.Now()
 	ck := &fleetv1.Checkpoint{Version: checkpointVersion, Pod: a.pod.Name, Model: a.pod.Model, KeyScheme: a.model.Keying(),
-		BlockSize: uint32(a.model.BlockSize), WrittenUnixMs: taken.UnixMilli()}
+		BlockSize: uint32(a.model.ConfiguredBlockSize()), WrittenUnixMs: taken.UnixMilli()}
 	for _, rank := range a.ranks {
 		wc, err := a.workerCheckpoint(rank)
 		if err != nil {
@@ -328,7 +328,7 @@ func (a *Agent) checkForeign(ck *fleetv1.Checkpoint) error {
 		{"pod", ck.GetPod(), a.pod.Name},
 		{"model", ck.GetModel(), a.pod.Model},
 		{"key scheme", ck.GetKeyScheme(), a.model.Keying()},
-		{"block size", ck.GetBlockSize(), uint32(a.model.BlockSize)},
+		{"block size", ck.GetBlockSize(), uint32(a.model.ConfiguredBlockSize())},
 	} {
 		if c.got != c.want {
 			return fmt.Errorf("%w: %s %v, this agent's %v", ErrForeignCheckpoint, c.what, c.got, c.want)

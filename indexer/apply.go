@@ -12,9 +12,6 @@ import (
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
 
-// fullAttention is the kv_cache_spec_kind whose blocks decide prefix reuse.
-const fullAttention = "full_attention"
-
 // ApplyBatch applies b's events in order (events.Sink). An event that
 // cannot be applied is counted and skipped, and the returned error joins
 // one error per problem, each naming the event. The changes are visible to
@@ -100,33 +97,30 @@ func (w *Worker) applyLocked(ev *events.Event) error {
 	return fmt.Errorf("unknown event kind %d", ev.Kind)
 }
 
-// skipGroupLocked reports whether ev belongs to a KV-cache group that does
-// not decide prefix reuse, learning groups from BlockStored's spec kind.
-func (w *Worker) skipGroupLocked(ev *events.Event) bool {
-	if ev.Kind == events.KindBlockStored && ev.SpecKind != "" && ev.SpecKind != fullAttention {
-		if ev.HasGroupIdx {
-			if w.ignoredGroups == nil {
-				w.ignoredGroups = make(map[int]struct{})
-			}
-			w.ignoredGroups[ev.GroupIdx] = struct{}{}
-		}
-		return true
-	}
-	if ev.HasGroupIdx && w.ignoredGroups != nil {
-		_, skip := w.ignoredGroups[ev.GroupIdx]
-		return skip
-	}
-	return false
-}
-
 // storeLocked applies a BlockStored event. Cost per block: a BlockKey, an
 // engine-map probe and insert, and O(1) in the tree when the block follows
 // its parent's run; a heads probe or a new node for a branch.
 func (w *Worker) storeLocked(ev *events.Event) error {
-	if w.skipGroupLocked(ev) {
+	if len(ev.TokenIDs) > 0 {
+		if err := w.checkTokensLocked(ev, ev.BlockSize); err != nil {
+			return err
+		}
+	}
+	g, err := w.learnGroupLocked(ev)
+	switch {
+	case g == nil:
+		return err
+	case g.side != nil:
+		return w.sideStoreLocked(g.side, ev)
+	case !g.Anchor:
 		w.c.group.Add(1)
 		return nil
 	}
+	return w.storeAnchorLocked(ev)
+}
+
+// storeAnchorLocked applies a BlockStored event of the anchor group.
+func (w *Worker) storeAnchorLocked(ev *events.Event) error {
 	medium := ev.Medium
 	var mediumErr error
 	if medium == events.MediumOther {
@@ -142,9 +136,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		}
 		return mediumErr
 	}
-	if err := w.checkStoreLocked(ev); err != nil {
-		return err
-	}
+	w.checkStoreLocked(ev)
 	parent, parentKey, err := w.storeParentLocked(ev)
 	w.storeBlocksLocked(ev, parent, parentKey)
 	w.stored += int64(len(ev.BlockHashes))
@@ -180,25 +172,14 @@ func (w *Worker) offloadLocked(ev *events.Event) error {
 	return nil
 }
 
-// checkStoreLocked checks that the event's tokens and extra keys cover its
-// blocks, counting what does not.
-func (w *Worker) checkStoreLocked(ev *events.Event) error {
-	bs := w.model.BlockSize
-	if ev.BlockSize != bs {
+// checkStoreLocked counts a block size other than the model's (the blocks are still indexed, at the engine's block size: a
+// worker that disagrees with its model is flagged, and its blocks match
+// once the model's keys use its size).
+func (w *Worker) checkStoreLocked(ev *events.Event) {
+	if ev.BlockSize != w.model.BlockSize() {
 		w.c.blockSize.Add(1)
 		w.c.lastBadBlockSize.Store(int64(ev.BlockSize))
-		return fmt.Errorf("%w: event block_size %d, model %q uses %d", ErrBlockSize, ev.BlockSize, w.model.Name, bs)
 	}
-	n := len(ev.BlockHashes)
-	if len(ev.TokenIDs) != n*bs {
-		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
-	}
-	if ev.ExtraKeys != nil && len(ev.ExtraKeys) != n {
-		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d extra_keys for %d blocks", ErrTokenCount, len(ev.ExtraKeys), n)
-	}
-	return nil
 }
 
 // storeParentLocked returns where the event's first block attaches: its
@@ -226,7 +207,7 @@ func (w *Worker) storeParentLocked(ev *events.Event) (parent loc, parentKey Key,
 // storeBlocksLocked keys and stores a checked event's blocks, each under
 // the one before.
 func (w *Worker) storeBlocksLocked(ev *events.Event, parent loc, parentKey Key) {
-	bs, n := w.model.BlockSize, len(ev.BlockHashes)
+	bs, n := ev.BlockSize, len(ev.BlockHashes)
 	single := w.ix.single(uint32(w.id), 1<<ev.Medium)
 	var stack [128]byte
 	scratch := stack[:0]
@@ -450,10 +431,32 @@ func (w *Worker) joinLocked(l loc) {
 
 // removeLocked applies a BlockRemoved event.
 func (w *Worker) removeLocked(ev *events.Event) error {
-	if w.skipGroupLocked(ev) {
-		w.c.group.Add(1)
-		return nil
+	if ev.HasGroupIdx && ev.GroupIdx != w.anchor {
+		idx, ok := eventGroup(ev)
+		if !ok {
+			w.c.invalid.Add(1)
+			return fmt.Errorf("%w: group_idx %d outside [0, %d)", ErrGroup, ev.GroupIdx, MaxGroups)
+		}
+		g := w.groupOfLocked(idx)
+		switch {
+		case g == nil:
+			// Never stored since kvindex joined: nothing of it is held,
+			// and nothing of another group may be touched.
+			w.c.unknownGroup.Add(int64(len(ev.BlockHashes)))
+			return fmt.Errorf("%w %d: %d blocks removed from a group never stored", ErrGroup, idx, len(ev.BlockHashes))
+		case g.side != nil:
+			return w.sideRemoveLocked(g.side, ev)
+		default:
+			w.c.group.Add(1)
+			return nil
+		}
 	}
+	return w.removeAnchorLocked(ev)
+}
+
+// removeAnchorLocked applies a BlockRemoved event of the anchor group (or
+// of no group: vLLM before group_idx announced one group).
+func (w *Worker) removeAnchorLocked(ev *events.Event) error {
 	m := ev.Medium
 	if int(m) >= events.NumMedia {
 		w.c.invalid.Add(1)
@@ -472,7 +475,7 @@ func (w *Worker) removeLocked(ev *events.Event) error {
 			continue
 		}
 		if w.learned[m] == 0 {
-			w.learned[m] = w.resBy[m]
+			w.learned[m] = w.learnedAtLocked(m)
 		}
 		removed++
 		if e.dup() {
@@ -550,4 +553,5 @@ func (w *Worker) clearLocked() {
 	w.keyed = nil
 	w.res = 0
 	w.resBy = [events.NumMedia]int64{}
+	w.clearAllSideLocked()
 }

@@ -44,13 +44,18 @@ type CheckpointSegment struct {
 	State              CheckpointState   // the worker's state beyond its blocks, in part 0 only.
 	Keys               []CheckpointKey   // at most CheckpointSegmentKeys keys, each after its parent.
 	Blocks             []CheckpointBlock // the engine blocks of Keys, key by key.
+	// TotalSide is the number of side group blocks in the whole
+	// checkpoint, in every segment; Side at most CheckpointSegmentBlocks of
+	// them, after every key.
+	TotalSide uint64
+	Side      []CheckpointSideBlock
 }
 
 // CheckpointState is what a checkpoint keeps of a worker besides blocks.
 type CheckpointState struct {
-	Learned       [events.NumMedia]int64 // the learned capacity per medium (see Worker), 0 before a removal.
-	IgnoredGroups []int                  // the KV-cache groups the worker skips, ascending.
-	LastReset     string                 // Stats.LastReset, cut to maxResetReason bytes.
+	Learned   [events.NumMedia]int64 // the learned capacity per medium (see Worker), 0 before a removal.
+	Groups    []Group                // the worker's KV-cache groups (Worker.Groups, without Blocks), by index.
+	LastReset string                 // Stats.LastReset, cut to maxResetReason bytes.
 }
 
 // CheckpointKey is one key of a checkpoint.
@@ -81,11 +86,11 @@ func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 	if w.info.Keyed {
 		return fmt.Errorf("%w: worker %s is keyed (no checkpoint: take a snapshot)", ErrWorkerKind, w.info.Ref)
 	}
-	keys, blocks, state, digest, err := w.checkpointAll()
+	keys, blocks, side, state, digest, err := w.checkpointAll()
 	if err != nil {
 		return err
 	}
-	seg := CheckpointSegment{Total: uint64(len(keys)), TotalBlocks: uint64(len(blocks)), State: state}
+	seg := CheckpointSegment{Total: uint64(len(keys)), TotalBlocks: uint64(len(blocks)), TotalSide: uint64(len(side)), State: state}
 	for part := uint32(0); ; part++ {
 		n, nb := 0, 0
 		for n < len(keys) && n < CheckpointSegmentKeys && (n == 0 || nb < CheckpointSegmentBlocks) {
@@ -94,7 +99,12 @@ func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 		}
 		seg.Part, seg.Keys, keys = part, keys[:n:n], keys[n:]
 		seg.Blocks, blocks = blocks[:nb:nb], blocks[nb:]
-		seg.Last = len(keys) == 0
+		ns := 0
+		if len(keys) == 0 {
+			ns = min(len(side), CheckpointSegmentBlocks)
+		}
+		seg.Side, side = side[:ns:ns], side[ns:]
+		seg.Last = len(keys) == 0 && len(side) == 0
 		if seg.Last {
 			seg.Digest = digest
 		}
@@ -109,12 +119,12 @@ func (w *Worker) Checkpoint(emit func(*CheckpointSegment) error) error {
 }
 
 // checkpointAll gathers, under the mutex, the worker's keys in tree order,
-// their blocks, its state and its digest.
-func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, CheckpointState, uint64, error) {
+// their blocks, its side blocks, its state and its digest.
+func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, []CheckpointSideBlock, CheckpointState, uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.gone {
-		return nil, nil, CheckpointState{}, 0, fmt.Errorf("%w: %s (no checkpoint)", ErrRemovedWorker, w.info.Ref)
+		return nil, nil, nil, CheckpointState{}, 0, fmt.Errorf("%w: %s (no checkpoint)", ErrRemovedWorker, w.info.Ref)
 	}
 	keys := make([]CheckpointKey, 0, w.engine.Len())
 	blocks := make([]CheckpointBlock, 0, w.engine.Len())
@@ -134,11 +144,8 @@ func (w *Worker) checkpointAll() ([]CheckpointKey, []CheckpointBlock, Checkpoint
 	if len(st.LastReset) > maxResetReason {
 		st.LastReset = st.LastReset[:maxResetReason]
 	}
-	for g := range w.ignoredGroups {
-		st.IgnoredGroups = append(st.IgnoredGroups, g)
-	}
-	slices.Sort(st.IgnoredGroups)
-	return keys, blocks, st, digest, nil
+	st.Groups = w.layoutLocked()
+	return keys, blocks, w.sideBlocksLocked(), st, digest + w.sideDigestLocked(), nil
 }
 
 // RestoreCheckpoint replaces the worker's state with the checkpoint that
@@ -164,6 +171,7 @@ func (w *Worker) RestoreCheckpoint(next func() (*CheckpointSegment, error)) erro
 	before := w.res
 	w.clearLocked()
 	ck.buildLocked(w)
+	w.layoutDirty = false // no delta: replicas resync from a snapshot
 	w.enforceCapacityLocked()
 	w.unlockThen(before, w.restoredLocked("checkpoint"))
 	return nil
@@ -174,12 +182,13 @@ type checkpointState struct {
 	keys   []CheckpointKey
 	parent []int32
 	blocks []CheckpointBlock
+	side   []CheckpointSideBlock
 	state  CheckpointState
 }
 
 func (s *CheckpointSegment) head() segHead {
 	return segHead{part: s.Part, total: s.Total, totalBlocks: s.TotalBlocks, last: s.Last, digest: s.Digest,
-		keys: len(s.Keys), blocks: len(s.Blocks), state: !s.State.zero()}
+		keys: len(s.Keys), blocks: len(s.Blocks), state: !s.State.zero(), side: len(s.Side), totalSide: s.TotalSide}
 }
 
 // readCheckpoint reads and checks the segments next returns.
@@ -189,6 +198,7 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 	var ko keyOrder
 	var hashes map[uint64]struct{}
 	var digest uint64
+	var sc *sideCheck
 	err := read(&o, next, (*CheckpointSegment).head, func(seg *CheckpointSegment) error {
 		if seg.Part == 0 {
 			for m, n := range seg.State.Learned {
@@ -197,7 +207,11 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 				}
 			}
 			ck.state = seg.State
-			ck.state.IgnoredGroups = slices.Clone(seg.State.IgnoredGroups)
+			ck.state.Groups = slices.Clone(seg.State.Groups)
+			if why := checkLayout(ck.state.Groups); why != "" {
+				return fmt.Errorf("%w: layout: %s", ErrBadCheckpoint, why)
+			}
+			sc = newSideCheck(ck.state.Groups)
 			// Sized once, up to a bound: the totals are the sender's word.
 			ko = newKeyOrder(seg.Total)
 			nb := int(min(seg.TotalBlocks, restoreReserve))
@@ -240,10 +254,16 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 			return fmt.Errorf("%w: segment %d has %d blocks, its keys %d", ErrBadCheckpoint, seg.Part, len(seg.Blocks), b)
 		}
 		ck.blocks = append(ck.blocks, seg.Blocks...)
+		for i, sb := range seg.Side {
+			if why := sc.add(sb.Group, sb.Hash, sb.Key, sb.Refs); why != "" {
+				return fmt.Errorf("%w: segment %d side block %d: %s", ErrBadCheckpoint, seg.Part, i, why)
+			}
+		}
+		ck.side = append(ck.side, seg.Side...)
 		return nil
 	})
 	if err == nil {
-		err = ko.end(&o, digest)
+		err = ko.end(&o, digest+sc.digest)
 	}
 	if err != nil {
 		return nil, err
@@ -253,12 +273,14 @@ func readCheckpoint(next func() (*CheckpointSegment, error)) (*checkpointState, 
 }
 
 func (s *CheckpointState) zero() bool {
-	return s.Learned == [events.NumMedia]int64{} && len(s.IgnoredGroups) == 0 && s.LastReset == ""
+	return s.Learned == [events.NumMedia]int64{} && len(s.Groups) == 0 && s.LastReset == ""
 }
 
 // buildLocked adds the checkpoint's keys and blocks to the worker, which
 // holds none, and sets its state.
 func (ck *checkpointState) buildLocked(w *Worker) {
+	w.adoptLayoutLocked(ck.state.Groups)
+	w.restoreSideBlocksLocked(ck.side)
 	c := &w.cur
 	id := uint32(w.id)
 	w.engine.ReserveGrown(len(ck.blocks)) // engine events churn it next
@@ -317,31 +339,29 @@ func (ck *checkpointState) buildLocked(w *Worker) {
 	}
 	w.learned = ck.state.Learned
 	w.lastReset = ck.state.LastReset
-	w.ignoredGroups = nil
-	for _, g := range ck.state.IgnoredGroups {
-		if w.ignoredGroups == nil {
-			w.ignoredGroups = make(map[int]struct{})
-		}
-		w.ignoredGroups[g] = struct{}{}
-	}
 }
 
 // The encoding of a segment (AppendBinary), little-endian:
 //
-//	version 1 | part uvarint | total uvarint | total blocks uvarint | last 0 or 1 | [digest 8 if last] |
-//	[state, in part 0] | keys uvarint | key...
+//	version 2 | part uvarint | total uvarint | total blocks uvarint | total side uvarint | last 0 or 1 |
+//	[digest 8 if last] | [state, in part 0] | keys uvarint | key... | side blocks uvarint | side block...
 //
-// The state: the learned capacities (a uvarint per medium), the ignored
-// groups (a count, then zig-zag varints) and the reset reason (length,
-// bytes). A key: a tag byte (bits 0-1: where it attaches, as in a
+// The state: the learned capacities (a uvarint per medium), the KV-cache
+// groups (a count, then each group's index, block size and window as
+// uvarints, its kind as a length and bytes, and an anchor byte) and the
+// reset reason (length, bytes). Version 1, read still, had a count of
+// ignored groups as zig-zag varints in place of the groups. A key: a tag byte (bits 0-1: where it attaches, as in a
 // snapshot; bits 2-3: its blocks, 0 one, 1 none, 2 a count uvarint after
 // the key and parent), the key (8 bytes), the parent (8) when the tag says
 // so, the count, then its blocks. A block: a flags byte (bits 0-5: media;
 // bit 6: the segment's previous block's age, left out; bit 7: stores
 // follow, a byte per medium of its media, else one in each), the engine
-// hash (8), the age (1) unless bit 6, and the stores.
+// hash (8), the age (1) unless bit 6, and the stores. A side block: its
+// group's index (a byte), the engine hash (8), the key (8) and its stores
+// (uvarint). Version 1 had no total side and no side blocks.
 const (
-	ckptVersion      = 1
+	ckptVersion      = 2
+	ckptVersion1     = 1
 	ckptBlocksOne    = 0 << 2
 	ckptPlaceholder  = 1 << 2
 	ckptBlocksCount  = 2 << 2
@@ -374,19 +394,20 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 	if nb != len(s.Blocks) {
 		return b, fmt.Errorf("%w: segment %d has %d blocks, its keys %d", ErrBadCheckpoint, s.Part, len(s.Blocks), nb)
 	}
+	if len(s.Side) > CheckpointSegmentBlocks {
+		return b, fmt.Errorf("%w: segment %d has %d side blocks, over %d", ErrBadCheckpoint, s.Part, len(s.Side), CheckpointSegmentBlocks)
+	}
 	b = append(b, ckptVersion)
 	b = binary.AppendUvarint(b, uint64(s.Part))
 	b = binary.AppendUvarint(b, s.Total)
 	b = binary.AppendUvarint(b, s.TotalBlocks)
+	b = binary.AppendUvarint(b, s.TotalSide)
 	b = appendLast(b, s.Last, s.Digest)
 	if s.Part == 0 {
 		for _, n := range s.State.Learned {
 			b = binary.AppendUvarint(b, uint64(max(n, 0)))
 		}
-		b = binary.AppendUvarint(b, uint64(len(s.State.IgnoredGroups)))
-		for _, g := range s.State.IgnoredGroups {
-			b = binary.AppendVarint(b, int64(g))
-		}
+		b = appendLayout(b, s.State.Groups)
 		b = binary.AppendUvarint(b, uint64(len(s.State.LastReset)))
 		b = append(b, s.State.LastReset...)
 	}
@@ -437,6 +458,16 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 		}
 		next += int(k.Blocks)
 	}
+	b = binary.AppendUvarint(b, uint64(len(s.Side)))
+	for _, sb := range s.Side {
+		if sb.Group < 0 || sb.Group >= MaxGroups {
+			return b, fmt.Errorf("%w: a side block of group %d", ErrBadCheckpoint, sb.Group)
+		}
+		b = append(b, byte(sb.Group))
+		b = binary.LittleEndian.AppendUint64(b, sb.Hash)
+		b = binary.LittleEndian.AppendUint64(b, uint64(sb.Key))
+		b = binary.AppendUvarint(b, uint64(sb.Refs))
+	}
 	return b, nil
 }
 
@@ -447,25 +478,37 @@ func (s *CheckpointSegment) AppendBinary(b []byte) ([]byte, error) {
 // keys say.
 func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 	d := segDecoder{b: data, bad: ErrBadCheckpoint}
-	d.version(ckptVersion)
+	v1 := len(data) > 0 && data[0] == ckptVersion1
+	if v1 {
+		d.version(ckptVersion1)
+	} else {
+		d.version(ckptVersion)
+	}
 	part := d.uvarint(math.MaxUint32)
 	total := d.uvarint(math.MaxUint64)
 	totalBlocks := d.uvarint(math.MaxUint64)
+	var totalSide uint64
+	if !v1 {
+		totalSide = d.uvarint(math.MaxUint64)
+	}
 	last, digest := d.last()
-	state := CheckpointState{IgnoredGroups: s.State.IgnoredGroups[:0]}
+	var state CheckpointState
 	if part == 0 {
 		for m := range state.Learned {
 			state.Learned[m] = int64(d.uvarint(math.MaxInt64))
 		}
-		ng := int(d.uvarint(uint64(d.left())))
-		for range ng {
-			state.IgnoredGroups = append(state.IgnoredGroups, int(d.varint(math.MinInt32, math.MaxInt32)))
+		if v1 {
+			// Groups skipped by a version that indexed only full
+			// attention: relearned from the next stores.
+			ng := int(d.uvarint(uint64(d.left())))
+			for range ng {
+				d.varint(math.MinInt32, math.MaxInt32)
+			}
+		} else {
+			state.Groups = d.layout()
 		}
 		n := int(d.uvarint(maxResetReason))
 		state.LastReset = string(d.bytes(n))
-	}
-	if len(state.IgnoredGroups) == 0 {
-		state.IgnoredGroups = nil
 	}
 	n := int(d.uvarint(CheckpointSegmentKeys))
 	if d.err != nil {
@@ -522,10 +565,25 @@ func (s *CheckpointSegment) UnmarshalBinary(data []byte) error {
 		}
 		keys = append(keys, k)
 	}
+	var side []CheckpointSideBlock
+	if !v1 {
+		ns := int(d.uvarint(CheckpointSegmentBlocks))
+		side = s.Side[:0]
+		for i := 0; i < ns && d.err == nil; i++ {
+			sb := CheckpointSideBlock{Group: int(d.byte()), Hash: d.uint64(), Key: Key(d.uint64()), Refs: uint32(d.uvarint(math.MaxUint32))}
+			if d.err == nil && sb.Group >= MaxGroups {
+				d.fail("side block %d: group %d", i, sb.Group)
+			}
+			side = append(side, sb)
+		}
+	}
 	if err := d.end(); err != nil {
 		return err
 	}
-	*s = CheckpointSegment{Part: uint32(part), Total: total, TotalBlocks: totalBlocks, Last: last, Digest: digest,
-		State: state, Keys: keys, Blocks: blocks}
+	if len(side) == 0 {
+		side = nil
+	}
+	*s = CheckpointSegment{Part: uint32(part), Total: total, TotalBlocks: totalBlocks, TotalSide: totalSide, Last: last, Digest: digest,
+		State: state, Keys: keys, Blocks: blocks, Side: side}
 	return nil
 }

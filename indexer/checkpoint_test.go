@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -22,8 +21,8 @@ func normCheckpointSegment(s *CheckpointSegment) {
 	if len(s.Blocks) == 0 {
 		s.Blocks = nil
 	}
-	if len(s.State.IgnoredGroups) == 0 {
-		s.State.IgnoredGroups = nil
+	if len(s.State.Groups) == 0 {
+		s.State.Groups = nil
 	}
 }
 
@@ -90,7 +89,7 @@ type workerState struct {
 	blocks    map[uint64]blockState
 	aliases   map[Key]alias
 	learned   [events.NumMedia]int64
-	groups    map[int]struct{}
+	groups    []Group
 	lastReset string
 	res       int64
 	resBy     [events.NumMedia]int64
@@ -107,10 +106,7 @@ func stateOf(w *Worker, ages bool) workerState {
 		return l.n.keys[l.off]
 	}
 	s := workerState{blocks: map[uint64]blockState{}, aliases: map[Key]alias{}, learned: w.learned,
-		groups: maps.Clone(w.ignoredGroups), lastReset: w.lastReset, res: w.res, resBy: w.resBy, capacity: w.capacityLocked()}
-	if s.groups == nil {
-		s.groups = map[int]struct{}{}
-	}
+		groups: w.layoutLocked(), lastReset: w.lastReset, res: w.res, resBy: w.resBy, capacity: w.capacityLocked()}
 	for slot := range w.engine.All() {
 		l := w.locOf(w.entry(slot))
 		bs := blockState{key: keyAt(l), parent: treeParent{top: true}, refs: w.refsOf(slot)}
@@ -208,7 +204,7 @@ func TestCheckpointRestoresExactly(t *testing.T) {
 	}
 	_ = apply(t, sws[1], chain(1, 0, 0, 3), chain(100, 9, 0, 4))
 	st := stateOf(sws[0], true)
-	if len(st.aliases) != 1 || st.learned[gpu] == 0 || len(st.groups) != 1 || st.lastReset == "" || st.blocks[3].refs[gpu] != 2 {
+	if len(st.aliases) != 1 || st.learned[gpu] == 0 || len(st.groups) != 2 || st.lastReset == "" || st.blocks[3].refs[gpu] != 2 {
 		t.Fatalf("setup: state %+v", st)
 	}
 	rix, rws := mk()
@@ -439,7 +435,8 @@ func TestCheckpointSegmentsAreBounded(t *testing.T) {
 // every medium; the state of part 0 and the digest of a last segment.
 func testCheckpointSegment() *CheckpointSegment {
 	return &CheckpointSegment{Part: 0, Total: 20000, TotalBlocks: 30000, Last: true, Digest: 0xfeedface12345678,
-		State: CheckpointState{Learned: [events.NumMedia]int64{gpu: 5000, cpu: 1 << 40}, IgnoredGroups: []int{-3, 1, 70000}, LastReset: "engine restarted"},
+		State: CheckpointState{Learned: [events.NumMedia]int64{gpu: 5000, cpu: 1 << 40}, LastReset: "engine restarted",
+			Groups: []Group{{Index: 0, Class: ClassPrefix, BlockSize: 16, Anchor: true}, {Index: 1, Kind: "sliding_window", Class: ClassWindow, BlockSize: 16, Window: 128}}},
 		Keys: []CheckpointKey{
 			{Key: 1},
 			{Key: 2, Parent: 1, HasParent: true, Blocks: 1},
@@ -452,6 +449,8 @@ func testCheckpointSegment() *CheckpointSegment {
 			{Hash: 0x3333, Refs: [events.NumMedia]uint8{gpu: 1, cpu: 1}, Age: 255},
 			{Hash: 1<<64 - 1, Refs: [events.NumMedia]uint8{1, 1, 1, 1, 1, 1}, Age: 0},
 		},
+		TotalSide: 2,
+		Side:      []CheckpointSideBlock{{Group: 1, Hash: 0xabc, Key: 0x77, Refs: 1}, {Group: 1, Hash: 0xdef, Key: 0x77, Refs: 300}},
 	}
 }
 
@@ -472,17 +471,20 @@ func TestCheckpointEncoding(t *testing.T) {
 	if !reflect.DeepEqual(&got, s) {
 		t.Fatalf("decoded %+v,\nwant %+v", got, *s)
 	}
-	// The header is 1+1+3+3+1+8 bytes; the state 12 of learned
-	// capacities (1+2+6+1+1+1), 6 of groups (a count and 1+1+3) and 17
+	// The header is 1+1+3+3+1+1+8 bytes; the state 12 of learned
+	// capacities (1+2+6+1+1+1), 26 of groups (a count; index, block
+	// size, window, kind length, kind and anchor: 1+1+1+1+0+1 and
+	// 1+1+2+1+14+1) and 17
 	// of reason. Then a count of keys, and the keys: a placeholder at top
 	// level, 9 (tag and key); under the previous key, one block, 9 and
 	// its flags, hash and age, 10; under key 1, 9 and the parent 8, a
 	// count 1, and two blocks: one stored three times with the age of the
 	// block before, flags, hash and a store count, 10, one in two media,
-	// 10; at top level, one block, 19.
-	const header, state = 17, 12 + 6 + 17
+	// 10; at top level, one block, 19. Then the side blocks: a count,
+	// and group, hash, key and stores, 1+8+8+1 and 1+8+8+2.
+	const header, state = 18, 12 + 26 + 17
 	keys := 1 + 9 + (9 + 10) + (9 + 8 + 1 + 10 + 10) + (9 + 10)
-	if want := header + state + keys; len(b) != want {
+	if want := header + state + keys + 1 + 18 + 19; len(b) != want {
 		t.Fatalf("%d bytes, want %d", len(b), want)
 	}
 	for n := range len(b) {
@@ -493,8 +495,9 @@ func TestCheckpointEncoding(t *testing.T) {
 	at := header + state + 1 // the first key's tag
 	second := at + 9         // the second key's tag
 	corrupt := map[string]func([]byte) []byte{
-		"version":                      func(b []byte) []byte { b[0] = 2; return b },
-		"last flag":                    func(b []byte) []byte { b[8] = 2; return b },
+		"version":                      func(b []byte) []byte { b[0] = 3; return b },
+		"last flag":                    func(b []byte) []byte { b[9] = 2; return b },
+		"side group":                   func(b []byte) []byte { b[len(b)-19] = MaxGroups; return b },
 		"trailing byte":                func(b []byte) []byte { return append(b, 0) },
 		"tag bits":                     func(b []byte) []byte { b[at] |= 0x10; return b },
 		"tag parent mode 3":            func(b []byte) []byte { b[at] |= 3; return b },
@@ -506,8 +509,8 @@ func TestCheckpointEncoding(t *testing.T) {
 			return b
 		},
 		"a reason too long": func(b []byte) []byte {
-			b[header+12+6] = 0xff
-			b[header+12+6+1] = 0x7f
+			b[header+12+26] = 0xff
+			b[header+12+26+1] = 0x7f
 			return b
 		},
 	}
@@ -526,7 +529,7 @@ func TestCheckpointEncoding(t *testing.T) {
 	if err := got.UnmarshalBinary(cb); err != nil || !reflect.DeepEqual(&got, cs) {
 		t.Fatalf("a later part: %v, %+v", err, got)
 	}
-	count := 1 + 1 + 1 + 1 + 1 + 1 + 1 + 8 // the count of the first key's blocks
+	count := 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 8 // the count of the first key's blocks
 	for _, n := range []byte{0, 3, 0x7f} {
 		c := slices.Clone(cb)
 		c[count] = n
@@ -567,7 +570,7 @@ func TestRestoreCheckpointRejectsBad(t *testing.T) {
 	clone := func(s *CheckpointSegment) *CheckpointSegment {
 		c := *s
 		c.Keys, c.Blocks = slices.Clone(s.Keys), slices.Clone(s.Blocks)
-		c.State.IgnoredGroups = slices.Clone(s.State.IgnoredGroups)
+		c.State.Groups = slices.Clone(s.State.Groups)
 		return &c
 	}
 	// split cuts good after key at, whose blocks end at block nb.

@@ -54,6 +54,10 @@ type DeltaEntry struct {
 	// BlockEdge and MediumEdge: see OpStore and OpRemove.
 	BlockEdge, MediumEdge bool
 	Refs                  [events.NumMedia]uint8 // for OpDrop, the stores per medium of the block dropped.
+	// Group is 0 for an effect on the worker's prefix residency (the key
+	// tree), else 1 + the index of the side group whose key becomes held
+	// (OpStore) or no longer held (OpRemove); see Worker.Cap.
+	Group uint8
 }
 
 // Delta is a sequence of effects on one worker's resident set, in order:
@@ -65,12 +69,18 @@ type Delta struct {
 	// replica restored from one knows which deltas follow.
 	Seq     uint64
 	Entries []DeltaEntry // the effects.
+	// Layout, when not empty, is the worker's KV-cache groups (as
+	// Worker.Groups, without Blocks) after the call, which changed them; a
+	// replica adopts it before the effects (a group described anew was
+	// empty when it was, so its effects fit either way).
+	Layout []Group
 }
 
 // Reset empties d, keeping the memory of its entries.
 func (d *Delta) Reset() {
 	d.Seq = 0
 	d.Entries = d.Entries[:0]
+	d.Layout = d.Layout[:0]
 }
 
 // ApplyBatchDelta is ApplyBatch that also appends to d the batch's effects
@@ -105,7 +115,11 @@ func (w *Worker) endRecordLocked(d *Delta) {
 	w.rec = nil
 	if d != nil {
 		w.deltaSeq = d.Seq
+		if w.layoutDirty {
+			d.Layout = w.appendLayoutLocked(d.Layout[:0])
+		}
 	}
+	w.layoutDirty = false
 }
 
 // recStore records an OpStore; w.rec is not nil.
@@ -263,6 +277,15 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 		return fmt.Errorf("%w: %s (delta %d of %d effects not applied)", ErrRemovedWorker, w.info.Ref, d.Seq, len(d.Entries))
 	}
 	before := w.res
+	bad := 0
+	var first error
+	if len(d.Layout) > 0 {
+		if why := checkLayout(d.Layout); why != "" {
+			bad, first = 1, fmt.Errorf("layout: %s", why)
+		} else {
+			w.adoptLayoutLocked(d.Layout)
+		}
+	}
 	a := deltaApplier{w: w, d: d}
 	if len(d.Entries) >= warmMin {
 		// A replica's workers' deltas interleave, so each map is out of
@@ -273,8 +296,6 @@ func (w *Worker) ApplyDelta(d *Delta) error {
 		}
 		w.warmSink = sum
 	}
-	bad := 0
-	var first error
 	for i := range d.Entries {
 		if why := a.apply(i); why != "" {
 			if bad == 0 {
@@ -330,6 +351,9 @@ const (
 func (a *deltaApplier) apply(i int) string {
 	w := a.w
 	de := &a.d.Entries[i]
+	if de.Group != 0 {
+		return a.side(de)
+	}
 	if de.Op != OpStore {
 		// Removals may retire the node the last stored key is in.
 		a.prevOK = false

@@ -459,7 +459,7 @@ func TestReplicationConcurrent(t *testing.T) {
 	restores := 0
 	r := rand.New(rand.NewPCG(5, 5))
 	for d := range deltas {
-		history = append(history, Delta{Seq: d.Seq, Entries: slices.Clone(d.Entries)})
+		history = append(history, Delta{Seq: d.Seq, Entries: slices.Clone(d.Entries), Layout: slices.Clone(d.Layout)})
 		if d.Seq <= rep.DeltaSeq() {
 			continue // the snapshot restored already has it
 		}

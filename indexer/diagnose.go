@@ -174,7 +174,7 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	}
 	st := w.Stats()
 	if len(keys) == 0 {
-		d.add(ReasonTooShort, time.Time{}, "the prompt's %d tokens make no full block of %d", len(q.Tokens), m.BlockSize)
+		d.add(ReasonTooShort, time.Time{}, "the prompt's %d tokens make no full block of %d", len(q.Tokens), m.BlockSize())
 		return d
 	}
 	d.Matched = ix.matchOf(keys, w)
@@ -185,8 +185,8 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	}
 	d.FirstMiss = keys[d.Matched]
 	explained := ix.explainMiss(d, q, vars)
-	if st.BlockSizeMismatches > 0 {
-		d.add(ReasonBlockSize, time.Time{}, "%d of the worker's events carried block_size %d, not the model's %d, and were not indexed", st.BlockSizeMismatches, st.LastBadBlockSize, w.model.BlockSize)
+	if w.BlockSizeMismatch() {
+		d.add(ReasonBlockSize, time.Time{}, "the worker's engine keys %d-token blocks, the model's prompts %d-token ones (%s): no prompt can match its blocks until they agree", st.BlockSize, w.model.BlockSize(), describeSizes(w.model))
 	}
 	d.health(q)
 	if q.Extras != nil && q.Extras.LoRAName != "" && !w.info.Keyed {
@@ -236,7 +236,7 @@ func (ix *Index) explainMiss(d *Diagnosis, q *DiagnoseQuery, vars []variant) boo
 	w, m := q.Worker, q.Model
 	explained := false
 	if w.model != m {
-		d.add(ReasonModelDiffers, time.Time{}, "the worker serves model %q (block size %d), not %q", w.model.Name, w.model.BlockSize, m.Name)
+		d.add(ReasonModelDiffers, time.Time{}, "the worker serves model %q (block size %d), not %q", w.model.Name, w.model.BlockSize(), m.Name)
 		if len(q.Tokens) > 0 {
 			if n := ix.matchOf(w.model.PromptKeys(q.Tokens, q.Extras, nil), w); n > d.Matched {
 				d.Findings[len(d.Findings)-1].Detail += fmt.Sprintf("; keyed as %q, it holds %d blocks of the prompt", w.model.Name, n)
@@ -305,7 +305,7 @@ func (ix *Index) parity(q *DiagnoseQuery, keys []Key, vars []variant) *Parity {
 	if t := len(q.Tokens); t > 0 && p.Engine != len(keys) {
 		lo, hi := t/(p.Engine+1)+1, t/p.Engine
 		p.Verdict = VerdictBlockSize
-		p.Detail = fmt.Sprintf("the engine gave %d block hashes for %d tokens, %d to %d tokens a block; kvindex keys %d-token blocks (%d blocks): set the model's block_size to the engine's --block-size", p.Engine, t, lo, hi, q.Model.BlockSize, len(keys))
+		p.Detail = fmt.Sprintf("the engine gave %d block hashes for %d tokens, %d to %d tokens a block; kvindex keys %d-token blocks (%d blocks): the engine's block size is not the one its events announce", p.Engine, t, lo, hi, q.Model.BlockSize(), len(keys))
 		return p
 	}
 	ebs, _ := w.EngineBlocks(q.EngineHashes, nil)
@@ -325,7 +325,7 @@ func (ix *Index) parity(q *DiagnoseQuery, keys []Key, vars []variant) *Parity {
 		p.Verdict = VerdictUnknownHashes
 		p.Detail = fmt.Sprintf("the worker holds none of the %d engine hashes: never stored, removed, or not the hashes its events carry", p.Engine)
 		if n := w.c.blockSize.Load(); n > 0 {
-			p.Detail += fmt.Sprintf(" (%d of its events had block_size %d and were not indexed)", n, w.c.lastBadBlockSize.Load())
+			p.Detail += fmt.Sprintf(" (%d of its events had block_size %d, not the model's)", n, w.c.lastBadBlockSize.Load())
 		}
 	case p.First < 0:
 		p.Verdict = VerdictAgree
@@ -346,7 +346,7 @@ func (ix *Index) parity(q *DiagnoseQuery, keys []Key, vars []variant) *Parity {
 		case parentAgrees && i == 0:
 			p.Detail = "block 0 of the engine holds other tokens than the prompt's first block (or is keyed under another model name or adapter): the router's tokens (tokenizer, chat template) differ from the engine's"
 		case parentAgrees:
-			p.Detail = fmt.Sprintf("block %d of the engine follows the prompt's block %d but holds other tokens: the router's tokens differ from the engine's from token %d", i, i-1, i*q.Model.BlockSize)
+			p.Detail = fmt.Sprintf("block %d of the engine follows the prompt's block %d but holds other tokens: the router's tokens differ from the engine's from token %d", i, i-1, i*q.Model.BlockSize())
 		case i == 0:
 			p.Detail = "the engine's block for the prompt's first block has a parent: the engine's prompt starts earlier (a system prompt or BOS token the router's tokens lack)"
 		default:

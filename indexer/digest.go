@@ -2,7 +2,8 @@ package indexer
 
 // Digest returns an order-independent digest of the worker's resident set,
 // its (content key, media mask) pairs (a key's mask is the union over its
-// blocks): the sum, modulo 2^64, of a bijective mix of each pair. A source
+// blocks) and its side groups' (group, held key) pairs: the sum, modulo
+// 2^64, of a bijective mix of each pair. A source
 // and its replicas have equal digests exactly when they hold the same keys
 // in the same media, but for a chance of about 2^-64; counts are not part
 // of it, and an empty worker's digest is 0. Taken under the worker's mutex.
@@ -10,7 +11,7 @@ package indexer
 func (w *Worker) Digest() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var d uint64
+	d := w.sideDigestLocked()
 	if w.info.Keyed {
 		// A replica's sync check: inline, a call per key costs a sixth.
 		for slot := range w.engine.All() {

@@ -34,7 +34,7 @@ func Example() {
 	// the engine's own (opaque); kvindex keys blocks by their tokens.
 	stored := func(hashes []uint64, tokens []uint32) *events.Batch {
 		return &events.Batch{Events: []events.Event{{
-			Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: model.BlockSize,
+			Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: model.BlockSize(),
 		}}}
 	}
 	if err := ix.Apply(pods[0], stored([]uint64{11, 12, 13, 14}, prompt)); err != nil {

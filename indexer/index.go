@@ -45,11 +45,17 @@ type WorkerInfo struct {
 	Keyed bool
 }
 
-// Model is one model namespace of the index.
+// Model is one model namespace of the index. Its block size, the one
+// prompts are keyed at, is learned from its workers' events (see
+// Model.BlockSize).
 type Model struct {
-	Name      string // the served model name that requests use.
-	BlockSize int    // tokens per KV block for every worker of the model.
-	root      Key
+	Name       string // the served model name that requests use.
+	configured int    // the block size it was added with
+	bs         atomic.Int32
+	root       Key
+
+	mu    sync.Mutex  // guards sizes
+	sizes map[int]int // prefix block size -> its workers that announce it
 }
 
 // Config sets up an Index.
@@ -173,12 +179,12 @@ func (ix *Index) AddModel(name string, blockSize int) (*Model, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if m, ok := ix.models[name]; ok {
-		if m.BlockSize != blockSize {
-			return nil, fmt.Errorf("%w: model %q has block size %d, not %d", ErrBlockSize, name, m.BlockSize, blockSize)
+		if m.configured != blockSize {
+			return nil, fmt.Errorf("%w: model %q has block size %d, not %d", ErrBlockSize, name, m.configured, blockSize)
 		}
 		return m, nil
 	}
-	m := &Model{Name: name, BlockSize: blockSize, root: RootKey(name, "")}
+	m := newModel(name, blockSize)
 	ix.models[name] = m
 	return m, nil
 }
@@ -228,11 +234,12 @@ func (ix *Index) AddWorker(info WorkerInfo) (*Worker, error) {
 		ix.gens = append(ix.gens, 0)
 	}
 	w := &Worker{
-		id:    id,
-		gen:   ix.gens[id],
-		info:  info,
-		model: m,
-		ix:    ix,
+		id:     id,
+		gen:    ix.gens[id],
+		info:   info,
+		model:  m,
+		ix:     ix,
+		anchor: -1,
 	}
 	w.cur.ix = ix
 	w.hist.size = max(ix.cfg.RemovalHistory, 0)
@@ -335,6 +342,10 @@ type Match struct {
 	Blocks int
 	// ByMedium[m] is the same count for medium m alone.
 	ByMedium [events.NumMedia]int
+	// Prefix is, when a side group capped Blocks (Worker.Cap, applied by
+	// the scorer), the worker's prefix group's own match, else 0; CappedBy
+	// is then the capping group's index.
+	Prefix, CappedBy int
 }
 
 // Match appends to dst, for every worker that allow accepts (nil accepts
@@ -580,9 +591,23 @@ type Stats struct {
 	BlocksStored, BlocksRemoved int64
 	Orphans                     int64 // counts stored blocks whose parent the worker never announced.
 	UnknownBlocks               int64 // counts removals or offloads of blocks the worker did not hold.
-	BlockSizeMismatches         int64 // counts events whose block_size differs from the model's.
+	BlockSizeMismatches         int64 // counts prefix-group stores whose block_size differs from the model's (indexed at their own).
 	InvalidEvents               int64 // counts other events that could not be applied.
-	SkippedGroupEvents          int64 // counts events of KV-cache groups not indexed.
+	SkippedGroupEvents          int64 // counts events of KV-cache groups of kinds kvindex does not model (Group.Class ClassOther).
+	// UnknownGroupBlocks counts blocks removed from a KV-cache group the
+	// worker never saw stored (nothing was touched).
+	UnknownGroupBlocks int64
+	// LayoutChanges counts stores refused for describing a group that
+	// holds blocks anew (another kind, window or block size).
+	LayoutChanges int64
+	// SideBlocks are the blocks held by the worker's side groups (window,
+	// mamba and other prefix groups), which cap its hits (Worker.Cap);
+	// SideRefused counts side blocks refused beyond a group's bound.
+	SideBlocks, SideRefused int64
+	// BlockSize is the block size of the worker's prefix group as its
+	// events announce it, 0 until a store; it may differ from its model's
+	// (Model.BlockSize), which flags the worker.
+	BlockSize int
 	// Clears counts AllBlocksCleared events, Resets forced resets.
 	Clears, Resets int64
 	// Evictions counts blocks dropped without a removal event (capacity
@@ -600,18 +625,20 @@ type Stats struct {
 
 // counters are a worker's Stats as atomics.
 type counters struct {
-	resident                  atomic.Int64
-	residentByMedium          [events.NumMedia]atomic.Int64
-	stored, removed           atomic.Int64
-	orphans, unknown          atomic.Int64
-	blockSize, invalid, group atomic.Int64
-	clears, resets            atomic.Int64
-	evictions, budgetEvict    atomic.Int64
-	deltaMismatches           atomic.Int64
-	capacity                  atomic.Int64
-	lastApply                 atomic.Int64 // unix nanoseconds
-	lastResetAt, lastClearAt  atomic.Int64 // unix nanoseconds, 0 if never
-	lastBadBlockSize          atomic.Int64 // the last mismatched event block_size
+	resident                    atomic.Int64
+	residentByMedium            [events.NumMedia]atomic.Int64
+	stored, removed             atomic.Int64
+	orphans, unknown            atomic.Int64
+	blockSize, invalid, group   atomic.Int64
+	unknownGroup, layoutChanges atomic.Int64
+	sideBlocks, sideRefused     atomic.Int64
+	clears, resets              atomic.Int64
+	evictions, budgetEvict      atomic.Int64
+	deltaMismatches             atomic.Int64
+	capacity                    atomic.Int64
+	lastApply                   atomic.Int64 // unix nanoseconds
+	lastResetAt, lastClearAt    atomic.Int64 // unix nanoseconds, 0 if never
+	lastBadBlockSize            atomic.Int64 // the last mismatched event block_size
 }
 
 // checkBudget evicts from the workers holding the most while the estimate

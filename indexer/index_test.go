@@ -2,6 +2,8 @@ package indexer
 
 import (
 	"errors"
+	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/kvindex/kvindex/events"
@@ -273,20 +275,72 @@ func TestModelsDoNotMix(t *testing.T) {
 func TestBadEventsAreCountedAndSkipped(t *testing.T) {
 	ix, ws := newTestIndex(t, "a")
 	w := ws[0]
-	wrongSize := stored(0, false, []uint64{1}, seqTokens(0, 16))
-	wrongSize.BlockSize = 16
+	// The engine's first store announces 16-token blocks, not the
+	// configured 4: the worker and its model learn 16.
+	first := stored(0, false, []uint64{1}, seqTokens(0, 16))
+	first.BlockSize = 16
 	short := stored(0, false, []uint64{5, 6}, seqTokens(0, 5))
-	good := stored(0, false, []uint64{1}, seqTokens(0, 4))
-	err := apply(t, w, wrongSize, short, good)
-	if !errors.Is(err, ErrBlockSize) || !errors.Is(err, ErrTokenCount) {
+	short.BlockSize = 16
+	other := stored(0, false, []uint64{7}, seqTokens(0, 4)) // 4-token blocks while it holds 16-token ones
+	good := stored(1, true, []uint64{2}, seqTokens(16, 16))
+	good.BlockSize = 16
+	err := apply(t, w, first, short, other, good)
+	if !errors.Is(err, ErrGroup) || !errors.Is(err, ErrTokenCount) {
 		t.Fatalf("err = %v", err)
 	}
-	if m := matchOf(ix, seqTokens(0, 4), nil, w); m.Blocks != 1 {
-		t.Fatalf("the good event after bad ones was not applied: %d", m.Blocks)
+	m, _ := ix.Model("m")
+	if m.BlockSize() != 16 || m.ConfiguredBlockSize() != 4 {
+		t.Fatalf("model block size %d (configured %d), want 16 learned", m.BlockSize(), m.ConfiguredBlockSize())
+	}
+	if got := ix.Match(m.PromptKeys(seqTokens(0, 32), nil, nil), nil, nil); len(got) != 1 || got[0].Blocks != 2 {
+		t.Fatalf("the good event after bad ones was not applied: %+v, want 2 blocks", got)
 	}
 	s := w.Stats()
-	if s.BlockSizeMismatches != 1 || s.InvalidEvents != 1 || s.ResidentBlocks != 1 {
+	if s.BlockSizeMismatches != 0 || s.InvalidEvents != 1 || s.LayoutChanges != 1 || s.ResidentBlocks != 2 || s.BlockSize != 16 {
 		t.Fatalf("stats = %+v", s)
+	}
+}
+
+// TestWorkersDisagreeingOnBlockSize: the model keys prompts at the block
+// size most of its workers announce; the odd worker is flagged, its blocks
+// kept at its own size and counted, and Diagnose says why it misses.
+func TestWorkersDisagreeingOnBlockSize(t *testing.T) {
+	ix, ws := newTestIndex(t, "a", "b", "c")
+	ev := func(bs int) events.Event {
+		e := stored(0, false, []uint64{1, 2}, seqTokens(0, 2*bs))
+		e.BlockSize = bs
+		return e
+	}
+	apply(t, ws[0], ev(16))
+	apply(t, ws[1], ev(16))
+	apply(t, ws[2], ev(32))
+	m, _ := ix.Model("m")
+	if m.BlockSize() != 16 {
+		t.Fatalf("model block size %d, want 16 (two workers of three)", m.BlockSize())
+	}
+	if want := []BlockSizeCount{{16, 2}, {32, 1}}; !reflect.DeepEqual(m.LearnedBlockSizes(), want) {
+		t.Fatalf("learned %v, want %v", m.LearnedBlockSizes(), want)
+	}
+	if ws[0].BlockSizeMismatch() || !ws[2].BlockSizeMismatch() {
+		t.Fatalf("mismatch flags %v %v, want false true", ws[0].BlockSizeMismatch(), ws[2].BlockSizeMismatch())
+	}
+	if s := ws[2].Stats(); s.BlockSizeMismatches != 1 || s.ResidentBlocks != 2 || s.BlockSize != 32 {
+		t.Fatalf("odd worker's stats %+v", s)
+	}
+	got := sortMatches(ix.Match(m.PromptKeys(seqTokens(0, 64), nil, nil), nil, nil))
+	if len(got) != 2 || got[0].Blocks != 2 || got[1].Blocks != 2 || got[1].Worker != ws[1].ID() {
+		t.Fatalf("matches %+v, want a and b with 2 blocks", got)
+	}
+	d := ix.Diagnose(&DiagnoseQuery{Model: m, Worker: ws[2], Tokens: seqTokens(0, 64)})
+	if !slices.ContainsFunc(d.Findings, func(f Finding) bool { return f.Reason == ReasonBlockSize }) {
+		t.Fatalf("diagnosis %+v lacks %v", d, ReasonBlockSize)
+	}
+	// The odd worker's engine restarts with 16-token blocks: the model
+	// learns nothing new, the worker is no longer flagged.
+	ws[2].Reset("restart")
+	apply(t, ws[2], ev(16))
+	if ws[2].BlockSizeMismatch() || m.BlockSize() != 16 {
+		t.Fatalf("after the restart: flagged %v, model %d", ws[2].BlockSizeMismatch(), m.BlockSize())
 	}
 }
 

@@ -75,6 +75,19 @@ func (g *gen) heldHashes(w *refWorker, n int) []uint64 {
 	return out[:min(n, len(out))]
 }
 
+// sideHashes returns up to n hashes side group gi of w holds, shuffled.
+func (g *gen) sideHashes(w *refWorker, gi, n int) []uint64 {
+	var out []uint64
+	if sg := w.groups[gi]; sg != nil {
+		for h := range sg.blocks {
+			out = append(out, h)
+		}
+	}
+	slices.Sort(out)
+	g.r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out[:min(n, len(out))]
+}
+
 var media = []events.Medium{events.MediumGPU, events.MediumGPU, events.MediumGPU, events.MediumCPU, events.MediumDisk, events.MediumOther}
 
 func (g *gen) event(w *refWorker) events.Event {
@@ -123,7 +136,14 @@ func (g *gen) event(w *refWorker) events.Event {
 		case 1:
 			ev.TokenIDs = ev.TokenIDs[:len(ev.TokenIDs)-1]
 		case 2:
-			ev.SpecKind, ev.GroupIdx, ev.HasGroupIdx = "sliding_window", 1, true
+			ev.SpecKind, ev.GroupIdx, ev.HasGroupIdx = "sliding_window", 1, true // no window: not modelled
+		case 4, 5, 6, 7:
+			ev.SpecKind, ev.GroupIdx, ev.HasGroupIdx = "sliding_window", 2, true
+			ev.SlidingWindow, ev.HasSlidingWindow = 2*u.bs+1, true
+		case 8, 9:
+			ev.SpecKind, ev.GroupIdx, ev.HasGroupIdx = "mamba", 3, true
+		case 10:
+			ev.SpecKind, ev.GroupIdx, ev.HasGroupIdx = "full_attention", 0, true
 		}
 		return ev
 	case x < 55: // offload held blocks to another medium
@@ -159,8 +179,16 @@ func (g *gen) event(w *refWorker) events.Event {
 				}
 			}
 		}
-		if r.IntN(30) == 0 {
+		switch r.IntN(30) {
+		case 0:
 			ev.GroupIdx, ev.HasGroupIdx = 1, true
+		case 1:
+			ev.GroupIdx, ev.HasGroupIdx = 5, true // never stored
+		case 2, 3, 4, 5:
+			// A side group's blocks, as vLLM frees a window's first.
+			gi := 2 + r.IntN(2)
+			ev.GroupIdx, ev.HasGroupIdx = gi, true
+			ev.BlockHashes = g.sideHashes(w, gi, 1+r.IntN(4))
 		}
 		return ev
 	case x < 97:
@@ -198,6 +226,7 @@ func comparableStats(s Stats) Stats {
 	s.LastApply, s.LastReset, s.Capacity = time.Time{}, "", 0
 	s.LastResetAt, s.LastClearAt, s.LastBadBlockSize = time.Time{}, time.Time{}, 0
 	s.Evictions, s.BudgetEvictions = 0, 0
+	s.BlockSize = 0
 	return s
 }
 
@@ -241,6 +270,21 @@ func checkAgainstRef(t *testing.T, ix *Index, ref *refIndex, u *universe, r *ran
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("step %d prompt %d (%d keys): Match = %+v, reference %+v", step, pi, len(keys), got, want)
+		}
+		for i, w := range ix.Workers() {
+			rw := ref.workers[i]
+			mt, _ := rw.matchLocked(keys)
+			limit := r.IntN(len(keys) + 1)
+			at := func(bs int) []Key {
+				if bs != u.bs {
+					return nil
+				}
+				return keys
+			}
+			gotT, by := w.Cap(mt.Blocks*u.bs, limit*u.bs, at)
+			if wantT := rw.capLocked(keys, min(mt.Blocks, limit)) * u.bs; gotT != wantT {
+				t.Fatalf("step %d prompt %d worker %d: Cap(%d blocks, at most %d) = %d tokens (capped by group %d), reference %d", step, pi, i, mt.Blocks, limit, gotT, by, wantT)
+			}
 		}
 	}
 	for i, w := range ix.Workers() {

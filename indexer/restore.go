@@ -3,6 +3,7 @@ package indexer
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvindex/kvindex/indexer/internal/holders"
 )
@@ -26,7 +27,7 @@ func (w *Worker) Restore(next func() (*SnapshotSegment, error)) error {
 		return fmt.Errorf("%w: worker %s is fed engine events (no restore)", ErrWorkerKind, w.info.Ref)
 	}
 	w.mu.Lock()
-	gone, empty := w.gone, w.engine.Len() == 0
+	gone, empty := w.gone, w.engine.Len() == 0 && w.sideRes == 0
 	w.mu.Unlock()
 	if gone {
 		return fmt.Errorf("%w: %s (no restore)", ErrRemovedWorker, w.info.Ref)
@@ -91,8 +92,9 @@ type restoreStream struct {
 	holes     map[Key]loc // placeholders built (held keys are in the engine map)
 	carry     []SnapshotKey
 	scratch   []SnapshotKey
-	entries   int   // the engine map's length when the mutex was last released
-	evictions int64 // the worker's evictions then
+	sc        *sideCheck // the layout's side groups and the side keys' digest
+	entries   int        // the engine map's length when the mutex was last released
+	evictions int64      // the worker's evictions then
 }
 
 // run reads, checks and builds every segment, and reports the first
@@ -109,7 +111,7 @@ func (rs *restoreStream) run(next func() (*SnapshotSegment, error)) error {
 	case rs.prevHole:
 		return fmt.Errorf("%w: it ends with a placeholder (%#016x)", ErrBadSnapshot, uint64(rs.prev))
 	}
-	return rs.o.checkDigest(rs.digest)
+	return rs.o.checkDigest(rs.digest + rs.sc.digest)
 }
 
 // segment checks and builds one segment under the worker's mutex, unless
@@ -129,6 +131,14 @@ func (rs *restoreStream) segment(seg *SnapshotSegment) error {
 			// Sized once, up to a bound, as a grown table.
 			w.engine.ReserveGrown(int(min(seg.Total, restoreReserve)))
 		}
+		if why := layoutAndSide(seg, &rs.sc); why != "" {
+			err = fmt.Errorf("%w: segment %d: %s", ErrBadSnapshot, seg.Part, why)
+			break
+		}
+		if seg.Part == 0 {
+			w.adoptLayoutLocked(seg.Groups)
+		}
+		w.restoreSideKeysLocked(seg.Side)
 		err = rs.segmentLocked(seg)
 		rs.entries = w.engine.Len()
 	}
@@ -246,10 +256,31 @@ type restoreState struct {
 	keys   []SnapshotKey
 	parent []int32
 	held   int // keys that are not placeholders
+	layout []Group
+	side   []SideKey
 }
 
 func (s *SnapshotSegment) head() segHead {
-	return segHead{part: s.Part, seq: s.Seq, total: s.Total, last: s.Last, digest: s.Digest, keys: len(s.Keys)}
+	return segHead{part: s.Part, seq: s.Seq, total: s.Total, last: s.Last, digest: s.Digest, keys: len(s.Keys),
+		side: len(s.Side), totalSide: s.TotalSide, state: len(s.Groups) > 0}
+}
+
+// layoutAndSide checks a snapshot segment's layout (part 0) and side keys
+// with sc (made from part 0's layout), making sc first; it returns why
+// they do not fit, "" if they do.
+func layoutAndSide(seg *SnapshotSegment, sc **sideCheck) string {
+	if seg.Part == 0 {
+		if why := checkLayout(seg.Groups); why != "" {
+			return "layout: " + why
+		}
+		*sc = newSideCheck(seg.Groups)
+	}
+	for i, sk := range seg.Side {
+		if why := (*sc).add(sk.Group, uint64(sk.Key), sk.Key, sk.Blocks); why != "" {
+			return fmt.Sprintf("side key %d: %s", i, why)
+		}
+	}
+	return ""
 }
 
 // whyCounts says the key's counts are not a valid state.
@@ -263,11 +294,17 @@ func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) 
 	o := segOrder{bad: ErrBadSnapshot, what: "snapshot", maxKeys: SnapshotSegmentKeys}
 	var ko keyOrder
 	var digest uint64
+	var sc *sideCheck
 	err := read(&o, next, (*SnapshotSegment).head, func(seg *SnapshotSegment) error {
 		if seg.Part == 0 {
 			ko = newKeyOrder(seg.Total)
 			st.keys = make([]SnapshotKey, 0, cap(ko.parent))
+			st.layout = slices.Clone(seg.Groups)
 		}
+		if why := layoutAndSide(seg, &sc); why != "" {
+			return fmt.Errorf("%w: segment %d: %s", ErrBadSnapshot, seg.Part, why)
+		}
+		st.side = append(st.side, seg.Side...)
 		for j := range seg.Keys {
 			sk := &seg.Keys[j]
 			kc := sk.counts()
@@ -289,7 +326,7 @@ func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) 
 		return nil
 	})
 	if err == nil {
-		err = ko.end(&o, digest)
+		err = ko.end(&o, digest+sc.digest)
 	}
 	if err != nil {
 		return nil, err
@@ -298,8 +335,11 @@ func readSnapshot(next func() (*SnapshotSegment, error)) (*restoreState, error) 
 	return st, nil
 }
 
-// buildLocked adds the snapshot's keys to the worker, which holds none.
+// buildLocked adds the snapshot's layout, keys and side keys to the
+// worker, which holds none.
 func (st *restoreState) buildLocked(w *Worker) {
+	w.adoptLayoutLocked(st.layout)
+	w.restoreSideKeysLocked(st.side)
 	c := &w.cur
 	id := uint32(w.id)
 	w.engine.Reserve(st.held)

@@ -20,6 +20,8 @@ type segHead struct {
 	digest             uint64 // in the last segment
 	keys, blocks       int
 	state              bool // carries the worker's state (checkpoints: part 0 only)
+	side               int  // side group items (see groupsync.go)
+	totalSide          uint64
 }
 
 // segOrder checks that segments come in order and add up to what they say
@@ -34,6 +36,7 @@ type segOrder struct {
 	part         uint32  // the next segment's
 	last         bool
 	keys, blocks uint64 // in the segments so far
+	side         uint64
 }
 
 // read calls each with every segment next returns, after checking its
@@ -69,8 +72,10 @@ func (o *segOrder) add(h segHead) error {
 		return fmt.Errorf("%w: segment %d where segment %d belongs", o.bad, h.part, part)
 	case part > 0 && h.seq != o.first.seq:
 		return fmt.Errorf("%w: segment %d has seq %d, segment 0 seq %d", o.bad, part, h.seq, o.first.seq)
-	case part > 0 && (h.total != o.first.total || h.totalBlocks != o.first.totalBlocks):
-		return fmt.Errorf("%w: segment %d says %d keys and %d blocks in all, segment 0 %d and %d", o.bad, part, h.total, h.totalBlocks, o.first.total, o.first.totalBlocks)
+	case part > 0 && (h.total != o.first.total || h.totalBlocks != o.first.totalBlocks || h.totalSide != o.first.totalSide):
+		return fmt.Errorf("%w: segment %d says %d keys, %d blocks and %d side items in all, segment 0 %d, %d and %d", o.bad, part, h.total, h.totalBlocks, h.totalSide, o.first.total, o.first.totalBlocks, o.first.totalSide)
+	case h.side > o.maxKeys:
+		return fmt.Errorf("%w: segment %d has %d side items, over %d", o.bad, part, h.side, o.maxKeys)
 	case h.keys > o.maxKeys:
 		return fmt.Errorf("%w: segment %d has %d keys, over %d", o.bad, part, h.keys, o.maxKeys)
 	case part > 0 && h.state:
@@ -81,8 +86,9 @@ func (o *segOrder) add(h segHead) error {
 	}
 	o.keys += uint64(h.keys)
 	o.blocks += uint64(h.blocks)
-	if o.keys > o.first.total || o.blocks > o.first.totalBlocks {
-		return fmt.Errorf("%w: segment %d brings its keys or blocks over the %d and %d it says", o.bad, part, o.first.total, o.first.totalBlocks)
+	o.side += uint64(h.side)
+	if o.keys > o.first.total || o.blocks > o.first.totalBlocks || o.side > o.first.totalSide {
+		return fmt.Errorf("%w: segment %d brings its keys, blocks or side items over the %d, %d and %d it says", o.bad, part, o.first.total, o.first.totalBlocks, o.first.totalSide)
 	}
 	o.part++
 	if h.last {
@@ -97,8 +103,8 @@ func (o *segOrder) end() error {
 	if !o.last {
 		return fmt.Errorf("%w: it ends after %d segments, none of them the last", o.bad, o.part)
 	}
-	if o.keys != o.first.total || o.blocks != o.first.totalBlocks {
-		return fmt.Errorf("%w: %d keys and %d blocks, its segments say %d and %d", o.bad, o.keys, o.blocks, o.first.total, o.first.totalBlocks)
+	if o.keys != o.first.total || o.blocks != o.first.totalBlocks || o.side != o.first.totalSide {
+		return fmt.Errorf("%w: %d keys, %d blocks and %d side items, its segments say %d, %d and %d", o.bad, o.keys, o.blocks, o.side, o.first.total, o.first.totalBlocks, o.first.totalSide)
 	}
 	return nil
 }

@@ -36,6 +36,12 @@ type SnapshotSegment struct {
 	Last   bool          // marks the snapshot's last segment.
 	Digest uint64        // in the last segment, the worker's Digest.
 	Keys   []SnapshotKey // at most SnapshotSegmentKeys keys, each after its parent.
+	// TotalSide is the number of side keys in the whole snapshot, in every
+	// segment; Groups the worker's KV-cache groups, in part 0 only; Side
+	// at most SnapshotSegmentKeys side keys, after every key of the tree.
+	TotalSide uint64
+	Groups    []Group
+	Side      []SideKey
 }
 
 // SnapshotKey is one key of a snapshot and what the worker holds of it,
@@ -62,15 +68,23 @@ func (sk *SnapshotKey) counts() keyCounts {
 // Cost: treeOrderLocked's under the mutex, and 72 bytes a key of memory
 // until it returns (BenchmarkSnapshot).
 func (w *Worker) Snapshot(emit func(*SnapshotSegment) error) error {
-	keys, seq, digest, err := w.snapshotKeys()
+	keys, side, layout, seq, digest, err := w.snapshotKeys()
 	if err != nil {
 		return err
 	}
-	seg := SnapshotSegment{Seq: seq, Total: uint64(len(keys))}
+	seg := SnapshotSegment{Seq: seq, Total: uint64(len(keys)), TotalSide: uint64(len(side)), Groups: layout}
 	for part := uint32(0); ; part++ {
 		n := min(len(keys), SnapshotSegmentKeys)
 		seg.Part, seg.Keys, keys = part, keys[:n:n], keys[n:]
-		seg.Last = len(keys) == 0
+		ns := 0
+		if len(keys) == 0 {
+			ns = min(len(side), SnapshotSegmentKeys)
+		}
+		seg.Side, side = side[:ns:ns], side[ns:]
+		seg.Last = len(keys) == 0 && len(side) == 0
+		if part > 0 {
+			seg.Groups = nil
+		}
 		if seg.Last {
 			seg.Digest = digest
 		}
@@ -106,13 +120,13 @@ func posOf(l loc) uint64 { return uint64(l.off) | uint64(l.n.id)<<entryNodeShift
 // so smaller engine maps sort as integers (three times faster).
 const snapIndexBits = 64 - entryGenShift
 
-// snapshotKeys gathers, under the mutex, the keys in tree order, the delta
-// seq and the digest.
-func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
+// snapshotKeys gathers, under the mutex, the keys in tree order, the side
+// keys, the layout, the delta seq and the digest.
+func (w *Worker) snapshotKeys() ([]SnapshotKey, []SideKey, []Group, uint64, uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.gone {
-		return nil, 0, 0, fmt.Errorf("%w: %s (no snapshot)", ErrRemovedWorker, w.info.Ref)
+		return nil, nil, nil, 0, 0, fmt.Errorf("%w: %s (no snapshot)", ErrRemovedWorker, w.info.Ref)
 	}
 	out := make([]SnapshotKey, 0, w.engine.Len())
 	var digest uint64
@@ -125,7 +139,7 @@ func (w *Worker) snapshotKeys() ([]SnapshotKey, uint64, uint64, error) {
 		}
 		out = append(out, sk)
 	})
-	return out, w.deltaSeq, digest, nil
+	return out, w.sideKeysLocked(), w.layoutLocked(), w.deltaSeq, digest + w.sideDigestLocked(), nil
 }
 
 // treeOrderLocked calls visit for every key the worker holds and every
@@ -249,7 +263,12 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 
 // The encoding of a segment (AppendBinary), little-endian:
 //
-//	version 1 | seq uvarint | part uvarint | total uvarint | last 0 or 1 | [digest 8 if last] | keys uvarint | key...
+//	version 2 | seq uvarint | part uvarint | total uvarint | total side uvarint | last 0 or 1 |
+//	[digest 8 if last] | [layout, in part 0] | keys uvarint | key... | side keys uvarint | side key...
+//
+// The layout is encoded as in a checkpoint; a side key is its group's
+// index (a byte), the key (8 bytes) and its blocks (uvarint). Version 1,
+// read still, had no total side, layout or side keys.
 //
 // and of a key: a tag byte (bits 0-1: where it attaches, see attachTag;
 // bits 2-3: its counts, 0 one block with one store per medium of a media
@@ -257,7 +276,8 @@ func (w *Worker) snapCountsLocked(sk *SnapshotKey, slots []int) {
 // per medium in it its blocks and stores, uvarints), the key (8 bytes),
 // then the parent (8) and counts as the tag says.
 const (
-	segVersion     = 1
+	segVersion     = 2
+	segVersion1    = 1
 	tagSimple      = 0 << 2
 	tagPlaceholder = 1 << 2
 	tagCounted     = 2 << 2
@@ -269,11 +289,18 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 	if len(s.Keys) > SnapshotSegmentKeys {
 		return b, fmt.Errorf("%w: segment %d has %d keys, over %d", ErrBadSnapshot, s.Part, len(s.Keys), SnapshotSegmentKeys)
 	}
+	if len(s.Side) > SnapshotSegmentKeys || s.Part > 0 && len(s.Groups) > 0 {
+		return b, fmt.Errorf("%w: segment %d has %d side keys (at most %d) and %d groups (in part 0 only)", ErrBadSnapshot, s.Part, len(s.Side), SnapshotSegmentKeys, len(s.Groups))
+	}
 	b = append(b, segVersion)
 	b = binary.AppendUvarint(b, s.Seq)
 	b = binary.AppendUvarint(b, uint64(s.Part))
 	b = binary.AppendUvarint(b, s.Total)
+	b = binary.AppendUvarint(b, s.TotalSide)
 	b = appendLast(b, s.Last, s.Digest)
+	if s.Part == 0 {
+		b = appendLayout(b, s.Groups)
+	}
 	b = binary.AppendUvarint(b, uint64(len(s.Keys)))
 	var prev Key
 	for i := range s.Keys {
@@ -310,6 +337,15 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 			}
 		}
 	}
+	b = binary.AppendUvarint(b, uint64(len(s.Side)))
+	for _, sk := range s.Side {
+		if sk.Group < 0 || sk.Group >= MaxGroups {
+			return b, fmt.Errorf("%w: a side key of group %d", ErrBadSnapshot, sk.Group)
+		}
+		b = append(b, byte(sk.Group))
+		b = binary.LittleEndian.AppendUint64(b, uint64(sk.Key))
+		b = binary.AppendUvarint(b, uint64(sk.Blocks))
+	}
 	return b, nil
 }
 
@@ -318,11 +354,24 @@ func (s *SnapshotSegment) AppendBinary(b []byte) ([]byte, error) {
 // naming the offset; it never panics. Restore checks what the keys say.
 func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
 	d := segDecoder{b: data, bad: ErrBadSnapshot}
-	d.version(segVersion)
+	v1 := len(data) > 0 && data[0] == segVersion1
+	if v1 {
+		d.version(segVersion1)
+	} else {
+		d.version(segVersion)
+	}
 	seq := d.uvarint(math.MaxUint64)
 	part := d.uvarint(math.MaxUint32)
 	total := d.uvarint(math.MaxUint64)
+	var totalSide uint64
+	if !v1 {
+		totalSide = d.uvarint(math.MaxUint64)
+	}
 	last, digest := d.last()
+	var groups []Group
+	if part == 0 && !v1 {
+		groups = d.layout()
+	}
 	n := int(d.uvarint(SnapshotSegmentKeys))
 	if d.err != nil {
 		return d.err
@@ -358,9 +407,25 @@ func (s *SnapshotSegment) UnmarshalBinary(data []byte) error {
 		}
 		keys = append(keys, sk)
 	}
+	var side []SideKey
+	if !v1 {
+		ns := int(d.uvarint(SnapshotSegmentKeys))
+		side = s.Side[:0]
+		for i := 0; i < ns && d.err == nil; i++ {
+			sk := SideKey{Group: int(d.byte()), Key: Key(d.uint64()), Blocks: uint32(d.uvarint(math.MaxUint32))}
+			if d.err == nil && sk.Group >= MaxGroups {
+				d.fail("side key %d: group %d", i, sk.Group)
+			}
+			side = append(side, sk)
+		}
+	}
 	if err := d.end(); err != nil {
 		return err
 	}
-	*s = SnapshotSegment{Seq: seq, Part: uint32(part), Total: total, Last: last, Digest: digest, Keys: keys}
+	if len(side) == 0 {
+		side = nil
+	}
+	*s = SnapshotSegment{Seq: seq, Part: uint32(part), Total: total, TotalSide: totalSide, Last: last, Digest: digest, Keys: keys,
+		Groups: groups, Side: side}
 	return nil
 }

@@ -304,7 +304,7 @@ func testSegment() *SnapshotSegment {
 		{Key: 2, Parent: 1, HasParent: true, Blocks: 1, BlocksIn: [events.NumMedia]uint32{gpu: 1, cpu: 1}, Refs: [events.NumMedia]uint32{gpu: 1, cpu: 1}},
 		{Key: 3, Parent: 1, HasParent: true, Blocks: 2, BlocksIn: [events.NumMedia]uint32{gpu: 2, 5: 1}, Refs: [events.NumMedia]uint32{gpu: 300, 5: 1 << 31}},
 		{Key: 1 << 63, Blocks: 1, BlocksIn: [events.NumMedia]uint32{5: 1}, Refs: [events.NumMedia]uint32{5: 1}},
-	}}
+	}, TotalSide: 300, Side: []SideKey{{Group: 2, Key: 5, Blocks: 1}, {Group: MaxGroups - 1, Key: 1 << 63, Blocks: 300}}}
 }
 
 // TestSnapshotEncoding checks that a segment with every form of key
@@ -323,9 +323,10 @@ func TestSnapshotEncoding(t *testing.T) {
 	if !reflect.DeepEqual(&got, s) {
 		t.Fatalf("decoded %+v,\nwant %+v", got, *s)
 	}
-	// header 1+6+1+3+1+8+1, keys 9 (placeholder at top), 10 (under the
-	// previous key), 9+8+1+1+(1+2)+(1+5) (counted under key 1), 10.
-	if want := 21 + 9 + 10 + 28 + 10; len(b) != want {
+	// header 1+6+1+3+2+1+8+1, keys 9 (placeholder at top), 10 (under the
+	// previous key), 9+8+1+1+(1+2)+(1+5) (counted under key 1), 10; side
+	// keys: a count, then group, key and blocks, 1+8+1 and 1+8+2.
+	if want := 23 + 9 + 10 + 28 + 10 + 22; len(b) != want {
 		t.Fatalf("%d bytes, want %d", len(b), want)
 	}
 	for n := range len(b) {
@@ -334,20 +335,21 @@ func TestSnapshotEncoding(t *testing.T) {
 		}
 	}
 	corrupt := map[string]func([]byte) []byte{
-		"version":           func(b []byte) []byte { b[0] = 2; return b },
-		"last flag":         func(b []byte) []byte { b[11] = 2; return b },
+		"version":           func(b []byte) []byte { b[0] = 3; return b },
+		"last flag":         func(b []byte) []byte { b[13] = 2; return b },
 		"trailing byte":     func(b []byte) []byte { return append(b, 0) },
-		"tag bits":          func(b []byte) []byte { b[21] |= 0x10; return b },
-		"tag parent mode 3": func(b []byte) []byte { b[21] |= 3; return b },
+		"tag bits":          func(b []byte) []byte { b[23] |= 0x10; return b },
+		"tag parent mode 3": func(b []byte) []byte { b[23] |= 3; return b },
 		"first key under the previous": func(b []byte) []byte {
-			b[21] &^= tagParentMask
+			b[23] &^= tagParentMask
 			return b
 		},
-		"media": func(b []byte) []byte { b[21+9+9] = 0x40; return b },
+		"media": func(b []byte) []byte { b[23+9+9] = 0x40; return b },
 		"no media": func(b []byte) []byte {
-			b[21+9+9] = 0
+			b[23+9+9] = 0
 			return b
 		},
+		"side group": func(b []byte) []byte { b[len(b)-11] = MaxGroups; return b },
 	}
 	for name, f := range corrupt {
 		if err := got.UnmarshalBinary(f(slices.Clone(b))); !errors.Is(err, ErrBadSnapshot) {
@@ -357,6 +359,27 @@ func TestSnapshotEncoding(t *testing.T) {
 	big := &SnapshotSegment{Keys: make([]SnapshotKey, SnapshotSegmentKeys+1)}
 	if _, err := big.AppendBinary(nil); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("encoding %d keys: %v", len(big.Keys), err)
+	}
+	// Part 0 carries the layout.
+	first := &SnapshotSegment{Total: 1, Last: true, Keys: []SnapshotKey{{Key: 9, Blocks: 1, BlocksIn: [events.NumMedia]uint32{gpu: 1}, Refs: [events.NumMedia]uint32{gpu: 1}}},
+		Groups: []Group{{Index: 0, Kind: "full_attention", Class: ClassPrefix, BlockSize: 528, Anchor: true}, {Index: 1, Kind: "mamba", Class: ClassMamba, BlockSize: 528}}}
+	b0, err := first.AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got0 SnapshotSegment
+	if err := got0.UnmarshalBinary(b0); err != nil || !reflect.DeepEqual(&got0, first) {
+		t.Fatalf("part 0: decoded %+v (%v), want %+v", got0, err, *first)
+	}
+	// Version 1 (no side keys, no layout) still decodes.
+	v1 := testSegment()
+	v1.TotalSide, v1.Side = 0, nil
+	b1, _ := v1.AppendBinary(nil)
+	b1 = slices.Delete(b1, 11, 12) // the total side (0)
+	b1 = b1[:len(b1)-1]            // the side count (0)
+	b1[0] = segVersion1
+	if err := got.UnmarshalBinary(b1); err != nil || !reflect.DeepEqual(&got, v1) {
+		t.Fatalf("version 1: decoded %+v (%v), want %+v", got, err, *v1)
 	}
 }
 

@@ -48,6 +48,12 @@ type Worker struct {
 
 	// singles are this worker's interned one-worker sets, by media mask.
 	singles [1 << events.NumMedia]atomic.Pointer[holders.Set]
+	// capped says the worker has a side group, so Cap has work to do;
+	// prefixBS is its anchor's block size, 0 until learned. Both are
+	// written under mu and read by Cap and the scorer without it.
+	capped   atomic.Bool
+	prefixBS atomic.Int32
+	layout   atomic.Pointer[[]Group] // the groups' descriptions, for Group
 
 	mu       sync.Mutex   // guards everything below, and cur's use of the tree
 	engine   blockmap.Map // maps engine block hash to an engineEntry, with its store recency.
@@ -56,11 +62,18 @@ type Worker struct {
 	// once in some medium (their entries' dup bit), by engine hash.
 	dups map[uint64]*[events.NumMedia]uint8
 	cur  cursor
-	// ignoredGroups are KV-cache groups whose events do not decide prefix
-	// reuse, learned from BlockStored's kv_cache_spec_kind.
-	ignoredGroups map[int]struct{}
-	lastReset     string
-	gone          bool // set by RemoveWorker; the worker then refuses events.
+	// groups are the KV-cache groups learned from the worker's events, by
+	// index (nil where none); anchor is the index of the one whose blocks
+	// are in the tree, -1 until learned (see groups.go).
+	groups  []*groupState
+	anchor  int
+	side    sideStore
+	sideRes int64 // the side groups' held keys, over all side groups
+	// layoutDirty says the groups changed since the last recorded call
+	// ended (Delta.Layout).
+	layoutDirty bool
+	lastReset   string
+	gone        bool // set by RemoveWorker; the worker then refuses events.
 	// res, resBy, stored and removed are published to c at batch end.
 	res             int64
 	resBy           [events.NumMedia]int64
@@ -203,6 +216,11 @@ func (w *Worker) Stats() Stats {
 		BlockSizeMismatches: w.c.blockSize.Load(),
 		InvalidEvents:       w.c.invalid.Load(),
 		SkippedGroupEvents:  w.c.group.Load(),
+		UnknownGroupBlocks:  w.c.unknownGroup.Load(),
+		LayoutChanges:       w.c.layoutChanges.Load(),
+		SideBlocks:          w.c.sideBlocks.Load(),
+		SideRefused:         w.c.sideRefused.Load(),
+		BlockSize:           int(w.prefixBS.Load()),
 		Clears:              w.c.clears.Load(),
 		Resets:              w.c.resets.Load(),
 		Evictions:           w.c.evictions.Load(),
@@ -357,6 +375,7 @@ func (w *Worker) endLocked() {
 	w.c.stored.Store(w.stored)
 	w.c.removed.Store(w.removed)
 	w.c.resident.Store(w.res)
+	w.c.sideBlocks.Store(w.sideRes)
 	for m, n := range w.resBy {
 		w.c.residentByMedium[m].Store(n)
 	}

@@ -190,20 +190,24 @@ func TestDiagnoseReasons(t *testing.T) {
 	if x := reasons(d); !slices.Contains(x, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_LORA_DIFFERS) {
 		t.Fatalf("lora differs from the request's adapter: %v", d)
 	}
-	// An event at another block size is not indexed.
-	bad, _ := eb.store(0, tokens("big blocks", 4*blockSize))
-	bad.BlockSize = 2 * blockSize
-	bad.BlockHashes = bad.BlockHashes[:2]
-	f.publish("b", 0, bad)
-	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: tokens("big blocks", 4*blockSize), Worker: ref("b")})
-	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH); !strings.Contains(x.GetDetail(), "block_size 32") {
-		t.Fatalf("block size: %v", x)
-	}
 	// A cleared cache.
 	f.publish("b", 0, cleared)
 	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt, Worker: ref("b")})
 	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_WORKER_RESET); x.GetEventTime() == nil || !strings.Contains(x.GetDetail(), "cleared") {
 		t.Fatalf("reset: %v", x)
+	}
+	// b's engine now announces 32-token blocks while a and s announce 16:
+	// the model keeps 16, b's blocks are kept at 32 and b is flagged.
+	bad, _ := eb.store(0, tokens("big blocks", 4*blockSize))
+	bad.BlockSize = 2 * blockSize
+	bad.BlockHashes = bad.BlockHashes[:2]
+	f.publish("b", 0, bad)
+	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: tokens("big blocks", 4*blockSize), Worker: ref("b")})
+	if x := finding(t, d, kvindexv1.DiagnoseReason_DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH); !strings.Contains(x.GetDetail(), "keys 32-token blocks, the model's prompts 16-token") {
+		t.Fatalf("block size: %v", x)
+	}
+	if w := f.status("b", 0); w.GetBlockSize() != 32 || w.GetModelBlockSize() != 16 || w.GetResidentBlocks() != 2 {
+		t.Fatalf("b's status: block size %d, model's %d, %d blocks; want 32, 16, 2", w.GetBlockSize(), w.GetModelBlockSize(), w.GetResidentBlocks())
 	}
 	// A prompt shorter than a block.
 	d = f.diagnose(&kvindexv1.DiagnoseRequest{TokenIds: prompt[:5], Worker: ref("a")})

@@ -87,20 +87,33 @@ func TestExtraKeysMediaAndGroups(t *testing.T) {
 				t.Fatalf("by medium %v, want GPU 2 CPU 2", by)
 			}
 
-			// A hybrid model's sliding-window group: learned from its spec
-			// kind, its stores and removals never touch residency.
+			// A hybrid model's sliding-window group, learned from its spec
+			// kind: its removals never touch the full-attention group's
+			// residency, but vLLM realizes a hit only where the window
+			// group holds the blocks before the cut, so the answer is capped
+			// and says by which group.
 			sw := tokens("sliding", 2*blockSize)
 			full, fh := eng.store(0, sw)
 			full.SpecKind, full.GroupIdx, full.HasGroupIdx = "full_attention", 0, true
 			win := full
 			win.SpecKind, win.GroupIdx, win.SlidingWindow, win.HasSlidingWindow = "sliding_window", 1, 4096, true
 			f.publish("a", 0, full, win)
-			f.publish("a", 0, events.Event{Kind: events.KindBlockRemoved, BlockHashes: fh, MediumName: "GPU", GroupIdx: 1, HasGroupIdx: true})
 			if n, _ := matched(f.score(&kvindexv1.ScoreRequest{TokenIds: sw}), "a", 0); n != 2 {
-				t.Fatalf("sliding-window removal changed residency: %d, want 2", n)
+				t.Fatalf("both groups hold the prompt: %d, want 2", n)
 			}
-			if w := f.status("a", 0); w.GetSkippedGroupEvents() != 2 {
-				t.Fatalf("skipped group events %d, want 2", w.GetSkippedGroupEvents())
+			f.publish("a", 0, events.Event{Kind: events.KindBlockRemoved, BlockHashes: fh, MediumName: "GPU", GroupIdx: 1, HasGroupIdx: true})
+			resp := f.score(&kvindexv1.ScoreRequest{TokenIds: sw})
+			var ws *kvindexv1.WorkerScore
+			for _, s := range resp.GetWorkers() {
+				if s.GetWorker().GetPod() == "a" {
+					ws = s
+				}
+			}
+			if ws == nil || ws.GetMatchedBlocks() != 0 || ws.GetPrefixBlocks() != 2 || ws.GetCappedBy().GetIndex() != 1 || ws.GetCappedBy().GetKind() != "sliding_window" {
+				t.Fatalf("after the window's removal: %v, want 0 blocks capped by group 1 from a prefix of 2", ws)
+			}
+			if w := f.status("a", 0); w.GetSkippedGroupEvents() != 0 || len(w.GetGroups()) != 2 || w.GetGroups()[1].GetRole() != "cap" || w.GetGroups()[1].GetSlidingWindow() != 4096 {
+				t.Fatalf("status: %v", w)
 			}
 		})
 	}

@@ -24,6 +24,7 @@ type Collector struct {
 
 	resident, evictions, capacity, digest, lastSeq *prometheus.Desc
 	health, backlog, lastMsg, unroutable           *prometheus.Desc
+	side, blockSize, bsMismatch                    *prometheus.Desc
 	unroutableSrc                                  events.RefusalSource
 	digests                                        bool
 }
@@ -53,9 +54,12 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 			ic("blocks_removed_total", "Block removals applied per worker.", func(s *is) int64 { return s.BlocksRemoved }),
 			ic("orphan_blocks_total", "Stored blocks whose parent was never announced (cannot match prompts).", func(s *is) int64 { return s.Orphans }),
 			ic("unknown_blocks_total", "Removals or offloads naming blocks the worker did not hold.", func(s *is) int64 { return s.UnknownBlocks }),
-			ic("block_size_mismatches_total", "Events whose block_size differs from the model's.", func(s *is) int64 { return s.BlockSizeMismatches }),
+			ic("block_size_mismatches_total", "Prefix-group stores whose block_size differs from the model's (indexed at their own; see kvindex_block_size_mismatch).", func(s *is) int64 { return s.BlockSizeMismatches }),
 			ic("invalid_events_total", "Other events that could not be applied.", func(s *is) int64 { return s.InvalidEvents }),
-			ic("skipped_group_events_total", "Events of KV-cache groups that do not decide prefix reuse.", func(s *is) int64 { return s.SkippedGroupEvents }),
+			ic("skipped_group_events_total", "Events of KV-cache groups of kinds whose hit rule kvindex does not model (counted, not tracked).", func(s *is) int64 { return s.SkippedGroupEvents }),
+			ic("unknown_group_blocks_total", "Blocks removed from KV-cache groups the worker never saw stored (nothing touched).", func(s *is) int64 { return s.UnknownGroupBlocks }),
+			ic("layout_changes_total", "Stores refused for describing a KV-cache group anew while it held blocks.", func(s *is) int64 { return s.LayoutChanges }),
+			ic("side_refused_total", "Blocks of capping KV-cache groups (window, mamba) refused beyond their bound.", func(s *is) int64 { return s.SideRefused }),
 			ic("clears_total", "AllBlocksCleared events applied.", func(s *is) int64 { return s.Clears }),
 			ic("resets_total", "Forced resets of the worker (engine restarts, unrecoverable gaps).", func(s *is) int64 { return s.Resets }),
 		},
@@ -82,6 +86,9 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		backlog:    d("queue_backlog", "Batches waiting in the worker's queue."),
 		evictions:  d("evictions_total", "Blocks evicted by kvindex's bounds, by reason: capacity (after lost removals) or budget.", "reason"),
 		capacity:   d("capacity_blocks", "The most blocks the worker may hold (configured or learned); 0 while unbounded."),
+		side:       d("side_blocks", "Blocks held by the worker's capping KV-cache groups (sliding-window, mamba, extra full-attention groups of hybrid models)."),
+		blockSize:  d("worker_block_size", "The block size the worker's engine announces for its prefix group (0 until a store)."),
+		bsMismatch: d("block_size_mismatch", "1 when the worker's announced block size differs from the one its model keys prompts at (the size most of the model's workers announce): no prompt matches its blocks."),
 		digest:     d("worker_digest", "The top 53 bits of the worker's resident-set digest (exact in a float): equal on every replica holding the same set (WithDigests only)."),
 		lastSeq:    d("worker_last_seq", "The last seq applied to the worker (the engine's, or in fleet mode the agent's delta seq)."),
 		unroutable: prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod.", []string{"listener", "reason"}, nil),
@@ -103,7 +110,7 @@ func (c *Collector) WithDigests() *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.digest, c.lastSeq, c.lastMsg, c.resident, c.health, c.backlog, c.unroutable, c.evictions, c.capacity} {
+	for _, d := range []*prometheus.Desc{c.digest, c.lastSeq, c.lastMsg, c.resident, c.health, c.backlog, c.unroutable, c.evictions, c.capacity, c.side, c.blockSize, c.bsMismatch} {
 		ch <- d
 	}
 	for _, k := range c.index {
@@ -129,6 +136,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.Evictions-s.BudgetEvictions), append(lv, "capacity")...)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.BudgetEvictions), append(lv, "budget")...)
 		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(s.Capacity), lv...)
+		ch <- prometheus.MustNewConstMetric(c.side, prometheus.GaugeValue, float64(s.SideBlocks), lv...)
+		ch <- prometheus.MustNewConstMetric(c.blockSize, prometheus.GaugeValue, float64(s.BlockSize), lv...)
+		mismatch := 0.0
+		if w.BlockSizeMismatch() {
+			mismatch = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.bsMismatch, prometheus.GaugeValue, mismatch, lv...)
 		if c.digests {
 			ch <- prometheus.MustNewConstMetric(c.digest, prometheus.GaugeValue, float64(w.Digest()>>11), lv...)
 		}

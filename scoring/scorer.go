@@ -235,6 +235,11 @@ type Result struct {
 	filtered bool
 	allowFn  func(indexer.WorkerID) bool
 	incStale bool
+	// keysReq is the request Cap's keysAtFn keys; altKeys its keys at
+	// other block sizes, for this call.
+	keysReq  *Request
+	keysAtFn indexer.KeysAt
+	altKeys  []altKeys
 }
 
 // reset clears the per-call state, keeping capacity (but not a huge
@@ -251,7 +256,8 @@ func (r *Result) reset() {
 	}
 	r.cands, r.loaded = r.cands[:0], r.loaded[:0]
 	r.Ranked, r.specs, r.matches = r.Ranked[:0], r.specs[:0], r.matches[:0]
-	r.filtered, r.tab, r.Model = false, nil, nil
+	r.filtered, r.tab, r.Model, r.keysReq = false, nil, nil, nil
+	r.altKeys = r.altKeys[:0]
 	if cap(r.Keys) > 1<<16 {
 		r.Keys = nil
 	}
@@ -303,7 +309,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 		return badField("token_ids", "give exactly one of tokens and block keys")
 	}
 	if res.allowFn == nil {
-		res.allowFn = res.allow
+		res.allowFn, res.keysAtFn = res.allow, res.keysAt
 	}
 	res.Model = req.Model
 	res.Policy = s.policy
@@ -330,7 +336,7 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 
 	res.matches = s.ix.Match(res.Keys, res.allowFn, res.matches[:0])
 	for _, m := range res.matches {
-		res.add(m)
+		res.add(res.capped(m, req))
 	}
 	// Speculative prefixes from recent routes extend (or add) matches.
 	res.specs = s.tracker.Speculative(res.Keys, res.specs[:0])
@@ -373,6 +379,73 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	res.Prompt = s.prompt(req, res, s.tracker.now())
 	res.Policy.Rank(res.Prompt, res.Ranked, tab.refs)
 	return nil
+}
+
+// capped applies the worker's hybrid cap to its match (indexer.Worker.Cap):
+// a hit vLLM realizes only where every KV-cache group can serve it. The
+// rule is applied at the longest hit the engine takes, one token short of
+// a tokens prompt (it computes at least one; a keys prompt is taken
+// whole), since a window's blocks before that cut are what it needs. Cost: an atomic
+// load for a worker with one group (Cap's doc for the others).
+func (r *Result) capped(m indexer.Match, req *Request) indexer.Match {
+	w := r.tab.workers[m.Worker]
+	if w == nil || m.Blocks == 0 || !w.HasSideGroups() {
+		return m
+	}
+	bs := r.Model.BlockSize()
+	maxTokens := len(r.Keys) * bs
+	if len(req.Tokens) > 0 {
+		maxTokens = len(req.Tokens) - 1
+	}
+	r.keysReq = req
+	t, by := w.Cap(m.Blocks*bs, maxTokens, r.keysAtFn)
+	// Only a group's rule caps: a prompt's last token alone shortens a
+	// hybrid worker's hit no more than a full-attention worker's.
+	if b := t / bs; by >= 0 && b < m.Blocks {
+		m.Prefix, m.CappedBy, m.Blocks = m.Blocks, by, b
+		for i := range m.ByMedium {
+			m.ByMedium[i] = min(m.ByMedium[i], b)
+		}
+	}
+	return m
+}
+
+// CapGroup returns the KV-cache group that capped c's match (see
+// indexer.Match.CappedBy), when one did.
+func (r *Result) CapGroup(c *Candidate) (indexer.Group, bool) {
+	if c.Match.Prefix == 0 || int(c.Match.Worker) >= len(r.tab.workers) {
+		return indexer.Group{}, false
+	}
+	if w := r.tab.workers[c.Match.Worker]; w != nil {
+		return w.Group(c.Match.CappedBy)
+	}
+	return indexer.Group{}, false
+}
+
+// keysAt returns the prompt's keys at block size bs, for Cap: the
+// request's keys at the model's block size, else the tokens keyed anew
+// (kept for the call), else nil.
+func (r *Result) keysAt(bs int) []indexer.Key {
+	if bs == r.Model.BlockSize() {
+		return r.Keys
+	}
+	if len(r.keysReq.Tokens) == 0 {
+		return nil
+	}
+	for i := range r.altKeys {
+		if r.altKeys[i].bs == bs {
+			return r.altKeys[i].keys
+		}
+	}
+	k := indexer.PromptKeys(r.Model.Name, bs, r.keysReq.Tokens, r.keysReq.Extras, nil)
+	r.altKeys = append(r.altKeys, altKeys{bs: bs, keys: k})
+	return k
+}
+
+// altKeys are a prompt's keys at a block size other than its model's.
+type altKeys struct {
+	bs   int
+	keys []indexer.Key
 }
 
 // add lists a worker for ranking once.
@@ -454,7 +527,7 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 
 // prompt describes the request for the policy; now is the tracker's clock.
 func (s *Scorer) prompt(req *Request, res *Result, now time.Time) Prompt {
-	bs := req.Model.BlockSize
+	bs := req.Model.BlockSize()
 	st := s.stats(req.Model)
 	pr := Prompt{
 		Blocks:            len(res.Keys),

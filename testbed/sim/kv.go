@@ -54,7 +54,7 @@ func (k *localKV) Score(_ context.Context, q *router.Query, visit func(string, i
 	if err := k.s.Score(&k.req, &k.res); err != nil {
 		return err
 	}
-	bs := k.res.Model.BlockSize
+	bs := k.res.Model.BlockSize()
 	for i := range k.res.Ranked {
 		c := &k.res.Ranked[i]
 		visit(c.Ref.Pod, c.Match.Blocks*bs)

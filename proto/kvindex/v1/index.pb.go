@@ -1378,7 +1378,15 @@ type WorkerScore struct {
 	Score float64 `protobuf:"fixed64,10,opt,name=score,proto3" json:"score,omitempty"`
 	// reason explains the worker's place in a sentence, for kvindexctl
 	// score --explain.
-	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// prefix_blocks is, when a KV-cache group capped matched_blocks, the
+	// worker's prefix group's own match (before the cap); 0 otherwise.
+	// vLLM realizes a hybrid model's hit only where every group can serve
+	// it: a sliding-window group needs the blocks of its last window before
+	// the cut, a mamba group its state at the cut.
+	PrefixBlocks uint32 `protobuf:"varint,12,opt,name=prefix_blocks,json=prefixBlocks,proto3" json:"prefix_blocks,omitempty"`
+	// capped_by is the group that capped matched_blocks below prefix_blocks.
+	CappedBy      *KVCacheGroup `protobuf:"bytes,13,opt,name=capped_by,json=cappedBy,proto3" json:"capped_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1488,6 +1496,20 @@ func (x *WorkerScore) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *WorkerScore) GetPrefixBlocks() uint32 {
+	if x != nil {
+		return x.PrefixBlocks
+	}
+	return 0
+}
+
+func (x *WorkerScore) GetCappedBy() *KVCacheGroup {
+	if x != nil {
+		return x.CappedBy
+	}
+	return nil
 }
 
 // LoadDetail is a worker's load and where each part came from.
@@ -1902,8 +1924,26 @@ type WorkerStatus struct {
 	// server keeps no metrics.
 	ScoredPromptTokens uint64 `protobuf:"varint,52,opt,name=scored_prompt_tokens,json=scoredPromptTokens,proto3" json:"scored_prompt_tokens,omitempty"`
 	PredictedHitTokens uint64 `protobuf:"varint,53,opt,name=predicted_hit_tokens,json=predictedHitTokens,proto3" json:"predicted_hit_tokens,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// block_size is the block size of the worker's prefix group as its
+	// events announce it (0 until a store), model_block_size the one its
+	// model keys prompts at (the size most of the model's workers announce);
+	// when they differ no prompt matches the worker's blocks.
+	BlockSize      uint32 `protobuf:"varint,60,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	ModelBlockSize uint32 `protobuf:"varint,61,opt,name=model_block_size,json=modelBlockSize,proto3" json:"model_block_size,omitempty"`
+	// groups are the worker's KV-cache groups as its events describe them.
+	Groups []*KVCacheGroup `protobuf:"bytes,62,rep,name=groups,proto3" json:"groups,omitempty"`
+	// unknown_group_blocks counts blocks removed from a group the worker
+	// never saw stored (nothing was touched); layout_changes stores refused
+	// for describing a group that holds blocks anew.
+	UnknownGroupBlocks uint64 `protobuf:"varint,63,opt,name=unknown_group_blocks,json=unknownGroupBlocks,proto3" json:"unknown_group_blocks,omitempty"`
+	LayoutChanges      uint64 `protobuf:"varint,64,opt,name=layout_changes,json=layoutChanges,proto3" json:"layout_changes,omitempty"`
+	// side_blocks are the blocks held by its window, mamba and extra prefix
+	// groups, which cap its hits; side_refused counts those refused beyond a
+	// group's bound.
+	SideBlocks    uint64 `protobuf:"varint,65,opt,name=side_blocks,json=sideBlocks,proto3" json:"side_blocks,omitempty"`
+	SideRefused   uint64 `protobuf:"varint,66,opt,name=side_refused,json=sideRefused,proto3" json:"side_refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -2307,6 +2347,151 @@ func (x *WorkerStatus) GetPredictedHitTokens() uint64 {
 	return 0
 }
 
+func (x *WorkerStatus) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetModelBlockSize() uint32 {
+	if x != nil {
+		return x.ModelBlockSize
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetGroups() []*KVCacheGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *WorkerStatus) GetUnknownGroupBlocks() uint64 {
+	if x != nil {
+		return x.UnknownGroupBlocks
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetLayoutChanges() uint64 {
+	if x != nil {
+		return x.LayoutChanges
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetSideBlocks() uint64 {
+	if x != nil {
+		return x.SideBlocks
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetSideRefused() uint64 {
+	if x != nil {
+		return x.SideRefused
+	}
+	return 0
+}
+
+// KVCacheGroup is one KV-cache group of a worker (vLLM's group_idx), as
+// its events describe it.
+type KVCacheGroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index is the group's group_idx (0 when the engine sends none).
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// kind is kv_cache_spec_kind as the engine sends it ("" when none).
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// role says what kvindex does with the group: "prefix" (its blocks are
+	// the worker's residency), "cap" (it caps hits by its hit rule: a
+	// sliding window's blocks before the cut, a mamba state at the cut, or
+	// another full-attention group's prefix), "not modelled" (a kind whose
+	// hit rule kvindex does not follow: counted only).
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// block_size is its tokens per block; sliding_window its window in
+	// tokens (window kinds).
+	BlockSize     uint32 `protobuf:"varint,4,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	SlidingWindow uint32 `protobuf:"varint,5,opt,name=sliding_window,json=slidingWindow,proto3" json:"sliding_window,omitempty"`
+	// resident_blocks are the blocks it holds now.
+	ResidentBlocks uint64 `protobuf:"varint,6,opt,name=resident_blocks,json=residentBlocks,proto3" json:"resident_blocks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KVCacheGroup) Reset() {
+	*x = KVCacheGroup{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVCacheGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVCacheGroup) ProtoMessage() {}
+
+func (x *KVCacheGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVCacheGroup.ProtoReflect.Descriptor instead.
+func (*KVCacheGroup) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *KVCacheGroup) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *KVCacheGroup) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *KVCacheGroup) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *KVCacheGroup) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *KVCacheGroup) GetSlidingWindow() uint32 {
+	if x != nil {
+		return x.SlidingWindow
+	}
+	return 0
+}
+
+func (x *KVCacheGroup) GetResidentBlocks() uint64 {
+	if x != nil {
+		return x.ResidentBlocks
+	}
+	return 0
+}
+
 // MediumCount is a number of blocks resident in one storage medium.
 type MediumCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2320,7 +2505,7 @@ type MediumCount struct {
 
 func (x *MediumCount) Reset() {
 	*x = MediumCount{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[18]
+	mi := &file_kvindex_v1_index_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2517,7 @@ func (x *MediumCount) String() string {
 func (*MediumCount) ProtoMessage() {}
 
 func (x *MediumCount) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[18]
+	mi := &file_kvindex_v1_index_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +2530,7 @@ func (x *MediumCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumCount.ProtoReflect.Descriptor instead.
 func (*MediumCount) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{18}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MediumCount) GetMedium() string {
@@ -2387,7 +2572,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[19]
+	mi := &file_kvindex_v1_index_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2584,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[19]
+	mi := &file_kvindex_v1_index_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2597,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{19}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LookupRequest) GetModel() string {
@@ -2496,7 +2681,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[20]
+	mi := &file_kvindex_v1_index_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2693,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[20]
+	mi := &file_kvindex_v1_index_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2706,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{20}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LookupResponse) GetBlockSize() uint32 {
@@ -2582,7 +2767,7 @@ type BlockRun struct {
 
 func (x *BlockRun) Reset() {
 	*x = BlockRun{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[21]
+	mi := &file_kvindex_v1_index_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2779,7 @@ func (x *BlockRun) String() string {
 func (*BlockRun) ProtoMessage() {}
 
 func (x *BlockRun) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[21]
+	mi := &file_kvindex_v1_index_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2792,7 @@ func (x *BlockRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRun.ProtoReflect.Descriptor instead.
 func (*BlockRun) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{21}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BlockRun) GetFirstBlock() uint32 {
@@ -2647,7 +2832,7 @@ type BlockHolder struct {
 
 func (x *BlockHolder) Reset() {
 	*x = BlockHolder{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[22]
+	mi := &file_kvindex_v1_index_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2844,7 @@ func (x *BlockHolder) String() string {
 func (*BlockHolder) ProtoMessage() {}
 
 func (x *BlockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[22]
+	mi := &file_kvindex_v1_index_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2857,7 @@ func (x *BlockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockHolder.ProtoReflect.Descriptor instead.
 func (*BlockHolder) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{22}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BlockHolder) GetWorker() *WorkerRef {
@@ -2713,7 +2898,7 @@ type DumpRequest struct {
 
 func (x *DumpRequest) Reset() {
 	*x = DumpRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[23]
+	mi := &file_kvindex_v1_index_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +2910,7 @@ func (x *DumpRequest) String() string {
 func (*DumpRequest) ProtoMessage() {}
 
 func (x *DumpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[23]
+	mi := &file_kvindex_v1_index_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +2923,7 @@ func (x *DumpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRequest.ProtoReflect.Descriptor instead.
 func (*DumpRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{23}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DumpRequest) GetWorker() *WorkerRef {
@@ -2787,7 +2972,7 @@ type DumpResponse struct {
 
 func (x *DumpResponse) Reset() {
 	*x = DumpResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[24]
+	mi := &file_kvindex_v1_index_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2984,7 @@ func (x *DumpResponse) String() string {
 func (*DumpResponse) ProtoMessage() {}
 
 func (x *DumpResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[24]
+	mi := &file_kvindex_v1_index_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2997,7 @@ func (x *DumpResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpResponse.ProtoReflect.Descriptor instead.
 func (*DumpResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{24}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DumpResponse) GetWorker() *WorkerRef {
@@ -2877,7 +3062,7 @@ type ResidentBlock struct {
 
 func (x *ResidentBlock) Reset() {
 	*x = ResidentBlock{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[25]
+	mi := &file_kvindex_v1_index_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2889,7 +3074,7 @@ func (x *ResidentBlock) String() string {
 func (*ResidentBlock) ProtoMessage() {}
 
 func (x *ResidentBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[25]
+	mi := &file_kvindex_v1_index_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2902,7 +3087,7 @@ func (x *ResidentBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidentBlock.ProtoReflect.Descriptor instead.
 func (*ResidentBlock) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{25}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResidentBlock) GetKey() uint64 {
@@ -2947,7 +3132,7 @@ type DiagnoseRequest struct {
 
 func (x *DiagnoseRequest) Reset() {
 	*x = DiagnoseRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[26]
+	mi := &file_kvindex_v1_index_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2959,7 +3144,7 @@ func (x *DiagnoseRequest) String() string {
 func (*DiagnoseRequest) ProtoMessage() {}
 
 func (x *DiagnoseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[26]
+	mi := &file_kvindex_v1_index_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2972,7 +3157,7 @@ func (x *DiagnoseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagnoseRequest.ProtoReflect.Descriptor instead.
 func (*DiagnoseRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{26}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DiagnoseRequest) GetModel() string {
@@ -3061,7 +3246,7 @@ type DiagnoseFinding struct {
 
 func (x *DiagnoseFinding) Reset() {
 	*x = DiagnoseFinding{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[27]
+	mi := &file_kvindex_v1_index_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3258,7 @@ func (x *DiagnoseFinding) String() string {
 func (*DiagnoseFinding) ProtoMessage() {}
 
 func (x *DiagnoseFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[27]
+	mi := &file_kvindex_v1_index_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3271,7 @@ func (x *DiagnoseFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagnoseFinding.ProtoReflect.Descriptor instead.
 func (*DiagnoseFinding) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{27}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DiagnoseFinding) GetReason() DiagnoseReason {
@@ -3145,7 +3330,7 @@ type DiagnoseResponse struct {
 
 func (x *DiagnoseResponse) Reset() {
 	*x = DiagnoseResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[28]
+	mi := &file_kvindex_v1_index_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3157,7 +3342,7 @@ func (x *DiagnoseResponse) String() string {
 func (*DiagnoseResponse) ProtoMessage() {}
 
 func (x *DiagnoseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[28]
+	mi := &file_kvindex_v1_index_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3170,7 +3355,7 @@ func (x *DiagnoseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagnoseResponse.ProtoReflect.Descriptor instead.
 func (*DiagnoseResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{28}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DiagnoseResponse) GetWorker() *WorkerRef {
@@ -3272,7 +3457,7 @@ type ParityCheck struct {
 
 func (x *ParityCheck) Reset() {
 	*x = ParityCheck{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[29]
+	mi := &file_kvindex_v1_index_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3469,7 @@ func (x *ParityCheck) String() string {
 func (*ParityCheck) ProtoMessage() {}
 
 func (x *ParityCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[29]
+	mi := &file_kvindex_v1_index_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3482,7 @@ func (x *ParityCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParityCheck.ProtoReflect.Descriptor instead.
 func (*ParityCheck) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{29}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ParityCheck) GetVerdict() ParityVerdict {
@@ -3363,7 +3548,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[30]
+	mi := &file_kvindex_v1_index_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3375,7 +3560,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[30]
+	mi := &file_kvindex_v1_index_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3388,7 +3573,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{30}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchRequest) GetModel() string {
@@ -3461,7 +3646,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_kvindex_v1_index_proto_msgTypes[31]
+	mi := &file_kvindex_v1_index_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3658,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_v1_index_proto_msgTypes[31]
+	mi := &file_kvindex_v1_index_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3671,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{31}
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WatchResponse) GetWorker() *WorkerRef {
@@ -3640,7 +3825,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x12#\n" +
 	"\rprompt_blocks\x18\x02 \x01(\rR\fpromptBlocks\x121\n" +
 	"\aworkers\x18\x03 \x03(\v2\x17.kvindex.v1.WorkerScoreR\aworkers\x12\x16\n" +
-	"\x06policy\x18\x04 \x01(\tR\x06policy\"\xaf\x03\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\"\x8b\x04\n" +
 	"\vWorkerScore\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12%\n" +
 	"\x0ematched_blocks\x18\x02 \x01(\rR\rmatchedBlocks\x12%\n" +
@@ -3653,7 +3838,9 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\apenalty\x18\t \x01(\x01R\apenalty\x12\x14\n" +
 	"\x05score\x18\n" +
 	" \x01(\x01R\x05score\x12\x16\n" +
-	"\x06reason\x18\v \x01(\tR\x06reason\"\x97\x02\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12#\n" +
+	"\rprefix_blocks\x18\f \x01(\rR\fprefixBlocks\x125\n" +
+	"\tcapped_by\x18\r \x01(\v2\x18.kvindex.v1.KVCacheGroupR\bcappedBy\"\x97\x02\n" +
 	"\n" +
 	"LoadDetail\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
@@ -3671,7 +3858,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adigests\x18\x02 \x01(\bR\adigests\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xba\x0f\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xd2\x11\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -3732,7 +3919,24 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x11inflight_requests\x182 \x01(\rR\x10inflightRequests\x126\n" +
 	"\x17inflight_prefill_tokens\x183 \x01(\x04R\x15inflightPrefillTokens\x120\n" +
 	"\x14scored_prompt_tokens\x184 \x01(\x04R\x12scoredPromptTokens\x120\n" +
-	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\"=\n" +
+	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\x12\x1d\n" +
+	"\n" +
+	"block_size\x18< \x01(\rR\tblockSize\x12(\n" +
+	"\x10model_block_size\x18= \x01(\rR\x0emodelBlockSize\x120\n" +
+	"\x06groups\x18> \x03(\v2\x18.kvindex.v1.KVCacheGroupR\x06groups\x120\n" +
+	"\x14unknown_group_blocks\x18? \x01(\x04R\x12unknownGroupBlocks\x12%\n" +
+	"\x0elayout_changes\x18@ \x01(\x04R\rlayoutChanges\x12\x1f\n" +
+	"\vside_blocks\x18A \x01(\x04R\n" +
+	"sideBlocks\x12!\n" +
+	"\fside_refused\x18B \x01(\x04R\vsideRefused\"\xbb\x01\n" +
+	"\fKVCacheGroup\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x04 \x01(\rR\tblockSize\x12%\n" +
+	"\x0esliding_window\x18\x05 \x01(\rR\rslidingWindow\x12'\n" +
+	"\x0fresident_blocks\x18\x06 \x01(\x04R\x0eresidentBlocks\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xab\x02\n" +
@@ -3907,7 +4111,7 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
 	(DiagnoseReason)(0),           // 1: kvindex.v1.DiagnoseReason
@@ -3931,21 +4135,22 @@ var file_kvindex_v1_index_proto_goTypes = []any{
 	(*ListWorkersRequest)(nil),    // 19: kvindex.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),   // 20: kvindex.v1.ListWorkersResponse
 	(*WorkerStatus)(nil),          // 21: kvindex.v1.WorkerStatus
-	(*MediumCount)(nil),           // 22: kvindex.v1.MediumCount
-	(*LookupRequest)(nil),         // 23: kvindex.v1.LookupRequest
-	(*LookupResponse)(nil),        // 24: kvindex.v1.LookupResponse
-	(*BlockRun)(nil),              // 25: kvindex.v1.BlockRun
-	(*BlockHolder)(nil),           // 26: kvindex.v1.BlockHolder
-	(*DumpRequest)(nil),           // 27: kvindex.v1.DumpRequest
-	(*DumpResponse)(nil),          // 28: kvindex.v1.DumpResponse
-	(*ResidentBlock)(nil),         // 29: kvindex.v1.ResidentBlock
-	(*DiagnoseRequest)(nil),       // 30: kvindex.v1.DiagnoseRequest
-	(*DiagnoseFinding)(nil),       // 31: kvindex.v1.DiagnoseFinding
-	(*DiagnoseResponse)(nil),      // 32: kvindex.v1.DiagnoseResponse
-	(*ParityCheck)(nil),           // 33: kvindex.v1.ParityCheck
-	(*WatchRequest)(nil),          // 34: kvindex.v1.WatchRequest
-	(*WatchResponse)(nil),         // 35: kvindex.v1.WatchResponse
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*KVCacheGroup)(nil),          // 22: kvindex.v1.KVCacheGroup
+	(*MediumCount)(nil),           // 23: kvindex.v1.MediumCount
+	(*LookupRequest)(nil),         // 24: kvindex.v1.LookupRequest
+	(*LookupResponse)(nil),        // 25: kvindex.v1.LookupResponse
+	(*BlockRun)(nil),              // 26: kvindex.v1.BlockRun
+	(*BlockHolder)(nil),           // 27: kvindex.v1.BlockHolder
+	(*DumpRequest)(nil),           // 28: kvindex.v1.DumpRequest
+	(*DumpResponse)(nil),          // 29: kvindex.v1.DumpResponse
+	(*ResidentBlock)(nil),         // 30: kvindex.v1.ResidentBlock
+	(*DiagnoseRequest)(nil),       // 31: kvindex.v1.DiagnoseRequest
+	(*DiagnoseFinding)(nil),       // 32: kvindex.v1.DiagnoseFinding
+	(*DiagnoseResponse)(nil),      // 33: kvindex.v1.DiagnoseResponse
+	(*ParityCheck)(nil),           // 34: kvindex.v1.ParityCheck
+	(*WatchRequest)(nil),          // 35: kvindex.v1.WatchRequest
+	(*WatchResponse)(nil),         // 36: kvindex.v1.WatchResponse
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
 	9,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
@@ -3965,57 +4170,59 @@ var file_kvindex_v1_index_proto_depIdxs = []int32{
 	18, // 14: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
 	0,  // 15: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
 	17, // 16: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
-	21, // 17: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	8,  // 18: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	36, // 19: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	22, // 20: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	0,  // 21: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
-	36, // 22: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
-	13, // 23: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	10, // 24: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
-	25, // 25: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
-	26, // 26: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
-	8,  // 27: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
-	0,  // 28: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
-	8,  // 29: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
-	8,  // 30: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
-	29, // 31: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
-	13, // 32: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	8,  // 33: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
-	10, // 34: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
-	1,  // 35: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
-	36, // 36: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
-	8,  // 37: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
-	31, // 38: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
-	0,  // 39: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
-	33, // 40: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
-	2,  // 41: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
-	8,  // 42: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
-	3,  // 43: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
-	8,  // 44: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
-	36, // 45: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
-	3,  // 46: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
-	9,  // 47: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	19, // 48: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	4,  // 49: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
-	6,  // 50: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
-	23, // 51: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	27, // 52: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
-	30, // 53: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
-	34, // 54: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	15, // 55: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	20, // 56: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	5,  // 57: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
-	7,  // 58: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
-	24, // 59: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	28, // 60: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
-	32, // 61: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
-	35, // 62: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	55, // [55:63] is the sub-list for method output_type
-	47, // [47:55] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	22, // 17: kvindex.v1.WorkerScore.capped_by:type_name -> kvindex.v1.KVCacheGroup
+	21, // 18: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	8,  // 19: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	37, // 20: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	23, // 21: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 22: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	37, // 23: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	22, // 24: kvindex.v1.WorkerStatus.groups:type_name -> kvindex.v1.KVCacheGroup
+	13, // 25: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	10, // 26: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
+	26, // 27: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
+	27, // 28: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
+	8,  // 29: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
+	0,  // 30: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
+	8,  // 31: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
+	8,  // 32: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
+	30, // 33: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
+	13, // 34: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	8,  // 35: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
+	10, // 36: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
+	1,  // 37: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
+	37, // 38: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
+	8,  // 39: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
+	32, // 40: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
+	0,  // 41: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
+	34, // 42: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
+	2,  // 43: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
+	8,  // 44: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
+	3,  // 45: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
+	8,  // 46: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
+	37, // 47: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
+	3,  // 48: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
+	9,  // 49: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	19, // 50: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	4,  // 51: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	6,  // 52: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	24, // 53: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	28, // 54: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
+	31, // 55: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
+	35, // 56: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	15, // 57: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	20, // 58: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	5,  // 59: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	7,  // 60: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	25, // 61: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	29, // 62: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
+	33, // 63: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
+	36, // 64: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	57, // [57:65] is the sub-list for method output_type
+	49, // [49:57] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -4035,7 +4242,7 @@ func file_kvindex_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
