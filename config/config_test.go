@@ -275,6 +275,9 @@ func TestPushDefaultIsTheTransports(t *testing.T) {
 	if DefaultPushMaxWorkers != zmq.DefaultPushMaxWorkers {
 		t.Fatalf("push max_workers default %d, transport's %d", DefaultPushMaxWorkers, zmq.DefaultPushMaxWorkers)
 	}
+	if maxDPSize != zmq.MaxDPRank {
+		t.Fatalf("dp_size bound %d, transport's rank bound %d", maxDPSize, zmq.MaxDPRank)
+	}
 }
 
 func TestValidateAgent(t *testing.T) {
