@@ -347,7 +347,12 @@ func validatePush(c *Config) error {
 			used[w.ReplayEndpoint] = "pod " + w.Worker.String() + " replay"
 		}
 	}
-	binds := ownBinds(c)
+	binds := bound{}
+	for _, l := range [][2]string{{"grpc_listen", c.GRPCListen}, {"metrics_listen", c.MetricsListen}, {"http_listen", c.HTTPListen}, {"gateway.listen", c.Gateway.Listen}} {
+		if l[1] != "" && l[1] != MetricsOff {
+			binds.add("tcp://"+l[1], l[0])
+		}
+	}
 	routedOn := map[string]int{}
 	for i, pl := range c.Push {
 		f := fmt.Sprintf("push[%d]", i)
@@ -369,11 +374,9 @@ func validatePush(c *Config) error {
 			if err != nil {
 				return invalid(field, "%v", err)
 			}
-			b := bindOf(ep, fmt.Sprintf("%s (rank %d)", f, r))
-			if o, ok := binds.overlap(b); ok {
+			if o, ok := binds.add(ep, fmt.Sprintf("%s (rank %d)", f, r)); ok {
 				return invalid(field, "%s (rank %d) is also bound by %s: leave dp_size ports free from listen's", ep, r, o)
 			}
-			binds = append(binds, b)
 		}
 		for j, a := range pl.Allow {
 			if net.ParseIP(a) == nil {
@@ -430,56 +433,35 @@ func checkRouteReplay(rf string, r Route, dp int, used map[string]string) error 
 	return nil
 }
 
-// bind is an address kvindex binds: a TCP host and port, or (port -1) an
-// ipc:// or inproc:// endpoint in host.
-type bind struct {
-	host string
-	port int
-	who  string // the field that binds it
-}
+// bound are the addresses kvindex binds: by tcp port (or whole ipc:// or
+// inproc:// endpoint), then host ("" for a wildcard), who binds it.
+type bound map[string]map[string]string
 
-// bindOf reads endpoint ep (checked by checkEndpoint), bound by who.
-func bindOf(ep, who string) bind {
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		return bind{host: ep, port: -1, who: who}
-	}
-	host, port, _ := net.SplitHostPort(rest)
-	n, _ := strconv.Atoi(port)
-	return bind{host: host, port: n, who: who}
-}
-
-// binds are addresses kvindex binds.
-type binds []bind
-
-// overlap returns who binds an address b would collide with: the same
-// port on the same host or where either is a wildcard (port 0 picks a free
-// one and collides with nothing).
-func (bs binds) overlap(b bind) (string, bool) {
-	wildcard := func(h string) bool { return h == "" || h == "*" || h == "0.0.0.0" || h == "::" }
-	for _, o := range bs {
-		if o.port == b.port && b.port != 0 && (o.host == b.host || (b.port > 0 && (wildcard(o.host) || wildcard(b.host)))) {
-			return o.who, true
+// add records endpoint ep (checked by checkEndpoint) bound by who, or
+// returns who binds it already: the same tcp port on the same host or
+// where either is a wildcard. Port 0 picks a free port and collides with
+// nothing.
+func (b bound) add(ep, who string) (string, bool) {
+	key, host := ep, ""
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		host, key, _ = net.SplitHostPort(rest)
+		if host == "*" || host == "0.0.0.0" || host == "::" {
+			host = ""
 		}
 	}
+	for h, o := range b[key] {
+		if h == host || h == "" || host == "" {
+			return o, true
+		}
+	}
+	if key == "0" {
+		return "", false
+	}
+	if b[key] == nil {
+		b[key] = map[string]string{}
+	}
+	b[key][host] = who
 	return "", false
-}
-
-// ownBinds are kvindex's listen addresses other than push listeners'
-// (host:port, checked by their sections).
-func ownBinds(c *Config) binds {
-	var bs binds
-	for _, l := range []struct{ field, addr string }{
-		{"grpc_listen", c.GRPCListen}, {"metrics_listen", c.MetricsListen}, {"http_listen", c.HTTPListen}, {"gateway.listen", c.Gateway.Listen},
-	} {
-		if l.addr == "" || l.addr == MetricsOff {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(l.addr); err == nil {
-			bs = append(bs, bindOf("tcp://"+l.addr, l.field))
-		}
-	}
-	return bs
 }
 
 // checkEndpoint accepts tcp://host:port, ipc://path and inproc://name.

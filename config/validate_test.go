@@ -124,6 +124,9 @@ func TestSectionErrors(t *testing.T) {
 		{"push on http", func(c *Config) { c.HTTPListen = "10.0.0.1:8080"; c.Push = []Push{{Listen: "tcp://*:8079", DPSize: 2}} }, "push[0].dp_size", "is also bound by http_listen"},
 		{"push listeners overlap", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:5557", DPSize: 4}, {Listen: "tcp://10.0.0.1:5559"}} }, "push[1].listen",
 			"tcp://10.0.0.1:5559 (rank 0) is also bound by push[0] (rank 2)"},
+		{"push host twice", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://10.0.0.1:9000"}, {Listen: "tcp://10.0.0.2:9000"}, {Listen: "tcp://10.0.0.1:8999", DPSize: 2}}
+		}, "push[2].dp_size", "tcp://10.0.0.1:9000 (rank 1) is also bound by push[0] (rank 0)"},
 		{"push ipc twice", func(c *Config) { c.Push = []Push{{Listen: "ipc:///s", DPSize: 2}, {Listen: "ipc:///s_dp1"}} }, "push[1].listen", "ipc:///s_dp1 (rank 0) is also bound by push[0] (rank 1)"},
 		{"route replays overlap", func(c *Config) {
 			c.Push = []Push{{Listen: "tcp://*:1", DPSize: 2, Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:7000"}, {Topic: "u", Pod: "b", Model: "m", ReplayEndpoint: "tcp://h:7001"}}}}

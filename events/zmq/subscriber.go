@@ -48,17 +48,13 @@ type Endpoint struct {
 // PushListener is the bound SUB sockets many engines connect to (push
 // mode). Engines are told apart by topic (Routes, then llm-d's
 // "kv@<pod>@<model>"), DP ranks by port: vLLM offsets a connecting
-// endpoint's port by the rank as it does a bound one (rank r of an engine
-// told tcp://host:5557 connects to port 5557+r), so with DPSize N the
-// listener binds Address and the N-1 ports after it (events.OffsetEndpoint),
-// and a message on port base+r is rank r's. The port is the attribution
-// because it is what vLLM's offset guarantees and what tells one
-// publisher, and so one seq stream, from another; a message whose
-// data_parallel_rank disagrees with its port comes from a publisher that
-// does not follow vLLM's offset, and is refused (dp_rank_mismatch) rather
-// than mixed into a worker another publisher feeds. With DPSize 1 there is
-// one socket and the payload's rank decides (0 without one): publishers
-// that send every rank to one address, which vLLM never does.
+// endpoint's port by the rank (events.OffsetEndpoint), so the listener
+// binds Address and the DPSize-1 ports after it, port+r being rank r's. The
+// port, not the payload, says the rank: it tells one publisher (one seq
+// stream) from another, so a data_parallel_rank that disagrees is refused
+// (dp_rank_mismatch), not mixed into the port's worker. With DPSize 1 the
+// payload's rank decides (0 without one), for publishers that send every
+// rank to one address, which vLLM never does.
 //
 // It is fenced by pod name: it reaches only workers it created, for their
 // topic's model, never a pull-mode pod or one another listener routes or
