@@ -316,6 +316,13 @@ type Push struct {
 	// Allow lists the IP addresses or CIDR ranges engines may connect from
 	// (default: any); others are refused at the handshake and counted.
 	Allow []string `yaml:"allow,omitempty"`
+	// DPSize is the largest --data-parallel-size of the engines that
+	// connect. vLLM offsets a connecting endpoint's port by the DP rank, so
+	// the listener binds listen's port and the DPSize-1 after it, and a
+	// message on port+r is rank r's; one whose data_parallel_rank disagrees
+	// is refused (dp_rank_mismatch). With 1, the payload's rank decides, for
+	// publishers that send every rank to one address (vLLM does not).
+	DPSize int `yaml:"dp_size,omitempty"`
 }
 
 // Route maps one push-mode topic, matched exactly, to a pod.

@@ -170,7 +170,7 @@ func TestREADMEExampleParses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("README example: %v", err)
 	}
-	if len(c.Workers()) != 3 || c.Workers()[0].ReplayEndpoint != "tcp://10.0.0.5:5567" || len(c.Push) != 1 {
+	if len(c.Workers()) != 3 || c.Workers()[0].ReplayEndpoint != "tcp://10.0.0.5:5567" || len(c.Push) != 1 || c.Push[0].DPSize != 2 {
 		t.Fatalf("README example parsed to %+v", c)
 	}
 	if p, _ := c.Policy(); p.Guard.String() != "ttft" || p.Cost != scoring.DefaultCostModel() {
@@ -274,6 +274,9 @@ func TestEventDefaultsAreTheTransports(t *testing.T) {
 func TestPushDefaultIsTheTransports(t *testing.T) {
 	if DefaultPushMaxWorkers != zmq.DefaultPushMaxWorkers {
 		t.Fatalf("push max_workers default %d, transport's %d", DefaultPushMaxWorkers, zmq.DefaultPushMaxWorkers)
+	}
+	if maxDPSize != zmq.MaxDPRank {
+		t.Fatalf("dp_size bound %d, transport's rank bound %d", maxDPSize, zmq.MaxDPRank)
 	}
 }
 

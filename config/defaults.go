@@ -23,7 +23,7 @@ const (
 	// DefaultBlockSize is vLLM's default --block-size: models[].block_size,
 	// also of models only pods, routes or topics name.
 	DefaultBlockSize      = 16
-	DefaultDPSize         = 1  // pods[].dp_size
+	DefaultDPSize         = 1  // pods[].dp_size, push[].dp_size
 	DefaultPushMaxWorkers = 32 // push[].max_workers: a few pods with data parallelism
 
 	DefaultGapPolicy = "reset" // events.gap_policy: forget the blocks and relearn
@@ -166,6 +166,7 @@ func (c *Config) SetDefaults() {
 	}
 	for i := range c.Push {
 		defaults.Zero(&c.Push[i].MaxWorkers, DefaultPushMaxWorkers)
+		defaults.Zero(&c.Push[i].DPSize, DefaultDPSize)
 		for _, r := range c.Push[i].Routes {
 			named(r.Model)
 		}

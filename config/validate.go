@@ -61,7 +61,7 @@ func (c *Config) Validate() error {
 		c.Index.Validate,
 		func() error { return validateModels(c.Models) },
 		func() error { return validatePods(c.Pods) },
-		func() error { return validatePush(c.Push, c.Pods) },
+		func() error { return validatePush(c) },
 		c.TLS.Validate,
 		func() error { return c.Auth.Validate(&c.TLS) },
 		c.NATS.Validate,
@@ -278,8 +278,8 @@ func validatePods(pods []Pod) error {
 			return invalid(f+".name", "pod %q listed twice", p.Name)
 		case p.Model == "":
 			return invalid(f+".model", "required")
-		case p.DPSize < 1 || p.DPSize > 1024:
-			return invalid(f+".dp_size", "%d must be between 1 and 1024", p.DPSize)
+		case p.DPSize < 1 || p.DPSize > maxDPSize:
+			return invalid(f+".dp_size", "%d must be between 1 and %d", p.DPSize, maxDPSize)
 		}
 		seenPod[p.Name] = true
 		if err := checkEndpoint(p.Endpoint); err != nil {
@@ -322,26 +322,61 @@ func validatePods(pods []Pod) error {
 	return nil
 }
 
+// maxDPSize bounds dp_size: the ranks the transport accepts (zmq.MaxDPRank).
+const maxDPSize = 1024
+
 // maxPushWorkers bounds push[].max_workers: each worker costs a goroutine,
 // a queue and its index entry.
 const maxPushWorkers = 4096
 
 // validatePush checks each push listener and its routes; a route may not
 // name a pull-mode pod, nor a pod another listener routes (a routed pod
-// is claimable only on its listener).
-func validatePush(push []Push, pods []Pod) error {
+// is claimable only on its listener). A listener binds a port per DP rank,
+// none bound by another listener or by kvindex's own listen addresses; a
+// route's replay endpoint, offset by rank too, is no other route's nor a
+// pull-mode pod's.
+func validatePush(c *Config) error {
 	pulled := map[string]bool{}
-	for _, p := range pods {
+	for _, p := range c.Pods {
 		pulled[p.Name] = true
 	}
+	used := map[string]string{} // engine endpoint -> who uses it
+	for _, w := range c.Workers() {
+		used[w.Endpoint] = "pod " + w.Worker.String()
+		if w.ReplayEndpoint != "" {
+			used[w.ReplayEndpoint] = "pod " + w.Worker.String() + " replay"
+		}
+	}
+	binds := bound{}
+	for _, l := range [][2]string{{"grpc_listen", c.GRPCListen}, {"metrics_listen", c.MetricsListen}, {"http_listen", c.HTTPListen}, {"gateway.listen", c.Gateway.Listen}} {
+		if l[1] != "" && l[1] != MetricsOff {
+			binds.add("tcp://"+l[1], l[0])
+		}
+	}
 	routedOn := map[string]int{}
-	for i, pl := range push {
+	for i, pl := range c.Push {
 		f := fmt.Sprintf("push[%d]", i)
 		if err := checkEndpoint(pl.Listen); err != nil {
 			return invalid(f+".listen", "%v", err)
 		}
 		if pl.MaxWorkers < 0 || pl.MaxWorkers > maxPushWorkers {
 			return invalid(f+".max_workers", "%d must be between 1 and %d", pl.MaxWorkers, maxPushWorkers)
+		}
+		if pl.DPSize < 0 || pl.DPSize > maxDPSize {
+			return invalid(f+".dp_size", "%d must be between 1 and %d", pl.DPSize, maxDPSize)
+		}
+		for r := range max(pl.DPSize, 1) {
+			field := f + ".dp_size"
+			if r == 0 {
+				field = f + ".listen"
+			}
+			ep, err := events.OffsetEndpoint(pl.Listen, r)
+			if err != nil {
+				return invalid(field, "%v", err)
+			}
+			if o, ok := binds.add(ep, fmt.Sprintf("%s (rank %d)", f, r)); ok {
+				return invalid(field, "%s (rank %d) is also bound by %s: leave dp_size ports free from listen's", ep, r, o)
+			}
 		}
 		for j, a := range pl.Allow {
 			if net.ParseIP(a) == nil {
@@ -368,14 +403,65 @@ func validatePush(push []Push, pods []Pod) error {
 			}
 			routedOn[r.Pod] = i
 			seenTopic[r.Topic] = true
-			if r.ReplayEndpoint != "" {
-				if err := checkEndpoint(r.ReplayEndpoint); err != nil {
-					return invalid(rf+".replay_endpoint", "%v", err)
-				}
+			if err := checkRouteReplay(rf, r, max(pl.DPSize, 1), used); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
+}
+
+// checkRouteReplay checks route r's replay endpoint (field rf) at each of
+// dp ranks against, and adds it to, the engine endpoints used.
+func checkRouteReplay(rf string, r Route, dp int, used map[string]string) error {
+	if r.ReplayEndpoint == "" {
+		return nil
+	}
+	if err := checkEndpoint(r.ReplayEndpoint); err != nil {
+		return invalid(rf+".replay_endpoint", "%v", err)
+	}
+	for rank := range dp {
+		rep, err := events.OffsetEndpoint(r.ReplayEndpoint, rank)
+		if err != nil {
+			return invalid(rf+".replay_endpoint", "%v", err)
+		}
+		if other, dup := used[rep]; dup {
+			return invalid(rf+".replay_endpoint", "%s (rank %d) is also used by %s: leave a gap of dp_size between replay ports", rep, rank, other)
+		}
+		used[rep] = fmt.Sprintf("pod %s replay", r.Pod)
+	}
+	return nil
+}
+
+// bound are the addresses kvindex binds: by tcp port (or whole ipc:// or
+// inproc:// endpoint), then host ("" for a wildcard), who binds it.
+type bound map[string]map[string]string
+
+// add records endpoint ep (checked by checkEndpoint) bound by who, or
+// returns who binds it already: the same tcp port on the same host or
+// where either is a wildcard. Port 0 picks a free port and collides with
+// nothing.
+func (b bound) add(ep, who string) (string, bool) {
+	key, host := ep, ""
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		host, key, _ = net.SplitHostPort(rest)
+		if host == "*" || host == "0.0.0.0" || host == "::" {
+			host = ""
+		}
+	}
+	for h, o := range b[key] {
+		if h == host || h == "" || host == "" {
+			return o, true
+		}
+	}
+	if key == "0" {
+		return "", false
+	}
+	if b[key] == nil {
+		b[key] = map[string]string{}
+	}
+	b[key][host] = who
+	return "", false
 }
 
 // checkEndpoint accepts tcp://host:port, ipc://path and inproc://name.
@@ -439,8 +525,8 @@ func (p *DiscoveredPods) Validate(field string) error {
 	if p.Model == "" {
 		return invalid(field+".model", "required: the model pods serve when they do not say")
 	}
-	if p.DPSize < 1 || p.DPSize > 1024 {
-		return invalid(field+".dp_size", "%d must be between 1 and 1024", p.DPSize)
+	if p.DPSize < 1 || p.DPSize > maxDPSize {
+		return invalid(field+".dp_size", "%d must be between 1 and %d", p.DPSize, maxDPSize)
 	}
 	for _, port := range []struct {
 		name string

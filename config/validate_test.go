@@ -115,6 +115,28 @@ func TestSectionErrors(t *testing.T) {
 		{"route on two listeners", func(c *Config) {
 			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "p", Model: "m"}}}, {Listen: "tcp://*:2", Routes: []Route{{Topic: "u", Pod: "q", Model: "m"}, {Topic: "t", Pod: "p", Model: "m"}}}}
 		}, "push[1].routes[1].pod", `pod "p" is routed on push[0] too`},
+		{"push dp size", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", DPSize: -1}} }, "push[0].dp_size", "-1 must be between 1 and 1024"},
+		{"push dp size large", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:1", DPSize: 1025}} }, "push[0].dp_size", "1025 must be between 1 and 1024"},
+		{"push last rank port", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:65535", DPSize: 2}} }, "push[0].dp_size", `port "65535" cannot be offset by rank 1`},
+		{"push rank on grpc", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:50049", DPSize: 3}} }, "push[0].dp_size",
+			"tcp://*:50051 (rank 2) is also bound by grpc_listen: leave dp_size ports free"},
+		{"push on metrics", func(c *Config) { c.Push = []Push{{Listen: "tcp://127.0.0.1:9400"}} }, "push[0].listen", "tcp://127.0.0.1:9400 (rank 0) is also bound by metrics_listen"},
+		{"push on http", func(c *Config) { c.HTTPListen = "10.0.0.1:8080"; c.Push = []Push{{Listen: "tcp://*:8079", DPSize: 2}} }, "push[0].dp_size", "is also bound by http_listen"},
+		{"push listeners overlap", func(c *Config) { c.Push = []Push{{Listen: "tcp://*:5557", DPSize: 4}, {Listen: "tcp://10.0.0.1:5559"}} }, "push[1].listen",
+			"tcp://10.0.0.1:5559 (rank 0) is also bound by push[0] (rank 2)"},
+		{"push host twice", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://10.0.0.1:9000"}, {Listen: "tcp://10.0.0.2:9000"}, {Listen: "tcp://10.0.0.1:8999", DPSize: 2}}
+		}, "push[2].dp_size", "tcp://10.0.0.1:9000 (rank 1) is also bound by push[0] (rank 0)"},
+		{"push ipc twice", func(c *Config) { c.Push = []Push{{Listen: "ipc:///s", DPSize: 2}, {Listen: "ipc:///s_dp1"}} }, "push[1].listen", "ipc:///s_dp1 (rank 0) is also bound by push[0] (rank 1)"},
+		{"route replays overlap", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", DPSize: 2, Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:7000"}, {Topic: "u", Pod: "b", Model: "m", ReplayEndpoint: "tcp://h:7001"}}}}
+		}, "push[0].routes[1].replay_endpoint", "tcp://h:7001 (rank 0) is also used by pod a replay: leave a gap of dp_size"},
+		{"route replay on a pull pod", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: DefaultEndpoint}}}}
+		}, "push[0].routes[0].replay_endpoint", "(rank 0) is also used by pod vllm-0/0"},
+		{"route replay last rank", func(c *Config) {
+			c.Push = []Push{{Listen: "tcp://*:1", DPSize: 2, Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:65535"}}}}
+		}, "push[0].routes[0].replay_endpoint", "cannot be offset by rank 1"},
 		{"route replay", func(c *Config) {
 			c.Push = []Push{{Listen: "tcp://*:1", Routes: []Route{{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:99999"}}}}
 		}, "push[0].routes[0].replay_endpoint", `bad port "99999"`},
@@ -125,6 +147,33 @@ func TestSectionErrors(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), ": "+tc.field+": ") || !strings.Contains(err.Error(), tc.text) {
 			t.Errorf("%s: err = %v, want ErrInvalid naming %s: ...%s", tc.name, err, tc.field, tc.text)
 		}
+	}
+}
+
+// A push listener with dp_size N binds listen's port and the N-1 after it
+// (vLLM's offset of a connecting endpoint); listeners and kvindex's other
+// listen addresses may sit next to those ranges, or on the same port of
+// another host, and routes' replay endpoints a dp_size apart.
+func TestPushDPSizeBinds(t *testing.T) {
+	c := Default()
+	c.HTTPListen = ":8080"
+	c.Push = []Push{
+		{Listen: "tcp://*:5557", DPSize: 4, Routes: []Route{
+			{Topic: "t", Pod: "a", Model: "m", ReplayEndpoint: "tcp://h:7000"},
+			{Topic: "u", Pod: "b", Model: "m", ReplayEndpoint: "tcp://h:7004"},
+		}},
+		{Listen: "tcp://*:5561", DPSize: 2},
+		{Listen: "tcp://10.0.0.1:9000"}, {Listen: "tcp://10.0.0.2:9000"},
+		{Listen: "tcp://*:8076", DPSize: 4}, // 8076-8079, below http_listen
+		{Listen: "ipc:///run/kv", DPSize: 2},
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Push[0].DPSize = 0
+	c.SetDefaults()
+	if c.Push[0].DPSize != DefaultDPSize || c.Push[1].DPSize != 2 {
+		t.Fatalf("dp_size after defaults: %d, %d; want %d, 2", c.Push[0].DPSize, c.Push[1].DPSize, DefaultDPSize)
 	}
 }
 

@@ -162,7 +162,7 @@ func (d *Daemon) newSubscriber() error {
 	}
 	opts.NewWorker = d.newPushWorker
 	for _, pl := range cfg.Push {
-		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}, MaxWorkers: pl.MaxWorkers, Allow: pl.Allow}
+		l := zmq.PushListener{Address: pl.Listen, Topic: pl.Topic, Routes: map[string]events.TopicRoute{}, MaxWorkers: pl.MaxWorkers, Allow: pl.Allow, DPSize: pl.DPSize}
 		for _, r := range pl.Routes {
 			l.Routes[r.Topic] = events.TopicRoute{Pod: r.Pod, Model: r.Model, ReplayEndpoint: r.ReplayEndpoint}
 		}

@@ -7,7 +7,7 @@ import "time"
 type WorkerStats struct {
 	Worker WorkerRef
 	// Endpoint is the ZMQ endpoint the events come from (push mode: the
-	// bound one); Topic is their topic.
+	// bound one, of the worker's DP rank); Topic is their topic.
 	Endpoint, Topic string
 	// ReplayEndpoint is the engine's replay socket, "" for none.
 	ReplayEndpoint string

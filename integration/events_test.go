@@ -293,11 +293,14 @@ func TestSilentWorkerGoesStale(t *testing.T) {
 	}
 }
 
-// TestPushModeTopics: kvindex binds one SUB that engines connect to (push
+// TestPushModeTopics: kvindex binds SUBs that engines connect to (push
 // mode), beside a pull-mode pod. Workers are told apart by topic: llm-d's
 // kv@<pod>@<model> as is, any other topic through a configured route; DP
-// ranks by the payload's rank. Engines connect before and after the bind
-// (the slow-joiner case): nothing is lost once their subscription is in.
+// ranks by port, as vLLM offsets a connecting endpoint's port by the rank
+// (the listener's dp_size 2 binds two ports). Engines connect before and
+// after the bind (the slow-joiner case): nothing is lost once their
+// subscription is in. A payload rank that disagrees with its port, and a
+// topic that names no pod, are refused and counted.
 func TestPushModeTopics(t *testing.T) {
 	f := newFleet(t, fleetOptions{routes: []config.Route{{Topic: "my-engine-7", Pod: "vllm-7", Model: model}}},
 		podSpec{name: "10.0.0.5:8000", push: true},                                // llm-d topic kv@10.0.0.5:8000@test/model
@@ -333,8 +336,32 @@ func TestPushModeTopics(t *testing.T) {
 	if resp := f.score(&kvindexv1.ScoreRequest{Model: "other/model", TokenIds: p}); len(resp.GetWorkers()) != 1 || resp.GetWorkers()[0].GetWorker().GetPod() != "other" {
 		t.Fatalf("other model: %v", resp.GetWorkers())
 	}
-	if w := f.status("vllm-7", 1); w.GetModel() != model || w.GetTopic() != "my-engine-7" || w.GetResidentBlocks() != 1 || w.GetBatches() != 1 {
-		t.Fatalf("vllm-7/1: %v", w)
+	rank1, err := events.OffsetEndpoint(f.pushAddr, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := f.status("vllm-7", 1); w.GetModel() != model || w.GetTopic() != "my-engine-7" || w.GetResidentBlocks() != 1 || w.GetBatches() != 1 || w.GetEndpoint() != rank1 {
+		t.Fatalf("vllm-7/1: %v, want endpoint %s", w, rank1)
+	}
+	if w := f.status("vllm-7", 0); w.GetEndpoint() != f.pushAddr || w.GetResidentBlocks() != 2 {
+		t.Fatalf("vllm-7/0: %v, want endpoint %s", w, f.pushAddr)
+	}
+
+	// Rank 0's payload on rank 1's port: refused, vllm-7/1 untouched.
+	liar, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: rank1, Topic: "my-engine-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer liar.Close()
+	if err := liar.WaitForSubscribers(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	liar.Publish(&events.Batch{Events: []events.Event{ev1}, HasDPRank: true})
+	f.waitFor(func() bool {
+		return strings.Contains(f.metrics(), `kvindex_push_refused_total{listener="`+f.pushAddr+`",reason="dp_rank_mismatch"} 1`)
+	}, "the mismatched rank to be counted")
+	if w := f.status("vllm-7", 1); w.GetResidentBlocks() != 1 || w.GetBatches() != 1 {
+		t.Fatalf("vllm-7/1 after a mismatched rank: %v", w)
 	}
 
 	// A topic that maps to no pod is counted, not guessed.

@@ -51,7 +51,8 @@ type fleet struct {
 	cfg    *config.Config
 	cancel context.CancelFunc
 	done   chan error
-	// pushAddr is the daemon's push listener ("" without push pods).
+	// pushAddr is the daemon's push listener, rank 0's port ("" without
+	// push pods); it binds one port per rank of its largest push pod.
 	pushAddr string
 }
 
@@ -68,7 +69,8 @@ type podSpec struct {
 	// buffer_steps); 0 means 10,000.
 	bufferSteps int
 	// push makes the pod connect to the daemon's push listener with topic
-	// (default kv@<name>@<model>) instead of binding.
+	// (default kv@<name>@<model>) instead of binding, rank r to its port
+	// plus r as vLLM does.
 	push  bool
 	topic string
 	// capacity and metricsURL set the pull-mode pod's capacity_blocks and
@@ -107,6 +109,15 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 		MetricsListen: "127.0.0.1:0",
 		Models:        []config.Model{{Name: model, BlockSize: blockSize}, {Name: "other/model", BlockSize: blockSize}},
 	}
+	pushDP := 0 // the push listener's dp_size: its push pods' largest
+	for _, s := range specs {
+		if s.push {
+			pushDP = max(pushDP, s.dpSize, 1)
+		}
+	}
+	if pushDP > 0 {
+		f.pushAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePorts(t, pushDP))
+	}
 	for _, s := range specs {
 		if s.dpSize == 0 {
 			s.dpSize = 1
@@ -116,9 +127,6 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 		}
 		if s.topic == "" {
 			s.topic = "kv@" + s.name + "@" + s.model
-		}
-		if s.push && f.pushAddr == "" {
-			f.pushAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePorts(t, 1))
 		}
 		base := freePorts(t, s.dpSize)
 		replayBase := 0
@@ -133,8 +141,12 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 				Encoding: s.enc,
 				Bind:     true,
 			}
-			if s.push {
-				cfg.Endpoint, cfg.Bind = f.pushAddr, false
+			if s.push { // vLLM offsets a connecting endpoint's port by the rank too
+				ep, err := events.OffsetEndpoint(f.pushAddr, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg.Endpoint, cfg.Bind = ep, false
 			}
 			if replayBase != 0 {
 				cfg.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", replayBase+r)
@@ -166,7 +178,7 @@ func newFleet(t *testing.T, opts fleetOptions, specs ...podSpec) *fleet {
 		cfg.Pods = append(cfg.Pods, pc)
 	}
 	if f.pushAddr != "" {
-		cfg.Push = []config.Push{{Listen: f.pushAddr, Routes: opts.routes}}
+		cfg.Push = []config.Push{{Listen: f.pushAddr, Routes: opts.routes, DPSize: pushDP}}
 	}
 	// Admission control sheds calls that queue past its bounds, and lowers
 	// the calls it takes on while queueing exceeds its 1 ms target; on a

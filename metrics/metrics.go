@@ -91,7 +91,7 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 		bsMismatch: d("block_size_mismatch", "1 when the worker's announced block size differs from the one its model keys prompts at (the size most of the model's workers announce): no prompt matches its blocks."),
 		digest:     d("worker_digest", "The top 53 bits of the worker's resident-set digest (exact in a float): equal on every replica holding the same set (WithDigests only)."),
 		lastSeq:    d("worker_last_seq", "The last seq applied to the worker (the engine's, or in fleet mode the agent's delta seq)."),
-		unroutable: prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod.", []string{"listener", "reason"}, nil),
+		unroutable: prometheus.NewDesc("kvindex_push_refused_total", "Push-mode messages (connections, for reason address) a push listener refused, by reason: unknown_topic, pull_worker, other_model, other_listener, max_workers, dp_rank, undecodable, no_worker, address, routed_pod, dp_rank_mismatch.", []string{"listener", "reason"}, nil),
 	}
 	if u, ok := stats.(events.RefusalSource); ok {
 		c.unroutableSrc = u

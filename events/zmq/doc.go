@@ -15,7 +15,7 @@
 // # Concurrency
 //
 // A Subscriber runs one receiver goroutine per socket (owning the socket and
-// a decoder), one goroutine per worker stream (which alone applies that
+// a decoder; a push listener has a socket per DP rank), one goroutine per worker stream (which alone applies that
 // worker's batches, in seq order), bounded replay fetches, and one health
 // checker. WorkerStats and Health may be called from any goroutine.
 package zmq

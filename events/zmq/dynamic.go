@@ -81,7 +81,7 @@ func (s *Subscriber) startPull(ctx context.Context, st *stream, onErr func(error
 	s.added[st.ref] = a
 	s.goTracked(a, func() { st.run(ctx) })
 	s.goTracked(a, func() {
-		if err := s.receive(ctx, sock, mon, st, -1); err != nil {
+		if err := s.receive(ctx, sock, mon, &receiver{sub: s, st: st, pli: -1}); err != nil {
 			onErr(err)
 		}
 	})

@@ -14,21 +14,22 @@ import (
 
 // Reasons a push listener refuses a message (or a connection).
 const (
-	refusedTopic         = iota // neither routed nor kv@<pod>@<model>
-	refusedPullWorker           // names a pull-mode pod (any rank)
-	refusedOtherModel           // the pod was claimed for another model
-	refusedOtherListener        // another listener routes or claimed the pod
-	refusedMaxWorkers           // the listener created MaxWorkers workers
-	refusedDPRank               // data_parallel_rank outside [0, MaxDPRank)
-	refusedUndecodable          // undecodable, for no known worker (the rank is in the payload)
-	refusedNoWorker             // the index refused to add the worker
-	refusedAddress              // a connection from an address not in Allow
-	refusedRoutedPod            // a kv@ topic names a pod the listener's Routes map
+	refusedTopic          = iota // neither routed nor kv@<pod>@<model>
+	refusedPullWorker            // names a pull-mode pod (any rank)
+	refusedOtherModel            // the pod was claimed for another model
+	refusedOtherListener         // another listener routes or claimed the pod
+	refusedMaxWorkers            // the listener created MaxWorkers workers
+	refusedDPRank                // data_parallel_rank outside [0, MaxDPRank)
+	refusedUndecodable           // undecodable, for no known worker (the rank is in the payload)
+	refusedNoWorker              // the index refused to add the worker
+	refusedAddress               // a connection from an address not in Allow
+	refusedRoutedPod             // a kv@ topic names a pod the listener's Routes map
+	refusedDPRankMismatch        // data_parallel_rank is not the rank of the port it arrived on
 	numRefusals
 )
 
 // refusalNames name the reasons in Refusals and metrics.
-var refusalNames = [numRefusals]string{"unknown_topic", "pull_worker", "other_model", "other_listener", "max_workers", "dp_rank", "undecodable", "no_worker", "address", "routed_pod"}
+var refusalNames = [numRefusals]string{"unknown_topic", "pull_worker", "other_model", "other_listener", "max_workers", "dp_rank", "undecodable", "no_worker", "address", "routed_pod", "dp_rank_mismatch"}
 
 // pushRefusals counts refusals and rate-limits their logs, per listener and reason.
 type pushRefusals struct {
@@ -82,12 +83,21 @@ func (r *receiver) resolveTopic(topic []byte) (route events.TopicRoute, routed, 
 }
 
 // streamForTopic finds or creates the stream of a topic and DP rank, or
-// counts the refusal and returns nil. Known: one map probe. An undecodable
-// message (b nil) reaches a known stream at rank 0, and never creates one.
+// counts the refusal and returns nil. Known: one map probe. The rank is the
+// port's (PushListener); on a listener of DPSize 1 the payload's. An
+// undecodable message (b nil) reaches a known stream at the port's rank (0
+// on a listener of DPSize 1), and never creates one.
 func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
-	rank := 0
-	if b != nil && b.HasDPRank {
+	rank, payload := r.rank, b != nil && b.HasDPRank
+	switch {
+	case rank < 0 && payload:
 		rank = b.DPRank
+	case rank < 0:
+		rank = 0
+	case payload && b.DPRank != rank:
+		r.sub.refuse(r.pli, refusedDPRankMismatch, fmt.Sprintf("data_parallel_rank %d arrived on the port of rank %d: vLLM offsets a connecting endpoint's port by the rank, so the engine's endpoint should be the listener's base address", b.DPRank, rank),
+			"topic", snippet(topic), "address", r.addr)
+		return nil
 	}
 	if st := r.streams[pushKey{string(topic), rank}]; st != nil { // compiled without allocating
 		return st
@@ -106,7 +116,7 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 		return nil
 	}
 	ref := events.WorkerRef{Pod: route.Pod, DPRank: rank}
-	st, reason, err := r.sub.pushStream(ref, route, routed, r.pli)
+	st, reason, err := r.sub.pushStream(ref, route, routed, r.pli, r.addr)
 	if err != nil {
 		r.sub.refuse(r.pli, reason, err.Error(), "worker", ref.String(), "topic", snippet(topic))
 		return nil
@@ -119,9 +129,9 @@ func (r *receiver) streamForTopic(topic []byte, b *events.Batch) *stream {
 }
 
 // pushStream returns (creating and starting it the first time) the stream of
-// push worker ref for listener li, or why the pod fence refuses it (see
-// PushListener).
-func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, routed bool, li int) (*stream, int, error) {
+// push worker ref for listener li, heard on its socket at addr, or why the
+// pod fence refuses it (see PushListener).
+func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, routed bool, li int, addr string) (*stream, int, error) {
 	if owner, ok := s.routedPods[ref.Pod]; ok {
 		switch {
 		case owner != li:
@@ -161,7 +171,7 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, r
 		}
 	}
 	// Register the health cell before the worker exists in the index.
-	st := newStream(s, ref, pl.Address, "", replay, nil, false)
+	st := newStream(s, ref, addr, "", replay, nil, false)
 	st.listener, st.model = li, route.Model
 	s.byRef[ref] = st
 	sink, err := s.opts.NewWorker(ref, route.Model, replay)
@@ -177,52 +187,56 @@ func (s *Subscriber) pushStream(ref events.WorkerRef, route events.TopicRoute, r
 		ctx := s.runCtx
 		s.goTracked(nil, func() { st.run(ctx) })
 	}
-	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", pl.Address)
+	s.opts.Logger.Info("push-mode worker discovered", "worker", ref.String(), "model", route.Model, "listener", pl.Address, "address", addr)
 	return st, 0, nil
 }
 
 // authStart starts zmq4's ZAP handler once; it serves the default context only.
 var authStart = sync.OnceValue(zmq4.AuthStart)
 
-// bind opens push listener li's SUB socket with a monitor of refused
-// connections; it is polled once bound (an unpolled bound SUB drops
-// everything: libzmq #1594). With Allow it lives in zmq4's default context,
-// where ZAP runs, under a domain whose allowlist is Allow.
-func (s *Subscriber) bind(li int) (sock, mon *zmq4.Socket, err error) {
+// bind opens push listener li's SUB socket at addr (one of its DP ranks')
+// with a monitor of refused connections; it is polled once bound (an
+// unpolled bound SUB drops everything: libzmq #1594). With Allow it lives in
+// zmq4's default context, where ZAP runs, under the listener's domain, whose
+// allowlist is Allow.
+func (s *Subscriber) bind(li int, addr string) (sock, mon *zmq4.Socket, err error) {
 	pl := &s.opts.Push[li]
 	newSocket := s.zctx.NewSocket
 	if len(pl.Allow) > 0 {
 		if err := authStart(); err != nil {
-			return nil, nil, fmt.Errorf("zmq: push listener %s: start the ZAP handler: %w", pl.Address, err)
+			return nil, nil, fmt.Errorf("zmq: push listener %s: start the ZAP handler: %w", addr, err)
 		}
 		newSocket = zmq4.NewSocket
 	}
 	sock, err = newSocket(zmq4.SUB)
 	if err != nil {
-		return nil, nil, fmt.Errorf("zmq: new SUB socket for push listener %s: %w", pl.Address, err)
+		return nil, nil, fmt.Errorf("zmq: new SUB socket for push listener %s: %w", addr, err)
 	}
 	fail := func(err error) (*zmq4.Socket, *zmq4.Socket, error) {
 		sock.Close()
 		if mon != nil {
 			mon.Close()
 		}
-		return nil, nil, fmt.Errorf("zmq: push listener %s: %w", pl.Address, err)
+		return nil, nil, fmt.Errorf("zmq: push listener %s: %w", addr, err)
 	}
 	if err := s.setSockopts(sock, pl.Topic); err != nil {
 		return fail(err)
 	}
 	if len(pl.Allow) > 0 {
 		domain := fmt.Sprintf("kvindex-push-%p-%d", s, li)
-		zmq4.AuthAllow(domain, pl.Allow...)
+		if addr == s.pushAddrs[li][0] { // once per listener: CIDRs would add up
+			zmq4.AuthAllow(domain, pl.Allow...)
+		}
 		if err := sock.ServerAuthNull(domain); err != nil {
 			return fail(err)
 		}
 	}
-	monAddr := fmt.Sprintf("inproc://kvindex-push-monitor-%p-%d", s, li)
+	// Unique in the process: with Allow the socket is in the default context.
+	monAddr := fmt.Sprintf("inproc://kvindex-push-monitor-%p-%d", s, s.monitors.Add(1))
 	if mon, err = monitor(newSocket, sock, monAddr, zmq4.EVENT_HANDSHAKE_FAILED_AUTH); err != nil {
 		return fail(err)
 	}
-	if err := sock.Bind(pl.Address); err != nil {
+	if err := sock.Bind(addr); err != nil {
 		return fail(fmt.Errorf("bind: %w", err))
 	}
 	return sock, mon, nil

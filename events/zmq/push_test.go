@@ -7,10 +7,12 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/events/zmq"
 	"github.com/kvindex/kvindex/indexer"
+	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
@@ -49,7 +51,11 @@ func newPushRigWith(t *testing.T, pl zmq.PushListener, tune func(*zmq.Subscriber
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.pushAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	base, err := netutil.FreePorts(max(pl.DPSize, 1)) // a port per DP rank
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.pushAddr = fmt.Sprintf("tcp://127.0.0.1:%d", base)
 	pl.Address = r.pushAddr
 	opts := zmq.SubscriberOptions{
 		Push: []zmq.PushListener{pl},
@@ -220,31 +226,49 @@ func TestPushMaxWorkers(t *testing.T) {
 }
 
 // With an allowlist, an engine connecting from another address is refused
-// at the handshake and counted; one from an allowed address is served.
+// at the handshake and counted; one from an allowed address is served, on
+// every DP rank's port.
 func TestPushAllowlist(t *testing.T) {
-	r := newPushRig(t, zmq.PushListener{Allow: []string{"10.255.255.1"}})
-	p, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: r.pushAddr, Topic: "kv@p@m"})
-	if err != nil {
-		t.Fatal(err)
+	r := newPushRig(t, zmq.PushListener{Allow: []string{"10.255.255.1"}, DPSize: 2})
+	rank1 := func(r *pushRig) string {
+		ep, err := events.OffsetEndpoint(r.pushAddr, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ep
 	}
-	defer p.Close()
-	waitFor(t, "the refused connection", func() bool { return r.refused("address") >= 1 })
-	if _, err := p.Publish(storeBatch(0, 5)); err != nil {
-		t.Fatal(err)
+	for i, ep := range []string{r.pushAddr, rank1(r)} {
+		before := r.refused("address")
+		p, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: ep, Topic: "kv@p@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the refused connection to "+ep, func() bool { return r.refused("address") > before })
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		if err := p.WaitForSubscribers(ctx, 1); err == nil {
+			t.Fatalf("an engine from a refused address subscribed at %s", ep)
+		}
+		cancel()
+		if _, err := p.Publish(storeBatch(i, 5)); err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
 	}
-	if w := r.ix.LookupWorker(events.WorkerRef{Pod: "p"}); w != nil {
-		t.Fatalf("an engine from a refused address created worker %v", w.Info())
+	if ws := r.ix.Workers(); len(ws) != 1 {
+		t.Fatalf("engines from a refused address created workers: %d in the index, want only the pull worker", len(ws))
 	}
 
-	ok := newPushRig(t, zmq.PushListener{Allow: []string{"127.0.0.0/8"}})
-	e := ok.engine("kv@p@m")
-	if _, err := e.Publish(storeBatch(0, 5)); err != nil {
-		t.Fatal(err)
+	ok := newPushRig(t, zmq.PushListener{Allow: []string{"127.0.0.0/8"}, DPSize: 2})
+	for i, ep := range []string{ok.pushAddr, rank1(ok)} {
+		e := ok.engineOn(ep, "kv@p@m")
+		if _, err := e.Publish(storeBatch(i, 5)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the allowed engine's worker at "+ep, func() bool {
+			w := ok.ix.LookupWorker(events.WorkerRef{Pod: "p", DPRank: i})
+			return w != nil && w.Stats().ResidentBlocks == 1
+		})
 	}
-	waitFor(t, "the allowed engine's worker", func() bool {
-		w := ok.ix.LookupWorker(events.WorkerRef{Pod: "p"})
-		return w != nil && w.Stats().ResidentBlocks == 1
-	})
 }
 
 // A push message creates no worker under a pull-mode pod's name at any
@@ -389,5 +413,144 @@ func TestNewSubscriberRefusesConflictingRoutes(t *testing.T) {
 	two := map[string]events.TopicRoute{"t1": {Pod: "p", Model: "m"}, "t2": {Pod: "p", Model: "m"}}
 	if _, err := zmq.NewSubscriber(zmq.SubscriberOptions{Push: []zmq.PushListener{{Address: "tcp://127.0.0.1:1", Routes: two}}, NewWorker: nop}); err != nil {
 		t.Fatalf("two routes of one pod on one listener: %v", err)
+	}
+}
+
+// statsOfRef is worker ref's transport stats (zero if it has none).
+func statsOfRef(s *zmq.Subscriber, ref events.WorkerRef) events.WorkerStats {
+	for _, st := range s.WorkerStats() {
+		if st.Worker == ref {
+			return st
+		}
+	}
+	return events.WorkerStats{}
+}
+
+// vLLM offsets a connecting endpoint's port by the DP rank, as it does a
+// bound one: rank r of an engine told the listener's address publishes to
+// base+r. A listener of DPSize 4 binds the four ports and attributes by
+// port: ranks 0-3 of pod p reach p/0-p/3 with their own blocks (rank 3 an
+// older vLLM with no rank in its payload), an undecodable message reaches
+// its port's rank, and a message whose payload rank disagrees with its
+// port is refused (dp_rank_mismatch) and reaches no worker. A listener of
+// DPSize 1 still takes every rank at one address by the payload's rank.
+func TestPushDPRanksByPort(t *testing.T) {
+	legacy := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	r := newPushRigWith(t, zmq.PushListener{DPSize: 4}, func(o *zmq.SubscriberOptions) {
+		o.Push = append(o.Push, zmq.PushListener{Address: legacy})
+	})
+	portOf := func(rank int) string {
+		ep, err := events.OffsetEndpoint(r.pushAddr, rank)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ep
+	}
+	hashes := func(rank int) []uint64 { // rank r holds r+1 blocks of its own
+		var hs []uint64
+		for i := range rank + 1 {
+			hs = append(hs, uint64(1000*(rank+1)+i))
+		}
+		return hs
+	}
+	var all []uint64
+	engines := make([]*enginepub.Publisher, 4)
+	for rank := range 4 {
+		engines[rank] = r.engineOn(portOf(rank), "kv@p@m")
+		b := storeBatch(rank, hashes(rank)...)
+		if rank == 3 {
+			b.HasDPRank, b.DPRank = false, 0 // vLLM 0.9: no rank in the payload
+		}
+		if _, err := engines[rank].Publish(b); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, hashes(rank)...)
+	}
+	for rank := range 4 {
+		ref := events.WorkerRef{Pod: "p", DPRank: rank}
+		waitFor(t, "worker "+ref.String(), func() bool {
+			w := r.ix.LookupWorker(ref)
+			return w != nil && w.Stats().ResidentBlocks == int64(rank+1)
+		})
+		blocks, err := r.ix.LookupWorker(ref).EngineBlocks(all, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range blocks {
+			if own := slices.Contains(hashes(rank), b.Hash); b.Found != own {
+				t.Errorf("%s holds block %d: %v, want %v", ref, b.Hash, b.Found, own)
+			}
+		}
+		if st := statsOfRef(r.sub, ref); st.Endpoint != portOf(rank) || st.Batches != 1 {
+			t.Errorf("%s: endpoint %q, %d batches; want %q, 1", ref, st.Endpoint, st.Batches, portOf(rank))
+		}
+	}
+
+	// An undecodable message is its port's rank's decode error.
+	if _, err := engines[2].PublishRaw([]byte{0x93, 0xc1}); err != nil {
+		t.Fatal(err)
+	}
+	p2 := events.WorkerRef{Pod: "p", DPRank: 2}
+	waitFor(t, "p/2's decode error", func() bool { return statsOfRef(r.sub, p2).DecodeErrors == 1 })
+
+	// Payload ranks that disagree with the port: rank 0 and rank 2 on rank
+	// 1's port, for p and for a pod not seen yet.
+	stray := r.engineOn(portOf(1), "kv@p@m")
+	if _, err := stray.Publish(storeBatch(0, 77)); err != nil {
+		t.Fatal(err)
+	}
+	strayQ := r.engineOn(portOf(1), "kv@q@m")
+	if _, err := strayQ.Publish(storeBatch(2, 78)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mismatch refusals", func() bool { return r.refused("dp_rank_mismatch") == 2 })
+	for rank := range 4 {
+		ref := events.WorkerRef{Pod: "p", DPRank: rank}
+		st, ws := statsOfRef(r.sub, ref), r.ix.LookupWorker(ref).Stats()
+		if ws.ResidentBlocks != int64(rank+1) || ws.Resets != 0 || st.Restarts != 0 || st.Batches != 1 || (st.DecodeErrors == 1) != (rank == 2) {
+			t.Errorf("%s after the refusals: %+v, index %+v", ref, st, ws)
+		}
+	}
+
+	// One address for every rank, by the payload's rank.
+	for rank := range 2 {
+		e := r.engineOn(legacy, "kv@old@m")
+		if _, err := e.Publish(storeBatch(rank, hashes(rank)...)); err != nil {
+			t.Fatal(err)
+		}
+		ref := events.WorkerRef{Pod: "old", DPRank: rank}
+		waitFor(t, "worker "+ref.String(), func() bool {
+			w := r.ix.LookupWorker(ref)
+			return w != nil && w.Stats().ResidentBlocks == int64(rank+1)
+		})
+	}
+	got := r.createdWorkers()
+	slices.Sort(got)
+	if want := []string{"old/0@m", "old/1@m", "p/0@m", "p/1@m", "p/2@m", "p/3@m"}; !slices.Equal(got, want) {
+		t.Fatalf("push workers created: %v, want %v", got, want)
+	}
+	for _, x := range r.sub.Refusals() {
+		if x.Reason != "dp_rank_mismatch" || x.Source != r.pushAddr {
+			t.Errorf("unexpected refusal %+v", x)
+		}
+	}
+}
+
+// A listener's DPSize is at most MaxDPRank, and its last rank's port must
+// exist.
+func TestNewSubscriberRefusesBadDPSize(t *testing.T) {
+	nop := func(events.WorkerRef, string, string) (events.Sink, error) { return nil, errors.New("unused") }
+	for _, c := range []struct {
+		pl   zmq.PushListener
+		want string
+	}{
+		{zmq.PushListener{Address: "tcp://127.0.0.1:1", DPSize: -1}, "events: push listener tcp://127.0.0.1:1: DPSize -1 outside [0, 1024]"},
+		{zmq.PushListener{Address: "tcp://127.0.0.1:1", DPSize: 1025}, "events: push listener tcp://127.0.0.1:1: DPSize 1025 outside [0, 1024]"},
+		{zmq.PushListener{Address: "tcp://127.0.0.1:65535", DPSize: 2}, `events: push listener tcp://127.0.0.1:65535: DPSize 2: events: endpoint "tcp://127.0.0.1:65535": port "65535" cannot be offset by rank 1`},
+	} {
+		_, err := zmq.NewSubscriber(zmq.SubscriberOptions{Push: []zmq.PushListener{c.pl}, NewWorker: nop})
+		if err == nil || err.Error() != c.want {
+			t.Errorf("DPSize %d at %s: %v, want %s", c.pl.DPSize, c.pl.Address, err, c.want)
+		}
 	}
 }

@@ -45,9 +45,16 @@ type Endpoint struct {
 	ResumeAfter uint64
 }
 
-// PushListener is one bound SUB socket many engines connect to (push mode).
-// Engines are told apart by topic (Routes, then llm-d's "kv@<pod>@<model>");
-// the DP rank comes from each payload.
+// PushListener is the bound SUB sockets many engines connect to (push
+// mode). Engines are told apart by topic (Routes, then llm-d's
+// "kv@<pod>@<model>"), DP ranks by port: vLLM offsets a connecting
+// endpoint's port by the rank (events.OffsetEndpoint), so the listener
+// binds Address and the DPSize-1 ports after it, port+r being rank r's. The
+// port, not the payload, says the rank: it tells one publisher (one seq
+// stream) from another, so a data_parallel_rank that disagrees is refused
+// (dp_rank_mismatch), not mixed into the port's worker. With DPSize 1 the
+// payload's rank decides (0 without one), for publishers that send every
+// rank to one address, which vLLM never does.
 //
 // It is fenced by pod name: it reaches only workers it created, for their
 // topic's model, never a pull-mode pod or one another listener routes or
@@ -66,6 +73,9 @@ type PushListener struct {
 	// Allow, when not empty, lists the IPs or CIDRs engines may connect
 	// from; others are refused at the handshake (ZAP) and counted.
 	Allow []string
+	// DPSize is the largest data-parallel size of the engines that connect,
+	// the ports bound from Address on; 0 means 1. At most MaxDPRank.
+	DPSize int
 }
 
 // DefaultPushMaxWorkers is PushListener.MaxWorkers's default.
@@ -197,9 +207,11 @@ type Subscriber struct {
 
 	monitors atomic.Int64 // numbers the monitor sockets' inproc addresses
 
-	// routedPods is the listener whose Routes name each routed pod
-	// (read-only after NewSubscriber).
+	// routedPods is the listener whose Routes name each routed pod, and
+	// pushAddrs each listener's bound addresses by DP rank (read-only after
+	// NewSubscriber).
 	routedPods map[string]int
+	pushAddrs  [][]string
 
 	mu          sync.RWMutex // guards streams, byRef, runCtx, pushWorkers, pushPods, pullPods, added, stopped
 	pushWorkers []int        // workers created by each push listener
@@ -232,17 +244,28 @@ func NewSubscriber(opts SubscriberOptions, eps ...Endpoint) (*Subscriber, error)
 			return nil, fmt.Errorf("%w (endpoint %d)", err, i)
 		}
 	}
-	s.opts.Push = slices.Clone(opts.Push) // MaxWorkers defaults are filled in below
+	s.opts.Push = slices.Clone(opts.Push) // MaxWorkers and DPSize defaults are filled in below
 	s.refusals.counts = make([][numRefusals]atomic.Int64, len(opts.Push))
 	s.refusals.logs = make([][numRefusals]lograte.Limiter, len(opts.Push))
 	s.pushWorkers = make([]int, len(opts.Push))
+	s.pushAddrs = make([][]string, len(opts.Push))
 	for i, pl := range opts.Push {
 		defaults.Positive(&s.opts.Push[i].MaxWorkers, DefaultPushMaxWorkers)
-		if pl.Address == "" {
+		defaults.Positive(&s.opts.Push[i].DPSize, 1)
+		switch {
+		case pl.Address == "":
 			return nil, fmt.Errorf("events: push listener %d: empty address", i)
-		}
-		if opts.NewWorker == nil {
+		case opts.NewWorker == nil:
 			return nil, fmt.Errorf("events: push listener %s: NewWorker is required", pl.Address)
+		case pl.DPSize < 0 || pl.DPSize > MaxDPRank:
+			return nil, fmt.Errorf("events: push listener %s: DPSize %d outside [0, %d]", pl.Address, pl.DPSize, MaxDPRank)
+		}
+		for r := range s.opts.Push[i].DPSize {
+			addr, err := events.OffsetEndpoint(pl.Address, r)
+			if err != nil {
+				return nil, fmt.Errorf("events: push listener %s: DPSize %d: %w", pl.Address, pl.DPSize, err)
+			}
+			s.pushAddrs[i] = append(s.pushAddrs[i], addr)
 		}
 		for _, topic := range slices.Sorted(maps.Keys(pl.Routes)) {
 			pod := pl.Routes[topic].Pod
@@ -287,21 +310,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 	}
 	s.mu.Unlock()
-	for i := range s.opts.Push {
-		if ctx.Err() != nil {
-			break
-		}
-		sock, mon, err := s.bind(i)
-		if err != nil {
-			fail(err)
-			break
-		}
-		s.goTracked(nil, func() {
-			if err := s.receive(ctx, sock, mon, nil, i); err != nil {
-				fail(err)
-			}
-		})
-	}
+	s.bindPush(ctx, fail)
 	s.goTracked(nil, func() { s.checkHealth(ctx) })
 	<-ctx.Done()
 	s.mu.Lock()
@@ -314,6 +323,32 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return err
 	default:
 		return nil
+	}
+}
+
+// bindPush binds every push listener's sockets, one per DP rank, and
+// starts their receive loops; the first failure goes to fail.
+func (s *Subscriber) bindPush(ctx context.Context, fail func(error)) {
+	for i, addrs := range s.pushAddrs {
+		for rank, addr := range addrs {
+			if ctx.Err() != nil {
+				return
+			}
+			sock, mon, err := s.bind(i, addr)
+			if err != nil {
+				fail(err)
+				return
+			}
+			r := &receiver{sub: s, pl: &s.opts.Push[i], pli: i, addr: addr, rank: rank}
+			if len(addrs) == 1 {
+				r.rank = -1 // one address for every rank: the payload's rank decides
+			}
+			s.goTracked(nil, func() {
+				if err := s.receive(ctx, sock, mon, r); err != nil {
+					fail(err)
+				}
+			})
+		}
 	}
 }
 
@@ -393,9 +428,9 @@ func monitor(newSocket func(zmq4.Type) (*zmq4.Socket, error), sock *zmq4.Socket,
 	return mon, nil
 }
 
-// receive is one socket's loop; it owns and closes sock and mon. Pull mode
-// passes the endpoint's stream, push mode the listener's index.
-func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *stream, pli int) error {
+// receive is one socket's loop, r its routing state (a pull-mode stream or
+// a push listener's socket); it owns and closes sock and mon.
+func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, r *receiver) error {
 	defer sock.Close()
 	poller := zmq4.NewPoller()
 	poller.Add(sock, zmq4.POLLIN)
@@ -403,10 +438,8 @@ func (s *Subscriber) receive(ctx context.Context, sock, mon *zmq4.Socket, st *st
 		defer mon.Close()
 		poller.Add(mon, zmq4.POLLIN)
 	}
-	r := receiver{sub: s, dec: events.NewDecoder(), st: st, pli: pli}
-	if st == nil {
-		r.pl = &s.opts.Push[pli]
-	}
+	r.dec = events.NewDecoder()
+	st := r.st
 	var rearmed time.Time
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(s.opts.PollInterval)
@@ -477,6 +510,10 @@ type receiver struct {
 	st  *stream       // pull mode: the endpoint's stream
 	pl  *PushListener // push mode
 	pli int           // push mode: pl's index in SubscriberOptions.Push
+	// push mode: the socket's bound address and the DP rank its port stands
+	// for, or -1 on a listener of DPSize 1 (the payload's rank decides).
+	addr string
+	rank int
 	// push mode: the streams reached, by topic and rank; bounded by
 	// MaxWorkers times the topics naming each worker.
 	streams map[pushKey]*stream
