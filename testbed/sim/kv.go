@@ -20,6 +20,7 @@ type localKV struct {
 	loads  []scoring.RequestLoad
 	pol    scoring.Policy
 	polFor *scoring.Override // the override pol was built from
+	routed int               // the chosen worker's matched tokens in the last Route
 }
 
 func (k *localKV) request(q *router.Query) error {
@@ -70,8 +71,12 @@ func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, 
 	if err != nil {
 		return "", err
 	}
+	k.routed = k.res.Ranked[i].Match.Blocks * k.res.Model.BlockSize()
 	return k.res.Ranked[i].Ref.Pod, nil
 }
+
+// RouteMatched implements router.RouteMatcher.
+func (k *localKV) RouteMatched() int { return k.routed }
 
 func (k *localKV) Release(_ context.Context, id string) error {
 	_, err := k.s.Release(id, "")
@@ -79,7 +84,10 @@ func (k *localKV) Release(_ context.Context, id string) error {
 }
 
 // grpcKV is kvindex over gRPC for one precise router (live mode).
-type grpcKV struct{ c *api.Client }
+type grpcKV struct {
+	c      *api.Client
+	routed int // the chosen worker's matched tokens in the last Route
+}
 
 func (g *grpcKV) scoreRequest(q *router.Query) *kvindexv1.ScoreRequest {
 	req := &kvindexv1.ScoreRequest{Model: q.Model, TokenIds: q.Tokens}
@@ -110,8 +118,19 @@ func (g *grpcKV) Route(ctx context.Context, id string, q *router.Query) (string,
 	if err != nil {
 		return "", err
 	}
-	return resp.GetChosen().GetPod(), nil
+	pod := resp.GetChosen().GetPod()
+	g.routed = 0
+	for _, ws := range resp.GetRanking().GetWorkers() {
+		if ws.GetWorker().GetPod() == pod {
+			g.routed = int(ws.GetMatchedTokens())
+			break
+		}
+	}
+	return pod, nil
 }
+
+// RouteMatched implements router.RouteMatcher.
+func (g *grpcKV) RouteMatched() int { return g.routed }
 
 func (g *grpcKV) Release(ctx context.Context, id string) error {
 	_, err := g.c.Release(ctx, id)

@@ -149,6 +149,12 @@ func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Durat
 	if i < 0 || i >= len(l.fleet.engines) {
 		return fmt.Errorf("sim: %s routed request %d to engine %d of %d", l.router.Name(), req.ID, i, len(l.fleet.engines))
 	}
+	if p, ok := l.router.(router.Predictor); ok {
+		if tokens, ok := p.Predicted(); ok {
+			// The engine hits at most the full blocks before the last token.
+			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs))
+		}
+	}
 	e := l.fleet.engines[i]
 	if !e.Submit(req, l.content) {
 		l.rec.Rejected(req.ID)

@@ -21,9 +21,13 @@ import (
 func Describe(w *workload.Workload, o Options) string {
 	o, _ = o.withDefaults(w.Engines)
 	st := w.Stats()
-	return fmt.Sprintf("%s: %d requests, %s prompt tokens, %s output tokens over %s; %d engines x %d blocks of %d tokens",
+	s := fmt.Sprintf("%s: %d requests, %s prompt tokens, %s output tokens over %s; %d engines x %d blocks of %d tokens",
 		w.Name, st.Requests, human(float64(st.PromptTokens)), human(float64(st.OutputTokens)), st.Duration.Round(time.Second),
 		o.Engines, o.Engine.CacheBlocks, o.Engine.BlockSize)
+	if len(o.Engine.Layout.Groups) > 0 {
+		s += "; KV-cache groups " + o.Engine.Layout.String()
+	}
+	return s
 }
 
 // WriteTable prints one row per router, and when b is not nil each
@@ -84,7 +88,24 @@ func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote stri
 	if len(agreed) > 0 {
 		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each worker's resident blocks equal its engine's cache%s\n", strings.Join(agreed, ", "), agreeNote)
 	}
+	writePrediction(w, results)
 	return nil
+}
+
+// writePrediction prints, for the routers that asked kvindex, how its
+// predicted hit on the chosen engine compared with the engine's hit.
+func writePrediction(w io.Writer, results []metrics.Result) {
+	var parts []string
+	for i := range results {
+		r := &results[i]
+		if r.Predicted > 0 {
+			parts = append(parts, fmt.Sprintf("%s error %s tokens, %s exact, %s over", r.Router,
+				strconv.FormatFloat(r.PredictMAE(), 'f', 1, 64), pct(r.PredictExactShare()), pct(r.PredictOverShare())))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "kvindex's predicted hit vs the engine's, per request (mean absolute): %s\n", strings.Join(parts, "; "))
+	}
 }
 
 // WriteSweepTable prints token hit rate per cache size (rows) and router
@@ -157,12 +178,13 @@ func sweepCell(r *metrics.Result) string {
 }
 
 // WriteCSV writes into dir results.csv (one row per router, then a
-// "bound" row when b is not nil) and ttft_cdf.csv (each router's TTFT at
+// "bound" row when b is not nil; the prediction columns last) and ttft_cdf.csv (each router's TTFT at
 // every percentile 1..100, nearest rank).
 func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 	rows := [][]string{{"router", "requests", "scheduled", "completed", "rejected", "prompt_tokens", "cached_tokens", "token_hit_rate", "hit_of_bound",
 		"request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "makespan_s", "throughput_rps",
-		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "wall_s", "note"}}
+		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "wall_s", "note",
+		"predicted", "predict_mae_tokens", "predict_exact", "predict_over"}}
 	cdf := [][]string{{"router", "percentile", "ttft_s"}}
 	for i := range results {
 		r := &results[i]
@@ -170,7 +192,7 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 			i64(r.PromptTokens), i64(r.CachedTokens), fl(r.TokenHitRate()), fl(b.OfBound(r)), fl(r.RequestHitRate()), i64(r.PrefillTokens),
 			fl(r.TTFTP50.Seconds()), fl(r.TTFTP90.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.TTFTMean.Seconds()), fl(r.Makespan.Seconds()),
 			fl(r.Throughput), fl(r.OutputTokensPerSec), fl(r.LoadSkew), fl(r.RequestSkew), itoa(r.Preemptions), i64(r.IndexProblems),
-			fl(r.Wall.Seconds()), r.Note})
+			fl(r.Wall.Seconds()), r.Note, itoa(r.Predicted), fl(r.PredictMAE()), fl(r.PredictExactShare()), fl(r.PredictOverShare())})
 		for p := 1; p <= 100; p++ {
 			cdf = append(cdf, []string{r.Router, itoa(p), fl(metrics.Percentile(r.TTFT, float64(p)).Seconds())})
 		}
@@ -178,7 +200,8 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 	if b != nil {
 		rows = append(rows, []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
 			fl(b.TokenHitRate()), "1", "", i64(b.PromptTokens - b.CachedTokens), fl(b.TTFTP50.Seconds()), fl(b.TTFTP90.Seconds()),
-			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing"})
+			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing",
+			"", "", "", ""})
 	}
 	if err := writeCSV(filepath.Join(dir, "results.csv"), rows); err != nil {
 		return err

@@ -213,6 +213,10 @@ func testLive(t *testing.T, lo LiveOptions) {
 			if r.CachedTokens == 0 {
 				t.Errorf("%s hit nothing", r.Router)
 			}
+			// Score's and Route's answers over gRPC predict every hit.
+			if r.Predicted != r.Scheduled {
+				t.Errorf("%s predicted %d of %d hits", r.Router, r.Predicted, r.Scheduled)
+			}
 		}
 	}
 	// The wall clock charges the router's answer to TTFT: a gRPC round

@@ -92,11 +92,33 @@ func (f *flags) register(fs *pflag.FlagSet) {
 // engineFlags registers the fleet flags of run, live and analyze.
 func engineFlags(fs *pflag.FlagSet, o *sim.Options) {
 	fs.IntVar(&o.Engines, "engines", o.Engines, "number of engines (default: the workload's: 8, or 4 for prefixes)")
-	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default 16)")
+	fs.IntVar(&o.Engine.BlockSize, "block-size", 0, "tokens per KV block (default: the model layout's, 16 for llama)")
+	fs.Var(layoutFlag{&o.Engine.Layout}, "model-layout", "the engines' KV-cache groups, as vLLM runs the model: "+strings.Join(engine.PresetNames(), ", "))
 	tm := &o.Engine.Time
 	*tm = engine.DefaultTimeModel()
 	fs.Float64Var(&tm.PrefillTokensPerSec, "prefill-rate", tm.PrefillTokensPerSec, "prefill tokens per second per engine, attention aside")
 }
+
+// layoutFlag is --model-layout: a preset of engine.Preset.
+type layoutFlag struct{ l *engine.Layout }
+
+func (f layoutFlag) String() string {
+	if f.l == nil || f.l.Name == "" {
+		return "llama"
+	}
+	return f.l.Name
+}
+
+func (f layoutFlag) Set(name string) error {
+	l, err := engine.Preset(name)
+	if err != nil {
+		return err
+	}
+	*f.l = l
+	return nil
+}
+
+func (layoutFlag) Type() string { return "name" }
 
 func (f *flags) config() (sim.RunConfig, error) {
 	rc := f.rc

@@ -219,3 +219,32 @@ func TestREADMEListsEveryCommand(t *testing.T) {
 		t.Errorf("README.md lists kvsim commands %v, kvsim has %v", listed, cmds)
 	}
 }
+
+func TestModelLayoutFlag(t *testing.T) {
+	out, err := run(t, "run", "--workload", "prefixes", "--requests", "40", "--engines", "2", "--routers", "precise",
+		"--cache-blocks", "4000", "--model-layout", "gpt-oss")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"blocks of 16 tokens; KV-cache groups gpt-oss: 1 sliding_window (window 128) + 1 full_attention",
+		"kvindex's predicted hit vs the engine's"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// The preset's block size unless --block-size says otherwise, in
+	// either order.
+	for _, args := range [][]string{{"--model-layout", "deepseek"}, {"--block-size", "32", "--model-layout", "deepseek"}} {
+		out, err := run(t, append([]string{"run", "--workload", "prefixes", "--requests", "5", "--routers", "round-robin"}, args...)...)
+		want := "blocks of 64 tokens; KV-cache groups deepseek: 1 mla_attention"
+		if len(args) > 2 {
+			want = "blocks of 32 tokens; KV-cache groups deepseek"
+		}
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("%v: %v, output lacks %q:\n%s", args, err, want, out)
+		}
+	}
+	if _, err := run(t, "run", "--model-layout", "mistral"); err == nil || !strings.Contains(err.Error(), "qwen3-next") {
+		t.Errorf("unknown layout: %v", err)
+	}
+}

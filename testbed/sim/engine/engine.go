@@ -53,8 +53,11 @@ func AttentionPairs(n, ctx int) int64 {
 
 // Config sets up an Engine; zero fields take the package doc's defaults.
 type Config struct {
-	BlockSize   int // tokens per KV block (vLLM's --block-size)
-	CacheBlocks int // KV blocks
+	BlockSize int // tokens per KV block (vLLM's --block-size; default Layout.BlockSize, else 16)
+	// CacheBlocks is the pool of KV blocks every group allocates from (a
+	// hybrid model uses a block per group at each token position).
+	CacheBlocks int
+	Layout      Layout // the model's KV-cache groups (zero: one full-attention group)
 	// MaxNumSeqs and MaxBatchedTokens are vLLM's max_num_seqs and
 	// max_num_batched_tokens.
 	MaxNumSeqs, MaxBatchedTokens int
@@ -66,7 +69,7 @@ type Config struct {
 
 // Defaults fills the zero fields of c.
 func (c *Config) Defaults() {
-	c.BlockSize = cmp.Or(c.BlockSize, 16)
+	c.BlockSize = cmp.Or(c.BlockSize, c.Layout.BlockSize, 16)
 	c.CacheBlocks = cmp.Or(c.CacheBlocks, 25000)
 	c.MaxNumSeqs = cmp.Or(c.MaxNumSeqs, 256)
 	c.MaxBatchedTokens = cmp.Or(c.MaxBatchedTokens, 8192)
@@ -88,8 +91,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: prefill rate %v tokens/s", ErrConfig, c.Time.PrefillTokensPerSec)
 	case c.Time.AttentionPairsPerSec < 0:
 		return fmt.Errorf("%w: attention rate %v pairs/s", ErrConfig, c.Time.AttentionPairsPerSec)
+	case c.Layout.hasMamba() && c.MaxBatchedTokens < c.BlockSize:
+		// Mamba's aligned prefill chunks need a block's worth of budget.
+		return fmt.Errorf("%w: max_num_batched_tokens %d below the block size %d of a mamba layout", ErrConfig, c.MaxBatchedTokens, c.BlockSize)
 	}
-	return nil
+	return c.Layout.validate()
 }
 
 // seq is one request on the engine.
@@ -98,15 +104,15 @@ type seq struct {
 	out workload.Segment
 	// hashes chain every full block of the prompt followed by the output.
 	hashes []uint64
-	blocks []int32
-	// computed counts tokens computed or hit; stored the leading blocks
-	// cached (hit or stored by this request).
-	computed, stored int
-	generated        int
-	chunk            int // tokens scheduled in the current step
-	estUncached      int // uncached prompt tokens on arrival, for Load
-	hitTokens        int // the prefix hit when first scheduled
-	scheduled        bool
+	// g holds the request's blocks in each KV-cache group.
+	g []groupBlocks
+	// computed counts tokens computed or hit.
+	computed    int
+	generated   int
+	chunk       int // tokens scheduled in the current step
+	estUncached int // uncached prompt tokens on arrival, for Load
+	hitTokens   int // the prefix hit when first scheduled
+	scheduled   bool
 }
 
 // target is the sequence length whose last token the next sample follows.
@@ -148,9 +154,11 @@ type StepResult struct {
 
 // Engine is one simulated vLLM engine.
 type Engine struct {
-	id  int
-	cfg Config
-	p   *pool
+	id     int
+	cfg    Config
+	p      *pool
+	groups []Group // cfg.Layout's, or the one full-attention group
+	mamba  bool    // a mamba group: prefill chunks end on block boundaries
 
 	waiting []*seq // FIFO; head first
 	running []*seq // arrival order
@@ -174,12 +182,15 @@ func New(id int, cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("engine %d: %w", id, err)
 	}
-	e := &Engine{id: id, cfg: cfg, p: newPool(cfg.CacheBlocks)}
+	groups := cfg.Layout.groups()
+	e := &Engine{id: id, cfg: cfg, p: newPool(cfg.CacheBlocks, len(groups)), groups: groups, mamba: cfg.Layout.hasMamba()}
 	if cfg.Events {
-		e.p.onEvict = func(h uint64) {
+		announce := cfg.Layout.announces()
+		e.p.onEvict = func(h uint64, g int) {
 			e.evHash = append(e.evHash, h)
 			n := len(e.evHash)
-			e.evs = append(e.evs, events.Event{Kind: events.KindBlockRemoved, BlockHashes: e.evHash[n-1 : n : n], MediumName: "GPU"})
+			e.evs = append(e.evs, events.Event{Kind: events.KindBlockRemoved, BlockHashes: e.evHash[n-1 : n : n], MediumName: "GPU",
+				GroupIdx: g, HasGroupIdx: announce})
 		}
 	}
 	e.batch.HasDPRank = true
@@ -203,9 +214,14 @@ func (e *Engine) BlockHashes(dst []uint64, content []uint64) []uint64 {
 	return dst
 }
 
-// Fits reports whether a request's whole sequence fits in an empty cache.
+// Fits reports whether a request's whole sequence fits in an empty cache:
+// every group's most blocks held at once (peakBlocks) together.
 func (e *Engine) Fits(req *workload.Request) bool {
-	return blocksFor(req.PromptLen+req.OutputLen, e.cfg.BlockSize) <= e.cfg.CacheBlocks
+	n := 0
+	for _, g := range e.groups {
+		n += e.peakBlocks(g, req.PromptLen+req.OutputLen)
+	}
+	return n <= e.cfg.CacheBlocks
 }
 
 func blocksFor(tokens, bs int) int { return (tokens + bs - 1) / bs }
@@ -218,22 +234,27 @@ func (e *Engine) Submit(req *workload.Request, content []uint64) bool {
 		e.stats.Rejected++
 		return false
 	}
-	s := &seq{req: req, out: req.OutputSegment(e.cfg.OutputSeed)}
+	s := &seq{req: req, out: req.OutputSegment(e.cfg.OutputSeed), g: make([]groupBlocks, len(e.groups))}
 	s.hashes = e.BlockHashes(make([]uint64, 0, len(content)), content)
 	s.estUncached = req.PromptLen - e.cachedPrefix(s.hashes, req.PromptLen)*e.cfg.BlockSize
 	e.waiting = append(e.waiting, s)
 	return true
 }
 
-// cachedPrefix is the number of leading cached blocks of hashes, at most
-// (tokens-1)/BlockSize.
+// cachedPrefix is the prefix hit in blocks of a request of hashes and
+// tokens tokens: HybridHit over the layout, at most (tokens-1)/BlockSize.
 func (e *Engine) cachedPrefix(hashes []uint64, tokens int) int {
 	limit := min(len(hashes), (tokens-1)/e.cfg.BlockSize)
-	n := 0
-	for n < limit && e.p.lookup(hashes[n]) != none {
-		n++
+	if m, _ := managerOf(e.groups[0].Kind); len(e.groups) == 1 && m == managerFull {
+		// One full-attention group (group 0: its keys are the hashes),
+		// without HybridHit's closures.
+		n := 0
+		for n < limit && e.p.lookup(hashes[n]) != none {
+			n++
+		}
+		return n
 	}
-	return n
+	return HybridHit(e.groups, e.cfg.BlockSize, limit, func(g, i int) bool { return e.p.lookup(blockKey(hashes[i], g)) != none })
 }
 
 // CachedTokens is how many prompt tokens of a request of hashes (from
@@ -290,6 +311,11 @@ func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		need := min(s.target()-s.computed, budget)
+		if e.mamba {
+			if need = e.alignSplit(s, s.computed, need); need == 0 {
+				continue // no block-aligned chunk fits the budget left
+			}
+		}
 		for !e.grow(s, need) {
 			victim := e.running[len(e.running)-1]
 			e.running = e.running[:len(e.running)-1]
@@ -321,22 +347,16 @@ func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
 		hit := e.cachedPrefix(s.hashes, s.target())
 		hitTokens := hit * e.cfg.BlockSize
 		need := min(s.target()-hitTokens, budget)
-		evictable := 0
-		for _, h := range s.hashes[:hit] {
-			if e.p.blocks[e.p.lookup(h)].ref == 0 {
-				evictable++
+		if e.mamba {
+			if need = e.alignSplit(s, hitTokens, need); need == 0 {
+				break
 			}
 		}
-		if blocksFor(hitTokens+need, e.cfg.BlockSize)-hit+evictable > e.p.numFree {
+		if e.admitBlocks(s, hit, hitTokens+need) > e.p.numFree {
 			break
 		}
-		s.blocks = s.blocks[:0]
-		for _, h := range s.hashes[:hit] {
-			b := e.p.lookup(h)
-			e.p.touch(b)
-			s.blocks = append(s.blocks, b)
-		}
-		s.computed, s.stored = hitTokens, hit
+		e.touchHit(s, hit)
+		s.computed = hitTokens
 		if !s.scheduled {
 			s.scheduled = true
 			s.hitTokens = min(hitTokens, s.req.PromptLen)
@@ -355,64 +375,47 @@ func (e *Engine) schedule() (prefill int, pairs int64, decodes int, ctx int64) {
 	return prefill, pairs, decodes, ctx
 }
 
-// grow allocates the blocks s needs for need more tokens, or nothing and
-// false when too few are free.
+// grow frees the blocks s no longer needs, then allocates the blocks it
+// needs for need more tokens in every group, or nothing and false when
+// too few are free (vLLM's allocate_slots).
 func (e *Engine) grow(s *seq, need int) bool {
-	more := blocksFor(s.computed+need, e.cfg.BlockSize) - len(s.blocks)
+	tokens := s.computed + need
+	more := 0
+	for g := range e.groups {
+		e.removeSkipped(s, g)
+		more += e.newBlocks(s, g, tokens)
+	}
 	if more > e.p.numFree {
 		return false
 	}
-	for range more {
-		s.blocks = append(s.blocks, e.p.allocate())
+	for g := range e.groups {
+		e.allocate(s, g, tokens)
 	}
 	return true
-}
-
-// cacheFull caches the blocks of s the scheduled chunk fills and
-// announces them in one BlockStored.
-func (e *Engine) cacheFull(s *seq) {
-	full := min((s.computed+s.chunk)/e.cfg.BlockSize, len(s.hashes))
-	if full <= s.stored {
-		return
-	}
-	for k := s.stored; k < full; k++ {
-		e.p.cache(s.blocks[k], s.hashes[k])
-	}
-	if e.cfg.Events {
-		bs := e.cfg.BlockSize
-		start := len(e.evToks)
-		e.evToks = s.req.AppendSequenceTokens(e.evToks, s.out, s.stored*bs, full*bs)
-		ev := events.Event{
-			Kind:        events.KindBlockStored,
-			BlockHashes: s.hashes[s.stored:full:full],
-			TokenIDs:    e.evToks[start:len(e.evToks):len(e.evToks)],
-			BlockSize:   bs,
-			MediumName:  "GPU",
-		}
-		if s.stored > 0 {
-			ev.ParentHash, ev.HasParent = s.hashes[s.stored-1], true
-		}
-		e.evs = append(e.evs, ev)
-	}
-	s.stored = full
 }
 
 // preempt frees a running request's blocks and requeues it at the head.
 func (e *Engine) preempt(s *seq) {
 	e.freeBlocks(s)
-	s.computed, s.stored, s.chunk = 0, 0, 0
+	s.computed, s.chunk = 0, 0
 	e.waiting = append(e.waiting, nil)
 	copy(e.waiting[1:], e.waiting)
 	e.waiting[0] = s
 	e.stats.Preemptions++
 }
 
-// freeBlocks releases s's blocks in reverse order, tail evicted first.
+// freeBlocks releases s's blocks group by group, each in reverse order
+// (its tail evicted first), as vLLM's coordinator frees a request.
 func (e *Engine) freeBlocks(s *seq) {
-	for i := len(s.blocks) - 1; i >= 0; i-- {
-		e.p.release(s.blocks[i])
+	for g := range s.g {
+		gb := &s.g[g]
+		for i := len(gb.blocks) - 1; i >= 0; i-- {
+			if gb.blocks[i] != none {
+				e.p.release(gb.blocks[i])
+			}
+		}
+		*gb = groupBlocks{blocks: gb.blocks[:0], lastState: none}
 	}
-	s.blocks = s.blocks[:0]
 }
 
 // FinishStep completes the step at now, its end: scheduled tokens are
@@ -454,6 +457,9 @@ func (e *Engine) FinishStep(now time.Duration) *StepResult {
 	return r
 }
 
-// CachedBlocks is the number of distinct hashes cached: what kvindex
-// should hold for the engine once every event is applied.
+// CachedBlocks is the number of distinct (hash, group) pairs cached: what
+// kvindex should hold for the engine once every event is applied.
 func (e *Engine) CachedBlocks() int { return e.p.cached.len() }
+
+// CachedBlocksIn is the number of distinct hashes group g caches.
+func (e *Engine) CachedBlocksIn(g int) int { return e.p.perGroup[g] }

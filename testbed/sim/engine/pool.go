@@ -1,6 +1,9 @@
 package engine
 
-// none marks an absent block index in the pool's links.
+import "github.com/kvindex/kvindex/testbed/sim/workload"
+
+// none marks an absent block index in the pool's links, and vLLM's null
+// block in a request's block list (a position it holds no block for).
 const none = -1
 
 // block is one KV block of the pool.
@@ -8,33 +11,49 @@ type block struct {
 	hash uint64
 	// prev and next link the block into the free queue while free.
 	prev, next int32
-	// dup links the cached blocks that share a hash.
+	// dup links the cached blocks that share a key.
 	dup    int32
 	ref    int32
+	group  uint8 // the KV-cache group it was cached in
 	cached bool
 	free   bool
 }
 
-// pool is vLLM's BlockPool: fixed blocks, a free queue in eviction order
-// (least recently freed first) and a map from hash to cached blocks.
+// blockKey is the pool's key of hash in group g: vLLM caches a block
+// under (hash, group), so a hash cached in one group is no hit in
+// another. Group 0's key is the hash itself; other groups' differ from
+// every hash but with probability 2^-64 per pair.
+func blockKey(hash uint64, g int) uint64 {
+	if g == 0 {
+		return hash
+	}
+	return hash ^ workload.Mix64(0x67726f7570<<8|uint64(g)) // "group"
+}
+
+// pool is vLLM's BlockPool: fixed blocks shared by every KV-cache group,
+// a free queue in eviction order (least recently freed first) and a map
+// from key (blockKey) to cached blocks.
 //
 // # Invariants
 //
 //   - A block is in the free queue exactly when ref == 0.
-//   - A block is in cached[hash]'s dup chain exactly when cached.
+//   - A block is in cached[key]'s dup chain exactly when cached.
 //   - numFree is the length of the free queue.
+//   - perGroup[g] is the number of keys of group g in cached.
 type pool struct {
 	blocks             []block
 	freeHead, freeTail int32
 	numFree            int
 	cached             *table
+	perGroup           []int
 
 	// onEvict, when set, is told of every evicted cached block.
-	onEvict func(hash uint64)
+	onEvict func(hash uint64, group int)
 }
 
-func newPool(n int) *pool {
-	p := &pool{blocks: make([]block, n), freeHead: none, freeTail: none, cached: newTable(n)}
+// newPool returns a pool of n free blocks for groups KV-cache groups.
+func newPool(n, groups int) *pool {
+	p := &pool{blocks: make([]block, n), freeHead: none, freeTail: none, cached: newTable(n), perGroup: make([]int, groups)}
 	for i := range p.blocks {
 		p.blocks[i] = block{prev: none, next: none, dup: none}
 		p.pushFree(int32(i))
@@ -73,8 +92,8 @@ func (p *pool) removeFree(b int32) {
 	p.numFree--
 }
 
-// lookup returns a cached block with the hash, or none.
-func (p *pool) lookup(h uint64) int32 { return p.cached.get(h) }
+// lookup returns a cached block with the key, or none.
+func (p *pool) lookup(k uint64) int32 { return p.cached.get(k) }
 
 // touch takes a reference on a cached block (a prefix-cache hit), taking
 // it off the free queue if it was free.
@@ -97,21 +116,22 @@ func (p *pool) allocate() int32 {
 	if blk.cached {
 		p.uncache(b)
 		if p.onEvict != nil {
-			p.onEvict(blk.hash)
+			p.onEvict(blk.hash, int(blk.group))
 		}
 	}
 	blk.ref = 1
 	return b
 }
 
-// uncache removes b from its hash's dup chain.
+// uncache removes b from its key's dup chain.
 func (p *pool) uncache(b int32) {
 	blk := &p.blocks[b]
-	h := blk.hash
+	h := blockKey(blk.hash, int(blk.group))
 	head := p.cached.get(h)
 	if head == b {
 		if blk.dup == none {
 			p.cached.del(h)
+			p.perGroup[blk.group]--
 		} else {
 			p.cached.set(h, blk.dup)
 		}
@@ -126,13 +146,17 @@ func (p *pool) uncache(b int32) {
 	blk.dup, blk.cached = none, false
 }
 
-// cache gives a full block its hash and makes it hittable. A hash already
-// cached gets a second block (vLLM does not deduplicate).
-func (p *pool) cache(b int32, h uint64) {
+// cache gives a full block its hash in group g and makes it hittable. A
+// key already cached gets a second block (vLLM does not deduplicate).
+func (p *pool) cache(b int32, h uint64, g int) {
 	blk := &p.blocks[b]
-	blk.hash, blk.cached = h, true
-	blk.dup = p.cached.get(h)
-	p.cached.set(h, b)
+	blk.hash, blk.group, blk.cached = h, uint8(g), true
+	k := blockKey(h, g)
+	blk.dup = p.cached.get(k)
+	if blk.dup == none {
+		p.perGroup[g]++
+	}
+	p.cached.set(k, b)
 }
 
 // release drops one reference; a block with none left joins the free

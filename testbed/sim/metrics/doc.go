@@ -11,6 +11,11 @@
 //     first arrival to last completion.
 //   - load skew: max over mean of the engines' prefill tokens; request
 //     skew the same over requests routed.
+//   - prediction error (routers that ask kvindex): per request, the hit
+//     kvindex predicted on the engine it chose (its matched tokens, at
+//     most the prompt's full blocks before its last token) against the
+//     engine's hit when first scheduled: mean absolute error in tokens,
+//     the share exact, the share over-predicted.
 //
 // A Recorder is used by one simulation loop.
 package metrics

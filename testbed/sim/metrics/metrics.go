@@ -14,13 +14,18 @@ type Recorder struct {
 	routed            []int // requests per engine
 	res               Result
 	arrival           map[int]time.Duration
+	predicted         map[int]int // request id -> predicted hit in tokens, until its first token
 	outputDone        int64
 }
 
 // NewRecorder returns a recorder for a fleet of n engines.
 func NewRecorder(n int) *Recorder {
-	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration)}
+	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration), predicted: make(map[int]int)}
 }
+
+// Predicted records the prompt tokens a request's router predicted the
+// chosen engine would hit, for FirstToken to compare with the hit.
+func (r *Recorder) Predicted(id, tokens int) { r.predicted[id] = tokens }
 
 // Arrived records a request's arrival.
 func (r *Recorder) Arrived(id int, at time.Duration) {
@@ -42,6 +47,7 @@ func (r *Recorder) RouteDelay(d time.Duration) { r.routeDelay = append(r.routeDe
 func (r *Recorder) Rejected(id int) {
 	r.res.Rejected++
 	delete(r.arrival, id)
+	delete(r.predicted, id)
 }
 
 // FirstToken records a request's first token at t and the prompt tokens
@@ -54,6 +60,17 @@ func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
 		r.res.HitRequests++
 	}
 	r.res.Scheduled++
+	if p, ok := r.predicted[id]; ok {
+		delete(r.predicted, id)
+		r.res.Predicted++
+		switch {
+		case p == cached:
+			r.res.PredictExact++
+		case p > cached:
+			r.res.PredictOver++
+		}
+		r.res.PredictAbsErr += int64(max(p-cached, cached-p))
+	}
 }
 
 // Finished records a request's completion at t.
@@ -120,6 +137,26 @@ type Result struct {
 	// RouteDelayMean and RouteDelayP99 summarise the router's answer time
 	// charged to TTFT (live mode; zero in virtual time).
 	RouteDelayMean, RouteDelayP99 time.Duration
+	// Predicted counts the scheduled requests whose router predicted their
+	// hit (kvindex's match on the chosen engine, at most the prompt's full
+	// blocks before its last token); PredictExact of them were exact,
+	// PredictOver over the engine's hit, and PredictAbsErr sums
+	// |predicted - hit| in tokens.
+	Predicted, PredictExact, PredictOver int
+	PredictAbsErr                        int64
+}
+
+// PredictMAE is the mean absolute error of the predicted hits, in tokens.
+func (r *Result) PredictMAE() float64 { return ratio(float64(r.PredictAbsErr), float64(r.Predicted)) }
+
+// PredictExactShare is the share of predictions that were exact.
+func (r *Result) PredictExactShare() float64 {
+	return ratio(float64(r.PredictExact), float64(r.Predicted))
+}
+
+// PredictOverShare is the share of predictions above the engine's hit.
+func (r *Result) PredictOverShare() float64 {
+	return ratio(float64(r.PredictOver), float64(r.Predicted))
 }
 
 // TokenHitRate is CachedTokens / PromptTokens (0 when nothing ran).

@@ -68,3 +68,30 @@ func TestRecorder(t *testing.T) {
 		t.Errorf("prefill %d skew %v req skew %v", res.PrefillTokens, res.LoadSkew, res.RequestSkew)
 	}
 }
+
+func TestRecorderPredictionError(t *testing.T) {
+	r := NewRecorder(1)
+	// Predicted hits against the engine's: 64 vs 64 (exact), 128 vs 32
+	// (over by 96), 0 vs 48 (under by 48); request 3 is rejected and
+	// request 4 has no prediction: neither counts.
+	for id, p := range []int{64, 128, 0, 16} {
+		r.Arrived(id, 0)
+		r.Predicted(id, p)
+	}
+	r.Arrived(4, 0)
+	r.Rejected(3)
+	for id, hit := range []int{64, 32, 48} {
+		r.FirstToken(id, time.Second, 256, hit)
+	}
+	r.FirstToken(4, time.Second, 256, 16)
+	res := r.Result("x", nil, 0)
+	if res.Predicted != 3 || res.PredictExact != 1 || res.PredictOver != 1 || res.PredictAbsErr != 144 {
+		t.Fatalf("predicted %d, exact %d, over %d, error %d tokens", res.Predicted, res.PredictExact, res.PredictOver, res.PredictAbsErr)
+	}
+	if res.PredictMAE() != 48 || math.Abs(res.PredictExactShare()-1.0/3) > 1e-12 || math.Abs(res.PredictOverShare()-1.0/3) > 1e-12 {
+		t.Errorf("MAE %v, exact %v, over %v", res.PredictMAE(), res.PredictExactShare(), res.PredictOverShare())
+	}
+	if (&Result{}).PredictMAE() != 0 {
+		t.Error("no predictions, yet an error")
+	}
+}

@@ -27,6 +27,11 @@ type precise struct {
 	inflight []int64
 	pending  map[int]pendingRoute
 
+	// pred is kvindex's match on the engine the last Route chose, when
+	// predOK (Predictor).
+	pred   int
+	predOK bool
+
 	q       Query
 	matched []int
 	loads   []PodLoad
@@ -71,10 +76,18 @@ func (p *precise) record(pod string, tokens int) {
 func (p *precise) Name() string { return p.name }
 func (p *precise) Note() string { return p.note }
 
+// Predicted implements Predictor.
+func (p *precise) Predicted() (int, bool) { return p.pred, p.predOK }
+
 func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
 	p.q = Query{Model: p.model, Tokens: req.AppendTokens(p.q.Tokens[:0], 0, req.PromptLen)}
+	p.predOK = false
 	if p.name == PreciseLoad && !p.client {
-		return p.route(ctx, req)
+		i, err := p.route(ctx, req)
+		if m, ok := p.kv.(RouteMatcher); ok && err == nil {
+			p.pred, p.predOK = m.RouteMatched(), true
+		}
+		return i, err
 	}
 	clear(p.matched)
 	p.bad = ""
@@ -84,10 +97,14 @@ func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
 	if p.bad != "" {
 		return 0, fmt.Errorf("router %s: kvindex scored unknown worker %q", p.name, p.bad)
 	}
+	var i int
 	if p.name == Precise {
-		return p.longest(), nil
+		i = p.longest()
+	} else {
+		i = p.cheapest(req)
 	}
-	return p.cheapest(req), nil
+	p.pred, p.predOK = p.matched[i], true
+	return i, nil
 }
 
 // longest picks the longest match, ties by least load, then in turn.

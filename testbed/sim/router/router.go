@@ -69,6 +69,22 @@ type KV interface {
 	Release(ctx context.Context, id string) error
 }
 
+// RouteMatcher is a KV whose Route also learns the chosen worker's match
+// from kvindex's ranking (both of kvsim's do).
+type RouteMatcher interface {
+	// RouteMatched returns the matched prompt tokens of the worker the
+	// last Route chose.
+	RouteMatched() int
+}
+
+// Predictor is a router whose last Route learned from kvindex how many
+// prompt tokens the chosen engine holds: the precise routers.
+type Predictor interface {
+	// Predicted returns the matched prompt tokens kvindex reported for the
+	// engine the last Route chose, or false when it reported none.
+	Predicted() (tokens int, ok bool)
+}
+
 // Query is one prompt as a precise router sends it to kvindex; Loads and
 // Policy (nil: the server's) are sent with Route only.
 type Query struct {
