@@ -127,20 +127,15 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 		w.c.group.Add(1)
 		return nil
 	}
-	medium := ev.Medium
-	var mediumErr error
-	if medium == events.MediumOther {
-		mediumErr = fmt.Errorf("%w %q, indexed as OTHER", ErrUnknownMedium, ev.MediumName)
-	}
-	if int(medium) >= events.NumMedia {
+	// A medium name kvindex does not know is no error: its class (OTHER
+	// unless the transport's events.Tiers says otherwise) is counted and
+	// shown by the transport, and the worker stays healthy.
+	if int(ev.Medium) >= events.NumMedia {
 		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, medium)
+		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, ev.Medium)
 	}
 	if len(ev.TokenIDs) == 0 {
-		if err := w.offloadLocked(ev); err != nil {
-			return errors.Join(mediumErr, err)
-		}
-		return mediumErr
+		return w.offloadLocked(ev)
 	}
 	if err := w.checkStoreLocked(ev); err != nil {
 		return err
@@ -148,7 +143,7 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	parent, parentKey, err := w.storeParentLocked(ev)
 	w.storeBlocksLocked(ev, parent, parentKey)
 	w.stored += int64(len(ev.BlockHashes))
-	return errors.Join(err, mediumErr)
+	return err
 }
 
 // offloadLocked applies a BlockStored event without tokens: its known
