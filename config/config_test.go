@@ -112,7 +112,7 @@ func TestSetDefaults(t *testing.T) {
 		},
 		Scoring: Scoring{
 			Policy: DefaultScoringPolicy, GPUWeight: DefaultGPUWeight, CPUWeight: DefaultCPUWeight, StorageWeight: DefaultStorageWeight,
-			LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
+			UnknownTier: DefaultUnknownTier, LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
 			SpeculativeTTL: DefaultSpeculativeTTL, InflightTTL: DefaultInflightTTL, ScrapeInterval: DefaultScrapeInterval,
 		},
 		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections,
