@@ -52,6 +52,7 @@ func TestListWorkers(t *testing.T) {
 			Worker: events.WorkerRef{Pod: "pod-a", DPRank: 1}, Endpoint: "tcp://10.0.0.1:5557", Topic: "kv@pod-a",
 			Batches: 7, Events: 9, LastSeq: 41, HasSeq: true, LastMessage: seen,
 			Gaps: 1, MissedBatches: 3, Restarts: 2, DecodeErrors: 4, ApplyErrors: 3, LastError: "boom",
+			UnknownEvents: 2, UnknownTag: "FutureEvent", UnknownMediumEvents: 5, UnknownMedia: []string{"ZZZ_TIER", "bad\xff"},
 		},
 		{Worker: events.WorkerRef{Pod: "ghost", DPRank: 0}, Endpoint: "tcp://ghost:5557", DecodeErrors: 1},
 	}
@@ -85,6 +86,8 @@ func TestListWorkers(t *testing.T) {
 		BlocksStored: 9, BlocksRemoved: 2,
 		Gaps: 1, MissedBatches: 3, Restarts: 2, DecodeErrors: 4, ApplyErrors: 3,
 		Orphans: 1, UnknownBlocks: 2, BlockSizeMismatches: 1, LastError: "boom",
+		// Unknown event types and media, names made UTF-8.
+		UnknownEvents: 2, LastUnknownEvent: "FutureEvent", UnknownMediumEvents: 5, UnknownMedia: []string{"ZZZ_TIER", "bad\uFFFD"},
 	}
 	if !proto.Equal(gotA, wantA) {
 		t.Errorf("pod-a\n got %s\nwant %s", protojson.Format(gotA), protojson.Format(wantA))

@@ -77,6 +77,10 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		note(ws.GetBudgetEvictions() > 0, "%d blocks evicted for kvindex's memory budget", ws.GetBudgetEvictions())
 		note(ws.GetBlockSizeMismatches() > 0, "%d events with a block size other than the model's", ws.GetBlockSizeMismatches())
 		note(ws.GetUnknownBlocks() > 0, "%d removals or offloads of blocks it never stored", ws.GetUnknownBlocks())
+		note(ws.GetUnknownEvents() > 0, "%d events of an unknown type skipped (last %q); the rest of their batches applied",
+			ws.GetUnknownEvents(), ws.GetLastUnknownEvent())
+		note(ws.GetUnknownMediumEvents() > 0, "%d events name media kvindex does not know (%s): held as scoring.unknown_tier; map them with scoring.tier_names",
+			ws.GetUnknownMediumEvents(), strings.Join(ws.GetUnknownMedia(), ", "))
 		note(ws.GetLastError() != "", "last error: %s", ws.GetLastError())
 		note(ws.GetLastReset() != "", "last reset: %s", ws.GetLastReset())
 	}

@@ -996,7 +996,8 @@ type ScorePolicy struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// gpu_weight, cpu_weight and storage_weight weigh a cached block by
 	// where it is (defaults 1.0, 0.8, 0.5; DISK and EXTERNAL use
-	// storage_weight, OTHER zero).
+	// storage_weight, OTHER zero): aliases of tier_weights' gpu, cpu, and
+	// storage, disk and external.
 	GpuWeight     float64 `protobuf:"fixed64,2,opt,name=gpu_weight,json=gpuWeight,proto3" json:"gpu_weight,omitempty"`
 	CpuWeight     float64 `protobuf:"fixed64,3,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
 	StorageWeight float64 `protobuf:"fixed64,4,opt,name=storage_weight,json=storageWeight,proto3" json:"storage_weight,omitempty"`
@@ -1010,7 +1011,13 @@ type ScorePolicy struct {
 	// in-flight requests exceed static_k times the median), or "off".
 	Guard string `protobuf:"bytes,6,opt,name=guard,proto3" json:"guard,omitempty"`
 	// static_k is the static guard's multiple of the median (default 2.0).
-	StaticK       float64 `protobuf:"fixed64,7,opt,name=static_k,json=staticK,proto3" json:"static_k,omitempty"`
+	StaticK float64 `protobuf:"fixed64,7,opt,name=static_k,json=staticK,proto3" json:"static_k,omitempty"`
+	// tier_weights weighs a cached block by tier class, over the aliases
+	// above: keys "gpu", "cpu", "storage", "disk", "external", "other" (any
+	// case), values from 0 (not credited) to 1e6. A block the engine
+	// announced with locality REMOTE is "external"; a medium name no table
+	// knows is the server's scoring.unknown_tier ("other" by default).
+	TierWeights   map[string]float64 `protobuf:"bytes,8,rep,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1099,13 @@ func (x *ScorePolicy) GetStaticK() float64 {
 		return x.StaticK
 	}
 	return 0
+}
+
+func (x *ScorePolicy) GetTierWeights() map[string]float64 {
+	if x != nil {
+		return x.TierWeights
+	}
+	return nil
 }
 
 // ExtraKeys is one block's extra hash inputs: a tuple of values.
@@ -1902,8 +1916,19 @@ type WorkerStatus struct {
 	// server keeps no metrics.
 	ScoredPromptTokens uint64 `protobuf:"varint,52,opt,name=scored_prompt_tokens,json=scoredPromptTokens,proto3" json:"scored_prompt_tokens,omitempty"`
 	PredictedHitTokens uint64 `protobuf:"varint,53,opt,name=predicted_hit_tokens,json=predictedHitTokens,proto3" json:"predicted_hit_tokens,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// unknown_events counts events of a type kvindex does not know (a newer
+	// engine's): skipped, with the rest of their batches applied;
+	// last_unknown_event is the last one's type.
+	UnknownEvents    uint64 `protobuf:"varint,54,opt,name=unknown_events,json=unknownEvents,proto3" json:"unknown_events,omitempty"`
+	LastUnknownEvent string `protobuf:"bytes,55,opt,name=last_unknown_event,json=lastUnknownEvent,proto3" json:"last_unknown_event,omitempty"`
+	// unknown_medium_events counts stores and removals naming a medium (tier)
+	// no table knows, held in the server's scoring.unknown_tier;
+	// unknown_media lists those names (the first 8 met). Map them with
+	// scoring.tier_names.
+	UnknownMediumEvents uint64   `protobuf:"varint,56,opt,name=unknown_medium_events,json=unknownMediumEvents,proto3" json:"unknown_medium_events,omitempty"`
+	UnknownMedia        []string `protobuf:"bytes,57,rep,name=unknown_media,json=unknownMedia,proto3" json:"unknown_media,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -2305,6 +2330,34 @@ func (x *WorkerStatus) GetPredictedHitTokens() uint64 {
 		return x.PredictedHitTokens
 	}
 	return 0
+}
+
+func (x *WorkerStatus) GetUnknownEvents() uint64 {
+	if x != nil {
+		return x.UnknownEvents
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetLastUnknownEvent() string {
+	if x != nil {
+		return x.LastUnknownEvent
+	}
+	return ""
+}
+
+func (x *WorkerStatus) GetUnknownMediumEvents() uint64 {
+	if x != nil {
+		return x.UnknownMediumEvents
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetUnknownMedia() []string {
+	if x != nil {
+		return x.UnknownMedia
+	}
+	return nil
 }
 
 // MediumCount is a number of blocks resident in one storage medium.
@@ -3614,7 +3667,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x03 \x01(\rR\awaiting\x12$\n" +
 	"\x0ekv_cache_usage\x18\x04 \x01(\x01R\fkvCacheUsage\x122\n" +
-	"\x15queued_prefill_tokens\x18\x05 \x01(\x04R\x13queuedPrefillTokens\"\xd8\x01\n" +
+	"\x15queued_prefill_tokens\x18\x05 \x01(\x04R\x13queuedPrefillTokens\"\xe5\x02\n" +
 	"\vScorePolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -3625,7 +3678,11 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\vload_weight\x18\x05 \x01(\x01R\n" +
 	"loadWeight\x12\x14\n" +
 	"\x05guard\x18\x06 \x01(\tR\x05guard\x12\x19\n" +
-	"\bstatic_k\x18\a \x01(\x01R\astaticK\";\n" +
+	"\bstatic_k\x18\a \x01(\x01R\astaticK\x12K\n" +
+	"\ftier_weights\x18\b \x03(\v2(.kvindex.v1.ScorePolicy.TierWeightsEntryR\vtierWeights\x1a>\n" +
+	"\x10TierWeightsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\";\n" +
 	"\tExtraKeys\x12.\n" +
 	"\x06values\x18\x01 \x03(\v2\x16.kvindex.v1.ExtraValueR\x06values\"\x7f\n" +
 	"\n" +
@@ -3671,7 +3728,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adigests\x18\x02 \x01(\bR\adigests\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xba\x0f\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xe8\x10\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -3732,7 +3789,11 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x11inflight_requests\x182 \x01(\rR\x10inflightRequests\x126\n" +
 	"\x17inflight_prefill_tokens\x183 \x01(\x04R\x15inflightPrefillTokens\x120\n" +
 	"\x14scored_prompt_tokens\x184 \x01(\x04R\x12scoredPromptTokens\x120\n" +
-	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\"=\n" +
+	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\x12%\n" +
+	"\x0eunknown_events\x186 \x01(\x04R\runknownEvents\x12,\n" +
+	"\x12last_unknown_event\x187 \x01(\tR\x10lastUnknownEvent\x122\n" +
+	"\x15unknown_medium_events\x188 \x01(\x04R\x13unknownMediumEvents\x12#\n" +
+	"\runknown_media\x189 \x03(\tR\funknownMedia\"=\n" +
 	"\vMediumCount\x12\x16\n" +
 	"\x06medium\x18\x01 \x01(\tR\x06medium\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\"\xab\x02\n" +
@@ -3907,7 +3968,7 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
 	(DiagnoseReason)(0),           // 1: kvindex.v1.DiagnoseReason
@@ -3945,7 +4006,8 @@ var file_kvindex_v1_index_proto_goTypes = []any{
 	(*ParityCheck)(nil),           // 33: kvindex.v1.ParityCheck
 	(*WatchRequest)(nil),          // 34: kvindex.v1.WatchRequest
 	(*WatchResponse)(nil),         // 35: kvindex.v1.WatchResponse
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	nil,                           // 36: kvindex.v1.ScorePolicy.TierWeightsEntry
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
 	9,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
@@ -3958,64 +4020,65 @@ var file_kvindex_v1_index_proto_depIdxs = []int32{
 	12, // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
 	10, // 8: kvindex.v1.ScoreRequest.messages:type_name -> kvindex.v1.ChatMessage
 	8,  // 9: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
-	14, // 10: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
-	13, // 11: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
-	16, // 12: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
-	8,  // 13: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
-	18, // 14: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
-	0,  // 15: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
-	17, // 16: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
-	21, // 17: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	8,  // 18: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	36, // 19: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	22, // 20: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	0,  // 21: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
-	36, // 22: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
-	13, // 23: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	10, // 24: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
-	25, // 25: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
-	26, // 26: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
-	8,  // 27: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
-	0,  // 28: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
-	8,  // 29: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
-	8,  // 30: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
-	29, // 31: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
-	13, // 32: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	8,  // 33: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
-	10, // 34: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
-	1,  // 35: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
-	36, // 36: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
-	8,  // 37: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
-	31, // 38: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
-	0,  // 39: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
-	33, // 40: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
-	2,  // 41: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
-	8,  // 42: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
-	3,  // 43: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
-	8,  // 44: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
-	36, // 45: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
-	3,  // 46: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
-	9,  // 47: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	19, // 48: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	4,  // 49: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
-	6,  // 50: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
-	23, // 51: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	27, // 52: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
-	30, // 53: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
-	34, // 54: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	15, // 55: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	20, // 56: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	5,  // 57: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
-	7,  // 58: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
-	24, // 59: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	28, // 60: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
-	32, // 61: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
-	35, // 62: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	55, // [55:63] is the sub-list for method output_type
-	47, // [47:55] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	36, // 10: kvindex.v1.ScorePolicy.tier_weights:type_name -> kvindex.v1.ScorePolicy.TierWeightsEntry
+	14, // 11: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
+	13, // 12: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
+	16, // 13: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
+	8,  // 14: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
+	18, // 15: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
+	0,  // 16: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
+	17, // 17: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
+	21, // 18: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	8,  // 19: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	37, // 20: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	22, // 21: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 22: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	37, // 23: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	13, // 24: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	10, // 25: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
+	25, // 26: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
+	26, // 27: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
+	8,  // 28: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
+	0,  // 29: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
+	8,  // 30: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
+	8,  // 31: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
+	29, // 32: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
+	13, // 33: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	8,  // 34: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
+	10, // 35: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
+	1,  // 36: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
+	37, // 37: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
+	8,  // 38: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
+	31, // 39: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
+	0,  // 40: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
+	33, // 41: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
+	2,  // 42: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
+	8,  // 43: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
+	3,  // 44: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
+	8,  // 45: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
+	37, // 46: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
+	3,  // 47: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
+	9,  // 48: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	19, // 49: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	4,  // 50: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	6,  // 51: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	23, // 52: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	27, // 53: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
+	30, // 54: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
+	34, // 55: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	15, // 56: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	20, // 57: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	5,  // 58: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	7,  // 59: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	24, // 60: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	28, // 61: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
+	32, // 62: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
+	35, // 63: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	56, // [56:64] is the sub-list for method output_type
+	48, // [48:56] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -4035,7 +4098,7 @@ func file_kvindex_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
