@@ -58,13 +58,13 @@ func TestDecodeLocality(t *testing.T) {
 	}{
 		{"", LocalityLocal, "CPU", MediumCPU},
 		{"c0", LocalityLocal, "CPU", MediumCPU},
-		{"a54c4f43414c", LocalityLocal, "GPU", MediumGPU},                   // "LOCAL"
-		{"a56c6f63616c", LocalityLocal, "STORAGE", MediumStorage},           // "local"
-		{"a652454d4f5445", LocalityRemote, "CPU", MediumExternal},           // "REMOTE"
-		{"a672656d6f7465", LocalityRemote, "", MediumExternal},              // "remote", medium nil (GPU)
-		{"a652454d4f5445", LocalityRemote, "TAPE", MediumExternal},          // an unknown medium, remote
-		{"a9656c736577686572 65", LocalityRemote, "GPU", MediumExternal},    // "elsewhere": unknown
-		{"a0", LocalityLocal, "DISK", MediumDisk},                           // ""
+		{"a54c4f43414c", LocalityLocal, "GPU", MediumGPU},                    // "LOCAL"
+		{"a56c6f63616c", LocalityLocal, "STORAGE", MediumStorage},            // "local"
+		{"a652454d4f5445", LocalityRemote, "CPU", MediumExternal},            // "REMOTE"
+		{"a672656d6f7465", LocalityRemote, "", MediumExternal},               // "remote", medium nil (GPU)
+		{"a652454d4f5445", LocalityRemote, "TAPE", MediumExternal},           // an unknown medium, remote
+		{"a9656c736577686572 65", LocalityRemote, "GPU", MediumExternal},     // "elsewhere": unknown
+		{"a0", LocalityLocal, "DISK", MediumDisk},                            // ""
 		{"a652454d4f5445", LocalityRemote, "SHARED_STORAGE", MediumExternal}, // llm-d's shared FS, remote
 	} {
 		medium := "c0"
@@ -199,8 +199,8 @@ func TestDecodeUnknownEvent(t *testing.T) {
 // stays the same.
 func TestDecodeUnknownEventForms(t *testing.T) {
 	long := strings.Repeat("FutureEventType", 4) // a 60-byte tag
-	tiny := "91 a0"                           // [""]
-	payload := "93 00 dc 0104 " // 260 events
+	tiny := "91 a0"                              // [""]
+	payload := "93 00 dc 0104 "                  // 260 events
 	for range 256 {
 		payload += tiny + " "
 	}
