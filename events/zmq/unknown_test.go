@@ -37,6 +37,11 @@ func (l *lockedBuffer) String() string {
 // payloadWith is a map-era payload of evs with the raw event extra spliced
 // in at position at.
 func payloadWith(t *testing.T, evs []events.Event, at int, extra []byte) []byte {
+	return payloadIn(t, events.EncodingMap, evs, at, extra)
+}
+
+// payloadIn is payloadWith in the era enc.
+func payloadIn(t *testing.T, enc events.Encoding, evs []events.Event, at int, extra []byte) []byte {
 	t.Helper()
 	p := []byte{0x93, 0xcb, 0x40, 0x04, 0, 0, 0, 0, 0, 0, byte(0x90 | (len(evs) + 1))}
 	for i, ev := range evs {
@@ -44,7 +49,7 @@ func payloadWith(t *testing.T, evs []events.Event, at int, extra []byte) []byte 
 			p = append(p, extra...)
 		}
 		one, err := events.AppendPayload(nil, &events.Batch{Timestamp: 2.5, Events: []events.Event{ev}},
-			events.EncodeOptions{Encoding: events.EncodingMap, Envelope: events.EnvelopeArray2})
+			events.EncodeOptions{Encoding: enc, Envelope: events.EnvelopeArray2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,5 +191,57 @@ func TestUnknownMediumDoesNotDegrade(t *testing.T) {
 	}
 	if s := w.Stats(); s.ResidentByMedium[events.MediumOther] != 3 {
 		t.Errorf("resident in OTHER %d, want 3", s.ResidentByMedium[events.MediumOther])
+	}
+}
+
+// [store, an event of an unknown type, remove] in either era: the store and
+// the removal are applied, the unknown event counted.
+func TestUnknownEventBetweenStoreAndRemove(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: ep, Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	ix := indexer.New(indexer.Config{})
+	w := newWorker(t, ix, "a")
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{}, zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: ep, Sink: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := pub.WaitForSubscribers(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 16)
+	for i, enc := range []events.Encoding{events.EncodingMap, events.EncodingArray} {
+		future := map[events.Encoding][]byte{
+			events.EncodingMap:   []byte("\x82\xa4type\xabFutureEvent\xa4data\x92\x01\x81\xa1x\xc0"), // {"type": "FutureEvent", "data": [1, {"x": nil}]}
+			events.EncodingArray: []byte("\x93\xabFutureEvent\x92\x01\x02\x80"),                      // ["FutureEvent", [1, 2], {}]
+		}[enc]
+		p := payloadIn(t, enc, []events.Event{
+			{Kind: events.KindBlockStored, BlockHashes: []uint64{9}, TokenIDs: tokens, BlockSize: 16, MediumName: "GPU"},
+			{Kind: events.KindBlockRemoved, BlockHashes: []uint64{9}, MediumName: "GPU"},
+		}, 1, future)
+		if _, err := pub.PublishRaw(p); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the batch", func() bool { return statsOf(sub, "a").Batches == int64(i+1) })
+		st, ws := statsOf(sub, "a"), w.Stats()
+		if st.UnknownEvents != int64(i+1) || st.UnknownTag != "FutureEvent" || st.Events != int64(2*(i+1)) || st.DecodeErrors != 0 || st.Health != events.HealthOK {
+			t.Errorf("%v: stream %+v", enc, st)
+		}
+		if ws.BlocksStored != int64(i+1) || ws.BlocksRemoved != int64(i+1) || ws.ResidentBlocks != 0 {
+			t.Errorf("%v: index stored %d, removed %d, resident %d; want %d, %d, 0", enc, ws.BlocksStored, ws.BlocksRemoved, ws.ResidentBlocks, i+1, i+1)
+		}
 	}
 }
