@@ -63,13 +63,14 @@ func enumName[T ~uint8](typ string, v T, names []string) string {
 //	CPU_TIER1      CPU       Dynamo KVBM's host tier (G2), also on SGLang HiCache events; Dynamo from_kv_medium
 //	STORAGE        STORAGE   vLLM kv_events.py MEDIUM_STORAGE (kv_offload/base.py Medium.STORAGE)
 //	SHARED_STORAGE STORAGE   llm-d llm-d-kv-cache kv_connectors/llmd_fs_backend (event_publisher.py, mediums.py)
-//	FS             STORAGE   a file-system tier (vLLM kv_offload tiering "fs", llm-d's FS backend)
+//	FS             STORAGE   a file-system tier, as SHARED_STORAGE (no sender seen)
 //	DISK           DISK      SGLang; vLLM's early kv_offload/mediums.py DiskLoadStoreSpec ("Disk")
 //	CPU_TIER2      DISK      Dynamo KVBM's disk tier (G3); Dynamo from_kv_medium
 //	NVME           DISK      Dynamo from_kv_medium
 //	EXTERNAL       EXTERNAL  SGLang
 //	OBJECT_STORE   EXTERNAL  llm-d llmd_fs_backend event_publisher.py StorageMedium.OBJECT_STORE
-//	OBJ            EXTERNAL  llm-d llmd_fs_backend's object backend ("backend": "OBJ", NIXL's OBJ memory)
+//	OBJ            EXTERNAL  an object store, as OBJECT_STORE: llm-d's object backend is configured
+//	                         "backend": "OBJ" (NIXL's OBJ memory type); no sender seen
 //	REMOTE, NETWORK, SHARED
 //	               EXTERNAL  Dynamo from_kv_medium
 //
