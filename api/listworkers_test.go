@@ -52,6 +52,7 @@ func TestListWorkers(t *testing.T) {
 			Worker: events.WorkerRef{Pod: "pod-a", DPRank: 1}, Endpoint: "tcp://10.0.0.1:5557", Topic: "kv@pod-a",
 			Batches: 7, Events: 9, LastSeq: 41, HasSeq: true, LastMessage: seen,
 			Gaps: 1, MissedBatches: 3, Restarts: 2, DecodeErrors: 4, ApplyErrors: 3, LastError: "boom",
+			UnknownEvents: 2, UnknownTag: "FutureEvent", UnknownMediumEvents: 5, UnknownMedia: []string{"ZZZ_TIER", "bad\xff"},
 		},
 		{Worker: events.WorkerRef{Pod: "ghost", DPRank: 0}, Endpoint: "tcp://ghost:5557", DecodeErrors: 1},
 	}
@@ -87,6 +88,8 @@ func TestListWorkers(t *testing.T) {
 		Orphans: 1, UnknownBlocks: 2, LayoutChanges: 1, LastError: "boom",
 		BlockSize: 16, ModelBlockSize: 16,
 		Groups: []*kvindexv1.KVCacheGroup{{Index: 0, Role: "prefix", BlockSize: 16, ResidentBlocks: 7}},
+		// Unknown event types and media, names made UTF-8.
+		UnknownEvents: 2, LastUnknownEvent: "FutureEvent", UnknownMediumEvents: 5, UnknownMedia: []string{"ZZZ_TIER", "bad\uFFFD"},
 	}
 	if !proto.Equal(gotA, wantA) {
 		t.Errorf("pod-a\n got %s\nwant %s", protojson.Format(gotA), protojson.Format(wantA))

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api"
+	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/indexer"
 	kvindexv1 "github.com/kvindex/kvindex/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/scoring"
@@ -175,6 +176,10 @@ func TestRoutePickAndCandidates(t *testing.T) {
 		{&kvindexv1.RouteRequest{RequestId: "x"}, "score: required"},
 		{&kvindexv1.RouteRequest{RequestId: "x", Score: &kvindexv1.ScoreRequest{Model: "m", TokenIds: p}, Pick: ref("nope", 0)}, "pick: unknown worker"},
 		{&kvindexv1.RouteRequest{RequestId: "x", Score: &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Policy: &kvindexv1.ScorePolicy{Name: "fastest"}}}, "policy.name: unknown policy"},
+		{&kvindexv1.RouteRequest{RequestId: "x", Score: &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Policy: &kvindexv1.ScorePolicy{TierWeights: map[string]float64{"cpu": -1}}}},
+			"policy.tier_weights.cpu: -1 must be a finite number from 0 to 1e6"},
+		{&kvindexv1.RouteRequest{RequestId: "x", Score: &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Policy: &kvindexv1.ScorePolicy{TierWeights: map[string]float64{"hbm": 1}}}},
+			`policy.tier_weights: unknown tier "hbm"`},
 		{&kvindexv1.RouteRequest{RequestId: "x", Score: &kvindexv1.ScoreRequest{Model: "m", TokenIds: p, Loads: []*kvindexv1.WorkerLoad{{Worker: ref("pod-0", 0), KvCacheUsage: 2}}}}, "loads[0].kv_cache_usage"},
 	} {
 		_, err := f.client.Route(context.Background(), tc.req)
@@ -248,5 +253,38 @@ func TestReleaseOwnershipAndBounds(t *testing.T) {
 	long := strings.Repeat("x", api.MaxRequestIDBytes+1)
 	if _, err := srv.Route(alice, &kvindexv1.RouteRequest{RequestId: long, Score: req.Score}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("long request id: %v, want InvalidArgument", err)
+	}
+}
+
+// A request's tier_weights weigh each tier's cached blocks: a worker whose
+// prompt sits in host memory loses to one holding less of it in GPU memory
+// once CPU is weighed low.
+func TestScoreTierWeights(t *testing.T) {
+	f, ws := newRouteFixture(t, 2)
+	p := prompt(7, 64)
+	host := stored(1, p, 0, 64)
+	host.Medium = events.MediumCPU
+	apply(t, ws[0], host)
+	apply(t, ws[1], stored(2, p, 0, 32))
+	for _, tc := range []struct {
+		weights map[string]float64
+		first   string
+		overlap float64 // of pod-0
+	}{
+		{nil, "pod-0", 0.8},
+		{map[string]float64{"cpu": 0.25}, "pod-1", 0.25},
+		{map[string]float64{"CPU": 1, "gpu": 1}, "pod-0", 1},
+	} {
+		resp := score(t, f, &kvindexv1.ScoreRequest{Model: "m", TokenIds: p,
+			Policy: &kvindexv1.ScorePolicy{Name: "longest_prefix", TierWeights: tc.weights}})
+		var overlap float64
+		for _, w := range resp.GetWorkers() {
+			if w.GetWorker().GetPod() == "pod-0" {
+				overlap = w.GetOverlap()
+			}
+		}
+		if resp.GetWorkers()[0].GetWorker().GetPod() != tc.first || math.Abs(overlap-tc.overlap) > 1e-9 {
+			t.Errorf("%v: first %s, pod-0 overlap %v; want %s, %v", tc.weights, resp.GetWorkers()[0].GetWorker().GetPod(), overlap, tc.first, tc.overlap)
+		}
 	}
 }

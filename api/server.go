@@ -218,7 +218,7 @@ func (s *Server) convert(ctx context.Context, req *kvindexv1.ScoreRequest, all b
 	if p := req.GetPolicy(); p != nil {
 		sc.pol, err = scoring.Override{
 			Name: p.GetName(), GPUWeight: p.GetGpuWeight(), CPUWeight: p.GetCpuWeight(), StorageWeight: p.GetStorageWeight(),
-			LoadWeight: p.GetLoadWeight(), Guard: p.GetGuard(), StaticK: p.GetStaticK(),
+			TierWeights: p.GetTierWeights(), LoadWeight: p.GetLoadWeight(), Guard: p.GetGuard(), StaticK: p.GetStaticK(),
 		}.Apply(s.scorer.Policy())
 		if err != nil {
 			return status.Error(codes.InvalidArgument, "policy."+err.Error())
@@ -739,6 +739,14 @@ func mergeStreamStats(ws *kvindexv1.WorkerStatus, st *events.WorkerStats) {
 	ws.HealthReason = st.HealthReason
 	ws.Duplicates = clampU64(st.Duplicates)
 	ws.Conflicts = clampU64(st.Conflicts)
+	// Names from the wire may be any bytes; a proto string must be UTF-8.
+	ws.UnknownEvents = clampU64(st.UnknownEvents)
+	ws.LastUnknownEvent = strings.ToValidUTF8(st.UnknownTag, "\uFFFD")
+	ws.UnknownMediumEvents = clampU64(st.UnknownMediumEvents)
+	ws.UnknownMedia = nil
+	for _, n := range st.UnknownMedia {
+		ws.UnknownMedia = append(ws.UnknownMedia, strings.ToValidUTF8(n, "\uFFFD"))
+	}
 	ws.JoinedAtSeq = st.JoinedAtSeq
 	ws.Dropped = clampU64(st.Dropped)
 	ws.Backlog = uint64(max(0, st.Backlog))

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -278,10 +281,20 @@ type Index struct {
 type Scoring struct {
 	// Policy is cache_aware or longest_prefix.
 	Policy string `yaml:"policy,omitempty"`
-	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier.
+	// GPUWeight, CPUWeight and StorageWeight weigh a cached block by tier:
+	// aliases of TierWeights' gpu, cpu, and storage, disk and external.
 	GPUWeight     float64 `yaml:"gpu_weight,omitempty"`
 	CPUWeight     float64 `yaml:"cpu_weight,omitempty"`
 	StorageWeight float64 `yaml:"storage_weight,omitempty"`
+	// TierWeights weighs a cached block by tier class (gpu, cpu, storage,
+	// disk, external, other), over the aliases; 0 credits nothing.
+	TierWeights map[string]float64 `yaml:"tier_weights,omitempty"`
+	// TierNames maps medium names engines send to a tier class, over the
+	// built-in table (events.Medium); applied where events are decoded
+	// (serve with pods or push listeners, or the agent).
+	TierNames map[string]string `yaml:"tier_names,omitempty"`
+	// UnknownTier is the class of medium names no table knows.
+	UnknownTier string `yaml:"unknown_tier,omitempty"`
 	// LoadWeight weighs a queued prefill token against an uncached one.
 	LoadWeight float64 `yaml:"load_weight,omitempty"`
 	// Guard is the hotspot guard: ttft, cost, static or off.
@@ -512,11 +525,50 @@ func (c *Config) Policy() (scoring.Policy, error) {
 	return c.Scoring.policy()
 }
 
+// Tiers is the medium table scoring.tier_names and unknown_tier make; nil
+// when they add nothing to the built-in table.
+func (c *Config) Tiers() (*events.Tiers, error) {
+	return c.Scoring.tiers()
+}
+
+// tiers builds Tiers, or returns an error naming the bad entry.
+func (s *Scoring) tiers() (*events.Tiers, error) {
+	const want = "(want gpu, cpu, storage, disk, external or other)"
+	unknown := events.MediumOther
+	if s.UnknownTier != "" {
+		m, ok := events.ParseMediumClass(s.UnknownTier)
+		if !ok {
+			return nil, fmt.Errorf("unknown_tier: %q is no tier %s", s.UnknownTier, want)
+		}
+		unknown = m
+	}
+	names := make(map[string]events.Medium, len(s.TierNames))
+	upper := make(map[string]string, len(s.TierNames))
+	for _, name := range slices.Sorted(maps.Keys(s.TierNames)) {
+		if strings.TrimSpace(name) == "" {
+			return nil, errors.New("tier_names: a medium name is empty")
+		}
+		if prev, ok := upper[strings.ToUpper(name)]; ok {
+			return nil, fmt.Errorf("tier_names: %q and %q name the same medium (names ignore case)", prev, name)
+		}
+		upper[strings.ToUpper(name)] = name
+		m, ok := events.ParseMediumClass(s.TierNames[name])
+		if !ok {
+			return nil, fmt.Errorf("tier_names.%s: %q is no tier %s", name, s.TierNames[name], want)
+		}
+		names[name] = m
+	}
+	if len(names) == 0 && unknown == events.MediumOther {
+		return nil, nil
+	}
+	return events.NewTiers(names, unknown), nil
+}
+
 // policy is scoring.DefaultPolicy with the section's non-zero fields.
 func (s *Scoring) policy() (scoring.Policy, error) {
 	p, err := scoring.Override{
 		Name: s.Policy, GPUWeight: s.GPUWeight, CPUWeight: s.CPUWeight, StorageWeight: s.StorageWeight,
-		LoadWeight: s.LoadWeight, Guard: s.Guard, StaticK: s.StaticK,
+		TierWeights: s.TierWeights, LoadWeight: s.LoadWeight, Guard: s.Guard, StaticK: s.StaticK,
 	}.Apply(scoring.DefaultPolicy())
 	if err != nil {
 		return p, err

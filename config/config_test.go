@@ -112,7 +112,7 @@ func TestSetDefaults(t *testing.T) {
 		},
 		Scoring: Scoring{
 			Policy: DefaultScoringPolicy, GPUWeight: DefaultGPUWeight, CPUWeight: DefaultCPUWeight, StorageWeight: DefaultStorageWeight,
-			LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
+			UnknownTier: DefaultUnknownTier, LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
 			SpeculativeTTL: DefaultSpeculativeTTL, InflightTTL: DefaultInflightTTL, ScrapeInterval: DefaultScrapeInterval,
 		},
 		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections,
@@ -173,8 +173,11 @@ func TestREADMEExampleParses(t *testing.T) {
 	if len(c.Workers()) != 3 || c.Workers()[0].ReplayEndpoint != "tcp://10.0.0.5:5567" || len(c.Push) != 1 || c.Push[0].DPSize != 2 {
 		t.Fatalf("README example parsed to %+v", c)
 	}
-	if p, _ := c.Policy(); p.Guard.String() != "ttft" || p.Cost != scoring.DefaultCostModel() {
+	if p, _ := c.Policy(); p.Guard.String() != "ttft" || p.Cost != scoring.DefaultCostModel() || p.Weights != scoring.DefaultPolicy().Weights {
 		t.Fatalf("policy %+v", p)
+	}
+	if tiers, err := c.Tiers(); err != nil || tiers.Unknown() != events.MediumOther {
+		t.Fatalf("tiers %v, %v", tiers, err)
 	}
 }
 

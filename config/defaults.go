@@ -42,6 +42,7 @@ const (
 	DefaultGPUWeight      = scoring.DefaultGPUWeight     // scoring.gpu_weight
 	DefaultCPUWeight      = scoring.DefaultCPUWeight     // scoring.cpu_weight
 	DefaultStorageWeight  = scoring.DefaultStorageWeight // scoring.storage_weight (also disk and external)
+	DefaultUnknownTier    = "other"                      // scoring.unknown_tier (weighs 0 unless tier_weights.other says)
 	DefaultLoadWeight     = scoring.DefaultLoadWeight    // scoring.load_weight
 	DefaultGuard          = "ttft"                       // scoring.guard
 	DefaultStaticK        = scoring.DefaultStaticK       // scoring.static_k
@@ -109,6 +110,7 @@ func (c *Config) SetDefaults() {
 	defaults.Zero(&s.GPUWeight, DefaultGPUWeight)
 	defaults.Zero(&s.CPUWeight, DefaultCPUWeight)
 	defaults.Zero(&s.StorageWeight, DefaultStorageWeight)
+	defaults.Zero(&s.UnknownTier, DefaultUnknownTier)
 	defaults.Zero(&s.LoadWeight, DefaultLoadWeight)
 	defaults.Zero(&s.Guard, DefaultGuard)
 	defaults.Zero(&s.StaticK, DefaultStaticK)

@@ -219,10 +219,13 @@ func (e *Events) Validate() error {
 	return nil
 }
 
-// Validate checks the scoring section: the policy it makes and its
-// durations.
+// Validate checks the scoring section: the policy and the medium table it
+// makes, and its durations.
 func (s *Scoring) Validate() error {
 	if _, err := s.policy(); err != nil {
+		return invalid("scoring", "%v", err)
+	}
+	if _, err := s.tiers(); err != nil {
 		return invalid("scoring", "%v", err)
 	}
 	if s.SpeculativeTTL < 0 || s.InflightTTL < 0 || s.ScrapeInterval < 0 {

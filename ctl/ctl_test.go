@@ -163,7 +163,8 @@ func TestRenderWorkers(t *testing.T) {
 		{
 			Worker: &kvindexv1.WorkerRef{Pod: "pod-b", DpRank: 1}, Model: "llama", Endpoint: "tcp://10.0.0.2:5557",
 			ResidentBlocks: 7, ResidentByMedium: []*kvindexv1.MediumCount{{Medium: "GPU", Blocks: 7}},
-			Health: kvindexv1.WorkerHealth_WORKER_HEALTH_OK,
+			Health:        kvindexv1.WorkerHealth_WORKER_HEALTH_OK,
+			UnknownEvents: 3, LastUnknownEvent: "FutureEvent", UnknownMediumEvents: 9, UnknownMedia: []string{"ZZZ", "CPU_TIER3"},
 		},
 	}}
 	var buf bytes.Buffer
@@ -176,6 +177,8 @@ func TestRenderWorkers(t *testing.T) {
 		"pod-b/1 llama tcp://10.0.0.2:5557 OK - never 7 0 - 0 0 0 0 -",
 		"pod-a/0: joined late at seq 90: blocks stored before it are unknown",
 		"pod-a/0: last error: bad msgpack",
+		`pod-b/1: 3 events of an unknown type skipped (last "FutureEvent"); the rest of their batches applied`,
+		"pod-b/1: 9 events name media kvindex does not know (ZZZ, CPU_TIER3): held as scoring.unknown_tier; map them with scoring.tier_names",
 	}
 	if got := lines(buf.String()); !reflect.DeepEqual(got, want) {
 		t.Errorf("RenderWorkers:\n%s\nwant rows:\n%s", buf.String(), strings.Join(want, "\n"))

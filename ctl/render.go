@@ -83,6 +83,10 @@ func RenderWorkers(w io.Writer, resp *kvindexv1.ListWorkersResponse, now time.Ti
 		note(ws.GetLayoutChanges() > 0, "%d stores refused for describing a KV-cache group anew while it held blocks", ws.GetLayoutChanges())
 		note(ws.GetSideRefused() > 0, "%d blocks of capping groups refused beyond their bound (hits may be under-credited)", ws.GetSideRefused())
 		note(ws.GetUnknownBlocks() > 0, "%d removals or offloads of blocks it never stored", ws.GetUnknownBlocks())
+		note(ws.GetUnknownEvents() > 0, "%d events of an unknown type skipped (last %q); the rest of their batches applied",
+			ws.GetUnknownEvents(), ws.GetLastUnknownEvent())
+		note(ws.GetUnknownMediumEvents() > 0, "%d events name media kvindex does not know (%s): held as scoring.unknown_tier; map them with scoring.tier_names",
+			ws.GetUnknownMediumEvents(), strings.Join(ws.GetUnknownMedia(), ", "))
 		note(ws.GetLastError() != "", "last error: %s", ws.GetLastError())
 		note(ws.GetLastReset() != "", "last reset: %s", ws.GetLastReset())
 	}

@@ -9,9 +9,15 @@ import (
 // field and byte offset and quotes the bytes around it.
 var ErrMalformed = errors.New("events: malformed payload")
 
-// minEventLen is the smallest decodable event (fixarray, fixstr
-// "BlockStored"): it bounds how many events a payload can claim.
-const minEventLen = 1 + 1 + len("BlockStored")
+// minEventLen is the smallest well-formed event (fixarray, an empty fixstr
+// tag, skipped as unknown): it bounds how many events a payload can claim.
+// minKnownEventLen is the smallest event kvindex keeps (fixarray, fixstr
+// "BlockStored"): it bounds the Events a payload can fill, so a payload of
+// tiny unknown events allocates nothing for them.
+const (
+	minEventLen      = 1 + 1
+	minKnownEventLen = 1 + 1 + len("BlockStored")
+)
 
 // Decoder decodes KV event payloads into Batches without allocating once a
 // Batch's slices have grown. The msgpack reader is hand-written (an index
@@ -32,6 +38,8 @@ type Decoder struct {
 
 	spareExtra []ExtraKeys // the event's previous ExtraKeys, for reuse
 	lastLoRA   string      // last LoRA name, reused to avoid an allocation
+	unknownTag []byte      // the event's tag when kvindex does not know it (aliases p), else nil
+	lastTag    string      // last unknown tag, reused to avoid an allocation
 }
 
 // NewDecoder returns a Decoder ready to decode payloads.
@@ -57,12 +65,13 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	d.p, d.pos = payload, 0
 	d.event, d.kind, d.field, d.key, d.index, d.path = -1, 0, "", nil, -1, d.path[:0]
 	err := d.decodeBatch(b)
-	d.p, d.key, d.spareExtra = nil, nil, nil
+	d.p, d.key, d.spareExtra, d.unknownTag = nil, nil, nil, nil
 	return err
 }
 
 func (d *Decoder) decodeBatch(b *Batch) error {
 	b.Timestamp, b.DPRank, b.HasDPRank = 0, 0, false
+	b.UnknownEvents, b.UnknownTag = 0, ""
 	if len(d.p) == 0 {
 		return d.errorf(0, "empty payload, want a msgpack envelope [ts, events, data_parallel_rank]")
 	}
@@ -167,6 +176,8 @@ func (d *Decoder) decodeRank(b *Batch) error {
 	return err
 }
 
+// decodeEvents decodes the events array into b.Events, skipping and
+// counting events whose tag kvindex does not know (b.UnknownEvents).
 func (d *Decoder) decodeEvents(b *Batch) error {
 	off := d.pos
 	c, err := d.peek(off)
@@ -180,32 +191,49 @@ func (d *Decoder) decodeEvents(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	evs := b.Events
-	if cap(evs) < n {
-		grown := make([]Event, n)
-		copy(grown, evs[:cap(evs)]) // keep old events' slices for reuse
+	evs := b.Events[:cap(b.Events)] // old events' slices are reused
+	if want := min(n, (len(d.p)-d.pos)/minKnownEventLen+1); len(evs) < want {
+		grown := make([]Event, want)
+		copy(grown, evs)
 		evs = grown
 	}
-	evs = evs[:n]
-	b.Events = evs
-	field := d.field
-	for i := range evs {
+	field, kept := d.field, 0
+	for i := range n {
 		d.event, d.kind, d.field, d.key, d.index = i, 0, "", nil, -1
-		if err := d.decodeEvent(&evs[i]); err != nil {
+		if kept == len(evs) { // only after unknown events: each kept one takes minKnownEventLen bytes
+			evs = append(evs, Event{})
+			evs = evs[:cap(evs)]
+		}
+		keep, err := d.decodeEvent(&evs[kept])
+		if err != nil {
+			b.Events = evs[:kept]
 			return err
 		}
+		if keep {
+			kept++
+			continue
+		}
+		b.UnknownEvents++
+		if string(d.unknownTag) != d.lastTag {
+			d.lastTag = string(d.unknownTag)
+		}
+		b.UnknownTag = d.lastTag
 	}
+	b.Events = evs[:kept]
 	d.event, d.kind, d.field, d.key, d.index = -1, 0, field, nil, -1
 	return nil
 }
 
-func (d *Decoder) decodeEvent(e *Event) error {
+// decodeEvent decodes one event into e; keep is false for an event whose
+// tag kvindex does not know (d.unknownTag, cut to 40 bytes), skipped.
+func (d *Decoder) decodeEvent(e *Event) (keep bool, err error) {
 	d.spareExtra = e.ExtraKeys
 	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0]}
+	d.unknownTag = nil
 	off := d.pos
 	c, err := d.peek(off)
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch {
 	case isArray(c):
@@ -213,15 +241,23 @@ func (d *Decoder) decodeEvent(e *Event) error {
 	case isMap(c):
 		err = d.decodeMapEvent(e, off, c)
 	default:
-		return d.typeErr(off, c, "event array or map")
+		return false, d.typeErr(off, c, "event array or map")
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	d.field, d.key, d.index = "", nil, -1
+	if d.unknownTag != nil {
+		d.unknownTag = cut40(d.unknownTag)
+		return false, nil
+	}
 	if e.Kind == KindBlockStored && e.ExtraKeys != nil && len(e.ExtraKeys) != len(e.BlockHashes) {
-		return d.errorf(off, "extra_keys has %d entries for %d block hashes, want one per block",
+		return false, d.errorf(off, "extra_keys has %d entries for %d block hashes, want one per block",
 			len(e.ExtraKeys), len(e.BlockHashes))
 	}
-	return nil
+	if e.Locality == LocalityRemote {
+		// Not the engine's own: never credited as GPU or host memory.
+		e.Medium = MediumExternal
+	}
+	return true, nil
 }

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"math"
 )
 
@@ -20,6 +21,7 @@ const (
 	fSlidingWindow
 	fCacheSalt // SGLang's map events only
 	fMetadata  // SGLang's BlockStoredWithMetadata: {"cache_salt": ...}
+	fLocality  // map era only: "LOCAL" or "REMOTE"
 	numFields
 	fType    // the map era's tag key
 	fUnknown // a key kvindex does not know: skipped
@@ -28,7 +30,7 @@ const (
 var fieldNames = [numFields]string{
 	"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
 	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-	"kv_cache_spec_sliding_window", "cache_salt", "metadata",
+	"kv_cache_spec_sliding_window", "cache_salt", "metadata", "locality",
 }
 
 // The array era's positional fields after the tag; older vLLMs send a prefix.
@@ -46,7 +48,7 @@ func fieldMask(k Kind) uint32 {
 	case KindBlockStored:
 		return 1<<numFields - 1
 	case KindBlockRemoved:
-		return 1<<fBlockHashes | 1<<fMedium | 1<<fGroupIdx
+		return 1<<fBlockHashes | 1<<fMedium | 1<<fGroupIdx | 1<<fLocality
 	}
 	return 0
 }
@@ -91,11 +93,14 @@ func fieldByName(key []byte) field {
 		return fCacheSalt
 	case "metadata":
 		return fMetadata
+	case "locality":
+		return fLocality
 	}
 	return fUnknown
 }
 
-// decodeArrayEvent decodes the array era's [tag, field...].
+// decodeArrayEvent decodes the array era's [tag, field...]; an unknown tag
+// leaves e.Kind 0 and d.pos at the event's end.
 func (d *Decoder) decodeArrayEvent(e *Event, off int, c byte) error {
 	n, err := d.arrayLen(off, c, 1)
 	if err != nil {
@@ -107,6 +112,9 @@ func (d *Decoder) decodeArrayEvent(e *Event, off int, c byte) error {
 	d.field = "type"
 	if e.Kind, err = d.readTag(); err != nil {
 		return err
+	}
+	if e.Kind == 0 {
+		return d.skipEvent(off)
 	}
 	order := positionalOrder(e.Kind)
 	for i := 1; i < n; i++ {
@@ -127,7 +135,8 @@ func (d *Decoder) decodeArrayEvent(e *Event, off int, c byte) error {
 }
 
 // decodeMapEvent decodes {"type": tag, name: value...} in any key order,
-// skipping unknown keys.
+// skipping unknown keys; an unknown tag leaves e.Kind 0 and d.pos at the
+// event's end.
 func (d *Decoder) decodeMapEvent(e *Event, off int, c byte) error {
 	n, err := d.mapLen(off, c)
 	if err != nil {
@@ -155,6 +164,9 @@ func (d *Decoder) decodeMapEvent(e *Event, off int, c byte) error {
 			d.pos = start
 		}
 	}
+	if d.unknownTag != nil {
+		return d.skipEvent(off)
+	}
 	if e.Kind == 0 {
 		d.field, d.key = "", nil
 		return d.errorf(off, "event map has no \"type\" key")
@@ -175,7 +187,10 @@ func (d *Decoder) decodeMapEvent(e *Event, off int, c byte) error {
 			if e.Kind, err = d.readTag(); err != nil {
 				return err
 			}
-			if e.Kind != k {
+			switch {
+			case e.Kind == 0:
+				return d.errorf(keyOff, "second \"type\" key says %q, first said %s", cut40(d.unknownTag), k)
+			case e.Kind != k:
 				return d.errorf(keyOff, "second \"type\" key says %s, first said %s", e.Kind, k)
 			}
 		case f < numFields && mask&(1<<f) != 0:
@@ -193,8 +208,8 @@ func (d *Decoder) decodeMapEvent(e *Event, off int, c byte) error {
 	return nil
 }
 
-// findTag returns the kind the "type" key of an n-pair map names, or 0; it
-// leaves d.pos anywhere.
+// findTag returns the kind the first "type" key of an n-pair map names, or
+// 0 (d.unknownTag set for an unknown tag); it leaves d.pos anywhere.
 func (d *Decoder) findTag(n int) (Kind, error) {
 	for i := 0; i < n; i++ {
 		d.field, d.key = "(key)", nil
@@ -214,9 +229,9 @@ func (d *Decoder) findTag(n int) (Kind, error) {
 	return 0, nil
 }
 
-// readTag reads an event tag and sets d.kind.
+// readTag reads an event tag and sets d.kind; a tag kvindex does not know
+// is kind 0 with d.unknownTag set (a str is all the wire requires).
 func (d *Decoder) readTag() (Kind, error) {
-	off := d.pos
 	tag, err := d.readStr()
 	if err != nil {
 		return 0, err
@@ -230,13 +245,21 @@ func (d *Decoder) readTag() (Kind, error) {
 	case "AllBlocksCleared":
 		k = KindAllBlocksCleared
 	default:
-		if len(tag) > 40 {
-			tag = tag[:40]
-		}
-		return 0, d.errorf(off, "unknown event tag %q", tag)
+		d.unknownTag = tag
+		return 0, nil
 	}
 	d.kind = k
 	return k, nil
+}
+
+// cut40 returns b's first 40 bytes at most, for messages and counters.
+func cut40(b []byte) []byte { return b[:min(len(b), 40)] }
+
+// skipEvent moves past the event at off, whose tag kvindex does not know:
+// the value must still be well-formed msgpack.
+func (d *Decoder) skipEvent(off int) error {
+	d.pos, d.field, d.key, d.index = off, "", nil, -1
+	return d.skip()
 }
 
 // decodeField decodes field f into e; nil leaves it zero (Has flag false).
@@ -321,8 +344,24 @@ func (d *Decoder) decodeField(e *Event, f field) error {
 		if !isNil {
 			return d.decodeMetadata(e)
 		}
+	case fLocality:
+		e.Locality = LocalityLocal
+		if !isNil {
+			var s []byte
+			if s, err = d.readStr(); err == nil {
+				e.Locality = localityOf(s)
+			}
+		}
 	}
 	return err
+}
+
+// localityOf is ParseLocality for the payload's bytes, without allocating.
+func localityOf(s []byte) Locality {
+	if len(s) == 0 || bytes.EqualFold(s, []byte("LOCAL")) {
+		return LocalityLocal
+	}
+	return LocalityRemote
 }
 
 // readOptInt reads an int field whose nil was taken: nil is (0, false).
@@ -390,8 +429,26 @@ func (d *Decoder) decodeMetadata(e *Event) error {
 
 // internMedium returns the medium names engines send, and their Medium,
 // without allocating or folding case; other names are copied and parsed.
+// The table is Medium's; TestInternMediumAgreesWithParseMedium holds the
+// two together.
 func internMedium(s []byte) (string, Medium) {
 	switch string(s) {
+	case "DEVICE":
+		return "DEVICE", MediumGPU
+	case "CPU_TIER1":
+		return "CPU_TIER1", MediumCPU
+	case "SHARED_STORAGE":
+		return "SHARED_STORAGE", MediumStorage
+	case "FS":
+		return "FS", MediumStorage
+	case "CPU_TIER2":
+		return "CPU_TIER2", MediumDisk
+	case "NVME":
+		return "NVME", MediumDisk
+	case "OBJECT_STORE":
+		return "OBJECT_STORE", MediumExternal
+	case "OBJ":
+		return "OBJ", MediumExternal
 	case "GPU":
 		return "GPU", MediumGPU
 	case "CPU":

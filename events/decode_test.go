@@ -301,6 +301,9 @@ func diffBatch(got, want *Batch) string {
 	if got.HasDPRank != want.HasDPRank || got.DPRank != want.DPRank {
 		return fmt.Sprintf("DPRank = %d (has %v), want %d (has %v)", got.DPRank, got.HasDPRank, want.DPRank, want.HasDPRank)
 	}
+	if got.UnknownEvents != want.UnknownEvents || got.UnknownTag != want.UnknownTag {
+		return fmt.Sprintf("UnknownEvents = %d (last %q), want %d (last %q)", got.UnknownEvents, got.UnknownTag, want.UnknownEvents, want.UnknownTag)
+	}
 	if len(got.Events) != len(want.Events) {
 		return fmt.Sprintf("%d events, want %d", len(got.Events), len(want.Events))
 	}
@@ -328,6 +331,8 @@ func diffEvent(g, w *Event) string {
 		return fmt.Sprintf("LoRAID = %d (has %v), want %d (has %v)", g.LoRAID, g.HasLoRAID, w.LoRAID, w.HasLoRAID)
 	case g.Medium != w.Medium || g.MediumName != w.MediumName:
 		return fmt.Sprintf("Medium = %v %q, want %v %q", g.Medium, g.MediumName, w.Medium, w.MediumName)
+	case g.Locality != w.Locality:
+		return fmt.Sprintf("Locality = %v, want %v", g.Locality, w.Locality)
 	case g.LoRAName != w.LoRAName:
 		return fmt.Sprintf("LoRAName = %q, want %q", g.LoRAName, w.LoRAName)
 	case (g.ExtraKeys == nil) != (w.ExtraKeys == nil) || len(g.ExtraKeys) != len(w.ExtraKeys):
@@ -566,13 +571,13 @@ var specVectors = []struct {
 		}},
 	},
 	{
-		name: "9-field BlockStored with unknown medium, lora and the spec's extra keys",
+		name: "9-field BlockStored with an unknown medium, lora and the spec's extra keys",
 		hex: `
 			93 cb 4004000000000000 91
 			9a ab 426c6f636b53746f726564       # ["BlockStored",
 			   91 2a c0 92 05 06 01            #  [42], nil, [5, 6], 1,
 			   07                              #  lora_id 7
-			   a4 4e564d45                     #  medium "NVME"
+			   a4 54415045                     #  medium "TAPE"
 			   a7 6d792d6c6f7261               #  lora_name "my-lora"
 			   91 92 a7 6d792d6c6f7261         #  extra_keys [("my-lora",
 			         92 a9 6d6d2d757569642d41 00   #   ("mm-uuid-A", 0))]
@@ -580,7 +585,7 @@ var specVectors = []struct {
 			05                                 # rank 5`,
 		want: Batch{Timestamp: 2.5, HasDPRank: true, DPRank: 5, Events: []Event{
 			{Kind: KindBlockStored, BlockHashes: []uint64{42}, TokenIDs: []uint32{5, 6}, BlockSize: 1,
-				LoRAID: 7, HasLoRAID: true, Medium: MediumOther, MediumName: "NVME", LoRAName: "my-lora",
+				LoRAID: 7, HasLoRAID: true, Medium: MediumOther, MediumName: "TAPE", LoRAName: "my-lora",
 				ExtraKeys: []ExtraKeys{specExtra}, GroupIdx: 3, HasGroupIdx: true},
 		}},
 	},
@@ -643,7 +648,7 @@ var specVectors = []struct {
 			84 a2 7473 cb 4004000000000000     # {"ts": 2.5,
 			   a3 616263 91 91 91 c0           #  "abc": [[[nil]]] (unknown)
 			   a6 6576656e7473 92              #  "events": [
-			85 a6 6d656469756d a4 4e564d45     #   {"medium": "NVME",
+			85 a6 6d656469756d a4 54415045     #   {"medium": "TAPE",
 			   a8 6c6f63616c697479 a6 52454d4f5445  # "locality": "REMOTE",
 			   a9 746f6b656e5f696473 a3 7a7a7a #    "token_ids": "zzz" (not a BlockRemoved key),
 			   a4 74797065 ac 426c6f636b52656d6f766564   # "type": "BlockRemoved",
@@ -652,7 +657,8 @@ var specVectors = []struct {
 			   a8 6c6f63616c697479 a5 4c4f43414c]                  #  "locality": "LOCAL"}]
 			b2 646174615f706172616c6c656c5f72616e6b c0           # "data_parallel_rank": nil}`,
 		want: Batch{Timestamp: 2.5, Events: []Event{
-			{Kind: KindBlockRemoved, BlockHashes: []uint64{1 << 63, 127}, Medium: MediumOther, MediumName: "NVME"},
+			{Kind: KindBlockRemoved, BlockHashes: []uint64{1 << 63, 127}, Medium: MediumExternal, MediumName: "TAPE",
+				Locality: LocalityRemote},
 			{Kind: KindAllBlocksCleared},
 		}},
 	},
@@ -743,7 +749,8 @@ func TestDecodeMedium(t *testing.T) {
 		{"a753544f52414745", "STORAGE", MediumStorage},
 		{"a44449534b", "DISK", MediumDisk},
 		{"a845585445524e414c", "EXTERNAL", MediumExternal},
-		{"a44e564d45", "NVME", MediumOther},
+		{"a44e564d45", "NVME", MediumDisk},
+		{"a454415045", "TAPE", MediumOther},
 		{"a0", "", MediumGPU},
 	} {
 		for _, form := range []string{
@@ -764,7 +771,14 @@ func TestDecodeMedium(t *testing.T) {
 func TestInternMediumAgreesWithParseMedium(t *testing.T) {
 	// internMedium short-cuts ParseMedium for the names engines send; the
 	// two must never disagree.
-	for _, name := range []string{"GPU", "CPU", "cpu", "STORAGE", "CPU_PINNED", "DISK", "EXTERNAL", "gpu", "Disk", "NVME", ""} {
+	names := []string{"gpu", "Disk", "TAPE", "", "OTHER"}
+	for m := range Medium(NumMedia) {
+		names = append(names, m.String())
+	}
+	for _, a := range mediumAliases {
+		names = append(names, a.name)
+	}
+	for _, name := range names {
 		gotName, got := internMedium([]byte(name))
 		want, _ := ParseMedium(name)
 		if gotName != name || got != want {
@@ -804,7 +818,11 @@ var malformedVectors = []struct {
 	{"map envelope bad unknown value", "82 a27473 00 a178 c1", `envelope field "x": want a msgpack value, got reserved code (0xc1)`},
 	{"event int", "94 00 91 05 00 " + roomForOneEvent, "event 0: want event array or map, got int"},
 	{"event empty array", "94 00 91 90 00 " + roomForOneEvent, "event 0: event is an empty array"},
-	{"unknown tag", "93 00 91 91 aa426c6f636b4d6f766564 00", `event 0 field type: unknown event tag "BlockMoved" at offset 4`},
+	{"unknown tag not a str", "94 00 92 91 ab426c6f636b53746f726564 91 01 00 " + roomForOneEvent, "event 1 field type: want str, got int"},
+	{"unknown event malformed inside", "93 00 91 92 aa426c6f636b4d6f766564 c1 00", "event 0: want a msgpack value, got reserved code (0xc1)"},
+	{"unknown map event with int key before type", "93 00 91 82 01 00 a474797065 a158 00", "event 0 field (key): want str, got int"},
+	{"second type unknown", "93 00 91 82 a474797065 ab426c6f636b53746f726564 a474797065 a158 00",
+		`second "type" key says "X", first said BlockStored`},
 	{"tag int", "94 00 91 91 01 00 " + roomForOneEvent, "event 0 field type: want str, got int"},
 	{"map event without type", "94 00 91 81 a178 00 00 " + roomForOneEvent, `event 0: event map has no "type" key`},
 	{"map event conflicting types", "93 00 91 82 a474797065 ab426c6f636b53746f726564 a474797065 ac426c6f636b52656d6f766564 00",
@@ -828,8 +846,8 @@ var malformedVectors = []struct {
 	{"group_idx str", "93 00 91 94 ac426c6f636b52656d6f766564 90 c0 a0 00", "event 0 (BlockRemoved) field group_idx: want integer, got str"},
 	{"spec kind int", "93 00 91 9b ab426c6f636b53746f726564 90 c0 90 00 c0 c0 c0 c0 c0 01 00", "field kv_cache_spec_kind: want str, got int"},
 	{"window str", "93 00 91 9c ab426c6f636b53746f726564 90 c0 90 00 c0 c0 c0 c0 c0 c0 a0 00", "field kv_cache_spec_sliding_window: want integer, got str"},
-	{"huge events length", "93 00 dd ffffffff 00", "envelope field events: array of 4294967295 elements of at least 13 bytes each cannot fit in the 1 bytes left"},
-	{"huge events length vs event size", "93 00 92 91 ab426c6f636b53746f726564 00", "array of 2 elements of at least 13 bytes each cannot fit in the 14 bytes left"},
+	{"huge events length", "93 00 dd ffffffff 00", "envelope field events: array of 4294967295 elements of at least 2 bytes each cannot fit in the 1 bytes left"},
+	{"huge events length vs event size", "93 00 94 91 a0 00", "array of 4 elements of at least 2 bytes each cannot fit in the 3 bytes left"},
 	{"huge token length", "93 00 91 94 ab426c6f636b53746f726564 90 c0 dd ffffffff 00", "field token_ids: array of 4294967295 elements cannot fit"},
 	{"huge hash length", "93 00 91 92 ab426c6f636b53746f726564 dc ffff 00", "field block_hashes: array of 65535 elements cannot fit"},
 	{"huge str length", "92 00 91 91 db ffffffff 0000000000000000", "event 0 field type: str of 4294967295 bytes overruns the payload (8 bytes left)"},

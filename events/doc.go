@@ -1,8 +1,9 @@
 // Package events is kvindex's event model and the codec of the engines'
 // wire format, with no transport: a step's KV events (Batch, Event), the
 // storage tiers (Medium), worker identity (WorkerRef), canonical extra keys
-// (ExtraKeys), the interface a worker's events are applied through (Sink),
-// and what a transport knows of a worker's stream (Health, WorkerStats). It
+// (ExtraKeys), the operator's medium table (Tiers), the interface a
+// worker's events are applied through (Sink), and what a transport knows
+// of a worker's stream (Health, WorkerStats). It
 // decodes vLLM's (and SGLang's) msgpack payloads and encodes them
 // (AppendPayload) for simulated engines and tests.
 //
@@ -18,6 +19,13 @@
 // block hashes as uint64, int64 or 32-byte digests (folded to their last 8
 // bytes big-endian, as vLLM's int form is). Decoding never panics: malformed
 // input returns an error wrapping ErrMalformed naming the byte offset.
+//
+// An event whose tag is a str kvindex does not know (a newer engine's event
+// type) is skipped and counted (Batch.UnknownEvents), and the rest of its
+// batch decoded: only malformed msgpack loses a batch. The map era's
+// "locality" (LOCAL or REMOTE; absent is local) is decoded, and a REMOTE
+// block held as MediumExternal. Medium names, and the sources that send
+// each, are tabled in Medium's doc; Tiers maps other names.
 //
 // # Identity
 //

@@ -72,7 +72,8 @@ var errEncode = errors.New("events: cannot encode")
 
 // AppendPayload appends b byte for byte as vLLM's msgspec publisher sends
 // it. "" strings are written as nil (a non-GPU Medium's empty MediumName as
-// Medium.String()). It does not validate what the decoder does, so tests can
+// Medium.String()). Locality is written in the map era only (the array era
+// predates it); b.UnknownEvents are not written. It does not validate what the decoder does, so tests can
 // build bad payloads. On error it returns dst unchanged.
 func AppendPayload(dst []byte, b *Batch, opt EncodeOptions) ([]byte, error) {
 	orig := dst
@@ -179,10 +180,12 @@ func (e *encoder) appendMapEvent(dst []byte, ev *Event) ([]byte, error) {
 		add(fSpecKind, ev.SpecKind != "")
 		add(fSlidingWindow, ev.HasSlidingWindow)
 		add(fCacheSalt, ev.CacheSalt != "")
+		add(fLocality, ev.Locality != LocalityLocal)
 	case KindBlockRemoved:
 		add(fBlockHashes, true)
 		add(fMedium, true)
 		add(fGroupIdx, ev.HasGroupIdx)
+		add(fLocality, ev.Locality != LocalityLocal)
 	}
 	dst = appendMapLen(dst, 1+n)
 	dst = appendStr(dst, "type")
@@ -223,8 +226,8 @@ func (e *encoder) appendField(dst []byte, ev *Event, f field) ([]byte, error) {
 		dst = appendInt(dst, ev.LoRAID)
 	case fMedium:
 		name := ev.MediumName
-		if name == "" && ev.Medium != MediumGPU {
-			name = ev.Medium.String()
+		if name == "" && ev.Medium != MediumGPU && ev.Locality == LocalityLocal {
+			name = ev.Medium.String() // a remote block's class comes from its locality
 		}
 		dst = appendStrOrNil(dst, name)
 	case fLoRAName:
@@ -254,6 +257,8 @@ func (e *encoder) appendField(dst []byte, ev *Event, f field) ([]byte, error) {
 		dst = appendInt(dst, int64(ev.SlidingWindow))
 	case fCacheSalt:
 		dst = appendStrOrNil(dst, ev.CacheSalt)
+	case fLocality:
+		dst = appendStr(dst, ev.Locality.String())
 	}
 	return dst, nil
 }

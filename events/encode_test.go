@@ -269,7 +269,7 @@ func TestAppendExtraStringMatchesAppendString(t *testing.T) {
 }
 
 var (
-	testMedia     = []string{"", "GPU", "CPU", "cpu", "CPU_PINNED", "STORAGE", "DISK", "EXTERNAL", "NVME", "gpu"}
+	testMedia     = []string{"", "GPU", "CPU", "cpu", "CPU_PINNED", "STORAGE", "DISK", "EXTERNAL", "NVME", "gpu", "SHARED_STORAGE", "OBJ", "CPU_TIER2", "TAPE"}
 	testLoRANames = []string{"", "my-lora", "adapter-ü", strings.Repeat("long-", 10)}
 	testSpecKinds = []string{"", "full_attention", "sliding_window", "mamba", "something_new"}
 )
@@ -400,6 +400,9 @@ func genBatch(r *rand.Rand, opt EncodeOptions) *Batch {
 			}
 		default:
 			e.Kind = KindAllBlocksCleared
+		}
+		if e.Kind != KindAllBlocksCleared && opt.Encoding == EncodingMap && r.IntN(4) == 0 {
+			e.Locality, e.Medium = LocalityRemote, MediumExternal
 		}
 		b.Events = append(b.Events, e)
 	}

@@ -31,6 +31,7 @@ var (
 	encodingNames = [...]string{"array", "map"}
 	hashNames     = [...]string{"uint64", "int64", "bin32"}
 	envelopeNames = [...]string{"array3", "array2", "map"}
+	localityNames = [...]string{"LOCAL", "REMOTE"}
 	deltaOpNames  = [...]string{"", "STORE", "REMOVE", "DROP", "CLEAR"}
 )
 
@@ -42,8 +43,40 @@ func enumName[T ~uint8](typ string, v T, names []string) string {
 	return typ + "(" + strconv.Itoa(int(v)) + ")"
 }
 
-// Medium is the storage tier a block is resident in; the zero value is GPU
-// (vLLM's nil).
+// Medium is the storage tier class a block is resident in; the zero value
+// is GPU (vLLM's nil). The index packs a worker's media into NumMedia bits
+// (indexer's engine entries and holder sets), so the classes stay six: the
+// many tier names engines and connectors send map onto them (ParseMedium,
+// the table below), and an operator maps others (Tiers).
+//
+// # Medium names
+//
+// Names are compared ignoring case; a name's class is where the index
+// holds the block and what scoring weighs it by. Sources, by name:
+//
+//	GPU            GPU       vLLM vllm/distributed/kv_events.py MEDIUM_GPU (nil means GPU)
+//	DEVICE         GPU       Dynamo lib/kv-router/src/protocols.rs StorageTier::from_kv_medium
+//	CPU            CPU       vLLM kv_events.py MEDIUM_CPU (OffloadingConnector, vllm/v1/kv_offload/base.py Medium.CPU);
+//	                         LMCache's multi-process connector
+//	cpu            CPU       LMCache's vLLM adapter; vLLM's Mooncake store connector
+//	CPU_PINNED     CPU       SGLang (host memory); Dynamo from_kv_medium
+//	CPU_TIER1      CPU       Dynamo KVBM's host tier (G2), also on SGLang HiCache events; Dynamo from_kv_medium
+//	STORAGE        STORAGE   vLLM kv_events.py MEDIUM_STORAGE (kv_offload/base.py Medium.STORAGE)
+//	SHARED_STORAGE STORAGE   llm-d llm-d-kv-cache kv_connectors/llmd_fs_backend (event_publisher.py, mediums.py)
+//	FS             STORAGE   a file-system tier, as SHARED_STORAGE (no sender seen)
+//	DISK           DISK      SGLang; vLLM's early kv_offload/mediums.py DiskLoadStoreSpec ("Disk")
+//	CPU_TIER2      DISK      Dynamo KVBM's disk tier (G3); Dynamo from_kv_medium
+//	NVME           DISK      Dynamo from_kv_medium
+//	EXTERNAL       EXTERNAL  SGLang
+//	OBJECT_STORE   EXTERNAL  llm-d llmd_fs_backend event_publisher.py StorageMedium.OBJECT_STORE
+//	OBJ            EXTERNAL  an object store, as OBJECT_STORE: llm-d's object backend is configured
+//	                         "backend": "OBJ" (NIXL's OBJ memory type); no sender seen
+//	REMOTE, NETWORK, SHARED
+//	               EXTERNAL  Dynamo from_kv_medium
+//
+// Any other name is MediumOther unless configured (Tiers). A block whose
+// event says locality REMOTE is held in MediumExternal whatever its name:
+// it is not in the publishing engine's own memory.
 type Medium uint8
 
 const (
@@ -51,11 +84,13 @@ const (
 	MediumGPU Medium = iota
 	// MediumCPU is host memory ("CPU", LMCache's "cpu", SGLang's "CPU_PINNED").
 	MediumCPU
-	// MediumStorage is a storage tier such as an offload connector ("STORAGE").
+	// MediumStorage is a storage tier such as an offload connector's file
+	// system ("STORAGE", "SHARED_STORAGE").
 	MediumStorage
 	// MediumDisk is local disk ("DISK").
 	MediumDisk
-	// MediumExternal is a remote store ("EXTERNAL").
+	// MediumExternal is a remote store ("EXTERNAL", an object store), and
+	// any block whose event says locality REMOTE.
 	MediumExternal
 	// MediumOther is any medium name kvindex does not know (kept, not dropped).
 	MediumOther
@@ -68,21 +103,77 @@ func (m Medium) String() string {
 	return enumName("Medium", m, mediumNames[:])
 }
 
-// ParseMedium normalises a medium name, ignoring case: "" is GPU, CPU_PINNED
-// is host memory, and unknown names are MediumOther with ok=false.
+// mediumAliases are the names engines and connectors send besides the class
+// names, with their class (the table in Medium's doc; case is ignored).
+var mediumAliases = [...]struct {
+	name string
+	m    Medium
+}{
+	{"DEVICE", MediumGPU},
+	{"CPU_PINNED", MediumCPU}, {"CPU_TIER1", MediumCPU},
+	{"SHARED_STORAGE", MediumStorage}, {"FS", MediumStorage},
+	{"CPU_TIER2", MediumDisk}, {"NVME", MediumDisk},
+	{"OBJECT_STORE", MediumExternal}, {"OBJ", MediumExternal},
+	{"REMOTE", MediumExternal}, {"NETWORK", MediumExternal}, {"SHARED", MediumExternal},
+}
+
+// ParseMedium normalises a medium name, ignoring case: "" is GPU, a known
+// name is its class (Medium's table), and unknown names are MediumOther
+// with ok=false.
 func ParseMedium(s string) (m Medium, ok bool) {
-	switch {
-	case s == "":
+	if s == "" {
 		return MediumGPU, true
-	case strings.EqualFold(s, "CPU_PINNED"):
-		return MediumCPU, true
 	}
-	for m := range MediumOther {
+	if m, ok := ParseMediumClass(s); ok && m != MediumOther {
+		return m, true
+	}
+	for _, a := range mediumAliases {
+		if strings.EqualFold(s, a.name) {
+			return a.m, true
+		}
+	}
+	return MediumOther, false
+}
+
+// ParseMediumClass returns the class a class name ("gpu", "cpu",
+// "storage", "disk", "external" or "other", any case) names; ok is false
+// for anything else, aliases included.
+func ParseMediumClass(s string) (m Medium, ok bool) {
+	for m := range Medium(NumMedia) {
 		if strings.EqualFold(s, m.String()) {
 			return m, true
 		}
 	}
 	return MediumOther, false
+}
+
+// Locality says whether a block is in the publishing engine's own memory
+// or storage (vLLM's locality, LOCAL or REMOTE, relative to the publisher;
+// vllm/v1/kv_offload/base.py Locality).
+type Locality uint8
+
+const (
+	// LocalityLocal is the publisher's own (vLLM's LOCAL, or no locality).
+	LocalityLocal Locality = iota
+	// LocalityRemote is another instance's or a shared remote tier's
+	// (vLLM's REMOTE, and any locality name kvindex does not know: such a
+	// block is never credited as the engine's own).
+	LocalityRemote
+)
+
+// String returns vLLM's name of the locality.
+func (l Locality) String() string { return enumName("Locality", l, localityNames[:]) }
+
+// ParseLocality reads vLLM's locality, ignoring case: "" and LOCAL are
+// local, REMOTE remote; other names are remote with ok=false.
+func ParseLocality(s string) (l Locality, ok bool) {
+	switch {
+	case s == "", strings.EqualFold(s, "LOCAL"):
+		return LocalityLocal, true
+	case strings.EqualFold(s, "REMOTE"):
+		return LocalityRemote, true
+	}
+	return LocalityRemote, false
 }
 
 // Event is one decoded KV event, whichever wire encoding it arrived in.
@@ -105,9 +196,12 @@ type Event struct {
 	// LoRAID is the deprecated numeric adapter id; valid when HasLoRAID.
 	LoRAID    int64
 	HasLoRAID bool
-	// Medium is the normalised tier; MediumName is the name as sent ("" for nil).
+	// Medium is the tier class the block is held in; MediumName is the name
+	// as sent ("" for nil). A REMOTE locality makes Medium MediumExternal.
 	Medium     Medium
 	MediumName string
+	// Locality is vLLM's locality (map era key "locality"; absent: local).
+	Locality Locality
 	// LoRAName is the adapter name ("" for the base model).
 	LoRAName string
 	// ExtraKeys has one entry per block hash when the engine sent extra_keys
@@ -136,4 +230,9 @@ type Batch struct {
 	// (vLLM 0.9 sent none).
 	DPRank    int
 	HasDPRank bool
+	// UnknownEvents counts events whose tag kvindex does not know (a newer
+	// engine's event type): well-formed, skipped, and left out of Events.
+	// UnknownTag is the last such tag, cut to 40 bytes.
+	UnknownEvents int
+	UnknownTag    string
 }

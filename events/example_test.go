@@ -31,7 +31,7 @@ func ExampleDecode() {
 	// ts=1764400001.00 dp_rank=0
 	// BlockRemoved [14597225573604971310] GPU
 	// BlockRemoved [11861665817516400925] CPU
-	// events: malformed payload: envelope field events: array of 2 elements of at least 13 bytes each cannot fit in the 9 bytes left at offset 10: ... 41 da 4a a6 e0 40 00 00 [92] 84 a4 74 79 70 65 ac ...
+	// events: malformed payload: event 0 field type: str of 12 bytes overruns the payload (2 bytes left) at offset 17: ... 00 92 84 a4 74 79 70 65 [ac] 42 6c
 }
 
 func ExampleDecoder_Decode() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -126,7 +127,7 @@ func refBatch(tree any) (*Batch, error) {
 		if b.Timestamp, err = refFloat(env[0]); err != nil {
 			return nil, err
 		}
-		if b.Events, err = refEvents(env[1]); err != nil {
+		if err = refEvents(b, env[1]); err != nil {
 			return nil, err
 		}
 		if len(env) > 2 {
@@ -146,7 +147,7 @@ func refBatch(tree any) (*Batch, error) {
 				b.Timestamp, err = refFloat(kv.v)
 				seenTS = true
 			case "events":
-				b.Events, err = refEvents(kv.v)
+				err = refEvents(b, kv.v)
 				seenEvents = true
 			case "data_parallel_rank":
 				b.DPRank, b.HasDPRank, err = refRank(kv.v)
@@ -172,18 +173,28 @@ func refRank(v any) (int, bool, error) {
 	return int(i), err == nil, err
 }
 
-func refEvents(v any) ([]Event, error) {
+// refEvents builds the events, leaving out (and counting in b) those whose
+// tag is a str kvindex does not know.
+func refEvents(b *Batch, v any) error {
 	list, ok := v.([]any)
 	if !ok {
-		return nil, fmt.Errorf("ref: events %T", v)
+		return fmt.Errorf("ref: events %T", v)
 	}
-	evs := make([]Event, len(list))
+	b.Events, b.UnknownEvents, b.UnknownTag = nil, 0, ""
 	for i, ev := range list {
-		if err := refEvent(&evs[i], ev); err != nil {
-			return nil, fmt.Errorf("event %d: %w", i, err)
+		var e Event
+		tag, unknown, err := refEvent(&e, ev)
+		if err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
 		}
+		if unknown {
+			b.UnknownEvents++
+			b.UnknownTag = tag[:min(len(tag), 40)]
+			continue
+		}
+		b.Events = append(b.Events, e)
 	}
-	return evs, nil
+	return nil
 }
 
 // refFieldsOf lists the fields of each kind, in array-era positional order.
@@ -194,80 +205,102 @@ var refFieldsOf = map[Kind][]string{
 	KindAllBlocksCleared: {},
 }
 
-func refEvent(e *Event, v any) error {
+// refMapOnly lists the map-era keys of each kind that have no array-era
+// position.
+var refMapOnly = map[Kind][]string{
+	KindBlockStored:  {"cache_salt", "metadata", "locality"},
+	KindBlockRemoved: {"locality"},
+}
+
+// refEvent builds one event; for a well-formed event whose tag is a str
+// kvindex does not know it returns the tag instead, e untouched.
+func refEvent(e *Event, v any) (tag string, unknown bool, err error) {
 	switch x := v.(type) {
 	case []any:
 		if len(x) == 0 {
-			return errors.New("ref: empty event array")
+			return "", false, errors.New("ref: empty event array")
 		}
-		k, err := refTag(x[0])
-		if err != nil {
-			return err
+		k, tag, err := refTag(x[0])
+		if err != nil || k == 0 {
+			return tag, k == 0, err
 		}
 		e.Kind = k
 		names := refFieldsOf[k]
 		for i, val := range x[1:] {
 			if i < len(names) {
 				if err := refField(e, names[i], val); err != nil {
-					return err
+					return "", false, err
 				}
 			} // later positions: any value, ignored
 		}
 	case refMap:
+		// Keys are strs up to the first "type", whose tag decides; an
+		// unknown tag ends the checks.
 		for _, kv := range x {
 			name, ok := kv.k.(string)
 			if !ok {
-				return fmt.Errorf("ref: event key %T", kv.k)
+				return "", false, fmt.Errorf("ref: event key %T", kv.k)
 			}
 			if name != "type" {
 				continue
 			}
-			k, err := refTag(kv.v)
+			k, tag, err := refTag(kv.v)
 			if err != nil {
-				return err
+				return "", false, err
+			}
+			if e.Kind == 0 && k == 0 {
+				return tag, true, nil
 			}
 			if e.Kind != 0 && e.Kind != k {
-				return fmt.Errorf("ref: two tags %v and %v", e.Kind, k)
+				return "", false, fmt.Errorf("ref: two tags %v and %v", e.Kind, k)
 			}
 			e.Kind = k
 		}
 		if e.Kind == 0 {
-			return errors.New("ref: event map without type")
+			return "", false, errors.New("ref: event map without type")
 		}
 		for _, kv := range x {
 			name := kv.k.(string)
-			if (name == "cache_salt" || name == "metadata") && e.Kind == KindBlockStored { // map era only (SGLang)
+			if slices.Contains(refMapOnly[e.Kind], name) {
 				if err := refField(e, name, kv.v); err != nil {
-					return err
+					return "", false, err
 				}
 			}
 			for _, f := range refFieldsOf[e.Kind] {
 				if f == name {
 					if err := refField(e, name, kv.v); err != nil {
-						return err
+						return "", false, err
 					}
 				}
 			}
 		}
 	default:
-		return fmt.Errorf("ref: event %T", v)
+		return "", false, fmt.Errorf("ref: event %T", v)
 	}
 	if e.Kind == KindBlockStored && e.ExtraKeys != nil && len(e.ExtraKeys) != len(e.BlockHashes) {
-		return errors.New("ref: extra_keys length differs from block_hashes")
+		return "", false, errors.New("ref: extra_keys length differs from block_hashes")
 	}
-	return nil
+	if e.Locality == LocalityRemote {
+		e.Medium = MediumExternal
+	}
+	return "", false, nil
 }
 
-func refTag(v any) (Kind, error) {
-	switch v {
-	case "BlockStored":
-		return KindBlockStored, nil
-	case "BlockRemoved":
-		return KindBlockRemoved, nil
-	case "AllBlocksCleared":
-		return KindAllBlocksCleared, nil
+// refTag returns a known tag's kind, or for another str the str itself.
+func refTag(v any) (Kind, string, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, "", fmt.Errorf("ref: tag %T", v)
 	}
-	return 0, fmt.Errorf("ref: tag %v", v)
+	switch s {
+	case "BlockStored":
+		return KindBlockStored, "", nil
+	case "BlockRemoved":
+		return KindBlockRemoved, "", nil
+	case "AllBlocksCleared":
+		return KindAllBlocksCleared, "", nil
+	}
+	return 0, s, nil
 }
 
 // refField sets one field from its value; nil means the field's default.
@@ -391,6 +424,14 @@ func refField(e *Event, name string, v any) error {
 		e.CacheSalt = ""
 		if v != nil {
 			e.CacheSalt, err = refStr(v)
+		}
+	case "locality":
+		e.Locality = LocalityLocal
+		if v != nil {
+			var s string
+			if s, err = refStr(v); err == nil {
+				e.Locality, _ = ParseLocality(s)
+			}
 		}
 	}
 	return err

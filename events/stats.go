@@ -60,11 +60,24 @@ type WorkerStats struct {
 	// with an event the index could not apply; Dropped messages dropped for
 	// a full queue.
 	DecodeErrors, ApplyErrors, Dropped int64
+	// UnknownEvents counts events of a type kvindex does not know, skipped
+	// with the rest of their batches applied; UnknownTag is the last one's
+	// type (cut to 40 bytes).
+	UnknownEvents int64
+	UnknownTag    string
+	// UnknownMediumEvents counts stores and removals naming a medium no
+	// table knows (held in the Tiers' unknown class); UnknownMedia lists
+	// such names, the first MaxUnknownMedia met. Neither degrades health.
+	UnknownMediumEvents int64
+	UnknownMedia        []string
 	// Backlog is the batches waiting in the worker's queue.
 	Backlog int
 	// LastError is the most recent decode or apply problem, "" if none.
 	LastError string
 }
+
+// MaxUnknownMedia bounds WorkerStats.UnknownMedia.
+const MaxUnknownMedia = 8
 
 // StatsSource lists per-worker stream statistics.
 type StatsSource interface {

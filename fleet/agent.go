@@ -146,14 +146,20 @@ func NewAgent(ctx context.Context, cfg *config.Config, nc *nats.Conn, log *slog.
 	return a, nil
 }
 
-// SubscriberOptions are the ZeroMQ subscriber's options from cfg's events
-// and log settings, with engine-to-kvindex lag observed into lag.
+// SubscriberOptions are the ZeroMQ subscriber's options from cfg's events,
+// log and medium-table (scoring.tier_names, unknown_tier) settings, with
+// engine-to-kvindex lag observed into lag.
 func SubscriberOptions(cfg *config.Config, log *slog.Logger, lag *metrics.Lag) (zmq.SubscriberOptions, error) {
 	policy, err := events.ParseGapPolicy(cfg.Events.GapPolicy)
 	if err != nil {
 		return zmq.SubscriberOptions{}, err
 	}
+	tiers, err := cfg.Tiers()
+	if err != nil {
+		return zmq.SubscriberOptions{}, err
+	}
 	return zmq.SubscriberOptions{
+		Tiers:  tiers,
 		Logger: log, LogEvery: cfg.Log.ProblemInterval, QueueSize: cfg.Events.QueueSize, QueueBytes: cfg.Events.QueueBytes,
 		MaxMessageBytes: cfg.Events.MaxMessageBytes, ReplayTimeout: cfg.Events.ReplayTimeout, ReplayConcurrency: cfg.Events.ReplayConcurrency,
 		GapPolicy: policy, StaleAfterDisconnect: cfg.Events.StaleAfterDisconnect, StaleAfterSilence: cfg.Events.StaleAfterSilence,

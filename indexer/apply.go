@@ -119,28 +119,23 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	return w.storeAnchorLocked(ev)
 }
 
-// storeAnchorLocked applies a BlockStored event of the anchor group.
+// storeAnchorLocked applies a BlockStored event of the anchor group. A
+// medium name kvindex does not know is no error: its class (OTHER unless
+// the transport's events.Tiers says otherwise) is counted and shown by the
+// transport, and the worker stays healthy.
 func (w *Worker) storeAnchorLocked(ev *events.Event) error {
-	medium := ev.Medium
-	var mediumErr error
-	if medium == events.MediumOther {
-		mediumErr = fmt.Errorf("%w %q, indexed as OTHER", ErrUnknownMedium, ev.MediumName)
-	}
-	if int(medium) >= events.NumMedia {
+	if int(ev.Medium) >= events.NumMedia {
 		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, medium)
+		return fmt.Errorf("%w: medium %d", ErrUnknownMedium, ev.Medium)
 	}
 	if len(ev.TokenIDs) == 0 {
-		if err := w.offloadLocked(ev); err != nil {
-			return errors.Join(mediumErr, err)
-		}
-		return mediumErr
+		return w.offloadLocked(ev)
 	}
 	w.checkStoreLocked(ev)
 	parent, parentKey, err := w.storeParentLocked(ev)
 	w.storeBlocksLocked(ev, parent, parentKey)
 	w.stored += int64(len(ev.BlockHashes))
-	return errors.Join(err, mediumErr)
+	return err
 }
 
 // offloadLocked applies a BlockStored event without tokens: its known
@@ -172,9 +167,10 @@ func (w *Worker) offloadLocked(ev *events.Event) error {
 	return nil
 }
 
-// checkStoreLocked counts a block size other than the model's (the blocks are still indexed, at the engine's block size: a
-// worker that disagrees with its model is flagged, and its blocks match
-// once the model's keys use its size).
+// checkStoreLocked counts a block size other than the model's (the blocks
+// are still indexed, at the engine's block size: a worker that disagrees
+// with its model is flagged, and its blocks match once the model's keys
+// use its size).
 func (w *Worker) checkStoreLocked(ev *events.Event) {
 	if ev.BlockSize != w.model.BlockSize() {
 		w.c.blockSize.Add(1)

@@ -21,7 +21,7 @@ var (
 	ErrTokenCount      = errors.New("indexer: token count does not match blocks") // BlockStored's token_ids do not cover its blocks.
 	ErrOrphan          = errors.New("indexer: unknown parent block")              // BlockStored names a parent never stored.
 	ErrUnknownBlock    = errors.New("indexer: unknown block")                     // a removal or offload of a block not held.
-	ErrUnknownMedium   = errors.New("indexer: unknown medium")                    // the event is indexed as OTHER.
+	ErrUnknownMedium   = errors.New("indexer: unknown medium")                    // an event's Medium is no events.Medium value.
 	ErrUnknownWorker   = errors.New("indexer: unknown worker")                    // not in the index.
 	ErrRemovedWorker   = errors.New("indexer: worker was removed")                // a removed worker's handle was called.
 	ErrWorkerKind      = errors.New("indexer: wrong kind of worker")              // see Worker, Kinds.

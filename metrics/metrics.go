@@ -79,6 +79,8 @@ func NewCollector(ix *indexer.Index, stats events.StatsSource) *Collector {
 			sc("replay_continuations_total", "Replay answers that arrived in part and were asked for again from the first missing seq.", func(s *ws) int64 { return s.ReplayContinuations }),
 			sc("stale_transitions_total", "Times the worker became stale.", func(s *ws) int64 { return s.StaleTransitions }),
 			sc("dropped_batches_total", "Messages dropped on a full worker queue.", func(s *ws) int64 { return s.Dropped }),
+			sc("unknown_events_total", "KV events of a type kvindex does not know, skipped (the rest of their batches applied).", func(s *ws) int64 { return s.UnknownEvents }),
+			sc("unknown_medium_events_total", "Stores and removals naming a medium no table knows, held in scoring.unknown_tier (names: kvindexctl workers).", func(s *ws) int64 { return s.UnknownMediumEvents }),
 		},
 		lastMsg:    d("last_event_timestamp_seconds", "Unix time of the last message from the worker."),
 		resident:   d("resident_blocks", "Blocks the worker currently holds, per medium.", "medium"),

@@ -109,3 +109,42 @@ func TestDigests(t *testing.T) {
 		t.Fatalf("digests equal after b changed: %v", got)
 	}
 }
+
+// statsOnly is a fixed events.StatsSource.
+type statsOnly []events.WorkerStats
+
+func (s statsOnly) WorkerStats() []events.WorkerStats { return s }
+
+// Events of unknown types and media no table knows are exported per worker
+// from the subscriber's counts.
+func TestUnknownEventsAndMediaExported(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	if _, err := ix.AddModel("m", 1); err != nil {
+		t.Fatal(err)
+	}
+	ref := events.WorkerRef{Pod: "a", DPRank: 1}
+	if _, err := ix.AddWorker(indexer.WorkerInfo{Ref: ref, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(ix, statsOnly{{Worker: ref, UnknownEvents: 3, UnknownMediumEvents: 7, UnknownMedia: []string{"X"}}}))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["pod"] == "a" && labels["dp_rank"] == "1" && labels["model"] == "m" {
+				got[mf.GetName()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["kvindex_unknown_events_total"] != 3 || got["kvindex_unknown_medium_events_total"] != 7 {
+		t.Errorf("unknown events %v, media %v; want 3, 7", got["kvindex_unknown_events_total"], got["kvindex_unknown_medium_events_total"])
+	}
+}

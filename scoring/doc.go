@@ -12,10 +12,12 @@
 // For a prompt of T tokens in B blocks of size S, and a worker w:
 //
 //	cached_w  = the worker's consecutive resident prefix, each block
-//	            weighted by tier (GPU 1.0, CPU 0.8, STORAGE, DISK, EXTERNAL
-//	            0.5; media in descending weight, each adding the part of
-//	            its prefix not already counted), times S tokens; blocks a
-//	            recent Route sent there count as GPU
+//	            weighted by tier (Policy.Weights: GPU 1.0, CPU 0.8,
+//	            STORAGE, DISK, EXTERNAL 0.5, OTHER 0, set per tier by
+//	            tier_weights; a REMOTE block is EXTERNAL; media in
+//	            descending weight, each adding the part of its prefix not
+//	            already counted), times S tokens; blocks a recent Route
+//	            sent there count as GPU
 //	overlap_w = cached_w / (B * S)
 //	own_w     = T - cached_w                          (tokens to prefill)
 //	queue_w   = caller's queued_prefill_tokens if given, else

@@ -81,22 +81,30 @@ func DefaultPolicy() Policy {
 	return p
 }
 
-// Tier weights and the static guard's multiple of DefaultPolicy.
+// Tier weights and the static guard's multiple of DefaultPolicy. OTHER, a
+// medium name no table knows, weighs 0 (not credited) until configured:
+// the tier may be remote.
 const (
 	DefaultGPUWeight = 1.0 // a block in GPU memory
 	// DefaultCPUWeight weighs a block offloaded to host memory: loading it
 	// back costs a little, recomputing it more.
 	DefaultCPUWeight     = 0.8
-	DefaultStorageWeight = 0.5 // a block in a storage, disk or external tier
+	DefaultStorageWeight = 0.5 // a block in a storage, disk or external tier (a REMOTE block is external)
 	DefaultStaticK       = 2.0 // the published rule
 )
 
 // Override is a request's changes to a policy; zero fields keep the base.
 type Override struct {
-	Name                                string
+	Name string
+	// GPUWeight, CPUWeight and StorageWeight are aliases of TierWeights'
+	// gpu, cpu, and storage, disk and external (the older settings).
 	GPUWeight, CPUWeight, StorageWeight float64
-	LoadWeight, StaticK                 float64
-	Guard                               string
+	// TierWeights weighs a cached block by tier class name ("gpu", "cpu",
+	// "storage", "disk", "external", "other"; any case), over the aliases.
+	// A present 0 is a weight: the tier is not credited.
+	TierWeights         map[string]float64
+	LoadWeight, StaticK float64
+	Guard               string
 }
 
 // Apply returns base with o's non-zero fields applied, or an error naming
@@ -138,7 +146,29 @@ func (o Override) Apply(base Policy) (Policy, error) {
 			*d = f.v
 		}
 	}
-	return p, nil
+	return p, o.applyTierWeights(&p)
+}
+
+// applyTierWeights sets p's weights from o.TierWeights, or returns an error
+// naming the bad entry.
+func (o Override) applyTierWeights(p *Policy) error {
+	var seen uint8
+	for name, v := range o.TierWeights {
+		m, ok := events.ParseMediumClass(name)
+		if !ok {
+			return fmt.Errorf("tier_weights: unknown tier %s (want gpu, cpu, storage, disk, external or other)", quote.Q(name))
+		}
+		field := "tier_weights." + strings.ToLower(m.String())
+		if seen&(1<<m) != 0 {
+			return fmt.Errorf("%s: given twice (names ignore case)", field)
+		}
+		seen |= 1 << m
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) || v > 1e6 {
+			return fmt.Errorf("%s: %v must be a finite number from 0 to 1e6", field, v)
+		}
+		p.Weights[m] = v
+	}
+	return nil
 }
 
 // Load is one worker's load as a ranking sees it.

@@ -96,9 +96,12 @@ type stream struct {
 	model          string       // push mode: the model the worker was created for
 	rankMismatches atomic.Int64
 
-	mu    sync.Mutex // guards stats and log
+	mu    sync.Mutex // guards stats, log, typeLog and mediumLog
 	stats events.WorkerStats
 	log   lograte.Limiter
+	// typeLog and mediumLog rate-limit the reports of unknown event types
+	// and media apart from problems: neither hides the other.
+	typeLog, mediumLog lograte.Limiter
 }
 
 func newStream(sub *Subscriber, ref events.WorkerRef, endpoint, topic, replay string, sink events.Sink, monitored bool) *stream {
@@ -295,6 +298,9 @@ func (st *stream) applyBatch(seq uint64, b *events.Batch, replayed bool) {
 	if b.HasDPRank && b.DPRank != st.ref.DPRank && st.monitored {
 		st.rankMismatches.Add(1)
 		st.problem(fmt.Errorf("seq %d: batch from data_parallel_rank %d on the endpoint configured for rank %d", seq, b.DPRank, st.ref.DPRank), false)
+	}
+	if n, name := st.sub.opts.Tiers.Classify(b); n > 0 || b.UnknownEvents > 0 {
+		st.unknowns(seq, b, n, name)
 	}
 	for i := range b.Events {
 		if b.Events[i].Kind == events.KindAllBlocksCleared {

@@ -2,6 +2,7 @@ package zmq
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
@@ -28,6 +29,41 @@ func (st *stream) problem(err error, decode bool) {
 	st.mu.Unlock()
 	if emit {
 		st.sub.opts.Logger.Warn("kv event problem", "worker", st.ref.String(), "err", err, "suppressed", suppressed)
+	}
+}
+
+// unknowns counts and logs (rate-limited, by type and by name) what batch
+// seq held that kvindex does not know: b.UnknownEvents skipped events, and
+// media stores and removals naming the medium name, none in any table.
+// Neither makes the worker DEGRADED: the rest of the batch is applied, and
+// the blocks are held in the Tiers' unknown class.
+func (st *stream) unknowns(seq uint64, b *events.Batch, media int, name string) {
+	now := time.Now()
+	st.mu.Lock()
+	s := &st.stats
+	var typeEmit, mediumEmit bool
+	var typeHeld, mediumHeld int
+	if b.UnknownEvents > 0 {
+		s.UnknownEvents += int64(b.UnknownEvents)
+		s.UnknownTag = b.UnknownTag
+		typeEmit, typeHeld = st.typeLog.Allow(now, st.sub.opts.LogEvery)
+	}
+	if media > 0 {
+		s.UnknownMediumEvents += int64(media)
+		if len(s.UnknownMedia) < events.MaxUnknownMedia && !slices.Contains(s.UnknownMedia, name) {
+			s.UnknownMedia = append(s.UnknownMedia, name)
+		}
+		mediumEmit, mediumHeld = st.mediumLog.Allow(now, st.sub.opts.LogEvery)
+	}
+	st.mu.Unlock()
+	log := st.sub.opts.Logger
+	if typeEmit {
+		log.Warn("kv events of an unknown type skipped; the rest of the batch applied", "worker", st.ref.String(),
+			"seq", seq, "type", b.UnknownTag, "events", b.UnknownEvents, "suppressed", typeHeld)
+	}
+	if mediumEmit {
+		log.Warn("kv events name a medium kvindex does not know; map it with scoring.tier_names", "worker", st.ref.String(),
+			"seq", seq, "medium", name, "held_as", st.sub.opts.Tiers.Unknown().String(), "events", media, "suppressed", mediumHeld)
 	}
 }
 
@@ -94,6 +130,7 @@ func (st *stream) setHealth(h events.Health, now time.Time) {
 func (st *stream) snapshot() events.WorkerStats {
 	st.mu.Lock()
 	s := st.stats
+	s.UnknownMedia = slices.Clone(s.UnknownMedia)
 	st.mu.Unlock()
 	s.Backlog = len(st.in)
 	s.Connected = st.connected.Load()

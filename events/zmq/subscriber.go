@@ -168,6 +168,10 @@ type SubscriberOptions struct {
 	// StaleAfterSilence marks a worker stale after sending nothing this
 	// long; 0 disables it (vLLM is silent while idle).
 	StaleAfterSilence time.Duration
+	// Tiers maps medium names to the class the index holds blocks in,
+	// applied to every batch before its sink (events.Tiers.Classify); nil
+	// is the built-in table, unknown names in MediumOther.
+	Tiers *events.Tiers
 }
 
 func (o *SubscriberOptions) defaults() {

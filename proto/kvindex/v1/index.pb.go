@@ -996,7 +996,8 @@ type ScorePolicy struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// gpu_weight, cpu_weight and storage_weight weigh a cached block by
 	// where it is (defaults 1.0, 0.8, 0.5; DISK and EXTERNAL use
-	// storage_weight, OTHER zero).
+	// storage_weight, OTHER zero): aliases of tier_weights' gpu, cpu, and
+	// storage, disk and external.
 	GpuWeight     float64 `protobuf:"fixed64,2,opt,name=gpu_weight,json=gpuWeight,proto3" json:"gpu_weight,omitempty"`
 	CpuWeight     float64 `protobuf:"fixed64,3,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
 	StorageWeight float64 `protobuf:"fixed64,4,opt,name=storage_weight,json=storageWeight,proto3" json:"storage_weight,omitempty"`
@@ -1010,7 +1011,13 @@ type ScorePolicy struct {
 	// in-flight requests exceed static_k times the median), or "off".
 	Guard string `protobuf:"bytes,6,opt,name=guard,proto3" json:"guard,omitempty"`
 	// static_k is the static guard's multiple of the median (default 2.0).
-	StaticK       float64 `protobuf:"fixed64,7,opt,name=static_k,json=staticK,proto3" json:"static_k,omitempty"`
+	StaticK float64 `protobuf:"fixed64,7,opt,name=static_k,json=staticK,proto3" json:"static_k,omitempty"`
+	// tier_weights weighs a cached block by tier class, over the aliases
+	// above: keys "gpu", "cpu", "storage", "disk", "external", "other" (any
+	// case), values from 0 (not credited) to 1e6. A block the engine
+	// announced with locality REMOTE is "external"; a medium name no table
+	// knows is the server's scoring.unknown_tier ("other" by default).
+	TierWeights   map[string]float64 `protobuf:"bytes,8,rep,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1099,13 @@ func (x *ScorePolicy) GetStaticK() float64 {
 		return x.StaticK
 	}
 	return 0
+}
+
+func (x *ScorePolicy) GetTierWeights() map[string]float64 {
+	if x != nil {
+		return x.TierWeights
+	}
+	return nil
 }
 
 // ExtraKeys is one block's extra hash inputs: a tuple of values.
@@ -1924,6 +1938,17 @@ type WorkerStatus struct {
 	// server keeps no metrics.
 	ScoredPromptTokens uint64 `protobuf:"varint,52,opt,name=scored_prompt_tokens,json=scoredPromptTokens,proto3" json:"scored_prompt_tokens,omitempty"`
 	PredictedHitTokens uint64 `protobuf:"varint,53,opt,name=predicted_hit_tokens,json=predictedHitTokens,proto3" json:"predicted_hit_tokens,omitempty"`
+	// unknown_events counts events of a type kvindex does not know (a newer
+	// engine's): skipped, with the rest of their batches applied;
+	// last_unknown_event is the last one's type.
+	UnknownEvents    uint64 `protobuf:"varint,54,opt,name=unknown_events,json=unknownEvents,proto3" json:"unknown_events,omitempty"`
+	LastUnknownEvent string `protobuf:"bytes,55,opt,name=last_unknown_event,json=lastUnknownEvent,proto3" json:"last_unknown_event,omitempty"`
+	// unknown_medium_events counts stores and removals naming a medium (tier)
+	// no table knows, held in the server's scoring.unknown_tier;
+	// unknown_media lists those names (the first 8 met). Map them with
+	// scoring.tier_names.
+	UnknownMediumEvents uint64   `protobuf:"varint,56,opt,name=unknown_medium_events,json=unknownMediumEvents,proto3" json:"unknown_medium_events,omitempty"`
+	UnknownMedia        []string `protobuf:"bytes,57,rep,name=unknown_media,json=unknownMedia,proto3" json:"unknown_media,omitempty"`
 	// block_size is the block size of the worker's prefix group as its
 	// events announce it (0 until a store), model_block_size the one its
 	// model keys prompts at (the size most of the model's workers announce);
@@ -2345,6 +2370,34 @@ func (x *WorkerStatus) GetPredictedHitTokens() uint64 {
 		return x.PredictedHitTokens
 	}
 	return 0
+}
+
+func (x *WorkerStatus) GetUnknownEvents() uint64 {
+	if x != nil {
+		return x.UnknownEvents
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetLastUnknownEvent() string {
+	if x != nil {
+		return x.LastUnknownEvent
+	}
+	return ""
+}
+
+func (x *WorkerStatus) GetUnknownMediumEvents() uint64 {
+	if x != nil {
+		return x.UnknownMediumEvents
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetUnknownMedia() []string {
+	if x != nil {
+		return x.UnknownMedia
+	}
+	return nil
 }
 
 func (x *WorkerStatus) GetBlockSize() uint32 {
@@ -3799,7 +3852,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x03 \x01(\rR\awaiting\x12$\n" +
 	"\x0ekv_cache_usage\x18\x04 \x01(\x01R\fkvCacheUsage\x122\n" +
-	"\x15queued_prefill_tokens\x18\x05 \x01(\x04R\x13queuedPrefillTokens\"\xd8\x01\n" +
+	"\x15queued_prefill_tokens\x18\x05 \x01(\x04R\x13queuedPrefillTokens\"\xe5\x02\n" +
 	"\vScorePolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -3810,7 +3863,11 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\vload_weight\x18\x05 \x01(\x01R\n" +
 	"loadWeight\x12\x14\n" +
 	"\x05guard\x18\x06 \x01(\tR\x05guard\x12\x19\n" +
-	"\bstatic_k\x18\a \x01(\x01R\astaticK\";\n" +
+	"\bstatic_k\x18\a \x01(\x01R\astaticK\x12K\n" +
+	"\ftier_weights\x18\b \x03(\v2(.kvindex.v1.ScorePolicy.TierWeightsEntryR\vtierWeights\x1a>\n" +
+	"\x10TierWeightsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\";\n" +
 	"\tExtraKeys\x12.\n" +
 	"\x06values\x18\x01 \x03(\v2\x16.kvindex.v1.ExtraValueR\x06values\"\x7f\n" +
 	"\n" +
@@ -3858,7 +3915,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adigests\x18\x02 \x01(\bR\adigests\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\xd2\x11\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.kvindex.v1.WorkerStatusR\aworkers\"\x80\x13\n" +
 	"\fWorkerStatus\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvindex.v1.WorkerRefR\x06worker\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
@@ -3919,7 +3976,11 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x11inflight_requests\x182 \x01(\rR\x10inflightRequests\x126\n" +
 	"\x17inflight_prefill_tokens\x183 \x01(\x04R\x15inflightPrefillTokens\x120\n" +
 	"\x14scored_prompt_tokens\x184 \x01(\x04R\x12scoredPromptTokens\x120\n" +
-	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\x12\x1d\n" +
+	"\x14predicted_hit_tokens\x185 \x01(\x04R\x12predictedHitTokens\x12%\n" +
+	"\x0eunknown_events\x186 \x01(\x04R\runknownEvents\x12,\n" +
+	"\x12last_unknown_event\x187 \x01(\tR\x10lastUnknownEvent\x122\n" +
+	"\x15unknown_medium_events\x188 \x01(\x04R\x13unknownMediumEvents\x12#\n" +
+	"\runknown_media\x189 \x03(\tR\funknownMedia\x12\x1d\n" +
 	"\n" +
 	"block_size\x18< \x01(\rR\tblockSize\x12(\n" +
 	"\x10model_block_size\x18= \x01(\rR\x0emodelBlockSize\x120\n" +
@@ -4111,7 +4172,7 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(WorkerHealth)(0),             // 0: kvindex.v1.WorkerHealth
 	(DiagnoseReason)(0),           // 1: kvindex.v1.DiagnoseReason
@@ -4150,7 +4211,8 @@ var file_kvindex_v1_index_proto_goTypes = []any{
 	(*ParityCheck)(nil),           // 34: kvindex.v1.ParityCheck
 	(*WatchRequest)(nil),          // 35: kvindex.v1.WatchRequest
 	(*WatchResponse)(nil),         // 36: kvindex.v1.WatchResponse
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	nil,                           // 37: kvindex.v1.ScorePolicy.TierWeightsEntry
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
 	9,  // 0: kvindex.v1.RouteRequest.score:type_name -> kvindex.v1.ScoreRequest
@@ -4163,66 +4225,67 @@ var file_kvindex_v1_index_proto_depIdxs = []int32{
 	12, // 7: kvindex.v1.ScoreRequest.policy:type_name -> kvindex.v1.ScorePolicy
 	10, // 8: kvindex.v1.ScoreRequest.messages:type_name -> kvindex.v1.ChatMessage
 	8,  // 9: kvindex.v1.WorkerLoad.worker:type_name -> kvindex.v1.WorkerRef
-	14, // 10: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
-	13, // 11: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
-	16, // 12: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
-	8,  // 13: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
-	18, // 14: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
-	0,  // 15: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
-	17, // 16: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
-	22, // 17: kvindex.v1.WorkerScore.capped_by:type_name -> kvindex.v1.KVCacheGroup
-	21, // 18: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
-	8,  // 19: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
-	37, // 20: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	23, // 21: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
-	0,  // 22: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
-	37, // 23: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
-	22, // 24: kvindex.v1.WorkerStatus.groups:type_name -> kvindex.v1.KVCacheGroup
-	13, // 25: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	10, // 26: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
-	26, // 27: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
-	27, // 28: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
-	8,  // 29: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
-	0,  // 30: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
-	8,  // 31: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
-	8,  // 32: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
-	30, // 33: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
-	13, // 34: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
-	8,  // 35: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
-	10, // 36: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
-	1,  // 37: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
-	37, // 38: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
-	8,  // 39: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
-	32, // 40: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
-	0,  // 41: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
-	34, // 42: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
-	2,  // 43: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
-	8,  // 44: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
-	3,  // 45: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
-	8,  // 46: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
-	37, // 47: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
-	3,  // 48: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
-	9,  // 49: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	19, // 50: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
-	4,  // 51: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
-	6,  // 52: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
-	24, // 53: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
-	28, // 54: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
-	31, // 55: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
-	35, // 56: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	15, // 57: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	20, // 58: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
-	5,  // 59: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
-	7,  // 60: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
-	25, // 61: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
-	29, // 62: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
-	33, // 63: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
-	36, // 64: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	57, // [57:65] is the sub-list for method output_type
-	49, // [49:57] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	37, // 10: kvindex.v1.ScorePolicy.tier_weights:type_name -> kvindex.v1.ScorePolicy.TierWeightsEntry
+	14, // 11: kvindex.v1.ExtraKeys.values:type_name -> kvindex.v1.ExtraValue
+	13, // 12: kvindex.v1.ExtraValue.tuple:type_name -> kvindex.v1.ExtraKeys
+	16, // 13: kvindex.v1.ScoreResponse.workers:type_name -> kvindex.v1.WorkerScore
+	8,  // 14: kvindex.v1.WorkerScore.worker:type_name -> kvindex.v1.WorkerRef
+	18, // 15: kvindex.v1.WorkerScore.by_medium:type_name -> kvindex.v1.MediumMatch
+	0,  // 16: kvindex.v1.WorkerScore.health:type_name -> kvindex.v1.WorkerHealth
+	17, // 17: kvindex.v1.WorkerScore.load:type_name -> kvindex.v1.LoadDetail
+	22, // 18: kvindex.v1.WorkerScore.capped_by:type_name -> kvindex.v1.KVCacheGroup
+	21, // 19: kvindex.v1.ListWorkersResponse.workers:type_name -> kvindex.v1.WorkerStatus
+	8,  // 20: kvindex.v1.WorkerStatus.worker:type_name -> kvindex.v1.WorkerRef
+	38, // 21: kvindex.v1.WorkerStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	23, // 22: kvindex.v1.WorkerStatus.resident_by_medium:type_name -> kvindex.v1.MediumCount
+	0,  // 23: kvindex.v1.WorkerStatus.health:type_name -> kvindex.v1.WorkerHealth
+	38, // 24: kvindex.v1.WorkerStatus.stale_since:type_name -> google.protobuf.Timestamp
+	22, // 25: kvindex.v1.WorkerStatus.groups:type_name -> kvindex.v1.KVCacheGroup
+	13, // 26: kvindex.v1.LookupRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	10, // 27: kvindex.v1.LookupRequest.messages:type_name -> kvindex.v1.ChatMessage
+	26, // 28: kvindex.v1.LookupResponse.runs:type_name -> kvindex.v1.BlockRun
+	27, // 29: kvindex.v1.BlockRun.holders:type_name -> kvindex.v1.BlockHolder
+	8,  // 30: kvindex.v1.BlockHolder.worker:type_name -> kvindex.v1.WorkerRef
+	0,  // 31: kvindex.v1.BlockHolder.health:type_name -> kvindex.v1.WorkerHealth
+	8,  // 32: kvindex.v1.DumpRequest.worker:type_name -> kvindex.v1.WorkerRef
+	8,  // 33: kvindex.v1.DumpResponse.worker:type_name -> kvindex.v1.WorkerRef
+	30, // 34: kvindex.v1.DumpResponse.blocks:type_name -> kvindex.v1.ResidentBlock
+	13, // 35: kvindex.v1.DiagnoseRequest.block_extra_keys:type_name -> kvindex.v1.ExtraKeys
+	8,  // 36: kvindex.v1.DiagnoseRequest.worker:type_name -> kvindex.v1.WorkerRef
+	10, // 37: kvindex.v1.DiagnoseRequest.messages:type_name -> kvindex.v1.ChatMessage
+	1,  // 38: kvindex.v1.DiagnoseFinding.reason:type_name -> kvindex.v1.DiagnoseReason
+	38, // 39: kvindex.v1.DiagnoseFinding.event_time:type_name -> google.protobuf.Timestamp
+	8,  // 40: kvindex.v1.DiagnoseResponse.worker:type_name -> kvindex.v1.WorkerRef
+	32, // 41: kvindex.v1.DiagnoseResponse.findings:type_name -> kvindex.v1.DiagnoseFinding
+	0,  // 42: kvindex.v1.DiagnoseResponse.health:type_name -> kvindex.v1.WorkerHealth
+	34, // 43: kvindex.v1.DiagnoseResponse.parity:type_name -> kvindex.v1.ParityCheck
+	2,  // 44: kvindex.v1.ParityCheck.verdict:type_name -> kvindex.v1.ParityVerdict
+	8,  // 45: kvindex.v1.WatchRequest.workers:type_name -> kvindex.v1.WorkerRef
+	3,  // 46: kvindex.v1.WatchRequest.kinds:type_name -> kvindex.v1.WatchEventKind
+	8,  // 47: kvindex.v1.WatchResponse.worker:type_name -> kvindex.v1.WorkerRef
+	38, // 48: kvindex.v1.WatchResponse.time:type_name -> google.protobuf.Timestamp
+	3,  // 49: kvindex.v1.WatchResponse.kind:type_name -> kvindex.v1.WatchEventKind
+	9,  // 50: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	19, // 51: kvindex.v1.IndexService.ListWorkers:input_type -> kvindex.v1.ListWorkersRequest
+	4,  // 52: kvindex.v1.IndexService.Route:input_type -> kvindex.v1.RouteRequest
+	6,  // 53: kvindex.v1.IndexService.Release:input_type -> kvindex.v1.ReleaseRequest
+	24, // 54: kvindex.v1.IndexService.Lookup:input_type -> kvindex.v1.LookupRequest
+	28, // 55: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
+	31, // 56: kvindex.v1.IndexService.Diagnose:input_type -> kvindex.v1.DiagnoseRequest
+	35, // 57: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	15, // 58: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	20, // 59: kvindex.v1.IndexService.ListWorkers:output_type -> kvindex.v1.ListWorkersResponse
+	5,  // 60: kvindex.v1.IndexService.Route:output_type -> kvindex.v1.RouteResponse
+	7,  // 61: kvindex.v1.IndexService.Release:output_type -> kvindex.v1.ReleaseResponse
+	25, // 62: kvindex.v1.IndexService.Lookup:output_type -> kvindex.v1.LookupResponse
+	29, // 63: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
+	33, // 64: kvindex.v1.IndexService.Diagnose:output_type -> kvindex.v1.DiagnoseResponse
+	36, // 65: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	58, // [58:66] is the sub-list for method output_type
+	50, // [50:58] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -4242,7 +4305,7 @@ func file_kvindex_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
