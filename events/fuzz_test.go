@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -16,7 +17,7 @@ import (
 // Batch, and that whatever decodes survives re-encoding: in the map era and
 // in the array era, Decode(AppendPayload(b)) equals b.
 func FuzzDecode(f *testing.F) {
-	for _, name := range append(append([]string(nil), payloadFixtureFiles...), sglangCaptureFiles...) {
+	for _, name := range slices.Concat(payloadFixtureFiles, sglangCaptureFiles, vllmModelFiles) {
 		raw, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)
