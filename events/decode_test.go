@@ -191,6 +191,12 @@ func jsonEvent(t testing.TB, v any) Event {
 	if v := m["kv_cache_spec_sliding_window"]; v != nil {
 		e.SlidingWindow, e.HasSlidingWindow = int(jsonInt(t, v)), true
 	}
+	if v := m["locality"]; v != nil {
+		// A remote block is held as EXTERNAL whatever its medium's name.
+		if e.Locality, _ = ParseLocality(v.(string)); e.Locality == LocalityRemote {
+			e.Medium = MediumExternal
+		}
+	}
 	return e
 }
 

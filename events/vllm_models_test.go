@@ -349,8 +349,10 @@ func checkTiers(t *testing.T, name string, b []*Batch, _ string) {
 			t.Fatalf("seq 1 event %d: hash %d, want chunk %d's last block", i, e.BlockHashes[0], i)
 		}
 	}
+	remote := storage
+	remote.medium = MediumExternal // locality REMOTE: not the engine's own
 	for i, e := range b[2].Events {
-		checkStored(t, "seq 2", e, storage)
+		checkStored(t, "seq 2", e, []storedWant{storage, storage, remote}[i])
 		if e.BlockHashes[0] != []uint64{k0, k1, k0}[i] {
 			t.Fatalf("seq 2 event %d: hash %d", i, e.BlockHashes[0])
 		}
@@ -359,7 +361,7 @@ func checkTiers(t *testing.T, name string, b []*Batch, _ string) {
 	checkRemoved(t, "seq 3", b[3].Events[1], 0, MediumGPU, "GPU", a[6])
 	checkRemoved(t, "seq 3", b[3].Events[2], 0, MediumCPU, "CPU", k1)
 	checkRemoved(t, "seq 4", b[4].Events[0], 0, MediumStorage, "STORAGE", k0, k1)
-	checkRemoved(t, "seq 4", b[4].Events[1], 0, MediumStorage, "STORAGE", k0)
+	checkRemoved(t, "seq 4", b[4].Events[1], 0, MediumExternal, "STORAGE", k0)
 	want := [][]string{{""}, {"", ""}, {"LOCAL", "LOCAL", "REMOTE"}, {"", "", ""}, {"LOCAL", "REMOTE"}}
 	if got := wireLocality(t, name); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("locality on the wire %q, want %q", got, want)
@@ -377,7 +379,7 @@ func checkLocality(t *testing.T, name string, b []*Batch, _ string) {
 	for i, m := range []struct {
 		medium Medium
 		name   string
-	}{{MediumCPU, "CPU"}, {MediumStorage, "STORAGE"}, {MediumStorage, "STORAGE"}} {
+	}{{MediumCPU, "CPU"}, {MediumStorage, "STORAGE"}, {MediumExternal, "STORAGE"}} { // the last REMOTE
 		w.medium, w.mediumName = m.medium, m.name
 		e := b[i+1].Events[0]
 		checkStored(t, fmt.Sprintf("seq %d", i+1), e, w)
@@ -385,7 +387,7 @@ func checkLocality(t *testing.T, name string, b []*Batch, _ string) {
 			t.Fatalf("seq %d: offloaded chunk differs from the GPU blocks", i+1)
 		}
 	}
-	checkRemoved(t, "seq 4", b[4].Events[0], 0, MediumStorage, "STORAGE", a...)
+	checkRemoved(t, "seq 4", b[4].Events[0], 0, MediumExternal, "STORAGE", a...) // REMOTE
 	checkRemoved(t, "seq 4", b[4].Events[1], 0, MediumCPU, "CPU", a...)
 	checkRemoved(t, "seq 5", b[5].Events[0], 0, MediumStorage, "STORAGE", a...)
 	want := [][]string{{""}, {""}, {"LOCAL"}, {"REMOTE"}, {"REMOTE", ""}, {"LOCAL"}}
