@@ -15,23 +15,25 @@ type Reason uint8
 
 // Reasons, the most specific first.
 const (
-	ReasonHit             Reason = iota + 1 // the worker holds every block.
-	ReasonModelDiffers                      // the worker serves another model.
-	ReasonLoRADiffers                       // the worker holds the tokens under another adapter.
-	ReasonUnknownLoRA                       // the worker never stored under the request's adapter.
-	ReasonSaltDiffers                       // the worker holds the tokens with another salt.
-	ReasonExtraKeysDiffer                   // the worker holds the tokens with other extra keys.
-	ReasonBlockSize                         // the worker's events carry another block size.
-	ReasonStale                             // the worker's stream is stale.
-	ReasonUnsynced                          // the worker lost events beyond replay.
-	ReasonUnhealthy                         // recovering, in conflict or degraded.
-	ReasonReset                             // the worker was reset or cleared.
-	ReasonRemoved                           // the engine removed the block.
-	ReasonEvicted                           // the index evicted the block.
-	ReasonNotStored                         // no record of the block: never stored, or removed before the record.
-	ReasonOrphans                           // the worker stored blocks under unknown parents.
-	ReasonTooShort                          // the prompt has no full block.
-	ReasonHeldElsewhere                     // other workers hold the block.
+	ReasonHit              Reason = iota + 1 // the worker holds every block.
+	ReasonModelDiffers                       // the worker serves another model.
+	ReasonLoRADiffers                        // the worker holds the tokens under another adapter.
+	ReasonUnknownLoRA                        // the worker never stored under the request's adapter.
+	ReasonSaltDiffers                        // the worker holds the tokens with another salt.
+	ReasonExtraKeysDiffer                    // the worker holds the tokens with other extra keys.
+	ReasonBlockSize                          // the worker's events carry another block size.
+	ReasonStale                              // the worker's stream is stale.
+	ReasonUnsynced                           // the worker lost events beyond replay.
+	ReasonUnhealthy                          // recovering, in conflict or degraded.
+	ReasonReset                              // the worker was reset or cleared.
+	ReasonRemoved                            // the engine removed the block.
+	ReasonEvicted                            // the index evicted the block.
+	ReasonNotStored                          // no record of the block: never stored, or removed before the record.
+	ReasonOrphans                            // the worker stored blocks under unknown parents.
+	ReasonTooShort                           // the prompt has no full block.
+	ReasonHeldElsewhere                      // other workers hold the block.
+	ReasonGroupCap                           // a KV-cache group caps the hit vLLM realizes below the prefix held.
+	ReasonGroupNotModelled                   // the worker has a KV-cache group whose hit rule kvindex does not model.
 )
 
 // Verdict is the outcome of a parity check (see Parity).
@@ -178,8 +180,13 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 		return d
 	}
 	d.Matched = ix.matchOf(keys, w)
-	if d.Matched == len(keys) {
+	capped := groupFindings(d, q, keys, w)
+	if d.Matched == len(keys) && !capped {
 		d.add(ReasonHit, time.Time{}, "the worker holds all %d blocks of the prompt", len(keys))
+		d.health(q)
+		return d
+	}
+	if d.Matched == len(keys) {
 		d.health(q)
 		return d
 	}
@@ -210,6 +217,50 @@ func (ix *Index) Diagnose(q *DiagnoseQuery) *Diagnosis {
 	}
 	ix.heldElsewhere(d, keys, w)
 	return d
+}
+
+// groupFindings adds what the worker's KV-cache groups say of its hit: a
+// side group capping it below the d.Matched blocks its prefix group holds
+// (the rule applied where vLLM applies it, one token short of a tokens
+// prompt), and groups kvindex does not model. It reports whether a group
+// capped the hit.
+func groupFindings(d *Diagnosis, q *DiagnoseQuery, keys []Key, w *Worker) bool {
+	for _, g := range w.Groups() {
+		if g.Class == ClassOther {
+			d.add(ReasonGroupNotModelled, time.Time{}, "%s: kvindex does not model its hit rule (its events are counted, not tracked), so vLLM may realize less than the prefix held", g.describe())
+		}
+	}
+	if d.Matched == 0 || !w.HasSideGroups() {
+		return false
+	}
+	bs := q.Model.BlockSize()
+	maxTokens := len(keys) * bs
+	if len(q.Tokens) > 0 {
+		maxTokens = len(q.Tokens) - 1
+	}
+	at := func(size int) []Key {
+		switch {
+		case size == bs:
+			return keys
+		case len(q.Tokens) > 0:
+			return PromptKeys(q.Model.Name, size, q.Tokens, q.Extras, nil)
+		}
+		return nil
+	}
+	t, by := w.Cap(d.Matched*bs, maxTokens, at)
+	if by < 0 || t/bs >= d.Matched {
+		return false
+	}
+	g, _ := w.Group(by)
+	rule := "every block from the first"
+	switch g.Class {
+	case ClassWindow:
+		rule = fmt.Sprintf("the %d blocks before the cut (its window)", g.windowBlocks())
+	case ClassMamba:
+		rule = "the state at the cut"
+	}
+	d.add(ReasonGroupCap, time.Time{}, "the prefix group holds %d blocks, but %s, which needs %s, can serve no longer a hit than %d: vLLM realizes %d blocks", d.Matched, g.describe(), rule, t/bs, t/bs)
+	return true
 }
 
 func (d *Diagnosis) add(r Reason, at time.Time, format string, args ...any) {

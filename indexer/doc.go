@@ -31,11 +31,26 @@
 // Nothing is dropped silently. A BlockStored whose parent is unknown is
 // indexed under keys derived from the missing parent (its removals and
 // descendants still resolve, no prompt can match it) and counted as
-// orphans; block-size mismatches, token counts that do not cover the
-// blocks, removals of blocks never stored and unknown media are counted per
-// worker and returned. Events of KV-cache groups that do not decide prefix
-// reuse (sliding window, mamba) are counted and not indexed. Blocks dropped
-// for the capacity or the memory budget are counted as evictions.
+// orphans; token counts that do not cover the blocks, removals of blocks
+// never stored, removals of KV-cache groups never stored (which touch
+// nothing) and stores describing a group anew while it holds blocks are
+// counted per worker and returned. Blocks dropped for the capacity or the
+// memory budget are counted as evictions.
+//
+// # KV-cache groups
+//
+// vLLM keeps one KV-cache group per kind of attention layer and announces
+// each group's blocks with its index, kind and block size (groups.go). A
+// worker's first group of a kind that keeps the whole context (full, MLA
+// or sink attention) is its anchor, whose blocks are its residency in the
+// tree; its other groups with a hit rule (sliding window, mamba, further
+// full attention) are side groups, kept per (group, content key), which
+// cap the hits the scorer credits as vLLM's hybrid coordinator does
+// (Worker.Cap); groups of kinds whose rule kvindex does not model are
+// counted. A model's block size, the one prompts are keyed at, is learned
+// from its workers' events (Model.BlockSize); a worker that announces
+// another is flagged (Worker.BlockSizeMismatch), its blocks kept at their
+// own size.
 //
 // # Replication
 //

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvindex/kvindex/events"
@@ -415,5 +416,41 @@ func TestSGLangCacheSalt(t *testing.T) {
 	}
 	if m := matchOf(ix, prompt, &PromptExtras{CacheSalt: "tenant-b"}, w); m.Blocks != 0 {
 		t.Fatalf("other salt: %d, want 0", m.Blocks)
+	}
+}
+
+// TestDiagnoseHybridGroups: Diagnose says which KV-cache group caps a
+// hybrid worker's hit and what vLLM realizes, and names a group whose hit
+// rule kvindex does not model.
+func TestDiagnoseHybridGroups(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	toks := seqTokens(0, 6*4+1)
+	full := stored(0, false, []uint64{1, 2, 3, 4, 5, 6}, toks[:24])
+	full.SpecKind, full.GroupIdx, full.HasGroupIdx = "full_attention", 0, true
+	win := full
+	win.SpecKind, win.GroupIdx, win.SlidingWindow, win.HasSlidingWindow = "sliding_window", 1, 9, true // 2 blocks
+	local := full
+	local.SpecKind, local.GroupIdx = "chunked_local_attention", 2
+	apply(t, w, full, win, local)
+	m, _ := ix.Model(testModel)
+	d := ix.Diagnose(&DiagnoseQuery{Model: m, Worker: w, Tokens: toks})
+	if got := d.Findings[0].Reason; got != ReasonGroupNotModelled || !strings.Contains(d.Findings[0].Detail, "chunked_local_attention") {
+		t.Fatalf("findings %+v, want the unmodelled group first", d.Findings)
+	}
+	if !slices.ContainsFunc(d.Findings, func(f Finding) bool { return f.Reason == ReasonHit }) {
+		t.Fatalf("findings %+v: the window holds every block, a hit", d.Findings)
+	}
+	// The window loses blocks 3 and 4 (hashes 4, 5): the longest cut with
+	// both blocks before it is 3 (blocks 1 and 2).
+	rm := events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{4, 5}, GroupIdx: 1, HasGroupIdx: true}
+	apply(t, w, rm)
+	d = ix.Diagnose(&DiagnoseQuery{Model: m, Worker: w, Tokens: toks})
+	i := slices.IndexFunc(d.Findings, func(f Finding) bool { return f.Reason == ReasonGroupCap })
+	if i < 0 || d.Matched != 6 || !strings.Contains(d.Findings[i].Detail, "vLLM realizes 3 blocks") || !strings.Contains(d.Findings[i].Detail, "group 1 (sliding_window, window 9)") {
+		t.Fatalf("matched %d, findings %+v: want the window group capping 6 blocks at 3", d.Matched, d.Findings)
+	}
+	if slices.ContainsFunc(d.Findings, func(f Finding) bool { return f.Reason == ReasonHit }) {
+		t.Fatalf("findings %+v: a capped hit is no hit", d.Findings)
 	}
 }

@@ -129,8 +129,10 @@ const (
 	// with other extra keys (the request's block_extra_keys, e.g.
 	// multimodal identifiers, differ from the engine's).
 	DiagnoseReason_DIAGNOSE_REASON_EXTRA_KEYS_DIFFER DiagnoseReason = 6
-	// DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH: the worker's events carry another
-	// block size than the model's, and their blocks are not indexed.
+	// DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH: the worker's events announce
+	// another block size than the one its model keys prompts at (the size
+	// most of the model's workers announce): its blocks are kept at their
+	// own size, and no prompt matches them until the sizes agree.
 	DiagnoseReason_DIAGNOSE_REASON_BLOCK_SIZE_MISMATCH DiagnoseReason = 7
 	// DIAGNOSE_REASON_WORKER_STALE: the worker's stream went silent or its
 	// endpoint stopped answering; what it holds now is unknown.
@@ -164,6 +166,14 @@ const (
 	// DIAGNOSE_REASON_HELD_ELSEWHERE: other workers hold the block (detail
 	// names up to a few); routing there would hit.
 	DiagnoseReason_DIAGNOSE_REASON_HELD_ELSEWHERE DiagnoseReason = 17
+	// DIAGNOSE_REASON_GROUP_CAP: a KV-cache group of a hybrid model (a
+	// sliding window, a mamba state) cannot serve the whole prefix the
+	// worker's prefix group holds; detail names it and the hit vLLM realizes.
+	DiagnoseReason_DIAGNOSE_REASON_GROUP_CAP DiagnoseReason = 18
+	// DIAGNOSE_REASON_GROUP_NOT_MODELLED: the worker has a KV-cache group of
+	// a kind whose hit rule kvindex does not model (counted, not tracked):
+	// vLLM may realize less than the prefix held.
+	DiagnoseReason_DIAGNOSE_REASON_GROUP_NOT_MODELLED DiagnoseReason = 19
 )
 
 // Enum value maps for DiagnoseReason.
@@ -187,6 +197,8 @@ var (
 		15: "DIAGNOSE_REASON_ORPHANS",
 		16: "DIAGNOSE_REASON_PROMPT_TOO_SHORT",
 		17: "DIAGNOSE_REASON_HELD_ELSEWHERE",
+		18: "DIAGNOSE_REASON_GROUP_CAP",
+		19: "DIAGNOSE_REASON_GROUP_NOT_MODELLED",
 	}
 	DiagnoseReason_value = map[string]int32{
 		"DIAGNOSE_REASON_UNSPECIFIED":         0,
@@ -207,6 +219,8 @@ var (
 		"DIAGNOSE_REASON_ORPHANS":             15,
 		"DIAGNOSE_REASON_PROMPT_TOO_SHORT":    16,
 		"DIAGNOSE_REASON_HELD_ELSEWHERE":      17,
+		"DIAGNOSE_REASON_GROUP_CAP":           18,
+		"DIAGNOSE_REASON_GROUP_NOT_MODELLED":  19,
 	}
 )
 
@@ -4112,7 +4126,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x16WORKER_HEALTH_UNSYNCED\x10\x03\x12\x17\n" +
 	"\x13WORKER_HEALTH_STALE\x10\x04\x12\x1a\n" +
 	"\x16WORKER_HEALTH_CONFLICT\x10\x05\x12\x1a\n" +
-	"\x16WORKER_HEALTH_DEGRADED\x10\x06*\xfc\x04\n" +
+	"\x16WORKER_HEALTH_DEGRADED\x10\x06*\xc3\x05\n" +
 	"\x0eDiagnoseReason\x12\x1f\n" +
 	"\x1bDIAGNOSE_REASON_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13DIAGNOSE_REASON_HIT\x10\x01\x12!\n" +
@@ -4132,7 +4146,9 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x1aDIAGNOSE_REASON_NOT_STORED\x10\x0e\x12\x1b\n" +
 	"\x17DIAGNOSE_REASON_ORPHANS\x10\x0f\x12$\n" +
 	" DIAGNOSE_REASON_PROMPT_TOO_SHORT\x10\x10\x12\"\n" +
-	"\x1eDIAGNOSE_REASON_HELD_ELSEWHERE\x10\x11*\xe2\x01\n" +
+	"\x1eDIAGNOSE_REASON_HELD_ELSEWHERE\x10\x11\x12\x1d\n" +
+	"\x19DIAGNOSE_REASON_GROUP_CAP\x10\x12\x12&\n" +
+	"\"DIAGNOSE_REASON_GROUP_NOT_MODELLED\x10\x13*\xe2\x01\n" +
 	"\rParityVerdict\x12\x1e\n" +
 	"\x1aPARITY_VERDICT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PARITY_VERDICT_AGREE\x10\x01\x12\x1d\n" +
