@@ -375,24 +375,30 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
+	// The hashes are the last blocks': the ones before are the group's
+	// null blocks, keyed (the chain runs through them) and not held.
+	skip := len(ev.TokenIDs)/bs - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for i, h := range ev.BlockHashes {
+	for j := range len(ev.TokenIDs) / bs {
+		i := j - skip
 		var extra events.ExtraKeys
 		switch {
 		case ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[i]
+			if i >= 0 {
+				extra = ev.ExtraKeys[i]
+			}
 		case ev.LoRAName != "" || ev.CacheSalt != "":
 			px := PromptExtras{LoRAName: ev.LoRAName}
 			if !ev.HasParent {
 				px.CacheSalt = ev.CacheSalt
 			}
-			extra, scratch = px.blockExtras(i, scratch)
+			extra, scratch = px.blockExtras(j, scratch)
 		}
-		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
-		if !w.sideAddLocked(sg, h, k, limit) {
+		k := BlockKey(parentKey, ev.TokenIDs[j*bs:(j+1)*bs], extra)
+		parentKey = k
+		if i >= 0 && !w.sideAddLocked(sg, ev.BlockHashes[i], k, limit) {
 			refused++
 		}
-		parentKey = k
 	}
 	w.side.mu.Unlock()
 	w.stored += int64(len(ev.BlockHashes) - refused)
@@ -404,10 +410,14 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 }
 
 // checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not.
+// blocks of bs tokens, counting what does not. The tokens may cover more
+// blocks than it names: vLLM leaves a group's null blocks (a sliding
+// window's skipped ones, a mamba group's blocks inside a chunk) out of
+// block_hashes and extra_keys but not out of token_ids, so the hashes are
+// the last blocks' (block_pool.py, cache_full_blocks).
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
-	if bs <= 0 || len(ev.TokenIDs) != n*bs {
+	if bs <= 0 || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}

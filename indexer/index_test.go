@@ -454,3 +454,37 @@ func TestDiagnoseHybridGroups(t *testing.T) {
 		t.Fatalf("findings %+v: a capped hit is no hit", d.Findings)
 	}
 }
+
+// TestSideStoreSkipsNullBlocks: vLLM leaves a group's null blocks out of
+// block_hashes but not out of token_ids (a mamba group in align mode names
+// only the last block of a chunk): the hashes are the last blocks', keyed
+// through the ones before; the prefix group, which has none, refuses it.
+func TestSideStoreSkipsNullBlocks(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	toks := seqTokens(0, 4*4+1)
+	full := stored(0, false, []uint64{1, 2, 3, 4}, toks[:16])
+	full.SpecKind, full.GroupIdx, full.HasGroupIdx = "full_attention", 1, true
+	chunk := stored(0, false, []uint64{2}, toks[:8]) // blocks 0 and 1, the state at block 1
+	chunk.SpecKind, chunk.GroupIdx, chunk.HasGroupIdx = "mamba", 0, true
+	next := stored(2, true, []uint64{4}, toks[8:16]) // blocks 2 and 3 after block 1
+	next.SpecKind, next.GroupIdx, next.HasGroupIdx = "mamba", 0, true
+	apply(t, w, full, chunk, next)
+	m, _ := ix.Model(testModel)
+	keys := m.PromptKeys(toks, nil, nil)
+	at := func(int) []Key { return keys }
+	if tok, by := w.Cap(4*4, 4*4, at); tok != 16 || by != -1 {
+		t.Fatalf("Cap at 4 blocks = %d tokens (by %d), want 16: the mamba state at block 3 is held", tok, by)
+	}
+	if tok, by := w.Cap(4*4, 3*4, at); tok != 8 || by != 0 {
+		t.Fatalf("Cap at 3 blocks = %d tokens (by %d), want 8: the last state before is block 1's", tok, by)
+	}
+	if s := w.Stats(); s.SideBlocks != 2 || s.InvalidEvents != 0 {
+		t.Fatalf("stats %+v, want 2 side blocks", s)
+	}
+	bad := stored(4, true, []uint64{9}, seqTokens(100, 8)) // two blocks' tokens, one hash, in the prefix group
+	bad.SpecKind, bad.GroupIdx, bad.HasGroupIdx = "full_attention", 1, true
+	if err := w.ApplyBatch(&events.Batch{Events: []events.Event{bad}}); !errors.Is(err, ErrTokenCount) {
+		t.Fatalf("a prefix-group store with null blocks: %v, want ErrTokenCount", err)
+	}
+}
