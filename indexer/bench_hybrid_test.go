@@ -73,7 +73,7 @@ func benchLayouts() []benchLayout {
 // the batch of the store that advances it), or with the anchor's removal
 // of the block, whichever comes first. (vLLM's mamba "align" mode stores
 // one block per scheduled chunk, with the chunk's tokens; here every group
-// stores every block, an upper bound on a mamba group's work.)
+// stores every block, an upper bound on a mamba group's stores.)
 type hybridStream struct {
 	*applyStream
 	layout  *benchLayout
@@ -89,34 +89,30 @@ func newHybridStream(l *benchLayout, ring, window int) *hybridStream {
 	}
 	anchor := len(l.groups) - 1
 	s.held = make([]int, len(l.groups))
-	type block struct {
-		hash  uint64
-		batch int // stored in
-	}
 	for g, gr := range l.groups {
 		// gone[b] is the first batch (unwrapped) at which group g removes
 		// block b: the anchor's removal, or the request advancing.
 		gone := map[uint64]int{}
-		var chains [8][]block
+		var chains [8][]uint64 // each request slot's blocks, in chain order
 		for i, cb := range s.batches {
 			for slot, st := range cb.stores {
 				if !st.hasParent {
 					chains[slot] = chains[slot][:0]
 				}
 				for _, h := range st.hashes {
-					chains[slot] = append(chains[slot], block{h, i})
+					chains[slot] = append(chains[slot], h)
 					gone[h] = i + window
 				}
 				if k := gr.keep(); g != anchor && k > 0 {
 					c := chains[slot]
-					for _, b := range c[:max(len(c)-k, 0)] {
-						gone[b.hash] = min(gone[b.hash], i)
+					for _, h := range c[:max(len(c)-k, 0)] {
+						gone[h] = min(gone[h], i)
 					}
 				}
 			}
 		}
-		// Removals in chain order per batch, the anchor's last block first
-		// (applyStream's order).
+		// Each store's blocks are removed last block first, in the order
+		// of their stores (applyStream's order).
 		for _, cb := range s.batches {
 			for _, st := range cb.stores {
 				for j := range st.hashes {
