@@ -139,9 +139,13 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 			st.mu.Lock()
 			st.stats.JoinedAtSeq = limit
 			st.mu.Unlock()
-		case st.hasExpected:
+		case st.hasExpected && limit >= r.from:
 			st.expected = limit
 		}
+		// limit < r.from: the live messages that waited went back before
+		// what was asked for (the engine restarted, say while an agent
+		// restored from its checkpoint was down); process judges them as
+		// it judges any seq that goes back.
 	}
 	st.drain(ctx, pending)
 }
