@@ -16,9 +16,9 @@ import (
 )
 
 // differences compares every replica and every agent with the engines'
-// truth once: each must list each of its workers holding the engine's
-// blocks with the engine's digest. It returns what differs, with the
-// worker's health and why.
+// truth once: each must list each of its workers in sync (synced),
+// holding the engine's blocks with the engine's digest. It returns what
+// differs, with the worker's health and why.
 func (r *run) differences(ctx context.Context) []string {
 	type truth struct {
 		resident int
@@ -50,7 +50,7 @@ func (r *run) differences(ctx context.Context) []string {
 			switch {
 			case w == nil:
 				out = append(out, fmt.Sprintf("%s does not list %s", who, PodName(i)))
-			case w.GetDigest() != t.digest || w.GetResidentBlocks() != uint64(t.resident):
+			case w.GetDigest() != t.digest || w.GetResidentBlocks() != uint64(t.resident) || !synced(w.GetHealth()):
 				out = append(out, fmt.Sprintf("%s: %s holds %d blocks (digest %#x), health %s %q, last reset %q, last error %q; its engine holds %d (digest %#x)",
 					who, PodName(i), w.GetResidentBlocks(), w.GetDigest(), w.GetHealth(), w.GetHealthReason(), w.GetLastReset(), w.GetLastError(), t.resident, t.digest))
 			}
@@ -68,6 +68,13 @@ func (r *run) differences(ctx context.Context) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// synced says whether a worker's health lets it count as converged: in
+// sync with its engine. DEGRADED (an event failed to apply within the
+// last minute) is, once its digest is right.
+func synced(h kvindexv1.WorkerHealth) bool {
+	return h == kvindexv1.WorkerHealth_WORKER_HEALTH_OK || h == kvindexv1.WorkerHealth_WORKER_HEALTH_DEGRADED
 }
 
 // converge waits up to within for every replica and agent to equal the

@@ -16,6 +16,10 @@ func TestRefusesBadOptions(t *testing.T) {
 		{[]string{"--duration", "0s"}, "duration"},
 		{[]string{"--warmup-steps", "-2"}, "warmup-steps"},
 		{[]string{"stray"}, "unknown command"},
+		{[]string{"chaos", "--seeds", "0"}, "--seeds"},
+		{[]string{"chaos", "--replicas", "4"}, "--replicas"},
+		{[]string{"chaos", "--duration", "1s"}, "--duration"},
+		{[]string{"chaos", "stray"}, "unknown command"},
 	} {
 		code := 0
 		cmd := newRoot(&code)
