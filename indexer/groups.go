@@ -375,21 +375,27 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
+	px := PromptExtras{LoRAName: ev.LoRAName}
+	if !ev.HasParent {
+		px.CacheSalt = ev.CacheSalt
+	}
+	// The hashes are the last blocks: vLLM leaves out the null blocks a
+	// window group keeps behind its window and a mamba group before a
+	// chunk's last state, not their tokens (checkTokensLocked). Those are
+	// keyed to chain through, without extra keys (after a multimodal one,
+	// a key no prompt has: Cap only stricter).
+	skip := len(ev.TokenIDs)/bs - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for i, h := range ev.BlockHashes {
+	for j := range skip + len(ev.BlockHashes) {
 		var extra events.ExtraKeys
 		switch {
-		case ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[i]
+		case j >= skip && ev.ExtraKeys != nil:
+			extra = ev.ExtraKeys[j-skip]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
-			px := PromptExtras{LoRAName: ev.LoRAName}
-			if !ev.HasParent {
-				px.CacheSalt = ev.CacheSalt
-			}
-			extra, scratch = px.blockExtras(i, scratch)
+			extra, scratch = px.blockExtras(j, scratch)
 		}
-		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
-		if !w.sideAddLocked(sg, h, k, limit) {
+		k := BlockKey(parentKey, ev.TokenIDs[j*bs:(j+1)*bs], extra)
+		if j >= skip && !w.sideAddLocked(sg, ev.BlockHashes[j-skip], k, limit) {
 			refused++
 		}
 		parentKey = k
@@ -404,10 +410,12 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 }
 
 // checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not.
+// blocks of bs tokens, counting what does not; a window or mamba group's
+// may cover more blocks, which vLLM skips (sideStoreLocked).
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
-	if bs <= 0 || len(ev.TokenIDs) != n*bs {
+	skips := ClassOf(ev.SpecKind) == ClassWindow || ClassOf(ev.SpecKind) == ClassMamba
+	if bs <= 0 || len(ev.TokenIDs) != n*bs && (!skips || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs) {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}
