@@ -219,6 +219,9 @@ func (w *Worker) learnGroupLocked(ev *events.Event) (*groupState, error) {
 	if g == nil {
 		return w.addGroupLocked(idx, ev.SpecKind, class, bs, window), nil
 	}
+	if bs == 0 && ev.SpecKind == "" {
+		return g, nil // an offload placeholder (no tokens, block size or kind) describes no layout
+	}
 	if g.Class == class && g.Window == window && (bs == 0 || g.BlockSize == 0 || g.BlockSize == bs) {
 		if g.BlockSize == 0 && bs > 0 {
 			w.setGroupBlockSizeLocked(g, bs)

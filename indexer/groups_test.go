@@ -86,3 +86,36 @@ func TestSideStoreSkipsNullBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestOffloadPlaceholderKeepsGroups: vLLM's offloading connector names an
+// offloaded chunk with no tokens, block size or kind; it keeps the group's
+// kind, and a window group stays one (not refused as a layout change).
+func TestOffloadPlaceholderKeepsGroups(t *testing.T) {
+	_, ws := newTestIndex(t, "a")
+	w := ws[0]
+	toks := seqTokens(0, 8)
+	if err := apply(t, w, inGroup(stored(0, false, []uint64{1, 2}, toks), 0, "sliding_window", 8),
+		inGroup(stored(0, false, []uint64{1, 2}, toks), 1, "full_attention", 0)); err != nil {
+		t.Fatal(err)
+	}
+	for g := range 2 {
+		ev := events.Event{Kind: events.KindBlockStored, BlockHashes: []uint64{2}, Medium: events.MediumCPU, GroupIdx: g, HasGroupIdx: true}
+		if err := apply(t, w, ev); err != nil {
+			t.Fatalf("group %d placeholder: %v", g, err)
+		}
+	}
+	gs := w.Groups()
+	if len(gs) != 2 || gs[0].Kind != "sliding_window" || gs[0].Class != ClassWindow || gs[0].Window != 8 || gs[0].Blocks != 2 ||
+		gs[1].Kind != "full_attention" || !gs[1].Anchor || gs[1].Blocks != 2 {
+		t.Fatalf("groups after placeholders: %+v", gs)
+	}
+	if s := w.Stats(); s.LayoutChanges != 0 || s.ResidentByMedium[events.MediumCPU] != 1 {
+		t.Fatalf("stats %+v, want no layout change and 1 CPU block", s)
+	}
+	// The window group's block 1 has a CPU store: a GPU removal keeps it.
+	rm := removed(events.MediumGPU, 2)
+	rm.GroupIdx, rm.HasGroupIdx = 0, true
+	if err := apply(t, w, rm); err != nil || w.Stats().SideBlocks != 2 {
+		t.Fatalf("window GPU removal of an offloaded block: %v, %d side blocks, want 2", err, w.Stats().SideBlocks)
+	}
+}
