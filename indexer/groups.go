@@ -219,6 +219,9 @@ func (w *Worker) learnGroupLocked(ev *events.Event) (*groupState, error) {
 	if g == nil {
 		return w.addGroupLocked(idx, ev.SpecKind, class, bs, window), nil
 	}
+	if bs == 0 && ev.SpecKind == "" {
+		return g, nil // an offload placeholder (no tokens, block size or kind) describes no layout
+	}
 	if g.Class == class && g.Window == window && (bs == 0 || g.BlockSize == 0 || g.BlockSize == bs) {
 		if g.BlockSize == 0 && bs > 0 {
 			w.setGroupBlockSizeLocked(g, bs)
@@ -375,30 +378,30 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
-	// The hashes are the last blocks': the ones before are the group's
-	// null blocks, keyed (the chain runs through them) and not held.
+	px := PromptExtras{LoRAName: ev.LoRAName}
+	if !ev.HasParent {
+		px.CacheSalt = ev.CacheSalt
+	}
+	// The hashes are the last blocks: vLLM leaves out the null blocks a
+	// window group keeps behind its window and a mamba group before a
+	// chunk's last state, not their tokens (checkTokensLocked). Those are
+	// keyed to chain through, without extra keys (after a multimodal one,
+	// a key no prompt has: Cap only stricter).
 	skip := len(ev.TokenIDs)/bs - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for j := range len(ev.TokenIDs) / bs {
-		i := j - skip
+	for j := range skip + len(ev.BlockHashes) {
 		var extra events.ExtraKeys
 		switch {
-		case ev.ExtraKeys != nil:
-			if i >= 0 {
-				extra = ev.ExtraKeys[i]
-			}
+		case j >= skip && ev.ExtraKeys != nil:
+			extra = ev.ExtraKeys[j-skip]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
-			px := PromptExtras{LoRAName: ev.LoRAName}
-			if !ev.HasParent {
-				px.CacheSalt = ev.CacheSalt
-			}
 			extra, scratch = px.blockExtras(j, scratch)
 		}
 		k := BlockKey(parentKey, ev.TokenIDs[j*bs:(j+1)*bs], extra)
-		parentKey = k
-		if i >= 0 && !w.sideAddLocked(sg, ev.BlockHashes[i], k, limit) {
+		if j >= skip && !w.sideAddLocked(sg, ev.BlockHashes[j-skip], k, limit) {
 			refused++
 		}
+		parentKey = k
 	}
 	w.side.mu.Unlock()
 	w.stored += int64(len(ev.BlockHashes) - refused)
@@ -410,14 +413,12 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 }
 
 // checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not. The tokens may cover more
-// blocks than it names: vLLM leaves a group's null blocks (a sliding
-// window's skipped ones, a mamba group's blocks inside a chunk) out of
-// block_hashes and extra_keys but not out of token_ids, so the hashes are
-// the last blocks' (block_pool.py, cache_full_blocks).
+// blocks of bs tokens, counting what does not; a window or mamba group's
+// may cover more blocks, which vLLM skips (sideStoreLocked).
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
-	if bs <= 0 || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs {
+	skips := ClassOf(ev.SpecKind) == ClassWindow || ClassOf(ev.SpecKind) == ClassMamba
+	if bs <= 0 || len(ev.TokenIDs) != n*bs && (!skips || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs) {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}

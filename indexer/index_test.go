@@ -455,11 +455,11 @@ func TestDiagnoseHybridGroups(t *testing.T) {
 	}
 }
 
-// TestSideStoreSkipsNullBlocks: vLLM leaves a group's null blocks out of
+// TestSideStoreChainsThroughNullBlocks: vLLM leaves a group's null blocks out of
 // block_hashes but not out of token_ids (a mamba group in align mode names
 // only the last block of a chunk): the hashes are the last blocks', keyed
 // through the ones before; the prefix group, which has none, refuses it.
-func TestSideStoreSkipsNullBlocks(t *testing.T) {
+func TestSideStoreChainsThroughNullBlocks(t *testing.T) {
 	ix, ws := newTestIndex(t, "a")
 	w := ws[0]
 	toks := seqTokens(0, 4*4+1)
