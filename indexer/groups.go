@@ -78,6 +78,17 @@ func ClassOf(kind string) GroupClass {
 	return ClassOther
 }
 
+// ClassOfGroup returns the class of a group of kind with a sliding window
+// of window tokens (0: none sent): ClassOf, except that a window kind
+// without a window is ClassOther (it has no rule to follow).
+func ClassOfGroup(kind string, window int) GroupClass {
+	class := ClassOf(kind)
+	if class == ClassWindow && window <= 0 {
+		return ClassOther
+	}
+	return class
+}
+
 // MaxGroups bounds a KV-cache group's index: an event naming a group at or
 // past it is invalid (counted, not applied). vLLM's models use a handful.
 const MaxGroups = 64
@@ -662,10 +673,7 @@ const maxKindLen = 64
 func checkLayout(gs []Group) string {
 	anchors, prefix := 0, 0
 	for i, g := range gs {
-		class := ClassOf(g.Kind)
-		if class == ClassWindow && g.Window <= 0 {
-			class = ClassOther
-		}
+		class := ClassOfGroup(g.Kind, g.Window)
 		switch {
 		case g.Index < 0 || g.Index >= MaxGroups:
 			return fmt.Sprintf("group index %d outside [0, %d)", g.Index, MaxGroups)
@@ -726,10 +734,7 @@ func (d *segDecoder) layout() []Group {
 		default:
 			g.Anchor = a == 1
 		}
-		g.Class = ClassOf(g.Kind)
-		if g.Class == ClassWindow && g.Window <= 0 {
-			g.Class = ClassOther
-		}
+		g.Class = ClassOfGroup(g.Kind, g.Window)
 		gs = append(gs, g)
 	}
 	return gs
