@@ -162,6 +162,8 @@ type sideGroup struct {
 	g      *groupState
 	blocks map[uint64]sideBlock // engine hash -> block; nil for a keyed worker
 	held   map[Key]uint32       // content key -> blocks of the group at it
+	spec   *sideSpec            // the spec it is a member of (nil: no block size yet)
+	bit    uint64               // its bit in spec
 }
 
 // sideBlock is one engine block of a side group: its key and its stores
@@ -180,8 +182,9 @@ type sideBlock struct {
 // Worker.mu, so it does not wait on the worker's whole batch, only on its
 // side events (lock order: Worker.mu, then sideStore.mu).
 type sideStore struct {
-	mu    sync.RWMutex // guards the groups' maps and order
+	mu    sync.RWMutex // guards the groups' maps, order and specs
 	order []*sideGroup // in group index order
+	specs []*sideSpec  // the groups by description, which Cap reads
 }
 
 // groupOfLocked returns the worker's group idx, or nil.
@@ -314,6 +317,7 @@ func (w *Worker) dropGroupLocked(g *groupState) {
 		}
 		w.capped.Store(len(w.side.order) > 0)
 		w.side.mu.Unlock()
+		w.rebuildSpecsLocked()
 	}
 }
 
@@ -325,6 +329,9 @@ func (w *Worker) setGroupBlockSizeLocked(g *groupState, bs int) {
 	defer w.publishLayoutLocked()
 	if g.Anchor {
 		w.setPrefixBlockSizeLocked(bs)
+	}
+	if g.side != nil {
+		w.rebuildSpecsLocked()
 	}
 }
 
@@ -490,6 +497,7 @@ func (w *Worker) sideHoldLocked(sg *sideGroup, k Key) {
 	n := sg.held[k]
 	sg.held[k] = n + 1
 	if n == 0 {
+		sg.specHoldLocked(k)
 		w.sideRes++
 		sg.g.Blocks++
 		if w.rec != nil {
@@ -507,6 +515,7 @@ func (w *Worker) sideUnholdLocked(sg *sideGroup, k Key) {
 		return
 	}
 	delete(sg.held, k)
+	sg.specUnholdLocked(k)
 	w.sideRes--
 	sg.g.Blocks--
 	if w.rec != nil {
@@ -561,6 +570,9 @@ func (w *Worker) clearSideLocked(sg *sideGroup) {
 	w.side.mu.Lock()
 	w.sideRes -= int64(len(sg.held))
 	sg.g.Blocks = 0
+	for k := range sg.held {
+		sg.specUnholdLocked(k)
+	}
 	clear(sg.held)
 	if sg.blocks != nil {
 		clear(sg.blocks)
