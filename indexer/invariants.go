@@ -335,4 +335,26 @@ func (w *Worker) assertSideLocked() {
 	if total != w.sideRes {
 		brokenInvariant("the side groups' held keys do not add up")
 	}
+	for _, sp := range w.side.specs {
+		if sp.held == nil {
+			continue
+		}
+		want := map[Key]uint64{}
+		for _, sg := range sp.members {
+			if sg.spec != sp {
+				brokenInvariant("a spec's member names another spec")
+			}
+			for k := range sg.held {
+				want[k] |= sg.bit
+			}
+		}
+		if len(want) != len(sp.held) {
+			brokenInvariant("a spec's keys are not its members' held keys")
+		}
+		for k, v := range want {
+			if sp.held[k] != v {
+				brokenInvariant("a spec's bits for a key are not its holders'")
+			}
+		}
+	}
 }
