@@ -127,7 +127,7 @@ func (c *checker) answer(j int, what string, tokens []uint32, sent, recv time.Ti
 		case flagged(health):
 			c.add("credits_flagged", 1)
 		case never:
-			c.r.violate("a", "wrong_answer", "%s", detail())
+			c.r.violateAt("a", "wrong_answer", recv, "%s", detail())
 		case age <= c.r.bounds.Detect:
 			c.add("credits_within_detect", 1)
 			c.accept(age)

@@ -61,8 +61,8 @@ func newTestEngine(t *testing.T, loss int) *Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineConfig{Pod: "p", Model: "m", BlockSize: 16, Capacity: 128, PubPort: base, ReplayPort: base + 1,
-		BufferSteps: 1000, LossEvery: loss, Seed: 3, Systems: soak.SystemPrompts(3, "m", 16, 3)})
+	e, err := NewEngine(EngineConfig{Pod: PodName(0), Model: Model, BlockSize: BlockSize, Capacity: 128, PubPort: base, ReplayPort: base + 1,
+		BufferSteps: 1000, LossEvery: loss, Seed: 3, Systems: soak.SystemPrompts(3, Model, BlockSize, 3)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +95,10 @@ func TestEngineTruthIsWhatItSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	ix := indexer.New(indexer.Config{})
-	if _, err := ix.AddModel("m", 16); err != nil {
+	if _, err := ix.AddModel(Model, BlockSize); err != nil {
 		t.Fatal(err)
 	}
-	w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: "p"}, Model: "m"})
+	w, err := ix.AddWorker(indexer.WorkerInfo{Ref: events.WorkerRef{Pod: PodName(0)}, Model: Model})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestEngineStaleness(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hs := soak.BlockHashes(HashSeed("m"), 16, p, nil)
+	hs := soak.BlockHashes(HashSeed(Model), BlockSize, p, nil)
 	if e.LongestPrefix(p) != 4 {
 		t.Fatalf("routed prompt: engine holds %d of its 4 blocks", e.LongestPrefix(p))
 	}

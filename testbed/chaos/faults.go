@@ -37,6 +37,7 @@ func (r *run) inject(ctx context.Context, id int, f Fault) {
 	r.mu.Lock()
 	r.active[id] = f
 	r.applied[f.Kind]++
+	r.appliedOn[f.Class()]++
 	r.mu.Unlock()
 	r.log.Info("fault", "id", id, "fault", f.String())
 	// Heal even when the run is ending, so that nothing stays stopped.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -71,7 +72,8 @@ type Summary struct {
 	ByInvariant map[string]int `json:"by_invariant,omitempty"`
 	HarnessErrs []string       `json:"harness_errors,omitempty"`
 	Schedule    []Fault        `json:"schedule"`
-	Faults      map[Kind]int   `json:"faults"` // applied, by kind
+	Faults      map[Kind]int   `json:"faults"`          // applied, by kind
+	ByClass     map[string]int `json:"faults_by_class"` // applied, by Fault.Class
 	// Converged is how long the fleet took to equal the engines' caches
 	// once the faults stopped (ConvergedOK false: it did not within the
 	// bound).
@@ -104,9 +106,8 @@ func (r *run) summary(elapsed, converged time.Duration, ok bool) *Summary {
 		Bounds: map[string]string{"detect": r.bounds.Detect.String(), "converge": r.bounds.Converge.String(), "lag_window": lagWindow.String(),
 			"rss": fmt.Sprintf("%d MiB", r.bounds.RSS>>20), "goroutines": strconv.Itoa(r.bounds.Goroutines), "leak": strconv.Itoa(r.bounds.Leak)},
 		Replay: CommandLine(r.opts), EndState: r.end}
-	for k, v := range r.applied {
-		s.Faults[k] = v
-	}
+	maps.Copy(s.Faults, r.applied)
+	s.ByClass = maps.Clone(r.appliedOn)
 	for k, v := range r.counts {
 		s.Checks[k] = v
 	}
@@ -191,6 +192,7 @@ type Totals struct {
 	Passed      int            `json:"passed"`
 	Failed      []uint64       `json:"failed_seeds"`
 	Faults      map[Kind]int   `json:"faults"`
+	ByClass     map[string]int `json:"faults_by_class"`
 	Violations  map[string]int `json:"violations_by_invariant"`
 	Answers     int64          `json:"answers_checked"`
 	Credits     int64          `json:"credits_checked"`
@@ -200,7 +202,7 @@ type Totals struct {
 
 // Total sums seeds' summaries.
 func Total(sums []*Summary) *Totals {
-	t := &Totals{Seeds: len(sums), Faults: map[Kind]int{}, Violations: map[string]int{}, Summaries: sums}
+	t := &Totals{Seeds: len(sums), Faults: map[Kind]int{}, ByClass: map[string]int{}, Violations: map[string]int{}, Summaries: sums}
 	var conv time.Duration
 	for _, s := range sums {
 		if s.Passed {
@@ -210,6 +212,9 @@ func Total(sums []*Summary) *Totals {
 		}
 		for k, v := range s.Faults {
 			t.Faults[k] += v
+		}
+		for k, v := range s.ByClass {
+			t.ByClass[k] += v
 		}
 		for k, v := range s.ByInvariant {
 			t.Violations[k] += v

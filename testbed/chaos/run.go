@@ -67,6 +67,7 @@ type run struct {
 	mu            sync.Mutex // guards the fields below
 	violations    []Violation
 	applied       map[Kind]int
+	appliedOn     map[string]int // by Fault.Class
 	active        map[int]Fault
 	harnessErrs   []string
 	counts        map[string]int64
@@ -85,7 +86,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	}
 	shape := Shape{Engines: 2, Replicas: opts.Replicas}
 	r := &run{opts: opts, log: opts.Logger, dir: opts.Dir, plan: DefaultPlan(shape, opts.Duration),
-		http: &http.Client{Timeout: 3 * time.Second}, applied: map[Kind]int{}, active: map[int]Fault{}, counts: map[string]int64{}}
+		http: &http.Client{Timeout: 3 * time.Second}, applied: map[Kind]int{}, appliedOn: map[string]int{}, active: map[int]Fault{}, counts: map[string]int64{}}
 	if err := r.plan.Validate(); err != nil {
 		return nil, err
 	}

@@ -68,6 +68,34 @@ func (f Fault) String() string {
 	return b.String()
 }
 
+// Class is the fault's kind and what it struck, by role: "sigkill nats",
+// "latency agent/nats", "partition agent/nats+replica/nats",
+// "engine_restart engine" (an engine's links are "agent/engine"); reports
+// count faults by class.
+func (f Fault) Class() string {
+	targets := f.Targets
+	if f.Kind == EngineFreeze {
+		targets = targets[:1] // the engine; its links hold with it
+	}
+	var roles []string
+	for _, t := range targets {
+		who, path, _ := strings.Cut(t, "/")
+		role, _, _ := strings.Cut(who, "-")
+		if role == "engine" && path != "" {
+			role = "agent" // an engine's link is its agent's path to it
+			path = "engine"
+		}
+		if path != "" {
+			role += "/" + path
+		}
+		if !slices.Contains(roles, role) {
+			roles = append(roles, role)
+		}
+	}
+	slices.Sort(roles)
+	return string(f.Kind) + " " + strings.Join(roles, "+")
+}
+
 // Shape names the fleet's parts the schedule draws targets from: engine i
 // with its agent i (one pod each), replica j, and nats. Links are
 // "engine-i/pub" and "engine-i/replay" (agent i to its engine),

@@ -40,14 +40,16 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 // Every schedule keeps its plan's bounds: faults in time order within the
 // phase, at most MaxConcurrent at once, no target held by two faults at
 // once (with the settling time between), outages and latencies within
-// bounds, engine restarts far apart; and across seeds every kind occurs.
+// bounds, engine restarts far apart; and across seeds every kind occurs,
+// on every role it can strike.
 func TestScheduleKeepsItsBounds(t *testing.T) {
 	p := testPlan()
-	kinds := map[Kind]int{}
+	kinds, classes := map[Kind]int{}, map[string]int{}
 	for seed := uint64(1); seed <= 300; seed++ {
 		fs := Schedule(seed, p)
 		for i, f := range fs {
 			kinds[f.Kind]++
+			classes[f.Class()]++
 			if i > 0 && f.At < fs[i-1].At {
 				t.Fatalf("seed %d: fault %d starts before fault %d", seed, i, i-1)
 			}
@@ -92,6 +94,15 @@ func TestScheduleKeepsItsBounds(t *testing.T) {
 			t.Errorf("%s drawn %d times in 300 seeds", k, kinds[k])
 		}
 	}
+	// Every process is signalled and every kind of link struck: NATS
+	// restarts, agents' paths to their engines and to NATS, replicas'.
+	for _, c := range []string{"sigkill nats", "sigterm nats", "sigstop nats", "sigkill agent", "sigkill replica", "sigstop agent", "sigstop replica",
+		"latency agent/engine", "latency agent/nats", "latency replica/nats", "blackhole agent/engine", "blackhole replica/nats",
+		"partition agent/engine", "partition replica/nats", "reset agent/nats", "bandwidth agent/engine", "link_down replica/nats"} {
+		if classes[c] < 5 {
+			t.Errorf("%s drawn %d times in 300 seeds", c, classes[c])
+		}
+	}
 }
 
 func TestPlanValidate(t *testing.T) {
@@ -116,5 +127,25 @@ func TestFaultString(t *testing.T) {
 	f := Fault{At: 1500 * time.Millisecond, For: 2 * time.Second, Kind: Latency, Targets: []string{"agent-0/nats"}, Stream: Upstream, Latency: 100 * time.Millisecond, Jitter: 20 * time.Millisecond}
 	if got, want := f.String(), "   1.50s +2.00s latency        agent-0/nats upstream 100ms±20ms"; got != want {
 		t.Fatalf("%q, want %q", got, want)
+	}
+}
+
+// A fault's class names its kind and the roles it struck.
+func TestFaultClass(t *testing.T) {
+	for _, c := range []struct {
+		f    Fault
+		want string
+	}{
+		{Fault{Kind: SIGKILL, Targets: []string{NATS}}, "sigkill nats"},
+		{Fault{Kind: SIGSTOP, Targets: []string{AgentName(1)}}, "sigstop agent"},
+		{Fault{Kind: Latency, Targets: []string{NATSLink(ReplicaName(2))}}, "latency replica/nats"},
+		{Fault{Kind: Partition, Targets: []string{PubLink(0), ReplayLink(0)}}, "partition agent/engine"},
+		{Fault{Kind: Partition, Targets: []string{NATSLink(AgentName(0)), NATSLink(ReplicaName(1))}}, "partition agent/nats+replica/nats"},
+		{Fault{Kind: EngineFreeze, Targets: []string{EngineName(1), PubLink(1), ReplayLink(1)}}, "engine_freeze engine"},
+		{Fault{Kind: EngineRestart, Targets: []string{EngineName(0)}}, "engine_restart engine"},
+	} {
+		if got := c.f.Class(); got != c.want {
+			t.Errorf("%v: class %q, want %q", c.f, got, c.want)
+		}
 	}
 }

@@ -2,6 +2,9 @@ package chaos
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"os"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -97,5 +100,42 @@ func TestHeartbeats(t *testing.T) {
 	h.done("slow")
 	if late := h.late(time.Now()); len(late) != 0 {
 		t.Fatalf("late %q after done", late)
+	}
+}
+
+// The watchdog dumps a process that stops answering (SIGQUIT), names the
+// goroutine stuck on a lock in a violation of (d), and starts the
+// process again.
+func TestWatchdogNamesTheStuckGoroutine(t *testing.T) {
+	r := faultRun(t)
+	t.Setenv(childEnv, "stuck")
+	c := &child{name: ReplicaName(1), bin: os.Args[0], dir: r.dir, args: []string{"-test.run=^$"}, exited: r.exited,
+		ready: func(context.Context) error { return errors.New("no answer") }}
+	if err := c.start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range r.children() {
+		other.kill()
+	}
+	r.nats, r.agents, r.replicas = nil, nil, []*child{c}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { r.watchProcesses(ctx); close(done) }()
+	var v []Violation
+	for ctx.Err() == nil && len(v) == 0 {
+		time.Sleep(100 * time.Millisecond)
+		r.mu.Lock()
+		v = append([]Violation(nil), r.violations...)
+		r.mu.Unlock()
+	}
+	cancel()
+	<-done
+	if len(v) != 1 || v[0].Invariant != "d" || v[0].Kind != "deadlock" ||
+		!strings.Contains(v[0].Detail, "[sync.Mutex.Lock] in github.com/kvindex/kvindex/testbed/chaos.stuckOnLock (watchdog_test.go:") {
+		t.Fatalf("violations %v, want a deadlock naming stuckOnLock", v)
+	}
+	if _, n, _, _ := c.state(); n != 2 {
+		t.Fatalf("instance %d after the dump, want 2", n)
 	}
 }
