@@ -101,10 +101,29 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		return nil, err
 	}
 	r.check = newChecker(r)
+	// The engines step from here to the end, idle (empty batches) while
+	// the fleet must converge: a message lost at the end of the warm-up
+	// shows as a gap only when the next one comes, and a silent engine
+	// leaves its worker STALE.
+	steps, stopSteps := context.WithCancel(ctx)
+	var stepping sync.WaitGroup
+	defer stepping.Wait()
+	defer stopSteps()
+	for i, e := range r.engines {
+		e.Idle(true)
+		stepping.Go(func() {
+			r.every(steps, EngineName(i), stepEvery, func() {
+				if err := e.Step(time.Now()); err != nil {
+					r.harnessError("%v", err)
+				}
+			})
+		})
+	}
 	if took, ok := r.converge(ctx, 30*time.Second, "before the faults"); ok {
 		r.log.Info("fleet synced", "took", took.Round(time.Millisecond))
 	}
 	converged, ok := r.phases(ctx)
+	stopSteps()
 	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return nil, fmt.Errorf("chaos: interrupted: %w", ctx.Err())
 	}
@@ -230,15 +249,8 @@ func (r *run) phases(ctx context.Context) (time.Duration, bool) {
 	work, stop := context.WithCancel(ctx)
 	defer stop()
 	var loops sync.WaitGroup
-	for i, e := range r.engines {
-		name := EngineName(i)
-		loops.Go(func() {
-			r.every(work, name, stepEvery, func() {
-				if err := e.Step(time.Now()); err != nil {
-					r.harnessError("%v", err)
-				}
-			})
-		})
+	for _, e := range r.engines {
+		e.Idle(false)
 	}
 	routes, stopRoutes := context.WithCancel(work)
 	defer stopRoutes()
