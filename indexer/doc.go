@@ -33,9 +33,13 @@
 // descendants still resolve, no prompt can match it) and counted as
 // orphans; block-size mismatches, token counts that do not cover the
 // blocks, removals of blocks never stored and unknown media are counted per
-// worker and returned. Events of KV-cache groups that do not decide prefix
-// reuse (sliding window, mamba) are counted and not indexed. Blocks dropped
-// for the capacity or the memory budget are counted as evictions.
+// worker and returned. A window or mamba group's store names only the
+// positions the group keeps while its token_ids cover the whole range
+// (vLLM's null blocks): its hashes are the range's last positions, and a
+// prefix group's store that skips a position is refused. Events of
+// KV-cache groups of a kind kvindex does not model are counted and not
+// indexed (groups.go). Blocks dropped for the capacity or the memory
+// budget are counted as evictions.
 //
 // # Replication
 //

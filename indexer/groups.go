@@ -375,21 +375,32 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
+	// The event's token_ids cover m positions; its hashes are the last
+	// ones, since the positions a group skips come first (those behind a
+	// window, the states before a mamba group's last). Every position is
+	// keyed, to chain. Cost: a BlockKey per position, skipped ones too.
+	m := len(ev.TokenIDs) / bs
+	skip := m - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for i, h := range ev.BlockHashes {
+	for p := range m {
 		var extra events.ExtraKeys
 		switch {
-		case ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[i]
+		case len(ev.ExtraKeys) == m:
+			extra = ev.ExtraKeys[p]
+		case ev.ExtraKeys != nil && p >= skip:
+			extra = ev.ExtraKeys[p-skip]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
+			// Also a skipped position's when extra_keys (one a hash) do
+			// not give it: its multimodal keys are then unknown, and a
+			// wrong key can only make Cap stricter.
 			px := PromptExtras{LoRAName: ev.LoRAName}
 			if !ev.HasParent {
 				px.CacheSalt = ev.CacheSalt
 			}
-			extra, scratch = px.blockExtras(i, scratch)
+			extra, scratch = px.blockExtras(p, scratch)
 		}
-		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
-		if !w.sideAddLocked(sg, h, k, limit) {
+		k := BlockKey(parentKey, ev.TokenIDs[p*bs:(p+1)*bs], extra)
+		if p >= skip && !w.sideAddLocked(sg, ev.BlockHashes[p-skip], k, limit) {
 			refused++
 		}
 		parentKey = k
@@ -403,17 +414,20 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	return err
 }
 
-// checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not.
+// checkTokensLocked checks that a store's tokens cover whole blocks of bs,
+// at least one a block hash: a group's skipped positions (vLLM's null
+// blocks: a window's blocks behind it, a mamba group's states not kept)
+// are missing from block_hashes but not from token_ids. Extra keys, when
+// given, are one a hash or one a position.
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
-	if bs <= 0 || len(ev.TokenIDs) != n*bs {
+	if bs <= 0 || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}
-	if ev.ExtraKeys != nil && len(ev.ExtraKeys) != n {
+	if m := len(ev.TokenIDs) / bs; ev.ExtraKeys != nil && len(ev.ExtraKeys) != n && len(ev.ExtraKeys) != m {
 		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d extra_keys for %d blocks", ErrTokenCount, len(ev.ExtraKeys), n)
+		return fmt.Errorf("%w: %d extra_keys for %d blocks of %d positions", ErrTokenCount, len(ev.ExtraKeys), n, m)
 	}
 	return nil
 }
