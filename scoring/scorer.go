@@ -338,7 +338,10 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 	for _, m := range res.matches {
 		res.add(res.capped(m, req))
 	}
-	// Speculative prefixes from recent routes extend (or add) matches.
+	// Speculative prefixes from recent routes extend (or add) matches, past
+	// what the worker's prefix group holds only: the blocks it holds were
+	// announced, with every group's, so the capped match is the truth for
+	// them (a route does not restore a window's evicted blocks).
 	res.specs = s.tracker.Speculative(res.Keys, res.specs[:0])
 	for _, sp := range res.specs {
 		if int(sp.Worker) >= n || tab.gens[sp.Worker] != sp.Gen || !res.allow(sp.Worker) {
@@ -349,11 +352,11 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 		}
 		for i := range res.Ranked {
 			c := &res.Ranked[i]
-			if c.Match.Worker != sp.Worker || sp.Blocks <= c.Match.Blocks {
+			if c.Match.Worker != sp.Worker || sp.Blocks <= max(c.Match.Blocks, c.Match.Prefix) {
 				continue
 			}
 			c.Speculative = sp.Blocks - c.Match.Blocks
-			c.Match.Blocks = sp.Blocks
+			c.Match.Blocks, c.Match.Prefix, c.Match.CappedBy = sp.Blocks, 0, 0
 			c.Match.ByMedium[events.MediumGPU] = max(c.Match.ByMedium[events.MediumGPU], sp.Blocks)
 		}
 	}
