@@ -304,7 +304,7 @@ type Scoring struct {
 	// StaticK is the static guard's multiple of the median.
 	StaticK float64 `yaml:"static_k,omitempty"`
 	// SpeculativeTTL is how long a routed request's blocks count as cached
-	// before events confirm them.
+	// before events confirm them, at most (its Release ends it sooner).
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl,omitempty"`
 	// InflightTTL is how long a routed request counts as load without a
 	// Release.
