@@ -92,7 +92,9 @@ func (l *loop) run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("sim: %s: %w", l.router.Name(), err)
 		}
-		arrival := next < len(reqs) && (len(l.heap) == 0 || reqs[next].Arrival < l.heap[0].t)
+		// Serial: an arrival waits for the heap to empty (engines idle,
+		// batches applied).
+		arrival := next < len(reqs) && (len(l.heap) == 0 || !l.o.Serial && reqs[next].Arrival < l.heap[0].t)
 		var t time.Duration
 		if arrival {
 			t = reqs[next].Arrival

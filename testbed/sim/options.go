@@ -23,7 +23,12 @@ type Options struct {
 	Routers []string      // to compare (default: all)
 	// EventLag delays applying each engine batch to the index, in virtual
 	// time (virtual mode only; live mode has the real lag).
-	EventLag        time.Duration
+	EventLag time.Duration
+	// Serial holds each arrival until every engine is idle and every batch
+	// applied (virtual mode only): no request is in flight when one is
+	// routed, so kvindex's predictions are checked alone. Arrivals move
+	// later; TTFTs then measure no queueing.
+	Serial          bool
 	Wire            events.EncodeOptions // vLLM release the events imitate (default: map encoding, uint64 hashes, v0.26+)
 	Model           string               // in kvindex (default DefaultModel)
 	PreciseLoadMode string               // router.ModeRoute (default) or router.ModeClient

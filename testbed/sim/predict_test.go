@@ -177,3 +177,34 @@ func TestReportShowsPrediction(t *testing.T) {
 		t.Errorf("a table without predictions: %v\n%s", err, b.String())
 	}
 }
+
+// TestPredictionExactWhenSerial: with nothing in flight when a request is
+// routed (Options.Serial), kvindex's predicted hit on the chosen engine is
+// the engine's hit for every request of every preset layout, for Score and
+// Route (whose speculation must not outlive a released prefill, nor lift
+// a hybrid cap), on multi-turn sessions through caches small enough that
+// window and mamba blocks are evicted; every KV-cache group agrees.
+func TestPredictionExactWhenSerial(t *testing.T) {
+	w, err := LoadWorkload(WorkloadSpec{Kind: KindSessions, Requests: 12, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range engine.PresetNames() {
+		l, err := engine.Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 2048, Layout: l}, Seed: 1, Serial: true,
+			Routers: []string{router.Precise, router.PreciseLoad}}
+		res, err := Simulate(context.Background(), w, o)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, r := range res {
+			if r.Predicted != r.Scheduled || r.PredictExact != r.Predicted || r.IndexProblems != 0 || r.Scheduled == 0 {
+				t.Errorf("%s %s: %d of %d scheduled predicted, %d exact (%d over, error %d tokens); index: %d problems %s",
+					name, r.Router, r.Predicted, r.Scheduled, r.PredictExact, r.PredictOver, r.PredictAbsErr, r.IndexProblems, r.IndexDetail)
+			}
+		}
+	}
+}

@@ -168,10 +168,10 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 	}
 	res := l.result()
 	if p != nil {
-		n, perr := p.problems(f)
-		res.IndexProblems = n
-		if perr != nil {
-			o.Logger.Warn("kvindex disagreed with the engines", "router", name, "problems", n, "first", perr)
+		c := p.check(f)
+		res.IndexProblems, res.IndexDetail = c.total(), c.String()
+		if c.total() > 0 {
+			o.Logger.Warn("kvindex disagreed with the engines", "router", name, "problems", res.IndexDetail)
 		}
 	}
 	res.Wall = time.Since(start)

@@ -81,6 +81,7 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
 	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+strings.Join(router.Names, ", "))
 	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
+	fs.BoolVar(&o.Serial, "serial", false, "route each request only once every engine is idle and every batch applied: nothing in flight, to check kvindex's predictions alone (virtual mode)")
 	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")

@@ -129,9 +129,12 @@ type Result struct {
 	Throughput, OutputTokensPerSec      float64
 	LoadSkew, RequestSkew               float64
 	Preemptions                         int
-	// IndexProblems counts events kvindex could not apply exactly (0 when
-	// the engines and the index agree); -1 when no index was used.
+	// IndexProblems counts what kvindex could not apply exactly and the
+	// KV-cache groups whose resident blocks differ from their engine's
+	// cache (0 when the engines and the index agree); -1 when no index was
+	// used. IndexDetail names them by kind, with the first difference.
 	IndexProblems int64
+	IndexDetail   string
 	// Wall is how long the simulation took to run.
 	Wall time.Duration
 	// RouteDelayMean and RouteDelayP99 summarise the router's answer time
