@@ -309,10 +309,18 @@ type Scoring struct {
 	// InflightTTL is how long a routed request counts as load without a
 	// Release.
 	InflightTTL time.Duration `yaml:"inflight_ttl,omitempty"`
+	// GroupCaps credits a hybrid model's worker (sliding window, mamba) only
+	// with the hit every KV-cache group serves, as vLLM's coordinator
+	// realizes it; false matches by the prefix group alone, a kill switch.
+	// Unset is true (GroupCapsOn).
+	GroupCaps *bool `yaml:"group_caps,omitempty"`
 	// ScrapeInterval is how often pods' metrics_url are read; a scrape
 	// older than 3 intervals is ignored.
 	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty"`
 }
+
+// GroupCapsOn reports group_caps, true when unset.
+func (s *Scoring) GroupCapsOn() bool { return s.GroupCaps == nil || *s.GroupCaps }
 
 // Push is one bound SUB socket for push-mode engines. Topics name the pod:
 // llm-d's kv@<pod>@<model> works as is; other topics are mapped in Routes.

@@ -200,3 +200,29 @@ func TestSpeculationDoesNotLiftACap(t *testing.T) {
 		t.Errorf("longer prompt routed: %d blocks (%d speculative), prefix %d, want 8 (8) uncapped", c.Match.Blocks, c.Speculative, c.Match.Prefix)
 	}
 }
+
+// TestNoGroupCapsMatchesThePrefixGroup: with Options.NoGroupCaps a
+// hybrid worker whose window group lost blocks is credited with its
+// prefix group's whole match, as before kvindex modelled the coordinator.
+func TestNoGroupCapsMatchesThePrefixGroup(t *testing.T) {
+	f := newTestFleet(t, 1)
+	w := f.ws[0]
+	r := rand.New(rand.NewPCG(6, 6))
+	prompt := tokens(r, 8*testBS+1)
+	hybridStore(t, w, prompt, 0, 8, 0, "full_attention", 0)
+	hybridStore(t, w, prompt, 0, 8, 1, "sliding_window", 2*testBS+1)
+	hybridRemove(t, w, 0, 8, 1)
+	var res Result
+	for _, c := range []struct {
+		off          bool
+		blocks, pref int
+	}{{false, 0, 8}, {true, 8, 0}} {
+		s := New(f.ix, Options{NoGroupCaps: c.off})
+		if err := s.Score(&Request{Model: f.model, Tokens: prompt}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if m := res.Ranked[0].Match; m.Blocks != c.blocks || m.Prefix != c.pref || m.ByMedium[events.MediumGPU] != c.blocks {
+			t.Errorf("NoGroupCaps %v: %d blocks (GPU %d), prefix %d, want %d and %d", c.off, m.Blocks, m.ByMedium[events.MediumGPU], m.Prefix, c.blocks, c.pref)
+		}
+	}
+}

@@ -42,6 +42,11 @@ type Options struct {
 	// IncludeStale keeps stale workers in answers; by default they are
 	// left out unless the request names them as candidates.
 	IncludeStale bool
+	// NoGroupCaps matches a hybrid model's workers by their prefix group
+	// alone: their window, mamba and other prefix groups do not cap hits
+	// (Worker.Cap), as before kvindex modelled vLLM's coordinator. A kill
+	// switch, and the baseline kvsim compares the hybrid rule with.
+	NoGroupCaps bool
 }
 
 // Scorer is the ranking entry of kvindex (see the package documentation);
@@ -336,7 +341,10 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 
 	res.matches = s.ix.Match(res.Keys, res.allowFn, res.matches[:0])
 	for _, m := range res.matches {
-		res.add(res.capped(m, req))
+		if !s.opts.NoGroupCaps {
+			m = res.capped(m, req)
+		}
+		res.add(m)
 	}
 	// Speculative prefixes from recent routes extend (or add) matches, past
 	// what the worker's prefix group holds only: the blocks it holds were
