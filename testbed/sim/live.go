@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -97,6 +98,9 @@ func (lo *LiveOptions) defaults() {
 // daemonConfig subscribes kvindex to fleets' engines (before SetDefaults).
 func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen string) *config.Config {
 	c := &config.Config{GRPCListen: grpcListen, MetricsListen: metricsListen, Limits: simLimits()}
+	if o.NoGroupCaps {
+		c.Scoring.GroupCaps = new(false)
+	}
 	for _, f := range fleets {
 		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {
@@ -123,6 +127,11 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 	lo.defaults()
 	if o.Serial {
 		return nil, errors.New("sim: live: serial arrivals are for virtual time (kvsim run --serial)")
+	}
+	for _, r := range o.Routers {
+		if strings.HasSuffix(r, PrefixOnly) {
+			return nil, fmt.Errorf("sim: live: router %q: one daemon serves the run; set group caps off for all instead", r)
+		}
 	}
 	if lo.Fleet && lo.Addr != "" {
 		return nil, errors.New("sim: live: fleet mode starts its own replicas; it takes no --addr")

@@ -51,7 +51,7 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	}
 	pol := scoring.DefaultPolicy()
 	pol.Cost = CostModel(o.Engine)
-	p.scorer = scoring.New(ix, scoring.Options{Policy: &pol, Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock})})
+	p.scorer = scoring.New(ix, scoring.Options{Policy: &pol, Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock}), NoGroupCaps: o.NoGroupCaps})
 	return p, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -206,5 +207,39 @@ func TestPredictionExactWhenSerial(t *testing.T) {
 					name, r.Router, r.Predicted, r.Scheduled, r.PredictExact, r.PredictOver, r.PredictAbsErr, r.IndexProblems, r.IndexDetail)
 			}
 		}
+	}
+}
+
+// TestPrefixOnlyVariant: a kvindex router named with PrefixOnly runs
+// beside the router itself on a kvindex that matches by the prefix group
+// alone: on a gpt-oss fleet whose window blocks are evicted it credits
+// hits the engines do not realize, where the hybrid rule is exact. The
+// variant of a router that does not ask kvindex is refused.
+func TestPrefixOnlyVariant(t *testing.T) {
+	w, err := LoadWorkload(WorkloadSpec{Kind: KindSessions, Requests: 12, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := engine.Preset("gpt-oss")
+	o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 2048, Layout: l}, Seed: 1, Serial: true,
+		Routers: WithPrefixOnly([]string{router.RoundRobin, router.Precise})}
+	if want := []string{router.RoundRobin, router.Precise, router.Precise + PrefixOnly}; !slices.Equal(o.Routers, want) {
+		t.Fatalf("WithPrefixOnly: %v, want %v", o.Routers, want)
+	}
+	res, err := Simulate(context.Background(), w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := byName(t, res)
+	capped, prefix := m[router.Precise], m[router.Precise+PrefixOnly]
+	if capped == nil || prefix == nil {
+		t.Fatalf("results %v", slices.Collect(maps.Keys(m)))
+	}
+	if capped.PredictExact != capped.Predicted || prefix.PredictOver == 0 || prefix.IndexProblems != 0 {
+		t.Errorf("hybrid rule %d of %d exact; prefix group alone %d over, %d index problems", capped.PredictExact, capped.Predicted, prefix.PredictOver, prefix.IndexProblems)
+	}
+	o.Routers = []string{router.RoundRobin + PrefixOnly}
+	if _, err := Simulate(context.Background(), w, o); err == nil {
+		t.Error("round-robin/prefix-only ran")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -129,6 +130,13 @@ func runJobs(ctx context.Context, par, n int, fn func(ctx context.Context, k int
 // simulateOne runs one router in virtual time.
 func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name string) (metrics.Result, error) {
 	start := time.Now()
+	if base, ok := strings.CutSuffix(name, PrefixOnly); ok {
+		po := *o
+		po.NoGroupCaps = true
+		res, err := simulateOne(ctx, w, &po, base)
+		res.Router = name
+		return res, err
+	}
 	needsIndex := router.NeedsIndex(name)
 	f, err := newFleet(o, needsIndex)
 	if err != nil {
