@@ -153,8 +153,10 @@ func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Durat
 	}
 	if p, ok := l.router.(router.Predictor); ok {
 		if tokens, ok := p.Predicted(); ok {
-			// The engine hits at most the full blocks before the last token.
-			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs))
+			// The engine hits at most the full blocks before the last token
+			// (as CachedTokens counts its hit now, unpublished steps
+			// included).
+			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs), l.fleet.CachedTokens(i, &l.rreq))
 		}
 	}
 	e := l.fleet.engines[i]

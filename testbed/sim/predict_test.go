@@ -145,13 +145,13 @@ func TestHybridEventsSurviveTheWire(t *testing.T) {
 func TestReportShowsPrediction(t *testing.T) {
 	results := []metrics.Result{
 		{Router: "round-robin", IndexProblems: -1},
-		{Router: "precise", Predicted: 4, PredictExact: 3, PredictOver: 1, PredictAbsErr: 64},
+		{Router: "precise", Predicted: 4, PredictExact: 3, PredictOver: 1, PredictAbsErr: 64, PredictRouteErr: 16, PredictQueueErr: 48, PredictLost: 1},
 	}
 	var b bytes.Buffer
 	if err := WriteTable(&b, results, nil, ""); err != nil {
 		t.Fatal(err)
 	}
-	want := "kvindex's predicted hit vs the engine's, per request (mean absolute): precise error 16.0 tokens, 75.0% exact, 25.0% over\n"
+	want := "kvindex's predicted hit vs the engine's, per request (mean absolute; in parentheses against the engine when routed / its cache changing while the request queued): precise error 16.0 tokens (4.0 / 12.0), 75.0% exact, 25.0% over\n"
 	if !strings.HasSuffix(b.String(), want) {
 		t.Errorf("table ends:\n%s\nwant %q", b.String(), want)
 	}
@@ -169,7 +169,7 @@ func TestReportShowsPrediction(t *testing.T) {
 	}
 	head, row := rows[0], rows[2]
 	got := strings.Join(row[slices.Index(head, "predicted"):], ",")
-	if got != "4,16,0.75,0.25" {
+	if got != "4,16,0.75,0.25,4,12,1" {
 		t.Errorf("prediction columns %q", got)
 	}
 	// No router predicting: no line.
@@ -202,7 +202,7 @@ func TestPredictionExactWhenSerial(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		for _, r := range res {
-			if r.Predicted != r.Scheduled || r.PredictExact != r.Predicted || r.IndexProblems != 0 || r.Scheduled == 0 {
+			if r.Predicted != r.Scheduled || r.PredictExact != r.Predicted || r.PredictRouteErr+r.PredictQueueErr != 0 || r.IndexProblems != 0 || r.Scheduled == 0 {
 				t.Errorf("%s %s: %d of %d scheduled predicted, %d exact (%d over, error %d tokens); index: %d problems %s",
 					name, r.Router, r.Predicted, r.Scheduled, r.PredictExact, r.PredictOver, r.PredictAbsErr, r.IndexProblems, r.IndexDetail)
 			}
