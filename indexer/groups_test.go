@@ -197,3 +197,24 @@ func TestSideGroupStoresSkipPositions(t *testing.T) {
 		t.Errorf("after refusals: %d invalid events, %d resident, want 3 and 4", s.InvalidEvents, s.ResidentBlocks)
 	}
 }
+
+// TestPoolBlocksCountEveryGroup: vLLM allocates every group's blocks from
+// one pool, so the pool a hybrid worker fills is its resident blocks and
+// its side groups' together.
+func TestPoolBlocksCountEveryGroup(t *testing.T) {
+	_, ws := newTestIndex(t, "a")
+	w := ws[0]
+	toks := seqTokens(0, 12)
+	if err := apply(t, w, inGroup(stored(0, false, []uint64{1, 2, 3}, toks), 0, "full_attention", 0),
+		inGroup(stored(0, false, []uint64{2, 3}, toks), 1, "sliding_window", 5)); err != nil {
+		t.Fatal(err)
+	}
+	if r, p := w.ResidentBlocks(), w.PoolBlocks(); r != 3 || p != 5 {
+		t.Fatalf("resident %d, pool %d, want 3 and 5", r, p)
+	}
+	rm := removed(events.MediumGPU, 3)
+	rm.GroupIdx, rm.HasGroupIdx = 1, true
+	if err := apply(t, w, rm); err != nil || w.ResidentBlocks() != 3 || w.PoolBlocks() != 4 {
+		t.Fatalf("after a window removal: %v, resident %d, pool %d, want 3 and 4", err, w.ResidentBlocks(), w.PoolBlocks())
+	}
+}

@@ -39,7 +39,7 @@
 //	      pressure_w = (own_w - free KV_w) / rate, if positive
 //	      delay_w  = prefill_w x a_w x (wait_w + prefill_w) / (1 - rho)
 //	      evict_w  = min(own_w, occupied_w + own_w - capacity) x h / rate,
-//	                 if positive (occupied: resident blocks plus KV in use;
+//	                 if positive (occupied: the pool blocks held, every KV-cache group's, plus KV in use;
 //	                 h: the fleet's hit rate)
 //	      relief_w = max over sampled prefix depths d that w does not hold
 //	                 and a_d / h_d > a / workers (a hot prefix) of

@@ -532,7 +532,7 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 	}
 	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(id, res.tab.gens[id])
 	if w := res.tab.workers[id]; w != nil {
-		l.ResidentBlocks = uint64(max(w.ResidentBlocks(), 0))
+		l.ResidentBlocks = uint64(max(w.PoolBlocks(), 0))
 	}
 }
 
