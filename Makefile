@@ -5,7 +5,7 @@
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test test-python demo demo-fleet bench fuzz proto lint soak architecture
+.PHONY: deps build test test-python demo demo-fleet bench fuzz proto lint soak chaos architecture
 
 # deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
 deps:
@@ -90,6 +90,20 @@ fuzz: deps
 SOAK_DURATION ?= 2m
 soak: deps
 	$(GO) run ./testbed/cmd/kvsoak --duration $(SOAK_DURATION) --go $(GO) $(SOAK_FLAGS)
+
+# chaos runs the fleet (simulated engines, kvindex agents with checkpoints,
+# nats-server with JetStream, CHAOS_REPLICAS replicas) as processes behind
+# fault-injecting links under SEEDS seeded fault schedules of
+# CHAOS_DURATION each, from seed CHAOS_SEED, checking every answer against
+# the engines' caches; it fails naming each failing seed's first broken
+# invariant, its schedule and the command that replays it
+# (docs/reliability.md, "Chaos"). CI runs seeds 1 to 3 for 30s each.
+SEEDS ?= 3
+CHAOS_SEED ?= 1
+CHAOS_DURATION ?= 40s
+CHAOS_REPLICAS ?= 2
+chaos: deps
+	$(GO) run ./testbed/cmd/kvsoak chaos --seeds $(SEEDS) --seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) --replicas $(CHAOS_REPLICAS) --go $(GO) $(CHAOS_FLAGS)
 
 # proto lints the contract and regenerates the committed code from it:
 # proto/kvindex/v1/*.pb.go and the Python client's clients/python/kvindex/v1

@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -118,7 +119,12 @@ type Source struct {
 	reconnects    atomic.Int64
 	watchRestarts atomic.Int64
 	downSince     atomic.Int64 // unix ns NATS was lost at; 0 while connected
-	foreign       atomic.Int64 // registrations that do not parse or do not match their key
+	// rewatch asks the bucket's watch to start again (buffered 1): after a
+	// reconnection, the ordered consumer behind it may be gone with the
+	// server, and nats.go notices only after two missed 5 s heartbeats,
+	// while registrations age into STALE after half their TTL.
+	rewatch chan struct{}
+	foreign atomic.Int64 // registrations that do not parse or do not match their key
 
 	logMu sync.Mutex // guards logl
 	logl  lograte.Limiter
@@ -127,7 +133,8 @@ type Source struct {
 // NewSource returns a source over nc feeding set; nothing happens until Run.
 func NewSource(nc *nats.Conn, set WorkerSet, o SourceOptions) *Source {
 	o.defaults()
-	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}, loading: make(chan struct{}, o.SnapshotConcurrency)}
+	return &Source{nc: nc, o: o, set: set, log: o.Logger, workers: map[string]*replicaWorker{}, loading: make(chan struct{}, o.SnapshotConcurrency),
+		rewatch: make(chan struct{}, 1)}
 }
 
 // Run watches the bucket and syncs the workers until ctx is done. NATS or
@@ -139,6 +146,10 @@ func (s *Source) Run(ctx context.Context) error {
 		s.downSince.Store(0)
 		s.reconnects.Add(1)
 		s.each(func(w *replicaWorker) { w.askResync("NATS reconnected: deltas may have been lost") })
+		select {
+		case s.rewatch <- struct{}{}:
+		default:
+		}
 		if prevReconnect != nil {
 			prevReconnect(nc)
 		}
@@ -165,6 +176,10 @@ func (s *Source) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, errRewatch) {
+			backoff = s.o.ResyncBackoff
+			continue
+		}
 		s.watchRestarts.Add(1)
 		now := time.Now()
 		s.logMu.Lock()
@@ -181,6 +196,9 @@ func (s *Source) Run(ctx context.Context) error {
 		backoff = min(2*backoff, 10*time.Second)
 	}
 }
+
+// errRewatch ends a watch that a reconnection asked to start again.
+var errRewatch = errors.New("nats: bucket watch restarted after a reconnection")
 
 // watch opens the bucket and follows its entries until the watch ends.
 func (s *Source) watch(ctx context.Context) error {
@@ -208,6 +226,8 @@ func (s *Source) watch(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-s.rewatch:
+			return errRewatch
 		case e, ok := <-w.Updates():
 			if !ok {
 				return fmt.Errorf("nats: watch of bucket %s ended", s.o.Bucket)

@@ -197,7 +197,9 @@ func TestMaxMessageBytes(t *testing.T) {
 	pub, pubEP, replayEP := bigPublisher(t)
 	ix := indexer.New(indexer.Config{})
 	w := newWorker(t, ix, "a")
-	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{MaxMessageBytes: 32 << 10, GapPolicy: events.GapKeep, ReconnectInterval: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
+	// The replay cannot hand the oversized batch over either: asking again
+	// (ReplayRetries) would only make the loss later.
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{MaxMessageBytes: 32 << 10, GapPolicy: events.GapKeep, ReconnectInterval: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond, ReplayRetries: -1},
 		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
 	if err != nil {
 		t.Fatal(err)

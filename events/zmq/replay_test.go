@@ -109,8 +109,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestReplayBacksOffAfterFailure: a replay endpoint that never answers
-// costs one request; the gaps that follow during the backoff go straight
-// to the gap policy instead of a storm of replays.
+// costs one request (with no ReplayRetries; TestFailedReplayIsAskedAgain
+// has them); the gaps that follow during the backoff go straight to the
+// gap policy instead of a storm of replays.
 func TestReplayBacksOffAfterFailure(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -125,7 +126,7 @@ func TestReplayBacksOffAfterFailure(t *testing.T) {
 	defer pub.Close()
 	ix := indexer.New(indexer.Config{})
 	w := newWorker(t, ix, "a")
-	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{ReplayTimeout: 200 * time.Millisecond, ReplayBackoff: 5 * time.Second},
+	sub, err := zmq.NewSubscriber(zmq.SubscriberOptions{ReplayTimeout: 200 * time.Millisecond, ReplayBackoff: 5 * time.Second, ReplayRetries: -1},
 		zmq.Endpoint{Worker: events.WorkerRef{Pod: "a"}, Address: pubEP, ReplayEndpoint: replayEP, Sink: w})
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,7 @@ type stream struct {
 	recoverFrom uint64
 	replayGen   uint64 // bumped by each startRecovery
 	rounds      int    // answers of the current recovery asked again for what they dropped
+	retries     int    // failed answers of the current recovery asked again
 	// recent are the last applied messages by seq mod len, to spot repeats.
 	recent [recentSeqs]struct {
 		seq, sum uint64
@@ -128,7 +129,7 @@ func newStream(sub *Subscriber, ref events.WorkerRef, endpoint, topic, replay st
 // again rejoinAfter later. In push mode it joins at once.
 func (st *stream) run(ctx context.Context) {
 	if st.replay != "" && !st.monitored {
-		st.startRecovery(ctx, 0, nil, "join")
+		st.startRecovery(ctx, 0, nil, "join", 0)
 	}
 	rejoin := time.NewTimer(time.Hour)
 	rejoin.Stop()
@@ -154,15 +155,15 @@ func (st *stream) run(ctx context.Context) {
 			case st.replay == "" || st.recovering:
 			case !st.hasExpected:
 				st.rejoined = false
-				st.startRecovery(ctx, 0, nil, "join")
+				st.startRecovery(ctx, 0, nil, "join", 0)
 			case st.resuming:
 				// Restored from a checkpoint: fetch what came since.
 				st.resuming = false
-				st.startRecovery(ctx, st.expected, nil, "resume")
+				st.startRecovery(ctx, st.expected, nil, "resume", 0)
 			}
 		case <-rejoin.C:
 			if !st.hasExpected && !st.recovering {
-				st.startRecovery(ctx, 0, nil, "join")
+				st.startRecovery(ctx, 0, nil, "join", 0)
 			}
 		}
 		st.refreshHealth()
@@ -222,7 +223,7 @@ func (st *stream) process(ctx context.Context, m message) {
 	case !st.hasExpected:
 		if m.seq > 0 && st.replay != "" && !st.joinTried && time.Now().After(st.backoffUntil) {
 			// Joined late (or the join replay failed): fetch what came before.
-			st.startRecovery(ctx, 0, []message{m}, "late join")
+			st.startRecovery(ctx, 0, []message{m}, "late join", 0)
 			return
 		}
 		if m.seq > 0 {
@@ -242,7 +243,7 @@ func (st *stream) process(ctx context.Context, m message) {
 		st.mu.Unlock()
 		if st.replay != "" && time.Now().After(st.backoffUntil) {
 			st.sub.opts.Logger.Info("kv events lost: replaying", "worker", st.ref.String(), "from", st.expected, "to", m.seq-1)
-			st.startRecovery(ctx, st.expected, []message{m}, "gap")
+			st.startRecovery(ctx, st.expected, []message{m}, "gap", 0)
 			return
 		}
 		reason := "no replay endpoint"
@@ -260,7 +261,7 @@ func (st *stream) process(ctx context.Context, m message) {
 	default: // seq went backwards: a new engine process
 		st.restart(fmt.Sprintf("seq went back from %d to %d: engine restarted", st.expected-1, m.seq))
 		if m.seq > 0 && st.replay != "" && time.Now().After(st.backoffUntil) {
-			st.startRecovery(ctx, 0, []message{m}, "restart")
+			st.startRecovery(ctx, 0, []message{m}, "restart", 0)
 			return
 		}
 	}

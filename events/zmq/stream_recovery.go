@@ -11,12 +11,13 @@ import (
 	"github.com/kvindex/kvindex/events"
 )
 
-// startRecovery fetches batches from seq from on, holding pending (live
-// messages that arrived after the gap) until the replay answers.
-func (st *stream) startRecovery(ctx context.Context, from uint64, pending []message, why string) {
+// startRecovery fetches batches from seq from on, after delay, holding
+// pending (live messages that arrived after the gap) until the replay
+// answers.
+func (st *stream) startRecovery(ctx context.Context, from uint64, pending []message, why string, delay time.Duration) {
 	st.replayGen++
-	if why != "continued" {
-		st.rounds = 0
+	if why != "continued" && why != "retry" {
+		st.rounds, st.retries = 0, 0
 	}
 	st.recovering, st.recoverFrom, st.pending = true, from, pending
 	st.pendingBytes = 0
@@ -31,10 +32,17 @@ func (st *stream) startRecovery(ctx context.Context, from uint64, pending []mess
 	endpoint, gen := st.replay, st.replayGen
 	go func() {
 		res := replayResult{gen: gen, from: from}
+		wait := time.NewTimer(delay)
+		defer wait.Stop()
 		select {
-		case st.sub.replaySlots <- struct{}{}:
-			res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayIdle, st.sub.opts.ReplayMaxBatches, st.sub.opts.ReplayMaxBytes, max(st.sub.opts.MaxMessageBytes, -1))
-			<-st.sub.replaySlots
+		case <-wait.C:
+			select {
+			case st.sub.replaySlots <- struct{}{}:
+				res.batches, res.err = fetchReplay(ctx, st.sub.zctx, endpoint, from, st.sub.opts.ReplayTimeout, st.sub.opts.ReplayIdle, st.sub.opts.ReplayMaxBatches, st.sub.opts.ReplayMaxBytes, max(st.sub.opts.MaxMessageBytes, -1))
+				<-st.sub.replaySlots
+			case <-ctx.Done():
+				res.err = ctx.Err()
+			}
 		case <-ctx.Done():
 			res.err = ctx.Err()
 		}
@@ -72,7 +80,8 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 		st.drain(ctx, pending)
 		return
 	}
-	if r.err != nil && !cut {
+	failed := r.err != nil && !cut
+	if failed {
 		st.count(&st.stats.ReplayFailures)
 		st.backoff = min(max(2*st.backoff, st.sub.opts.ReplayBackoff), 30*time.Second)
 		st.backoffUntil = time.Now().Add(st.backoff)
@@ -83,28 +92,40 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 	// An answer that skipped seqs after it started, or stopped short, lost
 	// them at the engine's send HWM (it still holds them): apply the
 	// contiguous part and ask again from the first missing seq. Only seqs
-	// before the answer's first are gone.
-	if n := st.contiguous(r, limit); n > 0 && st.rounds < maxReplayRounds {
-		after := r.batches[n-1].seq + 1
-		// A skip after the contiguous part is a hole even past limit: the
-		// engine still holds [after, limit).
-		hole := n < len(r.batches) && r.batches[n].seq != after
-		if (hole || cut) && after < limit {
-			next := r.from
-			for _, b := range r.batches[:n] {
-				if b.seq > next { // the engine's buffer starts after what we asked for
-					st.lost(next, b.seq, r.from)
-				}
-				st.applyReplayed(b)
-				next = b.seq + 1
+	// before the answer's first are gone. A failed answer (a slow or cut
+	// link, an engine busy between steps) is asked again after the backoff,
+	// up to ReplayRetries times, the live batches held meanwhile: the
+	// engine may still buffer what it did not send.
+	n := st.contiguous(r, limit)
+	after := r.from
+	if n > 0 {
+		after = r.batches[n-1].seq + 1
+	}
+	// A skip after the contiguous part is a hole even past limit: the
+	// engine still holds [after, limit).
+	hole := n > 0 && n < len(r.batches) && r.batches[n].seq != after
+	retry := failed && st.retries < st.sub.opts.ReplayRetries && (n > 0 || len(r.batches) == 0)
+	if after < limit && (retry || n > 0 && st.rounds < maxReplayRounds && (hole || cut)) {
+		next := r.from
+		for _, b := range r.batches[:n] {
+			if b.seq > next { // the engine's buffer starts after what we asked for
+				st.lost(next, b.seq, r.from)
 			}
-			st.rounds++
-			st.count(&st.stats.ReplayContinuations)
-			st.startRecovery(ctx, next, pending, "continued")
+			st.applyReplayed(b)
+			next = b.seq + 1
+		}
+		if retry {
+			st.retries++
+			st.sub.opts.Logger.Info("replay failed: asking again", "worker", st.ref.String(), "from", next, "attempt", st.retries+1, "after", st.backoff)
+			st.startRecovery(ctx, next, pending, "retry", st.backoff)
 			return
 		}
+		st.rounds++
+		st.count(&st.stats.ReplayContinuations)
+		st.startRecovery(ctx, next, pending, "continued", 0)
+		return
 	}
-	st.rounds = 0
+	st.rounds, st.retries = 0, 0
 	next := r.from
 	for _, b := range r.batches {
 		if b.seq < next {
@@ -139,9 +160,13 @@ func (st *stream) onReplay(ctx context.Context, r replayResult) {
 			st.mu.Lock()
 			st.stats.JoinedAtSeq = limit
 			st.mu.Unlock()
-		case st.hasExpected:
+		case st.hasExpected && limit >= r.from:
 			st.expected = limit
 		}
+		// limit < r.from: the live messages that waited went back before
+		// what was asked for (the engine restarted, say while an agent
+		// restored from its checkpoint was down); process judges them as
+		// it judges any seq that goes back.
 	}
 	st.drain(ctx, pending)
 }

@@ -154,6 +154,10 @@ type SubscriberOptions struct {
 	// ReplayBackoff is the first wait after a failed replay (doubling to
 	// 30 s); gaps meanwhile go to the GapPolicy. 0 means 1 s.
 	ReplayBackoff time.Duration
+	// ReplayRetries is how many times a failed replay is asked again, each
+	// after the backoff, before its gap goes to the GapPolicy; the live
+	// batches wait meanwhile (MaxPending). 0 means 2; negative, none.
+	ReplayRetries int
 	// MaxPending bounds live batches held while a replay runs; 0 means 10,000.
 	MaxPending int
 	// GapPolicy is what an unfillable gap does to the worker's blocks.
@@ -184,6 +188,7 @@ func (o *SubscriberOptions) defaults() {
 	defaults.Zero(&o.ReplayIdle, 250*time.Millisecond)
 	defaults.Zero(&o.ConflictQuiet, 10*time.Second)
 	defaults.Zero(&o.ReplayBackoff, time.Second)
+	defaults.Zero(&o.ReplayRetries, 2)
 	defaults.Zero(&o.StaleAfterDisconnect, DefaultStaleAfterDisconnect)
 	defaults.Positive(&o.RcvHWM, 100_000)
 	defaults.Positive(&o.QueueSize, DefaultQueueSize)

@@ -94,6 +94,18 @@ func NewCache(blockSize, capacity int, seed uint64, randomEvict float64, rng *ra
 // reports as the worker's resident blocks).
 func (c *Cache) Resident() int { return len(c.held) }
 
+// Holds reports whether the cache holds the block of engine hash h.
+func (c *Cache) Holds(h uint64) bool { return c.held[h] != nil }
+
+// Hashes appends the engine hash of every block the cache holds to dst,
+// in no particular order.
+func (c *Cache) Hashes(dst []uint64) []uint64 {
+	for h := range c.held {
+		dst = append(dst, h)
+	}
+	return dst
+}
+
 // Physical returns the number of physical blocks in use by cached content.
 func (c *Cache) Physical() int { return c.nphys }
 

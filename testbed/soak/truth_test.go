@@ -268,6 +268,23 @@ func TestChain(t *testing.T) {
 	}
 }
 
+// Holds and Hashes name exactly the blocks the cache holds.
+func TestHoldsAndHashes(t *testing.T) {
+	c := newCache(t, 3, 0)
+	c.Request(seq(0, 8), nil) // two blocks
+	hs := BlockHashes(99, 4, seq(0, 8), nil)
+	got := c.Hashes(nil)
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(hs))
+	if !slices.Equal(got, want) || !c.Holds(hs[0]) || !c.Holds(hs[1]) {
+		t.Fatalf("hashes %x, want %x", got, want)
+	}
+	c.Request(seq(100, 8), nil) // evicts the tail of the first chain
+	if c.Holds(hs[1]) || !c.Holds(hs[0]) || len(c.Hashes(nil)) != 3 {
+		t.Fatalf("after an eviction: holds %v %v, %d hashes", c.Holds(hs[0]), c.Holds(hs[1]), len(c.Hashes(nil)))
+	}
+}
+
 func TestNewCacheRejects(t *testing.T) {
 	for _, tc := range []struct {
 		bs, capacity int

@@ -66,6 +66,7 @@ func newRoot(code *int) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.AddCommand(newChaos(code))
 	f := cmd.Flags()
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "how long the fleet runs under load")
 	f.Uint64Var(&opts.Seed, "seed", opts.Seed, "seed of every random choice (workloads, garbage, schedule)")
