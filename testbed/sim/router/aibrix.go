@@ -48,8 +48,9 @@ const (
 type aibrix struct {
 	base
 	ties
-	load  inflight
-	table *simplelru.LRU[uint64, aibrixBlock]
+	load        inflight
+	table       *simplelru.LRU[uint64, aibrixBlock]
+	tableBlocks int
 
 	hashes []uint64
 	pct    []int // match per engine, -1 none
@@ -67,8 +68,9 @@ func newAIBrix(cfg Config) (*aibrix, error) {
 	if n > 64 {
 		return nil, fmt.Errorf("router %s: %d engines; its table marks at most 64", AIBrix, n)
 	}
-	t, _ := simplelru.NewLRU[uint64, aibrixBlock](max(1, aibrixTableBlocks/cfg.BlockSize), nil) // errs only on a size below 1
-	return &aibrix{ties: newTies(cfg.Seed, 0xa1b), load: newInflight(n), table: t, pct: make([]int, n)}, nil
+	size := max(1, aibrixTableBlocks/cfg.BlockSize)
+	t, _ := simplelru.NewLRU[uint64, aibrixBlock](size, nil) // errs only on a size below 1
+	return &aibrix{ties: newTies(cfg.Seed, 0xa1b), load: newInflight(n), table: t, tableBlocks: size, pct: make([]int, n)}, nil
 }
 
 func (r *aibrix) Name() string { return AIBrix }
