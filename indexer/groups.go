@@ -78,6 +78,17 @@ func ClassOf(kind string) GroupClass {
 	return ClassOther
 }
 
+// ClassOfGroup returns the class of a group of kind with a sliding window
+// of window tokens (0: none sent): ClassOf, except that a window kind
+// without a window is ClassOther (it has no rule to follow).
+func ClassOfGroup(kind string, window int) GroupClass {
+	class := ClassOf(kind)
+	if class == ClassWindow && window <= 0 {
+		return ClassOther
+	}
+	return class
+}
+
 // MaxGroups bounds a KV-cache group's index: an event naming a group at or
 // past it is invalid (counted, not applied). vLLM's models use a handful.
 const MaxGroups = 64
@@ -151,6 +162,8 @@ type sideGroup struct {
 	g      *groupState
 	blocks map[uint64]sideBlock // engine hash -> block; nil for a keyed worker
 	held   map[Key]uint32       // content key -> blocks of the group at it
+	spec   *sideSpec            // the spec it is a member of (nil: no block size yet)
+	bit    uint64               // its bit in spec
 }
 
 // sideBlock is one engine block of a side group: its key and its stores
@@ -169,8 +182,9 @@ type sideBlock struct {
 // Worker.mu, so it does not wait on the worker's whole batch, only on its
 // side events (lock order: Worker.mu, then sideStore.mu).
 type sideStore struct {
-	mu    sync.RWMutex // guards the groups' maps and order
+	mu    sync.RWMutex // guards the groups' maps, order and specs
 	order []*sideGroup // in group index order
+	specs []*sideSpec  // the groups by description, which Cap reads
 }
 
 // groupOfLocked returns the worker's group idx, or nil.
@@ -218,6 +232,9 @@ func (w *Worker) learnGroupLocked(ev *events.Event) (*groupState, error) {
 	g := w.groupOfLocked(idx)
 	if g == nil {
 		return w.addGroupLocked(idx, ev.SpecKind, class, bs, window), nil
+	}
+	if bs == 0 && ev.SpecKind == "" {
+		return g, nil // an offload placeholder (no tokens, block size or kind) describes no layout
 	}
 	if g.Class == class && g.Window == window && (bs == 0 || g.BlockSize == 0 || g.BlockSize == bs) {
 		if g.BlockSize == 0 && bs > 0 {
@@ -300,6 +317,7 @@ func (w *Worker) dropGroupLocked(g *groupState) {
 		}
 		w.capped.Store(len(w.side.order) > 0)
 		w.side.mu.Unlock()
+		w.rebuildSpecsLocked()
 	}
 }
 
@@ -311,6 +329,9 @@ func (w *Worker) setGroupBlockSizeLocked(g *groupState, bs int) {
 	defer w.publishLayoutLocked()
 	if g.Anchor {
 		w.setPrefixBlockSizeLocked(bs)
+	}
+	if g.side != nil {
+		w.rebuildSpecsLocked()
 	}
 }
 
@@ -375,21 +396,32 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
+	// The event's token_ids cover m positions; its hashes are the last
+	// ones, since the positions a group skips come first (those behind a
+	// window, the states before a mamba group's last). Every position is
+	// keyed, to chain. Cost: a BlockKey per position, skipped ones too.
+	m := len(ev.TokenIDs) / bs
+	skip := m - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for i, h := range ev.BlockHashes {
+	for p := range m {
 		var extra events.ExtraKeys
 		switch {
-		case ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[i]
+		case len(ev.ExtraKeys) == m:
+			extra = ev.ExtraKeys[p]
+		case ev.ExtraKeys != nil && p >= skip:
+			extra = ev.ExtraKeys[p-skip]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
+			// Also a skipped position's when extra_keys (one a hash) do
+			// not give it: its multimodal keys are then unknown, and a
+			// wrong key can only make Cap stricter.
 			px := PromptExtras{LoRAName: ev.LoRAName}
 			if !ev.HasParent {
 				px.CacheSalt = ev.CacheSalt
 			}
-			extra, scratch = px.blockExtras(i, scratch)
+			extra, scratch = px.blockExtras(p, scratch)
 		}
-		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
-		if !w.sideAddLocked(sg, h, k, limit) {
+		k := BlockKey(parentKey, ev.TokenIDs[p*bs:(p+1)*bs], extra)
+		if p >= skip && !w.sideAddLocked(sg, ev.BlockHashes[p-skip], k, limit) {
 			refused++
 		}
 		parentKey = k
@@ -403,17 +435,22 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	return err
 }
 
-// checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not.
+// checkTokensLocked checks that a store's tokens cover whole blocks of bs:
+// one a hash, or for a window or mamba group at least one a hash (vLLM's
+// null blocks: a window's blocks behind it, a mamba group's states not
+// kept, are missing from block_hashes but not from token_ids;
+// sideStoreLocked). Extra keys, when given, are one a hash or one a
+// position.
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
-	if bs <= 0 || len(ev.TokenIDs) != n*bs {
+	skips := ClassOf(ev.SpecKind) == ClassWindow || ClassOf(ev.SpecKind) == ClassMamba
+	if bs <= 0 || len(ev.TokenIDs) != n*bs && (!skips || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs) {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}
-	if ev.ExtraKeys != nil && len(ev.ExtraKeys) != n {
+	if m := len(ev.TokenIDs) / bs; ev.ExtraKeys != nil && len(ev.ExtraKeys) != n && len(ev.ExtraKeys) != m {
 		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d extra_keys for %d blocks", ErrTokenCount, len(ev.ExtraKeys), n)
+		return fmt.Errorf("%w: %d extra_keys for %d blocks of %d positions", ErrTokenCount, len(ev.ExtraKeys), n, m)
 	}
 	return nil
 }
@@ -468,6 +505,7 @@ func (w *Worker) sideHoldLocked(sg *sideGroup, k Key) {
 	n := sg.held[k]
 	sg.held[k] = n + 1
 	if n == 0 {
+		sg.specHoldLocked(k)
 		w.sideRes++
 		sg.g.Blocks++
 		if w.rec != nil {
@@ -485,6 +523,7 @@ func (w *Worker) sideUnholdLocked(sg *sideGroup, k Key) {
 		return
 	}
 	delete(sg.held, k)
+	sg.specUnholdLocked(k)
 	w.sideRes--
 	sg.g.Blocks--
 	if w.rec != nil {
@@ -539,6 +578,9 @@ func (w *Worker) clearSideLocked(sg *sideGroup) {
 	w.side.mu.Lock()
 	w.sideRes -= int64(len(sg.held))
 	sg.g.Blocks = 0
+	for k := range sg.held {
+		sg.specUnholdLocked(k)
+	}
 	clear(sg.held)
 	if sg.blocks != nil {
 		clear(sg.blocks)
@@ -651,10 +693,7 @@ const maxKindLen = 64
 func checkLayout(gs []Group) string {
 	anchors, prefix := 0, 0
 	for i, g := range gs {
-		class := ClassOf(g.Kind)
-		if class == ClassWindow && g.Window <= 0 {
-			class = ClassOther
-		}
+		class := ClassOfGroup(g.Kind, g.Window)
 		switch {
 		case g.Index < 0 || g.Index >= MaxGroups:
 			return fmt.Sprintf("group index %d outside [0, %d)", g.Index, MaxGroups)
@@ -715,10 +754,7 @@ func (d *segDecoder) layout() []Group {
 		default:
 			g.Anchor = a == 1
 		}
-		g.Class = ClassOf(g.Kind)
-		if g.Class == ClassWindow && g.Window <= 0 {
-			g.Class = ClassOther
-		}
+		g.Class = ClassOfGroup(g.Kind, g.Window)
 		gs = append(gs, g)
 	}
 	return gs

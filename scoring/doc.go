@@ -16,8 +16,10 @@
 //	            STORAGE, DISK, EXTERNAL 0.5, OTHER 0, set per tier by
 //	            tier_weights; a REMOTE block is EXTERNAL; media in
 //	            descending weight, each adding the part of its prefix not
-//	            already counted), times S tokens; blocks a recent Route
-//	            sent there count as GPU
+//	            already counted), times S tokens, as far as every
+//	            KV-cache group serves it (the hybrid cap); blocks a
+//	            recent Route sent there, past those its prefix group
+//	            holds, count as GPU
 //	overlap_w = cached_w / (B * S)
 //	own_w     = T - cached_w                          (tokens to prefill)
 //	queue_w   = caller's queued_prefill_tokens if given, else

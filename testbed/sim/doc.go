@@ -24,8 +24,11 @@
 //     agents and replicas), routers ask it over real gRPC, and each
 //     router's call is charged to its request's TTFT.
 //
-// When a run ends every kvindex worker must hold exactly its engine's
-// cached blocks; anything else is counted in metrics.Result.IndexProblems.
+// When a run ends every KV-cache group of every kvindex worker must hold
+// exactly the distinct blocks its engine caches in that group, and no
+// event may have been refused, orphaned or lost; anything else is counted
+// in metrics.Result.IndexProblems and named, by kind, in IndexDetail
+// (check.go).
 //
 // Simulate and Sweep run one goroutine per router (Options.Parallel at
 // once), Live every router at once; each run owns its fleet, index and

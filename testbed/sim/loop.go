@@ -97,7 +97,9 @@ func (l *loop) run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("sim: %s: %w", l.router.Name(), err)
 		}
-		arrival := next < len(reqs) && (len(l.heap) == 0 || reqs[next].Arrival < l.heap[0].t)
+		// Serial: an arrival waits for the heap to empty (engines idle,
+		// batches applied).
+		arrival := next < len(reqs) && (len(l.heap) == 0 || !l.o.Serial && reqs[next].Arrival < l.heap[0].t)
 		var t time.Duration
 		if arrival {
 			t = reqs[next].Arrival
@@ -161,8 +163,10 @@ func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Durat
 	}
 	if p, ok := l.router.(router.Predictor); ok {
 		if tokens, ok := p.Predicted(); ok {
-			// The engine hits at most the full blocks before the last token.
-			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs))
+			// The engine hits at most the full blocks before the last token
+			// (as CachedTokens counts its hit now, unpublished steps
+			// included).
+			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs), l.fleet.CachedTokens(i, &l.rreq))
 		}
 	}
 	e := l.fleet.engines[i]

@@ -62,6 +62,7 @@ type flags struct {
 	rc                sim.RunConfig
 	routers           string
 	policy, guard     string
+	groupCaps         string
 	verbose           bool
 	prefixesQPS, zipf float64
 }
@@ -83,6 +84,8 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
 	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+strings.Join(router.Names, ", "))
 	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
+	fs.StringVar(&f.groupCaps, "group-caps", "on", "kvindex's hybrid rule: on (a hit as far as every KV-cache group serves it), off (the prefix group alone), or both (each kvindex router also as <router>"+sim.PrefixOnly+", virtual time)")
+	fs.BoolVar(&o.Serial, "serial", false, "route each request only once every engine is idle and every batch applied: nothing in flight, to check kvindex's predictions alone (virtual mode)")
 	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
@@ -133,6 +136,15 @@ func (f *flags) config() (sim.RunConfig, error) {
 	}
 	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.Uniform = f.zipf, f.zipf == 0
 	rc.Workload.Prefixes.QPS = f.prefixesQPS
+	switch f.groupCaps {
+	case "on":
+	case "off":
+		rc.Options.NoGroupCaps = true
+	case "both":
+		rc.Options.Routers = sim.WithPrefixOnly(rc.Options.Routers)
+	default:
+		return rc, fmt.Errorf("--group-caps %q: want on, off or both", f.groupCaps)
+	}
 	rc.Options.Seed = rc.Workload.Seed
 	if f.policy != "" || f.guard != "" {
 		rc.Options.RoutePolicy = &scoring.Override{Name: f.policy, Guard: f.guard}
@@ -172,7 +184,9 @@ func newGrid() *cobra.Command {
 			"better on both p99 and hit rate) and precise+load against each peer router (p99 and mean within 2%,\n" +
 			"hit rate >= 95% of the best peer's) into <dir>/grid.md, grid.csv and peers.csv. --resume skips the\n" +
 			"cells that already have results (an interrupted grid goes on). Cells are named <workload>-<rate>x-<cache>,\n" +
-			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
+			"e.g. sessions-2x-12.5k; --cells takes names or patterns. Hybrid cells follow: each of --layouts on the\n" +
+			"mooncake and sessions workloads at the first rate, named <workload>-<rate>x-<cache>-<layout>, every kvindex\n" +
+			"router also as <router>" + sim.PrefixOnly + " (kvindex matching by the prefix group alone, not in the criterion).",
 		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			var err error
 			if rates != "" {
@@ -199,6 +213,7 @@ func newGrid() *cobra.Command {
 	fs.StringSliceVar(&gc.Workloads, "workloads", nil, "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
 	fs.StringVar(&rates, "rates", "", "rate multipliers (default 1,2)")
 	fs.StringVar(&caches, "caches", "", "cache sizes, blocks per engine (default 25k,12.5k)")
+	fs.StringSliceVar(&gc.Layouts, "layouts", nil, "model layouts of the hybrid cells (default "+strings.Join(sim.GridLayouts, ",")+"; none: no hybrid cell)")
 	fs.StringVar(&gc.Dir, "dir", "docs/results", "directory of the cells' results and the summary")
 	fs.StringVar(&gc.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
 	fs.Uint64Var(&gc.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
