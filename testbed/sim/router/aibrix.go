@@ -16,7 +16,8 @@ import (
 // AIBrix's gateway, routing algorithm prefix-cache with its defaults
 // (github.com/vllm-project/aibrix, tag v0.7.0, commit c5465890951a:
 // pkg/plugins/gateway/algorithms/prefix_cache.go, least_request.go,
-// util.go; pkg/utils/prefixcacheindexer/hash.go; pkg/utils/lrustore):
+// util.go; pkg/utils/prefixcacheindexer/hash.go; pkg/utils/lrustore; the
+// thresholds unchanged in prefix_cache.go at commit 429c45e90fb4):
 //
 //   - Load is the gateway's own count of requests running on each pod
 //     (routed, not finished).

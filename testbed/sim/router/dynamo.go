@@ -12,7 +12,9 @@ import (
 // dynamo, lib/kv-router/src/scheduling/selector.rs at commit 01690d42e3b9,
 // DefaultWorkerSelector; defaults in lib/kv-router/src/scheduling/
 // config.rs at commit 0243c51bb6e8 and the later defaults of
-// overlap_score_credit_decay and decode_active_request_weight, both 0):
+// overlap_score_credit_decay and decode_active_request_weight, both 0;
+// the same cost in lib/kv-router/src/scheduling/selector/default.rs at
+// commit 07a6c9ce3bb0):
 // for each worker w, in blocks of the engine's block size bs,
 //
 //	cost_w = max(0, (active_prefill_tokens_w + ISL) / bs - overlap_w)

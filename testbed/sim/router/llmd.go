@@ -12,9 +12,10 @@ import (
 // llm-d's router (github.com/llm-d/llm-d-router, tag v0.10.0, commit
 // 71f4f0999f95), as its two documented profiles configure it:
 //
-//   - llm-d, the default profile (pkg/epp/config/loader/defaults.go):
-//     queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer
-//     3, max-score-picker. The prefix scorer reads the approximate
+//   - llm-d, the default profile (pkg/epp/config/loader/defaults.go;
+//     unchanged at commit 0b59e4edb532): queue-scorer 2,
+//     kv-cache-utilization-scorer 2, prefix-cache-scorer 3,
+//     max-score-picker. The prefix scorer reads the approximate
 //     producer (pkg/epp/framework/plugins/requestcontrol/dataproducer/
 //     approximateprefix/plugin.go, indexer.go, types.go; prefixhash/
 //     hashing.go): the prompt in blocks of max(the engine's block size,
