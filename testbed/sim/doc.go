@@ -8,7 +8,10 @@
 //
 // Both modes run one discrete-event loop: arrivals are routed and queued
 // on an engine, engines run steps the time model times, and each step's
-// KV events form one batch.
+// KV events form one batch. A router that scrapes vLLM's metrics
+// (router.Poller) sees them as of its last poll, every poll interval of
+// simulated time; one that counts its own requests in flight
+// (router.Finisher) hears when each finishes.
 //
 //   - Virtual time (Simulate, Sweep): time jumps from event to event. The
 //     kvindex routers still use kvindex's real pipeline in process: each

@@ -64,7 +64,10 @@ type GridConfig struct {
 	// size, every kvindex router also run as its PrefixOnly variant.
 	Layouts []string
 	Cells   []string // cells by name or path.Match pattern (empty: every cell)
-	Dir     string   // a directory per cell and the summary (default docs/results)
+	// Resume skips the picked cells that already have a results.csv
+	// under Dir (an interrupted grid goes on where it stopped).
+	Resume bool
+	Dir    string // a directory per cell and the summary (default docs/results)
 	// Trace, Seed and Requests (0: the suite as documented) are each
 	// cell's WorkloadSpec's.
 	Trace    string
@@ -187,6 +190,10 @@ func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 		return err
 	}
 	for _, c := range cells {
+		if _, err := os.Stat(filepath.Join(gc.Dir, c.Name, "results.csv")); gc.Resume && err == nil {
+			fmt.Fprintf(w, "kvsim grid cell %s: kept (--resume)\n", c.Name)
+			continue
+		}
 		if err := runCell(ctx, gc, c, w); err != nil {
 			return fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
 		}
@@ -205,9 +212,16 @@ func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 	if err := WriteGridSummary(&b, sum); err != nil {
 		return err
 	}
+	b.WriteString("\nprecise+load against the peers (p99 / mean TTFT / token hit rate; bold: a term precise+load lost):\n\n")
+	if err := WritePeerSummary(&b, sum); err != nil {
+		return err
+	}
 	fmt.Fprintf(w, "\n%s", b.String())
 	if err := os.WriteFile(filepath.Join(gc.Dir, "grid.md"), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
+	}
+	if err := writeCSV(filepath.Join(gc.Dir, "peers.csv"), peerCSV(sum)); err != nil {
+		return err
 	}
 	return writeCSV(filepath.Join(gc.Dir, "grid.csv"), gridCSV(sum))
 }
@@ -247,11 +261,12 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	return err
 }
 
-// GridResult is one cell's criterion and wall-clock time, as read back
-// from its directory.
+// GridResult is one cell's criterion, precise+load against the peers, and
+// wall-clock time, as read back from its directory.
 type GridResult struct {
 	Cell      GridCell
 	Criterion Criterion
+	Peers     PeerVerdict // no Peers when none ran in the cell
 	Wall      time.Duration
 }
 
@@ -271,7 +286,11 @@ func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
 		}
-		out = append(out, GridResult{Cell: c, Criterion: crit, Wall: wall})
+		peers, err := EvaluatePeers(rows)
+		if err != nil {
+			return nil, fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
+		}
+		out = append(out, GridResult{Cell: c, Criterion: crit, Peers: peers, Wall: wall})
 	}
 	return out, nil
 }
