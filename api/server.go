@@ -49,6 +49,9 @@ type Options struct {
 	// IncludeStale keeps stale workers in Score answers, flagged STALE; by
 	// default they are left out unless named as candidates.
 	IncludeStale bool
+	// NoGroupCaps matches hybrid models' workers by their prefix group
+	// alone (scoring.Options.NoGroupCaps; config scoring.group_caps false).
+	NoGroupCaps bool
 	// Policy is the ranking policy requests start from; nil means
 	// scoring.DefaultPolicy().
 	Policy *scoring.Policy
@@ -121,6 +124,7 @@ func NewServer(ix *indexer.Index, stats events.StatsSource, opts Options) *Serve
 			Loads:        opts.Loads,
 			Health:       hs,
 			IncludeStale: opts.IncludeStale,
+			NoGroupCaps:  opts.NoGroupCaps,
 		}),
 	}
 	if opts.Registerer != nil {

@@ -304,15 +304,23 @@ type Scoring struct {
 	// StaticK is the static guard's multiple of the median.
 	StaticK float64 `yaml:"static_k,omitempty"`
 	// SpeculativeTTL is how long a routed request's blocks count as cached
-	// before events confirm them.
+	// before events confirm them, at most (its Release ends it sooner).
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl,omitempty"`
 	// InflightTTL is how long a routed request counts as load without a
 	// Release.
 	InflightTTL time.Duration `yaml:"inflight_ttl,omitempty"`
+	// GroupCaps credits a hybrid model's worker (sliding window, mamba) only
+	// with the hit every KV-cache group serves, as vLLM's coordinator
+	// realizes it; false matches by the prefix group alone, a kill switch.
+	// Unset is true (GroupCapsOn).
+	GroupCaps *bool `yaml:"group_caps,omitempty"`
 	// ScrapeInterval is how often pods' metrics_url are read; a scrape
 	// older than 3 intervals is ignored.
 	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty"`
 }
+
+// GroupCapsOn reports group_caps, true when unset.
+func (s *Scoring) GroupCapsOn() bool { return s.GroupCaps == nil || *s.GroupCaps }
 
 // Push is one bound SUB socket for push-mode engines. Topics name the pod:
 // llm-d's kv@<pod>@<model> works as is; other topics are mapped in Routes.

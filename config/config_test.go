@@ -114,6 +114,7 @@ func TestSetDefaults(t *testing.T) {
 			Policy: DefaultScoringPolicy, GPUWeight: DefaultGPUWeight, CPUWeight: DefaultCPUWeight, StorageWeight: DefaultStorageWeight,
 			UnknownTier: DefaultUnknownTier, LoadWeight: DefaultLoadWeight, Guard: DefaultGuard, StaticK: DefaultStaticK,
 			SpeculativeTTL: DefaultSpeculativeTTL, InflightTTL: DefaultInflightTTL, ScrapeInterval: DefaultScrapeInterval,
+			GroupCaps: new(DefaultGroupCaps),
 		},
 		Limits: Limits{MaxTokens: api.DefaultMaxTokens, MaxBlockKeys: api.DefaultMaxBlockKeys, MaxCandidates: api.DefaultMaxCandidates, MaxInflight: scoring.DefaultMaxFlights, MaxPending: api.DefaultMaxPending, QueueTarget: api.DefaultQueueTarget, MaxQueueDelay: api.DefaultMaxQueueDelay, MaxConnections: DefaultMaxConnections,
 			MaxInspect: api.DefaultMaxInspect(), MaxInspectPending: api.DefaultMaxInspectPending, InspectWait: api.DefaultInspectWait},
@@ -137,14 +138,14 @@ func TestSetDefaults(t *testing.T) {
 	set := Config{
 		GRPCListen: "127.0.0.1:1", MetricsListen: MetricsOff,
 		Events:  Events{GapPolicy: "keep", StaleAfterDisconnect: -1},
-		Scoring: Scoring{Policy: "longest_prefix", LoadWeight: 2, ScrapeInterval: time.Hour},
+		Scoring: Scoring{Policy: "longest_prefix", LoadWeight: 2, ScrapeInterval: time.Hour, GroupCaps: new(false)},
 		Limits:  Limits{MaxTokens: 7},
 		Log:     Log{Level: "debug"},
 	}
 	set.SetDefaults()
 	if set.GRPCListen != "127.0.0.1:1" || set.MetricsListen != MetricsOff || set.Events.GapPolicy != "keep" ||
 		set.Events.StaleAfterDisconnect != -1 || set.Scoring.Policy != "longest_prefix" || set.Scoring.LoadWeight != 2 ||
-		set.Scoring.ScrapeInterval != time.Hour || set.Limits.MaxTokens != 7 || set.Log.Level != "debug" {
+		set.Scoring.ScrapeInterval != time.Hour || set.Limits.MaxTokens != 7 || set.Log.Level != "debug" || set.Scoring.GroupCapsOn() {
 		t.Fatalf("SetDefaults replaced set fields: %+v", set)
 	}
 }
@@ -327,5 +328,25 @@ func TestCostModelSection(t *testing.T) {
 	}
 	if _, err := Parse([]byte("scoring:\n  cost_model:\n    attention_pairs_per_sec: -1\n")); err == nil || !strings.Contains(err.Error(), "cost_model") {
 		t.Fatalf("a negative attention rate: %v", err)
+	}
+}
+
+// TestGroupCaps: scoring.group_caps is on unless set false, and the
+// daemon's kill switch reads it so.
+func TestGroupCaps(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		want bool
+	}{{"", true}, {"scoring:\n  group_caps: true\n", true}, {"scoring:\n  group_caps: false\n", false}} {
+		cfg, err := Parse([]byte("models: [{name: m}]\npods: [{name: a, model: m, endpoint: 'tcp://h:1'}]\n" + c.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Scoring.GroupCapsOn(); got != c.want || cfg.Scoring.GroupCaps == nil {
+			t.Errorf("%q: group caps %v (set %v), want %v", c.yaml, got, cfg.Scoring.GroupCaps != nil, c.want)
+		}
+	}
+	if !(&Scoring{}).GroupCapsOn() {
+		t.Error("an unset group_caps is off")
 	}
 }

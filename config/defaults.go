@@ -48,6 +48,7 @@ const (
 	DefaultStaticK        = scoring.DefaultStaticK       // scoring.static_k
 	DefaultSpeculativeTTL = scoring.DefaultSpecTTL       // scoring.speculative_ttl
 	DefaultInflightTTL    = scoring.DefaultFlightTTL     // scoring.inflight_ttl
+	DefaultGroupCaps      = true                         // scoring.group_caps
 	DefaultScrapeInterval = time.Second                  // scoring.scrape_interval
 
 	DefaultMaxTokens          = api.DefaultMaxTokens         // limits.max_tokens
@@ -116,6 +117,9 @@ func (c *Config) SetDefaults() {
 	defaults.Zero(&s.StaticK, DefaultStaticK)
 	defaults.Zero(&s.SpeculativeTTL, DefaultSpeculativeTTL)
 	defaults.Zero(&s.InflightTTL, DefaultInflightTTL)
+	if s.GroupCaps == nil {
+		s.GroupCaps = new(DefaultGroupCaps)
+	}
 	defaults.Zero(&s.ScrapeInterval, DefaultScrapeInterval)
 	l := &c.Limits
 	defaults.Zero(&l.MaxTokens, DefaultMaxTokens)

@@ -262,6 +262,7 @@ func (d *Daemon) newAPI() error {
 		Tracker:       d.tracker,
 		Loads:         d.loads,
 		IncludeStale:  cfg.Score.IncludeStale,
+		NoGroupCaps:   !cfg.Scoring.GroupCapsOn(),
 		MaxTokens:     cfg.Limits.MaxTokens,
 		MaxBlockKeys:  cfg.Limits.MaxBlockKeys,
 		MaxCandidates: cfg.Limits.MaxCandidates,

@@ -115,6 +115,10 @@ func (w *Worker) storeLocked(ev *events.Event) error {
 	case !g.Anchor:
 		w.c.group.Add(1)
 		return nil
+	case len(ev.TokenIDs) > 0 && len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize:
+		// A prefix group keeps every position: it skips none.
+		w.c.invalid.Add(1)
+		return fmt.Errorf("%w: %d token_ids for %d blocks of %d in the prefix group", ErrTokenCount, len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
 	}
 	return w.storeAnchorLocked(ev)
 }

@@ -52,6 +52,11 @@
 // another is flagged (Worker.BlockSizeMismatch), its blocks kept at their
 // own size.
 //
+// A window or mamba group's store names only the positions the group
+// keeps while its token_ids cover the whole range (vLLM's null blocks):
+// its hashes are the range's last positions; a prefix group's store that
+// skips a position is refused.
+//
 // # Replication
 //
 // Worker.ApplyBatchDelta records what each batch did to a worker's resident

@@ -396,27 +396,32 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
-	px := PromptExtras{LoRAName: ev.LoRAName}
-	if !ev.HasParent {
-		px.CacheSalt = ev.CacheSalt
-	}
-	// The hashes are the last blocks: vLLM leaves out the null blocks a
-	// window group keeps behind its window and a mamba group before a
-	// chunk's last state, not their tokens (checkTokensLocked). Those are
-	// keyed to chain through, without extra keys (after a multimodal one,
-	// a key no prompt has: Cap only stricter).
-	skip := len(ev.TokenIDs)/bs - len(ev.BlockHashes)
+	// The event's token_ids cover m positions; its hashes are the last
+	// ones, since the positions a group skips come first (those behind a
+	// window, the states before a mamba group's last). Every position is
+	// keyed, to chain. Cost: a BlockKey per position, skipped ones too.
+	m := len(ev.TokenIDs) / bs
+	skip := m - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for j := range skip + len(ev.BlockHashes) {
+	for p := range m {
 		var extra events.ExtraKeys
 		switch {
-		case j >= skip && ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[j-skip]
+		case len(ev.ExtraKeys) == m:
+			extra = ev.ExtraKeys[p]
+		case ev.ExtraKeys != nil && p >= skip:
+			extra = ev.ExtraKeys[p-skip]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
-			extra, scratch = px.blockExtras(j, scratch)
+			// Also a skipped position's when extra_keys (one a hash) do
+			// not give it: its multimodal keys are then unknown, and a
+			// wrong key can only make Cap stricter.
+			px := PromptExtras{LoRAName: ev.LoRAName}
+			if !ev.HasParent {
+				px.CacheSalt = ev.CacheSalt
+			}
+			extra, scratch = px.blockExtras(p, scratch)
 		}
-		k := BlockKey(parentKey, ev.TokenIDs[j*bs:(j+1)*bs], extra)
-		if j >= skip && !w.sideAddLocked(sg, ev.BlockHashes[j-skip], k, limit) {
+		k := BlockKey(parentKey, ev.TokenIDs[p*bs:(p+1)*bs], extra)
+		if p >= skip && !w.sideAddLocked(sg, ev.BlockHashes[p-skip], k, limit) {
 			refused++
 		}
 		parentKey = k
@@ -430,9 +435,12 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	return err
 }
 
-// checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not; a window or mamba group's
-// may cover more blocks, which vLLM skips (sideStoreLocked).
+// checkTokensLocked checks that a store's tokens cover whole blocks of bs:
+// one a hash, or for a window or mamba group at least one a hash (vLLM's
+// null blocks: a window's blocks behind it, a mamba group's states not
+// kept, are missing from block_hashes but not from token_ids;
+// sideStoreLocked). Extra keys, when given, are one a hash or one a
+// position.
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
 	skips := ClassOf(ev.SpecKind) == ClassWindow || ClassOf(ev.SpecKind) == ClassMamba
@@ -440,9 +448,9 @@ func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}
-	if ev.ExtraKeys != nil && len(ev.ExtraKeys) != n {
+	if m := len(ev.TokenIDs) / bs; ev.ExtraKeys != nil && len(ev.ExtraKeys) != n && len(ev.ExtraKeys) != m {
 		w.c.invalid.Add(1)
-		return fmt.Errorf("%w: %d extra_keys for %d blocks", ErrTokenCount, len(ev.ExtraKeys), n)
+		return fmt.Errorf("%w: %d extra_keys for %d blocks of %d positions", ErrTokenCount, len(ev.ExtraKeys), n, m)
 	}
 	return nil
 }

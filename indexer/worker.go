@@ -205,6 +205,13 @@ func (w *Worker) Model() *Model { return w.model }
 // batch's end. Cost: one atomic load.
 func (w *Worker) ResidentBlocks() int64 { return w.c.resident.Load() }
 
+// PoolBlocks returns the blocks of the engine's KV-cache pool the worker
+// holds as of the last batch's end: its resident blocks and its side
+// groups' (vLLM allocates every group's blocks from one pool, so a hybrid
+// engine holding a position in a window group and the full-attention
+// group uses two). Cost: two atomic loads.
+func (w *Worker) PoolBlocks() int64 { return w.c.resident.Load() + w.c.sideBlocks.Load() }
+
 // Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
 	s := Stats{

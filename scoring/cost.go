@@ -153,7 +153,7 @@ func (e *Estimate) TTFT() float64 { return e.Wait + e.Prefill + e.Pressure }
 func (e *Estimate) Cost() float64 { return e.TTFT() + e.Delay + e.Evict - e.Relief }
 
 // evict fills e.Evict: the request's tokens that do not fit beside what
-// the worker holds (resident blocks plus KV in use) evict cached blocks,
+// the worker holds (its pool blocks, every group's, plus KV in use) evict cached blocks,
 // which later requests hit at about the fleet's hit rate h and recompute:
 // evicted x h / rate. Zero when the capacity is unknown.
 func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {

@@ -16,8 +16,10 @@
 //	            STORAGE, DISK, EXTERNAL 0.5, OTHER 0, set per tier by
 //	            tier_weights; a REMOTE block is EXTERNAL; media in
 //	            descending weight, each adding the part of its prefix not
-//	            already counted), times S tokens; blocks a recent Route
-//	            sent there count as GPU
+//	            already counted), times S tokens, as far as every
+//	            KV-cache group serves it (the hybrid cap); blocks a
+//	            recent Route sent there, past those its prefix group
+//	            holds, count as GPU
 //	overlap_w = cached_w / (B * S)
 //	own_w     = T - cached_w                          (tokens to prefill)
 //	queue_w   = caller's queued_prefill_tokens if given, else
@@ -37,7 +39,7 @@
 //	      pressure_w = (own_w - free KV_w) / rate, if positive
 //	      delay_w  = prefill_w x a_w x (wait_w + prefill_w) / (1 - rho)
 //	      evict_w  = min(own_w, occupied_w + own_w - capacity) x h / rate,
-//	                 if positive (occupied: resident blocks plus KV in use;
+//	                 if positive (occupied: the pool blocks held, every KV-cache group's, plus KV in use;
 //	                 h: the fleet's hit rate)
 //	      relief_w = max over sampled prefix depths d that w does not hold
 //	                 and a_d / h_d > a / workers (a hot prefix) of

@@ -149,3 +149,80 @@ func TestScoreUsesTheLearnedBlockSize(t *testing.T) {
 		t.Fatalf("ranked %+v (prompt %+v), want 3 blocks of %d", res.Ranked, res.Prompt, bs)
 	}
 }
+
+// TestSpeculationDoesNotLiftACap: a prompt routed to a hybrid worker counts
+// as speculatively cached there, but only past what its prefix group
+// holds: blocks it holds were announced with every group's, so once the
+// window group lost some (vLLM frees a window's first blocks first, and
+// evicts them first), the same prompt scored again is credited with the
+// capped hit, not the routed one. Past the prefix group's blocks,
+// speculation still extends the match.
+func TestSpeculationDoesNotLiftACap(t *testing.T) {
+	f := newTestFleet(t, 1)
+	w := f.ws[0]
+	r := rand.New(rand.NewPCG(5, 5))
+	prompt := tokens(r, 8*testBS+3)
+	window := 2*testBS + 1
+	hybridStore(t, w, prompt, 0, 6, 0, "full_attention", 0)
+	hybridStore(t, w, prompt, 0, 6, 1, "sliding_window", window)
+	hybridRemove(t, w, 0, 6, 1) // evicted from the window group: no hit at all
+
+	s := New(f.ix, Options{})
+	var res Result
+	score := func() Candidate {
+		t.Helper()
+		if err := s.Score(&Request{Model: f.model, Tokens: prompt[:6*testBS+3]}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Ranked) != 1 {
+			t.Fatalf("ranked %d workers", len(res.Ranked))
+		}
+		return res.Ranked[0]
+	}
+	if c := score(); c.Match.Blocks != 0 || c.Match.Prefix != 6 {
+		t.Fatalf("before the route: %d blocks of prefix %d, want 0 of 6", c.Match.Blocks, c.Match.Prefix)
+	}
+	if _, err := s.Route("r1", "", &Request{Model: f.model, Tokens: prompt[:6*testBS+3]}, nil, &res); err != nil {
+		t.Fatal(err)
+	}
+	if c := score(); c.Match.Blocks != 0 || c.Speculative != 0 || c.Match.Prefix != 6 || c.Match.CappedBy != 1 {
+		t.Errorf("routed prompt scored again: %d blocks (%d speculative) of prefix %d capped by %d, want 0 (0) of 6 by group 1",
+			c.Match.Blocks, c.Speculative, c.Match.Prefix, c.Match.CappedBy)
+	}
+	// A longer prompt routed: its blocks past the six held are expected.
+	if _, err := s.Route("r2", "", &Request{Model: f.model, Tokens: prompt}, nil, &res); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Score(&Request{Model: f.model, Tokens: prompt}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if c := res.Ranked[0]; c.Match.Blocks != 8 || c.Speculative != 8 || c.Match.Prefix != 0 {
+		t.Errorf("longer prompt routed: %d blocks (%d speculative), prefix %d, want 8 (8) uncapped", c.Match.Blocks, c.Speculative, c.Match.Prefix)
+	}
+}
+
+// TestNoGroupCapsMatchesThePrefixGroup: with Options.NoGroupCaps a
+// hybrid worker whose window group lost blocks is credited with its
+// prefix group's whole match, as before kvindex modelled the coordinator.
+func TestNoGroupCapsMatchesThePrefixGroup(t *testing.T) {
+	f := newTestFleet(t, 1)
+	w := f.ws[0]
+	r := rand.New(rand.NewPCG(6, 6))
+	prompt := tokens(r, 8*testBS+1)
+	hybridStore(t, w, prompt, 0, 8, 0, "full_attention", 0)
+	hybridStore(t, w, prompt, 0, 8, 1, "sliding_window", 2*testBS+1)
+	hybridRemove(t, w, 0, 8, 1)
+	var res Result
+	for _, c := range []struct {
+		off          bool
+		blocks, pref int
+	}{{false, 0, 8}, {true, 8, 0}} {
+		s := New(f.ix, Options{NoGroupCaps: c.off})
+		if err := s.Score(&Request{Model: f.model, Tokens: prompt}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if m := res.Ranked[0].Match; m.Blocks != c.blocks || m.Prefix != c.pref || m.ByMedium[events.MediumGPU] != c.blocks {
+			t.Errorf("NoGroupCaps %v: %d blocks (GPU %d), prefix %d, want %d and %d", c.off, m.Blocks, m.ByMedium[events.MediumGPU], m.Prefix, c.blocks, c.pref)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -24,8 +25,10 @@ var (
 
 // Tracker remembers routing decisions: a request's uncached prefill counts
 // as its worker's in-flight load until Release or FlightTTL, and its blocks
-// as speculatively cached there for SpecTTL, since BlockStored arrives only
-// once the engine schedules the prefill. Workers are named by (WorkerID,
+// as speculatively cached there until Release or SpecTTL, since BlockStored
+// arrives only once the engine schedules the prefill; once the prefill is
+// done its blocks were announced, and speculating longer would credit
+// blocks the engine has since evicted. Workers are named by (WorkerID,
 // generation), so a reused id never inherits load.
 //
 // # Concurrency
@@ -36,7 +39,8 @@ var (
 // operation; speculative entries are in maps by the prompt's first key,
 // each shard under an RWMutex (Speculative: one read-locked probe; Sweep
 // write-locks only to delete what expired). No lock is held while calling
-// out or across shards.
+// out, and across shards only in Record, which takes the speculative
+// shard's lock under the flight shard's (the one order of the two).
 type Tracker struct {
 	specTTL, flightTTL time.Duration
 	maxFlights         int64
@@ -54,6 +58,7 @@ type Tracker struct {
 	// maxSpecKeys); refused and skipped count what the bounds turned away.
 	specKeys         atomic.Int64
 	refused, skipped atomic.Int64
+	specSeq          atomic.Uint64 // the last speculative entry's id
 }
 
 // Shard counts: a sweep of one shard (1/64 of 100 k flights) holds its
@@ -81,6 +86,17 @@ type flight struct {
 	tokens  uint64
 	expires time.Time
 	owner   string // who routed it; only they may release it
+	// spec is the speculative entry it holds (specRef.id 0: none).
+	spec specRef
+}
+
+// specRef names a speculative entry: its prompt's first key, its worker
+// generation and its id.
+type specRef struct {
+	first indexer.Key
+	w     indexer.WorkerID
+	gen   uint32
+	id    uint64
 }
 
 // flightCell is one worker generation's in-flight totals.
@@ -91,12 +107,16 @@ type flightCell struct {
 }
 
 // specEntry is the longest recent prompt (by its first key) routed to one
-// worker generation.
+// worker generation, held by the flights that routed there (flights)
+// until they are released or it expires. id tells it from an earlier
+// entry of the same worker that expired, whose flights no longer hold it.
 type specEntry struct {
 	w       indexer.WorkerID
 	gen     uint32
 	keys    []indexer.Key
 	expires time.Time
+	id      uint64
+	flights int32
 }
 
 // Spec is one worker's speculative prefix of a prompt (Tracker.Speculative).
@@ -206,12 +226,21 @@ func (t *Tracker) Record(id, owner string, w indexer.WorkerID, gen uint32, keys 
 		t.refused.Add(1)
 		return fmt.Errorf("%w: %d, the most the table holds (release requests when their prefill is done)", ErrTooManyFlights, t.maxFlights)
 	}
-	sh.m[id] = flight{cell: c, tokens: tokens, expires: now.Add(t.flightTTL), owner: owner}
+	f := flight{cell: c, tokens: tokens, expires: now.Add(t.flightTTL), owner: owner}
+	f.spec = t.speculate(w, gen, keys, now)
+	sh.m[id] = f
 	sh.mu.Unlock()
 	c.requests.Add(1)
 	c.tokens.Add(int64(tokens))
+	return nil
+}
+
+// speculate makes keys speculatively cached on worker (w, gen) for
+// SpecTTL from now, or the entry of a longer prompt with the same first
+// key, and returns the entry it holds (id 0: none).
+func (t *Tracker) speculate(w indexer.WorkerID, gen uint32, keys []indexer.Key, now time.Time) specRef {
 	if len(keys) == 0 {
-		return nil
+		return specRef{}
 	}
 	ss := t.specShard(keys[0])
 	ss.mu.Lock()
@@ -222,20 +251,49 @@ func (t *Tracker) Record(id, owner string, w indexer.WorkerID, gen uint32, keys 
 		if e.w != w || e.gen != gen {
 			continue
 		}
-		if !now.Before(e.expires) || len(keys) >= len(e.keys) {
+		live := now.Before(e.expires)
+		if !live || len(keys) >= len(e.keys) {
 			if !t.holdSpec(len(keys) - len(e.keys)) {
-				return nil
+				return specRef{}
 			}
 			e.keys = append(e.keys[:0:0], keys...)
 		}
+		if !live {
+			e.id, e.flights = t.specSeq.Add(1), 0
+		}
 		e.expires = now.Add(t.specTTL)
-		return nil
+		e.flights++
+		return specRef{first: keys[0], w: w, gen: gen, id: e.id}
 	}
 	if !t.holdSpec(len(keys)) {
-		return nil
+		return specRef{}
 	}
-	ss.m[keys[0]] = append(es, specEntry{w: w, gen: gen, keys: append([]indexer.Key(nil), keys...), expires: now.Add(t.specTTL)})
-	return nil
+	e := specEntry{w: w, gen: gen, keys: append([]indexer.Key(nil), keys...), expires: now.Add(t.specTTL), id: t.specSeq.Add(1), flights: 1}
+	ss.m[keys[0]] = append(es, e)
+	return specRef{first: keys[0], w: w, gen: gen, id: e.id}
+}
+
+// unspeculate lets go of a released flight's entry, dropping it when no
+// flight holds it any more.
+func (t *Tracker) unspeculate(r specRef) {
+	ss := t.specShard(r.first)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	es := ss.m[r.first]
+	i := slices.IndexFunc(es, func(e specEntry) bool { return e.w == r.w && e.gen == r.gen && e.id == r.id })
+	if i < 0 {
+		return
+	}
+	if es[i].flights--; es[i].flights > 0 {
+		return
+	}
+	t.specKeys.Add(-int64(len(es[i].keys)))
+	es = slices.Delete(es, i, i+1)
+	if len(es) == 0 {
+		delete(ss.m, r.first)
+	} else {
+		ss.m[r.first] = es
+	}
 }
 
 // holdSpec accounts n more speculative keys (n may be negative), or
@@ -249,21 +307,29 @@ func (t *Tracker) holdSpec(n int) bool {
 	return true
 }
 
-// Release ends request id's in-flight accounting when owner routed it;
-// false if it is unknown or had expired, ErrNotOwner for another owner's.
+// Release ends request id's in-flight accounting when owner routed it,
+// and its speculative blocks unless a flight still in progress routed the
+// same prompt there (call it once the prefill is done: its blocks are
+// then announced); false if it is unknown or had expired, ErrNotOwner for
+// another owner's.
 func (t *Tracker) Release(id, owner string) (bool, error) {
 	sh := t.flightShard(id)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	f, ok := sh.m[id]
 	if !ok {
+		sh.mu.Unlock()
 		return false, nil
 	}
 	if f.owner != owner {
+		sh.mu.Unlock()
 		return false, fmt.Errorf("%w: %s", ErrNotOwner, quote.Q(id))
 	}
 	live := t.now().Before(f.expires)
 	t.endLocked(sh, id, f)
+	sh.mu.Unlock()
+	if f.spec.id != 0 {
+		t.unspeculate(f.spec)
+	}
 	return live, nil
 }
 

@@ -181,7 +181,7 @@ type Load struct {
 	InflightRequests      uint32
 	InflightPrefillTokens uint64
 	Source                string // says where Running/Waiting came from: "request", "scrape" or "".
-	ResidentBlocks        uint64 // the blocks the index holds for the worker (GuardTTFT's Evict).
+	ResidentBlocks        uint64 // the pool's blocks the index holds for the worker, every group's (GuardTTFT's Evict).
 }
 
 // Candidate is one worker to rank; Rank fills the result fields.

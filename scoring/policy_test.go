@@ -324,3 +324,62 @@ func TestTrackerBoundsAndOwners(t *testing.T) {
 		t.Fatalf("after a release there is room: %v", err)
 	}
 }
+
+// Release ends a request's speculative blocks, once no other request in
+// flight routed the same prompt there: its prefill is done, so its blocks
+// were announced, and the index alone says whether the engine still holds
+// them. A release of a request whose entry expired and was routed anew
+// leaves the new entry alone; the key bound is given back.
+func TestTrackerReleaseEndsSpeculation(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tr := NewTracker(TrackerOptions{SpecTTL: 5 * time.Second, FlightTTL: time.Minute, MaxSpecKeys: 10, Now: func() time.Time { return now }})
+	keys := []indexer.Key{1, 2, 3, 4}
+	on := func(w indexer.WorkerID) int {
+		for _, s := range tr.Speculative(keys, nil) {
+			if s.Worker == w {
+				return s.Blocks
+			}
+		}
+		return 0
+	}
+	release := func(id string) {
+		t.Helper()
+		if ok, err := tr.Release(id, ""); !ok || err != nil {
+			t.Fatalf("release %s: %v, %v", id, ok, err)
+		}
+	}
+	for _, id := range []string{"a", "b"} {
+		if err := tr.Record(id, "", 1, 0, keys, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tr.Record("c", "", 2, 0, keys[:2], 10); err != nil {
+		t.Fatal(err)
+	}
+	release("a")
+	if on(1) != 4 || on(2) != 2 {
+		t.Fatalf("after releasing one of two routes to worker 1: speculative %d and %d blocks, want 4 and 2", on(1), on(2))
+	}
+	release("b")
+	release("c")
+	if on(1) != 0 || on(2) != 0 {
+		t.Fatalf("after every release: speculative %d and %d blocks, want none", on(1), on(2))
+	}
+	// All 10 keys are free again: a route of 10 keys keeps its speculation.
+	long := []indexer.Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if err := tr.Record("d", "", 1, 0, long, 10); err != nil || tr.SpecSkipped() != 0 || on(1) != 4 {
+		t.Fatalf("after releases the key bound is free: %v, skipped %d, speculative %d", err, tr.SpecSkipped(), on(1))
+	}
+	now = now.Add(6 * time.Second) // d's entry expired; e routes anew
+	if err := tr.Record("e", "", 1, 0, keys, 10); err != nil {
+		t.Fatal(err)
+	}
+	release("d")
+	if on(1) != 4 {
+		t.Fatalf("an expired route's release dropped the new one: speculative %d, want 4", on(1))
+	}
+	release("e")
+	if on(1) != 0 {
+		t.Fatalf("after e's release: speculative %d", on(1))
+	}
+}

@@ -42,6 +42,11 @@ type Options struct {
 	// IncludeStale keeps stale workers in answers; by default they are
 	// left out unless the request names them as candidates.
 	IncludeStale bool
+	// NoGroupCaps matches a hybrid model's workers by their prefix group
+	// alone: their window, mamba and other prefix groups do not cap hits
+	// (Worker.Cap), as before kvindex modelled vLLM's coordinator. A kill
+	// switch, and the baseline kvsim compares the hybrid rule with.
+	NoGroupCaps bool
 }
 
 // Scorer is the ranking entry of kvindex (see the package documentation);
@@ -336,9 +341,15 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 
 	res.matches = s.ix.Match(res.Keys, res.allowFn, res.matches[:0])
 	for _, m := range res.matches {
-		res.add(res.capped(m, req))
+		if !s.opts.NoGroupCaps {
+			m = res.capped(m, req)
+		}
+		res.add(m)
 	}
-	// Speculative prefixes from recent routes extend (or add) matches.
+	// Speculative prefixes from recent routes extend (or add) matches, past
+	// what the worker's prefix group holds only: the blocks it holds were
+	// announced, with every group's, so the capped match is the truth for
+	// them (a route does not restore a window's evicted blocks).
 	res.specs = s.tracker.Speculative(res.Keys, res.specs[:0])
 	for _, sp := range res.specs {
 		if int(sp.Worker) >= n || tab.gens[sp.Worker] != sp.Gen || !res.allow(sp.Worker) {
@@ -349,11 +360,11 @@ func (s *Scorer) rank(req *Request, res *Result) error {
 		}
 		for i := range res.Ranked {
 			c := &res.Ranked[i]
-			if c.Match.Worker != sp.Worker || sp.Blocks <= c.Match.Blocks {
+			if c.Match.Worker != sp.Worker || sp.Blocks <= max(c.Match.Blocks, c.Match.Prefix) {
 				continue
 			}
 			c.Speculative = sp.Blocks - c.Match.Blocks
-			c.Match.Blocks = sp.Blocks
+			c.Match.Blocks, c.Match.Prefix, c.Match.CappedBy = sp.Blocks, 0, 0
 			c.Match.ByMedium[events.MediumGPU] = max(c.Match.ByMedium[events.MediumGPU], sp.Blocks)
 		}
 	}
@@ -521,7 +532,7 @@ func (s *Scorer) loadOf(req *Request, res *Result, c *Candidate, now time.Time) 
 	}
 	l.InflightRequests, l.InflightPrefillTokens = s.tracker.Load(id, res.tab.gens[id])
 	if w := res.tab.workers[id]; w != nil {
-		l.ResidentBlocks = uint64(max(w.ResidentBlocks(), 0))
+		l.ResidentBlocks = uint64(max(w.PoolBlocks(), 0))
 	}
 }
 

@@ -24,8 +24,8 @@ type AnalyzeConfig struct {
 	TokenizeURL string        // a vLLM /tokenize endpoint for OpenAI bodies ("": workload.EstimateTokens)
 	Window      time.Duration // how long ago a reused prefix may have been seen (default 10 minutes)
 	Sizes       []int         // cache sizes replayed, blocks per engine (default 25k, 12.5k, 6,250, 3,125)
-	// Options configure the fleet; round-robin, precise and precise+load
-	// are replayed, whatever its Routers.
+	// Options configure the fleet; round-robin, the peers (router.Peers),
+	// precise and precise+load are replayed, whatever its Routers.
 	Options Options
 }
 
@@ -153,7 +153,9 @@ func VLLMTokenizer(url string, c *http.Client) workload.Tokenizer {
 }
 
 // Analyze prints ac's log's reuse ceiling, its replay through
-// round-robin, precise and precise+load at each cache size, and Verdict.
+// round-robin, the peers, precise and precise+load at each cache size (hit
+// rate, p99 and mean TTFT), which router did best at each size, and
+// Verdict.
 func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
 	if ac.Window <= 0 {
 		ac.Window = 10 * time.Minute
@@ -166,7 +168,7 @@ func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
 		return err
 	}
 	o := ac.Options
-	o.Routers = []string{router.RoundRobin, router.Precise, router.PreciseLoad}
+	o.Routers = append(append([]string{router.RoundRobin}, router.Peers...), router.Precise, router.PreciseLoad)
 	od, err := o.withDefaults(wl.Engines)
 	if err != nil {
 		return err
@@ -188,8 +190,42 @@ func Analyze(ctx context.Context, ac AnalyzeConfig, w io.Writer) error {
 	if err := writeSweepGrid(w, points, func(_ *SweepPoint, r *metrics.Result) string { return secs(r.TTFTP99) }, nil); err != nil {
 		return err
 	}
+	fmt.Fprintln(w, "\nmean TTFT:")
+	if err := writeSweepGrid(w, points, func(_ *SweepPoint, r *metrics.Result) string { return secs(r.TTFTMean) }, nil); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nbest at each size (lowest p99 TTFT, lowest mean TTFT, highest token hit rate):")
+	for i := range points {
+		fmt.Fprintf(w, "  %d blocks: %s\n", points[i].CacheBlocks, bestOf(points[i].Results))
+	}
 	fmt.Fprintf(w, "\nverdict: %s\n", Verdict(reuse, ac.Window, points))
 	return nil
+}
+
+// bestOf names the routers with the lowest p99 and mean TTFT and the
+// highest token hit rate among results that scheduled requests.
+func bestOf(results []metrics.Result) string {
+	var p99, mean, hit *metrics.Result
+	for i := range results {
+		r := &results[i]
+		if r.Scheduled == 0 {
+			continue
+		}
+		if p99 == nil || r.TTFTP99 < p99.TTFTP99 {
+			p99 = r
+		}
+		if mean == nil || r.TTFTMean < mean.TTFTMean {
+			mean = r
+		}
+		if hit == nil || r.TokenHitRate() > hit.TokenHitRate() {
+			hit = r
+		}
+	}
+	if p99 == nil {
+		return "no router scheduled a request"
+	}
+	return fmt.Sprintf("p99 %s (%s), mean %s (%s), hit %s (%s)", p99.Router, secs(p99.TTFTP99), mean.Router, secs(mean.TTFTMean),
+		hit.Router, pct(hit.TokenHitRate()))
 }
 
 func ratio(a, b int64) float64 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvindex/kvindex/testbed/sim/engine"
 	"github.com/kvindex/kvindex/testbed/sim/metrics"
+	"github.com/kvindex/kvindex/testbed/sim/router"
 	"github.com/kvindex/kvindex/testbed/sim/workload"
 )
 
@@ -116,7 +117,8 @@ func TestAnalyzeEndToEnd(t *testing.T) {
 	s := out.String()
 	t.Log(s)
 	// 292 of 300 requests reuse 2,048 of 2,064 tokens: 96.6%.
-	for _, want := range []string{"log: 300 requests", "within 10m0s: 96.6%", "round-robin", "precise+load", "p99 TTFT:", "verdict: yes: at 256 blocks per engine"} {
+	wants := []string{"log: 300 requests", "within 10m0s: 96.6%", "round-robin", "precise+load", "p99 TTFT:", "verdict: yes: at 256 blocks per engine"}
+	for _, want := range append(wants, router.Peers...) {
 		if !strings.Contains(s, want) {
 			t.Errorf("report lacks %q", want)
 		}

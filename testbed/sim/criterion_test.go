@@ -128,14 +128,29 @@ func TestGridCells(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cells) != 6*2*2 {
-		t.Fatalf("%d cells, want 24", len(cells))
+	// 24 cells, then 2 layouts x 2 workloads x 2 caches at 1x.
+	if len(cells) != 6*2*2+2*2*2 {
+		t.Fatalf("%d cells, want 32", len(cells))
 	}
-	if c := cells[0]; c.Name != "mooncake-1x-25k" || c.Rate != 1 || c.CacheBlocks != 25000 {
+	if c := cells[0]; c.Name != "mooncake-1x-25k" || c.Rate != 1 || c.CacheBlocks != 25000 || c.Layout != "" {
 		t.Fatalf("first cell %+v", c)
 	}
-	if c := cells[len(cells)-1]; c.Name != "tools-2x-12.5k" || c.Rate != 2 || c.CacheBlocks != 12500 || c.Workload != KindTools {
-		t.Fatalf("last cell %+v", c)
+	if c := cells[23]; c.Name != "tools-2x-12.5k" || c.Rate != 2 || c.CacheBlocks != 12500 || c.Workload != KindTools {
+		t.Fatalf("last cell before the hybrid ones %+v", c)
+	}
+	var hybrid []string
+	for _, c := range cells[24:] {
+		hybrid = append(hybrid, c.Name)
+	}
+	if want := []string{"mooncake-1x-25k-gpt-oss", "mooncake-1x-12.5k-gpt-oss", "sessions-1x-25k-gpt-oss", "sessions-1x-12.5k-gpt-oss",
+		"mooncake-1x-25k-qwen3-next", "mooncake-1x-12.5k-qwen3-next", "sessions-1x-25k-qwen3-next", "sessions-1x-12.5k-qwen3-next"}; !slices.Equal(hybrid, want) {
+		t.Fatalf("hybrid cells %v, want %v", hybrid, want)
+	}
+	if c := cells[24]; c.Layout != "gpt-oss" || c.Workload != KindMooncake || c.Rate != 1 {
+		t.Fatalf("first hybrid cell %+v", c)
+	}
+	if n, err := (GridConfig{Layouts: []string{"none"}}).GridCells(); err != nil || len(n) != 24 {
+		t.Fatalf("--layouts none: %d cells, %v", len(n), err)
 	}
 	picked, err := GridConfig{Cells: []string{"rag-*", "*-2x-12.5k"}}.GridCells()
 	if err != nil {
@@ -154,7 +169,7 @@ func TestGridCells(t *testing.T) {
 	if cells[4].Workload != GridMooncakeSparse || sparse.Kind != KindMooncake || sparse.Pause != GridSparsePause {
 		t.Fatalf("cell %s: spec %+v", cells[4].Name, sparse)
 	}
-	for _, bad := range []GridConfig{{Cells: []string{"nothing-*"}}, {Workloads: []string{"prefixes"}}, {Rates: []float64{0}}, {Cells: []string{"["}}} {
+	for _, bad := range []GridConfig{{Cells: []string{"nothing-*"}}, {Workloads: []string{"prefixes"}}, {Rates: []float64{0}}, {Cells: []string{"["}}, {Layouts: []string{"mistral"}}} {
 		if _, err := bad.GridCells(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
@@ -256,5 +271,41 @@ func TestRunGrid(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "kvsim grid cell rag-1x-2k") || !strings.Contains(out.String(), "| rag-1x-2k | ") {
 		t.Fatalf("a rerun of rag-2x-2k alone:\n%s", out.String())
+	}
+}
+
+// TestRunGridHybridCell: a hybrid cell's engines run its layout, its
+// kvindex routers also run by the prefix group alone, beside them in its
+// table, and those variants are not held against precise+load.
+func TestRunGridHybridCell(t *testing.T) {
+	dir := t.TempDir()
+	gc := GridConfig{Workloads: []string{KindSessions}, Rates: []float64{1}, Caches: []int{2000}, Requests: 8, Dir: dir, Seed: 1,
+		Layouts: []string{"gpt-oss"}, Cells: []string{"*-gpt-oss"},
+		Options: Options{Routers: []string{"round-robin", "precise", "precise+load"}}}
+	var out strings.Builder
+	if err := RunGrid(context.Background(), gc, &out); err != nil {
+		t.Fatal(err)
+	}
+	table, err := os.ReadFile(filepath.Join(dir, "sessions-1x-2k-gpt-oss", "table.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"KV-cache groups gpt-oss: 1 sliding_window (window 128) + 1 full_attention", " precise/prefix-only ", " precise+load/prefix-only "} {
+		if !strings.Contains(string(table), want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	if strings.Contains(out.String(), "kvsim grid cell sessions-1x-2k (") {
+		t.Errorf("the llama cell ran too:\n%s", out.String())
+	}
+	got, err := ReadGrid(dir, []GridCell{newGridCell(KindSessions, 1, 2000, "gpt-oss")})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("read back %d cells: %v", len(got), err)
+	}
+	c := got[0].Criterion
+	for _, r := range append([]string{c.P99.BestRouter, c.Mean.BestRouter, c.Hit.BestRouter}, c.Dominated...) {
+		if strings.HasSuffix(r, PrefixOnly) {
+			t.Errorf("criterion %+v holds a prefix-only variant against precise+load", c)
+		}
 	}
 }

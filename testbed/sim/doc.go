@@ -8,7 +8,10 @@
 //
 // Both modes run one discrete-event loop: arrivals are routed and queued
 // on an engine, engines run steps the time model times, and each step's
-// KV events form one batch.
+// KV events form one batch. A router that scrapes vLLM's metrics
+// (router.Poller) sees them as of its last poll, every poll interval of
+// simulated time; one that counts its own requests in flight
+// (router.Finisher) hears when each finishes.
 //
 //   - Virtual time (Simulate, Sweep): time jumps from event to event. The
 //     kvindex routers still use kvindex's real pipeline in process: each
@@ -21,8 +24,11 @@
 //     agents and replicas), routers ask it over real gRPC, and each
 //     router's call is charged to its request's TTFT.
 //
-// When a run ends every kvindex worker must hold exactly its engine's
-// cached blocks; anything else is counted in metrics.Result.IndexProblems.
+// When a run ends every KV-cache group of every kvindex worker must hold
+// exactly the distinct blocks its engine caches in that group, and no
+// event may have been refused, orphaned or lost; anything else is counted
+// in metrics.Result.IndexProblems and named, by kind, in IndexDetail
+// (check.go).
 //
 // Simulate and Sweep run one goroutine per router (Options.Parallel at
 // once), Live every router at once; each run owns its fleet, index and

@@ -16,6 +16,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvindex/kvindex/testbed/sim/engine"
+	"github.com/kvindex/kvindex/testbed/sim/router"
 )
 
 // GridMooncakeSparse is the bundled trace with every request after the
@@ -28,14 +31,24 @@ const (
 // GridWorkloads are the grid's workloads, in report order.
 var GridWorkloads = []string{KindMooncake, GridMooncakeSparse, KindTenants, KindSessions, KindRAG, KindTools}
 
+// GridLayouts are the hybrid model layouts (engine.Preset) the grid adds
+// cells for, after the others, and GridHybridWorkloads the workloads they
+// run: a conversation trace and multi-turn sessions.
+var (
+	GridLayouts         = []string{"gpt-oss", "qwen3-next"}
+	GridHybridWorkloads = []string{KindMooncake, KindSessions}
+)
+
 // GridCell is one cell of the grid: a workload at a rate multiplier on
 // engines of a cache size, named "<workload>-<rate>x-<cache>" (e.g.
-// "rag-2x-12.5k", also its directory's name).
+// "rag-2x-12.5k", also its directory's name); a hybrid cell's engines
+// run a model layout, named after it ("sessions-1x-25k-gpt-oss").
 type GridCell struct {
 	Name        string
 	Workload    string
 	Rate        float64
 	CacheBlocks int
+	Layout      string // an engine.Preset name; "" for the default engines
 }
 
 // GridConfig configures RunGrid.
@@ -45,8 +58,16 @@ type GridConfig struct {
 	Workloads []string
 	Rates     []float64
 	Caches    []int
-	Cells     []string // cells by name or path.Match pattern (empty: every cell)
-	Dir       string   // a directory per cell and the summary (default docs/results)
+	// Layouts are the hybrid cells' model layouts (default GridLayouts;
+	// "none": no hybrid cell), each on the workloads of
+	// GridHybridWorkloads the grid has, at its first rate, on every cache
+	// size, every kvindex router also run as its PrefixOnly variant.
+	Layouts []string
+	Cells   []string // cells by name or path.Match pattern (empty: every cell)
+	// Resume skips the picked cells that already have a results.csv
+	// under Dir (an interrupted grid goes on where it stopped).
+	Resume bool
+	Dir    string // a directory per cell and the summary (default docs/results)
 	// Trace, Seed and Requests (0: the suite as documented) are each
 	// cell's WorkloadSpec's.
 	Trace    string
@@ -66,6 +87,9 @@ func (gc *GridConfig) defaults() {
 	if len(gc.Caches) == 0 {
 		gc.Caches = []int{25000, 12500}
 	}
+	if len(gc.Layouts) == 0 {
+		gc.Layouts = GridLayouts
+	}
 	gc.Dir = cmp.Or(gc.Dir, filepath.Join("docs", "results"))
 }
 
@@ -78,7 +102,7 @@ func (gc GridConfig) GridCells() ([]GridCell, error) {
 			return nil, fmt.Errorf("sim: grid: cell pattern %q: %w", p, err)
 		}
 	}
-	var out []GridCell
+	var all []GridCell
 	for _, w := range gc.Workloads {
 		if !slices.Contains(GridWorkloads, w) {
 			return nil, fmt.Errorf("sim: grid: workload %q (known: %s)", w, strings.Join(GridWorkloads, ", "))
@@ -91,22 +115,51 @@ func (gc GridConfig) GridCells() ([]GridCell, error) {
 				if c <= 0 {
 					return nil, fmt.Errorf("sim: grid: cache size %d", c)
 				}
-				cell := GridCell{Name: fmt.Sprintf("%s-%sx-%s", w, strconv.FormatFloat(r, 'g', -1, 64), blocksLabel(c)), Workload: w, Rate: r, CacheBlocks: c}
-				picked := len(gc.Cells) == 0
-				for _, p := range gc.Cells {
-					ok, _ := path.Match(p, cell.Name)
-					picked = picked || ok
-				}
-				if picked {
-					out = append(out, cell)
-				}
+				all = append(all, newGridCell(w, r, c, ""))
 			}
+		}
+	}
+	for _, l := range gc.Layouts {
+		if l == "none" {
+			continue
+		}
+		if _, err := engine.Preset(l); err != nil {
+			return nil, fmt.Errorf("sim: grid: %w", err)
+		}
+		for _, w := range GridHybridWorkloads {
+			if !slices.Contains(gc.Workloads, w) {
+				continue
+			}
+			for _, c := range gc.Caches {
+				all = append(all, newGridCell(w, gc.Rates[0], c, l))
+			}
+		}
+	}
+	var out []GridCell
+	for _, cell := range all {
+		picked := len(gc.Cells) == 0
+		for _, p := range gc.Cells {
+			ok, _ := path.Match(p, cell.Name)
+			picked = picked || ok
+		}
+		if picked {
+			out = append(out, cell)
 		}
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("sim: grid: no cell matches %q", gc.Cells)
 	}
 	return out, nil
+}
+
+// newGridCell names a cell of workload w at rate r on caches of c blocks,
+// its engines running layout l ("": the default engines).
+func newGridCell(w string, r float64, c int, l string) GridCell {
+	name := fmt.Sprintf("%s-%sx-%s", w, strconv.FormatFloat(r, 'g', -1, 64), blocksLabel(c))
+	if l != "" {
+		name += "-" + l
+	}
+	return GridCell{Name: name, Workload: w, Rate: r, CacheBlocks: c, Layout: l}
 }
 
 // blocksLabel writes a cache size as the grid names it: 25000 "25k",
@@ -137,6 +190,10 @@ func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 		return err
 	}
 	for _, c := range cells {
+		if _, err := os.Stat(filepath.Join(gc.Dir, c.Name, "results.csv")); gc.Resume && err == nil {
+			fmt.Fprintf(w, "kvsim grid cell %s: kept (--resume)\n", c.Name)
+			continue
+		}
 		if err := runCell(ctx, gc, c, w); err != nil {
 			return fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
 		}
@@ -155,9 +212,16 @@ func RunGrid(ctx context.Context, gc GridConfig, w io.Writer) error {
 	if err := WriteGridSummary(&b, sum); err != nil {
 		return err
 	}
+	b.WriteString("\nprecise+load against the peers (p99 / mean TTFT / token hit rate; bold: a term precise+load lost):\n\n")
+	if err := WritePeerSummary(&b, sum); err != nil {
+		return err
+	}
 	fmt.Fprintf(w, "\n%s", b.String())
 	if err := os.WriteFile(filepath.Join(gc.Dir, "grid.md"), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
+	}
+	if err := writeCSV(filepath.Join(gc.Dir, "peers.csv"), peerCSV(sum)); err != nil {
+		return err
 	}
 	return writeCSV(filepath.Join(gc.Dir, "grid.csv"), gridCSV(sum))
 }
@@ -170,6 +234,15 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	o := gc.Options
 	o.Engine.CacheBlocks = c.CacheBlocks
 	o.Seed = gc.Seed
+	if c.Layout != "" {
+		if o.Engine.Layout, err = engine.Preset(c.Layout); err != nil {
+			return err
+		}
+		if len(o.Routers) == 0 {
+			o.Routers = router.Names
+		}
+		o.Routers = WithPrefixOnly(o.Routers)
+	}
 	dir := filepath.Join(gc.Dir, c.Name)
 	var b strings.Builder
 	wall, err := run(ctx, "kvsim grid cell "+c.Name, wl, RunConfig{Options: o, CSVDir: dir}, &b)
@@ -179,8 +252,8 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	if err := os.WriteFile(filepath.Join(dir, "table.txt"), []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	meta := [][]string{{"cell", "workload", "rate", "cache_blocks", "wall_s"},
-		{c.Name, c.Workload, fl(c.Rate), itoa(c.CacheBlocks), fl(wall.Seconds())}}
+	meta := [][]string{{"cell", "workload", "rate", "cache_blocks", "wall_s", "layout"},
+		{c.Name, c.Workload, fl(c.Rate), itoa(c.CacheBlocks), fl(wall.Seconds()), c.Layout}}
 	if err := writeCSV(filepath.Join(dir, "cell.csv"), meta); err != nil {
 		return err
 	}
@@ -188,11 +261,12 @@ func runCell(ctx context.Context, gc GridConfig, c GridCell, w io.Writer) error 
 	return err
 }
 
-// GridResult is one cell's criterion and wall-clock time, as read back
-// from its directory.
+// GridResult is one cell's criterion, precise+load against the peers, and
+// wall-clock time, as read back from its directory.
 type GridResult struct {
 	Cell      GridCell
 	Criterion Criterion
+	Peers     PeerVerdict // no Peers when none ran in the cell
 	Wall      time.Duration
 }
 
@@ -212,7 +286,11 @@ func ReadGrid(dir string, cells []GridCell) ([]GridResult, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
 		}
-		out = append(out, GridResult{Cell: c, Criterion: crit, Wall: wall})
+		peers, err := EvaluatePeers(rows)
+		if err != nil {
+			return nil, fmt.Errorf("sim: grid cell %s: %w", c.Name, err)
+		}
+		out = append(out, GridResult{Cell: c, Criterion: crit, Peers: peers, Wall: wall})
 	}
 	return out, nil
 }
@@ -322,7 +400,7 @@ func yesNo(ok bool) string {
 func gridCSV(cells []GridResult) [][]string {
 	rows := [][]string{{"cell", "workload", "rate", "cache_blocks", "p99_s", "best_p99_s", "best_p99_router", "p99_ok",
 		"mean_s", "best_mean_s", "best_mean_router", "mean_ok",
-		"hit_rate", "best_hit_rate", "best_hit_router", "hit_target", "hit_ok", "dominated_by", "met", "wall_s"}}
+		"hit_rate", "best_hit_rate", "best_hit_router", "hit_target", "hit_ok", "dominated_by", "met", "wall_s", "layout"}}
 	durTerm := func(t Term[time.Duration]) []string {
 		return []string{fl(t.Value.Seconds()), fl(t.Best.Seconds()), t.BestRouter, strconv.FormatBool(t.OK)}
 	}
@@ -331,7 +409,7 @@ func gridCSV(cells []GridResult) [][]string {
 		row := append([]string{g.Cell.Name, g.Cell.Workload, fl(g.Cell.Rate), itoa(g.Cell.CacheBlocks)}, durTerm(c.P99)...)
 		row = append(row, durTerm(c.Mean)...)
 		rows = append(rows, append(row, fl(c.Hit.Value), fl(c.Hit.Best), c.Hit.BestRouter, fl(HitShare), strconv.FormatBool(c.Hit.OK),
-			strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds())))
+			strings.Join(c.Dominated, " "), strconv.FormatBool(c.Met()), fl(g.Wall.Seconds()), g.Cell.Layout))
 	}
 	return rows
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvindex/kvindex/api"
@@ -97,6 +98,9 @@ func (lo *LiveOptions) defaults() {
 // daemonConfig subscribes kvindex to fleets' engines (before SetDefaults).
 func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen string) *config.Config {
 	c := &config.Config{GRPCListen: grpcListen, MetricsListen: metricsListen, Limits: simLimits()}
+	if o.NoGroupCaps {
+		c.Scoring.GroupCaps = new(false)
+	}
 	for _, f := range fleets {
 		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {
@@ -110,7 +114,8 @@ func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen stri
 // at once on the same arrivals: engines publish KV events over real
 // ZeroMQ (enginepub, vLLM's wire format) to a real kvindex, which the
 // precise routers ask over gRPC. IndexProblems counts what kvindex could
-// not apply, plus workers whose blocks differ from their engine's cache.
+// not apply, plus KV-cache groups whose blocks differ from their engine's
+// cache (IndexDetail names them).
 func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) ([]metrics.Result, error) {
 	o, err := o.withDefaults(w.Engines)
 	if err != nil {
@@ -120,6 +125,14 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	lo.defaults()
+	if o.Serial {
+		return nil, errors.New("sim: live: serial arrivals are for virtual time (kvsim run --serial)")
+	}
+	for _, r := range o.Routers {
+		if strings.HasSuffix(r, PrefixOnly) {
+			return nil, fmt.Errorf("sim: live: router %q: one daemon serves the run; set group caps off for all instead", r)
+		}
+	}
 	if lo.Fleet && lo.Addr != "" {
 		return nil, errors.New("sim: live: fleet mode starts its own replicas; it takes no --addr")
 	}
@@ -157,9 +170,11 @@ func Live(ctx context.Context, w *workload.Workload, o Options, lo LiveOptions) 
 			sent = nil // replicas count the agents' deltas, not the engines' batches
 		}
 		k := slices.Index(o.Routers, lf.router)
-		if out[k].IndexProblems, err = checkIndexed(ctx, lr.clients, lf, sent, fleets[k]); err != nil {
+		c, err := checkIndexed(ctx, lr.clients, lf, sent, fleets[k])
+		if err != nil {
 			return nil, err
 		}
+		out[k].IndexProblems, out[k].IndexDetail = c.total(), c.String()
 	}
 	return out, nil
 }
@@ -313,19 +328,19 @@ func (lr *liveRig) newLoop(w *workload.Workload, o *Options, k int, start time.T
 }
 
 // checkIndexed waits (up to 10 s) until every client (the daemon, or each
-// replica) holds exactly what each of the fleet's engines caches, with
-// equal digests across replicas and, when sent is given, every batch the
-// engine published; then it counts what kvindex could not apply exactly
-// and what still differs.
-func checkIndexed(ctx context.Context, clients []*api.Client, lf liveFleet, sent []uint64, f *fleet) (int64, error) {
+// replica) holds exactly what each of the fleet's engines caches in each
+// KV-cache group, with equal digests across replicas and, when sent is
+// given, every batch the engine published; then it counts what kvindex
+// could not apply exactly and what still differs.
+func checkIndexed(ctx context.Context, clients []*api.Client, lf liveFleet, sent []uint64, f *fleet) (*indexCheck, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var problems int64
+		c := &indexCheck{}
 		digests := map[string]uint64{}
-		for _, c := range clients {
-			resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: lf.model, Digests: len(clients) > 1})
+		for _, cl := range clients {
+			resp, err := cl.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: lf.model, Digests: len(clients) > 1})
 			if err != nil {
-				return 0, fmt.Errorf("sim: live: %w", err)
+				return nil, fmt.Errorf("sim: live: %w", err)
 			}
 			seen := 0
 			for _, ws := range resp.GetWorkers() {
@@ -335,20 +350,25 @@ func checkIndexed(ctx context.Context, clients []*api.Client, lf liveFleet, sent
 					continue
 				}
 				seen++
-				problems += int64(ws.GetGaps() + ws.GetDecodeErrors() + ws.GetApplyErrors() + ws.GetOrphans() + ws.GetUnknownBlocks() +
-					ws.GetBlockSizeMismatches() + ws.GetInvalidEvents() + ws.GetRestarts())
-				if int64(ws.GetResidentBlocks()) != int64(f.engines[i].CachedBlocks()) || (sent != nil && ws.GetBatches() < sent[i]) {
-					problems++
+				c.addStatus(ws)
+				if ws.GetLastError() != "" {
+					c.note("%s: %s", pod, ws.GetLastError())
+				}
+				c.compareGroups(i, f.engines[i], statusGroups(ws))
+				if sent != nil && ws.GetBatches() < sent[i] {
+					c.add(probWorkers, 1)
+					c.note("%s applied %d of %d batches", pod, ws.GetBatches(), sent[i])
 				}
 				if d, ok := digests[pod]; ok && d != ws.GetDigest() {
-					problems++
+					c.add(probWorkers, 1)
+					c.note("%s: replicas' digests differ", pod)
 				}
 				digests[pod] = ws.GetDigest()
 			}
-			problems += int64(len(lf.pods) - seen)
+			c.add(probWorkers, int64(len(lf.pods)-seen))
 		}
-		if problems == 0 || time.Now().After(deadline) {
-			return problems, nil
+		if c.total() == 0 || time.Now().After(deadline) {
+			return c, nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -71,6 +71,7 @@ func (lr *liveRig) startFleet(o *Options, lo *LiveOptions) ([]string, error) {
 	var addrs []string
 	for range liveReplicas {
 		cfg := &config.Config{GRPCListen: "127.0.0.1:0", MetricsListen: config.MetricsOff, NATS: natsCfg, Limits: simLimits()}
+		cfg.Scoring.GroupCaps = new(!o.NoGroupCaps)
 		cfg.SetDefaults()
 		d, err := daemon.New(cfg, log)
 		if err != nil {

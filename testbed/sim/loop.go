@@ -13,12 +13,13 @@ import (
 )
 
 // evKind is the kind of a scheduled simulation event: an engine's step
-// ends, or a lagged batch reaches the index.
+// ends, a lagged batch reaches the index, or a router.Poller scrapes.
 type evKind uint8
 
 const (
 	evStepEnd evKind = iota
 	evDeliver
+	evPoll
 )
 
 // simEvent is one scheduled event; seq orders events of equal time by
@@ -88,11 +89,17 @@ func (l *loop) run(ctx context.Context) error {
 	reqs := l.w.Requests
 	next := 0
 	bs := l.o.Engine.BlockSize
+	poller, _ := l.router.(router.Poller)
+	if poller != nil {
+		l.schedule(simEvent{kind: evPoll})
+	}
 	for next < len(reqs) || len(l.heap) > 0 {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("sim: %s: %w", l.router.Name(), err)
 		}
-		arrival := next < len(reqs) && (len(l.heap) == 0 || reqs[next].Arrival < l.heap[0].t)
+		// Serial: an arrival waits for the heap to empty (engines idle,
+		// batches applied).
+		arrival := next < len(reqs) && (len(l.heap) == 0 || !l.o.Serial && reqs[next].Arrival < l.heap[0].t)
 		var t time.Duration
 		if arrival {
 			t = reqs[next].Arrival
@@ -117,6 +124,11 @@ func (l *loop) run(ctx context.Context) error {
 		switch ev.kind {
 		case evDeliver:
 			l.deliver(int(ev.engine), ev.payload)
+		case evPoll:
+			poller.Poll()
+			if next < len(reqs) {
+				l.schedule(simEvent{t: ev.t + poller.PollInterval(), kind: evPoll})
+			}
 		case evStepEnd:
 			if err := l.stepEnd(ctx, int(ev.engine), now); err != nil {
 				return err
@@ -151,14 +163,20 @@ func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Durat
 	}
 	if p, ok := l.router.(router.Predictor); ok {
 		if tokens, ok := p.Predicted(); ok {
-			// The engine hits at most the full blocks before the last token.
-			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs))
+			// The engine hits at most the full blocks before the last token
+			// (as CachedTokens counts its hit now, unpublished steps
+			// included).
+			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs), l.fleet.CachedTokens(i, &l.rreq))
 		}
 	}
 	e := l.fleet.engines[i]
 	if !e.Submit(req, l.content) {
 		l.rec.Rejected(req.ID)
-		return l.router.PrefillDone(ctx, req, i)
+		err := l.router.PrefillDone(ctx, req, i)
+		if f, ok := l.router.(router.Finisher); ok {
+			f.Finished(req, i)
+		}
+		return err
 	}
 	l.rec.Routed(i)
 	if !e.InStep() {
@@ -193,8 +211,12 @@ func (l *loop) stepEnd(ctx context.Context, i int, now time.Duration) error {
 			return err
 		}
 	}
+	f, _ := l.router.(router.Finisher)
 	for _, r := range res.Finished {
 		l.rec.Finished(r.ID, now, r.OutputLen)
+		if f != nil {
+			f.Finished(r, i)
+		}
 	}
 	return l.startStep(i, now)
 }

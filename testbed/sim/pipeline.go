@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvindex/kvindex/events"
@@ -21,8 +22,8 @@ type pipeline struct {
 	batch   events.Batch
 	buf     []byte
 
-	applyErrors int64 // batches that failed to decode or apply
-	firstErr    error
+	decodeErrors int64 // payloads that failed to decode
+	firstErr     error // the first decode or apply error
 }
 
 // simEpoch is virtual time 0 on kvindex's tracker's clock (any instant).
@@ -50,7 +51,7 @@ func newPipeline(o *Options, now func() time.Duration) (*pipeline, error) {
 	}
 	pol := scoring.DefaultPolicy()
 	pol.Cost = CostModel(o.Engine)
-	p.scorer = scoring.New(ix, scoring.Options{Policy: &pol, Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock})})
+	p.scorer = scoring.New(ix, scoring.Options{Policy: &pol, Tracker: scoring.NewTracker(scoring.TrackerOptions{Now: clock}), NoGroupCaps: o.NoGroupCaps})
 	return p, nil
 }
 
@@ -67,13 +68,12 @@ func (p *pipeline) encode(b *events.Batch, keep bool) ([]byte, error) {
 
 func (p *pipeline) apply(engine int, payload []byte) {
 	if err := p.dec.Decode(payload, &p.batch); err != nil {
-		p.applyErrors++
+		p.decodeErrors++
 		p.keepErr(fmt.Errorf("engine %d: decode: %w", engine, err))
 		return
 	}
 	if err := p.workers[engine].ApplyBatch(&p.batch); err != nil {
-		p.applyErrors++
-		p.keepErr(err)
+		p.keepErr(err) // each failed event is counted by its worker's Stats
 	}
 }
 
@@ -83,19 +83,21 @@ func (p *pipeline) keepErr(err error) {
 	}
 }
 
-// problems counts what the index could not apply exactly and the workers
-// whose blocks differ from their engine's cache, with the first problem.
-func (p *pipeline) problems(f *fleet) (int64, error) {
-	n := p.applyErrors
+// check counts what the index could not apply exactly and the KV-cache
+// groups whose resident blocks differ from their engine's cache.
+func (p *pipeline) check(f *fleet) *indexCheck {
+	c := &indexCheck{}
+	c.add(probDecode, p.decodeErrors)
+	if p.firstErr != nil {
+		first, _, _ := strings.Cut(p.firstErr.Error(), "\n") // a batch's errors are joined by lines
+		c.note("%s", first)
+	}
 	for i, w := range p.workers {
 		s := w.Stats()
-		n += s.Orphans + s.UnknownBlocks + s.BlockSizeMismatches + s.InvalidEvents
-		if want := int64(f.engines[i].CachedBlocks()); s.ResidentBlocks != want {
-			n++
-			p.keepErr(fmt.Errorf("engine %d caches %d distinct blocks but kvindex holds %d for it", i, want, s.ResidentBlocks))
-		}
+		c.addStats(&s)
+		c.compareGroups(i, f.engines[i], workerGroups(w.Groups()))
 	}
-	return n, p.firstErr
+	return c
 }
 
 // CostModel is kvindex's cost model calibrated to the simulated engines,

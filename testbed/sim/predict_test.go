@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -144,13 +145,13 @@ func TestHybridEventsSurviveTheWire(t *testing.T) {
 func TestReportShowsPrediction(t *testing.T) {
 	results := []metrics.Result{
 		{Router: "round-robin", IndexProblems: -1},
-		{Router: "precise", Predicted: 4, PredictExact: 3, PredictOver: 1, PredictAbsErr: 64},
+		{Router: "precise", Predicted: 4, PredictExact: 3, PredictOver: 1, PredictAbsErr: 64, PredictRouteErr: 16, PredictQueueErr: 48, PredictLost: 1},
 	}
 	var b bytes.Buffer
 	if err := WriteTable(&b, results, nil, ""); err != nil {
 		t.Fatal(err)
 	}
-	want := "kvindex's predicted hit vs the engine's, per request (mean absolute): precise error 16.0 tokens, 75.0% exact, 25.0% over\n"
+	want := "kvindex's predicted hit vs the engine's, per request (mean absolute; in parentheses against the engine when routed / its cache changing while the request queued): precise error 16.0 tokens (4.0 / 12.0), 75.0% exact, 25.0% over\n"
 	if !strings.HasSuffix(b.String(), want) {
 		t.Errorf("table ends:\n%s\nwant %q", b.String(), want)
 	}
@@ -168,12 +169,77 @@ func TestReportShowsPrediction(t *testing.T) {
 	}
 	head, row := rows[0], rows[2]
 	got := strings.Join(row[slices.Index(head, "predicted"):], ",")
-	if got != "4,16,0.75,0.25" {
+	if got != "4,16,0.75,0.25,4,12,1" {
 		t.Errorf("prediction columns %q", got)
 	}
 	// No router predicting: no line.
 	b.Reset()
 	if err := WriteTable(&b, results[:1], nil, ""); err != nil || strings.Contains(b.String(), "predicted") {
 		t.Errorf("a table without predictions: %v\n%s", err, b.String())
+	}
+}
+
+// TestPredictionExactWhenSerial: with nothing in flight when a request is
+// routed (Options.Serial), kvindex's predicted hit on the chosen engine is
+// the engine's hit for every request of every preset layout, for Score and
+// Route (whose speculation must not outlive a released prefill, nor lift
+// a hybrid cap), on multi-turn sessions through caches small enough that
+// window and mamba blocks are evicted; every KV-cache group agrees.
+func TestPredictionExactWhenSerial(t *testing.T) {
+	w, err := LoadWorkload(WorkloadSpec{Kind: KindSessions, Requests: 12, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range engine.PresetNames() {
+		l, err := engine.Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 2048, Layout: l}, Seed: 1, Serial: true,
+			Routers: []string{router.Precise, router.PreciseLoad}}
+		res, err := Simulate(context.Background(), w, o)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, r := range res {
+			if r.Predicted != r.Scheduled || r.PredictExact != r.Predicted || r.PredictRouteErr+r.PredictQueueErr != 0 || r.IndexProblems != 0 || r.Scheduled == 0 {
+				t.Errorf("%s %s: %d of %d scheduled predicted, %d exact (%d over, error %d tokens); index: %d problems %s",
+					name, r.Router, r.Predicted, r.Scheduled, r.PredictExact, r.PredictOver, r.PredictAbsErr, r.IndexProblems, r.IndexDetail)
+			}
+		}
+	}
+}
+
+// TestPrefixOnlyVariant: a kvindex router named with PrefixOnly runs
+// beside the router itself on a kvindex that matches by the prefix group
+// alone: on a gpt-oss fleet whose window blocks are evicted it credits
+// hits the engines do not realize, where the hybrid rule is exact. The
+// variant of a router that does not ask kvindex is refused.
+func TestPrefixOnlyVariant(t *testing.T) {
+	w, err := LoadWorkload(WorkloadSpec{Kind: KindSessions, Requests: 12, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := engine.Preset("gpt-oss")
+	o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 2048, Layout: l}, Seed: 1, Serial: true,
+		Routers: WithPrefixOnly([]string{router.RoundRobin, router.Precise})}
+	if want := []string{router.RoundRobin, router.Precise, router.Precise + PrefixOnly}; !slices.Equal(o.Routers, want) {
+		t.Fatalf("WithPrefixOnly: %v, want %v", o.Routers, want)
+	}
+	res, err := Simulate(context.Background(), w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := byName(t, res)
+	capped, prefix := m[router.Precise], m[router.Precise+PrefixOnly]
+	if capped == nil || prefix == nil {
+		t.Fatalf("results %v", slices.Collect(maps.Keys(m)))
+	}
+	if capped.PredictExact != capped.Predicted || prefix.PredictOver == 0 || prefix.IndexProblems != 0 {
+		t.Errorf("hybrid rule %d of %d exact; prefix group alone %d over, %d index problems", capped.PredictExact, capped.Predicted, prefix.PredictOver, prefix.IndexProblems)
+	}
+	o.Routers = []string{router.RoundRobin + PrefixOnly}
+	if _, err := Simulate(context.Background(), w, o); err == nil {
+		t.Error("round-robin/prefix-only ran")
 	}
 }

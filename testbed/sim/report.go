@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -46,7 +47,7 @@ func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote stri
 			name += fmt.Sprintf(" [%d]", len(notes))
 		}
 		if r.IndexProblems > 0 {
-			notes = append(notes, fmt.Sprintf("[%d] %s: kvindex could not apply %d events exactly", len(notes)+1, r.Router, r.IndexProblems))
+			notes = append(notes, fmt.Sprintf("[%d] %s: kvindex disagreed with the engines: %s", len(notes)+1, r.Router, cmp.Or(r.IndexDetail, fmt.Sprint(r.IndexProblems, " problems"))))
 			name += fmt.Sprintf(" [%d]", len(notes))
 		}
 		ofBound := "-"
@@ -86,7 +87,7 @@ func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote stri
 		fmt.Fprintln(w, "bound: hit tok with an infinite cache (each prompt's longest prefix some earlier request held); TTFT = own uncached prefill alone on an idle engine, no queueing")
 	}
 	if len(agreed) > 0 {
-		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each worker's resident blocks equal its engine's cache%s\n", strings.Join(agreed, ", "), agreeNote)
+		fmt.Fprintf(w, "kvindex agreed with the engines (%s): every event applied, each KV-cache group's resident blocks equal its engine's cache%s\n", strings.Join(agreed, ", "), agreeNote)
 	}
 	writePrediction(w, results)
 	return nil
@@ -99,12 +100,13 @@ func writePrediction(w io.Writer, results []metrics.Result) {
 	for i := range results {
 		r := &results[i]
 		if r.Predicted > 0 {
-			parts = append(parts, fmt.Sprintf("%s error %s tokens, %s exact, %s over", r.Router,
-				strconv.FormatFloat(r.PredictMAE(), 'f', 1, 64), pct(r.PredictExactShare()), pct(r.PredictOverShare())))
+			parts = append(parts, fmt.Sprintf("%s error %s tokens (%s / %s), %s exact, %s over", r.Router,
+				strconv.FormatFloat(r.PredictMAE(), 'f', 1, 64), strconv.FormatFloat(r.PredictRouteMAE(), 'f', 1, 64),
+				strconv.FormatFloat(r.PredictQueueMAE(), 'f', 1, 64), pct(r.PredictExactShare()), pct(r.PredictOverShare())))
 		}
 	}
 	if len(parts) > 0 {
-		fmt.Fprintf(w, "kvindex's predicted hit vs the engine's, per request (mean absolute): %s\n", strings.Join(parts, "; "))
+		fmt.Fprintf(w, "kvindex's predicted hit vs the engine's, per request (mean absolute; in parentheses against the engine when routed / its cache changing while the request queued): %s\n", strings.Join(parts, "; "))
 	}
 }
 
@@ -183,8 +185,8 @@ func sweepCell(r *metrics.Result) string {
 func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 	rows := [][]string{{"router", "requests", "scheduled", "completed", "rejected", "prompt_tokens", "cached_tokens", "token_hit_rate", "hit_of_bound",
 		"request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "makespan_s", "throughput_rps",
-		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "wall_s", "note",
-		"predicted", "predict_mae_tokens", "predict_exact", "predict_over"}}
+		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "index_detail", "wall_s", "note",
+		"predicted", "predict_mae_tokens", "predict_exact", "predict_over", "predict_route_mae_tokens", "predict_queue_mae_tokens", "predict_lost"}}
 	cdf := [][]string{{"router", "percentile", "ttft_s"}}
 	for i := range results {
 		r := &results[i]
@@ -192,7 +194,8 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 			i64(r.PromptTokens), i64(r.CachedTokens), fl(r.TokenHitRate()), fl(b.OfBound(r)), fl(r.RequestHitRate()), i64(r.PrefillTokens),
 			fl(r.TTFTP50.Seconds()), fl(r.TTFTP90.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.TTFTMean.Seconds()), fl(r.Makespan.Seconds()),
 			fl(r.Throughput), fl(r.OutputTokensPerSec), fl(r.LoadSkew), fl(r.RequestSkew), itoa(r.Preemptions), i64(r.IndexProblems),
-			fl(r.Wall.Seconds()), r.Note, itoa(r.Predicted), fl(r.PredictMAE()), fl(r.PredictExactShare()), fl(r.PredictOverShare())})
+			r.IndexDetail, fl(r.Wall.Seconds()), r.Note, itoa(r.Predicted), fl(r.PredictMAE()), fl(r.PredictExactShare()), fl(r.PredictOverShare()),
+			fl(r.PredictRouteMAE()), fl(r.PredictQueueMAE()), itoa(r.PredictLost)})
 		for p := 1; p <= 100; p++ {
 			cdf = append(cdf, []string{r.Router, itoa(p), fl(metrics.Percentile(r.TTFT, float64(p)).Seconds())})
 		}
@@ -200,8 +203,8 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 	if b != nil {
 		rows = append(rows, []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
 			fl(b.TokenHitRate()), "1", "", i64(b.PromptTokens - b.CachedTokens), fl(b.TTFTP50.Seconds()), fl(b.TTFTP90.Seconds()),
-			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing",
-			"", "", "", ""})
+			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing",
+			"", "", "", "", "", "", ""})
 	}
 	if err := writeCSV(filepath.Join(dir, "results.csv"), rows); err != nil {
 		return err

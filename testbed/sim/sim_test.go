@@ -251,6 +251,11 @@ func TestLiveConfigAndTracePath(t *testing.T) {
 	if p := cfg.Pods[1]; len(cfg.Pods) != 2 || p.Name != "precise-vllm-1" || p.Endpoint != "tcp://127.0.0.1:6001" || p.Model != "kvsim/llama-3.1-8b@precise" {
 		t.Errorf("pods = %+v", cfg.Pods)
 	}
+	// The daemon of a prefix-group-only run has group caps off.
+	off, err := LiveConfig(w, Options{Engines: 2, Routers: []string{router.Precise}, NoGroupCaps: true}, LiveOptions{BasePort: 6000})
+	if err != nil || off.Scoring.GroupCapsOn() || !cfg.Scoring.GroupCapsOn() {
+		t.Errorf("group caps: off run %v (%v), default run %v", off.Scoring.GroupCapsOn(), err, cfg.Scoring.GroupCapsOn())
+	}
 	// What --print-config prints is what the daemon runs.
 	parsed, err := config.Parse(b)
 	if err != nil {

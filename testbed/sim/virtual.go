@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -129,6 +130,13 @@ func runJobs(ctx context.Context, par, n int, fn func(ctx context.Context, k int
 // simulateOne runs one router in virtual time.
 func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name string) (metrics.Result, error) {
 	start := time.Now()
+	if base, ok := strings.CutSuffix(name, PrefixOnly); ok {
+		po := *o
+		po.NoGroupCaps = true
+		res, err := simulateOne(ctx, w, &po, base)
+		res.Router = name
+		return res, err
+	}
 	needsIndex := router.NeedsIndex(name)
 	f, err := newFleet(o, needsIndex)
 	if err != nil {
@@ -168,10 +176,10 @@ func simulateOne(ctx context.Context, w *workload.Workload, o *Options, name str
 	}
 	res := l.result()
 	if p != nil {
-		n, perr := p.problems(f)
-		res.IndexProblems = n
-		if perr != nil {
-			o.Logger.Warn("kvindex disagreed with the engines", "router", name, "problems", n, "first", perr)
+		c := p.check(f)
+		res.IndexProblems, res.IndexDetail = c.total(), c.String()
+		if c.total() > 0 {
+			o.Logger.Warn("kvindex disagreed with the engines", "router", name, "problems", res.IndexDetail)
 		}
 	}
 	res.Wall = time.Since(start)

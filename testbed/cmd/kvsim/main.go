@@ -1,10 +1,12 @@
 // Command kvsim is kvindex's fleet simulator: it replays a request trace
 // (Mooncake format) or a generated workload through simulated vLLM engines
 // and compares routers side by side on the same arrivals: round-robin,
-// least-loaded, prefix-hash, approximate, precise (kvindex Score),
-// precise+load (kvindex Route) and ttft-greedy, a perfect-knowledge
-// reference; the tables add the offline bounds (hit rate with an infinite
-// cache, TTFT with no queueing).
+// least-loaded, prefix-hash, approximate, the routers a team would deploy
+// instead (llm-d, llm-d-precise, dynamo, sglang, aibrix, with their
+// published defaults), precise (kvindex Score), precise+load (kvindex
+// Route) and ttft-greedy, a perfect-knowledge reference; the tables add
+// the offline bounds (hit rate with an infinite cache, TTFT with no
+// queueing).
 //
 //	kvsim analyze requests.jsonl                # does cache-aware routing pay on my traffic?
 //	kvsim run --cache-blocks 12500 --csv out    # the Mooncake trace, virtual time
@@ -60,6 +62,7 @@ type flags struct {
 	rc                sim.RunConfig
 	routers           string
 	policy, guard     string
+	groupCaps         string
 	verbose           bool
 	prefixesQPS, zipf float64
 }
@@ -81,6 +84,8 @@ func (f *flags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Engine.CacheBlocks, "cache-blocks", 0, "KV cache per engine in blocks (default 25000)")
 	fs.StringVar(&f.routers, "routers", "all", "comma-separated routers: "+strings.Join(router.Names, ", "))
 	fs.DurationVar(&o.EventLag, "event-lag", 0, "virtual delay before kvindex applies each engine batch (virtual mode)")
+	fs.StringVar(&f.groupCaps, "group-caps", "on", "kvindex's hybrid rule: on (a hit as far as every KV-cache group serves it), off (the prefix group alone), or both (each kvindex router also as <router>"+sim.PrefixOnly+", virtual time)")
+	fs.BoolVar(&o.Serial, "serial", false, "route each request only once every engine is idle and every batch applied: nothing in flight, to check kvindex's predictions alone (virtual mode)")
 	fs.StringVar(&o.Model, "model", "", "model name in kvindex (default "+sim.DefaultModel+")")
 	fs.StringVar(&o.PreciseLoadMode, "precise-load-mode", router.ModeRoute, "precise+load: route (kvindex's Route ranking) or client (a client-side cost from Score, for comparison)")
 	fs.StringVar(&f.policy, "route-policy", "", "precise+load: kvindex policy sent with Route: cache_aware or longest_prefix (default: the server's)")
@@ -131,6 +136,15 @@ func (f *flags) config() (sim.RunConfig, error) {
 	}
 	rc.Workload.Prefixes.ZipfS, rc.Workload.Prefixes.Uniform = f.zipf, f.zipf == 0
 	rc.Workload.Prefixes.QPS = f.prefixesQPS
+	switch f.groupCaps {
+	case "on":
+	case "off":
+		rc.Options.NoGroupCaps = true
+	case "both":
+		rc.Options.Routers = sim.WithPrefixOnly(rc.Options.Routers)
+	default:
+		return rc, fmt.Errorf("--group-caps %q: want on, off or both", f.groupCaps)
+	}
 	rc.Options.Seed = rc.Workload.Seed
 	if f.policy != "" || f.guard != "" {
 		rc.Options.RoutePolicy = &scoring.Override{Name: f.policy, Guard: f.guard}
@@ -166,9 +180,13 @@ func newGrid() *cobra.Command {
 		Long: "grid runs every picked cell (a workload of the suite at a rate multiplier on 8 engines of a cache\n" +
 			"size) one after another in virtual time, writes each cell's table and CSV into <dir>/<cell>/, then\n" +
 			"evaluates the criterion on every cell found under <dir> (precise+load's p99 and mean TTFT each\n" +
-			"within 5% of the lowest of all routers, its token hit rate >= 90% of the best, no router better on\n" +
-			"both p99 and hit rate) into <dir>/grid.md and <dir>/grid.csv. Cells are named <workload>-<rate>x-<cache>,\n" +
-			"e.g. sessions-2x-12.5k; --cells takes names or patterns.",
+			"within 5% of the lowest of the baselines and ttft-greedy, its token hit rate >= 90% of the best, none\n" +
+			"better on both p99 and hit rate) and precise+load against each peer router (p99 and mean within 2%,\n" +
+			"hit rate >= 95% of the best peer's) into <dir>/grid.md, grid.csv and peers.csv. --resume skips the\n" +
+			"cells that already have results (an interrupted grid goes on). Cells are named <workload>-<rate>x-<cache>,\n" +
+			"e.g. sessions-2x-12.5k; --cells takes names or patterns. Hybrid cells follow: each of --layouts on the\n" +
+			"mooncake and sessions workloads at the first rate, named <workload>-<rate>x-<cache>-<layout>, every kvindex\n" +
+			"router also as <router>" + sim.PrefixOnly + " (kvindex matching by the prefix group alone, not in the criterion).",
 		RunE: interruptible(func(ctx context.Context, w io.Writer, _ []string) error {
 			var err error
 			if rates != "" {
@@ -191,9 +209,11 @@ func newGrid() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringArrayVar(&gc.Cells, "cells", nil, "cells to run, by name or pattern (repeatable; default: all)")
+	fs.BoolVar(&gc.Resume, "resume", false, "skip the picked cells that already have results under --dir")
 	fs.StringSliceVar(&gc.Workloads, "workloads", nil, "workloads of the grid (default "+strings.Join(sim.GridWorkloads, ",")+")")
 	fs.StringVar(&rates, "rates", "", "rate multipliers (default 1,2)")
 	fs.StringVar(&caches, "caches", "", "cache sizes, blocks per engine (default 25k,12.5k)")
+	fs.StringSliceVar(&gc.Layouts, "layouts", nil, "model layouts of the hybrid cells (default "+strings.Join(sim.GridLayouts, ",")+"; none: no hybrid cell)")
 	fs.StringVar(&gc.Dir, "dir", "docs/results", "directory of the cells' results and the summary")
 	fs.StringVar(&gc.Trace, "trace", "", "the Mooncake trace (default $KVSIM_TRACE, else "+sim.DefaultTrace+" from the repository root)")
 	fs.Uint64Var(&gc.Seed, "seed", 1, "seed of generators, engine hashes and tie-breaks")
@@ -234,13 +254,14 @@ func newAnalyze() *cobra.Command {
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "analyze LOG",
-		Short: "Should I deploy this? The reuse ceiling of your own request log, and round-robin, precise and precise+load replayed on it",
+		Short: "Should I deploy this? The reuse ceiling of your own request log, and round-robin, the peer routers, precise and precise+load replayed on it",
 		Long: "analyze reads a request log you already have: Mooncake JSONL (hash_ids), JSONL of token ids\n" +
 			"({\"timestamp\": ms, \"token_ids\": [...], \"output_length\": n}) or OpenAI request bodies (prompt or\n" +
 			"messages, optional timestamp in ms), tokenized by a vLLM /tokenize endpoint (--tokenize) or, without\n" +
 			"one, estimated (4-character pieces of the text). It hashes 16-token blocks, prints the reuse ceiling\n" +
 			"(the share of prompt tokens that are a prefix of an earlier request within --window), replays the log\n" +
-			"through round-robin, precise and precise+load over shrinking caches, and ends with a one-line verdict.",
+			"through round-robin, the routers you would deploy instead (llm-d, llm-d-precise, dynamo, sglang, aibrix),\n" +
+			"precise and precise+load over shrinking caches, names the best at each size, and ends with a one-line verdict.",
 		Args: cobra.ExactArgs(1),
 		RunE: interruptible(func(ctx context.Context, w io.Writer, args []string) error {
 			var err error

@@ -463,3 +463,8 @@ func (e *Engine) CachedBlocks() int { return e.p.cached.len() }
 
 // CachedBlocksIn is the number of distinct hashes group g caches.
 func (e *Engine) CachedBlocksIn(g int) int { return e.p.perGroup[g] }
+
+// Groups returns the engine's KV-cache groups in group_idx order (the zero
+// Layout's one full-attention group included); the caller must not modify
+// them.
+func (e *Engine) Groups() []Group { return e.groups }

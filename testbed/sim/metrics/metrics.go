@@ -14,18 +14,25 @@ type Recorder struct {
 	routed            []int // requests per engine
 	res               Result
 	arrival           map[int]time.Duration
-	predicted         map[int]int // request id -> predicted hit in tokens, until its first token
+	predicted         map[int]prediction // by request id, until its first token
 	outputDone        int64
 }
 
+// prediction is a request's predicted hit and the chosen engine's hit
+// when it was routed, in tokens.
+type prediction struct{ tokens, atRoute int }
+
 // NewRecorder returns a recorder for a fleet of n engines.
 func NewRecorder(n int) *Recorder {
-	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration), predicted: make(map[int]int)}
+	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration), predicted: make(map[int]prediction)}
 }
 
 // Predicted records the prompt tokens a request's router predicted the
-// chosen engine would hit, for FirstToken to compare with the hit.
-func (r *Recorder) Predicted(id, tokens int) { r.predicted[id] = tokens }
+// chosen engine would hit and the tokens it held when the request was
+// routed, for FirstToken to compare with the hit.
+func (r *Recorder) Predicted(id, tokens, atRoute int) {
+	r.predicted[id] = prediction{tokens, atRoute}
+}
 
 // Arrived records a request's arrival.
 func (r *Recorder) Arrived(id int, at time.Duration) {
@@ -60,8 +67,9 @@ func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
 		r.res.HitRequests++
 	}
 	r.res.Scheduled++
-	if p, ok := r.predicted[id]; ok {
+	if pr, ok := r.predicted[id]; ok {
 		delete(r.predicted, id)
+		p, at := pr.tokens, pr.atRoute
 		r.res.Predicted++
 		switch {
 		case p == cached:
@@ -69,7 +77,12 @@ func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
 		case p > cached:
 			r.res.PredictOver++
 		}
-		r.res.PredictAbsErr += int64(max(p-cached, cached-p))
+		r.res.PredictAbsErr += int64(abs(p - cached))
+		r.res.PredictRouteErr += int64(abs(p - at))
+		r.res.PredictQueueErr += int64(abs(at - cached))
+		if at > cached {
+			r.res.PredictLost++
+		}
 	}
 }
 
@@ -129,9 +142,12 @@ type Result struct {
 	Throughput, OutputTokensPerSec      float64
 	LoadSkew, RequestSkew               float64
 	Preemptions                         int
-	// IndexProblems counts events kvindex could not apply exactly (0 when
-	// the engines and the index agree); -1 when no index was used.
+	// IndexProblems counts what kvindex could not apply exactly and the
+	// KV-cache groups whose resident blocks differ from their engine's
+	// cache (0 when the engines and the index agree); -1 when no index was
+	// used. IndexDetail names them by kind, with the first difference.
 	IndexProblems int64
+	IndexDetail   string
 	// Wall is how long the simulation took to run.
 	Wall time.Duration
 	// RouteDelayMean and RouteDelayP99 summarise the router's answer time
@@ -144,6 +160,14 @@ type Result struct {
 	// |predicted - hit| in tokens.
 	Predicted, PredictExact, PredictOver int
 	PredictAbsErr                        int64
+	// The error's two parts: PredictRouteErr sums |predicted - the
+	// engine's hit when the request was routed| (what kvindex had not yet
+	// heard of: steps in progress, and Route's speculation), and
+	// PredictQueueErr |that - the hit when scheduled| (the cache changing
+	// while the request waited); PredictLost counts requests that lost
+	// cached blocks (evicted) between the two.
+	PredictRouteErr, PredictQueueErr int64
+	PredictLost                      int
 }
 
 // PredictMAE is the mean absolute error of the predicted hits, in tokens.
@@ -152,6 +176,17 @@ func (r *Result) PredictMAE() float64 { return ratio(float64(r.PredictAbsErr), f
 // PredictExactShare is the share of predictions that were exact.
 func (r *Result) PredictExactShare() float64 {
 	return ratio(float64(r.PredictExact), float64(r.Predicted))
+}
+
+// PredictRouteMAE and PredictQueueMAE are the mean absolute parts of the
+// error (PredictRouteErr, PredictQueueErr), in tokens.
+func (r *Result) PredictRouteMAE() float64 {
+	return ratio(float64(r.PredictRouteErr), float64(r.Predicted))
+}
+
+// PredictQueueMAE is PredictQueueErr's mean (see PredictRouteMAE).
+func (r *Result) PredictQueueMAE() float64 {
+	return ratio(float64(r.PredictQueueErr), float64(r.Predicted))
 }
 
 // PredictOverShare is the share of predictions above the engine's hit.
@@ -166,6 +201,8 @@ func (r *Result) TokenHitRate() float64 {
 
 // RequestHitRate is HitRequests / Scheduled.
 func (r *Result) RequestHitRate() float64 { return ratio(float64(r.HitRequests), float64(r.Scheduled)) }
+
+func abs(n int) int { return max(n, -n) }
 
 func ratio(a, b float64) float64 {
 	if b == 0 {

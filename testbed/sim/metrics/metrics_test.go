@@ -73,10 +73,13 @@ func TestRecorderPredictionError(t *testing.T) {
 	r := NewRecorder(1)
 	// Predicted hits against the engine's: 64 vs 64 (exact), 128 vs 32
 	// (over by 96), 0 vs 48 (under by 48); request 3 is rejected and
-	// request 4 has no prediction: neither counts.
+	// request 4 has no prediction: neither counts. When routed the engines
+	// held 64 (no change), 128 (kvindex was right then; 96 evicted while
+	// queued) and 16 (kvindex 16 short; 32 more stored while queued).
+	atRoute := []int{64, 128, 16, 16}
 	for id, p := range []int{64, 128, 0, 16} {
 		r.Arrived(id, 0)
-		r.Predicted(id, p)
+		r.Predicted(id, p, atRoute[id])
 	}
 	r.Arrived(4, 0)
 	r.Rejected(3)
@@ -90,6 +93,9 @@ func TestRecorderPredictionError(t *testing.T) {
 	}
 	if res.PredictMAE() != 48 || math.Abs(res.PredictExactShare()-1.0/3) > 1e-12 || math.Abs(res.PredictOverShare()-1.0/3) > 1e-12 {
 		t.Errorf("MAE %v, exact %v, over %v", res.PredictMAE(), res.PredictExactShare(), res.PredictOverShare())
+	}
+	if res.PredictRouteErr != 16 || res.PredictQueueErr != 128 || res.PredictLost != 1 || res.PredictQueueMAE() != 128.0/3 {
+		t.Errorf("parts: when routed %d, while queued %d tokens, %d lost blocks", res.PredictRouteErr, res.PredictQueueErr, res.PredictLost)
 	}
 	if (&Result{}).PredictMAE() != 0 {
 		t.Error("no predictions, yet an error")

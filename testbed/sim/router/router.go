@@ -32,7 +32,7 @@ const (
 )
 
 // Names lists every router, in report order.
-var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, Precise, PreciseLoad, TTFTGreedy}
+var Names = []string{RoundRobin, LeastLoaded, PrefixHash, Approximate, LLMD, LLMDPrecise, Dynamo, SGLang, AIBrix, Precise, PreciseLoad, TTFTGreedy}
 
 // ErrUnknown is wrapped by New for an unknown router name.
 var ErrUnknown = errors.New("router: unknown router")
@@ -150,16 +150,31 @@ func New(name string, cfg Config) (Router, error) {
 		return newPrefixHash(n, max(1, toks/cfg.BlockSize)), nil
 	case Approximate:
 		return newApproximate(cfg), nil
+	case LLMD:
+		return newLLMD(name, cfg), nil
+	case SGLang:
+		return newSGLang(cfg)
+	case AIBrix:
+		return newAIBrix(cfg)
+	case TTFTGreedy:
+		return &ttftGreedy{f: cfg.Fleet}, nil
+	}
+	if !NeedsIndex(name) {
+		return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(Names, ", "))
+	}
+	if cfg.KV == nil || len(cfg.Names) != n || cfg.Model == "" {
+		return nil, fmt.Errorf("router %s: kvindex, the model and one pod name per engine are required", name)
+	}
+	switch name {
+	case LLMDPrecise:
+		return newLLMD(name, cfg), nil
+	case Dynamo:
+		return newDynamo(cfg), nil
 	case Precise, PreciseLoad:
-		if cfg.KV == nil || len(cfg.Names) != n || cfg.Model == "" {
-			return nil, fmt.Errorf("router %s: kvindex, the model and one pod name per engine are required", name)
-		}
 		if m := cfg.PreciseLoadMode; m != "" && m != ModeRoute && m != ModeClient {
 			return nil, fmt.Errorf("router %s: mode %q (want %s or %s)", name, m, ModeRoute, ModeClient)
 		}
 		return newPrecise(name, cfg), nil
-	case TTFTGreedy:
-		return &ttftGreedy{f: cfg.Fleet}, nil
 	}
 	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(Names, ", "))
 }
@@ -185,8 +200,11 @@ func Parse(list string) ([]string, error) {
 	return out, nil
 }
 
-// NeedsIndex reports whether the router asks kvindex.
-func NeedsIndex(name string) bool { return name == Precise || name == PreciseLoad }
+// NeedsIndex reports whether the router asks kvindex: the precise routers,
+// and the peers that read KV events (kvindex's index stands in for theirs).
+func NeedsIndex(name string) bool {
+	return name == Precise || name == PreciseLoad || name == LLMDPrecise || name == Dynamo
+}
 
 // base implements the optional parts of Router.
 type base struct{}

@@ -308,7 +308,7 @@ func TestPreciseLoadClientMode(t *testing.T) {
 
 func TestParseAndNew(t *testing.T) {
 	all, err := Parse("all")
-	if err != nil || len(all) != 7 {
+	if err != nil || len(all) != 12 {
 		t.Fatalf("all: %v %v", all, err)
 	}
 	got, err := Parse("precise, round-robin,precise")
