@@ -20,9 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -64,8 +61,7 @@ type Endpoint struct {
 // (Errors) and logged at most once a minute. Run calls apply from its own goroutine, one call at a time; Errors and
 // Excluded may be read from any goroutine.
 type InferencePool struct {
-	client   kubernetes.Interface
-	dyn      dynamic.Interface
+	client   dynamic.Interface
 	gvr      schema.GroupVersionResource
 	ns, name string
 	model    string
@@ -78,10 +74,10 @@ type InferencePool struct {
 	errLog   lograte.Limiter
 }
 
-// NewInferencePool returns a watcher of the pool cfg names through client
-// (pods) and dyn (the InferencePool); log may be nil. An empty
-// cfg.Namespace is the namespace kvindex runs in.
-func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *config.InferencePool, log *slog.Logger) (*InferencePool, error) {
+// NewInferencePool returns a watcher of the pool cfg names and its pods
+// through client (NewClient's); log may be nil. An empty cfg.Namespace is
+// the namespace kvindex runs in.
+func NewInferencePool(client dynamic.Interface, cfg *config.InferencePool, log *slog.Logger) (*InferencePool, error) {
 	gvr := InferencePoolV1
 	switch cfg.APIVersion {
 	case config.InferencePoolV1, "":
@@ -95,14 +91,13 @@ func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *c
 		return nil, err
 	}
 	defaults.Zero(&log, slog.New(slog.DiscardHandler))
-	return &InferencePool{client: client, dyn: dyn, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
+	return &InferencePool{client: client, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
 		dpSize: max(1, cfg.DPSize), resync: cfg.Resync, log: log}, nil
 }
 
-// NewClients returns a client of the API server and a dynamic client of
-// the same server: in the cluster from the pod's service account, outside
-// it from kubeconfig.
-func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
+// NewClient returns a dynamic client of the API server: in the cluster
+// from the pod's service account, outside it from kubeconfig.
+func NewClient(kubeconfig string) (dynamic.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -111,17 +106,13 @@ func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, err
 		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
-	}
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes client: %w", err)
+		return nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
 	}
 	d, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes dynamic client: %w", err)
+		return nil, fmt.Errorf("discovery: kubernetes dynamic client: %w", err)
 	}
-	return c, d, nil
+	return d, nil
 }
 
 // Errors counts failed watches and a missing or malformed pool.
@@ -140,15 +131,13 @@ func (w *InferencePool) fail(err error) {
 
 type podWatch struct {
 	sel    string
-	stop   context.CancelFunc
-	f      informers.SharedInformerFactory
+	stop   func()
 	lister func() ([]*corev1.Pod, error)
 }
 
 func (p *podWatch) close() {
 	if p != nil {
 		p.stop()
-		p.f.Shutdown()
 	}
 }
 
@@ -157,9 +146,7 @@ func (p *podWatch) close() {
 // whenever the endpoints change; eps is apply's to keep.
 func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) error {
 	kick, handler := kicker()
-	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, w.resync, w.ns, nil)
-	pools := df.ForResource(w.gvr)
-	inf := pools.Informer()
+	inf := informer(w.client, w.gvr, w.ns, nil, w.resync)
 	if _, err := inf.AddEventHandler(handler); err != nil {
 		return fmt.Errorf("discovery: inferencepool informer: %w", err)
 	}
@@ -168,8 +155,7 @@ func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) err
 	}); err != nil {
 		return fmt.Errorf("discovery: inferencepool informer: %w", err)
 	}
-	df.Start(ctx.Done())
-	defer df.Shutdown()
+	defer start(ctx, inf)()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
@@ -178,7 +164,7 @@ func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) err
 	var last []Endpoint
 	first := true
 	for {
-		eps, keep := w.endpoints(ctx, pools.Lister(), &pods, handler)
+		eps, keep := w.endpoints(ctx, cache.NewGenericLister(inf.GetIndexer(), w.gvr.GroupResource()), &pods, handler)
 		if !keep && (first || !slices.Equal(eps, last)) {
 			apply(slices.Clone(eps))
 			last, first = eps, false
@@ -238,9 +224,9 @@ func (w *InferencePool) endpoints(ctx context.Context, lister cache.GenericListe
 
 // watchPods starts a pod informer over sel and waits for its first list.
 func (w *InferencePool) watchPods(ctx context.Context, sel labels.Selector, h cache.ResourceEventHandler) (*podWatch, error) {
-	pctx, stop := context.WithCancel(ctx)
-	f, lister, err := podInformer(pctx, w.client, w.resync, w.ns, sel, h, w.fail)
-	pw := &podWatch{sel: sel.String(), stop: stop, f: f, lister: lister}
+	pctx, cancel := context.WithCancel(ctx)
+	stop, lister, err := podInformer(pctx, w.client, w.resync, w.ns, sel, h, w.fail)
+	pw := &podWatch{sel: sel.String(), stop: func() { cancel(); stop() }, lister: lister}
 	if err != nil {
 		pw.close()
 		if pctx.Err() != nil {

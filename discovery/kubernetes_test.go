@@ -9,9 +9,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/discovery/discoverytest"
 )
 
 // syncFleet is a fakeFleet safe for the informer's goroutine and the test.
@@ -91,7 +91,7 @@ func TestPodFromKubernetes(t *testing.T) {
 }
 
 // TestKubernetesInformers runs the watcher's real shared informers over
-// client-go's fake clientset (no API server can run on these machines, so
+// client-go's fake dynamic client (no API server can run on these machines, so
 // the fake's object tracker stands in for it; the informer, its list, its
 // watch and its lister are client-go's own). Pods that become Running and
 // Ready join; one that turns unready, one that changes IP and one deleted
@@ -99,7 +99,7 @@ func TestPodFromKubernetes(t *testing.T) {
 func TestKubernetesInformers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client := fake.NewClientset(
+	client := discoverytest.New(
 		k8sPod("vllm-0", "10.0.0.1", corev1.PodRunning, true, nil),
 		k8sPod("vllm-1", "", corev1.PodPending, false, nil),
 	)
