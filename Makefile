@@ -1,20 +1,32 @@
 # kvindex developer tasks. Tools (buf, protoc-gen-go, protoc-gen-go-grpc)
 # are pinned in tools/go.mod and run with `go tool`; libzmq comes from the
-# system (scripts/deps.sh installs it on Debian/Ubuntu when missing).
+# system. scripts/deps.sh installs, on Debian/Ubuntu and only when missing,
+# what a target needs: `deps` what building and the demo need (libzmq,
+# pkg-config, a C compiler), `deps-test` that and what the tests need.
 
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test test-python demo demo-fleet bench fuzz proto lint soak architecture
+.PHONY: deps deps-test build test test-python demo demo-fleet bench fuzz proto lint soak architecture image-test
 
-# deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
+# deps installs libzmq, pkg-config and a C compiler when missing.
 deps:
-	@scripts/deps.sh
+	@scripts/deps.sh build
 
-# build compiles every binary under cmd/ into ./bin. The Dockerfile runs
-# the same command (deploy/dockerfile_test.go keeps them equal).
+# deps-test installs deps' packages and the tests' and make proto's:
+# promtool (Debian's prometheus), protoc 3.21 and gRPC's Python plugin,
+# Debian's Python 3 with grpcio, protobuf, setuptools, venv and pip, openssl.
+deps-test:
+	@scripts/deps.sh test
+
+# build compiles every binary under cmd/ and testbed/cmd/ into ./bin as
+# they ship: paths trimmed, symbol table and DWARF stripped (-s). The
+# Dockerfile runs the same two commands (deploy/dockerfile_test.go keeps
+# them equal): the first for the production image, the second for the
+# testbed image.
 build: deps
-	$(GO) build -o bin/ ./cmd/... ./testbed/cmd/...
+	$(GO) build -trimpath -ldflags=-s -o bin/ ./cmd/...
+	$(GO) build -trimpath -ldflags=-s -o bin/ ./testbed/cmd/...
 
 # test runs lint, then every test (fuzz seed corpora included) with the
 # race detector, those of the deploy/ module (compose file, Helm chart,
@@ -23,20 +35,26 @@ build: deps
 # (as the build tag invariants does), so the race run checks them too. The
 # tests that pin hot paths' allocation counts skip under -race (it makes
 # sync.Pool drop items), so they run once more without it.
-test: deps lint
+test: deps-test lint
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run 'Alloc|FastPath' ./api ./events ./scoring
 	cd deploy && $(GO) test -race -count=1 ./...
 	cd clients/gie && $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory test-python
 
-# test-python runs the Python client's tests (clients/python/tests, stdlib
-# unittest) with Debian's interpreter, which has Debian's grpcio and
-# protobuf, against a kvindex daemon and simulated engines it builds and
-# starts. It ends with unittest's "OK" or "FAILED (...)" and its status.
-test-python: deps
-	PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=clients/python GO=$(GO) \
-		/usr/bin/python3 -m unittest discover -s clients/python/tests -v
+# test-python installs the Python client as a user would, pip install
+# ./clients/python (offline: no index, no build isolation, over Debian's
+# setuptools), into a throwaway virtual environment that sees Debian's
+# grpcio and protobuf, and runs its tests (clients/python/tests, stdlib
+# unittest) with that interpreter against a kvindex daemon and simulated
+# engines they build and start. It ends with unittest's "OK" or
+# "FAILED (...)" and its status.
+test-python: deps-test
+	@venv=$$(mktemp -d) && trap 'rm -rf "$$venv" clients/python/build clients/python/kvindex.egg-info' EXIT && \
+	/usr/bin/python3 -m venv --system-site-packages "$$venv" && \
+	"$$venv/bin/pip" install -q --no-index --no-build-isolation ./clients/python && \
+	"$$venv/bin/python" -c 'import kvindex, sys; sys.exit(0 if "site-packages" in kvindex.__file__ else "kvindex not installed: " + kvindex.__file__)' && \
+	PYTHONDONTWRITEBYTECODE=1 GO=$(GO) "$$venv/bin/python" -m unittest discover -s clients/python/tests -v
 
 # lint checks formatting, go vet, staticcheck, that go.mod is tidy (the
 # service's, deploy/'s, the test-only module of the deployment files, and
@@ -59,7 +77,8 @@ lint:
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
-# (precise ones over gRPC), the table printed.
+# (precise ones over gRPC), the table printed. It installs only deps'
+# packages.
 demo: deps
 	$(GO) run ./testbed/cmd/kvsim demo
 
@@ -93,9 +112,9 @@ soak: deps
 
 # proto lints the contract and regenerates the committed code from it:
 # proto/kvindex/v1/*.pb.go and the Python client's clients/python/kvindex/v1
-# (protoc 3.21 and grpc_python_plugin from Debian, which deps installs:
+# (protoc 3.21 and grpc_python_plugin from Debian, which deps-test installs:
 # another protoc release writes other Python, which CI's diff would refuse).
-proto: deps
+proto: deps-test
 	@protoc --version | grep -q '^libprotoc 3\.21\.' || \
 		{ echo "proto: needs protoc 3.21 (Debian bookworm's protobuf-compiler), found: $$(protoc --version)" >&2; exit 1; }
 	$(TOOL) buf lint
@@ -105,3 +124,11 @@ proto: deps
 # (Graphviz: apt-get install graphviz); commit both.
 architecture:
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
+
+# image-test builds the Dockerfile (the production and testbed images),
+# runs the compose file's sim profile, and checks every service healthy,
+# the load routed by kvindex and both replicas equal to the engines' caches
+# (scripts/image-test.sh: Docker where an engine runs, else podman and
+# buildah with stand-in bases where no registry answers).
+image-test: deps
+	scripts/image-test.sh

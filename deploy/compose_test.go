@@ -75,8 +75,14 @@ func TestComposeServices(t *testing.T) {
 	for name, s := range all.Services {
 		switch {
 		case ours(s):
-			if s.Build.Context != mustAbs(t, root) || s.Build.Dockerfile != "Dockerfile" || s.Image != "kvindex:dev" {
-				t.Errorf("%s: build %+v image %q, want the repository's Dockerfile as kvindex:dev", name, s.Build, s.Image)
+			// The simulated engines and the load run the testbed image,
+			// everything else the production image (the default target).
+			want, target := "kvindex:dev", ""
+			if s.Entrypoint != nil && s.Entrypoint[0] == "kvsim" {
+				want, target = "kvindex-testbed:dev", "testbed"
+			}
+			if s.Build.Context != mustAbs(t, root) || s.Build.Dockerfile != "Dockerfile" || s.Image != want || s.Build.Target != target {
+				t.Errorf("%s: build %+v image %q, want the repository's Dockerfile (target %q) as %s", name, s.Build, s.Image, target, want)
 			}
 		case s.Image == "" || !strings.Contains(s.Image, ":") || strings.HasSuffix(s.Image, ":latest"):
 			t.Errorf("%s: image %q is not pinned to a tag", name, s.Image)
