@@ -42,13 +42,40 @@ type DeltaEntry struct {
 	// engine blocks; MediumEdge: it starts or ends the block's residency in
 	// Medium (implied by BlockEdge). Replicas count blocks by them.
 	BlockEdge, MediumEdge bool
+	// Group is 0 for a change to the worker's prefix residency (its anchor
+	// KV-cache group's blocks), else 1 + the index of the side group (a
+	// group that caps hits: sliding window, mamba, another prefix group)
+	// whose Key becomes held (DeltaStore) or no longer held (DeltaRemove).
+	// Only those two ops name a group, and never a parent.
+	Group uint8
+}
+
+// KVGroup describes one KV-cache group of a worker, as an agent's index
+// learned it from the engine's BlockStored events (group_idx,
+// kv_cache_spec_kind, block_size, kv_cache_spec_sliding_window): what a
+// replica needs to hold the group's keys and cap hits by them.
+type KVGroup struct {
+	Index     int    // group_idx.
+	Kind      string // kv_cache_spec_kind as the engine sent it ("" when none).
+	BlockSize int    // tokens per block (0 until a store with tokens).
+	Window    int    // the sliding window in tokens (0 when none).
+	// Anchor marks the group whose blocks are the worker's prefix
+	// residency; the others are side groups.
+	Anchor bool
 }
 
 // Delta is the effect of one batch on one worker's resident set, in order;
 // reused between batches.
 type Delta struct {
 	Entries []DeltaEntry
+	// Layout, when not empty, is the worker's KV-cache groups after the
+	// batch, which changed them (a group learned or described anew); a
+	// replica adopts it before it applies Entries. Empty: unchanged.
+	Layout []KVGroup
 }
 
 // Reset empties d, keeping its capacity.
-func (d *Delta) Reset() { d.Entries = d.Entries[:0] }
+func (d *Delta) Reset() {
+	d.Entries = d.Entries[:0]
+	d.Layout = d.Layout[:0]
+}

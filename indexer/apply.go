@@ -131,6 +131,12 @@ func (w *Worker) storeAnchorLocked(ev *events.Event) error {
 	if len(ev.TokenIDs) == 0 {
 		return w.offloadLocked(ev)
 	}
+	if n := len(ev.BlockHashes); len(ev.TokenIDs) != n*ev.BlockSize {
+		// The prefix group has no null blocks: its blocks chain in the
+		// tree, each under the one before.
+		w.c.invalid.Add(1)
+		return fmt.Errorf("%w: %d token_ids for %d blocks of %d in the prefix group", ErrTokenCount, len(ev.TokenIDs), n, ev.BlockSize)
+	}
 	w.checkStoreLocked(ev)
 	parent, parentKey, err := w.storeParentLocked(ev)
 	w.storeBlocksLocked(ev, parent, parentKey)

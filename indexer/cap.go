@@ -14,12 +14,13 @@ type KeysAt func(blockSize int) []Key
 // accepts (window groups the blocks of their window before the cut, mamba
 // groups the block at the cut, other prefix groups every block), found as
 // vLLM finds it, by lowering the length until all accept. capper is the
-// side group that lowered it last, -1 when none did.
+// side group that lowered it last (of several of one description, which
+// vLLM looks up together, the first), -1 when none did.
 //
-// Cost: a flag load for a worker without side groups; else, per side
-// group and pass, a map probe per block looked at: a window group's
-// window when it is held, else back from the cut to the first window it
-// holds (BenchmarkScoreHybrid).
+// Cost: a flag load for a worker without side groups; else, per
+// description of side groups (sideSpec) and pass, a map probe per block
+// looked at: a window group's window when it is held, else back from the
+// cut to the first window it holds (BenchmarkScoreHybrid).
 func (w *Worker) Cap(prefixTokens, maxTokens int, keysAt KeysAt) (tokens, capper int) {
 	tokens, capper = min(prefixTokens, maxTokens), -1
 	if !w.capped.Load() || tokens <= 0 {
@@ -33,29 +34,27 @@ func (w *Worker) Cap(prefixTokens, maxTokens int, keysAt KeysAt) (tokens, capper
 		if anchorBS > 0 {
 			tokens -= tokens % anchorBS
 		}
-		for _, sg := range w.side.order {
-			bs := sg.g.BlockSize
-			if bs <= 0 {
-				continue // nothing stored yet: it holds nothing, and caps when it does
-			}
+		// Groups of no block size yet hold nothing and are in no spec.
+		for _, sp := range w.side.specs {
+			bs := sp.blockSize
 			keys := keysAt(bs)
 			nb := min(tokens/bs, len(keys))
-			if t := sg.accept(keys, nb) * bs; t < tokens {
-				tokens, capper, changed = t, sg.g.Index, true
+			if t := sp.accept(keys, nb) * bs; t < tokens {
+				tokens, capper, changed = t, sp.members[0].g.Index, true
 			}
 		}
 	}
 	return tokens, capper
 }
 
-// accept returns the most blocks, at most nb, that the group's hit rule
+// accept returns the most blocks, at most nb, that the spec's hit rule
 // accepts for keys. Callers hold side.mu (shared).
-func (sg *sideGroup) accept(keys []Key, nb int) int {
-	switch sg.g.Class {
+func (sp *sideSpec) accept(keys []Key, nb int) int {
+	switch sp.class {
 	case ClassWindow:
-		need, run := sg.g.windowBlocks(), 0
+		need, run := max((sp.window-1+sp.blockSize-1)/sp.blockSize, 1), 0
 		for i := nb - 1; i >= 0; i-- {
-			if sg.held[keys[i]] == 0 {
+			if !sp.has(keys[i]) {
 				run = 0
 				continue
 			}
@@ -66,14 +65,14 @@ func (sg *sideGroup) accept(keys []Key, nb int) int {
 		return run // the run from the first block, shorter than the window
 	case ClassMamba:
 		for i := nb - 1; i >= 0; i-- {
-			if sg.held[keys[i]] != 0 {
+			if sp.has(keys[i]) {
 				return i + 1
 			}
 		}
 		return 0
 	default: // ClassPrefix
 		i := 0
-		for i < nb && sg.held[keys[i]] != 0 {
+		for i < nb && sp.has(keys[i]) {
 			i++
 		}
 		return i

@@ -78,6 +78,17 @@ func ClassOf(kind string) GroupClass {
 	return ClassOther
 }
 
+// ClassOfGroup returns the class of a group of kind with a sliding window
+// of window tokens (0: none sent): ClassOf, except that a window kind
+// without a window is ClassOther (it has no rule to follow).
+func ClassOfGroup(kind string, window int) GroupClass {
+	class := ClassOf(kind)
+	if class == ClassWindow && window <= 0 {
+		return ClassOther
+	}
+	return class
+}
+
 // MaxGroups bounds a KV-cache group's index: an event naming a group at or
 // past it is invalid (counted, not applied). vLLM's models use a handful.
 const MaxGroups = 64
@@ -151,6 +162,8 @@ type sideGroup struct {
 	g      *groupState
 	blocks map[uint64]sideBlock // engine hash -> block; nil for a keyed worker
 	held   map[Key]uint32       // content key -> blocks of the group at it
+	spec   *sideSpec            // the spec it is a member of (nil: no block size yet)
+	bit    uint64               // its bit in spec
 }
 
 // sideBlock is one engine block of a side group: its key and its stores
@@ -169,8 +182,9 @@ type sideBlock struct {
 // Worker.mu, so it does not wait on the worker's whole batch, only on its
 // side events (lock order: Worker.mu, then sideStore.mu).
 type sideStore struct {
-	mu    sync.RWMutex // guards the groups' maps and order
+	mu    sync.RWMutex // guards the groups' maps, order and specs
 	order []*sideGroup // in group index order
+	specs []*sideSpec  // the groups by description, which Cap reads
 }
 
 // groupOfLocked returns the worker's group idx, or nil.
@@ -218,6 +232,9 @@ func (w *Worker) learnGroupLocked(ev *events.Event) (*groupState, error) {
 	g := w.groupOfLocked(idx)
 	if g == nil {
 		return w.addGroupLocked(idx, ev.SpecKind, class, bs, window), nil
+	}
+	if bs == 0 && ev.SpecKind == "" {
+		return g, nil // an offload placeholder (no tokens, block size or kind) describes no layout
 	}
 	if g.Class == class && g.Window == window && (bs == 0 || g.BlockSize == 0 || g.BlockSize == bs) {
 		if g.BlockSize == 0 && bs > 0 {
@@ -300,6 +317,7 @@ func (w *Worker) dropGroupLocked(g *groupState) {
 		}
 		w.capped.Store(len(w.side.order) > 0)
 		w.side.mu.Unlock()
+		w.rebuildSpecsLocked()
 	}
 }
 
@@ -311,6 +329,9 @@ func (w *Worker) setGroupBlockSizeLocked(g *groupState, bs int) {
 	defer w.publishLayoutLocked()
 	if g.Anchor {
 		w.setPrefixBlockSizeLocked(bs)
+	}
+	if g.side != nil {
+		w.rebuildSpecsLocked()
 	}
 }
 
@@ -375,21 +396,27 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 	refused := 0
 	var stack [128]byte
 	scratch := stack[:0]
+	px := PromptExtras{LoRAName: ev.LoRAName}
+	if !ev.HasParent {
+		px.CacheSalt = ev.CacheSalt
+	}
+	// The hashes are the last blocks: vLLM leaves out the null blocks a
+	// window group keeps behind its window and a mamba group before a
+	// chunk's last state, not their tokens (checkTokensLocked). Those are
+	// keyed to chain through, without extra keys (after a multimodal one,
+	// a key no prompt has: Cap only stricter).
+	skip := len(ev.TokenIDs)/bs - len(ev.BlockHashes)
 	w.side.mu.Lock()
-	for i, h := range ev.BlockHashes {
+	for j := range skip + len(ev.BlockHashes) {
 		var extra events.ExtraKeys
 		switch {
-		case ev.ExtraKeys != nil:
-			extra = ev.ExtraKeys[i]
+		case j >= skip && ev.ExtraKeys != nil:
+			extra = ev.ExtraKeys[j-skip]
 		case ev.LoRAName != "" || ev.CacheSalt != "":
-			px := PromptExtras{LoRAName: ev.LoRAName}
-			if !ev.HasParent {
-				px.CacheSalt = ev.CacheSalt
-			}
-			extra, scratch = px.blockExtras(i, scratch)
+			extra, scratch = px.blockExtras(j, scratch)
 		}
-		k := BlockKey(parentKey, ev.TokenIDs[i*bs:(i+1)*bs], extra)
-		if !w.sideAddLocked(sg, h, k, limit) {
+		k := BlockKey(parentKey, ev.TokenIDs[j*bs:(j+1)*bs], extra)
+		if j >= skip && !w.sideAddLocked(sg, ev.BlockHashes[j-skip], k, limit) {
 			refused++
 		}
 		parentKey = k
@@ -404,10 +431,12 @@ func (w *Worker) sideStoreLocked(sg *sideGroup, ev *events.Event) error {
 }
 
 // checkTokensLocked checks that a store's tokens and extra keys cover its
-// blocks of bs tokens, counting what does not.
+// blocks of bs tokens, counting what does not; a window or mamba group's
+// may cover more blocks, which vLLM skips (sideStoreLocked).
 func (w *Worker) checkTokensLocked(ev *events.Event, bs int) error {
 	n := len(ev.BlockHashes)
-	if bs <= 0 || len(ev.TokenIDs) != n*bs {
+	skips := ClassOf(ev.SpecKind) == ClassWindow || ClassOf(ev.SpecKind) == ClassMamba
+	if bs <= 0 || len(ev.TokenIDs) != n*bs && (!skips || len(ev.TokenIDs)%bs != 0 || len(ev.TokenIDs) < n*bs) {
 		w.c.invalid.Add(1)
 		return fmt.Errorf("%w: %d token_ids for %d blocks of %d", ErrTokenCount, len(ev.TokenIDs), n, bs)
 	}
@@ -468,6 +497,7 @@ func (w *Worker) sideHoldLocked(sg *sideGroup, k Key) {
 	n := sg.held[k]
 	sg.held[k] = n + 1
 	if n == 0 {
+		sg.specHoldLocked(k)
 		w.sideRes++
 		sg.g.Blocks++
 		if w.rec != nil {
@@ -485,6 +515,7 @@ func (w *Worker) sideUnholdLocked(sg *sideGroup, k Key) {
 		return
 	}
 	delete(sg.held, k)
+	sg.specUnholdLocked(k)
 	w.sideRes--
 	sg.g.Blocks--
 	if w.rec != nil {
@@ -539,6 +570,9 @@ func (w *Worker) clearSideLocked(sg *sideGroup) {
 	w.side.mu.Lock()
 	w.sideRes -= int64(len(sg.held))
 	sg.g.Blocks = 0
+	for k := range sg.held {
+		sg.specUnholdLocked(k)
+	}
 	clear(sg.held)
 	if sg.blocks != nil {
 		clear(sg.blocks)
@@ -651,10 +685,7 @@ const maxKindLen = 64
 func checkLayout(gs []Group) string {
 	anchors, prefix := 0, 0
 	for i, g := range gs {
-		class := ClassOf(g.Kind)
-		if class == ClassWindow && g.Window <= 0 {
-			class = ClassOther
-		}
+		class := ClassOfGroup(g.Kind, g.Window)
 		switch {
 		case g.Index < 0 || g.Index >= MaxGroups:
 			return fmt.Sprintf("group index %d outside [0, %d)", g.Index, MaxGroups)
@@ -715,10 +746,7 @@ func (d *segDecoder) layout() []Group {
 		default:
 			g.Anchor = a == 1
 		}
-		g.Class = ClassOf(g.Kind)
-		if g.Class == ClassWindow && g.Window <= 0 {
-			g.Class = ClassOther
-		}
+		g.Class = ClassOfGroup(g.Kind, g.Window)
 		gs = append(gs, g)
 	}
 	return gs

@@ -157,6 +157,7 @@ func (sc *sideCheck) add(group int, id uint64, k Key, n uint32) string {
 // restoreSideKeysLocked adds snapshot side keys (checked) to a keyed
 // worker whose layout is in place.
 func (w *Worker) restoreSideKeysLocked(keys []SideKey) {
+	defer w.rebuildSpecsLocked()
 	w.side.mu.Lock()
 	defer w.side.mu.Unlock()
 	for _, sk := range keys {

@@ -454,3 +454,82 @@ func TestDiagnoseHybridGroups(t *testing.T) {
 		t.Fatalf("findings %+v: a capped hit is no hit", d.Findings)
 	}
 }
+
+// TestSideStoreChainsThroughNullBlocks: vLLM leaves a group's null blocks out of
+// block_hashes but not out of token_ids (a mamba group in align mode names
+// only the last block of a chunk): the hashes are the last blocks', keyed
+// through the ones before; the prefix group, which has none, refuses it.
+func TestSideStoreChainsThroughNullBlocks(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	toks := seqTokens(0, 4*4+1)
+	full := stored(0, false, []uint64{1, 2, 3, 4}, toks[:16])
+	full.SpecKind, full.GroupIdx, full.HasGroupIdx = "full_attention", 1, true
+	chunk := stored(0, false, []uint64{2}, toks[:8]) // blocks 0 and 1, the state at block 1
+	chunk.SpecKind, chunk.GroupIdx, chunk.HasGroupIdx = "mamba", 0, true
+	next := stored(2, true, []uint64{4}, toks[8:16]) // blocks 2 and 3 after block 1
+	next.SpecKind, next.GroupIdx, next.HasGroupIdx = "mamba", 0, true
+	apply(t, w, full, chunk, next)
+	m, _ := ix.Model(testModel)
+	keys := m.PromptKeys(toks, nil, nil)
+	at := func(int) []Key { return keys }
+	if tok, by := w.Cap(4*4, 4*4, at); tok != 16 || by != -1 {
+		t.Fatalf("Cap at 4 blocks = %d tokens (by %d), want 16: the mamba state at block 3 is held", tok, by)
+	}
+	if tok, by := w.Cap(4*4, 3*4, at); tok != 8 || by != 0 {
+		t.Fatalf("Cap at 3 blocks = %d tokens (by %d), want 8: the last state before is block 1's", tok, by)
+	}
+	if s := w.Stats(); s.SideBlocks != 2 || s.InvalidEvents != 0 {
+		t.Fatalf("stats %+v, want 2 side blocks", s)
+	}
+	bad := stored(4, true, []uint64{9}, seqTokens(100, 8)) // two blocks' tokens, one hash, in the prefix group
+	bad.SpecKind, bad.GroupIdx, bad.HasGroupIdx = "full_attention", 1, true
+	if err := w.ApplyBatch(&events.Batch{Events: []events.Event{bad}}); !errors.Is(err, ErrTokenCount) {
+		t.Fatalf("a prefix-group store with null blocks: %v, want ErrTokenCount", err)
+	}
+}
+
+// TestSideGroupsOfOneDescription: side groups of one description (Gemma 3's
+// five sliding-window groups) are looked up together: a block is held
+// only when every one holds it, as vLLM's coordinator asks of a spec.
+func TestSideGroupsOfOneDescription(t *testing.T) {
+	ix, ws := newTestIndex(t, "a")
+	w := ws[0]
+	toks := seqTokens(0, 10*4+1)
+	var hs []uint64
+	for i := range 10 {
+		hs = append(hs, uint64(100+i))
+	}
+	evs := []events.Event{stored(0, false, hs, toks[:40])}
+	evs[0].SpecKind, evs[0].GroupIdx, evs[0].HasGroupIdx = "full_attention", 0, true
+	for g := 1; g <= 3; g++ {
+		e := evs[0]
+		e.SpecKind, e.GroupIdx, e.SlidingWindow, e.HasSlidingWindow = "sliding_window", g, 9, true // 2 blocks
+		evs = append(evs, e)
+	}
+	apply(t, w, evs...)
+	m, _ := ix.Model(testModel)
+	keys := m.PromptKeys(toks, nil, nil)
+	at := func(int) []Key { return keys }
+	if tok, by := w.Cap(40, 40, at); tok != 40 || by != -1 {
+		t.Fatalf("every group holds every block: Cap = %d (by %d), want 40", tok, by)
+	}
+	// Group 2 alone loses block 8: no cut with blocks 8 before it is whole
+	// for the spec, so the longest is 8 (blocks 6 and 7).
+	apply(t, w, events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{108}, GroupIdx: 2, HasGroupIdx: true})
+	if tok, by := w.Cap(40, 40, at); tok != 32 || by != 1 {
+		t.Fatalf("group 2 lost block 8: Cap = %d (by %d), want 32 by group 1, the spec's first", tok, by)
+	}
+	// A wider window in group 3 makes it a spec of its own.
+	w.Reset("restart")
+	for i := range evs {
+		if evs[i].GroupIdx == 3 {
+			evs[i].SlidingWindow = 17 // 4 blocks
+		}
+	}
+	apply(t, w, evs...)
+	apply(t, w, events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{106}, GroupIdx: 3, HasGroupIdx: true})
+	if tok, by := w.Cap(40, 40, at); tok != 24 || by != 3 {
+		t.Fatalf("group 3 (4-block window) lost block 6: Cap = %d (by %d), want 24 by group 3", tok, by)
+	}
+}

@@ -21,6 +21,7 @@ func (w *Worker) assertInvariantsLocked() {
 	locs := w.assertEntriesLocked()
 	w.assertAliasesLocked(locs)
 	w.assertTreeLocked(locs, live)
+	w.assertSideLocked()
 	clear(c.touched)
 	clear(c.retired)
 	c.touched, c.retired = c.touched[:0], c.retired[:0]
@@ -291,5 +292,69 @@ func (ix *Index) assertRetired(n *node) {
 	ix.nodes.mu.Unlock()
 	if still {
 		brokenInvariant(fmt.Sprintf("retired node %p (id %d) is still in the node table", n, n.id))
+	}
+}
+
+// assertSideLocked checks the side groups: each held count is the number
+// of the group's blocks at the key (engine-fed workers), no count or
+// store count is zero, and the totals agree.
+func (w *Worker) assertSideLocked() {
+	var total int64
+	for _, sg := range w.side.order {
+		if g := w.groupOfLocked(sg.g.Index); g == nil || g.side != sg {
+			brokenInvariant("a side group not in the worker's groups")
+		}
+		if sg.g.Blocks != int64(len(sg.held)) {
+			brokenInvariant("a side group's block count is not its held keys'")
+		}
+		total += int64(len(sg.held))
+		for _, n := range sg.held {
+			if n == 0 {
+				brokenInvariant("a side key held by no block")
+			}
+		}
+		if sg.blocks == nil {
+			continue
+		}
+		per := map[Key]uint32{}
+		for _, b := range sg.blocks {
+			if b.refs == 0 {
+				brokenInvariant("a side block with no stores")
+			}
+			per[b.key]++
+		}
+		if len(per) != len(sg.held) {
+			brokenInvariant("a side group's held keys are not its blocks' keys")
+		}
+		for k, n := range per {
+			if sg.held[k] != n {
+				brokenInvariant("a side key's count is not its blocks'")
+			}
+		}
+	}
+	if total != w.sideRes {
+		brokenInvariant("the side groups' held keys do not add up")
+	}
+	for _, sp := range w.side.specs {
+		if sp.held == nil {
+			continue
+		}
+		want := map[Key]uint64{}
+		for _, sg := range sp.members {
+			if sg.spec != sp {
+				brokenInvariant("a spec's member names another spec")
+			}
+			for k := range sg.held {
+				want[k] |= sg.bit
+			}
+		}
+		if len(want) != len(sp.held) {
+			brokenInvariant("a spec's keys are not its members' held keys")
+		}
+		for k, v := range want {
+			if sp.held[k] != v {
+				brokenInvariant("a spec's bits for a key are not its holders'")
+			}
+		}
 	}
 }

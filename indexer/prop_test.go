@@ -257,6 +257,22 @@ func checkAgainstRef(t *testing.T, ix *Index, ref *refIndex, u *universe, r *ran
 			}
 		}
 	}
+	for i, w := range ix.Workers() {
+		for gi, rg := range ref.workers[i].groups {
+			if rg.blocks == nil {
+				continue
+			}
+			g := w.groupOfLocked(gi)
+			if g == nil || g.side == nil || len(g.side.blocks) != len(rg.blocks) {
+				t.Fatalf("step %d worker %d: side group %d is %+v, reference holds %d blocks", step, i, gi, g, len(rg.blocks))
+			}
+			for h, rb := range rg.blocks {
+				if b, ok := g.side.blocks[h]; !ok || b.key != rb.key || int(b.refs) != rb.refs {
+					t.Fatalf("step %d worker %d: side group %d block %x is %+v, reference %+v", step, i, gi, h, b, *rb)
+				}
+			}
+		}
+	}
 	allow := func(id WorkerID) bool { return id%3 != 1 }
 	for pi, keys := range u.prompts() {
 		var f func(WorkerID) bool

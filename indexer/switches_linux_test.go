@@ -1,6 +1,10 @@
 package indexer
 
-import "golang.org/x/sys/unix"
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
 
 // threadSwitches returns how many times the kernel has switched the
 // calling OS thread out involuntarily (ru_nivcsw of RUSAGE_THREAD): a
@@ -12,4 +16,16 @@ func threadSwitches() int64 {
 		return 0
 	}
 	return ru.Nivcsw
+}
+
+// threadCPU returns the calling OS thread's CPU time in ns
+// (CLOCK_THREAD_CPUTIME_ID), which time spent waiting for a CPU does not
+// advance, and true; false when it cannot be read. The caller must be
+// locked to its thread.
+func threadCPU() (time.Duration, bool) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return 0, false
+	}
+	return time.Duration(ts.Nano()), true
 }

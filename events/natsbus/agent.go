@@ -186,7 +186,8 @@ var ErrUnknownRank = errors.New("nats: agent: unknown dp rank")
 // Publish applies one engine batch (engineSeq, engineTime) to worker rank
 // and publishes its effects: apply fills a reset delta for the given seq
 // under the worker's lock, so no snapshot falls between the change and its
-// seq. An empty delta is not published and takes no seq.
+// seq. A delta with no entries and no layout is not published and takes
+// no seq.
 func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply func(seq uint64, d *events.Delta) error) error {
 	w := a.workers[rank]
 	if w == nil {
@@ -197,7 +198,7 @@ func (a *Agent) Publish(rank int, engineSeq uint64, engineTime float64, apply fu
 	w.delta.Reset()
 	err := apply(w.seq+1, &w.delta)
 	w.engSeq, w.engSeqOK = engineSeq, true
-	if len(w.delta.Entries) == 0 {
+	if len(w.delta.Entries) == 0 && len(w.delta.Layout) == 0 {
 		return err
 	}
 	w.seq++

@@ -3,6 +3,8 @@ package natsbus
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -30,15 +32,29 @@ type deltaHeader struct {
 }
 
 // encodeDelta fills m with d and h, reusing m's slices. Cost: O(entries), no
-// allocation once grown; a chained store or a removal is 9 bytes on the wire.
+// allocation once grown; a chained store or a removal is 9 bytes on the wire,
+// 10 in a delta with a side group's entry (the groups column), and a layout
+// allocates a message a group.
 func encodeDelta(m *fleetv1.Delta, h deltaHeader, d *events.Delta) {
 	m.Epoch, m.Seq, m.EngineSeq, m.EngineTime = h.epoch, h.seq, h.engineSeq, h.engineTime
 	m.Ops, m.Keys, m.Parents, m.Refs = m.Ops[:0], m.Keys[:0], m.Parents[:0], m.Refs[:0]
-	m.Edges = m.Edges[:0]
+	m.Edges, m.Groups, m.Layout = m.Edges[:0], m.Groups[:0], m.Layout[:0]
+	for _, g := range d.Layout {
+		m.Layout = append(m.Layout, &fleetv1.KVCacheGroup{Index: uint32(g.Index), Kind: g.Kind,
+			BlockSize: uint32(g.BlockSize), SlidingWindow: uint32(g.Window), Anchor: g.Anchor})
+	}
 	var prev uint64
 	havePrev := false
 	for i := range d.Entries {
 		e := &d.Entries[i]
+		if e.Group != 0 && len(m.Groups) == 0 {
+			// The first side entry: the column starts, zeros before it.
+			m.Groups = slices.Grow(m.Groups, len(d.Entries))[:i]
+			clear(m.Groups)
+		}
+		if e.Group != 0 || len(m.Groups) > 0 {
+			m.Groups = append(m.Groups, e.Group)
+		}
 		if i%4 == 0 {
 			m.Edges = append(m.Edges, 0)
 		}
@@ -80,6 +96,12 @@ func decodeDelta(m *fleetv1.Delta, d *events.Delta) error {
 	if want := (len(m.Ops) + 3) / 4; len(m.Edges) != want {
 		return fmt.Errorf("%w: %d edge bytes for %d entries, want %d", ErrMalformed, len(m.Edges), len(m.Ops), want)
 	}
+	if len(m.Groups) != 0 && len(m.Groups) != len(m.Ops) {
+		return fmt.Errorf("%w: %d group bytes for %d entries", ErrMalformed, len(m.Groups), len(m.Ops))
+	}
+	if err := decodeLayout(m.Layout, d); err != nil {
+		return err
+	}
 	ki, pi, ri := 0, 0, 0
 	var prev uint64
 	havePrev := false
@@ -94,6 +116,12 @@ func decodeDelta(m *fleetv1.Delta, d *events.Delta) error {
 		}
 		if e.Op != events.DeltaStore && op&(hasParentBit|parentPrevBit) != 0 {
 			return fmt.Errorf("%w: entry %d: a %s with parent bits", ErrMalformed, i, e.Op)
+		}
+		if len(m.Groups) > 0 && m.Groups[i] != 0 {
+			e.Group = m.Groups[i]
+			if e.Op != events.DeltaStore && e.Op != events.DeltaRemove || op&(hasParentBit|parentPrevBit) != 0 {
+				return fmt.Errorf("%w: entry %d: a %s (op byte %#02x) of side group %d: only stores without a parent and removals name one", ErrMalformed, i, e.Op, op, e.Group-1)
+			}
 		}
 		if e.Op == events.DeltaClear {
 			d.Entries = append(d.Entries, e)
@@ -134,9 +162,30 @@ func decodeDelta(m *fleetv1.Delta, d *events.Delta) error {
 	return nil
 }
 
-// unmarshalDelta decodes a Delta message into m, reusing m's slices.
+// decodeLayout fills d.Layout from l, checking that its groups' indices
+// ascend and that the groups column can name them (below 255); whether
+// the groups make a layout a worker can have is the index's to check.
+func decodeLayout(l []*fleetv1.KVCacheGroup, d *events.Delta) error {
+	for i, g := range l {
+		switch {
+		case g.GetIndex() > math.MaxUint8-1:
+			return fmt.Errorf("%w: layout group %d: index %d past %d", ErrMalformed, i, g.GetIndex(), math.MaxUint8-1)
+		case i > 0 && g.GetIndex() <= l[i-1].GetIndex():
+			return fmt.Errorf("%w: layout group %d: index %d after %d", ErrMalformed, i, g.GetIndex(), l[i-1].GetIndex())
+		case g.GetBlockSize() > math.MaxInt32 || g.GetSlidingWindow() > math.MaxInt32:
+			return fmt.Errorf("%w: layout group %d: block size %d, window %d", ErrMalformed, i, g.GetBlockSize(), g.GetSlidingWindow())
+		}
+		d.Layout = append(d.Layout, events.KVGroup{Index: int(g.GetIndex()), Kind: g.GetKind(),
+			BlockSize: int(g.GetBlockSize()), Window: int(g.GetSlidingWindow()), Anchor: g.GetAnchor()})
+	}
+	return nil
+}
+
+// unmarshalDelta decodes a Delta message into m, reusing m's slices (a
+// layout's messages are new).
 func unmarshalDelta(b []byte, m *fleetv1.Delta) error {
 	m.Ops, m.Keys, m.Parents, m.Refs, m.Edges = m.Ops[:0], m.Keys[:0], m.Parents[:0], m.Refs[:0], m.Edges[:0]
+	m.Groups, m.Layout = m.Groups[:0], m.Layout[:0]
 	m.Epoch, m.Seq, m.EngineSeq, m.EngineTime = 0, 0, 0, 0
 	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b, m); err != nil {
 		return fmt.Errorf("%w: delta: %w", ErrMalformed, err)

@@ -49,6 +49,14 @@ const (
 // STORE that starts one of the agent's blocks, a REMOVE that ends one),
 // bit 1 a medium edge (the block's first store in the medium, or its last
 // removal there), so that replicas count blocks as the agent does.
+//
+// A hybrid model's worker (vLLM's KV-cache groups: full attention beside
+// sliding window or mamba layers) has one anchor group, whose blocks are
+// the entries above, and side groups, whose keys cap its hits. Their
+// effects travel as STORE (the key becomes held by the side group) and
+// REMOVE (no longer held) entries named in groups, one byte per entry, and
+// the groups themselves in layout when they changed. Both are absent for a
+// worker without side groups, whose deltas cost what they did before.
 type Delta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// epoch is the agent's epoch: it changes whenever the agent restarts.
@@ -69,7 +77,20 @@ type Delta struct {
 	// engine_seq is the engine's seq of the batch.
 	EngineSeq uint64 `protobuf:"varint,8,opt,name=engine_seq,json=engineSeq,proto3" json:"engine_seq,omitempty"`
 	// edges are the entries' block and medium edges (see the message's doc).
-	Edges         []byte `protobuf:"bytes,9,opt,name=edges,proto3" json:"edges,omitempty"`
+	Edges []byte `protobuf:"bytes,9,opt,name=edges,proto3" json:"edges,omitempty"`
+	// groups is empty when every entry is on the worker's prefix residency
+	// (its anchor group's blocks); else one byte per entry: 0 for such an
+	// entry, else 1 + the index of the side group whose key the entry's
+	// STORE makes held or its REMOVE no longer held. Only STORE and REMOVE
+	// entries name a group, and a side group's STORE has no parent. A
+	// replica keeps, per side group, the keys it holds, and caps the
+	// worker's hits as vLLM's coordinator would (docs/fleet.md).
+	Groups []byte `protobuf:"bytes,10,opt,name=groups,proto3" json:"groups,omitempty"`
+	// layout is empty when the batch left the worker's KV-cache groups as
+	// they were; else it is all of them after the batch, in index order
+	// (a group learned, or described anew after the engine restarted), and
+	// a replica adopts it before it applies the entries.
+	Layout        []*KVCacheGroup `protobuf:"bytes,11,rep,name=layout,proto3" json:"layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -167,6 +188,108 @@ func (x *Delta) GetEdges() []byte {
 	return nil
 }
 
+func (x *Delta) GetGroups() []byte {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *Delta) GetLayout() []*KVCacheGroup {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+// KVCacheGroup is one KV-cache group of a worker, as its engine's
+// BlockStored events describe it.
+type KVCacheGroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index is vLLM's group_idx (0 when the engine sends none).
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// kind is vLLM's kv_cache_spec_kind as sent (full_attention,
+	// sliding_window, mamba, ...; empty when none); with sliding_window it
+	// says the part the group plays in a hit.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// block_size is the group's tokens per block (0 until a store with
+	// tokens).
+	BlockSize uint32 `protobuf:"varint,3,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// sliding_window is the window in tokens of a sliding_window group
+	// (kv_cache_spec_sliding_window; 0 when none).
+	SlidingWindow uint32 `protobuf:"varint,4,opt,name=sliding_window,json=slidingWindow,proto3" json:"sliding_window,omitempty"`
+	// anchor marks the worker's first prefix group (full or MLA attention),
+	// whose blocks are its residency; every other group is a side group.
+	Anchor        bool `protobuf:"varint,5,opt,name=anchor,proto3" json:"anchor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVCacheGroup) Reset() {
+	*x = KVCacheGroup{}
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVCacheGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVCacheGroup) ProtoMessage() {}
+
+func (x *KVCacheGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVCacheGroup.ProtoReflect.Descriptor instead.
+func (*KVCacheGroup) Descriptor() ([]byte, []int) {
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *KVCacheGroup) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *KVCacheGroup) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *KVCacheGroup) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *KVCacheGroup) GetSlidingWindow() uint32 {
+	if x != nil {
+		return x.SlidingWindow
+	}
+	return 0
+}
+
+func (x *KVCacheGroup) GetAnchor() bool {
+	if x != nil {
+		return x.Anchor
+	}
+	return false
+}
+
 // SnapshotRequest asks an agent for one worker's resident set, on the
 // worker's snapshot subject; the agent answers on the reply subject with
 // SnapshotChunk messages, the last with last set.
@@ -180,7 +303,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[1]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +315,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[1]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +328,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SnapshotRequest) GetDpRank() uint32 {
@@ -241,7 +364,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[2]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +376,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[2]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +389,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SnapshotChunk) GetEpoch() uint64 {
@@ -362,7 +485,7 @@ type Registration struct {
 
 func (x *Registration) Reset() {
 	*x = Registration{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +497,7 @@ func (x *Registration) String() string {
 func (*Registration) ProtoMessage() {}
 
 func (x *Registration) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[3]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +510,7 @@ func (x *Registration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registration.ProtoReflect.Descriptor instead.
 func (*Registration) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Registration) GetModel() string {
@@ -529,7 +652,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +664,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +677,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Checkpoint) GetPod() string {
@@ -632,7 +755,7 @@ type WorkerCheckpoint struct {
 
 func (x *WorkerCheckpoint) Reset() {
 	*x = WorkerCheckpoint{}
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +767,7 @@ func (x *WorkerCheckpoint) String() string {
 func (*WorkerCheckpoint) ProtoMessage() {}
 
 func (x *WorkerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_kvindex_fleet_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +780,7 @@ func (x *WorkerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerCheckpoint.ProtoReflect.Descriptor instead.
 func (*WorkerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_kvindex_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WorkerCheckpoint) GetDpRank() uint32 {
@@ -713,7 +836,7 @@ var File_kvindex_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1ckvindex/fleet/v1/fleet.proto\x12\x10kvindex.fleet.v1\"\xd9\x01\n" +
+	"\x1ckvindex/fleet/v1/fleet.proto\x12\x10kvindex.fleet.v1\"\xa9\x02\n" +
 	"\x05Delta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1f\n" +
@@ -725,7 +848,17 @@ const file_kvindex_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x04refs\x18\a \x01(\fR\x04refs\x12\x1d\n" +
 	"\n" +
 	"engine_seq\x18\b \x01(\x04R\tengineSeq\x12\x14\n" +
-	"\x05edges\x18\t \x01(\fR\x05edges\"*\n" +
+	"\x05edges\x18\t \x01(\fR\x05edges\x12\x16\n" +
+	"\x06groups\x18\n" +
+	" \x01(\fR\x06groups\x126\n" +
+	"\x06layout\x18\v \x03(\v2\x1e.kvindex.fleet.v1.KVCacheGroupR\x06layout\"\x96\x01\n" +
+	"\fKVCacheGroup\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\x12%\n" +
+	"\x0esliding_window\x18\x04 \x01(\rR\rslidingWindow\x12\x16\n" +
+	"\x06anchor\x18\x05 \x01(\bR\x06anchor\"*\n" +
 	"\x0fSnapshotRequest\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\"\xab\x01\n" +
 	"\rSnapshotChunk\x12\x14\n" +
@@ -789,22 +922,24 @@ func file_kvindex_fleet_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_kvindex_fleet_v1_fleet_proto_rawDescData
 }
 
-var file_kvindex_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_kvindex_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_kvindex_fleet_v1_fleet_proto_goTypes = []any{
 	(*Delta)(nil),            // 0: kvindex.fleet.v1.Delta
-	(*SnapshotRequest)(nil),  // 1: kvindex.fleet.v1.SnapshotRequest
-	(*SnapshotChunk)(nil),    // 2: kvindex.fleet.v1.SnapshotChunk
-	(*Registration)(nil),     // 3: kvindex.fleet.v1.Registration
-	(*Checkpoint)(nil),       // 4: kvindex.fleet.v1.Checkpoint
-	(*WorkerCheckpoint)(nil), // 5: kvindex.fleet.v1.WorkerCheckpoint
+	(*KVCacheGroup)(nil),     // 1: kvindex.fleet.v1.KVCacheGroup
+	(*SnapshotRequest)(nil),  // 2: kvindex.fleet.v1.SnapshotRequest
+	(*SnapshotChunk)(nil),    // 3: kvindex.fleet.v1.SnapshotChunk
+	(*Registration)(nil),     // 4: kvindex.fleet.v1.Registration
+	(*Checkpoint)(nil),       // 5: kvindex.fleet.v1.Checkpoint
+	(*WorkerCheckpoint)(nil), // 6: kvindex.fleet.v1.WorkerCheckpoint
 }
 var file_kvindex_fleet_v1_fleet_proto_depIdxs = []int32{
-	5, // 0: kvindex.fleet.v1.Checkpoint.workers:type_name -> kvindex.fleet.v1.WorkerCheckpoint
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	1, // 0: kvindex.fleet.v1.Delta.layout:type_name -> kvindex.fleet.v1.KVCacheGroup
+	6, // 1: kvindex.fleet.v1.Checkpoint.workers:type_name -> kvindex.fleet.v1.WorkerCheckpoint
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_fleet_v1_fleet_proto_init() }
@@ -818,7 +953,7 @@ func file_kvindex_fleet_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_fleet_v1_fleet_proto_rawDesc), len(file_kvindex_fleet_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
