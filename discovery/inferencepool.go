@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -132,7 +131,7 @@ func (w *InferencePool) fail(err error) {
 type podWatch struct {
 	sel    string
 	stop   func()
-	lister func() ([]*corev1.Pod, error)
+	lister func() ([]Pod, error)
 }
 
 func (p *podWatch) close() {
@@ -327,9 +326,9 @@ func portNumber(v any) (int, bool) {
 // Ready, terminating, annotations that do not parse, or a dp-size that
 // several ports contradict). model and dpSize apply unless the pod's
 // annotations say otherwise.
-func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (eps []Endpoint, excluded int) {
+func PoolEndpoints(list []Pod, ports []int, model string, dpSize int) (eps []Endpoint, excluded int) {
 	list = slices.Clone(list)
-	slices.SortFunc(list, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(list, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
 	for _, p := range list {
 		if podState(p) != ReasonAppeared {
 			excluded++
@@ -354,11 +353,11 @@ func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (e
 			continue
 		}
 		if len(ports) == 1 {
-			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(ports[0])), Pod: p.Name, Model: m, AllRanks: dp > 1, DPSize: dp})
+			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.IP, strconv.Itoa(ports[0])), Pod: p.Name, Model: m, AllRanks: dp > 1, DPSize: dp})
 			continue
 		}
 		for r, port := range ports {
-			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), Pod: p.Name, Model: m, DPRank: r, DPSize: dp})
+			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.IP, strconv.Itoa(port)), Pod: p.Name, Model: m, DPRank: r, DPSize: dp})
 		}
 	}
 	return eps, excluded
@@ -366,13 +365,13 @@ func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (e
 
 // podState is ReasonAppeared for a pod that serves (Running, Ready, with
 // an IP, not terminating), else why not.
-func podState(p *corev1.Pod) Reason {
+func podState(p Pod) Reason {
 	switch {
-	case p.DeletionTimestamp != nil:
+	case p.Terminating:
 		return ReasonTerminating
-	case p.Status.Phase != corev1.PodRunning:
+	case p.Phase != "Running":
 		return ReasonNotRunning
-	case !ready(p) || p.Status.PodIP == "":
+	case !p.Ready || p.IP == "":
 		return ReasonNotReady
 	}
 	return ReasonAppeared

@@ -238,7 +238,7 @@ func TestParsePoolSpec(t *testing.T) {
 func TestPoolEndpointsExcluded(t *testing.T) {
 	bad := k8sPod("bad", "10.0.0.3", corev1.PodRunning, true, map[string]string{AnnotationDPSize: "x"})
 	three := k8sPod("three", "10.0.0.4", corev1.PodRunning, true, map[string]string{AnnotationDPSize: "3"})
-	eps, excluded := PoolEndpoints([]*corev1.Pod{three, bad, k8sPod("ok", "10.0.0.5", corev1.PodRunning, true, nil)}, []int{8000, 8001}, "m", 1)
+	eps, excluded := PoolEndpoints([]Pod{podOf(t, three), podOf(t, bad), podOf(t, k8sPod("ok", "10.0.0.5", corev1.PodRunning, true, nil))}, []int{8000, 8001}, "m", 1)
 	want := []Endpoint{{Address: "10.0.0.5:8000", Pod: "ok", Model: "m", DPSize: 2}, {Address: "10.0.0.5:8001", Pod: "ok", Model: "m", DPRank: 1, DPSize: 2}}
 	if !slices.Equal(eps, want) || excluded != 2 {
 		t.Fatalf("got %+v, %d excluded; want %+v, 2 (a bad dp-size, a dp-size two ports contradict)", eps, excluded, want)

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -44,10 +43,54 @@ const (
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // Pods is the core API's pods resource. Discovery reads pods, as it reads
-// InferencePools, through client-go's dynamic client: the typed clientset
+// InferencePools, through client-go's dynamic client, and takes the few
+// fields it needs from the unstructured objects (Pod): the typed clientset
 // and its informer factory link every API group Kubernetes has (about 320
-// more packages, a third of kvindex's binary), for one resource.
+// more packages, a third of kvindex's binary), and the core API's types
+// alone (k8s.io/api/core/v1) 4 MB of it, for seven fields of one resource.
 var Pods = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// Pod is what discovery reads of a Kubernetes pod.
+type Pod struct {
+	Name, Namespace     string
+	Labels, Annotations map[string]string
+	// Terminating says metadata.deletionTimestamp is set.
+	Terminating bool
+	// Phase is status.phase ("Running", "Pending", ...).
+	Phase string
+	// IP is status.podIP.
+	IP string
+	// Ready says the condition of type Ready has status "True".
+	Ready bool
+}
+
+// PodFromUnstructured reads a Pod from the core API's pod object u (as
+// the dynamic client returns it); a field of the wrong type is an error.
+func PodFromUnstructured(u *unstructured.Unstructured) (Pod, error) {
+	p := Pod{Name: u.GetName(), Namespace: u.GetNamespace(), Labels: u.GetLabels(), Annotations: u.GetAnnotations(),
+		Terminating: u.GetDeletionTimestamp() != nil}
+	var err error
+	if p.Phase, _, err = unstructured.NestedString(u.Object, "status", "phase"); err != nil {
+		return Pod{}, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	if p.IP, _, err = unstructured.NestedString(u.Object, "status", "podIP"); err != nil {
+		return Pod{}, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	conds, _, err := unstructured.NestedSlice(u.Object, "status", "conditions")
+	if err != nil {
+		return Pod{}, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	for i, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok {
+			return Pod{}, fmt.Errorf("pod %s/%s: status.conditions[%d] is %T, not an object", p.Namespace, p.Name, i, c)
+		}
+		if m["type"] == "Ready" {
+			p.Ready = m["status"] == "True"
+		}
+	}
+	return p, nil
+}
 
 // Kubernetes watches pods through the API server with a client-go shared
 // informer (one list, then a watch; no polling).
@@ -139,21 +182,21 @@ func start(ctx context.Context, inf cache.SharedIndexInformer) (stop func()) {
 
 // podInformer starts an informer of the pods sel selects in ns, handing
 // events to h and watch errors to fail, and waits for its first list. The
-// caller calls stop, on error too. list converts the informer's objects
-// to pods: O(pods) at each call, off the Score path.
+// caller calls stop, on error too. list reads the informer's objects as
+// pods: O(pods) at each call, off the Score path.
 func podInformer(ctx context.Context, client dynamic.Interface, resync time.Duration, ns string, sel labels.Selector,
-	h cache.ResourceEventHandler, fail func(error)) (stop func(), list func() ([]*corev1.Pod, error), err error) {
+	h cache.ResourceEventHandler, fail func(error)) (stop func(), list func() ([]Pod, error), err error) {
 	inf := informer(client, Pods, ns, sel, resync)
-	list = func() ([]*corev1.Pod, error) {
-		var pods []*corev1.Pod
+	list = func() ([]Pod, error) {
+		var pods []Pod
 		for _, o := range inf.GetStore().List() {
 			u, ok := o.(*unstructured.Unstructured)
 			if !ok {
 				return nil, fmt.Errorf("pod informer: unexpected object %T", o)
 			}
-			p := new(corev1.Pod)
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), p); err != nil {
-				return nil, fmt.Errorf("pod %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+			p, err := PodFromUnstructured(u)
+			if err != nil {
+				return nil, err
 			}
 			if p.Namespace == ns && sel.Matches(labels.Set(p.Labels)) {
 				pods = append(pods, p)
@@ -213,7 +256,7 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 // ReasonAppeared, or the reason it is not to be indexed: not Running, not
 // Ready or without an IP, terminating, or annotations that do not
 // describe a valid pod (ReasonInvalid).
-func PodFromKubernetes(p *corev1.Pod, d config.DiscoveredPods) (config.Pod, Reason) {
+func PodFromKubernetes(p Pod, d config.DiscoveredPods) (config.Pod, Reason) {
 	if why := podState(p); why != ReasonAppeared {
 		return config.Pod{}, why
 	}
@@ -238,17 +281,7 @@ func PodFromKubernetes(p *corev1.Pod, d config.DiscoveredPods) (config.Pod, Reas
 	if d.Validate("pod") != nil {
 		return config.Pod{}, ReasonInvalid
 	}
-	return podAt(p.Name, p.Status.PodIP, d), ReasonAppeared
-}
-
-// ready reports whether the pod's Ready condition is true.
-func ready(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return podAt(p.Name, p.IP, d), ReasonAppeared
 }
 
 // podAt is the pod configuration of pod name at ip with d's ports.
