@@ -29,28 +29,40 @@ build: deps
 	$(GO) build -trimpath -ldflags=-s -o bin/ ./testbed/cmd/...
 
 # test runs lint, then every test (fuzz seed corpora included) with the
-# race detector, those of the deploy/ module (compose file, Helm chart,
-# alert rules, dashboard, Dockerfile: no race detector, which would compile
-# the Helm and Kubernetes stacks a second time for tests of files, not of
-# concurrent code) and of the clients/gie module (the GIE scheduler's
-# scorer plugin), then the Python client's (test-python). A -race build compiles the indexer's invariant checks in
-# (as the build tag invariants does), so the race run checks them too. The
-# tests that pin hot paths' allocation counts skip under -race (it makes
-# sync.Pool drop items), so they run once more without it.
+# race detector: the service's, those of the deploy/ module (compose file,
+# Helm chart, alert rules, dashboard, Dockerfile) and of the clients/gie
+# module (the GIE scheduler's scorer plugin), then the Python client's
+# (test-python, against a race-built daemon). A -race build compiles the
+# indexer's invariant checks in (as the build tag invariants does), so the
+# race run checks them too. Lint compiles with -race as well (RACE): go vet
+# and staticcheck type-check against the packages the race run links, so
+# that each package of the three modules is compiled once, not once per
+# mode (docs/benchmarks.md, "make test"). The tests that pin hot paths'
+# allocation counts skip under -race (it makes sync.Pool drop items), so
+# they run once more without it: the only packages compiled twice.
 test: deps-test lint
-	$(GO) test -race -count=1 ./...
+	$(RACEENV) $(GO) test -count=1 ./...
 	$(GO) test -count=1 -run 'Alloc|FastPath' ./api ./events ./scoring
-	cd deploy && $(GO) test -count=1 ./...
-	cd clients/gie && $(GO) test -race -count=1 ./...
-	$(MAKE) --no-print-directory test-python
+	cd deploy && $(RACEENV) $(GO) test -count=1 ./...
+	cd clients/gie && $(RACEENV) $(GO) test -count=1 ./...
+	$(RACEENV) $(MAKE) --no-print-directory test-python
+
+# RACE is the flag every compile of make test and make lint adds (RACE=
+# for none). RACEENV passes it in GOFLAGS, so that it reaches the go
+# commands the tests run themselves (integration builds kvindex and
+# kvindexctl, the Python client's tests the daemon and kvsim): those
+# binaries link the packages the race run compiled. go tool ignores -race
+# in GOFLAGS, so staticcheck itself is built without it.
+RACE ?= -race
+RACEENV = GOFLAGS="$$GOFLAGS $(RACE)"
 
 # test-python installs the Python client as a user would, pip install
 # ./clients/python (offline: no index, no build isolation, over Debian's
 # setuptools), into a throwaway virtual environment that sees Debian's
 # grpcio and protobuf, and runs its tests (clients/python/tests, stdlib
 # unittest) with that interpreter against a kvindex daemon and simulated
-# engines they build and start. It ends with unittest's "OK" or
-# "FAILED (...)" and its status.
+# engines they build and start (with GOFLAGS: make test's -race). It ends
+# with unittest's "OK" or "FAILED (...)" and its status.
 test-python: deps-test
 	@venv=$$(mktemp -d) && trap 'rm -rf "$$venv" clients/python/build clients/python/kvindex.egg-info' EXIT && \
 	/usr/bin/python3 -m venv --system-site-packages "$$venv" && \
@@ -65,15 +77,17 @@ test-python: deps-test
 # ZeroMQ transport, events/zmq, needs libzmq: read from go list, as a
 # CGO_ENABLED=0 build would recompile every dependency), and archlint: the
 # layers import only downward (docs/architecture.md), the binaries link no
-# testbed, and files and functions stay within their budgets.
+# testbed, and files and functions stay within their budgets. go vet and
+# staticcheck (through its go list) compile with RACE, as make test's race
+# run does.
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$(TOOL) staticcheck ./...
+	$(RACEENV) $(GO) vet ./...
+	$(RACEENV) $(TOOL) staticcheck ./...
 	$(GO) mod tidy -diff
-	cd deploy && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
-	cd clients/gie && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
+	cd deploy && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
+	cd clients/gie && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 	@cgo=$$($(GO) list -deps -f '{{if and .CgoFiles (not .Standard)}}{{.ImportPath}}{{end}}' ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl); \
 	if [ -n "$$cgo" ]; then echo "what a router embeds needs cgo through:"; echo "$$cgo"; exit 1; fi
 	$(GO) -C tools test -count=1 ./archlint

@@ -42,7 +42,11 @@ def setUpModule():
         pods = [e.pod_yaml() for e in R.engines]
         model = {"name": MODEL, "block_size": BLOCK, "tokenizer_urls": [e.url for e in R.engines]}
         slow = {"name": SLOW, "block_size": BLOCK, "tokenizer_urls": [R.stuck.url]}
-        PLAIN = R.daemon("plain", {"models": [model, slow], "pods": pods})
+        # Admission control's adaptive bound (a 1 ms queue target) would shed
+        # the concurrent calls of these tests whenever the machine is busy:
+        # shedding is tested on TIGHT, with a fixed bound.
+        PLAIN = R.daemon("plain", {"models": [model, slow], "pods": pods,
+                                   "limits": {"queue_target": "1s", "max_queue_delay": "10s"}})
 
         CERTS = R.certs()
         for name, secret in [("router", ROUTER_TOKEN), ("reader", READER_TOKEN)]:
