@@ -394,3 +394,44 @@ func TestComposeVLLMAgentsLearnCapacity(t *testing.T) {
 		t.Errorf("the vllm profile runs %d agents, want one per engine (3)", agents)
 	}
 }
+
+// testedVLLM is the vLLM release the deployment files run: one that
+// publishes every wire form events/testdata's captures of vLLM's own
+// publisher hold (map-era events, replay replies with a topic frame,
+// offload tiers' locality, self-describing tier events: all merged before
+// it). A later release is pinned together with a capture of its events.
+const testedVLLM = "v0.30.0"
+
+// TestVLLMImageIsTheTestedRelease: the compose vllm profile's engines and
+// the Helm chart's example run testedVLLM, and the README names it, so
+// that no file moves to a release the decoder has not been checked against
+// without the others.
+func TestVLLMImageIsTheTestedRelease(t *testing.T) {
+	want := "vllm/vllm-openai:" + testedVLLM
+	engines := 0
+	for name, s := range loadCompose(t, "vllm").Services {
+		if strings.HasPrefix(s.Image, "vllm/vllm-openai") {
+			engines++
+			if s.Image != want {
+				t.Errorf("compose %s runs %s, want %s", name, s.Image, want)
+			}
+		}
+	}
+	if engines != 3 {
+		t.Errorf("the vllm profile runs %d vLLM engines, want 3", engines)
+	}
+	for _, f := range []string{"deploy/helm/kvindex/examples/vllm-with-agent.yaml", "README.md"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if i := strings.Index(line, "vllm/vllm-openai:"); i >= 0 && !strings.Contains(line[i:], want) {
+				t.Errorf("%s: %q, want %s", f, strings.TrimSpace(line), want)
+			}
+		}
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s does not name %s", f, want)
+		}
+	}
+}
