@@ -1,11 +1,16 @@
-# kvindex image: every binary under cmd/ and testbed/cmd/ (kvindex, kvindexctl, kvsim,
-# kvbench, ...), built as `make build` builds them, on a slim Debian with libzmq.
+# kvindex images, on a slim Debian with libzmq, non-root, binaries built as
+# `make build` builds them (-trimpath, stripped):
 #
-#   docker build -t kvindex .
+#   docker build -t kvindex .                             # production (default): kvindex, kvindexctl
+#   docker build --target testbed -t kvindex-testbed .    # simulator and load tools: kvsim, kvbench, ...
 #   docker run --rm -p 50051:50051 -p 9400:9400 kvindex serve --config /etc/kvindex/kvindex.yaml
 #
+# The compose file's engines and load run the testbed image; agents and
+# replicas the production one. `make image-test` builds both from this file
+# and runs the compose sim profile (scripts/image-test.sh).
+#
 # The Go version is go.mod's; deploy/dockerfile_test.go checks it, and that the
-# build command is the Makefile's, so the two cannot drift apart.
+# build commands are the Makefile's, so the two cannot drift apart.
 
 ARG GO_VERSION=1.26.8
 ARG DEBIAN_RELEASE=bookworm
@@ -20,19 +25,39 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-# make build:
-RUN go build -o bin/ ./cmd/... ./testbed/cmd/...
+# make build, the shipped binaries:
+RUN go build -trimpath -ldflags=-s -o bin/ ./cmd/...
 
-FROM debian:${DEBIAN_RELEASE}-slim
+FROM build AS build-testbed
+# make build, the testbed's binaries:
+RUN go build -trimpath -ldflags=-s -o bin/ ./testbed/cmd/...
+
+# What both images run on: libzmq, CA roots, the kvindex user (65532).
+FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libzmq5 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 kvindex \
  && useradd --system --uid 65532 --gid 65532 --home-dir /var/lib/kvindex --create-home --shell /usr/sbin/nologin kvindex
-COPY --from=build /src/bin/ /usr/local/bin/
 USER 65532:65532
 WORKDIR /var/lib/kvindex
-# gRPC, Prometheus /metrics; simulated engines (kvsim engine) use 8000, 5557, 5567.
+
+# The testbed image: the simulated vLLM engines and the load of the compose
+# sim profile (kvsim), the benchmarks and the soak, and kvindexctl, whose
+# health command is the simulated engines' health check.
+FROM runtime AS testbed
+COPY --from=build-testbed /src/bin/kvsim /src/bin/kvbench /src/bin/kvfleetbench /src/bin/kvsoak /src/bin/kvindexctl /usr/local/bin/
+# OpenAI API and /metrics, KV events (PUB), replay (ROUTER).
+EXPOSE 8000 5557 5567
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+  CMD ["kvindexctl", "health", "--http", "http://127.0.0.1:8000/health"]
+ENTRYPOINT ["kvsim"]
+CMD ["engine"]
+
+# The production image (the default target): kvindex and kvindexctl only.
+FROM runtime AS production
+COPY --from=build /src/bin/kvindex /src/bin/kvindexctl /usr/local/bin/
+# gRPC, Prometheus /metrics.
 EXPOSE 50051 9400
 # A real gRPC health check (grpc.health.v1, as kubelet's gRPC probe asks):
 # exits non-zero unless the server reports SERVING.

@@ -1,65 +1,102 @@
 # kvindex developer tasks. Tools (buf, protoc-gen-go, protoc-gen-go-grpc)
 # are pinned in tools/go.mod and run with `go tool`; libzmq comes from the
-# system (scripts/deps.sh installs it on Debian/Ubuntu when missing).
+# system. scripts/deps.sh installs, on Debian/Ubuntu and only when missing,
+# what a target needs: `deps` what building and the demo need (libzmq,
+# pkg-config, a C compiler), `deps-test` that and what the tests need.
 
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps build test test-python demo demo-fleet bench fuzz proto lint soak chaos architecture
+.PHONY: deps deps-test build test test-python demo demo-fleet bench fuzz proto lint soak chaos architecture image-test
 
-# deps installs libzmq and a C toolchain when missing (Debian/Ubuntu).
+# deps installs libzmq, pkg-config and a C compiler when missing.
 deps:
-	@scripts/deps.sh
+	@scripts/deps.sh build
 
-# build compiles every binary under cmd/ into ./bin. The Dockerfile runs
-# the same command (deploy/dockerfile_test.go keeps them equal).
+# deps-test installs deps' packages and the tests' and make proto's:
+# promtool (Debian's prometheus), protoc 3.21 and gRPC's Python plugin,
+# Debian's Python 3 with grpcio, protobuf, setuptools, venv and pip, openssl.
+deps-test:
+	@scripts/deps.sh test
+
+# build compiles every binary under cmd/ and testbed/cmd/ into ./bin as
+# they ship: paths trimmed, symbol table and DWARF stripped (-s). The
+# Dockerfile runs the same two commands (deploy/dockerfile_test.go keeps
+# them equal): the first for the production image, the second for the
+# testbed image.
 build: deps
-	$(GO) build -o bin/ ./cmd/... ./testbed/cmd/...
+	$(GO) build -trimpath -ldflags=-s -o bin/ ./cmd/...
+	$(GO) build -trimpath -ldflags=-s -o bin/ ./testbed/cmd/...
 
 # test runs lint, then every test (fuzz seed corpora included) with the
-# race detector, those of the deploy/ module (compose file, Helm chart,
-# alert rules, dashboard, Dockerfile) and of the clients/gie module (the
-# GIE scheduler's scorer plugin), then the Python client's (test-python). A -race build compiles the indexer's invariant checks in
-# (as the build tag invariants does), so the race run checks them too. The
-# tests that pin hot paths' allocation counts skip under -race (it makes
-# sync.Pool drop items), so they run once more without it.
-test: deps lint
-	$(GO) test -race -count=1 ./...
+# race detector: the service's, those of the deploy/ module (compose file,
+# Helm chart, alert rules, dashboard, Dockerfile) and of the clients/gie
+# module (the GIE scheduler's scorer plugin), then the Python client's
+# (test-python, against a race-built daemon). A -race build compiles the
+# indexer's invariant checks in (as the build tag invariants does), so the
+# race run checks them too. Lint compiles with -race as well (RACE): go vet
+# and staticcheck type-check against the packages the race run links, so
+# that each package of the three modules is compiled once, not once per
+# mode (docs/benchmarks.md, "make test"). The tests that pin hot paths'
+# allocation counts skip under -race (it makes sync.Pool drop items), so
+# they run once more without it: the only packages compiled twice.
+test: deps-test lint
+	$(RACEENV) $(GO) test -count=1 ./...
 	$(GO) test -count=1 -run 'Alloc|FastPath' ./api ./events ./scoring
-	cd deploy && $(GO) test -race -count=1 ./...
-	cd clients/gie && $(GO) test -race -count=1 ./...
-	$(MAKE) --no-print-directory test-python
+	cd deploy && $(RACEENV) $(GO) test -count=1 ./...
+	cd clients/gie && $(RACEENV) $(GO) test -count=1 ./...
+	$(RACEENV) $(MAKE) --no-print-directory test-python
 
-# test-python runs the Python client's tests (clients/python/tests, stdlib
-# unittest) with Debian's interpreter, which has Debian's grpcio and
-# protobuf, against a kvindex daemon and simulated engines it builds and
-# starts. It ends with unittest's "OK" or "FAILED (...)" and its status.
-test-python: deps
-	PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=clients/python GO=$(GO) \
-		/usr/bin/python3 -m unittest discover -s clients/python/tests -v
+# RACE is the flag every compile of make test and make lint adds (RACE=
+# for none). RACEENV passes it in GOFLAGS, so that it reaches the go
+# commands the tests run themselves (integration builds kvindex and
+# kvindexctl, the Python client's tests the daemon and kvsim): those
+# binaries link the packages the race run compiled. go tool ignores -race
+# in GOFLAGS, so staticcheck itself is built without it.
+RACE ?= -race
+RACEENV = GOFLAGS="$$GOFLAGS $(RACE)"
+
+# test-python installs the Python client as a user would, pip install
+# ./clients/python (offline: no index, no build isolation, over Debian's
+# setuptools), into a throwaway virtual environment that sees Debian's
+# grpcio and protobuf, and runs its tests (clients/python/tests, stdlib
+# unittest) with that interpreter against a kvindex daemon and simulated
+# engines they build and start (with GOFLAGS: make test's -race). It ends
+# with unittest's "OK" or "FAILED (...)" and its status.
+test-python: deps-test
+	@venv=$$(mktemp -d) && trap 'rm -rf "$$venv" clients/python/build clients/python/kvindex.egg-info' EXIT && \
+	/usr/bin/python3 -m venv --system-site-packages "$$venv" && \
+	"$$venv/bin/pip" install -q --no-index --no-build-isolation ./clients/python && \
+	"$$venv/bin/python" -c 'import kvindex, sys; sys.exit(0 if "site-packages" in kvindex.__file__ else "kvindex not installed: " + kvindex.__file__)' && \
+	PYTHONDONTWRITEBYTECODE=1 GO=$(GO) "$$venv/bin/python" -m unittest discover -s clients/python/tests -v
 
 # lint checks formatting, go vet, staticcheck, that go.mod is tidy (the
 # service's, deploy/'s, the test-only module of the deployment files, and
 # clients/gie's, the GIE scorer plugin with the framework's dependencies), and
-# that everything a router may embed builds without cgo (only the ZeroMQ
-# transport, events/zmq, needs libzmq), and archlint: the layers import
-# only downward (docs/architecture.md), the binaries link no testbed, and
-# files and functions stay within their budgets.
+# that nothing a router may embed links a package that needs cgo (only the
+# ZeroMQ transport, events/zmq, needs libzmq: read from go list, as a
+# CGO_ENABLED=0 build would recompile every dependency), and archlint: the
+# layers import only downward (docs/architecture.md), the binaries link no
+# testbed, and files and functions stay within their budgets. go vet and
+# staticcheck (through its go list) compile with RACE, as make test's race
+# run does.
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$(TOOL) staticcheck ./...
+	$(RACEENV) $(GO) vet ./...
+	$(RACEENV) $(TOOL) staticcheck ./...
 	$(GO) mod tidy -diff
-	cd deploy && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
-	cd clients/gie && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
-	CGO_ENABLED=0 $(GO) build ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl
+	cd deploy && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
+	cd clients/gie && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
+	@cgo=$$($(GO) list -deps -f '{{if and .CgoFiles (not .Standard)}}{{.ImportPath}}{{end}}' ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl); \
+	if [ -n "$$cgo" ]; then echo "what a router embeds needs cgo through:"; echo "$$cgo"; exit 1; fi
 	$(GO) -C tools test -count=1 ./archlint
 	$(GO) -C tools run ./archlint ..
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
-# (precise ones over gRPC), the table printed.
+# (precise ones over gRPC), the table printed. It installs only deps'
+# packages.
 demo: deps
 	$(GO) run ./testbed/cmd/kvsim demo
 
@@ -107,9 +144,9 @@ chaos: deps
 
 # proto lints the contract and regenerates the committed code from it:
 # proto/kvindex/v1/*.pb.go and the Python client's clients/python/kvindex/v1
-# (protoc 3.21 and grpc_python_plugin from Debian, which deps installs:
+# (protoc 3.21 and grpc_python_plugin from Debian, which deps-test installs:
 # another protoc release writes other Python, which CI's diff would refuse).
-proto: deps
+proto: deps-test
 	@protoc --version | grep -q '^libprotoc 3\.21\.' || \
 		{ echo "proto: needs protoc 3.21 (Debian bookworm's protobuf-compiler), found: $$(protoc --version)" >&2; exit 1; }
 	$(TOOL) buf lint
@@ -119,3 +156,11 @@ proto: deps
 # (Graphviz: apt-get install graphviz); commit both.
 architecture:
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
+
+# image-test builds the Dockerfile (the production and testbed images),
+# runs the compose file's sim profile, and checks every service healthy,
+# the load routed by kvindex and both replicas equal to the engines' caches
+# (scripts/image-test.sh: Docker where an engine runs, else podman and
+# buildah with stand-in bases where no registry answers).
+image-test: deps
+	scripts/image-test.sh

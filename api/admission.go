@@ -246,7 +246,9 @@ func (a *admission) roll(now time.Time) {
 	limit := a.limit.Load()
 	switch {
 	case standing:
-		limit = max(min(limit, a.pending.Load())*3/4, a.minLimit())
+		// Never above MaxPending, a hard bound, though a small one
+		// (under minLimit) then stays where it is.
+		limit = min(max(min(limit, a.pending.Load())*3/4, a.minLimit()), int64(a.o.MaxPending))
 	case a.hitLimit.Load():
 		limit = min(limit+max(limit/8, 1), int64(a.o.MaxPending))
 	}

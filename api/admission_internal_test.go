@@ -102,6 +102,36 @@ func TestAdmissionAdaptsToStandingQueue(t *testing.T) {
 	}
 }
 
+// A standing queue never raises the bound above MaxPending, even one below
+// the floor a cut stops at (a core's worth of calls).
+func TestAdmissionStandingQueueKeepsMaxPending(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(100, 0)}
+	a := newAdmission(AdmissionOptions{MaxPending: 1, Target: time.Millisecond, Interval: 50 * time.Millisecond}, clk.now)
+	a.roll(clk.now())
+	ctx, err := a.tap(context.Background(), score())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.add(3 * time.Millisecond) // queued past Target: a standing queue
+	if _, err := a.interceptor(ctx, nil, unaryInfo(), ok); err != nil {
+		t.Fatal(err)
+	}
+	end(a, ctx)
+	held, err := a.tap(context.Background(), score())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.add(50 * time.Millisecond)
+	a.roll(clk.now())
+	if !a.overloaded.Load() || a.limit.Load() != 1 {
+		t.Fatalf("after a standing queue: overloaded %v, limit %d; want true, 1 (MaxPending)", a.overloaded.Load(), a.limit.Load())
+	}
+	if _, err := a.tap(context.Background(), score()); !IsOverloaded(err) {
+		t.Fatalf("a second pending call with MaxPending 1: %v", err)
+	}
+	end(a, held)
+}
+
 // A call that queued past MaxQueueDelay is refused, unless its message was
 // big (its wait was its body arriving).
 func TestAdmissionMaxQueueDelay(t *testing.T) {

@@ -228,7 +228,7 @@ func (d *Daemon) newScoring() error {
 func (d *Daemon) newDiscovery() error {
 	switch dc := &d.cfg.Discovery; {
 	case dc.Kubernetes != nil:
-		client, _, err := discovery.NewClients(dc.Kubernetes.Kubeconfig)
+		client, err := discovery.NewClient(dc.Kubernetes.Kubeconfig)
 		if err == nil {
 			d.discovery, err = discovery.NewKubernetes(client, dc.Kubernetes)
 		}

@@ -10,17 +10,17 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/discovery"
+	"github.com/kvindex/kvindex/discovery/discoverytest"
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/testbed/enginepub"
 )
 
 // TestKubernetesDiscoveryJoinsAndLeaves runs the daemon with
-// discovery.kubernetes over client-go's fake clientset (no API server can
+// discovery.kubernetes over client-go's fake dynamic client (no API server can
 // run on these machines; the informers, their list, watch and lister are
 // client-go's own): a Running and Ready pod whose IP is loopback joins
 // the index and learns its engine's blocks over real ZeroMQ, with the
@@ -45,7 +45,7 @@ func TestKubernetesDiscoveryJoinsAndLeaves(t *testing.T) {
 	}
 
 	// A kubeconfig naming an API server that is not there: New builds a
-	// real client from it; the test then swaps in the fake clientset.
+	// real client from it; the test then swaps in the fake dynamic client.
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"+
 		"contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {token: x}}]\n"), 0o600); err != nil {
@@ -67,7 +67,7 @@ func TestKubernetesDiscoveryJoinsAndLeaves(t *testing.T) {
 			Annotations: map[string]string{discovery.AnnotationPort: fmt.Sprint(port), discovery.AnnotationReplayPort: fmt.Sprint(port + 1)}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1", Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	}
-	client := fake.NewClientset(pod)
+	client := discoverytest.New(pod)
 	if d.discovery, err = discovery.NewKubernetes(client, cfg.Discovery.Kubernetes); err != nil {
 		t.Fatal(err)
 	}

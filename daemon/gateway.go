@@ -277,11 +277,11 @@ func (d *Daemon) newGateway() error {
 		return err
 	}
 	if ip := gc.InferencePool; ip != nil {
-		client, dyn, err := discovery.NewClients(ip.Kubeconfig)
+		client, err := discovery.NewClient(ip.Kubeconfig)
 		if err != nil {
 			return fmt.Errorf("daemon: gateway.inference_pool: %w", err)
 		}
-		src, err := discovery.NewInferencePool(client, dyn, ip, d.log.With("component", "inferencepool"))
+		src, err := discovery.NewInferencePool(client, ip, d.log.With("component", "inferencepool"))
 		if err != nil {
 			return fmt.Errorf("daemon: gateway.inference_pool: %w", err)
 		}

@@ -12,13 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/discovery"
+	"github.com/kvindex/kvindex/discovery/discoverytest"
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/netutil"
 	"github.com/kvindex/kvindex/picker"
@@ -26,7 +23,7 @@ import (
 )
 
 // unreachableKubeconfig names an API server that is not there: New builds
-// real clients from it, and the tests swap in client-go's fakes (no API
+// real clients from it, and the tests swap in client-go's fake (no API
 // server can run here; the informers, list, watch and listers are
 // client-go's own).
 func unreachableKubeconfig(t *testing.T) string {
@@ -81,7 +78,7 @@ func addresses(p *picker.Picker) []string {
 }
 
 // TestGatewayInferencePool runs the daemon with gateway.inference_pool
-// over client-go's fake clientset and fake dynamic client: the pool's
+// over client-go's fake dynamic client (discoverytest): the pool's
 // Ready pods become the picker's endpoints, every rank of a DP pod
 // included, each a cold worker of the index (kvindex hears nothing from
 // them); a pod that stops being Ready leaves the picker and its cold
@@ -105,11 +102,9 @@ func TestGatewayInferencePool(t *testing.T) {
 	pool.SetKind("InferencePool")
 	pool.SetNamespace("inference")
 	pool.SetName("vllm")
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{discovery.InferencePoolV1: "InferencePoolList"}, pool)
 	a := readyPod("a", "10.0.0.1", nil)
-	client := fake.NewClientset(a, readyPod("b", "10.0.0.2", map[string]string{discovery.AnnotationDPSize: "2"}))
-	if d.gwSource, err = discovery.NewInferencePool(client, dyn, cfg.Gateway.InferencePool, nil); err != nil {
+	client := discoverytest.New(pool, a, readyPod("b", "10.0.0.2", map[string]string{discovery.AnnotationDPSize: "2"}))
+	if d.gwSource, err = discovery.NewInferencePool(client, cfg.Gateway.InferencePool, nil); err != nil {
 		t.Fatal(err)
 	}
 	runDaemon(t, d)
@@ -149,7 +144,7 @@ func TestGatewayDiscoveredPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := readyPod("vllm-0", "127.0.0.1", nil)
-	client := fake.NewClientset(pod)
+	client := discoverytest.New(pod)
 	if d.discovery, err = discovery.NewKubernetes(client, cfg.Discovery.Kubernetes); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +163,7 @@ func TestGatewayDiscoveredPort(t *testing.T) {
 	})
 }
 
-// TestGatewayPoolWithDiscovery runs both over the same fake clientset:
+// TestGatewayPoolWithDiscovery runs both over the same fake dynamic client:
 // discovery.kubernetes subscribes to the pod's engine and
 // gateway.inference_pool makes it an endpoint. Whichever sees the pod
 // first, the endpoint's worker ends as the discovered one, holding the
@@ -212,14 +207,12 @@ func TestGatewayPoolWithDiscovery(t *testing.T) {
 	pool.SetKind("InferencePool")
 	pool.SetNamespace("inference")
 	pool.SetName("vllm")
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{discovery.InferencePoolV1: "InferencePoolList"}, pool)
 	pod := readyPod("vllm-0", "127.0.0.1", map[string]string{discovery.AnnotationPort: fmt.Sprint(port), discovery.AnnotationReplayPort: fmt.Sprint(port + 1)})
-	client := fake.NewClientset(pod)
+	client := discoverytest.New(pool, pod)
 	if d.discovery, err = discovery.NewKubernetes(client, cfg.Discovery.Kubernetes); err != nil {
 		t.Fatal(err)
 	}
-	if d.gwSource, err = discovery.NewInferencePool(client, dyn, cfg.Gateway.InferencePool, nil); err != nil {
+	if d.gwSource, err = discovery.NewInferencePool(client, cfg.Gateway.InferencePool, nil); err != nil {
 		t.Fatal(err)
 	}
 	runDaemon(t, d)

@@ -75,8 +75,14 @@ func TestComposeServices(t *testing.T) {
 	for name, s := range all.Services {
 		switch {
 		case ours(s):
-			if s.Build.Context != mustAbs(t, root) || s.Build.Dockerfile != "Dockerfile" || s.Image != "kvindex:dev" {
-				t.Errorf("%s: build %+v image %q, want the repository's Dockerfile as kvindex:dev", name, s.Build, s.Image)
+			// The simulated engines and the load run the testbed image,
+			// everything else the production image (the default target).
+			want, target := "kvindex:dev", ""
+			if s.Entrypoint != nil && s.Entrypoint[0] == "kvsim" {
+				want, target = "kvindex-testbed:dev", "testbed"
+			}
+			if s.Build.Context != mustAbs(t, root) || s.Build.Dockerfile != "Dockerfile" || s.Image != want || s.Build.Target != target {
+				t.Errorf("%s: build %+v image %q, want the repository's Dockerfile (target %q) as %s", name, s.Build, s.Image, target, want)
 			}
 		case s.Image == "" || !strings.Contains(s.Image, ":") || strings.HasSuffix(s.Image, ":latest"):
 			t.Errorf("%s: image %q is not pinned to a tag", name, s.Image)
@@ -386,5 +392,46 @@ func TestComposeVLLMAgentsLearnCapacity(t *testing.T) {
 	}
 	if agents != 3 {
 		t.Errorf("the vllm profile runs %d agents, want one per engine (3)", agents)
+	}
+}
+
+// testedVLLM is the vLLM release the deployment files run: one that
+// publishes every wire form events/testdata's captures of vLLM's own
+// publisher hold (map-era events, replay replies with a topic frame,
+// offload tiers' locality, self-describing tier events: all merged before
+// it). A later release is pinned together with a capture of its events.
+const testedVLLM = "v0.30.0"
+
+// TestVLLMImageIsTheTestedRelease: the compose vllm profile's engines and
+// the Helm chart's example run testedVLLM, and the README names it, so
+// that no file moves to a release the decoder has not been checked against
+// without the others.
+func TestVLLMImageIsTheTestedRelease(t *testing.T) {
+	want := "vllm/vllm-openai:" + testedVLLM
+	engines := 0
+	for name, s := range loadCompose(t, "vllm").Services {
+		if strings.HasPrefix(s.Image, "vllm/vllm-openai") {
+			engines++
+			if s.Image != want {
+				t.Errorf("compose %s runs %s, want %s", name, s.Image, want)
+			}
+		}
+	}
+	if engines != 3 {
+		t.Errorf("the vllm profile runs %d vLLM engines, want 3", engines)
+	}
+	for _, f := range []string{"deploy/helm/kvindex/examples/vllm-with-agent.yaml", "README.md"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if i := strings.Index(line, "vllm/vllm-openai:"); i >= 0 && !strings.Contains(line[i:], want) {
+				t.Errorf("%s: %q, want %s", f, strings.TrimSpace(line), want)
+			}
+		}
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s does not name %s", f, want)
+		}
 	}
 }

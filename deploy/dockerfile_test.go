@@ -69,21 +69,21 @@ func dockerRuns(t *testing.T, stage string) []string {
 	return out
 }
 
-// TestDockerfileBuildsAsMake: the image's build command is `make build`'s,
-// its Go is go.mod's, it installs what scripts/deps.sh installs, and the
-// runtime stage is slim, non-root, has libzmq, every binary and a gRPC
-// health check.
+// TestDockerfileBuildsAsMake: the images' build commands are `make
+// build`'s, their Go is go.mod's, the build installs what scripts/deps.sh
+// installs, and both images are slim and non-root: the production image
+// (the default target) holds kvindex and kvindexctl with a gRPC health
+// check, the testbed image every testbed binary and kvindexctl.
 func TestDockerfileBuildsAsMake(t *testing.T) {
 	recipe := makeRecipe(t, "build")
-	if len(recipe) != 1 {
-		t.Fatalf("make build has %d commands, the Dockerfile one: %q", len(recipe), recipe)
+	want := []string{"go build -trimpath -ldflags=-s -o bin/ ./cmd/...", "go build -trimpath -ldflags=-s -o bin/ ./testbed/cmd/..."}
+	if !slices.Equal(recipe, want) {
+		t.Fatalf("make build runs %q, want %q", recipe, want)
 	}
-	runs := dockerRuns(t, "build")
-	if len(runs) == 0 || runs[len(runs)-1] != recipe[0] {
-		t.Fatalf("the Dockerfile's last build step is %q, make build runs %q", runs[len(runs)-1], recipe[0])
-	}
-	if !strings.Contains(recipe[0], "./cmd/...") || !strings.Contains(recipe[0], "./testbed/cmd/...") {
-		t.Fatalf("make build (%q) does not build every binary under cmd/ and testbed/cmd/", recipe[0])
+	for i, stage := range []string{"build", "build-testbed"} {
+		if runs := dockerRuns(t, stage); len(runs) == 0 || runs[len(runs)-1] != recipe[i] {
+			t.Errorf("the Dockerfile's stage %s ends with %q, make build runs %q", stage, runs, recipe[i])
+		}
 	}
 
 	df := readFile(t, "Dockerfile")
@@ -94,16 +94,15 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 	if goVersion == nil || !strings.Contains(df, "ARG GO_VERSION="+goVersion[1]+"\n") || !strings.Contains(df, "FROM golang:${GO_VERSION}-") {
 		t.Fatalf("the Dockerfile does not pin Go %v (go.mod's)", goVersion)
 	}
-	deps := readFile(t, "scripts/deps.sh")
-	for _, pkg := range regexp.MustCompile(`missing\+=\(([^)]*)\)`).FindAllStringSubmatch(deps, -1) {
+	runs := dockerRuns(t, "build")
+	for _, pkg := range regexp.MustCompile(`missing\+=\(([^)]*)\)`).FindAllStringSubmatch(readFile(t, "scripts/deps.sh"), -1) {
 		for _, p := range strings.Fields(pkg[1]) {
 			switch p {
 			case "gcc", "libc6-dev": // in the golang image
 				continue
-			case "prometheus": // promtool, for the tests only
-				continue
-			case "protobuf-compiler", "protobuf-compiler-grpc", "python3", "python3-grpcio", "python3-protobuf", "openssl":
-				continue // make proto's Python generator and the Python client's tests only
+			case "prometheus", "protobuf-compiler", "protobuf-compiler-grpc", "openssl", "python3", "python3-grpcio",
+				"python3-protobuf", "python3-setuptools", "python3-venv", "python3-pip":
+				continue // the tests' and make proto's only (scripts/deps.sh test)
 			}
 			if !strings.Contains(strings.Join(runs, "\n"), p) {
 				t.Errorf("scripts/deps.sh installs %s; the Dockerfile's build stage does not", p)
@@ -111,10 +110,10 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"FROM debian:${DEBIAN_RELEASE}-slim",
+		"FROM debian:${DEBIAN_RELEASE}-slim AS runtime",
 		"libzmq5",
-		"COPY --from=build /src/bin/ /usr/local/bin/",
 		"USER 65532:65532",
+		"FROM runtime AS testbed",
 		`CMD ["kvindexctl", "--addr", "127.0.0.1:50051", "--timeout", "3s", "health"]`,
 		`ENTRYPOINT ["kvindex"]`,
 	} {
@@ -122,21 +121,35 @@ func TestDockerfileBuildsAsMake(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
 	}
-	if !strings.Contains(df, "HEALTHCHECK") {
-		t.Error("Dockerfile has no HEALTHCHECK")
+	// The last stage is the default target: the production image.
+	last := df[strings.LastIndex(df, "\nFROM "):]
+	if !strings.HasPrefix(last, "\nFROM runtime AS production\n") || !strings.Contains(last, "HEALTHCHECK") {
+		t.Errorf("the Dockerfile's last stage is not the production image with a health check:%s", last)
 	}
-	// Every binary: bin/ is copied whole, and every directory of cmd/ and
-	// testbed/cmd/ is a main package that make build builds.
-	for _, dir := range []string{"cmd", "testbed/cmd"} {
-		ents, err := os.ReadDir(filepath.Join(root, dir))
-		if err != nil {
-			t.Fatal(err)
+	copies := func(stage string) []string {
+		i := strings.Index(df, "AS "+stage+"\n")
+		m := regexp.MustCompile(`(?m)^COPY --from=\S+ (.*) /usr/local/bin/$`).FindStringSubmatch(df[i:])
+		if i < 0 || m == nil {
+			t.Fatalf("stage %s copies no binaries", stage)
 		}
-		for _, e := range ents {
-			if e.IsDir() && !strings.Contains(readFile(t, filepath.Join(dir, e.Name(), "main.go")), "package main") {
-				t.Errorf("%s/%s is not a main package", dir, e.Name())
-			}
+		return strings.Fields(strings.ReplaceAll(m[1], "/src/bin/", ""))
+	}
+	if got := copies("production"); !slices.Equal(got, []string{"kvindex", "kvindexctl"}) {
+		t.Errorf("the production image holds %q, want kvindex and kvindexctl only", got)
+	}
+	// Every directory of testbed/cmd is a main package the testbed image holds.
+	testbed := copies("testbed")
+	ents, err := os.ReadDir(filepath.Join(root, "testbed/cmd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && (!strings.Contains(readFile(t, filepath.Join("testbed/cmd", e.Name(), "main.go")), "package main") || !slices.Contains(testbed, e.Name())) {
+			t.Errorf("testbed/cmd/%s: not a main package the testbed image holds (%q)", e.Name(), testbed)
 		}
+	}
+	if !slices.Contains(testbed, "kvindexctl") {
+		t.Error("the testbed image lacks kvindexctl, its engines' health check")
 	}
 	ignore := strings.Fields(readFile(t, ".dockerignore"))
 	for _, want := range []string{".git", "bin", "deploy"} {

@@ -10,4 +10,6 @@
 // their Endpoints. A Reconciler applies each snapshot to its Fleet (the
 // daemon), counting every change by Reason in
 // kvindex_discovery_changes_total{change,reason}.
+// Both read Kubernetes through client-go's dynamic client (NewClient): the
+// typed clientset would link every API group Kubernetes has.
 package discovery

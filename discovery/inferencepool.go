@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -20,9 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -64,8 +60,7 @@ type Endpoint struct {
 // (Errors) and logged at most once a minute. Run calls apply from its own goroutine, one call at a time; Errors and
 // Excluded may be read from any goroutine.
 type InferencePool struct {
-	client   kubernetes.Interface
-	dyn      dynamic.Interface
+	client   dynamic.Interface
 	gvr      schema.GroupVersionResource
 	ns, name string
 	model    string
@@ -78,10 +73,10 @@ type InferencePool struct {
 	errLog   lograte.Limiter
 }
 
-// NewInferencePool returns a watcher of the pool cfg names through client
-// (pods) and dyn (the InferencePool); log may be nil. An empty
-// cfg.Namespace is the namespace kvindex runs in.
-func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *config.InferencePool, log *slog.Logger) (*InferencePool, error) {
+// NewInferencePool returns a watcher of the pool cfg names and its pods
+// through client (NewClient's); log may be nil. An empty cfg.Namespace is
+// the namespace kvindex runs in.
+func NewInferencePool(client dynamic.Interface, cfg *config.InferencePool, log *slog.Logger) (*InferencePool, error) {
 	gvr := InferencePoolV1
 	switch cfg.APIVersion {
 	case config.InferencePoolV1, "":
@@ -95,14 +90,13 @@ func NewInferencePool(client kubernetes.Interface, dyn dynamic.Interface, cfg *c
 		return nil, err
 	}
 	defaults.Zero(&log, slog.New(slog.DiscardHandler))
-	return &InferencePool{client: client, dyn: dyn, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
+	return &InferencePool{client: client, gvr: gvr, ns: ns, name: cfg.Name, model: cfg.Model,
 		dpSize: max(1, cfg.DPSize), resync: cfg.Resync, log: log}, nil
 }
 
-// NewClients returns a client of the API server and a dynamic client of
-// the same server: in the cluster from the pod's service account, outside
-// it from kubeconfig.
-func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
+// NewClient returns a dynamic client of the API server: in the cluster
+// from the pod's service account, outside it from kubeconfig.
+func NewClient(kubeconfig string) (dynamic.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -111,17 +105,13 @@ func NewClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, err
 		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
-	}
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes client: %w", err)
+		return nil, fmt.Errorf("discovery: kubernetes client (kubeconfig %q): %w", kubeconfig, err)
 	}
 	d, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("discovery: kubernetes dynamic client: %w", err)
+		return nil, fmt.Errorf("discovery: kubernetes dynamic client: %w", err)
 	}
-	return c, d, nil
+	return d, nil
 }
 
 // Errors counts failed watches and a missing or malformed pool.
@@ -140,15 +130,13 @@ func (w *InferencePool) fail(err error) {
 
 type podWatch struct {
 	sel    string
-	stop   context.CancelFunc
-	f      informers.SharedInformerFactory
-	lister func() ([]*corev1.Pod, error)
+	stop   func()
+	lister func() ([]Pod, error)
 }
 
 func (p *podWatch) close() {
 	if p != nil {
 		p.stop()
-		p.f.Shutdown()
 	}
 }
 
@@ -157,9 +145,7 @@ func (p *podWatch) close() {
 // whenever the endpoints change; eps is apply's to keep.
 func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) error {
 	kick, handler := kicker()
-	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, w.resync, w.ns, nil)
-	pools := df.ForResource(w.gvr)
-	inf := pools.Informer()
+	inf := informer(w.client, w.gvr, w.ns, nil, w.resync)
 	if _, err := inf.AddEventHandler(handler); err != nil {
 		return fmt.Errorf("discovery: inferencepool informer: %w", err)
 	}
@@ -168,8 +154,7 @@ func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) err
 	}); err != nil {
 		return fmt.Errorf("discovery: inferencepool informer: %w", err)
 	}
-	df.Start(ctx.Done())
-	defer df.Shutdown()
+	defer start(ctx, inf)()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
@@ -178,7 +163,7 @@ func (w *InferencePool) Run(ctx context.Context, apply func(eps []Endpoint)) err
 	var last []Endpoint
 	first := true
 	for {
-		eps, keep := w.endpoints(ctx, pools.Lister(), &pods, handler)
+		eps, keep := w.endpoints(ctx, cache.NewGenericLister(inf.GetIndexer(), w.gvr.GroupResource()), &pods, handler)
 		if !keep && (first || !slices.Equal(eps, last)) {
 			apply(slices.Clone(eps))
 			last, first = eps, false
@@ -238,9 +223,9 @@ func (w *InferencePool) endpoints(ctx context.Context, lister cache.GenericListe
 
 // watchPods starts a pod informer over sel and waits for its first list.
 func (w *InferencePool) watchPods(ctx context.Context, sel labels.Selector, h cache.ResourceEventHandler) (*podWatch, error) {
-	pctx, stop := context.WithCancel(ctx)
-	f, lister, err := podInformer(pctx, w.client, w.resync, w.ns, sel, h, w.fail)
-	pw := &podWatch{sel: sel.String(), stop: stop, f: f, lister: lister}
+	pctx, cancel := context.WithCancel(ctx)
+	stop, lister, err := podInformer(pctx, w.client, w.resync, w.ns, sel, h, w.fail)
+	pw := &podWatch{sel: sel.String(), stop: func() { cancel(); stop() }, lister: lister}
 	if err != nil {
 		pw.close()
 		if pctx.Err() != nil {
@@ -341,9 +326,9 @@ func portNumber(v any) (int, bool) {
 // Ready, terminating, annotations that do not parse, or a dp-size that
 // several ports contradict). model and dpSize apply unless the pod's
 // annotations say otherwise.
-func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (eps []Endpoint, excluded int) {
+func PoolEndpoints(list []Pod, ports []int, model string, dpSize int) (eps []Endpoint, excluded int) {
 	list = slices.Clone(list)
-	slices.SortFunc(list, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(list, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
 	for _, p := range list {
 		if podState(p) != ReasonAppeared {
 			excluded++
@@ -368,11 +353,11 @@ func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (e
 			continue
 		}
 		if len(ports) == 1 {
-			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(ports[0])), Pod: p.Name, Model: m, AllRanks: dp > 1, DPSize: dp})
+			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.IP, strconv.Itoa(ports[0])), Pod: p.Name, Model: m, AllRanks: dp > 1, DPSize: dp})
 			continue
 		}
 		for r, port := range ports {
-			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), Pod: p.Name, Model: m, DPRank: r, DPSize: dp})
+			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.IP, strconv.Itoa(port)), Pod: p.Name, Model: m, DPRank: r, DPSize: dp})
 		}
 	}
 	return eps, excluded
@@ -380,13 +365,13 @@ func PoolEndpoints(list []*corev1.Pod, ports []int, model string, dpSize int) (e
 
 // podState is ReasonAppeared for a pod that serves (Running, Ready, with
 // an IP, not terminating), else why not.
-func podState(p *corev1.Pod) Reason {
+func podState(p Pod) Reason {
 	switch {
-	case p.DeletionTimestamp != nil:
+	case p.Terminating:
 		return ReasonTerminating
-	case p.Status.Phase != corev1.PodRunning:
+	case p.Phase != "Running":
 		return ReasonNotRunning
-	case !ready(p) || p.Status.PodIP == "":
+	case !p.Ready || p.IP == "":
 		return ReasonNotReady
 	}
 	return ReasonAppeared

@@ -12,15 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/discovery/discoverytest"
 )
 
 // There is no API server here: the InferencePool tests run the watcher's
-// real informers (list, then watch) against client-go's fake clientset
-// (pods) and fake dynamic client (the InferencePool custom resource),
+// real informers (list, then watch) against client-go's fake dynamic
+// client (pods and the InferencePool custom resource),
 // changing objects through the fakes as a controller would.
 
 func poolObject(version schema.GroupVersionResource, name string, spec map[string]any) *unstructured.Unstructured {
@@ -44,8 +43,8 @@ func v1Spec(labels map[string]any, ports ...int64) map[string]any {
 // poolRig runs a watcher and records every set of endpoints it applies.
 type poolRig struct {
 	t    *testing.T
-	pods *fake.Clientset
-	dyn  *dynfake.FakeDynamicClient
+	pods *discoverytest.Client
+	dyn  *discoverytest.Client
 	w    *InferencePool
 	mu   sync.Mutex
 	sets [][]Endpoint
@@ -53,12 +52,11 @@ type poolRig struct {
 
 func newPoolRig(t *testing.T, cfg config.InferencePool, objs ...runtime.Object) *poolRig {
 	t.Helper()
-	r := &poolRig{t: t, pods: fake.NewClientset()}
-	gvrs := map[schema.GroupVersionResource]string{InferencePoolV1: "InferencePoolList", InferencePoolV1Alpha2: "InferencePoolList"}
-	r.dyn = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs, objs...)
+	c := discoverytest.New(objs...)
+	r := &poolRig{t: t, pods: c, dyn: c}
 	cfg.Namespace = "inference"
 	var err error
-	if r.w, err = NewInferencePool(r.pods, r.dyn, &cfg, nil); err != nil {
+	if r.w, err = NewInferencePool(c, &cfg, nil); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -240,7 +238,7 @@ func TestParsePoolSpec(t *testing.T) {
 func TestPoolEndpointsExcluded(t *testing.T) {
 	bad := k8sPod("bad", "10.0.0.3", corev1.PodRunning, true, map[string]string{AnnotationDPSize: "x"})
 	three := k8sPod("three", "10.0.0.4", corev1.PodRunning, true, map[string]string{AnnotationDPSize: "3"})
-	eps, excluded := PoolEndpoints([]*corev1.Pod{three, bad, k8sPod("ok", "10.0.0.5", corev1.PodRunning, true, nil)}, []int{8000, 8001}, "m", 1)
+	eps, excluded := PoolEndpoints([]Pod{podOf(t, three), podOf(t, bad), podOf(t, k8sPod("ok", "10.0.0.5", corev1.PodRunning, true, nil))}, []int{8000, 8001}, "m", 1)
 	want := []Endpoint{{Address: "10.0.0.5:8000", Pod: "ok", Model: "m", DPSize: 2}, {Address: "10.0.0.5:8001", Pod: "ok", Model: "m", DPRank: 1, DPSize: 2}}
 	if !slices.Equal(eps, want) || excluded != 2 {
 		t.Fatalf("got %+v, %d excluded; want %+v, 2 (a bad dp-size, a dp-size two ports contradict)", eps, excluded, want)

@@ -2,16 +2,20 @@ package discovery
 
 import (
 	"context"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kvindex/kvindex/config"
+	"github.com/kvindex/kvindex/discovery/discoverytest"
 )
 
 // syncFleet is a fakeFleet safe for the informer's goroutine and the test.
@@ -56,6 +60,52 @@ func k8sPod(name, ip string, phase corev1.PodPhase, isReady bool, ann map[string
 
 var k8sDefaults = config.DiscoveredPods{Model: "m", Port: 5557, DPSize: 1}
 
+// podOf is p as discovery reads it from the dynamic client: the typed pod
+// made unstructured as the API server's JSON is, then PodFromUnstructured,
+// so that the fields discovery reads are checked against the core API's
+// own types.
+func podOf(t *testing.T, p *corev1.Pod) Pod {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := PodFromUnstructured(&unstructured.Unstructured{Object: m})
+	if err != nil {
+		t.Fatalf("pod %s: %v", p.Name, err)
+	}
+	return got
+}
+
+func TestPodFromUnstructured(t *testing.T) {
+	del := metav1.Now()
+	p := k8sPod("a", "10.0.0.1", corev1.PodRunning, true, map[string]string{AnnotationModel: "llama"})
+	p.DeletionTimestamp = &del
+	p.Status.Conditions = append([]corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}}, p.Status.Conditions...)
+	want := Pod{Name: "a", Namespace: "inference", Labels: map[string]string{"app": "vllm"}, Annotations: map[string]string{AnnotationModel: "llama"},
+		Terminating: true, Phase: "Running", IP: "10.0.0.1", Ready: true}
+	if got := podOf(t, p); !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	p.DeletionTimestamp = nil
+	p.Status.Conditions[1].Status = corev1.ConditionUnknown
+	want.Terminating, want.Ready = false, false
+	if got := podOf(t, p); !reflect.DeepEqual(got, want) {
+		t.Fatalf("unknown readiness: got %+v, want %+v", got, want)
+	}
+	for name, status := range map[string]any{
+		"phase not a string":      map[string]any{"phase": 3},
+		"podIP not a string":      map[string]any{"podIP": true},
+		"conditions not a list":   map[string]any{"conditions": "Ready"},
+		"condition not an object": map[string]any{"conditions": []any{"Ready"}},
+	} {
+		u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "x", "namespace": "ns"}, "status": status}}
+		if _, err := PodFromUnstructured(u); err == nil || !strings.Contains(err.Error(), "pod ns/x") {
+			t.Errorf("%s: error %v, want one naming pod ns/x", name, err)
+		}
+	}
+}
+
 func TestPodFromKubernetes(t *testing.T) {
 	del := metav1.Now()
 	terminating := k8sPod("t", "10.0.0.1", corev1.PodRunning, true, nil)
@@ -83,7 +133,7 @@ func TestPodFromKubernetes(t *testing.T) {
 		{"overlap", k8sPod("h", "10.0.0.8", corev1.PodRunning, true, map[string]string{AnnotationDPSize: "2", AnnotationReplayPort: "5558"}), config.Pod{}, ReasonInvalid},
 		{"dp too big", k8sPod("i", "10.0.0.9", corev1.PodRunning, true, map[string]string{AnnotationDPSize: "5000"}), config.Pod{}, ReasonInvalid},
 	} {
-		got, why := PodFromKubernetes(tc.pod, k8sDefaults)
+		got, why := PodFromKubernetes(podOf(t, tc.pod), k8sDefaults)
 		if got != tc.want || why != tc.why {
 			t.Errorf("%s: %+v %s, want %+v %s", tc.name, got, why, tc.want, tc.why)
 		}
@@ -91,7 +141,7 @@ func TestPodFromKubernetes(t *testing.T) {
 }
 
 // TestKubernetesInformers runs the watcher's real shared informers over
-// client-go's fake clientset (no API server can run on these machines, so
+// client-go's fake dynamic client (no API server can run on these machines, so
 // the fake's object tracker stands in for it; the informer, its list, its
 // watch and its lister are client-go's own). Pods that become Running and
 // Ready join; one that turns unready, one that changes IP and one deleted
@@ -99,7 +149,7 @@ func TestPodFromKubernetes(t *testing.T) {
 func TestKubernetesInformers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client := fake.NewClientset(
+	client := discoverytest.New(
 		k8sPod("vllm-0", "10.0.0.1", corev1.PodRunning, true, nil),
 		k8sPod("vllm-1", "", corev1.PodPending, false, nil),
 	)

@@ -21,13 +21,39 @@ import (
 // The transport's behaviours the soak found wanting, as tests over real
 // ZeroMQ against the subscriber alone (docs/reliability.md).
 
-func loopback(t *testing.T) string {
+// loopbacks returns n distinct free loopback endpoints (separate calls
+// for one port each could be handed the same port twice).
+func loopbacks(t *testing.T, n int) []string {
 	t.Helper()
-	p, err := netutil.FreePorts(1)
+	p, err := netutil.FreePorts(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fmt.Sprintf("tcp://127.0.0.1:%d", p)
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("tcp://127.0.0.1:%d", p+i)
+	}
+	return out
+}
+
+// waitSubscribed waits, at most 10 s, for pub's first subscriber, failing
+// with the subscriber's own error when its Run (reporting to done) ended
+// first: a subscriber that cannot bind or connect must not hang the test.
+func waitSubscribed(ctx context.Context, t *testing.T, pub *enginepub.Publisher, done chan error) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := pub.WaitForSubscribers(wctx, 1)
+	if err == nil {
+		return
+	}
+	select {
+	case runErr := <-done:
+		done <- runErr // for the deferred wait on Run
+		t.Fatalf("%v; the subscriber's Run returned %v", err, runErr)
+	default:
+		t.Fatal(err)
+	}
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -126,7 +152,8 @@ func TestReplayAnswerPastTheLiveSeq(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			pubEP, replayEP := loopback(t), loopback(t)
+			eps := loopbacks(t, 2)
+			pubEP, replayEP := eps[0], eps[1]
 			pub, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: pubEP, Bind: true, Topic: "t"})
 			if err != nil {
 				t.Fatal(err)
@@ -149,9 +176,7 @@ func TestReplayAnswerPastTheLiveSeq(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- sub.Run(ctx) }()
 			defer func() { cancel(); <-done }()
-			if err := pub.WaitForSubscribers(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			waitSubscribed(ctx, t, pub, done)
 			// The join and its second ask a second later find nothing.
 			waitUntil(t, "the join replays", func() bool { return len(fake.asked()) >= 2 })
 			stats := func() events.WorkerStats { return sub.WorkerStats()[0] }
@@ -180,7 +205,8 @@ func TestReplayAnswerPastTheLiveSeq(t *testing.T) {
 func TestPushFence(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pullEP, open, routed := loopback(t), loopback(t), loopback(t)
+	eps := loopbacks(t, 3)
+	pullEP, open, routed := eps[0], eps[1], eps[2]
 	pull, err := enginepub.NewPublisher(enginepub.PublisherConfig{Endpoint: pullEP, Bind: true, Topic: "kv@a@m"})
 	if err != nil {
 		t.Fatal(err)
@@ -206,9 +232,7 @@ func TestPushFence(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	if err := pull.WaitForSubscribers(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	waitSubscribed(ctx, t, pull, done)
 	batch := func(rank int) *events.Batch {
 		return &events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{5}, TokenIDs: make([]uint32, 16), BlockSize: 16}}, DPRank: rank, HasDPRank: true}
 	}
@@ -227,9 +251,7 @@ func TestPushFence(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		if err := p.WaitForSubscribers(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		waitSubscribed(ctx, t, p, done)
 		if _, err := p.Publish(batch(rank)); err != nil {
 			t.Fatal(err)
 		}

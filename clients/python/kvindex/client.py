@@ -38,9 +38,11 @@ class Client:
     It holds one channel for its life, shared by every call and safe to use
     from many threads. Every call has a deadline (timeout seconds, the
     call's own or the client's default), gRPC's retries are off (a router
-    decides itself what a failure means: see kvindex.errors), and every
-    failure raises a kvindex.errors.KvindexError subclass. The client keeps
-    no global state: two clients of two servers are independent.
+    decides itself what a failure means: see kvindex.errors; options, gRPC
+    channel arguments, may turn them on), and every failure raises a
+    kvindex.errors.KvindexError subclass. The client keeps no global state:
+    two clients of two servers are independent. kvindex.AsyncClient is the
+    same on asyncio.
 
     tls=None speaks plaintext; a kvindex.TLS turns on TLS (with a client
     certificate for mTLS when it has one). token, when set, is sent as
@@ -55,23 +57,15 @@ class Client:
         timeout: float = 1.0,
         options: Iterable = (),
     ):
-        if timeout <= 0:
-            raise ValueError(f"kvindex: timeout {timeout!r}: must be positive")
+        _check_timeout(timeout)
         self.target = target
         self.timeout = timeout
-        self._metadata = (("authorization", "Bearer " + token),) if token else None
-        opts = [("grpc.enable_retries", 0)]
-        if tls is None:
-            self._channel = grpc.insecure_channel(target, options=opts + list(options))
+        self._metadata = _metadata(token)
+        creds, opts = _channel_args(tls, options)
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, options=opts)
         else:
-            if (tls.cert is None) != (tls.key is None):
-                raise ValueError("kvindex: TLS cert and key: give both (mTLS) or neither")
-            if tls.server_name:
-                opts.append(("grpc.ssl_target_name_override", tls.server_name))
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=_pem(tls.ca), private_key=_pem(tls.key), certificate_chain=_pem(tls.cert)
-            )
-            self._channel = grpc.secure_channel(target, creds, options=opts + list(options))
+            self._channel = grpc.secure_channel(target, creds, options=opts)
         self._stub = pb_grpc.IndexServiceStub(self._channel)
 
     def score(
@@ -116,12 +110,7 @@ class Client:
         and records the choice under request_id: the prompt's blocks count
         as cached there until its engine's events confirm them, and its
         uncached prefill as that worker's load until release(request_id)."""
-        req = pb.RouteRequest(
-            score=_score_request(model, tokens, prompt, messages, workers, lora_name, cache_salt, tenant, False),
-            request_id=request_id,
-        )
-        if pick is not None:
-            req.pick.CopyFrom(_worker_ref(pick))
+        req = _route_request(model, request_id, tokens, prompt, messages, workers, pick, lora_name, cache_salt, tenant)
         return route_result(self._call("Route", self._stub.Route, req, timeout))
 
     def release(self, request_id: str, timeout: Optional[float] = None) -> bool:
@@ -157,6 +146,47 @@ class Client:
             return rpc(req, timeout=t, metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method, self.target) from None
+
+
+def _check_timeout(timeout: float) -> None:
+    if timeout <= 0:
+        raise ValueError(f"kvindex: timeout {timeout!r}: must be positive")
+
+
+def _metadata(token: Optional[str]):
+    return (("authorization", "Bearer " + token),) if token else None
+
+
+def _channel_args(tls: Optional[TLS], options: Iterable):
+    """The channel's credentials (None: plaintext) and options: gRPC's
+    retries off unless options turn them on (a router decides itself what
+    a failure means), then the caller's options, which win."""
+    opts = [("grpc.enable_retries", 0)]
+    mine = dict(options)
+    if tls is None:
+        return None, _merge(opts, mine)
+    if (tls.cert is None) != (tls.key is None):
+        raise ValueError("kvindex: TLS cert and key: give both (mTLS) or neither")
+    if tls.server_name:
+        opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls.ca), private_key=_pem(tls.key), certificate_chain=_pem(tls.cert)
+    )
+    return creds, _merge(opts, mine)
+
+
+def _merge(defaults: list, mine: dict) -> list:
+    return [(k, v) for k, v in defaults if k not in mine] + list(mine.items())
+
+
+def _route_request(model, request_id, tokens, prompt, messages, workers, pick, lora_name, cache_salt, tenant):
+    req = pb.RouteRequest(
+        score=_score_request(model, tokens, prompt, messages, workers, lora_name, cache_salt, tenant, False),
+        request_id=request_id,
+    )
+    if pick is not None:
+        req.pick.CopyFrom(_worker_ref(pick))
+    return req
 
 
 def _score_request(model, tokens, prompt, messages, workers, lora_name, cache_salt, tenant, explain) -> pb.ScoreRequest:

@@ -1,18 +1,25 @@
-"""kvindex.Client against real kvindex daemons fed by simulated vLLM
-engines over ZeroMQ (see rig.py). Run from the repository root:
+"""kvindex.Client and kvindex.AsyncClient against real kvindex daemons fed
+by simulated vLLM engines over ZeroMQ (see rig.py). `make test-python`
+installs the package with pip into a virtual environment and runs them
+from the repository root with its interpreter:
 
-    PYTHONPATH=clients/python /usr/bin/python3 -m unittest discover -s clients/python/tests -v
+    python -m unittest discover -s clients/python/tests -v
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
+import os
 import re
 import subprocess
+import sys
 import threading
+import time
 import unittest
 import uuid
+from unittest import mock
 
 import grpc
 
@@ -35,7 +42,11 @@ def setUpModule():
         pods = [e.pod_yaml() for e in R.engines]
         model = {"name": MODEL, "block_size": BLOCK, "tokenizer_urls": [e.url for e in R.engines]}
         slow = {"name": SLOW, "block_size": BLOCK, "tokenizer_urls": [R.stuck.url]}
-        PLAIN = R.daemon("plain", {"models": [model, slow], "pods": pods})
+        # Admission control's adaptive bound (a 1 ms queue target) would shed
+        # the concurrent calls of these tests whenever the machine is busy:
+        # shedding is tested on TIGHT, with a fixed bound.
+        PLAIN = R.daemon("plain", {"models": [model, slow], "pods": pods,
+                                   "limits": {"queue_target": "1s", "max_queue_delay": "10s"}})
 
         CERTS = R.certs()
         for name, secret in [("router", ROUTER_TOKEN), ("reader", READER_TOKEN)]:
@@ -51,8 +62,11 @@ def setUpModule():
             ]},
             "limits": {"max_inflight": 1},
         })
-        # One Score or Route taken on at a time: the second is shed.
-        TIGHT = R.daemon("tight", {"models": [slow], "pods": [pods[0]], "limits": {"max_pending": 1}})
+        # One Score or Route taken on at a time: the second is shed. The held
+        # one waits on the stuck tokenizer until the test releases it, however
+        # slow the machine.
+        TIGHT = R.daemon("tight", {"models": [slow], "pods": [pods[0]], "limits": {"max_pending": 1},
+                                   "tokenize": {"timeout": "20s"}})
 
         with kvindex.Client(PLAIN) as kv:
             def connected():
@@ -262,9 +276,12 @@ class ErrorTest(unittest.TestCase):
     def test_deadline_exceeded(self):
         # The model's tokenizer hangs: the call's own deadline ends it.
         R.stuck.hold(self)
+        before = R.stuck.arrived
         with self.assertRaises(kvindex.DeadlineExceeded) as cm:
             self.kv.score(SLOW, prompt=unique("deadline"), timeout=0.3)
         self.assertEqual(cm.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+        # Its tokenization reached the tokenizer (no later test counts it).
+        R.stuck.wait_arrived(before + 1)
 
     def test_unavailable(self):
         with kvindex.Client(f"127.0.0.1:{rig.free_port()}", timeout=2) as kv, \
@@ -351,6 +368,113 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # grpc's "closed channel"
             kv.workers()
 
+    def test_one_channel_retries_off(self):
+        with mock.patch("grpc.insecure_channel", wraps=grpc.insecure_channel) as made:
+            with kvindex.Client(PLAIN, timeout=5) as kv:
+                for _ in range(5):
+                    kv.workers(MODEL)
+                    kv.score(MODEL, tokens=[1] * 32)
+        self.assertEqual(made.call_count, 1)
+        self.assertIn(("grpc.enable_retries", 0), made.call_args.kwargs["options"])
+        with mock.patch("grpc.insecure_channel", wraps=grpc.insecure_channel) as made:
+            kvindex.Client(PLAIN, options=[("grpc.enable_retries", 1)]).close()
+        self.assertEqual([v for k, v in made.call_args.kwargs["options"] if k == "grpc.enable_retries"], [1])
+
+
+class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
+    """kvindex.AsyncClient: Client's calls, results, errors and deadlines
+    on asyncio, against the same daemons."""
+
+    async def asyncSetUp(self):
+        self.kv = kvindex.AsyncClient(PLAIN, timeout=5)
+
+    async def asyncTearDown(self):
+        await self.kv.close()
+
+    async def test_score_route_release_workers(self):
+        e0 = R.engines[0]
+        prompt = unique("aio")
+        e0.complete(prompt)
+        with kvindex.Client(PLAIN, timeout=5) as sync:
+            wait_for(lambda: holder(sync, prompt=prompt) == "engine-0", 10, "engine-0 to hold the prompt")
+            want = sync.score(MODEL, prompt=prompt)
+        got = await self.kv.score(MODEL, prompt=prompt)
+        self.assertEqual(got, want)  # the same frozen values as Client's
+        self.assertEqual(got.best.worker, kvindex.Worker("engine-0"))
+        self.assertEqual(got.best.matched_blocks, len(e0.tokenize(prompt)) // BLOCK)
+
+        rid = f"aio-{uuid.uuid4().hex}"
+        r = await self.kv.route(MODEL, rid, prompt=prompt, workers=["engine-1"])
+        self.assertEqual(r.chosen, kvindex.Worker("engine-1"))
+        ws = {w.worker.pod: w for w in await self.kv.workers(MODEL)}
+        self.assertEqual(ws["engine-1"].inflight_requests, 1)
+        self.assertTrue(await self.kv.release(rid))
+        self.assertFalse(await self.kv.release(rid))
+        self.assertEqual(sum(w.inflight_requests for w in await self.kv.workers(MODEL)), 0)
+
+    async def test_errors(self):
+        with self.assertRaises(kvindex.InvalidArgument) as cm:
+            await self.kv.score("", tokens=[1] * 32)
+        self.assertEqual(cm.exception.field, "model")
+        async with kvindex.AsyncClient(f"127.0.0.1:{rig.free_port()}", timeout=2) as kv:
+            with self.assertRaises(kvindex.Unavailable):
+                await kv.score(MODEL, tokens=[1] * 32)
+        tls = kvindex.TLS(ca=CERTS["ca.pem"], cert=CERTS["client.pem"], key=CERTS["client.key"], server_name="kvindex.test")
+        async with kvindex.AsyncClient(SECURE, tls=tls, token=READER_TOKEN, timeout=5) as kv:
+            self.assertEqual(len(await kv.workers(MODEL)), 2)
+            with self.assertRaises(kvindex.PermissionDenied):
+                await kv.route(MODEL, "aio-denied", tokens=[1] * 32)
+        async with kvindex.AsyncClient(SECURE, tls=tls, token="wrong", timeout=5) as kv:
+            with self.assertRaises(kvindex.Unauthenticated):
+                await kv.workers()
+        with self.assertRaises(ValueError):
+            kvindex.AsyncClient(PLAIN, timeout=-1)
+
+    async def test_deadline_does_not_block_the_loop(self):
+        # The stuck tokenizer holds the call until its deadline; meanwhile
+        # the event loop keeps running other tasks.
+        R.stuck.hold(self)
+        before = R.stuck.arrived
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        start = time.monotonic()
+        with self.assertRaises(kvindex.DeadlineExceeded) as cm:
+            await self.kv.score(SLOW, prompt=unique("aio-deadline"), timeout=0.5)
+        took = time.monotonic() - start
+        ticker.cancel()
+        self.assertEqual(cm.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertGreaterEqual(took, 0.45)
+        self.assertGreater(ticks, 10, "the event loop stalled while the call waited")
+        # Its tokenization reached the tokenizer (no later test counts it).
+        R.stuck.wait_arrived(before + 1)
+
+    async def test_overloaded(self):
+        R.stuck.hold(self)
+        before = R.stuck.arrived
+        async with kvindex.AsyncClient(TIGHT, timeout=10) as kv:
+            held = asyncio.create_task(kv.score(SLOW, prompt=unique("aio-held")))
+            await asyncio.get_running_loop().run_in_executor(None, R.stuck.wait_arrived, before + 1)
+            with self.assertRaises(kvindex.Overloaded) as cm:
+                await kv.score(SLOW, prompt=unique("aio-shed"))
+            R.stuck.released.set()
+            with self.assertRaises(kvindex.Unavailable):  # the tokenizer answered 503
+                await held
+        self.assertIn("already pending", cm.exception.message)
+
+    async def test_one_channel_retries_off(self):
+        with mock.patch("grpc.aio.insecure_channel", wraps=grpc.aio.insecure_channel) as made:
+            async with kvindex.AsyncClient(PLAIN, timeout=5) as kv:
+                await asyncio.gather(*(kv.score(MODEL, tokens=[1] * 32) for _ in range(10)))
+        self.assertEqual(made.call_count, 1)
+        self.assertIn(("grpc.enable_retries", 0), made.call_args.kwargs["options"])
+
 
 def load_router():
     spec = importlib.util.spec_from_file_location("router", ROOT / "clients/python/examples/router.py")
@@ -359,13 +483,13 @@ def load_router():
     return mod
 
 
-class RouterExampleTest(unittest.TestCase):
+class RouterExampleTest(unittest.IsolatedAsyncioTestCase):
     """examples/router.py: kvindex's choice when it answers, round robin
-    when it cannot."""
+    when it cannot, on asyncio."""
 
     engines = {"engine-0": "http://engine-0:8000", "engine-1": "http://engine-1:8000"}
 
-    def test_routes_to_the_cached_engine(self):
+    async def test_routes_to_the_cached_engine(self):
         router_mod = load_router()
         e0, e1 = R.engines
         prompt = unique("router")
@@ -375,24 +499,25 @@ class RouterExampleTest(unittest.TestCase):
         with kvindex.Client(PLAIN, timeout=5) as kv:
             wait_for(lambda: holder(kv, prompt=prompt) == "engine-0", 10, "engine-0 to hold the prompt")
             wait_for(lambda: holder(kv, messages=messages) == "engine-1", 10, "engine-1 to hold the chat")
+        async with kvindex.AsyncClient(PLAIN, timeout=5) as kv:
             router = router_mod.KvindexRouter(kv, MODEL, self.engines)
             for i in range(3):  # the cached engine every time, in flight or not
                 rid = f"router-{uuid.uuid4().hex}"
-                self.assertEqual(router.route_request({"model": MODEL, "prompt": prompt}, rid), "http://engine-0:8000")
-                router.on_request_done(rid)
+                self.assertEqual(await router.route_request({"model": MODEL, "prompt": prompt}, rid), "http://engine-0:8000")
+                await router.on_request_done(rid)
             rid = f"router-{uuid.uuid4().hex}"
-            self.assertEqual(router.route_request({"model": MODEL, "messages": messages}, rid), "http://engine-1:8000")
-            router.on_request_done(rid)
+            self.assertEqual(await router.route_request({"model": MODEL, "messages": messages}, rid), "http://engine-1:8000")
+            await router.on_request_done(rid)
             self.assertEqual(router.fallbacks, 0)
-            self.assertEqual(sum(w.inflight_requests for w in kv.workers(MODEL)), 0)
+            self.assertEqual(sum(w.inflight_requests for w in await kv.workers(MODEL)), 0)
 
-    def test_round_robin_without_kvindex(self):
+    async def test_round_robin_without_kvindex(self):
         router_mod = load_router()
-        with kvindex.Client(f"127.0.0.1:{rig.free_port()}", timeout=1) as kv:
+        async with kvindex.AsyncClient(f"127.0.0.1:{rig.free_port()}", timeout=1) as kv:
             router = router_mod.KvindexRouter(kv, MODEL, self.engines)
             with self.assertLogs("router", "WARNING") as logs:
-                got = [router.route_request({"prompt": "x"}, f"rr-{i}") for i in range(4)]
-                router.on_request_done("rr-0")  # logged, not raised
+                got = [await router.route_request({"prompt": "x"}, f"rr-{i}") for i in range(4)]
+                await router.on_request_done("rr-0")  # logged, not raised
         self.assertEqual(len(logs.records), 5)
         self.assertIn("UNAVAILABLE", logs.output[0])
         self.assertEqual(got, ["http://engine-0:8000", "http://engine-1:8000"] * 2)
@@ -408,7 +533,9 @@ class ReadmeTest(unittest.TestCase):
         self.assertIsNotNone(m, "the Python section has no sh block")
         cmd = m.group(1).replace("localhost:50051", PLAIN)
         self.assertIn(PLAIN, cmd, "the snippet no longer dials localhost:50051")
-        out = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        # python3 is the interpreter running these tests, kvindex installed in it.
+        env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        out = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertRegex(out.stdout, r"engine-[01]")
 

@@ -387,5 +387,8 @@ func (s *Server) registerMetrics(reg *prometheus.Registry) {
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func() float64 { return float64(s.genToks) }),
 		counter("vllm:request_success_total", "Count of successfully processed requests.", func() float64 { return float64(s.success) }),
 		counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", func() float64 { return float64(s.eng.Stats().Preemptions) }),
+		// Not vLLM's: what the image test (scripts/image-test.sh) checks the
+		// replicas' resident blocks against.
+		gauge("kvsim_cached_blocks", "Blocks the simulated engine's prefix cache holds.", func() float64 { return float64(s.eng.CachedBlocks()) }),
 	)
 }

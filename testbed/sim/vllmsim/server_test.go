@@ -199,6 +199,24 @@ func TestServesAndPublishes(t *testing.T) {
 			t.Errorf("/metrics lacks %s\n%s", want, body)
 		}
 	}
+	// kvsim_cached_blocks is what the index holds of the engine once its
+	// events are applied (what scripts/image-test.sh checks replicas by).
+	var cached float64
+	if _, err := fmt.Sscanf(string(body[bytes.Index(body, []byte("\nkvsim_cached_blocks{"))+1:]),
+		`kvsim_cached_blocks{engine="0",model_name="sim/model"} %g`, &cached); err != nil || cached < float64(held) {
+		t.Fatalf("kvsim_cached_blocks: %v, %g (want at least %d)\n%s", err, cached, held, body)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := c.ListWorkers(ctx, &kvindexv1.ListWorkersRequest{Model: testModel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ws := resp.GetWorkers(); len(ws) == 1 && float64(ws[0].GetResidentBlocks()) == cached {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("kvindex holds %v of engine-0, the engine caches %g blocks", ws, cached)
+		}
+	}
 }
 
 // TestRefusals: the errors vLLM's API gives, with its error body.
