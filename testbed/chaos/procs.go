@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,8 +37,11 @@ type child struct {
 	instance int
 	paused   bool
 	down     bool // stopped by a fault, not started again yet
-	quitting bool // sent SIGQUIT by the watchdog
-	started  time.Time
+	quitting bool // the current instance was sent SIGQUIT by the watchdog
+	// quitAsked is the current instance's own mark of that SIGQUIT, read
+	// when it exits: the watchdog may start the next instance first.
+	quitAsked *atomic.Bool
+	started   time.Time
 }
 
 // logPath is the log of instance n.
@@ -58,11 +62,12 @@ func (c *child) start() error {
 	if err != nil {
 		return err
 	}
-	c.p, c.instance, c.paused, c.down, c.quitting, c.started = p, n, false, false, false, time.Now()
+	quitAsked := new(atomic.Bool)
+	c.p, c.instance, c.paused, c.down, c.quitting, c.quitAsked, c.started = p, n, false, false, false, quitAsked, time.Now()
 	go func() {
 		<-p.Done()
 		c.mu.Lock()
-		asked := p.Stopping() || c.quitting
+		asked := p.Stopping() || quitAsked.Load()
 		c.mu.Unlock()
 		if !asked && c.exited != nil {
 			c.exited(c, n, p.Err())
@@ -131,6 +136,7 @@ func (c *child) quit() (string, int, error) {
 	c.mu.Lock()
 	p, n := c.p, c.instance
 	c.quitting = true
+	c.quitAsked.Store(true)
 	c.mu.Unlock()
 	if err := syscall.Kill(p.Pid(), syscall.SIGQUIT); err != nil {
 		return "", n, fmt.Errorf("chaos: SIGQUIT %s: %w", c.name, err)

@@ -139,3 +139,31 @@ func TestWatchdogNamesTheStuckGoroutine(t *testing.T) {
 		t.Fatalf("instance %d after the dump, want 2", n)
 	}
 }
+
+// A process the watchdog sent SIGQUIT and started anew is not reported as
+// exiting by itself, whichever of its exit and the next instance's start
+// the harness sees first (the second used to clear the first's mark).
+func TestQuitThenRestartIsNotAnExit(t *testing.T) {
+	var mu sync.Mutex
+	var exits []int
+	c := &child{name: "sleeper", bin: "sleep", args: []string{"100"}, dir: t.TempDir(),
+		exited: func(_ *child, n int, _ error) { mu.Lock(); exits = append(exits, n); mu.Unlock() }}
+	if err := c.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.kill)
+	for range 20 {
+		if _, _, err := c.quit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(exits) != 0 {
+		t.Fatalf("instances %v reported as exiting by themselves after SIGQUIT, want none", exits)
+	}
+}
