@@ -8,8 +8,11 @@ import (
 )
 
 // invariantSpan is the resident blocks a worker may hold per batch between
-// two of its invariant checks (see Worker.endLocked).
-const invariantSpan = 256
+// two of its invariant checks (see Worker.endLocked). Under -race a check
+// costs about 60 times what it does without, a block: at 256 the checks
+// took 90% of the simulator's race-run tests (TestNoCollapse 159 s, 13 s
+// without them); at 32, 17 s. Nothing between checks goes unchecked.
+const invariantSpan = 32
 
 // assertInvariantsLocked checks, at the end of a change to w, the nodes it
 // retired and held since the last check, its engine map and the tree's

@@ -96,9 +96,17 @@ func TestLagAgentsInProcesses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, err := side.agentLag(ctx)
-			if err != nil {
-				t.Fatal(err)
+			// An agent records a batch's lag just after its seq moves: the
+			// last observation may trail the seq the wait above saw.
+			var h *lagHist
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				if h, err = side.agentLag(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := len(h.Counts); floor || (n > 0 && h.Counts[n-1] >= float64(sent)) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
 			d, err := side.digests(ctx)
 			if err != nil {
