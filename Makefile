@@ -39,10 +39,12 @@ build: deps
 # that each package of the three modules is compiled once, not once per
 # mode (docs/benchmarks.md, "make test"). The tests that pin hot paths'
 # allocation counts skip under -race (it makes sync.Pool drop items), so
-# they run once more without it: the only packages compiled twice.
+# they run once more without it: the only packages compiled twice. The
+# packages make demo's DEMO_TAGS change run their tagged tests.
 test: deps-test lint
 	$(RACEENV) $(GO) test -count=1 ./...
 	$(GO) test -count=1 -run 'Alloc|FastPath' ./api ./events ./scoring
+	$(RACEENV) $(GO) test -count=1 -tags $(DEMO_TAGS) -run 'NoKubernetes|NoEmbedNATS' ./config ./discovery ./testbed/embednats
 	cd deploy && $(RACEENV) $(GO) test -count=1 ./...
 	cd clients/gie && $(RACEENV) $(GO) test -count=1 ./...
 	$(RACEENV) $(MAKE) --no-print-directory test-python
@@ -79,7 +81,8 @@ test-python: deps-test
 # layers import only downward (docs/architecture.md), the binaries link no
 # testbed, and files and functions stay within their budgets. go vet and
 # staticcheck (through its go list) compile with RACE, as make test's race
-# run does.
+# run does. It compiles what make demo's tags (DEMO_TAGS) change, and
+# fails if its build still links what they are to leave out.
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -90,15 +93,22 @@ lint:
 	cd clients/gie && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 	@cgo=$$($(GO) list -deps -f '{{if and .CgoFiles (not .Standard)}}{{.ImportPath}}{{end}}' ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl); \
 	if [ -n "$$cgo" ]; then echo "what a router embeds needs cgo through:"; echo "$$cgo"; exit 1; fi
+	$(RACEENV) $(GO) build -tags $(DEMO_TAGS) ./daemon ./testbed/sim
+	@left=$$($(GO) list -tags $(DEMO_TAGS) -deps ./testbed/cmd/kvsim | grep -E '^(k8s\.io|github\.com/nats-io/nats-server)/' | head -3); \
+	if [ -n "$$left" ]; then echo "make demo's build (-tags $(DEMO_TAGS)) still links:"; echo "$$left"; exit 1; fi
 	$(GO) -C tools test -count=1 ./archlint
 	$(GO) -C tools run ./archlint ..
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
 # (precise ones over gRPC), the table printed. It installs only deps'
-# packages.
+# packages, and builds with DEMO_TAGS: without Kubernetes discovery and the
+# embedded nats-server, which it does not use (a third of a cold build's
+# compile time; docs/benchmarks.md, "A newcomer's first commands"). lint
+# builds kvsim with them and checks what they leave out.
+DEMO_TAGS := nokubernetes,noembednats
 demo: deps
-	$(GO) run ./testbed/cmd/kvsim demo
+	$(GO) run -tags $(DEMO_TAGS) ./testbed/cmd/kvsim demo
 
 # demo-fleet is the same run in fleet mode: an embedded NATS server, a
 # kvindex agent beside each simulated engine, two kvindex replicas the

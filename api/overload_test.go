@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvindex/kvindex/api"
@@ -27,31 +26,32 @@ func TestIsOverloaded(t *testing.T) {
 	f := serve(t, ix, nil, api.Options{Admission: api.AdmissionOptions{MaxPending: 1, Target: time.Second, MaxQueueDelay: 10 * time.Second}})
 
 	// A Score whose headers are sent and body is not holds the one
-	// pending slot.
-	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/kvindex.v1.IndexService/Score"); err != nil {
-		t.Fatal(err)
-	}
+	// pending slot. It goes on the client's own connection, so that the
+	// server's tap sees it before the Score after it; a held stream that
+	// found the slot still taken (the previous Score's end not yet
+	// counted) was refused itself, and the next attempt opens another.
 	req := &kvindexv1.ScoreRequest{Model: "m", TokenIds: prompt(1, 2)}
 	var refused error
+	held := func() {}
+	defer func() { held() }()
 	deadline := time.Now().Add(10 * time.Second)
 	for refused == nil && time.Now().Before(deadline) {
+		held()
+		ctx, cancel := context.WithCancel(context.Background())
+		held = cancel
+		if _, err := f.client.Conn().NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/kvindex.v1.IndexService/Score"); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := f.client.Score(context.Background(), req); err != nil {
 			refused = err
 		} else {
-			time.Sleep(5 * time.Millisecond) // the held stream's headers are still on their way
+			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	if status.Code(refused) != codes.ResourceExhausted || !api.IsOverloaded(refused) {
 		t.Fatalf("Score past max_pending: %v (overloaded %v), want an overload refusal", refused, api.IsOverloaded(refused))
 	}
-	cancel()
+	held()
 
 	srv := api.NewServer(ix, nil, api.Options{Tracker: scoring.NewTracker(scoring.TrackerOptions{MaxFlights: 1})})
 	route := func(id string) error {

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/labels"
-
 	"github.com/kvindex/kvindex/events"
 	"github.com/kvindex/kvindex/internal/redact"
 )
@@ -497,7 +495,7 @@ func (d *Discovery) Validate() error {
 		if k.Selector == "" {
 			return invalid("discovery.kubernetes.selector", "required (e.g. app=vllm): without it every pod of the namespace would be indexed")
 		}
-		if _, err := labels.Parse(k.Selector); err != nil {
+		if err := checkSelector(k.Selector); err != nil {
 			return invalid("discovery.kubernetes.selector", "%q: %v", k.Selector, err)
 		}
 		if k.Resync < 0 {

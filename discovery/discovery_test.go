@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -176,4 +177,32 @@ func TestReasonNames(t *testing.T) {
 	if Reason(99).String() != "reason(99)" || Change(7).String() != "change(7)" {
 		t.Fatal("out-of-range names")
 	}
+}
+
+// syncFleet is a fakeFleet safe for the informer's goroutine and the test.
+type syncFleet struct {
+	mu sync.Mutex
+	f  *fakeFleet
+}
+
+func (s *syncFleet) AddPod(p config.Pod) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.f.AddPod(p)
+}
+
+func (s *syncFleet) RemovePod(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.f.RemovePod(name)
+}
+
+func (s *syncFleet) pods() map[string]config.Pod {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]config.Pod{}
+	for k, v := range s.f.pods {
+		out[k] = v
+	}
+	return out
 }

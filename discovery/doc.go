@@ -12,4 +12,10 @@
 // kvindex_discovery_changes_total{change,reason}.
 // Both read Kubernetes through client-go's dynamic client (NewClient): the
 // typed clientset would link every API group Kubernetes has.
+//
+// A build with -tags nokubernetes (make demo's) links no Kubernetes
+// client: NewClient, NewKubernetes and NewInferencePool fail naming the
+// tag, and config refuses discovery.kubernetes; DNS discovery, the
+// Reconciler and the pure functions (PodFromKubernetes, PoolEndpoints)
+// are the same in both builds.
 package discovery

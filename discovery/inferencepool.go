@@ -1,3 +1,5 @@
+//go:build !nokubernetes
+
 package discovery
 
 import (
@@ -5,10 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,23 +33,6 @@ var (
 	InferencePoolV1       = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
 	InferencePoolV1Alpha2 = schema.GroupVersionResource{Group: "inference.networking.x-k8s.io", Version: "v1alpha2", Resource: "inferencepools"}
 )
-
-// Endpoint is one model server address of an InferencePool and the
-// kvindex worker, or workers, behind it.
-type Endpoint struct {
-	// Address is ip:port.
-	Address string
-	// Pod is the Kubernetes pod's name: the kvindex pod (the name
-	// Kubernetes discovery gives its workers too).
-	Pod   string
-	Model string
-	// DPRank is the rank this address serves, unless AllRanks.
-	DPRank int
-	// AllRanks says the address serves ranks 0..DPSize-1 (vLLM's internal
-	// DP load balancing): the picker names the rank in a header.
-	AllRanks bool
-	DPSize   int
-}
 
 // InferencePool watches one InferencePool and the pods its selector
 // selects, and hands the endpoints of its Ready pods to a callback
@@ -319,60 +301,4 @@ func portNumber(v any) (int, bool) {
 		return 0, false
 	}
 	return int(n), n >= 1 && n <= 65535
-}
-
-// PoolEndpoints are the endpoints of the Ready pods of list at ports, in
-// pod name order, and how many pods are not endpoints (not Running and
-// Ready, terminating, annotations that do not parse, or a dp-size that
-// several ports contradict). model and dpSize apply unless the pod's
-// annotations say otherwise.
-func PoolEndpoints(list []Pod, ports []int, model string, dpSize int) (eps []Endpoint, excluded int) {
-	list = slices.Clone(list)
-	slices.SortFunc(list, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
-	for _, p := range list {
-		if podState(p) != ReasonAppeared {
-			excluded++
-			continue
-		}
-		m, dp := model, dpSize
-		if a := p.Annotations[AnnotationModel]; a != "" {
-			m = a
-		}
-		if a, ok := p.Annotations[AnnotationDPSize]; ok {
-			n, err := strconv.Atoi(strings.TrimSpace(a))
-			if err != nil || n < 1 {
-				excluded++
-				continue
-			}
-			dp = n
-		} else if len(ports) > 1 {
-			dp = len(ports)
-		}
-		if m == "" || (len(ports) > 1 && dp != len(ports)) {
-			excluded++
-			continue
-		}
-		if len(ports) == 1 {
-			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.IP, strconv.Itoa(ports[0])), Pod: p.Name, Model: m, AllRanks: dp > 1, DPSize: dp})
-			continue
-		}
-		for r, port := range ports {
-			eps = append(eps, Endpoint{Address: net.JoinHostPort(p.IP, strconv.Itoa(port)), Pod: p.Name, Model: m, DPRank: r, DPSize: dp})
-		}
-	}
-	return eps, excluded
-}
-
-// podState is ReasonAppeared for a pod that serves (Running, Ready, with
-// an IP, not terminating), else why not.
-func podState(p Pod) Reason {
-	switch {
-	case p.Terminating:
-		return ReasonTerminating
-	case p.Phase != "Running":
-		return ReasonNotRunning
-	case !p.Ready || p.IP == "":
-		return ReasonNotReady
-	}
-	return ReasonAppeared
 }

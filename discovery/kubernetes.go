@@ -1,11 +1,11 @@
+//go:build !nokubernetes
+
 package discovery
 
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,24 +21,6 @@ import (
 	"github.com/kvindex/kvindex/config"
 )
 
-// The pod annotations Kubernetes discovery reads; each overrides the
-// configured default of discovery.kubernetes.
-const (
-	// AnnotationModel is the model the pod serves (vLLM's served model
-	// name).
-	AnnotationModel = "kvindex.io/model"
-	// AnnotationPort is rank 0's KV event PUB port.
-	AnnotationPort = "kvindex.io/kv-events-port"
-	// AnnotationReplayPort is rank 0's replay port ("0": none).
-	AnnotationReplayPort = "kvindex.io/replay-port"
-	// AnnotationMetricsPort is the port of vLLM's /metrics ("0": none).
-	AnnotationMetricsPort = "kvindex.io/metrics-port"
-	// AnnotationDPSize is the pod's data-parallel size.
-	AnnotationDPSize = "kvindex.io/dp-size"
-	// AnnotationCapacityBlocks bounds each of the pod's workers' blocks.
-	AnnotationCapacityBlocks = "kvindex.io/capacity-blocks"
-)
-
 // serviceAccountNamespace is where Kubernetes mounts the pod's namespace.
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -49,20 +31,6 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 // more packages, a third of kvindex's binary), and the core API's types
 // alone (k8s.io/api/core/v1) 4 MB of it, for seven fields of one resource.
 var Pods = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
-
-// Pod is what discovery reads of a Kubernetes pod.
-type Pod struct {
-	Name, Namespace     string
-	Labels, Annotations map[string]string
-	// Terminating says metadata.deletionTimestamp is set.
-	Terminating bool
-	// Phase is status.phase ("Running", "Pending", ...).
-	Phase string
-	// IP is status.podIP.
-	IP string
-	// Ready says the condition of type Ready has status "True".
-	Ready bool
-}
 
 // PodFromUnstructured reads a Pod from the core API's pod object u (as
 // the dynamic client returns it); a field of the wrong type is an error.
@@ -250,49 +218,4 @@ func (k *Kubernetes) Run(ctx context.Context, r *Reconciler) error {
 		case <-kick:
 		}
 	}
-}
-
-// PodFromKubernetes is the pod configuration of a Kubernetes pod, with
-// ReasonAppeared, or the reason it is not to be indexed: not Running, not
-// Ready or without an IP, terminating, or annotations that do not
-// describe a valid pod (ReasonInvalid).
-func PodFromKubernetes(p Pod, d config.DiscoveredPods) (config.Pod, Reason) {
-	if why := podState(p); why != ReasonAppeared {
-		return config.Pod{}, why
-	}
-	a := p.Annotations
-	if m := a[AnnotationModel]; m != "" {
-		d.Model = m
-	}
-	for _, f := range []struct {
-		key string
-		v   *int
-	}{{AnnotationPort, &d.Port}, {AnnotationReplayPort, &d.ReplayPort}, {AnnotationMetricsPort, &d.MetricsPort}, {AnnotationDPSize, &d.DPSize}, {AnnotationCapacityBlocks, &d.CapacityBlocks}} {
-		s, ok := a[f.key]
-		if !ok {
-			continue
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return config.Pod{}, ReasonInvalid
-		}
-		*f.v = n
-	}
-	if d.Validate("pod") != nil {
-		return config.Pod{}, ReasonInvalid
-	}
-	return podAt(p.Name, p.IP, d), ReasonAppeared
-}
-
-// podAt is the pod configuration of pod name at ip with d's ports.
-func podAt(name, ip string, d config.DiscoveredPods) config.Pod {
-	hostport := func(port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
-	p := config.Pod{Name: name, Model: d.Model, Endpoint: "tcp://" + hostport(d.Port), DPSize: d.DPSize, CapacityBlocks: d.CapacityBlocks}
-	if d.ReplayPort != 0 {
-		p.ReplayEndpoint = "tcp://" + hostport(d.ReplayPort)
-	}
-	if d.MetricsPort != 0 {
-		p.MetricsURL = "http://" + hostport(d.MetricsPort) + "/metrics"
-	}
-	return p
 }

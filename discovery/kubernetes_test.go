@@ -1,3 +1,5 @@
+//go:build !nokubernetes
+
 package discovery
 
 import (
@@ -5,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,34 +18,6 @@ import (
 	"github.com/kvindex/kvindex/config"
 	"github.com/kvindex/kvindex/discovery/discoverytest"
 )
-
-// syncFleet is a fakeFleet safe for the informer's goroutine and the test.
-type syncFleet struct {
-	mu sync.Mutex
-	f  *fakeFleet
-}
-
-func (s *syncFleet) AddPod(p config.Pod) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.f.AddPod(p)
-}
-
-func (s *syncFleet) RemovePod(name string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.f.RemovePod(name)
-}
-
-func (s *syncFleet) pods() map[string]config.Pod {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]config.Pod{}
-	for k, v := range s.f.pods {
-		out[k] = v
-	}
-	return out
-}
 
 func k8sPod(name, ip string, phase corev1.PodPhase, isReady bool, ann map[string]string) *corev1.Pod {
 	cond := corev1.ConditionFalse
