@@ -7,7 +7,7 @@
 GO   ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 
-.PHONY: deps deps-test build test test-python demo demo-fleet bench fuzz proto lint soak chaos architecture image-test
+.PHONY: deps deps-test build test test-go test-modules test-deploy test-gie test-python vet lint-go lint-deploy lint-gie demo demo-fleet bench fuzz proto lint soak chaos architecture image-test
 
 # deps installs libzmq, pkg-config and a C compiler when missing.
 deps:
@@ -37,17 +37,38 @@ build: deps
 # race run checks them too. Lint compiles with -race as well (RACE): go vet
 # and staticcheck type-check against the packages the race run links, so
 # that each package of the three modules is compiled once, not once per
-# mode (docs/benchmarks.md, "make test"). The tests that pin hot paths'
-# allocation counts skip under -race (it makes sync.Pool drop items), so
-# they run once more without it: the only packages compiled twice. The
-# packages make demo's DEMO_TAGS change run their tagged tests.
-test: deps-test lint
+# mode. The tests that pin hot paths' allocation counts skip under -race
+# (it makes sync.Pool drop items), so they run once more without it: the
+# only packages compiled twice. The packages make demo's DEMO_TAGS change
+# run their tagged tests.
+#
+# After the service's go vet (which compiles the standard library and the
+# dependencies the modules share), the service's lint and tests run beside
+# those of deploy/ and clients/gie (test-modules): the service's tests
+# leave a core idle much of the time, which the modules' compiles fill.
+# Each job's output is printed whole when it ends (docs/benchmarks.md, "A
+# newcomer's first commands").
+test: deps-test vet
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-go test-modules
+	$(RACEENV) $(MAKE) --no-print-directory test-python
+
+# test-go runs the service's lint (but vet) and tests.
+test-go: lint-go
 	$(RACEENV) $(GO) test -count=1 ./...
 	$(GO) test -count=1 -run 'Alloc|FastPath' ./api ./events ./scoring
 	$(RACEENV) $(GO) test -count=1 -tags $(DEMO_TAGS) -run 'NoKubernetes|NoEmbedNATS' ./config ./discovery ./testbed/embednats
+
+# test-modules runs the lint and tests of deploy/, then of clients/gie:
+# one after the other, as they share most of their dependencies.
+test-modules:
+	$(MAKE) --no-print-directory test-deploy
+	$(MAKE) --no-print-directory test-gie
+
+test-deploy: lint-deploy
 	cd deploy && $(RACEENV) $(GO) test -count=1 ./...
+
+test-gie: lint-gie
 	cd clients/gie && $(RACEENV) $(GO) test -count=1 ./...
-	$(RACEENV) $(MAKE) --no-print-directory test-python
 
 # RACE is the flag every compile of make test and make lint adds (RACE=
 # for none). RACEENV passes it in GOFLAGS, so that it reaches the go
@@ -82,15 +103,19 @@ test-python: deps-test
 # testbed, and files and functions stay within their budgets. go vet and
 # staticcheck (through its go list) compile with RACE, as make test's race
 # run does. It compiles what make demo's tags (DEMO_TAGS) change, and
-# fails if its build still links what they are to leave out.
-lint:
+# fails if its build still links what they are to leave out. vet (gofmt
+# and the service's go vet), lint-go (the service's other checks),
+# lint-deploy and lint-gie are its parts.
+lint: vet lint-go lint-deploy lint-gie
+
+vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(RACEENV) $(GO) vet ./...
+
+lint-go:
 	$(RACEENV) $(TOOL) staticcheck ./...
 	$(GO) mod tidy -diff
-	cd deploy && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
-	cd clients/gie && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 	@cgo=$$($(GO) list -deps -f '{{if and .CgoFiles (not .Standard)}}{{.ImportPath}}{{end}}' ./events ./api/... ./indexer/... ./scoring/... ./cmd/kvindexctl); \
 	if [ -n "$$cgo" ]; then echo "what a router embeds needs cgo through:"; echo "$$cgo"; exit 1; fi
 	$(RACEENV) $(GO) build -tags $(DEMO_TAGS) ./daemon ./testbed/sim
@@ -98,6 +123,12 @@ lint:
 	if [ -n "$$left" ]; then echo "make demo's build (-tags $(DEMO_TAGS)) still links:"; echo "$$left"; exit 1; fi
 	$(GO) -C tools test -count=1 ./archlint
 	$(GO) -C tools run ./archlint ..
+
+lint-deploy:
+	cd deploy && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
+
+lint-gie:
+	cd clients/gie && $(RACEENV) $(GO) vet ./... && $(RACEENV) $(GO) tool -modfile=../../tools/go.mod staticcheck ./... && $(GO) mod tidy -diff
 
 # demo is a short live kvsim run (about 10 s): the real daemon, simulated
 # vLLM engines publishing KV events over ZMQ, every router side by side
