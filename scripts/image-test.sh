@@ -226,6 +226,11 @@ for img in kvindex:dev kvindex-testbed:dev "debian:$RELEASE-slim"; do
 	printf '%-22s %6s MB\n' "$img" "$(("$(engine image inspect --format '{{.Size}}' "$img")" / 1000000))"
 done
 engine run --rm --entrypoint sh kvindex:dev -c 'ls -l /usr/local/bin; id'
+# The production image's budget (docs/benchmarks.md, "A newcomer's first
+# commands"): what links into kvindex is measured there, and a dependency
+# that grows it past the budget fails here.
+prod_mb=$(("$(engine image inspect --format '{{.Size}}' kvindex:dev)" / 1000000))
+((prod_mb <= 150)) || die "the production image kvindex:dev is $prod_mb MB, over its 150 MB budget"
 
 # --- run -------------------------------------------------------------------
 step "compose up: ${SIM_SERVICES[*]}"
