@@ -31,7 +31,7 @@ build: deps
 # test runs lint, then every test (fuzz seed corpora included) with the
 # race detector: the service's, those of the deploy/ module (compose file,
 # Helm chart, alert rules, dashboard, Dockerfile) and of the clients/gie
-# module (the GIE scheduler's scorer plugin), then the Python client's
+# module (the GIE scheduler's scorer plugin), and the Python client's
 # (test-python, against a race-built daemon). A -race build compiles the
 # indexer's invariant checks in (as the build tag invariants does), so the
 # race run checks them too. Lint compiles with -race as well (RACE): go vet
@@ -44,13 +44,12 @@ build: deps
 #
 # After the service's go vet (which compiles the standard library and the
 # dependencies the modules share), the service's lint and tests run beside
-# those of deploy/ and clients/gie (test-modules): the service's tests
-# leave a core idle much of the time, which the modules' compiles fill.
-# Each job's output is printed whole when it ends (docs/benchmarks.md, "A
-# newcomer's first commands").
+# those of deploy/, clients/gie and the Python client (test-modules): the
+# service's tests leave a core idle much of the time, which the modules'
+# compiles fill. Each job's output is printed whole when it ends
+# (docs/benchmarks.md, "A newcomer's first commands").
 test: deps-test vet
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-go test-modules
-	$(RACEENV) $(MAKE) --no-print-directory test-python
 
 # test-go runs the service's lint (but vet) and tests.
 test-go: lint-go
@@ -58,11 +57,13 @@ test-go: lint-go
 	$(GO) test -count=1 -run 'Alloc|FastPath' ./api ./events ./scoring
 	$(RACEENV) $(GO) test -count=1 -tags $(DEMO_TAGS) -run 'NoKubernetes|NoEmbedNATS' ./config ./discovery ./testbed/embednats
 
-# test-modules runs the lint and tests of deploy/, then of clients/gie:
-# one after the other, as they share most of their dependencies.
+# test-modules runs the lint and tests of deploy/, then of clients/gie,
+# one after the other as they share most of their dependencies, then the
+# Python client's tests.
 test-modules:
 	$(MAKE) --no-print-directory test-deploy
 	$(MAKE) --no-print-directory test-gie
+	$(RACEENV) $(MAKE) --no-print-directory test-python
 
 test-deploy: lint-deploy
 	cd deploy && $(RACEENV) $(GO) test -count=1 ./...
@@ -103,7 +104,9 @@ test-python: deps-test
 # testbed, and files and functions stay within their budgets. go vet and
 # staticcheck (through its go list) compile with RACE, as make test's race
 # run does. It compiles what make demo's tags (DEMO_TAGS) change, and
-# fails if its build still links what they are to leave out. vet (gofmt
+# fails if its build still links what they are to leave out, and that the
+# three modules compile every package they share from one version
+# (scripts/modalign.sh), so that it is compiled once. vet (gofmt
 # and the service's go vet), lint-go (the service's other checks),
 # lint-deploy and lint-gie are its parts.
 lint: vet lint-go lint-deploy lint-gie
@@ -121,6 +124,7 @@ lint-go:
 	$(RACEENV) $(GO) build -tags $(DEMO_TAGS) ./daemon ./testbed/sim
 	@left=$$($(GO) list -tags $(DEMO_TAGS) -deps ./testbed/cmd/kvsim | grep -E '^(k8s\.io|github\.com/nats-io/nats-server)/' | head -3); \
 	if [ -n "$$left" ]; then echo "make demo's build (-tags $(DEMO_TAGS)) still links:"; echo "$$left"; exit 1; fi
+	GO=$(GO) scripts/modalign.sh
 	$(GO) -C tools test -count=1 ./archlint
 	$(GO) -C tools run ./archlint ..
 
