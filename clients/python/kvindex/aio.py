@@ -12,9 +12,9 @@ from kvindex import errors
 from kvindex.client import (
     MessageLike,
     WorkerLike,
-    _channel_args,
     _check_timeout,
     _metadata,
+    _open_channel,
     _route_request,
     _score_request,
 )
@@ -54,11 +54,7 @@ class AsyncClient:
         self.target = target
         self.timeout = timeout
         self._metadata = _metadata(token)
-        creds, opts = _channel_args(tls, options)
-        if creds is None:
-            self._channel = grpc.aio.insecure_channel(target, options=opts)
-        else:
-            self._channel = grpc.aio.secure_channel(target, creds, options=opts)
+        self._channel = _open_channel(grpc.aio, target, tls, options)
         self._stub = pb_grpc.IndexServiceStub(self._channel)
 
     async def score(

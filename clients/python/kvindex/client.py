@@ -61,11 +61,7 @@ class Client:
         self.target = target
         self.timeout = timeout
         self._metadata = _metadata(token)
-        creds, opts = _channel_args(tls, options)
-        if creds is None:
-            self._channel = grpc.insecure_channel(target, options=opts)
-        else:
-            self._channel = grpc.secure_channel(target, creds, options=opts)
+        self._channel = _open_channel(grpc, target, tls, options)
         self._stub = pb_grpc.IndexServiceStub(self._channel)
 
     def score(
@@ -155,6 +151,16 @@ def _check_timeout(timeout: float) -> None:
 
 def _metadata(token: Optional[str]):
     return (("authorization", "Bearer " + token),) if token else None
+
+
+def _open_channel(module, target: str, tls: Optional[TLS], options: Iterable):
+    """The client's one channel to target, made by module (grpc, or
+    grpc.aio for AsyncClient: both have insecure_channel and
+    secure_channel), plaintext or over tls."""
+    creds, opts = _channel_args(tls, options)
+    if creds is None:
+        return module.insecure_channel(target, options=opts)
+    return module.secure_channel(target, creds, options=opts)
 
 
 def _channel_args(tls: Optional[TLS], options: Iterable):
