@@ -140,7 +140,8 @@ lint-gie:
 # packages, and builds with DEMO_TAGS: without Kubernetes discovery and the
 # embedded nats-server, which it does not use (a third of a cold build's
 # compile time; docs/benchmarks.md, "A newcomer's first commands"). lint
-# builds kvsim with them and checks what they leave out.
+# compiles the daemon and the simulator with them and checks what kvsim
+# still links.
 DEMO_TAGS := nokubernetes,noembednats
 demo: deps
 	$(GO) run -tags $(DEMO_TAGS) ./testbed/cmd/kvsim demo
