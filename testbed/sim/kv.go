@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/kvindex/kvindex/api"
 	"github.com/kvindex/kvindex/events"
@@ -21,6 +22,10 @@ type localKV struct {
 	pol    scoring.Policy
 	polFor *scoring.Override // the override pol was built from
 	routed int               // the chosen worker's matched tokens in the last Route
+	// est is the chosen worker's estimated TTFT in the last Route, when
+	// estOK (its policy is cache_aware with the ttft guard).
+	est   time.Duration
+	estOK bool
 }
 
 func (k *localKV) request(q *router.Query) error {
@@ -71,9 +76,16 @@ func (k *localKV) Route(_ context.Context, id string, q *router.Query) (string, 
 	if err != nil {
 		return "", err
 	}
-	k.routed = k.res.Ranked[i].Match.Blocks * k.res.Model.BlockSize()
-	return k.res.Ranked[i].Ref.Pod, nil
+	c := &k.res.Ranked[i]
+	k.routed = c.Match.Blocks * k.res.Model.BlockSize()
+	k.estOK = k.res.Policy.Name == scoring.CacheAware && k.res.Policy.Guard == scoring.GuardTTFT
+	k.est = time.Duration(c.Est.TTFT() * float64(time.Second))
+	return c.Ref.Pod, nil
 }
+
+// RouteEstimate implements router.RouteEstimator (over gRPC the answer
+// carries scores, not the estimate).
+func (k *localKV) RouteEstimate() (time.Duration, bool) { return k.est, k.estOK }
 
 // RouteMatched implements router.RouteMatcher.
 func (k *localKV) RouteMatched() int { return k.routed }

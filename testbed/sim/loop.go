@@ -169,6 +169,11 @@ func (l *loop) arrive(ctx context.Context, req *workload.Request, now time.Durat
 			l.rec.Predicted(req.ID, min(tokens, (req.PromptLen-1)/bs*bs), l.fleet.CachedTokens(i, &l.rreq))
 		}
 	}
+	if p, ok := l.router.(router.Estimator); ok {
+		if est, ok := p.Estimated(); ok {
+			l.rec.Estimated(req.ID, est)
+		}
+	}
 	e := l.fleet.engines[i]
 	if !e.Submit(req, l.content) {
 		l.rec.Rejected(req.ID)

@@ -145,13 +145,16 @@ func TestHybridEventsSurviveTheWire(t *testing.T) {
 func TestReportShowsPrediction(t *testing.T) {
 	results := []metrics.Result{
 		{Router: "round-robin", IndexProblems: -1},
-		{Router: "precise", Predicted: 4, PredictExact: 3, PredictOver: 1, PredictAbsErr: 64, PredictRouteErr: 16, PredictQueueErr: 48, PredictLost: 1},
+		{Router: "precise", Predicted: 4, PredictExact: 3, PredictOver: 1, PredictAbsErr: 64, PredictRouteErr: 16, PredictQueueErr: 48, PredictLost: 1,
+			Estimated: 4, EstWithin: 3, EstTTFTSum: 2 * time.Second, EstRealSum: 3 * time.Second, EstAbsErr: time.Second,
+			EstLong: 1, EstLongSum: time.Second, EstLongRealSum: 2 * time.Second},
 	}
 	var b bytes.Buffer
 	if err := WriteTable(&b, results, nil, ""); err != nil {
 		t.Fatal(err)
 	}
-	want := "kvindex's predicted hit vs the engine's, per request (mean absolute; in parentheses against the engine when routed / its cache changing while the request queued): precise error 16.0 tokens (4.0 / 12.0), 75.0% exact, 25.0% over\n"
+	want := "kvindex's predicted hit vs the engine's, per request (mean absolute; in parentheses against the engine when routed / its cache changing while the request queued): precise error 16.0 tokens (4.0 / 12.0), 75.0% exact, 25.0% over\n" +
+		"kvindex's estimated TTFT on the chosen engine vs the TTFT, per request (mean estimate against mean TTFT, mean absolute error): precise 0.50s against 0.75s, error 0.25s, 75.0% within 25%; the 1 estimated at 1.00s or more took 2.00x their estimate\n"
 	if !strings.HasSuffix(b.String(), want) {
 		t.Errorf("table ends:\n%s\nwant %q", b.String(), want)
 	}
@@ -168,13 +171,16 @@ func TestReportShowsPrediction(t *testing.T) {
 		t.Fatal(err)
 	}
 	head, row := rows[0], rows[2]
-	got := strings.Join(row[slices.Index(head, "predicted"):], ",")
+	got := strings.Join(row[slices.Index(head, "predicted"):slices.Index(head, "estimated")], ",")
 	if got != "4,16,0.75,0.25,4,12,1" {
 		t.Errorf("prediction columns %q", got)
 	}
+	if got := strings.Join(row[slices.Index(head, "estimated"):], ","); got != "4,0.5,0.75,0.25,0.75,1,2" {
+		t.Errorf("estimate columns %q", got)
+	}
 	// No router predicting: no line.
 	b.Reset()
-	if err := WriteTable(&b, results[:1], nil, ""); err != nil || strings.Contains(b.String(), "predicted") {
+	if err := WriteTable(&b, results[:1], nil, ""); err != nil || strings.Contains(b.String(), "predicted") || strings.Contains(b.String(), "estimated") {
 		t.Errorf("a table without predictions: %v\n%s", err, b.String())
 	}
 }
@@ -241,5 +247,35 @@ func TestPrefixOnlyVariant(t *testing.T) {
 	o.Routers = []string{router.RoundRobin + PrefixOnly}
 	if _, err := Simulate(context.Background(), w, o); err == nil {
 		t.Error("round-robin/prefix-only ran")
+	}
+}
+
+// TestEstimateCalibratedWhenSerial: precise+load's Route gives each
+// request kvindex's estimated TTFT on the chosen engine, and, with
+// nothing in flight (Options.Serial) on engines the cost model describes
+// (CostModel), the estimate is the TTFT to within 1%: each request
+// prefills alone, as the model's step and attention terms describe.
+// Routers that do not ask Route estimate nothing.
+func TestEstimateCalibratedWhenSerial(t *testing.T) {
+	w, err := LoadWorkload(WorkloadSpec{Kind: KindSessions, Requests: 12, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Engines: 2, Engine: engine.Config{CacheBlocks: 4096}, Seed: 1, Serial: true,
+		Routers: []string{router.RoundRobin, router.Precise, router.PreciseLoad}}
+	res, err := Simulate(context.Background(), w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.Router != router.PreciseLoad {
+			if r.Estimated != 0 {
+				t.Errorf("%s estimated %d TTFTs", r.Router, r.Estimated)
+			}
+			continue
+		}
+		if r.Estimated != r.Scheduled || r.Scheduled == 0 || r.EstMAE() > r.EstRealMean()/100 || r.EstWithinShare() != 1 {
+			t.Errorf("%s: %d of %d estimated; mean %v against %v, %.1f%% within 25%%", r.Router, r.Estimated, r.Scheduled, r.EstMean(), r.EstRealMean(), 100*r.EstWithinShare())
+		}
 	}
 }

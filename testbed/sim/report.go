@@ -94,7 +94,9 @@ func WriteTable(w io.Writer, results []metrics.Result, b *Bounds, agreeNote stri
 }
 
 // writePrediction prints, for the routers that asked kvindex, how its
-// predicted hit on the chosen engine compared with the engine's hit.
+// predicted hit on the chosen engine compared with the engine's hit, and,
+// for those it gave an estimated TTFT, how the estimate compared with the
+// TTFT.
 func writePrediction(w io.Writer, results []metrics.Result) {
 	var parts []string
 	for i := range results {
@@ -107,6 +109,21 @@ func writePrediction(w io.Writer, results []metrics.Result) {
 	}
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "kvindex's predicted hit vs the engine's, per request (mean absolute; in parentheses against the engine when routed / its cache changing while the request queued): %s\n", strings.Join(parts, "; "))
+	}
+	parts = parts[:0]
+	for i := range results {
+		r := &results[i]
+		if r.Estimated == 0 {
+			continue
+		}
+		s := fmt.Sprintf("%s %s against %s, error %s, %s within 25%%", r.Router, secs(r.EstMean()), secs(r.EstRealMean()), secs(r.EstMAE()), pct(r.EstWithinShare()))
+		if r.EstLong > 0 {
+			s += fmt.Sprintf("; the %d estimated at %s or more took %sx their estimate", r.EstLong, secs(metrics.EstLong), strconv.FormatFloat(r.EstLongRatio(), 'f', 2, 64))
+		}
+		parts = append(parts, s)
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "kvindex's estimated TTFT on the chosen engine vs the TTFT, per request (mean estimate against mean TTFT, mean absolute error): %s\n", strings.Join(parts, "; "))
 	}
 }
 
@@ -186,7 +203,8 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 	rows := [][]string{{"router", "requests", "scheduled", "completed", "rejected", "prompt_tokens", "cached_tokens", "token_hit_rate", "hit_of_bound",
 		"request_hit_rate", "prefill_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "makespan_s", "throughput_rps",
 		"output_tokens_per_s", "load_skew", "request_skew", "preemptions", "index_problems", "index_detail", "wall_s", "note",
-		"predicted", "predict_mae_tokens", "predict_exact", "predict_over", "predict_route_mae_tokens", "predict_queue_mae_tokens", "predict_lost"}}
+		"predicted", "predict_mae_tokens", "predict_exact", "predict_over", "predict_route_mae_tokens", "predict_queue_mae_tokens", "predict_lost",
+		"estimated", "est_ttft_mean_s", "est_real_ttft_mean_s", "est_ttft_mae_s", "est_within_25pct", "est_long", "est_long_ratio"}}
 	cdf := [][]string{{"router", "percentile", "ttft_s"}}
 	for i := range results {
 		r := &results[i]
@@ -195,7 +213,9 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 			fl(r.TTFTP50.Seconds()), fl(r.TTFTP90.Seconds()), fl(r.TTFTP99.Seconds()), fl(r.TTFTMean.Seconds()), fl(r.Makespan.Seconds()),
 			fl(r.Throughput), fl(r.OutputTokensPerSec), fl(r.LoadSkew), fl(r.RequestSkew), itoa(r.Preemptions), i64(r.IndexProblems),
 			r.IndexDetail, fl(r.Wall.Seconds()), r.Note, itoa(r.Predicted), fl(r.PredictMAE()), fl(r.PredictExactShare()), fl(r.PredictOverShare()),
-			fl(r.PredictRouteMAE()), fl(r.PredictQueueMAE()), itoa(r.PredictLost)})
+			fl(r.PredictRouteMAE()), fl(r.PredictQueueMAE()), itoa(r.PredictLost),
+			itoa(r.Estimated), fl(r.EstMean().Seconds()), fl(r.EstRealMean().Seconds()), fl(r.EstMAE().Seconds()), fl(r.EstWithinShare()),
+			itoa(r.EstLong), fl(r.EstLongRatio())})
 		for p := 1; p <= 100; p++ {
 			cdf = append(cdf, []string{r.Router, itoa(p), fl(metrics.Percentile(r.TTFT, float64(p)).Seconds())})
 		}

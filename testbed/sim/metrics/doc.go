@@ -16,6 +16,13 @@
 //     most the prompt's full blocks before its last token) against the
 //     engine's hit when first scheduled: mean absolute error in tokens,
 //     the share exact, the share over-predicted.
+//   - estimate error (precise+load in virtual time): per request, the
+//     TTFT kvindex's cost model estimated on the engine Route chose
+//     against the TTFT: the mean of each, the mean absolute error, the
+//     share within 25%, and for estimates of a second or more (a queue)
+//     the TTFT over the estimate, which tells a queue that drained slower
+//     than the model's prefill rate (memory, preemption) from one it
+//     modelled.
 //
 // A Recorder is used by one simulation loop.
 package metrics

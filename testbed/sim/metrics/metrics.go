@@ -14,7 +14,8 @@ type Recorder struct {
 	routed            []int // requests per engine
 	res               Result
 	arrival           map[int]time.Duration
-	predicted         map[int]prediction // by request id, until its first token
+	predicted         map[int]prediction    // by request id, until its first token
+	estimated         map[int]time.Duration // the router's estimated TTFT, by request id, until its first token
 	outputDone        int64
 }
 
@@ -24,8 +25,13 @@ type prediction struct{ tokens, atRoute int }
 
 // NewRecorder returns a recorder for a fleet of n engines.
 func NewRecorder(n int) *Recorder {
-	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration), predicted: make(map[int]prediction)}
+	return &Recorder{routed: make([]int, n), arrival: make(map[int]time.Duration), predicted: make(map[int]prediction),
+		estimated: make(map[int]time.Duration)}
 }
+
+// Estimated records a request's time to first token as its router
+// estimated it, for FirstToken to compare with the TTFT.
+func (r *Recorder) Estimated(id int, ttft time.Duration) { r.estimated[id] = max(ttft, 0) }
 
 // Predicted records the prompt tokens a request's router predicted the
 // chosen engine would hit and the tokens it held when the request was
@@ -55,12 +61,29 @@ func (r *Recorder) Rejected(id int) {
 	r.res.Rejected++
 	delete(r.arrival, id)
 	delete(r.predicted, id)
+	delete(r.estimated, id)
 }
 
 // FirstToken records a request's first token at t and the prompt tokens
 // it hit when first scheduled.
 func (r *Recorder) FirstToken(id int, t time.Duration, promptLen, cached int) {
-	r.ttft = append(r.ttft, t-r.arrival[id])
+	ttft := t - r.arrival[id]
+	r.ttft = append(r.ttft, ttft)
+	if est, ok := r.estimated[id]; ok {
+		delete(r.estimated, id)
+		r.res.Estimated++
+		r.res.EstTTFTSum += est
+		r.res.EstRealSum += ttft
+		r.res.EstAbsErr += (est - ttft).Abs()
+		if 4*(est-ttft).Abs() <= ttft {
+			r.res.EstWithin++
+		}
+		if est >= EstLong {
+			r.res.EstLong++
+			r.res.EstLongSum += est
+			r.res.EstLongRealSum += ttft
+		}
+	}
 	r.res.PromptTokens += int64(promptLen)
 	r.res.CachedTokens += int64(cached)
 	if cached > 0 {
@@ -168,6 +191,46 @@ type Result struct {
 	// cached blocks (evicted) between the two.
 	PredictRouteErr, PredictQueueErr int64
 	PredictLost                      int
+	// Estimated counts the scheduled requests whose router estimated
+	// their TTFT (kvindex's estimate on the chosen engine); EstTTFTSum
+	// sums the estimates, EstRealSum their TTFTs, EstAbsErr
+	// |estimate - TTFT|, and EstWithin counts estimates within 25% of the
+	// TTFT. EstLong counts the estimates of at least EstLong (a queue),
+	// EstLongSum and EstLongRealSum their estimates and TTFTs.
+	Estimated, EstWithin, EstLong                                 int
+	EstTTFTSum, EstRealSum, EstAbsErr, EstLongSum, EstLongRealSum time.Duration
+}
+
+// EstLong is the estimate from which Result counts an estimate as a
+// queue's (EstLong).
+const EstLong = time.Second
+
+// EstMean and EstRealMean are the mean estimated TTFT and the mean TTFT of
+// the same requests; EstMAE the mean absolute error; EstWithinShare the
+// share within 25% of the TTFT.
+func (r *Result) EstMean() time.Duration { return durRatio(r.EstTTFTSum, r.Estimated) }
+
+// EstRealMean: see EstMean.
+func (r *Result) EstRealMean() time.Duration { return durRatio(r.EstRealSum, r.Estimated) }
+
+// EstMAE: see EstMean.
+func (r *Result) EstMAE() time.Duration { return durRatio(r.EstAbsErr, r.Estimated) }
+
+// EstWithinShare: see EstMean.
+func (r *Result) EstWithinShare() float64 { return ratio(float64(r.EstWithin), float64(r.Estimated)) }
+
+// EstLongRatio is the TTFT of the requests estimated at EstLong or more
+// over their estimate (1: calibrated; above 1: the queues took longer);
+// 0 when there were none.
+func (r *Result) EstLongRatio() float64 {
+	return ratio(r.EstLongRealSum.Seconds(), r.EstLongSum.Seconds())
+}
+
+func durRatio(d time.Duration, n int) time.Duration {
+	if n == 0 {
+		return 0
+	}
+	return d / time.Duration(n)
 }
 
 // PredictMAE is the mean absolute error of the predicted hits, in tokens.

@@ -69,6 +69,38 @@ func TestRecorder(t *testing.T) {
 	}
 }
 
+// TestRecorderEstimateError: estimated TTFTs against the TTFTs: 1 s vs
+// 1 s (exact), 0.5 s vs 1 s (0.5 s under), 2 s vs 3 s (1 s under, more
+// than 25%); request 3 is rejected and request 4 has no estimate: neither
+// counts. The two estimated at a second or more took 4 s for 3 s.
+func TestRecorderEstimateError(t *testing.T) {
+	r := NewRecorder(1)
+	est := []time.Duration{time.Second, time.Second / 2, 2 * time.Second, time.Second}
+	for id, e := range est {
+		r.Arrived(id, time.Second)
+		r.Estimated(id, e)
+	}
+	r.Arrived(4, 0)
+	r.Rejected(3)
+	for id, ttft := range []time.Duration{time.Second, time.Second, 3 * time.Second} {
+		r.FirstToken(id, time.Second+ttft, 256, 0)
+	}
+	r.FirstToken(4, time.Second, 256, 0)
+	res := r.Result("x", nil, 0)
+	if res.Estimated != 3 || res.EstWithin != 1 || res.EstLong != 2 {
+		t.Fatalf("estimated %d, within 25%% %d, at a second or more %d", res.Estimated, res.EstWithin, res.EstLong)
+	}
+	if res.EstMean() != 3500*time.Millisecond/3 || res.EstRealMean() != 5*time.Second/3 || res.EstMAE() != 500*time.Millisecond {
+		t.Errorf("mean estimate %v, mean TTFT %v, error %v", res.EstMean(), res.EstRealMean(), res.EstMAE())
+	}
+	if math.Abs(res.EstWithinShare()-1.0/3) > 1e-12 || math.Abs(res.EstLongRatio()-4.0/3) > 1e-12 {
+		t.Errorf("within share %v, long ratio %v", res.EstWithinShare(), res.EstLongRatio())
+	}
+	if z := (&Result{}); z.EstMean() != 0 || z.EstLongRatio() != 0 {
+		t.Error("no estimates, yet a mean")
+	}
+}
+
 func TestRecorderPredictionError(t *testing.T) {
 	r := NewRecorder(1)
 	// Predicted hits against the engine's: 64 vs 64 (exact), 128 vs 32

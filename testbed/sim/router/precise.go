@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/kvindex/kvindex/scoring"
 	"github.com/kvindex/kvindex/testbed/sim/workload"
@@ -31,6 +32,10 @@ type precise struct {
 	// predOK (Predictor).
 	pred   int
 	predOK bool
+	// est is kvindex's estimated TTFT on that engine, when estOK
+	// (Estimator).
+	est   time.Duration
+	estOK bool
 
 	q       Query
 	matched []int
@@ -79,13 +84,19 @@ func (p *precise) Note() string { return p.note }
 // Predicted implements Predictor.
 func (p *precise) Predicted() (int, bool) { return p.pred, p.predOK }
 
+// Estimated implements Estimator.
+func (p *precise) Estimated() (time.Duration, bool) { return p.est, p.estOK }
+
 func (p *precise) Route(ctx context.Context, req *Request) (int, error) {
 	p.q = Query{Model: p.model, Tokens: req.AppendTokens(p.q.Tokens[:0], 0, req.PromptLen)}
-	p.predOK = false
+	p.predOK, p.estOK = false, false
 	if p.name == PreciseLoad && !p.client {
 		i, err := p.route(ctx, req)
 		if m, ok := p.kv.(RouteMatcher); ok && err == nil {
 			p.pred, p.predOK = m.RouteMatched(), true
+		}
+		if e, ok := p.kv.(RouteEstimator); ok && err == nil {
+			p.est, p.estOK = e.RouteEstimate()
 		}
 		return i, err
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kvindex/kvindex/scoring"
 	"github.com/kvindex/kvindex/testbed/sim/engine"
@@ -75,6 +76,21 @@ type RouteMatcher interface {
 	// RouteMatched returns the matched prompt tokens of the worker the
 	// last Route chose.
 	RouteMatched() int
+}
+
+// RouteEstimator is a KV whose Route also learns kvindex's estimated
+// time to first token on the chosen worker (the "ttft" guard's estimate).
+type RouteEstimator interface {
+	// RouteEstimate returns the estimate of the last Route's choice, or
+	// false when its policy made none.
+	RouteEstimate() (time.Duration, bool)
+}
+
+// Estimator is a router whose last Route learned kvindex's estimated time
+// to first token on the chosen engine: precise+load in virtual time.
+type Estimator interface {
+	// Estimated returns that estimate, or false when there was none.
+	Estimated() (time.Duration, bool)
 }
 
 // Predictor is a router whose last Route learned from kvindex how many
