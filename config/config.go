@@ -505,6 +505,7 @@ type CostModel struct {
 	DecodePerSeq          time.Duration `yaml:"decode_per_seq,omitempty"`
 	DecodePerContextToken time.Duration `yaml:"decode_per_context_token,omitempty"`
 	MaxBatchedTokens      int           `yaml:"max_batched_tokens,omitempty"`
+	MaxNumSeqs            int           `yaml:"max_num_seqs,omitempty"`
 	KVCapacityTokens      int           `yaml:"kv_capacity_tokens,omitempty"`
 }
 
@@ -516,6 +517,7 @@ func (m CostModel) model() scoring.CostModel {
 	override(&c.DecodePerSeq, m.DecodePerSeq)
 	override(&c.DecodePerContextToken, m.DecodePerContextToken)
 	override(&c.MaxBatchedTokens, m.MaxBatchedTokens)
+	override(&c.MaxNumSeqs, m.MaxNumSeqs)
 	override(&c.KVCapacityTokens, m.KVCapacityTokens)
 	return c
 }

@@ -313,7 +313,7 @@ func TestValidateAgent(t *testing.T) {
 }
 
 func TestCostModelSection(t *testing.T) {
-	c, err := Parse([]byte("scoring:\n  guard: ttft\n  cost_model:\n    prefill_tokens_per_sec: 20000\n    attention_pairs_per_sec: 1.2e9\n    step_overhead: 8ms\n    kv_capacity_tokens: 100000\n"))
+	c, err := Parse([]byte("scoring:\n  guard: ttft\n  cost_model:\n    prefill_tokens_per_sec: 20000\n    attention_pairs_per_sec: 1.2e9\n    step_overhead: 8ms\n    max_num_seqs: 256\n    kv_capacity_tokens: 100000\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,11 +323,15 @@ func TestCostModelSection(t *testing.T) {
 	}
 	want := scoring.DefaultCostModel()
 	want.PrefillTokensPerSec, want.AttentionPairsPerSec, want.StepOverhead, want.KVCapacityTokens = 20000, 1.2e9, 8*time.Millisecond, 100000
+	want.MaxNumSeqs = 256
 	if p.Guard != scoring.GuardTTFT || p.Cost != want {
 		t.Fatalf("policy %+v, want the ttft guard with %+v", p, want)
 	}
 	if _, err := Parse([]byte("scoring:\n  cost_model:\n    attention_pairs_per_sec: -1\n")); err == nil || !strings.Contains(err.Error(), "cost_model") {
 		t.Fatalf("a negative attention rate: %v", err)
+	}
+	if _, err := Parse([]byte("scoring:\n  cost_model:\n    max_num_seqs: -1\n")); err == nil || !strings.Contains(err.Error(), "max_num_seqs") {
+		t.Fatalf("a negative max_num_seqs: %v", err)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 //	    + d * DecodePerSeq + c * DecodePerContextToken
 //
 // and holds at most MaxBatchedTokens tokens (a decoding request takes one).
+// An engine runs at most MaxNumSeqs requests; a request finding it full
+// waits for running ones to finish (GuardTTFT's slot wait).
 type CostModel struct {
 	PrefillTokensPerSec   float64       // the engine's prefill rate, attention aside.
 	AttentionPairsPerSec  float64       // the prefill attention rate; 0: no attention term.
@@ -23,6 +25,9 @@ type CostModel struct {
 	DecodePerSeq          time.Duration // the cost of each decoding request in a step.
 	DecodePerContextToken time.Duration // the cost of reading one context token of a decoding request.
 	MaxBatchedTokens      int           // vLLM's max_num_batched_tokens.
+	// MaxNumSeqs is vLLM's max_num_seqs, the requests an engine runs at
+	// once; 0 turns off the slot wait.
+	MaxNumSeqs int
 	// KVCapacityTokens is one engine's KV cache in tokens; 0 when unknown,
 	// which turns off the pressure and evict terms and estimates decoding
 	// context from the average prompt instead of KV usage.
@@ -30,7 +35,11 @@ type CostModel struct {
 }
 
 // DefaultCostModel describes Llama-3.1-8B (bf16) on one H100 80GB, the
-// engine kvsim simulates (derivations in testbed/sim/engine's package doc).
+// engine kvsim simulates (derivations in testbed/sim/engine's package doc),
+// with vLLM's scheduler defaults for the OpenAI server on a GPU of 70 GiB
+// or more (vllm/engine/arg_utils.py, get_batch_defaults): 8,192 batched
+// tokens, 1,024 requests. kvsim's engines run 256 (the default below
+// 70 GiB) and its pipeline says so.
 func DefaultCostModel() CostModel {
 	return CostModel{
 		PrefillTokensPerSec:   17500,
@@ -39,6 +48,7 @@ func DefaultCostModel() CostModel {
 		DecodePerSeq:          100 * time.Microsecond,
 		DecodePerContextToken: 39 * time.Nanosecond,
 		MaxBatchedTokens:      8192,
+		MaxNumSeqs:            1024,
 		KVCapacityTokens:      400000,
 	}
 }
@@ -54,6 +64,8 @@ func (m *CostModel) Validate() error {
 		return fmt.Errorf("cost model: negative step cost (overhead %v, per decoding request %v, per context token %v)", m.StepOverhead, m.DecodePerSeq, m.DecodePerContextToken)
 	case m.MaxBatchedTokens <= 0:
 		return fmt.Errorf("cost model: max_batched_tokens %d must be positive", m.MaxBatchedTokens)
+	case m.MaxNumSeqs < 0:
+		return fmt.Errorf("cost model: max_num_seqs %d is negative", m.MaxNumSeqs)
 	case m.KVCapacityTokens < 0:
 		return fmt.Errorf("cost model: kv_capacity_tokens %d is negative", m.KVCapacityTokens)
 	}
@@ -173,7 +185,7 @@ func (m *costParams) evict(e *Estimate, l *Load, own float64, pr *Prompt) {
 
 // costParams is a CostModel in float64 seconds and tokens.
 type costParams struct {
-	rate, attn, overhead, perSeq, perCtx, budget, kv float64
+	rate, attn, overhead, perSeq, perCtx, budget, kv, seqs float64
 }
 
 // params converts m, or DefaultCostModel when m has no prefill rate or
@@ -186,6 +198,7 @@ func (m *CostModel) params() costParams {
 	return costParams{
 		rate: c.PrefillTokensPerSec, attn: c.AttentionPairsPerSec, overhead: c.StepOverhead.Seconds(), perSeq: c.DecodePerSeq.Seconds(),
 		perCtx: c.DecodePerContextToken.Seconds(), budget: float64(c.MaxBatchedTokens), kv: float64(c.KVCapacityTokens),
+		seqs: float64(c.MaxNumSeqs),
 	}
 }
 
@@ -195,6 +208,23 @@ func (m *costParams) rho(pr *Prompt) float64 {
 		return 0
 	}
 	return math.Min(pr.ArrivalRate/float64(pr.Workers)*pr.AvgUncachedTokens/m.rate, 0.95)
+}
+
+// slotWait is how long a request waits for a place in a full engine: the
+// requests it finds beyond MaxNumSeqs - 1 each wait for one to finish, and
+// an engine finishes requests as fast as they reach it in steady state (a
+// / workers each second). The requests are what the engine reports or
+// what kvindex routed there, whichever is larger. Zero without
+// MaxNumSeqs or an arrival rate. Cost: a few floating-point operations.
+func (m *costParams) slotWait(l *Load, pr *Prompt) float64 {
+	if m.seqs <= 0 || pr.ArrivalRate <= 0 || pr.Workers <= 0 {
+		return 0
+	}
+	ahead := float64(busy(l)) + 1 - m.seqs
+	if ahead <= 0 {
+		return 0
+	}
+	return ahead * float64(pr.Workers) / pr.ArrivalRate
 }
 
 // estimateAt fills e for a worker with load l, queue tokens of prefill
@@ -222,7 +252,7 @@ func (m *costParams) estimateAt(e *Estimate, l *Load, queue, own, cached float64
 	own = math.Max(own, 1) // vLLM computes at least one token
 	stepsQueue := math.Ceil(queue / perStep)
 	stepsAll := math.Ceil((queue + own) / perStep)
-	e.Wait = stepsQueue*step + queue/rate
+	e.Wait = stepsQueue*step + queue/rate + m.slotWait(l, pr)
 	e.Prefill = (stepsAll-stepsQueue)*step + own/rate
 	if m.attn > 0 {
 		e.Wait += queue * pr.AvgPromptTokens / 2 / m.attn

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,56 @@ func TestTTFTGuardSpillsWhenWaitExceedsRecompute(t *testing.T) {
 	p.Rank(pr, cs, names(1))
 	if cs[0].Queue != 600 {
 		t.Errorf("queue of 3 waiting = %v tokens, want 600", cs[0].Queue)
+	}
+}
+
+// A full engine admits a request only as a running one finishes: with
+// max_num_seqs 4, 4 running and 2 waiting (or 6 routed there), a request
+// waits for 3 to finish; 10 requests/s over 2 workers finish 5/s each, so
+// 0.6 s, on top of the queued prefill, however cached it is. A worker
+// with a free place waits for none, and the cached request spills there
+// when the slot wait exceeds its recompute.
+func TestSlotWait(t *testing.T) {
+	dm := DefaultCostModel()
+	dm.PrefillTokensPerSec, dm.AttentionPairsPerSec, dm.MaxNumSeqs = 16000, 0, 4
+	m := dm.params()
+	pr := Prompt{AvgPromptTokens: 1000, ArrivalRate: 10, Workers: 2, AvgUncachedTokens: 100}
+	var e, free Estimate
+	for _, l := range []Load{{Running: 4, Waiting: 2}, {InflightRequests: 6}, {Running: 2, InflightRequests: 6}} {
+		m.estimate(&e, &l, 0, 0, 1000, &pr)
+		m.estimate(&free, &Load{Running: 2, InflightRequests: 1}, 0, 0, 1000, &pr)
+		if !near(e.Wait-free.Wait, 0.6) || free.Wait != 0 {
+			t.Errorf("%+v: wait %v, %v with a free place; want 0.6 s more", l, e.Wait, free.Wait)
+		}
+	}
+	// Off without max_num_seqs or an arrival rate.
+	m.seqs = 0
+	if m.estimate(&e, &Load{Running: 40}, 0, 0, 1000, &pr); e.Wait != 0 {
+		t.Errorf("max_num_seqs 0: wait %v", e.Wait)
+	}
+	m.seqs = 4
+	if m.estimate(&e, &Load{Running: 40}, 0, 0, 1000, &Prompt{AvgPromptTokens: 1000}); e.Wait != 0 {
+		t.Errorf("no arrival rate: wait %v", e.Wait)
+	}
+	// Ranked: a holds the 1,024-token prompt but is full (4 running, 1
+	// waiting: 0.4 s); b recomputes it in 70 ms.
+	p := DefaultPolicy()
+	p.Cost = dm
+	cs := []Candidate{cand(0, 64, 0, Load{Running: 4, Waiting: 1}), cand(1, 0, 0, Load{Running: 1})}
+	pr64 := prompt64
+	pr64.ArrivalRate, pr64.Workers, pr64.AvgUncachedTokens = 10, 2, 100
+	p.Rank(pr64, cs, names(2))
+	if got := order(cs); got[0] != 1 {
+		t.Errorf("a full holder ranked first: %v %+v", got, cs)
+	}
+	// With a free place the holder keeps it.
+	cs = []Candidate{cand(0, 64, 0, Load{Running: 3}), cand(1, 0, 0, Load{Running: 1})}
+	p.Rank(pr64, cs, names(2))
+	if got := order(cs); got[0] != 0 {
+		t.Errorf("a holder with a free place lost it: %v %+v", got, cs)
+	}
+	if err := (&CostModel{PrefillTokensPerSec: 1, MaxBatchedTokens: 1, MaxNumSeqs: -1}).Validate(); err == nil || !strings.Contains(err.Error(), "max_num_seqs") {
+		t.Errorf("negative max_num_seqs: %v", err)
 	}
 }
 

@@ -31,10 +31,14 @@
 //	guard ttft (default): the estimated time to first token on w plus the
 //	    delay its prefill adds to the requests that queue behind it, from
 //	    one CostModel (prefill rate, step overhead, cost per decoding
-//	    request and per context token, step budget, KV capacity):
+//	    request and per context token, step budget, max_num_seqs, KV
+//	    capacity):
 //	      step_w   = overhead + running_w x per_seq + context_w x per_token
 //	                 (context_w = KV usage x capacity)
 //	      wait_w   = ceil(queue_w / budget_w) x step_w + queue_w / rate
+//	                 + max(0, busy_w + 1 - max_num_seqs) x workers / a
+//	                 (busy_w: requests running and waiting; a full engine
+//	                 admits one as another finishes, a / workers a second)
 //	      prefill_w = the further steps for own_w, + own_w / rate
 //	      pressure_w = (own_w - free KV_w) / rate, if positive
 //	      delay_w  = prefill_w x a_w x (wait_w + prefill_w) / (1 - rho)

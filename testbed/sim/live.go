@@ -101,6 +101,11 @@ func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen stri
 	if o.NoGroupCaps {
 		c.Scoring.GroupCaps = new(false)
 	}
+	// The engines' max_num_seqs, as an operator configures it; the rest
+	// of the default cost model is kvsim's engine.
+	e := o.Engine
+	e.Defaults()
+	c.Scoring.Cost.MaxNumSeqs = e.MaxNumSeqs
 	for _, f := range fleets {
 		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {

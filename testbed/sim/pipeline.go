@@ -111,6 +111,7 @@ func CostModel(c engine.Config) scoring.CostModel {
 		DecodePerSeq:          c.Time.DecodePerSeq,
 		DecodePerContextToken: c.Time.DecodePerContextToken,
 		MaxBatchedTokens:      c.MaxBatchedTokens,
+		MaxNumSeqs:            c.MaxNumSeqs,
 		KVCapacityTokens:      c.CacheBlocks * c.BlockSize,
 	}
 }

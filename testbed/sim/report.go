@@ -224,7 +224,7 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 		rows = append(rows, []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
 			fl(b.TokenHitRate()), "1", "", i64(b.PromptTokens - b.CachedTokens), fl(b.TTFTP50.Seconds()), fl(b.TTFTP90.Seconds()),
 			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing",
-			"", "", "", "", "", "", ""})
+			"", "", "", "", "", "", "", "", "", "", "", "", "", ""})
 	}
 	if err := writeCSV(filepath.Join(dir, "results.csv"), rows); err != nil {
 		return err
