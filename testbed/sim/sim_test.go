@@ -240,7 +240,7 @@ func TestLiveConfigAndTracePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	yaml := string(b)
-	for _, want := range []string{"name: precise-vllm-1", "endpoint: tcp://127.0.0.1:6001", "model: kvsim/llama-3.1-8b@precise", "queue_target: 1s", "max_queue_delay: 10s"} {
+	for _, want := range []string{"name: precise-vllm-1", "endpoint: tcp://127.0.0.1:6001", "model: kvsim/llama-3.1-8b@precise", "queue_target: 1s", "max_queue_delay: 10s", "max_num_seqs: 256"} {
 		if !strings.Contains(yaml, want) {
 			t.Errorf("config lacks %s:\n%s", want, yaml)
 		}
