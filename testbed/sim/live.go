@@ -103,9 +103,7 @@ func daemonConfig(o *Options, fleets []liveFleet, grpcListen, metricsListen stri
 	}
 	// The engines' max_num_seqs, as an operator configures it; the rest
 	// of the default cost model is kvsim's engine.
-	e := o.Engine
-	e.Defaults()
-	c.Scoring.Cost.MaxNumSeqs = e.MaxNumSeqs
+	c.Scoring.Cost.MaxNumSeqs = CostModel(o.Engine).MaxNumSeqs
 	for _, f := range fleets {
 		c.Models = append(c.Models, config.Model{Name: f.model, BlockSize: o.Engine.BlockSize})
 		for i, pod := range f.pods {

@@ -221,10 +221,11 @@ func WriteCSV(dir string, results []metrics.Result, b *Bounds) error {
 		}
 	}
 	if b != nil {
-		rows = append(rows, []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
+		bound := []string{"bound", itoa(b.Requests), itoa(b.Requests), "", "", i64(b.PromptTokens), i64(b.CachedTokens),
 			fl(b.TokenHitRate()), "1", "", i64(b.PromptTokens - b.CachedTokens), fl(b.TTFTP50.Seconds()), fl(b.TTFTP90.Seconds()),
-			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing",
-			"", "", "", "", "", "", "", "", "", "", "", "", "", ""})
+			fl(b.TTFTP99.Seconds()), fl(b.TTFTMean.Seconds()), "", "", "", "", "", "", "", "", "", "offline: infinite cache, no queueing"}
+		// The bound has no prediction or estimate: empty to the header's width.
+		rows = append(rows, append(bound, make([]string, len(rows[0])-len(bound))...))
 	}
 	if err := writeCSV(filepath.Join(dir, "results.csv"), rows); err != nil {
 		return err
